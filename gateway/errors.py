@@ -1,0 +1,76 @@
+"""The gateway's one error family.
+
+Every error the gateway raises on purpose is a :class:`GatewayError`; each
+subclass maps to exactly one thing a user sees::
+
+    GatewayError
+    ├── ConfigError          bad config file, key, type or range: one line, exit 2 (RUNNING.md)
+    ├── ApiError             an HTTP error body {"error": {"code", "message"}} (PROTOCOL §2)
+    ├── SubscribeRejected    a ``subscribe_error`` frame; the connection stays open (PROTOCOL §3)
+    ├── FrameRejected        an ``error`` frame; the connection stays open (PROTOCOL §3)
+    ├── ProviderError        an ``llm.call_failed`` event with its ``error_class`` (PROTOCOL §7)
+    ├── ToolError            a ``tool.failed`` event with its ``error_class`` (PROTOCOL §5)
+    └── StoreError           the store could not be opened or written
+
+Errors are values that the layer above turns into frames, events or statuses;
+none of them ever breaks a stream (PROTOCOL §7: "errors are events").
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway raises on purpose."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(GatewayError):
+    """The configuration is unusable. ``str()`` is the one line the CLI prints."""
+
+
+class ApiError(GatewayError):
+    """An HTTP error answer: ``status`` and the body ``{"error": {"code", "message"}}``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class SubscribeRejected(GatewayError):
+    """A ``subscribe`` that cannot be honoured; ``code`` is the frame's ``code``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class FrameRejected(GatewayError):
+    """A client frame that is refused with an ``error`` frame of this ``code``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ProviderError(GatewayError):
+    """A model call failed; ``error_class`` is ``llm.call_failed.error_class``."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+class ToolError(GatewayError):
+    """A tool failed; ``error_class`` is ``tool.failed.error_class``."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+class StoreError(GatewayError):
+    """The store could not be opened, read or written."""

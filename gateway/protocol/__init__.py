@@ -1,0 +1,1 @@
+"""The wire contract, sans-IO: shapes, events, frames and filters (PROTOCOL.md)."""

@@ -1,0 +1,311 @@
+"""The event envelope and every event type (PROTOCOL sections 4 and 5).
+
+One table, :data:`EVENT_TYPES`, says for each type its payload struct, the
+actor that emits it, and whether it is a persisted catalog event or a
+streaming-only one. Everything else (filter validation, presets, the store's
+choice of what to persist, the client's decoding) reads this table.
+
+Payload structs are declared without a tag: the envelope's ``type`` says which
+one a payload is. Fields the contract marks optional (``message_id?``,
+``structured_result?``, ``comment?``) are omitted when unset; nullable fields
+(``signature: str or null``) are always present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from gateway.protocol.shapes import ContentBlock, Message, StopReason, Usage
+
+Actor = Literal["user", "router", "llm", "tool", "session", "bus"]
+ACTORS: tuple[str, ...] = ("user", "router", "llm", "tool", "session", "bus")
+
+LlmErrorClass = Literal[
+    "cancelled", "overloaded", "rate_limited", "api_error", "network", "timeout", "invalid_request"
+]
+ToolErrorClass = Literal[
+    "cancelled", "error", "timeout", "permission_denied", "unknown_tool", "invalid_input"
+]
+TurnPhase = Literal["llm", "tools", "seam"]
+
+
+class Payload(msgspec.Struct):
+    """Base of every payload struct."""
+
+
+# --- catalog (persisted) -----------------------------------------------------
+
+
+class TurnStarted(Payload):
+    turn_id: str
+    user_message: Message
+
+
+class RouteDecided(Payload):
+    model: str
+    reason: str
+    policy_version: str
+
+
+class LlmCallStarted(Payload):
+    call_id: str
+    model: str
+
+
+class LlmCallCompleted(Payload):
+    call_id: str
+    message_id: str
+    stop_reason: StopReason
+    usage: Usage
+
+
+class LlmCallFailed(Payload, omit_defaults=True):
+    call_id: str
+    error_class: LlmErrorClass
+    message: str
+    message_id: str | None = None
+
+
+class ToolCalled(Payload):
+    tool_use_id: str
+    tool_name: str
+    input: dict[str, Any]
+
+
+class ToolCompleted(Payload, omit_defaults=True):
+    tool_use_id: str
+    tool_name: str
+    result: str
+    duration_ms: int
+    structured_result: Any = None
+
+
+class ToolFailed(Payload, omit_defaults=True):
+    tool_use_id: str
+    tool_name: str
+    error_class: ToolErrorClass
+    message: str
+    duration_ms: int | None = None
+
+
+class PermissionRequested(Payload):
+    perm_id: str
+    tool_use_id: str
+    tool_name: str
+    input: dict[str, Any]
+    expires_at: int
+
+
+class PermissionResolved(Payload):
+    perm_id: str
+    decision: Literal["allow", "deny", "timeout"]
+
+
+class DelegateStarted(Payload):
+    tool_use_id: str
+    worker_session_id: str
+    task: str
+
+
+class DelegateCompleted(Payload):
+    tool_use_id: str
+    worker_session_id: str
+    result: str
+
+
+class DelegateFailed(Payload):
+    tool_use_id: str
+    worker_session_id: str
+    failure_mode: Literal["cancelled_by_user", "error", "timeout"]
+    message: str
+
+
+class FeedbackRecorded(Payload, omit_defaults=True):
+    message_id: str
+    rating: Literal[-1, 1]
+    comment: str | None = None
+
+
+class TurnCompleted(Payload):
+    turn_id: str
+    stop_reason: StopReason
+    usage: Usage
+    cost_usd: float
+
+
+class TurnCancelled(Payload):
+    turn_id: str
+    reason: str
+    phase: TurnPhase
+    partial: bool
+
+
+class BusHandlerWarning(Payload):
+    subscription_name: str
+    reason: str
+    detail: str
+
+
+class BusSubscriberUnregistered(Payload):
+    subscription_name: str
+    reason: str
+
+
+# --- streaming-only ----------------------------------------------------------
+
+
+class MessageStart(Payload):
+    message_id: str
+    role: Literal["assistant"]
+    model: str
+
+
+class TextStart(Payload):
+    message_id: str
+    content_block_index: int
+
+
+class TextEnd(Payload):
+    message_id: str
+    content_block_index: int
+
+
+class TextDelta(Payload):
+    message_id: str
+    content_block_index: int
+    text: str
+
+
+class ThinkingStart(Payload):
+    message_id: str
+    content_block_index: int
+    redacted: bool
+
+
+class ThinkingDelta(Payload):
+    message_id: str
+    content_block_index: int
+    text: str
+    signature: str | None
+
+
+class ThinkingEnd(Payload):
+    message_id: str
+    content_block_index: int
+    signature: str | None
+
+
+class ToolUseStart(Payload):
+    message_id: str
+    content_block_index: int
+    tool_use_id: str
+    tool_name: str
+
+
+class ToolUseInputDelta(Payload):
+    message_id: str
+    content_block_index: int
+    tool_use_id: str
+    partial_json: str
+
+
+class ToolUseEnd(Payload):
+    message_id: str
+    content_block_index: int
+    tool_use_id: str
+    final_input: dict[str, Any]
+
+
+class MessageComplete(Payload):
+    message_id: str
+    stop_reason: StopReason
+    final_content: list[ContentBlock]
+    usage: Usage
+
+
+class MessageSnapshot(Payload):
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class EventSpec:
+    """What the contract says of one event type."""
+
+    payload: type[Payload]
+    actor: Actor
+    catalog: bool
+
+
+EVENT_TYPES: dict[str, EventSpec] = {
+    # catalog, PROTOCOL section 5
+    "turn.started": EventSpec(TurnStarted, "user", True),
+    "route.decided": EventSpec(RouteDecided, "router", True),
+    "llm.call_started": EventSpec(LlmCallStarted, "llm", True),
+    "llm.call_completed": EventSpec(LlmCallCompleted, "llm", True),
+    "llm.call_failed": EventSpec(LlmCallFailed, "llm", True),
+    "tool.called": EventSpec(ToolCalled, "tool", True),
+    "tool.completed": EventSpec(ToolCompleted, "tool", True),
+    "tool.failed": EventSpec(ToolFailed, "tool", True),
+    "permission.requested": EventSpec(PermissionRequested, "tool", True),
+    "permission.resolved": EventSpec(PermissionResolved, "user", True),
+    "delegate.started": EventSpec(DelegateStarted, "tool", True),
+    "delegate.completed": EventSpec(DelegateCompleted, "tool", True),
+    "delegate.failed": EventSpec(DelegateFailed, "tool", True),
+    "feedback.recorded": EventSpec(FeedbackRecorded, "user", True),
+    "turn.completed": EventSpec(TurnCompleted, "session", True),
+    "turn.cancelled": EventSpec(TurnCancelled, "session", True),
+    "bus.handler_warning": EventSpec(BusHandlerWarning, "bus", True),
+    "bus.subscriber_unregistered": EventSpec(BusSubscriberUnregistered, "bus", True),
+    # streaming-only
+    "message.start": EventSpec(MessageStart, "llm", False),
+    "text.start": EventSpec(TextStart, "llm", False),
+    "text.delta": EventSpec(TextDelta, "llm", False),
+    "text.end": EventSpec(TextEnd, "llm", False),
+    "thinking.start": EventSpec(ThinkingStart, "llm", False),
+    "thinking.delta": EventSpec(ThinkingDelta, "llm", False),
+    "thinking.end": EventSpec(ThinkingEnd, "llm", False),
+    "tool.use_start": EventSpec(ToolUseStart, "llm", False),
+    "tool.use_input_delta": EventSpec(ToolUseInputDelta, "llm", False),
+    "tool.use_end": EventSpec(ToolUseEnd, "llm", False),
+    "message.complete": EventSpec(MessageComplete, "llm", False),
+    "message.snapshot": EventSpec(MessageSnapshot, "llm", False),
+}
+
+CATALOG_TYPES: frozenset[str] = frozenset(t for t, s in EVENT_TYPES.items() if s.catalog)
+STREAMING_TYPES: frozenset[str] = frozenset(t for t, s in EVENT_TYPES.items() if not s.catalog)
+
+
+class Event(msgspec.Struct):
+    """The envelope of PROTOCOL section 4. ``payload`` is the type's payload struct."""
+
+    id: str
+    type: str
+    session_id: str
+    turn_id: str | None
+    ts: int
+    actor: Actor
+    payload: Any
+
+
+class StreamEvent(msgspec.Struct, frozen=True):
+    """An event before the translator task has stamped it with id, session and time.
+
+    The sans-IO cores (translator, turn sequences) produce these; the session's
+    translator task turns each into an :class:`Event` at emission.
+    """
+
+    type: str
+    payload: Payload
+
+
+def stream_event(payload: Payload) -> StreamEvent:
+    """Wrap a payload in a :class:`StreamEvent` of the one type it belongs to."""
+    return StreamEvent(PAYLOAD_TYPE[type(payload)], payload)
+
+
+# Payload struct -> its event type (each payload struct serves exactly one type).
+PAYLOAD_TYPE: dict[type[Payload], str] = {spec.payload: t for t, spec in EVENT_TYPES.items()}
+assert len(PAYLOAD_TYPE) == len(EVENT_TYPES), "a payload struct serves two event types"

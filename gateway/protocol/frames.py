@@ -1,0 +1,164 @@
+"""WebSocket frames, both directions, and the close codes (PROTOCOL section 3).
+
+Client frames are decoded in two steps so that the error names the problem:
+a frame that is not a JSON object with a string ``type`` is ``invalid_frame``;
+an unknown ``type`` is ``unknown_frame_type``; a known frame that fails its
+schema is ``invalid_frame`` with msgspec's description of the field at fault.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import msgspec
+
+from gateway.errors import FrameRejected
+from gateway.protocol.events import Event
+from gateway.protocol.filters import Filter
+from gateway.protocol.shapes import Message, SessionSummary
+
+# --- client -> server --------------------------------------------------------
+
+
+class Subscribe(msgspec.Struct, tag="subscribe", tag_field="type", forbid_unknown_fields=True):
+    filter: Filter | str
+    since: str | None = None
+    snapshot: bool = False
+
+
+class Cancel(msgspec.Struct, tag="cancel", tag_field="type", forbid_unknown_fields=True):
+    turn_id: str
+    reason: str | None = None
+
+
+class Ping(msgspec.Struct, tag="ping", tag_field="type"):
+    nonce: str
+
+
+class Pong(msgspec.Struct, tag="pong", tag_field="type"):
+    nonce: str
+
+
+ClientFrame = Subscribe | Cancel | Ping | Pong
+
+# --- server -> client --------------------------------------------------------
+
+
+class SubscribeAck(msgspec.Struct, tag="subscribe_ack", tag_field="type"):
+    resolved_filter: Filter
+    since: str | None
+    snapshot: bool
+    replay_event_count: int
+
+
+SubscribeErrorCode = Literal[
+    "session_not_found", "cursor_expired", "replay_too_large", "invalid_filter", "invalid_request"
+]
+
+
+class SubscribeError(msgspec.Struct, tag="subscribe_error", tag_field="type"):
+    code: SubscribeErrorCode
+    message: str
+
+
+class Snapshot(msgspec.Struct, tag="snapshot", tag_field="type"):
+    session: SessionSummary
+    messages: list[Message]
+    snapshot_at_event_id: str | None
+
+
+class EventFrame(msgspec.Struct, tag="event", tag_field="type"):
+    event: Event
+
+
+ErrorCode = Literal[
+    "invalid_frame",
+    "unknown_frame_type",
+    "already_subscribed",
+    "subscribe_required",
+    "turn_not_found",
+    "turn_not_in_flight",
+]
+
+
+class ErrorFrame(msgspec.Struct, tag="error", tag_field="type"):
+    code: str
+    message: str
+
+
+ServerFrame = SubscribeAck | SubscribeError | Snapshot | EventFrame | Ping | Pong | ErrorFrame
+
+
+# --- close codes -------------------------------------------------------------
+
+
+class CloseReason(msgspec.Struct):
+    """The JSON close reason ``{"code", "message"}`` (PROTOCOL section 3)."""
+
+    code: str
+    message: str
+
+
+# code -> (WebSocket close code, message, should the client reconnect?)
+CLOSES: dict[str, tuple[int, str, bool]] = {
+    "normal": (1000, "Closing.", False),
+    "shutdown": (1001, "The gateway is shutting down.", True),
+    "heartbeat_timeout": (1001, "No pong to the last pings.", True),
+    "client_too_slow": (1008, "Outbound queue overflowed; reconnect with replay.", True),
+    "subscribe_timeout": (1008, "No subscribe frame in time.", True),
+    "frame_too_large": (1009, "Client frame exceeds max_client_frame_bytes.", False),
+    "internal_error": (1011, "Internal error.", True),
+}
+
+
+# --- codec -------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder()
+encode = _encoder.encode
+
+
+class _Typed(msgspec.Struct):
+    type: str
+
+
+_type_decoder = msgspec.json.Decoder(_Typed)
+_frame_decoders: dict[str, msgspec.json.Decoder[Any]] = {
+    "subscribe": msgspec.json.Decoder(Subscribe),
+    "cancel": msgspec.json.Decoder(Cancel),
+    "ping": msgspec.json.Decoder(Ping),
+    "pong": msgspec.json.Decoder(Pong),
+}
+
+
+def decode_client_frame(data: bytes | str) -> ClientFrame:
+    """Decode one client frame.
+
+    Raises:
+        FrameRejected: ``invalid_frame`` (not JSON, not an object with a string
+            ``type``, or a known frame failing its schema; the message names
+            the field) or ``unknown_frame_type``.
+    """
+    try:
+        kind = _type_decoder.decode(data).type
+    except msgspec.ValidationError as exc:
+        raise FrameRejected("invalid_frame", f"frame must be a JSON object with a string 'type': {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise FrameRejected("invalid_frame", f"frame is not valid JSON: {exc}") from None
+    decoder = _frame_decoders.get(kind)
+    if decoder is None:
+        raise FrameRejected(
+            "unknown_frame_type",
+            f"unknown frame type {kind!r}; expected one of {', '.join(_frame_decoders)}",
+        )
+    try:
+        frame: ClientFrame = decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise FrameRejected("invalid_frame", f"invalid {kind!r} frame: {exc}") from None
+    return frame
+
+
+def close_reason(code: str, message: str | None = None) -> tuple[int, str]:
+    """The WebSocket close code and JSON reason text for a close ``code``."""
+    ws_code, default_message, _ = CLOSES[code]
+    return ws_code, json.dumps({"code": code, "message": message or default_message})

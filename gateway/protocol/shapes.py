@@ -1,0 +1,97 @@
+"""The data shapes of PROTOCOL section 6: content blocks, messages, usage, sessions.
+
+Each shape is declared once, as a ``msgspec.Struct``; the encoders and decoders
+built from them are the only way these objects reach the wire. Optional fields
+(``model?``, ``usage?``, the cache counters) are omitted when unset rather than
+sent as ``null``, as the contract writes them with a ``?``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+
+class TextBlock(msgspec.Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ThinkingBlock(msgspec.Struct, tag="thinking", tag_field="type"):
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(msgspec.Struct, tag="redacted_thinking", tag_field="type"):
+    data: str
+
+
+class ToolUseBlock(msgspec.Struct, tag="tool_use", tag_field="type"):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(msgspec.Struct, tag="tool_result", tag_field="type"):
+    tool_use_id: str
+    content: str
+    is_error: bool = False
+
+
+ContentBlock = TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock
+
+Role = Literal["user", "assistant"]
+MessageStatus = Literal["complete", "in_progress", "cancelled", "error"]
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "cancelled", "error"]
+
+
+class Usage(msgspec.Struct, omit_defaults=True):
+    """Token usage of one LLM call or of a whole turn (PROTOCOL section 6)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    cost_usd: float | None = None
+
+    def __add__(self, other: Usage) -> Usage:
+        def add(a: float | None, b: float | None) -> Any:
+            return None if a is None and b is None else (a or 0) + (b or 0)
+
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_input_tokens=add(self.cache_read_input_tokens, other.cache_read_input_tokens),
+            cache_creation_input_tokens=add(
+                self.cache_creation_input_tokens, other.cache_creation_input_tokens
+            ),
+            cost_usd=add(self.cost_usd, other.cost_usd),
+        )
+
+
+class Message(msgspec.Struct, omit_defaults=True):
+    """One user or assistant message of a session (PROTOCOL section 6)."""
+
+    id: str
+    session_id: str
+    turn_id: str | None
+    role: Role
+    content: list[ContentBlock]
+    status: MessageStatus
+    created_at: int
+    model: str | None = None
+    usage: Usage | None = None
+
+
+class SessionSummary(msgspec.Struct):
+    """The ``session`` of a ``snapshot`` frame (PROTOCOL section 6)."""
+
+    id: str
+    workspace_path: str
+    active_model: str
+    routing_policy_version: str
+    cost_so_far_usd: float
+    turn_count: int
+    current_turn_id: str | None
+    current_turn_status: Literal["in_flight"] | None
+    parent_session_id: str | None

@@ -1,0 +1,59 @@
+"""The provider interface: what the agent loop asks of a model.
+
+A provider turns a :class:`ModelRequest` (the conversation rebuilt from the
+message store, the tool definitions) into an async stream of Anthropic-shaped
+:mod:`raw events <gateway.providers.raw>`. It never emits canonical events
+itself: the one translator does that for every provider (issue: "the scripted
+provider emits exactly those raw events, so the Anthropic provider goes through
+the same translator unchanged").
+
+A failure before the first event raises :class:`~gateway.errors.ProviderError`
+(with its ``error_class``); a failure mid-stream is either a ``RawError`` event
+or a raised ``ProviderError``, and the translator closes what was open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import msgspec
+
+from gateway.protocol.shapes import Message
+from gateway.providers.raw import RawEvent
+
+
+class ToolSpec(msgspec.Struct):
+    """A tool as the model sees it (Anthropic's ``tools`` entry)."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+class ModelRequest(msgspec.Struct):
+    """One LLM call: the model, the whole conversation so far, the tools."""
+
+    model: str
+    messages: list[Message]
+    tools: list[ToolSpec]
+    max_tokens: int
+    system: str | None = None
+
+
+class Provider(Protocol):
+    """A model provider (``[model] provider`` in RUNNING.md)."""
+
+    name: str
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[RawEvent]:
+        """Stream the raw events of one call.
+
+        Raises:
+            ProviderError: the call failed; ``error_class`` says how.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections (an HTTP client, say)."""
+        ...
