@@ -31,9 +31,7 @@ def _chat_types() -> list[str]:
     prefixes = ("tool.", "permission.", "turn.", "delegate.")
     singles = {"route.decided", "llm.call_failed", "feedback.recorded"}
     return [
-        t
-        for t in EVENT_TYPES
-        if t in STREAMING_TYPES or t in singles or t.startswith(prefixes)
+        t for t in EVENT_TYPES if t in STREAMING_TYPES or t in singles or t.startswith(prefixes)
     ]
 
 

@@ -142,7 +142,9 @@ def decode_client_frame(data: bytes | str) -> ClientFrame:
     try:
         kind = _type_decoder.decode(data).type
     except msgspec.ValidationError as exc:
-        raise FrameRejected("invalid_frame", f"frame must be a JSON object with a string 'type': {exc}") from None
+        raise FrameRejected(
+            "invalid_frame", f"frame must be a JSON object with a string 'type': {exc}"
+        ) from None
     except msgspec.DecodeError as exc:
         raise FrameRejected("invalid_frame", f"frame is not valid JSON: {exc}") from None
     decoder = _frame_decoders.get(kind)

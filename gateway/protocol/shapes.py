@@ -61,7 +61,9 @@ class Usage(msgspec.Struct, omit_defaults=True):
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
-            cache_read_input_tokens=add(self.cache_read_input_tokens, other.cache_read_input_tokens),
+            cache_read_input_tokens=add(
+                self.cache_read_input_tokens, other.cache_read_input_tokens
+            ),
             cache_creation_input_tokens=add(
                 self.cache_creation_input_tokens, other.cache_creation_input_tokens
             ),
