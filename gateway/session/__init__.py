@@ -1,0 +1,1 @@
+"""Sessions: the runtime nursery, the agent loop, turn phases and the hub."""

@@ -1,0 +1,74 @@
+"""The command line: ``gateway serve [--config FILE] [--host H] [--port P]`` (RUNNING.md).
+
+``main`` returns the exit status instead of exiting, so that tests can call it
+and the console script (``sys.exit(main())``) and ``python -m gateway`` share it:
+
+- 0: the daemon stopped (SIGTERM or SIGINT are handled by the server itself),
+  or ``--version`` / ``--help`` were printed;
+- 2: a usage error (argparse) or a bad configuration, reported as the one line
+  of :class:`~gateway.errors.ConfigError` on stderr before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib.metadata import version
+from typing import Any
+
+import trio
+
+from gateway.config import Config, load_config
+from gateway.errors import ConfigError
+
+EXIT_USAGE = 2  # argparse's status for a usage error; RUNNING.md gives a bad config the same
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: the arguments after the program name; None reads ``sys.argv``.
+
+    Returns:
+        The process exit status.
+    """
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors
+        return int(exc.code or 0)
+    overrides: dict[str, Any] = {
+        f"server.{flag}": value
+        for flag, value in (("host", args.host), ("port", args.port))
+        if value is not None
+    }
+    try:
+        config = load_config(args.config, os.environ, overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    _serve(config)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gateway", description="A streaming gateway for LLM agent sessions."
+    )
+    parser.add_argument("--version", action="version", version=f"gateway {version('gateway')}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run the daemon in the foreground")
+    serve.add_argument("--config", metavar="FILE", help="TOML config file (default: none)")
+    serve.add_argument("--host", metavar="H", help="listen address (overrides server.host)")
+    serve.add_argument(
+        "--port", metavar="P", type=int, help="listen port, 0 for any (overrides server.port)"
+    )
+    return parser
+
+
+def _serve(config: Config) -> None:
+    # Imported here so that a bad command line or config starts nothing at all.
+    from gateway.server.app import serve  # type: ignore[import-not-found, unused-ignore]
+
+    trio.run(serve, config)

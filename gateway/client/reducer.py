@@ -1,0 +1,494 @@
+"""The reference client state model: server frames in, one session's state out.
+
+Sans-IO, like h11: a :class:`Reducer` owns no socket and never awaits; a
+terminal UI or a test feeds it every server frame with :meth:`Reducer.apply`
+and reads its attributes. The state is the one seed 000 argues for: the
+finished messages, plus at most one *streaming* message whose blocks are
+addressed by ``content_block_index`` and each go through an explicit
+start -> deltas -> end lifecycle (PROTOCOL section 5). Nothing is inferred
+from timing; a move the contract does not allow (a delta for a block that was
+never started, for another message than the streaming one, after its end)
+raises :class:`ValueError`, because it can only be a server bug.
+
+Where the contract is silent, this module decides:
+
+- **Restored blocks.** ``message.snapshot`` (and a ``snapshot`` frame's
+  ``in_progress`` message) carries a partial :class:`Message`, which does not
+  say which blocks have ended. Blocks stream one at a time (the provider's
+  ``content_block_start``/``_stop`` order, which the translator keeps), so
+  every restored block but the last has ended; the last stays open until its
+  ``*.end`` arrives or a later block starts (had its end come after the
+  snapshot, it would have arrived before that start). Only restored blocks are
+  closed by this inference; live blocks close only on their ``*.end``.
+- **Restored tool input.** The snapshot carries a tool block's input parsed,
+  not its raw partial JSON, and a parsed prefix cannot take more raw text. A
+  restored tool block therefore shows the snapshot's input until
+  ``tool.use_end`` brings ``final_input``; its later input deltas are checked
+  but cannot change what it shows.
+- **Finished messages.** ``message.complete`` carries neither ``model`` nor
+  ``created_at``: the built message takes the model of the streaming message
+  (``None`` when it was never seen, as after a replay) and the event's ``ts``.
+- **Other sessions.** With ``include_worker_sessions`` a stream carries worker
+  events; they advance the cursor but do not touch this session's state.
+- **Turns.** A snapshot's turn is in flight when ``current_turn_status`` says
+  so; otherwise the session is idle and ``turn`` is ``None``.
+- **Duplicates.** Event ids compare as strings (PROTOCOL section 1). The server
+  promises each event once (section 3), so the reducer compares ids only to
+  prove it: an event at or below the cursor is counted in
+  :attr:`Reducer.duplicates_ignored` and otherwise ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+from gateway.partial_json import best_effort
+from gateway.protocol.events import (
+    Event,
+    MessageComplete,
+    MessageSnapshot,
+    MessageStart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ThinkingDelta,
+    ThinkingEnd,
+    ThinkingStart,
+    ToolCompleted,
+    ToolErrorClass,
+    ToolFailed,
+    ToolUseEnd,
+    ToolUseInputDelta,
+    ToolUseStart,
+    TurnCancelled,
+    TurnCompleted,
+    TurnStarted,
+)
+from gateway.protocol.frames import EventFrame, ServerFrame, Snapshot
+from gateway.protocol.shapes import (
+    ContentBlock,
+    Message,
+    MessageStatus,
+    RedactedThinkingBlock,
+    StopReason,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+BlockKind = Literal["text", "thinking", "redacted_thinking", "tool_use"]
+
+# The block lifecycle, PROTOCOL section 5: which kinds of open block each
+# delta or end event may address. Starts open a block; nothing else does.
+_BLOCK_KINDS: dict[str, tuple[BlockKind, ...]] = {
+    "text.delta": ("text",),
+    "text.end": ("text",),
+    "thinking.delta": ("thinking", "redacted_thinking"),
+    "thinking.end": ("thinking", "redacted_thinking"),
+    "tool.use_input_delta": ("tool_use",),
+    "tool.use_end": ("tool_use",),
+}
+
+_BlockPayload = TextDelta | TextEnd | ThinkingDelta | ThinkingEnd | ToolUseInputDelta | ToolUseEnd
+
+_STATUS_BY_STOP_REASON: dict[StopReason, MessageStatus] = {
+    "cancelled": "cancelled",
+    "error": "error",
+}
+
+
+@dataclass
+class StreamingBlock:
+    """One content block of the streaming message, as far as it has streamed.
+
+    ``text`` holds a text block's text, a thinking block's thinking or a
+    redacted block's data (``thinking.delta`` carries it for a block opened
+    with ``redacted: true``). ``partial_json`` is ``None`` for a tool block
+    restored from a snapshot, whose raw input text is unknown.
+    """
+
+    kind: BlockKind
+    text: str = ""
+    signature: str | None = None
+    tool_use_id: str = ""
+    tool_name: str = ""
+    partial_json: str | None = ""
+    snapshot_input: dict[str, Any] = field(default_factory=dict)
+    final_input: dict[str, Any] | None = None
+    closed: bool = False
+    restored: bool = False
+
+    @classmethod
+    def restore(cls, block: ContentBlock) -> StreamingBlock:
+        """The open block a snapshot's content block stands for."""
+        match block:
+            case TextBlock(text=text):
+                return cls("text", text=text, restored=True)
+            case ThinkingBlock(thinking=thinking, signature=signature):
+                return cls("thinking", text=thinking, signature=signature, restored=True)
+            case RedactedThinkingBlock(data=data):
+                return cls("redacted_thinking", text=data, restored=True)
+            case ToolUseBlock(id=id_, name=name, input=input_):
+                return cls(
+                    "tool_use",
+                    tool_use_id=id_,
+                    tool_name=name,
+                    partial_json=None,
+                    snapshot_input=input_,
+                    restored=True,
+                )
+        raise ValueError(f"a streaming assistant message cannot hold a {block!r}")
+
+    @property
+    def input(self) -> dict[str, Any]:
+        """A tool block's input: final once ended, else the best parse so far."""
+        if self.final_input is not None:
+            return self.final_input
+        if self.partial_json is None:
+            return self.snapshot_input
+        return best_effort(self.partial_json)
+
+    def as_content_block(self) -> ContentBlock:
+        """The block as the content block it is becoming."""
+        match self.kind:
+            case "text":
+                return TextBlock(self.text)
+            case "thinking":
+                return ThinkingBlock(self.text, self.signature)
+            case "redacted_thinking":
+                return RedactedThinkingBlock(self.text)
+            case "tool_use":
+                return ToolUseBlock(self.tool_use_id, self.tool_name, self.input)
+
+
+@dataclass
+class StreamingMessage:
+    """The one assistant message being streamed; its blocks by content_block_index."""
+
+    message_id: str
+    model: str | None
+    blocks: dict[int, StreamingBlock] = field(default_factory=dict)
+
+    @classmethod
+    def restore(cls, message: Message) -> StreamingMessage:
+        """The streaming message an ``in_progress`` message stands for (module docstring)."""
+        streaming = cls(message.id, message.model)
+        for index, block in enumerate(message.content):
+            streaming.start(index, StreamingBlock.restore(block))
+        return streaming
+
+    def start(self, index: int, block: StreamingBlock) -> None:
+        """Open the block at ``index``; restored blocks before it have ended."""
+        if index in self.blocks:
+            raise ValueError(f"block {index} of message {self.message_id} started twice")
+        for earlier_index, earlier in self.blocks.items():
+            if earlier_index < index and earlier.restored:
+                earlier.closed = True
+        self.blocks[index] = block
+
+    def open_block(self, event_type: str, index: int) -> StreamingBlock:
+        """The open block that a delta or end event of ``event_type`` addresses."""
+        block = self.blocks.get(index)
+        where = f"{event_type} for block {index} of message {self.message_id}"
+        if block is None:
+            raise ValueError(f"{where}: the block was never started")
+        if block.closed:
+            raise ValueError(f"{where}: the block has already ended")
+        if block.kind not in _BLOCK_KINDS[event_type]:
+            raise ValueError(f"{where}: the block is a {block.kind} block")
+        return block
+
+    def state(self) -> dict[str, Any]:
+        """Plain values for :meth:`Reducer.state`; blocks in index order."""
+        return {
+            "message_id": self.message_id,
+            "model": self.model,
+            "blocks": [
+                {"index": index, "closed": block.closed, **_builtins(block.as_content_block())}
+                for index, block in sorted(self.blocks.items())
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """How a tool use ended, paired with the ``tool_use`` block of the same id.
+
+    ``content`` is ``tool.completed.result`` or ``tool.failed.message``.
+    ``error_class`` is ``None`` when the outcome was rebuilt from a snapshot's
+    ``tool_result`` block, which does not carry it.
+    """
+
+    tool_use_id: str
+    status: Literal["completed", "failed"]
+    content: str
+    error_class: ToolErrorClass | None = None
+
+
+@dataclass(frozen=True)
+class TurnState:
+    """The session's current (or last) turn; ``stop_reason`` once completed."""
+
+    turn_id: str
+    status: Literal["in_flight", "completed", "cancelled"]
+    stop_reason: StopReason | None = None
+
+
+class Reducer:
+    """One session's state, built from every server frame of its stream.
+
+    Args:
+        session_id: the session whose stream this is; events of other
+            (worker) sessions only advance the cursor.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.messages: list[Message] = []
+        self.streaming: StreamingMessage | None = None
+        self.tool_results: dict[str, ToolOutcome] = {}
+        self.turn: TurnState | None = None
+        self.last_event_id: str | None = None
+        self.duplicates_ignored = 0
+
+    def apply(self, frame: ServerFrame) -> None:
+        """Apply one server frame; only ``snapshot`` and ``event`` frames change state.
+
+        Raises:
+            ValueError: the frame makes a move the contract does not allow.
+        """
+        if isinstance(frame, Snapshot):
+            self._apply_snapshot(frame)
+        elif isinstance(frame, EventFrame):
+            self.apply_event(frame.event)
+
+    def apply_event(self, event: Event) -> None:
+        """Apply one event (PROTOCOL sections 4, 5, 7 and 8).
+
+        Unknown types are skipped (section 4); the cursor still moves past
+        them. A failed move leaves the state and the cursor as they were.
+
+        Raises:
+            ValueError: the event makes a move the contract does not allow.
+        """
+        if self.last_event_id is not None and event.id <= self.last_event_id:
+            self.duplicates_ignored += 1
+            return
+        if event.session_id == self.session_id:
+            self._dispatch(event)
+        self.last_event_id = event.id
+
+    def state(self) -> dict[str, Any]:
+        """The state as plain values (dicts, lists, strings), equal for equal sessions.
+
+        A client that stayed live and one that resumed with replay (section 3)
+        reach equal states. To that end finished messages leave out
+        ``created_at`` and ``model``, which ``message.complete`` does not carry,
+        and streaming blocks show what they are becoming (a tool block's input
+        parsed, not its raw JSON text), as ``message.snapshot`` carries them.
+        Two short windows after a resume cannot be closed from the payloads
+        (module docstring): a restored last block that had already ended looks
+        open until the next block starts or the message completes, and a
+        restored tool block's input stays as the snapshot had it until
+        ``tool.use_end``.
+        """
+        return {
+            "messages": [_message_state(message) for message in self.messages],
+            "streaming": None if self.streaming is None else self.streaming.state(),
+            "tool_results": {id_: asdict(outcome) for id_, outcome in self.tool_results.items()},
+            "turn": None if self.turn is None else asdict(self.turn),
+            "last_event_id": self.last_event_id,
+        }
+
+    def tool_use(self, tool_use_id: str) -> ToolUseBlock | None:
+        """The finished ``tool_use`` block of that id, to pair with its outcome (seed 002)."""
+        for message in reversed(self.messages):
+            for block in message.content:
+                if isinstance(block, ToolUseBlock) and block.id == tool_use_id:
+                    return block
+        return None
+
+    # --- frames ----------------------------------------------------------------
+
+    def _apply_snapshot(self, snapshot: Snapshot) -> None:
+        """A ``snapshot`` frame replaces everything (PROTOCOL sections 3 and 6)."""
+        session = snapshot.session
+        if session.id != self.session_id:
+            raise ValueError(f"snapshot of session {session.id} in the stream of {self.session_id}")
+        messages = list(snapshot.messages)
+        in_progress = bool(messages) and messages[-1].status == "in_progress"
+        self.streaming = StreamingMessage.restore(messages.pop()) if in_progress else None
+        self.messages = messages
+        self.tool_results = {
+            block.tool_use_id: ToolOutcome(
+                block.tool_use_id, "failed" if block.is_error else "completed", block.content
+            )
+            for message in messages
+            if message.role == "user"
+            for block in message.content
+            if isinstance(block, ToolResultBlock)
+        }
+        turn_id = session.current_turn_id
+        in_flight = turn_id is not None and session.current_turn_status == "in_flight"
+        self.turn = TurnState(turn_id, "in_flight") if turn_id is not None and in_flight else None
+        self.last_event_id = snapshot.snapshot_at_event_id
+
+    # --- events ------------------------------------------------------------------
+
+    def _dispatch(self, event: Event) -> None:
+        match event.payload:
+            case TurnStarted() as p:
+                self._turn_started(p)
+            case TurnCompleted() as p:
+                self._end_turn(TurnState(p.turn_id, "completed", p.stop_reason))
+            case TurnCancelled() as p:
+                self._end_turn(TurnState(p.turn_id, "cancelled"))
+            case ToolCompleted() as p:
+                self._tool_outcome(ToolOutcome(p.tool_use_id, "completed", p.result))
+            case ToolFailed() as p:
+                self._tool_outcome(ToolOutcome(p.tool_use_id, "failed", p.message, p.error_class))
+            case MessageStart() as p:
+                self._message_start(p)
+            case MessageSnapshot() as p:
+                self.streaming = StreamingMessage.restore(p.message)
+            case MessageComplete() as p:
+                self._message_complete(event, p)
+            case TextStart() as p:
+                self._streaming(event.type, p.message_id).start(
+                    p.content_block_index, StreamingBlock("text")
+                )
+            case ThinkingStart() as p:
+                kind: BlockKind = "redacted_thinking" if p.redacted else "thinking"
+                self._streaming(event.type, p.message_id).start(
+                    p.content_block_index, StreamingBlock(kind)
+                )
+            case ToolUseStart() as p:
+                block = StreamingBlock("tool_use", tool_use_id=p.tool_use_id, tool_name=p.tool_name)
+                self._streaming(event.type, p.message_id).start(p.content_block_index, block)
+            case TextDelta() as p:
+                self._open_block(event.type, p).text += p.text
+            case ThinkingDelta() as p:
+                block = self._open_block(event.type, p)
+                block.text += p.text
+                if p.signature is not None:
+                    block.signature = p.signature
+            case ToolUseInputDelta() as p:
+                block = self._open_block(event.type, p)
+                if block.partial_json is not None:
+                    block.partial_json += p.partial_json
+            case TextEnd() as p:
+                self._open_block(event.type, p).closed = True
+            case ThinkingEnd() as p:
+                block = self._open_block(event.type, p)
+                if p.signature is not None:
+                    block.signature = p.signature
+                block.closed = True
+            case ToolUseEnd() as p:
+                block = self._open_block(event.type, p)
+                block.final_input = p.final_input
+                block.closed = True
+            case _:
+                pass  # an unknown type, or one that does not change this state
+
+    def _turn_started(self, payload: TurnStarted) -> None:
+        if self.turn is not None and self.turn.status == "in_flight":
+            raise ValueError(
+                f"turn.started for {payload.turn_id} while {self.turn.turn_id} is in flight"
+            )
+        self._put(payload.user_message)
+        self.turn = TurnState(payload.turn_id, "in_flight")
+
+    def _end_turn(self, ended: TurnState) -> None:
+        current = self.turn
+        if current is None or current.status != "in_flight" or current.turn_id != ended.turn_id:
+            raise ValueError(f"turn {ended.turn_id} {ended.status} but it is not in flight")
+        self.turn = ended
+
+    def _tool_outcome(self, outcome: ToolOutcome) -> None:
+        if self.tool_use(outcome.tool_use_id) is None:
+            raise ValueError(f"outcome for tool use {outcome.tool_use_id}, which was never made")
+        self.tool_results[outcome.tool_use_id] = outcome
+
+    def _message_start(self, payload: MessageStart) -> None:
+        if self.streaming is not None:
+            raise ValueError(
+                f"message.start for {payload.message_id} while "
+                f"{self.streaming.message_id} is still streaming"
+            )
+        self.streaming = StreamingMessage(payload.message_id, payload.model)
+
+    def _message_complete(self, event: Event, payload: MessageComplete) -> None:
+        """Finish the streaming message from ``final_content``, which is authoritative.
+
+        With no streaming message this is a replayed ``message.complete``
+        (PROTOCOL section 3), which needs no ``message.start`` before it.
+        """
+        streaming = self.streaming
+        if streaming is not None and streaming.message_id != payload.message_id:
+            raise ValueError(
+                f"message.complete for {payload.message_id} while "
+                f"{streaming.message_id} is streaming"
+            )
+        self._put(
+            Message(
+                id=payload.message_id,
+                session_id=event.session_id,
+                turn_id=event.turn_id,
+                role="assistant",
+                content=list(payload.final_content),
+                status=_STATUS_BY_STOP_REASON.get(payload.stop_reason, "complete"),
+                created_at=event.ts,
+                model=None if streaming is None else streaming.model,
+                usage=payload.usage,
+            )
+        )
+        self.streaming = None
+
+    def _streaming(self, event_type: str, message_id: str) -> StreamingMessage:
+        """The streaming message, which ``message_id`` must name."""
+        if self.streaming is None:
+            raise ValueError(f"{event_type} for message {message_id}, but none is streaming")
+        if self.streaming.message_id != message_id:
+            raise ValueError(
+                f"{event_type} for message {message_id}, "
+                f"but {self.streaming.message_id} is streaming"
+            )
+        return self.streaming
+
+    def _open_block(self, event_type: str, payload: _BlockPayload) -> StreamingBlock:
+        """The open block a delta or end addresses, of the right kind and tool use id."""
+        streaming = self._streaming(event_type, payload.message_id)
+        block = streaming.open_block(event_type, payload.content_block_index)
+        if (
+            isinstance(payload, ToolUseInputDelta | ToolUseEnd)
+            and payload.tool_use_id != block.tool_use_id
+        ):
+            raise ValueError(
+                f"{event_type} for tool use {payload.tool_use_id}, but block "
+                f"{payload.content_block_index} is tool use {block.tool_use_id}"
+            )
+        return block
+
+    def _put(self, message: Message) -> None:
+        """Append a finished message, replacing one of the same id in place."""
+        for position, existing in enumerate(self.messages):
+            if existing.id == message.id:
+                self.messages[position] = message
+                return
+        self.messages.append(message)
+
+
+def _message_state(message: Message) -> dict[str, Any]:
+    state = _builtins(message)
+    del state["created_at"]
+    state.pop("model", None)
+    return state
+
+
+def _builtins(value: msgspec.Struct) -> dict[str, Any]:
+    result: dict[str, Any] = msgspec.to_builtins(value)
+    return result

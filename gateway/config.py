@@ -1,0 +1,458 @@
+"""The daemon's configuration: TOML file, then environment, then flags, into one ``Config``.
+
+RUNNING.md ("Config file") fixes every key and its default; this module adds
+keys, never renames one. The layers apply in order, each overriding the last::
+
+    defaults  <-  TOML file  <-  GATEWAY_<SECTION>_<KEY> variables  <-  command-line flags
+
+Every layer is validated as it is applied: the file as a whole, then each
+variable and each flag on its own. Defaults are valid and no key constrains
+another, so the first layer that makes the config invalid is the one at fault
+and the error names it: RUNNING.md asks for "one clear line naming the key and
+the problem", and an operator also needs to know *where* to fix it::
+
+    config error: gateway.toml: stream.queue_max_events: expected an integer >= 1, got "lots"
+    config error: environment GATEWAY_STREAM_PING_INTERVAL_S: expected a number > 0, got "soon"
+    config error: command line: server.port: expected an integer in 0..65535, got 70000
+
+A value overridden by a later layer is still checked: a bad file is reported
+even when a variable happens to mask the bad key. Types and ranges are declared
+once, on the structs below; the error messages are derived from those
+declarations, so they cannot drift apart.
+
+There is no implicit config file: without ``--config`` the daemon runs on the
+defaults (RUNNING.md "Command line").
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import tomllib
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import msgspec
+import msgspec.inspect as mi
+
+from gateway.errors import ConfigError
+
+# --- value types ---------------------------------------------------------------
+
+ToolName = Literal["sleep", "read_file", "shell", "delegate"]
+"""The built-in tools of RUNNING.md ("Built-in tools")."""
+
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+Count = Annotated[int, msgspec.Meta(ge=1)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+GraceSeconds = Annotated[float, msgspec.Meta(ge=0)]
+Rate = Annotated[float, msgspec.Meta(ge=0)]
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
+HttpUrl = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^(https?://\S+)?$",
+        extra={"expected": "an http:// or https:// URL, or empty"},
+    ),
+]
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every section: immutable, and an unknown key is an error.
+
+    Subclasses repeat ``frozen=True``: msgspec inherits it, but mypy's
+    dataclass_transform needs it spelled on each class.
+    """
+
+
+# --- sections --------------------------------------------------------------------
+
+
+class ServerConfig(_Section, frozen=True):
+    """``[server]``: the listener and its HTTP limits."""
+
+    host: NonEmptyStr = "127.0.0.1"
+    port: Port = 8421  # 0 picks a free port
+    public_url: HttpUrl = ""  # base of ws_url when behind a proxy; "" = the listen address
+    max_body_bytes: Count = 1_048_576
+    read_timeout_s: Seconds = 10.0  # reading a request's header and body
+    keepalive_timeout_s: Seconds = 60.0  # an idle keep-alive connection is closed after this
+    shutdown_grace_s: GraceSeconds = 5.0  # shutdown waits this long for turns and sockets
+    max_header_bytes: Count = 16_384
+    send_buffer_bytes: NonNegativeInt = 0  # SO_SNDBUF of accepted sockets; 0 = the OS default
+
+
+class StreamConfig(_Section, frozen=True):
+    """``[stream]``: the WebSocket stream (PROTOCOL section 3)."""
+
+    queue_max_events: Count = 1000  # per-connection outbound bound; overflow closes with 1008
+    ping_interval_s: Seconds = 30.0
+    ping_max_missed: Count = 3
+    replay_max_events: Count = 10_000
+    snapshot_messages: Count = 50
+    subscribe_timeout_s: Seconds = 10.0
+    attach_token_ttl_s: Seconds = 60.0
+    max_client_frame_bytes: Count = 65_536
+    close_grace_s: GraceSeconds = 5.0  # a close frame's time to reach a slow client
+
+
+class StoreConfig(_Section, frozen=True):
+    """``[store]``: where events and messages are persisted."""
+
+    backend: Literal["sqlite"] = "sqlite"
+    path: NonEmptyStr = "gateway.db"
+    retention_hours: Count = 168  # older events: subscribe_error cursor_expired
+    flush_interval_ms: NonNegativeInt = 20  # batching window of the writer; 0 = every write
+
+
+class Price(_Section, frozen=True):
+    """USD per million tokens of one model, for ``Usage.cost_usd``."""
+
+    input_per_mtok: Rate
+    output_per_mtok: Rate
+    cache_read_per_mtok: Rate = 0.0
+    cache_write_per_mtok: Rate = 0.0
+
+
+class ModelConfig(_Section, frozen=True):
+    """``[model]``: the provider and the model every turn calls."""
+
+    provider: Literal["scripted", "anthropic", "openai"] = "scripted"
+    name: NonEmptyStr = "scripted:echo"
+    base_url: HttpUrl = ""  # provider endpoint override; "" = the provider's own
+    max_tokens: Count = 4096
+    thinking_budget_tokens: NonNegativeInt = 0  # 0 = extended thinking off
+    max_retries: NonNegativeInt = 2
+    timeout_s: Seconds = 600.0  # one model call
+    # Keyed by model name as in ``name``; a model without an entry costs 0.
+    prices: dict[str, Price] = msgspec.field(default_factory=dict)
+
+
+class TurnsConfig(_Section, frozen=True):
+    """``[turns]``: limits of one turn."""
+
+    timeout_s: Seconds = 600.0
+
+
+class ToolsConfig(_Section, frozen=True):
+    """``[tools]``: which built-in tools exist and which wait for permission."""
+
+    enabled: tuple[ToolName, ...] = ("sleep", "read_file", "delegate")  # "shell" is opt-in
+    require_approval: tuple[ToolName, ...] = ()
+    approval_timeout_s: Seconds = 300.0
+    kill_grace_s: GraceSeconds = 5.0  # SIGTERM, then SIGKILL after this
+
+
+class AuthConfig(_Section, frozen=True):
+    """``[auth]``: who may connect."""
+
+    api_keys: tuple[NonEmptyStr, ...] = ()  # empty: no auth (loopback use); else Bearer required
+    allowed_origins: tuple[NonEmptyStr, ...] = ()  # WebSocket Origin allow-list; empty: any
+
+
+class Config(_Section, frozen=True):
+    """The whole configuration; ``Config()`` is the embedded defaults."""
+
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    stream: StreamConfig = msgspec.field(default_factory=StreamConfig)
+    store: StoreConfig = msgspec.field(default_factory=StoreConfig)
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    turns: TurnsConfig = msgspec.field(default_factory=TurnsConfig)
+    tools: ToolsConfig = msgspec.field(default_factory=ToolsConfig)
+    auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
+
+
+DEFAULT_CONFIG_TOML = """\
+# gateway.toml: every key with its default (RUNNING.md "Config file").
+# Environment variables GATEWAY_<SECTION>_<KEY> override this file, and the
+# command-line flags --host and --port override both.
+
+[server]
+host = "127.0.0.1"
+port = 8421                  # 0 picks a free port
+public_url = ""              # e.g. "https://gw.example.com": ws_url then starts with wss://gw.example.com
+max_body_bytes = 1048576     # largest HTTP request body
+read_timeout_s = 10.0        # reading a request's header and body
+keepalive_timeout_s = 60.0   # an idle keep-alive connection is closed after this
+shutdown_grace_s = 5.0       # on SIGTERM: how long to wait for turns to cancel and sockets to close
+max_header_bytes = 16384     # largest HTTP request header
+send_buffer_bytes = 0        # SO_SNDBUF of accepted sockets; 0 = the OS default
+
+[stream]
+queue_max_events = 1000      # per-connection outbound bound; overflow closes with 1008
+ping_interval_s = 30         # server ping period
+ping_max_missed = 3          # unanswered pings before the connection is closed
+replay_max_events = 10000    # longest replay a subscribe may ask for
+snapshot_messages = 50       # messages in a snapshot
+subscribe_timeout_s = 10     # a new connection must subscribe within this
+attach_token_ttl_s = 60      # lifetime of an attach token
+max_client_frame_bytes = 65536
+close_grace_s = 5.0          # how long a close frame may take to reach a slow client
+
+[store]
+backend = "sqlite"           # the embedded default
+path = "gateway.db"
+retention_hours = 168        # older events: subscribe_error cursor_expired
+flush_interval_ms = 20       # the writer batches events for this long; 0 = every write
+
+[model]
+provider = "scripted"        # "scripted" | "anthropic" | "openai"
+name = "scripted:echo"       # e.g. "anthropic:claude-sonnet-4-6"
+base_url = ""                # provider endpoint override (a proxy, a local server)
+max_tokens = 4096
+thinking_budget_tokens = 0   # extended thinking budget; 0 = off
+max_retries = 2              # retries of a failed model call
+timeout_s = 600.0            # one model call
+
+[model.prices]               # USD per million tokens, keyed by model name; unlisted models cost 0
+# For example:
+# [model.prices."anthropic:claude-sonnet-4-6"]
+# input_per_mtok = 3.0
+# output_per_mtok = 15.0
+# cache_read_per_mtok = 0.3    # optional, default 0
+# cache_write_per_mtok = 3.75  # optional, default 0
+
+[turns]
+timeout_s = 600              # one whole turn
+
+[tools]
+enabled = ["sleep", "read_file", "delegate"]   # "shell" is opt-in
+require_approval = []                          # tool names that wait for permission
+approval_timeout_s = 300                       # an unanswered approval request fails after this
+kill_grace_s = 5                               # SIGTERM, then SIGKILL after this
+
+[auth]
+api_keys = []                # empty: no auth (loopback use); else Bearer required
+allowed_origins = []         # WebSocket Origin allow-list; empty: any
+"""
+
+
+# --- loading ---------------------------------------------------------------------
+
+SCHEMA: dict[str, dict[str, Any]] = {
+    section.name: {key.name: key.type for key in msgspec.structs.fields(section.type)}
+    for section in msgspec.structs.fields(Config)
+}
+"""Section -> key -> declared type: what the environment and the flags may set."""
+
+_ENV_PREFIX = "GATEWAY_"
+_ENV_KEYS: dict[str, tuple[str, str]] = {
+    f"{_ENV_PREFIX}{section}_{key}".upper(): (section, key)
+    for section, keys in SCHEMA.items()
+    for key in keys
+}
+
+
+def load_config(path: str | None, env: Mapping[str, str], overrides: Mapping[str, Any]) -> Config:
+    """Build the configuration from its layers (RUNNING.md "Config file").
+
+    Args:
+        path: the TOML file, or None for the embedded defaults.
+        env: the process environment; every ``GATEWAY_*`` variable must be a config key.
+        overrides: values from command-line flags, by dotted key (``"server.port"``).
+
+    Returns:
+        The validated, immutable configuration.
+
+    Raises:
+        ConfigError: one line naming the source, the key and the problem.
+    """
+    raw: dict[str, Any] = {}
+    config = Config()
+    if path is not None:
+        raw = _read_toml(path)
+        config = _validate(raw, _Source(path))
+    for source, section, key, value in [*_env_entries(env), *_override_entries(overrides)]:
+        raw.setdefault(section, {})[key] = value
+        config = _validate(raw, source)
+    return config
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a value came from; ``key`` is the one key the source's name already says."""
+
+    name: str
+    key: str | None = None
+
+    def error(self, key: str | None, problem: str) -> ConfigError:
+        where = self.name if key is None or key == self.key else f"{self.name}: {key}"
+        return ConfigError(f"config error: {where}: {problem}")
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as file:
+            text = file.read().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config error: no such config file: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"config error: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config error: {path}: not UTF-8 text") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's message ends with "(at line L, column C)".
+        raise ConfigError(f"config error: {path}: invalid TOML: {exc}") from None
+
+
+def _env_entries(env: Mapping[str, str]) -> Iterator[tuple[_Source, str, str, Any]]:
+    for var in sorted(name for name in env if name.startswith(_ENV_PREFIX)):
+        if var not in _ENV_KEYS:
+            raise _Source(f"environment {var}").error(None, "not a config key")
+        section, key = _ENV_KEYS[var]
+        source = _Source(f"environment {var}", key=f"{section}.{key}")
+        yield source, section, key, _parse_env_value(env[var], SCHEMA[section][key])
+
+
+def _parse_env_value(text: str, declared: Any) -> Any:
+    """A string key takes the text as is; any other key reads it as a TOML value.
+
+    Text that is not a TOML value stays a string, so that validation reports it
+    against the key's type ("expected a number, got "soon"").
+    """
+    info = _unwrap(mi.type_info(declared))
+    is_text = isinstance(info, mi.StrType) or (
+        isinstance(info, mi.LiteralType) and all(isinstance(v, str) for v in info.values)
+    )
+    if is_text:
+        return text
+    try:
+        parsed = tomllib.loads(f"value = {text}")
+    except tomllib.TOMLDecodeError:
+        return text
+    return parsed["value"] if parsed.keys() == {"value"} else text
+
+
+def _override_entries(overrides: Mapping[str, Any]) -> Iterator[tuple[_Source, str, str, Any]]:
+    source = _Source("command line")
+    for dotted, value in overrides.items():
+        section, _, key = dotted.partition(".")
+        if key not in SCHEMA.get(section, {}):
+            raise source.error(None, f"unknown key {dotted}")
+        yield source, section, key, value
+
+
+# --- validation and its messages ---------------------------------------------------
+
+_MESSAGE = re.compile(r"^(?P<problem>.*?)(?: - at `\$(?P<path>.*)`)?$")
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<name>.*)`$")
+_MISSING_FIELD = re.compile(r"^Object missing required field `(?P<name>.*)`$")
+_PATH_STEP = re.compile(r"\.(?P<field>\w+)|\[(?P<index>\d+)\]|\[\.\.\.\]")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _validate(raw: dict[str, Any], source: _Source) -> Config:
+    try:
+        return msgspec.convert(raw, Config)
+    except msgspec.ValidationError as exc:
+        match = _MESSAGE.match(str(exc))
+        assert match is not None  # the pattern matches any string
+        key, value, declared = _locate(match["path"] or "", raw)
+        problem = match["problem"]
+        if unknown := _UNKNOWN_FIELD.match(problem):
+            name = _join(key, unknown["name"])
+            if key is None and isinstance(value.get(unknown["name"]), dict):
+                raise source.error(None, f"unknown section [{name}]") from None
+            raise source.error(None, f"unknown key {name}") from None
+        if missing := _MISSING_FIELD.match(problem):
+            raise source.error(key, f"missing key {missing['name']}") from None
+        expected = _describe(mi.type_info(declared))
+        raise source.error(key, f"expected {expected}, got {_show(value)}") from None
+
+
+def _locate(path: str, raw: Any) -> tuple[str | None, Any, Any]:
+    """Follow msgspec's error path through the raw value and the declared types.
+
+    Returns the dotted key (None for the top level), the offending value and its
+    declared type. msgspec writes a dict key as ``[...]``; the entry at fault is
+    found by validating each entry on its own.
+    """
+    key: str | None = None
+    value: Any = raw
+    declared: Any = Config
+    for step in _PATH_STEP.finditer(path):
+        declared = _strip_annotated(declared)
+        if step["field"] is not None:
+            field = step["field"]
+            declared = {f.name: f.type for f in msgspec.structs.fields(declared)}[field]
+            key, value = _join(key, field), value[field]
+        elif step["index"] is not None:
+            index = int(step["index"])
+            declared = typing.get_args(declared)[0]
+            key, value = f"{key}[{index}]", value[index]
+        else:
+            declared = typing.get_args(declared)[1]
+            entry = next(k for k, v in value.items() if not _is_valid(v, declared))
+            key, value = _join(key, _quote(entry)), value[entry]
+    return key, value, declared
+
+
+def _is_valid(value: Any, declared: Any) -> bool:
+    try:
+        msgspec.convert(value, declared)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+def _strip_annotated(declared: Any) -> Any:
+    return typing.get_args(declared)[0] if typing.get_origin(declared) is Annotated else declared
+
+
+def _unwrap(info: mi.Type) -> mi.Type:
+    return info.type if isinstance(info, mi.Metadata) else info
+
+
+def _describe(info: mi.Type) -> str:
+    """What a value of this declared type looks like, in an operator's words."""
+    if isinstance(info, mi.Metadata):
+        expected = (info.extra or {}).get("expected")
+        return str(expected) if expected else _describe(info.type)
+    if isinstance(info, mi.BoolType):
+        return "true or false"
+    if isinstance(info, mi.IntType):
+        return "an integer" + _bounds(info)
+    if isinstance(info, mi.FloatType):
+        return "a number" + _bounds(info)
+    if isinstance(info, mi.StrType):
+        return "a non-empty string" if info.min_length else "a string"
+    if isinstance(info, mi.LiteralType):
+        choices = ", ".join(_show(v) for v in info.values)
+        return choices if len(info.values) == 1 else f"one of {choices}"
+    if isinstance(info, mi.VarTupleType | mi.ListType):
+        return "a list"
+    if isinstance(info, mi.DictType | mi.StructType):
+        return "a table"
+    return "a valid value"  # unreachable for the types declared above
+
+
+def _bounds(info: mi.IntType | mi.FloatType) -> str:
+    if info.ge is not None and info.le is not None:
+        return f" in {info.ge}..{info.le}"
+    if info.ge is not None:
+        return f" >= {info.ge}"
+    if info.gt is not None:
+        return f" > {info.gt}"
+    return ""
+
+
+def _show(value: Any) -> str:
+    """A value as the operator wrote it (JSON spelling is close enough to TOML)."""
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()  # a TOML date or time, written unquoted
+    text = msgspec.json.encode(value).decode()
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _join(key: str | None, name: str) -> str:
+    return name if key is None else f"{key}.{name}"
+
+
+def _quote(name: str) -> str:
+    """A TOML key: bare when it can be, quoted otherwise."""
+    return name if _BARE_KEY.match(name) else _show(name)

@@ -1,0 +1,51 @@
+"""Prometheus metrics (``GET /metrics``, PROTOCOL section 2).
+
+One :class:`Metrics` per node with its own registry, so that several gateways
+in one process (the tests) never share counters. Counters on the hot path are
+bumped once per emitted batch, not once per event or per client.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as _Tally
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.events = Counter(
+            "gateway_events_emitted", "Events emitted, by type", ["type"], registry=r
+        )
+        self.frames = Counter(
+            "gateway_event_frames_sent", "Event frames written to WebSocket clients", registry=r
+        )
+        self.ws_connections = Gauge(
+            "gateway_ws_connections", "Open WebSocket connections", registry=r
+        )
+        self.ws_closed = Counter(
+            "gateway_ws_closed", "WebSocket connections closed, by reason", ["reason"], registry=r
+        )
+        self.slow_clients = Counter(
+            "gateway_slow_client_closes", "Connections closed as too slow (1008)", registry=r
+        )
+        self.http_requests = Counter(
+            "gateway_http_requests", "HTTP requests, by route and status",
+            ["route", "status"], registry=r,
+        )  # fmt: skip
+        self.sessions_live = Gauge("gateway_sessions_live", "Sessions loaded", registry=r)
+        self.turns = Counter("gateway_turns", "Turns ended, by outcome", ["outcome"], registry=r)
+        self.replays = Counter("gateway_replay_events", "Event frames sent by replays", registry=r)
+
+    def events_emitted(self, emitted: Iterable[Any]) -> None:
+        for type_, n in _Tally(e.type for e in emitted).items():
+            self.events.labels(type_).inc(n)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,341 @@
+"""The scripted model (RUNNING.md "The scripted model").
+
+A real provider that needs no network and no key: the demo, the bench harness
+and the tests drive the gateway with it. It yields raw events exactly as the
+Anthropic Messages API would (``message_start``, then ``content_block_start``,
+deltas and ``content_block_stop`` per block with indices 0, 1, ..., then
+``message_delta`` and ``message_stop``), so everything downstream runs the
+same translator path as with a real model.
+
+It answers the turn's user message: the last ``user`` message that is more
+than tool results. The round it plays is the number of assistant messages
+after that one, so each LLM call of a turn plays the next round.
+
+- Plain text: a one-round script, ``You said: <text>``, streamed a word at a
+  time.
+- A JSON object ``{"script": {...}}`` (nothing else beside ``script``): the
+  :class:`Script`. A script that does not decode is refused with
+  ``ProviderError("invalid_request", "invalid script: ...")`` naming the field,
+  before any event.
+
+Where RUNNING.md is silent:
+
+- A round past the last one is an empty message (no block, ``end_turn``).
+- ``delay_ms`` is slept before every delta, the first one included; with 0 the
+  stream still checkpoints before every delta, so it stays cancellable.
+- ``tool_use`` input is streamed as its compact JSON in fragments of 8
+  characters (``chunk_chars`` is for text); its id is ``toolu_`` + random hex.
+- A thinking block ends with one ``signature_delta``: ``sig_`` + the first 32
+  hex digits of the SHA-256 of its text, so the same thinking always has the
+  same signature.
+- ``fail`` counts every ``content_block_delta`` of its round, signatures
+  included: with ``after_deltas: N`` the failure replaces delta N+1, mid-block.
+  A round with N deltas or fewer fails after its last block, before
+  ``message_delta``. The failure is an in-stream ``error`` event for the
+  classes Anthropic reports that way; ``network`` and ``timeout`` are a broken
+  connection, raised as ``ProviderError``. ``fail.round`` must name a round
+  of the script.
+- Tokens are ceil(characters / 4). Input: the text, thinking, tool input JSON
+  and tool result content of every request message (not the system prompt,
+  not the tool definitions, not redacted thinking). Output: the text, thinking
+  and tool input JSON streamed (not the signature).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import re
+import secrets
+from collections.abc import AsyncGenerator, Iterable, Iterator
+from typing import Annotated, Any, Literal
+
+import msgspec
+import trio
+
+from gateway.errors import ProviderError
+from gateway.ids import new_message_id
+from gateway.protocol.shapes import (
+    ContentBlock,
+    Message,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from gateway.providers.base import ModelRequest
+from gateway.providers.raw import (
+    RawContentBlock,
+    RawContentBlockDelta,
+    RawContentBlockStart,
+    RawContentBlockStop,
+    RawDelta,
+    RawError,
+    RawErrorBody,
+    RawEvent,
+    RawInputJsonDelta,
+    RawMessage,
+    RawMessageDelta,
+    RawMessageDeltaBody,
+    RawMessageStart,
+    RawMessageStop,
+    RawRedactedThinkingBlock,
+    RawSignatureDelta,
+    RawTextBlock,
+    RawTextDelta,
+    RawThinkingBlock,
+    RawThinkingDelta,
+    RawToolUseBlock,
+    RawUsage,
+)
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+
+# The error classes Anthropic reports as an in-stream ``error`` event, by type.
+_IN_STREAM_ERRORS = {
+    "overloaded": "overloaded_error",
+    "rate_limited": "rate_limit_error",
+    "api_error": "api_error",
+    "invalid_request": "invalid_request_error",
+}
+_TOOL_INPUT_CHUNK_CHARS = 8
+_LOREM = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed")
+_WORD = re.compile(r"\s*\S+\s*|\s+")  # a word with the spaces around it
+
+
+# --- the script --------------------------------------------------------------
+
+
+class ScriptToolUse(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    input: dict[str, Any] = {}
+
+
+class ScriptBlock(msgspec.Struct, forbid_unknown_fields=True):
+    """One block of a round; exactly one field is set."""
+
+    text: str | None = None
+    thinking: str | None = None
+    redacted_thinking: str | None = None
+    tool_use: ScriptToolUse | None = None
+    lorem: NonNegative | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in self.__struct_fields__ if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"a block has exactly one of {', '.join(self.__struct_fields__)};"
+                f" got {', '.join(given) or 'none'}"
+            )
+
+
+class ScriptFail(msgspec.Struct, forbid_unknown_fields=True):
+    error_class: Literal[
+        "overloaded", "rate_limited", "api_error", "invalid_request", "network", "timeout"
+    ]
+    round: NonNegative = 0
+    after_deltas: NonNegative = 0
+
+
+class Script(msgspec.Struct, forbid_unknown_fields=True):
+    """What the model says, round by round (RUNNING.md "The scripted model")."""
+
+    rounds: list[list[ScriptBlock]]
+    delay_ms: Annotated[float, msgspec.Meta(ge=0)] = 0
+    chunk_chars: NonNegative = 0
+    fail: ScriptFail | None = None
+
+    def __post_init__(self) -> None:
+        if self.fail is not None and self.fail.round >= len(self.rounds):
+            raise ValueError(
+                f"fail.round {self.fail.round} is past the last round ({len(self.rounds)} rounds)"
+            )
+
+
+class _ScriptMessage(msgspec.Struct, forbid_unknown_fields=True):
+    script: Script
+
+
+# --- the provider ------------------------------------------------------------
+
+
+class ScriptedProvider:
+    """``provider = "scripted"``: replies from the user message itself.
+
+    Args:
+        default_model: the model named in ``message_start`` when the request
+            names none.
+    """
+
+    name = "scripted"
+
+    def __init__(self, default_model: str = "scripted:echo") -> None:
+        self.default_model = default_model
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[RawEvent, None]:
+        """Stream the raw events of the round this request is at.
+
+        Raises:
+            ProviderError: ``invalid_request`` for a bad script or no user
+                message, before any event; ``network`` or ``timeout`` when the
+                script fails that way.
+        """
+        text, round_index = _turn_position(request.messages)
+        script = _read_script(text) or Script(rounds=[[ScriptBlock(text=f"You said: {text}")]])
+        fail = script.fail if script.fail is not None and script.fail.round == round_index else None
+        events = _round_events(
+            script,
+            round_index,
+            model=request.model or self.default_model,
+            input_tokens=_tokens(_request_chars(request.messages)),
+        )
+        deltas_sent = 0
+        for event in events:
+            if fail is not None and (
+                isinstance(event, RawMessageDelta)
+                or (isinstance(event, RawContentBlockDelta) and deltas_sent == fail.after_deltas)
+            ):
+                message = f"scripted {fail.error_class} after {deltas_sent} deltas"
+                error_type = _IN_STREAM_ERRORS.get(fail.error_class)
+                if error_type is None:  # network, timeout: the connection broke
+                    raise ProviderError(fail.error_class, message)
+                yield RawError(RawErrorBody(error_type, message))
+                return
+            if isinstance(event, RawContentBlockDelta):
+                if script.delay_ms:
+                    await trio.sleep(script.delay_ms / 1000)
+                else:
+                    await trio.lowlevel.checkpoint()
+                deltas_sent += 1
+            yield event
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+
+# --- reading the request -------------------------------------------------------
+
+
+def _turn_position(messages: list[Message]) -> tuple[str, int]:
+    """The turn's user text, and how many assistant messages came after it."""
+    for position in range(len(messages) - 1, -1, -1):
+        message = messages[position]
+        if message.role == "user" and any(
+            not isinstance(block, ToolResultBlock) for block in message.content
+        ):
+            text = "\n".join(
+                block.text for block in message.content if isinstance(block, TextBlock)
+            )
+            later = messages[position + 1 :]
+            return text, sum(1 for answer in later if answer.role == "assistant")
+    raise ProviderError("invalid_request", "the scripted model found no user message to answer")
+
+
+def _read_script(text: str) -> Script | None:
+    """The script the text carries, or ``None`` when it is plain text."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        value = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(value, dict) or "script" not in value:
+        return None
+    try:
+        return msgspec.convert(value, _ScriptMessage).script
+    except msgspec.ValidationError as error:
+        raise ProviderError("invalid_request", f"invalid script: {error}") from error
+
+
+def _request_chars(messages: list[Message]) -> int:
+    return sum(_block_chars(block) for message in messages for block in message.content)
+
+
+def _block_chars(block: ContentBlock) -> int:
+    match block:
+        case TextBlock():
+            return len(block.text)
+        case ThinkingBlock():
+            return len(block.thinking)
+        case ToolUseBlock():
+            return len(msgspec.json.encode(block.input).decode())
+        case ToolResultBlock():
+            return len(block.content)
+    return 0  # redacted thinking: opaque
+
+
+def _tokens(chars: int) -> int:
+    return math.ceil(chars / 4)
+
+
+# --- writing the reply ---------------------------------------------------------
+
+
+def _round_events(
+    script: Script, round_index: int, *, model: str, input_tokens: int
+) -> Iterator[RawEvent]:
+    """The raw events of one round, as the Messages API streams them, without pacing."""
+    blocks = script.rounds[round_index] if round_index < len(script.rounds) else []
+    yield RawMessageStart(
+        RawMessage(id=new_message_id(), model=model, usage=RawUsage(input_tokens=input_tokens))
+    )
+    output_chars = 0
+    for index, block in enumerate(blocks):
+        opening, deltas = _block_stream(block, script.chunk_chars)
+        yield RawContentBlockStart(index, opening)
+        for delta in deltas:
+            output_chars += _delta_chars(delta)
+            yield RawContentBlockDelta(index, delta)
+        yield RawContentBlockStop(index)
+    stop_reason = "end_turn"
+    if any(block.tool_use is not None for block in blocks):
+        stop_reason = "tool_use"
+    yield RawMessageDelta(
+        RawMessageDeltaBody(stop_reason=stop_reason),
+        RawUsage(output_tokens=_tokens(output_chars)),
+    )
+    yield RawMessageStop()
+
+
+def _block_stream(
+    block: ScriptBlock, chunk_chars: int
+) -> tuple[RawContentBlock, Iterable[RawDelta]]:
+    """How a block opens, and its deltas (lazily: ``lorem`` may be long)."""
+    if block.text is not None:
+        return RawTextBlock(), map(RawTextDelta, _chunks(block.text, chunk_chars))
+    if block.lorem is not None:
+        words = " ".join(itertools.islice(itertools.cycle(_LOREM), block.lorem))
+        return RawTextBlock(), map(RawTextDelta, _chunks(words, chunk_chars))
+    if block.thinking is not None:
+        signature = "sig_" + hashlib.sha256(block.thinking.encode()).hexdigest()[:32]
+        deltas: Iterable[RawDelta] = itertools.chain(
+            map(RawThinkingDelta, _chunks(block.thinking, chunk_chars)),
+            [RawSignatureDelta(signature)],
+        )
+        return RawThinkingBlock(), deltas
+    if block.redacted_thinking is not None:
+        return RawRedactedThinkingBlock(block.redacted_thinking), []
+    assert block.tool_use is not None  # ScriptBlock.__post_init__: one field is set
+    tool_id = "toolu_" + secrets.token_hex(12)
+    input_json = msgspec.json.encode(block.tool_use.input).decode()
+    fragments = _chunks(input_json, _TOOL_INPUT_CHUNK_CHARS)
+    return RawToolUseBlock(tool_id, block.tool_use.name), map(RawInputJsonDelta, fragments)
+
+
+def _chunks(text: str, chunk_chars: int) -> Iterator[str]:
+    """``text`` in pieces that join back to it: words, or ``chunk_chars`` characters."""
+    if chunk_chars > 0:
+        return (text[at : at + chunk_chars] for at in range(0, len(text), chunk_chars))
+    return (match.group() for match in _WORD.finditer(text))
+
+
+def _delta_chars(delta: RawDelta) -> int:
+    match delta:
+        case RawTextDelta():
+            return len(delta.text)
+        case RawThinkingDelta():
+            return len(delta.thinking)
+        case RawInputJsonDelta():
+            return len(delta.partial_json)
+    return 0  # a signature is not output text

@@ -1,0 +1,147 @@
+"""The daemon: one listener, the node, and graceful shutdown (RUNNING.md "Command line").
+
+Task tree::
+
+    gateway               Gateway.run
+    ├── node              gateway.node.Node.run (store writer, retention, sessions)
+    └── http              the listener's accept loop
+        └── conn <peer>   one per accepted socket: keep-alive HTTP or one WebSocket
+
+Shutdown, on SIGTERM/SIGINT or :meth:`Gateway.shutdown`: stop accepting, refuse
+new turns, cancel in-flight turns with ``reason: "shutdown"`` (each emits its
+cancellation sequence, which clients still receive), close every WebSocket with
+1001, then stop the sessions, flush and close the store. All within
+``shutdown_grace_s`` per step; the process then exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+from typing import Any
+
+import trio
+
+from gateway.config import Config
+from gateway.errors import ConfigError
+from gateway.node import Node
+from gateway.providers.base import Provider
+from gateway.server.http import HttpLimits, serve_connection
+from gateway.server.routes import Api
+from gateway.store.sqlite import SqliteStore
+from gateway.tools.builtin import build_registry
+
+log = logging.getLogger("gateway")
+
+
+def make_provider(config: Config) -> Provider:
+    """The provider named by ``[model] provider``.
+
+    Raises:
+        ConfigError: the provider cannot be used (named in the message).
+    """
+    kind = config.model.provider
+    if kind == "scripted":
+        from gateway.providers.scripted import ScriptedProvider
+
+        return ScriptedProvider(config.model.name)
+    raise ConfigError(f"config error: model.provider: {kind!r} is not available in this build")
+
+
+class Gateway:
+    """A running daemon: :meth:`run` under a nursery, :meth:`shutdown` to stop it."""
+
+    def __init__(self, config: Config, provider: Provider | None = None) -> None:
+        self.config = config
+        self.node = Node(
+            config,
+            SqliteStore(config.store.path, flush_interval_s=config.store.flush_interval_ms / 1000),
+            provider or make_provider(config),
+            build_registry(config.tools.enabled),
+        )
+        s = config.server
+        self.limits = HttpLimits(
+            max_body_bytes=s.max_body_bytes,
+            max_header_bytes=s.max_header_bytes,
+            read_timeout_s=s.read_timeout_s,
+            keepalive_timeout_s=s.keepalive_timeout_s,
+            max_client_frame_bytes=config.stream.max_client_frame_bytes,
+        )
+        self.port = 0
+        self._accepting = trio.CancelScope()
+        self._connections = trio.CancelScope()
+        self._stopped = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until :meth:`shutdown`; ``task_status`` receives the bound port."""
+        s = self.config.server
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.node.run, name="node")
+            listeners = await trio.open_tcp_listeners(s.port, host=s.host)
+            self.port = listeners[0].socket.getsockname()[1]
+            async with trio.open_nursery() as conns:
+                conns.start_soon(self._accept, listeners, conns, name="http")
+                task_status.started(self.port)
+                await self._stopped.wait()
+                await self._close_everything(conns)
+            self.node.stop()
+
+    async def _accept(self, listeners: list[Any], conns: trio.Nursery) -> None:
+        with self._accepting:
+            await trio.serve_listeners(self._serve_one, listeners, handler_nursery=conns)
+
+    async def _serve_one(self, stream: trio.SocketStream) -> None:
+        sock = stream.socket
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.config.server.send_buffer_bytes:
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.server.send_buffer_bytes
+            )
+        try:
+            host, port = sock.getpeername()[:2]
+            peer = f"{host}:{port}"
+        except OSError:
+            peer = ""
+        await serve_connection(stream, self.node_api, self.limits, client=peer)
+
+    @property
+    def node_api(self) -> Api:
+        api: Api | None = getattr(self, "_api", None)
+        if api is None:
+            api = self._api = Api(self.node)
+        return api
+
+    def shutdown(self) -> None:
+        """Begin a graceful shutdown; :meth:`run` returns when it is done."""
+        self._stopped.set()
+
+    async def _close_everything(self, conns: trio.Nursery) -> None:
+        grace = self.config.server.shutdown_grace_s
+        self._accepting.cancel()
+        self.node.shutting_down = True
+        await self.node.drain_turns()
+        for conn in list(self.node.connections):
+            conn.request_close("shutdown")
+        with trio.move_on_after(grace):
+            while self.node.connections:
+                await self.node.changed()
+        conns.cancel_scope.cancel()
+
+
+async def serve(config: Config) -> None:
+    """``gateway serve``: run until SIGTERM or SIGINT, print the readiness line."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    gateway = Gateway(config)
+    async with trio.open_nursery() as nursery:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            port = await nursery.start(gateway.run, name="gateway")
+            print(f"gateway listening on http://{config.server.host}:{port}", flush=True)
+            async for signum in signals:
+                log.info("received %s: shutting down", signal.Signals(signum).name)
+                gateway.shutdown()
+                break
+    sys.stdout.flush()

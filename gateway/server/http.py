@@ -1,0 +1,410 @@
+"""HTTP/1.1 transport: the whole life of one accepted connection, h11 over a trio stream.
+
+The routes and sessions live above this module; they see a :data:`Handler`
+that turns a :class:`Request` into a :class:`Response`, or into a
+:class:`WebSocketAccept` to take the connection over as a WebSocket on the same
+port (PROTOCOL sections 2 and 3).
+
+What the transport answers by itself, always as the JSON error body of
+PROTOCOL section 2 (``{"error": {"code", "message"}}``), then closing the
+connection:
+
+====  =======================  ============================================
+400   ``malformed_request``    h11 could not parse the request
+408   ``request_timeout``      the request was not in within ``read_timeout_s``
+413   ``body_too_large``       the body is over ``max_body_bytes``
+431   ``headers_too_large``    the head is over ``max_header_bytes``
+500   ``internal_error``       the handler raised something not an ApiError
+====  =======================  ============================================
+
+and, keeping the connection open, the refused WebSocket handshakes: 426
+``upgrade_required`` (a WebSocket route asked without upgrade headers), 426
+``unsupported_websocket_version`` and 400 ``invalid_websocket_handshake``.
+
+Timeouts (where the brief is silent, decided here): a fresh connection must
+deliver its first request within ``read_timeout_s`` of being accepted; between
+requests the connection may idle for ``keepalive_timeout_s``, and the next
+request must be complete within ``read_timeout_s`` of its first byte. A
+connection that never sent a byte of the pending request is closed silently;
+one that sent part of it gets a 408.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+import h11
+import msgspec
+import trio
+from wsproto.utilities import generate_accept_token
+
+from gateway.errors import ApiError
+from gateway.protocol.frames import close_reason
+from gateway.server.websocket import ConnectionClosed, WebSocket
+
+_log = logging.getLogger("gateway.http")
+
+_RECEIVE_BYTES = 65536
+_LINGER_S = 2.0
+"""How long an erroring connection keeps draining the client's bytes before closing."""
+
+
+@dataclass(slots=True)
+class Request:
+    """One parsed HTTP request, body included.
+
+    ``path`` is the target without the query, not percent-decoded (ids are
+    URL-safe). ``query`` keeps the first value per key, percent-decoded.
+    ``headers`` has lower-cased names, latin-1 values, repeats joined with ``", "``.
+    ``client`` is the peer ``host:port`` when known.
+    """
+
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+    client: str
+
+
+@dataclass(slots=True)
+class Response:
+    """An HTTP answer. The transport adds Content-Length (and Connection: close when closing).
+
+    ``headers`` are extra headers; they must not repeat Content-Type or Content-Length.
+    """
+
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class ErrorDetail(msgspec.Struct):
+    code: str
+    message: str
+
+
+class ErrorBody(msgspec.Struct):
+    """Every HTTP error body (PROTOCOL section 2)."""
+
+    error: ErrorDetail
+
+
+def json_response(status: int, obj: object) -> Response:
+    """A JSON response; ``obj`` is anything msgspec encodes (Structs, dicts, lists)."""
+    return Response(status, msgspec.json.encode(obj))
+
+
+def error_response(status: int, code: str, message: str) -> Response:
+    """The error body ``{"error": {"code", "message"}}`` of PROTOCOL section 2."""
+    return json_response(status, ErrorBody(ErrorDetail(code, message)))
+
+
+@dataclass(slots=True)
+class WebSocketAccept:
+    """Returned by a handler to accept a WebSocket upgrade.
+
+    The transport completes the handshake (101) and calls ``run``.
+
+    ``run`` owns the connection until it returns; the transport then closes it
+    with 1000 if ``run`` has not closed it, or with 1011 ``internal_error`` if
+    ``run`` raised. On cancellation (shutdown) the stream is simply dropped:
+    closing with 1001 first is ``run``'s job (RUNNING.md, command line).
+    """
+
+    run: Callable[[WebSocket], Awaitable[None]]
+
+
+Handler = Callable[[Request], Awaitable[Response | WebSocketAccept]]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """Per-connection limits (RUNNING.md ``[server]`` and ``[stream]`` sections)."""
+
+    max_body_bytes: int = 1_048_576
+    max_header_bytes: int = 16_384
+    read_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 60.0
+    max_client_frame_bytes: int = 65_536
+
+
+async def serve_connection(
+    stream: trio.abc.Stream, handler: Handler, limits: HttpLimits, *, client: str = ""
+) -> None:
+    """Serve one accepted connection until it closes: keep-alive requests, or one WebSocket.
+
+    Never raises except for cancellation: whatever goes wrong is answered,
+    logged, or both, and the stream is closed on the way out.
+
+    Args:
+        stream: the accepted connection; closed when this returns.
+        handler: the routes.
+        limits: sizes and timeouts.
+        client: the peer ``host:port``, copied into every :class:`Request`.
+    """
+    try:
+        await _HttpConnection(stream, handler, limits, client).run()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the client went away mid-answer: nobody is left to tell
+    except Exception:
+        _log.exception("HTTP connection from %s failed", client or "unknown peer")
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+class _HttpConnection:
+    """The request loop of one connection over one h11 state machine."""
+
+    def __init__(
+        self, stream: trio.abc.Stream, handler: Handler, limits: HttpLimits, client: str
+    ) -> None:
+        self._stream = stream
+        self._handler = handler
+        self._limits = limits
+        self._client = client
+        self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+
+    async def run(self) -> None:
+        # The first request's clock starts at accept, for both the idle wait and the read.
+        idle_deadline = trio.current_time() + self._limits.read_timeout_s
+        read_deadline: float | None = idle_deadline
+        while True:
+            try:
+                request = await self._next_request(idle_deadline, read_deadline)
+            except ApiError as exc:
+                await self._refuse(exc)
+                return
+            if request is None:
+                return
+            answer = await self._call_handler(request)
+            if isinstance(answer, WebSocketAccept):
+                refusal = _handshake_refusal(request)
+                if refusal is None:
+                    await self._upgrade(request, answer)
+                    return
+                answer = refusal
+            await self._send(answer)
+            if self._h11.our_state is not h11.DONE or self._h11.their_state is not h11.DONE:
+                return
+            self._h11.start_next_cycle()
+            idle_deadline = trio.current_time() + self._limits.keepalive_timeout_s
+            read_deadline = None
+
+    # --- reading -----------------------------------------------------------------
+
+    async def _next_request(
+        self, idle_deadline: float, read_deadline: float | None
+    ) -> Request | None:
+        """The next request, or None when the connection should just close.
+
+        ``read_deadline`` None: the request has ``read_timeout_s`` from its first byte.
+
+        Raises:
+            ApiError: 400, 408, 413 or 431, to be answered before closing.
+        """
+        with trio.CancelScope(deadline=idle_deadline) as idle:
+            await self._await_first_byte()
+        if idle.cancelled_caught:
+            return None
+        if read_deadline is None:
+            read_deadline = trio.current_time() + self._limits.read_timeout_s
+        with trio.CancelScope(deadline=read_deadline):
+            try:
+                return await self._read_request()
+            except h11.RemoteProtocolError as exc:
+                raise _protocol_error(exc) from None
+        raise ApiError(408, "request_timeout", "The request did not arrive in time.")
+
+    async def _await_first_byte(self) -> None:
+        buffered, eof = self._h11.trailing_data  # pipelined bytes of the next request, if any
+        if not buffered and not eof:
+            self._h11.receive_data(await self._receive())
+
+    async def _read_request(self) -> Request | None:
+        event = await self._next_event()
+        if not isinstance(event, h11.Request):
+            return None  # ConnectionClosed: the client left between requests
+        declared = _header(event.headers, b"content-length")
+        if declared is not None and int(declared) > self._limits.max_body_bytes:
+            raise self._too_large()
+        if self._h11.client_is_waiting_for_100_continue:
+            await self._stream.send_all(
+                self._h11.send(h11.InformationalResponse(status_code=100, headers=[]))
+            )
+        body = bytearray()
+        while not isinstance(part := await self._next_event(), h11.EndOfMessage):
+            if isinstance(part, h11.Data):
+                body += part.data
+                if len(body) > self._limits.max_body_bytes:
+                    raise self._too_large()
+        return _request(event, bytes(body), self._client)
+
+    async def _next_event(self) -> h11.Event:
+        while (event := self._h11.next_event()) is h11.NEED_DATA:
+            self._h11.receive_data(await self._receive())
+        assert isinstance(event, h11.Event)  # PAUSED only comes after EndOfMessage
+        return event
+
+    async def _receive(self) -> bytes:
+        try:
+            return bytes(await self._stream.receive_some(_RECEIVE_BYTES))
+        except trio.BrokenResourceError:
+            return b""
+
+    def _too_large(self) -> ApiError:
+        limit = self._limits.max_body_bytes
+        return ApiError(413, "body_too_large", f"The request body is over {limit} bytes.")
+
+    # --- answering ---------------------------------------------------------------
+
+    async def _call_handler(self, request: Request) -> Response | WebSocketAccept:
+        try:
+            return await self._handler(request)
+        except ApiError as exc:
+            return error_response(exc.status, exc.code, exc.message)
+        except Exception:
+            _log.exception("handler failed on %s %s", request.method, request.path)
+            return _closing(error_response(500, "internal_error", "Internal server error."))
+
+    async def _send(self, response: Response) -> None:
+        head = h11.Response(
+            status_code=response.status,
+            reason=_reason_phrase(response.status),
+            headers=[
+                ("content-type", response.content_type),
+                ("content-length", str(len(response.body))),
+                *response.headers,
+            ],
+        )
+        data = self._h11.send(head)
+        if response.body:
+            data += self._h11.send(h11.Data(data=response.body))
+        data += self._h11.send(h11.EndOfMessage())
+        await self._stream.send_all(data)
+
+    async def _refuse(self, exc: ApiError) -> None:
+        """Answer a request we could not read, then drain before closing.
+
+        Closing a socket with unread input makes the kernel reset the connection,
+        which can destroy the error answer before the client reads it (RFC 9112
+        section 9.6): so half-close, and read and discard for up to ``_LINGER_S``.
+        """
+        if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            await self._send(_closing(error_response(exc.status, exc.code, exc.message)))
+        if isinstance(self._stream, trio.abc.HalfCloseableStream):
+            await self._stream.send_eof()
+        with trio.move_on_after(_LINGER_S):
+            while await self._receive():
+                pass
+
+    async def _upgrade(self, request: Request, accept: WebSocketAccept) -> None:
+        """Complete the handshake (RFC 6455 section 4.2.2) and hand the stream to ``accept.run``.
+
+        No extension is negotiated: frames are built once per event for every
+        client (see gateway.server.websocket), which permessage-deflate would forbid.
+        """
+        key = request.headers["sec-websocket-key"].encode()
+        switch = h11.InformationalResponse(
+            status_code=101,
+            reason=b"Switching Protocols",
+            headers=[
+                ("upgrade", "websocket"),
+                ("connection", "Upgrade"),
+                ("sec-websocket-accept", generate_accept_token(key).decode()),
+            ],
+        )
+        await self._stream.send_all(self._h11.send(switch))
+        trailing, _ = self._h11.trailing_data
+        ws = WebSocket(
+            self._stream, trailing, max_message_bytes=self._limits.max_client_frame_bytes
+        )
+        try:
+            await accept.run(ws)
+        except ConnectionClosed:
+            pass  # the client left while run was writing: nothing more to say
+        except Exception:
+            _log.exception("WebSocket handler failed on %s", request.path)
+            await ws.close(*close_reason("internal_error"))
+        await ws.close(*close_reason("normal"))  # a no-op if run closed it
+
+
+def _request(event: h11.Request, body: bytes, client: str) -> Request:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in event.headers:
+        name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    path, _, query_string = event.target.decode("latin-1").partition("?")
+    query: dict[str, str] = {}
+    for key, value in urllib.parse.parse_qsl(query_string, keep_blank_values=True):
+        query.setdefault(key, value)
+    return Request(event.method.decode("latin-1"), path, query, headers, body, client)
+
+
+def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    return next((value for key, value in headers if key == name), None)
+
+
+def _reason_phrase(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""  # a status http.HTTPStatus does not know: the phrase is optional
+
+
+def _protocol_error(exc: h11.RemoteProtocolError) -> ApiError:
+    if exc.error_status_hint == 431:
+        return ApiError(431, "headers_too_large", "The request head is too large.")
+    return ApiError(400, "malformed_request", f"Malformed HTTP request: {exc}")
+
+
+def _closing(response: Response) -> Response:
+    """``response`` with ``Connection: close``; h11 then ends the connection after it."""
+    response.headers.append(("connection", "close"))
+    return response
+
+
+def _tokens(value: str) -> set[str]:
+    return {token.strip().lower() for token in value.split(",")}
+
+
+def _handshake_refusal(request: Request) -> Response | None:
+    """Why this request cannot become a WebSocket (RFC 6455 section 4.2.1), or None if it can."""
+    headers = request.headers
+    if "websocket" not in _tokens(headers.get("upgrade", "")) or "upgrade" not in _tokens(
+        headers.get("connection", "")
+    ):
+        refusal = error_response(426, "upgrade_required", "This route only speaks WebSocket.")
+        refusal.headers += [("upgrade", "websocket"), ("sec-websocket-version", "13")]
+        return refusal
+    if request.method != "GET":
+        return error_response(
+            400, "invalid_websocket_handshake", "A WebSocket upgrade must be a GET."
+        )
+    if headers.get("sec-websocket-version") != "13":
+        refusal = error_response(
+            426, "unsupported_websocket_version", "Only WebSocket version 13 is supported."
+        )
+        refusal.headers.append(("sec-websocket-version", "13"))
+        return refusal
+    if not _is_websocket_key(headers.get("sec-websocket-key", "")):
+        return error_response(
+            400,
+            "invalid_websocket_handshake",
+            "Sec-WebSocket-Key must be 16 bytes in base64.",
+        )
+    return None
+
+
+def _is_websocket_key(key: str) -> bool:
+    try:
+        return len(base64.b64decode(key, validate=True)) == 16
+    except binascii.Error:
+        return False

@@ -1,0 +1,320 @@
+"""One client's WebSocket on a session stream (PROTOCOL section 3).
+
+Task tree of a connection::
+
+    ws <name>             StreamConnection.run
+    ├── ws-reader <name>  client frames: subscribe, cancel, ping, pong
+    └── ws-writer <name>  drains the outbound channel, one send_all per drain
+
+The outbound channel is the connection's one bounded queue
+(``queue_max_events``). The session's hub puts shared :class:`FrameBatch`
+objects in it without blocking; the writer takes everything queued and writes
+it in one ``send_all``. When a batch would overflow the bound, the hub reports
+it and the slow-client rule applies: ``bus.handler_warning``, then close 1008
+``client_too_slow`` (queued events are dropped: the client resumes with replay).
+
+**The seam.** A ``subscribe`` first puts a :class:`Gate` in the channel, then
+registers with the hub, then computes the snapshot or replay. Live batches
+that arrive meanwhile queue up behind the gate. When the gate opens, the
+writer sends the ack and the snapshot or replay, then every queued event with
+an id above the gate's cut, so each event reaches the client exactly once, in
+id order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import sys
+
+import trio
+
+from gateway.errors import ApiError, FrameRejected, SubscribeRejected
+from gateway.protocol.filters import FilterKey, resolve_filter
+from gateway.protocol.frames import (
+    Cancel,
+    ErrorFrame,
+    Ping,
+    Pong,
+    Subscribe,
+    SubscribeAck,
+    SubscribeError,
+    close_reason,
+    decode_client_frame,
+    encode,
+)
+from gateway.server.websocket import ConnectionClosed, WebSocket, text_frame
+from gateway.session.hub import FrameBatch
+from gateway.session.session import Session
+
+log = logging.getLogger("gateway.stream")
+
+_names = itertools.count(1)
+_CONTROL_SLACK = 64  # control frames (acks, pongs, errors) beyond the event bound
+
+
+class Gate:
+    """The seam marker in the outbound channel (module docstring)."""
+
+    __slots__ = ("cut", "payload", "ready")
+
+    def __init__(self) -> None:
+        self.ready = trio.Event()
+        self.payload = b""
+        self.cut = 0
+
+    def open(self, payload: bytes, cut: int) -> None:
+        self.payload, self.cut = payload, cut
+        self.ready.set()
+
+
+class Heartbeat:
+    """Ping bookkeeping (PROTOCOL section 3 "Heartbeat"), sans-IO.
+
+    The writer calls :meth:`on_idle` after ``ping_interval_s`` without an
+    outbound frame: it answers a nonce to ping with, or ``None`` when
+    ``ping_max_missed`` pings in a row went unanswered (close 1001). Any pong
+    carrying the nonce of an outstanding ping resets the count.
+    """
+
+    def __init__(self, max_missed: int) -> None:
+        self.max_missed = max_missed
+        self.outstanding: list[str] = []
+
+    def on_idle(self) -> str | None:
+        if len(self.outstanding) >= self.max_missed:
+            return None
+        nonce = secrets.token_hex(6)
+        self.outstanding.append(nonce)
+        return nonce
+
+    def on_pong(self, nonce: str) -> bool:
+        if nonce in self.outstanding:
+            self.outstanding.clear()
+            return True
+        return False
+
+
+class StreamConnection:
+    """A client attached to one session's stream."""
+
+    def __init__(self, session: Session, ws: WebSocket) -> None:
+        self.session = session
+        self.node = session.node
+        self.ws = ws
+        self.name = f"ws-{next(_names)}"
+        stream = self.node.config.stream
+        self.max_events: int = stream.queue_max_events
+        self._tx, self._rx = trio.open_memory_channel[bytes | FrameBatch | Gate](
+            self.max_events + _CONTROL_SLACK
+        )
+        self.queued = 0
+        self.key: FilterKey | None = None
+        self.closing: str | None = None  # the close code name, once a close is decided
+        self.heartbeat = Heartbeat(stream.ping_max_missed)
+        self._wait_scope = trio.CancelScope()  # the writer's wait for frames
+        self._send_scope = trio.CancelScope()  # the writer's send in progress
+        self._close_deadline = float("inf")
+        self._nursery: trio.Nursery | None = None
+
+    # --- Subscriber (the hub's side) ----------------------------------------------
+
+    def deliver(self, batch: FrameBatch) -> bool:
+        n = len(batch)
+        if self.queued + n > self.max_events:
+            return False
+        try:
+            self._tx.send_nowait(batch)
+        except trio.WouldBlock:
+            return False
+        self.queued += n
+        return True
+
+    def overflowed(self) -> None:
+        self.session.hub.unsubscribe(self)
+        self.session.warn(
+            self.name,
+            "client_too_slow",
+            f"outbound queue exceeded queue_max_events={self.max_events}; closing with 1008",
+        )
+        self.request_close("client_too_slow")
+
+    # --- life ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        metrics = self.node.metrics
+        metrics.ws_connections.inc()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._writer, name=f"ws-writer {self.name}")
+                nursery.start_soon(self._reader, name=f"ws-reader {self.name}")
+        finally:
+            metrics.ws_connections.dec()
+            reason = self.closing or "client_closed"
+            metrics.ws_closed.labels(reason).inc()
+            self.key = None
+            self.session.unregistered(self, reason)
+            self.node.connections.discard(self)
+            self.node.notify()
+
+    def request_close(self, code: str) -> None:
+        """Close the connection with ``code`` (a :data:`~gateway.protocol.frames.CLOSES` name).
+
+        The writer stops taking queued frames, finishes the write in progress
+        (for at most ``close_grace_s``), then sends the close frame.
+        """
+        if self.closing is not None:
+            return
+        self.closing = code
+        self._wait_scope.cancel()
+        self._close_deadline = trio.current_time() + self.node.config.stream.close_grace_s
+        self._send_scope.deadline = self._close_deadline
+
+    def _put(self, frame: bytes) -> None:
+        """Queue a control frame (already framed); a full queue is a slow client."""
+        try:
+            self._tx.send_nowait(frame)
+        except trio.WouldBlock:
+            self.overflowed()
+
+    def _send_frame(self, obj: object) -> None:
+        self._put(text_frame(encode(obj)))
+
+    # --- reader --------------------------------------------------------------------------
+
+    async def _reader(self) -> None:
+        config = self.node.config.stream
+        deadline = trio.current_time() + config.subscribe_timeout_s
+        while True:
+            with trio.move_on_at(deadline if self.key is None else float("inf")) as timer:
+                message = await self.ws.receive()
+            if timer.cancelled_caught:
+                self.request_close("subscribe_timeout")
+                deadline = float("inf")
+                continue
+            if message is None:
+                break
+            if self.closing is not None:
+                continue
+            if isinstance(message, bytes):
+                self._send_frame(ErrorFrame("invalid_frame", "binary frames are not accepted"))
+                continue
+            try:
+                frame = decode_client_frame(message)
+                if isinstance(frame, Subscribe):
+                    await self._subscribe(frame)
+                elif isinstance(frame, Ping):
+                    self._send_frame(Pong(frame.nonce))
+                elif isinstance(frame, Pong):
+                    self.heartbeat.on_pong(frame.nonce)
+                elif isinstance(frame, Cancel):
+                    self._cancel(frame)
+            except FrameRejected as exc:
+                self._send_frame(ErrorFrame(exc.code, exc.message))
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _subscribe(self, frame: Subscribe) -> None:
+        if self.key is not None:
+            raise FrameRejected("already_subscribed", "this connection is already subscribed")
+        session = self.session
+        config = self.node.config.stream
+        try:
+            resolved, key = resolve_filter(frame.filter)
+        except SubscribeRejected as exc:
+            self._send_frame(SubscribeError(exc.code, exc.message))  # type: ignore[arg-type]
+            return
+        gate = Gate()
+        self._tx.send_nowait(gate)  # the slack always has room for it
+        session.hub.subscribe(self, key)
+        self.key = key
+        try:
+            if frame.snapshot:
+                snap, cut = session.snapshot(config.snapshot_messages)
+                ack = SubscribeAck(resolved, None, True, 0)
+                gate.open(text_frame(encode(ack)) + text_frame(encode(snap)), cut)
+            elif frame.since is not None:
+                replay = await session.replay(frame.since, key, config.replay_max_events)
+                ack = SubscribeAck(resolved, frame.since, False, len(replay.frames))
+                gate.open(text_frame(encode(ack)) + b"".join(replay.frames), replay.cut)
+                self.node.metrics.replays.inc(len(replay.frames))
+            else:
+                gate.open(text_frame(encode(SubscribeAck(resolved, None, False, 0))), 0)
+        except SubscribeRejected as exc:
+            session.hub.unsubscribe(self)
+            self.key = None
+            error = SubscribeError(exc.code, exc.message)  # type: ignore[arg-type]
+            gate.open(text_frame(encode(error)), sys.maxsize)  # drop what queued behind it
+
+    def _cancel(self, frame: Cancel) -> None:
+        if self.key is None:
+            raise FrameRejected("subscribe_required", "subscribe before sending cancel")
+        try:
+            self.session.cancel_turn(frame.turn_id, frame.reason or "user", self.name)
+        except ApiError as exc:
+            raise FrameRejected(exc.code, exc.message) from None
+
+    # --- writer --------------------------------------------------------------------------
+
+    async def _writer(self) -> None:
+        try:
+            await self._write_loop()
+            ws_code, reason = close_reason(self.closing or "normal")
+            await self.ws.close(ws_code, reason, grace_s=self.node.config.stream.close_grace_s)
+        except ConnectionClosed:  # broken, or a write cut short: no close frame can follow
+            await self.ws.aclose()
+        finally:
+            if self._nursery is not None:
+                self._nursery.cancel_scope.cancel()
+
+    async def _write_loop(self) -> None:
+        rx = self._rx
+        interval = self.node.config.stream.ping_interval_s
+        cut = 0
+        frames_sent = self.node.metrics.frames
+        while self.closing is None:
+            self._wait_scope = trio.CancelScope()
+            with trio.move_on_after(interval) as idle, self._wait_scope:
+                item = await rx.receive()
+            if self.closing is not None:
+                return
+            if idle.cancelled_caught:
+                nonce = self.heartbeat.on_idle()
+                if nonce is None:
+                    self.request_close("heartbeat_timeout")
+                    return
+                await self._write(text_frame(encode(Ping(nonce))))
+                continue
+            parts: list[bytes] = []
+            events = 0
+            while True:
+                if isinstance(item, FrameBatch):
+                    self.queued -= len(item)
+                    data = item.blob if item.seqs[0] > cut else item.after(cut)
+                    if data:
+                        parts.append(data)
+                        events += len(item)
+                elif isinstance(item, Gate):
+                    if parts:
+                        await self._write(b"".join(parts))
+                        parts = []
+                    await item.ready.wait()
+                    parts.append(item.payload)
+                    cut = item.cut
+                else:
+                    parts.append(item)
+                try:
+                    item = rx.receive_nowait()
+                except trio.WouldBlock:
+                    break
+            if parts:
+                await self._write(parts[0] if len(parts) == 1 else b"".join(parts))
+                frames_sent.inc(events)
+
+    async def _write(self, data: bytes) -> None:
+        with trio.CancelScope(deadline=self._close_deadline) as self._send_scope:
+            await self.ws.send_all(data)
+        if self._send_scope.cancelled_caught:
+            raise ConnectionClosed("write abandoned after close_grace_s")

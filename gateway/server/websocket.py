@@ -1,0 +1,283 @@
+"""One server-side WebSocket over a trio stream, after the HTTP upgrade (PROTOCOL section 3).
+
+wsproto parses what the client sends and frames our control frames (pong,
+close). Data frames go the other way round: :func:`text_frame` builds a frame
+once per event and the same bytes are written to every subscriber, so the hot
+path never frames per client. That is also why no extension is negotiated: with
+permessage-deflate each connection would need its own compressor state and its
+own copy of every frame.
+
+Two tasks may use one :class:`WebSocket` at a time: a reader calling
+:meth:`WebSocket.receive` and a writer calling :meth:`WebSocket.send_all` or
+:meth:`WebSocket.close`. Two locks keep them apart on the stream (trio streams
+refuse concurrent sends or concurrent receives): the send lock serializes the
+writer's frames with the pongs and close replies the reader sends, and the read
+lock lets :meth:`WebSocket.close` wait for the peer's close reply even when no
+reader is running.
+
+The close handshake (RFC 6455 section 7):
+
+- we close: send a close frame, read (dropping data) until the peer's reply or
+  ``grace_s``, then close the stream;
+- the peer closes: echo its code at once and close the stream (the server closes
+  TCP first, RFC 6455 section 7.1.1);
+- the client breaks the protocol (bad UTF-8, bad control frame): close with
+  wsproto's code and drop the stream, since the parser cannot go on;
+- a client message over ``max_message_bytes``: close 1009 ``frame_too_large``;
+- EOF or a broken stream: nothing to send; ``close_code`` is 1006.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import struct
+
+import trio
+from wsproto.connection import Connection, ConnectionState, ConnectionType
+from wsproto.events import BytesMessage, CloseConnection, Event, Ping, TextMessage
+
+from gateway.errors import GatewayError
+from gateway.protocol.frames import close_reason
+
+RECEIVE_BYTES = 65536
+"""How much one ``receive_some`` may read: bounds what one read can buffer."""
+
+_ABNORMAL_CLOSURE = 1006  # RFC 6455 section 7.1.5: closed without a close frame
+_OVERSIZE_GRACE_S = 5.0  # how long a 1009 close waits for the client's reply
+
+_LENGTH_7 = struct.Struct("!BB")
+_LENGTH_16 = struct.Struct("!BBH")
+_LENGTH_64 = struct.Struct("!BBQ")
+_FIN_TEXT = 0x81  # FIN bit | opcode 1 (text)
+
+
+def text_frame(payload: bytes) -> bytes:
+    """A complete unmasked server-to-client text frame around ``payload`` (RFC 6455 section 5.2).
+
+    Built once per event and shared by every connection (no per-client framing).
+
+    Args:
+        payload: UTF-8 text, typically one JSON server frame (PROTOCOL section 3).
+
+    Returns:
+        FIN + opcode 1, the 7, 16 or 64-bit length, then ``payload``.
+    """
+    size = len(payload)
+    if size < 126:
+        header = _LENGTH_7.pack(_FIN_TEXT, size)
+    elif size < 65536:
+        header = _LENGTH_16.pack(_FIN_TEXT, 126, size)
+    else:
+        header = _LENGTH_64.pack(_FIN_TEXT, 127, size)
+    return header + payload
+
+
+class ConnectionClosed(GatewayError):
+    """Raised by :meth:`WebSocket.send_all` when the connection can no longer carry frames.
+
+    Either side has started the close handshake, or the stream is broken. The
+    writer stops; :attr:`WebSocket.close_code` says what happened.
+    """
+
+
+class WebSocket:
+    """A server WebSocket connection: one reader task and one writer task may share it.
+
+    Args:
+        stream: the upgraded stream; this object owns it from now on.
+        trailing_data: bytes the HTTP parser read past the upgrade request.
+        max_message_bytes: the largest client message accepted
+            (``max_client_frame_bytes``, PROTOCOL section 3); fragments count together.
+    """
+
+    def __init__(
+        self, stream: trio.abc.Stream, trailing_data: bytes = b"", *, max_message_bytes: int = 65536
+    ) -> None:
+        self._stream = stream
+        self._max_message_bytes = max_message_bytes
+        self._ws = Connection(ConnectionType.SERVER, extensions=[], trailing_data=trailing_data)
+        self._send_lock = trio.Lock()
+        self._read_lock = trio.Lock()
+        self._inbox: collections.deque[str | bytes] = collections.deque()
+        self._partial = bytearray()  # the message being reassembled, as UTF-8 for text
+        self._oversized = False
+        self._close_sent = False
+        self._gone = False
+        self._close_code: int | None = None
+        self._close_reason: str | None = None
+
+    @property
+    def closed(self) -> bool:
+        """True once a close frame was sent (ours or our echo) or the stream is gone."""
+        return self._close_sent or self._gone
+
+    @property
+    def close_code(self) -> int | None:
+        """The code of the first close frame sent or received; 1006 if the stream just ended."""
+        return self._close_code
+
+    @property
+    def close_reason(self) -> str | None:
+        """The reason that went with :attr:`close_code`."""
+        return self._close_reason
+
+    async def receive(self) -> str | bytes | None:
+        """The next complete client message, or None once the connection is closing or closed.
+
+        Answers WebSocket-level pings with pongs and the peer's close frame with
+        its echo. Never raises on a closed connection.
+
+        Returns:
+            a text message as ``str``, a binary message as ``bytes``, or None.
+        """
+        async with self._read_lock:
+            while not self._inbox:
+                if self.closed:
+                    return None
+                await self._read_more()
+                if self._oversized:
+                    code, reason = close_reason("frame_too_large")
+                    await self._close_handshake(
+                        code, reason, _OVERSIZE_GRACE_S, read_lock_held=True
+                    )
+                    return None
+            return self._inbox.popleft()
+
+    async def send_all(self, data: bytes) -> None:
+        """Write already-framed bytes (one or many :func:`text_frame` joined) in one write.
+
+        Raises:
+            ConnectionClosed: a close frame was already sent or received, or the
+                stream broke while writing.
+        """
+        async with self._send_lock:
+            if self.closed:
+                raise ConnectionClosed("the WebSocket is closed")
+            await self._write(data)
+
+    async def close(self, code: int, reason: str = "", *, grace_s: float = 5.0) -> None:
+        """Close the connection with ``code`` and ``reason`` (PROTOCOL section 3, close codes).
+
+        Sends a close frame unless one was already sent, waits up to ``grace_s``
+        for the peer's reply, then closes the stream. Shielded from outer
+        cancellation for at most ``grace_s``, so a cancelled session still says
+        goodbye. Idempotent; safe on a broken stream.
+        """
+        await self._close_handshake(code, reason, grace_s, read_lock_held=False)
+
+    async def aclose(self) -> None:
+        """Drop the stream without a close handshake."""
+        self._record_close(_ABNORMAL_CLOSURE, "")
+        await self._drop()
+
+    # --- reading -----------------------------------------------------------------
+
+    async def _read_more(self) -> None:
+        """Read once from the stream and act on every event it completes. Needs the read lock."""
+        try:
+            data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if not data:
+            self._record_close(_ABNORMAL_CLOSURE, "")
+            await self._drop()
+            return
+        self._ws.receive_data(data)
+        for event in self._ws.events():
+            await self._on_event(event)
+            if self._gone:
+                return
+
+    async def _on_event(self, event: Event) -> None:
+        if isinstance(event, TextMessage | BytesMessage):
+            self._on_data(event)
+        elif isinstance(event, Ping):
+            async with self._send_lock:
+                if not self.closed:
+                    await self._write_quietly(self._ws.send(event.response()))
+        elif isinstance(event, CloseConnection):
+            await self._on_close_frame(event)
+
+    def _on_data(self, event: TextMessage | BytesMessage) -> None:
+        """Reassemble fragments; data after our close frame is dropped (RFC 6455 section 1.4)."""
+        if self._close_sent or self._oversized:
+            return
+        chunk = event.data
+        self._partial += chunk.encode() if isinstance(chunk, str) else chunk
+        if len(self._partial) > self._max_message_bytes:
+            self._oversized = True
+            self._partial.clear()
+            return
+        if event.message_finished:
+            message = bytes(self._partial)
+            self._partial.clear()
+            self._inbox.append(message.decode() if isinstance(event, TextMessage) else message)
+
+    async def _on_close_frame(self, event: CloseConnection) -> None:
+        """A close frame from the peer, or wsproto reporting a protocol violation."""
+        self._record_close(event.code, event.reason or "")
+        state = self._ws.state
+        if state is ConnectionState.REMOTE_CLOSING:
+            await self._send_close(event.code, "")  # echo the code (RFC 6455 section 5.5.1)
+        elif state is ConnectionState.OPEN:
+            # wsproto could not parse the stream: fail the connection with its code.
+            await self._send_close(event.code, event.reason or "")
+        # Handshake complete (or parser dead): the server closes TCP first.
+        await self._drop()
+
+    # --- writing and closing -------------------------------------------------------
+
+    async def _close_handshake(
+        self, code: int, reason: str, grace_s: float, *, read_lock_held: bool
+    ) -> None:
+        with trio.CancelScope(deadline=trio.current_time() + grace_s, shield=True):
+            await self._send_close(code, reason)
+            if read_lock_held:
+                await self._read_until_gone()
+            else:
+                async with self._read_lock:
+                    await self._read_until_gone()
+        await self._drop()
+
+    async def _read_until_gone(self) -> None:
+        """Read (dropping data) until the peer's close reply or EOF. Needs the read lock."""
+        while not self._gone:
+            await self._read_more()
+
+    async def _send_close(self, code: int, reason: str) -> None:
+        async with self._send_lock:
+            if self.closed:
+                return
+            self._record_close(code, reason)
+            frame = self._ws.send(CloseConnection(code=code, reason=reason))
+            self._close_sent = True
+            await self._write_quietly(frame)
+
+    async def _write_quietly(self, data: bytes) -> None:
+        """:meth:`_write` for the reader's and closer's frames: a dead peer is no error there."""
+        with contextlib.suppress(ConnectionClosed):
+            await self._write(data)
+
+    async def _write(self, data: bytes) -> None:
+        """Write under the send lock; a broken stream becomes :class:`ConnectionClosed`."""
+        try:
+            await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._record_close(_ABNORMAL_CLOSURE, "")
+            await self._drop()
+            raise ConnectionClosed("the WebSocket stream is broken") from exc
+        except trio.Cancelled:
+            # A cancelled send_all may leave half a frame on the wire: nothing more can
+            # be framed on this stream. Whoever owns it closes it (serve_connection).
+            self._gone = True
+            raise
+
+    def _record_close(self, code: int, reason: str) -> None:
+        if self._close_code is None:
+            self._close_code = int(code)
+            self._close_reason = reason
+
+    async def _drop(self) -> None:
+        self._gone = True
+        await trio.aclose_forcefully(self._stream)

@@ -1,0 +1,318 @@
+"""The agent loop: one turn after another, in PROTOCOL section 7's order.
+
+A turn runs under its own cancel scope (with the ``turn_timeout_s`` deadline);
+each LLM call streams raw provider events to the session's translator task; a
+call that stops with ``tool_use`` hands its tool blocks to the tool batch, whose
+tools run concurrently in the batch's nursery. Whatever ends the turn, exactly
+one of ``turn.completed`` or ``turn.cancelled`` closes it, and the turn lock is
+released in the same step.
+
+Cancellation (PROTOCOL section 8) takes one path whatever asked for it (a
+``cancel`` frame, the HTTP route, the timeout, shutdown): ``Turn.request_cancel``
+cancels the turn's scope, and the turn's phase (:mod:`gateway.session.turn`)
+decides the sequence:
+
+- ``llm``: the translator closes the open blocks and emits ``message.complete``
+  (``cancelled``); then ``llm.call_failed`` (``cancelled``), ``turn.cancelled``.
+- ``seam``: each tool that has not entered execution emits ``tool.failed``
+  (``cancelled``); then ``turn.cancelled``.
+- ``tools``: each tool, running or not yet started, emits ``tool.failed``
+  (``cancelled``) from its own task; then ``turn.cancelled``.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gateway.errors import ProviderError, ToolError
+from gateway.ids import new_call_id, new_message_id, now_ms
+from gateway.protocol.events import (
+    LlmCallCompleted,
+    LlmCallFailed,
+    LlmCallStarted,
+    RouteDecided,
+    ToolCalled,
+    ToolCompleted,
+    ToolFailed,
+    TurnCancelled,
+    TurnCompleted,
+    TurnStarted,
+)
+from gateway.protocol.shapes import Message, StopReason, ToolResultBlock, ToolUseBlock, Usage
+from gateway.providers.base import ModelRequest
+from gateway.session.session import Call, CancelCall, EndCall
+from gateway.session.turn import Turn
+from gateway.tools.registry import ToolContext
+from gateway.translate import Translator
+
+if TYPE_CHECKING:
+    from gateway.session.session import Session
+
+log = logging.getLogger("gateway.agent")
+
+
+class AgentLoop:
+    """Runs the turns of one session, one at a time."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        self.node = session.node
+
+    async def run(self, turns: trio.MemoryReceiveChannel[Turn]) -> None:
+        async for turn in turns:
+            await self.run_turn(turn)
+
+    async def run_turn(self, turn: Turn) -> None:
+        s = self.s
+        timeout = self.node.config.turns.timeout_s
+        turn.cancel_scope.deadline = trio.current_time() + timeout
+        s.record.turn_count += 1
+        s.add_message(turn.user_message)
+        s.save_record()
+        s.emit([TurnStarted(turn.id, turn.user_message)], turn.id)
+        s.emit(
+            [RouteDecided(s.record.active_model, "session_model", s.record.routing_policy_version)],
+            turn.id,
+        )
+        state = _TurnState()
+        try:
+            with turn.cancel_scope:
+                try:
+                    stop_reason = await self._turn_body(turn, state)
+                except trio.Cancelled:
+                    if turn.cancel_reason is None:
+                        deadline_hit = trio.current_time() >= turn.cancel_scope.deadline
+                        turn.cancel_reason = "timeout" if deadline_hit else "shutdown"
+                    with trio.CancelScope(shield=True):
+                        await self._cancel_sequence(turn, state)
+                    raise
+                self._finish(turn, state, stop_reason)
+        finally:
+            if turn.in_flight:  # a crash: still close the turn for every client
+                log.error("turn %s ended abnormally in phase %s", turn.id, turn.phase)
+                self._finish(turn, state, "error")
+
+    # --- the turn ------------------------------------------------------------
+
+    async def _turn_body(self, turn: Turn, state: _TurnState) -> StopReason:
+        while True:
+            turn.enter("llm")
+            call = await self._call_model(turn, state)
+            if call.error_class is not None:
+                self._call_failed(turn, state, call)
+                return "error"
+            message = call.translator.message
+            assert message is not None and call.translator.stop_reason is not None
+            stop_reason = call.translator.stop_reason
+            self.s.emit(
+                [
+                    LlmCallCompleted(
+                        state.call_id, message.id, stop_reason, message.usage or Usage()
+                    )
+                ],
+                turn.id,
+            )
+            turn.enter("seam")
+            tool_uses = [b for b in message.content if isinstance(b, ToolUseBlock)]
+            if stop_reason != "tool_use" or not tool_uses:
+                return stop_reason
+            state.pending_tools = tool_uses
+            await self._run_tools(turn, state, tool_uses)
+
+    async def _call_model(self, turn: Turn, state: _TurnState) -> Call:
+        s = self.s
+        model = s.record.active_model
+        state.call_id = new_call_id()
+        s.emit([LlmCallStarted(state.call_id, model)], turn.id)
+        call = Call(
+            turn.id,
+            Translator(
+                session_id=s.id,
+                turn_id=turn.id,
+                model=model,
+                created_at=now_ms(),
+                pricing=self.node.pricing(model),
+            ),
+        )
+        s.call = state.call = call
+        request = ModelRequest(
+            model=model,
+            messages=[m for m in s.messages if m.status != "in_progress"],
+            tools=self.node.tools.specs(),
+            max_tokens=self.node.config.model.max_tokens,
+        )
+        try:
+            async with aclosing(self.node.provider.stream(request)) as stream:
+                async for raw in stream:
+                    await s.feed(raw)
+        except ProviderError as exc:
+            end = EndCall(exc.error_class, exc.message)
+        else:
+            end = EndCall()
+        # The stream is over: what remains is bounded translator work, so a
+        # cancel landing now is the seam's, not the stream's.
+        with trio.CancelScope(shield=True):
+            await s.feed(end)
+            await call.done.wait()
+        state.usage += call.translator.usage
+        return call
+
+    def _call_failed(self, turn: Turn, state: _TurnState, call: Call) -> None:
+        message = call.translator.message
+        self.s.emit(
+            [
+                LlmCallFailed(
+                    state.call_id,
+                    call.error_class or "api_error",  # type: ignore[arg-type]
+                    call.error_message,
+                    message.id if message else None,
+                )
+            ],
+            turn.id,
+        )
+
+    # --- tools -----------------------------------------------------------------
+
+    async def _run_tools(
+        self, turn: Turn, state: _TurnState, tool_uses: list[ToolUseBlock]
+    ) -> None:
+        s = self.s
+        s.emit([ToolCalled(b.id, b.name, b.input) for b in tool_uses], turn.id)
+        state.results_message = Message(
+            new_message_id(), s.id, turn.id, "user", [], "complete", now_ms()
+        )
+        turn.enter("tools")
+        async with trio.open_nursery() as nursery:
+            for block in tool_uses:
+                nursery.start_soon(
+                    self._run_tool, turn, state, block, name=f"tool {block.name} {block.id}"
+                )
+        state.pending_tools = []
+
+    async def _run_tool(self, turn: Turn, state: _TurnState, block: ToolUseBlock) -> None:
+        s = self.s
+        ctx = ToolContext(
+            session_id=s.id,
+            turn_id=turn.id,
+            tool_use_id=block.id,
+            workspace_path=s.record.workspace_path,
+            kill_grace_s=self.node.config.tools.kill_grace_s,
+            extras={"node": self.node, "session": s},
+        )
+        started = trio.current_time()
+
+        def elapsed_ms() -> int:
+            return round((trio.current_time() - started) * 1000)
+
+        try:
+            output = await self.node.tools.execute(block.name, block.input, ctx)
+        except ToolError as exc:
+            self._tool_result(turn, state, block, exc.message, is_error=True)
+            s.emit(
+                [ToolFailed(block.id, block.name, exc.error_class, exc.message, elapsed_ms())],  # type: ignore[arg-type]
+                turn.id,
+            )
+        except trio.Cancelled:
+            self._tool_result(turn, state, block, "cancelled", is_error=True)
+            s.emit(
+                [ToolFailed(block.id, block.name, "cancelled", "cancelled", elapsed_ms())], turn.id
+            )
+            raise
+        else:
+            self._tool_result(turn, state, block, output.content, is_error=False)
+            s.emit(
+                [
+                    ToolCompleted(
+                        block.id, block.name, output.content, elapsed_ms(), output.structured
+                    )
+                ],
+                turn.id,
+            )
+
+    def _tool_result(
+        self, turn: Turn, state: _TurnState, block: ToolUseBlock, content: str, *, is_error: bool
+    ) -> None:
+        """Record a tool's result in the conversation, in the step that announces it."""
+        msg = state.results_message
+        assert msg is not None
+        msg.content.append(ToolResultBlock(block.id, content, is_error))
+        self.s.add_message(msg)
+
+    # --- endings -------------------------------------------------------------------
+
+    async def _cancel_sequence(self, turn: Turn, state: _TurnState) -> None:
+        """Emit the one sequence of PROTOCOL section 8 that the phase calls for."""
+        s = self.s
+        phase = turn.phase
+        if phase in ("starting", "llm"):
+            call = state.call
+            if call is not None and not call.done.is_set():
+                await s.feed(CancelCall())
+                await call.done.wait()
+            if call is not None and call.error_class is None and phase == "llm":
+                # The call finished just as the cancel landed: that is the seam.
+                message = call.translator.message
+                assert message is not None and call.translator.stop_reason is not None
+                s.emit(
+                    [
+                        LlmCallCompleted(
+                            state.call_id,
+                            message.id,
+                            call.translator.stop_reason,
+                            message.usage or Usage(),
+                        )
+                    ],
+                    turn.id,
+                )
+                turn.enter("seam")
+                tool_uses = [b for b in message.content if isinstance(b, ToolUseBlock)]
+                state.pending_tools = tool_uses if call.translator.stop_reason == "tool_use" else []
+                phase = "seam"
+            elif call is not None:
+                self._call_failed(turn, state, call)
+        if phase == "seam":
+            for block in state.pending_tools:
+                if state.results_message is None:
+                    state.results_message = Message(
+                        new_message_id(), s.id, turn.id, "user", [], "complete", now_ms()
+                    )
+                self._tool_result(turn, state, block, "cancelled", is_error=True)
+                s.emit([ToolFailed(block.id, block.name, "cancelled", "cancelled")], turn.id)
+        partial = any(m.role == "assistant" and m.turn_id == turn.id for m in s.messages)
+        sequence_phase = "llm" if phase == "starting" else phase
+        self._close_turn(turn, state)
+        s.emit(
+            [TurnCancelled(turn.id, turn.cancel_reason or "cancelled", sequence_phase, partial)],  # type: ignore[arg-type]
+            turn.id,
+        )
+
+    def _finish(self, turn: Turn, state: _TurnState, stop_reason: StopReason) -> None:
+        cost = state.usage.cost_usd or 0.0
+        self._close_turn(turn, state)
+        self.s.emit([TurnCompleted(turn.id, stop_reason, state.usage, cost)], turn.id)
+
+    def _close_turn(self, turn: Turn, state: _TurnState) -> None:
+        """Release the turn lock and book the cost, in the step that ends the turn."""
+        s = self.s
+        turn.enter("done")
+        s.record.cost_so_far_usd += state.usage.cost_usd or 0.0
+        s.save_record()
+        if s.turn is turn:
+            s.turn = None
+        self.node.notify()
+
+
+class _TurnState:
+    """What one turn has done so far (for its ending)."""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.call_id = ""
+        self.call: Call | None = None
+        self.pending_tools: list[ToolUseBlock] = []
+        self.results_message: Message | None = None
+        self.extra: dict[str, Any] = {}

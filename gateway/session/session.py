@@ -1,0 +1,471 @@
+"""A live session: its state, its emission path, its views, and its runtime nursery.
+
+Runtime shape (the issue's "Shape", drawn)::
+
+    session nursery  (Session.run)
+    ├── "agent-loop <id>"   runs turns: drives the provider, runs tools, emits
+    │                       the turn's domain events (PROTOCOL section 7)
+    └── "translator <id>"   drains raw provider events from the inbox in
+                            batches, translates them (gateway.translate),
+                            and emits the whole batch at once
+
+Emission (:meth:`Session.emit`) is synchronous and is the only way an event
+leaves the session: it assigns the node-wide id, encodes and frames the event
+once, enqueues catalog events on the store's batching writer and the session's
+in-memory tail, and fans the batch out through the hub. Every state change that
+a snapshot or replay reads (a finished message, a tool result) happens in the
+same synchronous step as the event that announces it, so a snapshot can never
+fall between the two.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import trio
+
+from gateway.errors import ApiError, SubscribeRejected
+from gateway.ids import format_event_id, new_turn_id, now_ms, parse_event_id
+from gateway.protocol.events import (
+    EVENT_TYPES,
+    BusHandlerWarning,
+    BusSubscriberUnregistered,
+    Event,
+    MessageComplete,
+    MessageSnapshot,
+    Payload,
+    StreamEvent,
+    stream_event,
+)
+from gateway.protocol.filters import FilterKey
+from gateway.protocol.frames import EventFrame, Snapshot, encode
+from gateway.protocol.shapes import Message, SessionSummary, StopReason, Usage
+from gateway.server.websocket import text_frame
+from gateway.session.hub import Emitted, Hub, Subscriber
+from gateway.session.sequencer import EventSequencer
+from gateway.session.turn import Turn
+from gateway.store.base import SessionRecord, Store, StoredEvent, StoredMessage
+from gateway.translate import Translator
+
+log = logging.getLogger("gateway.session")
+
+_EVENT_FRAME_HEAD = b'{"type":"event","event":'
+
+
+def event_frame(data: bytes) -> bytes:
+    """The WebSocket frame of an event frame around an event's JSON."""
+    return text_frame(_EVENT_FRAME_HEAD + data + b"}")
+
+
+@dataclass(slots=True)
+class Completion:
+    """How an assistant message's live ``message.complete`` went out (to rebuild it on replay)."""
+
+    seq: int
+    ts: int
+    stop_reason: StopReason
+
+
+@dataclass(eq=False)
+class Call:
+    """One LLM call in flight: its translator and the rendezvous with the agent loop."""
+
+    turn_id: str
+    translator: Translator
+    done: trio.Event = field(default_factory=trio.Event)
+    last_seq: int = 0  # id of the last event emitted for this call's message
+    error_class: str | None = None
+    error_message: str = ""
+
+
+class EndCall(msgspec.Struct):
+    """Inbox item: the provider stream ended (cleanly or not)."""
+
+    error_class: str | None = None
+    message: str = ""
+
+
+class CancelCall(msgspec.Struct):
+    """Inbox item: the call was cancelled (PROTOCOL section 8, row 1)."""
+
+
+@dataclass
+class ReplayResult:
+    frames: list[bytes]
+    cut: int  # the last replayed id (the seam cut)
+
+
+class Session:
+    """One session's state and runtime. Created and owned by :class:`gateway.node.Node`."""
+
+    def __init__(
+        self,
+        node: Any,
+        record: SessionRecord,
+        stored: Iterable[StoredMessage] = (),
+        parent: Session | None = None,
+    ) -> None:
+        self.node = node
+        self.record = record
+        self.parent = parent
+        self.workers: list[Session] = []
+        self.hub: Hub = Hub(parent.hub if parent else None)
+        self.messages: list[Message] = []
+        self.completions: dict[str, Completion] = {}
+        for sm in stored:
+            self.messages.append(sm.message)
+            if sm.complete_event_id and sm.stop_reason and sm.complete_ts is not None:
+                seq = parse_event_id(sm.complete_event_id)
+                if seq is not None:
+                    self.completions[sm.message.id] = Completion(
+                        seq, sm.complete_ts, sm.stop_reason
+                    )
+        self.turn: Turn | None = None
+        self.permissions: dict[str, Any] = {}  # perm_id -> waiter (the permissions issue)
+        self.call: Call | None = None
+        seqr: EventSequencer = node.sequencer
+        # Catalog events of this session, newest last; everything up to
+        # ``tail_floor`` may be only in the store.
+        self.tail: deque[Emitted] = deque()
+        self.tail_max = node.config.stream.replay_max_events
+        self.tail_floor = seqr.last
+        self._inbox_tx, self._inbox_rx = trio.open_memory_channel[Any](256)
+        self._turns_tx, self._turns_rx = trio.open_memory_channel[Turn](1)
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    # --- emission ------------------------------------------------------------
+
+    def emit(self, payloads: Iterable[Payload | StreamEvent], turn_id: str | None) -> list[Emitted]:
+        """Give each event its id and send the batch on its way (module docstring)."""
+        node = self.node
+        seqr: EventSequencer = node.sequencer
+        store: Store = node.store
+        ts = now_ms()
+        out: list[Emitted] = []
+        for item in payloads:
+            se = item if isinstance(item, StreamEvent) else stream_event(item)
+            spec = EVENT_TYPES[se.type]
+            seq = seqr.next()
+            data = encode(
+                Event(format_event_id(seq), se.type, self.id, turn_id, ts, spec.actor, se.payload)
+            )
+            em = Emitted(seq, se.type, spec.actor, self.id, turn_id, data, event_frame(data))
+            if spec.catalog:
+                store.put_event(StoredEvent(seq, self.id, se.type, ts, data))
+                self.tail.append(em)
+                if len(self.tail) > self.tail_max:
+                    self.tail_floor = self.tail.popleft().seq
+            out.append(em)
+        if self.call is not None and out and out[0].type in _CALL_TYPES:
+            self.call.last_seq = out[-1].seq
+        node.metrics.events_emitted(out)
+        overflowed = self.hub.publish(out)
+        for sub in overflowed:
+            node.slow_client(sub)
+        return out
+
+    def warn(self, subscription: str, reason: str, detail: str) -> None:
+        """Emit ``bus.handler_warning`` (PROTOCOL sections 3 and 8)."""
+        self.emit([BusHandlerWarning(subscription, reason, detail)], None)
+
+    def unregistered(self, sub: Subscriber, reason: str) -> None:
+        """Drop a subscription and record ``bus.subscriber_unregistered``."""
+        if self.hub.unsubscribe(sub):
+            self.emit([BusSubscriberUnregistered(sub.name, reason)], None)
+
+    # --- views -----------------------------------------------------------------
+
+    def summary(self) -> SessionSummary:
+        r = self.record
+        turn = self.turn
+        return SessionSummary(
+            id=r.id,
+            workspace_path=r.workspace_path,
+            active_model=r.active_model,
+            routing_policy_version=r.routing_policy_version,
+            cost_so_far_usd=r.cost_so_far_usd,
+            turn_count=r.turn_count,
+            current_turn_id=turn.id if turn else None,
+            current_turn_status="in_flight" if turn else None,
+            parent_session_id=r.parent_session_id,
+        )
+
+    def streaming_message(self) -> Message | None:
+        """The assistant message being streamed right now, as far as it was emitted."""
+        call = self.call
+        if call is None or not call.translator.started or call.translator.finished:
+            return None
+        return call.translator.snapshot()
+
+    def snapshot(self, limit: int) -> tuple[Snapshot, int]:
+        """The ``snapshot`` frame and its cut (PROTOCOL sections 3 and 6).
+
+        Computed synchronously, so nothing is emitted between reading the state
+        and reading the cut: the cut is simply the node's last issued id.
+        """
+        messages = list(self.messages)
+        streaming = self.streaming_message()
+        if streaming is not None:
+            messages.append(streaming)
+        cut: int = self.node.sequencer.last
+        snap = Snapshot(
+            session=self.summary(),
+            messages=messages[-limit:] if limit else [],
+            snapshot_at_event_id=format_event_id(cut) if cut else None,
+        )
+        return snap, cut
+
+    def scope(self, include_workers: bool) -> list[Session]:
+        """This session and, when asked, its worker sessions, recursively."""
+        out = [self]
+        if include_workers:
+            for w in self.workers:
+                out += w.scope(True)
+        return out
+
+    async def replay(self, since: str, key: FilterKey, max_events: int) -> ReplayResult:
+        """Every matching event after ``since``, rebuilt where it was streaming-only.
+
+        PROTOCOL section 3: persisted catalog events, a rebuilt
+        ``message.complete`` (with its original id) for each assistant message
+        completed after the cursor, and one ``message.snapshot`` for a message
+        still streaming. The caller registered its queue first (the seam).
+
+        Raises:
+            SubscribeRejected: ``cursor_expired`` or ``replay_too_large``.
+        """
+        seqr: EventSequencer = self.node.sequencer
+        since_seq = parse_event_id(since)
+        if since_seq is None or since_seq > seqr.last:
+            raise SubscribeRejected("cursor_expired", f"{since!r} is not an event id of this node")
+        if since_seq < self.node.retention_floor:
+            raise SubscribeRejected(
+                "cursor_expired",
+                f"{since!r} is older than the retention window; subscribe with a snapshot",
+            )
+        sessions = self.scope(key.include_worker_sessions)
+        picked: dict[int, bytes] = {}
+
+        def take(
+            seq: int, type_: str, actor: str, session_id: str, frame: Callable[[], bytes]
+        ) -> None:
+            if key.matches(type_, actor, session_id != self.id):
+                picked[seq] = frame()
+                if len(picked) > max_events:
+                    raise SubscribeRejected(
+                        "replay_too_large",
+                        f"more than replay_max_events={max_events} events after {since}; "
+                        "subscribe with a snapshot",
+                    )
+
+        need_store = [s.id for s in sessions if since_seq < s.tail_floor]
+        if need_store:
+            await self.node.store.flush()
+            after = since_seq
+            while True:
+                rows = await self.node.store.events_after(need_store, after, 5000)
+                for row in rows:
+                    actor = EVENT_TYPES[row.type].actor
+                    take(row.seq, row.type, actor, row.session_id, _later(event_frame, row.data))
+                if len(rows) < 5000:
+                    break
+                after = rows[-1].seq
+        # From here on nothing awaits: tail, completions and the streaming
+        # message are read in one step, after everything the store returned.
+        for s in sessions:
+            for em in s.tail:
+                if em.seq > since_seq and em.seq not in picked:
+                    take(em.seq, em.type, em.actor, em.session_id, _later(bytes, em.frame))
+            s._replay_streaming_layer(since_seq, take)
+        ordered = sorted(picked)
+        return ReplayResult([picked[q] for q in ordered], ordered[-1] if ordered else since_seq)
+
+    def _replay_streaming_layer(self, since_seq: int, take: Callable[..., None]) -> None:
+        for msg in self.messages:
+            done = self.completions.get(msg.id)
+            if done is None or done.seq <= since_seq:
+                continue
+            payload = MessageComplete(msg.id, done.stop_reason, msg.content, msg.usage or Usage())
+            event = Event(
+                format_event_id(done.seq), "message.complete", self.id, msg.turn_id,
+                done.ts, "llm", payload,
+            )  # fmt: skip
+            take(done.seq, "message.complete", "llm", self.id, _later(_frame_of, event))
+        streaming = self.streaming_message()
+        call = self.call
+        if streaming is not None and call is not None and call.last_seq > since_seq:
+            event = Event(
+                format_event_id(call.last_seq), "message.snapshot", self.id, call.turn_id,
+                now_ms(), "llm", MessageSnapshot(streaming),
+            )  # fmt: skip
+            take(call.last_seq, "message.snapshot", "llm", self.id, _later(_frame_of, event))
+
+    # --- turns -------------------------------------------------------------------
+
+    def submit_turn(self, user_message: Message) -> Turn:
+        """Take a turn (the turn lock), to run on the agent loop (PROTOCOL section 2).
+
+        Raises:
+            ApiError: 409 ``turn_in_progress``; 503 ``shutting_down``.
+        """
+        if self.node.shutting_down:
+            raise ApiError(503, "shutting_down", "the gateway is shutting down")
+        if self.turn is not None:
+            raise ApiError(
+                409, "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
+            )
+        turn = Turn(user_message.turn_id or new_turn_id(), user_message)
+        self.turn = turn
+        self._turns_tx.send_nowait(turn)
+        return turn
+
+    def cancel_turn(self, turn_id: str, reason: str, requested_by: str) -> None:
+        """Cancel the turn in flight (PROTOCOL section 8), whoever asks.
+
+        A second cancel of a cancelling turn is a no-op plus ``bus.handler_warning``.
+
+        Raises:
+            ApiError: 404 ``turn_not_found`` for a turn this session never had;
+                409 ``turn_not_in_flight`` for a finished one.
+        """
+        turn = self.turn
+        if turn is None or turn.id != turn_id:
+            if any(m.turn_id == turn_id for m in self.messages):
+                raise ApiError(409, "turn_not_in_flight", f"turn {turn_id} has already ended")
+            raise ApiError(404, "turn_not_found", f"no turn {turn_id!r} in {self.id}")
+        if not turn.request_cancel(reason):
+            self.warn(requested_by, "cancel_ignored", f"turn {turn_id} is already cancelling")
+
+    def decide_permission(self, perm_id: str, decision: str) -> None:
+        """Resolve a pending permission (PROTOCOL section 2).
+
+        Raises:
+            ApiError: 404 ``permission_not_found``; 409 if already resolved.
+        """
+        waiter = self.permissions.get(perm_id)
+        if waiter is None:
+            raise ApiError(404, "permission_not_found", f"no permission {perm_id!r} in {self.id}")
+        waiter.resolve(decision)
+
+    def add_message(self, message: Message, completion: Completion | None = None) -> None:
+        """Append or replace a message of the conversation, in memory and in the store."""
+        for i, m in enumerate(self.messages):
+            if m.id == message.id:
+                self.messages[i] = message
+                break
+        else:
+            self.messages.append(message)
+        if completion is not None:
+            self.completions[message.id] = completion
+        self.node.store.put_message(
+            StoredMessage(
+                message,
+                format_event_id(completion.seq) if completion else None,
+                completion.stop_reason if completion else None,
+                completion.ts if completion else None,
+            )
+        )
+
+    def save_record(self) -> None:
+        self.node.store.put_session(self.record)
+
+    # --- runtime -------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The session nursery: the agent loop and the translator (module docstring)."""
+        from gateway.session.agent import AgentLoop
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._translate_loop, name=f"translator {self.id}")
+            nursery.start_soon(AgentLoop(self).run, self._turns_rx, name=f"agent-loop {self.id}")
+            task_status.started()
+
+    async def feed(self, item: Any) -> None:
+        """Agent loop -> translator: a raw event, :class:`EndCall` or :class:`CancelCall`."""
+        await self._inbox_tx.send(item)
+
+    async def _translate_loop(self) -> None:
+        """Drain what the provider has ready, translate it, emit it as one batch."""
+        rx = self._inbox_rx
+        async for first in rx:
+            items = [first]
+            while True:
+                try:
+                    items.append(rx.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            call = self.call
+            if call is None:  # a late item of a call already finished
+                continue
+            events: list[StreamEvent] = []
+            for item in items:
+                events += self._translate(call, item)
+            emitted = self.emit(events, call.turn_id) if events else []
+            if call.translator.finished or _ended(items):
+                self._finish_call(call, emitted)
+
+    def _translate(self, call: Call, item: Any) -> list[StreamEvent]:
+        tr = call.translator
+        if isinstance(item, EndCall):
+            if item.error_class is not None:
+                call.error_class, call.error_message = item.error_class, item.message
+                return tr.fail(item.error_class, item.message)
+            if not tr.finished:
+                call.error_class = "network"
+                call.error_message = "the model stream ended before message_stop"
+                return tr.fail(call.error_class, call.error_message)
+            return []
+        if isinstance(item, CancelCall):
+            call.error_class, call.error_message = "cancelled", "cancelled"
+            return tr.cancel()
+        if tr.finished:
+            return []
+        try:
+            return tr.feed(item)
+        except Exception as exc:  # a provider breaking the stream protocol
+            log.warning("session %s: provider stream rejected: %s", self.id, exc)
+            call.error_class, call.error_message = "api_error", str(exc)
+            return tr.fail("api_error", str(exc))
+
+    def _finish_call(self, call: Call, emitted: list[Emitted]) -> None:
+        if call.done.is_set():
+            return
+        tr = call.translator
+        if tr.error is not None and call.error_class is None:
+            call.error_class, call.error_message = tr.error.error_class, tr.error.message
+        message = tr.message
+        if message is not None:
+            complete = next((e for e in reversed(emitted) if e.type == "message.complete"), None)
+            completion = None
+            if complete is not None and tr.stop_reason is not None:
+                completion = Completion(complete.seq, now_ms(), tr.stop_reason)
+            self.add_message(message, completion)
+        self.call = None
+        call.done.set()
+
+
+_CALL_TYPES = frozenset(t for t, s in EVENT_TYPES.items() if not s.catalog)
+
+
+def _ended(items: list[Any]) -> bool:
+    return any(isinstance(i, EndCall | CancelCall) for i in items)
+
+
+def _later(fn: Callable[[Any], bytes], arg: Any) -> Callable[[], bytes]:
+    """``fn(arg)``, computed only if the event is picked."""
+    return lambda: fn(arg)
+
+
+def _frame_of(event: Event) -> bytes:
+    return event_frame(encode(event))
+
+
+__all__ = ["Call", "CancelCall", "Completion", "EndCall", "EventFrame", "Session"]

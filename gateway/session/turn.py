@@ -1,0 +1,72 @@
+"""A turn and its phase: the one place that says where a turn is (PROTOCOL sections 7, 8).
+
+The phase decides which cancellation sequence a cancel produces:
+
+========  ==========================================================  =====================
+phase     meaning                                                     cancel emits
+========  ==========================================================  =====================
+starting  turn accepted; no LLM call has begun yet                    as ``llm`` (no message)
+llm       an LLM call is streaming (first or a later call)            ``llm`` sequence
+seam      the call completed; no tool has entered execution yet       ``seam`` sequence
+tools     tools are executing                                         ``tools`` sequence
+done      ``turn.completed`` or ``turn.cancelled`` was emitted        nothing (finished)
+========  ==========================================================  =====================
+
+Moves follow :data:`TRANSITIONS`; anything else raises, loudly, because a turn
+in an impossible phase would emit the wrong sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import trio
+
+from gateway.protocol.shapes import Message
+
+Phase = Literal["starting", "llm", "seam", "tools", "done"]
+
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    "starting": frozenset({"llm", "done"}),
+    "llm": frozenset({"seam", "done"}),
+    "seam": frozenset({"tools", "done"}),
+    "tools": frozenset({"llm", "done"}),
+    "done": frozenset(),
+}
+
+
+class IllegalPhase(RuntimeError):
+    """A move the turn state machine does not allow: a gateway bug."""
+
+
+@dataclass(eq=False)
+class Turn:
+    """One user submission, from ``turn.started`` to ``turn.completed``/``turn.cancelled``."""
+
+    id: str
+    user_message: Message
+    phase: Phase = "starting"
+    cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    cancel_reason: str | None = None
+
+    def enter(self, phase: Phase) -> None:
+        if phase not in TRANSITIONS[self.phase]:
+            raise IllegalPhase(f"turn {self.id}: cannot go from {self.phase!r} to {phase!r}")
+        self.phase = phase
+
+    @property
+    def in_flight(self) -> bool:
+        return self.phase != "done"
+
+    @property
+    def cancelling(self) -> bool:
+        return self.cancel_reason is not None
+
+    def request_cancel(self, reason: str) -> bool:
+        """Ask the turn to stop. ``False`` if it is already cancelling or done (a no-op)."""
+        if self.cancelling or not self.in_flight:
+            return False
+        self.cancel_reason = reason
+        self.cancel_scope.cancel()
+        return True

@@ -1,0 +1,209 @@
+"""The trace store's interface: what the gateway persists, and how it asks.
+
+The gateway persists three things (PROTOCOL section 5: "catalog events are
+persisted in the trace store and replayable"): sessions, the messages of their
+conversations, and catalog events. Streaming-only events are never persisted;
+a reconnect restores them from the message store instead (PROTOCOL section 3).
+
+Two numbers make event ids safe across restarts (PROTOCOL section 1: event ids
+"are never reused (the high-water mark survives a restart)"):
+
+- the **event ceiling**: every sequence number up to it may have been handed
+  out, streaming-only ones included, so a restarted node starts above it;
+- the **retention floor**: the highest sequence number ever purged, so a
+  ``since`` cursor at or below it is ``cursor_expired`` (PROTOCOL section 3).
+
+Writes are a synchronous enqueue that never blocks the session: a writer task
+(:meth:`Store.run`) applies them in order, in batches. Reads see only what has
+been flushed; the session keeps the in-memory tail that has not been, and
+:meth:`Store.flush` is there for the moments that need durability (a
+reservation of event ids, shutdown).
+
+:class:`Store` is a ``typing.Protocol`` so that a networked backend can be
+added next to the embedded SQLite one without the gateway noticing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import msgspec
+import trio
+
+from gateway.protocol.shapes import Message, StopReason
+
+
+class StoreState(msgspec.Struct, frozen=True):
+    """What :meth:`Store.open` found: both numbers are 0 on a new store."""
+
+    event_ceiling: int
+    retention_floor: int
+
+
+class SessionRecord(msgspec.Struct):
+    """One session as stored (the durable part of PROTOCOL section 6's SessionSummary)."""
+
+    id: str
+    created_at: int
+    workspace_path: str
+    active_model: str
+    metadata: dict[str, Any]
+    parent_session_id: str | None
+    routing_policy_version: str
+    cost_so_far_usd: float = 0.0
+    turn_count: int = 0
+
+
+class StoredEvent(msgspec.Struct):
+    """One persisted catalog event.
+
+    ``data`` is the event's JSON exactly as it was sent on the wire: a replay
+    re-sends these bytes, so a replayed event is byte-identical to the live one.
+    """
+
+    seq: int
+    session_id: str
+    type: str
+    ts: int
+    data: bytes
+
+
+class StoredMessage(msgspec.Struct):
+    """A message and, for an assistant message, how its live ``message.complete`` looked.
+
+    A replay rebuilds ``message.complete`` from the message store (PROTOCOL
+    section 3) with the same id, ``ts`` and ``stop_reason`` as the live one, so
+    the rebuilt event sits exactly where the live one was: ``Message`` itself
+    carries neither the stop reason nor the event's time. All three are ``None``
+    for user messages and messages that never completed.
+    """
+
+    message: Message
+    complete_event_id: str | None
+    stop_reason: StopReason | None = None
+    complete_ts: int | None = None
+
+
+class Store(Protocol):
+    """The trace store. One instance per node, owned by the server's nursery.
+
+    Lifecycle: ``await open()``, then ``await nursery.start(store.run)``, then
+    any reads and writes, then ``await aclose()``.
+    """
+
+    async def open(self) -> StoreState:
+        """Open the store, creating its schema if needed.
+
+        Raises:
+            StoreError: the store cannot be opened (bad path, not a store, wrong
+                schema version).
+        """
+        ...
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The batching writer loop.
+
+        Calls ``task_status.started()`` once ready; returns once :meth:`aclose`
+        has been requested and everything pending is written.
+
+        Raises:
+            StoreError: a batch could not be written.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Write everything pending, even from a cancelled scope, and close. Idempotent."""
+        ...
+
+    def put_session(self, rec: SessionRecord) -> None:
+        """Enqueue an upsert of a session (by id)."""
+        ...
+
+    def put_message(self, msg: StoredMessage) -> None:
+        """Enqueue an upsert of a message (by session and message id).
+
+        An ``in_progress`` message may later be rewritten as ``complete``; it
+        keeps its place in the conversation.
+        """
+        ...
+
+    def put_event(self, ev: StoredEvent) -> None:
+        """Enqueue a catalog event."""
+        ...
+
+    def reserve_event_ids(self, ceiling: int) -> None:
+        """Enqueue "sequence numbers up to ``ceiling`` may have been handed out".
+
+        The stored ceiling only ever grows. Follow with :meth:`flush` before
+        handing out ids above the previously durable ceiling.
+        """
+        ...
+
+    async def flush(self) -> None:
+        """Return once everything enqueued before the call is durable.
+
+        Raises:
+            StoreError: the writes could not be made durable.
+        """
+        ...
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        """The session, or ``None`` if the store does not know it."""
+        ...
+
+    async def list_sessions(
+        self, *, limit: int, before: str | None
+    ) -> tuple[list[SessionRecord], bool]:
+        """One page of ``GET /sessions`` (PROTOCOL section 2), newest first.
+
+        Order: ``created_at`` descending, then ``id`` descending.
+
+        Args:
+            limit: the page size (>= 0).
+            before: a session id: only sessions strictly after it in that order.
+                An id the store does not know gives an empty page.
+
+        Returns:
+            The page and whether more sessions follow it.
+        """
+        ...
+
+    async def list_messages(
+        self, session_id: str, *, before: str | None, limit: int
+    ) -> tuple[list[Message], bool]:
+        """One page of ``GET /sessions/{id}/messages`` (PROTOCOL section 2), oldest first.
+
+        Args:
+            session_id: the session.
+            before: a message id: the ``limit`` messages right before it; ``None``:
+                the latest ``limit``. An id the session does not have gives an
+                empty page.
+            limit: the page size (>= 0).
+
+        Returns:
+            The page and whether older messages exist.
+        """
+        ...
+
+    async def load_messages(self, session_id: str) -> list[StoredMessage]:
+        """The whole conversation, in insertion order (to load a session)."""
+        ...
+
+    async def events_after(
+        self, session_ids: Sequence[str], after_seq: int, limit: int
+    ) -> list[StoredEvent]:
+        """Events of any of ``session_ids`` with ``seq > after_seq``, ascending, at most ``limit``.
+
+        The replay of PROTOCOL section 3; several ids when worker sessions are included.
+        """
+        ...
+
+    async def purge_before(self, ts_ms: int) -> int:
+        """Delete every event with ``ts < ts_ms`` (the retention window, RUNNING.md ``[store]``).
+
+        Returns:
+            The retention floor, persisted: the highest sequence number ever
+            purged (unchanged if nothing was purged).
+        """
+        ...

@@ -1,0 +1,559 @@
+"""The embedded SQLite backend of the trace store (RUNNING.md ``[store] backend = "sqlite"``).
+
+Two layers:
+
+- :class:`_Database` is plain synchronous SQL over two connections, one for
+  writes and one for reads (WAL lets a reader and the writer run at once). It
+  knows nothing of Trio.
+- :class:`SqliteStore` is the Trio side: the queue of pending writes, the
+  batching writer, and the rule that SQLite is never touched on the event loop.
+  Every call into :class:`_Database` goes through ``trio.to_thread.run_sync``;
+  a ``trio.Lock`` keeps the write connection to one thread at a time, a
+  ``trio.CapacityLimiter(1)`` the read connection.
+
+Decisions where the contract is silent:
+
+- A page cursor (``before``) that the store does not know gives an empty page,
+  ``([], False)``, rather than an error: the HTTP layer decides what that means.
+- The event ceiling reported by :meth:`SqliteStore.open` is the larger of the
+  reserved ceiling and the highest stored ``seq``, so an event persisted without
+  a reservation can still never be reused.
+- A batch holds everything pending when the writer takes it: ``max_batch`` is
+  when the writer stops gathering, and puts that arrive during a write join the
+  next batch, which may then exceed it.
+- ``events`` is also indexed by ``ts`` so that the periodic purge does not scan
+  the whole table while it holds the write connection.
+- After a failed write the store is unusable: the failed batch is rolled back,
+  and every later flush and close raises :class:`StoreError`. Puts after
+  :meth:`SqliteStore.aclose` raise too: a write that cannot land must be loud.
+- ``":memory:"`` is refused: each of the two connections would get its own
+  empty database.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import msgspec
+import trio
+
+from gateway.errors import StoreError
+from gateway.protocol.shapes import Message
+from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 5.0
+
+_T = TypeVar("_T")
+
+_SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    """CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        created_at INTEGER NOT NULL,
+        workspace_path TEXT NOT NULL,
+        active_model TEXT NOT NULL,
+        metadata BLOB NOT NULL,
+        parent_session_id TEXT,
+        routing_policy_version TEXT NOT NULL,
+        cost_so_far_usd REAL NOT NULL,
+        turn_count INTEGER NOT NULL
+    )""",
+    "CREATE INDEX sessions_by_age ON sessions (created_at, id)",
+    # ord is the insertion order: message ids are random or the provider's own.
+    """CREATE TABLE messages (
+        ord INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        id TEXT NOT NULL,
+        data BLOB NOT NULL,
+        complete_event_id TEXT,
+        stop_reason TEXT,
+        complete_ts INTEGER,
+        UNIQUE (session_id, id)
+    )""",
+    "CREATE INDEX messages_by_session ON messages (session_id, ord)",
+    """CREATE TABLE events (
+        seq INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        type TEXT NOT NULL,
+        ts INTEGER NOT NULL,
+        data BLOB NOT NULL
+    )""",
+    "CREATE INDEX events_by_session ON events (session_id, seq)",
+    "CREATE INDEX events_by_ts ON events (ts)",
+)
+
+_SESSION_COLUMNS = (
+    "id, created_at, workspace_path, active_model, metadata, parent_session_id,"
+    " routing_policy_version, cost_so_far_usd, turn_count"
+)
+_UPSERT_SESSION = f"""
+    INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (id) DO UPDATE SET
+        created_at = excluded.created_at,
+        workspace_path = excluded.workspace_path,
+        active_model = excluded.active_model,
+        metadata = excluded.metadata,
+        parent_session_id = excluded.parent_session_id,
+        routing_policy_version = excluded.routing_policy_version,
+        cost_so_far_usd = excluded.cost_so_far_usd,
+        turn_count = excluded.turn_count
+"""
+# An upsert keeps the row, hence its ord: a rewritten message keeps its place.
+_UPSERT_MESSAGE = """
+    INSERT INTO messages (session_id, id, data, complete_event_id, stop_reason, complete_ts)
+    VALUES (?, ?, ?, ?, ?, ?)
+    ON CONFLICT (session_id, id) DO UPDATE SET
+        data = excluded.data,
+        complete_event_id = excluded.complete_event_id,
+        stop_reason = excluded.stop_reason,
+        complete_ts = excluded.complete_ts
+"""
+_INSERT_EVENT = "INSERT INTO events (seq, session_id, type, ts, data) VALUES (?, ?, ?, ?, ?)"
+# The event ceiling and the retention floor only ever grow.
+_RAISE_META = """
+    INSERT INTO meta (key, value) VALUES (?, ?)
+    ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)
+"""
+_NEWEST_SESSIONS = f"""
+    SELECT {_SESSION_COLUMNS} FROM sessions
+    ORDER BY created_at DESC, id DESC LIMIT ?
+"""
+_SESSIONS_BEFORE = f"""
+    SELECT {_SESSION_COLUMNS} FROM sessions
+    WHERE (created_at, id) < (SELECT created_at, id FROM sessions WHERE id = ?)
+    ORDER BY created_at DESC, id DESC LIMIT ?
+"""
+_LATEST_MESSAGES = """
+    SELECT data FROM messages WHERE session_id = ?
+    ORDER BY ord DESC LIMIT ?
+"""
+_MESSAGES_BEFORE = """
+    SELECT data FROM messages
+    WHERE session_id = ?
+      AND ord < (SELECT ord FROM messages WHERE session_id = ? AND id = ?)
+    ORDER BY ord DESC LIMIT ?
+"""
+
+_encoder = msgspec.json.Encoder()
+_message_decoder = msgspec.json.Decoder(Message)
+_metadata_decoder = msgspec.json.Decoder(dict[str, Any])
+
+_SessionRow = tuple[str, int, str, str, bytes, str | None, str, float, int]
+_MessageRow = tuple[str, str, bytes, str | None, str | None, int | None]
+_EventRow = tuple[int, str, str, int, bytes]
+
+
+class _Batch:
+    """The writes enqueued since the writer last took a batch, as rows in enqueue order.
+
+    Records are encoded when enqueued, not when written: msgspec Structs are
+    mutable, and what is stored must be what the caller had at put time.
+    """
+
+    def __init__(self) -> None:
+        self.sessions: list[_SessionRow] = []
+        self.messages: list[_MessageRow] = []
+        self.events: list[_EventRow] = []
+        self.ceiling: int | None = None
+        self.size = 0
+
+    def add_session(self, rec: SessionRecord) -> None:
+        self.sessions.append(
+            (
+                rec.id,
+                rec.created_at,
+                rec.workspace_path,
+                rec.active_model,
+                _encoder.encode(rec.metadata),
+                rec.parent_session_id,
+                rec.routing_policy_version,
+                rec.cost_so_far_usd,
+                rec.turn_count,
+            )
+        )
+        self.size += 1
+
+    def add_message(self, msg: StoredMessage) -> None:
+        m = msg.message
+        self.messages.append(
+            (
+                m.session_id,
+                m.id,
+                _encoder.encode(m),
+                msg.complete_event_id,
+                msg.stop_reason,
+                msg.complete_ts,
+            )
+        )
+        self.size += 1
+
+    def add_event(self, ev: StoredEvent) -> None:
+        self.events.append((ev.seq, ev.session_id, ev.type, ev.ts, ev.data))
+        self.size += 1
+
+    def raise_ceiling(self, ceiling: int) -> None:
+        self.ceiling = ceiling if self.ceiling is None else max(self.ceiling, ceiling)
+        self.size += 1
+
+
+class _Database:
+    """The SQL of the store, synchronous; each method runs in a worker thread."""
+
+    def __init__(self, path: str, writer: sqlite3.Connection, reader: sqlite3.Connection) -> None:
+        self._path = path
+        self._writer = writer
+        self._reader = reader
+
+    @classmethod
+    def open(cls, path: str) -> tuple[_Database, StoreState]:
+        """Open both connections, creating the schema on a new store.
+
+        Raises:
+            StoreError: naming the path, for a missing directory, a file that is
+                not a SQLite database or not a gateway store, a schema version
+                this code does not know, or any other SQLite error.
+        """
+        if path == ":memory:":
+            raise StoreError("cannot open store ':memory:': the store needs a file")
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise StoreError(f"cannot open store {path!r}: directory {directory!r} does not exist")
+        with _reporting(path, "open"):
+            writer = _connect(path)
+            try:
+                writer.execute("PRAGMA journal_mode = WAL")
+                writer.execute("PRAGMA synchronous = NORMAL")
+                state = _prepare_schema(writer, path)
+                reader = _connect(path)
+                reader.execute("PRAGMA query_only = ON")
+            except BaseException:
+                writer.close()
+                raise
+        return cls(path, writer, reader), state
+
+    def write(self, batch: _Batch) -> None:
+        """Apply one batch in one transaction."""
+        w = self._writer
+        with _reporting(self._path, "write to"), w:
+            w.execute("BEGIN IMMEDIATE")
+            w.executemany(_UPSERT_SESSION, batch.sessions)
+            w.executemany(_UPSERT_MESSAGE, batch.messages)
+            w.executemany(_INSERT_EVENT, batch.events)
+            if batch.ceiling is not None:
+                w.execute(_RAISE_META, ("event_ceiling", batch.ceiling))
+
+    def purge_before(self, ts_ms: int) -> int:
+        w = self._writer
+        with _reporting(self._path, "purge"), w:
+            w.execute("BEGIN IMMEDIATE")
+            (highest,) = w.execute("SELECT max(seq) FROM events WHERE ts < ?", (ts_ms,)).fetchone()
+            if highest is not None:
+                w.execute("DELETE FROM events WHERE ts < ?", (ts_ms,))
+                w.execute(_RAISE_META, ("retention_floor", highest))
+            return _meta(w, "retention_floor")
+
+    def get_session(self, session_id: str) -> SessionRecord | None:
+        with _reporting(self._path, "read"):
+            sql = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?"
+            row = self._reader.execute(sql, (session_id,)).fetchone()
+        return None if row is None else _session_record(row)
+
+    def list_sessions(self, limit: int, before: str | None) -> tuple[list[SessionRecord], bool]:
+        with _reporting(self._path, "read"):
+            if before is None:
+                rows = self._reader.execute(_NEWEST_SESSIONS, (limit + 1,)).fetchall()
+            else:
+                rows = self._reader.execute(_SESSIONS_BEFORE, (before, limit + 1)).fetchall()
+        return [_session_record(row) for row in rows[:limit]], len(rows) > limit
+
+    def list_messages(
+        self, session_id: str, before: str | None, limit: int
+    ) -> tuple[list[Message], bool]:
+        with _reporting(self._path, "read"):
+            if before is None:
+                rows = self._reader.execute(_LATEST_MESSAGES, (session_id, limit + 1)).fetchall()
+            else:
+                args = (session_id, session_id, before, limit + 1)
+                rows = self._reader.execute(_MESSAGES_BEFORE, args).fetchall()
+        page = [_message_decoder.decode(data) for (data,) in reversed(rows[:limit])]
+        return page, len(rows) > limit
+
+    def load_messages(self, session_id: str) -> list[StoredMessage]:
+        sql = """
+            SELECT data, complete_event_id, stop_reason, complete_ts FROM messages
+            WHERE session_id = ? ORDER BY ord
+        """
+        with _reporting(self._path, "read"):
+            rows = self._reader.execute(sql, (session_id,)).fetchall()
+        return [
+            StoredMessage(_message_decoder.decode(data), event_id, stop_reason, complete_ts)
+            for data, event_id, stop_reason, complete_ts in rows
+        ]
+
+    def events_after(
+        self, session_ids: Sequence[str], after_seq: int, limit: int
+    ) -> list[StoredEvent]:
+        marks = ", ".join("?" * len(session_ids))
+        sql = f"""
+            SELECT seq, session_id, type, ts, data FROM events
+            WHERE session_id IN ({marks}) AND seq > ?
+            ORDER BY seq LIMIT ?
+        """
+        with _reporting(self._path, "read"):
+            rows = self._reader.execute(sql, (*session_ids, after_seq, limit)).fetchall()
+        return [
+            StoredEvent(seq=seq, session_id=session_id, type=type_, ts=ts, data=data)
+            for seq, session_id, type_, ts, data in rows
+        ]
+
+    def close_writer(self) -> None:
+        self._writer.close()
+
+    def close_reader(self) -> None:
+        self._reader.close()
+
+
+@contextmanager
+def _reporting(path: str, action: str) -> Iterator[None]:
+    """Turn a SQLite error into a StoreError naming the path and what was being done."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot {action} store {path!r}: {exc}") from exc
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    # isolation_level=None: no implicit transactions; writes say BEGIN themselves.
+    return sqlite3.connect(
+        path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+    )
+
+
+def _prepare_schema(conn: sqlite3.Connection, path: str) -> StoreState:
+    """Create the schema in an empty database, or check an existing one's version."""
+    with conn:
+        conn.execute("BEGIN IMMEDIATE")
+        tables = {
+            name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        if not tables:
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(_RAISE_META, ("schema_version", SCHEMA_VERSION))
+        elif "meta" not in tables:
+            raise StoreError(f"cannot open store {path!r}: a SQLite database, not a gateway store")
+        version = _meta(conn, "schema_version")
+        if version != SCHEMA_VERSION:
+            raise StoreError(
+                f"cannot open store {path!r}: schema version {version},"
+                f" this gateway reads version {SCHEMA_VERSION}"
+            )
+        (highest_seq,) = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
+        return StoreState(
+            event_ceiling=max(_meta(conn, "event_ceiling"), highest_seq),
+            retention_floor=_meta(conn, "retention_floor"),
+        )
+
+
+def _meta(conn: sqlite3.Connection, key: str) -> int:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _session_record(row: tuple[Any, ...]) -> SessionRecord:
+    id_, created_at, workspace, model, metadata, parent, policy, cost, turns = row
+    return SessionRecord(
+        id=id_,
+        created_at=created_at,
+        workspace_path=workspace,
+        active_model=model,
+        metadata=_metadata_decoder.decode(metadata),
+        parent_session_id=parent,
+        routing_policy_version=policy,
+        cost_so_far_usd=cost,
+        turn_count=turns,
+    )
+
+
+class SqliteStore:
+    """The SQLite trace store: implements :class:`gateway.store.base.Store`.
+
+    Writes are enqueued synchronously and applied by :meth:`run` in batches, one
+    transaction each: the writer wakes when something is pending, gathers for up
+    to ``flush_interval_s`` (or until ``max_batch`` writes are pending), then
+    writes everything pending in a worker thread. Reads see only flushed data;
+    whatever is still pending is the caller's to know (the session keeps its
+    in-memory tail).
+
+    Args:
+        path: the database file; its directory must exist.
+        flush_interval_s: how long the writer gathers a batch.
+        max_batch: the pending count at which the writer stops gathering.
+    """
+
+    def __init__(self, path: str, *, flush_interval_s: float = 0.02, max_batch: int = 1000) -> None:
+        self._path = path
+        self._flush_interval_s = flush_interval_s
+        self._max_batch = max_batch
+        self._db: _Database | None = None
+        self._pending = _Batch()
+        self._write_lock = trio.Lock()  # the write connection: one thread at a time
+        self._read_limiter = trio.CapacityLimiter(1)  # the read connection: likewise
+        self._wakeup = trio.Event()  # set: something is pending, or close was asked
+        self._batch_ready = trio.Event()  # set: stop gathering, write now
+        self._closing = False
+        self._closed = trio.Event()
+        self._failure: StoreError | None = None
+
+    # --- lifecycle ----------------------------------------------------------
+
+    async def open(self) -> StoreState:
+        self._db, state = await trio.to_thread.run_sync(_Database.open, self._path)
+        return state
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._wakeup.wait()
+            with trio.move_on_after(self._flush_interval_s):
+                await self._batch_ready.wait()
+            # Once close was asked no put is accepted, so a write that starts
+            # after that leaves nothing behind.
+            closing = self._closing
+            await self._write_pending()
+            if closing:
+                return
+
+    async def aclose(self) -> None:
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        self._signal()
+        # Shielded: shutdown (RUNNING.md: "the store flushed") usually happens
+        # in a scope that is already cancelled, and the writer may be gone.
+        with trio.CancelScope(shield=True):
+            db = self._db
+            if db is None:
+                self._closed.set()
+                return
+            try:
+                await self._write_pending()
+            finally:
+                async with self._write_lock:
+                    await trio.to_thread.run_sync(db.close_writer)
+                await trio.to_thread.run_sync(db.close_reader, limiter=self._read_limiter)
+                self._closed.set()
+
+    # --- writes -------------------------------------------------------------
+
+    def put_session(self, rec: SessionRecord) -> None:
+        self._check_accepting()
+        self._pending.add_session(rec)
+        self._signal()
+
+    def put_message(self, msg: StoredMessage) -> None:
+        self._check_accepting()
+        self._pending.add_message(msg)
+        self._signal()
+
+    def put_event(self, ev: StoredEvent) -> None:
+        self._check_accepting()
+        self._pending.add_event(ev)
+        self._signal()
+
+    def reserve_event_ids(self, ceiling: int) -> None:
+        self._check_accepting()
+        self._pending.raise_ceiling(ceiling)
+        self._signal()
+
+    async def flush(self) -> None:
+        # Whoever held the lock before us has finished its batch; we take the rest.
+        await self._write_pending()
+
+    async def purge_before(self, ts_ms: int) -> int:
+        db = self._database()
+        async with self._write_lock:
+            return await trio.to_thread.run_sync(db.purge_before, ts_ms)
+
+    def _check_accepting(self) -> None:
+        if self._closing:
+            raise StoreError(f"store {self._path!r} is closed")
+
+    def _signal(self) -> None:
+        """Wake the writer for what is pending now; the one place its events are set."""
+        if self._closing or self._pending.size:
+            self._wakeup.set()
+        if self._closing or self._pending.size >= self._max_batch:
+            self._batch_ready.set()
+
+    async def _write_pending(self) -> None:
+        """Take everything pending and write it; return once it is durable.
+
+        Raises:
+            StoreError: this write, or an earlier one, failed.
+        """
+        db = self._database()
+        async with self._write_lock:
+            if self._failure is not None:
+                raise StoreError(
+                    f"store {self._path!r} is unusable after a failed write:"
+                    f" {self._failure.message}"
+                )
+            batch, self._pending = self._pending, _Batch()
+            self._wakeup, self._batch_ready = trio.Event(), trio.Event()
+            self._signal()
+            if not batch.size:
+                return
+            # Once taken, a batch is written or reported, never dropped by a cancel.
+            with trio.CancelScope(shield=True):
+                try:
+                    await trio.to_thread.run_sync(db.write, batch)
+                except StoreError as exc:
+                    self._failure = exc
+                    raise
+
+    # --- reads --------------------------------------------------------------
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        return await self._read(lambda db: db.get_session(session_id))
+
+    async def list_sessions(
+        self, *, limit: int, before: str | None
+    ) -> tuple[list[SessionRecord], bool]:
+        _check_limit(limit)
+        return await self._read(lambda db: db.list_sessions(limit, before))
+
+    async def list_messages(
+        self, session_id: str, *, before: str | None, limit: int
+    ) -> tuple[list[Message], bool]:
+        _check_limit(limit)
+        return await self._read(lambda db: db.list_messages(session_id, before, limit))
+
+    async def load_messages(self, session_id: str) -> list[StoredMessage]:
+        return await self._read(lambda db: db.load_messages(session_id))
+
+    async def events_after(
+        self, session_ids: Sequence[str], after_seq: int, limit: int
+    ) -> list[StoredEvent]:
+        _check_limit(limit)
+        return await self._read(lambda db: db.events_after(session_ids, after_seq, limit))
+
+    async def _read(self, query: Callable[[_Database], _T]) -> _T:
+        return await trio.to_thread.run_sync(query, self._database(), limiter=self._read_limiter)
+
+    def _database(self) -> _Database:
+        if self._db is None:
+            raise StoreError(f"store {self._path!r} is not open")
+        return self._db
+
+
+def _check_limit(limit: int) -> None:
+    # SQLite reads a negative LIMIT as "no limit": refuse it rather than return everything.
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, not {limit}")

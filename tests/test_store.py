@@ -1,0 +1,436 @@
+"""The trace store and its SQLite backend (gateway/store).
+
+Rules of these tests:
+
+- Every test uses a fresh database file under ``tmp_path``; "survives a
+  restart" means ``aclose`` then a new :class:`SqliteStore` on the same file.
+- The store runs SQLite in worker threads, and a Trio ``MockClock`` jumps while
+  a thread works, so these tests use the real clock and never wait on it: the
+  writer's gathering interval is either irrelevant (``flush`` writes directly)
+  or an hour, so that only what the test does can write.
+- Where the test waits for the writer thread, ``trio.fail_after`` caps the wait.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gateway.errors import StoreError
+from gateway.ids import format_event_id
+from gateway.protocol.shapes import Message, TextBlock, Usage
+from gateway.store import (
+    SessionRecord,
+    SqliteStore,
+    Store,
+    StoredEvent,
+    StoredMessage,
+    StoreState,
+)
+
+HOUR = 3600.0
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> str:
+    return str(tmp_path / "gateway.db")
+
+
+@pytest.fixture
+async def store(db_path: str) -> AsyncIterator[Store]:
+    s: Store = SqliteStore(db_path)
+    await s.open()
+    yield s
+    await s.aclose()
+
+
+def session(sid: str, created_at: int, **changes: Any) -> SessionRecord:
+    fields: dict[str, Any] = {
+        "id": sid,
+        "created_at": created_at,
+        "workspace_path": "/work/space",
+        "active_model": "scripted:echo",
+        "metadata": {"owner": "ana", "tags": ["a", "b"]},
+        "parent_session_id": None,
+        "routing_policy_version": "v1",
+    }
+    return SessionRecord(**(fields | changes))
+
+
+def message(mid: str, sid: str = "sess_a", **changes: Any) -> Message:
+    fields: dict[str, Any] = {
+        "id": mid,
+        "session_id": sid,
+        "turn_id": "turn_1",
+        "role": "user",
+        "content": [TextBlock(f"text of {mid}")],
+        "status": "complete",
+        "created_at": 1000,
+    }
+    return Message(**(fields | changes))
+
+
+def event(seq: int, sid: str = "sess_a", ts: int = 1000) -> StoredEvent:
+    data = b'{"id":"%s","type":"turn.started"}' % format_event_id(seq).encode()
+    return StoredEvent(seq=seq, session_id=sid, type="turn.started", ts=ts, data=data)
+
+
+async def restart(store: Store, path: str) -> StoreState:
+    """Close the store, open its file again, and say what the new store found."""
+    await store.aclose()
+    again = SqliteStore(path)
+    state = await again.open()
+    await again.aclose()
+    return state
+
+
+# --- round trips -------------------------------------------------------------
+
+
+async def test_a_new_store_starts_at_zero(db_path: str) -> None:
+    store = SqliteStore(db_path)
+    state = await store.open()
+    await store.aclose()
+    assert (state.event_ceiling, state.retention_floor) == (0, 0)
+
+
+async def test_session_round_trip_and_upsert(store: Store) -> None:
+    rec = session("sess_a", 1000, parent_session_id="sess_p", cost_so_far_usd=0.25, turn_count=2)
+    store.put_session(rec)
+    await store.flush()
+    assert await store.get_session("sess_a") == rec
+    assert await store.get_session("sess_unknown") is None
+
+    updated = session("sess_a", 1000, active_model="anthropic:x", turn_count=3)
+    store.put_session(updated)
+    await store.flush()
+    assert await store.get_session("sess_a") == updated
+
+
+async def test_message_round_trip(store: Store) -> None:
+    user = StoredMessage(message("msg_1"), None)
+    assistant = StoredMessage(
+        message(
+            "msg_2",
+            role="assistant",
+            model="scripted:echo",
+            usage=Usage(input_tokens=3, output_tokens=5, cost_usd=0.01),
+        ),
+        format_event_id(7),
+        "end_turn",
+        1234,
+    )
+    store.put_message(user)
+    store.put_message(assistant)
+    await store.flush()
+    assert await store.load_messages("sess_a") == [user, assistant]
+    assert await store.load_messages("sess_other") == []
+
+
+async def test_an_in_progress_message_is_rewritten_as_complete_in_place(store: Store) -> None:
+    partial = message("msg_2", role="assistant", status="in_progress", content=[TextBlock("He")])
+    store.put_message(StoredMessage(message("msg_1"), None))
+    store.put_message(StoredMessage(partial, None))
+    store.put_message(StoredMessage(message("msg_3"), None))
+    await store.flush()
+
+    done = message("msg_2", role="assistant", status="complete", content=[TextBlock("Hello")])
+    store.put_message(StoredMessage(done, format_event_id(42), "end_turn", 5000))
+    await store.flush()
+
+    loaded = await store.load_messages("sess_a")
+    assert [m.message.id for m in loaded] == ["msg_1", "msg_2", "msg_3"]
+    assert loaded[1] == StoredMessage(done, format_event_id(42), "end_turn", 5000)
+
+
+async def test_event_round_trip_keeps_the_wire_bytes(store: Store) -> None:
+    ev = StoredEvent(seq=5, session_id="sess_a", type="tool.called", ts=77, data=b'{"x": 1 }')
+    store.put_event(ev)
+    await store.flush()
+    assert await store.events_after(["sess_a"], 0, 10) == [ev]
+
+
+# --- paging ------------------------------------------------------------------
+
+
+async def test_list_sessions_pages_newest_first(store: Store) -> None:
+    # Two sessions share created_at 200: id descending breaks the tie.
+    for sid, created in [("sess_a", 100), ("sess_b", 200), ("sess_c", 200), ("sess_d", 300)]:
+        store.put_session(session(sid, created))
+    await store.flush()
+
+    page, more = await store.list_sessions(limit=2, before=None)
+    assert ([s.id for s in page], more) == (["sess_d", "sess_c"], True)
+    page, more = await store.list_sessions(limit=2, before="sess_c")
+    assert ([s.id for s in page], more) == (["sess_b", "sess_a"], False)
+    page, more = await store.list_sessions(limit=10, before=None)
+    assert ([s.id for s in page], more) == (["sess_d", "sess_c", "sess_b", "sess_a"], False)
+    assert await store.list_sessions(limit=2, before="sess_a") == ([], False)
+
+
+async def test_list_sessions_with_an_unknown_cursor_is_an_empty_page(store: Store) -> None:
+    store.put_session(session("sess_a", 100))
+    await store.flush()
+    assert await store.list_sessions(limit=5, before="sess_nope") == ([], False)
+
+
+async def test_list_messages_pages_backwards_oldest_first(store: Store) -> None:
+    for i in range(1, 6):
+        store.put_message(StoredMessage(message(f"msg_{i}"), None))
+    store.put_message(StoredMessage(message("msg_x", sid="sess_b"), None))
+    await store.flush()
+
+    async def ids(before: str | None, limit: int) -> tuple[list[str], bool]:
+        page, more = await store.list_messages("sess_a", before=before, limit=limit)
+        return [m.id for m in page], more
+
+    assert await ids(None, 2) == (["msg_4", "msg_5"], True)
+    assert await ids("msg_4", 2) == (["msg_2", "msg_3"], True)
+    assert await ids("msg_2", 2) == (["msg_1"], False)
+    assert await ids(None, 5) == (["msg_1", "msg_2", "msg_3", "msg_4", "msg_5"], False)
+    assert await ids("msg_1", 2) == ([], False)
+    assert await ids("msg_x", 2) == ([], False)  # another session's message
+    assert await ids("msg_nope", 2) == ([], False)
+
+
+async def test_events_after_filters_by_sessions_with_a_limit(store: Store) -> None:
+    for seq, sid in [(1, "sess_a"), (2, "sess_b"), (3, "sess_c"), (4, "sess_a"), (5, "sess_b")]:
+        store.put_event(event(seq, sid))
+    await store.flush()
+
+    async def seqs(sids: list[str], after: int, limit: int) -> list[int]:
+        return [e.seq for e in await store.events_after(sids, after, limit)]
+
+    assert await seqs(["sess_a", "sess_b"], 0, 10) == [1, 2, 4, 5]
+    assert await seqs(["sess_a", "sess_b"], 1, 2) == [2, 4]
+    assert await seqs(["sess_c"], 3, 10) == []
+    assert await seqs([], 0, 10) == []
+
+
+async def test_a_negative_limit_is_refused(store: Store) -> None:
+    with pytest.raises(ValueError, match="limit must be >= 0"):
+        await store.events_after(["sess_a"], 0, -1)
+
+
+# --- event ceiling and retention floor ---------------------------------------
+
+
+async def test_event_ceiling_only_grows_and_survives_a_restart(store: Store, db_path: str) -> None:
+    store.reserve_event_ids(100)
+    store.reserve_event_ids(50)
+    await store.flush()
+    store.reserve_event_ids(80)
+    assert (await restart(store, db_path)).event_ceiling == 100
+
+
+async def test_event_ceiling_covers_events_stored_above_it(store: Store, db_path: str) -> None:
+    store.reserve_event_ids(10)
+    store.put_event(event(12))
+    assert (await restart(store, db_path)).event_ceiling == 12
+
+
+async def test_purge_before_deletes_old_events_and_raises_the_floor(
+    store: Store, db_path: str
+) -> None:
+    for seq, ts in [(1, 100), (2, 200), (3, 300), (4, 400)]:
+        store.put_event(event(seq, ts=ts))
+    await store.flush()
+
+    assert await store.purge_before(300) == 2
+    assert [e.seq for e in await store.events_after(["sess_a"], 0, 10)] == [3, 4]
+    assert await store.purge_before(50) == 2  # nothing purged: unchanged
+
+    state = await restart(store, db_path)
+    assert (state.retention_floor, state.event_ceiling) == (2, 4)
+
+
+# --- the writer ----------------------------------------------------------------
+
+
+async def test_reads_see_only_flushed_writes(db_path: str) -> None:
+    store = SqliteStore(db_path, flush_interval_s=HOUR)
+    await store.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        store.put_session(session("sess_a", 1))
+        store.put_event(event(1))
+        assert await store.get_session("sess_a") is None
+        assert await store.events_after(["sess_a"], 0, 10) == []
+        await store.flush()
+        assert await store.get_session("sess_a") == session("sess_a", 1)
+        assert [e.seq for e in await store.events_after(["sess_a"], 0, 10)] == [1]
+        await store.aclose()
+
+
+async def test_many_puts_then_one_flush_land_in_order(store: Store) -> None:
+    for seq in range(1, 2501):
+        store.put_event(event(seq, sid="sess_a" if seq % 2 else "sess_b"))
+    await store.flush()
+    stored = await store.events_after(["sess_a", "sess_b"], 0, 5000)
+    assert stored == [event(seq, sid="sess_a" if seq % 2 else "sess_b") for seq in range(1, 2501)]
+
+
+async def test_a_put_is_encoded_when_enqueued(store: Store) -> None:
+    msg = message("msg_1")
+    store.put_message(StoredMessage(msg, None))
+    msg.status = "error"  # a later mutation of the caller's struct is not stored
+    await store.flush()
+    assert [m.message.status for m in await store.load_messages("sess_a")] == ["complete"]
+
+
+class Recorder:
+    """What the store's connections did: every statement's thread, every event insert's size."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self.event_batches: list[int] = []
+        self.events_inserted = trio.Event()
+
+
+class RecordingConnection(sqlite3.Connection):
+    recorder: Recorder
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        self.recorder.threads.append(threading.current_thread())
+        return super().execute(sql, *args)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        self.recorder.threads.append(threading.current_thread())
+        rows = list(rows)
+        cursor = super().executemany(sql, rows)
+        if "INSERT INTO events" in sql and rows:
+            self.recorder.event_batches.append(len(rows))
+            trio.from_thread.run_sync(self.recorder.events_inserted.set)
+        return cursor
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    """Make every connection the store opens a RecordingConnection."""
+    recorder = Recorder()
+    real_connect = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = real_connect(*args, factory=RecordingConnection, **kwargs)
+        assert isinstance(conn, RecordingConnection)
+        conn.recorder = recorder
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    return recorder
+
+
+async def test_the_writer_batches_and_never_uses_the_main_thread(
+    db_path: str, recorder: Recorder
+) -> None:
+    store = SqliteStore(db_path, flush_interval_s=HOUR, max_batch=3)
+    await store.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        for seq in (1, 2, 3):  # reaching max_batch wakes the writer before the hour is up
+            store.put_event(event(seq))
+        with trio.fail_after(10):
+            await recorder.events_inserted.wait()
+        assert recorder.event_batches == [3]  # written by run(), in one batch
+        await store.flush()  # waits for that batch's commit; writes nothing itself
+        assert recorder.event_batches == [3]
+        assert [e.seq for e in await store.events_after(["sess_a"], 0, 10)] == [1, 2, 3]
+        store.put_event(event(4))
+        await store.aclose()  # and run() returns once it has seen the close
+    assert recorder.event_batches == [3, 1]
+    assert recorder.threads
+    assert all(t is not threading.main_thread() for t in recorder.threads)
+
+
+async def test_aclose_flushes_pending_writes_from_a_cancelled_scope(db_path: str) -> None:
+    store = SqliteStore(db_path, flush_interval_s=HOUR)
+    await store.open()
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            store.put_session(session("sess_a", 1))
+            store.put_event(event(1))
+            scope.cancel()
+            try:
+                await trio.sleep_forever()
+            finally:
+                await store.aclose()
+    assert scope.cancelled_caught
+
+    again = SqliteStore(db_path)
+    await again.open()
+    assert await again.get_session("sess_a") == session("sess_a", 1)
+    assert [e.seq for e in await again.events_after(["sess_a"], 0, 10)] == [1]
+    await again.aclose()
+
+
+async def test_aclose_is_idempotent_and_puts_after_it_are_refused(store: Store) -> None:
+    await store.aclose()
+    await store.aclose()
+    with pytest.raises(StoreError, match="is closed"):
+        store.put_event(event(1))
+
+
+async def test_a_failed_write_is_raised_and_the_store_stays_failed(store: Store) -> None:
+    store.put_event(event(1))
+    await store.flush()
+    store.put_event(event(1))  # the same seq again: the primary key refuses it
+    with pytest.raises(StoreError, match="cannot write to store .*UNIQUE constraint failed"):
+        await store.flush()
+    store.put_event(event(2))
+    with pytest.raises(StoreError, match="unusable after a failed write"):
+        await store.flush()
+    with pytest.raises(StoreError, match="unusable after a failed write"):
+        await store.aclose()
+
+
+# --- opening -------------------------------------------------------------------
+
+
+async def test_a_missing_directory_is_a_store_error(tmp_path: Path) -> None:
+    path = str(tmp_path / "missing" / "gateway.db")
+    with pytest.raises(StoreError, match="does not exist") as info:
+        await SqliteStore(path).open()
+    assert path in str(info.value)
+
+
+async def test_a_file_that_is_not_a_database_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"these are not the pages of a database\n" * 200)
+    with pytest.raises(StoreError, match="file is not a database") as info:
+        await SqliteStore(str(path)).open()
+    assert str(path) in str(info.value)
+
+
+def make_foreign_database(path: str, *, schema_version: int | None) -> None:
+    conn = sqlite3.connect(path)
+    with conn:
+        if schema_version is None:
+            conn.execute("CREATE TABLE recipes (name TEXT)")
+        else:
+            conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (schema_version,))
+    conn.close()
+
+
+async def test_another_applications_database_is_a_store_error(db_path: str) -> None:
+    make_foreign_database(db_path, schema_version=None)
+    with pytest.raises(StoreError, match="not a gateway store"):
+        await SqliteStore(db_path).open()
+
+
+async def test_an_unknown_schema_version_is_a_store_error(db_path: str) -> None:
+    make_foreign_database(db_path, schema_version=99)
+    with pytest.raises(StoreError, match="schema version 99, this gateway reads version 1"):
+        await SqliteStore(db_path).open()
+
+
+async def test_memory_is_refused() -> None:
+    with pytest.raises(StoreError, match="needs a file"):
+        await SqliteStore(":memory:").open()
