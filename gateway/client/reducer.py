@@ -322,7 +322,9 @@ class Reducer:
         messages = list(snapshot.messages)
         in_progress = bool(messages) and messages[-1].status == "in_progress"
         self.streaming = StreamingMessage.restore(messages.pop()) if in_progress else None
-        self.messages = messages
+        # A user message of tool results only is what tool.completed/tool.failed
+        # announce live: it lives in tool_results, as it does for a live client.
+        self.messages = [m for m in messages if not _tool_results_only(m)]
         self.tool_results = {
             block.tool_use_id: ToolOutcome(
                 block.tool_use_id, "failed" if block.is_error else "completed", block.content
@@ -403,14 +405,21 @@ class Reducer:
         self.turn = TurnState(payload.turn_id, "in_flight")
 
     def _end_turn(self, ended: TurnState) -> None:
+        # A client that resumed from a cursor in the middle of a turn never saw
+        # it start; only the end of a turn other than the one in flight is wrong.
         current = self.turn
-        if current is None or current.status != "in_flight" or current.turn_id != ended.turn_id:
-            raise ValueError(f"turn {ended.turn_id} {ended.status} but it is not in flight")
+        if (
+            current is not None
+            and current.status == "in_flight"
+            and current.turn_id != ended.turn_id
+        ):
+            raise ValueError(
+                f"turn {ended.turn_id} {ended.status} while {current.turn_id} is in flight"
+            )
         self.turn = ended
 
     def _tool_outcome(self, outcome: ToolOutcome) -> None:
-        if self.tool_use(outcome.tool_use_id) is None:
-            raise ValueError(f"outcome for tool use {outcome.tool_use_id}, which was never made")
+        # The tool_use may precede a resume cursor: the outcome is kept unpaired.
         self.tool_results[outcome.tool_use_id] = outcome
 
     def _message_start(self, payload: MessageStart) -> None:
@@ -492,3 +501,11 @@ def _message_state(message: Message) -> dict[str, Any]:
 def _builtins(value: msgspec.Struct) -> dict[str, Any]:
     result: dict[str, Any] = msgspec.to_builtins(value)
     return result
+
+
+def _tool_results_only(message: Message) -> bool:
+    return (
+        message.role == "user"
+        and bool(message.content)
+        and all(isinstance(b, ToolResultBlock) for b in message.content)
+    )

@@ -232,19 +232,23 @@ class _HttpConnection:
         event = await self._next_event()
         if not isinstance(event, h11.Request):
             return None  # ConnectionClosed: the client left between requests
+        if _head_size(event) > self._limits.max_header_bytes:
+            raise _headers_too_large()
         declared = _header(event.headers, b"content-length")
         if declared is not None and int(declared) > self._limits.max_body_bytes:
-            raise self._too_large()
+            raise _body_too_large(self._limits.max_body_bytes)
         if self._h11.client_is_waiting_for_100_continue:
             await self._stream.send_all(
-                self._h11.send(h11.InformationalResponse(status_code=100, headers=[]))
+                self._h11.send(
+                    h11.InformationalResponse(status_code=100, reason=b"Continue", headers=[])
+                )
             )
         body = bytearray()
         while not isinstance(part := await self._next_event(), h11.EndOfMessage):
             if isinstance(part, h11.Data):
                 body += part.data
                 if len(body) > self._limits.max_body_bytes:
-                    raise self._too_large()
+                    raise _body_too_large(self._limits.max_body_bytes)
         return _request(event, bytes(body), self._client)
 
     async def _next_event(self) -> h11.Event:
@@ -258,10 +262,6 @@ class _HttpConnection:
             return bytes(await self._stream.receive_some(_RECEIVE_BYTES))
         except trio.BrokenResourceError:
             return b""
-
-    def _too_large(self) -> ApiError:
-        limit = self._limits.max_body_bytes
-        return ApiError(413, "body_too_large", f"The request body is over {limit} bytes.")
 
     # --- answering ---------------------------------------------------------------
 
@@ -348,6 +348,12 @@ def _request(event: h11.Request, body: bytes, client: str) -> Request:
     return Request(event.method.decode("latin-1"), path, query, headers, body, client)
 
 
+def _head_size(event: h11.Request) -> int:
+    """The request head's size as sent, near enough: h11 only bounds heads that arrive in pieces."""
+    request_line = len(event.method) + len(event.target) + 11  # "M T HTTP/1.1\r\n"
+    return request_line + sum(len(name) + len(value) + 4 for name, value in event.headers)
+
+
 def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     return next((value for key, value in headers if key == name), None)
 
@@ -359,9 +365,17 @@ def _reason_phrase(status: int) -> bytes:
         return b""  # a status http.HTTPStatus does not know: the phrase is optional
 
 
+def _body_too_large(limit: int) -> ApiError:
+    return ApiError(413, "body_too_large", f"The request body is over {limit} bytes.")
+
+
+def _headers_too_large() -> ApiError:
+    return ApiError(431, "headers_too_large", "The request head is too large.")
+
+
 def _protocol_error(exc: h11.RemoteProtocolError) -> ApiError:
     if exc.error_status_hint == 431:
-        return ApiError(431, "headers_too_large", "The request head is too large.")
+        return _headers_too_large()
     return ApiError(400, "malformed_request", f"Malformed HTTP request: {exc}")
 
 

@@ -1,0 +1,131 @@
+"""Shared fixtures: a real gateway on 127.0.0.1 port 0, and independent clients.
+
+Rules of these tests (as trio-websocket's own suite states them):
+- Integration tests talk to a real listener on 127.0.0.1, port 0, with an
+  independent client: httpx for HTTP, trio-websocket for WebSockets. They run
+  on the real clock with ``fail_after`` caps, never sleeping to wait for
+  something: they wait for the event that says it happened.
+- Time-dependent behaviour (heartbeats, TTLs, timeouts) is tested with
+  ``autojump_clock`` over in-memory streams, where no real I/O is pending.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import trio
+from trio_websocket import WebSocketConnection, open_websocket_url
+
+from gateway.client import Reducer, decode_server_frame
+from gateway.config import Config, load_config
+from gateway.protocol.events import Event
+from gateway.protocol.frames import EventFrame
+from gateway.server.app import Gateway
+
+
+def make_config(tmp_path: Path, **overrides: Any) -> Config:
+    """A config on port 0 with the store in ``tmp_path``; ``overrides`` by dotted key."""
+    flat = {"server.port": 0, "store.path": str(tmp_path / "gateway.db"), **overrides}
+    return load_config(None, {}, flat)
+
+
+class Harness:
+    """A running gateway and the clients of one test."""
+
+    def __init__(self, gateway: Gateway, http: httpx.AsyncClient) -> None:
+        self.gateway = gateway
+        self.node = gateway.node
+        self.http = http
+        self.base = str(http.base_url).rstrip("/")
+
+    async def create_session(self, **body: Any) -> str:
+        r = await self.http.post("/sessions", json=body)
+        assert r.status_code == 201, r.text
+        return str(r.json()["session_id"])
+
+    async def ws_url(self, session_id: str) -> str:
+        r = await self.http.get(f"/sessions/{session_id}")
+        assert r.status_code == 200, r.text
+        return str(r.json()["ws_url"])
+
+    async def submit(self, session_id: str, content: Any) -> str:
+        if not isinstance(content, str):
+            content = json.dumps(content)
+        r = await self.http.post(f"/sessions/{session_id}/turns", json={"content": content})
+        assert r.status_code == 202, r.text
+        return str(r.json()["turn_id"])
+
+    @asynccontextmanager
+    async def client(self, session_id: str, **kw: Any) -> AsyncIterator[Client]:
+        url = await self.ws_url(session_id)
+        async with open_websocket_url(url, **kw) as ws:
+            yield Client(ws, session_id)
+
+
+class Client:
+    """A trio-websocket client that decodes frames with the reference codec."""
+
+    def __init__(self, ws: WebSocketConnection, session_id: str) -> None:
+        self.ws = ws
+        self.reducer = Reducer(session_id)
+        self.events: list[Event] = []
+
+    async def send(self, frame: dict[str, Any] | str) -> None:
+        await self.ws.send_message(frame if isinstance(frame, str) else json.dumps(frame))
+
+    async def recv(self) -> Any:
+        frame = decode_server_frame(await self.ws.get_message())
+        if isinstance(frame, EventFrame):
+            self.events.append(frame.event)
+        self.reducer.apply(frame)
+        return frame
+
+    async def subscribe(
+        self, filter: Any = "preset:full", since: str | None = None, snapshot: bool = False
+    ) -> Any:
+        """Subscribe and return the ack (or the ``subscribe_error``)."""
+        await self.send({"type": "subscribe", "filter": filter, "since": since, "snapshot": snapshot})
+        return await self.recv()
+
+    async def until(self, done: Callable[[Event], bool]) -> list[Event]:
+        """Receive until an event satisfies ``done``; return the events received meanwhile."""
+        start = len(self.events)
+        while True:
+            frame = await self.recv()
+            if isinstance(frame, EventFrame) and done(frame.event):
+                return self.events[start:]
+
+    async def until_turn_ends(self) -> list[Event]:
+        return await self.until(lambda e: e.type in ("turn.completed", "turn.cancelled"))
+
+
+def types(events: list[Event]) -> list[str]:
+    return [e.type for e in events]
+
+
+def to_builtins(obj: Any) -> Any:
+    return msgspec.to_builtins(obj)
+
+
+@asynccontextmanager
+async def running_gateway(config: Config) -> AsyncIterator[Harness]:
+    gateway = Gateway(config)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(gateway.run)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            yield Harness(gateway, http)
+        gateway.shutdown()
+
+
+@pytest.fixture
+async def gw(tmp_path: Path) -> AsyncIterator[Harness]:
+    with trio.fail_after(60):
+        async with running_gateway(make_config(tmp_path)) as harness:
+            yield harness

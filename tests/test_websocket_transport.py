@@ -1,0 +1,559 @@
+"""The WebSocket transport (gateway.server.websocket, and the upgrade in gateway.server.http).
+
+Test rules: the framing and the close handshake are checked against an
+independent parser, wsproto's client side, over ``memory_stream_pair`` under
+``autojump_clock`` (grace periods pass in virtual time). The upgrade through
+:func:`serve_connection` is driven on real sockets by a second independent
+implementation, trio-websocket's client. Close codes and reasons are asserted
+exactly (PROTOCOL section 3).
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import logging
+from functools import partial
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+import trio_websocket
+from wsproto.connection import Connection, ConnectionType
+from wsproto.events import (
+    BytesMessage,
+    CloseConnection,
+    Event,
+    Message,
+    Ping,
+    Pong,
+    TextMessage,
+)
+from wsproto.utilities import generate_accept_token
+
+from gateway.protocol.frames import close_reason
+from gateway.server.http import (
+    HttpLimits,
+    Request,
+    Response,
+    WebSocketAccept,
+    error_response,
+    serve_connection,
+)
+from gateway.server.websocket import ConnectionClosed, WebSocket, text_frame
+
+# --- text_frame --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "header"),
+    [
+        (0, b"\x81\x00"),
+        (125, b"\x81\x7d"),
+        (126, b"\x81\x7e\x00\x7e"),
+        (65535, b"\x81\x7e\xff\xff"),
+        (65536, b"\x81\x7f\x00\x00\x00\x00\x00\x01\x00\x00"),
+        (100000, b"\x81\x7f\x00\x00\x00\x00\x00\x01\x86\xa0"),
+    ],
+)
+def test_text_frame_round_trips_through_wsproto(size: int, header: bytes) -> None:
+    payload = bytes(ord("a") + i % 26 for i in range(size))
+    frame = text_frame(payload)
+    assert frame == header + payload
+
+    client = Connection(ConnectionType.CLIENT)
+    client.receive_data(frame)
+    events = list(client.events())
+    assert all(isinstance(event, TextMessage) for event in events)
+    assert "".join(event.data for event in events) == payload.decode()
+    assert events[-1].message_finished
+
+
+# --- WebSocket against a wsproto client, in memory --------------------------------------
+
+
+class WsClient:
+    """The client side of an upgraded connection: wsproto over a memory stream."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.conn = Connection(ConnectionType.CLIENT)
+        self.pending: collections.deque[Event] = collections.deque()
+
+    async def send(self, event: Event) -> None:
+        await self.stream.send_all(self.conn.send(event))
+
+    async def next_event(self) -> Event | None:
+        """The next event from the server, or None at EOF."""
+        while not self.pending:
+            data = await self.stream.receive_some(65536)
+            if not data:
+                return None
+            self.conn.receive_data(data)
+            self.pending.extend(self.conn.events())
+        return self.pending.popleft()
+
+    async def expect_close(self) -> CloseConnection:
+        event = await self.next_event()
+        assert isinstance(event, CloseConnection)
+        return event
+
+
+LIMIT = 1024
+TOO_LARGE = close_reason("frame_too_large")
+
+
+@pytest.fixture
+def pair() -> tuple[WebSocket, WsClient]:
+    client_end, server_end = trio.testing.memory_stream_pair()
+    return WebSocket(server_end, max_message_bytes=LIMIT), WsClient(client_end)
+
+
+async def test_receive_returns_text_as_str_and_binary_as_bytes(
+    pair: tuple[WebSocket, WsClient],
+) -> None:
+    ws, client = pair
+    await client.send(TextMessage(data="h\xe9llo"))
+    await client.send(BytesMessage(data=b"\x00\xff"))
+    assert await ws.receive() == "h\xe9llo"
+    assert await ws.receive() == b"\x00\xff"
+
+
+async def test_fragments_are_reassembled_up_to_the_limit(
+    pair: tuple[WebSocket, WsClient],
+) -> None:
+    ws, client = pair
+    await client.send(Message(data="\xe9" * 300, message_finished=False))  # 600 UTF-8 bytes
+    await client.send(Message(data="b" * 424, message_finished=True))
+    assert await ws.receive() == "\xe9" * 300 + "b" * 424
+    assert not ws.closed
+
+
+async def test_message_over_the_limit_closes_1009(
+    autojump_clock: trio.testing.MockClock, pair: tuple[WebSocket, WsClient]
+) -> None:
+    ws, client = pair
+    await client.send(Message(data=b"x" * 600, message_finished=False))
+    await client.send(Message(data=b"x" * 425, message_finished=True))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.send, TextMessage(data="dropped after the close"))
+        assert await ws.receive() is None
+        close = await client.expect_close()
+        assert (close.code, close.reason) == TOO_LARGE
+        assert await client.next_event() is None  # the server waited 5 s, then dropped
+    assert trio.current_time() == pytest.approx(5.0)
+    assert (ws.close_code, ws.close_reason) == TOO_LARGE
+    assert await ws.receive() is None
+
+
+async def test_1009_close_ends_at_the_client_reply(pair: tuple[WebSocket, WsClient]) -> None:
+    ws, client = pair
+    await client.send(BytesMessage(data=b"x" * (LIMIT + 1)))
+
+    async def reply() -> None:
+        close = await client.expect_close()
+        await client.send(close.response())
+        assert await client.next_event() is None
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reply)
+        with trio.fail_after(1):
+            assert await ws.receive() is None
+    assert ws.close_code == 1009
+
+
+async def test_ping_is_answered_with_pong(pair: tuple[WebSocket, WsClient]) -> None:
+    ws, client = pair
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ws.receive)
+        await client.send(Ping(payload=b"abc"))
+        assert await client.next_event() == Pong(payload=b"abc")
+        nursery.cancel_scope.cancel()
+
+
+async def test_peer_close_is_echoed_and_the_stream_closed(
+    pair: tuple[WebSocket, WsClient],
+) -> None:
+    ws, client = pair
+    await client.send(TextMessage(data="last words"))
+    await client.send(CloseConnection(code=4000, reason="bye"))
+    assert await ws.receive() == "last words"  # data before the close is still delivered
+    assert await ws.receive() is None
+    echo = await client.expect_close()
+    assert (echo.code, echo.reason) == (4000, "")
+    assert await client.next_event() is None
+    assert ws.closed
+    assert (ws.close_code, ws.close_reason) == (4000, "bye")
+
+
+async def test_close_waits_for_the_reply_then_closes_the_stream(
+    autojump_clock: trio.testing.MockClock, pair: tuple[WebSocket, WsClient]
+) -> None:
+    ws, client = pair
+    reason = close_reason("subscribe_timeout")[1]
+
+    async def reply() -> None:
+        close = await client.expect_close()
+        assert (close.code, close.reason) == (1008, reason)
+        await trio.sleep(1)
+        await client.send(close.response())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reply)
+        await ws.close(1008, reason)
+        assert trio.current_time() == pytest.approx(1.0)
+    assert await client.next_event() is None
+    assert (ws.close_code, ws.close_reason) == (1008, reason)
+
+
+async def test_close_gives_up_on_a_silent_peer_after_grace(
+    autojump_clock: trio.testing.MockClock, pair: tuple[WebSocket, WsClient]
+) -> None:
+    ws, client = pair
+    await ws.close(1001, grace_s=2.0)
+    assert trio.current_time() == pytest.approx(2.0)
+    assert (await client.expect_close()).code == 1001
+    assert await client.next_event() is None
+
+
+async def test_close_is_shielded_from_outer_cancellation(
+    autojump_clock: trio.testing.MockClock, pair: tuple[WebSocket, WsClient]
+) -> None:
+    ws, client = pair
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await ws.close(1001, "going")
+    assert trio.current_time() == pytest.approx(5.0)
+    close = await client.expect_close()
+    assert (close.code, close.reason) == (1001, "going")
+
+
+async def test_close_is_idempotent(
+    autojump_clock: trio.testing.MockClock, pair: tuple[WebSocket, WsClient]
+) -> None:
+    ws, client = pair
+    await ws.close(1000)
+    await ws.close(1011)
+    assert (await client.expect_close()).code == 1000
+    assert await client.next_event() is None
+    assert ws.close_code == 1000
+
+
+async def test_close_from_a_writer_ends_a_blocked_reader(
+    pair: tuple[WebSocket, WsClient],
+) -> None:
+    ws, client = pair
+    received: list[str | bytes | None] = []
+
+    async def reader() -> None:
+        received.append(await ws.receive())
+
+    async def client_replies() -> None:
+        await client.send(TextMessage(data="in flight"))  # crosses our close frame
+        close = await client.expect_close()
+        await client.send(close.response())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(client_replies)
+        with trio.fail_after(1):
+            await ws.close(1000)
+    assert received in (["in flight"], [None])
+    assert await ws.receive() is None
+    assert ws.close_code == 1000
+
+
+async def test_send_all_after_close_raises_connection_closed(
+    autojump_clock: trio.testing.MockClock, pair: tuple[WebSocket, WsClient]
+) -> None:
+    ws, _ = pair
+    await ws.close(1000, grace_s=0.1)
+    with pytest.raises(ConnectionClosed):
+        await ws.send_all(text_frame(b"{}"))
+
+
+async def test_send_all_on_a_broken_stream_raises_connection_closed(
+    pair: tuple[WebSocket, WsClient],
+) -> None:
+    ws, client = pair
+    await client.stream.aclose()
+    with pytest.raises(ConnectionClosed):
+        await ws.send_all(text_frame(b"{}"))
+    assert ws.closed
+    assert ws.close_code == 1006
+    assert await ws.receive() is None
+
+
+async def test_send_all_writes_joined_frames_in_one_go(pair: tuple[WebSocket, WsClient]) -> None:
+    ws, client = pair
+    await ws.send_all(text_frame(b'{"n": 1}') + text_frame(b'{"n": 2}'))
+    first, second = await client.next_event(), await client.next_event()
+    assert isinstance(first, TextMessage) and first.data == '{"n": 1}'
+    assert isinstance(second, TextMessage) and second.data == '{"n": 2}'
+
+
+async def test_eof_ends_receive_with_1006(pair: tuple[WebSocket, WsClient]) -> None:
+    ws, client = pair
+    await client.stream.send_eof()
+    assert await ws.receive() is None
+    assert ws.closed
+    assert ws.close_code == 1006
+
+
+async def test_invalid_utf8_fails_the_connection_with_1007(
+    pair: tuple[WebSocket, WsClient],
+) -> None:
+    ws, client = pair
+    masked_zero_key = b"\x00\x00\x00\x00"
+    await client.stream.send_all(b"\x81\x82" + masked_zero_key + b"\xff\xfe")
+    assert await ws.receive() is None
+    assert (await client.expect_close()).code == 1007
+    assert await client.next_event() is None
+    assert ws.close_code == 1007
+
+
+async def test_aclose_drops_the_stream_without_a_close_frame(
+    pair: tuple[WebSocket, WsClient],
+) -> None:
+    ws, client = pair
+    await ws.aclose()
+    assert await client.next_event() is None
+    assert ws.closed
+    assert ws.close_code == 1006
+
+
+# --- the upgrade through serve_connection ----------------------------------------------
+
+
+class App:
+    """Toy routes: ``/echo`` echoes text, ``/forbidden`` refuses the handshake with a 403."""
+
+    def __init__(self) -> None:
+        self.sockets: list[WebSocket] = []
+        self.finished = trio.Event()
+
+    async def handler(self, request: Request) -> Response | WebSocketAccept:
+        if request.path == "/forbidden":
+            return error_response(403, "forbidden", "The attach token is not valid.")
+        if request.path == "/echo":
+            return WebSocketAccept(self.echo)
+        if request.path == "/crash":
+            return WebSocketAccept(self.crash)
+        if request.path == "/leave":
+            return WebSocketAccept(self.leave)
+        return error_response(404, "not_found", "No such route.")
+
+    async def echo(self, ws: WebSocket) -> None:
+        self.sockets.append(ws)
+        try:
+            while (message := await ws.receive()) is not None:
+                if message == "close-me":
+                    await ws.close(*close_reason("subscribe_timeout"))
+                    return
+                text = message if isinstance(message, str) else message.decode()
+                await ws.send_all(text_frame(text.encode()))
+        finally:
+            self.finished.set()
+
+    async def crash(self, ws: WebSocket) -> None:
+        raise RuntimeError("session bug")
+
+    async def leave(self, ws: WebSocket) -> None:
+        await ws.send_all(text_frame(b"bye"))
+
+
+@pytest.fixture
+def app() -> App:
+    return App()
+
+
+@pytest.fixture
+async def url(nursery: trio.Nursery, app: App) -> str:
+    limits = HttpLimits(max_client_frame_bytes=LIMIT)
+
+    async def on_connection(stream: trio.SocketStream) -> None:
+        await serve_connection(stream, app.handler, limits)
+
+    listeners = await nursery.start(partial(trio.serve_tcp, on_connection, 0, host="127.0.0.1"))
+    return f"ws://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+
+
+async def test_upgrade_and_echo(url: str) -> None:
+    async with trio_websocket.open_websocket_url(f"{url}/echo") as ws:
+        await ws.send_message("hello")
+        assert await ws.get_message() == "hello"
+        await ws.send_message("x" * LIMIT)  # exactly the limit is fine
+        assert await ws.get_message() == "x" * LIMIT
+
+
+async def test_oversized_message_is_closed_with_1009(url: str) -> None:
+    async with trio_websocket.open_websocket_url(f"{url}/echo") as ws:
+        await ws.send_message("x" * (LIMIT + 1))
+        with pytest.raises(trio_websocket.ConnectionClosed) as raised:
+            await ws.get_message()
+    assert raised.value.reason is not None
+    assert (raised.value.reason.code, raised.value.reason.reason) == TOO_LARGE
+
+
+async def test_websocket_ping_gets_a_pong(url: str) -> None:
+    async with trio_websocket.open_websocket_url(f"{url}/echo") as ws:
+        with trio.fail_after(5):
+            await ws.ping(b"are you there")
+        await ws.send_message("still open")
+        assert await ws.get_message() == "still open"
+
+
+async def test_client_close_is_answered(url: str, app: App) -> None:
+    async with trio_websocket.open_websocket_url(f"{url}/echo") as ws:
+        await ws.send_message("hi")
+        assert await ws.get_message() == "hi"
+        with trio.fail_after(5):
+            await ws.aclose(4001, "done")
+        assert ws.closed is not None
+        assert ws.closed.code == 4001
+    with trio.fail_after(5):
+        await app.finished.wait()
+    [server_side] = app.sockets
+    assert (server_side.close_code, server_side.close_reason) == (4001, "done")
+
+
+async def test_server_close_reaches_the_client_with_code_and_reason(url: str) -> None:
+    async with trio_websocket.open_websocket_url(f"{url}/echo") as ws:
+        await ws.send_message("close-me")
+        with pytest.raises(trio_websocket.ConnectionClosed) as raised:
+            await ws.get_message()
+    assert raised.value.reason is not None
+    code, reason = close_reason("subscribe_timeout")
+    assert (raised.value.reason.code, raised.value.reason.reason) == (code, reason)
+    assert msgspec.json.decode(reason) == {
+        "code": "subscribe_timeout",
+        "message": "No subscribe frame in time.",
+    }
+
+
+async def test_refused_handshake_is_an_http_403(url: str) -> None:
+    with pytest.raises(trio_websocket.ConnectionRejected) as raised:
+        async with trio_websocket.open_websocket_url(f"{url}/forbidden"):
+            pytest.fail("the handshake should have been refused")
+    assert raised.value.status_code == 403
+    assert raised.value.body is not None
+    assert msgspec.json.decode(raised.value.body) == {
+        "error": {"code": "forbidden", "message": "The attach token is not valid."}
+    }
+
+
+async def test_run_that_crashes_closes_with_1011(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="gateway.http"):
+        async with trio_websocket.open_websocket_url(f"{url}/crash") as ws:
+            with pytest.raises(trio_websocket.ConnectionClosed) as raised:
+                await ws.get_message()
+    assert raised.value.reason is not None
+    assert (raised.value.reason.code, raised.value.reason.reason) == close_reason("internal_error")
+    assert [r.getMessage() for r in caplog.records] == ["WebSocket handler failed on /crash"]
+
+
+async def test_run_that_returns_without_closing_closes_with_1000(url: str) -> None:
+    async with trio_websocket.open_websocket_url(f"{url}/leave") as ws:
+        assert await ws.get_message() == "bye"
+        with pytest.raises(trio_websocket.ConnectionClosed) as raised:
+            await ws.get_message()
+    assert raised.value.reason is not None
+    assert (raised.value.reason.code, raised.value.reason.reason) == close_reason("normal")
+
+
+# --- handshake validation, raw bytes in memory ------------------------------------------
+
+KEY = base64.b64encode(b"0123456789abcdef").decode()
+
+
+def upgrade_request(
+    *,
+    method: str = "GET",
+    connection: str = "Upgrade",
+    upgrade: str = "websocket",
+    version: str = "13",
+    key: str = KEY,
+) -> bytes:
+    lines = [
+        f"{method} /echo HTTP/1.1",
+        "Host: t",
+        f"Connection: {connection}",
+        f"Upgrade: {upgrade}",
+        f"Sec-WebSocket-Version: {version}",
+        f"Sec-WebSocket-Key: {key}",
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def exchange(app: App, request: bytes) -> bytes:
+    """Send ``request`` on a fresh in-memory connection; return everything the server sends."""
+    client, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(serve_connection, server, app.handler, HttpLimits()))
+        await client.send_all(request)
+        await client.send_eof()
+        data = b""
+        while chunk := await client.receive_some(65536):
+            data += chunk
+    return data
+
+
+def status_and_headers(raw: bytes) -> tuple[int, dict[str, str]]:
+    head = raw.partition(b"\r\n\r\n")[0].decode("latin-1")
+    status_line, *lines = head.split("\r\n")
+    headers = (line.split(": ", 1) for line in lines)
+    return int(status_line.split(" ")[1]), {name.lower(): value for name, value in headers}
+
+
+def error_code(raw: bytes) -> str:
+    code: str = msgspec.json.decode(raw.partition(b"\r\n\r\n")[2])["error"]["code"]
+    return code
+
+
+async def test_websocket_route_without_upgrade_headers_is_426(app: App) -> None:
+    raw = await exchange(app, b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
+    status, headers = status_and_headers(raw)
+    assert status == 426
+    assert headers["upgrade"] == "websocket"
+    assert error_code(raw) == "upgrade_required"
+
+
+async def test_unsupported_version_is_426_naming_version_13(app: App) -> None:
+    raw = await exchange(app, upgrade_request(version="8"))
+    status, headers = status_and_headers(raw)
+    assert status == 426
+    assert headers["sec-websocket-version"] == "13"
+    assert error_code(raw) == "unsupported_websocket_version"
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        upgrade_request(key="too-short"),
+        upgrade_request(key="not base64 at all!!!!!!!"),
+        upgrade_request(method="POST"),
+    ],
+    ids=["short key", "bad base64", "not GET"],
+)
+async def test_invalid_handshake_is_400(app: App, request_bytes: bytes) -> None:
+    raw = await exchange(app, request_bytes)
+    assert status_and_headers(raw)[0] == 400
+    assert error_code(raw) == "invalid_websocket_handshake"
+
+
+async def test_upgrade_tokens_match_case_insensitively_in_lists(
+    autojump_clock: trio.testing.MockClock, app: App
+) -> None:
+    first_frame = Connection(ConnectionType.CLIENT).send(TextMessage(data="early"))
+    request = upgrade_request(connection="keep-alive, UPGRADE", upgrade="WebSocket")
+    raw = await exchange(app, request + first_frame)  # the frame rides with the handshake
+    status, headers = status_and_headers(raw)
+    assert status == 101
+    assert headers["sec-websocket-accept"] == generate_accept_token(KEY.encode()).decode()
+    assert "sec-websocket-extensions" not in headers
+    after_head = raw.partition(b"\r\n\r\n")[2]
+    assert after_head.startswith(text_frame(b"early"))  # h11's trailing data reached wsproto
