@@ -34,10 +34,13 @@ class ConfigError(GatewayError):
 class ApiError(GatewayError):
     """An HTTP error answer: ``status`` and the body ``{"error": {"code", "message"}}``."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.headers = headers  # extra response headers, e.g. ``Allow`` on a 405
 
 
 class SubscribeRejected(GatewayError):

@@ -55,7 +55,7 @@ class AttachTokens:
     def issue(self, session_id: str) -> str:
         now = trio.current_time()
         for token, (_, expires) in list(self._tokens.items()):
-            if expires <= now:
+            if expires + self.ttl_s <= now:  # kept one more TTL, to say "expired"
                 del self._tokens[token]
         token = new_attach_token()
         self._tokens[token] = (session_id, now + self.ttl_s)

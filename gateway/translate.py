@@ -241,19 +241,26 @@ class _Thinking(_Block):
 
 
 class _RedactedThinking(_Block):
-    """Encrypted reasoning: it opens with all its data and takes no delta."""
+    """Encrypted reasoning: it opens with all its data and takes no delta from the provider.
+
+    Its data goes out as the one ``thinking.delta`` of the block (``redacted:
+    true`` on the start says the text is opaque), so that this block too is
+    rebuilt from its own start, deltas and end, like every other.
+    """
 
     kind = "redacted_thinking"
 
     def __init__(self, message_id: str, index: int, opening: RawRedactedThinkingBlock) -> None:
-        super().__init__(message_id, index, [])
+        super().__init__(message_id, index, [RawThinkingDelta(opening.data)])
         self._data = opening.data
 
     def _start_event(self) -> StreamEvent:
         return stream_event(ThinkingStart(self.message_id, self.index, redacted=True))
 
     def delta(self, delta: RawDelta) -> StreamEvent:
-        raise AssertionError("_ACCEPTED_DELTAS admits no delta for redacted thinking")
+        # Only the opening delta gets here: _ACCEPTED_DELTAS admits none from the provider.
+        assert isinstance(delta, RawThinkingDelta)
+        return stream_event(ThinkingDelta(self.message_id, self.index, delta.thinking, None))
 
     def end(self) -> StreamEvent:
         return stream_event(ThinkingEnd(self.message_id, self.index, None))

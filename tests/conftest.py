@@ -65,8 +65,26 @@ class Harness:
     @asynccontextmanager
     async def client(self, session_id: str, **kw: Any) -> AsyncIterator[Client]:
         url = await self.ws_url(session_id)
-        async with open_websocket_url(url, **kw) as ws:
+        async with open_ws(url, **kw) as ws:
             yield Client(ws, session_id)
+
+
+@asynccontextmanager
+async def open_ws(url: str, **kw: Any) -> AsyncIterator[WebSocketConnection]:
+    """``open_websocket_url`` that also closes its socket.
+
+    trio-websocket 0.12 leaves its TCP stream open when the server closes the
+    connection first (a 1008, a 1009, a shutdown), which ``filterwarnings =
+    error`` turns into a ResourceWarning failure in some later test.
+    """
+    opened: WebSocketConnection | None = None
+    try:
+        async with open_websocket_url(url, **kw) as ws:
+            opened = ws
+            yield ws
+    finally:
+        if opened is not None:
+            await trio.aclose_forcefully(opened._stream)
 
 
 class Client:
@@ -91,7 +109,9 @@ class Client:
         self, filter: Any = "preset:full", since: str | None = None, snapshot: bool = False
     ) -> Any:
         """Subscribe and return the ack (or the ``subscribe_error``)."""
-        await self.send({"type": "subscribe", "filter": filter, "since": since, "snapshot": snapshot})
+        await self.send(
+            {"type": "subscribe", "filter": filter, "since": since, "snapshot": snapshot}
+        )
         return await self.recv()
 
     async def until(self, done: Callable[[Event], bool]) -> list[Event]:

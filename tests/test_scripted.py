@@ -127,7 +127,7 @@ def assert_deltas_add_up(events: list[StreamEvent]) -> None:
             case ToolUseBlock():
                 assert best_effort(rebuilt.get(index, {"json": ""})["json"]) == block.input
             case RedactedThinkingBlock():
-                assert index not in rebuilt
+                assert rebuilt[index] == {"thinking": block.data, "signature": ""}
 
 
 def tool_use_with_id(events: list[StreamEvent], input: dict[str, Any]) -> ToolUseBlock:
@@ -205,6 +205,7 @@ async def test_script_text_thinking_and_redacted_thinking() -> None:
         "thinking.delta",  # the signature
         "thinking.end",
         "thinking.start",
+        "thinking.delta",  # redacted: the opaque data
         "thinking.end",
         "text.start",
         "text.delta",

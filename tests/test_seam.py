@@ -16,12 +16,11 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from trio_websocket import open_websocket_url
 
 from gateway.client import Reducer
 from gateway.protocol.events import CATALOG_TYPES, Event
 from gateway.protocol.frames import EventFrame, Snapshot, SubscribeAck
-from tests.conftest import Client, Harness, make_config, running_gateway
+from tests.conftest import Client, Harness, make_config, open_ws, running_gateway
 
 LOREM_TURN = {"script": {"rounds": [[{"thinking": "plan"}, {"lorem": 1500}], [{"lorem": 1500}]]}}
 LOREM_TOOL_TURN = {
@@ -155,7 +154,7 @@ async def test_resume_with_since_ends_in_the_state_of_a_client_that_never_left(
                 await reference.subscribe()
                 resumer = Reducer(sid)
                 url = await gw.ws_url(sid)
-                async with open_websocket_url(url) as ws:
+                async with open_ws(url) as ws:
                     first = Client(ws, sid)
                     first.reducer = resumer
                     await first.subscribe()

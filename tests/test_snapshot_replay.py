@@ -42,9 +42,9 @@ TOOL_SCRIPT = {
         ]
     }
 }
-# About 1.2 s of text.delta events, one word each: long enough for a second
+# About 1.5 s of text.delta events, one word each: long enough for a second
 # client to join mid-stream, short enough for the suite's budget.
-SLOW_SCRIPT = {"script": {"delay_ms": 10, "rounds": [[{"lorem": 120}]]}}
+SLOW_SCRIPT = {"script": {"delay_ms": 10, "rounds": [[{"lorem": 150}]]}}
 
 
 class _NoReducer:
@@ -136,10 +136,17 @@ async def test_snapshot_of_an_idle_session_with_history(gw: Harness, tmp_path: P
             with trio.fail_after(10):
                 ack = await late.subscribe(snapshot=True)
                 snap = await late.recv()
+            # With snapshot: true, since is ignored (even one that would be refused).
+            async with gw.client(sid) as ignoring:
+                with trio.fail_after(10):
+                    ack2 = await ignoring.subscribe(since="garbage", snapshot=True)
+                    snap2 = await ignoring.recv()
 
     assert isinstance(ack, SubscribeAck)
     assert (ack.since, ack.snapshot, ack.replay_event_count) == (None, True, 0)
     assert isinstance(snap, Snapshot)
+    assert isinstance(ack2, SubscribeAck) and ack2.snapshot is True
+    assert snap2 == snap
     route = next(e for e in live.events if e.type == "route.decided")
     cost = sum(e.payload.cost_usd for e in live.events if e.type == "turn.completed")
     assert snap.session == SessionSummary(

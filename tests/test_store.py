@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -381,7 +381,7 @@ async def test_a_failed_write_is_raised_and_the_store_stays_failed(store: Store)
     store.put_event(event(1))
     await store.flush()
     store.put_event(event(1))  # the same seq again: the primary key refuses it
-    with pytest.raises(StoreError, match="cannot write to store .*UNIQUE constraint failed"):
+    with pytest.raises(StoreError, match=r"cannot write to store .*UNIQUE constraint failed"):
         await store.flush()
     store.put_event(event(2))
     with pytest.raises(StoreError, match="unusable after a failed write"):

@@ -225,7 +225,8 @@ def test_redacted_thinking() -> None:
     tr = translator()
     tr.feed(message_start())
     assert tr.feed(opens(0, RawRedactedThinkingBlock("EnCrYpTeD"))) == [
-        ev(ThinkingStart(M, 0, redacted=True))
+        ev(ThinkingStart(M, 0, redacted=True)),
+        ev(ThinkingDelta(M, 0, "EnCrYpTeD", None)),  # the opaque data, as the block's one delta
     ]
     assert tr.feed(stops(0)) == [ev(ThinkingEnd(M, 0, None))]
     tr.feed(message_delta("end_turn", 5))

@@ -8,7 +8,9 @@ match each event once per *distinct* filter rather than once per client.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import msgspec
 
@@ -41,6 +43,19 @@ PRESETS: dict[str, Filter] = {
 }
 
 
+class Routable(Protocol):
+    """What a filter looks at: an event's type and actor."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def actor(self) -> str: ...
+
+
+R = TypeVar("R", bound=Routable)
+
+
 @dataclass(frozen=True, slots=True)
 class FilterKey:
     """A resolved filter in hashable form; equal filters share one key."""
@@ -55,6 +70,23 @@ class FilterKey:
         if self.event_types is not None and type_ not in self.event_types:
             return False
         return self.actors is None or actor in self.actors
+
+    def select(self, events: Sequence[R], from_worker: bool) -> Sequence[R]:
+        """The events of a batch that match, in order: :meth:`matches` for a whole batch.
+
+        The hub's hot path: one pass per distinct filter, and no pass at all
+        for a filter that takes everything.
+        """
+        if from_worker and not self.include_worker_sessions:
+            return ()
+        types, actors = self.event_types, self.actors
+        if types is None and actors is None:
+            return events
+        return [
+            e
+            for e in events
+            if (types is None or e.type in types) and (actors is None or e.actor in actors)
+        ]
 
 
 def resolve_filter(raw: Filter | str) -> tuple[Filter, FilterKey]:

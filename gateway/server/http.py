@@ -269,7 +269,9 @@ class _HttpConnection:
         try:
             return await self._handler(request)
         except ApiError as exc:
-            return error_response(exc.status, exc.code, exc.message)
+            response = error_response(exc.status, exc.code, exc.message)
+            response.headers.extend(exc.headers)
+            return response
         except Exception:
             _log.exception("handler failed on %s %s", request.method, request.path)
             return _closing(error_response(500, "internal_error", "Internal server error."))

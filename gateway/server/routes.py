@@ -142,7 +142,12 @@ class Api:
             handler = methods.get(req.method)
             if handler is None:
                 allow = ", ".join(methods)
-                raise ApiError(405, "method_not_allowed", f"{req.method} {req.path}: use {allow}")
+                raise ApiError(
+                    405,
+                    "method_not_allowed",
+                    f"{req.method} {req.path}: use {allow}",
+                    headers=(("Allow", allow),),
+                )
             if name not in ("healthz", "stream"):
                 self._authenticate(req)
             try:
@@ -191,9 +196,10 @@ class Api:
     async def list_sessions(self, req: Request) -> Response:
         limit = _int_query(req, "limit", default=50, low=1, high=200)
         await self.node.store.flush()
-        records, has_more = await self.node.store.list_sessions(
-            limit=limit, before=req.query.get("before")
-        )
+        before = req.query.get("before")
+        if before is not None and await self.node.store.get_session(before) is None:
+            raise ApiError(404, "session_not_found", f"no session {before!r} to page before")
+        records, has_more = await self.node.store.list_sessions(limit=limit, before=before)
         listings = []
         for rec in records:
             live = self.node.sessions.get(rec.id)

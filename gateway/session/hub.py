@@ -122,17 +122,7 @@ class Hub:
 
 
 def _select(events: list[Emitted], key: FilterKey, from_worker: bool) -> FrameBatch | None:
-    if from_worker and not key.include_worker_sessions:
+    chosen = key.select(events, from_worker)
+    if not chosen:
         return None
-    if key.event_types is None and key.actors is None:
-        chosen = events
-    else:
-        types, actors = key.event_types, key.actors
-        chosen = [
-            e
-            for e in events
-            if (types is None or e.type in types) and (actors is None or e.actor in actors)
-        ]
-        if not chosen:
-            return None
     return FrameBatch([e.frame for e in chosen], [e.seq for e in chosen])

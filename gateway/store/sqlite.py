@@ -422,6 +422,11 @@ class SqliteStore:
             await self._wakeup.wait()
             with trio.move_on_after(self._flush_interval_s):
                 await self._batch_ready.wait()
+            # Only the writer re-arms its events, and only here, right before it
+            # takes the batch: a put or close from now on sets the new ones. (A
+            # put while this round waits for the lock is taken by this round and
+            # costs one empty round later, never a lost wakeup.)
+            self._wakeup, self._batch_ready = trio.Event(), trio.Event()
             # Once close was asked no put is accepted, so a write that starts
             # after that leaves nothing behind.
             closing = self._closing
@@ -486,7 +491,7 @@ class SqliteStore:
             raise StoreError(f"store {self._path!r} is closed")
 
     def _signal(self) -> None:
-        """Wake the writer for what is pending now; the one place its events are set."""
+        """Wake the writer for what is pending now: the one place its events are set."""
         if self._closing or self._pending.size:
             self._wakeup.set()
         if self._closing or self._pending.size >= self._max_batch:
@@ -506,8 +511,6 @@ class SqliteStore:
                     f" {self._failure.message}"
                 )
             batch, self._pending = self._pending, _Batch()
-            self._wakeup, self._batch_ready = trio.Event(), trio.Event()
-            self._signal()
             if not batch.size:
                 return
             # Once taken, a batch is written or reported, never dropped by a cancel.

@@ -1,0 +1,116 @@
+"""The slow-client rule (PROTOCOL section 3 "Backpressure"), behaviour 10 of the core issue.
+
+A client that stops reading fills the kernel buffers, then its bounded queue;
+the gateway then emits ``bus.handler_warning`` (persisted), and closes that
+client with 1008 ``client_too_slow``, while a second client of the same
+session receives every event. The server's send buffer is made small so that
+"stops reading" reaches the queue after a few hundred events, not megabytes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+from trio_websocket import ConnectionClosed
+
+from gateway.protocol.events import Event
+from tests.conftest import Client, make_config, open_ws, running_gateway, types
+
+SCRIPT = {"script": {"rounds": [[{"lorem": 6000}]]}}
+
+
+async def test_a_client_that_stops_reading_is_closed_1008_and_others_get_everything(
+    tmp_path: Path,
+) -> None:
+    config = make_config(
+        tmp_path, **{"stream.queue_max_events": 20, "server.send_buffer_bytes": 4096}
+    )
+    with trio.fail_after(30):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            slow_url = await gw.ws_url(sid)
+            async with (
+                open_ws(slow_url, message_queue_size=1) as slow,
+                gw.client(sid) as fast,
+            ):
+                await slow.send_message(json.dumps({"type": "subscribe", "filter": "preset:full"}))
+                await fast.subscribe()
+                turn_id = await gw.submit(sid, SCRIPT)
+                # the slow client reads nothing from here on
+                warning = (await fast.until(lambda e: e.type == "bus.handler_warning"))[-1]
+                assert warning.payload.reason == "client_too_slow"
+                assert warning.turn_id is None and warning.actor == "bus"
+                events = await fast.until_turn_ends()
+                # now the slow client reads: what was in flight, then the close
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        await slow.get_message()
+                assert closed.value.reason.code == 1008
+                assert json.loads(closed.value.reason.reason) == {
+                    "code": "client_too_slow",
+                    "message": "Outbound queue overflowed; reconnect with replay.",
+                }
+            _assert_complete_turn(fast.events, turn_id)
+            assert events[-1].type == "turn.completed"
+
+            # the warning was persisted: a replay from before the turn carries it
+            async with gw.client(sid) as later:
+                first_id = fast.events[0].id
+                await later.subscribe(
+                    filter={"event_types": ["bus.handler_warning"]}, since=first_id
+                )
+                replayed = await later.recv()
+                assert replayed.event.id == warning.id
+                assert replayed.event.payload.subscription_name == warning.payload.subscription_name
+    assert gw.node.metrics.slow_clients._value.get() == 1
+
+
+def _assert_complete_turn(events: list[Event], turn_id: str) -> None:
+    """Everything of the turn, in order, exactly once: the fast client lost nothing."""
+    ids = [e.id for e in events]
+    assert ids == sorted(set(ids))
+    turn = [e for e in events if e.turn_id == turn_id]
+    deltas = [e for e in turn if e.type == "text.delta"]
+    assert len(deltas) == 6000
+    complete = next(e for e in turn if e.type == "message.complete")
+    assert "".join(d.payload.text for d in deltas) == complete.payload.final_content[0].text
+    assert types(turn)[:3] == ["turn.started", "route.decided", "llm.call_started"]
+
+
+async def test_the_slow_client_resumes_with_replay_and_misses_nothing(tmp_path: Path) -> None:
+    config = make_config(
+        tmp_path, **{"stream.queue_max_events": 20, "server.send_buffer_bytes": 4096}
+    )
+    with trio.fail_after(30):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            async with gw.client(sid) as fast, trio.open_nursery() as nursery:
+                await fast.subscribe()
+                slow_url = await gw.ws_url(sid)
+                warned = trio.Event()
+
+                async def read_fast() -> None:
+                    await fast.until(lambda e: e.type == "bus.handler_warning")
+                    warned.set()
+                    await fast.until_turn_ends()
+
+                async with open_ws(slow_url, message_queue_size=1) as ws:
+                    slow = Client(ws, sid)
+                    await slow.subscribe()
+                    await gw.submit(sid, SCRIPT)
+                    nursery.start_soon(read_fast)
+                    await warned.wait()
+                    with pytest.raises(ConnectionClosed):
+                        while True:
+                            await slow.recv()
+                # reconnect with replay from the last event it got
+                async with gw.client(sid) as again:
+                    again.reducer = slow.reducer
+                    await again.subscribe(since=slow.reducer.last_event_id)
+                    await again.until_turn_ends()
+            # compare at the end of the turn: both saw every event up to it
+            assert again.reducer.state()["messages"] == fast.reducer.state()["messages"]
+            assert again.reducer.duplicates_ignored == 0
