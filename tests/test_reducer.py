@@ -755,7 +755,10 @@ def started() -> tuple[Emitter, Reducer]:
         ),
         (MessageStart("msg_b", "assistant", MODEL), r"message\.start for msg_b while msg_a"),
         (complete("msg_b", "end_turn"), r"message\.complete for msg_b while msg_a"),
-        (TurnCompleted("turn_0", "end_turn", USAGE, 0.0), r"turn turn_0 completed while turn_1 is in flight"),
+        (
+            TurnCompleted("turn_0", "end_turn", USAGE, 0.0),
+            r"turn turn_0 completed while turn_1 is in flight",
+        ),
         (TurnStarted("turn_2", user_message("turn_2", "?")), r"while turn_1 is in flight"),
     ],
 )

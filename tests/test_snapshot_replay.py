@@ -19,16 +19,21 @@ here are :func:`plain` (frames decoded, no reducer).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 
+from gateway.config import Config
 from gateway.ids import format_event_id, parse_event_id
 from gateway.protocol.events import CATALOG_TYPES, Event
 from gateway.protocol.frames import EventFrame, Snapshot, SubscribeAck, SubscribeError
 from gateway.protocol.shapes import SessionSummary, TextBlock
-from tests.conftest import Client, Harness, make_config, running_gateway, to_builtins, types
+from gateway.server.app import Gateway
+from tests.conftest import Client, Harness, make_config, to_builtins, types
 
 TOOL_SCRIPT = {
     "script": {
@@ -42,9 +47,34 @@ TOOL_SCRIPT = {
         ]
     }
 }
-# About 1.5 s of text.delta events, one word each: long enough for a second
+# About 1.2 s of text.delta events, one word each: long enough for a second
 # client to join mid-stream, short enough for the suite's budget.
-SLOW_SCRIPT = {"script": {"delay_ms": 10, "rounds": [[{"lorem": 150}]]}}
+SLOW_SCRIPT = {"script": {"delay_ms": 10, "rounds": [[{"lorem": 120}]]}}
+
+
+@asynccontextmanager
+async def gateway_at(config: Config) -> AsyncIterator[Harness]:
+    """``conftest.running_gateway``, plus a graceful shutdown when the body fails.
+
+    ``running_gateway`` shuts the gateway down only after a clean exit; when
+    the body raises, its nursery cancels the gateway outright, and a turn
+    still streaming then never finishes its shielded cancel sequence (the
+    agent loop waits for a translator task that was cancelled too), so a
+    failing assertion would hang the test instead of failing it. Caps
+    (``fail_after``) therefore go inside the body, where they raise here.
+    """
+    gateway = Gateway(config)
+    failure: Exception | None = None
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(gateway.run)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            try:
+                yield Harness(gateway, http)
+            except Exception as exc:
+                failure = exc
+        gateway.shutdown()
+    if failure is not None:
+        raise failure
 
 
 class _NoReducer:
@@ -183,8 +213,8 @@ async def test_snapshot_of_an_idle_session_with_history(gw: Harness, tmp_path: P
 
 async def test_snapshot_keeps_only_the_most_recent_snapshot_messages(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"stream.snapshot_messages": 2})
-    with trio.fail_after(30):
-        async with running_gateway(config) as gw:
+    async with gateway_at(config) as gw:
+        with trio.fail_after(10):
             sid = await gw.create_session()
             async with gw.client(sid) as live:
                 await live.subscribe()
@@ -422,21 +452,23 @@ async def test_bad_cursors_are_cursor_expired_and_the_connection_stays_open(gw: 
 
 
 async def test_replay_too_large_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    # Deltas every ~2 ms, so that some queue behind the seam while the replay
+    # is counted (with replay_max_events = 5 it reads the store, which awaits).
     script = {
         "script": {
-            "delay_ms": 10,
+            "delay_ms": 2,
             "rounds": [
                 [
                     {"text": "Running it now."},
                     {"tool_use": {"name": "sleep", "input": {"seconds": 0}}},
                 ],
-                [{"lorem": 120}],
+                [{"lorem": 500}],
             ],
         }
     }
     config = make_config(tmp_path, **{"stream.replay_max_events": 5})
-    with trio.fail_after(30):
-        async with running_gateway(config) as gw:
+    async with gateway_at(config) as gw:
+        with trio.fail_after(10):
             sid = await gw.create_session()
             async with gw.client(sid) as live:
                 await live.subscribe()
@@ -451,7 +483,7 @@ async def test_replay_too_large_is_refused_before_anything_is_sent(tmp_path: Pat
                     assert error.code == "replay_too_large"
                     # Live events kept flowing meanwhile; none of them reached
                     # this client: the next frame is the corrected subscribe's ack.
-                    await until_deltas(live, 2)
+                    await until_deltas(live, 5)
                     ack = await client.subscribe(snapshot=True)
                     assert isinstance(ack, SubscribeAck) and ack.snapshot is True
                     snap = await client.recv()
@@ -462,8 +494,8 @@ async def test_replay_too_large_is_refused_before_anything_is_sent(tmp_path: Pat
 
 async def test_replay_max_events_is_the_largest_replay_allowed(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"stream.replay_max_events": 5})
-    with trio.fail_after(30):
-        async with running_gateway(config) as gw:
+    async with gateway_at(config) as gw:
+        with trio.fail_after(10):
             sid = await gw.create_session()
             async with gw.client(sid) as live:
                 await live.subscribe()
@@ -492,38 +524,59 @@ async def test_replay_max_events_is_the_largest_replay_allowed(tmp_path: Path) -
 
 async def test_replay_after_a_restart_comes_from_the_store(tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    with trio.fail_after(30):
-        async with running_gateway(config) as gw:
+    async with gateway_at(config) as gw:
+        with trio.fail_after(10):
             sid = await gw.create_session()
             async with gw.client(sid) as live:
                 await live.subscribe()
                 await gw.submit(sid, TOOL_SCRIPT)
                 turn = await live.until_turn_ends()
-            before = gw.node
-        high_water = format_event_id(before.sequencer.last)
-        cursor = turn[0].id
+        before = gw.node
+    high_water = format_event_id(before.sequencer.last)
+    cursor = turn[0].id
+    assert turn[0].type == "turn.started"
 
-        async with running_gateway(config) as gw:
-            assert gw.node is not before
-            async with gw.client(sid) as resumed:
-                plain(resumed)
-                ack = await resumed.subscribe(since=cursor)
-                assert isinstance(ack, SubscribeAck)
-                replay = await recv_events(resumed, ack.replay_event_count)
-                # The turn's catalog events and rebuilt message.complete events,
-                # with their original ids, then the live client's departure.
-                expected = replayable(live.events, cursor)
-                assert len(expected) == 10
-                assert_same_events(replay[:-1], expected)
-                assert types(replay[:-1]).count("message.complete") == 2
-                gone = replay[-1]
-                assert gone.type == "bus.subscriber_unregistered"
-                assert gone.payload.reason == "client_closed"
-                assert turn[-1].id < gone.id <= high_water
+    # Same store, new node: the session's events are only in the store now.
+    # A turn streams (a delta every ~2 ms) while the resumed client's replay
+    # reads the store, so live deltas queue behind the seam meanwhile.
+    async with gateway_at(config) as gw:
+        assert gw.node is not before
+        with trio.fail_after(10):
+            async with gw.client(sid) as first:
+                await first.subscribe()
+                await gw.submit(sid, {"script": {"delay_ms": 2, "rounds": [[{"lorem": 400}]]}})
+                await until_deltas(first, 3)
+                async with gw.client(sid) as resumed:
+                    plain(resumed)
+                    ack = await resumed.subscribe(since=cursor)
+                    assert isinstance(ack, SubscribeAck)
+                    replay = await recv_events(resumed, ack.replay_event_count)
+                    later = await resumed.until_turn_ends()
+                    await first.until_turn_ends()
 
-                await gw.submit(sid, "after the restart")
-                after = await resumed.until_turn_ends()
-    # The high-water mark survived: every new id is above every old one.
-    assert after[0].type == "turn.started"
-    assert all(e.id > high_water for e in after)
-    assert text_of(after) == "You said: after the restart"
+    # Before the restart: the turn's catalog events and rebuilt message.complete
+    # events with their original ids, then the live client's departure.
+    old = [e for e in replay if e.id <= high_water]
+    expected = replayable(live.events, cursor)
+    assert len(expected) == 10 and types(expected).count("message.complete") == 2
+    assert_same_events(old[:-1], expected)
+    gone = old[-1]
+    assert gone.type == "bus.subscriber_unregistered"
+    assert gone.payload.reason == "client_closed"
+    assert gone.id > turn[-1].id
+
+    # After it: every id above the old high-water mark, starting with this turn.
+    new = replay[len(old) :]
+    assert types(new) == ["turn.started", "route.decided", "llm.call_started", "message.snapshot"]
+    assert first.events[0].type == "turn.started" and first.events[0].id > high_water
+    assert_same_events(new[:3], first.events[:3])
+    snap = new[-1]
+    assert snap.payload.message.content == [
+        TextBlock(text_of([e for e in first.events if e.id <= snap.id]))
+    ]
+    # The seam: exactly the live events after the message.snapshot, once each.
+    assert [e.id for e in later] == [e.id for e in first.events if e.id > snap.id]
+    complete = next(e for e in later if e.type == "message.complete").payload
+    assert complete.final_content == [
+        TextBlock(snap.payload.message.content[0].text + text_of(later))
+    ]

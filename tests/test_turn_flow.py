@@ -187,7 +187,11 @@ async def test_tool_errors_are_results_and_the_turn_goes_on(gw: Harness, tmp_pat
         await gw.submit(sid, script)
         with trio.fail_after(10):
             events = await client.until_turn_ends()
-    failed = {e.payload.tool_name + str(i): e.payload for i, e in enumerate(events) if e.type == "tool.failed"}
+    failed = {
+        e.payload.tool_name + str(i): e.payload
+        for i, e in enumerate(events)
+        if e.type == "tool.failed"
+    }
     classes = sorted(p.error_class for p in failed.values())
     assert classes == ["error", "invalid_input", "invalid_input", "unknown_tool"]
     assert events[-1].type == "turn.completed" and events[-1].payload.stop_reason == "end_turn"

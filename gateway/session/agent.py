@@ -23,17 +23,20 @@ decides the sequence:
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from gateway.errors import ProviderError, ToolError
-from gateway.ids import new_call_id, new_message_id, now_ms
+from gateway.ids import new_call_id, new_message_id, new_perm_id, now_ms
 from gateway.protocol.events import (
     LlmCallCompleted,
     LlmCallFailed,
     LlmCallStarted,
+    PermissionRequested,
+    PermissionResolved,
     RouteDecided,
     ToolCalled,
     ToolCompleted,
@@ -42,9 +45,16 @@ from gateway.protocol.events import (
     TurnCompleted,
     TurnStarted,
 )
-from gateway.protocol.shapes import Message, StopReason, ToolResultBlock, ToolUseBlock, Usage
+from gateway.protocol.shapes import (
+    Message,
+    StopReason,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
 from gateway.providers.base import ModelRequest
-from gateway.session.session import Call, CancelCall, EndCall
+from gateway.session.session import Call, CancelCall, EndCall, PermissionRequest
 from gateway.session.turn import Turn
 from gateway.tools.registry import ToolContext
 from gateway.translate import Translator
@@ -81,20 +91,22 @@ class AgentLoop:
         state = _TurnState()
         try:
             with turn.cancel_scope:
-                try:
-                    stop_reason = await self._turn_body(turn, state)
-                except trio.Cancelled:
-                    if turn.cancel_reason is None:
-                        deadline_hit = trio.current_time() >= turn.cancel_scope.deadline
-                        turn.cancel_reason = "timeout" if deadline_hit else "shutdown"
-                    with trio.CancelScope(shield=True):
-                        await self._cancel_sequence(turn, state)
-                    raise
+                stop_reason = await self._turn_body(turn, state)
                 self._finish(turn, state, stop_reason)
         finally:
-            if turn.in_flight:  # a crash: still close the turn for every client
-                log.error("turn %s ended abnormally in phase %s", turn.id, turn.phase)
-                self._finish(turn, state, "error")
+            # Decided from the scopes, not from the exception: a Cancelled may
+            # arrive wrapped in an ExceptionGroup from the tool batch's nursery.
+            if turn.in_flight:
+                outer_cancelled = trio.current_effective_deadline() == -math.inf
+                if turn.cancel_scope.cancel_called or outer_cancelled:
+                    if turn.cancel_reason is None:
+                        timed_out = trio.current_time() >= turn.cancel_scope.deadline
+                        turn.cancel_reason = "timeout" if timed_out else "shutdown"
+                    with trio.CancelScope(shield=True):
+                        await self._cancel_sequence(turn, state)
+                else:  # a crash: still close the turn for every client
+                    log.error("turn %s ended abnormally in phase %s", turn.id, turn.phase)
+                    self._finish(turn, state, "error")
 
     # --- the turn ------------------------------------------------------------
 
@@ -180,18 +192,19 @@ class AgentLoop:
     async def _run_tools(
         self, turn: Turn, state: _TurnState, tool_uses: list[ToolUseBlock]
     ) -> None:
+        """The tool batch: every call of the message concurrently, in the batch's nursery.
+
+        The turn stays at the seam until the first tool enters execution; a
+        tool waiting for permission has not (PROTOCOL section 8).
+        """
         s = self.s
         s.emit([ToolCalled(b.id, b.name, b.input) for b in tool_uses], turn.id)
-        state.results_message = Message(
-            new_message_id(), s.id, turn.id, "user", [], "complete", now_ms()
-        )
-        turn.enter("tools")
         async with trio.open_nursery() as nursery:
             for block in tool_uses:
                 nursery.start_soon(
                     self._run_tool, turn, state, block, name=f"tool {block.name} {block.id}"
                 )
-        state.pending_tools = []
+        state.results_message = None
 
     async def _run_tool(self, turn: Turn, state: _TurnState, block: ToolUseBlock) -> None:
         s = self.s
@@ -201,7 +214,7 @@ class AgentLoop:
             tool_use_id=block.id,
             workspace_path=s.record.workspace_path,
             kill_grace_s=self.node.config.tools.kill_grace_s,
-            extras={"node": self.node, "session": s},
+            extras={"node": self.node, "session": s, "turn": turn},
         )
         started = trio.current_time()
 
@@ -209,18 +222,16 @@ class AgentLoop:
             return round((trio.current_time() - started) * 1000)
 
         try:
+            self.node.tools.validate(block.name, block.input)
+            if block.name in self.node.config.tools.require_approval:
+                await self._permission(turn, state, block)
+            if turn.phase == "seam":
+                turn.enter("tools")
             output = await self.node.tools.execute(block.name, block.input, ctx)
         except ToolError as exc:
-            self._tool_result(turn, state, block, exc.message, is_error=True)
-            s.emit(
-                [ToolFailed(block.id, block.name, exc.error_class, exc.message, elapsed_ms())],  # type: ignore[arg-type]
-                turn.id,
-            )
+            self._tool_failed(turn, state, block, exc.error_class, exc.message, elapsed_ms())
         except trio.Cancelled:
-            self._tool_result(turn, state, block, "cancelled", is_error=True)
-            s.emit(
-                [ToolFailed(block.id, block.name, "cancelled", "cancelled", elapsed_ms())], turn.id
-            )
+            self._tool_failed(turn, state, block, "cancelled", "cancelled", elapsed_ms())
             raise
         else:
             self._tool_result(turn, state, block, output.content, is_error=False)
@@ -233,14 +244,61 @@ class AgentLoop:
                 turn.id,
             )
 
+    async def _permission(self, turn: Turn, state: _TurnState, block: ToolUseBlock) -> None:
+        """Wait for ``allow`` (PROTOCOL section 5 ``permission.*``).
+
+        Raises:
+            ToolError: ``permission_denied`` on ``deny`` or after ``approval_timeout_s``.
+        """
+        s = self.s
+        timeout = self.node.config.tools.approval_timeout_s
+        request = PermissionRequest(new_perm_id(), block.id)
+        s.permissions[request.perm_id] = request
+        expires_at = now_ms() + round(timeout * 1000)
+        s.emit(
+            [PermissionRequested(request.perm_id, block.id, block.name, block.input, expires_at)],
+            turn.id,
+        )
+        try:
+            with trio.move_on_after(timeout):
+                await request.decided.wait()
+        finally:
+            request.closed = True  # a cancel leaves it unresolved: its tool.failed says why
+        if request.decision is None:
+            request.decision = "timeout"
+        s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
+        if request.decision == "allow":
+            return
+        verb = "was denied" if request.decision == "deny" else "timed out"
+        raise ToolError("permission_denied", f"permission for {block.name} {verb}")
+
+    def _tool_failed(
+        self,
+        turn: Turn,
+        state: _TurnState,
+        block: ToolUseBlock,
+        error_class: str,
+        message: str,
+        duration_ms: int | None = None,
+    ) -> None:
+        self._tool_result(turn, state, block, message, is_error=True)
+        self.s.emit(
+            [ToolFailed(block.id, block.name, error_class, message, duration_ms)],  # type: ignore[arg-type]
+            turn.id,
+        )
+
     def _tool_result(
         self, turn: Turn, state: _TurnState, block: ToolUseBlock, content: str, *, is_error: bool
     ) -> None:
         """Record a tool's result in the conversation, in the step that announces it."""
-        msg = state.results_message
-        assert msg is not None
-        msg.content.append(ToolResultBlock(block.id, content, is_error))
-        self.s.add_message(msg)
+        s = self.s
+        state.pending_tools = [b for b in state.pending_tools if b.id != block.id]
+        if state.results_message is None:
+            state.results_message = Message(
+                new_message_id(), s.id, turn.id, "user", [], "complete", now_ms()
+            )
+        state.results_message.content.append(ToolResultBlock(block.id, content, is_error))
+        s.add_message(state.results_message)
 
     # --- endings -------------------------------------------------------------------
 
@@ -274,17 +332,14 @@ class AgentLoop:
                 phase = "seam"
             elif call is not None:
                 self._call_failed(turn, state, call)
-        if phase == "seam":
-            for block in state.pending_tools:
-                if state.results_message is None:
-                    state.results_message = Message(
-                        new_message_id(), s.id, turn.id, "user", [], "complete", now_ms()
-                    )
-                self._tool_result(turn, state, block, "cancelled", is_error=True)
-                s.emit([ToolFailed(block.id, block.name, "cancelled", "cancelled")], turn.id)
+        # Tools that never got a task of their own (the cancel landed at the
+        # seam, before the batch started) are failed here; the others already
+        # failed from their own tasks.
+        for block in list(state.pending_tools):
+            self._tool_failed(turn, state, block, "cancelled", "cancelled")
         partial = any(m.role == "assistant" and m.turn_id == turn.id for m in s.messages)
         sequence_phase = "llm" if phase == "starting" else phase
-        self._close_turn(turn, state)
+        self._close_turn(turn, state, "cancelled")
         s.emit(
             [TurnCancelled(turn.id, turn.cancel_reason or "cancelled", sequence_phase, partial)],  # type: ignore[arg-type]
             turn.id,
@@ -292,13 +347,17 @@ class AgentLoop:
 
     def _finish(self, turn: Turn, state: _TurnState, stop_reason: StopReason) -> None:
         cost = state.usage.cost_usd or 0.0
-        self._close_turn(turn, state)
+        self._close_turn(turn, state, stop_reason)
         self.s.emit([TurnCompleted(turn.id, stop_reason, state.usage, cost)], turn.id)
 
-    def _close_turn(self, turn: Turn, state: _TurnState) -> None:
+    def _close_turn(self, turn: Turn, state: _TurnState, outcome: str) -> None:
         """Release the turn lock and book the cost, in the step that ends the turn."""
         s = self.s
-        turn.enter("done")
+        last = s.messages[-1] if s.messages else None
+        final_text = ""
+        if last is not None and last.role == "assistant" and last.turn_id == turn.id:
+            final_text = "".join(b.text for b in last.content if isinstance(b, TextBlock))
+        turn.finish(outcome, final_text)
         s.record.cost_so_far_usd += state.usage.cost_usd or 0.0
         s.save_record()
         if s.turn is turn:

@@ -94,6 +94,17 @@ class CancelCall(msgspec.Struct):
     """Inbox item: the call was cancelled (PROTOCOL section 8, row 1)."""
 
 
+@dataclass(eq=False)
+class PermissionRequest:
+    """A tool waiting for ``allow``/``deny`` (``POST .../permissions/{perm_id}``)."""
+
+    perm_id: str
+    tool_use_id: str
+    decision: str | None = None
+    closed: bool = False  # decided, timed out, or the turn moved on
+    decided: trio.Event = field(default_factory=trio.Event)
+
+
 @dataclass
 class ReplayResult:
     frames: list[bytes]
@@ -126,7 +137,7 @@ class Session:
                         seq, sm.complete_ts, sm.stop_reason
                     )
         self.turn: Turn | None = None
-        self.permissions: dict[str, Any] = {}  # perm_id -> waiter (the permissions issue)
+        self.permissions: dict[str, PermissionRequest] = {}
         self.call: Call | None = None
         seqr: EventSequencer = node.sequencer
         # Catalog events of this session, newest last; everything up to
@@ -350,10 +361,13 @@ class Session:
         Raises:
             ApiError: 404 ``permission_not_found``; 409 if already resolved.
         """
-        waiter = self.permissions.get(perm_id)
-        if waiter is None:
+        request = self.permissions.get(perm_id)
+        if request is None:
             raise ApiError(404, "permission_not_found", f"no permission {perm_id!r} in {self.id}")
-        waiter.resolve(decision)
+        if request.closed or request.decision is not None:
+            raise ApiError(409, "permission_resolved", f"permission {perm_id} is no longer waiting")
+        request.decision = decision
+        request.decided.set()
 
     def add_message(self, message: Message, completion: Completion | None = None) -> None:
         """Append or replace a message of the conversation, in memory and in the store."""

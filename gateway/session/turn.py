@@ -49,6 +49,16 @@ class Turn:
     phase: Phase = "starting"
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     cancel_reason: str | None = None
+    # How it ended: "end_turn", "tool_use", "error", ... or "cancelled"; set with ``done``.
+    outcome: str | None = None
+    final_text: str = ""
+    done: trio.Event = field(default_factory=trio.Event)
+
+    def finish(self, outcome: str, final_text: str = "") -> None:
+        """Enter ``done`` and wake whoever waits for the turn (a parent's ``delegate``)."""
+        self.enter("done")
+        self.outcome, self.final_text = outcome, final_text
+        self.done.set()
 
     def enter(self, phase: Phase) -> None:
         if phase not in TRANSITIONS[self.phase]:

@@ -14,7 +14,9 @@ import msgspec
 import trio
 
 from gateway.errors import ToolError
+from gateway.tools.delegate import DELEGATE
 from gateway.tools.registry import FunctionTool, ToolContext, ToolOutput, ToolRegistry
+from gateway.tools.shell import SHELL
 
 
 class SleepInput(msgspec.Struct, forbid_unknown_fields=True):
@@ -74,7 +76,13 @@ READ_FILE = FunctionTool(
     "read_file", "Read a UTF-8 text file inside the session's workspace.", ReadFileInput, _read_file
 )
 
-BUILTIN: dict[str, Any] = {"sleep": SLEEP, "read_file": READ_FILE}
+
+BUILTIN: dict[str, Any] = {
+    "sleep": SLEEP,
+    "read_file": READ_FILE,
+    "delegate": DELEGATE,
+    "shell": SHELL,
+}
 
 
 def build_registry(enabled: Iterable[str], extra: dict[str, Any] | None = None) -> ToolRegistry:

@@ -1,0 +1,188 @@
+"""The ``shell`` tool of RUNNING.md "Built-in tools", and how it is stopped (PROTOCOL section 8).
+
+``shell`` runs whatever the model asks for, so it is opt-in: a gateway lists it
+in ``[tools] enabled`` deliberately.
+
+A call owns a whole process group. The command runs as ``/bin/sh -c`` in a new
+session (``start_new_session=True``), so the shell and everything it starts
+share one process group whose id is the shell's pid, and the call signals that
+group, never a lone pid. However the call ends, nothing of it survives:
+
+- the shell exits: whatever it left running in the background is SIGKILLed.
+  The contract is silent here; a tool call that leaked processes would outlive
+  its own turn, so the call owns its group until it returns.
+- the timeout passes, or the turn is cancelled (``trio.Cancelled``): the group
+  gets SIGTERM, the shell has ``ToolContext.kill_grace_s`` to exit, then the
+  group gets SIGKILL (PROTOCOL section 8). The stop is shielded: a cancelled
+  task may still wait for its child, briefly. A timeout then fails the call
+  with ``timeout``; a cancellation propagates untouched, for the turn to emit
+  ``tool.failed (cancelled)``.
+
+A process that leaves the group (``setsid``) escapes all this, as it would
+escape any supervisor that is not a container.
+
+Output is read as it comes, stdout and stderr concurrently: the first
+:data:`MAX_KEPT_BYTES` of each are kept, the rest read and dropped, so a chatty
+command neither blocks on a full pipe nor fills the gateway's memory. A non-zero
+exit code is a normal result: the model sees it and decides.
+
+The command's environment is not the gateway's: the gateway's holds provider API
+keys, which a model-written command has no business reading. Only the
+variables in :data:`ENV_PASSTHROUGH` are passed on (``PATH`` defaulting to
+``os.defpath``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Annotated
+
+import msgspec
+import trio
+
+from gateway.errors import ToolError
+from gateway.tools.registry import FunctionTool, ToolContext, ToolOutput
+
+DEFAULT_TIMEOUT_S = 300.0
+"""The timeout of a call that gives no ``timeout_s``."""
+
+MAX_TIMEOUT_S = 3600.0
+"""The largest ``timeout_s`` a call may ask for."""
+
+MAX_KEPT_BYTES = 64 * 1024
+"""How much of each of stdout and stderr a result keeps."""
+
+MAX_TIMEOUT_REPORT_CHARS = 4096
+"""A timeout's message carries the partial output only if it is at most this long."""
+
+ENV_PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+"""The variables of the gateway's environment a command sees; the rest stay behind."""
+
+
+class ShellInput(msgspec.Struct, forbid_unknown_fields=True):
+    command: str
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_TIMEOUT_S)] | None = None
+
+
+class _Capture:
+    """The head of one output stream: the first :data:`MAX_KEPT_BYTES` kept, the rest counted."""
+
+    def __init__(self) -> None:
+        self._kept = bytearray()
+        self.dropped = 0
+
+    async def drain(self, stream: trio.abc.ReceiveStream) -> None:
+        async for chunk in stream:
+            room = MAX_KEPT_BYTES - len(self._kept)
+            self._kept += chunk[:room]
+            self.dropped += max(0, len(chunk) - room)
+
+    def text(self) -> str:
+        text = self._kept.decode("utf-8", errors="replace")
+        if self.dropped:
+            text += f"\n[truncated: {self.dropped} more bytes]"
+        return text
+
+
+async def _shell(args: ShellInput, ctx: ToolContext) -> ToolOutput:
+    timeout_s = DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s
+    stdout, stderr = _Capture(), _Capture()
+    proc = await trio.lowlevel.open_process(
+        ["/bin/sh", "-c", args.command],
+        cwd=ctx.workspace_path,
+        env=_environment(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    # No checkpoint lies between the spawn and the ``try``: a cancellation
+    # cannot slip in before the ``finally`` that stops the group is armed.
+    async with proc.stdout, proc.stderr, trio.open_nursery() as nursery:
+        nursery.start_soon(stdout.drain, proc.stdout)
+        nursery.start_soon(stderr.drain, proc.stderr)
+        try:
+            with trio.move_on_after(timeout_s) as deadline:
+                await proc.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                await _stop_group(proc, ctx.kill_grace_s)
+        # The group is dead, so the pipes reach end-of-file at once, unless a
+        # process that left the group still holds them: wait no longer than the grace.
+        nursery.cancel_scope.deadline = trio.current_time() + ctx.kill_grace_s
+    if deadline.cancelled_caught:
+        raise ToolError("timeout", _timeout_message(timeout_s, stdout.text(), stderr.text()))
+    exit_code = proc.returncode
+    assert exit_code is not None  # _stop_group reaped the shell
+    return _result(exit_code, stdout, stderr)
+
+
+async def _stop_group(proc: trio.Process, grace_s: float) -> None:
+    """Stop every process of the call's group and reap the shell; run it shielded.
+
+    A shell still running gets SIGTERM, with its whole group, and ``grace_s``
+    to exit (PROTOCOL section 8). Then the group gets SIGKILL in every case:
+    children that ignored SIGTERM, or were left in the background by a shell
+    that exited on its own, are in it still.
+    """
+    if proc.returncode is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        with trio.move_on_after(grace_s):
+            await proc.wait()
+    _signal_group(proc.pid, signal.SIGKILL)
+    await proc.wait()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    # An empty group is the usual case after a clean exit. Its id is the shell's
+    # pid, which the kernel does not hand out again while the group has a member.
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _environment() -> dict[str, str]:
+    env = {name: os.environ[name] for name in ENV_PASSTHROUGH if name in os.environ}
+    env.setdefault("PATH", os.defpath)
+    return env
+
+
+def _sections(stdout: str, stderr: str) -> str:
+    return f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+
+
+def _result(exit_code: int, stdout: _Capture, stderr: _Capture) -> ToolOutput:
+    out, err = stdout.text(), stderr.text()
+    return ToolOutput(
+        content=f"exit code {exit_code}\n{_sections(out, err)}",
+        structured={
+            "exit_code": exit_code,
+            "stdout": out,
+            "stderr": err,
+            "truncated": bool(stdout.dropped or stderr.dropped),
+        },
+    )
+
+
+def _timeout_message(timeout_s: float, stdout: str, stderr: str) -> str:
+    message = f"command timed out after {timeout_s:g} s"
+    if not stdout and not stderr:
+        return message
+    if len(stdout) + len(stderr) > MAX_TIMEOUT_REPORT_CHARS:
+        return f"{message} (partial output omitted: too long)"
+    return f"{message}\n{_sections(stdout, stderr)}"
+
+
+SHELL = FunctionTool(
+    "shell",
+    "Run a command with /bin/sh -c in the session's workspace and return its exit code, "
+    f"stdout and stderr (each cut at {MAX_KEPT_BYTES // 1024} KiB). stdin is empty. "
+    f"timeout_s defaults to {DEFAULT_TIMEOUT_S:g} s, at most {MAX_TIMEOUT_S:g} s. "
+    "Background processes are killed when the command exits.",
+    ShellInput,
+    _shell,
+)
