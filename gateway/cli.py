@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
         return int(exc.code or 0)
+    if args.command == "attach":
+        from gateway.client.attach import run
+
+        return run(args)
     overrides: dict[str, Any] = {
         f"server.{flag}": value
         for flag, value in (("host", args.host), ("port", args.port))
@@ -64,6 +68,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--port", metavar="P", type=int, help="listen port, 0 for any (overrides server.port)"
     )
+    attach = commands.add_parser(
+        "attach", help="print a session's stream as JSON lines, resuming after a reconnect"
+    )
+    attach.add_argument("session_id")
+    attach.add_argument("--url", default="http://127.0.0.1:8421", help="the gateway's base URL")
+    attach.add_argument(
+        "--filter", default="preset:chat", help="a preset, or a Filter as JSON (PROTOCOL §3)"
+    )
+    attach.add_argument("--since", help="resume after this event id")
+    attach.add_argument("--snapshot", action="store_true", help="start with a snapshot")
+    attach.add_argument("--api-key", help="Bearer key, when the gateway has api_keys")
     return parser
 
 

@@ -21,9 +21,10 @@ import httpx
 import msgspec
 import pytest
 import trio
-from trio_websocket import WebSocketConnection, open_websocket_url
+from trio_websocket import WebSocketConnection
 
 from gateway.client import Reducer, decode_server_frame
+from gateway.client.attach import open_websocket as open_ws
 from gateway.config import Config, load_config
 from gateway.protocol.events import Event
 from gateway.protocol.frames import EventFrame
@@ -67,24 +68,6 @@ class Harness:
         url = await self.ws_url(session_id)
         async with open_ws(url, **kw) as ws:
             yield Client(ws, session_id)
-
-
-@asynccontextmanager
-async def open_ws(url: str, **kw: Any) -> AsyncIterator[WebSocketConnection]:
-    """``open_websocket_url`` that also closes its socket.
-
-    trio-websocket 0.12 leaves its TCP stream open when the server closes the
-    connection first (a 1008, a 1009, a shutdown), which ``filterwarnings =
-    error`` turns into a ResourceWarning failure in some later test.
-    """
-    opened: WebSocketConnection | None = None
-    try:
-        async with open_websocket_url(url, **kw) as ws:
-            opened = ws
-            yield ws
-    finally:
-        if opened is not None:
-            await trio.aclose_forcefully(opened._stream)
 
 
 class Client:

@@ -319,7 +319,7 @@ async def test_second_cancel_is_a_no_op_with_a_warning_and_bad_cancels_are_error
             session = gw.node.sessions[sid]
             session.cancel_turn(turn_id, "first", "test-a")
             session.cancel_turn(turn_id, "second", "test-b")
-            ea, eb = await both_until_turn_ends(a, b)
+            ea, _ = await both_until_turn_ends(a, b)
             assert seq(ea).count("turn.cancelled") == 1
             # cancels of a finished turn
             r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel")

@@ -1,11 +1,11 @@
 """The ``shell`` tool: results, bounds, and that no process of a call survives it.
 
 These tests run real processes on the real clock: trio's MockClock cannot drive
-a subprocess. Each is capped with ``fail_after``. Where a test waits for the
-command to reach a point (a pid file written atomically by the command itself),
-it polls the workspace briefly; where it checks that processes are gone, it
-reads the process table (``/proc``), counting zombies as dead: killed children
-reparented to init are reaped by it, in its own time.
+a subprocess. Each is capped with ``fail_after`` and none sleeps to wait: a
+command reports that it has started its children through a FIFO, and a test
+waits for processes to exit on their pidfds before it reads the process table
+(``/proc``), where zombies count as dead (killed children are reparented to
+init, which reaps them in its own time).
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ import pytest
 import trio
 
 from gateway.errors import ToolError
-from gateway.tools.registry import ToolContext, ToolOutput, ToolRegistry
-from gateway.tools.shell import MAX_KEPT_BYTES, SHELL
+from gateway.tools.builtin import build_registry
+from gateway.tools.registry import ToolContext, ToolOutput
+from gateway.tools.shell import MAX_KEPT_BYTES
 
-REGISTRY = ToolRegistry([SHELL])
+# The way a gateway gets it: opted into by name (``[tools] enabled``).
+REGISTRY = build_registry(["shell"])
 
-# The command writes its own pid (its process group id: it leads a new session)
-# once its children are started; written via a rename so it is never read half-written.
-WRITE_PGID = "echo $$ > pgid.tmp && mv pgid.tmp pgid"
+# The command reports its pid, which is its process group id (it leads a new
+# session), once its children are started, through a FIFO the test reads.
+REPORT_PGID = "echo $$ > ready"
 
 
 def _ctx(tmp_path: Path, kill_grace_s: float = 1.0) -> ToolContext:
@@ -61,23 +63,34 @@ def _live_members(pgid: int) -> list[int]:
 
 
 async def _assert_group_gone(pgid: int) -> None:
-    """SIGKILLed processes take a moment to exit; a survivor would be here for 100 s."""
+    """Wait for each process of the group to exit, then check the process table.
+
+    A SIGKILLed process takes a moment to exit; a survivor would stay for 100 s.
+    """
     with trio.fail_after(1):
-        while _live_members(pgid):
-            await trio.sleep(0.01)
+        for pid in _live_members(pgid):
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                await trio.lowlevel.wait_readable(pidfd)  # readable once the process exits
+            finally:
+                os.close(pidfd)
+    assert _live_members(pgid) == []
 
 
-async def _wait_for_pgid(tmp_path: Path) -> int:
-    path = tmp_path / "pgid"
-    while not path.exists():
-        await trio.sleep(0.01)
-    return int(path.read_text())
+async def _read_pgid(fifo: Path) -> int:
+    """The pgid the command writes into ``fifo``, as soon as it does."""
+    # Opened read-write so that it never reads end-of-file for want of a writer.
+    async with trio.lowlevel.FdStream(os.open(fifo, os.O_RDWR)) as stream:
+        return int(await stream.receive_some())
 
 
 async def _cancel_when_started(
     tmp_path: Path, command: str, kill_grace_s: float
 ) -> tuple[int, float]:
-    """Run ``command``, cancel the call once it wrote its pgid; the pgid and the time it took.
+    """Run ``command``, cancel the call once it reports its pgid; the pgid and the time it took.
 
     Asserts that the cancellation propagated out of the call, not a result.
     """
@@ -89,10 +102,11 @@ async def _cancel_when_started(
             ctx = _ctx(tmp_path, kill_grace_s)
             returned.append(await REGISTRY.execute("shell", {"command": command}, ctx))
 
+    os.mkfifo(tmp_path / "ready")
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(call)
-            pgid = await _wait_for_pgid(tmp_path)
+            pgid = await _read_pgid(tmp_path / "ready")
             assert _live_members(pgid) != []
             cancelled_at = trio.current_time()
             scope.cancel()
@@ -114,7 +128,8 @@ async def test_exit_code_and_both_streams_are_the_result(tmp_path: Path) -> None
 
 async def test_runs_in_the_workspace(tmp_path: Path) -> None:
     output = await _run(tmp_path, "pwd")
-    assert output.structured["stdout"] == os.path.realpath(tmp_path) + "\n"
+    workspace = await trio.Path(tmp_path).resolve()
+    assert output.structured["stdout"] == f"{workspace}\n"
 
 
 async def test_stdin_is_empty(tmp_path: Path) -> None:
@@ -163,13 +178,13 @@ async def test_timeout_stops_the_command_and_fails_the_call(tmp_path: Path) -> N
 
 
 async def test_cancel_kills_the_shell_and_its_children(tmp_path: Path) -> None:
-    command = f"sleep 100 & sleep 100 & {WRITE_PGID}; wait"
+    command = f"sleep 100 & sleep 100 & {REPORT_PGID}; wait"
     pgid, _ = await _cancel_when_started(tmp_path, command, kill_grace_s=1.0)
     await _assert_group_gone(pgid)
 
 
 async def test_cancel_kills_what_ignores_sigterm_after_the_grace(tmp_path: Path) -> None:
-    command = f"trap '' TERM; {WRITE_PGID}; sleep 100"
+    command = f"trap '' TERM; {REPORT_PGID}; sleep 100"
     pgid, took = await _cancel_when_started(tmp_path, command, kill_grace_s=0.3)
     assert 0.3 <= took < 3
     await _assert_group_gone(pgid)
@@ -177,10 +192,10 @@ async def test_cancel_kills_what_ignores_sigterm_after_the_grace(tmp_path: Path)
 
 async def test_normal_exit_leaves_no_background_child(tmp_path: Path) -> None:
     started = trio.current_time()
-    output = await _run(tmp_path, f"sleep 100 & {WRITE_PGID}; echo started")
+    output = await _run(tmp_path, "sleep 100 & echo $$ > pgid; echo started")
     assert trio.current_time() - started < 2
     assert output.structured["stdout"] == "started\n"
-    await _assert_group_gone(int((tmp_path / "pgid").read_text()))
+    await _assert_group_gone(int(await trio.Path(tmp_path / "pgid").read_text()))
 
 
 @pytest.mark.parametrize(

@@ -96,7 +96,8 @@ class WebSocket:
     ) -> None:
         self._stream = stream
         self._max_message_bytes = max_message_bytes
-        self._ws = Connection(ConnectionType.SERVER, extensions=[], trailing_data=trailing_data)
+        self._ws = Connection(ConnectionType.SERVER, extensions=[])
+        self._unread = trailing_data  # served as the first read, so its events are not missed
         self._send_lock = trio.Lock()
         self._read_lock = trio.Lock()
         self._inbox: collections.deque[str | bytes] = collections.deque()
@@ -175,10 +176,12 @@ class WebSocket:
 
     async def _read_more(self) -> None:
         """Read once from the stream and act on every event it completes. Needs the read lock."""
-        try:
-            data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            data = b""
+        data, self._unread = self._unread, b""
+        if not data:
+            try:
+                data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
         if not data:
             self._record_close(_ABNORMAL_CLOSURE, "")
             await self._drop()

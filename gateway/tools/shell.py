@@ -34,6 +34,7 @@ variables in :data:`ENV_PASSTHROUGH` are passed on (``PATH`` defaulting to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -139,10 +140,8 @@ async def _stop_group(proc: trio.Process, grace_s: float) -> None:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     # An empty group is the usual case after a clean exit. Its id is the shell's
     # pid, which the kernel does not hand out again while the group has a member.
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _environment() -> dict[str, str]:

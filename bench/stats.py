@@ -1,0 +1,101 @@
+"""Latency histograms and the counters a measured window produces.
+
+End-to-end latency is "receipt time minus the event's ``ts``" (the issue's
+definition). ``ts`` is whole milliseconds (PROTOCOL section 4), truncated, so
+every sample is the true latency plus up to 1 ms: figures are upper bounds,
+and they are the same kind of bound for the gateway and its peers, whose
+frames carry a ``ts`` made the same way.
+
+Workers keep a fixed-bin :class:`Histogram` (0.1 ms bins up to 5 s) instead of
+samples: recording is one list increment, and histograms from many processes
+add up exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+BIN_MS = 0.1
+BINS = 50_000  # 5 s; slower samples land in the last bin
+
+
+class Histogram:
+    """Counts of latency samples in :data:`BIN_MS` bins."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts = [0] * (BINS + 1)
+
+    def add(self, latency_ms: float) -> None:
+        index = int(latency_ms * 10.0)  # 1 / BIN_MS
+        self.counts[index if 0 <= index < BINS else (0 if index < 0 else BINS)] += 1
+
+    def sparse(self) -> dict[int, int]:
+        """The non-empty bins, for sending to the parent process."""
+        return {i: c for i, c in enumerate(self.counts) if c}
+
+    def merge_sparse(self, bins: dict[int, int]) -> None:
+        for i, c in bins.items():
+            self.counts[i] += c
+
+    def percentile(self, p: float) -> float | None:
+        """The upper edge of the bin holding the ``p``-th percentile, in ms; None if empty."""
+        total = sum(self.counts)
+        if not total:
+            return None
+        rank = p / 100.0 * total
+        seen = 0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= rank and c:
+                return round((i + 1) * BIN_MS, 1)
+        return round(BINS * BIN_MS, 1)
+
+    def summary(self) -> dict[str, float | None]:
+        return {
+            "p50_ms": self.percentile(50),
+            "p99_ms": self.percentile(99),
+            "p999_ms": self.percentile(99.9),
+        }
+
+
+@dataclass
+class GroupCounts:
+    """What the connections of one group saw during a window (summed over workers)."""
+
+    events: int = 0
+    bytes: int = 0
+    connections: int = 0
+    closes: dict[int, int] = field(default_factory=dict)
+    latency: Histogram = field(default_factory=Histogram)
+
+    def merge(self, part: dict[str, Any]) -> None:
+        self.events += part["events"]
+        self.bytes += part["bytes"]
+        self.connections += part["connections"]
+        for code, n in part["closes"].items():
+            self.closes[int(code)] = self.closes.get(int(code), 0) + n
+        self.latency.merge_sparse(part["latency"])
+
+
+@dataclass
+class Window:
+    """One measured window, all workers together.
+
+    ``client_cpu_s`` is per worker: a worker near ``wall_s`` CPU seconds was
+    saturated, so the clients may have limited the figure.
+    """
+
+    wall_s: float
+    groups: dict[str, GroupCounts]
+    client_cpu_s: list[float]
+
+    def group(self, name: str) -> GroupCounts:
+        return self.groups.get(name) or GroupCounts()
+
+    @property
+    def client_busy(self) -> float:
+        """The busiest worker's CPU use in the window, as a share of one core."""
+        return max(self.client_cpu_s, default=0.0) / self.wall_s if self.wall_s else 0.0

@@ -1,0 +1,188 @@
+"""``provider = "anthropic"``: the Messages API through the official SDK, under Trio.
+
+One call is ``AsyncAnthropic.messages.create(stream=True)``: the SDK's raw
+stream events, one per SSE event, each converted field for field into a
+:mod:`raw event <gateway.providers.raw>` (``msgspec.convert(event.model_dump(),
+RawEvent)``), so the same translator as the scripted model's turns them into
+canonical events (PROTOCOL section 5). The message id is the API's own
+(``message_start.message.id``, PROTOCOL section 1). The SDK's HTTP client runs
+on AnyIO, which runs on Trio.
+
+Each call sends the conversation rebuilt from the message store
+(:func:`gateway.providers.history.rebuild`), whose blocks already have the
+API's shape: thinking blocks with their signatures, redacted thinking, tool
+uses and their tool results (``is_error`` kept). Tool definitions are the
+registry's (``ModelRequest.tools``); ``thinking_budget_tokens`` > 0 turns on
+extended thinking.
+
+Failures (PROTOCOL section 5, ``llm.call_failed.error_class``):
+
+- Before the stream starts, the SDK retries what its policy retries (429,
+  5xx and 529, connection errors) up to ``max_retries`` times, honouring
+  ``retry-after``; what is left raises :class:`~gateway.errors.ProviderError`:
+  the body's error type by :data:`~gateway.providers.raw.ERROR_CLASSES`, else
+  by status (529 ``overloaded``, 429 ``rate_limited``, 5xx ``api_error``, other
+  4xx ``invalid_request``); ``network`` for a connection that failed,
+  ``timeout`` for one that timed out.
+- Once the response has begun, nothing is retried. An ``error`` event in the
+  stream (which the SDK raises as ``APIStatusError``) is passed on as the
+  ``RawError`` it was, for the translator to close the open blocks; a
+  connection that breaks or stalls past ``timeout_s`` raises ``ProviderError``
+  (``network`` or ``timeout``).
+
+Where the contract is silent:
+
+- ``ping`` events never reach the translator: the SDK consumes them.
+- ``message_start.message.model`` becomes ``anthropic:`` + the API's model, so
+  that a message names its model the way the gateway names models everywhere
+  (``route.decided``, ``llm.call_started``), yet keeps the exact version the API
+  reported.
+- ``timeout_s`` is the SDK's timeout: it bounds each network wait (connecting,
+  each read of the stream), not the whole call; a whole turn is bounded by
+  ``[turns] timeout_s``.
+- A stream event this gateway has no raw event for (a server tool's block, a
+  citation) fails the call with ``api_error`` naming it: the gateway sends no
+  server tools and no documents, so it means the API changed under us.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import cast
+
+import anthropic
+import httpx2
+import msgspec
+from anthropic.types import MessageParam, RawMessageStreamEvent, ToolParam
+
+from gateway.errors import ProviderError
+from gateway.providers.base import ModelRequest
+from gateway.providers.history import rebuild
+from gateway.providers.raw import (
+    ERROR_CLASSES,
+    RawError,
+    RawErrorBody,
+    RawEvent,
+    RawMessageStart,
+)
+
+_MODEL_PREFIX = "anthropic:"
+
+
+class AnthropicProvider:
+    """Streams Messages API calls (module docstring).
+
+    Args:
+        api_key: the API key (``ANTHROPIC_API_KEY``; the factory checks it is set).
+        base_url: the API's address, e.g. a proxy or a local server; None for the SDK's.
+        thinking_budget_tokens: the extended thinking budget; 0 turns thinking off.
+        max_retries: the SDK's retries of a call that failed before streaming.
+        timeout_s: the SDK's timeout of each network wait.
+    """
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        base_url: str | None = None,
+        thinking_budget_tokens: int = 0,
+        max_retries: int = 2,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self._client = anthropic.AsyncAnthropic(
+            api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout_s
+        )
+        self._thinking_budget_tokens = thinking_budget_tokens
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[RawEvent, None]:
+        """Stream the raw events of one call.
+
+        Raises:
+            ProviderError: the call failed before streaming, or the connection
+                broke or stalled during it (module docstring).
+        """
+        try:
+            events = await self._client.messages.create(
+                model=request.model.removeprefix(_MODEL_PREFIX),
+                max_tokens=request.max_tokens,
+                messages=messages_param(request),
+                system=request.system if request.system is not None else anthropic.omit,
+                tools=tools_param(request) or anthropic.omit,
+                thinking=(
+                    {"type": "enabled", "budget_tokens": self._thinking_budget_tokens}
+                    if self._thinking_budget_tokens
+                    else anthropic.omit
+                ),
+                stream=True,
+            )
+        except anthropic.APIError as exc:
+            raise _provider_error(exc) from exc
+        try:
+            async for event in events:
+                yield _raw_event(event)
+        except anthropic.APIStatusError as exc:  # an ``error`` event in the stream
+            yield RawError(RawErrorBody(exc.type or "api_error", exc.api_message or exc.message))
+        except httpx2.TimeoutException as exc:
+            raise ProviderError("timeout", f"the model stream stalled: {exc!r}") from exc
+        except httpx2.TransportError as exc:
+            raise ProviderError("network", f"the model stream broke: {exc!r}") from exc
+        finally:
+            await events.close()
+
+    async def aclose(self) -> None:
+        """Close the SDK's HTTP client and its connections."""
+        await self._client.close()
+
+
+def messages_param(request: ModelRequest) -> list[MessageParam]:
+    """The request's conversation as the API's ``messages``.
+
+    The content blocks of :mod:`gateway.protocol.shapes` have the API's own
+    fields and ``type`` tags, so each block is sent as it encodes.
+    """
+    return [
+        cast(MessageParam, {"role": m.role, "content": msgspec.to_builtins(m.content)})
+        for m in rebuild(request.messages)
+    ]
+
+
+def tools_param(request: ModelRequest) -> list[ToolParam]:
+    """The tool registry's definitions as the API's ``tools`` (the same three fields)."""
+    return cast(list[ToolParam], msgspec.to_builtins(request.tools))
+
+
+def _raw_event(event: RawMessageStreamEvent) -> RawEvent:
+    try:
+        raw: RawEvent = msgspec.convert(event.model_dump(), RawEvent)
+    except msgspec.ValidationError as exc:
+        raise ProviderError(
+            "api_error", f"unsupported {event.type} event from the API: {exc}"
+        ) from exc
+    if isinstance(raw, RawMessageStart):
+        raw.message.model = _MODEL_PREFIX + raw.message.model
+    return raw
+
+
+def _provider_error(exc: anthropic.APIError) -> ProviderError:
+    """How a call that failed before streaming is reported (module docstring)."""
+    if isinstance(exc, anthropic.APITimeoutError):
+        return ProviderError("timeout", "the model API timed out")
+    if isinstance(exc, anthropic.APIConnectionError):
+        return ProviderError("network", f"cannot reach the model API: {exc.__cause__ or exc}")
+    if isinstance(exc, anthropic.APIStatusError):
+        error_class = ERROR_CLASSES.get(exc.type or "") or _status_class(exc.status_code)
+        return ProviderError(
+            error_class,
+            f"the model API answered {exc.status_code}: {exc.api_message or exc.message}",
+        )
+    return ProviderError("api_error", exc.message)
+
+
+def _status_class(status: int) -> str:
+    if status == 529:
+        return "overloaded"
+    if status == 429:
+        return "rate_limited"
+    return "api_error" if status >= 500 else "invalid_request"

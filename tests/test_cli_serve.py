@@ -1,0 +1,137 @@
+"""``gateway serve`` as an operator runs it (RUNNING.md "Command line").
+
+A real process: the embedded defaults (store in the working directory), the
+readiness line with the real port, env and flag overrides, and SIGTERM/SIGINT
+shutting down gracefully: in-flight turns cancelled with ``reason:
+"shutdown"``, clients closed with 1001, the store flushed, exit status 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from trio_websocket import ConnectionClosed
+
+from tests.conftest import Client, open_ws
+
+READY = re.compile(r"gateway listening on http://127\.0\.0\.1:(\d+)")
+
+
+@asynccontextmanager
+async def gateway_process(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[trio.Process, int]]:
+    """``python -m gateway serve ARGS`` in ``cwd``; yields the process and its port."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "gateway", "serve", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = b""
+        with trio.fail_after(20):
+            while not line.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some(1)
+                assert chunk, "the gateway exited before its readiness line"
+                line += chunk
+        match = READY.fullmatch(line.decode().strip())
+        assert match, line
+        yield proc, int(match.group(1))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                await pipe.aclose()
+
+
+async def test_serve_on_embedded_defaults_then_sigterm_shuts_down_gracefully(
+    tmp_path: Path,
+) -> None:
+    async with gateway_process(tmp_path, "--port", "0") as (proc, port):
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=base) as http:
+            assert (await http.get("/healthz")).json() == {"status": "ok"}
+            sid = (await http.post("/sessions", json={})).json()["session_id"]
+            url = (await http.get(f"/sessions/{sid}")).json()["ws_url"]
+            async with open_ws(url) as ws:
+                client = Client(ws, sid)
+                await client.subscribe()
+                script = {
+                    "script": {
+                        "rounds": [[{"tool_use": {"name": "sleep", "input": {"seconds": 60}}}]]
+                    }
+                }
+                r = await http.post(f"/sessions/{sid}/turns", json={"content": json.dumps(script)})
+                assert r.status_code == 202
+                with trio.fail_after(10):
+                    await client.until(lambda e: e.type == "tool.called")
+                    proc.send_signal(signal.SIGTERM)
+                    events = await client.until_turn_ends()
+                    assert [e.type for e in events[-2:]] == ["tool.failed", "turn.cancelled"]
+                    assert events[-1].payload.reason == "shutdown"
+                    with pytest.raises(ConnectionClosed) as closed:
+                        while True:
+                            await client.recv()
+                assert closed.value.reason.code == 1001
+                assert json.loads(closed.value.reason.reason)["code"] == "shutdown"
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+    # the store was flushed: the session and the cancellation are on disk, in the cwd
+    db = sqlite3.connect(tmp_path / "gateway.db")
+    try:
+        kinds = [row[0] for row in db.execute("SELECT type FROM events ORDER BY seq")]
+        assert kinds[-2:] == ["turn.cancelled", "bus.subscriber_unregistered"]
+        assert db.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
+    finally:
+        db.close()
+
+
+async def test_sigint_also_shuts_down_and_env_and_flags_override_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "gw.toml"
+    config.write_text('[server]\nport = 1\n[store]\npath = "from-file.db"\n')
+    env = {"GATEWAY_STORE_PATH": str(tmp_path / "from-env.db")}
+    async with gateway_process(tmp_path, "--config", str(config), "--port", "0", env=env) as (
+        proc,
+        port,
+    ):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            assert (await http.post("/sessions", json={})).status_code == 201
+        proc.send_signal(signal.SIGINT)
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+    assert (tmp_path / "from-env.db").exists()
+    assert not (tmp_path / "from-file.db").exists()
+
+
+async def test_a_bad_config_is_one_line_and_exit_2_with_nothing_started(tmp_path: Path) -> None:
+    config = tmp_path / "gw.toml"
+    config.write_text("[stream]\nqueue_max_events = 0\n")
+    result = await trio.run_process(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+        cwd=tmp_path,
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stdout == b""
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "stream.queue_max_events" in lines[0], lines
+    assert not (tmp_path / "gateway.db").exists()
