@@ -207,9 +207,7 @@ class WsClient(asyncio.Protocol):
         """The connection is gone; :attr:`close_code` says how."""
 
 
-async def open_ws(
-    client: WsClient, *, rcvbuf: int = 0, timeout: float = 30.0
-) -> WsClient:
+async def open_ws(client: WsClient, *, rcvbuf: int = 0, timeout: float = 30.0) -> WsClient:
     """Connect ``client`` (a fresh :class:`WsClient`); return it once the handshake is sent.
 
     Args:

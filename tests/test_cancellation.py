@@ -8,6 +8,7 @@ event sequence, matched in full against the contract's row.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -405,3 +406,31 @@ def msgspec_builtins(obj: Any) -> Any:
 
 
 __all__ = ["types"]
+
+
+async def test_cancel_kills_a_shell_commands_whole_process_tree(tmp_path: Path) -> None:
+    from tests.test_shell_tool import _assert_group_gone, _live_members, _read_pgid
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    os.mkfifo(workspace / "ready")
+    config = make_config(tmp_path, **{"tools.enabled": ["shell"], "tools.kill_grace_s": 0.5})
+    command = "sleep 100 & (trap '' TERM; sleep 100) & echo $$ > ready; wait"
+    script = {
+        "script": {"rounds": [[{"tool_use": {"name": "shell", "input": {"command": command}}}]]}
+    }
+    with trio.fail_after(10):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session(workspace_path=str(workspace))
+            async with two_clients(gw, sid) as (a, b):
+                turn_id = await gw.submit(sid, script)
+                pgid = await _read_pgid(workspace / "ready")
+                assert len(_live_members(pgid)) == 3  # the shell and both sleepers
+                await cancel_frame(a, turn_id)
+                ea, eb = await both_until_turn_ends(a, b)
+            await _assert_group_gone(pgid)  # the one ignoring SIGTERM got SIGKILL
+    assert_identical(ea, eb)
+    assert seq(ea).endswith("tool.called tool.failed turn.cancelled")
+    failed = ea[-2].payload
+    assert (failed.tool_name, failed.error_class) == ("shell", "cancelled")
+    assert failed.duration_ms is not None

@@ -544,6 +544,10 @@ async def test_replay_after_a_restart_comes_from_the_store(tmp_path: Path) -> No
         with trio.fail_after(10):
             async with gw.client(sid) as first:
                 await first.subscribe()
+                # The high-water mark survived: the first id issued is above every old one.
+                await gw.submit(sid, "after the restart")
+                quick = await first.until_turn_ends()
+                assert quick[0].type == "turn.started" and quick[0].id > high_water
                 await gw.submit(sid, {"script": {"delay_ms": 2, "rounds": [[{"lorem": 400}]]}})
                 await until_deltas(first, 3)
                 async with gw.client(sid) as resumed:
@@ -565,14 +569,21 @@ async def test_replay_after_a_restart_comes_from_the_store(tmp_path: Path) -> No
     assert gone.payload.reason == "client_closed"
     assert gone.id > turn[-1].id
 
-    # After it: every id above the old high-water mark, starting with this turn.
+    # After it: the quick turn, then the streaming one restored by message.snapshot.
     new = replay[len(old) :]
-    assert types(new) == ["turn.started", "route.decided", "llm.call_started", "message.snapshot"]
-    assert first.events[0].type == "turn.started" and first.events[0].id > high_water
-    assert_same_events(new[:3], first.events[:3])
     snap = new[-1]
+    assert types(new[-4:]) == [
+        "turn.started",
+        "route.decided",
+        "llm.call_started",
+        "message.snapshot",
+    ]
+    assert_same_events(new[:-1], replayable(first.events, high_water)[: len(new) - 1])
+    assert types(new[:-4]) == types(replayable(quick, high_water))
     assert snap.payload.message.content == [
-        TextBlock(text_of([e for e in first.events if e.id <= snap.id]))
+        TextBlock(
+            text_of([e for e in first.events if e.turn_id == snap.turn_id and e.id <= snap.id])
+        )
     ]
     # The seam: exactly the live events after the message.snapshot, once each.
     assert [e.id for e in later] == [e.id for e in first.events if e.id > snap.id]

@@ -1,7 +1,8 @@
-"""The built-in tools of RUNNING.md: ``sleep`` and ``read_file``.
+"""The registry of built-in tools (RUNNING.md "Built-in tools").
 
-``shell`` and ``delegate`` are added by the cancellation issue; the registry
-built here takes only the names that ``[tools] enabled`` lists and knows.
+``sleep`` and ``read_file`` live here; ``shell`` (opt-in) in
+:mod:`gateway.tools.shell`; ``delegate`` in :mod:`gateway.tools.delegate`.
+``build_registry`` takes the names that ``[tools] enabled`` lists.
 """
 
 from __future__ import annotations

@@ -51,8 +51,11 @@ In_contra = TypeVar("In_contra", bound=msgspec.Struct, contravariant=True)
 
 
 class Tool(Protocol[In_contra]):
-    name: str
-    description: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
 
     @property
     def input_type(self) -> type[msgspec.Struct]: ...

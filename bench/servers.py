@@ -1,0 +1,219 @@
+"""The servers under test, each in a process of its own, and the load each one is given.
+
+:class:`GatewayServer` runs the real command line (``python -m gateway serve
+--config F --port 0``, RUNNING.md "Command line") with its store in a temporary
+directory, or targets a gateway already running at a URL. Its load is turns
+of ``lorem`` scripts (RUNNING.md "The scripted model"), driven by
+:class:`bench.driver.GatewayDriver`. :class:`PeerServer` runs one of
+:mod:`bench.peers`, whose load is its built-in producer.
+
+Both measure the server process from outside, with the process's own
+accounting (``psutil``): CPU seconds (user + system) and resident memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import resource
+import sys
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.driver import GatewayDriver
+from bench.wire import HttpClient
+from bench.worker import Target
+
+_READY = re.compile(rb"(?:gateway listening on http://\S+:|peer listening on )(\d+)")
+START_TIMEOUT_S = 30.0
+
+
+def _raise_fd_limit() -> None:  # runs in the child, before exec
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class Server(ABC):
+    """A server under test: where it listens, how to load it, how to measure it."""
+
+    name: str
+    host = "127.0.0.1"
+    port = 0
+    pid: int | None = None
+    _proc: asyncio.subprocess.Process | None = None
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+    @abstractmethod
+    async def open_sessions(self, count: int) -> list[str]:
+        """``count`` sessions (gateway) or channels (peers) to load and subscribe to."""
+
+    @abstractmethod
+    async def load(self, sessions: list[str], rate: float) -> None:
+        """Stream on every session in ``sessions`` at ``rate`` text deltas per second each."""
+
+    @abstractmethod
+    async def unload(self) -> None:
+        """Stop streaming."""
+
+    @abstractmethod
+    def target(self, session: str, subscribe: bytes, **kw: Any) -> Target:
+        """A client connection to ``session``."""
+
+    def cpu_seconds(self) -> float | None:
+        if self.pid is None:
+            return None
+        times = psutil.Process(self.pid).cpu_times()
+        return float(times.user + times.system)
+
+    def rss_bytes(self) -> int | None:
+        return None if self.pid is None else int(psutil.Process(self.pid).memory_info().rss)
+
+    async def _spawn(self, *args: str, log: Path, stdin: bool = False) -> None:
+        with open(log, "wb") as err:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                *args,
+                stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+                preexec_fn=_raise_fd_limit,
+            )
+        assert self._proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self._proc.stdout.readline(), START_TIMEOUT_S)
+        except TimeoutError:
+            line = b""
+        match = _READY.search(line)
+        if match is None:
+            await self.stop()
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{self.name} did not start: {line!r}\n{tail}")
+        self.port = int(match.group(1))
+        self.pid = self._proc.pid
+
+
+class GatewayServer(Server):
+    """The gateway: a fresh ``gateway serve`` process, or one already running at ``url``.
+
+    Args:
+        workdir: where the config, the store and the log go.
+        config_text: the TOML config; ignored with ``url``.
+        url: a running gateway (``http://host:port``); CPU and memory are then
+            measured only if ``pid`` is given.
+        words: ``lorem`` words per turn.
+    """
+
+    name = "gateway"
+
+    def __init__(
+        self,
+        workdir: Path,
+        config_text: str,
+        *,
+        url: str | None = None,
+        pid: int | None = None,
+        words: int = 200,
+    ) -> None:
+        self.workdir = workdir
+        self.config_text = config_text
+        self.url = url
+        self.pid = pid
+        self.words = words
+        self.driver: GatewayDriver | None = None
+        self.http: HttpClient | None = None
+
+    async def start(self) -> None:
+        if self.url is not None:
+            host_port = self.url.split("://", 1)[-1].rstrip("/")
+            host, _, port = host_port.rpartition(":")
+            self.host, self.port = host, int(port)
+        else:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            config = self.workdir / "gateway.toml"
+            config.write_text(self.config_text)
+            os.environ.pop("GATEWAY_STORE_PATH", None)
+            await self._spawn(
+                "-m", "gateway", "serve", "--config", str(config), "--port", "0",
+                log=self.workdir / "gateway.log",
+            )  # fmt: skip
+        self.http = HttpClient(self.host, self.port)
+        self.driver = GatewayDriver(self.http, self.host, self.port, words=self.words)
+
+    async def stop(self) -> None:
+        if self.driver is not None:
+            await self.driver.close()
+        if self.http is not None:
+            await self.http.aclose()
+        if self.url is None:
+            await super().stop()
+
+    async def open_sessions(self, count: int) -> list[str]:
+        assert self.http is not None
+        created = [await self.http.request("POST", "/sessions", {}) for _ in range(count)]
+        return [str(c["session_id"]) for c in created]
+
+    async def load(self, sessions: list[str], rate: float) -> None:
+        assert self.driver is not None
+        await self.driver.run(sessions, rate)
+
+    async def unload(self) -> None:
+        assert self.driver is not None
+        await self.driver.stop()
+
+    def target(self, session: str, subscribe: bytes, **kw: Any) -> Target:
+        return Target(self.host, self.port, session, subscribe, attach=True, **kw)
+
+
+class PeerServer(Server):
+    """One of :mod:`bench.peers`, playing the recorded turn (``frames``)."""
+
+    def __init__(self, kind: str, frames: Path, workdir: Path) -> None:
+        self.name = kind
+        self.frames = frames
+        self.workdir = workdir
+
+    async def start(self) -> None:
+        await self._spawn(
+            "-m", "bench.peers", self.name, "--frames", str(self.frames),
+            log=self.workdir / f"{self.name}.log", stdin=True,
+        )  # fmt: skip
+
+    async def open_sessions(self, count: int) -> list[str]:
+        return [f"peer-{i}" for i in range(count)]
+
+    async def load(self, sessions: list[str], rate: float) -> None:
+        await self._command({"op": "load", "sessions": len(sessions), "rate": rate})
+
+    async def unload(self) -> None:
+        await self._command({"op": "stop"})
+
+    async def _command(self, command: dict[str, Any]) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write(f"{_json(command)}\n".encode())
+        await self._proc.stdin.drain()
+
+    def target(self, session: str, subscribe: bytes, **kw: Any) -> Target:
+        return Target(self.host, self.port, session, subscribe, attach=False, **kw)
+
+
+def _json(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj)
