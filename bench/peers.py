@@ -89,11 +89,25 @@ class Producer:
         self.ticks = ticks
         self.emit = emit
         self.position = 0
+        self._handle: asyncio.TimerHandle | None = None
 
     def tick(self) -> None:
         for head, tail in self.ticks[self.position]:
             self.emit(stamp(head, tail))
         self.position = (self.position + 1) % len(self.ticks)
+
+    # On an asyncio loop (the websockets peers; the raw ceiling keeps its own timers).
+
+    def start(self, loop: asyncio.AbstractEventLoop, interval: float, offset: float) -> None:
+        def fire() -> None:
+            self.tick()
+            self._handle = loop.call_later(interval, fire)
+
+        self._handle = loop.call_later(offset, fire)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
 
 
 # --- websockets peers -----------------------------------------------------------
@@ -148,25 +162,21 @@ async def run_websockets(kind: str, turn: Turn, port: int) -> None:
         return to_queues
 
     loop = asyncio.get_running_loop()
-    handles: list[asyncio.TimerHandle] = []
+    producers: list[Producer] = []
 
     def start(sessions: int, rate: float) -> None:
         stop()
         interval = 1.0 / rate
         for i in range(sessions):
             producer = Producer(turn.steps(), emitter(f"peer-{i}"))
-
-            def tick(p: Producer = producer, slot: int = len(handles)) -> None:
-                p.tick()
-                handles[slot] = loop.call_later(interval, tick)
-
             # Spread the channels over one interval, as independent sessions would be.
-            handles.append(loop.call_later(interval * i / sessions, tick))
+            producer.start(loop, interval, offset=interval * i / sessions)
+            producers.append(producer)
 
     def stop() -> None:
-        for handle in handles:
-            handle.cancel()
-        handles.clear()
+        for producer in producers:
+            producer.stop()
+        producers.clear()
 
     async with serve(
         handler, "127.0.0.1", port, create_connection=Connection, compression=None

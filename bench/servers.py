@@ -14,6 +14,7 @@ accounting (``psutil``): CPU seconds (user + system) and resident memory.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import resource
@@ -85,7 +86,9 @@ class Server(ABC):
     def rss_bytes(self) -> int | None:
         return None if self.pid is None else int(psutil.Process(self.pid).memory_info().rss)
 
-    async def _spawn(self, *args: str, log: Path, stdin: bool = False) -> None:
+    async def _spawn(
+        self, *args: str, log: Path, stdin: bool = False, env: dict[str, str] | None = None
+    ) -> None:
         with open(log, "wb") as err:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -94,6 +97,7 @@ class Server(ABC):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=err,
                 preexec_fn=_raise_fd_limit,
+                env={**os.environ, **(env or {})},
             )
         assert self._proc.stdout is not None
         try:
@@ -114,7 +118,9 @@ class GatewayServer(Server):
 
     Args:
         workdir: where the config, the store and the log go.
-        config_text: the TOML config; ignored with ``url``.
+        config_text: the TOML config; ignored with ``url``. Its store path is
+            overridden (``GATEWAY_STORE_PATH``) with one in ``workdir``, so an
+            operator's own config never touches their real store.
         url: a running gateway (``http://host:port``); CPU and memory are then
             measured only if ``pid`` is given.
         words: ``lorem`` words per turn.
@@ -148,10 +154,10 @@ class GatewayServer(Server):
             self.workdir.mkdir(parents=True, exist_ok=True)
             config = self.workdir / "gateway.toml"
             config.write_text(self.config_text)
-            os.environ.pop("GATEWAY_STORE_PATH", None)
             await self._spawn(
                 "-m", "gateway", "serve", "--config", str(config), "--port", "0",
                 log=self.workdir / "gateway.log",
+                env={"GATEWAY_STORE_PATH": str(self.workdir / "gateway.db")},
             )  # fmt: skip
         self.http = HttpClient(self.host, self.port)
         self.driver = GatewayDriver(self.http, self.host, self.port, words=self.words)
@@ -206,14 +212,8 @@ class PeerServer(Server):
 
     async def _command(self, command: dict[str, Any]) -> None:
         assert self._proc is not None and self._proc.stdin is not None
-        self._proc.stdin.write(f"{_json(command)}\n".encode())
+        self._proc.stdin.write(json.dumps(command).encode() + b"\n")
         await self._proc.stdin.drain()
 
     def target(self, session: str, subscribe: bytes, **kw: Any) -> Target:
         return Target(self.host, self.port, session, subscribe, attach=False, **kw)
-
-
-def _json(obj: Any) -> str:
-    import json
-
-    return json.dumps(obj)

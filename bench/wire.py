@@ -116,7 +116,7 @@ class WsClient(asyncio.Protocol):
             head, data = data[:end], data[end + 4 :]
             if not head.startswith(b"HTTP/1.1 101"):
                 status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-                self._fail(f"handshake refused: {status_line}")
+                self._fail(f"handshake refused: {status_line} {data[:200]!r}")
                 return
             self.open = True
             self.on_open()
@@ -207,7 +207,7 @@ class WsClient(asyncio.Protocol):
         """The connection is gone; :attr:`close_code` says how."""
 
 
-async def open_ws(client: WsClient, *, rcvbuf: int = 0, timeout: float = 30.0) -> WsClient:
+async def open_ws(client: WsClient, *, rcvbuf: int = 0, timeout_s: float = 30.0) -> WsClient:
     """Connect ``client`` (a fresh :class:`WsClient`); return it once the handshake is sent.
 
     Args:
@@ -220,7 +220,7 @@ async def open_ws(client: WsClient, *, rcvbuf: int = 0, timeout: float = 30.0) -
     if rcvbuf:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     try:
-        await asyncio.wait_for(loop.sock_connect(sock, (client.host, client.port)), timeout)
+        await asyncio.wait_for(loop.sock_connect(sock, (client.host, client.port)), timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         await loop.create_connection(lambda: client, sock=sock)
     except BaseException:

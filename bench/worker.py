@@ -91,6 +91,7 @@ class LoadConn(WsClient):
         self.received = 0
         self.subscribed_at = 0.0
         self.done_at = 0.0  # when ``received`` reached ``expected`` (ms)
+        self.replayed = asyncio.get_running_loop().create_future()
 
     def on_open(self) -> None:
         self.subscribed_at = now_ms()
@@ -106,7 +107,7 @@ class LoadConn(WsClient):
             stats.bytes += len(payload)
             self.received += 1
             if self.received == self.expected:
-                self.done_at = now
+                self._replayed(now)
             return
         frame = _decode_frame(payload)
         event = frame.event
@@ -122,13 +123,19 @@ class LoadConn(WsClient):
         if frame.type == "subscribe_ack":
             self.expected = frame.replay_event_count
             if self.expected == 0:
-                self.done_at = now
+                self._replayed(now)
             self.acked.set_result(None)
         else:
             self.acked.set_exception(RuntimeError(f"{frame.type}: {frame.code} {frame.message}"))
             self.abort()
 
+    def _replayed(self, now: float) -> None:
+        self.done_at = now
+        self.replayed.set_result(None)
+
     def on_closed(self) -> None:
+        if not self.replayed.done():
+            self.replayed.set_result(None)  # never complete: done_at stays 0
         if not self.acked.done():
             self.acked.set_exception(
                 ConnectionError(self.failure or f"closed before the ack ({self.close_code})")
@@ -190,7 +197,7 @@ class Worker:
         return {"prepared": len(targets)}
 
     async def op_connect(
-        self, group: str, concurrency: int = 256, timeout: float = 60.0
+        self, group: str, concurrency: int = 256, timeout_s: float = 60.0
     ) -> dict[str, Any]:
         """Open every prepared connection of ``group`` and wait for each ``subscribe_ack``."""
         todo = self.prepared.pop(group, [])
@@ -204,9 +211,9 @@ class Worker:
             async with gate:
                 conn = LoadConn(target, path, stats)
                 try:
-                    await open_ws(conn, rcvbuf=target.rcvbuf, timeout=timeout)
+                    await open_ws(conn, rcvbuf=target.rcvbuf, timeout_s=timeout_s)
                     conns.append(conn)
-                    await asyncio.wait_for(asyncio.shield(conn.acked), timeout)
+                    await asyncio.wait_for(asyncio.shield(conn.acked), timeout_s)
                 except Exception as exc:
                     errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -244,24 +251,25 @@ class Worker:
                 conn.transport.resume_reading()
         return {}
 
-    async def op_wait_closed(self, group: str, timeout: float) -> dict[str, Any]:
+    async def op_wait_closed(self, group: str, timeout_s: float) -> dict[str, Any]:
         """Wait until every connection of ``group`` is closed; report the close codes."""
         conns = self.groups.get(group, [])
-        await asyncio.wait([c.closed for c in conns] or [_done()], timeout=timeout)
+        if conns:
+            await asyncio.wait([c.closed for c in conns], timeout=timeout_s)
         codes: dict[int, int] = {}
         for conn in conns:
             if conn.closed.done():
                 codes[conn.closed.result()] = codes.get(conn.closed.result(), 0) + 1
         return {"codes": codes, "open": sum(1 for c in conns if not c.closed.done())}
 
-    async def op_wait_replayed(self, group: str, timeout: float) -> dict[str, Any]:
+    async def op_wait_replayed(self, group: str, timeout_s: float) -> dict[str, Any]:
         """Wait until each connection of ``group`` got all ``replay_event_count`` events."""
         conns = self.groups.get(group, [])
-        deadline = time.monotonic() + timeout
-        while any(not c.done_at for c in conns) and time.monotonic() < deadline:
-            await asyncio.sleep(0.002)
+        if conns:
+            await asyncio.wait([c.replayed for c in conns], timeout=timeout_s)
         done = [c for c in conns if c.done_at]
         return {
+            "connections": len(conns),
             "started_ms": self.started.get(group, 0.0),
             "done_ms": max((c.done_at for c in done), default=0.0),
             "longest_ms": max((c.done_at - c.subscribed_at for c in done), default=0.0),
@@ -287,12 +295,6 @@ class Worker:
         while len(clients) <= lane:
             clients.append(HttpClient(host, port))
         return clients[lane]
-
-
-def _done() -> asyncio.Future[None]:
-    future = asyncio.get_running_loop().create_future()
-    future.set_result(None)
-    return future
 
 
 def raise_fd_limit() -> None:

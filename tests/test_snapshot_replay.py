@@ -10,11 +10,6 @@ live with no gap and no duplicate. Bad cursors and oversized replays are
 
 Every comparison is against what a client connected from the start saw: same
 ids, same order, same reducer state.
-
-A client that resumes from a cursor in the middle of a turn never saw its
-``turn.started``; the reference :class:`~gateway.client.Reducer` rightly
-refuses a ``turn.completed`` for a turn it does not know, so those clients
-here are :func:`plain` (frames decoded, no reducer).
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import trio
@@ -47,9 +41,9 @@ TOOL_SCRIPT = {
         ]
     }
 }
-# About 1.2 s of text.delta events, one word each: long enough for a second
+# About 1 s of text.delta events, one word each: long enough for a second
 # client to join mid-stream, short enough for the suite's budget.
-SLOW_SCRIPT = {"script": {"delay_ms": 10, "rounds": [[{"lorem": 120}]]}}
+SLOW_SCRIPT = {"script": {"delay_ms": 5, "rounds": [[{"lorem": 160}]]}}
 
 
 @asynccontextmanager
@@ -77,25 +71,15 @@ async def gateway_at(config: Config) -> AsyncIterator[Harness]:
         raise failure
 
 
-class _NoReducer:
-    """Stands in for the reducer of a client that resumes mid-turn (module docstring)."""
-
-    def apply(self, frame: Any) -> None:
-        pass
-
-
-def plain(client: Client) -> Client:
-    client.reducer = _NoReducer()  # type: ignore[assignment]
-    return client
-
-
 async def recv_events(client: Client, n: int) -> list[Event]:
-    """The next ``n`` frames, each of which must be an event frame."""
+    """The next ``n`` frames, each of which must be an event frame, in id order."""
     out: list[Event] = []
     for _ in range(n):
         frame = await client.recv()
         assert isinstance(frame, EventFrame), frame
         out.append(frame.event)
+    ids = [e.id for e in out]
+    assert ids == sorted(set(ids))
     return out
 
 
@@ -294,7 +278,6 @@ async def test_since_replays_catalog_events_and_rebuilt_message_completes(gw: Ha
         cursor = turn[0].id
         assert turn[0].type == "turn.started"
         async with gw.client(sid) as resumed:
-            plain(resumed)
             with trio.fail_after(10):
                 ack = await resumed.subscribe(since=cursor)
                 assert isinstance(ack, SubscribeAck)
@@ -391,7 +374,6 @@ async def test_replay_respects_the_filter(gw: Harness) -> None:
                 "include_worker_sessions": False,
             }
             async with gw.client(sid) as turns_only:
-                plain(turns_only)
                 ack = await turns_only.subscribe(only_completed, since=cursor)
                 assert isinstance(ack, SubscribeAck)
                 assert ack.replay_event_count == 2
@@ -400,7 +382,6 @@ async def test_replay_respects_the_filter(gw: Harness) -> None:
 
                 # The rebuilt streaming layer is filtered too.
                 async with gw.client(sid) as completes_only:
-                    plain(completes_only)
                     ack2 = await completes_only.subscribe(
                         {"event_types": ["message.complete"]}, since=cursor
                     )
@@ -430,7 +411,6 @@ async def test_bad_cursors_are_cursor_expired_and_the_connection_stays_open(gw: 
             turn = await live.until_turn_ends()
         started, last = turn[0].id, turn[-1].id
         async with gw.client(sid) as client:
-            plain(client)
             with trio.fail_after(10):
                 next_id = format_event_id(gw.node.sequencer.last + 1)
                 for cursor in ("evt_99999999999999999999", next_id, "garbage", "evt_12", ""):
@@ -452,17 +432,18 @@ async def test_bad_cursors_are_cursor_expired_and_the_connection_stays_open(gw: 
 
 
 async def test_replay_too_large_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
-    # Deltas every ~2 ms, so that some queue behind the seam while the replay
-    # is counted (with replay_max_events = 5 it reads the store, which awaits).
+    # A delta about every millisecond, so that some queue behind the seam while
+    # the replay is counted (with replay_max_events = 5 it reads the store, which
+    # awaits); the refusal must drop them.
     script = {
         "script": {
-            "delay_ms": 2,
+            "delay_ms": 0.5,
             "rounds": [
                 [
                     {"text": "Running it now."},
                     {"tool_use": {"name": "sleep", "input": {"seconds": 0}}},
                 ],
-                [{"lorem": 500}],
+                [{"lorem": 800}],
             ],
         }
     }
@@ -506,7 +487,6 @@ async def test_replay_max_events_is_the_largest_replay_allowed(tmp_path: Path) -
                 # After turn.started: route.decided, llm.call_started,
                 # message.complete, llm.call_completed, turn.completed = 5.
                 async with gw.client(sid) as exact:
-                    plain(exact)
                     ack = await exact.subscribe(since=turn[0].id)
                     assert isinstance(ack, SubscribeAck) and ack.replay_event_count == 5
                     assert_same_events(
@@ -536,9 +516,9 @@ async def test_replay_after_a_restart_comes_from_the_store(tmp_path: Path) -> No
     cursor = turn[0].id
     assert turn[0].type == "turn.started"
 
-    # Same store, new node: the session's events are only in the store now.
-    # A turn streams (a delta every ~2 ms) while the resumed client's replay
-    # reads the store, so live deltas queue behind the seam meanwhile.
+    # Same store, new node: the session's events are only in the store now. A
+    # turn streams (a delta about every millisecond) while the resumed client's
+    # replay reads the store, so live deltas queue behind the seam meanwhile.
     async with gateway_at(config) as gw:
         assert gw.node is not before
         with trio.fail_after(10):
@@ -548,10 +528,9 @@ async def test_replay_after_a_restart_comes_from_the_store(tmp_path: Path) -> No
                 await gw.submit(sid, "after the restart")
                 quick = await first.until_turn_ends()
                 assert quick[0].type == "turn.started" and quick[0].id > high_water
-                await gw.submit(sid, {"script": {"delay_ms": 2, "rounds": [[{"lorem": 400}]]}})
+                await gw.submit(sid, {"script": {"delay_ms": 0.5, "rounds": [[{"lorem": 600}]]}})
                 await until_deltas(first, 3)
                 async with gw.client(sid) as resumed:
-                    plain(resumed)
                     ack = await resumed.subscribe(since=cursor)
                     assert isinstance(ack, SubscribeAck)
                     replay = await recv_events(resumed, ack.replay_event_count)

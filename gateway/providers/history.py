@@ -24,11 +24,12 @@ message store):
 4. Tool uses and tool results are paired: an assistant tool use is kept only
    if the next (merged) user message has its result, and a tool result only
    if the assistant message just before has its tool use. A cancelled call's
-   tool uses never ran and are dropped this way.
+   tool uses never ran and are dropped this way. A user message's tool
+   results come first, as the API requires, in the order of their tool uses
+   (tools finish in any order; the request is the same whatever it was).
 5. A message left with nothing to say is dropped: an assistant message
    without text or a tool use (thinking alone leads nowhere), a user message
-   without any block. The neighbours it separated are merged (rule 3), with a
-   user message's tool results first, as the API requires.
+   without any block. The neighbours it separated are merged (rule 3).
 """
 
 from __future__ import annotations
@@ -93,15 +94,11 @@ def _fits(role: Role, block: ContentBlock) -> bool:
 
 
 def _merged(history: Iterable[HistoryMessage]) -> list[HistoryMessage]:
-    """Rules 3 and 5: one message per run of a role; a user message's tool results first."""
-    merged = []
-    for role, run in itertools.groupby(history, key=lambda message: message.role):
-        content = [block for message in run for block in message.content]
-        if role == "user":
-            results = [b for b in content if isinstance(b, ToolResultBlock)]
-            content = results + [b for b in content if not isinstance(b, ToolResultBlock)]
-        merged.append(HistoryMessage(role, content))
-    return merged
+    """Rule 3: one message per run of a role, its blocks in order."""
+    return [
+        HistoryMessage(role, [block for message in run for block in message.content])
+        for role, run in itertools.groupby(history, key=lambda message: message.role)
+    ]
 
 
 def _paired(history: list[HistoryMessage]) -> list[HistoryMessage]:
@@ -110,20 +107,27 @@ def _paired(history: list[HistoryMessage]) -> list[HistoryMessage]:
     After :func:`_merged` the roles alternate, so the results of an assistant
     message's tool uses can only be in the message right after it.
     """
-    paired: set[str] = set()
+    paired: dict[str, int] = {}  # tool use id -> its place among the kept tool uses
     for asking, answering in itertools.pairwise(history):
         if asking.role == "assistant":
-            asked = {b.id for b in asking.content if isinstance(b, ToolUseBlock)}
-            paired |= asked & {
-                b.tool_use_id for b in answering.content if isinstance(b, ToolResultBlock)
-            }
-    return [
-        HistoryMessage(message.role, [b for b in message.content if _kept(b, paired)])
-        for message in history
-    ]
+            answered = {b.tool_use_id for b in answering.content if isinstance(b, ToolResultBlock)}
+            for block in asking.content:
+                if isinstance(block, ToolUseBlock) and block.id in answered:
+                    paired[block.id] = len(paired)
+
+    def place(block: ContentBlock) -> int:
+        return paired[block.tool_use_id] if isinstance(block, ToolResultBlock) else len(paired)
+
+    kept = []
+    for message in history:
+        content = [block for block in message.content if _kept(block, paired)]
+        if message.role == "user":
+            content.sort(key=place)
+        kept.append(HistoryMessage(message.role, content))
+    return kept
 
 
-def _kept(block: ContentBlock, paired: set[str]) -> bool:
+def _kept(block: ContentBlock, paired: dict[str, int]) -> bool:
     match block:
         case ToolUseBlock():
             return block.id in paired

@@ -54,6 +54,14 @@ _names = itertools.count(1)
 _CONTROL_SLACK = 64  # control frames (acks, pongs, errors) beyond the event bound
 
 
+class _Close:
+    """The writer's marker: close after what was queued before me."""
+
+
+_CLOSE = _Close()
+_DRAINING_CLOSES = frozenset({"shutdown", "normal"})
+
+
 class Gate:
     """The seam marker in the outbound channel (module docstring)."""
 
@@ -106,7 +114,7 @@ class StreamConnection:
         self.name = f"ws-{next(_names)}"
         stream = self.node.config.stream
         self.max_events: int = stream.queue_max_events
-        self._tx, self._rx = trio.open_memory_channel[bytes | FrameBatch | Gate](
+        self._tx, self._rx = trio.open_memory_channel[bytes | FrameBatch | Gate | _Close](
             self.max_events + _CONTROL_SLACK
         )
         self.queued = 0
@@ -116,6 +124,7 @@ class StreamConnection:
         self._wait_scope = trio.CancelScope()  # the writer's wait for frames
         self._send_scope = trio.CancelScope()  # the writer's send in progress
         self._close_deadline = float("inf")
+        self._aborting = False  # the writer drops what is queued and closes
         self._nursery: trio.Nursery | None = None
 
     # --- Subscriber (the hub's side) ----------------------------------------------
@@ -162,15 +171,24 @@ class StreamConnection:
     def request_close(self, code: str) -> None:
         """Close the connection with ``code`` (a :data:`~gateway.protocol.frames.CLOSES` name).
 
-        The writer stops taking queued frames, finishes the write in progress
-        (for at most ``close_grace_s``), then sends the close frame.
+        A shutdown or normal close first sends what is queued (a turn's
+        ``turn.cancelled`` must reach the client before the 1001); any other
+        close drops the queue (a slow client resumes with replay). Either way
+        the writing left gets at most ``close_grace_s``, then the close frame.
         """
         if self.closing is not None:
             return
         self.closing = code
-        self._wait_scope.cancel()
         self._close_deadline = trio.current_time() + self.node.config.stream.close_grace_s
         self._send_scope.deadline = self._close_deadline
+        if code in _DRAINING_CLOSES:
+            try:
+                self._tx.send_nowait(_CLOSE)
+                return
+            except trio.WouldBlock:
+                pass  # no room even for the marker: drop the queue
+        self._aborting = True
+        self._wait_scope.cancel()
 
     def _put(self, frame: bytes) -> None:
         """Queue a control frame (already framed); a full queue is a slow client."""
@@ -274,11 +292,11 @@ class StreamConnection:
         interval = self.node.config.stream.ping_interval_s
         cut = 0
         frames_sent = self.node.metrics.frames
-        while self.closing is None:
+        while True:
             self._wait_scope = trio.CancelScope()
             with trio.move_on_after(interval) as idle, self._wait_scope:
                 item = await rx.receive()
-            if self.closing is not None:
+            if self._aborting:
                 return
             if idle.cancelled_caught:
                 nonce = self.heartbeat.on_idle()
@@ -290,6 +308,10 @@ class StreamConnection:
             parts: list[bytes] = []
             events = 0
             while True:
+                if isinstance(item, _Close):
+                    if parts:
+                        await self._write(b"".join(parts))
+                    return
                 if isinstance(item, FrameBatch):
                     self.queued -= len(item)
                     data = item.blob if item.seqs[0] > cut else item.after(cut)

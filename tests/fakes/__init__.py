@@ -18,14 +18,14 @@ from gateway.errors import ProviderError
 from gateway.protocol.events import StreamEvent
 from gateway.providers.base import ModelRequest, Provider
 from gateway.translate import Translator
-from tests.fakes.server import Cut, FakeServer, Recorded, Refuse, Replay, transcript
+from tests.fakes.server import Cut, FakeServer, Json, Recorded, Replay, transcript
 
 __all__ = [
     "Call",
     "Cut",
     "FakeServer",
+    "Json",
     "Recorded",
-    "Refuse",
     "Replay",
     "drive",
     "transcript",

@@ -16,7 +16,7 @@ Each request, whatever its path, is answered with the next queued reply (the
   in one write or in writes of ``chunk_bytes`` (to exercise the SSE parser),
   optionally cut short at ``cut.at`` bytes by dropping the connection or by
   stalling (to exercise network errors and timeouts).
-- :class:`Refuse`: a status and a JSON body, e.g. 529 ``overloaded_error``.
+- :class:`Json`: a status and a JSON body, e.g. a 529 ``overloaded_error``.
 """
 
 from __future__ import annotations
@@ -57,15 +57,15 @@ class Replay:
 
 
 @dataclass(frozen=True)
-class Refuse:
-    """An error answer: ``status`` with ``body`` as JSON."""
+class Json:
+    """``status`` with ``body`` as JSON: an error, or a server that ignored ``stream``."""
 
     status: int
     body: Any
     headers: tuple[tuple[str, str], ...] = ()
 
 
-Reply = Replay | Refuse
+Reply = Replay | Json
 
 
 @dataclass(frozen=True)
@@ -125,12 +125,12 @@ class FakeServer:
         if self.replies:
             return self.replies.popleft()
         if self.default is None:
-            return Refuse(500, {"error": {"type": "api_error", "message": "no reply queued"}})
+            return Json(500, {"error": {"type": "api_error", "message": "no reply queued"}})
         return self.default
 
     async def _answer(self, conn: h11.Connection, stream: trio.SocketStream, reply: Reply) -> bool:
         """Send the reply; False when the connection must not be reused."""
-        if isinstance(reply, Refuse):
+        if isinstance(reply, Json):
             body = json.dumps(reply.body).encode()
             headers = [
                 ("content-type", "application/json"),

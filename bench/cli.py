@@ -1,0 +1,141 @@
+"""``python -m bench``: load-test the gateway against its peers and print the table.
+
+Examples::
+
+    python -m bench                              # the default profile (bench/README.md)
+    python -m bench --profile smoke              # seconds; what CI runs
+    python -m bench --config my-gateway.toml     # size a deployment: your config
+    python -m bench --url http://127.0.0.1:8421 --pid 1234 --peers none
+
+Writes ``<out>/<stamp>-<profile>.json`` and ``.md``, and the plots
+``<out>/<stamp>-<profile>-latency.png`` and ``-throughput.png``, then prints
+the markdown table. Exit status 0 when the run completed (whether or not the
+targets were met), 1 when it failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.pool import WorkerPool
+from bench.profiles import PEERS, PROFILES, Profile, config_toml, with_overrides
+from bench.scenarios import Run
+from bench.servers import GatewayServer
+from bench.worker import raise_fd_limit
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(","))
+
+
+def _peers(text: str) -> tuple[str, ...]:
+    names = () if text == "none" else tuple(text.split(","))
+    for name in names:
+        if name not in PEERS:
+            raise argparse.ArgumentTypeError(f"unknown peer {name!r}; choose from {PEERS}")
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    ap.add_argument("--profile", choices=sorted(PROFILES), default="default")
+    ap.add_argument("--config", metavar="FILE", help="the gateway's TOML config (yours)")
+    ap.add_argument("--url", help="target a running gateway instead of starting one")
+    ap.add_argument("--pid", type=int, help="with --url: its process id, to measure CPU and RSS")
+    ap.add_argument("--sessions", type=int, help="sessions of the fan-out")
+    ap.add_argument("--clients", type=_counts, metavar="N,N,..",
+                    help="total clients at each fan-out step (last = reference)")  # fmt: skip
+    ap.add_argument("--rate", type=float, help="tokens/s per session at the reference step")
+    ap.add_argument("--rates", type=_rates, metavar="R,R,..", help="rate sweep, tokens/s")
+    ap.add_argument("--window", type=float, dest="window_s", help="seconds per window")
+    ap.add_argument("--idle", type=_counts, dest="idle_counts", metavar="N,N")
+    ap.add_argument("--workers", type=int, help="client processes")
+    ap.add_argument("--peers", type=_peers, help="comma list of ws_queue,ws_broadcast,raw or none")
+    ap.add_argument("--no-ttft", action="store_true", help="skip the time-to-first-token phase")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    profile = with_overrides(
+        PROFILES[args.profile],
+        sessions=args.sessions,
+        client_counts=args.clients,
+        rate=args.rate,
+        rates=args.rates,
+        window_s=args.window_s,
+        idle_counts=args.idle_counts,
+        workers=args.workers,
+        peers=args.peers,
+        ttft=False if args.no_ttft else None,
+    )
+    raise_fd_limit()
+    started = time.monotonic()
+    try:
+        result = asyncio.run(run(profile, args))
+        result["command"] = " ".join(["python -m bench", *argv])
+    except KeyboardInterrupt:
+        return 130
+    result["elapsed_s"] = round(time.monotonic() - started, 1)
+    report.summarize(result)
+    stem = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-{profile.name}"
+    json_path, md_path, pngs = report.write(result, stem)
+    print()
+    print(f"# bench {profile.name}: {result['command']}")
+    print(md_path.read_text())
+    print(f"wrote {json_path}, {md_path}, " + ", ".join(str(p) for p in pngs))
+    print(f"elapsed {result['elapsed_s']} s")
+    return 0
+
+
+async def run(profile: Profile, args: argparse.Namespace) -> dict[str, Any]:
+    def log(message: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        workdir = Path(tmp)
+        config_text = Path(args.config).read_text() if args.config else None
+
+        def make_gateway(name: str) -> GatewayServer:
+            path = workdir / name
+            text = config_text or config_toml(profile.gateway_config, str(path / "gateway.db"))
+            return GatewayServer(path, text, url=args.url, pid=args.pid, words=profile.words)
+
+        pool = WorkerPool(profile.workers)
+        try:
+            bench = Run(
+                profile, pool, workdir, make_gateway("main"),
+                fresh_gateway=lambda: make_gateway("idle"), log=log,
+            )  # fmt: skip
+            result = await bench.run()
+        finally:
+            await pool.shutdown()
+    result["profile"] = asdict(profile)
+    result["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "client_workers": profile.workers,
+    }
+    return result
