@@ -122,9 +122,11 @@ async def running_gateway(config: Config) -> AsyncIterator[Harness]:
     gateway = Gateway(config)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(gateway.run)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            yield Harness(gateway, http)
-        gateway.shutdown()
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                yield Harness(gateway, http)
+        finally:
+            gateway.shutdown()
 
 
 @pytest.fixture

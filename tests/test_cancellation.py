@@ -434,3 +434,20 @@ async def test_cancel_kills_a_shell_commands_whole_process_tree(tmp_path: Path) 
     failed = ea[-2].payload
     assert (failed.tool_name, failed.error_class) == ("shell", "cancelled")
     assert failed.duration_ms is not None
+
+
+async def test_a_hard_cancel_mid_stream_ends_promptly(tmp_path: Path) -> None:
+    """A crash around a streaming turn tears everything down; nothing waits on a dead task."""
+    crashed = False
+    with trio.fail_after(10):
+        try:
+            async with running_gateway(make_config(tmp_path)) as gw:
+                sid = await gw.create_session()
+                async with gw.client(sid) as a:
+                    await a.subscribe()
+                    await gw.submit(sid, {"script": {"delay_ms": 10, "rounds": [[{"lorem": 500}]]}})
+                    await a.until(lambda e: e.type == "text.delta")
+                    raise RuntimeError("boom")
+        except* RuntimeError:
+            crashed = True
+    assert crashed

@@ -46,6 +46,8 @@ async def toy_handler(request: Request) -> Response | WebSocketAccept:
         )
     if request.path == "/busy":
         raise ApiError(409, "turn_in_progress", "A turn is already running.")
+    if request.path == "/only-get":
+        raise ApiError(405, "method_not_allowed", "Use GET.", headers=(("allow", "GET"),))
     if request.path == "/crash":
         raise RuntimeError("boom")
     return error_response(404, "not_found", f"No route for {request.path}.")
@@ -155,6 +157,14 @@ async def test_api_error_becomes_its_json_error_body(port: int) -> None:
     assert header(response, b"connection") is None  # an ApiError keeps the connection
 
 
+async def test_api_error_headers_are_sent(port: int) -> None:
+    async with await connect(port) as stream:
+        response, body = await HttpClient(stream).request("POST", "/only-get")
+    assert response.status_code == 405
+    assert header(response, b"allow") == b"GET"
+    assert error_of(body) == {"code": "method_not_allowed", "message": "Use GET."}
+
+
 async def test_handler_crash_is_500_and_the_server_survives(
     port: int, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -191,6 +201,20 @@ async def test_content_length_over_the_limit_is_413_without_reading_the_body(por
         "code": "body_too_large",
         "message": "The request body is over 1024 bytes.",
     }
+
+
+async def test_413_reaches_a_client_still_sending_its_body(port: int) -> None:
+    # The server drains before closing: closing with unread input would reset the
+    # connection under the client's feet (and maybe under the 413 answer).
+    size = 10_000_000
+    async with await connect(port) as stream:
+        await stream.send_all(
+            f"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: {size}\r\n\r\n".encode()
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream.send_all, b"z" * size)
+            raw = await read_until_eof(stream)
+    assert parse_response(raw)[0] == 413
 
 
 async def test_chunked_body_growing_over_the_limit_is_413(port: int) -> None:

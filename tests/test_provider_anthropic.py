@@ -61,6 +61,7 @@ from gateway.protocol.shapes import (
 from gateway.providers.anthropic import AnthropicProvider, messages_param
 from gateway.providers.base import ModelRequest, ToolSpec
 from gateway.providers.factory import make_provider
+from gateway.providers.raw import RawMessageStart
 from gateway.providers.scripted import ScriptedProvider
 from gateway.server.app import Gateway
 from gateway.translate import Translator
@@ -453,7 +454,8 @@ async def test_closing_the_stream_early_releases_the_connection(
         stream = provider.stream(request())
         first = await stream.__anext__()
         await stream.aclose()
-        assert first.message.id == "msg_01XFDUDYJgAACzvnptvVoYEL"  # type: ignore[union-attr]
+        assert isinstance(first, RawMessageStart)
+        assert first.message.id == "msg_01XFDUDYJgAACzvnptvVoYEL"
         result = await call(provider)
     assert result.translator.message is not None
     assert result.translator.message.status == "complete"

@@ -58,6 +58,7 @@ from gateway.protocol.shapes import (
 from gateway.providers.base import ModelRequest, ToolSpec
 from gateway.providers.factory import make_provider
 from gateway.providers.openai import OpenAIProvider, chat_messages
+from gateway.providers.raw import RawMessageStart
 from gateway.server.app import Gateway
 from gateway.translate import Translator
 from tests.conftest import Harness, make_config
@@ -469,7 +470,8 @@ async def test_closing_the_stream_early_releases_the_connection(
         stream = provider.stream(request())
         first = await stream.__anext__()
         await stream.aclose()
-        assert first.message.model == "openai:gpt-4o-mini-2024-07-18"  # type: ignore[union-attr]
+        assert isinstance(first, RawMessageStart)
+        assert first.message.model == "openai:gpt-4o-mini-2024-07-18"
         result = await call(provider)
     assert result.translator.message is not None
     assert result.translator.message.status == "complete"

@@ -14,20 +14,15 @@ ids, same order, same reducer state.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
 import trio
 
-from gateway.config import Config
 from gateway.ids import format_event_id, parse_event_id
 from gateway.protocol.events import CATALOG_TYPES, Event
 from gateway.protocol.frames import EventFrame, Snapshot, SubscribeAck, SubscribeError
 from gateway.protocol.shapes import SessionSummary, TextBlock
-from gateway.server.app import Gateway
-from tests.conftest import Client, Harness, make_config, to_builtins, types
+from tests.conftest import Client, Harness, make_config, running_gateway, to_builtins, types
 
 TOOL_SCRIPT = {
     "script": {
@@ -44,31 +39,6 @@ TOOL_SCRIPT = {
 # About 1 s of text.delta events, one word each: long enough for a second
 # client to join mid-stream, short enough for the suite's budget.
 SLOW_SCRIPT = {"script": {"delay_ms": 5, "rounds": [[{"lorem": 160}]]}}
-
-
-@asynccontextmanager
-async def gateway_at(config: Config) -> AsyncIterator[Harness]:
-    """``conftest.running_gateway``, plus a graceful shutdown when the body fails.
-
-    ``running_gateway`` shuts the gateway down only after a clean exit; when
-    the body raises, its nursery cancels the gateway outright, and a turn
-    still streaming then never finishes its shielded cancel sequence (the
-    agent loop waits for a translator task that was cancelled too), so a
-    failing assertion would hang the test instead of failing it. Caps
-    (``fail_after``) therefore go inside the body, where they raise here.
-    """
-    gateway = Gateway(config)
-    failure: Exception | None = None
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(gateway.run)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            try:
-                yield Harness(gateway, http)
-            except Exception as exc:
-                failure = exc
-        gateway.shutdown()
-    if failure is not None:
-        raise failure
 
 
 async def recv_events(client: Client, n: int) -> list[Event]:
@@ -197,7 +167,7 @@ async def test_snapshot_of_an_idle_session_with_history(gw: Harness, tmp_path: P
 
 async def test_snapshot_keeps_only_the_most_recent_snapshot_messages(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"stream.snapshot_messages": 2})
-    async with gateway_at(config) as gw:
+    async with running_gateway(config) as gw:
         with trio.fail_after(10):
             sid = await gw.create_session()
             async with gw.client(sid) as live:
@@ -448,7 +418,7 @@ async def test_replay_too_large_is_refused_before_anything_is_sent(tmp_path: Pat
         }
     }
     config = make_config(tmp_path, **{"stream.replay_max_events": 5})
-    async with gateway_at(config) as gw:
+    async with running_gateway(config) as gw:
         with trio.fail_after(10):
             sid = await gw.create_session()
             async with gw.client(sid) as live:
@@ -475,7 +445,7 @@ async def test_replay_too_large_is_refused_before_anything_is_sent(tmp_path: Pat
 
 async def test_replay_max_events_is_the_largest_replay_allowed(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"stream.replay_max_events": 5})
-    async with gateway_at(config) as gw:
+    async with running_gateway(config) as gw:
         with trio.fail_after(10):
             sid = await gw.create_session()
             async with gw.client(sid) as live:
@@ -504,7 +474,7 @@ async def test_replay_max_events_is_the_largest_replay_allowed(tmp_path: Path) -
 
 async def test_replay_after_a_restart_comes_from_the_store(tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    async with gateway_at(config) as gw:
+    async with running_gateway(config) as gw:
         with trio.fail_after(10):
             sid = await gw.create_session()
             async with gw.client(sid) as live:
@@ -519,7 +489,7 @@ async def test_replay_after_a_restart_comes_from_the_store(tmp_path: Path) -> No
     # Same store, new node: the session's events are only in the store now. A
     # turn streams (a delta about every millisecond) while the resumed client's
     # replay reads the store, so live deltas queue behind the seam meanwhile.
-    async with gateway_at(config) as gw:
+    async with running_gateway(config) as gw:
         assert gw.node is not before
         with trio.fail_after(10):
             async with gw.client(sid) as first:

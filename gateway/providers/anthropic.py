@@ -160,7 +160,7 @@ def _raw_event(event: RawMessageStreamEvent) -> RawEvent:
         raise ProviderError(
             "api_error", f"unsupported {event.type} event from the API: {exc}"
         ) from exc
-    if isinstance(raw, RawMessageStart):
+    if isinstance(raw, RawMessageStart) and raw.message.model:
         raw.message.model = _MODEL_PREFIX + raw.message.model
     return raw
 

@@ -31,11 +31,12 @@ Where the contract and the servers are silent:
   (the translator makes it ``end_turn``). Usage: ``input_tokens`` is
   ``prompt_tokens`` less the cached ones, which are ``cache_read_input_tokens``
   (Anthropic counts them apart, and pricing adds them up).
-- Errors: before streaming, a status like the Anthropic provider's (429
-  ``rate_limited``, 4xx ``invalid_request``, 5xx ``api_error``) except that 503
-  is ``overloaded``, as local servers answer when their queue is full; 408,
+- Errors: before streaming, a status maps as the Anthropic provider's does
+  (429 ``rate_limited``, 529 ``overloaded``, other 4xx ``invalid_request``,
+  5xx ``api_error``), except that 503 is ``overloaded`` (local servers answer
+  it while loading a model or with a full queue) and 408 is ``timeout``; 408,
   409, 429 and 5xx are retried up to ``max_retries`` times with the SDKs'
-  backoff (``retry-after`` honoured). Once streaming, nothing is retried: an
+  backoff (``retry-after-ms`` and ``retry-after`` honoured). Once streaming, nothing is retried: an
   error chunk (``{"error": {...}}``, or an ``event: error``) becomes the
   ``RawError`` event it amounts to, a broken or stalled connection raises
   ``ProviderError`` (``network``, ``timeout``), and so does a stream that
@@ -133,7 +134,7 @@ class _ErrorBody(msgspec.Struct):
     code: int | str | None = None
 
 
-class _Chunk(msgspec.Struct):
+class Chunk(msgspec.Struct):
     """A ``chat.completion.chunk``, or an error in one of the two shapes servers use."""
 
     model: str = ""
@@ -153,7 +154,7 @@ class _Chunk(msgspec.Struct):
         return None
 
 
-_decode_chunk = msgspec.json.Decoder(_Chunk).decode
+_decode_chunk = msgspec.json.Decoder(Chunk).decode
 
 
 # --- chunks in, raw events out ---------------------------------------------------------
@@ -192,7 +193,7 @@ class ChunkAdapter:
         self._finish_reason: str | None = None
         self._usage = RawUsage()
 
-    def feed(self, chunk: _Chunk) -> list[RawEvent]:
+    def feed(self, chunk: Chunk) -> list[RawEvent]:
         """Translate one chunk.
 
         Raises:
@@ -332,6 +333,15 @@ def _error_type(status: int | None, kind: str | None) -> str:
 # --- the provider -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Failed:
+    """A call that failed before streaming, and whether the retry policy retries it."""
+
+    error: ProviderError
+    retryable: bool
+    retry_after: float | None = None  # what the server asked for, in seconds
+
+
 class OpenAIProvider:
     """Streams Chat Completions calls (module docstring).
 
@@ -439,15 +449,6 @@ class OpenAIProvider:
         return _Failed(error, retryable, _retry_after(response.headers))
 
 
-@dataclass(frozen=True)
-class _Failed:
-    """A call that failed before streaming, and whether the retry policy retries it."""
-
-    error: ProviderError
-    retryable: bool
-    retry_after: float | None = None  # what the server asked for, in seconds
-
-
 def chat_body(request: ModelRequest) -> dict[str, Any]:
     """The Chat Completions request body of one call."""
     body: dict[str, Any] = {
@@ -508,15 +509,15 @@ def _result_text(block: ToolResultBlock) -> str:
     return f"Error: {block.content}" if block.is_error else block.content
 
 
-def _chunk(sse: ServerSentEvent) -> _Chunk:
+def _chunk(sse: ServerSentEvent) -> Chunk:
     try:
         chunk = _decode_chunk(sse.data)
     except msgspec.DecodeError as exc:
         if sse.event == "error":
-            return _Chunk(error=_ErrorBody(sse.data))
+            return Chunk(error=_ErrorBody(sse.data))
         raise ProviderError("api_error", f"undecodable chunk from the model server: {exc}") from exc
     if sse.event == "error" and chunk.failure() is None:
-        return _Chunk(error=_ErrorBody(sse.data))
+        return Chunk(error=_ErrorBody(sse.data))
     return chunk
 
 

@@ -21,7 +21,7 @@ and, keeping the connection open, the refused WebSocket handshakes: 426
 ``upgrade_required`` (a WebSocket route asked without upgrade headers), 426
 ``unsupported_websocket_version`` and 400 ``invalid_websocket_handshake``.
 
-Timeouts (where the brief is silent, decided here): a fresh connection must
+Timeouts (PROTOCOL is silent; decided here): a fresh connection must
 deliver its first request within ``read_timeout_s`` of being accepted; between
 requests the connection may idle for ``keepalive_timeout_s``, and the next
 request must be complete within ``read_timeout_s`` of its first byte. A

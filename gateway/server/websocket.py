@@ -115,7 +115,11 @@ class WebSocket:
 
     @property
     def close_code(self) -> int | None:
-        """The code of the first close frame sent or received; 1006 if the stream just ended."""
+        """The code of the first close frame sent or received.
+
+        1006 when the stream ended, broke or was dropped before any close frame
+        went either way; None while the connection is open.
+        """
         return self._close_code
 
     @property
@@ -163,7 +167,14 @@ class WebSocket:
         Sends a close frame unless one was already sent, waits up to ``grace_s``
         for the peer's reply, then closes the stream. Shielded from outer
         cancellation for at most ``grace_s``, so a cancelled session still says
-        goodbye. Idempotent; safe on a broken stream.
+        goodbye. Idempotent; safe on a broken stream. No frame is sent when a
+        cancelled :meth:`send_all` may have left half a frame on the wire, or
+        when the send lock stays held (a stuck write) for the whole grace.
+
+        Args:
+            code: the close code (PROTOCOL section 3: 1000, 1001, 1008, 1009, 1011).
+            reason: at most 123 UTF-8 bytes (RFC 6455 section 5.5); wsproto cuts longer ones.
+            grace_s: how long the whole close may take.
         """
         await self._close_handshake(code, reason, grace_s, read_lock_held=False)
 

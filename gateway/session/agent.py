@@ -102,8 +102,7 @@ class AgentLoop:
                     if turn.cancel_reason is None:
                         timed_out = trio.current_time() >= turn.cancel_scope.deadline
                         turn.cancel_reason = "timeout" if timed_out else "shutdown"
-                    with trio.CancelScope(shield=True):
-                        await self._cancel_sequence(turn, state)
+                    self._cancel_sequence(turn, state)  # synchronous: nothing to shield
                 else:  # a crash: still close the turn for every client
                     log.error("turn %s ended abnormally in phase %s", turn.id, turn.phase)
                     self._finish(turn, state, "error")
@@ -165,11 +164,9 @@ class AgentLoop:
             end = EndCall(exc.error_class, exc.message)
         else:
             end = EndCall()
-        # The stream is over: what remains is bounded translator work, so a
-        # cancel landing now is the seam's, not the stream's.
-        with trio.CancelScope(shield=True):
-            await s.feed(end)
-            await call.done.wait()
+        # The stream is over: settling it is synchronous, so a cancel cannot
+        # land between the last event and the call's end.
+        s.settle(end)
         state.usage += call.translator.usage
         return call
 
@@ -302,15 +299,14 @@ class AgentLoop:
 
     # --- endings -------------------------------------------------------------------
 
-    async def _cancel_sequence(self, turn: Turn, state: _TurnState) -> None:
+    def _cancel_sequence(self, turn: Turn, state: _TurnState) -> None:
         """Emit the one sequence of PROTOCOL section 8 that the phase calls for."""
         s = self.s
         phase = turn.phase
         if phase in ("starting", "llm"):
             call = state.call
             if call is not None and not call.done.is_set():
-                await s.feed(CancelCall())
-                await call.done.wait()
+                s.settle(CancelCall())
             if call is not None and call.error_class is None and phase == "llm":
                 # The call finished just as the cancel landed: that is the seam.
                 message = call.translator.message

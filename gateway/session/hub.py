@@ -33,6 +33,7 @@ class Emitted:
     actor: str
     session_id: str
     turn_id: str | None
+    ts: int
     data: bytes
     frame: bytes
 

@@ -83,6 +83,44 @@ class Call:
     error_message: str = ""
 
 
+class Inbox:
+    """Agent loop -> translator task: raw provider events, bounded, taken whole.
+
+    Unlike a memory channel, it never hands an item to a waiting receiver
+    ahead of time: until the translator task takes them in its own step, the
+    items are here, so the agent loop can settle a call synchronously with
+    nothing in flight (:meth:`Session.settle`).
+    """
+
+    def __init__(self, bound: int) -> None:
+        self._bound = bound
+        self._items: deque[Any] = deque()
+        self._ready = trio.Event()
+        self._room = trio.Event()
+
+    async def put(self, item: Any) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while len(self._items) >= self._bound:
+            self._room = trio.Event()
+            await self._room.wait()
+        self._items.append(item)
+        self._ready.set()
+
+    def take(self) -> list[Any]:
+        """Everything queued, now."""
+        items = list(self._items)
+        self._items.clear()
+        self._room.set()
+        return items
+
+    async def get(self) -> list[Any]:
+        """Wait for at least one item; everything queued."""
+        while not self._items:
+            self._ready = trio.Event()
+            await self._ready.wait()
+        return self.take()
+
+
 class EndCall(msgspec.Struct):
     """Inbox item: the provider stream ended (cleanly or not)."""
 
@@ -145,7 +183,7 @@ class Session:
         self.tail: deque[Emitted] = deque()
         self.tail_max = node.config.stream.replay_max_events
         self.tail_floor = seqr.last
-        self._inbox_tx, self._inbox_rx = trio.open_memory_channel[Any](256)
+        self._inbox = Inbox(256)
         self._turns_tx, self._turns_rx = trio.open_memory_channel[Turn](1)
 
     @property
@@ -168,7 +206,7 @@ class Session:
             data = encode(
                 Event(format_event_id(seq), se.type, self.id, turn_id, ts, spec.actor, se.payload)
             )
-            em = Emitted(seq, se.type, spec.actor, self.id, turn_id, data, event_frame(data))
+            em = Emitted(seq, se.type, spec.actor, self.id, turn_id, ts, data, event_frame(data))
             if spec.catalog:
                 store.put_event(StoredEvent(seq, self.id, se.type, ts, data))
                 self.tail.append(em)
@@ -402,29 +440,37 @@ class Session:
             nursery.start_soon(AgentLoop(self).run, self._turns_rx, name=f"agent-loop {self.id}")
             task_status.started()
 
-    async def feed(self, item: Any) -> None:
-        """Agent loop -> translator: a raw event, :class:`EndCall` or :class:`CancelCall`."""
-        await self._inbox_tx.send(item)
+    async def feed(self, raw: Any) -> None:
+        """Agent loop -> translator task: one raw provider event."""
+        await self._inbox.put(raw)
+
+    def settle(self, end: EndCall | CancelCall) -> None:
+        """End the call in flight now: translate what is still queued, then ``end``.
+
+        Synchronous, in the agent loop's own step, so that ending a call never
+        waits on the translator task (which a hard cancel may have stopped
+        already): the translator task streams, the agent loop settles.
+        """
+        call = self.call
+        if call is None:
+            return
+        self._process(call, [*self._inbox.take(), end])
 
     async def _translate_loop(self) -> None:
         """Drain what the provider has ready, translate it, emit it as one batch."""
-        rx = self._inbox_rx
-        async for first in rx:
-            items = [first]
-            while True:
-                try:
-                    items.append(rx.receive_nowait())
-                except trio.WouldBlock:
-                    break
+        while True:
+            items = await self._inbox.get()
             call = self.call
-            if call is None:  # a late item of a call already finished
-                continue
-            events: list[StreamEvent] = []
-            for item in items:
-                events += self._translate(call, item)
-            emitted = self.emit(events, call.turn_id) if events else []
-            if call.translator.finished or _ended(items):
-                self._finish_call(call, emitted)
+            if call is not None:  # else a late item of a call already settled
+                self._process(call, items)
+
+    def _process(self, call: Call, items: list[Any]) -> None:
+        events: list[StreamEvent] = []
+        for item in items:
+            events += self._translate(call, item)
+        emitted = self.emit(events, call.turn_id) if events else []
+        if call.translator.finished or _ended(items):
+            self._finish_call(call, emitted)
 
     def _translate(self, call: Call, item: Any) -> list[StreamEvent]:
         tr = call.translator
@@ -460,7 +506,7 @@ class Session:
             complete = next((e for e in reversed(emitted) if e.type == "message.complete"), None)
             completion = None
             if complete is not None and tr.stop_reason is not None:
-                completion = Completion(complete.seq, now_ms(), tr.stop_reason)
+                completion = Completion(complete.seq, complete.ts, tr.stop_reason)
             self.add_message(message, completion)
         self.call = None
         call.done.set()

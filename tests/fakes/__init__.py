@@ -11,12 +11,15 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gateway.errors import ProviderError
 from gateway.protocol.events import StreamEvent
-from gateway.providers.base import ModelRequest, Provider
+from gateway.providers.base import ModelRequest
+from gateway.providers.raw import RawEvent
 from gateway.translate import Translator
 from tests.fakes.server import Cut, FakeServer, Json, Recorded, Replay, transcript
 
@@ -32,6 +35,12 @@ __all__ = [
 ]
 
 
+class Streams(Protocol):
+    """A provider whose streams can be closed early (every provider here is one)."""
+
+    def stream(self, request: ModelRequest) -> AsyncGenerator[RawEvent, None]: ...
+
+
 @dataclass
 class Call:
     """What one driven call produced."""
@@ -41,7 +50,7 @@ class Call:
     raised: ProviderError | None = None  # what the provider raised, if it did
 
 
-async def drive(provider: Provider, request: ModelRequest, translator: Translator) -> Call:
+async def drive(provider: Streams, request: ModelRequest, translator: Translator) -> Call:
     """Stream one call into ``translator`` the way the session does.
 
     Raw events are fed in order; a raised ``ProviderError`` fails the

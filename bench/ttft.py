@@ -1,0 +1,229 @@
+"""``python -m bench.ttft``: time to first token, through the gateway and from the SDK directly.
+
+Every measurement asks the same local stand-in for the Messages API
+(:class:`tests.fakes.FakeServer`, which replays ``anthropic/text.sse`` with no
+delay of its own) for the same stream, so the differences are what each path
+adds on top of the SDK, not the model's latency:
+
+- ``sdk``: ``AsyncAnthropic.messages.create(stream=True)`` called directly:
+  from the call to the first ``text_delta`` event.
+- ``provider``: the gateway's :class:`~gateway.providers.anthropic.AnthropicProvider`
+  feeding its :class:`~gateway.translate.Translator`, in process: from the call
+  to the first canonical ``text.delta``.
+- ``gateway``: a real gateway on 127.0.0.1 (HTTP and WebSocket): from ``POST
+  /sessions/{id}/turns`` to the first ``text.delta`` event frame on a
+  WebSocket subscribed beforehand. Each run is a new session, so that every
+  request carries the same one-message conversation.
+
+Each figure is over ``--runs`` runs after ``--warmup`` discarded ones, one run
+at a time; every path keeps its HTTP connection to the fake API alive between
+runs, as the gateway does. Example::
+
+    python -m bench.ttft --runs 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anthropic
+import httpx
+import trio
+from trio_websocket import WebSocketConnection, open_websocket_url
+
+from gateway.config import load_config
+from gateway.protocol.shapes import Message, TextBlock
+from gateway.providers.anthropic import AnthropicProvider
+from gateway.providers.base import ModelRequest
+from gateway.providers.factory import make_provider
+from gateway.server.app import Gateway
+from gateway.translate import Translator
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fakes, from any directory
+from tests.fakes import FakeServer, Replay, transcript
+
+MODEL = "anthropic:claude-sonnet-4-6"
+KEY = "sk-ant-bench"
+_TRANSCRIPT = transcript("anthropic/text.sse")
+_MESSAGE_ID = b"msg_01XFDUDYJgAACzvnptvVoYEL"
+
+Run = Callable[[FakeServer], Awaitable[float]]
+
+
+def _replay(run: int) -> Replay:
+    """The text transcript with a message id of its own: the gateway stores every message."""
+    return Replay(_TRANSCRIPT.replace(_MESSAGE_ID, f"msg_bench{run:08d}".encode()))
+
+
+async def _repeat(server: FakeServer, once: Run, runs: int, warmup: int) -> list[float]:
+    """The seconds of ``runs`` runs of ``once``, after ``warmup`` discarded ones."""
+    samples = []
+    for run in range(warmup + runs):
+        server.enqueue(_replay(run))
+        seconds = await once(server)
+        if run >= warmup:
+            samples.append(seconds)
+    return samples
+
+
+async def measure_sdk(server: FakeServer, runs: int, warmup: int) -> list[float]:
+    client = anthropic.AsyncAnthropic(api_key=KEY, base_url=server.base_url, max_retries=0)
+
+    async def once(_: FakeServer) -> float:
+        started = time.perf_counter()
+        events = await client.messages.create(
+            model=MODEL.removeprefix("anthropic:"),
+            max_tokens=1024,
+            messages=[{"role": "user", "content": "Hi"}],
+            stream=True,
+        )
+        first = None
+        async for event in events:
+            if first is None and event.type == "content_block_delta":
+                first = time.perf_counter() - started
+        assert first is not None, "the stream had no text_delta"
+        return first
+
+    try:
+        return await _repeat(server, once, runs, warmup)
+    finally:
+        await client.close()
+
+
+async def measure_provider(server: FakeServer, runs: int, warmup: int) -> list[float]:
+    provider = AnthropicProvider(api_key=KEY, base_url=server.base_url, max_retries=0)
+    user = Message("msg_user", "sess_bench", "turn_bench", "user", [TextBlock("Hi")], "complete", 0)
+    request = ModelRequest(model=MODEL, messages=[user], tools=[], max_tokens=1024)
+
+    async def once(_: FakeServer) -> float:
+        translator = Translator(session_id="sess_bench", turn_id=None, model=MODEL, created_at=0)
+        started = time.perf_counter()
+        first = None
+        async for raw in provider.stream(request):
+            for event in translator.feed(raw):
+                if first is None and event.type == "text.delta":
+                    first = time.perf_counter() - started
+        assert first is not None, "the stream had no text.delta"
+        return first
+
+    try:
+        return await _repeat(server, once, runs, warmup)
+    finally:
+        await provider.aclose()
+
+
+async def measure_gateway(server: FakeServer, runs: int, warmup: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as scratch:
+        config = load_config(
+            None,
+            {},
+            {
+                "server.port": 0,
+                "store.path": str(Path(scratch) / "bench.db"),
+                "model.provider": "anthropic",
+                "model.name": MODEL,
+                "model.base_url": server.base_url,
+                "model.max_retries": 0,
+                "tools.enabled": [],
+            },
+        )
+        provider = make_provider(config, {"ANTHROPIC_API_KEY": KEY})
+        gateway = Gateway(config, provider)
+        try:
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(gateway.run)
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                    samples = await _repeat(server, _gateway_turn(http), runs, warmup)
+                gateway.shutdown()
+        finally:
+            await provider.aclose()
+    return samples
+
+
+def _gateway_turn(http: httpx.AsyncClient) -> Run:
+    async def once(_: FakeServer) -> float:
+        created = await http.post("/sessions", json={})
+        session = created.json()["session_id"]
+        ws_url = (await http.get(f"/sessions/{session}")).json()["ws_url"]
+        async with open_websocket_url(ws_url) as ws:
+            subscribe = {"type": "subscribe", "filter": "preset:chat", "since": None}
+            await ws.send_message(json.dumps({**subscribe, "snapshot": False}))
+            await _until(ws, lambda frame: frame["type"] == "subscribe_ack")
+            started = time.perf_counter()
+            answer = await http.post(f"/sessions/{session}/turns", json={"content": "Hi"})
+            answer.raise_for_status()
+            await _until(ws, lambda frame: _event_type(frame) == "text.delta")
+            first = time.perf_counter() - started
+            await _until(ws, lambda frame: _event_type(frame) == "turn.completed")
+        return first
+
+    return once
+
+
+async def _until(ws: WebSocketConnection, done: Callable[[dict[str, object]], bool]) -> None:
+    while not done(json.loads(await ws.get_message())):
+        pass
+
+
+def _event_type(frame: dict[str, object]) -> object:
+    event = frame.get("event")
+    return event.get("type") if frame["type"] == "event" and isinstance(event, dict) else None
+
+
+# --- the report --------------------------------------------------------------------
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.3f} ms"
+
+
+def report(results: dict[str, list[float]], runs: int, warmup: int) -> str:
+    lines = [
+        f"Time to first token against a local fake Messages API"
+        f" ({runs} runs each, after {warmup} warm-up runs)",
+        f"{'path':<10} {'median':>11} {'p90':>11} {'min':>11}",
+    ]
+    for name, samples in results.items():
+        p90 = statistics.quantiles(samples, n=10)[-1]
+        lines.append(f"{name:<10} {_ms(statistics.median(samples))} {_ms(p90)} {_ms(min(samples))}")
+    sdk = statistics.median(results["sdk"])
+    for name in ("provider", "gateway"):
+        added = statistics.median(results[name]) - sdk
+        lines.append(f"{name} adds {added * 1000:+.3f} ms to the SDK's median")
+    return "\n".join(lines)
+
+
+async def run(runs: int, warmup: int) -> str:
+    server = FakeServer()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        results = {
+            "sdk": await measure_sdk(server, runs, warmup),
+            "provider": await measure_provider(server, runs, warmup),
+            "gateway": await measure_gateway(server, runs, warmup),
+        }
+        nursery.cancel_scope.cancel()
+    return report(results, runs, warmup)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ttft",
+        description="Time to first token, through the gateway and from the SDK.",
+    )
+    parser.add_argument("--runs", type=int, default=200, help="measured runs per path")
+    parser.add_argument("--warmup", type=int, default=10, help="discarded runs per path")
+    args = parser.parse_args(argv)
+    print(trio.run(run, args.runs, args.warmup))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
