@@ -8,9 +8,9 @@ on 127.0.0.1 with port 0, started in the caller's nursery::
     server = FakeServer(Replay(transcript("anthropic/text.sse")))
     base_url = await nursery.start(server.serve)
 
-Each request, whatever its path, is answered with the next queued reply (the
-``default`` once the queue is empty) and recorded in :attr:`FakeServer.requests`
-(method, path, headers, JSON body) for the test to assert on. Replies:
+Each request, whatever its path, is answered with the next queued reply (a 500
+once there is none) and recorded in :attr:`FakeServer.requests` (method, path,
+headers, JSON body) for the test to assert on. Replies:
 
 - :class:`Replay`: ``200 text/event-stream``, the transcript's bytes exactly,
   in one write or in writes of ``chunk_bytes`` (to exercise the SSE parser),
@@ -53,7 +53,6 @@ class Replay:
     body: bytes
     chunk_bytes: int = 0  # 0: the whole body in one write
     cut: Cut | None = None
-    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,13 +81,11 @@ class FakeServer:
     """Answers each request with the next reply; see the module docstring.
 
     Args:
-        replies: the answers to the first requests, in order.
-        default: the answer once they are used up (a 500 if None).
+        replies: the answers to the first requests, in order (:meth:`enqueue` adds more).
     """
 
-    def __init__(self, *replies: Reply, default: Reply | None = None) -> None:
+    def __init__(self, *replies: Reply) -> None:
         self.replies: deque[Reply] = deque(replies)
-        self.default = default
         self.requests: list[Recorded] = []
         self.base_url = ""
 
@@ -124,9 +121,7 @@ class FakeServer:
     def _next_reply(self) -> Reply:
         if self.replies:
             return self.replies.popleft()
-        if self.default is None:
-            return Json(500, {"error": {"type": "api_error", "message": "no reply queued"}})
-        return self.default
+        return Json(500, {"error": {"type": "api_error", "message": "no reply queued"}})
 
     async def _answer(self, conn: h11.Connection, stream: trio.SocketStream, reply: Reply) -> bool:
         """Send the reply; False when the connection must not be reused."""
@@ -142,7 +137,7 @@ class FakeServer:
             await _send(conn, stream, h11.EndOfMessage())
             return True
         headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
-        await _send(conn, stream, h11.Response(status_code=200, headers=[*headers, *reply.headers]))
+        await _send(conn, stream, h11.Response(status_code=200, headers=headers))
         body = reply.body if reply.cut is None else reply.body[: reply.cut.at]
         step = reply.chunk_bytes or max(len(body), 1)
         for at in range(0, len(body), step):
