@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from gateway.config import Config, load_config
+from gateway.config import load_config
 from gateway.errors import ConfigError
 
 EXIT_USAGE = 2  # argparse's status for a usage error; RUNNING.md gives a bad config the same
@@ -47,12 +47,17 @@ def main(argv: list[str] | None = None) -> int:
         for flag, value in (("host", args.host), ("port", args.port))
         if value is not None
     }
+    # Imported here so that a bad command line or config starts nothing at all.
+    from gateway.providers.factory import make_provider
+    from gateway.server.app import serve
+
     try:
         config = load_config(args.config, os.environ, overrides)
+        provider = make_provider(config, os.environ)  # a missing API key is a config error
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE
-    _serve(config)
+    trio.run(serve, config, provider)
     return 0
 
 
@@ -80,10 +85,3 @@ def _parser() -> argparse.ArgumentParser:
     attach.add_argument("--snapshot", action="store_true", help="start with a snapshot")
     attach.add_argument("--api-key", help="Bearer key, when the gateway has api_keys")
     return parser
-
-
-def _serve(config: Config) -> None:
-    # Imported here so that a bad command line or config starts nothing at all.
-    from gateway.server.app import serve  # type: ignore[import-not-found, unused-ignore]
-
-    trio.run(serve, config)

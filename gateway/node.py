@@ -122,6 +122,8 @@ class Node:
                 await self._stop.wait()
                 await self.drain_turns()
                 sessions.cancel_scope.cancel()
+            with trio.CancelScope(shield=True):
+                await self.provider.aclose()
             await self.store.aclose()
 
     async def _run_store(self, *, task_status: trio.TaskStatus[None]) -> None:

@@ -135,3 +135,19 @@ async def test_a_bad_config_is_one_line_and_exit_2_with_nothing_started(tmp_path
     lines = result.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "stream.queue_max_events" in lines[0], lines
     assert not (tmp_path / "gateway.db").exists()
+
+
+async def test_a_missing_api_key_is_a_config_error_before_anything_starts(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+    env |= {"GATEWAY_MODEL_PROVIDER": "anthropic", "GATEWAY_MODEL_NAME": "anthropic:claude-x"}
+    result = await trio.run_process(
+        [sys.executable, "-m", "gateway", "serve", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    assert result.returncode == 2 and result.stdout == b""
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "ANTHROPIC_API_KEY" in lines[0], lines

@@ -25,29 +25,15 @@ from typing import Any
 import trio
 
 from gateway.config import Config
-from gateway.errors import ConfigError
 from gateway.node import Node
 from gateway.providers.base import Provider
+from gateway.providers.factory import make_provider
 from gateway.server.http import HttpLimits, serve_connection
 from gateway.server.routes import Api
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.builtin import build_registry
 
 log = logging.getLogger("gateway")
-
-
-def make_provider(config: Config) -> Provider:
-    """The provider named by ``[model] provider``.
-
-    Raises:
-        ConfigError: the provider cannot be used (named in the message).
-    """
-    kind = config.model.provider
-    if kind == "scripted":
-        from gateway.providers.scripted import ScriptedProvider
-
-        return ScriptedProvider(config.model.name)
-    raise ConfigError(f"config error: model.provider: {kind!r} is not available in this build")
 
 
 class Gateway:
@@ -130,12 +116,12 @@ class Gateway:
         conns.cancel_scope.cancel()
 
 
-async def serve(config: Config) -> None:
+async def serve(config: Config, provider: Provider | None = None) -> None:
     """``gateway serve``: run until SIGTERM or SIGINT, print the readiness line."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    gateway = Gateway(config)
+    gateway = Gateway(config, provider)
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             port = await nursery.start(gateway.run, name="gateway")
