@@ -7,11 +7,12 @@ bumped once per emitted batch, not once per event or per client.
 
 from __future__ import annotations
 
-from collections import Counter as _Tally
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -20,12 +21,10 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.events = Counter(
-            "gateway_events_emitted", "Events emitted, by type", ["type"], registry=r
-        )
-        self.frames = Counter(
-            "gateway_event_frames_sent", "Event frames written to WebSocket clients", registry=r
-        )
+        # Hot-path totals: plain integers, read only when /metrics is scraped.
+        self.events_by_type: defaultdict[str, int] = defaultdict(int)
+        self.frames_sent = 0
+        r.register(_HotTotals(self))
         self.ws_connections = Gauge(
             "gateway_ws_connections", "Open WebSocket connections", registry=r
         )
@@ -44,8 +43,29 @@ class Metrics:
         self.replays = Counter("gateway_replay_events", "Event frames sent by replays", registry=r)
 
     def events_emitted(self, emitted: Iterable[Any]) -> None:
-        for type_, n in _Tally(e.type for e in emitted).items():
-            self.events.labels(type_).inc(n)
+        tally = self.events_by_type
+        for e in emitted:
+            tally[e.type] += 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _HotTotals:
+    """Exports the hot-path totals of :class:`Metrics` as Prometheus counters."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        events = CounterMetricFamily(
+            "gateway_events_emitted", "Events emitted, by type", labels=["type"]
+        )
+        for type_, n in sorted(self.metrics.events_by_type.items()):
+            events.add_metric([type_], n)
+        yield events
+        yield CounterMetricFamily(
+            "gateway_event_frames_sent",
+            "Event frames written to WebSocket clients",
+            value=self.metrics.frames_sent,
+        )

@@ -291,7 +291,7 @@ class StreamConnection:
         rx = self._rx
         interval = self.node.config.stream.ping_interval_s
         cut = 0
-        frames_sent = self.node.metrics.frames
+        metrics = self.node.metrics
         while True:
             self._wait_scope = trio.CancelScope()
             with trio.move_on_after(interval) as idle, self._wait_scope:
@@ -333,7 +333,7 @@ class StreamConnection:
                     break
             if parts:
                 await self._write(parts[0] if len(parts) == 1 else b"".join(parts))
-                frames_sent.inc(events)
+                metrics.frames_sent += events
 
     async def _write(self, data: bytes) -> None:
         with trio.CancelScope(deadline=self._close_deadline) as self._send_scope:

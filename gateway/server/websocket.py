@@ -156,10 +156,19 @@ class WebSocket:
             ConnectionClosed: a close frame was already sent or received, or the
                 stream broke while writing.
         """
-        async with self._send_lock:
+        # The hot path: an uncontended lock is taken without a trip through the
+        # scheduler (``trio.Lock.acquire`` always yields); the write checkpoints.
+        lock = self._send_lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             if self.closed:
                 raise ConnectionClosed("the WebSocket is closed")
             await self._write(data)
+        finally:
+            lock.release()
 
     async def close(self, code: int, reason: str = "", *, grace_s: float = 5.0) -> None:
         """Close the connection with ``code`` and ``reason`` (PROTOCOL section 3, close codes).
