@@ -94,6 +94,14 @@ def _check_exactly_once(
     reference: Client, results: list[tuple[str, Any, list[Event], Reducer]]
 ) -> None:
     ref = reference.events
+    # nothing lost upstream of the fan-out either: each message's deltas add up
+    for complete in (e for e in ref if e.type == "message.complete"):
+        mid = complete.payload.message_id
+        streamed = "".join(
+            e.payload.text for e in ref if e.type == "text.delta" and e.payload.message_id == mid
+        )
+        final = "".join(b.text for b in complete.payload.final_content if hasattr(b, "text"))
+        assert streamed == final
     ref_ids = [e.id for e in ref]
     assert len(results) == len(range(50, 3000, 180))
     for mode, start, events, reducer in results:

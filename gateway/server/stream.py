@@ -121,10 +121,12 @@ class StreamConnection:
         self.key: FilterKey | None = None
         self.closing: str | None = None  # the close code name, once a close is decided
         self.heartbeat = Heartbeat(stream.ping_max_missed)
-        self._wait_scope = trio.CancelScope()  # the writer's wait for frames
-        self._send_scope = trio.CancelScope()  # the writer's send in progress
-        self._close_deadline = float("inf")
+        # The writer runs under this one scope (no scope per write: the hot
+        # path); a close cancels it, or gives it a deadline while it writes.
+        self._writer_scope = trio.CancelScope()
+        self._writing = False  # between taking frames and having written them
         self._aborting = False  # the writer drops what is queued and closes
+        self.last_write = 0.0  # trio time of the last outbound frame (the heartbeat's clock)
         self._nursery: trio.Nursery | None = None
 
     # --- Subscriber (the hub's side) ----------------------------------------------
@@ -155,10 +157,12 @@ class StreamConnection:
         metrics = self.node.metrics
         metrics.ws_connections.inc()
         try:
+            self.last_write = trio.current_time()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer, name=f"ws-writer {self.name}")
                 nursery.start_soon(self._reader, name=f"ws-reader {self.name}")
+                nursery.start_soon(self._heartbeat, name=f"ws-heartbeat {self.name}")
         finally:
             metrics.ws_connections.dec()
             reason = self.closing or "client_closed"
@@ -179,16 +183,19 @@ class StreamConnection:
         if self.closing is not None:
             return
         self.closing = code
-        self._close_deadline = trio.current_time() + self.node.config.stream.close_grace_s
-        self._send_scope.deadline = self._close_deadline
+        deadline = trio.current_time() + self.node.config.stream.close_grace_s
         if code in _DRAINING_CLOSES:
             try:
                 self._tx.send_nowait(_CLOSE)
+                self._writer_scope.deadline = deadline
                 return
             except trio.WouldBlock:
                 pass  # no room even for the marker: drop the queue
         self._aborting = True
-        self._wait_scope.cancel()
+        if self._writing:  # never cut a frame in half: finish it, within the grace
+            self._writer_scope.deadline = deadline
+        else:
+            self._writer_scope.cancel()
 
     def _put(self, frame: bytes) -> None:
         """Queue a control frame (already framed); a full queue is a slow client."""
@@ -276,9 +283,26 @@ class StreamConnection:
 
     # --- writer --------------------------------------------------------------------------
 
+    async def _heartbeat(self) -> None:
+        """Ping after ``ping_interval_s`` without an outbound frame (PROTOCOL section 3)."""
+        interval = self.node.config.stream.ping_interval_s
+        while self.closing is None:
+            await trio.sleep_until(self.last_write + interval)
+            if trio.current_time() < self.last_write + interval:
+                continue  # something went out meanwhile
+            nonce = self.heartbeat.on_idle()
+            if nonce is None:
+                self.request_close("heartbeat_timeout")
+                return
+            self._put(text_frame(encode(Ping(nonce))))
+            self.last_write = trio.current_time()
+
     async def _writer(self) -> None:
         try:
-            await self._write_loop()
+            with self._writer_scope:
+                await self._write_loop()
+            if self._writer_scope.cancelled_caught and self._writing:
+                raise ConnectionClosed("a write was abandoned after close_grace_s")
             ws_code, reason = close_reason(self.closing or "normal")
             await self.ws.close(ws_code, reason, grace_s=self.node.config.stream.close_grace_s)
         except ConnectionClosed:  # broken, or a write cut short: no close frame can follow
@@ -288,23 +312,18 @@ class StreamConnection:
                 self._nursery.cancel_scope.cancel()
 
     async def _write_loop(self) -> None:
+        """Take everything queued, write it in one ``send_all``; again."""
         rx = self._rx
-        interval = self.node.config.stream.ping_interval_s
         cut = 0
         metrics = self.node.metrics
         while True:
-            self._wait_scope = trio.CancelScope()
-            with trio.move_on_after(interval) as idle, self._wait_scope:
+            try:
+                item = rx.receive_nowait()
+            except trio.WouldBlock:
                 item = await rx.receive()
             if self._aborting:
                 return
-            if idle.cancelled_caught:
-                nonce = self.heartbeat.on_idle()
-                if nonce is None:
-                    self.request_close("heartbeat_timeout")
-                    return
-                await self._write(text_frame(encode(Ping(nonce))))
-                continue
+            self._writing = True
             parts: list[bytes] = []
             events = 0
             while True:
@@ -334,9 +353,8 @@ class StreamConnection:
             if parts:
                 await self._write(parts[0] if len(parts) == 1 else b"".join(parts))
                 metrics.frames_sent += events
+            self._writing = False
 
     async def _write(self, data: bytes) -> None:
-        with trio.CancelScope(deadline=self._close_deadline) as self._send_scope:
-            await self.ws.send_all(data)
-        if self._send_scope.cancelled_caught:
-            raise ConnectionClosed("write abandoned after close_grace_s")
+        await self.ws.send_all(data)
+        self.last_write = trio.current_time()

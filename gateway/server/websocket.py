@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import struct
 
 import trio
@@ -107,6 +108,9 @@ class WebSocket:
         self._gone = False
         self._close_code: int | None = None
         self._close_reason: str | None = None
+        # The socket's descriptor, for writes that go straight to the kernel
+        # when it has room (the hot path); -1 for other streams.
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
 
     @property
     def closed(self) -> bool:
@@ -166,7 +170,22 @@ class WebSocket:
         try:
             if self.closed:
                 raise ConnectionClosed("the WebSocket is closed")
-            await self._write(data)
+            if self._fd >= 0:
+                # Straight to the kernel while it has room: no trip through
+                # trio's socket machinery; only the rest (if any) waits.
+                try:
+                    sent = os.write(self._fd, data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError as exc:
+                    self._record_close(_ABNORMAL_CLOSURE, "")
+                    await self._drop()
+                    raise ConnectionClosed("the WebSocket stream is broken") from exc
+                if sent == len(data):
+                    return
+                await self._write(memoryview(data)[sent:])
+            else:
+                await self._write(data)
         finally:
             lock.release()
 
@@ -282,7 +301,7 @@ class WebSocket:
         with contextlib.suppress(ConnectionClosed):
             await self._write(data)
 
-    async def _write(self, data: bytes) -> None:
+    async def _write(self, data: bytes | memoryview) -> None:
         """Write under the send lock; a broken stream becomes :class:`ConnectionClosed`."""
         try:
             await self._stream.send_all(data)
@@ -303,4 +322,5 @@ class WebSocket:
 
     async def _drop(self) -> None:
         self._gone = True
+        self._fd = -1
         await trio.aclose_forcefully(self._stream)

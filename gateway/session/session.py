@@ -28,6 +28,7 @@ from typing import Any
 
 import msgspec
 import trio
+import trio.testing
 
 from gateway.errors import ApiError, SubscribeRejected
 from gateway.ids import format_event_id, new_turn_id, now_ms, parse_event_id
@@ -113,12 +114,11 @@ class Inbox:
         self._room.set()
         return items
 
-    async def get(self) -> list[Any]:
-        """Wait for at least one item; everything queued."""
+    async def wait(self) -> None:
+        """Wait until something is queued (without taking it)."""
         while not self._items:
             self._ready = trio.Event()
             await self._ready.wait()
-        return self.take()
 
 
 class EndCall(msgspec.Struct):
@@ -457,11 +457,25 @@ class Session:
         self._process(call, [*self._inbox.take(), end])
 
     async def _translate_loop(self) -> None:
-        """Drain what the provider has ready, translate it, emit it as one batch."""
+        """Drain what the provider has ready, translate it, emit it as one batch.
+
+        Batches grow with load: once woken, the translator waits until every
+        other task of the gateway is blocked (the writers have sent the last
+        batch) or ``batch_window_ms`` has passed, and takes all that came
+        meanwhile. On a quiet gateway that wait ends at once; under load it
+        turns a per-event cost per client into a per-batch one.
+        """
+        window = self.node.config.stream.batch_window_ms / 1000
         while True:
-            items = await self._inbox.get()
+            await self._inbox.wait()
+            if window:
+                with trio.move_on_after(window):
+                    await trio.testing.wait_all_tasks_blocked()
+            # Taken and processed in one step: nothing is held across an
+            # await, so the agent loop's settle() can never miss an item.
+            items = self._inbox.take()
             call = self.call
-            if call is not None:  # else a late item of a call already settled
+            if items and call is not None:
                 self._process(call, items)
 
     def _process(self, call: Call, items: list[Any]) -> None:
