@@ -125,6 +125,9 @@ class StreamConnection:
         # path); a close cancels it, or gives it a deadline while it writes.
         self._writer_scope = trio.CancelScope()
         self._writing = False  # between taking frames and having written them
+        # The writer is parked on an empty channel and nothing was handed to it
+        # since: a batch may then be written straight from the fan-out.
+        self._idle = False
         self._aborting = False  # the writer drops what is queued and closes
         self.last_write = 0.0  # trio time of the last outbound frame (the heartbeat's clock)
         self._nursery: trio.Nursery | None = None
@@ -133,14 +136,29 @@ class StreamConnection:
 
     def deliver(self, batch: FrameBatch) -> bool:
         n = len(batch)
+        if self._idle:
+            # The fast path: nothing queued, nothing in flight, past the seam
+            # (a gate is only ever passed by a writer that then went idle).
+            rest = self.ws.send_nowait(batch.blob)
+            if rest is not None:
+                self.node.metrics.frames_sent += n
+                self.last_write = trio.current_time()
+                if rest:  # the kernel's buffer is full: the writer sends the rest
+                    self._enqueue(rest)
+                return True
         if self.queued + n > self.max_events:
             return False
         try:
-            self._tx.send_nowait(batch)
+            self._enqueue(batch)
         except trio.WouldBlock:
             return False
         self.queued += n
         return True
+
+    def _enqueue(self, item: bytes | FrameBatch | Gate | _Close) -> None:
+        """Hand an item to the writer (raises ``trio.WouldBlock`` when full)."""
+        self._tx.send_nowait(item)
+        self._idle = False
 
     def overflowed(self) -> None:
         self.session.hub.unsubscribe(self)
@@ -183,10 +201,11 @@ class StreamConnection:
         if self.closing is not None:
             return
         self.closing = code
+        self._idle = False  # from now on, only the writer writes
         deadline = trio.current_time() + self.node.config.stream.close_grace_s
         if code in _DRAINING_CLOSES:
             try:
-                self._tx.send_nowait(_CLOSE)
+                self._enqueue(_CLOSE)
                 self._writer_scope.deadline = deadline
                 return
             except trio.WouldBlock:
@@ -200,7 +219,7 @@ class StreamConnection:
     def _put(self, frame: bytes) -> None:
         """Queue a control frame (already framed); a full queue is a slow client."""
         try:
-            self._tx.send_nowait(frame)
+            self._enqueue(frame)
         except trio.WouldBlock:
             self.overflowed()
 
@@ -252,7 +271,7 @@ class StreamConnection:
             self._send_frame(SubscribeError(exc.code, exc.message))  # type: ignore[arg-type]
             return
         gate = Gate()
-        self._tx.send_nowait(gate)  # the slack always has room for it
+        self._enqueue(gate)  # the slack always has room for it
         session.hub.subscribe(self, key)
         self.key = key
         try:
@@ -320,7 +339,11 @@ class StreamConnection:
             try:
                 item = rx.receive_nowait()
             except trio.WouldBlock:
-                item = await rx.receive()
+                self._idle = self.key is not None and self.closing is None
+                try:
+                    item = await rx.receive()
+                finally:
+                    self._idle = False
             if self._aborting:
                 return
             self._writing = True

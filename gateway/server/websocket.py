@@ -153,6 +153,27 @@ class WebSocket:
                     return None
             return self._inbox.popleft()
 
+    def send_nowait(self, data: bytes) -> bytes | None:
+        """Write what the kernel takes now, without waiting; the rest is the caller's.
+
+        The fan-out's fast path: a client whose writer is idle gets the shared
+        batch written straight from the fan-out, with no task switch.
+
+        Returns:
+            The bytes not written (``b""`` when all went), or ``None`` when
+            nothing could be tried (not a socket, closed, a write in
+            progress, or an error, which the next :meth:`send_all` reports).
+        """
+        if self._fd < 0 or self.closed or self._send_lock.locked():
+            return None
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            return data
+        except OSError:
+            return None
+        return data[sent:] if sent < len(data) else b""
+
     async def send_all(self, data: bytes) -> None:
         """Write already-framed bytes (one or many :func:`text_frame` joined) in one write.
 
