@@ -100,15 +100,14 @@ def resolve_filter(raw: Filter | str) -> tuple[Filter, FilterKey]:
         SubscribeRejected: ``invalid_filter``, naming the offending preset, type or actor.
     """
     if isinstance(raw, str):
-        preset = PRESETS.get(raw)
-        if preset is None:
+        resolved_preset = _RESOLVED_PRESETS.get(raw)
+        if resolved_preset is None:
             raise SubscribeRejected(
                 "invalid_filter",
                 f"unknown preset {raw!r}; use 'preset:chat', 'preset:full' or a filter object",
             )
-        resolved = Filter(list(preset.event_types or ()), None, False)
-    else:
-        resolved = raw
+        return resolved_preset  # shared by every connection that asks for it
+    resolved = raw
     for t in resolved.event_types or ():
         if t not in EVENT_TYPES:
             raise SubscribeRejected(
@@ -125,7 +124,15 @@ def resolve_filter(raw: Filter | str) -> tuple[Filter, FilterKey]:
         None if resolved.actors is None else frozenset(resolved.actors),
         resolved.include_worker_sessions,
     )
-    return resolved, key
+    return resolved, _KEYS.setdefault(key, key)  # equal filters share one key object
+
+
+# Interned: 10,000 idle connections on two presets hold two filters, not 10,000.
+_KEYS: dict[FilterKey, FilterKey] = {}
+_RESOLVED_PRESETS: dict[str, tuple[Filter, FilterKey]] = {
+    name: resolve_filter(Filter(list(p.event_types or ()), None, False))
+    for name, p in PRESETS.items()
+}
 
 
 __all__ = ["CATALOG_TYPES", "PRESETS", "Filter", "FilterKey", "resolve_filter"]

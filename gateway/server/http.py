@@ -325,6 +325,8 @@ class _HttpConnection:
         )
         await self._stream.send_all(self._h11.send(switch))
         trailing, _ = self._h11.trailing_data
+        path = request.path
+        del self._h11, request  # a WebSocket lives long: keep none of the HTTP state
         ws = WebSocket(
             self._stream, trailing, max_message_bytes=self._limits.max_client_frame_bytes
         )
@@ -333,7 +335,7 @@ class _HttpConnection:
         except ConnectionClosed:
             pass  # the client left while run was writing: nothing more to say
         except Exception:
-            _log.exception("WebSocket handler failed on %s", request.path)
+            _log.exception("WebSocket handler failed on %s", path)
             await ws.close(*close_reason("internal_error"))
         await ws.close(*close_reason("normal"))  # a no-op if run closed it
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import secrets
 import sys
 
@@ -80,7 +81,7 @@ class Gate:
 class Heartbeat:
     """Ping bookkeeping (PROTOCOL section 3 "Heartbeat"), sans-IO.
 
-    The writer calls :meth:`on_idle` after ``ping_interval_s`` without an
+    The reader calls :meth:`on_idle` after ``ping_interval_s`` without an
     outbound frame: it answers a nonce to ping with, or ``None`` when
     ``ping_max_missed`` pings in a row went unanswered (close 1001). Any pong
     carrying the nonce of an outstanding ping resets the count.
@@ -179,8 +180,7 @@ class StreamConnection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer, name=f"ws-writer {self.name}")
-                nursery.start_soon(self._reader, name=f"ws-reader {self.name}")
-                nursery.start_soon(self._heartbeat, name=f"ws-heartbeat {self.name}")
+                await self._reader()  # in this task: one task fewer per connection
         finally:
             metrics.ws_connections.dec()
             reason = self.closing or "client_closed"
@@ -229,14 +229,23 @@ class StreamConnection:
     # --- reader --------------------------------------------------------------------------
 
     async def _reader(self) -> None:
+        """Client frames, and the connection's two clocks (PROTOCOL section 3).
+
+        The reader is idle nearly all the time, so it also keeps the subscribe
+        deadline and the heartbeat: after ``ping_interval_s`` without an
+        outbound frame it pings, and closes 1001 after ``ping_max_missed``.
+        """
         config = self.node.config.stream
-        deadline = trio.current_time() + config.subscribe_timeout_s
+        interval = config.ping_interval_s
+        subscribe_by = trio.current_time() + config.subscribe_timeout_s
         while True:
-            with trio.move_on_at(deadline if self.key is None else float("inf")) as timer:
+            wake_at = self.last_write + interval
+            if self.key is None:
+                wake_at = min(wake_at, subscribe_by)
+            with trio.move_on_at(wake_at if self.closing is None else math.inf) as timer:
                 message = await self.ws.receive()
             if timer.cancelled_caught:
-                self.request_close("subscribe_timeout")
-                deadline = float("inf")
+                self._on_timer(subscribe_by, interval)
                 continue
             if message is None:
                 break
@@ -302,19 +311,17 @@ class StreamConnection:
 
     # --- writer --------------------------------------------------------------------------
 
-    async def _heartbeat(self) -> None:
-        """Ping after ``ping_interval_s`` without an outbound frame (PROTOCOL section 3)."""
-        interval = self.node.config.stream.ping_interval_s
-        while self.closing is None:
-            await trio.sleep_until(self.last_write + interval)
-            if trio.current_time() < self.last_write + interval:
-                continue  # something went out meanwhile
+    def _on_timer(self, subscribe_by: float, interval: float) -> None:
+        now = trio.current_time()
+        if self.key is None and now >= subscribe_by:
+            self.request_close("subscribe_timeout")
+        elif now >= self.last_write + interval:
             nonce = self.heartbeat.on_idle()
             if nonce is None:
                 self.request_close("heartbeat_timeout")
-                return
-            self._put(text_frame(encode(Ping(nonce))))
-            self.last_write = trio.current_time()
+            else:
+                self._put(text_frame(encode(Ping(nonce))))
+                self.last_write = now
 
     async def _writer(self) -> None:
         try:
