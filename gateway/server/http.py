@@ -188,7 +188,10 @@ class _HttpConnection:
             if isinstance(answer, WebSocketAccept):
                 refusal = _handshake_refusal(request)
                 if refusal is None:
-                    await self._upgrade(request, answer)
+                    # A WebSocket lives long: this frame keeps none of the request.
+                    key, path = request.headers["sec-websocket-key"], request.path
+                    del request
+                    await self._upgrade(key, path, answer)
                     return
                 answer = refusal
             await self._send(answer)
@@ -307,13 +310,13 @@ class _HttpConnection:
             while await self._receive():
                 pass
 
-    async def _upgrade(self, request: Request, accept: WebSocketAccept) -> None:
+    async def _upgrade(self, key_text: str, path: str, accept: WebSocketAccept) -> None:
         """Complete the handshake (RFC 6455 section 4.2.2) and hand the stream to ``accept.run``.
 
         No extension is negotiated: frames are built once per event for every
         client (see gateway.server.websocket), which permessage-deflate would forbid.
         """
-        key = request.headers["sec-websocket-key"].encode()
+        key = key_text.encode()
         switch = h11.InformationalResponse(
             status_code=101,
             reason=b"Switching Protocols",
@@ -325,8 +328,7 @@ class _HttpConnection:
         )
         await self._stream.send_all(self._h11.send(switch))
         trailing, _ = self._h11.trailing_data
-        path = request.path
-        del self._h11, request  # a WebSocket lives long: keep none of the HTTP state
+        del self._h11  # a WebSocket lives long: keep none of the HTTP state
         ws = WebSocket(
             self._stream, trailing, max_message_bytes=self._limits.max_client_frame_bytes
         )

@@ -341,7 +341,6 @@ class StreamConnection:
         """Take everything queued, write it in one ``send_all``; again."""
         rx = self._rx
         cut = 0
-        metrics = self.node.metrics
         while True:
             try:
                 item = rx.receive_nowait()
@@ -354,36 +353,45 @@ class StreamConnection:
             if self._aborting:
                 return
             self._writing = True
-            parts: list[bytes] = []
-            events = 0
-            while True:
-                if isinstance(item, _Close):
-                    if parts:
-                        await self._write(b"".join(parts))
-                    return
-                if isinstance(item, FrameBatch):
-                    self.queued -= len(item)
-                    data = item.blob if item.seqs[0] > cut else item.after(cut)
-                    if data:
-                        parts.append(data)
-                        events += len(item)
-                elif isinstance(item, Gate):
-                    if parts:
-                        await self._write(b"".join(parts))
-                        parts = []
-                    await item.ready.wait()
-                    parts.append(item.payload)
-                    cut = item.cut
-                else:
-                    parts.append(item)
-                try:
-                    item = rx.receive_nowait()
-                except trio.WouldBlock:
-                    break
-            if parts:
-                await self._write(parts[0] if len(parts) == 1 else b"".join(parts))
-                metrics.frames_sent += events
+            cut = await self._drain(item, cut)
+            del item  # an idle connection keeps nothing it has sent
+            if cut < 0:
+                return
             self._writing = False
+
+    async def _drain(self, item: bytes | FrameBatch | Gate | _Close, cut: int) -> int:
+        """Write ``item`` and everything queued behind it; the new cut, or -1 to stop."""
+        rx = self._rx
+        parts: list[bytes] = []
+        events = 0
+        while True:
+            if isinstance(item, _Close):
+                if parts:
+                    await self._write(b"".join(parts))
+                return -1
+            if isinstance(item, FrameBatch):
+                self.queued -= len(item)
+                data = item.blob if item.seqs[0] > cut else item.after(cut)
+                if data:
+                    parts.append(data)
+                    events += len(item)
+            elif isinstance(item, Gate):
+                if parts:
+                    await self._write(b"".join(parts))
+                    parts = []
+                await item.ready.wait()
+                parts.append(item.payload)
+                cut = item.cut
+            else:
+                parts.append(item)
+            try:
+                item = rx.receive_nowait()
+            except trio.WouldBlock:
+                break
+        if parts:
+            await self._write(parts[0] if len(parts) == 1 else b"".join(parts))
+            self.node.metrics.frames_sent += events
+        return cut
 
     async def _write(self, data: bytes) -> None:
         await self.ws.send_all(data)
