@@ -29,7 +29,6 @@ The close handshake (RFC 6455 section 7):
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import struct
