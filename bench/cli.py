@@ -56,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    ap.add_argument("--profile", choices=sorted(PROFILES), default="default")
+    ap.add_argument("--profile", choices=sorted(PROFILES), default="default",
+                    help="phase sizes (bench/README.md, Profiles)")  # fmt: skip
     ap.add_argument("--config", metavar="FILE", help="the gateway's TOML config (yours)")
     ap.add_argument("--url", help="target a running gateway instead of starting one")
     ap.add_argument("--pid", type=int, help="with --url: its process id, to measure CPU and RSS")
@@ -66,7 +67,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rate", type=float, help="tokens/s per session at the reference step")
     ap.add_argument("--rates", type=_rates, metavar="R,R,..", help="rate sweep, tokens/s")
     ap.add_argument("--window", type=float, dest="window_s", help="seconds per window")
-    ap.add_argument("--idle", type=_counts, dest="idle_counts", metavar="N,N")
+    ap.add_argument("--idle", type=_counts, dest="idle_counts", metavar="N,N",
+                    help="idle connection counts (RSS per connection at each)")  # fmt: skip
     ap.add_argument("--workers", type=int, help="client processes")
     ap.add_argument("--peers", type=_peers, help="comma list of ws_queue,ws_broadcast,raw or none")
     ap.add_argument("--no-ttft", action="store_true", help="skip the time-to-first-token phase")
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     raise_fd_limit()
     started = time.monotonic()
     try:
-        result = asyncio.run(run(profile, args))
+        config_text = Path(args.config).read_text() if args.config else None
+        result = asyncio.run(run(profile, args, config_text))
         result["command"] = " ".join(["python -m bench", *argv])
     except KeyboardInterrupt:
         return 130
@@ -108,14 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def run(profile: Profile, args: argparse.Namespace) -> dict[str, Any]:
+async def run(
+    profile: Profile, args: argparse.Namespace, config_text: str | None
+) -> dict[str, Any]:
     def log(message: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
 
     t0 = time.monotonic()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         workdir = Path(tmp)
-        config_text = Path(args.config).read_text() if args.config else None
 
         def make_gateway(name: str) -> GatewayServer:
             path = workdir / name
@@ -137,5 +142,7 @@ async def run(profile: Profile, args: argparse.Namespace) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "client_workers": profile.workers,
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
     }
     return result

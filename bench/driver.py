@@ -16,6 +16,7 @@ are how the bench knows the slow-client rule fired (PROTOCOL section 3).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from urllib.parse import urlsplit
 
@@ -94,7 +95,6 @@ class GatewayDriver:
         self.rate = 0.0
         self.running = False
         self.slow_client_warnings = 0
-        self.turns = 0  # turns submitted
         self._sessions: list[str] = []
         self._watchers: dict[str, _Watcher] = {}
         self._in_flight: dict[str, str] = {}  # session -> turn id
@@ -111,8 +111,8 @@ class GatewayDriver:
                 path = await attach_path(self.http, session)
                 watcher = _Watcher(self, session, self.host, self.port, path)
                 await open_ws(watcher)
+                await watcher.answered  # subscribed before any turn starts
                 self._watchers[session] = watcher
-        await asyncio.sleep(0.05)  # the watchers' subscribe frames are in before any turn
         for session in sessions:
             turn_id = self._in_flight.get(session)
             if turn_id is None:
@@ -127,10 +127,8 @@ class GatewayDriver:
             await self._cancel(session, turn_id)
         if self._in_flight:
             self._idle.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), 30)
-            except TimeoutError:
-                pass
 
     async def close(self) -> None:
         self.running = False
@@ -153,7 +151,6 @@ class GatewayDriver:
     async def _submit(self, session: str) -> None:
         content = lorem_script(self.rate, self.words)
         answer = await self.http.request("POST", f"/sessions/{session}/turns", {"content": content})
-        self.turns += 1
         turn_id = str(answer["turn_id"])
         self._in_flight[session] = turn_id
         if turn_id in self._ended_early:

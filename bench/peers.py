@@ -18,6 +18,10 @@ sending, so that end-to-end latency is measured the same way.
 - ``ws_queue``: an asyncio ``websockets`` server, one ``asyncio.Queue`` and one
   sending task (the handler) per client: the textbook fan-out.
 - ``ws_broadcast``: the same server, fanning out with ``websockets.broadcast()``.
+
+  Both keep the library's defaults (keepalive pings every 20 s, as the
+  gateway has its heartbeat) except compression, which the bench's clients
+  do not ask for anyway.
 - ``raw``: the ceiling: a single-threaded epoll loop that does the WebSocket
   handshake and then writes each pre-built frame to each socket with one
   ``send``, buffering only what the kernel refuses. No queue bound, no
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import heapq
 import json
 import os
@@ -72,17 +77,24 @@ class Turn:
         return ticks
 
 
+def next_due(due: float, interval: float, now: float) -> float:
+    """The next tick's time: on schedule, unless more than an interval behind it."""
+    due += interval
+    return due if due > now - interval else now
+
+
 def stamp(head: bytes, tail: bytes) -> bytes:
     """The frame's JSON with ``ts`` = now, in whole ms as the gateway writes it."""
     return b"%s%d%s" % (head, time.time_ns() // 1_000_000, tail)
 
 
 class Producer:
-    """Plays the turn on one channel, one tick per ``1/rate`` s after the previous one.
+    """Plays the turn on one channel, one tick every ``1/rate`` s.
 
-    The next tick is scheduled after the current one is sent (like the
-    scripted model's ``delay_ms``, RUNNING.md), so an overloaded server slows
-    down instead of queueing ticks.
+    Ticks keep to a fixed schedule while the server keeps up; one that is
+    late by more than a whole interval moves the schedule to now instead of
+    bursting to catch up, so an overloaded server slows down, as the
+    gateway's scripted model (a sleep per delta) does.
     """
 
     def __init__(self, ticks: list[list[tuple[bytes, bytes]]], emit: Callable[[bytes], None]):
@@ -99,11 +111,15 @@ class Producer:
     # On an asyncio loop (the websockets peers; the raw ceiling keeps its own timers).
 
     def start(self, loop: asyncio.AbstractEventLoop, interval: float, offset: float) -> None:
-        def fire() -> None:
-            self.tick()
-            self._handle = loop.call_later(interval, fire)
+        due = loop.time() + offset
 
-        self._handle = loop.call_later(offset, fire)
+        def fire() -> None:
+            nonlocal due
+            self.tick()
+            due = next_due(due, interval, loop.time())
+            self._handle = loop.call_at(due, fire)
+
+        self._handle = loop.call_at(due, fire)
 
     def stop(self) -> None:
         if self._handle is not None:
@@ -223,7 +239,7 @@ class RawCeiling:
         self.listener.setblocking(False)
         self.port = self.listener.getsockname()[1]
         self.channels: dict[str, list[RawConn]] = {}
-        self.timers: list[tuple[float, int, Producer, str]] = []
+        self.timers: list[tuple[float, int, Producer]] = []
         self.interval = 0.0
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         self.sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
@@ -249,11 +265,10 @@ class RawCeiling:
                     self._read(key.data)
             now = time.monotonic()
             while self.timers and self.timers[0][0] <= now:
-                _, slot, producer, name = heapq.heappop(self.timers)
+                due, slot, producer = heapq.heappop(self.timers)
                 producer.tick()
-                heapq.heappush(
-                    self.timers, (time.monotonic() + self.interval, slot, producer, name)
-                )
+                due = next_due(due, self.interval, time.monotonic())
+                heapq.heappush(self.timers, (due, slot, producer))
 
     def _command(self, line: bytes) -> None:
         command = json.loads(line)
@@ -267,7 +282,7 @@ class RawCeiling:
                 members = self.channels.setdefault(name, [])
                 producer = Producer(self.turn.steps(), self._emitter(members))
                 at = now + self.interval * i / sessions
-                heapq.heappush(self.timers, (at, i, producer, name))
+                heapq.heappush(self.timers, (at, i, producer))
 
     def _emitter(self, members: list[RawConn]) -> Callable[[bytes], None]:
         def emit(payload: bytes) -> None:
@@ -354,10 +369,8 @@ class RawCeiling:
     def _drop(self, conn: RawConn) -> None:
         if conn.channel is not None and conn in conn.channel:
             conn.channel.remove(conn)
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
         conn.sock.close()
 
 

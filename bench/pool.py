@@ -16,6 +16,8 @@ from typing import Any
 from bench.stats import GroupCounts, Window
 from bench.worker import Target, worker_main
 
+CHUNK = 1000  # connections prepared and opened together by :meth:`WorkerPool.open`
+
 
 class WorkerError(RuntimeError):
     """A worker could not carry out a command (the message says which and why)."""
@@ -42,40 +44,58 @@ class WorkerPool:
     def size(self) -> int:
         return len(self.pipes)
 
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.processes if p.pid is not None]
-
-    async def call(self, op: str, per_worker: list[dict[str, Any]] | None = None, **args: Any):
+    async def call(
+        self, op: str, per_worker: list[dict[str, Any]] | None = None, **args: Any
+    ) -> list[dict[str, Any]]:
         """Send ``op`` to every worker (with its own ``per_worker`` arguments, if given).
 
         Returns:
             The replies, in worker order.
 
         Raises:
-            WorkerError: a worker answered with an error.
+            WorkerError: a worker answered with an error, or died.
         """
-        loop = asyncio.get_running_loop()
-        replies: list[asyncio.Future[Any]] = []
         for index, pipe in enumerate(self.pipes):
             extra = per_worker[index] if per_worker is not None else {}
             pipe.send({"op": op, **args, **extra})
-            future: asyncio.Future[Any] = loop.create_future()
-            loop.add_reader(pipe.fileno(), self._on_reply, pipe, future)
-            replies.append(future)
-        results = await asyncio.gather(*replies)
-        for result in results:
-            if "error" in result:
-                raise WorkerError(result["error"])
-        return results
+        replies = await asyncio.gather(
+            *(
+                self._reply(pipe, process)
+                for pipe, process in zip(self.pipes, self.processes, strict=True)
+            )
+        )
+        for reply in replies:
+            if "error" in reply:
+                raise WorkerError(reply["error"])
+        return replies
 
-    @staticmethod
-    def _on_reply(pipe: Connection, future: asyncio.Future[Any]) -> None:
-        asyncio.get_running_loop().remove_reader(pipe.fileno())
-        future.set_result(pipe.recv())
+    async def _reply(self, pipe: Connection, process: BaseProcess) -> dict[str, Any]:
+        """The worker's answer, read when its pipe is readable; an error if it dies first."""
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[bool] = loop.create_future()
 
-    async def open(self, group: str, targets: list[Target], *, all_at_once: bool = False) -> int:
+        def settle(answered: bool) -> None:
+            if not ready.done():
+                ready.set_result(answered)
+
+        loop.add_reader(pipe.fileno(), settle, True)
+        loop.add_reader(process.sentinel, settle, False)
+        try:
+            answered = await ready
+        finally:
+            loop.remove_reader(pipe.fileno())
+            loop.remove_reader(process.sentinel)
+        if not answered and not pipe.poll():
+            raise WorkerError(f"{process.name} died (exit code {process.exitcode})")
+        reply: dict[str, Any] = pipe.recv()
+        return reply
+
+    async def open(self, group: str, targets: list[Target]) -> int:
         """Prepare and connect ``targets`` as ``group``, spread round-robin over the workers.
+
+        In chunks of :data:`CHUNK`, as clients arriving over time would: each
+        fetches its attach token just before connecting, so that few tokens
+        are outstanding at once.
 
         Returns:
             How many connected and were acknowledged.
@@ -83,8 +103,11 @@ class WorkerPool:
         Raises:
             WorkerError: some connections failed (the first errors are quoted).
         """
-        await self.prepare(group, targets)
-        return await self.connect(group, all_at_once=all_at_once)
+        connected = 0
+        for start in range(0, len(targets), CHUNK):
+            await self.prepare(group, targets[start : start + CHUNK])
+            connected += await self.connect(group)
+        return connected
 
     async def prepare(self, group: str, targets: list[Target]) -> None:
         shares = [{"targets": targets[i :: self.size]} for i in range(self.size)]
@@ -106,8 +129,7 @@ class WorkerPool:
         for reply in replies:
             for name, part in reply["groups"].items():
                 groups.setdefault(name, GroupCounts()).merge(part)
-        wall = max(r["wall_s"] for r in replies)
-        return Window(wall, groups, [r["cpu_s"] for r in replies])
+        return Window(groups, [r["cpu_s"] for r in replies])
 
     async def close(self, group: str) -> None:
         await self.call("close", group=group)

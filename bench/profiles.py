@@ -24,14 +24,14 @@ class Profile:
     # per session; then, at the last count, the rate stepped through ``rates``.
     sessions: int = 10
     client_counts: tuple[int, ...] = (100, 300, 1000)
-    rate: float = 20.0
-    rates: tuple[float, ...] = (40.0, 80.0, 160.0, 320.0)
+    rate: float = 3.0
+    rates: tuple[float, ...] = (9.0, 27.0, 81.0, 243.0)
     words: int = 200  # lorem words per turn
-    window_s: float = 4.0  # one measured window
+    window_s: float = 3.0  # one measured window
     settle_s: float = 1.0  # load running before a window opens
     # Slow clients: a share of the clients stop reading.
-    slow_sessions: int = 4
-    slow_clients: int = 50  # per session
+    slow_sessions: int = 2
+    slow_clients: int = 10  # per session
     slow_rate: float = 200.0
     stalled_share: float = 0.1
     stall_timeout_s: float = 30.0
@@ -42,10 +42,13 @@ class Profile:
     # Idle connections: server RSS per connection at each count.
     idle_counts: tuple[int, ...] = (1000, 10_000)
     idle_sessions: int = 100
+    idle_settle_s: float = 1.0  # before reading RSS
     # Who else runs, and how many client processes.
     peers: tuple[str, ...] = PEERS
     workers: int = 2
     ttft: bool = True
+    ttft_runs: int = 100  # per path (bench/ttft.py)
+    ttft_warmup: int = 10
     # Gateway config keys the profile sets (RUNNING.md names), unless the
     # operator brings a config file.
     gateway_config: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -53,7 +56,9 @@ class Profile:
 
 _BENCH_GATEWAY_CONFIG: dict[str, dict[str, Any]] = {
     # Loopback sockets get multi-megabyte kernel send buffers, which would hide
-    # a stalled client for minutes; 64 KiB is what a real network path gives.
+    # a stalled client for minutes. 64 KiB keeps that to a few seconds; smaller
+    # buffers slow bulk writes down sharply (a 10,000-event replay takes 1.4 s
+    # at 16 KiB, 50 ms at 64 KiB).
     "server": {"send_buffer_bytes": 65536},
     "tools": {"enabled": ["sleep"]},
 }
@@ -67,8 +72,8 @@ SMOKE = Profile(
     rate=50.0,
     rates=(100.0,),
     words=40,
-    window_s=0.6,
-    settle_s=0.3,
+    window_s=0.5,
+    settle_s=0.2,
     slow_sessions=1,
     slow_clients=10,
     slow_rate=400.0,
@@ -78,11 +83,15 @@ SMOKE = Profile(
     storm_events=100,
     idle_counts=(50, 100),
     idle_sessions=4,
+    idle_settle_s=0.2,
     workers=2,
+    ttft_runs=5,
+    ttft_warmup=1,
     gateway_config={
         **_BENCH_GATEWAY_CONFIG,
-        # A small queue bound so that a stalled client overflows in a second.
-        "stream": {"queue_max_events": 50},
+        # A small queue bound so that a stalled client overflows in a second
+        # (still above the hundred events of one tool round, bench.scenarios).
+        "stream": {"queue_max_events": 300},
     },
 )
 

@@ -16,24 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
+import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from bench.driver import attach_path, lorem_script
+from bench.measure import Meter, Step
 from bench.pool import WorkerPool
 from bench.profiles import Profile
 from bench.servers import GatewayServer, PeerServer, Server
-from bench.stats import Window
 from bench.wire import WsClient, open_ws
-from bench.driver import attach_path, lorem_script
 
 CHAT = b'{"type":"subscribe","filter":"preset:chat","since":null,"snapshot":false}'
-SUSTAINED_SHARE = 0.9  # delivered / offered at or above this: the load is sustained
-SUSTAINED_P99_MS = 50.0  # ... and p99 at or under this
-CLIENT_BUSY = 0.85  # a worker using this share of a core may be what limits a figure
 
 
 def replay_subscribe(since: str) -> bytes:
@@ -42,52 +41,35 @@ def replay_subscribe(since: str) -> bytes:
     ).encode()
 
 
-@dataclass
-class Step:
-    """One measured window of the fan-out."""
-
-    clients: int
-    rate: float  # text deltas per second per session, as asked
-    offered_events_per_s: float  # what the load asks for, all clients together
-    events_per_s: float  # what the clients received
-    server_cpu_util: float | None  # server CPU seconds per wall second
-    cpu_us_per_event: float | None
-    p50_ms: float | None
-    p99_ms: float | None
-    p999_ms: float | None
-    client_cpu_util: float  # the busiest client worker, share of one core
-    clients_open: int
-
-    @property
-    def sustained(self) -> bool:
-        return (
-            self.events_per_s >= SUSTAINED_SHARE * self.offered_events_per_s
-            and self.p99_ms is not None
-            and self.p99_ms <= SUSTAINED_P99_MS
-            and self.clients_open == self.clients
-        )
-
-    @property
-    def client_limited(self) -> bool:
-        return self.client_cpu_util >= CLIENT_BUSY
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "sustained": self.sustained, "client_limited": self.client_limited}
-
-
 class _Recorder(WsClient):
     """Keeps every event frame of a session until the turn in flight ends."""
 
     def __init__(self, host: str, port: int, path: str, subscribe: bytes) -> None:
         super().__init__(host, port, path, subscribe)
         self.frames: list[bytes] = []
-        self.turn_over = asyncio.Event()
+        self._turn_over = asyncio.get_running_loop().create_future()
 
     def on_text(self, payload: bytes, now: float) -> None:
         if payload.startswith(b'{"type":"event"'):
             self.frames.append(payload)
             if b'"type":"turn.completed"' in payload or b'"type":"turn.cancelled"' in payload:
-                self.turn_over.set()
+                self._turn_over.set_result(None)
+
+    async def turn(self, timeout_s: float) -> list[bytes]:
+        """The frames up to the end of the turn.
+
+        Raises:
+            RuntimeError: the gateway closed this connection first (a batch
+                larger than ``queue_max_events`` closes any client with 1008).
+        """
+        await asyncio.wait([self._turn_over, self.closed], timeout=timeout_s,
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        if not self._turn_over.done():
+            raise RuntimeError(
+                f"recording a turn: no turn end after {timeout_s} s (connection close code "
+                f"{self.close_code}; a 1008 means queue_max_events is too small for the load)"
+            )
+        return self.frames
 
 
 class _Head(msgspec.Struct):
@@ -108,14 +90,14 @@ class Run:
         pool: WorkerPool,
         workdir: Path,
         gateway: GatewayServer,
-        fresh_gateway: Any,
-        log: Any = print,
+        fresh_gateway: Callable[[], GatewayServer],
+        log: Callable[[str], None] = print,
     ) -> None:
         self.p = profile
         self.pool = pool
         self.workdir = workdir
         self.gateway = gateway
-        self.fresh_gateway = fresh_gateway  # () -> GatewayServer, for the idle phase
+        self.fresh_gateway = fresh_gateway  # for the idle phase
         self.log = log
         self.events_per_delta = 1.0
         self.frames_file = workdir / "frames.json"
@@ -148,7 +130,9 @@ class Run:
                 result["servers"][kind] = {"fanout": await self.fanout(peer, half_rate=half)}
             finally:
                 await peer.stop()
-        for name, make in [("gateway", self.fresh_gateway), *self._peer_makers()]:
+        fresh: list[tuple[str, Callable[[], Server]]] = [("gateway", self.fresh_gateway)]
+        fresh += [(kind, self._peer_maker(kind)) for kind in p.peers]
+        for name, make in fresh:
             self.log(f"{name}: idle connections")
             server = make()
             await server.start()
@@ -159,11 +143,8 @@ class Run:
         result["ttft"] = await self.ttft() if p.ttft else {"skipped": True}
         return result
 
-    def _peer_makers(self) -> list[tuple[str, Any]]:
-        def maker(kind: str) -> Any:
-            return lambda: PeerServer(kind, self.frames_file, self.workdir)
-
-        return [(kind, maker(kind)) for kind in self.p.peers]
+    def _peer_maker(self, kind: str) -> Callable[[], Server]:
+        return lambda: PeerServer(kind, self.frames_file, self.workdir)
 
     # --- recording ------------------------------------------------------------------
 
@@ -175,112 +156,95 @@ class Run:
         path = await attach_path(gw.http, session)
         recorder = _Recorder(gw.host, gw.port, path, CHAT)
         await open_ws(recorder)
-        await asyncio.sleep(0.05)
+        await recorder.answered
         content = lorem_script(1000.0, self.p.words)
         await gw.http.request("POST", f"/sessions/{session}/turns", {"content": content})
-        await asyncio.wait_for(recorder.turn_over.wait(), 60)
+        recorded = await recorder.turn(timeout_s=60)
         recorder.abort()
-        frames = [
-            {"data": f.decode(), "delta": b'"type":"text.delta"' in f} for f in recorder.frames
-        ]
-        self.frames_file.write_text(json.dumps(frames))
-        deltas = sum(1 for f in frames if f["delta"])
-        self.events_per_delta = len(frames) / deltas
-        sizes = [len(f["data"]) for f in frames]
+        deltas = _write_frames(self.frames_file, recorded)
+        self.events_per_delta = len(recorded) / deltas
         return {
-            "events_per_turn": len(frames),
+            "events_per_turn": len(recorded),
             "deltas_per_turn": deltas,
-            "mean_frame_bytes": round(sum(sizes) / len(sizes), 1),
+            "mean_frame_bytes": round(sum(map(len, recorded)) / len(recorded), 1),
         }
 
     # --- windows ----------------------------------------------------------------------
 
-    async def window(self, server: Server, clients: int, rate: float, sessions: int) -> Step:
+    async def window(self, server: Server, clients: int, rate: float) -> Step:
+        """Let the load settle, then measure ``window_s`` of it (module docstring)."""
         await asyncio.sleep(self.p.settle_s)
         await self.pool.mark()
-        cpu0, t0 = server.cpu_seconds(), time.monotonic()
+        meter = Meter(server)
         await asyncio.sleep(self.p.window_s)
         window = await self.pool.mark()
-        cpu1, wall = server.cpu_seconds(), time.monotonic() - t0
-        return self._step(window, wall, cpu0, cpu1, clients, rate, sessions, "live")
+        return meter.step(window, "live", clients=clients, rate=rate, offered=self.offered(
+            clients, rate))  # fmt: skip
 
-    def _step(
-        self,
-        window: Window,
-        wall: float,
-        cpu0: float | None,
-        cpu1: float | None,
-        clients: int,
-        rate: float,
-        sessions: int,
-        group: str,
-    ) -> Step:
-        live = window.group(group)
-        rate_per_s = live.events / wall
-        cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
-        latency = live.latency.summary()
-        return Step(
-            clients=clients,
-            rate=rate,
-            offered_events_per_s=round(clients * rate * self.events_per_delta, 1),
-            events_per_s=round(rate_per_s, 1),
-            server_cpu_util=None if cpu is None else round(cpu / wall, 3),
-            cpu_us_per_event=None if cpu is None or not live.events else round(
-                cpu / live.events * 1e6, 2
-            ),
-            p50_ms=latency["p50_ms"],
-            p99_ms=latency["p99_ms"],
-            p999_ms=latency["p999_ms"],
-            client_cpu_util=round(max(window.client_cpu_s, default=0.0) / wall, 3),
-            clients_open=live.connections,
-        )  # fmt: skip
+    def offered(self, clients: int, rate: float) -> float:
+        """Events per second the load asks for: every client gets every event of its session."""
+        return clients * rate * self.events_per_delta
 
     # --- fan-out ------------------------------------------------------------------------
 
     async def fanout(self, server: Server, half_rate: float | None) -> dict[str, Any]:
         """Clients added step by step at ``rate``, then the rate stepped up at full size.
 
-        The maximum sustained load is the last sustained step of the rate
-        sweep. The latency figure is taken at half of it: the gateway's own
-        half (``half_rate`` None), or the gateway's for a peer, so that every
-        server is compared at the same load.
+        The maximum sustained load is the busiest sustained step of the rate
+        sweep, which stops at the first step not sustained. The latency figure
+        is taken at half of it: the gateway's own half (``half_rate`` None), or
+        the gateway's for a peer, so that every server is compared at the same
+        load. Clients connect while the load is paused, so that connecting
+        is not measured and does not compete with it.
         """
         p = self.p
         sessions = await server.open_sessions(p.sessions)
-        await server.load(sessions, p.rate)
         by_clients: list[Step] = []
         connected = 0
         for total in p.client_counts:
             per_session = total // p.sessions
-            add = per_session - connected // p.sessions
-            targets = [server.target(s, CHAT) for s in sessions for _ in range(add)]
-            connected += await self.pool.open("live", targets)
-            step = await self.window(server, connected, p.rate, p.sessions)
+            await self._connect_live(server, sessions, per_session - connected // p.sessions)
+            connected = per_session * p.sessions
+            await server.load(sessions, p.rate)
+            step = await self.window(server, connected, p.rate)
             by_clients.append(step)
             self.log(f"  {connected} clients: {_brief(step)}")
         by_rate = [by_clients[-1]]
         for rate in p.rates:
             await server.load(sessions, rate)
-            step = await self.window(server, connected, rate, p.sessions)
+            step = await self.window(server, connected, rate)
             by_rate.append(step)
             self.log(f"  {rate:g}/s per session: {_brief(step)}")
             if not step.sustained:
                 break
         sustained = [s for s in by_rate if s.sustained]
-        best = max(sustained, key=lambda s: s.events_per_s) if sustained else by_rate[0]
-        rate_half = half_rate if half_rate is not None else best.rate / 2
+        best = max(sustained, key=lambda s: s.events_per_s) if sustained else None
+        peak = max([*by_clients, *by_rate], key=lambda s: s.events_per_s)
+        if by_rate[-1].clients_open < connected:  # overload closed some: start afresh
+            await server.unload()
+            await self.pool.close("live")
+            await self._connect_live(server, sessions, connected // p.sessions)
+        # With none sustained: half the lightest step, still a load that was measured.
+        rate_half = half_rate if half_rate is not None else (best or by_rate[0]).rate / 2
         await server.load(sessions, rate_half)
-        half = await self.window(server, connected, rate_half, p.sessions)
+        half = await self.window(server, connected, rate_half)
         self.log(f"  half load ({rate_half:g}/s per session): {_brief(half)}")
         await server.unload()
         await self.pool.close("live")
         return {
+            "sessions": p.sessions,
             "by_clients": [s.as_dict() for s in by_clients],
             "by_rate": [s.as_dict() for s in by_rate],
             "reference": by_clients[-1].as_dict(),
-            "max_sustained": {**best.as_dict(), "found": bool(sustained)},
+            "max_sustained": best.as_dict() if best else None,
+            "peak": peak.as_dict(),
             "half_load": half.as_dict(),
         }
+
+    async def _connect_live(self, server: Server, sessions: list[str], per_session: int) -> None:
+        await server.unload()
+        targets = [server.target(s, CHAT) for s in sessions for _ in range(per_session)]
+        await self.pool.open("live", targets)
 
     # --- slow clients -------------------------------------------------------------------
 
@@ -306,24 +270,23 @@ class Run:
         await self.pool.open("live", others)
         await self.pool.open("stalled", stalled)
         await gw.load(sessions, p.slow_rate)
-        clients = len(others) + len(stalled)
-        baseline = await self.window(gw, clients, p.slow_rate, p.slow_sessions)
+        baseline = await self.window(gw, len(others), p.slow_rate)
         warned_before = driver.slow_client_warnings
-        cpu0, t0 = gw.cpu_seconds(), time.monotonic()
+        meter = Meter(gw)
         await self.pool.call("pause", group="stalled")
-        deadline = t0 + p.stall_timeout_s
+        deadline = time.monotonic() + p.stall_timeout_s
         while driver.slow_client_warnings - warned_before < len(stalled):
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.01)
-        overflow_s = time.monotonic() - t0
+        overflow_s = time.monotonic() - meter.t0
+        warnings = driver.slow_client_warnings - warned_before
         await self.pool.call("resume", group="stalled")
         closed = await self.pool.call("wait_closed", group="stalled", timeout_s=15.0)
-        window = await self.pool.mark()
-        wall = time.monotonic() - t0
-        during = self._step(
-            window, wall, cpu0, gw.cpu_seconds(), len(others), p.slow_rate, p.slow_sessions, "live"
-        )
+        during = meter.step(
+            await self.pool.mark(), "live", clients=len(others), rate=p.slow_rate,
+            offered=self.offered(len(others), p.slow_rate),
+        )  # fmt: skip
         await gw.unload()
         await self.pool.close("live")
         await self.pool.close("stalled")
@@ -331,20 +294,19 @@ class Run:
         for reply in closed:
             for code, n in reply["codes"].items():
                 codes[code] = codes.get(code, 0) + n
-        base_p99 = baseline.p99_ms
         ratio = None
-        if base_p99 and during.p99_ms is not None:
-            ratio = round(during.p99_ms / base_p99, 2)
+        if baseline.p99_ms and during.p99_ms is not None:
+            ratio = round(during.p99_ms / baseline.p99_ms, 2)
         return {
-            "clients": clients,
+            "clients": len(others) + len(stalled),
             "stalled": len(stalled),
             "stalled_close_codes": {str(k): v for k, v in sorted(codes.items())},
             "stalled_got_1008": codes.get(1008, 0) == len(stalled),
             "overflow_s": round(overflow_s, 2),
-            "others_p99_ms_baseline": base_p99,
+            "overflow_warnings": warnings,
+            "others_p99_ms_baseline": baseline.p99_ms,
             "others_p99_ms_stalled": during.p99_ms,
             "others_p99_ratio": ratio,
-            "others_clients_open": during.clients_open,
             "baseline": baseline.as_dict(),
             "stalled_window": during.as_dict(),
         }
@@ -354,21 +316,23 @@ class Run:
     async def replays(self, gw: GatewayServer) -> dict[str, Any]:
         """10,000 events replayed to one client, then N clients reconnecting at once.
 
-        The session's history is one turn of tool rounds (ten ``sleep 0`` tools
-        per round), which makes mostly catalog events, the replayable kind
+        The session's history is one turn of tool rounds (a hundred ``sleep 0``
+        tools per round), which makes mostly catalog events, the replayable kind
         (PROTOCOL section 5). ``since`` is chosen so that exactly
         ``replay_events`` (then ``storm_events``) events follow it.
         """
         p = self.p
         assert gw.http is not None
         (session,) = await gw.open_sessions(1)
-        ids = await self._history(gw, session, p.replay_events + 50)
+        # The recorder stays open until the end: its close would add an event.
+        ids, recorder = await self._history(gw, session, p.replay_events + 50)
         one = await self._replay_group(gw, "replay", session, ids[-p.replay_events - 1], 1)
         storm = await self._replay_group(
             gw, "storm", session, ids[-p.storm_events - 1], p.storm_clients
         )
         await self.pool.close("replay")
         await self.pool.close("storm")
+        recorder.abort()
         storm_s = (storm["done_ms"] - storm["started_ms"]) / 1000
         return {
             "one_client": {
@@ -383,46 +347,63 @@ class Run:
                 "received": storm["received"],
                 "complete_clients": storm["complete"],
                 "s": round(storm_s, 3),
+                # Until the last client's handshake was done and its subscribe sent.
+                "connecting_s": round((storm["subscribed_ms"] - storm["started_ms"]) / 1000, 3),
                 "events_per_s": round(storm["received"] / storm_s, 1) if storm_s > 0 else None,
                 "slowest_client_ms": round(storm["longest_ms"], 1),
+                "server_cpu_util": storm["server_cpu_util"],
+                "client_cpu_util": storm["client_cpu_util"],
+                "other_cpu_util": storm["other_cpu_util"],
             },
         }
 
-    async def _history(self, gw: GatewayServer, session: str, events: int) -> list[str]:
-        """Run one long tool turn; return the ids of its replayable events, in order."""
+    async def _history(
+        self, gw: GatewayServer, session: str, events: int
+    ) -> tuple[list[str], _Recorder]:
+        """Run one long tool turn; return the ids of its replayable events, in order.
+
+        Also returns the connection that recorded them, still open.
+        """
         assert gw.http is not None
         full = b'{"type":"subscribe","filter":"preset:full","since":null,"snapshot":false}'
         recorder = _Recorder(gw.host, gw.port, await attach_path(gw.http, session), full)
         await open_ws(recorder)
-        await asyncio.sleep(0.05)
-        tools = 10
+        await recorder.answered
+        tools = 100
         rounds = -(-events // (3 + 2 * tools))
         tool = {"tool_use": {"name": "sleep", "input": {"seconds": 0}}}
         script = {"rounds": [[tool] * tools for _ in range(rounds)] + [[{"text": "done"}]]}
         await gw.http.request(
             "POST", f"/sessions/{session}/turns", {"content": json.dumps({"script": script})}
         )
-        await asyncio.wait_for(recorder.turn_over.wait(), 120)
+        recorded = await recorder.turn(timeout_s=120)
         replayable = _replayable_types()
-        heads = [msgspec.json.decode(f, type=_EventFrame).event for f in recorder.frames]
-        self._keep_open = recorder  # its close would add an event to the history
-        return [h.id for h in heads if h.type in replayable]
+        heads = [msgspec.json.decode(f, type=_EventFrame).event for f in recorded]
+        return [h.id for h in heads if h.type in replayable], recorder
 
     async def _replay_group(
         self, gw: GatewayServer, group: str, session: str, since: str, clients: int
     ) -> dict[str, Any]:
+        """``clients`` connect at once with ``since`` (attach tokens fetched beforehand)."""
         targets = [gw.target(session, replay_subscribe(since), mode="count")] * clients
         await self.pool.prepare(group, targets)
+        await self.pool.mark()
+        meter = Meter(gw)
         await self.pool.connect(group, all_at_once=True)
         replies = await self.pool.call("wait_replayed", group=group, timeout_s=60.0)
+        cpu = meter.step(await self.pool.mark(), group, clients=clients, rate=0, offered=0)
         busy = [r for r in replies if r["connections"]]
         return {
             "started_ms": min(r["started_ms"] for r in busy),
             "done_ms": max(r["done_ms"] for r in busy),
+            "subscribed_ms": max(r["subscribed_ms"] for r in busy),
             "longest_ms": max(r["longest_ms"] for r in replies),
             "complete": sum(r["complete"] for r in replies),
             "expected": sum(r["expected"] for r in replies),
             "received": sum(r["received"] for r in replies),
+            "server_cpu_util": cpu.server_cpu_util,
+            "client_cpu_util": cpu.client_cpu_util,
+            "other_cpu_util": cpu.other_cpu_util,
         }
 
     # --- idle connections -----------------------------------------------------------------
@@ -431,17 +412,16 @@ class Run:
         """Server RSS per idle, subscribed connection, at each of ``idle_counts``."""
         p = self.p
         sessions = await server.open_sessions(p.idle_sessions)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(p.idle_settle_s)
         base = server.rss_bytes()
         points = []
         connected = 0
         for total in p.idle_counts:
             targets = [
-                server.target(sessions[i % len(sessions)], CHAT)
-                for i in range(connected, total)
+                server.target(sessions[i % len(sessions)], CHAT) for i in range(connected, total)
             ]
             connected += await self.pool.open("idle", targets)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(p.idle_settle_s)
             rss = server.rss_bytes()
             per = None if rss is None or base is None else round((rss - base) / connected)
             points.append({"connections": connected, "rss_bytes": rss, "bytes_per_connection": per})
@@ -449,17 +429,54 @@ class Run:
         await self.pool.close("idle")
         return {"base_rss_bytes": base, "points": points}
 
-
     # --- time to first token ---------------------------------------------------------------
 
     async def ttft(self) -> dict[str, Any]:
-        """Time to first token added by the gateway: :mod:`bench.ttft`, when it is there."""
-        try:
-            from bench import ttft  # type: ignore[attr-defined]
-        except ImportError:
-            return {"available": False, "note": "bench/ttft.py is not in this tree"}
+        """Time to first token added by the gateway, measured by :mod:`bench.ttft`.
+
+        That module times the same fake Messages API
+        stream three ways: the Anthropic SDK alone, the gateway's provider and
+        translator in process, and a real gateway over HTTP and WebSocket. It
+        runs under Trio in a process of its own; the figure here is the
+        gateway's median minus the SDK's.
+        """
         self.log("gateway: time to first token")
-        return dict(await ttft.measure(self.workdir / "ttft"))
+        code = (
+            "import json, trio; from bench.ttft import measure; "
+            f"print(json.dumps(trio.run(measure, {self.p.ttft_runs}, {self.p.ttft_warmup})))"
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await proc.communicate()
+        if proc.returncode != 0:
+            return {"error": err.decode(errors="replace")[-1000:]}
+        samples: dict[str, list[float]] = json.loads(out.splitlines()[-1])
+        paths = {name: _ms_summary(values) for name, values in samples.items()}
+        sdk = paths["sdk"]["median_ms"]
+        return {
+            "runs": self.p.ttft_runs,
+            "paths": paths,
+            "added_ms": round(paths["gateway"]["median_ms"] - sdk, 3),
+            "provider_added_ms": round(paths["provider"]["median_ms"] - sdk, 3),
+        }
+
+
+def _ms_summary(seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds)
+    return {
+        "median_ms": round(statistics.median(ordered) * 1000, 3),
+        "p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))] * 1000, 3),
+        "min_ms": round(ordered[0] * 1000, 3),
+    }
+
+
+def _write_frames(path: Path, frames: list[bytes]) -> int:
+    """The recorded frames as :mod:`bench.peers` reads them; returns how many are deltas."""
+    rows = [{"data": f.decode(), "delta": b'"type":"text.delta"' in f} for f in frames]
+    path.write_text(json.dumps(rows))
+    return sum(1 for row in rows if row["delta"])
 
 
 def _replayable_types() -> set[str]:
@@ -473,6 +490,7 @@ def _brief(step: Step) -> str:
     cpu = "-" if step.cpu_us_per_event is None else f"{step.cpu_us_per_event:.1f} us/event"
     flags = "" if step.sustained else " (not sustained)"
     flags += " (client-limited)" if step.client_limited else ""
+    flags += f" (noisy: others used {step.other_cpu_util} cores)" if step.noisy else ""
     return (
         f"{step.events_per_s:,.0f} events/s of {step.offered_events_per_s:,.0f}, {cpu}, "
         f"p99 {step.p99_ms} ms, server {step.server_cpu_util}, "

@@ -67,16 +67,13 @@ class GroupCounts:
 
     events: int = 0
     bytes: int = 0
-    connections: int = 0
-    closes: dict[int, int] = field(default_factory=dict)
+    connections: int = 0  # open at the end of the window
     latency: Histogram = field(default_factory=Histogram)
 
     def merge(self, part: dict[str, Any]) -> None:
         self.events += part["events"]
         self.bytes += part["bytes"]
         self.connections += part["connections"]
-        for code, n in part["closes"].items():
-            self.closes[int(code)] = self.closes.get(int(code), 0) + n
         self.latency.merge_sparse(part["latency"])
 
 
@@ -84,18 +81,13 @@ class GroupCounts:
 class Window:
     """One measured window, all workers together.
 
-    ``client_cpu_s`` is per worker: a worker near ``wall_s`` CPU seconds was
-    saturated, so the clients may have limited the figure.
+    ``client_cpu_s`` is per worker: a worker that used nearly a CPU second
+    per second of the window was saturated, so the clients may have limited
+    the figure.
     """
 
-    wall_s: float
     groups: dict[str, GroupCounts]
     client_cpu_s: list[float]
 
     def group(self, name: str) -> GroupCounts:
         return self.groups.get(name) or GroupCounts()
-
-    @property
-    def client_busy(self) -> float:
-        """The busiest worker's CPU use in the window, as a share of one core."""
-        return max(self.client_cpu_s, default=0.0) / self.wall_s if self.wall_s else 0.0

@@ -1,9 +1,9 @@
 """``python -m bench.ttft``: time to first token, through the gateway and from the SDK directly.
 
-Every measurement asks the same local stand-in for the Messages API
-(:class:`tests.fakes.FakeServer`, which replays ``anthropic/text.sse`` with no
-delay of its own) for the same stream, so the differences are what each path
-adds on top of the SDK, not the model's latency:
+Every path asks the same local stand-in for the Messages API
+(:class:`tests.fakes.FakeServer`, which replays ``anthropic/text.sse`` at once,
+with no latency of its own) for the same stream, so the differences are what
+each path adds on top of the SDK, not the model's latency:
 
 - ``sdk``: ``AsyncAnthropic.messages.create(stream=True)`` called directly:
   from the call to the first ``text_delta`` event.
@@ -15,9 +15,10 @@ adds on top of the SDK, not the model's latency:
   WebSocket subscribed beforehand. Each run is a new session, so that every
   request carries the same one-message conversation.
 
-Each figure is over ``--runs`` runs after ``--warmup`` discarded ones, one run
-at a time; every path keeps its HTTP connection to the fake API alive between
-runs, as the gateway does. Example::
+The runs go in rounds, one run of each path per round, so that whatever else
+the machine is doing weighs on every path alike; the first ``--warmup`` rounds
+are discarded. Every path keeps its HTTP connection to the fake API alive
+between runs, as the gateway does. Example::
 
     python -m bench.ttft --runs 300
 """
@@ -25,12 +26,14 @@ runs, as the gateway does. Example::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anthropic
@@ -54,29 +57,15 @@ KEY = "sk-ant-bench"
 _TRANSCRIPT = transcript("anthropic/text.sse")
 _MESSAGE_ID = b"msg_01XFDUDYJgAACzvnptvVoYEL"
 
-Run = Callable[[FakeServer], Awaitable[float]]
+Once = Callable[[], Awaitable[float]]
+"""One run of a path: the seconds to its first token."""
 
 
-def _replay(run: int) -> Replay:
-    """The text transcript with a message id of its own: the gateway stores every message."""
-    return Replay(_TRANSCRIPT.replace(_MESSAGE_ID, f"msg_bench{run:08d}".encode()))
+@asynccontextmanager
+async def sdk_path(base_url: str) -> AsyncIterator[Once]:
+    client = anthropic.AsyncAnthropic(api_key=KEY, base_url=base_url, max_retries=0)
 
-
-async def _repeat(server: FakeServer, once: Run, runs: int, warmup: int) -> list[float]:
-    """The seconds of ``runs`` runs of ``once``, after ``warmup`` discarded ones."""
-    samples = []
-    for run in range(warmup + runs):
-        server.enqueue(_replay(run))
-        seconds = await once(server)
-        if run >= warmup:
-            samples.append(seconds)
-    return samples
-
-
-async def measure_sdk(server: FakeServer, runs: int, warmup: int) -> list[float]:
-    client = anthropic.AsyncAnthropic(api_key=KEY, base_url=server.base_url, max_retries=0)
-
-    async def once(_: FakeServer) -> float:
+    async def once() -> float:
         started = time.perf_counter()
         events = await client.messages.create(
             model=MODEL.removeprefix("anthropic:"),
@@ -92,17 +81,18 @@ async def measure_sdk(server: FakeServer, runs: int, warmup: int) -> list[float]
         return first
 
     try:
-        return await _repeat(server, once, runs, warmup)
+        yield once
     finally:
         await client.close()
 
 
-async def measure_provider(server: FakeServer, runs: int, warmup: int) -> list[float]:
-    provider = AnthropicProvider(api_key=KEY, base_url=server.base_url, max_retries=0)
+@asynccontextmanager
+async def provider_path(base_url: str) -> AsyncIterator[Once]:
+    provider = AnthropicProvider(api_key=KEY, base_url=base_url, max_retries=0)
     user = Message("msg_user", "sess_bench", "turn_bench", "user", [TextBlock("Hi")], "complete", 0)
     request = ModelRequest(model=MODEL, messages=[user], tools=[], max_tokens=1024)
 
-    async def once(_: FakeServer) -> float:
+    async def once() -> float:
         translator = Translator(session_id="sess_bench", turn_id=None, model=MODEL, created_at=0)
         started = time.perf_counter()
         first = None
@@ -114,12 +104,13 @@ async def measure_provider(server: FakeServer, runs: int, warmup: int) -> list[f
         return first
 
     try:
-        return await _repeat(server, once, runs, warmup)
+        yield once
     finally:
         await provider.aclose()
 
 
-async def measure_gateway(server: FakeServer, runs: int, warmup: int) -> list[float]:
+@asynccontextmanager
+async def gateway_path(base_url: str) -> AsyncIterator[Once]:
     with tempfile.TemporaryDirectory() as scratch:
         config = load_config(
             None,
@@ -129,7 +120,7 @@ async def measure_gateway(server: FakeServer, runs: int, warmup: int) -> list[fl
                 "store.path": str(Path(scratch) / "bench.db"),
                 "model.provider": "anthropic",
                 "model.name": MODEL,
-                "model.base_url": server.base_url,
+                "model.base_url": base_url,
                 "model.max_retries": 0,
                 "tools.enabled": [],
             },
@@ -140,15 +131,14 @@ async def measure_gateway(server: FakeServer, runs: int, warmup: int) -> list[fl
             async with trio.open_nursery() as nursery:
                 port = await nursery.start(gateway.run)
                 async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-                    samples = await _repeat(server, _gateway_turn(http), runs, warmup)
+                    yield _gateway_turn(http)
                 gateway.shutdown()
         finally:
             await provider.aclose()
-    return samples
 
 
-def _gateway_turn(http: httpx.AsyncClient) -> Run:
-    async def once(_: FakeServer) -> float:
+def _gateway_turn(http: httpx.AsyncClient) -> Once:
+    async def once() -> float:
         created = await http.post("/sessions", json={})
         session = created.json()["session_id"]
         ws_url = (await http.get(f"/sessions/{session}")).json()["ws_url"]
@@ -177,6 +167,31 @@ def _event_type(frame: dict[str, object]) -> object:
     return event.get("type") if frame["type"] == "event" and isinstance(event, dict) else None
 
 
+async def measure(runs: int, warmup: int) -> dict[str, list[float]]:
+    """The seconds to first token of every run of every path, warm-up rounds left out."""
+    server = FakeServer()
+    message_ids = itertools.count()
+    async with trio.open_nursery() as nursery:
+        base_url = await nursery.start(server.serve)
+        async with (
+            sdk_path(base_url) as sdk,
+            provider_path(base_url) as provider,
+            gateway_path(base_url) as gateway,
+        ):
+            paths = {"sdk": sdk, "provider": provider, "gateway": gateway}
+            samples: dict[str, list[float]] = {name: [] for name in paths}
+            for round_ in range(warmup + runs):
+                for name, once in paths.items():
+                    # A message id of its own: the gateway stores every message.
+                    unique = f"msg_bench{next(message_ids):08d}".encode()
+                    server.enqueue(Replay(_TRANSCRIPT.replace(_MESSAGE_ID, unique)))
+                    seconds = await once()
+                    if round_ >= warmup:
+                        samples[name].append(seconds)
+        nursery.cancel_scope.cancel()
+    return samples
+
+
 # --- the report --------------------------------------------------------------------
 
 
@@ -184,44 +199,31 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:8.3f} ms"
 
 
-def report(results: dict[str, list[float]], runs: int, warmup: int) -> str:
+def report(samples: dict[str, list[float]], runs: int, warmup: int) -> str:
     lines = [
         f"Time to first token against a local fake Messages API"
-        f" ({runs} runs each, after {warmup} warm-up runs)",
+        f" ({runs} runs of each path, after {warmup} warm-up rounds)",
         f"{'path':<10} {'median':>11} {'p90':>11} {'min':>11}",
     ]
-    for name, samples in results.items():
-        p90 = statistics.quantiles(samples, n=10)[-1]
-        lines.append(f"{name:<10} {_ms(statistics.median(samples))} {_ms(p90)} {_ms(min(samples))}")
-    sdk = statistics.median(results["sdk"])
+    for name, seconds in samples.items():
+        p90 = statistics.quantiles(seconds, n=10)[-1]
+        lines.append(f"{name:<10} {_ms(statistics.median(seconds))} {_ms(p90)} {_ms(min(seconds))}")
+    sdk = statistics.median(samples["sdk"])
     for name in ("provider", "gateway"):
-        added = statistics.median(results[name]) - sdk
+        added = statistics.median(samples[name]) - sdk
         lines.append(f"{name} adds {added * 1000:+.3f} ms to the SDK's median")
     return "\n".join(lines)
-
-
-async def run(runs: int, warmup: int) -> str:
-    server = FakeServer()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve)
-        results = {
-            "sdk": await measure_sdk(server, runs, warmup),
-            "provider": await measure_provider(server, runs, warmup),
-            "gateway": await measure_gateway(server, runs, warmup),
-        }
-        nursery.cancel_scope.cancel()
-    return report(results, runs, warmup)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.ttft",
-        description="Time to first token, through the gateway and from the SDK.",
+        description="Time to first token, through the gateway and from the SDK directly.",
     )
-    parser.add_argument("--runs", type=int, default=200, help="measured runs per path")
-    parser.add_argument("--warmup", type=int, default=10, help="discarded runs per path")
+    parser.add_argument("--runs", type=int, default=200, help="measured runs of each path")
+    parser.add_argument("--warmup", type=int, default=10, help="discarded rounds first")
     args = parser.parse_args(argv)
-    print(trio.run(run, args.runs, args.warmup))
+    print(report(trio.run(measure, args.runs, args.warmup), args.runs, args.warmup))
     return 0
 
 

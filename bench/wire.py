@@ -5,9 +5,12 @@ must not be what limits the figure"), so they do not use a general WebSocket
 library: :class:`WsClient` is an ``asyncio.Protocol`` (no task per
 connection) that does the opening handshake (RFC 6455 section 4.1), sends
 masked frames (section 5.3), and parses the server's unmasked frames in place.
-It hands each complete text message to :meth:`WsClient.on_text`; subclasses
-decide what to decode. Close frames are echoed (section 5.5.1) and their code
-kept, so a test can check that a slow client got 1008 (PROTOCOL section 3).
+The server's first text message is the answer to the client's first one
+(``subscribe_ack`` or ``subscribe_error`` to a ``subscribe``, PROTOCOL section
+3): it goes to :meth:`WsClient.on_answer` and resolves :attr:`WsClient.answered`;
+every later one goes to :meth:`WsClient.on_text`. Subclasses decide what to
+decode. Close frames are echoed (section 5.5.1) and their code kept, so the
+bench can check that a slow client got 1008 (PROTOCOL section 3).
 
 :class:`HttpClient` is just enough HTTP/1.1 for the handful of JSON calls the
 bench makes (create a session, fetch an attach token, submit a turn): one
@@ -88,11 +91,14 @@ class WsClient(asyncio.Protocol):
         self.open = False
         self.close_code: int | None = None
         self.close_reason = b""
-        self.closed = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.answered: asyncio.Future[bytes] = loop.create_future()
+        self.answered.add_done_callback(_retrieved)  # a refusal nobody awaits is not an error
+        self.closed: asyncio.Future[int] = loop.create_future()
         self._buf = b""
         self._key = base64.b64encode(os.urandom(16))
         self._fragments: list[bytes] = []
-        self.failure: str | None = None  # why the handshake was refused
+        self._refused = ""  # the status line of a refused handshake
 
     # --- asyncio.Protocol ------------------------------------------------------
 
@@ -115,8 +121,11 @@ class WsClient(asyncio.Protocol):
                 return
             head, data = data[:end], data[end + 4 :]
             if not head.startswith(b"HTTP/1.1 101"):
-                status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-                self._fail(f"handshake refused: {status_line} {data[:200]!r}")
+                status = head.split(b"\r\n", 1)[0].decode("latin-1")
+                self._refused = f"handshake refused: {status} {data[:200].decode('latin-1')}"
+                transport = self.transport
+                assert transport is not None
+                transport.abort()
                 return
             self.open = True
             self.on_open()
@@ -126,9 +135,11 @@ class WsClient(asyncio.Protocol):
         self.open = False
         if self.close_code is None:
             self.close_code = ABNORMAL
+        if not self.answered.done():
+            why = self._refused or f"closed before an answer (close code {self.close_code})"
+            self.answered.set_exception(ConnectionError(why))
         if not self.closed.done():
             self.closed.set_result(self.close_code)
-        self.on_closed()
 
     # --- frames --------------------------------------------------------------------
 
@@ -156,7 +167,7 @@ class WsClient(asyncio.Protocol):
             payload = data[pos + head : end]
             pos = end
             if b0 & 0x80 and opcode == _OP_TEXT:
-                self.on_text(payload, now)
+                self._message(payload, now)
             elif opcode >= _OP_CLOSE:
                 self._control(opcode, payload)
                 if not self.open:
@@ -164,9 +175,15 @@ class WsClient(asyncio.Protocol):
             else:  # a fragment (servers under test do not fragment; kept correct anyway)
                 self._fragments.append(payload)
                 if b0 & 0x80:
-                    self.on_text(b"".join(self._fragments), now)
+                    self._message(b"".join(self._fragments), now)
                     self._fragments.clear()
         return data[pos:]
+
+    def _message(self, payload: bytes, now: float) -> None:
+        if self.answered.done():
+            self.on_text(payload, now)
+        else:
+            self.on_answer(payload, now)
 
     def _control(self, opcode: int, payload: bytes) -> None:
         transport = self.transport
@@ -189,26 +206,37 @@ class WsClient(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def _fail(self, why: str) -> None:
-        self.failure = why
-        if self.transport is not None:
-            self.transport.abort()
-
     # --- for subclasses -----------------------------------------------------------
 
     def on_open(self) -> None:
         if self.first_message:
             self.send_text(self.first_message)
 
-    def on_text(self, payload: bytes, now: float) -> None:
-        """A complete text message arrived at ``now`` (ms)."""
+    def on_answer(self, payload: bytes, now: float) -> None:
+        """The server's first text message, at ``now`` (ms); resolves :attr:`answered`.
 
-    def on_closed(self) -> None:
-        """The connection is gone; :attr:`close_code` says how."""
+        An answer that is not a ``subscribe_ack`` fails :attr:`answered` and
+        drops the connection.
+        """
+        if payload.startswith(b'{"type":"subscribe_ack"'):
+            self.answered.set_result(payload)
+        else:
+            self.answered.set_exception(ConnectionError(payload[:300].decode()))
+            self.abort()
+
+    def on_text(self, payload: bytes, now: float) -> None:
+        """A later text message, at ``now`` (ms)."""
+
+
+def _retrieved(future: asyncio.Future[bytes]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def open_ws(client: WsClient, *, rcvbuf: int = 0, timeout_s: float = 30.0) -> WsClient:
     """Connect ``client`` (a fresh :class:`WsClient`); return it once the handshake is sent.
+
+    Await ``client.answered`` for the server's answer to ``first_message``.
 
     Args:
         rcvbuf: if > 0, ``SO_RCVBUF`` set before connecting, so the TCP window
@@ -295,4 +323,4 @@ class HttpClient:
     async def aclose(self) -> None:
         if self._writer is not None:
             self._writer.close()
-            self._writer = self._reader = None  # type: ignore[assignment]
+            self._writer = self._reader = None

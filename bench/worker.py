@@ -63,8 +63,6 @@ class _Frame(msgspec.Struct):
     event: _Event | None = None
     replay_event_count: int = 0
     nonce: str = ""
-    code: str = ""
-    message: str = ""
 
 
 _decode_frame = msgspec.json.Decoder(_Frame).decode
@@ -86,7 +84,6 @@ class LoadConn(WsClient):
         super().__init__(target.host, target.port, path, target.subscribe)
         self.stats = stats
         self.live = target.mode == "live"
-        self.acked = asyncio.get_running_loop().create_future()
         self.expected = 0  # replay_event_count of the ack
         self.received = 0
         self.subscribed_at = 0.0
@@ -97,10 +94,15 @@ class LoadConn(WsClient):
         self.subscribed_at = now_ms()
         super().on_open()
 
+    def on_answer(self, payload: bytes, now: float) -> None:
+        frame = _decode_frame(payload)
+        if frame.type == "subscribe_ack":
+            self.expected = frame.replay_event_count
+            if self.expected == 0:
+                self._replayed(now)
+        super().on_answer(payload, now)
+
     def on_text(self, payload: bytes, now: float) -> None:
-        if not self.acked.done():
-            self._first_frame(payload, now)
-            return
         stats = self.stats
         if not self.live:
             stats.events += 1
@@ -118,28 +120,14 @@ class LoadConn(WsClient):
         elif frame.type == "ping":
             self.send_text(b'{"type":"pong","nonce":"%s"}' % frame.nonce.encode())
 
-    def _first_frame(self, payload: bytes, now: float) -> None:
-        frame = _decode_frame(payload)
-        if frame.type == "subscribe_ack":
-            self.expected = frame.replay_event_count
-            if self.expected == 0:
-                self._replayed(now)
-            self.acked.set_result(None)
-        else:
-            self.acked.set_exception(RuntimeError(f"{frame.type}: {frame.code} {frame.message}"))
-            self.abort()
-
     def _replayed(self, now: float) -> None:
         self.done_at = now
         self.replayed.set_result(None)
 
-    def on_closed(self) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
         if not self.replayed.done():
             self.replayed.set_result(None)  # never complete: done_at stays 0
-        if not self.acked.done():
-            self.acked.set_exception(
-                ConnectionError(self.failure or f"closed before the ack ({self.close_code})")
-            )
 
 
 class Worker:
@@ -152,7 +140,6 @@ class Worker:
         self.prepared: dict[str, list[tuple[Target, str]]] = {}
         self.started: dict[str, float] = {}  # group -> when its connect began (ms)
         self._cpu = time.process_time()
-        self._wall = time.monotonic()
         self._http: dict[tuple[str, int], list[HttpClient]] = {}
 
     async def serve(self) -> None:
@@ -213,7 +200,7 @@ class Worker:
                 try:
                     await open_ws(conn, rcvbuf=target.rcvbuf, timeout_s=timeout_s)
                     conns.append(conn)
-                    await asyncio.wait_for(asyncio.shield(conn.acked), timeout_s)
+                    await asyncio.wait_for(asyncio.shield(conn.answered), timeout_s)
                 except Exception as exc:
                     errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -222,21 +209,20 @@ class Worker:
 
     async def op_mark(self) -> dict[str, Any]:
         """Counters since the last mark, and this process's CPU seconds meanwhile."""
-        cpu, wall = time.process_time(), time.monotonic()
+        cpu = time.process_time()
         groups = {}
         for name, stats in self.stats.items():
             groups[name] = {
                 "events": stats.events,
                 "bytes": stats.bytes,
                 "connections": sum(1 for c in self.groups.get(name, ()) if c.open),
-                "closes": {},
                 "latency": stats.latency.sparse(),
             }
             self.stats[name] = fresh = GroupStats()
             for conn in self.groups.get(name, ()):
                 conn.stats = fresh
-        reply = {"cpu_s": cpu - self._cpu, "wall_s": wall - self._wall, "groups": groups}
-        self._cpu, self._wall = cpu, wall
+        reply = {"cpu_s": cpu - self._cpu, "groups": groups}
+        self._cpu = cpu
         return reply
 
     async def op_pause(self, group: str) -> dict[str, Any]:
@@ -272,6 +258,7 @@ class Worker:
             "connections": len(conns),
             "started_ms": self.started.get(group, 0.0),
             "done_ms": max((c.done_at for c in done), default=0.0),
+            "subscribed_ms": max((c.subscribed_at for c in conns), default=0.0),
             "longest_ms": max((c.done_at - c.subscribed_at for c in done), default=0.0),
             "complete": len(done),
             "incomplete": len(conns) - len(done),

@@ -11,6 +11,7 @@ every figure and every ratio as a number, and that the slow-client rule fired
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -27,6 +28,8 @@ RATIOS = [f for f in FIGURES if f != "max_sustained_events_per_s"]
 
 
 def test_smoke_profile_produces_every_figure(tmp_path: Path) -> None:
+    missing = [m for m in ("websockets", "psutil", "matplotlib") if not importlib.util.find_spec(m)]
+    assert not missing, f"the bench needs {missing}: pip install -e '.[test,bench]'"
     run = subprocess.run(
         [sys.executable, "-m", "bench", "--profile", "smoke", "--out", str(tmp_path)],
         cwd=ROOT,
