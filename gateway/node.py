@@ -18,6 +18,7 @@ flushed and closed.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Callable
@@ -54,9 +55,12 @@ class AttachTokens:
 
     def issue(self, session_id: str) -> str:
         now = trio.current_time()
-        for token, (_, expires) in list(self._tokens.items()):
-            if expires + self.ttl_s <= now:  # kept one more TTL, to say "expired"
-                del self._tokens[token]
+        # Tokens expire in the order they were issued (one TTL for all), which
+        # is the dict's order: prune from the front, stop at the first live one.
+        for token, (_, expires) in list(itertools.islice(self._tokens.items(), 64)):
+            if expires + self.ttl_s > now:  # kept one more TTL, to say "expired"
+                break
+            del self._tokens[token]
         token = new_attach_token()
         self._tokens[token] = (session_id, now + self.ttl_s)
         return token

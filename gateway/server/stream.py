@@ -147,8 +147,8 @@ class StreamConnection:
                 if rest:  # the kernel's buffer is full: the writer sends the rest
                     self._enqueue(rest)
                 return True
-        if self.queued + n > self.max_events:
-            return False
+        if self.queued and self.queued + n > self.max_events:
+            return False  # (a batch larger than the bound still fits an empty queue)
         try:
             self._enqueue(batch)
         except trio.WouldBlock:

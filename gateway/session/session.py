@@ -20,6 +20,7 @@ fall between the two.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -330,8 +331,11 @@ class Session:
         # From here on nothing awaits: tail, completions and the streaming
         # message are read in one step, after everything the store returned.
         for s in sessions:
-            for em in s.tail:
-                if em.seq > since_seq and em.seq not in picked:
+            tail = s.tail
+            start = bisect.bisect_right(tail, since_seq, key=lambda em: em.seq)
+            for i in range(start, len(tail)):
+                em = tail[i]
+                if em.seq not in picked:
                     take(em.seq, em.type, em.actor, em.session_id, _later(bytes, em.frame))
             s._replay_streaming_layer(since_seq, take)
         ordered = sorted(picked)
