@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -370,4 +370,3 @@ class _TurnState:
         self.call: Call | None = None
         self.pending_tools: list[ToolUseBlock] = []
         self.results_message: Message | None = None
-        self.extra: dict[str, Any] = {}

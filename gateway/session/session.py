@@ -45,7 +45,7 @@ from gateway.protocol.events import (
     stream_event,
 )
 from gateway.protocol.filters import FilterKey
-from gateway.protocol.frames import EventFrame, Snapshot, encode
+from gateway.protocol.frames import Snapshot, encode
 from gateway.protocol.shapes import Message, SessionSummary, StopReason, Usage
 from gateway.server.websocket import text_frame
 from gateway.session.hub import Emitted, Hub, Subscriber
@@ -60,7 +60,12 @@ _EVENT_FRAME_HEAD = b'{"type":"event","event":'
 
 
 def event_frame(data: bytes) -> bytes:
-    """The WebSocket frame of an event frame around an event's JSON."""
+    """The WebSocket frame of ``EventFrame(event)`` around the event's encoded JSON.
+
+    Spliced rather than re-encoded: the event's bytes are the ones the store
+    keeps, and a replay wraps them the same way (tests/test_fanout.py checks
+    the splice decodes to the ``EventFrame`` it stands for).
+    """
     return text_frame(_EVENT_FRAME_HEAD + data + b"}")
 
 
@@ -546,4 +551,4 @@ def _frame_of(event: Event) -> bytes:
     return event_frame(encode(event))
 
 
-__all__ = ["Call", "CancelCall", "Completion", "EndCall", "EventFrame", "Session"]
+__all__ = ["Call", "CancelCall", "Completion", "EndCall", "Inbox", "Session", "event_frame"]

@@ -1,0 +1,131 @@
+"""The sans-IO pieces of fan-out and the seam, tested synchronously.
+
+The hub matches a batch once per distinct filter and hands every subscriber of
+that filter the same :class:`FrameBatch`; a batch cut at the seam keeps only
+the events after the cut; the heartbeat's bookkeeping; the turn's phase table
+refuses impossible moves (PROTOCOL sections 3, 7 and 8).
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from gateway.client.codec import decode_server_frame
+from gateway.ids import format_event_id
+from gateway.protocol.events import Event, TextDelta
+from gateway.protocol.filters import Filter, resolve_filter
+from gateway.protocol.frames import EventFrame, encode
+from gateway.protocol.shapes import Message, TextBlock
+from gateway.server.stream import Heartbeat
+from gateway.server.websocket import text_frame
+from gateway.session.hub import Emitted, FrameBatch, Hub
+from gateway.session.session import event_frame
+from gateway.session.turn import IllegalPhase, Turn
+
+
+def emitted(seq: int, type_: str = "text.delta", actor: str = "llm") -> Emitted:
+    data = f'{{"id":"{format_event_id(seq)}","type":"{type_}"}}'.encode()
+    return Emitted(seq, type_, actor, "sess_1", None, 0, data, text_frame(data))
+
+
+class Sink:
+    def __init__(self, name: str, room: int = 10**6) -> None:
+        self.name = name
+        self.room = room
+        self.batches: list[FrameBatch] = []
+        self.overflows = 0
+
+    def deliver(self, batch: FrameBatch) -> bool:
+        if len(batch) > self.room:
+            return False
+        self.room -= len(batch)
+        self.batches.append(batch)
+        return True
+
+    def overflowed(self) -> None:
+        self.overflows += 1
+
+
+def test_one_shared_batch_per_distinct_filter() -> None:
+    hub = Hub()
+    _, full = resolve_filter("preset:full")
+    _, deltas_only = resolve_filter(msgspec.convert({"event_types": ["text.delta"]}, type=Filter))
+    a, b, c = Sink("a"), Sink("b"), Sink("c")
+    hub.subscribe(a, full)
+    hub.subscribe(b, full)
+    hub.subscribe(c, deltas_only)
+    events = [emitted(1, "turn.started", "user"), emitted(2), emitted(3)]
+    assert hub.publish(events) == []
+    assert a.batches[0] is b.batches[0]  # matched once, shared
+    assert a.batches[0].seqs == [1, 2, 3]
+    assert c.batches[0].seqs == [2, 3]
+    assert a.batches[0].blob == b"".join(e.frame for e in events)
+
+
+def test_overflowing_subscribers_are_reported_not_dropped_midway() -> None:
+    hub = Hub()
+    _, full = resolve_filter("preset:full")
+    slow, fast = Sink("slow", room=1), Sink("fast")
+    hub.subscribe(slow, full)
+    hub.subscribe(fast, full)
+    assert hub.publish([emitted(1), emitted(2)]) == [slow]
+    assert fast.batches[0].seqs == [1, 2]  # the others are unaffected
+
+
+def test_worker_events_reach_only_parents_subscriptions_that_ask() -> None:
+    parent = Hub()
+    worker = Hub(parent)
+    _, plain = resolve_filter("preset:full")
+    _, with_workers = resolve_filter(
+        msgspec.convert({"include_worker_sessions": True}, type=Filter)
+    )
+    a, b = Sink("a"), Sink("b")
+    parent.subscribe(a, plain)
+    parent.subscribe(b, with_workers)
+    worker.publish([emitted(7)])
+    assert a.batches == [] and [x.seqs for x in b.batches] == [[7]]
+
+
+def test_the_seam_cut_keeps_only_events_after_it() -> None:
+    batch = FrameBatch([b"f1", b"f2", b"f3"], [10, 11, 12])
+    assert batch.after(9) == b"f1f2f3"
+    assert batch.after(10) == b"f2f3"
+    assert batch.after(12) == b""
+
+
+def test_the_spliced_event_frame_is_the_event_frame_it_stands_for() -> None:
+    event = Event(format_event_id(5), "text.delta", "sess_1", "turn_1", 1, "llm",
+                  TextDelta("msg_1", 0, "hi"))  # fmt: skip
+    spliced = event_frame(encode(event))
+    assert spliced == text_frame(encode(EventFrame(event)))
+    header = {126: 4, 127: 10}.get(spliced[1], 2)  # FIN+opcode, then a 7/16/64-bit length
+    assert decode_server_frame(spliced[header:]) == EventFrame(event)
+
+
+def test_heartbeat_counts_unanswered_pings_and_a_pong_resets_it() -> None:
+    hb = Heartbeat(max_missed=2)
+    first = hb.on_idle()
+    second = hb.on_idle()
+    assert first and second and first != second
+    assert hb.on_idle() is None  # two unanswered: close
+    assert not hb.on_pong("not-a-nonce")
+    assert hb.on_pong(first)  # any outstanding nonce resets the count
+    assert hb.on_idle() is not None
+
+
+def test_the_turn_phase_table_refuses_impossible_moves() -> None:
+    turn = Turn("turn_1", Message("m", "s", "turn_1", "user", [TextBlock("x")], "complete", 0))
+    turn.enter("llm")
+    with pytest.raises(IllegalPhase, match="cannot go from 'llm' to 'tools'"):
+        turn.enter("tools")  # tools only after the seam
+    turn.enter("seam")
+    turn.enter("tools")
+    turn.enter("llm")
+    assert turn.request_cancel("user") is True
+    assert turn.request_cancel("again") is False  # already cancelling: a no-op
+    turn.finish("cancelled")
+    assert turn.done.is_set() and not turn.in_flight
+    with pytest.raises(IllegalPhase):
+        turn.enter("llm")
+    assert turn.request_cancel("late") is False
