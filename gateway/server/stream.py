@@ -78,6 +78,9 @@ class Gate:
         self.ready.set()
 
 
+_Item = bytes | FrameBatch | Gate | _Close  # what the outbound channel carries
+
+
 class Heartbeat:
     """Ping bookkeeping (PROTOCOL section 3 "Heartbeat"), sans-IO.
 
@@ -115,21 +118,21 @@ class StreamConnection:
         self.name = f"ws-{next(_names)}"
         stream = self.node.config.stream
         self.max_events: int = stream.queue_max_events
-        self._tx, self._rx = trio.open_memory_channel[bytes | FrameBatch | Gate | _Close](
-            self.max_events + _CONTROL_SLACK
-        )
+        # The outbound channel and its writer task exist only while there is
+        # a backlog: an idle client is written to straight from the fan-out,
+        # so 10,000 idle connections hold neither (see deliver).
+        self._tx: trio.MemorySendChannel[_Item] | None = None
+        self._rx: trio.MemoryReceiveChannel[_Item] | None = None
+        self._writer_running = False
         self.queued = 0
         self.key: FilterKey | None = None
         self.closing: str | None = None  # the close code name, once a close is decided
         self.heartbeat = Heartbeat(stream.ping_max_missed)
-        # The writer runs under this one scope (no scope per write: the hot
-        # path); a close cancels it, or gives it a deadline while it writes.
+        # The writer runs under one scope (no scope per write: the hot path);
+        # a close gives it a deadline of close_grace_s.
         self._writer_scope = trio.CancelScope()
+        self._close_deadline = math.inf
         self._writing = False  # between taking frames and having written them
-        # The writer is parked on an empty channel and nothing was handed to it
-        # since: a batch may then be written straight from the fan-out.
-        self._idle = False
-        self._aborting = False  # the writer drops what is queued and closes
         self.last_write = 0.0  # trio time of the last outbound frame (the heartbeat's clock)
         self._nursery: trio.Nursery | None = None
 
@@ -137,9 +140,10 @@ class StreamConnection:
 
     def deliver(self, batch: FrameBatch) -> bool:
         n = len(batch)
-        if self._idle:
-            # The fast path: nothing queued, nothing in flight, past the seam
-            # (a gate is only ever passed by a writer that then went idle).
+        if not self._writer_running and self.key is not None and self.closing is None:
+            # The fast path: no writer means nothing queued and nothing in
+            # flight, and past the seam (a gate is only ever passed by a writer,
+            # which ends once it has drained everything behind it).
             rest = self.ws.send_nowait(batch.blob)
             if rest is not None:
                 self.node.metrics.frames_sent += n
@@ -156,10 +160,32 @@ class StreamConnection:
         self.queued += n
         return True
 
-    def _enqueue(self, item: bytes | FrameBatch | Gate | _Close) -> None:
-        """Hand an item to the writer (raises ``trio.WouldBlock`` when full)."""
+    def _enqueue(self, item: _Item) -> None:
+        """Hand an item to the writer, starting one if none runs.
+
+        Raises:
+            trio.WouldBlock: the channel is full.
+        """
+        if self._tx is None:
+            self._tx, self._rx = trio.open_memory_channel[_Item](self.max_events + _CONTROL_SLACK)
         self._tx.send_nowait(item)
-        self._idle = False
+        if not self._writer_running and self._nursery is not None:
+            self._writer_running = True
+            try:
+                self._nursery.start_soon(self._writer, name=f"ws-writer {self.name}")
+            except RuntimeError:  # the connection is over: nobody to write to
+                self._writer_running = False
+
+    def _discard_queue(self) -> None:
+        """Drop everything queued (a slow client resumes with replay)."""
+        rx = self._rx
+        while rx is not None:
+            try:
+                item = rx.receive_nowait()
+            except trio.WouldBlock:
+                return
+            if isinstance(item, FrameBatch):
+                self.queued -= len(item)
 
     def overflowed(self) -> None:
         self.session.hub.unsubscribe(self)
@@ -178,9 +204,8 @@ class StreamConnection:
         try:
             self.last_write = trio.current_time()
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._writer, name=f"ws-writer {self.name}")
-                await self._reader()  # in this task: one task fewer per connection
+                self._nursery = nursery  # where a writer starts, when there is a backlog
+                await self._reader()  # in this task
         finally:
             metrics.ws_connections.dec()
             reason = self.closing or "client_closed"
@@ -200,21 +225,17 @@ class StreamConnection:
         """
         if self.closing is not None:
             return
-        self.closing = code
-        self._idle = False  # from now on, only the writer writes
-        deadline = trio.current_time() + self.node.config.stream.close_grace_s
-        if code in _DRAINING_CLOSES:
-            try:
-                self._enqueue(_CLOSE)
-                self._writer_scope.deadline = deadline
-                return
-            except trio.WouldBlock:
-                pass  # no room even for the marker: drop the queue
-        self._aborting = True
-        if self._writing:  # never cut a frame in half: finish it, within the grace
-            self._writer_scope.deadline = deadline
-        else:
-            self._writer_scope.cancel()
+        self.closing = code  # from now on, only a writer writes
+        self._close_deadline = trio.current_time() + self.node.config.stream.close_grace_s
+        if code not in _DRAINING_CLOSES:
+            self._discard_queue()
+        try:
+            self._enqueue(_CLOSE)
+        except trio.WouldBlock:  # no room even for the marker: drop the queue
+            self._discard_queue()
+            self._enqueue(_CLOSE)
+        if self._writer_running:  # a write in progress is finished, within the grace
+            self._writer_scope.deadline = self._close_deadline
 
     def _put(self, frame: bytes) -> None:
         """Queue a control frame (already framed); a full queue is a slow client."""
@@ -324,44 +345,52 @@ class StreamConnection:
                 self.last_write = now
 
     async def _writer(self) -> None:
+        """Write the backlog; end when it is drained, or close the connection at ``_CLOSE``."""
+        closed = False
         try:
+            self._writer_scope = trio.CancelScope(deadline=self._close_deadline)
             with self._writer_scope:
-                await self._write_loop()
-            if self._writer_scope.cancelled_caught and self._writing:
+                closed = await self._write_loop()
+            if self._writer_scope.cancelled_caught:
                 raise ConnectionClosed("a write was abandoned after close_grace_s")
-            ws_code, reason = close_reason(self.closing or "normal")
-            await self.ws.close(ws_code, reason, grace_s=self.node.config.stream.close_grace_s)
+            if closed:
+                ws_code, reason = close_reason(self.closing or "normal")
+                await self.ws.close(ws_code, reason, grace_s=self.node.config.stream.close_grace_s)
         except ConnectionClosed:  # broken, or a write cut short: no close frame can follow
+            closed = True
             await self.ws.aclose()
         finally:
-            if self._nursery is not None:
+            self._writer_running = self._writing = False
+            if closed and self._nursery is not None:
                 self._nursery.cancel_scope.cancel()
 
-    async def _write_loop(self) -> None:
-        """Take everything queued, write it in one ``send_all``; again."""
+    async def _write_loop(self) -> bool:
+        """Take everything queued, write it in one ``send_all``; again, until none is left.
+
+        Returns:
+            True once the close marker was reached; False when drained (the
+            channel is released: the next backlog gets a new one).
+        """
         rx = self._rx
+        assert rx is not None
         cut = 0
         while True:
             try:
                 item = rx.receive_nowait()
             except trio.WouldBlock:
-                self._idle = self.key is not None and self.closing is None
-                try:
-                    item = await rx.receive()
-                finally:
-                    self._idle = False
-            if self._aborting:
-                return
+                self._tx = self._rx = None
+                return False
             self._writing = True
             cut = await self._drain(item, cut)
-            del item  # an idle connection keeps nothing it has sent
-            if cut < 0:
-                return
+            del item  # nothing it has sent stays referenced
             self._writing = False
+            if cut < 0:
+                return True
 
-    async def _drain(self, item: bytes | FrameBatch | Gate | _Close, cut: int) -> int:
+    async def _drain(self, item: _Item, cut: int) -> int:
         """Write ``item`` and everything queued behind it; the new cut, or -1 to stop."""
         rx = self._rx
+        assert rx is not None
         parts: list[bytes] = []
         events = 0
         while True:
