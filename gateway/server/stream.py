@@ -2,16 +2,22 @@
 
 Task tree of a connection::
 
-    ws <name>             StreamConnection.run
-    ├── ws-reader <name>  client frames: subscribe, cancel, ping, pong
-    └── ws-writer <name>  drains the outbound channel, one send_all per drain
+    ws <name>               StreamConnection.run: the reader (client frames:
+    │                       subscribe, cancel, ping, pong; the subscribe
+    │                       deadline and the heartbeat)
+    └── ws-writer <name>    only while the client has a backlog: drains the
+                            outbound channel, one send_all per drain
 
 The outbound channel is the connection's one bounded queue
-(``queue_max_events``). The session's hub puts shared :class:`FrameBatch`
-objects in it without blocking; the writer takes everything queued and writes
-it in one ``send_all``. When a batch would overflow the bound, the hub reports
-it and the slow-client rule applies: ``bus.handler_warning``, then close 1008
-``client_too_slow`` (queued events are dropped: the client resumes with replay).
+(``queue_max_events``). The session's hub hands each client the shared
+:class:`FrameBatch` without ever blocking: a client with nothing queued gets
+it written straight to its socket (a non-blocking write, no task switch);
+otherwise the batch goes into the channel and a writer task (started if none
+runs) takes everything queued and writes it in one ``send_all``, then ends
+once the channel is empty. When a batch would overflow the bound, the hub
+reports it and the slow-client rule applies: ``bus.handler_warning``, then
+close 1008 ``client_too_slow`` (queued events are dropped: the client resumes
+with replay).
 
 **The seam.** A ``subscribe`` first puts a :class:`Gate` in the channel, then
 registers with the hub, then computes the snapshot or replay. Live batches
