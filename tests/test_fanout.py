@@ -36,7 +36,7 @@ class Sink:
         self.batches: list[FrameBatch] = []
         self.overflows = 0
 
-    def deliver(self, batch: FrameBatch) -> bool:
+    def deliver(self, batch: FrameBatch, now: float) -> bool:
         if len(batch) > self.room:
             return False
         self.room -= len(batch)
@@ -56,7 +56,7 @@ def test_one_shared_batch_per_distinct_filter() -> None:
     hub.subscribe(b, full)
     hub.subscribe(c, deltas_only)
     events = [emitted(1, "turn.started", "user"), emitted(2), emitted(3)]
-    assert hub.publish(events) == []
+    assert hub.publish(events, 0.0) == []
     assert a.batches[0] is b.batches[0]  # matched once, shared
     assert a.batches[0].seqs == [1, 2, 3]
     assert c.batches[0].seqs == [2, 3]
@@ -69,7 +69,7 @@ def test_overflowing_subscribers_are_reported_not_dropped_midway() -> None:
     slow, fast = Sink("slow", room=1), Sink("fast")
     hub.subscribe(slow, full)
     hub.subscribe(fast, full)
-    assert hub.publish([emitted(1), emitted(2)]) == [slow]
+    assert hub.publish([emitted(1), emitted(2)], 0.0) == [slow]
     assert fast.batches[0].seqs == [1, 2]  # the others are unaffected
 
 
@@ -83,7 +83,7 @@ def test_worker_events_reach_only_parents_subscriptions_that_ask() -> None:
     a, b = Sink("a"), Sink("b")
     parent.subscribe(a, plain)
     parent.subscribe(b, with_workers)
-    worker.publish([emitted(7)])
+    worker.publish([emitted(7)], 0.0)
     assert a.batches == [] and [x.seqs for x in b.batches] == [[7]]
 
 

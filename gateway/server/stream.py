@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import secrets
 import sys
 
@@ -121,6 +122,7 @@ class StreamConnection:
         self.session = session
         self.node = session.node
         self.ws = ws
+        self._metrics = session.node.metrics
         self.name = f"ws-{next(_names)}"
         stream = self.node.config.stream
         self.max_events: int = stream.queue_max_events
@@ -144,19 +146,29 @@ class StreamConnection:
 
     # --- Subscriber (the hub's side) ----------------------------------------------
 
-    def deliver(self, batch: FrameBatch) -> bool:
-        n = len(batch)
+    def deliver(self, batch: FrameBatch, now: float) -> bool:
         if not self._writer_running and self.key is not None and self.closing is None:
             # The fast path: no writer means nothing queued and nothing in
             # flight, and past the seam (a gate is only ever passed by a writer,
-            # which ends once it has drained everything behind it).
-            rest = self.ws.send_nowait(batch.blob)
-            if rest is not None:
-                self.node.metrics.frames_sent += n
-                self.last_write = trio.current_time()
-                if rest:  # the kernel's buffer is full: the writer sends the rest
-                    self._enqueue(rest)
-                return True
+            # which ends once it has drained everything behind it). One
+            # non-blocking write, no task switch: what the kernel does not take
+            # now goes to a writer.
+            fd = self.ws.direct_fd
+            if fd >= 0:
+                blob = batch.blob
+                try:
+                    sent = os.write(fd, blob)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:  # broken: queued instead, the writer's send_all says so
+                    sent = -1
+                if sent >= 0:
+                    self._metrics.frames_sent += batch.n
+                    self.last_write = now
+                    if sent < len(blob):
+                        self._enqueue(blob[sent:])
+                    return True
+        n = batch.n
         if self.queued and self.queued + n > self.max_events:
             return False  # (a batch larger than the bound still fits an empty queue)
         try:
@@ -425,7 +437,7 @@ class StreamConnection:
                 break
         if parts:
             await self._write(parts[0] if len(parts) == 1 else b"".join(parts))
-            self.node.metrics.frames_sent += events
+            self._metrics.frames_sent += events
         return cut
 
     async def _write(self, data: bytes) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+from collections.abc import AsyncIterator
 
 import trio
 from wsproto.connection import Connection, ConnectionState, ConnectionType
@@ -110,8 +111,14 @@ class WebSocket:
         self._close_code: int | None = None
         self._close_reason: str | None = None
         # The socket's descriptor, for writes that go straight to the kernel
-        # when it has room (the hot path); -1 for other streams.
+        # when it has room; -1 for other streams, and once the stream is gone.
         self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+        # The descriptor while a frame may be written to it straight from the
+        # fan-out, with no task switch (StreamConnection.deliver): no write in
+        # progress under the send lock, no close frame sent, the stream not
+        # gone. -1 otherwise. A plain attribute: the fan-out reads it once
+        # per client and event.
+        self.direct_fd = self._fd
 
     @property
     def closed(self) -> bool:
@@ -154,27 +161,6 @@ class WebSocket:
                     return None
             return self._inbox.pop(0)
 
-    def send_nowait(self, data: bytes) -> bytes | None:
-        """Write what the kernel takes now, without waiting; the rest is the caller's.
-
-        The fan-out's fast path: a client whose writer is idle gets the shared
-        batch written straight from the fan-out, with no task switch.
-
-        Returns:
-            The bytes not written (``b""`` when all went), or ``None`` when
-            nothing could be tried (not a socket, closed, a write in
-            progress, or an error, which the next :meth:`send_all` reports).
-        """
-        if self._fd < 0 or self.closed or self._send_lock.locked():
-            return None
-        try:
-            sent = os.write(self._fd, data)
-        except BlockingIOError:
-            return data
-        except OSError:
-            return None
-        return data[sent:] if sent < len(data) else b""
-
     async def send_all(self, data: bytes) -> None:
         """Write already-framed bytes (one or many :func:`text_frame` joined) in one write.
 
@@ -189,6 +175,7 @@ class WebSocket:
             lock.acquire_nowait()
         except trio.WouldBlock:
             await lock.acquire()
+        self.direct_fd = -1
         try:
             if self.closed:
                 raise ConnectionClosed("the WebSocket is closed")
@@ -210,6 +197,7 @@ class WebSocket:
                 await self._write(data)
         finally:
             lock.release()
+            self._sync_direct()
 
     async def close(self, code: int, reason: str = "", *, grace_s: float = 5.0) -> None:
         """Close the connection with ``code`` and ``reason`` (PROTOCOL section 3, close codes).
@@ -257,7 +245,7 @@ class WebSocket:
         if isinstance(event, TextMessage | BytesMessage):
             self._on_data(event)
         elif isinstance(event, Ping):
-            async with self._send_lock:
+            async with self._sending():
                 if not self.closed:
                     await self._write_quietly(self._ws.send(event.response()))
         elif isinstance(event, CloseConnection):
@@ -309,8 +297,23 @@ class WebSocket:
         while not self._gone:
             await self._read_more()
 
+    @contextlib.asynccontextmanager
+    async def _sending(self) -> AsyncIterator[None]:
+        """Hold the send lock; no direct write starts until it is released."""
+        await self._send_lock.acquire()
+        self.direct_fd = -1
+        try:
+            yield
+        finally:
+            self._send_lock.release()
+            self._sync_direct()
+
+    def _sync_direct(self) -> None:
+        locked = self._close_sent or self._gone or self._send_lock.locked()
+        self.direct_fd = -1 if locked else self._fd
+
     async def _send_close(self, code: int, reason: str) -> None:
-        async with self._send_lock:
+        async with self._sending():
             if self.closed:
                 return
             self._record_close(code, reason)
@@ -344,5 +347,5 @@ class WebSocket:
 
     async def _drop(self) -> None:
         self._gone = True
-        self._fd = -1
+        self._fd = self.direct_fd = -1
         await trio.aclose_forcefully(self._stream)

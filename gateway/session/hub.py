@@ -39,24 +39,22 @@ class Emitted:
 
 
 class FrameBatch:
-    """Frames of consecutive matching events, shared by every client of one filter."""
+    """Frames of consecutive matching events, shared by every client of one filter.
 
-    __slots__ = ("_blob", "frames", "seqs")
+    ``blob`` is every frame joined, once for all the clients that send this
+    batch whole; ``n`` is how many events it holds.
+    """
+
+    __slots__ = ("blob", "frames", "n", "seqs")
 
     def __init__(self, frames: list[bytes], seqs: list[int]) -> None:
         self.frames = frames
         self.seqs = seqs
-        self._blob: bytes | None = None
+        self.n = len(seqs)
+        self.blob = frames[0] if len(frames) == 1 else b"".join(frames)
 
     def __len__(self) -> int:
-        return len(self.seqs)
-
-    @property
-    def blob(self) -> bytes:
-        """All frames joined, once for every client that sends this batch."""
-        if self._blob is None:
-            self._blob = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
-        return self._blob
+        return self.n
 
     def after(self, cut: int) -> bytes:
         """The frames of events with id > ``cut`` (the seam, PROTOCOL section 3)."""
@@ -70,8 +68,11 @@ class Subscriber(Protocol):
 
     name: str
 
-    def deliver(self, batch: FrameBatch) -> bool:
-        """Enqueue without blocking; ``False`` when the bounded queue would overflow."""
+    def deliver(self, batch: FrameBatch, now: float) -> bool:
+        """Write or enqueue without blocking; ``False`` when the bounded queue would overflow.
+
+        ``now`` is the trio clock at the fan-out (read once for all clients).
+        """
         ...
 
     def overflowed(self) -> None:
@@ -102,7 +103,9 @@ class Hub:
                 return True
         return False
 
-    def publish(self, events: list[Emitted], *, from_worker: bool = False) -> list[Subscriber]:
+    def publish(
+        self, events: list[Emitted], now: float, *, from_worker: bool = False
+    ) -> list[Subscriber]:
         """Fan a batch out to every matching subscription, here and up the parent chain.
 
         Returns:
@@ -115,10 +118,10 @@ class Hub:
             if batch is None:
                 continue
             for sub in subs:
-                if not sub.deliver(batch):
+                if not sub.deliver(batch, now):
                     overflowed.append(sub)
         if self.parent is not None:
-            overflowed += self.parent.publish(events, from_worker=True)
+            overflowed += self.parent.publish(events, now, from_worker=True)
         return overflowed
 
 

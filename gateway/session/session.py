@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -222,7 +223,7 @@ class Session:
         if self.call is not None and out and out[0].type in _CALL_TYPES:
             self.call.last_seq = out[-1].seq
         node.metrics.events_emitted(out)
-        overflowed = self.hub.publish(out)
+        overflowed = self.hub.publish(out, trio.current_time())
         for sub in overflowed:
             node.slow_client(sub)
         return out
@@ -468,16 +469,20 @@ class Session:
     async def _translate_loop(self) -> None:
         """Drain what the provider has ready, translate it, emit it as one batch.
 
-        Batches grow with load: once woken, the translator waits until every
-        other task of the gateway is blocked (the writers have sent the last
-        batch) or ``batch_window_ms`` has passed, and takes all that came
-        meanwhile. On a quiet gateway that wait ends at once; under load it
-        turns a per-event cost per client into a per-batch one.
+        Batches grow with load. When the translator is woken within
+        ``batch_window_ms`` of its last batch (the provider is streaming faster
+        than that), it first waits until every other task of the gateway is
+        blocked (the writers have sent the last batch), at most
+        ``batch_window_ms``, and takes all that came meanwhile: under load, a
+        per-event cost per client becomes a per-batch one. Woken after a
+        longer pause, it emits at once: waiting could not gather more, and
+        costs a cancel scope and a trip through the scheduler per event.
         """
         window = self.node.config.stream.batch_window_ms / 1000
+        last = -math.inf
         while True:
             await self._inbox.wait()
-            if window:
+            if window and trio.current_time() - last < window:
                 with trio.move_on_after(window):
                     await trio.testing.wait_all_tasks_blocked()
             # Taken and processed in one step: nothing is held across an
@@ -486,6 +491,7 @@ class Session:
             call = self.call
             if items and call is not None:
                 self._process(call, items)
+            last = trio.current_time()
 
     def _process(self, call: Call, items: list[Any]) -> None:
         events: list[StreamEvent] = []
