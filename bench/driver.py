@@ -3,7 +3,10 @@
 A turn is ``{"script": {"delay_ms": 1000/R, "rounds": [[{"lorem": W}]]}}``
 (RUNNING.md "The scripted model"): W words, one ``text.delta`` every
 ``1000/R`` ms, so R tokens per second on the session. When a turn ends, the
-next one is submitted at once. A rate change cancels the turns in flight
+next one is submitted in the session's time slot: session i of n starts its
+turns i/n of a delta interval after the others, so the sessions' deltas are
+evenly spread in time, as the peers' channels are (bench.peers) and the
+servers are compared under the same load. A rate change cancels the turns in flight
 (``POST .../cancel``, PROTOCOL section 2) so that the new rate applies now,
 not a turn later.
 
@@ -101,11 +104,13 @@ class GatewayDriver:
         self._ended_early: set[str] = set()  # turns that ended before their POST answered
         self._idle = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._epoch = 0.0  # the time base of the sessions' slots
 
     async def run(self, sessions: list[str], rate: float) -> None:
         """Load ``sessions`` at ``rate`` (replacing any earlier load)."""
         self.rate, self.running = rate, True
         self._sessions = list(sessions)
+        self._epoch = asyncio.get_running_loop().time()
         for session in sessions:
             if session not in self._watchers:
                 path = await attach_path(self.http, session)
@@ -149,6 +154,7 @@ class GatewayDriver:
             self._idle.set()
 
     async def _submit(self, session: str) -> None:
+        await asyncio.sleep(self._until_slot(session))
         content = lorem_script(self.rate, self.words)
         answer = await self.http.request("POST", f"/sessions/{session}/turns", {"content": content})
         turn_id = str(answer["turn_id"])
@@ -156,6 +162,15 @@ class GatewayDriver:
         if turn_id in self._ended_early:
             self._ended_early.discard(turn_id)
             self.turn_ended(session, turn_id)
+
+    def _until_slot(self, session: str) -> float:
+        """Seconds until ``session``'s next time slot (module docstring)."""
+        if not self.rate or session not in self._sessions:
+            return 0.0
+        interval = 1.0 / self.rate
+        slot = interval * self._sessions.index(session) / len(self._sessions)
+        elapsed = asyncio.get_running_loop().time() - self._epoch
+        return (slot - elapsed) % interval
 
     async def _cancel(self, session: str, turn_id: str) -> None:
         try:

@@ -544,8 +544,11 @@ class Session:
 _CALL_TYPES = frozenset(t for t, s in EVENT_TYPES.items() if not s.catalog)
 
 
+_ENDS = (EndCall, CancelCall)
+
+
 def _ended(items: list[Any]) -> bool:
-    return any(isinstance(i, EndCall | CancelCall) for i in items)
+    return any(isinstance(i, _ENDS) for i in items)
 
 
 def _later(fn: Callable[[Any], bytes], arg: Any) -> Callable[[], bytes]:
