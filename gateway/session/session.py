@@ -20,7 +20,6 @@ fall between the two.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 from collections import deque
@@ -205,17 +204,18 @@ class Session:
         seqr: EventSequencer = node.sequencer
         store: Store = node.store
         ts = now_ms()
+        sid = self.id
         out: list[Emitted] = []
         for item in payloads:
             se = item if isinstance(item, StreamEvent) else stream_event(item)
             spec = EVENT_TYPES[se.type]
             seq = seqr.next()
             data = encode(
-                Event(format_event_id(seq), se.type, self.id, turn_id, ts, spec.actor, se.payload)
+                Event(format_event_id(seq), se.type, sid, turn_id, ts, spec.actor, se.payload)
             )
-            em = Emitted(seq, se.type, spec.actor, self.id, turn_id, ts, data, event_frame(data))
+            em = Emitted(seq, se.type, spec.actor, sid, turn_id, ts, data, event_frame(data))
             if spec.catalog:
-                store.put_event(StoredEvent(seq, self.id, se.type, ts, data))
+                store.put_event(StoredEvent(seq, sid, se.type, ts, data))
                 self.tail.append(em)
                 if len(self.tail) > self.tail_max:
                     self.tail_floor = self.tail.popleft().seq
@@ -310,17 +310,20 @@ class Session:
         sessions = self.scope(key.include_worker_sessions)
         picked: dict[int, bytes] = {}
 
+        def check_size() -> None:
+            if len(picked) > max_events:
+                raise SubscribeRejected(
+                    "replay_too_large",
+                    f"more than replay_max_events={max_events} events after {since}; "
+                    "subscribe with a snapshot",
+                )
+
         def take(
             seq: int, type_: str, actor: str, session_id: str, frame: Callable[[], bytes]
         ) -> None:
             if key.matches(type_, actor, session_id != self.id):
                 picked[seq] = frame()
-                if len(picked) > max_events:
-                    raise SubscribeRejected(
-                        "replay_too_large",
-                        f"more than replay_max_events={max_events} events after {since}; "
-                        "subscribe with a snapshot",
-                    )
+                check_size()
 
         need_store = [s.id for s in sessions if since_seq < s.tail_floor]
         if need_store:
@@ -337,12 +340,16 @@ class Session:
         # From here on nothing awaits: tail, completions and the streaming
         # message are read in one step, after everything the store returned.
         for s in sessions:
-            tail = s.tail
-            start = bisect.bisect_right(tail, since_seq, key=lambda em: em.seq)
-            for i in range(start, len(tail)):
-                em = tail[i]
+            newer: list[Emitted] = []  # the tail after the cursor, read from its end
+            for em in reversed(s.tail):
+                if em.seq <= since_seq:
+                    break
+                newer.append(em)
+            newer.reverse()
+            for em in key.select(newer, s is not self):
                 if em.seq not in picked:
-                    take(em.seq, em.type, em.actor, em.session_id, _later(bytes, em.frame))
+                    picked[em.seq] = em.frame
+            check_size()
             s._replay_streaming_layer(since_seq, take)
         ordered = sorted(picked)
         return ReplayResult([picked[q] for q in ordered], ordered[-1] if ordered else since_seq)
