@@ -171,12 +171,17 @@ class Run:
 
     # --- windows ----------------------------------------------------------------------
 
-    async def window(self, server: Server, clients: int, rate: float) -> Step:
-        """Let the load settle, then measure ``window_s`` of it (module docstring)."""
+    async def window(
+        self, server: Server, clients: int, rate: float, *, seconds: float | None = None
+    ) -> Step:
+        """Let the load settle, then measure ``window_s`` (or ``seconds``) of it.
+
+        (The module docstring says what a window is.)
+        """
         await asyncio.sleep(self.p.settle_s)
         await self.pool.mark()
         meter = Meter(server)
-        await asyncio.sleep(self.p.window_s)
+        await asyncio.sleep(self.p.window_s if seconds is None else seconds)
         window = await self.pool.mark()
         return meter.step(window, "live", clients=clients, rate=rate, offered=self.offered(
             clients, rate))  # fmt: skip
@@ -227,7 +232,7 @@ class Run:
         # With none sustained: half the lightest step, still a load that was measured.
         rate_half = half_rate if half_rate is not None else (best or by_rate[0]).rate / 2
         await server.load(sessions, rate_half)
-        half = await self.window(server, connected, rate_half)
+        half = await self.window(server, connected, rate_half, seconds=p.latency_window_s)
         self.log(f"  half load ({rate_half:g}/s per session): {_brief(half)}")
         await server.unload()
         await self.pool.close("live")
@@ -270,7 +275,7 @@ class Run:
         await self.pool.open("live", others)
         await self.pool.open("stalled", stalled)
         await gw.load(sessions, p.slow_rate)
-        baseline = await self.window(gw, len(others), p.slow_rate)
+        baseline = await self.window(gw, len(others), p.slow_rate, seconds=p.latency_window_s)
         warned_before = driver.slow_client_warnings
         meter = Meter(gw)
         await self.pool.call("pause", group="stalled")

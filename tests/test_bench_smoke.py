@@ -64,7 +64,7 @@ def test_smoke_profile_produces_every_figure(tmp_path: Path) -> None:
     assert isinstance(result["storm_to_live"], int | float)
 
     assert isinstance(result["ttft"]["added_ms"], int | float)
-    assert len(result["targets"]) == 9
+    assert len(result["targets"]) == 12
     assert (tmp_path / f"{result_file.stem}.md").read_text().startswith("| figure |")
     assert (tmp_path / f"{result_file.stem}-latency.png").stat().st_size > 0
     assert (tmp_path / f"{result_file.stem}-throughput.png").stat().st_size > 0
