@@ -79,24 +79,34 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     result["ratios"] = ratios
     result["storm_to_live"] = _ratio(storm_rate, live)
     result["targets"] = _targets(result, gw, ratios)
-    result["client_limited"] = _flagged(servers, "client_limited")
-    result["noisy"] = _flagged(servers, "noisy")
+    result["client_limited"] = _flagged(result, "client_limited")
+    result["noisy"] = _flagged(result, "noisy")
     return result
 
 
-def _flagged(servers: dict[str, Any], flag: str) -> dict[str, list[str]]:
-    """The fan-out windows of each server with ``flag`` set, as ``clients x rate``."""
-    return {
-        name: sorted(
-            {
-                f"{step['clients']}x{step['rate']:g}/s"
-                for phase in ("by_clients", "by_rate")
-                for step in _get(data, "fanout", phase) or []
-                if step[flag]
-            }
-        )
-        for name, data in servers.items()
-    }
+def _flagged(result: dict[str, Any], flag: str) -> dict[str, list[str]]:
+    """Every measured window with ``flag`` set, by server.
+
+    Fan-out windows read ``clients x rate`` (the half-load one too); the
+    gateway's slow-client windows read ``slow clients: baseline`` or
+    ``slow clients: stalled``.
+    """
+    out: dict[str, list[str]] = {}
+    for name, data in result["servers"].items():
+        steps = [
+            step
+            for phase in ("by_clients", "by_rate")
+            for step in _get(data, "fanout", phase) or []
+        ]
+        half = _get(data, "fanout", "half_load")
+        steps += [half] if half else []
+        out[name] = sorted({f"{s['clients']}x{s['rate']:g}/s" for s in steps if s[flag]})
+    slow = result.get("slow_clients") or {}
+    for window in ("baseline", "stalled_window"):
+        step = slow.get(window)
+        if step and step.get(flag) and "gateway" in out:
+            out["gateway"].append(f"slow clients: {window.removesuffix('_window')}")
+    return out
 
 
 def _targets(result: dict[str, Any], gw: dict[str, Any], ratios: dict[str, Any]) -> list[Any]:

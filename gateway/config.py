@@ -97,8 +97,9 @@ class StreamConfig(_Section, frozen=True):
     attach_token_ttl_s: Seconds = 60.0
     max_client_frame_bytes: Count = 65_536
     close_grace_s: GraceSeconds = 5.0  # a close frame's time to reach a slow client
-    # Under load, how long the translator may hold a batch open while the
-    # writers finish the previous one (it goes out as soon as they have); 0 = off.
+    # When a session's events come within this of its last batch (it streams
+    # faster than the fan-out), how long the translator may hold the next batch
+    # open while the writers finish (it goes out as soon as they have); 0 = off.
     batch_window_ms: Annotated[float, msgspec.Meta(ge=0, le=100)] = 2.0
 
 
@@ -194,7 +195,7 @@ subscribe_timeout_s = 10     # a new connection must subscribe within this
 attach_token_ttl_s = 60      # lifetime of an attach token
 max_client_frame_bytes = 65536
 close_grace_s = 5.0          # how long a close frame may take to reach a slow client
-batch_window_ms = 2.0        # under load, the longest a batch waits for the last to go out; 0 = off
+batch_window_ms = 2.0        # events within this of the last batch: the most the next waits to grow; 0 = off
 
 [store]
 backend = "sqlite"           # the embedded default
