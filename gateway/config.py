@@ -195,7 +195,7 @@ subscribe_timeout_s = 10     # a new connection must subscribe within this
 attach_token_ttl_s = 60      # lifetime of an attach token
 max_client_frame_bytes = 65536
 close_grace_s = 5.0          # how long a close frame may take to reach a slow client
-batch_window_ms = 2.0        # events within this of the last batch: the most the next waits to grow; 0 = off
+batch_window_ms = 2.0        # events faster than this: the longest a batch waits to grow; 0 = off
 
 [store]
 backend = "sqlite"           # the embedded default
