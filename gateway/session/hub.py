@@ -108,6 +108,10 @@ class Hub:
     ) -> list[Subscriber]:
         """Fan a batch out to every matching subscription, here and up the parent chain.
 
+        Args:
+            events: one emitted batch, in id order.
+            now: the trio clock, read once by the caller for every client.
+
         Returns:
             The subscribers whose queue overflowed (still subscribed: the
             caller applies the slow-client rule).
