@@ -34,6 +34,7 @@ class Sink:
         self.name = name
         self.room = room
         self.batches: list[FrameBatch] = []
+        self.shorts: list[tuple[FrameBatch, int]] = []
         self.overflows = 0
 
     def deliver(self, batch: FrameBatch, now: float) -> bool:
@@ -41,6 +42,10 @@ class Sink:
             return False
         self.room -= len(batch)
         self.batches.append(batch)
+        return True
+
+    def deliver_short(self, batch: FrameBatch, sent: int, now: float) -> bool:
+        self.shorts.append((batch, sent))
         return True
 
     def overflowed(self) -> None:
@@ -85,6 +90,95 @@ def test_worker_events_reach_only_parents_subscriptions_that_ask() -> None:
     parent.subscribe(b, with_workers)
     worker.publish([emitted(7)], 0.0)
     assert a.batches == [] and [x.seqs for x in b.batches] == [[7]]
+
+
+class Kernel:
+    """``os.write`` as the hub sees it: each descriptor takes up to its room."""
+
+    def __init__(self, room: dict[int, int]) -> None:
+        self.room = room
+        self.got: dict[int, bytes] = {fd: b"" for fd in room}
+
+    def write(self, fd: int, data: bytes) -> int:
+        room = self.room[fd]
+        if room < 0:
+            raise BrokenPipeError(fd)
+        if room == 0:
+            raise BlockingIOError(fd)
+        took = data[:room]
+        self.room[fd] -= len(took)
+        self.got[fd] += took
+        return len(took)
+
+
+class Counted:
+    frames_sent = 0
+
+
+def test_direct_subscribers_are_written_straight_to_the_others_delivered() -> None:
+    kernel, counted = Kernel({3: 10**6, 4: 10**6}), Counted()
+    hub = Hub(counter=counted, write=kernel.write)
+    _, full = resolve_filter("preset:full")
+    a, b, c = Sink("a"), Sink("b"), Sink("c")
+    group = hub.subscribe(a, full)
+    hub.subscribe(b, full)
+    hub.subscribe(c, full)
+    hub.set_direct(a, 3)
+    hub.set_direct(b, 4)
+    events = [emitted(1), emitted(2)]
+    assert hub.publish(events, 7.0) == []
+    blob = b"".join(e.frame for e in events)
+    assert kernel.got == {3: blob, 4: blob}  # one write each, the shared bytes
+    assert a.batches == b.batches == [] and [x.seqs for x in c.batches] == [[1, 2]]
+    assert counted.frames_sent == 4  # two events to each of two direct clients
+    assert group.written_at == 7.0  # the direct subscribers' heartbeat clock
+    hub.set_direct(a, -1)  # a writer started for a: back to deliver
+    hub.publish([emitted(3)], 8.0)
+    assert [x.seqs for x in a.batches] == [[3]] and kernel.got[3] == blob
+
+
+def test_a_short_or_failed_direct_write_is_handed_to_the_subscriber_once() -> None:
+    kernel = Kernel({3: 5, 4: 0, 5: -1})
+    hub = Hub(write=kernel.write)
+    _, full = resolve_filter("preset:full")
+    subs = [Sink("short"), Sink("full"), Sink("broken")]
+    for fd, sub in zip((3, 4, 5), subs, strict=True):
+        hub.subscribe(sub, full)
+        hub.set_direct(sub, fd)
+
+    class Moving(Sink):
+        """Stops being direct when handed the rest, as a connection starting a writer does."""
+
+        def deliver_short(self, batch: FrameBatch, sent: int, now: float) -> bool:
+            hub.set_direct(self, -1)
+            return super().deliver_short(batch, sent, now)
+
+    mover = Moving("mover")
+    hub.subscribe(mover, full)
+    kernel.room[6] = 1
+    kernel.got[6] = b""
+    hub.set_direct(mover, 6)
+    hub.publish([emitted(1)], 0.0)
+    assert [sent for _, sent in subs[0].shorts] == [5]
+    assert [sent for _, sent in subs[1].shorts] == [0]
+    assert [sent for _, sent in subs[2].shorts] == [-1]
+    # handed over once: not delivered a second time now that it is queued
+    assert [sent for _, sent in mover.shorts] == [1] and mover.batches == []
+    hub.publish([emitted(2)], 0.0)
+    assert [x.seqs for x in mover.batches] == [[2]]
+
+
+def test_unsubscribing_takes_the_descriptor_back() -> None:
+    kernel = Kernel({3: 10**6})
+    hub = Hub(write=kernel.write)
+    _, full = resolve_filter("preset:full")
+    a = Sink("a")
+    hub.subscribe(a, full)
+    hub.set_direct(a, 3)
+    assert hub.unsubscribe(a) and len(hub) == 0
+    hub.set_direct(a, 3)  # too late: not subscribed any more
+    hub.publish([emitted(1)], 0.0)
+    assert kernel.got[3] == b"" and not hub.unsubscribe(a)
 
 
 def test_the_seam_cut_keeps_only_events_after_it() -> None:

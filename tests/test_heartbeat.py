@@ -108,8 +108,13 @@ class Rig:
 
 
 @asynccontextmanager
-async def rig(tmp_path: Path, **overrides: Any) -> AsyncIterator[Rig]:
-    """A node, one session, and one stream connection to it over an in-memory stream."""
+async def rig(tmp_path: Path, *, over_socket: bool = False, **overrides: Any) -> AsyncIterator[Rig]:
+    """A node, one session, and one stream connection to it.
+
+    Over an in-memory stream, every frame goes through the connection's
+    writer; over a socket pair (``over_socket``), live events are written
+    straight from the fan-out (gateway.session.hub), on the hub group's clock.
+    """
     config = make_config(
         tmp_path, **{"stream.ping_interval_s": 30, "stream.ping_max_missed": 3, **overrides}
     )
@@ -122,7 +127,12 @@ async def rig(tmp_path: Path, **overrides: Any) -> AsyncIterator[Rig]:
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
         session = await node.create_session(workspace_path=str(tmp_path))
-        client_stream, server_stream = trio.testing.memory_stream_pair()
+        if over_socket:
+            a, b = trio.socket.socketpair()
+            client_stream: trio.abc.Stream = trio.SocketStream(a)
+            server_stream: trio.abc.Stream = trio.SocketStream(b)
+        else:
+            client_stream, server_stream = trio.testing.memory_stream_pair()
         conn = StreamConnection(session, WebSocket(server_stream))
         ended = trio.Event()
 
@@ -136,6 +146,8 @@ async def rig(tmp_path: Path, **overrides: Any) -> AsyncIterator[Rig]:
             connections.start_soon(run_connection)
             yield Rig(node, session, conn, WsClient(client_stream), ended, trio.current_time())
             connections.cancel_scope.cancel()
+        await trio.aclose_forcefully(client_stream)
+        await trio.aclose_forcefully(server_stream)  # (serve_connection's job in the gateway)
         node.stop()
 
 
@@ -231,13 +243,14 @@ async def test_a_late_pong_resets_the_missed_count(
         assert round(r.elapsed()) == 180
 
 
+@pytest.mark.parametrize("over_socket", [False, True], ids=["through-writer", "direct"])
 async def test_outbound_events_reset_the_idle_timer(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, over_socket: bool
 ) -> None:
     # one text.delta every 5 s for 150 s: without the reset, pings at 30/60/90 and a
     # close at 120 would cut the turn short
     script = {"script": {"delay_ms": 5000, "rounds": [[{"lorem": 30}]]}}
-    async with rig(tmp_path) as r:
+    async with rig(tmp_path, over_socket=over_socket) as r:
         await r.client.subscribe("preset:chat")
         submit(r.session, script)
         frames = []

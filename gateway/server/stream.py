@@ -4,17 +4,22 @@ Task tree of a connection::
 
     ws <name>               StreamConnection.run: the reader (client frames:
     │                       subscribe, cancel, ping, pong; the subscribe
-    │                       deadline and the heartbeat)
+    │                       deadline and the heartbeat, whose clock is the
+    │                       hub group's last direct write while direct)
     └── ws-writer <name>    only while the client has a backlog: drains the
                             outbound channel, one send_all per drain
 
 The outbound channel is the connection's one bounded queue
 (``queue_max_events``). The session's hub hands each client the shared
-:class:`FrameBatch` without ever blocking: a client with nothing queued gets
-it written straight to its socket (a non-blocking write, no task switch);
-otherwise the batch goes into the channel and a writer task (started if none
-runs) takes everything queued and writes it in one ``send_all``, then ends
-once the channel is empty. When a batch would overflow the bound, the hub
+:class:`FrameBatch` without ever blocking. A client with nothing queued and
+no write in flight is *direct*: the hub writes the batch straight to its
+socket (one non-blocking write, no task switch, no call into this class),
+and the connection tells the hub, synchronously, whenever that stops or
+starts being true (:meth:`StreamConnection._update_direct`). Otherwise the
+batch goes into the channel and a writer task (started if none runs) takes
+everything queued and writes it in one ``send_all``, then ends once the
+channel is empty; a direct write the kernel takes only part of hands the
+rest to a writer the same way. When a batch would overflow the bound, the hub
 reports it and the slow-client rule applies: ``bus.handler_warning``, then
 close 1008 ``client_too_slow`` (queued events are dropped: the client resumes
 with replay).
@@ -32,7 +37,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import os
 import secrets
 import sys
 
@@ -53,7 +57,7 @@ from gateway.protocol.frames import (
     encode,
 )
 from gateway.server.websocket import ConnectionClosed, WebSocket, text_frame
-from gateway.session.hub import FrameBatch
+from gateway.session.hub import FrameBatch, Group
 from gateway.session.session import Session
 
 log = logging.getLogger("gateway.stream")
@@ -141,33 +145,15 @@ class StreamConnection:
         self._writer_scope = trio.CancelScope()
         self._close_deadline = math.inf
         self._writing = False  # between taking frames and having written them
-        self.last_write = 0.0  # trio time of the last outbound frame (the heartbeat's clock)
+        self.last_write = 0.0  # trio time of the last frame a writer or a direct short wrote
+        self._direct_fd = -1  # what the hub was last told (Hub.set_direct)
+        self._group: Group | None = None  # the hub group, whose clock counts while direct
+        ws.on_direct_change = self._update_direct
         self._nursery: trio.Nursery | None = None
 
     # --- Subscriber (the hub's side) ----------------------------------------------
 
     def deliver(self, batch: FrameBatch, now: float) -> bool:
-        if not self._writer_running and self.key is not None and self.closing is None:
-            # The fast path: no writer means nothing queued and nothing in
-            # flight, and past the seam (a gate is only ever passed by a writer,
-            # which ends once it has drained everything behind it). One
-            # non-blocking write, no task switch: what the kernel does not take
-            # now goes to a writer.
-            fd = self.ws.direct_fd
-            if fd >= 0:
-                blob = batch.blob
-                try:
-                    sent = os.write(fd, blob)
-                except BlockingIOError:
-                    sent = 0
-                except OSError:  # broken: queued instead, the writer's send_all says so
-                    sent = -1
-                if sent >= 0:
-                    self._metrics.frames_sent += batch.n
-                    self.last_write = now
-                    if sent < len(blob):
-                        self._enqueue(blob[sent:])
-                    return True
         n = batch.n
         if self.queued and self.queued + n > self.max_events:
             return False  # (a batch larger than the bound still fits an empty queue)
@@ -177,6 +163,38 @@ class StreamConnection:
             return False
         self.queued += n
         return True
+
+    def deliver_short(self, batch: FrameBatch, sent: int, now: float) -> bool:
+        if sent < 0:  # broken: queued instead, the writer's send_all says so
+            return self.deliver(batch, now)
+        self._metrics.frames_sent += batch.n
+        self.last_write = now
+        self._enqueue(batch.blob[sent:])  # the kernel's buffer is full: a writer sends the rest
+        return True
+
+    def _update_direct(self) -> None:
+        """Tell the hub whether it may write to this client straight from the fan-out.
+
+        It may when nothing is queued and nothing is in flight (no writer), the
+        seam is passed (a gate is only ever passed by a writer, which ends once
+        it has drained everything behind it), no close is decided, and the
+        WebSocket has the socket free (:attr:`WebSocket.direct_fd`). Called,
+        synchronously, on every change of any of these.
+        """
+        eligible = not self._writer_running and self.key is not None and self.closing is None
+        fd = self.ws.direct_fd if eligible else -1
+        if fd == self._direct_fd:
+            return
+        if fd < 0 and self._group is not None:  # off the group's clock: keep its last write
+            self.last_write = max(self.last_write, self._group.written_at)
+        self._direct_fd = fd
+        self.session.hub.set_direct(self, fd)
+
+    def _last_outbound(self) -> float:
+        """Trio time of the last frame written to this client (the heartbeat's clock)."""
+        if self._direct_fd >= 0 and self._group is not None:
+            return max(self.last_write, self._group.written_at)
+        return self.last_write
 
     def _enqueue(self, item: _Item) -> None:
         """Hand an item to the writer, starting one if none runs.
@@ -193,6 +211,7 @@ class StreamConnection:
                 self._nursery.start_soon(self._writer, name=f"ws-writer {self.name}")
             except RuntimeError:  # the connection is over: nobody to write to
                 self._writer_running = False
+            self._update_direct()
 
     def _discard_queue(self) -> None:
         """Drop everything queued (a slow client resumes with replay)."""
@@ -229,6 +248,7 @@ class StreamConnection:
             reason = self.closing or "client_closed"
             metrics.ws_closed.labels(reason).inc()
             self.key = None
+            self._update_direct()
             self.session.unregistered(self, reason)
             self.node.connections.discard(self)
             self.node.notify()
@@ -244,6 +264,7 @@ class StreamConnection:
         if self.closing is not None:
             return
         self.closing = code  # from now on, only a writer writes
+        self._update_direct()
         self._close_deadline = trio.current_time() + self.node.config.stream.close_grace_s
         if code not in _DRAINING_CLOSES:
             self._discard_queue()
@@ -278,7 +299,7 @@ class StreamConnection:
         interval = config.ping_interval_s
         subscribe_by = trio.current_time() + config.subscribe_timeout_s
         while True:
-            wake_at = self.last_write + interval
+            wake_at = self._last_outbound() + interval
             if self.key is None:
                 wake_at = min(wake_at, subscribe_by)
             with trio.move_on_at(wake_at if self.closing is None else math.inf) as timer:
@@ -320,8 +341,9 @@ class StreamConnection:
             return
         gate = Gate()
         self._enqueue(gate)  # the slack always has room for it
-        session.hub.subscribe(self, key)
+        self._group = session.hub.subscribe(self, key)
         self.key = key
+        self._update_direct()
         try:
             if frame.snapshot:
                 snap, cut = session.snapshot(config.snapshot_messages)
@@ -337,6 +359,7 @@ class StreamConnection:
         except SubscribeRejected as exc:
             session.hub.unsubscribe(self)
             self.key = None
+            self._update_direct()
             error = SubscribeError(exc.code, exc.message)  # type: ignore[arg-type]
             gate.open(text_frame(encode(error)), sys.maxsize)  # drop what queued behind it
 
@@ -354,7 +377,7 @@ class StreamConnection:
         now = trio.current_time()
         if self.key is None and now >= subscribe_by:
             self.request_close("subscribe_timeout")
-        elif now >= self.last_write + interval:
+        elif now >= self._last_outbound() + interval:
             nonce = self.heartbeat.on_idle()
             if nonce is None:
                 self.request_close("heartbeat_timeout")
@@ -379,6 +402,7 @@ class StreamConnection:
             await self.ws.aclose()
         finally:
             self._writer_running = self._writing = False
+            self._update_direct()
             if closed and self._nursery is not None:
                 self._nursery.cancel_scope.cancel()
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import trio
 from wsproto.connection import Connection, ConnectionState, ConnectionType
@@ -116,9 +116,10 @@ class WebSocket:
         # The descriptor while a frame may be written to it straight from the
         # fan-out, with no task switch (StreamConnection.deliver): no write in
         # progress under the send lock, no close frame sent, the stream not
-        # gone. -1 otherwise. A plain attribute: the fan-out reads it once
-        # per client and event.
+        # gone. -1 otherwise. ``on_direct_change`` is called, synchronously,
+        # each time it changes (before the socket is closed, for -1).
         self.direct_fd = self._fd
+        self.on_direct_change: Callable[[], None] | None = None
 
     @property
     def closed(self) -> bool:
@@ -175,7 +176,7 @@ class WebSocket:
             lock.acquire_nowait()
         except trio.WouldBlock:
             await lock.acquire()
-        self.direct_fd = -1
+        self._set_direct(-1)
         try:
             if self.closed:
                 raise ConnectionClosed("the WebSocket is closed")
@@ -301,7 +302,7 @@ class WebSocket:
     async def _sending(self) -> AsyncIterator[None]:
         """Hold the send lock; no direct write starts until it is released."""
         await self._send_lock.acquire()
-        self.direct_fd = -1
+        self._set_direct(-1)
         try:
             yield
         finally:
@@ -310,7 +311,13 @@ class WebSocket:
 
     def _sync_direct(self) -> None:
         locked = self._close_sent or self._gone or self._send_lock.locked()
-        self.direct_fd = -1 if locked else self._fd
+        self._set_direct(-1 if locked else self._fd)
+
+    def _set_direct(self, fd: int) -> None:
+        if fd != self.direct_fd:
+            self.direct_fd = fd
+            if self.on_direct_change is not None:
+                self.on_direct_change()
 
     async def _send_close(self, code: int, reason: str) -> None:
         async with self._sending():
@@ -347,5 +354,6 @@ class WebSocket:
 
     async def _drop(self) -> None:
         self._gone = True
-        self._fd = self.direct_fd = -1
+        self._fd = -1
+        self._set_direct(-1)
         await trio.aclose_forcefully(self._stream)

@@ -3,10 +3,13 @@
 The hot path of the gateway. An emitted batch of events is matched once per
 *distinct* filter (not once per client), the matching events' frames (each
 encoded and framed once, for every client) are wrapped in one shared
-:class:`FrameBatch`, and each subscriber of the group gets that batch with one
-non-blocking ``deliver``. Enqueueing never blocks the session: a subscriber
-whose bounded queue would overflow says so, and the session applies the
-slow-client rule (``bus.handler_warning``, close 1008) after the fan-out.
+:class:`FrameBatch`. A subscriber with nothing queued and no write in flight
+is *direct*: the hub writes the batch straight to its socket, one
+non-blocking write and nothing else per client (the loop the CPU per event
+is made of). Every other subscriber gets the batch with one non-blocking
+``deliver`` into its bounded queue. Nothing blocks the session: a subscriber
+whose queue would overflow says so, and the session applies the slow-client
+rule (``bus.handler_warning``, close 1008) after the fan-out.
 
 A worker session's hub forwards every batch to its parent's hub, where only
 subscriptions with ``include_worker_sessions`` match it (PROTOCOL section 5).
@@ -14,6 +17,9 @@ subscriptions with ``include_worker_sessions`` match it (PROTOCOL section 5).
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,9 +75,17 @@ class Subscriber(Protocol):
     name: str
 
     def deliver(self, batch: FrameBatch, now: float) -> bool:
-        """Write or enqueue without blocking; ``False`` when the bounded queue would overflow.
+        """Enqueue without blocking; ``False`` when the bounded queue would overflow.
 
         ``now`` is the trio clock at the fan-out (read once for all clients).
+        """
+        ...
+
+    def deliver_short(self, batch: FrameBatch, sent: int, now: float) -> bool:
+        """A direct write of ``batch.blob`` took only ``sent`` bytes (-1: it failed).
+
+        The subscriber takes care of the rest (and stops being direct, see
+        :meth:`Hub.set_direct`); ``False`` as for :meth:`deliver`.
         """
         ...
 
@@ -80,33 +94,103 @@ class Subscriber(Protocol):
         ...
 
 
-class Hub:
-    """The subscriptions of one session, and their parent hub for worker sessions."""
+class Counter(Protocol):
+    """Where the hub counts the event frames it wrote itself (``Metrics``)."""
 
-    def __init__(self, parent: Hub | None = None) -> None:
-        self.parent = parent
-        self._groups: dict[FilterKey, list[Subscriber]] = {}
+    frames_sent: int
+
+
+class Group:
+    """The subscribers of one distinct filter, split by how they are written to.
+
+    ``direct`` maps each subscriber that may be written to straight from the
+    fan-out (nothing queued for it, no write in flight) to its socket's
+    descriptor; ``queued`` holds the others, which get :meth:`Subscriber.deliver`.
+    ``written_at`` is the trio time of the last direct write to the group: the
+    heartbeat clock of its direct subscribers (PROTOCOL section 3).
+    """
+
+    __slots__ = ("direct", "key", "queued", "written_at")
+
+    def __init__(self, key: FilterKey) -> None:
+        self.key = key
+        self.direct: dict[Subscriber, int] = {}
+        self.queued: dict[Subscriber, None] = {}
+        self.written_at = -math.inf
 
     def __len__(self) -> int:
-        return sum(len(subs) for subs in self._groups.values())
+        return len(self.direct) + len(self.queued)
 
-    def subscribe(self, sub: Subscriber, key: FilterKey) -> None:
-        self._groups.setdefault(key, []).append(sub)
+
+class Hub:
+    """The subscriptions of one session, and their parent hub for worker sessions.
+
+    Args:
+        parent: the parent session's hub, for a worker session.
+        counter: counts the event frames written straight from the fan-out.
+        write: how a direct write is made (``os.write``; tests pass their own).
+    """
+
+    def __init__(
+        self,
+        parent: Hub | None = None,
+        counter: Counter | None = None,
+        write: Callable[[int, bytes], int] = os.write,
+    ) -> None:
+        self.parent = parent
+        self._groups: dict[FilterKey, Group] = {}
+        self._group_of: dict[Subscriber, Group] = {}
+        self._counter = counter
+        self._write = write
+
+    def __len__(self) -> int:
+        return len(self._group_of)
+
+    def subscribe(self, sub: Subscriber, key: FilterKey) -> Group:
+        """Add ``sub`` to the group of ``key``, queued until :meth:`set_direct` says otherwise."""
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = Group(key)
+        group.queued[sub] = None
+        self._group_of[sub] = group
+        return group
+
+    def set_direct(self, sub: Subscriber, fd: int) -> None:
+        """Write to ``sub`` straight from the fan-out on descriptor ``fd``; -1: through deliver.
+
+        The subscriber calls this synchronously whenever that changes, and
+        with -1 before its socket is closed: the hub never writes to a
+        descriptor it was not given, or after it was taken back.
+        """
+        group = self._group_of.get(sub)
+        if group is None:
+            return
+        if fd >= 0:
+            group.queued.pop(sub, None)
+            group.direct[sub] = fd
+        elif sub in group.direct:
+            del group.direct[sub]
+            group.queued[sub] = None
 
     def unsubscribe(self, sub: Subscriber) -> bool:
-        """Remove ``sub`` wherever it is; ``True`` if it was subscribed."""
-        for key, subs in self._groups.items():
-            if sub in subs:
-                subs.remove(sub)
-                if not subs:
-                    del self._groups[key]
-                return True
-        return False
+        """Remove ``sub``; ``True`` if it was subscribed."""
+        group = self._group_of.pop(sub, None)
+        if group is None:
+            return False
+        group.direct.pop(sub, None)
+        group.queued.pop(sub, None)
+        if not group:
+            del self._groups[group.key]
+        return True
 
     def publish(
         self, events: list[Emitted], now: float, *, from_worker: bool = False
     ) -> list[Subscriber]:
         """Fan a batch out to every matching subscription, here and up the parent chain.
+
+        Per distinct filter: one non-blocking write of the shared batch to each
+        direct subscriber (a short one is handed to the subscriber), then
+        :meth:`Subscriber.deliver` to each queued one.
 
         Args:
             events: one emitted batch, in id order.
@@ -117,13 +201,37 @@ class Hub:
             caller applies the slow-client rule).
         """
         overflowed: list[Subscriber] = []
-        for key, subs in self._groups.items():
+        write = self._write
+        written = 0
+        for key, group in self._groups.items():
             batch = _select(events, key, from_worker)
             if batch is None:
                 continue
-            for sub in subs:
+            queued = list(group.queued)  # before a short write moves someone there
+            direct = group.direct
+            if direct:
+                blob = batch.blob
+                size = len(blob)
+                short: list[tuple[Subscriber, int]] = []
+                for sub, fd in direct.items():
+                    try:
+                        sent = write(fd, blob)
+                    except BlockingIOError:
+                        sent = 0
+                    except OSError:
+                        sent = -1
+                    if sent != size:
+                        short.append((sub, sent))
+                group.written_at = now
+                written += (len(direct) - len(short)) * batch.n
+                for sub, sent in short:
+                    if not sub.deliver_short(batch, sent, now):
+                        overflowed.append(sub)
+            for sub in queued:
                 if not sub.deliver(batch, now):
                     overflowed.append(sub)
+        if written and self._counter is not None:
+            self._counter.frames_sent += written
         if self.parent is not None:
             overflowed += self.parent.publish(events, now, from_worker=True)
         return overflowed

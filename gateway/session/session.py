@@ -169,7 +169,7 @@ class Session:
         self.record = record
         self.parent = parent
         self.workers: list[Session] = []
-        self.hub: Hub = Hub(parent.hub if parent else None)
+        self.hub: Hub = Hub(parent.hub if parent else None, node.metrics)
         self.messages: list[Message] = []
         self.completions: dict[str, Completion] = {}
         for sm in stored:
