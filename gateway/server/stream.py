@@ -249,6 +249,7 @@ class StreamConnection:
             metrics.ws_closed.labels(reason).inc()
             self.key = None
             self._update_direct()
+            self.ws.on_direct_change = None  # no cycle left between the two
             self.session.unregistered(self, reason)
             self.node.connections.discard(self)
             self.node.notify()
