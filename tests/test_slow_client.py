@@ -10,11 +10,17 @@ session receives every event. The server's send buffer is made small so that
 from __future__ import annotations
 
 import json
+import logging
+import socket
+import struct
+import urllib.parse
 from pathlib import Path
 
 import pytest
 import trio
 from trio_websocket import ConnectionClosed
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, Request, TextMessage
 
 from gateway.protocol.events import Event
 from tests.conftest import Client, make_config, open_ws, running_gateway, types
@@ -68,6 +74,49 @@ async def test_a_client_that_stops_reading_is_closed_1008_and_others_get_everyth
                 assert replayed.event.id == warning.id
                 assert replayed.event.payload.subscription_name == warning.payload.subscription_name
     assert gw.node.metrics.slow_clients._value.get() == 1
+
+
+async def _subscribed_raw(url: str) -> trio.SocketStream:
+    """A bare WebSocket client (wsproto over TCP), subscribed, that will never read again."""
+    parts = urllib.parse.urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None
+    stream = await trio.open_tcp_stream(parts.hostname, parts.port)
+    ws = WSConnection(ConnectionType.CLIENT)
+    await stream.send_all(ws.send(Request(host=parts.netloc, target=f"{parts.path}?{parts.query}")))
+    subscribe = {"type": "subscribe", "filter": "preset:full", "since": None, "snapshot": False}
+    while True:
+        ws.receive_data(await stream.receive_some())
+        for event in ws.events():
+            if isinstance(event, AcceptConnection):
+                await stream.send_all(ws.send(TextMessage(json.dumps(subscribe))))
+            elif isinstance(event, TextMessage) and '"subscribe_ack"' in event.data:
+                return stream
+
+
+async def test_clients_that_vanish_mid_stream_cost_the_others_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Connections reset in the middle of a fast stream (no close frame: an RST).
+
+    The fan-out writes to them until a write fails; each is then dropped on
+    its own, and the client that stays gets the whole turn.
+    """
+    with trio.fail_after(30):
+        async with running_gateway(make_config(tmp_path)) as gw:
+            sid = await gw.create_session()
+            async with gw.client(sid) as keeper:
+                await keeper.subscribe()
+                leavers = [await _subscribed_raw(await gw.ws_url(sid)) for _ in range(10)]
+                turn_id = await gw.submit(sid, SCRIPT)
+                await keeper.until(lambda e: e.type == "text.delta")
+                for leaver in leavers:  # the kernel answers the gateway's next write with RST
+                    linger = struct.pack("ii", 1, 0)
+                    leaver.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+                    leaver.socket.close()
+                await keeper.until_turn_ends()
+                assert len(gw.node.connections) == 1  # every vanished one was let go
+            _assert_complete_turn(keeper.events, turn_id)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def _assert_complete_turn(events: list[Event], turn_id: str) -> None:
