@@ -109,7 +109,11 @@ class StoreConfig(_Section, frozen=True):
     backend: Literal["sqlite"] = "sqlite"
     path: NonEmptyStr = "gateway.db"
     retention_hours: Count = 168  # older events: subscribe_error cursor_expired
-    flush_interval_ms: NonNegativeInt = 20  # batching window of the writer; 0 = every write
+    # The longest the writer gathers a batch before it commits. 0: it commits as
+    # soon as something is pending (what comes meanwhile is the next batch);
+    # live events wait for their commit (PROTOCOL section 9), so this is latency.
+    flush_interval_ms: NonNegativeInt = 0
+    commit_timeout_s: Seconds = 10.0  # a request waiting for a commit gives up (503) after this
 
 
 class Price(_Section, frozen=True):
@@ -201,7 +205,8 @@ batch_window_ms = 2.0        # events faster than this: the longest a batch wait
 backend = "sqlite"           # the embedded default
 path = "gateway.db"
 retention_hours = 168        # older events: subscribe_error cursor_expired
-flush_interval_ms = 20       # the writer batches events for this long; 0 = every write
+flush_interval_ms = 0        # longest the writer gathers a batch; 0 = commit once one is pending
+commit_timeout_s = 10.0      # a request waiting for a commit gives up with 503 store_unavailable
 
 [model]
 provider = "scripted"        # "scripted" | "anthropic" | "openai"

@@ -11,7 +11,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+import trio
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -41,6 +48,18 @@ class Metrics:
         self.sessions_live = Gauge("gateway_sessions_live", "Sessions loaded", registry=r)
         self.turns = Counter("gateway_turns", "Turns ended, by outcome", ["outcome"], registry=r)
         self.replays = Counter("gateway_replay_events", "Event frames sent by replays", registry=r)
+        self.session_failures = Counter(
+            "gateway_session_failures",
+            "Failures caught at a session's boundary (a gateway bug or a broken component)",
+            ["component"], registry=r,
+        )  # fmt: skip
+        self.store_write_failures = Counter(
+            "gateway_store_write_failures", "Store writes that failed and were retried", registry=r
+        )
+        self.tasks = Gauge("gateway_tasks", "Trio tasks alive in the daemon", registry=r)
+        self.tasks.set_function(_count_tasks)
+        # process_open_fds, process_resident_memory_bytes, ... (the soak watches them)
+        ProcessCollector(registry=r)
 
     def events_emitted(self, emitted: Iterable[Any]) -> None:
         tally = self.events_by_type
@@ -49,6 +68,23 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _count_tasks() -> float:
+    """Every task under the Trio root task (0 outside a Trio run)."""
+    try:
+        root = trio.lowlevel.current_root_task()
+    except RuntimeError:
+        return 0.0
+    if root is None:
+        return 0.0
+    count, stack = 0, [root]
+    while stack:
+        task = stack.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return float(count)
 
 
 class _HotTotals:

@@ -27,12 +27,13 @@ from typing import Any
 import trio
 
 from gateway.config import Config
-from gateway.errors import ApiError
+from gateway.errors import ApiError, StoreError
 from gateway.ids import new_attach_token, new_session_id, now_ms
 from gateway.metrics import Metrics
 from gateway.protocol.shapes import Usage
 from gateway.providers.base import Provider
 from gateway.session.hub import Subscriber
+from gateway.session.recovery import close_interrupted
 from gateway.session.sequencer import EventSequencer
 from gateway.session.session import Session
 from gateway.store.base import SessionRecord, Store
@@ -106,6 +107,7 @@ class Node:
         self.retention_floor = 0
         self.shutting_down = False
         self._loading: dict[str, trio.Event] = {}
+        self._holding: dict[Session, None] = {}  # families with batches waiting for a commit
         self._sessions_nursery: trio.Nursery
         self._stop = trio.Event()
         self._changed = trio.Event()
@@ -115,6 +117,8 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         state = await self.store.open()
         self.retention_floor = state.retention_floor
+        self.store.on_commit = self.on_commit
+        self.store.on_write_error = self._store_write_failed
         async with trio.open_nursery() as nursery:
             await nursery.start(self._run_store, name="store-writer")
             self.sequencer = EventSequencer(state.event_ceiling, self.store.reserve_event_ids)
@@ -122,6 +126,7 @@ class Node:
             async with trio.open_nursery() as sessions:
                 self._sessions_nursery = sessions
                 sessions.start_soon(self._retention_loop, name="retention")
+                await self._close_interrupted_turns()
                 task_status.started(self)
                 await self._stop.wait()
                 await self.drain_turns()
@@ -139,13 +144,83 @@ class Node:
         self._stop.set()
 
     async def drain_turns(self) -> None:
-        """Cancel in-flight turns with ``reason: "shutdown"`` and wait for their sequences."""
+        """Cancel in-flight turns with ``reason: "shutdown"`` and wait for their sequences.
+
+        Returns once those sequences are durable, hence handed to the clients'
+        queues (PROTOCOL section 9): a close that follows comes after them.
+        """
         for session in self.sessions.values():
             if session.turn is not None:
                 session.turn.request_cancel("shutdown")
         with trio.move_on_after(self.config.server.shutdown_grace_s):
             while any(s.turn is not None for s in self.sessions.values()):
                 await self.changed()
+            await self.wait_durable()
+
+    # --- durability (PROTOCOL section 9) -------------------------------------------
+
+    def holding(self, family: Session) -> None:
+        """``family`` has batches waiting for their commit (:meth:`Session.emit`)."""
+        self._holding[family] = None
+
+    def on_commit(self, committed: int) -> None:
+        """The store committed every put up to ticket ``committed``: release what waited.
+
+        Each family's batches go out in the order they were emitted; a batch
+        emitted meanwhile (a slow client's warning) waits for its own commit.
+        """
+        for family in list(self._holding):
+            held = family.held
+            while held and held[0][0] <= committed:
+                _, session, events = held.popleft()
+                session.publish(events)
+            if not held:
+                self._holding.pop(family, None)
+
+    async def wait_durable(self) -> None:
+        """Return once everything put so far is committed."""
+        await self.store.wait_committed(self.store.ticket())
+
+    async def durable_or_503(self) -> None:
+        """:meth:`wait_durable` for a request, within ``commit_timeout_s``.
+
+        Raises:
+            ApiError: 503 ``store_unavailable`` when the store does not commit in time.
+        """
+        with trio.move_on_after(self.config.store.commit_timeout_s):
+            await self.wait_durable()
+            return
+        raise ApiError(
+            503, "store_unavailable", "the store did not commit in time; the request may be retried"
+        )
+
+    def _store_write_failed(self, exc: Exception) -> None:
+        log.error("store: %s (retrying; live events wait for the commit)", exc)
+        self.metrics.store_write_failures.inc()
+
+    async def _close_interrupted_turns(self) -> None:
+        """Close the turns a crash left in flight, workers before their parents (section 9)."""
+        records = await self.store.open_turns()
+        by_id = {r.id: r for r in records}
+
+        def depth(sid: str) -> int:
+            parent = by_id[sid].parent_session_id
+            return 1 + depth(parent) if parent in by_id else 0
+
+        for record in sorted(records, key=lambda r: -depth(r.id)):
+            try:
+                session = await self.get_session(record.id)
+                if session is not None:
+                    await close_interrupted(session)
+            except Exception as exc:  # one session's history must not keep the node down
+                log.error(
+                    "session %s: could not close turn %s left by a crash: %s",
+                    record.id, record.current_turn_id, exc, exc_info=exc,
+                )  # fmt: skip
+                self.metrics.session_failures.labels("recovery").inc()
+        if records:
+            log.info("closed %d turns left in flight by the previous process", len(records))
+            await self.wait_durable()
 
     def notify(self) -> None:
         """Something shutdown waits for happened: a turn ended or a connection closed."""
@@ -160,7 +235,11 @@ class Node:
         """Purge events older than ``retention_hours`` (their cursors then expire)."""
         horizon_ms = self.config.store.retention_hours * 3_600_000
         while True:
-            self.retention_floor = await self.store.purge_before(now_ms() - horizon_ms)
+            try:
+                self.retention_floor = await self.store.purge_before(now_ms() - horizon_ms)
+            except StoreError as exc:  # tried again next round; nothing is lost meanwhile
+                log.error("store: the retention purge failed: %s", exc)
+                self.metrics.store_write_failures.inc()
             await trio.sleep(min(3600.0, horizon_ms / 1000 / 10))
 
     # --- sessions -----------------------------------------------------------------
@@ -211,6 +290,7 @@ class Node:
         if parent is not None:
             parent.workers.append(session)
         await self._start(session)
+        await self.durable_or_503()  # PROTOCOL section 9: durable when POST /sessions answers
         return session
 
     async def get_session(self, session_id: str) -> Session | None:
@@ -235,6 +315,11 @@ class Node:
             if parent is not None:
                 parent.workers.append(session)
             await self._start(session)
+            # A parent's stream carries its workers' events (PROTOCOL section 5):
+            # they are loaded with it. One being loaded already joins by itself.
+            for worker_id in await self.store.worker_ids(session_id):
+                if worker_id not in self.sessions and worker_id not in self._loading:
+                    await self.get_session(worker_id)
             return session
         finally:
             del self._loading[session_id]
@@ -270,5 +355,4 @@ class Node:
         ``bus.handler_warning`` and the connection is closed with 1008; other
         clients of the session are unaffected.
         """
-        self.metrics.slow_clients.inc()
         sub.overflowed()

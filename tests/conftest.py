@@ -118,8 +118,8 @@ def to_builtins(obj: Any) -> Any:
 
 
 @asynccontextmanager
-async def running_gateway(config: Config) -> AsyncIterator[Harness]:
-    gateway = Gateway(config)
+async def running_gateway(config: Config, provider: Any = None) -> AsyncIterator[Harness]:
+    gateway = Gateway(config, provider)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(gateway.run)
         try:

@@ -65,7 +65,7 @@ async def recorded_session(
 ) -> AsyncIterator[tuple[Session, Recorder]]:
     node = Node(
         make_config(tmp_path, **overrides),
-        SqliteStore(str(tmp_path / "gateway.db")),
+        SqliteStore(str(tmp_path / "gateway.db"), inline=True),
         ScriptedProvider(),
         build_registry([]),
     )

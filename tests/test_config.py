@@ -86,7 +86,7 @@ def test_defaults_of_added_keys() -> None:
     assert config.server.max_header_bytes == 16_384
     assert config.server.send_buffer_bytes == 0
     assert config.stream.close_grace_s == 5.0
-    assert config.store.flush_interval_ms == 20
+    assert config.store.flush_interval_ms == 0
     assert config.model.thinking_budget_tokens == 0
     assert config.model.max_retries == 2
     assert config.model.timeout_s == 600.0

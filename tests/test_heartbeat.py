@@ -120,7 +120,7 @@ async def rig(tmp_path: Path, *, over_socket: bool = False, **overrides: Any) ->
     )
     node = Node(
         config,
-        SqliteStore(str(tmp_path / "gateway.db")),
+        SqliteStore(str(tmp_path / "gateway.db"), inline=True),
         ScriptedProvider(),
         build_registry(["sleep"]),
     )

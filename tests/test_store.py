@@ -377,17 +377,154 @@ async def test_aclose_is_idempotent_and_puts_after_it_are_refused(store: Store) 
         store.put_event(event(1))
 
 
-async def test_a_failed_write_is_raised_and_the_store_stays_failed(store: Store) -> None:
+async def test_a_row_the_schema_refuses_is_skipped_and_the_rest_lands(store: Store) -> None:
+    errors: list[StoreError] = []
+    store.on_write_error = errors.append
     store.put_event(event(1))
     await store.flush()
     store.put_event(event(1))  # the same seq again: the primary key refuses it
-    with pytest.raises(StoreError, match=r"cannot write to store .*UNIQUE constraint failed"):
-        await store.flush()
+    store.put_session(session("sess_a", 1))  # in the same batch: lands all the same
     store.put_event(event(2))
-    with pytest.raises(StoreError, match="unusable after a failed write"):
-        await store.flush()
-    with pytest.raises(StoreError, match="unusable after a failed write"):
+    await store.flush()
+    assert [e.seq for e in await store.events_after(["sess_a"], 0, 10)] == [1, 2]
+    assert await store.get_session("sess_a") == session("sess_a", 1)
+    assert any("UNIQUE constraint failed" in e.message for e in errors)
+    assert any("refused event 1 (turn.started)" in e.message for e in errors)
+    store.put_event(event(3))  # and the store goes on
+    await store.flush()
+    assert [e.seq for e in await store.events_after(["sess_a"], 2, 10)] == [3]
+
+
+async def test_a_transient_failure_is_retried_until_the_batch_lands(
+    db_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk or a busy database loses nothing: the batch waits and is retried."""
+    store = SqliteStore(db_path)
+    await store.open()
+    errors: list[StoreError] = []
+    store.on_write_error = errors.append
+    commits: list[int] = []
+    store.on_commit = commits.append
+    db: Any = store._database()
+    real_write = db.write
+    failures = iter([sqlite3.OperationalError("database or disk is full")] * 2)
+
+    def flaky(batch: Any) -> None:
+        for exc in failures:
+            try:
+                raise exc
+            except sqlite3.Error as e:
+                raise StoreError(f"cannot write to store: {e}") from e
+        real_write(batch)
+
+    monkeypatch.setattr(db, "write", flaky)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        store.put_session(session("sess_a", 1))
+        store.put_event(event(1))
+        ticket = store.ticket()
+        assert ticket == 2 and store.committed == 0
+        with trio.fail_after(10):
+            await store.wait_committed(ticket)
+        assert [e.message for e in errors] == [
+            "cannot write to store: database or disk is full"
+        ] * 2
+        assert commits[-1] == store.committed == 2
+        assert [e.seq for e in await store.events_after(["sess_a"], 0, 10)] == [1]
         await store.aclose()
+
+
+async def test_a_cancelled_flush_puts_its_batch_back(
+    db_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SqliteStore(db_path)
+    await store.open()
+    db: Any = store._database()
+    real_write = db.write
+    failing = True
+
+    def write(batch: Any) -> None:
+        if failing:
+            raise StoreError("busy") from sqlite3.OperationalError("database is locked")
+        real_write(batch)
+
+    monkeypatch.setattr(db, "write", write)
+    store.put_event(event(1))
+    with trio.move_on_after(0.3):
+        await store.flush()  # keeps retrying until cancelled
+    assert store.committed == 0
+    failing = False
+    store.put_event(event(2))
+    await store.flush()
+    assert [e.seq for e in await store.events_after(["sess_a"], 0, 10)] == [1, 2]
+    await store.aclose()
+
+
+async def test_open_turns_and_workers_are_found(store: Store) -> None:
+    store.put_session(session("sess_a", 1, current_turn_id="turn_x", current_turn_seq=7))
+    store.put_session(session("sess_b", 2, parent_session_id="sess_a"))
+    store.put_session(session("sess_c", 3, parent_session_id="sess_a"))
+    await store.flush()
+    assert [(r.id, r.current_turn_id, r.current_turn_seq) for r in await store.open_turns()] == [
+        ("sess_a", "turn_x", 7)
+    ]
+    assert await store.worker_ids("sess_a") == ["sess_b", "sess_c"]
+    store.put_session(session("sess_a", 1))  # the turn ended
+    await store.flush()
+    assert await store.open_turns() == []
+
+
+async def test_the_message_still_streaming_is_not_listed(store: Store) -> None:
+    store.put_message(StoredMessage(message("msg_1"), None))
+    store.put_message(StoredMessage(message("msg_2", status="in_progress"), None))
+    await store.flush()
+    page, more = await store.list_messages("sess_a", before=None, limit=10)
+    assert [m.id for m in page] == ["msg_1"] and not more
+    assert [m.message.id for m in await store.load_messages("sess_a")] == ["msg_1", "msg_2"]
+
+
+async def test_a_version_1_store_is_upgraded_and_its_open_turns_found(db_path: str) -> None:
+    conn = sqlite3.connect(db_path)
+    with conn:
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', 1)")
+        conn.execute(
+            """CREATE TABLE sessions (id TEXT PRIMARY KEY, created_at INTEGER NOT NULL,
+            workspace_path TEXT NOT NULL, active_model TEXT NOT NULL, metadata BLOB NOT NULL,
+            parent_session_id TEXT, routing_policy_version TEXT NOT NULL,
+            cost_so_far_usd REAL NOT NULL, turn_count INTEGER NOT NULL)"""
+        )
+        conn.execute("CREATE INDEX sessions_by_age ON sessions (created_at, id)")
+        conn.execute(
+            """CREATE TABLE messages (ord INTEGER PRIMARY KEY, session_id TEXT NOT NULL,
+            id TEXT NOT NULL, data BLOB NOT NULL, complete_event_id TEXT, stop_reason TEXT,
+            complete_ts INTEGER, UNIQUE (session_id, id))"""
+        )
+        conn.execute(
+            """CREATE TABLE events (seq INTEGER PRIMARY KEY, session_id TEXT NOT NULL,
+            type TEXT NOT NULL, ts INTEGER NOT NULL, data BLOB NOT NULL)"""
+        )
+        for sid in ("sess_open", "sess_done"):
+            conn.execute(
+                "INSERT INTO sessions VALUES"
+                " (?, 1, '/w', 'scripted:echo', x'7b7d', NULL, 's', 0, 1)",
+                (sid,),
+            )
+        rows = [
+            (1, "sess_open", "turn.started", b'{"type":"turn.started","turn_id":"turn_o"}'),
+            (2, "sess_done", "turn.started", b'{"type":"turn.started","turn_id":"turn_d"}'),
+            (3, "sess_done", "turn.completed", b'{"type":"turn.completed","turn_id":"turn_d"}'),
+            (4, "sess_open", "llm.call_started", b'{"type":"llm.call_started","turn_id":"turn_o"}'),
+        ]
+        conn.executemany("INSERT INTO events VALUES (?, ?, ?, 1000, ?)", rows)
+    conn.close()
+    store = SqliteStore(db_path)
+    state = await store.open()
+    assert state.event_ceiling == 4
+    assert [(r.id, r.current_turn_id, r.current_turn_seq) for r in await store.open_turns()] == [
+        ("sess_open", "turn_o", 1)
+    ]
+    await store.aclose()
 
 
 # --- opening -------------------------------------------------------------------
@@ -427,7 +564,7 @@ async def test_another_applications_database_is_a_store_error(db_path: str) -> N
 
 async def test_an_unknown_schema_version_is_a_store_error(db_path: str) -> None:
     make_foreign_database(db_path, schema_version=99)
-    with pytest.raises(StoreError, match="schema version 99, this gateway reads version 1"):
+    with pytest.raises(StoreError, match="schema version 99, this gateway reads version 2"):
         await SqliteStore(db_path).open()
 
 

@@ -18,6 +18,16 @@ decides the sequence:
   (``cancelled``); then ``turn.cancelled``.
 - ``tools``: each tool, running or not yet started, emits ``tool.failed``
   (``cancelled``) from its own task; then ``turn.cancelled``.
+
+Failures are contained where they happen: a tool that raises anything is a
+``tool.failed`` (``error``); a provider that raises anything is an
+``llm.call_failed`` (``api_error``); a tool batch in which every tool failed
+before running goes on to the next model round, which sees the errors. Any
+other exception in a turn is a gateway bug: it is logged with its traceback
+and counted, and the turn is closed as a provider error would close it
+(PROTOCOL section 7: ``message.complete`` and ``llm.call_failed`` if a call
+was streaming, ``tool.failed`` for each pending tool, ``turn.completed`` with
+``stop_reason: error``); the session takes its next turn.
 """
 
 from __future__ import annotations
@@ -71,29 +81,33 @@ class AgentLoop:
     def __init__(self, session: Session) -> None:
         self.s = session
         self.node = session.node
+        self.current: tuple[Turn, _TurnState] | None = None  # the turn in flight
 
     async def run(self, turns: trio.MemoryReceiveChannel[Turn]) -> None:
         async for turn in turns:
             await self.run_turn(turn)
 
+    def abort(self) -> None:
+        """Close the turn in flight after the session's tasks failed (Session.run)."""
+        current, self.current = self.current, None
+        if current is not None and current[0].in_flight:
+            self._crash_sequence(*current)
+
     async def run_turn(self, turn: Turn) -> None:
         s = self.s
+        state = _TurnState()
+        self.current = (turn, state)
         timeout = self.node.config.turns.timeout_s
         turn.cancel_scope.deadline = trio.current_time() + timeout
-        s.record.turn_count += 1
-        s.add_message(turn.user_message)
-        s.save_record()
-        s.emit([TurnStarted(turn.id, turn.user_message)], turn.id)
-        s.emit(
-            [RouteDecided(s.record.active_model, "session_model", s.record.routing_policy_version)],
-            turn.id,
-        )
-        state = _TurnState()
         try:
             with turn.cancel_scope:
+                self._start(turn)
                 stop_reason = await self._turn_body(turn, state)
                 self._finish(turn, state, stop_reason)
+        except Exception as exc:  # a gateway bug: closed below, as a provider error
+            s.failed("agent-loop", exc, turn.id)
         finally:
+            self.current = None
             # Decided from the scopes, not from the exception: a Cancelled may
             # arrive wrapped in an ExceptionGroup from the tool batch's nursery.
             if turn.in_flight:
@@ -104,8 +118,22 @@ class AgentLoop:
                         turn.cancel_reason = "timeout" if timed_out else "shutdown"
                     self._cancel_sequence(turn, state)  # synchronous: nothing to shield
                 else:  # a crash: still close the turn for every client
-                    log.error("turn %s ended abnormally in phase %s", turn.id, turn.phase)
-                    self._finish(turn, state, "error")
+                    self._crash_sequence(turn, state)
+            elif not state.ended:  # closed, but its last event was lost to a failure
+                self._emit_terminal(turn, state, "error")
+
+    def _start(self, turn: Turn) -> None:
+        s = self.s
+        s.record.turn_count += 1
+        s.add_message(turn.user_message)
+        [started] = s.emit([TurnStarted(turn.id, turn.user_message)], turn.id)
+        # Committed with turn.started: a restart finds this turn (PROTOCOL section 9).
+        s.record.current_turn_id, s.record.current_turn_seq = turn.id, started.seq
+        s.save_record()
+        s.emit(
+            [RouteDecided(s.record.active_model, "session_model", s.record.routing_policy_version)],
+            turn.id,
+        )
 
     # --- the turn ------------------------------------------------------------
 
@@ -159,9 +187,14 @@ class AgentLoop:
         try:
             async with aclosing(self.node.provider.stream(request)) as stream:
                 async for raw in stream:
+                    if call.done.is_set():  # the translation failed: nobody listens
+                        break
                     await s.feed(raw)
         except ProviderError as exc:
             end = EndCall(exc.error_class, exc.message)
+        except Exception as exc:  # a provider's bug is that call's failure, not the turn's
+            s.failed("provider", exc, turn.id)
+            end = EndCall("api_error", f"the provider failed: {type(exc).__name__}: {exc}")
         else:
             end = EndCall()
         # The stream is over: settling it is synchronous, so a cancel cannot
@@ -227,6 +260,10 @@ class AgentLoop:
             output = await self.node.tools.execute(block.name, block.input, ctx)
         except ToolError as exc:
             self._tool_failed(turn, state, block, exc.error_class, exc.message, elapsed_ms())
+        except Exception as exc:  # a tool's bug fails that tool only
+            s.failed("tool", exc, turn.id)
+            message = f"the tool failed: {type(exc).__name__}: {exc}"
+            self._tool_failed(turn, state, block, "error", message, elapsed_ms())
         except trio.Cancelled:
             self._tool_failed(turn, state, block, "cancelled", "cancelled", elapsed_ms())
             raise
@@ -340,11 +377,38 @@ class AgentLoop:
             [TurnCancelled(turn.id, turn.cancel_reason or "cancelled", sequence_phase, partial)],  # type: ignore[arg-type]
             turn.id,
         )
+        state.ended = True
+
+    def _crash_sequence(self, turn: Turn, state: _TurnState) -> None:
+        """Close a turn that a gateway bug broke, as a provider error would (module docstring).
+
+        Each step is attempted on its own: whatever else fails, the turn ends
+        with ``turn.completed`` (``error``) and the session is free again.
+        """
+        s = self.s
+        call = state.call
+        try:
+            if call is not None and not call.done.is_set():
+                s.break_call(call, RuntimeError("the turn failed"))
+            if call is not None and turn.phase == "llm":
+                self._call_failed(turn, state, call)
+            for block in list(state.pending_tools):
+                self._tool_failed(turn, state, block, "error", "the turn failed before it ran")
+        except Exception as exc:
+            s.failed("agent-loop", exc, turn.id)
+        finally:
+            if s.call is call:
+                s.call = None
+            self._finish(turn, state, "error")
 
     def _finish(self, turn: Turn, state: _TurnState, stop_reason: StopReason) -> None:
-        cost = state.usage.cost_usd or 0.0
         self._close_turn(turn, state, stop_reason)
+        self._emit_terminal(turn, state, stop_reason)
+
+    def _emit_terminal(self, turn: Turn, state: _TurnState, stop_reason: StopReason) -> None:
+        cost = state.usage.cost_usd or 0.0
         self.s.emit([TurnCompleted(turn.id, stop_reason, state.usage, cost)], turn.id)
+        state.ended = True
 
     def _close_turn(self, turn: Turn, state: _TurnState, outcome: str) -> None:
         """Release the turn lock and book the cost, in the step that ends the turn."""
@@ -355,6 +419,7 @@ class AgentLoop:
             final_text = "".join(b.text for b in last.content if isinstance(b, TextBlock))
         turn.finish(outcome, final_text)
         s.record.cost_so_far_usd += state.usage.cost_usd or 0.0
+        s.record.current_turn_id, s.record.current_turn_seq = None, 0
         s.save_record()
         if s.turn is turn:
             s.turn = None
@@ -370,3 +435,4 @@ class _TurnState:
         self.call: Call | None = None
         self.pending_tools: list[ToolUseBlock] = []
         self.results_message: Message | None = None
+        self.ended = False  # its terminal event went out

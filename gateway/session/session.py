@@ -16,12 +16,29 @@ in-memory tail, and fans the batch out through the hub. Every state change that
 a snapshot or replay reads (a finished message, a tool result) happens in the
 same synchronous step as the event that announces it, so a snapshot can never
 fall between the two.
+
+Durability first (PROTOCOL section 9): a batch that carries a catalog event is
+*held* until the store has committed it, and every later batch of the same
+session family (a session and its workers, whose events share streams) waits
+behind it, so the order on the wire never changes and no client ever receives
+a catalog event the store could lose. The node releases held batches when the
+store reports a commit (:meth:`gateway.node.Node.on_commit`). A snapshot or a
+replay, which read state directly, wait for the commit of everything they read
+before they are sent.
+
+A session is a failure boundary: an exception in its agent loop or its
+translator task is logged with its traceback, counted
+(``gateway_session_failures_total``), the turn in flight is closed with
+``turn.completed`` (``stop_reason: error``), and the session goes on with its
+next turn (:meth:`Session.run`). Nothing of it reaches another session or the
+node.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,7 +48,7 @@ import msgspec
 import trio
 import trio.testing
 
-from gateway.errors import ApiError, SubscribeRejected
+from gateway.errors import ApiError, ProviderError, SubscribeRejected
 from gateway.ids import format_event_id, new_turn_id, now_ms, parse_event_id
 from gateway.protocol.events import (
     EVENT_TYPES,
@@ -88,6 +105,7 @@ class Call:
     last_seq: int = 0  # id of the last event emitted for this call's message
     error_class: str | None = None
     error_message: str = ""
+    lost: list[StreamEvent] = field(default_factory=list)  # translated, but their emit failed
 
 
 class Inbox:
@@ -168,6 +186,10 @@ class Session:
         self.node = node
         self.record = record
         self.parent = parent
+        # The family shares streams (a parent's clients may take its workers'
+        # events), so it shares the hold: batches waiting for their commit.
+        self.family: Session = parent.family if parent else self
+        self.held: deque[tuple[int, Session, list[Emitted]]] = deque()
         self.workers: list[Session] = []
         self.hub: Hub = Hub(parent.hub if parent else None, node.metrics)
         self.messages: list[Message] = []
@@ -191,6 +213,7 @@ class Session:
         self.tail_floor = seqr.last
         self._inbox = Inbox(256)
         self._turns_tx, self._turns_rx = trio.open_memory_channel[Turn](1)
+        self.agent: Any = None  # the AgentLoop, once run() started it
 
     @property
     def id(self) -> str:
@@ -206,6 +229,7 @@ class Session:
         ts = now_ms()
         sid = self.id
         out: list[Emitted] = []
+        catalog = False
         for item in payloads:
             se = item if isinstance(item, StreamEvent) else stream_event(item)
             spec = EVENT_TYPES[se.type]
@@ -216,17 +240,40 @@ class Session:
             em = Emitted(seq, se.type, spec.actor, sid, turn_id, ts, data, event_frame(data))
             if spec.catalog:
                 store.put_event(StoredEvent(seq, sid, se.type, ts, data))
+                catalog = True
                 self.tail.append(em)
                 if len(self.tail) > self.tail_max:
                     self.tail_floor = self.tail.popleft().seq
             out.append(em)
-        if self.call is not None and out and out[0].type in _CALL_TYPES:
+        if not out:
+            return out
+        if self.call is not None and out[0].type in _CALL_TYPES:
             self.call.last_seq = out[-1].seq
         node.metrics.events_emitted(out)
-        overflowed = self.hub.publish(out, trio.current_time())
-        for sub in overflowed:
-            node.slow_client(sub)
+        family = self.family
+        if catalog:  # held until its commit (module docstring)
+            family.held.append((store.ticket(), self, out))
+            node.holding(family)
+        elif family.held:  # behind the family's held batches, released with the last
+            family.held.append((family.held[-1][0], self, out))
+        else:
+            self.publish(out)
         return out
+
+    def publish(self, out: list[Emitted]) -> None:
+        """Fan a batch out now, then apply the slow-client rule (PROTOCOL section 3).
+
+        A failure in a subscriber is contained here: logged, counted, and the
+        session goes on (the connection's own task notices its socket).
+        """
+        node = self.node
+        try:
+            overflowed = self.hub.publish(out, trio.current_time())
+            for sub in overflowed:
+                node.slow_client(sub)
+        except Exception:
+            log.exception("session %s: fan-out of %d events failed", self.id, len(out))
+            node.metrics.session_failures.labels("hub").inc()
 
     def warn(self, subscription: str, reason: str, detail: str) -> None:
         """Emit ``bus.handler_warning`` (PROTOCOL sections 3 and 8)."""
@@ -277,6 +324,16 @@ class Session:
             messages=messages[-limit:] if limit else [],
             snapshot_at_event_id=format_event_id(cut) if cut else None,
         )
+        return snap, cut
+
+    async def snapshot_durable(self, limit: int) -> tuple[Snapshot, int]:
+        """:meth:`snapshot`, returned once everything it shows is durable (PROTOCOL section 9).
+
+        Events up to its cut that are still held reach the client's queue
+        later and are dropped at the seam, so nothing is lost or doubled.
+        """
+        snap, cut = self.snapshot(limit)
+        await self.node.wait_durable()
         return snap, cut
 
     def scope(self, include_workers: bool) -> list[Session]:
@@ -352,7 +409,10 @@ class Session:
             check_size()
             s._replay_streaming_layer(since_seq, take)
         ordered = sorted(picked)
-        return ReplayResult([picked[q] for q in ordered], ordered[-1] if ordered else since_seq)
+        result = ReplayResult([picked[q] for q in ordered], ordered[-1] if ordered else since_seq)
+        # Sent only once all it holds is durable: tail events may still be held.
+        await self.node.wait_durable()
+        return result
 
     def _replay_streaming_layer(self, since_seq: int, take: Callable[..., None]) -> None:
         for msg in self.messages:
@@ -368,11 +428,14 @@ class Session:
         streaming = self.streaming_message()
         call = self.call
         if streaming is not None and call is not None and call.last_seq > since_seq:
+            # An id of its own (ids are never reused, PROTOCOL section 1), above
+            # every delta folded into it: the seam drops those live deltas.
+            seq = self.node.sequencer.next()
             event = Event(
-                format_event_id(call.last_seq), "message.snapshot", self.id, call.turn_id,
+                format_event_id(seq), "message.snapshot", self.id, call.turn_id,
                 now_ms(), "llm", MessageSnapshot(streaming),
             )  # fmt: skip
-            take(call.last_seq, "message.snapshot", "llm", self.id, _later(_frame_of, event))
+            take(seq, "message.snapshot", "llm", self.id, _later(_frame_of, event))
 
     # --- turns -------------------------------------------------------------------
 
@@ -449,13 +512,40 @@ class Session:
     # --- runtime -------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The session nursery: the agent loop and the translator (module docstring)."""
+        """The session nursery: the agent loop and the translator (module docstring).
+
+        The failure boundary: if either task fails, the failure is logged and
+        counted, the turn in flight is closed for every client, and both tasks
+        start again for the next turn. A session failing over and over (five
+        times within a second) pauses a second before it starts again.
+        """
         from gateway.session.agent import AgentLoop
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._translate_loop, name=f"translator {self.id}")
-            nursery.start_soon(AgentLoop(self).run, self._turns_rx, name=f"agent-loop {self.id}")
-            task_status.started()
+        agent = self.agent = AgentLoop(self)
+        recent: deque[float] = deque(maxlen=5)
+        while True:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._translate_loop, name=f"translator {self.id}")
+                    nursery.start_soon(agent.run, self._turns_rx, name=f"agent-loop {self.id}")
+                    task_status.started()
+                    task_status = trio.TASK_STATUS_IGNORED
+                return
+            except Exception as exc:
+                self.failed("session", exc)
+                agent.abort()
+                recent.append(time.monotonic())
+                if len(recent) == recent.maxlen and recent[-1] - recent[0] < 1.0:
+                    await trio.sleep(1.0)
+
+    def failed(self, component: str, exc: BaseException, turn_id: str | None = None) -> None:
+        """Log a failure caught at this session's boundary, once, and count it."""
+        where = f" in turn {turn_id}" if turn_id else ""
+        log.error(
+            "session %s: %s failed%s: %s: %s",
+            self.id, component, where, type(exc).__name__, exc, exc_info=exc,
+        )  # fmt: skip
+        self.node.metrics.session_failures.labels(component).inc()
 
     async def feed(self, raw: Any) -> None:
         """Agent loop -> translator task: one raw provider event."""
@@ -497,16 +587,75 @@ class Session:
             items = self._inbox.take()
             call = self.call
             if items and call is not None:
-                self._process(call, items)
+                try:
+                    self._process(call, items)
+                except Exception as exc:
+                    self.failed("translator", exc, call.turn_id)
+                    self.break_call(call, exc)
             last = trio.current_time()
+
+    def break_call(self, call: Call, exc: BaseException) -> None:
+        """End a call whose translation or emission failed, as a provider error would.
+
+        The message is closed for clients (``message.complete`` with
+        ``stop_reason: error``) as far as they saw it: ends lost with a failed
+        emission are sent again for blocks whose start went out, and nothing
+        of a message whose start was lost. The agent loop then emits
+        ``llm.call_failed`` and ends the turn (PROTOCOL section 7).
+        """
+        if call.done.is_set():
+            return
+        call.error_class = "api_error"
+        call.error_message = f"the gateway failed to stream the call: {type(exc).__name__}"
+        tr = call.translator
+        try:
+            lost = call.lost
+            lost_types = {e.type for e in lost}
+            if "message.start" in lost_types:
+                tr.fail(call.error_class, call.error_message)
+                self._finish_call(call, [])
+                return
+            started = {_block(e) for e in lost if e.type in _BLOCK_STARTS}
+            out = [e for e in lost if e.type in _BLOCK_ENDS and _block(e) not in started]
+            if not tr.finished:
+                out += [
+                    e for e in tr.fail(call.error_class, call.error_message)
+                    if _block(e) not in started
+                ]  # fmt: skip
+                self._finish_call(call, self.emit(out, call.turn_id) if out else [])
+                return
+            message = tr.message
+            if "message.complete" in lost_types and message is not None:
+                usage = message.usage or Usage()
+                complete = MessageComplete(message.id, "error", message.content, usage)
+                out.append(stream_event(complete))
+                emitted = self.emit(out, call.turn_id)
+                failed = msgspec.structs.replace(message, status="error")
+                self.add_message(failed, Completion(emitted[-1].seq, emitted[-1].ts, "error"))
+            elif out:
+                self.emit(out, call.turn_id)
+        except Exception as again:
+            self.failed("translator", again, call.turn_id)
+        finally:
+            if self.call is call:
+                self.call = None
+            call.done.set()
 
     def _process(self, call: Call, items: list[Any]) -> None:
         events: list[StreamEvent] = []
         for item in items:
             events += self._translate(call, item)
-        emitted = self.emit(events, call.turn_id) if events else []
+        try:
+            emitted = self.emit(events, call.turn_id) if events else []
+        except Exception:
+            call.lost += events
+            raise
         if call.translator.finished or _ended(items):
             self._finish_call(call, emitted)
+        elif any(e.type in _DURABLE_POINTS for e in events):
+            # The message so far is stored as its blocks end, so that a crash
+            # keeps what was finished (PROTOCOL section 9).
+            self.node.store.put_message(StoredMessage(call.translator.snapshot(), None))
 
     def _translate(self, call: Call, item: Any) -> list[StreamEvent]:
         tr = call.translator
@@ -526,10 +675,15 @@ class Session:
             return []
         try:
             return tr.feed(item)
-        except Exception as exc:  # a provider breaking the stream protocol
+        except ProviderError as exc:  # a provider breaking the stream protocol
             log.warning("session %s: provider stream rejected: %s", self.id, exc)
             call.error_class, call.error_message = "api_error", str(exc)
             return tr.fail("api_error", str(exc))
+        except Exception as exc:  # the translator's own bug: that call fails
+            self.failed("translator", exc, call.turn_id)
+            call.error_class = "api_error"
+            call.error_message = f"the gateway failed to translate the stream: {type(exc).__name__}"
+            return tr.fail(call.error_class, call.error_message)
 
     def _finish_call(self, call: Call, emitted: list[Emitted]) -> None:
         if call.done.is_set():
@@ -549,6 +703,7 @@ class Session:
 
 
 _CALL_TYPES = frozenset(t for t, s in EVENT_TYPES.items() if not s.catalog)
+_DURABLE_POINTS = frozenset({"message.start", "text.end", "thinking.end", "tool.use_end"})
 
 
 _ENDS = (EndCall, CancelCall)
@@ -556,6 +711,15 @@ _ENDS = (EndCall, CancelCall)
 
 def _ended(items: list[Any]) -> bool:
     return any(isinstance(i, _ENDS) for i in items)
+
+
+def _block(event: StreamEvent) -> int | None:
+    index: int | None = getattr(event.payload, "content_block_index", None)
+    return index
+
+
+_BLOCK_STARTS = frozenset({"text.start", "thinking.start", "tool.use_start"})
+_BLOCK_ENDS = frozenset({"text.end", "thinking.end", "tool.use_end"})
 
 
 def _later(fn: Callable[[Any], bytes], arg: Any) -> Callable[[], bytes]:

@@ -8,6 +8,7 @@ phase     meaning                                                     cancel emi
 starting  turn accepted; no LLM call has begun yet                    as ``llm`` (no message)
 llm       an LLM call is streaming (first or a later call)            ``llm`` sequence
 seam      the call completed; no tool has entered execution yet       ``seam`` sequence
+          (a batch whose tools all failed before running goes on to ``llm``)
 tools     tools are executing                                         ``tools`` sequence
 done      ``turn.completed`` or ``turn.cancelled`` was emitted        nothing (finished)
 ========  ==========================================================  =====================
@@ -30,7 +31,9 @@ Phase = Literal["starting", "llm", "seam", "tools", "done"]
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     "starting": frozenset({"llm", "done"}),
     "llm": frozenset({"seam", "done"}),
-    "seam": frozenset({"tools", "done"}),
+    # seam -> llm: every tool of the batch failed before it ran (an unknown
+    # tool, bad input, a denied permission); the next round sees the errors.
+    "seam": frozenset({"tools", "llm", "done"}),
     "tools": frozenset({"llm", "done"}),
     "done": frozenset(),
 }

@@ -14,10 +14,12 @@ Two numbers make event ids safe across restarts (PROTOCOL section 1: event ids
   ``since`` cursor at or below it is ``cursor_expired`` (PROTOCOL section 3).
 
 Writes are a synchronous enqueue that never blocks the session: a writer task
-(:meth:`Store.run`) applies them in order, in batches. Reads see only what has
-been flushed; the session keeps the in-memory tail that has not been, and
-:meth:`Store.flush` is there for the moments that need durability (a
-reservation of event ids, shutdown).
+(:meth:`Store.run`) applies them in order, in batches (a group commit). Each
+put takes a ticket; :attr:`Store.committed` says how far the writes are
+durable, and ``on_commit`` is told each time it moves. The gateway holds a
+session's live events behind its pending catalog events until then, so no
+client ever receives an event the store could lose (PROTOCOL section 9).
+Reads see only what has been committed; the session keeps the in-memory tail.
 
 :class:`Store` is a ``typing.Protocol`` so that a networked backend can be
 added next to the embedded SQLite one without the gateway noticing.
@@ -25,12 +27,13 @@ added next to the embedded SQLite one without the gateway noticing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
 import trio
 
+from gateway.errors import StoreError
 from gateway.protocol.shapes import Message, StopReason
 
 
@@ -53,6 +56,11 @@ class SessionRecord(msgspec.Struct):
     routing_policy_version: str
     cost_so_far_usd: float = 0.0
     turn_count: int = 0
+    # The turn in flight and the id of its turn.started (PROTOCOL section 9):
+    # written with turn.started and cleared with the turn's terminal event, in
+    # the same commit, so a restart knows which turns to close.
+    current_turn_id: str | None = None
+    current_turn_seq: int = 0
 
 
 class StoredEvent(msgspec.Struct):
@@ -107,8 +115,9 @@ class Store(Protocol):
         Calls ``task_status.started()`` once ready; returns once :meth:`aclose`
         has been requested and everything pending is written.
 
-        Raises:
-            StoreError: a batch could not be written.
+        A failed write is retried (transient failures) or written row by row
+        (rows the schema refuses are skipped and reported): the writer never
+        gives up while it runs.
         """
         ...
 
@@ -132,6 +141,23 @@ class Store(Protocol):
         """Enqueue a catalog event."""
         ...
 
+    committed: int
+    """Every put whose ticket is at most this is durable."""
+
+    on_commit: Callable[[int], None] | None
+    """Called with :attr:`committed` after each commit, in the Trio thread."""
+
+    on_write_error: Callable[[StoreError], None] | None
+    """Told of every failed write (it is retried, or its bad rows skipped)."""
+
+    def ticket(self) -> int:
+        """The ticket of the last put (a count of puts so far)."""
+        ...
+
+    async def wait_committed(self, ticket: int) -> None:
+        """Return once every put up to ``ticket`` is durable."""
+        ...
+
     def reserve_event_ids(self, ceiling: int) -> None:
         """Enqueue "sequence numbers up to ``ceiling`` may have been handed out".
 
@@ -141,11 +167,7 @@ class Store(Protocol):
         ...
 
     async def flush(self) -> None:
-        """Return once everything enqueued before the call is durable.
-
-        Raises:
-            StoreError: the writes could not be made durable.
-        """
+        """Return once everything enqueued before the call is durable (retrying as needed)."""
         ...
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
@@ -188,6 +210,14 @@ class Store(Protocol):
 
     async def load_messages(self, session_id: str) -> list[StoredMessage]:
         """The whole conversation, in insertion order (to load a session)."""
+        ...
+
+    async def open_turns(self) -> list[SessionRecord]:
+        """Every session whose ``current_turn_id`` is set: turns a restart must close."""
+        ...
+
+    async def worker_ids(self, parent_id: str) -> list[str]:
+        """The ids of a session's worker sessions, oldest first."""
         ...
 
     async def events_after(

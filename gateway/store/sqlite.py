@@ -7,7 +7,9 @@ Two layers:
   knows nothing of Trio.
 - :class:`SqliteStore` is the Trio side: the queue of pending writes, the
   batching writer, and the rule that SQLite is never touched on the event loop.
-  Every call into :class:`_Database` goes through ``trio.to_thread.run_sync``;
+  Every call into :class:`_Database` goes through ``trio.to_thread.run_sync``
+  (``inline=True`` runs it on the loop instead: only for tests under Trio's
+  ``MockClock``, whose autojump would otherwise jump while a thread works);
   a ``trio.Lock`` keeps the write connection to one thread at a time, a
   ``trio.CapacityLimiter(1)`` the read connection.
 
@@ -23,9 +25,16 @@ Decisions where the contract is silent:
   next batch, which may then exceed it.
 - ``events`` is also indexed by ``ts`` so that the periodic purge does not scan
   the whole table while it holds the write connection.
-- After a failed write the store is unusable: the failed batch is rolled back,
-  and every later flush and close raises :class:`StoreError`. Puts after
-  :meth:`SqliteStore.aclose` raise too: a write that cannot land must be loud.
+- A failed write never loses the batch (PROTOCOL section 9: what a client was
+  shown is durable). A transient failure (``SQLITE_BUSY``, a full disk, an I/O
+  error: ``sqlite3.OperationalError``) is retried with backoff (0.05 s doubling
+  to 5 s) until it lands; everything after it waits, in order. A batch that
+  fails for any other reason (a row the schema refuses: a gateway bug) is
+  written row by row, each refused row logged and skipped, so one bad row
+  costs only itself. Each failure is reported to ``on_write_error``. Puts after
+  :meth:`SqliteStore.aclose` raise: a write that cannot land must be loud.
+- Writes run on a thread limiter of their own, so a write never queues
+  behind other blocking work of the process (file tools, path look-ups).
 - ``":memory:"`` is refused: each of the two connections would get its own
   empty database.
 """
@@ -45,10 +54,42 @@ from gateway.errors import StoreError
 from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 5.0
+RETRY_FIRST_S = 0.05  # a failed write is retried after this, doubling...
+RETRY_MAX_S = 5.0  # ...up to this
+CLOSE_RETRY_S = 10.0  # how long a closing store keeps retrying what is left
 
 _T = TypeVar("_T")
+
+# Version 2 (PROTOCOL section 9): a session remembers the turn in flight, so a
+# restart finds the turns to close without scanning events; workers are found
+# by their parent.
+_V2_INDEXES = (
+    "CREATE INDEX sessions_by_parent ON sessions (parent_session_id)"
+    " WHERE parent_session_id IS NOT NULL",
+    "CREATE INDEX sessions_in_flight ON sessions (id) WHERE current_turn_id IS NOT NULL",
+)
+_MIGRATE_1_TO_2 = (
+    "ALTER TABLE sessions ADD COLUMN current_turn_id TEXT",
+    "ALTER TABLE sessions ADD COLUMN current_turn_seq INTEGER NOT NULL DEFAULT 0",
+    *_V2_INDEXES,
+    # The turns a version-1 gateway left in flight: a session's last turn event is turn.started.
+    """UPDATE sessions SET
+        current_turn_id = (SELECT json_extract(CAST(e.data AS TEXT), '$.turn_id') FROM events e
+                           WHERE e.session_id = sessions.id AND e.type IN
+                             ('turn.started', 'turn.completed', 'turn.cancelled')
+                           ORDER BY e.seq DESC LIMIT 1),
+        current_turn_seq = (SELECT e.seq FROM events e
+                            WHERE e.session_id = sessions.id AND e.type IN
+                              ('turn.started', 'turn.completed', 'turn.cancelled')
+                            ORDER BY e.seq DESC LIMIT 1)
+    """,
+    """UPDATE sessions SET current_turn_id = NULL, current_turn_seq = 0
+       WHERE current_turn_seq IS NULL OR (SELECT type FROM events WHERE seq = current_turn_seq)
+             != 'turn.started'
+    """,
+)
 
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
@@ -61,9 +102,12 @@ _SCHEMA = (
         parent_session_id TEXT,
         routing_policy_version TEXT NOT NULL,
         cost_so_far_usd REAL NOT NULL,
-        turn_count INTEGER NOT NULL
+        turn_count INTEGER NOT NULL,
+        current_turn_id TEXT,
+        current_turn_seq INTEGER NOT NULL DEFAULT 0
     )""",
     "CREATE INDEX sessions_by_age ON sessions (created_at, id)",
+    *_V2_INDEXES,
     # ord is the insertion order: message ids are random or the provider's own.
     """CREATE TABLE messages (
         ord INTEGER PRIMARY KEY,
@@ -89,10 +133,10 @@ _SCHEMA = (
 
 _SESSION_COLUMNS = (
     "id, created_at, workspace_path, active_model, metadata, parent_session_id,"
-    " routing_policy_version, cost_so_far_usd, turn_count"
+    " routing_policy_version, cost_so_far_usd, turn_count, current_turn_id, current_turn_seq"
 )
 _UPSERT_SESSION = f"""
-    INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO UPDATE SET
         created_at = excluded.created_at,
         workspace_path = excluded.workspace_path,
@@ -101,7 +145,9 @@ _UPSERT_SESSION = f"""
         parent_session_id = excluded.parent_session_id,
         routing_policy_version = excluded.routing_policy_version,
         cost_so_far_usd = excluded.cost_so_far_usd,
-        turn_count = excluded.turn_count
+        turn_count = excluded.turn_count,
+        current_turn_id = excluded.current_turn_id,
+        current_turn_seq = excluded.current_turn_seq
 """
 # An upsert keeps the row, hence its ord: a rewritten message keeps its place.
 _UPSERT_MESSAGE = """
@@ -128,13 +174,16 @@ _SESSIONS_BEFORE = f"""
     WHERE (created_at, id) < (SELECT created_at, id FROM sessions WHERE id = ?)
     ORDER BY created_at DESC, id DESC LIMIT ?
 """
-_LATEST_MESSAGES = """
-    SELECT data FROM messages WHERE session_id = ?
+# The message still streaming (stored in_progress as its blocks end, PROTOCOL
+# section 9) is not listed: it is in the snapshot.
+_LISTED = "json_extract(CAST(data AS TEXT), '$.status') != 'in_progress'"
+_LATEST_MESSAGES = f"""
+    SELECT data FROM messages WHERE session_id = ? AND {_LISTED}
     ORDER BY ord DESC LIMIT ?
 """
-_MESSAGES_BEFORE = """
+_MESSAGES_BEFORE = f"""
     SELECT data FROM messages
-    WHERE session_id = ?
+    WHERE session_id = ? AND {_LISTED}
       AND ord < (SELECT ord FROM messages WHERE session_id = ? AND id = ?)
     ORDER BY ord DESC LIMIT ?
 """
@@ -143,7 +192,7 @@ _encoder = msgspec.json.Encoder()
 _message_decoder = msgspec.json.Decoder(Message)
 _metadata_decoder = msgspec.json.Decoder(dict[str, Any])
 
-_SessionRow = tuple[str, int, str, str, bytes, str | None, str, float, int]
+_SessionRow = tuple[str, int, str, str, bytes, str | None, str, float, int, str | None, int]
 _MessageRow = tuple[str, str, bytes, str | None, str | None, int | None]
 _EventRow = tuple[int, str, str, int, bytes]
 
@@ -174,6 +223,8 @@ class _Batch:
                 rec.routing_policy_version,
                 rec.cost_so_far_usd,
                 rec.turn_count,
+                rec.current_turn_id,
+                rec.current_turn_seq,
             )
         )
         self.size += 1
@@ -199,6 +250,17 @@ class _Batch:
     def raise_ceiling(self, ceiling: int) -> None:
         self.ceiling = ceiling if self.ceiling is None else max(self.ceiling, ceiling)
         self.size += 1
+
+    def then(self, later: _Batch) -> _Batch:
+        """This batch followed by ``later`` (a failed batch goes before what came next)."""
+        self.sessions += later.sessions
+        self.messages += later.messages
+        self.events += later.events
+        if later.ceiling is not None:
+            self.raise_ceiling(later.ceiling)
+            self.size -= 1
+        self.size += later.size
+        return self
 
 
 class _Database:
@@ -246,6 +308,48 @@ class _Database:
             w.executemany(_INSERT_EVENT, batch.events)
             if batch.ceiling is not None:
                 w.execute(_RAISE_META, ("event_ceiling", batch.ceiling))
+
+    def write_row_by_row(self, batch: _Batch) -> list[str]:
+        """Apply one batch in one transaction, skipping each row that fails; the failures.
+
+        The fallback after :meth:`write` failed for a reason other than a
+        transient one: one bad row costs only itself (module docstring).
+        """
+        w = self._writer
+        refused: list[str] = []
+        statements: list[tuple[str, tuple[Any, ...], str]] = [
+            *((_UPSERT_SESSION, row, f"session {row[0]}") for row in batch.sessions),
+            *((_UPSERT_MESSAGE, row, f"message {row[1]} of {row[0]}") for row in batch.messages),
+            *((_INSERT_EVENT, row, f"event {row[0]} ({row[2]})") for row in batch.events),
+        ]
+        if batch.ceiling is not None:
+            statements.append((_RAISE_META, ("event_ceiling", batch.ceiling), "event ceiling"))
+        with _reporting(self._path, "write to"), w:
+            w.execute("BEGIN IMMEDIATE")
+            for sql, args, what in statements:
+                w.execute("SAVEPOINT row")
+                try:
+                    w.execute(sql, args)
+                except sqlite3.OperationalError:
+                    raise  # transient after all: the whole batch is retried
+                except sqlite3.Error as exc:
+                    w.execute("ROLLBACK TO row")
+                    refused.append(f"{what}: {exc}")
+                w.execute("RELEASE row")
+        return refused
+
+    def open_turns(self) -> list[SessionRecord]:
+        """Sessions whose turn was in flight when the store was last written (section 9)."""
+        sql = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE current_turn_id IS NOT NULL"
+        with _reporting(self._path, "read"):
+            rows = self._reader.execute(sql).fetchall()
+        return [_session_record(row) for row in rows]
+
+    def worker_ids(self, parent_id: str) -> list[str]:
+        sql = "SELECT id FROM sessions WHERE parent_session_id = ? ORDER BY created_at, id"
+        with _reporting(self._path, "read"):
+            rows = self._reader.execute(sql, (parent_id,)).fetchall()
+        return [sid for (sid,) in rows]
 
     def purge_before(self, ts_ms: int) -> int:
         w = self._writer
@@ -348,6 +452,11 @@ def _prepare_schema(conn: sqlite3.Connection, path: str) -> StoreState:
         elif "meta" not in tables:
             raise StoreError(f"cannot open store {path!r}: a SQLite database, not a gateway store")
         version = _meta(conn, "schema_version")
+        if version == 1:  # the previous release's stores are upgraded in place
+            for statement in _MIGRATE_1_TO_2:
+                conn.execute(statement)
+            conn.execute(_RAISE_META, ("schema_version", 2))
+            version = 2
         if version != SCHEMA_VERSION:
             raise StoreError(
                 f"cannot open store {path!r}: schema version {version},"
@@ -366,7 +475,7 @@ def _meta(conn: sqlite3.Connection, key: str) -> int:
 
 
 def _session_record(row: tuple[Any, ...]) -> SessionRecord:
-    id_, created_at, workspace, model, metadata, parent, policy, cost, turns = row
+    id_, created_at, workspace, model, metadata, parent, policy, cost, turns, turn_id, seq = row
     return SessionRecord(
         id=id_,
         created_at=created_at,
@@ -377,51 +486,71 @@ def _session_record(row: tuple[Any, ...]) -> SessionRecord:
         routing_policy_version=policy,
         cost_so_far_usd=cost,
         turn_count=turns,
+        current_turn_id=turn_id,
+        current_turn_seq=seq,
     )
 
 
 class SqliteStore:
     """The SQLite trace store: implements :class:`gateway.store.base.Store`.
 
-    Writes are enqueued synchronously and applied by :meth:`run` in batches, one
-    transaction each: the writer wakes when something is pending, gathers for up
-    to ``flush_interval_s`` (or until ``max_batch`` writes are pending), then
-    writes everything pending in a worker thread. Reads see only flushed data;
-    whatever is still pending is the caller's to know (the session keeps its
-    in-memory tail).
+    Writes are enqueued synchronously and applied in batches, one transaction
+    each (a group commit): the writer wakes when something is pending, gathers
+    for up to ``flush_interval_s`` (0, the default: not at all; what comes
+    while a commit runs makes the next batch), then writes everything pending
+    in a worker thread. Every put takes a ticket (:meth:`ticket`); once a
+    commit lands, :attr:`committed` covers it and ``on_commit`` is called with
+    it, in the Trio thread: that is when the gateway lets the events of the
+    batch reach clients (PROTOCOL section 9). Reads see only committed data.
 
     Args:
         path: the database file; its directory must exist.
-        flush_interval_s: how long the writer gathers a batch.
+        flush_interval_s: the longest the writer gathers a batch.
         max_batch: the pending count at which the writer stops gathering.
+        inline: run SQLite on the event loop, not in a worker thread (tests
+            under ``MockClock`` only: it blocks the loop for every statement).
     """
 
-    def __init__(self, path: str, *, flush_interval_s: float = 0.02, max_batch: int = 1000) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        flush_interval_s: float = 0.0,
+        max_batch: int = 1000,
+        inline: bool = False,
+    ) -> None:
         self._path = path
+        self._inline = inline
         self._flush_interval_s = flush_interval_s
         self._max_batch = max_batch
         self._db: _Database | None = None
         self._pending = _Batch()
+        self._enqueued = 0  # tickets handed out: one per put
+        self.committed = 0  # every ticket up to this one is durable
+        self.on_commit: Callable[[int], None] | None = None
+        self.on_write_error: Callable[[StoreError], None] | None = None
+        self._committed_event = trio.Event()  # set and replaced at each commit
         self._write_lock = trio.Lock()  # the write connection: one thread at a time
+        self._write_limiter = trio.CapacityLimiter(1)  # its own thread: never queued behind others
         self._read_limiter = trio.CapacityLimiter(1)  # the read connection: likewise
         self._wakeup = trio.Event()  # set: something is pending, or close was asked
         self._batch_ready = trio.Event()  # set: stop gathering, write now
         self._closing = False
         self._closed = trio.Event()
-        self._failure: StoreError | None = None
 
     # --- lifecycle ----------------------------------------------------------
 
     async def open(self) -> StoreState:
-        self._db, state = await trio.to_thread.run_sync(_Database.open, self._path)
+        self._db, state = await self._offload(_Database.open, self._path)
         return state
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
             await self._wakeup.wait()
-            with trio.move_on_after(self._flush_interval_s):
-                await self._batch_ready.wait()
+            if self._flush_interval_s > 0:
+                with trio.move_on_after(self._flush_interval_s):
+                    await self._batch_ready.wait()
             # Only the writer re-arms its events, and only here, right before it
             # takes the batch: a put or close from now on sets the new ones. (A
             # put while this round waits for the lock is taken by this round and
@@ -442,17 +571,25 @@ class SqliteStore:
         self._signal()
         # Shielded: shutdown (RUNNING.md: "the store flushed") usually happens
         # in a scope that is already cancelled, and the writer may be gone.
+        # A store that keeps failing gets CLOSE_RETRY_S, then what is left is
+        # reported lost.
         with trio.CancelScope(shield=True):
             db = self._db
             if db is None:
                 self._closed.set()
                 return
             try:
-                await self._write_pending()
+                with trio.move_on_after(CLOSE_RETRY_S):
+                    await self._write_pending()
+                if self._pending.size:
+                    raise StoreError(
+                        f"store {self._path!r}: {self._pending.size} writes could not be"
+                        f" made durable within {CLOSE_RETRY_S:g} s of closing"
+                    )
             finally:
                 async with self._write_lock:
-                    await trio.to_thread.run_sync(db.close_writer)
-                await trio.to_thread.run_sync(db.close_reader, limiter=self._read_limiter)
+                    await self._offload(db.close_writer, limiter=self._write_limiter)
+                await self._offload(db.close_reader, limiter=self._read_limiter)
                 self._closed.set()
 
     # --- writes -------------------------------------------------------------
@@ -460,22 +597,36 @@ class SqliteStore:
     def put_session(self, rec: SessionRecord) -> None:
         self._check_accepting()
         self._pending.add_session(rec)
+        self._enqueued += 1
         self._signal()
 
     def put_message(self, msg: StoredMessage) -> None:
         self._check_accepting()
         self._pending.add_message(msg)
+        self._enqueued += 1
         self._signal()
 
     def put_event(self, ev: StoredEvent) -> None:
         self._check_accepting()
         self._pending.add_event(ev)
+        self._enqueued += 1
         self._signal()
 
     def reserve_event_ids(self, ceiling: int) -> None:
         self._check_accepting()
         self._pending.raise_ceiling(ceiling)
+        self._enqueued += 1
         self._signal()
+
+    def ticket(self) -> int:
+        """The ticket of the last put: durable once :attr:`committed` reaches it."""
+        return self._enqueued
+
+    async def wait_committed(self, ticket: int) -> None:
+        """Return once every put up to ``ticket`` is durable (the writer does the work)."""
+        while self.committed < ticket:
+            self._batch_ready.set()  # no gathering: someone is waiting
+            await self._committed_event.wait()
 
     async def flush(self) -> None:
         # Whoever held the lock before us has finished its batch; we take the rest.
@@ -484,7 +635,9 @@ class SqliteStore:
     async def purge_before(self, ts_ms: int) -> int:
         db = self._database()
         async with self._write_lock:
-            return await trio.to_thread.run_sync(db.purge_before, ts_ms)
+            return await self._offload(
+                db.purge_before, ts_ms, limiter=self._write_limiter
+            )
 
     def _check_accepting(self) -> None:
         if self._closing:
@@ -500,26 +653,63 @@ class SqliteStore:
     async def _write_pending(self) -> None:
         """Take everything pending and write it; return once it is durable.
 
-        Raises:
-            StoreError: this write, or an earlier one, failed.
+        A failure is retried (module docstring) for as long as the caller's
+        scope lets it; if the caller is cancelled first, the batch goes back
+        in front of what is pending, never lost.
         """
         db = self._database()
         async with self._write_lock:
-            if self._failure is not None:
-                raise StoreError(
-                    f"store {self._path!r} is unusable after a failed write:"
-                    f" {self._failure.message}"
-                )
             batch, self._pending = self._pending, _Batch()
-            if not batch.size:
-                return
-            # Once taken, a batch is written or reported, never dropped by a cancel.
-            with trio.CancelScope(shield=True):
+            ticket = self._enqueued
+            if batch.size:
                 try:
-                    await trio.to_thread.run_sync(db.write, batch)
-                except StoreError as exc:
-                    self._failure = exc
+                    await self._write_with_retries(db, batch)
+                except BaseException:
+                    self._pending = batch.then(self._pending)
                     raise
+            if ticket > self.committed:
+                self.committed = ticket
+                self._committed_event.set()
+                self._committed_event = trio.Event()
+        on_commit = self.on_commit
+        if on_commit is not None:
+            on_commit(self.committed)
+
+    async def _write_with_retries(self, db: _Database, batch: _Batch) -> None:
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                # The thread runs to its end even if we are cancelled meanwhile.
+                with trio.CancelScope(shield=True):
+                    await self._offload(db.write, batch, limiter=self._write_limiter)
+                return
+            except StoreError as exc:
+                self._report(exc)
+                if not isinstance(exc.__cause__, sqlite3.OperationalError):
+                    await self._write_rows(db, batch)
+                    return
+            await trio.sleep(delay)  # cancellable: the caller decides how long to insist
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _write_rows(self, db: _Database, batch: _Batch) -> None:
+        with trio.CancelScope(shield=True):
+            refused = await self._offload(
+                db.write_row_by_row, batch, limiter=self._write_limiter
+            )
+        for what in refused:
+            self._report(StoreError(f"store {self._path!r} refused {what}; it was skipped"))
+
+    async def _offload(
+        self, fn: Callable[..., _T], *args: Any, limiter: trio.CapacityLimiter | None = None
+    ) -> _T:
+        if self._inline:
+            await trio.lowlevel.checkpoint()
+            return fn(*args)
+        return await trio.to_thread.run_sync(fn, *args, limiter=limiter)
+
+    def _report(self, exc: StoreError) -> None:
+        if self.on_write_error is not None:
+            self.on_write_error(exc)
 
     # --- reads --------------------------------------------------------------
 
@@ -541,6 +731,12 @@ class SqliteStore:
     async def load_messages(self, session_id: str) -> list[StoredMessage]:
         return await self._read(lambda db: db.load_messages(session_id))
 
+    async def open_turns(self) -> list[SessionRecord]:
+        return await self._read(lambda db: db.open_turns())
+
+    async def worker_ids(self, parent_id: str) -> list[str]:
+        return await self._read(lambda db: db.worker_ids(parent_id))
+
     async def events_after(
         self, session_ids: Sequence[str], after_seq: int, limit: int
     ) -> list[StoredEvent]:
@@ -548,7 +744,7 @@ class SqliteStore:
         return await self._read(lambda db: db.events_after(session_ids, after_seq, limit))
 
     async def _read(self, query: Callable[[_Database], _T]) -> _T:
-        return await trio.to_thread.run_sync(query, self._database(), limiter=self._read_limiter)
+        return await self._offload(query, self._database(), limiter=self._read_limiter)
 
     def _database(self) -> _Database:
         if self._db is None:

@@ -1,0 +1,189 @@
+"""Closing the turns a crash left in flight (PROTOCOL section 9).
+
+At start-up the gateway closes every turn that was in flight when the previous
+process died, with the sequence of section 8 for the phase the turn was in and
+``reason: "server_restart"``. What the turn had done is read back from what
+was durable: its catalog events (every one a client saw, since events are
+held until committed) and the assistant message stored as its blocks ended.
+
+The core is sans-IO: :func:`plan` reads a turn's stored events and messages
+and says where the turn stood; :func:`closing` says what to emit. The
+session's side (:func:`close_interrupted`) reads the store, emits, and stores
+the interrupted message as ``cancelled`` with whatever of it was durable, so
+that a client resuming with a ``since`` from before the crash gets
+``message.complete`` in its replay and closes its open blocks.
+
+Where the phase is not written down, it is inferred: an ``llm.call_started``
+with no ``llm.call_completed``/``llm.call_failed`` after it is ``llm``; tools
+called and not ended are ``tools`` if any of them was running (not waiting
+for a permission), else ``seam``; a turn between a call's end and its next
+step is ``seam``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+
+from gateway.ids import new_message_id, now_ms
+from gateway.protocol.events import (
+    EVENT_TYPES,
+    DelegateFailed,
+    LlmCallFailed,
+    MessageComplete,
+    Payload,
+    ToolFailed,
+    TurnCancelled,
+)
+from gateway.protocol.shapes import ContentBlock, Message, ToolResultBlock, ToolUseBlock, Usage
+from gateway.store.base import StoredEvent
+
+if TYPE_CHECKING:
+    from gateway.session.session import Session
+
+REASON = "server_restart"
+
+
+class _Envelope(msgspec.Struct):
+    type: str
+    turn_id: str | None
+    payload: msgspec.Raw
+
+
+_envelope = msgspec.json.Decoder(_Envelope)
+
+
+def decode_stored(data: bytes) -> tuple[str, str | None, Payload]:
+    """A stored event's type, turn id and typed payload."""
+    env = _envelope.decode(data)
+    payload = msgspec.json.decode(env.payload, type=EVENT_TYPES[env.type].payload)
+    return env.type, env.turn_id, payload
+
+
+@dataclass
+class Interrupted:
+    """Where an interrupted turn stood when the process died."""
+
+    turn_id: str
+    phase: Literal["llm", "seam", "tools"]
+    call_id: str | None = None  # the call still streaming (phase llm)
+    message: Message | None = None  # its assistant message, as far as it was stored
+    pending_tools: list[tuple[str, str]] = field(default_factory=list)  # (id, name), in order
+    delegates: list[tuple[str, str]] = field(default_factory=list)  # (tool_use_id, worker id)
+    partial: bool = False
+
+
+def plan(
+    turn_id: str, events: Sequence[tuple[str, Any]], messages: Sequence[Message]
+) -> Interrupted:
+    """Where the turn stood, from its stored events (after ``turn.started``) and messages."""
+    open_call: str | None = None
+    completed_message: str | None = None  # the last completed call's message, stop tool_use
+    pending: dict[str, str] = {}
+    waiting: set[str] = set()  # tools waiting for a permission
+    perm_tool: dict[str, str] = {}
+    delegates: dict[str, str] = {}
+    called_since_completion = False
+    for type_, p in events:
+        if type_ == "llm.call_started":
+            open_call, completed_message, called_since_completion = p.call_id, None, False
+            pending.clear()
+        elif type_ == "llm.call_completed":
+            open_call = None
+            completed_message = p.message_id if p.stop_reason == "tool_use" else None
+        elif type_ == "llm.call_failed":
+            open_call = completed_message = None
+        elif type_ == "tool.called":
+            pending[p.tool_use_id] = p.tool_name
+            called_since_completion = True
+        elif type_ in ("tool.completed", "tool.failed"):
+            pending.pop(p.tool_use_id, None)
+            waiting.discard(p.tool_use_id)
+        elif type_ == "permission.requested":
+            waiting.add(p.tool_use_id)
+            perm_tool[p.perm_id] = p.tool_use_id
+        elif type_ == "permission.resolved":
+            waiting.discard(perm_tool.get(p.perm_id, ""))
+        elif type_ == "delegate.started":
+            delegates[p.tool_use_id] = p.worker_session_id
+        elif type_ in ("delegate.completed", "delegate.failed"):
+            delegates.pop(p.tool_use_id, None)
+    of_turn = [m for m in messages if m.turn_id == turn_id and m.role == "assistant"]
+    partial = any(m.content for m in of_turn)
+    if open_call is not None:
+        streaming = next((m for m in reversed(of_turn) if m.status == "in_progress"), None)
+        return Interrupted(turn_id, "llm", open_call, streaming, partial=partial)
+    if completed_message is not None and not called_since_completion:
+        # The call asked for tools and none was called yet: all pending, none ran.
+        msg = next((m for m in of_turn if m.id == completed_message), None)
+        uses = [b for b in msg.content if isinstance(b, ToolUseBlock)] if msg else []
+        pending = {b.id: b.name for b in uses}
+    running = [t for t in pending if t not in waiting]
+    phase: Literal["seam", "tools"] = "tools" if running else "seam"
+    running_delegates = [(t, w) for t, w in delegates.items() if t in pending]
+    return Interrupted(
+        turn_id, phase, pending_tools=list(pending.items()), delegates=running_delegates,
+        partial=partial,
+    )  # fmt: skip
+
+
+def closing(state: Interrupted) -> list[Payload]:
+    """The catalog events that close the turn: section 8's sequence for its phase.
+
+    ``message.complete`` for the interrupted message is the session's to emit
+    (it is stored with the message); it comes first.
+    """
+    out: list[Payload] = []
+    if state.phase == "llm":
+        message_id = state.message.id if state.message else None
+        out.append(LlmCallFailed(state.call_id or "", "cancelled", "cancelled", message_id))
+    for tool_use_id, worker in state.delegates:
+        out.append(
+            DelegateFailed(tool_use_id, worker, "cancelled_by_user", "the gateway restarted")
+        )
+    for tool_use_id, name in state.pending_tools:
+        out.append(ToolFailed(tool_use_id, name, "cancelled", "cancelled"))
+    out.append(TurnCancelled(state.turn_id, REASON, state.phase, state.partial))
+    return out
+
+
+async def close_interrupted(session: Session) -> None:
+    """Close the session's turn left in flight by a crash (module docstring)."""
+    from gateway.session.session import Completion
+
+    record = session.record
+    turn_id = record.current_turn_id
+    if turn_id is None:
+        return
+    rows: list[StoredEvent] = []
+    after = max(record.current_turn_seq - 1, 0)
+    while True:
+        page = await session.node.store.events_after([session.id], after, 5000)
+        rows += page
+        if len(page) < 5000:
+            break
+        after = page[-1].seq
+    decoded = [decode_stored(r.data) for r in rows]
+    events = [(t, p) for t, of, p in decoded if of == turn_id and t != "turn.started"]
+    # From here on nothing awaits: the turn is closed in one step.
+    state = plan(turn_id, events, session.messages)
+    if state.message is not None:
+        usage = state.message.usage or Usage()
+        message = msgspec.structs.replace(state.message, status="cancelled", usage=usage)
+        payload = MessageComplete(message.id, "cancelled", message.content, usage)
+        [complete] = session.emit([payload], turn_id)
+        session.add_message(message, Completion(complete.seq, complete.ts, "cancelled"))
+    if state.pending_tools:
+        results: list[ContentBlock] = [
+            ToolResultBlock(t, "cancelled", True) for t, _ in state.pending_tools
+        ]
+        session.add_message(
+            Message(new_message_id(), session.id, turn_id, "user", results, "complete", now_ms())
+        )
+    payloads = closing(state)
+    record.current_turn_id, record.current_turn_seq = None, 0
+    session.save_record()
+    session.emit(payloads, turn_id)
