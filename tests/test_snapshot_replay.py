@@ -311,6 +311,10 @@ async def test_since_while_a_message_streams_restores_it_with_message_snapshot(
     assert_same_events(replay[:3], replayable(first.events, cursor)[:3])
     snap = replay[-1]
     message = snap.payload.message
+    # An id of its own (ids are never reused, PROTOCOL section 1), above every delta folded in.
+    assert snap.id not in {e.id for e in first.events}
+    folded = [e.id for e in first.events if e.type == "text.delta" and e.id < later[0].id]
+    assert snap.id > max(folded)
     start = next(e for e in first.events if e.type == "message.start")
     assert (message.id, message.role, message.status) == (
         start.payload.message_id,
@@ -540,3 +544,36 @@ async def test_replay_after_a_restart_comes_from_the_store(tmp_path: Path) -> No
     assert complete.final_content == [
         TextBlock(snap.payload.message.content[0].text + text_of(later))
     ]
+
+
+async def test_a_parents_replay_after_a_restart_has_its_workers_events(tmp_path: Path) -> None:
+    """Workers are loaded with their parent, so its replay carries their events (section 5)."""
+    config = make_config(tmp_path)
+    delegate = {
+        "script": {
+            "rounds": [
+                [{"tool_use": {"name": "delegate", "input": {"task": "say hi"}}}],
+                [{"text": "delegated"}],
+            ]
+        }
+    }
+    workers_filter = {"event_types": None, "actors": None, "include_worker_sessions": True}
+    async with running_gateway(config) as gw:
+        with trio.fail_after(10):
+            sid = await gw.create_session()
+            async with gw.client(sid) as live:
+                await live.subscribe(filter=workers_filter)
+                await gw.submit(sid, delegate)
+                await live.until(lambda e: e.type == "turn.completed" and e.session_id == sid)
+    worker_events = [e for e in live.events if e.session_id != sid]
+    assert worker_events and any(e.type == "turn.completed" for e in worker_events)
+    cursor = live.events[0].id
+    async with running_gateway(config) as gw:
+        with trio.fail_after(10):
+            async with gw.client(sid) as resumed:
+                ack = await resumed.subscribe(filter=workers_filter, since=cursor)
+                assert isinstance(ack, SubscribeAck)
+                replay = await recv_events(resumed, ack.replay_event_count)
+    replayed = {e.id for e in replay}
+    missing = [e for e in replayable(worker_events, cursor) if e.id not in replayed]
+    assert not missing, types(missing)

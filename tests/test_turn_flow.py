@@ -9,14 +9,19 @@ broken stream, after which the session takes the next turn.
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import trio
 
+from gateway.errors import ProviderError
 from gateway.protocol.events import Event
 from gateway.protocol.frames import SubscribeAck
 from gateway.protocol.shapes import TextBlock, ThinkingBlock, ToolUseBlock
-from tests.conftest import Harness, types
+from gateway.providers.base import ModelRequest
+from gateway.providers.raw import RawEvent
+from tests.conftest import Harness, make_config, running_gateway, types
 
 TOOL_SCRIPT = {
     "script": {
@@ -149,22 +154,42 @@ async def test_provider_error_mid_stream_is_events_and_the_session_goes_on(gw: H
     assert statuses == ["error", "complete"]
 
 
-async def test_network_failure_before_any_event_has_no_message(gw: Harness) -> None:
-    script = {
-        "script": {
-            "rounds": [[{"text": "never"}]],
-            "fail": {"round": 0, "after_deltas": 0, "error_class": "network"},
-        }
-    }
-    sid = await gw.create_session()
-    async with gw.client(sid) as client:
-        await client.subscribe()
-        await gw.submit(sid, script)
-        with trio.fail_after(10):
-            events = await client.until_turn_ends()
-    failed = next(e for e in events if e.type == "llm.call_failed")
-    assert failed.payload.error_class == "network"
-    assert events[-1].payload.stop_reason == "error"
+class _DownProvider:
+    """A model API that cannot be reached: the call fails before its first event."""
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[RawEvent]:
+        return self._stream()
+
+    async def _stream(self) -> AsyncIterator[RawEvent]:
+        raise ProviderError("network", "connection refused")
+        yield  # an async generator that never yields
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_network_failure_before_any_event_has_no_message(tmp_path: Path) -> None:
+    """Nothing streamed, so no message: no message.start/complete, none stored (section 7)."""
+    async with running_gateway(make_config(tmp_path), _DownProvider()) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            await gw.submit(sid, "hello?")
+            with trio.fail_after(10):
+                events = await client.until_turn_ends()
+        assert types(events) == [
+            "turn.started",
+            "route.decided",
+            "llm.call_started",
+            "llm.call_failed",
+            "turn.completed",
+        ]
+        failed = events[3].payload
+        assert (failed.error_class, failed.message_id) == ("network", None)
+        assert events[-1].payload.stop_reason == "error"
+        r = await gw.http.get(f"/sessions/{sid}/messages")
+        assert [m["role"] for m in r.json()["messages"]] == ["user"]
+        assert gw.node.sessions[sid].turn is None
 
 
 async def test_tool_errors_are_results_and_the_turn_goes_on(gw: Harness, tmp_path: Any) -> None:
