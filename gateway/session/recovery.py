@@ -121,6 +121,7 @@ def plan(
         msg = next((m for m in of_turn if m.id == completed_message), None)
         uses = [b for b in msg.content if isinstance(b, ToolUseBlock)] if msg else []
         pending = {b.id: b.name for b in uses}
+        waiting = set(pending)
     running = [t for t in pending if t not in waiting]
     phase: Literal["seam", "tools"] = "tools" if running else "seam"
     running_delegates = [(t, w) for t, w in delegates.items() if t in pending]
