@@ -259,11 +259,34 @@ async def test_reads_see_only_flushed_writes(db_path: str) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
         store.put_session(session("sess_a", 1))
-        store.put_event(event(1))
+        store.put_message(StoredMessage(message("msg_1"), None))
         assert await store.get_session("sess_a") is None
-        assert await store.events_after(["sess_a"], 0, 10) == []
+        assert await store.load_messages("sess_a") == []
         await store.flush()
         assert await store.get_session("sess_a") == session("sess_a", 1)
+        assert [m.message.id for m in await store.load_messages("sess_a")] == ["msg_1"]
+        await store.aclose()
+
+
+async def test_an_event_is_committed_without_waiting_for_the_gathering(db_path: str) -> None:
+    """Clients wait for an event's commit (PROTOCOL section 9): the writer does not gather."""
+    store = SqliteStore(db_path, flush_interval_s=HOUR)
+    await store.open()
+    commits: list[int] = []
+    committed = trio.Event()
+
+    def on_commit(ticket: int) -> None:
+        commits.append(ticket)
+        committed.set()
+
+    store.on_commit = on_commit
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        store.put_session(session("sess_a", 1))
+        store.put_event(event(1))
+        with trio.fail_after(10):  # not the hour
+            await committed.wait()
+        assert commits == [2]
         assert [e.seq for e in await store.events_after(["sess_a"], 0, 10)] == [1]
         await store.aclose()
 

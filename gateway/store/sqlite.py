@@ -497,8 +497,9 @@ class SqliteStore:
     Writes are enqueued synchronously and applied in batches, one transaction
     each (a group commit): the writer wakes when something is pending, gathers
     for up to ``flush_interval_s`` (0, the default: not at all; what comes
-    while a commit runs makes the next batch), then writes everything pending
-    in a worker thread. Every put takes a ticket (:meth:`ticket`); once a
+    while a commit runs makes the next batch; an event, which clients wait
+    for, cuts the gathering short), then writes everything pending in a
+    worker thread. Every put takes a ticket (:meth:`ticket`); once a
     commit lands, :attr:`committed` covers it and ``on_commit`` is called with
     it, in the Trio thread: that is when the gateway lets the events of the
     batch reach clients (PROTOCOL section 9). Reads see only committed data.
@@ -611,6 +612,7 @@ class SqliteStore:
         self._pending.add_event(ev)
         self._enqueued += 1
         self._signal()
+        self._batch_ready.set()  # clients wait for it: no gathering (class docstring)
 
     def reserve_event_ids(self, ceiling: int) -> None:
         self._check_accepting()
