@@ -347,7 +347,7 @@ class StreamConnection:
         self._update_direct()
         try:
             if frame.snapshot:
-                snap, cut = session.snapshot(config.snapshot_messages)
+                snap, cut = await session.snapshot_durable(config.snapshot_messages)
                 ack = SubscribeAck(resolved, None, True, 0)
                 gate.open(text_frame(encode(ack)) + text_frame(encode(snap)), cut)
             elif frame.since is not None:
