@@ -139,6 +139,11 @@ class AgentLoop:
 
     async def _turn_body(self, turn: Turn, state: _TurnState) -> StopReason:
         while True:
+            # The loop does not run ahead of the store by more than a round:
+            # what it emitted is committed and on its way to the clients before
+            # the next call (held events would otherwise leave in one burst
+            # that a client's bounded queue cannot take).
+            await self.node.wait_durable()
             turn.enter("llm")
             call = await self._call_model(turn, state)
             if call.error_class is not None:
