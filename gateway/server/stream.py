@@ -169,7 +169,13 @@ class StreamConnection:
             return self.deliver(batch, now)
         self._metrics.frames_sent += batch.n
         self.last_write = now
-        self._enqueue(batch.blob[sent:])  # the kernel's buffer is full: a writer sends the rest
+        # The kernel's buffer is full. The rest belongs to the WebSocket (it goes
+        # before any other byte, a pong or a close included); a writer sends it.
+        self.ws.owe(batch.blob[sent:])
+        try:
+            self._enqueue(b"")
+        except trio.WouldBlock:  # nothing fits: a slow client (the close sends the rest first)
+            return False
         return True
 
     def _update_direct(self) -> None:
@@ -225,13 +231,21 @@ class StreamConnection:
                 self.queued -= len(item)
 
     def overflowed(self) -> None:
+        """The slow-client rule (PROTOCOL section 3), once per connection.
+
+        One warning, one close, one count, however many fan-outs (a nested
+        one among them: the warning is itself emitted) report the overflow.
+        """
+        if self.closing is not None:
+            return
         self.session.hub.unsubscribe(self)
+        self._metrics.slow_clients.inc()
+        self.request_close("client_too_slow")
         self.session.warn(
             self.name,
             "client_too_slow",
             f"outbound queue exceeded queue_max_events={self.max_events}; closing with 1008",
         )
-        self.request_close("client_too_slow")
 
     # --- life ----------------------------------------------------------------------------
 

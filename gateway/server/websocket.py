@@ -7,6 +7,15 @@ path never frames per client. That is also why no extension is negotiated: with
 permessage-deflate each connection would need its own compressor state and its
 own copy of every frame.
 
+**The socket's bytes belong to this object.** Whatever writes (the hub's
+direct write, the writer task, the reader's pong, a close), nothing is written
+between the bytes of one frame: the hub writes only while :attr:`direct_fd`
+is set (no write in progress, nothing owed, no close sent), and the rest of a
+frame it wrote only in part is handed back with :meth:`WebSocket.owe`; until
+it is sent, ``direct_fd`` is -1 and every write under the send lock (data,
+pong, close) sends it first. A close never follows half a frame: the owed
+bytes go first, or the stream is dropped without a close frame.
+
 Two tasks may use one :class:`WebSocket` at a time: a reader calling
 :meth:`WebSocket.receive` and a writer calling :meth:`WebSocket.send_all` or
 :meth:`WebSocket.close`. Two locks keep them apart on the stream (trio streams
@@ -108,6 +117,9 @@ class WebSocket:
         self._oversized = False
         self._close_sent = False
         self._gone = False
+        # The unsent rest of a frame a direct write left half-written: it goes
+        # out before any other byte, whoever writes next (module docstring).
+        self._owed = b""
         self._close_code: int | None = None
         self._close_reason: str | None = None
         # The socket's descriptor, for writes that go straight to the kernel
@@ -162,6 +174,21 @@ class WebSocket:
                     return None
             return self._inbox.pop(0)
 
+    def owe(self, rest: bytes) -> None:
+        """The rest of a frame that a direct write sent only in part: it goes out first.
+
+        Called synchronously by the fan-out, right after its short write;
+        ``direct_fd`` becomes -1 until the rest is sent (by the next write
+        under the send lock, whatever it carries).
+        """
+        self._owed += rest
+        self._set_direct(-1)
+
+    @property
+    def owes(self) -> bool:
+        """True while the rest of a half-written frame waits to be sent."""
+        return bool(self._owed)
+
     async def send_all(self, data: bytes) -> None:
         """Write already-framed bytes (one or many :func:`text_frame` joined) in one write.
 
@@ -180,6 +207,8 @@ class WebSocket:
         try:
             if self.closed:
                 raise ConnectionClosed("the WebSocket is closed")
+            if self._owed:
+                data, self._owed = self._owed + data, b""
             if self._fd >= 0:
                 # Straight to the kernel while it has room: no trip through
                 # trio's socket machinery; only the rest (if any) waits.
@@ -310,7 +339,7 @@ class WebSocket:
             self._sync_direct()
 
     def _sync_direct(self) -> None:
-        locked = self._close_sent or self._gone or self._send_lock.locked()
+        locked = self._close_sent or self._gone or self._send_lock.locked() or bool(self._owed)
         self._set_direct(-1 if locked else self._fd)
 
     def _set_direct(self, fd: int) -> None:
@@ -334,7 +363,12 @@ class WebSocket:
             await self._write(data)
 
     async def _write(self, data: bytes | memoryview) -> None:
-        """Write under the send lock; a broken stream becomes :class:`ConnectionClosed`."""
+        """Write under the send lock; a broken stream becomes :class:`ConnectionClosed`.
+
+        Whatever is owed of a half-written frame goes first.
+        """
+        if self._owed:
+            data, self._owed = self._owed + bytes(data), b""
         try:
             await self._stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
