@@ -83,11 +83,13 @@ async def test_a_stalled_store_holds_the_stream_and_loses_nothing(tmp_path: Path
             await client.subscribe()
             await other.subscribe()
             db.write = stalled_write
-            await gw.submit(sid, TOOL_TURN)
-            with trio.move_on_after(0.3):
-                await client.recv()
-                raise AssertionError("an event reached a client before its commit")
-            gate.set()
+            async with trio.open_nursery() as nursery:
+                # POST .../turns answers once the turn is durable: not yet.
+                nursery.start_soon(gw.submit, sid, TOOL_TURN)
+                with trio.move_on_after(0.3):
+                    await client.recv()
+                    raise AssertionError("an event reached a client before its commit")
+                gate.set()
             with trio.fail_after(10):
                 events = await client.until_turn_ends()
                 others = await other.until_turn_ends()
@@ -133,3 +135,25 @@ async def test_a_snapshot_waits_for_the_commit_of_what_it_shows(gw: Harness) -> 
             await fresh.recv()  # the ack
             snap = await fresh.recv()
         assert isinstance(snap, Snapshot)
+
+
+async def test_a_turn_is_durable_when_post_turns_answers(tmp_path: Path) -> None:
+    db = str(tmp_path / "gateway.db")
+    async with running_gateway(make_config(tmp_path, **{"store.path": db})) as gw:
+        sid = await gw.create_session()
+        turn_id = await gw.submit(sid, "remember me")
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            started = conn.execute(
+                "SELECT count(*) FROM events WHERE session_id = ? AND type = 'turn.started'"
+                " AND json_extract(CAST(data AS TEXT), '$.turn_id') = ?",
+                (sid, turn_id),
+            ).fetchone()[0]
+            users = conn.execute(
+                "SELECT count(*) FROM messages WHERE session_id = ?"
+                " AND json_extract(CAST(data AS TEXT), '$.role') = 'user'",
+                (sid,),
+            ).fetchone()[0]
+        finally:
+            conn.close()
+        assert (started, users) == (1, 1)

@@ -244,7 +244,8 @@ class Api:
         message = Message(
             new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
         )
-        session.submit_turn(message)
+        turn = session.submit_turn(message)
+        await session.accepted(turn)  # 202 once the turn is durable (PROTOCOL section 9)
         return json_response(202, TurnAccepted(turn_id))
 
     async def cancel_turn(self, req: Request, session_id: str, turn_id: str) -> Response:

@@ -134,6 +134,7 @@ class AgentLoop:
             [RouteDecided(s.record.active_model, "session_model", s.record.routing_policy_version)],
             turn.id,
         )
+        turn.started.set()
 
     # --- the turn ------------------------------------------------------------
 

@@ -456,6 +456,19 @@ class Session:
         self._turns_tx.send_nowait(turn)
         return turn
 
+    async def accepted(self, turn: Turn) -> None:
+        """Return once the turn's ``turn.started`` (and its user message) is durable.
+
+        ``POST .../turns`` answers 202 then, so an accepted turn survives a
+        crash (PROTOCOL section 9).
+
+        Raises:
+            ApiError: 503 ``store_unavailable`` past ``commit_timeout_s``.
+        """
+        with trio.move_on_after(self.node.config.store.commit_timeout_s):
+            await turn.started.wait()
+        await self.node.durable_or_503()
+
     def cancel_turn(self, turn_id: str, reason: str, requested_by: str) -> None:
         """Cancel the turn in flight (PROTOCOL section 8), whoever asks.
 

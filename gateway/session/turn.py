@@ -56,11 +56,14 @@ class Turn:
     outcome: str | None = None
     final_text: str = ""
     done: trio.Event = field(default_factory=trio.Event)
+    # Set once turn.started was emitted (or the turn ended without it).
+    started: trio.Event = field(default_factory=trio.Event)
 
     def finish(self, outcome: str, final_text: str = "") -> None:
         """Enter ``done`` and wake whoever waits for the turn (a parent's ``delegate``)."""
         self.enter("done")
         self.outcome, self.final_text = outcome, final_text
+        self.started.set()
         self.done.set()
 
     def enter(self, phase: Phase) -> None:
