@@ -350,3 +350,37 @@ async def test_a_denied_or_expired_permission_goes_on_to_the_next_round(
             assert failed.payload.error_class == "permission_denied"
             assert events[-1].payload.stop_reason == "end_turn"
             assert (await gw.http.get("/healthz")).status_code == 200
+
+
+class _Broken:
+    """A subscriber whose every delivery raises (a connection's bug)."""
+
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.overflows = 0
+
+    def deliver(self, batch: Any, now: float) -> bool:
+        raise RuntimeError("a connection bug")
+
+    def deliver_short(self, batch: Any, sent: int, now: float) -> bool:
+        raise RuntimeError("a connection bug")
+
+    def overflowed(self) -> None:
+        self.overflows += 1
+
+
+async def test_a_subscriber_that_raises_costs_the_others_nothing(fgw: Harness) -> None:
+    from gateway.protocol.filters import resolve_filter
+
+    sid = await fgw.create_session()
+    broken = _Broken()
+    fgw.node.sessions[sid].hub.subscribe(broken, resolve_filter("preset:full")[1])
+    async with fgw.client(sid) as client:
+        await client.subscribe()
+        await fgw.submit(sid, TOOL_TURN)
+        with trio.fail_after(10):
+            events = await client.until_turn_ends()
+    assert events[0].type == "turn.started" and events[-1].payload.stop_reason == "end_turn"
+    assert types(events).count("tool.completed") == 1
+    assert broken.overflows >= 1  # the slow-client rule took it out

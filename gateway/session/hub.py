@@ -17,6 +17,7 @@ subscriptions with ``include_worker_sessions`` match it (PROTOCOL section 5).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.protocol.filters import FilterKey
+
+log = logging.getLogger("gateway.hub")
 
 
 @dataclass(slots=True)
@@ -225,16 +228,29 @@ class Hub:
                 group.written_at = now
                 written += (len(direct) - len(short)) * batch.n
                 for sub, sent in short:
-                    if not sub.deliver_short(batch, sent, now):
+                    if not _guarded(sub.deliver_short, batch, sent, now):
                         overflowed.append(sub)
             for sub in queued:
-                if not sub.deliver(batch, now):
+                if not _guarded(sub.deliver, batch, now):
                     overflowed.append(sub)
         if written and self._counter is not None:
             self._counter.frames_sent += written
         if self.parent is not None:
             overflowed += self.parent.publish(events, now, from_worker=True)
         return overflowed
+
+
+def _guarded(deliver: Callable[..., bool], *args: object) -> bool:
+    """One subscriber's delivery; a subscriber that raises is one that cannot keep up.
+
+    A failure in one connection never reaches the others of the fan-out, nor
+    the session: it is logged, and the slow-client rule closes that one.
+    """
+    try:
+        return deliver(*args)
+    except Exception:
+        log.exception("fan-out: a subscriber failed to take a batch; closing it")
+        return False
 
 
 def _select(events: list[Emitted], key: FilterKey, from_worker: bool) -> FrameBatch | None:
