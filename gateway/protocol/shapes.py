@@ -2,8 +2,10 @@
 
 Each shape is declared once, as a ``msgspec.Struct``; the encoders and decoders
 built from them are the only way these objects reach the wire. Optional fields
-(``model?``, ``usage?``, the cache counters) are omitted when unset rather than
-sent as ``null``, as the contract writes them with a ``?``.
+(``model?``, ``usage?``, the cache counters, ``cost_usd``) are omitted when
+unset rather than sent as ``null``, as the contract writes them with a ``?``.
+A required field is always sent, even when it holds its zero: "Usage counts
+are always present, zeros included" (section 6).
 """
 
 from __future__ import annotations
@@ -45,11 +47,23 @@ MessageStatus = Literal["complete", "in_progress", "cancelled", "error"]
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "cancelled", "error"]
 
 
-class Usage(msgspec.Struct, omit_defaults=True):
-    """Token usage of one LLM call or of a whole turn (PROTOCOL section 6)."""
+def _zero() -> int:
+    return 0
 
-    input_tokens: int = 0
-    output_tokens: int = 0
+
+class Usage(msgspec.Struct, omit_defaults=True):
+    """Token usage of one LLM call or of a whole turn (PROTOCOL section 6).
+
+    ``input_tokens`` and ``output_tokens`` are always encoded, zeros included
+    (section 6): their default comes from a factory, and ``omit_defaults``
+    omits a field only when it equals a default *value* (it never calls a
+    factory of ours to compare). Decoding still fills a missing count with 0,
+    so what a store wrote before this rule (counts of 0 left out) still reads.
+    The optional fields are omitted when ``None``.
+    """
+
+    input_tokens: int = msgspec.field(default_factory=_zero)
+    output_tokens: int = msgspec.field(default_factory=_zero)
     cache_read_input_tokens: int | None = None
     cache_creation_input_tokens: int | None = None
     cost_usd: float | None = None
