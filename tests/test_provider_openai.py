@@ -128,6 +128,13 @@ def message_id(result: Call) -> str:
     return m
 
 
+def tool_use_ids(result: Call) -> list[str]:
+    """The gateway's own ids of the streamed tool uses, in order (PROTOCOL section 1)."""
+    ids = [e.payload.tool_use_id for e in result.events if e.type == "tool.use_start"]
+    assert all(i.startswith("tu_") for i in ids) and len(set(ids)) == len(ids), ids
+    return ids
+
+
 def final(
     m: str, model: str, content: list[ContentBlock], usage: Usage, status: MessageStatus
 ) -> Message:
@@ -177,7 +184,7 @@ async def test_text_then_tool_calls_in_fragments(server: FakeServer, connect: An
         result = await call(provider, request(tools=tools))
 
     m, model = message_id(result), "openai:gpt-4o-mini-2024-07-18"
-    a, b = "call_DdmO9pD3xa9XTPNJ32zg2hcA", "call_ABqxr3bV0Pr7Lw2xsHnGxUxz"
+    a, b = tool_use_ids(result)  # not the server's call_DdmO9pD3xa9XTPNJ32zg2hcA, ...
     content: list[ContentBlock] = [
         TextBlock("Let me read both files."),
         ToolUseBlock(a, "read_file", {"path": "a.txt"}),
@@ -247,7 +254,7 @@ async def test_reasoning_field_and_a_whole_tool_call_that_stops(
         result = await call(provider)
 
     m, model = message_id(result), "openai:qwen3:8b"
-    tool = "call_k2x9q1"
+    [tool] = tool_use_ids(result)  # not the server's call_k2x9q1
     content: list[ContentBlock] = [
         ThinkingBlock("Need the file.", None),
         ToolUseBlock(tool, "read_file", {"path": "notes.txt"}),
@@ -590,6 +597,8 @@ async def test_tool_loop_sends_tool_calls_and_tool_messages(
 
     assert events[-1].type == "turn.completed"
     assert events[-1].payload.stop_reason == "end_turn"
+    a, b = (e.payload.tool_use_id for e in events if e.type == "tool.called")
+    assert a.startswith("tu_") and b.startswith("tu_") and a != b
     first, second = server.requests
     assert first.headers["authorization"] == f"Bearer {KEY}"
     tools = [
@@ -617,25 +626,114 @@ async def test_tool_loop_sends_tool_calls_and_tool_messages(
                 "content": "Let me read both files.",
                 "tool_calls": [
                     {
-                        "id": "call_DdmO9pD3xa9XTPNJ32zg2hcA",
+                        "id": a,
                         "type": "function",
                         "function": {"name": "read_file", "arguments": '{"path":"a.txt"}'},
                     },
                     {
-                        "id": "call_ABqxr3bV0Pr7Lw2xsHnGxUxz",
+                        "id": b,
                         "type": "function",
                         "function": {"name": "read_file", "arguments": '{"path":"b.txt"}'},
                     },
                 ],
             },
-            {"role": "tool", "tool_call_id": "call_DdmO9pD3xa9XTPNJ32zg2hcA", "content": "alpha"},
+            {"role": "tool", "tool_call_id": a, "content": "alpha"},
             {
                 "role": "tool",
-                "tool_call_id": "call_ABqxr3bV0Pr7Lw2xsHnGxUxz",
+                "tool_call_id": b,
                 "content": "Error: no such file: b.txt",
             },
         ],
     }
+
+
+def stream_of(*deltas: dict[str, Any], finish: str) -> Replay:
+    """A Chat Completions stream of these deltas, then ``finish``, usage and ``[DONE]``."""
+    chunks = [{"model": "llama3.2", "choices": [{"index": 0, "delta": d}]} for d in deltas]
+    chunks.append(
+        {"model": "llama3.2", "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
+    )
+    chunks.append(
+        {"model": "llama3.2", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}
+    )
+    body = b"".join(b"data: " + msgspec.json.encode(c) + b"\n\n" for c in chunks)
+    return Replay(body + b"data: [DONE]\n\n")
+
+
+def read(index: int, path: str) -> dict[str, Any]:
+    """A whole tool call in one delta, under the id this server gives every call: ``call_0``."""
+    function = {"name": "read_file", "arguments": msgspec.json.encode({"path": path}).decode()}
+    return {
+        "tool_calls": [{"index": index, "id": "call_0", "type": "function", "function": function}]
+    }
+
+
+async def test_a_server_that_repeats_tool_call_ids_still_gets_unique_pairs(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    """PROTOCOL section 1: tool use ids are unique within the gateway, whatever the server sends."""
+    (tmp_path / "a.txt").write_text("alpha")  # b.txt does not exist
+    (tmp_path / "store").mkdir()
+    server.enqueue(
+        stream_of(read(0, "a.txt"), read(1, "b.txt"), finish="tool_calls"),
+        stream_of(read(0, "a.txt"), finish="tool_calls"),
+        stream_of({"content": "Done."}, finish="stop"),
+    )
+    config = make_config(
+        tmp_path / "store",
+        **{
+            "model.provider": "openai",
+            "model.name": MODEL,
+            "model.base_url": f"{server.base_url}/v1",
+            "model.max_retries": 0,
+            "tools.enabled": ["read_file"],
+        },
+    )
+    provider = make_provider(config, {})
+    assert isinstance(provider, OpenAIProvider)
+    try:
+        with trio.fail_after(20):
+            async with gateway_on(config, provider) as gw:
+                session = await gw.create_session(workspace_path=str(tmp_path))
+                async with gw.client(session) as client:
+                    await client.subscribe()
+                    await gw.submit(session, "Read a and b, then a again.")
+                    events = await client.until_turn_ends()
+    finally:
+        await provider.aclose()
+
+    assert events[-1].payload.stop_reason == "end_turn"
+    called = [e.payload.tool_use_id for e in events if e.type == "tool.called"]
+    assert len(called) == len(set(called)) == 3 and all(i.startswith("tu_") for i in called)
+    for kind in ("tool.use_start", "tool.use_end"):
+        assert [e.payload.tool_use_id for e in events if e.type == kind] == called
+    outcomes = {
+        e.payload.tool_use_id: e.type for e in events if e.type in ("tool.completed", "tool.failed")
+    }
+    assert outcomes == {
+        called[0]: "tool.completed",
+        called[1]: "tool.failed",
+        called[2]: "tool.completed",
+    }
+
+    third = server.requests[2].body["messages"]
+    sent = [
+        (m["role"], [c["id"] for c in m.get("tool_calls", [])] or m.get("tool_call_id"))
+        for m in third[1:]
+    ]
+    first, second, again = called
+    assert sent == [
+        ("assistant", [first, second]),
+        ("tool", first),
+        ("tool", second),
+        ("assistant", [again]),
+        ("tool", again),
+    ]
+    assert [m["content"] for m in third if m["role"] == "tool"] == [
+        "alpha",
+        "Error: no such file: b.txt",
+        "alpha",
+    ]
 
 
 def test_factory_needs_no_key_for_a_local_server(tmp_path: Path) -> None:

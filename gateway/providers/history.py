@@ -27,6 +27,14 @@ message store):
    tool uses never ran and are dropped this way. A user message's tool
    results come first, as the API requires, in the order of their tool uses
    (tools finish in any order; the request is the same whatever it was).
+   Pairs are matched within those two messages only, one result per use, in
+   order: an id met again (PROTOCOL section 1 wants tool use ids unique, but
+   OpenAI-compatible servers that repeat theirs were passed through before
+   the gateway gave them ids of its own, and their sessions are stored so)
+   pairs with its own result, and is sent renamed, ``<id>_2``, ``<id>_3``...,
+   the same on the use and its result, so the ids a model is sent are unique.
+   The renaming is a pure function of the history, so every call of a
+   session sends the same ids (a provider's prompt cache keeps working).
 5. A message left with nothing to say is dropped: an assistant message
    without text or a tool use (thinking alone leads nowhere), a user message
    without any block. The neighbours it separated are merged (rule 3).
@@ -37,6 +45,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import msgspec
 
 from gateway.protocol.shapes import (
     ContentBlock,
@@ -107,33 +117,41 @@ def _paired(history: list[HistoryMessage]) -> list[HistoryMessage]:
     After :func:`_merged` the roles alternate, so the results of an assistant
     message's tool uses can only be in the message right after it.
     """
-    paired: dict[str, int] = {}  # tool use id -> its place among the kept tool uses
-    for asking, answering in itertools.pairwise(history):
-        if asking.role == "assistant":
-            answered = {b.tool_use_id for b in answering.content if isinstance(b, ToolResultBlock)}
-            for block in asking.content:
-                if isinstance(block, ToolUseBlock) and block.id in answered:
-                    paired[block.id] = len(paired)
-
-    def place(block: ContentBlock) -> int:
-        return paired[block.tool_use_id] if isinstance(block, ToolResultBlock) else len(paired)
-
-    kept = []
-    for message in history:
-        content = [block for block in message.content if _kept(block, paired)]
+    wire_ids: set[str] = set()  # every tool use id sent so far
+    kept: list[HistoryMessage] = []
+    answers: list[ToolResultBlock] = []  # for the next user message, in tool use order
+    for position, message in enumerate(history):
         if message.role == "user":
-            content.sort(key=place)
-        kept.append(HistoryMessage(message.role, content))
+            rest = [b for b in message.content if not isinstance(b, ToolResultBlock)]
+            kept.append(HistoryMessage("user", [*answers, *rest]))
+            answers = []
+            continue
+        following = history[position + 1].content if position + 1 < len(history) else []
+        results: dict[str, list[ToolResultBlock]] = {}
+        for block in following:
+            if isinstance(block, ToolResultBlock):
+                results.setdefault(block.tool_use_id, []).append(block)
+        content: list[ContentBlock] = []
+        for block in message.content:
+            if not isinstance(block, ToolUseBlock):
+                content.append(block)
+            elif results.get(block.id):
+                result = results[block.id].pop(0)
+                wire_id = _unique(block.id, wire_ids)
+                content.append(msgspec.structs.replace(block, id=wire_id))
+                answers.append(msgspec.structs.replace(result, tool_use_id=wire_id))
+        kept.append(HistoryMessage("assistant", content))
     return kept
 
 
-def _kept(block: ContentBlock, paired: dict[str, int]) -> bool:
-    match block:
-        case ToolUseBlock():
-            return block.id in paired
-        case ToolResultBlock():
-            return block.tool_use_id in paired
-    return True
+def _unique(tool_use_id: str, taken: set[str]) -> str:
+    """``tool_use_id``, or ``<id>_2``, ``<id>_3``... if already taken; now taken too."""
+    candidate, n = tool_use_id, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{tool_use_id}_{n}"
+    taken.add(candidate)
+    return candidate
 
 
 def _says_something(message: HistoryMessage) -> bool:

@@ -22,9 +22,17 @@ Where the contract and the servers are silent:
   ids are not unique everywhere (Ollama's has three random digits). The model
   is ``openai:`` + the chunk's ``model``, like the Anthropic provider's.
 - A tool call's first fragment must carry ``function.name`` (every server
-  above sends it there); a call without an id gets a ``tu_`` one. Fragments
-  of a tool call that resume after another block began (interleaved parallel
-  calls) cannot be one block at a time, and fail the call with ``api_error``.
+  above sends it there). Fragments of a tool call that resume after another
+  block began (interleaved parallel calls) cannot be one block at a time, and
+  fail the call with ``api_error``.
+- Tool use ids are the gateway's own (``tu_...``, PROTOCOL section 1: "unique
+  within the gateway"): the servers' are not (some number their calls
+  ``call_0``, ``call_1`` in every response, some send none, Ollama's are
+  short). The call's ``index`` says which block a fragment belongs to, so a
+  call keeps its one id across its fragments, whatever id the server repeats
+  on them. The history sent back carries these ids, on the assistant's
+  ``tool_calls`` and on the ``tool`` messages alike (a server only pairs
+  them, as rule 4 of :mod:`~gateway.providers.history` does).
 - ``finish_reason``: ``stop`` is ``end_turn`` (``tool_use`` if tool calls
   were streamed: some servers say ``stop`` even then), ``length`` is
   ``max_tokens``, ``tool_calls`` is ``tool_use``; any other passes through
@@ -266,7 +274,7 @@ class ChunkAdapter:
                 raise ProviderError(
                     "api_error", f"tool call {call.index} began without a function name"
                 )
-            opening = RawToolUseBlock(call.id or new_tool_use_id(), call.function.name)
+            opening = RawToolUseBlock(new_tool_use_id(), call.function.name)
             events += self._into("tool_use", opening, tool_call=call.index)
             self._tool_calls_opened.add(call.index)
         if call.function.arguments:
