@@ -375,3 +375,19 @@ async def test_ctrl_c_prints_one_line_and_exits_130(gw: Harness) -> None:
             async for chunk in proc.stderr:
                 stderr += chunk
     assert stderr == b"attach: interrupted\n"
+
+
+async def test_a_reader_that_goes_away_ends_attach_quietly(gw: Harness) -> None:
+    """``gateway attach ... | head -1``: the old client died with BrokenPipeError tracebacks."""
+    sid = await gw.create_session()
+    with trio.fail_after(10):
+        async with attach_process(sid, "--url", gw.base) as (proc, stdout):
+            await read_until(stdout, b'"type":"subscribe_ack"')
+            await stdout.aclose()  # like head, once it has its line
+            await gw.submit(sid, "more output than anyone reads")
+            assert await proc.wait() == 0
+            assert proc.stderr is not None
+            stderr = b""
+            async for chunk in proc.stderr:
+                stderr += chunk
+    assert stderr == b""

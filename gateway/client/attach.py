@@ -33,14 +33,16 @@ Where the contract leaves the client to decide:
 - **A peer that vanishes** (no close, no RST) is found by attach's own
   keepalive: after ``keepalive_s`` with no frame it sends ``ping``, and after
   as long again with still nothing, it drops the connection and reconnects.
-- **Exit status**: 0 the server closed the stream normally (1000), 1 a failure
-  (above), 2 a usage error (a filter that is not JSON, or that the server
-  refuses), 130 interrupted (Ctrl-C: one line, no traceback).
+- **Exit status**: 0 the server closed the stream normally (1000), or the
+  reader of stdout went away (``| head``); 1 a failure (above); 2 a usage
+  error (a filter that is not JSON, or that the server refuses); 130
+  interrupted (Ctrl-C: one line, no traceback).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import secrets
 import signal
@@ -503,6 +505,11 @@ def run(args: Any) -> int:
         status = trio.run(main)
     except* KeyboardInterrupt:  # before the signal receiver was in place
         interrupted = True
+    except* BrokenPipeError:  # the reader went away (``gateway attach ... | head``)
+        # Nothing to say, and nobody to say it to: stdout is pointed at /dev/null
+        # so that the interpreter's last flush does not report the pipe either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = EXIT_OK
     if interrupted:
         print("attach: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

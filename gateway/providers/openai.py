@@ -109,7 +109,7 @@ class _FunctionDelta(msgspec.Struct):
 
 class _ToolCallDelta(msgspec.Struct):
     index: int = 0
-    id: str | None = None
+    id: str | None = None  # the server's; the gateway gives its own (module docstring)
     function: _FunctionDelta = msgspec.field(default_factory=_FunctionDelta)
 
 
