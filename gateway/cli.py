@@ -6,13 +6,16 @@ and the console script (``sys.exit(main())``) and ``python -m gateway`` share it
 - 0: the daemon stopped (SIGTERM or SIGINT are handled by the server itself),
   or ``--version`` / ``--help`` were printed;
 - 2: a usage error (argparse) or a bad configuration, reported as the one line
-  of :class:`~gateway.errors.ConfigError` on stderr before anything starts.
+  of :class:`~gateway.errors.ConfigError` on stderr before anything starts;
+- 1: any other start-up failure (the port is taken, the host is not this
+  machine's, the store cannot be opened): one line naming it, no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from importlib.metadata import version
 from typing import Any
@@ -20,9 +23,10 @@ from typing import Any
 import trio
 
 from gateway.config import load_config
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, StoreError
 
 EXIT_USAGE = 2  # argparse's status for a usage error; RUNNING.md gives a bad config the same
+EXIT_FAILURE = 1  # any other start-up failure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,8 +61,44 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE
-    trio.run(serve, config, provider)
+    try:
+        trio.run(serve, config, provider)
+    except BaseException as exc:
+        line = _startup_failure(exc, config.server.host, config.server.port)
+        if line is None:
+            raise
+        print(f"gateway: {line}", file=sys.stderr)
+        return EXIT_FAILURE
     return 0
+
+
+def _startup_failure(exc: BaseException, host: str, port: int) -> str | None:
+    """One line for a failure an operator fixes (RUNNING.md), or None for anything else.
+
+    Nurseries wrap what failed in exception groups; the line is the first
+    leaf's, provided every leaf is such a failure.
+    """
+    leaves: list[BaseException] = []
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(reversed(e.exceptions))
+        else:
+            leaves.append(e)
+    lines: list[str] = []
+    for leaf in leaves:
+        if isinstance(leaf, StoreError):
+            lines.append(leaf.message)
+        elif isinstance(leaf, socket.gaierror):
+            where = f"cannot listen on {host}:{port}"
+            lines.append(f"{where}: {host!r} is not a usable address ({leaf.strerror})")
+        elif isinstance(leaf, OSError) and leaf.errno is not None:
+            reason = leaf.strerror.lower() if leaf.strerror else str(leaf)
+            lines.append(f"cannot listen on {host}:{port}: {reason}")
+        else:
+            return None
+    return lines[0] if lines else None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -151,3 +152,45 @@ async def test_a_missing_api_key_is_a_config_error_before_anything_starts(tmp_pa
     assert result.returncode == 2 and result.stdout == b""
     lines = result.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "ANTHROPIC_API_KEY" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("port-taken", "address already in use"),
+        ("bad-host", "'999.1.1.1' is not a usable address"),
+        ("no-directory", "does not exist"),
+        ("not-a-database", "file is not a database"),
+    ],
+)
+async def test_a_start_up_failure_is_one_line_and_a_non_zero_exit(
+    tmp_path: Path, case: str, expected: str
+) -> None:
+    """RUNNING.md "Command line": one line naming the problem, no traceback."""
+    args = ["--port", "0"]
+    env: dict[str, str] = {}
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    if case == "port-taken":
+        args = ["--port", str(taken.getsockname()[1])]
+    elif case == "bad-host":
+        args += ["--host", "999.1.1.1"]
+    elif case == "no-directory":
+        env["GATEWAY_STORE_PATH"] = str(tmp_path / "missing" / "gateway.db")
+    else:
+        (tmp_path / "notes.db").write_text("these are not the pages of a database\n" * 200)
+        env["GATEWAY_STORE_PATH"] = str(tmp_path / "notes.db")
+    with trio.fail_after(30):
+        result = await trio.run_process(
+            [sys.executable, "-m", "gateway", "serve", *args],
+            cwd=tmp_path,
+            env={**os.environ, **env},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    taken.close()
+    assert result.returncode == 1 and result.stdout == b""
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gateway: ") and expected in lines[0], lines

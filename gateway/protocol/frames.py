@@ -32,11 +32,11 @@ class Cancel(msgspec.Struct, tag="cancel", tag_field="type", forbid_unknown_fiel
     reason: str | None = None
 
 
-class Ping(msgspec.Struct, tag="ping", tag_field="type"):
+class Ping(msgspec.Struct, tag="ping", tag_field="type", forbid_unknown_fields=True):
     nonce: str
 
 
-class Pong(msgspec.Struct, tag="pong", tag_field="type"):
+class Pong(msgspec.Struct, tag="pong", tag_field="type", forbid_unknown_fields=True):
     nonce: str
 
 
@@ -147,6 +147,8 @@ def decode_client_frame(data: bytes | str) -> ClientFrame:
         ) from None
     except msgspec.DecodeError as exc:
         raise FrameRejected("invalid_frame", f"frame is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise FrameRejected("invalid_frame", _TOO_DEEP) from None
     decoder = _frame_decoders.get(kind)
     if decoder is None:
         raise FrameRejected(
@@ -157,7 +159,12 @@ def decode_client_frame(data: bytes | str) -> ClientFrame:
         frame: ClientFrame = decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise FrameRejected("invalid_frame", f"invalid {kind!r} frame: {exc}") from None
+    except RecursionError:
+        raise FrameRejected("invalid_frame", _TOO_DEEP) from None
     return frame
+
+
+_TOO_DEEP = "frame is nested too deeply to decode"
 
 
 def close_reason(code: str, message: str | None = None) -> tuple[int, str]:

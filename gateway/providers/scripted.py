@@ -100,6 +100,7 @@ _IN_STREAM_ERRORS = {
     "invalid_request": "invalid_request_error",
 }
 _TOOL_INPUT_CHUNK_CHARS = 8
+LOREM_MAX_WORDS = 1_000_000
 _LOREM = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed")
 _WORD = re.compile(r"\s*\S+\s*|\s+")  # a word with the spaces around it
 
@@ -119,7 +120,10 @@ class ScriptBlock(msgspec.Struct, forbid_unknown_fields=True):
     thinking: str | None = None
     redacted_thinking: str | None = None
     tool_use: ScriptToolUse | None = None
-    lorem: NonNegative | None = None
+    # Generated lazily, word by word; bounded so that one script cannot make a
+    # message of hundreds of MiB (the whole message is kept, and sent whole in
+    # message.complete).
+    lorem: Annotated[int, msgspec.Meta(ge=0, le=LOREM_MAX_WORDS)] | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in self.__struct_fields__ if getattr(self, name) is not None]
@@ -240,6 +244,8 @@ def _read_script(text: str) -> Script | None:
         value = msgspec.json.decode(text)
     except msgspec.DecodeError:
         return None
+    except RecursionError:
+        raise ProviderError("invalid_request", "invalid script: nested too deeply") from None
     if not isinstance(value, dict) or "script" not in value:
         return None
     try:
@@ -305,8 +311,7 @@ def _block_stream(
     if block.text is not None:
         return RawTextBlock(), map(RawTextDelta, _chunks(block.text, chunk_chars))
     if block.lorem is not None:
-        words = " ".join(itertools.islice(itertools.cycle(_LOREM), block.lorem))
-        return RawTextBlock(), map(RawTextDelta, _chunks(words, chunk_chars))
+        return RawTextBlock(), map(RawTextDelta, _lorem(block.lorem, chunk_chars))
     if block.thinking is not None:
         signature = "sig_" + hashlib.sha256(block.thinking.encode()).hexdigest()[:32]
         deltas: Iterable[RawDelta] = itertools.chain(
@@ -321,6 +326,24 @@ def _block_stream(
     input_json = msgspec.json.encode(block.tool_use.input).decode()
     fragments = _chunks(input_json, _TOOL_INPUT_CHUNK_CHARS)
     return RawToolUseBlock(tool_id, block.tool_use.name), map(RawInputJsonDelta, fragments)
+
+
+def _lorem(count: int, chunk_chars: int) -> Iterator[str]:
+    """``count`` words of filler, in the pieces :func:`_chunks` would cut, never all at once."""
+    last = count - 1
+    words = itertools.islice(itertools.cycle(_LOREM), count)
+    pieces = (word if i == last else word + " " for i, word in enumerate(words))
+    if chunk_chars <= 0:
+        yield from pieces
+        return
+    buffer = ""
+    for piece in pieces:
+        buffer += piece
+        while len(buffer) >= chunk_chars:
+            yield buffer[:chunk_chars]
+            buffer = buffer[chunk_chars:]
+    if buffer:
+        yield buffer
 
 
 def _chunks(text: str, chunk_chars: int) -> Iterator[str]:

@@ -194,7 +194,7 @@ class _HttpConnection:
                     await self._upgrade(key, path, answer)
                     return
                 answer = refusal
-            await self._send(answer)
+            await self._send(answer, with_body=request.method != "HEAD")
             if self._h11.our_state is not h11.DONE or self._h11.their_state is not h11.DONE:
                 return
             self._h11.start_next_cycle()
@@ -279,7 +279,8 @@ class _HttpConnection:
             _log.exception("handler failed on %s %s", request.method, request.path)
             return _closing(error_response(500, "internal_error", "Internal server error."))
 
-    async def _send(self, response: Response) -> None:
+    async def _send(self, response: Response, *, with_body: bool = True) -> None:
+        """Send a response; a HEAD's has the GET's headers and no body (RFC 9110 9.3.2)."""
         head = h11.Response(
             status_code=response.status,
             reason=_reason_phrase(response.status),
@@ -290,7 +291,7 @@ class _HttpConnection:
             ],
         )
         data = self._h11.send(head)
-        if response.body:
+        if response.body and with_body:
             data += self._h11.send(h11.Data(data=response.body))
         data += self._h11.send(h11.EndOfMessage())
         await self._stream.send_all(data)

@@ -140,8 +140,10 @@ class Api:
             if match is None:
                 continue
             handler = methods.get(req.method)
+            if handler is None and req.method == "HEAD":
+                handler = methods.get("GET")  # RFC 9110 9.3.2: GET without the body
             if handler is None:
-                allow = ", ".join(methods)
+                allow = ", ".join([*methods, "HEAD"] if "GET" in methods else methods)
                 raise ApiError(
                     405,
                     "method_not_allowed",
@@ -308,6 +310,8 @@ def _decode(req: Request, type_: type[T]) -> T:
         raise ApiError(422, "invalid_body", str(exc)) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    except RecursionError:  # PROTOCOL section 2: a 4xx however deep the input, never a 500
+        raise ApiError(400, "invalid_json", "the body is nested too deeply to decode") from None
 
 
 def _int_query(req: Request, name: str, *, default: int, low: int, high: int) -> int:
