@@ -3,7 +3,7 @@
 Named cases first (each failed on the previous main), then fuzzing with
 hypothesis: the client-frame decoder on arbitrary text and JSON, and the HTTP
 server on arbitrary request lines, headers and bodies. The suite runs a few
-seconds of each; ``GATEWAY_FUZZ=long`` runs the long profile (the README has
+seconds of each; ``FUZZ=long`` runs the long profile (the README has
 its figures).
 """
 
@@ -25,7 +25,7 @@ from gateway.errors import FrameRejected
 from gateway.protocol.frames import ErrorFrame, decode_client_frame
 from tests.conftest import Harness, make_config, running_gateway
 
-LONG = os.environ.get("GATEWAY_FUZZ") == "long"
+LONG = os.environ.get("FUZZ") == "long"
 EXAMPLES = 3000 if LONG else 150
 HTTP_EXAMPLES = 2000 if LONG else 60
 DEEP = "[" * 100_000 + "]" * 100_000
