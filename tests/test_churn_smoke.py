@@ -1,15 +1,15 @@
-"""The soak's 30-second smoke (bench/soak.py): churn, slow clients, cancels, failing tools.
+"""The soak's 30-second smoke (bench/churn.py): churn, slow clients, cancels, failing tools.
 
 A real ``gateway serve`` process under reconnect churn, slow clients,
 cancelled turns, failing tools and clients killed mid-frame: the daemon
 stays up, the clients that stayed got every event once and in order with
 every move valid, and open descriptors and tasks come back to where they
-started. ``python -m bench.soak --minutes 10`` is the long run (README).
+started. ``python -m bench.churn --minutes 10`` is the long run (README).
 """
 
 from __future__ import annotations
 
-from bench.soak import Soak
+from bench.churn import Soak
 
 
 async def test_thirty_seconds_of_churn_lose_nothing_and_leak_nothing() -> None:

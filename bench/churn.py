@@ -1,6 +1,6 @@
 """The soak: a real gateway under churn for minutes, watched for leaks and losses.
 
-``python -m bench.soak --minutes 10`` runs a ``gateway serve`` process (its
+``python -m bench.churn --minutes 10`` runs a ``gateway serve`` process (its
 store in a temporary directory) and, at a steady pace, all at once:
 
 - *stayers*: one client per session that stays attached the whole time and
@@ -446,7 +446,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.churn", description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
@@ -456,9 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     result = trio.run(soak.run)
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    (args.out / f"{stamp}-soak.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"{stamp}-churn.json").write_text(json.dumps(result, indent=1))
     text = markdown(result)
-    (args.out / f"{stamp}-soak.md").write_text(text)
+    (args.out / f"{stamp}-churn.md").write_text(text)
     print(text)
     return 0 if result["passed"] else 1
 
