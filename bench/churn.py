@@ -21,9 +21,9 @@ Every few seconds it reads ``/metrics``: ``process_open_fds``,
 gauge. After a warm-up (a fifth of the run) it fits a least-squares slope to
 each, per minute; at the end it stops the churn, waits for the daemon to
 settle and compares open descriptors and tasks with the start. The verdict
-(and the figures) go to ``bench/results/<stamp>-soak.{json,md}``.
+(and the figures) go to ``bench/results/<stamp>-churn.{json,md}``.
 
-The 30-second version runs in the suite (tests/test_soak_smoke.py).
+The 30-second version runs in the suite (tests/test_churn_smoke.py).
 """
 
 from __future__ import annotations
