@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from importlib.metadata import version
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import trio
 
 from gateway.config import load_config
-from gateway.errors import ConfigError, StoreError
+from gateway.errors import ConfigError
 
 EXIT_USAGE = 2  # argparse's status for a usage error; RUNNING.md gives a bad config the same
 EXIT_FAILURE = 1  # any other start-up failure
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     # Imported here so that a bad command line or config starts nothing at all.
     from gateway.providers.factory import make_provider
-    from gateway.server.app import serve
+    from gateway.server.app import StartupError, serve
 
     try:
         config = load_config(args.config, os.environ, overrides)
@@ -64,41 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trio.run(serve, config, provider)
     except BaseException as exc:
-        line = _startup_failure(exc, config.server.host, config.server.port)
-        if line is None:
+        failure = StartupError.within(exc)
+        if failure is None:
             raise
-        print(f"gateway: {line}", file=sys.stderr)
+        print(f"gateway: {failure.message}", file=sys.stderr)
         return EXIT_FAILURE
     return 0
-
-
-def _startup_failure(exc: BaseException, host: str, port: int) -> str | None:
-    """One line for a failure an operator fixes (RUNNING.md), or None for anything else.
-
-    Nurseries wrap what failed in exception groups; the line is the first
-    leaf's, provided every leaf is such a failure.
-    """
-    leaves: list[BaseException] = []
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, BaseExceptionGroup):
-            stack.extend(reversed(e.exceptions))
-        else:
-            leaves.append(e)
-    lines: list[str] = []
-    for leaf in leaves:
-        if isinstance(leaf, StoreError):
-            lines.append(leaf.message)
-        elif isinstance(leaf, socket.gaierror):
-            where = f"cannot listen on {host}:{port}"
-            lines.append(f"{where}: {host!r} is not a usable address ({leaf.strerror})")
-        elif isinstance(leaf, OSError) and leaf.errno is not None:
-            reason = leaf.strerror.lower() if leaf.strerror else str(leaf)
-            lines.append(f"cannot listen on {host}:{port}: {reason}")
-        else:
-            return None
-    return lines[0] if lines else None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -498,6 +498,69 @@ async def test_405_names_the_allowed_methods(gw: Harness) -> None:
     assert r.headers.get("allow") == "POST"
 
 
+async def test_405_names_head_wherever_get_is_allowed(gw: Harness) -> None:
+    sid = await gw.create_session()
+    assert (await gw.http.delete("/sessions")).headers.get("allow") == "GET, POST, HEAD"
+    assert (await gw.http.post("/healthz")).headers.get("allow") == "GET, HEAD"
+    assert (await gw.http.put(f"/sessions/{sid}")).headers.get("allow") == "GET, HEAD"
+
+
+async def test_head_is_answered_like_get_without_the_body(gw: Harness) -> None:
+    """RFC 9110 section 9.3.2; the old transport dropped the connection instead."""
+    sid = await gw.create_session()
+    for path in (
+        "/healthz",
+        "/sessions",
+        f"/sessions/{sid}",
+        f"/sessions/{sid}/messages",
+        "/sessions/sess_nope",
+        "/nowhere",
+    ):
+        get = await gw.http.get(path)
+        head = await gw.http.head(path)
+        assert (head.status_code, head.content) == (get.status_code, b""), path
+        assert head.headers["content-type"] == get.headers["content-type"]
+        if path != f"/sessions/{sid}":  # (it hands out a fresh attach token each time)
+            assert head.headers["content-length"] == str(len(get.content)), path
+    # every request above went over one keep-alive connection: none was dropped
+    assert (await gw.http.get("/healthz")).json() == {"status": "ok"}
+
+
+async def test_head_where_get_is_not_allowed_is_405(gw: Harness) -> None:
+    sid = await gw.create_session()
+    for path in (f"/sessions/{sid}/turns", f"/sessions/{sid}/feedback"):
+        r = await gw.http.head(path)
+        assert (r.status_code, r.content, r.headers.get("allow")) == (405, b"", "POST")
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [2_000, 100_000])
+async def test_deeply_nested_json_is_400_invalid_json(gw: Harness, depth: int) -> None:
+    """PROTOCOL section 2: no input, however deep, gets a 500 (it was a RecursionError).
+
+    ``metadata`` is any JSON object, so only its depth can refuse it; elsewhere a
+    typed field refuses the nesting where it starts, as any wrong shape (422).
+    """
+    sid = await gw.create_session()
+    for body in (
+        '{"metadata": {"a": ' + nested(depth) + "}}",
+        '{"metadata": {"a": ' + '{"b": ' * depth + "1" + "}" * depth + "}}",
+    ):
+        error = assert_error(await gw.http.post("/sessions", content=body), 400, "invalid_json")
+        assert error["message"] == "the body is nested too deeply to decode"
+    for path, body in [
+        ("/sessions", nested(depth)),
+        (f"/sessions/{sid}/turns", '{"content": ' + nested(depth) + "}"),
+        (f"/sessions/{sid}/feedback", '{"message_id": "m", "x": ' + nested(depth) + "}"),
+        (f"/sessions/{sid}/permissions/perm_x", '{"decision": ' + nested(depth) + "}"),
+    ]:
+        assert_error(await gw.http.post(path, content=body), 422, "invalid_body")
+    assert (await gw.http.get("/healthz")).status_code == 200
+
+
 async def test_healthz(gw: Harness) -> None:
     r = await gw.http.get("/healthz")
     assert r.status_code == 200

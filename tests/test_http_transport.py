@@ -149,6 +149,22 @@ async def test_keep_alive_serves_two_requests_on_one_connection(port: int) -> No
         assert error_of(body) == {"code": "not_found", "message": "No route for /nowhere."}
 
 
+async def test_head_gets_the_headers_without_the_body_and_keeps_the_connection(
+    port: int,
+) -> None:
+    """RFC 9110 section 9.3.2; the old transport raised in h11 and dropped the connection."""
+    async with await connect(port) as stream:
+        client = HttpClient(stream)
+        _, get_body = await client.request("GET", "/nowhere")
+        head, head_body = await client.request("HEAD", "/nowhere")
+        assert (head.status_code, head_body) == (404, b"")
+        assert header(head, b"content-length") == str(len(get_body)).encode()
+        assert header(head, b"connection") is None
+        # the h11 client would take a stray body for the next answer: there is none
+        again, body = await client.request("GET", "/echo")
+        assert again.status_code == 200 and msgspec.json.decode(body)["method"] == "GET"
+
+
 async def test_api_error_becomes_its_json_error_body(port: int) -> None:
     async with await connect(port) as stream:
         response, body = await HttpClient(stream).request("POST", "/busy")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import tracemalloc
 from typing import Any
 
 import msgspec
@@ -50,6 +51,9 @@ from gateway.providers.raw import (
 )
 from gateway.providers.scripted import ScriptedProvider
 from gateway.translate import Translator
+
+LOREM_CYCLE = "lorem ipsum dolor sit amet consectetur adipiscing elit sed "
+LOREM_MAX_WORDS = 1_000_000  # docs/protocol.md, the scripted model: a script's bound
 
 
 def user(content: str | list[ContentBlock]) -> Message:
@@ -418,6 +422,15 @@ async def test_fail_with_zero_deltas_fails_at_the_first_delta() -> None:
         ),
         ({"rounds": [[{"lorem": -1}]]}, "Expected `int` >= 0 - at `$.script.rounds[0][0].lorem`"),
         (
+            {"rounds": [[{"lorem": 30_000_000}]]},
+            "Expected `int` <= 1000000 - at `$.script.rounds[0][0].lorem`",
+        ),
+        (
+            {"rounds": [[{"lorem": 600_000}], [{"text": "x"}, {"lorem": 400_001}]]},
+            "the lorem blocks ask for 1000001 words in all; a script may ask for at most"
+            " 1000000 - at `$.script`",
+        ),
+        (
             {"rounds": [[{"tool_use": {"input": {}}}]]},
             "Object missing required field `name` - at `$.script.rounds[0][0].tool_use`",
         ),
@@ -440,6 +453,58 @@ async def test_a_bad_script_is_refused_before_any_event(
         await stream.__anext__()
     assert raised.value.error_class == "invalid_request"
     assert raised.value.message == f"invalid script: {problem}"
+
+
+async def test_a_script_nested_too_deeply_is_refused() -> None:
+    deep = '{"script": {"rounds": ' + "[" * 100_000 + "]" * 100_000 + "}}"
+    with pytest.raises(ProviderError) as raised:
+        await raw_events(user(deep))
+    assert raised.value.error_class == "invalid_request"
+    assert raised.value.message == "invalid script: nested too deeply"
+
+
+@pytest.mark.parametrize("chunk_chars", [0, 8, 100_000_000])
+async def test_lorem_is_generated_as_it_streams(chunk_chars: int) -> None:
+    """The largest lorem allowed: its first delta costs a piece, not the whole text."""
+    words = LOREM_MAX_WORDS
+    turn = script(chunk_chars=chunk_chars, rounds=[[{"lorem": words}]])
+    stream = ScriptedProvider().stream(request(turn))
+    tracemalloc.start()
+    try:
+        event = await stream.__anext__()
+        while not isinstance(event, RawContentBlockDelta):
+            event = await stream.__anext__()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await stream.aclose()
+    assert isinstance(event.delta, RawTextDelta)
+    if chunk_chars == 0:
+        assert event.delta.text == "lorem "
+        assert peak < 100_000  # the old join of a million words took ~15 MB
+    elif chunk_chars == 8:
+        assert event.delta.text == "lorem ip"
+        assert peak < 100_000
+    else:  # one piece is the whole text: built at once, in one C-level copy
+        assert len(event.delta.text) == 6_555_554
+        assert event.delta.text.startswith("lorem ipsum") and event.delta.text.endswith("sed lorem")
+        assert peak < 3 * len(event.delta.text)
+
+
+@pytest.mark.parametrize("words", [0, 1, 2, 8, 9, 10, 17, 18, 19, 100])
+@pytest.mark.parametrize("chunk_chars", [0, 1, 3, 7, 59, 60, 61, 1000])
+async def test_lorem_in_pieces_is_the_text_cut_into_chunk_chars(
+    words: int, chunk_chars: int
+) -> None:
+    events, _ = await translate(script(chunk_chars=chunk_chars, rounds=[[{"lorem": words}]]))
+    text = " ".join((LOREM_CYCLE * (words // 9 + 1)).split()[:words])
+    pieces = deltas(events)
+    if chunk_chars:
+        assert pieces == [text[at : at + chunk_chars] for at in range(0, len(text), chunk_chars)]
+    else:
+        assert pieces == [word + " " for word in text.split()[:-1]] + text.split()[-1:]
+    assert final(events).final_content == ([TextBlock(text)] if words else [TextBlock("")])
+    assert_deltas_add_up(events)
 
 
 async def test_unknown_keys_beside_script_are_refused() -> None:

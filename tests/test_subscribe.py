@@ -47,6 +47,9 @@ TOOL_SCRIPT = {
     }
 }
 
+DEEP = "[" * 20_000 + "]" * 20_000
+"""Nested far past what a decoder recurses into, in 40,000 bytes."""
+
 # preset:chat as PROTOCOL section 5 words it, independently of gateway.protocol.filters.
 CHAT_TYPES = set(STREAMING_TYPES) | {
     "tool.called",
@@ -243,6 +246,14 @@ async def test_invalid_filter_then_a_corrected_subscribe_on_the_same_socket(
         ({"type": "ping", "nonce": 7}, "invalid_frame", "nonce"),
         ({"type": "cancel"}, "invalid_frame", "turn_id"),
         ({"type": "hello"}, "unknown_frame_type", "hello"),
+        # docs/protocol.md: unknown fields in a client frame are invalid_frame, ping/pong too
+        ({"type": "ping", "nonce": "n", "extra": 1}, "invalid_frame", "`extra`"),
+        ({"type": "pong", "nonce": "n", "extra": 1}, "invalid_frame", "`extra`"),
+        # too deep to decode (was a 1011 close): under max_client_frame_bytes, and deep
+        ('{"type": "subscribe", "filter": ' + DEEP + "}", "invalid_frame", "deep"),
+        ('{"type": "ping", "nonce": "n", "x": ' + DEEP + "}", "invalid_frame", "deep"),
+        ('{"x": ' + DEEP + ', "type": "ping"}', "invalid_frame", "deep"),
+        ('{"type": "cancel", "turn_id": "t", "reason": ' + DEEP + "}", "invalid_frame", "deep"),
     ],
 )
 async def test_a_bad_frame_gets_an_error_and_the_connection_stays_open(

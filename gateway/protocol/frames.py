@@ -135,9 +135,11 @@ def decode_client_frame(data: bytes | str) -> ClientFrame:
     """Decode one client frame.
 
     Raises:
-        FrameRejected: ``invalid_frame`` (not JSON, not an object with a string
-            ``type``, or a known frame failing its schema; the message names
-            the field) or ``unknown_frame_type``.
+        FrameRejected: ``invalid_frame`` (not JSON, nested too deeply to
+            decode, not an object with a string ``type``, or a known frame
+            failing its schema, unknown fields included; the message names the
+            field) or ``unknown_frame_type``. Never anything else, whatever
+            ``data`` is (PROTOCOL section 3: the socket stays open).
     """
     try:
         kind = _type_decoder.decode(data).type

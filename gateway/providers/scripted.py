@@ -35,6 +35,11 @@ Where RUNNING.md is silent:
   classes Anthropic reports that way; ``network`` and ``timeout`` are a broken
   connection, raised as ``ProviderError``. ``fail.round`` must name a round
   of the script.
+- ``lorem`` is generated as it streams, never built whole ahead, and a script
+  asks for at most :data:`LOREM_MAX_WORDS` words, in one block or all of them
+  together (more is ``invalid_request`` naming the field): the whole message
+  is kept, and sent in ``message.complete``. A script nested too deeply to
+  decode is ``invalid_request`` too.
 - Tokens are ceil(characters / 4). Input: the text, thinking, tool input JSON
   and tool result content of every request message (not the system prompt,
   not the tool definitions, not redacted thinking). Output: the text, thinking
@@ -102,6 +107,7 @@ _IN_STREAM_ERRORS = {
 _TOOL_INPUT_CHUNK_CHARS = 8
 LOREM_MAX_WORDS = 1_000_000
 _LOREM = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed")
+_LOREM_CYCLE = " ".join(_LOREM) + " "
 _WORD = re.compile(r"\s*\S+\s*|\s+")  # a word with the spaces around it
 
 
@@ -120,9 +126,9 @@ class ScriptBlock(msgspec.Struct, forbid_unknown_fields=True):
     thinking: str | None = None
     redacted_thinking: str | None = None
     tool_use: ScriptToolUse | None = None
-    # Generated lazily, word by word; bounded so that one script cannot make a
-    # message of hundreds of MiB (the whole message is kept, and sent whole in
-    # message.complete).
+    # Generated lazily, as it streams; bounded (here and over the whole script,
+    # see Script) so that one script cannot make messages of hundreds of MiB:
+    # a message is kept whole, and sent whole in message.complete.
     lorem: Annotated[int, msgspec.Meta(ge=0, le=LOREM_MAX_WORDS)] | None = None
 
     def __post_init__(self) -> None:
@@ -151,6 +157,12 @@ class Script(msgspec.Struct, forbid_unknown_fields=True):
     fail: ScriptFail | None = None
 
     def __post_init__(self) -> None:
+        words = sum(block.lorem or 0 for blocks in self.rounds for block in blocks)
+        if words > LOREM_MAX_WORDS:
+            raise ValueError(
+                f"the lorem blocks ask for {words} words in all; a script may ask for"
+                f" at most {LOREM_MAX_WORDS}"
+            )
         if self.fail is not None and self.fail.round >= len(self.rounds):
             raise ValueError(
                 f"fail.round {self.fail.round} is past the last round ({len(self.rounds)} rounds)"
@@ -329,21 +341,28 @@ def _block_stream(
 
 
 def _lorem(count: int, chunk_chars: int) -> Iterator[str]:
-    """``count`` words of filler, in the pieces :func:`_chunks` would cut, never all at once."""
-    last = count - 1
-    words = itertools.islice(itertools.cycle(_LOREM), count)
-    pieces = (word if i == last else word + " " for i, word in enumerate(words))
+    """``count`` words of filler, in the pieces :func:`_chunks` would cut, never all at once.
+
+    The text is ``_LOREM`` repeated, so a piece of ``chunk_chars`` characters is
+    a slice of the repeated cycle: its cost is that piece's size, whatever ``count``.
+    """
     if chunk_chars <= 0:
-        yield from pieces
+        last = count - 1
+        words = itertools.islice(itertools.cycle(_LOREM), count)
+        yield from (word if i == last else word + " " for i, word in enumerate(words))
         return
-    buffer = ""
-    for piece in pieces:
-        buffer += piece
-        while len(buffer) >= chunk_chars:
-            yield buffer[:chunk_chars]
-            buffer = buffer[chunk_chars:]
-    if buffer:
-        yield buffer
+    cycles, rest = divmod(count, len(_LOREM))
+    length = cycles * len(_LOREM_CYCLE) + sum(len(word) + 1 for word in _LOREM[:rest])
+    length = max(length - 1, 0)  # no space after the last word
+    for at in range(0, length, chunk_chars):
+        yield _lorem_slice(at, min(at + chunk_chars, length))
+
+
+def _lorem_slice(start: int, stop: int) -> str:
+    """Characters ``start:stop`` of ``_LOREM_CYCLE`` repeated forever."""
+    offset = start % len(_LOREM_CYCLE)
+    repeats = (offset + stop - start) // len(_LOREM_CYCLE) + 1
+    return (_LOREM_CYCLE * repeats)[offset : offset + stop - start]
 
 
 def _chunks(text: str, chunk_chars: int) -> Iterator[str]:

@@ -17,6 +17,7 @@ cancellation sequence, which clients still receive), close every WebSocket with
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import sys
@@ -25,6 +26,7 @@ from typing import Any
 import trio
 
 from gateway.config import Config
+from gateway.errors import GatewayError, StoreError
 from gateway.node import Node
 from gateway.providers.base import Provider
 from gateway.providers.factory import make_provider
@@ -116,18 +118,83 @@ class Gateway:
         conns.cancel_scope.cancel()
 
 
+class StartupError(GatewayError):
+    """The daemon could not start; the message is the one line an operator reads.
+
+    RUNNING.md "Command line": the port is taken, the host is not this
+    machine's, the store cannot be opened. Raised by :func:`serve` before the
+    readiness line, never after.
+    """
+
+    @classmethod
+    def within(cls, exc: BaseException) -> StartupError | None:
+        """The StartupError ``exc`` is, or that is all an exception group of them holds."""
+        if isinstance(exc, BaseExceptionGroup):
+            match, rest = exc.split(cls)
+            if match is None or rest is not None:
+                return None
+            leaf: BaseException = match
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            exc = leaf
+        return exc if isinstance(exc, StartupError) else None
+
+
 async def serve(config: Config, provider: Provider | None = None) -> None:
-    """``gateway serve``: run until SIGTERM or SIGINT, print the readiness line."""
+    """``gateway serve``: run until SIGTERM or SIGINT, print the readiness line.
+
+    Raises:
+        StartupError: the daemon could not start (possibly inside an exception group).
+    """
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    gateway = Gateway(config, provider)
+    try:
+        gateway = Gateway(config, provider)
+    except StoreError as exc:
+        raise StartupError(exc.message) from None
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            port = await nursery.start(gateway.run, name="gateway")
+            try:
+                port = await nursery.start(gateway.run, name="gateway")
+            except Exception as exc:  # nothing is serving yet: say why in one line
+                line = startup_failure(exc, config.server.host, config.server.port)
+                if line is None:
+                    raise
+                raise StartupError(line) from None
             print(f"gateway listening on http://{config.server.host}:{port}", flush=True)
             async for signum in signals:
                 log.info("received %s: shutting down", signal.Signals(signum).name)
                 gateway.shutdown()
                 break
     sys.stdout.flush()
+
+
+def startup_failure(exc: BaseException, host: str, port: int) -> str | None:
+    """The one line for a start-up failure an operator fixes, or None for anything else.
+
+    Nurseries wrap what failed in exception groups: the line is the first
+    leaf's, provided every leaf is such a failure (a store that cannot be
+    opened, an address that cannot be listened on).
+    """
+    leaves: list[BaseException] = []
+    stack = [exc]
+    while stack:
+        error = stack.pop()
+        if isinstance(error, BaseExceptionGroup):
+            stack.extend(reversed(error.exceptions))
+        else:
+            leaves.append(error)
+    lines: list[str] = []
+    where = f"cannot listen on {host}:{port}"
+    for leaf in leaves:
+        if isinstance(leaf, StoreError):
+            lines.append(leaf.message)
+        elif isinstance(leaf, socket.gaierror):
+            lines.append(f"{where}: {host!r} is not a usable address ({leaf.strerror})")
+        elif isinstance(leaf, OSError) and leaf.errno is not None:
+            reason = os.strerror(leaf.errno).lower()
+            lines.append(f"{where}: {reason}")
+        else:
+            return None
+    return lines[0] if lines else None
