@@ -164,6 +164,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--port", "0"],
             cwd=cwd,
+            # the embedded defaults, whatever GATEWAY_* this shell has (GATEWAY_FUZZ included)
+            env={k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")},
             stdout=stdout,
             stderr=stderr,
         )
@@ -279,18 +281,16 @@ TARGETS = st.builds(
     QUERY,
 ) | st.sampled_from(["*", "http://x/healthz", "/healthz", "/sessions?limit=2"])
 HEADER_VALUE = st.text(string.printable.strip(" \t\r\n\x0b\x0c") + " ", max_size=40).map(str.strip)
-HEADERS = st.lists(
-    st.tuples(
-        st.sampled_from(
-            ["content-type", "authorization", "upgrade", "connection", "sec-websocket-key",
-             "sec-websocket-version", "origin", "expect", "accept", "x-thing"]
-        ) | TOKEN,
-        st.sampled_from(["application/json", "websocket", "Upgrade", "close", "keep-alive",
-                         "13", "dGhlIHNhbXBsZSBub25jZQ==", "100-continue", "Bearer x"])
-        | HEADER_VALUE,
-    ).filter(lambda h: h[0].lower() not in ("content-length", "transfer-encoding", "host")),
-    max_size=4,
-)  # fmt: skip
+HEADER = st.tuples(
+    st.sampled_from(
+        ["content-type", "authorization", "upgrade", "connection", "sec-websocket-key",
+         "sec-websocket-version", "origin", "expect", "accept", "x-thing"]
+    ) | TOKEN,
+    st.sampled_from(["application/json", "websocket", "Upgrade", "close", "keep-alive",
+                     "13", "dGhlIHNhbXBsZSBub25jZQ==", "100-continue", "Bearer x"])
+    | HEADER_VALUE,
+).filter(lambda h: h[0].lower() not in ("content-length", "transfer-encoding", "host"))  # fmt: skip
+HEADERS = st.lists(HEADER, max_size=4)
 SCHEMA_KEYS = ["content", "workspace_path", "model", "metadata", "decision", "message_id",
                "rating", "reason", "comment", "tool_use_id"]  # fmt: skip
 BODIES = st.one_of(
@@ -329,20 +329,38 @@ def test_well_formed_requests_are_always_answered_never_with_5xx(
     assert exchange(daemon.port, "GET", "/healthz", [], b"") == (200, b'{"status":"ok"}')
 
 
+def request_line(method: bytes, target: bytes, version: bytes) -> bytes:
+    return b" ".join([method, target, version])
+
+
+VERSIONS = st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2", b"HTTP/1.1 ", b"http/1.1", b""])
 REQUEST_LINES = st.one_of(
-    st.binary(max_size=80),
+    st.builds(request_line, METHODS.map(str.encode), TARGETS.map(str.encode), st.just(b"HTTP/1.1")),
     st.builds(
-        lambda method, target, version: b" ".join([method, target, version]),
+        request_line,
         METHODS.map(str.encode) | st.binary(max_size=10),
         TARGETS.map(str.encode) | st.binary(max_size=30),
-        st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2", b"HTTP/1.1 ", b"http/1.1", b""])
-        | st.binary(max_size=10),
+        VERSIONS | st.binary(max_size=10),
     ),
+    st.binary(max_size=80),
 ).map(lambda line: line.replace(b"\r", b"").replace(b"\n", b""))
 HEADER_LINES = st.lists(
-    st.binary(max_size=60) | HEADERS.map(lambda hs: b"".join(f"{k}: {v}".encode() for k, v in hs)),
+    st.one_of(
+        st.binary(max_size=60),
+        HEADER.map(lambda h: f"{h[0]}: {h[1]}".encode()),
+        st.integers(-1, 10**8).map(lambda n: b"Content-Length: %d" % n),
+        st.sampled_from(
+            [b"Transfer-Encoding: chunked", b"Transfer-Encoding: gzip, chunked",
+             b"Content-Length: 1, 2", b"Content-Length: x", b"Expect: 100-continue",
+             b"Connection: close", b"Host: x", b"Host: x", b"Upgrade: websocket"]
+        ),
+        st.integers(1, 40_000).map(lambda n: b"X-Big: " + b"a" * n),  # over max_header_bytes
+    ),
     max_size=5,
-).map(lambda lines: [line.replace(b"\r", b"").replace(b"\n", b"") for line in lines])
+).map(lambda lines: [line.replace(b"\r", b"").replace(b"\n", b"") for line in lines])  # fmt: skip
+RAW_BODIES = st.binary(max_size=100) | st.sampled_from(
+    [b"5\r\nhello\r\n0\r\n\r\n", b"ffffffffffff\r\n", b"0\r\n\r\n", b"{}", b"[" * 5000]
+)
 
 
 def read_answers(data: bytes) -> list[int]:
@@ -367,7 +385,7 @@ def read_answers(data: bytes) -> list[int]:
 
 
 @HTTP
-@given(line=REQUEST_LINES, headers=HEADER_LINES, body=st.binary(max_size=100))
+@given(line=REQUEST_LINES, headers=HEADER_LINES, body=RAW_BODIES)
 def test_raw_bytes_are_always_answered_never_with_5xx(
     daemon: Daemon, line: bytes, headers: list[bytes], body: bytes
 ) -> None:

@@ -165,6 +165,30 @@ async def test_head_gets_the_headers_without_the_body_and_keeps_the_connection(
         assert again.status_code == 200 and msgspec.json.decode(body)["method"] == "GET"
 
 
+@pytest.mark.parametrize(
+    ("extra", "status"),
+    [
+        (b"Content-Length: 5000\r\n", 413),
+        (b"X-Big: " + b"a" * 20_000 + b"\r\n", 431),
+        (b"Content-Length: 1\r\n", 400),  # the body never comes (found by tests/test_fuzz.py)
+    ],
+)
+async def test_a_head_refused_before_its_handler_gets_the_refusal_without_a_body(
+    port: int, caplog: pytest.LogCaptureFixture, extra: bytes, status: int
+) -> None:
+    """The refusals the transport makes itself: h11 raised on their body, and dropped the socket."""
+    async with await connect(port) as stream:
+        with caplog.at_level(logging.ERROR, logger="gateway.http"):
+            await stream.send_all(b"HEAD /echo HTTP/1.1\r\nHost: t\r\n" + extra + b"\r\n")
+            await stream.send_eof()
+            raw = await read_until_eof(stream)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), raw[:200]
+    assert body == b""
+    assert b"\r\ncontent-length: " in head and b"\r\nconnection: close" in head
+    assert [r.getMessage() for r in caplog.records if r.name == "gateway.http"] == []
+
+
 async def test_api_error_becomes_its_json_error_body(port: int) -> None:
     async with await connect(port) as stream:
         response, body = await HttpClient(stream).request("POST", "/busy")

@@ -17,7 +17,8 @@ connection:
 500   ``internal_error``       the handler raised something not an ApiError
 ====  =======================  ============================================
 
-and, keeping the connection open, the refused WebSocket handshakes: 426
+(a HEAD gets each of these, as every answer, without its body: RFC 9110
+section 9.3.2), and, keeping the connection open, the refused WebSocket handshakes: 426
 ``upgrade_required`` (a WebSocket route asked without upgrade headers), 426
 ``unsupported_websocket_version`` and 400 ``invalid_websocket_handshake``.
 
@@ -171,6 +172,7 @@ class _HttpConnection:
         self._limits = limits
         self._client = client
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+        self._head = False  # the request being answered is a HEAD: its answer has no body
 
     async def run(self) -> None:
         # The first request's clock starts at accept, for both the idle wait and the read.
@@ -194,10 +196,11 @@ class _HttpConnection:
                     await self._upgrade(key, path, answer)
                     return
                 answer = refusal
-            await self._send(answer, with_body=request.method != "HEAD")
+            await self._send(answer)
             if self._h11.our_state is not h11.DONE or self._h11.their_state is not h11.DONE:
                 return
             self._h11.start_next_cycle()
+            self._head = False
             idle_deadline = trio.current_time() + self._limits.keepalive_timeout_s
             read_deadline = None
 
@@ -235,6 +238,7 @@ class _HttpConnection:
         event = await self._next_event()
         if not isinstance(event, h11.Request):
             return None  # ConnectionClosed: the client left between requests
+        self._head = event.method == b"HEAD"  # before any refusal: a 413 to a HEAD has no body
         if _head_size(event) > self._limits.max_header_bytes:
             raise _headers_too_large()
         declared = _header(event.headers, b"content-length")
@@ -279,7 +283,7 @@ class _HttpConnection:
             _log.exception("handler failed on %s %s", request.method, request.path)
             return _closing(error_response(500, "internal_error", "Internal server error."))
 
-    async def _send(self, response: Response, *, with_body: bool = True) -> None:
+    async def _send(self, response: Response) -> None:
         """Send a response; a HEAD's has the GET's headers and no body (RFC 9110 9.3.2)."""
         head = h11.Response(
             status_code=response.status,
@@ -291,7 +295,7 @@ class _HttpConnection:
             ],
         )
         data = self._h11.send(head)
-        if response.body and with_body:
+        if response.body and not self._head:
             data += self._h11.send(h11.Data(data=response.body))
         data += self._h11.send(h11.EndOfMessage())
         await self._stream.send_all(data)
