@@ -6,11 +6,15 @@ Examples::
     python -m bench --profile smoke              # seconds; what CI runs
     python -m bench --config my-gateway.toml     # size a deployment: your config
     python -m bench --url http://127.0.0.1:8421 --pid 1234 --peers none
+    python -m bench --profile soak               # ten minutes of churn: fds, tasks, RSS flat?
+    python -m bench --profile soak --minutes 30  # a longer soak
 
 Writes ``<out>/<stamp>-<profile>.json`` and ``.md``, and the plots
 ``<out>/<stamp>-<profile>-latency.png`` and ``-throughput.png``, then prints
 the markdown table. Exit status 0 when the run completed (whether or not the
-targets were met), 1 when it failed.
+targets were met), 1 when it failed. A soak (``--profile soak`` or
+``soak-smoke``, bench/README.md "Soak") writes ``<stamp>-<profile>.json`` and
+``.md``; its exit status is 0 when every check passed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ from typing import Any
 
 from bench import report
 from bench.pool import WorkerPool
-from bench.profiles import PEERS, PROFILES, Profile, config_toml, with_overrides
+from bench.profiles import (
+    PEERS,
+    PROFILES,
+    SOAK_PROFILES,
+    Profile,
+    config_toml,
+    with_overrides,
+)
 from bench.scenarios import Run
 from bench.servers import GatewayServer
 from bench.worker import raise_fd_limit
@@ -56,8 +67,10 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    ap.add_argument("--profile", choices=sorted(PROFILES), default="default",
-                    help="phase sizes (bench/README.md, Profiles)")  # fmt: skip
+    ap.add_argument("--profile", choices=sorted([*PROFILES, *SOAK_PROFILES]), default="default",
+                    help="phase sizes (bench/README.md, Profiles; soak: Soak)")  # fmt: skip
+    ap.add_argument("--minutes", type=float,
+                    help="soak profiles: minutes of load after the warm-up")  # fmt: skip
     ap.add_argument("--config", metavar="FILE", help="the gateway's TOML config (yours)")
     ap.add_argument("--url", help="target a running gateway instead of starting one")
     ap.add_argument("--pid", type=int, help="with --url: its process id, to measure CPU and RSS")
@@ -78,7 +91,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    command = " ".join(["python -m bench", *argv])
+    if args.profile in SOAK_PROFILES:
+        return _soak(ap, args, command)
+    if args.minutes is not None:
+        ap.error("--minutes is for the soak profiles")
     profile = with_overrides(
         PROFILES[args.profile],
         sessions=args.sessions,
@@ -96,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config_text = Path(args.config).read_text() if args.config else None
         result = asyncio.run(run(profile, args, config_text))
-        result["command"] = " ".join(["python -m bench", *argv])
+        result["command"] = command
     except KeyboardInterrupt:
         return 130
     result["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -109,6 +128,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {json_path}, {md_path}, " + ", ".join(str(p) for p in pngs))
     print(f"elapsed {result['elapsed_s']} s")
     return 0
+
+
+def _soak(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    from bench import soak  # Trio: imported only for a soak
+
+    if args.url or args.config:
+        ap.error("a soak runs a daemon of its own with its own config (bench/README.md, Soak)")
+    profile = with_overrides(
+        SOAK_PROFILES[args.profile],
+        duration_s=None if args.minutes is None else args.minutes * 60.0,
+        sessions=args.sessions,
+    )
+    try:
+        return soak.main(profile, args.out, command)
+    except KeyboardInterrupt:
+        return 130
 
 
 async def run(

@@ -4,14 +4,19 @@
 figure of the issue's targets on a 2-core machine in under five minutes.
 ``smoke`` is the same run shrunk to seconds, for CI: every phase runs and
 every key of the result exists, but its figures mean nothing.
+
+``soak`` and ``soak-smoke`` are of another kind, :class:`SoakProfile` (``bench.soak``):
+ten minutes of churn against one daemon, and the same for 30 seconds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 PEERS = ("ws_queue", "ws_broadcast", "raw")
+
+_P = TypeVar("_P", "Profile", "SoakProfile")
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,78 @@ SMOKE = Profile(
 PROFILES = {p.name: p for p in (DEFAULT, SMOKE)}
 
 
-def with_overrides(profile: Profile, **overrides: Any) -> Profile:
+@dataclass(frozen=True)
+class SoakProfile:
+    """The size and the pass thresholds of a soak run (bench/README.md, "Soak").
+
+    A soak is a warm-up of ``warmup_s``, a quiet point (the *baseline*), the
+    load for ``duration_s``, and a second quiet point (the *end*). Slopes are
+    least-squares fits over the samples of the load; they are judged only when
+    the load lasts ``judge_slopes_after_s`` or more (over half a minute a
+    slope is noise), the end-against-baseline figures always.
+    """
+
+    name: str
+    duration_s: float = 600.0
+    warmup_s: float = 90.0
+    sessions: int = 6  # each with a stayer and a turn runner
+    churners: int = 6
+    slow_clients: int = 2  # each on a session of its own (at most ``sessions``)
+    killers: int = 2
+    sample_every_s: float = 5.0
+    audit_every_s: float = 30.0  # per session: replay from the last audit's cursor
+    turn_gap_s: float = 0.3  # a runner's pause between two turns
+    turn_timeout_s: float = 60.0
+    lorem_words: int = 800  # the text turn (fills a stalled client's queue)
+    lorem_delay_ms: float = 4.0
+    churn_read_s: tuple[float, float] = (0.3, 2.5)
+    churn_pause_s: tuple[float, float] = (0.05, 0.5)
+    kill_pause_s: float = 0.5
+    max_stall_s: float = 30.0
+    quiet_timeout_s: float = 20.0
+    # Pass thresholds.
+    fd_slack: int = 2  # end - baseline
+    task_slack: int = 2
+    fd_slope_max: float = 0.5  # per minute, absolute
+    task_slope_max: float = 0.5
+    rss_slope_max_mib: float = 1.0  # MiB per minute
+    judge_slopes_after_s: float = 300.0
+    seed: int = 1
+    gateway_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+_SOAK_GATEWAY_CONFIG: dict[str, dict[str, Any]] = {
+    "server": {"send_buffer_bytes": 65536},  # as the load profiles (a stalled client shows)
+    # A small queue bound: a stalled client overflows within seconds, well
+    # above a live client's worst backlog.
+    "stream": {"queue_max_events": 300},
+    "tools": {
+        "enabled": ["sleep", "read_file"],
+        "require_approval": ["read_file"],  # a turn waiting at the seam (PROTOCOL section 8)
+        "approval_timeout_s": 120,
+    },
+}
+
+SOAK = SoakProfile(name="soak", gateway_config=_SOAK_GATEWAY_CONFIG)
+
+SOAK_SMOKE = SoakProfile(
+    name="soak-smoke",
+    duration_s=30.0,
+    warmup_s=5.0,
+    sessions=3,
+    churners=3,
+    slow_clients=1,
+    killers=1,
+    sample_every_s=2.0,
+    audit_every_s=10.0,
+    max_stall_s=12.0,
+    gateway_config=_SOAK_GATEWAY_CONFIG,
+)
+
+SOAK_PROFILES = {p.name: p for p in (SOAK, SOAK_SMOKE)}
+
+
+def with_overrides(profile: _P, **overrides: Any) -> _P:
     """``profile`` with the fields given on the command line (None means "keep")."""
     return replace(profile, **{k: v for k, v in overrides.items() if v is not None})
 
