@@ -101,7 +101,12 @@ SMOKE = Profile(
         **_BENCH_GATEWAY_CONFIG,
         # A small queue bound so that a stalled client overflows in a second
         # (still above the hundred events of one tool round, bench.scenarios).
-        "stream": {"queue_max_events": 300},
+        # Each session keeps its last replay_max_events catalog events in memory
+        # for replays: a bounded cost by design, but at the default 10,000 the
+        # soak's sessions (some 500 catalog events a minute each) would take 20
+        # minutes to fill it and it would read as growth. 1,000 fill within the
+        # warm-up; the audits replay 30 s (some 250 events) at a time.
+        "stream": {"queue_max_events": 300, "replay_max_events": 1000},
     },
 )
 
@@ -121,7 +126,7 @@ class SoakProfile:
 
     name: str
     duration_s: float = 600.0
-    warmup_s: float = 90.0
+    warmup_s: float = 150.0
     sessions: int = 6  # each with a stayer and a turn runner
     churners: int = 6
     slow_clients: int = 2  # each on a session of its own (at most ``sessions``)
@@ -142,8 +147,14 @@ class SoakProfile:
     task_slack: int = 2
     fd_slope_max: float = 0.5  # per minute, absolute
     task_slope_max: float = 0.5
-    rss_slope_max_mib: float = 1.0  # MiB per minute
+    # RSS may grow with what the daemon keeps by design: every message of a
+    # loaded session (the history, measured at both quiet points). Its slope
+    # must stay within rss_per_history times the history's growth (as JSON,
+    # MiB per minute) plus rss_slope_slack_mib per minute.
+    rss_per_history: float = 3.0
+    rss_slope_slack_mib: float = 0.5
     judge_slopes_after_s: float = 300.0
+    slope_after_s: float = 30.0  # the load's start is left out of the fits
     seed: int = 1
     gateway_config: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -152,7 +163,12 @@ _SOAK_GATEWAY_CONFIG: dict[str, dict[str, Any]] = {
     "server": {"send_buffer_bytes": 65536},  # as the load profiles (a stalled client shows)
     # A small queue bound: a stalled client overflows within seconds, well
     # above a live client's worst backlog.
-    "stream": {"queue_max_events": 300},
+    # Each session keeps its last replay_max_events catalog events in memory
+    # for replays: a bounded cost by design, but at the default 10,000 the
+    # soak's sessions (some 500 catalog events a minute each) would take 20
+    # minutes to fill it and it would read as growth. 1,000 fill within the
+    # warm-up; the audits replay 30 s (some 250 events) at a time.
+    "stream": {"queue_max_events": 300, "replay_max_events": 1000},
     "tools": {
         "enabled": ["sleep", "read_file"],
         "require_approval": ["read_file"],  # a turn waiting at the seam (PROTOCOL section 8)

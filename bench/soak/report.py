@@ -42,8 +42,13 @@ def slope_per_min(points: list[tuple[float, float]]) -> float | None:
 
 
 def figures(result: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """Per followed figure: baseline, first and last load sample, end, min, max, slope/min."""
+    """Per followed figure: baseline, first and last load sample, end, min, max, slope/min.
+
+    The slope leaves out the load's first ``slope_after_s``: its start (every
+    client connecting at once) is a transient, not a trend.
+    """
     load = [s for s in result["samples"] if s["phase"] == "load"]
+    settled = [s for s in load if s["t"] >= result["profile"]["slope_after_s"]]
     base, end = result.get("baseline") or {}, result.get("end") or {}
     out: dict[str, dict[str, float | None]] = {}
     for name in FIGURES:
@@ -55,7 +60,7 @@ def figures(result: dict[str, Any]) -> dict[str, dict[str, float | None]]:
             "end": end.get(name),
             "min": min(values) if values else None,
             "max": max(values) if values else None,
-            "slope_per_min": slope_per_min([(s["t"], s[name]) for s in load]),
+            "slope_per_min": slope_per_min([(s["t"], s[name]) for s in settled]),
         }
     return out
 
@@ -109,20 +114,29 @@ def verdict(result: dict[str, Any], profile: SoakProfile) -> list[Check]:
         check(f"{name}: end - baseline", _num(grown), f"<= {slack}",
               grown is not None and grown <= slack)  # fmt: skip
     if profile.duration_s >= profile.judge_slopes_after_s:
-        for name, bound, scale, unit in (
-            ("fds", profile.fd_slope_max, 1.0, "/min"),
-            ("tasks", profile.task_slope_max, 1.0, "/min"),
-            ("rss_bytes", profile.rss_slope_max_mib, MIB, " MiB/min"),
-        ):
+        for name, bound in (("fds", profile.fd_slope_max), ("tasks", profile.task_slope_max)):
             slope = figs[name]["slope_per_min"]
-            value = None if slope is None else slope / scale
-            passed = value is not None and (
-                value <= bound if name == "rss_bytes" else abs(value) <= bound
-            )
-            sign = "" if name == "rss_bytes" else "|slope| "
-            check(f"{name}: slope over the load", f"{_num(value)}{unit}",
-                  f"{sign}<= {bound:g}{unit}", passed)  # fmt: skip
+            check(f"{name}: slope over the load", f"{_num(slope)}/min", f"|slope| <= {bound:g}/min",
+                  slope is not None and abs(slope) <= bound)  # fmt: skip
+        rss = figs["rss_bytes"]["slope_per_min"]
+        history = history_mib_per_min(result)
+        allowed = None if history is None else (
+            profile.rss_per_history * max(history, 0.0) + profile.rss_slope_slack_mib
+        )  # fmt: skip
+        check("RSS: slope over the load", f"{_num(None if rss is None else rss / MIB)} MiB/min",
+              f"<= {profile.rss_per_history:g} x history {_num(history)} + "
+              f"{profile.rss_slope_slack_mib:g} = {_num(allowed)} MiB/min",
+              rss is not None and allowed is not None and rss / MIB <= allowed)  # fmt: skip
     return checks
+
+
+def history_mib_per_min(result: dict[str, Any]) -> float | None:
+    """How fast the sessions' history grew (JSON MiB per minute of load), None if unmeasured."""
+    history = result.get("history") or {}
+    if "baseline" not in history or "end" not in history:
+        return None
+    grown = history["end"]["bytes"] - history["baseline"]["bytes"]
+    return float(grown / MIB / (result["profile"]["duration_s"] / 60.0))
 
 
 def _num(value: float | None) -> str:
@@ -153,6 +167,17 @@ def markdown(result: dict[str, Any], checks: list[Check]) -> str:
             + " | ".join(_num(None if v is None else v / scale) for v in cells)
             + f" | {_num(None if slope is None else slope / scale)} |"
         )
+    history = result.get("history") or {}
+    if "baseline" in history and "end" in history:
+        b, e = history["baseline"], history["end"]
+        lines += [
+            "",
+            "Session history, which the daemon keeps in memory (every message of a loaded "
+            f"session, as `GET /sessions/{{id}}/messages` returns it): {b['messages']} messages, "
+            f"{b['bytes'] / MIB:.2f} MiB of JSON at the baseline; {e['messages']}, "
+            f"{e['bytes'] / MIB:.2f} MiB at the end: "
+            f"{_num(history_mib_per_min(result))} MiB per minute of load.",
+        ]
     lines += ["", "| check | value | threshold | |", "|---|---|---|---|"]
     lines += [
         f"| {c.name} | {c.value} | {c.threshold} | {'pass' if c.passed else '**FAIL**'} |"

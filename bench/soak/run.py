@@ -117,6 +117,7 @@ class Soak:
         self.baseline: dict[str, float] | None = None
         self.end: dict[str, float] | None = None
         self.quiet_timeouts: list[str] = []
+        self.history: dict[str, dict[str, int]] = {}
         self.turns: dict[str, TurnTally] = {name: TurnTally() for name in self.scenarios}
         self.problems: list[str] = []
         self.churn = ChurnStats()
@@ -247,6 +248,7 @@ class Soak:
                     first = profile.audit_every_s * (i + 1) / len(self.rigs)
                     load.start_soon(self._auditor, rig, http, first, name=f"audit {i}")
                 await trio.sleep(seconds)
+                self.phase = "stopping"  # not sampled: the load is winding down
                 load.cancel_scope.cancel()
             stop.set()
 
@@ -269,9 +271,31 @@ class Soak:
             await trio.sleep(1.0)
         if not settled:
             self.quiet_timeouts.append(name)
+        self.history[name] = await self._history(http)
         self.samples.append(Sample(self._elapsed(), name, figures))
         self.log(f"{name}: " + ", ".join(f"{k} {v:g}" for k, v in figures.items()))
         return figures
+
+    async def _history(self, http: httpx.AsyncClient) -> dict[str, int]:
+        """The soak sessions' messages as ``GET .../messages`` pages them: count and JSON bytes.
+
+        The daemon keeps every message of a loaded session in memory, so
+        this is memory that grows with the load by design, shown beside RSS.
+        """
+        count = size = 0
+        for rig in self.rigs:
+            before: str | None = None
+            while True:
+                params = {"limit": "200", **({"before": before} if before else {})}
+                answer = await http.get(f"/sessions/{rig.session_id}/messages", params=params)
+                answer.raise_for_status()
+                page = answer.json()
+                count += len(page["messages"])
+                size += len(answer.content)
+                if not page["has_more"] or not page["messages"]:
+                    break
+                before = page["messages"][0]["id"]
+        return {"messages": count, "bytes": size}
 
     def _elapsed(self) -> float:
         t0 = self._load_t0 if self._load_t0 is not None else self._t0
@@ -429,6 +453,7 @@ class Soak:
             "baseline": self.baseline,
             "end": self.end,
             "quiet_timeouts": self.quiet_timeouts,
+            "history": self.history,
             "stayers": {
                 "sessions": len(self.rigs),
                 "events": sum(a.received for a in audits),
