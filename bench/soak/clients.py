@@ -205,6 +205,9 @@ class Stayer:
                     self.dropped = f"closed by the server: {exc.reason}"
             except FrameRejected as exc:
                 self.dropped = f"undecodable frame: {exc}"
+            except CONNECT_ERRORS as exc:
+                if not self._closing:
+                    self.dropped = f"connection lost: {exc!r}"
 
     def _take(self, frame: ServerFrame) -> None:
         self.audit.feed(frame)

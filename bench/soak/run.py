@@ -232,16 +232,16 @@ class Soak:
                 for i in range(profile.churners):
                     rng = random.Random(profile.seed * 1000 + i)
                     load.start_soon(
-                            partial(churn, http, ids, i, self.churn, rng,
-                                    read_s=profile.churn_read_s, pause_s=profile.churn_pause_s),
-                            name=f"churn {i}",
-                        )  # fmt: skip
+                        partial(churn, http, ids, i, self.churn, rng,
+                                read_s=profile.churn_read_s, pause_s=profile.churn_pause_s),
+                        name=f"churn {i}",
+                    )  # fmt: skip
                 for i, rig in enumerate(self.rigs[: profile.slow_clients]):
                     load.start_soon(
-                            partial(stall, http, rig.stayer, i, self.churn, rig.set_stalled,
-                                    max_stall_s=profile.max_stall_s, pause_s=1.0),
-                            name=f"slow {i}",
-                        )  # fmt: skip
+                        partial(stall, http, rig.stayer, i, self.churn, rig.set_stalled,
+                                max_stall_s=profile.max_stall_s, pause_s=1.0),
+                        name=f"slow {i}",
+                    )  # fmt: skip
                 for i in range(profile.killers):
                     load.start_soon(self._killer, http, i, name=f"killer {i}")
                 for i, rig in enumerate(self.rigs):
