@@ -43,7 +43,7 @@ from gateway.server.http import (
     error_response,
     serve_connection,
 )
-from gateway.server.websocket import ConnectionClosed, WebSocket, text_frame
+from gateway.server.websocket import IDLE, ConnectionClosed, WebSocket, text_frame
 
 # --- text_frame --------------------------------------------------------------------
 
@@ -172,6 +172,32 @@ async def test_ping_is_answered_with_pong(pair: tuple[WebSocket, WsClient]) -> N
         await client.send(Ping(payload=b"abc"))
         assert await client.next_event() == Pong(payload=b"abc")
         nursery.cancel_scope.cancel()
+
+
+async def test_a_pong_goes_to_whoever_writes_next_when_asked_for(
+    autojump_clock: trio.testing.MockClock, pair: tuple[WebSocket, WsClient]
+) -> None:
+    """With ``on_control`` set, the reader never writes: the next send_all carries the pong."""
+    ws, client = pair
+    asked: list[int] = []
+    ws.on_control = lambda: asked.append(1)
+    await client.send(Ping(payload=b"abc"))
+    assert await ws.receive(trio.current_time() + 1) is IDLE  # it read the ping
+    assert asked == [1] and ws.owes
+    await ws.send_all(text_frame(b'{"n":1}'))
+    assert await client.next_event() == Pong(payload=b"abc")  # before the data
+    assert await client.next_event() == TextMessage(data='{"n":1}')
+    assert not ws.owes
+
+
+async def test_receive_deadline_bounds_only_the_wait_for_bytes(
+    autojump_clock: trio.testing.MockClock, pair: tuple[WebSocket, WsClient]
+) -> None:
+    ws, client = pair
+    assert await ws.receive(trio.current_time() + 5) is IDLE
+    assert await ws.receive(trio.current_time() - 1) is IDLE  # already passed: no wait
+    await client.send(TextMessage(data="late"))
+    assert await ws.receive(trio.current_time() + 5) == "late"  # nothing was lost
 
 
 async def test_peer_close_is_echoed_and_the_stream_closed(

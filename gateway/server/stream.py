@@ -7,7 +7,9 @@ Task tree of a connection::
     │                       deadline and the heartbeat, whose clock is the
     │                       hub group's last direct write while direct)
     └── ws-writer <name>    only while the client has a backlog: drains the
-                            outbound channel, one send_all per drain
+                            outbound channel, one send_all per drain (with
+                            the WebSocket's pongs and the rest of a frame a
+                            direct write left half-sent, which go first)
 
 The outbound channel is the connection's one bounded queue
 (``queue_max_events``). The session's hub hands each client the shared
@@ -56,7 +58,7 @@ from gateway.protocol.frames import (
     decode_client_frame,
     encode,
 )
-from gateway.server.websocket import ConnectionClosed, WebSocket, text_frame
+from gateway.server.websocket import ConnectionClosed, Idle, WebSocket, text_frame
 from gateway.session.hub import FrameBatch, Group
 from gateway.session.session import Session
 
@@ -149,6 +151,7 @@ class StreamConnection:
         self._direct_fd = -1  # what the hub was last told (Hub.set_direct)
         self._group: Group | None = None  # the hub group, whose clock counts while direct
         ws.on_direct_change = self._update_direct
+        ws.on_control = self._control_waiting
         self._nursery: trio.Nursery | None = None
 
     # --- Subscriber (the hub's side) ----------------------------------------------
@@ -263,7 +266,7 @@ class StreamConnection:
             metrics.ws_closed.labels(reason).inc()
             self.key = None
             self._update_direct()
-            self.ws.on_direct_change = None  # no cycle left between the two
+            self.ws.on_direct_change = self.ws.on_control = None  # no cycle left between the two
             self.session.unregistered(self, reason)
             self.node.connections.discard(self)
             self.node.notify()
@@ -298,6 +301,10 @@ class StreamConnection:
         except trio.WouldBlock:
             self.overflowed()
 
+    def _control_waiting(self) -> None:
+        """A pong waits in the WebSocket: a writer sends it, before any queued frame."""
+        self._put(b"")
+
     def _send_frame(self, obj: object) -> None:
         self._put(text_frame(encode(obj)))
 
@@ -317,9 +324,10 @@ class StreamConnection:
             wake_at = self._last_outbound() + interval
             if self.key is None:
                 wake_at = min(wake_at, subscribe_by)
-            with trio.move_on_at(wake_at if self.closing is None else math.inf) as timer:
-                message = await self.ws.receive()
-            if timer.cancelled_caught:
+            # The clock counts only while the reader waits for bytes: what
+            # came is handled whole (gateway.server.websocket, module docstring).
+            message = await self.ws.receive(wake_at if self.closing is None else math.inf)
+            if isinstance(message, Idle):
                 self._on_timer(subscribe_by, interval)
                 continue
             if message is None:

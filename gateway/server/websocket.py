@@ -16,13 +16,25 @@ it is sent, ``direct_fd`` is -1 and every write under the send lock (data,
 pong, close) sends it first. A close never follows half a frame: the owed
 bytes go first, or the stream is dropped without a close frame.
 
+**The reader never waits for the socket.** A pong is kept with the owed
+bytes (after them: they end the frame in progress) and handed to whoever
+writes next; :attr:`WebSocket.on_control` asks the connection for that write
+(its writer task). A client that pings and reads nothing then costs the
+reader nothing: its heartbeat and subscribe clocks keep running. Only the
+echo of the peer's close frame is written by the reader, within a grace.
+The reader's clock applies only while it waits for bytes
+(:meth:`WebSocket.receive`'s ``deadline``): what it has read is always
+handled whole, never cut off halfway (a lost pong, client frames left
+unread in the parser until more bytes come).
+
 Two tasks may use one :class:`WebSocket` at a time: a reader calling
 :meth:`WebSocket.receive` and a writer calling :meth:`WebSocket.send_all` or
 :meth:`WebSocket.close`. Two locks keep them apart on the stream (trio streams
 refuse concurrent sends or concurrent receives): the send lock serializes the
-writer's frames with the pongs and close replies the reader sends, and the read
-lock lets :meth:`WebSocket.close` wait for the peer's close reply even when no
-reader is running.
+writer's frames with the close replies the reader sends (and its pongs, when
+no writer is there to take them), and the read lock lets
+:meth:`WebSocket.close` wait for the peer's close reply even when no reader
+is running.
 
 The close handshake (RFC 6455 section 7):
 
@@ -39,9 +51,11 @@ The close handshake (RFC 6455 section 7):
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import struct
 from collections.abc import AsyncIterator, Callable
+from typing import Final
 
 import trio
 from wsproto.connection import Connection, ConnectionState, ConnectionType
@@ -54,7 +68,7 @@ RECEIVE_BYTES = 65536
 """How much one ``receive_some`` may read: bounds what one read can buffer."""
 
 _ABNORMAL_CLOSURE = 1006  # RFC 6455 section 7.1.5: closed without a close frame
-_OVERSIZE_GRACE_S = 5.0  # how long a 1009 close waits for the client's reply
+_CLOSE_GRACE_S = 5.0  # how long a 1009 close or the echo of the peer's close may take
 
 _LENGTH_7 = struct.Struct("!BB")
 _LENGTH_16 = struct.Struct("!BBH")
@@ -83,6 +97,13 @@ def text_frame(payload: bytes) -> bytes:
     return header + payload
 
 
+class Idle:
+    """What :meth:`WebSocket.receive` returns when its deadline passed while it waited."""
+
+
+IDLE: Final = Idle()
+
+
 class ConnectionClosed(GatewayError):
     """Raised by :meth:`WebSocket.send_all` when the connection can no longer carry frames.
 
@@ -99,10 +120,21 @@ class WebSocket:
         trailing_data: bytes the HTTP parser read past the upgrade request.
         max_message_bytes: the largest client message accepted
             (``max_client_frame_bytes``, PROTOCOL section 3); fragments count together.
+        fd: the descriptor written to straight from the fan-out and by
+            :meth:`send_all` while the kernel has room; by default the
+            socket's for a :class:`trio.SocketStream`, none (-1) otherwise.
+        write: how such a write is made (``os.write``; tests pass their own,
+            the same as their :class:`~gateway.session.hub.Hub`'s).
     """
 
     def __init__(
-        self, stream: trio.abc.Stream, trailing_data: bytes = b"", *, max_message_bytes: int = 65536
+        self,
+        stream: trio.abc.Stream,
+        trailing_data: bytes = b"",
+        *,
+        max_message_bytes: int = 65536,
+        fd: int | None = None,
+        write: Callable[[int, bytes], int] = os.write,
     ) -> None:
         self._stream = stream
         self._max_message_bytes = max_message_bytes
@@ -120,11 +152,16 @@ class WebSocket:
         # The unsent rest of a frame a direct write left half-written: it goes
         # out before any other byte, whoever writes next (module docstring).
         self._owed = b""
+        # Pongs not yet written: they go right after the owed bytes.
+        self._control = b""
         self._close_code: int | None = None
         self._close_reason: str | None = None
         # The socket's descriptor, for writes that go straight to the kernel
         # when it has room; -1 for other streams, and once the stream is gone.
-        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+        if fd is None:
+            fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+        self._fd = fd
+        self._os_write = write
         # The descriptor while a frame may be written to it straight from the
         # fan-out, with no task switch (StreamConnection.deliver): no write in
         # progress under the send lock, no close frame sent, the stream not
@@ -132,6 +169,10 @@ class WebSocket:
         # each time it changes (before the socket is closed, for -1).
         self.direct_fd = self._fd
         self.on_direct_change: Callable[[], None] | None = None
+        # Called, synchronously, when a pong waits for a write: whoever owns
+        # the writing makes one soon (send_all, even of nothing, sends it).
+        # Without it, the reader writes its pongs itself.
+        self.on_control: Callable[[], None] | None = None
 
     @property
     def closed(self) -> bool:
@@ -152,27 +193,37 @@ class WebSocket:
         """The reason that went with :attr:`close_code`."""
         return self._close_reason
 
-    async def receive(self) -> str | bytes | None:
+    async def receive(self, deadline: float = math.inf) -> str | bytes | Idle | None:
         """The next complete client message, or None once the connection is closing or closed.
 
         Answers WebSocket-level pings with pongs and the peer's close frame with
         its echo. Never raises on a closed connection.
 
+        Args:
+            deadline: trio time after which waiting for bytes stops; bytes
+                read are always handled whole (module docstring).
+
         Returns:
-            a text message as ``str``, a binary message as ``bytes``, or None.
+            a text message as ``str``, a binary message as ``bytes``,
+            :data:`IDLE` when ``deadline`` passed first, or None.
         """
-        async with self._read_lock:
+        with trio.move_on_at(deadline) as waiting:
+            await self._read_lock.acquire()  # (a close may be reading its reply)
+        if waiting.cancelled_caught:  # (then the lock was not taken)
+            return IDLE
+        try:
             while not self._inbox:
                 if self.closed:
                     return None
-                await self._read_more()
+                if not await self._read_more(deadline):
+                    return IDLE
                 if self._oversized:
                     code, reason = close_reason("frame_too_large")
-                    await self._close_handshake(
-                        code, reason, _OVERSIZE_GRACE_S, read_lock_held=True
-                    )
+                    await self._close_handshake(code, reason, _CLOSE_GRACE_S, read_lock_held=True)
                     return None
             return self._inbox.pop(0)
+        finally:
+            self._read_lock.release()
 
     def owe(self, rest: bytes) -> None:
         """The rest of a frame that a direct write sent only in part: it goes out first.
@@ -186,8 +237,15 @@ class WebSocket:
 
     @property
     def owes(self) -> bool:
-        """True while the rest of a half-written frame waits to be sent."""
-        return bool(self._owed)
+        """True while bytes wait to be sent: the rest of a half-written frame, or pongs."""
+        return bool(self._owed or self._control)
+
+    def _pending(self, data: bytes | memoryview) -> bytes | memoryview:
+        """``data`` behind everything owed (a frame's rest, then pongs). Under the send lock."""
+        if not (self._owed or self._control):
+            return data
+        data, self._owed, self._control = self._owed + self._control + data, b"", b""
+        return data
 
     async def send_all(self, data: bytes) -> None:
         """Write already-framed bytes (one or many :func:`text_frame` joined) in one write.
@@ -207,13 +265,15 @@ class WebSocket:
         try:
             if self.closed:
                 raise ConnectionClosed("the WebSocket is closed")
-            if self._owed:
-                data, self._owed = self._owed + data, b""
+            if self._owed or self._control:  # what is owed goes first
+                data, self._owed, self._control = self._owed + self._control + data, b"", b""
+            if not data:
+                return
             if self._fd >= 0:
                 # Straight to the kernel while it has room: no trip through
                 # trio's socket machinery; only the rest (if any) waits.
                 try:
-                    sent = os.write(self._fd, data)
+                    sent = self._os_write(self._fd, data)
                 except BlockingIOError:
                     sent = 0
                 except OSError as exc:
@@ -253,31 +313,48 @@ class WebSocket:
 
     # --- reading -----------------------------------------------------------------
 
-    async def _read_more(self) -> None:
-        """Read once from the stream and act on every event it completes. Needs the read lock."""
+    async def _read_more(self, deadline: float = math.inf) -> bool:
+        """Read once from the stream and act on every event it completes. Needs the read lock.
+
+        Returns:
+            False when ``deadline`` passed before any byte came (nothing was
+            read: a cancelled ``receive_some`` consumes nothing).
+        """
         data, self._unread = self._unread, b""
         if not data:
-            try:
-                data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
+            with trio.move_on_at(deadline) as waiting:
+                try:
+                    data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+            if waiting.cancelled_caught:
+                return False
         if not data:
             self._record_close(_ABNORMAL_CLOSURE, "")
             await self._drop()
-            return
+            return True
         self._ws.receive_data(data)
         for event in self._ws.events():
             await self._on_event(event)
             if self._gone:
-                return
+                break
+        return True
 
     async def _on_event(self, event: Event) -> None:
         if isinstance(event, TextMessage | BytesMessage):
             self._on_data(event)
         elif isinstance(event, Ping):
+            if self.closed:
+                return
+            first = not self._control
+            self._control += self._ws.send(event.response())
+            if self.on_control is not None:
+                if first:  # (later ones go with it: a ping flood asks for one write)
+                    self.on_control()  # the connection's writer sends it (module docstring)
+                return
             async with self._sending():
                 if not self.closed:
-                    await self._write_quietly(self._ws.send(event.response()))
+                    await self._write_quietly(b"")
         elif isinstance(event, CloseConnection):
             await self._on_close_frame(event)
 
@@ -300,11 +377,13 @@ class WebSocket:
         """A close frame from the peer, or wsproto reporting a protocol violation."""
         self._record_close(event.code, event.reason or "")
         state = self._ws.state
-        if state is ConnectionState.REMOTE_CLOSING:
-            await self._send_close(event.code, "")  # echo the code (RFC 6455 section 5.5.1)
-        elif state is ConnectionState.OPEN:
-            # wsproto could not parse the stream: fail the connection with its code.
-            await self._send_close(event.code, event.reason or "")
+        # Within a grace: a peer that closes may well read nothing more.
+        with trio.move_on_after(_CLOSE_GRACE_S):
+            if state is ConnectionState.REMOTE_CLOSING:
+                await self._send_close(event.code, "")  # echo the code (RFC 6455 section 5.5.1)
+            elif state is ConnectionState.OPEN:
+                # wsproto could not parse the stream: fail the connection with its code.
+                await self._send_close(event.code, event.reason or "")
         # Handshake complete (or parser dead): the server closes TCP first.
         await self._drop()
 
@@ -365,10 +444,11 @@ class WebSocket:
     async def _write(self, data: bytes | memoryview) -> None:
         """Write under the send lock; a broken stream becomes :class:`ConnectionClosed`.
 
-        Whatever is owed of a half-written frame goes first.
+        Whatever is owed goes first: the rest of a half-written frame, then pongs.
         """
-        if self._owed:
-            data, self._owed = self._owed + bytes(data), b""
+        data = self._pending(data)
+        if not data:
+            return
         try:
             await self._stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:

@@ -131,7 +131,7 @@ class Hub:
     Args:
         parent: the parent session's hub, for a worker session.
         counter: counts the event frames written straight from the fan-out.
-        write: how a direct write is made (``os.write``; tests pass their own).
+        write: how a direct write is made (``os.write``; tests pass or set their own).
     """
 
     def __init__(
@@ -144,7 +144,7 @@ class Hub:
         self._groups: dict[FilterKey, Group] = {}
         self._group_of: dict[Subscriber, Group] = {}
         self._counter = counter
-        self._write = write
+        self.write = write
 
     def __len__(self) -> int:
         return len(self._group_of)
@@ -204,7 +204,7 @@ class Hub:
             caller applies the slow-client rule).
         """
         overflowed: list[Subscriber] = []
-        write = self._write
+        write = self.write
         written = 0
         for key, group in self._groups.items():
             batch = _select(events, key, from_worker)
