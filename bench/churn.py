@@ -23,7 +23,7 @@ each, per minute; at the end it stops the churn, waits for the daemon to
 settle and compares open descriptors and tasks with the start. The verdict
 (and the figures) go to ``bench/results/<stamp>-churn.{json,md}``.
 
-The 30-second version runs in the suite (tests/test_churn_smoke.py).
+The suite runs the 30-second soak of ``python -m bench --profile soak`` (tests/test_soak_smoke.py).
 """
 
 from __future__ import annotations
