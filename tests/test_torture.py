@@ -58,6 +58,7 @@ from tests.torture_support import (
     Daemon,
     Ledger,
     RawClient,
+    StoredEvent,
     StoreFile,
     interrupted_phase,
     seq_of,
@@ -134,6 +135,7 @@ class Point:
     sid: str
     client: RawClient | None = None
     workers: set[str] = field(default_factory=set)
+    reused: bool = False  # the session was made in an earlier life
 
 
 @dataclass
@@ -170,7 +172,7 @@ async def run_to_kill_point(
             ledger.created[sid] = life
         else:
             sid = reuse
-        point = Point(name, sid)
+        point = Point(name, sid, reused=sid == reuse)
         if phase.script is None:
             await trio.sleep(rng.random() * phase.linger_s)
             return point
@@ -223,6 +225,11 @@ def check_before_restart(ledger: Ledger, view: StoreFile, point: Point) -> None:
                 ledger.check(False, f"{where}: {ids[0]} of {session_id} is not stored")
                 continue
             start = stored.index(ids[0])
+            fresh = session_id in point.workers or not point.reused
+            ledger.check(
+                start == 0 or not fresh,
+                f"{where}: {session_id} is new, yet {stored[:start][:3]} came before {ids[0]}",
+            )
             run = stored[start : start + len(ids)]
             ledger.check(
                 run == ids,
@@ -417,7 +424,7 @@ async def test_kill_9_at_any_instant_loses_nothing_a_client_was_shown(tmp_path: 
                     stack, daemon, workspace, name, ledger, reuse, rng, tally.lives
                 )
                 await daemon.kill()
-            tally.reused += point.sid == reuse
+            tally.reused += point.reused
             for line in daemon.trouble():
                 ledger.check(False, f"life {tally.lives}: {line}")
             if point.client is not None:
@@ -445,3 +452,64 @@ async def test_kill_9_at_any_instant_loses_nothing_a_client_was_shown(tmp_path: 
     assert not ledger.violations, "\n".join(ledger.violations[:20])
     assert sum(tally.points.values()) == KILLS
     assert {"turn:llm", "turn:tools", "turn:seam", "worker:llm"} <= set(tally.closed)
+
+
+# --- the checks themselves: each must be able to fail ---------------------------------------
+
+
+def stored(seq: int, sid: str, type_: str, turn: str | None, **payload: Any) -> StoredEvent:
+    event = {"id": f"evt_{seq:020d}", "type": type_, "turn_id": turn, "payload": payload}
+    return StoredEvent(seq, sid, type_, json.dumps(event).encode())
+
+
+def test_the_phase_of_an_open_turn_is_read_from_its_stored_events() -> None:
+    def phase(*events: tuple[str, dict[str, Any]]) -> str:
+        return interrupted_phase([{"type": t, "payload": p} for t, p in events])
+
+    started = ("llm.call_started", {"call_id": "c1"})
+    completed = ("llm.call_completed", {"call_id": "c1"})
+    called = ("tool.called", {"tool_use_id": "t1"})
+    asked = ("permission.requested", {"perm_id": "p1", "tool_use_id": "t1"})
+    assert phase(started) == "llm"
+    assert phase(started, completed) == "seam"
+    assert phase(started, completed, called) == "tools"
+    assert phase(started, completed, called, asked) == "seam"
+    resolved = ("permission.resolved", {"perm_id": "p1"})
+    assert phase(started, completed, called, asked, resolved) == "tools"
+    assert phase(started, completed, called, ("tool.completed", {"tool_use_id": "t1"})) == "seam"
+
+
+def test_turns_that_overlap_or_never_end_are_found() -> None:
+    events = [
+        stored(1, "s", "turn.started", "a"),
+        stored(2, "s", "llm.call_started", "a", call_id="c1"),
+        stored(3, "s", "turn.completed", "a"),
+        stored(4, "s", "tool.failed", "a", tool_use_id="t1"),
+        stored(5, "s", "turn.started", "b"),
+        stored(6, "s", "tool.called", "b", tool_use_id="t2"),
+        stored(7, "s", "turn.started", "c"),
+    ]
+    turns, problems = turns_of(events)
+    assert [t.turn_id for t in turns] == ["a", "b", "c"]
+    assert [t.end is None for t in turns] == [False, True, True]
+    assert len(problems) == 2  # tool.failed after a's end; c started while b was open
+    assert unended(turns[0]) == ["llm call c1"] and unended(turns[1]) == ["tool t2"]
+
+
+def test_the_ledger_finds_a_lost_session_a_lost_event_and_changed_bytes() -> None:
+    view = StoreFile(
+        sessions={"s1": {}},
+        events=[stored(1, "s1", "turn.started", "a"), stored(2, "s1", "turn.completed", "a")],
+    )
+    ledger = Ledger(created={"s1": 1, "s2": 1})
+    ledger.delivered = {
+        "evt_00000000000000000001": view.events[0].data,
+        "evt_00000000000000000002": view.events[1].data + b" ",
+        "evt_00000000000000000003": b"{}",
+    }
+    ledger.check_file(view, "here")
+    ledger.check_file(view, "again")  # the same facts are not counted twice
+    assert len(ledger.violations) == 3, ledger.violations
+    assert "session s2" in ledger.violations[0]
+    assert "evt_00000000000000000002 stored is not what was sent" in ledger.violations[1]
+    assert "delivered evt_00000000000000000003 is not in the store" in ledger.violations[2]

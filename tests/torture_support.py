@@ -28,6 +28,12 @@ from tests.conftest import Client
 
 READY = re.compile(rb"gateway listening on http://127\.0\.0\.1:(\d+)\n")
 EVENT_HEAD = '{"type":"event","event":'  # the splice of gateway.session.session.event_frame
+# GATEWAY_TORTURE_NICE=19: the daemon runs niced, as on a busy machine (with other load).
+NICE = (
+    ["nice", "-n", os.environ["GATEWAY_TORTURE_NICE"]]
+    if "GATEWAY_TORTURE_NICE" in os.environ
+    else []
+)
 # A line of the daemon's log that says something went wrong while it ran.
 TROUBLE = re.compile(r" (ERROR|CRITICAL|WARNING) |Traceback")
 
@@ -53,8 +59,9 @@ class Daemon:
         # The shell's GATEWAY_* variables would override the test's config.
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         with log.open("wb") as stderr:
+            command = [*NICE, sys.executable, "-m", "gateway", "serve", "--config", str(config)]
             proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", "0"],
+                [*command, "--port", "0"],
                 cwd=workdir,
                 env=env,
                 stdout=subprocess.PIPE,
