@@ -144,6 +144,8 @@ class Tally:
     closed: Counter[str] = field(default_factory=Counter)  # phase of turns closed at restart
     reused: int = 0
     lives: int = 1
+    killed_in_recovery: int = 0
+    recovered_again: int = 0  # the start after such a kill had turns to close
 
 
 async def ws_url(http: httpx.AsyncClient, sid: str) -> str:
@@ -432,7 +434,19 @@ async def test_kill_9_at_any_instant_loses_nothing_a_client_was_shown(tmp_path: 
             before = StoreFile.read(db)
             check_before_restart(ledger, before, point)
             tally.lives += 1
-            daemon = await Daemon.start(tmp_path, config, tally.lives)
+            if PHASES[name].closes_in is not None and rng.random() < 1 / 3:
+                # Killed again while it closes the turns: the next start closes them once.
+                seen, trouble = await Daemon.start_and_kill_in_recovery(
+                    tmp_path, config, tally.lives
+                )
+                tally.killed_in_recovery += seen
+                for line in trouble:
+                    ledger.check(False, f"life {tally.lives}: {line}")
+                tally.lives += 1
+                daemon = await Daemon.start(tmp_path, config, tally.lives)
+                tally.recovered_again += daemon.redid_recovery()
+            else:
+                daemon = await Daemon.start(tmp_path, config, tally.lives)
             await check_after_restart(ledger, daemon, db, before, point, tally)
             tally.points[name] += 1
             if point.sid not in idle:
@@ -444,7 +458,9 @@ async def test_kill_9_at_any_instant_loses_nothing_a_client_was_shown(tmp_path: 
     ledger.check_file(StoreFile.read(db), "at the end")
     print(
         f"\nkill -9 torture: {sum(tally.points.values())} kill points {dict(tally.points)}"
-        f" ({tally.reused} on a session from an earlier life), {tally.lives} daemon lives;"
+        f" ({tally.reused} on a session from an earlier life), {tally.lives} daemon lives"
+        f" ({tally.killed_in_recovery} killed again while closing the turns,"
+        f" {tally.recovered_again} of them before the closing was durable);"
         f" turns closed at restart {dict(sorted(tally.closed.items()))};"
         f" {len(ledger.delivered)} delivered catalog events checked byte for byte after every"
         f" kill, {len(ledger.created)} sessions; violations {len(ledger.violations)}"

@@ -44,6 +44,10 @@ def seq_of(event_id: str) -> int:
     return int(event_id[4:])
 
 
+def text_of(path: Path) -> str:
+    return path.read_text()
+
+
 class Daemon:
     """One ``gateway serve`` process on the test's store; its log goes to a file."""
 
@@ -55,6 +59,39 @@ class Daemon:
 
     @classmethod
     async def start(cls, workdir: Path, config: Path, life: int) -> Daemon:
+        proc, log = await cls._spawn(workdir, config, life)
+        return cls(proc, await cls._ready(proc, log), log)
+
+    @classmethod
+    async def start_and_kill_in_recovery(
+        cls, workdir: Path, config: Path, life: int
+    ) -> tuple[bool, list[str]]:
+        """Start one, and SIGKILL it once it logs the turns it closed (their commit is due).
+
+        Returns whether that line came before the readiness line (else it is
+        killed then), and the troubles in its log.
+        """
+        proc, log = await cls._spawn(workdir, config, life)
+        seen = False
+        async with trio.open_nursery() as nursery:
+
+            async def watch_log() -> None:
+                nonlocal seen
+                # A file has no event to wait on: poll it.
+                while "left in flight" not in text_of(log):  # noqa: ASYNC110
+                    await trio.sleep(0.001)
+                seen = True
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_log)
+            await cls._ready(proc, log)
+            nursery.cancel_scope.cancel()
+        daemon = cls(proc, 0, log)
+        await daemon.kill()
+        return seen, daemon.trouble()
+
+    @staticmethod
+    async def _spawn(workdir: Path, config: Path, life: int) -> tuple[trio.Process, Path]:
         log = workdir / f"life-{life:03d}.log"
         # The shell's GATEWAY_* variables would override the test's config.
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
@@ -67,16 +104,21 @@ class Daemon:
                 stdout=subprocess.PIPE,
                 stderr=stderr,
             )
+        return proc, log
+
+    @staticmethod
+    async def _ready(proc: trio.Process, log: Path) -> int:
+        """Read the readiness line; the port."""
         assert proc.stdout is not None
         line = b""
         with trio.fail_after(30):
             while not line.endswith(b"\n"):
                 chunk = await proc.stdout.receive_some(1)
-                assert chunk, f"the gateway exited before its readiness line: {log.read_text()}"
+                assert chunk, f"the gateway exited before its readiness line: {text_of(log)}"
                 line += chunk
         match = READY.fullmatch(line)
         assert match, line
-        return cls(proc, int(match.group(1)), log)
+        return int(match.group(1))
 
     async def kill(self) -> None:
         """SIGKILL, and wait until the process is gone (its locks with it)."""
@@ -87,7 +129,11 @@ class Daemon:
 
     def trouble(self) -> list[str]:
         """The log lines of this life that report a failure (a failed write, a crash)."""
-        return [line for line in self.log.read_text().splitlines() if TROUBLE.search(line)]
+        return [line for line in text_of(self.log).splitlines() if TROUBLE.search(line)]
+
+    def redid_recovery(self) -> bool:
+        """Whether this life closed turns left in flight (its log says so)."""
+        return "left in flight" in text_of(self.log)
 
 
 class RawClient(Client):
