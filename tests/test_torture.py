@@ -380,6 +380,10 @@ async def check_resume(ledger: Ledger, daemon: Daemon, point: Point, where: str)
     client = point.client
     assert client is not None
     async with httpx.AsyncClient(base_url=daemon.base) as http:
+        r = await http.get(f"/sessions/{point.sid}")
+        if r.status_code != 200:  # the symptom: the session is gone after the restart
+            ledger.check(False, f"{where}: GET /sessions/{point.sid} is {r.status_code}")
+            return
         async with open_ws(await ws_url(http, point.sid)) as ws:
             resumed = RawClient(ws, point.sid)
             resumed.reducer, resumed.events = client.reducer, list(client.events)
@@ -453,6 +457,8 @@ async def test_kill_9_at_any_instant_loses_nothing_a_client_was_shown(tmp_path: 
                 idle.append(point.sid)
     finally:
         await daemon.kill()
+        if ledger.violations:  # an exception may be on its way: say what was found before it
+            print("\nviolations so far:\n" + "\n".join(ledger.violations[:20]))
     for line in daemon.trouble():
         ledger.check(False, f"life {tally.lives}: {line}")
     ledger.check_file(StoreFile.read(db), "at the end")
