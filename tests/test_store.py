@@ -594,3 +594,31 @@ async def test_an_unknown_schema_version_is_a_store_error(db_path: str) -> None:
 async def test_memory_is_refused() -> None:
     with pytest.raises(StoreError, match="needs a file"):
         await SqliteStore(":memory:").open()
+
+
+async def test_a_database_error_that_is_no_rows_fault_holds_the_batch(
+    db_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A corrupt or unreadable file is not "a bad row": nothing is skipped, nothing reported."""
+    store = SqliteStore(db_path)
+    await store.open()
+    db: Any = store._database()
+    real_write = db.write
+    failing = True
+
+    def write(batch: Any) -> None:
+        if failing:
+            raise StoreError("corrupt") from sqlite3.DatabaseError(
+                "database disk image is malformed"
+            )
+        real_write(batch)
+
+    monkeypatch.setattr(db, "write", write)
+    store.put_event(event(1))
+    with trio.move_on_after(0.3):
+        await store.flush()
+    assert store.committed == 0  # held, not skipped
+    failing = False
+    await store.flush()
+    assert [e.seq for e in await store.events_after(["sess_a"], 0, 10)] == [1]
+    await store.aclose()

@@ -29,10 +29,12 @@ Decisions where the contract is silent:
   shown is durable). A transient failure (``SQLITE_BUSY``, a full disk, an I/O
   error: ``sqlite3.OperationalError``) is retried with backoff (0.05 s doubling
   to 5 s) until it lands; everything after it waits, in order. A batch that
-  fails for any other reason (a row the schema refuses: a gateway bug) is
-  written row by row, each refused row logged and skipped, so one bad row
-  costs only itself. Each failure is reported to ``on_write_error``. Puts after
-  :meth:`SqliteStore.aclose` raise: a write that cannot land must be loud.
+  fails because a row breaks a constraint (a gateway bug) is written row by
+  row, each refused row logged and skipped, so one bad row costs only itself.
+  Any other failure (a corrupt file included) holds the batch and is retried:
+  nothing is ever reported committed that is not. Each failure is reported to
+  ``on_write_error``. Puts after :meth:`SqliteStore.aclose` raise: a write
+  that cannot land must be loud.
 - Writes run on a thread limiter of their own, so a write never queues
   behind other blocking work of the process (file tools, path look-ups).
 - ``":memory:"`` is refused: each of the two connections would get its own
@@ -61,6 +63,9 @@ RETRY_MAX_S = 5.0  # ...up to this
 CLOSE_RETRY_S = 10.0  # how long a closing store keeps retrying what is left
 
 _T = TypeVar("_T")
+# Errors that are one row's fault: that row is skipped. Any other failure (a busy
+# or full or corrupt database) holds the whole batch, retried until it lands.
+_ROW_ERRORS = (sqlite3.IntegrityError, sqlite3.DataError)
 
 # Version 2 (PROTOCOL section 9): a session remembers the turn in flight, so a
 # restart finds the turns to close without scanning events; workers are found
@@ -330,9 +335,7 @@ class _Database:
                 w.execute("SAVEPOINT row")
                 try:
                     w.execute(sql, args)
-                except sqlite3.OperationalError:
-                    raise  # transient after all: the whole batch is retried
-                except sqlite3.Error as exc:
+                except _ROW_ERRORS as exc:
                     w.execute("ROLLBACK TO row")
                     refused.append(f"{what}: {exc}")
                 w.execute("RELEASE row")
@@ -687,9 +690,12 @@ class SqliteStore:
                 return
             except StoreError as exc:
                 self._report(exc)
-                if not isinstance(exc.__cause__, sqlite3.OperationalError):
-                    await self._write_rows(db, batch)
-                    return
+                if isinstance(exc.__cause__, _ROW_ERRORS):  # a row the schema refuses
+                    try:
+                        await self._write_rows(db, batch)
+                        return
+                    except StoreError as again:  # anything else: held, and retried
+                        self._report(again)
             await trio.sleep(delay)  # cancellable: the caller decides how long to insist
             delay = min(delay * 2, RETRY_MAX_S)
 
