@@ -30,6 +30,20 @@ from gateway.protocol.events import Event
 from gateway.protocol.frames import EventFrame
 from gateway.server.app import Gateway
 
+# One tool turn (PROTOCOL section 7): thinking, text and a tool, then text.
+TOOL_SCRIPT = {
+    "script": {
+        "rounds": [
+            [
+                {"thinking": "Let me check."},
+                {"text": "Running it now."},
+                {"tool_use": {"name": "sleep", "input": {"seconds": 0.01}}},
+            ],
+            [{"text": "All done."}],
+        ]
+    }
+}
+
 
 def make_config(tmp_path: Path, **overrides: Any) -> Config:
     """A config on port 0 with the store in ``tmp_path``; ``overrides`` by dotted key."""

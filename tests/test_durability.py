@@ -19,20 +19,7 @@ import trio
 
 from gateway.protocol.events import CATALOG_TYPES
 from gateway.protocol.frames import EventFrame, Snapshot
-from tests.conftest import Harness, make_config, running_gateway, types
-
-TOOL_TURN = {
-    "script": {
-        "rounds": [
-            [
-                {"thinking": "Let me check."},
-                {"text": "Running it now."},
-                {"tool_use": {"name": "sleep", "input": {"seconds": 0.01}}},
-            ],
-            [{"text": "All done."}],
-        ]
-    }
-}
+from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway, types
 
 
 def committed_ids(path: str) -> set[str]:
@@ -50,7 +37,7 @@ async def test_every_catalog_event_is_committed_before_a_client_gets_it(tmp_path
         sid = await gw.create_session()
         async with gw.client(sid) as client:
             await client.subscribe()
-            await gw.submit(sid, TOOL_TURN)
+            await gw.submit(sid, TOOL_SCRIPT)
             checked = 0
             with trio.fail_after(10):
                 while True:
@@ -85,7 +72,7 @@ async def test_a_stalled_store_holds_the_stream_and_loses_nothing(tmp_path: Path
             db.write = stalled_write
             async with trio.open_nursery() as nursery:
                 # POST .../turns answers once the turn is durable: not yet.
-                nursery.start_soon(gw.submit, sid, TOOL_TURN)
+                nursery.start_soon(gw.submit, sid, TOOL_SCRIPT)
                 with trio.move_on_after(0.3):
                     await client.recv()
                     raise AssertionError("an event reached a client before its commit")

@@ -27,20 +27,7 @@ from gateway.providers.scripted import ScriptedProvider
 from gateway.session.session import Session
 from gateway.tools.registry import ToolRegistry
 from gateway.translate import Translator
-from tests.conftest import Client, Harness, make_config, running_gateway, types
-
-TOOL_TURN = {
-    "script": {
-        "rounds": [
-            [
-                {"thinking": "Let me check."},
-                {"text": "Running it now."},
-                {"tool_use": {"name": "sleep", "input": {"seconds": 0.01}}},
-            ],
-            [{"text": "All done."}],
-        ]
-    }
-}
+from tests.conftest import TOOL_SCRIPT, Client, Harness, make_config, running_gateway, types
 
 
 class FaultyProvider:
@@ -97,7 +84,7 @@ async def run_both(
     got: dict[str, list[Event]] = {}
 
     async def one(client: Client, sid: str) -> None:
-        await gw.submit(sid, TOOL_TURN)
+        await gw.submit(sid, TOOL_SCRIPT)
         got[sid] = await client.until_turn_ends()
 
     with trio.fail_after(20):
@@ -243,7 +230,7 @@ async def test_a_tool_registry_that_raises(fgw: Harness, monkeypatch: pytest.Mon
     async with fgw.client(sid) as a:
         await a.subscribe()
         inject(fgw, sid)
-        await fgw.submit(sid, TOOL_TURN)
+        await fgw.submit(sid, TOOL_SCRIPT)
         with trio.fail_after(10):
             events = await a.until_turn_ends()
     failed = next(e for e in events if e.type == "tool.failed")
@@ -285,7 +272,7 @@ async def test_a_hub_that_raises_loses_the_session_nothing(
     before = await failures(fgw)
     async with fgw.client(sid) as a:
         await a.subscribe()
-        await fgw.submit(sid, TOOL_TURN)
+        await fgw.submit(sid, TOOL_SCRIPT)
         with trio.fail_after(10):
             events = await a.until_turn_ends()
     assert "tool.called" not in types(events)  # that batch was lost to this client...
@@ -378,7 +365,7 @@ async def test_a_subscriber_that_raises_costs_the_others_nothing(fgw: Harness) -
     fgw.node.sessions[sid].hub.subscribe(broken, resolve_filter("preset:full")[1])
     async with fgw.client(sid) as client:
         await client.subscribe()
-        await fgw.submit(sid, TOOL_TURN)
+        await fgw.submit(sid, TOOL_SCRIPT)
         with trio.fail_after(10):
             events = await client.until_turn_ends()
     assert events[0].type == "turn.started" and events[-1].payload.stop_reason == "end_turn"

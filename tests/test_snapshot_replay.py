@@ -22,20 +22,16 @@ from gateway.ids import format_event_id, parse_event_id
 from gateway.protocol.events import CATALOG_TYPES, Event
 from gateway.protocol.frames import EventFrame, Snapshot, SubscribeAck, SubscribeError
 from gateway.protocol.shapes import SessionSummary, TextBlock
-from tests.conftest import Client, Harness, make_config, running_gateway, to_builtins, types
+from tests.conftest import (
+    TOOL_SCRIPT,
+    Client,
+    Harness,
+    make_config,
+    running_gateway,
+    to_builtins,
+    types,
+)
 
-TOOL_SCRIPT = {
-    "script": {
-        "rounds": [
-            [
-                {"thinking": "Let me check."},
-                {"text": "Running it now."},
-                {"tool_use": {"name": "sleep", "input": {"seconds": 0.01}}},
-            ],
-            [{"text": "All done."}],
-        ]
-    }
-}
 # About 1 s of text.delta events, one word each: long enough for a second
 # client to join mid-stream, short enough for the suite's budget.
 SLOW_SCRIPT = {"script": {"delay_ms": 5, "rounds": [[{"lorem": 160}]]}}

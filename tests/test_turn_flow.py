@@ -21,20 +21,7 @@ from gateway.protocol.frames import SubscribeAck
 from gateway.protocol.shapes import TextBlock, ThinkingBlock, ToolUseBlock
 from gateway.providers.base import ModelRequest
 from gateway.providers.raw import RawEvent
-from tests.conftest import Harness, make_config, running_gateway, types
-
-TOOL_SCRIPT = {
-    "script": {
-        "rounds": [
-            [
-                {"thinking": "Let me check."},
-                {"text": "Running it now."},
-                {"tool_use": {"name": "sleep", "input": {"seconds": 0.01}}},
-            ],
-            [{"text": "All done."}],
-        ]
-    }
-}
+from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway, types
 
 # PROTOCOL section 7 as a regular expression over event types.
 BLOCK = (
