@@ -8,13 +8,16 @@ event sequence, matched in full against the contract's row.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from gateway.protocol.events import Event
@@ -436,18 +439,77 @@ async def test_cancel_kills_a_shell_commands_whole_process_tree(tmp_path: Path) 
     assert failed.duration_ms is not None
 
 
+# The hard-cancel test's turn streams a word every 10 ms for 120 s: whatever
+# waits on that turn shows as a teardown that takes minutes, not milliseconds.
+LONG_TURN = {"script": {"delay_ms": 10, "rounds": [[{"lorem": 12_000}]]}}
+LONG_TURN_S = 120.0
+PROMPT_S = 10.0  # a failure cap only: the teardown takes some milliseconds
+
+
+def live_tasks() -> list[trio.lowlevel.Task]:
+    """Every task of this run: the root task's children, recursively."""
+    found: list[trio.lowlevel.Task] = []
+    pending = [trio.lowlevel.current_root_task()]
+    while pending:
+        task = pending.pop()
+        for nursery in task.child_nurseries:
+            found += nursery.child_tasks
+            pending += nursery.child_tasks
+    return found
+
+
+GATEWAY_TASKS = ("session ", "agent-loop ", "translator ", "ws")
+
+
+def gateway_task_names() -> list[str]:
+    return sorted(t.name for t in live_tasks() if t.name.startswith(GATEWAY_TASKS))
+
+
 async def test_a_hard_cancel_mid_stream_ends_promptly(tmp_path: Path) -> None:
-    """A crash around a streaming turn tears everything down; nothing waits on a dead task."""
-    crashed = False
-    with trio.fail_after(10):
-        try:
-            async with running_gateway(make_config(tmp_path)) as gw:
+    """A crash around a streaming turn tears everything down at once.
+
+    The crash is the test's own ``RuntimeError`` escaping the gateway's nursery
+    while a turn streams. Teardown is cancellation, not a graceful shutdown:
+    it must not wait for the turn (about two minutes of script left) nor for
+    any grace (set to as long here, so a wait on one shows too), no task of the
+    gateway may outlive the nursery, and the one exception that comes out is
+    the crash itself: nothing raised while tearing down is added to it.
+
+    No cap is put around the teardown: only a shield could make it wait past
+    the cancellation, and no cap cuts through a shield. The turn's own length
+    bounds the wait instead, and the elapsed time is asserted afterwards.
+    """
+    config = make_config(
+        tmp_path,
+        **{"server.shutdown_grace_s": LONG_TURN_S, "stream.close_grace_s": LONG_TURN_S},
+    )
+    before = set(live_tasks())
+    boom = RuntimeError("boom")
+    crashed_at: float | None = None
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with running_gateway(config) as gw:
+            with trio.fail_after(10):  # the setup's cap; the crash leaves this scope
                 sid = await gw.create_session()
                 async with gw.client(sid) as a:
                     await a.subscribe()
-                    await gw.submit(sid, {"script": {"delay_ms": 10, "rounds": [[{"lorem": 500}]]}})
+                    await gw.submit(sid, LONG_TURN)
                     await a.until(lambda e: e.type == "text.delta")
-                    raise RuntimeError("boom")
-        except* RuntimeError:
-            crashed = True
-    assert crashed
+                    await a.until(lambda e: e.type == "text.delta")
+                    # the walk below sees the gateway's tasks, so it is no vacuous check
+                    running = gateway_task_names()
+                    assert any(n.startswith("session ") for n in running), running
+                    assert any(n.startswith("agent-loop ") for n in running), running
+                    assert any(n.startswith("translator ") for n in running), running
+                    crashed_at = trio.current_time()
+                    raise boom
+    elapsed = trio.current_time() - crashed_at if crashed_at is not None else math.inf
+
+    # the crash, and nothing else: no error of the teardown rides along with it
+    group = raised.value
+    assert group.exceptions == (boom,), "".join(traceback.format_exception(group))
+    # promptly: long before the turn could have finished, or any grace run out
+    assert elapsed < PROMPT_S, f"teardown took {elapsed:.1f} s"
+    # no task of the gateway outlives its nursery
+    assert gateway_task_names() == []
+    left = [t.name for t in set(live_tasks()) - before]
+    assert left == [], left

@@ -1,0 +1,329 @@
+"""The import graph of ``gateway``: no cycle, and each layer imports only downwards.
+
+Read from the source with :mod:`ast`, never by importing it: a cycle can make
+an import fail halfway, and this test must still name the cycle then. What
+counts as an import:
+
+- ``import gateway.a.b`` and ``from gateway.a import b`` (``b`` a submodule):
+  an edge to ``gateway.a.b``; ``from gateway.a import name`` (not a module)
+  and ``import gateway.a``: an edge to ``gateway.a``, its ``__init__.py`` if it
+  is a package. Relative imports are resolved against the importing module.
+- Imports inside functions count (they run, only later); imports under
+  ``if TYPE_CHECKING:`` do not (they never run).
+- The parent packages Python also executes on the way (``gateway.a`` for
+  ``gateway.a.b``) are no edges of their own, as in import-linter and pydeps:
+  otherwise every package whose ``__init__`` re-exports a submodule would be
+  a cycle with it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import itertools
+import pkgutil
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = "gateway"
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's target, as written and where."""
+
+    target: str  # the absolute dotted name, ``a.b`` for ``from a import b`` too
+    base: str  # the module part: ``a`` for ``from a import b``, the target for ``import a.b``
+    line: int
+
+
+def package_modules(package: str = PACKAGE) -> dict[str, Path]:
+    """Every module of ``package`` by dotted name, found without importing any of it."""
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.submodule_search_locations, package
+    [root] = spec.submodule_search_locations
+    modules = {package: Path(root) / "__init__.py"}
+
+    def walk(path: Path, prefix: str) -> None:
+        for info in pkgutil.iter_modules([str(path)], prefix):
+            leaf = info.name.rpartition(".")[2]
+            if info.ispkg:
+                modules[info.name] = path / leaf / "__init__.py"
+                walk(path / leaf, info.name + ".")
+            else:
+                modules[info.name] = path / f"{leaf}.py"
+
+    walk(Path(root), package + ".")
+    return modules
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(source: str, module: str, is_package: bool) -> Iterator[Import]:
+    """The imports of one module's source: module level and in functions, not TYPE_CHECKING."""
+    package = module if is_package else module.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> Iterator[Import]:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:  # only the body is for the type checker
+                yield from visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(alias.name, alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                if node.level - 1 >= len(parts):
+                    raise ValueError(f"{module}:{node.lineno}: relative import beyond the top")
+                anchor = ".".join(parts[: len(parts) - (node.level - 1)])
+                base = f"{anchor}.{node.module}" if node.module else anchor
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                yield Import(f"{base}.{alias.name}", base, node.lineno)
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child)
+
+    yield from visit(ast.parse(source))
+
+
+def attribute_uses(source: str, dotted: str) -> list[int]:
+    """Lines that spell ``dotted`` (``trio.testing``) as an attribute chain in code."""
+    head, _, attr = dotted.rpartition(".")
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == attr
+            and ast.unparse(node.value) == head
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+@dataclass
+class Graph:
+    root: Path  # the directory that holds the package
+    modules: dict[str, Path]
+    edges: dict[str, dict[str, int]]  # importer -> imported -> first line
+    external: dict[str, list[tuple[str, int]]]  # importer -> (every import's target, line)
+
+    def resolve(self, imp: Import) -> str | None:
+        """The gateway module an import names, or None if it is outside the package."""
+        if imp.target in self.modules:
+            return imp.target
+        if imp.base in self.modules:
+            return imp.base
+        return None
+
+
+def build_graph(package: str = PACKAGE) -> Graph:
+    modules = package_modules(package)
+    root = modules[package].parent.parent
+    graph = Graph(root, modules, {m: {} for m in modules}, {m: [] for m in modules})
+    for module, path in modules.items():
+        source = path.read_text(encoding="utf-8")
+        for imp in imports_of(source, module, path.name == "__init__.py"):
+            graph.external[module].append((imp.target, imp.line))
+            graph.external[module].append((imp.base, imp.line))
+            target = graph.resolve(imp)
+            if target is not None and target != module:
+                graph.edges[module].setdefault(target, imp.line)
+    return graph
+
+
+def find_cycles(edges: Mapping[str, Sequence[str]]) -> list[list[str]]:
+    """One cycle (``[a, b, a]``) for each strongly connected component that has one.
+
+    Tarjan's algorithm, iterative; each component of two or more modules (or one
+    that imports itself) is reported as the shortest cycle through its first
+    member, found breadth-first inside the component.
+    """
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
+    counter = 0
+    nodes = sorted(set(edges) | {t for ts in edges.values() for t in ts})
+
+    for root in nodes:
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = []
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        work.append((root, iter(sorted(edges.get(root, ())))))
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    components.append(sorted(component))
+
+    cycles = []
+    for component in sorted(components):
+        start = component[0]
+        if len(component) == 1 and start not in edges.get(start, ()):
+            continue
+        members = set(component)
+        came_from: dict[str, str] = {}
+        frontier = [start]
+        found = None
+        while frontier and found is None:
+            nxt = []
+            for node in frontier:
+                for child in sorted(edges.get(node, ())):
+                    if child == start:
+                        found = node
+                        break
+                    if child in members and child not in came_from:
+                        came_from[child] = node
+                        nxt.append(child)
+                if found is not None:
+                    break
+            frontier = nxt
+        assert found is not None, component  # a strongly connected component has a cycle
+        path = [found]
+        while path[-1] != start:
+            path.append(came_from[path[-1]])
+        cycles.append([*reversed(path), start])
+    return cycles
+
+
+def where(graph: Graph, module: str, line: int) -> str:
+    return f"{graph.modules[module].relative_to(graph.root)}:{line}"
+
+
+def describe(cycle: list[str], graph: Graph) -> str:
+    steps = [
+        f"{a} -> {b} ({where(graph, a, graph.edges[a][b])})" for a, b in itertools.pairwise(cycle)
+    ]
+    return " -> ".join(cycle) + "\n    " + "\n    ".join(steps)
+
+
+# --- the cycle finder itself, so the real check cannot pass vacuously -------------------
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle() -> None:
+    assert find_cycles({"a": ["b"], "b": ["a"]}) == [["a", "b", "a"]]
+    assert find_cycles({"a": ["b"], "b": []}) == []
+    assert find_cycles({}) == []
+    assert find_cycles({"a": ["a"]}) == [["a", "a"]]
+    # a diamond is no cycle; a tail into a three-cycle is reported by the cycle alone
+    assert find_cycles({"a": ["b", "c"], "b": ["d"], "c": ["d"], "d": []}) == []
+    tail = {"t": ["x"], "x": ["y"], "y": ["z"], "z": ["x", "w"], "w": []}
+    assert find_cycles(tail) == [["x", "y", "z", "x"]]
+    # two separate cycles, both reported
+    two = {"a": ["b"], "b": ["a", "c"], "c": ["d"], "d": ["c"]}
+    assert find_cycles(two) == [["a", "b", "a"], ["c", "d", "c"]]
+
+
+def test_imports_are_read_as_python_runs_them() -> None:
+    source = """
+from typing import TYPE_CHECKING
+import gateway.session.hub
+from . import hub, helpers
+from ..server import websocket
+from .session import Session
+if TYPE_CHECKING:
+    from gateway.server.app import Gateway
+else:
+    from gateway.config import Config
+def later():
+    from gateway.session.agent import AgentLoop
+"""
+    found = {(i.target, i.base) for i in imports_of(source, "gateway.session.turn", False)}
+    assert found == {
+        ("typing.TYPE_CHECKING", "typing"),
+        ("gateway.session.hub", "gateway.session.hub"),
+        ("gateway.session.hub", "gateway.session"),
+        ("gateway.session.helpers", "gateway.session"),
+        ("gateway.server.websocket", "gateway.server"),
+        ("gateway.session.session.Session", "gateway.session.session"),
+        ("gateway.config.Config", "gateway.config"),
+        ("gateway.session.agent.AgentLoop", "gateway.session.agent"),
+    }
+    # in a package's __init__, "." is the package itself
+    [imp] = imports_of("from .hub import Hub", "gateway.session", True)
+    assert imp.base == "gateway.session.hub"
+
+
+def test_the_walk_sees_the_whole_package() -> None:
+    graph = build_graph()
+    assert {"gateway", "gateway.cli", "gateway.config"} <= set(graph.modules)
+    for layer in ("gateway.session", "gateway.server", "gateway.protocol"):
+        assert sum(m.startswith(layer + ".") for m in graph.modules) >= 2, layer
+    assert sum(len(targets) for targets in graph.edges.values()) > 30
+    assert all(path.is_file() for path in graph.modules.values())
+
+
+# --- the rules ----------------------------------------------------------------------------
+
+
+def test_no_import_cycle_in_gateway() -> None:
+    graph = build_graph()
+    cycles = find_cycles(graph.edges)
+    assert not cycles, "import cycles in gateway/:\n" + "\n".join(
+        describe(c, graph) for c in cycles
+    )
+
+
+def test_session_does_not_import_server() -> None:
+    graph = build_graph()
+    wrong = [
+        f"{module} -> {target} ({where(graph, module, line)})"
+        for module, targets in sorted(graph.edges.items())
+        if module == "gateway.session" or module.startswith("gateway.session.")
+        for target, line in sorted(targets.items())
+        if target == "gateway.server" or target.startswith("gateway.server.")
+    ]
+    assert not wrong, "gateway/session/ imports gateway/server/:\n" + "\n".join(wrong)
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_gateway_uses_no_test_machinery() -> None:
+    """No ``trio.testing`` (imported or reached as ``trio.testing.x``) and no ``tests``."""
+    graph = build_graph()
+    wrong = [
+        f"{where(graph, module, line)}: imports {name}"
+        for module, names in sorted(graph.external.items())
+        for name, line in sorted(set(names))
+        if _under(name, "trio.testing") or _under(name, "tests")
+    ]
+    for module, path in sorted(graph.modules.items()):
+        source = path.read_text(encoding="utf-8")
+        uses = attribute_uses(source, "trio.testing")
+        wrong += [f"{where(graph, module, line)}: uses trio.testing" for line in uses]
+    assert not wrong, "\n".join(wrong)
