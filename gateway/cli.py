@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None
     }
     # Imported here so that a bad command line or config starts nothing at all.
+    from gateway.errors import StartupError
     from gateway.providers.factory import make_provider
-    from gateway.server.app import StartupError, serve
+    from gateway.server.app import serve
 
     try:
         config = load_config(args.config, os.environ, overrides)

@@ -10,7 +10,8 @@ subclass maps to exactly one thing a user sees::
     ├── FrameRejected        an ``error`` frame; the connection stays open (PROTOCOL §3)
     ├── ProviderError        an ``llm.call_failed`` event with its ``error_class`` (PROTOCOL §7)
     ├── ToolError            a ``tool.failed`` event with its ``error_class`` (PROTOCOL §5)
-    └── StoreError           the store could not be opened or written
+    ├── StoreError           the store could not be opened or written
+    └── StartupError         the daemon could not start: one line, exit 1 (RUNNING.md)
 
 Errors are values that the layer above turns into frames, events or statuses;
 none of them ever breaks a stream (PROTOCOL §7: "errors are events").
@@ -77,3 +78,25 @@ class ToolError(GatewayError):
 
 class StoreError(GatewayError):
     """The store could not be opened, read or written."""
+
+
+class StartupError(GatewayError):
+    """The daemon could not start; the message is the one line an operator reads.
+
+    RUNNING.md "Command line": the port is taken, the host is not this
+    machine's, the store cannot be opened. Raised by :func:`gateway.server.app.serve`
+    before the readiness line, never after.
+    """
+
+    @classmethod
+    def within(cls, exc: BaseException) -> StartupError | None:
+        """The StartupError ``exc`` is, or that is all an exception group of them holds."""
+        if isinstance(exc, BaseExceptionGroup):
+            match, rest = exc.split(cls)
+            if match is None or rest is not None:
+                return None
+            leaf: BaseException = match
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            exc = leaf
+        return exc if isinstance(exc, StartupError) else None

@@ -22,7 +22,7 @@ import itertools
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -32,7 +32,6 @@ from gateway.ids import new_attach_token, new_session_id, now_ms
 from gateway.metrics import Metrics
 from gateway.protocol.shapes import Usage
 from gateway.providers.base import Provider
-from gateway.session.hub import Subscriber
 from gateway.session.recovery import close_interrupted
 from gateway.session.sequencer import EventSequencer
 from gateway.session.session import Session
@@ -84,6 +83,14 @@ class AttachTokens:
             raise ApiError(403, "attach_token_expired", "the attach token has expired")
 
 
+class Connection(Protocol):
+    """An open stream connection, as shutdown sees it (gateway.server.connection)."""
+
+    def request_close(self, code: str) -> None:
+        """Close with the close named ``code`` (gateway.protocol.closes)."""
+        ...
+
+
 class Node:
     """One gateway daemon's sessions and shared services."""
 
@@ -102,7 +109,7 @@ class Node:
         self.metrics = metrics or Metrics()
         self.tokens = AttachTokens(config.stream.attach_token_ttl_s)
         self.sessions: dict[str, Session] = {}
-        self.connections: set[Any] = set()  # open stream connections (closed with 1001 on shutdown)
+        self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)
         self.sequencer: EventSequencer
         self.retention_floor = 0
         self.shutting_down = False
@@ -347,12 +354,3 @@ class Node:
             ) / 1_000_000
 
         return cost
-
-    def slow_client(self, sub: Subscriber) -> None:
-        """The slow-client rule (PROTOCOL section 3), applied after a fan-out, never during one.
-
-        The subscriber unsubscribes itself, its session emits
-        ``bus.handler_warning`` and the connection is closed with 1008; other
-        clients of the session are unaffected.
-        """
-        sub.overflowed()

@@ -16,11 +16,10 @@ from gateway.ids import format_event_id
 from gateway.protocol.events import Event, TextDelta
 from gateway.protocol.filters import Filter, resolve_filter
 from gateway.protocol.frames import EventFrame, encode
+from gateway.protocol.framing import event_frame, text_frame
 from gateway.protocol.shapes import Message, TextBlock
-from gateway.server.stream import Heartbeat
-from gateway.server.websocket import text_frame
+from gateway.server.connection import Heartbeat
 from gateway.session.hub import Emitted, FrameBatch, Hub
-from gateway.session.session import event_frame
 from gateway.session.turn import IllegalPhase, Turn
 
 

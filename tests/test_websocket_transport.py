@@ -34,7 +34,8 @@ from wsproto.events import (
 )
 from wsproto.utilities import generate_accept_token
 
-from gateway.protocol.frames import close_reason
+from gateway.protocol.closes import close_reason
+from gateway.protocol.framing import text_frame
 from gateway.server.http import (
     HttpLimits,
     Request,
@@ -43,7 +44,7 @@ from gateway.server.http import (
     error_response,
     serve_connection,
 )
-from gateway.server.websocket import IDLE, ConnectionClosed, WebSocket, text_frame
+from gateway.server.websocket import IDLE, ConnectionClosed, WebSocket
 
 # --- text_frame --------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The socket's bytes belong to the WebSocket: whoever writes, frames never interleave.
 
 Issue items 4 and 5 (PROTOCOL section 3). The property test runs ONE
-:class:`~gateway.server.stream.StreamConnection` of a real node over a fake
+:class:`~gateway.server.connection.StreamConnection` of a real node over a fake
 socket (:class:`Wire`) whose kernel buffer takes exactly as many bytes as
 hypothesis lets it: every write, the hub's direct one as much as the
 writer's and the reader's, comes up short (0 or partial) whenever the drawn
@@ -50,10 +50,10 @@ from wsproto.events import (
 )
 
 from gateway.node import Node
+from gateway.protocol.closes import CLOSES
 from gateway.protocol.events import TextDelta
-from gateway.protocol.frames import CLOSES
 from gateway.providers.scripted import ScriptedProvider
-from gateway.server.stream import StreamConnection
+from gateway.server.connection import StreamConnection
 from gateway.server.websocket import WebSocket
 from gateway.session.hub import Emitted, Subscriber
 from gateway.session.session import Session
@@ -295,6 +295,7 @@ class Rig:
             try:
                 await conn.run()
             finally:
+                self.node.connections.discard(conn)
                 await trio.aclose_forcefully(stream)
                 ended.set()
 
@@ -324,7 +325,7 @@ async def rig(tmp_path: Path, **overrides: Any) -> AsyncIterator[Rig]:
             def spy(events: list[Emitted], now: float, *, from_worker: bool = False) -> Any:
                 # Who may get each fan-out: subscribed, no close decided, not closed.
                 live = {
-                    c: c.key is not None and c.closing is None and not c.ws.closed
+                    c: c.subscribed and c.closing is None and not c.ws.closed
                     for c in node.connections
                 }
                 r.fanned_out.append((events, live))
@@ -368,7 +369,9 @@ async def settle(r: Rig, peers: list[Peer], conns: list[StreamConnection]) -> No
             peer.parse()
         await trio.testing.wait_all_tasks_blocked()
         busy = any(
-            c in r.node.connections and (c.queued or c.ws.owes or c._writer_running) for c in conns
+            c in r.node.connections
+            and (c.outbound.queued or c.ws.owes or c.outbound._writer_running)
+            for c in conns
         )
         if not busy and sent == [len(p.wire.out) for p in peers]:
             return
@@ -629,9 +632,9 @@ async def test_a_connection_reported_again_is_closed_once(
         conn, peer = r.connect(room=1 << 20)
         peer.send_json({"type": "subscribe", "filter": "preset:full", "since": None})
         await trio.testing.wait_all_tasks_blocked()
-        r.node.slow_client(conn)
-        r.node.slow_client(conn)
-        conn.overflowed()
+        conn.outbound.overflowed()
+        conn.outbound.overflowed()
+        conn.outbound.overflowed()
         await settle(r, [peer], [conn])
         assert len(warnings(r.session)) == 1
         assert r.node.metrics.slow_clients._value.get() == 1

@@ -27,7 +27,7 @@ from gateway.protocol.frames import EventFrame
 from tests.conftest import Client
 
 READY = re.compile(rb"gateway listening on http://127\.0\.0\.1:(\d+)\n")
-EVENT_HEAD = '{"type":"event","event":'  # the splice of gateway.session.session.event_frame
+EVENT_HEAD = '{"type":"event","event":'  # the splice of gateway.protocol.framing.event_frame
 # GATEWAY_TORTURE_NICE=19: the daemon runs niced, as on a busy machine (with other load).
 NICE = (
     ["nice", "-n", os.environ["GATEWAY_TORTURE_NICE"]]

@@ -63,8 +63,8 @@ from trio_websocket import (
 )
 
 from gateway.errors import FrameRejected
+from gateway.protocol.closes import CLOSES
 from gateway.protocol.frames import (
-    CLOSES,
     ErrorFrame,
     EventFrame,
     Ping,
@@ -80,7 +80,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
-RESUMABLE = {code for code, (_, _, reconnect) in CLOSES.items() if reconnect}
+RESUMABLE = {name for name, close in CLOSES.items() if close.reconnect}
 # Close codes that say "try again" when the reason names no code of CLOSES:
 # going away, closed without a close frame, internal error, restart, try later.
 _RESUMABLE_WS_CODES = frozenset({1001, 1006, 1011, 1012, 1013, 1014})

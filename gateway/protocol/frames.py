@@ -8,7 +8,6 @@ schema is ``invalid_frame`` with msgspec's description of the field at fault.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 import msgspec
@@ -90,28 +89,6 @@ class ErrorFrame(msgspec.Struct, tag="error", tag_field="type"):
 ServerFrame = SubscribeAck | SubscribeError | Snapshot | EventFrame | Ping | Pong | ErrorFrame
 
 
-# --- close codes -------------------------------------------------------------
-
-
-class CloseReason(msgspec.Struct):
-    """The JSON close reason ``{"code", "message"}`` (PROTOCOL section 3)."""
-
-    code: str
-    message: str
-
-
-# code -> (WebSocket close code, message, should the client reconnect?)
-CLOSES: dict[str, tuple[int, str, bool]] = {
-    "normal": (1000, "Closing.", False),
-    "shutdown": (1001, "The gateway is shutting down.", True),
-    "heartbeat_timeout": (1001, "No pong to the last pings.", True),
-    "client_too_slow": (1008, "Outbound queue overflowed; reconnect with replay.", True),
-    "subscribe_timeout": (1008, "No subscribe frame in time.", True),
-    "frame_too_large": (1009, "Client frame exceeds max_client_frame_bytes.", False),
-    "internal_error": (1011, "Internal error.", True),
-}
-
-
 # --- codec -------------------------------------------------------------------
 
 _encoder = msgspec.json.Encoder()
@@ -167,9 +144,3 @@ def decode_client_frame(data: bytes | str) -> ClientFrame:
 
 
 _TOO_DEEP = "frame is nested too deeply to decode"
-
-
-def close_reason(code: str, message: str | None = None) -> tuple[int, str]:
-    """The WebSocket close code and JSON reason text for a close ``code``."""
-    ws_code, default_message, _ = CLOSES[code]
-    return ws_code, json.dumps({"code": code, "message": message or default_message})

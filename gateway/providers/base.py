@@ -14,7 +14,7 @@ or a raised ``ProviderError``, and the translator closes what was open.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 import msgspec
@@ -46,7 +46,7 @@ class Provider(Protocol):
 
     name: str
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[RawEvent]:
+    def stream(self, request: ModelRequest) -> AsyncGenerator[RawEvent, None]:
         """Stream the raw events of one call.
 
         Raises:

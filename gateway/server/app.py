@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from gateway.config import Config
-from gateway.errors import GatewayError, StoreError
+from gateway.errors import StartupError, StoreError
 from gateway.node import Node
 from gateway.providers.base import Provider
 from gateway.providers.factory import make_provider
@@ -116,28 +116,6 @@ class Gateway:
             while self.node.connections:
                 await self.node.changed()
         conns.cancel_scope.cancel()
-
-
-class StartupError(GatewayError):
-    """The daemon could not start; the message is the one line an operator reads.
-
-    RUNNING.md "Command line": the port is taken, the host is not this
-    machine's, the store cannot be opened. Raised by :func:`serve` before the
-    readiness line, never after.
-    """
-
-    @classmethod
-    def within(cls, exc: BaseException) -> StartupError | None:
-        """The StartupError ``exc`` is, or that is all an exception group of them holds."""
-        if isinstance(exc, BaseExceptionGroup):
-            match, rest = exc.split(cls)
-            if match is None or rest is not None:
-                return None
-            leaf: BaseException = match
-            while isinstance(leaf, BaseExceptionGroup):
-                leaf = leaf.exceptions[0]
-            exc = leaf
-        return exc if isinstance(exc, StartupError) else None
 
 
 async def serve(config: Config, provider: Provider | None = None) -> None:

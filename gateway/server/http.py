@@ -46,7 +46,7 @@ import trio
 from wsproto.utilities import generate_accept_token
 
 from gateway.errors import ApiError
-from gateway.protocol.frames import close_reason
+from gateway.protocol.closes import close_reason
 from gateway.server.websocket import ConnectionClosed, WebSocket
 
 _log = logging.getLogger("gateway.http")

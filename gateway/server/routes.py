@@ -24,12 +24,13 @@ import msgspec
 from gateway.errors import ApiError
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.metrics import CONTENT_TYPE
+from gateway.node import Node
 from gateway.protocol.events import FeedbackRecorded
 from gateway.protocol.shapes import ContentBlock, Message, SessionSummary, TextBlock
+from gateway.server.connection import StreamConnection
 from gateway.server.http import Request, Response, WebSocketAccept, json_response
-from gateway.server.stream import StreamConnection
 from gateway.server.websocket import WebSocket
-from gateway.session.session import Session
+from gateway.session.session import Session, summary_of
 
 # --- bodies -------------------------------------------------------------------
 
@@ -116,7 +117,7 @@ _ID = r"([A-Za-z0-9_\-]+)"
 class Api:
     """The route table and the handlers, over one :class:`~gateway.node.Node`."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         self.config = node.config
         self.routes: list[tuple[re.Pattern[str], dict[str, Route], str]] = []
@@ -205,7 +206,7 @@ class Api:
         listings = []
         for rec in records:
             live = self.node.sessions.get(rec.id)
-            summary = live.summary() if live else _summary_of(rec)
+            summary = live.summary() if live else summary_of(rec)
             listings.append(SessionListing(summary, rec.created_at, rec.metadata))
         return json_response(200, SessionList(listings, has_more))
 
@@ -287,7 +288,11 @@ class Api:
         async def run(ws: WebSocket) -> None:
             conn = StreamConnection(session, ws)
             self.node.connections.add(conn)
-            await conn.run()
+            try:
+                await conn.run()
+            finally:
+                self.node.connections.discard(conn)
+                self.node.notify()  # shutdown waits for the connections to close
 
         return WebSocketAccept(run)
 
@@ -341,17 +346,3 @@ def _user_content(content: str | list[ContentBlock]) -> list[ContentBlock]:
                 f"user content blocks must be text, got {b.__struct_config__.tag!r}",
             )
     return blocks
-
-
-def _summary_of(rec: Any) -> SessionSummary:
-    return SessionSummary(
-        id=rec.id,
-        workspace_path=rec.workspace_path,
-        active_model=rec.active_model,
-        routing_policy_version=rec.routing_policy_version,
-        cost_so_far_usd=rec.cost_so_far_usd,
-        turn_count=rec.turn_count,
-        current_turn_id=None,
-        current_turn_status=None,
-        parent_session_id=rec.parent_session_id,
-    )

@@ -1,11 +1,11 @@
 """One server-side WebSocket over a trio stream, after the HTTP upgrade (PROTOCOL section 3).
 
 wsproto parses what the client sends and frames our control frames (pong,
-close). Data frames go the other way round: :func:`text_frame` builds a frame
-once per event and the same bytes are written to every subscriber, so the hot
-path never frames per client. That is also why no extension is negotiated: with
-permessage-deflate each connection would need its own compressor state and its
-own copy of every frame.
+close). Data frames go the other way round: :mod:`gateway.protocol.framing`
+builds a frame once per event and the same bytes are written to every
+subscriber, so the hot path never frames per client. That is also why no
+extension is negotiated: with permessage-deflate each connection would need its
+own compressor state and its own copy of every frame.
 
 **The socket's bytes belong to this object.** Whatever writes (the hub's
 direct write, the writer task, the reader's pong, a close), nothing is written
@@ -53,7 +53,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import struct
 from collections.abc import AsyncIterator, Callable
 from typing import Final
 
@@ -62,39 +61,13 @@ from wsproto.connection import Connection, ConnectionState, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection, Event, Ping, TextMessage
 
 from gateway.errors import GatewayError
-from gateway.protocol.frames import close_reason
+from gateway.protocol.closes import close_reason
 
 RECEIVE_BYTES = 65536
 """How much one ``receive_some`` may read: bounds what one read can buffer."""
 
 _ABNORMAL_CLOSURE = 1006  # RFC 6455 section 7.1.5: closed without a close frame
 _CLOSE_GRACE_S = 5.0  # how long a 1009 close or the echo of the peer's close may take
-
-_LENGTH_7 = struct.Struct("!BB")
-_LENGTH_16 = struct.Struct("!BBH")
-_LENGTH_64 = struct.Struct("!BBQ")
-_FIN_TEXT = 0x81  # FIN bit | opcode 1 (text)
-
-
-def text_frame(payload: bytes) -> bytes:
-    """A complete unmasked server-to-client text frame around ``payload`` (RFC 6455 section 5.2).
-
-    Built once per event and shared by every connection (no per-client framing).
-
-    Args:
-        payload: UTF-8 text, typically one JSON server frame (PROTOCOL section 3).
-
-    Returns:
-        FIN + opcode 1, the 7, 16 or 64-bit length, then ``payload``.
-    """
-    size = len(payload)
-    if size < 126:
-        header = _LENGTH_7.pack(_FIN_TEXT, size)
-    elif size < 65536:
-        header = _LENGTH_16.pack(_FIN_TEXT, 126, size)
-    else:
-        header = _LENGTH_64.pack(_FIN_TEXT, 127, size)
-    return header + payload
 
 
 class Idle:
@@ -248,7 +221,7 @@ class WebSocket:
         return data
 
     async def send_all(self, data: bytes) -> None:
-        """Write already-framed bytes (one or many :func:`text_frame` joined) in one write.
+        """Write already-framed bytes (one or many text frames joined) in one write.
 
         Raises:
             ConnectionClosed: a close frame was already sent or received, or the

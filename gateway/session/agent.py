@@ -7,17 +7,15 @@ tools run concurrently in the batch's nursery. Whatever ends the turn, exactly
 one of ``turn.completed`` or ``turn.cancelled`` closes it, and the turn lock is
 released in the same step.
 
-Cancellation (PROTOCOL section 8) takes one path whatever asked for it (a
-``cancel`` frame, the HTTP route, the timeout, shutdown): ``Turn.request_cancel``
-cancels the turn's scope, and the turn's phase (:mod:`gateway.session.turn`)
-decides the sequence:
+Whatever ends a turn early, :mod:`gateway.session.cancel` holds the sequence
+it ends with: the three cancel sequences of PROTOCOL section 8 (by the turn's
+phase) and the crash sequence.
 
-- ``llm``: the translator closes the open blocks and emits ``message.complete``
-  (``cancelled``); then ``llm.call_failed`` (``cancelled``), ``turn.cancelled``.
-- ``seam``: each tool that has not entered execution emits ``tool.failed``
-  (``cancelled``); then ``turn.cancelled``.
-- ``tools``: each tool, running or not yet started, emits ``tool.failed``
-  (``cancelled``) from its own task; then ``turn.cancelled``.
+The loop works through a narrow view of its session (:class:`TurnHost`) and
+of its node (:class:`AgentServices`): it emits, records messages and the
+session record, and hands the LLM call in flight to the session's
+:class:`~gateway.session.call.CallStream`; nothing else of the session is its
+business.
 
 Failures are contained where they happen: a tool that raises anything is a
 ``tool.failed`` (``error``); a provider that raises anything is an
@@ -34,24 +32,27 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
+from gateway.config import Config
 from gateway.errors import ProviderError, ToolError
-from gateway.ids import new_call_id, new_message_id, new_perm_id, now_ms
+from gateway.ids import new_call_id, new_message_id, now_ms
 from gateway.protocol.events import (
     LlmCallCompleted,
     LlmCallFailed,
     LlmCallStarted,
+    Payload,
     PermissionRequested,
     PermissionResolved,
     RouteDecided,
+    StreamEvent,
     ToolCalled,
     ToolCompleted,
     ToolFailed,
-    TurnCancelled,
     TurnCompleted,
     TurnStarted,
 )
@@ -63,25 +64,81 @@ from gateway.protocol.shapes import (
     ToolUseBlock,
     Usage,
 )
-from gateway.providers.base import ModelRequest
-from gateway.session.session import Call, CancelCall, EndCall, PermissionRequest
+from gateway.providers.base import ModelRequest, Provider
+from gateway.session import cancel
+from gateway.session.call import Call, CallStream, Completion, EndCall
+from gateway.session.hub import Emitted
+from gateway.session.permissions import Permissions
 from gateway.session.turn import Turn
-from gateway.tools.registry import ToolContext
+from gateway.store.base import SessionRecord
+from gateway.tools.registry import ToolContext, ToolRegistry, ToolSession
 from gateway.translate import Translator
 
-if TYPE_CHECKING:
-    from gateway.session.session import Session
-
 log = logging.getLogger("gateway.agent")
+
+
+class AgentServices(Protocol):
+    """What the agent loop uses of its node: config, provider, tools, pricing, the store's pace."""
+
+    config: Config
+    provider: Provider
+    tools: ToolRegistry
+
+    def pricing(self, model: str) -> Callable[[Usage], float | None]:
+        """``cost_usd`` of a usage on ``model``."""
+        ...
+
+    def notify(self) -> None:
+        """A turn ended (shutdown waits for that)."""
+        ...
+
+    async def wait_durable(self) -> None:
+        """Return once everything emitted so far is committed."""
+        ...
+
+
+class TurnHost(ToolSession, Protocol):
+    """The agent loop's narrow view of its session (module docstring)."""
+
+    record: SessionRecord
+
+    @property
+    def messages(self) -> Sequence[Message]: ...
+
+    @property
+    def permissions(self) -> Permissions: ...
+
+    @property
+    def calls(self) -> CallStream: ...
+
+    def emit(self, payloads: Iterable[Payload | StreamEvent], turn_id: str | None) -> list[Emitted]:
+        """Emit a batch of events in the session's stream."""
+        ...
+
+    def add_message(self, message: Message, completion: Completion | None = None) -> None:
+        """Append or replace a message of the conversation."""
+        ...
+
+    def save_record(self) -> None:
+        """Store the session record (turn count, cost, the turn in flight)."""
+        ...
+
+    def end_turn(self, turn: Turn) -> None:
+        """Release the turn lock."""
+        ...
+
+    def failed(self, component: str, exc: BaseException, turn_id: str | None = None) -> None:
+        """Log and count a failure caught at the session's boundary."""
+        ...
 
 
 class AgentLoop:
     """Runs the turns of one session, one at a time."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: TurnHost, node: AgentServices) -> None:
         self.s = session
-        self.node = session.node
-        self.current: tuple[Turn, _TurnState] | None = None  # the turn in flight
+        self.node = node
+        self.current: tuple[Turn, TurnState] | None = None  # the turn in flight
 
     async def run(self, turns: trio.MemoryReceiveChannel[Turn]) -> None:
         async for turn in turns:
@@ -91,11 +148,11 @@ class AgentLoop:
         """Close the turn in flight after the session's tasks failed (Session.run)."""
         current, self.current = self.current, None
         if current is not None and current[0].in_flight:
-            self._crash_sequence(*current)
+            cancel.crash_sequence(self, *current)
 
     async def run_turn(self, turn: Turn) -> None:
         s = self.s
-        state = _TurnState()
+        state = TurnState()
         self.current = (turn, state)
         timeout = self.node.config.turns.timeout_s
         turn.cancel_scope.deadline = trio.current_time() + timeout
@@ -103,7 +160,7 @@ class AgentLoop:
             with turn.cancel_scope:
                 self._start(turn)
                 stop_reason = await self._turn_body(turn, state)
-                self._finish(turn, state, stop_reason)
+                self.finish(turn, state, stop_reason)
         except Exception as exc:  # a gateway bug: closed below, as a provider error
             s.failed("agent-loop", exc, turn.id)
         finally:
@@ -116,11 +173,11 @@ class AgentLoop:
                     if turn.cancel_reason is None:
                         timed_out = trio.current_time() >= turn.cancel_scope.deadline
                         turn.cancel_reason = "timeout" if timed_out else "shutdown"
-                    self._cancel_sequence(turn, state)  # synchronous: nothing to shield
+                    cancel.cancel_sequence(self, turn, state)  # synchronous: nothing to shield
                 else:  # a crash: still close the turn for every client
-                    self._crash_sequence(turn, state)
+                    cancel.crash_sequence(self, turn, state)
             elif not state.ended:  # closed, but its last event was lost to a failure
-                self._emit_terminal(turn, state, "error")
+                self.emit_terminal(turn, state, "error")
 
     def _start(self, turn: Turn) -> None:
         s = self.s
@@ -138,7 +195,7 @@ class AgentLoop:
 
     # --- the turn ------------------------------------------------------------
 
-    async def _turn_body(self, turn: Turn, state: _TurnState) -> StopReason:
+    async def _turn_body(self, turn: Turn, state: TurnState) -> StopReason:
         while True:
             # The loop does not run ahead of the store by more than a round:
             # what it emitted is committed and on its way to the clients before
@@ -148,7 +205,7 @@ class AgentLoop:
             turn.enter("llm")
             call = await self._call_model(turn, state)
             if call.error_class is not None:
-                self._call_failed(turn, state, call)
+                self.call_failed(turn, state, call)
                 return "error"
             message = call.translator.message
             assert message is not None and call.translator.stop_reason is not None
@@ -168,7 +225,7 @@ class AgentLoop:
             state.pending_tools = tool_uses
             await self._run_tools(turn, state, tool_uses)
 
-    async def _call_model(self, turn: Turn, state: _TurnState) -> Call:
+    async def _call_model(self, turn: Turn, state: TurnState) -> Call:
         s = self.s
         model = s.record.active_model
         state.call_id = new_call_id()
@@ -183,7 +240,8 @@ class AgentLoop:
                 pricing=self.node.pricing(model),
             ),
         )
-        s.call = state.call = call
+        s.calls.start(call)
+        state.call = call
         request = ModelRequest(
             model=model,
             messages=[m for m in s.messages if m.status != "in_progress"],
@@ -195,7 +253,7 @@ class AgentLoop:
                 async for raw in stream:
                     if call.done.is_set():  # the translation failed: nobody listens
                         break
-                    await s.feed(raw)
+                    await s.calls.feed(raw)
         except ProviderError as exc:
             end = EndCall(exc.error_class, exc.message)
         except Exception as exc:  # a provider's bug is that call's failure, not the turn's
@@ -205,11 +263,11 @@ class AgentLoop:
             end = EndCall()
         # The stream is over: settling it is synchronous, so a cancel cannot
         # land between the last event and the call's end.
-        s.settle(end)
+        s.calls.settle(end)
         state.usage += call.translator.usage
         return call
 
-    def _call_failed(self, turn: Turn, state: _TurnState, call: Call) -> None:
+    def call_failed(self, turn: Turn, state: TurnState, call: Call) -> None:
         message = call.translator.message
         self.s.emit(
             [
@@ -225,9 +283,7 @@ class AgentLoop:
 
     # --- tools -----------------------------------------------------------------
 
-    async def _run_tools(
-        self, turn: Turn, state: _TurnState, tool_uses: list[ToolUseBlock]
-    ) -> None:
+    async def _run_tools(self, turn: Turn, state: TurnState, tool_uses: list[ToolUseBlock]) -> None:
         """The tool batch: every call of the message concurrently, in the batch's nursery.
 
         The turn stays at the seam until the first tool enters execution; a
@@ -242,7 +298,7 @@ class AgentLoop:
                 )
         state.results_message = None
 
-    async def _run_tool(self, turn: Turn, state: _TurnState, block: ToolUseBlock) -> None:
+    async def _run_tool(self, turn: Turn, state: TurnState, block: ToolUseBlock) -> None:
         s = self.s
         ctx = ToolContext(
             session_id=s.id,
@@ -250,7 +306,7 @@ class AgentLoop:
             tool_use_id=block.id,
             workspace_path=s.record.workspace_path,
             kill_grace_s=self.node.config.tools.kill_grace_s,
-            extras={"node": self.node, "session": s, "turn": turn},
+            session=s,
         )
         started = trio.current_time()
 
@@ -265,13 +321,13 @@ class AgentLoop:
                 turn.enter("tools")
             output = await self.node.tools.execute(block.name, block.input, ctx)
         except ToolError as exc:
-            self._tool_failed(turn, state, block, exc.error_class, exc.message, elapsed_ms())
+            self.tool_failed(turn, state, block, exc.error_class, exc.message, elapsed_ms())
         except Exception as exc:  # a tool's bug fails that tool only
             s.failed("tool", exc, turn.id)
             message = f"the tool failed: {type(exc).__name__}: {exc}"
-            self._tool_failed(turn, state, block, "error", message, elapsed_ms())
+            self.tool_failed(turn, state, block, "error", message, elapsed_ms())
         except trio.Cancelled:
-            self._tool_failed(turn, state, block, "cancelled", "cancelled", elapsed_ms())
+            self.tool_failed(turn, state, block, "cancelled", "cancelled", elapsed_ms())
             raise
         else:
             self._tool_result(turn, state, block, output.content, is_error=False)
@@ -284,7 +340,7 @@ class AgentLoop:
                 turn.id,
             )
 
-    async def _permission(self, turn: Turn, state: _TurnState, block: ToolUseBlock) -> None:
+    async def _permission(self, turn: Turn, state: TurnState, block: ToolUseBlock) -> None:
         """Wait for ``allow`` (PROTOCOL section 5 ``permission.*``).
 
         Raises:
@@ -292,8 +348,7 @@ class AgentLoop:
         """
         s = self.s
         timeout = self.node.config.tools.approval_timeout_s
-        request = PermissionRequest(new_perm_id(), block.id)
-        s.permissions[request.perm_id] = request
+        request = s.permissions.open(block.id)
         expires_at = now_ms() + round(timeout * 1000)
         s.emit(
             [PermissionRequested(request.perm_id, block.id, block.name, block.input, expires_at)],
@@ -312,10 +367,10 @@ class AgentLoop:
         verb = "was denied" if request.decision == "deny" else "timed out"
         raise ToolError("permission_denied", f"permission for {block.name} {verb}")
 
-    def _tool_failed(
+    def tool_failed(
         self,
         turn: Turn,
-        state: _TurnState,
+        state: TurnState,
         block: ToolUseBlock,
         error_class: str,
         message: str,
@@ -328,7 +383,7 @@ class AgentLoop:
         )
 
     def _tool_result(
-        self, turn: Turn, state: _TurnState, block: ToolUseBlock, content: str, *, is_error: bool
+        self, turn: Turn, state: TurnState, block: ToolUseBlock, content: str, *, is_error: bool
     ) -> None:
         """Record a tool's result in the conversation, in the step that announces it."""
         s = self.s
@@ -342,81 +397,16 @@ class AgentLoop:
 
     # --- endings -------------------------------------------------------------------
 
-    def _cancel_sequence(self, turn: Turn, state: _TurnState) -> None:
-        """Emit the one sequence of PROTOCOL section 8 that the phase calls for."""
-        s = self.s
-        phase = turn.phase
-        if phase in ("starting", "llm"):
-            call = state.call
-            if call is not None and not call.done.is_set():
-                s.settle(CancelCall())
-            if call is not None and call.error_class is None and phase == "llm":
-                # The call finished just as the cancel landed: that is the seam.
-                message = call.translator.message
-                assert message is not None and call.translator.stop_reason is not None
-                s.emit(
-                    [
-                        LlmCallCompleted(
-                            state.call_id,
-                            message.id,
-                            call.translator.stop_reason,
-                            message.usage or Usage(),
-                        )
-                    ],
-                    turn.id,
-                )
-                turn.enter("seam")
-                tool_uses = [b for b in message.content if isinstance(b, ToolUseBlock)]
-                state.pending_tools = tool_uses if call.translator.stop_reason == "tool_use" else []
-                phase = "seam"
-            elif call is not None:
-                self._call_failed(turn, state, call)
-        # Tools that never got a task of their own (the cancel landed at the
-        # seam, before the batch started) are failed here; the others already
-        # failed from their own tasks.
-        for block in list(state.pending_tools):
-            self._tool_failed(turn, state, block, "cancelled", "cancelled")
-        partial = any(m.role == "assistant" and m.turn_id == turn.id for m in s.messages)
-        sequence_phase = "llm" if phase == "starting" else phase
-        self._close_turn(turn, state, "cancelled")
-        s.emit(
-            [TurnCancelled(turn.id, turn.cancel_reason or "cancelled", sequence_phase, partial)],  # type: ignore[arg-type]
-            turn.id,
-        )
-        state.ended = True
+    def finish(self, turn: Turn, state: TurnState, stop_reason: StopReason) -> None:
+        self.close_turn(turn, state, stop_reason)
+        self.emit_terminal(turn, state, stop_reason)
 
-    def _crash_sequence(self, turn: Turn, state: _TurnState) -> None:
-        """Close a turn that a gateway bug broke, as a provider error would (module docstring).
-
-        Each step is attempted on its own: whatever else fails, the turn ends
-        with ``turn.completed`` (``error``) and the session is free again.
-        """
-        s = self.s
-        call = state.call
-        try:
-            if call is not None and not call.done.is_set():
-                s.break_call(call, RuntimeError("the turn failed"))
-            if call is not None and turn.phase == "llm":
-                self._call_failed(turn, state, call)
-            for block in list(state.pending_tools):
-                self._tool_failed(turn, state, block, "error", "the turn failed before it ran")
-        except Exception as exc:
-            s.failed("agent-loop", exc, turn.id)
-        finally:
-            if s.call is call:
-                s.call = None
-            self._finish(turn, state, "error")
-
-    def _finish(self, turn: Turn, state: _TurnState, stop_reason: StopReason) -> None:
-        self._close_turn(turn, state, stop_reason)
-        self._emit_terminal(turn, state, stop_reason)
-
-    def _emit_terminal(self, turn: Turn, state: _TurnState, stop_reason: StopReason) -> None:
+    def emit_terminal(self, turn: Turn, state: TurnState, stop_reason: StopReason) -> None:
         cost = state.usage.cost_usd or 0.0
         self.s.emit([TurnCompleted(turn.id, stop_reason, state.usage, cost)], turn.id)
         state.ended = True
 
-    def _close_turn(self, turn: Turn, state: _TurnState, outcome: str) -> None:
+    def close_turn(self, turn: Turn, state: TurnState, outcome: str) -> None:
         """Release the turn lock and book the cost, in the step that ends the turn."""
         s = self.s
         last = s.messages[-1] if s.messages else None
@@ -427,12 +417,10 @@ class AgentLoop:
         s.record.cost_so_far_usd += state.usage.cost_usd or 0.0
         s.record.current_turn_id, s.record.current_turn_seq = None, 0
         s.save_record()
-        if s.turn is turn:
-            s.turn = None
-        self.node.notify()
+        s.end_turn(turn)
 
 
-class _TurnState:
+class TurnState:
     """What one turn has done so far (for its ending)."""
 
     def __init__(self) -> None:

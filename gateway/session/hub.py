@@ -13,6 +13,10 @@ rule (``bus.handler_warning``, close 1008) after the fan-out.
 
 A worker session's hub forwards every batch to its parent's hub, where only
 subscriptions with ``include_worker_sessions`` match it (PROTOCOL section 5).
+
+The hub also keeps the session's :class:`Backlog`: how many events its
+clients' writers have been handed and not yet taken, the signal the
+translator task batches on (:mod:`gateway.session.call`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+import trio
 
 from gateway.protocol.filters import FilterKey
 
@@ -93,7 +99,11 @@ class Subscriber(Protocol):
         ...
 
     def overflowed(self) -> None:
-        """Apply the slow-client rule to this subscription (called after the fan-out)."""
+        """Apply the slow-client rule to this subscription (called after the fan-out).
+
+        The rule itself lives with the bound it enforces:
+        :meth:`gateway.server.outbound.Outbound.overflowed`.
+        """
         ...
 
 
@@ -125,6 +135,52 @@ class Group:
         return len(self.direct) + len(self.queued)
 
 
+class Backlog:
+    """Events handed to a session's writers and not yet taken by them: the batching signal.
+
+    A writer takes what is queued for its client all at once and hands it to
+    the kernel in one write; while some writer has not, a batch emitted now
+    would queue behind it anyway, so the translator task waits (at most
+    ``batch_window_ms``) and sends more in one batch (:mod:`gateway.session.call`).
+    A worker session's backlog counts with its parent's: its events reach the
+    parent's clients too.
+    """
+
+    __slots__ = ("_drained", "events", "parent")
+
+    def __init__(self, parent: Backlog | None = None) -> None:
+        self.parent = parent
+        self.events = 0
+        self._drained = trio.Event()
+        self._drained.set()
+
+    def add(self, n: int) -> None:
+        """``n`` events were queued for a writer."""
+        if self.events <= 0:
+            self.events = 0
+            self._drained = trio.Event()
+        self.events += n
+
+    def take(self, n: int) -> None:
+        """``n`` queued events were taken by their writer (or dropped with its queue)."""
+        self.events -= n
+        if self.events <= 0:
+            self._drained.set()
+
+    async def drained(self) -> None:
+        """Return once every writer of this session (and of its parents) has taken its backlog.
+
+        Always lets the other tasks run once first, so that what a provider
+        has ready already is in the batch.
+        """
+        await trio.lowlevel.checkpoint()
+        backlog: Backlog | None = self
+        while backlog is not None:
+            while backlog.events > 0:
+                await backlog._drained.wait()
+            backlog = backlog.parent
+
+
 class Hub:
     """The subscriptions of one session, and their parent hub for worker sessions.
 
@@ -145,6 +201,7 @@ class Hub:
         self._group_of: dict[Subscriber, Group] = {}
         self._counter = counter
         self.write = write
+        self.backlog: Backlog = Backlog(parent.backlog if parent is not None else None)
 
     def __len__(self) -> int:
         return len(self._group_of)

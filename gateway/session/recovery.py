@@ -39,7 +39,8 @@ from gateway.protocol.events import (
     TurnCancelled,
 )
 from gateway.protocol.shapes import ContentBlock, Message, ToolResultBlock, ToolUseBlock, Usage
-from gateway.store.base import StoredEvent
+from gateway.session.call import Completion
+from gateway.store.base import StoredEvent, each_event_after
 
 if TYPE_CHECKING:
     from gateway.session.session import Session
@@ -153,20 +154,13 @@ def closing(state: Interrupted) -> list[Payload]:
 
 async def close_interrupted(session: Session) -> None:
     """Close the session's turn left in flight by a crash (module docstring)."""
-    from gateway.session.session import Completion
-
     record = session.record
     turn_id = record.current_turn_id
     if turn_id is None:
         return
     rows: list[StoredEvent] = []
     after = max(record.current_turn_seq - 1, 0)
-    while True:
-        page = await session.node.store.events_after([session.id], after, 5000)
-        rows += page
-        if len(page) < 5000:
-            break
-        after = page[-1].seq
+    await each_event_after(session.node.store, [session.id], after, rows.append)
     decoded = [decode_stored(r.data) for r in rows]
     events = [(t, p) for t, of, p in decoded if of == turn_id and t != "turn.started"]
     # From here on nothing awaits: the turn is closed in one step.

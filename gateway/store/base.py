@@ -237,3 +237,24 @@ class Store(Protocol):
             purged (unchanged if nothing was purged).
         """
         ...
+
+
+EVENT_PAGE = 5000
+"""How many events one :meth:`Store.events_after` read asks for."""
+
+
+async def each_event_after(
+    store: Store, session_ids: Sequence[str], after_seq: int, take: Callable[[StoredEvent], None]
+) -> None:
+    """Hand ``take`` every stored event of ``session_ids`` after ``after_seq``, in id order.
+
+    Read page by page (:data:`EVENT_PAGE`); an exception from ``take`` (a
+    replay over its size) stops the reading.
+    """
+    while True:
+        rows = await store.events_after(session_ids, after_seq, EVENT_PAGE)
+        for row in rows:
+            take(row)
+        if len(rows) < EVENT_PAGE:
+            return
+        after_seq = rows[-1].seq

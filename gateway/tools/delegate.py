@@ -14,7 +14,7 @@ and ``turn.cancelled`` follow (PROTOCOL section 8, last row).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 import trio
@@ -31,14 +31,10 @@ class DelegateInput(msgspec.Struct, forbid_unknown_fields=True):
 
 
 async def _delegate(args: DelegateInput, ctx: ToolContext) -> ToolOutput:
-    node: Any = ctx.extras["node"]
-    parent: Any = ctx.extras["session"]
-    worker = await node.create_session(
-        workspace_path=parent.record.workspace_path,
-        model=parent.record.active_model,
-        metadata={"delegated_by": ctx.tool_use_id},
-        parent=parent,
-    )
+    parent = ctx.session
+    if parent is None:
+        raise ToolError("error", "delegate needs a session to run in")
+    worker = await parent.spawn_worker(ctx.tool_use_id)
     turn_id = new_turn_id()
     task = Message(
         new_message_id(), worker.id, turn_id, "user", [TextBlock(args.task)], "complete", now_ms()
@@ -52,7 +48,7 @@ async def _delegate(args: DelegateInput, ctx: ToolContext) -> ToolOutput:
         # before the parent says so.
         with trio.CancelScope(shield=True):
             turn.request_cancel("parent_cancelled")
-            with trio.move_on_after(node.config.server.shutdown_grace_s):
+            with trio.move_on_after(parent.cancel_grace_s):
                 await turn.done.wait()
         parent.emit(
             [

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
+import trio
 
 from gateway.errors import ToolError
+from gateway.protocol.events import Payload
+from gateway.protocol.shapes import Message
 from gateway.providers.base import ToolSpec
 
 log = logging.getLogger("gateway.tools")
@@ -33,6 +36,53 @@ class ToolOutput(msgspec.Struct):
     structured: Any = None
 
 
+class WorkerTurn(Protocol):
+    """A worker session's turn, as the tool that started it sees it."""
+
+    @property
+    def done(self) -> trio.Event: ...
+
+    @property
+    def outcome(self) -> str | None: ...
+
+    @property
+    def final_text(self) -> str: ...
+
+    @property
+    def cancel_reason(self) -> str | None: ...
+
+    def request_cancel(self, reason: str) -> bool: ...
+
+
+class Worker(Protocol):
+    """A worker session (PROTOCOL section 5, ``parent_session_id``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    def submit_turn(self, user_message: Message) -> WorkerTurn: ...
+
+
+class ToolSession(Protocol):
+    """What a tool may do with the session that runs it (the ``delegate`` tool's needs)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def cancel_grace_s(self) -> float:
+        """How long a cancelled worker's turn may take to close (``shutdown_grace_s``)."""
+        ...
+
+    def emit(self, payloads: list[Payload], turn_id: str | None) -> object:
+        """Emit events in the session's stream."""
+        ...
+
+    async def spawn_worker(self, tool_use_id: str) -> Worker:
+        """Create and start a worker session of this one."""
+        ...
+
+
 @dataclass(slots=True)
 class ToolContext:
     """What a running tool may know of its session."""
@@ -42,8 +92,7 @@ class ToolContext:
     tool_use_id: str
     workspace_path: str
     kill_grace_s: float = 5.0
-    # Hooks the session runtime fills in for tools that need more of it (delegate).
-    extras: dict[str, Any] = field(default_factory=dict)
+    session: ToolSession | None = None  # for tools that act on their session (delegate)
 
 
 In = TypeVar("In", bound=msgspec.Struct)

@@ -1,0 +1,333 @@
+"""The LLM call in flight: the agent loop feeds it, the translator task streams it.
+
+Task tree, inside the session nursery::
+
+    agent-loop <id>     reads the provider's stream and puts each raw event
+    │                   in the call's inbox (:meth:`CallStream.feed`); once the
+    │                   stream is over it settles the call (:meth:`CallStream.settle`)
+    translator <id>     :meth:`CallStream.run`: takes what the inbox holds, runs it
+                        through the call's :class:`~gateway.translate.Translator`
+                        (sans-IO) and emits the canonical events as one batch
+
+**Batches grow with load, and only with load.** Woken within
+``batch_window_ms`` of its last batch (the provider streams faster than
+that), the translator task first waits until the session's writers have
+drained (:class:`gateway.session.hub.Backlog`: every client's writer has
+taken what the last batch gave it), at most ``batch_window_ms``, and takes
+everything that came meanwhile: under load, a per-event cost per client
+becomes a per-batch one. Woken after a longer pause, or with no writer behind,
+it emits at once: waiting could not gather more. The signal is the session's
+own; nothing of another session, or of the process, decides its batches.
+
+**The streaming/settling split.** The translator task streams; the agent loop
+settles: ending a call (a clean end, a provider error, a cancel) translates
+what is still queued and the end marker synchronously, in the agent loop's own
+step, so it never waits on the translator task (which a hard cancel may have
+stopped already) and a cancel can never land between the last event and the
+call's end (PROTOCOL section 8, row 1).
+
+**Failures.** A provider breaking the stream protocol fails the call as an
+``api_error``; a failure of the translation or of the emission closes the
+message for clients as far as they saw it (:meth:`CallStream.break_call`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+import trio
+
+from gateway.errors import ProviderError
+from gateway.protocol.events import EVENT_TYPES, MessageComplete, Payload, StreamEvent, stream_event
+from gateway.protocol.shapes import Message, StopReason, Usage
+from gateway.providers.raw import RawEvent
+from gateway.session.hub import Backlog, Emitted
+from gateway.translate import Translator
+
+log = logging.getLogger("gateway.session")
+
+
+@dataclass(slots=True)
+class Completion:
+    """How an assistant message's live ``message.complete`` went out (to rebuild it on replay)."""
+
+    seq: int
+    ts: int
+    stop_reason: StopReason
+
+
+@dataclass(eq=False)
+class Call:
+    """One LLM call in flight: its translator and the rendezvous with the agent loop."""
+
+    turn_id: str
+    translator: Translator
+    done: trio.Event = field(default_factory=trio.Event)
+    last_seq: int = 0  # id of the last event emitted for this call's message
+    error_class: str | None = None
+    error_message: str = ""
+    lost: list[StreamEvent] = field(default_factory=list)  # translated, but their emit failed
+
+
+class EndCall(msgspec.Struct):
+    """Inbox item: the provider stream ended (cleanly or not)."""
+
+    error_class: str | None = None
+    message: str = ""
+
+
+class CancelCall(msgspec.Struct):
+    """Inbox item: the call was cancelled (PROTOCOL section 8, row 1)."""
+
+
+Item = RawEvent | EndCall | CancelCall
+"""What the inbox carries: the provider's raw events, then how the call ended."""
+
+
+class Inbox:
+    """Agent loop -> translator task: raw provider events, bounded, taken whole.
+
+    Unlike a memory channel, it never hands an item to a waiting receiver
+    ahead of time: until the translator task takes them in its own step, the
+    items are here, so the agent loop can settle a call synchronously with
+    nothing in flight (:meth:`CallStream.settle`).
+    """
+
+    def __init__(self, bound: int) -> None:
+        self._bound = bound
+        self._items: deque[Item] = deque()
+        self._ready = trio.Event()
+        self._room = trio.Event()
+
+    async def put(self, item: Item) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while len(self._items) >= self._bound:
+            self._room = trio.Event()
+            await self._room.wait()
+        self._items.append(item)
+        self._ready.set()
+
+    def take(self) -> list[Item]:
+        """Everything queued, now."""
+        items = list(self._items)
+        self._items.clear()
+        self._room.set()
+        return items
+
+    async def wait(self) -> None:
+        """Wait until something is queued (without taking it)."""
+        while not self._items:
+            self._ready = trio.Event()
+            await self._ready.wait()
+
+
+class CallHost(Protocol):
+    """What a call needs of its session: emission, the conversation, failure reports."""
+
+    def emit(self, payloads: Iterable[Payload | StreamEvent], turn_id: str | None) -> list[Emitted]:
+        """Emit a batch of events (:meth:`gateway.session.session.Session.emit`)."""
+        ...
+
+    def add_message(self, message: Message, completion: Completion | None = None) -> None:
+        """Record a finished message (and how its ``message.complete`` went out)."""
+        ...
+
+    def keep_partial(self, message: Message) -> None:
+        """Store the streaming message as far as it got (PROTOCOL section 9)."""
+        ...
+
+    def failed(self, component: str, exc: BaseException, turn_id: str | None = None) -> None:
+        """Log and count a failure caught at the session's boundary."""
+        ...
+
+
+class CallStream:
+    """The call in flight and the translator task that streams it (module docstring).
+
+    Args:
+        host: the session the call's events are emitted in.
+        backlog: the writers' backlog of the session's clients (the batching signal).
+        window_s: ``batch_window_ms``, in seconds; 0 turns batching off.
+    """
+
+    def __init__(self, host: CallHost, backlog: Backlog, window_s: float) -> None:
+        self._host = host
+        self._backlog = backlog
+        self._window = window_s
+        self._inbox = Inbox(256)
+        self.current: Call | None = None
+
+    def start(self, call: Call) -> None:
+        """Make ``call`` the one in flight (the agent loop, before the provider streams)."""
+        self.current = call
+
+    def streaming_message(self) -> Message | None:
+        """The assistant message being streamed right now, as far as it was emitted."""
+        call = self.current
+        if call is None or not call.translator.started or call.translator.finished:
+            return None
+        return call.translator.snapshot()
+
+    async def feed(self, raw: RawEvent) -> None:
+        """Agent loop -> translator task: one raw provider event."""
+        await self._inbox.put(raw)
+
+    def settle(self, end: EndCall | CancelCall) -> None:
+        """End the call in flight now: translate what is still queued, then ``end``."""
+        call = self.current
+        if call is None:
+            return
+        self._process(call, [*self._inbox.take(), end])
+
+    async def run(self) -> None:
+        """The translator task: drain what the provider has ready, emit it as one batch."""
+        window = self._window
+        last = -math.inf
+        while True:
+            await self._inbox.wait()
+            if window and trio.current_time() - last < window:
+                with trio.move_on_after(window):
+                    await self._backlog.drained()
+            # Taken and processed in one step: nothing is held across an
+            # await, so the agent loop's settle() can never miss an item.
+            items = self._inbox.take()
+            call = self.current
+            if items and call is not None:
+                try:
+                    self._process(call, items)
+                except Exception as exc:
+                    self._host.failed("translator", exc, call.turn_id)
+                    self.break_call(call, exc)
+            last = trio.current_time()
+
+    def break_call(self, call: Call, exc: BaseException) -> None:
+        """End a call whose translation or emission failed, as a provider error would.
+
+        The message is closed for clients (``message.complete`` with
+        ``stop_reason: error``) as far as they saw it: ends lost with a failed
+        emission are sent again for blocks whose start went out, and nothing
+        of a message whose start was lost. The agent loop then emits
+        ``llm.call_failed`` and ends the turn (PROTOCOL section 7).
+        """
+        if call.done.is_set():
+            return
+        host = self._host
+        call.error_class = "api_error"
+        call.error_message = f"the gateway failed to stream the call: {type(exc).__name__}"
+        tr = call.translator
+        try:
+            lost = call.lost
+            lost_types = {e.type for e in lost}
+            if "message.start" in lost_types:
+                tr.fail(call.error_class, call.error_message)
+                self._finish(call, [])
+                return
+            started = {_block(e) for e in lost if e.type in _BLOCK_STARTS}
+            out = [e for e in lost if e.type in _BLOCK_ENDS and _block(e) not in started]
+            if not tr.finished:
+                out += [
+                    e for e in tr.fail(call.error_class, call.error_message)
+                    if _block(e) not in started
+                ]  # fmt: skip
+                self._finish(call, host.emit(out, call.turn_id) if out else [])
+                return
+            message = tr.message
+            if "message.complete" in lost_types and message is not None:
+                usage = message.usage or Usage()
+                complete = MessageComplete(message.id, "error", message.content, usage)
+                out.append(stream_event(complete))
+                emitted = host.emit(out, call.turn_id)
+                failed = msgspec.structs.replace(message, status="error")
+                host.add_message(failed, Completion(emitted[-1].seq, emitted[-1].ts, "error"))
+            elif out:
+                host.emit(out, call.turn_id)
+        except Exception as again:
+            host.failed("translator", again, call.turn_id)
+        finally:
+            if self.current is call:
+                self.current = None
+            call.done.set()
+
+    def _process(self, call: Call, items: list[Item]) -> None:
+        events: list[StreamEvent] = []
+        for item in items:
+            events += self._translate(call, item)
+        try:
+            emitted = self._host.emit(events, call.turn_id) if events else []
+        except Exception:
+            call.lost += events
+            raise
+        if call.translator.finished or _ended(items):
+            self._finish(call, emitted)
+        elif any(e.type in _DURABLE_POINTS for e in events):
+            # The message so far is stored as its blocks end, so that a crash
+            # keeps what was finished (PROTOCOL section 9).
+            self._host.keep_partial(call.translator.snapshot())
+
+    def _translate(self, call: Call, item: Item) -> list[StreamEvent]:
+        tr = call.translator
+        if isinstance(item, EndCall):
+            if item.error_class is not None:
+                call.error_class, call.error_message = item.error_class, item.message
+                return tr.fail(item.error_class, item.message)
+            if not tr.finished:
+                call.error_class = "network"
+                call.error_message = "the model stream ended before message_stop"
+                return tr.fail(call.error_class, call.error_message)
+            return []
+        if isinstance(item, CancelCall):
+            call.error_class, call.error_message = "cancelled", "cancelled"
+            return tr.cancel()
+        if tr.finished:
+            return []
+        try:
+            return tr.feed(item)
+        except ProviderError as exc:  # a provider breaking the stream protocol
+            log.warning("turn %s: provider stream rejected: %s", call.turn_id, exc)
+            call.error_class, call.error_message = "api_error", str(exc)
+            return tr.fail("api_error", str(exc))
+        except Exception as exc:  # the translator's own bug: that call fails
+            self._host.failed("translator", exc, call.turn_id)
+            call.error_class = "api_error"
+            call.error_message = f"the gateway failed to translate the stream: {type(exc).__name__}"
+            return tr.fail(call.error_class, call.error_message)
+
+    def _finish(self, call: Call, emitted: list[Emitted]) -> None:
+        if call.done.is_set():
+            return
+        tr = call.translator
+        if tr.error is not None and call.error_class is None:
+            call.error_class, call.error_message = tr.error.error_class, tr.error.message
+        message = tr.message
+        if message is not None:
+            complete = next((e for e in reversed(emitted) if e.type == "message.complete"), None)
+            completion = None
+            if complete is not None and tr.stop_reason is not None:
+                completion = Completion(complete.seq, complete.ts, tr.stop_reason)
+            self._host.add_message(message, completion)
+        self.current = None
+        call.done.set()
+
+
+CALL_TYPES = frozenset(t for t, s in EVENT_TYPES.items() if not s.catalog)
+"""The streaming-only event types: a call's message, as it streams (PROTOCOL section 5)."""
+
+_DURABLE_POINTS = frozenset({"message.start", "text.end", "thinking.end", "tool.use_end"})
+_BLOCK_STARTS = frozenset({"text.start", "thinking.start", "tool.use_start"})
+_BLOCK_ENDS = frozenset({"text.end", "thinking.end", "tool.use_end"})
+_ENDS = (EndCall, CancelCall)
+
+
+def _ended(items: list[Item]) -> bool:
+    return any(isinstance(i, _ENDS) for i in items)
+
+
+def _block(event: StreamEvent) -> int | None:
+    index: int | None = getattr(event.payload, "content_block_index", None)
+    return index

@@ -1,0 +1,57 @@
+"""Tool permissions: a tool in ``require_approval`` waits for ``allow`` or ``deny``.
+
+The agent loop opens a request (``permission.requested``) and waits on it
+within ``approval_timeout_s``; ``POST /sessions/{id}/permissions/{perm_id}``
+decides it (PROTOCOL section 2). A request is decided once: a second decision,
+or one after the timeout or after the turn moved on, is a 409.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+
+from gateway.errors import ApiError
+from gateway.ids import new_perm_id
+
+
+@dataclass(eq=False)
+class PermissionRequest:
+    """A tool waiting for ``allow``/``deny``."""
+
+    perm_id: str
+    tool_use_id: str
+    decision: str | None = None
+    closed: bool = False  # decided, timed out, or the turn moved on
+    decided: trio.Event = field(default_factory=trio.Event)
+
+
+class Permissions:
+    """The permission requests of one session, by ``perm_id``."""
+
+    def __init__(self, session_id: str) -> None:
+        self._session_id = session_id
+        self._requests: dict[str, PermissionRequest] = {}
+
+    def open(self, tool_use_id: str) -> PermissionRequest:
+        """A new request for the tool call ``tool_use_id``."""
+        request = PermissionRequest(new_perm_id(), tool_use_id)
+        self._requests[request.perm_id] = request
+        return request
+
+    def decide(self, perm_id: str, decision: str) -> None:
+        """Resolve a pending request (PROTOCOL section 2).
+
+        Raises:
+            ApiError: 404 ``permission_not_found``; 409 ``permission_resolved``.
+        """
+        request = self._requests.get(perm_id)
+        if request is None:
+            raise ApiError(
+                404, "permission_not_found", f"no permission {perm_id!r} in {self._session_id}"
+            )
+        if request.closed or request.decision is not None:
+            raise ApiError(409, "permission_resolved", f"permission {perm_id} is no longer waiting")
+        request.decision = decision
+        request.decided.set()
