@@ -83,6 +83,8 @@ class ServerConfig(_Section, frozen=True):
     shutdown_grace_s: GraceSeconds = 5.0  # shutdown waits this long for turns and sockets
     max_header_bytes: Count = 16_384
     send_buffer_bytes: NonNegativeInt = 0  # SO_SNDBUF of accepted sockets; 0 = the OS default
+    # Peers whose X-Forwarded-For / -Proto are believed (IPs or CIDRs): the proxy in front.
+    trusted_proxies: tuple[NonEmptyStr, ...] = ()
 
 
 class StreamConfig(_Section, frozen=True):
@@ -158,7 +160,24 @@ class AuthConfig(_Section, frozen=True):
     """``[auth]``: who may connect."""
 
     api_keys: tuple[NonEmptyStr, ...] = ()  # empty: no auth (loopback use); else Bearer required
+    api_keys_file: str = ""  # more keys, one a line; re-read on SIGHUP; "" = none
     allowed_origins: tuple[NonEmptyStr, ...] = ()  # WebSocket Origin allow-list; empty: any
+
+
+class LimitsConfig(_Section, frozen=True):
+    """``[limits]``: what keeps one client from starving the rest; 0 = no limit."""
+
+    max_connections: NonNegativeInt = 0  # open streams in total (503 over_capacity)
+    max_connections_per_key: NonNegativeInt = 0  # open streams per API key (503 over_capacity)
+    max_sessions_per_key: NonNegativeInt = 0  # sessions an API key may own (429 too_many_sessions)
+    turns_per_minute_per_key: NonNegativeInt = 0  # turns submitted per key (429, Retry-After)
+
+
+class LogConfig(_Section, frozen=True):
+    """``[log]``: how the daemon writes its log (to stderr)."""
+
+    format: Literal["text", "json"] = "text"  # json: one object a line (ts, level, event, ...)
+    level: Literal["debug", "info", "warning", "error"] = "info"
 
 
 class Config(_Section, frozen=True):
@@ -171,6 +190,8 @@ class Config(_Section, frozen=True):
     turns: TurnsConfig = msgspec.field(default_factory=TurnsConfig)
     tools: ToolsConfig = msgspec.field(default_factory=ToolsConfig)
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
 
 
 DEFAULT_CONFIG_TOML = """\
@@ -188,6 +209,7 @@ keepalive_timeout_s = 60.0   # an idle keep-alive connection is closed after thi
 shutdown_grace_s = 5.0       # on SIGTERM: how long to wait for turns to cancel and sockets to close
 max_header_bytes = 16384     # largest HTTP request header
 send_buffer_bytes = 0        # SO_SNDBUF of accepted sockets; 0 = the OS default
+trusted_proxies = []         # IPs or CIDRs whose X-Forwarded-For/-Proto are believed (the proxy)
 
 [stream]
 queue_max_events = 1000      # per-connection outbound bound; overflow closes with 1008
@@ -236,7 +258,19 @@ kill_grace_s = 5                               # SIGTERM, then SIGKILL after thi
 
 [auth]
 api_keys = []                # empty: no auth (loopback use); else Bearer required
+api_keys_file = ""           # more keys, one a line (# comments); re-read on SIGHUP
 allowed_origins = []         # WebSocket Origin allow-list; empty: any
+
+[limits]                     # 0 = no limit
+max_connections = 0          # open streams in total; over it: 503 over_capacity before the upgrade
+max_connections_per_key = 0  # open streams per API key; over it: 503 over_capacity
+max_sessions_per_key = 0     # sessions one API key may own; over it: 429 too_many_sessions
+turns_per_minute_per_key = 0 # turns one API key may submit a minute; over it: 429 with Retry-After
+
+[log]
+format = "text"              # "text" | "json": one JSON object a line, with ts, level,
+                             # event and, where they apply, session_id, turn_id, client
+level = "info"               # "debug" | "info" | "warning" | "error"
 """
 
 

@@ -314,3 +314,11 @@ def test_the_layer_at_fault_is_named(write: Write) -> None:
     assert error(good_file, {"GATEWAY_SERVER_PORT": "2000"}, {"server.port": -1}) == (
         "config error: command line: server.port: expected an integer in 0..65535, got -1"
     )
+
+
+def test_the_readme_config_reference_is_the_embedded_defaults() -> None:
+    """README "Configuration reference" is DEFAULT_CONFIG_TOML, to the letter."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Configuration reference") :]
+    block = section[section.index("```toml\n") + len("```toml\n") :]
+    assert block[: block.index("```")] == DEFAULT_CONFIG_TOML
