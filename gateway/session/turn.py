@@ -14,7 +14,8 @@ done      ``turn.completed`` or ``turn.cancelled`` was emitted        nothing (f
 ========  ==========================================================  =====================
 
 Moves follow :data:`TRANSITIONS`; anything else raises, loudly, because a turn
-in an impossible phase would emit the wrong sequence.
+in an impossible phase would emit the wrong sequence. The sequences themselves
+are in :mod:`gateway.session.cancel`.
 """
 
 from __future__ import annotations
