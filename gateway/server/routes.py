@@ -29,6 +29,7 @@ from gateway.protocol.events import FeedbackRecorded
 from gateway.protocol.shapes import ContentBlock, Message, SessionSummary, TextBlock
 from gateway.server.connection import StreamConnection
 from gateway.server.http import Request, Response, WebSocketAccept, json_response
+from gateway.server.openapi import Documented, Operation, Query, build_document, path_regex
 from gateway.server.websocket import WebSocket
 from gateway.session.session import Session, summary_of
 
@@ -107,11 +108,31 @@ class Health(msgspec.Struct):
     status: str = "ok"
 
 
+# --- query parameters (for the API document; the handlers read them) --------------
+
+LIMIT = Query(
+    "limit",
+    {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
+    "How many to answer, 1 to 200 (400 `invalid_query` if not an integer, 422 if out of range).",
+)
+BEFORE_SESSION = Query(
+    "before", {"type": "string"}, "A session id: the page of sessions older than it."
+)
+BEFORE_MESSAGE = Query(
+    "before", {"type": "string"}, "A message id: the page of messages before it."
+)
+ATTACH = Query(
+    "attach",
+    {"type": "string"},
+    "The single-use attach token of `GET /sessions/{session_id}`.",
+    required=True,
+)
+
+
 # --- routing -------------------------------------------------------------------
 
 T = TypeVar("T")
 Route = Callable[..., Awaitable[Response | WebSocketAccept]]
-_ID = r"([A-Za-z0-9_\-]+)"
 
 
 class Api:
@@ -121,19 +142,190 @@ class Api:
         self.node = node
         self.config = node.config
         self.routes: list[tuple[re.Pattern[str], dict[str, Route], str]] = []
-        self._add("/healthz", "healthz", GET=self.healthz)
-        self._add("/metrics", "metrics", GET=self.metrics)
-        self._add("/sessions", "sessions", GET=self.list_sessions, POST=self.create_session)
-        self._add(f"/sessions/{_ID}", "session", GET=self.get_session)
-        self._add(f"/sessions/{_ID}/messages", "messages", GET=self.list_messages)
-        self._add(f"/sessions/{_ID}/turns", "turns", POST=self.submit_turn)
-        self._add(f"/sessions/{_ID}/turns/{_ID}/cancel", "cancel", POST=self.cancel_turn)
-        self._add(f"/sessions/{_ID}/permissions/{_ID}", "permission", POST=self.decide)
-        self._add(f"/sessions/{_ID}/feedback", "feedback", POST=self.feedback)
-        self._add(f"/sessions/{_ID}/stream", "stream", GET=self.stream)
+        self.documented: list[Documented] = []  # what /openapi.json says of each route
+        self._openapi: dict[bool, bytes] = {}  # the document, built once (with or without auth)
+        session = "/sessions/{session_id}"
+        self._add(
+            "/healthz",
+            "healthz",
+            GET=(self.healthz, Operation("Liveness probe", Health, auth=False)),
+        )
+        self._add(
+            "/metrics",
+            "metrics",
+            GET=(
+                self.metrics,
+                Operation(
+                    "Prometheus metrics",
+                    None,
+                    media_type="text/plain",
+                    description="The Prometheus text exposition format.",
+                ),
+            ),
+        )
+        self._add(
+            "/openapi.json",
+            "openapi",
+            GET=(self.openapi, Operation("This document (OpenAPI 3.1)", None)),
+        )
+        self._add(
+            "/sessions",
+            "sessions",
+            GET=(
+                self.list_sessions,
+                Operation(
+                    "List sessions, newest first",
+                    SessionList,
+                    query=(LIMIT, BEFORE_SESSION),
+                    errors={404: ("session_not_found",)},
+                ),
+            ),
+            POST=(
+                self.create_session,
+                Operation(
+                    "Create a session",
+                    SessionCreated,
+                    201,
+                    body=CreateSession,
+                    body_required=False,
+                    errors={
+                        422: ("invalid_workspace", "invalid_model"),
+                        429: ("too_many_sessions",),
+                        503: ("store_unavailable",),
+                    },
+                    description="An empty body takes every default. Answered once the "
+                    "session is committed.",
+                ),
+            ),
+        )
+        self._add(
+            session,
+            "session",
+            GET=(
+                self.get_session,
+                Operation(
+                    "A session, with a fresh attach token and its stream's URL",
+                    SessionAttach,
+                    description="Every call issues a new single-use attach token.",
+                ),
+            ),
+        )
+        self._add(
+            f"{session}/messages",
+            "messages",
+            GET=(
+                self.list_messages,
+                Operation(
+                    "A session's messages, oldest first",
+                    MessagePage,
+                    query=(LIMIT, BEFORE_MESSAGE),
+                    errors={404: ("message_not_found",)},
+                ),
+            ),
+        )
+        self._add(
+            f"{session}/turns",
+            "turns",
+            POST=(
+                self.submit_turn,
+                Operation(
+                    "Start a turn",
+                    TurnAccepted,
+                    202,
+                    body=SubmitTurn,
+                    errors={
+                        409: ("turn_in_progress",),
+                        429: ("rate_limited",),
+                        503: ("shutting_down", "store_unavailable"),
+                    },
+                    description="`content` is a string or a list of `text` blocks (other "
+                    "block types: 422). Answered once the turn is durable.",
+                ),
+            ),
+        )
+        self._add(
+            f"{session}/turns/{{turn_id}}/cancel",
+            "cancel",
+            POST=(
+                self.cancel_turn,
+                Operation(
+                    "Cancel a turn in flight",
+                    CancelAccepted,
+                    202,
+                    body=CancelTurn,
+                    body_required=False,
+                    errors={404: ("turn_not_found",), 409: ("turn_not_in_flight",)},
+                ),
+            ),
+        )
+        self._add(
+            f"{session}/permissions/{{perm_id}}",
+            "permission",
+            POST=(
+                self.decide,
+                Operation(
+                    "Allow or deny a tool call waiting for permission",
+                    Accepted,
+                    202,
+                    body=PermissionDecision,
+                    errors={404: ("permission_not_found",), 409: ("permission_resolved",)},
+                ),
+            ),
+        )
+        self._add(
+            f"{session}/feedback",
+            "feedback",
+            POST=(
+                self.feedback,
+                Operation(
+                    "Rate a message",
+                    Accepted,
+                    202,
+                    body=Feedback,
+                    errors={404: ("message_not_found",)},
+                    description="Emits `feedback.recorded` on the message's turn.",
+                ),
+            ),
+        )
+        self._add(
+            f"{session}/stream",
+            "stream",
+            GET=(
+                self.stream,
+                Operation(
+                    "The session's WebSocket (the handshake)",
+                    None,
+                    101,
+                    query=(ATTACH,),
+                    auth=False,
+                    errors={
+                        400: ("invalid_websocket_handshake",),
+                        403: (
+                            "origin_not_allowed",
+                            "attach_token_required",
+                            "attach_token_invalid",
+                            "attach_token_expired",
+                        ),
+                        426: ("upgrade_required", "unsupported_websocket_version"),
+                        503: ("over_capacity",),
+                    },
+                    description="A WebSocket handshake (RFC 6455: `Upgrade: websocket`, "
+                    "`Connection: Upgrade`, `Sec-WebSocket-Version: 13`, a "
+                    "`Sec-WebSocket-Key`), refused with a status before any upgrade: an "
+                    "unknown session first (404), then the attach token (403). Its "
+                    "credential is the attach token, not the API key.",
+                ),
+            ),
+        )
 
-    def _add(self, pattern: str, name: str, **methods: Route) -> None:
-        self.routes.append((re.compile(pattern + "$"), methods, name))
+    def _add(self, path: str, name: str, **methods: tuple[Route, Operation]) -> None:
+        """One route: ``path`` with ``{id}`` segments, and per method its handler and document.
+
+        The handler gets the path's ids as positional arguments, in order.
+        """
+        self.routes.append((path_regex(path), {m: h for m, (h, _) in methods.items()}, name))
+        for method, (handler, operation) in methods.items():
+            self.documented.append(Documented(path, method, handler.__name__, operation))
 
     async def __call__(self, req: Request) -> Response | WebSocketAccept:
         for pattern, methods, name in self.routes:
@@ -188,6 +380,20 @@ class Api:
     async def metrics(self, req: Request) -> Response:
         return Response(200, self.node.metrics.render(), content_type=CONTENT_TYPE)
 
+    async def openapi(self, req: Request) -> Response:
+        """``GET /openapi.json``: the OpenAPI 3.1 document of this table (PROTOCOL section 2).
+
+        Built from the route table and the Structs on first use, then cached;
+        the ``bearer`` scheme is in it while API keys are configured.
+        """
+        auth = bool(self.config.auth.api_keys)
+        document = self._openapi.get(auth)
+        if document is None:
+            document = self._openapi[auth] = build_document(
+                self.documented, auth=auth, server_url=self.config.server.public_url
+            )
+        return Response(200, document)
+
     async def create_session(self, req: Request) -> Response:
         body = _decode_optional(req, CreateSession) or CreateSession()
         session = await self.node.create_session(
@@ -219,12 +425,18 @@ class Api:
         )
 
     def _ws_base(self, req: Request) -> str:
+        """Where ``ws_url`` points (PROTOCOL section 2): the public URL, else this request's Host.
+
+        Without ``public_url``, the scheme follows the request's: ``wss://``
+        when a trusted proxy says the client came over https
+        (``X-Forwarded-Proto``, see :func:`gateway.server.http.forwarded_client`).
+        """
         public: str = self.config.server.public_url.rstrip("/")
         if public:
             return "ws" + public.removeprefix("http")  # http -> ws, https -> wss
         server = self.config.server
         host = req.headers.get("host") or f"{server.host}:{server.port}"
-        return f"ws://{host}"
+        return f"{'wss' if req.scheme == 'https' else 'ws'}://{host}"
 
     async def list_messages(self, req: Request, session_id: str) -> Response:
         session = await self._session(session_id)

@@ -1,0 +1,276 @@
+"""``GET /openapi.json``: the OpenAPI 3.1 document of the HTTP API (PROTOCOL section 2).
+
+One source of truth. Each route of :class:`gateway.server.routes.Api` is declared
+once, in its route table, with an :class:`Operation` per method: the Struct the
+handler decodes, its query parameters, the Struct it answers with, and the errors
+only it gives. The JSON schemas are msgspec's own, of those very Structs
+(``msgspec.json.schema_components``); this module only assembles them into the
+document, so a field added to a Struct is in the document with nothing else to
+edit, and a route added without an :class:`Operation` does not type-check.
+
+The errors an operation can answer are derived, then extended by its own:
+
+====================================  =============================================
+every operation (the transport)       400 ``malformed_request``, 408 ``request_timeout``,
+                                      413 ``body_too_large``, 431 ``headers_too_large``
+needs the API key, keys configured    401 ``unauthorized``, 403 ``forbidden``
+decodes a JSON body                   400 ``invalid_json``, 422 ``invalid_body``
+an integer query parameter            400 ``invalid_query``, 422 ``invalid_query``
+an id in the path                     404 ``not_found`` (not an id: no route)
+a ``{session_id}`` in the path        404 ``session_not_found``
+====================================  =============================================
+
+Each error answer is the body ``{"error": {"code", "message"}}``
+(:class:`~gateway.server.http.ErrorBody`) with ``code`` one of those listed for
+that operation and status: a client can switch on it. Not per operation: 405
+``method_not_allowed`` (with ``Allow``) for a method a path does not have, and
+``HEAD`` wherever ``GET`` is, answered as the ``GET`` without its body.
+
+Security: where API keys are configured, a ``bearer`` scheme applies to every
+operation but ``/healthz`` and ``/readyz`` (probes) and the stream handshake
+(its credential is the attach token, PROTOCOL section 2); ``/openapi.json``
+itself needs the key like the other routes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+import msgspec
+
+from gateway.server.http import ErrorBody
+
+ID_PATTERN = "[A-Za-z0-9_-]+"
+"""What an id in a path is: one segment of these characters (anything else has no route)."""
+
+_PARAMETER = re.compile(r"\{([a-z_]+)\}")
+_REF = "#/components/schemas/{name}"
+OPENAPI_VERSION = "3.1.0"
+
+_PATH_PARAMETERS = {
+    "session_id": "A session id (`sess_…`), as `POST /sessions` answered it.",
+    "turn_id": "A turn id (`turn_…`), as `POST …/turns` answered it.",
+    "perm_id": "A permission id, from the `permission.requested` event.",
+}
+
+
+def path_regex(path: str) -> re.Pattern[str]:
+    """The pattern that routes ``path``: each ``{name}`` is one id segment, captured in order."""
+    return re.compile(_PARAMETER.sub(f"({ID_PATTERN})", path) + "$")
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One query parameter of an operation. ``schema`` is its JSON schema."""
+
+    name: str
+    schema: Mapping[str, Any]
+    description: str
+    required: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """What the document says of one route and method; declared in the route table.
+
+    Args:
+        summary: one line.
+        answer: the Struct of the success answer's JSON body (None: no JSON body).
+        status: the success status.
+        body: the Struct the handler decodes from the request body, if any.
+        body_required: False where an empty body is accepted (the Struct's defaults).
+        query: the query parameters.
+        errors: the errors only this operation gives, status to codes (the derived
+            ones are in the module docstring).
+        auth: False where the route needs no API key even when keys are configured.
+        media_type: the success answer's content type.
+        description: what a client needs beyond the schemas.
+    """
+
+    summary: str
+    answer: type | None
+    status: int = 200
+    body: type | None = None
+    body_required: bool = True
+    query: tuple[Query, ...] = ()
+    errors: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    auth: bool = True
+    media_type: str = "application/json"
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Documented:
+    """One documented route and method, as the route table declared it."""
+
+    path: str  # with ``{name}`` segments
+    method: str  # upper case
+    operation_id: str  # the handler's name
+    operation: Operation
+
+
+def build_document(routes: Iterable[Documented], *, auth: bool, server_url: str = "") -> bytes:
+    """The OpenAPI 3.1 document of ``routes``, encoded.
+
+    Args:
+        routes: every route and method of the API, in table order.
+        auth: whether API keys are configured (the ``bearer`` scheme, 401 and 403).
+        server_url: the configured public URL, if any (the document's ``servers``).
+    """
+    routes = list(routes)
+    structs = _structs(routes)
+    refs, schemas = msgspec.json.schema_components(structs, ref_template=_REF)
+    ref_of = dict(zip(structs, refs, strict=True))
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        item = paths.setdefault(route.path, {})
+        item[route.method.lower()] = _operation(route, ref_of, auth)
+    document: dict[str, Any] = {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "gateway",
+            "version": _version(),
+            "summary": "A streaming gateway for LLM agent sessions: its HTTP API.",
+            "description": _DESCRIPTION,
+        },
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+    if server_url:
+        document["servers"] = [{"url": server_url.rstrip("/")}]
+    if auth:
+        document["components"]["securitySchemes"] = {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "One of the configured API keys (`[auth] api_keys`, "
+                "`api_keys_file`).",
+            }
+        }
+        document["security"] = [{"bearer": []}]
+    return msgspec.json.encode(document)
+
+
+_DESCRIPTION = """\
+Every body is JSON. Every error is `{"error": {"code", "message"}}`; the codes each \
+operation can give are listed with its statuses. Any path answers 405 \
+`method_not_allowed` (with `Allow`) to a method it does not list, and `HEAD` wherever \
+`GET` is listed (the `GET`'s answer without its body). The session's events are \
+streamed over the WebSocket of `GET /sessions/{session_id}/stream` (PROTOCOL \
+sections 3 to 9, not described here)."""
+
+
+def _structs(routes: list[Documented]) -> list[type]:
+    """Every Struct the document refers to, each once, in first-use order."""
+    seen: dict[type, None] = {ErrorBody: None}
+    for route in routes:
+        for struct in (route.operation.body, route.operation.answer):
+            if struct is not None:
+                seen[struct] = None
+    return list(seen)
+
+
+def _operation(route: Documented, ref_of: Mapping[type, Any], auth: bool) -> dict[str, Any]:
+    op = route.operation
+    out: dict[str, Any] = {"operationId": route.operation_id, "summary": op.summary}
+    if op.description:
+        out["description"] = op.description
+    parameters = [
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "description": _PATH_PARAMETERS.get(name, "An id."),
+            "schema": {"type": "string", "pattern": f"^{ID_PATTERN}$"},
+        }
+        for name in _PARAMETER.findall(route.path)
+    ]
+    parameters += [
+        {
+            "name": q.name,
+            "in": "query",
+            "required": q.required,
+            "description": q.description,
+            "schema": dict(q.schema),
+        }
+        for q in op.query
+    ]
+    if parameters:
+        out["parameters"] = parameters
+    if op.body is not None:
+        out["requestBody"] = {
+            "required": op.body_required,
+            "content": {"application/json": {"schema": ref_of[op.body]}},
+        }
+    success: dict[str, Any] = {"description": HTTPStatus(op.status).phrase}
+    if op.answer is not None:
+        success["content"] = {op.media_type: {"schema": ref_of[op.answer]}}
+    elif op.media_type != "application/json":
+        success["content"] = {op.media_type: {"schema": {"type": "string"}}}
+    responses: dict[str, Any] = {str(op.status): success}
+    for status, codes in sorted(_errors(route, auth).items()):
+        responses[str(status)] = _error_response(status, codes, ref_of[ErrorBody])
+    out["responses"] = responses
+    if auth and not op.auth:
+        out["security"] = []  # open even where keys are configured
+    return out
+
+
+def _errors(route: Documented, auth: bool) -> dict[int, list[str]]:
+    """Status to error codes of one operation: derived (module docstring), then its own."""
+    op = route.operation
+    errors: dict[int, list[str]] = {
+        400: ["malformed_request"],
+        408: ["request_timeout"],
+        413: ["body_too_large"],
+        431: ["headers_too_large"],
+    }
+
+    def add(status: int, *codes: str) -> None:
+        listed = errors.setdefault(status, [])
+        listed.extend(c for c in codes if c not in listed)
+
+    if auth and op.auth:
+        add(401, "unauthorized")
+        add(403, "forbidden")
+    if op.body is not None:
+        add(400, "invalid_json")
+        add(422, "invalid_body")
+    if any(q.schema.get("type") == "integer" for q in op.query):
+        add(400, "invalid_query")
+        add(422, "invalid_query")
+    names = _PARAMETER.findall(route.path)
+    if names:
+        add(404, "not_found")
+    if "session_id" in names:
+        add(404, "session_not_found")
+    for status, codes in op.errors.items():
+        add(status, *codes)
+    return errors
+
+
+def _error_response(status: int, codes: list[str], error_ref: Any) -> dict[str, Any]:
+    listed = ", ".join(f"`{c}`" for c in codes)
+    # The codes are ErrorBody's ``error.code``, narrowed for this operation and status.
+    narrowed = {
+        "properties": {
+            "error": {"properties": {"code": {"enum": codes}}, "required": ["code"]}
+        },
+    }
+    return {
+        "description": f"{HTTPStatus(status).phrase}: {listed}.",
+        "content": {"application/json": {"schema": {"allOf": [error_ref, narrowed]}}},
+    }
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gateway")
+    except PackageNotFoundError:  # running from a source tree that was not installed
+        return "0+unknown"
