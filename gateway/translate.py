@@ -432,7 +432,9 @@ class Translator:
         """The message as it stands, for ``message.snapshot`` and ``snapshot`` frames.
 
         Status ``in_progress`` while streaming (text and thinking so far, tool
-        input parsed best-effort); once finished, the finished message.
+        input parsed best-effort, ``open_block_index`` the position of the
+        block still streaming or ``None``: PROTOCOL section 6); once finished,
+        the finished message.
 
         Raises:
             RuntimeError: there is no message yet (before ``message_start``).
@@ -441,7 +443,16 @@ class Translator:
             return self._message
         if self._message_id is None:
             raise RuntimeError("no message to snapshot before message_start")
-        return self._message_of("in_progress", self._content(), self._priced_usage())
+        message = self._message_of("in_progress", self._content(), self._priced_usage())
+        # One block streams at a time (providers open the next after the last
+        # ends); were several open, the last is the one deltas continue in.
+        open_at = [
+            at
+            for at, index in enumerate(sorted(self._blocks))
+            if self._blocks[index].state is _BlockState.OPEN
+        ]
+        message.open_block_index = open_at[-1] if open_at else None
+        return message
 
     # --- input ---
 

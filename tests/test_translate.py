@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from gateway.errors import ProviderError
@@ -482,6 +483,7 @@ def test_snapshot_mid_stream() -> None:
         created_at=1000,
         model="claude-x",
         usage=Usage(10, 1),
+        open_block_index=2,
     )
     assert tr.snapshot() == expected
     assert tr.snapshot() == expected  # reading does not disturb the buffers
@@ -587,3 +589,26 @@ def test_an_illegal_move_changes_nothing_so_the_call_can_still_fail() -> None:
         ev(TextEnd(M, 0)),
         ev(MessageComplete(M, "error", [TextBlock("ok")], Usage(10, 1))),
     ]
+
+
+def test_a_snapshot_says_which_block_is_still_streaming() -> None:
+    """PROTOCOL section 6: ``open_block_index`` of an in_progress message; absent elsewhere."""
+    tr = translator()
+    tr.feed(message_start())
+    assert tr.snapshot().open_block_index is None  # no block yet
+    tr.feed(opens(0, RawThinkingBlock()))
+    tr.feed(delta(0, RawThinkingDelta("a")))
+    assert tr.snapshot().open_block_index == 0
+    tr.feed(stops(0))
+    assert tr.snapshot().open_block_index is None  # between blocks: every block has ended
+    tr.feed(opens(1, RawTextBlock()))
+    assert tr.snapshot().open_block_index == 1
+    encoded = msgspec.json.decode(msgspec.json.encode(tr.snapshot()))
+    assert encoded["open_block_index"] == 1
+    tr.feed(stops(1))
+    between = msgspec.json.decode(msgspec.json.encode(tr.snapshot()))
+    assert between["open_block_index"] is None  # present, null
+    tr.feed(message_delta("end_turn", 3))
+    tr.feed(RawMessageStop())
+    done = msgspec.json.decode(msgspec.json.encode(tr.snapshot()))
+    assert done["status"] == "complete" and "open_block_index" not in done

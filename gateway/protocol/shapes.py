@@ -97,6 +97,20 @@ class Message(msgspec.Struct, omit_defaults=True):
     created_at: int
     model: str | None = None
     usage: Usage | None = None
+    # Only on an ``in_progress`` message (snapshot, ``message.snapshot``): the
+    # position of the block still streaming, or null; every other block has
+    # ended (PROTOCOL section 6). Left out of every other message.
+    open_block_index: int | msgspec.UnsetType | None = msgspec.UNSET
+
+
+class PendingPermission(msgspec.Struct):
+    """A tool waiting for ``allow``/``deny``, as a snapshot shows it (PROTOCOL section 6)."""
+
+    perm_id: str
+    tool_use_id: str
+    tool_name: str
+    input: dict[str, Any]
+    expires_at: int
 
 
 class SessionSummary(msgspec.Struct):
@@ -111,3 +125,4 @@ class SessionSummary(msgspec.Struct):
     current_turn_id: str | None
     current_turn_status: Literal["in_flight"] | None
     parent_session_id: str | None
+    pending_permissions: list[PendingPermission] = msgspec.field(default_factory=list)

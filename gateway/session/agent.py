@@ -348,8 +348,8 @@ class AgentLoop:
         """
         s = self.s
         timeout = self.node.config.tools.approval_timeout_s
-        request = s.permissions.open(block.id)
         expires_at = now_ms() + round(timeout * 1000)
+        request = s.permissions.open(block.id, block.name, block.input, expires_at)
         s.emit(
             [PermissionRequested(request.perm_id, block.id, block.name, block.input, expires_at)],
             turn.id,

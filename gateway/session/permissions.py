@@ -9,11 +9,13 @@ or one after the timeout or after the turn moved on, is a 409.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
 from gateway.errors import ApiError
 from gateway.ids import new_perm_id
+from gateway.protocol.shapes import PendingPermission
 
 
 @dataclass(eq=False)
@@ -22,6 +24,9 @@ class PermissionRequest:
 
     perm_id: str
     tool_use_id: str
+    tool_name: str
+    input: dict[str, Any]
+    expires_at: int  # ms since the epoch
     decision: str | None = None
     closed: bool = False  # decided, timed out, or the turn moved on
     decided: trio.Event = field(default_factory=trio.Event)
@@ -34,11 +39,21 @@ class Permissions:
         self._session_id = session_id
         self._requests: dict[str, PermissionRequest] = {}
 
-    def open(self, tool_use_id: str) -> PermissionRequest:
+    def open(
+        self, tool_use_id: str, tool_name: str, input: dict[str, Any], expires_at: int
+    ) -> PermissionRequest:
         """A new request for the tool call ``tool_use_id``."""
-        request = PermissionRequest(new_perm_id(), tool_use_id)
+        request = PermissionRequest(new_perm_id(), tool_use_id, tool_name, input, expires_at)
         self._requests[request.perm_id] = request
         return request
+
+    def pending(self) -> list[PendingPermission]:
+        """The requests still waiting, oldest first (a snapshot's ``pending_permissions``)."""
+        return [
+            PendingPermission(r.perm_id, r.tool_use_id, r.tool_name, r.input, r.expires_at)
+            for r in self._requests.values()
+            if not r.closed and r.decision is None
+        ]
 
     def decide(self, perm_id: str, decision: str) -> None:
         """Resolve a pending request (PROTOCOL section 2).

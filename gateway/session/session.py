@@ -65,7 +65,7 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.frames import encode
 from gateway.protocol.framing import event_frame
-from gateway.protocol.shapes import Message, SessionSummary
+from gateway.protocol.shapes import Message, PendingPermission, SessionSummary
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.hub import Emitted, Hub, Subscriber
@@ -106,7 +106,9 @@ class NodeServices(AgentServices, Protocol):
         ...
 
 
-def summary_of(record: SessionRecord, turn: Turn | None = None) -> SessionSummary:
+def summary_of(
+    record: SessionRecord, turn: Turn | None = None, pending: list[PendingPermission] | None = None
+) -> SessionSummary:
     """The ``SessionSummary`` of PROTOCOL section 6, of a live session or a stored record."""
     return SessionSummary(
         id=record.id,
@@ -118,6 +120,7 @@ def summary_of(record: SessionRecord, turn: Turn | None = None) -> SessionSummar
         current_turn_id=turn.id if turn else None,
         current_turn_status="in_flight" if turn else None,
         parent_session_id=record.parent_session_id,
+        pending_permissions=pending or [],
     )
 
 
@@ -233,7 +236,7 @@ class Session:
     # --- views -----------------------------------------------------------------
 
     def summary(self) -> SessionSummary:
-        return summary_of(self.record, self.turn)
+        return summary_of(self.record, self.turn, self.permissions.pending())
 
     def scope(self, include_workers: bool) -> list[Session]:
         """This session and, when asked, its worker sessions, recursively."""
