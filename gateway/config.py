@@ -27,6 +27,7 @@ defaults (RUNNING.md "Command line").
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import re
 import tomllib
 import typing
@@ -392,7 +393,7 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 def _validate(raw: dict[str, Any], source: _Source) -> Config:
     try:
-        return msgspec.convert(raw, Config)
+        config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
         match = _MESSAGE.match(str(exc))
         assert match is not None  # the pattern matches any string
@@ -407,6 +408,24 @@ def _validate(raw: dict[str, Any], source: _Source) -> Config:
             raise source.error(key, f"missing key {missing['name']}") from None
         expected = _describe(mi.type_info(declared))
         raise source.error(key, f"expected {expected}, got {_show(value)}") from None
+    _check_trusted_proxies(config.server.trusted_proxies, source)
+    return config
+
+
+def _check_trusted_proxies(entries: tuple[str, ...], source: _Source) -> None:
+    """Each ``[server] trusted_proxies`` entry is an IP address or network, as the server parses it.
+
+    gateway.server.http.TrustedProxies reads them with
+    ``ipaddress.ip_network(strict=False)``: a host address is a /32 (or /128)
+    network, and host bits of a network are ignored (``10.1.2.3/8`` is
+    ``10.0.0.0/8``).
+    """
+    for index, entry in enumerate(entries):
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            problem = f"expected an IP address or network (CIDR), got {_show(entry)}"
+            raise source.error(f"server.trusted_proxies[{index}]", problem) from None
 
 
 def _locate(path: str, raw: Any) -> tuple[str | None, Any, Any]:

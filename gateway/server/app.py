@@ -30,7 +30,7 @@ from gateway.errors import StartupError, StoreError
 from gateway.node import Node
 from gateway.providers.base import Provider
 from gateway.providers.factory import make_provider
-from gateway.server.http import HttpLimits, serve_connection
+from gateway.server.http import HttpLimits, TrustedProxies, serve_connection
 from gateway.server.routes import Api
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.builtin import build_registry
@@ -56,6 +56,7 @@ class Gateway:
             read_timeout_s=s.read_timeout_s,
             keepalive_timeout_s=s.keepalive_timeout_s,
             max_client_frame_bytes=config.stream.max_client_frame_bytes,
+            trusted_proxies=TrustedProxies.parse(s.trusted_proxies),
         )
         self.port = 0
         self._accepting = trio.CancelScope()

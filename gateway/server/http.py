@@ -28,15 +28,23 @@ requests the connection may idle for ``keepalive_timeout_s``, and the next
 request must be complete within ``read_timeout_s`` of its first byte. A
 connection that never sent a byte of the pending request is closed silently;
 one that sent part of it gets a 408.
+
+Behind a reverse proxy (RUNNING.md ``[server] trusted_proxies``; PROTOCOL is
+silent, decided here): when the TCP peer is one of the trusted proxies, the
+client's address is taken from ``X-Forwarded-For`` and its scheme from
+``X-Forwarded-Proto`` (:func:`forwarded_client`); from any other peer those
+headers are ignored, so a client cannot choose the address the gateway logs.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import logging
+import re
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
@@ -63,7 +71,12 @@ class Request:
     ``path`` is the target without the query, not percent-decoded (ids are
     URL-safe). ``query`` keeps the first value per key, percent-decoded.
     ``headers`` has lower-cased names, latin-1 values, repeats joined with ``", "``.
-    ``client`` is the peer ``host:port`` when known.
+    ``client`` is who sent the request, as logged and counted: the TCP peer's
+    ``host:port``, or, when the peer is a trusted proxy, the address it
+    forwarded (no port: ``X-Forwarded-For`` carries none); see
+    :func:`forwarded_client`. ``peer`` is always the TCP peer's ``host:port``
+    ("" when unknown), and ``scheme`` the scheme the client used: ``"http"``,
+    or ``"https"`` when a trusted proxy says so.
     """
 
     method: str
@@ -72,6 +85,8 @@ class Request:
     headers: dict[str, str]
     body: bytes
     client: str
+    peer: str = ""
+    scheme: str = "http"
 
 
 @dataclass(slots=True)
@@ -126,15 +141,45 @@ class WebSocketAccept:
 Handler = Callable[[Request], Awaitable[Response | WebSocketAccept]]
 
 
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedProxies:
+    """The peers whose ``X-Forwarded-For`` and ``X-Forwarded-Proto`` are believed.
+
+    ``[server] trusted_proxies`` (RUNNING.md): addresses or CIDR networks, IPv4
+    or IPv6. Empty (the default): nobody is, and the headers are always ignored.
+    """
+
+    networks: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> TrustedProxies:
+        """Parse the config's entries, each with ``ipaddress.ip_network(strict=False)``.
+
+        Raises:
+            ValueError: an entry is neither an address nor a network (the
+                config has already refused it: gateway.config).
+        """
+        return cls(tuple(ipaddress.ip_network(entry, strict=False) for entry in entries))
+
+    def trusts(self, address: IPAddress) -> bool:
+        """Whether ``address`` is in one of the networks (an IPv4 one never is in an IPv6 one)."""
+        return any(address in network for network in self.networks)
+
+
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """Per-connection limits (RUNNING.md ``[server]`` and ``[stream]`` sections)."""
+    """Per-connection limits and trust (RUNNING.md ``[server]`` and ``[stream]`` sections)."""
 
     max_body_bytes: int = 1_048_576
     max_header_bytes: int = 16_384
     read_timeout_s: float = 10.0
     keepalive_timeout_s: float = 60.0
     max_client_frame_bytes: int = 65_536
+    trusted_proxies: TrustedProxies = TrustedProxies()
 
 
 async def serve_connection(
@@ -256,7 +301,7 @@ class _HttpConnection:
                 body += part.data
                 if len(body) > self._limits.max_body_bytes:
                     raise _body_too_large(self._limits.max_body_bytes)
-        return _request(event, bytes(body), self._client)
+        return _request(event, bytes(body), self._client, self._limits.trusted_proxies)
 
     async def _next_event(self) -> h11.Event:
         while (event := self._h11.next_event()) is h11.NEED_DATA:
@@ -347,7 +392,7 @@ class _HttpConnection:
         await ws.close(*close_reason("normal"))  # a no-op if run closed it
 
 
-def _request(event: h11.Request, body: bytes, client: str) -> Request:
+def _request(event: h11.Request, body: bytes, peer: str, trusted: TrustedProxies) -> Request:
     headers: dict[str, str] = {}
     for raw_name, raw_value in event.headers:
         name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
@@ -356,7 +401,105 @@ def _request(event: h11.Request, body: bytes, client: str) -> Request:
     query: dict[str, str] = {}
     for key, value in urllib.parse.parse_qsl(query_string, keep_blank_values=True):
         query.setdefault(key, value)
-    return Request(event.method.decode("latin-1"), path, query, headers, body, client)
+    client, scheme = forwarded_client(peer, headers, trusted)
+    method = event.method.decode("latin-1")
+    return Request(method, path, query, headers, body, client, peer, scheme)
+
+
+# --- who the client is, behind a proxy ------------------------------------------------
+
+
+def forwarded_client(
+    peer: str, headers: Mapping[str, str], trusted: TrustedProxies
+) -> tuple[str, str]:
+    """The client's address and scheme, believing the proxy headers only from a trusted peer.
+
+    The right-most-untrusted rule (as MDN's X-Forwarded-For page and uvicorn's
+    ``--forwarded-allow-ips`` apply it): each proxy appends the address it got
+    the request from, so ``X-Forwarded-For`` reads ``client, proxy1, proxy2``
+    and only the entries added by trusted proxies can be believed. Walking
+    from the right, starting at the TCP peer: while the current hop is
+    trusted, the entry to its left is the address that hop saw; the first
+    entry that is not itself a trusted proxy is the client. Entries further
+    left came from that client and may be anything (a spoof), so they are
+    never read. If every entry is a trusted proxy, the left-most one is the
+    client. An entry that is not an IP address (``unknown``, a hostname,
+    garbage, a zone index) stops the walk: the client is then the last hop
+    that could be vouched for, so nothing the gateway logs is text a client
+    chose. An entry may carry a port (``203.0.113.7:4711``,
+    ``[2001:db8::7]:4711``); it is dropped. IPv4-mapped IPv6 addresses count
+    as their IPv4 address.
+
+    ``X-Forwarded-Proto``: the right-most value (the one the trusted peer
+    set), if it is ``http`` or ``https``; anything else leaves ``"http"``.
+
+    Args:
+        peer: the TCP peer, ``host:port`` (an IPv6 host unbracketed or
+            bracketed), or "" when unknown (then nothing is trusted).
+        headers: lower-cased names, repeats joined with ``", "`` (which is
+            how RFC 9110 section 5.3 says repeats combine).
+        trusted: the configured trusted proxies.
+
+    Returns:
+        ``(client, scheme)``: ``client`` is ``peer`` unchanged when the headers
+        are not believed or name nobody usable, else the forwarded address in
+        its canonical spelling (no port).
+    """
+    if not trusted.networks:  # the default: no parsing at all
+        return peer, "http"
+    hop = _peer_address(peer)
+    if hop is None or not trusted.trusts(hop):
+        return peer, "http"
+    client = peer
+    entries = [e.strip() for e in headers.get("x-forwarded-for", "").split(",")]
+    for entry in reversed([e for e in entries if e]):
+        address = _forwarded_address(entry)
+        if address is None:
+            break
+        client = str(address)
+        if not trusted.trusts(address):
+            break
+    proto = headers.get("x-forwarded-proto", "").rpartition(",")[2].strip().lower()
+    return client, proto if proto in ("http", "https") else "http"
+
+
+def _peer_address(peer: str) -> IPAddress | None:
+    """The address part of the peer's ``host:port``."""
+    host = peer.rpartition(":")[0].removeprefix("[").removesuffix("]")
+    return _ip(host)
+
+
+_PORT = re.compile(r":[0-9]{1,5}")
+
+
+def _forwarded_address(entry: str) -> IPAddress | None:
+    """One ``X-Forwarded-For`` entry as an address: ``v4``, ``v4:port``, ``v6``, ``[v6]:port``."""
+    if entry.startswith("["):
+        host, bracket, rest = entry[1:].partition("]")
+        if not bracket or (rest and not _PORT.fullmatch(rest)):
+            return None
+        return _ip(host) if ":" in host else None  # brackets are for IPv6 only
+    if entry.count(":") == 1:  # v4:port (an IPv6 address has at least two colons)
+        host, port = entry.split(":")
+        return _ip(host) if _PORT.fullmatch(":" + port) else None
+    return _ip(entry)
+
+
+def _ip(text: str) -> IPAddress | None:
+    """``text`` as an IP address, IPv4-mapped IPv6 as IPv4; None for anything else.
+
+    A zone index (``fe80::1%eth0``) is refused: it means nothing off the host
+    that wrote it, and its text is free-form.
+    """
+    if "%" in text:
+        return None
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 def _head_size(event: h11.Request) -> int:
