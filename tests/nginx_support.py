@@ -168,38 +168,49 @@ async def running_nginx(
     nginx = Nginx(port)
     assert proc.stderr is not None
     stderr = proc.stderr
+    ready = False
     try:
         async with trio.open_nursery() as nursery:
-            started = trio.Event()
+            settled = trio.Event()
 
             async def read_log() -> None:
+                nonlocal ready
                 pending = b""
                 while chunk := await stderr.receive_some():
                     pending += chunk
                     *lines, pending = pending.split(b"\n")
                     for line in lines:
                         nginx.log.append(line.decode(errors="replace"))
-                        if b"start worker process" in line:
-                            started.set()
-                started.set()  # nginx exited: the caller's check says why
+                        if b"start worker process" in line:  # listening, workers up
+                            ready = True
+                            settled.set()
+                settled.set()  # nginx exited
 
             nursery.start_soon(read_log, name="nginx stderr")
             with trio.fail_after(10):
-                await started.wait()
-            assert proc.returncode is None, "nginx did not start:\n" + "\n".join(nginx.log)
-            try:
-                yield nginx
-            finally:
-                if proc.returncode is None:
+                await settled.wait()
+            if ready:
+                try:
+                    yield nginx
+                finally:
                     proc.terminate()  # nginx's fast shutdown
-                with trio.move_on_after(10):
-                    await proc.wait()
-                nursery.cancel_scope.cancel()
+                    with trio.move_on_after(10):
+                        await proc.wait()
+            nursery.cancel_scope.cancel()
     finally:
         if proc.returncode is None:
             proc.kill()
         await proc.wait()
         await stderr.aclose()
+    if not ready:
+        log = "\n".join(nginx.log)
+        if "Address already in use" in log:
+            raise PortTaken(port)
+        raise AssertionError(f"nginx did not start:\n{log}")
+
+
+class PortTaken(Exception):
+    """Someone took the port :func:`free_port` found before nginx could listen on it."""
 
 
 # --- the gateway -------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from tests.conftest import TOOL_SCRIPT, Client, types
 from tests.nginx_support import (
     GatewayProcess,
     Nginx,
+    PortTaken,
     ensure_nginx,
     free_port,
     gateway_process,
@@ -91,9 +92,11 @@ async def proxied(tmp_path: Path, *, small_buffers: bool = False) -> AsyncIterat
     autotuning would otherwise grow to.
     """
     ensure_nginx()  # first: a skip must come before anything starts
-    nginx_port = free_port()
     small = small_buffers
-    config = f"""\
+    for attempt in range(3):  # free_port() is free when asked, not necessarily later
+        async with AsyncExitStack() as stack:
+            nginx_port = free_port()
+            config = f"""\
 [server]
 host = "127.0.0.1"
 port = 0
@@ -105,22 +108,30 @@ queue_max_events = {20 if small else 1000}
 [log]
 format = "json"
 """
-    async with (
-        gateway_process(tmp_path / "gateway", config) as gateway,
-        running_nginx(
-            tmp_path / "nginx",
-            gateway.port,
-            nginx_port,
-            listen_options="sndbuf=4096 rcvbuf=4096" if small else "",
-            stream_extra="proxy_buffer_size 4k;" if small else "",
-        ) as nginx,
-    ):
-        transport = httpx.AsyncHTTPTransport(local_address=CLIENT_ADDRESS)
-        headers = {"X-Forwarded-For": SPOOFED}
-        async with httpx.AsyncClient(
-            base_url=nginx.base, transport=transport, headers=headers
-        ) as http:
+            where = tmp_path / f"try{attempt}"
+            gateway = await stack.enter_async_context(gateway_process(where / "gateway", config))
+            try:
+                nginx = await stack.enter_async_context(
+                    running_nginx(
+                        where / "nginx",
+                        gateway.port,
+                        nginx_port,
+                        listen_options="sndbuf=4096 rcvbuf=4096" if small else "",
+                        stream_extra="proxy_buffer_size 4k;" if small else "",
+                    )
+                )
+            except PortTaken:
+                continue  # the stack stops this gateway; try another port
+            http = await stack.enter_async_context(
+                httpx.AsyncClient(
+                    base_url=nginx.base,
+                    transport=httpx.AsyncHTTPTransport(local_address=CLIENT_ADDRESS),
+                    headers={"X-Forwarded-For": SPOOFED},
+                )
+            )
             yield Proxied(gateway, nginx, http)
+            return
+    raise AssertionError("three ports in a row were taken before nginx could listen")
 
 
 def assert_saw_the_real_client(gateway: GatewayProcess) -> None:
