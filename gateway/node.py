@@ -9,15 +9,17 @@ Task tree (a stack dump reads like this)::
         └── session <id>      Session.run: agent-loop <id>, translator <id>
 
 Shared by all sessions: the config, the store, the node-wide event sequencer
-(PROTOCOL section 1), the provider, the tool registry, the attach tokens and
-the metrics. Shutdown (RUNNING.md "Command line") goes in order: no new turns,
-in-flight turns cancelled with ``reason: "shutdown"`` and given
+(PROTOCOL section 1), the provider, the tool registry, the attach tokens, the
+limits per API key (``gateway.server.auth``) and the metrics. Shutdown
+(RUNNING.md "Command line") goes in order: no new turns, in-flight turns
+cancelled with ``reason: "shutdown"`` and given
 ``shutdown_grace_s`` to emit their sequences, sessions stopped, the store
 flushed and closed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -32,6 +34,7 @@ from gateway.ids import new_attach_token, new_session_id, now_ms
 from gateway.metrics import Metrics
 from gateway.protocol.shapes import Usage
 from gateway.providers.base import Provider
+from gateway.server.auth import NO_OWNER, Limits
 from gateway.session.recovery import close_interrupted
 from gateway.session.sequencer import EventSequencer
 from gateway.session.session import Session
@@ -108,6 +111,7 @@ class Node:
         self.tools = tools
         self.metrics = metrics or Metrics()
         self.tokens = AttachTokens(config.stream.attach_token_ttl_s)
+        self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.server.auth)
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)
         self.sequencer: EventSequencer
@@ -130,6 +134,7 @@ class Node:
             await nursery.start(self._run_store, name="store-writer")
             self.sequencer = EventSequencer(state.event_ceiling, self.store.reserve_event_ids)
             await self.store.flush()  # the first reservation is durable before any id is used
+            self.limits.count_sessions(await self.store.sessions_per_owner())
             async with trio.open_nursery() as sessions:
                 self._sessions_nursery = sessions
                 sessions.start_soon(self._retention_loop, name="retention")
@@ -275,24 +280,41 @@ class Node:
         model: str | None = None,
         metadata: dict[str, Any] | None = None,
         parent: Session | None = None,
+        owner: str = NO_OWNER,
     ) -> Session:
-        """Create and start a session (``POST /sessions``, or a ``delegate`` worker)."""
-        path = await trio.Path(workspace_path or os.curdir).absolute()
-        workspace = str(path)
-        if not await path.is_dir():
-            raise ApiError(
-                422, "invalid_workspace", f"workspace_path {workspace!r} is not a directory"
+        """Create and start a session (``POST /sessions``, or a ``delegate`` worker).
+
+        Args:
+            owner: the id of the API key that creates it (PROTOCOL section 2), ``""``
+                without keys. A worker belongs to its parent's owner and is not
+                counted against ``max_sessions_per_key`` (a tool made it, not a client).
+
+        Raises:
+            ApiError: 429 ``too_many_sessions`` (the count is taken before any
+                wait, so two racing requests cannot both get the last one), 422
+                for a bad workspace or model, 503 ``store_unavailable``.
+        """
+        if parent is not None:
+            owner = parent.record.owner
+        counted = self.limits.new_session(owner) if parent is None else contextlib.nullcontext()
+        with counted:
+            path = await trio.Path(workspace_path or os.curdir).absolute()
+            workspace = str(path)
+            if not await path.is_dir():
+                raise ApiError(
+                    422, "invalid_workspace", f"workspace_path {workspace!r} is not a directory"
+                )
+            record = SessionRecord(
+                id=new_session_id(),
+                created_at=now_ms(),
+                workspace_path=workspace,
+                active_model=self.resolve_model(model),
+                metadata=metadata or {},
+                parent_session_id=parent.id if parent else None,
+                routing_policy_version=ROUTING_POLICY_VERSION,
+                owner=owner,
             )
-        record = SessionRecord(
-            id=new_session_id(),
-            created_at=now_ms(),
-            workspace_path=workspace,
-            active_model=self.resolve_model(model),
-            metadata=metadata or {},
-            parent_session_id=parent.id if parent else None,
-            routing_policy_version=ROUTING_POLICY_VERSION,
-        )
-        self.store.put_session(record)
+            self.store.put_session(record)
         session = Session(self, record, parent=parent)
         if parent is not None:
             parent.workers.append(session)

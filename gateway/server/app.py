@@ -12,6 +12,10 @@ new turns, cancel in-flight turns with ``reason: "shutdown"`` (each emits its
 cancellation sequence, which clients still receive), close every WebSocket with
 1001, then stop the sessions, flush and close the store. All within
 ``shutdown_grace_s`` per step; the process then exits 0.
+
+SIGHUP re-reads ``[auth] api_keys_file`` (gateway.server.auth): keys added
+are accepted and keys removed refused from the next request on; a file that
+became unreadable keeps the keys loaded before and logs an error.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from gateway.errors import StartupError, StoreError
 from gateway.node import Node
 from gateway.providers.base import Provider
 from gateway.providers.factory import make_provider
+from gateway.server.auth import ApiKeys
 from gateway.server.http import HttpLimits, TrustedProxies, serve_connection
 from gateway.server.routes import Api
 from gateway.store.sqlite import SqliteStore
@@ -58,6 +63,7 @@ class Gateway:
             max_client_frame_bytes=config.stream.max_client_frame_bytes,
             trusted_proxies=TrustedProxies.parse(s.trusted_proxies),
         )
+        self.keys = ApiKeys(config.auth)  # StartupError: an unreadable api_keys_file
         self.port = 0
         self._accepting = trio.CancelScope()
         self._connections = trio.CancelScope()
@@ -99,7 +105,7 @@ class Gateway:
     def node_api(self) -> Api:
         api: Api | None = getattr(self, "_api", None)
         if api is None:
-            api = self._api = Api(self.node)
+            api = self._api = Api(self.node, self.keys)
         return api
 
     def shutdown(self) -> None:
@@ -122,6 +128,8 @@ class Gateway:
 async def serve(config: Config, provider: Provider | None = None) -> None:
     """``gateway serve``: run until SIGTERM or SIGINT, print the readiness line.
 
+    SIGHUP re-reads the API keys file (module docstring).
+
     Raises:
         StartupError: the daemon could not start (possibly inside an exception group).
     """
@@ -133,7 +141,8 @@ async def serve(config: Config, provider: Provider | None = None) -> None:
     except StoreError as exc:
         raise StartupError(exc.message) from None
     async with trio.open_nursery() as nursery:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        stops = (signal.SIGTERM, signal.SIGINT)
+        with trio.open_signal_receiver(*stops, signal.SIGHUP) as signals:
             try:
                 port = await nursery.start(gateway.run, name="gateway")
             except Exception as exc:  # nothing is serving yet: say why in one line
@@ -143,6 +152,9 @@ async def serve(config: Config, provider: Provider | None = None) -> None:
                 raise StartupError(line) from None
             print(f"gateway listening on http://{config.server.host}:{port}", flush=True)
             async for signum in signals:
+                if signum not in stops:  # SIGHUP: re-read api_keys_file (gateway.server.auth)
+                    await gateway.keys.reload()
+                    continue
                 log.info("received %s: shutting down", signal.Signals(signum).name)
                 gateway.shutdown()
                 break

@@ -133,9 +133,15 @@ class WebSocketAccept:
     with 1000 if ``run`` has not closed it, or with 1011 ``internal_error`` if
     ``run`` raised. On cancellation (shutdown) the stream is simply dropped:
     closing with 1001 first is ``run``'s job (RUNNING.md, command line).
+
+    ``abandon`` is called instead of ``run`` when the upgrade does not happen
+    (the transport refuses the handshake, or the client is gone before the 101
+    is sent): what the handler took for the connection (a slot of
+    ``[limits] max_connections``) is given back either way.
     """
 
     run: Callable[[WebSocket], Awaitable[None]]
+    abandon: Callable[[], None] = lambda: None
 
 
 Handler = Callable[[Request], Awaitable[Response | WebSocketAccept]]
@@ -240,6 +246,7 @@ class _HttpConnection:
                     del request
                     await self._upgrade(key, path, answer)
                     return
+                answer.abandon()
                 answer = refusal
             await self._send(answer)
             if self._h11.our_state is not h11.DONE or self._h11.their_state is not h11.DONE:
@@ -376,7 +383,11 @@ class _HttpConnection:
                 ("sec-websocket-accept", generate_accept_token(key).decode()),
             ],
         )
-        await self._stream.send_all(self._h11.send(switch))
+        try:
+            await self._stream.send_all(self._h11.send(switch))
+        except BaseException:
+            accept.abandon()  # run will never be called
+            raise
         trailing, _ = self._h11.trailing_data
         del self._h11  # a WebSocket lives long: keep none of the HTTP state
         ws = WebSocket(

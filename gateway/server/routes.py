@@ -7,10 +7,19 @@ credentials, 403 wrong key or attach token or Origin, 404 unknown, 405 wrong
 method (with ``Allow``), 409 conflict, 413 too large (transport), 422
 schema-invalid.
 
-Authentication: where ``[auth] api_keys`` is set, every route but
-``/healthz`` needs ``Authorization: Bearer KEY``. The stream handshake is the
-exception: browsers cannot set headers on a WebSocket, so the single-use attach
-token (obtained with the key from ``GET /sessions/{id}``) is its credential.
+Authentication: where API keys are configured (``[auth] api_keys`` or
+``api_keys_file``, gateway.server.auth), every route but ``/healthz`` needs
+``Authorization: Bearer KEY``. The stream handshake is the exception: browsers
+cannot set headers on a WebSocket, so the single-use attach token (obtained with
+the key from ``GET /sessions/{id}``) is its credential; a handshake that does
+carry a Bearer key (a non-browser client) is checked like any route.
+
+Ownership (PROTOCOL section 2): a session belongs to the key that created it,
+and to any other key it does not exist: :meth:`Api._session` answers 404
+``session_not_found`` with the body an unknown id gets, on every route of the
+session, and ``GET /sessions`` lists only what the caller sees (filtered in the
+store query, so pages and ``before`` work). Sessions created without keys
+(owner ``""``) are seen by every key.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from gateway.metrics import CONTENT_TYPE
 from gateway.node import Node
 from gateway.protocol.events import FeedbackRecorded
 from gateway.protocol.shapes import ContentBlock, Message, SessionSummary, TextBlock
+from gateway.server.auth import NO_OWNER, ApiKeys, sees
 from gateway.server.connection import StreamConnection
 from gateway.server.http import Request, Response, WebSocketAccept, json_response
 from gateway.server.openapi import Documented, Operation, Query, build_document, path_regex
@@ -138,9 +148,10 @@ Route = Callable[..., Awaitable[Response | WebSocketAccept]]
 class Api:
     """The route table and the handlers, over one :class:`~gateway.node.Node`."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, keys: ApiKeys | None = None) -> None:
         self.node = node
         self.config = node.config
+        self.keys = keys if keys is not None else ApiKeys(node.config.auth)
         self.routes: list[tuple[re.Pattern[str], dict[str, Route], str]] = []
         self.documented: list[Documented] = []  # what /openapi.json says of each route
         self._openapi: dict[bool, bytes] = {}  # the document, built once (with or without auth)
@@ -355,21 +366,42 @@ class Api:
             return answer
         raise ApiError(404, "not_found", f"no route for {req.path}")
 
-    def _authenticate(self, req: Request) -> None:
-        keys = self.config.auth.api_keys
-        if not keys:
-            return
+    def _authenticate(self, req: Request) -> str | None:
+        """The caller: the id of its API key, or ``None`` where no keys are configured.
+
+        Raises:
+            ApiError: 401 ``unauthorized`` without ``Authorization: Bearer``, 403
+                ``forbidden`` for a key that is not (or no longer) accepted.
+        """
+        if not self.keys.enabled:
+            return None
         header = req.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key:
+        if scheme.lower() != "bearer" or not key.strip():
             raise ApiError(401, "unauthorized", "send Authorization: Bearer <api key>")
-        if key.strip() not in keys:
+        caller = self.keys.identify(key.strip())
+        if caller is None:
             raise ApiError(403, "forbidden", "the API key is not valid")
+        return caller
 
-    async def _session(self, session_id: str) -> Session:
+    async def _session(self, session_id: str, caller: str | None) -> Session:
+        """The session, as ``caller`` may see it (PROTOCOL section 2).
+
+        Another key's session is answered exactly as an unknown id (same status,
+        code and message: no oracle), and is not even loaded from the store: a
+        stored session's owner is read first, one store read as for an unknown id.
+
+        Raises:
+            ApiError: 404 ``session_not_found``.
+        """
+        unknown = ApiError(404, "session_not_found", f"no session {session_id!r}")
+        if caller is not None and session_id not in self.node.sessions:
+            record = await self.node.store.get_session(session_id)
+            if record is not None and not sees(caller, record.owner):
+                raise unknown
         session: Session | None = await self.node.get_session(session_id)
-        if session is None:
-            raise ApiError(404, "session_not_found", f"no session {session_id!r}")
+        if session is None or not sees(caller, session.record.owner):
+            raise unknown
         return session
 
     # --- handlers ------------------------------------------------------------------
@@ -395,20 +427,30 @@ class Api:
         return Response(200, document)
 
     async def create_session(self, req: Request) -> Response:
+        owner = self._authenticate(req) or NO_OWNER
         body = _decode_optional(req, CreateSession) or CreateSession()
-        session = await self.node.create_session(
-            workspace_path=body.workspace_path, model=body.model, metadata=body.metadata
+        session = await self.node.create_session(  # 429 past max_sessions_per_key
+            workspace_path=body.workspace_path,
+            model=body.model,
+            metadata=body.metadata,
+            owner=owner,
         )
+
         r = session.record
         return json_response(201, SessionCreated(r.id, r.active_model, r.created_at))
 
     async def list_sessions(self, req: Request) -> Response:
+        caller = self._authenticate(req)
         limit = _int_query(req, "limit", default=50, low=1, high=200)
         await self.node.store.flush()
         before = req.query.get("before")
-        if before is not None and await self.node.store.get_session(before) is None:
-            raise ApiError(404, "session_not_found", f"no session {before!r} to page before")
-        records, has_more = await self.node.store.list_sessions(limit=limit, before=before)
+        if before is not None:
+            cursor = await self.node.store.get_session(before)
+            if cursor is None or not sees(caller, cursor.owner):
+                raise ApiError(404, "session_not_found", f"no session {before!r} to page before")
+        records, has_more = await self.node.store.list_sessions(
+            limit=limit, before=before, visible_to=caller
+        )
         listings = []
         for rec in records:
             live = self.node.sessions.get(rec.id)
@@ -417,7 +459,7 @@ class Api:
         return json_response(200, SessionList(listings, has_more))
 
     async def get_session(self, req: Request, session_id: str) -> Response:
-        session = await self._session(session_id)
+        session = await self._session(session_id, self._authenticate(req))
         token = self.node.tokens.issue(session.id)
         url = f"{self._ws_base(req)}/sessions/{session.id}/stream?attach={token}"
         return json_response(
@@ -439,7 +481,7 @@ class Api:
         return f"{'wss' if req.scheme == 'https' else 'ws'}://{host}"
 
     async def list_messages(self, req: Request, session_id: str) -> Response:
-        session = await self._session(session_id)
+        session = await self._session(session_id, self._authenticate(req))
         limit = _int_query(req, "limit", default=50, low=1, high=200)
         messages = session.messages
         end = len(messages)
@@ -452,31 +494,35 @@ class Api:
         return json_response(200, MessagePage(messages[start:end], start > 0))
 
     async def submit_turn(self, req: Request, session_id: str) -> Response:
-        session = await self._session(session_id)
+        caller = self._authenticate(req)
+        session = await self._session(session_id, caller)
         body = _decode(req, SubmitTurn)
         content = _user_content(body.content)
         turn_id = new_turn_id()
         message = Message(
             new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
         )
+        key = caller or NO_OWNER
+        self.node.limits.check_turn(key)  # 429 rate_limited, with Retry-After
         turn = session.submit_turn(message)
+        self.node.limits.count_turn(key)  # only a turn accepted counts; no wait since the check
         await session.accepted(turn)  # 202 once the turn is durable (PROTOCOL section 9)
         return json_response(202, TurnAccepted(turn_id))
 
     async def cancel_turn(self, req: Request, session_id: str, turn_id: str) -> Response:
-        session = await self._session(session_id)
+        session = await self._session(session_id, self._authenticate(req))
         body = _decode_optional(req, CancelTurn) or CancelTurn()
         session.cancel_turn(turn_id, body.reason or "user", f"http:{req.client}")
         return json_response(202, CancelAccepted(turn_id))
 
     async def decide(self, req: Request, session_id: str, perm_id: str) -> Response:
-        session = await self._session(session_id)
+        session = await self._session(session_id, self._authenticate(req))
         body = _decode(req, PermissionDecision)
         session.decide_permission(perm_id, body.decision)
         return json_response(202, Accepted("resolved"))
 
     async def feedback(self, req: Request, session_id: str) -> Response:
-        session = await self._session(session_id)
+        session = await self._session(session_id, self._authenticate(req))
         body = _decode(req, Feedback)
         message = next((m for m in session.messages if m.id == body.message_id), None)
         if message is None:
@@ -494,8 +540,14 @@ class Api:
         origin = req.headers.get("origin")
         if origins and origin is not None and origin not in origins:
             raise ApiError(403, "origin_not_allowed", f"Origin {origin!r} is not allowed")
-        session = await self._session(session_id)
+        # A browser cannot send Authorization: the token is then the only credential.
+        # A client that does send a Bearer key is held to it (another key's session: 404).
+        bearer = req.headers.get("authorization", "").partition(" ")[0].lower() == "bearer"
+        caller = self._authenticate(req) if bearer else None
+        session = await self._session(session_id, caller)
         self.node.tokens.redeem(req.query.get("attach"), session.id)
+        # The stream counts against its session's owner, released however it ends.
+        release = self.node.limits.open_stream(session.record.owner)  # 503 over_capacity
 
         async def run(ws: WebSocket) -> None:
             conn = StreamConnection(session, ws)
@@ -503,10 +555,11 @@ class Api:
             try:
                 await conn.run()
             finally:
+                release()
                 self.node.connections.discard(conn)
                 self.node.notify()  # shutdown waits for the connections to close
 
-        return WebSocketAccept(run)
+        return WebSocketAccept(run, abandon=release)  # abandon: the upgrade did not happen
 
 
 # --- helpers -----------------------------------------------------------------------

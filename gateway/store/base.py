@@ -61,6 +61,11 @@ class SessionRecord(msgspec.Struct):
     # the same commit, so a restart knows which turns to close.
     current_turn_id: str | None = None
     current_turn_seq: int = 0
+    # Who the session belongs to (PROTOCOL section 2): the id of the API key that
+    # created it (gateway.server.auth.key_id: a digest, never the key), a worker's
+    # its parent's; "" (no owner, seen by every key) where no keys were configured.
+    # A default, so records stored before owners existed decode as ownerless.
+    owner: str = ""
 
 
 class StoredEvent(msgspec.Struct):
@@ -175,7 +180,7 @@ class Store(Protocol):
         ...
 
     async def list_sessions(
-        self, *, limit: int, before: str | None
+        self, *, limit: int, before: str | None, visible_to: str | None = None
     ) -> tuple[list[SessionRecord], bool]:
         """One page of ``GET /sessions`` (PROTOCOL section 2), newest first.
 
@@ -185,6 +190,8 @@ class Store(Protocol):
             limit: the page size (>= 0).
             before: a session id: only sessions strictly after it in that order.
                 An id the store does not know gives an empty page.
+            visible_to: a key id: only the sessions it owns and those with no
+                owner (``""``), filtered before the page is cut; ``None``: all.
 
         Returns:
             The page and whether more sessions follow it.
@@ -210,6 +217,10 @@ class Store(Protocol):
 
     async def load_messages(self, session_id: str) -> list[StoredMessage]:
         """The whole conversation, in insertion order (to load a session)."""
+        ...
+
+    async def sessions_per_owner(self) -> dict[str, int]:
+        """How many sessions each owner has, workers not counted (``max_sessions_per_key``)."""
         ...
 
     async def open_turns(self) -> list[SessionRecord]:

@@ -56,7 +56,7 @@ from gateway.errors import StoreError
 from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 5.0
 RETRY_FIRST_S = 0.05  # a failed write is retried after this, doubling...
 RETRY_MAX_S = 5.0  # ...up to this
@@ -96,6 +96,16 @@ _MIGRATE_1_TO_2 = (
     """,
 )
 
+# Version 3 (PROTOCOL section 2): a session belongs to the key that created it.
+# ``owner`` is the key's id (gateway.server.auth.key_id), never the key; "" for
+# the sessions made without keys, which every key sees (so every version-2
+# session, made before owners existed, stays visible as it was).
+_V3_INDEXES = ("CREATE INDEX sessions_by_owner ON sessions (owner, created_at, id)",)
+_MIGRATE_2_TO_3 = (
+    "ALTER TABLE sessions ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+    *_V3_INDEXES,
+)
+
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
     """CREATE TABLE sessions (
@@ -109,10 +119,12 @@ _SCHEMA = (
         cost_so_far_usd REAL NOT NULL,
         turn_count INTEGER NOT NULL,
         current_turn_id TEXT,
-        current_turn_seq INTEGER NOT NULL DEFAULT 0
+        current_turn_seq INTEGER NOT NULL DEFAULT 0,
+        owner TEXT NOT NULL DEFAULT ''
     )""",
     "CREATE INDEX sessions_by_age ON sessions (created_at, id)",
     *_V2_INDEXES,
+    *_V3_INDEXES,
     # ord is the insertion order: message ids are random or the provider's own.
     """CREATE TABLE messages (
         ord INTEGER PRIMARY KEY,
@@ -138,10 +150,11 @@ _SCHEMA = (
 
 _SESSION_COLUMNS = (
     "id, created_at, workspace_path, active_model, metadata, parent_session_id,"
-    " routing_policy_version, cost_so_far_usd, turn_count, current_turn_id, current_turn_seq"
+    " routing_policy_version, cost_so_far_usd, turn_count, current_turn_id, current_turn_seq,"
+    " owner"
 )
 _UPSERT_SESSION = f"""
-    INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO UPDATE SET
         created_at = excluded.created_at,
         workspace_path = excluded.workspace_path,
@@ -152,7 +165,8 @@ _UPSERT_SESSION = f"""
         cost_so_far_usd = excluded.cost_so_far_usd,
         turn_count = excluded.turn_count,
         current_turn_id = excluded.current_turn_id,
-        current_turn_seq = excluded.current_turn_seq
+        current_turn_seq = excluded.current_turn_seq,
+        owner = excluded.owner
 """
 # An upsert keeps the row, hence its ord: a rewritten message keeps its place.
 _UPSERT_MESSAGE = """
@@ -170,13 +184,12 @@ _RAISE_META = """
     INSERT INTO meta (key, value) VALUES (?, ?)
     ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)
 """
-_NEWEST_SESSIONS = f"""
-    SELECT {_SESSION_COLUMNS} FROM sessions
-    ORDER BY created_at DESC, id DESC LIMIT ?
-"""
-_SESSIONS_BEFORE = f"""
-    SELECT {_SESSION_COLUMNS} FROM sessions
-    WHERE (created_at, id) < (SELECT created_at, id FROM sessions WHERE id = ?)
+# A page of GET /sessions: the filters are in the query, so a page is cut from
+# the sessions the caller may see (and ``before`` pages through those alone).
+_VISIBLE_TO = "owner IN ('', ?)"
+_BEFORE = "(created_at, id) < (SELECT created_at, id FROM sessions WHERE id = ?)"
+_PAGE_OF_SESSIONS = f"""
+    SELECT {_SESSION_COLUMNS} FROM sessions {{where}}
     ORDER BY created_at DESC, id DESC LIMIT ?
 """
 # The message still streaming (stored in_progress as its blocks end, PROTOCOL
@@ -197,7 +210,7 @@ _encoder = msgspec.json.Encoder()
 _message_decoder = msgspec.json.Decoder(Message)
 _metadata_decoder = msgspec.json.Decoder(dict[str, Any])
 
-_SessionRow = tuple[str, int, str, str, bytes, str | None, str, float, int, str | None, int]
+_SessionRow = tuple[str, int, str, str, bytes, str | None, str, float, int, str | None, int, str]
 _MessageRow = tuple[str, str, bytes, str | None, str | None, int | None]
 _EventRow = tuple[int, str, str, int, bytes]
 
@@ -230,6 +243,7 @@ class _Batch:
                 rec.turn_count,
                 rec.current_turn_id,
                 rec.current_turn_seq,
+                rec.owner,
             )
         )
         self.size += 1
@@ -370,13 +384,30 @@ class _Database:
             row = self._reader.execute(sql, (session_id,)).fetchone()
         return None if row is None else _session_record(row)
 
-    def list_sessions(self, limit: int, before: str | None) -> tuple[list[SessionRecord], bool]:
+    def list_sessions(
+        self, limit: int, before: str | None, visible_to: str | None
+    ) -> tuple[list[SessionRecord], bool]:
+        where: list[str] = []
+        args: list[Any] = []
+        if visible_to is not None:
+            where.append(_VISIBLE_TO)
+            args.append(visible_to)
+        if before is not None:
+            where.append(_BEFORE)
+            args.append(before)
+        sql = _PAGE_OF_SESSIONS.format(where=f"WHERE {' AND '.join(where)}" if where else "")
         with _reporting(self._path, "read"):
-            if before is None:
-                rows = self._reader.execute(_NEWEST_SESSIONS, (limit + 1,)).fetchall()
-            else:
-                rows = self._reader.execute(_SESSIONS_BEFORE, (before, limit + 1)).fetchall()
+            rows = self._reader.execute(sql, (*args, limit + 1)).fetchall()
         return [_session_record(row) for row in rows[:limit]], len(rows) > limit
+
+    def sessions_per_owner(self) -> dict[str, int]:
+        sql = """
+            SELECT owner, count(*) FROM sessions WHERE parent_session_id IS NULL
+            GROUP BY owner
+        """
+        with _reporting(self._path, "read"):
+            rows = self._reader.execute(sql).fetchall()
+        return {owner: count for owner, count in rows}
 
     def list_messages(
         self, session_id: str, before: str | None, limit: int
@@ -455,11 +486,16 @@ def _prepare_schema(conn: sqlite3.Connection, path: str) -> StoreState:
         elif "meta" not in tables:
             raise StoreError(f"cannot open store {path!r}: a SQLite database, not a gateway store")
         version = _meta(conn, "schema_version")
-        if version == 1:  # the previous release's stores are upgraded in place
+        if version == 1:  # earlier releases' stores are upgraded in place, one step at a time
             for statement in _MIGRATE_1_TO_2:
                 conn.execute(statement)
             conn.execute(_RAISE_META, ("schema_version", 2))
             version = 2
+        if version == 2:
+            for statement in _MIGRATE_2_TO_3:
+                conn.execute(statement)
+            conn.execute(_RAISE_META, ("schema_version", 3))
+            version = 3
         if version != SCHEMA_VERSION:
             raise StoreError(
                 f"cannot open store {path!r}: schema version {version},"
@@ -478,10 +514,10 @@ def _meta(conn: sqlite3.Connection, key: str) -> int:
 
 
 def _session_record(row: tuple[Any, ...]) -> SessionRecord:
-    id_, created_at, workspace, model, metadata, parent, policy, cost, turns, turn_id, seq = row
+    id_, created, workspace, model, metadata, parent, policy, cost, turns, turn_id, seq, owner = row
     return SessionRecord(
         id=id_,
-        created_at=created_at,
+        created_at=created,
         workspace_path=workspace,
         active_model=model,
         metadata=_metadata_decoder.decode(metadata),
@@ -491,6 +527,7 @@ def _session_record(row: tuple[Any, ...]) -> SessionRecord:
         turn_count=turns,
         current_turn_id=turn_id,
         current_turn_seq=seq,
+        owner=owner,
     )
 
 
@@ -725,10 +762,13 @@ class SqliteStore:
         return await self._read(lambda db: db.get_session(session_id))
 
     async def list_sessions(
-        self, *, limit: int, before: str | None
+        self, *, limit: int, before: str | None, visible_to: str | None = None
     ) -> tuple[list[SessionRecord], bool]:
         _check_limit(limit)
-        return await self._read(lambda db: db.list_sessions(limit, before))
+        return await self._read(lambda db: db.list_sessions(limit, before, visible_to))
+
+    async def sessions_per_owner(self) -> dict[str, int]:
+        return await self._read(lambda db: db.sessions_per_owner())
 
     async def list_messages(
         self, session_id: str, *, before: str | None, limit: int
