@@ -49,6 +49,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+import msgspec
 import trio
 
 from gateway.errors import ApiError
@@ -319,8 +320,13 @@ class Session:
         )
 
     def keep_partial(self, message: Message) -> None:
-        """Store the streaming message as far as it got (PROTOCOL section 9)."""
-        self.node.store.put_message(StoredMessage(message, None))
+        """Store the streaming message as far as it got (PROTOCOL section 9).
+
+        Without ``open_block_index``: that says where a live stream stands, and
+        what is stored is read back only once the stream is over.
+        """
+        kept = msgspec.structs.replace(message, open_block_index=msgspec.UNSET)
+        self.node.store.put_message(StoredMessage(kept, None))
 
     def save_record(self) -> None:
         self.node.store.put_session(self.record)
