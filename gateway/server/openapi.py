@@ -13,9 +13,11 @@ The errors an operation can answer are derived, then extended by its own:
 ====================================  =============================================
 every operation (the transport)       400 ``malformed_request``, 408 ``request_timeout``,
                                       413 ``body_too_large``, 431 ``headers_too_large``
-needs the API key, keys configured    401 ``unauthorized``, 403 ``forbidden``
+every operation (the router)          422 ``invalid_query``: a query parameter it
+                                      does not take
+takes an API key, keys configured     401 ``unauthorized``, 403 ``forbidden``
 decodes a JSON body                   400 ``invalid_json``, 422 ``invalid_body``
-an integer query parameter            400 ``invalid_query``, 422 ``invalid_query``
+an integer query parameter            400 ``invalid_query`` (422 out of range)
 an id in the path                     404 ``not_found`` (not an id: no route)
 a ``{session_id}`` in the path        404 ``session_not_found``
 ====================================  =============================================
@@ -27,9 +29,11 @@ that operation and status: a client can switch on it. Not per operation: 405
 ``HEAD`` wherever ``GET`` is, answered as the ``GET`` without its body.
 
 Security: where API keys are configured, a ``bearer`` scheme applies to every
-operation but ``/healthz`` and ``/readyz`` (probes) and the stream handshake
-(its credential is the attach token, PROTOCOL section 2); ``/openapi.json``
-itself needs the key like the other routes.
+operation but ``/healthz`` and ``/readyz`` (probes, never asked) and the stream
+handshake (optional: its credential is the attach token, PROTOCOL section 2, but
+a key sent is checked); ``/openapi.json`` itself needs the key like the other
+routes. The router reads the same :attr:`Operation.auth` and
+:attr:`Operation.query` it documents, so the document cannot drift from them.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -86,7 +90,9 @@ class Operation:
         query: the query parameters.
         errors: the errors only this operation gives, status to codes (the derived
             ones are in the module docstring).
-        auth: False where the route needs no API key even when keys are configured.
+        auth: where keys are configured, ``"required"``: the route needs one;
+            ``"optional"``: a Bearer key is checked when sent (the stream handshake,
+            whose credential is its attach token); ``"none"``: never asked (probes).
         media_type: the success answer's content type.
         description: what a client needs beyond the schemas.
     """
@@ -98,7 +104,7 @@ class Operation:
     body_required: bool = True
     query: tuple[Query, ...] = ()
     errors: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
-    auth: bool = True
+    auth: Literal["required", "optional", "none"] = "required"
     media_type: str = "application/json"
     description: str = ""
 
@@ -128,7 +134,7 @@ def build_document(routes: Iterable[Documented], *, auth: bool, server_url: str 
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
         item = paths.setdefault(route.path, {})
-        item[route.method.lower()] = _operation(route, ref_of, auth)
+        item[route.method.lower()] = _operation(route, ref_of, auth, routes)
     document: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
         "info": {
@@ -174,7 +180,9 @@ def _structs(routes: list[Documented]) -> list[type]:
     return list(seen)
 
 
-def _operation(route: Documented, ref_of: Mapping[type, Any], auth: bool) -> dict[str, Any]:
+def _operation(
+    route: Documented, ref_of: Mapping[type, Any], auth: bool, routes: list[Documented]
+) -> dict[str, Any]:
     op = route.operation
     out: dict[str, Any] = {"operationId": route.operation_id, "summary": op.summary}
     if op.description:
@@ -209,15 +217,56 @@ def _operation(route: Documented, ref_of: Mapping[type, Any], auth: bool) -> dic
     success: dict[str, Any] = {"description": HTTPStatus(op.status).phrase}
     if op.answer is not None:
         success["content"] = {op.media_type: {"schema": ref_of[op.answer]}}
+        links = _links(route, op.answer, routes)
+        if links:
+            success["links"] = links
     elif op.media_type != "application/json":
         success["content"] = {op.media_type: {"schema": {"type": "string"}}}
     responses: dict[str, Any] = {str(op.status): success}
     for status, codes in sorted(_errors(route, auth).items()):
         responses[str(status)] = _error_response(status, codes, ref_of[ErrorBody])
     out["responses"] = responses
-    if auth and not op.auth:
+    if auth and op.auth == "none":
         out["security"] = []  # open even where keys are configured
+    elif auth and op.auth == "optional":
+        out["security"] = [{}, {"bearer": []}]  # OpenAPI's "either none or this one"
     return out
+
+
+_QUERY_SOURCES = {"attach": "attach_token"}
+"""Query parameters and the answer field that holds a value for them."""
+
+
+def _links(route: Documented, answer: type, routes: list[Documented]) -> dict[str, Any]:
+    """OpenAPI links from this answer to the operations that take the ids it holds.
+
+    Derived, not declared: a target qualifies when each of its path ids is a field
+    of the answer (``session_id``, ``turn_id``) or an id of this path, at least one
+    from the answer. A client (and schemathesis's stateful phase) follows them:
+    ``POST /sessions`` to every route of the session, ``POST …/turns`` to its cancel.
+    """
+    fields = {f.name for f in msgspec.structs.fields(answer)}
+    own = set(_PARAMETER.findall(route.path))
+    links: dict[str, Any] = {}
+    for target in routes:
+        wanted = _PARAMETER.findall(target.path)
+        if target is route or not wanted or not set(wanted) <= fields | own:
+            continue
+        if not set(wanted) & fields:
+            continue
+        parameters = {
+            name: f"$response.body#/{name}" if name in fields else f"$request.path.{name}"
+            for name in wanted
+        }
+        for q in target.operation.query:
+            source = _QUERY_SOURCES.get(q.name)
+            if source in fields:
+                parameters[q.name] = f"$response.body#/{source}"
+        links[target.operation_id] = {
+            "operationId": target.operation_id,
+            "parameters": parameters,
+        }
+    return links
 
 
 def _errors(route: Documented, auth: bool) -> dict[int, list[str]]:
@@ -227,6 +276,7 @@ def _errors(route: Documented, auth: bool) -> dict[int, list[str]]:
         400: ["malformed_request"],
         408: ["request_timeout"],
         413: ["body_too_large"],
+        422: ["invalid_query"],
         431: ["headers_too_large"],
     }
 
@@ -234,7 +284,7 @@ def _errors(route: Documented, auth: bool) -> dict[int, list[str]]:
         listed = errors.setdefault(status, [])
         listed.extend(c for c in codes if c not in listed)
 
-    if auth and op.auth:
+    if auth and op.auth != "none":
         add(401, "unauthorized")
         add(403, "forbidden")
     if op.body is not None:
@@ -242,7 +292,6 @@ def _errors(route: Documented, auth: bool) -> dict[int, list[str]]:
         add(422, "invalid_body")
     if any(q.schema.get("type") == "integer" for q in op.query):
         add(400, "invalid_query")
-        add(422, "invalid_query")
     names = _PARAMETER.findall(route.path)
     if names:
         add(404, "not_found")
@@ -257,9 +306,7 @@ def _error_response(status: int, codes: list[str], error_ref: Any) -> dict[str, 
     listed = ", ".join(f"`{c}`" for c in codes)
     # The codes are ErrorBody's ``error.code``, narrowed for this operation and status.
     narrowed = {
-        "properties": {
-            "error": {"properties": {"code": {"enum": codes}}, "required": ["code"]}
-        },
+        "properties": {"error": {"properties": {"code": {"enum": codes}}, "required": ["code"]}},
     }
     return {
         "description": f"{HTTPStatus(status).phrase}: {listed}.",

@@ -154,12 +154,13 @@ class Api:
         self.keys = keys if keys is not None else ApiKeys(node.config.auth)
         self.routes: list[tuple[re.Pattern[str], dict[str, Route], str]] = []
         self.documented: list[Documented] = []  # what /openapi.json says of each route
+        self._operations: dict[tuple[str, str], Operation] = {}  # (route, method): its rules
         self._openapi: dict[bool, bytes] = {}  # the document, built once (with or without auth)
         session = "/sessions/{session_id}"
         self._add(
             "/healthz",
             "healthz",
-            GET=(self.healthz, Operation("Liveness probe", Health, auth=False)),
+            GET=(self.healthz, Operation("Liveness probe", Health, auth="none")),
         )
         self._add(
             "/metrics",
@@ -308,7 +309,7 @@ class Api:
                     None,
                     101,
                     query=(ATTACH,),
-                    auth=False,
+                    auth="optional",
                     errors={
                         400: ("invalid_websocket_handshake",),
                         403: (
@@ -337,6 +338,7 @@ class Api:
         self.routes.append((path_regex(path), {m: h for m, (h, _) in methods.items()}, name))
         for method, (handler, operation) in methods.items():
             self.documented.append(Documented(path, method, handler.__name__, operation))
+            self._operations[name, method] = operation
 
     async def __call__(self, req: Request) -> Response | WebSocketAccept:
         for pattern, methods, name in self.routes:
@@ -354,8 +356,11 @@ class Api:
                     f"{req.method} {req.path}: use {allow}",
                     headers=(("Allow", allow),),
                 )
-            if name not in ("healthz", "stream"):
+            # The rules the document states, read from the same table (HEAD: the GET's).
+            operation = self._operations[name, req.method if req.method in methods else "GET"]
+            if operation.auth == "required":
                 self._authenticate(req)
+            _known_query(req, operation)
             try:
                 answer = await handler(req, *match.groups())
             except ApiError as exc:
@@ -418,7 +423,7 @@ class Api:
         Built from the route table and the Structs on first use, then cached;
         the ``bearer`` scheme is in it while API keys are configured.
         """
-        auth = bool(self.config.auth.api_keys)
+        auth = self.keys.enabled  # keys can come and go with the keys file (SIGHUP)
         document = self._openapi.get(auth)
         if document is None:
             document = self._openapi[auth] = build_document(
@@ -582,6 +587,22 @@ def _decode(req: Request, type_: type[T]) -> T:
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
     except RecursionError:  # PROTOCOL section 2: a 4xx however deep the input, never a 500
         raise ApiError(400, "invalid_json", "the body is nested too deeply to decode") from None
+
+
+def _known_query(req: Request, operation: Operation) -> None:
+    """422 ``invalid_query`` for a query parameter the operation does not take.
+
+    A misspelt ``?limt=5`` would otherwise be ignored without a word, as an
+    unknown body field is not (``forbid_unknown_fields``).
+    """
+    unknown = sorted(set(req.query) - {q.name for q in operation.query})
+    if unknown:
+        takes = ", ".join(q.name for q in operation.query) or "none"
+        raise ApiError(
+            422,
+            "invalid_query",
+            f"unknown query parameter {unknown[0]!r} (this route takes: {takes})",
+        )
 
 
 def _int_query(req: Request, name: str, *, default: int, low: int, high: int) -> int:
