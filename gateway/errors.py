@@ -11,7 +11,12 @@ subclass maps to exactly one thing a user sees::
     ├── ProviderError        an ``llm.call_failed`` event with its ``error_class`` (PROTOCOL §7)
     ├── ToolError            a ``tool.failed`` event with its ``error_class`` (PROTOCOL §5)
     ├── StoreError           the store could not be opened or written
-    └── StartupError         the daemon could not start: one line, exit 1 (RUNNING.md)
+    ├── StartupError         the daemon could not start: one line, exit 1 (RUNNING.md)
+    └── ClientError          the client library (gateway.client) cannot go on: ``code`` says why
+
+The client library raises :class:`ApiError` for an HTTP error answer,
+:class:`SubscribeRejected` and :class:`FrameRejected` for a refused
+subscription, and :class:`ClientError` for the rest (gateway.client.stream).
 
 Errors are values that the layer above turns into frames, events or statuses;
 none of them ever breaks a stream (PROTOCOL §7: "errors are events").
@@ -100,3 +105,21 @@ class StartupError(GatewayError):
                 leaf = leaf.exceptions[0]
             exc = leaf
         return exc if isinstance(exc, StartupError) else None
+
+
+class ClientError(GatewayError):
+    """The client library cannot go on; ``code`` says why, ``str()`` is one line:
+
+    - ``unreachable``: the gateway could not be reached (at the first attempt
+      of a stream; on any HTTP call);
+    - ``not_a_gateway``: the answer was not the gateway's (a wrong URL);
+    - ``stream_refused``: the WebSocket handshake was refused for good (403);
+    - ``closed``: a close that says not to reconnect (1009, an unknown code);
+    - ``gave_up``: ``max_reconnects`` attempts in a row made no progress;
+    - ``protocol_violation``: the server made a move the contract does not allow;
+    - ``invalid_url``: the base URL is not a URL.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -1,11 +1,31 @@
-"""The client side of the wire contract: frame decoding and the reference state model.
+"""The client side of the wire contract: the client library, the reference state model, the codec.
 
-:func:`decode_server_frame` turns a server frame's text into typed structs;
-:class:`Reducer` turns those frames into one session's state (PROTOCOL
-sections 3-8). Both are sans-IO, so a terminal UI, the benchmarks and the tests
-share them whatever transport they use.
+- :class:`GatewayClient` (:mod:`gateway.client.api`): the HTTP API of
+  PROTOCOL section 2, and :meth:`~GatewayClient.open_session`, a
+  :class:`Session` whose state is kept for you as its stream arrives.
+- :class:`Subscription` (:mod:`gateway.client.stream`): one session's frames,
+  resumed after every drop, answered pings, missed pongs noticed (section 3).
+- :class:`Reducer` (:mod:`gateway.client.reducer`): server frames in, one
+  session's state out (sections 3-8); :func:`decode_server_frame`
+  (:mod:`gateway.client.codec`): a frame's text into typed structs. Both are
+  sans-IO, so a terminal UI, the benchmarks and the tests share them whatever
+  transport they use.
+- ``gateway attach`` and ``gateway chat`` (:mod:`gateway.client.attach`,
+  :mod:`gateway.client.chat`) are built on the library.
 """
 
+from gateway.client.api import (
+    Chunk,
+    GatewayClient,
+    MessagePage,
+    Session,
+    SessionAttach,
+    SessionCreated,
+    SessionList,
+    SessionListing,
+    ToolRun,
+    Update,
+)
 from gateway.client.codec import decode_server_frame
 from gateway.client.reducer import (
     Reducer,
@@ -14,12 +34,28 @@ from gateway.client.reducer import (
     ToolOutcome,
     TurnState,
 )
+from gateway.client.stream import Backoff, Heartbeat, Notice, Received, Subscription
 
 __all__ = [
+    "Backoff",
+    "Chunk",
+    "GatewayClient",
+    "Heartbeat",
+    "MessagePage",
+    "Notice",
+    "Received",
     "Reducer",
+    "Session",
+    "SessionAttach",
+    "SessionCreated",
+    "SessionList",
+    "SessionListing",
     "StreamingBlock",
     "StreamingMessage",
+    "Subscription",
     "ToolOutcome",
+    "ToolRun",
     "TurnState",
+    "Update",
     "decode_server_frame",
 ]

@@ -1,0 +1,720 @@
+"""The gateway's Python client library: the HTTP API, and sessions kept up to date for you.
+
+Async, on Trio, httpx and trio-websocket. Two layers::
+
+    GatewayClient            PROTOCOL section 2: create, list and open sessions, send a
+    │                        turn, cancel it, answer a permission, leave feedback
+    ├── subscribe(...)       a Subscription (gateway.client.stream): one session's frames,
+    │                        resumed after every drop, with any filter
+    └── open_session(...)    a Session: a Subscription to ``preset:full`` that starts from
+                             a snapshot and keeps the reduced state (gateway.client.reducer)
+                             and the views of section 10, plus the session's own calls
+
+A :class:`Session` is an async iterator of :class:`Update`: the frame or
+notice that arrived, already applied to :attr:`Session.state`, and the
+:class:`Chunk` of text or thinking it added. Chunks are computed from the
+state, not copied from ``text.delta`` events, so a resume (whose replay
+restores a message with one ``message.snapshot`` or its ``message.complete``,
+section 3) never shows a chunk twice nor leaves one out: joined, a block's
+chunks are exactly its text. Errors are the family of :mod:`gateway.errors`:
+:class:`~gateway.errors.ApiError` for an HTTP error answer,
+:class:`~gateway.errors.ClientError` for a gateway that cannot be reached or
+a stream that cannot go on, :class:`~gateway.errors.SubscribeRejected` and
+:class:`~gateway.errors.FrameRejected` for a refused subscription.
+
+Example (the README runs it as written)::
+
+    async with GatewayClient("http://127.0.0.1:8421") as gateway:
+        session_id = (await gateway.create_session()).session_id
+        async with gateway.open_session(session_id) as session:
+            turn_id = await session.send("hello gateway")
+            async for update in session:
+                for chunk in update.chunks:
+                    print(chunk.text, end="")
+                if session.turn_ended(turn_id):
+                    break
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+import httpx
+import msgspec
+import trio
+
+from gateway.client.reducer import Reducer
+from gateway.client.stream import (
+    Backoff,
+    Heartbeat,
+    Item,
+    Notice,
+    Received,
+    Subscription,
+    WebSocketConnector,
+    api_error,
+    default_connector,
+    describe,
+)
+from gateway.errors import ClientError
+from gateway.protocol.events import (
+    Event,
+    MessageComplete,
+    PermissionRequested,
+    PermissionResolved,
+    ToolCalled,
+    ToolCompleted,
+    ToolFailed,
+    TurnCancelled,
+    TurnCompleted,
+    TurnStarted,
+)
+from gateway.protocol.frames import EventFrame, ServerFrame, Snapshot, SubscribeAck
+from gateway.protocol.shapes import (
+    ContentBlock,
+    Message,
+    PendingPermission,
+    SessionSummary,
+    TextBlock,
+    ThinkingBlock,
+)
+
+T = TypeVar("T")
+
+# --- the answers of PROTOCOL section 2 (the server's are in gateway.server.routes; a
+# test checks that these decode what those encode) --------------------------------------
+
+
+class SessionCreated(msgspec.Struct):
+    """``POST /sessions``."""
+
+    session_id: str
+    active_model: str
+    created_at: int
+
+
+class SessionListing(msgspec.Struct):
+    """One entry of ``GET /sessions``: the summary, when it was made, its metadata."""
+
+    session: SessionSummary
+    created_at: int
+    metadata: dict[str, Any]
+
+
+class SessionList(msgspec.Struct):
+    """``GET /sessions``: newest first; ``has_more`` says older ones exist."""
+
+    sessions: list[SessionListing]
+    has_more: bool
+
+
+class SessionAttach(msgspec.Struct):
+    """``GET /sessions/{id}``: a fresh single-use attach token, in ``ws_url`` too."""
+
+    session_id: str
+    active_model: str
+    attach_token: str
+    ws_url: str
+
+
+class MessagePage(msgspec.Struct):
+    """``GET /sessions/{id}/messages``: oldest first; ``has_more`` says older ones exist."""
+
+    messages: list[Message]
+    has_more: bool
+
+
+class _TurnAccepted(msgspec.Struct):
+    turn_id: str
+
+
+class _Accepted(msgspec.Struct):
+    pass
+
+
+_encoder = msgspec.json.Encoder()
+
+
+# --- the client ---------------------------------------------------------------------------
+
+
+class GatewayClient:
+    """The HTTP API of one gateway (PROTOCOL section 2), and its session streams.
+
+    Use it as an async context manager (it owns an ``httpx.AsyncClient``).
+
+    Args:
+        base_url: the gateway's ``http://HOST:PORT`` (or ``https://``).
+        api_key: the Bearer key, where the gateway has ``[auth] api_keys``.
+        timeout: seconds for each HTTP request.
+        transport: an httpx transport (tests: ``httpx.MockTransport``).
+        connector: opens a session stream's WebSocket from its ``ws_url``.
+
+    Raises:
+        ClientError: ``invalid_url``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        connector: WebSocketConnector = default_connector,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        try:
+            self.http = httpx.AsyncClient(
+                base_url=base_url, headers=headers, timeout=timeout, transport=transport
+            )
+        except httpx.InvalidURL as exc:
+            raise ClientError("invalid_url", f"{base_url!r} is not a URL: {exc}") from None
+        self.connector = connector
+
+    async def __aenter__(self) -> GatewayClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    # --- section 2, route by route
+
+    async def create_session(
+        self,
+        *,
+        workspace_path: str | None = None,
+        model: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SessionCreated:
+        """``POST /sessions``; ``None`` leaves a field to the gateway's default.
+
+        Raises:
+            ApiError: 422 ``invalid_workspace`` or ``invalid_model``, 401/403, ...
+            ClientError: ``unreachable``, ``not_a_gateway``.
+        """
+        body = {"workspace_path": workspace_path, "model": model, "metadata": metadata}
+        present = {key: value for key, value in body.items() if value is not None}
+        return await self._call("POST", "/sessions", SessionCreated, body=present)
+
+    async def list_sessions(
+        self, *, limit: int | None = None, before: str | None = None
+    ) -> SessionList:
+        """``GET /sessions``: a page, newest first; ``before`` is a session id."""
+        params = {key: value for key, value in (("limit", limit), ("before", before)) if value}
+        return await self._call("GET", "/sessions", SessionList, params=params)
+
+    async def attach(self, session_id: str) -> SessionAttach:
+        """``GET /sessions/{id}``: the session, with a fresh attach token and ``ws_url``.
+
+        Raises:
+            ApiError: 404 ``session_not_found`` (also a session of another key).
+        """
+        return await self._call("GET", f"/sessions/{session_id}", SessionAttach)
+
+    async def messages(
+        self, session_id: str, *, before: str | None = None, limit: int | None = None
+    ) -> MessagePage:
+        """``GET /sessions/{id}/messages``: a page of the history, oldest first."""
+        params = {key: value for key, value in (("limit", limit), ("before", before)) if value}
+        return await self._call(
+            "GET", f"/sessions/{session_id}/messages", MessagePage, params=params
+        )
+
+    async def send_turn(self, session_id: str, content: str | list[ContentBlock]) -> str:
+        """``POST /sessions/{id}/turns``: the new turn's id.
+
+        Raises:
+            ApiError: 409 ``turn_in_progress``, 422 for content that is not text.
+        """
+        body = {"content": content}
+        accepted = await self._call(
+            "POST", f"/sessions/{session_id}/turns", _TurnAccepted, body=body
+        )
+        return accepted.turn_id
+
+    async def cancel_turn(
+        self, session_id: str, turn_id: str, *, reason: str | None = None
+    ) -> None:
+        """``POST /sessions/{id}/turns/{turn_id}/cancel`` (PROTOCOL section 8).
+
+        A turn already cancelling is no error. Raises:
+            ApiError: 404 ``turn_not_found``, 409 ``turn_not_in_flight``.
+        """
+        body = {} if reason is None else {"reason": reason}
+        path = f"/sessions/{session_id}/turns/{turn_id}/cancel"
+        await self._call("POST", path, _Accepted, body=body)
+
+    async def answer_permission(
+        self, session_id: str, perm_id: str, decision: Literal["allow", "deny"]
+    ) -> None:
+        """``POST /sessions/{id}/permissions/{perm_id}``.
+
+        Raises:
+            ApiError: 404 ``permission_not_found``, 409 ``permission_resolved``.
+        """
+        path = f"/sessions/{session_id}/permissions/{perm_id}"
+        await self._call("POST", path, _Accepted, body={"decision": decision})
+
+    async def leave_feedback(
+        self,
+        session_id: str,
+        message_id: str,
+        rating: Literal[-1, 1],
+        *,
+        comment: str | None = None,
+    ) -> None:
+        """``POST /sessions/{id}/feedback`` (emits ``feedback.recorded``).
+
+        Raises:
+            ApiError: 404 ``message_not_found``.
+        """
+        body: dict[str, Any] = {"message_id": message_id, "rating": rating}
+        if comment is not None:
+            body["comment"] = comment
+        await self._call("POST", f"/sessions/{session_id}/feedback", _Accepted, body=body)
+
+    # --- streams
+
+    @asynccontextmanager
+    async def subscribe(
+        self,
+        session_id: str,
+        *,
+        filter: Any = "preset:full",
+        since: str | None = None,
+        snapshot: bool = False,
+        backoff: Backoff | None = None,
+        heartbeat: Heartbeat | None = None,
+        max_reconnects: int = 10,
+        buffer: int = 64,
+        rand: Callable[[], float] = random.random,
+    ) -> AsyncIterator[Subscription]:
+        """A session's stream of frames, resumed after every drop (gateway.client.stream).
+
+        Args:
+            session_id: the session.
+            filter: a preset name or a Filter as a dict (PROTOCOL section 3).
+            since: start after this event id (replay).
+            snapshot: start with a snapshot.
+            backoff: the reconnect delays.
+            heartbeat: the client's pings and how many missed pongs mean a dead server.
+            max_reconnects: attempts in a row without progress before giving up.
+            buffer: frames received ahead of the consumer.
+            rand: the backoff jitter's numbers in [0, 1).
+
+        Yields:
+            The :class:`Subscription`, already connecting; it stops when the block ends.
+        """
+        subscription = Subscription(
+            self.http,
+            session_id,
+            filter=filter,
+            since=since,
+            snapshot=snapshot,
+            backoff=backoff,
+            heartbeat=heartbeat,
+            max_reconnects=max_reconnects,
+            connector=self.connector,
+            buffer=buffer,
+            rand=rand,
+        )
+        async with _background(subscription.run):
+            yield subscription
+
+    @asynccontextmanager
+    async def open_session(
+        self,
+        session_id: str,
+        *,
+        include_worker_sessions: bool = False,
+        backoff: Backoff | None = None,
+        heartbeat: Heartbeat | None = None,
+        max_reconnects: int = 10,
+        buffer: int = 64,
+    ) -> AsyncIterator[Session]:
+        """The session, from a snapshot on, with its state kept for you (:class:`Session`).
+
+        The block starts once the snapshot is applied: :attr:`Session.state` is
+        the session's as it stands (an unknown session raises here).
+
+        Args:
+            session_id: the session.
+            include_worker_sessions: also deliver the events of its ``delegate``
+                workers (section 5); they do not change this session's state.
+            backoff, heartbeat, max_reconnects, buffer: as for :meth:`subscribe`.
+        """
+        filter_: Any = "preset:full"
+        if include_worker_sessions:
+            filter_ = {"event_types": None, "actors": None, "include_worker_sessions": True}
+        async with self.subscribe(
+            session_id,
+            filter=filter_,
+            snapshot=True,
+            backoff=backoff,
+            heartbeat=heartbeat,
+            max_reconnects=max_reconnects,
+            buffer=buffer,
+        ) as subscription:
+            session = Session(self, subscription)
+            await session.ready()
+            yield session
+
+    # --- the one way a call is made
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        answer: type[T],
+        *,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+    ) -> T:
+        content = None if body is None else _encoder.encode(body)
+        headers = {} if body is None else {"Content-Type": "application/json"}
+        try:
+            r = await self.http.request(
+                method, path, content=content, params=params, headers=headers
+            )
+        except httpx.TransportError as exc:
+            raise ClientError(
+                "unreachable", f"cannot reach {self.http.base_url}: {describe(exc)}"
+            ) from exc
+        if not 200 <= r.status_code < 300:
+            raise api_error(r)
+        try:
+            return msgspec.json.decode(r.content, type=answer)
+        except msgspec.DecodeError as exc:
+            raise ClientError(
+                "not_a_gateway", f"{method} {path}: not the gateway's answer: {exc}"
+            ) from None
+
+
+@asynccontextmanager
+async def _background(run: Callable[[], Any]) -> AsyncIterator[None]:
+    """Run ``run`` in a task for the length of the block, then cancel it.
+
+    An exception of the block comes out as itself, not inside an
+    ``ExceptionGroup``: the block does not run in the nursery's scope of
+    errors (the task's own errors are delivered through the subscription).
+    """
+    raised: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        try:
+            yield
+        except BaseException as exc:
+            raised = exc
+        nursery.cancel_scope.cancel()
+    if raised is not None:
+        raise raised
+
+
+# --- a session, kept up to date ---------------------------------------------------------------
+
+
+ChunkKind = Literal["text", "thinking"]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Text or thinking that arrived, never shown before (module docstring).
+
+    ``index`` is the block's ``content_block_index``.
+    """
+
+    message_id: str
+    index: int
+    kind: ChunkKind
+    text: str
+
+
+@dataclass(frozen=True)
+class Update:
+    """What one step of a :class:`Session` brought: a frame (applied) or a notice."""
+
+    item: Item
+    chunks: tuple[Chunk, ...] = ()
+
+    @property
+    def frame(self) -> ServerFrame | None:
+        return self.item.frame if isinstance(self.item, Received) else None
+
+    @property
+    def event(self) -> Event | None:
+        frame = self.frame
+        return frame.event if isinstance(frame, EventFrame) else None
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """A tool call as a person follows it: running, then completed or failed.
+
+    ``duration_ms`` is what the tool's end event says (``None`` when it never
+    ran, or when its end is known from a snapshot only, which carries no
+    duration).
+    """
+
+    tool_use_id: str
+    tool_name: str
+    input: dict[str, Any]
+    status: Literal["running", "completed", "failed"] = "running"
+    duration_ms: int | None = None
+    error_class: str | None = None
+
+
+class Session:
+    """One session: its stream, its reduced state, and its calls.
+
+    Made by :meth:`GatewayClient.open_session`. Iterate it for
+    :class:`Update`; each is already applied to :attr:`state` (the reference
+    :class:`~gateway.client.reducer.Reducer`: messages, the streaming message,
+    tool results, the turn) and to :attr:`pending_permissions` and
+    :attr:`tools`. The state moves only as you iterate.
+
+    Attributes:
+        id: the session id.
+        state: the reduced state (PROTOCOL sections 6-8).
+        pending_permissions: tools waiting for a decision, by ``perm_id``.
+        tools: tool calls seen by this client, by ``tool_use_id``.
+        connected: subscribed, as far as this client knows.
+    """
+
+    def __init__(self, client: GatewayClient, subscription: Subscription) -> None:
+        self.client = client
+        self.subscription = subscription
+        self.id = subscription.session_id
+        self.state = Reducer(self.id)
+        self.pending_permissions: dict[str, PendingPermission] = {}
+        self.tools: dict[str, ToolRun] = {}
+        self.connected = False
+        self._shown: dict[tuple[str, int], int] = {}  # chars of each block delivered as chunks
+        self._known: set[str] = set()  # ids of the messages this client holds
+        self._snapshots = 0
+        self._ended_turns: set[str] = set()
+        self._early: list[Update] = []  # read by ready(), delivered first
+
+    async def ready(self) -> None:
+        """Read up to the first snapshot, so that :attr:`state` is the session's
+        (what was read is still delivered by the iteration).
+
+        Raises:
+            StopAsyncIteration: the stream ended before a snapshot.
+            GatewayError: as ``__anext__``.
+        """
+        while self._snapshots == 0:
+            self._early.append(await self._next())
+
+    # --- the session's calls (section 2)
+
+    async def send(self, content: str | list[ContentBlock]) -> str:
+        """Start a turn; its id. Raises ApiError 409 ``turn_in_progress``."""
+        return await self.client.send_turn(self.id, content)
+
+    async def cancel(self, turn_id: str | None = None, *, reason: str | None = None) -> None:
+        """Cancel ``turn_id``, by default the turn in flight (none: nothing to do)."""
+        if turn_id is None:
+            turn = self.state.turn
+            if turn is None or turn.status != "in_flight":
+                return
+            turn_id = turn.turn_id
+        await self.client.cancel_turn(self.id, turn_id, reason=reason)
+
+    async def answer(self, perm_id: str, decision: Literal["allow", "deny"]) -> None:
+        """Answer a permission request (see :attr:`pending_permissions`)."""
+        await self.client.answer_permission(self.id, perm_id, decision)
+
+    async def feedback(
+        self, message_id: str, rating: Literal[-1, 1], *, comment: str | None = None
+    ) -> None:
+        """Rate an assistant message."""
+        await self.client.leave_feedback(self.id, message_id, rating, comment=comment)
+
+    def turn_ended(self, turn_id: str) -> bool:
+        """Whether this client knows the turn has ended: its ``turn.completed`` or
+        ``turn.cancelled`` arrived, or a snapshot holds its messages and shows the
+        session in no turn or another one (a resume that fell back to a snapshot
+        does not deliver the end event)."""
+        return turn_id in self._ended_turns
+
+    @property
+    def busy(self) -> bool:
+        """A turn is in flight, as far as the state shows."""
+        turn = self.state.turn
+        return turn is not None and turn.status == "in_flight"
+
+    # --- the stream
+
+    def __aiter__(self) -> Session:
+        return self
+
+    async def __anext__(self) -> Update:
+        """The next update, applied.
+
+        Raises:
+            StopAsyncIteration: the server closed the stream normally.
+            GatewayError: what retrying cannot fix (gateway.client.stream);
+                ``ClientError`` ``protocol_violation`` for a frame that breaks
+                the contract.
+        """
+        if self._early:
+            return self._early.pop(0)
+        return await self._next()
+
+    async def _next(self) -> Update:
+        item = await self.subscription.__anext__()
+        if isinstance(item, Notice):
+            self.connected = item.connected
+            return Update(item)
+        frame = item.frame
+        if isinstance(frame, SubscribeAck):
+            self.connected = True
+        if not isinstance(frame, Snapshot | EventFrame):
+            return Update(item)
+        try:
+            self.state.apply(frame)
+        except ValueError as exc:
+            raise ClientError("protocol_violation", str(exc)) from None
+        if isinstance(frame, Snapshot):
+            chunks = self._after_snapshot(frame)
+        else:
+            chunks = self._after_event(frame.event)
+        return Update(item, chunks)
+
+    def _after_snapshot(self, snapshot: Snapshot) -> tuple[Chunk, ...]:
+        """A snapshot replaced the state: chunks for what it brought that was never shown.
+
+        The first snapshot's finished messages are history, not news: only its
+        streaming message is. A later one (a resume that fell back to a
+        snapshot) brings news in every assistant message this client did not
+        hold, and the rest of any it had shown in part.
+        """
+        first = self._snapshots == 0
+        self._snapshots += 1
+        chunks: list[Chunk] = []
+        held = {id_ for id_, _ in self._shown}
+        for message in self.state.messages:
+            news = not first and message.id not in self._known
+            if message.role == "assistant" and (news or message.id in held):
+                chunks += self._news(message.id, _blocks_of(message.content))
+                self._forget(message.id)
+        chunks += self._streaming_news()
+        self._shown = {key: n for key, n in self._shown.items() if self._is_streaming(key[0])}
+        self._known = {message.id for message in self.state.messages}
+        self.pending_permissions = {p.perm_id: p for p in snapshot.session.pending_permissions}
+        turn_id = snapshot.session.current_turn_id
+        for message in snapshot.messages:
+            if message.turn_id is not None and message.turn_id != turn_id:
+                self._ended_turns.add(message.turn_id)
+        if snapshot.session.current_turn_status != "in_flight" and turn_id is not None:
+            self._ended_turns.add(turn_id)
+        return tuple(chunks)
+
+    def _after_event(self, event: Event) -> tuple[Chunk, ...]:
+        if event.session_id != self.id:
+            return ()  # a worker's event: this session's state is not its
+        chunks: list[Chunk] = []
+        payload = event.payload
+        match payload:
+            case MessageComplete(message_id=message_id):
+                for message in reversed(self.state.messages):
+                    if message.id == message_id:
+                        chunks += self._news(message_id, _blocks_of(message.content))
+                        break
+                self._forget(message_id)
+                self._known.add(message_id)
+            case TurnStarted(user_message=message):
+                self._known.add(message.id)
+            case TurnCompleted(turn_id=turn_id) | TurnCancelled(turn_id=turn_id):
+                self._ended_turns.add(turn_id)
+                self.pending_permissions.clear()  # one turn at a time: all were its
+            case PermissionRequested():
+                self.pending_permissions[payload.perm_id] = PendingPermission(
+                    payload.perm_id,
+                    payload.tool_use_id,
+                    payload.tool_name,
+                    payload.input,
+                    payload.expires_at,
+                )
+            case PermissionResolved(perm_id=perm_id):
+                self.pending_permissions.pop(perm_id, None)
+            case ToolCalled():
+                self.tools[payload.tool_use_id] = ToolRun(
+                    payload.tool_use_id, payload.tool_name, payload.input
+                )
+            case ToolCompleted() | ToolFailed():
+                self._tool_ended(payload)
+            case _:
+                pass
+        chunks += self._streaming_news()
+        return tuple(chunks)
+
+    def _tool_ended(self, payload: ToolCompleted | ToolFailed) -> None:
+        run = self.tools.get(payload.tool_use_id) or ToolRun(
+            payload.tool_use_id, payload.tool_name, {}
+        )
+        failed = isinstance(payload, ToolFailed)
+        self.tools[payload.tool_use_id] = ToolRun(
+            run.tool_use_id,
+            run.tool_name,
+            run.input,
+            "failed" if failed else "completed",
+            payload.duration_ms,
+            payload.error_class if isinstance(payload, ToolFailed) else None,
+        )
+        self.pending_permissions = {
+            key: p
+            for key, p in self.pending_permissions.items()
+            if p.tool_use_id != payload.tool_use_id
+        }
+
+    def _streaming_news(self) -> list[Chunk]:
+        streaming = self.state.streaming
+        if streaming is None:
+            return []
+        blocks: list[tuple[int, ChunkKind, str]] = []
+        for index, block in sorted(streaming.blocks.items()):
+            if block.kind == "text" or block.kind == "thinking":
+                blocks.append((index, block.kind, block.text))
+        return self._news(streaming.message_id, blocks)
+
+    def _news(self, message_id: str, blocks: list[tuple[int, ChunkKind, str]]) -> list[Chunk]:
+        """The part of each block beyond what was delivered; remembered as delivered."""
+        chunks = []
+        for index, kind, text in blocks:
+            shown = self._shown.get((message_id, index), 0)
+            if len(text) > shown:
+                chunks.append(Chunk(message_id, index, kind, text[shown:]))
+                self._shown[(message_id, index)] = len(text)
+        return chunks
+
+    def _forget(self, message_id: str) -> None:
+        self._shown = {key: n for key, n in self._shown.items() if key[0] != message_id}
+
+    def _is_streaming(self, message_id: str) -> bool:
+        return self.state.streaming is not None and self.state.streaming.message_id == message_id
+
+
+def _blocks_of(content: list[ContentBlock]) -> list[tuple[int, ChunkKind, str]]:
+    """The text and thinking blocks of a finished message, by index."""
+    blocks: list[tuple[int, ChunkKind, str]] = []
+    for index, block in enumerate(content):
+        if isinstance(block, TextBlock):
+            blocks.append((index, "text", block.text))
+        elif isinstance(block, ThinkingBlock):
+            blocks.append((index, "thinking", block.thinking))
+    return blocks
