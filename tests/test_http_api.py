@@ -479,7 +479,8 @@ async def test_feedback_refusals(gw: Harness) -> None:
 
 async def test_unknown_route_is_404_and_wrong_method_is_405(gw: Harness) -> None:
     sid = await gw.create_session()
-    for path in ("/", "/nope", f"/sessions/{sid}/nope", "/sessions/a/b/c/d", "/healthz/x"):
+    paths = ("/nope", "/ui/nope.js", f"/sessions/{sid}/nope", "/sessions/a/b/c/d", "/healthz/x")
+    for path in paths:
         assert_error(await gw.http.get(path), 404, "not_found")
     for method, path in [
         ("GET", f"/sessions/{sid}/turns"),

@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from gateway import ui
 from gateway.errors import ApiError
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.metrics import CONTENT_TYPE
@@ -329,6 +330,12 @@ class Api:
                 ),
             ),
         )
+        # The web page (gateway.ui): public (it holds no data), and not part of the
+        # API document (it is not the API); its asset names have dots, unlike ids.
+        self._assets: dict[str, ui.Asset] | None = None  # read on first use
+        self._add_page("/", "page", self.page, Operation("The web page", None, auth="none"))
+        asset = Operation("A file of the web page", None, auth="none")
+        self._add_page("/ui/([^/]+)", "ui", self.asset, asset)
 
     def _add(self, path: str, name: str, **methods: tuple[Route, Operation]) -> None:
         """One route: ``path`` with ``{id}`` segments, and per method its handler and document.
@@ -339,6 +346,11 @@ class Api:
         for method, (handler, operation) in methods.items():
             self.documented.append(Documented(path, method, handler.__name__, operation))
             self._operations[name, method] = operation
+
+    def _add_page(self, pattern: str, name: str, handler: Route, operation: Operation) -> None:
+        """A route of the web page: GET (and so HEAD), a regex ``pattern``, undocumented."""
+        self.routes.append((re.compile(pattern + "$"), {"GET": handler}, name))
+        self._operations[name, "GET"] = operation
 
     async def __call__(self, req: Request) -> Response | WebSocketAccept:
         for pattern, methods, name in self.routes:
@@ -565,6 +577,24 @@ class Api:
                 self.node.notify()  # shutdown waits for the connections to close
 
         return WebSocketAccept(run, abandon=release)  # abandon: the upgrade did not happen
+
+    async def page(self, req: Request) -> Response:
+        """``GET /``: the web page (gateway.ui)."""
+        return self._serve(req, ui.INDEX)
+
+    async def asset(self, req: Request, name: str) -> Response:
+        """``GET /ui/NAME``: a file of the page; 404 for any name that is not one (gateway.ui)."""
+        return self._serve(req, name)
+
+    def _serve(self, req: Request, name: str) -> Response:
+        if self._assets is None:
+            self._assets = ui.load()
+        found = self._assets.get(name)
+        if found is None:
+            raise ApiError(404, "not_found", f"no file {name!r} in the web page")
+        if found.fresh(req.headers.get("if-none-match")):
+            return Response(304, b"", found.content_type, found.headers())
+        return Response(200, found.body, found.content_type, found.headers())
 
 
 # --- helpers -----------------------------------------------------------------------

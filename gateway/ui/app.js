@@ -1,0 +1,969 @@
+// The gateway's web page (issue 12, "Web page"): the HTTP API and one session stream.
+//
+// Everything the page knows comes from the gateway: the HTTP API of PROTOCOL
+// section 2 (with `Authorization: Bearer` once the user typed a key), and the
+// session's WebSocket (sections 3 to 8). The state is reduced by ./reducer.js
+// (the JS twin of gateway/client/reducer.py) and drawn from one of its two views
+// (section 10): `full` or `simple` (replace-then-append). This file owns no
+// protocol rule of its own beyond a client's duties:
+//
+// - attach: `GET /sessions/{id}` for a fresh single-use attach token every
+//   time, then `subscribe`: a snapshot the first time, `since` = the last event
+//   id after that (a reconnect), a snapshot again on `cursor_expired` or
+//   `replay_too_large` (on the same connection);
+// - stay attached: answer the server's `ping` with `pong`; send its own `ping`
+//   after KEEPALIVE_MS of silence and drop a connection that stays silent as
+//   long again; after any drop, reconnect with capped exponential backoff with
+//   jitter (the `status` element says "reconnecting" meanwhile);
+// - the API key: asked for when the gateway answers 401 (or 403 to a key it
+//   no longer takes), kept in sessionStorage (this tab only), never in a URL.
+//
+// Elements that tests and automation drive carry data-testid (issue 12): prompt,
+// send, cancel, new-session, view-toggle, status, and each message `message`
+// with data-role and data-status. `window.gateway` is a small handle for
+// automation (the stream, its state, and `options`, which an init script may
+// set before the page loads: {backoffBaseMs, backoffCapMs, keepaliveMs}).
+
+import { Reducer, fullView, simpleView } from "./reducer.js";
+
+const options = Object.assign(
+  { backoffBaseMs: 500, backoffCapMs: 30000, keepaliveMs: 45000 },
+  globalThis.gatewayOptions || {},
+);
+const KEY_STORE = "gateway.apiKey"; // sessionStorage: this tab only
+const VIEW_STORE = "gateway.view"; // localStorage: a preference, no secret
+const WORKERS_STORE = "gateway.workers";
+// Close reasons whose `code` says not to come back (gateway/protocol/closes.py).
+const FINAL_CLOSES = new Set(["normal", "frame_too_large"]);
+const SNAPSHOT_INSTEAD = new Set(["cursor_expired", "replay_too_large"]);
+const STABLE_MS = 10000;
+
+const $ = (id) => document.querySelector(`[data-testid="${id}"]`);
+const ui = {
+  status: $("status"),
+  title: $("session-title"),
+  sessions: $("sessions"),
+  newSession: $("new-session"),
+  refresh: $("refresh-sessions"),
+  thread: $("thread"),
+  empty: $("empty"),
+  activity: $("activity"),
+  composer: $("composer"),
+  prompt: $("prompt"),
+  send: $("send"),
+  cancel: $("cancel"),
+  viewToggle: $("view-toggle"),
+  workers: $("workers-toggle"),
+  error: $("error"),
+  keyDialog: $("key-dialog"),
+  keyForm: $("key-form"),
+  keyInput: $("api-key"),
+  keyError: $("key-error"),
+};
+
+// --- small helpers -------------------------------------------------------------
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name === "class") node.className = value;
+    else if (name === "text") node.textContent = value;
+    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child !== null && child !== undefined && child !== false) {
+      node.append(typeof child === "string" ? document.createTextNode(child) : child);
+    }
+  }
+  return node;
+}
+
+let errorTimer = 0;
+function showError(message) {
+  ui.error.textContent = message;
+  ui.error.hidden = false;
+  clearTimeout(errorTimer);
+  errorTimer = setTimeout(() => {
+    ui.error.hidden = true;
+  }, 8000);
+}
+
+function shortId(id) {
+  return id.length > 14 ? `${id.slice(0, 9)}…${id.slice(-4)}` : id;
+}
+
+function ago(ms) {
+  const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
+  if (s < 60) return "just now";
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
+  return new Date(ms).toLocaleDateString();
+}
+
+function pretty(value) {
+  if (typeof value === "string") return value;
+  try {
+    return JSON.stringify(value, null, 2);
+  } catch {
+    return String(value);
+  }
+}
+
+/** Equal jitter: uniform in the upper half of min(cap, base * 2^(attempt-1)). */
+export function backoffDelay(attempt, rand, baseMs = options.backoffBaseMs, capMs = options.backoffCapMs) {
+  const ceiling = Math.min(capMs, baseMs * 2 ** Math.min(attempt - 1, 30));
+  return ceiling * (0.5 + 0.5 * rand);
+}
+
+// --- the HTTP API, with the key ------------------------------------------------------
+
+class HttpError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+let keyPrompt = null; // one dialog at a time, however many requests wait on it
+
+function askForKey(reason) {
+  if (!keyPrompt) {
+    keyPrompt = new Promise((resolve) => {
+      ui.keyError.textContent = reason || "";
+      ui.keyError.hidden = !reason;
+      ui.keyInput.value = "";
+      const done = (event) => {
+        event.preventDefault();
+        const key = ui.keyInput.value.trim();
+        if (!key) return;
+        ui.keyForm.removeEventListener("submit", done);
+        ui.keyDialog.close();
+        sessionStorage.setItem(KEY_STORE, key);
+        keyPrompt = null;
+        resolve(key);
+      };
+      ui.keyForm.addEventListener("submit", done);
+      ui.keyDialog.addEventListener("cancel", (event) => event.preventDefault()); // Esc
+      ui.keyDialog.showModal();
+      ui.keyInput.focus();
+    });
+  }
+  return keyPrompt;
+}
+
+async function api(method, path, body) {
+  for (;;) {
+    const headers = { Accept: "application/json" };
+    const key = sessionStorage.getItem(KEY_STORE);
+    if (key) headers.Authorization = `Bearer ${key}`;
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const response = await fetch(path, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: "no-store",
+    });
+    let payload = null;
+    try {
+      payload = await response.json();
+    } catch {
+      payload = null;
+    }
+    const error = payload && payload.error ? payload.error : null;
+    if (response.status === 401 || (response.status === 403 && error && error.code === "forbidden")) {
+      sessionStorage.removeItem(KEY_STORE);
+      await askForKey(key ? "The gateway refused that key." : "");
+      continue;
+    }
+    if (!response.ok) {
+      throw new HttpError(
+        response.status,
+        error ? error.code : "http_error",
+        error ? error.message : `${method} ${path}: ${response.status}`,
+      );
+    }
+    return payload;
+  }
+}
+
+// --- the session stream ----------------------------------------------------------------
+
+/**
+ * One session's stream, reconnecting until stopped.
+ * States (the `status` element's data-state): connecting, live, reconnecting, offline.
+ */
+class Stream {
+  constructor(sessionId, { workers, onFrame, onReset, onState }) {
+    this.sessionId = sessionId;
+    this.workers = workers;
+    this.onFrame = onFrame;
+    this.onReset = onReset;
+    this.onState = onState;
+    this.ws = null;
+    this.cursor = null; // the last event id applied (or the snapshot's)
+    this.stopped = false;
+    this.everLive = false;
+    this.failures = 0; // attempts in a row without progress
+    this.retryTimer = 0;
+    this.idleTimer = 0;
+    this.pinged = false;
+    this.connects = 0;
+    this.subscribes = []; // every subscribe frame sent, for automation
+    this.state = "idle";
+  }
+
+  start() {
+    this.connect();
+  }
+
+  stop() {
+    this.stopped = true;
+    clearTimeout(this.retryTimer);
+    clearTimeout(this.idleTimer);
+    const ws = this.ws;
+    this.ws = null;
+    if (ws) ws.close(1000);
+  }
+
+  setState(state, detail = "") {
+    this.state = state;
+    this.onState(state, detail);
+  }
+
+  async connect() {
+    if (this.stopped) return;
+    this.setState(this.everLive ? "reconnecting" : "connecting");
+    let info;
+    try {
+      info = await api("GET", `sessions/${encodeURIComponent(this.sessionId)}`);
+    } catch (error) {
+      if (error instanceof HttpError && error.status === 404) {
+        this.setState("offline", "session not found");
+        return;
+      }
+      this.retry(`cannot reach the gateway: ${error.message}`);
+      return;
+    }
+    if (this.stopped) return;
+    this.connects += 1;
+    const ws = new WebSocket(info.ws_url);
+    this.ws = ws;
+    // Progress (the backoff starts again): an event or a snapshot came, or the
+    // connection lasted STABLE_MS. A gateway that accepts and drops at once is not.
+    let progressed = false;
+    const openedAt = Date.now();
+    ws.onopen = () => {
+      if (ws === this.ws) this.subscribe();
+    };
+    ws.onmessage = (message) => {
+      if (ws !== this.ws) return;
+      this.touch();
+      let frame;
+      try {
+        frame = JSON.parse(message.data);
+      } catch {
+        return; // not JSON: nothing a client can do with it
+      }
+      if (this.receive(frame)) progressed = true;
+    };
+    ws.onclose = (event) => {
+      if (ws !== this.ws) return; // one we dropped ourselves
+      this.ws = null;
+      clearTimeout(this.idleTimer);
+      let reason = "";
+      try {
+        reason = JSON.parse(event.reason || "{}").code || "";
+      } catch {
+        reason = "";
+      }
+      if (event.code === 1000 || FINAL_CLOSES.has(reason)) {
+        this.setState("offline", `closed ${event.code}${reason ? ` ${reason}` : ""}`);
+        return;
+      }
+      if (progressed || Date.now() - openedAt >= STABLE_MS) this.failures = 0;
+      this.retry(`closed ${event.code}${reason ? ` ${reason}` : ""}`);
+    };
+  }
+
+  subscribe() {
+    const frame = {
+      type: "subscribe",
+      filter: { event_types: null, actors: null, include_worker_sessions: this.workers },
+      since: this.cursor,
+      snapshot: this.cursor === null,
+    };
+    if (frame.snapshot) frame.since = null;
+    this.subscribes.push(frame);
+    this.send(frame);
+    this.touch();
+  }
+
+  send(frame) {
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(frame));
+  }
+
+  /** One server frame; true when it is progress (an event or a snapshot). */
+  receive(frame) {
+    switch (frame.type) {
+      case "ping":
+        this.send({ type: "pong", nonce: frame.nonce });
+        return false;
+      case "pong":
+        return false;
+      case "subscribe_ack":
+        this.everLive = true;
+        this.setState("live");
+        return false;
+      case "subscribe_error":
+        if (SNAPSHOT_INSTEAD.has(frame.code)) {
+          this.cursor = null; // the replay is gone: the state comes whole from a snapshot
+          this.subscribe();
+          return false;
+        }
+        this.stopped = true;
+        this.setState("offline", `${frame.code}: ${frame.message}`);
+        return false;
+      case "snapshot":
+        this.onReset();
+        this.onFrame(frame);
+        this.cursor = frame.snapshot_at_event_id;
+        return true;
+      case "event":
+        this.onFrame(frame);
+        this.cursor = frame.event.id;
+        return true;
+      case "error":
+        showError(`The gateway said: ${frame.code}: ${frame.message}`);
+        return false;
+      default:
+        return false; // a frame type this page does not know
+    }
+  }
+
+  /** A frame came: the connection is alive; arm the keepalive again. */
+  touch() {
+    this.pinged = false;
+    clearTimeout(this.idleTimer);
+    this.idleTimer = setTimeout(() => this.idle(), options.keepaliveMs);
+  }
+
+  idle() {
+    if (!this.ws) return;
+    if (this.pinged) {
+      const ws = this.ws; // silent twice over: a dead peer; drop it and come back
+      this.ws = null;
+      ws.close(4000, "no answer to ping");
+      this.retry("no frame from the gateway");
+      return;
+    }
+    this.pinged = true;
+    this.send({ type: "ping", nonce: Math.random().toString(16).slice(2) });
+    this.idleTimer = setTimeout(() => this.idle(), options.keepaliveMs);
+  }
+
+  retry(why) {
+    if (this.stopped) return;
+    this.failures += 1;
+    const delay = backoffDelay(this.failures, Math.random());
+    this.setState(this.everLive ? "reconnecting" : "connecting", `${why}; again in ${(delay / 1000).toFixed(1)} s`);
+    clearTimeout(this.retryTimer);
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = 0;
+      this.connect();
+    }, delay);
+  }
+
+  /** The network is back: skip the rest of the backoff. */
+  online() {
+    if (this.stopped || this.ws || !this.retryTimer) return;
+    clearTimeout(this.retryTimer);
+    this.retryTimer = 0;
+    this.connect();
+  }
+
+  /** Automation: cut the socket as a network drop would (the page then reconnects). */
+  drop() {
+    if (this.ws) this.ws.close(4001, "dropped by the page's automation handle");
+  }
+}
+
+// --- the page's state ------------------------------------------------------------------
+
+const page = {
+  sessionId: null,
+  stream: null,
+  reducer: null,
+  view: localStorage.getItem(VIEW_STORE) === "simple" ? "simple" : "full",
+  workers: localStorage.getItem(WORKERS_STORE) === "1",
+  sessions: [],
+  renderQueued: false,
+  busy: false, // a send in flight
+};
+
+function newReducer(sessionId) {
+  return new Reducer(sessionId);
+}
+
+function openSession(sessionId) {
+  if (page.stream) page.stream.stop();
+  page.sessionId = sessionId;
+  page.reducer = sessionId ? newReducer(sessionId) : null;
+  page.stream = null;
+  ui.title.textContent = sessionId || "No session";
+  ui.title.title = sessionId || "";
+  for (const button of ui.sessions.querySelectorAll("button[data-session-id]")) {
+    button.setAttribute("aria-current", String(button.dataset.sessionId === sessionId));
+  }
+  clearThread();
+  if (!sessionId) {
+    setStatus("idle", "");
+    render();
+    return;
+  }
+  const stream = new Stream(sessionId, {
+    workers: page.workers,
+    onFrame: (frame) => {
+      if (stream !== page.stream) return;
+      try {
+        page.reducer.apply(frame);
+      } catch (error) {
+        // A move the contract does not allow: a server bug. Say so, start over from a snapshot.
+        showError(`Inconsistent stream (${error.message}); reloading the session.`);
+        stream.cursor = null;
+        if (stream.ws) stream.ws.close(4002, "inconsistent stream");
+      }
+      if (frame.type === "event" && LISTED_CHANGES.has(frame.event.type)) refreshSessionsSoon();
+      queueRender();
+    },
+    onReset: () => {
+      if (stream === page.stream) page.reducer = newReducer(sessionId);
+    },
+    onState: (state, detail) => {
+      if (stream === page.stream) setStatus(state, detail);
+    },
+  });
+  page.stream = stream;
+  window.gateway.stream = stream;
+  stream.start();
+  render();
+  ui.prompt.focus();
+}
+
+function setStatus(state, detail) {
+  const label = {
+    idle: "Not connected",
+    connecting: "Connecting…",
+    live: "Live",
+    reconnecting: "Reconnecting…",
+    offline: "Offline",
+  }[state];
+  ui.status.dataset.state = state;
+  ui.status.textContent = label;
+  ui.status.title = detail || label;
+  updateComposer();
+}
+
+// --- drawing -------------------------------------------------------------------------------
+
+function queueRender() {
+  if (page.renderQueued) return;
+  page.renderQueued = true;
+  const run = () => {
+    page.renderQueued = false;
+    render();
+  };
+  if (document.hidden) setTimeout(run, 50);
+  else requestAnimationFrame(run);
+}
+
+function clearThread() {
+  ui.thread.replaceChildren(ui.empty);
+  ui.activity.replaceChildren();
+  ui.activity.hidden = true;
+}
+
+function currentView() {
+  if (!page.reducer) return null;
+  return page.view === "simple" ? simpleView(page.reducer) : fullView(page.reducer, { workers: page.workers });
+}
+
+function render() {
+  const view = currentView();
+  const stick = ui.thread.scrollHeight - ui.thread.scrollTop - ui.thread.clientHeight < 60;
+  const items = view ? messagesOf(view) : [];
+  ui.empty.hidden = items.length > 0;
+  ui.empty.textContent = page.sessionId
+    ? "No messages yet. Say something below."
+    : "Pick a session on the left, or start a new one.";
+  reconcile(items);
+  drawActivity(view);
+  updateComposer();
+  if (stick) ui.thread.scrollTop = ui.thread.scrollHeight;
+}
+
+// What each drawn message element was drawn from (its view, as JSON).
+const drawnFrom = new WeakMap();
+
+/** Keep one element per message, keyed; rebuild only the messages whose view changed. */
+function reconcile(items) {
+  const existing = new Map();
+  for (const node of ui.thread.querySelectorAll(":scope > [data-key]")) existing.set(node.dataset.key, node);
+  let previous = ui.empty;
+  const keep = new Set();
+  for (const item of items) {
+    const signature = JSON.stringify(item);
+    let node = existing.get(item.key);
+    if (!node || drawnFrom.get(node) !== signature) {
+      const fresh = drawMessage(item);
+      drawnFrom.set(fresh, signature);
+      if (node) node.replaceWith(fresh);
+      node = fresh;
+    }
+    keep.add(item.key);
+    if (previous.nextSibling !== node) previous.after(node);
+    previous = node;
+  }
+  for (const [key, node] of existing) if (!keep.has(key)) node.remove();
+}
+
+function drawMessage(item) {
+  const head = el(
+    "div",
+    { class: "message-head" },
+    el("span", { class: "role", text: item.worker ? (item.role === "user" ? "task" : "worker") : item.role }),
+    item.status !== "complete" ? el("span", { class: `badge ${item.status}`, text: statusLabel(item.status) }) : null,
+  );
+  return el(
+    "article",
+    {
+      class: `message${item.worker ? " worker" : ""}`,
+      "data-testid": item.worker ? "worker-message" : "message",
+      "data-role": item.role,
+      "data-status": item.status,
+      "data-key": item.key,
+      "data-message-id": item.id || null,
+      "data-session-id": item.sessionId || null,
+    },
+    head,
+    el("div", { class: "blocks" }, item.blocks.map((block, index) => drawBlock(block, `${item.key}:${index}`))),
+  );
+}
+
+function statusLabel(status) {
+  if (status === "in_progress") return page.view === "simple" ? "working…" : "writing…";
+  return { cancelled: "cancelled", error: "error" }[status] || status;
+}
+
+// Thinking blocks the reader unfolded stay unfolded when their message is drawn again.
+const unfolded = new Set();
+
+function drawBlock(block, key) {
+  switch (block.kind) {
+    case "text":
+      return el("div", { class: `text${block.open ? " open" : ""}`, "data-testid": "text", text: block.text });
+    case "thinking":
+      // Open while it streams; then folded to one line (click to read it all).
+      return el(
+        "details",
+        {
+          class: "thinking",
+          "data-testid": "thinking",
+          open: block.open || unfolded.has(key) || null,
+          ontoggle: (event) => {
+            if (block.open) return;
+            if (event.target.open) unfolded.add(key);
+            else unfolded.delete(key);
+          },
+        },
+        el(
+          "summary",
+          {},
+          el("span", { class: "label", text: block.redacted ? "Thinking (redacted)" : block.open ? "Thinking…" : "Thinking" }),
+          block.open || block.redacted ? null : el("span", { class: "preview", text: block.text }),
+        ),
+        el("div", { class: "text", text: block.redacted ? "" : block.text }),
+      );
+    case "tool":
+      return drawTool(block);
+    default:
+      return el("div", { class: "text", text: block.text || "" });
+  }
+}
+
+const TOOL_STATUS = {
+  streaming: "writing its input…",
+  pending: "queued",
+  awaiting_approval: "needs your approval",
+  running: "running…",
+  completed: "done",
+  failed: "failed",
+  not_run: "not run",
+};
+
+function drawTool(block) {
+  const status = block.status; // reducer.js: streaming, pending, awaiting_approval, running, completed, failed, not_run
+  const tool = el(
+    "div",
+    { class: "tool", "data-testid": "tool", "data-tool-name": block.name, "data-tool-status": status },
+    el(
+      "div",
+      { class: "tool-head" },
+      el("span", { class: "tool-name", text: block.name }),
+      el("span", { class: `badge ${status}`, text: TOOL_STATUS[status] || status }),
+    ),
+    el("pre", { class: "input", text: pretty(block.input) }),
+  );
+  if (block.result !== null && block.result !== undefined) {
+    tool.append(el("pre", { class: `result ${status}`, "data-testid": "tool-result", text: pretty(block.result) }));
+  }
+  for (const permission of block.permissions) tool.append(drawPermission(permission));
+  if (block.worker) {
+    const worker = block.worker;
+    tool.append(
+      el(
+        "div",
+        { class: "worker-thread", "data-testid": "worker", "data-session-id": worker.sessionId },
+        el("div", { class: "worker-head", text: `Worker session ${worker.sessionId}${worker.running ? " · running" : ""}` }),
+        worker.items.map(drawMessage),
+      ),
+    );
+  }
+  return tool;
+}
+
+function drawPermission(permission) {
+  const decide = (decision) => async (event) => {
+    const buttons = event.target.closest(".permission").querySelectorAll("button");
+    for (const button of buttons) button.disabled = true;
+    try {
+      await api(
+        "POST",
+        `sessions/${encodeURIComponent(permission.sessionId || page.sessionId)}/permissions/${encodeURIComponent(permission.perm_id)}`,
+        { decision },
+      );
+    } catch (error) {
+      showError(`Could not ${decision}: ${error.message}`);
+      for (const button of buttons) button.disabled = false;
+    }
+  };
+  return el(
+    "div",
+    { class: "permission", "data-testid": "permission", "data-perm-id": permission.perm_id },
+    el("span", { class: "ask" }, "Allow ", el("code", { text: permission.tool_name }), " to run with ", el("code", { text: JSON.stringify(permission.input) }), "?"),
+    el("button", { type: "button", "data-testid": "approve", onclick: decide("allow") }, "Approve"),
+    el("button", { type: "button", class: "danger", "data-testid": "deny", onclick: decide("deny") }, "Deny"),
+  );
+}
+
+function drawActivity(view) {
+  const activity = view ? activityOf(view) : null;
+  if (!activity) {
+    ui.activity.hidden = true;
+    ui.activity.replaceChildren();
+    return;
+  }
+  const signature = JSON.stringify(activity);
+  if (drawnFrom.get(ui.activity) === signature && !ui.activity.hidden) return;
+  drawnFrom.set(ui.activity, signature);
+  ui.activity.replaceChildren(
+    activity.line ? el("div", { class: "line", "data-testid": "activity-line", text: activity.line }) : null,
+    ...(activity.permissions || []).map(drawPermission),
+  );
+  ui.activity.hidden = false;
+}
+
+// --- adapting the reducer's views to what is drawn ----------------------------------------
+// (messagesOf, activityOf, turnOf: see the end of this file)
+
+// --- the composer -----------------------------------------------------------------------------
+
+function updateComposer() {
+  const turn = page.reducer ? turnOf(page.reducer) : null;
+  const inFlight = Boolean(turn && turn.inFlight);
+  const ready = Boolean(page.sessionId) && !page.busy;
+  ui.send.disabled = !ready || inFlight || !ui.prompt.value.trim();
+  ui.cancel.disabled = !page.sessionId || !inFlight;
+  ui.prompt.disabled = !page.sessionId;
+}
+
+async function send() {
+  const content = ui.prompt.value;
+  if (!page.sessionId || !content.trim() || ui.send.disabled) return;
+  page.busy = true;
+  updateComposer();
+  try {
+    await api("POST", `sessions/${encodeURIComponent(page.sessionId)}/turns`, { content });
+    ui.prompt.value = "";
+  } catch (error) {
+    showError(error.code === "turn_in_progress" ? "A turn is still running: wait, or cancel it (Esc)." : `Not sent: ${error.message}`);
+  } finally {
+    page.busy = false;
+    updateComposer();
+    ui.prompt.focus();
+  }
+}
+
+async function cancelTurn() {
+  const turn = page.reducer ? turnOf(page.reducer) : null;
+  if (!page.sessionId || !turn || !turn.inFlight) return;
+  ui.cancel.disabled = true;
+  try {
+    await api(
+      "POST",
+      `sessions/${encodeURIComponent(page.sessionId)}/turns/${encodeURIComponent(turn.turnId)}/cancel`,
+      { reason: "user" },
+    );
+  } catch (error) {
+    if (error.code !== "turn_not_in_flight") showError(`Could not cancel: ${error.message}`);
+  }
+}
+
+// Events after which the sessions list (turn counts, running dots) is out of date.
+const LISTED_CHANGES = new Set(["turn.started", "turn.completed", "turn.cancelled", "delegate.started"]);
+let refreshTimer = 0;
+function refreshSessionsSoon() {
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(loadSessions, 300);
+}
+
+// --- sessions ---------------------------------------------------------------------------------
+
+async function loadSessions() {
+  let listing;
+  try {
+    listing = await api("GET", "sessions?limit=100");
+  } catch (error) {
+    showError(`Could not list sessions: ${error.message}`);
+    return;
+  }
+  page.sessions = listing.sessions;
+  drawSessions();
+}
+
+function drawSessions() {
+  const entries = page.sessions.filter((entry) => page.workers || !entry.session.parent_session_id);
+  // Workers right under their parent, when shown.
+  const byParent = new Map();
+  for (const entry of entries) {
+    const parent = entry.session.parent_session_id || "";
+    if (!byParent.has(parent)) byParent.set(parent, []);
+    byParent.get(parent).push(entry);
+  }
+  const listed = new Set(entries.map((entry) => entry.session.id));
+  const ordered = [];
+  const visit = (entry, depth) => {
+    ordered.push([entry, depth]);
+    for (const child of byParent.get(entry.session.id) || []) visit(child, depth + 1);
+  };
+  for (const entry of entries) {
+    const parent = entry.session.parent_session_id;
+    if (!parent || !listed.has(parent)) visit(entry, parent ? 1 : 0);
+  }
+  ui.sessions.replaceChildren(
+    ...ordered.map(([entry, depth]) => {
+      const s = entry.session;
+      const running = s.current_turn_status === "in_flight";
+      return el(
+        "li",
+        { class: depth ? "worker" : null },
+        el(
+          "button",
+          {
+            type: "button",
+            "data-testid": "session-item",
+            "data-session-id": s.id,
+            "aria-current": String(s.id === page.sessionId),
+            title: s.id,
+            onclick: () => {
+              location.hash = s.id;
+            },
+          },
+          el("span", { class: "sid" }, running ? el("span", { class: "live-dot", text: "● " }) : null, shortId(s.id)),
+          el("span", {
+            class: "meta",
+            text: `${depth ? "worker · " : ""}${s.turn_count} turn${s.turn_count === 1 ? "" : "s"} · ${ago(entry.created_at)}`,
+          }),
+        ),
+      );
+    }),
+  );
+}
+
+async function newSession() {
+  ui.newSession.disabled = true;
+  try {
+    const created = await api("POST", "sessions", {});
+    await loadSessions();
+    location.hash = created.session_id;
+  } catch (error) {
+    showError(`Could not create a session: ${error.message}`);
+  } finally {
+    ui.newSession.disabled = false;
+  }
+}
+
+function sessionFromHash() {
+  const id = decodeURIComponent(location.hash.slice(1));
+  return /^[A-Za-z0-9_-]+$/.test(id) ? id : null;
+}
+
+// --- wiring -----------------------------------------------------------------------------------
+
+function setView(view) {
+  page.view = view;
+  localStorage.setItem(VIEW_STORE, view);
+  ui.viewToggle.dataset.view = view;
+  ui.viewToggle.textContent = view === "simple" ? "View: simple" : "View: full";
+  ui.viewToggle.setAttribute("aria-pressed", String(view === "simple"));
+  ui.thread.replaceChildren(ui.empty); // every message is drawn anew in the other view
+  render();
+}
+
+ui.viewToggle.addEventListener("click", () => setView(page.view === "full" ? "simple" : "full"));
+ui.workers.checked = page.workers;
+ui.workers.addEventListener("change", () => {
+  page.workers = ui.workers.checked;
+  localStorage.setItem(WORKERS_STORE, page.workers ? "1" : "0");
+  drawSessions();
+  if (page.sessionId) openSession(page.sessionId); // a new filter: attach again, from a snapshot
+});
+ui.newSession.addEventListener("click", newSession);
+ui.refresh.addEventListener("click", loadSessions);
+ui.composer.addEventListener("submit", (event) => {
+  event.preventDefault();
+  send();
+});
+ui.cancel.addEventListener("click", cancelTurn);
+ui.prompt.addEventListener("input", updateComposer);
+ui.prompt.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    send();
+  }
+});
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape" && !ui.keyDialog.open) {
+    event.preventDefault();
+    cancelTurn();
+  }
+});
+ui.status.addEventListener("click", () => {
+  if (page.sessionId && page.stream && page.stream.state === "offline") openSession(page.sessionId);
+});
+window.addEventListener("online", () => {
+  if (page.stream) page.stream.online();
+});
+window.addEventListener("hashchange", () => {
+  const id = sessionFromHash();
+  if (id !== page.sessionId) openSession(id);
+});
+
+window.gateway = {
+  options,
+  stream: null,
+  state: () => page.reducer,
+  view: () => currentView(),
+  backoffDelay,
+};
+
+setView(page.view);
+loadSessions().then(() => openSession(sessionFromHash()));
+
+// --- adapters: the reducer's views as the items drawn above ----------------------------------
+// The view shapes are documented at the top of reducer.js.
+
+/** The messages of a view, each {key, id, role, status, worker, sessionId, blocks}. */
+function messagesOf(view) {
+  if (page.view === "simple") {
+    return view.thread.map((entry) => ({
+      key: entry.role === "user" ? `s:u:${entry.message_id}` : `s:a:${entry.turn_id || entry.message_id}`,
+      id: entry.message_id,
+      role: entry.role,
+      status: entry.status,
+      worker: false,
+      sessionId: page.sessionId,
+      blocks: [{ kind: "text", text: entry.text, open: entry.status === "in_progress" }],
+    }));
+  }
+  const permissions = new Map(view.permissions.map((p) => [p.perm_id, p]));
+  const workers = new Map();
+  const unlinked = [];
+  for (const worker of view.workers || []) {
+    if (worker.tool_use_id) workers.set(worker.tool_use_id, worker);
+    else unlinked.push(worker);
+  }
+  const items = fullItems(view.session_id, view.messages, permissions, workers, false);
+  for (const worker of unlinked) items.push(...fullItems(worker.session_id, worker.messages, permissions, workers, true));
+  return items;
+}
+
+function fullItems(sessionId, messages, permissions, workers, worker) {
+  return messages.map((m) => ({
+    key: `f:${m.id}`,
+    id: m.id,
+    role: m.role,
+    status: m.status,
+    worker,
+    sessionId,
+    blocks: m.blocks.map((b) => {
+      switch (b.type) {
+        case "text":
+          return { kind: "text", text: b.text, open: b.open };
+        case "thinking":
+          return { kind: "thinking", text: b.text, open: b.open };
+        case "redacted_thinking":
+          return { kind: "thinking", redacted: true, text: "", open: b.open };
+        case "tool_use": {
+          const asked = b.perm_id ? permissions.get(b.perm_id) : undefined;
+          const delegated = workers.get(b.id);
+          return {
+            kind: "tool",
+            id: b.id,
+            name: b.name,
+            input: b.input,
+            status: b.status,
+            result: b.result,
+            permissions: asked ? [{ ...asked, sessionId }] : [],
+            worker: delegated
+              ? {
+                  sessionId: delegated.session_id,
+                  task: delegated.task,
+                  running: Boolean(delegated.running_turn_id),
+                  items: fullItems(delegated.session_id, delegated.messages, permissions, workers, true),
+                }
+              : null,
+          };
+        }
+        default:
+          return { kind: "text", text: "", open: false };
+      }
+    }),
+  }));
+}
+
+const TOOL_LINE = {
+  preparing: (name) => `Preparing ${name}…`,
+  awaiting_approval: (name) => `Waiting for your approval to run ${name}`,
+  running: (name) => `Running ${name}…`,
+};
+
+/** The simple view's status line and its permission requests, or null. */
+function activityOf(view) {
+  if (page.view !== "simple") return null;
+  const status = view.status;
+  let line = "";
+  if (status && status.kind === "thinking") line = status.text ? `Thinking: ${status.text}` : "Thinking…";
+  else if (status && status.kind === "tool") line = (TOOL_LINE[status.state] || TOOL_LINE.running)(status.tool_name);
+  const permissions = view.permissions.map((p) => ({ ...p, sessionId: page.sessionId }));
+  if (!line && !permissions.length) return null;
+  return { line, permissions };
+}
+
+/** The turn in flight: {turnId, inFlight} or null. */
+function turnOf(reducer) {
+  const turnId = reducer.runningTurnId;
+  return turnId ? { turnId, inFlight: true } : null;
+}
