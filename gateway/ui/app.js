@@ -112,7 +112,7 @@ function pretty(value) {
 }
 
 /** Equal jitter: uniform in the upper half of min(cap, base * 2^(attempt-1)). */
-export function backoffDelay(attempt, rand, baseMs = options.backoffBaseMs, capMs = options.backoffCapMs) {
+function backoffDelay(attempt, rand, baseMs = options.backoffBaseMs, capMs = options.backoffCapMs) {
   const ceiling = Math.min(capMs, baseMs * 2 ** Math.min(attempt - 1, 30));
   return ceiling * (0.5 + 0.5 * rand);
 }
@@ -210,8 +210,6 @@ class Stream {
     this.retryTimer = 0;
     this.idleTimer = 0;
     this.pinged = false;
-    this.connects = 0;
-    this.subscribes = []; // every subscribe frame sent, for automation
     this.state = "idle";
   }
 
@@ -248,7 +246,6 @@ class Stream {
       return;
     }
     if (this.stopped) return;
-    this.connects += 1;
     const ws = new WebSocket(info.ws_url);
     this.ws = ws;
     // Progress (the backoff starts again): an event or a snapshot came, or the
@@ -296,7 +293,6 @@ class Stream {
       snapshot: this.cursor === null,
     };
     if (frame.snapshot) frame.since = null;
-    this.subscribes.push(frame);
     this.send(frame);
     this.touch();
   }
