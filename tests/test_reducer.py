@@ -15,12 +15,15 @@ import msgspec
 import pytest
 
 from gateway.client import Reducer, decode_server_frame
+from gateway.client.views import full_view, simple_view
 from gateway.errors import FrameRejected
 from gateway.ids import format_event_id
 from gateway.protocol.events import (
     EVENT_TYPES,
     PAYLOAD_TYPE,
     STREAMING_TYPES,
+    DelegateCompleted,
+    DelegateStarted,
     Event,
     LlmCallCompleted,
     LlmCallFailed,
@@ -29,6 +32,8 @@ from gateway.protocol.events import (
     MessageSnapshot,
     MessageStart,
     Payload,
+    PermissionRequested,
+    PermissionResolved,
     RouteDecided,
     TextDelta,
     TextEnd,
@@ -61,6 +66,7 @@ from gateway.protocol.frames import (
 from gateway.protocol.shapes import (
     ContentBlock,
     Message,
+    PendingPermission,
     RedactedThinkingBlock,
     SessionSummary,
     TextBlock,
@@ -207,6 +213,7 @@ def test_text_turn() -> None:
         },
         "tool_results": {},
         "turn": {"turn_id": "turn_1", "status": "in_flight", "stop_reason": None},
+        "pending_permissions": [],
         "last_event_id": format_event_id(7),
     }
 
@@ -227,6 +234,7 @@ def test_text_turn() -> None:
         "streaming": None,
         "tool_results": {},
         "turn": {"turn_id": "turn_1", "status": "completed", "stop_reason": "end_turn"},
+        "pending_permissions": [],
         "last_event_id": format_event_id(11),
     }
     # The finished message keeps what state() leaves out: the model seen on
@@ -389,6 +397,7 @@ def test_tool_round_then_second_call() -> None:
             }
         },
         "turn": {"turn_id": "turn_1", "status": "completed", "stop_reason": "end_turn"},
+        "pending_permissions": [],
         "last_event_id": emit.events[-1].id,
     }
     # seed 002: the outcome pairs with the tool_use block of the same id
@@ -636,6 +645,7 @@ def test_snapshot_of_an_idle_session_replaces_everything() -> None:
         "streaming": None,
         "tool_results": {},
         "turn": None,
+        "pending_permissions": [],
         "last_event_id": None,
     }
 
@@ -724,6 +734,7 @@ def test_unknown_types_and_other_sessions_only_move_the_cursor() -> None:
         "streaming": None,
         "tool_results": {},
         "turn": {"turn_id": "turn_1", "status": "in_flight", "stop_reason": None},
+        "pending_permissions": [],
         "last_event_id": format_event_id(3),
     }
 
@@ -827,6 +838,7 @@ def replay(events: list[Event], cursor: int, now: int) -> list[Event]:
     ]
     server = live(events[:now]).streaming
     if server is not None:
+        opened = server.open_block()
         partial = Message(
             id=server.message_id,
             session_id=SID,
@@ -836,6 +848,7 @@ def replay(events: list[Event], cursor: int, now: int) -> list[Event]:
             status="in_progress",
             created_at=0,
             model=server.model,
+            open_block_index=None if opened is None else opened[0],
         )
         last = events[now - 1]
         snapshot_id = format_event_id(int(last.id.removeprefix("evt_")) + 5)
@@ -854,7 +867,6 @@ def replay(events: list[Event], cursor: int, now: int) -> list[Event]:
 
 
 SESSION = whole_session()
-BLOCK_ENDS = {"text.end", "thinking.end", "tool.use_end"}
 
 
 @pytest.mark.parametrize("cursor", range(len(SESSION)))
@@ -865,15 +877,284 @@ def test_resumed_client_converges_with_live_one(cursor: int) -> None:
         at_resume = live(SESSION[:now]).state()
         state = resumed.state()
         del state["last_event_id"], at_resume["last_event_id"]
-        if now and SESSION[now - 1].type in BLOCK_ENDS:
-            # The one window the snapshot cannot close: the last block has
-            # ended but the snapshot does not say so (reducer module docstring).
-            at_resume["streaming"]["blocks"][-1]["closed"] = False
+        # open_block_index says which restored block is open: no window
+        # where an ended block looks open (PROTOCOL section 6).
         assert state == at_resume, f"resumed after {cursor} at {now}"
 
         feed(resumed, SESSION[now:])
         assert resumed.state() == live(SESSION).state(), f"resumed after {cursor} at {now}"
         assert resumed.duplicates_ignored == 0
+
+
+# --- what a snapshot says besides its messages (PROTOCOL section 6) -------------------
+
+
+def in_progress(*content: ContentBlock, open_block_index: Any = msgspec.UNSET) -> Message:
+    return Message(
+        id="msg_b",
+        session_id=SID,
+        turn_id="turn_1",
+        role="assistant",
+        content=list(content),
+        status="in_progress",
+        created_at=0,
+        model=MODEL,
+        open_block_index=open_block_index,
+    )
+
+
+def restored(message: Message, pending: list[PendingPermission] | None = None) -> Reducer:
+    summary = session_summary("turn_1")
+    summary.pending_permissions = pending or []
+    history = [user_message("turn_1", "Go"), message]
+    reducer = Reducer(SID)
+    reducer.apply(Snapshot(summary, history, format_event_id(40)))
+    return reducer
+
+
+def test_open_block_index_names_the_one_block_still_streaming() -> None:
+    """Not the last: the server says which; every other block has ended."""
+    reducer = restored(
+        in_progress(TextBlock("a"), TextBlock("b"), TextBlock("c"), open_block_index=1)
+    )
+    assert reducer.streaming is not None
+    assert [b.closed for b in reducer.streaming.blocks.values()] == [True, False, True]
+    emit = Emitter(after=40, turn_id="turn_1")
+    feed(reducer, emit(TextDelta("msg_b", 1, "+"), TextEnd("msg_b", 1)))
+    assert reducer.streaming.blocks[1].text == "b+"
+    with pytest.raises(ValueError, match="block 2 of message msg_b: the block has already ended"):
+        feed(reducer, emit(TextDelta("msg_b", 2, "x")))
+
+
+def test_open_block_index_null_means_every_restored_block_has_ended() -> None:
+    reducer = restored(
+        in_progress(ThinkingBlock("hm", "sig"), TextBlock("t"), open_block_index=None)
+    )
+    assert reducer.streaming is not None
+    assert all(b.closed for b in reducer.streaming.blocks.values())
+    assert full_view(reducer)["messages"][-1]["blocks"] == [
+        {"type": "thinking", "text": "hm", "open": False},
+        {"type": "text", "text": "t", "open": False},
+    ]
+    emit = Emitter(after=40, turn_id="turn_1")
+    with pytest.raises(ValueError, match="already ended"):
+        feed(reducer, emit(TextDelta("msg_b", 1, "x")))
+    feed(reducer, emit(*text_block("msg_b", 2, "more")))  # the next block, live
+
+
+def test_pending_permissions_come_from_the_snapshot_and_the_events() -> None:
+    waiting = PendingPermission("perm_1", "toolu_1", "bash", {"command": "ls"}, 9_000)
+    done = Message(
+        "msg_a", SID, "turn_1", "assistant",
+        [ToolUseBlock("toolu_1", "bash", {"command": "ls"}),
+         ToolUseBlock("toolu_2", "bash", {"command": "pwd"})],
+        "complete", 0, usage=USAGE,
+    )  # fmt: skip
+    reducer = restored(done, [waiting])
+    assert reducer.state()["pending_permissions"] == [
+        {
+            "perm_id": "perm_1",
+            "tool_use_id": "toolu_1",
+            "tool_name": "bash",
+            "input": {"command": "ls"},
+            "expires_at": 9_000,
+        }
+    ]
+    [first, second] = full_view(reducer)["messages"][-1]["blocks"]
+    assert (first["status"], first["perm_id"]) == ("awaiting_approval", "perm_1")  # type: ignore[typeddict-item]
+    assert (second["status"], second["perm_id"]) == ("running", None)  # type: ignore[typeddict-item]
+    assert simple_view(reducer)["status"] == {
+        "kind": "tool",
+        "state": "awaiting_approval",
+        "tool_use_id": "toolu_1",
+        "tool_name": "bash",
+    }
+    emit = Emitter(after=40, turn_id="turn_1")
+    feed(reducer, emit(PermissionRequested("perm_2", "toolu_2", "bash", {"command": "pwd"}, 9_001)))
+    assert list(reducer.permissions) == ["perm_1", "perm_2"]
+    feed(reducer, emit(PermissionResolved("perm_2", "allow")))
+    assert list(reducer.permissions) == ["perm_1"]
+    # a cancel leaves the request unresolved: the tool's end removes it (PROTOCOL section 8)
+    feed(reducer, emit(ToolFailed("toolu_1", "bash", "cancelled", "cancelled")))
+    assert reducer.permissions == {}
+    feed(reducer, emit(PermissionRequested("perm_3", "toolu_2", "bash", {}, 1)))
+    feed(reducer, emit(TurnCancelled("turn_1", "user", "seam", partial=True)))
+    assert reducer.permissions == {}  # a turn's requests end with it
+    assert full_view(reducer)["permissions"] == []
+
+
+# --- the views (PROTOCOL section 10) ------------------------------------------------
+
+
+def replies(reducer: Reducer) -> list[tuple[str, str]]:
+    return [
+        (e["text"], e["status"]) for e in simple_view(reducer)["thread"] if e["role"] == "assistant"
+    ]
+
+
+def test_simple_view_appends_within_a_round_and_replaces_across_rounds() -> None:
+    emit = Emitter()
+    tool_turn(emit)
+    by_payload = [e.payload for e in emit.events]
+
+    def at(payload: Payload) -> Reducer:
+        return live(emit.events[: by_payload.index(payload) + 1])
+
+    assert replies(at(TextDelta("msg_a", 0, "Running "))) == [("Running ", "in_progress")]
+    mid_tool = at(ToolUseInputDelta("msg_a", 1, "toolu_1", '{"comm'))
+    assert replies(mid_tool) == [("Running it.", "in_progress")]
+    assert simple_view(mid_tool)["status"] == {
+        "kind": "tool", "state": "preparing", "tool_use_id": "toolu_1", "tool_name": "bash",
+    }  # fmt: skip
+    called = at(ToolCalled("toolu_1", "bash", {"command": "ls -la"}))
+    assert simple_view(called)["status"] == {
+        "kind": "tool", "state": "running", "tool_use_id": "toolu_1", "tool_name": "bash",
+    }  # fmt: skip
+    done = at(ToolCompleted("toolu_1", "bash", "a.txt\nb.txt", duration_ms=12))
+    assert simple_view(done)["status"] is None
+    assert replies(done) == [("Running it.", "in_progress")]
+    # the next round starts: the earlier round's text is replaced
+    assert replies(at(MessageStart("msg_b", "assistant", MODEL))) == [("", "in_progress")]
+    assert replies(at(TextDelta("msg_b", 0, "Two "))) == [("Two ", "in_progress")]
+    end = live(emit.events)
+    assert simple_view(end) == {
+        "thread": [
+            {"role": "user", "turn_id": "turn_1", "message_id": "msg_u_turn_1",
+             "text": "List files", "status": "complete"},
+            {"role": "assistant", "turn_id": "turn_1", "message_id": "msg_b",
+             "text": "Two files.", "status": "complete"},
+        ],
+        "status": None,
+        "permissions": [],
+    }  # fmt: skip
+    # the full view keeps every round, the tool paired with its result (seed 002)
+    tool = full_view(end)["messages"][1]["blocks"][1]
+    assert tool == {
+        "type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "ls -la"},
+        "open": False, "status": "completed", "result": "a.txt\nb.txt", "perm_id": None,
+    }  # fmt: skip
+
+
+def test_the_status_line_is_the_latest_thinking_chunk_only() -> None:
+    emit = Emitter()
+    emit(
+        TurnStarted("turn_1", user_message("turn_1", "Hi")),
+        MessageStart("msg_a", "assistant", MODEL),
+        ThinkingStart("msg_a", 0, redacted=False),
+    )
+    reducer = live(emit.events)
+    assert simple_view(reducer)["status"] == {"kind": "thinking", "text": ""}
+    for chunk in ("Let ", "me ", "see."):
+        feed(reducer, emit(ThinkingDelta("msg_a", 0, chunk, None)))
+        assert simple_view(reducer)["status"] == {"kind": "thinking", "text": chunk}
+    feed(reducer, emit(ThinkingDelta("msg_a", 0, "", "sig")))  # a signature is no chunk
+    assert simple_view(reducer)["status"] == {"kind": "thinking", "text": "see."}
+    feed(reducer, emit(ThinkingEnd("msg_a", 0, "sig")))
+    assert simple_view(reducer)["status"] is None
+    assert replies(reducer) == [("", "in_progress")]  # thinking is never content
+
+
+def test_a_cancelled_turn_keeps_its_text_marked_cancelled() -> None:
+    emit = Emitter()
+    cancelled_turn(emit)
+    reducer = live(emit.events)
+    assert replies(reducer) == [("Writing.", "cancelled")]
+    tool = full_view(reducer)["messages"][1]["blocks"][1]
+    assert (tool["status"], tool["result"]) == ("not_run", None)  # type: ignore[typeddict-item]
+
+
+def finished_turn(*assistant: Message, results: list[ToolResultBlock] | None = None) -> Reducer:
+    """A client attaching by snapshot after the turn: it never saw how the turn ended."""
+    history = [user_message("turn_1", "Go"), *assistant]
+    if results:
+        history.append(Message("msg_r", SID, "turn_1", "user", list(results), "complete", 0))
+    reducer = Reducer(SID)
+    reducer.apply(Snapshot(session_summary(None), history, format_event_id(40)))
+    return reducer
+
+
+def assistant(*content: ContentBlock, status: Any = "complete") -> Message:
+    return Message("msg_a", SID, "turn_1", "assistant", list(content), status, 0, usage=USAGE)
+
+
+@pytest.mark.parametrize(
+    ("reducer", "status"),
+    [
+        (finished_turn(assistant(TextBlock("ok"))), "complete"),
+        (finished_turn(assistant(TextBlock("cut"), status="cancelled")), "cancelled"),
+        (finished_turn(assistant(TextBlock("half"), status="error")), "error"),
+        # tools asked for and cancelled (seam or tools phase): their results say so
+        (
+            finished_turn(
+                assistant(TextBlock("t"), ToolUseBlock("toolu_1", "bash", {})),
+                results=[ToolResultBlock("toolu_1", "cancelled", is_error=True)],
+            ),
+            "cancelled",
+        ),
+        # tools ran, and no later round came: its call failed before a message started
+        (
+            finished_turn(
+                assistant(TextBlock("t"), ToolUseBlock("toolu_1", "bash", {})),
+                results=[ToolResultBlock("toolu_1", "fine")],
+            ),
+            "error",
+        ),
+        # no tool ran (max_tokens cut the round): the turn ended there
+        (finished_turn(assistant(TextBlock("t"), ToolUseBlock("toolu_1", "bash", {}))), "complete"),
+    ],
+)
+def test_how_a_turn_ended_is_inferred_from_a_snapshot(reducer: Reducer, status: str) -> None:
+    [(_, shown)] = replies(reducer)
+    assert shown == status
+
+
+def test_how_a_turn_ended_as_seen_live_wins_over_the_inference() -> None:
+    emit = Emitter()
+    emit(
+        TurnStarted("turn_1", user_message("turn_1", "Go")),
+        complete("msg_a", "max_tokens", TextBlock("t"), ToolUseBlock("toolu_1", "bash", {})),
+        TurnCompleted("turn_1", "error", USAGE, 0.0),  # say, a gateway bug ended it
+    )
+    assert replies(live(emit.events)) == [("t", "error")]
+
+
+def test_worker_events_go_to_a_reducer_of_their_own_that_joins_anywhere() -> None:
+    emit = Emitter()
+    tool_turn_start = [
+        TurnStarted("turn_1", user_message("turn_1", "Delegate")),
+        complete("msg_a", "tool_use", ToolUseBlock("toolu_1", "delegate", {"task": "t"})),
+        ToolCalled("toolu_1", "delegate", {"task": "t"}),
+        DelegateStarted("toolu_1", "sess_w", "t"),
+    ]
+    emit(*tool_turn_start)
+    # the worker's stream joined mid-message: what it cannot place is skipped
+    emit(
+        TextDelta("msg_w", 0, "lost"),
+        TextEnd("msg_w", 0),
+        complete("msg_w", "end_turn", TextBlock("Worker text")),
+        TurnCompleted("turn_w", "end_turn", USAGE, 0.0),
+        session_id="sess_w",
+    )
+    emit(DelegateCompleted("toolu_1", "sess_w", "Worker text"))
+    reducer = live(emit.events)
+    worker = reducer.workers["sess_w"]
+    assert worker.skipped == 2
+    assert "workers" not in full_view(reducer)
+    assert full_view(reducer, workers=True)["workers"] == [
+        {
+            "session_id": "sess_w",
+            "tool_use_id": "toolu_1",
+            "task": "t",
+            "running_turn_id": None,
+            "messages": [
+                {"id": "msg_w", "role": "assistant", "turn_id": "turn_1", "status": "complete",
+                 "blocks": [{"type": "text", "text": "Worker text", "open": False}]},
+            ],
+        }
+    ]  # fmt: skip
+    # the parent's own state is untouched by them
+    assert [m.id for m in reducer.messages] == ["msg_u_turn_1", "msg_a"]
+    assert reducer.last_event_id == emit.events[-1].id
 
 
 # --- codec -------------------------------------------------------------------

@@ -13,13 +13,16 @@ raises :class:`ValueError`, because it can only be a server bug.
 Where the contract is silent, this module decides:
 
 - **Restored blocks.** ``message.snapshot`` (and a ``snapshot`` frame's
-  ``in_progress`` message) carries a partial :class:`Message`, which does not
-  say which blocks have ended. Blocks stream one at a time (the provider's
-  ``content_block_start``/``_stop`` order, which the translator keeps), so
-  every restored block but the last has ended; the last stays open until its
-  ``*.end`` arrives or a later block starts (had its end come after the
-  snapshot, it would have arrived before that start). Only restored blocks are
-  closed by this inference; live blocks close only on their ``*.end``.
+  ``in_progress`` message) carries a partial :class:`Message` whose
+  ``open_block_index`` names the block still streaming (PROTOCOL section 6):
+  every other restored block has ended, and with ``null`` all have. A server
+  older than that field leaves it out; then blocks stream one at a time (the
+  provider's ``content_block_start``/``_stop`` order, which the translator
+  keeps), so every restored block but the last has ended, and the last stays
+  open until its ``*.end`` arrives or a later block starts (had its end come
+  after the snapshot, it would have arrived before that start). Either way, a
+  later start also closes an earlier restored block; live blocks close only on
+  their ``*.end``.
 - **Restored tool input.** The snapshot carries a tool block's input parsed,
   not its raw partial JSON, and a parsed prefix cannot take more raw text. A
   restored tool block therefore shows the snapshot's input until
@@ -28,10 +31,22 @@ Where the contract is silent, this module decides:
 - **Finished messages.** ``message.complete`` carries neither ``model`` nor
   ``created_at``: the built message takes the model of the streaming message
   (``None`` when it was never seen, as after a replay) and the event's ``ts``.
-- **Other sessions.** With ``include_worker_sessions`` a stream carries worker
-  events; they advance the cursor but do not touch this session's state.
+- **Pending permissions.** A snapshot's ``pending_permissions`` are the
+  requests still waiting; ``permission.requested`` adds one, and
+  ``permission.resolved``, the end of its tool (``tool.completed`` or
+  ``tool.failed``: a cancel leaves a request unresolved, PROTOCOL section 8)
+  or the end of its turn removes it.
+- **Worker sessions.** With ``include_worker_sessions`` a stream carries
+  worker events (PROTOCOL section 5). Each worker session gets a reducer of
+  its own in :attr:`Reducer.workers`, fed those events; it may join a worker
+  mid-message (after a snapshot of the parent, which does not show workers),
+  so it skips the moves it cannot make instead of raising (counted in its
+  :attr:`Reducer.skipped`). ``delegate.started`` links a worker to the tool
+  use and task that started it (:attr:`Reducer.links`).
 - **Turns.** A snapshot's turn is in flight when ``current_turn_status`` says
-  so; otherwise the session is idle and ``turn`` is ``None``.
+  so; otherwise the session is idle and ``turn`` is ``None``. How each turn
+  ended is kept in :attr:`Reducer.turn_outcomes`, as far as this client saw
+  it end (a snapshot replaces what was known, as it replaces everything).
 - **Duplicates.** Event ids compare as strings (PROTOCOL section 1). The server
   promises each event once (section 3), so the reducer compares ids only to
   prove it: an event at or below the cursor is counted in
@@ -47,10 +62,13 @@ import msgspec
 
 from gateway.partial_json import best_effort
 from gateway.protocol.events import (
+    DelegateStarted,
     Event,
     MessageComplete,
     MessageSnapshot,
     MessageStart,
+    PermissionRequested,
+    PermissionResolved,
     TextDelta,
     TextEnd,
     TextStart,
@@ -72,6 +90,7 @@ from gateway.protocol.shapes import (
     ContentBlock,
     Message,
     MessageStatus,
+    PendingPermission,
     RedactedThinkingBlock,
     StopReason,
     TextBlock,
@@ -107,12 +126,16 @@ class StreamingBlock:
 
     ``text`` holds a text block's text, a thinking block's thinking or a
     redacted block's data (``thinking.delta`` carries it for a block opened
-    with ``redacted: true``). ``partial_json`` is ``None`` for a tool block
+    with ``redacted: true``). ``last_chunk`` is the text of the latest
+    non-empty delta (the replace-then-append view shows a thinking block's
+    latest chunk only, PROTOCOL section 10); empty for a restored block,
+    whose chunks are unknown. ``partial_json`` is ``None`` for a tool block
     restored from a snapshot, whose raw input text is unknown.
     """
 
     kind: BlockKind
     text: str = ""
+    last_chunk: str = ""
     signature: str | None = None
     tool_use_id: str = ""
     tool_name: str = ""
@@ -172,14 +195,31 @@ class StreamingMessage:
     message_id: str
     model: str | None
     blocks: dict[int, StreamingBlock] = field(default_factory=dict)
+    turn_id: str | None = None
 
     @classmethod
     def restore(cls, message: Message) -> StreamingMessage:
-        """The streaming message an ``in_progress`` message stands for (module docstring)."""
-        streaming = cls(message.id, message.model)
+        """The streaming message an ``in_progress`` message stands for (module docstring).
+
+        ``open_block_index`` (PROTOCOL section 6) says which block still
+        streams; every other one has ended. Without it (an older server),
+        every block but the last has ended.
+        """
+        streaming = cls(message.id, message.model, turn_id=message.turn_id)
         for index, block in enumerate(message.content):
             streaming.start(index, StreamingBlock.restore(block))
+        open_index = message.open_block_index
+        if not isinstance(open_index, msgspec.UnsetType):
+            for index, restored in streaming.blocks.items():
+                restored.closed = index != open_index
         return streaming
+
+    def open_block(self) -> tuple[int, StreamingBlock] | None:
+        """The block still streaming, if one is: the last one not closed."""
+        for index in sorted(self.blocks, reverse=True):
+            if not self.blocks[index].closed:
+                return index, self.blocks[index]
+        return None
 
     def start(self, index: int, block: StreamingBlock) -> None:
         """Open the block at ``index``; restored blocks before it have ended."""
@@ -190,7 +230,7 @@ class StreamingMessage:
                 earlier.closed = True
         self.blocks[index] = block
 
-    def open_block(self, event_type: str, index: int) -> StreamingBlock:
+    def addressed_block(self, event_type: str, index: int) -> StreamingBlock:
         """The open block that a delta or end event of ``event_type`` addresses."""
         block = self.blocks.get(index)
         where = f"{event_type} for block {index} of message {self.message_id}"
@@ -238,22 +278,41 @@ class TurnState:
     stop_reason: StopReason | None = None
 
 
+@dataclass(frozen=True)
+class WorkerLink:
+    """What ``delegate.started`` says of a worker session: the tool use and task behind it."""
+
+    worker_session_id: str
+    tool_use_id: str
+    task: str
+    parent_session_id: str
+
+
 class Reducer:
     """One session's state, built from every server frame of its stream.
 
     Args:
         session_id: the session whose stream this is; events of other
-            (worker) sessions only advance the cursor.
+            (worker) sessions go to a reducer of their own in :attr:`workers`.
+        lenient: skip (and count in :attr:`skipped`) a move the contract does
+            not allow instead of raising; for a stream joined at an unknown
+            point, as a worker's after a snapshot of its parent.
     """
 
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str, *, lenient: bool = False) -> None:
         self.session_id = session_id
+        self.lenient = lenient
         self.messages: list[Message] = []
         self.streaming: StreamingMessage | None = None
         self.tool_results: dict[str, ToolOutcome] = {}
         self.turn: TurnState | None = None
+        self.turn_outcomes: dict[str, TurnState] = {}
+        self.permissions: dict[str, PendingPermission] = {}
+        self.workers: dict[str, Reducer] = {}
+        self.links: dict[str, WorkerLink] = {}
         self.last_event_id: str | None = None
         self.duplicates_ignored = 0
+        self.skipped = 0
 
     def apply(self, frame: ServerFrame) -> None:
         """Apply one server frame; only ``snapshot`` and ``event`` frames change state.
@@ -280,6 +339,15 @@ class Reducer:
             return
         if event.session_id == self.session_id:
             self._dispatch(event)
+        else:
+            worker = self.workers.get(event.session_id)
+            if worker is None:
+                worker = self.workers[event.session_id] = Reducer(event.session_id, lenient=True)
+            worker._dispatch(event)
+        if isinstance(event.payload, DelegateStarted):
+            p = event.payload
+            link = WorkerLink(p.worker_session_id, p.tool_use_id, p.task, event.session_id)
+            self.links[p.worker_session_id] = link
         self.last_event_id = event.id
 
     def state(self) -> dict[str, Any]:
@@ -290,19 +358,26 @@ class Reducer:
         ``created_at`` and ``model``, which ``message.complete`` does not carry,
         and streaming blocks show what they are becoming (a tool block's input
         parsed, not its raw JSON text), as ``message.snapshot`` carries them.
-        Two short windows after a resume cannot be closed from the payloads
-        (module docstring): a restored last block that had already ended looks
-        open until the next block starts or the message completes, and a
-        restored tool block's input stays as the snapshot had it until
-        ``tool.use_end``.
+        One short window after a resume cannot be closed from the payloads
+        (module docstring): a restored tool block's input stays as the
+        snapshot had it until ``tool.use_end``. (Before ``open_block_index``,
+        a restored last block that had already ended also looked open until
+        the next block started.)
         """
         return {
             "messages": [_message_state(message) for message in self.messages],
             "streaming": None if self.streaming is None else self.streaming.state(),
             "tool_results": {id_: asdict(outcome) for id_, outcome in self.tool_results.items()},
             "turn": None if self.turn is None else asdict(self.turn),
+            "pending_permissions": [_builtins(p) for p in self.permissions.values()],
             "last_event_id": self.last_event_id,
         }
+
+    @property
+    def running_turn_id(self) -> str | None:
+        """The id of the turn in flight, or ``None`` when the session is idle."""
+        turn = self.turn
+        return turn.turn_id if turn is not None and turn.status == "in_flight" else None
 
     def tool_use(self, tool_use_id: str) -> ToolUseBlock | None:
         """The finished ``tool_use`` block of that id, to pair with its outcome (seed 002)."""
@@ -337,11 +412,26 @@ class Reducer:
         turn_id = session.current_turn_id
         in_flight = turn_id is not None and session.current_turn_status == "in_flight"
         self.turn = TurnState(turn_id, "in_flight") if turn_id is not None and in_flight else None
+        self.turn_outcomes = {}
+        self.permissions = {p.perm_id: p for p in session.pending_permissions}
+        # The parent's snapshot shows no worker: what was known of them is
+        # replaced too, and rebuilt from their later events.
+        self.workers = {}
+        self.links = {}
         self.last_event_id = snapshot.snapshot_at_event_id
 
     # --- events ------------------------------------------------------------------
 
     def _dispatch(self, event: Event) -> None:
+        if not self.lenient:
+            self._move(event)
+            return
+        try:
+            self._move(event)
+        except ValueError:
+            self.skipped += 1  # a failed move changes nothing (apply_event)
+
+    def _move(self, event: Event) -> None:
         match event.payload:
             case TurnStarted() as p:
                 self._turn_started(p)
@@ -353,8 +443,14 @@ class Reducer:
                 self._tool_outcome(ToolOutcome(p.tool_use_id, "completed", p.result))
             case ToolFailed() as p:
                 self._tool_outcome(ToolOutcome(p.tool_use_id, "failed", p.message, p.error_class))
+            case PermissionRequested() as p:
+                self.permissions[p.perm_id] = PendingPermission(
+                    p.perm_id, p.tool_use_id, p.tool_name, p.input, p.expires_at
+                )
+            case PermissionResolved() as p:
+                self.permissions.pop(p.perm_id, None)
             case MessageStart() as p:
-                self._message_start(p)
+                self._message_start(event, p)
             case MessageSnapshot() as p:
                 self.streaming = StreamingMessage.restore(p.message)
             case MessageComplete() as p:
@@ -372,10 +468,15 @@ class Reducer:
                 block = StreamingBlock("tool_use", tool_use_id=p.tool_use_id, tool_name=p.tool_name)
                 self._streaming(event.type, p.message_id).start(p.content_block_index, block)
             case TextDelta() as p:
-                self._open_block(event.type, p).text += p.text
+                block = self._open_block(event.type, p)
+                block.text += p.text
+                if p.text:
+                    block.last_chunk = p.text
             case ThinkingDelta() as p:
                 block = self._open_block(event.type, p)
                 block.text += p.text
+                if p.text:
+                    block.last_chunk = p.text
                 if p.signature is not None:
                     block.signature = p.signature
             case ToolUseInputDelta() as p:
@@ -417,18 +518,23 @@ class Reducer:
                 f"turn {ended.turn_id} {ended.status} while {current.turn_id} is in flight"
             )
         self.turn = ended
+        self.turn_outcomes[ended.turn_id] = ended
+        self.permissions.clear()  # a turn's requests end with it
 
     def _tool_outcome(self, outcome: ToolOutcome) -> None:
         # The tool_use may precede a resume cursor: the outcome is kept unpaired.
         self.tool_results[outcome.tool_use_id] = outcome
+        for perm_id, pending in list(self.permissions.items()):
+            if pending.tool_use_id == outcome.tool_use_id:
+                del self.permissions[perm_id]
 
-    def _message_start(self, payload: MessageStart) -> None:
+    def _message_start(self, event: Event, payload: MessageStart) -> None:
         if self.streaming is not None:
             raise ValueError(
                 f"message.start for {payload.message_id} while "
                 f"{self.streaming.message_id} is still streaming"
             )
-        self.streaming = StreamingMessage(payload.message_id, payload.model)
+        self.streaming = StreamingMessage(payload.message_id, payload.model, turn_id=event.turn_id)
 
     def _message_complete(self, event: Event, payload: MessageComplete) -> None:
         """Finish the streaming message from ``final_content``, which is authoritative.
@@ -471,7 +577,7 @@ class Reducer:
     def _open_block(self, event_type: str, payload: _BlockPayload) -> StreamingBlock:
         """The open block a delta or end addresses, of the right kind and tool use id."""
         streaming = self._streaming(event_type, payload.message_id)
-        block = streaming.open_block(event_type, payload.content_block_index)
+        block = streaming.addressed_block(event_type, payload.content_block_index)
         if (
             isinstance(payload, ToolUseInputDelta | ToolUseEnd)
             and payload.tool_use_id != block.tool_use_id

@@ -1,0 +1,471 @@
+"""The two views of a session (PROTOCOL section 10), pure functions of the reduced state.
+
+A :class:`~gateway.client.reducer.Reducer` holds what the events said; a view
+is what a client shows of it. Each view here is a pure function of a
+reducer's state, never of timing or of the order a client learnt things in,
+so a client that attached with a snapshot, or resumed with ``since``, shows
+what one that saw every event live shows (tests/streaming-conformance/). Both
+return plain JSON values (dicts, lists, strings, numbers, ``None``), the same
+shapes as ``gateway/ui/reducer.js`` returns, so one file of expected views
+checks both languages.
+
+- :func:`full_view`: every message with every block (thinking, text, tool
+  calls paired with their results by ``tool_use_id``, seed 002), the pending
+  permission requests, and the worker sessions when asked for.
+- :func:`simple_view`, *replace-then-append* (seed 004), for end users: the
+  thread of user messages and one assistant reply per turn (the text of the
+  turn's latest round: appended as it streams, replaced when a later round
+  starts), one status line while a turn runs (the latest thinking chunk, or
+  the tool being prepared, awaiting approval or running), and the pending
+  permission requests, which an end user has to answer.
+
+Where section 10 is silent, decided here (docs/protocol.md, "Views"):
+
+- **What both attach paths know.** A view shows only what a snapshot carries
+  as well as the events: no usage, no timings, no error class of a failed
+  tool (its message is its result), no decision of a resolved permission.
+- **A tool's status.** ``streaming`` while its block is open; ``completed`` or
+  ``failed`` once its outcome is known (``result`` is the outcome's text);
+  ``awaiting_approval`` while a permission request for it is pending;
+  ``pending`` once its block ended while its message still streams;
+  ``running`` once its message is complete and its turn still in flight
+  (a snapshot cannot tell "about to run" from "running"); ``not_run`` when
+  its message was cancelled or failed, or its turn ended without an outcome.
+- **The reply of a turn** is the text blocks of the turn's latest assistant
+  message, joined. Its status is ``in_progress`` while the turn is in flight;
+  once it ended, how it ended as this client saw it (``error`` for a
+  ``turn.completed`` with ``stop_reason: error``, ``cancelled``, else
+  ``complete``). A client that did not see the end (it attached later with a
+  snapshot) infers it from the messages, as the server writes them (PROTOCOL
+  sections 7 to 9): the latest message's status when ``cancelled`` or
+  ``error``; for a complete message that asked for tools, ``cancelled`` when
+  one of their results is the ``cancelled`` error, ``error`` when results came
+  but no later round (its call failed before a message started), else
+  ``complete`` (no tool ran: the turn stopped there, as with ``max_tokens``).
+  A turn with no assistant message has no reply entry.
+- **The status line** shows, for the turn in flight only: the open thinking
+  block's latest chunk (a restored block's chunks are unknown: empty until
+  its next chunk); else the tool block being written (``preparing``); else,
+  once the round's message is complete, the first of its tools awaiting
+  approval, else the first still running. While text streams, or between
+  blocks, there is no status line: the text itself shows progress.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+from gateway.client.reducer import Reducer, StreamingBlock, StreamingMessage
+from gateway.protocol.shapes import (
+    ContentBlock,
+    Message,
+    PendingPermission,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+ToolStatus = Literal[
+    "streaming", "pending", "awaiting_approval", "running", "completed", "failed", "not_run"
+]
+ReplyStatus = Literal["in_progress", "complete", "cancelled", "error"]
+
+
+class TextView(TypedDict):
+    type: Literal["text"]
+    text: str
+    open: bool
+
+
+class ThinkingView(TypedDict):
+    type: Literal["thinking"]
+    text: str
+    open: bool
+
+
+class RedactedThinkingView(TypedDict):
+    """Opaque reasoning: there is nothing to show but that it is there."""
+
+    type: Literal["redacted_thinking"]
+    open: bool
+
+
+class ToolUseView(TypedDict):
+    """A tool call paired with its result (seed 002)."""
+
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+    open: bool
+    status: ToolStatus
+    result: str | None
+    perm_id: str | None
+
+
+BlockView = TextView | ThinkingView | RedactedThinkingView | ToolUseView
+
+
+class MessageView(TypedDict):
+    id: str
+    role: Literal["user", "assistant"]
+    turn_id: str | None
+    status: Literal["complete", "in_progress", "cancelled", "error"]
+    blocks: list[BlockView]
+
+
+class PermissionView(TypedDict):
+    perm_id: str
+    tool_use_id: str
+    tool_name: str
+    input: dict[str, Any]
+    expires_at: int
+
+
+class WorkerView(TypedDict):
+    """A worker session as far as its events reached this stream.
+
+    ``tool_use_id`` and ``task`` come from the ``delegate.started`` that
+    started it (``None`` when this client did not see it).
+    """
+
+    session_id: str
+    tool_use_id: str | None
+    task: str | None
+    running_turn_id: str | None
+    messages: list[MessageView]
+
+
+class FullView(TypedDict):
+    session_id: str
+    running_turn_id: str | None
+    messages: list[MessageView]
+    permissions: list[PermissionView]
+    workers: NotRequired[list[WorkerView]]
+
+
+class ThreadEntry(TypedDict):
+    """A user message, or the one reply of a turn."""
+
+    role: Literal["user", "assistant"]
+    turn_id: str | None
+    message_id: str
+    text: str
+    status: ReplyStatus
+
+
+class ThinkingStatus(TypedDict):
+    kind: Literal["thinking"]
+    text: str
+
+
+class ToolStatusLine(TypedDict):
+    kind: Literal["tool"]
+    state: Literal["preparing", "awaiting_approval", "running"]
+    tool_use_id: str
+    tool_name: str
+
+
+StatusLine = ThinkingStatus | ToolStatusLine
+
+
+class SimpleView(TypedDict):
+    thread: list[ThreadEntry]
+    status: StatusLine | None
+    permissions: list[PermissionView]
+
+
+# --- full ----------------------------------------------------------------------
+
+
+def full_view(reducer: Reducer, *, workers: bool = False) -> FullView:
+    """Every message with every block, tools paired with their results (section 10 "full").
+
+    Args:
+        reducer: the session's reduced state.
+        workers: add the worker sessions this stream carried
+            (``include_worker_sessions``), in the order they first appeared.
+
+    Returns:
+        A JSON-able :class:`FullView`.
+    """
+    view: FullView = {
+        "session_id": reducer.session_id,
+        "running_turn_id": reducer.running_turn_id,
+        "messages": _messages(reducer),
+        "permissions": _permissions(reducer),
+    }
+    if workers:
+        view["workers"] = [_worker(reducer, worker) for worker in reducer.workers.values()]
+    return view
+
+
+def _worker(parent: Reducer, worker: Reducer) -> WorkerView:
+    link = parent.links.get(worker.session_id)
+    return {
+        "session_id": worker.session_id,
+        "tool_use_id": None if link is None else link.tool_use_id,
+        "task": None if link is None else link.task,
+        "running_turn_id": worker.running_turn_id,
+        "messages": _messages(worker),
+    }
+
+
+def _messages(reducer: Reducer) -> list[MessageView]:
+    views = [_finished_message(reducer, message) for message in reducer.messages]
+    if reducer.streaming is not None:
+        views.append(_streaming_message(reducer, reducer.streaming))
+    return views
+
+
+def _finished_message(reducer: Reducer, message: Message) -> MessageView:
+    blocks: list[BlockView] = []
+    for block in message.content:
+        view = _finished_block(reducer, message, block)
+        if view is not None:
+            blocks.append(view)
+    return {
+        "id": message.id,
+        "role": message.role,
+        "turn_id": message.turn_id,
+        "status": message.status,
+        "blocks": blocks,
+    }
+
+
+def _finished_block(reducer: Reducer, message: Message, block: ContentBlock) -> BlockView | None:
+    match block:
+        case TextBlock(text=text):
+            return {"type": "text", "text": text, "open": False}
+        case ThinkingBlock(thinking=thinking):
+            return {"type": "thinking", "text": thinking, "open": False}
+        case RedactedThinkingBlock():
+            return {"type": "redacted_thinking", "open": False}
+        case ToolUseBlock(id=id_, name=name, input=input_):
+            if message.status != "complete":
+                status: ToolStatus = "not_run"
+            elif message.turn_id is not None and message.turn_id == reducer.running_turn_id:
+                status = "running"
+            else:
+                status = "not_run"
+            return _tool_view(reducer, id_, name, input_, open_=False, otherwise=status)
+        case ToolResultBlock():
+            return None  # paired with its tool_use instead
+    return None
+
+
+def _streaming_message(reducer: Reducer, streaming: StreamingMessage) -> MessageView:
+    blocks: list[BlockView] = []
+    for _, block in sorted(streaming.blocks.items()):
+        blocks.append(_streaming_block(reducer, block))
+    return {
+        "id": streaming.message_id,
+        "role": "assistant",
+        "turn_id": streaming.turn_id,
+        "status": "in_progress",
+        "blocks": blocks,
+    }
+
+
+def _streaming_block(reducer: Reducer, block: StreamingBlock) -> BlockView:
+    open_ = not block.closed
+    match block.kind:
+        case "text":
+            return {"type": "text", "text": block.text, "open": open_}
+        case "thinking":
+            return {"type": "thinking", "text": block.text, "open": open_}
+        case "redacted_thinking":
+            return {"type": "redacted_thinking", "open": open_}
+        case "tool_use":
+            otherwise: ToolStatus = "streaming" if open_ else "pending"
+            return _tool_view(
+                reducer, block.tool_use_id, block.tool_name, block.input, open_, otherwise
+            )
+
+
+def _tool_view(
+    reducer: Reducer,
+    tool_use_id: str,
+    name: str,
+    input_: dict[str, Any],
+    open_: bool,
+    otherwise: ToolStatus,
+) -> ToolUseView:
+    """A tool block and what became of it: outcome, pending permission, or ``otherwise``."""
+    outcome = reducer.tool_results.get(tool_use_id)
+    permission = _permission_for(reducer, tool_use_id)
+    status: ToolStatus = otherwise
+    result: str | None = None
+    if outcome is not None:
+        status, result = outcome.status, outcome.content
+    elif permission is not None and not open_:
+        status = "awaiting_approval"
+    return {
+        "type": "tool_use",
+        "id": tool_use_id,
+        "name": name,
+        "input": input_,
+        "open": open_,
+        "status": status,
+        "result": result,
+        "perm_id": None if permission is None or outcome is not None else permission.perm_id,
+    }
+
+
+def _permission_for(reducer: Reducer, tool_use_id: str) -> PendingPermission | None:
+    for pending in reducer.permissions.values():
+        if pending.tool_use_id == tool_use_id:
+            return pending
+    return None
+
+
+def _permissions(reducer: Reducer) -> list[PermissionView]:
+    return [
+        {
+            "perm_id": p.perm_id,
+            "tool_use_id": p.tool_use_id,
+            "tool_name": p.tool_name,
+            "input": p.input,
+            "expires_at": p.expires_at,
+        }
+        for p in reducer.permissions.values()
+    ]
+
+
+# --- replace-then-append -------------------------------------------------------------
+
+
+def simple_view(reducer: Reducer) -> SimpleView:
+    """The replace-then-append view (section 10, seed 004), for end users.
+
+    Args:
+        reducer: the session's reduced state.
+
+    Returns:
+        A JSON-able :class:`SimpleView`: no thinking and no tool block is ever
+        content; see the module docstring for what each part shows.
+    """
+    thread: list[ThreadEntry] = []
+    latest: dict[str | None, tuple[int, Message | StreamingMessage]] = {}
+    for message in reducer.messages:
+        if message.role == "user":
+            thread.append(
+                {
+                    "role": "user",
+                    "turn_id": message.turn_id,
+                    "message_id": message.id,
+                    "text": "\n".join(b.text for b in message.content if isinstance(b, TextBlock)),
+                    "status": "complete",
+                }
+            )
+        else:
+            _reply(thread, latest, message.turn_id, message)
+    if reducer.streaming is not None:
+        _reply(thread, latest, reducer.streaming.turn_id, reducer.streaming)
+    for turn_id, (position, last) in latest.items():
+        thread[position]["status"] = _reply_status(reducer, turn_id, last)
+    return {
+        "thread": thread,
+        "status": _status_line(reducer),
+        "permissions": _permissions(reducer),
+    }
+
+
+def _reply(
+    thread: list[ThreadEntry],
+    latest: dict[str | None, tuple[int, Message | StreamingMessage]],
+    turn_id: str | None,
+    message: Message | StreamingMessage,
+) -> None:
+    """Put ``message`` as its turn's reply: a later round replaces an earlier one."""
+    if isinstance(message, StreamingMessage):
+        message_id = message.message_id
+        text = "".join(
+            block.text for _, block in sorted(message.blocks.items()) if block.kind == "text"
+        )
+    else:
+        message_id = message.id
+        text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+    entry: ThreadEntry = {
+        "role": "assistant",
+        "turn_id": turn_id,
+        "message_id": message_id,
+        "text": text,
+        "status": "in_progress",
+    }
+    if turn_id in latest:
+        position = latest[turn_id][0]
+        thread[position] = entry
+    else:
+        position = len(thread)
+        thread.append(entry)
+    latest[turn_id] = (position, message)
+
+
+def _reply_status(
+    reducer: Reducer, turn_id: str | None, message: Message | StreamingMessage
+) -> ReplyStatus:
+    """How the turn of this reply stands (module docstring, "The reply of a turn")."""
+    if turn_id is not None and turn_id == reducer.running_turn_id:
+        return "in_progress"
+    if isinstance(message, StreamingMessage):
+        return "in_progress"  # a turn that ended with its message open: a server bug
+    known = reducer.turn_outcomes.get(turn_id) if turn_id is not None else None
+    if known is not None:
+        if known.status == "cancelled":
+            return "cancelled"
+        return "error" if known.stop_reason == "error" else "complete"
+    if message.status in ("cancelled", "error"):
+        return "error" if message.status == "error" else "cancelled"
+    asked = [b.id for b in message.content if isinstance(b, ToolUseBlock)]
+    outcomes = [reducer.tool_results[i] for i in asked if i in reducer.tool_results]
+    if any(o.status == "failed" and o.content == "cancelled" for o in outcomes):
+        return "cancelled"
+    return "error" if outcomes else "complete"
+
+
+def _status_line(reducer: Reducer) -> StatusLine | None:
+    """The one status line of the turn in flight (module docstring, "The status line")."""
+    running = reducer.running_turn_id
+    if running is None:
+        return None
+    streaming = reducer.streaming
+    if streaming is not None and streaming.turn_id == running:
+        opened = streaming.open_block()
+        if opened is None:
+            return None
+        block = opened[1]
+        match block.kind:
+            case "thinking":
+                return {"kind": "thinking", "text": block.last_chunk}
+            case "redacted_thinking":
+                return {"kind": "thinking", "text": ""}
+            case "tool_use":
+                return {
+                    "kind": "tool",
+                    "state": "preparing",
+                    "tool_use_id": block.tool_use_id,
+                    "tool_name": block.tool_name,
+                }
+            case "text":
+                return None
+    waiting: list[ToolStatusLine] = []
+    for message in reducer.messages:
+        if message.role != "assistant" or message.turn_id != running:
+            continue
+        if message.status != "complete":
+            continue
+        for b in message.content:
+            if isinstance(b, ToolUseBlock) and b.id not in reducer.tool_results:
+                state: Literal["awaiting_approval", "running"] = (
+                    "awaiting_approval" if _permission_for(reducer, b.id) else "running"
+                )
+                waiting.append(
+                    {"kind": "tool", "state": state, "tool_use_id": b.id, "tool_name": b.name}
+                )
+    for line in waiting:
+        if line["state"] == "awaiting_approval":
+            return line
+    return waiting[0] if waiting else None

@@ -1,0 +1,795 @@
+// The client state model and the two views of PROTOCOL section 10, for the browser and node.
+//
+// API (plain ES module: no dependency, no build step; node >= 18 and any current browser):
+//
+//   import { Reducer, fullView, simpleView } from "./reducer.js";
+//
+//   const reducer = new Reducer(sessionId);
+//   reducer.apply(JSON.parse(text));   // every server frame, in order; only "snapshot" and
+//                                      // "event" frames change the state; throws ReducerError
+//                                      // on a move the contract does not allow (a server bug)
+//   reducer.lastEventId                // the cursor: resubscribe with {"since": reducer.lastEventId}
+//   reducer.runningTurnId              // the turn in flight (to cancel it), or null
+//   fullView(reducer)                  // every message and block, tools paired with results
+//   fullView(reducer, { workers: true })   // ... and the worker sessions (include_worker_sessions)
+//   simpleView(reducer)                // replace-then-append: thread, status line, permissions
+//
+// The views are pure functions of the reduced state, never of timing: a client that attached
+// with a snapshot, or resumed with `since`, shows what one that saw every event live shows.
+// They return plain JSON values, exactly the shapes gateway/client/views.py returns (one set
+// of expected views in tests/streaming-conformance/ checks both):
+//
+//   fullView  = {session_id, running_turn_id, messages: [MessageView], permissions: [Permission],
+//                workers?: [{session_id, tool_use_id, task, running_turn_id, messages}]}
+//   MessageView = {id, role: "user"|"assistant", turn_id, status, blocks: [BlockView]}
+//     status: "complete" | "in_progress" | "cancelled" | "error"
+//   BlockView = {type: "text", text, open} | {type: "thinking", text, open}
+//             | {type: "redacted_thinking", open}
+//             | {type: "tool_use", id, name, input, open, status, result, perm_id}
+//     tool status: "streaming" (block open) | "pending" (block ended, message still streaming)
+//       | "awaiting_approval" (perm_id set) | "running" | "completed" | "failed" (result set)
+//       | "not_run" (its message was cancelled or failed, or its turn ended without an outcome)
+//   Permission = {perm_id, tool_use_id, tool_name, input, expires_at}   (pending requests only)
+//
+//   simpleView = {thread: [Entry], status: StatusLine | null, permissions: [Permission]}
+//   Entry = {role: "user"|"assistant", turn_id, message_id, text, status}
+//     one user entry per user message; one assistant entry per turn: the text of the turn's
+//     latest round (appended while it streams, replaced when a later round starts); status
+//     "in_progress" while the turn runs, then "complete", "cancelled" or "error"
+//   StatusLine = {kind: "thinking", text}          (the latest thinking chunk, replaced each time)
+//              | {kind: "tool", state: "preparing"|"awaiting_approval"|"running",
+//                 tool_use_id, tool_name}
+//
+// The decisions where the contract is silent are the Python reference's, stated in the
+// docstrings of gateway/client/reducer.py and gateway/client/views.py and in
+// docs/protocol.md ("Views"). Both implementations must agree with
+// tests/streaming-conformance/ (node --test tests/streaming-conformance/).
+
+/** A move the contract does not allow (it can only be a server bug). */
+export class ReducerError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "ReducerError";
+  }
+}
+
+// The block lifecycle, PROTOCOL section 5: which kinds of open block each delta or end addresses.
+const BLOCK_KINDS = {
+  "text.delta": ["text"],
+  "text.end": ["text"],
+  "thinking.delta": ["thinking", "redacted_thinking"],
+  "thinking.end": ["thinking", "redacted_thinking"],
+  "tool.use_input_delta": ["tool_use"],
+  "tool.use_end": ["tool_use"],
+};
+
+const STATUS_BY_STOP_REASON = { cancelled: "cancelled", error: "error" };
+
+class StreamingBlock {
+  constructor(kind, fields = {}) {
+    this.kind = kind;
+    this.text = "";
+    this.lastChunk = "";
+    this.signature = null;
+    this.toolUseId = "";
+    this.toolName = "";
+    this.partialJson = ""; // null for a restored tool block: its raw text is unknown
+    this.snapshotInput = {};
+    this.finalInput = null;
+    this.closed = false;
+    this.restored = false;
+    Object.assign(this, fields);
+  }
+
+  static restore(block) {
+    switch (block.type) {
+      case "text":
+        return new StreamingBlock("text", { text: block.text, restored: true });
+      case "thinking":
+        return new StreamingBlock("thinking", {
+          text: block.thinking,
+          signature: block.signature ?? null,
+          restored: true,
+        });
+      case "redacted_thinking":
+        return new StreamingBlock("redacted_thinking", { text: block.data, restored: true });
+      case "tool_use":
+        return new StreamingBlock("tool_use", {
+          toolUseId: block.id,
+          toolName: block.name,
+          partialJson: null,
+          snapshotInput: block.input ?? {},
+          restored: true,
+        });
+      default:
+        throw new ReducerError(`a streaming assistant message cannot hold a ${block.type} block`);
+    }
+  }
+
+  /** A tool block's input: final once ended, else the best parse so far. */
+  get input() {
+    if (this.finalInput !== null) return this.finalInput;
+    if (this.partialJson === null) return this.snapshotInput;
+    return bestEffort(this.partialJson);
+  }
+
+  asContentBlock() {
+    switch (this.kind) {
+      case "text":
+        return { type: "text", text: this.text };
+      case "thinking":
+        return { type: "thinking", thinking: this.text, signature: this.signature };
+      case "redacted_thinking":
+        return { type: "redacted_thinking", data: this.text };
+      default:
+        return { type: "tool_use", id: this.toolUseId, name: this.toolName, input: this.input };
+    }
+  }
+}
+
+class StreamingMessage {
+  constructor(messageId, model, turnId) {
+    this.messageId = messageId;
+    this.model = model ?? null;
+    this.turnId = turnId ?? null;
+    this.blocks = new Map(); // content_block_index -> StreamingBlock
+  }
+
+  static restore(message) {
+    const streaming = new StreamingMessage(message.id, message.model, message.turn_id);
+    message.content.forEach((block, index) => streaming.start(index, StreamingBlock.restore(block)));
+    if ("open_block_index" in message) {
+      // PROTOCOL section 6: the block still streaming; every other one has ended.
+      for (const [index, block] of streaming.blocks) block.closed = index !== message.open_block_index;
+    }
+    return streaming;
+  }
+
+  start(index, block) {
+    if (this.blocks.has(index)) {
+      throw new ReducerError(`block ${index} of message ${this.messageId} started twice`);
+    }
+    for (const [earlier, restored] of this.blocks) {
+      if (earlier < index && restored.restored) restored.closed = true;
+    }
+    this.blocks.set(index, block);
+  }
+
+  sortedBlocks() {
+    return [...this.blocks.entries()].sort((a, b) => a[0] - b[0]);
+  }
+
+  /** The block still streaming, if one is: the last one not closed. */
+  openBlock() {
+    const sorted = this.sortedBlocks();
+    for (let i = sorted.length - 1; i >= 0; i--) if (!sorted[i][1].closed) return sorted[i][1];
+    return null;
+  }
+
+  addressedBlock(eventType, index) {
+    const block = this.blocks.get(index);
+    const where = `${eventType} for block ${index} of message ${this.messageId}`;
+    if (block === undefined) throw new ReducerError(`${where}: the block was never started`);
+    if (block.closed) throw new ReducerError(`${where}: the block has already ended`);
+    if (!BLOCK_KINDS[eventType].includes(block.kind)) {
+      throw new ReducerError(`${where}: the block is a ${block.kind} block`);
+    }
+    return block;
+  }
+}
+
+function toolResultsOnly(message) {
+  return (
+    message.role === "user" &&
+    message.content.length > 0 &&
+    message.content.every((b) => b.type === "tool_result")
+  );
+}
+
+/** One session's state, built from every server frame of its stream (gateway/client/reducer.py). */
+export class Reducer {
+  /**
+   * @param {string} sessionId the session whose stream this is; events of other (worker)
+   *   sessions go to a reducer of their own in `workers`.
+   * @param {{lenient?: boolean}} options lenient: skip (and count in `skipped`) a move the
+   *   contract does not allow instead of throwing, for a stream joined at an unknown point.
+   */
+  constructor(sessionId, { lenient = false } = {}) {
+    this.sessionId = sessionId;
+    this.lenient = lenient;
+    this.messages = [];
+    this.streaming = null;
+    this.toolResults = new Map(); // tool_use_id -> {tool_use_id, status, content, error_class}
+    this.turn = null; // {turn_id, status: "in_flight"|"completed"|"cancelled", stop_reason}
+    this.turnOutcomes = new Map(); // turn_id -> turn, as this client saw it end
+    this.permissions = new Map(); // perm_id -> {perm_id, tool_use_id, tool_name, input, expires_at}
+    this.workers = new Map(); // worker session id -> Reducer
+    this.links = new Map(); // worker session id -> {tool_use_id, task, parent_session_id}
+    this.lastEventId = null;
+    this.duplicatesIgnored = 0;
+    this.skipped = 0;
+  }
+
+  /** The id of the turn in flight, or null when the session is idle. */
+  get runningTurnId() {
+    return this.turn !== null && this.turn.status === "in_flight" ? this.turn.turn_id : null;
+  }
+
+  /** Apply one server frame (a parsed JSON object); returns the reducer. */
+  apply(frame) {
+    if (frame.type === "snapshot") this.applySnapshot(frame);
+    else if (frame.type === "event") this.applyEvent(frame.event);
+    return this;
+  }
+
+  /** Apply one event (PROTOCOL sections 4-8); unknown types only move the cursor. */
+  applyEvent(event) {
+    if (this.lastEventId !== null && event.id <= this.lastEventId) {
+      this.duplicatesIgnored += 1;
+      return this;
+    }
+    if (event.session_id === this.sessionId) {
+      this.dispatch(event);
+    } else {
+      let worker = this.workers.get(event.session_id);
+      if (worker === undefined) {
+        worker = new Reducer(event.session_id, { lenient: true });
+        this.workers.set(event.session_id, worker);
+      }
+      worker.dispatch(event);
+    }
+    if (event.type === "delegate.started") {
+      const p = event.payload;
+      this.links.set(p.worker_session_id, {
+        tool_use_id: p.tool_use_id,
+        task: p.task,
+        parent_session_id: event.session_id,
+      });
+    }
+    this.lastEventId = event.id;
+    return this;
+  }
+
+  /** A `snapshot` frame replaces everything (PROTOCOL sections 3 and 6). */
+  applySnapshot(snapshot) {
+    const session = snapshot.session;
+    if (session.id !== this.sessionId) {
+      throw new ReducerError(`snapshot of session ${session.id} in the stream of ${this.sessionId}`);
+    }
+    const messages = [...snapshot.messages];
+    const inProgress = messages.length > 0 && messages[messages.length - 1].status === "in_progress";
+    this.streaming = inProgress ? StreamingMessage.restore(messages.pop()) : null;
+    this.messages = messages.filter((m) => !toolResultsOnly(m));
+    this.toolResults = new Map();
+    for (const message of messages) {
+      if (message.role !== "user") continue;
+      for (const block of message.content) {
+        if (block.type !== "tool_result") continue;
+        this.toolResults.set(block.tool_use_id, {
+          tool_use_id: block.tool_use_id,
+          status: block.is_error ? "failed" : "completed",
+          content: block.content,
+          error_class: null,
+        });
+      }
+    }
+    const turnId = session.current_turn_id ?? null;
+    const inFlight = turnId !== null && session.current_turn_status === "in_flight";
+    this.turn = inFlight ? { turn_id: turnId, status: "in_flight", stop_reason: null } : null;
+    this.turnOutcomes = new Map();
+    this.permissions = new Map((session.pending_permissions ?? []).map((p) => [p.perm_id, { ...p }]));
+    this.workers = new Map();
+    this.links = new Map();
+    this.lastEventId = snapshot.snapshot_at_event_id ?? null;
+    return this;
+  }
+
+  dispatch(event) {
+    if (!this.lenient) {
+      this.move(event);
+      return;
+    }
+    try {
+      this.move(event);
+    } catch (error) {
+      if (!(error instanceof ReducerError)) throw error;
+      this.skipped += 1; // a failed move changes nothing
+    }
+  }
+
+  move(event) {
+    const p = event.payload;
+    switch (event.type) {
+      case "turn.started":
+        if (this.runningTurnId !== null) {
+          throw new ReducerError(`turn.started for ${p.turn_id} while ${this.turn.turn_id} is in flight`);
+        }
+        this.put(p.user_message);
+        this.turn = { turn_id: p.turn_id, status: "in_flight", stop_reason: null };
+        break;
+      case "turn.completed":
+        this.endTurn({ turn_id: p.turn_id, status: "completed", stop_reason: p.stop_reason });
+        break;
+      case "turn.cancelled":
+        this.endTurn({ turn_id: p.turn_id, status: "cancelled", stop_reason: null });
+        break;
+      case "tool.completed":
+        this.toolOutcome({ tool_use_id: p.tool_use_id, status: "completed", content: p.result, error_class: null });
+        break;
+      case "tool.failed":
+        this.toolOutcome({
+          tool_use_id: p.tool_use_id,
+          status: "failed",
+          content: p.message,
+          error_class: p.error_class,
+        });
+        break;
+      case "permission.requested":
+        this.permissions.set(p.perm_id, {
+          perm_id: p.perm_id,
+          tool_use_id: p.tool_use_id,
+          tool_name: p.tool_name,
+          input: p.input,
+          expires_at: p.expires_at,
+        });
+        break;
+      case "permission.resolved":
+        this.permissions.delete(p.perm_id);
+        break;
+      case "message.start":
+        if (this.streaming !== null) {
+          throw new ReducerError(
+            `message.start for ${p.message_id} while ${this.streaming.messageId} is still streaming`,
+          );
+        }
+        this.streaming = new StreamingMessage(p.message_id, p.model, event.turn_id);
+        break;
+      case "message.snapshot":
+        this.streaming = StreamingMessage.restore(p.message);
+        break;
+      case "message.complete":
+        this.messageComplete(event, p);
+        break;
+      case "text.start":
+        this.streamingFor(event.type, p.message_id).start(p.content_block_index, new StreamingBlock("text"));
+        break;
+      case "thinking.start":
+        this.streamingFor(event.type, p.message_id).start(
+          p.content_block_index,
+          new StreamingBlock(p.redacted ? "redacted_thinking" : "thinking"),
+        );
+        break;
+      case "tool.use_start":
+        this.streamingFor(event.type, p.message_id).start(
+          p.content_block_index,
+          new StreamingBlock("tool_use", { toolUseId: p.tool_use_id, toolName: p.tool_name }),
+        );
+        break;
+      case "text.delta":
+      case "thinking.delta": {
+        const block = this.openBlock(event.type, p);
+        block.text += p.text;
+        if (p.text) block.lastChunk = p.text;
+        if (event.type === "thinking.delta" && p.signature != null) block.signature = p.signature;
+        break;
+      }
+      case "tool.use_input_delta": {
+        const block = this.openBlock(event.type, p);
+        if (block.partialJson !== null) block.partialJson += p.partial_json;
+        break;
+      }
+      case "text.end":
+        this.openBlock(event.type, p).closed = true;
+        break;
+      case "thinking.end": {
+        const block = this.openBlock(event.type, p);
+        if (p.signature != null) block.signature = p.signature;
+        block.closed = true;
+        break;
+      }
+      case "tool.use_end": {
+        const block = this.openBlock(event.type, p);
+        block.finalInput = p.final_input;
+        block.closed = true;
+        break;
+      }
+      default:
+        break; // an unknown type (PROTOCOL section 4), or one that does not change this state
+    }
+  }
+
+  endTurn(ended) {
+    // A client that resumed mid-turn never saw it start; only another turn's end is wrong.
+    const current = this.turn;
+    if (current !== null && current.status === "in_flight" && current.turn_id !== ended.turn_id) {
+      throw new ReducerError(`turn ${ended.turn_id} ${ended.status} while ${current.turn_id} is in flight`);
+    }
+    this.turn = ended;
+    this.turnOutcomes.set(ended.turn_id, ended);
+    this.permissions.clear(); // a turn's requests end with it
+  }
+
+  toolOutcome(outcome) {
+    this.toolResults.set(outcome.tool_use_id, outcome);
+    for (const [permId, pending] of this.permissions) {
+      if (pending.tool_use_id === outcome.tool_use_id) this.permissions.delete(permId);
+    }
+  }
+
+  messageComplete(event, p) {
+    const streaming = this.streaming;
+    if (streaming !== null && streaming.messageId !== p.message_id) {
+      throw new ReducerError(`message.complete for ${p.message_id} while ${streaming.messageId} is streaming`);
+    }
+    this.put({
+      id: p.message_id,
+      session_id: event.session_id,
+      turn_id: event.turn_id,
+      role: "assistant",
+      content: p.final_content,
+      status: STATUS_BY_STOP_REASON[p.stop_reason] ?? "complete",
+      created_at: event.ts,
+      model: streaming === null ? null : streaming.model,
+      usage: p.usage,
+    });
+    this.streaming = null;
+  }
+
+  streamingFor(eventType, messageId) {
+    if (this.streaming === null) {
+      throw new ReducerError(`${eventType} for message ${messageId}, but none is streaming`);
+    }
+    if (this.streaming.messageId !== messageId) {
+      throw new ReducerError(
+        `${eventType} for message ${messageId}, but ${this.streaming.messageId} is streaming`,
+      );
+    }
+    return this.streaming;
+  }
+
+  openBlock(eventType, p) {
+    const block = this.streamingFor(eventType, p.message_id).addressedBlock(eventType, p.content_block_index);
+    if ((eventType === "tool.use_input_delta" || eventType === "tool.use_end") && p.tool_use_id !== block.toolUseId) {
+      throw new ReducerError(
+        `${eventType} for tool use ${p.tool_use_id}, but block ${p.content_block_index} is tool use ${block.toolUseId}`,
+      );
+    }
+    return block;
+  }
+
+  put(message) {
+    const at = this.messages.findIndex((m) => m.id === message.id);
+    if (at >= 0) this.messages[at] = message;
+    else this.messages.push(message);
+  }
+}
+
+// --- the full view ------------------------------------------------------------------------
+
+/** Every message with every block, tools paired with their results (section 10 "full"). */
+export function fullView(reducer, { workers = false } = {}) {
+  const view = {
+    session_id: reducer.sessionId,
+    running_turn_id: reducer.runningTurnId,
+    messages: messageViews(reducer),
+    permissions: permissionViews(reducer),
+  };
+  if (workers) {
+    view.workers = [...reducer.workers.values()].map((worker) => {
+      const link = reducer.links.get(worker.sessionId);
+      return {
+        session_id: worker.sessionId,
+        tool_use_id: link === undefined ? null : link.tool_use_id,
+        task: link === undefined ? null : link.task,
+        running_turn_id: worker.runningTurnId,
+        messages: messageViews(worker),
+      };
+    });
+  }
+  return view;
+}
+
+function messageViews(reducer) {
+  const views = reducer.messages.map((message) => ({
+    id: message.id,
+    role: message.role,
+    turn_id: message.turn_id ?? null,
+    status: message.status,
+    blocks: message.content.map((block) => finishedBlock(reducer, message, block)).filter((b) => b !== null),
+  }));
+  const streaming = reducer.streaming;
+  if (streaming !== null) {
+    views.push({
+      id: streaming.messageId,
+      role: "assistant",
+      turn_id: streaming.turnId,
+      status: "in_progress",
+      blocks: streaming.sortedBlocks().map(([, block]) => streamingBlock(reducer, block)),
+    });
+  }
+  return views;
+}
+
+function finishedBlock(reducer, message, block) {
+  switch (block.type) {
+    case "text":
+      return { type: "text", text: block.text, open: false };
+    case "thinking":
+      return { type: "thinking", text: block.thinking, open: false };
+    case "redacted_thinking":
+      return { type: "redacted_thinking", open: false };
+    case "tool_use": {
+      const running =
+        message.status === "complete" && message.turn_id != null && message.turn_id === reducer.runningTurnId;
+      return toolView(reducer, block.id, block.name, block.input, false, running ? "running" : "not_run");
+    }
+    default:
+      return null; // a tool_result: paired with its tool_use instead
+  }
+}
+
+function streamingBlock(reducer, block) {
+  const open = !block.closed;
+  switch (block.kind) {
+    case "text":
+      return { type: "text", text: block.text, open };
+    case "thinking":
+      return { type: "thinking", text: block.text, open };
+    case "redacted_thinking":
+      return { type: "redacted_thinking", open };
+    default:
+      return toolView(reducer, block.toolUseId, block.toolName, block.input, open, open ? "streaming" : "pending");
+  }
+}
+
+function toolView(reducer, toolUseId, name, input, open, otherwise) {
+  const outcome = reducer.toolResults.get(toolUseId);
+  const permission = permissionFor(reducer, toolUseId);
+  let status = otherwise;
+  let result = null;
+  if (outcome !== undefined) {
+    status = outcome.status;
+    result = outcome.content;
+  } else if (permission !== null && !open) {
+    status = "awaiting_approval";
+  }
+  return {
+    type: "tool_use",
+    id: toolUseId,
+    name,
+    input,
+    open,
+    status,
+    result,
+    perm_id: permission === null || outcome !== undefined ? null : permission.perm_id,
+  };
+}
+
+function permissionFor(reducer, toolUseId) {
+  for (const pending of reducer.permissions.values()) if (pending.tool_use_id === toolUseId) return pending;
+  return null;
+}
+
+function permissionViews(reducer) {
+  return [...reducer.permissions.values()].map((p) => ({
+    perm_id: p.perm_id,
+    tool_use_id: p.tool_use_id,
+    tool_name: p.tool_name,
+    input: p.input,
+    expires_at: p.expires_at,
+  }));
+}
+
+// --- the replace-then-append view -----------------------------------------------------------
+
+/** The replace-then-append view (section 10, seed 004), for end users. */
+export function simpleView(reducer) {
+  const thread = [];
+  const latest = new Map(); // turn_id -> [position, message (finished) or StreamingMessage]
+  for (const message of reducer.messages) {
+    if (message.role === "user") {
+      thread.push({
+        role: "user",
+        turn_id: message.turn_id ?? null,
+        message_id: message.id,
+        text: message.content
+          .filter((b) => b.type === "text")
+          .map((b) => b.text)
+          .join("\n"),
+        status: "complete",
+      });
+    } else {
+      reply(thread, latest, message.turn_id ?? null, message);
+    }
+  }
+  if (reducer.streaming !== null) reply(thread, latest, reducer.streaming.turnId, reducer.streaming);
+  for (const [turnId, [position, last]] of latest) thread[position].status = replyStatus(reducer, turnId, last);
+  return { thread, status: statusLine(reducer), permissions: permissionViews(reducer) };
+}
+
+function reply(thread, latest, turnId, message) {
+  let messageId;
+  let text;
+  if (message instanceof StreamingMessage) {
+    messageId = message.messageId;
+    text = message
+      .sortedBlocks()
+      .filter(([, b]) => b.kind === "text")
+      .map(([, b]) => b.text)
+      .join("");
+  } else {
+    messageId = message.id;
+    text = message.content
+      .filter((b) => b.type === "text")
+      .map((b) => b.text)
+      .join("");
+  }
+  const entry = { role: "assistant", turn_id: turnId, message_id: messageId, text, status: "in_progress" };
+  let position;
+  if (latest.has(turnId)) {
+    position = latest.get(turnId)[0];
+    thread[position] = entry;
+  } else {
+    position = thread.length;
+    thread.push(entry);
+  }
+  latest.set(turnId, [position, message]);
+}
+
+function replyStatus(reducer, turnId, message) {
+  if (turnId !== null && turnId === reducer.runningTurnId) return "in_progress";
+  if (message instanceof StreamingMessage) return "in_progress";
+  const known = turnId === null ? undefined : reducer.turnOutcomes.get(turnId);
+  if (known !== undefined) {
+    if (known.status === "cancelled") return "cancelled";
+    return known.stop_reason === "error" ? "error" : "complete";
+  }
+  if (message.status === "cancelled" || message.status === "error") return message.status;
+  const outcomes = message.content
+    .filter((b) => b.type === "tool_use" && reducer.toolResults.has(b.id))
+    .map((b) => reducer.toolResults.get(b.id));
+  if (outcomes.some((o) => o.status === "failed" && o.content === "cancelled")) return "cancelled";
+  return outcomes.length > 0 ? "error" : "complete";
+}
+
+function statusLine(reducer) {
+  const running = reducer.runningTurnId;
+  if (running === null) return null;
+  const streaming = reducer.streaming;
+  if (streaming !== null && streaming.turnId === running) {
+    const block = streaming.openBlock();
+    if (block === null) return null;
+    switch (block.kind) {
+      case "thinking":
+        return { kind: "thinking", text: block.lastChunk };
+      case "redacted_thinking":
+        return { kind: "thinking", text: "" };
+      case "tool_use":
+        return { kind: "tool", state: "preparing", tool_use_id: block.toolUseId, tool_name: block.toolName };
+      default:
+        return null;
+    }
+  }
+  const waiting = [];
+  for (const message of reducer.messages) {
+    if (message.role !== "assistant" || message.turn_id !== running || message.status !== "complete") continue;
+    for (const b of message.content) {
+      if (b.type !== "tool_use" || reducer.toolResults.has(b.id)) continue;
+      const state = permissionFor(reducer, b.id) !== null ? "awaiting_approval" : "running";
+      waiting.push({ kind: "tool", state, tool_use_id: b.id, tool_name: b.name });
+    }
+  }
+  return waiting.find((line) => line.state === "awaiting_approval") ?? waiting[0] ?? null;
+}
+
+// --- best-effort parsing of a cut JSON object (gateway/partial_json.py) --------------------
+
+const WS = "[ \\t\\n\\r]*";
+const STRING_BODY = '"(?:[^"\\\\\\u0000-\\u001f]|\\\\(?:["\\\\/bfnrt]|u[0-9a-fA-F]{4}))*';
+const TOKEN = new RegExp(
+  `${WS}(?:(?<string>${STRING_BODY}")|(?<punct>[{}\\[\\],:])|(?<scalar>true|false|null|-?(?:0|[1-9][0-9]*)(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?(?=[ \\t\\n\\r,\\]}])))`,
+  "y",
+);
+const CUT_STRING = new RegExp(`${WS}(${STRING_BODY})(?:\\\\(?:u[0-9a-fA-F]{0,3})?)?$`, "y");
+const DANGLING_SURROGATE = /\\u[dD][89abAB][0-9a-fA-F]{2}$/;
+
+const VALUE = "value";
+const ITEM_OR_CLOSE = "value or ]";
+const KEY = "key";
+const KEY_OR_CLOSE = "key or }";
+const COLON = "colon";
+const AFTER_MEMBER = ", or }";
+const AFTER_ITEM = ", or ]";
+const AFTER_VALUE = "after a value";
+const VALUE_MOVES = { "{": KEY_OR_CLOSE, "[": ITEM_OR_CLOSE, string: AFTER_VALUE, scalar: AFTER_VALUE };
+const MOVES = new Map();
+for (const [token, then] of Object.entries(VALUE_MOVES)) {
+  MOVES.set(`${VALUE}|${token}`, then);
+  MOVES.set(`${ITEM_OR_CLOSE}|${token}`, then);
+}
+for (const [expect, token, then] of [
+  [ITEM_OR_CLOSE, "]", AFTER_VALUE],
+  [KEY_OR_CLOSE, "string", COLON],
+  [KEY_OR_CLOSE, "}", AFTER_VALUE],
+  [KEY, "string", COLON],
+  [COLON, ":", VALUE],
+  [AFTER_MEMBER, ",", KEY],
+  [AFTER_MEMBER, "}", AFTER_VALUE],
+  [AFTER_ITEM, ",", VALUE],
+  [AFTER_ITEM, "]", AFTER_VALUE],
+]) {
+  MOVES.set(`${expect}|${token}`, then);
+}
+const SAFE = new Set([KEY_OR_CLOSE, ITEM_OR_CLOSE, AFTER_MEMBER, AFTER_ITEM]);
+const CLOSERS = { "{": "}", "[": "]" };
+
+/**
+ * Parse a possibly truncated JSON object, as gateway/partial_json.py does: complete pairs
+ * kept, a cut string value closed, a trailing key or number dropped, open containers closed;
+ * `{}` when the text is not (the start of) an object. Never throws.
+ */
+export function bestEffort(text) {
+  for (const candidate of candidates(text)) {
+    let value;
+    try {
+      value = JSON.parse(candidate);
+    } catch {
+      continue;
+    }
+    if (hasLoneSurrogate(value)) continue; // JSON.parse takes them; the Python decoder does not
+    return value !== null && typeof value === "object" && !Array.isArray(value) ? value : {};
+  }
+  return {};
+}
+
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+function hasLoneSurrogate(value) {
+  if (typeof value === "string") return LONE_SURROGATE.test(value);
+  if (value === null || typeof value !== "object") return false;
+  const items = Array.isArray(value) ? value : [...Object.keys(value), ...Object.values(value)];
+  return items.some(hasLoneSurrogate);
+}
+
+function* candidates(text) {
+  yield text;
+  const stack = [];
+  let expect = VALUE;
+  let safeEnd = -1;
+  let safeClosers = "";
+  let pos = 0;
+  for (;;) {
+    TOKEN.lastIndex = pos;
+    const match = TOKEN.exec(text);
+    if (match === null) break;
+    const token = match.groups.punct ?? (match.groups.string !== undefined ? "string" : "scalar");
+    if (stack.length === 0 && token !== "{") return;
+    let then = MOVES.get(`${expect}|${token}`);
+    if (then === undefined) break;
+    if (token in CLOSERS) {
+      stack.push(CLOSERS[token]);
+    } else if (token === "}" || token === "]") {
+      stack.pop();
+      if (stack.length === 0) {
+        yield text.slice(0, TOKEN.lastIndex);
+        return;
+      }
+    }
+    if (then === AFTER_VALUE) then = stack[stack.length - 1] === "}" ? AFTER_MEMBER : AFTER_ITEM;
+    expect = then;
+    pos = TOKEN.lastIndex;
+    if (SAFE.has(expect)) {
+      safeEnd = pos;
+      safeClosers = [...stack].reverse().join("");
+    }
+  }
+  if (safeEnd < 0) return;
+  CUT_STRING.lastIndex = pos;
+  const cut = CUT_STRING.exec(text);
+  if (cut !== null && (expect === VALUE || expect === ITEM_OR_CLOSE)) {
+    const body = cut[1].replace(DANGLING_SURROGATE, "");
+    const bodyStart = cut.index + cut[0].indexOf(cut[1]);
+    yield text.slice(0, bodyStart) + body + '"' + [...stack].reverse().join("");
+  }
+  yield text.slice(0, safeEnd) + safeClosers;
+}
