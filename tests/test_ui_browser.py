@@ -26,6 +26,9 @@ from the browser's own record of its requests and WebSocket frames.
   by a snapshot on the same connection, again to the same text.
 - An approval answered from the page (approve in the full view, deny in the
   simple one).
+- Worker sessions on request (``include_worker_sessions``): a ``delegate``
+  call's worker, inside the call; the pongs the page owes the gateway's pings
+  (it is never closed for missing one); the backoff's jitter and cap.
 
 Screenshots of each state are saved under the test's ``tmp_path``. Everything
 the page loads comes from the gateway (no CDN); an uncaught error in the page
@@ -540,3 +543,15 @@ def test_the_page_answers_the_gateways_pings(tab: Page) -> None:
         assert json.loads(payload)["nonce"]
     assert len(tab.sockets) == 1  # never closed for a missed pong, never reconnected
     tab.live()
+
+
+def test_reconnects_back_off_with_jitter_up_to_a_cap(tab: Page) -> None:
+    tab.open()
+    delays = tab.page.evaluate(
+        "[1, 2, 3, 10, 1000].map(n => [gateway.backoffDelay(n, 0), gateway.backoffDelay(n, 0.999)])"
+    )
+    base, cap = OPTIONS["backoffBaseMs"], OPTIONS["backoffCapMs"]
+    ceilings = [base, 2 * base, 4 * base, cap, cap]
+    for (low, high), ceiling in zip(delays, ceilings, strict=True):
+        assert low == ceiling / 2  # never less than half the ceiling: no storm at once
+        assert ceiling / 2 < high < ceiling  # the upper half is random
