@@ -10,6 +10,11 @@ from timing; a move the contract does not allow (a delta for a block that was
 never started, for another message than the streaming one, after its end)
 raises :class:`ValueError`, because it can only be a server bug.
 
+What a client shows of this state, the two views of PROTOCOL section 10,
+is :mod:`gateway.client.views`: pure functions of a reducer.
+``gateway/ui/reducer.js`` is this module and that one in JS, for the browser;
+tests/streaming-conformance/ holds both to the same recorded traces.
+
 Where the contract is silent, this module decides:
 
 - **Restored blocks.** ``message.snapshot`` (and a ``snapshot`` frame's

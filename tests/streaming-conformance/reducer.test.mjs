@@ -105,3 +105,190 @@ test("events already seen are ignored and counted", () => {
   assert.equal(JSON.stringify(fullView(reducer)), before);
   assert.equal(reducer.duplicatesIgnored, frames.filter((f) => f.type === "event").length);
 });
+
+// --- a late or returning client ends where a live one is (PROTOCOL section 10) ----------
+//
+// As in tests/test_conformance.py: at every cut point of every trace, a client built the
+// way the server would build it there (a snapshot of the state at the cut; or the replay of
+// what it missed, with message.snapshot for a message still streaming) is fed the rest of
+// the trace, and must show what the live client shows: at every later frame but for the two
+// documented windows (masked), and exactly at the end.
+
+const CATALOG = new Set([
+  "turn.started", "route.decided", "llm.call_started", "llm.call_completed", "llm.call_failed",
+  "tool.called", "tool.completed", "tool.failed", "permission.requested", "permission.resolved",
+  "delegate.started", "delegate.completed", "delegate.failed", "feedback.recorded",
+  "turn.completed", "turn.cancelled", "bus.handler_warning", "bus.subscriber_unregistered",
+]);
+const STREAMING = new Set([
+  "message.start", "text.start", "text.delta", "text.end", "thinking.start", "thinking.delta",
+  "thinking.end", "tool.use_start", "tool.use_input_delta", "tool.use_end", "message.complete",
+  "message.snapshot",
+]);
+
+function spaced(frames) {
+  const text = JSON.stringify(frames).replace(/evt_(\d{20})/g, (_, n) =>
+    `evt_${String(Number(n) * 10).padStart(20, "0")}`,
+  );
+  return JSON.parse(text);
+}
+
+function reduce(sessionId, frames, reducer = new Reducer(sessionId)) {
+  for (const frame of frames) reducer.apply(structuredClone(frame));
+  return reducer;
+}
+
+function serverMessage(streaming, sessionId) {
+  const sorted = streaming.sortedBlocks();
+  const openAt = sorted.findLastIndex(([, block]) => !block.closed);
+  return {
+    id: streaming.messageId,
+    session_id: sessionId,
+    turn_id: streaming.turnId,
+    role: "assistant",
+    content: sorted.map(([, block]) => block.asContentBlock()),
+    status: "in_progress",
+    created_at: 0,
+    model: streaming.model,
+    open_block_index: openAt < 0 ? null : openAt,
+  };
+}
+
+function serverSnapshot(live) {
+  const messages = [];
+  for (const message of live.messages) {
+    messages.push(message);
+    const results = message.content
+      .filter((b) => b.type === "tool_use" && live.toolResults.has(b.id))
+      .map((b) => live.toolResults.get(b.id));
+    if (message.role === "assistant" && results.length > 0) {
+      messages.push({
+        id: `msg_results_${message.id}`,
+        session_id: live.sessionId,
+        turn_id: message.turn_id,
+        role: "user",
+        content: results.map((r) => ({
+          type: "tool_result",
+          tool_use_id: r.tool_use_id,
+          content: r.content,
+          is_error: r.status === "failed",
+        })),
+        status: "complete",
+        created_at: 0,
+      });
+    }
+  }
+  if (live.streaming !== null) messages.push(serverMessage(live.streaming, live.sessionId));
+  const running = live.runningTurnId;
+  return structuredClone({
+    type: "snapshot",
+    session: {
+      id: live.sessionId,
+      workspace_path: "/workspace",
+      active_model: "scripted:echo",
+      routing_policy_version: "static-1",
+      cost_so_far_usd: 0,
+      turn_count: 1,
+      current_turn_id: running,
+      current_turn_status: running === null ? null : "in_flight",
+      parent_session_id: null,
+      pending_permissions: [...live.permissions.values()],
+    },
+    messages,
+    snapshot_at_event_id: live.lastEventId,
+  });
+}
+
+function messageOf(frame) {
+  const payload = frame.event.payload;
+  return "message" in payload ? payload.message.id : payload.message_id;
+}
+
+function serverReplay(frames, cut, now, server) {
+  const missed = frames.slice(cut, now).filter((f) => f.type === "event");
+  const replay = missed.filter((f) => CATALOG.has(f.event.type) || f.event.type === "message.complete");
+  const ids = frames.slice(0, now).filter((f) => f.type === "event").map((f) => f.event.id);
+  if (ids.length === 0) return replay;
+  let seq = Number(ids.sort().at(-1).slice(4));
+  for (const reducer of [server, ...server.workers.values()]) {
+    const streaming = reducer.streaming;
+    if (streaming === null) continue;
+    if (!missed.some((f) => STREAMING.has(f.event.type) && messageOf(f) === streaming.messageId)) continue;
+    seq += 1;
+    replay.push({
+      type: "event",
+      event: {
+        id: `evt_${String(seq).padStart(20, "0")}`,
+        type: "message.snapshot",
+        session_id: reducer.sessionId,
+        turn_id: streaming.turnId,
+        ts: 0,
+        actor: "llm",
+        payload: { message: serverMessage(streaming, reducer.sessionId) },
+      },
+    });
+  }
+  return structuredClone(replay);
+}
+
+function views(reducer, workers = false) {
+  return { full: fullView(reducer, { workers }), simple: simpleView(reducer) };
+}
+
+function masked(shown) {
+  const copy = structuredClone(shown);
+  for (const message of copy.full.messages) {
+    for (const block of message.blocks) if (block.type === "tool_use" && block.open) block.input = "(streaming)";
+  }
+  if (copy.simple.status !== null && copy.simple.status.kind === "thinking") copy.simple.status.text = "(a chunk)";
+  return copy;
+}
+
+function cuts(frames) {
+  const points = [];
+  frames.forEach((frame, i) => {
+    if (frame.type === "event" || frame.type === "snapshot") points.push(i + 1);
+  });
+  return points;
+}
+
+function follow(live, other, rest, workers, where) {
+  rest.forEach((frame, i) => {
+    live.apply(structuredClone(frame));
+    other.apply(structuredClone(frame));
+    assert.deepStrictEqual(masked(views(other, workers)), masked(views(live, workers)), `${where}, +${i + 1}`);
+  });
+  assert.deepStrictEqual(views(other, workers), views(live, workers), `${where}, at the end`);
+}
+
+for (const name of names) {
+  test(`trace ${name}: a snapshot at any cut shows what a live client shows`, () => {
+    const frames = spaced(load(name).frames);
+    const sid = sessionOf(frames);
+    for (const cut of cuts(frames)) {
+      const live = reduce(sid, frames.slice(0, cut));
+      const late = new Reducer(sid).apply(serverSnapshot(live));
+      const where = `${name}: snapshot after frame ${cut}`;
+      assert.deepStrictEqual(masked(views(late)), masked(views(live)), where);
+      follow(live, late, frames.slice(cut), false, where); // a snapshot shows no worker
+    }
+  });
+
+  test(`trace ${name}: a resume with since at any cut shows what a live client shows`, () => {
+    const { frames: recorded, expected } = load(name);
+    const frames = spaced(recorded);
+    const sid = sessionOf(frames);
+    const points = cuts(frames);
+    for (const cut of points) {
+      const nows = [cut, cut + 2, frames.length].filter((n) => n === cut || points.includes(n));
+      for (const now of [...new Set(nows)].sort((a, b) => a - b)) {
+        const server = reduce(sid, frames.slice(0, now));
+        const resumed = reduce(sid, frames.slice(0, cut));
+        for (const frame of serverReplay(frames, cut, now, server)) resumed.apply(frame);
+        const where = `${name}: left after frame ${cut}, back after ${now}`;
+        assert.deepStrictEqual(masked(views(resumed, expected.workers)), masked(views(server, expected.workers)), where);
+        follow(server, resumed, frames.slice(now), expected.workers, where);
+      }
+    }
+  });
+}
