@@ -432,13 +432,14 @@ async def plain_text(gw: Any, gate: Gate) -> list[Frame]:
     return await one_turn(gw, "Hello there, gateway")
 
 
-@scenario("thinking, then text, in one round")
+@scenario("thinking, redacted thinking, then text, in one round")
 async def thinking_then_text(gw: Any, gate: Gate) -> list[Frame]:
     return await one_turn(
         gw,
         script(
             [
                 {"thinking": "The user greets me. I should greet back."},
+                {"redacted_thinking": "opaque-data"},
                 {"text": "Hello! Nice to meet you."},
             ]
         ),
