@@ -440,5 +440,5 @@ def test_text_of_the_final_round_only() -> None:
     tools = [b for m in final["full"]["messages"] for b in m["blocks"] if b["type"] == "tool_use"]
     assert [(t["status"], t["result"]) for t in tools] == [
         ("completed", "slept 0.01 s"),
-        ("completed", "slept 0.1 s"),
+        ("completed", "slept 0.25 s"),
     ]

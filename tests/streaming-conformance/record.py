@@ -455,7 +455,7 @@ async def parallel_tools(gw: Any, gate: Gate) -> list[Frame]:
                 {"thinking": "Two naps at once."},
                 {"text": "Sleeping twice."},
                 sleep(0.01),
-                sleep(0.1),
+                sleep(0.25),
             ],
             [{"text": "Both naps are over."}],
         ),
