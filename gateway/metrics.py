@@ -1,14 +1,28 @@
-"""Prometheus metrics (``GET /metrics``, PROTOCOL section 2).
+"""Prometheus metrics (``GET /metrics``, PROTOCOL section 2; the README's "Metrics" lists them).
 
 One :class:`Metrics` per node with its own registry, so that several gateways
-in one process (the tests) never share counters. Counters on the hot path are
-bumped once per emitted batch, not once per event or per client.
+in one process (the tests) never share counters. Names follow Prometheus'
+conventions: the unit in the name (``_seconds``, ``_events``, ``_rows``),
+``_total`` on counters (added by the client library), and bounded label sets
+only (a route name, a close code, a tool of the fixed registry, an error class
+of the catalog; never a session or turn id).
+
+Keeping the hot path cheap: the per-event fan-out (the hub's direct writes)
+makes no metric call at all; its totals are plain integers exported when
+``/metrics`` is scraped (:class:`_HotTotals`). The queued path observes the
+queue depth once per delivery into a :class:`FastHistogram` (a bisect and two
+additions, no lock: the gateway is one Trio thread). Gauges that describe the
+node (turns in flight, connections by state) are computed at scrape time from
+the node itself (:meth:`Metrics.watch`), so nothing keeps them up to date.
+Everything else (a turn, a tool call, a replay, a store flush) is observed once
+per occurrence, with ``prometheus_client``'s own histograms.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -16,28 +30,96 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+CONNECTION_STATES = ("subscribing", "live", "closing")
+"""``gateway_ws_connections_by_state``: before a subscribe, subscribed, a close decided."""
+
+# Close codes a label may carry (RFC 6455 section 7.4.1, plus what the gateway
+# sends); any other code a client picks (4000-4999 are free) is "other".
+_KNOWN_CLOSE_CODES = frozenset(
+    {1000, 1001, 1002, 1003, 1005, 1006, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014}
+)
+
+
+def close_code_label(code: int | None) -> str:
+    """The ``code`` label of a close: a known code, ``"other"``, or ``"none"``."""
+    if code is None:
+        return "none"
+    return str(code) if code in _KNOWN_CLOSE_CODES else "other"
+
+
+class FastHistogram:
+    """A histogram for the hot path: :meth:`observe` is a bisect and two additions.
+
+    Not thread-safe, and needs none: it is only observed from the Trio thread.
+    Exported as a Prometheus histogram at scrape time (:class:`_HotTotals`).
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        if list(buckets) != sorted(set(buckets)):
+            raise ValueError(f"{name}: buckets must be strictly increasing, got {buckets}")
+        self.name = name
+        self.documentation = documentation
+        self.bounds = list(buckets)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def family(self) -> HistogramMetricFamily:
+        buckets: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip([*self.bounds, float("inf")], self.counts, strict=True):
+            running += n
+            buckets.append(("+Inf" if bound == float("inf") else _le(bound), running))
+        return HistogramMetricFamily(
+            self.name, self.documentation, buckets=buckets, sum_value=self.sum
+        )
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))  # what prometheus_client writes: "1.0", "0.005"
+
 
 class Metrics:
+    """Every metric family of one node (module docstring)."""
+
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         # Hot-path totals: plain integers, read only when /metrics is scraped.
         self.events_by_type: defaultdict[str, int] = defaultdict(int)
         self.frames_sent = 0
+        self.outbound_queue_depth = FastHistogram(
+            "gateway_outbound_queue_depth_events",
+            "Events queued for a client right after a delivery to its queue (the queued path)",
+            (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000),
+        )
+        self._turns_in_flight: Callable[[], int] = lambda: 0
+        self._connection_states: Callable[[], Iterable[str]] = lambda: ()
         r.register(_HotTotals(self))
         self.ws_connections = Gauge(
             "gateway_ws_connections", "Open WebSocket connections", registry=r
         )
         self.ws_closed = Counter(
-            "gateway_ws_closed", "WebSocket connections closed, by reason", ["reason"], registry=r
-        )
+            "gateway_ws_closed",
+            "WebSocket connections closed, by the close's name and its WebSocket code",
+            ["reason", "code"], registry=r,
+        )  # fmt: skip
         self.slow_clients = Counter(
             "gateway_slow_client_closes", "Connections closed as too slow (1008)", registry=r
         )
@@ -46,8 +128,46 @@ class Metrics:
             ["route", "status"], registry=r,
         )  # fmt: skip
         self.sessions_live = Gauge("gateway_sessions_live", "Sessions loaded", registry=r)
-        self.turns = Counter("gateway_turns", "Turns ended, by outcome", ["outcome"], registry=r)
+        self.turns = Counter(
+            "gateway_turns", "Turns ended, by outcome (stop reason, or cancelled)", ["outcome"],
+            registry=r,
+        )  # fmt: skip
+        self.turn_duration = Histogram(
+            "gateway_turn_duration_seconds",
+            "Turns, from turn.started to their end, by outcome",
+            ["outcome"], registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+        )  # fmt: skip
+        self.time_to_first_token = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Each LLM call, from its start to its first text or thinking delta emitted",
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )  # fmt: skip
+        self.tool_duration = Histogram(
+            "gateway_tool_duration_seconds",
+            "Tool calls, by tool (unknown names are 'unknown') and outcome",
+            ["tool", "outcome"], registry=r,
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+        )  # fmt: skip
+        self.provider_errors = Counter(
+            "gateway_provider_errors",
+            "LLM calls that failed, by error class (llm.call_failed; cancels not counted)",
+            ["error_class"], registry=r,
+        )  # fmt: skip
         self.replays = Counter("gateway_replay_events", "Event frames sent by replays", registry=r)
+        self.replay_size = Histogram(
+            "gateway_replay_size_events",
+            "Events sent by each replay (a subscribe with since)",
+            registry=r,
+            buckets=(0, 1, 10, 50, 100, 500, 1000, 5000, 10000, 50000),
+        )  # fmt: skip
+        self.replay_duration = Histogram(
+            "gateway_replay_duration_seconds",
+            "Each replay, from the subscribe to its frames ready (store reads included)",
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+        )  # fmt: skip
         self.session_failures = Counter(
             "gateway_session_failures",
             "Failures caught at a session's boundary (a gateway bug or a broken component)",
@@ -56,10 +176,48 @@ class Metrics:
         self.store_write_failures = Counter(
             "gateway_store_write_failures", "Store writes that failed and were retried", registry=r
         )
+        self.store_flush_duration = Histogram(
+            "gateway_store_flush_duration_seconds",
+            "Store commits (one batch, one transaction; retries included)",
+            registry=r,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+        )  # fmt: skip
+        self.store_flush_rows = Histogram(
+            "gateway_store_flush_rows",
+            "Rows (sessions, messages, events) written by each store commit",
+            registry=r,
+            buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
+        )  # fmt: skip
         self.tasks = Gauge("gateway_tasks", "Trio tasks alive in the daemon", registry=r)
         self.tasks.set_function(_count_tasks)
+        self.turns_in_flight = Gauge(
+            "gateway_turns_in_flight", "Turns started and not yet ended", registry=r
+        )
+        self.turns_in_flight.set_function(lambda: float(self._turns_in_flight()))
         # process_open_fds, process_resident_memory_bytes, ... (the soak watches them)
         ProcessCollector(registry=r)
+
+    def watch(
+        self,
+        *,
+        turns_in_flight: Callable[[], int],
+        connection_states: Callable[[], Iterable[str]],
+    ) -> None:
+        """Where the scrape-time gauges read the node (module docstring).
+
+        Args:
+            turns_in_flight: how many turns are in flight now.
+            connection_states: the state of each open connection, one of
+                :data:`CONNECTION_STATES`.
+        """
+        self._turns_in_flight = turns_in_flight
+        self._connection_states = connection_states
+
+    def connections_by_state(self) -> Mapping[str, int]:
+        counts = dict.fromkeys(CONNECTION_STATES, 0)
+        for state in self._connection_states():
+            counts[state] = counts.get(state, 0) + 1
+        return counts
 
     def events_emitted(self, emitted: Iterable[Any]) -> None:
         tally = self.events_by_type
@@ -88,20 +246,30 @@ def _count_tasks() -> float:
 
 
 class _HotTotals:
-    """Exports the hot-path totals of :class:`Metrics` as Prometheus counters."""
+    """Exports what :class:`Metrics` keeps without prometheus_client, at scrape time."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
+        m = self.metrics
         events = CounterMetricFamily(
             "gateway_events_emitted", "Events emitted, by type", labels=["type"]
         )
-        for type_, n in sorted(self.metrics.events_by_type.items()):
+        for type_, n in sorted(m.events_by_type.items()):
             events.add_metric([type_], n)
         yield events
         yield CounterMetricFamily(
             "gateway_event_frames_sent",
             "Event frames written to WebSocket clients",
-            value=self.metrics.frames_sent,
+            value=m.frames_sent,
         )
+        yield m.outbound_queue_depth.family()
+        states = GaugeMetricFamily(
+            "gateway_ws_connections_by_state",
+            "Open WebSocket connections: subscribing (no subscribe yet), live, closing",
+            labels=["state"],
+        )
+        for state, n in m.connections_by_state().items():
+            states.add_metric([state], n)
+        yield states

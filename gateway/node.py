@@ -31,6 +31,7 @@ import trio
 from gateway.config import Config
 from gateway.errors import ApiError, StoreError
 from gateway.ids import new_attach_token, new_session_id, now_ms
+from gateway.logs import SLOW_FLUSH_S, event
 from gateway.metrics import Metrics
 from gateway.protocol.shapes import Usage
 from gateway.providers.base import Provider
@@ -93,6 +94,16 @@ class Connection(Protocol):
         """Close with the close named ``code`` (gateway.protocol.closes)."""
         ...
 
+    @property
+    def subscribed(self) -> bool:
+        """Past its subscribe (``gateway_ws_connections_by_state``)."""
+        ...
+
+    @property
+    def closing(self) -> str | None:
+        """The name of the close decided for it, if any."""
+        ...
+
 
 class Node:
     """One gateway daemon's sessions and shared services."""
@@ -110,6 +121,10 @@ class Node:
         self.provider = provider
         self.tools = tools
         self.metrics = metrics or Metrics()
+        self.metrics.watch(
+            turns_in_flight=lambda: sum(s.turn is not None for s in self.sessions.values()),
+            connection_states=self._connection_states,
+        )
         self.tokens = AttachTokens(config.stream.attach_token_ttl_s)
         self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.server.auth)
         self.sessions: dict[str, Session] = {}
@@ -130,6 +145,7 @@ class Node:
         self.retention_floor = state.retention_floor
         self.store.on_commit = self.on_commit
         self.store.on_write_error = self._store_write_failed
+        self.store.on_flush = self._store_flushed
         async with trio.open_nursery() as nursery:
             await nursery.start(self._run_store, name="store-writer")
             self.sequencer = EventSequencer(state.event_ceiling, self.store.reserve_event_ids)
@@ -207,8 +223,29 @@ class Node:
         )
 
     def _store_write_failed(self, exc: Exception) -> None:
-        log.error("store: %s (retrying; live events wait for the commit)", exc)
+        event(
+            log, logging.ERROR, "store_write_failed",
+            f"store: {exc} (retrying; live events wait for the commit)", error=str(exc),
+        )  # fmt: skip
         self.metrics.store_write_failures.inc()
+
+    def _store_flushed(self, duration_s: float, rows: int) -> None:
+        """The store committed ``rows`` in ``duration_s``: observed, and logged when slow."""
+        self.metrics.store_flush_duration.observe(duration_s)
+        self.metrics.store_flush_rows.observe(rows)
+        if duration_s > SLOW_FLUSH_S:
+            ms = round(duration_s * 1000)
+            event(
+                log, logging.WARNING, "store_flush_slow",
+                f"store: a commit of {rows} rows took {ms} ms", duration_ms=ms, rows=rows,
+            )  # fmt: skip
+
+    def _connection_states(self) -> list[str]:
+        """Each open connection's state (``gateway_ws_connections_by_state``)."""
+        return [
+            "closing" if c.closing is not None else "live" if c.subscribed else "subscribing"
+            for c in self.connections
+        ]
 
     async def _close_interrupted_turns(self) -> None:
         """Close the turns a crash left in flight, workers before their parents (section 9)."""
@@ -225,13 +262,20 @@ class Node:
                 if session is not None:
                     await close_interrupted(session)
             except Exception as exc:  # one session's history must not keep the node down
-                log.error(
-                    "session %s: could not close turn %s left by a crash: %s",
-                    record.id, record.current_turn_id, exc, exc_info=exc,
+                event(
+                    log, logging.ERROR, "session_failed",
+                    f"session {record.id}: could not close turn {record.current_turn_id}"
+                    f" left by a crash: {exc}",
+                    exc_info=exc, session_id=record.id, turn_id=record.current_turn_id,
+                    component="recovery",
                 )  # fmt: skip
                 self.metrics.session_failures.labels("recovery").inc()
         if records:
-            log.info("closed %d turns left in flight by the previous process", len(records))
+            event(
+                log, logging.INFO, "turns_recovered",
+                f"closed {len(records)} turns left in flight by the previous process",
+                turns=len(records),
+            )  # fmt: skip
             await self.wait_durable()
 
     def notify(self) -> None:
@@ -250,7 +294,10 @@ class Node:
             try:
                 self.retention_floor = await self.store.purge_before(now_ms() - horizon_ms)
             except StoreError as exc:  # tried again next round; nothing is lost meanwhile
-                log.error("store: the retention purge failed: %s", exc)
+                event(
+                    log, logging.ERROR, "store_purge_failed",
+                    f"store: the retention purge failed: {exc}", error=str(exc),
+                )  # fmt: skip
                 self.metrics.store_write_failures.inc()
             await trio.sleep(min(3600.0, horizon_ms / 1000 / 10))
 
@@ -320,6 +367,11 @@ class Node:
             parent.workers.append(session)
         await self._start(session)
         await self.durable_or_503()  # PROTOCOL section 9: durable when POST /sessions answers
+        event(
+            log, logging.INFO, "session_created", f"session {record.id} created",
+            session_id=record.id, parent_session_id=record.parent_session_id,
+            model=record.active_model,
+        )  # fmt: skip
         return session
 
     async def get_session(self, session_id: str) -> Session | None:
@@ -344,6 +396,10 @@ class Node:
             if parent is not None:
                 parent.workers.append(session)
             await self._start(session)
+            event(
+                log, logging.INFO, "session_loaded", f"session {session_id} loaded from the store",
+                session_id=session_id, messages=len(session.messages),
+            )  # fmt: skip
             # A parent's stream carries its workers' events (PROTOCOL section 5):
             # they are loaded with it. One being loaded already joins by itself.
             for worker_id in await self.store.worker_ids(session_id):

@@ -7,11 +7,17 @@ Task tree::
     └── http              the listener's accept loop
         └── conn <peer>   one per accepted socket: keep-alive HTTP or one WebSocket
 
-Shutdown, on SIGTERM/SIGINT or :meth:`Gateway.shutdown`: stop accepting, refuse
-new turns, cancel in-flight turns with ``reason: "shutdown"`` (each emits its
-cancellation sequence, which clients still receive), close every WebSocket with
-1001, then stop the sessions, flush and close the store. All within
-``shutdown_grace_s`` per step; the process then exits 0.
+Shutdown, on SIGTERM/SIGINT or :meth:`Gateway.shutdown`: stop being ready
+(``GET /readyz`` answers 503 ``draining``) and refuse new turns, cancel
+in-flight turns with ``reason: "shutdown"`` (each emits its cancellation
+sequence, which clients still receive), then stop accepting, close every
+WebSocket with 1001, stop the sessions, flush and close the store. All within
+``shutdown_grace_s`` per step; the process then exits 0. The listener stays
+open while the turns are drained, so a load balancer's probe gets the 503
+rather than a refused connection; a stream attached meanwhile is closed with
+1001 at once (gateway.server.connection).
+
+Logging is set up once, here (:func:`serve`), from ``[log]`` (gateway.logs).
 
 SIGHUP re-reads ``[auth] api_keys_file`` (gateway.server.auth): keys added
 are accepted and keys removed refused from the next request on; a file that
@@ -31,6 +37,7 @@ import trio
 
 from gateway.config import Config
 from gateway.errors import StartupError, StoreError
+from gateway.logs import configure, event
 from gateway.node import Node
 from gateway.providers.base import Provider
 from gateway.providers.factory import make_provider
@@ -114,9 +121,11 @@ class Gateway:
 
     async def _close_everything(self, conns: trio.Nursery) -> None:
         grace = self.config.server.shutdown_grace_s
-        self._accepting.cancel()
+        # Not ready from now on (/readyz 503, no new turns); still listening
+        # while the turns in flight are closed (module docstring).
         self.node.shutting_down = True
         await self.node.drain_turns()
+        self._accepting.cancel()
         for conn in list(self.node.connections):
             conn.request_close("shutdown")
         with trio.move_on_after(grace):
@@ -133,9 +142,7 @@ async def serve(config: Config, provider: Provider | None = None) -> None:
     Raises:
         StartupError: the daemon could not start (possibly inside an exception group).
     """
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(config.log)
     try:
         gateway = Gateway(config, provider)
     except StoreError as exc:
@@ -151,13 +158,23 @@ async def serve(config: Config, provider: Provider | None = None) -> None:
                     raise
                 raise StartupError(line) from None
             print(f"gateway listening on http://{config.server.host}:{port}", flush=True)
+            event(
+                log, logging.INFO, "gateway_started",
+                f"listening on http://{config.server.host}:{port}",
+                host=config.server.host, port=port,
+            )  # fmt: skip
             async for signum in signals:
                 if signum not in stops:  # SIGHUP: re-read api_keys_file (gateway.server.auth)
                     await gateway.keys.reload()
                     continue
-                log.info("received %s: shutting down", signal.Signals(signum).name)
+                name = signal.Signals(signum).name
+                event(
+                    log, logging.INFO, "shutdown_started", f"received {name}: shutting down",
+                    signal=name,
+                )  # fmt: skip
                 gateway.shutdown()
                 break
+    event(log, logging.INFO, "gateway_stopped", "stopped")
     sys.stdout.flush()
 
 

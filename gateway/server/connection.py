@@ -24,6 +24,9 @@ import secrets
 import trio
 
 from gateway.errors import ApiError, FrameRejected, SubscribeRejected
+from gateway.logs import client_label, event
+from gateway.metrics import close_code_label
+from gateway.protocol.closes import CLOSES
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import (
     Cancel,
@@ -74,14 +77,23 @@ class Heartbeat:
 
 
 class StreamConnection:
-    """A client attached to one session's stream."""
+    """A client attached to one session's stream.
 
-    def __init__(self, session: Session, ws: WebSocket) -> None:
+    Args:
+        session: the session it attached to.
+        ws: its WebSocket, past the handshake.
+        address: the client's address, for the log (``host:port``; empty if unknown).
+    """
+
+    def __init__(self, session: Session, ws: WebSocket, address: str = "") -> None:
         self.session = session
         self.ws = ws
         self.name = f"ws-{next(_names)}"
+        self.client = client_label(self.name, address)  # the log's ``client`` field
         self.config = session.node.config.stream
-        self.outbound = Outbound(session, ws, self.name, self.config, session.node.metrics)
+        self.outbound = Outbound(
+            session, ws, self.name, self.config, session.node.metrics, client=self.client
+        )
         self.heartbeat = Heartbeat(self.config.ping_max_missed)
 
     @property
@@ -100,17 +112,49 @@ class StreamConnection:
     async def run(self) -> None:
         metrics = self.session.node.metrics
         metrics.ws_connections.inc()
+        opened = trio.current_time()
+        event(
+            log, logging.INFO, "client_attached",
+            f"{self.client} attached to {self.session.id}",
+            session_id=self.session.id, client=self.client,
+        )  # fmt: skip
         try:
             async with trio.open_nursery() as nursery:
                 self.outbound.bind(nursery)
+                if self.session.node.shutting_down:  # attached while the gateway drains
+                    self.request_close("shutdown")
                 await self._reader()  # in this task
                 nursery.cancel_scope.cancel()  # the client is gone: so is a writer
         finally:
             metrics.ws_connections.dec()
-            reason = self.outbound.closing or "client_closed"
-            metrics.ws_closed.labels(reason).inc()
+            reason, code = self._how_closed()
+            metrics.ws_closed.labels(reason, close_code_label(code)).inc()
             self.outbound.release()
             self.session.unregistered(self.outbound, reason)
+            event(
+                log, logging.INFO, "client_closed",
+                f"{self.client} closed ({reason}, {code}) after"
+                f" {round(trio.current_time() - opened, 3)} s",
+                session_id=self.session.id, client=self.client, code=code, reason=reason,
+                duration_ms=round((trio.current_time() - opened) * 1000),
+            )  # fmt: skip
+
+    def _how_closed(self) -> tuple[str, int | None]:
+        """The close's name and WebSocket code (PROTOCOL section 3), for the metric and log.
+
+        The code is the first close frame sent or received (1006: none, the
+        connection dropped); a close the gateway decided but had no time to
+        send is the table's code.
+        """
+        closing = self.outbound.closing
+        code = self.ws.close_code
+        if code is None and closing is not None:
+            code = CLOSES[closing].ws_code
+        if closing is not None:
+            return closing, code
+        if code == CLOSES["frame_too_large"].ws_code:  # the WebSocket closed it by itself
+            return "frame_too_large", code
+        return "client_closed", code
 
     # --- reader --------------------------------------------------------------------------
 
@@ -161,8 +205,26 @@ class StreamConnection:
             resolved, key = resolve_filter(frame.filter)
         except SubscribeRejected as exc:
             self.outbound.send(SubscribeError(exc.code, exc.message))  # type: ignore[arg-type]
+            self._log_subscribe_refused(exc)
             return
-        await seam.subscribe(self.session, self.outbound, frame, resolved, key, self.config)
+        done = await seam.subscribe(self.session, self.outbound, frame, resolved, key, self.config)
+        if done.error is not None:
+            self._log_subscribe_refused(done.error)
+            return
+        event(
+            log, logging.INFO, "client_subscribed",
+            f"{self.client} subscribed to {self.session.id} ({done.mode})",
+            session_id=self.session.id, client=self.client, mode=done.mode,
+            filter=frame.filter if isinstance(frame.filter, str) else "custom",
+            since=frame.since, replayed=done.replayed if done.mode == "replay" else None,
+        )  # fmt: skip
+
+    def _log_subscribe_refused(self, exc: SubscribeRejected) -> None:
+        event(
+            log, logging.INFO, "client_subscribe_refused",
+            f"{self.client}: subscribe refused: {exc.code}: {exc.message}",
+            session_id=self.session.id, client=self.client, code=exc.code,
+        )  # fmt: skip
 
     def _cancel(self, frame: Cancel) -> None:
         if not self.outbound.subscribed:

@@ -207,7 +207,10 @@ async def serve_connection(
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # the client went away mid-answer: nobody is left to tell
     except Exception:
-        _log.exception("HTTP connection from %s failed", client or "unknown peer")
+        _log.exception(
+            "HTTP connection from %s failed", client or "unknown peer",
+            extra={"event": "http_connection_failed", "fields": {"client": client}},
+        )  # fmt: skip
     finally:
         await trio.aclose_forcefully(stream)
 
@@ -332,7 +335,13 @@ class _HttpConnection:
             response.headers.extend(exc.headers)
             return response
         except Exception:
-            _log.exception("handler failed on %s %s", request.method, request.path)
+            _log.exception(
+                "handler failed on %s %s", request.method, request.path,
+                extra={
+                    "event": "http_handler_failed",
+                    "fields": {"client": request.client, "code": 500, "path": request.path},
+                },
+            )  # fmt: skip
             return _closing(error_response(500, "internal_error", "Internal server error."))
 
     async def _send(self, response: Response) -> None:
@@ -398,7 +407,10 @@ class _HttpConnection:
         except ConnectionClosed:
             pass  # the client left while run was writing: nothing more to say
         except Exception:
-            _log.exception("WebSocket handler failed on %s", path)
+            _log.exception(
+                "WebSocket handler failed on %s", path,
+                extra={"event": "ws_handler_failed", "fields": {"code": 1011, "path": path}},
+            )  # fmt: skip
             await ws.close(*close_reason("internal_error"))
         await ws.close(*close_reason("normal"))  # a no-op if run closed it
 

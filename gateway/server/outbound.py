@@ -36,11 +36,13 @@ Task, inside the connection's nursery::
 
 from __future__ import annotations
 
+import logging
 import math
 
 import trio
 
 from gateway.config import StreamConfig
+from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.protocol.closes import CLOSES, close_reason
 from gateway.protocol.frames import encode
@@ -51,6 +53,8 @@ from gateway.session.seam import Gate, past_cut
 from gateway.session.session import Session
 
 _CONTROL_SLACK = 64  # control frames (acks, pongs, errors) beyond the event bound
+
+log = logging.getLogger("gateway.stream")
 
 
 class _Close:
@@ -71,14 +75,23 @@ class Outbound:
         name: the connection's name (in warnings and task names).
         config: ``[stream]``.
         metrics: where frames sent and slow-client closes are counted.
+        client: the log's ``client`` field (the name, and the address where known).
     """
 
     def __init__(
-        self, session: Session, ws: WebSocket, name: str, config: StreamConfig, metrics: Metrics
+        self,
+        session: Session,
+        ws: WebSocket,
+        name: str,
+        config: StreamConfig,
+        metrics: Metrics,
+        *,
+        client: str = "",
     ) -> None:
         self.session = session
         self.ws = ws
         self.name = name
+        self.client = client or name
         self._config = config
         self._metrics = metrics
         self._backlog = session.hub.backlog
@@ -129,6 +142,7 @@ class Outbound:
             return False
         self.queued += n
         self._backlog.add(n)
+        self._metrics.outbound_queue_depth.observe(self.queued)  # the queued path only
         return True
 
     def deliver_short(self, batch: FrameBatch, sent: int, now: float) -> bool:
@@ -155,6 +169,12 @@ class Outbound:
             return
         self.session.hub.unsubscribe(self)
         self._metrics.slow_clients.inc()
+        event(
+            log, logging.WARNING, "slow_client_closed",
+            f"{self.client}: outbound queue over queue_max_events={self.max_events};"
+            " closing with 1008",
+            session_id=self.session.id, client=self.client, code=1008, queued=self.queued,
+        )  # fmt: skip
         self.request_close("client_too_slow")
         self.session.warn(
             self.name,

@@ -119,6 +119,12 @@ class Health(msgspec.Struct):
     status: str = "ok"
 
 
+class Ready(msgspec.Struct):
+    """``GET /readyz`` while the gateway accepts work (503 ``draining`` once shutdown began)."""
+
+    status: str = "ready"
+
+
 # --- query parameters (for the API document; the handlers read them) --------------
 
 LIMIT = Query(
@@ -162,6 +168,22 @@ class Api:
             "/healthz",
             "healthz",
             GET=(self.healthz, Operation("Liveness probe", Health, auth="none")),
+        )
+        self._add(
+            "/readyz",
+            "readyz",
+            GET=(
+                self.readyz,
+                Operation(
+                    "Readiness probe",
+                    Ready,
+                    auth="none",
+                    errors={503: ("draining",)},
+                    description="200 while the gateway accepts work; 503 `draining` once "
+                    "a graceful shutdown began (the listener stays open until the turns "
+                    "in flight are closed), so a load balancer stops sending.",
+                ),
+            ),
         )
         self._add(
             "/metrics",
@@ -426,6 +448,14 @@ class Api:
     async def healthz(self, req: Request) -> Response:
         return json_response(200, Health())
 
+    async def readyz(self, req: Request) -> Response:
+        """Readiness (the README's "Operating it"): 503 ``draining`` once shutdown began."""
+        if self.node.shutting_down:
+            raise ApiError(
+                503, "draining", "the gateway is shutting down; send new work to another node"
+            )
+        return json_response(200, Ready())
+
     async def metrics(self, req: Request) -> Response:
         return Response(200, self.node.metrics.render(), content_type=CONTENT_TYPE)
 
@@ -452,7 +482,6 @@ class Api:
             metadata=body.metadata,
             owner=owner,
         )
-
         r = session.record
         return json_response(201, SessionCreated(r.id, r.active_model, r.created_at))
 
@@ -567,7 +596,7 @@ class Api:
         release = self.node.limits.open_stream(session.record.owner)  # 503 over_capacity
 
         async def run(ws: WebSocket) -> None:
-            conn = StreamConnection(session, ws)
+            conn = StreamConnection(session, ws, req.client)
             self.node.connections.add(conn)
             try:
                 await conn.run()

@@ -34,17 +34,20 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import aclosing
-from typing import Protocol
+from typing import Protocol, get_args
 
 import trio
 
 from gateway.config import Config
 from gateway.errors import ProviderError, ToolError
 from gateway.ids import new_call_id, new_message_id, now_ms
+from gateway.logs import event
+from gateway.metrics import Metrics
 from gateway.protocol.events import (
     LlmCallCompleted,
     LlmCallFailed,
     LlmCallStarted,
+    LlmErrorClass,
     Payload,
     PermissionRequested,
     PermissionResolved,
@@ -83,6 +86,7 @@ class AgentServices(Protocol):
     config: Config
     provider: Provider
     tools: ToolRegistry
+    metrics: Metrics
 
     def pricing(self, model: str) -> Callable[[Usage], float | None]:
         """``cost_usd`` of a usage on ``model``."""
@@ -184,6 +188,10 @@ class AgentLoop:
         s.record.turn_count += 1
         s.add_message(turn.user_message)
         [started] = s.emit([TurnStarted(turn.id, turn.user_message)], turn.id)
+        event(
+            log, logging.INFO, "turn_started", f"turn {turn.id} started",
+            session_id=s.id, turn_id=turn.id, turn_count=s.record.turn_count,
+        )  # fmt: skip
         # Committed with turn.started: a restart finds this turn (PROTOCOL section 9).
         s.record.current_turn_id, s.record.current_turn_seq = turn.id, started.seq
         s.save_record()
@@ -205,6 +213,7 @@ class AgentLoop:
             turn.enter("llm")
             call = await self._call_model(turn, state)
             if call.error_class is not None:
+                self._provider_error(turn, call)
                 self.call_failed(turn, state, call)
                 return "error"
             message = call.translator.message
@@ -267,6 +276,18 @@ class AgentLoop:
         state.usage += call.translator.usage
         return call
 
+    def _provider_error(self, turn: Turn, call: Call) -> None:
+        """Log and count an LLM call that failed (not a cancel: that is the turn's)."""
+        error_class = call.error_class or "api_error"
+        label = error_class if error_class in _LLM_ERROR_CLASSES else "other"
+        self.node.metrics.provider_errors.labels(label).inc()
+        event(
+            log, logging.WARNING, "provider_error",
+            f"turn {turn.id}: the model call failed: {error_class}: {call.error_message}",
+            session_id=self.s.id, turn_id=turn.id, code=error_class, error=call.error_message,
+            model=self.s.record.active_model,
+        )  # fmt: skip
+
     def call_failed(self, turn: Turn, state: TurnState, call: Call) -> None:
         message = call.translator.message
         self.s.emit(
@@ -309,9 +330,12 @@ class AgentLoop:
             session=s,
         )
         started = trio.current_time()
+        tool_label = block.name if block.name in self.node.tools else "unknown"
 
-        def elapsed_ms() -> int:
-            return round((trio.current_time() - started) * 1000)
+        def elapsed_ms(outcome: str = "failed") -> int:
+            seconds = trio.current_time() - started
+            self.node.metrics.tool_duration.labels(tool_label, outcome).observe(seconds)
+            return round(seconds * 1000)
 
         try:
             self.node.tools.validate(block.name, block.input)
@@ -327,14 +351,18 @@ class AgentLoop:
             message = f"the tool failed: {type(exc).__name__}: {exc}"
             self.tool_failed(turn, state, block, "error", message, elapsed_ms())
         except trio.Cancelled:
-            self.tool_failed(turn, state, block, "cancelled", "cancelled", elapsed_ms())
+            self.tool_failed(turn, state, block, "cancelled", "cancelled", elapsed_ms("cancelled"))
             raise
         else:
             self._tool_result(turn, state, block, output.content, is_error=False)
             s.emit(
                 [
                     ToolCompleted(
-                        block.id, block.name, output.content, elapsed_ms(), output.structured
+                        block.id,
+                        block.name,
+                        output.content,
+                        elapsed_ms("completed"),
+                        output.structured,
                     )
                 ],
                 turn.id,
@@ -381,6 +409,13 @@ class AgentLoop:
             [ToolFailed(block.id, block.name, error_class, message, duration_ms)],  # type: ignore[arg-type]
             turn.id,
         )
+        broke = error_class in ("error", "timeout")  # not a cancel, a refusal or a model's slip
+        event(
+            log, logging.WARNING if broke else logging.INFO, "tool_failed",
+            f"tool {block.name} ({block.id}) failed: {error_class}: {message}",
+            session_id=self.s.id, turn_id=turn.id, tool=block.name, tool_use_id=block.id,
+            code=error_class, duration_ms=duration_ms,
+        )  # fmt: skip
 
     def _tool_result(
         self, turn: Turn, state: TurnState, block: ToolUseBlock, content: str, *, is_error: bool
@@ -413,17 +448,41 @@ class AgentLoop:
         final_text = ""
         if last is not None and last.role == "assistant" and last.turn_id == turn.id:
             final_text = "".join(b.text for b in last.content if isinstance(b, TextBlock))
+        phase = turn.phase
         turn.finish(outcome, final_text)
+        self._turn_ended(turn, state, outcome, phase)
         s.record.cost_so_far_usd += state.usage.cost_usd or 0.0
         s.record.current_turn_id, s.record.current_turn_seq = None, 0
         s.save_record()
         s.end_turn(turn)
+
+    def _turn_ended(self, turn: Turn, state: TurnState, outcome: str, phase: str) -> None:
+        """One line and the turn metrics, in the step that ends the turn."""
+        seconds = trio.current_time() - state.started_at
+        label = outcome if outcome in _TURN_OUTCOMES else "other"
+        metrics = self.node.metrics
+        metrics.turns.labels(label).inc()
+        metrics.turn_duration.labels(label).observe(seconds)
+        ms = round(seconds * 1000)
+        cancelled = outcome == "cancelled"
+        event(
+            log, logging.INFO, "turn_ended",
+            f"turn {turn.id} {'cancelled' if cancelled else 'ended'}: {outcome} after {ms} ms",
+            session_id=self.s.id, turn_id=turn.id, duration_ms=ms, stop_reason=outcome,
+            reason=turn.cancel_reason if cancelled else None, phase=phase if cancelled else None,
+            input_tokens=state.usage.input_tokens, output_tokens=state.usage.output_tokens,
+        )  # fmt: skip
+
+
+_TURN_OUTCOMES = frozenset(get_args(StopReason))
+_LLM_ERROR_CLASSES = frozenset(get_args(LlmErrorClass))
 
 
 class TurnState:
     """What one turn has done so far (for its ending)."""
 
     def __init__(self) -> None:
+        self.started_at = trio.current_time()  # the turn's duration is measured from here
         self.usage = Usage()
         self.call_id = ""
         self.call: Call | None = None

@@ -44,6 +44,8 @@ import msgspec
 import trio
 
 from gateway.errors import ProviderError
+from gateway.logs import event
+from gateway.metrics import Metrics
 from gateway.protocol.events import EVENT_TYPES, MessageComplete, Payload, StreamEvent, stream_event
 from gateway.protocol.shapes import Message, StopReason, Usage
 from gateway.providers.raw import RawEvent
@@ -73,6 +75,9 @@ class Call:
     error_class: str | None = None
     error_message: str = ""
     lost: list[StreamEvent] = field(default_factory=list)  # translated, but their emit failed
+    # Trio time the call began (gateway_time_to_first_token_seconds); None once
+    # its first text or thinking delta went out.
+    started_at: float | None = field(default_factory=trio.current_time)
 
 
 class EndCall(msgspec.Struct):
@@ -130,6 +135,11 @@ class Inbox:
 class CallHost(Protocol):
     """What a call needs of its session: emission, the conversation, failure reports."""
 
+    @property
+    def id(self) -> str:
+        """The session's id (in log lines)."""
+        ...
+
     def emit(self, payloads: Iterable[Payload | StreamEvent], turn_id: str | None) -> list[Emitted]:
         """Emit a batch of events (:meth:`gateway.session.session.Session.emit`)."""
         ...
@@ -154,12 +164,16 @@ class CallStream:
         host: the session the call's events are emitted in.
         backlog: the writers' backlog of the session's clients (the batching signal).
         window_s: ``batch_window_ms``, in seconds; 0 turns batching off.
+        metrics: where each call's time to first token is observed.
     """
 
-    def __init__(self, host: CallHost, backlog: Backlog, window_s: float) -> None:
+    def __init__(
+        self, host: CallHost, backlog: Backlog, window_s: float, metrics: Metrics | None = None
+    ) -> None:
         self._host = host
         self._backlog = backlog
         self._window = window_s
+        self._metrics = metrics
         self._inbox = Inbox(256)
         self.current: Call | None = None
 
@@ -263,6 +277,8 @@ class CallStream:
         except Exception:
             call.lost += events
             raise
+        if call.started_at is not None and emitted:
+            self._first_token(call, emitted)
         if call.translator.finished or _ended(items):
             self._finish(call, emitted)
         elif any(e.type in _DURABLE_POINTS for e in events):
@@ -289,7 +305,11 @@ class CallStream:
         try:
             return tr.feed(item)
         except ProviderError as exc:  # a provider breaking the stream protocol
-            log.warning("turn %s: provider stream rejected: %s", call.turn_id, exc)
+            event(
+                log, logging.WARNING, "provider_stream_rejected",
+                f"turn {call.turn_id}: provider stream rejected: {exc}",
+                session_id=self._host.id, turn_id=call.turn_id, error=str(exc),
+            )  # fmt: skip
             call.error_class, call.error_message = "api_error", str(exc)
             return tr.fail("api_error", str(exc))
         except Exception as exc:  # the translator's own bug: that call fails
@@ -297,6 +317,19 @@ class CallStream:
             call.error_class = "api_error"
             call.error_message = f"the gateway failed to translate the stream: {type(exc).__name__}"
             return tr.fail(call.error_class, call.error_message)
+
+    def _first_token(self, call: Call, emitted: list[Emitted]) -> None:
+        """Observe the call's time to first token, at its first text or thinking delta.
+
+        Once per call (``started_at`` is cleared); the batches before it cost
+        one scan of their types, the ones after it nothing.
+        """
+        started = call.started_at
+        if started is None or not any(e.type in _FIRST_TOKENS for e in emitted):
+            return
+        call.started_at = None
+        if self._metrics is not None:
+            self._metrics.time_to_first_token.observe(trio.current_time() - started)
 
     def _finish(self, call: Call, emitted: list[Emitted]) -> None:
         if call.done.is_set():
@@ -318,6 +351,7 @@ class CallStream:
 CALL_TYPES = frozenset(t for t, s in EVENT_TYPES.items() if not s.catalog)
 """The streaming-only event types: a call's message, as it streams (PROTOCOL section 5)."""
 
+_FIRST_TOKENS = frozenset({"text.delta", "thinking.delta"})
 _DURABLE_POINTS = frozenset({"message.start", "text.end", "thinking.end", "tool.use_end"})
 _BLOCK_STARTS = frozenset({"text.start", "thinking.start", "tool.use_start"})
 _BLOCK_ENDS = frozenset({"text.end", "thinking.end", "tool.use_end"})

@@ -306,7 +306,14 @@ def _guarded(deliver: Callable[..., bool], *args: object) -> bool:
     try:
         return deliver(*args)
     except Exception:
-        log.exception("fan-out: a subscriber failed to take a batch; closing it")
+        subscriber = getattr(deliver, "__self__", None)
+        log.exception(
+            "fan-out: a subscriber failed to take a batch; closing it",
+            extra={
+                "event": "fanout_subscriber_failed",
+                "fields": {"client": getattr(subscriber, "name", None)},
+            },
+        )
         return False
 
 

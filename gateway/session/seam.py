@@ -83,6 +83,15 @@ class SeamSubscriber(Subscriber, Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Subscribed:
+    """What a ``subscribe`` came to (for the connection's log line)."""
+
+    mode: str  # "live", "snapshot" or "replay"
+    replayed: int = 0  # events a replay sent
+    error: SubscribeRejected | None = None  # a subscribe_error was sent instead
+
+
 async def subscribe(
     session: Session,
     sub: SeamSubscriber,
@@ -90,11 +99,17 @@ async def subscribe(
     resolved: Filter,
     key: FilterKey,
     config: StreamConfig,
-) -> None:
-    """Run the seam for one ``subscribe`` frame (module docstring, steps 1 to 3)."""
+) -> Subscribed:
+    """Run the seam for one ``subscribe`` frame (module docstring, steps 1 to 3).
+
+    A replay is measured (``gateway_replay_size_events``,
+    ``gateway_replay_duration_seconds``) from the subscribe to its frames
+    being ready, store reads and the wait for their commit included.
+    """
     gate = Gate()
     sub.enqueue(gate)
     sub.registered(session.hub.subscribe(sub, key))
+    mode = "snapshot" if request.snapshot else "live" if request.since is None else "replay"
     try:
         if request.snapshot:
             snap, cut = snapshot(session, config.snapshot_messages)
@@ -102,10 +117,15 @@ async def subscribe(
             ack = SubscribeAck(resolved, None, True, 0)
             gate.open(text_frame(encode(ack)) + text_frame(encode(snap)), cut)
         elif request.since is not None:
+            started = trio.current_time()
             frames, cut = await replay(session, request.since, key, config.replay_max_events)
             ack = SubscribeAck(resolved, request.since, False, len(frames))
             gate.open(text_frame(encode(ack)) + b"".join(frames), cut)
-            session.node.metrics.replays.inc(len(frames))
+            metrics = session.node.metrics
+            metrics.replays.inc(len(frames))
+            metrics.replay_size.observe(len(frames))
+            metrics.replay_duration.observe(trio.current_time() - started)
+            return Subscribed(mode, len(frames))
         else:
             gate.open(text_frame(encode(SubscribeAck(resolved, None, False, 0))), 0)
     except SubscribeRejected as exc:
@@ -113,6 +133,8 @@ async def subscribe(
         sub.registered(None)
         error = SubscribeError(exc.code, exc.message)  # type: ignore[arg-type]
         gate.open(text_frame(encode(error)), sys.maxsize)  # drop what queued behind it
+        return Subscribed(mode, error=exc)
+    return Subscribed(mode)
 
 
 def snapshot(session: Session, limit: int) -> tuple[Snapshot, int]:

@@ -54,6 +54,7 @@ import trio
 
 from gateway.errors import ApiError
 from gateway.ids import format_event_id, new_turn_id, now_ms, parse_event_id
+from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.protocol.events import (
     EVENT_TYPES,
@@ -156,7 +157,9 @@ class Session:
                     )
         self.turn: Turn | None = None
         self.permissions = Permissions(record.id)
-        self.calls = CallStream(self, self.hub.backlog, node.config.stream.batch_window_ms / 1000)
+        self.calls = CallStream(
+            self, self.hub.backlog, node.config.stream.batch_window_ms / 1000, node.metrics
+        )
         seqr = node.sequencer
         # Catalog events of this session, newest last; everything up to
         # ``tail_floor`` may be only in the store.
@@ -221,9 +224,8 @@ class Session:
         try:
             for sub in self.hub.publish(out, trio.current_time()):
                 sub.overflowed()
-        except Exception:
-            log.exception("session %s: fan-out of %d events failed", self.id, len(out))
-            self.node.metrics.session_failures.labels("hub").inc()
+        except Exception as exc:
+            self.failed("hub", exc, out[0].turn_id if out else None)
 
     def warn(self, subscription: str, reason: str, detail: str) -> None:
         """Emit ``bus.handler_warning`` (PROTOCOL sections 3 and 8)."""
@@ -382,9 +384,11 @@ class Session:
     def failed(self, component: str, exc: BaseException, turn_id: str | None = None) -> None:
         """Log a failure caught at this session's boundary, once, and count it."""
         where = f" in turn {turn_id}" if turn_id else ""
-        log.error(
-            "session %s: %s failed%s: %s: %s",
-            self.id, component, where, type(exc).__name__, exc, exc_info=exc,
+        event(
+            log, logging.ERROR, "session_failed",
+            f"session {self.id}: {component} failed{where}: {type(exc).__name__}: {exc}",
+            exc_info=exc, session_id=self.id, turn_id=turn_id, component=component,
+            error_type=type(exc).__name__,
         )  # fmt: skip
         self.node.metrics.session_failures.labels(component).inc()
 

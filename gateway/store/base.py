@@ -155,6 +155,9 @@ class Store(Protocol):
     on_write_error: Callable[[StoreError], None] | None
     """Told of every failed write (it is retried, or its bad rows skipped)."""
 
+    on_flush: Callable[[float, int], None] | None
+    """Told of every commit: how long it took (seconds, retries included) and its rows."""
+
     def ticket(self) -> int:
         """The ticket of the last put (a count of puts so far)."""
         ...

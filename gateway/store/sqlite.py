@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -570,6 +571,7 @@ class SqliteStore:
         self.committed = 0  # every ticket up to this one is durable
         self.on_commit: Callable[[int], None] | None = None
         self.on_write_error: Callable[[StoreError], None] | None = None
+        self.on_flush: Callable[[float, int], None] | None = None  # (seconds, rows) per commit
         self._committed_event = trio.Event()  # set and replaced at each commit
         self._write_lock = trio.Lock()  # the write connection: one thread at a time
         self._write_limiter = trio.CapacityLimiter(1)  # its own thread: never queued behind others
@@ -704,11 +706,14 @@ class SqliteStore:
             batch, self._pending = self._pending, _Batch()
             ticket = self._enqueued
             if batch.size:
+                started = time.perf_counter()  # real time: the work is a thread's, not Trio's
                 try:
                     await self._write_with_retries(db, batch)
                 except BaseException:
                     self._pending = batch.then(self._pending)
                     raise
+                if self.on_flush is not None:
+                    self.on_flush(time.perf_counter() - started, batch.size)
             if ticket > self.committed:
                 self.committed = ticket
                 self._committed_event.set()

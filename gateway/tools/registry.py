@@ -179,7 +179,14 @@ class ToolRegistry:
         except ToolError:
             raise
         except Exception as exc:  # a tool's own failure is a result, not a crash
-            log.info("tool %s failed: %r", name, exc)
+            # The traceback, for debugging; the failure's one line is the agent's tool_failed.
+            log.debug(
+                "tool %s raised %r", name, exc, exc_info=exc,
+                extra={
+                    "event": "tool_raised",
+                    "fields": {"tool": name, "session_id": ctx.session_id, "turn_id": ctx.turn_id},
+                },
+            )  # fmt: skip
             raise ToolError("error", f"{type(exc).__name__}: {exc}") from exc
 
 
