@@ -1,4 +1,5 @@
-"""The command line: ``gateway serve [--config FILE] [--host H] [--port P]`` (RUNNING.md).
+"""The command line: ``gateway serve [--config FILE] [--host H] [--port P]`` (RUNNING.md),
+and the clients ``gateway attach`` and ``gateway chat`` (gateway.client.attach, .chat).
 
 ``main`` returns the exit status instead of exiting, so that tests can call it
 and the console script (``sys.exit(main())``) and ``python -m gateway`` share it:
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.client.attach import run
 
         return run(args)
+    if args.command == "chat":
+        from gateway.client.chat import run as run_chat
+
+        return run_chat(args)
     overrides: dict[str, Any] = {
         f"server.{flag}": value
         for flag, value in (("host", args.host), ("port", args.port))
@@ -95,4 +100,16 @@ def _parser() -> argparse.ArgumentParser:
     attach.add_argument("--since", help="resume after this event id")
     attach.add_argument("--snapshot", action="store_true", help="start with a snapshot")
     attach.add_argument("--api-key", help="Bearer key, when the gateway has api_keys")
+    chat = commands.add_parser("chat", help="chat with a session in the terminal")
+    chat.add_argument("--url", default="http://127.0.0.1:8421", help="the gateway's base URL")
+    chat.add_argument("--session", metavar="ID", help="the session (default: a new one)")
+    chat.add_argument(
+        "--view",
+        choices=("full", "simple"),
+        default="full",
+        help="every block, or replace-then-append (PROTOCOL §10)",
+    )
+    chat.add_argument(
+        "--api-key", help="Bearer key, when the gateway has api_keys (or $GW_API_KEY)"
+    )
     return parser

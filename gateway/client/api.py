@@ -61,12 +61,11 @@ from gateway.client.stream import (
     default_connector,
     describe,
 )
+from gateway.client.views import FullView, SimpleView, full_view, simple_view
 from gateway.errors import ClientError
 from gateway.protocol.events import (
     Event,
     MessageComplete,
-    PermissionRequested,
-    PermissionResolved,
     ToolCalled,
     ToolCompleted,
     ToolFailed,
@@ -369,7 +368,7 @@ class GatewayClient:
             max_reconnects=max_reconnects,
             buffer=buffer,
         ) as subscription:
-            session = Session(self, subscription)
+            session = Session(self, subscription, include_worker_sessions=include_worker_sessions)
             await session.ready()
             yield session
 
@@ -483,23 +482,29 @@ class Session:
     Made by :meth:`GatewayClient.open_session`. Iterate it for
     :class:`Update`; each is already applied to :attr:`state` (the reference
     :class:`~gateway.client.reducer.Reducer`: messages, the streaming message,
-    tool results, the turn) and to :attr:`pending_permissions` and
-    :attr:`tools`. The state moves only as you iterate.
+    tool results, the turn, pending permissions, workers) and to :attr:`tools`;
+    :attr:`full` and :attr:`simple` are the two views of section 10, computed
+    from it. The state moves only as you iterate.
 
     Attributes:
         id: the session id.
         state: the reduced state (PROTOCOL sections 6-8).
-        pending_permissions: tools waiting for a decision, by ``perm_id``.
-        tools: tool calls seen by this client, by ``tool_use_id``.
+        tools: tool calls seen by this client, by ``tool_use_id``, with durations.
         connected: subscribed, as far as this client knows.
     """
 
-    def __init__(self, client: GatewayClient, subscription: Subscription) -> None:
+    def __init__(
+        self,
+        client: GatewayClient,
+        subscription: Subscription,
+        *,
+        include_worker_sessions: bool = False,
+    ) -> None:
         self.client = client
+        self.include_worker_sessions = include_worker_sessions
         self.subscription = subscription
         self.id = subscription.session_id
         self.state = Reducer(self.id)
-        self.pending_permissions: dict[str, PendingPermission] = {}
         self.tools: dict[str, ToolRun] = {}
         self.connected = False
         self._shown: dict[tuple[str, int], int] = {}  # chars of each block delivered as chunks
@@ -554,8 +559,22 @@ class Session:
     @property
     def busy(self) -> bool:
         """A turn is in flight, as far as the state shows."""
-        turn = self.state.turn
-        return turn is not None and turn.status == "in_flight"
+        return self.state.running_turn_id is not None
+
+    @property
+    def pending_permissions(self) -> dict[str, PendingPermission]:
+        """Tools waiting for a decision, by ``perm_id`` (answer with :meth:`answer`)."""
+        return self.state.permissions
+
+    @property
+    def full(self) -> FullView:
+        """The full view of PROTOCOL section 10 (:func:`gateway.client.views.full_view`)."""
+        return full_view(self.state, workers=self.include_worker_sessions)
+
+    @property
+    def simple(self) -> SimpleView:
+        """The replace-then-append view (:func:`gateway.client.views.simple_view`)."""
+        return simple_view(self.state)
 
     # --- the stream
 
@@ -615,7 +634,6 @@ class Session:
         chunks += self._streaming_news()
         self._shown = {key: n for key, n in self._shown.items() if self._is_streaming(key[0])}
         self._known = {message.id for message in self.state.messages}
-        self.pending_permissions = {p.perm_id: p for p in snapshot.session.pending_permissions}
         turn_id = snapshot.session.current_turn_id
         for message in snapshot.messages:
             if message.turn_id is not None and message.turn_id != turn_id:
@@ -641,17 +659,6 @@ class Session:
                 self._known.add(message.id)
             case TurnCompleted(turn_id=turn_id) | TurnCancelled(turn_id=turn_id):
                 self._ended_turns.add(turn_id)
-                self.pending_permissions.clear()  # one turn at a time: all were its
-            case PermissionRequested():
-                self.pending_permissions[payload.perm_id] = PendingPermission(
-                    payload.perm_id,
-                    payload.tool_use_id,
-                    payload.tool_name,
-                    payload.input,
-                    payload.expires_at,
-                )
-            case PermissionResolved(perm_id=perm_id):
-                self.pending_permissions.pop(perm_id, None)
             case ToolCalled():
                 self.tools[payload.tool_use_id] = ToolRun(
                     payload.tool_use_id, payload.tool_name, payload.input
@@ -676,11 +683,6 @@ class Session:
             payload.duration_ms,
             payload.error_class if isinstance(payload, ToolFailed) else None,
         )
-        self.pending_permissions = {
-            key: p
-            for key, p in self.pending_permissions.items()
-            if p.tool_use_id != payload.tool_use_id
-        }
 
     def _streaming_news(self) -> list[Chunk]:
         streaming = self.state.streaming

@@ -1,0 +1,698 @@
+"""``gateway chat``: an interactive chat with a session, in a terminal.
+
+It is built on the client library and nothing of its own for the protocol:
+:meth:`GatewayClient.open_session <gateway.client.api.GatewayClient.open_session>`
+keeps the session's state (and resumes after a drop), and each redraw shows
+one of the two views of PROTOCOL section 10 (:mod:`gateway.client.views`),
+pure functions of that state. What the terminal shows is therefore a
+function of the state too: a resume that restores a message from a
+``message.snapshot`` redraws nothing, so a dropped connection leaves no
+visible trace (after a second without a connection a dim status line says
+it is reconnecting, and goes once it is back).
+
+What a person sees:
+
+- **full** (``--view full``, the default): every block. The reply streams as
+  it is written; thinking is folded to one line (its latest words while it
+  streams, its first words once it ended); each tool call is one line with
+  its status and, once it ended, its duration; a message that was cancelled
+  or failed says so.
+- **simple** (``--view simple``): replace-then-append. One status line shows
+  the latest thinking chunk or the tool at work; the reply's text streams,
+  and is replaced when a later round of the turn starts; once the turn ends
+  only the final round's text stays (marked when cancelled).
+- **Permissions** are asked inline: ``? allow sleep {"seconds": 60}  [y/n]``;
+  one key answers (no Enter needed).
+
+How the screen is kept (:class:`Region`): what belongs to finished items is
+written once and never touched again; the rest, the *region* at the bottom
+(the block that streams, tool lines still running, the question, the status
+line), is redrawn by difference: text that only grew is appended, anything
+else is rewritten from its first changed line (cursor up, erase below).
+Model text is stripped of control characters, so a reply cannot move the
+cursor or restyle the terminal.
+
+Keys: Enter sends the line typed at the prompt; while a turn runs the
+keyboard does not echo (so typing cannot disturb the region), and ``y`` or
+``n`` answer the question shown. Ctrl-C cancels the turn in flight; a
+second Ctrl-C (or Ctrl-C at the prompt), Ctrl-D at the prompt, or ``/quit``
+quits.
+
+Exit status: 0 when the person quits (Ctrl-D, ``/quit``, or Ctrl-C when there
+is no turn to cancel: quitting is the normal end of a chat, as in node's
+REPL, not an interruption of something); 1 for what retrying cannot fix (an
+unknown session, a refused key, a gateway that cannot be reached at the
+start), one line on stderr; 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal, TextIO
+
+import trio
+from rich.cells import cell_len, get_character_cell_size
+
+from gateway.client.api import GatewayClient, Session, ToolRun
+from gateway.client.views import (
+    BlockView,
+    FullView,
+    PermissionView,
+    SimpleView,
+)
+from gateway.errors import ApiError, GatewayError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+API_KEY_ENV = "GW_API_KEY"  # not GATEWAY_*: those are the daemon's config keys (gateway serve)
+RECONNECTING_AFTER_S = 1.0  # a drop shorter than this shows nothing at all
+
+ViewName = Literal["full", "simple"]
+
+# SGR styles: one per line.
+DIM, BOLD, RED, GREEN, YELLOW, CYAN = "2", "1", "31", "32", "33", "36"
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(text: str) -> str:
+    """Text fit for the terminal: tabs as spaces, no control character but newline."""
+    return _CONTROL.sub("", text.replace("\t", "    ").replace("\r\n", "\n"))
+
+
+def fold(text: str) -> str:
+    """Text on one line: every run of whitespace is one space."""
+    return " ".join(clean(text).split())
+
+
+def fit(text: str, width: int, *, tail: bool = False) -> str:
+    """``text`` cut to ``width`` cells with an ellipsis (its end kept when ``tail``)."""
+    if cell_len(text) <= width:
+        return text
+    width = max(width - 1, 0)
+    if tail:
+        while cell_len(text) > width:
+            text = text[1:]
+        return "…" + text
+    while cell_len(text) > width:
+        text = text[:-1]
+    return text + "…"
+
+
+# --- the screen ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the screen (no newline in ``text``), in one SGR ``style``."""
+
+    text: str
+    style: str = ""
+
+    def ansi(self, text: str | None = None) -> str:
+        shown = self.text if text is None else text
+        return f"\x1b[{self.style}m{shown}\x1b[0m" if self.style and shown else shown
+
+
+class Region:
+    """The lines at the bottom of a terminal that may still change (module docstring).
+
+    Writes only what changed. Rows are counted with each line's width in
+    cells (a long line wraps), so the cursor can go back up to the first
+    changed line; lines that scrolled above the screen cannot be rewritten
+    (a terminal's limit), which is why finished lines are settled early.
+
+    Args:
+        out: the terminal.
+        width: the terminal's width in cells, asked at each redraw.
+    """
+
+    def __init__(self, out: TextIO, width: Callable[[], int]) -> None:
+        self.out = out
+        self.width = width
+        self.shown: list[Line] = []
+        self.fresh = True  # the cursor is at the start of an empty line
+
+    def show(self, lines: list[Line]) -> None:
+        """Make the region ``lines``."""
+        old = self.shown
+        first = 0
+        while first < min(len(old), len(lines)) and old[first] == lines[first]:
+            first += 1
+        if first == len(old) == len(lines):
+            return
+        parts: list[str] = []
+        if first == len(old):  # only new lines
+            if (old or not self.fresh) and lines[first:]:
+                parts.append("\n")
+            parts.append("\n".join(line.ansi() for line in lines[first:]))
+        elif (
+            first == len(old) - 1
+            and first < len(lines)
+            and lines[first].style == old[first].style
+            and lines[first].text.startswith(old[first].text)
+        ):  # the last line grew, and maybe new lines follow
+            grown = lines[first]
+            parts.append(grown.ansi(grown.text[len(old[first].text) :]))
+            parts.extend("\n" + line.ansi() for line in lines[first + 1 :])
+        else:  # rewrite from the first line that changed (or the last kept one, so
+            # that the cursor ends where the region ends)
+            start = first if first < len(lines) or first == 0 else first - 1
+            up = self._row(old, len(old), end=True) - self._row(old, start)
+            parts.append("\r" + (f"\x1b[{up}A" if up else "") + "\x1b[J")
+            parts.append("\n".join(line.ansi() for line in lines[start:]))
+        self.out.write("".join(parts))
+        self.out.flush()
+        self.shown = list(lines)
+        self.fresh = not lines  # an emptied region leaves the cursor where it began
+
+    def settle(self, count: int) -> None:
+        """The first ``count`` lines are final: they leave the region, as written."""
+        if count <= 0:
+            return
+        self.shown = self.shown[count:]
+        if not self.shown:
+            self.fresh = False
+
+    def close(self) -> None:
+        """Everything shown is final; the cursor goes to the start of a fresh line."""
+        if self.shown or not self.fresh:
+            self.out.write("\n")
+            self.out.flush()
+        self.shown = []
+        self.fresh = True
+
+    def _row(self, lines: list[Line], index: int, *, end: bool = False) -> int:
+        """The row of the start of ``lines[index]`` (or, with ``end``, of the cursor
+        after the last line), counted from the region's first row."""
+        width = max(self.width(), 1)
+        rows = 0
+        stop = len(lines) - 1 if end else index
+        for line in lines[:stop]:
+            rows += layout(line.text, width)[0]
+        if end and lines:
+            rows += layout(lines[-1].text, width)[1]
+        return rows
+
+
+def layout(text: str, width: int) -> tuple[int, int]:
+    """The rows a line written from the first column takes, and the row its end leaves
+    the cursor on, by xterm's rules: a wide character that does not fit in what is left
+    of a row goes to the next one; a row filled to its last cell keeps the cursor until
+    the next character (the pending wrap)."""
+    row = cells = 0
+    for char in text:
+        size = get_character_cell_size(char)
+        if cells + size > width and cells:
+            row, cells = row + 1, 0
+        cells += size
+    return row + 1, row
+
+
+# --- what each view shows ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Item:
+    """Lines that belong together, under a ``key`` that stays the same across redraws;
+    ``final`` once they will never change (then they are written for good)."""
+
+    key: str
+    lines: tuple[Line, ...]
+    final: bool
+
+
+@dataclass(frozen=True)
+class Marks:
+    """The symbols, plain ASCII where the terminal cannot show more."""
+
+    you: str = "\u203a"  # a single right-pointing angle quotation mark
+    thinking: str = "✻"
+    tool: str = "⏺"
+    ok: str = "✓"
+    failed: str = "✗"
+    ellipsis: str = "…"
+
+    @classmethod
+    def for_encoding(cls, encoding: str | None) -> Marks:
+        if encoding and encoding.lower().replace("-", "").startswith("utf"):
+            return cls()
+        return cls(">", "*", "-", "ok", "x", "...")
+
+
+def full_items(
+    view: FullView,
+    tools: dict[str, ToolRun],
+    *,
+    hidden_turns: set[str],
+    width: int,
+    marks: Marks,
+) -> list[Item]:
+    """The full view as screen items: each message, each block (module docstring)."""
+    items: list[Item] = []
+    for message in view["messages"]:
+        if message["role"] == "user":
+            if message["turn_id"] not in hidden_turns:
+                text = "".join(b["text"] for b in message["blocks"] if b["type"] == "text")
+                items.append(_user_item(message["id"], text, marks))
+            continue
+        for index, block in enumerate(message["blocks"]):
+            key = f"block:{message['id']}:{index}"
+            items.append(_block_item(key, block, tools, width, marks))
+        if message["status"] in ("cancelled", "error"):
+            said = "cancelled" if message["status"] == "cancelled" else "stopped by an error"
+            items.append(Item(f"end:{message['id']}", (Line(f"({said})", DIM),), True))
+    return items
+
+
+def _user_item(message_id: str, text: str, marks: Marks) -> Item:
+    lines = clean(text).split("\n") or [""]
+    shown = [Line(f"{marks.you} {lines[0]}", BOLD)] + [Line(f"  {x}", BOLD) for x in lines[1:]]
+    return Item(f"user:{message_id}", tuple(shown), True)
+
+
+def _block_item(
+    key: str, block: BlockView, tools: dict[str, ToolRun], width: int, marks: Marks
+) -> Item:
+    if block["type"] == "text":
+        lines = tuple(Line(x) for x in clean(block["text"]).split("\n"))
+        return Item(key, lines, not block["open"])
+    if block["type"] == "thinking":
+        prefix = f"{marks.thinking} "
+        room = width - cell_len(prefix) - 1
+        folded = fold(block["text"])
+        text = fit(folded, room, tail=block["open"]) if folded else marks.ellipsis
+        return Item(key, (Line(prefix + text, DIM),), not block["open"])
+    if block["type"] == "redacted_thinking":
+        return Item(key, (Line(f"{marks.thinking} (redacted thinking)", DIM),), not block["open"])
+    run = tools.get(block["id"])
+    status = block["status"]
+    duration = "" if run is None or run.duration_ms is None else f" {run.duration_ms} ms"
+    style = DIM
+    match status:
+        case "completed":
+            said, style = f"{marks.ok}{duration}", GREEN
+        case "failed":
+            first = fold(block["result"] or "failed")
+            said, style = f"{marks.failed} {first}{duration}", RED
+        case "awaiting_approval":
+            said, style = "awaiting approval", YELLOW
+        case "running":
+            said, style = f"running{marks.ellipsis}", CYAN
+        case "not_run":
+            said = "not run"
+        case _:  # streaming, pending
+            said = marks.ellipsis
+    call = f"{marks.tool} {block['name']} {fold(json.dumps(block['input'], ensure_ascii=False))}"
+    room = width - cell_len(said) - 3
+    line = Line(f"{fit(call, max(room, 10))}  {said}", style)
+    return Item(key, (line,), status in ("completed", "failed", "not_run"))
+
+
+def simple_items(
+    view: SimpleView, *, hidden_turns: set[str], width: int, marks: Marks
+) -> list[Item]:
+    """The replace-then-append view as screen items (module docstring)."""
+    items: list[Item] = []
+    for entry in view["thread"]:
+        if entry["role"] == "user":
+            if entry["turn_id"] not in hidden_turns:
+                items.append(_user_item(entry["message_id"], entry["text"], marks))
+            continue
+        lines = [Line(x) for x in clean(entry["text"]).split("\n")]
+        if entry["status"] in ("cancelled", "error"):
+            said = "cancelled" if entry["status"] == "cancelled" else "stopped by an error"
+            lines.append(Line(f"({said})", DIM))
+        key = f"reply:{entry['turn_id'] or entry['message_id']}"
+        items.append(Item(key, tuple(lines), entry["status"] != "in_progress"))
+    status = view["status"]
+    if status is not None:
+        if status["kind"] == "thinking":
+            text = f"{marks.thinking} {fit(fold(status['text']), width - 3, tail=True)}"
+        else:
+            state = status["state"].replace("_", " ")
+            text = f"{marks.tool} {status['tool_name']} {state}{marks.ellipsis}"
+        items.append(Item("status", (Line(fit(text, width - 1), DIM),), False))
+    return items
+
+
+def question_item(permission: PermissionView, answered: str | None, width: int) -> Item:
+    """The inline question for a pending permission."""
+    call = f"{permission['tool_name']} {fold(json.dumps(permission['input'], ensure_ascii=False))}"
+    tail = "  [y/n]" if answered is None else f"  {answered}"
+    line = Line(f"? allow {fit(call, max(width - len(tail) - 10, 10))}{tail}", YELLOW)
+    return Item(f"ask:{permission['perm_id']}", (line,), False)
+
+
+# --- the keyboard --------------------------------------------------------------------------------
+
+
+class Keyboard:
+    """Standard input: whole lines at the prompt, single keys while a turn runs.
+
+    On a terminal, a turn switches to no echo and no line editing (so one key
+    answers a question and typing cannot move the cursor under the region);
+    the prompt switches back. The terminal's settings are restored on exit.
+    Reads go through a non-blocking duplicate of the descriptor, so a read
+    can be cancelled without losing what was typed after it.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.tty = os.isatty(fd)
+        self._stream = trio.lowlevel.FdStream(os.dup(fd))
+        self._buffer = b""
+        self._saved: list[Any] | None = None
+        if self.tty:
+            import termios
+
+            self._saved = termios.tcgetattr(fd)
+
+    async def line(self) -> str | None:
+        """The next line typed (without its newline), or ``None`` at end of input."""
+        self.mode("line")
+        while b"\n" not in self._buffer:
+            data = await self._stream.receive_some(4096)
+            if not data:
+                if self._buffer:
+                    rest, self._buffer = self._buffer, b""
+                    return rest.decode(errors="replace")
+                return None
+            self._buffer += data
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="replace").rstrip("\r")
+
+    async def key(self) -> str | None:
+        """The next key (a character), or ``None`` at end of input."""
+        self.mode("keys")
+        if not self._buffer:
+            self._buffer = await self._stream.receive_some(4096)
+            if not self._buffer:
+                return None
+        key, self._buffer = self._buffer[:1], self._buffer[1:]
+        return key.decode(errors="replace")
+
+    def mode(self, mode: Literal["line", "keys"]) -> None:
+        """Echo and line editing at the prompt; neither while a turn runs."""
+        if self._saved is None:
+            return
+        import termios
+
+        attrs = termios.tcgetattr(self.fd)
+        lflag = self._saved[3]
+        if mode == "keys":
+            lflag &= ~(termios.ECHO | termios.ICANON)
+        attrs[3] = lflag
+        attrs[6] = list(attrs[6])
+        attrs[6][termios.VMIN], attrs[6][termios.VTIME] = 1, 0
+        with suppress(termios.error):
+            termios.tcsetattr(self.fd, termios.TCSANOW, attrs)
+
+    def forget_typed(self) -> None:
+        """Drop what was typed ahead (it was not echoed)."""
+        self._buffer = b""
+        if self.tty:
+            import termios
+
+            with suppress(termios.error):
+                termios.tcflush(self.fd, termios.TCIFLUSH)
+
+    async def aclose(self) -> None:
+        if self._saved is not None:
+            import termios
+
+            with suppress(termios.error):
+                termios.tcsetattr(self.fd, termios.TCSANOW, self._saved)
+        await self._stream.aclose()
+
+
+# --- the chat ------------------------------------------------------------------------------------
+
+
+class Chat:
+    """One chat: a session, a keyboard, a terminal (module docstring).
+
+    Three tasks share it: :meth:`_follow` applies each update and redraws,
+    :meth:`_converse` owns the keyboard (the prompt, then keys while a turn
+    runs), :meth:`_interrupts` turns Ctrl-C into a cancel or the end.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        keyboard: Keyboard,
+        out: TextIO,
+        *,
+        view: ViewName = "full",
+        width: Callable[[], int] | None = None,
+    ) -> None:
+        self.session = session
+        self.keyboard = keyboard
+        self.out = out
+        self.view = view
+        self.width = width or (lambda: shutil.get_terminal_size((80, 24)).columns)
+        self.region = Region(out, self.width)
+        self.marks = Marks.for_encoding(getattr(out, "encoding", None))
+        self.committed: set[str] = set()
+        self.mine: set[str] = set()  # turns sent from here: their user message is on screen
+        self.sending = False
+        self.cancelling: str | None = None  # the turn a Ctrl-C is cancelling
+        self.answered: dict[str, str] = {}  # perm_id -> what was answered
+        self.disconnected_at: float | None = None
+        self.redrawn = trio.Event()
+        self.failure: GatewayError | None = None
+
+    async def run(self) -> int:
+        """Until the person quits (or what retrying cannot fix); the exit status."""
+        with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._follow, nursery.cancel_scope)
+                nursery.start_soon(self._interrupts, interrupts, nursery.cancel_scope)
+                nursery.start_soon(self._ticker)
+                await self._converse()
+                nursery.cancel_scope.cancel()
+        self.region.close()
+        if self.failure is not None:
+            print(f"chat: {self.failure.message}", file=sys.stderr, flush=True)
+            return EXIT_FAILED
+        return EXIT_OK
+
+    # --- drawing
+
+    def items(self) -> list[Item]:
+        """What the screen shows now: the view of the state, then the question and status."""
+        width = self.width()
+        state = self.session.state
+        hidden = set(self.mine)
+        if self.sending:  # its turn id is not known yet: hide every new user message
+            hidden |= {m.turn_id for m in state.messages if m.turn_id is not None}
+            hidden |= {state.running_turn_id} if state.running_turn_id else set()
+        if self.view == "full":
+            full = self.session.full
+            items = full_items(
+                full, self.session.tools, hidden_turns=hidden, width=width, marks=self.marks
+            )
+            permissions = full["permissions"]
+        else:
+            simple = self.session.simple
+            items = simple_items(simple, hidden_turns=hidden, width=width, marks=self.marks)
+            permissions = simple["permissions"]
+        if permissions:
+            first = permissions[0]
+            items.append(question_item(first, self.answered.get(first["perm_id"]), width))
+        status = self._status_line()
+        if status:
+            items.append(Item("connection", (Line(status, DIM),), False))
+        return items
+
+    def _status_line(self) -> str:
+        now = trio.current_time()
+        if self.disconnected_at is not None and now - self.disconnected_at >= RECONNECTING_AFTER_S:
+            return f"reconnecting{self.marks.ellipsis}"
+        if self.cancelling is not None and self._in_flight() == self.cancelling:
+            return f"cancelling{self.marks.ellipsis}"
+        return ""
+
+    def redraw(self, *, final_only: bool = False) -> None:
+        """Show the items not yet written for good; settle the finished ones at the top.
+
+        ``final_only`` (before the prompt): the lines that may still change go."""
+        items = [item for item in self.items() if item.key not in self.committed]
+        if final_only:
+            items = [item for item in items if item.final]
+        self.region.show([line for item in items for line in item.lines])
+        settled = 0
+        for item in items:
+            if not item.final:
+                break
+            self.committed.add(item.key)
+            settled += len(item.lines)
+        self.region.settle(settled)
+        self.redrawn.set()
+        self.redrawn = trio.Event()
+
+    # --- the tasks
+
+    async def _follow(self, scope: trio.CancelScope) -> None:
+        """Apply each update and redraw; what retrying cannot fix ends the chat."""
+        self.redraw()
+        try:
+            async for _ in self.session:
+                if self.session.connected:
+                    self.disconnected_at = None
+                elif self.disconnected_at is None:
+                    self.disconnected_at = trio.current_time()
+                for perm_id in list(self.answered):
+                    if perm_id not in self.session.pending_permissions:
+                        del self.answered[perm_id]
+                self.redraw()
+        except GatewayError as exc:
+            self.failure = exc
+        scope.cancel()
+
+    async def _ticker(self) -> None:
+        """Redraw now and then while disconnected (the status line appears after a while)."""
+        while True:
+            await trio.sleep(RECONNECTING_AFTER_S / 2)
+            if self.disconnected_at is not None:
+                self.redraw()
+
+    async def _interrupts(self, interrupts: Any, scope: trio.CancelScope) -> None:
+        """Ctrl-C: cancel the turn in flight; again (or with none in flight): quit."""
+        async for _ in interrupts:
+            turn_id = self._in_flight()
+            if turn_id is None or self.cancelling == turn_id:
+                scope.cancel()
+                return
+            self.cancelling = turn_id
+            self.redraw()
+            with suppress(ApiError):  # it ended meanwhile: nothing left to cancel
+                await self.session.cancel(turn_id, reason="user")
+
+    def _in_flight(self) -> str | None:
+        """The turn a Ctrl-C would cancel: the state's, or the one just sent."""
+        running = self.session.state.running_turn_id
+        if running is not None:
+            return running
+        for turn_id in self.mine:
+            if not self.session.turn_ended(turn_id):
+                return turn_id
+        return None
+
+    async def _converse(self) -> None:
+        """The prompt, a turn, keys while it runs; again, until the person quits."""
+        while True:
+            await self._until_idle()
+            self.redraw(final_only=True)  # settled above the prompt
+            self.region.close()
+            self.out.write(f"\x1b[{BOLD}m{self.marks.you}\x1b[0m ")
+            self.out.flush()
+            self.region.fresh = False  # a quit from here leaves the line
+            self.keyboard.forget_typed()
+            line = await self.keyboard.line()
+            if not self.keyboard.tty:
+                self.out.write("\n")  # nothing echoed the newline
+            self.region.fresh = True
+            if line is None or line.strip() in ("/quit", "/exit"):
+                return
+            if not line.strip():
+                continue
+            self.keyboard.mode("keys")
+            self.sending = True
+            try:
+                turn_id = await self.session.send(line)
+            except ApiError as exc:
+                self.out.write(f"\x1b[{RED}m(not sent: {exc.message})\x1b[0m\n")
+                continue
+            finally:
+                self.sending = False
+            self.mine.add(turn_id)
+            self.redraw()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._answer_keys)
+                while not self.session.turn_ended(turn_id):
+                    await self.redrawn.wait()
+                nursery.cancel_scope.cancel()
+
+    async def _until_idle(self) -> None:
+        """Wait while a turn (of another client too) is in flight."""
+        while self.session.state.running_turn_id is not None:
+            await self.redrawn.wait()
+
+    async def _answer_keys(self) -> None:
+        """While a turn runs: ``y``/``n`` answer the question shown."""
+        while True:
+            key = await self.keyboard.key()
+            if key is None:
+                await trio.sleep_forever()
+            permissions = self.session.pending_permissions
+            asked = next(iter(permissions.values()), None)
+            if asked is None or asked.perm_id in self.answered or key.lower() not in ("y", "n"):
+                continue
+            allow = key.lower() == "y"
+            self.answered[asked.perm_id] = "allowed" if allow else "denied"
+            self.redraw()
+            try:
+                await self.session.answer(asked.perm_id, "allow" if allow else "deny")
+            except ApiError as exc:
+                self.answered[asked.perm_id] = f"not answered: {exc.code}"
+                self.redraw()
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+async def chat(
+    base_url: str,
+    session_id: str | None,
+    *,
+    view: ViewName = "full",
+    api_key: str | None = None,
+    stdin_fd: int = 0,
+    out: TextIO | None = None,
+) -> int:
+    """Chat with a session (a new one when ``session_id`` is ``None``); the exit status."""
+    output = out if out is not None else sys.stdout
+    try:
+        client = GatewayClient(base_url, api_key=api_key)
+    except GatewayError as exc:
+        print(f"chat: --url {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    keyboard = Keyboard(stdin_fd)
+    try:
+        async with client:
+            if session_id is None:
+                session_id = (await client.create_session()).session_id
+                output.write(f"\x1b[{DIM}msession {session_id}\x1b[0m\n")
+            async with client.open_session(session_id) as session:
+                return await Chat(session, keyboard, output, view=view).run()
+    except ApiError as exc:
+        hint = " (pass --api-key)" if exc.status in (401, 403) else ""
+        if exc.status == 404:
+            print(f"chat: session {session_id} not found", file=sys.stderr)
+        else:
+            print(f"chat: the gateway refused: {exc.status} {exc.code}{hint}", file=sys.stderr)
+        return EXIT_FAILED
+    except GatewayError as exc:
+        print(f"chat: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        await keyboard.aclose()
+
+
+def run(args: Any) -> int:
+    """``gateway chat`` (the ``chat`` arguments of :mod:`gateway.cli`); the exit status."""
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    status = EXIT_OK
+    with suppress(KeyboardInterrupt):  # a Ctrl-C before the signal receiver was in place
+        status = trio.run(partial(chat, args.url, args.session, view=args.view, api_key=api_key))
+    return status
