@@ -244,12 +244,13 @@ def _finished_block(reducer: Reducer, message: Message, block: ContentBlock) -> 
         case RedactedThinkingBlock():
             return {"type": "redacted_thinking", "open": False}
         case ToolUseBlock(id=id_, name=name, input=input_):
-            if message.status != "complete":
-                status: ToolStatus = "not_run"
-            elif message.turn_id is not None and message.turn_id == reducer.running_turn_id:
-                status = "running"
-            else:
-                status = "not_run"
+            # Without an outcome: it runs while its complete message's turn is in flight.
+            running = (
+                message.status == "complete"
+                and message.turn_id is not None
+                and message.turn_id == reducer.running_turn_id
+            )
+            status: ToolStatus = "running" if running else "not_run"
             return _tool_view(reducer, id_, name, input_, open_=False, otherwise=status)
         case ToolResultBlock():
             return None  # paired with its tool_use instead
