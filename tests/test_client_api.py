@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -49,6 +51,7 @@ from gateway.server import routes
 from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway
 from tests.test_attach_cli import SilenceableProxy
 
+ROOT = Path(__file__).resolve().parents[1]
 FAST = Backoff(base_s=0.05, cap_s=0.2)
 LOREM = {"script": {"delay_ms": 2, "rounds": [[{"thinking": "Hm " * 20}, {"lorem": 300}]]}}
 
@@ -518,3 +521,30 @@ async def test_missed_pongs_on_the_mock_clock(autojump_clock: trio.testing.MockC
     assert round(fake.opened[1] - start, 3) == 45.25  # the drop, then the backoff's 0.25 s
     assert fake.subscribes[1]["since"] == "evt_00000000000000000001"
     assert stream.connections == 2
+
+
+# --- the README's example ----------------------------------------------------------------------
+
+
+def readme_example() -> str:
+    """The Python block of the README's "The Python client library" section."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## The Python client library", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+async def test_the_readme_example_runs_as_written(gw: Harness, tmp_path: Path) -> None:
+    """Only the gateway's address differs: this one is on a port of its own."""
+    example = readme_example()
+    assert example.count("http://127.0.0.1:8421") == 1
+    (tmp_path / "example.py").write_text(example.replace("http://127.0.0.1:8421", gw.base))
+    with trio.fail_after(20):
+        done = await trio.run_process(
+            [sys.executable, str(tmp_path / "example.py")],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode() == "You said: hello gateway\n" * 2
