@@ -213,8 +213,8 @@ class AgentLoop:
             turn.enter("llm")
             call = await self._call_model(turn, state)
             if call.error_class is not None:
-                self._provider_error(turn, call)
                 self.call_failed(turn, state, call)
+                self._provider_error(turn, call)
                 return "error"
             message = call.translator.message
             assert message is not None and call.translator.stop_reason is not None
@@ -450,11 +450,11 @@ class AgentLoop:
             final_text = "".join(b.text for b in last.content if isinstance(b, TextBlock))
         phase = turn.phase
         turn.finish(outcome, final_text)
-        self._turn_ended(turn, state, outcome, phase)
         s.record.cost_so_far_usd += state.usage.cost_usd or 0.0
         s.record.current_turn_id, s.record.current_turn_seq = None, 0
         s.save_record()
         s.end_turn(turn)
+        self._turn_ended(turn, state, outcome, phase)  # after the lock is free, whatever it does
 
     def _turn_ended(self, turn: Turn, state: TurnState, outcome: str, phase: str) -> None:
         """One line and the turn metrics, in the step that ends the turn."""
