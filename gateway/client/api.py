@@ -213,7 +213,7 @@ class GatewayClient:
         self, *, limit: int | None = None, before: str | None = None
     ) -> SessionList:
         """``GET /sessions``: a page, newest first; ``before`` is a session id."""
-        params = {key: value for key, value in (("limit", limit), ("before", before)) if value}
+        params = {k: v for k, v in (("limit", limit), ("before", before)) if v is not None}
         return await self._call("GET", "/sessions", SessionList, params=params)
 
     async def attach(self, session_id: str) -> SessionAttach:
@@ -228,7 +228,7 @@ class GatewayClient:
         self, session_id: str, *, before: str | None = None, limit: int | None = None
     ) -> MessagePage:
         """``GET /sessions/{id}/messages``: a page of the history, oldest first."""
-        params = {key: value for key, value in (("limit", limit), ("before", before)) if value}
+        params = {k: v for k, v in (("limit", limit), ("before", before)) if v is not None}
         return await self._call(
             "GET", f"/sessions/{session_id}/messages", MessagePage, params=params
         )
@@ -518,11 +518,14 @@ class Session:
         (what was read is still delivered by the iteration).
 
         Raises:
-            StopAsyncIteration: the stream ended before a snapshot.
+            ClientError: ``closed``: the stream ended before a snapshot.
             GatewayError: as ``__anext__``.
         """
         while self._snapshots == 0:
-            self._early.append(await self._next())
+            try:
+                self._early.append(await self._next())
+            except StopAsyncIteration:
+                raise ClientError("closed", "the stream ended before its snapshot") from None
 
     # --- the session's calls (section 2)
 

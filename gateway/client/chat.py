@@ -362,42 +362,61 @@ class Keyboard:
     On a terminal, a turn switches to no echo and no line editing (so one key
     answers a question and typing cannot move the cursor under the region);
     the prompt switches back. The terminal's settings are restored on exit.
-    Reads go through a non-blocking duplicate of the descriptor, so a read
-    can be cancelled without losing what was typed after it.
+    One task, :meth:`pump`, reads the descriptor in a worker thread (blocking
+    reads: a non-blocking stdin would make the terminal's stdout, the same
+    open file, non-blocking too, and a burst of output could then fail), so a
+    read of a line or a key can be cancelled without losing what was typed.
     """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.tty = os.isatty(fd)
-        self._stream = trio.lowlevel.FdStream(os.dup(fd))
+        self._send, self._typed = trio.open_memory_channel[bytes](64)
         self._buffer = b""
+        self._ended = False
         self._saved: list[Any] | None = None
         if self.tty:
             import termios
 
             self._saved = termios.tcgetattr(fd)
 
+    async def pump(self) -> None:
+        """Read the keyboard until end of input (a task for the length of the chat)."""
+        async with self._send:
+            while True:
+                data = await trio.to_thread.run_sync(os.read, self.fd, 4096, abandon_on_cancel=True)
+                if not data:
+                    return
+                await self._send.send(data)
+
+    async def _more(self) -> bool:
+        """Wait for more typed bytes; false at end of input."""
+        if self._ended:
+            return False
+        try:
+            self._buffer += await self._typed.receive()
+        except trio.EndOfChannel:
+            self._ended = True
+            return False
+        return True
+
     async def line(self) -> str | None:
         """The next line typed (without its newline), or ``None`` at end of input."""
         self.mode("line")
         while b"\n" not in self._buffer:
-            data = await self._stream.receive_some(4096)
-            if not data:
+            if not await self._more():
                 if self._buffer:
                     rest, self._buffer = self._buffer, b""
                     return rest.decode(errors="replace")
                 return None
-            self._buffer += data
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line.decode(errors="replace").rstrip("\r")
 
     async def key(self) -> str | None:
         """The next key (a character), or ``None`` at end of input."""
         self.mode("keys")
-        if not self._buffer:
-            self._buffer = await self._stream.receive_some(4096)
-            if not self._buffer:
-                return None
+        if not self._buffer and not await self._more():
+            return None
         key, self._buffer = self._buffer[:1], self._buffer[1:]
         return key.decode(errors="replace")
 
@@ -420,19 +439,24 @@ class Keyboard:
     def forget_typed(self) -> None:
         """Drop what was typed ahead (it was not echoed)."""
         self._buffer = b""
+        while True:
+            try:
+                self._typed.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
         if self.tty:
             import termios
 
             with suppress(termios.error):
                 termios.tcflush(self.fd, termios.TCIFLUSH)
 
-    async def aclose(self) -> None:
+    def restore(self) -> None:
+        """The terminal as it was."""
         if self._saved is not None:
             import termios
 
             with suppress(termios.error):
                 termios.tcsetattr(self.fd, termios.TCSANOW, self._saved)
-        await self._stream.aclose()
 
 
 # --- the chat ------------------------------------------------------------------------------------
@@ -475,6 +499,7 @@ class Chat:
         """Until the person quits (or what retrying cannot fix); the exit status."""
         with trio.open_signal_receiver(signal.SIGINT) as interrupts:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.keyboard.pump)
                 nursery.start_soon(self._follow, nursery.cancel_scope)
                 nursery.start_soon(self._interrupts, interrupts, nursery.cancel_scope)
                 nursery.start_soon(self._ticker)
@@ -575,7 +600,7 @@ class Chat:
                 return
             self.cancelling = turn_id
             self.redraw()
-            with suppress(ApiError):  # it ended meanwhile: nothing left to cancel
+            with suppress(GatewayError):  # it ended meanwhile, or the gateway is away
                 await self.session.cancel(turn_id, reason="user")
 
     def _in_flight(self) -> str | None:
@@ -594,10 +619,10 @@ class Chat:
             await self._until_idle()
             self.redraw(final_only=True)  # settled above the prompt
             self.region.close()
+            self.keyboard.forget_typed()  # before the prompt: what is typed after it stays
             self.out.write(f"\x1b[{BOLD}m{self.marks.you}\x1b[0m ")
             self.out.flush()
             self.region.fresh = False  # a quit from here leaves the line
-            self.keyboard.forget_typed()
             line = await self.keyboard.line()
             if not self.keyboard.tty:
                 self.out.write("\n")  # nothing echoed the newline
@@ -610,7 +635,7 @@ class Chat:
             self.sending = True
             try:
                 turn_id = await self.session.send(line)
-            except ApiError as exc:
+            except GatewayError as exc:  # 409 turn_in_progress, the gateway away, ...
                 self.out.write(f"\x1b[{RED}m(not sent: {exc.message})\x1b[0m\n")
                 continue
             finally:
@@ -643,8 +668,8 @@ class Chat:
             self.redraw()
             try:
                 await self.session.answer(asked.perm_id, "allow" if allow else "deny")
-            except ApiError as exc:
-                self.answered[asked.perm_id] = f"not answered: {exc.code}"
+            except GatewayError as exc:
+                self.answered[asked.perm_id] = f"not answered: {exc.message}"
                 self.redraw()
 
 
@@ -686,7 +711,7 @@ async def chat(
         print(f"chat: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
     finally:
-        await keyboard.aclose()
+        keyboard.restore()
 
 
 def run(args: Any) -> int:
