@@ -1,0 +1,114 @@
+"""Reasoning written inline between ``<think>`` and ``</think>`` (PROTOCOL section 6).
+
+Many OpenAI-compatible servers (DeepSeek-R1 or Qwen3 behind vLLM, llama.cpp
+or Ollama without a reasoning parser) stream a model's reasoning in the
+``content`` itself, between ``<think>`` and ``</think>``. The contract says
+such reasoning is a thinking block with its own lifecycle and that the tags
+never reach a text block. :class:`ThinkTags` is the sans-IO splitter: content
+pieces in, ``("thinking" | "text", str)`` pieces out, in order.
+
+A tag may be split across chunks (``"<th"`` then ``"ink>"``): a piece that
+ends with what could be the start of a tag holds that end back until the next
+piece says whether it is one (at most ``len("</think>") - 1`` characters, so
+text is never held longer than one chunk). :meth:`ThinkTags.flush` gives back
+what is held when the stream ends: it was not a tag.
+
+Decisions where the contract is silent:
+
+- Only the exact tags ``<think>`` and ``</think>`` count (lower case, no
+  attributes, no spaces); anything else is text.
+- The whitespace right after ``</think>`` (usually a blank line between the
+  reasoning and the answer) and whitespace before a message's first
+  ``<think>`` are dropped, so no text block is made of them alone.
+- A ``</think>`` outside reasoning (a chat template that opened the tag in the
+  prompt, so the reasoning streamed as plain content) cannot be told apart
+  from the answer while it streams: what came before it stays text, and the
+  tag itself is dropped. Serve such models with the server's reasoning parser
+  (``reasoning_content``) to get their thinking as thinking.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+OPEN = "<think>"
+CLOSE = "</think>"
+
+Kind = Literal["thinking", "text"]
+
+
+class ThinkTags:
+    """Splits streamed content into thinking and text pieces (module docstring)."""
+
+    def __init__(self) -> None:
+        self._inside = False
+        self._pending = ""  # a possible partial tag at the end of the last piece
+        self._strip = False  # drop the whitespace that starts the next text
+        # Whitespace-only text before any other content (None once content began).
+        self._blank_lead: str | None = ""
+
+    def feed(self, piece: str) -> list[tuple[Kind, str]]:
+        """One content piece; the thinking and text it holds, in order."""
+        data = self._pending + piece
+        self._pending = ""
+        out: list[tuple[Kind, str]] = []
+        while data:
+            kind: Kind = "thinking" if self._inside else "text"
+            at, tag = _first_tag(data, inside=self._inside)
+            if at < 0:
+                keep = _partial_tag_suffix(data)
+                out += self._emit(kind, data[: len(data) - keep])
+                self._pending = data[len(data) - keep :]
+                break
+            out += self._emit(kind, data[:at])
+            if tag == OPEN:
+                self._blank_lead = None  # whitespace before the first <think> is dropped
+                self._inside = True
+            else:  # a closing tag ends reasoning, or is dropped outside it
+                self._inside = False
+                self._strip = True
+            data = data[at + len(tag) :]
+        return out
+
+    def flush(self) -> list[tuple[Kind, str]]:
+        """The end of the content: whatever was held back is what it looked like."""
+        pending, self._pending = self._pending, ""
+        out = self._emit("thinking" if self._inside else "text", pending)
+        blank, self._blank_lead = self._blank_lead, None
+        if blank and not out:
+            out.append(("text", blank))  # a message of whitespace only is what it is
+        return out
+
+    def _emit(self, kind: Kind, text: str) -> list[tuple[Kind, str]]:
+        if kind == "thinking":
+            return [(kind, text)] if text else []
+        if self._strip:
+            text = text.lstrip()
+        if not text:
+            return []
+        if text.isspace() and self._blank_lead is not None:
+            self._blank_lead += text  # perhaps before a <think>: held (module docstring)
+            return []
+        self._strip = False
+        lead, self._blank_lead = self._blank_lead or "", None
+        return [("text", lead + text)]
+
+
+def _first_tag(data: str, *, inside: bool) -> tuple[int, str]:
+    """Where the next tag that matters starts, and which (-1 when none)."""
+    close_at = data.find(CLOSE)
+    if inside:
+        return close_at, CLOSE
+    open_at = data.find(OPEN)
+    if open_at >= 0 and (close_at < 0 or open_at < close_at):
+        return open_at, OPEN
+    return close_at, CLOSE
+
+
+def _partial_tag_suffix(data: str) -> int:
+    """How many characters at the end of ``data`` could begin a tag."""
+    for size in range(min(len(CLOSE) - 1, len(data)), 0, -1):
+        end = data[-size:]
+        if OPEN.startswith(end) or CLOSE.startswith(end):
+            return size
+    return 0
