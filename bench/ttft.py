@@ -1,7 +1,7 @@
 """``python -m bench.ttft``: time to first token, through the gateway and from the SDK directly.
 
 Every path asks the same local stand-in for the Messages API
-(:class:`tests.fakes.FakeServer`, which replays ``anthropic/text.sse`` at once,
+(:class:`bench.fake_api.FakeServer`, which replays ``anthropic/text.sse`` at once,
 with no latency of its own) for the same stream, so the differences are what
 each path adds on top of the SDK, not the model's latency:
 
@@ -41,6 +41,7 @@ import httpx
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
+from bench.fake_api import FakeServer, Replay, transcript
 from gateway.config import load_config
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.providers.anthropic import AnthropicProvider
@@ -48,9 +49,6 @@ from gateway.providers.base import ModelRequest
 from gateway.providers.factory import make_provider
 from gateway.server.app import Gateway
 from gateway.translate import Translator
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fakes, from any directory
-from tests.fakes import FakeServer, Replay, transcript
 
 MODEL = "anthropic:claude-sonnet-4-6"
 KEY = "sk-ant-bench"

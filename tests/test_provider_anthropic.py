@@ -1,8 +1,8 @@
 """gateway.providers.anthropic against a local server that speaks the Messages API.
 
 Rules of these tests:
-- No internet. :class:`tests.fakes.FakeServer` replays recorded SSE
-  transcripts (``tests/fakes/transcripts/anthropic/``, written to the
+- No internet. :class:`bench.fake_api.FakeServer` replays recorded SSE
+  transcripts (``bench/fake_api/transcripts/anthropic/``, written to the
   documented streaming format) byte for byte, and the real ``anthropic`` SDK
   reads them: its HTTP client, SSE parser, retry policy and error classes are
   all in the loop.
@@ -20,16 +20,17 @@ these tests ignore them too (``pytestmark``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import aclosing
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
 import msgspec
 import pytest
 import trio
 
+from bench.fake_api import Cut, FakeServer, Json, Replay, transcript
 from gateway.config import Config
 from gateway.errors import ConfigError
 from gateway.protocol.events import (
@@ -51,7 +52,6 @@ from gateway.protocol.shapes import (
     Message,
     MessageStatus,
     RedactedThinkingBlock,
-    Role,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -59,19 +59,16 @@ from gateway.protocol.shapes import (
     Usage,
 )
 from gateway.providers.anthropic import AnthropicProvider, messages_param
-from gateway.providers.base import ModelRequest, ToolSpec
+from gateway.providers.base import ToolSpec
 from gateway.providers.factory import make_provider
 from gateway.providers.raw import RawMessageStart
 from gateway.providers.scripted import ScriptedProvider
-from gateway.server.app import Gateway
-from gateway.translate import Translator
-from tests.conftest import Harness, make_config
-from tests.fakes import Call, Cut, FakeServer, Json, Replay, drive, transcript
+from tests import provider_support
+from tests.conftest import make_config
+from tests.provider_support import gateway_turn, ignore_unfinalized_generators, message
+from tests.provider_support import server as server
 
-pytestmark = [
-    pytest.mark.filterwarnings(f"ignore:Async generator '{package}.:ResourceWarning")
-    for package in ("anthropic", "httpx2", "httpcore2")
-]
+pytestmark = ignore_unfinalized_generators("anthropic", "httpx2", "httpcore2")
 
 MODEL = "anthropic:claude-sonnet-4-6"
 KEY = "sk-ant-test"
@@ -88,13 +85,8 @@ def price(usage: Usage) -> float:
     ) / 1_000_000
 
 
-def message(role: Role, *content: ContentBlock, status: MessageStatus = "complete") -> Message:
-    return Message("msg_x", "sess_1", "turn_1", role, list(content), status, 0)
-
-
-def request(*messages: Message, tools: list[ToolSpec] | None = None) -> ModelRequest:
-    history = list(messages) or [message("user", TextBlock("Hi"))]
-    return ModelRequest(model=MODEL, messages=history, tools=tools or [], max_tokens=1024)
+request = partial(provider_support.request, MODEL)
+call = partial(provider_support.call, model=MODEL, pricing=price)
 
 
 def sse(name: str, **kw: Any) -> Replay:
@@ -107,38 +99,18 @@ def api_error(status: int, error_type: str, text: str, *headers: tuple[str, str]
 
 
 @pytest.fixture
-async def server(nursery: trio.Nursery) -> FakeServer:
-    fake = FakeServer()
-    await nursery.start(fake.serve)
-    return fake
-
-
-@pytest.fixture
 def connect(server: FakeServer) -> Callable[..., Any]:
     """``connect(**options)``: a provider on the fake server, closed at the end."""
 
-    @asynccontextmanager
-    async def provider(**options: Any) -> AsyncIterator[AnthropicProvider]:
+    def provider(**options: Any) -> aclosing[AnthropicProvider]:
         options = {"max_retries": 0, "timeout_s": 5.0, **options}
-        anthropic = AnthropicProvider(api_key=KEY, base_url=server.base_url, **options)
-        try:
-            yield anthropic
-        finally:
-            await anthropic.aclose()
+        return aclosing(AnthropicProvider(api_key=KEY, base_url=server.base_url, **options))
 
     return provider
 
 
-async def call(provider: AnthropicProvider, req: ModelRequest | None = None) -> Call:
-    translator = Translator(
-        session_id="sess_1", turn_id="turn_1", model=MODEL, created_at=7, pricing=price
-    )
-    with trio.fail_after(10):
-        return await drive(provider, req or request(), translator)
-
-
 def final(msg_id: str, content: list[ContentBlock], usage: Usage, status: MessageStatus) -> Message:
-    return Message(msg_id, "sess_1", "turn_1", "assistant", content, status, 7, MODEL, usage)
+    return provider_support.final(msg_id, MODEL, content, usage, status)
 
 
 def priced(usage: Usage) -> Usage:
@@ -567,16 +539,6 @@ def test_history_drops_unpaired_tool_uses_and_results() -> None:
 # --- a full tool loop through the gateway --------------------------------------------
 
 
-@asynccontextmanager
-async def gateway_on(config: Config, provider: AnthropicProvider) -> AsyncIterator[Harness]:
-    gateway = Gateway(config, provider)
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(gateway.run)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            yield Harness(gateway, http)
-        gateway.shutdown()
-
-
 def gateway_config(tmp_path: Path, base_url: str) -> Config:
     return make_config(
         tmp_path,
@@ -599,18 +561,9 @@ async def run_turn(tmp_path: Path, server: FakeServer, text: str) -> list[Any]:
     (tmp_path / "store").mkdir()
     provider = make_provider(config, {"ANTHROPIC_API_KEY": KEY})
     assert isinstance(provider, AnthropicProvider)
-    try:
-        with trio.fail_after(20):
-            async with gateway_on(config, provider) as gw:
-                session = await gw.create_session(workspace_path=str(tmp_path))
-                async with gw.client(session) as client:
-                    await client.subscribe()
-                    await gw.submit(session, text)
-                    events = await client.until_turn_ends()
-                specs = msgspec.to_builtins(gw.node.tools.specs())
-    finally:
-        await provider.aclose()
-    assert [r.body["tools"] for r in server.requests] == [specs] * len(server.requests)
+    events, specs = await gateway_turn(config, provider, tmp_path, text)
+    tools = msgspec.to_builtins(specs)
+    assert [r.body["tools"] for r in server.requests] == [tools] * len(server.requests)
     return events
 
 

@@ -1,8 +1,8 @@
 """gateway.providers.openai against a local server that speaks Chat Completions.
 
 Rules of these tests (as in test_provider_anthropic):
-- No internet. :class:`tests.fakes.FakeServer` replays recorded SSE chunks
-  (``tests/fakes/transcripts/openai/``, in the shapes OpenAI, vLLM, llama.cpp
+- No internet. :class:`bench.fake_api.FakeServer` replays recorded SSE chunks
+  (``bench/fake_api/transcripts/openai/``, in the shapes OpenAI, vLLM, llama.cpp
   and Ollama send) byte for byte to the provider's httpx client.
 - Every stream goes through the real :class:`Translator`; each test asserts
   the exact canonical events (block indices contiguous from 0, one block open
@@ -18,16 +18,17 @@ those by default, and these tests ignore them too (``pytestmark``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import aclosing
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
 import msgspec
 import pytest
 import trio
 
+from bench.fake_api import Cut, FakeServer, Json, Replay, transcript
 from gateway.config import Config
 from gateway.protocol.events import (
     MessageComplete,
@@ -45,42 +46,35 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.shapes import (
     ContentBlock,
-    Message,
-    MessageStatus,
     RedactedThinkingBlock,
-    Role,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
 )
-from gateway.providers.base import ModelRequest, ToolSpec
+from gateway.providers.base import ToolSpec
 from gateway.providers.factory import make_provider
 from gateway.providers.openai import OpenAIProvider, chat_messages
 from gateway.providers.raw import RawMessageStart
-from gateway.server.app import Gateway
-from gateway.translate import Translator
-from tests.conftest import Harness, make_config
-from tests.fakes import Call, Cut, FakeServer, Json, Replay, drive, transcript
+from tests import provider_support
+from tests.conftest import make_config
+from tests.provider_support import (
+    Call,
+    final,
+    gateway_turn,
+    ignore_unfinalized_generators,
+    message,
+)
+from tests.provider_support import server as server
 
-pytestmark = [
-    pytest.mark.filterwarnings(f"ignore:Async generator '{package}.:ResourceWarning")
-    for package in ("httpx", "httpcore", "httpx_sse")
-]
+pytestmark = ignore_unfinalized_generators("httpx", "httpcore", "httpx_sse")
 
 MODEL = "openai:gpt-4o-mini"
 KEY = "sk-local"
 ev = stream_event
-
-
-def message(role: Role, *content: ContentBlock, status: MessageStatus = "complete") -> Message:
-    return Message("msg_x", "sess_1", "turn_1", role, list(content), status, 0)
-
-
-def request(*messages: Message, tools: list[ToolSpec] | None = None) -> ModelRequest:
-    history = list(messages) or [message("user", TextBlock("Hi"))]
-    return ModelRequest(model=MODEL, messages=history, tools=tools or [], max_tokens=1024)
+request = partial(provider_support.request, MODEL)
+call = partial(provider_support.call, model=MODEL)
 
 
 def sse(name: str, **kw: Any) -> Replay:
@@ -93,32 +87,14 @@ def api_error(status: int, error_type: str, text: str, *headers: tuple[str, str]
 
 
 @pytest.fixture
-async def server(nursery: trio.Nursery) -> FakeServer:
-    fake = FakeServer()
-    await nursery.start(fake.serve)
-    return fake
-
-
-@pytest.fixture
 def connect(server: FakeServer) -> Callable[..., Any]:
     """``connect(**options)``: a provider on the fake server, closed at the end."""
 
-    @asynccontextmanager
-    async def provider(**options: Any) -> AsyncIterator[OpenAIProvider]:
+    def provider(**options: Any) -> aclosing[OpenAIProvider]:
         options = {"api_key": KEY, "max_retries": 0, "timeout_s": 5.0, **options}
-        openai = OpenAIProvider(base_url=f"{server.base_url}/v1", **options)
-        try:
-            yield openai
-        finally:
-            await openai.aclose()
+        return aclosing(OpenAIProvider(base_url=f"{server.base_url}/v1", **options))
 
     return provider
-
-
-async def call(provider: OpenAIProvider, req: ModelRequest | None = None) -> Call:
-    translator = Translator(session_id="sess_1", turn_id="turn_1", model=MODEL, created_at=7)
-    with trio.fail_after(10):
-        return await drive(provider, req or request(), translator)
 
 
 def message_id(result: Call) -> str:
@@ -133,12 +109,6 @@ def tool_use_ids(result: Call) -> list[str]:
     ids = [e.payload.tool_use_id for e in result.events if e.type == "tool.use_start"]
     assert all(i.startswith("tu_") for i in ids) and len(set(ids)) == len(ids), ids
     return ids
-
-
-def final(
-    m: str, model: str, content: list[ContentBlock], usage: Usage, status: MessageStatus
-) -> Message:
-    return Message(m, "sess_1", "turn_1", "assistant", content, status, 7, model, usage)
 
 
 # --- the transcripts ------------------------------------------------------------
@@ -555,24 +525,11 @@ def test_an_assistant_message_of_tool_calls_alone_has_null_content() -> None:
 # --- a full tool loop through the gateway --------------------------------------------
 
 
-@asynccontextmanager
-async def gateway_on(config: Config, provider: OpenAIProvider) -> AsyncIterator[Harness]:
-    gateway = Gateway(config, provider)
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(gateway.run)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            yield Harness(gateway, http)
-        gateway.shutdown()
-
-
-async def test_tool_loop_sends_tool_calls_and_tool_messages(
-    tmp_path: Path, server: FakeServer
-) -> None:
-    (tmp_path / "a.txt").write_text("alpha")  # b.txt does not exist
-    (tmp_path / "store").mkdir()
-    server.enqueue(sse("text_tool_calls"), sse("text"))
-    config = make_config(
-        tmp_path / "store",
+def gateway_config(store: Path, server: FakeServer) -> Config:
+    """A gateway on the fake server with ``read_file``, its store in ``store`` (made here)."""
+    store.mkdir()
+    return make_config(
+        store,
         **{
             "model.provider": "openai",
             "model.name": MODEL,
@@ -581,19 +538,17 @@ async def test_tool_loop_sends_tool_calls_and_tool_messages(
             "tools.enabled": ["read_file"],
         },
     )
+
+
+async def test_tool_loop_sends_tool_calls_and_tool_messages(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    (tmp_path / "a.txt").write_text("alpha")  # b.txt does not exist
+    server.enqueue(sse("text_tool_calls"), sse("text"))
+    config = gateway_config(tmp_path / "store", server)
     provider = make_provider(config, {"OPENAI_API_KEY": KEY})
     assert isinstance(provider, OpenAIProvider)
-    try:
-        with trio.fail_after(20):
-            async with gateway_on(config, provider) as gw:
-                session = await gw.create_session(workspace_path=str(tmp_path))
-                async with gw.client(session) as client:
-                    await client.subscribe()
-                    await gw.submit(session, "Compare a and b.")
-                    events = await client.until_turn_ends()
-                [spec] = gw.node.tools.specs()
-    finally:
-        await provider.aclose()
+    events, [spec] = await gateway_turn(config, provider, tmp_path, "Compare a and b.")
 
     assert events[-1].type == "turn.completed"
     assert events[-1].payload.stop_reason == "end_turn"
@@ -673,34 +628,15 @@ async def test_a_server_that_repeats_tool_call_ids_still_gets_unique_pairs(
 ) -> None:
     """PROTOCOL section 1: tool use ids are unique within the gateway, whatever the server sends."""
     (tmp_path / "a.txt").write_text("alpha")  # b.txt does not exist
-    (tmp_path / "store").mkdir()
     server.enqueue(
         stream_of(read(0, "a.txt"), read(1, "b.txt"), finish="tool_calls"),
         stream_of(read(0, "a.txt"), finish="tool_calls"),
         stream_of({"content": "Done."}, finish="stop"),
     )
-    config = make_config(
-        tmp_path / "store",
-        **{
-            "model.provider": "openai",
-            "model.name": MODEL,
-            "model.base_url": f"{server.base_url}/v1",
-            "model.max_retries": 0,
-            "tools.enabled": ["read_file"],
-        },
-    )
+    config = gateway_config(tmp_path / "store", server)
     provider = make_provider(config, {})
     assert isinstance(provider, OpenAIProvider)
-    try:
-        with trio.fail_after(20):
-            async with gateway_on(config, provider) as gw:
-                session = await gw.create_session(workspace_path=str(tmp_path))
-                async with gw.client(session) as client:
-                    await client.subscribe()
-                    await gw.submit(session, "Read a and b, then a again.")
-                    events = await client.until_turn_ends()
-    finally:
-        await provider.aclose()
+    events, _ = await gateway_turn(config, provider, tmp_path, "Read a and b, then a again.")
 
     assert events[-1].payload.stop_reason == "end_turn"
     called = [e.payload.tool_use_id for e in events if e.type == "tool.called"]

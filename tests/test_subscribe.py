@@ -36,16 +36,7 @@ from gateway.protocol.frames import (
     SubscribeAck,
     SubscribeError,
 )
-from tests.conftest import Client, Harness, make_config, running_gateway, types
-
-TOOL_SCRIPT = {
-    "script": {
-        "rounds": [
-            [{"text": "Let me wait."}, {"tool_use": {"name": "sleep", "input": {"seconds": 0.01}}}],
-            [{"text": "Done waiting."}],
-        ]
-    }
-}
+from tests.conftest import TOOL_SCRIPT, Client, Harness, make_config, running_gateway, types
 
 DEEP = "[" * 20_000 + "]" * 20_000
 """Nested far past what a decoder recurses into, in 40,000 bytes."""

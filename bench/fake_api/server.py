@@ -34,7 +34,7 @@ TRANSCRIPTS = Path(__file__).parent / "transcripts"
 
 
 def transcript(name: str) -> bytes:
-    """A recorded stream under ``tests/fakes/transcripts``, e.g. ``"anthropic/text.sse"``."""
+    """A recorded stream under ``bench/fake_api/transcripts``, e.g. ``"anthropic/text.sse"``."""
     return (TRANSCRIPTS / name).read_bytes()
 
 
