@@ -21,9 +21,9 @@ Failures (PROTOCOL section 5, ``llm.call_failed.error_class``):
   5xx and 529, connection errors) up to ``max_retries`` times, honouring
   ``retry-after``; what is left raises :class:`~gateway.errors.ProviderError`:
   the body's error type by :data:`~gateway.providers.raw.ERROR_CLASSES`, else
-  by status (529 ``overloaded``, 429 ``rate_limited``, 5xx ``api_error``, other
-  4xx ``invalid_request``); ``network`` for a connection that failed,
-  ``timeout`` for one that timed out.
+  by status (:func:`~gateway.providers.errors.status_class`: 529 ``overloaded``,
+  429 ``rate_limited``, 5xx ``api_error``, other 4xx ``invalid_request``);
+  ``network`` for a connection that failed, ``timeout`` for one that timed out.
 - Once the response has begun, nothing is retried. An ``error`` event in the
   stream (which the SDK raises as ``APIStatusError``) is passed on as the
   ``RawError`` it was, for the translator to close the open blocks; a
@@ -57,6 +57,7 @@ from anthropic.types import MessageParam, RawMessageStreamEvent, ToolParam
 
 from gateway.errors import ProviderError
 from gateway.providers.base import ModelRequest
+from gateway.providers.errors import status_class
 from gateway.providers.history import rebuild
 from gateway.providers.raw import (
     ERROR_CLASSES,
@@ -172,17 +173,9 @@ def _provider_error(exc: anthropic.APIError) -> ProviderError:
     if isinstance(exc, anthropic.APIConnectionError):
         return ProviderError("network", f"cannot reach the model API: {exc.__cause__ or exc}")
     if isinstance(exc, anthropic.APIStatusError):
-        error_class = ERROR_CLASSES.get(exc.type or "") or _status_class(exc.status_code)
+        error_class = ERROR_CLASSES.get(exc.type or "") or status_class(exc.status_code)
         return ProviderError(
             error_class,
             f"the model API answered {exc.status_code}: {exc.api_message or exc.message}",
         )
     return ProviderError("api_error", exc.message)
-
-
-def _status_class(status: int) -> str:
-    if status == 529:
-        return "overloaded"
-    if status == 429:
-        return "rate_limited"
-    return "api_error" if status >= 500 else "invalid_request"

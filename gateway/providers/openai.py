@@ -42,10 +42,11 @@ Where the contract and the servers are silent:
 - Errors: before streaming, a status maps as the Anthropic provider's does
   (429 ``rate_limited``, 529 ``overloaded``, other 4xx ``invalid_request``,
   5xx ``api_error``), except that 503 is ``overloaded`` (local servers answer
-  it while loading a model or with a full queue) and 408 is ``timeout``; 408,
-  409, 429 and 5xx are retried up to ``max_retries`` times with the SDKs'
-  backoff (``retry-after-ms`` and ``retry-after`` honoured). Once streaming, nothing is retried: an
-  error chunk (``{"error": {...}}``, or an ``event: error``) becomes the
+  it while loading a model or with a full queue) and 408 is ``timeout``
+  (:data:`~gateway.providers.errors.SERVER_STATUS_CLASSES`); 408, 409, 429 and
+  5xx are retried up to ``max_retries`` times with the SDKs' backoff
+  (``retry-after-ms`` and ``retry-after`` honoured). Once streaming, nothing is
+  retried: an error chunk (``{"error": {...}}``, or an ``event: error``) becomes the
   ``RawError`` event it amounts to, a broken or stalled connection raises
   ``ProviderError`` (``network``, ``timeout``), and so does a stream that
   ends without ``finish_reason`` or ``[DONE]``.
@@ -69,9 +70,9 @@ from gateway.errors import ProviderError
 from gateway.ids import new_message_id, new_tool_use_id
 from gateway.protocol.shapes import TextBlock, ToolResultBlock, ToolUseBlock
 from gateway.providers.base import ModelRequest
+from gateway.providers.errors import SERVER_STATUS_CLASSES, status_class
 from gateway.providers.history import rebuild
 from gateway.providers.raw import (
-    ERROR_CLASSES,
     RawContentBlock,
     RawContentBlockDelta,
     RawContentBlockStart,
@@ -318,23 +319,39 @@ def _raw_usage(usage: _Usage) -> RawUsage:
 def _raw_error(body: _ErrorBody) -> RawError:
     """An error chunk as the ``error`` event it amounts to; a numeric ``code`` is a status."""
     status = body.code if isinstance(body.code, int) else None
-    return RawError(RawErrorBody(_error_type(status, body.type), body.message or str(body.code)))
+    error_type = _ERROR_TYPES[_error_class(status, body.type)]
+    return RawError(RawErrorBody(error_type, body.message or str(body.code)))
 
 
-def _error_type(status: int | None, kind: str | None) -> str:
-    """The Anthropic error type a failure amounts to (module docstring), for ERROR_CLASSES."""
+# llm.call_failed.error_class -> the Anthropic error type that ERROR_CLASSES maps back to it
+_ERROR_TYPES = {
+    "overloaded": "overloaded_error",
+    "rate_limited": "rate_limit_error",
+    "timeout": "timeout_error",
+    "invalid_request": "invalid_request_error",
+    "api_error": "api_error",
+}
+
+
+def _error_class(status: int | None, kind: str | None) -> str:
+    """The ``error_class`` a failure amounts to (module docstring).
+
+    The first class, in this order, that its status says
+    (:func:`~gateway.providers.errors.status_class`) or its kind does: servers
+    name their errors each their own way, so a kind is matched loosely.
+    """
     kind = (kind or "").lower()
-    if status in (503, 529) or "overloaded" in kind:
-        return "overloaded_error"
-    if status == 429 or "rate_limit" in kind:
-        return "rate_limit_error"
-    if status == 408 or "timeout" in kind:
-        return "timeout_error"
-    if (status is not None and 400 <= status < 500) or kind in (
-        "invalid_request_error",
-        "badrequesterror",
-    ):
-        return "invalid_request_error"
+    said = None
+    if status is not None and status >= 400:
+        said = status_class(status, SERVER_STATUS_CLASSES)
+    if said == "overloaded" or "overloaded" in kind:
+        return "overloaded"
+    if said == "rate_limited" or "rate_limit" in kind:
+        return "rate_limited"
+    if said == "timeout" or "timeout" in kind:
+        return "timeout"
+    if said == "invalid_request" or kind in ("invalid_request_error", "badrequesterror"):
+        return "invalid_request"
     return "api_error"
 
 
@@ -450,7 +467,7 @@ class OpenAIProvider:
         except msgspec.DecodeError:
             body_error = _ErrorBody(text)
         error = ProviderError(
-            ERROR_CLASSES[_error_type(status, body_error.type)],
+            _error_class(status, body_error.type),
             f"the model server answered {status}: {body_error.message or text}",
         )
         retryable = status in _RETRY_STATUSES or status >= 500
