@@ -15,7 +15,7 @@ from typing import Any, get_args
 import msgspec
 
 from gateway.errors import FrameRejected
-from gateway.protocol.events import EVENT_TYPES, Actor, Event
+from gateway.protocol.events import EVENT_TYPES, Envelope, Event
 from gateway.protocol.frames import (
     ErrorFrame,
     EventFrame,
@@ -28,20 +28,8 @@ from gateway.protocol.frames import (
 )
 
 
-class _WireEvent(msgspec.Struct):
-    """The envelope of PROTOCOL section 4 with the payload not yet decoded."""
-
-    id: str
-    type: str
-    session_id: str
-    turn_id: str | None
-    ts: int
-    actor: Actor
-    payload: msgspec.Raw
-
-
 class _WireEventFrame(msgspec.Struct, tag="event", tag_field="type"):
-    event: _WireEvent
+    event: Envelope[msgspec.Raw]  # the payload not yet decoded
 
 
 class _Typed(msgspec.Struct):
@@ -86,7 +74,7 @@ def decode_server_frame(data: bytes | str) -> ServerFrame:
     return frame
 
 
-def _decode_event(wire: _WireEvent) -> Event:
+def _decode_event(wire: Envelope[msgspec.Raw]) -> Event:
     decoder = _payload_decoders.get(wire.type, _unknown_payload_decoder)
     try:
         payload = decoder.decode(wire.payload)

@@ -14,7 +14,7 @@ one a payload is. Fields the contract marks optional (``message_id?``,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -278,8 +278,16 @@ CATALOG_TYPES: frozenset[str] = frozenset(t for t, s in EVENT_TYPES.items() if s
 STREAMING_TYPES: frozenset[str] = frozenset(t for t, s in EVENT_TYPES.items() if not s.catalog)
 
 
-class Event(msgspec.Struct):
-    """The envelope of PROTOCOL section 4. ``payload`` is the type's payload struct."""
+P = TypeVar("P")
+
+
+class Envelope(msgspec.Struct, Generic[P]):
+    """The envelope of PROTOCOL section 4, over a payload of type ``P``.
+
+    Its fields are declared here only: :class:`Event` is the envelope the
+    gateway emits, stores and sends, and the client's codec decodes
+    ``Envelope[msgspec.Raw]`` first, then the payload with its type's decoder.
+    """
 
     id: str
     type: str
@@ -287,7 +295,11 @@ class Event(msgspec.Struct):
     turn_id: str | None
     ts: int
     actor: Actor
-    payload: Any
+    payload: P
+
+
+class Event(Envelope[Any]):
+    """An event: the envelope with ``payload`` the type's payload struct."""
 
 
 class StreamEvent(msgspec.Struct, frozen=True):
