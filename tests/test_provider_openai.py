@@ -215,6 +215,36 @@ async def test_reasoning_content_then_text(server: FakeServer, connect: Any) -> 
     assert result.translator.message == final(m, model, content, usage, "complete")
 
 
+async def test_think_tags_in_the_content_are_a_thinking_block(
+    server: FakeServer, connect: Any
+) -> None:
+    """PROTOCOL section 6: inline ``<think>`` reasoning, tags cut across chunks, is thinking."""
+    server.enqueue(sse("think_tags"))
+    async with connect() as provider:
+        result = await call(provider)
+
+    m, model = message_id(result), "openai:deepseek-r1:8b"
+    content: list[ContentBlock] = [
+        ThinkingBlock("The user wants a greeting.\n", None),
+        TextBlock("Hi there <3"),
+    ]
+    usage = Usage(9, 17)
+    assert result.events == [
+        ev(MessageStart(m, "assistant", model)),
+        ev(ThinkingStart(m, 0, redacted=False)),
+        ev(ThinkingDelta(m, 0, "The user", None)),
+        ev(ThinkingDelta(m, 0, " wants a greeting.\n", None)),
+        ev(ThinkingEnd(m, 0, None)),
+        ev(TextStart(m, 1)),
+        ev(TextDelta(m, 1, "Hi")),
+        ev(TextDelta(m, 1, " there ")),
+        ev(TextDelta(m, 1, "<3")),
+        ev(TextEnd(m, 1)),
+        ev(MessageComplete(m, "end_turn", content, usage)),
+    ]
+    assert result.translator.message == final(m, model, content, usage, "complete")
+
+
 async def test_reasoning_field_and_a_whole_tool_call_that_stops(
     server: FakeServer, connect: Any
 ) -> None:

@@ -2,7 +2,9 @@
 
 vLLM, Ollama, llama.cpp, LM Studio and OpenAI itself stream ``POST
 {base_url}/chat/completions`` with ``stream: true`` as SSE ``data:`` chunks:
-``choices[0].delta`` carries ``content``, the ``reasoning_content`` (or
+``choices[0].delta`` carries ``content`` (reasoning written inline in it
+between ``<think>`` and ``</think>`` is thinking, never text: see
+:mod:`gateway.providers.think_tags`), the ``reasoning_content`` (or
 ``reasoning``) some servers use for thinking, and ``tool_calls[]`` whose
 ``function.arguments`` arrive in fragments; ``finish_reason`` says why it
 stopped; a last chunk carries ``usage``; ``data: [DONE]`` ends the stream.
@@ -94,6 +96,7 @@ from gateway.providers.raw import (
     RawToolUseBlock,
     RawUsage,
 )
+from gateway.providers.think_tags import Kind, ThinkTags
 
 _MODEL_PREFIX = "openai:"
 _RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx
@@ -201,6 +204,7 @@ class ChunkAdapter:
         self._tool_calls_opened: set[int] = set()
         self._finish_reason: str | None = None
         self._usage = RawUsage()
+        self._think = ThinkTags()  # inline <think> reasoning in the content
 
     def feed(self, chunk: Chunk) -> list[RawEvent]:
         """Translate one chunk.
@@ -220,6 +224,7 @@ class ChunkAdapter:
                 events += self._delta(choice.delta)
                 if choice.finish_reason is not None:
                     self._finish_reason = choice.finish_reason
+                    events += self._content(self._think.flush())
                     events += self._close()
         return events
 
@@ -236,6 +241,7 @@ class ChunkAdapter:
             stop_reason = "tool_use"
         return [
             *self._start(""),
+            *self._content(self._think.flush()),
             *self._close(),
             RawMessageDelta(RawMessageDeltaBody(stop_reason), self._usage),
             RawMessageStop(),
@@ -258,10 +264,23 @@ class ChunkAdapter:
             events += self._into("thinking", RawThinkingBlock())
             events.append(self._piece(RawThinkingDelta(reasoning)))
         if delta.content:
-            events += self._into("text", RawTextBlock())
-            events.append(self._piece(RawTextDelta(delta.content)))
+            events += self._content(self._think.feed(delta.content))
+        if delta.tool_calls:  # what content held back (a possible tag) goes first
+            events += self._content(self._think.flush())
         for call in delta.tool_calls or []:
             events += self._tool_call(call)
+        return events
+
+    def _content(self, pieces: list[tuple[Kind, str]]) -> list[RawEvent]:
+        """Content split by :class:`ThinkTags`: ``<think>`` reasoning is a thinking block."""
+        events: list[RawEvent] = []
+        for kind, text in pieces:
+            if kind == "thinking":
+                events += self._into("thinking", RawThinkingBlock())
+                events.append(self._piece(RawThinkingDelta(text)))
+            else:
+                events += self._into("text", RawTextBlock())
+                events.append(self._piece(RawTextDelta(text)))
         return events
 
     def _tool_call(self, call: _ToolCallDelta) -> list[RawEvent]:

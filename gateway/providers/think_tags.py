@@ -17,9 +17,10 @@ Decisions where the contract is silent:
 
 - Only the exact tags ``<think>`` and ``</think>`` count (lower case, no
   attributes, no spaces); anything else is text.
-- The whitespace right after ``</think>`` (usually a blank line between the
-  reasoning and the answer) and whitespace before a message's first
-  ``<think>`` are dropped, so no text block is made of them alone.
+- The whitespace right after ``<think>`` and right after ``</think>``
+  (usually a newline, and a blank line between the reasoning and the answer)
+  and whitespace before a message's first ``<think>`` are dropped, so no block
+  starts with them or is made of them alone.
 - A ``</think>`` outside reasoning (a chat template that opened the tag in the
   prompt, so the reasoning streamed as plain content) cannot be told apart
   from the answer while it streams: what came before it stays text, and the
@@ -64,6 +65,7 @@ class ThinkTags:
             if tag == OPEN:
                 self._blank_lead = None  # whitespace before the first <think> is dropped
                 self._inside = True
+                self._strip = True
             else:  # a closing tag ends reasoning, or is dropped outside it
                 self._inside = False
                 self._strip = True
@@ -80,12 +82,13 @@ class ThinkTags:
         return out
 
     def _emit(self, kind: Kind, text: str) -> list[tuple[Kind, str]]:
-        if kind == "thinking":
-            return [(kind, text)] if text else []
         if self._strip:
             text = text.lstrip()
         if not text:
             return []
+        if kind == "thinking":
+            self._strip = False
+            return [(kind, text)]
         if text.isspace() and self._blank_lead is not None:
             self._blank_lead += text  # perhaps before a <think>: held (module docstring)
             return []
