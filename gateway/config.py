@@ -59,6 +59,13 @@ HttpUrl = Annotated[
         extra={"expected": "an http:// or https:// URL, or empty"},
     ),
 ]
+RedisUrl = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^(rediss?|unix)://\S+$",
+        extra={"expected": "a redis://, rediss:// or unix:// URL"},
+    ),
+]
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -109,8 +116,9 @@ class StreamConfig(_Section, frozen=True):
 class StoreConfig(_Section, frozen=True):
     """``[store]``: where events and messages are persisted."""
 
-    backend: Literal["sqlite"] = "sqlite"
-    path: NonEmptyStr = "gateway.db"
+    backend: Literal["sqlite", "redis"] = "sqlite"
+    path: NonEmptyStr = "gateway.db"  # sqlite
+    url: RedisUrl = "redis://127.0.0.1:6379/0"  # redis: every node of a deployment names the same
     retention_hours: Count = 168  # older events: subscribe_error cursor_expired
     # The longest the writer gathers a batch before it commits. 0: it commits as
     # soon as something is pending (what comes meanwhile is the next batch);
@@ -225,8 +233,9 @@ close_grace_s = 5.0          # how long a close frame may take to reach a slow c
 batch_window_ms = 2.0        # events faster than this: the longest a batch waits to grow; 0 = off
 
 [store]
-backend = "sqlite"           # the embedded default
-path = "gateway.db"
+backend = "sqlite"           # "sqlite" (the embedded default) | "redis" (several nodes)
+path = "gateway.db"          # sqlite
+url = "redis://127.0.0.1:6379/0"   # redis: every node of a deployment names the same one
 retention_hours = 168        # older events: subscribe_error cursor_expired
 flush_interval_ms = 0        # longest the writer gathers a batch; 0 = commit once one is pending
 commit_timeout_s = 10.0      # a request waiting for a commit gives up with 503 store_unavailable

@@ -225,7 +225,14 @@ def test_section_of_the_wrong_type(write: Write) -> None:
         ("[stream]\nping_interval_s = 0", "stream.ping_interval_s: expected a number > 0, got 0"),
         ("[tools]\nkill_grace_s = -1.5", "tools.kill_grace_s: expected a number >= 0, got -1.5"),
         ('[store]\npath = ""', 'store.path: expected a non-empty string, got ""'),
-        ('[store]\nbackend = "postgres"', 'store.backend: expected "sqlite", got "postgres"'),
+        (
+            '[store]\nbackend = "postgres"',
+            'store.backend: expected one of "redis", "sqlite", got "postgres"',
+        ),
+        (
+            '[store]\nurl = "http://127.0.0.1:6379"',
+            'store.url: expected a redis://, rediss:// or unix:// URL, got "http://127.0.0.1:6379"',
+        ),
         (
             '[model]\nprovider = "gemini"',
             'model.provider: expected one of "anthropic", "openai", "scripted", got "gemini"',

@@ -1,21 +1,28 @@
-"""The trace store and its SQLite backend (gateway/store).
+"""The trace store (gateway/store): one contract, run against both backends.
 
 Rules of these tests:
 
-- Every test uses a fresh database file under ``tmp_path``; "survives a
-  restart" means ``aclose`` then a new :class:`SqliteStore` on the same file.
-- The store runs SQLite in worker threads, and a Trio ``MockClock`` jumps while
-  a thread works, so these tests use the real clock and never wait on it: the
-  writer's gathering interval is either irrelevant (``flush`` writes directly)
-  or an hour, so that only what the test does can write.
-- Where the test waits for the writer thread, ``trio.fail_after`` caps the wait.
+- The tests that take ``backend`` (or ``store``) are the contract of
+  :class:`gateway.store.base.Store`: each runs twice, on SQLite and on Redis
+  (a real redis-server, tests/redis_support.py). The ones at the end that
+  name :class:`SqliteStore` are about SQLite itself (its schema, its file, its
+  threads); tests/test_redis_store.py has Redis's own.
+- Every test uses a fresh store: a new database file under ``tmp_path``, or a
+  key prefix of its own on the run's redis-server. "Survives a restart" means
+  ``aclose`` then a new store on the same file or prefix.
+- The SQLite store runs in worker threads, and a Trio ``MockClock`` jumps while
+  a thread works (and Redis is a real socket), so these tests use the real
+  clock and never wait on it: the writer's gathering interval is either
+  irrelevant (``flush`` writes directly) or an hour, so that only what the
+  test does can write.
+- Where the test waits for the writer, ``trio.fail_after`` caps the wait.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +40,10 @@ from gateway.store import (
     StoredMessage,
     StoreState,
 )
+from gateway.store.redis import RedisStore
+from tests.redis_support import RedisServer, redis_server
+
+__all__ = ["redis_server"]  # the fixture, used through Backend
 
 HOUR = 3600.0
 
@@ -42,9 +53,59 @@ def db_path(tmp_path: Path) -> str:
     return str(tmp_path / "gateway.db")
 
 
+class Backend:
+    """Where one test's store lives: new stores on the same data, and a way to break writes."""
+
+    def __init__(self, name: str, db_path: str, redis: RedisServer | None) -> None:
+        self.name = name
+        self.db_path = db_path
+        self.redis = redis
+        self.prefix = redis.new_prefix() if redis is not None else ""
+
+    def new(self, **options: Any) -> Store:
+        """A store (not opened) on this test's data."""
+        if self.redis is not None:
+            return RedisStore(self.redis.url, prefix=self.prefix, **options)
+        return SqliteStore(self.db_path, **options)
+
+    def break_writes(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch, failure: Callable[[], str | None]
+    ) -> None:
+        """Make each write of ``store`` fail as a transient failure would while ``failure()``
+        says why (a message), and land once it says ``None``."""
+        if isinstance(store, RedisStore):
+            real_apply = store._apply
+
+            async def apply(batch: Any) -> list[str]:
+                why = failure()
+                if why is not None:
+                    raise StoreError(f"cannot write to store: {why}")
+                return await real_apply(batch)
+
+            monkeypatch.setattr(store, "_apply", apply)
+            return
+        assert isinstance(store, SqliteStore)
+        db: Any = store._database()
+        real_write = db.write
+
+        def write(batch: Any) -> None:
+            why = failure()
+            if why is not None:
+                raise StoreError(f"cannot write to store: {why}") from sqlite3.OperationalError(why)
+            real_write(batch)
+
+        monkeypatch.setattr(db, "write", write)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def backend(request: pytest.FixtureRequest, db_path: str) -> Backend:
+    redis = request.getfixturevalue("redis_server") if request.param == "redis" else None
+    return Backend(request.param, db_path, redis)
+
+
 @pytest.fixture
-async def store(db_path: str) -> AsyncIterator[Store]:
-    s: Store = SqliteStore(db_path)
+async def store(backend: Backend) -> AsyncIterator[Store]:
+    s = backend.new()
     await s.open()
     yield s
     await s.aclose()
@@ -81,10 +142,10 @@ def event(seq: int, sid: str = "sess_a", ts: int = 1000) -> StoredEvent:
     return StoredEvent(seq=seq, session_id=sid, type="turn.started", ts=ts, data=data)
 
 
-async def restart(store: Store, path: str) -> StoreState:
-    """Close the store, open its file again, and say what the new store found."""
+async def restart(store: Store, backend: Backend) -> StoreState:
+    """Close the store, open its data again, and say what the new store found."""
     await store.aclose()
-    again = SqliteStore(path)
+    again = backend.new()
     state = await again.open()
     await again.aclose()
     return state
@@ -93,8 +154,8 @@ async def restart(store: Store, path: str) -> StoreState:
 # --- round trips -------------------------------------------------------------
 
 
-async def test_a_new_store_starts_at_zero(db_path: str) -> None:
-    store = SqliteStore(db_path)
+async def test_a_new_store_starts_at_zero(backend: Backend) -> None:
+    store = backend.new()
     state = await store.open()
     await store.aclose()
     assert (state.event_ceiling, state.retention_floor) == (0, 0)
@@ -221,22 +282,24 @@ async def test_a_negative_limit_is_refused(store: Store) -> None:
 # --- event ceiling and retention floor ---------------------------------------
 
 
-async def test_event_ceiling_only_grows_and_survives_a_restart(store: Store, db_path: str) -> None:
+async def test_event_ceiling_only_grows_and_survives_a_restart(
+    store: Store, backend: Backend
+) -> None:
     store.reserve_event_ids(100)
     store.reserve_event_ids(50)
     await store.flush()
     store.reserve_event_ids(80)
-    assert (await restart(store, db_path)).event_ceiling == 100
+    assert (await restart(store, backend)).event_ceiling == 100
 
 
-async def test_event_ceiling_covers_events_stored_above_it(store: Store, db_path: str) -> None:
+async def test_event_ceiling_covers_events_stored_above_it(store: Store, backend: Backend) -> None:
     store.reserve_event_ids(10)
     store.put_event(event(12))
-    assert (await restart(store, db_path)).event_ceiling == 12
+    assert (await restart(store, backend)).event_ceiling == 12
 
 
 async def test_purge_before_deletes_old_events_and_raises_the_floor(
-    store: Store, db_path: str
+    store: Store, backend: Backend
 ) -> None:
     for seq, ts in [(1, 100), (2, 200), (3, 300), (4, 400)]:
         store.put_event(event(seq, ts=ts))
@@ -246,15 +309,15 @@ async def test_purge_before_deletes_old_events_and_raises_the_floor(
     assert [e.seq for e in await store.events_after(["sess_a"], 0, 10)] == [3, 4]
     assert await store.purge_before(50) == 2  # nothing purged: unchanged
 
-    state = await restart(store, db_path)
+    state = await restart(store, backend)
     assert (state.retention_floor, state.event_ceiling) == (2, 4)
 
 
 # --- the writer ----------------------------------------------------------------
 
 
-async def test_reads_see_only_flushed_writes(db_path: str) -> None:
-    store = SqliteStore(db_path, flush_interval_s=HOUR)
+async def test_reads_see_only_flushed_writes(backend: Backend) -> None:
+    store = backend.new(flush_interval_s=HOUR)
     await store.open()
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
@@ -268,9 +331,9 @@ async def test_reads_see_only_flushed_writes(db_path: str) -> None:
         await store.aclose()
 
 
-async def test_an_event_is_committed_without_waiting_for_the_gathering(db_path: str) -> None:
+async def test_an_event_is_committed_without_waiting_for_the_gathering(backend: Backend) -> None:
     """Clients wait for an event's commit (PROTOCOL section 9): the writer does not gather."""
-    store = SqliteStore(db_path, flush_interval_s=HOUR)
+    store = backend.new(flush_interval_s=HOUR)
     await store.open()
     commits: list[int] = []
     committed = trio.Event()
@@ -371,8 +434,61 @@ async def test_the_writer_batches_and_never_uses_the_main_thread(
     assert all(t is not threading.main_thread() for t in recorder.threads)
 
 
-async def test_aclose_flushes_pending_writes_from_a_cancelled_scope(db_path: str) -> None:
-    store = SqliteStore(db_path, flush_interval_s=HOUR)
+async def test_the_writer_batches_what_is_pending(backend: Backend) -> None:
+    """A group commit (Store.run): what is pending when the writer wakes is one commit."""
+    store = backend.new(flush_interval_s=HOUR, max_batch=3)
+    await store.open()
+    flushes: list[int] = []
+    committed = trio.Event()
+
+    def on_flush(seconds: float, rows: int) -> None:
+        flushes.append(rows)
+        committed.set()
+
+    store.on_flush = on_flush
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        store.put_session(session("sess_a", 1))
+        store.put_message(StoredMessage(message("msg_1"), None))
+        store.reserve_event_ids(10)  # max_batch reached: the writer stops gathering
+        with trio.fail_after(10):
+            await committed.wait()
+        assert flushes == [3] and store.committed == 3
+        await store.flush()  # nothing pending: nothing written
+        assert flushes == [3]
+        store.put_event(event(4))
+        await store.aclose()  # and run() returns once it has seen the close
+    assert flushes == [3, 1]
+
+
+async def test_sessions_are_listed_for_their_owner(store: Store) -> None:
+    """PROTOCOL section 2: a key sees its own sessions and the ownerless ones, paged."""
+    for sid, created, owner in [
+        ("sess_a", 100, "k1"),
+        ("sess_b", 200, ""),
+        ("sess_c", 300, "k2"),
+        ("sess_d", 400, "k1"),
+    ]:
+        store.put_session(session(sid, created, owner=owner))
+    store.put_session(session("sess_w", 500, owner="k1", parent_session_id="sess_d"))
+    await store.flush()
+
+    async def ids(visible_to: str | None, before: str | None, limit: int) -> Any:
+        page, more = await store.list_sessions(limit=limit, before=before, visible_to=visible_to)
+        return [s.id for s in page], more
+
+    assert await ids("k1", None, 2) == (["sess_w", "sess_d"], True)
+    assert await ids("k1", "sess_d", 5) == (["sess_b", "sess_a"], False)
+    assert await ids("k2", None, 5) == (["sess_c", "sess_b"], False)
+    assert await ids("", None, 5) == (["sess_b"], False)
+    assert await ids(None, "sess_c", 1) == (["sess_b"], True)
+    assert await ids("k1", None, 0) == ([], True)
+    # Workers are not counted (max_sessions_per_key).
+    assert await store.sessions_per_owner() == {"": 1, "k1": 2, "k2": 1}
+
+
+async def test_aclose_flushes_pending_writes_from_a_cancelled_scope(backend: Backend) -> None:
+    store = backend.new(flush_interval_s=HOUR)
     await store.open()
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
@@ -386,7 +502,7 @@ async def test_aclose_flushes_pending_writes_from_a_cancelled_scope(db_path: str
                 await store.aclose()
     assert scope.cancelled_caught
 
-    again = SqliteStore(db_path)
+    again = backend.new()
     await again.open()
     assert await again.get_session("sess_a") == session("sess_a", 1)
     assert [e.seq for e in await again.events_after(["sess_a"], 0, 10)] == [1]
@@ -400,7 +516,9 @@ async def test_aclose_is_idempotent_and_puts_after_it_are_refused(store: Store) 
         store.put_event(event(1))
 
 
-async def test_a_row_the_schema_refuses_is_skipped_and_the_rest_lands(store: Store) -> None:
+async def test_a_row_the_schema_refuses_is_skipped_and_the_rest_lands(db_path: str) -> None:
+    store = SqliteStore(db_path)
+    await store.open()
     errors: list[StoreError] = []
     store.on_write_error = errors.append
     store.put_event(event(1))
@@ -416,31 +534,21 @@ async def test_a_row_the_schema_refuses_is_skipped_and_the_rest_lands(store: Sto
     store.put_event(event(3))  # and the store goes on
     await store.flush()
     assert [e.seq for e in await store.events_after(["sess_a"], 2, 10)] == [3]
+    await store.aclose()
 
 
 async def test_a_transient_failure_is_retried_until_the_batch_lands(
-    db_path: str, monkeypatch: pytest.MonkeyPatch
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A full disk or a busy database loses nothing: the batch waits and is retried."""
-    store = SqliteStore(db_path)
+    """A full disk, a busy database, a lost connection lose nothing: the batch waits, retried."""
+    store = backend.new()
     await store.open()
     errors: list[StoreError] = []
     store.on_write_error = errors.append
     commits: list[int] = []
     store.on_commit = commits.append
-    db: Any = store._database()
-    real_write = db.write
-    failures = iter([sqlite3.OperationalError("database or disk is full")] * 2)
-
-    def flaky(batch: Any) -> None:
-        for exc in failures:
-            try:
-                raise exc
-            except sqlite3.Error as e:
-                raise StoreError(f"cannot write to store: {e}") from e
-        real_write(batch)
-
-    monkeypatch.setattr(db, "write", flaky)
+    failures = iter(["database or disk is full"] * 2)
+    backend.break_writes(store, monkeypatch, lambda: next(failures, None))
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
         store.put_session(session("sess_a", 1))
@@ -458,20 +566,12 @@ async def test_a_transient_failure_is_retried_until_the_batch_lands(
 
 
 async def test_a_cancelled_flush_puts_its_batch_back(
-    db_path: str, monkeypatch: pytest.MonkeyPatch
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = SqliteStore(db_path)
+    store = backend.new()
     await store.open()
-    db: Any = store._database()
-    real_write = db.write
     failing = True
-
-    def write(batch: Any) -> None:
-        if failing:
-            raise StoreError("busy") from sqlite3.OperationalError("database is locked")
-        real_write(batch)
-
-    monkeypatch.setattr(db, "write", write)
+    backend.break_writes(store, monkeypatch, lambda: "database is locked" if failing else None)
     store.put_event(event(1))
     with trio.move_on_after(0.3):
         await store.flush()  # keeps retrying until cancelled

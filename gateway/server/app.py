@@ -44,7 +44,7 @@ from gateway.providers.factory import make_provider
 from gateway.server.auth import ApiKeys
 from gateway.server.http import HttpLimits, TrustedProxies, serve_connection
 from gateway.server.routes import Api
-from gateway.store.sqlite import SqliteStore
+from gateway.store import open_store
 from gateway.tools.builtin import build_registry
 
 log = logging.getLogger("gateway")
@@ -57,7 +57,7 @@ class Gateway:
         self.config = config
         self.node = Node(
             config,
-            SqliteStore(config.store.path, flush_interval_s=config.store.flush_interval_ms / 1000),
+            open_store(config.store),
             provider or make_provider(config),
             build_registry(config.tools.enabled),
         )

@@ -1,5 +1,13 @@
-"""The trace store: its interface (:mod:`.base`) and the embedded SQLite backend."""
+"""The trace store: its interface (:mod:`.base`) and its two backends.
 
+- :class:`SqliteStore` (:mod:`.sqlite`): the embedded default, one node.
+- :class:`~gateway.store.redis.RedisStore` (:mod:`.redis`): Redis, so that several nodes can share
+  one store (issue 13; this slice runs one node on it).
+
+:func:`open_store` picks one from ``[store] backend`` (RUNNING.md).
+"""
+
+from gateway.config import StoreConfig
 from gateway.store.base import SessionRecord, Store, StoredEvent, StoredMessage, StoreState
 from gateway.store.sqlite import SqliteStore
 
@@ -10,4 +18,17 @@ __all__ = [
     "StoreState",
     "StoredEvent",
     "StoredMessage",
+    "open_store",
 ]
+
+
+def open_store(config: StoreConfig) -> Store:
+    """The store ``[store]`` names, not opened yet (``await store.open()`` does that)."""
+    flush_interval_s = config.flush_interval_ms / 1000
+    if config.backend == "redis":
+        # Imported here: coredis takes a third of a second to import, which an
+        # SQLite gateway (and every test of one) need not pay.
+        from gateway.store.redis import RedisStore
+
+        return RedisStore(config.url, flush_interval_s=flush_interval_s)
+    return SqliteStore(config.path, flush_interval_s=flush_interval_s)

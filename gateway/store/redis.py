@@ -1,0 +1,726 @@
+"""The Redis backend of the trace store (RUNNING.md ``[store] backend = "redis"``, issue 13).
+
+Same interface and guarantees as the SQLite backend (:mod:`gateway.store.base`):
+puts are a synchronous enqueue, a writer task commits them in batches, and
+:attr:`RedisStore.committed` moves past a ticket only once Redis has answered
+the batch's ``EXEC``: the batch is then in Redis's append-only file under the
+server's ``appendfsync`` policy (README "Redis backend": ``always`` fsyncs before
+answering, ``everysec``, the documented default, within a second, so an answered
+write survives a Redis crash and loses at most a second to a power cut).
+
+It talks to Redis with coredis on Trio itself (anyio's Trio backend): no
+asyncio bridge and no thread. A coredis client must be held open by one task
+for as long as it is used (its connection pool runs its connections' tasks in a
+task group of its own), and the store's lifecycle (``open`` ... ``aclose``,
+possibly from different tasks, with reads before ``run`` starts) has no task of
+its own; so :meth:`RedisStore.open` starts one Trio system task that holds the
+client until :meth:`RedisStore.aclose` (and reopens it should the pool fail).
+
+Data layout, every key under one prefix (``gw:`` by default) so that one Redis can
+hold other data; values are msgspec MessagePack. ``{sid}`` is a session id in
+braces: a Redis Cluster hash tag, so each session's keys share a slot when the
+store is later sharded by session::
+
+    gw:version                 "1": the layout version this code reads
+    gw:meta                    ZSET: event_ceiling, retention_floor (raised with ZADD GT: only grow)
+    gw:s:{sid}                 the SessionRecord
+    gw:sessions                ZSET (lex): "<created_at, 16 digits>:<sid>", every session
+    gw:owner:<owner>           ZSET (lex): the same, one owner's sessions (PROTOCOL section 2)
+    gw:owners, gw:roots:<owner> SET: owners; an owner's sessions that are not workers
+    gw:workers:<parent>        ZSET (lex): a session's workers, oldest first
+    gw:open                    SET: sessions whose current_turn_id is set (PROTOCOL section 9)
+    gw:m:{sid}                 HASH: message id -> StoredMessage
+    gw:mo:{sid}                ZSET: message id -> insertion order (kept by a rewrite)
+    gw:e:{sid}                 ZSET: score seq, member [seq, type, ts, wire bytes]
+    gw:ets                     ZSET: score ts, member "<seq>:<sid>" (the retention purge)
+
+Why a sorted set per session for events, not a stream: a replay reads each
+asked session's set from ``after_seq`` by score (``ZRANGE ... BYSCORE``) and
+merges the sorted pages (a worker's events interleave with its parent's), and
+re-adding an identical member is a no-op, so a batch retried after its answer
+was lost lands once; a stream refuses an explicit id at or below its last one,
+and trims by id, not by age.
+
+Decisions where the contract is silent:
+
+- A session's ``created_at``, ``owner`` and ``parent_session_id`` are its
+  identity in the indexes: set when it is created, never changed by an upsert
+  (the gateway never changes them).
+- A message's insertion order is given by a small Lua script (``EVAL``) inside
+  the batch's ``MULTI``: a new id gets the next number, a rewritten one keeps
+  its own.
+- A failed write never loses the batch. Connection errors, timeouts and
+  refusals of the whole transaction (``MISCONF`` when the AOF cannot be
+  written, ``OOM`` at ``maxmemory``: Redis then runs nothing of it) are retried
+  with backoff (0.05 s doubling to 5 s) until they land; everything after them
+  waits, in order. A command of the batch that Redis refuses on its own
+  (``WRONGTYPE``: a key of the prefix holding something else) costs only its
+  row: reported, the rest of the batch applied. Each failure is reported to
+  ``on_write_error``.
+- An event stored twice with the same ``seq`` is not refused (the sequencer
+  never reuses one: PROTOCOL section 1, and the event ceiling).
+- A Redis whose ``appendonly`` is ``no`` is accepted with a warning in the log:
+  what a client was shown then survives only until Redis restarts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import coredis
+import msgspec
+import trio
+from coredis.exceptions import RedisError
+from coredis.tokens import PureToken
+
+from gateway.errors import StoreError
+from gateway.protocol.shapes import Message
+from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
+
+log = logging.getLogger("gateway.store")
+
+LAYOUT_VERSION = 1
+OPEN_TIMEOUT_S = 5.0  # Redis unreachable at start-up: one line within this, not a hang
+CONNECT_TIMEOUT_S = 2.0
+COMMAND_TIMEOUT_S = 10.0  # a hung Redis fails a command (the writer retries) rather than hangs
+RETRY_FIRST_S = 0.05  # a failed write is retried after this, doubling...
+RETRY_MAX_S = 5.0  # ...up to this
+CLOSE_RETRY_S = 10.0  # how long a closing store keeps retrying what is left
+PURGE_CHUNK = 1000  # events deleted per transaction by the retention purge
+
+_T = TypeVar("_T")
+# Failures of a whole transaction or of the connection: the batch is held and retried.
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    RedisError,
+    OSError,
+    TimeoutError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+)
+
+# A message keeps its place when rewritten (an in_progress message completed):
+# only a new id takes the next number of its session.
+_UPSERT_MESSAGE = """
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+    local last = redis.call('ZRANGE', KEYS[2], 0, 0, 'REV', 'WITHSCORES')
+    local ord = 1
+    if last[2] then ord = tonumber(last[2]) + 1 end
+    redis.call('ZADD', KEYS[2], ord, ARGV[1])
+end
+return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+"""
+
+_encoder = msgspec.msgpack.Encoder()
+_session_decoder = msgspec.msgpack.Decoder(SessionRecord)
+_message_decoder = msgspec.msgpack.Decoder(StoredMessage)
+_event_decoder = msgspec.msgpack.Decoder(tuple[int, str, int, bytes])
+_decode = _event_decoder.decode
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + host))
+
+
+def _index_member(rec: SessionRecord) -> str:
+    """A session's member in the lex-ordered indexes: ``created_at`` order, then id."""
+    return f"{rec.created_at:016d}:{rec.id}"
+
+
+def _sid_of(member: bytes) -> str:
+    return member.decode().split(":", 1)[1]
+
+
+class _Keys:
+    """Every key name of the layout (module docstring), under one prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        p = prefix
+        self.version = f"{p}version"
+        self.meta = f"{p}meta"
+        self.sessions = f"{p}sessions"
+        self.owners = f"{p}owners"
+        self.open = f"{p}open"
+        self.ets = f"{p}ets"
+        self._p = p
+
+    def session(self, sid: str) -> str:
+        return f"{self._p}s:{{{sid}}}"
+
+    def owner(self, owner: str) -> str:
+        return f"{self._p}owner:{owner}"
+
+    def roots(self, owner: str) -> str:
+        return f"{self._p}roots:{owner}"
+
+    def workers(self, parent: str) -> str:
+        return f"{self._p}workers:{parent}"
+
+    def messages(self, sid: str) -> str:
+        return f"{self._p}m:{{{sid}}}"
+
+    def message_order(self, sid: str) -> str:
+        return f"{self._p}mo:{{{sid}}}"
+
+    def events(self, sid: str) -> str:
+        return f"{self._p}e:{{{sid}}}"
+
+
+class _Batch:
+    """The writes enqueued since the writer last took a batch, encoded when enqueued.
+
+    msgspec Structs are mutable: what is stored must be what the caller had at put time.
+    """
+
+    def __init__(self) -> None:
+        self.sessions: list[tuple[SessionRecord, bytes]] = []
+        self.messages: list[tuple[str, str, bytes]] = []  # (session, message id, encoded)
+        self.events: list[tuple[int, str, int, bytes]] = []  # (seq, session, ts, member)
+        self.ceiling: int | None = None
+        self.size = 0
+
+    def add_session(self, rec: SessionRecord) -> None:
+        self.sessions.append((msgspec.structs.replace(rec), _encoder.encode(rec)))
+        self.size += 1
+
+    def add_message(self, msg: StoredMessage) -> None:
+        m = msg.message
+        self.messages.append((m.session_id, m.id, _encoder.encode(msg)))
+        self.size += 1
+
+    def add_event(self, ev: StoredEvent) -> None:
+        member = _encoder.encode((ev.seq, ev.type, ev.ts, ev.data))
+        self.events.append((ev.seq, ev.session_id, ev.ts, member))
+        self.size += 1
+
+    def raise_ceiling(self, ceiling: int) -> None:
+        self.ceiling = ceiling if self.ceiling is None else max(self.ceiling, ceiling)
+        self.size += 1
+
+    def then(self, later: _Batch) -> _Batch:
+        """This batch followed by ``later`` (a failed batch goes before what came next)."""
+        self.sessions += later.sessions
+        self.messages += later.messages
+        self.events += later.events
+        if later.ceiling is not None:
+            self.raise_ceiling(later.ceiling)
+            self.size -= 1
+        self.size += later.size
+        return self
+
+
+class RedisStore:
+    """The Redis trace store: implements :class:`gateway.store.base.Store`.
+
+    The writer is the SQLite store's (a group commit: it wakes when something
+    is pending, gathers for up to ``flush_interval_s``, an event cutting that
+    short, and commits everything pending as one ``MULTI``/``EXEC``); see
+    :class:`gateway.store.sqlite.SqliteStore`.
+
+    Args:
+        url: ``redis://[:password@]host:port/db`` (or ``rediss://``, ``unix://``).
+        prefix: every key's prefix (module docstring).
+        flush_interval_s: the longest the writer gathers a batch.
+        max_batch: the pending count at which the writer stops gathering.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "gw:",
+        flush_interval_s: float = 0.0,
+        max_batch: int = 1000,
+    ) -> None:
+        self._url = url
+        self._where = redacted(url)
+        self._keys = _Keys(prefix)
+        self._flush_interval_s = flush_interval_s
+        self._max_batch = max_batch
+        self._client: coredis.Redis[bytes] | None = None
+        self._release = trio.Event()  # set: the holder task lets the client go
+        self._released = trio.Event()  # set: it has
+        self._pending = _Batch()
+        self._enqueued = 0
+        self.committed = 0
+        self.on_commit: Callable[[int], None] | None = None
+        self.on_write_error: Callable[[StoreError], None] | None = None
+        self.on_flush: Callable[[float, int], None] | None = None
+        self._committed_event = trio.Event()
+        self._write_lock = trio.Lock()
+        self._wakeup = trio.Event()
+        self._batch_ready = trio.Event()
+        self._closing = False
+        self._closed = trio.Event()
+
+    # --- lifecycle ----------------------------------------------------------
+
+    async def open(self) -> StoreState:
+        """Connect, check the layout version, read the two numbers.
+
+        Raises:
+            StoreError: naming the URL (without its password): Redis unreachable
+                or not answering within :data:`OPEN_TIMEOUT_S`, refusing us
+                (auth), or holding a layout this code does not read.
+        """
+        try:
+            with trio.fail_after(OPEN_TIMEOUT_S):
+                ready = trio.Event()
+                trio.lowlevel.spawn_system_task(self._hold_client, ready, name="redis-client")
+                await ready.wait()
+                return await self._read_state()
+        except trio.TooSlowError:
+            await self._let_go()
+            raise StoreError(
+                f"cannot open store {self._where}: Redis did not answer within {OPEN_TIMEOUT_S:g} s"
+            ) from None
+        except StoreError:
+            await self._let_go()
+            raise
+        except Exception as exc:  # whatever it is, start-up says it in one line
+            await self._let_go()
+            raise StoreError(f"cannot open store {self._where}: {_reason(exc)}") from None
+
+    async def _read_state(self) -> StoreState:
+        client = self._redis()
+        k = self._keys
+        async with client.pipeline(transaction=False) as p:
+            version = p.get(k.version)
+            meta = p.zrange(k.meta, 0, -1, withscores=True)
+        async with client.pipeline(transaction=False, raise_on_error=False) as p:
+            aof = p.config_get(["appendonly"])  # CONFIG may be disabled (managed Redis)
+        found = await version
+        if found is None:
+            await client.set(k.version, str(LAYOUT_VERSION), condition=PureToken.NX)
+        elif found != str(LAYOUT_VERSION).encode():
+            raise StoreError(
+                f"cannot open store {self._where}: layout version {found.decode(errors='replace')}"
+                f" under {k.version!r}, this gateway reads version {LAYOUT_VERSION}"
+            )
+        numbers = {m.member: int(m.score) for m in await meta}
+        setting = await aof
+        if isinstance(setting, dict) and setting.get(b"appendonly") == b"no":
+            log.warning(
+                "store %s: Redis has appendonly no; what clients were shown survives"
+                " only until Redis restarts (README: Redis backend)",
+                self._where,
+            )
+        return StoreState(
+            event_ceiling=numbers.get(b"event_ceiling", 0),
+            retention_floor=numbers.get(b"retention_floor", 0),
+        )
+
+    async def _hold_client(self, ready: trio.Event) -> None:
+        """The task that holds the coredis client open (module docstring).
+
+        A system task: it must never raise. Should the client's pool fail, a
+        new client is opened (commands meanwhile fail and are retried).
+        """
+        try:
+            delay = RETRY_FIRST_S
+            while not self._release.is_set():
+                client: coredis.Redis[bytes] = coredis.Redis.from_url(
+                    self._url,
+                    connect_timeout=CONNECT_TIMEOUT_S,
+                    stream_timeout=COMMAND_TIMEOUT_S,
+                )
+                try:
+                    async with client:
+                        self._client = client
+                        ready.set()
+                        await self._release.wait()
+                        return
+                except Exception as exc:
+                    self._report(StoreError(f"store {self._where}: {_reason(exc)}; reconnecting"))
+                self._client = None
+                with trio.move_on_after(delay):
+                    await self._release.wait()
+                delay = min(delay * 2, RETRY_MAX_S)
+        finally:
+            self._client = None
+            self._released.set()
+
+    async def _let_go(self) -> None:
+        """Stop the holder task (if it started) and wait for it."""
+        self._release.set()
+        if self._client is not None or not self._released.is_set():
+            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_RETRY_S):
+                await self._released.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._wakeup.wait()
+            if self._flush_interval_s > 0:
+                with trio.move_on_after(self._flush_interval_s):
+                    await self._batch_ready.wait()
+            # As in SqliteStore.run: only the writer re-arms its events, right
+            # before it takes the batch.
+            self._wakeup, self._batch_ready = trio.Event(), trio.Event()
+            closing = self._closing
+            await self._write_pending()
+            if closing:
+                return
+
+    async def aclose(self) -> None:
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        self._signal()
+        with trio.CancelScope(shield=True):
+            try:
+                if self._client is None:
+                    return
+                with trio.move_on_after(CLOSE_RETRY_S):
+                    await self._write_pending()
+                if self._pending.size:
+                    raise StoreError(
+                        f"store {self._where}: {self._pending.size} writes could not be"
+                        f" made durable within {CLOSE_RETRY_S:g} s of closing"
+                    )
+            finally:
+                await self._let_go()
+                self._closed.set()
+
+    # --- writes -------------------------------------------------------------
+
+    def put_session(self, rec: SessionRecord) -> None:
+        self._check_accepting()
+        self._pending.add_session(rec)
+        self._enqueued += 1
+        self._signal()
+
+    def put_message(self, msg: StoredMessage) -> None:
+        self._check_accepting()
+        self._pending.add_message(msg)
+        self._enqueued += 1
+        self._signal()
+
+    def put_event(self, ev: StoredEvent) -> None:
+        self._check_accepting()
+        self._pending.add_event(ev)
+        self._enqueued += 1
+        self._signal()
+        self._batch_ready.set()  # clients wait for it: no gathering
+
+    def reserve_event_ids(self, ceiling: int) -> None:
+        self._check_accepting()
+        self._pending.raise_ceiling(ceiling)
+        self._enqueued += 1
+        self._signal()
+
+    def ticket(self) -> int:
+        return self._enqueued
+
+    async def wait_committed(self, ticket: int) -> None:
+        while self.committed < ticket:
+            self._batch_ready.set()
+            await self._committed_event.wait()
+
+    async def flush(self) -> None:
+        await self._write_pending()
+
+    def _check_accepting(self) -> None:
+        if self._closing:
+            raise StoreError(f"store {self._where} is closed")
+
+    def _signal(self) -> None:
+        if self._closing or self._pending.size:
+            self._wakeup.set()
+        if self._closing or self._pending.size >= self._max_batch:
+            self._batch_ready.set()
+
+    async def _write_pending(self) -> None:
+        """Take everything pending and write it; return once Redis has it (SqliteStore's rule)."""
+        async with self._write_lock:
+            batch, self._pending = self._pending, _Batch()
+            ticket = self._enqueued
+            if batch.size:
+                started = time.perf_counter()
+                try:
+                    await self._write_with_retries(batch)
+                except BaseException:
+                    self._pending = batch.then(self._pending)
+                    raise
+                if self.on_flush is not None:
+                    self.on_flush(time.perf_counter() - started, batch.size)
+            if ticket > self.committed:
+                self.committed = ticket
+                self._committed_event.set()
+                self._committed_event = trio.Event()
+        on_commit = self.on_commit
+        if on_commit is not None:
+            on_commit(self.committed)
+
+    async def _write_with_retries(self, batch: _Batch) -> None:
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                # Once sent, a transaction runs to its answer (bounded by the
+                # command timeout) even if we are cancelled meanwhile.
+                with trio.CancelScope(shield=True):
+                    refused = await self._apply(batch)
+                for what in refused:
+                    self._report(StoreError(f"store {self._where} refused {what}; it was skipped"))
+                return
+            except StoreError as exc:
+                self._report(exc)
+            await trio.sleep(delay)  # cancellable: the caller decides how long to insist
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _apply(self, batch: _Batch) -> list[str]:
+        """One ``MULTI``/``EXEC`` of the whole batch; the rows Redis refused on their own.
+
+        Raises:
+            StoreError: the transaction did not run (connection, timeout, or
+                refused whole): nothing of it is applied, or, if the answer was
+                lost, all of it, and applying it again changes nothing.
+        """
+        k = self._keys
+        client = self._redis()
+        rows: list[str] = []  # what each queued command writes, for a refusal's report
+        try:
+            async with client.pipeline(transaction=True, raise_on_error=False) as p:
+                for rec, data in batch.sessions:
+                    what = f"session {rec.id}"
+                    member: dict[str | bytes, float] = {_index_member(rec): 0}
+                    p.set(k.session(rec.id), data)
+                    p.zadd(k.sessions, member)
+                    p.zadd(k.owner(rec.owner), member)
+                    rows += [what] * 3
+                    if rec.parent_session_id:
+                        p.zadd(k.workers(rec.parent_session_id), member)
+                        rows.append(what)
+                    else:
+                        p.sadd(k.owners, [rec.owner])
+                        p.sadd(k.roots(rec.owner), [rec.id])
+                        rows += [what] * 2
+                    if rec.current_turn_id:
+                        p.sadd(k.open, [rec.id])
+                    else:
+                        p.srem(k.open, [rec.id])
+                    rows.append(what)
+                for sid, mid, data in batch.messages:
+                    keys = [k.messages(sid), k.message_order(sid)]
+                    p.eval(_UPSERT_MESSAGE, keys, [mid, data])
+                    rows.append(f"message {mid} of {sid}")
+                ceiling = batch.ceiling or 0
+                for seq, sid, ts, member_bytes in batch.events:
+                    p.zadd(k.events(sid), {member_bytes: seq})
+                    p.zadd(k.ets, {f"{seq}:{sid}": ts})
+                    rows += [f"event {seq}"] * 2
+                    ceiling = max(ceiling, seq)
+                if ceiling:
+                    p.zadd(k.meta, {"event_ceiling": ceiling}, comparison=PureToken.GT)
+                    rows.append("event ceiling")
+        except _TRANSIENT as exc:
+            raise StoreError(f"cannot write to store {self._where}: {_reason(exc)}") from exc
+        results = p.results or ()
+        refused: dict[str, None] = {}
+        for what, result in zip(rows, results, strict=False):
+            if isinstance(result, Exception):
+                refused[f"{what}: {result}"] = None
+        return list(refused)
+
+    def _report(self, exc: StoreError) -> None:
+        if self.on_write_error is not None:
+            self.on_write_error(exc)
+
+    async def purge_before(self, ts_ms: int) -> int:
+        k = self._keys
+        try:
+            while True:
+                client = self._redis()
+                old = await client.zrange(
+                    k.ets, "-inf", f"({ts_ms}", PureToken.BYSCORE, offset=0, count=PURGE_CHUNK
+                )
+                if not old:
+                    break
+                highest = 0
+                async with client.pipeline(transaction=True) as p:
+                    for entry in old:
+                        seq_text, sid = entry.decode().split(":", 1)
+                        seq = int(seq_text)
+                        highest = max(highest, seq)
+                        p.zremrangebyscore(k.events(sid), seq, seq)
+                    p.zrem(k.ets, list(old))
+                    p.zadd(k.meta, {"retention_floor": highest}, comparison=PureToken.GT)
+                if len(old) < PURGE_CHUNK:
+                    break
+            floor = await self._redis().zscore(k.meta, "retention_floor")
+        except _TRANSIENT as exc:
+            raise StoreError(f"cannot purge store {self._where}: {_reason(exc)}") from exc
+        return 0 if floor is None else int(floor)
+
+    # --- reads --------------------------------------------------------------
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        data = await self._read(lambda c: c.get(self._keys.session(session_id)))
+        return None if data is None else _session_decoder.decode(data)
+
+    async def list_sessions(
+        self, *, limit: int, before: str | None, visible_to: str | None = None
+    ) -> tuple[list[SessionRecord], bool]:
+        _check_limit(limit)
+        k = self._keys
+        if visible_to is None:
+            indexes = [k.sessions]
+        else:
+            indexes = list(dict.fromkeys([k.owner(""), k.owner(visible_to)]))
+        top: bytes | str = "+"
+        if before is not None:
+            cursor = await self.get_session(before)
+            if cursor is None:
+                return [], False
+            top = f"({_index_member(cursor)}"
+
+        async def page(c: coredis.Redis[bytes]) -> list[bytes]:
+            async with c.pipeline(transaction=False) as p:
+                pages = [
+                    p.zrange(i, top, "-", PureToken.BYLEX, rev=True, offset=0, count=limit + 1)
+                    for i in indexes
+                ]
+            members = [m for request in pages for m in await request]
+            return sorted(set(members), reverse=True)[: limit + 1]
+
+        members = await self._read(page)
+        records = await self._records([_sid_of(m) for m in members[:limit]])
+        return records, len(members) > limit
+
+    async def sessions_per_owner(self) -> dict[str, int]:
+        k = self._keys
+
+        async def count(c: coredis.Redis[bytes]) -> dict[str, int]:
+            owners = sorted(o.decode() for o in await c.smembers(k.owners))
+            async with c.pipeline(transaction=False) as p:
+                sizes = [p.scard(k.roots(o)) for o in owners]
+            return {o: await n for o, n in zip(owners, sizes, strict=True)}
+
+        return await self._read(count)
+
+    async def list_messages(
+        self, session_id: str, *, before: str | None, limit: int
+    ) -> tuple[list[Message], bool]:
+        _check_limit(limit)
+        k = self._keys
+        order = k.message_order(session_id)
+
+        async def page(c: coredis.Redis[bytes]) -> tuple[list[Message], bool]:
+            if before is None:
+                end = await c.zcard(order)
+            else:
+                rank = await c.zrank(order, before)
+                if rank is None:
+                    return [], False
+                end = int(rank)  # type: ignore[arg-type]
+            # Walk back from ``end`` until limit + 1 listed messages (the one still
+            # streaming is not listed: it is in the snapshot) or the start.
+            found: list[Message] = []
+            while end > 0 and len(found) <= limit:
+                start = max(0, end - (limit + 2 - len(found)))
+                ids = await c.zrange(order, start, end - 1)
+                datas = await c.hmget(k.messages(session_id), list(ids)) if ids else ()
+                chunk = [_message_decoder.decode(d).message for d in datas if d is not None]
+                found[:0] = [m for m in chunk if m.status != "in_progress"]
+                end = start
+            return found[-limit:] if limit else [], len(found) > limit
+
+        return await self._read(page)
+
+    async def load_messages(self, session_id: str) -> list[StoredMessage]:
+        k = self._keys
+
+        async def load(c: coredis.Redis[bytes]) -> list[StoredMessage]:
+            ids = await c.zrange(k.message_order(session_id), 0, -1)
+            if not ids:
+                return []
+            datas = await c.hmget(k.messages(session_id), list(ids))
+            return [_message_decoder.decode(d) for d in datas if d is not None]
+
+        return await self._read(load)
+
+    async def open_turns(self) -> list[SessionRecord]:
+        sids = sorted(s.decode() for s in await self._read(lambda c: c.smembers(self._keys.open)))
+        return [r for r in await self._records(sids) if r.current_turn_id is not None]
+
+    async def worker_ids(self, parent_id: str) -> list[str]:
+        members = await self._read(lambda c: c.zrange(self._keys.workers(parent_id), 0, -1))
+        return [_sid_of(m) for m in members]
+
+    async def events_after(
+        self, session_ids: Sequence[str], after_seq: int, limit: int
+    ) -> list[StoredEvent]:
+        _check_limit(limit)
+        if not session_ids or not limit:
+            return []
+        k = self._keys
+        sids = list(dict.fromkeys(session_ids))
+
+        async def read(c: coredis.Redis[bytes]) -> list[tuple[bytes, ...]]:
+            async with c.pipeline(transaction=False) as p:
+                pages = [
+                    p.zrange(
+                        k.events(sid),
+                        f"({after_seq}",
+                        "+inf",
+                        PureToken.BYSCORE,
+                        offset=0,
+                        count=limit,
+                    )
+                    for sid in sids
+                ]
+            return [await request for request in pages]
+
+        pages = await self._read(read)
+        decoded = [
+            [StoredEvent(seq, sid, type_, ts, data) for seq, type_, ts, data in map(_decode, page)]
+            for sid, page in zip(sids, pages, strict=True)
+        ]
+        merged = heapq.merge(*decoded, key=lambda e: e.seq)
+        return [e for _, e in zip(range(limit), merged, strict=False)]
+
+    async def _records(self, sids: list[str]) -> list[SessionRecord]:
+        if not sids:
+            return []
+        datas = await self._read(lambda c: c.mget([self._keys.session(s) for s in sids]))
+        return [_session_decoder.decode(d) for d in datas if d is not None]
+
+    async def _read(self, query: Callable[[coredis.Redis[bytes]], Awaitable[_T]]) -> _T:
+        try:
+            return await query(self._redis())
+        except _TRANSIENT as exc:
+            raise StoreError(f"cannot read store {self._where}: {_reason(exc)}") from exc
+
+    def _redis(self) -> coredis.Redis[bytes]:
+        if self._client is None:
+            if self._closing:
+                raise StoreError(f"store {self._where} is closed")
+            raise StoreError(f"store {self._where} is not open (or is reconnecting)")
+        return self._client
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for an error that may come wrapped in exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return str(exc) or type(exc).__name__
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, not {limit}")

@@ -1,0 +1,161 @@
+"""A real redis-server for the tests of the Redis store (issue 13).
+
+Debian's ``redis-server`` runs on a free loopback port with everything of its
+own in a temporary directory: its append-only file (``appendonly yes``,
+``appendfsync everysec``: the setting the README documents), no RDB snapshot
+file, no log file, no pid file. Nothing of the machine's own Redis (if any) is
+touched. The server can be killed (``kill -9``: what a crash leaves) and
+started again on the same directory and port, which is how a test checks what
+the AOF kept.
+
+``redis-server`` is installed with apt-get if it is missing (quietly; once: the
+second run finds it); a test skips, saying why, only where it cannot be.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def ensure_redis_server() -> str:
+    """The redis-server binary, installed from Debian's archive if missing.
+
+    Skips the calling test (with the reason) only where it cannot be installed:
+    neither root nor passwordless sudo, no apt-get, or apt-get failing.
+    """
+    path = "/usr/bin:/usr/sbin:/usr/local/bin"
+    found = shutil.which("redis-server") or shutil.which("redis-server", path=path)
+    if found:
+        return found
+    if shutil.which("apt-get") is None:
+        pytest.skip("redis-server is not installed, and there is no apt-get to install it with")
+    apt = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get"]
+    if os.geteuid() != 0:
+        sudo = shutil.which("sudo")
+        if sudo is None or subprocess.run([sudo, "-n", "true"], capture_output=True).returncode:
+            pytest.skip(
+                "redis-server is not installed, and installing it needs root or passwordless"
+                " sudo (apt-get install redis-server)"
+            )
+        apt = [sudo, "-n", *apt]
+    install = [*apt, "install", "-y", "-q", "--no-install-recommends", "redis-server"]
+
+    def run(command: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+
+    result = run(install)
+    if result.returncode != 0:  # stale or missing package lists: refresh them once
+        run([*apt, "update", "-q"])
+        result = run(install)
+    found = shutil.which("redis-server", path=path)
+    if result.returncode != 0 or found is None:
+        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        pytest.skip(f"redis-server is not installed and apt-get could not install it: {last}")
+    return found
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (redis-server's port 0 means "no TCP")."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class RedisServer:
+    """One redis-server process on 127.0.0.1 with its files in ``workdir``."""
+
+    _prefixes = itertools.count(1)
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def new_prefix(self) -> str:
+        """A key prefix no other test of this server has used (one Redis, many tests)."""
+        return f"t{next(self._prefixes)}:"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        command = [
+            self.binary,
+            "--bind", "127.0.0.1",
+            "--port", str(self.port),
+            "--dir", str(self.workdir),
+            "--appendonly", "yes",
+            "--appendfsync", "everysec",
+            "--save", "",  # no RDB snapshots: the AOF is what persists
+            "--logfile", "",  # stdout, discarded
+            "--daemonize", "no",
+            "--protected-mode", "yes",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=self.workdir
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode() if self.process.stderr else ""
+                pytest.fail(f"redis-server exited at start ({self.process.returncode}): {err}")
+            if self._answers():
+                return
+            time.sleep(0.01)
+        self.kill()
+        pytest.fail("redis-server did not answer within 10 s")
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """``kill -9``: what a crash of Redis leaves is what the AOF has."""
+        self._stop(signal.SIGKILL)
+
+    def stop(self) -> None:
+        self._stop(signal.SIGTERM)
+
+    def _stop(self, how: signal.Signals) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(how)
+            self.process.wait(timeout=10)
+        if self.process is not None and self.process.stderr is not None:
+            self.process.stderr.close()
+        self.process = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the whole run; each test takes its own key prefix."""
+    server = RedisServer(ensure_redis_server(), tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own: to kill, restart, or use at the default prefix."""
+    server = RedisServer(ensure_redis_server(), tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
