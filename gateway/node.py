@@ -328,6 +328,7 @@ class Node:
         metadata: dict[str, Any] | None = None,
         parent: Session | None = None,
         owner: str = NO_OWNER,
+        session_id: str | None = None,
     ) -> Session:
         """Create and start a session (``POST /sessions``, or a ``delegate`` worker).
 
@@ -335,6 +336,8 @@ class Node:
             owner: the id of the API key that creates it (PROTOCOL section 2), ``""``
                 without keys. A worker belongs to its parent's owner and is not
                 counted against ``max_sessions_per_key`` (a tool made it, not a client).
+            session_id: the id to give it (an AG-UI ``threadId`` the caller
+                checked is unknown: gateway.agui); a fresh ``sess_`` id if None.
 
         Raises:
             ApiError: 429 ``too_many_sessions`` (the count is taken before any
@@ -352,7 +355,7 @@ class Node:
                     422, "invalid_workspace", f"workspace_path {workspace!r} is not a directory"
                 )
             record = SessionRecord(
-                id=new_session_id(),
+                id=session_id or new_session_id(),
                 created_at=now_ms(),
                 workspace_path=workspace,
                 active_model=self.resolve_model(model),

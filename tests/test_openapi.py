@@ -25,6 +25,7 @@ import trio
 from openapi_spec_validator import validate
 
 import gateway
+from gateway.agui.shapes import CancelRun, RunCancelling
 from gateway.server import routes
 from gateway.server.http import ErrorBody
 from tests.conftest import Harness, make_config, running_gateway
@@ -46,6 +47,8 @@ CONTRACT = {
     ("get", "/readyz"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
+    ("post", "/agui"),  # AG-UI (issue 14): an SSE answer
+    ("post", "/agui/{session_id}/cancel"),
 }
 # Each operation's body and answer Structs (PROTOCOL section 2).
 STRUCTS = {
@@ -64,6 +67,7 @@ STRUCTS = {
     ),
     ("post", "/sessions/{session_id}/feedback"): (routes.Feedback, routes.Accepted),
     ("get", "/healthz"): (None, routes.Health),
+    ("post", "/agui/{session_id}/cancel"): (CancelRun, RunCancelling),
 }
 KEY = "openapi-key"
 

@@ -144,7 +144,27 @@ class WebSocketAccept:
     abandon: Callable[[], None] = lambda: None
 
 
-Handler = Callable[[Request], Awaitable[Response | WebSocketAccept]]
+@dataclass(slots=True)
+class StreamingResponse:
+    """An answer whose body is written as it is made (``text/event-stream``, issue 14).
+
+    The transport sends the head (no Content-Length: chunked to an HTTP/1.1
+    client), then calls ``run`` with a ``send`` that writes one piece of the
+    body; when ``run`` returns the body ends and the connection may be reused.
+    A client gone mid-stream makes ``send`` raise ``trio.BrokenResourceError``
+    (or ``trio.ClosedResourceError``); the connection is then closed.
+    ``abandon`` is called instead of ``run`` when the head could not be sent,
+    so what the handler took for the stream is given back either way.
+    """
+
+    run: Callable[[Callable[[bytes], Awaitable[None]]], Awaitable[None]]
+    status: int = 200
+    content_type: str = "text/event-stream"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    abandon: Callable[[], None] = lambda: None
+
+
+Handler = Callable[[Request], Awaitable[Response | WebSocketAccept | StreamingResponse]]
 
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -241,7 +261,9 @@ class _HttpConnection:
             if request is None:
                 return
             answer = await self._call_handler(request)
-            if isinstance(answer, WebSocketAccept):
+            if isinstance(answer, StreamingResponse):
+                await self._stream_body(answer)
+            elif isinstance(answer, WebSocketAccept):
                 refusal = _handshake_refusal(request)
                 if refusal is None:
                     # A WebSocket lives long: this frame keeps none of the request.
@@ -250,8 +272,9 @@ class _HttpConnection:
                     await self._upgrade(key, path, answer)
                     return
                 answer.abandon()
-                answer = refusal
-            await self._send(answer)
+                await self._send(refusal)
+            else:
+                await self._send(answer)
             if self._h11.our_state is not h11.DONE or self._h11.their_state is not h11.DONE:
                 return
             self._h11.start_next_cycle()
@@ -327,7 +350,9 @@ class _HttpConnection:
 
     # --- answering ---------------------------------------------------------------
 
-    async def _call_handler(self, request: Request) -> Response | WebSocketAccept:
+    async def _call_handler(
+        self, request: Request
+    ) -> Response | WebSocketAccept | StreamingResponse:
         try:
             return await self._handler(request)
         except ApiError as exc:
@@ -360,6 +385,25 @@ class _HttpConnection:
             data += self._h11.send(h11.Data(data=response.body))
         data += self._h11.send(h11.EndOfMessage())
         await self._stream.send_all(data)
+
+    async def _stream_body(self, answer: StreamingResponse) -> None:
+        """Send the head, then each piece ``answer.run`` makes, then the end of the body."""
+        head = h11.Response(
+            status_code=answer.status,
+            reason=_reason_phrase(answer.status),
+            headers=[("content-type", answer.content_type), *answer.headers],
+        )
+        try:
+            await self._stream.send_all(self._h11.send(head))
+        except BaseException:
+            answer.abandon()  # run will never be called
+            raise
+
+        async def send(data: bytes) -> None:
+            await self._stream.send_all(self._h11.send(h11.Data(data=data)))
+
+        await answer.run(send)
+        await self._stream.send_all(self._h11.send(h11.EndOfMessage()))
 
     async def _refuse(self, exc: ApiError) -> None:
         """Answer a request we could not read, then drain before closing.

@@ -31,17 +31,36 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from gateway import ui
+from gateway.agui.mapping import RunMapper
+from gateway.agui.shapes import CancelRun, InputMessage, ResumeEntry, RunAgentInput, RunCancelling
+from gateway.agui.sse import RunSubscriber, stream_run
 from gateway.errors import ApiError
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.metrics import CONTENT_TYPE
 from gateway.node import Node
 from gateway.protocol.events import FeedbackRecorded
+from gateway.protocol.filters import resolve_filter
+from gateway.protocol.frames import Subscribe
 from gateway.protocol.shapes import ContentBlock, Message, SessionSummary, TextBlock
 from gateway.server.auth import NO_OWNER, ApiKeys, sees
 from gateway.server.connection import StreamConnection
-from gateway.server.http import Request, Response, WebSocketAccept, json_response
-from gateway.server.openapi import Documented, Operation, Query, build_document, path_regex
+from gateway.server.http import (
+    Request,
+    Response,
+    StreamingResponse,
+    WebSocketAccept,
+    json_response,
+)
+from gateway.server.openapi import (
+    ID_PATTERN,
+    Documented,
+    Operation,
+    Query,
+    build_document,
+    path_regex,
+)
 from gateway.server.websocket import WebSocket
+from gateway.session import seam
 from gateway.session.session import Session, summary_of
 
 # --- bodies -------------------------------------------------------------------
@@ -149,7 +168,7 @@ ATTACH = Query(
 # --- routing -------------------------------------------------------------------
 
 T = TypeVar("T")
-Route = Callable[..., Awaitable[Response | WebSocketAccept]]
+Route = Callable[..., Awaitable[Response | WebSocketAccept | StreamingResponse]]
 
 
 class Api:
@@ -163,6 +182,7 @@ class Api:
         self.documented: list[Documented] = []  # what /openapi.json says of each route
         self._operations: dict[tuple[str, str], Operation] = {}  # (route, method): its rules
         self._openapi: dict[bool, bytes] = {}  # the document, built once (with or without auth)
+        self._agui_runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
         session = "/sessions/{session_id}"
         self._add(
             "/healthz",
@@ -352,6 +372,57 @@ class Api:
                 ),
             ),
         )
+        self._add(
+            "/agui",
+            "agui",
+            POST=(
+                self.agui_run,
+                Operation(
+                    "Run an AG-UI agent turn (SSE of AG-UI events)",
+                    None,
+                    body=RunAgentInput,
+                    media_type="text/event-stream",
+                    errors={
+                        404: ("session_not_found",),
+                        409: ("turn_in_progress",),
+                        422: ("invalid_thread_id", "invalid_resume"),
+                        429: ("rate_limited", "too_many_sessions"),
+                        503: ("shutting_down", "store_unavailable"),
+                    },
+                    description="An AG-UI `RunAgentInput`; the answer is `text/event-stream`, "
+                    "one `data: {AG-UI event}` per event and a `: ping` comment after "
+                    '`ping_interval_s` idle (docs/protocol.md "AG-UI"). `threadId` is a '
+                    "session id (an unknown one is created, owned by the caller's key); "
+                    "the last `user` message's text is the turn's content; the run is the "
+                    "turn. A run that stops for a tool approval ends with `RUN_FINISHED` "
+                    "whose outcome is `interrupt`; the next run on the thread carries "
+                    '`resume`, one entry per interrupt (`payload`: `{"decision": '
+                    '"allow"|"deny"}`; `cancelled`: deny). Closing the stream does not '
+                    "cancel the turn: `POST /agui/{session_id}/cancel` (the threadId) does. "
+                    "Errors before the stream starts are the JSON error bodies.",
+                ),
+            ),
+        )
+        self._add(
+            "/agui/{session_id}/cancel",
+            "agui_cancel",
+            POST=(
+                self.agui_cancel,
+                Operation(
+                    "Cancel the AG-UI run (the turn) in flight on a thread",
+                    RunCancelling,
+                    202,
+                    body=CancelRun,
+                    body_required=False,
+                    errors={409: ("turn_not_in_flight",)},
+                    description="`session_id` is the run's `threadId`. The same cancellation "
+                    "as `POST /sessions/{id}/turns/{turn_id}/cancel` (PROTOCOL section 8): "
+                    "every client of the session sees it, and the run's stream ends with "
+                    "`RUN_FINISHED` (outcome `cancelled`). With `runId`, 409 unless that "
+                    "run's turn is the one in flight.",
+                ),
+            ),
+        )
         # The web page (gateway.ui): public (it holds no data), and not part of the
         # API document (it is not the API); its asset names have dots, unlike ids.
         self._assets: dict[str, ui.Asset] | None = None  # read on first use
@@ -374,7 +445,7 @@ class Api:
         self.routes.append((re.compile(pattern + "$"), {"GET": handler}, name))
         self._operations[name, "GET"] = operation
 
-    async def __call__(self, req: Request) -> Response | WebSocketAccept:
+    async def __call__(self, req: Request) -> Response | WebSocketAccept | StreamingResponse:
         for pattern, methods, name in self.routes:
             match = pattern.match(req.path)
             if match is None:
@@ -400,7 +471,7 @@ class Api:
             except ApiError as exc:
                 self.node.metrics.http_requests.labels(name, str(exc.status)).inc()
                 raise
-            status = answer.status if isinstance(answer, Response) else 101
+            status = 101 if isinstance(answer, WebSocketAccept) else answer.status
             self.node.metrics.http_requests.labels(name, str(status)).inc()
             return answer
         raise ApiError(404, "not_found", f"no route for {req.path}")
@@ -607,6 +678,103 @@ class Api:
 
         return WebSocketAccept(run, abandon=release)  # abandon: the upgrade did not happen
 
+    async def agui_run(self, req: Request) -> StreamingResponse:
+        """``POST /agui``: one AG-UI run, the turn it starts or resumes (docs/protocol.md "AG-UI").
+
+        The run's subscriber joins the session's hub (through the seam) before
+        the turn is submitted or its approvals decided, so the stream misses
+        nothing; every refusal comes before the stream starts, as a JSON error.
+        """
+        caller = self._authenticate(req)
+        body = _decode(req, RunAgentInput)
+        session = await self._agui_thread(body.thread_id, caller)
+        history = list(session.messages)
+        limit = self.config.stream.snapshot_messages
+        sub = RunSubscriber(session, self.config.stream.queue_max_events)
+        if body.resume:
+            decisions = _resume_decisions(
+                body.resume, {p.perm_id for p in session.permissions.pending()}
+            )
+            turn = session.turn
+            assert turn is not None  # approvals wait only within a turn
+            await self._agui_subscribe(session, sub)
+            try:
+                for perm_id, decision in decisions:
+                    session.decide_permission(perm_id, decision)
+            except BaseException:
+                session.hub.unsubscribe(sub)
+                raise
+            turn_id = turn.id
+        else:
+            content = _agui_content(body.messages)
+            if session.permissions.pending():
+                raise ApiError(
+                    409,
+                    "turn_in_progress",
+                    f"turn {session.turn.id if session.turn else '?'} on {session.id} waits for "
+                    "approval: send a run with resume",
+                )
+            turn_id = new_turn_id()
+            message = Message(
+                new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
+            )
+            key = caller or NO_OWNER
+            self.node.limits.check_turn(key)
+            await self._agui_subscribe(session, sub)
+            try:
+                turn = session.submit_turn(message)
+                self.node.limits.count_turn(key)
+                await session.accepted(turn)
+            except BaseException:
+                session.hub.unsubscribe(sub)
+                raise
+        self._agui_runs[session.id] = (body.run_id, turn_id)
+        mapper = RunMapper(body.thread_id, body.run_id, turn_id)
+        opening = mapper.start(history[-limit:] if limit else [], now_ms())
+        interval = self.config.stream.ping_interval_s
+
+        async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
+            await stream_run(sub, mapper, opening, send, interval)
+
+        return StreamingResponse(
+            run,
+            headers=[("cache-control", "no-cache"), ("x-accel-buffering", "no")],
+            abandon=lambda: sub.leave("client_closed"),
+        )
+
+    async def _agui_thread(self, thread_id: str, caller: str | None) -> Session:
+        """The thread's session, created (owned by the caller's key) when unknown."""
+        if not _THREAD_ID.fullmatch(thread_id):
+            raise ApiError(
+                422,
+                "invalid_thread_id",
+                f"threadId must be 1 to 128 of A-Z a-z 0-9 _ -, got {thread_id[:40]!r}",
+            )
+        if thread_id in self.node.sessions or await self.node.store.get_session(thread_id):
+            return await self._session(thread_id, caller)  # another key's: 404
+        return await self.node.create_session(owner=caller or NO_OWNER, session_id=thread_id)
+
+    async def _agui_subscribe(self, session: Session, sub: RunSubscriber) -> None:
+        resolved, key = resolve_filter("preset:full")
+        await seam.subscribe(
+            session, sub, Subscribe("preset:full"), resolved, key, self.config.stream
+        )
+
+    async def agui_cancel(self, req: Request, session_id: str) -> Response:
+        """``POST /agui/{session_id}/cancel``: cancel the thread's turn (PROTOCOL section 8)."""
+        session = await self._session(session_id, self._authenticate(req))
+        body = _decode_optional(req, CancelRun) or CancelRun()
+        turn = session.turn
+        run = self._agui_runs.get(session.id)
+        if turn is None or (body.run_id is not None and run != (body.run_id, turn.id)):
+            raise ApiError(
+                409, "turn_not_in_flight", f"no run {body.run_id or ''} in flight on {session_id}"
+            )
+        session.cancel_turn(turn.id, body.reason or "user", f"agui:{req.client}")
+        return json_response(
+            202, RunCancelling(session_id=session_id, run_id=body.run_id, turn_id=turn.id)
+        )
+
     async def page(self, req: Request) -> Response:
         """``GET /``: the web page (gateway.ui)."""
         return self._serve(req, ui.INDEX)
@@ -677,6 +845,61 @@ def _int_query(req: Request, name: str, *, default: int, low: int, high: int) ->
             422, "invalid_query", f"{name} must be between {low} and {high}, got {value}"
         )
     return value
+
+
+_THREAD_ID = re.compile(f"(?={ID_PATTERN}$).{{1,128}}")
+
+
+def _agui_content(messages: list[InputMessage]) -> list[ContentBlock]:
+    """The last user message's text: a string, or its ``text`` parts (422 otherwise)."""
+    last = next((m for m in reversed(messages) if m.role == "user"), None)
+    if last is None:
+        raise ApiError(422, "invalid_body", "messages has no user message")
+    content = last.content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
+            raise ApiError(422, "invalid_body", "user message parts must all be text")
+        content = "".join(str(t) for t in texts)
+    if not isinstance(content, str):
+        raise ApiError(422, "invalid_body", "the user message's content must be text")
+    return _user_content(content)
+
+
+_DECISIONS: dict[object, str] = {"allow": "allow", "deny": "deny", True: "allow", False: "deny"}
+
+
+def _resume_decisions(entries: list[ResumeEntry], pending: set[str]) -> list[tuple[str, str]]:
+    """Each interrupt's decision; every open interrupt answered exactly once (AG-UI 1.0).
+
+    Raises:
+        ApiError: 422 ``invalid_resume``: an unknown or repeated id, an open one
+            unanswered, or a ``resolved`` payload that is no decision.
+    """
+    ids = [e.interrupt_id for e in entries]
+    if len(set(ids)) != len(ids) or set(ids) != pending:
+        raise ApiError(
+            422,
+            "invalid_resume",
+            f"resume must answer each open interrupt once: open {sorted(pending)}, got {ids}",
+        )
+    out = []
+    for e in entries:
+        if e.status == "cancelled":
+            out.append((e.interrupt_id, "deny"))
+            continue
+        p = e.payload
+        if isinstance(p, dict):
+            p = p.get("decision", p.get("approved"))
+        decision = _DECISIONS.get(p) if isinstance(p, str | bool) else None
+        if decision is None:
+            raise ApiError(
+                422,
+                "invalid_resume",
+                f'interrupt {e.interrupt_id}: payload must be {{"decision": "allow"|"deny"}}',
+            )
+        out.append((e.interrupt_id, decision))
+    return out
 
 
 def _user_content(content: str | list[ContentBlock]) -> list[ContentBlock]:

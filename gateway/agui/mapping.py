@@ -1,0 +1,415 @@
+"""The gateway's events as AG-UI events: one run, sans-IO (issue 14; docs/protocol.md "AG-UI").
+
+:class:`RunMapper` is fed the session's events (PROTOCOL sections 5, 7 and 8)
+with :meth:`RunMapper.receive` and answers the AG-UI events they become; it
+holds no socket and never awaits, so it is tested event by event against the
+recorded traces (tests/test_agui_mapping.py). The run is the turn: events of
+any other turn, and the event types it has no use for, map to nothing.
+
+=============================  ===============================================
+gateway                        AG-UI
+=============================  ===============================================
+(the run begins)               ``RUN_STARTED``; ``MESSAGES_SNAPSHOT`` when the
+                               thread has history
+``llm.call_started``           ``STEP_STARTED`` (``stepName``: the call id)
+``llm.call_completed``,        ``STEP_FINISHED``
+``llm.call_failed``
+``text.start/delta/end``       ``TEXT_MESSAGE_START/CONTENT/END``, one message
+                               per text block
+``thinking.*``                 ``REASONING_START``, ``REASONING_MESSAGE_START/
+                               CONTENT/END``, ``REASONING_END``; a signature
+                               is a ``REASONING_ENCRYPTED_VALUE``
+``thinking.*`` (redacted)      ``REASONING_START``, ``REASONING_ENCRYPTED_VALUE``
+                               (the opaque data), ``REASONING_END``
+``tool.use_start/input_delta/  ``TOOL_CALL_START/ARGS/END`` (no delta streamed:
+end``                          one ``ARGS`` with the final input)
+``tool.completed``,            ``TOOL_CALL_RESULT``
+``tool.failed``
+``message.complete``           closes what a cancel left open
+``permission.requested``       an ``Interrupt``; :meth:`RunMapper.pause` ends
+                               the run with ``RUN_FINISHED`` whose outcome is
+                               ``interrupt``
+``turn.completed``             ``RUN_FINISHED`` (``success``), or ``RUN_ERROR``
+                               when its ``stop_reason`` is ``error``
+``turn.cancelled``             ``RUN_FINISHED`` (``cancelled``)
+=============================  ===============================================
+
+Ids: a text block's message is the gateway message's id for its first text
+block and ``{message_id}:{index}`` for any later one; a thinking block's is
+``{message_id}:{index}``; a tool result's message is ``{tool_use_id}:result``.
+:func:`agui_messages` gives stored messages the same ids, so a snapshot and a
+live run name the same things alike.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from gateway.agui import shapes as ag
+from gateway.protocol.events import (
+    Event,
+    LlmCallCompleted,
+    LlmCallFailed,
+    LlmCallStarted,
+    MessageComplete,
+    PermissionRequested,
+    PermissionResolved,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ThinkingDelta,
+    ThinkingEnd,
+    ThinkingStart,
+    ToolCompleted,
+    ToolFailed,
+    ToolUseEnd,
+    ToolUseInputDelta,
+    ToolUseStart,
+    TurnCancelled,
+    TurnCompleted,
+)
+from gateway.protocol.shapes import (
+    Message,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+APPROVAL_REASON = "tool_approval"
+"""The ``reason`` of every interrupt the gateway raises: a tool call waits for approval."""
+
+DECISION_SCHEMA: dict[str, object] = {
+    "type": "object",
+    "properties": {"decision": {"enum": ["allow", "deny"]}},
+    "required": ["decision"],
+}
+"""The ``responseSchema`` of an approval interrupt: what a resume entry's ``payload`` holds."""
+
+
+def text_message_id(message_id: str, index: int, first_text: int | None) -> str:
+    """The AG-UI message of a text block (module docstring, "Ids")."""
+    return message_id if first_text is None or index == first_text else f"{message_id}:{index}"
+
+
+def reasoning_message_id(message_id: str, index: int) -> str:
+    return f"{message_id}:{index}"
+
+
+def result_message_id(tool_use_id: str) -> str:
+    return f"{tool_use_id}:result"
+
+
+def iso_ms(ms: int) -> str:
+    """Milliseconds since the epoch as ISO 8601 (an interrupt's ``expiresAt``)."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class _Block:
+    kind: str  # "text", "thinking", "redacted", "tool"
+    agui_id: str
+    data: list[str] = field(default_factory=list)  # redacted data, or a tool's args so far
+
+
+@dataclass
+class RunMapper:
+    """One AG-UI run over one gateway turn (module docstring).
+
+    Args:
+        thread_id: the run's thread (the gateway session).
+        run_id: the client's run id.
+        turn_id: the turn this run streams; events of other turns map to nothing.
+    """
+
+    thread_id: str
+    run_id: str
+    turn_id: str
+    finished: bool = False
+    _blocks: dict[tuple[str, int], _Block] = field(default_factory=dict)
+    _first_text: dict[str, int] = field(default_factory=dict)
+    _steps: list[str] = field(default_factory=list)
+    _interrupts: dict[str, ag.Interrupt] = field(default_factory=dict)
+    _failure: LlmCallFailed | None = None
+
+    def start(self, history: Sequence[Message] = (), ts: int | None = None) -> list[ag.AguiEvent]:
+        """``RUN_STARTED``, then ``MESSAGES_SNAPSHOT`` of ``history`` when there is any."""
+        out: list[ag.AguiEvent] = [
+            ag.RunStarted(thread_id=self.thread_id, run_id=self.run_id, timestamp=ts)
+        ]
+        if history:
+            out.append(ag.MessagesSnapshot(messages=agui_messages(history), timestamp=ts))
+        return out
+
+    def receive(self, event: Event) -> list[ag.AguiEvent]:
+        """The AG-UI events of one gateway event (nothing once the run has finished)."""
+        if self.finished or event.turn_id != self.turn_id:
+            return []
+        p, ts = event.payload, event.ts
+        if isinstance(p, TextStart | TextDelta | TextEnd):
+            return self._text(p, ts)
+        if isinstance(p, ThinkingStart | ThinkingDelta | ThinkingEnd):
+            return self._thinking(p, ts)
+        if isinstance(p, ToolUseStart | ToolUseInputDelta | ToolUseEnd):
+            return self._tool_use(p, ts)
+        if isinstance(p, MessageComplete):
+            return self._close_blocks(p.message_id, ts)
+        if isinstance(p, LlmCallStarted):
+            self._steps.append(p.call_id)
+            return [ag.StepStarted(step_name=p.call_id, timestamp=ts)]
+        if isinstance(p, LlmCallCompleted | LlmCallFailed):
+            if isinstance(p, LlmCallFailed):
+                self._failure = p
+            if p.call_id not in self._steps:
+                return []
+            self._steps.remove(p.call_id)
+            return [ag.StepFinished(step_name=p.call_id, timestamp=ts)]
+        if isinstance(p, ToolCompleted):
+            return [_result(p.tool_use_id, p.result, ts)]
+        if isinstance(p, ToolFailed):
+            return [_result(p.tool_use_id, f"{p.error_class}: {p.message}", ts)]
+        if isinstance(p, PermissionRequested):
+            self._interrupts[p.perm_id] = ag.Interrupt(
+                id=p.perm_id,
+                reason=APPROVAL_REASON,
+                message=f"Allow {p.tool_name} with {msgspec.json.encode(p.input).decode()}?",
+                tool_call_id=p.tool_use_id,
+                response_schema=DECISION_SCHEMA,
+                expires_at=iso_ms(p.expires_at),
+            )
+            return []
+        if isinstance(p, PermissionResolved):
+            self._interrupts.pop(p.perm_id, None)
+            return []
+        if isinstance(p, TurnCompleted | TurnCancelled):
+            return self._end(p, ts)
+        return []
+
+    def pause(self, ts: int | None = None) -> list[ag.AguiEvent]:
+        """End the run with the interrupt outcome if an approval is waiting, else nothing.
+
+        Called once the events that were ready have been received (the IO
+        layer's queue is momentarily empty), so the approvals of tools called
+        together end the run together.
+        """
+        if self.finished or not self._interrupts:
+            return []
+        self.finished = True
+        out = self._close_all(ts)
+        outcome = ag.InterruptOutcome(list(self._interrupts.values()))
+        out.append(self._finished(outcome, ts))
+        return out
+
+    def _finished(self, outcome: ag.Outcome, ts: int | None) -> ag.RunFinished:
+        return ag.RunFinished(
+            thread_id=self.thread_id, run_id=self.run_id, outcome=outcome, timestamp=ts
+        )
+
+    @property
+    def interrupts(self) -> list[str]:
+        """The perm ids waiting for an answer, as far as this run saw."""
+        return list(self._interrupts)
+
+    # --- blocks ----------------------------------------------------------------------
+
+    def _text(self, p: TextStart | TextDelta | TextEnd, ts: int) -> list[ag.AguiEvent]:
+        key = (p.message_id, p.content_block_index)
+        if isinstance(p, TextStart):
+            first = self._first_text.setdefault(p.message_id, p.content_block_index)
+            block = _Block("text", text_message_id(p.message_id, p.content_block_index, first))
+            self._blocks[key] = block
+            return [ag.TextMessageStart(message_id=block.agui_id, timestamp=ts)]
+        found = self._blocks.get(key)
+        if found is None:
+            return []
+        if isinstance(p, TextDelta):
+            if not p.text:
+                return []
+            return [ag.TextMessageContent(message_id=found.agui_id, delta=p.text, timestamp=ts)]
+        return self._close(key, ts)
+
+    def _thinking(
+        self, p: ThinkingStart | ThinkingDelta | ThinkingEnd, ts: int
+    ) -> list[ag.AguiEvent]:
+        key = (p.message_id, p.content_block_index)
+        if isinstance(p, ThinkingStart):
+            rid = reasoning_message_id(p.message_id, p.content_block_index)
+            self._blocks[key] = _Block("redacted" if p.redacted else "thinking", rid)
+            out: list[ag.AguiEvent] = [ag.ReasoningStart(message_id=rid, timestamp=ts)]
+            if not p.redacted:
+                out.append(ag.ReasoningMessageStart(message_id=rid, role="reasoning", timestamp=ts))
+            return out
+        found = self._blocks.get(key)
+        if found is None:
+            return []
+        if isinstance(p, ThinkingDelta):
+            if found.kind == "redacted":
+                found.data.append(p.text)
+                return []
+            if not p.text:
+                return []
+            rid = found.agui_id
+            return [ag.ReasoningMessageContent(message_id=rid, delta=p.text, timestamp=ts)]
+        return self._close(key, ts, p.signature)
+
+    def _tool_use(
+        self, p: ToolUseStart | ToolUseInputDelta | ToolUseEnd, ts: int
+    ) -> list[ag.AguiEvent]:
+        key = (p.message_id, p.content_block_index)
+        if isinstance(p, ToolUseStart):
+            self._blocks[key] = _Block("tool", p.tool_use_id)
+            return [
+                ag.ToolCallStart(
+                    tool_call_id=p.tool_use_id,
+                    tool_call_name=p.tool_name,
+                    parent_message_id=p.message_id,
+                    timestamp=ts,
+                )
+            ]
+        found = self._blocks.get(key)
+        if found is None:
+            return []
+        if isinstance(p, ToolUseInputDelta):
+            if not p.partial_json:
+                return []
+            found.data.append(p.partial_json)
+            return [ag.ToolCallArgs(tool_call_id=p.tool_use_id, delta=p.partial_json, timestamp=ts)]
+        out: list[ag.AguiEvent] = []
+        if not found.data:  # no delta streamed: the arguments in one piece
+            args = msgspec.json.encode(p.final_input).decode()
+            out.append(ag.ToolCallArgs(tool_call_id=p.tool_use_id, delta=args, timestamp=ts))
+            found.data.append(args)
+        return out + self._close(key, ts)
+
+    def _close(
+        self, key: tuple[str, int], ts: int | None, signature: str | None = None
+    ) -> list[ag.AguiEvent]:
+        block = self._blocks.pop(key, None)
+        if block is None:
+            return []
+        bid = block.agui_id
+        if block.kind == "text":
+            return [ag.TextMessageEnd(message_id=bid, timestamp=ts)]
+        if block.kind == "tool":
+            return [ag.ToolCallEnd(tool_call_id=bid, timestamp=ts)]
+        out: list[ag.AguiEvent] = []
+        if block.kind == "thinking":
+            out.append(ag.ReasoningMessageEnd(message_id=bid, timestamp=ts))
+        opaque = "".join(block.data) if block.kind == "redacted" else signature
+        if opaque:
+            out.append(
+                ag.ReasoningEncryptedValue(
+                    subtype="message", entity_id=bid, encrypted_value=opaque, timestamp=ts
+                )
+            )
+        out.append(ag.ReasoningEnd(message_id=bid, timestamp=ts))
+        return out
+
+    def _close_blocks(self, message_id: str, ts: int | None) -> list[ag.AguiEvent]:
+        """What a cancel or an error left open in ``message_id`` (PROTOCOL sections 7 and 8)."""
+        out: list[ag.AguiEvent] = []
+        for key in [k for k in self._blocks if k[0] == message_id]:
+            out += self._close(key, ts)
+        return out
+
+    def _close_all(self, ts: int | None) -> list[ag.AguiEvent]:
+        out: list[ag.AguiEvent] = []
+        for key in list(self._blocks):
+            out += self._close(key, ts)
+        out += [ag.StepFinished(step_name=s, timestamp=ts) for s in self._steps]
+        self._steps.clear()
+        return out
+
+    def _end(self, p: TurnCompleted | TurnCancelled, ts: int) -> list[ag.AguiEvent]:
+        self.finished = True
+        out = self._close_all(ts)
+        if isinstance(p, TurnCancelled):
+            outcome: ag.Outcome = ag.CancelledOutcome()
+        elif p.stop_reason == "error":
+            failure = self._failure
+            message = failure.message if failure else "the turn ended with an error"
+            code = failure.error_class if failure else "error"
+            out.append(ag.RunError(message=message, code=code, timestamp=ts))
+            return out
+        else:
+            outcome = ag.SuccessOutcome()
+        out.append(self._finished(outcome, ts))
+        return out
+
+
+def _result(tool_use_id: str, content: str, ts: int) -> ag.ToolCallResult:
+    return ag.ToolCallResult(
+        message_id=result_message_id(tool_use_id),
+        tool_call_id=tool_use_id,
+        content=content,
+        timestamp=ts,
+    )
+
+
+def agui_messages(messages: Iterable[Message]) -> list[ag.AguiMessage]:
+    """Stored gateway messages as AG-UI messages, with the ids a live run gives them.
+
+    A user message of text is a ``user`` message; its tool results are each a
+    ``tool`` message; an assistant message is its thinking blocks as
+    ``reasoning`` messages, then one ``assistant`` message (its first text and
+    every tool call), then one more per later text block.
+    """
+    out: list[ag.AguiMessage] = []
+    for m in messages:
+        if m.role == "user":
+            texts = [b.text for b in m.content if isinstance(b, TextBlock)]
+            if texts:
+                out.append(ag.UserMessage(id=m.id, content="".join(texts)))
+            for b in m.content:
+                if isinstance(b, ToolResultBlock):
+                    out.append(
+                        ag.ToolMessage(
+                            id=result_message_id(b.tool_use_id),
+                            content=b.content,
+                            tool_call_id=b.tool_use_id,
+                            error=b.content if b.is_error else None,
+                        )
+                    )
+            continue
+        first_text = next((i for i, b in enumerate(m.content) if isinstance(b, TextBlock)), None)
+        calls: list[ag.ToolCall] = []
+        later: list[ag.AguiMessage] = []
+        for i, b in enumerate(m.content):
+            if isinstance(b, ThinkingBlock):
+                out.append(
+                    ag.ReasoningMessage(
+                        id=reasoning_message_id(m.id, i),
+                        content=b.thinking,
+                        encrypted_value=b.signature or None,
+                    )
+                )
+            elif isinstance(b, RedactedThinkingBlock):
+                out.append(
+                    ag.ReasoningMessage(
+                        id=reasoning_message_id(m.id, i), content="", encrypted_value=b.data
+                    )
+                )
+            elif isinstance(b, ToolUseBlock):
+                args = msgspec.json.encode(b.input).decode()
+                calls.append(ag.ToolCall(id=b.id, function=ag.FunctionCall(b.name, args)))
+            elif isinstance(b, TextBlock) and i != first_text:
+                later.append(
+                    ag.AssistantMessage(id=text_message_id(m.id, i, first_text), content=b.text)
+                )
+        text = m.content[first_text] if first_text is not None else None
+        if text is not None or calls:
+            out.append(
+                ag.AssistantMessage(
+                    id=m.id,
+                    content=text.text if isinstance(text, TextBlock) else None,
+                    tool_calls=calls or None,
+                )
+            )
+        out += later
+    return out

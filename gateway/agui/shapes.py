@@ -1,0 +1,320 @@
+"""The AG-UI shapes the gateway emits and accepts, declared once as msgspec Structs.
+
+Names and fields follow the AG-UI 1.0 schema (``spec/1.0/schema.json``, the
+source of the ``ag_ui.core`` models of the ``ag-ui-protocol`` package): camelCase
+on the wire, optional fields left out rather than sent as ``null``.
+tests/test_agui_mapping.py checks every Struct here against those models.
+
+Only what the gateway uses is declared: the events of docs/protocol.md "AG-UI",
+the messages of a ``MESSAGES_SNAPSHOT``, and ``RunAgentInput`` (whose messages
+are read leniently: only the last user message's text is used).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+
+class _Event(msgspec.Struct, tag_field="type", rename="camel", omit_defaults=True):
+    """Base of every event: ``timestamp`` is milliseconds since the epoch (the event's ``ts``)."""
+
+
+# --- run lifecycle -----------------------------------------------------------------
+
+
+class RunStarted(_Event, tag="RUN_STARTED", kw_only=True):
+    thread_id: str
+    run_id: str
+    timestamp: int | None = None
+
+
+class SuccessOutcome(msgspec.Struct, tag="success", tag_field="type"):
+    """The run completed."""
+
+
+class Interrupt(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    """Something the run waits for: here, always a tool call's approval (a ``perm_id``)."""
+
+    id: str
+    reason: str
+    message: str | None = None
+    tool_call_id: str | None = None
+    response_schema: dict[str, Any] | None = None
+    expires_at: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class InterruptOutcome(msgspec.Struct, tag="interrupt", tag_field="type"):
+    """The run paused; the next run's ``resume`` answers every one of ``interrupts``."""
+
+    interrupts: list[Interrupt]
+
+
+class CancelledOutcome(msgspec.Struct, tag="cancelled", tag_field="type"):
+    """The run was stopped (the turn was cancelled) and did not fail."""
+
+
+Outcome = SuccessOutcome | InterruptOutcome | CancelledOutcome
+
+
+class RunFinished(_Event, tag="RUN_FINISHED", kw_only=True):
+    thread_id: str
+    run_id: str
+    outcome: Outcome | None = None
+    timestamp: int | None = None
+
+
+class RunError(_Event, tag="RUN_ERROR", kw_only=True):
+    message: str
+    code: str | None = None
+    timestamp: int | None = None
+
+
+class StepStarted(_Event, tag="STEP_STARTED", kw_only=True):
+    step_name: str
+    timestamp: int | None = None
+
+
+class StepFinished(_Event, tag="STEP_FINISHED", kw_only=True):
+    step_name: str
+    timestamp: int | None = None
+
+
+# --- text ----------------------------------------------------------------------------
+
+
+class TextMessageStart(_Event, tag="TEXT_MESSAGE_START", kw_only=True):
+    message_id: str
+    role: Literal["assistant"] = "assistant"
+    timestamp: int | None = None
+
+
+class TextMessageContent(_Event, tag="TEXT_MESSAGE_CONTENT", kw_only=True):
+    message_id: str
+    delta: str
+    timestamp: int | None = None
+
+
+class TextMessageEnd(_Event, tag="TEXT_MESSAGE_END", kw_only=True):
+    message_id: str
+    timestamp: int | None = None
+
+
+# --- reasoning ------------------------------------------------------------------------
+
+
+class ReasoningStart(_Event, tag="REASONING_START", kw_only=True):
+    message_id: str
+    timestamp: int | None = None
+
+
+class ReasoningMessageStart(_Event, tag="REASONING_MESSAGE_START", kw_only=True):
+    """``role`` is required (the schema says so; ``@ag-ui/client`` refuses it missing)."""
+
+    message_id: str
+    role: Literal["reasoning"]
+    timestamp: int | None = None
+
+
+class ReasoningMessageContent(_Event, tag="REASONING_MESSAGE_CONTENT", kw_only=True):
+    message_id: str
+    delta: str
+    timestamp: int | None = None
+
+
+class ReasoningMessageEnd(_Event, tag="REASONING_MESSAGE_END", kw_only=True):
+    message_id: str
+    timestamp: int | None = None
+
+
+class ReasoningEnd(_Event, tag="REASONING_END", kw_only=True):
+    message_id: str
+    timestamp: int | None = None
+
+
+class ReasoningEncryptedValue(_Event, tag="REASONING_ENCRYPTED_VALUE", kw_only=True):
+    subtype: Literal["tool-call", "message"]
+    entity_id: str
+    encrypted_value: str
+    timestamp: int | None = None
+
+
+# --- tool calls -------------------------------------------------------------------------
+
+
+class ToolCallStart(_Event, tag="TOOL_CALL_START", kw_only=True):
+    tool_call_id: str
+    tool_call_name: str
+    parent_message_id: str | None = None
+    timestamp: int | None = None
+
+
+class ToolCallArgs(_Event, tag="TOOL_CALL_ARGS", kw_only=True):
+    tool_call_id: str
+    delta: str
+    timestamp: int | None = None
+
+
+class ToolCallEnd(_Event, tag="TOOL_CALL_END", kw_only=True):
+    tool_call_id: str
+    timestamp: int | None = None
+
+
+class ToolCallResult(_Event, tag="TOOL_CALL_RESULT", kw_only=True):
+    message_id: str
+    tool_call_id: str
+    content: str
+    role: Literal["tool"] = "tool"
+    timestamp: int | None = None
+
+
+# --- messages (MESSAGES_SNAPSHOT) ---------------------------------------------------------
+
+
+class _Message(msgspec.Struct, tag_field="role", rename="camel", omit_defaults=True):
+    pass
+
+
+class UserMessage(_Message, tag="user", kw_only=True):
+    id: str
+    content: str
+
+
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class AssistantMessage(_Message, tag="assistant", kw_only=True):
+    id: str
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ToolMessage(_Message, tag="tool", kw_only=True):
+    id: str
+    content: str
+    tool_call_id: str
+    error: str | None = None
+
+
+class ReasoningMessage(_Message, tag="reasoning", kw_only=True):
+    id: str
+    content: str
+    encrypted_value: str | None = None
+
+
+AguiMessage = UserMessage | AssistantMessage | ToolMessage | ReasoningMessage
+
+
+class MessagesSnapshot(_Event, tag="MESSAGES_SNAPSHOT", kw_only=True):
+    messages: list[AguiMessage]
+    timestamp: int | None = None
+
+
+AguiEvent = (
+    RunStarted
+    | RunFinished
+    | RunError
+    | StepStarted
+    | StepFinished
+    | TextMessageStart
+    | TextMessageContent
+    | TextMessageEnd
+    | ReasoningStart
+    | ReasoningMessageStart
+    | ReasoningMessageContent
+    | ReasoningMessageEnd
+    | ReasoningEnd
+    | ReasoningEncryptedValue
+    | ToolCallStart
+    | ToolCallArgs
+    | ToolCallEnd
+    | ToolCallResult
+    | MessagesSnapshot
+)
+
+
+# --- what a client sends ------------------------------------------------------------------
+
+
+class InputMessage(msgspec.Struct, kw_only=True):
+    """Any message of ``RunAgentInput.messages``: only ``role`` and ``content`` are read.
+
+    Other fields (``name``, ``toolCalls``, ...) are allowed and ignored: the
+    gateway's own history is the thread's (docs/protocol.md "AG-UI").
+    """
+
+    role: str
+    id: str | None = None
+    content: Any = None
+
+
+class InputTool(msgspec.Struct, kw_only=True):
+    name: str
+    description: str = ""
+    parameters: Any = None
+
+
+class InputContext(msgspec.Struct):
+    description: str
+    value: str
+
+
+class ResumeEntry(msgspec.Struct, rename="camel", kw_only=True):
+    """An answer to one interrupt of the previous run."""
+
+    interrupt_id: str
+    status: Literal["resolved", "cancelled"]
+    payload: Any = None
+    metadata: Any = None
+
+
+class RunAgentInput(msgspec.Struct, rename="camel", kw_only=True):
+    """The body of ``POST /agui`` (AG-UI ``RunAgentInput``)."""
+
+    thread_id: str
+    run_id: str
+    messages: list[InputMessage]
+    tools: list[InputTool] = []
+    context: list[InputContext] = []
+    state: Any = None
+    forwarded_props: Any = None
+    resume: list[ResumeEntry] | None = None
+    parent_run_id: str | None = None
+    protocol_version: str | None = None
+
+
+class CancelRun(msgspec.Struct, rename="camel", forbid_unknown_fields=True, kw_only=True):
+    """The body of ``POST /agui/{thread_id}/cancel`` (optional)."""
+
+    run_id: str | None = None
+    reason: str | None = None
+
+
+class RunCancelling(msgspec.Struct, kw_only=True):
+    """The answer of ``POST /agui/{session_id}/cancel`` (a gateway shape: snake_case)."""
+
+    session_id: str
+    run_id: str | None
+    turn_id: str
+    status: Literal["cancelling"] = "cancelling"
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(event: AguiEvent) -> bytes:
+    """One event's JSON."""
+    return _encoder.encode(event)
+
+
+__all__ = [name for name in dir() if name[0].isupper()] + ["encode"]
