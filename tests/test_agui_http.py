@@ -320,3 +320,21 @@ async def test_a_new_thread_belongs_to_the_callers_key(tmp_path: Path) -> None:
         r = await h.http.post("/agui", json=run_input(thread, TEXT), headers=b)
         assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
         assert (await h.http.post("/agui", json=run_input(thread, TEXT))).status_code == 401
+
+
+async def test_two_runs_racing_on_a_new_thread_share_one_session(tmp_path: Path) -> None:
+    async with gateway(tmp_path) as h:
+        thread = f"t-{uuid.uuid4()}"
+        statuses: list[int] = []
+
+        async def post() -> None:
+            async with h.http.stream("POST", "/agui", json=run_input(thread, TEXT)) as r:
+                statuses.append(r.status_code)
+                await r.aread()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post)
+            nursery.start_soon(post)
+        assert sorted(statuses) == [200, 409]  # one thread, one turn at a time
+        r = await h.http.get("/sessions")
+        assert [s["session"]["id"] for s in r.json()["sessions"]] == [thread]

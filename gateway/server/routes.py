@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 import msgspec
+import trio
 
 from gateway import ui
 from gateway.agui.mapping import RunMapper
@@ -183,6 +184,7 @@ class Api:
         self._operations: dict[tuple[str, str], Operation] = {}  # (route, method): its rules
         self._openapi: dict[bool, bytes] = {}  # the document, built once (with or without auth)
         self._agui_runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
+        self._agui_creating: dict[str, trio.Event] = {}  # thread ids being created
         session = "/sessions/{session_id}"
         self._add(
             "/healthz",
@@ -750,9 +752,19 @@ class Api:
                 "invalid_thread_id",
                 f"threadId must be 1 to 128 of A-Z a-z 0-9 _ -, got {thread_id[:40]!r}",
             )
+        creating = self._agui_creating.get(thread_id)
+        if creating is not None:  # a run racing this one is creating it: then it is known
+            await creating.wait()
         if thread_id in self.node.sessions or await self.node.store.get_session(thread_id):
             return await self._session(thread_id, caller)  # another key's: 404
-        return await self.node.create_session(owner=caller or NO_OWNER, session_id=thread_id)
+        if thread_id in self._agui_creating:  # created meanwhile, during the store read
+            return await self._agui_thread(thread_id, caller)
+        self._agui_creating[thread_id] = done = trio.Event()
+        try:
+            return await self.node.create_session(owner=caller or NO_OWNER, session_id=thread_id)
+        finally:
+            del self._agui_creating[thread_id]
+            done.set()
 
     async def _agui_subscribe(self, session: Session, sub: RunSubscriber) -> None:
         resolved, key = resolve_filter("preset:full")
