@@ -205,7 +205,7 @@ async def test_a_command_redis_refuses_costs_only_its_row(redis_server: RedisSer
     assert store.committed == 3
     assert await store.get_session("sess_a") == session("sess_a")
     assert [e.seq for e in await store.events_after(["sess_a"], 0, 10)] == [2]
-    assert [e.message for e in errors if "refused event 1" in e.message]
+    assert [e.message for e in errors if "refused events 1..1 of sess_bad" in e.message]
     assert all("wrong kind of value" in e.message for e in errors)
     await store.aclose()
 

@@ -46,6 +46,8 @@ Decisions where the contract is silent:
 - A session's ``created_at``, ``owner`` and ``parent_session_id`` are its
   identity in the indexes: set when it is created, never changed by an upsert
   (the gateway never changes them).
+- A batch's events are one ``ZADD`` per session plus one for the age index,
+  so a command Redis refuses (below) costs that session's events of the batch.
 - A message's insertion order is given by a small Lua script (``EVAL``) inside
   the batch's ``MULTI``: a new id gets the next number, a rewritten one keeps
   its own.
@@ -264,6 +266,7 @@ class RedisStore:
         self._write_lock = trio.Lock()
         self._wakeup = trio.Event()
         self._batch_ready = trio.Event()
+        self._opened = False
         self._closing = False
         self._closed = trio.Event()
 
@@ -282,7 +285,9 @@ class RedisStore:
                 ready = trio.Event()
                 trio.lowlevel.spawn_system_task(self._hold_client, ready, name="redis-client")
                 await ready.wait()
-                return await self._read_state()
+                state = await self._read_state()
+                self._opened = True
+                return state
         except trio.TooSlowError:
             await self._let_go()
             raise StoreError(
@@ -384,7 +389,7 @@ class RedisStore:
         self._signal()
         with trio.CancelScope(shield=True):
             try:
-                if self._client is None:
+                if not self._opened:
                     return
                 with trio.move_on_after(CLOSE_RETRY_S):
                     await self._write_pending()
@@ -519,12 +524,21 @@ class RedisStore:
                     keys = [k.messages(sid), k.message_order(sid)]
                     p.eval(_UPSERT_MESSAGE, keys, [mid, data])
                     rows.append(f"message {mid} of {sid}")
-                ceiling = batch.ceiling or 0
+                # One ZADD per session and one for the age index, however many
+                # events: a command costs far more than a member (README figures).
+                by_session: dict[str, dict[str | bytes, float]] = {}
+                by_age: dict[str | bytes, float] = {}
                 for seq, sid, ts, member_bytes in batch.events:
-                    p.zadd(k.events(sid), {member_bytes: seq})
-                    p.zadd(k.ets, {f"{seq}:{sid}": ts})
-                    rows += [f"event {seq}"] * 2
-                    ceiling = max(ceiling, seq)
+                    by_session.setdefault(sid, {})[member_bytes] = seq
+                    by_age[f"{seq}:{sid}"] = ts
+                for sid, members in by_session.items():
+                    p.zadd(k.events(sid), members)
+                    seqs = [int(seq) for seq in members.values()]
+                    rows.append(f"events {min(seqs)}..{max(seqs)} of {sid}")
+                if by_age:
+                    p.zadd(k.ets, by_age)
+                    rows.append("the events' age index")
+                ceiling = max([batch.ceiling or 0, *(seq for seq, *_ in batch.events)])
                 if ceiling:
                     p.zadd(k.meta, {"event_ceiling": ceiling}, comparison=PureToken.GT)
                     rows.append("event ceiling")
