@@ -282,6 +282,10 @@ class RedisStore:
         """
         try:
             with trio.fail_after(OPEN_TIMEOUT_S):
+                # The store reports Redis's failures itself (on_write_error: the
+                # node's store_write_failed line); coredis's own lines would
+                # repeat each of them at info level, with a traceback.
+                logging.getLogger("coredis").setLevel(logging.WARNING)
                 ready = trio.Event()
                 trio.lowlevel.spawn_system_task(self._hold_client, ready, name="redis-client")
                 await ready.wait()
