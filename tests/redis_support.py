@@ -82,6 +82,8 @@ class RedisServer:
         self.workdir = workdir
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.started = False  # once: later starts are restarts on the same port
+        self.last_error = ""
 
     @property
     def url(self) -> str:
@@ -92,6 +94,19 @@ class RedisServer:
         return f"t{next(self._prefixes)}:"
 
     def start(self) -> None:
+        """Start it, and wait until it answers; a restart keeps the port and the directory.
+
+        A first start whose port was taken meanwhile (``free_port`` can race)
+        tries another port, up to three times.
+        """
+        for attempt in range(3):
+            if self._start_once():
+                return
+            if attempt < 2:
+                self.port = free_port()
+        pytest.fail(f"redis-server could not start: {self.last_error}")
+
+    def _start_once(self) -> bool:
         self.workdir.mkdir(parents=True, exist_ok=True)
         command = [
             self.binary,
@@ -112,9 +127,14 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 err = self.process.stderr.read().decode() if self.process.stderr else ""
-                pytest.fail(f"redis-server exited at start ({self.process.returncode}): {err}")
+                self.last_error = f"it exited at start ({self.process.returncode}): {err}"
+                self._stop(signal.SIGKILL)
+                if self.started:  # a restart: the port is the point
+                    pytest.fail(f"redis-server could not restart: {self.last_error}")
+                return False
             if self._answers():
-                return
+                self.started = True
+                return True
             time.sleep(0.01)
         self.kill()
         pytest.fail("redis-server did not answer within 10 s")
