@@ -359,3 +359,11 @@ def _event_bytes(members: list[bytes]) -> list[bytes]:
 
     decode = msgspec.msgpack.Decoder(tuple[int, str, int, bytes]).decode
     return [decode(m)[3] for m in members]
+
+
+async def test_a_store_closed_without_being_opened_closes_at_once() -> None:
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0")
+    with trio.fail_after(1):
+        await store.aclose()
+    with pytest.raises(StoreError, match="is closed"):
+        store.put_event(event(1))

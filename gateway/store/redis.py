@@ -254,6 +254,7 @@ class RedisStore:
         self._flush_interval_s = flush_interval_s
         self._max_batch = max_batch
         self._client: coredis.Redis[bytes] | None = None
+        self._holding = False  # the holder task was started
         self._release = trio.Event()  # set: the holder task lets the client go
         self._released = trio.Event()  # set: it has
         self._pending = _Batch()
@@ -288,6 +289,7 @@ class RedisStore:
                 logging.getLogger("coredis").setLevel(logging.WARNING)
                 ready = trio.Event()
                 trio.lowlevel.spawn_system_task(self._hold_client, ready, name="redis-client")
+                self._holding = True
                 await ready.wait()
                 state = await self._read_state()
                 self._opened = True
@@ -366,7 +368,7 @@ class RedisStore:
     async def _let_go(self) -> None:
         """Stop the holder task (if it started) and wait for it."""
         self._release.set()
-        if self._client is not None or not self._released.is_set():
+        if self._holding:
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_RETRY_S):
                 await self._released.wait()
 
