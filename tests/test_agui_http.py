@@ -201,6 +201,38 @@ async def test_a_permission_is_an_interrupt_and_the_next_run_resumes_it(tmp_path
         assert second[-1] == {**second[-1], "type": "RUN_FINISHED", "outcome": {"type": "success"}}
 
 
+async def test_a_resume_of_interrupts_answered_elsewhere_is_not_an_error(tmp_path: Path) -> None:
+    """An AG-UI client keeps its interrupts until a run finishes: a stale resume must finish one.
+
+    Answered on the HTTP route (as another client would) while the tool then
+    runs: the resume attaches to the turn and streams the rest; answered and
+    the turn over: the run says so at once (snapshot, success).
+    """
+    slow = {"script": {"rounds": [[{"tool_use": {"name": "sleep", "input": {"seconds": 0.3}}}],
+                                  [{"text": "done"}]]}}  # fmt: skip
+    async with gateway(tmp_path, **APPROVAL) as h:
+        thread = f"t-{uuid.uuid4()}"
+        first = await run_all(h, run_input(thread, slow))
+        [interrupt] = first[-1]["outcome"]["interrupts"]
+        r = await h.http.post(
+            f"/sessions/{thread}/permissions/{interrupt['id']}", json={"decision": "allow"}
+        )
+        assert r.status_code == 202
+        stale = [
+            {"interruptId": interrupt["id"], "status": "resolved", "payload": {"decision": "deny"}}
+        ]
+        second = await run_all(h, run_input(thread, "", resume=stale))
+        [result] = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]
+        assert result["content"] == "slept 0.3 s"  # allowed elsewhere: the stale deny is ignored
+        assert second[-1]["type"] == "RUN_FINISHED" and second[-1]["outcome"] == {"type": "success"}
+        # the turn is over now: the same stale resume finishes a run at once
+        third = await run_all(h, run_input(thread, "", resume=stale))
+        assert types(third) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+        assert third[-1]["outcome"] == {"type": "success"}
+        texts = [m.get("content") for m in third[1]["messages"] if m["role"] == "assistant"]
+        assert "done" in texts
+
+
 async def test_a_cancelled_interrupt_denies_the_tool(tmp_path: Path) -> None:
     async with gateway(tmp_path, **APPROVAL) as h:
         thread = f"t-{uuid.uuid4()}"

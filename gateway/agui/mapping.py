@@ -206,6 +206,11 @@ class RunMapper:
         out.append(self._finished(outcome, ts))
         return out
 
+    def idle_finish(self, ts: int | None = None) -> ag.RunFinished:
+        """``RUN_FINISHED`` (success) of a run that started no turn: nothing was left to do."""
+        self.finished = True
+        return self._finished(ag.SuccessOutcome(), ts)
+
     def _finished(self, outcome: ag.Outcome, ts: int | None) -> ag.RunFinished:
         return ag.RunFinished(
             thread_id=self.thread_id, run_id=self.run_id, outcome=outcome, timestamp=ts

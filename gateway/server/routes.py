@@ -34,7 +34,7 @@ import trio
 from gateway import ui
 from gateway.agui.mapping import RunMapper
 from gateway.agui.shapes import CancelRun, InputMessage, ResumeEntry, RunAgentInput, RunCancelling
-from gateway.agui.sse import RunSubscriber, stream_run
+from gateway.agui.sse import RunSubscriber, sse, stream_run
 from gateway.errors import ApiError
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.metrics import CONTENT_TYPE
@@ -693,12 +693,16 @@ class Api:
         history = list(session.messages)
         limit = self.config.stream.snapshot_messages
         sub = RunSubscriber(session, self.config.stream.queue_max_events)
+        if body.resume and session.turn is None:
+            # Answered elsewhere (another client, the WebSocket protocol, a
+            # timeout) and the turn has ended: the run says so and finishes.
+            return self._agui_closed_run(body, history[-limit:] if limit else [])
         if body.resume:
             decisions = _resume_decisions(
                 body.resume, {p.perm_id for p in session.permissions.pending()}
             )
             turn = session.turn
-            assert turn is not None  # approvals wait only within a turn
+            assert turn is not None
             await self._agui_subscribe(session, sub)
             try:
                 for perm_id, decision in decisions:
@@ -742,6 +746,24 @@ class Api:
             run,
             headers=[("cache-control", "no-cache"), ("x-accel-buffering", "no")],
             abandon=lambda: sub.leave("client_closed"),
+        )
+
+    def _agui_closed_run(self, body: RunAgentInput, history: list[Message]) -> StreamingResponse:
+        """A resume of interrupts that were answered elsewhere, on a thread whose turn ended.
+
+        Its entries are stale, not wrong: an AG-UI client keeps its interrupts
+        until a run finishes, so the run finishes at once (``RUN_STARTED``, the
+        thread's ``MESSAGES_SNAPSHOT`` with how the turn ended, ``RUN_FINISHED``)
+        and the front end is free again (docs/protocol.md "AG-UI").
+        """
+        mapper = RunMapper(body.thread_id, body.run_id, "")
+        events = [*mapper.start(history, now_ms()), mapper.idle_finish(now_ms())]
+
+        async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
+            await send(sse(events))
+
+        return StreamingResponse(
+            run, headers=[("cache-control", "no-cache"), ("x-accel-buffering", "no")]
         )
 
     async def _agui_thread(self, thread_id: str, caller: str | None) -> Session:
@@ -889,6 +911,8 @@ def _resume_decisions(entries: list[ResumeEntry], pending: set[str]) -> list[tup
             unanswered, or a ``resolved`` payload that is no decision.
     """
     ids = [e.interrupt_id for e in entries]
+    if not pending:  # the turn goes on, its approvals answered elsewhere: nothing to decide
+        return []
     if len(set(ids)) != len(ids) or set(ids) != pending:
         raise ApiError(
             422,
