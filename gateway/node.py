@@ -348,12 +348,7 @@ class Node:
             owner = parent.record.owner
         counted = self.limits.new_session(owner) if parent is None else contextlib.nullcontext()
         with counted:
-            path = await trio.Path(workspace_path or os.curdir).absolute()
-            workspace = str(path)
-            if not await path.is_dir():
-                raise ApiError(
-                    422, "invalid_workspace", f"workspace_path {workspace!r} is not a directory"
-                )
+            workspace = await _workspace(workspace_path)
             record = SessionRecord(
                 id=session_id or new_session_id(),
                 created_at=now_ms(),
@@ -435,3 +430,23 @@ class Node:
             ) / 1_000_000
 
         return cost
+
+
+async def _workspace(workspace_path: str | None) -> str:
+    """The absolute workspace of a new session (``POST /sessions``, PROTOCOL section 2).
+
+    Raises:
+        ApiError: 422 ``invalid_workspace``: not a directory, or none given and
+            the daemon's own working directory is gone (deleted under it).
+    """
+    try:
+        path = await trio.Path(workspace_path or os.curdir).absolute()
+    except OSError as exc:  # os.getcwd() of a deleted directory
+        raise ApiError(
+            422,
+            "invalid_workspace",
+            f"the daemon's working directory is gone ({exc.strerror}); give workspace_path",
+        ) from None
+    if not await path.is_dir():
+        raise ApiError(422, "invalid_workspace", f"workspace_path {str(path)!r} is not a directory")
+    return str(path)

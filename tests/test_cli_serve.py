@@ -194,3 +194,26 @@ async def test_a_start_up_failure_is_one_line_and_a_non_zero_exit(
     assert result.returncode == 1 and result.stdout == b""
     lines = result.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gateway: ") and expected in lines[0], lines
+
+
+async def test_a_working_directory_deleted_under_the_daemon_is_a_422_not_a_500(
+    tmp_path: Path,
+) -> None:
+    """PROTOCOL section 2 (no 5xx): a session with no workspace_path needs the daemon's cwd."""
+    cwd, store = tmp_path / "cwd", tmp_path / "store"
+    cwd.mkdir()
+    store.mkdir()
+    config = tmp_path / "gw.toml"
+    config.write_text(f'[store]\npath = "{store / "gateway.db"}"\n')
+    async with gateway_process(cwd, "--config", str(config), "--port", "0") as (proc, port):
+        cwd.rmdir()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            r = await http.post("/sessions", json={})
+            assert r.status_code == 422, r.text
+            assert r.json()["error"]["code"] == "invalid_workspace"
+            assert "working directory" in r.json()["error"]["message"]
+            r = await http.post("/sessions", json={"workspace_path": str(tmp_path)})
+            assert r.status_code == 201, r.text
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
