@@ -428,3 +428,24 @@ async def test_a_slow_run_is_cut_without_blocking_the_session() -> None:
     await sub.rx.receive()
     with pytest.raises(trio.EndOfChannel):
         await sub.rx.receive()
+
+
+def test_a_cancel_at_the_seam_maps_like_the_others_for_a_run_watching_it() -> None:
+    """cancel_seam seen by a run that does not pause at the approval (its stream began after it).
+
+    PROTOCOL section 8's seam sequence: the waiting tool's ``tool.failed``
+    (``cancelled``) is its ``TOOL_CALL_RESULT``, ``turn.cancelled`` ends the run
+    ``cancelled``, as in the llm and tools cases.
+    """
+    m = RunMapper("sess_1", "run_2", "turn_1")
+    out: list[ag.AguiEvent] = []
+    for frame in frames("cancel_seam"):
+        if isinstance(frame, EventFrame) and frame.event.type != "permission.requested":
+            out += m.receive(frame.event)
+    assert [brief(e) for e in out][-3:] == [
+        "STEP_FINISHED call_1",
+        "TOOL_CALL_RESULT toolu_1:result toolu_1 cancelled: cancelled",
+        "RUN_FINISHED cancelled",
+    ]
+    for event in out:
+        official(event)  # each one parses as ag_ui.core's
