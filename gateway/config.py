@@ -125,6 +125,9 @@ class StoreConfig(_Section, frozen=True):
     # live events wait for their commit (PROTOCOL section 9), so this is latency.
     flush_interval_ms: NonNegativeInt = 0
     commit_timeout_s: Seconds = 10.0  # a request waiting for a commit gives up (503) after this
+    # redis: a session's lease (the node running it) lasts this long unless
+    # renewed; when its node dies, its sessions are free for another node after this.
+    lease_s: Seconds = 10.0
 
 
 class Price(_Section, frozen=True):
@@ -239,6 +242,7 @@ url = "redis://127.0.0.1:6379/0"   # redis: every node of a deployment names the
 retention_hours = 168        # older events: subscribe_error cursor_expired
 flush_interval_ms = 0        # longest the writer gathers a batch; 0 = commit once one is pending
 commit_timeout_s = 10.0      # a request waiting for a commit gives up with 503 store_unavailable
+lease_s = 10.0               # redis: a session's lease; a dead node's sessions are free after this
 
 [model]
 provider = "scripted"        # "scripted" | "anthropic" | "openai"

@@ -5,6 +5,8 @@ Task tree (a stack dump reads like this)::
     node                      Node.run
     ├── store-writer          the store's batching writer (gateway.store)
     ├── retention             purges events older than retention_hours
+    ├── lease-keeper          renews this node's session leases (gateway.store.lease)
+    ├── recovery              Redis only: closes turns of nodes that died (every lease_s)
     └── sessions              one child nursery per live session
         └── session <id>      Session.run: agent-loop <id>, translator <id>
 
@@ -40,6 +42,7 @@ from gateway.session.recovery import close_interrupted
 from gateway.session.sequencer import EventSequencer
 from gateway.session.session import Session
 from gateway.store.base import SessionRecord, Store
+from gateway.store.lease import LeaseKeeper, Taken, new_node_id
 from gateway.tools.registry import ToolRegistry
 
 log = logging.getLogger("gateway.node")
@@ -130,6 +133,8 @@ class Node:
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)
         self.sequencer: EventSequencer
+        self.node_id = new_node_id()  # this process, in the session leases
+        self.leases: LeaseKeeper
         self.retention_floor = 0
         self.shutting_down = False
         self._loading: dict[str, trio.Event] = {}
@@ -146,21 +151,32 @@ class Node:
         self.store.on_commit = self.on_commit
         self.store.on_write_error = self._store_write_failed
         self.store.on_flush = self._store_flushed
+        lease_ms = round(self.config.store.lease_s * 1000)
+        self.leases = LeaseKeeper(
+            self.store.leases(self.node_id, lease_ms), self._lease_lost, self._lease_renew_failed
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(self._run_store, name="store-writer")
-            self.sequencer = EventSequencer(state.event_ceiling, self.store.reserve_event_ids)
-            await self.store.flush()  # the first reservation is durable before any id is used
+            self.sequencer = EventSequencer(self.store.reserve_event_ids, on_overrun=self._overrun)
+            await self.store.flush()  # the first block is durable (granted) before any id is used
+            if not self.sequencer.ready:
+                raise StoreError("the store allocated no block of event ids (see the log)")
             self.limits.count_sessions(await self.store.sessions_per_owner())
             async with trio.open_nursery() as sessions:
                 self._sessions_nursery = sessions
                 sessions.start_soon(self._retention_loop, name="retention")
+                await sessions.start(self.leases.run, name="lease-keeper")
                 await self._close_interrupted_turns()
+                if self.leases.leases.shared:
+                    sessions.start_soon(self._recovery_loop, name="recovery")
                 task_status.started(self)
                 await self._stop.wait()
                 await self.drain_turns()
                 sessions.cancel_scope.cancel()
             with trio.CancelScope(shield=True):
                 await self.provider.aclose()
+                with contextlib.suppress(StoreError), trio.move_on_after(2):
+                    await self.leases.release_all()  # another node need not wait for them
             await self.store.aclose()
 
     async def _run_store(self, *, task_status: trio.TaskStatus[None]) -> None:
@@ -248,7 +264,15 @@ class Node:
         ]
 
     async def _close_interrupted_turns(self) -> None:
-        """Close the turns a crash left in flight, workers before their parents (section 9)."""
+        """Close the turns a dead node left in flight, workers before their parents (section 9).
+
+        Only a turn whose session's lease this node can take (gateway.store.lease):
+        on Redis a session whose lease a live node holds is running there, and
+        is left alone; a dead node's lease expires within ``lease_s``, and the
+        ``recovery`` task tries again every ``lease_s``. A turn running on this
+        node is not interrupted. With SQLite every lease is this node's: all of
+        them are closed at start-up, as before.
+        """
         records = await self.store.open_turns()
         by_id = {r.id: r for r in records}
 
@@ -256,11 +280,24 @@ class Node:
             parent = by_id[sid].parent_session_id
             return 1 + depth(parent) if parent in by_id else 0
 
+        closed = 0
         for record in sorted(records, key=lambda r: -depth(r.id)):
+            live = self.sessions.get(record.id)
+            if live is not None and live.turn is not None:
+                continue  # running here
             try:
+                taken = await self.leases.take(record.id)
+                if taken is None:
+                    continue  # a live node runs it
+                await self.ids_above(taken)
                 session = await self.get_session(record.id)
                 if session is not None:
-                    await close_interrupted(session)
+                    if session is live and taken.new:
+                        # Loaded here while another node ran it: the stored record is the truth.
+                        session.record = record
+                    if session.record.current_turn_id is not None:
+                        await close_interrupted(session)
+                        closed += 1
             except Exception as exc:  # one session's history must not keep the node down
                 event(
                     log, logging.ERROR, "session_failed",
@@ -270,13 +307,58 @@ class Node:
                     component="recovery",
                 )  # fmt: skip
                 self.metrics.session_failures.labels("recovery").inc()
-        if records:
+        if closed:
             event(
                 log, logging.INFO, "turns_recovered",
-                f"closed {len(records)} turns left in flight by the previous process",
-                turns=len(records),
+                f"closed {closed} turns left in flight by a node that died",
+                turns=closed,
             )  # fmt: skip
             await self.wait_durable()
+
+    async def _recovery_loop(self) -> None:
+        """Redis: close the turns of nodes that died since, once their leases expire."""
+        while True:
+            await trio.sleep(self.config.store.lease_s)
+            try:
+                await self._close_interrupted_turns()
+            except StoreError as exc:  # tried again next round
+                event(
+                    log, logging.ERROR, "store_read_failed",
+                    f"store: looking for interrupted turns failed: {exc}", error=str(exc),
+                )  # fmt: skip
+
+    async def ids_above(self, taken: Taken) -> None:
+        """Issue the next ids above every id the lease's previous holder could have issued.
+
+        (PROTOCOL section 1: a session's ids increase across a failover.)
+        """
+        while self.sequencer.needs_block_above(taken.counter):
+            self.sequencer.renew()
+            await self.store.flush()
+
+    def _lease_lost(self, session_id: str) -> None:
+        # The session must stop acting here; routing it to the holder is the
+        # next slice of issue 13 (docs/scale-out.md). For now: said and counted.
+        event(
+            log, logging.ERROR, "lease_lost",
+            f"session {session_id}: this node lost its lease (another node may run it now)",
+            session_id=session_id, component="lease",
+        )  # fmt: skip
+        self.metrics.session_failures.labels("lease").inc()
+
+    def _lease_renew_failed(self, exc: StoreError) -> None:
+        event(
+            log, logging.ERROR, "lease_renew_failed",
+            f"store: renewing the session leases failed: {exc} (retrying)", error=str(exc),
+        )  # fmt: skip
+
+    def _overrun(self, seq: int) -> None:
+        event(
+            log, logging.ERROR, "event_ids_overrun",
+            f"event id {seq} is past the blocks the store granted (it has not answered):"
+            " ids may repeat another node's until it does",
+            seq=seq,
+        )  # fmt: skip
 
     def notify(self) -> None:
         """Something shutdown waits for happened: a turn ended or a connection closed."""
@@ -364,6 +446,8 @@ class Node:
         if parent is not None:
             parent.workers.append(session)
         await self._start(session)
+        with contextlib.suppress(StoreError):  # new: no id of it anywhere, so no id jump
+            await self.leases.take(record.id)
         await self.durable_or_503()  # PROTOCOL section 9: durable when POST /sessions answers
         event(
             log, logging.INFO, "session_created", f"session {record.id} created",
@@ -386,6 +470,13 @@ class Node:
             record = await self.store.get_session(session_id)
             if record is None:
                 return None
+            # This node runs the session if nobody else does (its lease); a
+            # session held elsewhere is loaded all the same (clients attach to
+            # any node), its turns left as they are for now (docs/scale-out.md).
+            with contextlib.suppress(StoreError):
+                taken = await self.leases.take(session_id)
+                if taken is not None:
+                    await self.ids_above(taken)
             parent = None
             if record.parent_session_id:
                 parent = await self.get_session(record.parent_session_id)

@@ -17,6 +17,7 @@ Rules of these tests:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -32,7 +33,9 @@ from gateway.ids import format_event_id
 from gateway.protocol.events import CATALOG_TYPES
 from gateway.protocol.frames import SubscribeAck
 from gateway.protocol.shapes import Message, TextBlock
+from gateway.session.sequencer import EventSequencer
 from gateway.store import SessionRecord, StoredEvent, StoredMessage
+from gateway.store.lease import LeaseKeeper
 from gateway.store.redis import RedisStore, redacted
 from tests.conftest import TOOL_SCRIPT, make_config, running_gateway, types
 from tests.redis_support import RedisServer, free_port, own_redis, redis_server
@@ -141,7 +144,7 @@ async def test_what_was_committed_survives_a_crash_of_redis(own_redis: RedisServ
     store.put_session(session("sess_a", current_turn_id="turn_1", current_turn_seq=3))
     store.put_message(message("msg_1"))
     store.put_event(event(3))
-    store.reserve_event_ids(50)
+    store.reserve_event_ids(50, lambda top: None)
     await store.flush()
     assert store.committed == 4
     await store.aclose()
@@ -227,6 +230,82 @@ async def test_every_key_is_under_the_prefix(redis_server: RedisServer) -> None:
     assert all(not k.startswith(b"gw:") for k in keys)  # nothing under the default prefix
 
 
+# --- event ids across nodes (PROTOCOL section 1) ------------------------------------
+
+
+async def test_two_nodes_allocating_at_once_never_get_overlapping_blocks(
+    redis_server: RedisServer,
+) -> None:
+    """Each block is an atomic increment of the deployment's counter, whoever asks."""
+    prefix = redis_server.new_prefix()
+    nodes = [await open_store(redis_server, prefix) for _ in range(2)]
+    granted: list[list[int]] = [[], []]
+
+    async def allocate(store: RedisStore, tops: list[int], block: int) -> None:
+        for _ in range(40):
+            store.reserve_event_ids(block, tops.append)
+            store.reserve_event_ids(block, tops.append)  # two in one transaction too
+            await store.flush()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for store in nodes:
+                await nursery.start(store.run)
+            async with trio.open_nursery() as both:
+                both.start_soon(allocate, nodes[0], granted[0], 1000)
+                both.start_soon(allocate, nodes[1], granted[1], 700)
+            for store in nodes:
+                await store.aclose()  # and its run() returns
+        ranges = [(top - 1000 + 1, top) for top in granted[0]]
+        ranges += [(top - 700 + 1, top) for top in granted[1]]
+        assert len(ranges) == 160
+        ranges.sort()
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))
+        assert ranges[-1][1] == 80 * 1000 + 80 * 700  # nothing skipped either
+
+        # A restart (a new node) starts above every block granted before it.
+        again = RedisStore(redis_server.url, prefix=prefix)
+        assert (await again.open()).event_ceiling == ranges[-1][1]
+        later: list[int] = []
+        again.reserve_event_ids(10, later.append)
+        await again.flush()
+        assert later == [ranges[-1][1] + 10]
+        await again.aclose()
+
+
+async def test_a_sessions_ids_increase_across_a_failover(redis_server: RedisServer) -> None:
+    """A second node takes a dead node's session: its next ids are above every id it had.
+
+    Node B was granted its block first (lower ids); node A, granted the next
+    block, runs the session and dies. B takes the session's lease once it
+    expires, and its ids for the session are above A's, though its own block is
+    below them (gateway.node.Node.ids_above).
+    """
+    prefix = redis_server.new_prefix()
+    a_store, b_store = [await open_store(redis_server, prefix) for _ in range(2)]
+    b_ids = EventSequencer(b_store.reserve_event_ids, block=1000)
+    await b_store.flush()
+    a_ids = EventSequencer(a_store.reserve_event_ids, block=1000)
+    await a_store.flush()
+    a = LeaseKeeper(a_store.leases("node_a", 200), on_lost=lambda sid: None)
+    b = LeaseKeeper(b_store.leases("node_b", 200), on_lost=lambda sid: None)
+
+    assert await a.take("sess_f") is not None
+    a_issued = [a_ids.next() for _ in range(5)]
+    assert min(a_issued) > b_ids.last + 1  # B's block is below A's
+    assert await b.take("sess_f") is None  # A is alive (its lease holds)
+    await a_store.aclose()  # A dies: nothing released, nothing renewed
+
+    await trio.sleep(0.25)  # Redis expires the 200 ms lease in real time
+    taken = await b.take("sess_f")
+    assert taken is not None and taken.new and taken.counter >= max(a_issued)
+    while b_ids.needs_block_above(taken.counter):  # what Node.ids_above does
+        b_ids.renew()
+        await b_store.flush()
+    assert b_ids.next() > max(a_issued)
+    await b_store.aclose()
+
+
 # --- opening ----------------------------------------------------------------------
 
 
@@ -280,9 +359,15 @@ async def test_a_gateway_on_redis_runs_a_turn_replays_and_restarts(
 
     The restarted node (another Gateway on the crash copy) finds the session and
     its messages, closes the turn left in flight with ``server_restart``
-    (PROTOCOL section 9), and takes the next turn with ids above every old one.
+    (PROTOCOL section 9) once the dead node's lease on it has expired (a
+    restarted process is another node), and takes the next turn with ids above
+    every old one.
     """
-    overrides: dict[str, Any] = {"store.backend": "redis", "tools.enabled": ["sleep"]}
+    overrides: dict[str, Any] = {
+        "store.backend": "redis",
+        "tools.enabled": ["sleep"],
+        "store.lease_s": 0.5,
+    }
     config = make_config(tmp_path, **overrides, **{"store.url": own_redis.url})
     with trio.fail_after(30):
         async with running_gateway(config) as gw:
@@ -335,6 +420,9 @@ async def test_a_gateway_on_redis_runs_a_turn_replays_and_restarts(
                 assert isinstance(ack, SubscribeAck)
                 for _ in range(ack.replay_event_count):
                     await again.recv()
+                # The dead node's lease (in the copy) expires within lease_s; the
+                # recovery task then closes the turn: live, to this client.
+                await again.until(lambda e: e.type == "turn.cancelled")
                 closing = again.events[-1]
                 assert closing.type == "turn.cancelled", types(again.events)
                 assert (closing.payload.reason, closing.payload.phase) == (

@@ -32,6 +32,7 @@ import trio
 from gateway.errors import StoreError
 from gateway.ids import format_event_id
 from gateway.protocol.shapes import Message, TextBlock, Usage
+from gateway.session.sequencer import EventSequencer
 from gateway.store import (
     SessionRecord,
     SqliteStore,
@@ -282,20 +283,119 @@ async def test_a_negative_limit_is_refused(store: Store) -> None:
 # --- event ceiling and retention floor ---------------------------------------
 
 
-async def test_event_ceiling_only_grows_and_survives_a_restart(
+async def test_blocks_of_event_ids_follow_each_other_and_survive_a_restart(
     store: Store, backend: Backend
 ) -> None:
-    store.reserve_event_ids(100)
-    store.reserve_event_ids(50)
+    """Each block lies above the last; the ceiling is the last block's top, durable with a flush."""
+    grants: list[int] = []
+    store.reserve_event_ids(100, grants.append)
+    store.reserve_event_ids(50, grants.append)
     await store.flush()
-    store.reserve_event_ids(80)
-    assert (await restart(store, backend)).event_ceiling == 100
+    assert grants == [100, 150]
+    store.reserve_event_ids(80, grants.append)
+    await store.flush()  # Redis grants it only once its transaction answered; SQLite at once
+    assert grants == [100, 150, 230]
+    assert (await restart(store, backend)).event_ceiling == 230
+    again = backend.new()
+    await again.open()
+    again.reserve_event_ids(10, grants.append)  # after a restart: above every block before it
+    await again.flush()
+    await again.aclose()
+    assert grants[-1] == 240
 
 
 async def test_event_ceiling_covers_events_stored_above_it(store: Store, backend: Backend) -> None:
-    store.reserve_event_ids(10)
+    store.reserve_event_ids(10, lambda top: None)
     store.put_event(event(12))
     assert (await restart(store, backend)).event_ceiling == 12
+
+
+class Blocks:
+    """A store's block allocation, granted when the test says (Redis) or at once (SQLite)."""
+
+    def __init__(self, *, at_once: bool, start: int = 0) -> None:
+        self.at_once = at_once
+        self.counter = start
+        self.asked: list[tuple[int, Callable[[int], None]]] = []
+
+    def reserve(self, block: int, granted: Callable[[int], None]) -> None:
+        if self.at_once:
+            self.counter += block
+            granted(self.counter)
+        else:
+            self.asked.append((block, granted))
+
+    def grant(self, *, taken_by_others: int = 0) -> int:
+        """Answer the oldest request, after ``taken_by_others`` ids went to other nodes."""
+        block, granted = self.asked.pop(0)
+        self.counter += taken_by_others + block
+        granted(self.counter)
+        return self.counter
+
+
+def test_the_sequencer_on_sqlite_issues_the_same_ids_as_before() -> None:
+    """Contiguous blocks, the next one reserved when half of the current one is used."""
+    blocks = Blocks(at_once=True, start=1000)
+    seq = EventSequencer(blocks.reserve, block=10)
+    assert (seq.ready, seq.last, seq.ceiling, blocks.counter) == (True, 1000, 1010, 1010)
+    issued = [seq.next() for _ in range(5)]
+    assert blocks.counter == 1010  # half used: not yet
+    issued.append(seq.next())
+    assert blocks.counter == 1020  # past half: the next block reserved (and durable at once)
+    issued += [seq.next() for _ in range(20)]
+    assert issued == list(range(1001, 1027))
+    assert blocks.counter == 1040  # 1016 and 1026 were past half of theirs too
+
+
+def test_the_sequencer_on_redis_skips_what_other_nodes_were_granted() -> None:
+    blocks = Blocks(at_once=False)
+    seq = EventSequencer(blocks.reserve, block=10)
+    assert not seq.ready
+    blocks.grant()  # 1..10
+    issued = [seq.next() for _ in range(6)]
+    assert len(blocks.asked) == 1  # past half: asked, not granted yet
+    blocks.grant(taken_by_others=20)  # 11..30 went to other nodes: this one gets 31..40
+    issued += [seq.next() for _ in range(6)]
+    assert issued == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 31, 32]
+
+
+def test_the_sequencer_counts_past_a_block_not_granted_in_time_then_continues_above() -> None:
+    """Redis not answering for half a block's worth of ids: said, and the ids keep increasing."""
+    blocks = Blocks(at_once=False)
+    overruns: list[int] = []
+    seq = EventSequencer(blocks.reserve, block=10, on_overrun=overruns.append)
+    blocks.grant()
+    issued = [seq.next() for _ in range(12)]
+    assert issued == list(range(1, 13)) and overruns == [11]  # told once
+    blocks.grant(taken_by_others=10)  # 21..30: continue there, above the overrun
+    assert [seq.next() for _ in range(2)] == [21, 22]
+    blocks = Blocks(at_once=False)
+    seq = EventSequencer(blocks.reserve, block=10, on_overrun=overruns.append)
+    blocks.grant()
+    assert [seq.next() for _ in range(12)][-1] == 12
+    blocks.grant()  # 11..20: nobody else took them; 11 and 12 were this node's after all
+    assert seq.next() == 13
+
+
+def test_a_node_taking_over_a_session_issues_its_ids_above_the_previous_holders() -> None:
+    """needs_block_above and renew (gateway.node.Node.ids_above drives them)."""
+    blocks = Blocks(at_once=False)
+    seq = EventSequencer(blocks.reserve, block=10)
+    blocks.grant()  # 1..10, this node's
+    assert seq.next() == 1
+    assert not seq.needs_block_above(10)  # nobody allocated since: every other id is below
+    assert seq.needs_block_above(50)  # others were granted up to 50: this block is too low
+    seq.renew()
+    blocks.counter = 50
+    blocks.grant()  # 51..60, used at once
+    assert not seq.needs_block_above(50)
+    assert seq.next() == 51
+    # A block granted ahead that is high enough is used at once, without asking.
+    for _ in range(5):
+        seq.next()
+    blocks.grant(taken_by_others=5)  # 66..75, ahead
+    assert not seq.needs_block_above(65)
+    assert seq.next() == 66
 
 
 async def test_purge_before_deletes_old_events_and_raises_the_floor(
@@ -450,7 +550,7 @@ async def test_the_writer_batches_what_is_pending(backend: Backend) -> None:
         await nursery.start(store.run)
         store.put_session(session("sess_a", 1))
         store.put_message(StoredMessage(message("msg_1"), None))
-        store.reserve_event_ids(10)  # max_batch reached: the writer stops gathering
+        store.reserve_event_ids(10, lambda top: None)  # max_batch reached: no more gathering
         with trio.fail_after(10):
             await committed.wait()
         assert flushes == [3] and store.committed == 3

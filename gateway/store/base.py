@@ -9,7 +9,10 @@ Two numbers make event ids safe across restarts (PROTOCOL section 1: event ids
 "are never reused (the high-water mark survives a restart)"):
 
 - the **event ceiling**: every sequence number up to it may have been handed
-  out, streaming-only ones included, so a restarted node starts above it;
+  out, streaming-only ones included, so a restarted node starts above it. A
+  node takes its ids in blocks the store allocates (:meth:`Store.reserve_event_ids`),
+  and the ceiling is the top of the last block allocated: on Redis, the
+  deployment's counter, so the blocks of several nodes never overlap;
 - the **retention floor**: the highest sequence number ever purged, so a
   ``since`` cursor at or below it is ``cursor_expired`` (PROTOCOL section 3).
 
@@ -35,6 +38,7 @@ import trio
 
 from gateway.errors import StoreError
 from gateway.protocol.shapes import Message, StopReason
+from gateway.store.lease import Leases
 
 
 class StoreState(msgspec.Struct, frozen=True):
@@ -166,11 +170,28 @@ class Store(Protocol):
         """Return once every put up to ``ticket`` is durable."""
         ...
 
-    def reserve_event_ids(self, ceiling: int) -> None:
-        """Enqueue "sequence numbers up to ``ceiling`` may have been handed out".
+    def reserve_event_ids(self, block: int, granted: Callable[[int], None]) -> None:
+        """Allocate the next ``block`` event ids to this node alone (PROTOCOL section 1).
 
-        The stored ceiling only ever grows. Follow with :meth:`flush` before
-        handing out ids above the previously durable ceiling.
+        ``granted(top)`` is called, in the Trio thread, with the block's last id:
+        the node may issue ``top - block + 1`` to ``top``. Blocks never overlap,
+        whichever node asked, and every block lies above every id stored or
+        allocated before it, across restarts (the stored ceiling only grows).
+
+        - SQLite (one node): granted at once (the next block above the ceiling);
+          the raised ceiling is enqueued like a put: follow with :meth:`flush`
+          before issuing ids above the previously durable ceiling.
+        - Redis: granted once the writer's transaction that allocates it (an
+          atomic increment of the deployment's counter) has been answered: it
+          is enqueued like a put, and :meth:`flush` returns after the grant.
+        """
+        ...
+
+    def leases(self, node_id: str, ttl_ms: int) -> Leases:
+        """This node's session leases on this store (:mod:`gateway.store.lease`).
+
+        SQLite: every lease is this node's (it is the only one). Redis: one key
+        per session with an expiry, shared by every node of the deployment.
         """
         ...
 

@@ -22,7 +22,9 @@ braces: a Redis Cluster hash tag, so each session's keys share a slot when the
 store is later sharded by session::
 
     gw:version                 "1": the layout version this code reads
-    gw:meta                    ZSET: event_ceiling, retention_floor (raised with ZADD GT: only grow)
+    gw:meta                    ZSET: event_ceiling (the deployment's id counter: ZINCRBY by a
+                               block allocates that block to one node), retention_floor
+                               (raised with ZADD GT: only grows)
     gw:s:{sid}                 the SessionRecord
     gw:sessions                ZSET (lex): "<created_at, 16 digits>:<sid>", every session
     gw:owner:<owner>           ZSET (lex): the same, one owner's sessions (PROTOCOL section 2)
@@ -33,6 +35,7 @@ store is later sharded by session::
     gw:mo:{sid}                ZSET: message id -> insertion order (kept by a rewrite)
     gw:e:{sid}                 ZSET: score seq, member [seq, type, ts, wire bytes]
     gw:ets                     ZSET: score ts, member "<seq>:<sid>" (the retention purge)
+    gw:lease:{sid}             STRING: the node id holding the session's lease, with its expiry
 
 Why a sorted set per session for events, not a stream: a replay reads each
 asked session's set from ``after_seq`` by score (``ZRANGE ... BYSCORE``) and
@@ -61,6 +64,18 @@ Decisions where the contract is silent:
   ``on_write_error``.
 - An event stored twice with the same ``seq`` is not refused (the sequencer
   never reuses one: PROTOCOL section 1, and the event ceiling).
+- Event ids come in blocks allocated by ``ZINCRBY gw:meta <block> event_ceiling``
+  inside the writer's transaction: atomic, so the blocks of several nodes never
+  overlap, and each above every block before it. The counter is the
+  ``event_ceiling`` member that earlier releases raised with ``ZADD GT``, so a
+  store they wrote needs no migration (a score is a double: exact up to 2^53,
+  nine thousand million blocks). A batch retried after its answer was lost
+  allocates its block twice: one block of numbers is skipped, nothing reused.
+- Leases (:mod:`gateway.store.lease`): ``SET gw:lease:{sid} <node> NX PX <ttl>``
+  pipelined with a read of the counter (the counter read after the lease is
+  taken bounds every id the previous holder issued); renew and release are
+  compare-and-``PEXPIRE`` and compare-and-``DEL`` scripts, one per session
+  (each session's key in its own slot, as a Cluster needs).
 - A Redis whose ``appendonly`` is ``no`` is accepted with a warning in the log:
   what a client was shown then survives only until Redis restarts.
 """
@@ -84,6 +99,7 @@ from coredis.tokens import PureToken
 from gateway.errors import StoreError
 from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
+from gateway.store.lease import Taken
 
 log = logging.getLogger("gateway.store")
 
@@ -106,6 +122,20 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     anyio.ClosedResourceError,
     anyio.EndOfStream,
 )
+
+# Leases (gateway.store.lease): only the holder extends or drops its lease.
+_RENEW_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
 
 # A message keeps its place when rewritten (an in_progress message completed):
 # only a new id takes the next number of its session.
@@ -181,6 +211,9 @@ class _Keys:
     def events(self, sid: str) -> str:
         return f"{self._p}e:{{{sid}}}"
 
+    def lease(self, sid: str) -> str:
+        return f"{self._p}lease:{{{sid}}}"
+
 
 class _Batch:
     """The writes enqueued since the writer last took a batch, encoded when enqueued.
@@ -193,6 +226,7 @@ class _Batch:
         self.messages: list[tuple[str, str, bytes]] = []  # (session, message id, encoded)
         self.events: list[tuple[int, str, int, bytes]] = []  # (seq, session, ts, member)
         self.ceiling: int | None = None
+        self.blocks: list[tuple[int, Callable[[int], None]]] = []  # (size, granted)
         self.size = 0
 
     def add_session(self, rec: SessionRecord) -> None:
@@ -213,11 +247,16 @@ class _Batch:
         self.ceiling = ceiling if self.ceiling is None else max(self.ceiling, ceiling)
         self.size += 1
 
+    def add_block(self, block: int, granted: Callable[[int], None]) -> None:
+        self.blocks.append((block, granted))
+        self.size += 1
+
     def then(self, later: _Batch) -> _Batch:
         """This batch followed by ``later`` (a failed batch goes before what came next)."""
         self.sessions += later.sessions
         self.messages += later.messages
         self.events += later.events
+        self.blocks += later.blocks
         if later.ceiling is not None:
             self.raise_ceiling(later.ceiling)
             self.size -= 1
@@ -429,11 +468,14 @@ class RedisStore:
         self._signal()
         self._batch_ready.set()  # clients wait for it: no gathering
 
-    def reserve_event_ids(self, ceiling: int) -> None:
+    def reserve_event_ids(self, block: int, granted: Callable[[int], None]) -> None:
         self._check_accepting()
-        self._pending.raise_ceiling(ceiling)
+        self._pending.add_block(block, granted)
         self._enqueued += 1
         self._signal()
+
+    def leases(self, node_id: str, ttl_ms: int) -> RedisLeases:
+        return RedisLeases(self, node_id, ttl_ms)
 
     def ticket(self) -> int:
         return self._enqueued
@@ -544,6 +586,11 @@ class RedisStore:
                 if by_age:
                     p.zadd(k.ets, by_age)
                     rows.append("the events' age index")
+                grants: list[tuple[int, Callable[[int], None]]] = []  # (result index, granted)
+                for block, granted in batch.blocks:
+                    p.zincrby(k.meta, "event_ceiling", block)
+                    grants.append((len(rows), granted))
+                    rows.append(f"a block of {block} event ids")
                 ceiling = max([batch.ceiling or 0, *(seq for seq, *_ in batch.events)])
                 if ceiling:
                     p.zadd(k.meta, {"event_ceiling": ceiling}, comparison=PureToken.GT)
@@ -555,6 +602,10 @@ class RedisStore:
         for what, result in zip(rows, results, strict=False):
             if isinstance(result, Exception):
                 refused[f"{what}: {result}"] = None
+        for index, granted in grants:
+            top = results[index] if index < len(results) else None
+            if isinstance(top, int | float | bytes | str):
+                granted(int(float(top)))
         return list(refused)
 
     def _report(self, exc: StoreError) -> None:
@@ -744,3 +795,61 @@ def _reason(exc: BaseException) -> str:
 def _check_limit(limit: int) -> None:
     if limit < 0:
         raise ValueError(f"limit must be >= 0, not {limit}")
+
+
+class RedisLeases:
+    """The session leases of one node on a Redis store (:class:`gateway.store.lease.Leases`)."""
+
+    shared = True
+
+    def __init__(self, store: RedisStore, node_id: str, ttl_ms: int) -> None:
+        self.node_id = node_id
+        self.ttl_ms = ttl_ms
+        self._store = store
+        self._keys = store._keys
+
+    async def acquire(self, session_id: str) -> Taken | None:
+        k = self._keys
+        key = k.lease(session_id)
+
+        async def take(c: coredis.Redis[bytes]) -> Taken | None:
+            async with c.pipeline(transaction=False) as p:
+                took = p.set(key, self.node_id, condition=PureToken.NX, px=self.ttl_ms)
+                counter = p.zscore(k.meta, "event_ceiling")
+            if await took:
+                return Taken(int(await counter or 0), new=True)
+            # Held: by this node already (renewed here), or by another.
+            if await c.eval(_RENEW_LEASE, [key], [self.node_id, self.ttl_ms]) == 1:
+                return Taken()
+            return None
+
+        return await self._store._read(take)
+
+    async def renew(self, session_ids: Sequence[str]) -> list[str]:
+        sids = list(session_ids)
+
+        async def renew(c: coredis.Redis[bytes]) -> list[object]:
+            async with c.pipeline(transaction=False) as p:
+                answers = [
+                    p.eval(_RENEW_LEASE, [self._keys.lease(s)], [self.node_id, self.ttl_ms])
+                    for s in sids
+                ]
+            return [await a for a in answers]
+
+        answers = await self._store._read(renew)
+        return [s for s, answer in zip(sids, answers, strict=True) if answer != 1]
+
+    async def release(self, session_ids: Sequence[str]) -> None:
+        sids = list(session_ids)
+
+        async def release(c: coredis.Redis[bytes]) -> None:
+            async with c.pipeline(transaction=False) as p:
+                for s in sids:
+                    p.eval(_RELEASE_LEASE, [self._keys.lease(s)], [self.node_id])
+
+        if sids:
+            await self._store._read(release)
+
+    async def holder(self, session_id: str) -> str | None:
+        data = await self._store._read(lambda c: c.get(self._keys.lease(session_id)))
+        return None if data is None else data.decode()

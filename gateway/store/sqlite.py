@@ -56,6 +56,7 @@ import trio
 from gateway.errors import StoreError
 from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
+from gateway.store.lease import LocalLeases
 
 SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 5.0
@@ -567,6 +568,7 @@ class SqliteStore:
         self._max_batch = max_batch
         self._db: _Database | None = None
         self._pending = _Batch()
+        self._ceiling = 0  # the top of the last block of event ids allocated
         self._enqueued = 0  # tickets handed out: one per put
         self.committed = 0  # every ticket up to this one is durable
         self.on_commit: Callable[[int], None] | None = None
@@ -585,6 +587,7 @@ class SqliteStore:
 
     async def open(self) -> StoreState:
         self._db, state = await self._offload(_Database.open, self._path)
+        self._ceiling = state.event_ceiling
         return state
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -656,11 +659,17 @@ class SqliteStore:
         self._signal()
         self._batch_ready.set()  # clients wait for it: no gathering (class docstring)
 
-    def reserve_event_ids(self, ceiling: int) -> None:
+    def reserve_event_ids(self, block: int, granted: Callable[[int], None]) -> None:
+        # One node: the next block above the ceiling is this node's at once.
         self._check_accepting()
-        self._pending.raise_ceiling(ceiling)
+        self._ceiling += block
+        self._pending.raise_ceiling(self._ceiling)
         self._enqueued += 1
         self._signal()
+        granted(self._ceiling)
+
+    def leases(self, node_id: str, ttl_ms: int) -> LocalLeases:
+        return LocalLeases(node_id, ttl_ms)
 
     def ticket(self) -> int:
         """The ticket of the last put: durable once :attr:`committed` reaches it."""
