@@ -138,6 +138,8 @@ class Node:
         self.retention_floor = 0
         self.shutting_down = False
         self._loading: dict[str, trio.Event] = {}
+        self._recovery_lock = trio.Lock()  # closing interrupted turns: one at a time
+        self._claiming: dict[str, trio.Event] = {}  # sessions whose lease a request is taking
         self._holding: dict[Session, None] = {}  # families with batches waiting for a commit
         self._sessions_nursery: trio.Nursery
         self._stop = trio.Event()
@@ -292,12 +294,9 @@ class Node:
                 await self.ids_above(taken)
                 session = await self.get_session(record.id)
                 if session is not None:
-                    if session is live and taken.new:
-                        # Loaded here while another node ran it: the stored record is the truth.
-                        session.record = record
-                    if session.record.current_turn_id is not None:
-                        await close_interrupted(session)
-                        closed += 1
+                    # Loaded here while another node ran it: the stored record is the truth.
+                    fresher = record if session is live and taken.new else None
+                    closed += await self._close_if_interrupted(session, fresher)
             except Exception as exc:  # one session's history must not keep the node down
                 event(
                     log, logging.ERROR, "session_failed",
@@ -308,12 +307,31 @@ class Node:
                 )  # fmt: skip
                 self.metrics.session_failures.labels("recovery").inc()
         if closed:
-            event(
-                log, logging.INFO, "turns_recovered",
-                f"closed {closed} turns left in flight by a node that died",
-                turns=closed,
-            )  # fmt: skip
+            self._recovered(closed)
             await self.wait_durable()
+
+    async def _close_if_interrupted(self, session: Session, record: SessionRecord | None) -> bool:
+        """Close the session's turn left in flight, if it has one and none runs here.
+
+        ``record``: the session as stored, replacing the one loaded here (a
+        session loaded while another node ran it). One at a time, so that a
+        recovery pass and a request taking the same lease never close a turn twice.
+        """
+        async with self._recovery_lock:
+            if session.turn is not None:
+                return False
+            if record is not None:
+                session.record = record
+            if session.record.current_turn_id is None:
+                return False
+            await close_interrupted(session)
+            return True
+
+    def _recovered(self, turns: int) -> None:
+        event(
+            log, logging.INFO, "turns_recovered",
+            f"closed {turns} turns left in flight by a node that died", turns=turns,
+        )  # fmt: skip
 
     async def _recovery_loop(self) -> None:
         """Redis: close the turns of nodes that died since, once their leases expire."""
@@ -457,7 +475,52 @@ class Node:
         return session
 
     async def get_session(self, session_id: str) -> Session | None:
-        """A live session, loading a stored one on first use; ``None`` if unknown."""
+        """A live session, loading a stored one on first use; ``None`` if unknown.
+
+        On Redis the node also takes the session's lease if nobody holds it
+        (:meth:`_claim`): every request for a session goes through here.
+        """
+        session = await self._get_session(session_id)
+        if session is None or not self.leases.leases.shared:
+            return session
+        claiming = self._claiming.get(session_id)
+        if claiming is not None:  # another request is taking it: its turn closes first
+            await claiming.wait()
+        elif not self.leases.holds(session_id):
+            self._claiming[session_id] = claiming = trio.Event()
+            try:
+                await self._claim(session)
+            finally:
+                del self._claiming[session_id]
+                claiming.set()
+        return session
+
+    async def _claim(self, session: Session) -> None:
+        """Take the session's lease if it is free; close the turn a dead holder left open.
+
+        This node then runs the session's turns (the one it left in flight is
+        closed before any new one can start: nothing awaits between this and
+        a turn's submission). A session held elsewhere stays as it is: loaded
+        here for its clients, its turns, for now, run wherever they are sent
+        (docs/scale-out.md: routing them to the holder is the next slice).
+        """
+        try:
+            taken = await self.leases.take(session.id)
+            if taken is None:
+                return
+            await self.ids_above(taken)
+            if taken.new and session.turn is None:
+                record = await self.store.get_session(session.id)
+                if await self._close_if_interrupted(session, record):
+                    self._recovered(1)
+        except StoreError as exc:  # tried again at the next request or recovery pass
+            event(
+                log, logging.ERROR, "store_read_failed",
+                f"session {session.id}: taking its lease failed: {exc}",
+                error=str(exc), session_id=session.id,
+            )  # fmt: skip
+
+    async def _get_session(self, session_id: str) -> Session | None:
         session = self.sessions.get(session_id)
         if session is not None:
             return session
@@ -470,13 +533,6 @@ class Node:
             record = await self.store.get_session(session_id)
             if record is None:
                 return None
-            # This node runs the session if nobody else does (its lease); a
-            # session held elsewhere is loaded all the same (clients attach to
-            # any node), its turns left as they are for now (docs/scale-out.md).
-            with contextlib.suppress(StoreError):
-                taken = await self.leases.take(session_id)
-                if taken is not None:
-                    await self.ids_above(taken)
             parent = None
             if record.parent_session_id:
                 parent = await self.get_session(record.parent_session_id)

@@ -269,3 +269,38 @@ async def test_a_turn_whose_lease_a_live_node_holds_is_left_alone_until_it_lapse
                 closing = await again.until(lambda e: e.type == "turn.cancelled")
             assert closing[-1].payload.reason == "server_restart"
             assert all(int(e.id[4:]) > before for e in closing)
+
+
+async def test_a_request_for_a_session_whose_lease_lapsed_closes_its_turn_before_a_new_one(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """A node takes a free lease at the first request for the session, and closes the dead
+    holder's turn then, before the request's own turn can start (no recovery pass needed)."""
+    with trio.fail_after(30):
+        async with running_gateway(redis_config(tmp_path, own_redis)) as gw:
+            sid = await gw.create_session()
+            async with gw.client(sid) as live:
+                await live.subscribe()
+                await gw.submit(sid, SLEEPY)
+                await live.until(lambda e: e.type == "tool.called")
+                crash_copy(own_redis)
+                cursor = live.events[-1].id
+    lease = f"gw:lease:{{{sid}}}"
+    command(own_redis.port, "SET", lease, "node_dead", "PX", "60000", db=1)
+
+    # lease_s 60: no recovery pass runs during the test; only the request can close the turn.
+    with trio.fail_after(30):
+        async with running_gateway(
+            redis_config(tmp_path, own_redis, db=1, **{"store.lease_s": 60})
+        ) as gw:
+            assert command(own_redis.port, "SCARD", "gw:open", db=1) == 1  # held: left alone
+            command(own_redis.port, "DEL", lease, db=1)  # its holder is dead: the lease lapsed
+            await gw.submit(sid, "hello again")
+            assert command(own_redis.port, "GET", lease, db=1) == gw.node.node_id.encode()
+            async with gw.client(sid) as again:
+                await again.subscribe(since=cursor)
+                events = await again.until(lambda e: e.type == "turn.completed")
+            kinds = [e.type for e in events]
+            assert kinds.index("turn.cancelled") < kinds.index("turn.started"), kinds
+            closing = events[kinds.index("turn.cancelled")]
+            assert closing.payload.reason == "server_restart"

@@ -347,6 +347,39 @@ def test_the_sequencer_on_sqlite_issues_the_same_ids_as_before() -> None:
     assert blocks.counter == 1040  # 1016 and 1026 were past half of theirs too
 
 
+@pytest.mark.parametrize("block", [10, 7, 1_000_000])
+def test_the_sequencer_on_sqlite_reserves_exactly_as_the_previous_one(block: int) -> None:
+    """Id for id and reservation for reservation, against the sequencer before blocks."""
+
+    class Previous:  # gateway/session/sequencer.py before issue 13's blocks
+        def __init__(self, ceiling: int, reserve: Callable[[int], None], block: int) -> None:
+            self.last, self._block, self._reserve = ceiling, block, reserve
+            self.ceiling = ceiling + block
+            reserve(self.ceiling)
+
+        def next(self) -> int:
+            self.last += 1
+            if self.last > self.ceiling - self._block // 2:
+                self.ceiling += self._block
+                self._reserve(self.ceiling)
+            return self.last
+
+    before: list[object] = []
+    previous = Previous(123, lambda c: before.append(("reserve", c)), block)
+    before += [previous.next() for _ in range(3000)]
+    now: list[object] = []
+    ceiling = [123]
+
+    def reserve(size: int, granted: Callable[[int], None]) -> None:
+        ceiling[0] += size
+        now.append(("reserve", ceiling[0]))
+        granted(ceiling[0])
+
+    current = EventSequencer(reserve, block=block)
+    now += [current.next() for _ in range(3000)]
+    assert now == before
+
+
 def test_the_sequencer_on_redis_skips_what_other_nodes_were_granted() -> None:
     blocks = Blocks(at_once=False)
     seq = EventSequencer(blocks.reserve, block=10)
