@@ -474,6 +474,15 @@ class Node:
         )  # fmt: skip
         return session
 
+    def runs_here(self, session_id: str) -> bool:
+        """Whether this node may run the session's turns: it holds the session's lease.
+
+        Always, on a store of one node (SQLite). On Redis, a session whose
+        lease another node holds is not run here (its turns get 503
+        ``session_elsewhere`` until routing to the holder exists).
+        """
+        return not self.leases.leases.shared or self.leases.holds(session_id)
+
     async def get_session(self, session_id: str) -> Session | None:
         """A live session, loading a stored one on first use; ``None`` if unknown.
 

@@ -220,6 +220,8 @@ def _operation(
         links = _links(route, op.answer, routes)
         if links:
             success["links"] = links
+    elif op.media_type == "text/event-stream":
+        success["content"] = {op.media_type: {"schema": SSE_EVENT}}
     elif op.media_type != "application/json":
         success["content"] = {op.media_type: {"schema": {"type": "string"}}}
     responses: dict[str, Any] = {str(op.status): success}
@@ -300,6 +302,22 @@ def _errors(route: Documented, auth: bool) -> dict[int, list[str]]:
     for status, codes in op.errors.items():
         add(status, *codes)
     return errors
+
+
+SSE_EVENT: dict[str, Any] = {
+    "description": "One server-sent event (OpenAPI 3.1 has no itemSchema: per the OpenAPI "
+    "specification's generic text/event-stream schema, this describes each event of the "
+    "stream); its data is one JSON event.",
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {"type": "string", "contentMediaType": "application/json"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
+"""The schema of each event of a ``text/event-stream`` answer (``POST /agui``)."""
 
 
 def _error_response(status: int, codes: list[str], error_ref: Any) -> dict[str, Any]:

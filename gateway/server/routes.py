@@ -293,7 +293,7 @@ class Api:
                     errors={
                         409: ("turn_in_progress",),
                         429: ("rate_limited",),
-                        503: ("shutting_down", "store_unavailable"),
+                        503: ("shutting_down", "store_unavailable", "session_elsewhere"),
                     },
                     description="`content` is a string or a list of `text` blocks (other "
                     "block types: 422). Answered once the turn is durable.",
@@ -389,7 +389,7 @@ class Api:
                         409: ("turn_in_progress",),
                         422: ("invalid_thread_id", "invalid_resume"),
                         429: ("rate_limited", "too_many_sessions"),
-                        503: ("shutting_down", "store_unavailable"),
+                        503: ("shutting_down", "store_unavailable", "session_elsewhere"),
                     },
                     description="An AG-UI `RunAgentInput`; the answer is `text/event-stream`, "
                     "one `data: {AG-UI event}` per event and a `: ping` comment after "

@@ -44,6 +44,7 @@ node.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -90,6 +91,10 @@ class NodeServices(AgentServices, Protocol):
 
     def holding(self, family: Session) -> None:
         """``family`` has batches waiting for their commit."""
+        ...
+
+    def runs_here(self, session_id: str) -> bool:
+        """Whether this node may run the session's turns (it holds its lease)."""
         ...
 
     async def durable_or_503(self) -> None:
@@ -255,10 +260,24 @@ class Session:
         """Take a turn (the turn lock), to run on the agent loop (PROTOCOL section 2).
 
         Raises:
-            ApiError: 409 ``turn_in_progress``; 503 ``shutting_down``.
+            ApiError: 409 ``turn_in_progress``; 503 ``shutting_down``; 503
+                ``session_elsewhere`` (with ``Retry-After``) where several nodes
+                share a store and another node holds the session's lease.
         """
         if self.node.shutting_down:
             raise ApiError(503, "shutting_down", "the gateway is shutting down")
+        if not self.node.runs_here(self.id):
+            # Turns run only on the lease holder; until they are routed to it
+            # (docs/scale-out.md), the client tries again: once a dead holder's
+            # lease lapses, the next request takes it and closes its turn first.
+            wait = math.ceil(self.node.config.store.lease_s)
+            raise ApiError(
+                503,
+                "session_elsewhere",
+                f"session {self.id} runs on another node of this deployment; "
+                f"retry in {wait} s (its lease lapses within store.lease_s if that node died)",
+                headers=(("Retry-After", str(wait)),),
+            )
         if self.turn is not None:
             raise ApiError(
                 409, "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
