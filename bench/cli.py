@@ -8,6 +8,8 @@ Examples::
     python -m bench --url http://127.0.0.1:8421 --pid 1234 --peers none
     python -m bench --profile soak               # ten minutes of churn: fds, tasks, RSS flat?
     python -m bench --profile soak --minutes 30  # a longer soak
+    python -m bench --backend redis              # the gateway on [store] backend = "redis"
+    python -m bench --backend both               # one node on SQLite vs one on Redis
 
 Writes ``<out>/<stamp>-<profile>.json`` and ``.md``, and the plots
 ``<out>/<stamp>-<profile>-latency.png`` and ``-throughput.png``, then prints
@@ -15,6 +17,13 @@ the markdown table. Exit status 0 when the run completed (whether or not the
 targets were met), 1 when it failed. A soak (``--profile soak`` or
 ``soak-smoke``, bench/README.md "Soak") writes ``<stamp>-<profile>.json`` and
 ``.md``; its exit status is 0 when every check passed, 1 otherwise.
+
+``--backend redis`` runs every gateway of the run on ``[store] backend =
+"redis"``, each against a redis-server the bench starts in its work dir
+(``bench/redis_server.py``; it installs nothing: without redis-server the run
+stops, saying so); ``--backend both`` runs only the fan-out, of one node on
+SQLite and then one on Redis at the same loads, and reports their ratios
+(``<stamp>-<profile>-redis-compare``).
 """
 
 from __future__ import annotations
@@ -40,11 +49,13 @@ from bench.profiles import (
     config_toml,
     with_overrides,
 )
+from bench.redis_server import RedisMissing, redis_binary
 from bench.scenarios import Run
 from bench.servers import GatewayServer
 from bench.worker import raise_fd_limit
 
 RESULTS = Path(__file__).parent / "results"
+BACKENDS = ("sqlite", "redis", "both")
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -85,6 +96,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, help="client processes")
     ap.add_argument("--peers", type=_peers, help="comma list of ws_queue,ws_broadcast,raw or none")
     ap.add_argument("--no-ttft", action="store_true", help="skip the time-to-first-token phase")
+    ap.add_argument("--backend", choices=BACKENDS, default="sqlite",
+                    help="the store; both: one node on each, compared")  # fmt: skip
     ap.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     return ap
 
@@ -98,6 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         return _soak(ap, args, command)
     if args.minutes is not None:
         ap.error("--minutes is for the soak profiles")
+    if args.backend != "sqlite" and args.url:
+        ap.error("--backend redis or both starts gateways of its own: not with --url")
+    if args.backend != "sqlite":
+        try:
+            redis_binary()
+        except RedisMissing as missing:
+            print(f"bench: {missing}", file=sys.stderr)
+            return 1
     profile = with_overrides(
         PROFILES[args.profile],
         sessions=args.sessions,
@@ -120,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     result["elapsed_s"] = round(time.monotonic() - started, 1)
     report.summarize(result)
-    stem = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-{profile.name}"
+    suffix = {"sqlite": "", "redis": "-redis", "both": "-redis-compare"}[args.backend]
+    stem = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-{profile.name}{suffix}"
     json_path, md_path, pngs = report.write(result, stem)
     print()
     print(f"# bench {profile.name}: {result['command']}")
@@ -133,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 def _soak(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
     from bench import soak  # Trio: imported only for a soak
 
-    if args.url or args.config:
+    if args.url or args.config or args.backend != "sqlite":
         ap.error("a soak runs a daemon of its own with its own config (bench/README.md, Soak)")
     profile = with_overrides(
         SOAK_PROFILES[args.profile],
@@ -157,20 +179,30 @@ async def run(
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         workdir = Path(tmp)
 
-        def make_gateway(name: str) -> GatewayServer:
+        def make_gateway(name: str, backend: str = args.backend) -> GatewayServer:
             path = workdir / name
             text = config_text or config_toml(profile.gateway_config, str(path / "gateway.db"))
-            return GatewayServer(path, text, url=args.url, pid=args.pid, words=profile.words)
+            return GatewayServer(
+                path, text, url=args.url, pid=args.pid, words=profile.words, backend=backend
+            )
 
         pool = WorkerPool(profile.workers)
         try:
-            bench = Run(
-                profile, pool, workdir, make_gateway("main"),
-                fresh_gateway=lambda: make_gateway("idle"), log=log,
-            )  # fmt: skip
-            result = await bench.run()
+            if args.backend == "both":
+                gateways = {b: make_gateway(b, b) for b in ("sqlite", "redis")}
+                bench = Run(profile, pool, workdir, gateways["sqlite"],
+                            fresh_gateway=lambda: make_gateway("idle"), log=log)  # fmt: skip
+                result = await bench.compare_backends(gateways)
+            else:
+                bench = Run(
+                    profile, pool, workdir, make_gateway("main"),
+                    fresh_gateway=lambda: make_gateway("idle"), log=log,
+                )  # fmt: skip
+                result = await bench.run()
         finally:
             await pool.shutdown()
+    if args.backend != "sqlite":
+        result["backend"] = args.backend
     result["profile"] = asdict(profile)
     result["machine"] = {
         "cpus": os.cpu_count(),

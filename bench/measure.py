@@ -39,6 +39,10 @@ class Step:
     clients_cpu_util: float  # all client workers together, in cores
     other_cpu_util: float  # processes outside the bench, in cores (a shared machine)
     clients_open: int
+    # The server's store process (redis-server), when it has one; left out of
+    # as_dict otherwise, so that a SQLite run's result reads as it always has.
+    store_cpu_util: float | None = None
+    store_cpu_us_per_event: float | None = None
 
     @property
     def sustained(self) -> bool:
@@ -58,8 +62,11 @@ class Step:
         return self.other_cpu_util >= NOISY
 
     def as_dict(self) -> dict[str, Any]:
+        fields = asdict(self)
+        if self.store_cpu_util is None:
+            del fields["store_cpu_util"], fields["store_cpu_us_per_event"]
         return {
-            **asdict(self),
+            **fields,
             "sustained": self.sustained,
             "client_limited": self.client_limited,
             "noisy": self.noisy,
@@ -67,7 +74,7 @@ class Step:
 
 
 class Meter:
-    """CPU seconds over a window: the server's, the bench's own, and everyone else's.
+    """CPU seconds over a window: the server's, its store's, the bench's own, everyone else's.
 
     The last one matters on a shared machine: CPU that other processes took
     during the window is CPU the server or the clients could not have, so a
@@ -78,8 +85,9 @@ class Meter:
         self.server = server
         self.t0 = time.monotonic()
         self.server0 = server.cpu_seconds()
+        self.store0 = server.store_cpu_seconds()
         self.own0 = time.process_time()
-        self.busy0 = _machine_busy_s()
+        self.busy0 = machine_busy_s()
 
     def step(
         self, window: Window, group: str, *, clients: int, rate: float, offered: float
@@ -87,8 +95,10 @@ class Meter:
         wall = time.monotonic() - self.t0
         server1 = self.server.cpu_seconds()
         server = None if self.server0 is None or server1 is None else server1 - self.server0
+        store1 = self.server.store_cpu_seconds()
+        store = None if self.store0 is None or store1 is None else store1 - self.store0
         bench = time.process_time() - self.own0 + sum(window.client_cpu_s)
-        others = _machine_busy_s() - self.busy0 - bench - (server or 0.0)
+        others = machine_busy_s() - self.busy0 - bench - (server or 0.0) - (store or 0.0)
         live = window.group(group)
         latency = live.latency.summary()
         return Step(
@@ -107,9 +117,13 @@ class Meter:
             clients_cpu_util=round(sum(window.client_cpu_s) / wall, 3),
             other_cpu_util=round(max(0.0, others) / wall, 3),
             clients_open=live.connections,
+            store_cpu_util=None if store is None else round(store / wall, 3),
+            store_cpu_us_per_event=None if store is None or not live.events else round(
+                store / live.events * 1e6, 2
+            ),
         )  # fmt: skip
 
 
-def _machine_busy_s() -> float:
+def machine_busy_s() -> float:
     t = psutil.cpu_times()
     return float(t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0))

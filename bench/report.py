@@ -58,13 +58,24 @@ def _figure(server: dict[str, Any], path: tuple[str, ...]) -> Any:
     return data
 
 
+# With the gateway on Redis (``--backend redis``): redis-server's own CPU per event.
+STORE_FIGURES: dict[str, tuple[str, ...]] = {
+    "store_cpu_us_per_event": ("fanout", "reference", "store_cpu_us_per_event"),
+    "store_cpu_us_per_event_half_load": ("fanout", "half_load", "store_cpu_us_per_event"),
+}
+
+
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """Headline figures, ratios and targets (module docstring), added to ``result``."""
+    if result.get("backend") == "both":
+        return summarize_backends(result)
     servers: dict[str, Any] = result["servers"]
     figures = {
         name: {fig: _figure(data, path) for fig, path in FIGURES.items()}
         for name, data in servers.items()
     }
+    if result.get("backend") == "redis" and "gateway" in figures:
+        figures["gateway"] |= {f: _figure(servers["gateway"], p) for f, p in STORE_FIGURES.items()}
     gw = figures.get("gateway", {})
     ratios = {
         peer: {fig: _ratio(gw.get(fig), values.get(fig)) for fig in FIGURES}
@@ -209,11 +220,23 @@ def _labels(result: dict[str, Any]) -> dict[str, str]:
         " connections (KiB)",
         "idle_bytes_per_conn_last": f"server RSS per idle connection, {_idle_count(result, -1)}"
         " connections (KiB)",
+    } | (_store_labels(result) if result.get("backend") == "redis" else {})
+
+
+def _store_labels(result: dict[str, Any]) -> dict[str, str]:
+    n = _clients(result)
+    return {
+        "store_cpu_us_per_event": f"redis-server CPU per delivered event, {n} clients at"
+        f" {_rate(result, 'reference')} tokens/s per session (us; beside the server's)",
+        "store_cpu_us_per_event_half_load": f"redis-server CPU per delivered event, {n} clients"
+        f" at {_rate(result, 'half_load')} tokens/s per session (us; beside the server's)",
     }
 
 
 def markdown(result: dict[str, Any]) -> str:
     """The run as markdown: the comparison table, the gateway-only figures, the targets."""
+    if result.get("backend") == "both":
+        return markdown_backends(result)
     figures: dict[str, dict[str, Any]] = result["figures"]
     peers = [name for name in figures if name != "gateway"]
     names = ["gateway", *peers]
@@ -281,6 +304,158 @@ def _flag_note(result: dict[str, Any], flag: str, some: str, none: str) -> str:
 
 def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
+
+
+# --- one node on SQLite vs one node on Redis (--backend both) ----------------------------
+
+# The issue's targets: Redis / SQLite at most these (CPU per event, p99 at half load).
+CPU_RATIO_MAX = 1.3
+P99_RATIO_MAX = 1.5
+NOISY = 0.25  # bench.measure.NOISY: other processes' cores that make a window noisy
+
+# figure -> where it is in a backend's result; () is the sum of the two figures
+# before it: the gateway's CPU plus redis-server's.
+BACKEND_FIGURES: dict[str, tuple[str, ...]] = {
+    "max_sustained_events_per_s": ("fanout", "max_sustained", "events_per_s"),
+    "peak_events_per_s": ("fanout", "peak", "events_per_s"),
+    "gateway_cpu_us_per_event": ("fanout", "reference", "cpu_us_per_event"),
+    "redis_cpu_us_per_event": ("fanout", "reference", "store_cpu_us_per_event"),
+    "cpu_us_per_event": (),
+    "gateway_cpu_us_per_event_half_load": ("fanout", "half_load", "cpu_us_per_event"),
+    "redis_cpu_us_per_event_half_load": ("fanout", "half_load", "store_cpu_us_per_event"),
+    "cpu_us_per_event_half_load": (),
+    "p50_ms_half_load": ("fanout", "half_load", "p50_ms"),
+    "p99_ms_half_load": ("fanout", "half_load", "p99_ms"),
+    "p999_ms_half_load": ("fanout", "half_load", "p999_ms"),
+    "events_per_s_half_load": ("fanout", "half_load", "events_per_s"),
+    "gateway_cores_half_load": ("fanout", "half_load", "server_cpu_util"),
+    "redis_cores_half_load": ("fanout", "half_load", "store_cpu_util"),
+    "clients_cores_half_load": ("fanout", "half_load", "clients_cpu_util"),
+    "other_cores_half_load": ("fanout", "half_load", "other_cpu_util"),
+    "gateway_cpu_us_per_event_catalog": ("catalog", "cpu_us_per_event"),
+    "redis_cpu_us_per_event_catalog": ("catalog", "store_cpu_us_per_event"),
+    "cpu_us_per_event_catalog": (),
+    "catalog_turn_s": ("catalog", "s"),
+}
+_STORE_KEYS = ("store_cpu_us_per_event", "store_cpu_util")
+
+
+def _backend_figures(server: dict[str, Any], backend: str) -> dict[str, Any]:
+    """One backend's figures; on SQLite the store is in the gateway's process (0 beside it)."""
+    out: dict[str, Any] = {}
+    for fig, path in BACKEND_FIGURES.items():
+        if not path:  # the sum: the gateway's CPU plus redis-server's
+            parts = (out[f"gateway_{fig}"], out[f"redis_{fig}"])
+            out[fig] = round(sum(parts), 2) if all(_number(p) for p in parts) else None
+        elif path[-1] in _STORE_KEYS and backend == "sqlite":
+            out[fig] = 0.0 if _get(server, *path[:-1]) else None
+        else:
+            out[fig] = _get(server, *path)
+    return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def summarize_backends(result: dict[str, Any]) -> dict[str, Any]:
+    """Figures of each backend, the ratios Redis / SQLite, and the issue's two targets."""
+    servers: dict[str, Any] = result["servers"]
+    figures = {name: _backend_figures(data, name) for name, data in servers.items()}
+    sqlite, redis = figures.get("sqlite", {}), figures.get("redis", {})
+    ratios = {fig: _ratio(redis.get(fig), sqlite.get(fig)) for fig in BACKEND_FIGURES}
+    result["figures"] = figures
+    result["ratios"] = {"redis / sqlite": ratios}
+    n = _get(servers, "sqlite", "fanout", "reference", "clients")
+    light = _fmt(_get(servers, "sqlite", "fanout", "reference", "rate"))
+    loaded = _fmt(_get(servers, "sqlite", "fanout", "half_load", "rate"))
+    checks = [
+        (f"CPU/event, gateway + redis-server, Redis / SQLite ({_fmt(n)} clients, {light}/s)",
+         ratios["cpu_us_per_event"], CPU_RATIO_MAX),
+        (f"CPU/event, gateway + redis-server, Redis / SQLite ({_fmt(n)} clients, {loaded}/s)",
+         ratios["cpu_us_per_event_half_load"], CPU_RATIO_MAX),
+        ("p99 at half load, Redis / SQLite", ratios["p99_ms_half_load"], P99_RATIO_MAX),
+        ("CPU/event, gateway + redis-server, Redis / SQLite (a turn of tool rounds)",
+         ratios["cpu_us_per_event_catalog"], CPU_RATIO_MAX),
+    ]  # fmt: skip
+    result["targets"] = [
+        {"target": name, "value": value, "goal": f"<= {bound:g}",
+         "met": None if value is None else value <= bound}
+        for name, value, bound in checks
+    ]  # fmt: skip
+    result["client_limited"] = _flagged(result, "client_limited")
+    result["noisy"] = _flagged(result, "noisy")
+    for name, data in servers.items():
+        if (_get(data, "catalog", "other_cpu_util") or 0.0) >= NOISY:
+            result["noisy"].setdefault(name, []).append("the turn of tool rounds")
+    return result
+
+
+def _backend_labels(result: dict[str, Any]) -> dict[str, str]:
+    servers = result["servers"]
+    n = _fmt(_get(servers, "sqlite", "fanout", "reference", "clients"))
+    light = _fmt(_get(servers, "sqlite", "fanout", "reference", "rate"))
+    half = _fmt(_get(servers, "sqlite", "fanout", "half_load", "rate"))
+    at_light = f"{n} clients at {light} tokens/s per session"
+    at_half = f"{n} clients at {half} tokens/s per session: half SQLite's max load"
+    catalog = _get(servers, "sqlite", "catalog") or {}
+    events, stored = _fmt(catalog.get("events")), _fmt(catalog.get("stored_events"))
+    tools = f"a turn of tool rounds to 1 client ({events} events, {stored} of them stored)"
+    return {
+        "max_sustained_events_per_s": f"max sustained events/s delivered ({n} clients)",
+        "peak_events_per_s": "peak events/s delivered, sustained or not",
+        "gateway_cpu_us_per_event": f"gateway CPU per delivered event, {at_light} (us)",
+        "redis_cpu_us_per_event": f"redis-server CPU per delivered event, {at_light} (us)",
+        "cpu_us_per_event": f"**gateway + redis-server CPU per delivered event**, {at_light} (us)",
+        "gateway_cpu_us_per_event_half_load": f"gateway CPU per delivered event, {at_half} (us)",
+        "redis_cpu_us_per_event_half_load": f"redis-server CPU per delivered event, {at_half} (us)",
+        "cpu_us_per_event_half_load":
+            f"**gateway + redis-server CPU per delivered event**, {at_half} (us)",
+        "p50_ms_half_load": "p50 latency at half load (ms)",
+        "p99_ms_half_load": "**p99 latency at half load (ms)**",
+        "p999_ms_half_load": "p99.9 latency at half load (ms)",
+        "events_per_s_half_load": "events/s delivered at half load",
+        "gateway_cores_half_load": "at half load, cores used by the gateway",
+        "redis_cores_half_load": "... by redis-server",
+        "clients_cores_half_load": "... by the client workers (all together)",
+        "other_cores_half_load": "... by processes outside the bench",
+        "gateway_cpu_us_per_event_catalog": f"gateway CPU per delivered event, {tools} (us)",
+        "redis_cpu_us_per_event_catalog": f"redis-server CPU per delivered event, {tools} (us)",
+        "cpu_us_per_event_catalog":
+            f"**gateway + redis-server CPU per delivered event**, {tools} (us)",
+        "catalog_turn_s": f"{tools}: the turn took (s)",
+    }  # fmt: skip
+
+
+def markdown_backends(result: dict[str, Any]) -> str:
+    """``--backend both`` as markdown: one node on SQLite vs on Redis, then the targets."""
+    figures: dict[str, dict[str, Any]] = result["figures"]
+    ratios = result["ratios"]["redis / sqlite"]
+    lines = [_row(["figure", "SQLite", "Redis", "Redis / SQLite"]), _row(["---"] * 4)]
+    for fig, label in _backend_labels(result).items():
+        values = [figures.get(b, {}).get(fig) for b in ("sqlite", "redis")]
+        if fig.startswith("redis_") and values[0] == 0.0:
+            values[0] = "(in the gateway)"
+        lines.append(_row([label, *map(_fmt, values), _fmt(ratios.get(fig))]))
+    lines += ["", _row(["target", "value", "goal", "met"]), _row(["---"] * 4)]
+    for t in result["targets"]:
+        lines.append(_row([t["target"], _fmt(t["value"]), t["goal"], _fmt(t["met"])]))
+    lines.append("")
+    lines.append(
+        f"The machine has {_fmt(_get(result, 'machine', 'cpus'))} cores, shared by the gateway,"
+        " redis-server, the client workers and the bench itself: the cores rows above say what"
+        " each had at half load."
+    )
+    lines.append("")
+    lines.append(_flag_note(result, "client_limited", (
+        "Client-limited windows (a client worker used >= 85% of a core, so the figure may be "
+        "the clients' limit, not the server's)"), "No window was client-limited (every client "
+        "worker stayed under 85% of a core)."))  # fmt: skip
+    lines.append("")
+    lines.append(_flag_note(result, "noisy", (
+        "Noisy windows (processes outside the bench used >= 0.25 cores meanwhile)"),
+        "No window was noisy (processes outside the bench used < 0.25 cores)."))  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 # --- plots ------------------------------------------------------------------------------

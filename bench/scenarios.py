@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from bench.driver import attach_path, lorem_script
-from bench.measure import Meter, Step
+from bench.measure import Meter, Step, machine_busy_s
 from bench.pool import WorkerPool
 from bench.profiles import Profile
 from bench.servers import GatewayServer, PeerServer, Server
@@ -145,6 +145,71 @@ class Run:
 
     def _peer_maker(self, kind: str) -> Callable[[], Server]:
         return lambda: PeerServer(kind, self.frames_file, self.workdir)
+
+    async def compare_backends(self, gateways: dict[str, GatewayServer]) -> dict[str, Any]:
+        """The fan-out of one node on each store backend, in this order, at the same loads.
+
+        The first gateway's sweep decides the half load (half its maximum
+        sustained rate); every other gateway is measured at that same load,
+        as the peers are, after a sweep of its own (its own maximum). Then
+        each runs one turn of tool rounds (:meth:`catalog_turn`): the load
+        where the store writes most. Nothing else runs: no peers, slow
+        clients, replays, idle connections or time to first token.
+        """
+        result: dict[str, Any] = {"servers": {}}
+        half: float | None = None
+        for backend, gw in gateways.items():
+            self.gateway = gw
+            await gw.start()
+            try:
+                self.log(f"gateway on {backend}: recording the load turn's frames")
+                result.setdefault("frames", await self.record_turn())
+                self.log(f"gateway on {backend}: fan-out")
+                fanout = await self.fanout(gw, half_rate=half)
+                self.log(f"gateway on {backend}: a turn of tool rounds")
+                catalog = await self.catalog_turn(gw)
+            finally:
+                await gw.stop()
+            result["servers"][backend] = {"fanout": fanout, "catalog": catalog}
+            half = fanout["half_load"]["rate"]
+        return result
+
+    async def catalog_turn(self, gw: GatewayServer) -> dict[str, Any]:
+        """One turn of tool rounds to one client: every event stored, the store's worst case.
+
+        The fan-out's load is mostly ``text.delta``, which is live only (PROTOCOL
+        section 5): the store writes a few events per turn, whatever the
+        client count. Here nearly every event is a catalog event (a hundred
+        ``sleep 0`` tools per round, ``replay_events`` events in all), written
+        before the one ``preset:full`` client gets it: the gateway's and
+        redis-server's CPU per event over the turn, and how long it took.
+        """
+        (session,) = await gw.open_sessions(1)
+        cpu0, store0, busy0 = gw.cpu_seconds(), gw.store_cpu_seconds(), machine_busy_s()
+        own0, t0 = time.process_time(), time.monotonic()
+        ids, recorder = await self._history(gw, session, self.p.replay_events)
+        wall = time.monotonic() - t0
+        cpu1, store1 = gw.cpu_seconds(), gw.store_cpu_seconds()
+        # The client is this process (the workers hold no connection meanwhile).
+        others = machine_busy_s() - busy0 - (time.process_time() - own0)
+        others -= sum(b - a for a, b in ((cpu0, cpu1), (store0, store1)) if a and b)
+        events = len(recorder.frames)
+        recorder.abort()
+
+        def per_event(before: float | None, after: float | None) -> float | None:
+            if before is None or after is None or not events:
+                return None
+            return round((after - before) / events * 1e6, 2)
+
+        self.log(f"  {events} events ({len(ids)} stored) in {wall:.2f} s")
+        return {
+            "events": events,
+            "stored_events": len(ids),
+            "s": round(wall, 3),
+            "cpu_us_per_event": per_event(cpu0, cpu1),
+            "store_cpu_us_per_event": per_event(store0, store1),
+            "other_cpu_util": round(max(0.0, others) / wall, 3),
+        }
 
     # --- recording ------------------------------------------------------------------
 
@@ -493,11 +558,14 @@ def _replayable_types() -> set[str]:
 
 def _brief(step: Step) -> str:
     cpu = "-" if step.cpu_us_per_event is None else f"{step.cpu_us_per_event:.1f} us/event"
+    if step.store_cpu_us_per_event is not None:
+        cpu += f" + redis-server {step.store_cpu_us_per_event:.1f}"
     flags = "" if step.sustained else " (not sustained)"
     flags += " (client-limited)" if step.client_limited else ""
     flags += f" (noisy: others used {step.other_cpu_util} cores)" if step.noisy else ""
+    store = "" if step.store_cpu_util is None else f"redis-server {step.store_cpu_util}, "
     return (
         f"{step.events_per_s:,.0f} events/s of {step.offered_events_per_s:,.0f}, {cpu}, "
-        f"p99 {step.p99_ms} ms, server {step.server_cpu_util}, "
+        f"p99 {step.p99_ms} ms, server {step.server_cpu_util}, {store}"
         f"client {step.client_cpu_util}{flags}"
     )

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 import psutil  # type: ignore[import-untyped]
 
 from bench.driver import GatewayDriver
+from bench.redis_server import RedisProcess
 from bench.wire import HttpClient
 from bench.worker import Target
 
@@ -51,6 +52,30 @@ def _open_log(log: Path) -> BinaryIO:
 
 def _log_tail(log: Path) -> str:
     return log.read_text(errors="replace")[-2000:]
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds process ``pid`` has run, to the nanosecond where Linux says so.
+
+    The sum of ``/proc/PID/task/*/schedstat`` (each thread's on-CPU time, in
+    ns): ``psutil``'s user + system time is in 10 ms ticks, too coarse for a
+    short window of a cheap server. A thread that exits mid-window takes its
+    share with it (the gateway's store threads stay while it is busy).
+    Elsewhere, ``psutil``.
+    """
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        times = psutil.Process(pid).cpu_times()
+        return float(times.user + times.system)
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as file:
+                total += int(file.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread has just exited
+    return total / 1e9
 
 
 class Server(ABC):
@@ -93,29 +118,12 @@ class Server(ABC):
         """A client connection to ``session``."""
 
     def cpu_seconds(self) -> float | None:
-        """CPU seconds the server has run, to the nanosecond where Linux says so.
+        """CPU seconds the server has run (:func:`process_cpu_seconds`)."""
+        return None if self.pid is None else process_cpu_seconds(self.pid)
 
-        The sum of ``/proc/PID/task/*/schedstat`` (each thread's on-CPU time,
-        in ns): ``psutil``'s user + system time is in 10 ms ticks, too coarse
-        for a short window of a cheap server. A thread that exits mid-window
-        takes its share with it (the gateway's store threads stay while it is
-        busy). Elsewhere, ``psutil``.
-        """
-        if self.pid is None:
-            return None
-        try:
-            tids = os.listdir(f"/proc/{self.pid}/task")
-        except OSError:
-            times = psutil.Process(self.pid).cpu_times()
-            return float(times.user + times.system)
-        total = 0
-        for tid in tids:
-            try:
-                with open(f"/proc/{self.pid}/task/{tid}/schedstat") as file:
-                    total += int(file.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue  # the thread has just exited
-        return total / 1e9
+    def store_cpu_seconds(self) -> float | None:
+        """CPU seconds of the server's store process (redis-server), if it has one."""
+        return None
 
     def rss_bytes(self) -> int | None:
         return None if self.pid is None else int(psutil.Process(self.pid).memory_info().rss)
@@ -157,6 +165,11 @@ class GatewayServer(Server):
         url: a running gateway (``http://host:port``); CPU and memory are then
             measured only if ``pid`` is given.
         words: ``lorem`` words per turn.
+        backend: the store: ``"sqlite"`` (the config's own, its file in
+            ``workdir``) or ``"redis"``: a redis-server of its own, started in
+            ``workdir`` before the gateway and stopped after it
+            (:mod:`bench.redis_server`), named by ``GATEWAY_STORE_BACKEND`` and
+            ``GATEWAY_STORE_URL`` over whatever the config says.
     """
 
     name = "gateway"
@@ -169,8 +182,11 @@ class GatewayServer(Server):
         url: str | None = None,
         pid: int | None = None,
         words: int = 200,
+        backend: str = "sqlite",
     ) -> None:
         self.workdir = workdir
+        self.backend = backend
+        self.redis = RedisProcess(workdir / "redis") if backend == "redis" and url is None else None
         self.config_text = config_text
         self.url = url
         self.pid = pid
@@ -185,11 +201,21 @@ class GatewayServer(Server):
             self.host, self.port = host, int(port)
         else:
             config = _write_config(self.workdir, self.config_text)
-            await self._spawn(
-                "-m", "gateway", "serve", "--config", str(config), "--port", "0",
-                log=self.workdir / "gateway.log",
-                env={"GATEWAY_STORE_PATH": str(self.workdir / "gateway.db")},
-            )  # fmt: skip
+            # The store in workdir, whatever the config says: never an operator's real one.
+            env = {"GATEWAY_STORE_PATH": str(self.workdir / "gateway.db"),
+                   "GATEWAY_STORE_BACKEND": "sqlite"}  # fmt: skip
+            if self.redis is not None:
+                await self.redis.start()
+                env |= {"GATEWAY_STORE_BACKEND": "redis", "GATEWAY_STORE_URL": self.redis.url}
+            try:
+                await self._spawn(
+                    "-m", "gateway", "serve", "--config", str(config), "--port", "0",
+                    log=self.workdir / "gateway.log", env=env,
+                )  # fmt: skip
+            except BaseException:
+                if self.redis is not None:
+                    await self.redis.stop()
+                raise
         self.http = HttpClient(self.host, self.port)
         self.driver = GatewayDriver(self.http, self.host, self.port, words=self.words)
 
@@ -200,6 +226,12 @@ class GatewayServer(Server):
             await self.http.aclose()
         if self.url is None:
             await super().stop()
+        if self.redis is not None:
+            await self.redis.stop()
+
+    def store_cpu_seconds(self) -> float | None:
+        pid = None if self.redis is None else self.redis.pid
+        return None if pid is None else process_cpu_seconds(pid)
 
     async def open_sessions(self, count: int) -> list[str]:
         assert self.http is not None
