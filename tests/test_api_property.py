@@ -20,8 +20,8 @@ token. The deep routes are then exercised (the test checks they were): 202s,
 409s, body validation behind an existing session, a 426 for a handshake without
 its upgrade headers.
 
-The run is short in the suite: ``GATEWAY_API_EXAMPLES`` examples (default 25) per
-operation and mode, about 15 s, the same inputs on every run (derandomized, so a
+The run is short in the suite: ``GATEWAY_API_EXAMPLES`` examples (default 18) per
+operation and mode, about 12 s, the same inputs on every run (derandomized, so a
 failure in CI replays as is). A longer one by hand draws new inputs each time::
 
     GATEWAY_API_EXAMPLES=1000 .venv/bin/python -m pytest tests/test_api_property.py
@@ -59,7 +59,7 @@ from schemathesis.core.parameters import ParameterLocation
 from tests.conftest import Client, open_ws
 from tests.torture_support import Daemon
 
-EXAMPLES = int(os.environ.get("GATEWAY_API_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("GATEWAY_API_EXAMPLES", "18"))
 # The suite's short run draws the same inputs every time (a failure in CI replays as is);
 # a run with GATEWAY_API_EXAMPLES set draws new ones each time.
 DERANDOMIZE = "GATEWAY_API_EXAMPLES" not in os.environ
