@@ -17,12 +17,7 @@
 from gateway.client.api import (
     Chunk,
     GatewayClient,
-    MessagePage,
     Session,
-    SessionAttach,
-    SessionCreated,
-    SessionList,
-    SessionListing,
     ToolRun,
     Update,
 )
@@ -35,6 +30,13 @@ from gateway.client.reducer import (
     TurnState,
 )
 from gateway.client.stream import Backoff, Heartbeat, Notice, Received, Subscription
+from gateway.protocol.http import (
+    MessagePage,
+    SessionAttach,
+    SessionCreated,
+    SessionList,
+    SessionListing,
+)
 
 __all__ = [
     "Backoff",

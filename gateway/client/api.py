@@ -74,67 +74,23 @@ from gateway.protocol.events import (
     TurnStarted,
 )
 from gateway.protocol.frames import EventFrame, ServerFrame, Snapshot, SubscribeAck
+from gateway.protocol.http import (
+    Accepted,
+    CancelAccepted,
+    MessagePage,
+    SessionAttach,
+    SessionCreated,
+    SessionList,
+    TurnAccepted,
+)
 from gateway.protocol.shapes import (
     ContentBlock,
-    Message,
     PendingPermission,
-    SessionSummary,
     TextBlock,
     ThinkingBlock,
 )
 
 T = TypeVar("T")
-
-# --- the answers of PROTOCOL section 2 (the server's are in gateway.server.routes; a
-# test checks that these decode what those encode) --------------------------------------
-
-
-class SessionCreated(msgspec.Struct):
-    """``POST /sessions``."""
-
-    session_id: str
-    active_model: str
-    created_at: int
-
-
-class SessionListing(msgspec.Struct):
-    """One entry of ``GET /sessions``: the summary, when it was made, its metadata."""
-
-    session: SessionSummary
-    created_at: int
-    metadata: dict[str, Any]
-
-
-class SessionList(msgspec.Struct):
-    """``GET /sessions``: newest first; ``has_more`` says older ones exist."""
-
-    sessions: list[SessionListing]
-    has_more: bool
-
-
-class SessionAttach(msgspec.Struct):
-    """``GET /sessions/{id}``: a fresh single-use attach token, in ``ws_url`` too."""
-
-    session_id: str
-    active_model: str
-    attach_token: str
-    ws_url: str
-
-
-class MessagePage(msgspec.Struct):
-    """``GET /sessions/{id}/messages``: oldest first; ``has_more`` says older ones exist."""
-
-    messages: list[Message]
-    has_more: bool
-
-
-class _TurnAccepted(msgspec.Struct):
-    turn_id: str
-
-
-class _Accepted(msgspec.Struct):
-    pass
-
 
 _encoder = msgspec.json.Encoder()
 
@@ -241,7 +197,7 @@ class GatewayClient:
         """
         body = {"content": content}
         accepted = await self._call(
-            "POST", f"/sessions/{session_id}/turns", _TurnAccepted, body=body
+            "POST", f"/sessions/{session_id}/turns", TurnAccepted, body=body
         )
         return accepted.turn_id
 
@@ -255,7 +211,7 @@ class GatewayClient:
         """
         body = {} if reason is None else {"reason": reason}
         path = f"/sessions/{session_id}/turns/{turn_id}/cancel"
-        await self._call("POST", path, _Accepted, body=body)
+        await self._call("POST", path, CancelAccepted, body=body)
 
     async def answer_permission(
         self, session_id: str, perm_id: str, decision: Literal["allow", "deny"]
@@ -266,7 +222,7 @@ class GatewayClient:
             ApiError: 404 ``permission_not_found``, 409 ``permission_resolved``.
         """
         path = f"/sessions/{session_id}/permissions/{perm_id}"
-        await self._call("POST", path, _Accepted, body={"decision": decision})
+        await self._call("POST", path, Accepted, body={"decision": decision})
 
     async def leave_feedback(
         self,
@@ -284,7 +240,7 @@ class GatewayClient:
         body: dict[str, Any] = {"message_id": message_id, "rating": rating}
         if comment is not None:
             body["comment"] = comment
-        await self._call("POST", f"/sessions/{session_id}/feedback", _Accepted, body=body)
+        await self._call("POST", f"/sessions/{session_id}/feedback", Accepted, body=body)
 
     # --- streams
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, TypeVar
+from typing import TypeVar
 
 import msgspec
 import trio
@@ -42,7 +42,24 @@ from gateway.node import Node
 from gateway.protocol.events import FeedbackRecorded
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
-from gateway.protocol.shapes import ContentBlock, Message, SessionSummary, TextBlock
+from gateway.protocol.http import (
+    Accepted,
+    CancelAccepted,
+    CancelTurn,
+    CreateSession,
+    Feedback,
+    Health,
+    MessagePage,
+    PermissionDecision,
+    Ready,
+    SessionAttach,
+    SessionCreated,
+    SessionList,
+    SessionListing,
+    SubmitTurn,
+    TurnAccepted,
+)
+from gateway.protocol.shapes import ContentBlock, Message, TextBlock
 from gateway.server.auth import NO_OWNER, ApiKeys, sees
 from gateway.server.connection import StreamConnection
 from gateway.server.http import (
@@ -63,87 +80,6 @@ from gateway.server.openapi import (
 from gateway.server.websocket import WebSocket
 from gateway.session import seam
 from gateway.session.session import Session, summary_of
-
-# --- bodies -------------------------------------------------------------------
-
-
-class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
-    workspace_path: str | None = None
-    model: str | None = None
-    metadata: dict[str, Any] | None = None
-
-
-class SessionCreated(msgspec.Struct):
-    session_id: str
-    active_model: str
-    created_at: int
-
-
-class SessionListing(msgspec.Struct):
-    """One entry of ``GET /sessions``: the summary plus when and with what it was made."""
-
-    session: SessionSummary
-    created_at: int
-    metadata: dict[str, Any]
-
-
-class SessionList(msgspec.Struct):
-    sessions: list[SessionListing]
-    has_more: bool
-
-
-class SessionAttach(msgspec.Struct):
-    session_id: str
-    active_model: str
-    attach_token: str
-    ws_url: str
-
-
-class MessagePage(msgspec.Struct):
-    messages: list[Message]
-    has_more: bool
-
-
-class SubmitTurn(msgspec.Struct, forbid_unknown_fields=True):
-    content: str | list[ContentBlock]
-
-
-class TurnAccepted(msgspec.Struct):
-    turn_id: str
-
-
-class CancelTurn(msgspec.Struct, forbid_unknown_fields=True):
-    reason: str | None = None
-
-
-class CancelAccepted(msgspec.Struct):
-    turn_id: str
-    status: Literal["cancelling"] = "cancelling"
-
-
-class PermissionDecision(msgspec.Struct, forbid_unknown_fields=True):
-    decision: Literal["allow", "deny"]
-
-
-class Feedback(msgspec.Struct, forbid_unknown_fields=True):
-    message_id: str
-    rating: Literal[-1, 1]
-    comment: str | None = None
-
-
-class Accepted(msgspec.Struct):
-    status: str
-
-
-class Health(msgspec.Struct):
-    status: str = "ok"
-
-
-class Ready(msgspec.Struct):
-    """``GET /readyz`` while the gateway accepts work (503 ``draining`` once shutdown began)."""
-
-    status: str = "ready"
-
 
 # --- query parameters (for the API document; the handlers read them) --------------
 

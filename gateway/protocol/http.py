@@ -1,0 +1,100 @@
+"""The HTTP bodies of PROTOCOL section 2, declared once for the server and the client.
+
+Requests refuse unknown fields (422 ``invalid_body`` names the field); answers
+are what the routes encode and what :mod:`gateway.client.api` decodes, and
+``/openapi.json`` shows their msgspec schemas (:mod:`gateway.server.openapi`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from gateway.protocol.shapes import ContentBlock, Message, SessionSummary
+
+
+class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
+    workspace_path: str | None = None
+    model: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class SessionCreated(msgspec.Struct):
+    """``POST /sessions``."""
+
+    session_id: str
+    active_model: str
+    created_at: int
+
+
+class SessionListing(msgspec.Struct):
+    """One entry of ``GET /sessions``: the summary plus when and with what it was made."""
+
+    session: SessionSummary
+    created_at: int
+    metadata: dict[str, Any]
+
+
+class SessionList(msgspec.Struct):
+    """``GET /sessions``: newest first; ``has_more`` says older ones exist."""
+
+    sessions: list[SessionListing]
+    has_more: bool
+
+
+class SessionAttach(msgspec.Struct):
+    """``GET /sessions/{id}``: a fresh single-use attach token, in ``ws_url`` too."""
+
+    session_id: str
+    active_model: str
+    attach_token: str
+    ws_url: str
+
+
+class MessagePage(msgspec.Struct):
+    """``GET /sessions/{id}/messages``: oldest first; ``has_more`` says older ones exist."""
+
+    messages: list[Message]
+    has_more: bool
+
+
+class SubmitTurn(msgspec.Struct, forbid_unknown_fields=True):
+    content: str | list[ContentBlock]
+
+
+class TurnAccepted(msgspec.Struct):
+    turn_id: str
+
+
+class CancelTurn(msgspec.Struct, forbid_unknown_fields=True):
+    reason: str | None = None
+
+
+class CancelAccepted(msgspec.Struct):
+    turn_id: str
+    status: Literal["cancelling"] = "cancelling"
+
+
+class PermissionDecision(msgspec.Struct, forbid_unknown_fields=True):
+    decision: Literal["allow", "deny"]
+
+
+class Feedback(msgspec.Struct, forbid_unknown_fields=True):
+    message_id: str
+    rating: Literal[-1, 1]
+    comment: str | None = None
+
+
+class Accepted(msgspec.Struct):
+    status: str
+
+
+class Health(msgspec.Struct):
+    status: str = "ok"
+
+
+class Ready(msgspec.Struct):
+    """``GET /readyz`` while the gateway accepts work (503 ``draining`` once shutdown began)."""
+
+    status: str = "ready"
