@@ -12,6 +12,7 @@ Rules of these tests (as trio-websocket's own suite states them):
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -43,6 +44,14 @@ TOOL_SCRIPT = {
         ]
     }
 }
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (for servers that take no port 0)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def make_config(tmp_path: Path, **overrides: Any) -> Config:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -25,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 from trio_websocket import WebSocketConnection, wrap_client_stream
+
+from tests.debian import debian_binary
 
 REPO = Path(__file__).resolve().parent.parent
 SITE_CONF = REPO / "deploy" / "nginx" / "gateway.conf"
@@ -37,48 +37,8 @@ READY = re.compile(rb"gateway listening on http://127\.0\.0\.1:(\d+)")
 
 
 def ensure_nginx() -> str:
-    """The nginx binary, installed from Debian's archive if missing.
-
-    Skips the calling test (with the reason) only where it cannot be: not
-    installed and neither root nor passwordless sudo, no apt-get, or apt-get
-    failing (no network, no package lists).
-    """
-    found = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
-        pytest.skip("nginx is not installed, and there is no apt-get to install it with")
-    apt = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get"]
-    if os.geteuid() != 0:
-        sudo = shutil.which("sudo")
-        if sudo is None or subprocess.run([sudo, "-n", "true"], capture_output=True).returncode:
-            pytest.skip(
-                "nginx is not installed, and installing it needs root or passwordless sudo"
-                " (apt-get install nginx)"
-            )
-        apt = [sudo, "-n", *apt]
-    install = [*apt, "install", "-y", "-q", "--no-install-recommends", "nginx"]
-
-    def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-
-    result = run(install)
-    if result.returncode != 0:  # stale or missing package lists: refresh them once
-        run([*apt, "update", "-q"])
-        result = run(install)
-    found = shutil.which("nginx", path="/usr/sbin:/usr/bin:/usr/local/sbin")
-    if result.returncode != 0 or found is None:
-        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        pytest.skip(f"nginx is not installed and apt-get could not install it: {last}")
-    return found
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (nginx needs a number: it has no port 0)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """The nginx binary, installed from Debian's archive if missing (or the test skips)."""
+    return debian_binary("nginx", "nginx")
 
 
 def site_config(

@@ -15,8 +15,6 @@ second run finds it); a test skips, saying why, only where it cannot be.
 from __future__ import annotations
 
 import itertools
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,50 +24,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
+from tests.debian import debian_binary
+
 
 def ensure_redis_server() -> str:
-    """The redis-server binary, installed from Debian's archive if missing.
-
-    Skips the calling test (with the reason) only where it cannot be installed:
-    neither root nor passwordless sudo, no apt-get, or apt-get failing.
-    """
-    path = "/usr/bin:/usr/sbin:/usr/local/bin"
-    found = shutil.which("redis-server") or shutil.which("redis-server", path=path)
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
-        pytest.skip("redis-server is not installed, and there is no apt-get to install it with")
-    apt = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get"]
-    if os.geteuid() != 0:
-        sudo = shutil.which("sudo")
-        if sudo is None or subprocess.run([sudo, "-n", "true"], capture_output=True).returncode:
-            pytest.skip(
-                "redis-server is not installed, and installing it needs root or passwordless"
-                " sudo (apt-get install redis-server)"
-            )
-        apt = [sudo, "-n", *apt]
-    install = [*apt, "install", "-y", "-q", "--no-install-recommends", "redis-server"]
-
-    def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-
-    result = run(install)
-    if result.returncode != 0:  # stale or missing package lists: refresh them once
-        run([*apt, "update", "-q"])
-        result = run(install)
-    found = shutil.which("redis-server", path=path)
-    if result.returncode != 0 or found is None:
-        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        pytest.skip(f"redis-server is not installed and apt-get could not install it: {last}")
-    return found
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (redis-server's port 0 means "no TCP")."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """The redis-server binary, installed from Debian's archive if missing (or the test skips)."""
+    return debian_binary("redis-server", "redis-server")
 
 
 class RedisServer:

@@ -19,7 +19,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -31,7 +30,7 @@ import pytest
 import trio
 
 from gateway.client.attach import Backoff, attach
-from tests.conftest import Harness, make_config, running_gateway
+from tests.conftest import Harness, free_port, make_config, running_gateway
 
 FAST = Backoff(base_s=0.05, cap_s=0.2)
 
@@ -286,12 +285,6 @@ async def run_attach(*args: str, cap_s: float = 10) -> tuple[int, str, str]:
             _attach_command(*args), capture_stdout=True, capture_stderr=True, check=False
         )
     return done.returncode, done.stdout.decode(), done.stderr.decode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_an_unreachable_gateway_is_one_line_and_exit_1() -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -48,18 +47,12 @@ from gateway.client import api as client_api
 from gateway.errors import ApiError, ClientError, SubscribeRejected
 from gateway.protocol.frames import Ping, Snapshot, SubscribeAck, SubscribeError
 from gateway.server import routes
-from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway
+from tests.conftest import TOOL_SCRIPT, Harness, free_port, make_config, running_gateway
 from tests.test_attach_cli import SilenceableProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = Backoff(base_s=0.05, cap_s=0.2)
 LOREM = {"script": {"delay_ms": 2, "rounds": [[{"thinking": "Hm " * 20}, {"lorem": 300}]]}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def stable(state: dict[str, Any]) -> dict[str, Any]:

@@ -28,9 +28,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -47,6 +45,7 @@ from gateway.client.views import full_view, simple_view
 from gateway.protocol.events import CATALOG_TYPES, STREAMING_TYPES
 from gateway.protocol.shapes import Message, ToolResultBlock, ToolUseBlock
 from tests.conftest import make_config, running_gateway
+from tests.debian import debian_binary
 
 SUITE = Path(__file__).parent / "streaming-conformance"
 
@@ -91,17 +90,7 @@ def test_the_stored_partial_json_cases_are_the_python_parsers() -> None:
 
 def _node() -> str:
     """A node >= 18, installed with apt-get if missing; else the test skips, saying why."""
-    found = shutil.which("node") or shutil.which("nodejs")
-    if found is None and shutil.which("apt-get"):
-        sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = [*sudo, "apt-get", "install", "-y", "-q", "nodejs"]
-        if subprocess.run(install, capture_output=True, env=env).returncode != 0:
-            subprocess.run([*sudo, "apt-get", "update", "-q"], capture_output=True, env=env)
-            subprocess.run(install, capture_output=True, env=env)
-        found = shutil.which("node") or shutil.which("nodejs")
-    if found is None:
-        pytest.skip("node is not installed and apt-get could not install it (nodejs)")
+    found = debian_binary("nodejs", "node", "nodejs")
     version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
     major = int(re.match(r"v(\d+)", version.strip()).group(1))  # type: ignore[union-attr]
     if major < 18:

@@ -29,13 +29,12 @@ from trio_websocket import ConnectionClosed
 from gateway.protocol.events import CATALOG_TYPES
 from gateway.protocol.frames import EventFrame, Snapshot, SubscribeAck
 from gateway.protocol.shapes import TextBlock
-from tests.conftest import TOOL_SCRIPT, Client, types
+from tests.conftest import TOOL_SCRIPT, Client, free_port, types
 from tests.nginx_support import (
     GatewayProcess,
     Nginx,
     PortTaken,
     ensure_nginx,
-    free_port,
     gateway_process,
     open_ws_from,
     running_nginx,

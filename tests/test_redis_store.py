@@ -37,8 +37,8 @@ from gateway.session.sequencer import EventSequencer
 from gateway.store import SessionRecord, StoredEvent, StoredMessage
 from gateway.store.lease import LeaseKeeper
 from gateway.store.redis import RedisStore, redacted
-from tests.conftest import TOOL_SCRIPT, make_config, running_gateway, types
-from tests.redis_support import RedisServer, free_port, own_redis, redis_server
+from tests.conftest import TOOL_SCRIPT, free_port, make_config, running_gateway, types
+from tests.redis_support import RedisServer, own_redis, redis_server
 
 __all__ = ["own_redis", "redis_server"]  # fixtures
 

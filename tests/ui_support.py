@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,43 +24,16 @@ from types import ModuleType
 
 import pytest
 
+from tests.debian import debian_binary
+
 ROOT = Path(__file__).resolve().parents[1]
 READY = re.compile(rb"gateway listening on http://127\.0\.0\.1:(\d+)")
-CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 INSTALL_TIMEOUT_S = 900
 
 
 def chromium() -> str:
     """The path of Debian's chromium, installed with apt-get if missing (or skip, saying why)."""
-    found = _find_chromium()
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
-        pytest.skip("chromium is not installed and there is no apt-get to install it")
-    sudo: list[str] = []
-    if os.geteuid() != 0:
-        if shutil.which("sudo") is None:
-            pytest.skip("chromium is not installed, and installing it needs root or sudo")
-        sudo = ["sudo", "-n"]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = [*sudo, "apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"]
-    attempts = [install, [*sudo, "apt-get", "update", "-qq"], install]
-    errors = ""
-    for command in attempts:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S
-        )
-        if command is install and done.returncode == 0:
-            break
-        errors = done.stderr[-500:]
-    found = _find_chromium()
-    if not found:
-        pytest.skip(f"chromium could not be installed with apt-get: {errors.strip()}")
-    return found
-
-
-def _find_chromium() -> str | None:
-    return next((p for p in CHROMIUM_PATHS if os.access(p, os.X_OK)), None)
+    return debian_binary("chromium", "chromium", "chromium-browser")
 
 
 def playwright_sync_api() -> ModuleType:
