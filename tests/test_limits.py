@@ -25,12 +25,9 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 import trio
 import trio.testing
@@ -40,26 +37,9 @@ from wsproto.events import AcceptConnection, Request, TextMessage
 from gateway.config import LimitsConfig
 from gateway.errors import ApiError
 from gateway.server.auth import Limits, key_id
-from tests.conftest import Client, Harness, make_config, open_ws, running_gateway
+from tests.conftest import Client, Harness, open_ws
 from tests.test_http_api import accepted, assert_error, rejected
-
-KEYS = {"auth.api_keys": ["key-a", "key-b"]}
-
-
-@asynccontextmanager
-async def tenants(tmp_path: Path, **overrides: Any) -> AsyncIterator[tuple[Harness, Harness]]:
-    """A gateway with keys ``key-a`` and ``key-b`` and ``overrides``; a harness for each key."""
-    with trio.fail_after(30):
-        async with (
-            running_gateway(make_config(tmp_path, **(KEYS | overrides))) as gw,
-            httpx.AsyncClient(base_url=gw.base, headers=bearer("key-a")) as http_a,
-            httpx.AsyncClient(base_url=gw.base, headers=bearer("key-b")) as http_b,
-        ):
-            yield Harness(gw.gateway, http_a), Harness(gw.gateway, http_b)
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
+from tests.test_tenants import tenants
 
 
 async def streams_back_to(gw: Harness, count: int) -> None:
