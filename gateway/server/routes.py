@@ -81,6 +81,9 @@ from gateway.server.websocket import WebSocket
 from gateway.session import seam
 from gateway.session.session import Session, summary_of
 
+SSE_HEADERS = [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
+"""An AG-UI run's stream: never cached, never buffered by a proxy (nginx reads the second)."""
+
 # --- query parameters (for the API document; the handlers read them) --------------
 
 LIMIT = Query(
@@ -680,7 +683,7 @@ class Api:
 
         return StreamingResponse(
             run,
-            headers=[("cache-control", "no-cache"), ("x-accel-buffering", "no")],
+            headers=SSE_HEADERS,
             abandon=lambda: sub.leave("client_closed"),
         )
 
@@ -698,9 +701,7 @@ class Api:
         async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
             await send(sse(events))
 
-        return StreamingResponse(
-            run, headers=[("cache-control", "no-cache"), ("x-accel-buffering", "no")]
-        )
+        return StreamingResponse(run, headers=SSE_HEADERS)
 
     async def _agui_thread(self, thread_id: str, caller: str | None) -> Session:
         """The thread's session, created (owned by the caller's key) when unknown."""
