@@ -1,5 +1,9 @@
 """A real nginx in front of a real ``gateway serve``, for tests/test_nginx.py.
 
+(And in front of several nodes, for tests/test_nginx_cluster.py:
+:func:`nodes_site_config` does the same for ``deploy/nginx/gateway-nodes.conf``,
+its upstream's ports replaced by the nodes'; :func:`nginx_serving` runs any site.)
+
 nginx runs from ``deploy/nginx/gateway.conf`` itself: the generated main
 config wraps that file's directives unchanged in an ``http {}`` block, and
 changes only what must differ on a test machine: the ``listen`` line (a free
@@ -62,6 +66,31 @@ def site_config(
     return text.replace(stream, f"{stream}\n{stream_extra}")
 
 
+NODES_CONF = REPO / "deploy" / "nginx" / "gateway-nodes.conf"
+NODE_LINE = re.compile(r"^(\s*)server\s+127\.0\.0\.1:842\d(\s[^;]*)?;", re.M)
+
+
+def nodes_site_config(listen: str, node_ports: list[int], *, server_extra: str = "") -> str:
+    """deploy/nginx/gateway-nodes.conf with its listen address and its nodes' ports replaced.
+
+    The file's upstream lists three nodes (``server 127.0.0.1:8421 ...;`` to
+    8423, options kept); ``node_ports`` gives as many. ``server_extra``:
+    directives added at the top of the ``server {}`` block (a test's own, e.g.
+    a header naming the node that answered).
+    """
+    text = NODES_CONF.read_text()
+    text, listens = re.subn(r"^(\s*)listen\s+[^;]*;", rf"\1listen {listen};", text, flags=re.M)
+    ports = iter(node_ports)
+    text, nodes = NODE_LINE.subn(
+        lambda m: f"{m[1]}server 127.0.0.1:{next(ports)}{m[2] or ''};", text
+    )
+    server = "\nserver {\n"
+    assert (listens, nodes, text.count(server)) == (1, len(node_ports), 1), (
+        "gateway-nodes.conf changed shape"
+    )
+    return text.replace(server, f"{server}{server_extra}\n")
+
+
 def main_config(workdir: Path, site: str) -> str:
     """A whole nginx.conf: the site inside ``http {}``, nginx's own files in ``workdir``."""
     user = "user root;" if os.geteuid() == 0 else ""  # workers must reach workdir
@@ -113,11 +142,21 @@ async def running_nginx(
     ``listen_options`` go on the listen line (e.g. ``sndbuf=4096``);
     ``stream_extra`` into the stream's location (:func:`site_config`).
     """
+    listen = f"127.0.0.1:{port} {listen_options}".strip()
+    site = site_config(listen, upstream_port, stream_extra=stream_extra)
+    async with nginx_serving(workdir, port, site) as nginx:
+        yield nginx
+
+
+@asynccontextmanager
+async def nginx_serving(workdir: Path, port: int, site: str) -> AsyncIterator[Nginx]:
+    """nginx running ``site`` (directives of the ``http {}`` context) and listening on ``port``.
+
+    Raises :class:`PortTaken` if someone else took ``port`` first.
+    """
     binary = ensure_nginx()
     conf = trio.Path(workdir / "nginx.conf")
     await conf.parent.mkdir(parents=True, exist_ok=True)
-    listen = f"127.0.0.1:{port} {listen_options}".strip()
-    site = site_config(listen, upstream_port, stream_extra=stream_extra)
     await conf.write_text(main_config(workdir, site))
     proc = await trio.lowlevel.open_process(
         [binary, "-p", str(workdir), "-c", str(conf), "-e", "stderr"],
