@@ -10,6 +10,7 @@ Examples::
     python -m bench --profile soak --minutes 30  # a longer soak
     python -m bench --backend redis              # the gateway on [store] backend = "redis"
     python -m bench --backend both               # one node on SQLite vs one on Redis
+    python -m bench --backend both --nodes 2     # ... and one node vs two on one Redis
 
 Writes ``<out>/<stamp>-<profile>.json`` and ``.md``, and the plots
 ``<out>/<stamp>-<profile>-latency.png`` and ``-throughput.png``, then prints
@@ -23,7 +24,16 @@ targets were met), 1 when it failed. A soak (``--profile soak`` or
 (``bench/redis_server.py``; it installs nothing: without redis-server the run
 stops, saying so); ``--backend both`` runs only the fan-out, of one node on
 SQLite and then one on Redis at the same loads, and reports their ratios
-(``<stamp>-<profile>-redis-compare``).
+(``<stamp>-<profile>-redis-compare``). ``--nodes N`` (N >= 2, with
+``--backend both`` or ``redis``) adds the multi-node profile
+(:mod:`bench.nodes`): the fan-out of one node (with ``both``, the
+comparison's node on Redis, whose rate sweep is then the profile's finer
+``node_rates``, or ``--rates``) and then of N nodes on one redis-server in
+each ``--shapes`` (``local``: clients on their session's node; ``remote``:
+on another node; ``split``: every session on one node, every client on the
+others), each node's CPU, redis-server's and its publishes per window, and
+a capacity model; with ``redis`` only that
+(``<stamp>-<profile>-redis[-compare]-nodesN``).
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from bench.nodes import SHAPES, NodesServer
 from bench.pool import WorkerPool
 from bench.profiles import (
     PEERS,
@@ -64,6 +75,14 @@ def _counts(text: str) -> tuple[int, ...]:
 
 def _rates(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(","))
+
+
+def _shapes(text: str) -> tuple[str, ...]:
+    names = tuple(text.split(","))
+    for name in names:
+        if name not in SHAPES:
+            raise argparse.ArgumentTypeError(f"unknown shape {name!r}; choose from {SHAPES}")
+    return names
 
 
 def _peers(text: str) -> tuple[str, ...]:
@@ -98,6 +117,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-ttft", action="store_true", help="skip the time-to-first-token phase")
     ap.add_argument("--backend", choices=BACKENDS, default="sqlite",
                     help="the store; both: one node on each, compared")  # fmt: skip
+    ap.add_argument("--nodes", type=int, default=1, metavar="N",
+                    help="N >= 2: the multi-node profile (bench/nodes.py)")  # fmt: skip
+    ap.add_argument("--shapes", type=_shapes, default=SHAPES, metavar="S,S,..",
+                    help=f"with --nodes: where clients go, of {','.join(SHAPES)}")  # fmt: skip
     ap.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     return ap
 
@@ -113,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--minutes is for the soak profiles")
     if args.backend != "sqlite" and args.url:
         ap.error("--backend redis or both starts gateways of its own: not with --url")
+    if args.nodes < 1 or (args.nodes > 1 and args.backend == "sqlite"):
+        ap.error("--nodes N: N >= 2 nodes share one Redis: with --backend both or redis")
     if args.backend != "sqlite":
         try:
             redis_binary()
@@ -125,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         client_counts=args.clients,
         rate=args.rate,
         rates=args.rates,
+        node_rates=args.rates if args.nodes > 1 else None,
         window_s=args.window_s,
         idle_counts=args.idle_counts,
         workers=args.workers,
@@ -142,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     result["elapsed_s"] = round(time.monotonic() - started, 1)
     report.summarize(result)
     suffix = {"sqlite": "", "redis": "-redis", "both": "-redis-compare"}[args.backend]
+    suffix += f"-nodes{args.nodes}" if args.nodes > 1 else ""
     stem = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-{profile.name}{suffix}"
     json_path, md_path, pngs = report.write(result, stem)
     print()
@@ -186,9 +213,26 @@ async def run(
                 path, text, url=args.url, pid=args.pid, words=profile.words, backend=backend
             )
 
+        def make_nodes(count: int, shape: str) -> NodesServer:
+            text = config_text or config_toml(profile.gateway_config, "gateway.db")
+            return NodesServer(workdir / f"nodes{count}-{shape}", text, count=count,
+                               shape=shape, words=profile.words)  # fmt: skip
+
         pool = WorkerPool(profile.workers)
         try:
-            if args.backend == "both":
+            if args.nodes > 1:
+                bench = Run(profile, pool, workdir, make_gateway("main"),
+                            fresh_gateway=lambda: make_gateway("idle"), log=log)  # fmt: skip
+                result: dict[str, Any] = {"servers": {}}
+                one_node = None
+                if args.backend == "both":  # at the multi-node profile's steps
+                    gateways = {b: make_gateway(b, b) for b in ("sqlite", "redis")}
+                    result = await bench.compare_backends(gateways, rates=profile.node_rates)
+                    one_node = result["servers"]["redis"]["fanout"]
+                nodes = await bench.several_nodes(make_nodes, args.nodes, args.shapes, one_node)
+                result.setdefault("frames", nodes.pop("frames", None))
+                result["nodes"] = nodes
+            elif args.backend == "both":
                 gateways = {b: make_gateway(b, b) for b in ("sqlite", "redis")}
                 bench = Run(profile, pool, workdir, gateways["sqlite"],
                             fresh_gateway=lambda: make_gateway("idle"), log=log)  # fmt: skip

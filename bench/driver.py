@@ -99,6 +99,7 @@ class GatewayDriver:
         self.running = False
         self.slow_client_warnings = 0
         self._sessions: list[str] = []
+        self._spread: list[str] = []  # the sessions whose slots share the interval
         self._watchers: dict[str, _Watcher] = {}
         self._in_flight: dict[str, str] = {}  # session -> turn id
         self._ended_early: set[str] = set()  # turns that ended before their POST answered
@@ -106,10 +107,18 @@ class GatewayDriver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._epoch = 0.0  # the time base of the sessions' slots
 
-    async def run(self, sessions: list[str], rate: float) -> None:
-        """Load ``sessions`` at ``rate`` (replacing any earlier load)."""
+    async def run(
+        self, sessions: list[str], rate: float, *, spread: list[str] | None = None
+    ) -> None:
+        """Load ``sessions`` at ``rate`` (replacing any earlier load).
+
+        ``spread``: the sessions whose time slots share a delta interval, when
+        other drivers load the rest of them (one driver per node of
+        :mod:`bench.nodes`); by default ``sessions``.
+        """
         self.rate, self.running = rate, True
         self._sessions = list(sessions)
+        self._spread = list(sessions if spread is None else spread)
         self._epoch = asyncio.get_running_loop().time()
         for session in sessions:
             if session not in self._watchers:
@@ -168,7 +177,7 @@ class GatewayDriver:
         if not self.rate or session not in self._sessions:
             return 0.0
         interval = 1.0 / self.rate
-        slot = interval * self._sessions.index(session) / len(self._sessions)
+        slot = interval * self._spread.index(session) / len(self._spread)
         elapsed = asyncio.get_running_loop().time() - self._epoch
         return (slot - elapsed) % interval
 

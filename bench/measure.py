@@ -43,6 +43,9 @@ class Step:
     # as_dict otherwise, so that a SQLite run's result reads as it always has.
     store_cpu_util: float | None = None
     store_cpu_us_per_event: float | None = None
+    # Several nodes (bench.nodes): each node's CPU, redis-server's commands.
+    # Left out of as_dict when None, as the store's figures are.
+    nodes: dict[str, Any] | None = None
 
     @property
     def sustained(self) -> bool:
@@ -65,6 +68,8 @@ class Step:
         fields = asdict(self)
         if self.store_cpu_util is None:
             del fields["store_cpu_util"], fields["store_cpu_us_per_event"]
+        if self.nodes is None:
+            del fields["nodes"]
         return {
             **fields,
             "sustained": self.sustained,
@@ -88,11 +93,12 @@ class Meter:
         self.store0 = server.store_cpu_seconds()
         self.own0 = time.process_time()
         self.busy0 = machine_busy_s()
+        self.wall_s = 0.0  # the window's length, once :meth:`step` has closed it
 
     def step(
         self, window: Window, group: str, *, clients: int, rate: float, offered: float
     ) -> Step:
-        wall = time.monotonic() - self.t0
+        wall = self.wall_s = time.monotonic() - self.t0
         server1 = self.server.cpu_seconds()
         server = None if self.server0 is None or server1 is None else server1 - self.server0
         store1 = self.server.store_cpu_seconds()

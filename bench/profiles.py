@@ -31,6 +31,9 @@ class Profile:
     client_counts: tuple[int, ...] = (100, 300, 1000)
     rate: float = 3.0
     rates: tuple[float, ...] = (9.0, 27.0, 81.0, 243.0)
+    # The rate sweep of the multi-node profile (--nodes), one node and several
+    # alike: finer, since the most each sustains is what it compares.
+    node_rates: tuple[float, ...] = (27.0, 54.0, 81.0, 108.0, 135.0, 162.0, 216.0, 243.0)
     words: int = 200  # lorem words per turn
     window_s: float = 3.0  # one measured window
     # The windows whose p99 is a target (half load; the slow clients'
@@ -80,6 +83,7 @@ SMOKE = Profile(
     client_counts=(4, 10),
     rate=50.0,
     rates=(100.0,),
+    node_rates=(100.0,),
     words=40,
     window_s=0.5,
     latency_window_s=0.5,

@@ -19,6 +19,7 @@ import asyncio
 import shutil
 import socket
 from pathlib import Path
+from typing import Any
 
 SEARCH_PATH = "/usr/bin:/usr/sbin:/usr/local/bin"
 START_TIMEOUT_S = 10.0
@@ -125,6 +126,25 @@ class RedisProcess:
         finally:
             writer.close()
 
+    async def command_stats(self) -> dict[str, tuple[int, float]]:
+        """``INFO commandstats``: each command's calls and microseconds spent in it, so far.
+
+        The microseconds are Redis's own measure of executing the command
+        (``usec``), not the I/O around it: redis-server's CPU over a window
+        (:func:`bench.servers.process_cpu_seconds`) holds both.
+        """
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        try:
+            writer.write(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
+            await writer.drain()
+            head = await reader.readline()  # $<length>
+            if not head.startswith(b"$"):
+                raise RuntimeError(f"redis-server answered INFO with {head!r}")
+            body = await reader.readexactly(int(head[1:]) + 2)
+        finally:
+            writer.close()
+        return parse_command_stats(body.decode())
+
     async def stop(self) -> None:
         proc, self._proc = self._proc, None
         self.pid = None
@@ -136,3 +156,58 @@ class RedisProcess:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+def parse_command_stats(text: str) -> dict[str, tuple[int, float]]:
+    """``cmdstat_<name>:calls=N,usec=U,...`` lines as ``{name: (calls, usec)}``."""
+    stats: dict[str, tuple[int, float]] = {}
+    for line in text.splitlines():
+        name, _, fields = line.partition(":")
+        if not name.startswith("cmdstat_"):
+            continue
+        values = dict(field.split("=", 1) for field in fields.split(",") if "=" in field)
+        stats[name.removeprefix("cmdstat_")] = (int(values["calls"]), float(values["usec"]))
+    return stats
+
+
+PUBLISH_COMMANDS = ("publish", "spublish")
+
+
+def window_commands(
+    before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]
+) -> dict[str, Any]:
+    """What redis-server did between two :meth:`RedisProcess.command_stats`.
+
+    ``publishes``: ``PUBLISH`` + ``SPUBLISH`` calls (a node publishes each
+    live batch once, docs/scale-out.md); ``publish_usec``: Redis's own
+    microseconds in them; ``redis_calls`` and ``redis_usec``: every command;
+    ``by_command``: ``[calls, usec]`` of each command called.
+    """
+
+    def moved(name: str) -> tuple[int, float]:
+        calls0, usec0 = before.get(name, (0, 0.0))
+        calls1, usec1 = after.get(name, (0, 0.0))
+        return calls1 - calls0, usec1 - usec0
+
+    publishes = [moved(name) for name in PUBLISH_COMMANDS]
+    everything = {name: moved(name) for name in after}
+    return {
+        "publishes": sum(c for c, _ in publishes),
+        "publish_usec": round(sum(u for _, u in publishes), 1),
+        "redis_calls": sum(c for c, _ in everything.values()),
+        "redis_usec": round(sum(u for _, u in everything.values()), 1),
+        "by_command": {name: [c, round(u, 1)] for name, (c, u) in everything.items() if c},
+    }
+
+
+def nodes_window(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """A window of gateway nodes on one redis-server: each node's CPU seconds, Redis's commands.
+
+    ``before`` and ``after``: ``{"node_cpu_s": [...], "commands": command_stats}``.
+    """
+    return {
+        "wall_s": round(wall_s, 3),
+        "node_cpu_s": [round(b - a, 4) for a, b in zip(before["node_cpu_s"],
+                                                      after["node_cpu_s"], strict=True)],
+        **window_commands(before["commands"], after["commands"]),
+    }  # fmt: skip

@@ -67,6 +67,12 @@ STORE_FIGURES: dict[str, tuple[str, ...]] = {
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """Headline figures, ratios and targets (module docstring), added to ``result``."""
+    if "nodes" in result:  # --nodes: the comparison of the backends, if run, and the nodes
+        if result.get("backend") == "both":
+            summarize_backends(result)
+        else:
+            result.update(figures={}, ratios={}, targets=[], client_limited={}, noisy={})
+        return summarize_nodes(result)
     if result.get("backend") == "both":
         return summarize_backends(result)
     servers: dict[str, Any] = result["servers"]
@@ -235,6 +241,9 @@ def _store_labels(result: dict[str, Any]) -> dict[str, str]:
 
 def markdown(result: dict[str, Any]) -> str:
     """The run as markdown: the comparison table, the gateway-only figures, the targets."""
+    if "nodes" in result:
+        backends = markdown_backends(result) + "\n" if result.get("backend") == "both" else ""
+        return backends + markdown_nodes(result)
     if result.get("backend") == "both":
         return markdown_backends(result)
     figures: dict[str, dict[str, Any]] = result["figures"]
@@ -458,6 +467,222 @@ def markdown_backends(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- one node and several on one Redis (--nodes N) --------------------------------------
+
+US = 1e6
+
+
+def _div(a: Any, b: Any, scale: float = 1.0, digits: int = 2) -> float | None:
+    if not _number(a) or not _number(b) or not b:
+        return None
+    return round(float(a) / float(b) * scale, digits)
+
+
+def _window_figures(step: dict[str, Any] | None, split: bool) -> dict[str, Any]:
+    """One window of a configuration: throughput, the cores each process had, unit costs.
+
+    ``split``: node 0 owns every session and the others have every client, so
+    node 0's CPU is per published batch and the others' per delivered event.
+    """
+    if not step:
+        return {}
+    nodes = step.get("nodes") or {}
+    wall = nodes.get("wall_s")
+    events = step["events_per_s"] * wall if wall else None
+    cpu = nodes.get("node_cpu_s") or []
+    publishes = nodes.get("publishes")
+    store_s = None if step.get("store_cpu_util") is None or not wall else (
+        step["store_cpu_util"] * wall)  # fmt: skip
+    out: dict[str, Any] = {
+        "rate": step["rate"],
+        "events_per_s": step["events_per_s"],
+        "sustained": step["sustained"],
+        "p50_ms": step["p50_ms"],
+        "p99_ms": step["p99_ms"],
+        "nodes_cores": step["server_cpu_util"],
+        "node_cores": [_div(c, wall, digits=3) for c in cpu],
+        "redis_cores": step.get("store_cpu_util"),
+        "clients_cores": step["clients_cpu_util"],
+        "other_cores": step["other_cpu_util"],
+        "nodes_cpu_us_per_event": step["cpu_us_per_event"],
+        "redis_cpu_us_per_event": step.get("store_cpu_us_per_event"),
+        "publishes_per_s": _div(publishes, wall, digits=1),
+        "events_per_publish": _div(events, publishes, digits=1),
+        "publish_usec_per_call": _div(nodes.get("publish_usec"), publishes),
+        "redis_cpu_us_per_publish": _div(store_s, publishes, US),
+    }
+    if split and len(cpu) > 1 and publishes:
+        out["owner_cpu_us_per_publish"] = _div(cpu[0], publishes, US)
+        out["receiver_cpu_us_per_event"] = _div(sum(cpu[1:]), events, US)
+    return out
+
+
+def summarize_nodes(result: dict[str, Any]) -> dict[str, Any]:
+    """Each configuration's figures at its maximum and at its half load, and the model."""
+    configurations: dict[str, Any] = result["nodes"]["configurations"]
+    figures = {}
+    for name, data in configurations.items():
+        fanout, split = data["fanout"], data["placement"]["shape"] == "split"
+        figures[name] = {
+            "max_sustained": _window_figures(fanout.get("max_sustained"), split),
+            "half_load": _window_figures(fanout.get("half_load"), split),
+        }
+    result["nodes"]["figures"] = figures
+    result["nodes"]["model"] = capacity_model(result)
+    for name, data in configurations.items():
+        flagged = _flagged({"servers": {name: data}}, "noisy")[name]
+        if flagged:
+            result["noisy"][name] = flagged
+        limited = _flagged({"servers": {name: data}}, "client_limited")[name]
+        if limited:
+            result["client_limited"][name] = limited
+    return result
+
+
+def capacity_model(result: dict[str, Any]) -> dict[str, Any]:
+    """What N nodes and one Redis (or a Cluster sharded by session) carry, from the costs.
+
+    - A node delivers ``1e6 / node_us`` events/s to its own clients per core
+      (one node's CPU per event at half load), and a node receiving another's
+      sessions ``1e6 / receiver_us`` (the split shape's receiving nodes).
+    - The owner of a session sends each batch once to Redis; Redis spends
+      ``redis_us_per_publish`` per batch (its whole CPU over the window divided
+      by the publishes: the publish, the store's writes of the turn, the lease
+      renewals), so one Redis core carries ``1e6 / redis_us_per_publish``
+      batches/s whatever the clients; each batch is ``events_per_publish``
+      delivered events at the measured clients per session.
+    - Nodes are the bottleneck until ``N * 1e6 / node_us`` reaches Redis's
+      ``1e6 / redis_us_per_publish * events_per_publish``: at
+      ``nodes_per_redis_core`` nodes. A Cluster sharded by session spreads the
+      publishes and the per-session keys over its shards; what stays on one
+      shard is the deployment's counter and indexes (docs/scale-out.md).
+    - With the store's worst case (a turn of tool rounds, every event stored:
+      ``--backend both``), Redis spends ``redis_us_per_stored_event``: one
+      Redis core stores ``1e6 /`` that events/s.
+    """
+    figures = result["nodes"].get("figures", {})
+    one = figures.get("1 node", {}).get("half_load", {})
+
+    def shape(name: str) -> dict[str, Any]:
+        found = [f["half_load"] for n, f in figures.items() if n.endswith(name)]
+        return dict(found[0]) if found else {}
+
+    split, remote = shape("split"), shape("remote")
+    node_us = one.get("nodes_cpu_us_per_event")
+    receiver_us = split.get("receiver_cpu_us_per_event")
+    redis_us = split.get("redis_cpu_us_per_publish") or remote.get("redis_cpu_us_per_publish")
+    per_publish = split.get("events_per_publish") or remote.get("events_per_publish")
+    stored_us = _get(result, "figures", "redis", "redis_cpu_us_per_event_catalog")
+    node_rate = _div(US, node_us, digits=0)
+    redis_batches = _div(US, redis_us, digits=0)
+    redis_events = None if redis_batches is None or per_publish is None else round(
+        redis_batches * per_publish)  # fmt: skip
+    nodes_per_core = _div(redis_events, node_rate, digits=1)
+    return {
+        "node_cpu_us_per_event": node_us,
+        "receiver_cpu_us_per_event": receiver_us,
+        "owner_cpu_us_per_publish": split.get("owner_cpu_us_per_publish"),
+        "redis_cpu_us_per_publish": redis_us,
+        "publish_usec_per_call": split.get("publish_usec_per_call")
+        or remote.get("publish_usec_per_call"),
+        "events_per_publish": per_publish,
+        "node_events_per_s_per_core": node_rate,
+        "receiver_events_per_s_per_core": _div(US, receiver_us, digits=0),
+        "redis_batches_per_s_per_core": redis_batches,
+        "redis_events_per_s_per_core": redis_events,
+        "nodes_per_redis_core": nodes_per_core,
+        "redis_cpu_us_per_stored_event": stored_us,
+        "redis_stored_events_per_s_per_core": _div(US, stored_us, digits=0),
+        "bottleneck": None if nodes_per_core is None else (
+            f"the nodes' CPU (fan-out to clients) up to about {nodes_per_core:g} nodes per "
+            "Redis core; past that, Redis's single thread (one publish and the turn's writes "
+            "per batch)"),
+    }  # fmt: skip
+
+
+_NODE_ROWS: dict[str, str] = {
+    "events_per_s": "**max sustained events/s delivered**",
+    "rate": "... at tokens/s per session",
+    "p99_ms": "... p99 (ms)",
+    "nodes_cores": "... cores used by the gateway nodes (together)",
+    "node_cores": "... by each node",
+    "redis_cores": "... by redis-server",
+    "clients_cores": "... by the client workers (together)",
+    "other_cores": "... by processes outside the bench",
+}
+_HALF_ROWS: dict[str, str] = {
+    "rate": "half load: tokens/s per session",
+    "events_per_s": "... events/s delivered",
+    "p50_ms": "... p50 (ms)",
+    "p99_ms": "... p99 (ms)",
+    "nodes_cpu_us_per_event": "... nodes' CPU per delivered event (us)",
+    "redis_cpu_us_per_event": "... redis-server CPU per delivered event (us)",
+    "publishes_per_s": "... PUBLISH/SPUBLISH per second (batches)",
+    "events_per_publish": "... delivered events per publish",
+    "publish_usec_per_call": "... Redis's usec per publish call (commandstats)",
+    "redis_cpu_us_per_publish": "... redis-server CPU per publish, everything included (us)",
+    "owner_cpu_us_per_publish": "... owner node CPU per published batch (us)",
+    "receiver_cpu_us_per_event": "... receiving node CPU per delivered event (us)",
+}
+
+
+def markdown_nodes(result: dict[str, Any]) -> str:
+    """``--nodes``: one table, a column per configuration, then the model."""
+    figures: dict[str, Any] = result["nodes"]["figures"]
+    names = list(figures)
+    lines = [_row(["figure", *names]), _row(["---"] * (1 + len(names)))]
+    clients = {_get(d, "fanout", "reference", "clients")
+               for d in result["nodes"]["configurations"].values()}  # fmt: skip
+    for part, rows in (("max_sustained", _NODE_ROWS), ("half_load", _HALF_ROWS)):
+        for key, label in rows.items():
+            values = [figures[n][part].get(key) for n in names]
+            if all(v is None or v == [] for v in values):
+                continue
+            cells = [" + ".join(map(_fmt, v)) if isinstance(v, list) else _fmt(v) for v in values]
+            lines.append(_row([label, *cells]))
+    placements = "; ".join(
+        f"{name}: sessions owned {d['placement']['sessions_owned']}, with clients "
+        f"{d['placement']['sessions_served']}"
+        for name, d in result["nodes"]["configurations"].items()
+    )
+    model = result["nodes"]["model"]
+    lines += [
+        "",
+        f"Clients: {', '.join(map(_fmt, sorted(c for c in clients if c)))}, the same in every"
+        f" configuration, on the same {_fmt(_get(result, 'machine', 'cpus'))}-core machine as"
+        f" every node and redis-server. Sessions per node: {placements}.",
+        "",
+        _row(["capacity model (one core per node, one per Redis shard)", "value"]),
+        _row(["---", "---"]),
+    ]
+    for key, label in (
+        ("node_cpu_us_per_event", "a node's CPU per event to its own clients (us)"),
+        ("receiver_cpu_us_per_event", "a node's CPU per event of another node's session (us)"),
+        ("owner_cpu_us_per_publish", "the owner's CPU per published batch (us)"),
+        ("redis_cpu_us_per_publish", "redis-server CPU per published batch, all included (us)"),
+        ("publish_usec_per_call", "... of which in PUBLISH itself (us)"),
+        ("events_per_publish", "delivered events per batch (the clients per session)"),
+        ("node_events_per_s_per_core", "events/s one node delivers per core"),
+        ("receiver_events_per_s_per_core", "... of other nodes' sessions"),
+        ("redis_batches_per_s_per_core", "batches/s one Redis core carries"),
+        ("redis_events_per_s_per_core", "... as delivered events/s"),
+        ("nodes_per_redis_core", "nodes one Redis core keeps busy"),
+        ("redis_cpu_us_per_stored_event", "redis-server CPU per stored event (tool rounds, us)"),
+        ("redis_stored_events_per_s_per_core", "stored events/s one Redis core carries"),
+    ):  # fmt: skip
+        lines.append(_row([label, _fmt(model.get(key))]))
+    lines += ["", f"Bottleneck: {model.get('bottleneck') or '-'}.", ""]
+    lines.append(_flag_note(result, "client_limited", (
+        "Client-limited windows (a client worker used >= 85% of a core, so the figure may be "
+        "the clients' limit, not the server's)"), "No window was client-limited (every client "
+        "worker stayed under 85% of a core)."))  # fmt: skip
+    lines.append("")
+    lines.append(_flag_note(result, "noisy", (
+        "Noisy windows (processes outside the bench used >= 0.25 cores meanwhile)"),
+        "No window was noisy (processes outside the bench used < 0.25 cores)."))  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 # --- plots ------------------------------------------------------------------------------
 
 
@@ -468,7 +693,8 @@ def plots(result: dict[str, Any], stem: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    servers: dict[str, Any] = result["servers"]
+    configurations = _get(result, "nodes", "configurations") or {}
+    servers: dict[str, Any] = {**result["servers"], **configurations}
     written = []
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, data in servers.items():

@@ -19,7 +19,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import msgspec
 
 from bench.driver import attach_path, lorem_script
 from bench.measure import Meter, Step, machine_busy_s
+from bench.nodes import NodesServer
 from bench.pool import WorkerPool
 from bench.profiles import Profile
 from bench.servers import GatewayServer, PeerServer, Server
@@ -146,7 +147,9 @@ class Run:
     def _peer_maker(self, kind: str) -> Callable[[], Server]:
         return lambda: PeerServer(kind, self.frames_file, self.workdir)
 
-    async def compare_backends(self, gateways: dict[str, GatewayServer]) -> dict[str, Any]:
+    async def compare_backends(
+        self, gateways: dict[str, GatewayServer], rates: Sequence[float] | None = None
+    ) -> dict[str, Any]:
         """The fan-out of one node on each store backend, in this order, at the same loads.
 
         The first gateway's sweep decides the half load (half its maximum
@@ -154,7 +157,8 @@ class Run:
         as the peers are, after a sweep of its own (its own maximum). Then
         each runs one turn of tool rounds (:meth:`catalog_turn`): the load
         where the store writes most. Nothing else runs: no peers, slow
-        clients, replays, idle connections or time to first token.
+        clients, replays, idle connections or time to first token. ``rates``:
+        the rate sweep, if not the profile's ``rates``.
         """
         result: dict[str, Any] = {"servers": {}}
         half: float | None = None
@@ -165,13 +169,56 @@ class Run:
                 self.log(f"gateway on {backend}: recording the load turn's frames")
                 result.setdefault("frames", await self.record_turn())
                 self.log(f"gateway on {backend}: fan-out")
-                fanout = await self.fanout(gw, half_rate=half)
+                fanout = await self.fanout(gw, half_rate=half, rates=rates)
                 self.log(f"gateway on {backend}: a turn of tool rounds")
                 catalog = await self.catalog_turn(gw)
             finally:
                 await gw.stop()
             result["servers"][backend] = {"fanout": fanout, "catalog": catalog}
             half = fanout["half_load"]["rate"]
+        return result
+
+    async def several_nodes(
+        self,
+        make: Callable[[int, str], NodesServer],
+        count: int,
+        shapes: Sequence[str],
+        one_node: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The fan-out of one node, then of ``count`` nodes in each shape, on one Redis each.
+
+        Every configuration (:mod:`bench.nodes`) is fresh (its own redis-server
+        and nodes) and swept over the same steps, ``node_rates`` (finer than
+        ``rates``: the most a node sustains is the figure here), to its own
+        maximum and its own half load. ``one_node``: the fan-out of one node
+        on Redis already measured with those steps (``--backend both``), taken
+        as the first configuration instead of measuring another. The load
+        turn's frames are recorded on the first configuration's node 0 when no
+        earlier phase has.
+        """
+        result: dict[str, Any] = {"count": count, "configurations": {}}
+        plan = [*([] if one_node else [(1, "local")]), *((count, shape) for shape in shapes)]
+        if one_node is not None:
+            sessions = one_node["sessions"]
+            result["configurations"]["1 node"] = {"nodes": 1, "fanout": one_node, "placement": {
+                "shape": "local", "sessions_owned": [sessions], "sessions_served": [sessions],
+            }}  # fmt: skip
+        for nodes, shape in plan:
+            name = "1 node" if nodes == 1 else f"{nodes} nodes, {shape}"
+            server = make(nodes, shape)
+            await server.start()
+            try:
+                if not self.frames_file.exists():
+                    self.gateway = server.first
+                    self.log(f"{name}: recording the load turn's frames")
+                    result["frames"] = await self.record_turn()
+                self.log(f"{name}: fan-out")
+                fanout = await self.fanout(server, half_rate=None, rates=self.p.node_rates)
+            finally:
+                await server.stop()
+            result["configurations"][name] = {
+                "nodes": nodes, "placement": server.placement(), "fanout": fanout,
+            }  # fmt: skip
         return result
 
     async def catalog_turn(self, gw: GatewayServer) -> dict[str, Any]:
@@ -245,11 +292,14 @@ class Run:
         """
         await asyncio.sleep(self.p.settle_s)
         await self.pool.mark()
+        counters = await server.counters()
         meter = Meter(server)
         await asyncio.sleep(self.p.window_s if seconds is None else seconds)
         window = await self.pool.mark()
-        return meter.step(window, "live", clients=clients, rate=rate, offered=self.offered(
+        step = meter.step(window, "live", clients=clients, rate=rate, offered=self.offered(
             clients, rate))  # fmt: skip
+        step.nodes = server.window_figures(counters, await server.counters(), meter.wall_s)
+        return step
 
     def offered(self, clients: int, rate: float) -> float:
         """Events per second the load asks for: every client gets every event of its session."""
@@ -257,7 +307,9 @@ class Run:
 
     # --- fan-out ------------------------------------------------------------------------
 
-    async def fanout(self, server: Server, half_rate: float | None) -> dict[str, Any]:
+    async def fanout(
+        self, server: Server, half_rate: float | None, rates: Sequence[float] | None = None
+    ) -> dict[str, Any]:
         """Clients added step by step at ``rate``, then the rate stepped up at full size.
 
         The maximum sustained load is the busiest sustained step of the rate
@@ -280,7 +332,7 @@ class Run:
             by_clients.append(step)
             self.log(f"  {connected} clients: {_brief(step)}")
         by_rate = [by_clients[-1]]
-        for rate in p.rates:
+        for rate in p.rates if rates is None else rates:
             await server.load(sessions, rate)
             step = await self.window(server, connected, rate)
             by_rate.append(step)

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import psutil  # type: ignore[import-untyped]
 
 from bench.driver import GatewayDriver
-from bench.redis_server import RedisProcess
+from bench.redis_server import RedisProcess, nodes_window
 from bench.wire import HttpClient
 from bench.worker import Target
 
@@ -125,6 +125,14 @@ class Server(ABC):
         """CPU seconds of the server's store process (redis-server), if it has one."""
         return None
 
+    async def counters(self) -> Any:
+        """Counters of its own that a window reads before and after (:meth:`window_figures`)."""
+        return None
+
+    def window_figures(self, before: Any, after: Any, wall_s: float) -> dict[str, Any] | None:
+        """What :meth:`counters` moved over a window of ``wall_s`` seconds; None: nothing."""
+        return None
+
     def rss_bytes(self) -> int | None:
         return None if self.pid is None else int(psutil.Process(self.pid).memory_info().rss)
 
@@ -170,6 +178,9 @@ class GatewayServer(Server):
             ``workdir`` before the gateway and stopped after it
             (:mod:`bench.redis_server`), named by ``GATEWAY_STORE_BACKEND`` and
             ``GATEWAY_STORE_URL`` over whatever the config says.
+        store_url: with ``backend="redis"``, a redis-server someone else runs
+            (the nodes of :mod:`bench.nodes` share one) instead of its own;
+            ``""``: one to be set after construction, before :meth:`start`.
     """
 
     name = "gateway"
@@ -183,10 +194,13 @@ class GatewayServer(Server):
         pid: int | None = None,
         words: int = 200,
         backend: str = "sqlite",
+        store_url: str | None = None,
     ) -> None:
         self.workdir = workdir
         self.backend = backend
-        self.redis = RedisProcess(workdir / "redis") if backend == "redis" and url is None else None
+        self.store_url = store_url
+        own_redis = backend == "redis" and url is None and store_url is None
+        self.redis = RedisProcess(workdir / "redis") if own_redis else None
         self.config_text = config_text
         self.url = url
         self.pid = pid
@@ -207,6 +221,9 @@ class GatewayServer(Server):
             if self.redis is not None:
                 await self.redis.start()
                 env |= {"GATEWAY_STORE_BACKEND": "redis", "GATEWAY_STORE_URL": self.redis.url}
+            elif self.backend == "redis":
+                assert self.store_url, "backend redis: its own redis-server or a store_url"
+                env |= {"GATEWAY_STORE_BACKEND": "redis", "GATEWAY_STORE_URL": self.store_url}
             try:
                 await self._spawn(
                     "-m", "gateway", "serve", "--config", str(config), "--port", "0",
@@ -232,6 +249,16 @@ class GatewayServer(Server):
     def store_cpu_seconds(self) -> float | None:
         pid = None if self.redis is None else self.redis.pid
         return None if pid is None else process_cpu_seconds(pid)
+
+    async def counters(self) -> dict[str, Any] | None:
+        """With a redis-server of its own: as one node of :mod:`bench.nodes` (its publishes)."""
+        if self.redis is None or self.redis.pid is None:
+            return None
+        return {"node_cpu_s": [self.cpu_seconds() or 0.0],
+                "commands": await self.redis.command_stats()}  # fmt: skip
+
+    def window_figures(self, before: Any, after: Any, wall_s: float) -> dict[str, Any] | None:
+        return None if before is None or after is None else nodes_window(before, after, wall_s)
 
     async def open_sessions(self, count: int) -> list[str]:
         assert self.http is not None

@@ -1,4 +1,4 @@
-"""The bench's comparison of the store backends, end to end: ``--backend both``.
+"""The bench on Redis, end to end: ``--backend both``, ``--backend redis``, ``--nodes 2``.
 
 ``python -m bench --profile smoke --backend both`` runs the fan-out of one
 gateway on SQLite and then of one on Redis (a redis-server the bench starts
@@ -9,8 +9,17 @@ and the issue's targets. The figures of a smoke run
 mean nothing (tiny windows, a shared machine); this pins that the run
 completes in seconds and that every figure, ratio and target is there.
 
+``--backend redis`` alone runs every phase with the gateway on Redis, shrunk
+further (no peers, no time to first token, tiny windows); ``--backend redis
+--nodes 2 --shapes split`` runs the multi-node profile (bench/nodes.py): one
+node, then two nodes on one redis-server, every session on node 0 and every
+client on node 1, so every event reaches its client over the owner's publish
+(docs/scale-out.md, "live fan-out between nodes").
+
 redis-server comes from tests/redis_support.py (installed from Debian's
 archive when missing); the test skips, saying why, only where it cannot be.
+Every ``GATEWAY_*`` variable is left out of the bench's environment: each is
+a config key of the gateways it starts.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,16 +49,22 @@ NO_RATIO = {"max_sustained_events_per_s", "redis_cpu_us_per_event",
             "redis_cpu_us_per_event_catalog", "other_cores_half_load"}  # fmt: skip
 
 
-def test_backend_comparison_produces_every_figure(tmp_path: Path) -> None:
+def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m bench --profile smoke ARGS`` with a redis-server on the PATH."""
     binary = ensure_redis_server()
-    env = {**os.environ, "PATH": f"{Path(binary).parent}:{os.environ.get('PATH', '')}"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env["PATH"] = f"{Path(binary).parent}:{env.get('PATH', '')}"
     run = subprocess.run(
-        [sys.executable, "-m", "bench", "--profile", "smoke", "--backend", "both",
-         "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench", "--profile", "smoke", *args, "--out", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    (result_file,) = tmp_path.glob("*-smoke-redis-compare.json")
+    return run
+
+
+def test_backend_comparison_and_two_nodes_in_one_run(tmp_path: Path) -> None:
+    _bench(tmp_path, "--backend", "both", "--nodes", "2", "--shapes", "split", "--clients", "4")
+    (result_file,) = tmp_path.glob("*-smoke-redis-compare-nodes2.json")
     result = json.loads(result_file.read_text())
 
     assert result["backend"] == "both"
@@ -85,6 +101,63 @@ def test_backend_comparison_produces_every_figure(tmp_path: Path) -> None:
     assert table.startswith("| figure | SQLite | Redis | Redis / SQLite |")
     assert "gateway + redis-server CPU per delivered event" in table
     assert (tmp_path / f"{result_file.stem}-latency.png").stat().st_size > 0
+    _check_two_nodes(result, table, one_node=result["servers"]["redis"]["fanout"])
+
+
+def test_backend_redis_runs_every_phase_on_redis(tmp_path: Path) -> None:
+    _bench(tmp_path, "--backend", "redis", "--peers", "none", "--no-ttft",
+           "--clients", "4", "--idle", "20", "--window", "0.3")  # fmt: skip
+    (result_file,) = tmp_path.glob("*-smoke-redis.json")
+    result = json.loads(result_file.read_text())
+    assert result["backend"] == "redis" and set(result["servers"]) == {"gateway"}
+    gateway = result["figures"]["gateway"]
+    for figure in ("cpu_us_per_event", "store_cpu_us_per_event", "p99_ms_half_load"):
+        assert isinstance(gateway[figure], int | float), figure
+    assert gateway["store_cpu_us_per_event"] > 0  # redis-server measured, beside the gateway
+    one = result["replay"]["one_client"]
+    assert one["received"] == one["events"] == 500
+    assert result["slow_clients"]["stalled_got_1008"] is True
+    assert result["servers"]["gateway"]["idle"]["points"][0]["connections"] == 20
+    table = (tmp_path / f"{result_file.stem}.md").read_text()
+    assert "redis-server CPU per delivered event" in table
+
+
+def _check_two_nodes(result: dict[str, Any], table: str, one_node: dict[str, Any]) -> None:
+    """The multi-node profile's part of a run: one node (the comparison's), two split."""
+    nodes = result["nodes"]
+    assert nodes["count"] == 2 and set(nodes["configurations"]) == {"1 node", "2 nodes, split"}
+    assert nodes["configurations"]["1 node"]["fanout"] == one_node
+    split = nodes["configurations"]["2 nodes, split"]
+    assert split["placement"] == {
+        "shape": "split", "sessions_owned": [2, 0], "sessions_served": [0, 2]
+    }  # fmt: skip
+    # Every event went from node 0 to its clients on node 1 through Redis.
+    half = split["fanout"]["half_load"]
+    assert half["clients_open"] == 4 and half["events_per_s"] >= 0.5 * half["offered_events_per_s"]
+    assert half["nodes"]["publishes"] > 0 and half["nodes"]["by_command"]
+    figures = nodes["figures"]["2 nodes, split"]["half_load"]
+    assert len(figures["node_cores"]) == 2
+    for figure in (
+        "owner_cpu_us_per_publish",
+        "receiver_cpu_us_per_event",
+        "redis_cpu_us_per_publish",
+        "publish_usec_per_call",
+        "events_per_publish",
+    ):
+        assert isinstance(figures[figure], int | float) and figures[figure] > 0, figure
+    # One node: its own clients only (no receiver, no owner-per-publish figure).
+    assert "receiver_cpu_us_per_event" not in nodes["figures"]["1 node"]["half_load"]
+    model = nodes["model"]
+    for figure in (
+        "node_events_per_s_per_core",
+        "receiver_events_per_s_per_core",
+        "redis_batches_per_s_per_core",
+        "nodes_per_redis_core",
+        "redis_stored_events_per_s_per_core",
+    ):
+        assert isinstance(model[figure], int | float) and model[figure] > 0, figure
+    assert model["bottleneck"].startswith("the nodes' CPU")
+    assert "| figure | 1 node | 2 nodes, split |" in table and "capacity model" in table
 
 
 def test_backend_redis_without_redis_server_is_one_clear_error(
