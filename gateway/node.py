@@ -7,8 +7,18 @@ Task tree (a stack dump reads like this)::
     ├── retention             purges events older than retention_hours
     ├── lease-keeper          renews this node's session leases (gateway.store.lease)
     ├── recovery              Redis only: closes turns of nodes that died (every lease_s)
+    ├── cluster               Redis only: the link to the other nodes (gateway.cluster)
     └── sessions              one child nursery per live session
         └── session <id>      Session.run: agent-loop <id>, translator <id>
+
+Several nodes on one Redis (RUNNING.md "Command line", docs/scale-out.md):
+every request for a session may reach any node. The node holding the
+session's lease runs it; any other node keeps a *replica* of it for its own
+clients: their live events come from the owner over the cluster link (one
+publish per batch per family), and whatever acts on the session (a turn, a
+cancel, a permission decision, feedback, a snapshot or replay's cut) is a
+request to the owner (:meth:`Node.ask_owner`), answered exactly as the owner's
+own routes would answer it.
 
 Shared by all sessions: the config, the store, the node-wide event sequencer
 (PROTOCOL section 1), the provider, the tool registry, the attach tokens, the
@@ -26,24 +36,34 @@ import itertools
 import logging
 import os
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
 import trio
 
 from gateway.config import Config
-from gateway.errors import ApiError, StoreError
+from gateway.errors import ApiError, StoreError, SubscribeRejected
 from gateway.ids import new_attach_token, new_session_id, now_ms
 from gateway.logs import SLOW_FLUSH_S, event
 from gateway.metrics import Metrics
-from gateway.protocol.shapes import Usage
+from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
+from gateway.protocol.filters import resolve_filter
+from gateway.protocol.frames import Subscribe, decode_client_frame, encode
+from gateway.protocol.framing import event_frame
+from gateway.protocol.shapes import Message, SessionSummary, Usage
 from gateway.providers.base import Provider
 from gateway.server.auth import NO_OWNER, Limits
+from gateway.session import seam
+from gateway.session.hub import Emitted
 from gateway.session.recovery import close_interrupted
 from gateway.session.sequencer import EventSequencer
 from gateway.session.session import Session
 from gateway.store.base import SessionRecord, Store
 from gateway.store.lease import LeaseKeeper, Taken, new_node_id
 from gateway.tools.registry import ToolRegistry
+
+if TYPE_CHECKING:
+    from gateway.cluster import Cluster, LiveBatch
 
 log = logging.getLogger("gateway.node")
 
@@ -142,6 +162,8 @@ class Node:
         self._claiming: dict[str, trio.Event] = {}  # sessions whose lease a request is taking
         self._holding: dict[Session, None] = {}  # families with batches waiting for a commit
         self._sessions_nursery: trio.Nursery
+        self.cluster: Cluster | None = None  # the link to the other nodes (Redis only)
+        self._relayed: dict[str, tuple[str, int]] = {}  # family -> (owner, last batch number)
         self._stop = trio.Event()
         self._changed = trio.Event()
 
@@ -168,6 +190,13 @@ class Node:
                 self._sessions_nursery = sessions
                 sessions.start_soon(self._retention_loop, name="retention")
                 await sessions.start(self.leases.run, name="lease-keeper")
+                if self.leases.leases.shared:
+                    from gateway.cluster import Cluster  # coredis: imported only when used
+
+                    self.cluster = Cluster(
+                        self.config.store.url, "gw:", self.node_id, self._serve, self._on_live
+                    )
+                    await sessions.start(self.cluster.run, name="cluster")
                 await self._close_interrupted_turns()
                 if self.leases.leases.shared:
                     sessions.start_soon(self._recovery_loop, name="recovery")
@@ -219,7 +248,7 @@ class Node:
             held = family.held
             while held and held[0][0] <= committed:
                 _, session, events = held.popleft()
-                session.publish(events)
+                session.release(events)
             if not held:
                 self._holding.pop(family, None)
 
@@ -294,9 +323,9 @@ class Node:
                 await self.ids_above(taken)
                 session = await self.get_session(record.id)
                 if session is not None:
-                    # Loaded here while another node ran it: the stored record is the truth.
-                    fresher = record if session is live and taken.new else None
-                    closed += await self._close_if_interrupted(session, fresher)
+                    if session is live and taken.new:  # a replica until now
+                        await self._took_over(session, taken)
+                    closed += await self._close_if_interrupted(session)
             except Exception as exc:  # one session's history must not keep the node down
                 event(
                     log, logging.ERROR, "session_failed",
@@ -310,19 +339,14 @@ class Node:
             self._recovered(closed)
             await self.wait_durable()
 
-    async def _close_if_interrupted(self, session: Session, record: SessionRecord | None) -> bool:
+    async def _close_if_interrupted(self, session: Session) -> bool:
         """Close the session's turn left in flight, if it has one and none runs here.
 
-        ``record``: the session as stored, replacing the one loaded here (a
-        session loaded while another node ran it). One at a time, so that a
-        recovery pass and a request taking the same lease never close a turn twice.
+        One at a time, so that a recovery pass and a request taking the same
+        lease never close a turn twice.
         """
         async with self._recovery_lock:
-            if session.turn is not None:
-                return False
-            if record is not None:
-                session.record = record
-            if session.record.current_turn_id is None:
+            if session.turn is not None or session.record.current_turn_id is None:
                 return False
             await close_interrupted(session)
             return True
@@ -355,14 +379,24 @@ class Node:
             await self.store.flush()
 
     def _lease_lost(self, session_id: str) -> None:
-        # The session must stop acting here; routing it to the holder is the
-        # next slice of issue 13 (docs/scale-out.md). For now: said and counted.
+        """This node lost the session's lease: it stops acting on the session (docs/scale-out.md).
+
+        Another node may hold it now (or will, once Redis answers again): the
+        session's turn is stopped here without a further event (its new owner
+        closes it as interrupted, PROTOCOL section 9), and this node's clients
+        of its family are closed with ``relay_gap`` so that they resume against
+        the owner. Writes this node had already queued may still land.
+        """
         event(
             log, logging.ERROR, "lease_lost",
-            f"session {session_id}: this node lost its lease (another node may run it now)",
+            f"session {session_id}: this node lost its lease; it stops running it here",
             session_id=session_id, component="lease",
         )  # fmt: skip
         self.metrics.session_failures.labels("lease").inc()
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.stop_here()
+            self._close_clients(session.family, "relay_gap")
 
     def _lease_renew_failed(self, exc: StoreError) -> None:
         event(
@@ -478,8 +512,8 @@ class Node:
         """Whether this node may run the session's turns: it holds the session's lease.
 
         Always, on a store of one node (SQLite). On Redis, a session whose
-        lease another node holds is not run here (its turns get 503
-        ``session_elsewhere`` until routing to the holder exists).
+        lease another node holds is a replica here: what acts on it is sent to
+        that node (:meth:`ask_owner`).
         """
         return not self.leases.leases.shared or self.leases.holds(session_id)
 
@@ -509,9 +543,10 @@ class Node:
 
         This node then runs the session's turns (the one it left in flight is
         closed before any new one can start: nothing awaits between this and
-        a turn's submission). A session held elsewhere stays as it is: loaded
-        here for its clients, its turns, for now, run wherever they are sent
-        (docs/scale-out.md: routing them to the holder is the next slice).
+        a turn's submission). A session held elsewhere stays as it is: a
+        replica here for this node's clients, whatever acts on it sent to its
+        owner (:meth:`ask_owner`). A replica whose lease this node takes is
+        read afresh from the store first (:meth:`_took_over`).
         """
         try:
             taken = await self.leases.take(session.id)
@@ -519,8 +554,8 @@ class Node:
                 return
             await self.ids_above(taken)
             if taken.new and session.turn is None:
-                record = await self.store.get_session(session.id)
-                if await self._close_if_interrupted(session, record):
+                await self._took_over(session, taken)
+                if await self._close_if_interrupted(session):
                     self._recovered(1)
         except StoreError as exc:  # tried again at the next request or recovery pass
             event(
@@ -569,6 +604,254 @@ class Node:
         self.metrics.sessions_live.set(len(self.sessions))
         await self._sessions_nursery.start(session.run, name=f"session {session.id}")
 
+    async def _took_over(self, session: Session, taken: Taken) -> None:
+        """This node took the lease of a session it had loaded as a replica: read it afresh.
+
+        Its record and messages are the store's (the previous owner wrote
+        them, durably, as it went); everything up to ``taken.counter`` is read
+        from the store by a replay.
+        """
+        record = await self.store.get_session(session.id)
+        if record is not None:
+            session.reload(record, await self.store.load_messages(session.id), taken.counter)
+
+    # --- several nodes (gateway.cluster, docs/scale-out.md) ----------------------------
+
+    async def issue_token(self, session_id: str) -> str:
+        """A single-use attach token (PROTOCOL section 2), good on any node of the deployment."""
+        if self.cluster is None:
+            return self.tokens.issue(session_id)
+        try:
+            return await self.cluster.issue_token(session_id, self.tokens.ttl_s)
+        except StoreError as exc:
+            raise _unavailable(exc) from None
+
+    async def redeem_token(self, token: str | None, session_id: str) -> None:
+        """Use an attach token up (:meth:`AttachTokens.redeem`)."""
+        if self.cluster is None:
+            self.tokens.redeem(token, session_id)
+            return
+        try:
+            await self.cluster.redeem_token(token, session_id)
+        except StoreError as exc:
+            raise _unavailable(exc) from None
+
+    async def ask_owner(
+        self, session: Session, op: str, args: object, *, patient: bool = False
+    ) -> bytes | None:
+        """Send ``op`` to the node holding the session's lease; ``None``: it is this node.
+
+        A session whose lease is free is taken here first (its dead holder's
+        turn closed: :meth:`_claim`), and then runs here. ``patient``: when the
+        holder does not answer (it died: a client's snapshot or replay on a
+        survivor), wait up to ``lease_s`` for its lease to lapse and take it.
+
+        Raises:
+            ApiError: the owner's own refusal, exactly as its routes would
+                answer; 503 ``session_owner_unreachable`` (it did not answer in
+                ``commit_timeout_s``) or ``store_unavailable`` (Redis did not).
+        """
+        if self.cluster is None or self.runs_here(session.id):
+            return None
+        try:
+            holder = await self.leases.leases.holder(session.id)
+            if holder is None:
+                await self.get_session(session.id)  # takes the free lease (:meth:`_claim`)
+                if self.runs_here(session.id):
+                    return None
+                holder = await self.leases.leases.holder(session.id)
+        except StoreError as exc:
+            raise _unavailable(exc) from None
+        if holder is None or holder == self.node_id:  # changing hands right now
+            raise ApiError(
+                503,
+                "session_owner_unreachable",
+                f"session {session.id} is changing nodes; retry in 1 s",
+                headers=(("Retry-After", "1"),),
+            )
+        store = self.config.store
+        try:
+            return await self.cluster.call(
+                holder, op, session.id, _pack(args), store.commit_timeout_s, store.lease_s
+            )
+        except StoreError as exc:
+            raise _unavailable(exc) from None
+        except ApiError as exc:
+            if not patient or exc.code != "session_owner_unreachable":
+                raise
+            with trio.move_on_after(store.lease_s * 1.5):
+                while not self.runs_here(session.id):
+                    await trio.sleep(store.lease_s / 5)
+                    await self.get_session(session.id)  # takes the lease once it lapsed
+                return None
+            raise
+
+    async def submit_turn(self, session: Session, message: Message) -> None:
+        """Start a turn on the session, wherever it runs; return once it is accepted.
+
+        Raises:
+            ApiError: as :meth:`Session.submit_turn` and :meth:`Session.accepted`,
+                or as :meth:`ask_owner`.
+        """
+        if await self.ask_owner(session, "turn", message) is None:
+            await session.accepted(session.submit_turn(message))
+
+    async def cancel_turn(
+        self, session: Session, turn_id: str, reason: str, requested_by: str
+    ) -> None:
+        """:meth:`Session.cancel_turn`, on the node that runs the session."""
+        if await self.ask_owner(session, "cancel", (turn_id, reason, requested_by)) is None:
+            session.cancel_turn(turn_id, reason, requested_by)
+
+    async def decide_permission(self, session: Session, perm_id: str, decision: str) -> None:
+        """:meth:`Session.decide_permission`, on the node that runs the session."""
+        if await self.ask_owner(session, "permission", (perm_id, decision)) is None:
+            session.decide_permission(perm_id, decision)
+
+    async def record_feedback(
+        self, session: Session, message_id: str, rating: int, comment: str | None
+    ) -> None:
+        """:meth:`Session.record_feedback`, on the node that runs the session."""
+        if await self.ask_owner(session, "feedback", (message_id, rating, comment)) is None:
+            session.record_feedback(message_id, rating, comment)  # type: ignore[arg-type]
+
+    async def live_summary(self, session: Session) -> SessionSummary:
+        """The session's summary as its owner sees it (its turn and pending permissions)."""
+        answer = await self.ask_owner(session, "state", None)
+        if answer is None:
+            return session.summary()
+        return msgspec.msgpack.decode(answer, type=SessionSummary)
+
+    async def messages_of(self, session: Session) -> list[Message]:
+        """The session's conversation: its own where it runs here, else the store's (durable).
+
+        Raises:
+            ApiError: 503 ``store_unavailable``.
+        """
+        if self.runs_here(session.id):
+            return list(session.messages)
+        try:
+            return [sm.message for sm in await self.store.load_messages(session.id)]
+        except StoreError as exc:
+            raise _unavailable(exc) from None
+
+    def forward(self, session: Session, op: str, args: object) -> None:
+        """Send ``op`` to the session's owner without waiting (a replica's warnings)."""
+
+        async def send() -> None:
+            with contextlib.suppress(ApiError):
+                await self.ask_owner(session, op, args)
+
+        self._sessions_nursery.start_soon(send, name=f"cluster-forward {op} {session.id}")
+
+    def relay(self, family: Session, session: Session, events: list[Emitted]) -> None:
+        """A batch this node released: published once for the other nodes' clients."""
+        if self.cluster is not None:
+            self.cluster.publish(family.id, session.id, events)
+
+    async def watch(self, session: Session) -> None:
+        """Receive the live batches of the session's family here (a replica's client subscribes).
+
+        Raises:
+            ApiError: 503 ``store_unavailable``: Redis did not take the subscription.
+        """
+        if self.cluster is None:
+            return
+        root = session.family.id
+        if root not in self.cluster.watched:
+            self._relayed.pop(root, None)
+        try:
+            await self.cluster.watch(root)
+        except StoreError as exc:
+            raise _unavailable(exc) from None
+
+    def _on_live(self, root: str, batch: LiveBatch) -> None:
+        """A live batch of a watched family from its owner: fanned out to this node's clients.
+
+        A batch whose number does not follow the last one of the same owner
+        means pub/sub lost some: the family's clients here are closed with
+        ``relay_gap`` and resume with ``since`` (gateway.cluster).
+        """
+        family = self.sessions.get(root)
+        if family is None or not any(len(s.hub) for s in family.scope(True)):
+            self._relayed.pop(root, None)
+            if self.cluster is not None:
+                self.cluster.unwatch(root)
+            return
+        if self.runs_here(root):
+            return  # this node runs the family now: its own batches are the truth
+        last = self._relayed.get(root)
+        self._relayed[root] = (batch.node, batch.batch_no)
+        if last is not None and last[0] == batch.node and batch.batch_no != last[1] + 1:
+            event(
+                log, logging.WARNING, "relay_gap",
+                f"session {root}: live batches {last[1] + 1}..{batch.batch_no - 1} from"
+                f" {batch.node} were lost; its clients here resume with since",
+                session_id=root,
+            )  # fmt: skip
+            self._close_clients(family, "relay_gap")
+            return
+        events = batch.emitted(event_frame)
+        session = self.sessions.get(batch.session_id)
+        if session is not None and session.family is family:
+            session.publish(events)
+        else:  # a worker this node has not loaded: its parent's clients may take it
+            family.publish(events, from_worker=True)
+
+    def _close_clients(self, family: Session, code: str) -> None:
+        for s in family.scope(True):
+            for sub in s.hub.subscribers():
+                sub.request_close(code)
+
+    async def _serve(self, op: str, session_id: str, body: bytes) -> bytes:
+        """Serve another node's request on a session this node runs (:meth:`ask_owner`)."""
+        session = await self.get_session(session_id)
+        if session is None:
+            raise ApiError(404, "session_not_found", f"no session {session_id!r}")
+        if not self.runs_here(session_id):  # the lease moved meanwhile: the sender retries
+            raise ApiError(
+                503,
+                "session_owner_unreachable",
+                f"session {session_id} is changing nodes; retry in 1 s",
+                headers=(("Retry-After", "1"),),
+            )
+        args: Any = msgspec.msgpack.decode(body)
+        if op == "turn":
+            await self.submit_turn(session, msgspec.msgpack.decode(body, type=Message))
+        elif op == "cancel":
+            session.cancel_turn(*args)
+        elif op == "permission":
+            session.decide_permission(*args)
+        elif op == "feedback":
+            session.record_feedback(*args)
+        elif op == "warn":
+            session.emit([BusHandlerWarning(*args)], None)
+        elif op == "unregistered":
+            session.emit([BusSubscriberUnregistered(*args)], None)
+        elif op == "state":
+            return _pack(session.summary())
+        elif op == "snapshot":
+            snap, cut = seam.snapshot(session, args)
+            await self.wait_durable()
+            return _pack((encode(snap), cut))
+        elif op == "replay":
+            frame, max_events = args
+            request = decode_client_frame(frame)
+            assert isinstance(request, Subscribe) and request.since is not None
+            _, key = resolve_filter(request.filter)
+            try:
+                frames, cut = await seam.replay(session, request.since, key, max_events)
+            except SubscribeRejected as exc:
+                return _pack(("error", exc.code, str(exc)))
+            return _pack(("ok", frames, cut))
+        else:  # a node of another version, say
+            raise ApiError(
+                503,
+                "session_owner_unreachable",
+                f"the node running session {session_id} does not know the operation {op!r}",
+            )
+        return b""
+
     # --- shared rules -------------------------------------------------------------
 
     def pricing(self, model: str) -> Callable[[Usage], float | None]:
@@ -606,3 +889,12 @@ async def _workspace(workspace_path: str | None) -> str:
     if not await path.is_dir():
         raise ApiError(422, "invalid_workspace", f"workspace_path {str(path)!r} is not a directory")
     return str(path)
+
+
+def _pack(value: object) -> bytes:
+    return msgspec.msgpack.encode(value)
+
+
+def _unavailable(exc: StoreError) -> ApiError:
+    retry = (("Retry-After", "1"),)
+    return ApiError(503, "store_unavailable", f"{exc}; the request may be retried", headers=retry)

@@ -306,14 +306,15 @@ async def test_a_request_for_a_session_whose_lease_lapsed_closes_its_turn_before
             assert closing.payload.reason == "server_restart"
 
 
-async def test_a_turn_for_a_session_another_live_node_holds_is_503_with_retry_after(
+async def test_a_turn_for_a_session_whose_holder_does_not_answer_is_503_with_retry_after(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
-    """Turns run only on the lease holder (until routing, docs/scale-out.md).
+    """Turns run only on the lease holder (sent there: gateway.cluster).
 
     So no turn starts beside one a live node runs, and after a crash a turn
-    sent before the dead holder's lease lapses waits for it (503, Retry-After)
-    instead of running and leaving the interrupted turn open for good.
+    sent before the dead holder's lease lapses waits for it (503, Retry-After:
+    the lease time) instead of running and leaving the interrupted turn open
+    for good.
     """
     with trio.fail_after(30):
         async with running_gateway(redis_config(tmp_path, own_redis)) as gw:
@@ -323,7 +324,7 @@ async def test_a_turn_for_a_session_another_live_node_holds_is_503_with_retry_af
             await trio.sleep(0.5)  # the keeper's next round: this node no longer holds it
             r = await gw.http.post(f"/sessions/{sid}/turns", json={"content": "hi"})
             assert r.status_code == 503, r.text
-            assert r.json()["error"]["code"] == "session_elsewhere"
+            assert r.json()["error"]["code"] == "session_owner_unreachable"  # nobody listens
             assert r.headers["retry-after"] == "1"  # ceil(lease_s = 0.3)
             command(own_redis.port, "DEL", lease)  # that node is gone: the lease lapsed
             r = await gw.http.post(f"/sessions/{sid}/turns", json={"content": "hi"})

@@ -99,6 +99,12 @@ class RunSubscriber:
             f"AG-UI run queue exceeded queue_max_events={self.max_events}; closing the stream",
         )
 
+    def request_close(self, code: str) -> None:
+        """End the run's stream now (this node lost the session's live feed: gateway.cluster)."""
+        self.session.hub.unsubscribe(self)
+        self.subscribed = False
+        self._tx.close()
+
     def leave(self, reason: str) -> None:
         """Off the hub, however the run ended (``bus.subscriber_unregistered``)."""
         self.subscribed = False

@@ -7,6 +7,8 @@ says everything about it that any part of the gateway or of a client needs::
     normal             1000  yes     no         the server ends the stream on purpose
     shutdown           1001  yes     yes        the gateway is stopping (turns cancelled first)
     heartbeat_timeout  1001  no      yes        ping_max_missed pings went unanswered
+    relay_gap          1001  no      yes        several nodes: this node lost some of the
+                                                session's live events, or its lease
     client_too_slow    1008  no      yes        the outbound queue overflowed (slow-client rule)
     subscribe_timeout  1008  no      yes        no subscribe within subscribe_timeout_s
     frame_too_large    1009  no      no         a client frame over max_client_frame_bytes
@@ -39,6 +41,10 @@ CLOSES: dict[str, Close] = {
     "normal": Close(1000, "Closing.", drains=True, reconnect=False),
     "shutdown": Close(1001, "The gateway is shutting down.", drains=True, reconnect=True),
     "heartbeat_timeout": Close(1001, "No pong to the last pings.", drains=False, reconnect=True),
+    "relay_gap": Close(
+        1001, "This node lost the session's live feed; reconnect with since.",
+        drains=False, reconnect=True,
+    ),
     "client_too_slow": Close(
         1008, "Outbound queue overflowed; reconnect with replay.", drains=False, reconnect=True
     ),

@@ -334,6 +334,12 @@ class Limits:
         if self.config.turns_per_minute_per_key:
             self._turns.setdefault(key, collections.deque()).append(trio.current_time())
 
+    def refund_turn(self, key: str) -> None:
+        """Take back the last turn counted for ``key``: it was refused after all."""
+        window = self._turns.get(key)
+        if window:
+            window.pop()
+
     def _window(self, key: str) -> collections.deque[float]:
         """The times of ``key``'s turns still inside the window (older ones dropped)."""
         window = self._turns.get(key)

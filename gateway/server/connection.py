@@ -194,7 +194,7 @@ class StreamConnection:
                 elif isinstance(frame, Pong):
                     self.heartbeat.on_pong(frame.nonce)
                 elif isinstance(frame, Cancel):
-                    self._cancel(frame)
+                    await self._cancel(frame)
             except FrameRejected as exc:
                 out.send(ErrorFrame(exc.code, exc.message))
 
@@ -226,11 +226,13 @@ class StreamConnection:
             session_id=self.session.id, client=self.client, code=exc.code,
         )  # fmt: skip
 
-    def _cancel(self, frame: Cancel) -> None:
+    async def _cancel(self, frame: Cancel) -> None:
         if not self.outbound.subscribed:
             raise FrameRejected("subscribe_required", "subscribe before sending cancel")
         try:
-            self.session.cancel_turn(frame.turn_id, frame.reason or "user", self.name)
+            await self.session.node.cancel_turn(  # on whichever node runs the session
+                self.session, frame.turn_id, frame.reason or "user", self.name
+            )
         except ApiError as exc:
             raise FrameRejected(exc.code, exc.message) from None
 

@@ -19,7 +19,10 @@ takes an API key, keys configured     401 ``unauthorized``, 403 ``forbidden``
 decodes a JSON body                   400 ``invalid_json``, 422 ``invalid_body``
 an integer query parameter            400 ``invalid_query`` (422 out of range)
 an id in the path                     404 ``not_found`` (not an id: no route)
-a ``{session_id}`` in the path        404 ``session_not_found``
+a ``{session_id}`` in the path        404 ``session_not_found``; 503
+                                      ``store_unavailable``, and, on several nodes,
+                                      ``session_owner_unreachable`` (the node running
+                                      the session did not answer: gateway.cluster)
 ====================================  =============================================
 
 Each error answer is the body ``{"error": {"code", "message"}}``
@@ -299,6 +302,7 @@ def _errors(route: Documented, auth: bool) -> dict[int, list[str]]:
         add(404, "not_found")
     if "session_id" in names:
         add(404, "session_not_found")
+        add(503, "store_unavailable", "session_owner_unreachable")
     for status, codes in op.errors.items():
         add(status, *codes)
     return errors

@@ -39,7 +39,6 @@ from gateway.errors import ApiError
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.metrics import CONTENT_TYPE
 from gateway.node import Node
-from gateway.protocol.events import FeedbackRecorded
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
 from gateway.protocol.http import (
@@ -328,7 +327,12 @@ class Api:
                         409: ("turn_in_progress",),
                         422: ("invalid_thread_id", "invalid_resume"),
                         429: ("rate_limited", "too_many_sessions"),
-                        503: ("shutting_down", "store_unavailable", "session_elsewhere"),
+                        503: (
+                            "shutting_down",
+                            "store_unavailable",
+                            "session_elsewhere",
+                            "session_owner_unreachable",
+                        ),
                     },
                     description="An AG-UI `RunAgentInput`; the answer is `text/event-stream`, "
                     "one `data: {AG-UI event}` per event and a `: ping` comment after "
@@ -512,13 +516,14 @@ class Api:
         listings = []
         for rec in records:
             live = self.node.sessions.get(rec.id)
-            summary = live.summary() if live else summary_of(rec)
+            here = live is not None and self.node.runs_here(rec.id)  # else: the store's record
+            summary = live.summary() if live and here else summary_of(rec)
             listings.append(SessionListing(summary, rec.created_at, rec.metadata))
         return json_response(200, SessionList(listings, has_more))
 
     async def get_session(self, req: Request, session_id: str) -> Response:
         session = await self._session(session_id, self._authenticate(req))
-        token = self.node.tokens.issue(session.id)
+        token = await self.node.issue_token(session.id)
         url = f"{self._ws_base(req)}/sessions/{session.id}/stream?attach={token}"
         return json_response(
             200, SessionAttach(session.id, session.record.active_model, token, url)
@@ -541,7 +546,7 @@ class Api:
     async def list_messages(self, req: Request, session_id: str) -> Response:
         session = await self._session(session_id, self._authenticate(req))
         limit = _int_query(req, "limit", default=50, low=1, high=200)
-        messages = session.messages
+        messages = await self.node.messages_of(session)
         end = len(messages)
         before = req.query.get("before")
         if before is not None:
@@ -561,35 +566,43 @@ class Api:
             new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
         )
         key = caller or NO_OWNER
-        self.node.limits.check_turn(key)  # 429 rate_limited, with Retry-After
-        turn = session.submit_turn(message)
-        self.node.limits.count_turn(key)  # only a turn accepted counts; no wait since the check
-        await session.accepted(turn)  # 202 once the turn is durable (PROTOCOL section 9)
+        await self._counted_turn(key, session, message)
         return json_response(202, TurnAccepted(turn_id))
+
+    async def _counted_turn(self, key: str, session: Session, message: Message) -> None:
+        """Submit a turn within the key's rate limit; return once it is durable (section 9).
+
+        The turn is counted in the step that checks the limit (two racing
+        requests cannot both take the last one) and refunded if it is refused
+        (409, or sent to an owner that could not take it); one accepted but
+        not yet durable (503 ``store_unavailable``) stays counted.
+        """
+        limits = self.node.limits
+        limits.check_turn(key)  # 429 rate_limited, with Retry-After
+        limits.count_turn(key)
+        try:
+            await self.node.submit_turn(session, message)  # on whichever node runs it
+        except ApiError as exc:
+            if exc.code != "store_unavailable":
+                limits.refund_turn(key)
+            raise
 
     async def cancel_turn(self, req: Request, session_id: str, turn_id: str) -> Response:
         session = await self._session(session_id, self._authenticate(req))
         body = _decode_optional(req, CancelTurn) or CancelTurn()
-        session.cancel_turn(turn_id, body.reason or "user", f"http:{req.client}")
+        await self.node.cancel_turn(session, turn_id, body.reason or "user", f"http:{req.client}")
         return json_response(202, CancelAccepted(turn_id))
 
     async def decide(self, req: Request, session_id: str, perm_id: str) -> Response:
         session = await self._session(session_id, self._authenticate(req))
         body = _decode(req, PermissionDecision)
-        session.decide_permission(perm_id, body.decision)
+        await self.node.decide_permission(session, perm_id, body.decision)
         return json_response(202, Accepted("resolved"))
 
     async def feedback(self, req: Request, session_id: str) -> Response:
         session = await self._session(session_id, self._authenticate(req))
         body = _decode(req, Feedback)
-        message = next((m for m in session.messages if m.id == body.message_id), None)
-        if message is None:
-            raise ApiError(
-                404, "message_not_found", f"no message {body.message_id!r} in {session_id}"
-            )
-        session.emit(
-            [FeedbackRecorded(body.message_id, body.rating, body.comment)], message.turn_id
-        )
+        await self.node.record_feedback(session, body.message_id, body.rating, body.comment)
         return json_response(202, Accepted("recorded"))
 
     async def stream(self, req: Request, session_id: str) -> WebSocketAccept:
@@ -603,7 +616,7 @@ class Api:
         bearer = req.headers.get("authorization", "").partition(" ")[0].lower() == "bearer"
         caller = self._authenticate(req) if bearer else None
         session = await self._session(session_id, caller)
-        self.node.tokens.redeem(req.query.get("attach"), session.id)
+        await self.node.redeem_token(req.query.get("attach"), session.id)
         # The stream counts against its session's owner, released however it ends.
         release = self.node.limits.open_stream(session.record.owner)  # 503 over_capacity
 
@@ -629,47 +642,43 @@ class Api:
         caller = self._authenticate(req)
         body = _decode(req, RunAgentInput)
         session = await self._agui_thread(body.thread_id, caller)
-        history = list(session.messages)
+        state = await self.node.live_summary(session)  # the owner's, wherever it runs
+        history = await self.node.messages_of(session)
         limit = self.config.stream.snapshot_messages
         sub = RunSubscriber(session, self.config.stream.queue_max_events)
-        if body.resume and session.turn is None:
+        if body.resume and state.current_turn_id is None:
             # Answered elsewhere (another client, the WebSocket protocol, a
             # timeout) and the turn has ended: the run says so and finishes.
             return self._agui_closed_run(body, history[-limit:] if limit else [])
         if body.resume:
             decisions = _resume_decisions(
-                body.resume, {p.perm_id for p in session.permissions.pending()}
+                body.resume, {p.perm_id for p in state.pending_permissions}
             )
-            turn = session.turn
-            assert turn is not None
+            assert state.current_turn_id is not None
+            turn_id = state.current_turn_id
             await self._agui_subscribe(session, sub)
             try:
                 for perm_id, decision in decisions:
-                    session.decide_permission(perm_id, decision)
+                    await self.node.decide_permission(session, perm_id, decision)
             except BaseException:
                 session.hub.unsubscribe(sub)
                 raise
-            turn_id = turn.id
         else:
             content = _agui_content(body.messages)
-            if session.permissions.pending():
+            if state.pending_permissions:
                 raise ApiError(
                     409,
                     "turn_in_progress",
-                    f"turn {session.turn.id if session.turn else '?'} on {session.id} waits for "
+                    f"turn {state.current_turn_id or '?'} on {session.id} waits for "
                     "approval: send a run with resume",
                 )
             turn_id = new_turn_id()
             message = Message(
                 new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
             )
-            key = caller or NO_OWNER
-            self.node.limits.check_turn(key)
             await self._agui_subscribe(session, sub)
             try:
-                turn = session.submit_turn(message)
-                self.node.limits.count_turn(key)
-                await session.accepted(turn)
+                await self._counted_turn(caller or NO_OWNER, session, message)
             except BaseException:
                 session.hub.unsubscribe(sub)
                 raise
@@ -735,15 +744,17 @@ class Api:
         """``POST /agui/{session_id}/cancel``: cancel the thread's turn (PROTOCOL section 8)."""
         session = await self._session(session_id, self._authenticate(req))
         body = _decode_optional(req, CancelRun) or CancelRun()
-        turn = session.turn
+        turn_id = (await self.node.live_summary(session)).current_turn_id
         run = self._agui_runs.get(session.id)
-        if turn is None or (body.run_id is not None and run != (body.run_id, turn.id)):
+        # A run started through another node of the deployment is not known here.
+        known = run is not None or self.node.cluster is None
+        if turn_id is None or (body.run_id is not None and known and run != (body.run_id, turn_id)):
             raise ApiError(
                 409, "turn_not_in_flight", f"no run {body.run_id or ''} in flight on {session_id}"
             )
-        session.cancel_turn(turn.id, body.reason or "user", f"agui:{req.client}")
+        await self.node.cancel_turn(session, turn_id, body.reason or "user", f"agui:{req.client}")
         return json_response(
-            202, RunCancelling(session_id=session_id, run_id=body.run_id, turn_id=turn.id)
+            202, RunCancelling(session_id=session_id, run_id=body.run_id, turn_id=turn_id)
         )
 
     async def page(self, req: Request) -> Response:

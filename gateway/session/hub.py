@@ -106,6 +106,10 @@ class Subscriber(Protocol):
         """
         ...
 
+    def request_close(self, code: str) -> None:
+        """Close the client with the close named ``code`` (gateway.protocol.closes)."""
+        ...
+
 
 class Counter(Protocol):
     """Where the hub counts the event frames it wrote itself (``Metrics``)."""
@@ -231,6 +235,10 @@ class Hub:
         elif sub in group.direct:
             del group.direct[sub]
             group.queued[sub] = None
+
+    def subscribers(self) -> list[Subscriber]:
+        """Every subscriber of this hub (a copy: closing one may unsubscribe it)."""
+        return list(self._group_of)
 
     def unsubscribe(self, sub: Subscriber) -> bool:
         """Remove ``sub``; ``True`` if it was subscribed."""

@@ -35,13 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
 import trio
 
 from gateway.config import StreamConfig
-from gateway.errors import SubscribeRejected
+from gateway.errors import ApiError, SubscribeRejected
 from gateway.ids import format_event_id, now_ms, parse_event_id
 from gateway.protocol.events import EVENT_TYPES, Event, MessageComplete, MessageSnapshot
-from gateway.protocol.filters import Filter, FilterKey
+from gateway.protocol.filters import Filter, FilterKey, resolve_filter
 from gateway.protocol.frames import Snapshot, Subscribe, SubscribeAck, SubscribeError, encode
 from gateway.protocol.framing import event_frame, text_frame
 from gateway.protocol.shapes import Usage
@@ -110,15 +111,26 @@ async def subscribe(
     sub.enqueue(gate)
     sub.registered(session.hub.subscribe(sub, key))
     mode = "snapshot" if request.snapshot else "live" if request.since is None else "replay"
+    node = session.node
     try:
+        replica = not node.runs_here(session.id)
+        if replica:  # live batches come from the owner: from now on (step 1)
+            await node.watch(session)
         if request.snapshot:
-            snap, cut = snapshot(session, config.snapshot_messages)
-            await session.node.wait_durable()
+            if replica:
+                data, cut = await _remote_snapshot(session, config.snapshot_messages)
+            else:
+                snap, cut = snapshot(session, config.snapshot_messages)
+                await node.wait_durable()
+                data = encode(snap)
             ack = SubscribeAck(resolved, None, True, 0)
-            gate.open(text_frame(encode(ack)) + text_frame(encode(snap)), cut)
+            gate.open(text_frame(encode(ack)) + text_frame(data), cut)
         elif request.since is not None:
             started = trio.current_time()
-            frames, cut = await replay(session, request.since, key, config.replay_max_events)
+            if replica:
+                frames, cut = await _remote_replay(session, request, config.replay_max_events)
+            else:
+                frames, cut = await replay(session, request.since, key, config.replay_max_events)
             ack = SubscribeAck(resolved, request.since, False, len(frames))
             gate.open(text_frame(encode(ack)) + b"".join(frames), cut)
             metrics = session.node.metrics
@@ -134,7 +146,45 @@ async def subscribe(
         error = SubscribeError(exc.code, exc.message)  # type: ignore[arg-type]
         gate.open(text_frame(encode(error)), sys.maxsize)  # drop what queued behind it
         return Subscribed(mode, error=exc)
+    except ApiError as exc:  # a replica whose owner (or Redis) did not answer: come back
+        session.hub.unsubscribe(sub)
+        sub.registered(None)
+        gate.open(b"", sys.maxsize)
+        sub.request_close("relay_gap")
+        return Subscribed(mode, error=SubscribeRejected(exc.code, str(exc)))
     return Subscribed(mode)
+
+
+async def _remote_snapshot(session: Session, limit: int) -> tuple[bytes, int]:
+    """A replica's snapshot: the owner's, computed there (it holds the streaming message)."""
+    answer = await session.node.ask_owner(session, "snapshot", limit, patient=True)
+    if answer is None:  # this node took the lease meanwhile
+        snap, cut = snapshot(session, limit)
+        await session.node.wait_durable()
+        return encode(snap), cut
+    data, cut = msgspec.msgpack.decode(answer, type=tuple[bytes, int])
+    return data, cut
+
+
+async def _remote_replay(
+    session: Session, request: Subscribe, max_events: int
+) -> tuple[list[bytes], int]:
+    """A replica's replay: the owner's (it has the tail and the streaming layer).
+
+    Raises:
+        SubscribeRejected: as :func:`replay`, from the owner.
+    """
+    assert request.since is not None
+    answer = await session.node.ask_owner(
+        session, "replay", (encode(request), max_events), patient=True
+    )
+    if answer is None:  # this node took the lease meanwhile
+        _, key = resolve_filter(request.filter)
+        return await replay(session, request.since, key, max_events)
+    outcome = msgspec.msgpack.decode(answer)
+    if outcome[0] == "error":
+        raise SubscribeRejected(outcome[1], outcome[2])
+    return list(outcome[1]), int(outcome[2])
 
 
 def snapshot(session: Session, limit: int) -> tuple[Snapshot, int]:
@@ -193,7 +243,7 @@ async def replay(
     """
     node = session.node
     since_seq = parse_event_id(since)
-    if since_seq is None or since_seq > node.sequencer.last:
+    if since_seq is None or since_seq > max(node.sequencer.last, session.tail_floor):
         raise SubscribeRejected("cursor_expired", f"{since!r} is not an event id of this node")
     if since_seq < node.retention_floor:
         raise SubscribeRejected(

@@ -48,7 +48,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 import trio
@@ -62,6 +62,7 @@ from gateway.protocol.events import (
     BusHandlerWarning,
     BusSubscriberUnregistered,
     Event,
+    FeedbackRecorded,
     Payload,
     StreamEvent,
     stream_event,
@@ -95,6 +96,30 @@ class NodeServices(AgentServices, Protocol):
 
     def runs_here(self, session_id: str) -> bool:
         """Whether this node may run the session's turns (it holds its lease)."""
+        ...
+
+    def relay(self, family: Session, session: Session, events: list[Emitted]) -> None:
+        """A batch this node released, for the other nodes' clients (gateway.cluster)."""
+        ...
+
+    def forward(self, session: Session, op: str, args: object) -> None:
+        """Send ``op`` to the node running the session, without waiting (a replica's warning)."""
+        ...
+
+    async def ask_owner(
+        self, session: Session, op: str, args: object, *, patient: bool = False
+    ) -> bytes | None:
+        """Run ``op`` on the node running the session; ``None``: that is this node."""
+        ...
+
+    async def watch(self, session: Session) -> None:
+        """Receive the live batches of the session's family from the node running it."""
+        ...
+
+    async def cancel_turn(
+        self, session: Session, turn_id: str, reason: str, requested_by: str
+    ) -> None:
+        """:meth:`Session.cancel_turn` on the node running the session."""
         ...
 
     async def durable_or_503(self) -> None:
@@ -152,14 +177,7 @@ class Session:
         self.hub: Hub = Hub(parent.hub if parent else None, node.metrics)
         self.messages: list[Message] = []
         self.completions: dict[str, Completion] = {}
-        for sm in stored:
-            self.messages.append(sm.message)
-            if sm.complete_event_id and sm.stop_reason and sm.complete_ts is not None:
-                seq = parse_event_id(sm.complete_event_id)
-                if seq is not None:
-                    self.completions[sm.message.id] = Completion(
-                        seq, sm.complete_ts, sm.stop_reason
-                    )
+        self._load(stored)
         self.turn: Turn | None = None
         self.permissions = Permissions(record.id)
         self.calls = CallStream(
@@ -173,6 +191,31 @@ class Session:
         self.tail_floor = seqr.last
         self._turns_tx, self._turns_rx = trio.open_memory_channel[Turn](1)
         self.agent: AgentLoop | None = None  # once run() started it
+        self.fenced = False  # stopping after a lost lease: nothing more is emitted here
+        self._runtime = trio.CancelScope()
+
+    def _load(self, stored: Iterable[StoredMessage]) -> None:
+        """The conversation as stored, and when each assistant message was completed."""
+        self.messages, self.completions = [], {}
+        for sm in stored:
+            self.messages.append(sm.message)
+            if sm.complete_event_id and sm.stop_reason and sm.complete_ts is not None:
+                seq = parse_event_id(sm.complete_event_id)
+                if seq is not None:
+                    self.completions[sm.message.id] = Completion(
+                        seq, sm.complete_ts, sm.stop_reason
+                    )
+
+    def reload(self, record: SessionRecord, stored: Iterable[StoredMessage], floor: int) -> None:
+        """Take the store's state of a session another node ran until now (its lease is ours).
+
+        ``floor``: every event id issued before is at most this, and a replay
+        reads everything up to it from the store (PROTOCOL section 3).
+        """
+        self.record = record
+        self._load(stored)
+        self.tail.clear()
+        self.tail_floor = max(self.tail_floor, floor, self.node.sequencer.last)
 
     @property
     def id(self) -> str:
@@ -181,7 +224,13 @@ class Session:
     # --- emission ------------------------------------------------------------
 
     def emit(self, payloads: Iterable[Payload | StreamEvent], turn_id: str | None) -> list[Emitted]:
-        """Give each event its id and send the batch on its way (module docstring)."""
+        """Give each event its id and send the batch on its way (module docstring).
+
+        Nothing is emitted by a session that is stopping after its lease was
+        lost (:meth:`stop_here`): another node runs it.
+        """
+        if self.fenced:
+            return []
         node = self.node
         seqr = node.sequencer
         store = node.store
@@ -217,29 +266,43 @@ class Session:
         elif family.held:  # behind the family's held batches, released with the last
             family.held.append((family.held[-1][0], self, out))
         else:
-            self.publish(out)
+            self.release(out)
         return out
 
-    def publish(self, out: list[Emitted]) -> None:
-        """Fan a batch out now, then apply the slow-client rule (PROTOCOL section 3).
+    def release(self, out: list[Emitted]) -> None:
+        """A batch is free to go (durable, or streaming only): here, and to the other nodes."""
+        self.publish(out)
+        self.node.relay(self.family, self, out)
 
+    def publish(self, out: list[Emitted], *, from_worker: bool = False) -> None:
+        """Fan a batch out to this node's clients, then apply the slow-client rule (section 3).
+
+        ``from_worker``: a batch of a worker this node has not loaded (a
+        replica's relay: gateway.node), for the subscriptions that take workers'.
         A failure in a subscriber is contained here: logged, counted, and the
         session goes on (the connection's own task notices its socket).
         """
         try:
-            for sub in self.hub.publish(out, trio.current_time()):
+            for sub in self.hub.publish(out, trio.current_time(), from_worker=from_worker):
                 sub.overflowed()
         except Exception as exc:
             self.failed("hub", exc, out[0].turn_id if out else None)
 
     def warn(self, subscription: str, reason: str, detail: str) -> None:
-        """Emit ``bus.handler_warning`` (PROTOCOL sections 3 and 8)."""
+        """Emit ``bus.handler_warning`` (PROTOCOL sections 3 and 8), on the node running it."""
+        if not self.node.runs_here(self.id):
+            self.node.forward(self, "warn", (subscription, reason, detail))
+            return
         self.emit([BusHandlerWarning(subscription, reason, detail)], None)
 
     def unregistered(self, sub: Subscriber, reason: str) -> None:
         """Drop a subscription and record ``bus.subscriber_unregistered``."""
-        if self.hub.unsubscribe(sub):
-            self.emit([BusSubscriberUnregistered(sub.name, reason)], None)
+        if not self.hub.unsubscribe(sub):
+            return
+        if not self.node.runs_here(self.id):
+            self.node.forward(self, "unregistered", (sub.name, reason))
+            return
+        self.emit([BusSubscriberUnregistered(sub.name, reason)], None)
 
     # --- views -----------------------------------------------------------------
 
@@ -321,6 +384,17 @@ class Session:
         """Resolve a pending permission (:meth:`Permissions.decide`)."""
         self.permissions.decide(perm_id, decision)
 
+    def record_feedback(self, message_id: str, rating: Literal[-1, 1], comment: str | None) -> None:
+        """Emit ``feedback.recorded`` for one of its messages (``POST .../feedback``).
+
+        Raises:
+            ApiError: 404 ``message_not_found``.
+        """
+        message = next((m for m in self.messages if m.id == message_id), None)
+        if message is None:
+            raise ApiError(404, "message_not_found", f"no message {message_id!r} in {self.id}")
+        self.emit([FeedbackRecorded(message_id, rating, comment)], message.turn_id)
+
     def add_message(self, message: Message, completion: Completion | None = None) -> None:
         """Append or replace a message of the conversation, in memory and in the store."""
         for i, m in enumerate(self.messages):
@@ -386,19 +460,48 @@ class Session:
         agent = self.agent = AgentLoop(self, self.node)
         recent: deque[float] = deque(maxlen=5)
         while True:
+            self._runtime = trio.CancelScope()
             try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self.calls.run, name=f"translator {self.id}")
-                    nursery.start_soon(agent.run, self._turns_rx, name=f"agent-loop {self.id}")
-                    task_status.started()
-                    task_status = trio.TASK_STATUS_IGNORED
-                return
+                with self._runtime:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self.calls.run, name=f"translator {self.id}")
+                        nursery.start_soon(agent.run, self._turns_rx, name=f"agent-loop {self.id}")
+                        task_status.started()
+                        task_status = trio.TASK_STATUS_IGNORED
+                if not self._runtime.cancelled_caught:
+                    return
+                self._stopped_here(agent)
             except Exception as exc:
                 self.failed("session", exc)
                 agent.abort()
                 recent.append(time.monotonic())
                 if len(recent) == recent.maxlen and recent[-1] - recent[0] < 1.0:
                     await trio.sleep(1.0)
+
+    def stop_here(self) -> None:
+        """Stop running the session on this node at once: its lease is another node's now.
+
+        Its turn is torn down without a further event (emission is fenced
+        meanwhile); the node that holds the lease closes it as interrupted
+        (PROTOCOL section 9). The session stays here as a replica.
+        """
+        self.fenced = True
+        self._runtime.cancel()
+
+    def _stopped_here(self, agent: AgentLoop) -> None:
+        """After :meth:`stop_here`: a replica with nothing in flight, ready to run again."""
+        agent.current = None
+        self.turn = None
+        while True:
+            try:
+                self._turns_rx.receive_nowait()
+            except trio.WouldBlock:
+                break
+        self.permissions = Permissions(self.id)
+        window_s = self.node.config.stream.batch_window_ms / 1000
+        self.calls = CallStream(self, self.hub.backlog, window_s, self.node.metrics)
+        self.fenced = False
+        self.node.notify()
 
     def failed(self, component: str, exc: BaseException, turn_id: str | None = None) -> None:
         """Log a failure caught at this session's boundary, once, and count it."""

@@ -1,0 +1,416 @@
+"""Several nodes on one Redis: commands to a session's owner, live batches to its watchers.
+
+RUNNING.md "Command line" (any node serves any session; turns and cancels can
+be sent to any node) and issue 13; the design is docs/scale-out.md. A node
+whose store is Redis runs one :class:`Cluster`: its link to the other nodes of
+the deployment, over Redis pub/sub on one connection of its own::
+
+    cluster                   Cluster.run: the coredis client and the pub/sub connection
+    ├── cluster-listener      what arrives: requests and replies for this node,
+    │                         live batches of the session families it watches
+    ├── cluster-publisher     sends the queued live batches, in order, pipelined
+    └── cluster-request <op>  one per request being served for another node
+
+Channels (under the store's prefix, ``gw:`` by default):
+
+- ``gw:node:<node id>``: what is sent to one node: a :class:`Request` (an
+  operation on a session whose lease it holds: a turn, a cancel, a permission
+  decision, feedback, a snapshot, a replay, its state...) or a :class:`Reply`.
+  A request sent to a channel nobody listens on (the node is dead) fails at
+  once: ``PUBLISH`` answers how many received it.
+- ``gw:live:{<root session id>}``: every batch the owner of a session family
+  releases (after its commit: PROTOCOL section 9), published ONCE however many
+  clients and nodes watch it (:class:`LiveBatch`). A node subscribes while
+  some client of its own watches that family, and fans each batch out locally
+  with the same shared frames as the owner.
+
+Pub/sub delivers at most once: a subscriber whose connection drops misses what
+was published meanwhile. Each family's batches carry a number that follows on
+from the last one of the same owner; a watcher that sees a jump closes its
+clients of that family (close ``relay_gap``, 1001), and they resume with
+``since`` from the store, as on any reconnect. Requests are at most once too: a
+request or reply lost is a timeout (503 ``session_owner_unreachable``), and a
+retried turn carrying the same ``turn_id`` is answered as the first
+(:meth:`gateway.node.Node.submit_turn`).
+
+Attach tokens live in Redis too (:meth:`Cluster.issue_token`): a token issued by
+one node is redeemed by whichever node the client's WebSocket reaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import coredis
+import msgspec
+import trio
+from coredis.exceptions import RedisError
+
+from gateway.errors import ApiError, StoreError
+from gateway.ids import new_attach_token
+from gateway.session.hub import Emitted
+
+log = logging.getLogger("gateway.cluster")
+
+CONNECT_TIMEOUT_S = 2.0
+START_TIMEOUT_S = 5.0  # the pub/sub connection must be up within this at start-up
+MAX_QUEUED_BATCHES = 10_000  # live batches waiting for the publisher; past it they are dropped
+
+_TRANSIENT = (RedisError, OSError, TimeoutError, trio.TooSlowError)
+
+
+class Request(msgspec.Struct, array_like=True, tag="q"):
+    """An operation on a session, sent to the node holding its lease."""
+
+    req_id: int
+    reply_to: str  # the sender's node id
+    op: str
+    session_id: str
+    body: bytes  # the operation's arguments (MessagePack)
+
+
+class Reply(msgspec.Struct, array_like=True, tag="r"):
+    """The owner's answer: ``status`` < 400 with ``body``, or the error it raised."""
+
+    req_id: int
+    status: int
+    body: bytes = b""
+    code: str = ""
+    message: str = ""
+    headers: list[tuple[str, str]] = []
+
+
+class LiveBatch(msgspec.Struct, array_like=True, tag="b"):
+    """One released batch of one session, as its owner emitted it.
+
+    ``events``: ``(seq, type, actor, turn_id, ts, data)`` each, ``data`` the
+    event's JSON exactly as the owner encoded it (the frame around it is
+    rebuilt once per node, not per client).
+    """
+
+    node: str
+    batch_no: int
+    session_id: str
+    events: list[tuple[int, str, str, str | None, int, bytes]]
+
+    def emitted(self, frame: Callable[[bytes], bytes]) -> list[Emitted]:
+        sid = self.session_id
+        return [
+            Emitted(seq, type_, actor, sid, turn_id, ts, data, frame(data))
+            for seq, type_, actor, turn_id, ts, data in self.events
+        ]
+
+
+Message = Request | Reply | LiveBatch
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(Message).decode
+
+RequestHandler = Callable[[str, str, bytes], Awaitable[bytes]]
+"""``handler(op, session_id, body)``: the reply's body; raises ApiError to refuse."""
+
+
+class Cluster:
+    """This node's link to the other nodes of its deployment (module docstring).
+
+    Args:
+        url: the Redis URL of the store (every node names the same one).
+        prefix: the store's key prefix.
+        node_id: this node (its lease holder id).
+        on_request: serves a request from another node.
+        on_live: takes a live batch of a watched family (``root`` session id, batch).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        node_id: str,
+        on_request: RequestHandler,
+        on_live: Callable[[str, LiveBatch], None],
+    ) -> None:
+        self.node_id = node_id
+        self._url = url
+        self._prefix = prefix
+        self._on_request = on_request
+        self._on_live = on_live
+        self._client: coredis.Redis[bytes] | None = None
+        self._pubsub: Any = None
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[trio.Event, list[Reply]]] = {}
+        self._queue: deque[tuple[bytes, bytes]] = deque()  # (channel, LiveBatch) to publish
+        self._queued = trio.Event()
+        self._batch_no: dict[str, int] = {}  # family root -> the last batch number published
+        self.watched: dict[str, None] = {}  # family roots this node is subscribed to
+        self._nursery: trio.Nursery | None = None
+        self.published = 0  # batches PUBLISHed (bench and tests)
+        self.dropped = 0  # batches dropped: the publisher could not keep up
+
+    # --- channels -------------------------------------------------------------------
+
+    def node_channel(self, node_id: str) -> str:
+        return f"{self._prefix}node:{node_id}"
+
+    def live_channel(self, root_id: str) -> str:
+        return f"{self._prefix}live:{{{root_id}}}"
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hold the client and the pub/sub connection; serve until cancelled.
+
+        Raises:
+            StoreError: Redis did not take the subscription within
+                :data:`START_TIMEOUT_S` at start-up (one line, as for the store).
+        """
+        logging.getLogger("coredis").setLevel(logging.WARNING)
+        client: coredis.Redis[bytes] = coredis.Redis.from_url(
+            self._url, connect_timeout=CONNECT_TIMEOUT_S
+        )
+        mine = self.node_channel(self.node_id)
+        async with client, trio.open_nursery() as nursery:
+            try:
+                with trio.fail_after(START_TIMEOUT_S):
+                    pubsub = await nursery.start(self._hold_pubsub, client, mine)
+            except trio.TooSlowError:
+                raise StoreError(
+                    f"cluster: Redis did not take this node's subscription within"
+                    f" {START_TIMEOUT_S:g} s"
+                ) from None
+            self._client, self._pubsub, self._nursery = client, pubsub, nursery
+            nursery.start_soon(self._publisher, name="cluster-publisher")
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._client = self._pubsub = self._nursery = None
+                for done, _ in self._waiting.values():
+                    done.set()  # callers see no reply: unreachable
+
+    async def _hold_pubsub(
+        self, client: coredis.Redis[bytes], channel: str, *, task_status: trio.TaskStatus[Any]
+    ) -> None:
+        try:
+            async with client.pubsub(
+                ignore_subscribe_messages=True, channels=[channel], max_idle_seconds=5
+            ) as pubsub:
+                task_status.started(pubsub)
+                await self._listen(pubsub)
+        except* anyio.ClosedResourceError:
+            pass  # coredis 6.9, cancelled: it unsubscribes on a connection already closed
+
+    async def _listen(self, pubsub: Any) -> None:
+        """The ``cluster-listener``: dispatch what arrives (never raises for one bad message)."""
+        async for message in pubsub:
+            if message.get("type") != "message":
+                continue
+            data = message["data"]
+            try:
+                decoded = _decode(data)
+            except msgspec.DecodeError:
+                log.warning("cluster: dropped an undecodable message on %r", message["channel"])
+                continue
+            if isinstance(decoded, LiveBatch):
+                if decoded.node == self.node_id:
+                    continue  # its own batch (this node took the lease while watching)
+                channel = message["channel"]
+                root = channel.decode()[len(self._prefix) + 6 : -1]  # live:{<root>}
+                try:
+                    self._on_live(root, decoded)
+                except Exception:
+                    log.exception("cluster: a live batch of %s failed to fan out", root)
+            elif isinstance(decoded, Reply):
+                waiting = self._waiting.get(decoded.req_id)
+                if waiting is not None:
+                    waiting[1].append(decoded)
+                    waiting[0].set()
+            elif self._nursery is not None:
+                self._nursery.start_soon(
+                    self._serve, decoded, name=f"cluster-request {decoded.op} {decoded.session_id}"
+                )
+
+    # --- requests ---------------------------------------------------------------------
+
+    async def call(
+        self, node_id: str, op: str, session_id: str, body: bytes, wait_s: float, retry_s: float
+    ) -> bytes:
+        """Run ``op`` on ``node_id`` (the session's owner) and return its answer's body.
+
+        Raises:
+            ApiError: the owner's own refusal (its status, code, message and
+                headers, exactly as it would have answered); 503
+                ``session_owner_unreachable`` when it does not answer within
+                ``wait_s`` (or nobody listens on its channel: it is dead), with
+                ``Retry-After: retry_s`` (the lease time: its lease lapses by then).
+        """
+        req_id = next(self._ids)
+        done = trio.Event()
+        replies: list[Reply] = []
+        self._waiting[req_id] = (done, replies)
+        try:
+            request = _encode(Request(req_id, self.node_id, op, session_id, body))
+            receivers = await self._redis_call(
+                lambda c: c.publish(self.node_channel(node_id), request)
+            )
+            if receivers:
+                with trio.move_on_after(wait_s):
+                    await done.wait()
+        finally:
+            del self._waiting[req_id]
+        if not replies:
+            wait = max(1, math.ceil(retry_s))
+            raise ApiError(
+                503,
+                "session_owner_unreachable",
+                f"the node running session {session_id} did not answer; retry in {wait} s"
+                " (if it died, another node takes the session once its lease lapses)",
+                headers=(("Retry-After", str(wait)),),
+            )
+        reply = replies[0]
+        if reply.status >= 400:
+            raise ApiError(reply.status, reply.code, reply.message, tuple(reply.headers))
+        return reply.body
+
+    async def _serve(self, request: Request) -> None:
+        try:
+            reply = Reply(request.req_id, 200, await self._on_request(
+                request.op, request.session_id, request.body
+            ))  # fmt: skip
+        except ApiError as exc:
+            reply = Reply(request.req_id, exc.status, b"", exc.code, str(exc), list(exc.headers))
+        except Exception as exc:  # a bug serving it: the caller gets a 503, this node goes on
+            log.exception("cluster: serving %s on %s failed", request.op, request.session_id)
+            reply = Reply(request.req_id, 503, b"", "session_owner_unreachable", str(exc))
+        with contextlib.suppress(StoreError):  # else the caller times out
+            await self._redis_call(
+                lambda c: c.publish(self.node_channel(request.reply_to), _encode(reply))
+            )
+
+    async def _redis_call(self, command: Callable[[coredis.Redis[bytes]], Awaitable[Any]]) -> Any:
+        client = self._client
+        if client is None:
+            raise StoreError("cluster: not connected to Redis")
+        try:
+            return await command(client)
+        except _TRANSIENT as exc:
+            raise StoreError(f"cluster: Redis: {exc or type(exc).__name__}") from exc
+
+    # --- live batches -------------------------------------------------------------------
+
+    def publish(self, root_id: str, session_id: str, events: list[Emitted]) -> None:
+        """Queue one released batch of a family for the other nodes (never blocks).
+
+        Numbered per family; a batch the publisher has no room for is dropped
+        and its number skipped, so that watchers see the gap (module docstring).
+        """
+        no = self._batch_no[root_id] = self._batch_no.get(root_id, 0) + 1
+        if len(self._queue) >= MAX_QUEUED_BATCHES:
+            self.dropped += 1
+            return
+        batch = LiveBatch(
+            self.node_id,
+            no,
+            session_id,
+            [(e.seq, e.type, e.actor, e.turn_id, e.ts, e.data) for e in events],
+        )
+        self._queue.append((self.live_channel(root_id).encode(), _encode(batch)))
+        self._queued.set()
+
+    async def _publisher(self) -> None:
+        """The ``cluster-publisher``: everything queued, in order, one pipeline per round."""
+        delay = 0.05
+        while True:
+            await self._queued.wait()
+            self._queued = trio.Event()
+            while self._queue:
+                batch = list(self._queue)
+                try:
+                    await self._redis_call(lambda c, b=batch: _publish_all(c, b))  # type: ignore[misc]
+                except StoreError as exc:
+                    log.warning("cluster: publishing live batches failed: %s (retrying)", exc)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                delay = 0.05
+                for _ in batch:
+                    self._queue.popleft()
+                self.published += len(batch)
+
+    async def watch(self, root_id: str) -> None:
+        """Receive the family's live batches from now on (returns once Redis confirmed).
+
+        Raises:
+            StoreError: Redis did not confirm the subscription.
+        """
+        if root_id in self.watched:
+            return
+        pubsub = self._pubsub
+        if pubsub is None:
+            raise StoreError("cluster: not connected to Redis")
+        try:
+            await pubsub.subscribe(self.live_channel(root_id))
+        except _TRANSIENT as exc:
+            raise StoreError(f"cluster: watching {root_id} failed: {exc}") from exc
+        self.watched[root_id] = None
+
+    def unwatch(self, root_id: str) -> None:
+        """Stop receiving the family's batches (no client of it is left here)."""
+        if root_id in self.watched and self._nursery is not None:
+            del self.watched[root_id]
+            self._nursery.start_soon(self._unsubscribe, root_id, name="cluster-unwatch")
+
+    async def _unsubscribe(self, root_id: str) -> None:
+        pubsub = self._pubsub
+        if pubsub is not None and root_id not in self.watched:
+            with contextlib.suppress(*_TRANSIENT):  # what still comes is dropped again
+                await pubsub.unsubscribe(self.live_channel(root_id))
+
+    # --- attach tokens (PROTOCOL section 2) -------------------------------------------
+
+    async def issue_token(self, session_id: str, ttl_s: float) -> str:
+        """A single-use token for the session, redeemable on any node for ``ttl_s``.
+
+        Kept for twice its TTL, so that a late one is told "expired", not "unknown".
+        """
+        token = new_attach_token()
+        expires_ms = int((time.time() + ttl_s) * 1000)
+        value = f"{session_id} {expires_ms}"
+        px = max(1, int(ttl_s * 2000))
+        await self._redis_call(lambda c: c.set(self._token_key(token), value, px=px))
+        return token
+
+    async def redeem_token(self, token: str | None, session_id: str) -> None:
+        """Use a token up (``GETDEL``: one redemption wins, on whichever node).
+
+        Raises:
+            ApiError: 403 as :meth:`gateway.node.AttachTokens.redeem` says.
+        """
+        if not token:
+            raise ApiError(403, "attach_token_required", "the ?attach= token is missing")
+        data = await self._redis_call(lambda c: c.getdel(self._token_key(token)))
+        if data is None:
+            raise ApiError(403, "attach_token_invalid", "the attach token is unknown or used")
+        owner, _, expires = data.decode().partition(" ")
+        if owner != session_id:
+            raise ApiError(403, "attach_token_invalid", "the attach token is for another session")
+        if time.time() * 1000 >= int(expires):
+            raise ApiError(403, "attach_token_expired", "the attach token has expired")
+
+    def _token_key(self, token: str) -> str:
+        return f"{self._prefix}tok:{token}"
+
+
+async def _publish_all(client: coredis.Redis[bytes], batches: list[tuple[bytes, bytes]]) -> None:
+    async with client.pipeline(transaction=False) as pipe:
+        for channel, data in batches:
+            pipe.publish(channel, data)
+
+
+__all__ = ["Cluster", "LiveBatch", "Reply", "Request"]
