@@ -6,7 +6,7 @@ Task tree (a stack dump reads like this)::
     ├── store-writer          the store's batching writer (gateway.store)
     ├── retention             purges events older than retention_hours
     ├── lease-keeper          renews this node's session leases (gateway.store.lease)
-    ├── recovery              Redis only: closes turns of nodes that died (every lease_s)
+    ├── recovery              Redis only: closes turns of nodes that died (every lease_s / 2)
     ├── cluster               Redis only: the link to the other nodes (gateway.cluster)
     └── sessions              one child nursery per live session
         └── session <id>      Session.run: agent-loop <id>, translator <id>
@@ -300,7 +300,7 @@ class Node:
         Only a turn whose session's lease this node can take (gateway.store.lease):
         on Redis a session whose lease a live node holds is running there, and
         is left alone; a dead node's lease expires within ``lease_s``, and the
-        ``recovery`` task tries again every ``lease_s``. A turn running on this
+        ``recovery`` task tries again every half ``lease_s``. A turn running on this
         node is not interrupted. With SQLite every lease is this node's: all of
         them are closed at start-up, as before.
         """
@@ -358,9 +358,13 @@ class Node:
         )  # fmt: skip
 
     async def _recovery_loop(self) -> None:
-        """Redis: close the turns of nodes that died since, once their leases expire."""
+        """Redis: close the turns of nodes that died since, once their leases expire.
+
+        Every half lease time: a dead node's turn is closed at most 1.5 x
+        ``lease_s`` after its last renewal (README "Running several nodes").
+        """
         while True:
-            await trio.sleep(self.config.store.lease_s)
+            await trio.sleep(self.config.store.lease_s / 2)
             try:
                 await self._close_interrupted_turns()
             except StoreError as exc:  # tried again next round
