@@ -782,8 +782,8 @@ class Node:
             if self.cluster is not None:
                 self.cluster.unwatch(root)
             return
-        if self.runs_here(root):
-            return  # this node runs the family now: its own batches are the truth
+        if self.runs_here(batch.session_id):
+            return  # a late batch of a node that ran it before this one: its own are the truth
         last = self._relayed.get(root)
         self._relayed[root] = (batch.node, batch.batch_no)
         if last is not None and last[0] == batch.node and batch.batch_no != last[1] + 1:
