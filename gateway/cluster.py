@@ -62,6 +62,8 @@ log = logging.getLogger("gateway.cluster")
 
 CONNECT_TIMEOUT_S = 2.0
 START_TIMEOUT_S = 5.0  # the pub/sub connection must be up within this at start-up
+RETRY_FIRST_S = 0.05  # a failed pub/sub connection is opened again after this, doubling...
+RETRY_MAX_S = 5.0  # ...up to this
 MAX_QUEUED_BATCHES = 10_000  # live batches waiting for the publisher; past it they are dropped
 
 _TRANSIENT = (RedisError, OSError, TimeoutError, trio.TooSlowError)
@@ -126,6 +128,7 @@ class Cluster:
         node_id: this node (its lease holder id).
         on_request: serves a request from another node.
         on_live: takes a live batch of a watched family (``root`` session id, batch).
+        on_gap: told each watched family whose batches may have been lost.
     """
 
     def __init__(
@@ -135,8 +138,10 @@ class Cluster:
         node_id: str,
         on_request: RequestHandler,
         on_live: Callable[[str, LiveBatch], None],
+        on_gap: Callable[[str], None],
     ) -> None:
         self.node_id = node_id
+        self._on_gap = on_gap
         self._url = url
         self._prefix = prefix
         self._on_request = on_request
@@ -174,17 +179,16 @@ class Cluster:
         client: coredis.Redis[bytes] = coredis.Redis.from_url(
             self._url, connect_timeout=CONNECT_TIMEOUT_S
         )
-        mine = self.node_channel(self.node_id)
         async with client, trio.open_nursery() as nursery:
+            self._client, self._nursery = client, nursery
             try:
                 with trio.fail_after(START_TIMEOUT_S):
-                    pubsub = await nursery.start(self._hold_pubsub, client, mine)
+                    await nursery.start(self._keep_pubsub, client, name="cluster-listener")
             except trio.TooSlowError:
                 raise StoreError(
                     f"cluster: Redis did not take this node's subscription within"
                     f" {START_TIMEOUT_S:g} s"
                 ) from None
-            self._client, self._pubsub, self._nursery = client, pubsub, nursery
             nursery.start_soon(self._publisher, name="cluster-publisher")
             task_status.started()
             try:
@@ -194,22 +198,52 @@ class Cluster:
                 for done, _ in self._waiting.values():
                     done.set()  # callers see no reply: unreachable
 
-    async def _hold_pubsub(
-        self, client: coredis.Redis[bytes], channel: str, *, task_status: trio.TaskStatus[Any]
+    async def _keep_pubsub(
+        self, client: coredis.Redis[bytes], *, task_status: trio.TaskStatus[None]
     ) -> None:
-        try:
-            async with client.pubsub(
-                ignore_subscribe_messages=True, channels=[channel], max_idle_seconds=5
-            ) as pubsub:
-                task_status.started(pubsub)
-                await self._listen(pubsub)
-        except* anyio.ClosedResourceError:
-            pass  # coredis 6.9, cancelled: it unsubscribes on a connection already closed
+        """The ``cluster-listener``: the pub/sub connection, opened again whenever it fails.
+
+        coredis reconnects a dropped connection by itself (and subscribes
+        again); a failure it gives up on ends the connection, and a new one is
+        opened here with backoff, subscribed to this node's channel and every
+        watched family. What was published meanwhile is lost: the clients of
+        every watched family are told (``on_gap``) and resume.
+        """
+        delay = RETRY_FIRST_S
+        started = False
+        while True:
+            channels = [self.node_channel(self.node_id)]
+            channels += [self.live_channel(root) for root in self.watched]
+            try:
+                async with client.pubsub(
+                    ignore_subscribe_messages=True, channels=channels, max_idle_seconds=5
+                ) as pubsub:
+                    self._pubsub = pubsub
+                    if not started:
+                        started = True
+                        task_status.started()
+                    else:
+                        log.warning("cluster: the pub/sub connection to Redis is back")
+                        for root in list(self.watched):
+                            self._on_gap(root)
+                    delay = RETRY_FIRST_S
+                    await self._listen(pubsub)
+            except* anyio.ClosedResourceError:
+                pass  # coredis 6.9, cancelled: it unsubscribes on a connection already closed
+            except* Exception as group:
+                log.warning(
+                    "cluster: the pub/sub connection to Redis failed: %s; reconnecting",
+                    group.exceptions[0],
+                )
+            self._pubsub = None
+            await trio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
 
     async def _listen(self, pubsub: Any) -> None:
-        """The ``cluster-listener``: dispatch what arrives (never raises for one bad message)."""
-        async for message in pubsub:
-            if message.get("type") != "message":
+        """Dispatch what arrives (never raises for one bad message)."""
+        while True:
+            message = await pubsub.get_message()
+            if message is None or message.get("type") != "message":
                 continue
             data = message["data"]
             try:

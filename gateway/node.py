@@ -194,7 +194,12 @@ class Node:
                     from gateway.cluster import Cluster  # coredis: imported only when used
 
                     self.cluster = Cluster(
-                        self.config.store.url, "gw:", self.node_id, self._serve, self._on_live
+                        self.config.store.url,
+                        "gw:",
+                        self.node_id,
+                        self._serve,
+                        self._on_live,
+                        self._relay_gap,
                     )
                     await sessions.start(self.cluster.run, name="cluster")
                 await self._close_interrupted_turns()
@@ -787,13 +792,7 @@ class Node:
         last = self._relayed.get(root)
         self._relayed[root] = (batch.node, batch.batch_no)
         if last is not None and last[0] == batch.node and batch.batch_no != last[1] + 1:
-            event(
-                log, logging.WARNING, "relay_gap",
-                f"session {root}: live batches {last[1] + 1}..{batch.batch_no - 1} from"
-                f" {batch.node} were lost; its clients here resume with since",
-                session_id=root,
-            )  # fmt: skip
-            self._close_clients(family, "relay_gap")
+            self._relay_gap(root)
             return
         events = batch.emitted(event_frame)
         session = self.sessions.get(batch.session_id)
@@ -801,6 +800,19 @@ class Node:
             session.publish(events)
         else:  # a worker this node has not loaded: its parent's clients may take it
             family.publish(events, from_worker=True)
+
+    def _relay_gap(self, root: str) -> None:
+        """Live batches of the family may have been lost: its clients here resume with since."""
+        self._relayed.pop(root, None)
+        family = self.sessions.get(root)
+        if family is None:
+            return
+        event(
+            log, logging.WARNING, "relay_gap",
+            f"session {root}: live events from its node were lost; its clients here resume"
+            " with since", session_id=root,
+        )  # fmt: skip
+        self._close_clients(family, "relay_gap")
 
     def _close_clients(self, family: Session, code: str) -> None:
         for s in family.scope(True):

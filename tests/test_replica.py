@@ -242,3 +242,30 @@ async def test_a_node_that_loses_a_lease_stops_the_turn_and_the_holder_closes_it
                 await a.submit(sid, "after")  # sent to a: runs on b now
                 await on_b.until_turn_ends()
                 assert b.node.sessions[sid].messages[-1].status == "complete"
+
+
+async def test_the_cluster_link_survives_its_pub_sub_connections_being_killed(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """Redis drops every subscriber: both nodes subscribe again; routing and relay go on."""
+    with trio.fail_after(30):
+        async with two_nodes(tmp_path, own_redis) as (a, b):
+            sid = await a.create_session()
+            async with b.client(sid) as on_b:
+                await on_b.subscribe()
+                await b.submit(sid, "one")
+                await on_b.until_turn_ends()
+                assert command(own_redis.port, "CLIENT", "KILL", "TYPE", "pubsub") == 2
+                for _ in range(100):  # routed through a again once its channel is back
+                    r = await b.http.post(f"/sessions/{sid}/turns", json={"content": "two"})
+                    if r.status_code == 202:
+                        break
+                    assert r.json()["error"]["code"] == "session_owner_unreachable", r.text
+                    await trio.sleep(0.05)
+                assert r.status_code == 202, r.text
+            async with b.client(sid) as again:  # a fresh client: live again through the relay
+                await again.subscribe(since=on_b.events[-1].id)
+                await again.until(lambda e: e.type == "turn.completed")
+                await b.submit(sid, "three")
+                end = await again.until_turn_ends()
+                assert end[-1].payload.stop_reason == "end_turn"
