@@ -114,15 +114,23 @@ class Node:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """``SIGTERM`` (RUNNING.md "Command line"): returns the exit status."""
+    def terminate(self) -> None:
+        """Send ``SIGTERM`` once (a second one, during the shutdown, kills the process)."""
         if self.alive:
             self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float = 10.0) -> int:
+        """Its exit status, once it exited (killed if it takes longer than ``timeout``)."""
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"{self.name} did not stop within {timeout} s") from None
+            raise AssertionError(f"{self.name} did not exit within {timeout} s") from None
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """``SIGTERM`` (RUNNING.md "Command line"): returns the exit status (0)."""
+        self.terminate()
+        return self.wait(timeout)
 
     def __repr__(self) -> str:
         return f"<node {self.name} :{self.port} {'alive' if self.alive else 'dead'}>"
