@@ -61,7 +61,9 @@ Decisions where the contract is silent:
   waits, in order. A command of the batch that Redis refuses on its own
   (``WRONGTYPE``: a key of the prefix holding something else) costs only its
   row: reported, the rest of the batch applied. Each failure is reported to
-  ``on_write_error``.
+  ``on_write_error``; the first write that lands after failed ones is logged
+  once (``store_reconnected``: how many attempts failed, over how long), so an
+  outage has an end in the log as well as a beginning.
 - An event stored twice with the same ``seq`` is not refused (the sequencer
   never reuses one: PROTOCOL section 1, and the event ceiling).
 - Event ids come in blocks allocated by ``ZINCRBY gw:meta <block> event_ceiling``
@@ -84,6 +86,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -97,6 +100,7 @@ from coredis.exceptions import RedisError
 from coredis.tokens import PureToken
 
 from gateway.errors import StoreError
+from gateway.logs import event
 from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.lease import Taken
@@ -303,6 +307,8 @@ class RedisStore:
         self.on_write_error: Callable[[StoreError], None] | None = None
         self.on_flush: Callable[[float, int], None] | None = None
         self._committed_event = trio.Event()
+        self._failing_since: float | None = None  # when the writes began to fail (Trio's clock)
+        self._failed_writes = 0  # failed attempts since then
         self._write_lock = trio.Lock()
         self._wakeup = trio.Event()
         self._batch_ready = trio.Event()
@@ -320,6 +326,7 @@ class RedisStore:
                 or not answering within :data:`OPEN_TIMEOUT_S`, refusing us
                 (auth), or holding a layout this code does not read.
         """
+        deadline = trio.current_time() + OPEN_TIMEOUT_S
         try:
             with trio.fail_after(OPEN_TIMEOUT_S):
                 # The store reports Redis's failures itself (on_write_error: the
@@ -333,16 +340,18 @@ class RedisStore:
                 state = await self._read_state()
                 self._opened = True
                 return state
-        except trio.TooSlowError:
-            await self._let_go()
-            raise StoreError(
-                f"cannot open store {self._where}: Redis did not answer within {OPEN_TIMEOUT_S:g} s"
-            ) from None
-        except StoreError:
-            await self._let_go()
-            raise
         except Exception as exc:  # whatever it is, start-up says it in one line
+            # coredis turns the deadline's cancellation of a command waiting for
+            # its answer into a ConnectionError of its own: the clock says which.
+            late = isinstance(exc, trio.TooSlowError) or trio.current_time() >= deadline
             await self._let_go()
+            if late:
+                raise StoreError(
+                    f"cannot open store {self._where}: Redis did not answer"
+                    f" within {OPEN_TIMEOUT_S:g} s"
+                ) from None
+            if isinstance(exc, StoreError):
+                raise
             raise StoreError(f"cannot open store {self._where}: {_reason(exc)}") from None
 
     async def _read_state(self) -> StoreState:
@@ -528,13 +537,31 @@ class RedisStore:
                 # command timeout) even if we are cancelled meanwhile.
                 with trio.CancelScope(shield=True):
                     refused = await self._apply(batch)
+            except StoreError as exc:
+                if self._failing_since is None:
+                    self._failing_since = trio.current_time()
+                self._failed_writes += 1
+                self._report(exc)
+                await trio.sleep(delay)  # cancellable: the caller decides how long to insist
+                delay = min(delay * 2, RETRY_MAX_S)
+            else:
+                if self._failing_since is not None:
+                    self._writing_again()
                 for what in refused:
                     self._report(StoreError(f"store {self._where} refused {what}; it was skipped"))
                 return
-            except StoreError as exc:
-                self._report(exc)
-            await trio.sleep(delay)  # cancellable: the caller decides how long to insist
-            delay = min(delay * 2, RETRY_MAX_S)
+
+    def _writing_again(self) -> None:
+        """A write landed after failed ones: said once, with how long Redis was away."""
+        assert self._failing_since is not None
+        outage_ms = round((trio.current_time() - self._failing_since) * 1000)
+        attempts, self._failed_writes, self._failing_since = self._failed_writes, 0, None
+        event(
+            log, logging.INFO, "store_reconnected",
+            f"store {self._where}: writing again after {attempts} failed attempts"
+            f" over {outage_ms / 1000:.1f} s",
+            attempts=attempts, outage_ms=outage_ms,
+        )  # fmt: skip
 
     async def _apply(self, batch: _Batch) -> list[str]:
         """One ``MULTI``/``EXEC`` of the whole batch; the rows Redis refused on their own.
@@ -786,10 +813,30 @@ class RedisStore:
 
 
 def _reason(exc: BaseException) -> str:
-    """One line for an error that may come wrapped in exception groups."""
+    """One line for an error that may come wrapped in exception groups.
+
+    coredis says "Unable to establish a connection to host:port" whatever the
+    cause: the system's reason (connection refused, name or service not
+    known, ...) from the chain of causes is added to it.
+    """
+    exc = _first_leaf(exc)
+    line = str(exc) or type(exc).__name__
+    why = None
+    cause = exc.__cause__
+    while cause is not None:
+        cause = _first_leaf(cause)
+        if isinstance(cause, OSError) and cause.errno:
+            why = os.strerror(cause.errno) if cause.errno > 0 else cause.strerror
+        cause = cause.__cause__
+    if why and why.lower() not in line.lower():
+        line = f"{line}: {why.lower()}"
+    return line
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    return str(exc) or type(exc).__name__
+    return exc
 
 
 def _check_limit(limit: int) -> None:
