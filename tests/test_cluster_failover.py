@@ -3,15 +3,15 @@
 RUNNING.md "Command line": when the node running a turn dies, another node
 closes that turn (PROTOCOL section 9) and takes the session's next turn. Three
 real ``gateway serve`` processes on one redis-server (tests/cluster_support.py,
-``lease_s`` = 1 s); the session is created on the first node, which owns it,
-with a client on each node. The owner is killed (SIGKILL) in one of three
-phases of a turn:
+``lease_s`` = 1 s). The first node owns three sessions, each with a client on
+every node and a turn stopped in one of three phases:
 
 - ``llm``: while the model streams its message;
 - ``tools``: while a (slow) tool runs;
 - ``seam``: while a tool waits for approval ([tools] require_approval).
 
-Then, for each phase:
+Then that node is killed (SIGKILL), once for the three (:func:`crash`: one
+lease time to wait, not three), and each phase is checked by itself:
 
 - a turn sent to a survivor at once, before the dead owner's lease lapsed,
   is 503 ``session_owner_unreachable`` with ``Retry-After`` (it must not
@@ -25,26 +25,23 @@ Then, for each phase:
   the whole session from a survivor (the store), closing events after it;
 - the next turn runs on a survivor (202, and its events arrive), with ids
   above every id issued before the kill (PROTOCOL section 1).
-
-Each kill starts a new node at once, for the next test (the module's cluster
-stays at three live nodes): it boots while the survivors wait for the dead
-owner's lease to lapse.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
 from gateway.protocol.events import Event
 from tests.cluster_support import (
     LEASE_S,
-    Cluster,
     Node,
+    Watch,
     assert_increasing,
     catalog,
     of_turn,
@@ -75,18 +72,6 @@ PHASES: dict[str, tuple[dict[str, Any], str, list[str]]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(ensure_redis_server(), tmp_path_factory.mktemp("failover"), 3) as c:
-        yield c
-
-
-@pytest.fixture
-def nodes(cluster: Cluster) -> list[Node]:
-    """Three live nodes (one started if the previous test killed one)."""
-    return cluster.ensure(3)
-
-
 def comparable(state: dict[str, Any]) -> dict[str, Any]:
     """What a client's view and a snapshot's must agree on (tests/test_restart.py)."""
     results = {k: {**v, "error_class": None} for k, v in state["tool_results"].items()}
@@ -114,76 +99,131 @@ def check_closing(events: list[Event], turn_id: str, phase: str, closing: list[s
         assert not any(e.type == "llm.call_failed" for e in events)
 
 
-@pytest.mark.parametrize("phase", list(PHASES))
-async def test_kill_9_of_the_owner_mid_turn(
-    cluster: Cluster, nodes: list[Node], tmp_path: Path, phase: str
-) -> None:
-    script, point, closing = PHASES[phase]
-    (tmp_path / "x").write_text("x")
+@dataclass
+class Crashed:
+    """What one phase's session went through (recorded by :func:`crash`)."""
+
+    sid: str
+    turn_id: str
+    watches: dict[str, Watch]  # "owner" (on the node killed), "b", "c" (on survivors)
+    held: dict[str, list[Event]] = field(default_factory=dict)  # each client's, at the kill
+    early: httpx.Response | None = None  # a turn sent to a survivor right after the kill
+    back: Watch | None = None  # the owner's client, reconnected to a survivor with since
+    views: dict[str, dict[str, Any]] = field(default_factory=dict)  # then, each client's
+    fresh: Watch | None = None  # a snapshot attach on a survivor, once the turn was closed
+    replay: list[Event] = field(default_factory=list)  # since the start, from a survivor
+    next_turn: httpx.Response | None = None  # the next turn, sent to a survivor
+
+
+async def crash(nodes: list[Node], workspace: str) -> tuple[dict[str, Crashed], str]:
+    """Stop a turn of each phase on the first node, kill it, and record what follows.
+
+    Returns each phase's record, and the highest id any client got before the kill.
+    """
     owner = nodes[0]
     with trio.fail_after(10 + 4 * LEASE_S):
-        async with peers(nodes) as (a, b, c):
-            sid = await a.create_session(workspace_path=str(tmp_path))
-            async with a.watch(sid) as on_owner, b.watch(sid) as wb, c.watch(sid) as wc:
-                turn_id = await a.submit(sid, script)
-                for w in (on_owner, wb, wc):
-                    await w.until_type(point)
-                    if phase == "llm":  # well into the text
-                        for _ in range(3):
-                            await w.until_type(point)
-                owner.kill()
-                # at once, its lease not lapsed yet: a turn sent to a survivor waits (503)
-                early = await b.post_turn(sid, "too early")
-                assert early.status_code == 503, early.text
-                assert early.json()["error"]["code"] == "session_owner_unreachable"
-                assert "retry-after" in early.headers
-                if phase != list(PHASES)[-1]:  # the next test's third node boots meanwhile
-                    cluster.boot(1)
-                held: dict[str, list[Event]] = {
-                    w.node.name: list(w.events) for w in (on_owner, wb, wc)
-                }
-                killed_at = max(e.id for e in on_owner.events + wb.events + wc.events)
+        async with peers(nodes) as (a, b, c), AsyncExitStack() as stack:
+            crashed: dict[str, Crashed] = {}
+            for phase, (script, _, _) in PHASES.items():
+                sid = await a.create_session(workspace_path=workspace)
+                watches = {}
+                for name, peer in (("owner", a), ("b", b), ("c", c)):
+                    watches[name] = await stack.enter_async_context(peer.watch(sid))
+                crashed[phase] = Crashed(sid, await a.submit(sid, script), watches)
+            for phase, record in crashed.items():
+                point = PHASES[phase][1]
+                for w in record.watches.values():
+                    for _ in range(4 if phase == "llm" else 1):  # llm: well into the text
+                        await w.until_type(point)
 
-                # the survivors' clients see the turn closed, live
-                for w in (wb, wc):
-                    turn = await w.turn(turn_id)
-                    check_closing(turn, turn_id, phase, closing)
-                    assert_increasing(w.events, f"{w.node.name}'s stream")
-                assert wire(of_turn(wb.events, turn_id)) == wire(of_turn(wc.events, turn_id))
-                await on_owner.until_closed()  # its node died under it
+            owner.kill()
+            for record in crashed.values():
+                record.early = await b.post_turn(record.sid, "too early")
+            for record in crashed.values():
+                record.held = {name: list(w.events) for name, w in record.watches.items()}
+            killed_at = max(
+                e.id for r in crashed.values() for w in r.watches.values() for e in w.events
+            )
 
-                # the dead owner's client resumes on a survivor
-                reducer = on_owner.client.reducer
-                last = on_owner.events[-1].id
-                async with b.watch(sid, since=last, reducer=reducer) as back:
-                    await back.until_turn_ends(turn_id)
-                    assert_increasing(on_owner.events + back.events, "before the kill, then after")
-                    resumed = on_owner.events + back.events
-                    check_closing(of_turn(resumed, turn_id), turn_id, phase, closing)
+            for record in crashed.values():
+                sid, watches = record.sid, record.watches
+                for name in ("b", "c"):
+                    await watches[name].until_turn_ends(record.turn_id)
+                gone = watches["owner"]
+                await gone.until_closed()  # its node died under it
+                since, reducer = gone.events[-1].id, gone.client.reducer
+                async with b.watch(sid, since=since, reducer=reducer) as record.back:
+                    await record.back.until_turn_ends(record.turn_id)
+                async with c.watch(sid, snapshot=True) as record.fresh:
+                    pass
+                clients = {"b": watches["b"], "c": watches["c"], "resumed": record.back}
+                record.views = {k: comparable(w.client.reducer.state()) for k, w in clients.items()}
+                record.replay = await c.replay(sid)
+                record.next_turn = await c.post_turn(sid, "hello again")
+                if record.next_turn.status_code == 202:
+                    await watches["b"].until_turn_ends(record.next_turn.json()["turn_id"])
+            return crashed, killed_at
 
-                # every view is what a fresh snapshot on a survivor shows
-                async with c.watch(sid, snapshot=True) as fresh:
-                    view = comparable(fresh.client.reducer.state())
-                for w in (wb, wc, back):
-                    assert comparable(w.client.reducer.state()) == view, w.node.name
-                assert view["streaming"] is None
 
-                # no catalog event a client held is lost: all in a replay from a survivor
-                replay = await c.replay(sid)
-                assert_increasing(replay, "the replay")
-                replayed = {e.id for e in replay}
-                for name, events in held.items():
-                    lost = [(e.type, e.id) for e in catalog(events) if e.id not in replayed]
-                    assert not lost, f"{name} held catalog events the store lacks: {lost}"
-                check_closing(of_turn(replay, turn_id), turn_id, phase, closing)
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Crashed], str]:
+    """:func:`crash` on a cluster of three, stopped (exit 0 checked) before the checks."""
+    workdir = tmp_path_factory.mktemp("failover")
+    workspace = workdir / "workspace"
+    workspace.mkdir()
+    (workspace / "x").write_text("x")
+    with running_cluster(ensure_redis_server(), workdir, 3) as cluster:
+        return trio.run(crash, cluster.live, str(workspace))
 
-                # the next turn runs on a survivor
-                next_turn = await c.submit(sid, "hello again")
-                done = await wb.turn(next_turn)
-                assert done[-1].type == "turn.completed" and done[-1].payload.stop_reason == (
-                    "end_turn"
-                )
-                assert all(e.id > killed_at for e in done)
-                assert wb.client.reducer.state()["messages"][-1]["content"] == [
-                    {"type": "text", "text": "You said: hello again"}
-                ]
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_kill_9_of_the_owner_mid_turn(crashed: tuple[dict[str, Crashed], str], phase: str) -> None:
+    records, killed_at = crashed
+    record = records[phase]
+    turn_id, watches, closing = record.turn_id, record.watches, PHASES[phase][2]
+
+    # at once, its lease not lapsed yet: a turn sent to a survivor waits (503)
+    early = record.early
+    assert early is not None and early.status_code == 503, early and early.text
+    assert early.json()["error"]["code"] == "session_owner_unreachable"
+    assert "retry-after" in early.headers
+
+    # the survivors' clients saw the turn closed, live, the same on both
+    for name in ("b", "c"):
+        check_closing(of_turn(watches[name].events, turn_id), turn_id, phase, closing)
+        assert_increasing(watches[name].events, f"{name}'s stream")
+    assert wire(of_turn(watches["b"].events, turn_id)) == wire(
+        of_turn(watches["c"].events, turn_id)
+    )
+
+    # the dead owner's client, resumed on a survivor: the same closing events
+    gone, back = watches["owner"], record.back
+    assert gone.closed is not None and back is not None
+    resumed = gone.events + back.events
+    assert_increasing(resumed, "before the kill, then after the resume")
+    check_closing(of_turn(resumed, turn_id), turn_id, phase, closing)
+
+    # every view is what a fresh snapshot on a survivor shows
+    assert record.fresh is not None
+    view = comparable(record.fresh.client.reducer.state())
+    for name, seen in record.views.items():
+        assert seen == view, name
+    assert view["streaming"] is None and view["messages"], view
+
+    # no catalog event a client held is lost: all in a replay from a survivor
+    assert_increasing(record.replay, "the replay")
+    replayed = {e.id for e in record.replay}
+    for name, events in record.held.items():
+        lost = [(e.type, e.id) for e in catalog(events) if e.id not in replayed]
+        assert not lost, f"{name} held catalog events the store lacks: {lost}"
+    check_closing(of_turn(record.replay, turn_id), turn_id, phase, closing)
+
+    # the next turn ran on a survivor, with ids above every id issued before the kill
+    next_turn = record.next_turn
+    assert next_turn is not None and next_turn.status_code == 202, next_turn and next_turn.text
+    done = of_turn(watches["b"].events, next_turn.json()["turn_id"])
+    assert done[-1].type == "turn.completed" and done[-1].payload.stop_reason == "end_turn"
+    assert all(e.id > killed_at for e in done)
+    assert watches["b"].client.reducer.state()["messages"][-1]["content"] == [
+        {"type": "text", "text": "You said: hello again"}
+    ]
