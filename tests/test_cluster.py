@@ -9,15 +9,17 @@ clients on each node, and checks:
 
 - clients on every node get the IDENTICAL event sequence of a turn (ids,
   types, actors, payloads), whether it was submitted to the owner or to
-  another node (PROTOCOL sections 3 and 7);
+  another node, a burst of hundreds of events included (PROTOCOL sections 3
+  and 7), and end in the same view;
 - a client that drops mid-message and resumes with ``since`` on another node
   converges: the same final message as a client that stayed, no event twice,
   none missing (PROTOCOL section 3, the seam rule);
 - a snapshot attach on a node that has never seen the session shows its
   messages, the one still streaming included, and the live events after the
   snapshot's cut follow without gap or duplicate;
-- a cancel, a permission decision and feedback sent to a node that is not the
-  owner act on the session (PROTOCOL sections 2 and 8), and a non-owner
+- a snapshot on a node that never saw the session shows a permission the
+  turn waits for; a cancel, a permission decision and feedback sent to a node
+  that is not the owner act on the session (PROTOCOL sections 2 and 8), and a non-owner
   answers as the owner would (409 ``turn_in_progress``, 409
   ``turn_not_in_flight``, 404);
 - SIGTERM of the owner mid-turn (RUNNING.md "Command line"): the turn is
@@ -63,6 +65,7 @@ APPROVAL = {
         ]
     }
 }
+BURST = {"script": {"rounds": [[{"thinking": "Quickly."}, {"lorem": 300}]]}}
 LONG_TOOL = {"script": {"rounds": [[{"tool_use": {"name": "sleep", "input": {"seconds": 30}}}]]}}
 
 
@@ -87,13 +90,14 @@ async def test_clients_on_every_node_get_the_identical_sequence(nodes: list[Node
         async with peers(nodes) as (a, b, c):
             sid = await a.create_session()
             async with a.watch(sid) as wa, b.watch(sid) as wb, c.watch(sid) as wc:
-                # to the owner, then to a node that is not (forwarded to the owner)
-                for submitter in (a, b):
-                    turn_id = await submitter.submit(sid, TOOL_SCRIPT)
+                # to the owner, then to a node that is not (forwarded to the owner); then
+                # a burst (no delay: hundreds of events, in few large batches) to the third
+                for submitter, script in ((a, TOOL_SCRIPT), (b, TOOL_SCRIPT), (c, BURST)):
+                    turn_id = await submitter.submit(sid, script)
                     seen = [await w.turn(turn_id) for w in (wa, wb, wc)]
                     first = seen[0]
                     assert types(first)[:3] == ["turn.started", "route.decided", "llm.call_started"]
-                    assert "tool.completed" in types(first) and "text.delta" in types(first)
+                    assert "text.delta" in types(first)
                     assert first[-1].type == "turn.completed", types(first)
                     assert first[-1].payload.stop_reason == "end_turn"
                     assert_increasing(first, f"turn submitted to {submitter.name}")
@@ -101,8 +105,13 @@ async def test_clients_on_every_node_get_the_identical_sequence(nodes: list[Node
                         assert wire(other) == wire(first), f"{watch.node.name} differs"
                 # and each client's whole stream: the same events, in the same order
                 assert wire(wa.events) == wire(wb.events) == wire(wc.events)
-                final = wa.client.reducer.state()["messages"][-1]["content"]
-                assert final == [{"type": "text", "text": "All done."}]
+                assert types(wa.events).count("tool.completed") == 2
+                assert types(wa.events).count("text.delta") > 300
+                state = wa.client.reducer.state()
+                replies = [m["content"] for m in state["messages"] if m["role"] == "assistant"]
+                assert replies.count([{"type": "text", "text": "All done."}]) == 2
+                assert [b["type"] for b in replies[-1]] == ["thinking", "text"]
+                assert state == wb.client.reducer.state() == wc.client.reducer.state()
 
 
 async def test_a_client_dropped_mid_message_resumes_on_another_node(nodes: list[Node]) -> None:
@@ -191,6 +200,12 @@ async def test_cancel_and_permission_sent_to_a_non_owner_act_on_the_turn(
                 # a permission decision, sent to b
                 turn_id = await a.submit(sid, APPROVAL)
                 [*_, asked] = await wa.until_type("permission.requested")
+                # b has never seen the session: its snapshot shows the request, to answer
+                async with b.watch(sid, snapshot=True) as newcomer:
+                    assert newcomer.snapshot is not None
+                    [pending] = newcomer.snapshot.session.pending_permissions
+                    assert pending.perm_id == asked.payload.perm_id
+                    assert pending.tool_name == "read_file"
                 busy = await b.post_turn(sid, "meanwhile")  # the owner's answer, from b
                 assert busy.status_code == 409, busy.text
                 assert busy.json()["error"]["code"] == "turn_in_progress"
