@@ -25,6 +25,9 @@ follows: a client receives an event only once it is durable):
   ``reason: "server_restart"`` by the node that takes the lease (the recovery
   pass, here the same node), or, where a lost lease does not stop the turn,
   it ends here. Either way it ends, and the next turn runs once Redis is back.
+- What a node had queued for a session whose lease another node took while
+  Redis was away is dropped, not written under the new owner's closing of
+  the turn (the store's fencing, gateway/store/redis.py).
 - The writer retries with backoff (50 ms doubling to 5 s: one
   ``store_write_failed`` line per attempt, never a tight loop) and says once
   that Redis is back (``store_reconnected``, with the attempts and how long).
@@ -68,6 +71,8 @@ from gateway.errors import StoreError
 from gateway.ids import format_event_id, parse_event_id
 from gateway.protocol.events import CATALOG_TYPES, Event
 from gateway.protocol.frames import SubscribeAck
+from gateway.protocol.shapes import Message, TextBlock
+from gateway.store import SessionRecord, StoredEvent, StoredMessage
 from gateway.store.redis import RedisStore
 from tests.conftest import Client, Harness, make_config, running_gateway, types
 from tests.redis_support import RedisServer, ensure_redis_server
@@ -440,6 +445,101 @@ async def test_requests_that_need_the_store_are_503_while_it_is_away(
             finally:
                 redis.start()
     assert answers == dict.fromkeys(answers, (503, "store_unavailable"))
+
+
+# --- a node's writes after it lost a lease (fencing) ----------------------------------
+
+
+async def test_a_nodes_writes_for_a_session_whose_lease_another_node_took_are_dropped(
+    fresh: RedisServer,
+) -> None:
+    """What a node queued while Redis was away must not land over the new owner's history.
+
+    Redis restarted: every node's writes wait in its writer, each retrying on
+    its own backoff. The node that ran a turn loses the lease meanwhile;
+    another takes it as soon as Redis is back, reads the store and closes the
+    turn (PROTOCOL section 9). The first node's queued writes (events with
+    ids below the closing, the message and the session record as it had
+    them) would land after that closing, under it: a history that says a call
+    both completed and failed, a record that reopens the turn. So each write
+    of a session's keys lands only while no other node holds its lease, in
+    the same transaction (the store's fencing); a dropped one is reported,
+    and the ticket still moves on (nothing waits for it forever).
+    """
+    redis = fresh
+    a, b = RedisStore(redis.url), RedisStore(redis.url)
+    for store in (a, b):
+        await store.open()
+    a_leases, b_leases = a.leases("node_a", 60_000), b.leases("node_b", 60_000)
+    dropped: list[StoreError] = []
+    a.on_write_error = dropped.append
+    try:
+        assert await a_leases.acquire("sess_f") is not None
+        a.put_session(_record("sess_f", turn="turn_1"))
+        a.put_event(_event(1, "sess_f"))
+        await a.flush()
+        assert not dropped
+
+        _command(redis.port, b"DEL gw:lease:{sess_f}")  # A's lease lapsed ...
+        assert await b_leases.acquire("sess_f") is not None  # ... and B took it
+        b.put_session(_record("sess_f"))  # B closed the turn
+        b.put_event(_event(1_000_001, "sess_f"))
+        await b.flush()
+
+        a.put_session(_record("sess_f", turn="turn_1"))  # what A had queued
+        a.put_event(_event(2, "sess_f"))
+        a.put_message(_message("msg_1", "sess_f"))
+        ticket = a.ticket()
+        await a.flush()
+        assert a.committed >= ticket
+        reports = sorted(e.message for e in dropped)
+        assert len(reports) == 3 and all("its lease is node_b's" in m for m in reports), reports
+        assert await a.get_session("sess_f") == _record("sess_f")  # B's, not reopened
+        assert [e.seq for e in await a.events_after(["sess_f"], 0, 10)] == [1, 1_000_001]
+        assert await a.load_messages("sess_f") == []
+        assert [r.id for r in await a.open_turns()] == []
+
+        # A session nobody else holds is written as before (a lease that lapsed
+        # with nobody taking it, a store that has no node).
+        await b_leases.release(["sess_f"])
+        a.put_event(_event(3, "sess_f"))
+        await a.flush()
+        assert [e.seq for e in await b.events_after(["sess_f"], 0, 10)] == [1, 3, 1_000_001]
+        assert len(dropped) == 3
+    finally:
+        for store in (a, b):
+            await store.aclose()
+
+
+def _record(sid: str, turn: str | None = None) -> SessionRecord:
+    return SessionRecord(
+        id=sid,
+        created_at=1,
+        workspace_path="/w",
+        active_model="scripted:echo",
+        metadata={},
+        parent_session_id=None,
+        routing_policy_version="v1",
+        current_turn_id=turn,
+    )
+
+
+def _event(seq: int, sid: str) -> StoredEvent:
+    data = b'{"id":"%s","type":"turn.started"}' % format_event_id(seq).encode()
+    return StoredEvent(seq=seq, session_id=sid, type="turn.started", ts=1000, data=data)
+
+
+def _message(mid: str, sid: str) -> StoredMessage:
+    m = Message(
+        id=mid,
+        session_id=sid,
+        turn_id="turn_1",
+        role="user",
+        content=[TextBlock("hi")],
+        status="complete",
+        created_at=1,
+    )
+    return StoredMessage(m, None)
 
 
 # --- Redis unreachable at start-up ----------------------------------------------------

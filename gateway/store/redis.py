@@ -78,6 +78,21 @@ Decisions where the contract is silent:
   taken bounds every id the previous holder issued); renew and release are
   compare-and-``PEXPIRE`` and compare-and-``DEL`` scripts, one per session
   (each session's key in its own slot, as a Cluster needs).
+- Fencing: every write of a session's keys (its record and indexes, a
+  message, a batch's events and their age entries) is a small Lua script
+  inside the batch's ``MULTI`` that first reads the session's lease, and
+  writes nothing if another node holds it: the store writes for the node
+  named by its first :meth:`RedisStore.leases` call (a store with no node
+  writes unfenced). A session nobody holds is written (a new session's
+  record lands before its lease is taken; a lapsed lease nobody took yet).
+  Why: while Redis is away every node's writes wait in its writer, each on
+  its own backoff; the node that ran a turn loses the lease meanwhile, and
+  another takes it once Redis is back, reads the store and closes the turn
+  (PROTOCOL section 9). Without the fence the first node's queued writes
+  would land after that, under the closing: events with lower ids (a call
+  both completed and failed), its message over the closed one, its record
+  over the new owner's. A write so dropped is reported (``on_write_error``:
+  "its lease is <node>'s") like a refused row, and its ticket is committed.
 - A Redis whose ``appendonly`` is ``no`` is accepted with a warning in the log:
   what a client was shown then survives only until Redis restarts.
 """
@@ -141,17 +156,76 @@ end
 return 0
 """
 
+# Every write of a session's keys is fenced by its lease (module docstring): it
+# lands unless another node holds the lease (KEYS[1]; ARGV[1] this node's id,
+# "" for a store that has no node), else it answers that node's id.
+_FENCE = """
+local holder = redis.call('GET', KEYS[1])
+if ARGV[1] ~= '' and holder and holder ~= ARGV[1] then return {holder} end
+"""
+
+# A session record and its indexes. KEYS: lease, record, sessions, owner's,
+# owners or parent's workers, owner's roots, open; ARGV: node, record, index
+# member, id, owner, "w" for a worker, "o" for a turn in flight.
+_PUT_SESSION = (
+    _FENCE
+    + """
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('ZADD', KEYS[3], 0, ARGV[3])
+redis.call('ZADD', KEYS[4], 0, ARGV[3])
+if ARGV[6] == 'w' then
+    redis.call('ZADD', KEYS[5], 0, ARGV[3])
+else
+    redis.call('SADD', KEYS[5], ARGV[5])
+    redis.call('SADD', KEYS[6], ARGV[4])
+end
+if ARGV[7] == 'o' then
+    redis.call('SADD', KEYS[7], ARGV[4])
+else
+    redis.call('SREM', KEYS[7], ARGV[4])
+end
+return 1
+"""
+)
+
 # A message keeps its place when rewritten (an in_progress message completed):
-# only a new id takes the next number of its session.
-_UPSERT_MESSAGE = """
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
-    local last = redis.call('ZRANGE', KEYS[2], 0, 0, 'REV', 'WITHSCORES')
+# only a new id takes the next number of its session. KEYS: lease, messages,
+# their order; ARGV: node, message id, message.
+_UPSERT_MESSAGE = (
+    _FENCE
+    + """
+if not redis.call('ZSCORE', KEYS[3], ARGV[2]) then
+    local last = redis.call('ZRANGE', KEYS[3], 0, 0, 'REV', 'WITHSCORES')
     local ord = 1
     if last[2] then ord = tonumber(last[2]) + 1 end
-    redis.call('ZADD', KEYS[2], ord, ARGV[1])
+    redis.call('ZADD', KEYS[3], ord, ARGV[2])
 end
-return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return 1
 """
+)
+
+# A batch's events of one session, and their entries in the age index. KEYS:
+# lease, events, age index; ARGV: node, session id, then (seq, member, ts) per
+# event. ZADD takes them in chunks (Lua's unpack has a limit).
+_ADD_EVENTS = (
+    _FENCE
+    + """
+local events, ages = {}, {}
+for i = 3, #ARGV, 3 do
+    events[#events + 1] = ARGV[i]
+    events[#events + 1] = ARGV[i + 1]
+    ages[#ages + 1] = ARGV[i + 2]
+    ages[#ages + 1] = ARGV[i] .. ':' .. ARGV[2]
+    if #events >= 1000 or i + 3 > #ARGV then
+        redis.call('ZADD', KEYS[2], unpack(events))
+        redis.call('ZADD', KEYS[3], unpack(ages))
+        events, ages = {}, {}
+    end
+end
+return 1
+"""
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _session_decoder = msgspec.msgpack.Decoder(SessionRecord)
@@ -307,6 +381,7 @@ class RedisStore:
         self.on_write_error: Callable[[StoreError], None] | None = None
         self.on_flush: Callable[[float, int], None] | None = None
         self._committed_event = trio.Event()
+        self._node_id: str | None = None  # the node whose writes these are (leases())
         self._failing_since: float | None = None  # when the writes began to fail (Trio's clock)
         self._failed_writes = 0  # failed attempts since then
         self._write_lock = trio.Lock()
@@ -484,6 +559,13 @@ class RedisStore:
         self._signal()
 
     def leases(self, node_id: str, ttl_ms: int) -> RedisLeases:
+        """The leases of ``node_id``; the first call names the node this store writes for.
+
+        From then on a session's writes land only while no other node holds
+        its lease (module docstring: fencing).
+        """
+        if self._node_id is None:
+            self._node_id = node_id
         return RedisLeases(self, node_id, ttl_ms)
 
     def ticket(self) -> int:
@@ -574,45 +656,39 @@ class RedisStore:
         k = self._keys
         client = self._redis()
         rows: list[str] = []  # what each queued command writes, for a refusal's report
+        node = self._node_id or ""
         try:
             async with client.pipeline(transaction=True, raise_on_error=False) as p:
                 for rec, data in batch.sessions:
-                    what = f"session {rec.id}"
-                    member: dict[str | bytes, float] = {_index_member(rec): 0}
-                    p.set(k.session(rec.id), data)
-                    p.zadd(k.sessions, member)
-                    p.zadd(k.owner(rec.owner), member)
-                    rows += [what] * 3
-                    if rec.parent_session_id:
-                        p.zadd(k.workers(rec.parent_session_id), member)
-                        rows.append(what)
-                    else:
-                        p.sadd(k.owners, [rec.owner])
-                        p.sadd(k.roots(rec.owner), [rec.id])
-                        rows += [what] * 2
-                    if rec.current_turn_id:
-                        p.sadd(k.open, [rec.id])
-                    else:
-                        p.srem(k.open, [rec.id])
-                    rows.append(what)
+                    sid = rec.id
+                    worker = rec.parent_session_id
+                    keys = [
+                        k.lease(sid),
+                        k.session(sid),
+                        k.sessions,
+                        k.owner(rec.owner),
+                        k.workers(worker) if worker else k.owners,
+                        k.roots(rec.owner),
+                        k.open,
+                    ]
+                    record: list[str | bytes] = [node, data, _index_member(rec), sid, rec.owner]
+                    record += ["w" if worker else "", "o" if rec.current_turn_id else ""]
+                    p.eval(_PUT_SESSION, keys, record)
+                    rows.append(f"session {sid}")
                 for sid, mid, data in batch.messages:
-                    keys = [k.messages(sid), k.message_order(sid)]
-                    p.eval(_UPSERT_MESSAGE, keys, [mid, data])
+                    keys = [k.lease(sid), k.messages(sid), k.message_order(sid)]
+                    p.eval(_UPSERT_MESSAGE, keys, [node, mid, data])
                     rows.append(f"message {mid} of {sid}")
-                # One ZADD per session and one for the age index, however many
-                # events: a command costs far more than a member (README figures).
-                by_session: dict[str, dict[str | bytes, float]] = {}
-                by_age: dict[str | bytes, float] = {}
+                # One script per session, however many events: a command costs far
+                # more than a member (README figures).
+                by_session: dict[str, list[str | bytes | int]] = {}
+                seqs: dict[str, list[int]] = {}
                 for seq, sid, ts, member_bytes in batch.events:
-                    by_session.setdefault(sid, {})[member_bytes] = seq
-                    by_age[f"{seq}:{sid}"] = ts
-                for sid, members in by_session.items():
-                    p.zadd(k.events(sid), members)
-                    seqs = [int(seq) for seq in members.values()]
-                    rows.append(f"events {min(seqs)}..{max(seqs)} of {sid}")
-                if by_age:
-                    p.zadd(k.ets, by_age)
-                    rows.append("the events' age index")
+                    by_session.setdefault(sid, [node, sid]).extend((seq, member_bytes, ts))
+                    seqs.setdefault(sid, []).append(seq)
+                for sid, events in by_session.items():
+                    p.eval(_ADD_EVENTS, [k.lease(sid), k.events(sid), k.ets], events)
+                    rows.append(f"events {min(seqs[sid])}..{max(seqs[sid])} of {sid}")
                 grants: list[tuple[int, Callable[[int], None]]] = []  # (result index, granted)
                 for block, granted in batch.blocks:
                     p.zincrby(k.meta, "event_ceiling", block)
@@ -629,6 +705,9 @@ class RedisStore:
         for what, result in zip(rows, results, strict=False):
             if isinstance(result, Exception):
                 refused[f"{what}: {result}"] = None
+            elif isinstance(result, list):  # fenced: the lease is another node's
+                holder = result[0].decode() if isinstance(result[0], bytes) else result[0]
+                refused[f"{what}: its lease is {holder}'s, not this node's"] = None
         for index, granted in grants:
             top = results[index] if index < len(results) else None
             if isinstance(top, int | float | bytes | str):
