@@ -258,7 +258,7 @@ def running_cluster(
     """A redis-server of its own and ``nodes`` gateways on it; everything stopped after."""
     redis = RedisServer(redis_binary, workdir / "redis")
     redis.start()
-    cluster = Cluster(redis, workdir)
+    cluster = Cluster(redis, workdir, config)
     try:
         cluster.start(nodes)
         yield cluster
