@@ -82,6 +82,7 @@ async def _drain_with_a_turn_in_flight(gw: Harness, provider: HeldProvider) -> N
                 turn = await probe.post(f"/sessions/{sid}/turns", json={"content": "more"})
                 assert turn.status_code == 503
                 assert turn.json()["error"]["code"] == "shutting_down"
+                assert int(turn.headers["retry-after"]) >= 1  # another node, or this one restarted
         assert gw.node.sessions[sid].turn is not None  # still in flight
 
         provider.release.set()

@@ -327,8 +327,15 @@ class Session:
                 ``session_elsewhere`` (with ``Retry-After``) where several nodes
                 share a store and another node holds the session's lease.
         """
-        if self.node.shutting_down:
-            raise ApiError(503, "shutting_down", "the gateway is shutting down")
+        if self.node.shutting_down:  # its leases are let go within shutdown_grace_s
+            wait = math.ceil(self.node.config.server.shutdown_grace_s)
+            raise ApiError(
+                503,
+                "shutting_down",
+                f"the gateway is shutting down; retry in {wait} s (on Redis, another node"
+                " then runs the session)",
+                headers=(("Retry-After", str(wait)),),
+            )
         if not self.node.runs_here(self.id):
             # Turns run only on the lease holder; until they are routed to it
             # (docs/scale-out.md), the client tries again: once a dead holder's
