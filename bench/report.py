@@ -512,6 +512,7 @@ def _window_figures(step: dict[str, Any] | None, split: bool) -> dict[str, Any]:
         "redis_cpu_us_per_publish": _div(store_s, publishes, US),
     }
     if split and len(cpu) > 1 and publishes:
+        out["owner_cores"] = _div(cpu[0], wall, digits=3)
         out["owner_cpu_us_per_publish"] = _div(cpu[0], publishes, US)
         out["receiver_cpu_us_per_event"] = _div(sum(cpu[1:]), events, US)
     return out
@@ -522,11 +523,13 @@ def summarize_nodes(result: dict[str, Any]) -> dict[str, Any]:
     configurations: dict[str, Any] = result["nodes"]["configurations"]
     figures = {}
     for name, data in configurations.items():
-        fanout, split = data["fanout"], data["placement"]["shape"] == "split"
+        fanout, split = data.get("fanout") or {}, data["placement"]["shape"] == "split"
         figures[name] = {
             "max_sustained": _window_figures(fanout.get("max_sustained"), split),
             "half_load": _window_figures(fanout.get("half_load"), split),
         }
+        if "error" in data:
+            figures[name]["error"] = data["error"]
     result["nodes"]["figures"] = figures
     result["nodes"]["model"] = capacity_model(result)
     for name, data in configurations.items():
@@ -539,49 +542,98 @@ def summarize_nodes(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _marginal(busy: dict[str, Any], light: dict[str, Any], cost: str, unit: str) -> float | None:
+    """Microseconds of ``cost`` (cores) per ``unit`` (per second), from two windows' difference.
+
+    Taken between the busiest sustained window and the half-load one, so that
+    what a process spends whatever the load (redis-server's cron and fsync, a
+    node's lease renewals) cancels out.
+    """
+    values = [busy.get(cost), light.get(cost), busy.get(unit), light.get(unit)]
+    if not all(_number(v) for v in values):
+        return None
+    cost_busy, cost_light, unit_busy, unit_light = (float(v or 0) for v in values)
+    if unit_busy <= unit_light:
+        return None
+    return _div(cost_busy - cost_light, unit_busy - unit_light, US)
+
+
 def capacity_model(result: dict[str, Any]) -> dict[str, Any]:
     """What N nodes and one Redis (or a Cluster sharded by session) carry, from the costs.
 
-    - A node delivers ``1e6 / node_us`` events/s to its own clients per core
-      (one node's CPU per event at half load), and a node receiving another's
-      sessions ``1e6 / receiver_us`` (the split shape's receiving nodes).
-    - The owner of a session sends each batch once to Redis; Redis spends
-      ``redis_us_per_publish`` per batch (its whole CPU over the window divided
-      by the publishes: the publish, the store's writes of the turn, the lease
-      renewals), so one Redis core carries ``1e6 / redis_us_per_publish``
-      batches/s whatever the clients; each batch is ``events_per_publish``
-      delivered events at the measured clients per session.
-    - Nodes are the bottleneck until ``N * 1e6 / node_us`` reaches Redis's
-      ``1e6 / redis_us_per_publish * events_per_publish``: at
-      ``nodes_per_redis_core`` nodes. A Cluster sharded by session spreads the
-      publishes and the per-session keys over its shards; what stays on one
-      shard is the deployment's counter and indexes (docs/scale-out.md).
-    - With the store's worst case (a turn of tool rounds, every event stored:
-      ``--backend both``), Redis spends ``redis_us_per_stored_event``: one
-      Redis core stores ``1e6 /`` that events/s.
+    Costs are taken at the busiest sustained window (the half-load one where
+    none was), and redis-server's per publish as the difference between those
+    two windows (:func:`_marginal`), the owner's too:
+
+    - A node delivers ``1e6 / node_us`` events/s per core to its own clients
+      (one node's CPU per event), and ``1e6 / receiver_us`` of other nodes'
+      sessions (the split shape's receiving nodes).
+    - An owner publishes each batch once; Redis spends ``redis_us_per_publish``
+      per batch (the publish, its delivery to each watching node, the store's
+      few writes of a streaming turn), so one Redis core carries ``1e6 /`` that
+      batches/s, ``events_per_publish`` delivered events each (the clients
+      per session).
+    - Streaming text, nodes are the bottleneck until that is reached:
+      ``nodes_per_redis_core`` nodes. With tool rounds, where every event is
+      stored (``--backend both``), one Redis core keeps
+      ``nodes_per_redis_core_tools`` nodes busy (the gateway's CPU per event
+      over redis-server's in that turn) and stores
+      ``redis_stored_events_per_s_per_core`` events/s.
+    - A Cluster sharded by session spreads the publishes and each session's
+      keys over its shards; the deployment's counter and indexes stay on one
+      shard each (docs/scale-out.md), written once per store batch.
     """
     figures = result["nodes"].get("figures", {})
-    one = figures.get("1 node", {}).get("half_load", {})
 
-    def shape(name: str) -> dict[str, Any]:
-        found = [f["half_load"] for n, f in figures.items() if n.endswith(name)]
-        return dict(found[0]) if found else {}
+    def windows(suffix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        found = [f for n, f in figures.items() if n.endswith(suffix)]
+        if not found:
+            return {}, {}
+        half = dict(found[0].get("half_load") or {})
+        return dict(found[0].get("max_sustained") or half), half
 
-    split, remote = shape("split"), shape("remote")
+    one, _ = windows("1 node")
+    split, split_half = windows("split")
+    remote, remote_half = windows("remote")
     node_us = one.get("nodes_cpu_us_per_event")
     receiver_us = split.get("receiver_cpu_us_per_event")
-    redis_us = split.get("redis_cpu_us_per_publish") or remote.get("redis_cpu_us_per_publish")
+    redis_us = (_marginal(split, split_half, "redis_cores", "publishes_per_s")
+                or _marginal(remote, remote_half, "redis_cores", "publishes_per_s")
+                or split.get("redis_cpu_us_per_publish"))  # fmt: skip
     per_publish = split.get("events_per_publish") or remote.get("events_per_publish")
-    stored_us = _get(result, "figures", "redis", "redis_cpu_us_per_event_catalog")
+    catalog = _get(result, "servers", "redis", "catalog") or {}
+    stored_us = (
+        _div(
+            (catalog.get("store_cpu_us_per_event") or 0) * (catalog.get("events") or 0),
+            catalog.get("stored_events"),
+        )
+        or None
+    )
+    tools_nodes = _div(catalog.get("cpu_us_per_event"), catalog.get("store_cpu_us_per_event"),
+                       digits=1)  # fmt: skip
     node_rate = _div(US, node_us, digits=0)
     redis_batches = _div(US, redis_us, digits=0)
     redis_events = None if redis_batches is None or per_publish is None else round(
         redis_batches * per_publish)  # fmt: skip
     nodes_per_core = _div(redis_events, node_rate, digits=1)
+    bottleneck = None
+    if nodes_per_core is not None:
+        bottleneck = (
+            f"the nodes' CPU (the fan-out to clients): streaming text, one Redis core keeps"
+            f" about {nodes_per_core:g} nodes busy at {_fmt(per_publish)} clients per session"
+            " (fewer clients per session: fewer nodes); past that, Redis's one thread"
+            " (a publish per batch)"
+        )
+        if tools_nodes is not None:
+            bottleneck += (
+                f"; with tool rounds, where every event is written, Redis comes first at about"
+                f" {tools_nodes:g} nodes per Redis core"
+            )
     return {
         "node_cpu_us_per_event": node_us,
         "receiver_cpu_us_per_event": receiver_us,
-        "owner_cpu_us_per_publish": split.get("owner_cpu_us_per_publish"),
+        "owner_cpu_us_per_publish": _marginal(split, split_half, "owner_cores", "publishes_per_s")
+        or split.get("owner_cpu_us_per_publish"),
         "redis_cpu_us_per_publish": redis_us,
         "publish_usec_per_call": split.get("publish_usec_per_call")
         or remote.get("publish_usec_per_call"),
@@ -593,10 +645,8 @@ def capacity_model(result: dict[str, Any]) -> dict[str, Any]:
         "nodes_per_redis_core": nodes_per_core,
         "redis_cpu_us_per_stored_event": stored_us,
         "redis_stored_events_per_s_per_core": _div(US, stored_us, digits=0),
-        "bottleneck": None if nodes_per_core is None else (
-            f"the nodes' CPU (fan-out to clients) up to about {nodes_per_core:g} nodes per "
-            "Redis core; past that, Redis's single thread (one publish and the turn's writes "
-            "per batch)"),
+        "nodes_per_redis_core_tools": tools_nodes,
+        "bottleneck": bottleneck,
     }  # fmt: skip
 
 
@@ -640,28 +690,30 @@ def markdown_nodes(result: dict[str, Any]) -> str:
                 continue
             cells = [" + ".join(map(_fmt, v)) if isinstance(v, list) else _fmt(v) for v in values]
             lines.append(_row([label, *cells]))
+    errors = [f"{name}: {figures[name]['error']}" for name in names if "error" in figures[name]]
     placements = "; ".join(
         f"{name}: sessions owned {d['placement']['sessions_owned']}, with clients "
         f"{d['placement']['sessions_served']}"
         for name, d in result["nodes"]["configurations"].items()
     )
     model = result["nodes"]["model"]
+    lines += [f"\n**Failed**: {error}" for error in errors]
     lines += [
         "",
         f"Clients: {', '.join(map(_fmt, sorted(c for c in clients if c)))}, the same in every"
         f" configuration, on the same {_fmt(_get(result, 'machine', 'cpus'))}-core machine as"
         f" every node and redis-server. Sessions per node: {placements}.",
         "",
-        _row(["capacity model (one core per node, one per Redis shard)", "value"]),
+        _row(["capacity model (at the busiest sustained step; a core per node)", "value"]),
         _row(["---", "---"]),
     ]
     for key, label in (
         ("node_cpu_us_per_event", "a node's CPU per event to its own clients (us)"),
         ("receiver_cpu_us_per_event", "a node's CPU per event of another node's session (us)"),
         ("owner_cpu_us_per_publish", "the owner's CPU per published batch (us)"),
-        ("redis_cpu_us_per_publish", "redis-server CPU per published batch, all included (us)"),
+        ("redis_cpu_us_per_publish", "redis-server CPU per published batch (us)"),
         ("publish_usec_per_call", "... of which in PUBLISH itself (us)"),
-        ("events_per_publish", "delivered events per batch (the clients per session)"),
+        ("events_per_publish", "delivered events per batch (clients per session)"),
         ("node_events_per_s_per_core", "events/s one node delivers per core"),
         ("receiver_events_per_s_per_core", "... of other nodes' sessions"),
         ("redis_batches_per_s_per_core", "batches/s one Redis core carries"),
@@ -669,6 +721,7 @@ def markdown_nodes(result: dict[str, Any]) -> str:
         ("nodes_per_redis_core", "nodes one Redis core keeps busy"),
         ("redis_cpu_us_per_stored_event", "redis-server CPU per stored event (tool rounds, us)"),
         ("redis_stored_events_per_s_per_core", "stored events/s one Redis core carries"),
+        ("nodes_per_redis_core_tools", "nodes one Redis core keeps busy (tool rounds)"),
     ):  # fmt: skip
         lines.append(_row([label, _fmt(model.get(key))]))
     lines += ["", f"Bottleneck: {model.get('bottleneck') or '-'}.", ""]

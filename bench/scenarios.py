@@ -15,6 +15,7 @@ are collected with the server's CPU seconds over the same wall time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -194,7 +195,9 @@ class Run:
         on Redis already measured with those steps (``--backend both``), taken
         as the first configuration instead of measuring another. The load
         turn's frames are recorded on the first configuration's node 0 when no
-        earlier phase has.
+        earlier phase has. A configuration that fails (a client refused, a node
+        that does not start) has its ``error`` in the result instead of its
+        fan-out, and the next one runs.
         """
         result: dict[str, Any] = {"count": count, "configurations": {}}
         plan = [*([] if one_node else [(1, "local")]), *((count, shape) for shape in shapes)]
@@ -207,17 +210,25 @@ class Run:
             name = "1 node" if nodes == 1 else f"{nodes} nodes, {shape}"
             server = make(nodes, shape)
             await server.start()
+            outcome: dict[str, Any] = {}
             try:
                 if not self.frames_file.exists():
                     self.gateway = server.first
                     self.log(f"{name}: recording the load turn's frames")
                     result["frames"] = await self.record_turn()
                 self.log(f"{name}: fan-out")
-                fanout = await self.fanout(server, half_rate=None, rates=self.p.node_rates)
+                outcome["fanout"] = await self.fanout(
+                    server, half_rate=None, rates=self.p.node_rates
+                )
+            except Exception as exc:  # said in the result; the other configurations go on
+                outcome["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+                self.log(f"{name}: failed: {outcome['error']}")
+                with contextlib.suppress(Exception):
+                    await self.pool.close("live")
             finally:
                 await server.stop()
             result["configurations"][name] = {
-                "nodes": nodes, "placement": server.placement(), "fanout": fanout,
+                "nodes": nodes, "placement": server.placement(), **outcome,
             }  # fmt: skip
         return result
 
