@@ -646,13 +646,15 @@ def _message(mid: str, sid: str) -> StoredMessage:
 
 
 async def test_a_redis_that_accepts_and_never_answers_is_one_line_within_the_open_timeout(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Something listens on the port but never answers (a hung Redis, a wrong service).
 
     The store says so within ``OPEN_TIMEOUT_S`` (5 s; 0.3 s here): coredis turns
     the deadline's cancellation into a ConnectionError of its own, which must
-    not pass for "connection refused".
+    not pass for "connection refused"; and coredis's own "Connection attempt
+    failed unexpectedly!" with its traceback must not come before the line
+    (``gateway serve`` printed it on stderr).
     """
     monkeypatch.setattr(redis_store, "OPEN_TIMEOUT_S", 0.3)
     with socket.socket() as silent:
@@ -664,6 +666,7 @@ async def test_a_redis_that_accepts_and_never_answers_is_one_line_within_the_ope
             await RedisStore(url).open()
     assert time.monotonic() - started < 2
     assert info.value.message == f"cannot open store {url}: Redis did not answer within 0.3 s"
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("coredis")] == []
 
 
 async def test_an_unknown_redis_host_is_one_line_that_says_why() -> None:

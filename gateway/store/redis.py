@@ -405,9 +405,11 @@ class RedisStore:
         try:
             with trio.fail_after(OPEN_TIMEOUT_S):
                 # The store reports Redis's failures itself (on_write_error: the
-                # node's store_write_failed line); coredis's own lines would
-                # repeat each of them at info level, with a traceback.
-                logging.getLogger("coredis").setLevel(logging.WARNING)
+                # node's store_write_failed line; a StoreError at start-up: one
+                # line); coredis's own lines would repeat them with tracebacks,
+                # at info level and, for a handshake that gets no answer, at
+                # error level ("Connection attempt failed unexpectedly!").
+                logging.getLogger("coredis").setLevel(logging.CRITICAL)
                 ready = trio.Event()
                 trio.lowlevel.spawn_system_task(self._hold_client, ready, name="redis-client")
                 self._holding = True
