@@ -618,17 +618,31 @@ def capacity_model(result: dict[str, Any]) -> dict[str, Any]:
     nodes_per_core = _div(redis_events, node_rate, digits=1)
     bottleneck = None
     if nodes_per_core is not None:
+        who = "the nodes' CPU (the fan-out to clients)" if nodes_per_core >= 1 else (
+            "Redis's one thread (a publish per batch)")  # fmt: skip
         bottleneck = (
-            f"the nodes' CPU (the fan-out to clients): streaming text, one Redis core keeps"
-            f" about {nodes_per_core:g} nodes busy at {_fmt(per_publish)} clients per session"
-            " (fewer clients per session: fewer nodes); past that, Redis's one thread"
-            " (a publish per batch)"
+            f"{who}: streaming text at {_fmt(per_publish)} clients per session, one Redis"
+            f" core keeps about {_fmt(nodes_per_core)} nodes busy (a publish per batch: fewer"
+            " clients per session, fewer nodes)"
         )
         if tools_nodes is not None:
             bottleneck += (
-                f"; with tool rounds, where every event is written, Redis comes first at about"
-                f" {tools_nodes:g} nodes per Redis core"
+                f"; with tool rounds, where every event is written to Redis, about"
+                f" {_fmt(tools_nodes)} nodes, past which Redis's one thread is the bottleneck"
             )
+    commands: set[str] = set()
+    for data in result["nodes"]["configurations"].values():
+        commands |= set(_get(data, "fanout", "half_load", "nodes", "by_command") or {})
+    sharded = "spublish" in commands
+    cluster = (
+        "a Redis Cluster sharded by session spreads each session's keys and writes over its"
+        " shards; the deployment's counter and indexes (gw:meta, gw:ets, gw:sessions ...) stay"
+        " on one shard each, written once per store batch: that shard is the Cluster's"
+        " bottleneck for stored events. Live batches go out with "
+        + ("SPUBLISH, which stays on the session's shard: publishes scale with the shards"
+           if sharded else "PUBLISH, which a Cluster forwards to every shard: publishes do not"
+           " scale with the shards (SPUBLISH/SSUBSCRIBE would)")
+    )  # fmt: skip
     return {
         "node_cpu_us_per_event": node_us,
         "receiver_cpu_us_per_event": receiver_us,
@@ -647,6 +661,7 @@ def capacity_model(result: dict[str, Any]) -> dict[str, Any]:
         "redis_stored_events_per_s_per_core": _div(US, stored_us, digits=0),
         "nodes_per_redis_core_tools": tools_nodes,
         "bottleneck": bottleneck,
+        "cluster": cluster if commands else None,
     }  # fmt: skip
 
 
@@ -725,6 +740,8 @@ def markdown_nodes(result: dict[str, Any]) -> str:
     ):  # fmt: skip
         lines.append(_row([label, _fmt(model.get(key))]))
     lines += ["", f"Bottleneck: {model.get('bottleneck') or '-'}.", ""]
+    if model.get("cluster"):
+        lines += [f"Cluster: {model['cluster']}.", ""]
     lines.append(_flag_note(result, "client_limited", (
         "Client-limited windows (a client worker used >= 85% of a core, so the figure may be "
         "the clients' limit, not the server's)"), "No window was client-limited (every client "
