@@ -175,7 +175,6 @@ class Cluster:
             StoreError: Redis did not take the subscription within
                 :data:`START_TIMEOUT_S` at start-up (one line, as for the store).
         """
-        logging.getLogger("coredis").setLevel(logging.WARNING)
         client: coredis.Redis[bytes] = coredis.Redis.from_url(
             self._url, connect_timeout=CONNECT_TIMEOUT_S
         )

@@ -620,6 +620,7 @@ class Node:
         them, durably, as it went); everything up to ``taken.counter`` is read
         from the store by a replay.
         """
+        await self.wait_durable()  # this node's own writes of it first (it may have run it)
         record = await self.store.get_session(session.id)
         if record is not None:
             session.reload(record, await self.store.load_messages(session.id), taken.counter)

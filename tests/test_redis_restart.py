@@ -37,9 +37,8 @@ follows: a client receives an event only once it is durable):
   turn runs once Redis is back (a retry meanwhile is 409
   ``turn_in_progress``), so a 503 there does not say "not done".
 - A request that needs a store read answers 503 ``store_unavailable`` at once
-  (not yet: :func:`test_requests_that_need_the_store_are_503_while_it_is_away`
-  is an expected failure until the HTTP layer maps ``StoreError`` to 503 and
-  ``GET /sessions`` bounds its flush).
+  (the HTTP layer maps a ``StoreError`` to it), and ``GET /sessions`` waits
+  for the commits before it at most ``commit_timeout_s``.
 - Redis unreachable at start-up: one line naming the URL and why, and a
   non-zero exit, within ``OPEN_TIMEOUT_S`` even when something accepts the
   connection and never answers.
@@ -376,13 +375,6 @@ def _check_history(events: list[Event]) -> None:
     assert len(completed) == len(set(completed)), [(e.id, e.type) for e in events]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/node.py: a node that takes a session's lease back (recovery pass or "
-    "_claim, then _took_over) reads the store before its own writes queued during the outage "
-    "have landed, and closes the turn from that older state after them: the call that "
-    "completed (already queued) is failed again, its message completed twice",
-)
 async def test_a_turn_closed_after_an_outage_longer_than_the_lease_is_told_once(
     tmp_path: Path, fresh: RedisServer
 ) -> None:
@@ -413,13 +405,6 @@ async def test_a_turn_closed_after_an_outage_longer_than_the_lease_is_told_once(
             _check_history(events)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/session: a turn stopped by a lost lease (Session.stop_here) is torn down "
-    "through AgentLoop.close_turn, which saves the session record with current_turn_id None "
-    "while its terminal event is fenced: once that write lands, no node sees a turn to close "
-    "and the turn is never ended",
-)
 async def test_a_turn_stopped_by_a_lost_lease_is_still_closed_when_its_writes_land_first(
     tmp_path: Path, fresh: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -508,12 +493,6 @@ async def test_a_turn_sent_while_redis_is_away_is_503_and_the_session_goes_on(
                 _check_stream(client.events)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a StoreError from a store read is a 500 internal_error (gateway/server/http.py maps "
-    "only ApiError), and GET /sessions flushes the store without a bound (routes.py "
-    "list_sessions): it waits for the whole outage",
-)
 async def test_requests_that_need_the_store_are_503_while_it_is_away(
     tmp_path: Path, fresh: RedisServer
 ) -> None:

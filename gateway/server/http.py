@@ -14,7 +14,9 @@ connection:
 408   ``request_timeout``      the request was not in within ``read_timeout_s``
 413   ``body_too_large``       the body is over ``max_body_bytes``
 431   ``headers_too_large``    the head is over ``max_header_bytes``
-500   ``internal_error``       the handler raised something not an ApiError
+503   ``store_unavailable``    the handler's store read failed (a StoreError;
+                               with ``Retry-After``)
+500   ``internal_error``       the handler raised something else, not an ApiError
 ====  =======================  ============================================
 
 (a HEAD gets each of these, as every answer, without its body: RFC 9110
@@ -53,7 +55,7 @@ import msgspec
 import trio
 from wsproto.utilities import generate_accept_token
 
-from gateway.errors import ApiError
+from gateway.errors import ApiError, StoreError
 from gateway.protocol.closes import close_reason
 from gateway.server.websocket import ConnectionClosed, WebSocket
 
@@ -358,6 +360,12 @@ class _HttpConnection:
         except ApiError as exc:
             response = error_response(exc.status, exc.code, exc.message)
             response.headers.extend(exc.headers)
+            return response
+        except StoreError as exc:  # a read the store did not answer: not a bug, a 503
+            response = error_response(
+                503, "store_unavailable", f"{exc}; the request may be retried"
+            )
+            response.headers.append(("Retry-After", "1"))
             return response
         except Exception:
             _log.exception(

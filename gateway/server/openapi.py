@@ -19,6 +19,7 @@ takes an API key, keys configured     401 ``unauthorized``, 403 ``forbidden``
 decodes a JSON body                   400 ``invalid_json``, 422 ``invalid_body``
 an integer query parameter            400 ``invalid_query`` (422 out of range)
 an id in the path                     404 ``not_found`` (not an id: no route)
+a route of ``/sessions`` or ``/agui``  503 ``store_unavailable`` (the store did not answer)
 a ``{session_id}`` in the path        404 ``session_not_found``; 503
                                       ``store_unavailable``, and, on several nodes,
                                       ``session_owner_unreachable`` (the node running
@@ -300,6 +301,8 @@ def _errors(route: Documented, auth: bool) -> dict[int, list[str]]:
     names = _PARAMETER.findall(route.path)
     if names:
         add(404, "not_found")
+    if route.path.startswith(("/sessions", "/agui")):
+        add(503, "store_unavailable")
     if "session_id" in names:
         add(404, "session_not_found")
         add(503, "store_unavailable", "session_owner_unreachable")

@@ -504,7 +504,7 @@ class Api:
     async def list_sessions(self, req: Request) -> Response:
         caller = self._authenticate(req)
         limit = _int_query(req, "limit", default=50, low=1, high=200)
-        await self.node.store.flush()
+        await self.node.durable_or_503()  # the page shows every session created so far
         before = req.query.get("before")
         if before is not None:
             cursor = await self.node.store.get_session(before)

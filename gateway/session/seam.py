@@ -264,7 +264,7 @@ async def replay(
 
     need_store = [s.id for s in sessions if since_seq < s.tail_floor]
     if need_store:
-        await node.store.flush()
+        await node.durable_or_503()  # what the tails dropped is in the store
         await each_event_after(node.store, need_store, since_seq, take_stored)
     # From here on nothing awaits: tail, completions and the streaming
     # message are read in one step, after everything the store returned.

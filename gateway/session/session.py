@@ -412,6 +412,8 @@ class Session:
             self.messages.append(message)
         if completion is not None:
             self.completions[message.id] = completion
+        if self.fenced:  # another node runs it now: its history is that node's
+            return
         self.node.store.put_message(
             StoredMessage(
                 message,
@@ -427,11 +429,15 @@ class Session:
         Without ``open_block_index``: that says where a live stream stands, and
         what is stored is read back only once the stream is over.
         """
+        if self.fenced:
+            return
         kept = msgspec.structs.replace(message, open_block_index=msgspec.UNSET)
         self.node.store.put_message(StoredMessage(kept, None))
 
     def save_record(self) -> None:
-        self.node.store.put_session(self.record)
+        """Store the session record (nothing once fenced: :meth:`stop_here`)."""
+        if not self.fenced:
+            self.node.store.put_session(self.record)
 
     def end_turn(self, turn: Turn) -> None:
         """Release the turn lock, in the step that emits the turn's end."""
@@ -488,12 +494,17 @@ class Session:
     def stop_here(self) -> None:
         """Stop running the session on this node at once: its lease is another node's now.
 
-        Its turn is torn down without a further event (emission is fenced
-        meanwhile); the node that holds the lease closes it as interrupted
-        (PROTOCOL section 9). The session stays here as a replica.
+        Its turn is torn down without a further event, message or record
+        (fenced meanwhile); the node that holds the lease closes it as
+        interrupted (PROTOCOL section 9). The session stays here as a replica.
         """
         self.fenced = True
         self._runtime.cancel()
+        # Its batches still waiting for their commit may never be stored (the
+        # store drops a session's writes once another node holds its lease):
+        # no client anywhere gets them.
+        family = self.family
+        family.held = deque(entry for entry in family.held if entry[1] is not self)
 
     def _stopped_here(self, agent: AgentLoop) -> None:
         """After :meth:`stop_here`: a replica with nothing in flight, ready to run again."""
