@@ -334,7 +334,8 @@ def test_a_password_is_never_shown() -> None:
 async def test_gateway_serve_with_redis_unreachable_is_one_line_and_exit_1(tmp_path: Path) -> None:
     """RUNNING.md "Command line": Redis cannot be reached: one line naming it, no traceback."""
     url = f"redis://127.0.0.1:{free_port()}/0"
-    env = {**os.environ, "GATEWAY_STORE_BACKEND": "redis", "GATEWAY_STORE_URL": url}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}  # config keys
+    env |= {"GATEWAY_STORE_BACKEND": "redis", "GATEWAY_STORE_URL": url}
     with trio.fail_after(20):
         result = await trio.run_process(
             [sys.executable, "-m", "gateway", "serve", "--port", "0"],
