@@ -542,28 +542,16 @@ def summarize_nodes(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _marginal(busy: dict[str, Any], light: dict[str, Any], cost: str, unit: str) -> float | None:
-    """Microseconds of ``cost`` (cores) per ``unit`` (per second), from two windows' difference.
-
-    Taken between the busiest sustained window and the half-load one, so that
-    what a process spends whatever the load (redis-server's cron and fsync, a
-    node's lease renewals) cancels out.
-    """
-    values = [busy.get(cost), light.get(cost), busy.get(unit), light.get(unit)]
-    if not all(_number(v) for v in values):
-        return None
-    cost_busy, cost_light, unit_busy, unit_light = (float(v or 0) for v in values)
-    if unit_busy <= unit_light:
-        return None
-    return _div(cost_busy - cost_light, unit_busy - unit_light, US)
-
-
 def capacity_model(result: dict[str, Any]) -> dict[str, Any]:
     """What N nodes and one Redis (or a Cluster sharded by session) carry, from the costs.
 
     Costs are taken at the busiest sustained window (the half-load one where
-    none was), and redis-server's per publish as the difference between those
-    two windows (:func:`_marginal`), the owner's too:
+    none was), each process's whole CPU over the window divided by what it
+    did: an upper bound, since what a process spends whatever the load
+    (redis-server's cron and fsync, a node's lease renewals) is in it. (The
+    difference between two windows would take that out, but redis-server's
+    share of a 2-core machine is too small to difference: it came out
+    negative in a noisy run.)
 
     - A node delivers ``1e6 / node_us`` events/s per core to its own clients
       (one node's CPU per event), and ``1e6 / receiver_us`` of other nodes'
@@ -585,21 +573,16 @@ def capacity_model(result: dict[str, Any]) -> dict[str, Any]:
     """
     figures = result["nodes"].get("figures", {})
 
-    def windows(suffix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    def busiest(suffix: str) -> dict[str, Any]:
         found = [f for n, f in figures.items() if n.endswith(suffix)]
         if not found:
-            return {}, {}
-        half = dict(found[0].get("half_load") or {})
-        return dict(found[0].get("max_sustained") or half), half
+            return {}
+        return dict(found[0].get("max_sustained") or found[0].get("half_load") or {})
 
-    one, _ = windows("1 node")
-    split, split_half = windows("split")
-    remote, remote_half = windows("remote")
+    one, split, remote = busiest("1 node"), busiest("split"), busiest("remote")
     node_us = one.get("nodes_cpu_us_per_event")
     receiver_us = split.get("receiver_cpu_us_per_event")
-    redis_us = (_marginal(split, split_half, "redis_cores", "publishes_per_s")
-                or _marginal(remote, remote_half, "redis_cores", "publishes_per_s")
-                or split.get("redis_cpu_us_per_publish"))  # fmt: skip
+    redis_us = split.get("redis_cpu_us_per_publish") or remote.get("redis_cpu_us_per_publish")
     per_publish = split.get("events_per_publish") or remote.get("events_per_publish")
     catalog = _get(result, "servers", "redis", "catalog") or {}
     stored_us = (
@@ -646,8 +629,7 @@ def capacity_model(result: dict[str, Any]) -> dict[str, Any]:
     return {
         "node_cpu_us_per_event": node_us,
         "receiver_cpu_us_per_event": receiver_us,
-        "owner_cpu_us_per_publish": _marginal(split, split_half, "owner_cores", "publishes_per_s")
-        or split.get("owner_cpu_us_per_publish"),
+        "owner_cpu_us_per_publish": split.get("owner_cpu_us_per_publish"),
         "redis_cpu_us_per_publish": redis_us,
         "publish_usec_per_call": split.get("publish_usec_per_call")
         or remote.get("publish_usec_per_call"),
