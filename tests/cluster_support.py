@@ -26,7 +26,6 @@ one cluster serves every test of a module; each test brings its own clients.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -69,7 +68,7 @@ lease_s = {lease_s}
 [model]
 provider = "scripted"
 [tools]
-enabled = ["sleep", "read_file"]
+enabled = ["sleep", "read_file", "delegate"]
 require_approval = ["read_file"]
 [log]
 format = "json"
@@ -327,6 +326,13 @@ class Watch:
                 )
             await self._arrived.wait()
 
+    async def seen(self, done: Callable[[Event], bool]) -> Event:
+        """The first event, received already or not yet, that satisfies ``done``."""
+        for e in self.events:
+            if done(e):
+                return e
+        return (await self.until(done))[-1]
+
     async def until_type(self, *kinds: str) -> list[Event]:
         return await self.until(lambda e: e.type in kinds)
 
@@ -425,9 +431,11 @@ class Peer:
                 finally:
                     nursery.cancel_scope.cancel()
 
-    async def replay(self, session_id: str, since: str = FIRST_ID) -> list[Event]:
+    async def replay(
+        self, session_id: str, since: str = FIRST_ID, filter: Any = "preset:full"
+    ) -> list[Event]:
         """Every event a ``since`` subscribe on this node replays (then the client leaves)."""
-        async with self.watch(session_id, since=since) as w:
+        async with self.watch(session_id, since=since, filter=filter) as w:
             count = w.ack.replay_event_count
             with trio.fail_after(10):
                 while len(w.events) < count:
@@ -451,11 +459,19 @@ async def peers(nodes: Sequence[Node]) -> AsyncIterator[list[Peer]]:
 # --- checks ------------------------------------------------------------------------
 
 
+def leaf(error: BaseException) -> BaseException:
+    """The first error inside nested exception groups (a dozen open streams nest that deep)."""
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
 def assert_increasing(events: Sequence[Event], what: str = "events") -> None:
     """Ids strictly increasing: no event twice, none out of order (PROTOCOL section 3)."""
-    ids = [e.id for e in events]
-    bad = [(a, b) for a, b in itertools.pairwise(ids) if not a < b]
-    assert not bad, f"{what}: ids not strictly increasing at {bad[:3]}: {[e.type for e in events]}"
+    for i in range(1, len(events)):
+        if not events[i - 1].id < events[i].id:
+            around = [(e.id, e.type, e.session_id) for e in events[max(i - 3, 0) : i + 3]]
+            raise AssertionError(f"{what}: ids not strictly increasing at {i}: {around}")
 
 
 def catalog(events: Sequence[Event]) -> list[Event]:

