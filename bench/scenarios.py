@@ -191,7 +191,9 @@ class Run:
         Every configuration (:mod:`bench.nodes`) is fresh (its own redis-server
         and nodes) and swept over the same steps, ``node_rates`` (finer than
         ``rates``: the most a node sustains is the figure here), to its own
-        maximum and its own half load. ``one_node``: the fan-out of one node
+        maximum, and each at one node's half load (as the peers are at the
+        gateway's), so that latency and unit costs compare at the same load.
+        ``one_node``: the fan-out of one node
         on Redis already measured with those steps (``--backend both``), taken
         as the first configuration instead of measuring another. The load
         turn's frames are recorded on the first configuration's node 0 when no
@@ -201,6 +203,7 @@ class Run:
         """
         result: dict[str, Any] = {"count": count, "configurations": {}}
         plan = [*([] if one_node else [(1, "local")]), *((count, shape) for shape in shapes)]
+        half: float | None = one_node["half_load"]["rate"] if one_node else None
         if one_node is not None:
             sessions = one_node["sessions"]
             result["configurations"]["1 node"] = {"nodes": 1, "fanout": one_node, "placement": {
@@ -218,8 +221,9 @@ class Run:
                     result["frames"] = await self.record_turn()
                 self.log(f"{name}: fan-out")
                 outcome["fanout"] = await self.fanout(
-                    server, half_rate=None, rates=self.p.node_rates
+                    server, half_rate=half, rates=self.p.node_rates
                 )
+                half = half or outcome["fanout"]["half_load"]["rate"]
             except Exception as exc:  # said in the result; the other configurations go on
                 outcome["error"] = f"{type(exc).__name__}: {exc}"[:1000]
                 self.log(f"{name}: failed: {outcome['error']}")
