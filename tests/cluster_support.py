@@ -47,7 +47,7 @@ from gateway.client import Reducer
 from gateway.client.attach import open_websocket as open_ws
 from gateway.ids import format_event_id
 from gateway.protocol.events import CATALOG_TYPES, Event
-from gateway.protocol.frames import Snapshot, SubscribeAck
+from gateway.protocol.frames import Ping, Snapshot, SubscribeAck
 from tests.conftest import Client, free_port
 from tests.redis_support import RedisServer
 
@@ -298,10 +298,12 @@ class Watch:
         return [e.id for e in self.events]
 
     async def receive(self) -> None:
-        """Collect frames until the connection closes."""
+        """Collect frames until the connection closes (answering the server's pings)."""
         try:
             while True:
-                await self.client.recv()
+                frame = await self.client.recv()
+                if isinstance(frame, Ping):
+                    await self.client.send({"type": "pong", "nonce": frame.nonce})
                 self._wake()
         except ConnectionClosed as closed:
             self.closed = closed
@@ -470,7 +472,10 @@ def assert_increasing(events: Sequence[Event], what: str = "events") -> None:
     """Ids strictly increasing: no event twice, none out of order (PROTOCOL section 3)."""
     for i in range(1, len(events)):
         if not events[i - 1].id < events[i].id:
-            around = [(e.id, e.type, e.session_id) for e in events[max(i - 3, 0) : i + 3]]
+            around = [
+                (e.id, e.type, e.session_id, str(msgspec.to_builtins(e.payload))[:120])
+                for e in events[max(i - 3, 0) : i + 3]
+            ]
             raise AssertionError(f"{what}: ids not strictly increasing at {i}: {around}")
 
 
