@@ -332,7 +332,9 @@ class Run:
         is taken at half of it: the gateway's own half (``half_rate`` None), or
         the gateway's for a peer, so that every server is compared at the same
         load. Clients connect while the load is paused, so that connecting
-        is not measured and does not compete with it.
+        is not measured and does not compete with it; after a step that was not
+        sustained the load stops until what it left queued has arrived
+        (:meth:`_drain`), so that the half-load window measures its own load.
         """
         p = self.p
         sessions = await server.open_sessions(p.sessions)
@@ -361,6 +363,9 @@ class Run:
             await server.unload()
             await self.pool.close("live")
             await self._connect_live(server, sessions, connected // p.sessions)
+        elif not by_rate[-1].sustained:  # what it left queued must not land in the next window
+            await server.unload()
+            await self._drain()
         # With none sustained: half the lightest step, still a load that was measured.
         rate_half = half_rate if half_rate is not None else (best or by_rate[0]).rate / 2
         await server.load(sessions, rate_half)
@@ -377,6 +382,20 @@ class Run:
             "peak": peak.as_dict(),
             "half_load": half.as_dict(),
         }
+
+    async def _drain(self, quiet_s: float = 0.25, limit_s: float = 15.0) -> None:
+        """Wait until the live clients get nothing for ``quiet_s`` (at most ``limit_s``).
+
+        An overloaded step can leave a backlog behind it (in the server's
+        queues, or between nodes in Redis's buffers), still arriving once the
+        load has stopped.
+        """
+        deadline = time.monotonic() + limit_s
+        await self.pool.mark()
+        while time.monotonic() < deadline:
+            await asyncio.sleep(quiet_s)
+            if not (await self.pool.mark()).group("live").events:
+                return
 
     async def _connect_live(self, server: Server, sessions: list[str], per_session: int) -> None:
         await server.unload()
