@@ -29,9 +29,8 @@ was published meanwhile. Each family's batches carry a number that follows on
 from the last one of the same owner; a watcher that sees a jump closes its
 clients of that family (close ``relay_gap``, 1001), and they resume with
 ``since`` from the store, as on any reconnect. Requests are at most once too: a
-request or reply lost is a timeout (503 ``session_owner_unreachable``), and a
-retried turn carrying the same ``turn_id`` is answered as the first
-(:meth:`gateway.node.Node.submit_turn`).
+request or reply lost is a timeout (503 ``session_owner_unreachable``); a turn
+whose answer was lost may have started (a retry is then 409 ``turn_in_progress``).
 
 Attach tokens live in Redis too (:meth:`Cluster.issue_token`): a token issued by
 one node is redeemed by whichever node the client's WebSocket reaches.
@@ -43,9 +42,8 @@ import contextlib
 import itertools
 import logging
 import math
-import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -53,6 +51,7 @@ import coredis
 import msgspec
 import trio
 from coredis.exceptions import RedisError
+from coredis.retry import NoRetryPolicy
 
 from gateway.errors import ApiError, StoreError
 from gateway.ids import new_attach_token
@@ -154,6 +153,7 @@ class Cluster:
         self._queued = trio.Event()
         self._batch_no: dict[str, int] = {}  # family root -> the last batch number published
         self.watched: dict[str, None] = {}  # family roots this node is subscribed to
+        self._locks: dict[str, trio.Lock] = {}  # family roots being (un)subscribed
         self._nursery: trio.Nursery | None = None
         self.published = 0  # batches PUBLISHed (bench and tests)
         self.dropped = 0  # batches dropped: the publisher could not keep up
@@ -202,11 +202,10 @@ class Cluster:
     ) -> None:
         """The ``cluster-listener``: the pub/sub connection, opened again whenever it fails.
 
-        coredis reconnects a dropped connection by itself (and subscribes
-        again); a failure it gives up on ends the connection, and a new one is
-        opened here with backoff, subscribed to this node's channel and every
-        watched family. What was published meanwhile is lost: the clients of
-        every watched family are told (``on_gap``) and resume.
+        A connection that fails is opened again here (not by coredis), with
+        backoff, subscribed to this node's channel and every watched family.
+        What was published meanwhile is lost: the clients of every watched
+        family are told (``on_gap``) and resume.
         """
         delay = RETRY_FIRST_S
         started = False
@@ -215,7 +214,12 @@ class Cluster:
             channels += [self.live_channel(root) for root in self.watched]
             try:
                 async with client.pubsub(
-                    ignore_subscribe_messages=True, channels=channels, max_idle_seconds=5
+                    ignore_subscribe_messages=True,
+                    channels=channels,
+                    max_idle_seconds=5,
+                    # Not coredis's own reconnection: it would subscribe again
+                    # silently, and a batch lost meanwhile would go unnoticed.
+                    retry_policy=NoRetryPolicy(),
                 ) as pubsub:
                     self._pubsub = pubsub
                     if not started:
@@ -232,7 +236,7 @@ class Cluster:
             except* Exception as group:
                 log.warning(
                     "cluster: the pub/sub connection to Redis failed: %s; reconnecting",
-                    group.exceptions[0],
+                    _leaf(group),
                 )
             self._pubsub = None
             await trio.sleep(delay)
@@ -382,16 +386,17 @@ class Cluster:
         Raises:
             StoreError: Redis did not confirm the subscription.
         """
-        if root_id in self.watched:
-            return
-        pubsub = self._pubsub
-        if pubsub is None:
-            raise StoreError("cluster: not connected to Redis")
-        try:
-            await pubsub.subscribe(self.live_channel(root_id))
-        except _TRANSIENT as exc:
-            raise StoreError(f"cluster: watching {root_id} failed: {exc}") from exc
-        self.watched[root_id] = None
+        async with self._family_lock(root_id):
+            if root_id in self.watched:
+                return
+            pubsub = self._pubsub
+            if pubsub is None:
+                raise StoreError("cluster: not connected to Redis")
+            try:
+                await pubsub.subscribe(self.live_channel(root_id))
+            except _TRANSIENT as exc:
+                raise StoreError(f"cluster: watching {root_id} failed: {exc}") from exc
+            self.watched[root_id] = None
 
     def unwatch(self, root_id: str) -> None:
         """Stop receiving the family's batches (no client of it is left here)."""
@@ -400,26 +405,40 @@ class Cluster:
             self._nursery.start_soon(self._unsubscribe, root_id, name="cluster-unwatch")
 
     async def _unsubscribe(self, root_id: str) -> None:
-        pubsub = self._pubsub
-        if pubsub is not None and root_id not in self.watched:
-            with contextlib.suppress(*_TRANSIENT):  # what still comes is dropped again
-                await pubsub.unsubscribe(self.live_channel(root_id))
+        async with self._family_lock(root_id):  # not across a watch of it
+            pubsub = self._pubsub
+            if pubsub is not None and root_id not in self.watched:
+                with contextlib.suppress(*_TRANSIENT):  # what still comes is dropped again
+                    await pubsub.unsubscribe(self.live_channel(root_id))
+
+    @contextlib.asynccontextmanager
+    async def _family_lock(self, root_id: str) -> AsyncIterator[None]:
+        """One watch or unwatch of a family at a time (their Redis confirmations interleave)."""
+        lock = self._locks.get(root_id)
+        if lock is None:
+            lock = self._locks[root_id] = trio.Lock()
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.statistics().tasks_waiting and not lock.locked():
+                self._locks.pop(root_id, None)
 
     # --- attach tokens (PROTOCOL section 2) -------------------------------------------
 
     async def issue_token(self, session_id: str, ttl_s: float) -> str:
         """A single-use token for the session, redeemable on any node for ``ttl_s``.
 
-        Kept for twice its TTL, so that a late one is told "expired", not "unknown".
+        Kept in Redis for twice its TTL, so that a late one is told "expired",
+        not "unknown"; its age is read from Redis's own clock (``PTTL``), so the
+        nodes' clocks need not agree.
         """
         token = new_attach_token()
-        expires_ms = int((time.time() + ttl_s) * 1000)
-        value = f"{session_id} {expires_ms}"
-        px = max(1, int(ttl_s * 2000))
-        await self._redis_call(lambda c: c.set(self._token_key(token), value, px=px))
+        px = max(2, round(ttl_s * 2000))
+        await self._redis_call(lambda c: c.set(self._token_key(token), session_id, px=px))
         return token
 
-    async def redeem_token(self, token: str | None, session_id: str) -> None:
+    async def redeem_token(self, token: str | None, session_id: str, ttl_s: float) -> None:
         """Use a token up (``GETDEL``: one redemption wins, on whichever node).
 
         Raises:
@@ -427,13 +446,20 @@ class Cluster:
         """
         if not token:
             raise ApiError(403, "attach_token_required", "the ?attach= token is missing")
-        data = await self._redis_call(lambda c: c.getdel(self._token_key(token)))
-        if data is None:
+        key = self._token_key(token)
+
+        async def redeem(c: coredis.Redis[bytes]) -> tuple[int, bytes | None]:
+            async with c.pipeline(transaction=True) as pipe:
+                left = pipe.pttl(key)
+                owner = pipe.getdel(key)
+            return await left, await owner
+
+        left_ms, owner = await self._redis_call(redeem)
+        if owner is None:
             raise ApiError(403, "attach_token_invalid", "the attach token is unknown or used")
-        owner, _, expires = data.decode().partition(" ")
-        if owner != session_id:
+        if owner.decode() != session_id:
             raise ApiError(403, "attach_token_invalid", "the attach token is for another session")
-        if time.time() * 1000 >= int(expires):
+        if left_ms < ttl_s * 1000:  # kept twice its TTL: more than one TTL has passed
             raise ApiError(403, "attach_token_expired", "the attach token has expired")
 
     def _token_key(self, token: str) -> str:
@@ -447,3 +473,10 @@ async def _publish_all(client: coredis.Redis[bytes], batches: list[tuple[bytes, 
 
 
 __all__ = ["Cluster", "LiveBatch", "Reply", "Request"]
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first error inside nested exception groups (one line for the log)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

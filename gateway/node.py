@@ -321,15 +321,20 @@ class Node:
             live = self.sessions.get(record.id)
             if live is not None and live.turn is not None:
                 continue  # running here
+            if record.id in self._claiming:
+                continue  # a request is taking it: it closes the turn itself
+            # Registered as a claim, so that a request for it waits for this
+            # pass (its turn must come after the closing: get_session).
+            self._claiming[record.id] = claiming = trio.Event()
             try:
                 taken = await self.leases.take(record.id)
                 if taken is None:
                     continue  # a live node runs it
                 await self.ids_above(taken)
-                session = await self.get_session(record.id)
+                session = await self._get_session(record.id)
                 if session is not None:
-                    if session is live and taken.new:  # a replica until now
-                        await self._took_over(session, taken)
+                    if session is live and taken.new and session.turn is None:
+                        await self._took_over(session, taken)  # a replica until now
                     closed += await self._close_if_interrupted(session)
             except Exception as exc:  # one session's history must not keep the node down
                 event(
@@ -340,6 +345,9 @@ class Node:
                     component="recovery",
                 )  # fmt: skip
                 self.metrics.session_failures.labels("recovery").inc()
+            finally:
+                del self._claiming[record.id]
+                claiming.set()
         if closed:
             self._recovered(closed)
             await self.wait_durable()
@@ -394,7 +402,8 @@ class Node:
         session's turn is stopped here without a further event (its new owner
         closes it as interrupted, PROTOCOL section 9), and this node's clients
         of its family are closed with ``relay_gap`` so that they resume against
-        the owner. Writes this node had already queued may still land.
+        the owner. Writes this node had already queued are dropped by the
+        store (its lease fences them), and its held batches go to no client.
         """
         event(
             log, logging.ERROR, "lease_lost",
@@ -642,7 +651,7 @@ class Node:
             self.tokens.redeem(token, session_id)
             return
         try:
-            await self.cluster.redeem_token(token, session_id)
+            await self.cluster.redeem_token(token, session_id, self.tokens.ttl_s)
         except StoreError as exc:
             raise _unavailable(exc) from None
 
@@ -750,7 +759,8 @@ class Node:
 
         async def send() -> None:
             with contextlib.suppress(ApiError):
-                await self.ask_owner(session, op, args)
+                if await self.ask_owner(session, op, args) is None:  # it took the free lease
+                    await self._perform(session, op, _pack(args))
 
         self._sessions_nursery.start_soon(send, name=f"cluster-forward {op} {session.id}")
 
@@ -832,6 +842,11 @@ class Node:
                 f"session {session_id} is changing nodes; retry in 1 s",
                 headers=(("Retry-After", "1"),),
             )
+        return await self._perform(session, op, body)
+
+    async def _perform(self, session: Session, op: str, body: bytes) -> bytes:
+        """Run an operation of :meth:`ask_owner` on a session this node runs; its answer."""
+        session_id = session.id
         args: Any = msgspec.msgpack.decode(body)
         if op == "turn":
             await self.submit_turn(session, msgspec.msgpack.decode(body, type=Message))

@@ -3,13 +3,13 @@
 Two in-process nodes on a redis-server of the test's own (``two_nodes`` of
 tests/test_replica.py). Two kinds of test:
 
-- **Expected failures** (``xfail(strict=True)``): bugs found by trying to
-  break the cluster, each reproduced where it happens; the final assertions
-  are made outside the nodes' nurseries, and each names what went wrong.
-  (pytest-trio hands every failure over as an ExceptionGroup, so ``raises=``
-  cannot tell them apart: run one with ``--runxfail`` to see its reason.) Fix
-  the gateway and the test passes, which strict xfail reports: then drop the
-  marker.
+- **Bugs found by trying to break the cluster**, each reproduced where it
+  happens (they were strict expected failures until fixed): a batch lost
+  while the pub/sub connection reconnects, a replica's forwarded warning
+  dropped when it took the free lease on the way, an unwatch racing a watch,
+  and a turn sent while the recovery pass takes the lease starting before the
+  interrupted turn's closing. The final assertions are made outside the
+  nodes' nurseries, and each names what went wrong.
 - **Pins**: behaviour that works and no other test covered (foreign messages
   on the cluster channels, two nodes racing for one free lease, a slow client
   of a replica, an AG-UI run through a replica, workers' events on a replica).
@@ -58,12 +58,6 @@ def subscribers(server: RedisServer, channel: str) -> int:
 # --- bugs (expected failures) ---------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/cluster.py _keep_pubsub: coredis re-opens a dropped pub/sub connection by"
-    " itself (its default retry policy), so on_gap is never called; a batch published"
-    " meanwhile is lost silently and, being the last one, no later batch number shows the gap",
-)
 async def test_a_batch_lost_while_the_pub_sub_connection_reconnects_closes_the_clients(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
@@ -103,12 +97,6 @@ async def test_a_batch_lost_while_the_pub_sub_connection_reconnects_closes_the_c
     assert told, "b's client was neither sent the batch nor closed with relay_gap"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/node.py Node.forward: ask_owner returns None when this node takes the free"
-    " lease on the way (it runs the session now) and send() drops the op instead of running"
-    " it here, so the bus.handler_warning is never emitted",
-)
 async def test_a_warning_forwarded_by_a_replica_that_takes_the_free_lease_is_emitted(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
@@ -131,12 +119,6 @@ async def test_a_warning_forwarded_by_a_replica_that_takes_the_free_lease_is_emi
     assert warned, "the warning was dropped"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/cluster.py: unwatch() schedules _unsubscribe, which checks `root not in"
-    " watched`; a watch() in progress has sent SUBSCRIBE but adds the root only once Redis"
-    " confirmed, so the UNSUBSCRIBE goes out after it: watched says yes, Redis says no",
-)
 async def test_a_watch_racing_the_lazy_unwatch_stays_subscribed(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
@@ -160,13 +142,6 @@ async def test_a_watch_racing_the_lazy_unwatch_stays_subscribed(
     assert count == 1, "b believes it watches the family; Redis sends it nothing"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/node.py _close_interrupted_turns (the recovery pass) takes the lease"
-    " without registering in _claiming, so a request arriving while it awaits (ids_above,"
-    " _took_over's store reads) sees holds() and submits its turn; _close_if_interrupted then"
-    " finds a turn running and never closes the dead node's turn",
-)
 async def test_a_turn_sent_while_the_recovery_pass_takes_the_lease_comes_after_the_closing(
     tmp_path: Path, own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
