@@ -302,51 +302,49 @@ class Node:
     async def _close_interrupted_turns(self) -> None:
         """Close the turns a dead node left in flight, workers before their parents (section 9).
 
-        Only a turn whose session's lease this node can take (gateway.store.lease):
-        on Redis a session whose lease a live node holds is running there, and
-        is left alone; a dead node's lease expires within ``lease_s``, and the
-        ``recovery`` task tries again every half ``lease_s``. A turn running on this
-        node is not interrupted. With SQLite every lease is this node's: all of
-        them are closed at start-up, as before.
+        A family (a session and its workers) is taken by one node, from its
+        root: only where this node can take the root's lease
+        (gateway.store.lease); on Redis a family whose lease a live node holds
+        is running there, and is left alone; a dead node's leases expire within
+        ``lease_s``, and the ``recovery`` task tries again every half
+        ``lease_s``. A turn running on this node is not interrupted. With
+        SQLite every lease is this node's: all of them are closed at start-up,
+        as before.
         """
         records = await self.store.open_turns()
         by_id = {r.id: r for r in records}
 
-        def depth(sid: str) -> int:
+        def root_of(sid: str) -> str:
             parent = by_id[sid].parent_session_id
-            return 1 + depth(parent) if parent in by_id else 0
+            return root_of(parent) if parent in by_id else sid
 
         closed = 0
-        for record in sorted(records, key=lambda r: -depth(r.id)):
-            live = self.sessions.get(record.id)
+        for root_id in dict.fromkeys(root_of(r.id) for r in records):
+            live = self.sessions.get(root_id)
             if live is not None and live.turn is not None:
                 continue  # running here
-            if record.id in self._claiming:
-                continue  # a request is taking it: it closes the turn itself
+            if root_id in self._claiming:
+                continue  # a request is taking it: it closes the turns itself
             # Registered as a claim, so that a request for it waits for this
             # pass (its turn must come after the closing: get_session).
-            self._claiming[record.id] = claiming = trio.Event()
+            self._claiming[root_id] = claiming = trio.Event()
             try:
-                taken = await self.leases.take(record.id)
+                taken = await self.leases.take(root_id)
                 if taken is None:
                     continue  # a live node runs it
                 await self.ids_above(taken)
-                session = await self._get_session(record.id)
-                if session is not None:
-                    if session is live and taken.new and session.turn is None:
-                        await self._took_over(session, taken)  # a replica until now
-                    closed += await self._close_if_interrupted(session)
+                root = await self._get_session(root_id)
+                if root is not None and root.turn is None:
+                    closed += await self._take_over(root, taken)
             except Exception as exc:  # one session's history must not keep the node down
                 event(
                     log, logging.ERROR, "session_failed",
-                    f"session {record.id}: could not close turn {record.current_turn_id}"
-                    f" left by a crash: {exc}",
-                    exc_info=exc, session_id=record.id, turn_id=record.current_turn_id,
-                    component="recovery",
+                    f"session {root_id}: could not close the turns left by a crash: {exc}",
+                    exc_info=exc, session_id=root_id, component="recovery",
                 )  # fmt: skip
                 self.metrics.session_failures.labels("recovery").inc()
             finally:
-                del self._claiming[record.id]
+                del self._claiming[root_id]
                 claiming.set()
         if closed:
             self._recovered(closed)
@@ -572,9 +570,9 @@ class Node:
                 return
             await self.ids_above(taken)
             if taken.new and session.turn is None:
-                await self._took_over(session, taken)
-                if await self._close_if_interrupted(session):
-                    self._recovered(1)
+                closed = await self._take_family(session, taken)
+                if closed:
+                    self._recovered(closed)
         except StoreError as exc:  # tried again at the next request or recovery pass
             event(
                 log, logging.ERROR, "store_read_failed",
@@ -597,7 +595,9 @@ class Node:
                 return None
             parent = None
             if record.parent_session_id:
-                parent = await self.get_session(record.parent_session_id)
+                # Not get_session: nothing is claimed while loading (a claim
+                # loads the family itself: _take_over).
+                parent = await self._get_session(record.parent_session_id)
             stored = await self.store.load_messages(session_id)
             session = Session(self, record, stored, parent=parent)
             if parent is not None:
@@ -611,7 +611,7 @@ class Node:
             # they are loaded with it. One being loaded already joins by itself.
             for worker_id in await self.store.worker_ids(session_id):
                 if worker_id not in self.sessions and worker_id not in self._loading:
-                    await self.get_session(worker_id)
+                    await self._get_session(worker_id)
             return session
         finally:
             del self._loading[session_id]
@@ -622,17 +622,77 @@ class Node:
         self.metrics.sessions_live.set(len(self.sessions))
         await self._sessions_nursery.start(session.run, name=f"session {session.id}")
 
+    async def _take_family(self, session: Session, taken: Taken) -> int:
+        """This node just took the session's lease (it was free): its family comes with it.
+
+        From the family's root (a worker asked for alone brings its parents'
+        leases, where free), so that one node closes a family's turns, its
+        ids in one order, workers first (:meth:`_take_over`).
+
+        Returns:
+            How many turns were closed.
+        """
+        await self._took_over(session, taken)
+        root = session.family
+        if root is not session:
+            held = await self._take_patiently(root.id)
+            if held is not None and root.turn is None:
+                await self.ids_above(held)
+                return await self._take_over(root, held)  # the session among its workers
+        return await self._take_over(session, None)
+
+    async def _take_over(self, session: Session, taken: Taken | None) -> int:
+        """Close the turns a session's family left in flight here, workers first.
+
+        ``taken``: the session's lease, if this node just took it (the session
+        is read afresh from the store first: :meth:`_took_over`). The leases of
+        its workers are taken too, where free (PROTOCOL sections 8 and 9: a
+        delegate's worker is closed before its parent).
+
+        Returns:
+            How many turns were closed.
+        """
+        if taken is not None and taken.new:
+            await self._took_over(session, taken)
+        closed = 0
+        for worker in list(session.workers):
+            held = await self._take_patiently(worker.id)
+            if held is None or worker.turn is not None:
+                continue  # a live node runs it, or this one does
+            await self.ids_above(held)
+            closed += await self._take_over(worker, held)
+        return closed + await self._close_if_interrupted(session)
+
+    async def _take_patiently(self, session_id: str) -> Taken | None:
+        """Take a lease, allowing a third of ``lease_s`` for it to lapse.
+
+        A dead node's leases were renewed in one round, so they lapse within
+        moments of each other: a family's are all free, or soon.
+        """
+        taken = await self.leases.take(session_id)
+        if taken is None and self.leases.leases.shared:
+            wait = self.config.store.lease_s
+            with trio.move_on_after(wait / 3):
+                while taken is None:
+                    await trio.sleep(wait / 20)
+                    taken = await self.leases.take(session_id)
+        return taken
+
     async def _took_over(self, session: Session, taken: Taken) -> None:
-        """This node took the lease of a session it had loaded as a replica: read it afresh.
+        """Read a session afresh from the store: another node ran it until now.
 
         Its record and messages are the store's (the previous owner wrote
         them, durably, as it went); everything up to ``taken.counter`` is read
-        from the store by a replay.
+        from the store by a replay; workers it made that this node never
+        loaded are loaded now (a parent's replay and closing include them).
         """
         await self.wait_durable()  # this node's own writes of it first (it may have run it)
         record = await self.store.get_session(session.id)
         if record is not None:
             session.reload(record, await self.store.load_messages(session.id), taken.counter)
+        for worker_id in await self.store.worker_ids(session.id):
+            if worker_id not in self.sessions:
+                await self._get_session(worker_id)
 
     # --- several nodes (gateway.cluster, docs/scale-out.md) ----------------------------
 

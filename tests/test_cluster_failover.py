@@ -3,22 +3,24 @@
 RUNNING.md "Command line": when the node running a turn dies, another node
 closes that turn (PROTOCOL section 9) and takes the session's next turn. Three
 real ``gateway serve`` processes on one redis-server (tests/cluster_support.py,
-``lease_s`` = 1 s). The first node owns three sessions, each with a client on
+``lease_s`` = 1 s). The first node owns four sessions, each with a client on
 every node and a turn stopped in one of these phases:
 
 - ``llm``: while the model streams its message;
 - ``tools``: while a (slow) tool runs;
-- ``seam``: while a tool waits for approval ([tools] require_approval).
+- ``seam``: while a tool waits for approval ([tools] require_approval);
+- ``delegate``: while a ``delegate`` tool runs (its worker session streams),
+  every client subscribed with ``include_worker_sessions``.
 
 Then that node is killed (SIGKILL), once for them all (:func:`crash`: one
-lease time to wait, not three), and each phase is checked by itself:
+lease time to wait, not four), and each phase is checked by itself:
 
 - a turn sent to a survivor at once, before the dead owner's lease lapsed,
   is 503 ``session_owner_unreachable`` with ``Retry-After`` (it must not
   run beside the interrupted turn);
 - the survivors' clients see the turn closed live with section 8's sequence
-  for that phase and ``reason: "server_restart"``, and end in the view a
-  fresh snapshot on a survivor gives;
+  for that phase and ``reason: "server_restart"`` (a delegate's worker's
+  turn too), and end in the view a fresh snapshot on a survivor gives;
 - the dead owner's client, reconnecting to a survivor with ``since`` = the
   last event it got, gets the same closing events (its replay, then live);
 - no catalog event a client held is lost: each is in a ``since`` replay of
@@ -26,12 +28,14 @@ lease time to wait, not three), and each phase is checked by itself:
 - the next turn runs on a survivor (202, and its events arrive), with ids
   above every id issued before the kill (PROTOCOL section 1).
 
-And the survivors closed the three turns once each (their logs say so) and
-logged no error.
+And the survivors closed the five turns (a worker's included) once each
+(their logs say so) and logged no error, the worker's turn before its
+parent's (section 8's order for a delegate), both by the same survivor.
 """
 
 from __future__ import annotations
 
+import json
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +61,9 @@ from tests.cluster_support import (
 from tests.conftest import types
 from tests.redis_support import ensure_redis_server
 
+WORKERS = {"event_types": None, "actors": None, "include_worker_sessions": True}
+SLOW_WORKER = json.dumps({"script": {"delay_ms": 10, "rounds": [[{"lorem": 400}]]}})
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -66,7 +73,7 @@ class Phase:
     point: str  # every client has had this event (``times`` of them) when the owner dies
     times: int
     phase: str  # turn.cancelled's
-    closing: list[str]  # the turn's last events
+    closing: list[str]  # the session's own last events
 
 
 PHASES = {
@@ -91,7 +98,20 @@ PHASES = {
         "seam",
         ["tool.failed", "turn.cancelled"],
     ),
+    # a delegate running: its worker (another session, on the same node) streams
+    "delegate": Phase(
+        {
+            "script": {
+                "rounds": [[{"tool_use": {"name": "delegate", "input": {"task": SLOW_WORKER}}}]]
+            }
+        },
+        "text.delta",  # the worker's
+        4,
+        "tools",
+        ["delegate.failed", "tool.failed", "turn.cancelled"],
+    ),
 }
+TURNS_CLOSED = len(PHASES) + 1  # the delegate's worker's turn too
 
 
 def comparable(state: dict[str, Any]) -> dict[str, Any]:
@@ -100,10 +120,19 @@ def comparable(state: dict[str, Any]) -> dict[str, Any]:
     return {"messages": state["messages"], "streaming": state["streaming"], "tools": results}
 
 
-def check_closing(events: list[Event], turn_id: str, name: str) -> None:
-    """The turn ends with section 8's sequence for its phase, ``reason: "server_restart"``."""
+def own(events: list[Event], session_id: str) -> list[Event]:
+    """The events of one session, out of a stream that carries its workers' too."""
+    return [e for e in events if e.session_id == session_id]
+
+
+def check_closing(events: list[Event], sid: str, turn_id: str, name: str) -> None:
+    """The turn ends with section 8's sequence for its phase, ``reason: "server_restart"``.
+
+    ``events``: a stream of the session (its workers' events included); with a
+    delegate running, the worker's turn is closed too (as in the ``llm`` phase).
+    """
     phase = PHASES[name]
-    mine = of_turn(events, turn_id)
+    mine = of_turn(own(events, sid), turn_id)
     assert types(mine)[-len(phase.closing) :] == phase.closing, types(mine)
     end = mine[-1].payload
     assert (end.turn_id, end.reason, end.phase) == (turn_id, "server_restart", phase.phase)
@@ -116,6 +145,18 @@ def check_closing(events: list[Event], turn_id: str, name: str) -> None:
     assert failed.tool_use_id == called.payload.tool_use_id
     assert failed.error_class == "cancelled"
     assert not any(e.type == "llm.call_failed" for e in mine)
+    if name == "delegate":
+        started = next(e for e in mine if e.type == "delegate.started").payload
+        gave_up = mine[-3].payload
+        assert (gave_up.tool_use_id, gave_up.worker_session_id, gave_up.failure_mode) == (
+            called.payload.tool_use_id,
+            started.worker_session_id,
+            "cancelled_by_user",
+        )
+        worker = own(events, started.worker_session_id)
+        assert types(worker)[-3:] == ["message.complete", "llm.call_failed", "turn.cancelled"]
+        check_llm_closing(worker)
+        assert (worker[-1].payload.reason, worker[-1].payload.phase) == ("server_restart", "llm")
 
 
 def check_llm_closing(events: list[Event]) -> None:
@@ -158,7 +199,9 @@ async def crash(nodes: list[Node], workspace: str) -> tuple[dict[str, Crashed], 
                 sid = await a.create_session(workspace_path=workspace)
                 watches = {}
                 for client, peer in (("owner", a), ("b", b), ("c", c)):
-                    watches[client] = await stack.enter_async_context(peer.watch(sid))
+                    watches[client] = await stack.enter_async_context(
+                        peer.watch(sid, filter=WORKERS)
+                    )
                 crashed[name] = Crashed(sid, await a.submit(sid, phase.script), watches)
             for name, record in crashed.items():
                 phase = PHASES[name]
@@ -177,22 +220,23 @@ async def crash(nodes: list[Node], workspace: str) -> tuple[dict[str, Crashed], 
             )
 
             for record in crashed.values():
+                workers = workers_of(record.watches["b"].events, record.turn_id)
                 for name in ("b", "c"):
-                    await closed(record.watches[name], record.turn_id)
+                    await closed(record.watches[name], record.turn_id, workers)
                 record.closed_after = trio.current_time() - killed
             for record in crashed.values():
                 sid, watches = record.sid, record.watches
                 gone = watches["owner"]
                 await gone.until_closed()  # its node died under it
                 since, reducer = gone.events[-1].id, gone.client.reducer
-                async with b.watch(sid, since=since, reducer=reducer) as back:
+                async with b.watch(sid, since=since, reducer=reducer, filter=WORKERS) as back:
                     record.back = back
-                    await closed(back, record.turn_id)
-                async with c.watch(sid, snapshot=True) as record.fresh:
+                    await closed(back, record.turn_id, workers_of(gone.events, record.turn_id))
+                async with c.watch(sid, snapshot=True, filter=WORKERS) as record.fresh:
                     pass
                 clients = {"b": watches["b"], "c": watches["c"], "resumed": record.back}
                 record.views = {k: comparable(w.client.reducer.state()) for k, w in clients.items()}
-                record.replay = await c.replay(sid)
+                record.replay = await c.replay(sid, filter=WORKERS)
                 record.next_turn = await c.post_turn(sid, "hello again")
                 if record.next_turn.status_code == 202:
                     await watches["b"].until_turn_ends(record.next_turn.json()["turn_id"])
@@ -208,17 +252,32 @@ class Run:
     survivors: list[Node]
 
 
-async def closed(watch: Watch, turn_id: str) -> None:
-    """Once the client has the turn's end.
+async def closed(watch: Watch, turn_id: str, workers: list[str]) -> None:
+    """Once the client has the turn's end, and that of each worker (its delegates').
 
     Raises:
         AssertionError: not within a few lease times, saying what the client got.
     """
     with trio.move_on_after(4 * LEASE_S):
         await watch.seen(lambda e: e.type in ENDS and e.turn_id == turn_id)
+        for worker in workers:
+
+            def ended(e: Event, worker: str = worker) -> bool:
+                return e.type in ENDS and e.session_id == worker
+
+            await watch.seen(ended)
         return
-    got = [(e.id, e.type) for e in watch.events[-12:]]
-    raise AssertionError(f"{watch.node.name}: no end of {turn_id}; the last events: {got}")
+    got = [(e.id, e.type, e.session_id) for e in watch.events[-12:]]
+    raise AssertionError(f"{watch.node.name}: no end of {turn_id} or its workers; last: {got}")
+
+
+def workers_of(events: list[Event], turn_id: str) -> list[str]:
+    """The worker sessions the turn's delegates started."""
+    return [
+        e.payload.worker_session_id
+        for e in events
+        if e.type == "delegate.started" and e.turn_id == turn_id
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -238,25 +297,27 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 def test_the_survivors_closed_the_dead_nodes_turns_and_logged_no_error(crashed: Run) -> None:
-    """Each interrupted turn closed once (``turns_recovered``), and nothing went wrong.
+    """Each interrupted turn closed once (``turns_recovered``), and nothing went wrong meanwhile.
 
-    (Their whole logs, the module's SIGTERM included: its exit status is
-    checked by the harness.)
+    (Up to the module's SIGTERM: coredis may log a connection cancelled by the
+    shutdown as an error; the exit status is checked by the harness.)
     """
     recovered = 0
     for node in crashed.survivors:
         for line in node.log_events():
+            if line["event"] == "shutdown_started":
+                break
             assert line["level"] not in ("error", "critical"), (node.name, line)
             if line["event"] == "turns_recovered":
                 recovered += line["turns"]
-    assert recovered == len(PHASES)
+    assert recovered == TURNS_CLOSED
 
 
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_kill_9_of_the_owner_mid_turn(crashed: Run, phase: str) -> None:
     records, killed_at = crashed.records, crashed.killed_at
     record = records[phase]
-    turn_id, watches = record.turn_id, record.watches
+    sid, turn_id, watches = record.sid, record.turn_id, record.watches
 
     # at once, its lease not lapsed yet: a turn sent to a survivor waits (503)
     early = record.early
@@ -266,7 +327,7 @@ def test_kill_9_of_the_owner_mid_turn(crashed: Run, phase: str) -> None:
 
     # the survivors' clients saw the turn closed, live, the same on both
     for name in ("b", "c"):
-        check_closing(watches[name].events, turn_id, phase)
+        check_closing(watches[name].events, sid, turn_id, phase)
         assert_increasing(watches[name].events, f"{name}'s stream")
     assert wire(of_turn(watches["b"].events, turn_id)) == wire(
         of_turn(watches["c"].events, turn_id)
@@ -280,7 +341,7 @@ def test_kill_9_of_the_owner_mid_turn(crashed: Run, phase: str) -> None:
     assert gone.closed is not None and back is not None
     resumed = gone.events + back.events
     assert_increasing(resumed, "before the kill, then after the resume")
-    check_closing(resumed, turn_id, phase)
+    check_closing(resumed, sid, turn_id, phase)
 
     # every view is what a fresh snapshot on a survivor shows
     assert record.fresh is not None
@@ -295,7 +356,7 @@ def test_kill_9_of_the_owner_mid_turn(crashed: Run, phase: str) -> None:
     for name, events in record.held.items():
         lost = [(e.type, e.id) for e in catalog(events) if e.id not in replayed]
         assert not lost, f"{name} held catalog events the store lacks: {lost}"
-    check_closing(record.replay, turn_id, phase)
+    check_closing(record.replay, sid, turn_id, phase)
 
     # the next turn ran on a survivor, with ids above every id issued before the kill
     next_turn = record.next_turn
@@ -306,3 +367,22 @@ def test_kill_9_of_the_owner_mid_turn(crashed: Run, phase: str) -> None:
     assert watches["b"].client.reducer.state()["messages"][-1]["content"] == [
         {"type": "text", "text": "You said: hello again"}
     ]
+
+
+def test_a_running_delegates_worker_is_closed_before_its_parent(crashed: Run) -> None:
+    """PROTOCOL section 8 (delegate row): the worker's turn is cancelled first, then the
+    parent emits ``delegate.failed``, ``tool.failed`` and ``turn.cancelled``; a restart on
+    one node does so (tests/test_restart.py, workers before their parents).
+
+    On a survivor, whichever takes the family first (the recovery pass, or a
+    request for the parent: ``Node._take_over``) takes the worker's lease too and
+    closes the worker's turn first (a node that loaded the worker with its parent
+    once closed the parent at once, before it).
+    """
+    record = crashed.records["delegate"]
+    for name in ("b", "c"):
+        events = record.watches[name].events
+        parent_gave_up = next(e for e in events if e.type == "delegate.failed")
+        worker = parent_gave_up.payload.worker_session_id
+        worker_end = next(e for e in own(events, worker) if e.type == "turn.cancelled")
+        assert worker_end.id < parent_gave_up.id, name
