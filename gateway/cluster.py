@@ -20,9 +20,10 @@ Channels (under the store's prefix, ``gw:`` by default):
   once: ``PUBLISH`` answers how many received it.
 - ``gw:live:{<root session id>}``: every batch the owner of a session family
   releases (after its commit: PROTOCOL section 9), published ONCE however many
-  clients and nodes watch it (:class:`LiveBatch`). A node subscribes while
-  some client of its own watches that family, and fans each batch out locally
-  with the same shared frames as the owner.
+  clients and nodes watch it (:class:`LiveBatch`), and only while some other
+  node does (:meth:`Cluster.heard`). A node subscribes while some client of
+  its own watches that family, and fans each batch out locally with the same
+  shared frames as the owner.
 
 Pub/sub delivers at most once: a subscriber whose connection drops misses what
 was published meanwhile. Each family's batches carry a number that follows on
@@ -149,7 +150,10 @@ class Cluster:
         self._pubsub: Any = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[trio.Event, list[Reply]]] = {}
-        self._queue: deque[tuple[bytes, bytes]] = deque()  # (channel, LiveBatch) to publish
+        # (family root, audience epoch, LiveBatch) to publish
+        self._queue: deque[tuple[str, int, bytes]] = deque()
+        self.audience: dict[str, int] = {}  # families other nodes watch -> epoch (heard)
+        self._epoch = 0
         self._queued = trio.Event()
         self._batch_no: dict[str, int] = {}  # family root -> the last batch number published
         self.watched: dict[str, None] = {}  # family roots this node is subscribed to
@@ -341,12 +345,28 @@ class Cluster:
 
     # --- live batches -------------------------------------------------------------------
 
+    def heard(self, root_id: str) -> None:
+        """Another node has clients of this family: publish its batches from now on.
+
+        Said by a replica before it takes its cut (the ``watch``, ``snapshot``
+        and ``replay`` operations), and by a node taking a family over (the
+        nodes that watched its previous owner still do). Publishing stops by
+        itself once a ``PUBLISH`` queued after the last of these reaches nobody.
+        """
+        self._epoch += 1
+        self.audience[root_id] = self._epoch
+
     def publish(self, root_id: str, session_id: str, events: list[Emitted]) -> None:
         """Queue one released batch of a family for the other nodes (never blocks).
 
-        Numbered per family; a batch the publisher has no room for is dropped
-        and its number skipped, so that watchers see the gap (module docstring).
+        Only for a family some other node watches (:meth:`heard`): a batch
+        nobody would receive costs nothing. Numbered per family; a batch the
+        publisher has no room for is dropped and its number skipped, so that
+        watchers see the gap (module docstring).
         """
+        epoch = self.audience.get(root_id)
+        if epoch is None:
+            return
         no = self._batch_no[root_id] = self._batch_no.get(root_id, 0) + 1
         if len(self._queue) >= MAX_QUEUED_BATCHES:
             self.dropped += 1
@@ -357,27 +377,34 @@ class Cluster:
             session_id,
             [(e.seq, e.type, e.actor, e.turn_id, e.ts, e.data) for e in events],
         )
-        self._queue.append((self.live_channel(root_id).encode(), _encode(batch)))
+        self._queue.append((root_id, epoch, _encode(batch)))
         self._queued.set()
 
     async def _publisher(self) -> None:
-        """The ``cluster-publisher``: everything queued, in order, one pipeline per round."""
+        """The ``cluster-publisher``: everything queued, in order, one pipeline per round.
+
+        A ``PUBLISH`` that reached no node ends the family's audience, unless
+        a node said it watches since that batch was queued (its epoch).
+        """
         delay = 0.05
         while True:
             await self._queued.wait()
             self._queued = trio.Event()
             while self._queue:
                 batch = list(self._queue)
+                sends = [(self.live_channel(root).encode(), data) for root, _, data in batch]
                 try:
-                    await self._redis_call(lambda c, b=batch: _publish_all(c, b))  # type: ignore[misc]
+                    reached = await self._redis_call(lambda c, b=sends: _publish_all(c, b))  # type: ignore[misc]
                 except StoreError as exc:
                     log.warning("cluster: publishing live batches failed: %s (retrying)", exc)
                     await trio.sleep(delay)
                     delay = min(delay * 2, 5.0)
                     continue
                 delay = 0.05
-                for _ in batch:
+                for (root, epoch, _), receivers in zip(batch, reached, strict=True):
                     self._queue.popleft()
+                    if not receivers and self.audience.get(root) == epoch:
+                        del self.audience[root]
                 self.published += len(batch)
 
     async def watch(self, root_id: str) -> None:
@@ -466,10 +493,13 @@ class Cluster:
         return f"{self._prefix}tok:{token}"
 
 
-async def _publish_all(client: coredis.Redis[bytes], batches: list[tuple[bytes, bytes]]) -> None:
+async def _publish_all(
+    client: coredis.Redis[bytes], batches: list[tuple[bytes, bytes]]
+) -> list[int]:
+    """``PUBLISH`` each, in one pipeline; how many nodes each reached."""
     async with client.pipeline(transaction=False) as pipe:
-        for channel, data in batches:
-            pipe.publish(channel, data)
+        answers = [pipe.publish(channel, data) for channel, data in batches]
+    return [await answer for answer in answers]
 
 
 __all__ = ["Cluster", "LiveBatch", "Reply", "Request"]

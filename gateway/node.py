@@ -687,6 +687,8 @@ class Node:
         loaded are loaded now (a parent's replay and closing include them).
         """
         await self.wait_durable()  # this node's own writes of it first (it may have run it)
+        if self.cluster is not None:  # nodes that watched its previous owner still do
+            self.cluster.heard(session.family.id)
         record = await self.store.get_session(session.id)
         if record is not None:
             session.reload(record, await self.store.load_messages(session.id), taken.counter)
@@ -844,6 +846,9 @@ class Node:
             await self.cluster.watch(root)
         except StoreError as exc:
             raise _unavailable(exc) from None
+        # Then the owner publishes the family's batches (it did not while
+        # nobody watched): told before any cut is taken.
+        await self.ask_owner(session, "watch", None, patient=True)
 
     def _on_live(self, root: str, batch: LiveBatch) -> None:
         """A live batch of a watched family from its owner: fanned out to this node's clients.
@@ -908,6 +913,10 @@ class Node:
         """Run an operation of :meth:`ask_owner` on a session this node runs; its answer."""
         session_id = session.id
         args: Any = msgspec.msgpack.decode(body)
+        if op in ("watch", "snapshot", "replay") and self.cluster is not None:
+            self.cluster.heard(session.family.id)  # before the cut: no batch after it is missed
+        if op == "watch":
+            return b""
         if op == "turn":
             await self.submit_turn(session, msgspec.msgpack.decode(body, type=Message))
         elif op == "cancel":

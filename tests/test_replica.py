@@ -269,3 +269,36 @@ async def test_the_cluster_link_survives_its_pub_sub_connections_being_killed(
                 await b.submit(sid, "three")
                 end = await again.until_turn_ends()
                 assert end[-1].payload.stop_reason == "end_turn"
+
+
+async def test_the_owner_publishes_only_while_another_node_watches(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """A batch nobody would receive costs nothing (gateway.cluster ``heard``)."""
+    with trio.fail_after(30):
+        async with two_nodes(tmp_path, own_redis) as (a, b):
+            cluster = a.node.cluster
+            assert cluster is not None
+            sid = await a.create_session()
+            async with a.client(sid) as on_a:
+                await on_a.subscribe()
+                await a.submit(sid, "alone")
+                await on_a.until_turn_ends()
+                assert cluster.published == 0 and sid not in cluster.audience
+                async with b.client(sid) as on_b:
+                    await on_b.subscribe()  # b watches: a is told before the cut
+                    assert sid in cluster.audience
+                    await a.submit(sid, "watched")
+                    seen = await on_b.until_turn_ends()
+                    assert ids_and_types(seen) == ids_and_types(await on_a.until_turn_ends())
+                    assert cluster.published > 0
+                # b's client left: b lets go at the next batch, and a stops publishing
+                # once a PUBLISH reaches nobody.
+                for _ in range(3):
+                    await a.submit(sid, "alone again")
+                    await on_a.until_turn_ends()
+                assert sid not in cluster.audience
+                published = cluster.published
+                await a.submit(sid, "unwatched")
+                await on_a.until_turn_ends()
+                assert cluster.published == published
