@@ -32,7 +32,7 @@ everything clients were shown over the whole run (:class:`Ledger`):
 - the daemon's log has no error, warning or traceback in any life (a store
   write that fails while the daemon keeps running is logged as an error).
 
-``GATEWAY_TORTURE_KILLS=N`` sets the number of kill points (default 49: seven
+``GATEWAY_TORTURE_KILLS=N`` sets the number of kill points (default 28: four
 per phase), ``GATEWAY_TORTURE_SEED`` the random seed. The figures are printed
 at the end (``pytest -s``).
 """
@@ -66,7 +66,7 @@ from tests.torture_support import (
     unended,
 )
 
-KILLS = int(os.environ.get("GATEWAY_TORTURE_KILLS", "49"))
+KILLS = int(os.environ.get("GATEWAY_TORTURE_KILLS", "28"))
 SEED = int(os.environ.get("GATEWAY_TORTURE_SEED", "9"))
 EVERYTHING = {"event_types": None, "actors": None, "include_worker_sessions": True}
 DELTAS = ("text.delta", "thinking.delta")
