@@ -40,9 +40,9 @@ one node is redeemed by whichever node the client's WebSocket reaches.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import math
+import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -148,7 +148,6 @@ class Cluster:
         self._on_live = on_live
         self._client: coredis.Redis[bytes] | None = None
         self._pubsub: Any = None
-        self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[trio.Event, list[Reply]]] = {}
         # (family root, audience epoch, LiveBatch) to publish
         self._queue: deque[tuple[str, int, bytes]] = deque()
@@ -291,7 +290,11 @@ class Cluster:
                 ``wait_s`` (or nobody listens on its channel: it is dead), with
                 ``Retry-After: retry_s`` (the lease time: its lease lapses by then).
         """
-        req_id = next(self._ids)
+        # Random, not counted: a reply is matched by its id alone, and no other
+        # request (another node's, a stale one, a forged one) may share it.
+        req_id = secrets.randbits(63)
+        while req_id in self._waiting:
+            req_id = secrets.randbits(63)
         done = trio.Event()
         replies: list[Reply] = []
         self._waiting[req_id] = (done, replies)
