@@ -103,6 +103,7 @@ class GatewayDriver:
         self._watchers: dict[str, _Watcher] = {}
         self._in_flight: dict[str, str] = {}  # session -> turn id
         self._ended_early: set[str] = set()  # turns that ended before their POST answered
+        self._submitting: set[str] = set()  # sessions whose next turn is waiting for its slot
         self._idle = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._epoch = 0.0  # the time base of the sessions' slots
@@ -129,6 +130,8 @@ class GatewayDriver:
                 self._watchers[session] = watcher
         for session in sessions:
             turn_id = self._in_flight.get(session)
+            if session in self._submitting:
+                continue  # its pending turn takes the new rate (its script is made after the wait)
             if turn_id is None:
                 await self._submit(session)
             else:
@@ -163,9 +166,18 @@ class GatewayDriver:
             self._idle.set()
 
     async def _submit(self, session: str) -> None:
-        await asyncio.sleep(self._until_slot(session))
-        content = lorem_script(self.rate, self.words)
-        answer = await self.http.request("POST", f"/sessions/{session}/turns", {"content": content})
+        self._submitting.add(session)
+        try:
+            await asyncio.sleep(self._until_slot(session))
+            if not self.running:  # stopped while it waited for its slot
+                if not self._in_flight:
+                    self._idle.set()
+                return
+            content = lorem_script(self.rate, self.words)
+            path = f"/sessions/{session}/turns"
+            answer = await self.http.request("POST", path, {"content": content})
+        finally:
+            self._submitting.discard(session)
         turn_id = str(answer["turn_id"])
         self._in_flight[session] = turn_id
         if turn_id in self._ended_early:
