@@ -6,7 +6,7 @@ figure of the issue's targets on a 2-core machine in under five minutes.
 every key of the result exists, but its figures mean nothing.
 
 ``soak`` and ``soak-smoke`` are of another kind, :class:`SoakProfile` (``bench.soak``):
-ten minutes of churn against one daemon, and the same for 30 seconds.
+ten minutes of churn against one daemon, and the same for 20 seconds.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ SOAK = SoakProfile(name="soak", gateway_config=_SOAK_GATEWAY_CONFIG)
 
 SOAK_SMOKE = SoakProfile(
     name="soak-smoke",
-    duration_s=30.0,
+    duration_s=20.0,
     warmup_s=5.0,
     sessions=3,
     churners=3,

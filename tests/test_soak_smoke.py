@@ -1,4 +1,4 @@
-"""The soak (bench/soak/): its 30-second smoke against a real daemon, and its checks.
+"""The soak (bench/soak/): its 20-second smoke against a real daemon, and its checks.
 
 The smoke is the ten-minute ``python -m bench --profile soak`` shrunk to 30
 seconds of load (``--profile soak-smoke``; bench/README.md, "Soak"): a real
@@ -58,10 +58,10 @@ pytestmark = pytest.mark.filterwarnings(
     ":ResourceWarning"
 )
 
-# --- the smoke: a real daemon for 30 seconds -------------------------------------------
+# --- the smoke: a real daemon for 20 seconds -------------------------------------------
 
 
-async def test_thirty_seconds_of_soak_lose_nothing_and_leak_nothing(tmp_path: Path) -> None:
+async def test_twenty_seconds_of_soak_lose_nothing_and_leak_nothing(tmp_path: Path) -> None:
     logged: list[str] = []
     with trio.fail_after(180):
         result = await run_soak(SOAK_SMOKE, tmp_path, logged.append)

@@ -1,7 +1,7 @@
 """The soak: one daemon under churn for minutes; file descriptors, tasks and RSS must stay flat.
 
 ``python -m bench --profile soak`` (ten minutes; ``--minutes N`` for another
-length) or ``--profile soak-smoke`` (30 seconds, what the suite runs). What
+length) or ``--profile soak-smoke`` (20 seconds, what the suite runs). What
 runs, what is checked and the thresholds: bench/README.md, "Soak".
 
 Modules: :mod:`~bench.soak.run` (the timeline), :mod:`~bench.soak.clients`
