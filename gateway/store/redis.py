@@ -188,19 +188,22 @@ return 1
 """
 )
 
-# A message keeps its place when rewritten (an in_progress message completed):
-# only a new id takes the next number of its session. KEYS: lease, messages,
-# their order; ARGV: node, message id, message.
-_UPSERT_MESSAGE = (
+# A batch's messages of one session, in order; a message keeps its place when
+# rewritten (an in_progress message completed): only a new id takes the next
+# number of its session. KEYS: lease, messages, their order; ARGV: node, then
+# (message id, message) per message.
+_UPSERT_MESSAGES = (
     _FENCE
     + """
-if not redis.call('ZSCORE', KEYS[3], ARGV[2]) then
-    local last = redis.call('ZRANGE', KEYS[3], 0, 0, 'REV', 'WITHSCORES')
-    local ord = 1
-    if last[2] then ord = tonumber(last[2]) + 1 end
-    redis.call('ZADD', KEYS[3], ord, ARGV[2])
+for i = 2, #ARGV, 2 do
+    if not redis.call('ZSCORE', KEYS[3], ARGV[i]) then
+        local last = redis.call('ZRANGE', KEYS[3], 0, 0, 'REV', 'WITHSCORES')
+        local ord = 1
+        if last[2] then ord = tonumber(last[2]) + 1 end
+        redis.call('ZADD', KEYS[3], ord, ARGV[i])
+    end
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
 end
-redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 return 1
 """
 )
@@ -677,12 +680,16 @@ class RedisStore:
                     record += ["w" if worker else "", "o" if rec.current_turn_id else ""]
                     p.eval(_PUT_SESSION, keys, record)
                     rows.append(f"session {sid}")
+                # One script per session for its messages, and one for its events,
+                # however many: a command costs far more than a member (README
+                # figures; a tool turn writes a message at every block's end).
+                messages: dict[str, list[str | bytes]] = {}
                 for sid, mid, data in batch.messages:
+                    messages.setdefault(sid, [node]).extend((mid, data))
+                for sid, upserts in messages.items():
                     keys = [k.lease(sid), k.messages(sid), k.message_order(sid)]
-                    p.eval(_UPSERT_MESSAGE, keys, [node, mid, data])
-                    rows.append(f"message {mid} of {sid}")
-                # One script per session, however many events: a command costs far
-                # more than a member (README figures).
+                    p.eval(_UPSERT_MESSAGES, keys, upserts)
+                    rows.append(f"{len(upserts) // 2} messages of {sid}")
                 by_session: dict[str, list[str | bytes | int]] = {}
                 seqs: dict[str, list[int]] = {}
                 for seq, sid, ts, member_bytes in batch.events:
