@@ -54,7 +54,7 @@ import trio
 from coredis.exceptions import RedisError
 from coredis.retry import NoRetryPolicy
 
-from gateway.errors import ApiError, StoreError
+from gateway.errors import ApiError, StoreError, first_leaf
 from gateway.ids import new_attach_token
 from gateway.session.hub import Emitted
 
@@ -239,7 +239,7 @@ class Cluster:
             except* Exception as group:
                 log.warning(
                     "cluster: the pub/sub connection to Redis failed: %s; reconnecting",
-                    _leaf(group),
+                    first_leaf(group),
                 )
             self._pubsub = None
             await trio.sleep(delay)
@@ -506,10 +506,3 @@ async def _publish_all(
 
 
 __all__ = ["Cluster", "LiveBatch", "Reply", "Request"]
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    """The first error inside nested exception groups (one line for the log)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc

@@ -123,3 +123,24 @@ class ClientError(GatewayError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def unavailable(exc: StoreError) -> ApiError:
+    """The 503 ``store_unavailable`` of a store that did not answer (PROTOCOL section 2).
+
+    One answer wherever it is raised: a route's handler (gateway.server.http)
+    or an operation between nodes (gateway.node).
+    """
+    return ApiError(
+        503,
+        "store_unavailable",
+        f"{exc}; the request may be retried",
+        headers=(("Retry-After", "1"),),
+    )
+
+
+def first_leaf(exc: BaseException) -> BaseException:
+    """The first error inside nested exception groups (one line for a log or a message)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

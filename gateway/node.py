@@ -42,13 +42,13 @@ import msgspec
 import trio
 
 from gateway.config import Config
-from gateway.errors import ApiError, StoreError, SubscribeRejected
+from gateway.errors import ApiError, StoreError, SubscribeRejected, unavailable
 from gateway.ids import new_attach_token, new_session_id, now_ms
 from gateway.logs import SLOW_FLUSH_S, event
 from gateway.metrics import Metrics
 from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
 from gateway.protocol.filters import resolve_filter
-from gateway.protocol.frames import Subscribe, decode_client_frame, encode
+from gateway.protocol.frames import Subscribe, decode_client_frame
 from gateway.protocol.framing import event_frame
 from gateway.protocol.shapes import Message, SessionSummary, Usage
 from gateway.providers.base import Provider
@@ -705,7 +705,7 @@ class Node:
         try:
             return await self.cluster.issue_token(session_id, self.tokens.ttl_s)
         except StoreError as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
 
     async def redeem_token(self, token: str | None, session_id: str) -> None:
         """Use an attach token up (:meth:`AttachTokens.redeem`)."""
@@ -715,7 +715,7 @@ class Node:
         try:
             await self.cluster.redeem_token(token, session_id, self.tokens.ttl_s)
         except StoreError as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
 
     async def ask_owner(
         self, session: Session, op: str, args: object, *, patient: bool = False
@@ -742,21 +742,16 @@ class Node:
                     return None
                 holder = await self.leases.leases.holder(session.id)
         except StoreError as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
         if holder is None or holder == self.node_id:  # changing hands right now
-            raise ApiError(
-                503,
-                "session_owner_unreachable",
-                f"session {session.id} is changing nodes; retry in 1 s",
-                headers=(("Retry-After", "1"),),
-            )
+            raise _changing_nodes(session.id)
         store = self.config.store
         try:
             return await self.cluster.call(
                 holder, op, session.id, _pack(args), store.commit_timeout_s, store.lease_s
             )
         except StoreError as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
         except ApiError as exc:
             if not patient or exc.code != "session_owner_unreachable":
                 raise
@@ -814,7 +809,7 @@ class Node:
         try:
             return [sm.message for sm in await self.store.load_messages(session.id)]
         except StoreError as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
 
     def forward(self, session: Session, op: str, args: object) -> None:
         """Send ``op`` to the session's owner without waiting (a replica's warnings)."""
@@ -845,7 +840,7 @@ class Node:
         try:
             await self.cluster.watch(root)
         except StoreError as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
         # Then the owner publishes the family's batches (it did not while
         # nobody watched): told before any cut is taken.
         await self.ask_owner(session, "watch", None, patient=True)
@@ -901,12 +896,7 @@ class Node:
         if session is None:
             raise ApiError(404, "session_not_found", f"no session {session_id!r}")
         if not self.runs_here(session_id):  # the lease moved meanwhile: the sender retries
-            raise ApiError(
-                503,
-                "session_owner_unreachable",
-                f"session {session_id} is changing nodes; retry in 1 s",
-                headers=(("Retry-After", "1"),),
-            )
+            raise _changing_nodes(session_id)
         return await self._perform(session, op, body)
 
     async def _perform(self, session: Session, op: str, body: bytes) -> bytes:
@@ -932,9 +922,7 @@ class Node:
         elif op == "state":
             return _pack(session.summary())
         elif op == "snapshot":
-            snap, cut = seam.snapshot(session, args)
-            await self.wait_durable()
-            return _pack((encode(snap), cut))
+            return _pack(await seam.durable_snapshot(session, args))
         elif op == "replay":
             frame, max_events = args
             request = decode_client_frame(frame)
@@ -996,6 +984,11 @@ def _pack(value: object) -> bytes:
     return msgspec.msgpack.encode(value)
 
 
-def _unavailable(exc: StoreError) -> ApiError:
-    retry = (("Retry-After", "1"),)
-    return ApiError(503, "store_unavailable", f"{exc}; the request may be retried", headers=retry)
+def _changing_nodes(session_id: str) -> ApiError:
+    """The session's lease is changing hands at this moment: the caller retries."""
+    return ApiError(
+        503,
+        "session_owner_unreachable",
+        f"session {session_id} is changing nodes; retry in 1 s",
+        headers=(("Retry-After", "1"),),
+    )

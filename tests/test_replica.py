@@ -17,7 +17,7 @@ import trio
 
 from gateway.protocol.events import CATALOG_TYPES
 from gateway.protocol.frames import Snapshot, SubscribeAck
-from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway, types
+from tests.conftest import TOOL_SCRIPT, Client, Harness, make_config, running_gateway, types
 from tests.redis_support import RedisServer, own_redis
 from tests.test_redis_store import command
 
@@ -48,6 +48,15 @@ async def two_nodes(
         running_gateway(node_config(tmp_path, server, "b", **more)) as b,
     ):
         yield a, b
+
+
+async def closing_of(client: Client) -> Exception:
+    """Receive until the connection closes; what ended it (its close reason in ``str()``)."""
+    try:
+        while True:
+            await client.recv()
+    except Exception as exc:  # the close
+        return exc
 
 
 def ids_and_types(events: list[Any]) -> list[tuple[str, str]]:
@@ -177,13 +186,7 @@ async def test_a_lost_relay_batch_closes_the_replicas_clients_to_resume(
                 assert cluster is not None
                 cluster._batch_no[sid] += 5  # five batches lost on the way
                 await a.submit(sid, "two")
-                closed = None
-                try:
-                    while True:
-                        await on_b.recv()
-                except Exception as exc:  # the close
-                    closed = exc
-                assert "relay_gap" in str(closed)
+                assert "relay_gap" in str(await closing_of(on_b))
 
 
 async def test_attach_tokens_are_single_use_across_nodes(
@@ -227,13 +230,7 @@ async def test_a_node_that_loses_a_lease_stops_the_turn_and_the_holder_closes_it
                 assert closing.payload.phase == "tools"
                 # a learns at its next renewal: its client is closed to resume,
                 # its turn stops without a further event.
-                closed = None
-                try:
-                    while True:
-                        await on_a.recv()
-                except Exception as exc:
-                    closed = exc
-                assert "relay_gap" in str(closed)
+                assert "relay_gap" in str(await closing_of(on_a))
                 assert not any(e.type == "turn.cancelled" for e in on_a.events)
                 session = a.node.sessions[sid]
                 while session.turn is not None or session.fenced:

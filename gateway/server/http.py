@@ -55,7 +55,7 @@ import msgspec
 import trio
 from wsproto.utilities import generate_accept_token
 
-from gateway.errors import ApiError, StoreError
+from gateway.errors import ApiError, StoreError, unavailable
 from gateway.protocol.closes import close_reason
 from gateway.server.websocket import ConnectionClosed, WebSocket
 
@@ -362,10 +362,9 @@ class _HttpConnection:
             response.headers.extend(exc.headers)
             return response
         except StoreError as exc:  # a read the store did not answer: not a bug, a 503
-            response = error_response(
-                503, "store_unavailable", f"{exc}; the request may be retried"
-            )
-            response.headers.append(("Retry-After", "1"))
+            unanswered = unavailable(exc)
+            response = error_response(unanswered.status, unanswered.code, unanswered.message)
+            response.headers.extend(unanswered.headers)
             return response
         except Exception:
             _log.exception(

@@ -42,7 +42,7 @@ from gateway.config import StreamConfig
 from gateway.errors import ApiError, SubscribeRejected
 from gateway.ids import format_event_id, now_ms, parse_event_id
 from gateway.protocol.events import EVENT_TYPES, Event, MessageComplete, MessageSnapshot
-from gateway.protocol.filters import Filter, FilterKey, resolve_filter
+from gateway.protocol.filters import Filter, FilterKey
 from gateway.protocol.frames import Snapshot, Subscribe, SubscribeAck, SubscribeError, encode
 from gateway.protocol.framing import event_frame, text_frame
 from gateway.protocol.shapes import Usage
@@ -113,24 +113,15 @@ async def subscribe(
     mode = "snapshot" if request.snapshot else "live" if request.since is None else "replay"
     node = session.node
     try:
-        replica = not node.runs_here(session.id)
-        if replica:  # live batches come from the owner: from now on (step 1)
+        if not node.runs_here(session.id):  # live batches come from the owner: from now on
             await node.watch(session)
         if request.snapshot:
-            if replica:
-                data, cut = await _remote_snapshot(session, config.snapshot_messages)
-            else:
-                snap, cut = snapshot(session, config.snapshot_messages)
-                await node.wait_durable()
-                data = encode(snap)
+            data, cut = await owners_snapshot(session, config.snapshot_messages)
             ack = SubscribeAck(resolved, None, True, 0)
             gate.open(text_frame(encode(ack)) + text_frame(data), cut)
         elif request.since is not None:
             started = trio.current_time()
-            if replica:
-                frames, cut = await _remote_replay(session, request, config.replay_max_events)
-            else:
-                frames, cut = await replay(session, request.since, key, config.replay_max_events)
+            frames, cut = await owners_replay(session, request, key, config.replay_max_events)
             ack = SubscribeAck(resolved, request.since, False, len(frames))
             gate.open(text_frame(encode(ack)) + b"".join(frames), cut)
             metrics = session.node.metrics
@@ -155,31 +146,43 @@ async def subscribe(
     return Subscribed(mode)
 
 
-async def _remote_snapshot(session: Session, limit: int) -> tuple[bytes, int]:
-    """A replica's snapshot: the owner's, computed there (it holds the streaming message)."""
+async def owners_snapshot(session: Session, limit: int) -> tuple[bytes, int]:
+    """The snapshot's JSON and cut, from the node that runs the session.
+
+    Computed here when that is this node (or it just took the session over
+    from a dead one), else asked of the owner, which holds the streaming
+    message and issues the ids the cut is about.
+    """
     answer = await session.node.ask_owner(session, "snapshot", limit, patient=True)
-    if answer is None:  # this node took the lease meanwhile
-        snap, cut = snapshot(session, limit)
-        await session.node.wait_durable()
-        return encode(snap), cut
+    if answer is None:
+        return await durable_snapshot(session, limit)
     data, cut = msgspec.msgpack.decode(answer, type=tuple[bytes, int])
     return data, cut
 
 
-async def _remote_replay(
-    session: Session, request: Subscribe, max_events: int
+async def durable_snapshot(session: Session, limit: int) -> tuple[bytes, int]:
+    """:func:`snapshot` encoded, once everything it shows is durable (PROTOCOL section 9)."""
+    snap, cut = snapshot(session, limit)
+    await session.node.wait_durable()
+    return encode(snap), cut
+
+
+async def owners_replay(
+    session: Session, request: Subscribe, key: FilterKey, max_events: int
 ) -> tuple[list[bytes], int]:
-    """A replica's replay: the owner's (it has the tail and the streaming layer).
+    """:func:`replay` of ``request.since``, from the node that runs the session.
+
+    Computed here when that is this node, else by the owner (it has the
+    tail and the streaming layer), given the subscribe frame itself.
 
     Raises:
-        SubscribeRejected: as :func:`replay`, from the owner.
+        SubscribeRejected: as :func:`replay`, from whichever node replayed.
     """
     assert request.since is not None
     answer = await session.node.ask_owner(
         session, "replay", (encode(request), max_events), patient=True
     )
-    if answer is None:  # this node took the lease meanwhile
-        _, key = resolve_filter(request.filter)
+    if answer is None:
         return await replay(session, request.since, key, max_events)
     outcome = msgspec.msgpack.decode(answer)
     if outcome[0] == "error":

@@ -114,7 +114,7 @@ import trio
 from coredis.exceptions import RedisError
 from coredis.tokens import PureToken
 
-from gateway.errors import StoreError
+from gateway.errors import StoreError, first_leaf
 from gateway.logs import event
 from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
@@ -907,24 +907,18 @@ def _reason(exc: BaseException) -> str:
     cause: the system's reason (connection refused, name or service not
     known, ...) from the chain of causes is added to it.
     """
-    exc = _first_leaf(exc)
+    exc = first_leaf(exc)
     line = str(exc) or type(exc).__name__
     why = None
     cause = exc.__cause__
     while cause is not None:
-        cause = _first_leaf(cause)
+        cause = first_leaf(cause)
         if isinstance(cause, OSError) and cause.errno:
             why = os.strerror(cause.errno) if cause.errno > 0 else cause.strerror
         cause = cause.__cause__
     if why and why.lower() not in line.lower():
         line = f"{line}: {why.lower()}"
     return line
-
-
-def _first_leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
 
 
 def _check_limit(limit: int) -> None:
