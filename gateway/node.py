@@ -826,8 +826,11 @@ class Node:
         if self.cluster is not None:
             self.cluster.publish(family.id, session.id, events)
 
-    async def watch(self, session: Session) -> None:
+    async def watch(self, session: Session, *, tell_owner: bool = True) -> None:
         """Receive the live batches of the session's family here (a replica's client subscribes).
+
+        ``tell_owner``: ask the owner to publish them (``False`` when a
+        snapshot or replay asked of it next says so anyway, before its cut).
 
         Raises:
             ApiError: 503 ``store_unavailable``: Redis did not take the subscription.
@@ -843,7 +846,8 @@ class Node:
             raise unavailable(exc) from None
         # Then the owner publishes the family's batches (it did not while
         # nobody watched): told before any cut is taken.
-        await self.ask_owner(session, "watch", None, patient=True)
+        if tell_owner:
+            await self.ask_owner(session, "watch", None, patient=True)
 
     def _on_live(self, root: str, batch: LiveBatch) -> None:
         """A live batch of a watched family from its owner: fanned out to this node's clients.

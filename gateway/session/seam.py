@@ -114,7 +114,8 @@ async def subscribe(
     node = session.node
     try:
         if not node.runs_here(session.id):  # live batches come from the owner: from now on
-            await node.watch(session)
+            # (a snapshot or replay asked of the owner tells it to publish them)
+            await node.watch(session, tell_owner=not request.snapshot and request.since is None)
         if request.snapshot:
             data, cut = await owners_snapshot(session, config.snapshot_messages)
             ack = SubscribeAck(resolved, None, True, 0)

@@ -112,7 +112,7 @@ class NodeServices(AgentServices, Protocol):
         """Run ``op`` on the node running the session; ``None``: that is this node."""
         ...
 
-    async def watch(self, session: Session) -> None:
+    async def watch(self, session: Session, *, tell_owner: bool = True) -> None:
         """Receive the live batches of the session's family from the node running it."""
         ...
 
