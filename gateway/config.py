@@ -59,6 +59,16 @@ HttpUrl = Annotated[
         extra={"expected": "an http:// or https:// URL, or empty"},
     ),
 ]
+AbsolutePath = Annotated[
+    str, msgspec.Meta(pattern=r"^/", extra={"expected": "an absolute path"})
+]
+EnvName = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        extra={"expected": "a variable name (letters, digits, _)"},
+    ),
+]
 RedisUrl = Annotated[
     str,
     msgspec.Meta(
@@ -93,6 +103,9 @@ class ServerConfig(_Section, frozen=True):
     send_buffer_bytes: NonNegativeInt = 0  # SO_SNDBUF of accepted sockets; 0 = the OS default
     # Peers whose X-Forwarded-For / -Proto are believed (IPs or CIDRs): the proxy in front.
     trusted_proxies: tuple[NonEmptyStr, ...] = ()
+    # Host names (a request's Host, port aside) answered; others: 421 (PROTOCOL section 15).
+    # Empty: the loopback names, plus public_url's host.
+    allowed_hosts: tuple[NonEmptyStr, ...] = ()
 
 
 class StreamConfig(_Section, frozen=True):
@@ -103,6 +116,8 @@ class StreamConfig(_Section, frozen=True):
     ping_max_missed: Count = 3
     replay_max_events: Count = 10_000
     snapshot_messages: Count = 50
+    # A snapshot frame never exceeds this (PROTOCOL section 15); 64 KiB at least.
+    snapshot_max_bytes: Annotated[int, msgspec.Meta(ge=65_536)] = 8_388_608
     subscribe_timeout_s: Seconds = 10.0
     attach_token_ttl_s: Seconds = 60.0
     max_client_frame_bytes: Count = 65_536
@@ -159,13 +174,28 @@ class TurnsConfig(_Section, frozen=True):
     timeout_s: Seconds = 600.0
 
 
+class SessionsConfig(_Section, frozen=True):
+    """``[sessions]``: where sessions work (PROTOCOL section 15)."""
+
+    # Every session's own directory is made here (relative: to the daemon's working directory).
+    workspace_root: NonEmptyStr = "workspaces"
+    # Absolute directories a client may name as workspace_path (or a directory under one).
+    allowed_workspaces: tuple[AbsolutePath, ...] = ()
+
+
 class ToolsConfig(_Section, frozen=True):
-    """``[tools]``: which built-in tools exist and which wait for permission."""
+    """``[tools]``: which built-in tools exist, which wait for permission, what they inherit."""
 
     enabled: tuple[ToolName, ...] = ("sleep", "read_file", "delegate")  # "shell" is opt-in
     require_approval: tuple[ToolName, ...] = ()
     approval_timeout_s: Seconds = 300.0
     kill_grace_s: GraceSeconds = 5.0  # SIGTERM, then SIGKILL after this
+    # The only variables a tool process gets beyond PATH, HOME (its workspace) and LANG.
+    env: dict[EnvName, str] = msgspec.field(default_factory=dict)
+    # Resource limits of a tool process (setrlimit); 0 = none.
+    rlimit_cpu_s: NonNegativeInt = 0  # CPU seconds (RLIMIT_CPU)
+    rlimit_memory_mb: NonNegativeInt = 0  # address space (RLIMIT_AS)
+    rlimit_file_mb: NonNegativeInt = 0  # largest file it may write (RLIMIT_FSIZE)
 
 
 class AuthConfig(_Section, frozen=True):
@@ -173,7 +203,9 @@ class AuthConfig(_Section, frozen=True):
 
     api_keys: tuple[NonEmptyStr, ...] = ()  # empty: no auth (loopback use); else Bearer required
     api_keys_file: str = ""  # more keys, one a line; re-read on SIGHUP; "" = none
-    allowed_origins: tuple[NonEmptyStr, ...] = ()  # WebSocket Origin allow-list; empty: any
+    # Origins besides the gateway's own whose requests are answered, CORS included
+    # (PROTOCOL section 15); empty: the gateway's own only.
+    allowed_origins: tuple[NonEmptyStr, ...] = ()
 
 
 class LimitsConfig(_Section, frozen=True):
@@ -183,6 +215,11 @@ class LimitsConfig(_Section, frozen=True):
     max_connections_per_key: NonNegativeInt = 0  # open streams per API key (503 over_capacity)
     max_sessions_per_key: NonNegativeInt = 0  # sessions an API key may own (429 too_many_sessions)
     turns_per_minute_per_key: NonNegativeInt = 0  # turns submitted per key (429, Retry-After)
+    # What one turn may make the host do (PROTOCOL section 15); beyond: tool.failed "limit".
+    max_tool_uses_per_turn: NonNegativeInt = 64  # tool uses of one turn, its workers' apart
+    max_workers_per_turn: NonNegativeInt = 8  # delegate workers one turn starts
+    max_delegate_depth: NonNegativeInt = 2  # workers of workers: how deep delegation goes
+    max_session_mb: NonNegativeInt = 256  # stored data of a session; past it 409 session_too_large
 
 
 class LogConfig(_Section, frozen=True):
@@ -200,6 +237,7 @@ class Config(_Section, frozen=True):
     store: StoreConfig = msgspec.field(default_factory=StoreConfig)
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     turns: TurnsConfig = msgspec.field(default_factory=TurnsConfig)
+    sessions: SessionsConfig = msgspec.field(default_factory=SessionsConfig)
     tools: ToolsConfig = msgspec.field(default_factory=ToolsConfig)
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
@@ -222,6 +260,7 @@ shutdown_grace_s = 5.0       # on SIGTERM: how long to wait for turns to cancel 
 max_header_bytes = 16384     # largest HTTP request header
 send_buffer_bytes = 0        # SO_SNDBUF of accepted sockets; 0 = the OS default
 trusted_proxies = []         # IPs or CIDRs whose X-Forwarded-For/-Proto are believed (the proxy)
+allowed_hosts = []           # Host names answered (others: 421); empty: loopback names + public_url's host
 
 [stream]
 queue_max_events = 1000      # per-connection outbound bound; overflow closes with 1008
@@ -229,6 +268,7 @@ ping_interval_s = 30         # server ping period
 ping_max_missed = 3          # unanswered pings before the connection is closed
 replay_max_events = 10000    # longest replay a subscribe may ask for
 snapshot_messages = 50       # messages in a snapshot
+snapshot_max_bytes = 8388608 # a snapshot frame never exceeds this: older messages left out first
 subscribe_timeout_s = 10     # a new connection must subscribe within this
 attach_token_ttl_s = 60      # lifetime of an attach token
 max_client_frame_bytes = 65536
@@ -264,22 +304,34 @@ timeout_s = 600.0            # one model call
 [turns]
 timeout_s = 600              # one whole turn
 
+[sessions]
+workspace_root = "workspaces"  # every session's own directory lives here
+allowed_workspaces = []      # absolute roots a client may name as workspace_path; empty: none
+
 [tools]
 enabled = ["sleep", "read_file", "delegate"]   # "shell" is opt-in
 require_approval = []                          # tool names that wait for permission
 approval_timeout_s = 300                       # an unanswered approval request fails after this
 kill_grace_s = 5                               # SIGTERM, then SIGKILL after this
+env = {}                                       # the only variables a tool process gets beyond PATH, HOME, LANG
+rlimit_cpu_s = 0                               # CPU seconds of a tool process; 0 = no limit
+rlimit_memory_mb = 0                           # its address space; 0 = no limit
+rlimit_file_mb = 0                             # the largest file it may write; 0 = no limit
 
 [auth]
 api_keys = []                # empty: no auth (loopback use); else Bearer required
 api_keys_file = ""           # more keys, one a line (# comments); re-read on SIGHUP
-allowed_origins = []         # WebSocket Origin allow-list; empty: any
+allowed_origins = []         # origins besides the gateway's own answered (CORS included); empty: none
 
 [limits]                     # 0 = no limit
 max_connections = 0          # open streams in total; over it: 503 over_capacity before the upgrade
 max_connections_per_key = 0  # open streams per API key; over it: 503 over_capacity
 max_sessions_per_key = 0     # sessions one API key may own; over it: 429 too_many_sessions
 turns_per_minute_per_key = 0 # turns one API key may submit a minute; over it: 429 with Retry-After
+max_tool_uses_per_turn = 64  # tools one turn runs; beyond: tool.failed "limit"
+max_workers_per_turn = 8     # delegate workers one turn starts; beyond: tool.failed "limit"
+max_delegate_depth = 2       # how deep delegation goes; beyond: tool.failed "limit"
+max_session_mb = 256         # a session's stored data; past it POST .../turns is 409 session_too_large
 
 [log]
 format = "text"              # "text" | "json": one JSON object a line, with ts, level,
