@@ -140,6 +140,10 @@ class StoreConfig(_Section, frozen=True):
     # live events wait for their commit (PROTOCOL section 9), so this is latency.
     flush_interval_ms: NonNegativeInt = 0
     commit_timeout_s: Seconds = 10.0  # a request waiting for a commit gives up (503) after this
+    # While a text or thinking block streams, its message is stored at least this
+    # often: a kill -9 loses at most about this much of it (bench/crash_loss.py). 0 = only
+    # as blocks end.
+    checkpoint_ms: NonNegativeInt = 1000
     # redis: a session's lease (the node running it) lasts this long unless
     # renewed; when its node dies, its sessions are free for another node after this.
     lease_s: Seconds = 10.0
@@ -260,7 +264,7 @@ shutdown_grace_s = 5.0       # on SIGTERM: how long to wait for turns to cancel 
 max_header_bytes = 16384     # largest HTTP request header
 send_buffer_bytes = 0        # SO_SNDBUF of accepted sockets; 0 = the OS default
 trusted_proxies = []         # IPs or CIDRs whose X-Forwarded-For/-Proto are believed (the proxy)
-allowed_hosts = []           # Host names answered (others: 421); empty: loopback names + public_url's host
+allowed_hosts = []           # Host names answered (else 421); empty: loopback + public_url's
 
 [stream]
 queue_max_events = 1000      # per-connection outbound bound; overflow closes with 1008
@@ -282,6 +286,7 @@ url = "redis://127.0.0.1:6379/0"   # redis: every node of a deployment names the
 retention_hours = 168        # older events: subscribe_error cursor_expired
 flush_interval_ms = 0        # longest the writer gathers a batch; 0 = commit once one is pending
 commit_timeout_s = 10.0      # a request waiting for a commit gives up with 503 store_unavailable
+checkpoint_ms = 1000         # a streaming block is stored this often: what a kill -9 can lose
 lease_s = 10.0               # redis: a session's lease; a dead node's sessions are free after this
 
 [model]
@@ -313,7 +318,7 @@ enabled = ["sleep", "read_file", "delegate"]   # "shell" is opt-in
 require_approval = []                          # tool names that wait for permission
 approval_timeout_s = 300                       # an unanswered approval request fails after this
 kill_grace_s = 5                               # SIGTERM, then SIGKILL after this
-env = {}                                       # the only variables a tool process gets beyond PATH, HOME, LANG
+env = {}                                       # a tool process's variables beyond PATH, HOME, LANG
 rlimit_cpu_s = 0                               # CPU seconds of a tool process; 0 = no limit
 rlimit_memory_mb = 0                           # its address space; 0 = no limit
 rlimit_file_mb = 0                             # the largest file it may write; 0 = no limit
@@ -321,7 +326,7 @@ rlimit_file_mb = 0                             # the largest file it may write; 
 [auth]
 api_keys = []                # empty: no auth (loopback use); else Bearer required
 api_keys_file = ""           # more keys, one a line (# comments); re-read on SIGHUP
-allowed_origins = []         # origins besides the gateway's own answered (CORS included); empty: none
+allowed_origins = []         # origins besides the gateway's own (CORS answered); empty: none
 
 [limits]                     # 0 = no limit
 max_connections = 0          # open streams in total; over it: 503 over_capacity before the upgrade
@@ -331,7 +336,7 @@ turns_per_minute_per_key = 0 # turns one API key may submit a minute; over it: 4
 max_tool_uses_per_turn = 64  # tools one turn runs; beyond: tool.failed "limit"
 max_workers_per_turn = 8     # delegate workers one turn starts; beyond: tool.failed "limit"
 max_delegate_depth = 2       # how deep delegation goes; beyond: tool.failed "limit"
-max_session_mb = 256         # a session's stored data; past it POST .../turns is 409 session_too_large
+max_session_mb = 256         # a session's stored data; past it: 409 session_too_large
 
 [log]
 format = "text"              # "text" | "json": one JSON object a line, with ts, level,

@@ -78,6 +78,7 @@ class Call:
     # Trio time the call began (gateway_time_to_first_token_seconds); None once
     # its first text or thinking delta went out.
     started_at: float | None = field(default_factory=trio.current_time)
+    kept_at: float = field(default_factory=trio.current_time)  # the message last stored
 
 
 class EndCall(msgspec.Struct):
@@ -165,14 +166,23 @@ class CallStream:
         backlog: the writers' backlog of the session's clients (the batching signal).
         window_s: ``batch_window_ms``, in seconds; 0 turns batching off.
         metrics: where each call's time to first token is observed.
+        checkpoint_s: ``[store] checkpoint_ms``, in seconds: while a text or
+            thinking block streams, the message is stored at least this often;
+            0 = only as blocks end.
     """
 
     def __init__(
-        self, host: CallHost, backlog: Backlog, window_s: float, metrics: Metrics | None = None
+        self,
+        host: CallHost,
+        backlog: Backlog,
+        window_s: float,
+        metrics: Metrics | None = None,
+        checkpoint_s: float = 0.0,
     ) -> None:
         self._host = host
         self._backlog = backlog
         self._window = window_s
+        self._checkpoint = checkpoint_s
         self._metrics = metrics
         self._inbox = Inbox(256)
         self.current: Call | None = None
@@ -281,10 +291,21 @@ class CallStream:
             self._first_token(call, emitted)
         if call.translator.finished or _ended(items):
             self._finish(call, emitted)
-        elif any(e.type in _DURABLE_POINTS for e in events):
-            # The message so far is stored as its blocks end, so that a crash
-            # keeps what was finished (PROTOCOL section 9).
+        elif any(e.type in _DURABLE_POINTS for e in events) or self._due(call, events):
+            # The message so far is stored as its blocks end, and every
+            # checkpoint while a block's text streams, so that a crash keeps
+            # what was finished and all but the last moments of the rest
+            # (PROTOCOL section 9; the loss is measured by bench/crash_loss.py).
             self._host.keep_partial(call.translator.snapshot())
+            call.kept_at = trio.current_time()
+
+    def _due(self, call: Call, events: list[StreamEvent]) -> bool:
+        """Whether streamed text waits for its checkpoint (``[store] checkpoint_ms``)."""
+        return (
+            self._checkpoint > 0
+            and trio.current_time() - call.kept_at >= self._checkpoint
+            and any(e.type in _TEXT_DELTAS for e in events)
+        )
 
     def _translate(self, call: Call, item: Item) -> list[StreamEvent]:
         tr = call.translator
@@ -353,6 +374,7 @@ CALL_TYPES = frozenset(t for t, s in EVENT_TYPES.items() if not s.catalog)
 
 _FIRST_TOKENS = frozenset({"text.delta", "thinking.delta"})
 _DURABLE_POINTS = frozenset({"message.start", "text.end", "thinking.end", "tool.use_end"})
+_TEXT_DELTAS = frozenset({"text.delta", "thinking.delta"})
 _BLOCK_STARTS = frozenset({"text.start", "thinking.start", "tool.use_start"})
 _BLOCK_ENDS = frozenset({"text.end", "thinking.end", "tool.use_end"})
 _ENDS = (EndCall, CancelCall)

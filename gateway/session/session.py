@@ -180,9 +180,7 @@ class Session:
         self._load(stored)
         self.turn: Turn | None = None
         self.permissions = Permissions(record.id)
-        self.calls = CallStream(
-            self, self.hub.backlog, node.config.stream.batch_window_ms / 1000, node.metrics
-        )
+        self.calls = self._new_calls()
         seqr = node.sequencer
         # Catalog events of this session, newest last; everything up to
         # ``tail_floor`` may be only in the store.
@@ -423,6 +421,17 @@ class Session:
             )
         )
 
+    def _new_calls(self) -> CallStream:
+        """The calls' stream, batching and storing as ``[stream]`` and ``[store]`` say."""
+        config = self.node.config
+        return CallStream(
+            self,
+            self.hub.backlog,
+            config.stream.batch_window_ms / 1000,
+            self.node.metrics,
+            config.store.checkpoint_ms / 1000,
+        )
+
     def keep_partial(self, message: Message) -> None:
         """Store the streaming message as far as it got (PROTOCOL section 9).
 
@@ -516,8 +525,7 @@ class Session:
             except trio.WouldBlock:
                 break
         self.permissions = Permissions(self.id)
-        window_s = self.node.config.stream.batch_window_ms / 1000
-        self.calls = CallStream(self, self.hub.backlog, window_s, self.node.metrics)
+        self.calls = self._new_calls()
         self.fenced = False
         self.node.notify()
 
