@@ -79,6 +79,7 @@ class Call:
     # its first text or thinking delta went out.
     started_at: float | None = field(default_factory=trio.current_time)
     kept_at: float = field(default_factory=trio.current_time)  # the message last stored
+    unkept: bool = False  # it changed since (``[store] checkpoint_ms``)
 
 
 class EndCall(msgspec.Struct):
@@ -166,9 +167,9 @@ class CallStream:
         backlog: the writers' backlog of the session's clients (the batching signal).
         window_s: ``batch_window_ms``, in seconds; 0 turns batching off.
         metrics: where each call's time to first token is observed.
-        checkpoint_s: ``[store] checkpoint_ms``, in seconds: while a text or
-            thinking block streams, the message is stored at least this often;
-            0 = only as blocks end.
+        checkpoint_s: ``[store] checkpoint_ms``, in seconds: the streaming
+            message is stored at most this long after it changed; 0 = at each
+            block's end.
     """
 
     def __init__(
@@ -214,7 +215,7 @@ class CallStream:
         window = self._window
         last = -math.inf
         while True:
-            await self._inbox.wait()
+            await self._wait_keeping()
             if window and trio.current_time() - last < window:
                 with trio.move_on_after(window):
                     await self._backlog.drained()
@@ -229,6 +230,32 @@ class CallStream:
                     self._host.failed("translator", exc, call.turn_id)
                     self.break_call(call, exc)
             last = trio.current_time()
+
+    async def _wait_keeping(self) -> None:
+        """Wait for the provider's next events; meanwhile store a changed message when due.
+
+        A streaming message that changed since it was last stored is stored
+        ``checkpoint_s`` after that, even if the provider goes quiet: what a
+        crash can lose is bounded by time, not by how long the model pauses.
+        """
+        while True:
+            call = self.current
+            due = call.kept_at + self._checkpoint if call is not None and call.unkept else math.inf
+            with trio.move_on_at(due):
+                await self._inbox.wait()
+                return
+            if call is self.current and call is not None and not call.translator.finished:
+                try:
+                    self._keep(call)
+                except Exception as exc:
+                    self._host.failed("translator", exc, call.turn_id)
+                    self.break_call(call, exc)
+
+    def _keep(self, call: Call) -> None:
+        """Store the streaming message as far as it was emitted (PROTOCOL section 9)."""
+        self._host.keep_partial(call.translator.snapshot())
+        call.kept_at = trio.current_time()
+        call.unkept = False
 
     def break_call(self, call: Call, exc: BaseException) -> None:
         """End a call whose translation or emission failed, as a provider error would.
@@ -291,21 +318,20 @@ class CallStream:
             self._first_token(call, emitted)
         if call.translator.finished or _ended(items):
             self._finish(call, emitted)
-        elif any(e.type in _DURABLE_POINTS for e in events) or self._due(call, events):
-            # The message so far is stored as its blocks end, and every
-            # checkpoint while a block's text streams, so that a crash keeps
-            # what was finished and all but the last moments of the rest
-            # (PROTOCOL section 9; the loss is measured by bench/crash_loss.py).
-            self._host.keep_partial(call.translator.snapshot())
-            call.kept_at = trio.current_time()
-
-    def _due(self, call: Call, events: list[StreamEvent]) -> bool:
-        """Whether streamed text waits for its checkpoint (``[store] checkpoint_ms``)."""
-        return (
-            self._checkpoint > 0
-            and trio.current_time() - call.kept_at >= self._checkpoint
-            and any(e.type in _TEXT_DELTAS for e in events)
-        )
+            return
+        # The message so far is stored so that a crash keeps what clients were
+        # shown (PROTOCOL section 9): at message.start, then at most
+        # checkpoint_s after it changed (a block ended, text streamed), or at
+        # each block's end with no checkpoint. Bounded by time, the cost stays
+        # flat however many blocks a message has (each store is a snapshot of
+        # the whole message); bench/crash_loss.py measures what a kill loses.
+        kinds = {e.type for e in events}
+        if "message.start" in kinds or (not self._checkpoint and kinds & _BLOCK_ENDS):
+            self._keep(call)
+        elif self._checkpoint and kinds & _CHANGES:
+            call.unkept = True
+            if trio.current_time() - call.kept_at >= self._checkpoint:
+                self._keep(call)
 
     def _translate(self, call: Call, item: Item) -> list[StreamEvent]:
         tr = call.translator
@@ -373,8 +399,10 @@ CALL_TYPES = frozenset(t for t, s in EVENT_TYPES.items() if not s.catalog)
 """The streaming-only event types: a call's message, as it streams (PROTOCOL section 5)."""
 
 _FIRST_TOKENS = frozenset({"text.delta", "thinking.delta"})
-_DURABLE_POINTS = frozenset({"message.start", "text.end", "thinking.end", "tool.use_end"})
-_TEXT_DELTAS = frozenset({"text.delta", "thinking.delta"})
+_CHANGES = frozenset(
+    {"text.delta", "thinking.delta", "tool.use_input_delta", "text.end", "thinking.end",
+     "tool.use_end"}
+)  # fmt: skip
 _BLOCK_STARTS = frozenset({"text.start", "thinking.start", "tool.use_start"})
 _BLOCK_ENDS = frozenset({"text.end", "thinking.end", "tool.use_end"})
 _ENDS = (EndCall, CancelCall)
