@@ -96,6 +96,11 @@ def outcomes(events: list[dict[str, Any]], sid: str) -> dict[str, list[str]]:
     return seen
 
 
+def started(events: list[dict[str, Any]]) -> list[str]:
+    """The tool use ids that started a worker (``delegate.started``)."""
+    return [p["tool_use_id"] for p in of(events, "delegate.started")]
+
+
 def workers_of(gw: Harness, sid: str) -> list[Session]:
     return [s for s in gw.node.sessions.values() if s.record.parent_session_id == sid]
 
@@ -141,7 +146,7 @@ async def test_the_9th_delegate_of_a_turn_fails_limit_and_starts_nothing(tmp_pat
         [failed] = of(events, "tool.failed", sid)
         assert "max_workers_per_turn (8)" in failed["message"]
         assert len(of(events, "delegate.started", sid)) == 8
-        assert failed["tool_use_id"] not in [p["tool_use_id"] for p in of(events, "delegate.started")]
+        assert failed["tool_use_id"] not in started(events)
         assert len(workers_of(gw, sid)) == 8
         # The count is per turn: the next turn may start 8 more.
         events = await run_turn(gw, sid, {"rounds": [[delegate("again")], DONE]})
@@ -181,7 +186,7 @@ async def test_a_worker_counts_against_max_sessions_per_key(tmp_path: Path) -> N
         [failed] = of(events, "tool.failed", sid)
         assert failed["error_class"] == "limit"
         assert "max_sessions_per_key is 2" in failed["message"]
-        assert failed["tool_use_id"] not in [p["tool_use_id"] for p in of(events, "delegate.started")]
+        assert failed["tool_use_id"] not in started(events)
         assert len(workers_of(a, sid)) == 1 and len(a.node.sessions) == 2
         assert of(events, "turn.completed")[-1]["stop_reason"] == "end_turn"
         error = assert_error(await a.http.post("/sessions", json={}), 429, "too_many_sessions")
