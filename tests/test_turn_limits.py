@@ -293,3 +293,17 @@ async def test_a_turn_of_1000_delegates_starts_8_workers(tmp_path: Path) -> None
         results = [b for m in messages for b in m["content"] if b["type"] == "tool_result"]
         assert len(results) == 1000  # the model sees an answer to each
         assert of(events, "turn.completed", sid)[0]["stop_reason"] == "end_turn"
+
+
+async def test_the_trials_storm_with_two_sessions_per_key_makes_one_worker(tmp_path: Path) -> None:
+    """As reported: ``max_sessions_per_key = 2``, one turn of 1,000 ``delegate`` made
+    1,000 sessions. Now the session and one worker fill the key's two."""
+    async with tenants(tmp_path, **{"limits.max_sessions_per_key": 2}) as (a, _b):
+        sid = await a.create_session()
+        with trio.fail_after(60):
+            events = await run_turn(a, sid, {"rounds": [[delegate("go")] * 1000, DONE]})
+        seen = outcomes(events, sid)
+        assert all(len(v) == 1 for v in seen.values()) and len(seen) == 1000
+        assert Counter(v[0] for v in seen.values()) == {"completed": 1, "limit": 999}
+        assert len(a.node.sessions) == 2
+        assert len(started(events)) == 1
