@@ -550,15 +550,13 @@ class Session:
                 metadata={"delegated_by": tool_use_id},
                 parent=self,
             )
-        except BaseException as exc:
-            limits.refund_turn(owner)
+        except ApiError as exc:
+            if exc.code != "too_many_sessions":
+                raise  # it may have been created: it stays counted
+            limits.refund_turn(owner)  # refused before anything was made
             if turn is not None:
                 turn.workers -= 1
-            if isinstance(exc, ApiError) and exc.code == "too_many_sessions":
-                raise ToolError(
-                    "limit", f"delegate refused: {exc} (workers' sessions count)"
-                ) from None
-            raise
+            raise ToolError("limit", f"delegate refused: {exc} (workers' sessions count)") from None
 
     # --- runtime -------------------------------------------------------------------
 
