@@ -484,8 +484,10 @@ class Node:
 
         Args:
             owner: the id of the API key that creates it (PROTOCOL section 2), ``""``
-                without keys. A worker belongs to its parent's owner and is not
-                counted against ``max_sessions_per_key`` (a tool made it, not a client).
+                without keys. A worker belongs to its parent's owner and counts
+                against that owner's ``max_sessions_per_key`` like any session
+                (PROTOCOL section 15: a turn cannot make sessions its key could not;
+                the ``delegate`` tool turns the 429 into ``tool.failed`` ``limit``).
             session_id: the id to give it (an AG-UI ``threadId`` the caller
                 checked is unknown: gateway.agui); a fresh ``sess_`` id if None.
 
@@ -496,8 +498,7 @@ class Node:
         """
         if parent is not None:
             owner = parent.record.owner
-        counted = self.limits.new_session(owner) if parent is None else contextlib.nullcontext()
-        with counted:
+        with self.limits.new_session(owner):
             workspace = await _workspace(workspace_path)
             record = SessionRecord(
                 id=session_id or new_session_id(),
@@ -599,7 +600,8 @@ class Node:
                 # loads the family itself: _take_over).
                 parent = await self._get_session(record.parent_session_id)
             stored = await self.store.load_messages(session_id)
-            session = Session(self, record, stored, parent=parent)
+            size = await self.store.event_bytes(session_id)  # max_session_mb: once, at load
+            session = Session(self, record, stored, parent=parent, event_bytes=size)
             if parent is not None:
                 parent.workers.append(session)
             await self._start(session)
@@ -691,7 +693,9 @@ class Node:
             self.cluster.heard(session.family.id)
         record = await self.store.get_session(session.id)
         if record is not None:
-            session.reload(record, await self.store.load_messages(session.id), taken.counter)
+            stored = await self.store.load_messages(session.id)
+            size = await self.store.event_bytes(session.id)  # max_session_mb: once, at load
+            session.reload(record, stored, taken.counter, size)
         for worker_id in await self.store.worker_ids(session.id):
             if worker_id not in self.sessions:
                 await self._get_session(worker_id)

@@ -9,7 +9,8 @@ RUNNING.md ``[limits]``, 0 = no limit, each refusal a clear error:
   session's owner.
 - ``max_sessions_per_key``: 429 ``too_many_sessions``, counted from the store
   at start-up (so a restart does not reset it), never over the limit however
-  many requests race for the last slot; workers (``delegate``) do not count.
+  many requests race for the last slot; workers (``delegate``) count against
+  their owner's limit (PROTOCOL section 15; tests/test_turn_limits.py).
 - ``turns_per_minute_per_key``: 429 ``rate_limited`` with ``Retry-After``, the
   whole seconds until a turn is accepted again, over a sliding minute on
   Trio's clock (tested under ``autojump_clock``).
@@ -210,26 +211,25 @@ async def test_no_limit_by_default(tmp_path: Path) -> None:
 async def test_max_sessions_per_key_is_429_and_survives_a_restart(tmp_path: Path) -> None:
     overrides = {"limits.max_sessions_per_key": 2}
     async with tenants(tmp_path, **overrides) as (a, b):
-        first = await a.create_session()
         r = await a.http.post("/sessions", json={"workspace_path": str(tmp_path / "nope")})
         assert_error(r, 422, "invalid_workspace")  # a refused create takes no slot
+        await a.create_session()
         await a.create_session()
         r = await a.http.post("/sessions", json={})
         error = assert_error(r, 429, "too_many_sessions")
         assert "max_sessions_per_key is 2" in error["message"]
-        await b.create_session()  # B has its own count
+        first = await b.create_session()  # B has its own count
 
-        # a worker is made by a tool, not by the client: it does not count
+        # a worker counts against its owner's limit (PROTOCOL section 15)
         task = {"rounds": [[{"tool_use": {"name": "delegate", "input": {"task": "go"}}}]]}
-        async with a.client(first) as watcher:
+        async with b.client(first) as watcher:
             await watcher.subscribe()
-            await a.submit(first, {"script": task})
+            await b.submit(first, {"script": task})
             events = await watcher.until_turn_ends()
         assert "delegate.completed" in [e.type for e in events]
     async with tenants(tmp_path, **overrides) as (a, b):
         assert_error(await a.http.post("/sessions", json={}), 429, "too_many_sessions")
-        assert a.node.limits.sessions_by_key == {key_id("key-a"): 2, key_id("key-b"): 1}
-        await b.create_session()
+        assert a.node.limits.sessions_by_key == {key_id("key-a"): 2, key_id("key-b"): 2}
         assert_error(await b.http.post("/sessions", json={}), 429, "too_many_sessions")
 
 

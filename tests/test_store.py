@@ -211,6 +211,24 @@ async def test_an_in_progress_message_is_rewritten_as_complete_in_place(store: S
     assert loaded[1] == StoredMessage(done, format_event_id(42), "end_turn", 5000)
 
 
+async def test_a_sessions_stored_size_is_known_as_it_is_written(store: Store) -> None:
+    """``max_session_mb`` (PROTOCOL section 15): a put says the bytes of the message as
+    stored, and ``event_bytes`` a session's events, read once when it is loaded."""
+    small, large = message("msg_1"), message("msg_2", content=[TextBlock("x" * 10_000)])
+    small_size = store.put_message(StoredMessage(small, None))
+    large_size = store.put_message(StoredMessage(large, None))
+    assert 0 < small_size < 1000 and 10_000 < large_size < 11_000
+    for seq in (1, 2, 3):
+        store.put_event(event(seq))
+    store.put_event(event(4, sid="sess_other"))
+    await store.flush()
+    mine = sum(len(e.data) for e in await store.events_after(["sess_a"], 0, 10))
+    size = await store.event_bytes("sess_a")
+    # SQLite: exact; Redis: its own (sampled) estimate of the set, overhead included
+    assert size == mine if isinstance(store, SqliteStore) else mine <= size < 2 * mine + 4096
+    assert await store.event_bytes("sess_none") == 0
+
+
 async def test_event_round_trip_keeps_the_wire_bytes(store: Store) -> None:
     ev = StoredEvent(seq=5, session_id="sess_a", type="tool.called", ts=77, data=b'{"x": 1 }')
     store.put_event(ev)
@@ -616,8 +634,8 @@ async def test_sessions_are_listed_for_their_owner(store: Store) -> None:
     assert await ids("", None, 5) == (["sess_b"], False)
     assert await ids(None, "sess_c", 1) == (["sess_b"], True)
     assert await ids("k1", None, 0) == ([], True)
-    # Workers are not counted (max_sessions_per_key).
-    assert await store.sessions_per_owner() == {"": 1, "k1": 2, "k2": 1}
+    # Workers are counted against their owner (max_sessions_per_key, PROTOCOL section 15).
+    assert await store.sessions_per_owner() == {"": 1, "k1": 3, "k2": 1}
 
 
 async def test_aclose_flushes_pending_writes_from_a_cancelled_scope(backend: Backend) -> None:

@@ -501,7 +501,7 @@ async def test_a_version_2_store_is_upgraded_in_place_and_keeps_everything(
         # every version-2 session is ownerless: every key sees them
         page, more = await store.list_sessions(limit=10, before=None, visible_to=key_id("k"))
         assert [r.id for r in page] == ["sess_worker", "sess_busy", "sess_old"] and not more
-        assert await store.sessions_per_owner() == {"": 2}  # the worker is not counted
+        assert await store.sessions_per_owner() == {"": 3}  # the worker is counted
 
         # the new column is written and read back
         mine = SessionRecord("sess_new", 4, "/w", "scripted:echo", {}, None, "s", owner="abc")
@@ -547,5 +547,5 @@ async def test_the_list_filters_before_the_page_is_cut(tmp_path: Path) -> None:
         assert seen == ["sess_w", "sess_5", "sess_3", "sess_0"]
         everyone, _ = await store.list_sessions(limit=20, before=None)
         assert len(everyone) == 8
-        assert await store.sessions_per_owner() == {"a": 2, "b": 4, "": 1}
+        assert await store.sessions_per_owner() == {"a": 3, "b": 4, "": 1}  # sess_w counts
         await store.aclose()

@@ -26,8 +26,9 @@ ACTORS: tuple[str, ...] = ("user", "router", "llm", "tool", "session", "bus")
 LlmErrorClass = Literal[
     "cancelled", "overloaded", "rate_limited", "api_error", "network", "timeout", "invalid_request"
 ]
+# "limit": refused without running, past a limit of PROTOCOL section 15 (RUNNING.md [limits]).
 ToolErrorClass = Literal[
-    "cancelled", "error", "timeout", "permission_denied", "unknown_tool", "invalid_input"
+    "cancelled", "error", "timeout", "permission_denied", "unknown_tool", "invalid_input", "limit"
 ]
 TurnPhase = Literal["llm", "tools", "seam"]
 

@@ -21,6 +21,11 @@ it: to any other key it does not exist (404 on every route of it, absent from
   owns (429 ``too_many_sessions``), turns a key submits in any 60 s (429
   ``rate_limited`` with ``Retry-After``). Without keys every client is the one
   tenant :data:`NO_OWNER`, and the per-key limits apply to it as a whole.
+  A ``delegate`` worker's session and its turn count against its owner's
+  limits like a client's (PROTOCOL section 15); over them the tool fails
+  ``limit`` instead of a 429 (:meth:`gateway.session.session.Session.spawn_worker`).
+  The limits of one turn and of a session's size are the session's own
+  (:mod:`gateway.session.agent`, :mod:`gateway.session.session`).
 
 Time is Trio's clock (``trio.current_time``), so the turn window is tested
 under ``MockClock``.

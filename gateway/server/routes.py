@@ -229,12 +229,14 @@ class Api:
                     202,
                     body=SubmitTurn,
                     errors={
-                        409: ("turn_in_progress",),
+                        409: ("turn_in_progress", "session_too_large"),
                         429: ("rate_limited",),
                         503: ("shutting_down", "store_unavailable", "session_elsewhere"),
                     },
                     description="`content` is a string or a list of `text` blocks (other "
-                    "block types: 422). Answered once the turn is durable.",
+                    "block types: 422). Answered once the turn is durable. A session holding "
+                    "`max_session_mb` of stored data or more takes no more turns: 409 "
+                    "`session_too_large`.",
                 ),
             ),
         )
@@ -324,7 +326,7 @@ class Api:
                     media_type="text/event-stream",
                     errors={
                         404: ("session_not_found",),
-                        409: ("turn_in_progress",),
+                        409: ("turn_in_progress", "session_too_large"),
                         422: ("invalid_thread_id", "invalid_resume"),
                         429: ("rate_limited", "too_many_sessions"),
                         503: (

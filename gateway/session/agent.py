@@ -17,6 +17,13 @@ session record, and hands the LLM call in flight to the session's
 :class:`~gateway.session.call.CallStream`; nothing else of the session is its
 business.
 
+A turn runs at most ``[limits] max_tool_uses_per_turn`` tool uses (PROTOCOL
+section 15), counting every ``tool_use`` block the model asked for in the
+turn, across its rounds: those beyond are announced (``tool.called``) and fail
+at once with ``tool.failed`` (``limit``) without running, all in one step, and
+the turn goes on to the next model round, which sees the errors and can answer.
+A worker's turn is a turn of its own, with its own count.
+
 Failures are contained where they happen: a tool that raises anything is a
 ``tool.failed`` (``error``); a provider that raises anything is an
 ``llm.call_failed`` (``api_error``); a tool batch in which every tool failed
@@ -312,12 +319,47 @@ class AgentLoop:
         """
         s = self.s
         s.emit([ToolCalled(b.id, b.name, b.input) for b in tool_uses], turn.id)
+        limit = self.node.config.limits.max_tool_uses_per_turn
+        allowed = tool_uses
+        if limit:
+            room = max(0, limit - state.tool_uses)
+            allowed, refused = tool_uses[:room], tool_uses[room:]
+            if refused:
+                self._refuse(turn, state, refused, limit)
+        state.tool_uses += len(tool_uses)
         async with trio.open_nursery() as nursery:
-            for block in tool_uses:
+            for block in allowed:
                 nursery.start_soon(
                     self._run_tool, turn, state, block, name=f"tool {block.name} {block.id}"
                 )
         state.results_message = None
+
+    def _refuse(self, turn: Turn, state: TurnState, blocks: list[ToolUseBlock], limit: int) -> None:
+        """Fail tool uses past ``max_tool_uses_per_turn`` without running them (``limit``).
+
+        One step for all of them: one rewrite of the results message, one batch
+        of ``tool.failed``, one log line (a model asking for a thousand tools
+        costs three writes, not a thousand).
+        """
+        s = self.s
+        message = (
+            f"not run: this turn asked for more than its max_tool_uses_per_turn ({limit}) tool uses"
+        )
+        refused = {b.id for b in blocks}
+        state.pending_tools = [b for b in state.pending_tools if b.id not in refused]
+        if state.results_message is None:
+            state.results_message = Message(
+                new_message_id(), s.id, turn.id, "user", [], "complete", now_ms()
+            )
+        state.results_message.content += [ToolResultBlock(b.id, message, True) for b in blocks]
+        s.add_message(state.results_message)
+        s.emit([ToolFailed(b.id, b.name, "limit", message, 0) for b in blocks], turn.id)
+        event(
+            log, logging.WARNING, "tool_limit",
+            f"turn {turn.id}: {len(blocks)} tool uses past max_tool_uses_per_turn ({limit})"
+            " failed without running", session_id=s.id, turn_id=turn.id, code="limit",
+            count=len(blocks), limit=limit,
+        )  # fmt: skip
 
     async def _run_tool(self, turn: Turn, state: TurnState, block: ToolUseBlock) -> None:
         s = self.s
@@ -487,5 +529,6 @@ class TurnState:
         self.call_id = ""
         self.call: Call | None = None
         self.pending_tools: list[ToolUseBlock] = []
+        self.tool_uses = 0  # tool_use blocks the model asked for so far (max_tool_uses_per_turn)
         self.results_message: Message | None = None
         self.ended = False  # its terminal event went out

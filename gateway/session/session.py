@@ -33,6 +33,13 @@ store reports a commit (:meth:`gateway.node.Node.on_commit`). A snapshot or a
 replay, which read state directly, wait for the commit of everything they read
 before they are sent.
 
+A session counts its stored size as it writes (PROTOCOL section 15,
+``max_session_mb``): the bytes of its catalog events' wire JSON and of each
+message as the store encodes it (a rewritten message counts once, at its
+latest size), starting from what the store held when it was loaded. No store
+read per turn: :meth:`Session.submit_turn` compares a number. Each session
+counts by itself: a worker's data is the worker's, not its parent's.
+
 A session is a failure boundary: an exception in its agent loop or its
 translator task is logged with its traceback, counted
 (``gateway_session_failures_total``), the turn in flight is closed with
@@ -48,12 +55,12 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 import trio
 
-from gateway.errors import ApiError
+from gateway.errors import ApiError, ToolError
 from gateway.ids import format_event_id, new_turn_id, now_ms, parse_event_id
 from gateway.logs import event
 from gateway.metrics import Metrics
@@ -78,7 +85,16 @@ from gateway.session.sequencer import EventSequencer
 from gateway.session.turn import Turn
 from gateway.store.base import SessionRecord, Store, StoredEvent, StoredMessage
 
+if TYPE_CHECKING:
+    from gateway.server.auth import Limits
+
 log = logging.getLogger("gateway.session")
+
+
+MB = 1024 * 1024
+"""A megabyte of ``max_session_mb``: 2**20 bytes."""
+
+_size_encoder = msgspec.json.Encoder()  # a loaded message's size, as SQLite stores it
 
 
 class NodeServices(AgentServices, Protocol):
@@ -121,6 +137,8 @@ class NodeServices(AgentServices, Protocol):
     ) -> None:
         """:meth:`Session.cancel_turn` on the node running the session."""
         ...
+
+    limits: Limits
 
     async def durable_or_503(self) -> None:
         """Return once everything put so far is committed, or raise 503 ``store_unavailable``."""
@@ -165,10 +183,17 @@ class Session:
         record: SessionRecord,
         stored: Iterable[StoredMessage] = (),
         parent: Session | None = None,
+        event_bytes: int = 0,
     ) -> None:
         self.node = node
         self.record = record
         self.parent = parent
+        # A root session is at depth 0, its workers at 1, theirs at 2 (max_delegate_depth).
+        self.depth: int = parent.depth + 1 if parent else 0
+        # What it holds in the store, in bytes (module docstring): its events'
+        # and, per message id, each message's latest size.
+        self.event_bytes = event_bytes
+        self.message_bytes: dict[str, int] = {}
         # The family shares streams (a parent's clients may take its workers'
         # events), so it shares the hold: batches waiting for their commit.
         self.family: Session = parent.family if parent else self
@@ -193,10 +218,11 @@ class Session:
         self._runtime = trio.CancelScope()
 
     def _load(self, stored: Iterable[StoredMessage]) -> None:
-        """The conversation as stored, and when each assistant message was completed."""
-        self.messages, self.completions = [], {}
+        """The conversation as stored, when each assistant message was completed, and its size."""
+        self.messages, self.completions, self.message_bytes = [], {}, {}
         for sm in stored:
             self.messages.append(sm.message)
+            self.message_bytes[sm.message.id] = len(_size_encoder.encode(sm.message))
             if sm.complete_event_id and sm.stop_reason and sm.complete_ts is not None:
                 seq = parse_event_id(sm.complete_event_id)
                 if seq is not None:
@@ -204,20 +230,29 @@ class Session:
                         seq, sm.complete_ts, sm.stop_reason
                     )
 
-    def reload(self, record: SessionRecord, stored: Iterable[StoredMessage], floor: int) -> None:
+    def reload(
+        self, record: SessionRecord, stored: Iterable[StoredMessage], floor: int, event_bytes: int
+    ) -> None:
         """Take the store's state of a session another node ran until now (its lease is ours).
 
         ``floor``: every event id issued before is at most this, and a replay
         reads everything up to it from the store (PROTOCOL section 3).
+        ``event_bytes``: the size of its stored events (:meth:`Store.event_bytes`).
         """
         self.record = record
         self._load(stored)
+        self.event_bytes = event_bytes
         self.tail.clear()
         self.tail_floor = max(self.tail_floor, floor, self.node.sequencer.last)
 
     @property
     def id(self) -> str:
         return self.record.id
+
+    @property
+    def stored_bytes(self) -> int:
+        """What the session holds in the store, in bytes (``max_session_mb``; module docstring)."""
+        return self.event_bytes + sum(self.message_bytes.values())
 
     # --- emission ------------------------------------------------------------
 
@@ -246,6 +281,7 @@ class Session:
             em = Emitted(seq, se.type, spec.actor, sid, turn_id, ts, data, event_frame(data))
             if spec.catalog:
                 store.put_event(StoredEvent(seq, sid, se.type, ts, data))
+                self.event_bytes += len(data)
                 catalog = True
                 self.tail.append(em)
                 if len(self.tail) > self.tail_max:
@@ -350,10 +386,28 @@ class Session:
             raise ApiError(
                 409, "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
             )
+        self._check_size()
         turn = Turn(user_message.turn_id or new_turn_id(), user_message)
         self.turn = turn
         self._turns_tx.send_nowait(turn)
         return turn
+
+    def _check_size(self) -> None:
+        """Refuse a turn once the session holds ``max_session_mb`` or more (PROTOCOL section 15).
+
+        Raises:
+            ApiError: 409 ``session_too_large``, naming its size and the limit.
+        """
+        limit_mb = self.node.config.limits.max_session_mb
+        size = self.stored_bytes
+        if limit_mb and size >= limit_mb * MB:
+            raise ApiError(
+                409,
+                "session_too_large",
+                f"session {self.id} holds {size / MB:.1f} MB of stored data, its max_session_mb"
+                f" is {limit_mb}: it takes no more turns (it can still be read; start a new"
+                " session to go on)",
+            )
 
     async def accepted(self, turn: Turn) -> None:
         """Return once the turn's ``turn.started`` (and its user message) is durable.
@@ -412,7 +466,7 @@ class Session:
             self.completions[message.id] = completion
         if self.fenced:  # another node runs it now: its history is that node's
             return
-        self.node.store.put_message(
+        self.message_bytes[message.id] = self.node.store.put_message(
             StoredMessage(
                 message,
                 format_event_id(completion.seq) if completion else None,
@@ -441,7 +495,7 @@ class Session:
         if self.fenced:
             return
         kept = msgspec.structs.replace(message, open_block_index=msgspec.UNSET)
-        self.node.store.put_message(StoredMessage(kept, None))
+        self.message_bytes[message.id] = self.node.store.put_message(StoredMessage(kept, None))
 
     def save_record(self) -> None:
         """Store the session record (nothing once fenced: :meth:`stop_here`)."""
@@ -461,13 +515,57 @@ class Session:
         return self.node.config.server.shutdown_grace_s
 
     async def spawn_worker(self, tool_use_id: str) -> Session:
-        """Create and start a worker session of this one (the ``delegate`` tool)."""
-        return await self.node.create_session(
-            workspace_path=self.record.workspace_path,
-            model=self.record.active_model,
-            metadata={"delegated_by": tool_use_id},
-            parent=self,
-        )
+        """Create and start a worker session of this one (the ``delegate`` tool).
+
+        Within the limits of PROTOCOL section 15: not from a session at
+        ``max_delegate_depth``, at most ``max_workers_per_turn`` of the turn in
+        flight, and the worker's session and its turn count against its
+        owner's ``max_sessions_per_key`` and ``turns_per_minute_per_key`` (the
+        same counts as a client's, so a turn cannot make sessions and turns its
+        key could not). Each check counts in the step that makes it, so
+        concurrent ``delegate`` calls of one batch cannot all take the last slot.
+
+        Raises:
+            ToolError: ``limit``, naming the limit; nothing was created or counted.
+        """
+        config = self.node.config.limits
+        max_depth = config.max_delegate_depth
+        if max_depth and self.depth >= max_depth:
+            raise ToolError(
+                "limit",
+                f"delegate refused: this session is a worker {self.depth} deep, the"
+                f" max_delegate_depth is {max_depth}",
+            )
+        turn = self.turn
+        max_workers = config.max_workers_per_turn
+        if turn is not None and max_workers and turn.workers >= max_workers:
+            raise ToolError(
+                "limit",
+                f"delegate refused: this turn started its max_workers_per_turn ({max_workers})"
+                " workers",
+            )
+        limits, owner = self.node.limits, self.record.owner
+        try:
+            limits.check_turn(owner)
+        except ApiError as exc:
+            raise ToolError("limit", f"delegate refused: {exc} (workers' turns count)") from None
+        limits.count_turn(owner)
+        if turn is not None:
+            turn.workers += 1
+        try:
+            return await self.node.create_session(
+                workspace_path=self.record.workspace_path,
+                model=self.record.active_model,
+                metadata={"delegated_by": tool_use_id},
+                parent=self,
+            )
+        except ApiError as exc:
+            if exc.code != "too_many_sessions":
+                raise  # it may have been created: it stays counted
+            limits.refund_turn(owner)  # refused before anything was made
+            if turn is not None:
+                turn.workers -= 1
+            raise ToolError("limit", f"delegate refused: {exc} (workers' sessions count)") from None
 
     # --- runtime -------------------------------------------------------------------
 

@@ -59,6 +59,8 @@ class Turn:
     done: trio.Event = field(default_factory=trio.Event)
     # Set once turn.started was emitted (or the turn ended without it).
     started: trio.Event = field(default_factory=trio.Event)
+    # Delegate workers it started (``max_workers_per_turn``, PROTOCOL section 15).
+    workers: int = 0
 
     def finish(self, outcome: str, final_text: str = "") -> None:
         """Enter ``done`` and wake whoever waits for the turn (a parent's ``delegate``)."""

@@ -138,11 +138,16 @@ class Store(Protocol):
         """Enqueue an upsert of a session (by id)."""
         ...
 
-    def put_message(self, msg: StoredMessage) -> None:
+    def put_message(self, msg: StoredMessage) -> int:
         """Enqueue an upsert of a message (by session and message id).
 
         An ``in_progress`` message may later be rewritten as ``complete``; it
         keeps its place in the conversation.
+
+        Returns:
+            The bytes of the message as encoded for the store: what its session's
+            stored size counts (``max_session_mb``, PROTOCOL section 15), known at
+            no cost since the put encodes it anyway.
         """
         ...
 
@@ -244,7 +249,20 @@ class Store(Protocol):
         ...
 
     async def sessions_per_owner(self) -> dict[str, int]:
-        """How many sessions each owner has, workers not counted (``max_sessions_per_key``)."""
+        """How many sessions each owner has, workers included (``max_sessions_per_key``).
+
+        A worker belongs to its parent's owner and counts against the same limit
+        (PROTOCOL section 15, "Limits that hold").
+        """
+        ...
+
+    async def event_bytes(self, session_id: str) -> int:
+        """The bytes of the session's stored events (their wire JSON), read once when it is loaded.
+
+        With its messages' sizes, the session's stored size that
+        ``max_session_mb`` bounds (PROTOCOL section 15); from then on the session
+        counts what it writes, in memory, and never asks again.
+        """
         ...
 
     async def open_turns(self) -> list[SessionRecord]:

@@ -314,10 +314,12 @@ class _Batch:
         self.sessions.append((msgspec.structs.replace(rec), _encoder.encode(rec)))
         self.size += 1
 
-    def add_message(self, msg: StoredMessage) -> None:
+    def add_message(self, msg: StoredMessage) -> int:
         m = msg.message
-        self.messages.append((m.session_id, m.id, _encoder.encode(msg)))
+        data = _encoder.encode(msg)
+        self.messages.append((m.session_id, m.id, data))
         self.size += 1
+        return len(data)
 
     def add_event(self, ev: StoredEvent) -> None:
         member = _encoder.encode((ev.seq, ev.type, ev.ts, ev.data))
@@ -544,11 +546,12 @@ class RedisStore:
         self._enqueued += 1
         self._signal()
 
-    def put_message(self, msg: StoredMessage) -> None:
+    def put_message(self, msg: StoredMessage) -> int:
         self._check_accepting()
-        self._pending.add_message(msg)
+        size = self._pending.add_message(msg)
         self._enqueued += 1
         self._signal()
+        return size
 
     def put_event(self, ev: StoredEvent) -> None:
         self._check_accepting()
@@ -794,7 +797,7 @@ class RedisStore:
         async def count(c: coredis.Redis[bytes]) -> dict[str, int]:
             owners = sorted(o.decode() for o in await c.smembers(k.owners))
             async with c.pipeline(transaction=False) as p:
-                sizes = [p.scard(k.roots(o)) for o in owners]
+                sizes = [p.zcard(k.owner(o)) for o in owners]  # workers included
             return {o: await n for o, n in zip(owners, sizes, strict=True)}
 
         return await self._read(count)
@@ -843,6 +846,13 @@ class RedisStore:
     async def open_turns(self) -> list[SessionRecord]:
         sids = sorted(s.decode() for s in await self._read(lambda c: c.smembers(self._keys.open)))
         return [r for r in await self._records(sids) if r.current_turn_id is not None]
+
+    async def event_bytes(self, session_id: str) -> int:
+        # Redis's own estimate of the events' sorted set (sampled: one command,
+        # whatever its size), read once when a session is loaded.
+        key = self._keys.events(session_id)
+        size = await self._read(lambda c: c.memory_usage(key))
+        return int(size or 0)
 
     async def worker_ids(self, parent_id: str) -> list[str]:
         members = await self._read(lambda c: c.zrange(self._keys.workers(parent_id), 0, -1))

@@ -250,19 +250,14 @@ class _Batch:
         )
         self.size += 1
 
-    def add_message(self, msg: StoredMessage) -> None:
+    def add_message(self, msg: StoredMessage) -> int:
         m = msg.message
+        data = _encoder.encode(m)
         self.messages.append(
-            (
-                m.session_id,
-                m.id,
-                _encoder.encode(m),
-                msg.complete_event_id,
-                msg.stop_reason,
-                msg.complete_ts,
-            )
+            (m.session_id, m.id, data, msg.complete_event_id, msg.stop_reason, msg.complete_ts)
         )
         self.size += 1
+        return len(data)
 
     def add_event(self, ev: StoredEvent) -> None:
         self.events.append((ev.seq, ev.session_id, ev.type, ev.ts, ev.data))
@@ -404,12 +399,17 @@ class _Database:
 
     def sessions_per_owner(self) -> dict[str, int]:
         sql = """
-            SELECT owner, count(*) FROM sessions WHERE parent_session_id IS NULL
-            GROUP BY owner
+            SELECT owner, count(*) FROM sessions GROUP BY owner
         """
         with _reporting(self._path, "read"):
             rows = self._reader.execute(sql).fetchall()
         return {owner: count for owner, count in rows}
+
+    def event_bytes(self, session_id: str) -> int:
+        sql = "SELECT coalesce(sum(length(data)), 0) FROM events WHERE session_id = ?"
+        with _reporting(self._path, "read"):
+            (size,) = self._reader.execute(sql, (session_id,)).fetchone()
+        return int(size)
 
     def list_messages(
         self, session_id: str, before: str | None, limit: int
@@ -646,11 +646,12 @@ class SqliteStore:
         self._enqueued += 1
         self._signal()
 
-    def put_message(self, msg: StoredMessage) -> None:
+    def put_message(self, msg: StoredMessage) -> int:
         self._check_accepting()
-        self._pending.add_message(msg)
+        size = self._pending.add_message(msg)
         self._enqueued += 1
         self._signal()
+        return size
 
     def put_event(self, ev: StoredEvent) -> None:
         self._check_accepting()
@@ -783,6 +784,9 @@ class SqliteStore:
 
     async def sessions_per_owner(self) -> dict[str, int]:
         return await self._read(lambda db: db.sessions_per_owner())
+
+    async def event_bytes(self, session_id: str) -> int:
+        return await self._read(lambda db: db.event_bytes(session_id))
 
     async def list_messages(
         self, session_id: str, *, before: str | None, limit: int

@@ -6,6 +6,13 @@ its events also reach the parent's subscribers that ask for
 ``include_worker_sessions`` (PROTOCOL section 5). The parent emits
 ``delegate.started``, then ``delegate.completed`` or ``delegate.failed``.
 
+Limits (PROTOCOL section 15, :meth:`gateway.session.session.Session.spawn_worker`):
+no worker from a session at ``max_delegate_depth``, at most
+``max_workers_per_turn`` per turn of the parent, and the worker's session and
+turn count against the owner's ``max_sessions_per_key`` and
+``turns_per_minute_per_key``. Beyond, the tool fails with ``limit`` before
+anything happens: no session, no ``delegate.*`` event.
+
 Cancelling the parent's turn cancels the worker's turn first, which emits its
 own cancellation sequence in the worker's stream; then the parent emits
 ``delegate.failed`` (``cancelled_by_user``), and the tool's ``tool.failed``
