@@ -189,7 +189,7 @@ async def test_kill_9_of_the_daemon_kills_its_tool_processes(tmp_path: Path) -> 
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             sid = (await http.post("/sessions", json={})).json()["session_id"]
             os.mkfifo(tmp_path / "workspaces" / "local" / sid / "ready")
-            turn = shell_turn("echo $$ > ready; sleep 30")
+            turn = shell_turn("sleep 30 & echo $$ > ready; wait")  # the sleep is forked first
             r = await http.post(f"/sessions/{sid}/turns", json={"content": turn})
             assert r.status_code == 202, r.text
             with trio.fail_after(10):
