@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,6 +60,7 @@ from gateway.session.session import Session
 from gateway.store.base import SessionRecord, Store
 from gateway.store.lease import LeaseKeeper, Taken, new_node_id
 from gateway.tools.registry import ToolRegistry
+from gateway.tools.workspace import WorkspaceError, Workspaces
 
 if TYPE_CHECKING:
     from gateway.cluster import Cluster, LiveBatch
@@ -150,6 +150,7 @@ class Node:
         )
         self.tokens = AttachTokens(config.stream.attach_token_ttl_s)
         self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.server.auth)
+        self.workspaces = Workspaces.from_config(config.sessions)  # PROTOCOL section 15
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)
         self.sequencer: EventSequencer
@@ -499,9 +500,13 @@ class Node:
         if parent is not None:
             owner = parent.record.owner
         with self.limits.new_session(owner):
-            workspace = await _workspace(workspace_path)
+            session_id = session_id or new_session_id()
+            if parent is not None:  # a worker works in its parent's workspace
+                workspace = parent.record.workspace_path
+            else:
+                workspace = await _workspace(self.workspaces, session_id, owner, workspace_path)
             record = SessionRecord(
-                id=session_id or new_session_id(),
+                id=session_id,
                 created_at=now_ms(),
                 workspace_path=workspace,
                 active_model=self.resolve_model(model),
@@ -968,24 +973,23 @@ class Node:
         return cost
 
 
-async def _workspace(workspace_path: str | None) -> str:
-    """The absolute workspace of a new session (``POST /sessions``, PROTOCOL section 2).
+async def _workspace(
+    workspaces: Workspaces, session_id: str, owner: str, workspace_path: str | None
+) -> str:
+    """The workspace of a new session, made now; what its record holds (PROTOCOL section 15).
+
+    No ``workspace_path``: a fresh directory of its own, named after the
+    session. Else a relative name under ``[sessions] workspace_root``, or an
+    absolute directory under one of ``allowed_workspaces``
+    (gateway.tools.workspace has the rules).
 
     Raises:
-        ApiError: 422 ``invalid_workspace``: not a directory, or none given and
-            the daemon's own working directory is gone (deleted under it).
+        ApiError: 422 ``invalid_workspace`` naming the problem (never a host path of the root).
     """
     try:
-        path = await trio.Path(workspace_path or os.curdir).absolute()
-    except OSError as exc:  # os.getcwd() of a deleted directory
-        raise ApiError(
-            422,
-            "invalid_workspace",
-            f"the daemon's working directory is gone ({exc.strerror}); give workspace_path",
-        ) from None
-    if not await path.is_dir():
-        raise ApiError(422, "invalid_workspace", f"workspace_path {str(path)!r} is not a directory")
-    return str(path)
+        return await workspaces.create(session_id=session_id, owner=owner, name=workspace_path)
+    except WorkspaceError as exc:
+        raise ApiError(422, "invalid_workspace", str(exc)) from None
 
 
 def _pack(value: object) -> bytes:

@@ -67,6 +67,9 @@ url = "{url}"
 lease_s = {lease_s}
 [model]
 provider = "scripted"
+[sessions]
+workspace_root = "{workdir}/workspaces"
+allowed_workspaces = ["{workdir}"]
 [tools]
 enabled = ["sleep", "read_file", "delegate"]
 require_approval = ["read_file"]
@@ -201,7 +204,9 @@ class Cluster:
         workdir = self.workdir / name
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
-        config = self.config.format(port=port, url=self.redis.url, lease_s=LEASE_S)
+        config = self.config.format(
+            port=port, url=self.redis.url, lease_s=LEASE_S, workdir=self.workdir
+        )
         (workdir / "gateway.toml").write_text(config)
         # Every GATEWAY_* variable is a config key: the shell's must not reach the node.
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}

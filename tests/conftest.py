@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -55,9 +55,25 @@ def free_port() -> int:
 
 
 def make_config(tmp_path: Path, **overrides: Any) -> Config:
-    """A config on port 0 with the store in ``tmp_path``; ``overrides`` by dotted key."""
-    flat = {"server.port": 0, "store.path": str(tmp_path / "gateway.db"), **overrides}
+    """A config on port 0, the store and workspaces in ``tmp_path``; ``overrides`` by dotted key."""
+    flat = {
+        "server.port": 0,
+        "store.path": str(tmp_path / "gateway.db"),
+        "sessions.workspace_root": str(tmp_path / "workspaces"),
+        **overrides,
+    }
     return load_config(None, {}, flat)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_workspaces_in_the_repo() -> Iterator[None]:
+    """No test makes a ``workspaces`` directory in the repository (roots are in tmp dirs)."""
+    before = (REPO / "workspaces").exists()
+    yield
+    assert before or not (REPO / "workspaces").exists(), "a test made ./workspaces in the repo"
 
 
 class Harness:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
 import pytest
 import trio
 
@@ -130,6 +131,9 @@ async def gateway_turn(
     Returns:
         The turn's events, in order, and the tool definitions of the gateway's registry.
     """
+    # The test's files are in ``workspace``: the operator allows it (PROTOCOL section 15).
+    sessions = msgspec.structs.replace(config.sessions, allowed_workspaces=(str(workspace),))
+    config = msgspec.structs.replace(config, sessions=sessions)
     try:
         with trio.fail_after(20):
             async with running_gateway(config, provider) as gw:

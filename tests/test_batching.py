@@ -95,7 +95,7 @@ async def recorded_session(
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
-        session = await node.create_session(workspace_path=str(tmp_path))
+        session = await node.create_session()
         recorder = Recorder(session.hub.backlog, nursery)
         recorder.writer = writer
         session.hub.subscribe(recorder, resolve_filter("preset:chat")[1])

@@ -417,7 +417,14 @@ async def test_cancel_kills_a_shell_commands_whole_process_tree(tmp_path: Path) 
     workspace = tmp_path / "ws"
     workspace.mkdir()
     os.mkfifo(workspace / "ready")
-    config = make_config(tmp_path, **{"tools.enabled": ["shell"], "tools.kill_grace_s": 0.5})
+    config = make_config(
+        tmp_path,
+        **{
+            "tools.enabled": ["shell"],
+            "tools.kill_grace_s": 0.5,
+            "sessions.allowed_workspaces": [str(workspace)],
+        },
+    )
     command = "sleep 100 & (trap '' TERM; sleep 100) & echo $$ > ready; wait"
     script = {
         "script": {"rounds": [[{"tool_use": {"name": "shell", "input": {"command": command}}}]]}

@@ -153,7 +153,6 @@ async def gateway_serve(tmp_path: Path, **config: Any) -> AsyncIterator[int]:
     lines = ['[server]\nport = 0\n[store]\npath = "gateway.db"\n[tools]']
     lines += [f"{key} = {json.dumps(value)}" for key, value in config.items()]
     (tmp_path / "gateway.toml").write_text("\n".join(lines) + "\n")
-    (tmp_path / "notes.txt").write_text("the notes\n")
     with open(tmp_path / "serve.log", "wb") as log:  # noqa: ASYNC230 (a file handle to pass)
         proc = await trio.lowlevel.open_process(
             [sys.executable, "-m", "gateway", "serve", "--config", "gateway.toml"],
@@ -252,7 +251,9 @@ async def test_a_turn_an_approval_a_cancel_and_quit(tmp_path: Path) -> None:
             gateway_serve(tmp_path, require_approval=["read_file"]) as port,
             terminal("--url", f"http://127.0.0.1:{port}") as chat,
         ):
-            await chat.expect(r"session sess_\w+")
+            sid = (await chat.expect(r"session sess_\w+")).split()[1]
+            # The session's own workspace (PROTOCOL section 15), made with it.
+            (tmp_path / "workspaces" / "local" / sid / "notes.txt").write_text("the notes\n")
             await chat.prompt()
             chat.send(tool_turn + "\r")
             await chat.expect(r"\? allow read_file \{\"path\": \"notes.txt\"\}  \[y/n\]")

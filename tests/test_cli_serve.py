@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sqlite3
@@ -196,24 +197,23 @@ async def test_a_start_up_failure_is_one_line_and_a_non_zero_exit(
     assert len(lines) == 1 and lines[0].startswith("gateway: ") and expected in lines[0], lines
 
 
-async def test_a_working_directory_deleted_under_the_daemon_is_a_422_not_a_500(
+async def test_a_workspace_root_deleted_under_the_daemon_is_made_again_not_a_500(
     tmp_path: Path,
 ) -> None:
-    """PROTOCOL section 2 (no 5xx): a session with no workspace_path needs the daemon's cwd."""
+    """PROTOCOL section 2 (no 5xx) and 15: the root is made at start-up, and again if deleted."""
     cwd, store = tmp_path / "cwd", tmp_path / "store"
     cwd.mkdir()
     store.mkdir()
     config = tmp_path / "gw.toml"
     config.write_text(f'[store]\npath = "{store / "gateway.db"}"\n')
     async with gateway_process(cwd, "--config", str(config), "--port", "0") as (proc, port):
-        cwd.rmdir()
+        root = cwd / "workspaces"
+        assert root.is_dir() and root.stat().st_mode & 0o777 == 0o700  # made at start-up
+        shutil.rmtree(cwd)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             r = await http.post("/sessions", json={})
-            assert r.status_code == 422, r.text
-            assert r.json()["error"]["code"] == "invalid_workspace"
-            assert "working directory" in r.json()["error"]["message"]
-            r = await http.post("/sessions", json={"workspace_path": str(tmp_path)})
             assert r.status_code == 201, r.text
+            assert (root / "local" / r.json()["session_id"]).is_dir()
         proc.send_signal(signal.SIGTERM)
         with trio.fail_after(10):
             assert await proc.wait() == 0

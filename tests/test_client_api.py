@@ -123,7 +123,7 @@ async def test_every_call_of_the_http_api(gw: Harness, tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with GatewayClient(gw.base) as client:
             created = await client.create_session(
-                workspace_path=str(tmp_path), metadata={"who": "test"}
+                workspace_path="api/test", metadata={"who": "test"}
             )
             other = await client.create_session()
             assert created.active_model == "scripted:echo"
@@ -133,7 +133,7 @@ async def test_every_call_of_the_http_api(gw: Harness, tmp_path: Path) -> None:
             older = await client.list_sessions(before=other.session_id)
             assert older.sessions[0].session.id == created.session_id
             assert older.sessions[0].metadata == {"who": "test"}
-            assert older.sessions[0].session.workspace_path == str(tmp_path)
+            assert older.sessions[0].session.workspace_path == "api/test"
             attached = await client.attach(created.session_id)
             assert attached.ws_url.startswith("ws://") and attached.attach_token
 

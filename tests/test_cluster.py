@@ -31,7 +31,6 @@ clients on each node, and checks:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -190,12 +189,14 @@ async def test_a_snapshot_on_a_node_that_never_saw_the_session(nodes: list[Node]
 
 
 async def test_cancel_and_permission_sent_to_a_non_owner_act_on_the_turn(
-    nodes: list[Node], tmp_path: Path
+    nodes: list[Node],
 ) -> None:
-    (tmp_path / "note.txt").write_text("a note\n")
     with trio.fail_after(20):
         async with peers(nodes) as (a, b, c):
-            sid = await a.create_session(workspace_path=str(tmp_path))
+            # The nodes share one workspace root (cluster_support), as on shared storage.
+            sid = await a.create_session(workspace_path="notes")
+            root = nodes[0].workdir.parent / "workspaces"
+            (root / "local" / "notes" / "note.txt").write_text("a note\n")
             async with a.watch(sid) as wa, c.watch(sid) as wc:
                 # a permission decision, sent to b
                 turn_id = await a.submit(sid, APPROVAL)

@@ -126,7 +126,7 @@ async def rig(tmp_path: Path, *, over_socket: bool = False, **overrides: Any) ->
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
-        session = await node.create_session(workspace_path=str(tmp_path))
+        session = await node.create_session()
         if over_socket:
             a, b = trio.socket.socketpair()
             client_stream: trio.abc.Stream = trio.SocketStream(a)

@@ -129,14 +129,15 @@ async def test_create_session_with_an_empty_body(gw: Harness) -> None:
 
 
 async def test_create_session_with_every_field(gw: Harness, tmp_path: Path) -> None:
-    body = {"workspace_path": str(tmp_path), "model": "scripted:other", "metadata": {"k": [1]}}
+    body = {"workspace_path": "proj/api", "model": "scripted:other", "metadata": {"k": [1]}}
     r = await gw.http.post("/sessions", json=body)
     assert r.status_code == 201, r.text
     sid = r.json()["session_id"]
     assert r.json()["active_model"] == "scripted:other"
     listing = (await gw.http.get("/sessions")).json()["sessions"]
     assert [(s["session"]["id"], s["metadata"]) for s in listing] == [(sid, {"k": [1]})]
-    assert listing[0]["session"]["workspace_path"] == str(tmp_path)
+    assert listing[0]["session"]["workspace_path"] == "proj/api"  # its name, not the host's path
+    assert (tmp_path / "workspaces" / "local" / "proj" / "api").is_dir()
     assert listing[0]["created_at"] == r.json()["created_at"]
 
 

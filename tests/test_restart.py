@@ -129,6 +129,7 @@ async def test_a_turn_cut_by_a_crash_is_closed_at_restart(tmp_path: Path, name: 
     overrides = {
         "tools.enabled": ["sleep", "read_file", "delegate"],
         "tools.require_approval": ["read_file"],
+        "sessions.allowed_workspaces": [str(workspace)],
     }
     with trio.fail_after(30):
         async with running_gateway(

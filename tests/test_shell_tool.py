@@ -19,11 +19,19 @@ import trio
 
 from gateway.errors import ToolError
 from gateway.tools.builtin import build_registry
-from gateway.tools.registry import ToolContext, ToolOutput
+from gateway.tools.registry import ToolContext, ToolOutput, ToolRegistry
 from gateway.tools.shell import MAX_KEPT_BYTES
+from gateway.tools.workspace import Workspaces
 
-# The way a gateway gets it: opted into by name (``[tools] enabled``).
-REGISTRY = build_registry(["shell"])
+
+def _registry(tmp_path: Path) -> ToolRegistry:
+    """The way a gateway gets it: opted into by name (``[tools] enabled``).
+
+    The test's directory is the workspace: an absolute one the operator allows.
+    """
+    workspaces = Workspaces(str(tmp_path / "workspaces"), (str(tmp_path),))
+    return build_registry(["shell"], workspaces=workspaces)
+
 
 # The command reports its pid, which is its process group id (it leads a new
 # session), once its children are started, through a FIFO the test reads.
@@ -42,7 +50,9 @@ def _ctx(tmp_path: Path, kill_grace_s: float = 1.0) -> ToolContext:
 
 async def _run(tmp_path: Path, command: str, **extra: Any) -> ToolOutput:
     with trio.fail_after(5):
-        return await REGISTRY.execute("shell", {"command": command, **extra}, _ctx(tmp_path))
+        return await _registry(tmp_path).execute(
+            "shell", {"command": command, **extra}, _ctx(tmp_path)
+        )
 
 
 def _live_members(pgid: int) -> list[int]:
@@ -100,7 +110,7 @@ async def _cancel_when_started(
     async def call() -> None:
         with scope:
             ctx = _ctx(tmp_path, kill_grace_s)
-            returned.append(await REGISTRY.execute("shell", {"command": command}, ctx))
+            returned.append(await _registry(tmp_path).execute("shell", {"command": command}, ctx))
 
     os.mkfifo(tmp_path / "ready")
     with trio.fail_after(5):
@@ -211,5 +221,5 @@ async def test_invalid_input_is_refused_before_running(
     tmp_path: Path, raw_input: dict[str, Any]
 ) -> None:
     with pytest.raises(ToolError) as caught:
-        await REGISTRY.execute("shell", raw_input, _ctx(tmp_path))
+        await _registry(tmp_path).execute("shell", raw_input, _ctx(tmp_path))
     assert caught.value.error_class == "invalid_input"

@@ -101,7 +101,7 @@ def text_of(events: list[Event]) -> str:
 
 
 async def test_snapshot_of_an_idle_session_with_history(gw: Harness, tmp_path: Path) -> None:
-    r = await gw.http.post("/sessions", json={"workspace_path": str(tmp_path)})
+    r = await gw.http.post("/sessions", json={"workspace_path": "history"})
     assert r.status_code == 201
     sid, model = r.json()["session_id"], r.json()["active_model"]
     texts = ["one", "two words", "three little words"]
@@ -131,7 +131,7 @@ async def test_snapshot_of_an_idle_session_with_history(gw: Harness, tmp_path: P
     cost = sum(e.payload.cost_usd for e in live.events if e.type == "turn.completed")
     assert snap.session == SessionSummary(
         id=sid,
-        workspace_path=str(tmp_path),
+        workspace_path="history",  # its name, not the host's path
         active_model=model,
         routing_policy_version=route.payload.policy_version,
         cost_so_far_usd=cost,

@@ -415,6 +415,7 @@ async def test_kill_9_at_any_instant_loses_nothing_a_client_was_shown(tmp_path: 
         # old default); an event delivered before its commit would be lost.
         f'[store]\npath = "{db}"\nflush_interval_ms = 20\n'
         '[tools]\nenabled = ["sleep", "read_file", "delegate"]\nrequire_approval = ["read_file"]\n'
+        f'[sessions]\nallowed_workspaces = ["{workspace}"]\n'
     )
     rng = random.Random(SEED)
     order = list(PHASES)

@@ -193,7 +193,7 @@ async def test_tool_errors_are_results_and_the_turn_goes_on(gw: Harness, tmp_pat
             ]
         }
     }
-    sid = await gw.create_session(workspace_path=str(tmp_path))
+    sid = await gw.create_session(workspace_path="w")
     async with gw.client(sid) as client:
         await client.subscribe()
         await gw.submit(sid, script)
@@ -213,7 +213,8 @@ async def test_tool_errors_are_results_and_the_turn_goes_on(gw: Harness, tmp_pat
 
 
 async def test_read_file_reads_inside_the_workspace(gw: Harness, tmp_path: Any) -> None:
-    (tmp_path / "notes.txt").write_text("hello from the workspace")
+    sid = await gw.create_session()  # its own workspace, named after it
+    (tmp_path / "workspaces" / "local" / sid / "notes.txt").write_text("hello from the workspace")
     script = {
         "script": {
             "rounds": [
@@ -222,7 +223,6 @@ async def test_read_file_reads_inside_the_workspace(gw: Harness, tmp_path: Any) 
             ]
         }
     }
-    sid = await gw.create_session(workspace_path=str(tmp_path))
     async with gw.client(sid) as client:
         await client.subscribe()
         await gw.submit(sid, script)

@@ -47,6 +47,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.server.auth import key_id
 from tests.ui_support import Daemon, chromium, playwright_sync_api
 
 KEY = "ui-test-key"
@@ -94,7 +95,6 @@ def script(rounds: list[Any], delay_ms: int = 0) -> str:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     workdir = tmp_path_factory.mktemp("ui-gateway")
-    (workdir / "notes.txt").write_text("Remember: the demo is on Thursday.\n")
     gateway = Daemon(workdir, CONFIG)
     try:
         yield gateway
@@ -464,10 +464,14 @@ def test_a_socket_cut_mid_reply_ends_in_the_same_text(
 # --- approval -----------------------------------------------------------------------------------
 
 
-def test_an_approval_is_answered_from_the_page(tab: Page) -> None:
+def test_an_approval_is_answered_from_the_page(tab: Page, daemon: Daemon) -> None:
     expect = tab.api.expect
     tab.open()
     session_id = tab.new_session()
+    # The notes are in the session's own workspace (PROTOCOL section 15), made with it,
+    # in the directory of the page's key.
+    notes = daemon.workdir / "workspaces" / key_id(KEY) / session_id / "notes.txt"
+    notes.write_text("Remember: the demo is on Thursday.\n")
     tab.view("full")
     read = {"tool_use": {"name": "read_file", "input": {"path": "notes.txt"}}}
     thinking = {"thinking": "The notes are in the workspace; reading them needs approval."}

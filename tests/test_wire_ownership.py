@@ -315,7 +315,7 @@ async def rig(tmp_path: Path, **overrides: Any) -> AsyncIterator[Rig]:
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
-        session = await node.create_session(workspace_path=str(tmp_path))
+        session = await node.create_session()
         kernel = Kernel()
         session.hub.write = kernel.write
         async with trio.open_nursery() as connections:

@@ -134,13 +134,19 @@ class Soak:
 
     async def run(self) -> None:
         """Run the soak to its end, or until the daemon dies."""
-        config = self.workdir / "gateway.toml"
-        config.write_text(
-            config_toml(self.profile.gateway_config, str(self.workdir / "gateway.db"))
-        )
         workspace = self.workdir / "workspace"
         workspace.mkdir(exist_ok=True)
         (workspace / NOTES_FILE).write_text("soak notes\n")
+        # The sessions name this directory: the operator allows it (PROTOCOL section 15).
+        sections = {
+            **self.profile.gateway_config,
+            "sessions": {
+                "workspace_root": str(self.workdir / "workspaces"),
+                "allowed_workspaces": [str(workspace)],
+            },
+        }
+        config = self.workdir / "gateway.toml"
+        config.write_text(config_toml(sections, str(self.workdir / "gateway.db")))
         daemon = self.daemon = Daemon(config, self.workdir / "gateway.log", self._died)
         async with trio.open_nursery() as top:
             await top.start(daemon.run, name="soak-daemon")

@@ -3,9 +3,15 @@
 Task tree::
 
     gateway               Gateway.run
+    ├── tool-reaper       keeps the watchdog of tool processes (gateway.tools.process)
     ├── node              gateway.node.Node.run (store writer, retention, sessions)
     └── http              the listener's accept loop
         └── conn <peer>   one per accepted socket: keep-alive HTTP or one WebSocket
+
+At start-up the workspace root (``[sessions] workspace_root``) is made if
+missing, mode 0700 (gateway.tools.workspace); a root that cannot be made is a
+one-line start-up failure. The ``tool-reaper`` task outlives the node: it is
+stopped once the sessions (and the tool processes they ran) are.
 
 Shutdown, on SIGTERM/SIGINT or :meth:`Gateway.shutdown`: stop being ready
 (``GET /readyz`` answers 503 ``draining``) and refuse new turns, cancel
@@ -46,6 +52,8 @@ from gateway.server.http import HttpLimits, TrustedProxies, serve_connection
 from gateway.server.routes import Api
 from gateway.store import open_store
 from gateway.tools.builtin import build_registry
+from gateway.tools.process import ToolProcesses
+from gateway.tools.workspace import Workspaces
 
 log = logging.getLogger("gateway")
 
@@ -55,11 +63,19 @@ class Gateway:
 
     def __init__(self, config: Config, provider: Provider | None = None) -> None:
         self.config = config
+        workspaces = Workspaces.from_config(config.sessions)
+        try:
+            workspaces.ensure_root()  # at start-up, once (PROTOCOL section 15)
+        except OSError as exc:
+            raise StartupError(
+                f"[sessions] workspace_root {workspaces.root!r} cannot be made: {exc.strerror}"
+            ) from None
+        self.processes = ToolProcesses(config.tools)
         self.node = Node(
             config,
             open_store(config.store),
             provider or make_provider(config),
-            build_registry(config.tools.enabled),
+            build_registry(config.tools.enabled, workspaces=workspaces, processes=self.processes),
         )
         s = config.server
         self.limits = HttpLimits(
@@ -79,16 +95,19 @@ class Gateway:
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`shutdown`; ``task_status`` receives the bound port."""
         s = self.config.server
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.node.run, name="node")
-            listeners = await trio.open_tcp_listeners(s.port, host=s.host)
-            self.port = listeners[0].socket.getsockname()[1]
-            async with trio.open_nursery() as conns:
-                conns.start_soon(self._accept, listeners, conns, name="http")
-                task_status.started(self.port)
-                await self._stopped.wait()
-                await self._close_everything(conns)
-            self.node.stop()
+        async with trio.open_nursery() as outer:
+            await outer.start(self.processes.run, name="tool-reaper")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.node.run, name="node")
+                listeners = await trio.open_tcp_listeners(s.port, host=s.host)
+                self.port = listeners[0].socket.getsockname()[1]
+                async with trio.open_nursery() as conns:
+                    conns.start_soon(self._accept, listeners, conns, name="http")
+                    task_status.started(self.port)
+                    await self._stopped.wait()
+                    await self._close_everything(conns)
+                self.node.stop()
+            outer.cancel_scope.cancel()  # the sessions and their tool processes are stopped
 
     async def _accept(self, listeners: list[Any], conns: trio.Nursery) -> None:
         with self._accepting:

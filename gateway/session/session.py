@@ -84,6 +84,7 @@ from gateway.session.permissions import Permissions
 from gateway.session.sequencer import EventSequencer
 from gateway.session.turn import Turn
 from gateway.store.base import SessionRecord, Store, StoredEvent, StoredMessage
+from gateway.tools.workspace import display_name
 
 if TYPE_CHECKING:
     from gateway.server.auth import Limits
@@ -159,10 +160,14 @@ class NodeServices(AgentServices, Protocol):
 def summary_of(
     record: SessionRecord, turn: Turn | None = None, pending: list[PendingPermission] | None = None
 ) -> SessionSummary:
-    """The ``SessionSummary`` of PROTOCOL section 6, of a live session or a stored record."""
+    """The ``SessionSummary`` of PROTOCOL section 6, of a live session or a stored record.
+
+    ``workspace_path`` is the workspace's name, never the host's path of the
+    workspace root (PROTOCOL section 15, gateway.tools.workspace.display_name).
+    """
     return SessionSummary(
         id=record.id,
-        workspace_path=record.workspace_path,
+        workspace_path=display_name(record.workspace_path),
         active_model=record.active_model,
         routing_policy_version=record.routing_policy_version,
         cost_so_far_usd=record.cost_so_far_usd,

@@ -90,6 +90,9 @@ class ToolContext:
     session_id: str
     turn_id: str
     tool_use_id: str
+    # The session's workspace as recorded (gateway.tools.workspace): ``<tenant>/<name>``
+    # under ``[sessions] workspace_root``, or an allowed absolute directory. A tool
+    # opens it at use through the daemon's ``Workspaces``, never as a plain path.
     workspace_path: str
     kill_grace_s: float = 5.0
     session: ToolSession | None = None  # for tools that act on their session (delegate)

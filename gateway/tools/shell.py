@@ -26,17 +26,18 @@ Output is read as it comes, stdout and stderr concurrently: the first
 command neither blocks on a full pipe nor fills the gateway's memory. A non-zero
 exit code is a normal result: the model sees it and decides.
 
-The command's environment is not the gateway's: the gateway's holds provider API
-keys, which a model-written command has no business reading. Only the
-variables in :data:`ENV_PASSTHROUGH` are passed on (``PATH`` defaulting to
-``os.defpath``).
+The command is a tool process (gateway.tools.process): its environment is
+``PATH``, ``HOME`` (the workspace), ``LANG`` and ``[tools] env``, never the
+gateway's, which holds provider API keys a model-written command has no
+business reading; ``[tools]`` rlimits apply; the watchdog kills it if the
+daemon dies. Its working directory is the session's workspace, checked when the
+call starts (gateway.tools.workspace). Nothing more confines it: it runs as the
+daemon's user and can read whatever that user can (``cat /etc/passwd``), which
+is why it is opt-in.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 from typing import Annotated
 
@@ -44,7 +45,9 @@ import msgspec
 import trio
 
 from gateway.errors import ToolError
+from gateway.tools.process import ToolProcesses
 from gateway.tools.registry import FunctionTool, ToolContext, ToolOutput
+from gateway.tools.workspace import Workspaces
 
 DEFAULT_TIMEOUT_S = 300.0
 """The timeout of a call that gives no ``timeout_s``."""
@@ -57,9 +60,6 @@ MAX_KEPT_BYTES = 64 * 1024
 
 MAX_TIMEOUT_REPORT_CHARS = 4096
 """A timeout's message carries the partial output only if it is at most this long."""
-
-ENV_PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
-"""The variables of the gateway's environment a command sees; the rest stay behind."""
 
 
 class ShellInput(msgspec.Struct, forbid_unknown_fields=True):
@@ -87,17 +87,18 @@ class _Capture:
         return text
 
 
-async def _shell(args: ShellInput, ctx: ToolContext) -> ToolOutput:
+async def _shell(
+    processes: ToolProcesses, workspaces: Workspaces, args: ShellInput, ctx: ToolContext
+) -> ToolOutput:
     timeout_s = DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s
     stdout, stderr = _Capture(), _Capture()
-    proc = await trio.lowlevel.open_process(
+    workspace = await trio.to_thread.run_sync(workspaces.host_path, ctx.workspace_path)
+    proc = await processes.spawn(
         ["/bin/sh", "-c", args.command],
-        cwd=ctx.workspace_path,
-        env=_environment(),
+        workspace=workspace,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        start_new_session=True,
     )
     assert proc.stdout is not None and proc.stderr is not None
     # No checkpoint lies between the spawn and the ``try``: a cancellation
@@ -110,44 +111,15 @@ async def _shell(args: ShellInput, ctx: ToolContext) -> ToolOutput:
                 await proc.wait()
         finally:
             with trio.CancelScope(shield=True):
-                await _stop_group(proc, ctx.kill_grace_s)
+                await processes.stop(proc, ctx.kill_grace_s)
         # The group is dead, so the pipes reach end-of-file at once, unless a
         # process that left the group still holds them: wait no longer than the grace.
         nursery.cancel_scope.deadline = trio.current_time() + ctx.kill_grace_s
     if deadline.cancelled_caught:
         raise ToolError("timeout", _timeout_message(timeout_s, stdout.text(), stderr.text()))
     exit_code = proc.returncode
-    assert exit_code is not None  # _stop_group reaped the shell
+    assert exit_code is not None  # stop() reaped the shell
     return _result(exit_code, stdout, stderr)
-
-
-async def _stop_group(proc: trio.Process, grace_s: float) -> None:
-    """Stop every process of the call's group and reap the shell; run it shielded.
-
-    A shell still running gets SIGTERM, with its whole group, and ``grace_s``
-    to exit (PROTOCOL section 8). Then the group gets SIGKILL in every case:
-    children that ignored SIGTERM, or were left in the background by a shell
-    that exited on its own, are in it still.
-    """
-    if proc.returncode is None:
-        _signal_group(proc.pid, signal.SIGTERM)
-        with trio.move_on_after(grace_s):
-            await proc.wait()
-    _signal_group(proc.pid, signal.SIGKILL)
-    await proc.wait()
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    # An empty group is the usual case after a clean exit. Its id is the shell's
-    # pid, which the kernel does not hand out again while the group has a member.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
-
-
-def _environment() -> dict[str, str]:
-    env = {name: os.environ[name] for name in ENV_PASSTHROUGH if name in os.environ}
-    env.setdefault("PATH", os.defpath)
-    return env
 
 
 def _sections(stdout: str, stderr: str) -> str:
@@ -176,12 +148,18 @@ def _timeout_message(timeout_s: float, stdout: str, stderr: str) -> str:
     return f"{message}\n{_sections(stdout, stderr)}"
 
 
-SHELL = FunctionTool(
-    "shell",
-    "Run a command with /bin/sh -c in the session's workspace and return its exit code, "
-    f"stdout and stderr (each cut at {MAX_KEPT_BYTES // 1024} KiB). stdin is empty. "
-    f"timeout_s defaults to {DEFAULT_TIMEOUT_S:g} s, at most {MAX_TIMEOUT_S:g} s. "
-    "Background processes are killed when the command exits.",
-    ShellInput,
-    _shell,
-)
+def shell_tool(processes: ToolProcesses, workspaces: Workspaces) -> FunctionTool[ShellInput]:
+    """The ``shell`` tool of a daemon, with its tool processes and workspace rules."""
+
+    async def shell(args: ShellInput, ctx: ToolContext) -> ToolOutput:
+        return await _shell(processes, workspaces, args, ctx)
+
+    return FunctionTool(
+        "shell",
+        "Run a command with /bin/sh -c in the session's workspace and return its exit code, "
+        f"stdout and stderr (each cut at {MAX_KEPT_BYTES // 1024} KiB). stdin is empty. "
+        f"timeout_s defaults to {DEFAULT_TIMEOUT_S:g} s, at most {MAX_TIMEOUT_S:g} s. "
+        "Background processes are killed when the command exits.",
+        ShellInput,
+        shell,
+    )

@@ -1,0 +1,242 @@
+"""Tool processes: what they inherit, and that none outlives the daemon (PROTOCOL section 15).
+
+Every process the gateway starts for a tool (the ``shell`` tool today; MCP
+servers over stdio and the Claude Code CLI use the same door) is started by
+:meth:`ToolProcesses.spawn` and stopped by :meth:`ToolProcesses.stop`:
+
+- **Environment** (:func:`tool_environment`): ``PATH`` (the daemon's, else
+  ``os.defpath``), ``HOME`` = the session's workspace, ``LANG`` (the daemon's,
+  else ``C.UTF-8``), plus exactly ``[tools] env`` (which may override those
+  three), nothing else of the daemon's: no provider API key, no ``GATEWAY_*``,
+  no ``USER``, ``TZ`` or ``TMPDIR``.
+- **Limits**: ``[tools] rlimit_cpu_s``, ``rlimit_memory_mb`` (address space)
+  and ``rlimit_file_mb`` (largest file written) become soft and hard
+  ``setrlimit`` limits in the child before it execs (0 = none), so neither it
+  nor anything it starts can raise them.
+- **Process group**: each process leads a new session
+  (``start_new_session``), so it and everything it starts share one group,
+  which is what is signalled.
+- **Dies with the daemon**, kill -9 included: one watchdog process per daemon
+  (gateway.tools.reaper), started with the first tool process and kept by the
+  ``tool-reaper`` task (:meth:`ToolProcesses.run`), is told of every group as
+  it starts (``+PGID``) and once it is dead (``-PGID``), on a pipe only the
+  daemon holds. When the daemon exits, however it exits, the pipe reaches
+  end-of-file and the watchdog SIGKILLs every group still registered. (Not
+  ``PR_SET_PDEATHSIG``: Trio forks from a worker thread, and the signal fires
+  when that *thread* exits, which an idle worker does after seconds.) If the
+  watchdog dies, the daemon logs ``tool_reaper_died`` and starts another,
+  which is told of every live group.
+
+Left open on purpose: a process that leaves its group (``setsid``) escapes the
+group kill, as it would escape any supervisor that is not a container; and a
+daemon killed in the microseconds between a fork and its ``+PGID`` leaves
+that one group behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import resource
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import trio
+
+from gateway.config import ToolsConfig
+from gateway.logs import event
+
+log = logging.getLogger("gateway.tools")
+
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
+"""The watchdog's script, run by path with ``python -I -S`` (nothing of the gateway imported)."""
+
+REAPER_START_TIMEOUT_S = 5.0
+"""How long a spawn waits for the watchdog's first start before it goes on without."""
+
+REAPER_RESTART_DELAY_S = 1.0
+"""The pause before a watchdog that died (or failed to start) is started again."""
+
+_MIB = 1024 * 1024
+
+
+def tool_environment(home: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of a tool process (module docstring): nothing else is inherited."""
+    env = {
+        "PATH": os.environ.get("PATH") or os.defpath,
+        "HOME": home,
+        "LANG": os.environ.get("LANG") or "C.UTF-8",
+    }
+    env.update(extra or {})
+    return env
+
+
+def _apply_limits(limits: tuple[tuple[int, int], ...]) -> None:
+    """In the child, between fork and exec: only ``setrlimit`` calls, no lock taken."""
+    for which, value in limits:
+        resource.setrlimit(which, (value, value))
+
+
+class ToolProcesses:
+    """The tool processes of one daemon: their environment, limits, and watchdog."""
+
+    def __init__(self, config: ToolsConfig | None = None) -> None:
+        config = config or ToolsConfig()
+        self.env: dict[str, str] = dict(config.env)
+        limits = (
+            (resource.RLIMIT_CPU, config.rlimit_cpu_s),
+            (resource.RLIMIT_AS, config.rlimit_memory_mb * _MIB),
+            (resource.RLIMIT_FSIZE, config.rlimit_file_mb * _MIB),
+        )
+        self.limits = tuple((which, value) for which, value in limits if value > 0)
+        self.reaper_pid: int | None = None
+        self._groups: set[int] = set()  # registered with the watchdog: started, not yet dead
+        self._pipe: int | None = None  # the write end of the watchdog's stdin
+        self._kept = False  # :meth:`run` is running
+        self._wanted = trio.Event()
+        self._up = trio.Event()
+
+    # --- spawning ------------------------------------------------------------------
+
+    async def spawn(self, argv: Sequence[str], *, workspace: str, **kwargs: Any) -> trio.Process:
+        """Start a tool process in ``workspace``, in a group of its own, known to the watchdog.
+
+        ``kwargs`` go to ``trio.lowlevel.open_process`` (``stdin``, ``stdout``,
+        ``stderr``); the environment, working directory, session and limits are
+        this module's. No checkpoint follows the fork: a caller that arms its
+        :meth:`stop` right after the call cannot be cancelled in between.
+        """
+        if self._kept and not self._up.is_set():
+            self._wanted.set()
+            with trio.move_on_after(REAPER_START_TIMEOUT_S):
+                await self._up.wait()
+        proc = await trio.lowlevel.open_process(
+            list(argv),
+            cwd=workspace,
+            env=tool_environment(workspace, self.env),
+            start_new_session=True,
+            preexec_fn=functools.partial(_apply_limits, self.limits) if self.limits else None,
+            **kwargs,
+        )
+        self._groups.add(proc.pid)
+        self._tell(b"+%d\n" % proc.pid)
+        return proc
+
+    async def stop(self, proc: trio.Process, grace_s: float) -> None:
+        """Stop every process of ``proc``'s group and reap ``proc``; run it shielded.
+
+        A process still running gets SIGTERM, with its whole group, and
+        ``grace_s`` to exit (PROTOCOL section 8). Then the group gets SIGKILL in
+        every case: children that ignored SIGTERM, or were left in the
+        background by a process that exited on its own, are in it still. Only
+        then is the group struck off the watchdog's list.
+        """
+        if proc.returncode is None:
+            signal_group(proc.pid, signal.SIGTERM)
+            with trio.move_on_after(grace_s):
+                await proc.wait()
+        signal_group(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        if proc.pid in self._groups:
+            self._groups.discard(proc.pid)
+            self._tell(b"-%d\n" % proc.pid)
+
+    # --- the watchdog ----------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The ``tool-reaper`` task: keep a watchdog running from the first spawn on.
+
+        Cancelled at shutdown, after the sessions stopped (their processes are
+        stopped with them): it closes the pipe, so the watchdog kills whatever
+        is left and exits, and waits for it.
+        """
+        self._kept = True
+        task_status.started()
+        reaper: trio.Process | None = None
+        try:
+            await self._wanted.wait()
+            while True:
+                try:
+                    reaper = await self._start_reaper()
+                except OSError as exc:
+                    event(
+                        log, logging.ERROR, "tool_reaper_failed",
+                        f"the tool process watchdog could not start: {exc}", error=str(exc),
+                    )  # fmt: skip
+                else:
+                    self._up.set()
+                    code = await reaper.wait()
+                    event(
+                        log, logging.ERROR, "tool_reaper_died",
+                        f"the tool process watchdog exited ({code}); starting another",
+                        exit_code=code,
+                    )  # fmt: skip
+                    self._close_pipe()
+                await trio.sleep(REAPER_RESTART_DELAY_S)
+        finally:
+            self._kept = False
+            self._close_pipe()  # end-of-file: the watchdog kills what is left and exits
+            if reaper is not None and reaper.returncode is None:
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(5):
+                        await reaper.wait()
+                    if reaper.returncode is None:
+                        reaper.kill()
+                        await reaper.wait()
+
+    async def _start_reaper(self) -> trio.Process:
+        """Start a watchdog and tell it every group alive now."""
+        read, write = os.pipe()  # neither end is inherited by anything else
+        try:
+            reaper = await trio.lowlevel.open_process(
+                [sys.executable, "-I", "-S", REAPER],
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a tool group's kill or a terminal's ^C never reaches it
+            )
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        os.set_blocking(write, False)
+        self._pipe = write
+        self.reaper_pid = reaper.pid
+        for pgid in list(self._groups):
+            self._tell(b"+%d\n" % pgid)
+        return reaper
+
+    def _tell(self, line: bytes) -> None:
+        """Send one line to the watchdog, without waiting (a line is far below PIPE_BUF)."""
+        if self._pipe is None:
+            return
+        try:
+            os.write(self._pipe, line)
+        except OSError as exc:  # full (a stuck watchdog) or closed (a dead one): logged
+            event(
+                log, logging.ERROR, "tool_reaper_unreachable",
+                f"the tool process watchdog was not told {line.decode().strip()}: {exc}",
+                error=str(exc),
+            )  # fmt: skip
+
+    def _close_pipe(self) -> None:
+        if self._pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pipe)
+            self._pipe = None
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Signal a process group that may be empty already (the usual case after a clean exit).
+
+    Its id is its leader's pid, which the kernel does not hand out again while
+    the group has a member.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
