@@ -219,6 +219,23 @@ class Api:
             ),
         )
         self._add(
+            f"{session}/messages/{{message_id}}",
+            "message",
+            GET=(
+                self.get_message,
+                Operation(
+                    "One message of a session, whole",
+                    Message,
+                    errors={404: ("message_not_found",)},
+                    description="A finished message, every block whole: what a snapshot "
+                    'sent cut (`"truncated": true`, PROTOCOL section 15). A message '
+                    "still streaming, another session's message or an unknown id: 404 "
+                    "`message_not_found` (the streaming one's `message.complete` "
+                    "carries it whole).",
+                ),
+            ),
+        )
+        self._add(
             f"{session}/turns",
             "turns",
             POST=(
@@ -555,6 +572,19 @@ class Api:
                 raise ApiError(404, "message_not_found", f"no message {before!r} in {session_id}")
         start = max(0, end - limit)
         return json_response(200, MessagePage(messages[start:end], start > 0))
+
+    async def get_message(self, req: Request, session_id: str, message_id: str) -> Response:
+        """One finished message, whole (PROTOCOL section 15: what a snapshot cut).
+
+        The session's own messages only, as the caller may see the session
+        (:meth:`_session`); the newest are the likeliest, so they are looked
+        at first.
+        """
+        session = await self._session(session_id, self._authenticate(req))
+        for message in reversed(await self.node.messages_of(session)):
+            if message.id == message_id:
+                return json_response(200, message)
+        raise ApiError(404, "message_not_found", f"no message {message_id!r} in {session_id}")
 
     async def submit_turn(self, req: Request, session_id: str) -> Response:
         caller = self._authenticate(req)
