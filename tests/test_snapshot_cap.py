@@ -30,7 +30,7 @@ import gateway.protocol.fit as fit
 from gateway.client import GatewayClient, decode_server_frame
 from gateway.client.attach import attach
 from gateway.client.views import full_view
-from gateway.protocol.events import Event, MessageSnapshot
+from gateway.protocol.events import Event, MessageSnapshot, TextDelta
 from gateway.protocol.fit import cut_string, fit_message_snapshot, fit_snapshot
 from gateway.protocol.frames import EventFrame, Snapshot, encode
 from gateway.protocol.shapes import (
@@ -56,9 +56,7 @@ def event_of(data: bytes) -> Event:
 
 
 def summary(pending: list[PendingPermission] | None = None) -> SessionSummary:
-    return SessionSummary(
-        "sess_1", "w", "scripted", "v1", 0.0, 3, None, None, None, pending or []
-    )
+    return SessionSummary("sess_1", "w", "scripted", "v1", 0.0, 3, None, None, None, pending or [])
 
 
 def msg(n: int, *blocks: Any, status: str = "complete", open_block: Any = msgspec.UNSET) -> Message:
@@ -114,7 +112,9 @@ def test_each_message_is_encoded_once_and_older_ones_never(monkeypatch: Any) -> 
     history = [msg(n, text(5_000)) for n in range(1_000)]
     frame = _snapshot.decode(fit_snapshot(summary(), history, None, limit=50, max_bytes=CAP))
     kept = [m.id for m in frame.messages]
-    assert sorted(encoded) == sorted({*kept, history[-len(kept) - 1].id})  # + the one that did not fit
+    assert sorted(encoded) == sorted(
+        {*kept, history[-len(kept) - 1].id}
+    )  # + the one that did not fit
 
 
 def test_a_block_too_big_even_alone_comes_cut_and_marked() -> None:
@@ -139,7 +139,9 @@ def test_what_can_be_cut_and_how() -> None:
     data = fit_snapshot(summary(), [msg(1, *blocks)], None, limit=50, max_bytes=CAP)
     tool_use, result = _snapshot.decode(data).messages[0].content
     assert len(data) <= CAP
-    assert tool_use == ToolUseBlock("toolu_1", "write_file", {}, truncated=True)  # {}: not a JSON prefix
+    assert tool_use == ToolUseBlock(
+        "toolu_1", "write_file", {}, truncated=True
+    )  # {}: not a JSON prefix
     assert isinstance(result, ToolResultBlock) and result.truncated is True
     assert result.is_error is True and result.content == "r" * len(result.content)
     assert json.loads(data)["messages"][0]["content"][0]["truncated"] is True
@@ -148,7 +150,9 @@ def test_what_can_be_cut_and_how() -> None:
 def test_the_open_block_of_a_streaming_message_keeps_its_end() -> None:
     """Its live deltas continue after what was sent: the client's text stays contiguous."""
     head, tail = "H" * 100_000, "...and the end so far"
-    streaming = msg(2, text(100_000, "done "), TextBlock(head + tail), status="in_progress", open_block=1)
+    streaming = msg(
+        2, text(100_000, "done "), TextBlock(head + tail), status="in_progress", open_block=1
+    )
     data = fit_snapshot(summary(), [msg(1, text(10)), streaming], "evt_9", limit=50, max_bytes=CAP)
     assert len(data) <= CAP
     (sent,) = _snapshot.decode(data).messages
@@ -188,7 +192,9 @@ def test_a_pending_permission_too_big_is_sent_without_its_input() -> None:
 
 def test_a_message_snapshot_event_is_cut_the_same_way() -> None:
     streaming = msg(2, TextBlock("a" * 100_000 + "TAIL"), status="in_progress", open_block=0)
-    event = Event("evt_7", "message.snapshot", "sess_1", "turn_1", 1, "llm", MessageSnapshot(streaming))
+    event = Event(
+        "evt_7", "message.snapshot", "sess_1", "turn_1", 1, "llm", MessageSnapshot(streaming)
+    )
     data = fit_message_snapshot(event, CAP)
     frame = b'{"type":"event","event":' + data + b"}"
     assert len(frame) <= CAP
@@ -344,10 +350,19 @@ async def test_a_streaming_message_too_big_resumes_cut_and_ends_whole(tmp_path: 
             await live.until(lambda e: e.type == "text.start")
             cursor = live.events[-1].id
             # enough deltas that the block alone is over the cap
-            await live.until(lambda e: e.type == "text.delta" and len(live.events) > 6)
-            async with gw.client(sid, max_message_size=CAP) as snap, gw.client(
-                sid, max_message_size=CAP
-            ) as replay:
+            streamed = [0]
+
+            def over_the_cap(event: Event) -> bool:
+                if isinstance(event.payload, TextDelta):
+                    streamed[0] += len(event.payload.text)
+                return streamed[0] > CAP + 10_000
+
+            await live.until(over_the_cap)
+            # (the default limit, 1 MiB: message.complete comes whole, over the cap)
+            async with (
+                gw.client(sid) as snap,
+                gw.client(sid) as replay,
+            ):
                 await snap.subscribe(snapshot=True)
                 ack = await replay.subscribe(since=cursor)
                 frames = [await raw_recv(snap)]
@@ -355,9 +370,7 @@ async def test_a_streaming_message_too_big_resumes_cut_and_ends_whole(tmp_path: 
                     frames.append(await raw_recv(replay))
                 assert all(len(f) <= CAP for f in frames)
                 snapshot = _snapshot.decode(frames[0])
-                restored = [
-                    event_of(f) for f in frames[1:] if b"message.snapshot" in f
-                ]
+                restored = [event_of(f) for f in frames[1:] if b"message.snapshot" in f]
                 assert len(restored) == 1 and isinstance(restored[0].payload, MessageSnapshot)
                 for message in (snapshot.messages[-1], restored[0].payload.message):
                     assert message.status == "in_progress" and message.open_block_index == 0
