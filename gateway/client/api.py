@@ -85,6 +85,7 @@ from gateway.protocol.http import (
 )
 from gateway.protocol.shapes import (
     ContentBlock,
+    Message,
     PendingPermission,
     TextBlock,
     ThinkingBlock,
@@ -188,6 +189,17 @@ class GatewayClient:
         return await self._call(
             "GET", f"/sessions/{session_id}/messages", MessagePage, params=params
         )
+
+    async def message(self, session_id: str, message_id: str) -> Message:
+        """``GET /sessions/{id}/messages/{message_id}``: one finished message, whole.
+
+        What a snapshot sent cut (``truncated``, PROTOCOL section 15).
+
+        Raises:
+            ApiError: 404 ``message_not_found`` (unknown, streaming, or another
+                session's), 404 ``session_not_found``.
+        """
+        return await self._call("GET", f"/sessions/{session_id}/messages/{message_id}", Message)
 
     async def send_turn(self, session_id: str, content: str | list[ContentBlock]) -> str:
         """``POST /sessions/{id}/turns``: the new turn's id.
@@ -507,6 +519,27 @@ class Session:
     ) -> None:
         """Rate an assistant message."""
         await self.client.leave_feedback(self.id, message_id, rating, comment=comment)
+
+    async def load_earlier(self, limit: int = 50) -> bool:
+        """One page of the messages the snapshot left out, put before the others in :attr:`state`.
+
+        A snapshot holds the newest messages that fit (PROTOCOL section 15);
+        ``state.has_more`` says there are older ones. Returns whether there
+        are still more.
+        """
+        before = self.state.oldest_message_id
+        if not self.state.has_more or before is None:
+            return False
+        page = await self.client.messages(self.id, before=before, limit=limit)
+        self.state.prepend_history(page.messages, page.has_more)
+        self._known.update(message.id for message in page.messages)
+        return page.has_more
+
+    async def fetch_whole(self, message_id: str) -> Message:
+        """A finished message a snapshot sent cut, fetched whole and put in :attr:`state`."""
+        message = await self.client.message(self.id, message_id)
+        self.state.replace_message(message)
+        return message
 
     def turn_ended(self, turn_id: str) -> bool:
         """Whether this client knows the turn has ended: its ``turn.completed`` or

@@ -68,7 +68,7 @@ Where the contract is silent, this module decides:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import msgspec
@@ -344,6 +344,7 @@ class Reducer:
         # the tool results it sent cut (module docstring, "Cut blocks").
         self.has_more = False
         self.truncated_results: set[str] = set()
+        self.oldest_message_id: str | None = None  # the first the snapshot (or a page) sent
 
     def apply(self, frame: ServerFrame) -> None:
         """Apply one server frame; only ``snapshot`` and ``event`` frames change state.
@@ -418,6 +419,42 @@ class Reducer:
                     return block
         return None
 
+    def prepend_history(self, messages: list[Message], has_more: bool) -> None:
+        """Older finished messages (a page of ``GET .../messages``, oldest first) before the first.
+
+        What a snapshot left out (PROTOCOL section 15): page it with
+        ``before=`` :attr:`oldest_message_id` while :attr:`has_more`.
+        """
+        known = {message.id for message in self.messages}
+        older = [message for message in messages if message.id not in known]
+        for message in older:
+            for block in message.content:
+                if isinstance(block, ToolResultBlock) and message.role == "user":
+                    self.tool_results.setdefault(
+                        block.tool_use_id,
+                        ToolOutcome(
+                            block.tool_use_id,
+                            "failed" if block.is_error else "completed",
+                            block.content,
+                        ),
+                    )
+        self.messages = [m for m in older if not _tool_results_only(m)] + self.messages
+        if older:
+            self.oldest_message_id = older[0].id
+        self.has_more = has_more
+
+    def replace_message(self, message: Message) -> None:
+        """A finished message fetched whole (``GET .../messages/{id}``) in place of one sent cut."""
+        for position, existing in enumerate(self.messages):
+            if existing.id == message.id:
+                self.messages[position] = message
+        for block in message.content:
+            if isinstance(block, ToolResultBlock) and block.tool_use_id in self.truncated_results:
+                self.truncated_results.discard(block.tool_use_id)
+                outcome = self.tool_results.get(block.tool_use_id)
+                if outcome is not None:
+                    self.tool_results[block.tool_use_id] = replace(outcome, content=block.content)
+
     # --- frames ----------------------------------------------------------------
 
     def _apply_snapshot(self, snapshot: Snapshot) -> None:
@@ -447,6 +484,8 @@ class Reducer:
             if isinstance(block, ToolResultBlock) and block.truncated is True
         }
         self.has_more = snapshot.has_more
+        streaming_id = None if self.streaming is None else self.streaming.message_id
+        self.oldest_message_id = messages[0].id if messages else streaming_id
         turn_id = session.current_turn_id
         in_flight = turn_id is not None and session.current_turn_status == "in_flight"
         self.turn = TurnState(turn_id, "in_flight") if turn_id is not None and in_flight else None
