@@ -714,7 +714,7 @@ class Api:
                 raise
         self._agui_runs[session.id] = (body.run_id, turn_id)
         mapper = RunMapper(body.thread_id, body.run_id, turn_id)
-        opening = mapper.start(history[-limit:] if limit else [], now_ms())
+        opening = mapper.start(history[-limit:] if limit else [], now_ms(), self._snapshot_cap)
         interval = self.config.stream.ping_interval_s
 
         async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
@@ -735,12 +735,18 @@ class Api:
         and the front end is free again (docs/protocol.md "AG-UI").
         """
         mapper = RunMapper(body.thread_id, body.run_id, "")
-        events = [*mapper.start(history, now_ms()), mapper.idle_finish(now_ms())]
+        opening = mapper.start(history, now_ms(), self._snapshot_cap)
+        events = [*opening, mapper.idle_finish(now_ms())]
 
         async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
             await send(sse(events))
 
         return StreamingResponse(run, headers=SSE_HEADERS)
+
+    @property
+    def _snapshot_cap(self) -> int:
+        """An AG-UI run's ``MESSAGES_SNAPSHOT`` fits as a snapshot frame does (PROTOCOL §15)."""
+        return self.config.stream.snapshot_max_bytes
 
     async def _agui_thread(self, thread_id: str, caller: str | None) -> Session:
         """The thread's session, created (owned by the caller's key) when unknown."""
