@@ -15,6 +15,7 @@ gateway on 127.0.0.1.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,8 +28,12 @@ from trio_websocket import ConnectionClosed
 
 import gateway.client.stream as client_stream
 import gateway.protocol.fit as fit
+from gateway.agui import shapes as ag
+from gateway.agui.mapping import RunMapper
 from gateway.client import GatewayClient, decode_server_frame
 from gateway.client.attach import attach
+from gateway.client.chat import Marks, full_items
+from gateway.client.reducer import Reducer
 from gateway.client.views import full_view
 from gateway.protocol.events import Event, MessageSnapshot, TextDelta
 from gateway.protocol.fit import cut_string, fit_message_snapshot, fit_snapshot
@@ -280,6 +285,10 @@ async def test_twelve_large_turns_still_give_a_snapshot_that_fits(
         async with GatewayClient(gw.base) as client, client.open_session(sid) as session:
             assert full_view(session.state)["messages"][-1]["role"] == "assistant"
             assert session.state.has_more is True
+            while await session.load_earlier(limit=5):
+                pass
+            assert session.state.has_more is False
+            assert len(session.state.messages) == 26  # 13 turns, each a user message and a reply
         out, err = _Output(), _Output()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: attach(gw.base, sid, snapshot=True, out=out, err=err))
@@ -315,6 +324,13 @@ async def test_a_block_bigger_than_the_cap_comes_cut_and_is_whole_by_id(tmp_path
         assert isinstance(full, TextBlock) and full.truncated is msgspec.UNSET
         assert full.text.startswith(block.text) and len(full.text) > 100_000
         assert whole.id == reply.id and whole.status == "complete"
+        # the client library: the cut block shows as such, and is fetched whole
+        async with GatewayClient(gw.base) as client, client.open_session(sid) as session:
+            (view,) = full_view(session.state)["messages"]
+            assert view["blocks"][0].get("truncated") is True
+            await session.fetch_whole(reply.id)
+            (view,) = full_view(session.state)["messages"]
+            assert "truncated" not in view["blocks"][0] and view["blocks"][0]["text"] == full.text
 
 
 async def test_the_message_route_answers_only_the_sessions_own_messages(tmp_path: Path) -> None:
@@ -382,3 +398,113 @@ async def test_a_streaming_message_too_big_resumes_cut_and_ends_whole(tmp_path: 
         whole = live.reducer.state()["messages"]
         for client in (snap, replay):
             assert client.reducer.state()["messages"][-1] == whole[-1]
+
+
+# --- the clients: reducers, views, chat, AG-UI -------------------------------------------
+
+
+def _cut_session_frames() -> list[dict[str, Any]]:
+    """A snapshot cut every way it can be, then the live end of its streaming message."""
+    history = [
+        Message("msg_0001", "sess_1", "turn_1", "user", [TextBlock("hi")], "complete", 1),
+        msg(2, text(30_000, "old "), ToolUseBlock("toolu_1", "write_file", {"c": "y" * 30_000})),
+        Message(
+            "msg_0003",
+            "sess_1",
+            "turn_1",
+            "user",
+            [ToolResultBlock("toolu_1", "r" * 30_000)],
+            "complete",
+            3,
+        ),
+        msg(4, TextBlock("w" * 100_000 + " the end so far"), status="in_progress", open_block=0),
+    ]
+    summary_ = msgspec.structs.replace(summary(), current_turn_id="turn_1")
+    summary_ = msgspec.structs.replace(summary_, current_turn_status="in_flight")
+    # each message cut as a snapshot cuts its newest (the reducers see every kind at once)
+    cut = [fit.cut_message(m, 20_000)[0] for m in history]
+    snapshot = msgspec.to_builtins(Snapshot(summary_, cut, "evt_00000000000000000010", True))
+    assert sum(b.get("truncated", False) for m in snapshot["messages"] for b in m["content"]) == 4
+    delta = {
+        "id": "evt_00000000000000000011", "type": "text.delta", "session_id": "sess_1",
+        "turn_id": "turn_1", "ts": 5, "actor": "llm",
+        "payload": {"message_id": "msg_0004", "content_block_index": 0, "text": " and more"},
+    }  # fmt: skip
+    return [snapshot, {"type": "event", "event": delta}]
+
+
+def test_both_reducers_show_a_cut_snapshot_alike() -> None:
+    """The Python reference and gateway/ui/reducer.js: the same views of cut blocks."""
+    from tests.test_conformance import _node
+
+    frames = _cut_session_frames()
+    reducer = Reducer("sess_1")
+    python_views = []
+    for frame in frames:
+        reducer.apply(decode_server_frame(json.dumps(frame)))
+        python_views.append(full_view(reducer))
+    whole = msg(2, text(30_000, "old "), ToolUseBlock("toolu_1", "write_file", {"c": "y"}))
+    reducer.replace_message(whole)
+    python_views.append(full_view(reducer))
+    reducer.prepend_history(
+        [Message("msg_0000", "sess_1", None, "user", [TextBlock("0")], "complete", 0)], False
+    )
+    python_views.append(
+        {**full_view(reducer), "has_more": reducer.has_more, "oldest": reducer.oldest_message_id}
+    )
+    script = """
+    import { Reducer, fullView } from "./gateway/ui/reducer.js";
+    const [frames, whole, older] = JSON.parse(process.argv[1]);
+    const reducer = new Reducer("sess_1");
+    const views = frames.map((f) => fullView(reducer.apply(f)));
+    views.push(fullView(reducer.replaceMessage(whole)));
+    reducer.prependHistory(older, false);
+    const more = { has_more: reducer.hasMore, oldest: reducer.oldestMessageId };
+    views.push({ ...fullView(reducer), ...more });
+    console.log(JSON.stringify(views));
+    """
+    older_message = Message("msg_0000", "sess_1", None, "user", [TextBlock("0")], "complete", 0)
+    older = [msgspec.to_builtins(older_message)]
+    args = json.dumps([frames, msgspec.to_builtins(whole), older])
+    run = subprocess.run(
+        [_node(), "--input-type=module", "-e", script, args],
+        cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == python_views
+    after_snapshot, after_delta = python_views[0], python_views[1]
+    tool = after_snapshot["messages"][1]["blocks"][1]
+    assert tool["truncated"] is True and tool["input"] == {} and len(tool["result"]) < 30_000
+    assert after_snapshot["messages"][1]["blocks"][0]["truncated"] is True
+    streaming = after_delta["messages"][-1]["blocks"][0]
+    assert streaming["open"] and streaming["truncated"] is True
+    assert streaming["text"].endswith(" the end so far and more")  # the deltas go on after its end
+    assert "truncated" not in python_views[2]["messages"][1]["blocks"][0]  # fetched whole
+    assert python_views[3]["has_more"] is False and python_views[3]["oldest"] == "msg_0000"
+
+
+def test_chat_marks_cut_blocks() -> None:
+    reducer = Reducer("sess_1")
+    for frame in _cut_session_frames():
+        reducer.apply(decode_server_frame(json.dumps(frame)))
+    items = full_items(full_view(reducer), {}, hidden_turns=set(), width=80, marks=Marks())
+    lines = [line.text for item in items for line in item.lines]
+    assert "… (truncated)" in lines
+    assert any(line.startswith("⏺ write_file {}") and "(truncated)" in line for line in lines)
+    assert lines[lines.index("… (the beginning is not shown)") + 1].startswith("www")
+
+
+def test_agui_messages_snapshot_fits_too() -> None:
+    history = [msg(n, text(5_000)) for n in range(40)]
+    (_, event) = RunMapper("sess_1", "run_1", "turn_1").start(history, 1, max_bytes=CAP)
+    assert isinstance(event, ag.MessagesSnapshot)
+    assert len(ag.encode(event)) <= CAP and 10 <= len(event.messages) < 14
+    assert [m.id for m in event.messages] == [m.id for m in history[-len(event.messages) :]]
+    huge = [msg(1, text(10)), msg(2, TextBlock("q" * 200_000), text(100_000))]
+    (_, event) = RunMapper("sess_1", "run_1", "turn_1").start(huge, 1, max_bytes=CAP)
+    assert isinstance(event, ag.MessagesSnapshot)
+    assert len(ag.encode(event)) <= CAP
+    assert [m.id for m in event.messages] == ["msg_0002", "msg_0002:1"]
+    # without a cap (a mapper of its own, as the tests of the mapping use it): whole
+    (_, event) = RunMapper("sess_1", "run_1", "turn_1").start(huge, 1)
+    assert isinstance(event, ag.MessagesSnapshot) and len(ag.encode(event)) > 300_000
