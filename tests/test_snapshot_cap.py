@@ -392,12 +392,23 @@ async def test_a_streaming_message_too_big_resumes_cut_and_ends_whole(tmp_path: 
                     assert message.status == "in_progress" and message.open_block_index == 0
                     (block,) = message.content
                     assert isinstance(block, TextBlock) and block.truncated is True
+                # The client library, from the same cut snapshot: its chunks of the
+                # block are the end the snapshot kept, then the deltas, once each.
+                async with GatewayClient(gw.base) as gateway, gateway.open_session(sid) as session:
+                    chunks = []
+                    async for update in session:
+                        chunks += [c.text for c in update.chunks]
+                        if session.turn_ended(snapshot.session.current_turn_id or ""):
+                            break
                 await snap.until_turn_ends()
                 await replay.until_turn_ends()
             await live.until_turn_ends()
         whole = live.reducer.state()["messages"]
         for client in (snap, replay):
             assert client.reducer.state()["messages"][-1] == whole[-1]
+        final = whole[-1]["content"][0]["text"]
+        joined = "".join(chunks)
+        assert final.endswith(joined) and CAP // 2 < len(joined) < len(final)
 
 
 # --- the clients: reducers, views, chat, AG-UI -------------------------------------------
