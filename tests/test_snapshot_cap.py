@@ -392,6 +392,10 @@ async def test_a_streaming_message_too_big_resumes_cut_and_ends_whole(tmp_path: 
                     assert message.status == "in_progress" and message.open_block_index == 0
                     (block,) = message.content
                     assert isinstance(block, TextBlock) and block.truncated is True
+                # Still streaming: not a message of GET .../messages/{id} yet.
+                streaming_id = snapshot.messages[-1].id
+                r = await gw.http.get(f"/sessions/{sid}/messages/{streaming_id}")
+                assert (r.status_code, r.json()["error"]["code"]) == (404, "message_not_found")
                 # The client library, from the same cut snapshot: its chunks of the
                 # block are the end the snapshot kept, then the deltas, once each.
                 async with GatewayClient(gw.base) as gateway, gateway.open_session(sid) as session:
@@ -407,6 +411,8 @@ async def test_a_streaming_message_too_big_resumes_cut_and_ends_whole(tmp_path: 
         for client in (snap, replay):
             assert client.reducer.state()["messages"][-1] == whole[-1]
         final = whole[-1]["content"][0]["text"]
+        r = await gw.http.get(f"/sessions/{sid}/messages/{streaming_id}")
+        assert r.status_code == 200 and r.json()["content"][0]["text"] == final
         joined = "".join(chunks)
         assert final.endswith(joined) and CAP // 2 < len(joined) < len(final)
 
