@@ -38,6 +38,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.client import GatewayClient
 from gateway.client.chat import Line, Region, layout
 from tests.test_attach_cli import SilenceableProxy
 
@@ -148,9 +149,11 @@ def test_the_region_appends_text_that_only_grew_and_styles_each_line() -> None:
 
 
 @asynccontextmanager
-async def gateway_serve(tmp_path: Path, **config: Any) -> AsyncIterator[int]:
-    """``gateway serve`` as a process on port 0, its log in ``tmp_path``; its port."""
-    lines = ['[server]\nport = 0\n[store]\npath = "gateway.db"\n[tools]']
+async def gateway_serve(tmp_path: Path, stream: str = "", **config: Any) -> AsyncIterator[int]:
+    """``gateway serve`` as a process on port 0, its log in ``tmp_path``; its port.
+
+    ``stream``: lines of its ``[stream]`` table; ``config``: keys of ``[tools]``."""
+    lines = [f'[server]\nport = 0\n[store]\npath = "gateway.db"\n[stream]\n{stream}\n[tools]']
     lines += [f"{key} = {json.dumps(value)}" for key, value in config.items()]
     (tmp_path / "gateway.toml").write_text("\n".join(lines) + "\n")
     with open(tmp_path / "serve.log", "wb") as log:  # noqa: ASYNC230 (a file handle to pass)
@@ -355,6 +358,31 @@ class CuttingProxy(SilenceableProxy):
                 self.scopes.append((relay, nursery.cancel_scope))
                 nursery.start_soon(pump, downstream, up)
                 nursery.start_soon(pump, up, downstream)
+
+
+async def test_a_session_longer_than_a_snapshot_opens_at_its_newest(tmp_path: Path) -> None:
+    """PROTOCOL section 15: a session grown past ``snapshot_max_bytes`` (64 KiB) opens with
+    ``--session`` on its newest messages, and says the earlier ones are not shown."""
+    lorem = {"script": {"chunk_chars": 8000, "rounds": [[{"lorem": 2000}]]}}
+    with trio.fail_after(60):
+        async with gateway_serve(tmp_path, stream="snapshot_max_bytes = 65536") as port:
+            url = f"http://127.0.0.1:{port}"
+            async with GatewayClient(url) as client:
+                session_id = (await client.create_session()).session_id
+                async with client.open_session(session_id) as session:
+                    for content in [json.dumps(lorem)] * 12 + ["the last one"]:
+                        turn_id = await session.send(content)
+                        async for _update in session:
+                            if session.turn_ended(turn_id):
+                                break
+            async with terminal("--url", url, "--session", session_id) as chat:
+                await chat.expect(re.escape("(earlier messages not shown)"))
+                await chat.expect("You said: the last one")
+                await chat.prompt()
+                chat.send("\x04")  # Ctrl-D at the prompt: quit
+                status = await chat.exit_status()
+    assert status == 0
+    assert not any("Traceback" in row for row in chat.screen())
 
 
 async def test_what_retrying_cannot_fix_is_one_line_and_exit_1(tmp_path: Path) -> None:

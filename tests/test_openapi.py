@@ -38,6 +38,7 @@ CONTRACT = {
     ("get", "/sessions"),
     ("get", "/sessions/{session_id}"),
     ("get", "/sessions/{session_id}/messages"),
+    ("get", "/sessions/{session_id}/messages/{message_id}"),  # PROTOCOL section 15
     ("post", "/sessions/{session_id}/turns"),
     ("post", "/sessions/{session_id}/turns/{turn_id}/cancel"),
     ("post", "/sessions/{session_id}/permissions/{perm_id}"),
@@ -56,6 +57,7 @@ STRUCTS = {
     ("get", "/sessions"): (None, routes.SessionList),
     ("get", "/sessions/{session_id}"): (None, routes.SessionAttach),
     ("get", "/sessions/{session_id}/messages"): (None, routes.MessagePage),
+    ("get", "/sessions/{session_id}/messages/{message_id}"): (None, routes.Message),
     ("post", "/sessions/{session_id}/turns"): (routes.SubmitTurn, routes.TurnAccepted),
     ("post", "/sessions/{session_id}/turns/{turn_id}/cancel"): (
         routes.CancelTurn,

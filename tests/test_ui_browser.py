@@ -62,6 +62,7 @@ enabled = ["sleep", "read_file", "delegate"]
 require_approval = ["read_file"]
 
 [stream]
+snapshot_max_bytes = 65536
 replay_max_events = {REPLAY_MAX}
 ping_interval_s = {PING_S}
 ping_max_missed = 2
@@ -367,6 +368,43 @@ def test_a_turn_with_thinking_text_and_a_tool_in_both_views(tab: Page) -> None:
     expect(tab.messages("assistant").first).to_contain_text("Running it now.")
     expect(tab.messages("assistant").last).to_contain_text("All done")
     tab.shot("full-done")
+
+
+# --- snapshots that fit (PROTOCOL section 15) -------------------------------------------------
+
+
+def test_a_long_session_opens_at_its_newest_messages_and_pages_the_rest(tab: Page) -> None:
+    """A session grown past ``snapshot_max_bytes`` (64 KiB here): the page opens on the
+    newest messages that fit, says earlier ones are not shown and loads them on request;
+    a reply too big for a snapshot shows cut, and whole on request."""
+    expect = tab.api.expect
+    tab.open()
+    tab.new_session()
+    tab.view("full")
+    lorem = {"script": {"chunk_chars": 8000, "rounds": [[{"lorem": 2000}]]}}
+    for _ in range(12):
+        tab.send(json.dumps(lorem))
+        tab.turn_over()
+    tab.page.reload()  # from a snapshot
+    tab.live()
+    expect(tab.by("earlier")).to_be_visible()
+    shown = tab.messages().count()
+    assert 2 <= shown < 24, shown
+    tab.shot("earlier-not-shown")
+    tab.by("load-earlier").click()  # a page of 50: all of them
+    expect(tab.by("earlier")).to_have_count(0)
+    expect(tab.messages()).to_have_count(24)
+    # One reply larger than the cap: cut, then whole.
+    tab.send(json.dumps({"script": {"chunk_chars": 50_000, "rounds": [[{"lorem": 20_000}]]}}))
+    tab.turn_over()
+    tab.page.reload()
+    tab.live()
+    reply = tab.messages("assistant").last
+    expect(reply.get_by_test_id("truncated")).to_be_visible()
+    cut = len(reply.inner_text())
+    reply.get_by_test_id("truncated").get_by_role("button").click()
+    expect(reply.get_by_test_id("truncated")).to_have_count(0)
+    assert len(tab.messages("assistant").last.inner_text()) > max(cut, 100_000)
 
 
 # --- cancel -------------------------------------------------------------------------------

@@ -72,6 +72,8 @@ from gateway.protocol.events import (
     TurnCancelled,
     TurnCompleted,
 )
+from gateway.protocol.fit import cut_message
+from gateway.protocol.frames import encode
 from gateway.protocol.shapes import (
     Message,
     RedactedThinkingBlock,
@@ -138,13 +140,26 @@ class RunMapper:
     _interrupts: dict[str, ag.Interrupt] = field(default_factory=dict)
     _failure: LlmCallFailed | None = None
 
-    def start(self, history: Sequence[Message] = (), ts: int | None = None) -> list[ag.AguiEvent]:
-        """``RUN_STARTED``, then ``MESSAGES_SNAPSHOT`` of ``history`` when there is any."""
+    def start(
+        self,
+        history: Sequence[Message] = (),
+        ts: int | None = None,
+        max_bytes: int | None = None,
+    ) -> list[ag.AguiEvent]:
+        """``RUN_STARTED``, then ``MESSAGES_SNAPSHOT`` of ``history`` when there is any.
+
+        With ``max_bytes`` (``[stream] snapshot_max_bytes``) the snapshot event
+        fits it as a native snapshot frame does (PROTOCOL section 15,
+        :func:`fitting_snapshot`).
+        """
         out: list[ag.AguiEvent] = [
             ag.RunStarted(thread_id=self.thread_id, run_id=self.run_id, timestamp=ts)
         ]
         if history:
-            out.append(ag.MessagesSnapshot(messages=agui_messages(history), timestamp=ts))
+            if max_bytes is None:
+                out.append(ag.MessagesSnapshot(messages=agui_messages(history), timestamp=ts))
+            else:
+                out.append(fitting_snapshot(history, ts, max_bytes))
         return out
 
     def receive(self, event: Event) -> list[ag.AguiEvent]:
@@ -355,6 +370,43 @@ def _result(tool_use_id: str, content: str, ts: int) -> ag.ToolCallResult:
         content=content,
         timestamp=ts,
     )
+
+
+def fitting_snapshot(
+    history: Sequence[Message], ts: int | None, max_bytes: int
+) -> ag.MessagesSnapshot:
+    """``MESSAGES_SNAPSHOT`` of the newest of ``history`` whose JSON fits ``max_bytes``.
+
+    As a native snapshot (PROTOCOL section 15): older messages are left out
+    first, each gateway message measured once as the AG-UI messages it
+    becomes, from the newest back; when even the newest does not fit alone,
+    its blocks are cut (:func:`gateway.protocol.fit.cut_message`). AG-UI has
+    no ``has_more`` nor a truncated mark: an AG-UI client sees the newest
+    history that fits, and the rest with ``GET /sessions/{id}/messages``.
+    """
+    room = max_bytes - len(ag.encode(ag.MessagesSnapshot(messages=[], timestamp=ts)))
+    kept: list[list[ag.AguiMessage]] = []
+    used = 0
+    for message in reversed(history):
+        converted = agui_messages([message])
+        size = sum(len(msgspec.json.encode(m)) + 1 for m in converted)  # a comma each
+        if used + size <= room:
+            kept.append(converted)
+            used += size
+            continue
+        if not kept:  # the newest alone does not fit: cut it until it does
+            budget = len(encode(message)) - (size - room)
+            for _ in range(4):  # the AG-UI form's overhead differs a little: settle on it
+                cut, _fits = cut_message(message, budget)
+                converted = agui_messages([cut])
+                size = sum(len(msgspec.json.encode(m)) + 1 for m in converted)
+                if size <= room:
+                    kept.append(converted)
+                    break
+                budget -= size - room
+        break
+    messages = [m for converted in reversed(kept) for m in converted]
+    return ag.MessagesSnapshot(messages=messages, timestamp=ts)
 
 
 def agui_messages(messages: Iterable[Message]) -> list[ag.AguiMessage]:

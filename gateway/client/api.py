@@ -16,7 +16,12 @@ notice that arrived, already applied to :attr:`Session.state`, and the
 state, not copied from ``text.delta`` events, so a resume (whose replay
 restores a message with one ``message.snapshot`` or its ``message.complete``,
 section 3) never shows a chunk twice nor leaves one out: joined, a block's
-chunks are exactly its text. Errors are the family of :mod:`gateway.errors`:
+chunks are exactly its text. (But for a block a snapshot cut to fit, PROTOCOL
+section 15: the open block of a streaming message starts at the end the
+snapshot kept, and its ``message.complete`` adds nothing to it; a finished one
+gets the rest of its text once the message completes. A cut block that had
+already completed is whole by :meth:`Session.fetch_whole`.) Errors are the
+family of :mod:`gateway.errors`:
 :class:`~gateway.errors.ApiError` for an HTTP error answer,
 :class:`~gateway.errors.ClientError` for a gateway that cannot be reached or
 a stream that cannot go on, :class:`~gateway.errors.SubscribeRejected` and
@@ -85,6 +90,7 @@ from gateway.protocol.http import (
 )
 from gateway.protocol.shapes import (
     ContentBlock,
+    Message,
     PendingPermission,
     TextBlock,
     ThinkingBlock,
@@ -188,6 +194,17 @@ class GatewayClient:
         return await self._call(
             "GET", f"/sessions/{session_id}/messages", MessagePage, params=params
         )
+
+    async def message(self, session_id: str, message_id: str) -> Message:
+        """``GET /sessions/{id}/messages/{message_id}``: one finished message, whole.
+
+        What a snapshot sent cut (``truncated``, PROTOCOL section 15).
+
+        Raises:
+            ApiError: 404 ``message_not_found`` (unknown, streaming, or another
+                session's), 404 ``session_not_found``.
+        """
+        return await self._call("GET", f"/sessions/{session_id}/messages/{message_id}", Message)
 
     async def send_turn(self, session_id: str, content: str | list[ContentBlock]) -> str:
         """``POST /sessions/{id}/turns``: the new turn's id.
@@ -464,6 +481,9 @@ class Session:
         self.tools: dict[str, ToolRun] = {}
         self.connected = False
         self._shown: dict[tuple[str, int], int] = {}  # chars of each block delivered as chunks
+        # Blocks restored cut at their beginning (the open block of a snapshot that had
+        # to fit, PROTOCOL section 15): what was delivered is their end.
+        self._tail_kept: set[tuple[str, int]] = set()
         self._known: set[str] = set()  # ids of the messages this client holds
         self._snapshots = 0
         self._ended_turns: set[str] = set()
@@ -507,6 +527,27 @@ class Session:
     ) -> None:
         """Rate an assistant message."""
         await self.client.leave_feedback(self.id, message_id, rating, comment=comment)
+
+    async def load_earlier(self, limit: int = 50) -> bool:
+        """One page of the messages the snapshot left out, put before the others in :attr:`state`.
+
+        A snapshot holds the newest messages that fit (PROTOCOL section 15);
+        ``state.has_more`` says there are older ones. Returns whether there
+        are still more.
+        """
+        before = self.state.oldest_message_id
+        if not self.state.has_more or before is None:
+            return False
+        page = await self.client.messages(self.id, before=before, limit=limit)
+        self.state.prepend_history(page.messages, page.has_more)
+        self._known.update(message.id for message in page.messages)
+        return page.has_more
+
+    async def fetch_whole(self, message_id: str) -> Message:
+        """A finished message a snapshot sent cut, fetched whole and put in :attr:`state`."""
+        message = await self.client.message(self.id, message_id)
+        self.state.replace_message(message)
+        return message
 
     def turn_ended(self, turn_id: str) -> bool:
         """Whether this client knows the turn has ended: its ``turn.completed`` or
@@ -610,9 +651,14 @@ class Session:
             case MessageComplete(message_id=message_id):
                 for message in reversed(self.state.messages):
                     if message.id == message_id:
-                        chunks += self._news(message_id, _blocks_of(message.content))
+                        blocks = _blocks_of(message.content)
+                        for index, _, text in blocks:  # their end was delivered: all of it
+                            if (message_id, index) in self._tail_kept:
+                                self._shown[(message_id, index)] = len(text)
+                        chunks += self._news(message_id, blocks)
                         break
                 self._forget(message_id)
+                self._tail_kept = {key for key in self._tail_kept if key[0] != message_id}
                 self._known.add(message_id)
             case TurnStarted(user_message=message):
                 self._known.add(message.id)
@@ -651,6 +697,8 @@ class Session:
         for index, block in sorted(streaming.blocks.items()):
             if block.kind == "text" or block.kind == "thinking":
                 blocks.append((index, block.kind, block.text))
+                if block.truncated and not block.closed:
+                    self._tail_kept.add((streaming.message_id, index))
         return self._news(streaming.message_id, blocks)
 
     def _news(self, message_id: str, blocks: list[tuple[int, ChunkKind, str]]) -> list[Chunk]:

@@ -21,6 +21,11 @@ What a person sees:
   the latest thinking chunk or the tool at work; the reply's text streams,
   and is replaced when a later round of the turn starts; once the turn ends
   only the final round's text stays (marked when cancelled).
+- **What a snapshot left out** (PROTOCOL section 15): a session opened on a
+  long history starts at its newest messages that fit ``snapshot_max_bytes``,
+  under a dim ``(earlier messages not shown)``; a block the snapshot cut is
+  marked ``… (truncated)`` (a reply still streaming: ``… (the beginning is
+  not shown)`` above its end, until it completes whole).
 - **Permissions** are asked inline: ``? allow sleep {"seconds": 60}  [y/n]``;
   one key answers (no Enter needed).
 
@@ -285,6 +290,11 @@ def _block_item(
 ) -> Item:
     if block["type"] == "text":
         lines = tuple(Line(x) for x in clean(block["text"]).split("\n"))
+        if block.get("truncated"):  # a snapshot sent it cut (PROTOCOL section 15)
+            if block["open"]:  # its end, where the live text goes on
+                lines = (Line(f"{marks.ellipsis} (the beginning is not shown)", DIM), *lines)
+            else:
+                lines = (*lines, Line(f"{marks.ellipsis} (truncated)", DIM))
         return Item(key, lines, not block["open"])
     if block["type"] == "thinking":
         prefix = f"{marks.thinking} "
@@ -312,6 +322,8 @@ def _block_item(
             said = "not run"
         case _:  # streaming, pending
             said = marks.ellipsis
+    if block.get("truncated"):
+        said += " (truncated)"
     call = f"{marks.tool} {block['name']} {fold(json.dumps(block['input'], ensure_ascii=False))}"
     room = width - cell_len(said) - 3
     line = Line(f"{fit(call, max(room, 10))}  {said}", style)
@@ -531,6 +543,8 @@ class Chat:
             simple = self.session.simple
             items = simple_items(simple, hidden_turns=hidden, width=width, marks=self.marks)
             permissions = simple["permissions"]
+        if state.has_more:  # the snapshot left older messages out (PROTOCOL section 15)
+            items.insert(0, Item("earlier", (Line("(earlier messages not shown)", DIM),), True))
         if permissions:
             first = permissions[0]
             items.append(question_item(first, self.answered.get(first["perm_id"]), width))

@@ -52,6 +52,14 @@ Where the contract is silent, this module decides:
   so; otherwise the session is idle and ``turn`` is ``None``. How each turn
   ended is kept in :attr:`Reducer.turn_outcomes`, as far as this client saw
   it end (a snapshot replaces what was known, as it replaces everything).
+- **Cut blocks** (PROTOCOL section 15). A snapshot that had to fit
+  ``snapshot_max_bytes`` may leave older messages out (:attr:`Reducer.has_more`:
+  page them with ``GET .../messages?before=``) and send a block cut, marked
+  ``truncated``. A finished block stays as sent (the client may fetch the
+  whole message by id); a restored streaming block keeps the mark while its
+  deltas append to what was sent (its end: the open block is cut at its
+  beginning), until ``message.complete`` brings the message whole. A tool
+  result cut in the snapshot is listed in :attr:`Reducer.truncated_results`.
 - **Duplicates.** Event ids compare as strings (PROTOCOL section 1). The server
   promises each event once (section 3), so the reducer compares ids only to
   prove it: an event at or below the cursor is counted in
@@ -60,7 +68,7 @@ Where the contract is silent, this module decides:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import msgspec
@@ -149,18 +157,25 @@ class StreamingBlock:
     final_input: dict[str, Any] | None = None
     closed: bool = False
     restored: bool = False
+    truncated: bool = False  # restored from a block a snapshot cut (PROTOCOL section 15)
 
     @classmethod
     def restore(cls, block: ContentBlock) -> StreamingBlock:
         """The open block a snapshot's content block stands for."""
         match block:
-            case TextBlock(text=text):
-                return cls("text", text=text, restored=True)
-            case ThinkingBlock(thinking=thinking, signature=signature):
-                return cls("thinking", text=thinking, signature=signature, restored=True)
-            case RedactedThinkingBlock(data=data):
-                return cls("redacted_thinking", text=data, restored=True)
-            case ToolUseBlock(id=id_, name=name, input=input_):
+            case TextBlock(text=text, truncated=cut):
+                return cls("text", text=text, restored=True, truncated=cut is True)
+            case ThinkingBlock(thinking=thinking, signature=signature, truncated=cut):
+                return cls(
+                    "thinking",
+                    text=thinking,
+                    signature=signature,
+                    restored=True,
+                    truncated=cut is True,
+                )
+            case RedactedThinkingBlock(data=data, truncated=cut):
+                return cls("redacted_thinking", text=data, restored=True, truncated=cut is True)
+            case ToolUseBlock(id=id_, name=name, input=input_, truncated=cut):
                 return cls(
                     "tool_use",
                     tool_use_id=id_,
@@ -168,6 +183,7 @@ class StreamingBlock:
                     partial_json=None,
                     snapshot_input=input_,
                     restored=True,
+                    truncated=cut is True,
                 )
         raise ValueError(f"a streaming assistant message cannot hold a {block!r}")
 
@@ -181,16 +197,22 @@ class StreamingBlock:
         return best_effort(self.partial_json)
 
     def as_content_block(self) -> ContentBlock:
-        """The block as the content block it is becoming."""
+        """The block as the content block it is becoming (``truncated`` as restored)."""
+        cut: bool | msgspec.UnsetType = True if self.truncated else msgspec.UNSET
         match self.kind:
             case "text":
-                return TextBlock(self.text)
+                return TextBlock(self.text, truncated=cut)
             case "thinking":
-                return ThinkingBlock(self.text, self.signature)
+                return ThinkingBlock(self.text, self.signature, truncated=cut)
             case "redacted_thinking":
-                return RedactedThinkingBlock(self.text)
+                return RedactedThinkingBlock(self.text, truncated=cut)
             case "tool_use":
-                return ToolUseBlock(self.tool_use_id, self.tool_name, self.input)
+                # Its final input (tool.use_end) is whole.
+                whole = self.final_input is not None
+                return ToolUseBlock(
+                    self.tool_use_id, self.tool_name, self.input,
+                    truncated=msgspec.UNSET if whole else cut,
+                )  # fmt: skip
 
 
 @dataclass
@@ -318,6 +340,11 @@ class Reducer:
         self.last_event_id: str | None = None
         self.duplicates_ignored = 0
         self.skipped = 0
+        # PROTOCOL section 15: the last snapshot left older messages out, and
+        # the tool results it sent cut (module docstring, "Cut blocks").
+        self.has_more = False
+        self.truncated_results: set[str] = set()
+        self.oldest_message_id: str | None = None  # the first the snapshot (or a page) sent
 
     def apply(self, frame: ServerFrame) -> None:
         """Apply one server frame; only ``snapshot`` and ``event`` frames change state.
@@ -392,6 +419,42 @@ class Reducer:
                     return block
         return None
 
+    def prepend_history(self, messages: list[Message], has_more: bool) -> None:
+        """Older finished messages (a page of ``GET .../messages``, oldest first) before the first.
+
+        What a snapshot left out (PROTOCOL section 15): page it with
+        ``before=`` :attr:`oldest_message_id` while :attr:`has_more`.
+        """
+        known = {message.id for message in self.messages}
+        older = [message for message in messages if message.id not in known]
+        for message in older:
+            for block in message.content:
+                if isinstance(block, ToolResultBlock) and message.role == "user":
+                    self.tool_results.setdefault(
+                        block.tool_use_id,
+                        ToolOutcome(
+                            block.tool_use_id,
+                            "failed" if block.is_error else "completed",
+                            block.content,
+                        ),
+                    )
+        self.messages = [m for m in older if not _tool_results_only(m)] + self.messages
+        if older:
+            self.oldest_message_id = older[0].id
+        self.has_more = has_more
+
+    def replace_message(self, message: Message) -> None:
+        """A finished message fetched whole (``GET .../messages/{id}``) in place of one sent cut."""
+        for position, existing in enumerate(self.messages):
+            if existing.id == message.id:
+                self.messages[position] = message
+        for block in message.content:
+            if isinstance(block, ToolResultBlock) and block.tool_use_id in self.truncated_results:
+                self.truncated_results.discard(block.tool_use_id)
+                outcome = self.tool_results.get(block.tool_use_id)
+                if outcome is not None:
+                    self.tool_results[block.tool_use_id] = replace(outcome, content=block.content)
+
     # --- frames ----------------------------------------------------------------
 
     def _apply_snapshot(self, snapshot: Snapshot) -> None:
@@ -414,6 +477,15 @@ class Reducer:
             for block in message.content
             if isinstance(block, ToolResultBlock)
         }
+        self.truncated_results = {
+            block.tool_use_id
+            for message in messages
+            for block in message.content
+            if isinstance(block, ToolResultBlock) and block.truncated is True
+        }
+        self.has_more = snapshot.has_more
+        streaming_id = None if self.streaming is None else self.streaming.message_id
+        self.oldest_message_id = messages[0].id if messages else streaming_id
         turn_id = session.current_turn_id
         in_flight = turn_id is not None and session.current_turn_status == "in_flight"
         self.turn = TurnState(turn_id, "in_flight") if turn_id is not None and in_flight else None

@@ -102,7 +102,12 @@ RESUMABLE = frozenset(name for name, close in CLOSES.items() if close.reconnect)
 _RESUMABLE_WS_CODES = frozenset({1001, 1006, 1011, 1012, 1013, 1014})
 # subscribe_error codes a snapshot answers: the server has the state, not the replay.
 SNAPSHOT_INSTEAD = frozenset({"cursor_expired", "replay_too_large"})
-MAX_FRAME_BYTES = 64 * 2**20  # a snapshot of 50 long messages is well over 1 MiB
+# The largest frame the client takes (trio-websocket's own default, 1 MiB, is far
+# too small: a message.complete carries a whole reply). A snapshot or a replay's
+# message.snapshot never exceeds the server's [stream] snapshot_max_bytes
+# (PROTOCOL section 15; 8 MiB by default), so with any cap up to this one they
+# always fit; live events carry whole messages and tool results, as produced.
+MAX_FRAME_BYTES = 64 * 2**20
 CLOSE_TIMEOUT_S = 2.0  # for the close handshake of a connection the client is done with
 CONNECT_TIMEOUT_S = 10.0  # TCP connect and WebSocket handshake
 

@@ -53,7 +53,7 @@ Where section 10 is silent, decided here (docs/protocol.md, "Views"):
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 from gateway.client.reducer import Reducer, StreamingBlock, StreamingMessage
 from gateway.protocol.shapes import (
@@ -74,15 +74,19 @@ ReplyStatus = Literal["in_progress", "complete", "cancelled", "error"]
 
 
 class TextView(TypedDict):
+    """``truncated`` (only when true): a snapshot sent the block cut (PROTOCOL section 15)."""
+
     type: Literal["text"]
     text: str
     open: bool
+    truncated: NotRequired[bool]
 
 
 class ThinkingView(TypedDict):
     type: Literal["thinking"]
     text: str
     open: bool
+    truncated: NotRequired[bool]
 
 
 class RedactedThinkingView(TypedDict):
@@ -103,6 +107,7 @@ class ToolUseView(TypedDict):
     status: ToolStatus
     result: str | None
     perm_id: str | None
+    truncated: NotRequired[bool]  # its input or its result was sent cut (section 15)
 
 
 BlockView = TextView | ThinkingView | RedactedThinkingView | ToolUseView
@@ -237,13 +242,13 @@ def _finished_message(reducer: Reducer, message: Message) -> MessageView:
 
 def _finished_block(reducer: Reducer, message: Message, block: ContentBlock) -> BlockView | None:
     match block:
-        case TextBlock(text=text):
-            return {"type": "text", "text": text, "open": False}
-        case ThinkingBlock(thinking=thinking):
-            return {"type": "thinking", "text": thinking, "open": False}
+        case TextBlock(text=text, truncated=cut):
+            return _cut(TextView(type="text", text=text, open=False), cut is True)
+        case ThinkingBlock(thinking=thinking, truncated=cut):
+            return _cut(ThinkingView(type="thinking", text=thinking, open=False), cut is True)
         case RedactedThinkingBlock():
             return {"type": "redacted_thinking", "open": False}
-        case ToolUseBlock(id=id_, name=name, input=input_):
+        case ToolUseBlock(id=id_, name=name, input=input_, truncated=cut):
             # Without an outcome: it runs while its complete message's turn is in flight.
             running = (
                 message.status == "complete"
@@ -251,7 +256,8 @@ def _finished_block(reducer: Reducer, message: Message, block: ContentBlock) -> 
                 and message.turn_id == reducer.running_turn_id
             )
             status: ToolStatus = "running" if running else "not_run"
-            return _tool_view(reducer, id_, name, input_, open_=False, otherwise=status)
+            view = _tool_view(reducer, id_, name, input_, open_=False, otherwise=status)
+            return _cut(view, cut is True or "truncated" in view)
         case ToolResultBlock():
             return None  # paired with its tool_use instead
     return None
@@ -274,16 +280,18 @@ def _streaming_block(reducer: Reducer, block: StreamingBlock) -> BlockView:
     open_ = not block.closed
     match block.kind:
         case "text":
-            return {"type": "text", "text": block.text, "open": open_}
+            return _cut(TextView(type="text", text=block.text, open=open_), block.truncated)
         case "thinking":
-            return {"type": "thinking", "text": block.text, "open": open_}
+            return _cut(ThinkingView(type="thinking", text=block.text, open=open_), block.truncated)
         case "redacted_thinking":
             return {"type": "redacted_thinking", "open": open_}
         case "tool_use":
             otherwise: ToolStatus = "streaming" if open_ else "pending"
-            return _tool_view(
+            view = _tool_view(
                 reducer, block.tool_use_id, block.tool_name, block.input, open_, otherwise
             )
+            cut = block.truncated and block.final_input is None
+            return _cut(view, cut or "truncated" in view)
 
 
 def _tool_view(
@@ -303,7 +311,7 @@ def _tool_view(
         status, result = outcome.status, outcome.content
     elif permission is not None and not open_:
         status = "awaiting_approval"
-    return {
+    view: ToolUseView = {
         "type": "tool_use",
         "id": tool_use_id,
         "name": name,
@@ -313,6 +321,17 @@ def _tool_view(
         "result": result,
         "perm_id": None if permission is None or outcome is not None else permission.perm_id,
     }
+    return _cut(view, outcome is not None and tool_use_id in reducer.truncated_results)
+
+
+_View = TypeVar("_View", TextView, ThinkingView, ToolUseView)
+
+
+def _cut(view: _View, truncated: bool) -> _View:
+    """``view``, with ``truncated: true`` when what it shows was sent cut (section 15)."""
+    if truncated:
+        view["truncated"] = True
+    return view
 
 
 def _permission_for(reducer: Reducer, tool_use_id: str) -> PendingPermission | None:

@@ -65,6 +65,10 @@ class Snapshot(msgspec.Struct, tag="snapshot", tag_field="type"):
     session: SessionSummary
     messages: list[Message]
     snapshot_at_event_id: str | None
+    # True when the session has messages older than the first one sent, left
+    # out by ``snapshot_messages`` or by ``snapshot_max_bytes`` alike: page
+    # them with ``GET .../messages?before=<messages[0].id>`` (PROTOCOL section 15).
+    has_more: bool = False
 
 
 class EventFrame(msgspec.Struct, tag="event", tag_field="type"):

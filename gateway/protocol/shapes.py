@@ -14,30 +14,43 @@ from typing import Any, Literal
 
 import msgspec
 
+# ``truncated`` (PROTOCOL section 15, "Snapshots that fit"): set only on a block
+# that a snapshot frame or a ``message.snapshot`` had to cut to stay under
+# ``[stream] snapshot_max_bytes``; the whole message is ``GET
+# /sessions/{id}/messages/{message_id}``. Unset (left out of the JSON) everywhere
+# else, so stored messages, events and provider history never carry it.
+Truncated = bool | msgspec.UnsetType
+
 
 class TextBlock(msgspec.Struct, tag="text", tag_field="type"):
     text: str
+    truncated: Truncated = msgspec.UNSET
 
 
 class ThinkingBlock(msgspec.Struct, tag="thinking", tag_field="type"):
     thinking: str
     signature: str | None = None
+    truncated: Truncated = msgspec.UNSET
 
 
 class RedactedThinkingBlock(msgspec.Struct, tag="redacted_thinking", tag_field="type"):
     data: str
+    truncated: Truncated = msgspec.UNSET
 
 
 class ToolUseBlock(msgspec.Struct, tag="tool_use", tag_field="type"):
     id: str
     name: str
     input: dict[str, Any]
+    # A cut tool_use has ``input: {}`` (a prefix of JSON is not JSON).
+    truncated: Truncated = msgspec.UNSET
 
 
 class ToolResultBlock(msgspec.Struct, tag="tool_result", tag_field="type"):
     tool_use_id: str
     content: str
     is_error: bool = False
+    truncated: Truncated = msgspec.UNSET
 
 
 ContentBlock = TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock
@@ -111,6 +124,8 @@ class PendingPermission(msgspec.Struct):
     tool_name: str
     input: dict[str, Any]
     expires_at: int
+    # ``input: {}`` in a snapshot whose frame it alone would push over the cap.
+    truncated: Truncated = msgspec.UNSET
 
 
 class SessionSummary(msgspec.Struct):

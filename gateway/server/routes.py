@@ -219,6 +219,23 @@ class Api:
             ),
         )
         self._add(
+            f"{session}/messages/{{message_id}}",
+            "message",
+            GET=(
+                self.get_message,
+                Operation(
+                    "One message of a session, whole",
+                    Message,
+                    errors={404: ("message_not_found",)},
+                    description="A finished message, every block whole: what a snapshot "
+                    'sent cut (`"truncated": true`, PROTOCOL section 15). A message '
+                    "still streaming, another session's message or an unknown id: 404 "
+                    "`message_not_found` (the streaming one's `message.complete` "
+                    "carries it whole).",
+                ),
+            ),
+        )
+        self._add(
             f"{session}/turns",
             "turns",
             POST=(
@@ -558,6 +575,19 @@ class Api:
         start = max(0, end - limit)
         return json_response(200, MessagePage(messages[start:end], start > 0))
 
+    async def get_message(self, req: Request, session_id: str, message_id: str) -> Response:
+        """One finished message, whole (PROTOCOL section 15: what a snapshot cut).
+
+        The session's own messages only, as the caller may see the session
+        (:meth:`_session`); the newest are the likeliest, so they are looked
+        at first.
+        """
+        session = await self._session(session_id, self._authenticate(req))
+        for message in reversed(await self.node.messages_of(session)):
+            if message.id == message_id:
+                return json_response(200, message)
+        raise ApiError(404, "message_not_found", f"no message {message_id!r} in {session_id}")
+
     async def submit_turn(self, req: Request, session_id: str) -> Response:
         caller = self._authenticate(req)
         session = await self._session(session_id, caller)
@@ -686,7 +716,7 @@ class Api:
                 raise
         self._agui_runs[session.id] = (body.run_id, turn_id)
         mapper = RunMapper(body.thread_id, body.run_id, turn_id)
-        opening = mapper.start(history[-limit:] if limit else [], now_ms())
+        opening = mapper.start(history[-limit:] if limit else [], now_ms(), self._snapshot_cap)
         interval = self.config.stream.ping_interval_s
 
         async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
@@ -707,12 +737,18 @@ class Api:
         and the front end is free again (docs/protocol.md "AG-UI").
         """
         mapper = RunMapper(body.thread_id, body.run_id, "")
-        events = [*mapper.start(history, now_ms()), mapper.idle_finish(now_ms())]
+        opening = mapper.start(history, now_ms(), self._snapshot_cap)
+        events = [*opening, mapper.idle_finish(now_ms())]
 
         async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
             await send(sse(events))
 
         return StreamingResponse(run, headers=SSE_HEADERS)
+
+    @property
+    def _snapshot_cap(self) -> int:
+        """An AG-UI run's ``MESSAGES_SNAPSHOT`` fits as a snapshot frame does (PROTOCOL §15)."""
+        return self.config.stream.snapshot_max_bytes
 
     async def _agui_thread(self, thread_id: str, caller: str | None) -> Session:
         """The thread's session, created (owned by the caller's key) when unknown."""

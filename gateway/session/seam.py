@@ -26,6 +26,8 @@ Replay (:func:`replay`) rebuilds what was streaming-only: a
 completed after the cursor, and one ``message.snapshot`` (with a fresh id)
 for a message still streaming. Snapshot (:func:`snapshot`) is the session
 summary and its last messages, the streaming one included as far as it got.
+Both fit ``[stream] snapshot_max_bytes`` (PROTOCOL section 15,
+:mod:`gateway.protocol.fit`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from gateway.errors import ApiError, SubscribeRejected
 from gateway.ids import format_event_id, now_ms, parse_event_id
 from gateway.protocol.events import EVENT_TYPES, Event, MessageComplete, MessageSnapshot
 from gateway.protocol.filters import Filter, FilterKey
-from gateway.protocol.frames import Snapshot, Subscribe, SubscribeAck, SubscribeError, encode
+from gateway.protocol.fit import fit_message_snapshot, fit_snapshot
+from gateway.protocol.frames import Subscribe, SubscribeAck, SubscribeError, encode
 from gateway.protocol.framing import event_frame, text_frame
 from gateway.protocol.shapes import Usage
 from gateway.session.hub import Emitted, FrameBatch, Group, Subscriber
@@ -162,10 +165,14 @@ async def owners_snapshot(session: Session, limit: int) -> tuple[bytes, int]:
 
 
 async def durable_snapshot(session: Session, limit: int) -> tuple[bytes, int]:
-    """:func:`snapshot` encoded, once everything it shows is durable (PROTOCOL section 9)."""
-    snap, cut = snapshot(session, limit)
+    """:func:`snapshot`, once everything it shows is durable (PROTOCOL section 9).
+
+    Its byte cap is the config of the node that runs the session (every node
+    of a deployment has the same ``[stream]``).
+    """
+    data, cut = snapshot(session, limit, session.node.config.stream.snapshot_max_bytes)
     await session.node.wait_durable()
-    return encode(snap), cut
+    return data, cut
 
 
 async def owners_replay(
@@ -191,25 +198,30 @@ async def owners_replay(
     return list(outcome[1]), int(outcome[2])
 
 
-def snapshot(session: Session, limit: int) -> tuple[Snapshot, int]:
-    """The ``snapshot`` frame and its cut (PROTOCOL sections 3 and 6).
+def snapshot(session: Session, limit: int, max_bytes: int) -> tuple[bytes, int]:
+    """The encoded ``snapshot`` frame and its cut (PROTOCOL sections 3, 6 and 15).
 
     Computed synchronously, so nothing is emitted between reading the state
     and reading the cut: the cut is simply the node's last issued id. Sent
     once everything it shows is durable; events up to its cut that are still
-    held reach the client's queue later and are dropped at the seam.
+    held reach the client's queue later and are dropped at the seam. The
+    frame is never over ``max_bytes`` (:func:`gateway.protocol.fit.fit_snapshot`:
+    older messages left out, ``has_more``, a block too big cut); fitting it
+    changes what the frame shows, never its cut.
     """
     messages = list(session.messages)
     streaming = session.calls.streaming_message()
     if streaming is not None:
         messages.append(streaming)
     cut = session.node.sequencer.last
-    snap = Snapshot(
-        session=session.summary(),
-        messages=messages[-limit:] if limit else [],
-        snapshot_at_event_id=format_event_id(cut) if cut else None,
+    data = fit_snapshot(
+        session.summary(),
+        messages,
+        format_event_id(cut) if cut else None,
+        limit=limit,
+        max_bytes=max_bytes,
     )
-    return snap, cut
+    return data, cut
 
 
 @dataclass
@@ -313,7 +325,10 @@ def _streaming_layer(session: Session, since_seq: int, take: Callable[..., None]
             format_event_id(seq), "message.snapshot", session.id, call.turn_id,
             now_ms(), "llm", MessageSnapshot(streaming),
         )  # fmt: skip
-        take(seq, "message.snapshot", "llm", session.id, _later(_frame_of, event))
+        # Cut to fit like a snapshot frame (PROTOCOL section 15): clients refuse
+        # a frame over their limit as they would a snapshot.
+        max_bytes = session.node.config.stream.snapshot_max_bytes
+        take(seq, "message.snapshot", "llm", session.id, lambda: _fitted_frame(event, max_bytes))
 
 
 def _later(fn: Callable[[Any], bytes], arg: Any) -> Callable[[], bytes]:
@@ -323,3 +338,7 @@ def _later(fn: Callable[[Any], bytes], arg: Any) -> Callable[[], bytes]:
 
 def _frame_of(event: Event) -> bytes:
     return event_frame(encode(event))
+
+
+def _fitted_frame(event: Event, max_bytes: int) -> bytes:
+    return event_frame(fit_message_snapshot(event, max_bytes))

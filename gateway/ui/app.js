@@ -495,9 +495,71 @@ function render() {
     ? "No messages yet. Say something below."
     : "Pick a session on the left, or start a new one.";
   reconcile(items);
+  drawEarlier(items.length > 0 && page.reducer !== null && page.reducer.hasMore);
   drawActivity(view);
   updateComposer();
   if (stick) ui.thread.scrollTop = ui.thread.scrollHeight;
+}
+
+// PROTOCOL section 15: a snapshot holds the newest messages that fit; older ones are paged in.
+let earlier = null;
+
+function drawEarlier(shown) {
+  if (!shown) {
+    if (earlier) earlier.remove();
+    return;
+  }
+  if (!earlier) {
+    earlier = el(
+      "div",
+      { class: "earlier", "data-testid": "earlier" },
+      el("span", { text: "Earlier messages are not shown. " }),
+      el("button", { type: "button", "data-testid": "load-earlier", text: "Show earlier", onclick: loadEarlier }),
+    );
+  }
+  if (earlier.parentNode !== ui.thread || ui.thread.firstChild !== earlier) ui.thread.prepend(earlier);
+}
+
+async function loadEarlier(event) {
+  const reducer = page.reducer;
+  const sessionId = page.sessionId;
+  if (!reducer || !reducer.oldestMessageId) return;
+  event.target.disabled = true;
+  try {
+    const query = `before=${encodeURIComponent(reducer.oldestMessageId)}&limit=50`;
+    const older = await api("GET", `sessions/${encodeURIComponent(sessionId)}/messages?${query}`);
+    if (reducer === page.reducer) reducer.prependHistory(older.messages, older.has_more);
+    render();
+  } catch (error) {
+    showError(`Could not load earlier messages: ${error.message}`);
+  } finally {
+    event.target.disabled = false;
+  }
+}
+
+/** A message a snapshot sent cut (section 15), fetched whole. */
+async function loadWhole(messageId, button) {
+  const reducer = page.reducer;
+  button.disabled = true;
+  try {
+    const whole = await api("GET", `sessions/${encodeURIComponent(page.sessionId)}/messages/${encodeURIComponent(messageId)}`);
+    if (reducer === page.reducer) reducer.replaceMessage(whole);
+    render();
+  } catch (error) {
+    button.disabled = false;
+    showError(`Could not load the whole message: ${error.message}`);
+  }
+}
+
+function truncatedMark(block, messageId, whole) {
+  if (!block.truncated) return null;
+  return el(
+    "div",
+    { class: "truncated", "data-testid": "truncated" },
+    el("span", { text: whole ? "… (cut to fit; " : "… (cut to fit; whole once it ends)" }),
+    whole ? el("button", { type: "button", text: "show all", onclick: (e) => loadWhole(messageId, e.target) }) : null,
+    whole ? el("span", { text: ")" }) : null,
+  );
 }
 
 // What each drawn message element was drawn from (its view, as JSON).
@@ -544,7 +606,15 @@ function drawMessage(item) {
       "data-session-id": item.sessionId || null,
     },
     head,
-    el("div", { class: "blocks" }, item.blocks.map((block, index) => drawBlock(block, `${item.key}:${index}`))),
+    el(
+      "div",
+      { class: "blocks" },
+      item.blocks.flatMap((block, index) => [
+        drawBlock(block, `${item.key}:${index}`),
+        // A finished message is whole by id; a streaming one once its message.complete comes.
+        truncatedMark(block, item.id, item.status !== "in_progress" && !item.worker),
+      ]),
+    ),
   );
 }
 
@@ -907,9 +977,9 @@ function fullItems(sessionId, messages, permissions, workers, worker) {
     blocks: m.blocks.map((b) => {
       switch (b.type) {
         case "text":
-          return { kind: "text", text: b.text, open: b.open };
+          return { kind: "text", text: b.text, open: b.open, truncated: b.truncated === true };
         case "thinking":
-          return { kind: "thinking", text: b.text, open: b.open };
+          return { kind: "thinking", text: b.text, open: b.open, truncated: b.truncated === true };
         case "redacted_thinking":
           return { kind: "thinking", redacted: true, text: "", open: b.open };
         case "tool_use": {
@@ -922,6 +992,7 @@ function fullItems(sessionId, messages, permissions, workers, worker) {
             input: b.input,
             status: b.status,
             result: b.result,
+            truncated: b.truncated === true,
             permissions: asked ? [{ ...asked, sessionId }] : [],
             worker: delegated
               ? {

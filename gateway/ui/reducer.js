@@ -13,6 +13,12 @@
 //   fullView(reducer)                  // every message and block, tools paired with results
 //   fullView(reducer, { workers: true })   // ... and the worker sessions (include_worker_sessions)
 //   simpleView(reducer)                // replace-then-append: thread, status line, permissions
+//   reducer.hasMore                    // the snapshot left older messages out (PROTOCOL section
+//                                      // 15): page them with GET .../messages?before=
+//                                      // reducer.oldestMessageId, then
+//   reducer.prependHistory(page.messages, page.has_more)
+//   reducer.replaceMessage(message)    // a finished message fetched whole (GET .../messages/ID)
+//                                      // in place of the one a snapshot sent cut
 //
 // The views are pure functions of the reduced state, never of timing: a client that attached
 // with a snapshot, or resumed with `since`, shows what one that saw every event live shows.
@@ -26,6 +32,7 @@
 //   BlockView = {type: "text", text, open} | {type: "thinking", text, open}
 //             | {type: "redacted_thinking", open}
 //             | {type: "tool_use", id, name, input, open, status, result, perm_id}
+//     and "truncated": true on a text, thinking or tool block a snapshot sent cut (section 15)
 //     tool status: "streaming" (block open) | "pending" (block ended, message still streaming)
 //       | "awaiting_approval" (perm_id set) | "running" | "completed" | "failed" (result set)
 //       | "not_run" (its message was cancelled or failed, or its turn ended without an outcome)
@@ -78,21 +85,24 @@ class StreamingBlock {
     this.finalInput = null;
     this.closed = false;
     this.restored = false;
+    this.truncated = false; // restored from a block a snapshot cut (PROTOCOL section 15)
     Object.assign(this, fields);
   }
 
   static restore(block) {
+    const truncated = block.truncated === true;
     switch (block.type) {
       case "text":
-        return new StreamingBlock("text", { text: block.text, restored: true });
+        return new StreamingBlock("text", { text: block.text, restored: true, truncated });
       case "thinking":
         return new StreamingBlock("thinking", {
           text: block.thinking,
           signature: block.signature ?? null,
           restored: true,
+          truncated,
         });
       case "redacted_thinking":
-        return new StreamingBlock("redacted_thinking", { text: block.data, restored: true });
+        return new StreamingBlock("redacted_thinking", { text: block.data, restored: true, truncated });
       case "tool_use":
         return new StreamingBlock("tool_use", {
           toolUseId: block.id,
@@ -100,6 +110,7 @@ class StreamingBlock {
           partialJson: null,
           snapshotInput: block.input ?? {},
           restored: true,
+          truncated,
         });
       default:
         throw new ReducerError(`a streaming assistant message cannot hold a ${block.type} block`);
@@ -208,6 +219,11 @@ export class Reducer {
     this.lastEventId = null;
     this.duplicatesIgnored = 0;
     this.skipped = 0;
+    // PROTOCOL section 15: the last snapshot left older messages out, and the
+    // tool results it sent cut (gateway/client/reducer.py, "Cut blocks").
+    this.hasMore = false;
+    this.truncatedResults = new Set();
+    this.oldestMessageId = null; // the first message the snapshot (or a page before it) sent
   }
 
   /** The id of the turn in flight, or null when the session is idle. */
@@ -261,10 +277,14 @@ export class Reducer {
     this.streaming = inProgress ? StreamingMessage.restore(messages.pop()) : null;
     this.messages = messages.filter((m) => !toolResultsOnly(m));
     this.toolResults = new Map();
+    this.truncatedResults = new Set();
+    this.hasMore = snapshot.has_more === true;
+    this.oldestMessageId = messages.length > 0 ? messages[0].id : this.streaming ? this.streaming.messageId : null;
     for (const message of messages) {
       if (message.role !== "user") continue;
       for (const block of message.content) {
         if (block.type !== "tool_result") continue;
+        if (block.truncated === true) this.truncatedResults.add(block.tool_use_id);
         this.toolResults.set(block.tool_use_id, {
           tool_use_id: block.tool_use_id,
           status: block.is_error ? "failed" : "completed",
@@ -281,6 +301,41 @@ export class Reducer {
     this.workers = new Map();
     this.links = new Map();
     this.lastEventId = snapshot.snapshot_at_event_id ?? null;
+    return this;
+  }
+
+  /** Older finished messages (a page of GET .../messages, oldest first) before the first one. */
+  prependHistory(messages, hasMore) {
+    const known = new Set(this.messages.map((m) => m.id));
+    const older = messages.filter((m) => !known.has(m.id));
+    for (const message of older) {
+      if (message.role !== "user") continue;
+      for (const block of message.content) {
+        if (block.type !== "tool_result" || this.toolResults.has(block.tool_use_id)) continue;
+        this.toolResults.set(block.tool_use_id, {
+          tool_use_id: block.tool_use_id,
+          status: block.is_error ? "failed" : "completed",
+          content: block.content,
+          error_class: null,
+        });
+      }
+    }
+    this.messages = [...older.filter((m) => !toolResultsOnly(m)), ...this.messages];
+    if (older.length > 0) this.oldestMessageId = older[0].id;
+    this.hasMore = hasMore === true;
+    return this;
+  }
+
+  /** A finished message fetched whole, in place of the one a snapshot sent cut (section 15). */
+  replaceMessage(message) {
+    const position = this.messages.findIndex((m) => m.id === message.id);
+    if (position >= 0) this.messages[position] = message;
+    for (const block of message.content) {
+      if (block.type !== "tool_result" || !this.truncatedResults.has(block.tool_use_id)) continue;
+      this.truncatedResults.delete(block.tool_use_id);
+      const outcome = this.toolResults.get(block.tool_use_id);
+      if (outcome !== undefined) this.toolResults.set(block.tool_use_id, { ...outcome, content: block.content });
+    }
     return this;
   }
 
@@ -513,15 +568,16 @@ function messageViews(reducer) {
 function finishedBlock(reducer, message, block) {
   switch (block.type) {
     case "text":
-      return { type: "text", text: block.text, open: false };
+      return cut({ type: "text", text: block.text, open: false }, block.truncated === true);
     case "thinking":
-      return { type: "thinking", text: block.thinking, open: false };
+      return cut({ type: "thinking", text: block.thinking, open: false }, block.truncated === true);
     case "redacted_thinking":
       return { type: "redacted_thinking", open: false };
     case "tool_use": {
       const running =
         message.status === "complete" && message.turn_id != null && message.turn_id === reducer.runningTurnId;
-      return toolView(reducer, block.id, block.name, block.input, false, running ? "running" : "not_run");
+      const view = toolView(reducer, block.id, block.name, block.input, false, running ? "running" : "not_run");
+      return cut(view, block.truncated === true);
     }
     default:
       return null; // a tool_result: paired with its tool_use instead
@@ -532,14 +588,22 @@ function streamingBlock(reducer, block) {
   const open = !block.closed;
   switch (block.kind) {
     case "text":
-      return { type: "text", text: block.text, open };
+      return cut({ type: "text", text: block.text, open }, block.truncated);
     case "thinking":
-      return { type: "thinking", text: block.text, open };
+      return cut({ type: "thinking", text: block.text, open }, block.truncated);
     case "redacted_thinking":
       return { type: "redacted_thinking", open };
-    default:
-      return toolView(reducer, block.toolUseId, block.toolName, block.input, open, open ? "streaming" : "pending");
+    default: {
+      const view = toolView(reducer, block.toolUseId, block.toolName, block.input, open, open ? "streaming" : "pending");
+      return cut(view, block.truncated && block.finalInput === null);
+    }
   }
+}
+
+/** The view, with `truncated: true` when what it shows was sent cut (PROTOCOL section 15). */
+function cut(view, truncated) {
+  if (truncated) view.truncated = true;
+  return view;
 }
 
 function toolView(reducer, toolUseId, name, input, open, otherwise) {
@@ -553,7 +617,7 @@ function toolView(reducer, toolUseId, name, input, open, otherwise) {
   } else if (permission !== null && !open) {
     status = "awaiting_approval";
   }
-  return {
+  const view = {
     type: "tool_use",
     id: toolUseId,
     name,
@@ -563,6 +627,7 @@ function toolView(reducer, toolUseId, name, input, open, otherwise) {
     result,
     perm_id: permission === null || outcome !== undefined ? null : permission.perm_id,
   };
+  return cut(view, outcome !== undefined && reducer.truncatedResults.has(toolUseId));
 }
 
 function permissionFor(reducer, toolUseId) {
