@@ -116,8 +116,9 @@ class StreamConfig(_Section, frozen=True):
     ping_max_missed: Count = 3
     replay_max_events: Count = 10_000
     snapshot_messages: Count = 50
-    # A snapshot frame never exceeds this (PROTOCOL section 15); 64 KiB at least.
-    snapshot_max_bytes: Annotated[int, msgspec.Meta(ge=65_536)] = 8_388_608
+    # A snapshot frame never exceeds this (PROTOCOL section 15); 64 KiB to 64 MiB (the
+    # reference client's frame limit).
+    snapshot_max_bytes: Annotated[int, msgspec.Meta(ge=65_536, le=67_108_864)] = 8_388_608
     subscribe_timeout_s: Seconds = 10.0
     attach_token_ttl_s: Seconds = 60.0
     max_client_frame_bytes: Count = 65_536

@@ -634,14 +634,18 @@ async def delegate_workers(gw: Any, gate: Gate) -> list[Frame]:
     return client.frames
 
 
-@scenario("the gateway dies mid-message; the restarted one closes the turn (server_restart)")
+@scenario(
+    "the gateway dies mid-message; the restarted one closes the turn (server_restart)",
+    **{"store.checkpoint_ms": 0},
+)
 async def server_restart(gw: Any, gate: Gate) -> list[Frame]:
     from tests.conftest import make_config, running_gateway
 
     sid = await gw.create_session()
-    # Held before its third block starts: the first two have ended, and a
-    # message is stored as its blocks end (PROTOCOL section 9), so what the
-    # restarted gateway knows of it is exactly those two.
+    # Held before its third block starts: the first two have ended, and with
+    # checkpoint_ms = 0 a message is stored as its blocks end (PROTOCOL section
+    # 9; docs/protocol.md), so what the restarted gateway knows of it is exactly
+    # those two.
     hold = gate.before_block(3)
     client = Recorder(gw, sid)
     rounds = [{"thinking": "Careful now."}, {"text": "This part survives."}, {"text": " Not this."}]
