@@ -533,3 +533,29 @@ async def test_attach_tokens_are_looked_up_under_their_session() -> None:
     tokens.redeem(token, "sess_a")
     with pytest.raises(ApiError):
         tokens.redeem(token, "sess_a")
+
+
+# --- 6. the API document ----------------------------------------------------------------
+
+
+async def test_the_document_lists_the_boundarys_answers(tmp_path: Path) -> None:
+    """Every operation: 421 and 403 ``origin_not_allowed``, the new 400s; every POST: 415."""
+    async with gateway(tmp_path) as h:
+        document = (await h.http.get("/openapi.json")).json()
+    operations = [(m, op) for item in document["paths"].values() for m, op in item.items()]
+    assert len(operations) >= 14
+    for method, op in operations:
+
+        def codes(status: int, op: dict[str, Any] = op) -> list[str]:
+            schema = op["responses"][str(status)]["content"]["application/json"]["schema"]
+            return list(schema["allOf"][1]["properties"]["error"]["properties"]["code"]["enum"])
+
+        assert codes(421) == ["misdirected_request"], op["operationId"]
+        assert "origin_not_allowed" in codes(403), op["operationId"]
+        for code in ("duplicate_query_parameter", "conflicting_framing",
+                     "unsupported_transfer_encoding"):  # fmt: skip
+            assert code in codes(400), (op["operationId"], code)
+        if method == "post":
+            assert codes(415) == ["unsupported_media_type"], op["operationId"]
+        else:
+            assert "415" not in op["responses"], op["operationId"]
