@@ -8,6 +8,7 @@ Examples::
     python -m bench --url http://127.0.0.1:8421 --pid 1234 --peers none
     python -m bench --profile soak               # ten minutes of churn: fds, tasks, RSS flat?
     python -m bench --profile soak --minutes 30  # a longer soak
+    python -m bench --profile fuzz               # hostile HTTP: never a 5xx, still answering?
     python -m bench --backend redis              # the gateway on [store] backend = "redis"
     python -m bench --backend both               # one node on SQLite vs one on Redis
     python -m bench --backend both --nodes 2     # ... and one node vs two on one Redis
@@ -17,7 +18,9 @@ Writes ``<out>/<stamp>-<profile>.json`` and ``.md``, and the plots
 the markdown table. Exit status 0 when the run completed (whether or not the
 targets were met), 1 when it failed. A soak (``--profile soak`` or
 ``soak-smoke``, bench/README.md "Soak") writes ``<stamp>-<profile>.json`` and
-``.md``; its exit status is 0 when every check passed, 1 otherwise.
+``.md``; its exit status is 0 when every check passed, 1 otherwise. A fuzz
+(``--profile fuzz`` or ``fuzz-smoke``, bench/README.md "Fuzz") writes
+``<stamp>-<profile>.json``; its exit status is 0 when every check passed.
 
 ``--backend redis`` runs every gateway of the run on ``[store] backend =
 "redis"``, each against a redis-server the bench starts in its work dir
@@ -50,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from bench.fuzz import FUZZ_PROFILES
 from bench.nodes import SHAPES, NodesServer
 from bench.pool import WorkerPool
 from bench.profiles import (
@@ -97,7 +101,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    ap.add_argument("--profile", choices=sorted([*PROFILES, *SOAK_PROFILES]), default="default",
+    ap.add_argument("--profile", choices=sorted([*PROFILES, *SOAK_PROFILES, *FUZZ_PROFILES]),
+                    default="default",
                     help="phase sizes (bench/README.md, Profiles; soak: Soak)")  # fmt: skip
     ap.add_argument("--minutes", type=float,
                     help="soak profiles: minutes of load after the warm-up")  # fmt: skip
@@ -132,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m bench", *argv])
     if args.profile in SOAK_PROFILES:
         return _soak(ap, args, command)
+    if args.profile in FUZZ_PROFILES:
+        return _fuzz(ap, args, command)
     if args.minutes is not None:
         ap.error("--minutes is for the soak profiles")
     if args.backend != "sqlite" and args.url:
@@ -177,6 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {json_path}, {md_path}, " + ", ".join(str(p) for p in pngs))
     print(f"elapsed {result['elapsed_s']} s")
     return 0
+
+
+def _fuzz(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    from bench import fuzz  # (its profiles are imported above; the run is here)
+
+    if args.url or args.config or args.backend != "sqlite" or args.minutes is not None:
+        ap.error("a fuzz runs a daemon of its own with its own config (bench/README.md, Fuzz)")
+    try:
+        return fuzz.main(FUZZ_PROFILES[args.profile], args.out, command)
+    except KeyboardInterrupt:
+        return 130
 
 
 def _soak(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:

@@ -465,18 +465,23 @@ class Cluster:
         """
         token = new_attach_token()
         px = max(2, round(ttl_s * 2000))
-        await self._redis_call(lambda c: c.set(self._token_key(token), session_id, px=px))
+        key = self._token_key(session_id, token)
+        await self._redis_call(lambda c: c.set(key, session_id, px=px))
         return token
 
     async def redeem_token(self, token: str | None, session_id: str, ttl_s: float) -> None:
         """Use a token up (``GETDEL``: one redemption wins, on whichever node).
+
+        The key holds the session id, so a handshake on another session's
+        path reads another key: it cannot use this token up (PROTOCOL
+        section 15; the same rule as :class:`gateway.node.AttachTokens`).
 
         Raises:
             ApiError: 403 as :meth:`gateway.node.AttachTokens.redeem` says.
         """
         if not token:
             raise ApiError(403, "attach_token_required", "the ?attach= token is missing")
-        key = self._token_key(token)
+        key = self._token_key(session_id, token)
 
         async def redeem(c: coredis.Redis[bytes]) -> tuple[int, bytes | None]:
             async with c.pipeline(transaction=True) as pipe:
@@ -486,14 +491,16 @@ class Cluster:
 
         left_ms, owner = await self._redis_call(redeem)
         if owner is None:
-            raise ApiError(403, "attach_token_invalid", "the attach token is unknown or used")
-        if owner.decode() != session_id:
-            raise ApiError(403, "attach_token_invalid", "the attach token is for another session")
+            raise ApiError(
+                403,
+                "attach_token_invalid",
+                "the attach token is unknown, used, or for another session",
+            )
         if left_ms < ttl_s * 1000:  # kept twice its TTL: more than one TTL has passed
             raise ApiError(403, "attach_token_expired", "the attach token has expired")
 
-    def _token_key(self, token: str) -> str:
-        return f"{self._prefix}tok:{token}"
+    def _token_key(self, session_id: str, token: str) -> str:
+        return f"{self._prefix}tok:{session_id}:{token}"
 
 
 async def _publish_all(

@@ -70,42 +70,48 @@ log = logging.getLogger("gateway.node")
 ROUTING_POLICY_VERSION = "static-1"
 
 
+TOKEN_INVALID = "the attach token is unknown, used, or for another session"
+
+
 class AttachTokens:
     """Single-use attach tokens bound to one session, with a TTL (PROTOCOL section 2).
 
+    A token is kept under its session and itself: a handshake on another
+    session's path looks up another key and finds nothing, so it cannot use
+    up the token of the session it was issued for (PROTOCOL section 15).
     Time is Trio's clock, so the TTL is testable with ``MockClock``.
     """
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
-        self._tokens: dict[str, tuple[str, float]] = {}
+        self._tokens: dict[tuple[str, str], float] = {}  # (session, token): expiry
 
     def issue(self, session_id: str) -> str:
         now = trio.current_time()
         # Tokens expire in the order they were issued (one TTL for all), which
         # is the dict's order: prune from the front, stop at the first live one.
-        for token, (_, expires) in list(itertools.islice(self._tokens.items(), 64)):
+        for key, expires in list(itertools.islice(self._tokens.items(), 64)):
             if expires + self.ttl_s > now:  # kept one more TTL, to say "expired"
                 break
-            del self._tokens[token]
+            del self._tokens[key]
         token = new_attach_token()
-        self._tokens[token] = (session_id, now + self.ttl_s)
+        self._tokens[session_id, token] = now + self.ttl_s
         return token
 
     def redeem(self, token: str | None, session_id: str) -> None:
         """Use a token up.
+
+        Only a handshake on the token's own session uses it up; on any other
+        it is unknown there, and stays good for its own.
 
         Raises:
             ApiError: 403 for a missing, unknown, used, expired or other-session token.
         """
         if not token:
             raise ApiError(403, "attach_token_required", "the ?attach= token is missing")
-        entry = self._tokens.pop(token, None)
-        if entry is None:
-            raise ApiError(403, "attach_token_invalid", "the attach token is unknown or used")
-        owner, expires = entry
-        if owner != session_id:
-            raise ApiError(403, "attach_token_invalid", "the attach token is for another session")
+        expires = self._tokens.pop((session_id, token), None)
+        if expires is None:
+            raise ApiError(403, "attach_token_invalid", TOKEN_INVALID)
         if trio.current_time() >= expires:
             raise ApiError(403, "attach_token_expired", "the attach token has expired")
 

@@ -46,6 +46,10 @@ TOOL_SCRIPT = {
 }
 
 
+JSON_TYPE = {"Content-Type": "application/json"}
+"""What every POST says (PROTOCOL section 15), for the ones httpx's ``json=`` does not send."""
+
+
 def free_port() -> int:
     """A loopback port nobody listens on now (for servers that take no port 0)."""
     with socket.socket() as probe:

@@ -20,7 +20,7 @@ import trio
 from ag_ui.core import Event as AguiEvent
 from pydantic import TypeAdapter
 
-from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway
+from tests.conftest import JSON_TYPE, TOOL_SCRIPT, Harness, make_config, running_gateway
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -107,7 +107,7 @@ async def drop_after(h: Harness, body: dict[str, Any], marker: bytes) -> None:
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
         await stream.send_all(
-            b"POST /agui HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /agui HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
         )
         seen = b""
@@ -303,7 +303,7 @@ async def test_dropping_the_stream_does_not_cancel_the_turn_the_cancel_route_doe
             assert r.json()["status"] == "cancelling"
             ended = await ws.until_turn_ends()
             assert ended[-1].type == "turn.cancelled"
-            r = await h.http.post(f"/agui/{thread}/cancel")
+            r = await h.http.post(f"/agui/{thread}/cancel", headers=JSON_TYPE)
             assert r.status_code == 409
 
 
@@ -332,7 +332,7 @@ async def test_refusals_come_before_the_stream_as_json_errors(tmp_path: Path) ->
         body["messages"] = [{"id": "a", "role": "assistant", "content": "hi"}]
         r = await h.http.post("/agui", json=body)
         assert r.status_code == 422
-        r = await h.http.post("/agui/unknown-thread/cancel")
+        r = await h.http.post("/agui/unknown-thread/cancel", headers=JSON_TYPE)
         assert r.status_code == 404
         doc = (await h.http.get("/openapi.json")).json()
         assert "text/event-stream" in doc["paths"]["/agui"]["post"]["responses"]["200"]["content"]

@@ -22,7 +22,7 @@ import trio
 
 from gateway.protocol.events import Event
 from gateway.protocol.frames import ErrorFrame
-from tests.conftest import Client, Harness, make_config, running_gateway, types
+from tests.conftest import JSON_TYPE, Client, Harness, make_config, running_gateway, types
 
 SLOW_TEXT = {"script": {"delay_ms": 5, "rounds": [[{"lorem": 400}]]}}
 
@@ -326,9 +326,9 @@ async def test_second_cancel_is_a_no_op_with_a_warning_and_bad_cancels_are_error
             ea, _ = await both_until_turn_ends(a, b)
             assert seq(ea).count("turn.cancelled") == 1
             # cancels of a finished turn
-            r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel")
+            r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel", headers=JSON_TYPE)
             assert (r.status_code, r.json()["error"]["code"]) == (409, "turn_not_in_flight")
-            r = await gw.http.post(f"/sessions/{sid}/turns/turn_nope/cancel")
+            r = await gw.http.post(f"/sessions/{sid}/turns/turn_nope/cancel", headers=JSON_TYPE)
             assert (r.status_code, r.json()["error"]["code"]) == (404, "turn_not_found")
             await cancel_frame(b, turn_id)
             error = await b.recv()

@@ -176,7 +176,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
             assert time.monotonic() < deadline, "no readiness line"
             time.sleep(0.02)
         port = int(match.group(1))
-        status, body = exchange(port, "POST", "/sessions", [], b"{}")
+        status, body = exchange(port, "POST", "/sessions", [JSON_TYPE], b"{}")
         assert status == 201, body
         yield Daemon(port, json.loads(body)["session_id"], log)
         proc.send_signal(signal.SIGTERM)
@@ -204,7 +204,13 @@ class Peer:
         return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
 
     def request(
-        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes, chunked: bool
+        self,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        chunked: bool,
+        host: str = "127.0.0.1",
     ) -> tuple[int, bytes] | None:
         """Send one request; its final status and body, or None if h11 would not send it.
 
@@ -218,7 +224,7 @@ class Peer:
         try:
             data = self.h11.send(
                 h11.Request(
-                    method=method, target=target, headers=[("host", "x"), framing, *headers]
+                    method=method, target=target, headers=[("host", host), framing, *headers]
                 )
             )
         except h11.LocalProtocolError:
@@ -258,12 +264,21 @@ def exchange(
         peer.close()
 
 
+JSON_TYPE = ("content-type", "application/json")
+"""What every POST must say (PROTOCOL section 15); drawn most of the time, so routes are reached."""
+HOSTS = st.sampled_from(
+    ["127.0.0.1", "127.0.0.1", "127.0.0.1", "localhost:1", "[::1]", "evil.example",
+     "127.0.0.1.evil.example", "", "a, b", "[::1"]
+)  # fmt: skip
+"""Mostly an answered Host (else every answer is a 421); now and then a rebinding one."""
+
 TOKEN = st.text(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~", min_size=1, max_size=10)
 METHODS = st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]) | TOKEN
 URL_CHARS = string.ascii_letters + string.digits + "-._~%!$&'()*+,;=:@/?#[]"
 SEGMENT = st.sampled_from(
     ["sessions", "{sid}", "sess_nope", "messages", "turns", "turn_x", "cancel", "permissions",
-     "perm_x", "feedback", "stream", "healthz", "metrics", "", "..", "%00", "%2F"]
+     "perm_x", "feedback", "stream", "healthz", "metrics", "", "..", "%00", "%2F", "%2e%2e",
+     "..%2f..%2f", "agui", "ui", "app.js"]
 ) | st.text(URL_CHARS, max_size=12)  # fmt: skip
 QUERY = st.dictionaries(
     st.sampled_from(["limit", "before", "attach", "since", "x"]) | st.text(URL_CHARS, max_size=5),
@@ -279,7 +294,11 @@ TARGETS = st.builds(
     ),
     st.lists(SEGMENT, min_size=0, max_size=5),
     QUERY,
-) | st.sampled_from(["*", "http://x/healthz", "/healthz", "/sessions?limit=2"])
+) | st.sampled_from(
+    ["*", "http://x/healthz", "/healthz", "/sessions?limit=2", "/sessions?limit=1&limit=2",
+     "/sessions/{sid}/stream?attach=a&attach=b", "/../../etc/passwd",
+     "/ui/%2e%2e/%2e%2e/gateway.toml", "http://evil.example/sessions", "//etc/passwd"]
+)  # fmt: skip
 HEADER_VALUE = st.text(string.printable.strip(" \t\r\n\x0b\x0c") + " ", max_size=40).map(str.strip)
 HEADER = st.tuples(
     st.sampled_from(
@@ -287,39 +306,54 @@ HEADER = st.tuples(
          "sec-websocket-version", "origin", "expect", "accept", "x-thing"]
     ) | TOKEN,
     st.sampled_from(["application/json", "websocket", "Upgrade", "close", "keep-alive",
-                     "13", "dGhlIHNhbXBsZSBub25jZQ==", "100-continue", "Bearer x"])
+                     "13", "dGhlIHNhbXBsZSBub25jZQ==", "100-continue", "Bearer x",
+                     "text/plain", "application/json; charset=utf-8", "https://evil.example",
+                     "null", "http://127.0.0.1"])
     | HEADER_VALUE,
 ).filter(lambda h: h[0].lower() not in ("content-length", "transfer-encoding", "host"))  # fmt: skip
 HEADERS = st.lists(HEADER, max_size=4)
 SCHEMA_KEYS = ["content", "workspace_path", "model", "metadata", "decision", "message_id",
                "rating", "reason", "comment", "tool_use_id"]  # fmt: skip
-BODIES = st.one_of(
-    st.just(""),
-    st.text(max_size=300),
-    JSON.map(json.dumps),
-    DEEP,
-    objects(SCHEMA_KEYS),
-    st.builds(lambda deep: f'{{"metadata": {{"a": {deep}}}}}', DEEP),
-).map(lambda text: text.encode("utf-8", "surrogatepass")) | st.binary(max_size=300)
+BODIES = (
+    st.one_of(
+        st.just(""),
+        st.text(max_size=300),
+        JSON.map(json.dumps),
+        DEEP,
+        objects(SCHEMA_KEYS),
+        st.builds(lambda deep: f'{{"metadata": {{"a": {deep}}}}}', DEEP),
+    ).map(lambda text: text.encode("utf-8", "surrogatepass"))
+    | st.binary(max_size=300)
+    | st.builds(
+        lambda key, bad: b'{"%s": "a%sb"}' % (key.encode(), bad),  # invalid UTF-8 in a string
+        st.sampled_from([*SCHEMA_KEYS, "threadId"]),
+        st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x80\x80", b"\xf8"]),
+    )
+)
 
 
 @HTTP
 @given(
     requests=st.lists(
-        st.tuples(METHODS, TARGETS, HEADERS, BODIES, st.booleans()), min_size=1, max_size=6
+        st.tuples(METHODS, TARGETS, HEADERS, BODIES, st.booleans(), HOSTS, st.booleans()),
+        min_size=1,
+        max_size=6,
     )
 )
 def test_well_formed_requests_are_always_answered_never_with_5xx(
-    daemon: Daemon, requests: list[tuple[str, str, list[tuple[str, str]], bytes, bool]]
+    daemon: Daemon,
+    requests: list[tuple[str, str, list[tuple[str, str]], bytes, bool, str, bool]],
 ) -> None:
     peer = Peer(daemon.port)
     try:
-        for method, target, headers, body, chunked in requests:
+        for method, target, headers, body, chunked, host, json_type in requests:
             if not peer.reusable and peer.h11.our_state is not h11.IDLE:
                 peer.close()
                 peer = Peer(daemon.port)
+            if json_type and not any(name.lower() == "content-type" for name, _ in headers):
+                headers = [JSON_TYPE, *headers]
             answer = peer.request(
-                method, target.replace("{sid}", daemon.session_id), headers, body, chunked
+                method, target.replace("{sid}", daemon.session_id), headers, body, chunked, host
             )
             if answer is not None:
                 status, content = answer
@@ -352,7 +386,9 @@ HEADER_LINES = st.lists(
         st.sampled_from(
             [b"Transfer-Encoding: chunked", b"Transfer-Encoding: gzip, chunked",
              b"Content-Length: 1, 2", b"Content-Length: x", b"Expect: 100-continue",
-             b"Connection: close", b"Host: x", b"Host: x", b"Upgrade: websocket"]
+             b"Connection: close", b"Host: 127.0.0.1", b"Host: 127.0.0.1", b"Host: evil.example",
+             b"Upgrade: websocket", b"Content-Type: application/json", b"Content-Type: text/plain",
+             b"Origin: https://evil.example", b"Origin: null"]
         ),
         st.integers(1, 40_000).map(lambda n: b"X-Big: " + b"a" * n),  # over max_header_bytes
     ),
@@ -407,7 +443,21 @@ def test_raw_bytes_are_always_answered_never_with_5xx(
 def test_the_http_fuzz_reaches_the_answers_it_guards(daemon: Daemon) -> None:
     """Deep JSON, HEAD, a bad request line: each answered as the named tests say."""
     deep = ('{"metadata": {"a": ' + nested(50_000) + "}}").encode()
-    assert exchange(daemon.port, "POST", "/sessions", [], deep)[0] == 400
+    assert exchange(daemon.port, "POST", "/sessions", [JSON_TYPE], deep)[0] == 400
+    # the boundary's answers (PROTOCOL section 15): each shape the fuzz draws is refused
+    bad_utf8 = b'{"model": "\xff"}'
+    assert exchange(daemon.port, "POST", "/sessions", [JSON_TYPE], bad_utf8)[0] == 400
+    assert (
+        exchange(daemon.port, "POST", "/sessions", [("content-type", "text/plain")], b"")[0] == 415
+    )
+    origin = [JSON_TYPE, ("origin", "https://evil.example")]
+    assert exchange(daemon.port, "POST", "/sessions", origin, b"{}")[0] == 403
+    assert exchange(daemon.port, "GET", "/sessions?limit=1&limit=2", [], b"")[0] == 400
+    peer = Peer(daemon.port)
+    try:
+        assert peer.request("GET", "/healthz", [], b"", False, host="evil.example")[0] == 421
+    finally:
+        peer.close()
     peer = Peer(daemon.port)
     try:
         assert peer.request("HEAD", "/healthz", [], b"", chunked=False) == (200, b"")

@@ -34,7 +34,7 @@ from trio_websocket import ConnectionRejected, open_websocket_url, wrap_client_s
 from gateway.errors import ApiError
 from gateway.node import AttachTokens
 from gateway.protocol.frames import SubscribeAck
-from tests.conftest import Client, Harness, make_config, running_gateway, types
+from tests.conftest import JSON_TYPE, Client, Harness, make_config, running_gateway, types
 
 SLOW_SCRIPT = {"script": {"delay_ms": 10, "rounds": [[{"lorem": 40}]]}}
 """About 0.4 s of streaming: long enough to still be running after its first delta."""
@@ -123,7 +123,7 @@ async def test_create_session_answers_201_with_id_model_and_time(gw: Harness) ->
 
 async def test_create_session_with_an_empty_body(gw: Harness) -> None:
     for empty in (b"", b"  \r\n"):
-        r = await gw.http.post("/sessions", content=empty)
+        r = await gw.http.post("/sessions", content=empty, headers=JSON_TYPE)
         assert r.status_code == 201, r.text
         assert r.json()["active_model"] == "scripted:echo"
 
@@ -158,7 +158,9 @@ async def test_create_session_refusals(gw: Harness, tmp_path: Path) -> None:
     ):
         assert_error(await gw.http.post("/sessions", json=body), 422, "invalid_body")
     for raw in (b'{"model": ', b"nope", b"{}}"):
-        assert_error(await gw.http.post("/sessions", content=raw), 400, "invalid_json")
+        assert_error(
+            await gw.http.post("/sessions", content=raw, headers=JSON_TYPE), 400, "invalid_json"
+        )
     # nothing of the above made a session
     assert (await gw.http.get("/sessions")).json() == {"sessions": [], "has_more": False}
 
@@ -225,9 +227,12 @@ async def test_get_session_gives_a_fresh_attach_token_and_ws_url(gw: Harness) ->
     assert gw.node.tokens.ttl_s == gw.node.config.stream.attach_token_ttl_s == 60
 
 
-async def test_ws_url_uses_the_request_host(gw: Harness) -> None:
-    sid = await gw.create_session()
-    r = await gw.http.get(f"/sessions/{sid}", headers={"Host": "gw.internal:9999"})
+async def test_ws_url_uses_the_request_host(tmp_path: Path) -> None:
+    async with gateway_with(
+        tmp_path, **{"server.allowed_hosts": ["127.0.0.1", "gw.internal"]}
+    ) as gw:
+        sid = await gw.create_session()
+        r = await gw.http.get(f"/sessions/{sid}", headers={"Host": "gw.internal:9999"})
     body = r.json()
     assert body["ws_url"] == (
         f"ws://gw.internal:9999/sessions/{sid}/stream?attach={body['attach_token']}"
@@ -242,7 +247,10 @@ async def test_ws_url_uses_the_request_host(gw: Harness) -> None:
     ],
 )
 async def test_ws_url_uses_the_public_url(tmp_path: Path, public_url: str, base: str) -> None:
-    async with gateway_with(tmp_path, **{"server.public_url": public_url}) as gw:
+    hosts = ["127.0.0.1", "ignored"]  # the request's Host must be answered to be ignored
+    async with gateway_with(
+        tmp_path, **{"server.public_url": public_url, "server.allowed_hosts": hosts}
+    ) as gw:
         sid = await gw.create_session()
         body = (await gw.http.get(f"/sessions/{sid}", headers={"Host": "ignored:1"})).json()
     assert body["ws_url"] == f"{base}/sessions/{sid}/stream?attach={body['attach_token']}"
@@ -394,7 +402,7 @@ async def test_turn_refusals(gw: Harness) -> None:
         (b"{}", 422, "invalid_body"),
         (b'{"content": "x", "extra": 1}', 422, "invalid_body"),
     ]:
-        r = await gw.http.post(f"/sessions/{sid}/turns", content=raw)
+        r = await gw.http.post(f"/sessions/{sid}/turns", content=raw, headers=JSON_TYPE)
         assert_error(r, status, code)
     r = await gw.http.post("/sessions/sess_nope/turns", json={"content": "hi"})
     assert_error(r, 404, "session_not_found")
@@ -409,10 +417,10 @@ async def test_body_over_max_body_bytes_is_413(tmp_path: Path) -> None:
         sid = await gw.create_session()
         fits = json.dumps({"content": "x" * 1000}).encode()
         assert len(fits) <= 1024
-        r = await gw.http.post(f"/sessions/{sid}/turns", content=fits)
+        r = await gw.http.post(f"/sessions/{sid}/turns", content=fits, headers=JSON_TYPE)
         assert r.status_code == 202, r.text
         big = json.dumps({"content": "x" * 1024}).encode()
-        r = await gw.http.post(f"/sessions/{sid}/turns", content=big)
+        r = await gw.http.post(f"/sessions/{sid}/turns", content=big, headers=JSON_TYPE)
         assert_error(r, 413, "body_too_large")
 
 
@@ -470,7 +478,11 @@ async def test_feedback_refusals(gw: Harness) -> None:
     ]:
         r = await gw.http.post(f"/sessions/{sid}/feedback", json=body)
         assert_error(r, status, code)
-    assert_error(await gw.http.post(f"/sessions/{sid}/feedback", content=b"{"), 400, "invalid_json")
+    assert_error(
+        await gw.http.post(f"/sessions/{sid}/feedback", content=b"{", headers=JSON_TYPE),
+        400,
+        "invalid_json",
+    )
     r = await gw.http.post("/sessions/sess_nope/feedback", json={"message_id": "m", "rating": 1})
     assert_error(r, 404, "session_not_found")
 
@@ -551,7 +563,9 @@ async def test_deeply_nested_json_is_400_invalid_json(gw: Harness, depth: int) -
         '{"metadata": {"a": ' + nested(depth) + "}}",
         '{"metadata": {"a": ' + '{"b": ' * depth + "1" + "}" * depth + "}}",
     ):
-        error = assert_error(await gw.http.post("/sessions", content=body), 400, "invalid_json")
+        error = assert_error(
+            await gw.http.post("/sessions", content=body, headers=JSON_TYPE), 400, "invalid_json"
+        )
         assert error["message"] == "the body is nested too deeply to decode"
     for path, body in [
         ("/sessions", nested(depth)),
@@ -559,7 +573,7 @@ async def test_deeply_nested_json_is_400_invalid_json(gw: Harness, depth: int) -
         (f"/sessions/{sid}/feedback", '{"message_id": "m", "x": ' + nested(depth) + "}"),
         (f"/sessions/{sid}/permissions/perm_x", '{"decision": ' + nested(depth) + "}"),
     ]:
-        assert_error(await gw.http.post(path, content=body), 422, "invalid_body")
+        assert_error(await gw.http.post(path, content=body, headers=JSON_TYPE), 422, "invalid_body")
     assert (await gw.http.get("/healthz")).status_code == 200
 
 
@@ -609,7 +623,8 @@ async def test_api_keys_guard_every_route_but_healthz(tmp_path: Path) -> None:
             ("POST", f"/sessions/{sid}/feedback"),
             ("GET", "/metrics"),
         ]:
-            assert_error(await gw.http.request(method, path), 401, "unauthorized")
+            r = await gw.http.request(method, path, headers=JSON_TYPE if method == "POST" else {})
+            assert_error(r, 401, "unauthorized")
         assert (await gw.http.get("/sessions", headers=good)).status_code == 200
         assert (await gw.http.get("/metrics", headers=good)).status_code == 200
 

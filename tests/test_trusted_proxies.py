@@ -283,7 +283,8 @@ async def test_over_a_socket_only_the_trusted_peer_is_believed() -> None:
 async def test_ws_url_is_wss_when_a_trusted_proxy_says_https(tmp_path: Path) -> None:
     """PROTOCOL section 2: ``ws_url`` behind a reverse proxy is ``wss://``, from the Host."""
     https = {"X-Forwarded-Proto": "https", "Host": "gw.example.com"}
-    config = make_config(tmp_path, **{"server.trusted_proxies": ["127.0.0.1"]})
+    hosts = {"server.allowed_hosts": ["127.0.0.1", "gw.example.com"]}  # PROTOCOL section 15
+    config = make_config(tmp_path, **{"server.trusted_proxies": ["127.0.0.1"]}, **hosts)
     with trio.fail_after(20):
         async with running_gateway(config) as gw:
             sid = await gw.create_session()
@@ -294,13 +295,14 @@ async def test_ws_url_is_wss_when_a_trusted_proxy_says_https(tmp_path: Path) -> 
             )
             assert r.json()["ws_url"].startswith("ws://gw.example.com/")
         # the same request from a peer that is not trusted: the header is ignored
-        async with running_gateway(make_config(tmp_path)) as gw:
+        async with running_gateway(make_config(tmp_path, **hosts)) as gw:
             r = await gw.http.get(f"/sessions/{sid}", headers=https)
             assert r.json()["ws_url"].startswith("ws://gw.example.com/")
         # a public_url wins over both
         public = {
             "server.public_url": "https://public.example.com/",
             "server.trusted_proxies": ["127.0.0.1"],
+            **hosts,
         }
         async with running_gateway(make_config(tmp_path, **public)) as gw:
             r = await gw.http.get(

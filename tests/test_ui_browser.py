@@ -286,7 +286,9 @@ def test_the_page_and_its_files_are_served_and_nothing_else(daemon: Daemon) -> N
 def raw_get(port: int, target: str) -> tuple[int, bytes]:
     """GET ``target`` byte for byte (no client-side normalisation); the status and body."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(
+            f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+        )
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk

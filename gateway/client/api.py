@@ -357,7 +357,9 @@ class GatewayClient:
         params: dict[str, Any] | None = None,
     ) -> T:
         content = None if body is None else _encoder.encode(body)
-        headers = {} if body is None else {"Content-Type": "application/json"}
+        # Every POST says so, an empty one too (PROTOCOL section 15: else 415).
+        json_body = body is not None or method == "POST"
+        headers = {"Content-Type": "application/json"} if json_body else {}
         try:
             r = await self.http.request(
                 method, path, content=content, params=params, headers=headers

@@ -47,7 +47,7 @@ from gateway.logs import configure, event
 from gateway.node import Node
 from gateway.providers.base import Provider
 from gateway.providers.factory import make_provider
-from gateway.server.auth import ApiKeys
+from gateway.server.auth import ApiKeys, warn_open_hosts
 from gateway.server.http import HttpLimits, TrustedProxies, serve_connection
 from gateway.server.routes import Api
 from gateway.store import open_store
@@ -177,6 +177,7 @@ async def serve(config: Config, provider: Provider | None = None) -> None:
                     raise
                 raise StartupError(line) from None
             print(f"gateway listening on http://{config.server.host}:{port}", flush=True)
+            warn_open_hosts(config)  # bound beyond loopback, allowed_hosts empty
             event(
                 log, logging.INFO, "gateway_started",
                 f"listening on http://{config.server.host}:{port}",

@@ -11,6 +11,11 @@ connection:
 
 ====  =======================  ============================================
 400   ``malformed_request``    h11 could not parse the request
+400   ``conflicting_framing``  both ``Content-Length`` and ``Transfer-Encoding``
+                               (RFC 9112 section 6.1: a request smuggling vector)
+400   ``unsupported_transfer_encoding``  a ``Transfer-Encoding`` other than
+                               ``chunked`` (RFC 9112 would allow a 501; a 4xx
+                               keeps "never a 5xx for any input", PROTOCOL section 2)
 408   ``request_timeout``      the request was not in within ``read_timeout_s``
 413   ``body_too_large``       the body is over ``max_body_bytes``
 431   ``headers_too_large``    the head is over ``max_header_bytes``
@@ -71,7 +76,9 @@ class Request:
     """One parsed HTTP request, body included.
 
     ``path`` is the target without the query, not percent-decoded (ids are
-    URL-safe). ``query`` keeps the first value per key, percent-decoded.
+    URL-safe). ``query`` has one value per key, percent-decoded;
+    ``repeated_query`` names the keys that came more than once (the routes
+    refuse them: which one wins is not for the transport to guess).
     ``headers`` has lower-cased names, latin-1 values, repeats joined with ``", "``.
     ``client`` is who sent the request, as logged and counted: the TCP peer's
     ``host:port``, or, when the peer is a trusted proxy, the address it
@@ -89,6 +96,7 @@ class Request:
     client: str
     peer: str = ""
     scheme: str = "http"
+    repeated_query: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -322,6 +330,14 @@ class _HttpConnection:
         if _head_size(event) > self._limits.max_header_bytes:
             raise _headers_too_large()
         declared = _header(event.headers, b"content-length")
+        if declared is not None and _header(event.headers, b"transfer-encoding") is not None:
+            # h11 would take the chunks and ignore the length; a proxy in front may
+            # have read it the other way round (RFC 9112 section 6.1): refuse, close.
+            raise ApiError(
+                400,
+                "conflicting_framing",
+                "a request may carry Content-Length or Transfer-Encoding, not both",
+            )
         if declared is not None and int(declared) > self._limits.max_body_bytes:
             raise _body_too_large(self._limits.max_body_bytes)
         if self._h11.client_is_waiting_for_100_continue:
@@ -473,11 +489,14 @@ def _request(event: h11.Request, body: bytes, peer: str, trusted: TrustedProxies
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     path, _, query_string = event.target.decode("latin-1").partition("?")
     query: dict[str, str] = {}
+    repeated: dict[str, None] = {}
     for key, value in urllib.parse.parse_qsl(query_string, keep_blank_values=True):
+        if key in query:
+            repeated[key] = None
         query.setdefault(key, value)
     client, scheme = forwarded_client(peer, headers, trusted)
     method = event.method.decode("latin-1")
-    return Request(method, path, query, headers, body, client, peer, scheme)
+    return Request(method, path, query, headers, body, client, peer, scheme, tuple(repeated))
 
 
 # --- who the client is, behind a proxy ------------------------------------------------
@@ -604,6 +623,12 @@ def _headers_too_large() -> ApiError:
 def _protocol_error(exc: h11.RemoteProtocolError) -> ApiError:
     if exc.error_status_hint == 431:
         return _headers_too_large()
+    if exc.error_status_hint == 501:  # h11 only knows chunked (and one such header)
+        return ApiError(
+            400,
+            "unsupported_transfer_encoding",
+            f"Transfer-Encoding must be exactly chunked: {exc}",
+        )
     return ApiError(400, "malformed_request", f"Malformed HTTP request: {exc}")
 
 

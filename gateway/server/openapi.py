@@ -11,10 +11,18 @@ edit, and a route added without an :class:`Operation` does not type-check.
 The errors an operation can answer are derived, then extended by its own:
 
 ====================================  =============================================
-every operation (the transport)       400 ``malformed_request``, 408 ``request_timeout``,
-                                      413 ``body_too_large``, 431 ``headers_too_large``
+every operation (the transport)       400 ``malformed_request``, ``conflicting_framing``,
+                                      ``unsupported_transfer_encoding``; 408
+                                      ``request_timeout``, 413 ``body_too_large``,
+                                      431 ``headers_too_large``
+every operation (the boundary,        421 ``misdirected_request`` (a Host not
+PROTOCOL section 15)                  answered), 403 ``origin_not_allowed`` (an
+                                      Origin not allowed), 400
+                                      ``duplicate_query_parameter``
 every operation (the router)          422 ``invalid_query``: a query parameter it
                                       does not take
+every POST                            415 ``unsupported_media_type``: not
+                                      ``Content-Type: application/json``
 takes an API key, keys configured     401 ``unauthorized``, 403 ``forbidden``
 decodes a JSON body                   400 ``invalid_json``, 422 ``invalid_body``
 an integer query parameter            400 ``invalid_query`` (422 out of range)
@@ -166,8 +174,13 @@ def build_document(routes: Iterable[Documented], *, auth: bool, server_url: str 
 
 
 _DESCRIPTION = """\
-Every body is JSON. Every error is `{"error": {"code", "message"}}`; the codes each \
-operation can give are listed with its statuses. Any path answers 405 \
+Every body is JSON, and every POST says `Content-Type: application/json` (else 415), \
+an empty body included. Every error is `{"error": {"code", "message"}}`; the codes each \
+operation can give are listed with its statuses. A request is refused before its route \
+when its `Host` is not a name the gateway answers (421, `[server] allowed_hosts`), when \
+it carries an `Origin` that is neither the gateway's own nor listed in \
+`[auth] allowed_origins` (403), or when a query parameter is repeated (400); a listed \
+origin gets the CORS headers and its preflights (`OPTIONS`) answered. Any path answers 405 \
 `method_not_allowed` (with `Allow`) to a method it does not list, and `HEAD` wherever \
 `GET` is listed (the `GET`'s answer without its body). The session's events are \
 streamed over the WebSocket of `GET /sessions/{session_id}/stream` (PROTOCOL \
@@ -279,9 +292,16 @@ def _errors(route: Documented, auth: bool) -> dict[int, list[str]]:
     """Status to error codes of one operation: derived (module docstring), then its own."""
     op = route.operation
     errors: dict[int, list[str]] = {
-        400: ["malformed_request"],
+        400: [
+            "malformed_request",
+            "conflicting_framing",
+            "unsupported_transfer_encoding",
+            "duplicate_query_parameter",
+        ],
+        403: ["origin_not_allowed"],
         408: ["request_timeout"],
         413: ["body_too_large"],
+        421: ["misdirected_request"],
         422: ["invalid_query"],
         431: ["headers_too_large"],
     }
@@ -293,6 +313,8 @@ def _errors(route: Documented, auth: bool) -> dict[int, list[str]]:
     if auth and op.auth != "none":
         add(401, "unauthorized")
         add(403, "forbidden")
+    if route.method == "POST":
+        add(415, "unsupported_media_type")
     if op.body is not None:
         add(400, "invalid_json")
         add(422, "invalid_body")

@@ -2,10 +2,21 @@
 
 Every body is JSON and declared once as a ``msgspec.Struct``; every error is an
 :class:`~gateway.errors.ApiError` turned into ``{"error": {"code", "message"}}``
-by the transport. Statuses: 400 malformed JSON or query, 401 missing
-credentials, 403 wrong key or attach token or Origin, 404 unknown, 405 wrong
-method (with ``Allow``), 409 conflict, 413 too large (transport), 422
-schema-invalid.
+by the transport. Statuses: 400 malformed JSON or query (a repeated query
+parameter too), 401 missing credentials, 403 wrong key or attach token or
+Origin, 404 unknown, 405 wrong method (with ``Allow``), 409 conflict, 413 too
+large (transport), 415 a POST whose body is not declared
+``Content-Type: application/json``, 421 a ``Host`` the gateway does not
+answer, 422 schema-invalid.
+
+The boundary (PROTOCOL section 15), in this order, before anything else on
+every route and the stream handshake: the ``Host`` (421), the ``Origin``
+(403, or a CORS preflight answered), a repeated query parameter (400); then
+the route (404, 405), then a POST's content type (415), then the key.
+Requiring ``application/json`` on every POST, an empty body included, is
+what makes a browser preflight every cross-site POST: a page on another
+origin can send ``text/plain`` (or nothing) without asking, and the
+preflight is where its Origin is refused (gateway.server.auth.Boundary).
 
 Authentication: where API keys are configured (``[auth] api_keys`` or
 ``api_keys_file``, gateway.server.auth), every route but ``/healthz`` needs
@@ -35,7 +46,7 @@ from gateway import ui
 from gateway.agui.mapping import RunMapper
 from gateway.agui.shapes import CancelRun, InputMessage, ResumeEntry, RunAgentInput, RunCancelling
 from gateway.agui.sse import RunSubscriber, sse, stream_run
-from gateway.errors import ApiError
+from gateway.errors import ApiError, StoreError, unavailable
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.metrics import CONTENT_TYPE
 from gateway.node import Node
@@ -59,7 +70,7 @@ from gateway.protocol.http import (
     TurnAccepted,
 )
 from gateway.protocol.shapes import ContentBlock, Message, TextBlock
-from gateway.server.auth import NO_OWNER, ApiKeys, sees
+from gateway.server.auth import NO_OWNER, ApiKeys, Boundary, sees
 from gateway.server.connection import StreamConnection
 from gateway.server.http import (
     Request,
@@ -117,6 +128,7 @@ class Api:
         self.node = node
         self.config = node.config
         self.keys = keys if keys is not None else ApiKeys(node.config.auth)
+        self.boundary = Boundary(node.config)
         self.routes: list[tuple[re.Pattern[str], dict[str, Route], str]] = []
         self.documented: list[Documented] = []  # what /openapi.json says of each route
         self._operations: dict[tuple[str, str], Operation] = {}  # (route, method): its rules
@@ -315,7 +327,6 @@ class Api:
                     errors={
                         400: ("invalid_websocket_handshake",),
                         403: (
-                            "origin_not_allowed",
                             "attach_token_required",
                             "attach_token_invalid",
                             "attach_token_expired",
@@ -410,6 +421,40 @@ class Api:
         self._operations[name, "GET"] = operation
 
     async def __call__(self, req: Request) -> Response | WebSocketAccept | StreamingResponse:
+        """Answer ``req``: the boundary first (module docstring), then its route."""
+        self.boundary.check_host(req.headers.get("host"))  # 421
+        origin = req.headers.get("origin")
+        listed = self.boundary.check_origin(origin, req.scheme, req.headers.get("host"))  # 403
+        if (
+            req.method == "OPTIONS"
+            and origin is not None
+            and "access-control-request-method" in req.headers
+        ):  # a CORS preflight, of an allowed origin (any other was refused just above)
+            headers = self.boundary.preflight_headers(listed) if listed else []
+            return Response(204, b"", headers=headers)
+        try:
+            answer = await self._route(req)
+        except ApiError as exc:
+            if listed:  # the page can then read why it was refused
+                exc.headers = (*exc.headers, *self.boundary.cors_headers(listed))
+            raise
+        except StoreError as exc:
+            unanswered = unavailable(exc)
+            if listed:
+                unanswered.headers = (*unanswered.headers, *self.boundary.cors_headers(listed))
+            raise unanswered from None
+        if listed and not isinstance(answer, WebSocketAccept):  # (no CORS for a WebSocket)
+            answer.headers = [*answer.headers, *self.boundary.cors_headers(listed)]
+        return answer
+
+    async def _route(self, req: Request) -> Response | WebSocketAccept | StreamingResponse:
+        if req.repeated_query:
+            name = req.repeated_query[0]
+            raise ApiError(
+                400,
+                "duplicate_query_parameter",
+                f"query parameter {name[:100]!r} is given more than once",
+            )
         for pattern, methods, name in self.routes:
             match = pattern.match(req.path)
             if match is None:
@@ -427,6 +472,8 @@ class Api:
                 )
             # The rules the document states, read from the same table (HEAD: the GET's).
             operation = self._operations[name, req.method if req.method in methods else "GET"]
+            if req.method == "POST":
+                _json_content_type(req)  # 415
             if operation.auth == "required":
                 self._authenticate(req)
             _known_query(req, operation)
@@ -638,11 +685,10 @@ class Api:
         return json_response(202, Accepted("recorded"))
 
     async def stream(self, req: Request, session_id: str) -> WebSocketAccept:
-        """The handshake of ``/sessions/{id}/stream``, refused before any upgrade (PROTOCOL §2)."""
-        origins = self.config.auth.allowed_origins
-        origin = req.headers.get("origin")
-        if origins and origin is not None and origin not in origins:
-            raise ApiError(403, "origin_not_allowed", f"Origin {origin!r} is not allowed")
+        """The handshake of ``/sessions/{id}/stream``, refused before any upgrade (PROTOCOL §2).
+
+        Its Host and Origin were checked as every request's (:meth:`__call__`).
+        """
         # A browser cannot send Authorization: the token is then the only credential.
         # A client that does send a Bearer key is held to it (another key's session: 404).
         bearer = req.headers.get("authorization", "").partition(" ")[0].lower() == "bearer"
@@ -830,10 +876,28 @@ def _decode(req: Request, type_: type[T]) -> T:
         return msgspec.json.decode(req.body, type=type_)
     except msgspec.ValidationError as exc:
         raise ApiError(422, "invalid_body", str(exc)) from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        # msgspec raises UnicodeDecodeError for invalid UTF-8 inside a string.
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
     except RecursionError:  # PROTOCOL section 2: a 4xx however deep the input, never a 500
         raise ApiError(400, "invalid_json", "the body is nested too deeply to decode") from None
+
+
+def _json_content_type(req: Request) -> None:
+    """415 ``unsupported_media_type`` unless the POST says ``Content-Type: application/json``.
+
+    Parameters (``; charset=utf-8``) are allowed, the type compares
+    case-insensitively; an empty body needs it too (PROTOCOL section 15: a
+    browser sends an empty ``text/plain`` POST cross-site without a preflight).
+    """
+    declared = req.headers.get("content-type", "")
+    if declared.partition(";")[0].strip().lower() != "application/json":
+        shown = f"{declared[:100]!r}" if declared else "none"
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"a POST needs Content-Type: application/json (got {shown}; PROTOCOL section 15)",
+        )
 
 
 def _known_query(req: Request, operation: Operation) -> None:

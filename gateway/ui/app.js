@@ -159,7 +159,8 @@ async function api(method, path, body) {
     const headers = { Accept: "application/json" };
     const key = sessionStorage.getItem(KEY_STORE);
     if (key) headers.Authorization = `Bearer ${key}`;
-    if (body !== undefined) headers["Content-Type"] = "application/json";
+    // Every POST says so, an empty one too (PROTOCOL section 15: else 415).
+    if (body !== undefined || method === "POST") headers["Content-Type"] = "application/json";
     const response = await fetch(path, {
       method,
       headers,
