@@ -59,6 +59,14 @@ HttpUrl = Annotated[
         extra={"expected": "an http:// or https:// URL, or empty"},
     ),
 ]
+HostName = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^(\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?|[0-9A-Fa-f]*:[0-9A-Fa-f:.]*"
+        r"|[A-Za-z0-9_-][A-Za-z0-9_.-]*(:[0-9]{1,5})?)$",
+        extra={"expected": "a host name or IP address (no scheme, no path)"},
+    ),
+]
 AbsolutePath = Annotated[
     str, msgspec.Meta(pattern=r"^/", extra={"expected": "an absolute path"})
 ]
@@ -105,7 +113,7 @@ class ServerConfig(_Section, frozen=True):
     trusted_proxies: tuple[NonEmptyStr, ...] = ()
     # Host names (a request's Host, port aside) answered; others: 421 (PROTOCOL section 15).
     # Empty: the loopback names, plus public_url's host.
-    allowed_hosts: tuple[NonEmptyStr, ...] = ()
+    allowed_hosts: tuple[HostName, ...] = ()
 
 
 class StreamConfig(_Section, frozen=True):

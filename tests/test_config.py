@@ -329,3 +329,13 @@ def test_the_readme_config_reference_is_the_embedded_defaults() -> None:
     section = readme[readme.index("## Configuration reference") :]
     block = section[section.index("```toml\n") + len("```toml\n") :]
     assert block[: block.index("```")] == DEFAULT_CONFIG_TOML
+
+
+def test_an_allowed_host_that_is_a_url_is_a_config_error() -> None:
+    """``[server] allowed_hosts`` names hosts; a URL there would never match a Host (PROTOCOL §15)."""
+    for good in ("gw.example.com", "localhost:8421", "127.0.0.1", "[::1]", "::1"):
+        assert load_config(None, {}, {"server.allowed_hosts": [good]}).server.allowed_hosts
+    for bad in ("https://gw.example.com", "gw.example.com/x", "", "a b"):
+        with pytest.raises(ConfigError) as caught:
+            load_config(None, {}, {"server.allowed_hosts": [bad]})
+        assert "server.allowed_hosts[0]: expected a host name or IP address" in str(caught.value)
