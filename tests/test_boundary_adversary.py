@@ -1,0 +1,109 @@
+"""Adversarial checks of PROTOCOL section 15 "The boundary", as merged.
+
+Each ``xfail(strict=True)`` test reproduces an attack that got through (the
+reason says what and where); the plain tests are attacks that failed to get
+through and are cheap to keep. Real gateways on 127.0.0.1 (in-process, or
+``gateway serve`` subprocesses where a process boundary is the point).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from gateway.tools.workspace import Workspaces
+from tests.test_tool_processes import shell_turn, tool_result
+
+# --- workspaces ------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an own workspace (<tenant>/<session id>) and a named one (<tenant>/<name>) share one"
+    " namespace: a session whose id is a name (an AG-UI threadId 'proj', or a client naming"
+    " workspace_path 'sess_...') gets the named directory as its own, and Workspaces.remove"
+    " (for DELETE /sessions/{id}) rmtree's it with every other session's files"
+    " (gateway/tools/workspace.py create/remove)",
+)
+async def test_removing_a_thread_keeps_a_named_workspace_of_the_same_name(tmp_path: Path) -> None:
+    spaces = Workspaces(str(tmp_path / "workspaces"))
+    named = await spaces.create(session_id="sess_keeper", owner="", name="proj")
+    files = tmp_path / "workspaces" / named
+    (files / "notes.txt").write_text("the keeper's work")
+    # An AG-UI run on threadId "proj" makes session "proj", its own workspace <local>/proj.
+    own = await spaces.create(session_id="proj", owner="", name=None)
+    assert own != named, "a thread's own workspace is another session's named workspace"
+    await spaces.remove(session_id="proj", recorded=own)
+    assert (files / "notes.txt").exists(), "a named workspace was deleted with a thread"
+
+
+# --- what tools inherit ------------------------------------------------------------------
+
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the shell tool reads the daemon's whole environment (API keys) from"
+    " /proc/$PPID/environ: the daemon is its parent, same uid, and dumpable; the minimal"
+    " environment of gateway/tools/process.py is bypassed (fix: prctl(PR_SET_DUMPABLE, 0) at"
+    " start-up, or spawn tools from a helper that holds no secrets)",
+)
+async def test_a_shell_tool_cannot_read_the_daemons_environment_through_proc() -> None:
+    # The daemon runs as an unprivileged user, as operators run it (root reads any /proc).
+    home = Path(tempfile.mkdtemp(prefix="gw-adv-"))
+    try:
+        home.chmod(0o777)
+        config = home / "gw.toml"
+        config.write_text(
+            '[model]\nprovider = "scripted"\n[tools]\nenabled = ["shell"]\nkill_grace_s = 0.5\n'
+            f'[store]\npath = "{home / "gateway.db"}"\n'
+            f'[sessions]\nworkspace_root = "{home / "ws"}"\n'
+        )
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+            "ANTHROPIC_API_KEY": "sk-ant-the-daemons-secret",
+        }
+        argv = [
+            "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", "0",
+        ]  # fmt: skip
+        proc = await trio.lowlevel.open_process(
+            argv, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        try:
+            assert proc.stdout is not None
+            line = b""
+            with trio.fail_after(20):
+                while not line.endswith(b"\n"):
+                    chunk = await proc.stdout.receive_some(1)
+                    assert chunk, "the gateway exited before its readiness line"
+                    line += chunk
+            port = int(line.decode().rsplit(":", 1)[1].split()[0].strip("/"))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                sid = (await http.post("/sessions", json={})).json()["session_id"]
+                command = "tr '\\0' '\\n' < /proc/$PPID/environ"
+                r = await http.post(f"/sessions/{sid}/turns", json={"content": shell_turn(command)})
+                assert r.status_code == 202, r.text
+                result = await tool_result(http, sid)
+            text = json.dumps(result)
+            assert "exit code" in text
+            assert "sk-ant-the-daemons-secret" not in text
+        finally:
+            proc.kill()
+            await proc.wait()
+            await proc.stdout.aclose()  # type: ignore[union-attr]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
