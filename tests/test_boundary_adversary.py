@@ -50,6 +50,7 @@ async def test_removing_a_thread_keeps_a_named_workspace_of_the_same_name(tmp_pa
 
 
 NOBODY = 65534
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root")
@@ -64,7 +65,7 @@ async def test_a_shell_tool_cannot_read_the_daemons_environment_through_proc() -
     # The daemon runs as an unprivileged user, as operators run it (root reads any /proc).
     home = Path(tempfile.mkdtemp(prefix="gw-adv-"))
     try:
-        home.chmod(0o777)
+        os.chmod(home, 0o777)
         config = home / "gw.toml"
         config.write_text(
             '[model]\nprovider = "scripted"\n[tools]\nenabled = ["shell"]\nkill_grace_s = 0.5\n'
@@ -73,7 +74,7 @@ async def test_a_shell_tool_cannot_read_the_daemons_environment_through_proc() -
         )
         env = {
             "PATH": os.environ.get("PATH", os.defpath),
-            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+            "PYTHONPATH": str(REPO),
             "ANTHROPIC_API_KEY": "sk-ant-the-daemons-secret",
         }
         argv = [
