@@ -228,3 +228,36 @@ async def test_a_tool_started_while_the_watchdog_restarts_dies_with_the_daemon(
         assert _live_members(pgid) == [], "a tool group outlived the daemon"
     finally:
         signal_group(pgid, signal.SIGKILL)
+
+
+async def test_eight_concurrent_shells_each_with_a_double_fork_die_with_the_daemon(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of a daemon running 8 shells at once, each with a grandchild that ignores TERM."""
+    async with gateway_process(tmp_path, *daemon_args(tmp_path)) as (proc, port):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            sid = (await http.post("/sessions", json={})).json()["session_id"]
+            space = tmp_path / "workspaces" / "local" / sid
+            uses = []
+            for n in range(8):
+                os.mkfifo(space / f"ready{n}")
+                command = f"(trap '' TERM; sleep 30 &) ; sleep 30 & echo $$ > ready{n}; wait"
+                uses.append({"tool_use": {"name": "shell", "input": {"command": command}}})
+            turn = json.dumps({"script": {"rounds": [uses, [{"text": "done"}]]}})
+            r = await http.post(f"/sessions/{sid}/turns", json={"content": turn})
+            assert r.status_code == 202, r.text
+            pgids = []
+            with trio.fail_after(15):
+                for n in range(8):
+                    pgids.append(await _read_pgid(space / f"ready{n}"))
+            assert all(len(_live_members(g)) >= 2 for g in pgids)
+        proc.kill()
+        await proc.wait()
+    try:
+        with trio.move_on_after(3):
+            while any(_live_members(g) for g in pgids):  # noqa: ASYNC110 (the process table)
+                await trio.sleep(0.05)
+        assert [g for g in pgids if _live_members(g)] == []
+    finally:
+        for g in pgids:
+            signal_group(g, signal.SIGKILL)
