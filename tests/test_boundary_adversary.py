@@ -1,0 +1,309 @@
+"""Adversarial checks of PROTOCOL section 15 "The boundary", as merged.
+
+Each ``xfail(strict=True)`` test reproduces an attack that got through (the
+reason says what and where); the plain tests are attacks that failed to get
+through and are cheap to keep. Real gateways on 127.0.0.1 (in-process, or
+``gateway serve`` subprocesses where a process boundary is the point).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from gateway.tools.process import signal_group
+from gateway.tools.workspace import Workspaces
+from tests.conftest import make_config, running_gateway
+from tests.test_cli_serve import gateway_process
+from tests.test_shell_tool import _live_members, _read_pgid
+from tests.test_tool_processes import children_of, daemon_args, shell_turn, tool_result
+
+# --- workspaces ------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an own workspace (<tenant>/<session id>) and a named one (<tenant>/<name>) share one"
+    " namespace: a session whose id is a name (an AG-UI threadId 'proj', or a client naming"
+    " workspace_path 'sess_...') gets the named directory as its own, and Workspaces.remove"
+    " (for DELETE /sessions/{id}) rmtree's it with every other session's files"
+    " (gateway/tools/workspace.py create/remove)",
+)
+async def test_removing_a_thread_keeps_a_named_workspace_of_the_same_name(tmp_path: Path) -> None:
+    spaces = Workspaces(str(tmp_path / "workspaces"))
+    named = await spaces.create(session_id="sess_keeper", owner="", name="proj")
+    files = tmp_path / "workspaces" / named
+    (files / "notes.txt").write_text("the keeper's work")
+    # An AG-UI run on threadId "proj" makes session "proj", its own workspace <local>/proj.
+    own = await spaces.create(session_id="proj", owner="", name=None)
+    assert own != named, "a thread's own workspace is another session's named workspace"
+    await spaces.remove(session_id="proj", recorded=own)
+    assert (files / "notes.txt").exists(), "a named workspace was deleted with a thread"
+
+
+# --- what tools inherit ------------------------------------------------------------------
+
+
+NOBODY = 65534
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the shell tool reads the daemon's whole environment (API keys) from"
+    " /proc/$PPID/environ: the daemon is its parent, same uid, and dumpable; the minimal"
+    " environment of gateway/tools/process.py is bypassed (fix: prctl(PR_SET_DUMPABLE, 0) at"
+    " start-up, or spawn tools from a helper that holds no secrets)",
+)
+async def test_a_shell_tool_cannot_read_the_daemons_environment_through_proc() -> None:
+    # The daemon runs as an unprivileged user, as operators run it (root reads any /proc).
+    home = Path(tempfile.mkdtemp(prefix="gw-adv-"))
+    try:
+        os.chmod(home, 0o777)
+        config = home / "gw.toml"
+        config.write_text(
+            '[model]\nprovider = "scripted"\n[tools]\nenabled = ["shell"]\nkill_grace_s = 0.5\n'
+            f'[store]\npath = "{home / "gateway.db"}"\n'
+            f'[sessions]\nworkspace_root = "{home / "ws"}"\n'
+        )
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "PYTHONPATH": str(REPO),
+            "ANTHROPIC_API_KEY": "sk-ant-the-daemons-secret",
+        }
+        argv = [
+            "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", "0",
+        ]  # fmt: skip
+        proc = await trio.lowlevel.open_process(
+            argv, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        try:
+            assert proc.stdout is not None
+            line = b""
+            with trio.fail_after(20):
+                while not line.endswith(b"\n"):
+                    chunk = await proc.stdout.receive_some(1)
+                    assert chunk, "the gateway exited before its readiness line"
+                    line += chunk
+            port = int(line.decode().rsplit(":", 1)[1].split()[0].strip("/"))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                sid = (await http.post("/sessions", json={})).json()["session_id"]
+                command = "tr '\\0' '\\n' < /proc/$PPID/environ"
+                r = await http.post(f"/sessions/{sid}/turns", json={"content": shell_turn(command)})
+                assert r.status_code == 202, r.text
+                result = await tool_result(http, sid)
+            text = json.dumps(result)
+            assert "exit code" in text
+            assert "sk-ant-the-daemons-secret" not in text
+        finally:
+            proc.kill()
+            await proc.wait()
+            await proc.stdout.aclose()  # type: ignore[union-attr]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+# --- snapshots that fit ------------------------------------------------------------------
+
+
+async def test_a_complete_message_of_many_tiny_blocks_is_left_out_not_sent_over_the_cap(
+    tmp_path: Path,
+) -> None:
+    """3000 one-character blocks: the newest message alone is over the cap, so it is left out."""
+    from tests.test_snapshot_cap import CAP, capped, snapshot_of
+
+    async with capped(tmp_path) as gw:
+        sid = await gw.create_session()
+        await gw.submit(sid, {"script": {"rounds": [[{"text": "a"}, {"thinking": "b"}] * 1500]}})
+        with trio.fail_after(30):
+            while len((await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]) < 2:  # noqa: ASYNC110 (polled over HTTP)
+                await trio.sleep(0.05)
+        data, snap = await snapshot_of(gw, sid)
+        assert len(data) <= CAP and snap.has_more
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a streaming message of thousands of one-character blocks makes a snapshot frame over"
+    " snapshot_max_bytes (PROTOCOL section 15 says never): fit.py always sends the streaming"
+    " message and cuts blocks' text but never leaves blocks out (its docstring admits it), so a"
+    " client with that frame limit closes 1009 mid-turn (fix: bound blocks per message in the"
+    " translator, or send a streaming message's older complete blocks as one truncated marker)",
+)
+async def test_a_streaming_message_of_many_tiny_blocks_gives_a_snapshot_under_the_cap(
+    tmp_path: Path,
+) -> None:
+    from tests.test_snapshot_cap import CAP, capped
+
+    async with capped(tmp_path) as gw:
+        sid = await gw.create_session()
+        script = {"delay_ms": 1, "rounds": [[{"text": "a"}, {"thinking": "b"}] * 2500]}
+        await gw.submit(sid, {"script": script})
+        biggest = 0
+        with trio.fail_after(60):
+            while len((await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]) < 2:
+                async with gw.client(sid, max_message_size=64 * CAP) as client:
+                    await client.send(
+                        {"type": "subscribe", "filter": "preset:full", "snapshot": True}
+                    )
+                    await client.ws.get_message()  # the ack
+                    raw = await client.ws.get_message()
+                biggest = max(biggest, len(raw))
+                if biggest > CAP:
+                    break
+                await trio.sleep(0.2)
+        assert biggest <= CAP
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="POST /sessions refused 422 for its model still makes its workspace directories"
+    " (node.create_session makes the workspace before resolve_model): a client makes"
+    " unbounded directories, 8 levels per request, with no session counted (fix: resolve the"
+    " model before _workspace, or remove what was made when the create fails)",
+)
+async def test_a_refused_post_sessions_leaves_no_directory(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    with trio.fail_after(30):
+        async with running_gateway(config) as gw:
+            for n in range(3):
+                body = {"workspace_path": f"n{n}/b/c/d/e/f/g/h", "model": "nope:nope"}
+                r = await gw.http.post("/sessions", json=body)
+                assert r.status_code == 422, r.text
+            r = await gw.http.post("/sessions", json={"model": "nope:nope"})
+            assert r.status_code == 422, r.text
+    made = [p for p, _, _ in os.walk(tmp_path / "workspaces")]
+    assert made in ([str(tmp_path / "workspaces")], [])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="for REAPER_RESTART_DELAY_S (1 s) after the watchdog dies, spawn() goes on with no"
+    " watchdog (_up stays set, _tell drops the line with no pipe): a daemon killed -9 then"
+    " leaves every tool group running (gateway/tools/process.py; fix: clear _up when the"
+    " watchdog dies so spawns wait for the next, restart it at once the first time)",
+)
+async def test_a_tool_started_while_the_watchdog_restarts_dies_with_the_daemon(
+    tmp_path: Path,
+) -> None:
+    async with gateway_process(tmp_path, *daemon_args(tmp_path)) as (proc, port):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            sid = (await http.post("/sessions", json={})).json()["session_id"]
+            r = await http.post(f"/sessions/{sid}/turns", json={"content": shell_turn("true")})
+            assert r.status_code == 202, r.text
+            await tool_result(http, sid)  # the watchdog is up
+            [(reaper, _)] = [c for c in children_of(proc.pid) if "reaper" in c[1]]
+            while (  # noqa: ASYNC110 (polled over HTTP: the first turn ends)
+                any(
+                    m["status"] != "complete"
+                    for m in (await http.get(f"/sessions/{sid}/messages")).json()["messages"]
+                )
+                or (await http.get(f"/sessions/{sid}")).json().get("status") == "running"
+            ):
+                await trio.sleep(0.02)
+            ready = tmp_path / "workspaces" / "local" / sid / "ready"
+            os.mkfifo(ready)
+            os.kill(reaper, signal.SIGKILL)  # it crashed, or someone killed it
+            turn = shell_turn("sleep 30 & echo $$ > ready; wait")
+            r = await http.post(f"/sessions/{sid}/turns", json={"content": turn})
+            assert r.status_code == 202, r.text
+            with trio.fail_after(10):
+                pgid = await _read_pgid(ready)
+        proc.kill()  # kill -9, within the second the daemon waits to restart its watchdog
+        await proc.wait()
+    try:
+        with trio.move_on_after(3):
+            while _live_members(pgid):  # noqa: ASYNC110 (the process table)
+                await trio.sleep(0.05)
+        assert _live_members(pgid) == [], "a tool group outlived the daemon"
+    finally:
+        signal_group(pgid, signal.SIGKILL)
+
+
+async def test_eight_concurrent_shells_each_with_a_double_fork_die_with_the_daemon(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of a daemon running 8 shells at once, each with a grandchild that ignores TERM."""
+    async with gateway_process(tmp_path, *daemon_args(tmp_path)) as (proc, port):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            sid = (await http.post("/sessions", json={})).json()["session_id"]
+            space = tmp_path / "workspaces" / "local" / sid
+            uses = []
+            for n in range(8):
+                os.mkfifo(space / f"ready{n}")
+                command = f"(trap '' TERM; sleep 30 &) ; sleep 30 & echo $$ > ready{n}; wait"
+                uses.append({"tool_use": {"name": "shell", "input": {"command": command}}})
+            turn = json.dumps({"script": {"rounds": [uses, [{"text": "done"}]]}})
+            r = await http.post(f"/sessions/{sid}/turns", json={"content": turn})
+            assert r.status_code == 202, r.text
+            pgids = []
+            with trio.fail_after(15):
+                for n in range(8):
+                    pgids.append(await _read_pgid(space / f"ready{n}"))
+            assert all(len(_live_members(g)) >= 2 for g in pgids)
+        proc.kill()
+        await proc.wait()
+    try:
+        with trio.move_on_after(3):
+            while any(_live_members(g) for g in pgids):  # noqa: ASYNC110 (the process table)
+                await trio.sleep(0.05)
+        assert [g for g in pgids if _live_members(g)] == []
+    finally:
+        for g in pgids:
+            signal_group(g, signal.SIGKILL)
+
+
+# --- limits that hold --------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an AG-UI run on a new threadId refused 429 rate_limited (turns_per_minute_per_key)"
+    " still creates the thread's session, its workspace and a max_sessions_per_key count:"
+    " refused runs alone lock the key out of new sessions, for good while sessions cannot be"
+    " deleted (gateway/server/routes.py agui_run: _agui_thread creates before the turn's"
+    " check; fix: check_turn before creating a new thread's session, or undo it on refusal)",
+)
+async def test_a_rate_limited_agui_run_creates_no_session(tmp_path: Path) -> None:
+    from tests.test_agui_http import run_input
+    from tests.test_tenants import tenants
+
+    limits = {"limits.turns_per_minute_per_key": 1, "limits.max_sessions_per_key": 3}
+    async with tenants(tmp_path, **limits) as (a, _):
+        r = await a.http.post("/agui", json=run_input("first", "hi"))
+        assert r.status_code == 200
+        for thread in ("second", "third"):
+            r = await a.http.post("/agui", json=run_input(thread, "hi"))
+            assert (r.status_code, r.json()["error"]["code"]) == (429, "rate_limited")
+        assert (await a.http.get("/sessions/second")).status_code == 404
+        r = await a.http.post("/sessions", json={})
+        assert r.status_code == 201, r.text  # 2 of 3 sessions: room for one
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an AG-UI run on a new threadId refused 422 (no user message) still creates the"
+    " thread's session, workspace and count (routes.py agui_run validates the messages after"
+    " _agui_thread; fix: validate the body before creating the thread's session)",
+)
+async def test_an_agui_run_refused_422_creates_no_session(tmp_path: Path) -> None:
+    from tests.test_agui_http import run_input
+
+    with trio.fail_after(30):
+        async with running_gateway(make_config(tmp_path)) as gw:
+            body = {**run_input("empty", "hi"), "messages": []}
+            r = await gw.http.post("/agui", json=body)
+            assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_body")
+            assert (await gw.http.get("/sessions/empty")).status_code == 404
