@@ -143,6 +143,7 @@ class Server(ABC):
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 *args,
+                cwd=log.parent,  # the run's own directory: a gateway's workspaces go there
                 stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=err,

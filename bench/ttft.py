@@ -116,6 +116,7 @@ async def gateway_path(base_url: str) -> AsyncIterator[Once]:
             {
                 "server.port": 0,
                 "store.path": str(Path(scratch) / "bench.db"),
+                "sessions.workspace_root": str(Path(scratch) / "workspaces"),
                 "model.provider": "anthropic",
                 "model.name": MODEL,
                 "model.base_url": base_url,

@@ -507,6 +507,7 @@ class Node:
             owner = parent.record.owner
         with self.limits.new_session(owner):
             session_id = session_id or new_session_id()
+            active_model = self.resolve_model(model)  # 422 before anything is made
             if parent is not None:  # a worker works in its parent's workspace
                 workspace = parent.record.workspace_path
             else:
@@ -515,7 +516,7 @@ class Node:
                 id=session_id,
                 created_at=now_ms(),
                 workspace_path=workspace,
-                active_model=self.resolve_model(model),
+                active_model=active_model,
                 metadata=metadata or {},
                 parent_session_id=parent.id if parent else None,
                 routing_policy_version=ROUTING_POLICY_VERSION,

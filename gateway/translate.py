@@ -357,6 +357,25 @@ def _name(raw: msgspec.Struct) -> str:
     return str(raw.__struct_config__.tag)
 
 
+BYTES_PER_BLOCK = 512
+"""What a block may need of a snapshot frame once cut to its bare shape, with room to spare."""
+
+
+def max_blocks(snapshot_max_bytes: int) -> int:
+    """The most content blocks of one message: whatever it holds, a snapshot carries it.
+
+    PROTOCOL section 15: a snapshot frame is never larger than
+    ``snapshot_max_bytes``, and a message still streaming is always in it (its
+    live deltas name it, so it cannot be left out): cut to their bare shapes
+    (gateway.protocol.fit), its blocks must fit. A bare block is a few dozen
+    bytes (a tool use's id and name a few hundred at most), so a message of at
+    most ``snapshot_max_bytes / 512`` blocks always does, with half the frame
+    to spare: 128 blocks at the smallest cap (64 KiB), 16,384 at the default.
+    A provider sending more fails the call (``api_error``, naming the limit).
+    """
+    return snapshot_max_bytes // BYTES_PER_BLOCK
+
+
 def _illegal(problem: str) -> ProviderError:
     return ProviderError("api_error", f"illegal provider stream: {problem}")
 
@@ -373,6 +392,8 @@ class Translator:
         model: the model asked for; used when ``message_start`` names none.
         created_at: the message's ``created_at`` (ms since the epoch).
         pricing: the cost in USD of a usage, if known; it fills ``cost_usd``.
+        max_blocks: the most content blocks a message may have, or None for no
+            limit; the block beyond is an illegal move (:func:`max_blocks`).
     """
 
     def __init__(
@@ -383,7 +404,9 @@ class Translator:
         model: str,
         created_at: int,
         pricing: Callable[[Usage], float | None] | None = None,
+        max_blocks: int | None = None,
     ) -> None:
+        self._max_blocks = max_blocks
         self._session_id = session_id
         self._turn_id = turn_id
         self._model = model
@@ -542,6 +565,13 @@ class Translator:
 
     def _start_block(self, raw: RawContentBlockStart) -> list[StreamEvent]:
         _, then = self._move_block(raw)
+        if self._max_blocks is not None and len(self._blocks) >= self._max_blocks:
+            raise ProviderError(
+                "api_error",
+                f"the model's message has more than {self._max_blocks} content blocks"
+                " (the most a snapshot can carry: [stream] snapshot_max_bytes / "
+                f"{BYTES_PER_BLOCK})",
+            )
         assert self._message_id is not None  # _MESSAGE_MOVES: we are streaming
         block = _open_block(self._message_id, raw.index, raw.content_block)
         block.state = then

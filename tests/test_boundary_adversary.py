@@ -31,14 +31,6 @@ from tests.test_tool_processes import children_of, daemon_args, shell_turn, tool
 # --- workspaces ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an own workspace (<tenant>/<session id>) and a named one (<tenant>/<name>) share one"
-    " namespace: a session whose id is a name (an AG-UI threadId 'proj', or a client naming"
-    " workspace_path 'sess_...') gets the named directory as its own, and Workspaces.remove"
-    " (for DELETE /sessions/{id}) rmtree's it with every other session's files"
-    " (gateway/tools/workspace.py create/remove)",
-)
 async def test_removing_a_thread_keeps_a_named_workspace_of_the_same_name(tmp_path: Path) -> None:
     spaces = Workspaces(str(tmp_path / "workspaces"))
     named = await spaces.create(session_id="sess_keeper", owner="", name="proj")
@@ -59,13 +51,6 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root")
-@pytest.mark.xfail(
-    strict=True,
-    reason="the shell tool reads the daemon's whole environment (API keys) from"
-    " /proc/$PPID/environ: the daemon is its parent, same uid, and dumpable; the minimal"
-    " environment of gateway/tools/process.py is bypassed (fix: prctl(PR_SET_DUMPABLE, 0) at"
-    " start-up, or spawn tools from a helper that holds no secrets)",
-)
 async def test_a_shell_tool_cannot_read_the_daemons_environment_through_proc() -> None:
     # The daemon runs as an unprivileged user, as operators run it (root reads any /proc).
     home = Path(tempfile.mkdtemp(prefix="gw-adv-"))
@@ -134,14 +119,6 @@ async def test_a_complete_message_of_many_tiny_blocks_is_left_out_not_sent_over_
         assert len(data) <= CAP and snap.has_more
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a streaming message of thousands of one-character blocks makes a snapshot frame over"
-    " snapshot_max_bytes (PROTOCOL section 15 says never): fit.py always sends the streaming"
-    " message and cuts blocks' text but never leaves blocks out (its docstring admits it), so a"
-    " client with that frame limit closes 1009 mid-turn (fix: bound blocks per message in the"
-    " translator, or send a streaming message's older complete blocks as one truncated marker)",
-)
 async def test_a_streaming_message_of_many_tiny_blocks_gives_a_snapshot_under_the_cap(
     tmp_path: Path,
 ) -> None:
@@ -167,13 +144,6 @@ async def test_a_streaming_message_of_many_tiny_blocks_gives_a_snapshot_under_th
         assert biggest <= CAP
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="POST /sessions refused 422 for its model still makes its workspace directories"
-    " (node.create_session makes the workspace before resolve_model): a client makes"
-    " unbounded directories, 8 levels per request, with no session counted (fix: resolve the"
-    " model before _workspace, or remove what was made when the create fails)",
-)
 async def test_a_refused_post_sessions_leaves_no_directory(tmp_path: Path) -> None:
     config = make_config(tmp_path)
     with trio.fail_after(30):
@@ -188,13 +158,6 @@ async def test_a_refused_post_sessions_leaves_no_directory(tmp_path: Path) -> No
     assert made in ([str(tmp_path / "workspaces")], [])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="for REAPER_RESTART_DELAY_S (1 s) after the watchdog dies, spawn() goes on with no"
-    " watchdog (_up stays set, _tell drops the line with no pipe): a daemon killed -9 then"
-    " leaves every tool group running (gateway/tools/process.py; fix: clear _up when the"
-    " watchdog dies so spawns wait for the next, restart it at once the first time)",
-)
 async def test_a_tool_started_while_the_watchdog_restarts_dies_with_the_daemon(
     tmp_path: Path,
 ) -> None:
@@ -213,7 +176,7 @@ async def test_a_tool_started_while_the_watchdog_restarts_dies_with_the_daemon(
                 or (await http.get(f"/sessions/{sid}")).json().get("status") == "running"
             ):
                 await trio.sleep(0.02)
-            ready = tmp_path / "workspaces" / "local" / sid / "ready"
+            ready = tmp_path / "workspaces" / "local" / ".own" / sid / "ready"
             os.mkfifo(ready)
             os.kill(reaper, signal.SIGKILL)  # it crashed, or someone killed it
             turn = shell_turn("sleep 30 & echo $$ > ready; wait")
@@ -239,7 +202,7 @@ async def test_eight_concurrent_shells_each_with_a_double_fork_die_with_the_daem
     async with gateway_process(tmp_path, *daemon_args(tmp_path)) as (proc, port):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             sid = (await http.post("/sessions", json={})).json()["session_id"]
-            space = tmp_path / "workspaces" / "local" / sid
+            space = tmp_path / "workspaces" / "local" / ".own" / sid
             uses = []
             for n in range(8):
                 os.mkfifo(space / f"ready{n}")
@@ -268,14 +231,6 @@ async def test_eight_concurrent_shells_each_with_a_double_fork_die_with_the_daem
 # --- limits that hold --------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an AG-UI run on a new threadId refused 429 rate_limited (turns_per_minute_per_key)"
-    " still creates the thread's session, its workspace and a max_sessions_per_key count:"
-    " refused runs alone lock the key out of new sessions, for good while sessions cannot be"
-    " deleted (gateway/server/routes.py agui_run: _agui_thread creates before the turn's"
-    " check; fix: check_turn before creating a new thread's session, or undo it on refusal)",
-)
 async def test_a_rate_limited_agui_run_creates_no_session(tmp_path: Path) -> None:
     from tests.test_agui_http import run_input
     from tests.test_tenants import tenants
@@ -292,12 +247,6 @@ async def test_a_rate_limited_agui_run_creates_no_session(tmp_path: Path) -> Non
         assert r.status_code == 201, r.text  # 2 of 3 sessions: room for one
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an AG-UI run on a new threadId refused 422 (no user message) still creates the"
-    " thread's session, workspace and count (routes.py agui_run validates the messages after"
-    " _agui_thread; fix: validate the body before creating the thread's session)",
-)
 async def test_an_agui_run_refused_422_creates_no_session(tmp_path: Path) -> None:
     from tests.test_agui_http import run_input
 

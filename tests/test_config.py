@@ -332,7 +332,7 @@ def test_the_readme_config_reference_is_the_embedded_defaults() -> None:
 
 
 def test_an_allowed_host_that_is_a_url_is_a_config_error() -> None:
-    """``[server] allowed_hosts`` names hosts; a URL there would never match a Host (PROTOCOL §15)."""
+    """``[server] allowed_hosts`` names hosts: a URL there would never match (PROTOCOL §15)."""
     for good in ("gw.example.com", "localhost:8421", "127.0.0.1", "[::1]", "::1"):
         assert load_config(None, {}, {"server.allowed_hosts": [good]}).server.allowed_hosts
     for bad in ("https://gw.example.com", "gw.example.com/x", "", "a b"):

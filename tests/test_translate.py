@@ -612,3 +612,20 @@ def test_a_snapshot_says_which_block_is_still_streaming() -> None:
     tr.feed(RawMessageStop())
     done = msgspec.json.decode(msgspec.json.encode(tr.snapshot()))
     assert done["status"] == "complete" and "open_block_index" not in done
+
+
+def test_a_message_past_its_most_blocks_is_an_illegal_stream() -> None:
+    """PROTOCOL section 15: a streaming message always fits a snapshot (translate.max_blocks)."""
+    from gateway.translate import max_blocks
+
+    assert (max_blocks(65_536), max_blocks(8_388_608)) == (128, 16_384)
+    tr = translator(max_blocks=2)
+    feed_all(tr, [message_start(), opens(0, RawTextBlock("")), stops(0)])
+    feed_all(tr, [opens(1, RawThinkingBlock("")), stops(1)])
+    with pytest.raises(ProviderError) as caught:
+        tr.feed(opens(2, RawTextBlock("")))
+    assert caught.value.error_class == "api_error"
+    assert "more than 2 content blocks" in str(caught.value)
+    ended = tr.fail("api_error", str(caught.value))  # as the call settles it
+    assert ended[-1].type == "message.complete"
+    assert len(ended[-1].payload.final_content) == 2  # type: ignore[union-attr]

@@ -71,10 +71,13 @@ async def test_a_session_gets_a_fresh_directory_of_its_own(gw: Harness, tmp_path
     assert stat.S_IMODE(root.stat().st_mode) == 0o700  # made at start-up
     a, b = await gw.create_session(), await gw.create_session()
     for sid in (a, b):
-        own = root / "local" / sid
+        own = root / "local" / ".own" / sid
         assert own.is_dir() and stat.S_IMODE(own.stat().st_mode) == 0o700
     listing = (await gw.http.get("/sessions")).json()["sessions"]
-    assert {s["session"]["workspace_path"] for s in listing} == {a, b}  # names, no host path
+    # Names, no host path; an own workspace is shown under .own/, which no client can name.
+    assert {s["session"]["workspace_path"] for s in listing} == {f".own/{a}", f".own/{b}"}
+    refused = await gw.http.post("/sessions", json={"workspace_path": f".own/{a}"})
+    assert refused.status_code == 422, refused.text
     assert str(tmp_path) not in (await gw.http.get("/sessions")).text
 
 
@@ -186,7 +189,7 @@ async def test_a_worker_works_in_its_parents_workspace(gw: Harness) -> None:
 
 async def test_read_file_never_leaves_the_workspace(gw: Harness, tmp_path: Path) -> None:
     sid = await gw.create_session()
-    own = tmp_path / "workspaces" / "local" / sid
+    own = tmp_path / "workspaces" / "local" / ".own" / sid
     (own / "passwd-link").symlink_to("/etc/passwd")
     (own / "dir-link").symlink_to("/etc")
     (own / "inside.txt").write_text("inside")

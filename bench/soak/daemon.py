@@ -81,6 +81,7 @@ class Daemon:
                  "--port", "0"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                cwd=self.config.parent,  # its workspaces beside its config, in the run's dir
             )  # fmt: skip
         self._proc = proc
         try:

@@ -719,6 +719,11 @@ class Api:
         """
         caller = self._authenticate(req)
         body = _decode(req, RunAgentInput)
+        # What refuses a new run is checked before its thread is made: a run
+        # refused 422 or 429 leaves no session behind (nor a count of one).
+        content = None if body.resume else _agui_content(body.messages)
+        if content is not None:
+            self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
         session = await self._agui_thread(body.thread_id, caller)
         state = await self.node.live_summary(session)  # the owner's, wherever it runs
         history = await self.node.messages_of(session)
@@ -742,7 +747,7 @@ class Api:
                 session.hub.unsubscribe(sub)
                 raise
         else:
-            content = _agui_content(body.messages)
+            assert content is not None
             if state.pending_permissions:
                 raise ApiError(
                     409,

@@ -82,7 +82,7 @@ from gateway.session.permissions import Permissions
 from gateway.session.turn import Turn
 from gateway.store.base import SessionRecord
 from gateway.tools.registry import ToolContext, ToolRegistry, ToolSession
-from gateway.translate import Translator
+from gateway.translate import Translator, max_blocks
 
 log = logging.getLogger("gateway.agent")
 
@@ -254,6 +254,7 @@ class AgentLoop:
                 model=model,
                 created_at=now_ms(),
                 pricing=self.node.pricing(model),
+                max_blocks=max_blocks(self.node.config.stream.snapshot_max_bytes),
             ),
         )
         s.calls.start(call)

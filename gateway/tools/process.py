@@ -24,8 +24,11 @@ servers over stdio and the Claude Code CLI use the same door) is started by
   end-of-file and the watchdog SIGKILLs every group still registered. (Not
   ``PR_SET_PDEATHSIG``: Trio forks from a worker thread, and the signal fires
   when that *thread* exits, which an idle worker does after seconds.) If the
-  watchdog dies, the daemon logs ``tool_reaper_died`` and starts another,
-  which is told of every live group.
+  watchdog dies, the daemon logs ``tool_reaper_died`` and starts another at
+  once, which is told of every live group; spawns wait for it meanwhile.
+- **The daemon's own environment**: before its first tool process the daemon
+  makes itself non-dumpable (:func:`keep_environment_private`), so a tool
+  cannot read it back through ``/proc/$PPID/environ``.
 
 Left open on purpose: a process that leaves its group (``setsid``) escapes the
 group kill, as it would escape any supervisor that is not a container; and a
@@ -36,6 +39,7 @@ that one group behind.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import logging
 import os
@@ -111,7 +115,7 @@ class ToolProcesses:
         this module's. No checkpoint follows the fork: a caller that arms its
         :meth:`stop` right after the call cannot be cancelled in between.
         """
-        if self._kept and not self._up.is_set():
+        if self._kept and not self._up.is_set():  # the first spawn, or a watchdog restarting
             self._wanted.set()
             with trio.move_on_after(REAPER_START_TIMEOUT_S):
                 await self._up.wait()
@@ -160,7 +164,9 @@ class ToolProcesses:
         reaper: trio.Process | None = None
         try:
             await self._wanted.wait()
+            keep_environment_private()
             while True:
+                started = trio.current_time()
                 try:
                     reaper = await self._start_reaper()
                 except OSError as exc:
@@ -171,13 +177,19 @@ class ToolProcesses:
                 else:
                     self._up.set()
                     code = await reaper.wait()
+                    # Spawns wait for the next one: a group started now would
+                    # be known to no watchdog.
+                    self._up = trio.Event()
                     event(
                         log, logging.ERROR, "tool_reaper_died",
                         f"the tool process watchdog exited ({code}); starting another",
                         exit_code=code,
                     )  # fmt: skip
                     self._close_pipe()
-                await trio.sleep(REAPER_RESTART_DELAY_S)
+                # At once after a watchdog that lived; a pause after one that
+                # could not start or died at once (no busy loop).
+                if trio.current_time() - started < REAPER_RESTART_DELAY_S:
+                    await trio.sleep(REAPER_RESTART_DELAY_S)
         finally:
             self._kept = False
             self._close_pipe()  # end-of-file: the watchdog kills what is left and exits
@@ -230,6 +242,33 @@ class ToolProcesses:
             with contextlib.suppress(OSError):
                 os.close(self._pipe)
             self._pipe = None
+
+
+def keep_environment_private() -> None:
+    """Make the daemon non-dumpable, so its tool processes cannot read its environment.
+
+    A tool runs as the daemon's user, and a process may read
+    ``/proc/<pid>/environ`` (the environment the daemon *started* with: its
+    provider API keys) of any process of its user that is dumpable; the
+    minimal environment of :func:`tool_environment` would be bypassed by
+    ``cat /proc/$PPID/environ``. ``prctl(PR_SET_DUMPABLE, 0)`` makes those files
+    the superuser's (and turns off core dumps and same-user ptrace of the
+    daemon: attach py-spy as root). Done once, before the first tool process;
+    a daemon that runs no tool stays as it was. Elsewhere than Linux: nothing.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        event(
+            log, logging.WARNING, "tool_environment_readable",
+            f"prctl(PR_SET_DUMPABLE, 0) failed ({os.strerror(errno)}): tool processes"
+            " may read the daemon's environment through /proc",
+        )  # fmt: skip
+
+
+_PR_SET_DUMPABLE = 4
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:

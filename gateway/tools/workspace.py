@@ -14,7 +14,10 @@ named workspace, whatever names their clients pick.
 
 Names. ``POST /sessions`` with no ``workspace_path`` gets a fresh directory
 named after the session id (its *own* workspace, deleted with it:
-:meth:`Workspaces.remove`). A relative ``workspace_path`` is a name: one to
+:meth:`Workspaces.remove`), under ``<tenant>/.own/``, where no name can lead
+(a name's segments never start with ``.``): a session whose id a client could
+also give as a name (an AG-UI ``threadId``) never gets, nor deletes, a named
+workspace. A relative ``workspace_path`` is a name: one to
 :data:`MAX_SEGMENTS` segments of ``A-Z a-z 0-9 . _ -``, each starting with a
 letter, digit or ``_`` (so no ``.``, ``..``, hidden or option-like segment),
 made if missing. Two sessions of one tenant that give the same name share the
@@ -84,6 +87,10 @@ class WorkspaceError(Exception):
     """A refused ``workspace_path``; the message names the problem (422 ``invalid_workspace``)."""
 
 
+OWN = ".own"
+"""The directory of a tenant that holds its sessions' own workspaces (module docstring)."""
+
+
 def display_name(recorded: str) -> str:
     """What clients see of a recorded workspace (``SessionSummary.workspace_path``).
 
@@ -144,7 +151,7 @@ class Workspaces:
         if name is None:
             if not _SESSION_ID.fullmatch(session_id):
                 raise WorkspaceError(f"session id {session_id!r} cannot name a directory")
-            segments = [session_id]
+            segments = [OWN, session_id]
         elif os.path.isabs(name):
             _check_text(name)
             base, segments = self._allowed_base(name)
@@ -228,16 +235,18 @@ class Workspaces:
         ``DELETE /sessions/{id}`` calls this for the session and each of its
         workers (PROTOCOL section 13 and 15: a session's own directory goes
         with it). Only the directory made for it (recorded as
-        ``<tenant>/<session id>``) is deleted: a named workspace, an allowed
+        ``<tenant>/.own/<session id>``) is deleted: a named workspace, an allowed
         absolute one and a worker's (its parent's) stay. Nothing is followed:
         ``shutil.rmtree`` works by descriptor below the tenant directory, which
         is itself opened without following a symlink; a symlink in the
         workspace's place is unlinked, not followed.
         """
         tenant, _, own = recorded.partition("/")
-        if os.path.isabs(recorded) or own != session_id or not _SESSION_ID.fullmatch(own):
+        if os.path.isabs(recorded) or own != f"{OWN}/{session_id}":
             return False
-        return await trio.to_thread.run_sync(self._remove, tenant, own)
+        if not _SESSION_ID.fullmatch(session_id):
+            return False
+        return await trio.to_thread.run_sync(self._remove, tenant, session_id)
 
     def _remove(self, tenant: str, own: str) -> bool:
         try:
@@ -245,9 +254,8 @@ class Workspaces:
         except FileNotFoundError:
             return False
         try:
-            tenant_fd = os.open(tenant, _BELOW_FLAGS, dir_fd=root)
-        except (FileNotFoundError, NotADirectoryError, OSError):
-            os.close(root)
+            tenant_fd = _walk(root, [tenant, OWN], "the tenant's own workspaces")  # closes root
+        except WorkspaceError:
             return False
         try:
             try:
@@ -261,7 +269,6 @@ class Workspaces:
             return True
         finally:
             os.close(tenant_fd)
-            os.close(root)
 
 
 # --- paths below a descriptor ----------------------------------------------------------
