@@ -1,8 +1,11 @@
 """Adversarial checks of PROTOCOL section 15 "The boundary", as merged.
 
-Each ``xfail(strict=True)`` test reproduces an attack that got through (the
-reason says what and where); the plain tests are attacks that failed to get
-through and are cheap to keep. Real gateways on 127.0.0.1 (in-process, or
+Each test reproduces an attack of an adversarial review of the change: the
+ones that got through at first (a tool reading the daemon's environment
+through ``/proc``, a thread's workspace deletion reaching a named one, a
+streaming message of thousands of blocks over the snapshot cap, refused
+requests that still made directories or sessions, a tool started while the
+watchdog restarted) and some that never did, cheap to keep. Real gateways on 127.0.0.1 (in-process, or
 ``gateway serve`` subprocesses where a process boundary is the point).
 """
 
