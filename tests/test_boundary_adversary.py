@@ -5,8 +5,9 @@ ones that got through at first (a tool reading the daemon's environment
 through ``/proc``, a thread's workspace deletion reaching a named one, a
 streaming message of thousands of blocks over the snapshot cap, refused
 requests that still made directories or sessions, a tool started while the
-watchdog restarted) and some that never did, cheap to keep. Real gateways on 127.0.0.1 (in-process, or
-``gateway serve`` subprocesses where a process boundary is the point).
+watchdog restarted) and some that never did, cheap to keep. Real gateways on
+127.0.0.1 (in-process, or ``gateway serve`` subprocesses where a process
+boundary is the point).
 """
 
 from __future__ import annotations
