@@ -213,7 +213,7 @@ async def test_a_workspace_root_deleted_under_the_daemon_is_made_again_not_a_500
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             r = await http.post("/sessions", json={})
             assert r.status_code == 201, r.text
-            assert (root / "local" / r.json()["session_id"]).is_dir()
+            assert (root / "local" / ".own" / r.json()["session_id"]).is_dir()
         proc.send_signal(signal.SIGTERM)
         with trio.fail_after(10):
             assert await proc.wait() == 0

@@ -134,7 +134,7 @@ async def test_the_shell_sees_path_home_lang_and_tools_env_only(tmp_path: Path) 
     seen = dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
     added_by_sh = {"PWD", "OLDPWD", "SHLVL", "_"}
     assert set(seen) - added_by_sh == {"PATH", "HOME", "LANG", "FROM_CONFIG"}, seen
-    assert seen["HOME"] == str(tmp_path / "workspaces" / "local" / sid)
+    assert seen["HOME"] == str(tmp_path / "workspaces" / "local" / ".own" / sid)
     assert seen["FROM_CONFIG"] == "yes" and seen["LANG"] == "C.UTF-8"
     assert "sk-secret" not in result["content"]
 
@@ -188,12 +188,12 @@ async def test_kill_9_of_the_daemon_kills_its_tool_processes(tmp_path: Path) -> 
     async with gateway_process(tmp_path, *daemon_args(tmp_path)) as (proc, port):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             sid = (await http.post("/sessions", json={})).json()["session_id"]
-            os.mkfifo(tmp_path / "workspaces" / "local" / sid / "ready")
+            os.mkfifo(tmp_path / "workspaces" / "local" / ".own" / sid / "ready")
             turn = shell_turn("sleep 30 & echo $$ > ready; wait")  # the sleep is forked first
             r = await http.post(f"/sessions/{sid}/turns", json={"content": turn})
             assert r.status_code == 202, r.text
             with trio.fail_after(10):
-                pgid = await _read_pgid(tmp_path / "workspaces" / "local" / sid / "ready")
+                pgid = await _read_pgid(tmp_path / "workspaces" / "local" / ".own" / sid / "ready")
             assert len(_live_members(pgid)) == 2  # the shell and its sleep
             [(reaper, cmdline)] = [c for c in children_of(proc.pid) if "reaper" in c[1]]
             assert "-I" in cmdline.split()
@@ -207,11 +207,11 @@ async def test_sigterm_leaves_no_watchdog_and_no_tool_process(tmp_path: Path) ->
     async with gateway_process(tmp_path, *daemon_args(tmp_path)) as (proc, port):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             sid = (await http.post("/sessions", json={})).json()["session_id"]
-            os.mkfifo(tmp_path / "workspaces" / "local" / sid / "ready")
+            os.mkfifo(tmp_path / "workspaces" / "local" / ".own" / sid / "ready")
             turn = shell_turn("sleep 60 & echo $$ > ready; wait")
             await http.post(f"/sessions/{sid}/turns", json={"content": turn})
             with trio.fail_after(10):
-                pgid = await _read_pgid(tmp_path / "workspaces" / "local" / sid / "ready")
+                pgid = await _read_pgid(tmp_path / "workspaces" / "local" / ".own" / sid / "ready")
             [(reaper, _)] = [c for c in children_of(proc.pid) if "reaper" in c[1]]
         proc.send_signal(signal.SIGTERM)
         with trio.fail_after(10):

@@ -510,7 +510,7 @@ def test_an_approval_is_answered_from_the_page(tab: Page, daemon: Daemon) -> Non
     session_id = tab.new_session()
     # The notes are in the session's own workspace (PROTOCOL section 15), made with it,
     # in the directory of the page's key.
-    notes = daemon.workdir / "workspaces" / key_id(KEY) / session_id / "notes.txt"
+    notes = daemon.workdir / "workspaces" / key_id(KEY) / ".own" / session_id / "notes.txt"
     notes.write_text("Remember: the demo is on Thursday.\n")
     tab.view("full")
     read = {"tool_use": {"name": "read_file", "input": {"path": "notes.txt"}}}
