@@ -35,7 +35,7 @@ from gateway import ui
 from gateway.agui.mapping import RunMapper
 from gateway.agui.shapes import CancelRun, InputMessage, ResumeEntry, RunAgentInput, RunCancelling
 from gateway.agui.sse import RunSubscriber, sse, stream_run
-from gateway.errors import ApiError
+from gateway.errors import ApiError, unavailable
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.metrics import CONTENT_TYPE
 from gateway.node import Node
@@ -138,10 +138,12 @@ class Api:
                     "Readiness probe",
                     Ready,
                     auth="none",
-                    errors={503: ("draining",)},
+                    errors={503: ("draining", "store_unavailable")},
                     description="200 while the gateway accepts work; 503 `draining` once "
                     "a graceful shutdown began (the listener stays open until the turns "
-                    "in flight are closed), so a load balancer stops sending.",
+                    "in flight are closed), so a load balancer stops sending; 503 "
+                    "`store_unavailable` (with `Retry-After`) while the store's commits "
+                    "fail, or for good once its file was deleted or replaced.",
                 ),
             ),
         )
@@ -465,11 +467,19 @@ class Api:
         return json_response(200, Health())
 
     async def readyz(self, req: Request) -> Response:
-        """Readiness (the README's "Operating it"): 503 ``draining`` once shutdown began."""
+        """Readiness (the README's "Operating it"): 503 ``draining`` once shutdown began.
+
+        And 503 ``store_unavailable`` whenever commits fail (PROTOCOL section
+        15: a full disk, Redis away, the store's file deleted or replaced),
+        until one lands again: the gateway would answer a write with 503 then.
+        """
         if self.node.shutting_down:
             raise ApiError(
                 503, "draining", "the gateway is shutting down; send new work to another node"
             )
+        failure = self.node.store.failure
+        if failure is not None:
+            raise unavailable(failure)
         return json_response(200, Ready())
 
     async def metrics(self, req: Request) -> Response:
