@@ -735,7 +735,10 @@ class Api:
             await creating.wait()
         if thread_id in self.node.sessions or await self.node.store.get_session(thread_id):
             return await self._session(thread_id, caller)  # another key's: 404
-        if thread_id in self._agui_creating:  # created meanwhile, during the store read
+        # Created meanwhile, during the store read: being created, or already
+        # done (its creation ended before this read's answer came back; the
+        # read ran before its commit): either way not this run's to create.
+        if thread_id in self._agui_creating or thread_id in self.node.sessions:
             return await self._agui_thread(thread_id, caller)
         self._agui_creating[thread_id] = done = trio.Event()
         try:
