@@ -272,11 +272,19 @@ class Node:
         """:meth:`wait_durable` for a request, within ``commit_timeout_s``.
 
         Raises:
-            ApiError: 503 ``store_unavailable`` when the store does not commit in time.
+            ApiError: 503 ``store_unavailable`` when the store does not commit in
+                time, and at once when it takes no more writes (its file was
+                deleted or replaced: PROTOCOL section 15).
         """
+        store = self.store
+        if store.refusing is not None:
+            raise unavailable(store.refusing)
         with trio.move_on_after(self.config.store.commit_timeout_s):
             await self.wait_durable()
             return
+        failure = store.refusing or store.failure
+        if failure is not None:  # the reason, in the answer
+            raise unavailable(failure)
         raise ApiError(
             503, "store_unavailable", "the store did not commit in time; the request may be retried"
         )

@@ -112,6 +112,31 @@ class RedisServer:
         """``kill -9``: what a crash of Redis leaves is what the AOF has."""
         self._stop(signal.SIGKILL)
 
+    def wait_aof_written(self, timeout_s: float = 5.0) -> None:
+        """Return once Redis has written to its AOF everything it answered.
+
+        What ``appendfsync everysec`` promises (README "Redis backend"): an
+        answered write is in the file at once (a crash of Redis keeps it),
+        unless an fsync still running makes Redis postpone its write, for up
+        to 2 s. A busy machine makes that fsync slow: a test that kills Redis
+        right after an answer waits for the write first (``aof_buffer_length``
+        0 in ``INFO persistence``), or it tests more than the setting promises.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                s.sendall(b"INFO persistence\r\n")
+                info = b""
+                while b"aof_delayed_fsync" not in info:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    info += chunk
+            if b"aof_buffer_length:0\r\n" in info:
+                return
+            time.sleep(0.01)
+        pytest.fail(f"redis-server did not write its AOF within {timeout_s:g} s")
+
     def stop(self) -> None:
         self._stop(signal.SIGTERM)
 

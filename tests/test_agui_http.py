@@ -20,6 +20,9 @@ import trio
 from ag_ui.core import Event as AguiEvent
 from pydantic import TypeAdapter
 
+from gateway.providers.base import ModelRequest
+from gateway.providers.raw import RawEvent
+from gateway.providers.scripted import ScriptedProvider
 from tests.conftest import JSON_TYPE, TOOL_SCRIPT, Harness, make_config, running_gateway
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -354,19 +357,74 @@ async def test_a_new_thread_belongs_to_the_callers_key(tmp_path: Path) -> None:
         assert (await h.http.post("/agui", json=run_input(thread, TEXT))).status_code == 401
 
 
+class HeldProvider:
+    """The scripted model, whose calls wait for ``release`` first (a turn held in flight)."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.inner = ScriptedProvider()
+        self.release = trio.Event()
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[RawEvent, None]:
+        await self.release.wait()
+        async with aclosing(self.inner.stream(request)) as inner:
+            async for raw in inner:
+                yield raw
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 async def test_two_runs_racing_on_a_new_thread_share_one_session(tmp_path: Path) -> None:
-    async with gateway(tmp_path) as h:
-        thread = f"t-{uuid.uuid4()}"
-        statuses: list[int] = []
+    """Both look the thread up before either creates it; the second's answer comes late.
 
-        async def post() -> None:
-            async with h.http.stream("POST", "/agui", json=run_input(thread, TEXT)) as r:
-                statuses.append(r.status_code)
-                await r.aread()
+    What a busy machine did: the second run's store read ran before the
+    first run's commit, and its answer came back only once that creation had
+    ended, so it created the thread again: a second session under the same
+    id, a second turn (``[200, 200]``). The read is held here until the first
+    run answered, and the first run's turn is held in flight until both
+    answered (so the 409 does not depend on how fast a turn ends).
+    """
+    provider = HeldProvider()
+    with trio.fail_after(30):
+        async with running_gateway(make_config(tmp_path), provider) as h:
+            thread = f"t-{uuid.uuid4()}"
+            statuses: list[int] = []
+            answered = trio.Event()
+            store = h.node.store
+            read = store.get_session
+            entered = 0
+            both_in = trio.Event()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(post)
-            nursery.start_soon(post)
-        assert sorted(statuses) == [200, 409]  # one thread, one turn at a time
-        r = await h.http.get("/sessions")
-        assert [s["session"]["id"] for s in r.json()["sessions"]] == [thread]
+            async def get_session(session_id: str) -> Any:
+                nonlocal entered
+                if session_id != thread:
+                    return await read(session_id)
+                entered += 1
+                if entered == 1:  # the first run waits for the second to be looking too
+                    await both_in.wait()
+                    return await read(session_id)
+                if entered == 2:  # the second reads now (nothing created) and hears late
+                    both_in.set()
+                    found = await read(session_id)
+                    await answered.wait()
+                    return found
+                return await read(session_id)
+
+            store.get_session = get_session  # type: ignore[method-assign]
+
+            async def post() -> None:
+                async with h.http.stream("POST", "/agui", json=run_input(thread, TEXT)) as r:
+                    statuses.append(r.status_code)
+                    answered.set()
+                    if len(statuses) == 2:
+                        provider.release.set()
+                    await r.aread()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post)
+                nursery.start_soon(post)
+            assert sorted(statuses) == [200, 409]  # one thread, one turn at a time
+            r = await h.http.get("/sessions")
+            assert [s["session"]["id"] for s in r.json()["sessions"]] == [thread]

@@ -256,7 +256,8 @@ async def test_a_turn_an_approval_a_cancel_and_quit(tmp_path: Path) -> None:
         ):
             sid = (await chat.expect(r"session sess_\w+")).split()[1]
             # The session's own workspace (PROTOCOL section 15), made with it.
-            (tmp_path / "workspaces" / "local" / ".own" / sid / "notes.txt").write_text("the notes\n")
+            own = tmp_path / "workspaces" / "local" / ".own" / sid
+            (own / "notes.txt").write_text("the notes\n")
             await chat.prompt()
             chat.send(tool_turn + "\r")
             await chat.expect(r"\? allow read_file \{\"path\": \"notes.txt\"\}  \[y/n\]")

@@ -451,6 +451,8 @@ async def test_a_turn_sent_while_redis_is_away_is_503_and_the_session_goes_on(
 ) -> None:
     """``POST .../turns`` with Redis away: 503 ``store_unavailable`` after commit_timeout_s.
 
+    ``/readyz`` is 503 ``store_unavailable`` meanwhile, and 200 once commits land.
+
     Whatever became of that turn, the stream stays whole: every turn that
     started has ended once Redis is back, and the session takes the next one.
     """
@@ -467,6 +469,10 @@ async def test_a_turn_sent_while_redis_is_away_is_503_and_the_session_goes_on(
                 assert response.status_code == 503, response.text
                 assert response.json()["error"]["code"] == "store_unavailable"
                 assert COMMIT_TIMEOUT_S <= took < COMMIT_TIMEOUT_S + 1
+                # Commits fail: not ready (PROTOCOL section 15), a load balancer stops sending.
+                ready = await gw.http.get("/readyz")
+                assert ready.status_code == 503
+                assert ready.json()["error"]["code"] == "store_unavailable"
                 redis.start()
 
                 with trio.fail_after(8):
@@ -491,6 +497,7 @@ async def test_a_turn_sent_while_redis_is_away_is_503_and_the_session_goes_on(
                 ]
                 assert started == ended, types(client.events)
                 _check_stream(client.events)
+                assert (await gw.http.get("/readyz")).json() == {"status": "ready"}  # it landed
 
 
 async def test_requests_that_need_the_store_are_503_while_it_is_away(

@@ -139,7 +139,11 @@ async def open_store(server: RedisServer, prefix: str) -> RedisStore:
 
 
 async def test_what_was_committed_survives_a_crash_of_redis(own_redis: RedisServer) -> None:
-    """Committed = answered EXEC = in the AOF (README: what appendfsync everysec promises)."""
+    """Committed = answered EXEC = in the AOF (README: what appendfsync everysec promises).
+
+    On a busy machine a slow fsync makes Redis postpone writing what it
+    answered (up to 2 s: the README says so); the kill waits for that write.
+    """
     store = await open_store(own_redis, "gw:")
     store.put_session(session("sess_a", current_turn_id="turn_1", current_turn_seq=3))
     store.put_message(message("msg_1"))
@@ -149,6 +153,7 @@ async def test_what_was_committed_survives_a_crash_of_redis(own_redis: RedisServ
     assert store.committed == 4
     await store.aclose()
 
+    own_redis.wait_aof_written()  # at once, unless a slow fsync postponed it (up to 2 s)
     own_redis.kill()  # kill -9: no shutdown, no final fsync of Redis's own
     own_redis.start()
 

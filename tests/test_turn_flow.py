@@ -214,7 +214,8 @@ async def test_tool_errors_are_results_and_the_turn_goes_on(gw: Harness, tmp_pat
 
 async def test_read_file_reads_inside_the_workspace(gw: Harness, tmp_path: Any) -> None:
     sid = await gw.create_session()  # its own workspace, named after it
-    (tmp_path / "workspaces" / "local" / ".own" / sid / "notes.txt").write_text("hello from the workspace")
+    own = tmp_path / "workspaces" / "local" / ".own" / sid
+    (own / "notes.txt").write_text("hello from the workspace")
     script = {
         "script": {
             "rounds": [

@@ -150,10 +150,12 @@ class Api:
                     "Readiness probe",
                     Ready,
                     auth="none",
-                    errors={503: ("draining",)},
+                    errors={503: ("draining", "store_unavailable")},
                     description="200 while the gateway accepts work; 503 `draining` once "
                     "a graceful shutdown began (the listener stays open until the turns "
-                    "in flight are closed), so a load balancer stops sending.",
+                    "in flight are closed), so a load balancer stops sending; 503 "
+                    "`store_unavailable` (with `Retry-After`) while the store's commits "
+                    "fail, or for good once its file was deleted or replaced.",
                 ),
             ),
         )
@@ -531,11 +533,19 @@ class Api:
         return json_response(200, Health())
 
     async def readyz(self, req: Request) -> Response:
-        """Readiness (the README's "Operating it"): 503 ``draining`` once shutdown began."""
+        """Readiness (the README's "Operating it"): 503 ``draining`` once shutdown began.
+
+        And 503 ``store_unavailable`` whenever commits fail (PROTOCOL section
+        15: a full disk, Redis away, the store's file deleted or replaced),
+        until one lands again: the gateway would answer a write with 503 then.
+        """
         if self.node.shutting_down:
             raise ApiError(
                 503, "draining", "the gateway is shutting down; send new work to another node"
             )
+        failure = self.node.store.failure
+        if failure is not None:
+            raise unavailable(failure)
         return json_response(200, Ready())
 
     async def metrics(self, req: Request) -> Response:
@@ -814,7 +824,10 @@ class Api:
             await creating.wait()
         if thread_id in self.node.sessions or await self.node.store.get_session(thread_id):
             return await self._session(thread_id, caller)  # another key's: 404
-        if thread_id in self._agui_creating:  # created meanwhile, during the store read
+        # Created meanwhile, during the store read: being created, or already
+        # done (its creation ended before this read's answer came back; the
+        # read ran before its commit): either way not this run's to create.
+        if thread_id in self._agui_creating or thread_id in self.node.sessions:
             return await self._agui_thread(thread_id, caller)
         self._agui_creating[thread_id] = done = trio.Event()
         try:

@@ -31,4 +31,5 @@ def open_store(config: StoreConfig) -> Store:
         from gateway.store.redis import RedisStore
 
         return RedisStore(config.url, flush_interval_s=flush_interval_s)
-    return SqliteStore(config.path, flush_interval_s=flush_interval_s)
+    # Ids above the clock: they do not go backwards even if the file is lost (PROTOCOL section 15).
+    return SqliteStore(config.path, flush_interval_s=flush_interval_s, ids_above_clock=True)

@@ -167,6 +167,20 @@ class Store(Protocol):
     on_flush: Callable[[float, int], None] | None
     """Told of every commit: how long it took (seconds, retries included) and its rows."""
 
+    failure: StoreError | None
+    """While writes fail, the last failure; ``None`` once one lands again.
+
+    ``/readyz`` answers 503 ``store_unavailable`` meanwhile (PROTOCOL section 15).
+    """
+
+    refusing: StoreError | None
+    """Set for good once the store takes no more writes until a restart.
+
+    SQLite: its file was deleted or replaced while the gateway ran (PROTOCOL
+    section 15); every request that waits for a commit then gets 503 at once.
+    Redis: never (a Redis that comes back is the same store).
+    """
+
     def ticket(self) -> int:
         """The ticket of the last put (a count of puts so far)."""
         ...

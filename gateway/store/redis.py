@@ -385,6 +385,8 @@ class RedisStore:
         self.on_commit: Callable[[int], None] | None = None
         self.on_write_error: Callable[[StoreError], None] | None = None
         self.on_flush: Callable[[float, int], None] | None = None
+        self.failure: StoreError | None = None  # while writes fail: the last failure (/readyz)
+        self.refusing: StoreError | None = None  # never: a Redis that comes back is the same store
         self._committed_event = trio.Event()
         self._node_id: str | None = None  # the node whose writes these are (leases())
         self._failing_since: float | None = None  # when the writes began to fail (Trio's clock)
@@ -631,6 +633,7 @@ class RedisStore:
                 if self._failing_since is None:
                     self._failing_since = trio.current_time()
                 self._failed_writes += 1
+                self.failure = exc
                 self._report(exc)
                 await trio.sleep(delay)  # cancellable: the caller decides how long to insist
                 delay = min(delay * 2, RETRY_MAX_S)
@@ -646,6 +649,7 @@ class RedisStore:
         assert self._failing_since is not None
         outage_ms = round((trio.current_time() - self._failing_since) * 1000)
         attempts, self._failed_writes, self._failing_since = self._failed_writes, 0, None
+        self.failure = None
         event(
             log, logging.INFO, "store_reconnected",
             f"store {self._where}: writing again after {attempts} failed attempts"

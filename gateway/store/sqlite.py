@@ -33,8 +33,35 @@ Decisions where the contract is silent:
   row, each refused row logged and skipped, so one bad row costs only itself.
   Any other failure (a corrupt file included) holds the batch and is retried:
   nothing is ever reported committed that is not. Each failure is reported to
-  ``on_write_error``. Puts after :meth:`SqliteStore.aclose` raise: a write
-  that cannot land must be loud.
+  ``on_write_error``; the first write that lands after failed ones is logged
+  once (``store_reconnected``: how many attempts failed, over how long), as
+  the Redis store does. While writes fail, :attr:`SqliteStore.failure` says
+  why (``/readyz`` answers 503 meanwhile). Puts after :meth:`SqliteStore.aclose`
+  raise: a write that cannot land must be loud.
+- The store is its file (PROTOCOL section 15, "The store is the truth"). The
+  identity (``st_dev``, ``st_ino``) of the database file and of its ``-wal``
+  is recorded at open and compared in the writer's thread before and after
+  every write transaction (two ``os.stat`` calls, microseconds a batch). Should
+  either file be gone or another one (an operator's ``rm``, a ``mv`` of another
+  database over it), SQLite would go on writing into the unlinked file, which
+  a restart never sees: the write is not reported committed (a batch that
+  landed in the dead file is not durable), ``store_file_replaced`` is logged
+  once, naming the path and what changed, and the store refuses every write
+  from then on (:attr:`SqliteStore.refusing`): nothing is committed, requests
+  that wait for a commit get 503 ``store_unavailable``, and reads go on from
+  the open (dead) file. It never reopens the path by itself, even once a file
+  is back there: a file put back is another store (a backup, with lower ids
+  and fewer sessions), and taking it is the operator's decision, by a
+  restart. The ``-shm`` file is not checked: it is rebuilt from the WAL.
+- The daemon's event ids never start below the wall clock in microseconds at
+  open (:func:`id_floor`, ``ids_above_clock``): the ceiling a restart resumes
+  above is the larger of the stored one and that floor. So ids do not go
+  backwards even across a store that was lost (a restart on an empty file),
+  as long as the node issued fewer than a million ids a second on average
+  (restarts included: each skips the rest of a block of a million), and the
+  clock did not step back. (About 1.8e15 today: 20 digits hold it, SQLite's
+  64-bit integers until the year 2262; ids are still strictly increasing and
+  compared as strings.)
 - Writes run on a thread limiter of their own, so a write never queues
   behind other blocking work of the process (file tools, path look-ups).
 - ``":memory:"`` is refused: each of the two connections would get its own
@@ -43,6 +70,7 @@ Decisions where the contract is silent:
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import time
@@ -54,6 +82,7 @@ import msgspec
 import trio
 
 from gateway.errors import StoreError
+from gateway.logs import event
 from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.lease import LocalLeases
@@ -65,6 +94,7 @@ RETRY_MAX_S = 5.0  # ...up to this
 CLOSE_RETRY_S = 10.0  # how long a closing store keeps retrying what is left
 
 _T = TypeVar("_T")
+log = logging.getLogger("gateway.store")
 # Errors that are one row's fault: that row is skipped. Any other failure (a busy
 # or full or corrupt database) holds the whole batch, retried until it lands.
 _ROW_ERRORS = (sqlite3.IntegrityError, sqlite3.DataError)
@@ -279,6 +309,26 @@ class _Batch:
         return self
 
 
+class _FileReplaced(StoreError):
+    """The store's file was deleted or replaced while the gateway ran (module docstring)."""
+
+
+def id_floor() -> int:
+    """The lowest ceiling a store opens with: the wall clock in microseconds (module docstring)."""
+    return time.time_ns() // 1000
+
+
+_FileId = tuple[int, int]  # (st_dev, st_ino)
+
+
+def _file_id(path: str) -> _FileId | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class _Database:
     """The SQL of the store, synchronous; each method runs in a worker thread."""
 
@@ -286,6 +336,33 @@ class _Database:
         self._path = path
         self._writer = writer
         self._reader = reader
+        # The files this store is (module docstring): the WAL exists once the
+        # schema's transaction ran, and no connection of ours deletes it while open.
+        opened = {f: _file_id(f) for f in (path, f"{path}-wal")}
+        self._files = {f: ident for f, ident in opened.items() if ident is not None}
+
+    def check_files(self) -> None:
+        """Raise unless the store's files are still the ones opened (module docstring).
+
+        Raises:
+            _FileReplaced: naming the path and what changed.
+        """
+        for name, opened in self._files.items():
+            now = _file_id(name)  # os.stat: microseconds, in the writer's thread
+            if now != opened:
+                what = "deleted" if now is None else "replaced by another file"
+                raise _FileReplaced(
+                    f"store {self._path!r}: {name!r} was {what} while the gateway ran"
+                    f" (device and inode {opened} at open, now {now}); no write is taken"
+                    " until a restart"
+                )
+
+    @contextmanager
+    def _in_the_file(self) -> Iterator[None]:
+        """A write transaction on the file opened, and only there: checked before and after."""
+        self.check_files()
+        yield
+        self.check_files()  # what landed in an unlinked file is not durable
 
     @classmethod
     def open(cls, path: str) -> tuple[_Database, StoreState]:
@@ -317,7 +394,7 @@ class _Database:
     def write(self, batch: _Batch) -> None:
         """Apply one batch in one transaction."""
         w = self._writer
-        with _reporting(self._path, "write to"), w:
+        with self._in_the_file(), _reporting(self._path, "write to"), w:
             w.execute("BEGIN IMMEDIATE")
             w.executemany(_UPSERT_SESSION, batch.sessions)
             w.executemany(_UPSERT_MESSAGE, batch.messages)
@@ -340,7 +417,7 @@ class _Database:
         ]
         if batch.ceiling is not None:
             statements.append((_RAISE_META, ("event_ceiling", batch.ceiling), "event ceiling"))
-        with _reporting(self._path, "write to"), w:
+        with self._in_the_file(), _reporting(self._path, "write to"), w:
             w.execute("BEGIN IMMEDIATE")
             for sql, args, what in statements:
                 w.execute("SAVEPOINT row")
@@ -367,7 +444,7 @@ class _Database:
 
     def purge_before(self, ts_ms: int) -> int:
         w = self._writer
-        with _reporting(self._path, "purge"), w:
+        with self._in_the_file(), _reporting(self._path, "purge"), w:
             w.execute("BEGIN IMMEDIATE")
             (highest,) = w.execute("SELECT max(seq) FROM events WHERE ts < ?", (ts_ms,)).fetchone()
             if highest is not None:
@@ -552,6 +629,8 @@ class SqliteStore:
         max_batch: the pending count at which the writer stops gathering.
         inline: run SQLite on the event loop, not in a worker thread (tests
             under ``MockClock`` only: it blocks the loop for every statement).
+        ids_above_clock: take event ids above :func:`id_floor` too (module
+            docstring; the daemon's store does, through ``open_store``).
     """
 
     def __init__(
@@ -561,8 +640,10 @@ class SqliteStore:
         flush_interval_s: float = 0.0,
         max_batch: int = 1000,
         inline: bool = False,
+        ids_above_clock: bool = False,
     ) -> None:
         self._path = path
+        self._ids_above_clock = ids_above_clock
         self._inline = inline
         self._flush_interval_s = flush_interval_s
         self._max_batch = max_batch
@@ -574,6 +655,10 @@ class SqliteStore:
         self.on_commit: Callable[[int], None] | None = None
         self.on_write_error: Callable[[StoreError], None] | None = None
         self.on_flush: Callable[[float, int], None] | None = None  # (seconds, rows) per commit
+        self.failure: StoreError | None = None  # while writes fail: the last failure
+        self.refusing: StoreError | None = None  # for good: the file was deleted or replaced
+        self._failing_since: float | None = None  # when the writes began to fail (Trio's clock)
+        self._failed_writes = 0  # failed attempts since then
         self._committed_event = trio.Event()  # set and replaced at each commit
         self._write_lock = trio.Lock()  # the write connection: one thread at a time
         self._write_limiter = trio.CapacityLimiter(1)  # its own thread: never queued behind others
@@ -587,7 +672,9 @@ class SqliteStore:
 
     async def open(self) -> StoreState:
         self._db, state = await self._offload(_Database.open, self._path)
-        self._ceiling = state.event_ceiling
+        # Never below the clock (module docstring): what the store says stays as
+        # it is, the next block is taken above both.
+        self._ceiling = max(state.event_ceiling, id_floor() if self._ids_above_clock else 0)
         return state
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -605,7 +692,12 @@ class SqliteStore:
             # Once close was asked no put is accepted, so a write that starts
             # after that leaves nothing behind.
             closing = self._closing
-            await self._write_pending()
+            try:
+                await self._write_pending()
+            except StoreError:
+                if self.refusing is None:
+                    raise
+                # Refusing for good: what is pending stays there, never committed.
             if closing:
                 return
 
@@ -625,8 +717,13 @@ class SqliteStore:
                 self._closed.set()
                 return
             try:
-                with trio.move_on_after(CLOSE_RETRY_S):
-                    await self._write_pending()
+                if self.refusing is None:  # else nothing lands: no retrying
+                    with trio.move_on_after(CLOSE_RETRY_S):
+                        await self._write_pending()
+                if self._pending.size and self.refusing is not None:
+                    raise StoreError(
+                        f"{self.refusing}; {self._pending.size} writes were not made durable"
+                    )
                 if self._pending.size:
                     raise StoreError(
                         f"store {self._path!r}: {self._pending.size} writes could not be"
@@ -689,13 +786,31 @@ class SqliteStore:
     async def purge_before(self, ts_ms: int) -> int:
         db = self._database()
         async with self._write_lock:
-            return await self._offload(
-                db.purge_before, ts_ms, limiter=self._write_limiter
-            )
+            self._check_writable()
+            try:
+                return await self._offload(db.purge_before, ts_ms, limiter=self._write_limiter)
+            except _FileReplaced as exc:
+                self._refuse(exc)
+                raise
 
     def _check_accepting(self) -> None:
         if self._closing:
             raise StoreError(f"store {self._path!r} is closed")
+
+    def _check_writable(self) -> None:
+        if self.refusing is not None:
+            raise self.refusing
+
+    def _refuse(self, exc: _FileReplaced) -> None:
+        """The store's file is gone or another: no write from now on (module docstring)."""
+        if self.refusing is not None:
+            return
+        self.refusing = self.failure = exc
+        event(
+            log, logging.ERROR, "store_file_replaced",
+            f"{exc}; requests that write get 503 store_unavailable, /readyz 503",
+            path=self._path, error=str(exc),
+        )  # fmt: skip
 
     def _signal(self) -> None:
         """Wake the writer for what is pending now: the one place its events are set."""
@@ -713,6 +828,7 @@ class SqliteStore:
         """
         db = self._database()
         async with self._write_lock:
+            self._check_writable()
             batch, self._pending = self._pending, _Batch()
             ticket = self._enqueued
             if batch.size:
@@ -733,29 +849,61 @@ class SqliteStore:
             on_commit(self.committed)
 
     async def _write_with_retries(self, db: _Database, batch: _Batch) -> None:
+        """Write ``batch``, retrying until it lands (module docstring).
+
+        Raises:
+            StoreError: the store's file was deleted or replaced: it refuses
+                every write from now on (:meth:`_refuse`), this one included.
+        """
         delay = RETRY_FIRST_S
         while True:
             try:
-                # The thread runs to its end even if we are cancelled meanwhile.
-                with trio.CancelScope(shield=True):
-                    await self._offload(db.write, batch, limiter=self._write_limiter)
-                return
-            except StoreError as exc:
+                try:
+                    # The thread runs to its end even if we are cancelled meanwhile.
+                    with trio.CancelScope(shield=True):
+                        await self._offload(db.write, batch, limiter=self._write_limiter)
+                    self._writing_again()
+                    return
+                except StoreError as exc:
+                    if not isinstance(exc.__cause__, _ROW_ERRORS):
+                        raise
+                    self._report(exc)  # a row the schema refuses: the rest lands without it
+                    await self._write_rows(db, batch)
+                    self._writing_again()
+                    return
+            except _FileReplaced as exc:
+                self._refuse(exc)
+                raise
+            except StoreError as exc:  # anything else: held, and retried
+                self._failing(exc)
                 self._report(exc)
-                if isinstance(exc.__cause__, _ROW_ERRORS):  # a row the schema refuses
-                    try:
-                        await self._write_rows(db, batch)
-                        return
-                    except StoreError as again:  # anything else: held, and retried
-                        self._report(again)
             await trio.sleep(delay)  # cancellable: the caller decides how long to insist
             delay = min(delay * 2, RETRY_MAX_S)
 
+    def _failing(self, exc: StoreError) -> None:
+        """A write attempt failed: :attr:`failure` says so until one lands."""
+        if self._failing_since is None:
+            self._failing_since = trio.current_time()
+        self._failed_writes += 1
+        self.failure = exc
+
+    def _writing_again(self) -> None:
+        """A write landed: after failed ones, said once, with how long it failed."""
+        if self._failing_since is None:
+            return
+        outage_ms = round((trio.current_time() - self._failing_since) * 1000)
+        attempts, self._failed_writes, self._failing_since = self._failed_writes, 0, None
+        self.failure = None
+        event(
+            log, logging.INFO, "store_reconnected",
+            f"store {self._path!r}: writing again after {attempts} failed attempts"
+            f" over {outage_ms / 1000:.1f} s",
+            attempts=attempts, outage_ms=outage_ms,
+        )  # fmt: skip
+
     async def _write_rows(self, db: _Database, batch: _Batch) -> None:
         with trio.CancelScope(shield=True):
-            refused = await self._offload(
-                db.write_row_by_row, batch, limiter=self._write_limiter
-            )
+            refused = await self._offload(db.write_row_by_row, batch, limiter=self._write_limiter)
         for what in refused:
             self._report(StoreError(f"store {self._path!r} refused {what}; it was skipped"))
 
