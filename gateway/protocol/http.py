@@ -95,6 +95,10 @@ class Health(msgspec.Struct):
 
 
 class Ready(msgspec.Struct):
-    """``GET /readyz`` while the gateway accepts work (503 ``draining`` once shutdown began)."""
+    """``GET /readyz`` while the gateway accepts work.
+
+    Else 503: ``draining`` once shutdown began, ``store_unavailable`` while
+    commits fail (PROTOCOL section 15).
+    """
 
     status: str = "ready"
