@@ -12,6 +12,7 @@ Rules of these tests (as trio-websocket's own suite states them):
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -78,6 +79,26 @@ def no_workspaces_in_the_repo() -> Iterator[None]:
     before = (REPO / "workspaces").exists()
     yield
     assert before or not (REPO / "workspaces").exists(), "a test made ./workspaces in the repo"
+
+
+READY_LINE = re.compile(r"gateway listening on http://[^\s:]+:(\d+)")
+
+
+async def ready_port(proc: trio.Process, seconds: float = 30) -> int:
+    """The port of a ``gateway serve`` process, from its readiness line on stdout.
+
+    Fails (an AssertionError saying so) if it exits first or says anything else.
+    """
+    assert proc.stdout is not None
+    line = b""
+    with trio.fail_after(seconds):
+        while not line.endswith(b"\n"):
+            chunk = await proc.stdout.receive_some(1)
+            assert chunk, "the gateway exited before its readiness line"
+            line += chunk
+    match = READY_LINE.fullmatch(line.decode().strip())
+    assert match, line
+    return int(match.group(1))
 
 
 class Harness:

@@ -27,7 +27,7 @@ import trio
 
 from gateway.tools.process import signal_group
 from gateway.tools.workspace import Workspaces
-from tests.conftest import make_config, running_gateway
+from tests.conftest import make_config, ready_port, running_gateway
 from tests.test_cli_serve import gateway_process
 from tests.test_shell_tool import _live_members, _read_pgid
 from tests.test_tool_processes import children_of, daemon_args, shell_turn, tool_result
@@ -79,14 +79,7 @@ async def test_a_shell_tool_cannot_read_the_daemons_environment_through_proc() -
             argv, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
         try:
-            assert proc.stdout is not None
-            line = b""
-            with trio.fail_after(20):
-                while not line.endswith(b"\n"):
-                    chunk = await proc.stdout.receive_some(1)
-                    assert chunk, "the gateway exited before its readiness line"
-                    line += chunk
-            port = int(line.decode().rsplit(":", 1)[1].split()[0].strip("/"))
+            port = await ready_port(proc, 20)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
                 sid = (await http.post("/sessions", json={})).json()["session_id"]
                 command = "tr '\\0' '\\n' < /proc/$PPID/environ"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -26,9 +25,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from tests.conftest import Client, open_ws
-
-READY = re.compile(r"gateway listening on http://127\.0\.0\.1:(\d+)")
+from tests.conftest import Client, open_ws, ready_port
 
 
 @asynccontextmanager
@@ -44,16 +41,7 @@ async def gateway_process(
         stderr=subprocess.PIPE,
     )
     try:
-        assert proc.stdout is not None
-        line = b""
-        with trio.fail_after(20):
-            while not line.endswith(b"\n"):
-                chunk = await proc.stdout.receive_some(1)
-                assert chunk, "the gateway exited before its readiness line"
-                line += chunk
-        match = READY.fullmatch(line.decode().strip())
-        assert match, line
-        yield proc, int(match.group(1))
+        yield proc, await ready_port(proc, 20)
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -37,7 +37,7 @@ import trio
 from gateway.errors import StoreError
 from gateway.store.base import SessionRecord
 from gateway.store.sqlite import SqliteStore, id_floor
-from tests.conftest import Client, make_config, open_ws, running_gateway
+from tests.conftest import Client, make_config, open_ws, ready_port, running_gateway
 
 TEXT = json.dumps({"script": {"rounds": [[{"text": "Hello there."}]]}})
 
@@ -288,14 +288,7 @@ async def daemon(cwd: Path) -> AsyncIterator[Daemon]:
         stderr=subprocess.PIPE,
     )
     try:
-        assert proc.stdout is not None
-        line = b""
-        with trio.fail_after(30):
-            while not line.endswith(b"\n"):
-                chunk = await proc.stdout.receive_some(1)
-                assert chunk, "the gateway exited before its readiness line"
-                line += chunk
-        port = int(line.decode().rsplit(":", 1)[1].split("/")[0].strip())
+        port = await ready_port(proc)
         d = Daemon(proc, port)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(d.read_log)

@@ -244,7 +244,9 @@ class CallStream:
             with trio.move_on_at(due):
                 await self._inbox.wait()
                 return
-            if call is self.current and call is not None and not call.translator.finished:
+            assert call is not None  # due was finite
+            call.unkept = False  # stored now, or there is nothing left to store
+            if call is self.current and not call.translator.finished:
                 try:
                     self._keep(call)
                 except Exception as exc:
