@@ -23,8 +23,6 @@ import json
 import logging
 import os
 import sqlite3
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -37,7 +35,8 @@ import trio
 from gateway.errors import StoreError
 from gateway.store.base import SessionRecord
 from gateway.store.sqlite import SqliteStore, id_floor
-from tests.conftest import Client, make_config, open_ws, ready_port, running_gateway
+from tests.conftest import Client, make_config, open_ws, running_gateway
+from tests.test_cli_serve import gateway_process
 
 TEXT = json.dumps({"script": {"rounds": [[{"text": "Hello there."}]]}})
 
@@ -276,31 +275,15 @@ class Daemon:
 @asynccontextmanager
 async def daemon(cwd: Path) -> AsyncIterator[Daemon]:
     env = {
-        **os.environ,
         "GATEWAY_LOG_FORMAT": "json",
         "GATEWAY_STORE_COMMIT_TIMEOUT_S": "2",  # a request caught in the change waits this
     }
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "gateway", "serve", "--port", "0"],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        port = await ready_port(proc)
+    async with gateway_process(cwd, "--port", "0", env=env) as (proc, port):
         d = Daemon(proc, port)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(d.read_log)
             yield d
             proc.kill()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                await pipe.aclose()
 
 
 async def last_id_seen(http: httpx.AsyncClient) -> str:
