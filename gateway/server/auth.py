@@ -122,19 +122,20 @@ def host_name(value: str, *, bare_ipv6: bool = False) -> str | None:
     return name
 
 
-def _is_ipv6(text: str) -> bool:
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``text`` as an IP address, or None for a name (or anything else)."""
     try:
-        return isinstance(ipaddress.ip_address(text), ipaddress.IPv6Address)
+        return ipaddress.ip_address(text)
     except ValueError:
-        return False
+        return None
+
+
+def _is_ipv6(text: str) -> bool:
+    return isinstance(_address(text), ipaddress.IPv6Address)
 
 
 def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
+    return _address(name) is not None
 
 
 def canonical_origin(value: str) -> str | None:
@@ -279,12 +280,8 @@ class Boundary:
 
 
 def _is_loopback(name: str) -> bool:
-    if name in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    address = _address(name)
+    return name in LOOPBACK_NAMES or (address is not None and address.is_loopback)
 
 
 def warn_open_hosts(config: Config) -> None:
