@@ -134,6 +134,9 @@ def _config(tmp_path: Path, redis: RedisServer, *, lease_s: float = 30.0) -> Any
 
 def _down(redis: RedisServer, how: str) -> None:
     if how == "SIGKILL":
+        # appendfsync everysec may postpone the AOF write behind a slow fsync (up
+        # to 2 s, README "Redis backend"): kill once what it answered is written.
+        redis.wait_aof_written()
         redis.kill()  # what its AOF has is what survives (the kernel has the file's pages)
     else:
         redis.stop()  # SIGTERM: Redis fsyncs its AOF and exits
