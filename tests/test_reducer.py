@@ -943,7 +943,7 @@ def test_open_block_index_null_means_every_restored_block_has_ended() -> None:
 
 
 def test_pending_permissions_come_from_the_snapshot_and_the_events() -> None:
-    waiting = PendingPermission("perm_1", "toolu_1", "bash", {"command": "ls"}, 9_000)
+    waiting = PendingPermission("perm_1", SID, "tool", "toolu_1", "bash", {"command": "ls"}, 9_000)
     done = Message(
         "msg_a", SID, "turn_1", "assistant",
         [ToolUseBlock("toolu_1", "bash", {"command": "ls"}),
@@ -954,6 +954,8 @@ def test_pending_permissions_come_from_the_snapshot_and_the_events() -> None:
     assert reducer.state()["pending_permissions"] == [
         {
             "perm_id": "perm_1",
+            "session_id": SID,
+            "kind": "tool",
             "tool_use_id": "toolu_1",
             "tool_name": "bash",
             "input": {"command": "ls"},

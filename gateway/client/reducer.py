@@ -522,7 +522,15 @@ class Reducer:
                 self._tool_outcome(ToolOutcome(p.tool_use_id, "failed", p.message, p.error_class))
             case PermissionRequested() as p:
                 self.permissions[p.perm_id] = PendingPermission(
-                    p.perm_id, p.tool_use_id, p.tool_name, p.input, p.expires_at
+                    p.perm_id,
+                    event.session_id,
+                    p.kind,
+                    p.tool_use_id,
+                    p.tool_name,
+                    p.input,
+                    p.expires_at,
+                    p.message,
+                    p.requested_schema,
                 )
             case PermissionResolved() as p:
                 self.permissions.pop(p.perm_id, None)

@@ -115,7 +115,7 @@ BlockView = TextView | ThinkingView | RedactedThinkingView | ToolUseView
 
 class MessageView(TypedDict):
     id: str
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "context"]
     turn_id: str | None
     status: Literal["complete", "in_progress", "cancelled", "error"]
     blocks: list[BlockView]

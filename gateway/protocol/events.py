@@ -18,7 +18,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from gateway.protocol.shapes import ContentBlock, Message, StopReason, Usage
+from gateway.protocol.shapes import ContentBlock, Message, PermissionKind, StopReason, Usage
 
 Actor = Literal["user", "router", "llm", "tool", "session", "bus"]
 ACTORS: tuple[str, ...] = ("user", "router", "llm", "tool", "session", "bus")
@@ -92,17 +92,50 @@ class ToolFailed(Payload, omit_defaults=True):
     duration_ms: int | None = None
 
 
-class PermissionRequested(Payload):
+class PermissionRequested(Payload, omit_defaults=True):
+    """A tool waiting for approval, or an MCP server's elicitation (PROTOCOL sections 5, 11).
+
+    ``kind`` is always sent; ``message`` and ``requested_schema`` only with an
+    elicitation.
+    """
+
     perm_id: str
     tool_use_id: str
     tool_name: str
     input: dict[str, Any]
     expires_at: int
+    kind: PermissionKind = msgspec.field(default_factory=lambda: "tool")
+    message: str | msgspec.UnsetType = msgspec.UNSET
+    requested_schema: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+PermissionDecision = Literal["allow", "deny", "timeout", "cancelled"]
 
 
 class PermissionResolved(Payload):
     perm_id: str
-    decision: Literal["allow", "deny", "timeout"]
+    decision: PermissionDecision
+
+
+CompactionTrigger = Literal["auto", "manual", "overflow"]
+
+
+class ContextCompacting(Payload):
+    """A compaction begins (PROTOCOL section 12)."""
+
+    trigger: CompactionTrigger
+    pre_tokens: int
+
+
+class ContextCompacted(Payload):
+    """A compaction ended: the model's view now starts at ``first_kept_message_id``."""
+
+    trigger: CompactionTrigger
+    method: Literal["summary", "truncate"]
+    pre_tokens: int
+    post_tokens: int
+    summary_message_id: str | None
+    first_kept_message_id: str | None
 
 
 class DelegateStarted(Payload):
@@ -131,10 +164,13 @@ class FeedbackRecorded(Payload, omit_defaults=True):
 
 
 class TurnCompleted(Payload):
+    """A turn's end: ``cost_usd`` includes its workers', ``workers_cost_usd`` is theirs."""
+
     turn_id: str
     stop_reason: StopReason
     usage: Usage
     cost_usd: float
+    workers_cost_usd: float = 0.0
 
 
 class TurnCancelled(Payload):
@@ -252,6 +288,8 @@ EVENT_TYPES: dict[str, EventSpec] = {
     "tool.failed": EventSpec(ToolFailed, "tool", True),
     "permission.requested": EventSpec(PermissionRequested, "tool", True),
     "permission.resolved": EventSpec(PermissionResolved, "user", True),
+    "context.compacting": EventSpec(ContextCompacting, "session", True),
+    "context.compacted": EventSpec(ContextCompacted, "session", True),
     "delegate.started": EventSpec(DelegateStarted, "tool", True),
     "delegate.completed": EventSpec(DelegateCompleted, "tool", True),
     "delegate.failed": EventSpec(DelegateFailed, "tool", True),

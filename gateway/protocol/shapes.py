@@ -51,13 +51,40 @@ class ToolResultBlock(msgspec.Struct, tag="tool_result", tag_field="type"):
     content: str
     is_error: bool = False
     truncated: Truncated = msgspec.UNSET
+    # A tool's structured result (an MCP tool's ``structuredContent``), kept so a
+    # snapshot shows what ``tool.completed.structured_result`` showed (PROTOCOL
+    # section 6); left out when the tool had none.
+    structured_content: Any | msgspec.UnsetType = msgspec.UNSET
 
 
-ContentBlock = TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock
+class CompactionBlock(msgspec.Struct, tag="compaction", tag_field="type"):
+    """What a ``context`` message holds (PROTOCOL section 12): the summary of older messages.
 
-Role = Literal["user", "assistant"]
+    ``replaces`` names the messages it stands for in the model's view; they stay
+    in the store and in every client's view. ``summary`` is "" when the
+    compaction truncated (``method: "truncate"``).
+    """
+
+    summary: str
+    replaces: list[str]
+    truncated: Truncated = msgspec.UNSET
+
+
+ContentBlock = (
+    TextBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | CompactionBlock
+)
+
+# "context": a message the gateway wrote for the model's view (a compaction, section 12).
+Role = Literal["user", "assistant", "context"]
 MessageStatus = Literal["complete", "in_progress", "cancelled", "error"]
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "cancelled", "error"]
+StopReason = Literal[
+    "end_turn", "max_tokens", "stop_sequence", "tool_use", "cancelled", "error", "max_rounds"
+]
 
 
 def _zero() -> int:
@@ -116,16 +143,42 @@ class Message(msgspec.Struct, omit_defaults=True):
     open_block_index: int | msgspec.UnsetType | None = msgspec.UNSET
 
 
-class PendingPermission(msgspec.Struct):
-    """A tool waiting for ``allow``/``deny``, as a snapshot shows it (PROTOCOL section 6)."""
+PermissionKind = Literal["tool", "elicitation"]
+
+
+class PendingPermission(msgspec.Struct, omit_defaults=True):
+    """A request waiting for ``allow``/``deny``, as a snapshot shows it (PROTOCOL section 6).
+
+    ``session_id`` is the session that asked: the snapshot's own, or one of its
+    workers'. An elicitation (section 11) adds the server's ``message`` and
+    ``requested_schema``.
+    """
 
     perm_id: str
+    session_id: str
+    kind: PermissionKind
     tool_use_id: str
     tool_name: str
     input: dict[str, Any]
     expires_at: int
+    message: str | msgspec.UnsetType = msgspec.UNSET
+    requested_schema: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     # ``input: {}`` in a snapshot whose frame it alone would push over the cap.
     truncated: Truncated = msgspec.UNSET
+
+
+ToolSource = str
+"""``"builtin"``, ``"mcp:<server>"`` or ``"claude-code"`` (PROTOCOL section 6, ToolInfo)."""
+
+
+class ToolInfo(msgspec.Struct):
+    """A tool of an agent, as ``GET /agents`` and a session's summary list it (section 6)."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    requires_approval: bool
+    source: ToolSource
 
 
 class SessionSummary(msgspec.Struct):
@@ -141,3 +194,5 @@ class SessionSummary(msgspec.Struct):
     current_turn_status: Literal["in_flight"] | None
     parent_session_id: str | None
     pending_permissions: list[PendingPermission] = msgspec.field(default_factory=list)
+    agent: str = "default"  # PROTOCOL section 11
+    tools: list[ToolInfo] = msgspec.field(default_factory=list)  # the agent's, as GET /agents

@@ -11,25 +11,45 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import trio
 
 from gateway.errors import ApiError
 from gateway.ids import new_perm_id
-from gateway.protocol.shapes import PendingPermission
+from gateway.protocol.shapes import PendingPermission, PermissionKind
 
 
 @dataclass(eq=False)
 class PermissionRequest:
-    """A tool waiting for ``allow``/``deny``."""
+    """A tool waiting for ``allow``/``deny``, or an MCP elicitation (PROTOCOL section 11)."""
 
     perm_id: str
+    session_id: str  # the session that asked
     tool_use_id: str
     tool_name: str
     input: dict[str, Any]
     expires_at: int  # ms since the epoch
+    kind: PermissionKind = "tool"
+    message: str | None = None  # an elicitation's question
+    requested_schema: dict[str, Any] | None = None  # an elicitation's answer schema
     decision: str | None = None
+    content: dict[str, Any] | None = None  # an elicitation's answer (with ``allow``)
     closed: bool = False  # decided, timed out, or the turn moved on
     decided: trio.Event = field(default_factory=trio.Event)
+
+    def pending(self) -> PendingPermission:
+        """This request as a snapshot lists it."""
+        return PendingPermission(
+            self.perm_id,
+            self.session_id,
+            self.kind,
+            self.tool_use_id,
+            self.tool_name,
+            self.input,
+            self.expires_at,
+            msgspec.UNSET if self.message is None else self.message,
+            msgspec.UNSET if self.requested_schema is None else self.requested_schema,
+        )
 
 
 class Permissions:
@@ -40,20 +60,34 @@ class Permissions:
         self._requests: dict[str, PermissionRequest] = {}
 
     def open(
-        self, tool_use_id: str, tool_name: str, input: dict[str, Any], expires_at: int
+        self,
+        tool_use_id: str,
+        tool_name: str,
+        input: dict[str, Any],
+        expires_at: int,
+        *,
+        kind: PermissionKind = "tool",
+        message: str | None = None,
+        requested_schema: dict[str, Any] | None = None,
     ) -> PermissionRequest:
         """A new request for the tool call ``tool_use_id``."""
-        request = PermissionRequest(new_perm_id(), tool_use_id, tool_name, input, expires_at)
+        request = PermissionRequest(
+            new_perm_id(),
+            self._session_id,
+            tool_use_id,
+            tool_name,
+            input,
+            expires_at,
+            kind,
+            message,
+            requested_schema,
+        )
         self._requests[request.perm_id] = request
         return request
 
     def pending(self) -> list[PendingPermission]:
         """The requests still waiting, oldest first (a snapshot's ``pending_permissions``)."""
-        return [
-            PendingPermission(r.perm_id, r.tool_use_id, r.tool_name, r.input, r.expires_at)
-            for r in self._requests.values()
-            if not r.closed and r.decision is None
-        ]
+        return [r.pending() for r in self._requests.values() if not r.closed and r.decision is None]
 
     def decide(self, perm_id: str, decision: str) -> None:
         """Resolve a pending request (PROTOCOL section 2).

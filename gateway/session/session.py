@@ -76,7 +76,7 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.frames import encode
 from gateway.protocol.framing import event_frame
-from gateway.protocol.shapes import Message, PendingPermission, SessionSummary
+from gateway.protocol.shapes import Message, PendingPermission, SessionSummary, ToolInfo
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.hub import Emitted, Hub, Subscriber
@@ -158,7 +158,10 @@ class NodeServices(AgentServices, Protocol):
 
 
 def summary_of(
-    record: SessionRecord, turn: Turn | None = None, pending: list[PendingPermission] | None = None
+    record: SessionRecord,
+    turn: Turn | None = None,
+    pending: list[PendingPermission] | None = None,
+    tools: list[ToolInfo] | None = None,
 ) -> SessionSummary:
     """The ``SessionSummary`` of PROTOCOL section 6, of a live session or a stored record.
 
@@ -167,6 +170,8 @@ def summary_of(
     """
     return SessionSummary(
         id=record.id,
+        agent=record.agent,
+        tools=tools or [],
         workspace_path=display_name(record.workspace_path),
         active_model=record.active_model,
         routing_policy_version=record.routing_policy_version,

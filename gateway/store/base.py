@@ -70,6 +70,9 @@ class SessionRecord(msgspec.Struct):
     # its parent's; "" (no owner, seen by every key) where no keys were configured.
     # A default, so records stored before owners existed decode as ownerless.
     owner: str = ""
+    # The agent it runs (PROTOCOL section 11), fixed at creation; records stored
+    # before agents existed run the default agent.
+    agent: str = "default"
 
 
 class StoredEvent(msgspec.Struct):
