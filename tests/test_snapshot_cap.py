@@ -184,7 +184,9 @@ def test_cut_strings_fit_exactly_whatever_their_escapes(fill: str) -> None:
 
 def test_a_pending_permission_too_big_is_sent_without_its_input() -> None:
     pending = [
-        PendingPermission("perm_1", "sess_1", "tool", "toolu_1", "write_file", {"content": "z" * 100_000}, 1),
+        PendingPermission(
+            "perm_1", "sess_1", "tool", "toolu_1", "write_file", {"content": "z" * 100_000}, 1
+        ),
         PendingPermission("perm_2", "sess_1", "tool", "toolu_2", "shell", {"command": "ls"}, 1),
     ]
     data = fit_snapshot(summary(pending), [msg(1, text(100))], None, limit=50, max_bytes=CAP)
