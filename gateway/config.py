@@ -45,6 +45,27 @@ from gateway.errors import ConfigError
 ToolName = Literal["sleep", "read_file", "shell", "delegate"]
 """The built-in tools of RUNNING.md ("Built-in tools")."""
 
+BUILTIN_TOOLS: tuple[str, ...] = typing.get_args(ToolName)
+
+ToolPattern = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9_*?\[\]-]+$",
+        extra={"expected": "a tool name or glob (letters, digits, _, -, *, ?, [])"},
+    ),
+]
+"""A built-in tool's name, ``mcp__<server>__<tool>``, or a glob of them (RUNNING.md "Agents")."""
+
+Name = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$",
+        max_length=64,
+        extra={"expected": "a name of letters, digits, - and single _ (at most 64)"},
+    ),
+]
+"""An agent's or an MCP server's name: it is part of ``mcp__<server>__<tool>``, so no ``__``."""
+
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -67,9 +88,7 @@ HostName = Annotated[
         extra={"expected": "a host name or IP address (no scheme, no path)"},
     ),
 ]
-AbsolutePath = Annotated[
-    str, msgspec.Meta(pattern=r"^/", extra={"expected": "an absolute path"})
-]
+AbsolutePath = Annotated[str, msgspec.Meta(pattern=r"^/", extra={"expected": "an absolute path"})]
 EnvName = Annotated[
     str,
     msgspec.Meta(
@@ -167,14 +186,22 @@ class Price(_Section, frozen=True):
     cache_write_per_mtok: Rate = 0.0
 
 
+Temperature = Annotated[float, msgspec.Meta(ge=0, le=2)]
+
+
 class ModelConfig(_Section, frozen=True):
-    """``[model]``: the provider and the model every turn calls."""
+    """``[model]``: the default agent's provider, model and instructions (RUNNING.md "Agents")."""
 
     provider: Literal["scripted", "anthropic", "openai"] = "scripted"
     name: NonEmptyStr = "scripted:echo"
     base_url: HttpUrl = ""  # provider endpoint override; "" = the provider's own
     max_tokens: Count = 4096
     thinking_budget_tokens: NonNegativeInt = 0  # 0 = extended thinking off
+    # The default agent's system prompt (PROTOCOL section 11): one of the two, or neither.
+    system: str = ""
+    system_file: str = ""  # read at start-up and on SIGHUP
+    temperature: Temperature | None = None  # None: the provider's own default
+    context_max_tokens: Count = 150_000  # compaction threshold (PROTOCOL section 12)
     max_retries: NonNegativeInt = 2
     timeout_s: Seconds = 600.0  # one model call
     # Keyed by model name as in ``name``; a model without an entry costs 0.
@@ -185,6 +212,7 @@ class TurnsConfig(_Section, frozen=True):
     """``[turns]``: limits of one turn."""
 
     timeout_s: Seconds = 600.0
+    max_rounds: Count = 25  # LLM calls per turn; then turn.completed stop_reason "max_rounds"
 
 
 class SessionsConfig(_Section, frozen=True):
@@ -199,8 +227,9 @@ class SessionsConfig(_Section, frozen=True):
 class ToolsConfig(_Section, frozen=True):
     """``[tools]``: which built-in tools exist, which wait for permission, what they inherit."""
 
-    enabled: tuple[ToolName, ...] = ("sleep", "read_file", "delegate")  # "shell" is opt-in
-    require_approval: tuple[ToolName, ...] = ()
+    # Built-in names, mcp__<server>__<tool>, globs (RUNNING.md "Agents"); "shell" is opt-in.
+    enabled: tuple[ToolPattern, ...] = ("sleep", "read_file", "delegate")
+    require_approval: tuple[ToolPattern, ...] = ()
     approval_timeout_s: Seconds = 300.0
     kill_grace_s: GraceSeconds = 5.0  # SIGTERM, then SIGKILL after this
     # The only variables a tool process gets beyond PATH, HOME (its workspace) and LANG.
@@ -209,6 +238,51 @@ class ToolsConfig(_Section, frozen=True):
     rlimit_cpu_s: NonNegativeInt = 0  # CPU seconds (RLIMIT_CPU)
     rlimit_memory_mb: NonNegativeInt = 0  # address space (RLIMIT_AS)
     rlimit_file_mb: NonNegativeInt = 0  # largest file it may write (RLIMIT_FSIZE)
+
+
+class AgentConfig(_Section, frozen=True):
+    """``[agents.NAME]``: an agent (PROTOCOL section 11, RUNNING.md "Agents").
+
+    A key left out (None) takes the value of ``[model]``, ``[tools]`` and
+    ``[turns]``: :func:`gateway.agents.resolve_agents` fills them in.
+    """
+
+    runtime: Literal["native", "claude-code"] = "native"
+    model: NonEmptyStr | None = None  # "<provider>:<model>"
+    base_url: HttpUrl | None = None
+    system: str | None = None
+    system_file: str | None = None
+    tools: tuple[ToolPattern, ...] | None = None
+    require_approval: tuple[ToolPattern, ...] | None = None
+    delegate_agent: Name | None = None  # the agent a delegate tool's worker runs; None = this one
+    max_tokens: Count | None = None
+    temperature: Temperature | None = None
+    thinking_budget_tokens: NonNegativeInt | None = None
+    max_rounds: Count | None = None
+    context_max_tokens: Count | None = None
+    turn_timeout_s: Seconds | None = None
+    # claude-code runtime only
+    permission_mode: Literal["default", "acceptEdits", "plan", "bypassPermissions"] = "default"
+    max_processes: Count = 8
+    idle_process_s: Seconds = 300.0
+    env: dict[EnvName, str] = msgspec.field(default_factory=dict)
+
+
+class McpServerConfig(_Section, frozen=True):
+    """``[mcp_servers.NAME]``: an MCP server whose tools agents may use (RUNNING.md "MCP servers").
+
+    Exactly one of ``command`` (stdio: the gateway starts and owns the process)
+    and ``url`` (streamable HTTP).
+    """
+
+    command: tuple[NonEmptyStr, ...] = ()
+    url: HttpUrl = ""
+    env: dict[EnvName, str] = msgspec.field(default_factory=dict)
+    headers: dict[NonEmptyStr, str] = msgspec.field(default_factory=dict)
+    cwd: str = ""  # "" = the daemon's working directory
+    scope: Literal["node", "session"] = "node"
+    startup_timeout_s: Seconds = 20.0
+    tool_timeout_s: Seconds = 300.0
 
 
 class AuthConfig(_Section, frozen=True):
@@ -255,6 +329,12 @@ class Config(_Section, frozen=True):
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    # ``[agents] default = "NAME"`` and the ``[agents.NAME]`` tables (RUNNING.md
+    # "Agents"); the file's one string key is lifted into ``default_agent`` when
+    # the file is read (:func:`_lift_default_agent`).
+    agents: dict[Name, AgentConfig] = msgspec.field(default_factory=dict)
+    default_agent: Name = "default"
+    mcp_servers: dict[Name, McpServerConfig] = msgspec.field(default_factory=dict)
 
 
 DEFAULT_CONFIG_TOML = """\
@@ -306,6 +386,10 @@ max_tokens = 4096
 thinking_budget_tokens = 0   # extended thinking budget; 0 = off
 max_retries = 2              # retries of a failed model call
 timeout_s = 600.0            # one model call
+system = ""                  # the default agent's system prompt (never sent to a client)
+system_file = ""             # ... or a file holding it, read at start-up and on SIGHUP
+# temperature = 1.0          # unset: the provider's default
+context_max_tokens = 150000  # compaction threshold (PROTOCOL section 12)
 
 [model.prices]               # USD per million tokens, keyed by model name; unlisted models cost 0
 # For example:
@@ -317,14 +401,15 @@ timeout_s = 600.0            # one model call
 
 [turns]
 timeout_s = 600              # one whole turn
+max_rounds = 25              # LLM calls per turn; then turn.completed stop_reason "max_rounds"
 
 [sessions]
 workspace_root = "workspaces"  # every session's own directory lives here
 allowed_workspaces = []      # absolute roots a client may name as workspace_path; empty: none
 
 [tools]
-enabled = ["sleep", "read_file", "delegate"]   # "shell" is opt-in
-require_approval = []                          # tool names that wait for permission
+enabled = ["sleep", "read_file", "delegate"]   # "shell" is opt-in; mcp__<server>__<tool>, globs
+require_approval = []                          # tool names (or globs) that wait for permission
 approval_timeout_s = 300                       # an unanswered approval request fails after this
 kill_grace_s = 5                               # SIGTERM, then SIGKILL after this
 env = {}                                       # a tool process's variables beyond PATH, HOME, LANG
@@ -351,14 +436,40 @@ max_session_mb = 256         # a session's stored data; past it: 409 session_too
 format = "text"              # "text" | "json": one JSON object a line, with ts, level,
                              # event and, where they apply, session_id, turn_id, client
 level = "info"               # "debug" | "info" | "warning" | "error"
+
+# More agents (RUNNING.md "Agents"; [model], [tools] and [turns] are the one named
+# "default"); a key left out takes the value of [model], [tools] and [turns]:
+# [agents]
+# default = "support"                # the agent of a POST /sessions that names none
+# [agents.support]
+# model = "anthropic:claude-sonnet-4-6"
+# system_file = "/etc/gateway/support.md"
+# tools = ["read_file", "mcp__tickets__*"]
+# require_approval = ["mcp__tickets__close"]
+# max_rounds = 25
+#
+# MCP servers whose tools agents use (RUNNING.md "MCP servers"):
+# [mcp_servers.tickets]              # stdio: the gateway starts and owns the process
+# command = ["/usr/local/bin/tickets-mcp", "--stdio"]
+# env = {}
+# cwd = ""                           # "" = the daemon's working directory
+# scope = "node"                     # "node": one for every session | "session": one per session
+# startup_timeout_s = 20
+# tool_timeout_s = 300
+# [mcp_servers.search]               # streamable HTTP
+# url = "http://127.0.0.1:9000/mcp"
+# headers = { Authorization = "Bearer ..." }
 """
 
 
 # --- loading ---------------------------------------------------------------------
 
+_TABLES_OF_TABLES = ("agents", "default_agent", "mcp_servers")
+
 SCHEMA: dict[str, dict[str, Any]] = {
     section.name: {key.name: key.type for key in msgspec.structs.fields(section.type)}
     for section in msgspec.structs.fields(Config)
+    if section.name not in _TABLES_OF_TABLES
 }
 """Section -> key -> declared type: what the environment and the flags may set."""
 
@@ -471,6 +582,7 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def _validate(raw: dict[str, Any], source: _Source) -> Config:
+    raw = _lift_default_agent(raw, source)
     try:
         config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
@@ -488,7 +600,81 @@ def _validate(raw: dict[str, Any], source: _Source) -> Config:
         expected = _describe(mi.type_info(declared))
         raise source.error(key, f"expected {expected}, got {_show(value)}") from None
     _check_trusted_proxies(config.server.trusted_proxies, source)
+    _check_agents(config, source)
     return config
+
+
+def _lift_default_agent(raw: dict[str, Any], source: _Source) -> dict[str, Any]:
+    """``[agents] default = "NAME"`` becomes ``default_agent``; a table there stays an agent.
+
+    ``[agents.default]`` (a table) defines the agent named ``default`` (the
+    ``[model]`` one, with its keys overridden); ``default = "NAME"`` (a string)
+    names the agent of a ``POST /sessions`` that names none.
+    """
+    if "default_agent" in raw:
+        raise source.error(None, "unknown key default_agent")
+    agents = raw.get("agents")
+    if not isinstance(agents, dict) or not isinstance(agents.get("default"), str):
+        return raw
+    agents = dict(agents)
+    lifted = dict(raw, agents=agents, default_agent=agents.pop("default"))
+    return lifted
+
+
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _check_agents(config: Config, source: _Source) -> None:
+    """What no single key can say: names that must exist, keys that exclude each other.
+
+    RUNNING.md "Agents": an unknown tool, MCP server or agent, or both
+    ``system`` and ``system_file``, is a config error. A tool pattern names a
+    built-in tool, ``mcp__<server>__<tool>`` of a configured server, or is a
+    glob; a claude-code agent's plain names are Claude Code's own tools
+    (``allowed_tools``), which the gateway does not know.
+    """
+    known = ["default", *config.agents]
+    if config.default_agent not in known:
+        problem = f"unknown agent {_show(config.default_agent)}; agents are {', '.join(known)}"
+        raise source.error("agents.default", problem)
+    if config.model.system and config.model.system_file:
+        raise source.error("model", "system and system_file are both set; keep one")
+    for name, server in config.mcp_servers.items():
+        if bool(server.command) == bool(server.url):
+            problem = "set exactly one of command (stdio) and url (streamable HTTP)"
+            raise source.error(f"mcp_servers.{name}", problem)
+    lists = [("tools.enabled", config.tools.enabled, "native")]
+    lists.append(("tools.require_approval", config.tools.require_approval, "native"))
+    for name, agent in config.agents.items():
+        where = f"agents.{name}"
+        if agent.system is not None and agent.system_file is not None:
+            raise source.error(where, "system and system_file are both set; keep one")
+        if agent.delegate_agent is not None and agent.delegate_agent not in known:
+            problem = f"unknown agent {_show(agent.delegate_agent)}; agents are {', '.join(known)}"
+            raise source.error(f"{where}.delegate_agent", problem)
+        lists.append((f"{where}.tools", agent.tools or (), agent.runtime))
+        lists.append((f"{where}.require_approval", agent.require_approval or (), agent.runtime))
+    for key, patterns, runtime in lists:
+        for index, pattern in enumerate(patterns):
+            if wrong := _tool_pattern_problem(pattern, config, runtime):
+                raise source.error(f"{key}[{index}]", wrong)
+
+
+def _tool_pattern_problem(pattern: str, config: Config, runtime: str) -> str | None:
+    if pattern.startswith("mcp__"):
+        server, sep, tool = pattern[5:].partition("__")
+        if not sep or not server or not tool:
+            return f"{_show(pattern)} is not mcp__<server>__<tool>"
+        if not _GLOB.search(server) and server not in config.mcp_servers:
+            servers = ", ".join(config.mcp_servers) or "none"
+            return f"unknown MCP server {_show(server)} in {_show(pattern)}; servers: {servers}"
+        return None
+    if _GLOB.search(pattern) or runtime == "claude-code" or pattern in BUILTIN_TOOLS:
+        return None
+    return (
+        f"unknown tool {_show(pattern)}; tools are {', '.join(BUILTIN_TOOLS)}"
+        " and mcp__<server>__<tool>"
+    )
 
 
 def _check_trusted_proxies(entries: tuple[str, ...], source: _Source) -> None:
@@ -570,6 +756,9 @@ def _describe(info: mi.Type) -> str:
         return "a list"
     if isinstance(info, mi.DictType | mi.StructType):
         return "a table"
+    if isinstance(info, mi.UnionType):
+        kinds = [t for t in info.types if not isinstance(t, mi.NoneType)]
+        return " or ".join(_describe(t) for t in kinds) if kinds else "a valid value"
     return "a valid value"  # unreachable for the types declared above
 
 
