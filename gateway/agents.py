@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
