@@ -57,12 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     # Imported here so that a bad command line or config starts nothing at all.
     from gateway.errors import StartupError
-    from gateway.providers.factory import make_provider
+    from gateway.providers.factory import make_providers
     from gateway.server.app import serve
 
     try:
         config = load_config(args.config, os.environ, overrides)
-        provider = make_provider(config, os.environ)  # a missing API key is a config error
+        # A missing API key, an unusable model, an unreadable system_file: config errors.
+        provider = make_providers(config, os.environ)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_USAGE

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 import trio
 
+from gateway.agents import AgentProfile, Agents
 from gateway.config import Config
 from gateway.errors import ApiError, StoreError, SubscribeRejected, unavailable
 from gateway.ids import new_attach_token, new_session_id, now_ms
@@ -49,8 +50,9 @@ from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe, decode_client_frame
 from gateway.protocol.framing import event_frame
-from gateway.protocol.shapes import Message, SessionSummary, Usage
+from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
+from gateway.providers.factory import Providers
 from gateway.server.auth import NO_OWNER, Limits
 from gateway.session import seam
 from gateway.session.hub import Emitted
@@ -141,14 +143,17 @@ class Node:
         self,
         config: Config,
         store: Store,
-        provider: Provider,
+        provider: Provider | Providers,
         tools: ToolRegistry,
         metrics: Metrics | None = None,
     ) -> None:
         self.config = config
         self.store = store
-        self.provider = provider
-        self.tools = tools
+        # Each agent's provider (PROTOCOL section 11); one given alone serves every agent.
+        self.providers = provider if isinstance(provider, Providers) else Providers.single(provider)
+        self.agents = Agents(config)  # ConfigError: a system_file that cannot be read
+        self.tools = tools  # the built-in tools the daemon enabled; each agent has some of them
+        self._agent_tools: dict[str, ToolRegistry] = {}
         self.metrics = metrics or Metrics()
         self.metrics.watch(
             turns_in_flight=lambda: sum(s.turn is not None for s in self.sessions.values()),
@@ -217,7 +222,7 @@ class Node:
                 await self.drain_turns()
                 sessions.cancel_scope.cancel()
             with trio.CancelScope(shield=True):
-                await self.provider.aclose()
+                await self.providers.aclose()
                 with contextlib.suppress(StoreError), trio.move_on_after(2):
                     await self.leases.release_all()  # another node need not wait for them
             await self.store.aclose()
@@ -468,15 +473,56 @@ class Node:
 
     # --- sessions -----------------------------------------------------------------
 
-    def resolve_model(self, model: str | None) -> str:
-        """The model a new session runs on (``POST /sessions``).
+    @property
+    def provider(self) -> Provider:
+        """The default agent's provider."""
+        return self.providers.for_agent(self.agents.default)
+
+    def agent(self, name: str) -> AgentProfile:
+        """The agent ``name`` (a stored session's agent since removed runs the default)."""
+        return self.agents[name]
+
+    def tools_of(self, agent: str) -> ToolRegistry:
+        """The tools of an agent: those of the daemon's that its ``tools`` patterns match."""
+        registry = self._agent_tools.get(agent)
+        if registry is None:
+            profile = self.agents[agent]
+            allowed = [tool for tool in self.tools.tools() if profile.allows(tool.name)]
+            registry = self._agent_tools[agent] = ToolRegistry(allowed)
+        return registry
+
+    def tool_infos(self, agent: str) -> list[ToolInfo]:
+        """An agent's tools as ``GET /agents`` and a session's summary list them (section 6)."""
+        profile = self.agents[agent]
+        return [
+            ToolInfo(spec.name, spec.description, spec.input_schema,
+                     profile.needs_approval(spec.name), "builtin")
+            for spec in self.tools_of(agent).specs()
+        ]  # fmt: skip
+
+    def resolve_agent(self, name: str | None) -> str:
+        """The agent a new session runs (``POST /sessions {"agent"}``).
 
         Raises:
-            ApiError: 422 for a model of another provider than the configured one.
+            ApiError: 422 ``unknown_agent``, the message listing the agents there are.
         """
+        if name is None:
+            return self.agents.default
+        if name not in self.agents:
+            names = ", ".join(self.agents.names())
+            raise ApiError(422, "unknown_agent", f"no agent {name!r}; agents: {names}")
+        return name
+
+    def resolve_model(self, model: str | None, agent: str = "default") -> str:
+        """The model a new session runs on (``POST /sessions``): its agent's, unless named.
+
+        Raises:
+            ApiError: 422 for a model of another provider than the agent's.
+        """
+        profile = self.agents[agent]
         if model is None:
-            return self.config.model.name
-        provider = self.config.model.provider
+            return profile.model
+        provider = profile.provider
         if not model.startswith(f"{provider}:") or len(model) == len(provider) + 1:
             raise ApiError(
                 422,
@@ -490,6 +536,7 @@ class Node:
         *,
         workspace_path: str | None = None,
         model: str | None = None,
+        agent: str | None = None,
         metadata: dict[str, Any] | None = None,
         parent: Session | None = None,
         owner: str = NO_OWNER,
@@ -515,7 +562,12 @@ class Node:
             owner = parent.record.owner
         with self.limits.new_session(owner):
             session_id = session_id or new_session_id()
-            active_model = self.resolve_model(model)  # 422 before anything is made
+            if parent is not None:  # a worker runs its parent's agent's delegate_agent
+                agent = self.agents[parent.record.agent].delegate_agent
+                if agent != parent.record.agent:
+                    model = None  # ... on that agent's model, not the parent's
+            agent = self.resolve_agent(agent)  # 422 before anything is made
+            active_model = self.resolve_model(model, agent)
             if parent is not None:  # a worker works in its parent's workspace
                 workspace = parent.record.workspace_path
             else:
@@ -529,6 +581,7 @@ class Node:
                 parent_session_id=parent.id if parent else None,
                 routing_policy_version=ROUTING_POLICY_VERSION,
                 owner=owner,
+                agent=agent,
             )
             self.store.put_session(record)
         session = Session(self, record, parent=parent)
@@ -541,7 +594,7 @@ class Node:
         event(
             log, logging.INFO, "session_created", f"session {record.id} created",
             session_id=record.id, parent_session_id=record.parent_session_id,
-            model=record.active_model,
+            model=record.active_model, agent=record.agent,
         )  # fmt: skip
         return session
 

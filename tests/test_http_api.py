@@ -115,7 +115,7 @@ async def test_create_session_answers_201_with_id_model_and_time(gw: Harness) ->
     after = time.time_ns() // 1_000_000
     assert r.status_code == 201, r.text
     body = r.json()
-    assert sorted(body) == ["active_model", "created_at", "session_id"]
+    assert sorted(body) == ["active_model", "agent", "created_at", "session_id"]
     assert re.fullmatch(r"sess_[0-9a-f]+", body["session_id"])
     assert body["active_model"] == "scripted:echo"
     assert before <= body["created_at"] <= after
@@ -217,7 +217,7 @@ async def test_get_session_gives_a_fresh_attach_token_and_ws_url(gw: Harness) ->
     r = await gw.http.get(f"/sessions/{sid}")
     assert r.status_code == 200, r.text
     body = r.json()
-    assert sorted(body) == ["active_model", "attach_token", "session_id", "ws_url"]
+    assert sorted(body) == ["active_model", "agent", "attach_token", "session_id", "ws_url"]
     assert body["session_id"] == sid
     assert body["active_model"] == "scripted:echo"
     host = gw.base.removeprefix("http://")

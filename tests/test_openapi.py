@@ -34,6 +34,7 @@ GATEWAY_SOURCE = Path(gateway.__file__).parent
 
 # PROTOCOL section 2's table, plus the stream handshake and /readyz (issue 11).
 CONTRACT = {
+    ("get", "/agents"),  # PROTOCOL section 11
     ("post", "/sessions"),
     ("get", "/sessions"),
     ("get", "/sessions/{session_id}"),
@@ -53,6 +54,7 @@ CONTRACT = {
 }
 # Each operation's body and answer Structs (PROTOCOL section 2).
 STRUCTS = {
+    ("get", "/agents"): (None, routes.AgentList),
     ("post", "/sessions"): (routes.CreateSession, routes.SessionCreated),
     ("get", "/sessions"): (None, routes.SessionList),
     ("get", "/sessions/{session_id}"): (None, routes.SessionAttach),

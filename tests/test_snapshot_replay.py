@@ -139,6 +139,8 @@ async def test_snapshot_of_an_idle_session_with_history(gw: Harness, tmp_path: P
         current_turn_id=None,
         current_turn_status=None,
         parent_session_id=None,
+        agent="default",
+        tools=gw.gateway.node.tool_infos("default"),
     )
     # The cut is the last event of the last turn, as the live client saw it.
     assert live.events[-1].type == "turn.completed"

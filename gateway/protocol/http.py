@@ -11,12 +11,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from gateway.protocol.shapes import ContentBlock, Message, SessionSummary
+from gateway.protocol.shapes import ContentBlock, Message, SessionSummary, ToolInfo
 
 
 class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
     workspace_path: str | None = None
     model: str | None = None
+    agent: str | None = None  # PROTOCOL section 11; None: the default agent
     metadata: dict[str, Any] | None = None
 
 
@@ -26,6 +27,23 @@ class SessionCreated(msgspec.Struct):
     session_id: str
     active_model: str
     created_at: int
+    agent: str = "default"
+
+
+class AgentListing(msgspec.Struct):
+    """One agent of ``GET /agents`` (PROTOCOL sections 2, 11): never its system prompt."""
+
+    name: str
+    runtime: str
+    model: str
+    default: bool
+    tools: list[ToolInfo]
+
+
+class AgentList(msgspec.Struct):
+    """``GET /agents``."""
+
+    agents: list[AgentListing]
 
 
 class SessionListing(msgspec.Struct):
@@ -50,6 +68,7 @@ class SessionAttach(msgspec.Struct):
     active_model: str
     attach_token: str
     ws_url: str
+    agent: str = "default"
 
 
 class MessagePage(msgspec.Struct):

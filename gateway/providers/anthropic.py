@@ -104,6 +104,8 @@ class AnthropicProvider:
             ProviderError: the call failed before streaming, or the connection
                 broke or stalled during it (module docstring).
         """
+        # The agent's budget, else the provider's (a provider built for one agent).
+        budget = request.thinking_budget_tokens or self._thinking_budget_tokens
         try:
             events = await self._client.messages.create(
                 model=request.model.removeprefix(_MODEL_PREFIX),
@@ -111,10 +113,15 @@ class AnthropicProvider:
                 messages=messages_param(request),
                 system=request.system if request.system is not None else anthropic.omit,
                 tools=tools_param(request) or anthropic.omit,
+                # Not a parameter of this SDK's signature; the API takes it, but
+                # never together with extended thinking.
+                extra_body=(
+                    {"temperature": request.temperature}
+                    if request.temperature is not None and not budget
+                    else None
+                ),
                 thinking=(
-                    {"type": "enabled", "budget_tokens": self._thinking_budget_tokens}
-                    if self._thinking_budget_tokens
-                    else anthropic.omit
+                    {"type": "enabled", "budget_tokens": budget} if budget else anthropic.omit
                 ),
                 stream=True,
             )

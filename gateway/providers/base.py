@@ -32,13 +32,21 @@ class ToolSpec(msgspec.Struct):
 
 
 class ModelRequest(msgspec.Struct):
-    """One LLM call: the model, the whole conversation so far, the tools."""
+    """One LLM call: the model, the conversation as the model sees it, the tools.
+
+    ``system``, ``temperature`` and ``thinking_budget_tokens`` are the session's
+    agent's (PROTOCOL section 11): the system prompt goes to the model on every
+    call; a thinking budget > 0 is Anthropic's extended thinking with that
+    budget, and an OpenAI-compatible server's ``reasoning_effort``.
+    """
 
     model: str
     messages: list[Message]
     tools: list[ToolSpec]
     max_tokens: int
     system: str | None = None
+    temperature: float | None = None
+    thinking_budget_tokens: int = 0
 
 
 class Provider(Protocol):

@@ -502,6 +502,10 @@ def chat_body(request: ModelRequest) -> dict[str, Any]:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if request.thinking_budget_tokens:
+        body["reasoning_effort"] = reasoning_effort(request.thinking_budget_tokens)
     if request.tools:
         body["tools"] = [
             {
@@ -515,6 +519,18 @@ def chat_body(request: ModelRequest) -> dict[str, Any]:
             for tool in request.tools
         ]
     return body
+
+
+def reasoning_effort(budget_tokens: int) -> str:
+    """A thinking budget in the effort levels of servers that have them (PROTOCOL section 11).
+
+    Chat Completions has no token budget, only ``reasoning_effort``; the budget
+    picks the level whose usual spend it is nearest: under 4k tokens ``low``,
+    under 16k ``medium``, else ``high``. A server without reasoning ignores it.
+    """
+    if budget_tokens < 4096:
+        return "low"
+    return "medium" if budget_tokens < 16384 else "high"
 
 
 def chat_messages(request: ModelRequest) -> list[dict[str, Any]]:

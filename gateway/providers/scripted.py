@@ -130,6 +130,10 @@ class ScriptBlock(msgspec.Struct, forbid_unknown_fields=True):
     # see Script) so that one script cannot make messages of hundreds of MiB:
     # a message is kept whole, and sent whole in message.complete.
     lorem: Annotated[int, msgspec.Meta(ge=0, le=LOREM_MAX_WORDS)] | None = None
+    # What the model was sent, said back as text: the agent's system prompt
+    # ("" if none), or the names of the tools it was offered, one per line.
+    system: Literal[True] | None = None
+    tools: Literal[True] | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in self.__struct_fields__ if getattr(self, name) is not None]
@@ -199,6 +203,7 @@ class ScriptedProvider:
         """
         text, round_index = _turn_position(request.messages)
         script = _read_script(text) or Script(rounds=[[ScriptBlock(text=f"You said: {text}")]])
+        script = _said_back(script, request)
         fail = script.fail if script.fail is not None and script.fail.round == round_index else None
         events = _round_events(
             script,
@@ -231,6 +236,23 @@ class ScriptedProvider:
 
 
 # --- reading the request -------------------------------------------------------
+
+
+def _said_back(script: Script, request: ModelRequest) -> Script:
+    """The ``system`` and ``tools`` blocks as the text of what this call was sent."""
+    said = {
+        "system": request.system or "",
+        "tools": "\n".join(tool.name for tool in request.tools),
+    }
+
+    def text_of(block: ScriptBlock) -> ScriptBlock:
+        for key, text in said.items():
+            if getattr(block, key) is not None:
+                return ScriptBlock(text=text)
+        return block
+
+    rounds = [[text_of(block) for block in blocks] for blocks in script.rounds]
+    return msgspec.structs.replace(script, rounds=rounds)
 
 
 def _turn_position(messages: list[Message]) -> tuple[str, int]:

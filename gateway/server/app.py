@@ -27,7 +27,9 @@ Logging is set up once, here (:func:`serve`), from ``[log]`` (gateway.logs).
 
 SIGHUP re-reads ``[auth] api_keys_file`` (gateway.server.auth): keys added
 are accepted and keys removed refused from the next request on; a file that
-became unreadable keeps the keys loaded before and logs an error.
+became unreadable keeps the keys loaded before and logs an error. It also
+re-reads every agent's ``system_file`` (gateway.agents, PROTOCOL section 11): the
+next model call of every session of that agent sends the new prompt.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from gateway.errors import StartupError, StoreError
 from gateway.logs import configure, event
 from gateway.node import Node
 from gateway.providers.base import Provider
-from gateway.providers.factory import make_provider
+from gateway.providers.factory import Providers, make_providers
 from gateway.server.auth import ApiKeys, warn_open_hosts
 from gateway.server.http import HttpLimits, TrustedProxies, serve_connection
 from gateway.server.routes import Api
@@ -61,7 +63,7 @@ log = logging.getLogger("gateway")
 class Gateway:
     """A running daemon: :meth:`run` under a nursery, :meth:`shutdown` to stop it."""
 
-    def __init__(self, config: Config, provider: Provider | None = None) -> None:
+    def __init__(self, config: Config, provider: Provider | Providers | None = None) -> None:
         self.config = config
         workspaces = Workspaces.from_config(config.sessions)
         try:
@@ -74,7 +76,7 @@ class Gateway:
         self.node = Node(
             config,
             open_store(config.store),
-            provider or make_provider(config),
+            provider or make_providers(config),
             build_registry(config.tools.enabled, workspaces=workspaces, processes=self.processes),
         )
         s = config.server
@@ -153,10 +155,10 @@ class Gateway:
         conns.cancel_scope.cancel()
 
 
-async def serve(config: Config, provider: Provider | None = None) -> None:
+async def serve(config: Config, provider: Provider | Providers | None = None) -> None:
     """``gateway serve``: run until SIGTERM or SIGINT, print the readiness line.
 
-    SIGHUP re-reads the API keys file (module docstring).
+    SIGHUP re-reads the API keys file and the agents' system files (module docstring).
 
     Raises:
         StartupError: the daemon could not start (possibly inside an exception group).
@@ -184,8 +186,9 @@ async def serve(config: Config, provider: Provider | None = None) -> None:
                 host=config.server.host, port=port,
             )  # fmt: skip
             async for signum in signals:
-                if signum not in stops:  # SIGHUP: re-read api_keys_file (gateway.server.auth)
+                if signum not in stops:  # SIGHUP: re-read api_keys_file and system_file
                     await gateway.keys.reload()
+                    gateway.node.agents.reload()
                     continue
                 name = signal.Signals(signum).name
                 event(

@@ -54,6 +54,8 @@ from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
 from gateway.protocol.http import (
     Accepted,
+    AgentList,
+    AgentListing,
     CancelAccepted,
     CancelTurn,
     CreateSession,
@@ -178,6 +180,20 @@ class Api:
             GET=(self.openapi, Operation("This document (OpenAPI 3.1)", None)),
         )
         self._add(
+            "/agents",
+            "agents",
+            GET=(
+                self.list_agents,
+                Operation(
+                    "The agents a session may run",
+                    AgentList,
+                    description="Each agent's runtime, model and tools (PROTOCOL section 11); "
+                    "never its system prompt. `default` marks the agent of a POST /sessions "
+                    "that names none.",
+                ),
+            ),
+        )
+        self._add(
             "/sessions",
             "sessions",
             GET=(
@@ -198,7 +214,7 @@ class Api:
                     body=CreateSession,
                     body_required=False,
                     errors={
-                        422: ("invalid_workspace", "invalid_model"),
+                        422: ("invalid_workspace", "invalid_model", "unknown_agent"),
                         429: ("too_many_sessions",),
                         503: ("store_unavailable",),
                     },
@@ -571,11 +587,28 @@ class Api:
         session = await self.node.create_session(  # 429 past max_sessions_per_key
             workspace_path=body.workspace_path,
             model=body.model,
+            agent=body.agent,
             metadata=body.metadata,
             owner=owner,
         )
         r = session.record
-        return json_response(201, SessionCreated(r.id, r.active_model, r.created_at))
+        return json_response(201, SessionCreated(r.id, r.active_model, r.created_at, r.agent))
+
+    async def list_agents(self, req: Request) -> Response:
+        """``GET /agents`` (PROTOCOL sections 2, 11): what a session may pick."""
+        self._authenticate(req)
+        agents = self.node.agents
+        listing = [
+            AgentListing(
+                profile.name,
+                profile.runtime,
+                profile.model,
+                profile.name == agents.default,
+                self.node.tool_infos(profile.name),
+            )
+            for profile in agents.profiles()
+        ]
+        return json_response(200, AgentList(listing))
 
     async def list_sessions(self, req: Request) -> Response:
         caller = self._authenticate(req)
@@ -593,7 +626,11 @@ class Api:
         for rec in records:
             live = self.node.sessions.get(rec.id)
             here = live is not None and self.node.runs_here(rec.id)  # else: the store's record
-            summary = live.summary() if live and here else summary_of(rec)
+            summary = (
+                live.summary()
+                if live and here
+                else summary_of(rec, tools=self.node.tool_infos(rec.agent))
+            )
             listings.append(SessionListing(summary, rec.created_at, rec.metadata))
         return json_response(200, SessionList(listings, has_more))
 
@@ -601,8 +638,9 @@ class Api:
         session = await self._session(session_id, self._authenticate(req))
         token = await self.node.issue_token(session.id)
         url = f"{self._ws_base(req)}/sessions/{session.id}/stream?attach={token}"
+        record = session.record
         return json_response(
-            200, SessionAttach(session.id, session.record.active_model, token, url)
+            200, SessionAttach(session.id, record.active_model, token, url, record.agent)
         )
 
     def _ws_base(self, req: Request) -> str:

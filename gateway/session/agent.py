@@ -45,6 +45,7 @@ from typing import Protocol, get_args
 
 import trio
 
+from gateway.agents import AgentProfile, Agents
 from gateway.config import Config
 from gateway.errors import ProviderError, ToolError
 from gateway.ids import new_call_id, new_message_id, now_ms
@@ -74,7 +75,8 @@ from gateway.protocol.shapes import (
     ToolUseBlock,
     Usage,
 )
-from gateway.providers.base import ModelRequest, Provider
+from gateway.providers.base import ModelRequest
+from gateway.providers.factory import Providers
 from gateway.session import cancel
 from gateway.session.call import Call, CallStream, Completion, EndCall
 from gateway.session.hub import Emitted
@@ -88,12 +90,16 @@ log = logging.getLogger("gateway.agent")
 
 
 class AgentServices(Protocol):
-    """What the agent loop uses of its node: config, provider, tools, pricing, the store's pace."""
+    """What the agent loop uses of its node: config, agents, providers, tools, pricing, pace."""
 
     config: Config
-    provider: Provider
-    tools: ToolRegistry
+    agents: Agents
+    providers: Providers
     metrics: Metrics
+
+    def tools_of(self, agent: str) -> ToolRegistry:
+        """The tools of an agent (PROTOCOL section 11)."""
+        ...
 
     def pricing(self, model: str) -> Callable[[Usage], float | None]:
         """``cost_usd`` of a usage on ``model``."""
@@ -151,6 +157,15 @@ class AgentLoop:
         self.node = node
         self.current: tuple[Turn, TurnState] | None = None  # the turn in flight
 
+    @property
+    def agent(self) -> AgentProfile:
+        """The session's agent, as configured now (a SIGHUP may have re-read its prompt)."""
+        return self.node.agents[self.s.record.agent]
+
+    @property
+    def tools(self) -> ToolRegistry:
+        return self.node.tools_of(self.s.record.agent)
+
     async def run(self, turns: trio.MemoryReceiveChannel[Turn]) -> None:
         async for turn in turns:
             await self.run_turn(turn)
@@ -165,7 +180,7 @@ class AgentLoop:
         s = self.s
         state = TurnState()
         self.current = (turn, state)
-        timeout = self.node.config.turns.timeout_s
+        timeout = self.agent.turn_timeout_s
         turn.cancel_scope.deadline = trio.current_time() + timeout
         try:
             with turn.cancel_scope:
@@ -218,6 +233,7 @@ class AgentLoop:
             # that a client's bounded queue cannot take).
             await self.node.wait_durable()
             turn.enter("llm")
+            state.rounds += 1
             call = await self._call_model(turn, state)
             if call.error_class is not None:
                 self.call_failed(turn, state, call)
@@ -239,6 +255,9 @@ class AgentLoop:
             if stop_reason != "tool_use" or not tool_uses:
                 return stop_reason
             state.pending_tools = tool_uses
+            if state.rounds >= self.agent.max_rounds:
+                self._last_round(turn, state, tool_uses)
+                return "max_rounds"
             await self._run_tools(turn, state, tool_uses)
 
     async def _call_model(self, turn: Turn, state: TurnState) -> Call:
@@ -259,14 +278,19 @@ class AgentLoop:
         )
         s.calls.start(call)
         state.call = call
+        agent = self.agent
         request = ModelRequest(
             model=model,
             messages=[m for m in s.messages if m.status != "in_progress"],
-            tools=self.node.tools.specs(),
-            max_tokens=self.node.config.model.max_tokens,
+            tools=self.tools.specs(),
+            max_tokens=agent.max_tokens,
+            system=agent.system or None,
+            temperature=agent.temperature,
+            thinking_budget_tokens=agent.thinking_budget_tokens,
         )
         try:
-            async with aclosing(self.node.provider.stream(request)) as stream:
+            provider = self.node.providers.for_agent(agent.name)
+            async with aclosing(provider.stream(request)) as stream:
                 async for raw in stream:
                     if call.done.is_set():  # the translation failed: nobody listens
                         break
@@ -335,6 +359,19 @@ class AgentLoop:
                 )
         state.results_message = None
 
+    def _last_round(self, turn: Turn, state: TurnState, blocks: list[ToolUseBlock]) -> None:
+        """The model asked for tools in the turn's last round (``max_rounds``): none runs.
+
+        No model round would see their results, so running them would do
+        what nobody reads. Each is announced and fails (``limit``) in one step,
+        as :meth:`_refuse` does; the conversation keeps a result for every
+        tool use, so the session's next turn is a valid request.
+        """
+        self.s.emit([ToolCalled(b.id, b.name, b.input) for b in blocks], turn.id)
+        state.tool_uses += len(blocks)
+        message = f"not run: the turn reached its max_rounds ({self.agent.max_rounds}) model calls"
+        self._fail_unrun(turn, state, blocks, message)
+
     def _refuse(self, turn: Turn, state: TurnState, blocks: list[ToolUseBlock], limit: int) -> None:
         """Fail tool uses past ``max_tool_uses_per_turn`` without running them (``limit``).
 
@@ -342,10 +379,16 @@ class AgentLoop:
         of ``tool.failed``, one log line (a model asking for a thousand tools
         costs three writes, not a thousand).
         """
-        s = self.s
         message = (
             f"not run: this turn asked for more than its max_tool_uses_per_turn ({limit}) tool uses"
         )
+        self._fail_unrun(turn, state, blocks, message)
+
+    def _fail_unrun(
+        self, turn: Turn, state: TurnState, blocks: list[ToolUseBlock], message: str
+    ) -> None:
+        """Fail tool uses that never ran (``limit``): one results rewrite, one batch, one line."""
+        s = self.s
         refused = {b.id for b in blocks}
         state.pending_tools = [b for b in state.pending_tools if b.id not in refused]
         if state.results_message is None:
@@ -357,9 +400,8 @@ class AgentLoop:
         s.emit([ToolFailed(b.id, b.name, "limit", message, 0) for b in blocks], turn.id)
         event(
             log, logging.WARNING, "tool_limit",
-            f"turn {turn.id}: {len(blocks)} tool uses past max_tool_uses_per_turn ({limit})"
-            " failed without running", session_id=s.id, turn_id=turn.id, code="limit",
-            count=len(blocks), limit=limit,
+            f"turn {turn.id}: {len(blocks)} tool uses failed without running: {message}",
+            session_id=s.id, turn_id=turn.id, code="limit", count=len(blocks),
         )  # fmt: skip
 
     async def _run_tool(self, turn: Turn, state: TurnState, block: ToolUseBlock) -> None:
@@ -373,7 +415,8 @@ class AgentLoop:
             session=s,
         )
         started = trio.current_time()
-        tool_label = block.name if block.name in self.node.tools else "unknown"
+        tools = self.tools
+        tool_label = block.name if block.name in tools else "unknown"
 
         def elapsed_ms(outcome: str = "failed") -> int:
             seconds = trio.current_time() - started
@@ -381,12 +424,12 @@ class AgentLoop:
             return round(seconds * 1000)
 
         try:
-            self.node.tools.validate(block.name, block.input)
-            if block.name in self.node.config.tools.require_approval:
+            tools.validate(block.name, block.input)
+            if self.agent.needs_approval(block.name):
                 await self._permission(turn, state, block)
             if turn.phase == "seam":
                 turn.enter("tools")
-            output = await self.node.tools.execute(block.name, block.input, ctx)
+            output = await tools.execute(block.name, block.input, ctx)
         except ToolError as exc:
             self.tool_failed(turn, state, block, exc.error_class, exc.message, elapsed_ms())
         except Exception as exc:  # a tool's bug fails that tool only
@@ -531,5 +574,6 @@ class TurnState:
         self.call: Call | None = None
         self.pending_tools: list[ToolUseBlock] = []
         self.tool_uses = 0  # tool_use blocks the model asked for so far (max_tool_uses_per_turn)
+        self.rounds = 0  # LLM calls so far (the agent's max_rounds)
         self.results_message: Message | None = None
         self.ended = False  # its terminal event went out

@@ -111,6 +111,10 @@ class NodeServices(AgentServices, Protocol):
         """``family`` has batches waiting for their commit."""
         ...
 
+    def tool_infos(self, agent: str) -> list[ToolInfo]:
+        """An agent's tools, as a summary lists them (PROTOCOL section 6)."""
+        ...
+
     def runs_here(self, session_id: str) -> bool:
         """Whether this node may run the session's turns (it holds its lease)."""
         ...
@@ -351,7 +355,8 @@ class Session:
     # --- views -----------------------------------------------------------------
 
     def summary(self) -> SessionSummary:
-        return summary_of(self.record, self.turn, self.permissions.pending())
+        tools = self.node.tool_infos(self.record.agent)
+        return summary_of(self.record, self.turn, self.permissions.pending(), tools)
 
     def scope(self, include_workers: bool) -> list[Session]:
         """This session and, when asked, its worker sessions, recursively."""

@@ -147,6 +147,9 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
+    def tools(self) -> list[Tool[Any]]:
+        return list(self._tools.values())
+
     def specs(self) -> list[ToolSpec]:
         """The tool definitions sent to the model, their schemas derived from the input types."""
         return [
