@@ -577,6 +577,7 @@ class Reducer:
                 block.closed = True
             case ToolUseEnd() as p:
                 block = self._open_block(event.type, p)
+                block.tool_name = block.tool_name or p.tool_name  # PROTOCOL section 5
                 block.final_input = p.final_input
                 block.closed = True
             case _:

@@ -444,6 +444,7 @@ export class Reducer {
       }
       case "tool.use_end": {
         const block = this.openBlock(event.type, p);
+        if (!block.toolName && p.tool_name) block.toolName = p.tool_name; // PROTOCOL section 5
         block.finalInput = p.final_input;
         block.closed = true;
         break;
