@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from gateway.protocol.shapes import ContentBlock, Message, SessionSummary
+from gateway.protocol.shapes import PROTOCOL_VERSION, ContentBlock, Message, SessionSummary
 
 
 class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
@@ -50,6 +50,7 @@ class SessionAttach(msgspec.Struct):
     active_model: str
     attach_token: str
     ws_url: str
+    protocol_version: int = PROTOCOL_VERSION  # PROTOCOL section 4
 
 
 class MessagePage(msgspec.Struct):
