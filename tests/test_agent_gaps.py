@@ -79,6 +79,9 @@ async def test_a_grandworkers_request_is_seen_and_answered_from_the_root(tmp_pat
                 assert asked.session_id == grand_id
                 assert asked.payload.tool_name == "sleep"
                 perm_id = asked.payload.perm_id
+                # The reference reducer lists it as the snapshot does (section 6).
+                [mine] = client.reducer.state()["pending_permissions"]
+                assert (mine["perm_id"], mine["session_id"]) == (perm_id, grand_id)
                 # Every ancestor's snapshot lists it, with the session that asked.
                 for ancestor in (root, middle_id):
                     pending = (await snapshot_of(gw, ancestor)).session.pending_permissions
@@ -100,6 +103,7 @@ async def test_a_grandworkers_request_is_seen_and_answered_from_the_root(tmp_pat
             foreign = [e for e in client.events if e.session_id != root]
             assert types(foreign) == ["permission.requested", "permission.resolved"]
             assert {e.session_id for e in foreign} == {grand_id}
+            assert client.reducer.state()["pending_permissions"] == []
             resolved = next(e for e in events if e.type == "permission.resolved")
             assert (resolved.payload.perm_id, resolved.payload.decision) == (perm_id, "allow")
             # The worker's tool ran once allowed.
