@@ -277,6 +277,8 @@ def test_a_workers_request_interrupts_its_parents_run() -> None:
     m = RunMapper(requested.session_id, "run_1", "turn_parent")
     assert m.receive(worker) == []
     [finished] = m.pause()
+    assert isinstance(finished, ag.RunFinished)
+    assert isinstance(finished.outcome, ag.InterruptOutcome)
     assert m.interrupts == [requested.payload.perm_id]
     # Another session's other events, or a foreign turn of its own, map to nothing.
     other = msgspec.structs.replace(worker, session_id=requested.session_id)
