@@ -42,6 +42,10 @@ Where the contract is silent:
   largest parseable prefix when it was cut or malformed, ``{}`` when empty or
   not an object. A model's malformed input then reaches the tool layer
   (which can refuse it) instead of failing the call.
+- ``content_block_index`` is the block's position in order of start, from 0
+  (PROTOCOL section 5), whatever index the provider gave it: a provider may
+  start at 1 or skip indices (Anthropic's server tool blocks). The provider's
+  index only addresses the block's deltas and stop.
 - Several ``signature_delta`` events in one thinking block are concatenated,
   as text is.
 - Usage fields are "last wins" across ``message_start`` and
@@ -294,7 +298,9 @@ class _ToolUse(_Block):
 
     def end(self) -> StreamEvent:
         self._final_input = best_effort(self._json.joined())
-        return stream_event(ToolUseEnd(self.message_id, self.index, self._id, self._final_input))
+        return stream_event(
+            ToolUseEnd(self.message_id, self.index, self._id, self._name, self._final_input)
+        )
 
     def content(self) -> ContentBlock:
         final_input = self._final_input
@@ -414,6 +420,7 @@ class Translator:
         self._pricing = pricing
         self._phase = _Phase.AWAITING_START
         self._message_id: str | None = None
+        # By the provider's index, in order of start (the order of canonical indices).
         self._blocks: dict[int, _Block] = {}
         self._usage = Usage()
         self._stop_reason: StopReason | None = None
@@ -470,9 +477,7 @@ class Translator:
         # One block streams at a time (providers open the next after the last
         # ends); were several open, the last is the one deltas continue in.
         open_at = [
-            at
-            for at, index in enumerate(sorted(self._blocks))
-            if self._blocks[index].state is _BlockState.OPEN
+            block.index for block in self._blocks.values() if block.state is _BlockState.OPEN
         ]
         message.open_block_index = open_at[-1] if open_at else None
         return message
@@ -573,7 +578,7 @@ class Translator:
                 f"{BYTES_PER_BLOCK})",
             )
         assert self._message_id is not None  # _MESSAGE_MOVES: we are streaming
-        block = _open_block(self._message_id, raw.index, raw.content_block)
+        block = _open_block(self._message_id, len(self._blocks), raw.content_block)
         block.state = then
         self._blocks[raw.index] = block
         return block.start()
@@ -600,8 +605,7 @@ class Translator:
     def _finish(self, status: MessageStatus, stop_reason: StopReason) -> list[StreamEvent]:
         """Close what is open, in index order, then ``message.complete``."""
         events = []
-        for index in sorted(self._blocks):
-            block = self._blocks[index]
+        for block in self._blocks.values():
             if block.state is _BlockState.OPEN:
                 block.state = _BLOCK_MOVES[(block.state, RawContentBlockStop)]
                 events.append(block.end())
@@ -628,7 +632,7 @@ class Translator:
         return usage
 
     def _content(self) -> list[ContentBlock]:
-        return [self._blocks[index].content() for index in sorted(self._blocks)]
+        return [block.content() for block in self._blocks.values()]
 
     def _message_of(
         self, status: MessageStatus, content: list[ContentBlock], usage: Usage

@@ -267,6 +267,26 @@ def test_an_interrupt_carries_the_approval_and_ends_the_run() -> None:
     assert fresh.pause() == []  # once
 
 
+def test_a_workers_request_interrupts_its_parents_run() -> None:
+    """PROTOCOL section 5: a worker's request reaches the parent's stream, to be answered there."""
+    requested = next(
+        f.event for f in frames("cancel_seam") if isinstance(f, EventFrame)
+        and f.event.type == "permission.requested"
+    )  # fmt: skip
+    worker = msgspec.structs.replace(requested, session_id="sess_w", turn_id="turn_w")
+    m = RunMapper(requested.session_id, "run_1", "turn_parent")
+    assert m.receive(worker) == []
+    [finished] = m.pause()
+    assert isinstance(finished, ag.RunFinished)
+    assert isinstance(finished.outcome, ag.InterruptOutcome)
+    assert m.interrupts == [requested.payload.perm_id]
+    # Another session's other events, or a foreign turn of its own, map to nothing.
+    other = msgspec.structs.replace(worker, session_id=requested.session_id)
+    fresh = RunMapper(requested.session_id, "run_2", "turn_parent")
+    fresh.receive(other)
+    assert fresh.pause() == []
+
+
 def test_the_resumed_run_starts_with_the_threads_messages() -> None:
     """snapshot_mid_approval: a resume run opens with the history a snapshot holds."""
     snap = next(f for f in frames("snapshot_mid_approval") if isinstance(f, Snapshot))

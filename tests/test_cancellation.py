@@ -219,8 +219,12 @@ async def test_cancel_at_the_seam_while_a_tool_waits_for_permission(tmp_path: Pa
             assert r.status_code == 409
     assert_identical(ea, eb)
     assert seq(ea).endswith(
-        "llm.call_completed tool.called permission.requested tool.failed turn.cancelled"
+        "llm.call_completed tool.called permission.requested permission.resolved tool.failed"
+        " turn.cancelled"
     ), seq(ea)
+    # The cancel resolved the request (PROTOCOL section 5), right before its tool.failed.
+    resolved = ea[-3].payload
+    assert (resolved.perm_id, resolved.decision) == (perm_id, "cancelled")
     failed = ea[-2].payload
     assert (failed.error_class, failed.tool_name) == ("cancelled", "sleep")
     assert ea[-1].payload.phase == "seam"

@@ -188,6 +188,44 @@ async def test_a_snapshot_on_a_node_that_never_saw_the_session(nodes: list[Node]
     assert final == messages_of(steady.client.reducer.state())
 
 
+async def test_a_workers_request_is_answered_from_its_root_on_a_non_owner(
+    nodes: list[Node],
+) -> None:
+    """PROTOCOL sections 2, 5, 6: a worker's request reaches its root's stream on every node,
+    b's snapshot of the root lists it (with the worker's id), and b answers it on the root."""
+    with trio.fail_after(20):
+        async with peers(nodes) as (a, b, _):
+            sid = await a.create_session(workspace_path="notes")
+            root = nodes[0].workdir.parent / "workspaces"
+            (root / "local" / "notes" / "note.txt").write_text("a note\n")
+            task = msgspec.json.encode(APPROVAL).decode()
+            script = {
+                "script": {
+                    "rounds": [
+                        [{"tool_use": {"name": "delegate", "input": {"task": task}}}],
+                        [{"text": "Delegated."}],
+                    ]
+                }
+            }
+            async with a.watch(sid) as wa, b.watch(sid, filter="preset:chat") as wb:
+                turn_id = await a.submit(sid, script)
+                [*_, asked] = await wb.until_type("permission.requested")
+                assert asked.session_id != sid  # the worker's own id
+                async with b.watch(sid, snapshot=True) as newcomer:
+                    assert newcomer.snapshot is not None
+                    [pending] = newcomer.snapshot.session.pending_permissions
+                    assert (pending.perm_id, pending.session_id) == (
+                        asked.payload.perm_id,
+                        asked.session_id,
+                    )
+                r = await b.decide(sid, asked.payload.perm_id, "allow")
+                assert r.status_code == 202, r.text
+                done = await wa.turn(turn_id)
+                assert done[-1].type == "turn.completed"
+                delegated = next(e for e in done if e.type == "delegate.completed")
+                assert delegated.payload.result == "Read it."
+
+
 async def test_cancel_and_permission_sent_to_a_non_owner_act_on_the_turn(
     nodes: list[Node],
 ) -> None:

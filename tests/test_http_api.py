@@ -217,7 +217,15 @@ async def test_get_session_gives_a_fresh_attach_token_and_ws_url(gw: Harness) ->
     r = await gw.http.get(f"/sessions/{sid}")
     assert r.status_code == 200, r.text
     body = r.json()
-    assert sorted(body) == ["active_model", "agent", "attach_token", "session_id", "ws_url"]
+    assert sorted(body) == [
+        "active_model",
+        "agent",
+        "attach_token",
+        "protocol_version",
+        "session_id",
+        "ws_url",
+    ]
+    assert body["protocol_version"] == 1
     assert body["session_id"] == sid
     assert body["active_model"] == "scripted:echo"
     host = gw.base.removeprefix("http://")

@@ -208,13 +208,13 @@ async def test_text_then_two_parallel_tool_uses(server: FakeServer, connect: Any
         ev(ToolUseInputDelta(m, 1, a, '{"pa')),
         ev(ToolUseInputDelta(m, 1, a, 'th": "a')),
         ev(ToolUseInputDelta(m, 1, a, '.txt"}')),
-        ev(ToolUseEnd(m, 1, a, {"path": "a.txt"})),
+        ev(ToolUseEnd(m, 1, a, "read_file", {"path": "a.txt"})),
         ev(ToolUseStart(m, 2, b, "read_file")),
         ev(ToolUseInputDelta(m, 2, b, "")),
         ev(ToolUseInputDelta(m, 2, b, '{"path"')),
         ev(ToolUseInputDelta(m, 2, b, ': "b.tx')),
         ev(ToolUseInputDelta(m, 2, b, 't"}')),
-        ev(ToolUseEnd(m, 2, b, {"path": "b.txt"})),
+        ev(ToolUseEnd(m, 2, b, "read_file", {"path": "b.txt"})),
         ev(MessageComplete(m, "tool_use", content, usage)),
     ]
     assert result.translator.message == final(m, content, usage, "complete")

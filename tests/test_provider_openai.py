@@ -169,10 +169,10 @@ async def test_text_then_tool_calls_in_fragments(server: FakeServer, connect: An
         ev(TextEnd(m, 0)),
         ev(ToolUseStart(m, 1, a, "read_file")),
         *[ev(ToolUseInputDelta(m, 1, a, f)) for f in ['{"', "path", '":"', "a.t", 'xt"', "}"]],
-        ev(ToolUseEnd(m, 1, a, {"path": "a.txt"})),
+        ev(ToolUseEnd(m, 1, a, "read_file", {"path": "a.txt"})),
         ev(ToolUseStart(m, 2, b, "read_file")),
         *[ev(ToolUseInputDelta(m, 2, b, f)) for f in ['{"pa', 'th":', ' "b.', 'txt"}']],
-        ev(ToolUseEnd(m, 2, b, {"path": "b.txt"})),
+        ev(ToolUseEnd(m, 2, b, "read_file", {"path": "b.txt"})),
         ev(MessageComplete(m, "tool_use", content, usage)),
     ]
     assert result.translator.message == final(m, model, content, usage, "complete")
@@ -267,7 +267,7 @@ async def test_reasoning_field_and_a_whole_tool_call_that_stops(
         ev(ThinkingEnd(m, 0, None)),
         ev(ToolUseStart(m, 1, tool, "read_file")),
         ev(ToolUseInputDelta(m, 1, tool, '{"path":"notes.txt"}')),
-        ev(ToolUseEnd(m, 1, tool, {"path": "notes.txt"})),
+        ev(ToolUseEnd(m, 1, tool, "read_file", {"path": "notes.txt"})),
         ev(MessageComplete(m, "tool_use", content, usage)),
     ]
 

@@ -171,7 +171,7 @@ def tool_block(
     return [
         ToolUseStart(message_id, index, tool_use_id, "bash"),
         *(ToolUseInputDelta(message_id, index, tool_use_id, fragment) for fragment in fragments),
-        ToolUseEnd(message_id, index, tool_use_id, final),
+        ToolUseEnd(message_id, index, tool_use_id, "bash", final),
     ]
 
 
@@ -432,7 +432,7 @@ def cancelled_turn(emit: Emitter) -> None:
         *text_block("msg_c", 0, "Writing."),
         ToolUseStart("msg_c", 1, "toolu_2", "bash"),
         ToolUseInputDelta("msg_c", 1, "toolu_2", '{"command": "ec'),
-        ToolUseEnd("msg_c", 1, "toolu_2", {"command": "ec"}),
+        ToolUseEnd("msg_c", 1, "toolu_2", "bash", {"command": "ec"}),
         complete(
             "msg_c",
             "cancelled",
@@ -608,7 +608,7 @@ def test_snapshot_with_in_progress_message_then_deltas() -> None:
     feed(
         reducer,
         emit(
-            ToolUseEnd("msg_b", 2, "toolu_2", {"command": "ls -la"}),
+            ToolUseEnd("msg_b", 2, "toolu_2", "bash", {"command": "ls -la"}),
             *text_block("msg_b", 3, " list."),
         ),
     )

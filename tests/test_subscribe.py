@@ -148,6 +148,7 @@ async def test_a_preset_subscribe_acks_with_its_expansion(gw: Harness, preset: s
         "since": None,
         "snapshot": False,
         "replay_event_count": 0,
+        "protocol_version": 1,
     }
 
 

@@ -77,7 +77,28 @@ def test_whitespace_only_content_is_kept() -> None:
     assert split("  ") == [("text", "  ")]
 
 
-PIECE = st.text(alphabet="ab <>/thinkT\n", max_size=12)
+def test_thinking_tags_count_like_think() -> None:
+    content = "\n<thinking>a<b</thinking>\n\nanswer < 3 </thinki"
+    expected = [("thinking", "a<b"), ("text", "answer < 3 </thinki")]
+    for cut in range(len(content) + 1):
+        assert split(content[:cut], content[cut:]) == expected, cut
+    assert split(*content) == expected  # one character a chunk
+
+
+def test_a_mismatched_close_is_reasoning_not_a_close() -> None:
+    assert split("<think>a</thinking>b</think>c") == [("thinking", "a</thinking>b"), ("text", "c")]
+    assert split("<thinking>a</think>b</thinking>c") == [("thinking", "a</think>b"), ("text", "c")]
+    assert split("<thinking>a</th", "ink>b</thinking>c") == [
+        ("thinking", "a</think>b"),
+        ("text", "c"),
+    ]
+
+
+def test_a_lone_thinking_close_never_reaches_the_text() -> None:
+    assert split("from the prompt</thinking>\n\nanswer") == [("text", "from the promptanswer")]
+
+
+PIECE = st.text(alphabet="ab <>/thinkgT\n", max_size=12)
 
 
 @given(st.lists(PIECE, max_size=8), st.data())

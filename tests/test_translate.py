@@ -172,7 +172,7 @@ def test_text_then_two_tool_uses_with_fragmented_input() -> None:
         assert tr.feed(delta(1, RawInputJsonDelta(fragment))) == [
             ev(ToolUseInputDelta(M, 1, "toolu_a", fragment))
         ]
-    assert tr.feed(stops(1)) == [ev(ToolUseEnd(M, 1, "toolu_a", {"path": "a.txt"}))]
+    assert tr.feed(stops(1)) == [ev(ToolUseEnd(M, 1, "toolu_a", "read_file", {"path": "a.txt"}))]
 
     assert tr.feed(opens(2, RawToolUseBlock("toolu_b", "sleep"))) == [
         ev(ToolUseStart(M, 2, "toolu_b", "sleep"))
@@ -184,7 +184,7 @@ def test_text_then_two_tool_uses_with_fragmented_input() -> None:
     assert tr.feed(delta(2, RawInputJsonDelta("0}"))) == [
         ev(ToolUseInputDelta(M, 2, "toolu_b", "0}"))
     ]
-    assert tr.feed(stops(2)) == [ev(ToolUseEnd(M, 2, "toolu_b", {"seconds": 30}))]
+    assert tr.feed(stops(2)) == [ev(ToolUseEnd(M, 2, "toolu_b", "sleep", {"seconds": 30}))]
 
     tr.feed(message_delta("tool_use", 40))
     assert tr.feed(RawMessageStop()) == [
@@ -219,7 +219,7 @@ def test_tool_input_that_is_not_one_whole_object(
     feed_all(tr, [message_start(), opens(0, RawToolUseBlock("toolu_a", "t"))])
     if json_text:
         tr.feed(delta(0, RawInputJsonDelta(json_text)))
-    assert tr.feed(stops(0)) == [ev(ToolUseEnd(M, 0, "toolu_a", final_input))]
+    assert tr.feed(stops(0)) == [ev(ToolUseEnd(M, 0, "toolu_a", "t", final_input))]
 
 
 def test_redacted_thinking() -> None:
@@ -262,7 +262,7 @@ def test_blocks_that_open_with_content_get_a_delta_of_it() -> None:
     assert feed_all(tr, [stops(0), stops(1), stops(2)]) == [
         ev(TextEnd(M, 0)),
         ev(ThinkingEnd(M, 1, "s1")),
-        ev(ToolUseEnd(M, 2, "toolu_a", {"seconds": 1})),
+        ev(ToolUseEnd(M, 2, "toolu_a", "sleep", {"seconds": 1})),
     ]
 
 
@@ -284,7 +284,7 @@ def test_error_event_mid_block_closes_everything_open() -> None:
     error = RawError(RawErrorBody("overloaded_error", "Overloaded"))
     assert tr.feed(error) == [
         ev(ThinkingEnd(M, 1, None)),
-        ev(ToolUseEnd(M, 2, "toolu_a", {"seconds": 5, "x": "ab"})),
+        ev(ToolUseEnd(M, 2, "toolu_a", "sleep", {"seconds": 5, "x": "ab"})),
         ev(
             MessageComplete(
                 M,
@@ -365,7 +365,7 @@ def test_cancel_mid_tool_block_gives_best_effort_input() -> None:
     )
     assert tr.cancel() == [
         ev(TextEnd(M, 0)),
-        ev(ToolUseEnd(M, 1, "toolu_a", {"command": "sleep 1"})),
+        ev(ToolUseEnd(M, 1, "toolu_a", "shell", {"command": "sleep 1"})),
         ev(
             MessageComplete(
                 M,
@@ -629,3 +629,37 @@ def test_a_message_past_its_most_blocks_is_an_illegal_stream() -> None:
     ended = tr.fail("api_error", str(caught.value))  # as the call settles it
     assert ended[-1].type == "message.complete"
     assert len(ended[-1].payload.final_content) == 2  # type: ignore[union-attr]
+
+
+def test_block_indices_are_renumbered_in_order_of_start() -> None:
+    """PROTOCOL section 5: from 0, in order of start, whatever the provider numbered."""
+    tr = translator()
+    tr.feed(message_start())
+    assert tr.feed(opens(1, RawTextBlock())) == [ev(TextStart(M, 0))]
+    assert tr.feed(delta(1, RawTextDelta("Hi"))) == [ev(TextDelta(M, 0, "Hi"))]
+    assert tr.feed(stops(1)) == [ev(TextEnd(M, 0))]
+    # The provider skips 2 and 3 (server tool blocks it did not send), then opens 7 before 4.
+    assert tr.feed(opens(7, RawToolUseBlock("toolu_a", "sleep"))) == [
+        ev(ToolUseStart(M, 1, "toolu_a", "sleep"))
+    ]
+    assert tr.feed(opens(4, RawThinkingBlock())) == [ev(ThinkingStart(M, 2, redacted=False))]
+    assert tr.feed(delta(7, RawInputJsonDelta('{"seconds": 1}'))) == [
+        ev(ToolUseInputDelta(M, 1, "toolu_a", '{"seconds": 1}'))
+    ]
+    assert tr.feed(delta(4, RawThinkingDelta("hm"))) == [ev(ThinkingDelta(M, 2, "hm", None))]
+    snapshot = tr.snapshot()
+    assert snapshot.content == [
+        TextBlock("Hi"),
+        ToolUseBlock("toolu_a", "sleep", {"seconds": 1}),
+        ThinkingBlock("hm", None),
+    ]
+    assert snapshot.open_block_index == 2
+    assert tr.feed(stops(7)) == [ev(ToolUseEnd(M, 1, "toolu_a", "sleep", {"seconds": 1}))]
+    with pytest.raises(ProviderError):
+        tr.feed(delta(2, RawThinkingDelta("x")))  # a canonical index is not the provider's
+    # Ends in start order too, each under its new index.
+    tr.feed(message_delta("end_turn", 5))
+    events = tr.feed(RawMessageStop())
+    assert events[0] == ev(ThinkingEnd(M, 2, None))
+    assert isinstance(events[1].payload, MessageComplete)
+    assert events[1].payload.final_content == snapshot.content

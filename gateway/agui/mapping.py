@@ -164,9 +164,15 @@ class RunMapper:
 
     def receive(self, event: Event) -> list[ag.AguiEvent]:
         """The AG-UI events of one gateway event (nothing once the run has finished)."""
-        if self.finished or event.turn_id != self.turn_id:
-            return []
         p, ts = event.payload, event.ts
+        if self.finished:
+            return []
+        if event.turn_id != self.turn_id:
+            # A delegated worker's request reaches its ancestors' streams (PROTOCOL
+            # section 5) and is answered from there: it interrupts this run too.
+            worker_request = event.session_id != self.thread_id
+            if not (worker_request and isinstance(p, PermissionRequested | PermissionResolved)):
+                return []
         if isinstance(p, TextStart | TextDelta | TextEnd):
             return self._text(p, ts)
         if isinstance(p, ThinkingStart | ThinkingDelta | ThinkingEnd):

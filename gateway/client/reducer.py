@@ -376,6 +376,8 @@ class Reducer:
             if worker is None:
                 worker = self.workers[event.session_id] = Reducer(event.session_id, lenient=True)
             worker._dispatch(event)
+            if isinstance(event.payload, PermissionRequested | PermissionResolved):
+                self._permission(event)  # the stream's own pending list has it too
         if isinstance(event.payload, DelegateStarted):
             p = event.payload
             link = WorkerLink(p.worker_session_id, p.tool_use_id, p.task, event.session_id)
@@ -520,20 +522,8 @@ class Reducer:
                 self._tool_outcome(ToolOutcome(p.tool_use_id, "completed", p.result))
             case ToolFailed() as p:
                 self._tool_outcome(ToolOutcome(p.tool_use_id, "failed", p.message, p.error_class))
-            case PermissionRequested() as p:
-                self.permissions[p.perm_id] = PendingPermission(
-                    p.perm_id,
-                    event.session_id,
-                    p.kind,
-                    p.tool_use_id,
-                    p.tool_name,
-                    p.input,
-                    p.expires_at,
-                    p.message,
-                    p.requested_schema,
-                )
-            case PermissionResolved() as p:
-                self.permissions.pop(p.perm_id, None)
+            case PermissionRequested() | PermissionResolved():
+                self._permission(event)
             case MessageStart() as p:
                 self._message_start(event, p)
             case MessageSnapshot() as p:
@@ -577,10 +567,34 @@ class Reducer:
                 block.closed = True
             case ToolUseEnd() as p:
                 block = self._open_block(event.type, p)
+                block.tool_name = block.tool_name or p.tool_name  # PROTOCOL section 5
                 block.final_input = p.final_input
                 block.closed = True
             case _:
                 pass  # an unknown type, or one that does not change this state
+
+    def _permission(self, event: Event) -> None:
+        """A request opened or resolved, this session's or one of its workers'.
+
+        PROTOCOL section 6: a session's ``pending_permissions`` lists its
+        workers' requests too (each with the ``session_id`` that asked), so a
+        worker's request is pending here as in a snapshot of this session.
+        """
+        p = event.payload
+        if isinstance(p, PermissionRequested):
+            self.permissions[p.perm_id] = PendingPermission(
+                p.perm_id,
+                event.session_id,
+                p.kind,
+                p.tool_use_id,
+                p.tool_name,
+                p.input,
+                p.expires_at,
+                p.message,
+                p.requested_schema,
+            )
+        elif isinstance(p, PermissionResolved):
+            self.permissions.pop(p.perm_id, None)
 
     def _turn_started(self, payload: TurnStarted) -> None:
         if self.turn is not None and self.turn.status == "in_flight":

@@ -253,6 +253,7 @@ class ToolUseEnd(Payload):
     message_id: str
     content_block_index: int
     tool_use_id: str
+    tool_name: str  # PROTOCOL section 5: a client that joined mid-block still learns the tool
     final_input: dict[str, Any]
 
 

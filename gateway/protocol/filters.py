@@ -56,6 +56,12 @@ class Routable(Protocol):
 R = TypeVar("R", bound=Routable)
 
 
+TO_ANCESTORS = frozenset({"permission.requested", "permission.resolved"})
+"""A worker's events that reach every ancestor's stream whatever ``include_worker_sessions``
+says (PROTOCOL section 5): someone has to answer them. The filter's types and actors
+still apply."""
+
+
 @dataclass(frozen=True, slots=True)
 class FilterKey:
     """A resolved filter in hashable form; equal filters share one key."""
@@ -65,7 +71,7 @@ class FilterKey:
     include_worker_sessions: bool
 
     def matches(self, type_: str, actor: str, from_worker: bool) -> bool:
-        if from_worker and not self.include_worker_sessions:
+        if from_worker and not self.include_worker_sessions and type_ not in TO_ANCESTORS:
             return False
         if self.event_types is not None and type_ not in self.event_types:
             return False
@@ -77,9 +83,15 @@ class FilterKey:
         The hub's hot path: one pass per distinct filter, and no pass at all
         for a filter that takes everything.
         """
-        if from_worker and not self.include_worker_sessions:
-            return ()
         types, actors = self.event_types, self.actors
+        if from_worker and not self.include_worker_sessions:
+            return [
+                e
+                for e in events
+                if e.type in TO_ANCESTORS
+                and (types is None or e.type in types)
+                and (actors is None or e.actor in actors)
+            ]
         if types is None and actors is None:
             return events
         return [
@@ -135,4 +147,4 @@ _RESOLVED_PRESETS: dict[str, tuple[Filter, FilterKey]] = {
 }
 
 
-__all__ = ["CATALOG_TYPES", "PRESETS", "Filter", "FilterKey", "resolve_filter"]
+__all__ = ["CATALOG_TYPES", "PRESETS", "TO_ANCESTORS", "Filter", "FilterKey", "resolve_filter"]

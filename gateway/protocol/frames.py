@@ -15,7 +15,7 @@ import msgspec
 from gateway.errors import FrameRejected
 from gateway.protocol.events import Event
 from gateway.protocol.filters import Filter
-from gateway.protocol.shapes import Message, SessionSummary
+from gateway.protocol.shapes import PROTOCOL_VERSION, Message, SessionSummary
 
 # --- client -> server --------------------------------------------------------
 
@@ -49,6 +49,8 @@ class SubscribeAck(msgspec.Struct, tag="subscribe_ack", tag_field="type"):
     since: str | None
     snapshot: bool
     replay_event_count: int
+    # PROTOCOL section 4: 1; it changes only with a change that could break a client.
+    protocol_version: int = PROTOCOL_VERSION
 
 
 SubscribeErrorCode = Literal[

@@ -11,7 +11,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from gateway.protocol.shapes import ContentBlock, Message, SessionSummary, ToolInfo
+from gateway.protocol.shapes import (
+    PROTOCOL_VERSION,
+    ContentBlock,
+    Message,
+    SessionSummary,
+    ToolInfo,
+)
 
 
 class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
@@ -69,6 +75,7 @@ class SessionAttach(msgspec.Struct):
     attach_token: str
     ws_url: str
     agent: str = "default"
+    protocol_version: int = PROTOCOL_VERSION  # PROTOCOL section 4
 
 
 class MessagePage(msgspec.Struct):

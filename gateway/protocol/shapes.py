@@ -21,6 +21,10 @@ import msgspec
 # else, so stored messages, events and provider history never carry it.
 Truncated = bool | msgspec.UnsetType
 
+PROTOCOL_VERSION = 1
+"""The contract's version (PROTOCOL section 4), in ``subscribe_ack`` and ``GET /sessions/{id}``:
+it changes only with a change that could break a client written against it."""
+
 
 class TextBlock(msgspec.Struct, tag="text", tag_field="type"):
     text: str

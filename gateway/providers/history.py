@@ -38,6 +38,10 @@ message store):
 5. A message left with nothing to say is dropped: an assistant message
    without text or a tool use (thinking alone leads nowhere), a user message
    without any block. The neighbours it separated are merged (rule 3).
+6. A tool result is sent without its ``structured_content`` (PROTOCOL
+   section 6 keeps it for clients): no model API knows that field
+   (Anthropic's ``tool_result`` would refuse it as an unknown key), and the
+   model already has the result's text.
 """
 
 from __future__ import annotations
@@ -139,7 +143,11 @@ def _paired(history: list[HistoryMessage]) -> list[HistoryMessage]:
                 result = results[block.id].pop(0)
                 wire_id = _unique(block.id, wire_ids)
                 content.append(msgspec.structs.replace(block, id=wire_id))
-                answers.append(msgspec.structs.replace(result, tool_use_id=wire_id))
+                answers.append(  # rule 6: the model gets the text, not the structure
+                    msgspec.structs.replace(
+                        result, tool_use_id=wire_id, structured_content=msgspec.UNSET
+                    )
+                )
         kept.append(HistoryMessage("assistant", content))
     return kept
 

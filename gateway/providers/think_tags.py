@@ -1,5 +1,7 @@
 """Reasoning written inline between ``<think>`` and ``</think>`` (PROTOCOL section 6).
 
+``<thinking>`` and ``</thinking>`` count the same way (section 6 names both).
+
 Many OpenAI-compatible servers (DeepSeek-R1 or Qwen3 behind vLLM, llama.cpp
 or Ollama without a reasoning parser) stream a model's reasoning in the
 ``content`` itself, between ``<think>`` and ``</think>``. The contract says
@@ -9,14 +11,18 @@ pieces in, ``("thinking" | "text", str)`` pieces out, in order.
 
 A tag may be split across chunks (``"<th"`` then ``"ink>"``): a piece that
 ends with what could be the start of a tag holds that end back until the next
-piece says whether it is one (at most ``len("</think>") - 1`` characters, so
+piece says whether it is one (at most ``len("</thinking>") - 1`` characters, so
 text is never held longer than one chunk). :meth:`ThinkTags.flush` gives back
 what is held when the stream ends: it was not a tag.
 
 Decisions where the contract is silent:
 
-- Only the exact tags ``<think>`` and ``</think>`` count (lower case, no
-  attributes, no spaces); anything else is text.
+- Only the exact tags ``<think>``, ``</think>``, ``<thinking>`` and
+  ``</thinking>`` count (lower case, no attributes, no spaces); anything else
+  is text.
+- Reasoning opened by one form ends only at that form's closing tag: inside
+  ``<think>``, a ``</thinking>`` is reasoning text, not a close (and the other
+  way round).
 - The whitespace right after ``<think>`` and right after ``</think>``
   (usually a newline, and a blank line between the reasoning and the answer)
   and whitespace before a message's first ``<think>`` are dropped, so no block
@@ -34,6 +40,10 @@ from typing import Literal
 
 OPEN = "<think>"
 CLOSE = "</think>"
+#: Each opening tag with the closing tag that ends what it opened.
+PAIRS = {"<think>": "</think>", "<thinking>": "</thinking>"}
+TAGS = (*PAIRS, *PAIRS.values())
+LONGEST = max(len(tag) for tag in TAGS)
 
 Kind = Literal["thinking", "text"]
 
@@ -43,6 +53,7 @@ class ThinkTags:
 
     def __init__(self) -> None:
         self._inside = False
+        self._close = CLOSE  # the closing tag that ends the reasoning now open
         self._pending = ""  # a possible partial tag at the end of the last piece
         self._strip = False  # drop the whitespace that starts the next text
         # Whitespace-only text before any other content (None once content began).
@@ -55,16 +66,17 @@ class ThinkTags:
         out: list[tuple[Kind, str]] = []
         while data:
             kind: Kind = "thinking" if self._inside else "text"
-            at, tag = _first_tag(data, inside=self._inside)
+            at, tag = _first_tag(data, close=self._close if self._inside else None)
             if at < 0:
                 keep = _partial_tag_suffix(data)
                 out += self._emit(kind, data[: len(data) - keep])
                 self._pending = data[len(data) - keep :]
                 break
             out += self._emit(kind, data[:at])
-            if tag == OPEN:
+            if tag in PAIRS:
                 self._blank_lead = None  # whitespace before the first <think> is dropped
                 self._inside = True
+                self._close = PAIRS[tag]
                 self._strip = True
             else:  # a closing tag ends reasoning, or is dropped outside it
                 self._inside = False
@@ -97,21 +109,26 @@ class ThinkTags:
         return [("text", lead + text)]
 
 
-def _first_tag(data: str, *, inside: bool) -> tuple[int, str]:
-    """Where the next tag that matters starts, and which (-1 when none)."""
-    close_at = data.find(CLOSE)
-    if inside:
-        return close_at, CLOSE
-    open_at = data.find(OPEN)
-    if open_at >= 0 and (close_at < 0 or open_at < close_at):
-        return open_at, OPEN
-    return close_at, CLOSE
+def _first_tag(data: str, *, close: str | None) -> tuple[int, str]:
+    """Where the next tag that matters starts, and which (-1 when none).
+
+    Inside reasoning (``close`` given) only that closing tag matters; outside,
+    the earliest of every tag (a closing one is then dropped).
+    """
+    if close is not None:
+        return data.find(close), close
+    best, found = -1, OPEN
+    for tag in TAGS:
+        at = data.find(tag)
+        if at >= 0 and (best < 0 or at < best):
+            best, found = at, tag
+    return best, found
 
 
 def _partial_tag_suffix(data: str) -> int:
     """How many characters at the end of ``data`` could begin a tag."""
-    for size in range(min(len(CLOSE) - 1, len(data)), 0, -1):
+    for size in range(min(LONGEST - 1, len(data)), 0, -1):
         end = data[-size:]
-        if OPEN.startswith(end) or CLOSE.startswith(end):
+        if any(tag.startswith(end) for tag in TAGS):
             return size
     return 0

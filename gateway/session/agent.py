@@ -41,7 +41,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import aclosing
-from typing import Protocol, get_args
+from typing import Any, Protocol, get_args
 
 import trio
 
@@ -80,7 +80,7 @@ from gateway.providers.factory import Providers
 from gateway.session import cancel
 from gateway.session.call import Call, CallStream, Completion, EndCall
 from gateway.session.hub import Emitted
-from gateway.session.permissions import Permissions
+from gateway.session.permissions import PermissionRequest, Permissions
 from gateway.session.turn import Turn
 from gateway.store.base import SessionRecord
 from gateway.tools.registry import ToolContext, ToolRegistry, ToolSession
@@ -440,7 +440,9 @@ class AgentLoop:
             self.tool_failed(turn, state, block, "cancelled", "cancelled", elapsed_ms("cancelled"))
             raise
         else:
-            self._tool_result(turn, state, block, output.content, is_error=False)
+            self._tool_result(
+                turn, state, block, output.content, is_error=False, structured=output.structured
+            )
             s.emit(
                 [
                     ToolCompleted(
@@ -471,8 +473,11 @@ class AgentLoop:
         try:
             with trio.move_on_after(timeout):
                 await request.decided.wait()
+        except trio.Cancelled:
+            _resolved_by_cancel(s, turn, request)
+            raise
         finally:
-            request.closed = True  # a cancel leaves it unresolved: its tool.failed says why
+            request.closed = True
         if request.decision is None:
             request.decision = "timeout"
         s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
@@ -504,16 +509,30 @@ class AgentLoop:
         )  # fmt: skip
 
     def _tool_result(
-        self, turn: Turn, state: TurnState, block: ToolUseBlock, content: str, *, is_error: bool
+        self,
+        turn: Turn,
+        state: TurnState,
+        block: ToolUseBlock,
+        content: str,
+        *,
+        is_error: bool,
+        structured: Any = None,
     ) -> None:
-        """Record a tool's result in the conversation, in the step that announces it."""
+        """Record a tool's result in the conversation, in the step that announces it.
+
+        A structured result is kept in the block (``structured_content``), so a
+        snapshot shows what ``tool.completed`` showed (PROTOCOL section 6).
+        """
         s = self.s
         state.pending_tools = [b for b in state.pending_tools if b.id != block.id]
         if state.results_message is None:
             state.results_message = Message(
                 new_message_id(), s.id, turn.id, "user", [], "complete", now_ms()
             )
-        state.results_message.content.append(ToolResultBlock(block.id, content, is_error))
+        result = ToolResultBlock(block.id, content, is_error)
+        if structured is not None:
+            result.structured_content = structured
+        state.results_message.content.append(result)
         s.add_message(state.results_message)
 
     # --- endings -------------------------------------------------------------------
@@ -523,8 +542,8 @@ class AgentLoop:
         self.emit_terminal(turn, state, stop_reason)
 
     def emit_terminal(self, turn: Turn, state: TurnState, stop_reason: StopReason) -> None:
-        cost = state.usage.cost_usd or 0.0
-        self.s.emit([TurnCompleted(turn.id, stop_reason, state.usage, cost)], turn.id)
+        cost, workers = _turn_cost(turn, state)
+        self.s.emit([TurnCompleted(turn.id, stop_reason, state.usage, cost, workers)], turn.id)
         state.ended = True
 
     def close_turn(self, turn: Turn, state: TurnState, outcome: str) -> None:
@@ -535,8 +554,9 @@ class AgentLoop:
         if last is not None and last.role == "assistant" and last.turn_id == turn.id:
             final_text = "".join(b.text for b in last.content if isinstance(b, TextBlock))
         phase = turn.phase
+        turn.cost_usd, _ = _turn_cost(turn, state)  # before done: a parent's delegate reads it
         turn.finish(outcome, final_text)
-        s.record.cost_so_far_usd += state.usage.cost_usd or 0.0
+        s.record.cost_so_far_usd += turn.cost_usd
         s.record.current_turn_id, s.record.current_turn_seq = None, 0
         s.save_record()
         s.end_turn(turn)
@@ -558,6 +578,25 @@ class AgentLoop:
             reason=turn.cancel_reason if cancelled else None, phase=phase if cancelled else None,
             input_tokens=state.usage.input_tokens, output_tokens=state.usage.output_tokens,
         )  # fmt: skip
+
+
+def _turn_cost(turn: Turn, state: TurnState) -> tuple[float, float]:
+    """A turn's cost, its delegated workers' included, and their part (PROTOCOL section 5)."""
+    workers = turn.workers_cost_usd
+    return (state.usage.cost_usd or 0.0) + workers, workers
+
+
+def _resolved_by_cancel(s: TurnHost, turn: Turn, request: PermissionRequest) -> None:
+    """A cancel ends a request still waiting: ``permission.resolved`` ``cancelled``.
+
+    PROTOCOL section 5: every request is resolved, and one a cancel ended says
+    so, in the step of its tool's ``tool.failed (cancelled)`` that follows
+    (nothing awaits between the two). One decided just as the cancel landed
+    keeps its decision: its tool never ran, and its ``tool.failed`` says why.
+    """
+    request.closed = True
+    request.decision = request.decision or "cancelled"
+    s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
 
 
 _TURN_OUTCOMES = frozenset(get_args(StopReason))

@@ -12,7 +12,9 @@ whose queue would overflow says so, and the session applies the slow-client
 rule (``bus.handler_warning``, close 1008) after the fan-out.
 
 A worker session's hub forwards every batch to its parent's hub, where only
-subscriptions with ``include_worker_sessions`` match it (PROTOCOL section 5).
+subscriptions with ``include_worker_sessions`` match it (PROTOCOL section 5),
+but for its ``permission.*`` events, which every ancestor's subscriptions take
+(:data:`gateway.protocol.filters.TO_ANCESTORS`).
 
 The hub also keeps the session's :class:`Backlog`: how many events its
 clients' writers have been handed and not yet taken, the signal the

@@ -89,6 +89,10 @@ class Permissions:
         """The requests still waiting, oldest first (a snapshot's ``pending_permissions``)."""
         return [r.pending() for r in self._requests.values() if not r.closed and r.decision is None]
 
+    def holds(self, perm_id: str) -> bool:
+        """Whether ``perm_id`` is one of this session's requests (pending or not)."""
+        return perm_id in self._requests
+
     def decide(self, perm_id: str, decision: str) -> None:
         """Resolve a pending request (PROTOCOL section 2).
 

@@ -35,6 +35,7 @@ from gateway.protocol.events import (
     LlmCallFailed,
     MessageComplete,
     Payload,
+    PermissionResolved,
     ToolFailed,
     TurnCancelled,
 )
@@ -75,6 +76,9 @@ class Interrupted:
     pending_tools: list[tuple[str, str]] = field(default_factory=list)  # (id, name), in order
     delegates: list[tuple[str, str]] = field(default_factory=list)  # (tool_use_id, worker id)
     partial: bool = False
+    # The requests still waiting, by tool use id: each is resolved ``cancelled``
+    # right before its tool's ``tool.failed`` (PROTOCOL section 5).
+    permissions: dict[str, str] = field(default_factory=dict)
 
 
 def plan(
@@ -107,7 +111,7 @@ def plan(
             waiting.add(p.tool_use_id)
             perm_tool[p.perm_id] = p.tool_use_id
         elif type_ == "permission.resolved":
-            waiting.discard(perm_tool.get(p.perm_id, ""))
+            waiting.discard(perm_tool.pop(p.perm_id, ""))
         elif type_ == "delegate.started":
             delegates[p.tool_use_id] = p.worker_session_id
         elif type_ in ("delegate.completed", "delegate.failed"):
@@ -128,7 +132,7 @@ def plan(
     running_delegates = [(t, w) for t, w in delegates.items() if t in pending]
     return Interrupted(
         turn_id, phase, pending_tools=list(pending.items()), delegates=running_delegates,
-        partial=partial,
+        partial=partial, permissions={t: perm for perm, t in perm_tool.items() if t in pending},
     )  # fmt: skip
 
 
@@ -147,6 +151,9 @@ def closing(state: Interrupted) -> list[Payload]:
             DelegateFailed(tool_use_id, worker, "cancelled_by_user", "the gateway restarted")
         )
     for tool_use_id, name in state.pending_tools:
+        perm_id = state.permissions.get(tool_use_id)
+        if perm_id is not None:
+            out.append(PermissionResolved(perm_id, "cancelled"))
         out.append(ToolFailed(tool_use_id, name, "cancelled", "cancelled"))
     out.append(TurnCancelled(state.turn_id, REASON, state.phase, state.partial))
     return out

@@ -266,7 +266,9 @@ async def replay(
             "cursor_expired",
             f"{since!r} is older than the retention window; subscribe with a snapshot",
         )
-    sessions = session.scope(key.include_worker_sessions)
+    # Every worker, even without include_worker_sessions: their permission
+    # events reach this stream whatever the filter (PROTOCOL section 5).
+    sessions = session.scope(True)
     out = _Replay(since, max_events, {})
 
     def take(seq: int, type_: str, actor: str, session_id: str, frame: Callable[[], bytes]) -> None:

@@ -234,6 +234,9 @@ class Session:
     def _load(self, stored: Iterable[StoredMessage]) -> None:
         """The conversation as stored, when each assistant message was completed, and its size."""
         self.messages, self.completions, self.message_bytes = [], {}, {}
+        # The last ts stamped (PROTOCOL section 4: never goes backwards within a
+        # session); after a load, the newest completion known is the floor.
+        self.last_ts = 0
         for sm in stored:
             self.messages.append(sm.message)
             self.message_bytes[sm.message.id] = len(_size_encoder.encode(sm.message))
@@ -243,6 +246,7 @@ class Session:
                     self.completions[sm.message.id] = Completion(
                         seq, sm.complete_ts, sm.stop_reason
                     )
+                    self.last_ts = max(self.last_ts, sm.complete_ts)
 
     def reload(
         self, record: SessionRecord, stored: Iterable[StoredMessage], floor: int, event_bytes: int
@@ -281,7 +285,8 @@ class Session:
         node = self.node
         seqr = node.sequencer
         store = node.store
-        ts = now_ms()
+        # A wall clock stepped back repeats the last ts (PROTOCOL section 4).
+        ts = self.last_ts = max(now_ms(), self.last_ts)
         sid = self.id
         out: list[Emitted] = []
         catalog = False
@@ -356,7 +361,15 @@ class Session:
 
     def summary(self) -> SessionSummary:
         tools = self.node.tool_infos(self.record.agent)
-        return summary_of(self.record, self.turn, self.permissions.pending(), tools)
+        return summary_of(self.record, self.turn, self.pending_permissions(), tools)
+
+    def pending_permissions(self) -> list[PendingPermission]:
+        """Its own requests still waiting, then its workers', recursively (PROTOCOL section 6).
+
+        Each is listed with the ``session_id`` that asked: a worker's request is
+        answered from any of its ancestors (:meth:`decide_permission`).
+        """
+        return [p for s in self.scope(True) for p in s.permissions.pending()]
 
     def scope(self, include_workers: bool) -> list[Session]:
         """This session and, when asked, its worker sessions, recursively."""
@@ -455,8 +468,14 @@ class Session:
             self.warn(requested_by, "cancel_ignored", f"turn {turn_id} is already cancelling")
 
     def decide_permission(self, perm_id: str, decision: str) -> None:
-        """Resolve a pending permission (:meth:`Permissions.decide`)."""
-        self.permissions.decide(perm_id, decision)
+        """Resolve a pending permission (:meth:`Permissions.decide`).
+
+        ``perm_id`` may be a request of one of its workers, at any depth: PROTOCOL
+        section 2 lets ``{id}`` be the session that asked or any of its ancestors.
+        A worker runs on its root's node, so the owner that decides holds it too.
+        """
+        asker = next((s for s in self.scope(True) if s.permissions.holds(perm_id)), self)
+        asker.permissions.decide(perm_id, decision)
 
     def record_feedback(self, message_id: str, rating: Literal[-1, 1], comment: str | None) -> None:
         """Emit ``feedback.recorded`` for one of its messages (``POST .../feedback``).
@@ -581,6 +600,18 @@ class Session:
             if turn is not None:
                 turn.workers -= 1
             raise ToolError("limit", f"delegate refused: {exc} (workers' sessions count)") from None
+
+    def book_worker_cost(self, turn_id: str, cost_usd: float) -> None:
+        """Add what a delegated worker's turn spent to the turn that delegated it.
+
+        PROTOCOL section 5: ``turn.completed.cost_usd`` includes the turn's
+        workers (``workers_cost_usd``), and so does ``cost_so_far_usd``; a
+        worker's own workers are in its cost already, so it rolls up level by
+        level. A turn that has ended meanwhile is not charged twice.
+        """
+        turn = self.turn
+        if turn is not None and turn.id == turn_id and turn.in_flight:
+            turn.workers_cost_usd += cost_usd
 
     # --- runtime -------------------------------------------------------------------
 

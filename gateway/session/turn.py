@@ -61,6 +61,10 @@ class Turn:
     started: trio.Event = field(default_factory=trio.Event)
     # Delegate workers it started (``max_workers_per_turn``, PROTOCOL section 15).
     workers: int = 0
+    # What its delegated workers' turns spent (PROTOCOL section 5, ``workers_cost_usd``).
+    workers_cost_usd: float = 0.0
+    # What it spent in all, its workers' included; set as it ends, before ``done``.
+    cost_usd: float = 0.0
 
     def finish(self, outcome: str, final_text: str = "") -> None:
         """Enter ``done`` and wake whoever waits for the turn (a parent's ``delegate``)."""

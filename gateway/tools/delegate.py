@@ -13,6 +13,11 @@ turn count against the owner's ``max_sessions_per_key`` and
 ``turns_per_minute_per_key``. Beyond, the tool fails with ``limit`` before
 anything happens: no session, no ``delegate.*`` event.
 
+What the worker's turn spent (its own workers' included) is added to the
+parent's turn: its ``turn.completed`` has it in ``cost_usd`` and in
+``workers_cost_usd``, and the parent's ``cost_so_far_usd`` counts it
+(PROTOCOL section 5).
+
 Cancelling the parent's turn cancels the worker's turn first, which emits its
 own cancellation sequence in the worker's stream; then the parent emits
 ``delegate.failed`` (``cancelled_by_user``), and the tool's ``tool.failed``
@@ -57,6 +62,7 @@ async def _delegate(args: DelegateInput, ctx: ToolContext) -> ToolOutput:
             turn.request_cancel("parent_cancelled")
             with trio.move_on_after(parent.cancel_grace_s):
                 await turn.done.wait()
+        parent.book_worker_cost(ctx.turn_id, turn.cost_usd)  # spent, cancelled or not
         parent.emit(
             [
                 DelegateFailed(
@@ -66,6 +72,7 @@ async def _delegate(args: DelegateInput, ctx: ToolContext) -> ToolOutput:
             ctx.turn_id,
         )
         raise
+    parent.book_worker_cost(ctx.turn_id, turn.cost_usd)
     if turn.outcome in ("end_turn", "max_tokens", "stop_sequence"):
         parent.emit([DelegateCompleted(ctx.tool_use_id, worker.id, turn.final_text)], ctx.turn_id)
         return ToolOutput(turn.final_text, {"worker_session_id": worker.id})

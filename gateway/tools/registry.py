@@ -51,6 +51,11 @@ class WorkerTurn(Protocol):
     @property
     def cancel_reason(self) -> str | None: ...
 
+    @property
+    def cost_usd(self) -> float:
+        """What the turn spent, its own workers' included (set when it ends)."""
+        ...
+
     def request_cancel(self, reason: str) -> bool: ...
 
 
@@ -80,6 +85,10 @@ class ToolSession(Protocol):
 
     async def spawn_worker(self, tool_use_id: str) -> Worker:
         """Create and start a worker session of this one."""
+        ...
+
+    def book_worker_cost(self, turn_id: str, cost_usd: float) -> None:
+        """Add a worker turn's cost to this session's turn ``turn_id`` (PROTOCOL section 5)."""
         ...
 
 

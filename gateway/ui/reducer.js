@@ -253,6 +253,8 @@ export class Reducer {
         this.workers.set(event.session_id, worker);
       }
       worker.dispatch(event);
+      // PROTOCOL section 6: this session's pending list has its workers' requests too.
+      if (event.type === "permission.requested" || event.type === "permission.resolved") this.permission(event);
     }
     if (event.type === "delegate.started") {
       const p = event.payload;
@@ -380,16 +382,8 @@ export class Reducer {
         });
         break;
       case "permission.requested":
-        this.permissions.set(p.perm_id, {
-          perm_id: p.perm_id,
-          tool_use_id: p.tool_use_id,
-          tool_name: p.tool_name,
-          input: p.input,
-          expires_at: p.expires_at,
-        });
-        break;
       case "permission.resolved":
-        this.permissions.delete(p.perm_id);
+        this.permission(event);
         break;
       case "message.start":
         if (this.streaming !== null) {
@@ -444,6 +438,7 @@ export class Reducer {
       }
       case "tool.use_end": {
         const block = this.openBlock(event.type, p);
+        if (!block.toolName && p.tool_name) block.toolName = p.tool_name; // PROTOCOL section 5
         block.finalInput = p.final_input;
         block.closed = true;
         break;
@@ -453,7 +448,22 @@ export class Reducer {
     }
   }
 
-  endTurn(ended) {
+  permission(event) {
+    const p = event.payload;
+    if (event.type === "permission.requested") {
+      this.permissions.set(p.perm_id, {
+        perm_id: p.perm_id,
+        tool_use_id: p.tool_use_id,
+        tool_name: p.tool_name,
+        input: p.input,
+        expires_at: p.expires_at,
+      });
+    } else {
+      this.permissions.delete(p.perm_id);
+    }
+  }
+
+    endTurn(ended) {
     // A client that resumed mid-turn never saw it start; only another turn's end is wrong.
     const current = this.turn;
     if (current !== null && current.status === "in_flight" && current.turn_id !== ended.turn_id) {

@@ -106,6 +106,19 @@ test("events already seen are ignored and counted", () => {
   assert.equal(reducer.duplicatesIgnored, frames.filter((f) => f.type === "event").length);
 });
 
+test("a worker's permission request is pending in its parent's stream too (PROTOCOL section 6)", () => {
+  const reducer = new Reducer("sess_root");
+  const event = (id, type, payload) => ({
+    type: "event",
+    event: { id, type, session_id: "sess_worker", turn_id: "turn_w", ts: 0, actor: "user", payload },
+  });
+  const asked = { perm_id: "perm_1", kind: "tool", tool_use_id: "toolu_1", tool_name: "sleep", input: {}, expires_at: 5 };
+  reducer.apply(event("evt_00000000000000000001", "permission.requested", asked));
+  assert.deepEqual(fullView(reducer).permissions.map((p) => p.perm_id), ["perm_1"]);
+  reducer.apply(event("evt_00000000000000000002", "permission.resolved", { perm_id: "perm_1", decision: "cancelled" }));
+  assert.deepEqual(fullView(reducer).permissions, []);
+});
+
 // --- a late or returning client ends where a live one is (PROTOCOL section 10) ----------
 //
 // As in tests/test_conformance.py: at every cut point of every trace, a client built the
