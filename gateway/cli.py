@@ -113,4 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--api-key", help="Bearer key, when the gateway has api_keys (or $GW_API_KEY)"
     )
+    chat.add_argument(
+        "--agent", metavar="NAME", help="the agent of a new session (PROTOCOL §11; GET /agents)"
+    )
     return parser

@@ -367,7 +367,7 @@ def test_every_shape_is_what_the_official_models_declare() -> None:
         ag.ToolMessage: core.ToolMessage, ag.ReasoningMessage: core.ReasoningMessage,
         ag.ToolCall: core.ToolCall, ag.FunctionCall: core.FunctionCall,
         ag.RunAgentInput: core.RunAgentInput, ag.ResumeEntry: core.ResumeEntry,
-        ag.InputTool: core.Tool, ag.InputContext: core.Context,
+        ag.InputTool: core.Tool, ag.InputContext: core.Context, ag.Custom: core.CustomEvent,
     }  # fmt: skip
     assert set(ag.AguiEvent.__args__) <= set(pairs)
     for ours, theirs in pairs.items():
@@ -469,3 +469,70 @@ def test_a_cancel_at_the_seam_maps_like_the_others_for_a_run_watching_it() -> No
     ]
     for event in out:
         official(event)  # each one parses as ag_ui.core's
+
+
+def test_an_elicitation_is_an_interrupt_with_its_question_and_schema() -> None:
+    """PROTOCOL section 11: the server's message, and its schema as the answer's content."""
+    trace = frames("elicitation_pending")
+    requested = next(
+        f.event for f in trace if isinstance(f, EventFrame)
+        and f.event.type == "permission.requested" and f.event.session_id == "sess_1"
+    )  # fmt: skip
+    m = RunMapper("sess_1", "run_1", "turn_1")
+    assert m.receive(requested) == []
+    [finished] = m.pause()
+    model = official(finished)
+    assert isinstance(model, core.RunFinishedEvent)
+    assert isinstance(model.outcome, core.RunFinishedInterruptOutcome)
+    [interrupt] = model.outcome.interrupts
+    assert (interrupt.id, interrupt.reason, interrupt.message) == (
+        "perm_3", "elicitation", "Who should be assigned?"
+    )  # fmt: skip
+    schema = interrupt.response_schema
+    assert schema is not None
+    assert schema["properties"]["content"] == requested.payload.requested_schema
+    assert schema["required"] == ["decision"]
+    # A tool approval keeps its reason.
+    approval = next(
+        f.event for f in frames("cancel_seam") if isinstance(f, EventFrame)
+        and f.event.type == "permission.requested"
+    )  # fmt: skip
+    fresh = RunMapper("sess_1", "run_1", "turn_1")
+    fresh.receive(approval)
+    [done] = fresh.pause()
+    assert isinstance(done, ag.RunFinished) and isinstance(done.outcome, ag.InterruptOutcome)
+    assert [i.reason for i in done.outcome.interrupts] == ["tool_approval"]
+
+
+def test_a_compaction_in_the_run_is_a_custom_event_and_no_snapshot_message() -> None:
+    """PROTOCOL section 12: CUSTOM events in the run; the context message is left out."""
+    trace = frames("compaction_between_turns")
+    m = RunMapper("sess_1", "run_1", "turn_2")
+    out: list[ag.AguiEvent] = []
+    for f in trace:
+        if isinstance(f, EventFrame):
+            out += m.receive(f.event)
+    customs = [e for e in out if isinstance(e, ag.Custom)]
+    assert [(e.name, e.value["trigger"]) for e in customs] == [
+        ("gateway.context_compacting", "auto"),
+        ("gateway.context_compacted", "auto"),
+    ]
+    assert customs[1].value["post_tokens"] == 2500
+    for event in customs:
+        assert isinstance(official(event), core.CustomEvent)
+    # The compaction between turns (turn_id null) belongs to no run.
+    first = RunMapper("sess_1", "run_1", "turn_1")
+    assert not [
+        e
+        for f in trace
+        if isinstance(f, EventFrame)
+        for e in first.receive(f.event)
+        if isinstance(e, ag.Custom)
+    ]
+    snap = next(f for f in trace if isinstance(f, Snapshot))
+    assert [m.role for m in snap.messages] == ["user", "assistant", "context"]
+    converted = agui_messages(snap.messages)
+    assert [(c.id, type(c).__name__) for c in converted] == [
+        ("msg_1", "UserMessage"),
+        ("msg_2", "AssistantMessage"),
+    ]

@@ -214,6 +214,7 @@ def test_text_turn() -> None:
         "tool_results": {},
         "turn": {"turn_id": "turn_1", "status": "in_flight", "stop_reason": None},
         "pending_permissions": [],
+        "compacting": None,
         "last_event_id": format_event_id(7),
     }
 
@@ -235,6 +236,7 @@ def test_text_turn() -> None:
         "tool_results": {},
         "turn": {"turn_id": "turn_1", "status": "completed", "stop_reason": "end_turn"},
         "pending_permissions": [],
+        "compacting": None,
         "last_event_id": format_event_id(11),
     }
     # The finished message keeps what state() leaves out: the model seen on
@@ -398,6 +400,7 @@ def test_tool_round_then_second_call() -> None:
         },
         "turn": {"turn_id": "turn_1", "status": "completed", "stop_reason": "end_turn"},
         "pending_permissions": [],
+        "compacting": None,
         "last_event_id": emit.events[-1].id,
     }
     # seed 002: the outcome pairs with the tool_use block of the same id
@@ -646,6 +649,7 @@ def test_snapshot_of_an_idle_session_replaces_everything() -> None:
         "tool_results": {},
         "turn": None,
         "pending_permissions": [],
+        "compacting": None,
         "last_event_id": None,
     }
 
@@ -735,6 +739,7 @@ def test_unknown_types_and_other_sessions_only_move_the_cursor() -> None:
         "tool_results": {},
         "turn": {"turn_id": "turn_1", "status": "in_flight", "stop_reason": None},
         "pending_permissions": [],
+        "compacting": None,
         "last_event_id": format_event_id(3),
     }
 

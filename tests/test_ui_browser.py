@@ -599,3 +599,216 @@ def test_reconnects_back_off_with_jitter_up_to_a_cap(tab: Page) -> None:
     for (low, high), ceiling in zip(delays, ceilings, strict=True):
         assert low == ceiling / 2  # never less than half the ceiling: no storm at once
         assert ceiling / 2 < high < ceiling  # the upper half is random
+
+
+# --- compactions, elicitations and agents (PROTOCOL sections 11 and 12) ------------------------
+# The gateway of this branch emits neither a compaction nor an elicitation, and has no
+# GET /agents: the page's socket is served by the test (Playwright's route_web_socket) with
+# the hand-written conformance traces, on a real session, and the HTTP calls those paths
+# make are answered, and recorded, by the test (page.route).
+
+TRACES = Path(__file__).parent / "streaming-conformance" / "traces"
+
+
+class StubStream:
+    """The page's WebSocket, answered with a trace's frames (its session id replaced)."""
+
+    def __init__(self, tab: Page, trace: str, session_id: str) -> None:
+        text = (TRACES / f"{trace}.jsonl").read_text().replace('"sess_1"', json.dumps(session_id))
+        self.frames = [json.loads(line) for line in text.splitlines() if line.strip()]
+        self.route: Any = None
+        self.subscribed: list[dict[str, Any]] = []
+        tab.page.route_web_socket(re.compile(r"^ws://"), self._connected)
+
+    def _connected(self, route: Any) -> None:
+        self.route = route
+
+        def received(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "subscribe":
+                self.subscribed.append(frame)
+
+        route.on_message(received)
+
+    def send(self, frames: list[dict[str, Any]]) -> None:
+        for frame in frames:
+            self.route.send(json.dumps(frame))
+
+
+def answered(tab: Page) -> list[tuple[str, Any]]:
+    """Record each permission answer the page posts, and accept it (202)."""
+    posts: list[tuple[str, Any]] = []
+
+    def accept(route: Any) -> None:
+        posts.append((route.request.url, json.loads(route.request.post_data or "null")))
+        route.fulfill(status=202, json={"status": "accepted"})
+
+    tab.page.route(re.compile(r"/permissions/"), accept)
+    return posts
+
+
+def stub_session(tab: Page, trace: str) -> tuple[StubStream, str]:
+    session_id = httpx.post(
+        f"{tab.daemon.base}/sessions", json={}, headers={"Authorization": f"Bearer {KEY}"}
+    ).json()["session_id"]
+    stream = StubStream(tab, trace, session_id)
+    tab.page.evaluate(f"location.hash = {json.dumps(session_id)}")
+    for _ in range(100):
+        if stream.subscribed:
+            break
+        tab.page.wait_for_timeout(50)
+    assert stream.subscribed, "the page never subscribed"
+    return stream, session_id
+
+
+def test_a_compaction_is_one_quiet_line_and_no_history_is_lost(tab: Page) -> None:
+    expect = tab.api.expect
+    tab.open()
+    tab.view("simple")
+    stream, _ = stub_session(tab, "compaction_between_turns")
+    # The reconnect of the trace: its ack, the snapshot with the context message, turn 2
+    # up to its compaction's start.
+    second = [n for n, f in enumerate(stream.frames) if f["type"] == "subscribe_ack"][1]
+    compacting = next(
+        n for n, f in enumerate(stream.frames)
+        if n > second and f["type"] == "event" and f["event"]["type"] == "context.compacting"
+    )  # fmt: skip
+    stream.send(stream.frames[second : compacting + 1])
+    expect(tab.by("activity-line")).to_have_text("Compacting the context…")
+    expect(tab.by("compaction")).to_have_count(1)
+    expect(tab.by("compaction")).to_contain_text("2 messages summarised")
+    tab.shot("compacting")
+    stream.send(stream.frames[compacting + 1 :])
+    tab.turn_over()
+    expect(tab.by("compaction")).to_have_count(2)
+    expect(tab.by("activity")).to_be_hidden()
+    expect(tab.messages("assistant")).to_have_count(2)  # one reply a turn, none a summary
+    expect(tab.messages("assistant").first).to_have_text(re.compile("Hello there, gateway"))
+    assert "greeted" not in tab.thread_text()
+    tab.view("full")
+    expect(tab.by("compaction")).to_have_count(2)
+    # the replaced messages stay, before the compaction that replaced them
+    order = tab.page.eval_on_selector_all(
+        '[data-testid="thread"] > [data-key]', "nodes => nodes.map(n => n.dataset.role)"
+    )
+    assert order == ["user", "assistant", "context", "user", "context", "assistant"], order
+    first = tab.by("compaction").first
+    first.locator("summary").click()
+    expect(first).to_contain_text("The user greeted the gateway")
+    tab.shot("compacted")
+
+
+def test_an_elicitation_is_a_form_that_answers_with_content(tab: Page) -> None:
+    expect = tab.api.expect
+    tab.open()
+    tab.view("full")
+    posts = answered(tab)
+    stream, session_id = stub_session(tab, "elicitation_pending")
+    stream.send(stream.frames[:2])  # the ack and the snapshot: an elicitation, a worker's approval
+    form = tab.by("elicitation")
+    expect(form).to_have_count(1)
+    expect(form.get_by_test_id("elicitation-message")).to_have_text(
+        "Which priority should the ticket have?"
+    )
+    # The worker's request is not a block of this thread: it is asked below it.
+    worker = tab.by("activity").get_by_test_id("permission")
+    expect(worker).to_contain_text("lpstat")
+    tab.shot("elicitation")
+    form.locator('select[data-field="priority"]').select_option(label="urgent")
+    form.locator('input[data-field="notify"]').check()
+    form.get_by_test_id("elicitation-submit").click()
+    for _ in range(100):
+        if posts:
+            break
+        tab.page.wait_for_timeout(50)
+    assert posts[0][0].endswith(f"/sessions/{session_id}/permissions/perm_1")
+    assert posts[0][1] == {"decision": "allow", "content": {"priority": "urgent", "notify": True}}
+    # The server resolves it and asks the next question; a wrong answer is not sent.
+    stream.send(stream.frames[2:4])
+    form = tab.by("elicitation")
+    expect(form.get_by_test_id("elicitation-message")).to_have_text("Who should be assigned?")
+    form.get_by_test_id("elicitation-submit").click()
+    expect(form.get_by_test_id("elicitation-error")).to_have_text("Assignee is required")
+    form.locator('input[data-field="assignee"]').fill("Ada")
+    form.locator('input[data-field="hours"]').fill("0")
+    form.get_by_test_id("elicitation-submit").click()
+    expect(form.get_by_test_id("elicitation-error")).to_have_text("hours: at least 1")
+    form.locator('input[data-field="hours"]').fill("3")
+    form.get_by_test_id("elicitation-submit").click()
+    for _ in range(100):
+        if len(posts) > 1:
+            break
+        tab.page.wait_for_timeout(50)
+    assert posts[1][1] == {"decision": "allow", "content": {"assignee": "Ada", "hours": 3}}
+    # The worker's approval is answered on the worker's session; Decline is a deny.
+    tab.by("activity").get_by_test_id("deny").click()
+    for _ in range(100):
+        if len(posts) > 2:
+            break
+        tab.page.wait_for_timeout(50)
+    assert posts[2] == (
+        f"{tab.daemon.base}/sessions/sess_2/permissions/perm_2",
+        {"decision": "deny"},
+    )
+    stream.send(stream.frames[4:])
+    tab.turn_over()
+    expect(tab.by("elicitation")).to_have_count(0)
+    expect(tab.by("permission")).to_have_count(0)
+
+
+AGENTS = {
+    "agents": [
+        {"name": "default", "runtime": "native", "model": "scripted:echo", "default": True,
+         "tools": []},
+        {"name": "helpdesk", "runtime": "native", "model": "scripted:echo", "default": False,
+         "tools": []},
+    ]
+}  # fmt: skip
+
+
+def created_with(tab: Page) -> list[Any]:
+    """Record each POST /sessions body, and pass it on without ``agent`` (this gateway's
+    CreateSession does not know it yet)."""
+    bodies: list[Any] = []
+
+    def record_create(route: Any) -> None:
+        if route.request.method != "POST":
+            route.continue_()
+            return
+        bodies.append(json.loads(route.request.post_data or "null"))
+        route.continue_(post_data="{}")
+
+    tab.page.route(re.compile(r"/sessions$"), record_create)
+    return bodies
+
+
+def test_the_agent_picker_names_the_agent_of_a_new_session(tab: Page) -> None:
+    expect = tab.api.expect
+    tab.page.route(re.compile(r"/agents$"), lambda route: route.fulfill(json=AGENTS))
+    bodies = created_with(tab)
+    tab.open()
+    picker = tab.by("agent-picker")
+    expect(picker).to_be_visible()
+    expect(picker).to_have_value("default")
+    expect(picker.locator("option")).to_have_count(2)
+    picker.select_option("helpdesk")
+    tab.new_session()
+    assert bodies == [{"agent": "helpdesk"}]
+
+
+def test_without_an_agents_route_the_picker_is_hidden(tab: Page) -> None:
+    expect = tab.api.expect
+    bodies = created_with(tab)
+    tab.page.route(
+        re.compile(r"/agents$"),
+        lambda route: route.fulfill(
+            status=404, json={"error": {"code": "not_found", "message": "no route"}}
+        ),
+    )
+    tab.open()
+    expect(tab.by("new-session")).to_be_enabled()
+    tab.page.wait_for_timeout(200)
+    expect(tab.by("agent-picker")).to_be_hidden()
+    tab.new_session()
+    assert bodies == [{}]
+    expect(tab.by("error")).to_be_hidden()

@@ -28,7 +28,16 @@ end``                          one ``ARGS`` with the final input)
 ``message.complete``           closes what a cancel left open
 ``permission.requested``       an ``Interrupt``; :meth:`RunMapper.pause` ends
                                the run with ``RUN_FINISHED`` whose outcome is
-                               ``interrupt``
+                               ``interrupt``. A tool approval's ``reason`` is
+                               ``tool_approval``; an MCP elicitation's
+                               (``kind: "elicitation"``, section 11) is
+                               ``elicitation``, with the server's ``message``
+                               and a ``responseSchema`` whose ``content`` is
+                               its ``requested_schema``
+``context.compacting``,        ``CUSTOM`` named ``gateway.context_compacting``
+``context.compacted``          / ``gateway.context_compacted``, the payload as
+                               its ``value`` (AG-UI has no compaction event;
+                               one between turns belongs to no run)
 ``turn.completed``             ``RUN_FINISHED`` (``success``), or ``RUN_ERROR``
                                when its ``stop_reason`` is ``error``
 ``turn.cancelled``             ``RUN_FINISHED`` (``cancelled``)
@@ -38,7 +47,11 @@ Ids: a text block's message is the gateway message's id for its first text
 block and ``{message_id}:{index}`` for any later one; a thinking block's is
 ``{message_id}:{index}``; a tool result's message is ``{tool_use_id}:result``.
 :func:`agui_messages` gives stored messages the same ids, so a snapshot and a
-live run name the same things alike.
+live run name the same things alike. A ``context`` message (a compaction's
+summary, PROTOCOL section 12) is left out of ``MESSAGES_SNAPSHOT``: the
+messages it replaces are all there, and the summary is the model's view of
+them, not the conversation (a client that sent the snapshot's messages back as
+input would repeat the history twice over).
 """
 
 from __future__ import annotations
@@ -51,6 +64,8 @@ import msgspec
 
 from gateway.agui import shapes as ag
 from gateway.protocol.events import (
+    ContextCompacted,
+    ContextCompacting,
     Event,
     LlmCallCompleted,
     LlmCallFailed,
@@ -84,7 +99,13 @@ from gateway.protocol.shapes import (
 )
 
 APPROVAL_REASON = "tool_approval"
-"""The ``reason`` of every interrupt the gateway raises: a tool call waits for approval."""
+"""The ``reason`` of an interrupt for a tool call that waits for approval."""
+
+ELICITATION_REASON = "elicitation"
+"""The ``reason`` of an interrupt for an MCP server's question (PROTOCOL section 11)."""
+
+COMPACTING, COMPACTED = "gateway.context_compacting", "gateway.context_compacted"
+"""The ``name`` of the ``CUSTOM`` events of a compaction (PROTOCOL section 12)."""
 
 DECISION_SCHEMA: dict[str, object] = {
     "type": "object",
@@ -92,6 +113,15 @@ DECISION_SCHEMA: dict[str, object] = {
     "required": ["decision"],
 }
 """The ``responseSchema`` of an approval interrupt: what a resume entry's ``payload`` holds."""
+
+
+def elicitation_schema(requested: dict[str, object]) -> dict[str, object]:
+    """The ``responseSchema`` of an elicitation: a decision, and with ``allow`` the content."""
+    return {
+        "type": "object",
+        "properties": {"decision": {"enum": ["allow", "deny"]}, "content": requested},
+        "required": ["decision"],
+    }
 
 
 def text_message_id(message_id: str, index: int, first_text: int | None) -> str:
@@ -195,6 +225,23 @@ class RunMapper:
             return [_result(p.tool_use_id, p.result, ts)]
         if isinstance(p, ToolFailed):
             return [_result(p.tool_use_id, f"{p.error_class}: {p.message}", ts)]
+        if isinstance(p, PermissionRequested) and p.kind == "elicitation":
+            requested = p.requested_schema
+            self._interrupts[p.perm_id] = ag.Interrupt(
+                id=p.perm_id,
+                reason=ELICITATION_REASON,
+                message=p.message if isinstance(p.message, str) else None,
+                tool_call_id=p.tool_use_id,
+                response_schema=elicitation_schema(
+                    requested if isinstance(requested, dict) else {"type": "object"}
+                ),
+                expires_at=iso_ms(p.expires_at),
+                metadata={"tool_name": p.tool_name},
+            )
+            return []
+        if isinstance(p, ContextCompacting | ContextCompacted):
+            name = COMPACTING if isinstance(p, ContextCompacting) else COMPACTED
+            return [ag.Custom(name=name, value=msgspec.to_builtins(p), timestamp=ts)]
         if isinstance(p, PermissionRequested):
             self._interrupts[p.perm_id] = ag.Interrupt(
                 id=p.perm_id,
@@ -425,6 +472,8 @@ def agui_messages(messages: Iterable[Message]) -> list[ag.AguiMessage]:
     """
     out: list[ag.AguiMessage] = []
     for m in messages:
+        if m.role == "context":
+            continue  # the model's view of older messages, not the conversation (module docstring)
         if m.role == "user":
             texts = [b.text for b in m.content if isinstance(b, TextBlock)]
             if texts:

@@ -220,6 +220,18 @@ class MessagesSnapshot(_Event, tag="MESSAGES_SNAPSHOT", kw_only=True):
     timestamp: int | None = None
 
 
+class Custom(_Event, tag="CUSTOM", kw_only=True):
+    """An event AG-UI has no type for: ``name`` says which, ``value`` is its payload.
+
+    The gateway's are a compaction's ``gateway.context_compacting`` and
+    ``gateway.context_compacted`` (PROTOCOL section 12).
+    """
+
+    name: str
+    value: Any = None
+    timestamp: int | None = None
+
+
 AguiEvent = (
     RunStarted
     | RunFinished
@@ -240,6 +252,7 @@ AguiEvent = (
     | ToolCallEnd
     | ToolCallResult
     | MessagesSnapshot
+    | Custom
 )
 
 

@@ -15,6 +15,8 @@
 """
 
 from gateway.client.api import (
+    AgentInfo,
+    AgentList,
     Chunk,
     GatewayClient,
     Session,
@@ -39,6 +41,8 @@ from gateway.protocol.http import (
 )
 
 __all__ = [
+    "AgentInfo",
+    "AgentList",
     "Backoff",
     "Chunk",
     "GatewayClient",

@@ -3,7 +3,8 @@
 Async, on Trio, httpx and trio-websocket. Two layers::
 
     GatewayClient            PROTOCOL section 2: create, list and open sessions, send a
-    │                        turn, cancel it, answer a permission, leave feedback
+    │                        turn, cancel it, answer a permission or an elicitation,
+    │                        leave feedback, list the agents (section 11)
     ├── subscribe(...)       a Subscription (gateway.client.stream): one session's frames,
     │                        resumed after every drop, with any filter
     └── open_session(...)    a Session: a Subscription to ``preset:full`` that starts from
@@ -69,6 +70,7 @@ from gateway.client.stream import (
 from gateway.client.views import FullView, SimpleView, full_view, simple_view
 from gateway.errors import ClientError
 from gateway.protocol.events import (
+    ContextCompacted,
     Event,
     MessageComplete,
     ToolCalled,
@@ -94,6 +96,7 @@ from gateway.protocol.shapes import (
     PendingPermission,
     TextBlock,
     ThinkingBlock,
+    ToolInfo,
 )
 
 T = TypeVar("T")
@@ -160,16 +163,34 @@ class GatewayClient:
         workspace_path: str | None = None,
         model: str | None = None,
         metadata: dict[str, Any] | None = None,
+        agent: str | None = None,
     ) -> SessionCreated:
         """``POST /sessions``; ``None`` leaves a field to the gateway's default.
 
+        ``agent`` names the agent the session runs for its life (PROTOCOL
+        section 11; :meth:`list_agents` lists them).
+
         Raises:
-            ApiError: 422 ``invalid_workspace`` or ``invalid_model``, 401/403, ...
+            ApiError: 422 ``invalid_workspace``, ``invalid_model`` or
+                ``unknown_agent`` (its message lists the names), 401/403, ...
             ClientError: ``unreachable``, ``not_a_gateway``.
         """
-        body = {"workspace_path": workspace_path, "model": model, "metadata": metadata}
+        body = {
+            "workspace_path": workspace_path,
+            "model": model,
+            "metadata": metadata,
+            "agent": agent,
+        }
         present = {key: value for key, value in body.items() if value is not None}
         return await self._call("POST", "/sessions", SessionCreated, body=present)
+
+    async def list_agents(self) -> AgentList:
+        """``GET /agents``: the agents a session may run (PROTOCOL section 11).
+
+        Raises:
+            ApiError: 404 from a gateway that has no agents route (older than section 11).
+        """
+        return await self._call("GET", "/agents", AgentList)
 
     async def list_sessions(
         self, *, limit: int | None = None, before: str | None = None
@@ -231,15 +252,30 @@ class GatewayClient:
         await self._call("POST", path, CancelAccepted, body=body)
 
     async def answer_permission(
-        self, session_id: str, perm_id: str, decision: Literal["allow", "deny"]
+        self,
+        session_id: str,
+        perm_id: str,
+        decision: Literal["allow", "deny"],
+        *,
+        content: dict[str, Any] | None = None,
     ) -> None:
         """``POST /sessions/{id}/permissions/{perm_id}``.
 
+        ``content`` answers an elicitation (``kind: "elicitation"``, PROTOCOL
+        section 11): with ``allow``, what the person filled in, which should
+        match the request's ``requested_schema``; ``deny`` declines it. The
+        request may be a worker's: ``session_id`` is the session whose stream
+        showed it (the answer is the same route, PROTOCOL section 5).
+
         Raises:
-            ApiError: 404 ``permission_not_found``, 409 ``permission_resolved``.
+            ApiError: 404 ``permission_not_found``, 409 ``permission_resolved``,
+                422 for content the schema refuses.
         """
         path = f"/sessions/{session_id}/permissions/{perm_id}"
-        await self._call("POST", path, Accepted, body={"decision": decision})
+        body: dict[str, Any] = {"decision": decision}
+        if content is not None:
+            body["content"] = content
+        await self._call("POST", path, Accepted, body=body)
 
     async def leave_feedback(
         self,
@@ -434,6 +470,23 @@ class Update:
         return frame.event if isinstance(frame, EventFrame) else None
 
 
+class AgentInfo(msgspec.Struct):
+    """One agent of ``GET /agents`` (PROTOCOL section 11); ``default``: the one a
+    ``POST /sessions`` without ``agent`` runs."""
+
+    name: str
+    runtime: str
+    model: str
+    default: bool = False
+    tools: list[ToolInfo] = msgspec.field(default_factory=list)
+
+
+class AgentList(msgspec.Struct):
+    """The answer of ``GET /agents``."""
+
+    agents: list[AgentInfo]
+
+
 @dataclass(frozen=True)
 class ToolRun:
     """A tool call as a person follows it: running, then completed or failed.
@@ -465,6 +518,9 @@ class Session:
         id: the session id.
         state: the reduced state (PROTOCOL sections 6-8).
         tools: tool calls seen by this client, by ``tool_use_id``, with durations.
+        compactions: the ``context.compacted`` events this client saw, by the
+            ``summary_message_id`` of the ``context`` message they put (their
+            token counts, which a snapshot's message does not carry).
         connected: subscribed, as far as this client knows.
     """
 
@@ -481,6 +537,7 @@ class Session:
         self.id = subscription.session_id
         self.state = Reducer(self.id)
         self.tools: dict[str, ToolRun] = {}
+        self.compactions: dict[str, ContextCompacted] = {}
         self.connected = False
         self._shown: dict[tuple[str, int], int] = {}  # chars of each block delivered as chunks
         # Blocks restored cut at their beginning (the open block of a snapshot that had
@@ -520,9 +577,15 @@ class Session:
             turn_id = turn.turn_id
         await self.client.cancel_turn(self.id, turn_id, reason=reason)
 
-    async def answer(self, perm_id: str, decision: Literal["allow", "deny"]) -> None:
-        """Answer a permission request (see :attr:`pending_permissions`)."""
-        await self.client.answer_permission(self.id, perm_id, decision)
+    async def answer(
+        self,
+        perm_id: str,
+        decision: Literal["allow", "deny"],
+        *,
+        content: dict[str, Any] | None = None,
+    ) -> None:
+        """Answer a permission request or an elicitation (see :attr:`pending_permissions`)."""
+        await self.client.answer_permission(self.id, perm_id, decision, content=content)
 
     async def feedback(
         self, message_id: str, rating: Literal[-1, 1], *, comment: str | None = None
@@ -672,6 +735,8 @@ class Session:
                 )
             case ToolCompleted() | ToolFailed():
                 self._tool_ended(payload)
+            case ContextCompacted(summary_message_id=str(message_id)):
+                self.compactions[message_id] = payload
             case _:
                 pass
         chunks += self._streaming_news()

@@ -27,7 +27,20 @@ What a person sees:
   marked ``… (truncated)`` (a reply still streaming: ``… (the beginning is
   not shown)`` above its end, until it completes whole).
 - **Permissions** are asked inline: ``? allow sleep {"seconds": 60}  [y/n]``;
-  one key answers (no Enter needed).
+  one key answers (no Enter needed). A worker's request is asked the same way
+  (the parent's stream carries it, PROTOCOL section 5).
+- **Elicitations** (an MCP server asks a question while its tool runs,
+  PROTOCOL section 11): ``? mcp__tickets__create asks: Which priority?  [y/n]``;
+  ``y`` opens a small form: the server's message, then one question per
+  property of its ``requested_schema`` (string, number, integer, boolean or
+  one of an enum; a required one must be answered; an answer the schema
+  refuses is asked again), and the answers are sent as ``allow`` with
+  ``content``. ``n``, or an empty answer (or ``n``) to the form's first
+  question, declines (``deny``).
+- **Compactions** (PROTOCOL section 12) are one quiet line where they stand:
+  ``· context compacted: 12 messages summarised (52k → 3k tokens)`` (the
+  token counts when this client saw ``context.compacted``); while one runs
+  the simple view's status line says ``compacting context…``.
 
 How the screen is kept (:class:`Region`): what belongs to finished items is
 written once and never touched again; the rest, the *region* at the bottom
@@ -58,7 +71,7 @@ import re
 import shutil
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
@@ -75,6 +88,7 @@ from gateway.client.views import (
     SimpleView,
 )
 from gateway.errors import ApiError, GatewayError
+from gateway.protocol.events import ContextCompacted
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -261,10 +275,18 @@ def full_items(
     hidden_turns: set[str],
     width: int,
     marks: Marks,
+    compactions: dict[str, ContextCompacted] | None = None,
 ) -> list[Item]:
     """The full view as screen items: each message, each block (module docstring)."""
     items: list[Item] = []
     for message in view["messages"]:
+        if message["role"] == "context":
+            replaced = sum(
+                len(b["replaces"]) for b in message["blocks"] if b["type"] == "compaction"
+            )
+            line = compaction_line(replaced, (compactions or {}).get(message["id"]), marks)
+            items.append(Item(f"context:{message['id']}", (Line(fit(line, width), DIM),), True))
+            continue
         if message["role"] == "user":
             if message["turn_id"] not in hidden_turns:
                 text = "".join(b["text"] for b in message["blocks"] if b["type"] == "text")
@@ -277,6 +299,22 @@ def full_items(
             said = "cancelled" if message["status"] == "cancelled" else "stopped by an error"
             items.append(Item(f"end:{message['id']}", (Line(f"({said})", DIM),), True))
     return items
+
+
+def _tokens(count: int) -> str:
+    return f"{round(count / 1000)}k" if count >= 1000 else str(count)
+
+
+def compaction_line(replaced: int, event: ContextCompacted | None, marks: Marks) -> str:
+    """A compaction as one quiet line (PROTOCOL section 12); tokens when the event was seen."""
+    what = "summarised"
+    if event is not None and event.method == "truncate":
+        what = "dropped from the model's view"
+    plural = "" if replaced == 1 else "s"
+    line = f"· context compacted: {replaced} message{plural} {what}"
+    if event is not None:
+        line += f" ({_tokens(event.pre_tokens)} → {_tokens(event.post_tokens)} tokens)"
+    return line if marks.ok == "✓" else line.replace("·", "-").replace("→", "->")
 
 
 def _user_item(message_id: str, text: str, marks: Marks) -> Item:
@@ -304,6 +342,8 @@ def _block_item(
         return Item(key, (Line(prefix + text, DIM),), not block["open"])
     if block["type"] == "redacted_thinking":
         return Item(key, (Line(f"{marks.thinking} (redacted thinking)", DIM),), not block["open"])
+    if block["type"] == "compaction":  # only a context message holds one: full_items
+        return Item(key, (Line("· context compacted", DIM),), True)
     run = tools.get(block["id"])
     status = block["status"]
     duration = "" if run is None or run.duration_ms is None else f" {run.duration_ms} ms"
@@ -331,11 +371,23 @@ def _block_item(
 
 
 def simple_items(
-    view: SimpleView, *, hidden_turns: set[str], width: int, marks: Marks
+    view: SimpleView,
+    *,
+    hidden_turns: set[str],
+    width: int,
+    marks: Marks,
+    compactions: dict[str, ContextCompacted] | None = None,
 ) -> list[Item]:
     """The replace-then-append view as screen items (module docstring)."""
     items: list[Item] = []
     for entry in view["thread"]:
+        if entry["role"] == "context":
+            event = (compactions or {}).get(entry["message_id"])
+            line = compaction_line(entry.get("replaces", 0), event, marks)
+            items.append(
+                Item(f"context:{entry['message_id']}", (Line(fit(line, width), DIM),), True)
+            )
+            continue
         if entry["role"] == "user":
             if entry["turn_id"] not in hidden_turns:
                 items.append(_user_item(entry["message_id"], entry["text"], marks))
@@ -350,6 +402,8 @@ def simple_items(
     if status is not None:
         if status["kind"] == "thinking":
             text = f"{marks.thinking} {fit(fold(status['text']), width - 3, tail=True)}"
+        elif status["kind"] == "compacting":
+            text = f"compacting context{marks.ellipsis}"
         else:
             state = status["state"].replace("_", " ")
             text = f"{marks.tool} {status['tool_name']} {state}{marks.ellipsis}"
@@ -358,11 +412,200 @@ def simple_items(
 
 
 def question_item(permission: PermissionView, answered: str | None, width: int) -> Item:
-    """The inline question for a pending permission."""
-    call = f"{permission['tool_name']} {fold(json.dumps(permission['input'], ensure_ascii=False))}"
+    """The inline question for a pending permission, or an elicitation (``y`` opens its form)."""
     tail = "  [y/n]" if answered is None else f"  {answered}"
-    line = Line(f"? allow {fit(call, max(width - len(tail) - 10, 10))}{tail}", YELLOW)
+    room = max(width - len(tail) - 10, 10)
+    if permission["kind"] == "elicitation":
+        asks = f"{permission['tool_name']} asks: {fold(permission['message'] or '')}"
+        line = Line(f"? {fit(asks, room)}{tail}", YELLOW)
+    else:
+        call = (
+            f"{permission['tool_name']} {fold(json.dumps(permission['input'], ensure_ascii=False))}"
+        )
+        line = Line(f"? allow {fit(call, room)}{tail}", YELLOW)
     return Item(f"ask:{permission['perm_id']}", (line,), False)
+
+
+# --- an elicitation's form (PROTOCOL section 11) ---------------------------------------------
+
+FieldKind = Literal["string", "number", "integer", "boolean", "enum"]
+_YES = ("y", "yes", "true", "1")
+_NO = ("n", "no", "false", "0")
+
+
+class FormError(ValueError):
+    """An answer the requested schema refuses; its message says why, to ask again."""
+
+
+@dataclass(frozen=True)
+class FormField:
+    """One property of an elicitation's ``requested_schema``, as one question."""
+
+    name: str
+    kind: FieldKind
+    schema: dict[str, Any]
+    required: bool
+
+    @property
+    def prompt(self) -> str:
+        """``Priority (low/normal/urgent, required): ``."""
+        label = str(self.schema.get("title") or self.name)
+        hints: list[str] = []
+        if self.kind == "enum":
+            hints.append("/".join(str(choice) for choice in self.schema["enum"]))
+        elif self.kind == "boolean":
+            hints.append("y/n")
+        elif self.kind != "string":
+            hints.append(self.kind)
+        if self.required:
+            hints.append("required")
+        description = self.schema.get("description")
+        head = f"{label} ({', '.join(hints)})" if hints else label
+        return f"{head} - {description}: " if description else f"{head}: "
+
+
+def form_fields(schema: dict[str, Any]) -> list[FormField]:
+    """The questions of a ``requested_schema``: a flat object of primitive properties (MCP).
+
+    Raises:
+        FormError: a property of a type the form cannot ask (the request is
+            then declined).
+    """
+    properties = schema.get("properties") or {}
+    required = set(schema.get("required") or ())
+    fields: list[FormField] = []
+    for name, prop in properties.items():
+        if not isinstance(prop, dict):
+            raise FormError(f"property {name!r} is not a schema")
+        kind: FieldKind
+        match "enum" if "enum" in prop else prop.get("type"):
+            case "string" | "number" | "integer" | "boolean" | "enum" as known:
+                kind = known
+            case other:
+                raise FormError(f"property {name!r} is of a type this form cannot ask ({other!r})")
+        fields.append(FormField(name, kind, prop, name in required))
+    return fields
+
+
+def parse_answer(field: FormField, text: str) -> Any:
+    """The value ``text`` gives ``field``, checked against its schema.
+
+    Raises:
+        FormError: not a value of the field's type, or out of its bounds.
+    """
+    text = text.strip()
+    value: Any
+    match field.kind:
+        case "boolean":
+            if text.lower() not in _YES + _NO:
+                raise FormError("answer y or n")
+            value = text.lower() in _YES
+        case "integer":
+            try:
+                value = int(text)
+            except ValueError:
+                raise FormError("a whole number, please") from None
+        case "number":
+            try:
+                value = float(text)
+            except ValueError:
+                raise FormError("a number, please") from None
+            value = int(value) if value.is_integer() and "." not in text else value
+        case "enum":
+            choices = field.schema["enum"]
+            matches = [c for c in choices if str(c) == text] or [
+                c for c in choices if str(c).lower() == text.lower()
+            ]
+            if len(matches) != 1:
+                raise FormError(f"one of {', '.join(str(c) for c in choices)}")
+            value = matches[0]
+        case _:
+            value = text
+    check_value(field, value)
+    return value
+
+
+def check_value(field: FormField, value: Any) -> None:
+    """``value`` against the field's schema (type, enum, length and bounds)."""
+    schema = field.schema
+    ok = {
+        "string": isinstance(value, str),
+        "boolean": isinstance(value, bool),
+        "integer": isinstance(value, int) and not isinstance(value, bool),
+        "number": isinstance(value, int | float) and not isinstance(value, bool),
+        "enum": value in schema.get("enum", ()),
+    }[field.kind]
+    if not ok:
+        raise FormError(f"{field.name}: not a {field.kind}")
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0):
+            raise FormError(f"at least {schema['minLength']} characters")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            raise FormError(f"at most {schema['maxLength']} characters")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            raise FormError(f"at least {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            raise FormError(f"at most {schema['maximum']}")
+
+
+def check_content(schema: dict[str, Any], content: dict[str, Any]) -> None:
+    """A whole answer against its ``requested_schema``: required present, each value valid.
+
+    Raises:
+        FormError: what is wrong.
+    """
+    fields = {field.name: field for field in form_fields(schema)}
+    for field in fields.values():
+        if field.required and field.name not in content:
+            raise FormError(f"{field.name} is required")
+    for name, value in content.items():
+        if name not in fields:
+            raise FormError(f"{name} is not asked for")
+        check_value(fields[name], value)
+
+
+async def ask_form(
+    permission: PermissionView,
+    read_line: Callable[[], Awaitable[str | None]],
+    write: Callable[[str], None],
+) -> dict[str, Any] | None:
+    """Ask an elicitation's questions; the content to send, or ``None`` to decline.
+
+    Prints the server's message, then asks each property of the requested
+    schema in turn, again until the schema accepts the answer. An empty
+    answer or ``n`` to the first question declines (so does end of input);
+    an empty answer to a later optional one leaves it out.
+    """
+    write(f"{permission['tool_name']} asks: {clean(permission['message'] or '')}\n")
+    try:
+        fields = form_fields(permission["requested_schema"] or {})
+    except FormError as exc:
+        write(f"  (cannot answer: {exc}; declined)\n")
+        return None
+    content: dict[str, Any] = {}
+    for position, field in enumerate(fields):
+        while True:
+            write(f"  {field.prompt}")
+            text = await read_line()
+            if text is None:
+                return None
+            answer = text.strip()
+            if position == 0 and answer.lower() in ("", "n"):
+                return None
+            if not answer and not field.required:
+                break
+            if not answer:
+                write("  (required)\n")
+                continue
+            try:
+                content[field.name] = parse_answer(field, answer)
+            except FormError as exc:
+                write(f"  ({exc})\n")
+                continue
+            break
+    check_content(permission["requested_schema"] or {}, content)
+    return content
 
 
 # --- the keyboard --------------------------------------------------------------------------------
@@ -506,6 +749,7 @@ class Chat:
         self.disconnected_at: float | None = None
         self.redrawn = trio.Event()
         self.failure: GatewayError | None = None
+        self.form_open = False  # an elicitation's form owns the screen and the keyboard
 
     async def run(self) -> int:
         """Until the person quits (or what retrying cannot fix); the exit status."""
@@ -536,12 +780,23 @@ class Chat:
         if self.view == "full":
             full = self.session.full
             items = full_items(
-                full, self.session.tools, hidden_turns=hidden, width=width, marks=self.marks
+                full,
+                self.session.tools,
+                hidden_turns=hidden,
+                width=width,
+                marks=self.marks,
+                compactions=self.session.compactions,
             )
             permissions = full["permissions"]
         else:
             simple = self.session.simple
-            items = simple_items(simple, hidden_turns=hidden, width=width, marks=self.marks)
+            items = simple_items(
+                simple,
+                hidden_turns=hidden,
+                width=width,
+                marks=self.marks,
+                compactions=self.session.compactions,
+            )
             permissions = simple["permissions"]
         if state.has_more:  # the snapshot left older messages out (PROTOCOL section 15)
             items.insert(0, Item("earlier", (Line("(earlier messages not shown)", DIM),), True))
@@ -564,7 +819,12 @@ class Chat:
     def redraw(self, *, final_only: bool = False) -> None:
         """Show the items not yet written for good; settle the finished ones at the top.
 
-        ``final_only`` (before the prompt): the lines that may still change go."""
+        ``final_only`` (before the prompt): the lines that may still change go.
+        Nothing is drawn while an elicitation's form is open (it is redrawn after)."""
+        if self.form_open:
+            self.redrawn.set()
+            self.redrawn = trio.Event()
+            return
         items = [item for item in self.items() if item.key not in self.committed]
         if final_only:
             items = [item for item in items if item.final]
@@ -678,13 +938,49 @@ class Chat:
             if asked is None or asked.perm_id in self.answered or key.lower() not in ("y", "n"):
                 continue
             allow = key.lower() == "y"
-            self.answered[asked.perm_id] = "allowed" if allow else "denied"
+            content: dict[str, Any] | None = None
+            if allow and asked.kind == "elicitation":
+                content = await self._form(asked.perm_id)
+                allow = content is not None
+            self.answered[asked.perm_id] = (
+                ("answered" if content else "allowed")
+                if allow
+                else ("declined" if asked.kind == "elicitation" else "denied")
+            )
             self.redraw()
             try:
-                await self.session.answer(asked.perm_id, "allow" if allow else "deny")
+                await self.session.answer(
+                    asked.perm_id, "allow" if allow else "deny", content=content
+                )
             except GatewayError as exc:
                 self.answered[asked.perm_id] = f"not answered: {exc.message}"
                 self.redraw()
+
+    async def _form(self, perm_id: str) -> dict[str, Any] | None:
+        """An elicitation's form, below what is on screen, in line mode (module docstring)."""
+        view = next((p for p in self.session.full["permissions"] if p["perm_id"] == perm_id), None)
+        if view is None:
+            return None
+        self.region.show([])  # the region goes; it is drawn again below the form
+        self.form_open = True
+        self.keyboard.mode("line")
+
+        def write(text: str) -> None:
+            self.out.write(text)
+            self.out.flush()
+
+        async def read_line() -> str | None:
+            line = await self.keyboard.line()
+            if not self.keyboard.tty:
+                self.out.write("\n")  # nothing echoed the newline
+            return line
+
+        try:
+            return await ask_form(view, read_line, write)
+        finally:
+            self.keyboard.mode("keys")
+            self.form_open = False
+            self.region.fresh = True
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -696,13 +992,20 @@ async def chat(
     *,
     view: ViewName = "full",
     api_key: str | None = None,
+    agent: str | None = None,
     stdin_fd: int = 0,
     out: TextIO | None = None,
+    transport: Any = None,
 ) -> int:
-    """Chat with a session (a new one when ``session_id`` is ``None``); the exit status."""
+    """Chat with a session (a new one when ``session_id`` is ``None``); the exit status.
+
+    ``agent`` names the agent of the new session (PROTOCOL section 11); an
+    unknown one is the gateway's 422 ``unknown_agent``, whose message (the
+    names it knows) is printed, exit status 1.
+    """
     output = out if out is not None else sys.stdout
     try:
-        client = GatewayClient(base_url, api_key=api_key)
+        client = GatewayClient(base_url, api_key=api_key, transport=transport)
     except GatewayError as exc:
         print(f"chat: --url {exc.message}", file=sys.stderr)
         return EXIT_USAGE
@@ -710,7 +1013,13 @@ async def chat(
     try:
         async with client:
             if session_id is None:
-                session_id = (await client.create_session()).session_id
+                try:
+                    session_id = (await client.create_session(agent=agent)).session_id
+                except ApiError as exc:
+                    if exc.status != 422:
+                        raise
+                    print(f"chat: {exc.message}", file=sys.stderr)
+                    return EXIT_FAILED
                 output.write(f"\x1b[{DIM}msession {session_id}\x1b[0m\n")
             async with client.open_session(session_id) as session:
                 return await Chat(session, keyboard, output, view=view).run()
@@ -733,5 +1042,14 @@ def run(args: Any) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     status = EXIT_OK
     with suppress(KeyboardInterrupt):  # a Ctrl-C before the signal receiver was in place
-        status = trio.run(partial(chat, args.url, args.session, view=args.view, api_key=api_key))
+        status = trio.run(
+            partial(
+                chat,
+                args.url,
+                args.session,
+                view=args.view,
+                api_key=api_key,
+                agent=getattr(args, "agent", None),
+            )
+        )
     return status

@@ -60,6 +60,24 @@ Where the contract is silent, this module decides:
   deltas append to what was sent (its end: the open block is cut at its
   beginning), until ``message.complete`` brings the message whole. A tool
   result cut in the snapshot is listed in :attr:`Reducer.truncated_results`.
+- **Worker requests.** A worker's ``permission.requested`` and
+  ``permission.resolved`` reach the parent's stream whatever its filter
+  (PROTOCOL section 5), and a parent's snapshot lists its workers' pending
+  requests with their ``session_id`` (section 6): the parent keeps them in
+  its own :attr:`Reducer.permissions` too, so the one who has to answer sees
+  them (the worker's reducer, with ``include_worker_sessions``, as well).
+- **Compactions** (PROTOCOL section 12). ``context.compacting`` opens
+  :attr:`Reducer.compacting` until ``context.compacted`` (or the end of the
+  turn, or a snapshot, which cannot say a compaction is under way). The event
+  does not carry the summary: ``context.compacted`` puts, at the end of the
+  finished messages, the ``context`` message ``summary_message_id`` names
+  with a ``compaction`` block marked ``truncated`` (its summary ``""``, to be
+  fetched whole with ``GET .../messages/{id}`` and :meth:`Reducer.replace_message`,
+  as a block a snapshot cut) whose ``replaces`` lists the messages this
+  client holds before ``first_kept_message_id``. A snapshot's ``context``
+  message stands as sent. The replaced messages stay: no client loses
+  history; only the model's view is shorter. A compaction without a summary
+  message (``summary_message_id: null``) puts nothing.
 - **Duplicates.** Event ids compare as strings (PROTOCOL section 1). The server
   promises each event once (section 3), so the reducer compares ids only to
   prove it: an event at or below the cursor is counted in
@@ -75,6 +93,8 @@ import msgspec
 
 from gateway.partial_json import best_effort
 from gateway.protocol.events import (
+    ContextCompacted,
+    ContextCompacting,
     DelegateStarted,
     Event,
     MessageComplete,
@@ -100,6 +120,7 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.frames import EventFrame, ServerFrame, Snapshot
 from gateway.protocol.shapes import (
+    CompactionBlock,
     ContentBlock,
     Message,
     MessageStatus,
@@ -345,6 +366,8 @@ class Reducer:
         self.has_more = False
         self.truncated_results: set[str] = set()
         self.oldest_message_id: str | None = None  # the first the snapshot (or a page) sent
+        # PROTOCOL section 12: the compaction under way (module docstring, "Compactions").
+        self.compacting: ContextCompacting | None = None
 
     def apply(self, frame: ServerFrame) -> None:
         """Apply one server frame; only ``snapshot`` and ``event`` frames change state.
@@ -377,7 +400,8 @@ class Reducer:
                 worker = self.workers[event.session_id] = Reducer(event.session_id, lenient=True)
             worker._dispatch(event)
             if isinstance(event.payload, PermissionRequested | PermissionResolved):
-                self._permission(event)  # the stream's own pending list has it too
+                # A worker's request is the parent's to answer (module docstring).
+                self._permission(event)
         if isinstance(event.payload, DelegateStarted):
             p = event.payload
             link = WorkerLink(p.worker_session_id, p.tool_use_id, p.task, event.session_id)
@@ -404,6 +428,7 @@ class Reducer:
             "tool_results": {id_: asdict(outcome) for id_, outcome in self.tool_results.items()},
             "turn": None if self.turn is None else asdict(self.turn),
             "pending_permissions": [_builtins(p) for p in self.permissions.values()],
+            "compacting": None if self.compacting is None else _builtins(self.compacting),
             "last_event_id": self.last_event_id,
         }
 
@@ -493,6 +518,7 @@ class Reducer:
         self.turn = TurnState(turn_id, "in_flight") if turn_id is not None and in_flight else None
         self.turn_outcomes = {}
         self.permissions = {p.perm_id: p for p in session.pending_permissions}
+        self.compacting = None  # a snapshot cannot say one is under way (section 6)
         # The parent's snapshot shows no worker: what was known of them is
         # replaced too, and rebuilt from their later events.
         self.workers = {}
@@ -524,6 +550,10 @@ class Reducer:
                 self._tool_outcome(ToolOutcome(p.tool_use_id, "failed", p.message, p.error_class))
             case PermissionRequested() | PermissionResolved():
                 self._permission(event)
+            case ContextCompacting() as p:
+                self.compacting = p
+            case ContextCompacted() as p:
+                self._compacted(event, p)
             case MessageStart() as p:
                 self._message_start(event, p)
             case MessageSnapshot() as p:
@@ -574,27 +604,46 @@ class Reducer:
                 pass  # an unknown type, or one that does not change this state
 
     def _permission(self, event: Event) -> None:
-        """A request opened or resolved, this session's or one of its workers'.
+        """A request added or resolved, the session's own or a worker's (``session_id``)."""
+        match event.payload:
+            case PermissionRequested() as p:
+                self.permissions[p.perm_id] = PendingPermission(
+                    p.perm_id,
+                    event.session_id,
+                    p.kind,
+                    p.tool_use_id,
+                    p.tool_name,
+                    p.input,
+                    p.expires_at,
+                    p.message,
+                    p.requested_schema,
+                )
+            case PermissionResolved() as p:
+                self.permissions.pop(p.perm_id, None)
 
-        PROTOCOL section 6: a session's ``pending_permissions`` lists its
-        workers' requests too (each with the ``session_id`` that asked), so a
-        worker's request is pending here as in a snapshot of this session.
-        """
-        p = event.payload
-        if isinstance(p, PermissionRequested):
-            self.permissions[p.perm_id] = PendingPermission(
-                p.perm_id,
-                event.session_id,
-                p.kind,
-                p.tool_use_id,
-                p.tool_name,
-                p.input,
-                p.expires_at,
-                p.message,
-                p.requested_schema,
+    def _compacted(self, event: Event, payload: ContextCompacted) -> None:
+        """The compaction's ``context`` message, its summary still to fetch (module docstring)."""
+        self.compacting = None
+        if payload.summary_message_id is None:
+            return
+        replaces: list[str] = []
+        for message in self.messages:
+            if message.id == payload.first_kept_message_id:
+                break
+            if message.role != "context":
+                replaces.append(message.id)
+        block = CompactionBlock("", replaces, truncated=True)
+        self._put(
+            Message(
+                id=payload.summary_message_id,
+                session_id=event.session_id,
+                turn_id=event.turn_id,
+                role="context",
+                content=[block],
+                status="complete",
+                created_at=event.ts,
             )
-        elif isinstance(p, PermissionResolved):
-            self.permissions.pop(p.perm_id, None)
+        )
 
     def _turn_started(self, payload: TurnStarted) -> None:
         if self.turn is not None and self.turn.status == "in_flight":
@@ -619,6 +668,7 @@ class Reducer:
         self.turn = ended
         self.turn_outcomes[ended.turn_id] = ended
         self.permissions.clear()  # a turn's requests end with it
+        self.compacting = None  # and so does a compaction it began
 
     def _tool_outcome(self, outcome: ToolOutcome) -> None:
         # The tool_use may precede a resume cursor: the outcome is kept unpaired.

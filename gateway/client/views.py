@@ -43,7 +43,22 @@ Where section 10 is silent, decided here (docs/protocol.md, "Views"):
   but no later round (its call failed before a message started), else
   ``complete`` (no tool ran: the turn stopped there, as with ``max_tokens``).
   A turn with no assistant message has no reply entry.
-- **The status line** shows, for the turn in flight only: the open thinking
+- **Compactions** (PROTOCOL section 12). A ``context`` message is its own
+  item where it stands in the message list, after the messages it replaces,
+  which stay. The full view shows its ``compaction`` block (``summary``,
+  ``replaces``; ``truncated`` while the summary is still to fetch, as after
+  ``context.compacted``: the event does not carry it). The simple view shows
+  it as one quiet entry of role ``context`` (no text: it is never assistant
+  text; ``replaces`` is how many messages it stands for).
+- **Permissions** are every pending request, the session's own and its
+  workers' (``session_id`` says whose), with ``kind``; an elicitation's
+  ``message`` and ``requested_schema`` (``None`` for a tool approval) are
+  what a client builds its form from (section 11).
+- **The status line** is ``{"kind": "compacting"}`` while a compaction is
+  under way (``context.compacting`` without its ``context.compacted``), turn
+  or no turn; a snapshot cannot say so, so a client that attaches during a
+  compaction shows it only from the next event of it. Otherwise it shows, for
+  the turn in flight only: the open thinking
   block's latest chunk (a restored block's chunks are unknown: empty until
   its next chunk); else the tool block being written (``preparing``); else,
   once the round's message is complete, the first of its tools awaiting
@@ -55,8 +70,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
+import msgspec
+
 from gateway.client.reducer import Reducer, StreamingBlock, StreamingMessage
 from gateway.protocol.shapes import (
+    CompactionBlock,
     ContentBlock,
     Message,
     PendingPermission,
@@ -110,7 +128,21 @@ class ToolUseView(TypedDict):
     truncated: NotRequired[bool]  # its input or its result was sent cut (section 15)
 
 
-BlockView = TextView | ThinkingView | RedactedThinkingView | ToolUseView
+class CompactionView(TypedDict):
+    """A ``context`` message's summary of older messages (PROTOCOL section 12).
+
+    ``truncated`` (only when true): the summary is not known yet (``""``):
+    fetch the message whole (``GET .../messages/{id}``).
+    """
+
+    type: Literal["compaction"]
+    summary: str
+    replaces: list[str]
+    open: bool
+    truncated: NotRequired[bool]
+
+
+BlockView = TextView | ThinkingView | RedactedThinkingView | ToolUseView | CompactionView
 
 
 class MessageView(TypedDict):
@@ -122,11 +154,17 @@ class MessageView(TypedDict):
 
 
 class PermissionView(TypedDict):
+    """A pending request (PROTOCOL sections 6 and 11): a tool's approval or an elicitation."""
+
     perm_id: str
+    session_id: str
+    kind: Literal["tool", "elicitation"]
     tool_use_id: str
     tool_name: str
     input: dict[str, Any]
     expires_at: int
+    message: str | None
+    requested_schema: dict[str, Any] | None
 
 
 class WorkerView(TypedDict):
@@ -152,13 +190,14 @@ class FullView(TypedDict):
 
 
 class ThreadEntry(TypedDict):
-    """A user message, or the one reply of a turn."""
+    """A user message, the one reply of a turn, or a compaction (``replaces``: how many)."""
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "context"]
     turn_id: str | None
     message_id: str
     text: str
     status: ReplyStatus
+    replaces: NotRequired[int]
 
 
 class ThinkingStatus(TypedDict):
@@ -173,7 +212,12 @@ class ToolStatusLine(TypedDict):
     tool_name: str
 
 
-StatusLine = ThinkingStatus | ToolStatusLine
+class CompactingStatus(TypedDict):
+    kind: Literal["compacting"]
+    trigger: str
+
+
+StatusLine = ThinkingStatus | ToolStatusLine | CompactingStatus
 
 
 class SimpleView(TypedDict):
@@ -258,6 +302,16 @@ def _finished_block(reducer: Reducer, message: Message, block: ContentBlock) -> 
             status: ToolStatus = "running" if running else "not_run"
             view = _tool_view(reducer, id_, name, input_, open_=False, otherwise=status)
             return _cut(view, cut is True or "truncated" in view)
+        case CompactionBlock(summary=summary, replaces=replaces, truncated=cut):
+            compaction: CompactionView = {
+                "type": "compaction",
+                "summary": summary,
+                "replaces": list(replaces),
+                "open": False,
+            }
+            if cut is True:
+                compaction["truncated"] = True
+            return compaction
         case ToolResultBlock():
             return None  # paired with its tool_use instead
     return None
@@ -345,10 +399,16 @@ def _permissions(reducer: Reducer) -> list[PermissionView]:
     return [
         {
             "perm_id": p.perm_id,
+            "session_id": p.session_id,
+            "kind": p.kind,
             "tool_use_id": p.tool_use_id,
             "tool_name": p.tool_name,
             "input": p.input,
             "expires_at": p.expires_at,
+            "message": None if isinstance(p.message, msgspec.UnsetType) else p.message,
+            "requested_schema": (
+                None if isinstance(p.requested_schema, msgspec.UnsetType) else p.requested_schema
+            ),
         }
         for p in reducer.permissions.values()
     ]
@@ -378,6 +438,19 @@ def simple_view(reducer: Reducer) -> SimpleView:
                     "message_id": message.id,
                     "text": "\n".join(b.text for b in message.content if isinstance(b, TextBlock)),
                     "status": "complete",
+                }
+            )
+        elif message.role == "context":
+            blocks = [b for b in message.content if isinstance(b, CompactionBlock)]
+            replaced = sum(len(b.replaces) for b in blocks)
+            thread.append(
+                {
+                    "role": "context",
+                    "turn_id": message.turn_id,
+                    "message_id": message.id,
+                    "text": "",
+                    "status": "complete",
+                    "replaces": replaced,
                 }
             )
         else:
@@ -448,6 +521,8 @@ def _reply_status(
 
 def _status_line(reducer: Reducer) -> StatusLine | None:
     """The one status line of the turn in flight (module docstring, "The status line")."""
+    if reducer.compacting is not None:
+        return {"kind": "compacting", "trigger": reducer.compacting.trigger}
     running = reducer.running_turn_id
     if running is None:
         return None

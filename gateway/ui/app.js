@@ -18,9 +18,20 @@
 // - the API key: asked for when the gateway answers 401 (or 403 to a key it
 //   no longer takes), kept in sessionStorage (this tab only), never in a URL.
 //
+// - agents (PROTOCOL section 11): a picker filled from `GET /agents` names the
+//   agent of a new session (`POST /sessions {"agent"}`); a gateway without that
+//   route (404) hides it, and sessions get the default agent.
+// - compactions (section 12): one quiet line where the context message stands
+//   (`compaction`), the replaced messages kept; "Compacting the context…" as the
+//   simple view's status line while one runs.
+// - elicitations (section 11): a small form built from `requested_schema`
+//   (string: text, number/integer: number, boolean: checkbox, enum: select),
+//   Submit answers `allow` with `content`, Decline `deny`. A worker's request
+//   (its `session_id`) is answered with its own session id.
+//
 // Elements that tests and automation drive carry data-testid (issue 12): prompt,
 // send, cancel, new-session, view-toggle, status, and each message `message`
-// with data-role and data-status. `window.gateway` is a small handle for
+// with data-role and data-status; agent-picker, compaction, elicitation. `window.gateway` is a small handle for
 // automation (the stream, its state, and `options`, which an init script may
 // set before the page loads: {backoffBaseMs, backoffCapMs, keepaliveMs}).
 
@@ -44,6 +55,7 @@ const ui = {
   title: $("session-title"),
   sessions: $("sessions"),
   newSession: $("new-session"),
+  agentPicker: $("agent-picker"),
   refresh: $("refresh-sessions"),
   thread: $("thread"),
   empty: $("empty"),
@@ -589,6 +601,7 @@ function reconcile(items) {
 }
 
 function drawMessage(item) {
+  if (item.role === "context") return drawCompaction(item);
   const head = el(
     "div",
     { class: "message-head" },
@@ -616,6 +629,27 @@ function drawMessage(item) {
         truncatedMark(block, item.id, item.status !== "in_progress" && !item.worker),
       ]),
     ),
+  );
+}
+
+/** A compaction (PROTOCOL section 12): one quiet line; its summary folded, when known. */
+function drawCompaction(item) {
+  const block = item.blocks[0] || { replaces: 0, summary: "" };
+  const count = block.replaces;
+  const line = `Context compacted: ${count} message${count === 1 ? "" : "s"} summarised for the model (kept here)`;
+  return el(
+    "div",
+    {
+      class: "compaction",
+      "data-testid": "compaction",
+      "data-role": "context",
+      "data-key": item.key,
+      "data-message-id": item.id || null,
+      "data-replaces": String(count),
+    },
+    block.summary
+      ? el("details", {}, el("summary", { text: line }), el("div", { class: "text", text: block.summary }))
+      : el("span", { text: line }),
   );
 }
 
@@ -701,16 +735,19 @@ function drawTool(block) {
   return tool;
 }
 
+function permissionPath(permission) {
+  // A worker's request is answered with the session that asked (PROTOCOL sections 5, 6).
+  const sessionId = permission.session_id || permission.sessionId || page.sessionId;
+  return `sessions/${encodeURIComponent(sessionId)}/permissions/${encodeURIComponent(permission.perm_id)}`;
+}
+
 function drawPermission(permission) {
+  if (permission.kind === "elicitation") return drawElicitation(permission);
   const decide = (decision) => async (event) => {
     const buttons = event.target.closest(".permission").querySelectorAll("button");
     for (const button of buttons) button.disabled = true;
     try {
-      await api(
-        "POST",
-        `sessions/${encodeURIComponent(permission.sessionId || page.sessionId)}/permissions/${encodeURIComponent(permission.perm_id)}`,
-        { decision },
-      );
+      await api("POST", permissionPath(permission), { decision });
     } catch (error) {
       showError(`Could not ${decision}: ${error.message}`);
       for (const button of buttons) button.disabled = false;
@@ -723,6 +760,124 @@ function drawPermission(permission) {
     el("button", { type: "button", "data-testid": "approve", onclick: decide("allow") }, "Approve"),
     el("button", { type: "button", class: "danger", "data-testid": "deny", onclick: decide("deny") }, "Deny"),
   );
+}
+
+/** One input of an elicitation's form, for a property of its requested_schema. */
+function formInput(name, schema, required) {
+  const attrs = { name, "data-field": name, required: required || null };
+  if (Array.isArray(schema.enum)) {
+    return el(
+      "select",
+      attrs,
+      required ? null : el("option", { value: "", text: "" }),
+      ...schema.enum.map((choice, index) => el("option", { value: String(index), text: String(choice) })),
+    );
+  }
+  switch (schema.type) {
+    case "boolean":
+      return el("input", { ...attrs, type: "checkbox", required: null, checked: schema.default === true || null });
+    case "number":
+    case "integer":
+      return el("input", {
+        ...attrs,
+        type: "number",
+        step: schema.type === "integer" ? "1" : "any",
+        min: schema.minimum ?? null,
+        max: schema.maximum ?? null,
+      });
+    default:
+      return el("input", {
+        ...attrs,
+        type: "text",
+        minlength: schema.minLength ?? null,
+        maxlength: schema.maxLength ?? null,
+      });
+  }
+}
+
+/** The form's answers as the schema's values; an error message if one is missing or wrong. */
+function formContent(form, schema) {
+  const content = {};
+  const required = new Set(schema.required || []);
+  for (const [name, property] of Object.entries(schema.properties || {})) {
+    const input = form.querySelector(`[data-field="${CSS.escape(name)}"]`);
+    if (property.type === "boolean" && !Array.isArray(property.enum)) {
+      content[name] = input.checked;
+      continue;
+    }
+    const raw = input.value;
+    if (raw === "") {
+      if (required.has(name)) return { error: `${property.title || name} is required` };
+      continue;
+    }
+    if (Array.isArray(property.enum)) content[name] = property.enum[Number(raw)];
+    else if (property.type === "integer" || property.type === "number") {
+      const value = Number(raw);
+      if (!Number.isFinite(value) || (property.type === "integer" && !Number.isInteger(value))) {
+        return { error: `${property.title || name}: ${property.type === "integer" ? "a whole number" : "a number"}` };
+      }
+      if (property.minimum !== undefined && value < property.minimum) return { error: `${property.title || name}: at least ${property.minimum}` };
+      if (property.maximum !== undefined && value > property.maximum) return { error: `${property.title || name}: at most ${property.maximum}` };
+      content[name] = value;
+    } else content[name] = raw;
+  }
+  return { content };
+}
+
+/** An MCP server's question (PROTOCOL section 11): Submit allows with content, Decline denies. */
+function drawElicitation(permission) {
+  const schema = permission.requested_schema || { type: "object", properties: {} };
+  const required = new Set(schema.required || []);
+  const problem = el("p", { class: "form-error", "data-testid": "elicitation-error", hidden: true });
+  const answer = async (form, body) => {
+    const buttons = form.querySelectorAll("button");
+    for (const button of buttons) button.disabled = true;
+    try {
+      await api("POST", permissionPath(permission), body);
+    } catch (error) {
+      showError(`Could not answer: ${error.message}`);
+      for (const button of buttons) button.disabled = false;
+    }
+  };
+  const form = el(
+    "form",
+    {
+      class: "permission elicitation",
+      "data-testid": "elicitation",
+      "data-perm-id": permission.perm_id,
+      novalidate: true,
+      onsubmit: (event) => {
+        event.preventDefault();
+        const result = formContent(event.target, schema);
+        problem.hidden = !result.error;
+        problem.textContent = result.error || "";
+        if (!result.error) answer(event.target, { decision: "allow", content: result.content });
+      },
+    },
+    el("p", { class: "ask" }, el("code", { text: permission.tool_name }), " asks: ", el("span", { "data-testid": "elicitation-message", text: permission.message || "" })),
+    ...Object.entries(schema.properties || {}).map(([name, property]) =>
+      el(
+        "label",
+        { class: "field" },
+        el("span", { text: `${property.title || name}${required.has(name) ? " *" : ""}` }),
+        formInput(name, property, required.has(name)),
+        property.description ? el("small", { text: property.description }) : null,
+      ),
+    ),
+    problem,
+    el("button", { type: "submit", "data-testid": "elicitation-submit" }, "Submit"),
+    el(
+      "button",
+      {
+        type: "button",
+        class: "danger",
+        "data-testid": "elicitation-decline",
+        onclick: (event) => answer(event.target.closest("form"), { decision: "deny" }),
+      },
+      "Decline",
+    ),
+  );
+  return form;
 }
 
 function drawActivity(view) {
@@ -862,7 +1017,8 @@ function drawSessions() {
 async function newSession() {
   ui.newSession.disabled = true;
   try {
-    const created = await api("POST", "sessions", {});
+    const agent = ui.agentPicker.hidden ? "" : ui.agentPicker.value;
+    const created = await api("POST", "sessions", agent ? { agent } : {});
     await loadSessions();
     location.hash = created.session_id;
   } catch (error) {
@@ -870,6 +1026,30 @@ async function newSession() {
   } finally {
     ui.newSession.disabled = false;
   }
+}
+
+/** The agent picker, from GET /agents (PROTOCOL section 11); hidden without that route. */
+async function loadAgents() {
+  let answer;
+  try {
+    answer = await api("GET", "agents");
+  } catch (error) {
+    ui.agentPicker.hidden = true;
+    if (!(error instanceof HttpError && error.status === 404)) showError(`Could not list the agents: ${error.message}`);
+    return;
+  }
+  const agents = (answer && answer.agents) || [];
+  ui.agentPicker.replaceChildren(
+    ...agents.map((agent) =>
+      el("option", {
+        value: agent.name,
+        text: `${agent.name} · ${agent.model}`,
+        title: `${agent.runtime}, ${(agent.tools || []).length} tools`,
+        selected: agent.default || null,
+      }),
+    ),
+  );
+  ui.agentPicker.hidden = agents.length === 0;
 }
 
 function sessionFromHash() {
@@ -937,6 +1117,7 @@ window.gateway = {
 };
 
 setView(page.view);
+loadAgents();
 loadSessions().then(() => openSession(sessionFromHash()));
 
 // --- adapters: the reducer's views as the items drawn above ----------------------------------
@@ -945,15 +1126,27 @@ loadSessions().then(() => openSession(sessionFromHash()));
 /** The messages of a view, each {key, id, role, status, worker, sessionId, blocks}. */
 function messagesOf(view) {
   if (page.view === "simple") {
-    return view.thread.map((entry) => ({
-      key: entry.role === "user" ? `s:u:${entry.message_id}` : `s:a:${entry.turn_id || entry.message_id}`,
-      id: entry.message_id,
-      role: entry.role,
-      status: entry.status,
-      worker: false,
-      sessionId: page.sessionId,
-      blocks: [{ kind: "text", text: entry.text, open: entry.status === "in_progress" }],
-    }));
+    return view.thread.map((entry) =>
+      entry.role === "context"
+        ? {
+            key: `s:c:${entry.message_id}`,
+            id: entry.message_id,
+            role: "context",
+            status: entry.status,
+            worker: false,
+            sessionId: page.sessionId,
+            blocks: [{ kind: "compaction", replaces: entry.replaces, summary: "" }],
+          }
+        : {
+            key: entry.role === "user" ? `s:u:${entry.message_id}` : `s:a:${entry.turn_id || entry.message_id}`,
+            id: entry.message_id,
+            role: entry.role,
+            status: entry.status,
+            worker: false,
+            sessionId: page.sessionId,
+            blocks: [{ kind: "text", text: entry.text, open: entry.status === "in_progress" }],
+          },
+    );
   }
   const permissions = new Map(view.permissions.map((p) => [p.perm_id, p]));
   const workers = new Map();
@@ -983,6 +1176,8 @@ function fullItems(sessionId, messages, permissions, workers, worker) {
           return { kind: "thinking", text: b.text, open: b.open, truncated: b.truncated === true };
         case "redacted_thinking":
           return { kind: "thinking", redacted: true, text: "", open: b.open };
+        case "compaction":
+          return { kind: "compaction", replaces: b.replaces.length, summary: b.summary };
         case "tool_use": {
           const asked = b.perm_id ? permissions.get(b.perm_id) : undefined;
           const delegated = workers.get(b.id);
@@ -1018,13 +1213,30 @@ const TOOL_LINE = {
   running: (name) => `Running ${name}…`,
 };
 
-/** The simple view's status line and its permission requests, or null. */
+/** The perm ids a full view's tool blocks ask (their own and their workers'). */
+function askedInBlocks(messages, workers) {
+  const asked = new Set();
+  for (const message of messages) for (const b of message.blocks) if (b.perm_id) asked.add(b.perm_id);
+  for (const worker of workers || []) for (const id of askedInBlocks(worker.messages)) asked.add(id);
+  return asked;
+}
+
+/**
+ * The status line and the permission requests not shown elsewhere, or null: in the simple
+ * view every request and the status line; in the full view the requests no tool block of
+ * the thread shows (a worker's, when its events are not streamed).
+ */
 function activityOf(view) {
-  if (page.view !== "simple") return null;
+  if (page.view !== "simple") {
+    const shown = askedInBlocks(view.messages, view.workers);
+    const permissions = view.permissions.filter((p) => !shown.has(p.perm_id));
+    return permissions.length ? { line: "", permissions } : null;
+  }
   const status = view.status;
   let line = "";
   if (status && status.kind === "thinking") line = status.text ? `Thinking: ${status.text}` : "Thinking…";
   else if (status && status.kind === "tool") line = (TOOL_LINE[status.state] || TOOL_LINE.running)(status.tool_name);
+  else if (status && status.kind === "compacting") line = "Compacting the context…";
   const permissions = view.permissions.map((p) => ({ ...p, sessionId: page.sessionId }));
   if (!line && !permissions.length) return null;
   return { line, permissions };

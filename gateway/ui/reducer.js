@@ -27,25 +27,33 @@
 //
 //   fullView  = {session_id, running_turn_id, messages: [MessageView], permissions: [Permission],
 //                workers?: [{session_id, tool_use_id, task, running_turn_id, messages}]}
-//   MessageView = {id, role: "user"|"assistant", turn_id, status, blocks: [BlockView]}
+//   MessageView = {id, role: "user"|"assistant"|"context", turn_id, status, blocks: [BlockView]}
 //     status: "complete" | "in_progress" | "cancelled" | "error"
 //   BlockView = {type: "text", text, open} | {type: "thinking", text, open}
 //             | {type: "redacted_thinking", open}
 //             | {type: "tool_use", id, name, input, open, status, result, perm_id}
+//             | {type: "compaction", summary, replaces: [message id], open: false}
+//     (a context message's, PROTOCOL section 12; "truncated": true while its summary is
+//     still to fetch, as after context.compacted, which does not carry it)
 //     and "truncated": true on a text, thinking or tool block a snapshot sent cut (section 15)
 //     tool status: "streaming" (block open) | "pending" (block ended, message still streaming)
 //       | "awaiting_approval" (perm_id set) | "running" | "completed" | "failed" (result set)
 //       | "not_run" (its message was cancelled or failed, or its turn ended without an outcome)
-//   Permission = {perm_id, tool_use_id, tool_name, input, expires_at}   (pending requests only)
+//   Permission = {perm_id, session_id, kind: "tool"|"elicitation", tool_use_id, tool_name, input,
+//                 expires_at, message, requested_schema}   (pending requests only, the session's
+//                 own and its workers'; message and requested_schema null but for an elicitation)
 //
 //   simpleView = {thread: [Entry], status: StatusLine | null, permissions: [Permission]}
 //   Entry = {role: "user"|"assistant", turn_id, message_id, text, status}
+//         | {role: "context", turn_id, message_id, text: "", status: "complete", replaces: n}
+//     (a compaction: one quiet line, never assistant text)
 //     one user entry per user message; one assistant entry per turn: the text of the turn's
 //     latest round (appended while it streams, replaced when a later round starts); status
 //     "in_progress" while the turn runs, then "complete", "cancelled" or "error"
 //   StatusLine = {kind: "thinking", text}          (the latest thinking chunk, replaced each time)
 //              | {kind: "tool", state: "preparing"|"awaiting_approval"|"running",
 //                 tool_use_id, tool_name}
+//              | {kind: "compacting", trigger}  (context.compacting without its context.compacted)
 //
 // The decisions where the contract is silent are the Python reference's, stated in the
 // docstrings of gateway/client/reducer.py and gateway/client/views.py and in
@@ -224,6 +232,7 @@ export class Reducer {
     this.hasMore = false;
     this.truncatedResults = new Set();
     this.oldestMessageId = null; // the first message the snapshot (or a page before it) sent
+    this.compacting = null; // the compaction under way: {trigger, pre_tokens} (PROTOCOL section 12)
   }
 
   /** The id of the turn in flight, or null when the session is idle. */
@@ -253,7 +262,7 @@ export class Reducer {
         this.workers.set(event.session_id, worker);
       }
       worker.dispatch(event);
-      // PROTOCOL section 6: this session's pending list has its workers' requests too.
+      // A worker's request is the parent's to answer (PROTOCOL section 5).
       if (event.type === "permission.requested" || event.type === "permission.resolved") this.permission(event);
     }
     if (event.type === "delegate.started") {
@@ -300,6 +309,7 @@ export class Reducer {
     this.turn = inFlight ? { turn_id: turnId, status: "in_flight", stop_reason: null } : null;
     this.turnOutcomes = new Map();
     this.permissions = new Map((session.pending_permissions ?? []).map((p) => [p.perm_id, { ...p }]));
+    this.compacting = null; // a snapshot cannot say one is under way
     this.workers = new Map();
     this.links = new Map();
     this.lastEventId = snapshot.snapshot_at_event_id ?? null;
@@ -385,6 +395,12 @@ export class Reducer {
       case "permission.resolved":
         this.permission(event);
         break;
+      case "context.compacting":
+        this.compacting = { trigger: p.trigger, pre_tokens: p.pre_tokens };
+        break;
+      case "context.compacted":
+        this.compacted(event, p);
+        break;
       case "message.start":
         if (this.streaming !== null) {
           throw new ReducerError(
@@ -448,22 +464,48 @@ export class Reducer {
     }
   }
 
+  /** A request added or resolved, the session's own or a worker's (its session_id). */
   permission(event) {
     const p = event.payload;
-    if (event.type === "permission.requested") {
-      this.permissions.set(p.perm_id, {
-        perm_id: p.perm_id,
-        tool_use_id: p.tool_use_id,
-        tool_name: p.tool_name,
-        input: p.input,
-        expires_at: p.expires_at,
-      });
-    } else {
+    if (event.type === "permission.resolved") {
       this.permissions.delete(p.perm_id);
+      return;
     }
+    const pending = {
+      perm_id: p.perm_id,
+      session_id: event.session_id,
+      kind: p.kind ?? "tool",
+      tool_use_id: p.tool_use_id,
+      tool_name: p.tool_name,
+      input: p.input,
+      expires_at: p.expires_at,
+    };
+    if (p.message !== undefined) pending.message = p.message;
+    if (p.requested_schema !== undefined) pending.requested_schema = p.requested_schema;
+    this.permissions.set(p.perm_id, pending);
   }
 
-    endTurn(ended) {
+  /** The compaction's context message, its summary still to fetch (gateway/client/reducer.py). */
+  compacted(event, p) {
+    this.compacting = null;
+    if (p.summary_message_id == null) return;
+    const replaces = [];
+    for (const message of this.messages) {
+      if (message.id === p.first_kept_message_id) break;
+      if (message.role !== "context") replaces.push(message.id);
+    }
+    this.put({
+      id: p.summary_message_id,
+      session_id: event.session_id,
+      turn_id: event.turn_id ?? null,
+      role: "context",
+      content: [{ type: "compaction", summary: "", replaces, truncated: true }],
+      status: "complete",
+      created_at: event.ts,
+    });
+  }
+
+  endTurn(ended) {
     // A client that resumed mid-turn never saw it start; only another turn's end is wrong.
     const current = this.turn;
     if (current !== null && current.status === "in_flight" && current.turn_id !== ended.turn_id) {
@@ -472,6 +514,7 @@ export class Reducer {
     this.turn = ended;
     this.turnOutcomes.set(ended.turn_id, ended);
     this.permissions.clear(); // a turn's requests end with it
+    this.compacting = null; // and so does a compaction it began
   }
 
   toolOutcome(outcome) {
@@ -589,6 +632,11 @@ function finishedBlock(reducer, message, block) {
       const view = toolView(reducer, block.id, block.name, block.input, false, running ? "running" : "not_run");
       return cut(view, block.truncated === true);
     }
+    case "compaction":
+      return cut(
+        { type: "compaction", summary: block.summary, replaces: [...block.replaces], open: false },
+        block.truncated === true,
+      );
     default:
       return null; // a tool_result: paired with its tool_use instead
   }
@@ -648,10 +696,14 @@ function permissionFor(reducer, toolUseId) {
 function permissionViews(reducer) {
   return [...reducer.permissions.values()].map((p) => ({
     perm_id: p.perm_id,
+    session_id: p.session_id,
+    kind: p.kind ?? "tool",
     tool_use_id: p.tool_use_id,
     tool_name: p.tool_name,
     input: p.input,
     expires_at: p.expires_at,
+    message: p.message ?? null,
+    requested_schema: p.requested_schema ?? null,
   }));
 }
 
@@ -672,6 +724,18 @@ export function simpleView(reducer) {
           .map((b) => b.text)
           .join("\n"),
         status: "complete",
+      });
+    } else if (message.role === "context") {
+      // A compaction: one quiet line, never assistant text (PROTOCOL section 12).
+      thread.push({
+        role: "context",
+        turn_id: message.turn_id ?? null,
+        message_id: message.id,
+        text: "",
+        status: "complete",
+        replaces: message.content
+          .filter((b) => b.type === "compaction")
+          .reduce((n, b) => n + b.replaces.length, 0),
       });
     } else {
       reply(thread, latest, message.turn_id ?? null, message);
@@ -728,6 +792,7 @@ function replyStatus(reducer, turnId, message) {
 }
 
 function statusLine(reducer) {
+  if (reducer.compacting !== null) return { kind: "compacting", trigger: reducer.compacting.trigger };
   const running = reducer.runningTurnId;
   if (running === null) return null;
   const streaming = reducer.streaming;

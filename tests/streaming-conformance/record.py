@@ -22,6 +22,13 @@ not a delta). Review the diff this script prints before ``--write``: it is the
 protocol change. The scenario ``slow_client_resume`` depends on the kernel's
 buffers: its frames differ between runs (only its final views are compared).
 
+A few traces are written by hand (:data:`HAND_WRITTEN`): paths the gateway
+cannot produce yet, or not on the scripted model (a compaction, an MCP
+elicitation), in the same normalised form. Nothing re-records them: this
+script only rebuilds their expected views from the stored trace, and the
+suite checks both reducers against them but does not compare them with what
+the gateway sends.
+
 The module is also imported by tests/test_conformance.py (normalise, the
 views of a trace, the gate).
 """
@@ -394,6 +401,7 @@ class Scenario:
     config: dict[str, Any] = field(default_factory=dict)
     workers: bool = False
     deterministic: bool = True
+    hand_written: bool = False  # a trace written by hand, never re-recorded (HAND_WRITTEN)
 
 
 SCENARIOS: dict[str, Scenario] = {}
@@ -725,6 +733,31 @@ async def unknown_events(gw: Any, gate: Gate) -> list[Frame]:
     return with_unknown_events(normalise(frames))
 
 
+# --- hand-written traces -----------------------------------------------------------------
+
+
+def hand_written(name: str, description: str, *, workers: bool = False) -> None:
+    """Register ``traces/NAME.jsonl``, written by hand (module docstring)."""
+
+    async def run(gw: Any, gate: Gate) -> list[Frame]:
+        return load_trace(name)
+
+    SCENARIOS[name] = Scenario(description, run, {}, workers, True, hand_written=True)
+
+
+hand_written(
+    "compaction_between_turns",
+    "a turn, a compaction (context.compacting, context.compacted), a reconnect whose "
+    "snapshot holds the context message and every replaced message, then a second turn",
+)
+hand_written(
+    "elicitation_pending",
+    "a snapshot with an MCP elicitation and a worker's tool approval pending, then a live "
+    "elicitation (permission.requested, kind elicitation) answered, and the turn's end",
+)
+HAND_WRITTEN = frozenset(n for n, spec in SCENARIOS.items() if spec.hand_written)
+
+
 # --- best-effort parsing of cut JSON (gateway/partial_json.py), for the JS port --------------
 
 PARTIAL_JSON_DOCUMENTS = [
@@ -774,6 +807,8 @@ def dump_partial_json_cases() -> str:
 
 
 async def record(name: str, tmp: Path) -> list[Frame]:
+    if SCENARIOS[name].hand_written:
+        return load_trace(name)  # nothing to record (module docstring)
     """Run one scenario on a fresh gateway; its normalised trace."""
     from tests.conftest import make_config, running_gateway
 
@@ -843,8 +878,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.write:
             partial.write_text(dump_partial_json_cases())
     for name in names:
-        with tempfile.TemporaryDirectory() as tmp:
-            frames = trio.run(record, name, Path(tmp))
+        if SCENARIOS[name].hand_written:
+            frames = load_trace(name)  # only its expected views are rebuilt
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                frames = trio.run(record, name, Path(tmp))
         files = regenerate(name, frames)
         lines = list(diff(files))
         if lines:

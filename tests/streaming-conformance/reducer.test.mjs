@@ -124,13 +124,15 @@ test("a worker's permission request is pending in its parent's stream too (PROTO
 // As in tests/test_conformance.py: at every cut point of every trace, a client built the
 // way the server would build it there (a snapshot of the state at the cut; or the replay of
 // what it missed, with message.snapshot for a message still streaming) is fed the rest of
-// the trace, and must show what the live client shows: at every later frame but for the two
-// documented windows (masked), and exactly at the end.
+// the trace, and must show what the live client shows: at every later frame but for the
+// documented windows (masked), and exactly at the end. A client that comes back with `since`
+// comes back before the trace's own next snapshot (a hand-written trace's client reattaches
+// with one: what that snapshot brings, a compaction's summary, no replay carries).
 
 const CATALOG = new Set([
   "turn.started", "route.decided", "llm.call_started", "llm.call_completed", "llm.call_failed",
   "tool.called", "tool.completed", "tool.failed", "permission.requested", "permission.resolved",
-  "delegate.started", "delegate.completed", "delegate.failed", "feedback.recorded",
+  "context.compacting", "context.compacted", "delegate.started", "delegate.completed", "delegate.failed", "feedback.recorded",
   "turn.completed", "turn.cancelled", "bus.handler_warning", "bus.subscriber_unregistered",
 ]);
 const STREAMING = new Set([
@@ -254,6 +256,8 @@ function masked(shown) {
     for (const block of message.blocks) if (block.type === "tool_use" && block.open) block.input = "(streaming)";
   }
   if (copy.simple.status !== null && copy.simple.status.kind === "thinking") copy.simple.status.text = "(a chunk)";
+  // A snapshot cannot say a compaction is under way (PROTOCOL section 12).
+  if (copy.simple.status !== null && copy.simple.status.kind === "compacting") copy.simple.status = null;
   return copy;
 }
 
@@ -293,7 +297,9 @@ for (const name of names) {
     const sid = sessionOf(frames);
     const points = cuts(frames);
     for (const cut of points) {
-      const nows = [cut, cut + 2, frames.length].filter((n) => n === cut || points.includes(n));
+      const nows = [cut, cut + 2, frames.length].filter(
+        (n) => n === cut || (points.includes(n) && !frames.slice(cut, n).some((f) => f.type === "snapshot")),
+      );
       for (const now of [...new Set(nows)].sort((a, b) => a - b)) {
         const server = reduce(sid, frames.slice(0, now));
         const resumed = reduce(sid, frames.slice(0, cut));
