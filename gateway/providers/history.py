@@ -38,6 +38,14 @@ message store):
 5. A message left with nothing to say is dropped: an assistant message
    without text or a tool use (thinking alone leads nowhere), a user message
    without any block. The neighbours it separated are merged (rule 3).
+6. A ``context`` message (PROTOCOL section 12) is read by the model as a user
+   message: :data:`SUMMARY_PREFIX` and its summary, one text block; a
+   truncation's (no summary) says nothing and is dropped. Its neighbours
+   merge with it by rule 3: the user message after it becomes one user
+   message, the summary first (the API wants the roles to alternate). Which
+   messages a context message stands for is the caller's business
+   (:func:`gateway.session.compaction.model_view`): this module renders
+   whatever it is given.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from dataclasses import dataclass
 import msgspec
 
 from gateway.protocol.shapes import (
+    CompactionBlock,
     ContentBlock,
     Message,
     RedactedThinkingBlock,
@@ -58,6 +67,9 @@ from gateway.protocol.shapes import (
     ToolResultBlock,
     ToolUseBlock,
 )
+
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
+"""How a ``context`` message reads to the model (rule 6)."""
 
 
 @dataclass(frozen=True)
@@ -81,12 +93,16 @@ def rebuild(messages: Iterable[Message]) -> list[HistoryMessage]:
     Returns:
         Alternating user and assistant messages, each with something to say.
     """
-    history = _merged(
-        HistoryMessage(message.role, [b for b in message.content if _fits(message.role, b)])
-        for message in messages
-        if message.status != "in_progress"
-    )
+    history = _merged(_as_read(message) for message in messages if message.status != "in_progress")
     return _merged(message for message in _paired(history) if _says_something(message))
+
+
+def _as_read(message: Message) -> HistoryMessage:
+    """Rules 2 and 6: the blocks of a message the model may be sent, in its role."""
+    if message.role == "context":
+        summary = "".join(b.summary for b in message.content if isinstance(b, CompactionBlock))
+        return HistoryMessage("user", [TextBlock(SUMMARY_PREFIX + summary)] if summary else [])
+    return HistoryMessage(message.role, [b for b in message.content if _fits(message.role, b)])
 
 
 def _fits(role: Role, block: ContentBlock) -> bool:
