@@ -50,11 +50,11 @@ _ids = itertools.count()
 
 
 def msg(
-    role: Role, turn: str | None, *content: ContentBlock, usage: Usage | None = None, **kw: object
+    role: Role, turn: str | None, *content: ContentBlock, usage: Usage | None = None
 ) -> Message:
     return Message(
-        f"msg_{next(_ids)}", "sess_1", turn, role, list(content), "complete", 0, usage=usage, **kw
-    )  # type: ignore[arg-type]
+        f"msg_{next(_ids)}", "sess_1", turn, role, list(content), "complete", 0, None, usage
+    )
 
 
 def context_of(p: Plan, summary: str = "sum", turn: str | None = None) -> Message:

@@ -448,7 +448,7 @@ async def test_replay_snapshot_and_restart_keep_the_compaction(tmp_path: Path) -
         async with gw.client(sid) as client:
             await client.subscribe()
             await turn(gw, client, sid, "three")
-            final = await messages(gw, sid)
+        final = await messages(gw, sid)
     u3 = final[5]
     assert again.calls[0].messages[0].id == ctx.id
     assert ids(again.calls[0])[1:] == [m["id"] for m in stored[2:] if m["role"] != "context"] + [
