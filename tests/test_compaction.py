@@ -32,9 +32,8 @@ from gateway.protocol.shapes import (
     ToolUseBlock,
     Usage,
 )
-from gateway.providers.history import SUMMARY_PREFIX, rebuild
+from gateway.providers.history import MESSAGE_SEPARATOR, SUMMARY_PREFIX, rebuild
 from gateway.session.compaction import (
-    MESSAGE_SEPARATOR,
     SUMMARY_INPUT_MAX_CHARS,
     SUMMARY_SYSTEM,
     Plan,

@@ -53,7 +53,7 @@ OPENAI = "openai:gpt-4o-mini"
                 },
             ),
             False,
-        ),  # fmt: skip
+        ),
         (
             Json(
                 413,
@@ -63,7 +63,7 @@ OPENAI = "openai:gpt-4o-mini"
                 },
             ),
             False,
-        ),  # fmt: skip
+        ),
     ],
 )
 async def test_anthropic_tells_a_prompt_too_long_apart(
@@ -98,7 +98,7 @@ async def test_anthropic_tells_a_prompt_too_long_apart(
                 },
             ),
             True,
-        ),  # fmt: skip
+        ),
         (
             Json(
                 400,
@@ -111,7 +111,7 @@ async def test_anthropic_tells_a_prompt_too_long_apart(
                 },
             ),
             False,
-        ),  # fmt: skip
+        ),
     ],
 )
 async def test_openai_tells_context_length_exceeded_apart(
@@ -184,7 +184,7 @@ async def test_anthropic_overflow_retries_with_the_summary_then_the_turn(
         tmp_path, server, "anthropic", provider, prompt_too_long()
     )
     assert_overflow_events(events)
-    first, refused, summary, retry = (r.body for r in server.requests)
+    _, refused, summary, retry = (r.body for r in server.requests)
     assert refused["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "first"}]},
         first_answer := refused["messages"][1],
@@ -218,7 +218,7 @@ async def test_openai_overflow_retries_with_the_summary_then_the_turn(
         tmp_path, server, "openai", provider, context_length_exceeded()
     )
     assert_overflow_events(events)
-    first, refused, summary, retry = (r.body for r in server.requests)
+    _, refused, summary, retry = (r.body for r in server.requests)
     assert [m["role"] for m in refused["messages"]] == ["user", "assistant", "user"]
     assert summary["messages"][0] == {"role": "system", "content": SUMMARY_SYSTEM}
     assert "tools" not in summary and summary["max_tokens"] == SUMMARY_MAX_TOKENS

@@ -71,6 +71,14 @@ from gateway.protocol.shapes import (
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
 """How a ``context`` message reads to the model (rule 6)."""
 
+SUMMARY_MARKER = "[gateway:compaction]"
+"""How the system prompt of a compaction's summary call begins
+(:data:`gateway.session.compaction.SUMMARY_SYSTEM`): the scripted model knows it by it."""
+
+MESSAGE_SEPARATOR = "\n\n---\n\n"
+"""Between two messages rendered as text for a summary call
+(:func:`gateway.session.compaction.render`)."""
+
 
 @dataclass(frozen=True)
 class HistoryMessage:

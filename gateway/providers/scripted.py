@@ -41,7 +41,7 @@ Where RUNNING.md is silent:
   is kept, and sent in ``message.complete``. A script nested too deeply to
   decode is ``invalid_request`` too.
 - A summary request (PROTOCOL section 12: its system prompt begins with
-  :data:`~gateway.session.compaction.SUMMARY_MARKER`) is answered, in one
+  :data:`~gateway.providers.history.SUMMARY_MARKER`) is answered, in one
   text block, with ``Summary of N messages: `` and the first
   :data:`SUMMARY_WORDS` words of each rendered message, ``; `` between two:
   the same messages always get the same summary. A request whose rendered
@@ -85,6 +85,7 @@ from gateway.protocol.shapes import (
     ToolUseBlock,
 )
 from gateway.providers.base import ModelRequest
+from gateway.providers.history import MESSAGE_SEPARATOR, SUMMARY_MARKER
 from gateway.providers.raw import (
     RawContentBlock,
     RawContentBlockDelta,
@@ -109,7 +110,6 @@ from gateway.providers.raw import (
     RawToolUseBlock,
     RawUsage,
 )
-from gateway.session.compaction import MESSAGE_SEPARATOR, SUMMARY_MARKER
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 

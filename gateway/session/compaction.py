@@ -58,9 +58,10 @@ from gateway.protocol.shapes import (
     ToolUseBlock,
 )
 from gateway.providers.base import ModelRequest
+from gateway.providers.history import MESSAGE_SEPARATOR, SUMMARY_MARKER
 
 SUMMARY_SYSTEM = (
-    "[gateway:compaction] You are summarising the earlier part of a conversation between a"
+    SUMMARY_MARKER + " You are summarising the earlier part of a conversation between a"
     " user and an AI assistant that uses tools, so that the assistant can go on without it."
     " Write a concise summary that keeps everything needed to continue: the user's goals and"
     " requests, decisions made, facts learned, files and commands involved with their"
@@ -69,17 +70,12 @@ SUMMARY_SYSTEM = (
 """The summary call's system prompt. It begins with ``[gateway:compaction]``, by which
 the scripted model knows a summary request (:mod:`gateway.providers.scripted`)."""
 
-SUMMARY_MARKER = "[gateway:compaction]"
-
 SUMMARY_MAX_TOKENS = 2048
 """``max_tokens`` of the summary call (a constant: no config key for it yet)."""
 
 SUMMARY_INPUT_MAX_CHARS = 400_000
 """At most this many characters of rendered messages go to the summary call (about
 100k tokens at 4 characters a token): a longer rendering keeps its start and end."""
-
-MESSAGE_SEPARATOR = "\n\n---\n\n"
-"""Between two rendered messages in the summary request."""
 
 
 @dataclass(frozen=True)
