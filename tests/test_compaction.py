@@ -22,6 +22,7 @@ import math
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
+from gateway.protocol.events import ContextCompacted, ContextCompacting, TurnCancelled
 from gateway.protocol.shapes import (
     CompactionBlock,
     ContentBlock,
@@ -33,6 +34,7 @@ from gateway.protocol.shapes import (
     Usage,
 )
 from gateway.providers.history import MESSAGE_SEPARATOR, SUMMARY_PREFIX, rebuild
+from gateway.session import recovery
 from gateway.session.compaction import (
     SUMMARY_INPUT_MAX_CHARS,
     SUMMARY_SYSTEM,
@@ -215,3 +217,13 @@ def test_a_truncation_says_nothing_to_the_model() -> None:
     ctx = msg("context", "t2", CompactionBlock("", [u1.id]))
     history = rebuild(model_view([u1, u2, ctx]))
     assert [(h.role, h.content) for h in history] == [("user", [TextBlock("new")])]
+
+
+def test_a_crash_during_the_summary_call_is_closed_as_a_cancel_in_the_llm_phase() -> None:
+    compacting = ("context.compacting", ContextCompacting("auto", 10))
+    state = recovery.plan("t2", [compacting], [])
+    assert (state.phase, state.call_id) == ("llm", None)
+    assert recovery.closing(state) == [TurnCancelled("t2", recovery.REASON, "llm", False)]
+    # Once compacted, the turn was between steps again: the seam, as before.
+    compacted = ("context.compacted", ContextCompacted("auto", "summary", 10, 5, "m", "n"))
+    assert recovery.plan("t2", [compacting, compacted], []).phase == "seam"
