@@ -53,13 +53,14 @@ class Recording:
         self.requests: list[ModelRequest] = []
         self.hold_summary = False
         self.summary_started = trio.Event()
+        self.release = trio.Event()  # ends a held summary call
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[RawEvent, None]:
         self.requests.append(request)
         if request.system == SUMMARY_SYSTEM:
             self.summary_started.set()
             if self.hold_summary:
-                await trio.sleep_forever()
+                await self.release.wait()
         async for raw in self.inner.stream(request):
             yield raw
 
@@ -312,9 +313,8 @@ async def test_post_compact_compacts_between_turns_and_refuses_what_it_cannot(
     tmp_path: Path,
 ) -> None:
     provider = Recording()
-    async with running_gateway(
-        config(tmp_path, **{"model.context_max_tokens": 10**6}), provider
-    ) as gw:
+    overrides = {"model.context_max_tokens": 10**6, "store.commit_timeout_s": 0.2}
+    async with running_gateway(config(tmp_path, **overrides), provider) as gw:
         sid = await gw.create_session()
         r = await gw.http.post("/sessions/sess_nope/compact", json={})
         assert r.status_code == 404
@@ -338,16 +338,37 @@ async def test_post_compact_compacts_between_turns_and_refuses_what_it_cannot(
             with trio.fail_after(10):
                 await client.until_turn_ends()
             stored = await messages(gw, sid)
+            provider.hold_summary = True
             r = await gw.http.post(f"/sessions/{sid}/compact", json={})
             assert r.status_code == 202
+            again = await gw.http.post(f"/sessions/{sid}/compact", json={})
+            assert again.status_code == 202  # the same compaction, still queued or running
+            # A turn submitted meanwhile is answered once the compaction ran and
+            # the turn started (durable): not before.
+            answered = trio.Event()
+
+            async def submit_after() -> None:
+                await gw.submit(sid, "after")
+                answered.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(submit_after)
+                await provider.summary_started.wait()
+                # Past commit_timeout_s (0.2 s here) the turn is still not answered.
+                with trio.move_on_after(0.5):
+                    await answered.wait()
+                assert not answered.is_set()
+                provider.hold_summary = False
+                provider.release.set()
             with trio.fail_after(10):
                 events = await client.until(lambda e: e.type == "context.compacted")
-            # A turn submitted right after waits for it, then sees it.
-            await turn(gw, client, sid, "after")
+                after = await client.until_turn_ends()
             final = await messages(gw, sid)
 
     assert types(events) == ["context.compacting", "context.compacted"]
     assert all(e.turn_id is None for e in events)
+    assert after[0].type == "turn.started"
+    assert len(provider.summaries) == 1
     done = events[1].payload
     assert (done.trigger, done.method) == ("manual", "summary")
     # The latest turn (the cancelled one) is kept; the two before it are replaced.

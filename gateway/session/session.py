@@ -460,9 +460,15 @@ class Session:
         ``POST .../turns`` answers 202 then, so an accepted turn survives a
         crash (PROTOCOL section 9).
 
+        A turn queued behind a ``POST .../compact`` waits for that compaction
+        first (bounded by ``[turns] timeout_s``): until it ran, the turn is not
+        even started, let alone durable.
+
         Raises:
             ApiError: 503 ``store_unavailable`` past ``commit_timeout_s``.
         """
+        if self._compaction is not None:
+            await self._compaction.done.wait()
         with trio.move_on_after(self.node.config.store.commit_timeout_s):
             await turn.started.wait()
         await self.node.durable_or_503()
@@ -662,7 +668,9 @@ class Session:
         """After :meth:`stop_here`: a replica with nothing in flight, ready to run again."""
         agent.current = None
         self.turn = None
-        self._compaction = None
+        if self._compaction is not None:  # dropped with the channel's contents below
+            self._compaction.done.set()
+            self._compaction = None
         while True:
             try:
                 self._turns_rx.receive_nowait()
