@@ -22,6 +22,7 @@ import math
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
+from gateway.agui.mapping import agui_messages
 from gateway.protocol.events import ContextCompacted, ContextCompacting, TurnCancelled
 from gateway.protocol.shapes import (
     CompactionBlock,
@@ -227,3 +228,9 @@ def test_a_crash_during_the_summary_call_is_closed_as_a_cancel_in_the_llm_phase(
     # Once compacted, the turn was between steps again: the seam, as before.
     compacted = ("context.compacted", ContextCompacted("auto", "summary", 10, 5, "m", "n"))
     assert recovery.plan("t2", [compacting, compacted], []).phase == "seam"
+
+
+def test_ag_ui_history_leaves_the_context_message_out() -> None:
+    u1 = msg("user", "t1", TextBlock("old"))
+    ctx = msg("context", "t2", CompactionBlock("summary", [u1.id]))
+    assert agui_messages([u1, ctx]) == agui_messages([u1])
