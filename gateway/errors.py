@@ -66,11 +66,19 @@ class FrameRejected(GatewayError):
 
 
 class ProviderError(GatewayError):
-    """A model call failed; ``error_class`` is ``llm.call_failed.error_class``."""
+    """A model call failed; ``error_class`` is ``llm.call_failed.error_class``.
 
-    def __init__(self, error_class: str, message: str) -> None:
+    ``context_overflow``: the provider refused the call because its input is
+    longer than the model's context (Anthropic's 400 "prompt is too long", an
+    OpenAI-compatible server's ``context_length_exceeded``). Its
+    ``error_class`` stays ``invalid_request``; the agent loop compacts and
+    retries the call once (PROTOCOL section 12, ``trigger: "overflow"``).
+    """
+
+    def __init__(self, error_class: str, message: str, *, context_overflow: bool = False) -> None:
         super().__init__(message)
         self.error_class = error_class
+        self.context_overflow = context_overflow
 
 
 class ToolError(GatewayError):

@@ -868,6 +868,11 @@ class Node:
         if await self.ask_owner(session, "feedback", (message_id, rating, comment)) is None:
             session.record_feedback(message_id, rating, comment)  # type: ignore[arg-type]
 
+    async def compact(self, session: Session) -> None:
+        """:meth:`Session.compact`, on the node that runs the session (PROTOCOL section 12)."""
+        if await self.ask_owner(session, "compact", None) is None:
+            session.compact()
+
     async def live_summary(self, session: Session) -> SessionSummary:
         """The session's summary as its owner sees it (its turn and pending permissions)."""
         answer = await self.ask_owner(session, "state", None)
@@ -996,6 +1001,8 @@ class Node:
             session.decide_permission(*args)
         elif op == "feedback":
             session.record_feedback(*args)
+        elif op == "compact":
+            session.compact()
         elif op == "warn":
             session.emit([BusHandlerWarning(*args)], None)
         elif op == "unregistered":

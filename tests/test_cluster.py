@@ -19,7 +19,8 @@ clients on each node, and checks:
   snapshot's cut follow without gap or duplicate;
 - a snapshot on a node that never saw the session shows a permission the
   turn waits for; a cancel, a permission decision and feedback sent to a node
-  that is not the owner act on the session (PROTOCOL sections 2 and 8), and a non-owner
+  that is not the owner act on the session (PROTOCOL sections 2 and 8), and so
+  does a compaction (section 12); a non-owner
   answers as the owner would (409 ``turn_in_progress``, 409
   ``turn_not_in_flight``, 404);
 - SIGTERM of the owner mid-turn (RUNNING.md "Command line"): the turn is
@@ -287,6 +288,14 @@ async def test_cancel_and_permission_sent_to_a_non_owner_act_on_the_turn(
                 ), late.text
                 unknown = await c.cancel(sid, "turn_unknown")
                 assert unknown.status_code == 404, unknown.text
+
+                # a compaction, sent to b (PROTOCOL section 12): it runs on the owner,
+                # and every node's clients see it
+                r = await b.http.post(f"/sessions/{sid}/compact", json={})
+                assert r.status_code == 202, r.text
+                for w in (wa, wc):
+                    [*_, compacted] = await w.until_type("context.compacted")
+                    assert (compacted.payload.trigger, compacted.turn_id) == ("manual", None)
 
 
 async def test_sigterm_of_the_owner_hands_its_sessions_over_at_once(

@@ -43,6 +43,7 @@ CONTRACT = {
     ("post", "/sessions/{session_id}/turns"),
     ("post", "/sessions/{session_id}/turns/{turn_id}/cancel"),
     ("post", "/sessions/{session_id}/permissions/{perm_id}"),
+    ("post", "/sessions/{session_id}/compact"),  # PROTOCOL section 12
     ("post", "/sessions/{session_id}/feedback"),
     ("get", "/sessions/{session_id}/stream"),
     ("get", "/healthz"),
@@ -69,6 +70,7 @@ STRUCTS = {
         routes.PermissionDecision,
         routes.Accepted,
     ),
+    ("post", "/sessions/{session_id}/compact"): (routes.Compact, routes.Accepted),
     ("post", "/sessions/{session_id}/feedback"): (routes.Feedback, routes.Accepted),
     ("get", "/healthz"): (None, routes.Health),
     ("post", "/agui/{session_id}/cancel"): (CancelRun, RunCancelling),

@@ -12,6 +12,24 @@ It lives in ``bench/`` because the bench runs without the test suite (``python
 
 from __future__ import annotations
 
-from bench.fake_api.server import Cut, FakeServer, Json, Recorded, Replay, transcript
+from bench.fake_api.server import (
+    Cut,
+    FakeServer,
+    Json,
+    Recorded,
+    Replay,
+    context_length_exceeded,
+    prompt_too_long,
+    transcript,
+)
 
-__all__ = ["Cut", "FakeServer", "Json", "Recorded", "Replay", "transcript"]
+__all__ = [
+    "Cut",
+    "FakeServer",
+    "Json",
+    "Recorded",
+    "Replay",
+    "context_length_exceeded",
+    "prompt_too_long",
+    "transcript",
+]

@@ -16,7 +16,14 @@ headers, JSON body) for the test to assert on. Replies:
   in one write or in writes of ``chunk_bytes`` (to exercise the SSE parser),
   optionally cut short at ``cut.at`` bytes by dropping the connection or by
   stalling (to exercise network errors and timeouts).
-- :class:`Json`: a status and a JSON body, e.g. a 529 ``overloaded_error``.
+- :class:`Json`: a status and a JSON body, e.g. a 529 ``overloaded_error``;
+  :func:`prompt_too_long` and :func:`context_length_exceeded` are the two
+  refusals of a call longer than the model's context (Anthropic's, OpenAI's),
+  which the gateway answers with a compaction (PROTOCOL section 12).
+
+What reached the model is in :attr:`FakeServer.requests`: each request's
+decoded JSON body (the system prompt, the tools, the messages: after a
+compaction, the summary then the kept messages), in the order received.
 """
 
 from __future__ import annotations
@@ -65,6 +72,37 @@ class Json:
 
 
 Reply = Replay | Json
+
+
+def prompt_too_long(tokens: int = 200_001, limit: int = 200_000) -> Json:
+    """The Messages API's refusal of a call longer than the model's context (400)."""
+    return Json(
+        400,
+        {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": f"prompt is too long: {tokens} tokens > {limit} maximum",
+            },
+        },
+    )
+
+
+def context_length_exceeded(tokens: int = 200_001, limit: int = 128_000) -> Json:
+    """An OpenAI-compatible server's refusal of a call longer than the model's context (400)."""
+    return Json(
+        400,
+        {
+            "error": {
+                "message": f"This model's maximum context length is {limit} tokens. However,"
+                f" your messages resulted in {tokens} tokens. Please reduce the length of the"
+                " messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+    )
 
 
 @dataclass(frozen=True)

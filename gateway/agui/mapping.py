@@ -468,7 +468,9 @@ def agui_messages(messages: Iterable[Message]) -> list[ag.AguiMessage]:
     A user message of text is a ``user`` message; its tool results are each a
     ``tool`` message; an assistant message is its thinking blocks as
     ``reasoning`` messages, then one ``assistant`` message (its first text and
-    every tool call), then one more per later text block.
+    every tool call), then one more per later text block. A ``context`` message
+    (PROTOCOL section 12) is left out: it is the model's summary of messages
+    that are all still here.
     """
     out: list[ag.AguiMessage] = []
     for m in messages:

@@ -97,6 +97,10 @@ class CancelTurn(msgspec.Struct, forbid_unknown_fields=True):
     reason: str | None = None
 
 
+class Compact(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /sessions/{id}/compact``: ``{}`` (PROTOCOL section 12); no field yet."""
+
+
 class CancelAccepted(msgspec.Struct):
     turn_id: str
     status: Literal["cancelling"] = "cancelling"

@@ -24,6 +24,10 @@ Failures (PROTOCOL section 5, ``llm.call_failed.error_class``):
   by status (:func:`~gateway.providers.errors.status_class`: 529 ``overloaded``,
   429 ``rate_limited``, 5xx ``api_error``, other 4xx ``invalid_request``);
   ``network`` for a connection that failed, ``timeout`` for one that timed out.
+- A 400 ``invalid_request_error`` whose message says "prompt is too long" (the
+  input is longer than the model's context) is ``invalid_request`` with
+  ``context_overflow`` set: the agent loop compacts and retries the call
+  once (PROTOCOL section 12).
 - Once the response has begun, nothing is retried. An ``error`` event in the
   stream (which the SDK raises as ``APIStatusError``) is passed on as the
   ``RawError`` it was, for the translator to close the open blocks; a
@@ -181,8 +185,12 @@ def _provider_error(exc: anthropic.APIError) -> ProviderError:
         return ProviderError("network", f"cannot reach the model API: {exc.__cause__ or exc}")
     if isinstance(exc, anthropic.APIStatusError):
         error_class = ERROR_CLASSES.get(exc.type or "") or status_class(exc.status_code)
+        message = exc.api_message or exc.message
         return ProviderError(
             error_class,
-            f"the model API answered {exc.status_code}: {exc.api_message or exc.message}",
+            f"the model API answered {exc.status_code}: {message}",
+            context_overflow=exc.status_code == 400
+            and exc.type == "invalid_request_error"
+            and "prompt is too long" in message.lower(),
         )
     return ProviderError("api_error", exc.message)

@@ -42,6 +42,14 @@ message store):
    section 6 keeps it for clients): no model API knows that field
    (Anthropic's ``tool_result`` would refuse it as an unknown key), and the
    model already has the result's text.
+7. A ``context`` message (PROTOCOL section 12) is read by the model as a user
+   message: :data:`SUMMARY_PREFIX` and its summary, one text block; a
+   truncation's (no summary) says nothing and is dropped. Its neighbours
+   merge with it by rule 3: the user message after it becomes one user
+   message, the summary first (the API wants the roles to alternate). Which
+   messages a context message stands for is the caller's business
+   (:func:`gateway.session.compaction.model_view`): this module renders
+   whatever it is given.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ from dataclasses import dataclass
 import msgspec
 
 from gateway.protocol.shapes import (
+    CompactionBlock,
     ContentBlock,
     Message,
     RedactedThinkingBlock,
@@ -62,6 +71,17 @@ from gateway.protocol.shapes import (
     ToolResultBlock,
     ToolUseBlock,
 )
+
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
+"""How a ``context`` message reads to the model (rule 6)."""
+
+SUMMARY_MARKER = "[gateway:compaction]"
+"""How the system prompt of a compaction's summary call begins
+(:data:`gateway.session.compaction.SUMMARY_SYSTEM`): the scripted model knows it by it."""
+
+MESSAGE_SEPARATOR = "\n\n---\n\n"
+"""Between two messages rendered as text for a summary call
+(:func:`gateway.session.compaction.render`)."""
 
 
 @dataclass(frozen=True)
@@ -85,12 +105,16 @@ def rebuild(messages: Iterable[Message]) -> list[HistoryMessage]:
     Returns:
         Alternating user and assistant messages, each with something to say.
     """
-    history = _merged(
-        HistoryMessage(message.role, [b for b in message.content if _fits(message.role, b)])
-        for message in messages
-        if message.status != "in_progress"
-    )
+    history = _merged(_as_read(message) for message in messages if message.status != "in_progress")
     return _merged(message for message in _paired(history) if _says_something(message))
+
+
+def _as_read(message: Message) -> HistoryMessage:
+    """Rules 2 and 6: the blocks of a message the model may be sent, in its role."""
+    if message.role == "context":
+        summary = "".join(b.summary for b in message.content if isinstance(b, CompactionBlock))
+        return HistoryMessage("user", [TextBlock(SUMMARY_PREFIX + summary)] if summary else [])
+    return HistoryMessage(message.role, [b for b in message.content if _fits(message.role, b)])
 
 
 def _fits(role: Role, block: ContentBlock) -> bool:

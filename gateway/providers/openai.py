@@ -52,6 +52,11 @@ Where the contract and the servers are silent:
   ``RawError`` event it amounts to, a broken or stalled connection raises
   ``ProviderError`` (``network``, ``timeout``), and so does a stream that
   ends without ``finish_reason`` or ``[DONE]``.
+- A 400 that refuses the call as longer than the model's context (OpenAI's
+  ``code: context_length_exceeded``, llama.cpp's ``exceed_context_size_error``,
+  vLLM's "maximum context length" message) is an ``invalid_request``
+  ``ProviderError`` with ``context_overflow`` set: the agent loop compacts
+  and retries (PROTOCOL section 12).
 - A tool result with ``is_error`` is sent as ``Error: `` + its content: the
   ``tool`` role has no error flag.
 """
@@ -374,6 +379,20 @@ def _error_class(status: int | None, kind: str | None) -> str:
     return "api_error"
 
 
+def _context_overflow(body: _ErrorBody) -> bool:
+    """Whether a 400 refuses the call as longer than the model's context (module docstring).
+
+    OpenAI says so by ``code: context_length_exceeded``, llama.cpp by ``type:
+    exceed_context_size_error``, vLLM in its message only ("This model's
+    maximum context length is ...").
+    """
+    return (
+        body.code == "context_length_exceeded"
+        or body.type == "exceed_context_size_error"
+        or "maximum context length" in body.message.lower()
+    )
+
+
 # --- the provider -----------------------------------------------------------------------
 
 
@@ -488,6 +507,7 @@ class OpenAIProvider:
         error = ProviderError(
             _error_class(status, body_error.type),
             f"the model server answered {status}: {body_error.message or text}",
+            context_overflow=status == 400 and _context_overflow(body_error),
         )
         retryable = status in _RETRY_STATUSES or status >= 500
         return _Failed(error, retryable, _retry_after(response.headers))

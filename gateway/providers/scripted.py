@@ -40,8 +40,22 @@ Where RUNNING.md is silent:
   together (more is ``invalid_request`` naming the field): the whole message
   is kept, and sent in ``message.complete``. A script nested too deeply to
   decode is ``invalid_request`` too.
+- A summary request (PROTOCOL section 12: its system prompt begins with
+  :data:`~gateway.providers.history.SUMMARY_MARKER`) is answered, in one
+  text block, with ``Summary of N messages: `` and the first
+  :data:`SUMMARY_WORDS` words of each rendered message, ``; `` between two:
+  the same messages always get the same summary. A request whose rendered
+  messages contain :data:`SUMMARY_FAILS` (a user wrote it in an earlier
+  turn) is refused with ``ProviderError("api_error")`` before any event, so
+  the compaction falls back to ``truncate``.
+- ``overflow: true`` refuses every request whose conversation does not
+  begin with a ``context`` message (nothing compacted yet) as too long:
+  ``ProviderError("invalid_request", "prompt is too long: ...",
+  context_overflow=True)``, before any event, as Anthropic's 400 would; the
+  retry after a compaction goes through. ``overflow: "always"`` refuses
+  every request so.
 - Tokens are ceil(characters / 4). Input: the text, thinking, tool input JSON
-  and tool result content of every request message (not the system prompt,
+  tool result content and summary of every request message (not the system prompt,
   not the tool definitions, not redacted thinking). Output: the text, thinking
   and tool input JSON streamed (not the signature).
 """
@@ -62,6 +76,7 @@ import trio
 from gateway.errors import ProviderError
 from gateway.ids import new_message_id
 from gateway.protocol.shapes import (
+    CompactionBlock,
     ContentBlock,
     Message,
     TextBlock,
@@ -70,6 +85,7 @@ from gateway.protocol.shapes import (
     ToolUseBlock,
 )
 from gateway.providers.base import ModelRequest
+from gateway.providers.history import MESSAGE_SEPARATOR, SUMMARY_MARKER
 from gateway.providers.raw import (
     RawContentBlock,
     RawContentBlockDelta,
@@ -105,6 +121,10 @@ _IN_STREAM_ERRORS = {
     "invalid_request": "invalid_request_error",
 }
 _TOOL_INPUT_CHUNK_CHARS = 8
+SUMMARY_WORDS = 5
+"""Words of each message that the scripted summary keeps."""
+SUMMARY_FAILS = "#fail-summary"
+"""A summary request whose messages contain this fails (module docstring)."""
 LOREM_MAX_WORDS = 1_000_000
 _LOREM = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed")
 _LOREM_CYCLE = " ".join(_LOREM) + " "
@@ -159,6 +179,7 @@ class Script(msgspec.Struct, forbid_unknown_fields=True):
     delay_ms: Annotated[float, msgspec.Meta(ge=0)] = 0
     chunk_chars: NonNegative = 0
     fail: ScriptFail | None = None
+    overflow: bool | Literal["always"] = False
 
     def __post_init__(self) -> None:
         words = sum(block.lorem or 0 for blocks in self.rounds for block in blocks)
@@ -201,9 +222,13 @@ class ScriptedProvider:
                 message, before any event; ``network`` or ``timeout`` when the
                 script fails that way.
         """
-        text, round_index = _turn_position(request.messages)
-        script = _read_script(text) or Script(rounds=[[ScriptBlock(text=f"You said: {text}")]])
-        script = _said_back(script, request)
+        if request.system is not None and request.system.startswith(SUMMARY_MARKER):
+            script, round_index = _summary_script(request.messages), 0
+        else:
+            text, round_index = _turn_position(request.messages)
+            script = _read_script(text) or Script(rounds=[[ScriptBlock(text=f"You said: {text}")]])
+            _check_overflow(script, request.messages)
+            script = _said_back(script, request)
         fail = script.fail if script.fail is not None and script.fail.round == round_index else None
         events = _round_events(
             script,
@@ -270,6 +295,38 @@ def _turn_position(messages: list[Message]) -> tuple[str, int]:
     raise ProviderError("invalid_request", "the scripted model found no user message to answer")
 
 
+def _summary_script(messages: list[Message]) -> Script:
+    """The one-round answer to a summary request (module docstring).
+
+    Raises:
+        ProviderError: ``api_error`` when the messages contain :data:`SUMMARY_FAILS`.
+    """
+    text = "\n".join(
+        block.text for m in messages for block in m.content if isinstance(block, TextBlock)
+    )
+    if SUMMARY_FAILS in text:
+        raise ProviderError("api_error", f"scripted summary failure ({SUMMARY_FAILS})")
+    parts = text.split(MESSAGE_SEPARATOR)
+    firsts = ["".join(_WORD.findall(part)[:SUMMARY_WORDS]).strip() for part in parts]
+    summary = f"Summary of {len(parts)} messages: " + "; ".join(firsts)
+    return Script(rounds=[[ScriptBlock(text=summary)]])
+
+
+def _check_overflow(script: Script, messages: list[Message]) -> None:
+    """Refuse the call as too long when the script says so (module docstring).
+
+    Raises:
+        ProviderError: ``invalid_request`` with ``context_overflow``.
+    """
+    compacted = bool(messages) and messages[0].role == "context"
+    if script.overflow == "always" or (script.overflow is True and not compacted):
+        raise ProviderError(
+            "invalid_request",
+            f"prompt is too long: {_tokens(_request_chars(messages))} tokens (scripted overflow)",
+            context_overflow=True,
+        )
+
+
 def _read_script(text: str) -> Script | None:
     """The script the text carries, or ``None`` when it is plain text."""
     if not text.lstrip().startswith("{"):
@@ -302,6 +359,8 @@ def _block_chars(block: ContentBlock) -> int:
             return len(msgspec.json.encode(block.input).decode())
         case ToolResultBlock():
             return len(block.content)
+        case CompactionBlock():
+            return len(block.summary)
     return 0  # redacted thinking: opaque
 
 

@@ -58,6 +58,7 @@ from gateway.protocol.http import (
     AgentListing,
     CancelAccepted,
     CancelTurn,
+    Compact,
     CreateSession,
     Feedback,
     Health,
@@ -313,6 +314,30 @@ class Api:
                     202,
                     body=PermissionDecision,
                     errors={404: ("permission_not_found",), 409: ("permission_resolved",)},
+                ),
+            ),
+        )
+        self._add(
+            f"{session}/compact",
+            "compact",
+            POST=(
+                self.compact,
+                Operation(
+                    "Compact the model's context now",
+                    Accepted,
+                    202,
+                    body=Compact,
+                    body_required=False,
+                    errors={
+                        409: ("turn_in_progress", "nothing_to_compact"),
+                        503: ("shutting_down", "session_elsewhere"),
+                    },
+                    description='PROTOCOL section 12, `trigger: "manual"`: the messages '
+                    "before the latest turn are replaced, for the model only, by one `context` "
+                    "message (a summary); `context.compacting` and `context.compacted` follow "
+                    "in the stream (turn_id null). Runs between turns: a turn submitted "
+                    "meanwhile starts after it. 409 `nothing_to_compact` when the model's "
+                    "context holds only the latest turn.",
                 ),
             ),
         )
@@ -725,6 +750,12 @@ class Api:
         body = _decode(req, PermissionDecision)
         await self.node.decide_permission(session, perm_id, body.decision)
         return json_response(202, Accepted("resolved"))
+
+    async def compact(self, req: Request, session_id: str) -> Response:
+        session = await self._session(session_id, self._authenticate(req))
+        _decode_optional(req, Compact)
+        await self.node.compact(session)
+        return json_response(202, Accepted("compacting"))
 
     async def feedback(self, req: Request, session_id: str) -> Response:
         session = await self._session(session_id, self._authenticate(req))

@@ -77,8 +77,9 @@ from gateway.protocol.shapes import (
 )
 from gateway.providers.base import ModelRequest
 from gateway.providers.factory import Providers
-from gateway.session import cancel
+from gateway.session import cancel, compactor
 from gateway.session.call import Call, CallStream, Completion, EndCall
+from gateway.session.compaction import estimate, model_view
 from gateway.session.hub import Emitted
 from gateway.session.permissions import PermissionRequest, Permissions
 from gateway.session.turn import Turn
@@ -166,9 +167,12 @@ class AgentLoop:
     def tools(self) -> ToolRegistry:
         return self.node.tools_of(self.s.record.agent)
 
-    async def run(self, turns: trio.MemoryReceiveChannel[Turn]) -> None:
-        async for turn in turns:
-            await self.run_turn(turn)
+    async def run(self, turns: trio.MemoryReceiveChannel[Turn | compactor.Request]) -> None:
+        async for job in turns:
+            if isinstance(job, compactor.Request):
+                await self.compact_now(job)
+            else:
+                await self.run_turn(job)
 
     def abort(self) -> None:
         """Close the turn in flight after the session's tasks failed (Session.run)."""
@@ -234,9 +238,10 @@ class AgentLoop:
             await self.node.wait_durable()
             turn.enter("llm")
             state.rounds += 1
-            call = await self._call_model(turn, state)
+            call = await self._model_round(turn, state)
             if call.error_class is not None:
-                self.call_failed(turn, state, call)
+                if not state.call_failed_emitted:
+                    self.call_failed(turn, state, call)
                 self._provider_error(turn, call)
                 return "error"
             message = call.translator.message
@@ -281,7 +286,7 @@ class AgentLoop:
         agent = self.agent
         request = ModelRequest(
             model=model,
-            messages=[m for m in s.messages if m.status != "in_progress"],
+            messages=model_view(s.messages),  # PROTOCOL section 12
             tools=self.tools.specs(),
             max_tokens=agent.max_tokens,
             system=agent.system or None,
@@ -297,6 +302,7 @@ class AgentLoop:
                     await s.calls.feed(raw)
         except ProviderError as exc:
             end = EndCall(exc.error_class, exc.message)
+            state.overflowed = exc.context_overflow
         except Exception as exc:  # a provider's bug is that call's failure, not the turn's
             s.failed("provider", exc, turn.id)
             end = EndCall("api_error", f"the provider failed: {type(exc).__name__}: {exc}")
@@ -307,6 +313,63 @@ class AgentLoop:
         s.calls.settle(end)
         state.usage += call.translator.usage
         return call
+
+    # --- context compaction (PROTOCOL section 12) ------------------------------------
+
+    def context_max_tokens(self) -> int:
+        """The threshold of compaction: the agent's (the one place that reads it)."""
+        return self.agent.context_max_tokens
+
+    async def _model_round(self, turn: Turn, state: TurnState) -> Call:
+        """One LLM call of the turn, with the compactions of PROTOCOL section 12 around it.
+
+        Before the call: ``auto`` when the estimated input is above
+        :meth:`context_max_tokens`. A call the provider refuses as too long
+        (``ProviderError.context_overflow``) is closed for the clients as any
+        failed call (``llm.call_started`` then ``llm.call_failed``,
+        ``invalid_request``), then compacted once (``overflow``) and made
+        again, once: a second refusal is the turn's provider error. A refusal
+        with nothing to compact is that error at once.
+        """
+        if estimate(self.s.messages) > self.context_max_tokens():
+            await self._compact(turn, state, "auto")
+        state.overflowed = False
+        call = await self._call_model(turn, state)
+        if call.error_class is not None and state.overflowed:
+            state.overflowed = False
+            self.call_failed(turn, state, call)
+            if await self._compact(turn, state, "overflow"):
+                return await self._call_model(turn, state)
+            state.call_failed_emitted = True
+        return call
+
+    async def _compact(self, turn: Turn, state: TurnState, trigger: compactor.Trigger) -> bool:
+        """Compact within the turn (phase ``llm``); whether anything was compacted.
+
+        The previous call is done with: a cancel during the summary call is
+        the ``llm`` phase's with no call to close, only ``turn.cancelled``.
+        """
+        state.call = None
+        done = await compactor.compact(self.s, self.node, trigger, turn.id)
+        if done is None:
+            return False
+        state.usage += done.usage
+        return True
+
+    async def compact_now(self, request: compactor.Request) -> None:
+        """``POST .../compact`` (``manual``), between turns, bounded by the agent's turn timeout."""
+        s = self.s
+        try:
+            done = await compactor.compact(
+                s, self.node, "manual", None, timeout_s=self.agent.turn_timeout_s
+            )
+            if done is not None and done.usage.cost_usd:
+                s.record.cost_so_far_usd += done.usage.cost_usd
+                s.save_record()
+        except Exception as exc:  # a gateway bug: the session goes on with its next turn
+            s.failed("compaction", exc)
+        finally:
+            request.done.set()
 
     def _provider_error(self, turn: Turn, call: Call) -> None:
         """Log and count an LLM call that failed (not a cancel: that is the turn's)."""
@@ -616,3 +679,5 @@ class TurnState:
         self.rounds = 0  # LLM calls so far (the agent's max_rounds)
         self.results_message: Message | None = None
         self.ended = False  # its terminal event went out
+        self.overflowed = False  # the last call was refused as too long (PROTOCOL section 12)
+        self.call_failed_emitted = False  # its llm.call_failed went out already

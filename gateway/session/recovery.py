@@ -17,7 +17,9 @@ Where the phase is not written down, it is inferred: an ``llm.call_started``
 with no ``llm.call_completed``/``llm.call_failed`` after it is ``llm``; tools
 called and not ended are ``tools`` if any of them was running (not waiting
 for a permission), else ``seam``; a turn between a call's end and its next
-step is ``seam``.
+step is ``seam``. A ``context.compacting`` with no ``context.compacted`` after
+it (the summary call of PROTOCOL section 12 was running) is ``llm``, with no
+call to close: only ``turn.cancelled``, as a live cancel then emits.
 """
 
 from __future__ import annotations
@@ -92,8 +94,13 @@ def plan(
     perm_tool: dict[str, str] = {}
     delegates: dict[str, str] = {}
     called_since_completion = False
+    compacting = False
     for type_, p in events:
-        if type_ == "llm.call_started":
+        if type_ == "context.compacting":
+            compacting = True
+        elif type_ == "context.compacted":
+            compacting = False
+        elif type_ == "llm.call_started":
             open_call, completed_message, called_since_completion = p.call_id, None, False
             pending.clear()
         elif type_ == "llm.call_completed":
@@ -121,6 +128,8 @@ def plan(
     if open_call is not None:
         streaming = next((m for m in reversed(of_turn) if m.status == "in_progress"), None)
         return Interrupted(turn_id, "llm", open_call, streaming, partial=partial)
+    if compacting:
+        return Interrupted(turn_id, "llm", partial=partial)
     if completed_message is not None and not called_since_completion:
         # The call asked for tools and none was called yet: all pending, none ran.
         msg = next((m for m in of_turn if m.id == completed_message), None)
@@ -143,9 +152,9 @@ def closing(state: Interrupted) -> list[Payload]:
     (it is stored with the message); it comes first.
     """
     out: list[Payload] = []
-    if state.phase == "llm":
+    if state.phase == "llm" and state.call_id is not None:
         message_id = state.message.id if state.message else None
-        out.append(LlmCallFailed(state.call_id or "", "cancelled", "cancelled", message_id))
+        out.append(LlmCallFailed(state.call_id, "cancelled", "cancelled", message_id))
     for tool_use_id, worker in state.delegates:
         out.append(
             DelegateFailed(tool_use_id, worker, "cancelled_by_user", "the gateway restarted")

@@ -77,8 +77,10 @@ from gateway.protocol.events import (
 from gateway.protocol.frames import encode
 from gateway.protocol.framing import event_frame
 from gateway.protocol.shapes import Message, PendingPermission, SessionSummary, ToolInfo
+from gateway.session import compactor
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
+from gateway.session.compaction import plan
 from gateway.session.hub import Emitted, Hub, Subscriber
 from gateway.session.permissions import Permissions
 from gateway.session.sequencer import EventSequencer
@@ -226,7 +228,9 @@ class Session:
         self.tail: deque[Emitted] = deque()
         self.tail_max = node.config.stream.replay_max_events
         self.tail_floor = seqr.last
-        self._turns_tx, self._turns_rx = trio.open_memory_channel[Turn](1)
+        # A turn, and at most one compaction queued ahead of it (compact()).
+        self._turns_tx, self._turns_rx = trio.open_memory_channel[Turn | compactor.Request](2)
+        self._compaction: compactor.Request | None = None  # POST .../compact, until it ran
         self.agent: AgentLoop | None = None  # once run() started it
         self.fenced = False  # stopping after a lost lease: nothing more is emitted here
         self._runtime = trio.CancelScope()
@@ -389,6 +393,46 @@ class Session:
                 ``session_elsewhere`` (with ``Retry-After``) where several nodes
                 share a store and another node holds the session's lease.
         """
+        self._check_runs_here()
+        if self.turn is not None:
+            raise ApiError(
+                409, "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
+            )
+        self._check_size()
+        turn = Turn(user_message.turn_id or new_turn_id(), user_message)
+        self.turn = turn
+        self._turns_tx.send_nowait(turn)
+        return turn
+
+    def compact(self) -> None:
+        """Queue a compaction of the model's context (``POST .../compact``, PROTOCOL section 12).
+
+        It runs on the agent loop between two turns: a turn submitted meanwhile
+        starts once it is done. A compaction already queued is the same one.
+
+        Raises:
+            ApiError: 409 ``turn_in_progress``; 409 ``nothing_to_compact`` when
+                the model's view holds nothing but the latest turn (and a
+                previous summary); 503 as :meth:`submit_turn`.
+        """
+        self._check_runs_here()
+        if self.turn is not None:
+            raise ApiError(
+                409, "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
+            )
+        if self._compaction is not None and not self._compaction.done.is_set():
+            return
+        if plan(self.messages, None) is None:
+            raise ApiError(
+                409,
+                "nothing_to_compact",
+                f"session {self.id}: the model's context holds only its latest turn",
+            )
+        self._compaction = compactor.Request()
+        self._turns_tx.send_nowait(self._compaction)
+
+    def _check_runs_here(self) -> None:
+        """Raise the 503 of a node that does not run the session's turns (:meth:`submit_turn`)."""
         if self.node.shutting_down:  # its leases are let go within shutdown_grace_s
             wait = math.ceil(self.node.config.server.shutdown_grace_s)
             raise ApiError(
@@ -410,15 +454,6 @@ class Session:
                 f"retry in {wait} s (its lease lapses within store.lease_s if that node died)",
                 headers=(("Retry-After", str(wait)),),
             )
-        if self.turn is not None:
-            raise ApiError(
-                409, "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
-            )
-        self._check_size()
-        turn = Turn(user_message.turn_id or new_turn_id(), user_message)
-        self.turn = turn
-        self._turns_tx.send_nowait(turn)
-        return turn
 
     def _check_size(self) -> None:
         """Refuse a turn once the session holds ``max_session_mb`` or more (PROTOCOL section 15).
@@ -443,9 +478,15 @@ class Session:
         ``POST .../turns`` answers 202 then, so an accepted turn survives a
         crash (PROTOCOL section 9).
 
+        A turn queued behind a ``POST .../compact`` waits for that compaction
+        first (bounded by ``[turns] timeout_s``): until it ran, the turn is not
+        even started, let alone durable.
+
         Raises:
             ApiError: 503 ``store_unavailable`` past ``commit_timeout_s``.
         """
+        if self._compaction is not None:
+            await self._compaction.done.wait()
         with trio.move_on_after(self.node.config.store.commit_timeout_s):
             await turn.started.wait()
         await self.node.durable_or_503()
@@ -663,6 +704,9 @@ class Session:
         """After :meth:`stop_here`: a replica with nothing in flight, ready to run again."""
         agent.current = None
         self.turn = None
+        if self._compaction is not None:  # dropped with the channel's contents below
+            self._compaction.done.set()
+            self._compaction = None
         while True:
             try:
                 self._turns_rx.receive_nowait()
