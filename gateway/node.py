@@ -803,10 +803,16 @@ class Node:
         if await self.ask_owner(session, "cancel", (turn_id, reason, requested_by)) is None:
             session.cancel_turn(turn_id, reason, requested_by)
 
-    async def decide_permission(self, session: Session, perm_id: str, decision: str) -> None:
+    async def decide_permission(
+        self,
+        session: Session,
+        perm_id: str,
+        decision: str,
+        content: dict[str, Any] | None = None,
+    ) -> None:
         """:meth:`Session.decide_permission`, on the node that runs the session."""
-        if await self.ask_owner(session, "permission", (perm_id, decision)) is None:
-            session.decide_permission(perm_id, decision)
+        if await self.ask_owner(session, "permission", (perm_id, decision, content)) is None:
+            session.decide_permission(perm_id, decision, content)
 
     async def record_feedback(
         self, session: Session, message_id: str, rating: int, comment: str | None

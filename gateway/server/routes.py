@@ -685,7 +685,7 @@ class Api:
     async def decide(self, req: Request, session_id: str, perm_id: str) -> Response:
         session = await self._session(session_id, self._authenticate(req))
         body = _decode(req, PermissionDecision)
-        await self.node.decide_permission(session, perm_id, body.decision)
+        await self.node.decide_permission(session, perm_id, body.decision, body.content)
         return json_response(202, Accepted("resolved"))
 
     async def feedback(self, req: Request, session_id: str) -> Response:

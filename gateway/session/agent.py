@@ -371,6 +371,7 @@ class AgentLoop:
             workspace_path=s.record.workspace_path,
             kill_grace_s=self.node.config.tools.kill_grace_s,
             session=s,
+            tool_name=block.name,
         )
         started = trio.current_time()
         tool_label = block.name if block.name in self.node.tools else "unknown"

@@ -71,6 +71,8 @@ from gateway.protocol.events import (
     Event,
     FeedbackRecorded,
     Payload,
+    PermissionRequested,
+    PermissionResolved,
     StreamEvent,
     stream_event,
 )
@@ -88,6 +90,7 @@ from gateway.tools.workspace import display_name
 
 if TYPE_CHECKING:
     from gateway.server.auth import Limits
+    from gateway.tools.registry import ToolContext
 
 log = logging.getLogger("gateway.session")
 
@@ -449,9 +452,11 @@ class Session:
         if not turn.request_cancel(reason):
             self.warn(requested_by, "cancel_ignored", f"turn {turn_id} is already cancelling")
 
-    def decide_permission(self, perm_id: str, decision: str) -> None:
+    def decide_permission(
+        self, perm_id: str, decision: str, content: dict[str, Any] | None = None
+    ) -> None:
         """Resolve a pending permission (:meth:`Permissions.decide`)."""
-        self.permissions.decide(perm_id, decision)
+        self.permissions.decide(perm_id, decision, content)
 
     def record_feedback(self, message_id: str, rating: Literal[-1, 1], comment: str | None) -> None:
         """Emit ``feedback.recorded`` for one of its messages (``POST .../feedback``).
@@ -523,6 +528,49 @@ class Session:
     @property
     def cancel_grace_s(self) -> float:
         return self.node.config.server.shutdown_grace_s
+
+    async def elicit(
+        self, ctx: ToolContext, message: str, requested_schema: dict[str, Any]
+    ) -> tuple[str, dict[str, Any] | None]:
+        """An MCP server's question, as a ``permission.requested`` (``kind: "elicitation"``).
+
+        PROTOCOL section 11: waited on within ``approval_timeout_s``; ``allow``
+        comes with the user's content (checked against ``requested_schema`` by
+        the permissions route), ``deny`` declines; the timeout and a cancel
+        (the turn's, or the server's call ending) cancel it.
+        """
+        timeout = self.node.config.tools.approval_timeout_s
+        expires_at = now_ms() + round(timeout * 1000)
+        tool_name = ctx.tool_name or "mcp"
+        request = self.permissions.open(
+            ctx.tool_use_id, tool_name, {}, expires_at,
+            kind="elicitation", message=message, requested_schema=requested_schema,
+        )  # fmt: skip
+        self.emit(
+            [
+                PermissionRequested(
+                    request.perm_id,
+                    ctx.tool_use_id,
+                    tool_name,
+                    {},
+                    expires_at,
+                    "elicitation",
+                    message,
+                    requested_schema,
+                )
+            ],
+            ctx.turn_id,
+        )
+        decision = "cancelled"
+        try:
+            with trio.move_on_after(timeout):
+                await request.decided.wait()
+            decision = request.decision or "timeout"
+        finally:
+            request.closed = True
+            request.decision = decision
+            self.emit([PermissionResolved(request.perm_id, decision)], ctx.turn_id)  # type: ignore[arg-type]
+        return decision, request.content if decision == "allow" else None
 
     async def spawn_worker(self, tool_use_id: str) -> Session:
         """Create and start a worker session of this one (the ``delegate`` tool).
