@@ -24,8 +24,8 @@ within ``startup_timeout_s``), dies, or whose transport breaks, is logged
 (``gateway_mcp_server_failures_total{server}``); its calls fail meanwhile
 (``tool.failed`` ``error``), nothing else does. It is started again on its next
 use (a call, or a listing of the session's tools), with backoff: at once after
-a connection that had come up, then after 1, 2, 4 ... 30 s while it keeps
-failing. Its tools stay listed (the last list it gave) while it is down.
+a connection that had come up, else after 1, 2, 4 ... 30 s while it keeps
+failing to start. Its tools stay listed (the last list it gave) while it is down.
 
 A call (:meth:`McpConnection.call`) waits at most ``tool_timeout_s``
 (``timeout``); a trio cancel of it (the turn's cancel, or the timeout) makes
@@ -69,8 +69,10 @@ from gateway.tools.registry import SessionTools, ToolContext, ToolOutput, ToolRe
 
 log = logging.getLogger("gateway.mcp")
 
-BACKOFF_S = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
-"""The wait before the next start, by consecutive failures (the last repeats)."""
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+"""The wait before the next start, by consecutive failures (the last repeats).
+
+None after a connection that had come up and was lost: its next use starts it at once."""
 
 STDIN_CLOSE_GRACE_S = 1.0
 """After its stdin closes, how long a stdio server has to exit before SIGTERM (MCP's order)."""
@@ -167,6 +169,7 @@ class McpConnection:
         if self._closed:
             scope.cancel()
         dead = self._dead = trio.Event()
+        came_up = False
         try:
             with scope:
                 async with self._connect(dead) as session:
@@ -175,6 +178,7 @@ class McpConnection:
                         await self._list(session)
                     self._session = session
                     self._failures = 0
+                    came_up = True
                     starting.set()
                     event(
                         log, logging.INFO, "mcp_server_started",
@@ -184,7 +188,7 @@ class McpConnection:
                     await dead.wait()
                     raise ConnectionLost(self._lost_reason())
         except Exception as exc:
-            self._failed(exc)
+            self._failed(exc, came_up)
         finally:
             self._session = None
             self._scope = None
@@ -258,7 +262,7 @@ class McpConnection:
         said = f" (stderr: {tail[0]})" if tail else ""
         return f"the connection was lost{said}"
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException, came_up: bool) -> None:
         error = _describe(exc, self.config.startup_timeout_s)
         if isinstance(exc, ConnectionLost) or not self._stderr:
             pass
@@ -268,7 +272,7 @@ class McpConnection:
                 error += f" (stderr: {tail[0]})"
         self._last_error = error
         self._failures += 1
-        delay = BACKOFF_S[min(self._failures, len(BACKOFF_S)) - 1]
+        delay = 0.0 if came_up else BACKOFF_S[min(self._failures, len(BACKOFF_S)) - 1]
         self._retry_at = trio.current_time() + delay
         self._owner.metrics.mcp_server_failures.labels(self.name).inc()
         event(

@@ -292,11 +292,15 @@ class Api:
             POST=(
                 self.decide,
                 Operation(
-                    "Allow or deny a tool call waiting for permission",
+                    "Allow or deny a tool call waiting for permission, or answer an elicitation",
                     Accepted,
                     202,
                     body=PermissionDecision,
-                    errors={404: ("permission_not_found",), 409: ("permission_resolved",)},
+                    errors={
+                        404: ("permission_not_found",),
+                        409: ("permission_resolved",),
+                        422: ("invalid_content",),
+                    },
                 ),
             ),
         )
