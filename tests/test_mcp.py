@@ -19,7 +19,8 @@ import trio
 
 from gateway.errors import ToolError
 from gateway.mcp.tools import MAX_RESULT_BYTES
-from gateway.tools.registry import ToolRegistry
+from gateway.tools.builtin import build_registry
+from gateway.tools.registry import SessionTools, ToolRegistry
 from tests.conftest import free_port
 from tests.mcp_support import (
     EVERYTHING,
@@ -88,9 +89,13 @@ async def test_tools_are_listed_and_results_mapped(tmp_path: Path) -> None:
         )
 
         # An agent's tool list filters the MCP tools as the built-in ones.
-        only = manager.session_tools(ToolRegistry(), "ses_a")
-        only._allows = lambda name: name == "mcp__ev__echo"
-        assert only.names() == ["mcp__ev__echo"]
+        only = SessionTools(
+            build_registry(["sleep", "read_file"]),
+            lambda: manager.tools("ses_a"),
+            lambda name: name in ("mcp__ev__echo", "sleep"),
+        )
+        assert only.names() == ["sleep", "mcp__ev__echo"]
+        assert (only.source_of("sleep"), only.source_of("mcp__ev__fail")) == ("builtin", None)
 
 
 async def test_cancel_sends_notifications_cancelled_and_the_other_session_goes_on(
@@ -343,3 +348,22 @@ async def test_kill_9_of_the_daemon_kills_its_mcp_servers(tmp_path: Path) -> Non
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_the_example_notes_server(tmp_path: Path) -> None:
+    """examples/mcp_notes.py, as the README's worked example runs it (session scope)."""
+    example = Path(__file__).parent.parent / "examples" / "mcp_notes.py"
+    import sys
+
+    config = server(command=[sys.executable, str(example)], scope="session")
+    async with running(notes=config) as manager:
+        manager.open_session("ses_a", str(tmp_path))
+        await manager.wait_ready("ses_a")
+        tools = manager.session_tools(ToolRegistry(), "ses_a")
+        await tools.execute("mcp__notes__add_note", {"text": "buy milk"}, context())
+        out = await tools.execute("mcp__notes__search", {"query": "MILK"}, context())
+        assert out.content == "1. buy milk"
+        assert json.loads((tmp_path / "notes.json").read_text()) == ["buy milk"]
+        session = FakeSession("ses_a", ("deny", None))
+        out = await tools.execute("mcp__notes__clear_notes", {}, context("ses_a", session))
+        assert out.content == "kept the notes (decline)" and len(session.asked) == 1
