@@ -3,10 +3,10 @@
 A server's tool ``T`` is the gateway tool ``mcp__<server>__T``, with the
 server's description and ``inputSchema``. The model is shown the schema as the
 server gave it; input is checked against it here with ``jsonschema`` before
-anything is sent (``invalid_input``). A tool whose schema a model cannot use
-(not an object schema, not a valid JSON schema, no schema, a name that is not
-``[A-Za-z0-9_-]``) is dropped with a warning (``mcp_tool_dropped``); the rest of
-the server's tools are kept.
+anything is sent (``invalid_input``). A tool a model cannot use (its schema
+not an object schema, not a valid JSON schema, or missing; its name not
+``[A-Za-z0-9_-]``, or its full name over 64 characters) is dropped with a
+warning (``mcp_tool_dropped``); the rest of the server's tools are kept.
 
 A result maps as PROTOCOL section 11 says: the text content, joined with
 newlines, is the ``result``; ``structuredContent`` is the structured result;
@@ -38,7 +38,8 @@ log = logging.getLogger("gateway.mcp")
 MAX_RESULT_BYTES = 1024 * 1024
 """The most of a tool result's text (UTF-8) kept, and of its structured result (as JSON): 1 MiB."""
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""A tool name the model APIs take (Anthropic's and OpenAI's rule), checked on the full name."""
 
 
 class Caller(Protocol):
@@ -103,8 +104,8 @@ def _adapt(server: str, raw: Any, caller: Caller) -> McpTool:
     if not isinstance(raw, dict):
         raise ValueError("not a tool object")
     remote = raw.get("name")
-    if not isinstance(remote, str) or not _NAME.match(remote):
-        raise ValueError("its name is not a string of letters, digits, _ and -")
+    if not isinstance(remote, str) or not _NAME.match(tool_name(server, remote)):
+        raise ValueError("mcp__<server>__<name> is not 1-64 letters, digits, _ and -")
     schema = raw.get("inputSchema")
     if not isinstance(schema, dict):
         raise ValueError("no inputSchema object")
