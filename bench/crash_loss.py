@@ -123,9 +123,7 @@ async def one_kill(workdir: Path, words: int, rate: float, after_deltas: int) ->
     finally:
         await _kill(proc)
     assistant = [m for m in page["messages"] if m["role"] == "assistant"]
-    kept = "".join(
-        b["text"] for m in assistant for b in m["content"] if b["type"] == "text"
-    )
+    kept = "".join(b["text"] for m in assistant for b in m["content"] if b["type"] == "text")
     text = "".join(shown)
     return Kill(len(text), len(kept), text.startswith(kept), after_deltas / rate)
 

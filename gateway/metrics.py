@@ -173,6 +173,11 @@ class Metrics:
             "Failures caught at a session's boundary (a gateway bug or a broken component)",
             ["component"], registry=r,
         )  # fmt: skip
+        self.mcp_server_failures = Counter(
+            "gateway_mcp_server_failures",
+            "MCP servers that failed to start, died or hung (mcp_server_failed), by server",
+            ["server"], registry=r,
+        )  # fmt: skip
         self.store_write_failures = Counter(
             "gateway_store_write_failures", "Store writes that failed and were retried", registry=r
         )

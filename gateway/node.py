@@ -45,6 +45,7 @@ from gateway.config import Config
 from gateway.errors import ApiError, StoreError, SubscribeRejected, unavailable
 from gateway.ids import new_attach_token, new_session_id, now_ms
 from gateway.logs import SLOW_FLUSH_S, event
+from gateway.mcp.servers import McpServers
 from gateway.metrics import Metrics
 from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
 from gateway.protocol.filters import resolve_filter
@@ -55,13 +56,14 @@ from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
 from gateway.server.auth import NO_OWNER, Limits
 from gateway.session import seam
+from gateway.session.agent import TurnHost
 from gateway.session.hub import Emitted
 from gateway.session.recovery import close_interrupted
 from gateway.session.sequencer import EventSequencer
 from gateway.session.session import Session
 from gateway.store.base import SessionRecord, Store
 from gateway.store.lease import LeaseKeeper, Taken, new_node_id
-from gateway.tools.registry import ToolRegistry
+from gateway.tools.registry import SessionTools, ToolRegistry
 from gateway.tools.workspace import WorkspaceError, Workspaces
 
 if TYPE_CHECKING:
@@ -153,7 +155,8 @@ class Node:
         self.providers = provider if isinstance(provider, Providers) else Providers.single(provider)
         self.agents = Agents(config)  # ConfigError: a system_file that cannot be read
         self.tools = tools  # the built-in tools the daemon enabled; each agent has some of them
-        self._agent_tools: dict[str, ToolRegistry] = {}
+        # The MCP servers (gateway.mcp); the daemon sets them, a bare node has none.
+        self.mcp: McpServers | None = None
         self.metrics = metrics or Metrics()
         self.metrics.watch(
             turns_in_flight=lambda: sum(s.turn is not None for s in self.sessions.values()),
@@ -482,22 +485,47 @@ class Node:
         """The agent ``name`` (a stored session's agent since removed runs the default)."""
         return self.agents[name]
 
-    def tools_of(self, agent: str) -> ToolRegistry:
-        """The tools of an agent: those of the daemon's that its ``tools`` patterns match."""
-        registry = self._agent_tools.get(agent)
-        if registry is None:
-            profile = self.agents[agent]
-            allowed = [tool for tool in self.tools.tools() if profile.allows(tool.name)]
-            registry = self._agent_tools[agent] = ToolRegistry(allowed)
-        return registry
+    def tools_of(self, agent: str, session_id: str | None = None) -> SessionTools:
+        """The tools an agent's session sees now (PROTOCOL section 11).
 
-    def tool_infos(self, agent: str) -> list[ToolInfo]:
+        The daemon's built-in tools and its MCP servers' (those of ``scope =
+        "node"``, and the session's own of ``scope = "session"``), those the
+        agent's ``tools`` patterns match. An MCP server's list can change at
+        any time (``notifications/tools/list_changed``): this is asked anew at
+        every model call.
+        """
+        profile = self.agents[agent]
+        if self.mcp is None:
+            return SessionTools(self.tools, allows=profile.allows)
+        return self.mcp.session_tools(self.tools, session_id or "", profile)
+
+    def session_tools(self, session: TurnHost) -> SessionTools:
+        """A session's tools; its session-scope MCP servers are started at the first ask."""
+        if self.mcp is not None and self.config.mcp_servers:
+            profile = self.agents[session.record.agent]
+            workspace = self.workspaces.host_path(session.record.workspace_path)
+            self.mcp.open_session(session.id, workspace, profile.uses_server)
+        return self.tools_of(session.record.agent, session.id)
+
+    async def tools_ready(self, session: TurnHost) -> None:
+        """Wait for the session's MCP servers still starting (each within its startup_timeout_s)."""
+        if self.mcp is not None and self.config.mcp_servers:
+            self.session_tools(session)
+            await self.mcp.wait_ready(session.id)
+
+    def session_closed(self, session: Session) -> None:
+        """A session's tasks ended: its session-scope MCP servers are stopped."""
+        if self.mcp is not None:
+            self.mcp.close_session(session.id)
+
+    def tool_infos(self, agent: str, session_id: str | None = None) -> list[ToolInfo]:
         """An agent's tools as ``GET /agents`` and a session's summary list them (section 6)."""
         profile = self.agents[agent]
+        tools = self.tools_of(agent, session_id)
         return [
             ToolInfo(spec.name, spec.description, spec.input_schema,
-                     profile.needs_approval(spec.name), "builtin")
-            for spec in self.tools_of(agent).specs()
+                     profile.needs_approval(spec.name), tools.source_of(spec.name) or "builtin")
+            for spec in tools.specs()
         ]  # fmt: skip
 
     def resolve_agent(self, name: str | None) -> str:
@@ -856,10 +884,16 @@ class Node:
         if await self.ask_owner(session, "cancel", (turn_id, reason, requested_by)) is None:
             session.cancel_turn(turn_id, reason, requested_by)
 
-    async def decide_permission(self, session: Session, perm_id: str, decision: str) -> None:
+    async def decide_permission(
+        self,
+        session: Session,
+        perm_id: str,
+        decision: str,
+        content: dict[str, Any] | None = None,
+    ) -> None:
         """:meth:`Session.decide_permission`, on the node that runs the session."""
-        if await self.ask_owner(session, "permission", (perm_id, decision)) is None:
-            session.decide_permission(perm_id, decision)
+        if await self.ask_owner(session, "permission", (perm_id, decision, content)) is None:
+            session.decide_permission(perm_id, decision, content)
 
     async def record_feedback(
         self, session: Session, message_id: str, rating: int, comment: str | None

@@ -174,9 +174,10 @@ async def test_a_zero_window_never_waits_for_a_batch(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """With batching off, a writer that never drains holds nothing: no batch waits at all."""
-    async with recorded_session(
-        tmp_path, writer=None, **{"stream.batch_window_ms": 0}
-    ) as (session, rec):
+    async with recorded_session(tmp_path, writer=None, **{"stream.batch_window_ms": 0}) as (
+        session,
+        rec,
+    ):
         lorem_turn(session, 100, delay_ms=0)
         with trio.fail_after(5):  # virtual: only a wait that never ends trips it
             await rec.ended.wait()

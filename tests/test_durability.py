@@ -199,4 +199,3 @@ async def test_a_streaming_block_is_stored_every_checkpoint(
                 assert len(kept.split()) >= 20, (kept, shown)
             else:
                 assert kept == ""
-

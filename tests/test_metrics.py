@@ -58,6 +58,7 @@ FAMILIES = {
     "gateway_outbound_queue_depth_events": "histogram",
     "gateway_session_failures": "counter",
     "gateway_store_write_failures": "counter",
+    "gateway_mcp_server_failures": "counter",
     "gateway_store_flush_duration_seconds": "histogram",
     "gateway_store_flush_rows": "histogram",
     "gateway_tasks": "gauge",

@@ -42,8 +42,10 @@ CLOSES: dict[str, Close] = {
     "shutdown": Close(1001, "The gateway is shutting down.", drains=True, reconnect=True),
     "heartbeat_timeout": Close(1001, "No pong to the last pings.", drains=False, reconnect=True),
     "relay_gap": Close(
-        1001, "This node lost the session's live feed; reconnect with since.",
-        drains=False, reconnect=True,
+        1001,
+        "This node lost the session's live feed; reconnect with since.",
+        drains=False,
+        reconnect=True,
     ),
     "client_too_slow": Close(
         1008, "Outbound queue overflowed; reconnect with replay.", drains=False, reconnect=True

@@ -108,6 +108,7 @@ class CancelAccepted(msgspec.Struct):
 
 class PermissionDecision(msgspec.Struct, forbid_unknown_fields=True):
     decision: Literal["allow", "deny"]
+    content: dict[str, Any] | None = None  # an elicitation's answer (PROTOCOL sections 2, 11)
 
 
 class Feedback(msgspec.Struct, forbid_unknown_fields=True):

@@ -46,6 +46,7 @@ import trio
 from gateway.config import Config
 from gateway.errors import StartupError, StoreError
 from gateway.logs import configure, event
+from gateway.mcp.servers import McpServers
 from gateway.node import Node
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers, make_providers
@@ -79,6 +80,7 @@ class Gateway:
             provider or make_providers(config),
             build_registry(config.tools.enabled, workspaces=workspaces, processes=self.processes),
         )
+        self.mcp = self.node.mcp = McpServers(config, self.processes, self.node.metrics)
         s = config.server
         self.limits = HttpLimits(
             max_body_bytes=s.max_body_bytes,
@@ -99,6 +101,8 @@ class Gateway:
         s = self.config.server
         async with trio.open_nursery() as outer:
             await outer.start(self.processes.run, name="tool-reaper")
+            # MCP servers: stdio ones are tool processes; stopped after the sessions are.
+            await outer.start(self.mcp.run, name="mcp-servers")
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.node.run, name="node")
                 listeners = await trio.open_tcp_listeners(s.port, host=s.host)

@@ -309,11 +309,15 @@ class Api:
             POST=(
                 self.decide,
                 Operation(
-                    "Allow or deny a tool call waiting for permission",
+                    "Allow or deny a tool call waiting for permission, or answer an elicitation",
                     Accepted,
                     202,
                     body=PermissionDecision,
-                    errors={404: ("permission_not_found",), 409: ("permission_resolved",)},
+                    errors={
+                        404: ("permission_not_found",),
+                        409: ("permission_resolved",),
+                        422: ("invalid_content",),
+                    },
                 ),
             ),
         )
@@ -748,7 +752,7 @@ class Api:
     async def decide(self, req: Request, session_id: str, perm_id: str) -> Response:
         session = await self._session(session_id, self._authenticate(req))
         body = _decode(req, PermissionDecision)
-        await self.node.decide_permission(session, perm_id, body.decision)
+        await self.node.decide_permission(session, perm_id, body.decision, body.content)
         return json_response(202, Accepted("resolved"))
 
     async def compact(self, req: Request, session_id: str) -> Response:

@@ -84,7 +84,7 @@ from gateway.session.hub import Emitted
 from gateway.session.permissions import PermissionRequest, Permissions
 from gateway.session.turn import Turn
 from gateway.store.base import SessionRecord
-from gateway.tools.registry import ToolContext, ToolRegistry, ToolSession
+from gateway.tools.registry import SessionTools, ToolContext, ToolSession
 from gateway.translate import Translator, max_blocks
 
 log = logging.getLogger("gateway.agent")
@@ -98,8 +98,12 @@ class AgentServices(Protocol):
     providers: Providers
     metrics: Metrics
 
-    def tools_of(self, agent: str) -> ToolRegistry:
-        """The tools of an agent (PROTOCOL section 11)."""
+    def session_tools(self, session: TurnHost) -> SessionTools:
+        """The tools the session's agent sees now (PROTOCOL section 11)."""
+        ...
+
+    async def tools_ready(self, session: TurnHost) -> None:
+        """Wait for the session's MCP servers still starting (bounded)."""
         ...
 
     def pricing(self, model: str) -> Callable[[Usage], float | None]:
@@ -164,8 +168,9 @@ class AgentLoop:
         return self.node.agents[self.s.record.agent]
 
     @property
-    def tools(self) -> ToolRegistry:
-        return self.node.tools_of(self.s.record.agent)
+    def tools(self) -> SessionTools:
+        """The session's tools now: built-in and MCP, its agent's (asked at every use)."""
+        return self.node.session_tools(self.s)
 
     async def run(self, turns: trio.MemoryReceiveChannel[Turn | compactor.Request]) -> None:
         async for job in turns:
@@ -189,6 +194,7 @@ class AgentLoop:
         try:
             with turn.cancel_scope:
                 self._start(turn)
+                await self.node.tools_ready(self.s)  # an MCP server still starting lists first
                 stop_reason = await self._turn_body(turn, state)
                 self.finish(turn, state, stop_reason)
         except Exception as exc:  # a gateway bug: closed below, as a provider error
@@ -476,6 +482,7 @@ class AgentLoop:
             workspace_path=s.record.workspace_path,
             kill_grace_s=self.node.config.tools.kill_grace_s,
             session=s,
+            tool_name=block.name,
         )
         started = trio.current_time()
         tools = self.tools

@@ -93,11 +93,15 @@ class Permissions:
         """Whether ``perm_id`` is one of this session's requests (pending or not)."""
         return perm_id in self._requests
 
-    def decide(self, perm_id: str, decision: str) -> None:
+    def decide(self, perm_id: str, decision: str, content: dict[str, Any] | None = None) -> None:
         """Resolve a pending request (PROTOCOL section 2).
 
+        ``content`` answers an elicitation (with ``allow``), checked against its
+        ``requested_schema`` (PROTOCOL section 11); a tool permission takes none.
+
         Raises:
-            ApiError: 404 ``permission_not_found``; 409 ``permission_resolved``.
+            ApiError: 404 ``permission_not_found``; 409 ``permission_resolved``;
+                422 ``invalid_content``.
         """
         request = self._requests.get(perm_id)
         if request is None:
@@ -106,5 +110,32 @@ class Permissions:
             )
         if request.closed or request.decision is not None:
             raise ApiError(409, "permission_resolved", f"permission {perm_id} is no longer waiting")
+        if content is not None:
+            if request.kind != "elicitation":
+                raise ApiError(422, "invalid_content", "content answers an elicitation only")
+            if decision != "allow":
+                raise ApiError(422, "invalid_content", "content comes with allow only")
+            problem = _misfit(content, request.requested_schema or {})
+            if problem is not None:
+                raise ApiError(
+                    422, "invalid_content", f"content does not fit the schema: {problem}"
+                )
         request.decision = decision
+        request.content = content
         request.decided.set()
+
+
+def _misfit(content: dict[str, Any], schema: dict[str, Any]) -> str | None:
+    """Why ``content`` does not fit ``schema`` (an elicitation's), or None."""
+    import jsonschema  # type: ignore[import-untyped]
+    import jsonschema.exceptions  # type: ignore[import-untyped]
+
+    try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        error = jsonschema.exceptions.best_match(cls(schema).iter_errors(content))
+    except jsonschema.exceptions.SchemaError as exc:
+        return f"the schema is not valid: {exc.message}"
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else str(error.message)

@@ -71,6 +71,8 @@ from gateway.protocol.events import (
     Event,
     FeedbackRecorded,
     Payload,
+    PermissionRequested,
+    PermissionResolved,
     StreamEvent,
     stream_event,
 )
@@ -90,6 +92,7 @@ from gateway.tools.workspace import display_name
 
 if TYPE_CHECKING:
     from gateway.server.auth import Limits
+    from gateway.tools.registry import ToolContext
 
 log = logging.getLogger("gateway.session")
 
@@ -113,8 +116,12 @@ class NodeServices(AgentServices, Protocol):
         """``family`` has batches waiting for their commit."""
         ...
 
-    def tool_infos(self, agent: str) -> list[ToolInfo]:
+    def tool_infos(self, agent: str, session_id: str | None = None) -> list[ToolInfo]:
         """An agent's tools, as a summary lists them (PROTOCOL section 6)."""
+        ...
+
+    def session_closed(self, session: Session) -> None:
+        """The session's tasks ended here (its session-scope MCP servers stop)."""
         ...
 
     def runs_here(self, session_id: str) -> bool:
@@ -364,7 +371,7 @@ class Session:
     # --- views -----------------------------------------------------------------
 
     def summary(self) -> SessionSummary:
-        tools = self.node.tool_infos(self.record.agent)
+        tools = self.node.tool_infos(self.record.agent, self.id)
         return summary_of(self.record, self.turn, self.pending_permissions(), tools)
 
     def pending_permissions(self) -> list[PendingPermission]:
@@ -508,7 +515,9 @@ class Session:
         if not turn.request_cancel(reason):
             self.warn(requested_by, "cancel_ignored", f"turn {turn_id} is already cancelling")
 
-    def decide_permission(self, perm_id: str, decision: str) -> None:
+    def decide_permission(
+        self, perm_id: str, decision: str, content: dict[str, Any] | None = None
+    ) -> None:
         """Resolve a pending permission (:meth:`Permissions.decide`).
 
         ``perm_id`` may be a request of one of its workers, at any depth: PROTOCOL
@@ -516,7 +525,7 @@ class Session:
         A worker runs on its root's node, so the owner that decides holds it too.
         """
         asker = next((s for s in self.scope(True) if s.permissions.holds(perm_id)), self)
-        asker.permissions.decide(perm_id, decision)
+        asker.permissions.decide(perm_id, decision, content)
 
     def record_feedback(self, message_id: str, rating: Literal[-1, 1], comment: str | None) -> None:
         """Emit ``feedback.recorded`` for one of its messages (``POST .../feedback``).
@@ -588,6 +597,49 @@ class Session:
     @property
     def cancel_grace_s(self) -> float:
         return self.node.config.server.shutdown_grace_s
+
+    async def elicit(
+        self, ctx: ToolContext, message: str, requested_schema: dict[str, Any]
+    ) -> tuple[str, dict[str, Any] | None]:
+        """An MCP server's question, as a ``permission.requested`` (``kind: "elicitation"``).
+
+        PROTOCOL section 11: waited on within ``approval_timeout_s``; ``allow``
+        comes with the user's content (checked against ``requested_schema`` by
+        the permissions route), ``deny`` declines; the timeout and a cancel
+        (the turn's, or the server's call ending) cancel it.
+        """
+        timeout = self.node.config.tools.approval_timeout_s
+        expires_at = now_ms() + round(timeout * 1000)
+        tool_name = ctx.tool_name or "mcp"
+        request = self.permissions.open(
+            ctx.tool_use_id, tool_name, {}, expires_at,
+            kind="elicitation", message=message, requested_schema=requested_schema,
+        )  # fmt: skip
+        self.emit(
+            [
+                PermissionRequested(
+                    request.perm_id,
+                    ctx.tool_use_id,
+                    tool_name,
+                    {},
+                    expires_at,
+                    "elicitation",
+                    message,
+                    requested_schema,
+                )
+            ],
+            ctx.turn_id,
+        )
+        decision = "cancelled"
+        try:
+            with trio.move_on_after(timeout):
+                await request.decided.wait()
+            decision = request.decision or "timeout"
+        finally:
+            request.closed = True
+            request.decision = decision
+            self.emit([PermissionResolved(request.perm_id, decision)], ctx.turn_id)  # type: ignore[arg-type]
+        return decision, request.content if decision == "allow" else None
 
     async def spawn_worker(self, tool_use_id: str) -> Session:
         """Create and start a worker session of this one (the ``delegate`` tool).
@@ -665,6 +717,12 @@ class Session:
         times within a second) pauses a second before it starts again.
         """
         agent = self.agent = AgentLoop(self, self.node)
+        try:
+            await self._run(agent, task_status)
+        finally:
+            self.node.session_closed(self)  # its session-scope MCP servers stop (section 11)
+
+    async def _run(self, agent: AgentLoop, task_status: trio.TaskStatus[None]) -> None:
         recent: deque[float] = deque(maxlen=5)
         while True:
             self._runtime = trio.CancelScope()
@@ -694,6 +752,7 @@ class Session:
         """
         self.fenced = True
         self._runtime.cancel()
+        self.node.session_closed(self)  # its session-scope MCP servers (section 11)
         # Its batches still waiting for their commit may never be stored (the
         # store drops a session's writes once another node holds its lease):
         # no client anywhere gets them.

@@ -107,13 +107,21 @@ class ToolProcesses:
 
     # --- spawning ------------------------------------------------------------------
 
-    async def spawn(self, argv: Sequence[str], *, workspace: str, **kwargs: Any) -> trio.Process:
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        workspace: str,
+        env: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> trio.Process:
         """Start a tool process in ``workspace``, in a group of its own, known to the watchdog.
 
         ``kwargs`` go to ``trio.lowlevel.open_process`` (``stdin``, ``stdout``,
         ``stderr``); the environment, working directory, session and limits are
-        this module's. No checkpoint follows the fork: a caller that arms its
-        :meth:`stop` right after the call cannot be cancelled in between.
+        this module's. ``env`` adds to the environment after ``[tools] env`` (an
+        MCP server's own ``env``). No checkpoint follows the fork: a caller that
+        arms its :meth:`stop` right after the call cannot be cancelled in between.
         """
         if self._kept and not self._up.is_set():  # the first spawn, or a watchdog restarting
             self._wanted.set()
@@ -122,7 +130,7 @@ class ToolProcesses:
         proc = await trio.lowlevel.open_process(
             list(argv),
             cwd=workspace,
-            env=tool_environment(workspace, self.env),
+            env=tool_environment(workspace, {**self.env, **(env or {})}),
             start_new_session=True,
             preexec_fn=functools.partial(_apply_limits, self.limits) if self.limits else None,
             **kwargs,

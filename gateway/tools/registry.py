@@ -1,8 +1,16 @@
 """The tool registry and dispatcher.
 
-A tool is a name, a description, an input type (a ``msgspec.Struct``) and an
-async ``run``. The input type gives both the JSON schema the model is shown and
-the validation of what the model sends, so the two can never disagree.
+A tool is a name, a description, an input JSON schema (what the model is
+shown), a ``parse`` that checks what the model sends against it, and an async
+``run``. A built-in tool (:class:`FunctionTool`) derives both the schema and
+the parse from one input type (a ``msgspec.Struct``), so the two can never
+disagree; an MCP server's tool (gateway.mcp.tools) carries the server's schema
+and checks input against it with ``jsonschema`` (PROTOCOL section 11).
+
+The tools a session sees (:class:`SessionTools`) are the node's built-in
+registry plus the tools of the MCP servers it may use, composed per session and
+filtered by its agent's tool list; each tool says where it comes from
+(:meth:`SessionTools.source_of`: ``builtin`` or ``mcp:<server>``).
 
 The dispatcher turns every way a tool call can go wrong into a
 :class:`~gateway.errors.ToolError` with the ``tool.failed.error_class`` of
@@ -91,6 +99,18 @@ class ToolSession(Protocol):
         """Add a worker turn's cost to this session's turn ``turn_id`` (PROTOCOL section 5)."""
         ...
 
+    async def elicit(
+        self, ctx: ToolContext, message: str, requested_schema: dict[str, Any]
+    ) -> tuple[str, dict[str, Any] | None]:
+        """Ask the session's user a question for a running tool (an MCP elicitation, PROTOCOL §11).
+
+        A ``permission.requested`` of ``kind: "elicitation"``, waited on within
+        ``approval_timeout_s``. Returns the decision (``allow``, ``deny``,
+        ``timeout`` or ``cancelled``) and, with ``allow``, the user's content
+        (already checked against ``requested_schema``).
+        """
+        ...
+
 
 @dataclass(slots=True)
 class ToolContext:
@@ -105,6 +125,7 @@ class ToolContext:
     workspace_path: str
     kill_grace_s: float = 5.0
     session: ToolSession | None = None  # for tools that act on their session (delegate)
+    tool_name: str = ""  # the name the model called (an elicitation's permission names it)
 
 
 In = TypeVar("In", bound=msgspec.Struct)
@@ -119,7 +140,17 @@ class Tool(Protocol[In_contra]):
     def description(self) -> str: ...
 
     @property
-    def input_type(self) -> type[msgspec.Struct]: ...
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON schema of the input, as the model is shown it (an object schema)."""
+        ...
+
+    def parse(self, raw_input: dict[str, Any]) -> Any:
+        """The arguments ``run`` takes, from what the model sent.
+
+        Raises:
+            ToolError: ``invalid_input``, naming the problem.
+        """
+        ...
 
     async def run(self, args: In_contra, ctx: ToolContext) -> ToolOutput: ...
 
@@ -132,6 +163,16 @@ class FunctionTool(Generic[In]):
     description: str
     input_type: type[In]
     fn: Callable[[In, ToolContext], Awaitable[ToolOutput]]
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        return _schema(self.input_type)
+
+    def parse(self, raw_input: dict[str, Any]) -> In:
+        try:
+            return msgspec.convert(raw_input, self.input_type)
+        except msgspec.ValidationError as exc:
+            raise ToolError("invalid_input", f"invalid input for {self.name!r}: {exc}") from None
 
     async def run(self, args: In, ctx: ToolContext) -> ToolOutput:
         return await self.fn(args, ctx)
@@ -156,30 +197,23 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
+    def get(self, name: str) -> Tool[Any] | None:
+        return self._tools.get(name)
+
     def tools(self) -> list[Tool[Any]]:
         return list(self._tools.values())
 
     def specs(self) -> list[ToolSpec]:
-        """The tool definitions sent to the model, their schemas derived from the input types."""
-        return [
-            ToolSpec(t.name, t.description, _schema(t.input_type)) for t in self._tools.values()
-        ]
+        """The tool definitions sent to the model."""
+        return _specs(self._tools.values())
 
-    def validate(self, name: str, raw_input: dict[str, Any]) -> tuple[Tool[Any], msgspec.Struct]:
+    def validate(self, name: str, raw_input: dict[str, Any]) -> tuple[Tool[Any], Any]:
         """Look a call up and check its input, before anything runs.
 
         Raises:
             ToolError: ``unknown_tool`` or ``invalid_input``, naming the problem.
         """
-        tool = self._tools.get(name)
-        if tool is None:
-            known = ", ".join(self._tools) or "none"
-            raise ToolError("unknown_tool", f"unknown tool {name!r}; enabled tools: {known}")
-        try:
-            args = msgspec.convert(raw_input, tool.input_type)
-        except msgspec.ValidationError as exc:
-            raise ToolError("invalid_input", f"invalid input for {name!r}: {exc}") from None
-        return tool, args
+        return _validate(self._tools.get(name), name, raw_input, self._tools)
 
     async def execute(self, name: str, raw_input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         """Validate and run one call.
@@ -188,21 +222,91 @@ class ToolRegistry:
             ToolError: with the error class of PROTOCOL section 5.
             trio.Cancelled: passes through untouched (cancellation is the turn's business).
         """
-        tool, args = self.validate(name, raw_input)
-        try:
-            return await tool.run(args, ctx)
-        except ToolError:
-            raise
-        except Exception as exc:  # a tool's own failure is a result, not a crash
-            # The traceback, for debugging; the failure's one line is the agent's tool_failed.
-            log.debug(
-                "tool %s raised %r", name, exc, exc_info=exc,
-                extra={
-                    "event": "tool_raised",
-                    "fields": {"tool": name, "session_id": ctx.session_id, "turn_id": ctx.turn_id},
-                },
-            )  # fmt: skip
-            raise ToolError("error", f"{type(exc).__name__}: {exc}") from exc
+        return await _execute(*self.validate(name, raw_input), ctx)
+
+
+class SessionTools:
+    """The tools one session sees: the built-in registry, then extra tools (MCP), filtered.
+
+    ``extra`` is asked at every use (an MCP server's list may change at any
+    time: ``notifications/tools/list_changed``); ``allows`` is the session's
+    agent's tool list (gateway.agents.AgentProfile.allows). A name both built
+    in and extra is the built-in tool's (an MCP tool's ``mcp__`` prefix makes
+    that impossible in practice). Same API as :class:`ToolRegistry`, so the
+    agent loop takes either.
+    """
+
+    def __init__(
+        self,
+        builtin: ToolRegistry,
+        extra: Callable[[], Iterable[Tool[Any]]] = lambda: (),
+        allows: Callable[[str], bool] = lambda name: True,
+    ) -> None:
+        self.builtin = builtin
+        self._extra = extra
+        self._allows = allows
+
+    def _all(self) -> dict[str, Tool[Any]]:
+        tools: dict[str, Tool[Any]] = {}
+        for tool in (*self.builtin.tools(), *self._extra()):
+            if tool.name not in tools and self._allows(tool.name):
+                tools[tool.name] = tool
+        return tools
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._all()
+
+    def names(self) -> list[str]:
+        return list(self._all())
+
+    def get(self, name: str) -> Tool[Any] | None:
+        return self._all().get(name)
+
+    def source_of(self, name: str) -> str | None:
+        """``builtin``, ``mcp:<server>``, or None for a tool this session does not have."""
+        tool = self._all().get(name)
+        return None if tool is None else str(getattr(tool, "source", "builtin"))
+
+    def specs(self) -> list[ToolSpec]:
+        return _specs(self._all().values())
+
+    def validate(self, name: str, raw_input: dict[str, Any]) -> tuple[Tool[Any], Any]:
+        tools = self._all()
+        return _validate(tools.get(name), name, raw_input, tools)
+
+    async def execute(self, name: str, raw_input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        return await _execute(*self.validate(name, raw_input), ctx)
+
+
+def _specs(tools: Iterable[Tool[Any]]) -> list[ToolSpec]:
+    return [ToolSpec(t.name, t.description, t.input_schema) for t in tools]
+
+
+def _validate(
+    tool: Tool[Any] | None, name: str, raw_input: dict[str, Any], known: Iterable[str]
+) -> tuple[Tool[Any], Any]:
+    if tool is None:
+        names = ", ".join(known) or "none"
+        raise ToolError("unknown_tool", f"unknown tool {name!r}; enabled tools: {names}")
+    return tool, tool.parse(raw_input)
+
+
+async def _execute(tool: Tool[Any], args: Any, ctx: ToolContext) -> ToolOutput:
+    name = tool.name
+    try:
+        return await tool.run(args, ctx)
+    except ToolError:
+        raise
+    except Exception as exc:  # a tool's own failure is a result, not a crash
+        # The traceback, for debugging; the failure's one line is the agent's tool_failed.
+        log.debug(
+            "tool %s raised %r", name, exc, exc_info=exc,
+            extra={
+                "event": "tool_raised",
+                "fields": {"tool": name, "session_id": ctx.session_id, "turn_id": ctx.turn_id},
+            },
+        )  # fmt: skip
+        raise ToolError("error", f"{type(exc).__name__}: {exc}") from exc
 
 
 def _schema(input_type: type[msgspec.Struct]) -> dict[str, Any]:

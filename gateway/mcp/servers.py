@@ -1,0 +1,533 @@
+"""MCP server connections, supervised (PROTOCOL section 11, RUNNING.md "MCP servers").
+
+:class:`McpServers` is the node's: its ``mcp-servers`` task owns one
+:class:`McpConnection` per ``scope = "node"`` server (shared by every session)
+and, between :meth:`McpServers.open_session` and
+:meth:`McpServers.close_session`, one per ``scope = "session"`` server and
+session, run in that session's workspace. Each connection is the ``mcp``
+SDK's ``ClientSession`` over one of two transports:
+
+- **stdio**: the server is a tool process (gateway.tools.process): spawned by
+  ``ToolProcesses.spawn`` (minimal environment plus the server's ``env``, its
+  own process group, the rlimits, registered with the watchdog, so it dies
+  with the daemon, kill -9 included) and stopped by ``ToolProcesses.stop``
+  after its stdin is closed (MCP's shutdown order). The framing is
+  gateway.mcp.stdio, on the process's pipes; the SDK's own spawn is not used.
+- **streamable HTTP**: the SDK's ``streamable_http_client`` with an HTTP
+  client carrying the server's ``headers``.
+
+Connections start eagerly (node servers when the task starts, session servers
+at ``open_session``), so their tools are listed before a turn needs them. A
+server that cannot start (a wrong command, an unreachable URL, no answer
+within ``startup_timeout_s``), dies, or whose transport breaks, is logged
+(``mcp_server_failed``, with ``server`` and ``error``) and counted
+(``gateway_mcp_server_failures_total{server}``); its calls fail meanwhile
+(``tool.failed`` ``error``), nothing else does. It is started again on its next
+use (a call, or a listing of the session's tools), with backoff: at once after
+a connection that had come up, else after 1, 2, 4 ... 30 s while it keeps
+failing to start. Its tools stay listed (the last list it gave) while it is down.
+
+A call (:meth:`McpConnection.call`) waits at most ``tool_timeout_s``
+(``timeout``); a trio cancel of it (the turn's cancel, or the timeout) makes
+the SDK send ``notifications/cancelled`` with the request's id before the
+cancel goes on (checked by the tests: the server sees it). An elicitation
+(``elicitation/create``) is asked of the session whose call is in flight on
+that connection (:meth:`ToolSession.elicit`); if calls of several sessions are
+in flight on a shared server at once, the server's question cannot be tied
+to one of them (MCP's stdio carries no request it relates to) and is
+cancelled, with a warning (``mcp_elicitation_ambiguous``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import pydantic
+import trio
+from mcp.client._transport import TransportStreams
+from mcp.client.session import ClientRequestContext, ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from gateway.agents import AgentProfile
+from gateway.config import Config, McpServerConfig
+from gateway.errors import ToolError
+from gateway.logs import event
+from gateway.mcp.stdio import stdio_streams
+from gateway.mcp.tools import McpTool, adapt_tools, map_result
+from gateway.metrics import Metrics
+from gateway.tools.process import ToolProcesses
+from gateway.tools.registry import SessionTools, ToolContext, ToolOutput, ToolRegistry
+
+log = logging.getLogger("gateway.mcp")
+
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+"""The wait before the next start, by consecutive failures (the last repeats).
+
+None after a connection that had come up and was lost: its next use starts it at once."""
+
+STDIN_CLOSE_GRACE_S = 1.0
+"""After its stdin closes, how long a stdio server has to exit before SIGTERM (MCP's order)."""
+
+MAX_TOOL_PAGES = 100
+"""``tools/list`` pages followed at most (a server that pages forever cannot hang a start)."""
+
+_STDERR_TAIL = 2000
+
+
+class ConnectionLost(Exception):
+    """The server went away (its process exited, its transport broke)."""
+
+
+class McpConnection:
+    """One supervised connection to one MCP server (module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: McpServerConfig,
+        owner: McpServers,
+        *,
+        session_id: str | None = None,
+        cwd: str = "",
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.session_id = session_id  # a session-scope server's session
+        self.cwd = cwd or config.cwd or os.getcwd()
+        self.tools: dict[str, McpTool] = {}  # the last list it gave, by gateway name
+        self.pid: int | None = None  # a stdio server's process, while it runs
+        self._owner = owner
+        self._session: ClientSession | None = None
+        self._starting: trio.Event | None = None  # set once the start in progress is over
+        self._scope: trio.CancelScope | None = None
+        self._dead: trio.Event | None = None  # set when the live connection is lost
+        self._closed = False
+        self._failures = 0  # consecutive, since it last came up
+        self._retry_at = -math.inf
+        self._last_error = ""
+        self._calls: dict[object, ToolContext] = {}  # in flight, oldest first
+        self._stderr = b""
+        self._nursery: trio.Nursery | None = None  # the live connection's helper tasks
+
+    @property
+    def live(self) -> bool:
+        return self._session is not None
+
+    @property
+    def starting(self) -> trio.Event | None:
+        return self._starting
+
+    # --- starting and stopping ------------------------------------------------------
+
+    def start_soon(self) -> None:
+        """Start the connection if it is down and its backoff is over; never waits."""
+        if self._closed or self._session is not None or self._starting is not None:
+            return
+        if trio.current_time() < self._retry_at:
+            return
+        nursery = self._owner.nursery
+        if nursery is None:
+            return
+        self._starting = trio.Event()
+        nursery.start_soon(self._serve, self._starting, name=f"mcp-server {self.name}")
+
+    async def ensure(self) -> ClientSession:
+        """The live session, started if need be.
+
+        Raises:
+            ToolError: ``error``, the server is down (and why) or failed to start.
+        """
+        if self._session is None:
+            self.start_soon()
+            if self._starting is not None:
+                await self._starting.wait()
+        if self._session is None:
+            wait = self._retry_at - trio.current_time()
+            retry = f"; it is started again in {wait:.0f} s" if wait > 0 else ""
+            state = "is stopped" if self._closed else f"is unavailable: {self._last_error}"
+            raise ToolError("error", f"MCP server {self.name!r} {state}{retry}")
+        return self._session
+
+    def stop(self) -> None:
+        """Stop the connection for good (its session closed, or the daemon stops)."""
+        self._closed = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def _serve(self, starting: trio.Event) -> None:
+        """The connection's task: connect, list, then hold the connection until it is lost."""
+        self._scope = scope = trio.CancelScope()
+        if self._closed:
+            scope.cancel()
+        dead = self._dead = trio.Event()
+        came_up = False
+        try:
+            with scope:
+                async with self._connect(dead) as session:
+                    with trio.fail_after(self.config.startup_timeout_s):
+                        await session.initialize()
+                        await self._list(session)
+                    self._session = session
+                    self._failures = 0
+                    came_up = True
+                    starting.set()
+                    event(
+                        log, logging.INFO, "mcp_server_started",
+                        f"MCP server {self.name} is up with {len(self.tools)} tools",
+                        server=self.name, session_id=self.session_id, pid=self.pid,
+                    )  # fmt: skip
+                    await dead.wait()
+                    raise ConnectionLost(self._lost_reason())
+        except Exception as exc:
+            self._failed(exc, came_up)
+        finally:
+            self._session = None
+            self._scope = None
+            self.pid = None
+            self._starting = None
+            starting.set()
+
+    @asynccontextmanager
+    async def _connect(self, dead: trio.Event) -> AsyncIterator[ClientSession]:
+        async with AsyncExitStack() as stack:
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(nursery.cancel_scope.cancel)  # runs first: the helpers stop
+            self._nursery = nursery
+            if self.config.command:
+                proc = await self._owner.processes.spawn(
+                    self.config.command,
+                    workspace=self.cwd,
+                    env=self.config.env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                self.pid = proc.pid
+                self._stderr = b""
+                stack.push_async_callback(self._stop_process, proc)
+                nursery.start_soon(self._read_stderr, proc, name=f"mcp-stderr {self.name}")
+                streams: TransportStreams = await stack.enter_async_context(
+                    stdio_streams(proc, dead)
+                )
+            else:
+                http = await stack.enter_async_context(
+                    httpx2.AsyncClient(
+                        headers=dict(self.config.headers),
+                        timeout=httpx2.Timeout(self.config.startup_timeout_s, read=None),
+                    )
+                )
+                streams = await stack.enter_async_context(
+                    streamable_http_client(self.config.url, http_client=http)
+                )
+            session = ClientSession(
+                *streams,
+                elicitation_callback=self._elicit,
+                message_handler=self._on_message,
+            )
+            yield await stack.enter_async_context(session)
+
+    async def _stop_process(self, proc: trio.Process) -> None:
+        """Close its stdin, give it a moment, then the tool-process stop; shielded."""
+        with trio.CancelScope(shield=True):
+            if proc.stdin is not None:
+                with suppress(trio.ClosedResourceError, trio.BrokenResourceError, OSError):
+                    await proc.stdin.aclose()
+            with trio.move_on_after(STDIN_CLOSE_GRACE_S):
+                await proc.wait()
+            await self._owner.processes.stop(proc, self._owner.kill_grace_s)
+
+    async def _read_stderr(self, proc: trio.Process) -> None:
+        """Keep the last lines of its stderr (for ``mcp_server_failed``), and log them at debug."""
+        assert proc.stderr is not None
+        try:
+            while chunk := await proc.stderr.receive_some(65536):
+                self._stderr = (self._stderr + chunk)[-_STDERR_TAIL:]
+                log.debug("mcp server %s: %s", self.name, chunk.decode(errors="replace").rstrip())
+        except (trio.ClosedResourceError, trio.BrokenResourceError, OSError):
+            pass
+
+    def _lost_reason(self) -> str:
+        tail = (
+            self._stderr.decode(errors="replace").strip().splitlines()[-1:] if self._stderr else []
+        )
+        said = f" (stderr: {tail[0]})" if tail else ""
+        return f"the connection was lost{said}"
+
+    def _failed(self, exc: BaseException, came_up: bool) -> None:
+        error = _describe(exc, self.config.startup_timeout_s)
+        if isinstance(exc, ConnectionLost) or not self._stderr:
+            pass
+        else:
+            tail = self._stderr.decode(errors="replace").strip().splitlines()[-1:]
+            if tail:
+                error += f" (stderr: {tail[0]})"
+        self._last_error = error
+        self._failures += 1
+        delay = 0.0 if came_up else BACKOFF_S[min(self._failures, len(BACKOFF_S)) - 1]
+        self._retry_at = trio.current_time() + delay
+        self._owner.metrics.mcp_server_failures.labels(self.name).inc()
+        event(
+            log, logging.ERROR, "mcp_server_failed",
+            f"MCP server {self.name} failed: {error}; started again on its next use"
+            f" (not before {delay:.0f} s)",
+            server=self.name, session_id=self.session_id, error=error,
+            failures=self._failures,
+        )  # fmt: skip
+
+    # --- tools ------------------------------------------------------------------------
+
+    async def _list(self, session: ClientSession) -> None:
+        """List the server's tools, raw: one unusable tool must not fail the whole list.
+
+        The SDK validates a ``tools/list`` answer as a whole (a single tool
+        whose schema is not an object schema fails it); PROTOCOL section 11
+        drops that tool only, so the answer is read as plain JSON here.
+        """
+        listed: list[Any] = []
+        cursor: str | None = None
+        for _ in range(MAX_TOOL_PAGES):
+            params = {"cursor": cursor} if cursor else None
+            raw = await session._dispatcher.send_raw_request("tools/list", params, {})
+            tools = raw.get("tools")
+            if not isinstance(tools, list):
+                raise ValueError("tools/list answered without a tools list")
+            listed += tools
+            cursor = raw.get("nextCursor")
+            if not isinstance(cursor, str) or not cursor:
+                break
+        self.tools = adapt_tools(self.name, listed, self)
+
+    async def _on_message(self, message: Any) -> None:
+        """Server notifications: a new tool list; a transport failure ends the connection."""
+        if isinstance(message, Exception):
+            event(
+                log, logging.WARNING, "mcp_transport_error",
+                f"MCP server {self.name}: transport error: {message}",
+                server=self.name, error=str(message),
+            )  # fmt: skip
+            if self._dead is not None and not isinstance(message, ValueError):
+                self._dead.set()
+            return
+        notification = getattr(message, "root", message)
+        if isinstance(notification, types.ToolListChangedNotification) and self._nursery:
+            self._nursery.start_soon(self._relist, name=f"mcp-relist {self.name}")
+
+    async def _relist(self) -> None:
+        session = self._session
+        if session is None:
+            return
+        try:
+            with trio.fail_after(self.config.startup_timeout_s):
+                await self._list(session)
+        except Exception as exc:
+            event(
+                log, logging.WARNING, "mcp_list_failed",
+                f"MCP server {self.name}: listing its tools again failed: {exc!r}",
+                server=self.name, error=repr(exc),
+            )  # fmt: skip
+        else:
+            event(
+                log, logging.INFO, "mcp_tools_changed",
+                f"MCP server {self.name} now has {len(self.tools)} tools",
+                server=self.name, count=len(self.tools),
+            )  # fmt: skip
+
+    # --- calls ------------------------------------------------------------------------
+
+    async def call(self, tool: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        """Call one tool (module docstring).
+
+        Raises:
+            ToolError: ``error`` (the server failed, is down, or died during
+                the call) or ``timeout`` (``tool_timeout_s``).
+            trio.Cancelled: after the SDK told the server (``notifications/cancelled``).
+        """
+        session = await self.ensure()
+        token = object()
+        self._calls[token] = ctx
+        timeout = self.config.tool_timeout_s
+        request = types.CallToolRequest(
+            params=types.CallToolRequestParams(name=tool, arguments=arguments)
+        )
+        try:
+            with trio.move_on_after(timeout) as scope:
+                result = await session.send_request(request, types.CallToolResult)
+        except MCPError as exc:
+            if exc.code == types.CONNECTION_CLOSED:
+                if self._dead is not None:
+                    self._dead.set()
+                raise ToolError(
+                    "error", f"MCP server {self.name!r} went away during the call ({exc.message})"
+                ) from None
+            raise ToolError("error", f"MCP server {self.name!r}: {exc.message}") from None
+        except pydantic.ValidationError as exc:
+            raise ToolError(
+                "error", f"MCP server {self.name!r} answered with a malformed result: {exc}"
+            ) from None
+        finally:
+            del self._calls[token]
+        if scope.cancelled_caught:
+            raise ToolError(
+                "timeout",
+                f"MCP server {self.name!r}: {tool} did not answer within {timeout:g} s"
+                " (tool_timeout_s)",
+            )
+        return map_result(self.name, tool, result)
+
+    async def _elicit(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        """A server's question during a call: asked of the calling session's user."""
+        if not isinstance(params, types.ElicitRequestFormParams):
+            return types.ErrorData(
+                code=types.INVALID_REQUEST, message="only form elicitations are supported"
+            )
+        sessions = {ctx.session_id for ctx in self._calls.values()}
+        if len(sessions) != 1:
+            event(
+                log, logging.WARNING, "mcp_elicitation_ambiguous",
+                f"MCP server {self.name} asked a question while calls of {len(sessions)}"
+                " sessions were in flight: cancelled",
+                server=self.name, count=len(sessions),
+            )  # fmt: skip
+            return types.ElicitResult(action="cancel")
+        ctx = next(iter(self._calls.values()))
+        if ctx.session is None:
+            return types.ElicitResult(action="cancel")
+        schema = params.requested_schema
+        if isinstance(schema, pydantic.BaseModel):
+            schema = schema.model_dump(by_alias=True, exclude_none=True)
+        decision, content = await ctx.session.elicit(ctx, params.message, dict(schema))
+        if decision == "allow":
+            return types.ElicitResult(action="accept", content=content or {})
+        if decision == "deny":
+            return types.ElicitResult(action="decline")
+        return types.ElicitResult(action="cancel")
+
+
+class McpServers:
+    """The node's MCP servers: the ``mcp-servers`` task and its connections (module docstring)."""
+
+    def __init__(self, config: Config, processes: ToolProcesses, metrics: Metrics) -> None:
+        self.config = config
+        self.processes = processes
+        self.metrics = metrics
+        self.kill_grace_s = config.tools.kill_grace_s
+        self.nursery: trio.Nursery | None = None
+        self._node: dict[str, McpConnection] = {
+            name: McpConnection(name, server, self)
+            for name, server in config.mcp_servers.items()
+            if server.scope == "node"
+        }
+        self._sessions: dict[str, dict[str, McpConnection]] = {}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The ``mcp-servers`` task: start the node's servers; at its cancel, stop them all."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                for connection in self._node.values():
+                    connection.start_soon()
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self.nursery = None
+            for connection in self.connections():
+                connection.stop()
+
+    def connections(self) -> list[McpConnection]:
+        """Every connection: the node's, then each open session's."""
+        out = list(self._node.values())
+        for by_name in self._sessions.values():
+            out += by_name.values()
+        return out
+
+    def connection(self, server: str, session_id: str | None = None) -> McpConnection | None:
+        """A node server's connection, or a session server's for ``session_id``."""
+        if server in self._node:
+            return self._node[server]
+        return self._sessions.get(session_id or "", {}).get(server)
+
+    def open_session(
+        self,
+        session_id: str,
+        workspace_dir: str,
+        uses_server: Callable[[str], bool] = lambda server: True,
+    ) -> None:
+        """Start the session-scope servers ``uses_server`` names, in the session's workspace."""
+        if session_id in self._sessions:
+            return
+        connections = self._sessions[session_id] = {
+            name: McpConnection(name, server, self, session_id=session_id, cwd=workspace_dir)
+            for name, server in self.config.mcp_servers.items()
+            if server.scope == "session" and uses_server(name)
+        }
+        for connection in connections.values():
+            connection.start_soon()
+
+    def close_session(self, session_id: str) -> None:
+        """Stop the session's servers (its processes stopped by their tasks, shielded)."""
+        for connection in self._sessions.pop(session_id, {}).values():
+            connection.stop()
+
+    def tools(
+        self, session_id: str | None = None, uses_server: Callable[[str], bool] | None = None
+    ) -> list[McpTool]:
+        """The MCP tools a session sees now; down servers past their backoff are started again."""
+        out: list[McpTool] = []
+        connections: Iterable[McpConnection] = self._node.values()
+        if session_id is not None:
+            connections = [*connections, *self._sessions.get(session_id, {}).values()]
+        for connection in connections:
+            if uses_server is not None and not uses_server(connection.name):
+                continue
+            connection.start_soon()
+            out += connection.tools.values()
+        return out
+
+    def session_tools(
+        self, builtin: ToolRegistry, session_id: str, agent: AgentProfile | None = None
+    ) -> SessionTools:
+        """The session's tool set: the built-in tools and its MCP tools, its agent's only."""
+        uses = None if agent is None else agent.uses_server
+        return SessionTools(
+            builtin,
+            lambda: self.tools(session_id, uses),
+            agent.allows if agent is not None else (lambda name: True),
+        )
+
+    async def wait_ready(self, session_id: str | None = None) -> None:
+        """Wait for the starts in progress (each bounded by its ``startup_timeout_s``)."""
+        for connection in self._node.values():
+            if connection.starting is not None:
+                await connection.starting.wait()
+        for connection in self._sessions.get(session_id or "", {}).values():
+            if connection.starting is not None:
+                await connection.starting.wait()
+
+
+def _describe(exc: BaseException, startup_timeout_s: float) -> str:
+    """One line for a failure, through the exception groups anyio and trio wrap it in."""
+    leaves = _leaves(exc)
+    for leaf in leaves:
+        if isinstance(leaf, trio.TooSlowError):
+            return f"no answer within startup_timeout_s ({startup_timeout_s:g} s)"
+    for leaf in leaves:
+        if not isinstance(leaf, trio.Cancelled):
+            return f"{type(leaf).__name__}: {leaf}"
+    return repr(exc)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]

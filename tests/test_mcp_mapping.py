@@ -1,0 +1,78 @@
+"""The result mapping and the tool adapter of PROTOCOL section 11, without a server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as types
+import pytest
+
+from gateway.errors import ToolError
+from gateway.mcp.tools import MAX_RESULT_BYTES, adapt_tools, map_result
+from gateway.tools.registry import ToolContext, ToolOutput
+
+
+class NoCaller:
+    async def call(self, tool: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        raise AssertionError("not called")
+
+
+def test_text_is_joined_and_other_content_is_a_placeholder() -> None:
+    result = types.CallToolResult(
+        content=[
+            types.TextContent(text="one"),
+            types.ResourceLink(name="f", uri="file:///tmp/f"),
+            types.EmbeddedResource(
+                resource=types.TextResourceContents(uri="file:///a", text="inline")
+            ),
+            types.AudioContent(data="AAAA", mime_type="audio/wav"),
+            types.TextContent(text="two"),
+        ]
+    )
+    out = map_result("s", "t", result)
+    assert out.content == (
+        "one\n[resource link: file:///tmp/f]\n[resource file:///a]\ninline\n"
+        "[audio: audio/wav, not shown]\ntwo"
+    )
+    assert out.structured is None
+
+
+def test_is_error_is_a_tool_error_with_the_text() -> None:
+    result = types.CallToolResult(content=[types.TextContent(text="no such ticket")], is_error=True)
+    with pytest.raises(ToolError) as err:
+        map_result("s", "t", result)
+    assert (err.value.error_class, err.value.message) == ("error", "no such ticket")
+    with pytest.raises(ToolError) as err:
+        map_result("s", "t", types.CallToolResult(content=[], is_error=True))
+    assert "t failed" in err.value.message
+
+
+def test_a_huge_result_is_cut_and_a_huge_structured_result_dropped() -> None:
+    text = "é" * MAX_RESULT_BYTES  # two bytes each: cut mid-way, on a character boundary
+    result = types.CallToolResult(
+        content=[types.TextContent(text=text)],
+        structured_content={"big": "x" * MAX_RESULT_BYTES},
+    )
+    out = map_result("s", "t", result)
+    kept, note = out.content.rsplit("\n", 1)
+    assert kept == "é" * (MAX_RESULT_BYTES // 2) and out.structured is None
+    assert note.startswith(f"[gateway: result cut at {MAX_RESULT_BYTES} of its")
+    assert "structured result was over" in note
+
+
+def test_tools_with_unusable_names_or_schemas_are_dropped() -> None:
+    good = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}
+    listed = [
+        {"name": "ok", "description": "d", "inputSchema": good},
+        {"name": "a.b", "inputSchema": good},
+        {"name": "x" * 60, "inputSchema": good},  # mcp__s__ + 60 > 64
+        {"name": "bad_ref", "inputSchema": {"type": "object", "properties": {"n": {"type": 3}}}},
+        "not a tool",
+    ]
+    tools = adapt_tools("s", listed, NoCaller())
+    assert list(tools) == ["mcp__s__ok"]
+    tool = tools["mcp__s__ok"]
+    assert tool.parse({"n": 2}) == {"n": 2}
+    with pytest.raises(ToolError) as err:
+        tool.parse({"n": 0})
+    assert err.value.error_class == "invalid_input" and "at 'n'" in err.value.message
