@@ -575,6 +575,7 @@ def _override_entries(overrides: Mapping[str, Any]) -> Iterator[tuple[_Source, s
 # --- validation and its messages ---------------------------------------------------
 
 _MESSAGE = re.compile(r"^(?P<problem>.*?)(?: - at `\$(?P<path>.*)`)?$")
+_KEY_MESSAGE = re.compile(r"^.* - at `key` in `\$(?P<path>.*)`$")
 _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<name>.*)`$")
 _MISSING_FIELD = re.compile(r"^Object missing required field `(?P<name>.*)`$")
 _PATH_STEP = re.compile(r"\.(?P<field>\w+)|\[(?P<index>\d+)\]|\[\.\.\.\]")
@@ -586,6 +587,12 @@ def _validate(raw: dict[str, Any], source: _Source) -> Config:
     try:
         config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
+        if bad_key := _KEY_MESSAGE.match(str(exc)):  # a table's key, not its value
+            table, value, declared = _locate(bad_key["path"], raw)
+            key_type = typing.get_args(_strip_annotated(declared))[0]
+            name = next(k for k in value if not _is_valid(k, key_type))
+            expected = _describe(mi.type_info(key_type))
+            raise source.error(table, f"{_show(name)} is not {expected}") from None
         match = _MESSAGE.match(str(exc))
         assert match is not None  # the pattern matches any string
         key, value, declared = _locate(match["path"] or "", raw)
