@@ -56,7 +56,7 @@ tools = ["read_file"]
 
 
 def agents_config(tmp_path: Path, text: str = AGENTS, **overrides: Any) -> Config:
-    """A config from ``text`` (a TOML file, as an operator writes it), on port 0, in ``tmp_path``."""
+    """A config from ``text`` (a TOML file, as an operator writes it), port 0, in ``tmp_path``."""
     prompt = tmp_path / "researcher.md"
     if not prompt.exists():
         prompt.write_text("You research. First prompt.")
@@ -153,8 +153,8 @@ async def test_the_system_prompt_reaches_the_model_on_every_call_never_a_client(
     async with running_gateway(agents_config(tmp_path)) as gw:
         sid = await gw.create_session()
         # Two rounds of one turn (a tool between them): the prompt is in both calls.
-        said = script([{"system": True}, {"tool_use": {"name": "delegate", "input": {"task": "hi"}}}],
-                      [{"system": True}])  # fmt: skip
+        delegate = {"tool_use": {"name": "delegate", "input": {"task": "hi"}}}
+        said = script([{"system": True}, delegate], [{"system": True}])
         events = await turn(gw, sid, said)
         texts = [e for e in events if e.type == "message.complete"]
         assert [final_text([e]) for e in texts] == [SECRET, SECRET]
@@ -176,10 +176,9 @@ async def test_the_worker_runs_the_delegate_agent_with_its_prompt_and_tools(
 ) -> None:
     async with running_gateway(agents_config(tmp_path, **{"limits.max_delegate_depth": 3})) as gw:
         sid = await gw.create_session()  # support: delegates to researcher
-        said = script(
-            [{"tool_use": {"name": "delegate", "input": {"task": script([{"system": True}, {"tools": True}])}}}],
-            [{"text": "ok"}],
-        )  # fmt: skip
+        task = script([{"system": True}, {"tools": True}])
+        delegate = {"tool_use": {"name": "delegate", "input": {"task": task}}}
+        said = script([delegate], [{"text": "ok"}])
         events = await turn(gw, sid, said)
         [started] = [e for e in events if e.type == "delegate.started"]
         [completed] = [e for e in events if e.type == "delegate.completed"]
@@ -242,7 +241,9 @@ async def test_the_daemon_rereads_system_file_on_sighup(tmp_path: Path) -> None:
             prompt.write_text("After.")
             proc.send_signal(signal.SIGHUP)
             with trio.fail_after(10):
-                while await said() != "After.":
+                while True:  # the signal is handled a moment later
+                    if await said() == "After.":
+                        break
                     await trio.sleep(0.1)
     finally:
         proc.terminate()
