@@ -71,3 +71,56 @@ async def test_the_tour_works_as_written(tmp_path: Path) -> None:
         cancelled = await run(cancel, port, SID=sid, TURN=turn)
         assert json.loads(cancelled)["turn_id"] == turn
     assert (tmp_path / "workspaces").is_dir()  # its sessions' own directories, no workspace_path
+
+
+def agents_example() -> tuple[str, list[str]]:
+    """The README's MCP example: its config heredoc (bash) and its second terminal's lines."""
+    text = README.read_text()
+    start = text.index("## Agents and MCP tools")
+    part = text[start : text.index("\n## ", start)]
+    first, second = re.findall(r"```sh\n(.*?)```", part, re.S)[:2]
+    config = first[: first.index("\nEOF\n") + len("\nEOF\n")]
+    lines: list[str] = []
+    for line in second.splitlines():
+        if line.startswith("  ") and lines:
+            lines[-1] += "\n" + line
+        else:
+            lines.append(line)
+    return config, lines
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+async def test_the_agents_example_works_as_written(tmp_path: Path) -> None:
+    """The worked example of an agent with an MCP server (README "Agents and MCP tools").
+
+    Its heredoc runs as written in the repository (it names the repository's
+    venv and examples/mcp_notes.py), but writes notes.toml in a temporary
+    directory, where the daemon runs; then each line of the second terminal,
+    ``SID`` kept as the reader's shell keeps it.
+    """
+    config, lines = agents_example()
+    repo = README.parent
+    venv_python = repo / ".venv" / "bin" / "python"
+    if not venv_python.exists():
+        pytest.skip("the example names the repository's .venv, which this checkout lacks")
+    written = config.replace("cat > notes.toml", f"cat > {tmp_path}/notes.toml")
+    await trio.run_process(["bash", "-c", written], cwd=repo, env={"PATH": "/usr/bin:/bin"})
+    assert (tmp_path / "notes.toml").exists()
+    agents, create, submit, messages = lines
+    async with gateway_process(tmp_path, "--config", "notes.toml", "--port", "0") as (_, port):
+        listed = json.loads(await run(agents, port))
+        assert [a["name"] for a in listed["agents"] if a["default"]] == ["notes"]
+        sid = (await run(f"{create}\necho $SID", port)).strip()
+        assert sid.startswith("sess_")
+        assert json.loads(await run(submit, port, SID=sid))["turn_id"].startswith("turn_")
+        with trio.fail_after(30):
+            while True:
+                page = json.loads(await run(messages.removeprefix("sleep 2; "), port, SID=sid))
+                last = page["messages"][-1]
+                if last["role"] == "assistant" and last["status"] == "complete":
+                    break
+                await trio.sleep(0.2)
+    results = [b for m in page["messages"] for b in m["content"] if b["type"] == "tool_result"]
+    assert [(b["content"], b["is_error"]) for b in results] == [("note 1 added", False)]
+    [notes] = list((tmp_path / "workspaces").glob("local/.own/*/notes.json"))
+    assert json.loads(notes.read_text()) == ["buy milk"]
