@@ -22,6 +22,9 @@ Tools:
 - ``headers``: the HTTP request's ``authorization`` and ``x-test`` headers.
 - ``grow``: adds the tool ``extra`` and sends ``notifications/tools/list_changed``.
 
+With ``MCP_PID_FILE`` in its environment, the server appends its pid to that
+file when it starts (the tests that check no server outlives its daemon).
+
 The SDK's server refuses to send a tool schema a model cannot use: that case is
 ``raw_schemas.py``, written without the SDK.
 """
@@ -183,6 +186,9 @@ def run_http() -> None:
 
 
 if __name__ == "__main__":
+    if pid_file := os.environ.get("MCP_PID_FILE"):
+        with open(pid_file, "a") as f:
+            f.write(f"{os.getpid()}\n")
     if "--http" in sys.argv:
         run_http()
     else:
