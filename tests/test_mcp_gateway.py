@@ -383,3 +383,173 @@ async def test_cancel_in_every_phase_with_an_mcp_tool_and_a_sharing_session_goes
             assert only(events, "tool.completed").result == "next"
             assert not marker_llm.exists() and not marker_seam.exists()
             assert pid_of(gw) == pid and failures(gw, "everything") == 0
+
+
+# --- 5, 6: a server that dies mid-call; a server that cannot start ---------------------------
+
+
+async def test_a_server_dying_mid_call_fails_the_call_fast_and_the_next_call_restarts_it(
+    tmp_path: Path,
+) -> None:
+    config = mcp_config(tmp_path)
+    with trio.fail_after(30):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            events = await run_turn(gw, sid, script([call("echo", text="up")], DONE))
+            first = pid_of(gw)
+            async with gw.client(sid) as client:
+                await client.subscribe()
+                await gw.submit(sid, script([call("die")], DONE))
+                await client.until(lambda e: e.type == "tool.called")
+                called_at = trio.current_time()
+                with trio.fail_after(1):
+                    failed = (await client.until(lambda e: e.type == "tool.failed"))[-1]
+                took = trio.current_time() - called_at
+                events = await client.until_turn_ends()
+            assert failed.payload.error_class == "error", failed.payload
+            assert "went away" in failed.payload.message, failed.payload.message
+            assert took < 1
+            # the turn goes on: the model is told, and the turn completes
+            assert events[-1].type == "turn.completed"
+            assert events[-1].payload.stop_reason == "end_turn"
+            await gone_within(first, 5)
+            assert failures(gw, "everything") == 1
+            # the next turn's call starts the server again, at once (it had come up)
+            events = await run_turn(gw, sid, script([call("echo", text="again")], DONE))
+            assert only(events, "tool.completed").result == "again"
+            assert pid_of(gw) != first
+            assert failures(gw, "everything") == 1
+
+
+async def test_a_server_that_cannot_start_fails_its_calls_and_nothing_else(tmp_path: Path) -> None:
+    servers = {
+        "everything": {"command": EVERYTHING},
+        "bad": {"command": [str(tmp_path / "no-such-mcp-server")]},
+    }
+    config = mcp_config(tmp_path, servers=servers, tools=("sleep", f"{PREFIX}*", "mcp__bad__*"))
+    with trio.fail_after(30):
+        async with running_gateway(config) as gw:  # it starts, whatever "bad" does
+            assert (await gw.http.get("/healthz")).status_code == 200
+            await gw.node.mcp.wait_ready()  # type: ignore[union-attr]
+            metrics = (await gw.http.get("/metrics")).text
+            line = 'gateway_mcp_server_failures_total{server="bad"}'
+            [value] = [m.split()[-1] for m in metrics.splitlines() if m.startswith(line)]
+            assert float(value) >= 1, metrics
+            sid = await gw.create_session()
+            content = script(
+                [
+                    call("echo", text="fine"),
+                    {"tool_use": {"name": "mcp__bad__x", "input": {}}},
+                    {"tool_use": {"name": "sleep", "input": {"seconds": 0.01}}},
+                ],
+                DONE,
+            )
+            events = await run_turn(gw, sid, content)
+            failed = only(events, "tool.failed")
+            assert failed.tool_name == "mcp__bad__x"
+            assert failed.error_class == "error", failed
+            assert "'bad'" in failed.message and "no-such-mcp-server" in failed.message, failed
+            done = {
+                e.payload.tool_name: e.payload.result for e in events if e.type == "tool.completed"
+            }
+            assert done == {f"{PREFIX}echo": "fine", "sleep": "slept 0.01 s"}
+            assert events[-1].type == "turn.completed"
+            assert failures(gw, "everything") == 0
+
+
+# --- 7: a restart on the same store and config ------------------------------------------------
+
+
+async def test_a_restarted_gateway_answers_the_next_mcp_call_and_left_no_server(
+    tmp_path: Path,
+) -> None:
+    config = mcp_config(tmp_path)
+    with trio.fail_after(30):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            events = await run_turn(gw, sid, script([call("echo", text="one")], DONE))
+            assert only(events, "tool.completed").result == "one"
+            first = pid_of(gw)
+        await gone_within(first, 5)  # stopped with its gateway, not just orphaned
+        async with running_gateway(config) as gw:
+            events = await run_turn(gw, sid, script([call("echo", text="two")], DONE))
+            assert only(events, "tool.completed").result == "two"
+            assert pid_of(gw) != first
+            r = await gw.http.get(f"/sessions/{sid}/messages")
+            texts = [
+                block["content"]
+                for message in r.json()["messages"]
+                for block in message["content"]
+                if block["type"] == "tool_result"
+            ]
+            assert texts == ["one", "two"]
+
+
+# --- 9: scope = "session" ----------------------------------------------------------------------
+
+
+async def test_session_scope_servers_are_one_process_per_session_in_its_workspace(
+    tmp_path: Path,
+) -> None:
+    servers = {"everything": {"command": EVERYTHING, "scope": "session"}}
+    config = mcp_config(tmp_path, servers=servers)
+    pids: list[int] = []
+    with trio.fail_after(30):
+        async with running_gateway(config) as gw:
+            where: dict[str, dict[str, Any]] = {}
+            sessions = [await gw.create_session() for _ in range(2)]
+            for sid in sessions:
+                events = await run_turn(gw, sid, script([call("where")], DONE))
+                where[sid] = json.loads(only(events, "tool.completed").result)
+                pids.append(pid_of(gw, session_id=sid))
+                snap = await snapshot_of(gw, sid)
+                assert {t.name for t in snap.session.tools} >= {f"{PREFIX}where", "sleep"}
+            assert pids[0] != pids[1] and all(alive(pid) for pid in pids)
+            root = (tmp_path / "workspaces").resolve()
+            cwds = [Path(where[sid]["cwd"]).resolve() for sid in sessions]
+            assert cwds[0] != cwds[1], cwds
+            assert all(
+                root in cwd.parents and cwd.name == sid
+                for cwd, sid in zip(cwds, sessions, strict=True)
+            ), cwds
+            for sid, cwd in zip(sessions, cwds, strict=True):
+                snap = await snapshot_of(gw, sid)
+                assert cwd.as_posix().endswith("/" + snap.session.workspace_path), cwd
+        for pid in pids:
+            await gone_within(pid, 5)
+
+
+# --- 8: no server process outlives the daemon, kill -9 included --------------------------------
+
+
+async def test_no_server_process_outlives_the_daemon_kill_9_or_sigterm(tmp_path: Path) -> None:
+    """``gateway serve`` as a process; its stdio server used by a turn; the daemon killed."""
+    for how in (signal.SIGKILL, signal.SIGTERM):
+        cwd = tmp_path / how.name
+        cwd.mkdir()
+        pid_file = cwd / "mcp.pid"
+        # A server that outlives its stdin and ignores SIGTERM: only a SIGKILL ends it.
+        env = {"MCP_PID_FILE": str(pid_file), "MCP_STUBBORN": "1"}
+        servers = {"everything": {"command": EVERYTHING, "env": env}}
+        tables = sections(cwd, servers=servers)
+        tables["tools"]["kill_grace_s"] = 0.5
+        config = write_config(cwd / "gateway.toml", tables)
+        with trio.fail_after(30):
+            async with gateway_process(cwd, "--config", str(config), "--port", "0") as (proc, port):
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                    sid = (await http.post("/sessions", json={})).json()["session_id"]
+                    url = (await http.get(f"/sessions/{sid}")).json()["ws_url"]
+                    async with open_ws(url) as ws:
+                        client = Client(ws, sid)
+                        await client.subscribe()
+                        content = json.dumps(script([call("echo", text="up")], DONE))
+                        r = await http.post(f"/sessions/{sid}/turns", json={"content": content})
+                        assert r.status_code == 202, r.text
+                        events = await client.until_turn_ends()
+                assert only(events, "tool.completed").result == "up"
+                [pid] = [int(line) for line in (await appears(pid_file)).split()]
+                assert alive(pid)
+                proc.send_signal(how)
+                status = await proc.wait()
+                assert status == (-signal.SIGKILL if how == signal.SIGKILL else 0), status
+                await gone_within(pid, 5)

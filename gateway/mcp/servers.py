@@ -151,11 +151,15 @@ class McpConnection:
             if self._starting is not None:
                 await self._starting.wait()
         if self._session is None:
-            wait = self._retry_at - trio.current_time()
-            retry = f"; it is started again in {wait:.0f} s" if wait > 0 else ""
-            state = "is stopped" if self._closed else f"is unavailable: {self._last_error}"
-            raise ToolError("error", f"MCP server {self.name!r} {state}{retry}")
+            raise ToolError("error", self.unavailable())
         return self._session
+
+    def unavailable(self) -> str:
+        """Why the server is down, and when it is started again (a ``tool.failed`` message)."""
+        wait = self._retry_at - trio.current_time()
+        retry = f"; it is started again in {wait:.0f} s" if wait > 0 else ""
+        state = "is stopped" if self._closed else f"is unavailable: {self._last_error}"
+        return f"MCP server {self.name!r} {state}{retry}"
 
     def stop(self) -> None:
         """Stop the connection for good (its session closed, or the daemon stops)."""
@@ -499,11 +503,19 @@ class McpServers:
     ) -> SessionTools:
         """The session's tool set: the built-in tools and its MCP tools, its agent's only."""
         uses = None if agent is None else agent.uses_server
-        return SessionTools(
-            builtin,
-            lambda: self.tools(session_id, uses),
-            agent.allows if agent is not None else (lambda name: True),
+        allows = agent.allows if agent is not None else (lambda name: True)
+        return McpSessionTools(
+            builtin, lambda: self.tools(session_id, uses), allows, self, session_id
         )
+
+    def down_server_of(self, tool: str, session_id: str) -> McpConnection | None:
+        """The connection of ``mcp__<server>__<tool>``'s server if it is down, else None."""
+        prefix, _, rest = tool.partition("__")
+        server, _, remote = rest.partition("__")
+        if prefix != "mcp" or not remote:
+            return None
+        connection = self.connection(server, session_id)
+        return None if connection is None or connection.live else connection
 
     async def wait_ready(self, session_id: str | None = None) -> None:
         """Wait for the starts in progress (each bounded by its ``startup_timeout_s``)."""
@@ -513,6 +525,38 @@ class McpServers:
         for connection in self._sessions.get(session_id or "", {}).values():
             if connection.starting is not None:
                 await connection.starting.wait()
+
+
+class McpSessionTools(SessionTools):
+    """A session's tools, where a down server's tool fails ``error`` saying why.
+
+    A server that never came up (a wrong command) has listed no tools, so a
+    call of one of them would be ``unknown_tool``, which tells the model the
+    tool does not exist; PROTOCOL section 11 says a down server's calls fail
+    ``error``, the reason the server is down in the message.
+    """
+
+    def __init__(
+        self,
+        builtin: ToolRegistry,
+        extra: Callable[[], Iterable[McpTool]],
+        allows: Callable[[str], bool],
+        servers: McpServers,
+        session_id: str,
+    ) -> None:
+        super().__init__(builtin, extra, allows)
+        self._servers = servers
+        self._session_id = session_id
+
+    def validate(self, name: str, raw_input: dict[str, Any]) -> tuple[Any, Any]:
+        try:
+            return super().validate(name, raw_input)
+        except ToolError as exc:
+            if exc.error_class == "unknown_tool" and self._allows(name):
+                down = self._servers.down_server_of(name, self._session_id)
+                if down is not None:
+                    raise ToolError("error", down.unavailable()) from None
+            raise
 
 
 def _describe(exc: BaseException, startup_timeout_s: float) -> str:
