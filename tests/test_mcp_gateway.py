@@ -11,25 +11,24 @@ Sub-cases share a gateway where that is sound, to keep the server processes
 
 from __future__ import annotations
 
-# Polling a process or a file for a change no event tells of.
-# ruff: noqa: ASYNC110
+# Polling a process or a file for a change no event tells of; small local files read inline.
+# ruff: noqa: ASYNC110, ASYNC240
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import trio
 
+from gateway.client.attach import open_websocket as open_ws
 from gateway.client.stream import MAX_FRAME_BYTES
 from gateway.config import Config, load_config
 from gateway.mcp.tools import MAX_RESULT_BYTES
 from gateway.protocol.events import Event
 from gateway.protocol.frames import Snapshot, SubscribeAck
-from tests.conftest import Client, Harness, open_ws, running_gateway
+from tests.conftest import Client, Harness, running_gateway
 from tests.mcp_support import EVERYTHING
 from tests.test_cli_serve import gateway_process
 
@@ -275,6 +274,20 @@ async def elicitation_cases(gw: Harness, sid: str) -> None:
     assert events[-1].type == "turn.completed"
     assert (await snapshot_of(gw, sid)).session.pending_permissions == []
 
+    # A cancel while the server's question waits: it is cancelled, and so is the tool.
+    async with gw.client(sid) as client:
+        await client.subscribe()
+        turn_id = await gw.submit(sid, script([call("elicit", question="Wait?")], DONE))
+        with trio.fail_after(15):
+            await client.until(lambda e: e.type == "permission.requested")
+            await cancel(gw, sid, turn_id)
+            events = await client.until_turn_ends()
+    assert seq(events) == ["permission.resolved", "tool.failed", "turn.cancelled"], seq(events)
+    assert events[0].payload.decision == "cancelled"
+    assert events[1].payload.error_class == "cancelled"
+    assert events[2].payload.phase == "tools"
+    assert (await snapshot_of(gw, sid)).session.pending_permissions == []
+
 
 async def huge_result(gw: Harness, sid: str) -> None:
     """10. A 3 MiB result is cut at MAX_RESULT_BYTES; the turn and the snapshot stay sound."""
@@ -284,7 +297,7 @@ async def huge_result(gw: Harness, sid: str) -> None:
     assert len(result.encode()) < MAX_RESULT_BYTES + 200
     assert result.endswith(f"[gateway: result cut at {MAX_RESULT_BYTES} of its 3145728 bytes]")
     snap = await snapshot_of(gw, sid)  # decodes: well-formed, whatever it kept
-    assert snap.session.current_turn_id is None and snap.session.turn_count == 3
+    assert snap.session.current_turn_id is None and snap.session.turn_count == 4
     r = await gw.http.get(f"/sessions/{sid}/messages", params={"limit": 2})
     assert r.status_code == 200
     [*_, last] = r.json()["messages"]

@@ -115,6 +115,8 @@ class McpConnection:
         self._retry_at = -math.inf
         self._last_error = ""
         self._calls: dict[object, ToolContext] = {}  # in flight, oldest first
+        # Questions being asked, by session: each ended with that session's last call here.
+        self._questions: dict[str, list[tuple[trio.CancelScope, trio.Event]]] = {}
         self._stderr = b""
         self._nursery: trio.Nursery | None = None  # the live connection's helper tasks
 
@@ -379,6 +381,8 @@ class McpConnection:
             ) from None
         finally:
             del self._calls[token]
+            if not any(c.session_id == ctx.session_id for c in self._calls.values()):
+                await self._end_questions(ctx.session_id)
         if scope.cancelled_caught:
             raise ToolError(
                 "timeout",
@@ -410,12 +414,39 @@ class McpConnection:
         schema = params.requested_schema
         if isinstance(schema, pydantic.BaseModel):
             schema = schema.model_dump(by_alias=True, exclude_none=True)
-        decision, content = await ctx.session.elicit(ctx, params.message, dict(schema))
+        question = (trio.CancelScope(), trio.Event())
+        asked = self._questions.setdefault(ctx.session_id, [])
+        asked.append(question)
+        try:
+            with question[0]:
+                decision, content = await ctx.session.elicit(ctx, params.message, dict(schema))
+        finally:
+            question[1].set()
+            with suppress(ValueError):
+                asked.remove(question)
+        if question[0].cancelled_caught:
+            return types.ElicitResult(action="cancel")
         if decision == "allow":
             return types.ElicitResult(action="accept", content=content or {})
         if decision == "deny":
             return types.ElicitResult(action="decline")
         return types.ElicitResult(action="cancel")
+
+    async def _end_questions(self, session_id: str) -> None:
+        """The session's last call here ended (done, failed, cancelled): so do its questions.
+
+        The server's question runs in the SDK's task, not the call's, so a
+        turn's cancel or the call's timeout would leave it open (a pending
+        permission, answered by nobody, until approval_timeout_s). Cancelled
+        here, it is resolved ``cancelled`` (PROTOCOL section 11) before the
+        call's own ``tool.failed`` (waited for, shielded, a second at most).
+        """
+        questions = self._questions.pop(session_id, [])
+        for scope, _ in questions:
+            scope.cancel()
+        with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+            for _, done in questions:
+                await done.wait()
 
 
 class McpServers:
