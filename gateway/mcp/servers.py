@@ -115,6 +115,8 @@ class McpConnection:
         self._retry_at = -math.inf
         self._last_error = ""
         self._calls: dict[object, ToolContext] = {}  # in flight, oldest first
+        # Questions being asked, by session: each ended with that session's last call here.
+        self._questions: dict[str, list[tuple[trio.CancelScope, trio.Event]]] = {}
         self._stderr = b""
         self._nursery: trio.Nursery | None = None  # the live connection's helper tasks
 
@@ -151,11 +153,15 @@ class McpConnection:
             if self._starting is not None:
                 await self._starting.wait()
         if self._session is None:
-            wait = self._retry_at - trio.current_time()
-            retry = f"; it is started again in {wait:.0f} s" if wait > 0 else ""
-            state = "is stopped" if self._closed else f"is unavailable: {self._last_error}"
-            raise ToolError("error", f"MCP server {self.name!r} {state}{retry}")
+            raise ToolError("error", self.unavailable())
         return self._session
+
+    def unavailable(self) -> str:
+        """Why the server is down, and when it is started again (a ``tool.failed`` message)."""
+        wait = self._retry_at - trio.current_time()
+        retry = f"; it is started again in {wait:.0f} s" if wait > 0 else ""
+        state = "is stopped" if self._closed else f"is unavailable: {self._last_error}"
+        return f"MCP server {self.name!r} {state}{retry}"
 
     def stop(self) -> None:
         """Stop the connection for good (its session closed, or the daemon stops)."""
@@ -375,6 +381,8 @@ class McpConnection:
             ) from None
         finally:
             del self._calls[token]
+            if not any(c.session_id == ctx.session_id for c in self._calls.values()):
+                await self._end_questions(ctx.session_id)
         if scope.cancelled_caught:
             raise ToolError(
                 "timeout",
@@ -406,12 +414,39 @@ class McpConnection:
         schema = params.requested_schema
         if isinstance(schema, pydantic.BaseModel):
             schema = schema.model_dump(by_alias=True, exclude_none=True)
-        decision, content = await ctx.session.elicit(ctx, params.message, dict(schema))
+        question = (trio.CancelScope(), trio.Event())
+        asked = self._questions.setdefault(ctx.session_id, [])
+        asked.append(question)
+        try:
+            with question[0]:
+                decision, content = await ctx.session.elicit(ctx, params.message, dict(schema))
+        finally:
+            question[1].set()
+            with suppress(ValueError):
+                asked.remove(question)
+        if question[0].cancelled_caught:
+            return types.ElicitResult(action="cancel")
         if decision == "allow":
             return types.ElicitResult(action="accept", content=content or {})
         if decision == "deny":
             return types.ElicitResult(action="decline")
         return types.ElicitResult(action="cancel")
+
+    async def _end_questions(self, session_id: str) -> None:
+        """The session's last call here ended (done, failed, cancelled): so do its questions.
+
+        The server's question runs in the SDK's task, not the call's, so a
+        turn's cancel or the call's timeout would leave it open (a pending
+        permission, answered by nobody, until approval_timeout_s). Cancelled
+        here, it is resolved ``cancelled`` (PROTOCOL section 11) before the
+        call's own ``tool.failed`` (waited for, shielded, a second at most).
+        """
+        questions = self._questions.pop(session_id, [])
+        for scope, _ in questions:
+            scope.cancel()
+        with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+            for _, done in questions:
+                await done.wait()
 
 
 class McpServers:
@@ -499,11 +534,19 @@ class McpServers:
     ) -> SessionTools:
         """The session's tool set: the built-in tools and its MCP tools, its agent's only."""
         uses = None if agent is None else agent.uses_server
-        return SessionTools(
-            builtin,
-            lambda: self.tools(session_id, uses),
-            agent.allows if agent is not None else (lambda name: True),
+        allows = agent.allows if agent is not None else (lambda name: True)
+        return McpSessionTools(
+            builtin, lambda: self.tools(session_id, uses), allows, self, session_id
         )
+
+    def down_server_of(self, tool: str, session_id: str) -> McpConnection | None:
+        """The connection of ``mcp__<server>__<tool>``'s server if it is down, else None."""
+        prefix, _, rest = tool.partition("__")
+        server, _, remote = rest.partition("__")
+        if prefix != "mcp" or not remote:
+            return None
+        connection = self.connection(server, session_id)
+        return None if connection is None or connection.live else connection
 
     async def wait_ready(self, session_id: str | None = None) -> None:
         """Wait for the starts in progress (each bounded by its ``startup_timeout_s``)."""
@@ -513,6 +556,38 @@ class McpServers:
         for connection in self._sessions.get(session_id or "", {}).values():
             if connection.starting is not None:
                 await connection.starting.wait()
+
+
+class McpSessionTools(SessionTools):
+    """A session's tools, where a down server's tool fails ``error`` saying why.
+
+    A server that never came up (a wrong command) has listed no tools, so a
+    call of one of them would be ``unknown_tool``, which tells the model the
+    tool does not exist; PROTOCOL section 11 says a down server's calls fail
+    ``error``, the reason the server is down in the message.
+    """
+
+    def __init__(
+        self,
+        builtin: ToolRegistry,
+        extra: Callable[[], Iterable[McpTool]],
+        allows: Callable[[str], bool],
+        servers: McpServers,
+        session_id: str,
+    ) -> None:
+        super().__init__(builtin, extra, allows)
+        self._servers = servers
+        self._session_id = session_id
+
+    def validate(self, name: str, raw_input: dict[str, Any]) -> tuple[Any, Any]:
+        try:
+            return super().validate(name, raw_input)
+        except ToolError as exc:
+            if exc.error_class == "unknown_tool" and self._allows(name):
+                down = self._servers.down_server_of(name, self._session_id)
+                if down is not None:
+                    raise ToolError("error", down.unavailable()) from None
+            raise
 
 
 def _describe(exc: BaseException, startup_timeout_s: float) -> str:

@@ -22,6 +22,11 @@ Tools:
 - ``headers``: the HTTP request's ``authorization`` and ``x-test`` headers.
 - ``grow``: adds the tool ``extra`` and sends ``notifications/tools/list_changed``.
 
+With ``MCP_PID_FILE`` in its environment, the server appends its pid to that
+file when it starts (the tests that check no server outlives its daemon); with
+``MCP_STUBBORN`` it ignores SIGTERM and lingers after its stdin ends, so only
+a SIGKILL (the daemon's escalation, or its watchdog's) ends it.
+
 The SDK's server refuses to send a tool schema a model cannot use: that case is
 ``raw_schemas.py``, written without the SDK.
 """
@@ -30,8 +35,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
+import time
 from typing import Any
 
 import anyio
@@ -183,7 +190,15 @@ def run_http() -> None:
 
 
 if __name__ == "__main__":
+    if pid_file := os.environ.get("MCP_PID_FILE"):
+        with open(pid_file, "a") as f:
+            f.write(f"{os.getpid()}\n")
+    stubborn = bool(os.environ.get("MCP_STUBBORN"))
+    if stubborn:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if "--http" in sys.argv:
         run_http()
     else:
         anyio.run(run_stdio)
+    while stubborn:
+        time.sleep(3600)
