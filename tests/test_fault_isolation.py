@@ -25,7 +25,7 @@ from gateway.providers.base import ModelRequest
 from gateway.providers.raw import RawEvent
 from gateway.providers.scripted import ScriptedProvider
 from gateway.session.session import Session
-from gateway.tools.registry import ToolRegistry
+from gateway.tools.registry import SessionTools
 from gateway.translate import Translator
 from tests.conftest import TOOL_SCRIPT, Client, Harness, make_config, running_gateway, types
 
@@ -210,13 +210,13 @@ async def test_a_translator_that_raises(fgw: Harness, monkeypatch: pytest.Monkey
 
 
 async def test_a_tool_registry_that_raises(fgw: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_validate = ToolRegistry.validate
+    real_validate = SessionTools.validate  # what the agent loop asks (a session's tools)
     sids: list[str] = []
 
     def inject(gw: Harness, sid: str) -> None:
         sids.append(sid)
 
-    def validate(self: ToolRegistry, name: str, raw_input: Any) -> Any:
+    def validate(self: SessionTools, name: str, raw_input: Any) -> Any:
         if sids and not getattr(validate, "fired", False):
             session = fgw.node.sessions[sids[0]]
             if session.turn is not None and session.turn.phase != "done":
@@ -224,7 +224,7 @@ async def test_a_tool_registry_that_raises(fgw: Harness, monkeypatch: pytest.Mon
                 raise LookupError("a registry bug")
         return real_validate(self, name, raw_input)
 
-    monkeypatch.setattr(ToolRegistry, "validate", validate)
+    monkeypatch.setattr(SessionTools, "validate", validate)
     # Only the faulty session's first tool call raises: run it alone first.
     sid = await fgw.create_session()
     async with fgw.client(sid) as a:
