@@ -536,3 +536,29 @@ def test_a_compaction_in_the_run_is_a_custom_event_and_no_snapshot_message() -> 
         ("msg_1", "UserMessage"),
         ("msg_2", "AssistantMessage"),
     ]
+
+
+def test_a_resume_carries_an_elicitations_content() -> None:
+    """An elicitation interrupt is answered ``{"decision", "content"}`` (its responseSchema)."""
+    from gateway.agui.shapes import ResumeEntry
+    from gateway.errors import ApiError
+    from gateway.server.routes import _resume_decisions
+
+    def entry(perm_id: str, payload: Any) -> ResumeEntry:
+        return ResumeEntry(interrupt_id=perm_id, status="resolved", payload=payload)
+
+    entries = [
+        entry("perm_1", {"decision": "allow", "content": {"name": "Ada"}}),
+        entry("perm_2", {"decision": "deny"}),
+        entry("perm_3", {"approved": True}),
+    ]
+    assert _resume_decisions(entries, {"perm_1", "perm_2", "perm_3"}) == [
+        ("perm_1", "allow", {"name": "Ada"}),
+        ("perm_2", "deny", None),
+        ("perm_3", "allow", None),
+    ]
+    with pytest.raises(ApiError) as raised:
+        _resume_decisions([entry("perm_1", {"decision": "allow", "content": "Ada"})], {"perm_1"})
+    assert raised.value.code == "invalid_resume" and "content must be an object" in str(
+        raised.value
+    )
