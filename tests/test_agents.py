@@ -351,6 +351,8 @@ max_tokens = 8192
     plain, thinking = (r.body for r in server.requests)
     assert plain["system"] == thinking["system"] == SECRET
     assert plain["temperature"] == 0.25 and "thinking" not in plain
+    assert [t["name"] for t in plain["tools"]] == ["sleep", "read_file", "delegate"]
+    assert all(t["input_schema"]["type"] == "object" for t in plain["tools"])
     assert thinking["thinking"] == {"type": "enabled", "budget_tokens": 2048}
     assert "temperature" not in thinking  # the API refuses it with thinking on
     assert thinking["max_tokens"] == 8192
