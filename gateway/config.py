@@ -216,8 +216,11 @@ class TurnsConfig(_Section, frozen=True):
 
 
 class SessionsConfig(_Section, frozen=True):
-    """``[sessions]``: where sessions work (PROTOCOL section 15)."""
+    """``[sessions]``: where sessions work (PROTOCOL section 15), how long they stay loaded."""
 
+    # A session unused this long leaves memory (PROTOCOL section 13); today: its
+    # session-scope MCP servers are stopped (started again at its next turn).
+    idle_unload_s: Seconds = 600.0
     # Every session's own directory is made here (relative: to the daemon's working directory).
     workspace_root: NonEmptyStr = "workspaces"
     # Absolute directories a client may name as workspace_path (or a directory under one).
@@ -404,6 +407,7 @@ timeout_s = 600              # one whole turn
 max_rounds = 25              # LLM calls per turn; then turn.completed stop_reason "max_rounds"
 
 [sessions]
+idle_unload_s = 600          # a session unused this long: its session-scope MCP servers stop
 workspace_root = "workspaces"  # every session's own directory lives here
 allowed_workspaces = []      # absolute roots a client may name as workspace_path; empty: none
 

@@ -29,9 +29,13 @@ def server(**fields: Any) -> McpServerConfig:
 
 
 @asynccontextmanager
-async def running(**servers: McpServerConfig) -> AsyncIterator[McpServers]:
+async def running(
+    idle_unload_s: float = 600.0, **servers: McpServerConfig
+) -> AsyncIterator[McpServers]:
     """A node's MCP servers (with its tool-process watchdog) running in a nursery."""
     config = msgspec.structs.replace(Config(), mcp_servers=servers)
+    sessions = msgspec.structs.replace(config.sessions, idle_unload_s=idle_unload_s)
+    config = msgspec.structs.replace(config, sessions=sessions)
     processes = ToolProcesses(config.tools)
     manager = McpServers(config, processes, Metrics())
     async with trio.open_nursery() as nursery:

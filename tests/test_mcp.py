@@ -367,3 +367,28 @@ async def test_the_example_notes_server(tmp_path: Path) -> None:
         session = FakeSession("ses_a", ("deny", None))
         out = await tools.execute("mcp__notes__clear_notes", {}, context("ses_a", session))
         assert out.content == "kept the notes (decline)" and len(session.asked) == 1
+
+
+async def test_a_session_server_stops_when_its_session_goes_idle(tmp_path: Path) -> None:
+    """Unused for ``[sessions] idle_unload_s``: stopped; busy with a call: kept; the next turn:
+    started again (PROTOCOL section 11: "stops it when the session goes idle")."""
+    config = server(command=EVERYTHING, scope="session")
+    async with running(idle_unload_s=0.4, ev=config) as manager:
+        manager.open_session("ses_a", str(tmp_path))
+        await manager.wait_ready("ses_a")
+        tools = manager.session_tools(ToolRegistry(), "ses_a")
+        first = manager.connection("ev", "ses_a")
+        assert first is not None and first.pid is not None
+        pid = first.pid
+        # A call longer than the idle time keeps the server: it is in use.
+        out = await tools.execute("mcp__ev__slow", {"seconds": 1.0}, context())
+        assert alive(pid) and "slept" in out.content.lower()
+        with trio.fail_after(5):
+            while alive(pid):  # then unused: stopped
+                await trio.sleep(0.05)
+        assert manager.connection("ev", "ses_a") is None
+        manager.open_session("ses_a", str(tmp_path))  # its next turn
+        await manager.wait_ready("ses_a")
+        again = manager.connection("ev", "ses_a")
+        assert again is not None and again.pid not in (None, pid)
+        assert failures(manager, "ev") == 0  # an idle stop is no failure

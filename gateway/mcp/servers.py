@@ -128,6 +128,11 @@ class McpConnection:
     def starting(self) -> trio.Event | None:
         return self._starting
 
+    def busy(self, session_id: str) -> bool:
+        """Whether it is starting, or a call of the session is in flight on it."""
+        starting = self._starting is not None and self._session is None
+        return starting or any(c.session_id == session_id for c in self._calls.values())
+
     # --- starting and stopping ------------------------------------------------------
 
     def start_soon(self) -> None:
@@ -464,6 +469,7 @@ class McpServers:
             if server.scope == "node"
         }
         self._sessions: dict[str, dict[str, McpConnection]] = {}
+        self._used: dict[str, float] = {}  # session -> when its tools were last asked for
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The ``mcp-servers`` task: start the node's servers; at its cancel, stop them all."""
@@ -473,7 +479,7 @@ class McpServers:
                 for connection in self._node.values():
                     connection.start_soon()
                 task_status.started()
-                await trio.sleep_forever()
+                await self._stop_idle_sessions(self.config.sessions.idle_unload_s)
         finally:
             self.nursery = None
             for connection in self.connections():
@@ -499,6 +505,7 @@ class McpServers:
         uses_server: Callable[[str], bool] = lambda server: True,
     ) -> None:
         """Start the session-scope servers ``uses_server`` names, in the session's workspace."""
+        self._used[session_id] = trio.current_time()  # its turn runs: not idle
         if session_id in self._sessions:
             return
         connections = self._sessions[session_id] = {
@@ -511,8 +518,32 @@ class McpServers:
 
     def close_session(self, session_id: str) -> None:
         """Stop the session's servers (its processes stopped by their tasks, shielded)."""
+        self._used.pop(session_id, None)
         for connection in self._sessions.pop(session_id, {}).values():
             connection.stop()
+
+    async def _stop_idle_sessions(self, idle_s: float) -> None:
+        """Stop the servers of a session unused for ``idle_s`` (``[sessions] idle_unload_s``).
+
+        Unused: no call of it in flight on them, and its tools not asked for
+        (each model call and each tool call asks). Its next turn starts them
+        again (:meth:`open_session`), so a session that is only being read
+        keeps no process.
+        """
+        while True:
+            await trio.sleep(max(idle_s / 4, 0.05))
+            now = trio.current_time()
+            for session_id, used in list(self._used.items()):
+                busy = any(c.busy(session_id) for c in self._sessions.get(session_id, {}).values())
+                if busy:
+                    self._used[session_id] = now
+                elif now - used >= idle_s:
+                    event(
+                        log, logging.INFO, "mcp_session_idle",
+                        f"session {session_id}: its MCP servers stop after {idle_s:g} s unused",
+                        session_id=session_id,
+                    )  # fmt: skip
+                    self.close_session(session_id)
 
     def tools(
         self, session_id: str | None = None, uses_server: Callable[[str], bool] | None = None
