@@ -455,3 +455,16 @@ def test_providers_are_shared_by_agents_that_agree() -> None:
     assert providers.for_agent("default") is providers.for_agent("anything")
     with pytest.raises(ConfigError):
         make_providers(load_config(None, {}, {"model.provider": "anthropic"}), {})
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+async def test_a_session_keeps_its_agent_across_a_restart(tmp_path: Path, backend: str) -> None:
+    """The store keeps a session's agent (SQLite schema 4): a restarted daemon runs it still."""
+    config = agents_config(tmp_path)
+    async with running_gateway(config) as gw:
+        sid = await gw.create_session(agent="researcher")
+    async with running_gateway(config) as gw:
+        r = await gw.http.get(f"/sessions/{sid}")
+        events = await turn(gw, sid, script([{"system": True}]))
+    assert r.json()["agent"] == "researcher"
+    assert final_text(events) == "You research. First prompt."

@@ -838,7 +838,7 @@ async def test_another_applications_database_is_a_store_error(db_path: str) -> N
 
 async def test_an_unknown_schema_version_is_a_store_error(db_path: str) -> None:
     make_foreign_database(db_path, schema_version=99)
-    with pytest.raises(StoreError, match="schema version 99, this gateway reads version 3"):
+    with pytest.raises(StoreError, match="schema version 99, this gateway reads version 4"):
         await SqliteStore(db_path).open()
 
 

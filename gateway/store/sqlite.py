@@ -87,7 +87,7 @@ from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.lease import LocalLeases
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 5.0
 RETRY_FIRST_S = 0.05  # a failed write is retried after this, doubling...
 RETRY_MAX_S = 5.0  # ...up to this
@@ -138,6 +138,10 @@ _MIGRATE_2_TO_3 = (
     *_V3_INDEXES,
 )
 
+# Version 4 (PROTOCOL section 11): a session runs the agent it was created with;
+# the sessions of earlier versions ran the default agent.
+_MIGRATE_3_TO_4 = ("ALTER TABLE sessions ADD COLUMN agent TEXT NOT NULL DEFAULT 'default'",)
+
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
     """CREATE TABLE sessions (
@@ -152,7 +156,8 @@ _SCHEMA = (
         turn_count INTEGER NOT NULL,
         current_turn_id TEXT,
         current_turn_seq INTEGER NOT NULL DEFAULT 0,
-        owner TEXT NOT NULL DEFAULT ''
+        owner TEXT NOT NULL DEFAULT '',
+        agent TEXT NOT NULL DEFAULT 'default'
     )""",
     "CREATE INDEX sessions_by_age ON sessions (created_at, id)",
     *_V2_INDEXES,
@@ -183,10 +188,10 @@ _SCHEMA = (
 _SESSION_COLUMNS = (
     "id, created_at, workspace_path, active_model, metadata, parent_session_id,"
     " routing_policy_version, cost_so_far_usd, turn_count, current_turn_id, current_turn_seq,"
-    " owner"
+    " owner, agent"
 )
 _UPSERT_SESSION = f"""
-    INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO UPDATE SET
         created_at = excluded.created_at,
         workspace_path = excluded.workspace_path,
@@ -198,7 +203,8 @@ _UPSERT_SESSION = f"""
         turn_count = excluded.turn_count,
         current_turn_id = excluded.current_turn_id,
         current_turn_seq = excluded.current_turn_seq,
-        owner = excluded.owner
+        owner = excluded.owner,
+        agent = excluded.agent
 """
 # An upsert keeps the row, hence its ord: a rewritten message keeps its place.
 _UPSERT_MESSAGE = """
@@ -242,7 +248,9 @@ _encoder = msgspec.json.Encoder()
 _message_decoder = msgspec.json.Decoder(Message)
 _metadata_decoder = msgspec.json.Decoder(dict[str, Any])
 
-_SessionRow = tuple[str, int, str, str, bytes, str | None, str, float, int, str | None, int, str]
+_SessionRow = tuple[
+    str, int, str, str, bytes, str | None, str, float, int, str | None, int, str, str
+]
 _MessageRow = tuple[str, str, bytes, str | None, str | None, int | None]
 _EventRow = tuple[int, str, str, int, bytes]
 
@@ -276,6 +284,7 @@ class _Batch:
                 rec.current_turn_id,
                 rec.current_turn_seq,
                 rec.owner,
+                rec.agent,
             )
         )
         self.size += 1
@@ -575,6 +584,11 @@ def _prepare_schema(conn: sqlite3.Connection, path: str) -> StoreState:
                 conn.execute(statement)
             conn.execute(_RAISE_META, ("schema_version", 3))
             version = 3
+        if version == 3:
+            for statement in _MIGRATE_3_TO_4:
+                conn.execute(statement)
+            conn.execute(_RAISE_META, ("schema_version", 4))
+            version = 4
         if version != SCHEMA_VERSION:
             raise StoreError(
                 f"cannot open store {path!r}: schema version {version},"
@@ -593,7 +607,8 @@ def _meta(conn: sqlite3.Connection, key: str) -> int:
 
 
 def _session_record(row: tuple[Any, ...]) -> SessionRecord:
-    id_, created, workspace, model, metadata, parent, policy, cost, turns, turn_id, seq, owner = row
+    (id_, created, workspace, model, metadata, parent, policy, cost, turns, turn_id, seq, owner,
+     agent) = row  # fmt: skip
     return SessionRecord(
         id=id_,
         created_at=created,
@@ -607,6 +622,7 @@ def _session_record(row: tuple[Any, ...]) -> SessionRecord:
         current_turn_id=turn_id,
         current_turn_seq=seq,
         owner=owner,
+        agent=agent,
     )
 
 
