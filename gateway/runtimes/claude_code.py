@@ -414,7 +414,8 @@ class ClaudeCode:
     def _start_call(self, turn: Turn, state: TurnState) -> None:
         """A new LLM call of the turn: ``llm.call_started``, a translator, the call in flight."""
         s = self.s
-        turn.enter("llm")
+        if turn.phase != "llm":
+            turn.enter("llm")
         state.rounds += 1
         state.results_message = None  # the next tool results are a new message
         model = s.record.active_model
