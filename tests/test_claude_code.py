@@ -66,7 +66,9 @@ env = {{ HTTPS_PROXY = "{server.base_url}", HTTP_PROXY = "{server.base_url}", NO
     return agents_config(tmp_path, text)
 
 
-async def gateway(tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch, **agent: str) -> Any:
+async def gateway(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch, **agent: str
+) -> Any:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake")
     config = cc_config(tmp_path, server, **agent)
     return config, make_providers(config, {"ANTHROPIC_API_KEY": "sk-fake"})
@@ -164,7 +166,8 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
     (allowed, made), (denied, made_anyway) = outcomes
     tool_events = ["tool.called", "permission.requested", "permission.resolved"]
     assert [t for t in types(allowed) if t.startswith(("tool.c", "tool.f", "permission."))] == [
-        *tool_events, "tool.completed"
+        *tool_events,
+        "tool.completed",
     ]
     assert made and not made_anyway
     assert types(allowed).count("llm.call_started") == 2
@@ -212,7 +215,7 @@ async def test_a_cancel_in_each_phase_is_the_section_8_sequence_well_under_a_sec
                     while not os.path.exists(os.path.join(workspace, "started.txt")):
                         await trio.sleep(0.05)
             started = trio.current_time()
-            r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel")
+            r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel", json={})
             assert r.status_code in (200, 202), r.text
             await client.until_turn_ends()
             took = trio.current_time() - started
@@ -224,7 +227,12 @@ async def test_a_cancel_in_each_phase_is_the_section_8_sequence_well_under_a_sec
     end = events[-1].payload
     assert events[-1].type == "turn.cancelled" and end.phase == phase
     if phase == "llm":
-        assert tail[-4:] == ["thinking.end", "message.complete", "llm.call_failed", "turn.cancelled"]
+        assert tail[-4:] == [
+            "thinking.end",
+            "message.complete",
+            "llm.call_failed",
+            "turn.cancelled",
+        ]
         complete = next(e for e in events if e.type == "message.complete").payload
         assert complete.stop_reason == "cancelled"
         assert "tool.failed" not in tail
