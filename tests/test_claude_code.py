@@ -42,6 +42,7 @@ PROMPT = "You work for the gateway's tests. The code word is MARIGOLD."
 
 def cc_config(tmp_path: Path, server: FakeServer, **agent: str) -> Config:
     extra = "".join(f"{k} = {v}\n" for k, v in agent.items())
+    proxy = server.base_url  # anything not for the model API would be recorded there too
     text = f"""
 [model]
 provider = "anthropic"
@@ -61,7 +62,7 @@ runtime = "claude-code"
 system = "{PROMPT}"
 tools = ["Bash"]
 require_approval = ["Bash"]
-env = {{ HTTPS_PROXY = "{server.base_url}", HTTP_PROXY = "{server.base_url}", NO_PROXY = "127.0.0.1" }}
+env = {{ HTTPS_PROXY = "{proxy}", HTTP_PROXY = "{proxy}", NO_PROXY = "127.0.0.1" }}
 {extra}"""
     return agents_config(tmp_path, text)
 
@@ -161,7 +162,8 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
                 await client.until_turn_ends()
                 events = client.events
             workspace = gw.node.workspaces.host_path(gw.node.sessions[sid].record.workspace_path)
-            outcomes.append((events, os.path.exists(os.path.join(workspace, "made.txt"))))
+            made = os.path.exists(os.path.join(workspace, "made.txt"))  # noqa: ASYNC240
+            outcomes.append((events, made))
     await providers.aclose()
     (allowed, made), (denied, made_anyway) = outcomes
     tool_events = ["tool.called", "permission.requested", "permission.resolved"]
@@ -212,7 +214,8 @@ async def test_a_cancel_in_each_phase_is_the_section_8_sequence_well_under_a_sec
                     workspace = gw.node.workspaces.host_path(
                         gw.node.sessions[sid].record.workspace_path
                     )
-                    while not os.path.exists(os.path.join(workspace, "started.txt")):
+                    started_file = os.path.join(workspace, "started.txt")
+                    while not os.path.exists(started_file):  # noqa: ASYNC240, ASYNC110
                         await trio.sleep(0.05)
             started = trio.current_time()
             r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel", json={})
