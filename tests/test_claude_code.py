@@ -41,6 +41,8 @@ PROMPT = "You work for the gateway's tests. The code word is MARIGOLD."
 
 
 def cc_config(tmp_path: Path, server: FakeServer, **agent: str) -> Config:
+    """The default agent is a Claude Code one (the SQLite store does not keep a session's
+    agent yet: a restarted daemon runs the default agent for every session)."""
     extra = "".join(f"{k} = {v}\n" for k, v in agent.items())
     proxy = server.base_url  # anything not for the model API would be recorded there too
     text = f"""
@@ -54,10 +56,7 @@ max_retries = 0
 approval_timeout_s = 30
 kill_grace_s = 1
 
-[agents]
-default = "code"
-
-[agents.code]
+[agents.default]
 runtime = "claude-code"
 system = "{PROMPT}"
 tools = ["Bash"]
@@ -79,6 +78,14 @@ def only_model_calls(server: FakeServer) -> None:
     """Nothing left the machine: every request the CLI made was a model call, here."""
     assert server.requests
     assert {(r.method, r.path) for r in server.requests} == {("POST", "/v1/messages?beta=true")}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 async def run_turn(gw: Harness, sid: str, content: str) -> list[Any]:
@@ -280,4 +287,37 @@ async def test_two_sessions_at_once_each_with_its_own_process(
     sent = sorted(str(r.body["messages"]) for r in server.requests)
     assert f"hello from {a}" in "".join(sent) and f"hello from {b}" in "".join(sent)
     assert [a in s for s in sent].count(True) == 1  # each conversation its own
+    only_model_calls(server)
+
+
+async def test_an_idle_process_stops_and_the_conversation_resumes_even_after_a_restart(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``idle_process_s``: the CLI stops; the next turn's CLI resumes its transcript.
+
+    The Claude Code session id is derived from the gateway session's, and the
+    transcript is in the gateway's state directory: a restarted daemon finds it.
+    """
+    server.enqueue(*[Replay(transcript("anthropic/text.sse"))] * 3)
+    config, providers = await gateway(tmp_path, server, monkeypatch, idle_process_s="1")
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        await run_turn(gw, sid, "first words APPLE")
+        runtime = gw.node.sessions[sid].agent.runtime  # type: ignore[union-attr]
+        assert runtime is not None and runtime.transport is not None
+        first_pid = runtime.transport.pid
+        with trio.fail_after(5):  # stopped and reaped, its group gone
+            while runtime.client is not None or alive(first_pid):  # noqa: ASYNC110
+                await trio.sleep(0.1)
+        resumed = await run_turn(gw, sid, "second words BANANA")
+        assert runtime.transport is not None and runtime.transport.pid != first_pid
+    _, providers = await gateway(tmp_path, server, monkeypatch, idle_process_s="1")
+    async with running_gateway(config, providers) as gw:  # the daemon restarted
+        restarted = await run_turn(gw, sid, "third words CHERRY")
+    await providers.aclose()
+    assert resumed[-1].payload.stop_reason == restarted[-1].payload.stop_reason == "end_turn"
+    first, second, third = (str(r.body["messages"]) for r in server.requests)
+    assert "APPLE" in first and "BANANA" not in first
+    assert "APPLE" in second and "BANANA" in second
+    assert "APPLE" in third and "BANANA" in third and "CHERRY" in third
     only_model_calls(server)

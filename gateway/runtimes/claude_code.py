@@ -36,8 +36,12 @@ It is a tool process (:mod:`gateway.runtimes.transport`): its own process
 group, registered with the daemon's watchdog, a minimal environment. Its
 ``HOME`` and ``CLAUDE_CONFIG_DIR`` are ``.claude-code/<session id>`` beside
 ``[sessions] workspace_root`` (its transcripts live there), never the
-operator's ``~/.claude``. A CLI that exits is started again at the next turn,
-resuming the Claude Code session it had (``resume``) while this daemon runs.
+operator's ``~/.claude``. The CLI is stopped once the session has had no turn
+for the agent's ``idle_process_s`` (the task ``claude-code-idle <session id>``).
+The Claude Code session id is derived from the gateway session's
+(:func:`claude_session_id`), so whenever a CLI starts again (after an idle
+stop, a crash, a restart of the daemon) it resumes the transcript it finds in
+the state directory (``resume``), and the conversation goes on.
 
 **Options.** ``cwd`` is the session's workspace; the agent's ``system`` is
 appended to Claude Code's own prompt; ``tools`` lists the tools Claude Code
@@ -81,9 +85,11 @@ Where the contract is silent:
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
 import math
 import os
+import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +153,7 @@ QUIET_ENV = {
 """What keeps the CLI from calling anything but the model API."""
 
 _MODEL_PREFIX = "anthropic:"
+_NAMESPACE = uuid.UUID("5b0c6a8e-3f1d-4a57-9c2e-7d4b1e0f9a63")  # of claude_session_id
 _STOP_REASONS = {"end_turn", "max_tokens", "stop_sequence", "tool_use"}
 
 
@@ -181,6 +188,21 @@ def cli_environment(
     return out
 
 
+def claude_session_id(session_id: str) -> str:
+    """The Claude Code session id of a gateway session: a UUID derived from its id.
+
+    Derived, not stored: every start of the session's CLI (after an idle stop,
+    a crash, a restart of the daemon) finds the same transcript by it.
+    """
+    return str(uuid.uuid5(_NAMESPACE, session_id))
+
+
+def has_transcript(home: str, claude_id: str) -> bool:
+    """Whether the CLI wrote a transcript of ``claude_id`` under ``home`` (blocking)."""
+    projects = os.path.join(home, ".claude", "projects")
+    return bool(glob.glob(os.path.join(glob.escape(projects), "*", f"{claude_id}.jsonl")))
+
+
 class _ProcessGone(Exception):
     """The CLI's stream ended while a turn waited for it."""
 
@@ -205,10 +227,11 @@ class ClaudeCode:
         self._inbox: trio.MemoryReceiveChannel[Any] | None = None
         self._scope: trio.CancelScope | None = None  # the process task's
         self._stopped = trio.Event()  # set when the process task (the current one) ends
-        self.claude_session_id: str | None = None  # Claude Code's own (resume)
         self._owed = 0  # results of queries whose turn stopped listening
         self._cost_seen = 0.0  # the CLI's total_cost_usd at its last result
         self._current: tuple[Turn, TurnState] | None = None
+        self._active_at = trio.current_time()  # the last turn's start or end (idle_process_s)
+        self._quiet = trio.Event()  # set when the turn in flight ends
         self._announced: dict[str, trio.Event] = {}
         self._open: list[PermissionRequest] = []
         self._denied: set[str] = set()
@@ -220,9 +243,14 @@ class ClaudeCode:
 
     # --- the process -------------------------------------------------------------------
 
-    def options(self, workspace: str) -> ClaudeAgentOptions:
-        """The SDK's options for this session's CLI (module docstring)."""
+    def options(self, workspace: str, resume: bool = False) -> ClaudeAgentOptions:
+        """The SDK's options for this session's CLI (module docstring).
+
+        ``resume``: the Claude Code session of this gateway session has a
+        transcript already, which the CLI continues.
+        """
         agent = self.agent
+        claude_id = claude_session_id(self.s.id)
         plain = [t for t in agent.tools if not any(c in t for c in "*?[") and "__" not in t]
         prompt = SystemPromptPreset(type="preset", preset="claude_code")
         if agent.system:
@@ -237,7 +265,8 @@ class ClaudeCode:
             allowed_tools=[t for t in agent.tools if not agent.needs_approval(t)],
             permission_mode=agent.permission_mode,  # type: ignore[arg-type]
             can_use_tool=self._can_use_tool,
-            resume=self.claude_session_id,
+            resume=claude_id if resume else None,
+            session_id=None if resume else claude_id,
             setting_sources=[],
             thinking={"type": "enabled", "budget_tokens": budget} if budget else None,
         )
@@ -254,7 +283,8 @@ class ClaudeCode:
         )
         home = state_dir(self.node.workspaces.root, s.id)
         await trio.to_thread.run_sync(lambda: os.makedirs(home, mode=0o700, exist_ok=True))
-        options = self.options(workspace)
+        resume = await trio.to_thread.run_sync(has_transcript, home, claude_session_id(s.id))
+        options = self.options(workspace, resume)
         transport = ToolProcessTransport(
             dataclasses.replace(options, permission_prompt_tool_name="stdio"),
             self._processes,
@@ -276,11 +306,14 @@ class ClaudeCode:
                 event(
                     log, logging.INFO, "claude_code_started",
                     f"session {s.id}: Claude Code started (pid {transport.pid})",
-                    session_id=s.id, pid=transport.pid, resume=self.claude_session_id,
+                    session_id=s.id, pid=transport.pid, resume=resume,
                 )  # fmt: skip
                 try:
-                    async for message in client.receive_messages():
-                        send.send_nowait(message)
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._idle, scope, name=f"claude-code-idle {s.id}")
+                        async for message in client.receive_messages():
+                            send.send_nowait(message)
+                        nursery.cancel_scope.cancel()
                 except Exception as exc:  # the CLI's stream broke: the turn sees it end
                     event(
                         log, logging.WARNING, "claude_code_exited",
@@ -293,6 +326,26 @@ class ClaudeCode:
                 with trio.CancelScope(shield=True):
                     await client.disconnect()
                 stopped.set()
+
+    async def _idle(self, scope: trio.CancelScope) -> None:
+        """Stop the CLI once no turn has run for the agent's ``idle_process_s``.
+
+        Its next turn starts another, which resumes the conversation from the
+        transcript in the session's state directory.
+        """
+        idle = self.agent.idle_process_s
+        while True:
+            if self._current is not None:
+                await self._quiet.wait()
+            await trio.sleep_until(self._active_at + idle)
+            if self._current is None and trio.current_time() >= self._active_at + idle:
+                event(
+                    log, logging.INFO, "claude_code_idle",
+                    f"session {self.s.id}: Claude Code stopped after {idle:g} s idle",
+                    session_id=self.s.id, idle_s=idle,
+                )  # fmt: skip
+                scope.cancel()
+                return
 
     def stop(self) -> None:
         """Stop the session's CLI (the process task ends; its group is stopped)."""
@@ -324,6 +377,7 @@ class ClaudeCode:
     async def run_turn(self, turn: Turn, state: TurnState) -> StopReason:
         """Run one turn through Claude Code; the agent loop emits its ending."""
         self._current = (turn, state)
+        self._active_at, self._quiet = trio.current_time(), trio.Event()
         try:
             await self._settle_previous()
             turn.enter("llm")
@@ -345,6 +399,8 @@ class ClaudeCode:
                 return self._failed(turn, state, "api_error", message)
         finally:
             self._current = None
+            self._active_at = trio.current_time()
+            self._quiet.set()
             if turn.in_flight:  # cancelled, or broken: close the requests, stop the query
                 self._end_permissions(turn)
                 await self._interrupt()
@@ -382,11 +438,9 @@ class ClaudeCode:
                 if message.parent_tool_use_id is None:
                     self._tool_results(turn, state, message)
             elif isinstance(message, SystemMessage):
-                if message.subtype == "init":
-                    self.claude_session_id = message.data.get("session_id") or None
+                pass  # init, status, thinking_tokens: nothing for the clients (yet)
             elif isinstance(message, ResultMessage):
                 self._owed -= 1
-                self.claude_session_id = message.session_id or self.claude_session_id
                 return self._result(turn, state, message)
             elif isinstance(message, AssistantMessage):
                 pass  # what the stream said already
