@@ -63,6 +63,7 @@ from gateway.session.sequencer import EventSequencer
 from gateway.session.session import Session
 from gateway.store.base import SessionRecord, Store
 from gateway.store.lease import LeaseKeeper, Taken, new_node_id
+from gateway.tools.process import ToolProcesses
 from gateway.tools.registry import SessionTools, ToolRegistry
 from gateway.tools.workspace import WorkspaceError, Workspaces
 
@@ -165,6 +166,9 @@ class Node:
         self.tokens = AttachTokens(config.stream.attach_token_ttl_s)
         self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.server.auth)
         self.workspaces = Workspaces.from_config(config.sessions)  # PROTOCOL section 15
+        # The tool processes of the daemon (the app shares its own); a bare node spawns without
+        # a watchdog: its groups are still stopped with their sessions.
+        self.processes = ToolProcesses(config.tools)
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)
         self.sequencer: EventSequencer

@@ -80,6 +80,7 @@ class Gateway:
             provider or make_providers(config),
             build_registry(config.tools.enabled, workspaces=workspaces, processes=self.processes),
         )
+        self.node.processes = self.processes  # a claude-code agent's CLI (gateway.runtimes)
         self.mcp = self.node.mcp = McpServers(config, self.processes, self.node.metrics)
         s = config.server
         self.limits = HttpLimits(

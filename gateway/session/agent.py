@@ -41,7 +41,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import aclosing
-from typing import Any, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 import trio
 
@@ -84,8 +84,13 @@ from gateway.session.hub import Emitted
 from gateway.session.permissions import PermissionRequest, Permissions
 from gateway.session.turn import Turn
 from gateway.store.base import SessionRecord
+from gateway.tools.process import ToolProcesses
 from gateway.tools.registry import SessionTools, ToolContext, ToolSession
+from gateway.tools.workspace import Workspaces
 from gateway.translate import Translator, max_blocks
+
+if TYPE_CHECKING:
+    from gateway.runtimes.claude_code import ClaudeCode
 
 log = logging.getLogger("gateway.agent")
 
@@ -97,6 +102,8 @@ class AgentServices(Protocol):
     agents: Agents
     providers: Providers
     metrics: Metrics
+    processes: ToolProcesses  # the daemon's tool processes (a claude-code agent's CLI)
+    workspaces: Workspaces  # where a session's workspace is on this host
 
     def session_tools(self, session: TurnHost) -> SessionTools:
         """The tools the session's agent sees now (PROTOCOL section 11)."""
@@ -161,6 +168,7 @@ class AgentLoop:
         self.s = session
         self.node = node
         self.current: tuple[Turn, TurnState] | None = None  # the turn in flight
+        self.runtime: ClaudeCode | None = None  # a claude-code agent's runtime (run())
 
     @property
     def agent(self) -> AgentProfile:
@@ -173,6 +181,26 @@ class AgentLoop:
         return self.node.session_tools(self.s)
 
     async def run(self, turns: trio.MemoryReceiveChannel[Turn | compactor.Request]) -> None:
+        """Take the session's turns and compactions, one at a time, until the session ends.
+
+        A ``claude-code`` agent's session runs its turns through
+        :mod:`gateway.runtimes.claude_code`, whose CLI process task lives in a
+        nursery of this task: it ends with the session (PROTOCOL section 11).
+        """
+        if self.agent.runtime != "claude-code":
+            await self._jobs(turns)
+            return
+        from gateway.runtimes.claude_code import ClaudeCode  # the extra: imported when used
+
+        async with trio.open_nursery() as nursery:
+            self.runtime = ClaudeCode(self, nursery, self.node.processes)
+            try:
+                await self._jobs(turns)
+            finally:
+                self.runtime = None
+                nursery.cancel_scope.cancel()
+
+    async def _jobs(self, turns: trio.MemoryReceiveChannel[Turn | compactor.Request]) -> None:
         async for job in turns:
             if isinstance(job, compactor.Request):
                 await self.compact_now(job)
@@ -194,8 +222,11 @@ class AgentLoop:
         try:
             with turn.cancel_scope:
                 self._start(turn)
-                await self.node.tools_ready(self.s)  # an MCP server still starting lists first
-                stop_reason = await self._turn_body(turn, state)
+                if self.runtime is not None:  # runtime = "claude-code" (PROTOCOL section 11)
+                    stop_reason = await self.runtime.run_turn(turn, state)
+                else:
+                    await self.node.tools_ready(self.s)  # an MCP server still starting lists first
+                    stop_reason = await self._turn_body(turn, state)
                 self.finish(turn, state, stop_reason)
         except Exception as exc:  # a gateway bug: closed below, as a provider error
             s.failed("agent-loop", exc, turn.id)
@@ -363,8 +394,14 @@ class AgentLoop:
         return True
 
     async def compact_now(self, request: compactor.Request) -> None:
-        """``POST .../compact`` (``manual``), between turns, bounded by the agent's turn timeout."""
+        """``POST .../compact`` (``manual``), between turns, bounded by the agent's turn timeout.
+
+        A ``claude-code`` session's context is Claude Code's, which compacts it itself.
+        """
         s = self.s
+        if self.runtime is not None:
+            request.done.set()
+            return
         try:
             done = await compactor.compact(
                 s, self.node, "manual", None, timeout_s=self.agent.turn_timeout_s
