@@ -209,6 +209,22 @@ async def test_a_list_changed_flood_lists_the_tools_once_a_second() -> None:
             assert 2 <= lists <= 4, lists  # the start's, then one or two for the flood
 
 
+async def test_a_server_chattering_on_stdout_gets_one_warning_not_one_a_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: 20,000 stray lines were 20,000 three-line warnings."""
+    async with running(h=server(command=HOSTILE)) as manager:
+        with trio.fail_after(20):
+            await manager.wait_ready()
+            tools = manager.session_tools(ToolRegistry(), "ses_a")
+            out = await tools.execute("mcp__h__chatter", {"n": 5000}, context())
+            assert out.content == "said"
+            assert (await tools.execute("mcp__h__lists", {}, context())).content == "1"
+    warned = [r for r in caplog.records if "not JSON-RPC" in r.getMessage()]
+    assert 1 <= len(warned) <= 2, len(warned)
+    assert "debug: step 0" in warned[0].getMessage()
+
+
 # --- system_file ------------------------------------------------------------------------
 
 

@@ -94,6 +94,14 @@ MAX_QUESTIONS = 4
 Each is a pending permission in every snapshot of the session: a server that
 sends a thousand ``elicitation/create`` at once must not make a thousand."""
 
+GARBAGE_LOG_INTERVAL_S = 10.0
+"""The least time between two warnings of one server's stdout lines that are not JSON-RPC.
+
+A server that prints its own chatter on stdout (a stray ``print``) sent one
+warning, three lines long, per line: 20,000 lines took 4 s of the daemon's
+thread and flooded its log. The first is logged; then one line per interval
+says how many more there were."""
+
 _STDERR_TAIL = 2000
 
 
@@ -135,6 +143,8 @@ class McpConnection:
         self._nursery: trio.Nursery | None = None  # the live connection's helper tasks
         self._relisting = False  # a listing task runs (RELIST_INTERVAL_S)
         self._relist_again = False  # a list_changed came while it ran
+        self._garbage = 0  # lines not JSON-RPC since the last warning (GARBAGE_LOG_INTERVAL_S)
+        self._garbage_logged_at = -math.inf
 
     @property
     def live(self) -> bool:
@@ -331,13 +341,27 @@ class McpConnection:
 
     async def _on_message(self, message: Any) -> None:
         """Server notifications: a new tool list; a transport failure ends the connection."""
+        if isinstance(message, ValueError):  # a line that is not JSON-RPC: logged, rate-limited
+            self._garbage += 1
+            now = trio.current_time()
+            if now - self._garbage_logged_at < GARBAGE_LOG_INTERVAL_S:
+                return
+            more = f" ({self._garbage - 1} more such lines before it)" if self._garbage > 1 else ""
+            event(
+                log, logging.WARNING, "mcp_transport_error",
+                f"MCP server {self.name}: a message from it is not JSON-RPC{more}:"
+                f" {str(message)[:300]}",
+                server=self.name, error=str(message)[:300], lines=self._garbage,
+            )  # fmt: skip
+            self._garbage, self._garbage_logged_at = 0, now
+            return
         if isinstance(message, Exception):
             event(
                 log, logging.WARNING, "mcp_transport_error",
                 f"MCP server {self.name}: transport error: {message}",
                 server=self.name, error=str(message),
             )  # fmt: skip
-            if self._dead is not None and not isinstance(message, ValueError):
+            if self._dead is not None:
                 self._dead.set()
             return
         notification = getattr(message, "root", message)

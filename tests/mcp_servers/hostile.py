@@ -8,6 +8,7 @@ environment adds that many tools ``t0`` ... to its list. Its tools:
   answer and returns them, a JSON list of results or errors in the order asked.
 - ``flood {n}``: sends ``n`` ``notifications/tools/list_changed``, then answers.
 - ``lists``: how many ``tools/list`` requests it has received.
+- ``chatter {n}``: writes ``n`` lines that are not JSON-RPC on stdout, then answers.
 """
 
 import json
@@ -20,6 +21,7 @@ TOOLS = [
     {"name": "ask", "inputSchema": {"type": "object"}},
     {"name": "flood", "inputSchema": {"type": "object"}},
     {"name": "lists", "inputSchema": OBJECT},
+    {"name": "chatter", "inputSchema": {"type": "object"}},
 ] + [
     {"name": f"t{i}", "inputSchema": OBJECT}
     for i in range(int(os.environ.get("HOSTILE_TOOLS", "0")))
@@ -91,6 +93,9 @@ def serve(message):
             for _ in range(int(args.get("n", 1))):
                 send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
             text(id_, "sent")
+        elif name == "chatter":
+            sys.stdout.write("".join(f"debug: step {i}\n" for i in range(int(args.get("n", 1)))))
+            text(id_, "said")
         elif name == "lists":
             text(id_, str(count["lists"]))
         else:
