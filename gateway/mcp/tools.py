@@ -3,10 +3,13 @@
 A server's tool ``T`` is the gateway tool ``mcp__<server>__T``, with the
 server's description and ``inputSchema``. The model is shown the schema as the
 server gave it; input is checked against it here with ``jsonschema`` before
-anything is sent (``invalid_input``). A tool a model cannot use (its schema
-not an object schema, not a valid JSON schema, or missing; its name not
-``[A-Za-z0-9_-]``, or its full name over 64 characters) is dropped with a
-warning (``mcp_tool_dropped``); the rest of the server's tools are kept.
+anything is sent (``invalid_input``), but for its ``pattern`` regexes, left to
+the server (:func:`_without_regexes`). A tool a model cannot use (its schema
+not an object schema, not a valid JSON schema, missing, or over
+:data:`MAX_SCHEMA_BYTES`; its name not ``[A-Za-z0-9_-]``, starting with ``_``,
+or its full name over 64 characters) is dropped with a warning
+(``mcp_tool_dropped``); the rest of the server's tools are kept, up to
+:data:`MAX_TOOLS`.
 
 A result maps as PROTOCOL section 11 says: the text content, joined with
 newlines, is the ``result``; ``structuredContent`` is the structured result;
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -155,8 +159,25 @@ def _adapt(server: str, raw: Any, caller: Caller) -> McpTool:
         server,
         remote,
         caller,
-        cls(schema),
+        _without_regexes(cls)(schema),
     )
+
+
+def _no_check(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    return iter(())
+
+
+def _without_regexes(cls: Any) -> Any:
+    """``cls`` with ``pattern`` left to the server: the model's input never meets a server's regex.
+
+    The input is checked in the daemon's Trio thread, and ``re`` cannot be
+    interrupted and keeps the GIL: a backtracking ``pattern`` (``^(a+)+$``) and
+    a 30-character argument a prompt injection put in the model's mouth held
+    the whole daemon for minutes. The server, which wrote the regex, checks it
+    in its own process. (``patternProperties`` still runs: its regexes meet
+    property names, which a tool's schema rarely leaves open.)
+    """
+    return jsonschema.validators.extend(cls, {"pattern": _no_check})
 
 
 def elicitation_problem(message: str, schema: Any) -> str | None:
