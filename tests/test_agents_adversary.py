@@ -164,7 +164,7 @@ async def test_an_answer_never_runs_a_servers_regex_nor_fails_with_a_500(tmp_pat
 
 
 def test_a_tools_backtracking_pattern_never_meets_the_models_input() -> None:
-    """Before: 25 a's and a "!" held the Trio thread for seconds (minutes at 32); now instant.
+    """Before: 25 a's and a "!" held the Trio thread for seconds (minutes at 32), then failed.
 
     The rest of the schema is still checked (``invalid_input``)."""
     schema = {
@@ -173,7 +173,7 @@ def test_a_tools_backtracking_pattern_never_meets_the_models_input() -> None:
     }
     [tool] = adapt_tools("s", [{"name": "t", "inputSchema": schema}], None).values()  # type: ignore[arg-type]
     started = time.monotonic()
-    assert tool.parse({"a": "a" * 40 + "!"}) == {"a": "a" * 40 + "!"}
+    assert tool.parse({"a": "a" * 25 + "!"}) == {"a": "a" * 25 + "!"}  # not the regex's to say
     assert time.monotonic() - started < 0.5
     with pytest.raises(ToolError, match="too long"):
         tool.parse({"a": "a" * 51})
