@@ -307,16 +307,26 @@ async def test_another_tenant_cannot_compact_answer_or_see_a_sessions_questions(
                 assert r.status_code == 202
 
 
-async def test_get_agents_and_a_bad_agent_name_never_show_a_system_prompt(tmp_path: Path) -> None:
+async def test_get_agents_and_a_bad_agent_name_never_show_a_system_prompt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-never-used")  # no call is made
     path = tmp_path / "gateway.toml"
-    path.write_text('[model]\nsystem = "SECRET-DEFAULT"\n[agents.ops]\nsystem = "SECRET-OPS"\n')
+    path.write_text(
+        '[model]\nsystem = "SECRET-DEFAULT"\n[agents.ops]\nsystem = "SECRET-OPS"\n'
+        '[agents.real]\nsystem = "SECRET-REAL"\nmodel = "anthropic:claude-x"\n'
+    )
     flat = {"server.port": 0, "store.path": str(tmp_path / "g.db")}
     config = load_config(str(path), {}, {**flat, "sessions.workspace_root": str(tmp_path / "w")})
     with trio.fail_after(30):
         async with running_gateway(config) as gw:
             r = await gw.http.get("/agents")
             assert r.status_code == 200 and "SECRET" not in r.text
-            assert {a["name"] for a in r.json()["agents"]} == {"default", "ops"}
+            assert {a["name"] for a in r.json()["agents"]} == {"default", "ops", "real"}
+            # The scripted model says its system prompt back: an agent on a real model
+            # cannot be switched onto it to read that agent's prompt.
+            r = await gw.http.post("/sessions", json={"agent": "real", "model": "scripted:x"})
+            assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_model"
             for agent in (5, None, ["ops"], {"name": "ops"}, "x" * 100_000, "opś", "ops\n"):
                 r = await gw.http.post("/sessions", json={"agent": agent})
                 if agent is None:
