@@ -179,6 +179,39 @@ def test_a_tools_backtracking_pattern_never_meets_the_models_input() -> None:
         tool.parse({"a": "a" * 51})
 
 
+async def test_an_agui_resume_passes_an_elicitations_content_on(tmp_path: Path) -> None:
+    """Before: the resume's ``content`` was dropped: the server was told "accept", with ``{}``.
+
+    And an ``allow`` with no content is the empty answer, checked like any (422 here)."""
+    from tests.test_agui_http import run_all, run_input
+    from tests.test_mcp_gateway import mcp_config
+
+    schema = {"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}
+    ask_ = {"tool_use": {"name": "mcp__h__ask", "input": {"schema": schema, "message": "Who?"}}}
+    turn = {"script": {"rounds": [[ask_], [{"text": "done"}]]}}
+    config = mcp_config(tmp_path, servers={"h": {"command": HOSTILE}}, tools=("mcp__h__*",))
+    with trio.fail_after(30):
+        async with running_gateway(config) as gw:
+            thread = "t-elicit"
+            first = await run_all(gw, run_input(thread, turn))
+            [interrupt] = first[-1]["outcome"]["interrupts"]
+            assert interrupt["reason"] == "elicitation"
+            empty = {"decision": "allow"}
+            for payload, status in ((empty, 422), ({"decision": "allow", "content": 7}, 422)):
+                resume = [
+                    {"interruptId": interrupt["id"], "status": "resolved", "payload": payload}
+                ]
+                r = await gw.http.post("/agui", json=run_input(thread, "", resume=resume))
+                assert r.status_code == status, r.text
+            answer = {"decision": "allow", "content": {"who": "bob"}}
+            resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": answer}]
+            second = await run_all(gw, run_input(thread, "", resume=resume))
+            [result] = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]
+            assert json.loads(result["content"]) == [
+                {"action": "accept", "content": {"who": "bob"}}
+            ]
+
+
 # --- the server's tool list and notices -----------------------------------------------
 
 

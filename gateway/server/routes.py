@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import trio
@@ -824,8 +824,8 @@ class Api:
             turn_id = state.current_turn_id
             await self._agui_subscribe(session, sub)
             try:
-                for perm_id, decision in decisions:
-                    await self.node.decide_permission(session, perm_id, decision)
+                for perm_id, decision, answer in decisions:
+                    await self.node.decide_permission(session, perm_id, decision, answer)
             except BaseException:
                 session.hub.unsubscribe(sub)
                 raise
@@ -1044,8 +1044,15 @@ def _agui_content(messages: list[InputMessage]) -> list[ContentBlock]:
 _DECISIONS: dict[object, str] = {"allow": "allow", "deny": "deny", True: "allow", False: "deny"}
 
 
-def _resume_decisions(entries: list[ResumeEntry], pending: set[str]) -> list[tuple[str, str]]:
-    """Each interrupt's decision; every open interrupt answered exactly once (AG-UI 1.0).
+def _resume_decisions(
+    entries: list[ResumeEntry], pending: set[str]
+) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """Each interrupt's decision, and an elicitation's ``content``; each open one answered once.
+
+    An elicitation's interrupt asks for ``{"decision", "content"}``
+    (gateway.agui.mapping.elicitation_schema): the content was dropped here,
+    and the MCP server was told the user accepted with an empty answer. It
+    is passed on now, checked like the route's (422 ``invalid_content``).
 
     Raises:
         ApiError: 422 ``invalid_resume``: an unknown or repeated id, an open one
@@ -1060,13 +1067,18 @@ def _resume_decisions(entries: list[ResumeEntry], pending: set[str]) -> list[tup
             "invalid_resume",
             f"resume must answer each open interrupt once: open {sorted(pending)}, got {ids}",
         )
-    out = []
+    out: list[tuple[str, str, dict[str, Any] | None]] = []
     for e in entries:
         if e.status == "cancelled":
-            out.append((e.interrupt_id, "deny"))
+            out.append((e.interrupt_id, "deny", None))
             continue
-        p = e.payload
+        p, content = e.payload, None
         if isinstance(p, dict):
+            content = p.get("content")
+            if content is not None and not isinstance(content, dict):
+                raise ApiError(
+                    422, "invalid_resume", f"interrupt {e.interrupt_id}: content must be an object"
+                )
             p = p.get("decision", p.get("approved"))
         decision = _DECISIONS.get(p) if isinstance(p, str | bool) else None
         if decision is None:
@@ -1075,7 +1087,7 @@ def _resume_decisions(entries: list[ResumeEntry], pending: set[str]) -> list[tup
                 "invalid_resume",
                 f'interrupt {e.interrupt_id}: payload must be {{"decision": "allow"|"deny"}}',
             )
-        out.append((e.interrupt_id, decision))
+        out.append((e.interrupt_id, decision, content))
     return out
 
 

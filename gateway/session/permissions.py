@@ -110,6 +110,14 @@ class Permissions:
             )
         if request.closed or request.decision is not None:
             raise ApiError(409, "permission_resolved", f"permission {perm_id} is no longer waiting")
+        if content is None and decision == "allow" and request.kind == "elicitation":
+            # Accepting with no answer is the empty answer: it must fit too (a
+            # server whose schema requires a field was told "accept", with none).
+            problem = _misfit({}, request.requested_schema or {})
+            if problem is not None:
+                raise ApiError(
+                    422, "invalid_content", f"allow needs content that fits the schema: {problem}"
+                )
         if content is not None:
             if request.kind != "elicitation":
                 raise ApiError(422, "invalid_content", "content answers an elicitation only")
