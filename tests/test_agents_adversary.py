@@ -23,7 +23,12 @@ import trio
 from gateway.agents import MAX_SYSTEM_FILE_BYTES, Agents, read_system_file
 from gateway.config import load_config
 from gateway.errors import ConfigError, ToolError
-from gateway.mcp.tools import MAX_TOOLS, adapt_tools, elicitation_problem
+from gateway.mcp.tools import (
+    MAX_DESCRIPTION_CHARS,
+    MAX_TOOLS,
+    adapt_tools,
+    elicitation_problem,
+)
 from gateway.tools.registry import ToolContext, ToolRegistry
 from tests.conftest import make_config, running_gateway
 from tests.mcp_support import SERVERS, FakeSession, context, running, server
@@ -213,6 +218,17 @@ async def test_an_agui_resume_passes_an_elicitations_content_on(tmp_path: Path) 
 
 
 # --- the server's tool list and notices -----------------------------------------------
+
+
+def test_a_servers_tool_list_weighs_at_most_two_mib() -> None:
+    """Before: 512 tools of 256 KiB schemas (or 1 MiB descriptions) went to the model each call."""
+    big = {"type": "object", "description": "x" * 200_000}
+    listed = [
+        {"name": f"t{i}", "description": "d" * 1_000_000, "inputSchema": big} for i in range(20)
+    ]
+    tools = adapt_tools("s", listed, None)  # type: ignore[arg-type]
+    assert 5 <= len(tools) <= 10
+    assert all(len(t.description) <= MAX_DESCRIPTION_CHARS + 3 for t in tools.values())
 
 
 def test_a_tool_name_that_would_shadow_another_servers_is_dropped() -> None:

@@ -9,7 +9,8 @@ not an object schema, not a valid JSON schema, missing, or over
 :data:`MAX_SCHEMA_BYTES`; its name not ``[A-Za-z0-9_-]``, starting with ``_``,
 or its full name over 64 characters) is dropped with a warning
 (``mcp_tool_dropped``); the rest of the server's tools are kept, up to
-:data:`MAX_TOOLS`.
+:data:`MAX_TOOLS` of them and :data:`MAX_LIST_BYTES` in all, each
+description cut at :data:`MAX_DESCRIPTION_CHARS`.
 
 A result maps as PROTOCOL section 11 says: the text content, joined with
 newlines, is the ``result``; ``structuredContent`` is the structured result;
@@ -54,6 +55,15 @@ send the model a tool list no API takes."""
 
 MAX_SCHEMA_BYTES = 256 * 1024
 """The largest ``inputSchema`` (as JSON) of a tool kept; a bigger one drops its tool."""
+
+MAX_DESCRIPTION_CHARS = 8192
+"""A tool's description is cut there (with "..."): it goes to the model on every call."""
+
+MAX_LIST_BYTES = 2 * 1024 * 1024
+"""The most one server's kept tools weigh (schemas and descriptions); the rest are dropped.
+
+The list goes to the model on every call and into ``GET /agents`` and every
+session summary: 512 tools of 256 KiB each would be 128 MiB a call."""
 
 MAX_ELICITATION_BYTES = 64 * 1024
 """The largest elicitation (its message and ``requestedSchema``, as JSON) asked of a user."""
@@ -114,10 +124,14 @@ def adapt_tools(server: str, listed: list[Any], caller: Caller) -> dict[str, Mcp
             server=server, count=len(listed), kept=MAX_TOOLS,
         )  # fmt: skip
         listed = listed[:MAX_TOOLS]
+    weight = 0
     for raw in listed:
         name = raw.get("name") if isinstance(raw, dict) else None
         try:
             tool = _adapt(server, raw, caller)
+            weight += len(json.dumps(tool.input_schema)) + len(tool.description)
+            if weight > MAX_LIST_BYTES:
+                raise ValueError(f"the server's tools are over {MAX_LIST_BYTES} bytes with it")
         except ValueError as exc:
             event(
                 log, logging.WARNING, "mcp_tool_dropped",
@@ -154,13 +168,17 @@ def _adapt(server: str, raw: Any, caller: Caller) -> McpTool:
     description = raw.get("description")
     return McpTool(
         tool_name(server, remote),
-        description if isinstance(description, str) else "",
+        _cut_description(description if isinstance(description, str) else ""),
         schema,
         server,
         remote,
         caller,
         _without_regexes(cls)(schema),
     )
+
+
+def _cut_description(text: str) -> str:
+    return text if len(text) <= MAX_DESCRIPTION_CHARS else text[:MAX_DESCRIPTION_CHARS] + "..."
 
 
 def _no_check(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
