@@ -390,3 +390,40 @@ async def test_get_agents_and_a_bad_agent_name_never_show_a_system_prompt(
             assert "SECRET" not in r.text
             r = await gw.http.post(f"/sessions/{sid}/compact", json={})
             assert r.status_code == 409 and "SECRET" not in r.text
+
+
+async def test_compact_racing_a_turn_and_a_page_on_another_origin(tmp_path: Path) -> None:
+    """Compactions and turns posted at once: each 202 or 409 ``turn_in_progress``, never a 500,
+    never a lost turn; a page on another origin reads no agent and answers no question."""
+    with trio.fail_after(30):
+        async with running_gateway(make_config(tmp_path)) as gw:
+            sid = await gw.create_session()
+            statuses: list[tuple[str, int]] = []
+
+            async def post(url: str, body: dict[str, Any]) -> None:
+                r = await gw.http.post(url, json=body)
+                statuses.append((url.rsplit("/", 1)[1], r.status_code))
+                assert r.status_code in (202, 409), r.text
+
+            async with gw.client(sid) as client:
+                await client.subscribe()
+                for i in range(2):
+                    await gw.submit(sid, f"t{i}")
+                    await client.until_turn_ends()
+                for i in range(3):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(post, f"/sessions/{sid}/compact", {})
+                        nursery.start_soon(post, f"/sessions/{sid}/turns", {"content": f"r{i}"})
+                        nursery.start_soon(post, f"/sessions/{sid}/compact", {})
+                    await client.until_turn_ends()
+            assert statuses.count(("turns", 202)) == 3
+            r = await gw.http.get(f"/sessions/{sid}/messages")
+            roles = [m["role"] for m in r.json()["messages"]]
+            assert roles.count("user") == 5 and roles.count("assistant") == 5
+            evil = {"Origin": "http://evil.example"}
+            r = await gw.http.get("/agents", headers=evil)
+            assert r.status_code == 403
+            r = await gw.http.post(
+                f"/sessions/{sid}/permissions/perm_x", json={"decision": "allow"}, headers=evil
+            )
+            assert r.status_code == 403
