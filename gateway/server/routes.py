@@ -1047,12 +1047,11 @@ _DECISIONS: dict[object, str] = {"allow": "allow", "deny": "deny", True: "allow"
 def _resume_decisions(
     entries: list[ResumeEntry], pending: set[str]
 ) -> list[tuple[str, str, dict[str, Any] | None]]:
-    """Each interrupt's decision, and an elicitation's ``content``; each open one answered once.
+    """Each interrupt's decision; every open interrupt answered exactly once (AG-UI 1.0).
 
-    An elicitation's interrupt asks for ``{"decision", "content"}``
-    (gateway.agui.mapping.elicitation_schema): the content was dropped here,
-    and the MCP server was told the user accepted with an empty answer. It
-    is passed on now, checked like the route's (422 ``invalid_content``).
+    An elicitation's interrupt (PROTOCOL section 11) answers with ``{"decision":
+    "allow", "content": {...}}``, its ``responseSchema``; the content is checked
+    against the elicitation's schema by the permissions, as on the native route.
 
     Raises:
         ApiError: 422 ``invalid_resume``: an unknown or repeated id, an open one
@@ -1072,12 +1071,15 @@ def _resume_decisions(
         if e.status == "cancelled":
             out.append((e.interrupt_id, "deny", None))
             continue
-        p, content = e.payload, None
+        p = e.payload
+        content = None
         if isinstance(p, dict):
             content = p.get("content")
             if content is not None and not isinstance(content, dict):
                 raise ApiError(
-                    422, "invalid_resume", f"interrupt {e.interrupt_id}: content must be an object"
+                    422,
+                    "invalid_resume",
+                    f"interrupt {e.interrupt_id}: content must be an object",
                 )
             p = p.get("decision", p.get("approved"))
         decision = _DECISIONS.get(p) if isinstance(p, str | bool) else None
