@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import os
+import stat
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -138,15 +140,38 @@ def _resolve(name: str, table: AgentConfig, config: Config) -> AgentProfile:
     )
 
 
+MAX_SYSTEM_FILE_BYTES = 1024 * 1024
+"""The largest ``system_file`` read (1 MiB: far beyond any model's context for a prompt)."""
+
+
 def read_system_file(path: str, where: str) -> str:
     """A system prompt file's text.
 
+    Read in the daemon's Trio thread (start-up, SIGHUP), so only a regular
+    file of at most :data:`MAX_SYSTEM_FILE_BYTES` is read: the path, or what
+    a symlink there now points to, being a FIFO would block the open (and the
+    whole daemon) until some writer came, ``/dev/zero`` would be read until
+    memory ran out, and a directory is no prompt. The open does not block
+    (``O_NONBLOCK``) and the kind and size are checked on the open file.
+
     Raises:
-        ConfigError: the file is missing, unreadable or not UTF-8 (named, with the key).
+        ConfigError: the file is missing, unreadable, not a regular file, too
+            big or not UTF-8 (named, with the key).
     """
     try:
-        with open(path, encoding="utf-8") as file:
-            return file.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as file:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ConfigError(
+                    f"config error: {where}.system_file: {path} is not a regular file"
+                )
+            data = file.read(MAX_SYSTEM_FILE_BYTES + 1)
+        if len(data) > MAX_SYSTEM_FILE_BYTES:
+            raise ConfigError(
+                f"config error: {where}.system_file: {path} is over {MAX_SYSTEM_FILE_BYTES} bytes"
+            )
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config error: {where}.system_file: no such file: {path}") from None
     except OSError as exc:

@@ -537,12 +537,15 @@ class Node:
 
         Raises:
             ApiError: 422 ``unknown_agent``, the message listing the agents there are.
+                The name is echoed cut at 64 characters (an agent's longest): a
+                100 kB name came back whole in the body, and in the access log.
         """
         if name is None:
             return self.agents.default
         if name not in self.agents:
             names = ", ".join(self.agents.names())
-            raise ApiError(422, "unknown_agent", f"no agent {name!r}; agents: {names}")
+            shown = name if len(name) <= 64 else f"{name[:64]}..."
+            raise ApiError(422, "unknown_agent", f"no agent {shown!r}; agents: {names}")
         return name
 
     def resolve_model(self, model: str | None, agent: str = "default") -> str:

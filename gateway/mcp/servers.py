@@ -62,7 +62,7 @@ from gateway.config import Config, McpServerConfig
 from gateway.errors import ToolError
 from gateway.logs import event
 from gateway.mcp.stdio import stdio_streams
-from gateway.mcp.tools import McpTool, adapt_tools, map_result
+from gateway.mcp.tools import MAX_TOOLS, McpTool, adapt_tools, elicitation_problem, map_result
 from gateway.metrics import Metrics
 from gateway.tools.process import ToolProcesses
 from gateway.tools.registry import SessionTools, ToolContext, ToolOutput, ToolRegistry
@@ -79,6 +79,28 @@ STDIN_CLOSE_GRACE_S = 1.0
 
 MAX_TOOL_PAGES = 100
 """``tools/list`` pages followed at most (a server that pages forever cannot hang a start)."""
+
+RELIST_INTERVAL_S = 1.0
+"""The least time between two ``tools/list`` of one server after ``list_changed`` notices.
+
+A server that sends ``notifications/tools/list_changed`` in a loop got one
+listing task per notice, all at once (thousands of requests, each list adapted
+in the daemon's thread); now one listing runs at a time, notices meanwhile
+coalesce into one more, at most once a second."""
+
+MAX_QUESTIONS = 4
+"""A session's elicitations in flight on one connection; a server asking more at once is cancelled.
+
+Each is a pending permission in every snapshot of the session: a server that
+sends a thousand ``elicitation/create`` at once must not make a thousand."""
+
+GARBAGE_LOG_INTERVAL_S = 10.0
+"""The least time between two warnings of one server's stdout lines that are not JSON-RPC.
+
+A server that prints its own chatter on stdout (a stray ``print``) sent one
+warning, three lines long, per line: 20,000 lines took 4 s of the daemon's
+thread and flooded its log. The first is logged; then one line per interval
+says how many more there were."""
 
 _STDERR_TAIL = 2000
 
@@ -119,6 +141,10 @@ class McpConnection:
         self._questions: dict[str, list[tuple[trio.CancelScope, trio.Event]]] = {}
         self._stderr = b""
         self._nursery: trio.Nursery | None = None  # the live connection's helper tasks
+        self._relisting = False  # a listing task runs (RELIST_INTERVAL_S)
+        self._relist_again = False  # a list_changed came while it ran
+        self._garbage = 0  # lines not JSON-RPC since the last warning (GARBAGE_LOG_INTERVAL_S)
+        self._garbage_logged_at = -math.inf
 
     @property
     def live(self) -> bool:
@@ -313,24 +339,55 @@ class McpConnection:
                 raise ValueError("tools/list answered without a tools list")
             listed += tools
             cursor = raw.get("nextCursor")
-            if not isinstance(cursor, str) or not cursor:
+            if not isinstance(cursor, str) or not cursor or len(listed) > MAX_TOOLS:
                 break
-        self.tools = adapt_tools(self.name, listed, self)
+        # About a millisecond a schema: off the Trio thread (adapt_tools bounds the count).
+        self.tools = await trio.to_thread.run_sync(adapt_tools, self.name, listed, self)
 
     async def _on_message(self, message: Any) -> None:
         """Server notifications: a new tool list; a transport failure ends the connection."""
+        if isinstance(message, ValueError):  # a line that is not JSON-RPC: logged, rate-limited
+            self._garbage += 1
+            now = trio.current_time()
+            if now - self._garbage_logged_at < GARBAGE_LOG_INTERVAL_S:
+                return
+            more = f" ({self._garbage - 1} more such lines before it)" if self._garbage > 1 else ""
+            event(
+                log, logging.WARNING, "mcp_transport_error",
+                f"MCP server {self.name}: a message from it is not JSON-RPC{more}:"
+                f" {str(message)[:300]}",
+                server=self.name, error=str(message)[:300], lines=self._garbage,
+            )  # fmt: skip
+            self._garbage, self._garbage_logged_at = 0, now
+            return
         if isinstance(message, Exception):
             event(
                 log, logging.WARNING, "mcp_transport_error",
                 f"MCP server {self.name}: transport error: {message}",
                 server=self.name, error=str(message),
             )  # fmt: skip
-            if self._dead is not None and not isinstance(message, ValueError):
+            if self._dead is not None:
                 self._dead.set()
             return
         notification = getattr(message, "root", message)
         if isinstance(notification, types.ToolListChangedNotification) and self._nursery:
-            self._nursery.start_soon(self._relist, name=f"mcp-relist {self.name}")
+            if self._relisting:
+                self._relist_again = True  # coalesced (RELIST_INTERVAL_S)
+            else:
+                self._relisting = True
+                self._nursery.start_soon(self._relists, name=f"mcp-relist {self.name}")
+
+    async def _relists(self) -> None:
+        """List again, then again once a second while notices keep coming (RELIST_INTERVAL_S)."""
+        try:
+            while True:
+                self._relist_again = False
+                await self._relist()
+                await trio.sleep(RELIST_INTERVAL_S)
+                if not self._relist_again:
+                    return
+        finally:
+            self._relisting = False
 
     async def _relist(self) -> None:
         session = self._session
@@ -419,8 +476,23 @@ class McpConnection:
         schema = params.requested_schema
         if isinstance(schema, pydantic.BaseModel):
             schema = schema.model_dump(by_alias=True, exclude_none=True)
-        question = (trio.CancelScope(), trio.Event())
+        problem = elicitation_problem(params.message, schema)
+        if problem is not None:
+            event(
+                log, logging.WARNING, "mcp_elicitation_refused",
+                f"MCP server {self.name} asked a question that cannot be asked: {problem}",
+                server=self.name, session_id=ctx.session_id, error=problem,
+            )  # fmt: skip
+            return types.ErrorData(code=types.INVALID_PARAMS, message=f"refused: {problem}")
         asked = self._questions.setdefault(ctx.session_id, [])
+        if len(asked) >= MAX_QUESTIONS:
+            event(
+                log, logging.WARNING, "mcp_elicitation_refused",
+                f"MCP server {self.name} asked over {MAX_QUESTIONS} questions at once: cancelled",
+                server=self.name, session_id=ctx.session_id, error="too many at once",
+            )  # fmt: skip
+            return types.ElicitResult(action="cancel")
+        question = (trio.CancelScope(), trio.Event())
         asked.append(question)
         try:
             with question[0]:

@@ -101,6 +101,13 @@ async def stdio_streams(
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:
+    """One line as a message, or the ValueError the session is given for a line that is not one.
+
+    A line that is not a JSON object is refused before pydantic sees it: a
+    server chattering on stdout cost a full union validation a line.
+    """
+    if not line.lstrip().startswith(b"{"):
+        return ValueError(f"not a JSON-RPC message: {line[:200]!r}")
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:

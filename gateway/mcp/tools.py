@@ -3,10 +3,14 @@
 A server's tool ``T`` is the gateway tool ``mcp__<server>__T``, with the
 server's description and ``inputSchema``. The model is shown the schema as the
 server gave it; input is checked against it here with ``jsonschema`` before
-anything is sent (``invalid_input``). A tool a model cannot use (its schema
-not an object schema, not a valid JSON schema, or missing; its name not
-``[A-Za-z0-9_-]``, or its full name over 64 characters) is dropped with a
-warning (``mcp_tool_dropped``); the rest of the server's tools are kept.
+anything is sent (``invalid_input``), but for its ``pattern`` regexes, left to
+the server (:func:`_without_regexes`). A tool a model cannot use (its schema
+not an object schema, not a valid JSON schema, missing, or over
+:data:`MAX_SCHEMA_BYTES`; its name not ``[A-Za-z0-9_-]``, starting with ``_``,
+or its full name over 64 characters) is dropped with a warning
+(``mcp_tool_dropped``); the rest of the server's tools are kept, up to
+:data:`MAX_TOOLS` of them and :data:`MAX_LIST_BYTES` in all, each
+description cut at :data:`MAX_DESCRIPTION_CHARS`.
 
 A result maps as PROTOCOL section 11 says: the text content, joined with
 newlines, is the ``result``; ``structuredContent`` is the structured result;
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,6 +45,33 @@ MAX_RESULT_BYTES = 1024 * 1024
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A tool name the model APIs take (Anthropic's and OpenAI's rule), checked on the full name."""
+
+MAX_TOOLS = 512
+"""The most tools one server may list; the rest are dropped, with a warning.
+
+Checking a schema costs about a millisecond: a server listing 100,000 tools
+(a bug, or a hostile server) would otherwise hold the daemon for minutes and
+send the model a tool list no API takes."""
+
+MAX_SCHEMA_BYTES = 256 * 1024
+"""The largest ``inputSchema`` (as JSON) of a tool kept; a bigger one drops its tool."""
+
+MAX_DESCRIPTION_CHARS = 8192
+"""A tool's description is cut there (with "..."): it goes to the model on every call."""
+
+MAX_LIST_BYTES = 2 * 1024 * 1024
+"""The most one server's kept tools weigh (schemas and descriptions); the rest are dropped.
+
+The list goes to the model on every call and into ``GET /agents`` and every
+session summary: 512 tools of 256 KiB each would be 128 MiB a call."""
+
+MAX_ELICITATION_BYTES = 64 * 1024
+"""The largest elicitation (its message and ``requestedSchema``, as JSON) asked of a user."""
+
+_REGEX_KEYWORDS = frozenset({"pattern", "patternProperties"})
+_REF_KEYWORDS = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
+_NAMED_SCHEMAS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "enumNames", "required"})
 
 
 class Caller(Protocol):
@@ -85,10 +117,21 @@ def tool_name(server: str, tool: str) -> str:
 def adapt_tools(server: str, listed: list[Any], caller: Caller) -> dict[str, McpTool]:
     """The usable tools of a raw ``tools/list`` answer, by gateway name; the others dropped."""
     tools: dict[str, McpTool] = {}
+    if len(listed) > MAX_TOOLS:
+        event(
+            log, logging.WARNING, "mcp_tools_truncated",
+            f"MCP server {server} listed {len(listed)} tools: only its first {MAX_TOOLS} are kept",
+            server=server, count=len(listed), kept=MAX_TOOLS,
+        )  # fmt: skip
+        listed = listed[:MAX_TOOLS]
+    weight = 0
     for raw in listed:
         name = raw.get("name") if isinstance(raw, dict) else None
         try:
             tool = _adapt(server, raw, caller)
+            weight += len(json.dumps(tool.input_schema)) + len(tool.description)
+            if weight > MAX_LIST_BYTES:
+                raise ValueError(f"the server's tools are over {MAX_LIST_BYTES} bytes with it")
         except ValueError as exc:
             event(
                 log, logging.WARNING, "mcp_tool_dropped",
@@ -106,9 +149,15 @@ def _adapt(server: str, raw: Any, caller: Caller) -> McpTool:
     remote = raw.get("name")
     if not isinstance(remote, str) or not _NAME.match(tool_name(server, remote)):
         raise ValueError("mcp__<server>__<name> is not 1-64 letters, digits, _ and -")
+    if remote.startswith("_"):
+        # Server names hold no "__" but may end in "_": server "a"'s tool "_x" and
+        # server "a_"'s tool "x" would both be mcp__a___x, one shadowing the other.
+        raise ValueError("a name starting with _ would make mcp__<server>__<name> ambiguous")
     schema = raw.get("inputSchema")
     if not isinstance(schema, dict):
         raise ValueError("no inputSchema object")
+    if len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
+        raise ValueError(f"its inputSchema is over {MAX_SCHEMA_BYTES} bytes")
     if schema.get("type") != "object":
         raise ValueError(f"its inputSchema is not an object schema (type {schema.get('type')!r})")
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -119,13 +168,83 @@ def _adapt(server: str, raw: Any, caller: Caller) -> McpTool:
     description = raw.get("description")
     return McpTool(
         tool_name(server, remote),
-        description if isinstance(description, str) else "",
+        _cut_description(description if isinstance(description, str) else ""),
         schema,
         server,
         remote,
         caller,
-        cls(schema),
+        _without_regexes(cls)(schema),
     )
+
+
+def _cut_description(text: str) -> str:
+    return text if len(text) <= MAX_DESCRIPTION_CHARS else text[:MAX_DESCRIPTION_CHARS] + "..."
+
+
+def _no_check(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    return iter(())
+
+
+def _without_regexes(cls: Any) -> Any:
+    """``cls`` with ``pattern`` left to the server: the model's input never meets a server's regex.
+
+    The input is checked in the daemon's Trio thread, and ``re`` cannot be
+    interrupted and keeps the GIL: a backtracking ``pattern`` (``^(a+)+$``) and
+    a 30-character argument a prompt injection put in the model's mouth held
+    the whole daemon for minutes. The server, which wrote the regex, checks it
+    in its own process. (``patternProperties`` still runs: its regexes meet
+    property names, which a tool's schema rarely leaves open.)
+    """
+    return jsonschema.validators.extend(cls, {"pattern": _no_check})
+
+
+def elicitation_problem(message: str, schema: Any) -> str | None:
+    """Why a server's elicitation cannot be asked of a user, or None (PROTOCOL section 11).
+
+    The ``requestedSchema`` comes from the server and the answer from a
+    client, and the answer is checked against the schema in the daemon's
+    Trio thread (``POST .../permissions/{perm_id}``): a schema outside MCP's
+    restricted form must not make that check hang or fail. Refused: a
+    question over :data:`MAX_ELICITATION_BYTES`; a schema that is not an
+    object schema or not a valid JSON schema (an unknown type, a regex that
+    does not compile: the check would raise, a 500); one with ``pattern`` or
+    ``patternProperties`` (MCP's restricted form has none, and a backtracking
+    regex such as ``^(a+)+$`` against a 30-character answer holds the
+    daemon for minutes: ``re`` cannot be interrupted and keeps the GIL); one
+    with a ``$ref`` that is not local to the schema (never fetched, but
+    unresolvable: the check would raise).
+    """
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return "its requestedSchema is not an object schema"
+    try:
+        size = len(json.dumps(schema)) + len(message.encode())
+    except (TypeError, ValueError):
+        return "its requestedSchema is not JSON"
+    if size > MAX_ELICITATION_BYTES:
+        return f"it is over {MAX_ELICITATION_BYTES} bytes"
+    stack: list[Any] = [schema]  # schemas only: names and data are not walked as keywords
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key in _REGEX_KEYWORDS:
+                return f"its requestedSchema uses {key} (a regex), outside MCP's restricted form"
+            if key in _REF_KEYWORDS and not (isinstance(value, str) and value.startswith("#")):
+                return f"its requestedSchema has a {key} outside itself ({value!r})"
+            if key in _NAMED_SCHEMAS and isinstance(value, dict):
+                stack.extend(value.values())
+            elif key not in _DATA_KEYWORDS:
+                stack.append(value)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        return f"its requestedSchema is not a valid JSON schema: {exc.message}"
+    return None
 
 
 def map_result(server: str, tool: str, result: types.CallToolResult) -> ToolOutput:

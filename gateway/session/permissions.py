@@ -110,12 +110,20 @@ class Permissions:
             )
         if request.closed or request.decision is not None:
             raise ApiError(409, "permission_resolved", f"permission {perm_id} is no longer waiting")
+        if content is None and decision == "allow" and request.kind == "elicitation":
+            # Accepting with no answer is the empty answer: it must fit too (a
+            # server whose schema requires a field was told "accept", with none).
+            problem = _misfit({}, request.requested_schema or {})
+            if problem is not None:
+                raise ApiError(
+                    422, "invalid_content", f"allow needs content that fits the schema: {problem}"
+                )
         if content is not None:
             if request.kind != "elicitation":
                 raise ApiError(422, "invalid_content", "content answers an elicitation only")
             if decision != "allow":
                 raise ApiError(422, "invalid_content", "content comes with allow only")
-            problem = _misfit(content, request.requested_schema or {})
+            problem = _not_primitive(content) or _misfit(content, request.requested_schema or {})
             if problem is not None:
                 raise ApiError(
                     422, "invalid_content", f"content does not fit the schema: {problem}"
@@ -125,16 +133,46 @@ class Permissions:
         request.decided.set()
 
 
+def _not_primitive(content: dict[str, Any]) -> str | None:
+    """Why ``content`` is not an MCP elicitation answer, or None.
+
+    MCP's answer holds strings, numbers, booleans, null and lists of strings
+    only: anything else (a nested object a permissive schema let through) was
+    accepted with a 202 and then failed the SDK's own check, the server told
+    an error instead of the user's answer.
+    """
+    for key, value in content.items():
+        if value is None or isinstance(value, str | int | float | bool):
+            continue
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            continue
+        return f"{key}: an answer holds strings, numbers, booleans and lists of strings only"
+    return None
+
+
 def _misfit(content: dict[str, Any], schema: dict[str, Any]) -> str | None:
-    """Why ``content`` does not fit ``schema`` (an elicitation's), or None."""
+    """Why ``content`` does not fit ``schema`` (an elicitation's), or None.
+
+    The schema is a server's: one that cannot be checked against (an unknown
+    type, a regex that does not compile, a ``$ref`` that cannot be resolved;
+    gateway.mcp.tools.elicitation_problem refuses them before they are asked)
+    is the answer's 422, never a 500.
+    """
     import jsonschema  # type: ignore[import-untyped]
     import jsonschema.exceptions  # type: ignore[import-untyped]
 
+    from gateway.mcp.tools import elicitation_problem
+
+    problem = elicitation_problem("", schema)  # a caller that asked without the MCP adapter's check
+    if problem is not None:
+        return f"the question cannot be answered with content: {problem}"
     try:
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         error = jsonschema.exceptions.best_match(cls(schema).iter_errors(content))
     except jsonschema.exceptions.SchemaError as exc:
         return f"the schema is not valid: {exc.message}"
+    except Exception as exc:  # the server's schema, not the client's answer, is at fault
+        return f"the schema cannot be checked against: {type(exc).__name__}"
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path)
