@@ -43,8 +43,9 @@ from typing import Any
 import pytest
 import trio
 
-from bench.fake_api import FakeServer, Replay, transcript
+from bench.fake_api import Cut, FakeServer, Replay, transcript
 from tests.cluster_support import FIRST_ID, LEASE_S, Cluster, Node, Peer, peers
+from tests.conftest import types
 from tests.provider_support import ignore_unfinalized_generators
 from tests.redis_support import RedisServer, ensure_redis_server
 
@@ -57,7 +58,7 @@ pytestmark = [
 ]
 
 KEY = "sk-ant-failover"
-IDS = (b"msg_01FailoverFirst00001", b"msg_01FailoverSecond0001")
+IDS = (b"msg_01FailoverFirst00001", b"msg_01FailoverLast000001", b"msg_01FailoverCut0000001")
 
 
 def cluster_config(base_url: str) -> str:
@@ -152,13 +153,33 @@ async def cluster(
 
 
 async def takeover(
-    server: FakeServer, a_node: Node, b_node: Node, tmp_path: Path, *, shared: bool
+    server: FakeServer,
+    nodes: Cluster,
+    a_node: Node,
+    b_node: Node,
+    tmp_path: Path,
+    *,
+    shared: bool,
+    mid_turn: bool,
 ) -> tuple[list[Any], list[Any], str, str]:
-    """A turn on ``a_node``, kill -9 of it, the next turn on ``b_node``: both turns'
-    events and the two requests the model got (as text)."""
+    """A turn on ``a_node``, kill -9 of it, the next turn through ``b_node``: both turns'
+    events and the first and last requests the model got (as text).
+
+    The next turn runs on whichever survivor holds the session then (the one
+    that closed the cut turn, when there was one): its CLI, a new process.
+
+    ``mid_turn``: ``a_node`` dies in a second turn, while the model's answer
+    streams (it stalls there); a survivor closes that turn (PROTOCOL section 9).
+    """
     asked = len(server.requests)
     text = transcript("anthropic/text.sse")  # each reply a message id of its own, as the API's
-    server.enqueue(*(Replay(text.replace(b"msg_01XFDUDYJgAACzvnptvVoYEL", m)) for m in IDS))
+    first_reply, last_reply, cut_reply = (
+        text.replace(b"msg_01XFDUDYJgAACzvnptvVoYEL", m) for m in IDS
+    )
+    server.enqueue(Replay(first_reply))
+    if mid_turn:
+        server.enqueue(Replay(cut_reply, cut=Cut(cut_reply.index(b", world"), "stall")))
+    server.enqueue(Replay(last_reply))
     async with peers([a_node, b_node]) as (a, b):
         sid = await a.create_session()
         first = await turn(a, sid, "first words APPLE")
@@ -166,20 +187,32 @@ async def takeover(
         assert alive(pid)
         state = tmp_path / ".claude-code" / sid
         assert list(state.glob(".claude/projects/*/*.jsonl")), "the CLI wrote no transcript"
-        a_node.kill()
+        if mid_turn:
+            async with b.watch(sid) as survivor:
+                cut_turn = await a.submit(sid, "cut short CHERRY")
+                with trio.fail_after(30):
+                    await survivor.until_type("text.delta")
+                    a_node.kill()
+                    closed = await survivor.turn(cut_turn)
+            assert closed[-1].type == "turn.cancelled", types(closed)
+            assert closed[-1].payload.reason == "server_restart"
+        else:
+            a_node.kill()
         with trio.fail_after(5):  # the watchdog stops the dead daemon's CLI
             while alive(pid):  # noqa: ASYNC110
                 await trio.sleep(0.05)
         if not shared:  # what a survivor whose disk is its own finds: nothing
             await trio.to_thread.run_sync(shutil.rmtree, state)
         second = await turn(b, sid, "second words BANANA")
-        assert cli_pids(b_node, sid), "the survivor started no CLI of its own"
+        survivors = [n for n in nodes.live if n is not a_node]
+        assert any(cli_pids(n, sid) for n in survivors), "no survivor started a CLI"
         history = (await b.http.get(f"/sessions/{sid}/messages")).json()["messages"]
     said = [str(r.body["messages"]) for r in server.requests[asked:]]
-    assert len(said) == 2, said
+    assert len(said) == 2 + mid_turn, said
     texts = [str(m["content"]) for m in history]
-    assert len(texts) == 4 and "APPLE" in texts[0] and "BANANA" in texts[2], texts
-    return first, second, said[0], said[1]
+    assert "APPLE" in texts[0] and "BANANA" in texts[-2], texts
+    assert len(texts) == 4 + 2 * mid_turn, texts
+    return first, second, said[0], said[-1]
 
 
 async def test_a_takeover_resumes_the_conversation_only_from_a_shared_state_directory(
@@ -188,13 +221,23 @@ async def test_a_takeover_resumes_the_conversation_only_from_a_shared_state_dire
     """Shared: the survivor's CLI resumes the transcript. Not: a new conversation."""
     nodes, server = cluster
     a, b, c = nodes.live
-    first, second, asked_first, asked_second = await takeover(server, a, b, tmp_path, shared=True)
+    first, second, asked_first, asked_second = await takeover(
+        server, nodes, a, b, tmp_path, shared=True, mid_turn=True
+    )
     assert first[-1].type == second[-1].type == "turn.completed"
     assert second[-1].payload.stop_reason == "end_turn"
     assert "APPLE" in asked_first and "BANANA" not in asked_first
     assert "APPLE" in asked_second and "BANANA" in asked_second  # the same conversation
+    # The interrupted turn is in the gateway's history (its prompt, its partial
+    # answer); what the model sees of it depends on how far the killed CLI got:
+    # its prompt, if the CLI had written it to the transcript (then followed by
+    # Claude Code's own filler answer), never the partial answer.
+    if "CHERRY" in asked_second:
+        assert "Hello" not in asked_second.split("CHERRY")[1].split("BANANA")[0]
 
-    first, second, asked_first, asked_second = await takeover(server, b, c, tmp_path, shared=False)
+    first, second, asked_first, asked_second = await takeover(
+        server, nodes, b, c, tmp_path, shared=False, mid_turn=False
+    )
     assert first[-1].type == second[-1].type == "turn.completed"
     assert second[-1].payload.stop_reason == "end_turn"  # the turn runs...
     assert "APPLE" in asked_first
