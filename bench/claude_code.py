@@ -27,7 +27,8 @@ client): the CLI's start is in the figure.
 **Memory per active session**: ``--sessions`` (e.g. 1, 4, 8) sessions of a
 fresh gateway, each after one turn, so each holds its CLI: the RSS (and USS,
 the pages no other process shares) of every CLI's process group, summed, per
-session; and the growth of the daemon's own RSS per session. The daemon is
+session; the growth of the daemon's own RSS per session; and the bytes of each
+session's CLI state directory (its config and transcript). The daemon is
 this process (the gateway runs in it), so its growth is measured from just
 before the first session to after the last turn. Example::
 
@@ -308,13 +309,25 @@ async def memory(base_url: str, scratch: str, fake: Fake, n: int) -> dict[str, f
             gc.collect()
             daemon = me.memory_info().rss - before
             trees = [group_memory(cli_pid(gw, s.id)) for s in sessions]
+            disk = sum(state_bytes(gw, s.id) for s in sessions)
             nursery.cancel_scope.cancel()
     mib = 1024 * 1024
     return {
         "cli_rss": sum(r for r, _ in trees) / n / mib,
         "cli_uss": sum(u for _, u in trees) / n / mib,
         "daemon": daemon / n / mib,
+        "state_kib": disk / n / 1024,
     }
+
+
+def state_bytes(gw: Any, session_id: str) -> int:
+    """The bytes under a session's CLI state directory (its config, its transcript)."""
+    from gateway.runtimes.claude_code import state_dir
+
+    total = 0
+    for folder, _dirs, files in os.walk(state_dir(gw.node.workspaces.root, session_id)):
+        total += sum(os.path.getsize(os.path.join(folder, f)) for f in files)
+    return total
 
 
 # --- the run -----------------------------------------------------------------------
@@ -382,10 +395,14 @@ def report(result: dict[str, Any], runs: int, warmup: int, cold: int) -> str:
     lines += [
         "",
         "Memory per active session (MiB; each session after one turn, its CLI running):",
-        f"{'sessions':>8} {'CLI RSS':>9} {'CLI USS':>9} {'daemon RSS growth':>18}",
+        f"{'sessions':>8} {'CLI RSS':>9} {'CLI USS':>9} {'daemon RSS growth':>18}"
+        f" {'state dir KiB':>14}",
     ]
     for n, m in result["memory"].items():
-        lines.append(f"{n:>8} {m['cli_rss']:>9.1f} {m['cli_uss']:>9.1f} {m['daemon']:>18.2f}")
+        lines.append(
+            f"{n:>8} {m['cli_rss']:>9.1f} {m['cli_uss']:>9.1f} {m['daemon']:>18.2f}"
+            f" {m['state_kib']:>14.1f}"
+        )
     return "\n".join(lines)
 
 

@@ -35,10 +35,11 @@ def test_the_bench_reports_both_figures() -> None:
     for path in ("warm sdk", "warm gateway"):
         assert re.search(rf"^{path} +[\d.]+ +[\d.]+ +[\d.]+$", out, re.M), out
     assert "warm gateway adds" in out and "cold" not in out.split("Memory")[0].split("starts)")[1]
-    row = re.search(r"^ +2 +([\d.]+) +([\d.]+) +(-?[\d.]+)$", out, re.M)
+    row = re.search(r"^ +2 +([\d.]+) +([\d.]+) +(-?[\d.]+) +([\d.]+)$", out, re.M)
     assert row is not None, out
-    cli_rss, cli_uss, _daemon = (float(g) for g in row.groups())
+    cli_rss, cli_uss, _daemon, state_kib = (float(g) for g in row.groups())
     assert 20 < cli_rss < 2000 and 0 < cli_uss <= cli_rss, out  # a CLI's tree, per session
+    assert state_kib > 1, out  # the transcript of its turn, at least
     assert "Warning" not in run.stderr, run.stderr[-2000:]
 
 
