@@ -48,6 +48,7 @@ from gateway.protocol.events import CATALOG_TYPES, STREAMING_TYPES
 from gateway.protocol.shapes import Message, ToolResultBlock, ToolUseBlock
 from tests.conftest import make_config, running_gateway
 from tests.debian import debian_binary
+from tests.provider_support import ignore_unfinalized_generators
 
 SUITE = Path(__file__).parent / "streaming-conformance"
 
@@ -414,6 +415,19 @@ async def test_a_real_snapshot_before_every_delta_shows_the_live_view(tmp_path: 
 
 
 RECORDED = [n for n in NAMES if record.SCENARIOS[n].deterministic and n not in record.HAND_WRITTEN]
+CLAUDE_CODE = [n for n in RECORDED if record.SCENARIOS[n].runtime == "claude-code"]
+_NEEDS_THE_EXTRA = [
+    pytest.mark.skipif(
+        not record.claude_code_available(),
+        reason="a Claude Code trace: re-recording it needs the claude-code extra"
+        " (pip install 'gateway[claude-code]'); both reducers still run on it",
+    ),
+    *ignore_unfinalized_generators("anthropic", "httpx2", "httpcore2", "httpx", "httpcore"),
+]
+
+
+def _recorded(name: str) -> Any:
+    return pytest.param(name, marks=_NEEDS_THE_EXTRA if name in CLAUDE_CODE else ())
 
 
 def test_the_hand_written_traces_are_not_recorded() -> None:
@@ -422,7 +436,22 @@ def test_the_hand_written_traces_are_not_recorded() -> None:
     assert all(record.SCENARIOS[n].hand_written for n in record.HAND_WRITTEN)
 
 
-@pytest.mark.parametrize("name", RECORDED)
+def test_the_claude_code_traces_are_recorded_from_the_runtime() -> None:
+    """Both Claude Code scenarios are recorded (not hand-written), and only they need the extra."""
+    assert set(CLAUDE_CODE) == {"claude_code_text", "claude_code_tool"}
+    assert all(record.available(n) for n in NAMES if n not in CLAUDE_CODE)
+    tool = [
+        f["event"]["type"] for f in record.load_trace("claude_code_tool") if f["type"] == "event"
+    ]
+    i = tool.index("tool.called")
+    assert tool[i : i + 4] == [
+        "tool.called", "permission.requested", "permission.resolved", "tool.completed"
+    ]  # fmt: skip
+    text = record.load_expected("claude_code_text")["final"]["full"]["messages"]
+    assert [b["type"] for b in text[-1]["blocks"]] == ["thinking", "text"]
+
+
+@pytest.mark.parametrize("name", [_recorded(n) for n in RECORDED])
 async def test_the_stored_trace_is_what_the_gateway_sends_now(name: str, tmp_path: Path) -> None:
     frames = await record.record(name, tmp_path)
     stored = record.load_trace(name)

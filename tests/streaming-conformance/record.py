@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import json
+import os
 import re
 import socket
 import sqlite3
@@ -402,6 +404,16 @@ class Scenario:
     workers: bool = False
     deterministic: bool = True
     hand_written: bool = False  # a trace written by hand, never re-recorded (HAND_WRITTEN)
+    runtime: str = "scripted"  # "claude-code": the agent is Claude Code on the fake API
+
+
+def available(name: str) -> bool:
+    """Whether a scenario can be recorded here: a Claude Code one needs the claude-code extra."""
+    return SCENARIOS[name].runtime != "claude-code" or claude_code_available()
+
+
+def claude_code_available() -> bool:
+    return importlib.util.find_spec("claude_agent_sdk") is not None
 
 
 SCENARIOS: dict[str, Scenario] = {}
@@ -733,6 +745,120 @@ async def unknown_events(gw: Any, gate: Gate) -> list[Frame]:
     return with_unknown_events(normalise(frames))
 
 
+# --- Claude Code (runtime = "claude-code", PROTOCOL section 11) -------------------------------
+
+CLAUDE_CODE_AGENT = """
+[model]
+provider = "anthropic"
+name = "anthropic:claude-sonnet-4-6"
+base_url = "{base_url}"
+max_retries = 0
+
+[tools]
+approval_timeout_s = 30
+kill_grace_s = 1
+
+[agents.default]
+runtime = "claude-code"
+system = "You work for the conformance suite."
+tools = ["Bash"]
+require_approval = ["Bash"]
+env = {{ HTTPS_PROXY = "{base_url}", HTTP_PROXY = "{base_url}", NO_PROXY = "127.0.0.1" }}
+"""
+"""The default agent is Claude Code on the fake Anthropic API, which is also its proxy:
+a request meant for anywhere else would reach the fake server (and get a 500), never
+leave the machine."""
+
+FAKE_KEY = "sk-ant-conformance"
+
+
+@asynccontextmanager
+async def claude_code_gateway(tmp: Path) -> AsyncIterator[Any]:
+    """A gateway whose agent is the real Claude Code CLI, on :class:`bench.fake_api.FakeServer`.
+
+    The scenario queues the fake API's replies on ``gw.fake_api``. The CLI's
+    own ids (the messages', the tool uses') are the transcripts', so the trace
+    is the same on every run once the gateway's ids are normalised.
+    """
+    from bench.fake_api import FakeServer
+    from gateway.config import load_config
+    from gateway.providers.factory import make_providers
+    from tests.conftest import running_gateway
+
+    server = FakeServer()
+    had_key = os.environ.get("ANTHROPIC_API_KEY")
+    os.environ["ANTHROPIC_API_KEY"] = FAKE_KEY  # what the runtime passes on to the CLI
+    try:
+        async with trio.open_nursery() as nursery:
+            base_url = await nursery.start(server.serve)
+            path = tmp / "gateway.toml"
+            path.write_text(CLAUDE_CODE_AGENT.format(base_url=base_url))
+            flat = {
+                "server.port": 0,
+                "store.path": str(tmp / "gateway.db"),
+                "sessions.workspace_root": str(tmp / "workspaces"),
+            }
+            config = load_config(str(path), {}, flat)
+            providers = make_providers(config, {"ANTHROPIC_API_KEY": FAKE_KEY})
+            try:
+                async with running_gateway(config, providers) as harness:
+                    gw: Any = harness
+                    gw.config = config
+                    gw.fake_api = server
+                    yield gw
+            finally:
+                await providers.aclose()
+            calls = {(r.method, r.path) for r in server.requests}
+            assert calls <= {("POST", "/v1/messages?beta=true")}, calls  # nothing else was asked
+            nursery.cancel_scope.cancel()
+    finally:
+        if had_key is None:
+            os.environ.pop("ANTHROPIC_API_KEY", None)
+        else:
+            os.environ["ANTHROPIC_API_KEY"] = had_key
+
+
+def claude_code_scenario(
+    description: str,
+) -> Callable[[Callable[[Any, Gate], Awaitable[list[Frame]]]], Any]:
+    """A scenario whose agent is Claude Code (:func:`claude_code_gateway`)."""
+
+    def register(run: Callable[[Any, Gate], Awaitable[list[Frame]]]) -> Any:
+        SCENARIOS[run.__name__] = Scenario(description, run, runtime="claude-code")
+        return run
+
+    return register
+
+
+@claude_code_scenario("Claude Code: a text turn with thinking (the CLI on the fake API)")
+async def claude_code_text(gw: Any, gate: Gate) -> list[Frame]:
+    from bench.fake_api import Replay, transcript
+
+    gw.fake_api.enqueue(Replay(transcript("anthropic/thinking_text.sse"), chunk_bytes=300))
+    return await one_turn(gw, "What is the GCD of 1071 and 462?")
+
+
+@claude_code_scenario(
+    "Claude Code: a Bash tool round, approved through the permissions route, then the answer"
+)
+async def claude_code_tool(gw: Any, gate: Gate) -> list[Frame]:
+    from bench.fake_api import Replay, transcript
+
+    gw.fake_api.enqueue(
+        Replay(transcript("claude-code/bash_touch.sse")), Replay(transcript("anthropic/text.sse"))
+    )
+    sid = await gw.create_session()
+    client = Recorder(gw, sid)
+    async with client.connect():
+        await gw.submit(sid, "make the file")
+        asked = await client.until_event("permission.requested")
+        perm_id = asked["event"]["payload"]["perm_id"]
+        r = await gw.http.post(f"/sessions/{sid}/permissions/{perm_id}", json={"decision": "allow"})
+        assert r.status_code == 202, r.text
+        await client.until_turn_ends()
+    return client.frames
+
+
 # --- hand-written traces -----------------------------------------------------------------
 
 
@@ -814,6 +940,11 @@ async def record(name: str, tmp: Path) -> list[Frame]:
 
     spec = SCENARIOS[name]
     gate = Gate()
+    if spec.runtime == "claude-code":
+        with trio.fail_after(120):
+            async with claude_code_gateway(tmp) as gw:
+                frames = await spec.run(gw, gate)
+        return normalise(frames)
     config = make_config(tmp, **spec.config)
     with trio.fail_after(60):
         async with running_gateway(config, gate) as gw:
@@ -878,6 +1009,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.write:
             partial.write_text(dump_partial_json_cases())
     for name in names:
+        if not available(name):
+            print(f"{name}: skipped (needs the claude-code extra)", file=sys.stderr)
+            continue
         if SCENARIOS[name].hand_written:
             frames = load_trace(name)  # only its expected views are rebuilt
         else:

@@ -1,0 +1,244 @@
+"""A Claude Code session when its node dies, on Redis (PROTOCOL section 9; issue 21, "Scale-out").
+
+With ``[store] backend = "redis"`` a surviving node takes over the session of
+a dead one: the gateway's side of it (the record, the messages, the events)
+is in Redis. Claude Code's side is not: the CLI keeps its conversation in a
+transcript under the session's state directory,
+``<workspace_root>/../.claude-code/<session id>``
+(:func:`gateway.runtimes.claude_code.state_dir`), and the Claude Code session
+id is derived from the gateway's (:func:`~gateway.runtimes.claude_code.claude_session_id`),
+so whichever node starts the next CLI looks for the transcript there. So:
+
+- **The state directory is on storage every node shares** (here: one
+  machine, so one directory; in a deployment, the directory that holds
+  ``workspace_root`` itself, since the state directory is its sibling): the
+  surviving node's CLI resumes the transcript, and the model sees the whole
+  conversation.
+- **It is not** (each node's own disk): the takeover starts a new Claude Code
+  conversation. The turn runs and the gateway's history still shows every
+  earlier message, but the model sees none of them (here the dead node's
+  state directory is removed before the takeover: what a survivor with a disk
+  of its own finds).
+
+Either way the dead node's CLI died with it (the watchdog of PROTOCOL section
+15; its pid is in the node's ``claude_code_started`` log line).
+
+One test, two takeovers (the first node's session to the second node, shared;
+then the second's to the third, not), on three real ``gateway serve``
+processes on one redis-server
+(tests/cluster_support.py, ``lease_s`` = 1 s), whose default agent is Claude
+Code (the real CLI of the claude-code extra) on the fake Anthropic API, which
+is also its proxy: nothing leaves the machine. Needs redis-server and the
+extra; skips, saying which, without either.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from bench.fake_api import Cut, FakeServer, Replay, transcript
+from tests.cluster_support import FIRST_ID, LEASE_S, Cluster, Node, Peer, peers
+from tests.conftest import types
+from tests.provider_support import ignore_unfinalized_generators
+from tests.redis_support import RedisServer, ensure_redis_server
+
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("claude_agent_sdk") is None,
+        reason="needs the claude-code extra: pip install 'gateway[claude-code]'",
+    ),
+    *ignore_unfinalized_generators("httpx", "httpcore"),
+]
+
+KEY = "sk-ant-failover"
+IDS = (b"msg_01FailoverFirst00001", b"msg_01FailoverLast000001", b"msg_01FailoverCut0000001")
+
+
+def cluster_config(base_url: str) -> str:
+    """tests/cluster_support.CONFIG with a Claude Code default agent (a ``str.format`` template)."""
+    proxy = (
+        f'{{{{ HTTPS_PROXY = "{base_url}", HTTP_PROXY = "{base_url}", NO_PROXY = "127.0.0.1" }}}}'
+    )
+    return f"""\
+[server]
+host = "127.0.0.1"
+port = {{port}}
+shutdown_grace_s = 2.0
+[store]
+backend = "redis"
+url = "{{url}}"
+lease_s = {{lease_s}}
+[model]
+provider = "anthropic"
+name = "anthropic:claude-sonnet-4-6"
+base_url = "{base_url}"
+max_retries = 0
+[sessions]
+workspace_root = "{{workdir}}/workspaces"
+[tools]
+kill_grace_s = 1
+[agents.default]
+runtime = "claude-code"
+system = "You work for the failover test."
+tools = ["Bash"]
+require_approval = ["Bash"]
+env = {proxy}
+[log]
+format = "json"
+"""
+
+
+def cli_pids(node: Node, session_id: str) -> list[int]:
+    """The pids of the session's CLIs this node started (its ``claude_code_started`` lines)."""
+    return [
+        int(line["pid"])
+        for line in node.log_events()
+        if line["event"] == "claude_code_started" and line.get("session_id") == session_id
+    ]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def turn(peer: Peer, session_id: str, content: str) -> list[Any]:
+    """A turn on this node (retried while the dead owner's lease holds: 503), to its end."""
+    with trio.fail_after(10 * LEASE_S):
+        while True:
+            r = await peer.post_turn(session_id, content)
+            if r.status_code != 503:
+                break
+            assert r.json()["error"]["code"] == "session_owner_unreachable", r.text
+            await trio.sleep(0.2)
+    assert r.status_code == 202, r.text
+    turn_id = r.json()["turn_id"]
+    async with peer.watch(session_id, since=FIRST_ID) as w:
+        with trio.fail_after(60):
+            events = await w.turn(turn_id)
+    return events
+
+
+@pytest.fixture
+async def cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Any:  # AsyncIterator[tuple[Cluster, FakeServer]]
+    binary = ensure_redis_server()
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)  # the nodes pass it on to their CLIs
+    server = FakeServer()
+    async with trio.open_nursery() as nursery:
+        base_url = await nursery.start(server.serve)
+        redis = RedisServer(binary, tmp_path / "redis")
+        await trio.to_thread.run_sync(redis.start)
+        nodes = Cluster(redis, tmp_path, cluster_config(base_url))
+        try:
+            await trio.to_thread.run_sync(nodes.start, 3)  # the fake API answers meanwhile
+            yield nodes, server
+        finally:
+            await trio.to_thread.run_sync(nodes.close)
+            await trio.to_thread.run_sync(redis.stop)
+            nursery.cancel_scope.cancel()
+    calls = {(r.method, r.path) for r in server.requests}
+    assert calls <= {("POST", "/v1/messages?beta=true")}, calls  # nothing left the machine
+
+
+async def takeover(
+    server: FakeServer,
+    nodes: Cluster,
+    a_node: Node,
+    b_node: Node,
+    tmp_path: Path,
+    *,
+    shared: bool,
+    mid_turn: bool,
+) -> tuple[list[Any], list[Any], str, str]:
+    """A turn on ``a_node``, kill -9 of it, the next turn through ``b_node``: both turns'
+    events and the first and last requests the model got (as text).
+
+    The next turn runs on whichever survivor holds the session then (the one
+    that closed the cut turn, when there was one): its CLI, a new process.
+
+    ``mid_turn``: ``a_node`` dies in a second turn, while the model's answer
+    streams (it stalls there); a survivor closes that turn (PROTOCOL section 9).
+    """
+    asked = len(server.requests)
+    text = transcript("anthropic/text.sse")  # each reply a message id of its own, as the API's
+    first_reply, last_reply, cut_reply = (
+        text.replace(b"msg_01XFDUDYJgAACzvnptvVoYEL", m) for m in IDS
+    )
+    server.enqueue(Replay(first_reply))
+    if mid_turn:
+        server.enqueue(Replay(cut_reply, cut=Cut(cut_reply.index(b", world"), "stall")))
+    server.enqueue(Replay(last_reply))
+    async with peers([a_node, b_node]) as (a, b):
+        sid = await a.create_session()
+        first = await turn(a, sid, "first words APPLE")
+        [pid] = cli_pids(a_node, sid)
+        assert alive(pid)
+        state = tmp_path / ".claude-code" / sid
+        assert list(state.glob(".claude/projects/*/*.jsonl")), "the CLI wrote no transcript"
+        if mid_turn:
+            async with b.watch(sid) as survivor:
+                cut_turn = await a.submit(sid, "cut short CHERRY")
+                with trio.fail_after(30):
+                    await survivor.until_type("text.delta")
+                    a_node.kill()
+                    closed = await survivor.turn(cut_turn)
+            assert closed[-1].type == "turn.cancelled", types(closed)
+            assert closed[-1].payload.reason == "server_restart"
+        else:
+            a_node.kill()
+        with trio.fail_after(5):  # the watchdog stops the dead daemon's CLI
+            while alive(pid):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        if not shared:  # what a survivor whose disk is its own finds: nothing
+            await trio.to_thread.run_sync(shutil.rmtree, state)
+        second = await turn(b, sid, "second words BANANA")
+        survivors = [n for n in nodes.live if n is not a_node]
+        assert any(cli_pids(n, sid) for n in survivors), "no survivor started a CLI"
+        history = (await b.http.get(f"/sessions/{sid}/messages")).json()["messages"]
+    said = [str(r.body["messages"]) for r in server.requests[asked:]]
+    assert len(said) == 2 + mid_turn, said
+    texts = [str(m["content"]) for m in history]
+    assert "APPLE" in texts[0] and "BANANA" in texts[-2], texts
+    assert len(texts) == 4 + 2 * mid_turn, texts
+    return first, second, said[0], said[-1]
+
+
+async def test_a_takeover_resumes_the_conversation_only_from_a_shared_state_directory(
+    cluster: tuple[Cluster, FakeServer], tmp_path: Path
+) -> None:
+    """Shared: the survivor's CLI resumes the transcript. Not: a new conversation."""
+    nodes, server = cluster
+    a, b, c = nodes.live
+    first, second, asked_first, asked_second = await takeover(
+        server, nodes, a, b, tmp_path, shared=True, mid_turn=True
+    )
+    assert first[-1].type == second[-1].type == "turn.completed"
+    assert second[-1].payload.stop_reason == "end_turn"
+    assert "APPLE" in asked_first and "BANANA" not in asked_first
+    assert "APPLE" in asked_second and "BANANA" in asked_second  # the same conversation
+    # The interrupted turn is in the gateway's history (its prompt, its partial
+    # answer); what the model sees of it depends on how far the killed CLI got:
+    # its prompt, if the CLI had written it to the transcript (then followed by
+    # Claude Code's own filler answer), never the partial answer.
+    if "CHERRY" in asked_second:
+        assert "Hello" not in asked_second.split("CHERRY")[1].split("BANANA")[0]
+
+    first, second, asked_first, asked_second = await takeover(
+        server, nodes, b, c, tmp_path, shared=False, mid_turn=False
+    )
+    assert first[-1].type == second[-1].type == "turn.completed"
+    assert second[-1].payload.stop_reason == "end_turn"  # the turn runs...
+    assert "APPLE" in asked_first
+    assert "BANANA" in asked_second and "APPLE" not in asked_second  # ...without what was said
