@@ -227,6 +227,7 @@ class ClaudeCode:
         self._inbox: trio.MemoryReceiveChannel[Any] | None = None
         self._scope: trio.CancelScope | None = None  # the process task's
         self._stopped = trio.Event()  # set when the process task (the current one) ends
+        self._stopped.set()  # none runs yet
         self._owed = 0  # results of queries whose turn stopped listening
         self._cost_seen = 0.0  # the CLI's total_cost_usd at its last result
         self._current: tuple[Turn, TurnState] | None = None
@@ -272,8 +273,29 @@ class ClaudeCode:
         )
 
     async def _start(self) -> None:
+        """Start the session's CLI if it is not running, in a process slot of its agent.
+
+        The turn's POST held the slot already (:mod:`gateway.runtimes.slots`);
+        a turn whose process was stopped since (idle, or to make room) waits
+        here for a slot, within the turn.
+        """
         if self.client is None:
-            await self._nursery.start(self._serve, name=f"claude-code {self.s.id}")
+            await self._stopped.wait()  # a process still stopping holds its slot until it ends
+            agent, slots = self.agent, self.node.process_slots
+            await slots.acquire(agent.name, agent.max_processes, self.s.id, math.inf)
+            try:
+                await self._nursery.start(self._serve, name=f"claude-code {self.s.id}")
+            except BaseException:
+                if self.client is None:
+                    slots.release(agent.name, self.s.id)
+                raise
+
+    def idle(self) -> bool:
+        """Whether no turn of the session is in flight or queued (its slot may be taken)."""
+        return self._current is None and getattr(self.s, "turn", None) is None
+
+    def idle_since(self) -> float:
+        return self._active_at
 
     async def _serve(self, *, task_status: trio.TaskStatus[None]) -> None:
         """The process task: start the CLI, pass on what it says, stop it (shielded) at the end."""
@@ -302,6 +324,7 @@ class ClaudeCode:
                     client, transport, receive, scope
                 )  # fmt: skip
                 self._owed = 0
+                self.node.process_slots.attach(self.agent.name, s.id, self)
                 task_status.started()
                 event(
                     log, logging.INFO, "claude_code_started",
@@ -325,6 +348,7 @@ class ClaudeCode:
                     self.client = self.transport = self._inbox = self._scope = None
                 with trio.CancelScope(shield=True):
                     await client.disconnect()
+                self.node.process_slots.release(self.agent.name, s.id)
                 stopped.set()
 
     async def _idle(self, scope: trio.CancelScope) -> None:

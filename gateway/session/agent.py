@@ -77,6 +77,7 @@ from gateway.protocol.shapes import (
 )
 from gateway.providers.base import ModelRequest
 from gateway.providers.factory import Providers
+from gateway.runtimes.slots import ProcessSlots
 from gateway.session import cancel, compactor
 from gateway.session.call import Call, CallStream, Completion, EndCall
 from gateway.session.compaction import estimate, model_view
@@ -103,6 +104,7 @@ class AgentServices(Protocol):
     providers: Providers
     metrics: Metrics
     processes: ToolProcesses  # the daemon's tool processes (a claude-code agent's CLI)
+    process_slots: ProcessSlots  # a claude-code agent's max_processes on this node
     workspaces: Workspaces  # where a session's workspace is on this host
 
     def session_tools(self, session: TurnHost) -> SessionTools:
