@@ -6,6 +6,8 @@ API, every request it made a model call.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,9 @@ import pytest
 import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
+from bench.fake_api.server import Cut, Json
 from gateway.runtimes import slots
-from tests.conftest import Harness, running_gateway
+from tests.conftest import Harness, running_gateway, types
 from tests.provider_support import server as server
 from tests.test_claude_code import alive, decide, gateway, only_model_calls, pytestmark, run_turn
 
@@ -77,3 +80,99 @@ async def test_max_processes_an_idle_process_makes_room_a_busy_one_is_a_503_afte
     assert "make the file" not in last
     assert len(server.requests) == 4  # the refused turn never reached the model
     only_model_calls(server)
+
+
+async def test_a_cli_killed_mid_turn_closes_the_turn_and_the_next_turn_resumes(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 of the CLI's group while the model streams (``llm``) or a permission waits
+    (``seam``): the turn ends ``llm.call_failed`` ``network`` then ``turn.completed``
+    ``error``; the next turn's new CLI resumes the conversation."""
+    body = transcript("anthropic/thinking_text.sse")
+    server.enqueue(
+        Replay(transcript("anthropic/text.sse")),  # A's first turn, answered
+        Replay(body, cut=Cut(body.index(b"signature_delta"), "stall")),  # A: killed streaming
+        Replay(transcript("claude-code/bash_touch.sse")),  # B: killed while it asks
+        Replay(transcript("anthropic/text.sse")),  # A's next turn
+        Replay(transcript("anthropic/text.sse")),  # B's
+    )
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    crashed: dict[str, list[Any]] = {}
+    pids: dict[str, int] = {}
+    async with running_gateway(config, providers) as gw:
+        a, b = await gw.create_session(), await gw.create_session()
+        await run_turn(gw, a, "zero words CHERRY")
+        for sid, words, ready in (
+            (a, "first words APPLE", "thinking.delta"),
+            (b, "first words BANANA", "permission.requested"),
+        ):
+            async with gw.client(sid) as client:
+                await client.subscribe()
+                await gw.submit(sid, words)
+                await client.until(lambda e, ready=ready: e.type == ready)
+                pids[sid] = pid = runtime_of(gw, sid).transport.pid
+                os.killpg(pid, signal.SIGKILL)
+                with trio.fail_after(5):
+                    await client.until_turn_ends()
+                crashed[sid] = client.events
+            assert gw.node.sessions[sid].permissions.pending() == []
+        after = {sid: await run_turn(gw, sid, "second words") for sid in (a, b)}
+        for sid in (a, b):
+            assert runtime_of(gw, sid).transport.pid != pids[sid]
+    await providers.aclose()
+    for sid in (a, b):
+        events = crashed[sid]
+        failed = next(e for e in events if e.type == "llm.call_failed").payload
+        assert failed.error_class == "network"
+        assert events[-1].type == "turn.completed" and events[-1].payload.stop_reason == "error"
+        assert after[sid][-1].payload.stop_reason == "end_turn"
+    tail = [t for t in types(crashed[a]) if t not in ("thinking.delta", "text.delta")]
+    assert tail[-4:] == ["thinking.end", "message.complete", "llm.call_failed", "turn.completed"]
+    tail_b = types(crashed[b])
+    assert tail_b.index("tool.called") < tail_b.index("permission.resolved")
+    resolved = next(e for e in crashed[b] if e.type == "permission.resolved").payload
+    assert resolved.decision == "cancelled"
+    assert next(e for e in crashed[b] if e.type == "tool.failed").payload.error_class == "error"
+    # A prompt the model never began to answer is not in the resumed transcript
+    # (the CLI drops it); what was answered is.
+    resumed = [str(r.body["messages"]) for r in server.requests[3:]]
+    assert "CHERRY" in resumed[0] and "second words" in resumed[0]
+    assert "BANANA" in resumed[1] and "second words" in resumed[1]
+    only_model_calls(server)
+
+
+async def test_api_errors_are_their_llm_call_failed_classes(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 400, a 529 and a 429 of the API, as the CLI reports them (``[model] max_retries = 0``
+    is its ``CLAUDE_CODE_MAX_RETRIES``): ``invalid_request``, ``overloaded``, ``rate_limited``.
+
+    The CLI sends a refused call (400) twice more on its own, each time
+    with fewer ``anthropic-beta`` headers, whatever ``max_retries`` says."""
+    cases = {
+        "invalid_request": Json(400, error("invalid_request_error", "messages.0: bad role")),
+        "overloaded": Json(529, error("overloaded_error", "Overloaded")),
+        "rate_limited": Json(429, error("rate_limit_error", "slow down")),
+    }
+    # The CLI tries a 400 twice more, each time with fewer beta headers: three refusals.
+    bad = cases["invalid_request"]
+    server.enqueue(bad, bad, *cases.values(), Replay(transcript("anthropic/text.sse")))
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        outcomes = [await run_turn(gw, sid, f"try {name}") for name in cases]
+        last = await run_turn(gw, sid, "and now?")
+    await providers.aclose()
+    for name, events in zip(cases, outcomes, strict=True):
+        assert types(events)[-3:] == ["llm.call_started", "llm.call_failed", "turn.completed"]
+        assert events[-2].payload.error_class == name, events[-2].payload
+        assert events[-1].payload.stop_reason == "error"
+    assert last[-1].payload.stop_reason == "end_turn"
+    assert len(server.requests) == 6  # none retried but the 400 (docstring)
+    betas = [len(r.headers["anthropic-beta"].split(",")) for r in server.requests[:3]]
+    assert betas[0] > betas[1] > betas[2]
+    only_model_calls(server)
+
+
+def error(kind: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}

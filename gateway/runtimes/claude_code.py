@@ -163,15 +163,21 @@ def state_dir(workspace_root: str, session_id: str) -> str:
 
 
 def cli_environment(
-    agent: AgentProfile, home: str, env: Mapping[str, str] | None = None
+    agent: AgentProfile,
+    home: str,
+    env: Mapping[str, str] | None = None,
+    max_retries: int | None = None,
 ) -> dict[str, str]:
     """The variables the CLI gets beyond the tool environment (PROTOCOL section 15).
 
-    The agent's ``env`` first; the gateway's own then win: the provider key,
-    the endpoint, the state directory and the switches of :data:`QUIET_ENV`.
+    ``[model] max_retries`` is the CLI's ``CLAUDE_CODE_MAX_RETRIES`` (its own
+    retries of a failed API call), unless the agent's ``env`` sets it. The
+    agent's ``env`` then; the gateway's own win: the provider key, the
+    endpoint, the state directory and the switches of :data:`QUIET_ENV`.
     """
     source = os.environ if env is None else env
-    out = dict(agent.env)
+    out = {} if max_retries is None else {"CLAUDE_CODE_MAX_RETRIES": str(max_retries)}
+    out.update(agent.env)
     out.update(QUIET_ENV)
     out.update(
         {
@@ -311,7 +317,7 @@ class ClaudeCode:
             dataclasses.replace(options, permission_prompt_tool_name="stdio"),
             self._processes,
             workspace,
-            cli_environment(self.agent, home),
+            cli_environment(self.agent, home, max_retries=self.node.config.model.max_retries),
             grace_s=self.node.config.tools.kill_grace_s,
         )
         client = ClaudeSDKClient(options, transport=transport)
@@ -603,6 +609,7 @@ class ClaudeCode:
                 turn.id,
             )
         state.call_failed_emitted = True
+        self._end_permissions(turn)  # the CLI went away asking: cancelled, before the tool fails
         self.node.metrics.provider_errors.labels(error_class).inc()
         event(
             log, logging.WARNING, "provider_error",
@@ -637,14 +644,13 @@ class ClaudeCode:
         s.emit(
             [PermissionRequested(request.perm_id, tool_use_id, name, input, expires_at)], turn.id
         )
-        try:
-            with trio.move_on_after(timeout):
-                await request.decided.wait()
-        finally:
-            if request in self._open:
-                self._open.remove(request)
-        if request.closed:  # the turn's cancel resolved it already
+        # Cancelled here (the CLI went away: the SDK cancels its callbacks), the
+        # request stays in ``_open`` and the turn's end resolves it (_end_permissions).
+        with trio.move_on_after(timeout):
+            await request.decided.wait()
+        if request.closed:  # the turn's end resolved it already
             return PermissionResultDeny(message="cancelled", interrupt=True)
+        self._open.remove(request)
         request.closed = True
         request.decision = request.decision or "timeout"
         s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
