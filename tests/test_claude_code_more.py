@@ -6,6 +6,7 @@ API, every request it made a model call.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from pathlib import Path
@@ -109,7 +110,7 @@ async def test_a_cli_killed_mid_turn_closes_the_turn_and_the_next_turn_resumes(
             async with gw.client(sid) as client:
                 await client.subscribe()
                 await gw.submit(sid, words)
-                await client.until(lambda e, ready=ready: e.type == ready)
+                await client.until(functools.partial(is_type, ready))
                 pids[sid] = pid = runtime_of(gw, sid).transport.pid
                 os.killpg(pid, signal.SIGKILL)
                 with trio.fail_after(5):
@@ -176,3 +177,7 @@ async def test_api_errors_are_their_llm_call_failed_classes(
 
 def error(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def is_type(name: str, e: Any) -> bool:
+    return bool(e.type == name)
