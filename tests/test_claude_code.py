@@ -43,6 +43,11 @@ PROMPT = "You work for the gateway's tests. The code word is MARIGOLD."
 def cc_config(tmp_path: Path, server: FakeServer, **agent: str) -> Config:
     """The default agent is a Claude Code one (the SQLite store does not keep a session's
     agent yet: a restarted daemon runs the default agent for every session)."""
+    return agents_config(tmp_path, cc_toml(server, **agent))
+
+
+def cc_toml(server: FakeServer, **agent: str) -> str:
+    """The config's text: a Claude Code default agent, its API and proxy the fake server."""
     extra = "".join(f"{k} = {v}\n" for k, v in agent.items())
     proxy = server.base_url  # anything not for the model API would be recorded there too
     text = f"""
@@ -63,7 +68,7 @@ tools = ["Bash"]
 require_approval = ["Bash"]
 env = {{ HTTPS_PROXY = "{proxy}", HTTP_PROXY = "{proxy}", NO_PROXY = "127.0.0.1" }}
 {extra}"""
-    return agents_config(tmp_path, text)
+    return text
 
 
 async def gateway(
