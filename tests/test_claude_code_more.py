@@ -18,8 +18,9 @@ import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
 from bench.fake_api.server import Cut, Json
+from gateway.client.attach import open_websocket as open_ws
 from gateway.runtimes import slots
-from tests.conftest import Client, Harness, open_ws, running_gateway, types
+from tests.conftest import Client, Harness, running_gateway, types
 from tests.provider_support import server as server
 from tests.test_claude_code import (
     alive,
