@@ -7,6 +7,7 @@ API, every request it made a model call.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 from pathlib import Path
@@ -18,12 +19,16 @@ import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
 from bench.fake_api.server import Cut, Json
+from gateway.agents import resolve_agents
 from gateway.client.attach import open_websocket as open_ws
+from gateway.runtimes import claude_code as cc
 from gateway.runtimes import slots
 from tests.conftest import Client, Harness, running_gateway, types
+from tests.mcp_support import EVERYTHING
 from tests.provider_support import server as server
 from tests.test_claude_code import (
     alive,
+    cc_config,
     cc_toml,
     decide,
     gateway,
@@ -240,4 +245,73 @@ async def test_no_cli_outlives_a_daemon_killed_with_sigkill_mid_turn(
             with trio.fail_after(5):
                 while any(alive(k) for k in kids):  # noqa: ASYNC110
                     await trio.sleep(0.05)
+    only_model_calls(server)
+
+
+MCP_TABLES = f"""
+[mcp_servers.everything]
+command = {json.dumps(EVERYTHING)}
+env = {{ MCP_TEST_ENV = "from-config" }}
+
+[mcp_servers.elsewhere]
+url = "http://127.0.0.1:9/mcp"
+headers = {{ authorization = "Bearer t" }}
+"""
+
+
+def test_the_cli_gets_the_mcp_servers_the_agent_reaches_and_may_use_their_tools(
+    tmp_path: Path,
+) -> None:
+    """``[mcp_servers.*]`` as the CLI's options: only those the agent's ``tools`` reach."""
+    server = FakeServer()
+    config = cc_config(tmp_path, server, MCP_TABLES, tools='["Bash", "mcp__everything__*"]')
+    agent = resolve_agents(config)["default"]
+    servers = cc.mcp_servers(agent, config.mcp_servers, "/daemon/cwd")
+    assert list(servers) == ["everything"]
+    stdio = servers["everything"]
+    assert stdio["type"] == "stdio" and stdio.get("env") == {"MCP_TEST_ENV": "from-config"}
+    # It runs in the daemon's directory (the native runtime's), whatever the CLI's cwd is.
+    argv = [stdio["command"], *stdio.get("args", [])]
+    assert argv[:3] == ["/bin/sh", "-c", 'cd "$0" && exec "$@"']
+    assert argv[3:] == ["/daemon/cwd", *EVERYTHING]
+    both = resolve_agents(
+        cc_config(tmp_path, server, MCP_TABLES, tools='["mcp__*__*"]', require_approval="[]")
+    )["default"]
+    servers = cc.mcp_servers(both, config.mcp_servers, "/daemon/cwd")
+    assert servers["elsewhere"] == {
+        "type": "http",
+        "url": "http://127.0.0.1:9/mcp",
+        "headers": {"authorization": "Bearer t"},
+    }
+    assert cc._cli_rule("mcp__everything__*") == "mcp__everything"
+    assert cc._cli_rule("mcp__everything__echo") == "mcp__everything__echo"
+    assert (
+        cc._cli_rule("mcp__*__echo") == "mcp__*__echo"
+    )  # decided by can_use_tool against the agent's
+
+
+async def test_an_mcp_tool_through_the_cli(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model calls ``mcp__everything__echo``: Claude Code runs it on the configured
+    server, without asking (not in ``require_approval``); the events are the native ones."""
+    server.enqueue(
+        Replay(transcript("claude-code/mcp_echo.sse")), Replay(transcript("anthropic/text.sse"))
+    )
+    tables = MCP_TABLES.partition("[mcp_servers.elsewhere]")[0]
+    tools = '["Bash", "mcp__everything__*"]'
+    config, providers = await gateway(tmp_path, server, monkeypatch, tables, tools=tools)
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        events = await run_turn(gw, sid, "echo something")
+    await providers.aclose()
+    assert [t for t in types(events) if t.startswith(("tool.c", "tool.f", "permission."))] == [
+        "tool.called",
+        "tool.completed",
+    ]
+    done = next(e for e in events if e.type == "tool.completed").payload
+    assert done.tool_name == "mcp__everything__echo" and done.result == "hello through MCP"
+    assert events[-1].payload.stop_reason == "end_turn"
+    offered = [t["name"] for t in server.requests[0].body.get("tools", [])]
+    assert "mcp__everything__echo" in offered, offered
     only_model_calls(server)

@@ -90,6 +90,7 @@ import logging
 import math
 import os
 import uuid
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,7 @@ import msgspec
 import trio
 from claude_agent_sdk import (
     AssistantMessage,
+    CanUseToolShadowedWarning,
     ClaudeAgentOptions,
     ClaudeSDKClient,
     PermissionResultAllow,
@@ -109,9 +111,11 @@ from claude_agent_sdk import (
 )
 from claude_agent_sdk import ToolResultBlock as SdkToolResult
 from claude_agent_sdk._version import __version__ as SDK_VERSION
-from claude_agent_sdk.types import SystemPromptPreset
+from claude_agent_sdk.types import McpHttpServerConfig, McpStdioServerConfig, SystemPromptPreset
+from claude_agent_sdk.types import McpServerConfig as McpServerConfigSdk
 
 from gateway.agents import AgentProfile
+from gateway.config import McpServerConfig
 from gateway.ids import new_call_id, now_ms
 from gateway.logs import event
 from gateway.protocol.events import (
@@ -137,6 +141,10 @@ if TYPE_CHECKING:
     from gateway.session.agent import AgentLoop, TurnState
 
 log = logging.getLogger("gateway.claude_code")
+
+# ``allowed_tools`` are the tools approved without asking (not in ``require_approval``):
+# that they never reach ``can_use_tool`` is the point, not a mistake to warn of.
+warnings.filterwarnings("ignore", category=CanUseToolShadowedWarning)
 
 INTERRUPT_TIMEOUT_S = 0.5
 """How long a cancel waits for the CLI to take its ``interrupt`` (shielded)."""
@@ -191,6 +199,39 @@ def cli_environment(
     )
     if agent.base_url:
         out["ANTHROPIC_BASE_URL"] = agent.base_url
+    return out
+
+
+def mcp_servers(
+    agent: AgentProfile, servers: Mapping[str, McpServerConfig], daemon_cwd: str
+) -> dict[str, McpServerConfigSdk]:
+    """The ``[mcp_servers.*]`` the agent's ``tools`` reach, as the CLI's ``mcp_servers``.
+
+    Claude Code starts and talks to them itself (its tools are then
+    ``mcp__<server>__<tool>``, as the native runtime names them). A stdio
+    server runs in its ``cwd`` (the daemon's when none is set), as the native
+    runtime runs it: Claude Code has no such key, so the command goes through
+    ``/bin/sh -c 'cd "$0" && exec "$@"'``. Each CLI runs its own servers
+    (``scope`` is always ``session``); ``startup_timeout_s`` and
+    ``tool_timeout_s`` are Claude Code's own (``MCP_TIMEOUT``,
+    ``MCP_TOOL_TIMEOUT`` in the agent's ``env``).
+    """
+    out: dict[str, McpServerConfigSdk] = {}
+    for name, server in servers.items():
+        if not agent.uses_server(name):
+            continue
+        if server.url:
+            out[name] = McpHttpServerConfig(
+                type="http", url=server.url, headers=dict(server.headers)
+            )
+        else:
+            cwd = server.cwd or daemon_cwd
+            out[name] = McpStdioServerConfig(
+                type="stdio",
+                command="/bin/sh",
+                args=["-c", 'cd "$0" && exec "$@"', cwd, *server.command],
+                env=dict(server.env),
+            )
     return out
 
 
@@ -269,12 +310,13 @@ class ClaudeCode:
             model=agent.model.removeprefix(_MODEL_PREFIX),
             system_prompt=prompt,
             tools=plain,
-            allowed_tools=[t for t in agent.tools if not agent.needs_approval(t)],
+            allowed_tools=[_cli_rule(t) for t in agent.tools if not agent.needs_approval(t)],
             permission_mode=agent.permission_mode,  # type: ignore[arg-type]
             can_use_tool=self._can_use_tool,
             resume=claude_id if resume else None,
             session_id=None if resume else claude_id,
             setting_sources=[],
+            mcp_servers=mcp_servers(agent, self.node.config.mcp_servers, os.getcwd()),
             thinking={"type": "enabled", "budget_tokens": budget} if budget else None,
         )
 
@@ -632,6 +674,12 @@ class ClaudeCode:
         turn, _state = current
         s = self.s
         tool_use_id = context.tool_use_id or ""
+        agent = self.agent
+        if not agent.needs_approval(name):  # a glob of tools Claude Code cannot read: ours
+            if agent.allows(name):
+                return PermissionResultAllow()
+            self._denied.add(tool_use_id)
+            return PermissionResultDeny(message=f"{name} is not one of the agent's tools")
         timeout = self.node.config.tools.approval_timeout_s
         if context.agent_id is None:  # a sub-agent's tools are not announced (yet)
             with trio.move_on_after(timeout):
@@ -671,6 +719,21 @@ class ClaudeCode:
             self.s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
             request.decided.set()
         self._open.clear()
+
+
+def _cli_rule(pattern: str) -> str:
+    """A pattern of ``tools`` as a rule of Claude Code's ``allowed_tools``.
+
+    ``mcp__<server>__*`` is Claude Code's ``mcp__<server>`` (every tool of the
+    server); another glob is passed as is, and a tool it should match but
+    Claude Code does not is decided by ``can_use_tool`` against the agent's
+    own patterns (approved unless ``require_approval`` matches it).
+    """
+    if pattern.startswith("mcp__") and pattern.endswith("__*"):
+        server = pattern[5:-3]
+        if not any(c in server for c in "*?[") and "__" not in server:
+            return f"mcp__{server}"
+    return pattern
 
 
 def _result_text(content: str | list[dict[str, Any]] | None) -> str:
