@@ -315,3 +315,70 @@ async def test_an_mcp_tool_through_the_cli(
     offered = [t["name"] for t in server.requests[0].body.get("tools", [])]
     assert "mcp__everything__echo" in offered, offered
     only_model_calls(server)
+
+
+async def test_a_sub_agent_is_a_worker_session_whose_approval_reaches_the_parent(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model calls ``Agent``; the sub-agent runs Bash (approved through the parent's
+    permissions route), then answers; the main thread then answers.
+
+    The parent's stream: ``tool.called`` (Agent), ``delegate.started``,
+    ``delegate.completed``, ``tool.completed``. The worker's (a session with
+    ``parent_session_id``): a whole turn, its messages, its Bash call and permission.
+    """
+    server.enqueue(
+        Replay(transcript("claude-code/agent_call.sse")),  # main: Agent(...)
+        Replay(transcript("claude-code/bash_touch.sse")),  # the sub-agent: Bash
+        Replay(transcript("anthropic/text.sse")),  # the sub-agent's answer
+        Replay(transcript("anthropic/text.sse")),  # main's answer
+    )
+    config, providers = await gateway(tmp_path, server, monkeypatch, tools='["Bash", "Agent"]')
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            workers = {"event_types": None, "actors": None, "include_worker_sessions": True}
+            await client.subscribe(workers)
+            await gw.submit(sid, "delegate it")
+            asked = (await client.until(functools.partial(is_type, "permission.requested")))[-1]
+            worker_id = asked.session_id
+            pending = gw.node.sessions[sid].pending_permissions()  # the parent's view
+            await decide(gw, sid, asked.payload.perm_id, "allow")  # from the parent
+            await client.until(functools.partial(ends, sid))
+            events = client.events
+        worker = gw.node.sessions[worker_id].record
+        workspace = gw.node.workspaces.host_path(gw.node.sessions[sid].record.workspace_path)
+        made = os.path.exists(os.path.join(workspace, "made.txt"))  # noqa: ASYNC240
+    await providers.aclose()
+    assert worker_id != sid and worker.parent_session_id == sid
+    assert [p.session_id for p in pending] == [worker_id]
+    mine = [e.type for e in events if e.session_id == sid]
+    theirs = [e.type for e in events if e.session_id == worker_id]
+    tools = [t for t in mine if t.startswith(("tool.c", "delegate."))]
+    assert tools == ["tool.called", "delegate.started", "delegate.completed", "tool.completed"], (
+        str(mine)
+    )
+    assert mine[-1] == "turn.completed"
+    started = next(e for e in events if e.type == "delegate.started").payload
+    assert started.worker_session_id == worker_id
+    assert started.task == "Create the file made.txt with touch."
+    completed = next(e for e in events if e.type == "delegate.completed").payload
+    assert completed.result == "Hello, world!"
+    assert theirs[:3] == ["turn.started", "route.decided", "llm.call_started"]
+    assert [t for t in theirs if t.startswith(("tool.c", "permission.", "turn.c"))] == [
+        "tool.called",
+        "permission.requested",
+        "permission.resolved",
+        "tool.completed",
+        "turn.completed",
+    ]
+    # Its Bash call, then its report (the Agent tool's result, unframed) as its last message.
+    assert theirs.count("message.complete") == 2 and "tool.use_input_delta" in theirs
+    worker_done = [e for e in events if e.session_id == worker_id][-1].payload
+    assert worker_done.stop_reason == "end_turn"
+    assert made
+    only_model_calls(server)
+
+
+def ends(session_id: str, e: Any) -> bool:
+    return bool(e.type in ("turn.completed", "turn.cancelled") and e.session_id == session_id)

@@ -84,15 +84,17 @@ Where the contract is silent:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
+import json
 import logging
 import math
 import os
 import uuid
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import msgspec
 import trio
@@ -106,19 +108,27 @@ from claude_agent_sdk import (
     ResultMessage,
     StreamEvent,
     SystemMessage,
+    TaskStartedMessage,
     ToolPermissionContext,
     UserMessage,
 )
+from claude_agent_sdk import TextBlock as SdkText
+from claude_agent_sdk import ThinkingBlock as SdkThinking
 from claude_agent_sdk import ToolResultBlock as SdkToolResult
+from claude_agent_sdk import ToolUseBlock as SdkToolUse
 from claude_agent_sdk._version import __version__ as SDK_VERSION
 from claude_agent_sdk.types import McpHttpServerConfig, McpStdioServerConfig, SystemPromptPreset
 from claude_agent_sdk.types import McpServerConfig as McpServerConfigSdk
 
 from gateway.agents import AgentProfile
 from gateway.config import McpServerConfig
-from gateway.ids import new_call_id, now_ms
+from gateway.errors import ToolError
+from gateway.ids import new_call_id, new_message_id, new_turn_id, now_ms
 from gateway.logs import event
 from gateway.protocol.events import (
+    DelegateCompleted,
+    DelegateFailed,
+    DelegateStarted,
     LlmCallCompleted,
     LlmCallFailed,
     LlmCallStarted,
@@ -127,7 +137,7 @@ from gateway.protocol.events import (
     ToolCalled,
     ToolCompleted,
 )
-from gateway.protocol.shapes import StopReason, TextBlock, ToolUseBlock, Usage
+from gateway.protocol.shapes import Message, StopReason, TextBlock, ToolUseBlock, Usage
 from gateway.providers.errors import status_class
 from gateway.providers.raw import RawEvent, RawMessageStart, RawMessageStop
 from gateway.runtimes.transport import ToolProcessTransport
@@ -139,6 +149,7 @@ from gateway.translate import Translator, max_blocks
 
 if TYPE_CHECKING:
     from gateway.session.agent import AgentLoop, TurnState
+    from gateway.session.session import Session
 
 log = logging.getLogger("gateway.claude_code")
 
@@ -254,6 +265,45 @@ class _ProcessGone(Exception):
     """The CLI's stream ended while a turn waited for it."""
 
 
+_Feed = tuple[trio.MemorySendChannel[Any], trio.MemoryReceiveChannel[Any]]
+
+
+@dataclasses.dataclass
+class _SubAgentDone:
+    """Into a worker's feed: the parent's ``Agent`` tool has its result; the worker's turn ends."""
+
+    is_error: bool
+    text: str
+
+
+@dataclasses.dataclass
+class _Flush:
+    """Into a worker's feed: ``can_use_tool`` asks of ``tool_use_id``; end its message."""
+
+    tool_use_id: str
+
+
+@dataclasses.dataclass
+class _Synth:
+    """A sub-agent's message being replayed as a stream (:meth:`ClaudeCode._assistant`)."""
+
+    id: str
+    index: int = 0
+    output_tokens: int = 0
+    tool_ids: set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class _Sub:
+    """A sub-agent of the turn in flight: its worker session, turn, feed and mirror runtime."""
+
+    tool_use_id: str
+    worker: Session
+    turn: Turn
+    send: trio.MemorySendChannel[Any]
+    runtime: ClaudeCode
+
+
 class ClaudeCode:
     """One session's Claude Code process, and the turns it runs (module docstring).
 
@@ -263,7 +313,13 @@ class ClaudeCode:
         processes: the daemon's tool processes.
     """
 
-    def __init__(self, loop: AgentLoop, nursery: trio.Nursery, processes: ToolProcesses) -> None:
+    def __init__(
+        self,
+        loop: AgentLoop,
+        nursery: trio.Nursery,
+        processes: ToolProcesses,
+        feed: trio.MemoryReceiveChannel[Any] | None = None,
+    ) -> None:
         self.loop = loop
         self.s = loop.s
         self.node = loop.node
@@ -284,6 +340,20 @@ class ClaudeCode:
         self._open: list[PermissionRequest] = []
         self._denied: set[str] = set()
         self._tool_started: dict[str, float] = {}
+        # A worker session's runtime reads its sub-agent's messages from ``feed`` (no CLI).
+        self._feed = feed
+        if feed is not None:
+            self._inbox = feed
+        self._subs: dict[str, _Sub] = {}  # by the parent's Agent tool use id
+        self._sub_pending: list[TaskStartedMessage] = []  # until their tool.called
+        self._sub_feeds: dict[
+            str, tuple[trio.MemorySendChannel[Any], trio.MemoryReceiveChannel[Any]]
+        ] = {}
+        self._subs_changed = trio.Event()
+        self._sub_tasks: dict[str, _Sub] = {}  # by Claude Code's task id (can_use_tool's agent_id)
+        self._synth: _Synth | None = None
+        self._synth_ids: set[str] = set()
+        self._last_text = ""  # of the sub-agent's messages (:meth:`_report`)
 
     @property
     def agent(self) -> AgentProfile:
@@ -454,13 +524,14 @@ class ClaudeCode:
             await self._settle_previous()
             turn.enter("llm")
             try:
-                await self._start()
-                assert self.client is not None
-                prompt = "".join(
-                    b.text for b in turn.user_message.content if isinstance(b, TextBlock)
-                )
-                self._owed += 1
-                await self.client.query(prompt)
+                if self._feed is None:
+                    await self._start()
+                    assert self.client is not None
+                    prompt = "".join(
+                        b.text for b in turn.user_message.content if isinstance(b, TextBlock)
+                    )
+                    self._owed += 1
+                    await self.client.query(prompt)
                 return await self._follow(turn, state)
             except _ProcessGone:
                 return self._failed(turn, state, "network", "the Claude Code process exited")
@@ -475,6 +546,7 @@ class ClaudeCode:
             self._quiet.set()
             if turn.in_flight:  # cancelled, or broken: close the requests, stop the query
                 self._end_permissions(turn)
+                await self._end_subs(turn)
                 await self._interrupt()
             self._announced.clear()
             self._denied.clear()
@@ -503,19 +575,46 @@ class ClaudeCode:
                 message = await inbox.receive()
             except trio.EndOfChannel:
                 raise _ProcessGone from None
+            if self._feed is not None:  # a worker's: its sub-agent's messages
+                if isinstance(message, AssistantMessage):
+                    await self._assistant(turn, state, message)
+                elif isinstance(message, UserMessage):
+                    await self._flush(turn, state)
+                    self._tool_results(turn, state, message)
+                elif isinstance(message, _Flush):
+                    if self._synth is not None and message.tool_use_id in self._synth.tool_ids:
+                        await self._flush(turn, state)
+                elif isinstance(message, _SubAgentDone):
+                    await self._flush(turn, state)
+                    if message.is_error:
+                        return self._failed(turn, state, "api_error", message.text)
+                    await self._report(turn, state, _report_text(message.text))
+                    return self._close_pending(turn, state, "end_turn")
+                continue
             if isinstance(message, StreamEvent):
                 if message.parent_tool_use_id is None:
                     await self._stream_event(turn, state, message.event)
             elif isinstance(message, UserMessage):
                 if message.parent_tool_use_id is None:
+                    await self._subs_done(turn, message)
                     self._tool_results(turn, state, message)
+                else:
+                    self._forward(message.parent_tool_use_id, message)
+            elif isinstance(message, TaskStartedMessage) and message.tool_use_id:
+                # Claude Code may start the tool before its message ends: the worker
+                # appears once the parent's tool.called is out (:meth:`_start_subs`).
+                self._sub_feeds.setdefault(message.tool_use_id, trio.open_memory_channel(math.inf))
+                self._sub_pending.append(message)
             elif isinstance(message, SystemMessage):
                 pass  # init, status, thinking_tokens: nothing for the clients (yet)
             elif isinstance(message, ResultMessage):
                 self._owed -= 1
                 return self._result(turn, state, message)
-            elif isinstance(message, AssistantMessage):
-                pass  # what the stream said already
+            elif isinstance(message, AssistantMessage) and message.parent_tool_use_id:
+                self._forward(message.parent_tool_use_id, message)  # a sub-agent's, whole
+            # (the main thread's AssistantMessage: what its stream said already)
+            if self._sub_pending:
+                await self._start_subs(turn)
 
     async def _stream_event(self, turn: Turn, state: TurnState, data: dict[str, Any]) -> None:
         s = self.s
@@ -662,6 +761,198 @@ class ClaudeCode:
         self._close_pending(turn, state, "error")
         return "error"
 
+    # --- sub-agents (PROTOCOL section 5: worker sessions) -----------------------------------
+
+    async def _start_subs(self, turn: Turn) -> None:
+        """Start the workers of the sub-agents whose ``Agent`` tool use was announced."""
+        pending, self._sub_pending = self._sub_pending, []
+        for message in pending:
+            announced = self._announced.get(message.tool_use_id or "")
+            if announced is not None and announced.is_set():
+                await self._sub_started(turn, message)
+            else:
+                self._sub_pending.append(message)
+
+    async def _sub_started(self, turn: Turn, message: TaskStartedMessage) -> None:
+        """Claude Code started a sub-agent for an ``Agent`` tool use: a worker session.
+
+        The worker is a session of this one (``spawn_worker``: the limits of
+        PROTOCOL section 15, its own stream); its turn is run here, by an
+        agent loop of the worker whose runtime reads the sub-agent's messages
+        from a feed this runtime fills (no process of its own). A sub-agent the
+        limits refuse runs all the same, unseen: its ``Agent`` tool's result is
+        the parent's as ever.
+        """
+        from gateway.session.agent import AgentLoop
+
+        tool_use_id = message.tool_use_id
+        if tool_use_id is None or tool_use_id in self._subs:
+            return
+        try:
+            worker = cast("Session", await self.s.spawn_worker(tool_use_id))
+        except ToolError as exc:
+            self._sub_feeds.pop(tool_use_id, None)
+            event(
+                log, logging.WARNING, "claude_code_subagent_unseen",
+                f"session {self.s.id}: a sub-agent runs without a worker session: {exc}",
+                session_id=self.s.id, tool_use_id=tool_use_id, error=str(exc),
+            )  # fmt: skip
+            return
+        prompt = str(message.data.get("prompt") or message.description)
+        task = Message(
+            new_message_id(), worker.id, new_turn_id(), "user", [TextBlock(prompt)], "complete",
+            now_ms(),
+        )  # fmt: skip
+        send, receive = self._sub_feeds.pop(tool_use_id)
+        loop = AgentLoop(worker, self.node)
+        runtime = ClaudeCode(loop, self._nursery, self._processes, feed=receive)
+        loop.runtime = runtime
+        worker_turn = Turn(task.turn_id or new_turn_id(), task)
+        worker.turn = worker_turn  # the worker's turn lock: cancel and snapshot see it
+        sub = _Sub(tool_use_id, worker, worker_turn, send, runtime)
+        self._subs[tool_use_id] = self._sub_tasks[message.task_id] = sub
+        self._subs_changed.set()
+        self._subs_changed = trio.Event()
+        self.s.emit([DelegateStarted(tool_use_id, worker.id, prompt)], turn.id)
+        self._nursery.start_soon(
+            loop.run_turn, worker_turn, name=f"claude-code-subagent {worker.id}"
+        )
+
+    def _sub_for(self, agent_id: str) -> _Sub | None:
+        """The worker of the sub-agent ``agent_id`` (the only one, when the id is unknown)."""
+        sub = self._sub_tasks.get(agent_id)
+        if sub is None and len(self._subs) == 1:
+            [sub] = self._subs.values()
+        return sub
+
+    def _forward(self, tool_use_id: str, message: Any) -> None:
+        sub = self._subs.get(tool_use_id)
+        feed = sub.send if sub is not None else self._sub_feeds.get(tool_use_id, (None,))[0]
+        if feed is not None:  # a worker's, or one about to start (buffered)
+            with contextlib.suppress(trio.ClosedResourceError):
+                feed.send_nowait(message)
+
+    async def _subs_done(self, turn: Turn, message: UserMessage) -> None:
+        """Results of ``Agent`` tools: their workers' turns end, then ``delegate.*``."""
+        if isinstance(message.content, str):
+            return
+        for result in message.content:
+            if isinstance(result, SdkToolResult) and result.tool_use_id in self._subs:
+                sub = self._subs.pop(result.tool_use_id)
+                done = _SubAgentDone(bool(result.is_error), _result_text(result.content))
+                sub.send.send_nowait(done)
+                sub.send.close()
+                await self._sub_ended(turn, sub, cancelled=False)
+
+    async def _end_subs(self, turn: Turn) -> None:
+        """The turn ends early: each open worker's turn is cancelled (or, when the CLI
+        went away, fails), in its stream, before the parent's ``delegate.failed``."""
+        subs, self._subs = list(self._subs.values()), {}
+        self._sub_pending.clear()
+        self._sub_feeds.clear()
+        cancelled = turn.cancel_scope.cancel_called
+        with trio.CancelScope(shield=True):
+            for sub in subs:
+                if cancelled:
+                    sub.turn.request_cancel("parent_cancelled")
+                sub.send.close()
+                await self._sub_ended(turn, sub, cancelled=cancelled)
+
+    async def _sub_ended(self, turn: Turn, sub: _Sub, cancelled: bool) -> None:
+        self._sub_tasks = {k: v for k, v in self._sub_tasks.items() if v is not sub}
+        with trio.move_on_after(self.s.cancel_grace_s):
+            await sub.turn.done.wait()
+        worker_id, tool_use_id = sub.worker.id, sub.tool_use_id
+        if cancelled:
+            failed = DelegateFailed(
+                tool_use_id, worker_id, "cancelled_by_user", "the parent turn was cancelled"
+            )
+            self.s.emit([failed], turn.id)
+        elif sub.turn.outcome in ("end_turn", "max_tokens", "stop_sequence"):
+            done = DelegateCompleted(tool_use_id, worker_id, sub.turn.final_text)
+            self.s.emit([done], turn.id)
+        else:
+            mode: Literal["timeout", "error"] = (
+                "timeout" if sub.turn.cancel_reason == "timeout" else "error"
+            )
+            message = f"the worker's turn ended with {sub.turn.outcome}"
+            self.s.emit([DelegateFailed(tool_use_id, worker_id, mode, message)], turn.id)
+
+    async def _assistant(self, turn: Turn, state: TurnState, message: AssistantMessage) -> None:
+        """A sub-agent's message, whole (Claude Code streams only the main thread's).
+
+        Replayed as the raw stream events it would have had, through the
+        translator, so the worker's stream is the native one. Claude Code
+        gives a message block by block (one ``AssistantMessage`` each, the
+        same id): the message ends at the next message, a tool result, the
+        sub-agent's end, or once ``can_use_tool`` asks of one of its tools
+        (a later block of it is then a message of its own, its id suffixed).
+        """
+        mid = message.message_id or new_message_id()
+        if self._synth is not None and self._synth.id != mid.partition("~")[0]:
+            await self._flush(turn, state)
+        synth = self._synth
+        if synth is None:
+            real, n = mid, 1
+            while mid in self._synth_ids:
+                n += 1
+                mid = f"{real}~{n}"
+            self._synth_ids.add(mid)
+            synth = self._synth = _Synth(real)
+            usage = dict(message.usage or {})
+            body = {"id": mid, "model": message.model, "usage": {**usage, "output_tokens": 0}}
+            start = {"type": "message_start", "message": body}
+            await self._stream_event(turn, state, start)
+        synth.output_tokens = int((message.usage or {}).get("output_tokens") or 0)
+        asked = False
+        for block in message.content:
+            events = _block_events(synth.index, block)
+            if not events:
+                continue
+            for data in events:
+                await self._stream_event(turn, state, data)
+            synth.index += 1
+            if isinstance(block, SdkText):
+                self._last_text = block.text
+            if isinstance(block, SdkToolUse):
+                synth.tool_ids.add(block.id)
+                asked = asked or block.id in self._announced
+        if asked:
+            await self._flush(turn, state)
+
+    async def _report(self, turn: Turn, state: TurnState, text: str) -> None:
+        """The sub-agent's final report, as the worker's last message.
+
+        Claude Code does not give a sub-agent's last message as a message: its
+        text is the ``Agent`` tool's result (the report). Replayed here, once
+        (not if the sub-agent's last message said exactly that).
+        """
+        if not text or text == self._last_text:
+            return
+        usage = {"input_tokens": 0, "output_tokens": 0}
+        model = self.s.record.active_model.removeprefix(_MODEL_PREFIX)
+        body = {"id": new_message_id(), "model": model, "usage": usage}
+        await self._stream_event(turn, state, {"type": "message_start", "message": body})
+        for data in _block_events(0, SdkText(text)):
+            await self._stream_event(turn, state, data)
+        delta = {"stop_reason": "end_turn", "stop_sequence": None}
+        end = {"type": "message_delta", "delta": delta, "usage": {"output_tokens": 0}}
+        await self._stream_event(turn, state, end)
+        await self._stream_event(turn, state, {"type": "message_stop"})
+
+    async def _flush(self, turn: Turn, state: TurnState) -> None:
+        """End the sub-agent's message being replayed (:meth:`_assistant`)."""
+        synth, self._synth = self._synth, None
+        if synth is None:
+            return
+        reason = "tool_use" if synth.tool_ids else "end_turn"
+        delta = {"stop_reason": reason, "stop_sequence": None}
+        usage = {"output_tokens": synth.output_tokens}
+        await self._stream_event(
+            turn, state, {"type": "message_delta", "delta": delta, "usage": usage}
+        )
+        await self._stream_event(turn, state, {"type": "message_stop"})
+
     # --- permissions -------------------------------------------------------------------
 
     async def _can_use_tool(
@@ -680,8 +971,18 @@ class ClaudeCode:
                 return PermissionResultAllow()
             self._denied.add(tool_use_id)
             return PermissionResultDeny(message=f"{name} is not one of the agent's tools")
+        if context.agent_id is not None and self._feed is None:  # a sub-agent asks
+            sub = self._sub_for(context.agent_id)
+            with trio.move_on_after(self.node.config.tools.approval_timeout_s):
+                while sub is None and (self._sub_pending or self._sub_feeds):
+                    await self._subs_changed.wait()  # its worker starts with its tool.called
+                    sub = self._sub_for(context.agent_id)
+            if sub is not None:  # its worker's request (PROTOCOL section 5): in its stream
+                with contextlib.suppress(trio.ClosedResourceError):
+                    sub.send.send_nowait(_Flush(tool_use_id))
+                return await sub.runtime._can_use_tool(name, input, context)
         timeout = self.node.config.tools.approval_timeout_s
-        if context.agent_id is None:  # a sub-agent's tools are not announced (yet)
+        if context.agent_id is None or self._feed is not None:  # announced first: tool.called
             with trio.move_on_after(timeout):
                 await self._announced.setdefault(tool_use_id, trio.Event()).wait()
         if not turn.in_flight or self._current is not current:
@@ -719,6 +1020,47 @@ class ClaudeCode:
             self.s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
             request.decided.set()
         self._open.clear()
+
+
+_REPORT_START = "The report follows:\n"
+_REPORT_END = "\nagentId: "
+
+
+def _report_text(result: str) -> str:
+    """The sub-agent's report in its ``Agent`` tool result (the whole result if not found).
+
+    Claude Code frames it: a notice ending ``The report follows:``, the report
+    with every line indented two spaces, then ``agentId:`` and its usage.
+    """
+    start = result.find(_REPORT_START)
+    if start < 0:
+        return result.strip()
+    start += len(_REPORT_START)
+    end = result.find(_REPORT_END, start)
+    body = result[start : end if end >= 0 else len(result)]
+    return "\n".join(line.removeprefix("  ") for line in body.split("\n")).strip()
+
+
+def _block_events(index: int, block: Any) -> list[dict[str, Any]]:
+    """The raw stream events of one content block of a whole message (none: not streamed)."""
+    if isinstance(block, SdkText):
+        start: dict[str, Any] = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": block.text}]
+    elif isinstance(block, SdkThinking):
+        start = {"type": "thinking", "thinking": ""}
+        deltas = [{"type": "thinking_delta", "thinking": block.thinking}]
+        if block.signature:
+            deltas.append({"type": "signature_delta", "signature": block.signature})
+    elif isinstance(block, SdkToolUse):
+        start = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
+        deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block.input)}]
+    else:
+        return []
+    return [
+        {"type": "content_block_start", "index": index, "content_block": start},
+        *({"type": "content_block_delta", "index": index, "delta": d} for d in deltas),
+        {"type": "content_block_stop", "index": index},
+    ]
 
 
 def _cli_rule(pattern: str) -> str:
