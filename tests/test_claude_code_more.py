@@ -382,3 +382,43 @@ async def test_a_sub_agent_is_a_worker_session_whose_approval_reaches_the_parent
 
 def ends(session_id: str, e: Any) -> bool:
     return bool(e.type in ("turn.completed", "turn.cancelled") and e.session_id == session_id)
+
+
+async def test_post_compact_is_claude_codes_own_and_its_boundary_is_context_compacted(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``POST /sessions/{id}/compact`` sends Claude Code's ``/compact``; its
+    ``compact_boundary`` is ``context.compacting`` then ``context.compacted``."""
+    text = Replay(transcript("anthropic/text.sse"))
+    server.enqueue(text, text, Replay(transcript("claude-code/compact_summary.sse")), text)
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        await run_turn(gw, sid, "first words APPLE")
+        await run_turn(gw, sid, "more words")  # one turn alone: 409 nothing_to_compact
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            r = await gw.http.post(f"/sessions/{sid}/compact", json={})
+            assert r.status_code == 202, r.text
+            with trio.fail_after(20):
+                await client.until(functools.partial(is_type, "context.compacted"))
+            events = client.events
+        after = await run_turn(gw, sid, "second words")
+        cost = gw.node.sessions[sid].record.cost_so_far_usd
+    await providers.aclose()
+    compacting, compacted = (e for e in events if e.type.startswith("context."))
+    assert (compacting.type, compacting.turn_id) == ("context.compacting", None)
+    assert compacting.payload.trigger == compacted.payload.trigger == "manual"
+    assert compacted.payload.method == "summary"
+    assert compacted.payload.pre_tokens == compacting.payload.pre_tokens > 0
+    assert compacted.payload.post_tokens > 0  # Claude Code gives it
+    assert compacted.payload.summary_message_id is None
+    assert compacted.payload.first_kept_message_id is None
+    assert after[-1].payload.stop_reason == "end_turn"
+    summary_call = str(server.requests[2].body["messages"])
+    assert "APPLE" in summary_call  # the summary call saw the conversation
+    last = str(server.requests[3].body["messages"])
+    assert "MANGO" in last and "second words" in last  # the summary, then the turn
+    assert "APPLE" not in last  # compacted away
+    assert cost == pytest.approx(4 * (25 * 3 + 15 * 15) / 1e6)  # the summary call's included
+    only_model_calls(server)

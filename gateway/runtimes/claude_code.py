@@ -126,6 +126,8 @@ from gateway.errors import ToolError
 from gateway.ids import new_call_id, new_message_id, new_turn_id, now_ms
 from gateway.logs import event
 from gateway.protocol.events import (
+    ContextCompacted,
+    ContextCompacting,
     DelegateCompleted,
     DelegateFailed,
     DelegateStarted,
@@ -354,6 +356,7 @@ class ClaudeCode:
         self._synth: _Synth | None = None
         self._synth_ids: set[str] = set()
         self._last_text = ""  # of the sub-agent's messages (:meth:`_report`)
+        self._compacting = False  # a POST .../compact runs (:meth:`compact`)
 
     @property
     def agent(self) -> AgentProfile:
@@ -409,8 +412,10 @@ class ClaudeCode:
                 raise
 
     def idle(self) -> bool:
-        """Whether no turn of the session is in flight or queued (its slot may be taken)."""
-        return self._current is None and getattr(self.s, "turn", None) is None
+        """Whether no turn (or compaction) of the session is in flight or queued."""
+        if self._current is not None or self._compacting:
+            return False
+        return getattr(self.s, "turn", None) is None
 
     def idle_since(self) -> float:
         return self._active_at
@@ -477,10 +482,10 @@ class ClaudeCode:
         """
         idle = self.agent.idle_process_s
         while True:
-            if self._current is not None:
+            if not self.idle():
                 await self._quiet.wait()
             await trio.sleep_until(self._active_at + idle)
-            if self._current is None and trio.current_time() >= self._active_at + idle:
+            if self.idle() and trio.current_time() >= self._active_at + idle:
                 event(
                     log, logging.INFO, "claude_code_idle",
                     f"session {self.s.id}: Claude Code stopped after {idle:g} s idle",
@@ -600,6 +605,8 @@ class ClaudeCode:
                     self._tool_results(turn, state, message)
                 else:
                     self._forward(message.parent_tool_use_id, message)
+            elif isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
+                self._compacted(turn.id, message)
             elif isinstance(message, TaskStartedMessage) and message.tool_use_id:
                 # Claude Code may start the tool before its message ends: the worker
                 # appears once the parent's tool.called is out (:meth:`_start_subs`).
@@ -760,6 +767,72 @@ class ClaudeCode:
         )  # fmt: skip
         self._close_pending(turn, state, "error")
         return "error"
+
+    # --- compaction (PROTOCOL section 12) ------------------------------------------------
+
+    def _compacted(self, turn_id: str | None, message: SystemMessage) -> None:
+        """Claude Code compacted its context: ``context.compacting`` then ``context.compacted``.
+
+        Claude Code says so once it is done (``compact_boundary``), so both
+        events come together. Its ``compact_metadata`` gives the trigger
+        (``auto`` or ``manual``) and ``pre_tokens``; ``post_tokens`` is its own
+        when it gives one, else 0 (not known). The summary is in Claude Code's
+        transcript, not a message of the session's: ``summary_message_id`` and
+        ``first_kept_message_id`` are null, and the session's messages stay as
+        they are (a client's view does not change).
+        """
+        meta = message.data.get("compact_metadata") or {}
+        trigger: Literal["auto", "manual"] = "manual" if meta.get("trigger") == "manual" else "auto"
+        pre = _int(meta.get("pre_tokens"))
+        post = _int(meta.get("post_tokens"))
+        self.s.emit(
+            [
+                ContextCompacting(trigger, pre),
+                ContextCompacted(trigger, "summary", pre, post, None, None),
+            ],
+            turn_id,
+        )
+
+    async def compact(self) -> None:
+        """``POST .../compact``: Claude Code's own ``/compact``, between turns.
+
+        The CLI is started if it is not running (in a slot of its agent); the
+        command's result is read like a turn's, within the agent's
+        ``turn_timeout_s``, its cost booked to the session. A CLI that does not
+        answer in time is stopped (the next turn resumes).
+        """
+        self._compacting, self._quiet = True, trio.Event()
+        self._active_at = trio.current_time()
+        try:
+            await self._settle_previous()
+            await self._start()
+            assert self.client is not None and self._inbox is not None
+            inbox = self._inbox
+            self._owed += 1
+            await self.client.query("/compact")
+            with trio.move_on_after(self.agent.turn_timeout_s) as timer:
+                while True:
+                    try:
+                        message = await inbox.receive()
+                    except trio.EndOfChannel:
+                        break
+                    if isinstance(message, SystemMessage):
+                        if message.subtype == "compact_boundary":
+                            self._compacted(None, message)
+                    elif isinstance(message, ResultMessage):
+                        self._owed -= 1
+                        total = message.total_cost_usd
+                        if total is not None and total > self._cost_seen:
+                            self.s.record.cost_so_far_usd += total - self._cost_seen
+                            self.s.save_record()
+                            self._cost_seen = total
+                        break
+            if timer.cancelled_caught:
+                self.stop()
+        finally:
+            self._compacting = False
+            self._active_at = trio.current_time()
+            self._quiet.set()
 
     # --- sub-agents (PROTOCOL section 5: worker sessions) -----------------------------------
 
@@ -1020,6 +1093,14 @@ class ClaudeCode:
             self.s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
             request.decided.set()
         self._open.clear()
+
+
+def _int(value: Any) -> int:
+    """A token count Claude Code gave (a number, or its text), 0 when none."""
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
 
 
 _REPORT_START = "The report follows:\n"

@@ -398,11 +398,17 @@ class AgentLoop:
     async def compact_now(self, request: compactor.Request) -> None:
         """``POST .../compact`` (``manual``), between turns, bounded by the agent's turn timeout.
 
-        A ``claude-code`` session's context is Claude Code's, which compacts it itself.
+        A ``claude-code`` session's context is Claude Code's: its ``/compact``
+        (:meth:`gateway.runtimes.claude_code.ClaudeCode.compact`).
         """
         s = self.s
         if self.runtime is not None:
-            request.done.set()
+            try:
+                await self.runtime.compact()
+            except Exception as exc:  # a gateway bug, or the CLI failed: the session goes on
+                s.failed("compaction", exc)
+            finally:
+                request.done.set()
             return
         try:
             done = await compactor.compact(
