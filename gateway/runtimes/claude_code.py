@@ -19,6 +19,10 @@ the result message                              ``turn.completed`` (usage; the c
                                                 the CLI's ``total_cost_usd`` for the turn)
 an error of the API or of the CLI               ``llm.call_failed`` (its class)
 a cancel (``interrupt()``)                      the sequences of PROTOCOL section 8
+a sub-agent (``TaskStartedMessage``, then       a worker session (``parent_session_id``):
+messages with ``parent_tool_use_id``)           ``delegate.started``, its turn in its own
+                                                stream, ``delegate.completed``/``failed``
+``compact_boundary``                            ``context.compacting``, ``context.compacted``
 ==============================================  =========================================
 
 **The stream events go through the gateway's translator.** Each
@@ -43,14 +47,50 @@ The Claude Code session id is derived from the gateway session's
 stop, a crash, a restart of the daemon) it resumes the transcript it finds in
 the state directory (``resume``), and the conversation goes on.
 
+**Processes at once.** The agent's ``max_processes`` bounds its CLIs on this
+node (:mod:`gateway.runtimes.slots`): a turn holds a slot before its POST
+answers; an idle CLI is stopped to make room; after ``SLOT_WAIT_S`` the POST
+is 503 ``over_capacity``. A CLI that dies mid-turn closes the turn as a
+network failure (``llm.call_failed`` ``network``, an open permission
+request resolved ``cancelled``, ``turn.completed`` ``error``); the next turn
+starts another, which resumes (a prompt the model had not begun to answer is
+not in the resumed transcript: Claude Code drops it).
+
 **Options.** ``cwd`` is the session's workspace; the agent's ``system`` is
 appended to Claude Code's own prompt; ``tools`` lists the tools Claude Code
 may use (their plain names become its ``tools``), those not matched by
-``require_approval`` its ``allowed_tools`` (approved without asking); the
-others ask ``can_use_tool`` (Claude Code itself approves read-only
-commands); ``permission_mode`` is passed as is (``bypassPermissions`` is the
-operator's choice only); the model is the part after ``anthropic:``; a
-thinking budget turns thinking on.
+``require_approval`` its ``allowed_tools`` (approved without asking;
+``mcp__<server>__*`` as Claude Code's ``mcp__<server>``); the others ask
+``can_use_tool``, which approves a tool the agent's patterns allow and
+``require_approval`` does not match, denies one they do not allow, and asks
+the user for the rest (Claude Code itself approves read-only commands);
+the ``[mcp_servers.*]`` the agent's ``tools`` reach are its ``mcp_servers``
+(:func:`mcp_servers`); ``permission_mode`` is passed as is
+(``bypassPermissions`` is the operator's choice only); the model is the part
+after ``anthropic:``; a thinking budget turns thinking on; ``[model]
+max_retries`` is its ``CLAUDE_CODE_MAX_RETRIES`` (Claude Code also sends a
+refused call, a 400, twice more with fewer beta headers, on its own).
+
+**Sub-agents.** Claude Code runs a sub-agent for an ``Agent`` (``Task``) tool
+use, and streams only the main thread: a sub-agent's messages come whole.
+Once the parent's ``tool.called`` is out, the sub-agent gets a worker
+session (``spawn_worker``: the limits of PROTOCOL section 15) and
+``delegate.started``; its turn runs on an agent loop of the worker whose
+runtime is fed the sub-agent's messages by the parent's (no process of its
+own), each replayed as raw stream events through the worker's translator
+(:meth:`ClaudeCode._assistant`). Its approvals are the worker's permission
+requests, answered from the parent (PROTOCOL section 5). The ``Agent``
+tool's result ends the worker's turn, its report replayed as the worker's
+last message, then ``delegate.completed`` (or ``failed``) and the parent's
+``tool.completed``. A cancel of the parent cancels the worker's turn first
+(``delegate.failed`` ``cancelled_by_user``). The worker's ``cost_usd`` is its
+calls' priced usage; the parent's turn cost is Claude Code's total, which
+includes the sub-agent's, so it is not booked again (``workers_cost_usd`` 0).
+
+**Compaction.** Claude Code compacts its own context; its
+``compact_boundary`` is ``context.compacting`` then ``context.compacted``
+(:meth:`ClaudeCode._compacted`). ``POST .../compact`` sends its ``/compact``
+between turns (:meth:`ClaudeCode.compact`).
 
 **Permissions.** ``can_use_tool`` opens a request in the session's
 :class:`~gateway.session.permissions.Permissions`, answered by the
@@ -78,8 +118,10 @@ Where the contract is silent:
   API's status (:func:`~gateway.providers.errors.status_class`), ``network``
   when the CLI exited, ``api_error`` otherwise. ``error_max_turns`` is
   ``max_rounds``.
-- Messages of sub-agents (``parent_tool_use_id``) are not streamed yet; their
-  ``Task`` tool use and result are.
+- ``compact_boundary`` comes once Claude Code is done: both events come
+  together, with its ``pre_tokens`` (and ``post_tokens``, 0 when it gives
+  none); ``method`` is ``summary``; the summary is in Claude Code's transcript,
+  not the session's messages, so both message ids are null.
 """
 
 from __future__ import annotations
