@@ -422,3 +422,45 @@ async def test_post_compact_is_claude_codes_own_and_its_boundary_is_context_comp
     assert "APPLE" not in last  # compacted away
     assert cost == pytest.approx(4 * (25 * 3 + 15 * 15) / 1e6)  # the summary call's included
     only_model_calls(server)
+
+
+async def test_cancelling_the_parent_cancels_the_sub_agents_worker_first(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel while the sub-agent's Bash waits for approval: the worker's turn is cancelled
+    in its stream (its request resolved ``cancelled``), then the parent's
+    ``delegate.failed`` (``cancelled_by_user``), ``tool.failed`` and ``turn.cancelled``."""
+    server.enqueue(
+        Replay(transcript("claude-code/agent_call.sse")),
+        Replay(transcript("claude-code/bash_touch.sse")),
+        Replay(transcript("anthropic/text.sse")),  # the next turn's
+    )
+    config, providers = await gateway(tmp_path, server, monkeypatch, tools='["Bash", "Agent"]')
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            workers = {"event_types": None, "actors": None, "include_worker_sessions": True}
+            await client.subscribe(workers)
+            turn_id = await gw.submit(sid, "delegate it")
+            asked = (await client.until(functools.partial(is_type, "permission.requested")))[-1]
+            worker_id = asked.session_id
+            started = trio.current_time()
+            r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel", json={})
+            assert r.status_code in (200, 202), r.text
+            await client.until(functools.partial(ends, sid))
+            took = trio.current_time() - started
+            events = client.events
+        assert gw.node.sessions[sid].pending_permissions() == []
+        next_turn = await run_turn(gw, sid, "still there?")
+    await providers.aclose()
+    assert took < 2.0, took
+    mine = [e.type for e in events if e.session_id == sid]
+    theirs = [e.type for e in events if e.session_id == worker_id]
+    assert theirs[-3:] == ["permission.resolved", "tool.failed", "turn.cancelled"]
+    assert mine[-3:] == ["delegate.failed", "tool.failed", "turn.cancelled"]
+    failed = next(e for e in events if e.type == "delegate.failed").payload
+    assert failed.failure_mode == "cancelled_by_user" and failed.worker_session_id == worker_id
+    order = [(e.session_id, e.type) for e in events]
+    assert order.index((worker_id, "turn.cancelled")) < order.index((sid, "delegate.failed"))
+    assert next_turn[-1].payload.stop_reason == "end_turn"
+    only_model_calls(server)
