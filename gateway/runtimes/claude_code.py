@@ -598,6 +598,8 @@ class ClaudeCode:
             self._announced.clear()
             self._denied.clear()
             self._tool_started.clear()
+            if self.client is None and self._feed is None:  # the POST's slot, never used
+                self.node.process_slots.release(self.agent.name, self.s.id)
 
     async def _interrupt(self) -> None:
         client = self.client
