@@ -23,9 +23,11 @@ from gateway.agents import resolve_agents
 from gateway.client.attach import open_websocket as open_ws
 from gateway.runtimes import claude_code as cc
 from gateway.runtimes import slots
+from tests.cluster_support import running_cluster
 from tests.conftest import Client, Harness, running_gateway, types
 from tests.mcp_support import EVERYTHING
 from tests.provider_support import server as server
+from tests.redis_support import ensure_redis_server
 from tests.test_claude_code import (
     alive,
     cc_config,
@@ -464,3 +466,66 @@ async def test_cancelling_the_parent_cancels_the_sub_agents_worker_first(
     assert order.index((worker_id, "turn.cancelled")) < order.index((sid, "delegate.failed"))
     assert next_turn[-1].payload.stop_reason == "end_turn"
     only_model_calls(server)
+
+
+CLUSTER_HEAD = """\
+[server]
+host = "127.0.0.1"
+port = {port}
+shutdown_grace_s = 2.0
+[store]
+backend = "redis"
+url = "{url}"
+lease_s = {lease_s}
+[sessions]
+workspace_root = "{workdir}/workspaces"
+[log]
+format = "json"
+"""
+
+
+async def test_a_surviving_node_takes_a_claude_code_session_over_and_resumes_it(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ``gateway serve`` nodes on one Redis, one ``workspace_root`` (a shared disk):
+    the CLI's state directory is beside it, so the node that takes the session over
+    after its owner's kill -9 resumes Claude Code's transcript."""
+    server.enqueue(*[Replay(transcript("anthropic/text.sse"))] * 2)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake")
+    agent = cc_toml(server).replace("{", "{{").replace("}", "}}")
+    config = CLUSTER_HEAD + agent
+    with running_cluster(ensure_redis_server(), tmp_path, 2, config) as cluster:
+        owner, survivor = cluster.live
+        async with httpx.AsyncClient(base_url=owner.base) as http:
+            sid = (await http.post("/sessions", json={})).json()["session_id"]
+            first = await cluster_turn(http, sid, "first words APPLE")
+        owner.kill()  # its CLI goes with it (the watchdog)
+        async with httpx.AsyncClient(base_url=survivor.base) as http:
+            with trio.fail_after(15):
+                while True:  # until the dead owner's lease lapses (lease_s = 1)
+                    try:
+                        second = await cluster_turn(http, sid, "second words BANANA")
+                        break
+                    except Retry:
+                        await trio.sleep(0.2)
+    assert first[-1].payload.stop_reason == second[-1].payload.stop_reason == "end_turn"
+    said = str(server.requests[1].body["messages"])
+    assert "APPLE" in said and "BANANA" in said  # the conversation went on
+    only_model_calls(server)
+
+
+class Retry(Exception):
+    """The node answered 503: the session is not its yet."""
+
+
+async def cluster_turn(http: httpx.AsyncClient, sid: str, content: str) -> list[Any]:
+    url = (await http.get(f"/sessions/{sid}")).json()["ws_url"]
+    async with open_ws(url) as ws:
+        client = Client(ws, sid)
+        await client.subscribe()
+        r = await http.post(f"/sessions/{sid}/turns", json={"content": content})
+        if r.status_code == 503:
+            raise Retry(r.text)
+        assert r.status_code == 202, r.text
+        with trio.fail_after(30):
+            return await client.until_turn_ends()
