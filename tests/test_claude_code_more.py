@@ -38,7 +38,6 @@ from tests.test_claude_code import (
     pytestmark,
     run_turn,
 )
-from tests.test_cli_serve import gateway_process
 
 __all__ = ["pytestmark", "server"]
 
@@ -217,37 +216,6 @@ def children(pid: int) -> list[int]:
             if int(stat.rpartition(")")[2].split()[1]) == pid:
                 out.append(int(entry))
     return out
-
-
-async def test_no_cli_outlives_a_daemon_killed_with_sigkill_mid_turn(
-    tmp_path: Path, server: FakeServer
-) -> None:
-    """``gateway serve`` as a process, a Claude Code turn streaming, the daemon kill -9'd."""
-    body = transcript("anthropic/thinking_text.sse")
-    server.enqueue(Replay(body, cut=Cut(body.index(b"signature_delta"), "stall")))
-    (tmp_path / "gateway.toml").write_text(cc_toml(server))
-    args = ("--config", "gateway.toml", "--port", "0")
-    env = {"ANTHROPIC_API_KEY": "sk-fake"}
-    with trio.fail_after(40):
-        async with gateway_process(tmp_path, *args, env=env) as (proc, port):
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-                sid = (await http.post("/sessions", json={})).json()["session_id"]
-                url = (await http.get(f"/sessions/{sid}")).json()["ws_url"]
-                async with open_ws(url) as ws:
-                    client = Client(ws, sid)
-                    await client.subscribe()
-                    r = await http.post(f"/sessions/{sid}/turns", json={"content": "go"})
-                    assert r.status_code == 202, r.text
-                    await client.until(functools.partial(is_type, "thinking.delta"))
-                    kids = children(proc.pid)  # the CLI, streaming; the watchdog
-                    [cli] = [k for k in kids if b"claude" in cmdline(k)]
-                    assert os.getpgid(cli) == cli
-                    proc.send_signal(signal.SIGKILL)
-                    assert await proc.wait() == -signal.SIGKILL
-            with trio.fail_after(5):
-                while any(alive(k) for k in kids):  # noqa: ASYNC110
-                    await trio.sleep(0.05)
-    only_model_calls(server)
 
 
 MCP_TABLES = f"""
@@ -484,13 +452,22 @@ format = "json"
 """
 
 
-async def test_a_surviving_node_takes_a_claude_code_session_over_and_resumes_it(
+async def test_kill_9_of_the_owner_mid_turn_leaves_no_cli_and_a_survivor_resumes(
     tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two ``gateway serve`` nodes on one Redis, one ``workspace_root`` (a shared disk):
-    the CLI's state directory is beside it, so the node that takes the session over
-    after its owner's kill -9 resumes Claude Code's transcript."""
-    server.enqueue(*[Replay(transcript("anthropic/text.sse"))] * 2)
+    """Two ``gateway serve`` nodes on one Redis, one ``workspace_root`` (a shared disk).
+
+    The owner is killed with SIGKILL while its CLI streams a turn: no CLI outlives
+    it. The CLI's state directory is beside ``workspace_root``, so the node that
+    takes the session over (closing the interrupted turn) resumes Claude Code's
+    transcript.
+    """
+    body = transcript("anthropic/thinking_text.sse")
+    server.enqueue(
+        Replay(transcript("anthropic/text.sse")),
+        Replay(body, cut=Cut(body.index(b"signature_delta"), "stall")),  # the owner dies
+        Replay(transcript("anthropic/text.sse")),
+    )
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake")
     agent = cc_toml(server).replace("{", "{{").replace("}", "}}")
     config = CLUSTER_HEAD + agent
@@ -499,7 +476,20 @@ async def test_a_surviving_node_takes_a_claude_code_session_over_and_resumes_it(
         async with httpx.AsyncClient(base_url=owner.base) as http:
             sid = (await http.post("/sessions", json={})).json()["session_id"]
             first = await cluster_turn(http, sid, "first words APPLE")
-        owner.kill()  # its CLI goes with it (the watchdog)
+            url = (await http.get(f"/sessions/{sid}")).json()["ws_url"]
+            async with open_ws(url) as ws:
+                client = Client(ws, sid)
+                await client.subscribe()
+                r = await http.post(f"/sessions/{sid}/turns", json={"content": "go on"})
+                assert r.status_code == 202, r.text
+                await client.until(functools.partial(is_type, "thinking.delta"))
+                kids = children(owner.proc.pid)  # its CLI, streaming; its watchdog
+                [cli] = [k for k in kids if b"claude" in cmdline(k)]
+                assert os.getpgid(cli) == cli  # a group of its own: not killed with the daemon's
+                owner.kill()
+        with trio.fail_after(5):
+            while any(alive(k) for k in kids):  # noqa: ASYNC110
+                await trio.sleep(0.05)
         async with httpx.AsyncClient(base_url=survivor.base) as http:
             with trio.fail_after(15):
                 while True:  # until the dead owner's lease lapses (lease_s = 1)
@@ -509,7 +499,7 @@ async def test_a_surviving_node_takes_a_claude_code_session_over_and_resumes_it(
                     except Retry:
                         await trio.sleep(0.2)
     assert first[-1].payload.stop_reason == second[-1].payload.stop_reason == "end_turn"
-    said = str(server.requests[1].body["messages"])
+    said = str(server.requests[2].body["messages"])
     assert "APPLE" in said and "BANANA" in said  # the conversation went on
     only_model_calls(server)
 
