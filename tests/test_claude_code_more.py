@@ -23,11 +23,9 @@ from gateway.agents import resolve_agents
 from gateway.client.attach import open_websocket as open_ws
 from gateway.runtimes import claude_code as cc
 from gateway.runtimes import slots
-from tests.cluster_support import running_cluster
 from tests.conftest import Client, Harness, running_gateway, types
 from tests.mcp_support import EVERYTHING
 from tests.provider_support import server as server
-from tests.redis_support import ensure_redis_server
 from tests.test_claude_code import (
     alive,
     cc_config,
@@ -38,6 +36,7 @@ from tests.test_claude_code import (
     pytestmark,
     run_turn,
 )
+from tests.test_cli_serve import gateway_process
 
 __all__ = ["pytestmark", "server"]
 
@@ -109,6 +108,7 @@ async def test_a_cli_killed_mid_turn_closes_the_turn_and_the_next_turn_resumes(
     body = transcript("anthropic/thinking_text.sse")
     server.enqueue(
         Replay(transcript("anthropic/text.sse")),  # A's first turn, answered
+        Replay(transcript("anthropic/text.sse")),  # B's
         Replay(body, cut=Cut(body.index(b"signature_delta"), "stall")),  # A: killed streaming
         Replay(transcript("claude-code/bash_touch.sse")),  # B: killed while it asks
         Replay(transcript("anthropic/text.sse")),  # A's next turn
@@ -120,6 +120,7 @@ async def test_a_cli_killed_mid_turn_closes_the_turn_and_the_next_turn_resumes(
     async with running_gateway(config, providers) as gw:
         a, b = await gw.create_session(), await gw.create_session()
         await run_turn(gw, a, "zero words CHERRY")
+        await run_turn(gw, b, "zero words DATE")
         for sid, words, ready in (
             (a, "first words APPLE", "thinking.delta"),
             (b, "first words BANANA", "permission.requested"),
@@ -151,11 +152,11 @@ async def test_a_cli_killed_mid_turn_closes_the_turn_and_the_next_turn_resumes(
     resolved = next(e for e in crashed[b] if e.type == "permission.resolved").payload
     assert resolved.decision == "cancelled"
     assert next(e for e in crashed[b] if e.type == "tool.failed").payload.error_class == "error"
-    # A prompt the model never began to answer is not in the resumed transcript
-    # (the CLI drops it); what was answered is.
-    resumed = [str(r.body["messages"]) for r in server.requests[3:]]
+    # What was answered before the crash is in the resumed transcript; the cut turn's
+    # prompt only if the killed CLI had written it (Claude Code's timing, not asserted).
+    resumed = [str(r.body["messages"]) for r in server.requests[4:]]
     assert "CHERRY" in resumed[0] and "second words" in resumed[0]
-    assert "BANANA" in resumed[1] and "second words" in resumed[1]
+    assert "DATE" in resumed[1] and "second words" in resumed[1]
     only_model_calls(server)
 
 
@@ -436,86 +437,32 @@ async def test_cancelling_the_parent_cancels_the_sub_agents_worker_first(
     only_model_calls(server)
 
 
-CLUSTER_HEAD = """\
-[server]
-host = "127.0.0.1"
-port = {port}
-shutdown_grace_s = 2.0
-[store]
-backend = "redis"
-url = "{url}"
-lease_s = {lease_s}
-[sessions]
-workspace_root = "{workdir}/workspaces"
-[log]
-format = "json"
-"""
-
-
-async def test_kill_9_of_the_owner_mid_turn_leaves_no_cli_and_a_survivor_resumes(
-    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+async def test_no_cli_outlives_a_daemon_killed_with_sigkill_mid_turn(
+    tmp_path: Path, server: FakeServer
 ) -> None:
-    """Two ``gateway serve`` nodes on one Redis, one ``workspace_root`` (a shared disk).
-
-    The owner is killed with SIGKILL while its CLI streams a turn: no CLI outlives
-    it. The CLI's state directory is beside ``workspace_root``, so the node that
-    takes the session over (closing the interrupted turn) resumes Claude Code's
-    transcript.
-    """
+    """``gateway serve`` as a process, a Claude Code turn streaming, the daemon kill -9'd."""
     body = transcript("anthropic/thinking_text.sse")
-    server.enqueue(
-        Replay(transcript("anthropic/text.sse")),
-        Replay(body, cut=Cut(body.index(b"signature_delta"), "stall")),  # the owner dies
-        Replay(transcript("anthropic/text.sse")),
-    )
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake")
-    agent = cc_toml(server).replace("{", "{{").replace("}", "}}")
-    config = CLUSTER_HEAD + agent
-    with running_cluster(ensure_redis_server(), tmp_path, 2, config) as cluster:
-        owner, survivor = cluster.live
-        async with httpx.AsyncClient(base_url=owner.base) as http:
-            sid = (await http.post("/sessions", json={})).json()["session_id"]
-            first = await cluster_turn(http, sid, "first words APPLE")
-            url = (await http.get(f"/sessions/{sid}")).json()["ws_url"]
-            async with open_ws(url) as ws:
-                client = Client(ws, sid)
-                await client.subscribe()
-                r = await http.post(f"/sessions/{sid}/turns", json={"content": "go on"})
-                assert r.status_code == 202, r.text
-                await client.until(functools.partial(is_type, "thinking.delta"))
-                kids = children(owner.proc.pid)  # its CLI, streaming; its watchdog
-                [cli] = [k for k in kids if b"claude" in cmdline(k)]
-                assert os.getpgid(cli) == cli  # a group of its own: not killed with the daemon's
-                owner.kill()
-        with trio.fail_after(5):
-            while any(alive(k) for k in kids):  # noqa: ASYNC110
-                await trio.sleep(0.05)
-        async with httpx.AsyncClient(base_url=survivor.base) as http:
-            with trio.fail_after(15):
-                while True:  # until the dead owner's lease lapses (lease_s = 1)
-                    try:
-                        second = await cluster_turn(http, sid, "second words BANANA")
-                        break
-                    except Retry:
-                        await trio.sleep(0.2)
-    assert first[-1].payload.stop_reason == second[-1].payload.stop_reason == "end_turn"
-    said = str(server.requests[2].body["messages"])
-    assert "APPLE" in said and "BANANA" in said  # the conversation went on
+    server.enqueue(Replay(body, cut=Cut(body.index(b"signature_delta"), "stall")))
+    (tmp_path / "gateway.toml").write_text(cc_toml(server))
+    args = ("--config", "gateway.toml", "--port", "0")
+    env = {"ANTHROPIC_API_KEY": "sk-fake"}
+    with trio.fail_after(40):
+        async with gateway_process(tmp_path, *args, env=env) as (proc, port):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                sid = (await http.post("/sessions", json={})).json()["session_id"]
+                url = (await http.get(f"/sessions/{sid}")).json()["ws_url"]
+                async with open_ws(url) as ws:
+                    client = Client(ws, sid)
+                    await client.subscribe()
+                    r = await http.post(f"/sessions/{sid}/turns", json={"content": "go"})
+                    assert r.status_code == 202, r.text
+                    await client.until(functools.partial(is_type, "thinking.delta"))
+                    kids = children(proc.pid)  # the CLI, streaming; the watchdog
+                    [cli] = [k for k in kids if b"claude" in cmdline(k)]
+                    assert os.getpgid(cli) == cli
+                    proc.send_signal(signal.SIGKILL)
+                    assert await proc.wait() == -signal.SIGKILL
+            with trio.fail_after(5):
+                while any(alive(k) for k in kids):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
     only_model_calls(server)
-
-
-class Retry(Exception):
-    """The node answered 503: the session is not its yet."""
-
-
-async def cluster_turn(http: httpx.AsyncClient, sid: str, content: str) -> list[Any]:
-    url = (await http.get(f"/sessions/{sid}")).json()["ws_url"]
-    async with open_ws(url) as ws:
-        client = Client(ws, sid)
-        await client.subscribe()
-        r = await http.post(f"/sessions/{sid}/turns", json={"content": content})
-        if r.status_code == 503:
-            raise Retry(r.text)
-        assert r.status_code == 202, r.text
-        with trio.fail_after(30):
-            return await client.until_turn_ends()

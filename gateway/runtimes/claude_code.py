@@ -53,8 +53,8 @@ answers; an idle CLI is stopped to make room; after ``SLOT_WAIT_S`` the POST
 is 503 ``over_capacity``. A CLI that dies mid-turn closes the turn as a
 network failure (``llm.call_failed`` ``network``, an open permission
 request resolved ``cancelled``, ``turn.completed`` ``error``); the next turn
-starts another, which resumes (a prompt the model had not begun to answer is
-not in the resumed transcript: Claude Code drops it).
+starts another, which resumes (the cut turn's prompt is in the resumed
+transcript only if the killed CLI had written it; its partial answer never).
 
 **Options.** ``cwd`` is the session's workspace; the agent's ``system`` is
 appended to Claude Code's own prompt; ``tools`` lists the tools Claude Code
