@@ -524,17 +524,23 @@ class ClaudeCode:
         """
         idle = self.agent.idle_process_s
         while True:
-            if not self.idle():
+            if self._current is not None or self._compacting:
                 await self._quiet.wait()
-            await trio.sleep_until(self._active_at + idle)
-            if self.idle() and trio.current_time() >= self._active_at + idle:
-                event(
-                    log, logging.INFO, "claude_code_idle",
-                    f"session {self.s.id}: Claude Code stopped after {idle:g} s idle",
-                    session_id=self.s.id, idle_s=idle,
-                )  # fmt: skip
-                scope.cancel()
-                return
+                continue
+            deadline = self._active_at + idle
+            if trio.current_time() < deadline:
+                await trio.sleep_until(deadline)
+                continue
+            if not self.idle():  # a turn accepted, not started yet: it will be waited for
+                await trio.sleep(idle)
+                continue
+            event(
+                log, logging.INFO, "claude_code_idle",
+                f"session {self.s.id}: Claude Code stopped after {idle:g} s idle",
+                session_id=self.s.id, idle_s=idle,
+            )  # fmt: skip
+            scope.cancel()
+            return
 
     def stop(self) -> None:
         """Stop the session's CLI (the process task ends; its group is stopped)."""
