@@ -466,3 +466,40 @@ async def test_no_cli_outlives_a_daemon_killed_with_sigkill_mid_turn(
                 while any(alive(k) for k in kids):  # noqa: ASYNC110
                     await trio.sleep(0.05)
     only_model_calls(server)
+
+
+async def test_a_background_sub_agent_is_a_worker_that_ends_with_its_task(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code runs an ``Agent`` in the background unless told otherwise: its tool
+    returns at once (``tool.completed``), the worker goes on, and ``delegate.completed``
+    comes when its task does, with the sub-agent's last message."""
+    text = Replay(transcript("anthropic/text.sse"))
+    # The main thread and the sub-agent call at once: every reply is the same text.
+    server.enqueue(Replay(transcript("claude-code/agent_call_background.sse")), text, text, text)
+    config, providers = await gateway(tmp_path, server, monkeypatch, tools='["Bash", "Agent"]')
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            workers = {"event_types": None, "actors": None, "include_worker_sessions": True}
+            await client.subscribe(workers)
+            await gw.submit(sid, "delegate it")
+            await client.until(functools.partial(ends, sid))
+            events = client.events
+    await providers.aclose()
+    started = next(e for e in events if e.type == "delegate.started").payload
+    worker_id = started.worker_session_id
+    mine = [e.type for e in events if e.session_id == sid]
+    theirs = [e.type for e in events if e.session_id == worker_id]
+    assert [t for t in mine if t.startswith(("tool.c", "delegate."))] == [
+        "tool.called",
+        "delegate.started",
+        "tool.completed",
+        "delegate.completed",
+    ]
+    completed = next(e for e in events if e.type == "delegate.completed").payload
+    assert completed.result == "Hello, world!"
+    assert theirs[0] == "turn.started" and theirs[-1] == "turn.completed"
+    assert theirs.count("message.complete") == 1
+    assert events[-1].type == "turn.completed" and events[-1].payload.stop_reason == "end_turn"
+    only_model_calls(server)

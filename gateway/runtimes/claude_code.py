@@ -141,6 +141,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import msgspec
 import trio
 from claude_agent_sdk import (
+    TERMINAL_TASK_STATUSES,
     AssistantMessage,
     CanUseToolShadowedWarning,
     ClaudeAgentOptions,
@@ -150,7 +151,9 @@ from claude_agent_sdk import (
     ResultMessage,
     StreamEvent,
     SystemMessage,
+    TaskNotificationMessage,
     TaskStartedMessage,
+    TaskUpdatedMessage,
     ToolPermissionContext,
     UserMessage,
 )
@@ -346,6 +349,7 @@ class _Sub:
     turn: Turn
     send: trio.MemorySendChannel[Any]
     runtime: ClaudeCode
+    background: bool  # its Agent tool returned at once; it ends with its task
 
 
 class ClaudeCode:
@@ -384,6 +388,7 @@ class ClaudeCode:
         self._open: list[PermissionRequest] = []
         self._denied: set[str] = set()
         self._tool_started: dict[str, float] = {}
+        self._early_results: dict[str, SdkToolResult] = {}  # before their tool.called
         # A worker session's runtime reads its sub-agent's messages from ``feed`` (no CLI).
         self._feed = feed
         if feed is not None:
@@ -399,6 +404,7 @@ class ClaudeCode:
         self._synth_ids: set[str] = set()
         self._last_text = ""  # of the sub-agent's messages (:meth:`_report`)
         self._compacting = False  # a POST .../compact runs (:meth:`compact`)
+        self._background = False  # a worker's: its sub-agent runs in the background
 
     @property
     def agent(self) -> AgentProfile:
@@ -604,6 +610,7 @@ class ClaudeCode:
             self._announced.clear()
             self._denied.clear()
             self._tool_started.clear()
+            self._early_results.clear()
             if self.client is None and self._feed is None:  # the POST's slot, never used
                 self.node.process_slots.release(self.agent.name, self.s.id)
 
@@ -643,7 +650,8 @@ class ClaudeCode:
                     await self._flush(turn, state)
                     if message.is_error:
                         return self._failed(turn, state, "api_error", message.text)
-                    await self._report(turn, state, _report_text(message.text))
+                    if not self._background:
+                        await self._report(turn, state, _report_text(message.text))
                     return self._close_pending(turn, state, "end_turn")
                 continue
             if isinstance(message, StreamEvent):
@@ -655,6 +663,8 @@ class ClaudeCode:
                     self._tool_results(turn, state, message)
                 else:
                     self._forward(message.parent_tool_use_id, message)
+            elif isinstance(message, (TaskNotificationMessage, TaskUpdatedMessage)):
+                await self._task_ended(turn, message)
             elif isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
                 self._compacted(turn.id, message)
             elif isinstance(message, TaskStartedMessage) and message.tool_use_id:
@@ -672,6 +682,11 @@ class ClaudeCode:
             # (the main thread's AssistantMessage: what its stream said already)
             if self._sub_pending:
                 await self._start_subs(turn)
+            if self._early_results:  # results that came before their tool.called (and workers)
+                pending = {b.id: b for b in state.pending_tools}
+                for tool_use_id in [i for i in self._early_results if i in pending]:
+                    early = self._early_results.pop(tool_use_id)
+                    self._tool_result(turn, state, pending[tool_use_id], early)
 
     async def _stream_event(self, turn: Turn, state: TurnState, data: dict[str, Any]) -> None:
         s = self.s
@@ -751,20 +766,27 @@ class ClaudeCode:
             if not isinstance(result, SdkToolResult):
                 continue
             block = pending.get(result.tool_use_id)
-            if block is None:
+            if block is None:  # Claude Code ran it before its message ended: kept till then
+                self._early_results[result.tool_use_id] = result
                 continue
-            if turn.phase == "seam":
-                turn.enter("tools")
-            text = _result_text(result.content)
-            started = self._tool_started.get(block.id, trio.current_time())
-            ms = round((trio.current_time() - started) * 1000)
-            if result.is_error:
-                denied = block.id in self._denied
-                error_class = "permission_denied" if denied else "error"
-                self.loop.tool_failed(turn, state, block, error_class, text, ms)
-            else:
-                self.loop._tool_result(turn, state, block, text, is_error=False)
-                self.s.emit([ToolCompleted(block.id, block.name, text, ms)], turn.id)
+            self._tool_result(turn, state, block, result)
+
+    def _tool_result(
+        self, turn: Turn, state: TurnState, block: ToolUseBlock, result: SdkToolResult
+    ) -> None:
+        """One pending tool's result: ``tool.completed`` or ``tool.failed``."""
+        if turn.phase == "seam":
+            turn.enter("tools")
+        text = _result_text(result.content)
+        started = self._tool_started.get(block.id, trio.current_time())
+        ms = round((trio.current_time() - started) * 1000)
+        if result.is_error:
+            denied = block.id in self._denied
+            error_class = "permission_denied" if denied else "error"
+            self.loop.tool_failed(turn, state, block, error_class, text, ms)
+        else:
+            self.loop._tool_result(turn, state, block, text, is_error=False)
+            self.s.emit([ToolCompleted(block.id, block.name, text, ms)], turn.id)
 
     def _result(self, turn: Turn, state: TurnState, result: ResultMessage) -> StopReason:
         """The query's result: how the turn ends (the agent loop emits ``turn.completed``)."""
@@ -930,9 +952,10 @@ class ClaudeCode:
         loop = AgentLoop(worker, self.node)
         runtime = ClaudeCode(loop, self._nursery, self._processes, feed=receive)
         loop.runtime = runtime
+        runtime._background = bool(message.data.get("is_backgrounded"))
         worker_turn = Turn(task.turn_id or new_turn_id(), task)
         worker.turn = worker_turn  # the worker's turn lock: cancel and snapshot see it
-        sub = _Sub(tool_use_id, worker, worker_turn, send, runtime)
+        sub = _Sub(tool_use_id, worker, worker_turn, send, runtime, runtime._background)
         self._subs[tool_use_id] = self._sub_tasks[message.task_id] = sub
         self._subs_changed.set()
         self._subs_changed = trio.Event()
@@ -960,12 +983,36 @@ class ClaudeCode:
         if isinstance(message.content, str):
             return
         for result in message.content:
-            if isinstance(result, SdkToolResult) and result.tool_use_id in self._subs:
-                sub = self._subs.pop(result.tool_use_id)
+            if not isinstance(result, SdkToolResult):
+                continue
+            sub = self._subs.get(result.tool_use_id)
+            if sub is not None and not sub.background:  # a background one: _task_ended
+                del self._subs[result.tool_use_id]
                 done = _SubAgentDone(bool(result.is_error), _result_text(result.content))
                 sub.send.send_nowait(done)
                 sub.send.close()
                 await self._sub_ended(turn, sub, cancelled=False)
+
+    async def _task_ended(
+        self, turn: Turn, message: TaskNotificationMessage | TaskUpdatedMessage
+    ) -> None:
+        """A background sub-agent's task ended: its worker's turn ends, then ``delegate.*``.
+
+        (A foreground one ends with its ``Agent`` tool's result: :meth:`_subs_done`.)
+        """
+        if isinstance(message, TaskUpdatedMessage):
+            status = message.status or str(message.patch.get("status") or "")
+        else:
+            status = message.status
+        sub = self._sub_tasks.get(message.task_id)
+        if status not in TERMINAL_TASK_STATUSES or sub is None or not sub.background:
+            return
+        if self._subs.pop(sub.tool_use_id, None) is None:
+            return  # ended already
+        failed = status != "completed"
+        sub.send.send_nowait(_SubAgentDone(failed, f"the sub-agent's task {status}"))
+        sub.send.close()
+        await self._sub_ended(turn, sub, cancelled=False)
 
     async def _end_subs(self, turn: Turn) -> None:
         """The turn ends early: each open worker's turn is cancelled (or, when the CLI
