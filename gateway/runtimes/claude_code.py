@@ -79,11 +79,15 @@ session (``spawn_worker``: the limits of PROTOCOL section 15) and
 runtime is fed the sub-agent's messages by the parent's (no process of its
 own), each replayed as raw stream events through the worker's translator
 (:meth:`ClaudeCode._assistant`). Its approvals are the worker's permission
-requests, answered from the parent (PROTOCOL section 5). The ``Agent``
-tool's result ends the worker's turn, its report replayed as the worker's
-last message, then ``delegate.completed`` (or ``failed``) and the parent's
-``tool.completed``. A cancel of the parent cancels the worker's turn first
-(``delegate.failed`` ``cancelled_by_user``). The worker's ``cost_usd`` is its
+requests, answered from the parent (PROTOCOL section 5). A foreground
+sub-agent's turn ends with its ``Agent`` tool's result, its report replayed
+as the worker's last message, then ``delegate.completed`` (or ``failed``) and
+the parent's ``tool.completed``. A background one (Claude Code's default:
+the tool returns at once, ``tool.completed``) ends with its task
+(``task_notification``/``task_updated``), its last message its own; one still
+running when the parent's turn ends fails (``delegate.failed`` ``error``).
+A cancel of the parent cancels the worker's turn first (``delegate.failed``
+``cancelled_by_user``). The worker's ``cost_usd`` is its
 calls' priced usage; the parent's turn cost is Claude Code's total, which
 includes the sub-agent's, so it is not booked again (``workers_cost_usd`` 0).
 
@@ -108,6 +112,8 @@ messages and its result are read and dropped before the next query.
 
 Where the contract is silent:
 
+- Claude Code may run a tool, and give its result, before the message that
+  holds it has ended: the result is kept until the tool's ``tool.called``.
 - The turn's phase: ``llm`` from the query until a message ends, ``seam``
   from a message with tool uses until a permission is granted or a result
   comes back, ``tools`` then, ``llm`` again at the next message.
