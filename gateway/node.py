@@ -54,6 +54,7 @@ from gateway.protocol.framing import event_frame
 from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
+from gateway.runtimes import slots
 from gateway.server.auth import NO_OWNER, Limits
 from gateway.session import seam
 from gateway.session.agent import TurnHost
@@ -169,6 +170,8 @@ class Node:
         # The tool processes of the daemon (the app shares its own); a bare node spawns without
         # a watchdog: its groups are still stopped with their sessions.
         self.processes = ToolProcesses(config.tools)
+        # The Claude Code processes of each agent on this node (max_processes).
+        self.process_slots = slots.ProcessSlots()
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)
         self.sequencer: EventSequencer
@@ -882,7 +885,35 @@ class Node:
                 or as :meth:`ask_owner`.
         """
         if await self.ask_owner(session, "turn", message) is None:
-            await session.accepted(session.submit_turn(message))
+            await self._process_slot(session)
+            try:
+                turn = session.submit_turn(message)
+            except ApiError:
+                self._unreserve_slot(session)
+                raise
+            await session.accepted(turn)
+
+    async def _process_slot(self, session: Session) -> None:
+        """A ``claude-code`` session's turn holds a process slot before it is accepted.
+
+        ``max_processes`` of its agent (:mod:`gateway.runtimes.slots`): an idle
+        process may be stopped to make room; after ``SLOT_WAIT_S``, 503
+        ``over_capacity``. A session whose turn is in flight is refused as
+        before (409), without waiting.
+        """
+        agent = self.agents[session.record.agent]
+        if agent.runtime != "claude-code" or session.turn is not None:
+            return
+        limit = agent.max_processes
+        if not await self.process_slots.acquire(agent.name, limit, session.id, slots.SLOT_WAIT_S):
+            raise slots.over_capacity(agent.name, limit)
+
+    def _unreserve_slot(self, session: Session) -> None:
+        """A slot held for a turn that was refused, and for no process: free it."""
+        agent = self.agents[session.record.agent]
+        runtime = session.agent.runtime if session.agent is not None else None
+        if session.turn is None and (runtime is None or runtime.client is None):
+            self.process_slots.release(agent.name, session.id)
 
     async def cancel_turn(
         self, session: Session, turn_id: str, reason: str, requested_by: str

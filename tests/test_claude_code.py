@@ -35,14 +35,25 @@ pytestmark = [
         reason="needs the claude-code extra: pip install 'gateway[claude-code]'",
     ),
     *ignore_unfinalized_generators("anthropic", "httpx2", "httpcore2", "httpx", "httpcore"),
+    # Tools approved without asking are meant to bypass can_use_tool (the runtime's module).
+    pytest.mark.filterwarnings("ignore::claude_agent_sdk.CanUseToolShadowedWarning"),
 ]
 
 PROMPT = "You work for the gateway's tests. The code word is MARIGOLD."
 
 
-def cc_config(tmp_path: Path, server: FakeServer, **agent: str) -> Config:
+def cc_config(tmp_path: Path, server: FakeServer, tail: str = "", **agent: str) -> Config:
     """The default agent is a Claude Code one (the SQLite store does not keep a session's
     agent yet: a restarted daemon runs the default agent for every session)."""
+    return agents_config(tmp_path, cc_toml(server, tail, **agent))
+
+
+def cc_toml(server: FakeServer, tail: str = "", **agent: str) -> str:
+    """The config's text: a Claude Code default agent, its API and proxy the fake server.
+
+    ``agent``: more keys of the agent (TOML values); ``tail``: more tables.
+    """
+    agent = {"tools": '["Bash"]', "require_approval": '["Bash"]', **agent}
     extra = "".join(f"{k} = {v}\n" for k, v in agent.items())
     proxy = server.base_url  # anything not for the model API would be recorded there too
     text = f"""
@@ -59,18 +70,21 @@ kill_grace_s = 1
 [agents.default]
 runtime = "claude-code"
 system = "{PROMPT}"
-tools = ["Bash"]
-require_approval = ["Bash"]
 env = {{ HTTPS_PROXY = "{proxy}", HTTP_PROXY = "{proxy}", NO_PROXY = "127.0.0.1" }}
-{extra}"""
-    return agents_config(tmp_path, text)
+{extra}
+{tail}"""
+    return text
 
 
 async def gateway(
-    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch, **agent: str
+    tmp_path: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tail: str = "",
+    **agent: str,
 ) -> Any:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake")
-    config = cc_config(tmp_path, server, **agent)
+    config = cc_config(tmp_path, server, tail, **agent)
     return config, make_providers(config, {"ANTHROPIC_API_KEY": "sk-fake"})
 
 

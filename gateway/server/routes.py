@@ -279,12 +279,19 @@ class Api:
                     errors={
                         409: ("turn_in_progress", "session_too_large"),
                         429: ("rate_limited",),
-                        503: ("shutting_down", "store_unavailable", "session_elsewhere"),
+                        503: (
+                            "shutting_down",
+                            "store_unavailable",
+                            "session_elsewhere",
+                            "over_capacity",
+                        ),
                     },
                     description="`content` is a string or a list of `text` blocks (other "
                     "block types: 422). Answered once the turn is durable. A session holding "
                     "`max_session_mb` of stored data or more takes no more turns: 409 "
-                    "`session_too_large`.",
+                    "`session_too_large`. A `claude-code` agent's turn first waits (up to "
+                    "5 s) for one of its `max_processes` on the node: 503 `over_capacity`, "
+                    "with `Retry-After`, when none came free.",
                 ),
             ),
         )

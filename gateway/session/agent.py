@@ -77,6 +77,7 @@ from gateway.protocol.shapes import (
 )
 from gateway.providers.base import ModelRequest
 from gateway.providers.factory import Providers
+from gateway.runtimes.slots import ProcessSlots
 from gateway.session import cancel, compactor
 from gateway.session.call import Call, CallStream, Completion, EndCall
 from gateway.session.compaction import estimate, model_view
@@ -103,6 +104,7 @@ class AgentServices(Protocol):
     providers: Providers
     metrics: Metrics
     processes: ToolProcesses  # the daemon's tool processes (a claude-code agent's CLI)
+    process_slots: ProcessSlots  # a claude-code agent's max_processes on this node
     workspaces: Workspaces  # where a session's workspace is on this host
 
     def session_tools(self, session: TurnHost) -> SessionTools:
@@ -396,11 +398,17 @@ class AgentLoop:
     async def compact_now(self, request: compactor.Request) -> None:
         """``POST .../compact`` (``manual``), between turns, bounded by the agent's turn timeout.
 
-        A ``claude-code`` session's context is Claude Code's, which compacts it itself.
+        A ``claude-code`` session's context is Claude Code's: its ``/compact``
+        (:meth:`gateway.runtimes.claude_code.ClaudeCode.compact`).
         """
         s = self.s
         if self.runtime is not None:
-            request.done.set()
+            try:
+                await self.runtime.compact()
+            except Exception as exc:  # a gateway bug, or the CLI failed: the session goes on
+                s.failed("compaction", exc)
+            finally:
+                request.done.set()
             return
         try:
             done = await compactor.compact(

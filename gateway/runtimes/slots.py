@@ -1,0 +1,130 @@
+"""``max_processes``: how many Claude Code processes an agent runs at once on a node.
+
+RUNNING.md "Agents": each ``claude-code`` agent's ``max_processes`` bounds its
+CLI processes on this node (each is some 200 MB). A session holds a slot from
+the moment a turn of it is accepted with no process running until its process
+ends (an idle stop, a crash, the session's end): :class:`ProcessSlots`.
+
+A turn that needs a slot when all are held waits for one **before** its
+``POST /sessions/{id}/turns`` answers (PROTOCOL section 2 leaves the wait to
+the runtime; issue 21 asks for a 503 "after a bounded wait"):
+
+- while it waits, the least recently active of the agent's **idle** processes
+  (its session has no turn in flight or queued) is stopped to make room: an
+  idle process costs nothing to stop, its next turn resumes the transcript;
+- after :data:`SLOT_WAIT_S` with no slot, the POST answers 503
+  ``over_capacity`` with ``Retry-After`` (:func:`over_capacity`), and no turn
+  was started.
+
+This module has no dependency on the ``claude-code`` extra: the node asks it
+before the session's runtime exists.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from gateway.errors import ApiError
+
+SLOT_WAIT_S = 5.0
+"""How long a turn waits for a process slot before its POST answers 503 ``over_capacity``."""
+
+
+class Holder(Protocol):
+    """A session's running process, as the slots see it (the runtime)."""
+
+    def idle(self) -> bool:
+        """Whether its session has no turn in flight or queued (it may be stopped)."""
+        ...
+
+    def idle_since(self) -> float:
+        """When its last turn started or ended (``trio.current_time()``)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the process; :meth:`ProcessSlots.release` follows once it has ended."""
+        ...
+
+
+@dataclass
+class _Agent:
+    held: dict[str, Holder | None] = field(default_factory=dict)  # session id -> its process
+    stopping: set[str] = field(default_factory=set)  # stopped to make room, not yet ended
+    changed: trio.Event = field(default_factory=trio.Event)
+
+
+class ProcessSlots:
+    """The node's Claude Code process slots, per agent (module docstring)."""
+
+    def __init__(self) -> None:
+        self._agents: dict[str, _Agent] = {}
+
+    def _of(self, agent: str) -> _Agent:
+        return self._agents.setdefault(agent, _Agent())
+
+    def held(self, agent: str) -> int:
+        """How many slots of ``agent`` are held (running or reserved processes)."""
+        return len(self._of(agent).held)
+
+    def holds(self, agent: str, session_id: str) -> bool:
+        return session_id in self._of(agent).held
+
+    async def acquire(self, agent: str, limit: int, session_id: str, wait_s: float) -> bool:
+        """Hold a slot for ``session_id`` (at once if it holds one); False after ``wait_s``.
+
+        While every slot is held, the least recently active idle process of the
+        agent is stopped, one at a time, and the wait goes on until it has ended.
+        """
+        a = self._of(agent)
+        with trio.move_on_after(wait_s):
+            while True:
+                if session_id in a.held:
+                    return True
+                if len(a.held) < limit:
+                    a.held[session_id] = None
+                    return True
+                if len(a.stopping) < len(a.held) - limit + 1:
+                    idle = [
+                        (h.idle_since(), sid, h)
+                        for sid, h in a.held.items()
+                        if h is not None and sid not in a.stopping and h.idle()
+                    ]
+                    if idle:
+                        _, sid, holder = min(idle, key=lambda t: t[0])
+                        a.stopping.add(sid)
+                        holder.stop()
+                await a.changed.wait()
+        return False
+
+    def attach(self, agent: str, session_id: str, holder: Holder) -> None:
+        """The session's process runs: it is the holder of the session's slot."""
+        a = self._of(agent)
+        a.held[session_id] = holder
+        self._changed(a)
+
+    def release(self, agent: str, session_id: str) -> None:
+        """The session's process ended (or never started): its slot is free."""
+        a = self._of(agent)
+        a.held.pop(session_id, None)
+        a.stopping.discard(session_id)
+        self._changed(a)
+
+    def _changed(self, a: _Agent) -> None:
+        a.changed.set()
+        a.changed = trio.Event()
+
+
+def over_capacity(agent: str, limit: int) -> ApiError:
+    """The 503 of a turn that found no process slot in :data:`SLOT_WAIT_S` (module docstring)."""
+    wait = max(1, math.ceil(SLOT_WAIT_S))
+    return ApiError(
+        503,
+        "over_capacity",
+        f"agent {agent!r} runs its max_processes = {limit} Claude Code processes on this node,"
+        f" none idle; retry in {wait} s",
+        headers=(("Retry-After", str(wait)),),
+    )
