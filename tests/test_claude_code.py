@@ -155,7 +155,7 @@ async def test_a_text_turn_with_thinking_streams_as_the_native_runtime(
     said = str(second["messages"])
     assert "What is the GCD" in said and "And again?" in said
     # The CLI's state is the gateway's, never the operator's ~/.claude.
-    home = tmp_path / ".claude-code" / sid
+    home = tmp_path / "workspaces" / ".claude-code" / sid
     assert (home / ".claude").is_dir()
 
 

@@ -4,14 +4,14 @@ With ``[store] backend = "redis"`` a surviving node takes over the session of
 a dead one: the gateway's side of it (the record, the messages, the events)
 is in Redis. Claude Code's side is not: the CLI keeps its conversation in a
 transcript under the session's state directory,
-``<workspace_root>/../.claude-code/<session id>``
+``<workspace_root>/.claude-code/<session id>``
 (:func:`gateway.runtimes.claude_code.state_dir`), and the Claude Code session
 id is derived from the gateway's (:func:`~gateway.runtimes.claude_code.claude_session_id`),
 so whichever node starts the next CLI looks for the transcript there. So:
 
 - **The state directory is on storage every node shares** (here: one
-  machine, so one directory; in a deployment, the directory that holds
-  ``workspace_root`` itself, since the state directory is its sibling): the
+  machine, so one directory; in a deployment, ``workspace_root``, which
+  holds the state directories too): the
   surviving node's CLI resumes the transcript, and the model sees the whole
   conversation.
 - **It is not** (each node's own disk): the takeover starts a new Claude Code
@@ -185,7 +185,7 @@ async def takeover(
         first = await turn(a, sid, "first words APPLE")
         [pid] = cli_pids(a_node, sid)
         assert alive(pid)
-        state = tmp_path / ".claude-code" / sid
+        state = tmp_path / "workspaces" / ".claude-code" / sid
         assert list(state.glob(".claude/projects/*/*.jsonl")), "the CLI wrote no transcript"
         if mid_turn:
             async with b.watch(sid) as survivor:

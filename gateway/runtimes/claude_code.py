@@ -230,8 +230,13 @@ _STOP_REASONS = {"end_turn", "max_tokens", "stop_sequence", "tool_use"}
 
 
 def state_dir(workspace_root: str, session_id: str) -> str:
-    """The CLI's ``HOME`` and ``CLAUDE_CONFIG_DIR`` of a session (module docstring)."""
-    return os.path.join(os.path.dirname(workspace_root), ".claude-code", session_id)
+    """The CLI's ``HOME`` and ``CLAUDE_CONFIG_DIR`` of a session (module docstring).
+
+    Under the workspace root (``.claude-code`` is no tenant's name: tenants are
+    ``local`` and key ids), so the one directory an operator shares between
+    nodes carries both the workspaces and the CLI's transcripts.
+    """
+    return os.path.join(os.path.abspath(workspace_root), ".claude-code", session_id)
 
 
 def cli_environment(
