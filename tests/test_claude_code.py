@@ -125,9 +125,23 @@ async def test_a_text_turn_with_thinking_streams_as_the_native_runtime(
     async with running_gateway(config, providers) as gw:
         sid = await gw.create_session()
         events = await run_turn(gw, sid, "What is the GCD of 1071 and 462?")
+        runtime: Any = gw.node.sessions[sid].agent.runtime  # type: ignore[union-attr]
+        cli = runtime.transport.pid
+        raw = await trio.Path(f"/proc/{cli}/environ").read_bytes()  # what the CLI got
+        environ = dict(line.decode().partition("=")[::2] for line in raw.split(b"\0") if line)
         again = await run_turn(gw, sid, "And again?")
         snapshot = (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]
     await providers.aclose()
+    # Issue 21: the CLI is quiet, and gets none of the daemon's environment.
+    for switch in (
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+        "DISABLE_TELEMETRY",
+        "DISABLE_AUTOUPDATER",
+    ):
+        assert environ[switch] == "1", switch
+    assert environ["HOME"].endswith(f".claude-code/{sid}")
+    assert environ["ANTHROPIC_BASE_URL"] == server.base_url
+    assert not {k for k in environ if k.startswith(("GATEWAY_", "PYTEST", "VIRTUAL_ENV"))}
     deltas = ("thinking.delta", "text.delta")
     assert [t for t in types(events) if t not in deltas] == [
         "turn.started", "route.decided", "llm.call_started", "message.start",
