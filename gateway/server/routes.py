@@ -277,7 +277,7 @@ class Api:
                     202,
                     body=SubmitTurn,
                     errors={
-                        409: ("turn_in_progress", "session_too_large"),
+                        409: ("turn_in_progress", "session_too_large", "subagent_session"),
                         429: ("rate_limited",),
                         503: (
                             "shutting_down",
@@ -724,6 +724,17 @@ class Api:
         session = await self._session(session_id, caller)
         body = _decode(req, SubmitTurn)
         content = _user_content(body.content)
+        parent = session.parent
+        if parent is not None and self.node.agents[parent.record.agent].runtime == "claude-code":
+            # Its turns are Claude Code's sub-agent's, run by its parent's CLI
+            # (gateway.runtimes.claude_code): one sent here would start a new,
+            # unrelated Claude Code conversation.
+            raise ApiError(
+                409,
+                "subagent_session",
+                f"{session.id} is a Claude Code sub-agent of {parent.id}: send turns to"
+                f" {parent.id}",
+            )
         turn_id = new_turn_id()
         message = Message(
             new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
