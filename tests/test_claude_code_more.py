@@ -508,3 +508,25 @@ async def test_a_background_sub_agent_is_a_worker_that_ends_with_its_task(
     assert theirs.count("message.complete") == 1
     assert events[-1].type == "turn.completed" and events[-1].payload.stop_reason == "end_turn"
     only_model_calls(server)
+
+
+def test_an_automatic_compact_boundary_is_an_auto_compaction() -> None:
+    """Claude Code compacting on its own (``trigger: "auto"``), as its manual one is mapped."""
+    from types import SimpleNamespace
+
+    from claude_agent_sdk import SystemMessage
+
+    emitted: list[tuple[list[Any], str | None]] = []
+    host = SimpleNamespace(s=SimpleNamespace(emit=lambda p, t: emitted.append((p, t))))
+    boundary = {"compact_metadata": {"trigger": "auto", "pre_tokens": 180_000}}
+    cc.ClaudeCode._compacted(host, "turn_1", SystemMessage("compact_boundary", boundary))  # type: ignore[arg-type]
+    [(payloads, turn_id)] = emitted
+    compacting, compacted = payloads
+    assert turn_id == "turn_1"
+    assert (compacting.trigger, compacting.pre_tokens) == ("auto", 180_000)
+    assert (compacted.trigger, compacted.method, compacted.pre_tokens) == (
+        "auto",
+        "summary",
+        180_000,
+    )
+    assert (compacted.post_tokens, compacted.summary_message_id) == (0, None)
