@@ -939,8 +939,6 @@ class ClaudeCode:
         limits refuse runs all the same, unseen: its ``Agent`` tool's result is
         the parent's as ever.
         """
-        from gateway.session.agent import AgentLoop
-
         tool_use_id = message.tool_use_id
         if tool_use_id is None or tool_use_id in self._subs:
             return
@@ -960,7 +958,8 @@ class ClaudeCode:
             now_ms(),
         )  # fmt: skip
         send, receive = self._sub_feeds.pop(tool_use_id)
-        loop = AgentLoop(worker, self.node)
+        # The parent's loop class (gateway.session.agent imports this module: no cycle).
+        loop = type(self.loop)(worker, self.node)
         runtime = ClaudeCode(loop, self._nursery, self._processes, feed=receive)
         loop.runtime = runtime
         runtime._background = bool(message.data.get("is_backgrounded"))
