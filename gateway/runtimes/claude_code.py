@@ -198,7 +198,6 @@ from gateway.session.call import Call, EndCall
 from gateway.session.permissions import PermissionRequest
 from gateway.session.turn import Turn
 from gateway.tools.process import ToolProcesses
-from gateway.translate import Translator, max_blocks
 
 if TYPE_CHECKING:
     from gateway.session.agent import AgentLoop, TurnState
@@ -721,27 +720,11 @@ class ClaudeCode:
 
     def _start_call(self, turn: Turn, state: TurnState) -> None:
         """A new LLM call of the turn: ``llm.call_started``, a translator, the call in flight."""
-        s = self.s
         if turn.phase != "llm":
             turn.enter("llm")
         state.rounds += 1
         state.results_message = None  # the next tool results are a new message
-        model = s.record.active_model
-        state.call_id = new_call_id()
-        s.emit([LlmCallStarted(state.call_id, model)], turn.id)
-        call = Call(
-            turn.id,
-            Translator(
-                session_id=s.id,
-                turn_id=turn.id,
-                model=model,
-                created_at=now_ms(),
-                pricing=self.node.pricing(model),
-                max_blocks=max_blocks(self.node.config.stream.snapshot_max_bytes),
-            ),
-        )
-        s.calls.start(call)
-        state.call = call
+        self.loop.open_call(turn, state)
 
     def _end_call(self, turn: Turn, state: TurnState, call: Call) -> None:
         """The message ended: ``llm.call_completed``, then its tool uses' ``tool.called``."""

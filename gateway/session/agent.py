@@ -304,7 +304,8 @@ class AgentLoop:
                 return "max_rounds"
             await self._run_tools(turn, state, tool_uses)
 
-    async def _call_model(self, turn: Turn, state: TurnState) -> Call:
+    def open_call(self, turn: Turn, state: TurnState) -> Call:
+        """``llm.call_started`` and the call its stream is translated into (either runtime)."""
         s = self.s
         model = s.record.active_model
         state.call_id = new_call_id()
@@ -322,6 +323,12 @@ class AgentLoop:
         )
         s.calls.start(call)
         state.call = call
+        return call
+
+    async def _call_model(self, turn: Turn, state: TurnState) -> Call:
+        s = self.s
+        call = self.open_call(turn, state)
+        model = s.record.active_model
         agent = self.agent
         request = ModelRequest(
             model=model,
