@@ -341,7 +341,7 @@ class Config(_Section, frozen=True):
 
 
 DEFAULT_CONFIG_TOML = """\
-# gateway.toml: every key with its default (RUNNING.md "Config file").
+# gateway.toml: every key with its default (docs/reference.md, "Configuration file").
 # Environment variables GATEWAY_<SECTION>_<KEY> override this file, and the
 # command-line flags --host and --port override both.
 
@@ -392,7 +392,7 @@ timeout_s = 600.0            # one model call
 system = ""                  # the default agent's system prompt (never sent to a client)
 system_file = ""             # ... or a file holding it, read at start-up and on SIGHUP
 # temperature = 1.0          # unset: the provider's default
-context_max_tokens = 150000  # compaction threshold (PROTOCOL section 12)
+context_max_tokens = 150000  # compaction threshold (docs/protocol.md section 12)
 
 [model.prices]               # USD per million tokens, keyed by model name; unlisted models cost 0
 # For example:
@@ -441,8 +441,8 @@ format = "text"              # "text" | "json": one JSON object a line, with ts,
                              # event and, where they apply, session_id, turn_id, client
 level = "info"               # "debug" | "info" | "warning" | "error"
 
-# More agents (RUNNING.md "Agents"; [model], [tools] and [turns] are the one named
-# "default"); a key left out takes the value of [model], [tools] and [turns]:
+# More agents (docs/reference.md, "Agents"; [model], [tools] and [turns] are the one
+# named "default"); a key left out takes the value of [model], [tools] and [turns]:
 # [agents]
 # default = "support"                # the agent of a POST /sessions that names none
 # [agents.support]
@@ -452,7 +452,7 @@ level = "info"               # "debug" | "info" | "warning" | "error"
 # require_approval = ["mcp__tickets__close"]
 # max_rounds = 25
 #
-# MCP servers whose tools agents use (RUNNING.md "MCP servers"):
+# MCP servers whose tools agents use (docs/reference.md, "MCP servers"):
 # [mcp_servers.tickets]              # stdio: the gateway starts and owns the process
 # command = ["/usr/local/bin/tickets-mcp", "--stdio"]
 # env = {}

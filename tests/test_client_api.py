@@ -517,19 +517,19 @@ async def test_missed_pongs_on_the_mock_clock(autojump_clock: trio.testing.MockC
     assert stream.connections == 2
 
 
-# --- the README's example ----------------------------------------------------------------------
+# --- the documented example --------------------------------------------------------------------
 
 
-def readme_example() -> str:
-    """The Python block of the README's "The Python client library" section."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## The Python client library", 1)[1]
+def documented_example() -> str:
+    """The Python block of docs/clients.md's "The Python client library" section."""
+    doc = (ROOT / "docs" / "clients.md").read_text(encoding="utf-8")
+    section = doc.split("## The Python client library", 1)[1]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-async def test_the_readme_example_runs_as_written(gw: Harness, tmp_path: Path) -> None:
+async def test_the_documented_example_runs_as_written(gw: Harness, tmp_path: Path) -> None:
     """Only the gateway's address differs: this one is on a port of its own."""
-    example = readme_example()
+    example = documented_example()
     assert example.count("http://127.0.0.1:8421") == 1
     (tmp_path / "example.py").write_text(example.replace("http://127.0.0.1:8421", gw.base))
     with trio.fail_after(20):

@@ -335,10 +335,10 @@ def test_the_layer_at_fault_is_named(write: Write) -> None:
     )
 
 
-def test_the_readme_config_reference_is_the_embedded_defaults() -> None:
-    """README "Configuration reference" is DEFAULT_CONFIG_TOML, to the letter."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Configuration reference") :]
+def test_the_documented_config_file_is_the_embedded_defaults() -> None:
+    """docs/reference.md "Configuration file" is DEFAULT_CONFIG_TOML, to the letter."""
+    reference = (Path(__file__).resolve().parents[1] / "docs" / "reference.md").read_text()
+    section = reference[reference.index("## Configuration file") :]
     block = section[section.index("```toml\n") + len("```toml\n") :]
     assert block[: block.index("```")] == DEFAULT_CONFIG_TOML
 

@@ -7,14 +7,14 @@ that stops reading (slow-client close, queue depth) and clients closing. Then
 ``/metrics`` is parsed with ``prometheus_client``'s own parser and:
 
 - every family the gateway declares is there with its type (and no other
-  ``gateway_*`` family: a new one needs this test and the README's "Metrics");
+  ``gateway_*`` family: a new one needs this test and docs/operating.md "Metrics");
 - the values say what happened (a turn duration observed per turn, the tool
   label is the tool's name, the close has its code, ...);
 - the names follow Prometheus' conventions: counters' samples end in
   ``_total`` (or ``_created``), histograms carry their unit, label names are
   from a bounded set and no label value is a session, turn or client id.
 
-The README's "Metrics" section lists every family (checked here too).
+docs/operating.md's "Metrics" section lists every family (checked here too).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from gateway.logs import client_label
 from gateway.metrics import FastHistogram, close_code_label
 from tests.conftest import Harness, make_config, open_ws, running_gateway
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+OPERATING = Path(__file__).resolve().parent.parent / "docs" / "operating.md"
 
 FAMILIES = {
     "gateway_events_emitted": "counter",
@@ -265,11 +265,11 @@ async def test_every_family_after_real_traffic(tmp_path: Path) -> None:
                     s.labels,
                 )
 
-    readme = README.read_text()
-    section = readme[readme.index("### Metrics") :]
-    section = section[: section.index("\n## ")]
+    guide = OPERATING.read_text()
+    section = guide[guide.index("\n## Metrics") :]
+    section = section[: section.index("\n## ", 1)]
     for family in FAMILIES:
-        assert f"`{family}" in section, f"README's Metrics does not list {family}"
+        assert f"`{family}" in section, f"docs/operating.md's Metrics does not list {family}"
 
 
 def test_fast_histogram_matches_prometheus_buckets() -> None:

@@ -1,10 +1,10 @@
-"""The README's short tour, its curl commands as written, against ``gateway serve``.
+"""The README's tour and docs/agents.md's worked example, as written, against ``gateway serve``.
 
-The front door must work as printed (PROTOCOL section 15 made every POST need
-``Content-Type: application/json``, and sessions work in directories of their
-own with no ``workspace_path``): each ``curl`` of the tour runs in a shell
-against a daemon on the embedded defaults (its port aside), in order, with
-``SID`` and ``TURN`` taken from the answers as a reader would.
+The front door must work as printed (every POST needs ``Content-Type:
+application/json``, PROTOCOL section 15, and sessions work in directories of
+their own with no ``workspace_path``): each ``curl`` of the tour runs in a
+shell against a daemon on the embedded defaults (its port aside), in order,
+with ``SID`` and ``TURN`` taken from the answers as a reader would.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import trio
 
 from tests.test_cli_serve import gateway_process
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+AGENTS_DOC = ROOT / "docs" / "agents.md"
 
 
 def tour_commands() -> list[str]:
@@ -74,9 +76,9 @@ async def test_the_tour_works_as_written(tmp_path: Path) -> None:
 
 
 def agents_example() -> tuple[str, list[str]]:
-    """The README's MCP example: its config heredoc (bash) and its second terminal's lines."""
-    text = README.read_text()
-    start = text.index("## Agents and MCP tools")
+    """docs/agents.md's MCP example: its config heredoc (bash) and its second terminal's lines."""
+    text = AGENTS_DOC.read_text()
+    start = text.index("## A worked example")
     part = text[start : text.index("\n## ", start)]
     first, second = re.findall(r"```sh\n(.*?)```", part, re.S)[:2]
     config = first[: first.index("\nEOF\n") + len("\nEOF\n")]
@@ -91,7 +93,7 @@ def agents_example() -> tuple[str, list[str]]:
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 async def test_the_agents_example_works_as_written(tmp_path: Path) -> None:
-    """The worked example of an agent with an MCP server (README "Agents and MCP tools").
+    """The worked example of an agent with an MCP server (docs/agents.md, "A worked example").
 
     Its heredoc runs as written in the repository (it names the repository's
     venv and examples/mcp_notes.py), but writes notes.toml in a temporary
@@ -99,7 +101,7 @@ async def test_the_agents_example_works_as_written(tmp_path: Path) -> None:
     ``SID`` kept as the reader's shell keeps it.
     """
     config, lines = agents_example()
-    repo = README.parent
+    repo = ROOT
     venv_python = repo / ".venv" / "bin" / "python"
     if not venv_python.exists():
         pytest.skip("the example names the repository's .venv, which this checkout lacks")
