@@ -661,17 +661,6 @@ class SqliteStore(GroupCommit[_Batch]):
     def _new_batch(self) -> _Batch:
         return _Batch()
 
-    def put_session(self, rec: SessionRecord) -> None:
-        self._enqueue(lambda batch: batch.add_session(rec))
-
-    def put_message(self, msg: StoredMessage) -> int:
-        size: int = self._enqueue(lambda batch: batch.add_message(msg))
-        return size
-
-    def put_event(self, ev: StoredEvent) -> None:
-        self._enqueue(lambda batch: batch.add_event(ev))
-        self._batch_ready.set()  # clients wait for it: no gathering
-
     def reserve_event_ids(self, block: int, granted: Callable[[int], None]) -> None:
         # One node: the next block above the ceiling is this node's at once.
         def take(batch: _Batch) -> None:

@@ -44,6 +44,7 @@ import trio
 
 from gateway.errors import StoreError
 from gateway.logs import event
+from gateway.store.base import SessionRecord, StoredEvent, StoredMessage
 
 log = logging.getLogger("gateway.store")
 
@@ -73,6 +74,16 @@ class Batch:
     def rows(self) -> tuple[list[Any], ...]:
         """Every row list of the batch, in a fixed order (:meth:`then` joins them)."""
         return ()
+
+    def add_session(self, rec: SessionRecord) -> None:
+        raise NotImplementedError
+
+    def add_message(self, msg: StoredMessage) -> int:
+        """Add ``msg``; its encoded size in bytes."""
+        raise NotImplementedError
+
+    def add_event(self, ev: StoredEvent) -> None:
+        raise NotImplementedError
 
     def raise_ceiling(self, ceiling: int) -> None:
         self.ceiling = ceiling if self.ceiling is None else max(self.ceiling, ceiling)
@@ -104,7 +115,7 @@ class GroupCommit(Generic[B]):
         self, label: str, where: dict[str, str], *, flush_interval_s: float, max_batch: int
     ) -> None:
         self._label = label
-        self._log_fields: dict[str, Any] = dict(where)  # the log fields that name the store (``path``, ``url``)
+        self._log_fields: dict[str, Any] = dict(where)  # names the store in a log line
         self._flush_interval_s = flush_interval_s
         self._max_batch = max_batch
         self._pending = self._new_batch()
@@ -206,6 +217,17 @@ class GroupCommit(Generic[B]):
         self._enqueued += 1
         self._signal()
         return answer
+
+    def put_session(self, rec: SessionRecord) -> None:
+        self._enqueue(lambda batch: batch.add_session(rec))
+
+    def put_message(self, msg: StoredMessage) -> int:
+        size: int = self._enqueue(lambda batch: batch.add_message(msg))
+        return size
+
+    def put_event(self, ev: StoredEvent) -> None:
+        self._enqueue(lambda batch: batch.add_event(ev))
+        self._batch_ready.set()  # clients wait for it: no gathering
 
     def ticket(self) -> int:
         """The ticket of the last put: durable once :attr:`committed` reaches it."""
