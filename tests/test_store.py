@@ -260,25 +260,6 @@ async def test_list_sessions_with_an_unknown_cursor_is_an_empty_page(store: Stor
     assert await store.list_sessions(limit=5, before="sess_nope") == ([], False)
 
 
-async def test_list_messages_pages_backwards_oldest_first(store: Store) -> None:
-    for i in range(1, 6):
-        store.put_message(StoredMessage(message(f"msg_{i}"), None))
-    store.put_message(StoredMessage(message("msg_x", sid="sess_b"), None))
-    await store.flush()
-
-    async def ids(before: str | None, limit: int) -> tuple[list[str], bool]:
-        page, more = await store.list_messages("sess_a", before=before, limit=limit)
-        return [m.id for m in page], more
-
-    assert await ids(None, 2) == (["msg_4", "msg_5"], True)
-    assert await ids("msg_4", 2) == (["msg_2", "msg_3"], True)
-    assert await ids("msg_2", 2) == (["msg_1"], False)
-    assert await ids(None, 5) == (["msg_1", "msg_2", "msg_3", "msg_4", "msg_5"], False)
-    assert await ids("msg_1", 2) == ([], False)
-    assert await ids("msg_x", 2) == ([], False)  # another session's message
-    assert await ids("msg_nope", 2) == ([], False)
-
-
 async def test_events_after_filters_by_sessions_with_a_limit(store: Store) -> None:
     for seq, sid in [(1, "sess_a"), (2, "sess_b"), (3, "sess_c"), (4, "sess_a"), (5, "sess_b")]:
         store.put_event(event(seq, sid))
@@ -746,15 +727,6 @@ async def test_open_turns_and_workers_are_found(store: Store) -> None:
     store.put_session(session("sess_a", 1))  # the turn ended
     await store.flush()
     assert await store.open_turns() == []
-
-
-async def test_the_message_still_streaming_is_not_listed(store: Store) -> None:
-    store.put_message(StoredMessage(message("msg_1"), None))
-    store.put_message(StoredMessage(message("msg_2", status="in_progress"), None))
-    await store.flush()
-    page, more = await store.list_messages("sess_a", before=None, limit=10)
-    assert [m.id for m in page] == ["msg_1"] and not more
-    assert [m.message.id for m in await store.load_messages("sess_a")] == ["msg_1", "msg_2"]
 
 
 async def test_a_version_1_store_is_upgraded_and_its_open_turns_found(db_path: str) -> None:

@@ -244,23 +244,6 @@ class Store(Protocol):
         """
         ...
 
-    async def list_messages(
-        self, session_id: str, *, before: str | None, limit: int
-    ) -> tuple[list[Message], bool]:
-        """One page of ``GET /sessions/{id}/messages`` (PROTOCOL section 2), oldest first.
-
-        Args:
-            session_id: the session.
-            before: a message id: the ``limit`` messages right before it; ``None``:
-                the latest ``limit``. An id the session does not have gives an
-                empty page.
-            limit: the page size (>= 0).
-
-        Returns:
-            The page and whether older messages exist.
-        """
-        ...
-
     async def load_messages(self, session_id: str) -> list[StoredMessage]:
         """The whole conversation, in insertion order (to load a session)."""
         ...

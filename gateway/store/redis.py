@@ -102,9 +102,8 @@ from __future__ import annotations
 import heapq
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -115,10 +114,9 @@ from coredis.exceptions import RedisError
 from coredis.tokens import PureToken
 
 from gateway.errors import StoreError, first_leaf
-from gateway.logs import event
-from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.lease import Taken
+from gateway.store.writer import CLOSE_RETRY_S, RETRY_FIRST_S, RETRY_MAX_S, Batch, GroupCommit
 
 log = logging.getLogger("gateway.store")
 
@@ -126,9 +124,6 @@ LAYOUT_VERSION = 1
 OPEN_TIMEOUT_S = 5.0  # Redis unreachable at start-up: one line within this, not a hang
 CONNECT_TIMEOUT_S = 2.0
 COMMAND_TIMEOUT_S = 10.0  # a hung Redis fails a command (the writer retries) rather than hangs
-RETRY_FIRST_S = 0.05  # a failed write is retried after this, doubling...
-RETRY_MAX_S = 5.0  # ...up to this
-CLOSE_RETRY_S = 10.0  # how long a closing store keeps retrying what is left
 PURGE_CHUNK = 1000  # events deleted per transaction by the retention purge
 
 _T = TypeVar("_T")
@@ -296,19 +291,18 @@ class _Keys:
         return f"{self._p}lease:{{{sid}}}"
 
 
-class _Batch:
-    """The writes enqueued since the writer last took a batch, encoded when enqueued.
-
-    msgspec Structs are mutable: what is stored must be what the caller had at put time.
-    """
+class _Batch(Batch):
+    """The Redis rows of a batch (:class:`gateway.store.writer.Batch`)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.sessions: list[tuple[SessionRecord, bytes]] = []
         self.messages: list[tuple[str, str, bytes]] = []  # (session, message id, encoded)
         self.events: list[tuple[int, str, int, bytes]] = []  # (seq, session, ts, member)
-        self.ceiling: int | None = None
         self.blocks: list[tuple[int, Callable[[int], None]]] = []  # (size, granted)
-        self.size = 0
+
+    def rows(self) -> tuple[list[Any], ...]:
+        return (self.sessions, self.messages, self.events, self.blocks)
 
     def add_session(self, rec: SessionRecord) -> None:
         self.sessions.append((msgspec.structs.replace(rec), _encoder.encode(rec)))
@@ -326,34 +320,16 @@ class _Batch:
         self.events.append((ev.seq, ev.session_id, ev.ts, member))
         self.size += 1
 
-    def raise_ceiling(self, ceiling: int) -> None:
-        self.ceiling = ceiling if self.ceiling is None else max(self.ceiling, ceiling)
-        self.size += 1
-
     def add_block(self, block: int, granted: Callable[[int], None]) -> None:
         self.blocks.append((block, granted))
         self.size += 1
 
-    def then(self, later: _Batch) -> _Batch:
-        """This batch followed by ``later`` (a failed batch goes before what came next)."""
-        self.sessions += later.sessions
-        self.messages += later.messages
-        self.events += later.events
-        self.blocks += later.blocks
-        if later.ceiling is not None:
-            self.raise_ceiling(later.ceiling)
-            self.size -= 1
-        self.size += later.size
-        return self
 
-
-class RedisStore:
+class RedisStore(GroupCommit[_Batch]):
     """The Redis trace store: implements :class:`gateway.store.base.Store`.
 
-    The writer is the SQLite store's (a group commit: it wakes when something
-    is pending, gathers for up to ``flush_interval_s``, an event cutting that
-    short, and commits everything pending as one ``MULTI``/``EXEC``); see
-    :class:`gateway.store.sqlite.SqliteStore`.
+    The group commit is :class:`gateway.store.writer.GroupCommit`'s; this
+    class applies a batch as one ``MULTI``/``EXEC`` and reads.
 
     Args:
         url: ``redis://[:password@]host:port/db`` (or ``rediss://``, ``unix://``).
@@ -370,33 +346,20 @@ class RedisStore:
         flush_interval_s: float = 0.0,
         max_batch: int = 1000,
     ) -> None:
+        where = redacted(url)
+        super().__init__(
+            f"store {where}", {"url": where}, flush_interval_s=flush_interval_s, max_batch=max_batch
+        )
         self._url = url
-        self._where = redacted(url)
+        self._where = where
         self._keys = _Keys(prefix)
-        self._flush_interval_s = flush_interval_s
-        self._max_batch = max_batch
         self._client: coredis.Redis[bytes] | None = None
         self._holding = False  # the holder task was started
         self._release = trio.Event()  # set: the holder task lets the client go
         self._released = trio.Event()  # set: it has
-        self._pending = _Batch()
-        self._enqueued = 0
-        self.committed = 0
-        self.on_commit: Callable[[int], None] | None = None
-        self.on_write_error: Callable[[StoreError], None] | None = None
-        self.on_flush: Callable[[float, int], None] | None = None
-        self.failure: StoreError | None = None  # while writes fail: the last failure (/readyz)
-        self.refusing: StoreError | None = None  # never: a Redis that comes back is the same store
-        self._committed_event = trio.Event()
         self._node_id: str | None = None  # the node whose writes these are (leases())
-        self._failing_since: float | None = None  # when the writes began to fail (Trio's clock)
-        self._failed_writes = 0  # failed attempts since then
-        self._write_lock = trio.Lock()
-        self._wakeup = trio.Event()
-        self._batch_ready = trio.Event()
         self._opened = False
-        self._closing = False
-        self._closed = trio.Event()
+        # self.refusing stays None: a Redis that comes back is the same store.
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -504,69 +467,16 @@ class RedisStore:
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_RETRY_S):
                 await self._released.wait()
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await self._wakeup.wait()
-            if self._flush_interval_s > 0:
-                with trio.move_on_after(self._flush_interval_s):
-                    await self._batch_ready.wait()
-            # As in SqliteStore.run: only the writer re-arms its events, right
-            # before it takes the batch.
-            self._wakeup, self._batch_ready = trio.Event(), trio.Event()
-            closing = self._closing
-            await self._write_pending()
-            if closing:
-                return
-
     async def aclose(self) -> None:
-        if self._closing:
-            await self._closed.wait()
-            return
-        self._closing = True
-        self._signal()
-        with trio.CancelScope(shield=True):
-            try:
-                if not self._opened:
-                    return
-                with trio.move_on_after(CLOSE_RETRY_S):
-                    await self._write_pending()
-                if self._pending.size:
-                    raise StoreError(
-                        f"store {self._where}: {self._pending.size} writes could not be"
-                        f" made durable within {CLOSE_RETRY_S:g} s of closing"
-                    )
-            finally:
-                await self._let_go()
-                self._closed.set()
+        await self._close_writer(self._let_go, drain=self._opened)
 
     # --- writes -------------------------------------------------------------
 
-    def put_session(self, rec: SessionRecord) -> None:
-        self._check_accepting()
-        self._pending.add_session(rec)
-        self._enqueued += 1
-        self._signal()
-
-    def put_message(self, msg: StoredMessage) -> int:
-        self._check_accepting()
-        size = self._pending.add_message(msg)
-        self._enqueued += 1
-        self._signal()
-        return size
-
-    def put_event(self, ev: StoredEvent) -> None:
-        self._check_accepting()
-        self._pending.add_event(ev)
-        self._enqueued += 1
-        self._signal()
-        self._batch_ready.set()  # clients wait for it: no gathering
+    def _new_batch(self) -> _Batch:
+        return _Batch()
 
     def reserve_event_ids(self, block: int, granted: Callable[[int], None]) -> None:
-        self._check_accepting()
-        self._pending.add_block(block, granted)
-        self._enqueued += 1
-        self._signal()
+        self._enqueue(lambda batch: batch.add_block(block, granted))
 
     def leases(self, node_id: str, ttl_ms: int) -> RedisLeases:
         """The leases of ``node_id``; the first call names the node this store writes for.
@@ -577,85 +487,6 @@ class RedisStore:
         if self._node_id is None:
             self._node_id = node_id
         return RedisLeases(self, node_id, ttl_ms)
-
-    def ticket(self) -> int:
-        return self._enqueued
-
-    async def wait_committed(self, ticket: int) -> None:
-        while self.committed < ticket:
-            self._batch_ready.set()
-            await self._committed_event.wait()
-
-    async def flush(self) -> None:
-        await self._write_pending()
-
-    def _check_accepting(self) -> None:
-        if self._closing:
-            raise StoreError(f"store {self._where} is closed")
-
-    def _signal(self) -> None:
-        if self._closing or self._pending.size:
-            self._wakeup.set()
-        if self._closing or self._pending.size >= self._max_batch:
-            self._batch_ready.set()
-
-    async def _write_pending(self) -> None:
-        """Take everything pending and write it; return once Redis has it (SqliteStore's rule)."""
-        async with self._write_lock:
-            batch, self._pending = self._pending, _Batch()
-            ticket = self._enqueued
-            if batch.size:
-                started = time.perf_counter()
-                try:
-                    await self._write_with_retries(batch)
-                except BaseException:
-                    self._pending = batch.then(self._pending)
-                    raise
-                if self.on_flush is not None:
-                    self.on_flush(time.perf_counter() - started, batch.size)
-            if ticket > self.committed:
-                self.committed = ticket
-                self._committed_event.set()
-                self._committed_event = trio.Event()
-        on_commit = self.on_commit
-        if on_commit is not None:
-            on_commit(self.committed)
-
-    async def _write_with_retries(self, batch: _Batch) -> None:
-        delay = RETRY_FIRST_S
-        while True:
-            try:
-                # Once sent, a transaction runs to its answer (bounded by the
-                # command timeout) even if we are cancelled meanwhile.
-                with trio.CancelScope(shield=True):
-                    refused = await self._apply(batch)
-            except StoreError as exc:
-                if self._failing_since is None:
-                    self._failing_since = trio.current_time()
-                self._failed_writes += 1
-                self.failure = exc
-                self._report(exc)
-                await trio.sleep(delay)  # cancellable: the caller decides how long to insist
-                delay = min(delay * 2, RETRY_MAX_S)
-            else:
-                if self._failing_since is not None:
-                    self._writing_again()
-                for what in refused:
-                    self._report(StoreError(f"store {self._where} refused {what}; it was skipped"))
-                return
-
-    def _writing_again(self) -> None:
-        """A write landed after failed ones: said once, with how long Redis was away."""
-        assert self._failing_since is not None
-        outage_ms = round((trio.current_time() - self._failing_since) * 1000)
-        attempts, self._failed_writes, self._failing_since = self._failed_writes, 0, None
-        self.failure = None
-        event(
-            log, logging.INFO, "store_reconnected",
-            f"store {self._where}: writing again after {attempts} failed attempts"
-            f" over {outage_ms / 1000:.1f} s",
-            attempts=attempts, outage_ms=outage_ms,
-        )  # fmt: skip
 
     async def _apply(self, batch: _Batch) -> list[str]:
         """One ``MULTI``/``EXEC`` of the whole batch; the rows Redis refused on their own.
@@ -730,10 +561,6 @@ class RedisStore:
                 granted(int(float(top)))
         return list(refused)
 
-    def _report(self, exc: StoreError) -> None:
-        if self.on_write_error is not None:
-            self.on_write_error(exc)
-
     async def purge_before(self, ts_ms: int) -> int:
         k = self._keys
         try:
@@ -805,35 +632,6 @@ class RedisStore:
             return {o: await n for o, n in zip(owners, sizes, strict=True)}
 
         return await self._read(count)
-
-    async def list_messages(
-        self, session_id: str, *, before: str | None, limit: int
-    ) -> tuple[list[Message], bool]:
-        _check_limit(limit)
-        k = self._keys
-        order = k.message_order(session_id)
-
-        async def page(c: coredis.Redis[bytes]) -> tuple[list[Message], bool]:
-            if before is None:
-                end = await c.zcard(order)
-            else:
-                rank = await c.zrank(order, before)
-                if rank is None:
-                    return [], False
-                end = int(rank)  # type: ignore[arg-type]
-            # Walk back from ``end`` until limit + 1 listed messages (the one still
-            # streaming is not listed: it is in the snapshot) or the start.
-            found: list[Message] = []
-            while end > 0 and len(found) <= limit:
-                start = max(0, end - (limit + 2 - len(found)))
-                ids = await c.zrange(order, start, end - 1)
-                datas = await c.hmget(k.messages(session_id), list(ids)) if ids else ()
-                chunk = [_message_decoder.decode(d).message for d in datas if d is not None]
-                found[:0] = [m for m in chunk if m.status != "in_progress"]
-                end = start
-            return found[-limit:] if limit else [], len(found) > limit
-
-        return await self._read(page)
 
     async def load_messages(self, session_id: str) -> list[StoredMessage]:
         k = self._keys

@@ -82,16 +82,13 @@ import msgspec
 import trio
 
 from gateway.errors import StoreError
-from gateway.logs import event
 from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.lease import LocalLeases
+from gateway.store.writer import Batch, GroupCommit, WritesRefused
 
 SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 5.0
-RETRY_FIRST_S = 0.05  # a failed write is retried after this, doubling...
-RETRY_MAX_S = 5.0  # ...up to this
-CLOSE_RETRY_S = 10.0  # how long a closing store keeps retrying what is left
 
 _T = TypeVar("_T")
 log = logging.getLogger("gateway.store")
@@ -255,19 +252,17 @@ _MessageRow = tuple[str, str, bytes, str | None, str | None, int | None]
 _EventRow = tuple[int, str, str, int, bytes]
 
 
-class _Batch:
-    """The writes enqueued since the writer last took a batch, as rows in enqueue order.
-
-    Records are encoded when enqueued, not when written: msgspec Structs are
-    mutable, and what is stored must be what the caller had at put time.
-    """
+class _Batch(Batch):
+    """The SQLite rows of a batch (:class:`gateway.store.writer.Batch`)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.sessions: list[_SessionRow] = []
         self.messages: list[_MessageRow] = []
         self.events: list[_EventRow] = []
-        self.ceiling: int | None = None
-        self.size = 0
+
+    def rows(self) -> tuple[list[Any], ...]:
+        return (self.sessions, self.messages, self.events)
 
     def add_session(self, rec: SessionRecord) -> None:
         self.sessions.append(
@@ -302,24 +297,11 @@ class _Batch:
         self.events.append((ev.seq, ev.session_id, ev.type, ev.ts, ev.data))
         self.size += 1
 
-    def raise_ceiling(self, ceiling: int) -> None:
-        self.ceiling = ceiling if self.ceiling is None else max(self.ceiling, ceiling)
-        self.size += 1
 
-    def then(self, later: _Batch) -> _Batch:
-        """This batch followed by ``later`` (a failed batch goes before what came next)."""
-        self.sessions += later.sessions
-        self.messages += later.messages
-        self.events += later.events
-        if later.ceiling is not None:
-            self.raise_ceiling(later.ceiling)
-            self.size -= 1
-        self.size += later.size
-        return self
-
-
-class _FileReplaced(StoreError):
+class _FileReplaced(WritesRefused):
     """The store's file was deleted or replaced while the gateway ran (module docstring)."""
+
+    event = "store_file_replaced"
 
 
 def id_floor() -> int:
@@ -497,18 +479,6 @@ class _Database:
             (size,) = self._reader.execute(sql, (session_id,)).fetchone()
         return int(size)
 
-    def list_messages(
-        self, session_id: str, before: str | None, limit: int
-    ) -> tuple[list[Message], bool]:
-        with _reporting(self._path, "read"):
-            if before is None:
-                rows = self._reader.execute(_LATEST_MESSAGES, (session_id, limit + 1)).fetchall()
-            else:
-                args = (session_id, session_id, before, limit + 1)
-                rows = self._reader.execute(_MESSAGES_BEFORE, args).fetchall()
-        page = [_message_decoder.decode(data) for (data,) in reversed(rows[:limit])]
-        return page, len(rows) > limit
-
     def load_messages(self, session_id: str) -> list[StoredMessage]:
         sql = """
             SELECT data, complete_event_id, stop_reason, complete_ts FROM messages
@@ -626,18 +596,12 @@ def _session_record(row: tuple[Any, ...]) -> SessionRecord:
     )
 
 
-class SqliteStore:
+class SqliteStore(GroupCommit[_Batch]):
     """The SQLite trace store: implements :class:`gateway.store.base.Store`.
 
-    Writes are enqueued synchronously and applied in batches, one transaction
-    each (a group commit): the writer wakes when something is pending, gathers
-    for up to ``flush_interval_s`` (0, the default: not at all; what comes
-    while a commit runs makes the next batch; an event, which clients wait
-    for, cuts the gathering short), then writes everything pending in a
-    worker thread. Every put takes a ticket (:meth:`ticket`); once a
-    commit lands, :attr:`committed` covers it and ``on_commit`` is called with
-    it, in the Trio thread: that is when the gateway lets the events of the
-    batch reach clients (PROTOCOL section 9). Reads see only committed data.
+    The group commit is :class:`gateway.store.writer.GroupCommit`'s: this
+    class applies a batch as one SQLite transaction in a worker thread and
+    reads. Reads see only committed data.
 
     Args:
         path: the database file; its directory must exist.
@@ -658,31 +622,19 @@ class SqliteStore:
         inline: bool = False,
         ids_above_clock: bool = False,
     ) -> None:
+        super().__init__(
+            f"store {path!r}",
+            {"path": path},
+            flush_interval_s=flush_interval_s,
+            max_batch=max_batch,
+        )
         self._path = path
         self._ids_above_clock = ids_above_clock
         self._inline = inline
-        self._flush_interval_s = flush_interval_s
-        self._max_batch = max_batch
         self._db: _Database | None = None
-        self._pending = _Batch()
         self._ceiling = 0  # the top of the last block of event ids allocated
-        self._enqueued = 0  # tickets handed out: one per put
-        self.committed = 0  # every ticket up to this one is durable
-        self.on_commit: Callable[[int], None] | None = None
-        self.on_write_error: Callable[[StoreError], None] | None = None
-        self.on_flush: Callable[[float, int], None] | None = None  # (seconds, rows) per commit
-        self.failure: StoreError | None = None  # while writes fail: the last failure
-        self.refusing: StoreError | None = None  # for good: the file was deleted or replaced
-        self._failing_since: float | None = None  # when the writes began to fail (Trio's clock)
-        self._failed_writes = 0  # failed attempts since then
-        self._committed_event = trio.Event()  # set and replaced at each commit
-        self._write_lock = trio.Lock()  # the write connection: one thread at a time
         self._write_limiter = trio.CapacityLimiter(1)  # its own thread: never queued behind others
-        self._read_limiter = trio.CapacityLimiter(1)  # the read connection: likewise
-        self._wakeup = trio.Event()  # set: something is pending, or close was asked
-        self._batch_ready = trio.Event()  # set: stop gathering, write now
-        self._closing = False
-        self._closed = trio.Event()
+        self._read_limiter = trio.CapacityLimiter(1)  # the read connection: one thread at a time
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -693,111 +645,37 @@ class SqliteStore:
         self._ceiling = max(state.event_ceiling, id_floor() if self._ids_above_clock else 0)
         return state
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await self._wakeup.wait()
-            if self._flush_interval_s > 0:
-                with trio.move_on_after(self._flush_interval_s):
-                    await self._batch_ready.wait()
-            # Only the writer re-arms its events, and only here, right before it
-            # takes the batch: a put or close from now on sets the new ones. (A
-            # put while this round waits for the lock is taken by this round and
-            # costs one empty round later, never a lost wakeup.)
-            self._wakeup, self._batch_ready = trio.Event(), trio.Event()
-            # Once close was asked no put is accepted, so a write that starts
-            # after that leaves nothing behind.
-            closing = self._closing
-            try:
-                await self._write_pending()
-            except StoreError:
-                if self.refusing is None:
-                    raise
-                # Refusing for good: what is pending stays there, never committed.
-            if closing:
-                return
-
     async def aclose(self) -> None:
-        if self._closing:
-            await self._closed.wait()
-            return
-        self._closing = True
-        self._signal()
-        # Shielded: shutdown (RUNNING.md: "the store flushed") usually happens
-        # in a scope that is already cancelled, and the writer may be gone.
-        # A store that keeps failing gets CLOSE_RETRY_S, then what is left is
-        # reported lost.
-        with trio.CancelScope(shield=True):
-            db = self._db
-            if db is None:
-                self._closed.set()
-                return
-            try:
-                if self.refusing is None:  # else nothing lands: no retrying
-                    with trio.move_on_after(CLOSE_RETRY_S):
-                        await self._write_pending()
-                if self._pending.size and self.refusing is not None:
-                    raise StoreError(
-                        f"{self.refusing}; {self._pending.size} writes were not made durable"
-                    )
-                if self._pending.size:
-                    raise StoreError(
-                        f"store {self._path!r}: {self._pending.size} writes could not be"
-                        f" made durable within {CLOSE_RETRY_S:g} s of closing"
-                    )
-            finally:
+        db = self._db
+
+        async def release() -> None:
+            if db is not None:
                 async with self._write_lock:
                     await self._offload(db.close_writer, limiter=self._write_limiter)
                 await self._offload(db.close_reader, limiter=self._read_limiter)
-                self._closed.set()
+
+        await self._close_writer(release, drain=db is not None)
 
     # --- writes -------------------------------------------------------------
 
-    def put_session(self, rec: SessionRecord) -> None:
-        self._check_accepting()
-        self._pending.add_session(rec)
-        self._enqueued += 1
-        self._signal()
-
-    def put_message(self, msg: StoredMessage) -> int:
-        self._check_accepting()
-        size = self._pending.add_message(msg)
-        self._enqueued += 1
-        self._signal()
-        return size
-
-    def put_event(self, ev: StoredEvent) -> None:
-        self._check_accepting()
-        self._pending.add_event(ev)
-        self._enqueued += 1
-        self._signal()
-        self._batch_ready.set()  # clients wait for it: no gathering (class docstring)
+    def _new_batch(self) -> _Batch:
+        return _Batch()
 
     def reserve_event_ids(self, block: int, granted: Callable[[int], None]) -> None:
         # One node: the next block above the ceiling is this node's at once.
-        self._check_accepting()
-        self._ceiling += block
-        self._pending.raise_ceiling(self._ceiling)
-        self._enqueued += 1
-        self._signal()
+        def take(batch: _Batch) -> None:
+            self._ceiling += block
+            batch.raise_ceiling(self._ceiling)
+
+        self._enqueue(take)
         granted(self._ceiling)
 
     def leases(self, node_id: str, ttl_ms: int) -> LocalLeases:
         return LocalLeases(node_id, ttl_ms)
 
-    def ticket(self) -> int:
-        """The ticket of the last put: durable once :attr:`committed` reaches it."""
-        return self._enqueued
-
-    async def wait_committed(self, ticket: int) -> None:
-        """Return once every put up to ``ticket`` is durable (the writer does the work)."""
-        while self.committed < ticket:
-            self._batch_ready.set()  # no gathering: someone is waiting
-            await self._committed_event.wait()
-
     async def flush(self) -> None:
-        # Whoever held the lock before us has finished its batch; we take the rest.
-        await self._write_pending()
+        self._database()  # a store that is not open says so
+        await super().flush()
 
     async def purge_before(self, ts_ms: int) -> int:
         db = self._database()
@@ -809,119 +687,17 @@ class SqliteStore:
                 self._refuse(exc)
                 raise
 
-    def _check_accepting(self) -> None:
-        if self._closing:
-            raise StoreError(f"store {self._path!r} is closed")
-
-    def _check_writable(self) -> None:
-        if self.refusing is not None:
-            raise self.refusing
-
-    def _refuse(self, exc: _FileReplaced) -> None:
-        """The store's file is gone or another: no write from now on (module docstring)."""
-        if self.refusing is not None:
-            return
-        self.refusing = self.failure = exc
-        event(
-            log, logging.ERROR, "store_file_replaced",
-            f"{exc}; requests that write get 503 store_unavailable, /readyz 503",
-            path=self._path, error=str(exc),
-        )  # fmt: skip
-
-    def _signal(self) -> None:
-        """Wake the writer for what is pending now: the one place its events are set."""
-        if self._closing or self._pending.size:
-            self._wakeup.set()
-        if self._closing or self._pending.size >= self._max_batch:
-            self._batch_ready.set()
-
-    async def _write_pending(self) -> None:
-        """Take everything pending and write it; return once it is durable.
-
-        A failure is retried (module docstring) for as long as the caller's
-        scope lets it; if the caller is cancelled first, the batch goes back
-        in front of what is pending, never lost.
-        """
+    async def _apply(self, batch: _Batch) -> list[str]:
+        """One transaction; a batch a row breaks is written row by row (module docstring)."""
         db = self._database()
-        async with self._write_lock:
-            self._check_writable()
-            batch, self._pending = self._pending, _Batch()
-            ticket = self._enqueued
-            if batch.size:
-                started = time.perf_counter()  # real time: the work is a thread's, not Trio's
-                try:
-                    await self._write_with_retries(db, batch)
-                except BaseException:
-                    self._pending = batch.then(self._pending)
-                    raise
-                if self.on_flush is not None:
-                    self.on_flush(time.perf_counter() - started, batch.size)
-            if ticket > self.committed:
-                self.committed = ticket
-                self._committed_event.set()
-                self._committed_event = trio.Event()
-        on_commit = self.on_commit
-        if on_commit is not None:
-            on_commit(self.committed)
-
-    async def _write_with_retries(self, db: _Database, batch: _Batch) -> None:
-        """Write ``batch``, retrying until it lands (module docstring).
-
-        Raises:
-            StoreError: the store's file was deleted or replaced: it refuses
-                every write from now on (:meth:`_refuse`), this one included.
-        """
-        delay = RETRY_FIRST_S
-        while True:
-            try:
-                try:
-                    # The thread runs to its end even if we are cancelled meanwhile.
-                    with trio.CancelScope(shield=True):
-                        await self._offload(db.write, batch, limiter=self._write_limiter)
-                    self._writing_again()
-                    return
-                except StoreError as exc:
-                    if not isinstance(exc.__cause__, _ROW_ERRORS):
-                        raise
-                    self._report(exc)  # a row the schema refuses: the rest lands without it
-                    await self._write_rows(db, batch)
-                    self._writing_again()
-                    return
-            except _FileReplaced as exc:
-                self._refuse(exc)
+        try:
+            await self._offload(db.write, batch, limiter=self._write_limiter)
+            return []
+        except StoreError as exc:
+            if isinstance(exc, WritesRefused) or not isinstance(exc.__cause__, _ROW_ERRORS):
                 raise
-            except StoreError as exc:  # anything else: held, and retried
-                self._failing(exc)
-                self._report(exc)
-            await trio.sleep(delay)  # cancellable: the caller decides how long to insist
-            delay = min(delay * 2, RETRY_MAX_S)
-
-    def _failing(self, exc: StoreError) -> None:
-        """A write attempt failed: :attr:`failure` says so until one lands."""
-        if self._failing_since is None:
-            self._failing_since = trio.current_time()
-        self._failed_writes += 1
-        self.failure = exc
-
-    def _writing_again(self) -> None:
-        """A write landed: after failed ones, said once, with how long it failed."""
-        if self._failing_since is None:
-            return
-        outage_ms = round((trio.current_time() - self._failing_since) * 1000)
-        attempts, self._failed_writes, self._failing_since = self._failed_writes, 0, None
-        self.failure = None
-        event(
-            log, logging.INFO, "store_reconnected",
-            f"store {self._path!r}: writing again after {attempts} failed attempts"
-            f" over {outage_ms / 1000:.1f} s",
-            attempts=attempts, outage_ms=outage_ms,
-        )  # fmt: skip
-
-    async def _write_rows(self, db: _Database, batch: _Batch) -> None:
-        with trio.CancelScope(shield=True):
-            refused = await self._offload(db.write_row_by_row, batch, limiter=self._write_limiter)
-        for what in refused:
-            self._report(StoreError(f"store {self._path!r} refused {what}; it was skipped"))
+            self._report(exc)  # a row the schema refuses: the rest lands without it
+            return await self._offload(db.write_row_by_row, batch, limiter=self._write_limiter)
 
     async def _offload(
         self, fn: Callable[..., _T], *args: Any, limiter: trio.CapacityLimiter | None = None
@@ -930,10 +706,6 @@ class SqliteStore:
             await trio.lowlevel.checkpoint()
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args, limiter=limiter)
-
-    def _report(self, exc: StoreError) -> None:
-        if self.on_write_error is not None:
-            self.on_write_error(exc)
 
     # --- reads --------------------------------------------------------------
 
@@ -951,12 +723,6 @@ class SqliteStore:
 
     async def event_bytes(self, session_id: str) -> int:
         return await self._read(lambda db: db.event_bytes(session_id))
-
-    async def list_messages(
-        self, session_id: str, *, before: str | None, limit: int
-    ) -> tuple[list[Message], bool]:
-        _check_limit(limit)
-        return await self._read(lambda db: db.list_messages(session_id, before, limit))
 
     async def load_messages(self, session_id: str) -> list[StoredMessage]:
         return await self._read(lambda db: db.load_messages(session_id))
