@@ -58,7 +58,7 @@ from gateway.session.turn import Turn, TurnState
 from gateway.tools.registry import SessionTools
 from gateway.translate import Translator, max_blocks
 
-__all__ = ["AgentLoop", "AgentServices", "TurnHost", "TurnState"]
+__all__ = ["AgentLoop", "AgentServices", "TurnHost"]  # the two views: their home is loop_api
 
 log = logging.getLogger("gateway.agent")
 
