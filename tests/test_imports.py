@@ -9,7 +9,8 @@ counts as an import:
   and ``import gateway.a``: an edge to ``gateway.a``, its ``__init__.py`` if it
   is a package. Relative imports are resolved against the importing module.
 - Imports inside functions count (they run, only later); imports under
-  ``if TYPE_CHECKING:`` do not (they never run).
+  ``if TYPE_CHECKING:`` do not (they never run), except for the type
+  checker's own picture, which must be free of cycles too.
 - The parent packages Python also executes on the way (``gateway.a`` for
   ``gateway.a.b``) are no edges of their own, as in import-linter and pydeps:
   otherwise every package whose ``__init__`` re-exports a submodule would be
@@ -64,12 +65,15 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def imports_of(source: str, module: str, is_package: bool) -> Iterator[Import]:
-    """The imports of one module's source: module level and in functions, not TYPE_CHECKING."""
+def imports_of(
+    source: str, module: str, is_package: bool, type_checking: bool = False
+) -> Iterator[Import]:
+    """The imports of one module's source: module level and in functions, and TYPE_CHECKING's
+    only if ``type_checking``."""
     package = module if is_package else module.rpartition(".")[0]
 
     def visit(node: ast.AST) -> Iterator[Import]:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             for child in node.orelse:  # only the body is for the type checker
                 yield from visit(child)
             return
@@ -123,13 +127,13 @@ class Graph:
         return None
 
 
-def build_graph(package: str = PACKAGE) -> Graph:
+def build_graph(package: str = PACKAGE, type_checking: bool = False) -> Graph:
     modules = package_modules(package)
     root = modules[package].parent.parent
     graph = Graph(root, modules, {m: {} for m in modules}, {m: [] for m in modules})
     for module, path in modules.items():
         source = path.read_text(encoding="utf-8")
-        for imp in imports_of(source, module, path.name == "__init__.py"):
+        for imp in imports_of(source, module, path.name == "__init__.py", type_checking):
             graph.external[module].append((imp.target, imp.line))
             graph.external[module].append((imp.base, imp.line))
             target = graph.resolve(imp)
@@ -295,6 +299,39 @@ def test_no_import_cycle_in_gateway() -> None:
     assert not cycles, "import cycles in gateway/:\n" + "\n".join(
         describe(c, graph) for c in cycles
     )
+
+
+def test_no_import_cycle_for_the_type_checker_either() -> None:
+    """``if TYPE_CHECKING:`` imports count here: the module map a reader draws has no loop."""
+    graph = build_graph(type_checking=True)
+    cycles = find_cycles(graph.edges)
+    assert not cycles, "import cycles in gateway/, TYPE_CHECKING imports counted:\n" + "\n".join(
+        describe(c, graph) for c in cycles
+    )
+
+
+def test_the_agent_loop_names_no_runtime() -> None:
+    """The loop gets a runtime from :func:`gateway.runtimes.factory`; no session module names one.
+
+    A runtime sees the loop through :mod:`gateway.session.loop_api` only.
+    """
+    graph = build_graph(type_checking=True)
+    runtime_modules = {m for m in graph.modules if m.startswith("gateway.runtimes.")}
+    runtime_modules -= {"gateway.runtimes.slots"}  # the process slots: a node's, not a runtime
+    wrong = [
+        f"{module} -> {target} ({where(graph, module, line)})"
+        for module, targets in sorted(graph.edges.items())
+        if module.startswith("gateway.session.")
+        for target, line in sorted(targets.items())
+        if target in runtime_modules
+    ]
+    wrong += [
+        f"{module} -> {target} ({where(graph, module, line)})"
+        for module in sorted(runtime_modules)
+        for target, line in sorted(graph.edges[module].items())
+        if target in ("gateway.session.agent", "gateway.session.session")
+    ]
+    assert not wrong, "the agent loop and its runtimes import each other:\n" + "\n".join(wrong)
 
 
 def test_session_does_not_import_server() -> None:

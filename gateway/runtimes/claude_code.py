@@ -200,8 +200,8 @@ from gateway.session.turn import Turn
 from gateway.tools.process import ToolProcesses
 
 if TYPE_CHECKING:
-    from gateway.session.agent import AgentLoop, TurnState
-    from gateway.session.session import Session
+    from gateway.session.loop_api import RuntimeHost, WorkerHost
+    from gateway.session.turn import TurnState
 
 log = logging.getLogger("gateway.claude_code")
 
@@ -355,7 +355,7 @@ class _Sub:
     """A sub-agent of the turn in flight: its worker session, turn, feed and mirror runtime."""
 
     tool_use_id: str
-    worker: Session
+    worker: WorkerHost
     turn: Turn
     send: trio.MemorySendChannel[Any]
     runtime: ClaudeCode
@@ -373,7 +373,7 @@ class ClaudeCode:
 
     def __init__(
         self,
-        loop: AgentLoop,
+        loop: RuntimeHost,
         nursery: trio.Nursery,
         processes: ToolProcesses,
         feed: trio.MemoryReceiveChannel[Any] | None = None,
@@ -926,7 +926,7 @@ class ClaudeCode:
         if tool_use_id is None or tool_use_id in self._subs:
             return
         try:
-            worker = cast("Session", await self.s.spawn_worker(tool_use_id))
+            worker = cast("WorkerHost", await self.s.spawn_worker(tool_use_id))
         except ToolError as exc:
             self._sub_feeds.pop(tool_use_id, None)
             event(

@@ -2,27 +2,19 @@
 
 A turn runs under its own cancel scope (with the ``turn_timeout_s`` deadline);
 each LLM call streams raw provider events to the session's translator task; a
-call that stops with ``tool_use`` hands its tool blocks to the tool batch, whose
-tools run concurrently in the batch's nursery. Whatever ends the turn, exactly
-one of ``turn.completed`` or ``turn.cancelled`` closes it, and the turn lock is
-released in the same step.
+call that stops with ``tool_use`` hands its tool blocks to the tool round
+(:mod:`gateway.session.tool_round`). Whatever ends the turn, exactly one of
+``turn.completed`` or ``turn.cancelled`` closes it, and the turn lock is
+released in the same step (:mod:`gateway.session.ending`); a turn that ends
+early closes with the sequence :mod:`gateway.session.closing` decides from
+its phase and what it left open (PROTOCOL section 8).
 
-Whatever ends a turn early, :mod:`gateway.session.cancel` holds the sequence
-it ends with: the three cancel sequences of PROTOCOL section 8 (by the turn's
-phase) and the crash sequence.
-
-The loop works through a narrow view of its session (:class:`TurnHost`) and
-of its node (:class:`AgentServices`): it emits, records messages and the
-session record, and hands the LLM call in flight to the session's
+The loop works through a narrow view of its session and of its node
+(:mod:`gateway.session.loop_api`): it emits, records messages and the session
+record, and hands the LLM call in flight to the session's
 :class:`~gateway.session.call.CallStream`; nothing else of the session is its
-business.
-
-A turn runs at most ``[limits] max_tool_uses_per_turn`` tool uses (PROTOCOL
-section 15), counting every ``tool_use`` block the model asked for in the
-turn, across its rounds: those beyond are announced (``tool.called``) and fail
-at once with ``tool.failed`` (``limit``) without running, all in one step, and
-the turn goes on to the next model round, which sees the errors and can answer.
-A worker's turn is a turn of its own, with its own count.
+business. An agent whose turns another runtime runs (``runtime =
+"claude-code"``, PROTOCOL section 11) gets it from :mod:`gateway.runtimes`.
 
 Failures are contained where they happen: a tool that raises anything is a
 ``tool.failed`` (``error``); a provider that raises anything is an
@@ -30,137 +22,45 @@ Failures are contained where they happen: a tool that raises anything is a
 before running goes on to the next model round, which sees the errors. Any
 other exception in a turn is a gateway bug: it is logged with its traceback
 and counted, and the turn is closed as a provider error would close it
-(PROTOCOL section 7: ``message.complete`` and ``llm.call_failed`` if a call
-was streaming, ``tool.failed`` for each pending tool, ``turn.completed`` with
-``stop_reason: error``); the session takes its next turn.
+(PROTOCOL section 7); the session takes its next turn.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, Protocol, get_args
+from typing import Any, get_args
 
 import trio
 
-from gateway.agents import AgentProfile, Agents
-from gateway.config import Config
-from gateway.errors import ProviderError, ToolError
-from gateway.ids import new_call_id, new_message_id, now_ms
+from gateway import runtimes
+from gateway.agents import AgentProfile
+from gateway.errors import ProviderError
+from gateway.ids import new_call_id, now_ms
 from gateway.logs import event
-from gateway.metrics import Metrics
 from gateway.protocol.events import (
     LlmCallCompleted,
-    LlmCallFailed,
     LlmCallStarted,
     LlmErrorClass,
-    Payload,
-    PermissionRequested,
-    PermissionResolved,
     RouteDecided,
-    StreamEvent,
-    ToolCalled,
-    ToolCompleted,
-    ToolFailed,
-    TurnCompleted,
     TurnStarted,
 )
-from gateway.protocol.shapes import (
-    Message,
-    StopReason,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-    Usage,
-)
+from gateway.protocol.shapes import StopReason, ToolUseBlock, Usage
 from gateway.providers.base import ModelRequest
-from gateway.providers.factory import Providers
-from gateway.runtimes.slots import ProcessSlots
-from gateway.session import cancel, compactor
-from gateway.session.call import Call, CallStream, Completion, EndCall
+from gateway.session import closing, compactor
+from gateway.session.call import Call, EndCall
 from gateway.session.compaction import estimate, model_view
-from gateway.session.hub import Emitted
-from gateway.session.permissions import PermissionRequest, Permissions
-from gateway.session.turn import Turn
-from gateway.store.base import SessionRecord
-from gateway.tools.process import ToolProcesses
-from gateway.tools.registry import SessionTools, ToolContext, ToolSession
-from gateway.tools.workspace import Workspaces
+from gateway.session.ending import TurnEnding
+from gateway.session.loop_api import AgentServices, Runtime, TurnHost
+from gateway.session.tool_round import ToolRound, fail_tool, record_result
+from gateway.session.turn import Turn, TurnState
+from gateway.tools.registry import SessionTools
 from gateway.translate import Translator, max_blocks
 
-if TYPE_CHECKING:
-    from gateway.runtimes.claude_code import ClaudeCode
+__all__ = ["AgentLoop", "AgentServices", "TurnHost"]  # the two views: their home is loop_api
 
 log = logging.getLogger("gateway.agent")
-
-
-class AgentServices(Protocol):
-    """What the agent loop uses of its node: config, agents, providers, tools, pricing, pace."""
-
-    config: Config
-    agents: Agents
-    providers: Providers
-    metrics: Metrics
-    processes: ToolProcesses  # the daemon's tool processes (a claude-code agent's CLI)
-    process_slots: ProcessSlots  # a claude-code agent's max_processes on this node
-    workspaces: Workspaces  # where a session's workspace is on this host
-
-    def session_tools(self, session: TurnHost) -> SessionTools:
-        """The tools the session's agent sees now (PROTOCOL section 11)."""
-        ...
-
-    async def tools_ready(self, session: TurnHost) -> None:
-        """Wait for the session's MCP servers still starting (bounded)."""
-        ...
-
-    def pricing(self, model: str) -> Callable[[Usage], float | None]:
-        """``cost_usd`` of a usage on ``model``."""
-        ...
-
-    def notify(self) -> None:
-        """A turn ended (shutdown waits for that)."""
-        ...
-
-    async def wait_durable(self) -> None:
-        """Return once everything emitted so far is committed."""
-        ...
-
-
-class TurnHost(ToolSession, Protocol):
-    """The agent loop's narrow view of its session (module docstring)."""
-
-    record: SessionRecord
-
-    @property
-    def messages(self) -> Sequence[Message]: ...
-
-    @property
-    def permissions(self) -> Permissions: ...
-
-    @property
-    def calls(self) -> CallStream: ...
-
-    def emit(self, payloads: Iterable[Payload | StreamEvent], turn_id: str | None) -> list[Emitted]:
-        """Emit a batch of events in the session's stream."""
-        ...
-
-    def add_message(self, message: Message, completion: Completion | None = None) -> None:
-        """Append or replace a message of the conversation."""
-        ...
-
-    def save_record(self) -> None:
-        """Store the session record (turn count, cost, the turn in flight)."""
-        ...
-
-    def end_turn(self, turn: Turn) -> None:
-        """Release the turn lock."""
-        ...
-
-    def failed(self, component: str, exc: BaseException, turn_id: str | None = None) -> None:
-        """Log and count a failure caught at the session's boundary."""
-        ...
 
 
 class AgentLoop:
@@ -170,7 +70,9 @@ class AgentLoop:
         self.s = session
         self.node = node
         self.current: tuple[Turn, TurnState] | None = None  # the turn in flight
-        self.runtime: ClaudeCode | None = None  # a claude-code agent's runtime (run())
+        self.runtime: Runtime | None = None  # another runtime's, if the agent has one (run())
+        self.tool_round = ToolRound(session, node)
+        self.ending = TurnEnding(session, node)
 
     @property
     def agent(self) -> AgentProfile:
@@ -185,17 +87,16 @@ class AgentLoop:
     async def run(self, turns: trio.MemoryReceiveChannel[Turn | compactor.Request]) -> None:
         """Take the session's turns and compactions, one at a time, until the session ends.
 
-        A ``claude-code`` agent's session runs its turns through
-        :mod:`gateway.runtimes.claude_code`, whose CLI process task lives in a
+        An agent with a runtime of its own (:func:`gateway.runtimes.factory`)
+        runs its turns through it; the runtime's process task lives in a
         nursery of this task: it ends with the session (PROTOCOL section 11).
         """
-        if self.agent.runtime != "claude-code":
+        make = runtimes.factory(self.agent)
+        if make is None:
             await self._jobs(turns)
             return
-        from gateway.runtimes.claude_code import ClaudeCode  # the extra: imported when used
-
         async with trio.open_nursery() as nursery:
-            self.runtime = ClaudeCode(self, nursery, self.node.processes)
+            self.runtime = make(self, nursery, self.node.processes)
             try:
                 await self._jobs(turns)
             finally:
@@ -213,10 +114,9 @@ class AgentLoop:
         """Close the turn in flight after the session's tasks failed (Session.run)."""
         current, self.current = self.current, None
         if current is not None and current[0].in_flight:
-            cancel.crash_sequence(self, *current)
+            self.ending.close(*current, "crash")
 
     async def run_turn(self, turn: Turn) -> None:
-        s = self.s
         state = TurnState()
         self.current = (turn, state)
         timeout = self.agent.turn_timeout_s
@@ -224,29 +124,34 @@ class AgentLoop:
         try:
             with turn.cancel_scope:
                 self._start(turn)
-                if self.runtime is not None:  # runtime = "claude-code" (PROTOCOL section 11)
+                stop_reason: StopReason | None
+                if self.runtime is not None:  # another runtime's turn (PROTOCOL section 11)
                     stop_reason = await self.runtime.run_turn(turn, state)
                 else:
                     await self.node.tools_ready(self.s)  # an MCP server still starting lists first
                     stop_reason = await self._turn_body(turn, state)
-                self.finish(turn, state, stop_reason)
+                if stop_reason is not None:  # None: closed already (a provider failure)
+                    self.ending.finish(turn, state, stop_reason)
         except Exception as exc:  # a gateway bug: closed below, as a provider error
-            s.failed("agent-loop", exc, turn.id)
+            self.s.failed("agent-loop", exc, turn.id)
         finally:
             self.current = None
-            # Decided from the scopes, not from the exception: a Cancelled may
-            # arrive wrapped in an ExceptionGroup from the tool batch's nursery.
-            if turn.in_flight:
-                outer_cancelled = trio.current_effective_deadline() == -math.inf
-                if turn.cancel_scope.cancel_called or outer_cancelled:
-                    if turn.cancel_reason is None:
-                        timed_out = trio.current_time() >= turn.cancel_scope.deadline
-                        turn.cancel_reason = "timeout" if timed_out else "shutdown"
-                    cancel.cancel_sequence(self, turn, state)  # synchronous: nothing to shield
-                else:  # a crash: still close the turn for every client
-                    cancel.crash_sequence(self, turn, state)
-            elif not state.ended:  # closed, but its last event was lost to a failure
-                self.emit_terminal(turn, state, "error")
+            self._close_left(turn, state)
+
+    def _close_left(self, turn: Turn, state: TurnState) -> None:
+        """Close a turn its task left in flight: cancelled, or broken by a gateway bug."""
+        if turn.in_flight:
+            why, reason = closing.why_closed(
+                cancelled=turn.cancel_scope.cancel_called
+                or trio.current_effective_deadline() == -math.inf,
+                requested=turn.cancel_reason,
+                timed_out=trio.current_time() >= turn.cancel_scope.deadline,
+            )
+            if why == "cancel":
+                turn.cancel_reason = reason
+            self.ending.close(turn, state, why)  # synchronous: nothing to shield
+        elif not state.ended:  # closed, but its last event was lost to a failure
+            self.ending.emit_terminal(turn, state, "error")
 
     def _start(self, turn: Turn) -> None:
         s = self.s
@@ -268,7 +173,7 @@ class AgentLoop:
 
     # --- the turn ------------------------------------------------------------
 
-    async def _turn_body(self, turn: Turn, state: TurnState) -> StopReason:
+    async def _turn_body(self, turn: Turn, state: TurnState) -> StopReason | None:
         while True:
             # The loop does not run ahead of the store by more than a round:
             # what it emitted is committed and on its way to the clients before
@@ -279,10 +184,9 @@ class AgentLoop:
             state.rounds += 1
             call = await self._model_round(turn, state)
             if call.error_class is not None:
-                if not state.call_failed_emitted:
-                    self.call_failed(turn, state, call)
                 self._provider_error(turn, call)
-                return "error"
+                self.ending.close(turn, state, "provider_error")
+                return None
             message = call.translator.message
             assert message is not None and call.translator.stop_reason is not None
             stop_reason = call.translator.stop_reason
@@ -300,9 +204,9 @@ class AgentLoop:
                 return stop_reason
             state.pending_tools = tool_uses
             if state.rounds >= self.agent.max_rounds:
-                self._last_round(turn, state, tool_uses)
+                self.tool_round.last_round(turn, state, tool_uses)
                 return "max_rounds"
-            await self._run_tools(turn, state, tool_uses)
+            await self.tool_round.run(turn, state, tool_uses)
 
     def open_call(self, turn: Turn, state: TurnState) -> Call:
         """``llm.call_started`` and the call its stream is translated into (either runtime)."""
@@ -405,8 +309,8 @@ class AgentLoop:
     async def compact_now(self, request: compactor.Request) -> None:
         """``POST .../compact`` (``manual``), between turns, bounded by the agent's turn timeout.
 
-        A ``claude-code`` session's context is Claude Code's: its ``/compact``
-        (:meth:`gateway.runtimes.claude_code.ClaudeCode.compact`).
+        A session run by another runtime compacts its own context
+        (``claude-code``: its ``/compact``, PROTOCOL section 11).
         """
         s = self.s
         if self.runtime is not None:
@@ -441,172 +345,11 @@ class AgentLoop:
             model=self.s.record.active_model,
         )  # fmt: skip
 
+    # --- what a runtime calls back (gateway.session.loop_api.RuntimeHost) -----------
+
     def call_failed(self, turn: Turn, state: TurnState, call: Call) -> None:
-        message = call.translator.message
-        self.s.emit(
-            [
-                LlmCallFailed(
-                    state.call_id,
-                    call.error_class or "api_error",  # type: ignore[arg-type]
-                    call.error_message,
-                    message.id if message else None,
-                )
-            ],
-            turn.id,
-        )
-
-    # --- tools -----------------------------------------------------------------
-
-    async def _run_tools(self, turn: Turn, state: TurnState, tool_uses: list[ToolUseBlock]) -> None:
-        """The tool batch: every call of the message concurrently, in the batch's nursery.
-
-        The turn stays at the seam until the first tool enters execution; a
-        tool waiting for permission has not (PROTOCOL section 8).
-        """
-        s = self.s
-        s.emit([ToolCalled(b.id, b.name, b.input) for b in tool_uses], turn.id)
-        limit = self.node.config.limits.max_tool_uses_per_turn
-        allowed = tool_uses
-        if limit:
-            room = max(0, limit - state.tool_uses)
-            allowed, refused = tool_uses[:room], tool_uses[room:]
-            if refused:
-                self._refuse(turn, state, refused, limit)
-        state.tool_uses += len(tool_uses)
-        async with trio.open_nursery() as nursery:
-            for block in allowed:
-                nursery.start_soon(
-                    self._run_tool, turn, state, block, name=f"tool {block.name} {block.id}"
-                )
-        state.results_message = None
-
-    def _last_round(self, turn: Turn, state: TurnState, blocks: list[ToolUseBlock]) -> None:
-        """The model asked for tools in the turn's last round (``max_rounds``): none runs.
-
-        No model round would see their results, so running them would do
-        what nobody reads. Each is announced and fails (``limit``) in one step,
-        as :meth:`_refuse` does; the conversation keeps a result for every
-        tool use, so the session's next turn is a valid request.
-        """
-        self.s.emit([ToolCalled(b.id, b.name, b.input) for b in blocks], turn.id)
-        state.tool_uses += len(blocks)
-        message = f"not run: the turn reached its max_rounds ({self.agent.max_rounds}) model calls"
-        self._fail_unrun(turn, state, blocks, message)
-
-    def _refuse(self, turn: Turn, state: TurnState, blocks: list[ToolUseBlock], limit: int) -> None:
-        """Fail tool uses past ``max_tool_uses_per_turn`` without running them (``limit``).
-
-        One step for all of them: one rewrite of the results message, one batch
-        of ``tool.failed``, one log line (a model asking for a thousand tools
-        costs three writes, not a thousand).
-        """
-        message = (
-            f"not run: this turn asked for more than its max_tool_uses_per_turn ({limit}) tool uses"
-        )
-        self._fail_unrun(turn, state, blocks, message)
-
-    def _fail_unrun(
-        self, turn: Turn, state: TurnState, blocks: list[ToolUseBlock], message: str
-    ) -> None:
-        """Fail tool uses that never ran (``limit``): one results rewrite, one batch, one line."""
-        s = self.s
-        refused = {b.id for b in blocks}
-        state.pending_tools = [b for b in state.pending_tools if b.id not in refused]
-        if state.results_message is None:
-            state.results_message = Message(
-                new_message_id(), s.id, turn.id, "user", [], "complete", now_ms()
-            )
-        state.results_message.content += [ToolResultBlock(b.id, message, True) for b in blocks]
-        s.add_message(state.results_message)
-        s.emit([ToolFailed(b.id, b.name, "limit", message, 0) for b in blocks], turn.id)
-        event(
-            log, logging.WARNING, "tool_limit",
-            f"turn {turn.id}: {len(blocks)} tool uses failed without running: {message}",
-            session_id=s.id, turn_id=turn.id, code="limit", count=len(blocks),
-        )  # fmt: skip
-
-    async def _run_tool(self, turn: Turn, state: TurnState, block: ToolUseBlock) -> None:
-        s = self.s
-        ctx = ToolContext(
-            session_id=s.id,
-            turn_id=turn.id,
-            tool_use_id=block.id,
-            workspace_path=s.record.workspace_path,
-            kill_grace_s=self.node.config.tools.kill_grace_s,
-            session=s,
-            tool_name=block.name,
-        )
-        started = trio.current_time()
-        tools = self.tools
-        tool_label = block.name if block.name in tools else "unknown"
-
-        def elapsed_ms(outcome: str = "failed") -> int:
-            seconds = trio.current_time() - started
-            self.node.metrics.tool_duration.labels(tool_label, outcome).observe(seconds)
-            return round(seconds * 1000)
-
-        try:
-            tools.validate(block.name, block.input)
-            if self.agent.needs_approval(block.name):
-                await self._permission(turn, state, block)
-            if turn.phase == "seam":
-                turn.enter("tools")
-            output = await tools.execute(block.name, block.input, ctx)
-        except ToolError as exc:
-            self.tool_failed(turn, state, block, exc.error_class, exc.message, elapsed_ms())
-        except Exception as exc:  # a tool's bug fails that tool only
-            s.failed("tool", exc, turn.id)
-            message = f"the tool failed: {type(exc).__name__}: {exc}"
-            self.tool_failed(turn, state, block, "error", message, elapsed_ms())
-        except trio.Cancelled:
-            self.tool_failed(turn, state, block, "cancelled", "cancelled", elapsed_ms("cancelled"))
-            raise
-        else:
-            self._tool_result(
-                turn, state, block, output.content, is_error=False, structured=output.structured
-            )
-            s.emit(
-                [
-                    ToolCompleted(
-                        block.id,
-                        block.name,
-                        output.content,
-                        elapsed_ms("completed"),
-                        output.structured,
-                    )
-                ],
-                turn.id,
-            )
-
-    async def _permission(self, turn: Turn, state: TurnState, block: ToolUseBlock) -> None:
-        """Wait for ``allow`` (PROTOCOL section 5 ``permission.*``).
-
-        Raises:
-            ToolError: ``permission_denied`` on ``deny`` or after ``approval_timeout_s``.
-        """
-        s = self.s
-        timeout = self.node.config.tools.approval_timeout_s
-        expires_at = now_ms() + round(timeout * 1000)
-        request = s.permissions.open(block.id, block.name, block.input, expires_at)
-        s.emit(
-            [PermissionRequested(request.perm_id, block.id, block.name, block.input, expires_at)],
-            turn.id,
-        )
-        try:
-            with trio.move_on_after(timeout):
-                await request.decided.wait()
-        except trio.Cancelled:
-            _resolved_by_cancel(s, turn, request)
-            raise
-        finally:
-            request.closed = True
-        if request.decision is None:
-            request.decision = "timeout"
-        s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
-        if request.decision == "allow":
-            return
-        verb = "was denied" if request.decision == "deny" else "timed out"
-        raise ToolError("permission_denied", f"permission for {block.name} {verb}")
+        """``llm.call_failed`` for ``call``, as it failed."""
+        self.ending.call_failed(turn, state, call)
 
     def tool_failed(
         self,
@@ -617,18 +360,7 @@ class AgentLoop:
         message: str,
         duration_ms: int | None = None,
     ) -> None:
-        self._tool_result(turn, state, block, message, is_error=True)
-        self.s.emit(
-            [ToolFailed(block.id, block.name, error_class, message, duration_ms)],  # type: ignore[arg-type]
-            turn.id,
-        )
-        broke = error_class in ("error", "timeout")  # not a cancel, a refusal or a model's slip
-        event(
-            log, logging.WARNING if broke else logging.INFO, "tool_failed",
-            f"tool {block.name} ({block.id}) failed: {error_class}: {message}",
-            session_id=self.s.id, turn_id=turn.id, tool=block.name, tool_use_id=block.id,
-            code=error_class, duration_ms=duration_ms,
-        )  # fmt: skip
+        fail_tool(self.s, turn, state, block, error_class, message, duration_ms)
 
     def _tool_result(
         self,
@@ -640,103 +372,7 @@ class AgentLoop:
         is_error: bool,
         structured: Any = None,
     ) -> None:
-        """Record a tool's result in the conversation, in the step that announces it.
-
-        A structured result is kept in the block (``structured_content``), so a
-        snapshot shows what ``tool.completed`` showed (PROTOCOL section 6).
-        """
-        s = self.s
-        state.pending_tools = [b for b in state.pending_tools if b.id != block.id]
-        if state.results_message is None:
-            state.results_message = Message(
-                new_message_id(), s.id, turn.id, "user", [], "complete", now_ms()
-            )
-        result = ToolResultBlock(block.id, content, is_error)
-        if structured is not None:
-            result.structured_content = structured
-        state.results_message.content.append(result)
-        s.add_message(state.results_message)
-
-    # --- endings -------------------------------------------------------------------
-
-    def finish(self, turn: Turn, state: TurnState, stop_reason: StopReason) -> None:
-        self.close_turn(turn, state, stop_reason)
-        self.emit_terminal(turn, state, stop_reason)
-
-    def emit_terminal(self, turn: Turn, state: TurnState, stop_reason: StopReason) -> None:
-        cost, workers = _turn_cost(turn, state)
-        self.s.emit([TurnCompleted(turn.id, stop_reason, state.usage, cost, workers)], turn.id)
-        state.ended = True
-
-    def close_turn(self, turn: Turn, state: TurnState, outcome: str) -> None:
-        """Release the turn lock and book the cost, in the step that ends the turn."""
-        s = self.s
-        last = s.messages[-1] if s.messages else None
-        final_text = ""
-        if last is not None and last.role == "assistant" and last.turn_id == turn.id:
-            final_text = "".join(b.text for b in last.content if isinstance(b, TextBlock))
-        phase = turn.phase
-        turn.cost_usd, _ = _turn_cost(turn, state)  # before done: a parent's delegate reads it
-        turn.finish(outcome, final_text)
-        s.record.cost_so_far_usd += turn.cost_usd
-        s.record.current_turn_id, s.record.current_turn_seq = None, 0
-        s.save_record()
-        s.end_turn(turn)
-        self._turn_ended(turn, state, outcome, phase)  # after the lock is free, whatever it does
-
-    def _turn_ended(self, turn: Turn, state: TurnState, outcome: str, phase: str) -> None:
-        """One line and the turn metrics, in the step that ends the turn."""
-        seconds = trio.current_time() - state.started_at
-        label = outcome if outcome in _TURN_OUTCOMES else "other"
-        metrics = self.node.metrics
-        metrics.turns.labels(label).inc()
-        metrics.turn_duration.labels(label).observe(seconds)
-        ms = round(seconds * 1000)
-        cancelled = outcome == "cancelled"
-        event(
-            log, logging.INFO, "turn_ended",
-            f"turn {turn.id} {'cancelled' if cancelled else 'ended'}: {outcome} after {ms} ms",
-            session_id=self.s.id, turn_id=turn.id, duration_ms=ms, stop_reason=outcome,
-            reason=turn.cancel_reason if cancelled else None, phase=phase if cancelled else None,
-            input_tokens=state.usage.input_tokens, output_tokens=state.usage.output_tokens,
-        )  # fmt: skip
+        record_result(self.s, turn, state, block, content, is_error=is_error, structured=structured)
 
 
-def _turn_cost(turn: Turn, state: TurnState) -> tuple[float, float]:
-    """A turn's cost, its delegated workers' included, and their part (PROTOCOL section 5)."""
-    workers = turn.workers_cost_usd
-    return (state.usage.cost_usd or 0.0) + workers, workers
-
-
-def _resolved_by_cancel(s: TurnHost, turn: Turn, request: PermissionRequest) -> None:
-    """A cancel ends a request still waiting: ``permission.resolved`` ``cancelled``.
-
-    PROTOCOL section 5: every request is resolved, and one a cancel ended says
-    so, in the step of its tool's ``tool.failed (cancelled)`` that follows
-    (nothing awaits between the two). One decided just as the cancel landed
-    keeps its decision: its tool never ran, and its ``tool.failed`` says why.
-    """
-    request.closed = True
-    request.decision = request.decision or "cancelled"
-    s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
-
-
-_TURN_OUTCOMES = frozenset(get_args(StopReason))
 _LLM_ERROR_CLASSES = frozenset(get_args(LlmErrorClass))
-
-
-class TurnState:
-    """What one turn has done so far (for its ending)."""
-
-    def __init__(self) -> None:
-        self.started_at = trio.current_time()  # the turn's duration is measured from here
-        self.usage = Usage()
-        self.call_id = ""
-        self.call: Call | None = None
-        self.pending_tools: list[ToolUseBlock] = []
-        self.tool_uses = 0  # tool_use blocks the model asked for so far (max_tool_uses_per_turn)
-        self.rounds = 0  # LLM calls so far (the agent's max_rounds)
-        self.results_message: Message | None = None
-        self.ended = False  # its terminal event went out
-        self.overflowed = False  # the last call was refused as too long (PROTOCOL section 12)
-        self.call_failed_emitted = False  # its llm.call_failed went out already

@@ -7,7 +7,8 @@ was durable: its catalog events (every one a client saw, since events are
 held until committed) and the assistant message stored as its blocks ended.
 
 The core is sans-IO: :func:`plan` reads a turn's stored events and messages
-and says where the turn stood; :func:`closing` says what to emit. The
+and says where the turn stood; :func:`closing` says what to emit, as
+:func:`gateway.session.closing.sequence` decides for every closing turn. The
 session's side (:func:`close_interrupted`) reads the store, emits, and stores
 the interrupted message as ``cancelled`` with whatever of it was durable, so
 that a client resuming with a ``since`` from before the crash gets
@@ -31,24 +32,16 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from gateway.ids import new_message_id, now_ms
-from gateway.protocol.events import (
-    EVENT_TYPES,
-    DelegateFailed,
-    LlmCallFailed,
-    MessageComplete,
-    Payload,
-    PermissionResolved,
-    ToolFailed,
-    TurnCancelled,
-)
+from gateway.protocol.events import EVENT_TYPES, MessageComplete, Payload
 from gateway.protocol.shapes import ContentBlock, Message, ToolResultBlock, ToolUseBlock, Usage
 from gateway.session.call import Completion
+from gateway.session.closing import RESTART_REASON, CallFacts, Facts, sequence
 from gateway.store.base import StoredEvent, each_event_after
 
 if TYPE_CHECKING:
     from gateway.session.session import Session
 
-REASON = "server_restart"
+REASON = RESTART_REASON
 
 
 class _Envelope(msgspec.Struct):
@@ -149,23 +142,18 @@ def closing(state: Interrupted) -> list[Payload]:
     """The catalog events that close the turn: section 8's sequence for its phase.
 
     ``message.complete`` for the interrupted message is the session's to emit
-    (it is stored with the message); it comes first.
+    (it is stored with the message); it comes first. The call still streaming
+    closes as a cancel leaves it (``cancelled``).
     """
-    out: list[Payload] = []
+    call = None
     if state.phase == "llm" and state.call_id is not None:
         message_id = state.message.id if state.message else None
-        out.append(LlmCallFailed(state.call_id, "cancelled", "cancelled", message_id))
-    for tool_use_id, worker in state.delegates:
-        out.append(
-            DelegateFailed(tool_use_id, worker, "cancelled_by_user", "the gateway restarted")
-        )
-    for tool_use_id, name in state.pending_tools:
-        perm_id = state.permissions.get(tool_use_id)
-        if perm_id is not None:
-            out.append(PermissionResolved(perm_id, "cancelled"))
-        out.append(ToolFailed(tool_use_id, name, "cancelled", "cancelled"))
-    out.append(TurnCancelled(state.turn_id, REASON, state.phase, state.partial))
-    return out
+        call = CallFacts(state.call_id, message_id, "cancelled", "cancelled")
+    facts = Facts(
+        state.turn_id, state.phase, "restart", REASON, call, tuple(state.pending_tools),
+        state.permissions, tuple(state.delegates), state.partial,
+    )  # fmt: skip
+    return sequence(facts).events
 
 
 async def close_interrupted(session: Session) -> None:

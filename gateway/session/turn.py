@@ -15,7 +15,10 @@ done      ``turn.completed`` or ``turn.cancelled`` was emitted        nothing (f
 
 Moves follow :data:`TRANSITIONS`; anything else raises, loudly, because a turn
 in an impossible phase would emit the wrong sequence. The sequences themselves
-are in :mod:`gateway.session.cancel`.
+are decided in :mod:`gateway.session.closing`.
+
+:class:`TurnState` is what the turn has done so far (its call, its pending
+tools, its usage): the facts its ending is decided from.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Literal
 
 import trio
 
-from gateway.protocol.shapes import Message
+from gateway.protocol.shapes import Message, ToolUseBlock, Usage
+from gateway.session.call import Call
 
 Phase = Literal["starting", "llm", "seam", "tools", "done"]
 
@@ -93,3 +97,20 @@ class Turn:
         self.cancel_reason = reason
         self.cancel_scope.cancel()
         return True
+
+
+class TurnState:
+    """What one turn has done so far (for its ending)."""
+
+    def __init__(self) -> None:
+        self.started_at = trio.current_time()  # the turn's duration is measured from here
+        self.usage = Usage()
+        self.call_id = ""
+        self.call: Call | None = None
+        self.pending_tools: list[ToolUseBlock] = []
+        self.tool_uses = 0  # tool_use blocks the model asked for so far (max_tool_uses_per_turn)
+        self.rounds = 0  # LLM calls so far (the agent's max_rounds)
+        self.results_message: Message | None = None
+        self.ended = False  # its terminal event went out
+        self.overflowed = False  # the last call was refused as too long (PROTOCOL section 12)
+        self.call_failed_emitted = False  # its llm.call_failed went out already

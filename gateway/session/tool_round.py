@@ -1,0 +1,266 @@
+"""A model round's tool uses: the tool batch, its limits, its approvals, each tool's ending.
+
+A call that stops with ``tool_use`` hands its tool blocks to :meth:`ToolRound.run`,
+whose tools run concurrently in the batch's nursery. The turn stays at the
+seam until the first tool enters execution; a tool waiting for permission has
+not (PROTOCOL section 8). A tool that raises anything is a ``tool.failed``
+(``error``); a cancel fails each running tool (``cancelled``) from its own
+task, an open permission request resolved ``cancelled`` first.
+
+A turn runs at most ``[limits] max_tool_uses_per_turn`` tool uses (PROTOCOL
+section 15), counting every ``tool_use`` block the model asked for in the
+turn, across its rounds: those beyond are announced (``tool.called``) and fail
+at once with ``tool.failed`` (``limit``) without running, all in one step, and
+the turn goes on to the next model round, which sees the errors and can answer.
+A worker's turn is a turn of its own, with its own count.
+
+Every ending of a tool records its result in the conversation in the step
+that announces it (:func:`record_result`, :func:`fail_tool`): the next
+request, and a snapshot, see a result for every tool use.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from gateway.agents import AgentProfile
+from gateway.errors import ToolError
+from gateway.ids import new_message_id, now_ms
+from gateway.logs import event
+from gateway.protocol.events import (
+    PermissionRequested,
+    PermissionResolved,
+    ToolCalled,
+    ToolCompleted,
+    ToolFailed,
+)
+from gateway.protocol.shapes import Message, ToolResultBlock, ToolUseBlock
+from gateway.session.loop_api import AgentServices, TurnHost
+from gateway.session.permissions import PermissionRequest
+from gateway.session.turn import Turn, TurnState
+from gateway.tools.registry import SessionTools, ToolContext
+
+log = logging.getLogger("gateway.agent")
+
+
+class ToolRound:
+    """Runs the tool uses of a session's model rounds (module docstring)."""
+
+    def __init__(self, session: TurnHost, node: AgentServices) -> None:
+        self.s = session
+        self.node = node
+
+    @property
+    def agent(self) -> AgentProfile:
+        return self.node.agents[self.s.record.agent]
+
+    @property
+    def tools(self) -> SessionTools:
+        """The session's tools now: built-in and MCP, its agent's (asked at every use)."""
+        return self.node.session_tools(self.s)
+
+    async def run(self, turn: Turn, state: TurnState, tool_uses: list[ToolUseBlock]) -> None:
+        """The tool batch: every call of the message concurrently, in the batch's nursery."""
+        s = self.s
+        s.emit([ToolCalled(b.id, b.name, b.input) for b in tool_uses], turn.id)
+        limit = self.node.config.limits.max_tool_uses_per_turn
+        allowed = tool_uses
+        if limit:
+            room = max(0, limit - state.tool_uses)
+            allowed, refused = tool_uses[:room], tool_uses[room:]
+            if refused:
+                self._refuse(turn, state, refused, limit)
+        state.tool_uses += len(tool_uses)
+        async with trio.open_nursery() as nursery:
+            for block in allowed:
+                nursery.start_soon(
+                    self._run_tool, turn, state, block, name=f"tool {block.name} {block.id}"
+                )
+        state.results_message = None
+
+    def last_round(self, turn: Turn, state: TurnState, blocks: list[ToolUseBlock]) -> None:
+        """The model asked for tools in the turn's last round (``max_rounds``): none runs.
+
+        No model round would see their results, so running them would do
+        what nobody reads. Each is announced and fails (``limit``) in one step,
+        as :meth:`_refuse` does; the conversation keeps a result for every
+        tool use, so the session's next turn is a valid request.
+        """
+        self.s.emit([ToolCalled(b.id, b.name, b.input) for b in blocks], turn.id)
+        state.tool_uses += len(blocks)
+        message = f"not run: the turn reached its max_rounds ({self.agent.max_rounds}) model calls"
+        self._fail_unrun(turn, state, blocks, message)
+
+    def _refuse(self, turn: Turn, state: TurnState, blocks: list[ToolUseBlock], limit: int) -> None:
+        """Fail tool uses past ``max_tool_uses_per_turn`` without running them (``limit``).
+
+        One step for all of them: one rewrite of the results message, one batch
+        of ``tool.failed``, one log line (a model asking for a thousand tools
+        costs three writes, not a thousand).
+        """
+        message = (
+            f"not run: this turn asked for more than its max_tool_uses_per_turn ({limit}) tool uses"
+        )
+        self._fail_unrun(turn, state, blocks, message)
+
+    def _fail_unrun(
+        self, turn: Turn, state: TurnState, blocks: list[ToolUseBlock], message: str
+    ) -> None:
+        """Fail tool uses that never ran (``limit``): one results rewrite, one batch, one line."""
+        s = self.s
+        refused = {b.id for b in blocks}
+        state.pending_tools = [b for b in state.pending_tools if b.id not in refused]
+        results = _results_message(s, turn, state)
+        results.content += [ToolResultBlock(b.id, message, True) for b in blocks]
+        s.add_message(results)
+        s.emit([ToolFailed(b.id, b.name, "limit", message, 0) for b in blocks], turn.id)
+        event(
+            log, logging.WARNING, "tool_limit",
+            f"turn {turn.id}: {len(blocks)} tool uses failed without running: {message}",
+            session_id=s.id, turn_id=turn.id, code="limit", count=len(blocks),
+        )  # fmt: skip
+
+    async def _run_tool(self, turn: Turn, state: TurnState, block: ToolUseBlock) -> None:
+        s = self.s
+        ctx = ToolContext(
+            session_id=s.id,
+            turn_id=turn.id,
+            tool_use_id=block.id,
+            workspace_path=s.record.workspace_path,
+            kill_grace_s=self.node.config.tools.kill_grace_s,
+            session=s,
+            tool_name=block.name,
+        )
+        started = trio.current_time()
+        tools = self.tools
+        tool_label = block.name if block.name in tools else "unknown"
+
+        def elapsed_ms(outcome: str = "failed") -> int:
+            seconds = trio.current_time() - started
+            self.node.metrics.tool_duration.labels(tool_label, outcome).observe(seconds)
+            return round(seconds * 1000)
+
+        try:
+            tools.validate(block.name, block.input)
+            if self.agent.needs_approval(block.name):
+                await self._permission(turn, block)
+            if turn.phase == "seam":
+                turn.enter("tools")
+            output = await tools.execute(block.name, block.input, ctx)
+        except ToolError as exc:
+            fail_tool(s, turn, state, block, exc.error_class, exc.message, elapsed_ms())
+        except Exception as exc:  # a tool's bug fails that tool only
+            s.failed("tool", exc, turn.id)
+            message = f"the tool failed: {type(exc).__name__}: {exc}"
+            fail_tool(s, turn, state, block, "error", message, elapsed_ms())
+        except trio.Cancelled:
+            fail_tool(s, turn, state, block, "cancelled", "cancelled", elapsed_ms("cancelled"))
+            raise
+        else:
+            content, structured = output.content, output.structured
+            record_result(s, turn, state, block, content, is_error=False, structured=structured)
+            ms = elapsed_ms("completed")
+            s.emit([ToolCompleted(block.id, block.name, content, ms, structured)], turn.id)
+
+    async def _permission(self, turn: Turn, block: ToolUseBlock) -> None:
+        """Wait for ``allow`` (PROTOCOL section 5 ``permission.*``).
+
+        Raises:
+            ToolError: ``permission_denied`` on ``deny`` or after ``approval_timeout_s``.
+        """
+        s = self.s
+        timeout = self.node.config.tools.approval_timeout_s
+        expires_at = now_ms() + round(timeout * 1000)
+        request = s.permissions.open(block.id, block.name, block.input, expires_at)
+        s.emit(
+            [PermissionRequested(request.perm_id, block.id, block.name, block.input, expires_at)],
+            turn.id,
+        )
+        try:
+            with trio.move_on_after(timeout):
+                await request.decided.wait()
+        except trio.Cancelled:
+            _resolved_by_cancel(s, turn, request)
+            raise
+        finally:
+            request.closed = True
+        if request.decision is None:
+            request.decision = "timeout"
+        s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
+        if request.decision == "allow":
+            return
+        verb = "was denied" if request.decision == "deny" else "timed out"
+        raise ToolError("permission_denied", f"permission for {block.name} {verb}")
+
+
+def fail_tool(
+    s: TurnHost,
+    turn: Turn,
+    state: TurnState,
+    block: ToolUseBlock,
+    error_class: str,
+    message: str,
+    duration_ms: int | None = None,
+) -> None:
+    """``tool.failed``, its result recorded in the conversation in the same step."""
+    record_result(s, turn, state, block, message, is_error=True)
+    s.emit(
+        [ToolFailed(block.id, block.name, error_class, message, duration_ms)],  # type: ignore[arg-type]
+        turn.id,
+    )
+    broke = error_class in ("error", "timeout")  # not a cancel, a refusal or a model's slip
+    event(
+        log, logging.WARNING if broke else logging.INFO, "tool_failed",
+        f"tool {block.name} ({block.id}) failed: {error_class}: {message}",
+        session_id=s.id, turn_id=turn.id, tool=block.name, tool_use_id=block.id,
+        code=error_class, duration_ms=duration_ms,
+    )  # fmt: skip
+
+
+def record_result(
+    s: TurnHost,
+    turn: Turn,
+    state: TurnState,
+    block: ToolUseBlock,
+    content: str,
+    *,
+    is_error: bool,
+    structured: Any = None,
+) -> None:
+    """Record a tool's result in the conversation, in the step that announces it.
+
+    A structured result is kept in the block (``structured_content``), so a
+    snapshot shows what ``tool.completed`` showed (PROTOCOL section 6).
+    """
+    state.pending_tools = [b for b in state.pending_tools if b.id != block.id]
+    results = _results_message(s, turn, state)
+    result = ToolResultBlock(block.id, content, is_error)
+    if structured is not None:
+        result.structured_content = structured
+    results.content.append(result)
+    s.add_message(results)
+
+
+def _results_message(s: TurnHost, turn: Turn, state: TurnState) -> Message:
+    """The round's tool results message (one user message for all its results)."""
+    if state.results_message is None:
+        state.results_message = Message(
+            new_message_id(), s.id, turn.id, "user", [], "complete", now_ms()
+        )
+    return state.results_message
+
+
+def _resolved_by_cancel(s: TurnHost, turn: Turn, request: PermissionRequest) -> None:
+    """A cancel ends a request still waiting: ``permission.resolved`` ``cancelled``.
+
+    PROTOCOL section 5: every request is resolved, and one a cancel ended says
+    so, in the step of its tool's ``tool.failed (cancelled)`` that follows
+    (nothing awaits between the two). One decided just as the cancel landed
+    keeps its decision: its tool never ran, and its ``tool.failed`` says why.
+    """
+    request.closed = True
+    request.decision = request.decision or "cancelled"
+    s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
