@@ -265,11 +265,17 @@ async def test_an_mcp_tool_through_the_cli(
     tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The model calls ``mcp__everything__echo``: Claude Code runs it on the configured
-    server, without asking (not in ``require_approval``); the events are the native ones."""
+    server, without asking (not in ``require_approval``); the events are the native ones.
+
+    The server is slow to start: the first query still offers its tools."""
     server.enqueue(
         Replay(transcript("claude-code/mcp_echo.sse")), Replay(transcript("anthropic/text.sse"))
     )
+    # The server starts a second late, as a loaded machine's may: the CLI's first
+    # query waits for it (MCP_CONNECTION_NONBLOCKING=0), so the model is offered its tools.
+    late = ["/bin/sh", "-c", 'sleep 1 && exec "$@"', "sh", *EVERYTHING]
     tables = MCP_TABLES.partition("[mcp_servers.elsewhere]")[0]
+    tables = tables.replace(json.dumps(EVERYTHING), json.dumps(late))
     tools = '["Bash", "mcp__everything__*"]'
     config, providers = await gateway(tmp_path, server, monkeypatch, tables, tools=tools)
     async with running_gateway(config, providers) as gw:
@@ -442,6 +448,7 @@ async def test_cancelling_the_parent_cancels_the_sub_agents_worker_first(
     only_model_calls(server)
 
 
+@pytest.mark.slow  # a real daemon process, started and killed
 async def test_no_cli_outlives_a_daemon_killed_with_sigkill_mid_turn(
     tmp_path: Path, server: FakeServer
 ) -> None:

@@ -99,12 +99,18 @@ def cli_environment(
     """The variables the CLI gets beyond the tool environment (PROTOCOL section 15).
 
     ``[model] max_retries`` is the CLI's ``CLAUDE_CODE_MAX_RETRIES`` (its own
-    retries of a failed API call), unless the agent's ``env`` sets it. The
+    retries of a failed API call), unless the agent's ``env`` sets it. So is
+    ``MCP_CONNECTION_NONBLOCKING=0``: the CLI's first query waits until its
+    MCP servers are connected (within Claude Code's ``MCP_TIMEOUT``), as the
+    native runtime's first turn waits for its servers' tools; by default the
+    CLI would send it without the tools of a server still starting. The
     agent's ``env`` then; the gateway's own win: the provider key, the
     endpoint, the state directory and the switches of :data:`QUIET_ENV`.
     """
     source = os.environ if env is None else env
-    out = {} if max_retries is None else {"CLAUDE_CODE_MAX_RETRIES": str(max_retries)}
+    out = {"MCP_CONNECTION_NONBLOCKING": "0"}
+    if max_retries is not None:
+        out["CLAUDE_CODE_MAX_RETRIES"] = str(max_retries)
     out.update(agent.env)
     out.update(QUIET_ENV)
     out.update(
