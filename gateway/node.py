@@ -861,9 +861,10 @@ class Node:
         if holder is None or holder == self.node_id:  # changing hands right now
             raise _changing_nodes(session.id)
         store = self.config.store
+        wait_s = store.commit_timeout_s + (slots.SLOT_WAIT_S if op == "turn" else 0.0)
         try:
             return await self.cluster.call(
-                holder, op, session.id, _pack(args), store.commit_timeout_s, store.lease_s
+                holder, op, session.id, _pack(args), wait_s, store.lease_s
             )
         except StoreError as exc:
             raise unavailable(exc) from None

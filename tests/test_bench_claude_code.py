@@ -17,6 +17,7 @@ from bench import claude_code
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # the bench itself, CLIs and daemons
 @pytest.mark.skipif(
     importlib.util.find_spec("claude_agent_sdk") is None,
     reason="needs the claude-code extra: pip install 'gateway[claude-code]'",

@@ -5,8 +5,8 @@ a dead one: the gateway's side of it (the record, the messages, the events)
 is in Redis. Claude Code's side is not: the CLI keeps its conversation in a
 transcript under the session's state directory,
 ``<workspace_root>/.claude-code/<session id>``
-(:func:`gateway.runtimes.claude_code.state_dir`), and the Claude Code session
-id is derived from the gateway's (:func:`~gateway.runtimes.claude_code.claude_session_id`),
+(:func:`gateway.runtimes.claude_code.options.state_dir`), and the Claude Code session
+id is derived from the gateway's (:func:`~gateway.runtimes.claude_code.options.claude_session_id`),
 so whichever node starts the next CLI looks for the transcript there. So:
 
 - **The state directory is on storage every node shares** (here: one
@@ -34,9 +34,11 @@ extra; skips, saying which, without either.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +57,18 @@ pytestmark = [
         reason="needs the claude-code extra: pip install 'gateway[claude-code]'",
     ),
     *ignore_unfinalized_generators("httpx", "httpcore"),
+    pytest.mark.slow,  # real gateway processes on a real Redis, real CLIs
 ]
 
 KEY = "sk-ant-failover"
 IDS = (b"msg_01FailoverFirst00001", b"msg_01FailoverLast000001", b"msg_01FailoverCut0000001")
 
 
-def cluster_config(base_url: str) -> str:
-    """tests/cluster_support.CONFIG with a Claude Code default agent (a ``str.format`` template)."""
+def cluster_config(base_url: str, store: str = "", agent: str = "") -> str:
+    """tests/cluster_support.CONFIG with a Claude Code default agent (a ``str.format`` template).
+
+    ``store``, ``agent``: more lines of ``[store]`` and of the agent.
+    """
     proxy = (
         f'{{{{ HTTPS_PROXY = "{base_url}", HTTP_PROXY = "{base_url}", NO_PROXY = "127.0.0.1" }}}}'
     )
@@ -75,6 +81,7 @@ shutdown_grace_s = 2.0
 backend = "redis"
 url = "{{url}}"
 lease_s = {{lease_s}}
+{store}
 [model]
 provider = "anthropic"
 name = "anthropic:claude-sonnet-4-6"
@@ -90,6 +97,7 @@ system = "You work for the failover test."
 tools = ["Bash"]
 require_approval = ["Bash"]
 env = {proxy}
+{agent}
 [log]
 format = "json"
 """
@@ -129,10 +137,11 @@ async def turn(peer: Peer, session_id: str, content: str) -> list[Any]:
     return events
 
 
-@pytest.fixture
-async def cluster(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Any:  # AsyncIterator[tuple[Cluster, FakeServer]]
+@contextlib.asynccontextmanager
+async def claude_code_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int, store: str = "", agent: str = ""
+) -> AsyncIterator[tuple[Cluster, FakeServer]]:
+    """``count`` nodes on one redis-server, their API and proxy one fake server."""
     binary = ensure_redis_server()
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)  # the nodes pass it on to their CLIs
     server = FakeServer()
@@ -140,9 +149,9 @@ async def cluster(
         base_url = await nursery.start(server.serve)
         redis = RedisServer(binary, tmp_path / "redis")
         await trio.to_thread.run_sync(redis.start)
-        nodes = Cluster(redis, tmp_path, cluster_config(base_url))
+        nodes = Cluster(redis, tmp_path, cluster_config(base_url, store, agent))
         try:
-            await trio.to_thread.run_sync(nodes.start, 3)  # the fake API answers meanwhile
+            await trio.to_thread.run_sync(nodes.start, count)  # the fake API answers meanwhile
             yield nodes, server
         finally:
             await trio.to_thread.run_sync(nodes.close)
@@ -150,6 +159,14 @@ async def cluster(
             nursery.cancel_scope.cancel()
     calls = {(r.method, r.path) for r in server.requests}
     assert calls <= {("POST", "/v1/messages?beta=true")}, calls  # nothing left the machine
+
+
+@pytest.fixture
+async def cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Cluster, FakeServer]]:
+    async with claude_code_cluster(tmp_path, monkeypatch, 3) as (nodes, server):
+        yield nodes, server
 
 
 async def takeover(
@@ -242,3 +259,29 @@ async def test_a_takeover_resumes_the_conversation_only_from_a_shared_state_dire
     assert second[-1].payload.stop_reason == "end_turn"  # the turn runs...
     assert "APPLE" in asked_first
     assert "BANANA" in asked_second and "APPLE" not in asked_second  # ...without what was said
+
+
+async def test_a_turn_forwarded_to_an_owner_with_no_process_slot_is_over_capacity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``max_processes = 1`` on the owner, its one CLI busy: a turn posted on another node
+    waits on the owner for a slot (``SLOT_WAIT_S``, longer than ``commit_timeout_s``) and
+    answers what the owner says, 503 ``over_capacity`` with ``Retry-After``, not
+    ``session_owner_unreachable``."""
+    store, agent = "commit_timeout_s = 2.0", "max_processes = 1"
+    async with claude_code_cluster(tmp_path, monkeypatch, 2, store, agent) as (nodes, server):
+        body = transcript("anthropic/text.sse")
+        server.enqueue(Replay(body, cut=Cut(body.index(b", world"), "stall")))
+        async with peers(nodes.live) as (a, b):
+            busy, other = await a.create_session(), await a.create_session()
+            async with a.watch(busy) as w:
+                await a.submit(busy, "keep the CLI busy")
+                with trio.fail_after(30):
+                    await w.until_type("text.delta")
+            started = trio.current_time()
+            r = await b.post_turn(other, "no slot for me")
+            waited = trio.current_time() - started
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["code"] == "over_capacity", r.text
+    assert r.headers["Retry-After"] == "5"
+    assert waited >= 4.5, waited  # the owner's wait for a slot, past commit_timeout_s

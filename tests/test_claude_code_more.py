@@ -21,8 +21,8 @@ from bench.fake_api import FakeServer, Replay, transcript
 from bench.fake_api.server import Cut, Json
 from gateway.agents import resolve_agents
 from gateway.client.attach import open_websocket as open_ws
-from gateway.runtimes import claude_code as cc
 from gateway.runtimes import slots
+from gateway.runtimes.claude_code import messages, options
 from tests.conftest import Client, Harness, running_gateway, types
 from tests.mcp_support import EVERYTHING
 from tests.provider_support import server as server
@@ -237,7 +237,7 @@ def test_the_cli_gets_the_mcp_servers_the_agent_reaches_and_may_use_their_tools(
     server = FakeServer()
     config = cc_config(tmp_path, server, MCP_TABLES, tools='["Bash", "mcp__everything__*"]')
     agent = resolve_agents(config)["default"]
-    servers = cc.mcp_servers(agent, config.mcp_servers, "/daemon/cwd")
+    servers = options.mcp_servers(agent, config.mcp_servers, "/daemon/cwd")
     assert list(servers) == ["everything"]
     stdio = servers["everything"]
     assert stdio["type"] == "stdio" and stdio.get("env") == {"MCP_TEST_ENV": "from-config"}
@@ -248,16 +248,16 @@ def test_the_cli_gets_the_mcp_servers_the_agent_reaches_and_may_use_their_tools(
     both = resolve_agents(
         cc_config(tmp_path, server, MCP_TABLES, tools='["mcp__*__*"]', require_approval="[]")
     )["default"]
-    servers = cc.mcp_servers(both, config.mcp_servers, "/daemon/cwd")
+    servers = options.mcp_servers(both, config.mcp_servers, "/daemon/cwd")
     assert servers["elsewhere"] == {
         "type": "http",
         "url": "http://127.0.0.1:9/mcp",
         "headers": {"authorization": "Bearer t"},
     }
-    assert cc._cli_rule("mcp__everything__*") == "mcp__everything"
-    assert cc._cli_rule("mcp__everything__echo") == "mcp__everything__echo"
+    assert options.cli_rule("mcp__everything__*") == "mcp__everything"
+    assert options.cli_rule("mcp__everything__echo") == "mcp__everything__echo"
     assert (
-        cc._cli_rule("mcp__*__echo") == "mcp__*__echo"
+        options.cli_rule("mcp__*__echo") == "mcp__*__echo"
     )  # decided by can_use_tool against the agent's
 
 
@@ -265,11 +265,17 @@ async def test_an_mcp_tool_through_the_cli(
     tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The model calls ``mcp__everything__echo``: Claude Code runs it on the configured
-    server, without asking (not in ``require_approval``); the events are the native ones."""
+    server, without asking (not in ``require_approval``); the events are the native ones.
+
+    The server is slow to start: the first query still offers its tools."""
     server.enqueue(
         Replay(transcript("claude-code/mcp_echo.sse")), Replay(transcript("anthropic/text.sse"))
     )
+    # The server starts a second late, as a loaded machine's may: the CLI's first
+    # query waits for it (MCP_CONNECTION_NONBLOCKING=0), so the model is offered its tools.
+    late = ["/bin/sh", "-c", 'sleep 1 && exec "$@"', "sh", *EVERYTHING]
     tables = MCP_TABLES.partition("[mcp_servers.elsewhere]")[0]
+    tables = tables.replace(json.dumps(EVERYTHING), json.dumps(late))
     tools = '["Bash", "mcp__everything__*"]'
     config, providers = await gateway(tmp_path, server, monkeypatch, tables, tools=tools)
     async with running_gateway(config, providers) as gw:
@@ -442,6 +448,7 @@ async def test_cancelling_the_parent_cancels_the_sub_agents_worker_first(
     only_model_calls(server)
 
 
+@pytest.mark.slow  # a real daemon process, started and killed
 async def test_no_cli_outlives_a_daemon_killed_with_sigkill_mid_turn(
     tmp_path: Path, server: FakeServer
 ) -> None:
@@ -512,17 +519,10 @@ async def test_a_background_sub_agent_is_a_worker_that_ends_with_its_task(
 
 def test_an_automatic_compact_boundary_is_an_auto_compaction() -> None:
     """Claude Code compacting on its own (``trigger: "auto"``), as its manual one is mapped."""
-    from types import SimpleNamespace
-
     from claude_agent_sdk import SystemMessage
 
-    emitted: list[tuple[list[Any], str | None]] = []
-    host = SimpleNamespace(s=SimpleNamespace(emit=lambda p, t: emitted.append((p, t))))
     boundary = {"compact_metadata": {"trigger": "auto", "pre_tokens": 180_000}}
-    cc.ClaudeCode._compacted(host, "turn_1", SystemMessage("compact_boundary", boundary))  # type: ignore[arg-type]
-    [(payloads, turn_id)] = emitted
-    compacting, compacted = payloads
-    assert turn_id == "turn_1"
+    compacting, compacted = messages.compaction(SystemMessage("compact_boundary", boundary))
     assert (compacting.trigger, compacting.pre_tokens) == ("auto", 180_000)
     assert (compacted.trigger, compacted.method, compacted.pre_tokens) == (
         "auto",

@@ -7,14 +7,17 @@ ends (an idle stop, a crash, the session's end): :class:`ProcessSlots`.
 
 A turn that needs a slot when all are held waits for one **before** its
 ``POST /sessions/{id}/turns`` answers (PROTOCOL section 2 leaves the wait to
-the runtime; issue 21 asks for a 503 "after a bounded wait"):
+the runtime; this one answers 503 after a bounded wait):
 
 - while it waits, the least recently active of the agent's **idle** processes
   (its session has no turn in flight or queued) is stopped to make room: an
   idle process costs nothing to stop, its next turn resumes the transcript;
 - after :data:`SLOT_WAIT_S` with no slot, the POST answers 503
   ``over_capacity`` with ``Retry-After`` (:func:`over_capacity`), and no turn
-  was started.
+  was started. A turn posted on another node and forwarded to the
+  session's owner waits there as long: the sender waits for the owner's
+  answer ``SLOT_WAIT_S`` longer than for any other (``commit_timeout_s``), so
+  its client gets this 503, not ``session_owner_unreachable``.
 
 This module has no dependency on the ``claude-code`` extra: the node asks it
 before the session's runtime exists.

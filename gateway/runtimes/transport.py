@@ -9,7 +9,7 @@ is a tool process like any other (:mod:`gateway.tools.process`):
   in a group of its own, registered with the watchdog (it dies with the
   daemon, kill -9 included), with the resource limits of ``[tools]``;
 - its environment is :func:`~gateway.tools.process.tool_environment` plus
-  exactly what :mod:`gateway.runtimes.claude_code` passes (the provider key,
+  exactly what :mod:`gateway.runtimes.claude_code.options` passes (the provider key,
   ``ANTHROPIC_BASE_URL``, its own ``HOME`` and ``CLAUDE_CONFIG_DIR``, the
   switches that keep it quiet, the agent's ``env``): nothing else of the
   daemon's;
@@ -23,6 +23,7 @@ and exit, then stops its whole group (SIGTERM, SIGKILL), shielded and bounded.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import subprocess
@@ -114,32 +115,10 @@ class ToolProcessTransport(Transport):
                 raise CLIConnectionError(f"the Claude Code process went away: {exc}") from exc
 
     def read_messages(self) -> AsyncIterator[dict[str, Any]]:
-        return self._read()
-
-    async def _read(self) -> AsyncIterator[dict[str, Any]]:
         proc = self.process
         if proc is None or proc.stdout is None:
             raise CLIConnectionError("not connected")
-        pending = b""
-        while True:
-            try:
-                chunk = await proc.stdout.receive_some(65536)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                chunk = b""
-            if not chunk:
-                break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                data = _parse(line)
-                if data is not None:
-                    yield data
-            if len(pending) > _MAX_LINE:
-                raise CLIConnectionError("a line of the Claude Code process exceeded 16 MiB")
-        self._ready = False
-        code = await proc.wait()
-        if code != 0:
-            raise ProcessError(f"Claude Code exited with status {code}", exit_code=code)
+        return _Messages(self, proc)
 
     async def end_input(self) -> None:
         async with self._write_lock:
@@ -164,6 +143,54 @@ class ToolProcessTransport(Transport):
 
     def is_ready(self) -> bool:
         return self._ready
+
+
+class _Messages:
+    """The CLI's stdout, one JSON object a line, until it exits (its status checked).
+
+    An iterator, not an async generator: the SDK's reader task may be cancelled
+    before the stream ends, and an unfinished async generator is left for the
+    garbage collector to finalize (a ``ResourceWarning``); this needs none.
+    """
+
+    def __init__(self, transport: ToolProcessTransport, proc: trio.Process) -> None:
+        self._transport = transport
+        self._proc = proc
+        self._lines: collections.deque[dict[str, Any]] = collections.deque()
+        self._pending = b""
+        self._ended = False
+        self._broken: CLIConnectionError | None = None  # raised once the lines before it are read
+
+    def __aiter__(self) -> _Messages:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        while not self._lines:
+            if self._broken is not None:
+                raise self._broken
+            if self._ended:
+                raise StopAsyncIteration
+            await self._receive()
+        return self._lines.popleft()
+
+    async def _receive(self) -> None:
+        assert self._proc.stdout is not None
+        try:
+            chunk = await self._proc.stdout.receive_some(65536)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            chunk = b""
+        if not chunk:
+            self._ended = True
+            self._transport._ready = False
+            code = await self._proc.wait()
+            if code != 0:
+                raise ProcessError(f"Claude Code exited with status {code}", exit_code=code)
+            return
+        self._pending += chunk
+        *lines, self._pending = self._pending.split(b"\n")
+        self._lines.extend(data for data in map(_parse, lines) if data is not None)
+        if len(self._pending) > _MAX_LINE:
+            self._broken = CLIConnectionError("a line of the Claude Code process exceeded 16 MiB")
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:

@@ -1,0 +1,68 @@
+"""``runtime = "claude-code"``: a session run by Claude Code, through the Claude Agent SDK.
+
+PROTOCOL section 11 maps what the SDK says onto the events every client
+already reads; this package is that mapping. The stream is the same contract,
+event for event, as the gateway's own agent loop (:mod:`gateway.session.agent`),
+whose turn lifecycle, cancel sequences and endings it reuses:
+
+==============================================  =========================================
+Claude Agent SDK                                events
+==============================================  =========================================
+the partial stream events of an assistant       ``llm.call_started``, then the
+message (``StreamEvent.event``: the Messages    translator's ``message.start``, blocks,
+API's raw stream events)                        ``message.complete``; ``llm.call_completed``
+a ``tool_use`` block, its ``tool_result`` in    ``tool.called`` (with the call's end),
+the next user message                           ``tool.completed`` or ``tool.failed``
+``can_use_tool``                                ``permission.requested`` (``tool``),
+                                                ``permission.resolved``
+the result message                              ``turn.completed`` (usage; the cost is
+                                                the CLI's ``total_cost_usd`` for the turn)
+an error of the API or of the CLI               ``llm.call_failed`` (its class)
+a cancel (``interrupt()``)                      the sequences of PROTOCOL section 8
+a sub-agent (``TaskStartedMessage``, then       a worker session (``parent_session_id``):
+messages with ``parent_tool_use_id``)           ``delegate.started``, its turn in its own
+                                                stream, ``delegate.completed``/``failed``
+``compact_boundary``                            ``context.compacting``, ``context.compacted``
+==============================================  =========================================
+
+Where each part lives:
+
+- :mod:`~gateway.runtimes.claude_code.runtime`: :class:`ClaudeCode`, a
+  session's turns (the stream through the translator, tools, the result,
+  cancellation, ``/compact``), what the agent loop calls;
+- :mod:`~gateway.runtimes.claude_code.messages`: the sans-IO mapping (whole
+  messages replayed as stream events, compaction, the result);
+- :mod:`~gateway.runtimes.claude_code.options`: the SDK's options, the CLI's
+  environment and state directory, the Claude Code session id;
+- :mod:`~gateway.runtimes.claude_code.process`: the CLI process, its slot,
+  idle stop and resume;
+- :mod:`~gateway.runtimes.claude_code.permissions`: ``can_use_tool`` as
+  permission requests;
+- :mod:`~gateway.runtimes.claude_code.subagents`: sub-agents as worker
+  sessions;
+- :mod:`gateway.runtimes.transport` (the CLI as a tool process) and
+  :mod:`gateway.runtimes.slots` (``max_processes``), which need no extra.
+
+Where the contract is silent:
+
+- Claude Code may run a tool, and give its result, before the message that
+  holds it has ended: the result is kept until the tool's ``tool.called``.
+- The turn's phase: ``llm`` from the query until a message ends, ``seam``
+  from a message with tool uses until a permission is granted or a result
+  comes back, ``tools`` then, ``llm`` again at the next message.
+- A tool denied through the permissions route fails ``permission_denied``; a
+  tool result Claude Code marks as an error fails ``error``.
+- A query that fails before its stream starts (the API refused it, the CLI
+  could not run) is one ``llm.call_started`` and ``llm.call_failed``: by the
+  API's status (:func:`~gateway.providers.errors.status_class`), ``network``
+  when the CLI exited, ``api_error`` otherwise. ``error_max_turns`` is
+  ``max_rounds``.
+- ``compact_boundary`` comes once Claude Code is done: both events come
+  together, with its ``pre_tokens`` (and ``post_tokens``, 0 when it gives
+  none); ``method`` is ``summary``; the summary is in Claude Code's transcript,
+  not the session's messages, so both message ids are null.
+"""
+
+from gateway.runtimes.claude_code.runtime import ClaudeCode
+
+__all__ = ["ClaudeCode"]

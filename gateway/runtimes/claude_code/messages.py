@@ -1,0 +1,226 @@
+"""What Claude Code's messages say, as the gateway's events and raw stream events (sans-IO).
+
+PROTOCOL section 11's mapping, the parts that need no process, no session
+and no clock: each function takes an SDK message (or a piece of one) and
+returns what the runtime (:mod:`gateway.runtimes.claude_code.runtime`) feeds
+to the translator or emits.
+
+- **Whole messages.** Claude Code streams only the main thread: a
+  sub-agent's messages come whole. :class:`WholeMessages` replays each as
+  the raw stream events it would have had, so the worker's stream is the
+  native one (ids, block lifecycle, snapshot, replay).
+- **Compaction.** ``compact_boundary`` comes once Claude Code is done, so
+  ``context.compacting`` and ``context.compacted`` come together
+  (:func:`compaction`).
+- **The result.** ``error_max_turns`` is ``max_rounds``; an error result is a
+  failed call of the API's status class (:func:`result_failure`); the stop
+  reason is the result's, else the stream's (:func:`result_stop`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Container, Iterator
+from typing import Any, Literal
+
+from claude_agent_sdk import AssistantMessage, ResultMessage, SystemMessage
+from claude_agent_sdk import TextBlock as SdkText
+from claude_agent_sdk import ThinkingBlock as SdkThinking
+from claude_agent_sdk import ToolUseBlock as SdkToolUse
+
+from gateway.ids import new_message_id
+from gateway.protocol.events import ContextCompacted, ContextCompacting
+from gateway.protocol.shapes import StopReason
+from gateway.providers.errors import status_class
+
+RawData = dict[str, Any]
+"""One raw stream event of the Messages API, as JSON (:mod:`gateway.providers.raw` reads it)."""
+
+_STOP_REASONS = {"end_turn", "max_tokens", "stop_sequence", "tool_use"}
+_REPORT_START = "The report follows:\n"
+_REPORT_END = "\nagentId: "
+
+
+def token_count(value: Any) -> int:
+    """A token count Claude Code gave (a number, or its text), 0 when none."""
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def result_text(content: str | list[dict[str, Any]] | None) -> str:
+    """A tool result's content as text (its text parts, joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+
+
+def report_text(result: str) -> str:
+    """The sub-agent's report in its ``Agent`` tool result (the whole result if not found).
+
+    Claude Code frames it: a notice ending ``The report follows:``, the report
+    with every line indented two spaces, then ``agentId:`` and its usage.
+    """
+    start = result.find(_REPORT_START)
+    if start < 0:
+        return result.strip()
+    start += len(_REPORT_START)
+    end = result.find(_REPORT_END, start)
+    body = result[start : end if end >= 0 else len(result)]
+    return "\n".join(line.removeprefix("  ") for line in body.split("\n")).strip()
+
+
+def block_events(index: int, block: Any) -> list[RawData]:
+    """The raw stream events of one content block of a whole message (none: not streamed)."""
+    if isinstance(block, SdkText):
+        start: RawData = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": block.text}]
+    elif isinstance(block, SdkThinking):
+        start = {"type": "thinking", "thinking": ""}
+        deltas = [{"type": "thinking_delta", "thinking": block.thinking}]
+        if block.signature:
+            deltas.append({"type": "signature_delta", "signature": block.signature})
+    elif isinstance(block, SdkToolUse):
+        start = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
+        deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block.input)}]
+    else:
+        return []
+    return [
+        {"type": "content_block_start", "index": index, "content_block": start},
+        *({"type": "content_block_delta", "index": index, "delta": d} for d in deltas),
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def compaction(message: SystemMessage) -> list[ContextCompacting | ContextCompacted]:
+    """Claude Code compacted its context: ``context.compacting`` then ``context.compacted``.
+
+    Its ``compact_metadata`` gives the trigger (``auto`` or ``manual``) and
+    ``pre_tokens``; ``post_tokens`` is its own when it gives one, else 0 (not
+    known). The summary is in Claude Code's transcript, not a message of the
+    session's: ``summary_message_id`` and ``first_kept_message_id`` are null,
+    and the session's messages stay as they are (a client's view does not
+    change). PROTOCOL section 12.
+    """
+    meta = message.data.get("compact_metadata") or {}
+    trigger: Literal["auto", "manual"] = "manual" if meta.get("trigger") == "manual" else "auto"
+    pre = token_count(meta.get("pre_tokens"))
+    post = token_count(meta.get("post_tokens"))
+    return [
+        ContextCompacting(trigger, pre),
+        ContextCompacted(trigger, "summary", pre, post, None, None),
+    ]
+
+
+def result_failure(result: ResultMessage) -> tuple[str, str] | None:
+    """An error result as the failed call's ``error_class`` and message (None: no error)."""
+    if not result.is_error:
+        return None
+    status = result.api_error_status
+    error_class = status_class(status) if status else "api_error"
+    detail = "; ".join(result.errors or []) or result.result or result.subtype
+    return error_class, f"Claude Code: {detail}"
+
+
+def result_stop(result: ResultMessage, streamed: StopReason | None) -> StopReason:
+    """The stop reason of a turn that ended well: the result's, else the stream's last."""
+    reason = result.stop_reason if result.stop_reason in _STOP_REASONS else streamed
+    return reason or "end_turn"  # type: ignore[return-value]
+
+
+@dataclasses.dataclass
+class _Replaying:
+    """A whole message being replayed as a stream."""
+
+    id: str
+    index: int = 0
+    output_tokens: int = 0
+    tool_ids: set[str] = dataclasses.field(default_factory=set)
+
+
+class WholeMessages:
+    """A sub-agent's whole messages, as the raw stream events they would have had.
+
+    Claude Code gives a message block by block (one ``AssistantMessage`` each,
+    the same id): the message ends at the next message, a tool result, the
+    sub-agent's end (:meth:`end`), or once ``can_use_tool`` asks of one of its
+    tools (``asked``: a later block of it is then a message of its own, its
+    id suffixed).
+    """
+
+    def __init__(self) -> None:
+        self._open: _Replaying | None = None
+        self._ids: set[str] = set()
+        self.last_text = ""  # of the messages replayed (:meth:`report`)
+
+    def holds(self, tool_use_id: str) -> bool:
+        """Whether the message being replayed has the tool use ``tool_use_id``."""
+        return self._open is not None and tool_use_id in self._open.tool_ids
+
+    def message(self, message: AssistantMessage, asked: Container[str]) -> Iterator[RawData]:
+        """The raw events of one ``AssistantMessage`` (lazily: ``asked`` is read as they go)."""
+        mid = message.message_id or new_message_id()
+        if self._open is not None and self._open.id != mid.partition("~")[0]:
+            yield from self.end()
+        replaying = self._open
+        if replaying is None:
+            real, n = mid, 1
+            while mid in self._ids:
+                n += 1
+                mid = f"{real}~{n}"
+            self._ids.add(mid)
+            replaying = self._open = _Replaying(real)
+            usage = dict(message.usage or {})
+            body = {"id": mid, "model": message.model, "usage": {**usage, "output_tokens": 0}}
+            yield {"type": "message_start", "message": body}
+        replaying.output_tokens = int((message.usage or {}).get("output_tokens") or 0)
+        ends = False
+        for block in message.content:
+            events = block_events(replaying.index, block)
+            if not events:
+                continue
+            yield from events
+            replaying.index += 1
+            if isinstance(block, SdkText):
+                self.last_text = block.text
+            if isinstance(block, SdkToolUse):
+                replaying.tool_ids.add(block.id)
+                ends = ends or block.id in asked
+        if ends:
+            yield from self.end()
+
+    def end(self) -> list[RawData]:
+        """End the message being replayed, if one is."""
+        replaying, self._open = self._open, None
+        if replaying is None:
+            return []
+        reason = "tool_use" if replaying.tool_ids else "end_turn"
+        delta = {"stop_reason": reason, "stop_sequence": None}
+        usage = {"output_tokens": replaying.output_tokens}
+        return [
+            {"type": "message_delta", "delta": delta, "usage": usage},
+            {"type": "message_stop"},
+        ]
+
+    def report(self, text: str, model: str) -> list[RawData]:
+        """The sub-agent's final report, as its last message.
+
+        Claude Code does not give a sub-agent's last message as a message: its
+        text is the ``Agent`` tool's result (the report). Replayed once (not
+        if the sub-agent's last message said exactly that).
+        """
+        if not text or text == self.last_text:
+            return []
+        usage = {"input_tokens": 0, "output_tokens": 0}
+        body = {"id": new_message_id(), "model": model, "usage": usage}
+        delta = {"stop_reason": "end_turn", "stop_sequence": None}
+        return [
+            {"type": "message_start", "message": body},
+            *block_events(0, SdkText(text)),
+            {"type": "message_delta", "delta": delta, "usage": {"output_tokens": 0}},
+            {"type": "message_stop"},
+        ]

@@ -1,0 +1,277 @@
+"""A session's Claude Code CLI process: started in a slot, stopped when idle, resumed.
+
+PROTOCOL section 11, "Processes":
+
+- **One process per session.** The session's CLI is started at its first
+  turn, as the task ``claude-code <session id>`` in a nursery of the
+  session's ``agent-loop`` task (it ends with the session), and serves every
+  later turn. It is a tool process (:mod:`gateway.runtimes.transport`): its
+  own process group, registered with the daemon's watchdog, a minimal
+  environment (:mod:`gateway.runtimes.claude_code.options`).
+- **Idle stop.** The CLI is stopped once the session has had no turn for the
+  agent's ``idle_process_s`` (the task ``claude-code-idle <session id>``);
+  the next start resumes the transcript in the session's state directory.
+- **Processes at once.** The agent's ``max_processes`` bounds its CLIs on
+  this node (:mod:`gateway.runtimes.slots`): a turn holds a slot before its
+  POST answers; this process is the slot's holder, stopped to make room when
+  idle.
+- **Queries.** Every query owes a result; a cancelled turn stops listening,
+  so the next one first reads and drops what the interrupted query still
+  says (:meth:`CliProcess.settle_previous`), within :data:`DRAIN_TIMEOUT_S`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+import trio
+from claude_agent_sdk import ClaudeSDKClient, ResultMessage
+from claude_agent_sdk.types import CanUseTool
+
+from gateway.agents import AgentProfile
+from gateway.logs import event
+from gateway.runtimes.claude_code.options import (
+    claude_session_id,
+    cli_environment,
+    cli_options,
+    has_transcript,
+    state_dir,
+)
+from gateway.runtimes.transport import ToolProcessTransport
+from gateway.tools.process import ToolProcesses
+
+if TYPE_CHECKING:
+    from gateway.session.loop_api import RuntimeHost
+
+log = logging.getLogger("gateway.claude_code")
+
+INTERRUPT_TIMEOUT_S = 0.5
+"""How long a cancel waits for the CLI to take its ``interrupt`` (shielded)."""
+
+DRAIN_TIMEOUT_S = 10.0
+"""How long the next turn waits for an interrupted query's result before restarting the CLI."""
+
+
+class CliProcess:
+    """The CLI of one session, and the slot it holds (module docstring).
+
+    Args:
+        loop: the session's agent loop (its session, node and agent).
+        nursery: where the process task runs (the agent loop's own, inside the session's).
+        processes: the daemon's tool processes.
+        can_use_tool: the CLI's ``can_use_tool`` (the session's approvals).
+    """
+
+    def __init__(
+        self,
+        loop: RuntimeHost,
+        nursery: trio.Nursery,
+        processes: ToolProcesses,
+        can_use_tool: CanUseTool,
+    ) -> None:
+        self._loop = loop
+        self.s = loop.s
+        self.node = loop.node
+        self._nursery = nursery
+        self._processes = processes
+        self._can_use_tool = can_use_tool
+        self.client: ClaudeSDKClient | None = None
+        self.transport: ToolProcessTransport | None = None
+        self.inbox: trio.MemoryReceiveChannel[Any] | None = None
+        self._scope: trio.CancelScope | None = None  # the process task's
+        self._stopped = trio.Event()  # set when the process task (the current one) ends
+        self._stopped.set()  # none runs yet
+        self.owed = 0  # results of queries whose turn stopped listening
+        self.cost_seen = 0.0  # the CLI's total_cost_usd at its last result
+        self._busy = False  # a turn or a compaction is in flight
+        self._active_at = trio.current_time()  # the last turn's start or end (idle_process_s)
+        self._quiet = trio.Event()  # set when the turn in flight ends
+
+    @property
+    def agent(self) -> AgentProfile:
+        return self._loop.agent
+
+    # --- activity (the slot's holder) ---------------------------------------------------
+
+    def begin(self) -> None:
+        """A turn or compaction starts: the process is not idle until :meth:`end`."""
+        self._busy, self._active_at, self._quiet = True, trio.current_time(), trio.Event()
+
+    def end(self) -> None:
+        self._busy, self._active_at = False, trio.current_time()
+        self._quiet.set()
+
+    def idle(self) -> bool:
+        """Whether no turn (or compaction) of the session is in flight or queued."""
+        if self._busy:
+            return False
+        return getattr(self.s, "turn", None) is None
+
+    def idle_since(self) -> float:
+        return self._active_at
+
+    def stop(self) -> None:
+        """Stop the session's CLI (the process task ends; its group is stopped)."""
+        if self._scope is not None:
+            self._scope.cancel()
+
+    # --- the process task ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the session's CLI if it is not running, in a process slot of its agent.
+
+        The turn's POST held the slot already (:mod:`gateway.runtimes.slots`);
+        a turn whose process was stopped since (idle, or to make room) waits
+        here for a slot, within the turn.
+        """
+        if self.client is None:
+            await self._stopped.wait()  # a process still stopping holds its slot until it ends
+            agent, slots = self.agent, self.node.process_slots
+            await slots.acquire(agent.name, agent.max_processes, self.s.id, math.inf)
+            try:
+                await self._nursery.start(self._serve, name=f"claude-code {self.s.id}")
+            except BaseException:
+                if self.client is None:
+                    slots.release(agent.name, self.s.id)
+                raise
+
+    async def _client(self) -> tuple[ClaudeSDKClient, ToolProcessTransport, bool]:
+        """The SDK client of a new CLI, over a tool process; whether it resumes a transcript."""
+        s, node = self.s, self.node
+        workspace = await trio.to_thread.run_sync(
+            node.workspaces.host_path, s.record.workspace_path
+        )
+        home = state_dir(node.workspaces.root, s.id)
+        await trio.to_thread.run_sync(lambda: os.makedirs(home, mode=0o700, exist_ok=True))
+        resume = await trio.to_thread.run_sync(has_transcript, home, claude_session_id(s.id))
+        options = cli_options(
+            self.agent, s.id, workspace, node.config.mcp_servers, self._can_use_tool, resume
+        )
+        transport = ToolProcessTransport(
+            dataclasses.replace(options, permission_prompt_tool_name="stdio"),
+            self._processes,
+            workspace,
+            cli_environment(self.agent, home, max_retries=node.config.model.max_retries),
+            grace_s=node.config.tools.kill_grace_s,
+        )
+        return ClaudeSDKClient(options, transport=transport), transport, resume
+
+    async def _serve(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """The process task: start the CLI, pass on what it says, stop it (shielded) at the end."""
+        s = self.s
+        client, transport, resume = await self._client()
+        send, receive = trio.open_memory_channel[Any](math.inf)
+        stopped = self._stopped = trio.Event()
+        with trio.CancelScope() as scope, send:
+            try:
+                await client.connect()
+                self.client, self.transport, self.inbox, self._scope = (
+                    client, transport, receive, scope
+                )  # fmt: skip
+                self.owed = 0
+                self.node.process_slots.attach(self.agent.name, s.id, self)
+                task_status.started()
+                event(
+                    log, logging.INFO, "claude_code_started",
+                    f"session {s.id}: Claude Code started (pid {transport.pid})",
+                    session_id=s.id, pid=transport.pid, resume=resume,
+                )  # fmt: skip
+                await self._pass_on(client, send, scope)
+            finally:
+                if self.client is client:
+                    self.client = self.transport = self.inbox = self._scope = None
+                with trio.CancelScope(shield=True):
+                    await client.disconnect()
+                self.node.process_slots.release(self.agent.name, s.id)
+                stopped.set()
+
+    async def _pass_on(
+        self, client: ClaudeSDKClient, send: trio.MemorySendChannel[Any], scope: trio.CancelScope
+    ) -> None:
+        """What the CLI says, into the inbox, until its stream ends or it is stopped."""
+        s = self.s
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._stop_when_idle, scope, name=f"claude-code-idle {s.id}")
+                async for message in client.receive_messages():
+                    send.send_nowait(message)
+                nursery.cancel_scope.cancel()
+        except Exception as exc:  # the CLI's stream broke: the turn sees it end
+            event(
+                log, logging.WARNING, "claude_code_exited",
+                f"session {s.id}: Claude Code's stream ended: {exc}",
+                session_id=s.id, error=str(exc),
+            )  # fmt: skip
+
+    async def _stop_when_idle(self, scope: trio.CancelScope) -> None:
+        """Stop the CLI once no turn has run for the agent's ``idle_process_s``.
+
+        Its next turn starts another, which resumes the conversation from the
+        transcript in the session's state directory.
+        """
+        idle = self.agent.idle_process_s
+        while True:
+            if self._busy:
+                await self._quiet.wait()
+                continue
+            deadline = self._active_at + idle
+            if trio.current_time() < deadline:
+                await trio.sleep_until(deadline)
+                continue
+            if not self.idle():  # a turn accepted, not started yet: it will be waited for
+                await trio.sleep(idle)
+                continue
+            event(
+                log, logging.INFO, "claude_code_idle",
+                f"session {self.s.id}: Claude Code stopped after {idle:g} s idle",
+                session_id=self.s.id, idle_s=idle,
+            )  # fmt: skip
+            scope.cancel()
+            return
+
+    # --- queries -------------------------------------------------------------------------
+
+    async def query(self, prompt: str) -> None:
+        """Send a query (a turn's prompt, or a command); its result is owed."""
+        assert self.client is not None
+        self.owed += 1
+        await self.client.query(prompt)
+
+    async def settle_previous(self) -> None:
+        """Read and drop what an interrupted query still said, up to its result."""
+        inbox = self.inbox
+        if not self.owed or inbox is None:
+            return
+        with trio.move_on_after(DRAIN_TIMEOUT_S):
+            while self.owed:
+                try:
+                    message = await inbox.receive()
+                except trio.EndOfChannel:
+                    break
+                if isinstance(message, ResultMessage):
+                    self.owed -= 1
+                    self.cost_seen = message.total_cost_usd or self.cost_seen
+        if self.owed:  # no result came: a CLI that does not answer is started again
+            self.owed = 0
+            stopped = self._stopped
+            self.stop()
+            await stopped.wait()
+
+    async def interrupt(self) -> None:
+        """Stop the query in flight: ``interrupt()``, shielded, for :data:`INTERRUPT_TIMEOUT_S`."""
+        client = self.client
+        if client is None or not self.owed:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(INTERRUPT_TIMEOUT_S):
+            try:
+                await client.interrupt()
+            except Exception as exc:
+                event(
+                    log, logging.WARNING, "claude_code_interrupt_failed",
+                    f"session {self.s.id}: the interrupt failed: {exc}",
+                    session_id=self.s.id, error=str(exc),
+                )  # fmt: skip

@@ -1,0 +1,461 @@
+"""A Claude Code session's turns: what the CLI says, as the native runtime's events.
+
+The runtime the agent loop (:mod:`gateway.session.agent`) runs a
+``claude-code`` agent's turns on; the loop emits each turn's start and end,
+and the cancel sequences of PROTOCOL section 8. PROTOCOL section 11:
+
+- **The stream events go through the gateway's translator.** Each
+  ``StreamEvent.event`` is converted field for field into a
+  :mod:`raw event <gateway.providers.raw>` (as the Anthropic provider converts
+  the SDK's) and fed to the session's :class:`~gateway.session.call.CallStream`,
+  so ids, block lifecycle, snapshots, replay and the seam are the native
+  ones. The message id is the API's own. The text, thinking and tool blocks
+  of the SDK's ``AssistantMessage`` repeat what the stream said and are not
+  used.
+- **Tools.** Claude Code runs its own: a tool use in an assistant message,
+  and its ``tool_result`` in the next user message, are ``tool.called``
+  (with the call's end), then ``tool.completed`` or ``tool.failed``. A
+  result that comes before its ``tool.called`` is kept until then.
+- **The result** is ``turn.completed`` (usage; the cost is the CLI's
+  ``total_cost_usd`` for the turn); an error of the API or the CLI is
+  ``llm.call_failed`` (:mod:`gateway.runtimes.claude_code.messages`). A CLI
+  that dies mid-turn closes the turn as a network failure (an open
+  permission request resolved ``cancelled``, ``turn.completed`` ``error``);
+  the next turn starts another, which resumes.
+- **Cancellation.** A cancel cancels the turn's scope as for the native
+  runtime; on the way out this module resolves the open permission
+  requests (``cancelled``) and sends ``interrupt()``, shielded and bounded
+  (:meth:`CliProcess.interrupt <gateway.runtimes.claude_code.process.CliProcess.interrupt>`);
+  then the agent loop emits the sequence of the turn's phase. The
+  interrupted query's remaining messages and its result are read and dropped
+  before the next query.
+- **Compaction.** ``compact_boundary`` is ``context.compacting`` then
+  ``context.compacted``; ``POST .../compact`` sends Claude Code's
+  ``/compact`` between turns (:meth:`ClaudeCode.compact`).
+- **The phase.** ``llm`` from the query until a message ends, ``seam`` from a
+  message with tool uses until a permission is granted or a result comes
+  back, ``tools`` then, ``llm`` again at the next message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+from claude_agent_sdk import (
+    AssistantMessage,
+    ClaudeSDKClient,
+    ResultMessage,
+    StreamEvent,
+    SystemMessage,
+    TaskNotificationMessage,
+    TaskStartedMessage,
+    TaskUpdatedMessage,
+    UserMessage,
+)
+from claude_agent_sdk import ToolResultBlock as SdkToolResult
+
+from gateway.agents import AgentProfile
+from gateway.ids import new_call_id
+from gateway.logs import event
+from gateway.protocol.events import (
+    LlmCallCompleted,
+    LlmCallFailed,
+    LlmCallStarted,
+    ToolCalled,
+    ToolCompleted,
+)
+from gateway.protocol.shapes import StopReason, TextBlock, ToolUseBlock, Usage
+from gateway.providers.raw import RawEvent, RawMessageStart, RawMessageStop
+from gateway.runtimes.claude_code.messages import (
+    RawData,
+    WholeMessages,
+    compaction,
+    report_text,
+    result_failure,
+    result_stop,
+    result_text,
+)
+from gateway.runtimes.claude_code.options import MODEL_PREFIX
+from gateway.runtimes.claude_code.permissions import Approvals
+from gateway.runtimes.claude_code.process import CliProcess
+from gateway.runtimes.claude_code.subagents import Flush, SubAgentDone, SubAgents
+from gateway.runtimes.transport import ToolProcessTransport
+from gateway.session.call import Call, EndCall
+from gateway.session.turn import Turn
+from gateway.tools.process import ToolProcesses
+
+if TYPE_CHECKING:
+    from gateway.runtimes.claude_code.owner import Owner
+    from gateway.session.loop_api import RuntimeHost, WorkerHost
+    from gateway.session.turn import TurnState
+
+log = logging.getLogger("gateway.claude_code")
+
+
+class _ProcessGone(Exception):
+    """The CLI's stream ended while a turn waited for it."""
+
+
+class ClaudeCode:
+    """One session's Claude Code process, and the turns it runs (module docstring).
+
+    Args:
+        loop: the session's agent loop (its emission, endings and cancel sequences).
+        nursery: where the process task runs (the agent loop's own, inside the session's).
+        processes: the daemon's tool processes.
+        feed: a worker session's: its sub-agent's messages, from the parent's
+            runtime (no process of its own).
+    """
+
+    def __init__(
+        self,
+        loop: RuntimeHost,
+        nursery: trio.Nursery,
+        processes: ToolProcesses,
+        feed: trio.MemoryReceiveChannel[Any] | None = None,
+    ) -> None:
+        self.loop = loop
+        self.s = loop.s
+        self.node = loop.node
+        self._nursery = nursery
+        self._processes = processes
+        self.current: tuple[Turn, TurnState] | None = None
+        self.approvals = Approvals(self)
+        self.process = CliProcess(loop, nursery, processes, self.approvals.can_use_tool)
+        self.subagents = SubAgents(self)
+        self.feed = feed
+        self.background = False  # a worker's: its sub-agent runs in the background
+        self._early_results: dict[str, SdkToolResult] = {}  # before their tool.called
+        self._whole = WholeMessages()  # a worker's: its sub-agent's messages, replayed
+
+    @property
+    def agent(self) -> AgentProfile:
+        return self.loop.agent
+
+    @property
+    def client(self) -> ClaudeSDKClient | None:
+        """The SDK client of the session's running CLI (None: none runs)."""
+        return self.process.client
+
+    @property
+    def transport(self) -> ToolProcessTransport | None:
+        return self.process.transport
+
+    def idle(self) -> bool:
+        return self.process.idle()
+
+    def idle_since(self) -> float:
+        return self.process.idle_since()
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    # --- a turn ------------------------------------------------------------------------
+
+    async def run_turn(self, turn: Turn, state: TurnState) -> StopReason:
+        """Run one turn through Claude Code; the agent loop emits its ending."""
+        self.current = (turn, state)
+        self.process.begin()
+        try:
+            await self.process.settle_previous()
+            turn.enter("llm")
+            try:
+                if self.feed is None:
+                    await self.process.start()
+                    prompt = "".join(
+                        b.text for b in turn.user_message.content if isinstance(b, TextBlock)
+                    )
+                    await self.process.query(prompt)
+                return await self._follow(turn, state)
+            except _ProcessGone:
+                return self._failed(turn, state, "network", "the Claude Code process exited")
+            except Exception as exc:  # the SDK or the CLI failed: the call's failure
+                if isinstance(exc, AssertionError):
+                    raise
+                message = f"Claude Code failed: {type(exc).__name__}: {exc}"
+                return self._failed(turn, state, "api_error", message)
+        finally:
+            self.current = None
+            self.process.end()
+            if turn.in_flight:  # cancelled, or broken: close the requests, stop the query
+                self.approvals.end(turn)
+                await self.subagents.end_all(turn)
+                await self.process.interrupt()
+            self.approvals.reset()
+            self._early_results.clear()
+            if self.client is None and self.feed is None:  # the POST's slot, never used
+                self.node.process_slots.release(self.agent.name, self.s.id)
+
+    async def _follow(self, turn: Turn, state: TurnState) -> StopReason:
+        """Map what Claude Code says until the query's result (module docstring)."""
+        inbox = self.feed if self.feed is not None else self.process.inbox
+        assert inbox is not None
+        while True:
+            try:
+                message = await inbox.receive()
+            except trio.EndOfChannel:
+                raise _ProcessGone from None
+            if self.feed is not None:  # a worker's: its sub-agent's messages
+                stop = await self._sub_agent_message(turn, state, message)
+                if stop is not None:
+                    return stop
+                continue
+            stop = await self._message(turn, state, message)
+            if stop is not None:
+                return stop
+            if self.subagents.waiting:
+                await self.subagents.start_announced(turn)
+            if self._early_results:  # results that came before their tool.called (and workers)
+                pending = {b.id: b for b in state.pending_tools}
+                for tool_use_id in [i for i in self._early_results if i in pending]:
+                    early = self._early_results.pop(tool_use_id)
+                    self._tool_result(turn, state, pending[tool_use_id], early)
+
+    async def _message(self, turn: Turn, state: TurnState, message: Any) -> StopReason | None:
+        """One message of the main thread's; the turn's end at its result."""
+        if isinstance(message, StreamEvent):
+            if message.parent_tool_use_id is None:
+                await self._stream_event(turn, state, message.event)
+        elif isinstance(message, UserMessage):
+            if message.parent_tool_use_id is None:
+                await self.subagents.results(turn, message)
+                self._tool_results(turn, state, message)
+            else:
+                self.subagents.forward(message.parent_tool_use_id, message)
+        elif isinstance(message, (TaskNotificationMessage, TaskUpdatedMessage)):
+            await self.subagents.task_ended(turn, message)
+        elif isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
+            self.s.emit(compaction(message), turn.id)
+        elif isinstance(message, TaskStartedMessage) and message.tool_use_id:
+            self.subagents.task_started(message)
+        elif isinstance(message, SystemMessage):
+            pass  # init, status, thinking_tokens: nothing for the clients (yet)
+        elif isinstance(message, ResultMessage):
+            self.process.owed -= 1
+            return self._result(turn, state, message)
+        elif isinstance(message, AssistantMessage) and message.parent_tool_use_id:
+            self.subagents.forward(message.parent_tool_use_id, message)  # a sub-agent's, whole
+        # (the main thread's AssistantMessage: what its stream said already)
+        return None
+
+    async def _stream_event(self, turn: Turn, state: TurnState, data: RawData) -> None:
+        s = self.s
+        try:
+            raw = msgspec.convert(data, RawEvent)
+        except msgspec.ValidationError as exc:
+            if state.call is not None and not state.call.done.is_set():
+                message = f"unsupported {data.get('type')} event from Claude Code: {exc}"
+                s.calls.settle(EndCall("api_error", message))
+            return
+        if isinstance(raw, RawMessageStart):
+            if raw.message.model and not raw.message.model.startswith(MODEL_PREFIX):
+                raw.message.model = MODEL_PREFIX + raw.message.model
+            self._start_call(turn, state)
+        call = state.call
+        if call is None or call.done.is_set():
+            return
+        await s.calls.feed(raw)
+        if isinstance(raw, RawMessageStop):
+            self._end_call(turn, state, call)
+
+    def _start_call(self, turn: Turn, state: TurnState) -> None:
+        """A new LLM call of the turn: ``llm.call_started``, a translator, the call in flight."""
+        if turn.phase != "llm":
+            turn.enter("llm")
+        state.rounds += 1
+        state.results_message = None  # the next tool results are a new message
+        self.loop.open_call(turn, state)
+
+    def _end_call(self, turn: Turn, state: TurnState, call: Call) -> None:
+        """The message ended: ``llm.call_completed``, then its tool uses' ``tool.called``."""
+        s = self.s
+        s.calls.settle(EndCall())
+        state.usage += call.translator.usage
+        message = call.translator.message
+        stop_reason = call.translator.stop_reason
+        if call.error_class is not None or message is None or stop_reason is None:
+            return  # the result closes the turn with the failure
+        s.emit(
+            [LlmCallCompleted(state.call_id, message.id, stop_reason, message.usage or Usage())],
+            turn.id,
+        )
+        turn.enter("seam")
+        tool_uses = [b for b in message.content if isinstance(b, ToolUseBlock)]
+        if not tool_uses:
+            return
+        s.emit([ToolCalled(b.id, b.name, b.input) for b in tool_uses], turn.id)
+        state.pending_tools += tool_uses
+        state.tool_uses += len(tool_uses)
+        self.approvals.announce(tool_uses)
+
+    def _tool_results(self, turn: Turn, state: TurnState, message: UserMessage) -> None:
+        """A user message with tool results: each pending tool completes or fails."""
+        if isinstance(message.content, str):
+            return
+        pending = {b.id: b for b in state.pending_tools}
+        for result in message.content:
+            if not isinstance(result, SdkToolResult):
+                continue
+            block = pending.get(result.tool_use_id)
+            if block is None:  # Claude Code ran it before its message ended: kept till then
+                self._early_results[result.tool_use_id] = result
+                continue
+            self._tool_result(turn, state, block, result)
+
+    def _tool_result(
+        self, turn: Turn, state: TurnState, block: ToolUseBlock, result: SdkToolResult
+    ) -> None:
+        """One pending tool's result: ``tool.completed`` or ``tool.failed``."""
+        if turn.phase == "seam":
+            turn.enter("tools")
+        text = result_text(result.content)
+        started = self.approvals.started.get(block.id, trio.current_time())
+        ms = round((trio.current_time() - started) * 1000)
+        if result.is_error:
+            denied = block.id in self.approvals.denied
+            error_class = "permission_denied" if denied else "error"
+            self.loop.tool_failed(turn, state, block, error_class, text, ms)
+        else:
+            self.loop._tool_result(turn, state, block, text, is_error=False)
+            self.s.emit([ToolCompleted(block.id, block.name, text, ms)], turn.id)
+
+    def _result(self, turn: Turn, state: TurnState, result: ResultMessage) -> StopReason:
+        """The query's result: how the turn ends (the agent loop emits ``turn.completed``)."""
+        total = result.total_cost_usd
+        if total is not None:
+            cost, self.process.cost_seen = max(0.0, total - self.process.cost_seen), total
+            state.usage.cost_usd = cost
+        if result.subtype == "error_max_turns":
+            return self._close_pending(turn, state, "max_rounds")
+        failure = result_failure(result)
+        if failure is not None:
+            return self._failed(turn, state, *failure)
+        call = state.call
+        stop = call.translator.stop_reason if call is not None else None
+        return self._close_pending(turn, state, result_stop(result, stop))
+
+    def _close_pending(self, turn: Turn, state: TurnState, reason: StopReason) -> StopReason:
+        for block in list(state.pending_tools):  # Claude Code gave no result for it
+            self.loop.tool_failed(turn, state, block, "error", "Claude Code gave no result")
+        return reason
+
+    def _failed(self, turn: Turn, state: TurnState, error_class: str, message: str) -> StopReason:
+        """A failed call: the one streaming is closed, else one is started and failed."""
+        s = self.s
+        call = state.call
+        if call is not None and not call.done.is_set():
+            s.calls.settle(EndCall(error_class, message))
+            self.loop.call_failed(turn, state, call)
+        else:
+            state.call = None
+            state.call_id = new_call_id()
+            s.emit(
+                [
+                    LlmCallStarted(state.call_id, s.record.active_model),
+                    LlmCallFailed(state.call_id, error_class, message),  # type: ignore[arg-type]
+                ],
+                turn.id,
+            )
+        state.call_failed_emitted = True
+        self.approvals.end(turn)  # the CLI went away asking: cancelled, before the tool fails
+        self.node.metrics.provider_errors.labels(error_class).inc()
+        event(
+            log, logging.WARNING, "provider_error",
+            f"turn {turn.id}: Claude Code's call failed: {error_class}: {message}",
+            session_id=s.id, turn_id=turn.id, code=error_class, error=message,
+            model=s.record.active_model,
+        )  # fmt: skip
+        self._close_pending(turn, state, "error")
+        return "error"
+
+    # --- compaction (PROTOCOL section 12) ------------------------------------------------
+
+    async def compact(self) -> None:
+        """``POST .../compact``: Claude Code's own ``/compact``, between turns.
+
+        The CLI is started if it is not running (in a slot of its agent); the
+        command's result is read like a turn's, within the agent's
+        ``turn_timeout_s``, its cost booked to the session. A CLI that does not
+        answer in time is stopped (the next turn resumes).
+        """
+        process = self.process
+        process.begin()
+        try:
+            await process.settle_previous()
+            await process.start()
+            inbox = process.inbox
+            assert inbox is not None
+            await process.query("/compact")
+            with trio.move_on_after(self.agent.turn_timeout_s) as timer:
+                while True:
+                    try:
+                        message = await inbox.receive()
+                    except trio.EndOfChannel:
+                        break
+                    if isinstance(message, SystemMessage):
+                        if message.subtype == "compact_boundary":
+                            self.s.emit(compaction(message), None)
+                    elif isinstance(message, ResultMessage):
+                        process.owed -= 1
+                        self._book_cost(message.total_cost_usd)
+                        break
+            if timer.cancelled_caught:
+                process.stop()
+        finally:
+            process.end()
+
+    def _book_cost(self, total: float | None) -> None:
+        """The cost of a query of no turn (the CLI's running total grew): the session's."""
+        if total is not None and total > self.process.cost_seen:
+            self.s.record.cost_so_far_usd += total - self.process.cost_seen
+            self.s.save_record()
+            self.process.cost_seen = total
+
+    # --- a worker session's (PROTOCOL section 5) -------------------------------------------
+
+    def for_worker(self, worker: WorkerHost, feed: trio.MemoryReceiveChannel[Any]) -> ClaudeCode:
+        """The runtime of a sub-agent's worker session, fed its messages by this one.
+
+        Its loop is of this session's loop class (:mod:`gateway.session.agent`
+        imports this package, not the other way round).
+        """
+        loop = type(self.loop)(worker, self.node)
+        runtime = ClaudeCode(loop, self._nursery, self._processes, feed=feed)
+        loop.runtime = runtime
+        return runtime
+
+    def start_worker_turn(self, runtime: Owner, turn: Turn) -> None:
+        """Run a worker's turn, in this session's runtime nursery."""
+        name = f"claude-code-subagent {runtime.s.id}"
+        self._nursery.start_soon(runtime.loop.run_turn, turn, name=name)
+
+    async def _sub_agent_message(
+        self, turn: Turn, state: TurnState, message: Any
+    ) -> StopReason | None:
+        """One message of the sub-agent a worker's turn runs; the turn's end at its end."""
+        whole = self._whole
+        if isinstance(message, AssistantMessage):
+            await self._replay(turn, state, whole.message(message, self.approvals.announced))
+        elif isinstance(message, UserMessage):
+            await self._replay(turn, state, whole.end())
+            self._tool_results(turn, state, message)
+        elif isinstance(message, Flush):
+            if whole.holds(message.tool_use_id):
+                await self._replay(turn, state, whole.end())
+        elif isinstance(message, SubAgentDone):
+            await self._replay(turn, state, whole.end())
+            if message.is_error:
+                return self._failed(turn, state, "api_error", message.text)
+            if not self.background:
+                model = self.s.record.active_model.removeprefix(MODEL_PREFIX)
+                await self._replay(turn, state, whole.report(report_text(message.text), model))
+            return self._close_pending(turn, state, "end_turn")
+        return None
+
+    async def _replay(self, turn: Turn, state: TurnState, events: Iterable[RawData]) -> None:
+        for data in events:
+            await self._stream_event(turn, state, data)
