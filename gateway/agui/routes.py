@@ -30,7 +30,8 @@ from gateway.session import seam
 from gateway.session.session import Session
 
 if TYPE_CHECKING:
-    from gateway.server.routes import Api
+    from gateway.config import Config
+    from gateway.node import Node
 
 SSE_HEADERS = [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
 """An AG-UI run's stream: never cached, never buffered by a proxy (nginx reads the second)."""
@@ -42,6 +43,27 @@ class Decode(Protocol):
     """The route table's body decoding: 400 malformed JSON, 422 a schema violation."""
 
     def __call__(self, req: Request, type_: type[T]) -> T: ...
+
+
+Handler = Callable[..., Awaitable[Response | StreamingResponse]]
+
+
+class RouteTable(Protocol):
+    """What the AG-UI routes use of the gateway's route table (:class:`gateway.server.routes.Api`).
+
+    Named here rather than imported: the table imports this module.
+    """
+
+    node: Node
+    config: Config
+
+    def _add(self, path: str, name: str, **methods: tuple[Handler, Operation]) -> None: ...
+
+    def _authenticate(self, req: Request) -> str | None: ...
+
+    async def _session(self, session_id: str, caller: str | None) -> Session: ...
+
+    async def _counted_turn(self, key: str, session: Session, message: Message) -> None: ...
 
 
 RUN = Operation(
@@ -102,7 +124,7 @@ class AguiRoutes:
 
     def __init__(
         self,
-        api: Api,
+        api: RouteTable,
         decode: Decode,
         user_content: Callable[[str], list[ContentBlock]],
     ) -> None:
