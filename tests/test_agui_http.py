@@ -105,20 +105,26 @@ async def run_all(h: Harness, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 async def drop_after(h: Harness, body: dict[str, Any], marker: bytes) -> None:
     """POST ``body`` on a raw socket, read until ``marker`` arrives, then drop the connection."""
+    async with await read_until(h, body, marker):
+        pass
+
+
+async def read_until(h: Harness, body: dict[str, Any], marker: bytes) -> trio.SocketStream:
+    """POST ``body`` on a raw socket and read until ``marker`` arrives; the socket, still open."""
     port = int(h.base.rsplit(":", 1)[1])
     data = json.dumps(body).encode()
     stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(
-            b"POST /agui HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
-        )
-        seen = b""
-        while marker not in seen:
-            chunk = await stream.receive_some(65536)
-            assert chunk, seen
-            seen += chunk
-        assert b"200 OK" in seen.split(b"\r\n", 1)[0]
+    await stream.send_all(
+        b"POST /agui HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+    )
+    seen = b""
+    while marker not in seen:
+        chunk = await stream.receive_some(65536)
+        assert chunk, seen
+        seen += chunk
+    assert b"200 OK" in seen.split(b"\r\n", 1)[0]
+    return stream
 
 
 def types(events: list[dict[str, Any]]) -> list[str]:
@@ -428,3 +434,32 @@ async def test_two_runs_racing_on_a_new_thread_share_one_session(tmp_path: Path)
             assert sorted(statuses) == [200, 409]  # one thread, one turn at a time
             r = await h.http.get("/sessions")
             assert [s["session"]["id"] for s in r.json()["sessions"]] == [thread]
+
+
+async def test_a_run_that_stops_reading_is_a_slow_client_as_a_websocket_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PROTOCOL section 3's slow-client rule, for an SSE stream (gateway.session.delivery).
+
+    Every client of the session sees the ``bus.handler_warning``; the close is
+    counted (``gateway_slow_client_closes_total``) and logged
+    (``slow_client_closed``) as a WebSocket's is.
+    """
+    paced = {"script": {"delay_ms": 1, "rounds": [[{"lorem": 4000}]]}}
+    overrides = {"stream.queue_max_events": 20, "server.send_buffer_bytes": 4096}
+    async with gateway(tmp_path, **overrides) as h:
+        thread = await h.create_session()
+        async with h.client(thread) as watcher:
+            await watcher.subscribe()
+            async with await read_until(h, run_input(thread, paced), b"RUN_STARTED"):
+                # ... and reads nothing more
+                found = await watcher.until(lambda e: e.type == "bus.handler_warning")
+                warning = found[-1].payload
+                assert warning.reason == "client_too_slow"
+                assert warning.subscription_name.startswith("agui-")
+                assert "AG-UI run queue exceeded queue_max_events=20" in warning.detail
+        assert h.node.metrics.slow_clients._value.get() == 1
+    [record] = [r for r in caplog.records if getattr(r, "event", None) == "slow_client_closed"]
+    fields = record.fields  # type: ignore[attr-defined]
+    assert fields["client"].startswith(f"{warning.subscription_name} 127.0.0.1:")
+    assert fields["session_id"] == thread and "code" not in fields

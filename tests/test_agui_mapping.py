@@ -12,6 +12,7 @@ gateway.agui.shapes is checked against them field by field.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,9 @@ from gateway.agui import shapes as ag
 from gateway.agui.mapping import RunMapper, agui_messages
 from gateway.agui.sse import RunSubscriber, sse
 from gateway.client import decode_server_frame
+from gateway.config import StreamConfig
+from gateway.ids import parse_event_id
+from gateway.metrics import Metrics
 from gateway.protocol.events import (
     Event,
     MessageComplete,
@@ -37,9 +41,9 @@ from gateway.protocol.events import (
     ToolUseStart,
     TurnCancelled,
 )
-from gateway.protocol.frames import EventFrame, Snapshot
+from gateway.protocol.frames import EventFrame, Snapshot, encode
 from gateway.protocol.shapes import TextBlock, Usage
-from gateway.session.hub import FrameBatch
+from gateway.session.hub import Emitted, FrameBatch
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -427,27 +431,75 @@ class _Hub:
 class _Session:
     """What a RunSubscriber uses of its session."""
 
+    id = "sess_1"
+
     def __init__(self) -> None:
         self.hub = _Hub()
-        self.warnings: list[tuple[str, str]] = []
+        self.warnings: list[tuple[str, str, str]] = []
 
     def warn(self, subscription: str, reason: str, detail: str) -> None:
-        self.warnings.append((subscription, reason))
+        self.warnings.append((subscription, reason, detail))
 
 
-async def test_a_slow_run_is_cut_without_blocking_the_session() -> None:
-    session = _Session()
-    sub = RunSubscriber(session, max_events=2)  # type: ignore[arg-type]
-    batch = FrameBatch([b"a", b"b"], [1, 2])
+def _emitted(seq: int) -> Emitted:
+    return Emitted(seq, "text.delta", "llm", "sess_1", None, 0, b"{}", b"frame")
+
+
+async def test_a_slow_run_is_cut_without_blocking_the_session(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The slow-client rule of a WebSocket (gateway.session.delivery): counted and logged too."""
+    session, metrics = _Session(), Metrics()
+    config = StreamConfig(queue_max_events=2)
+    sub = RunSubscriber(session, config, metrics, "10.0.0.1:5000")  # type: ignore[arg-type]
+    batch = FrameBatch([_emitted(1), _emitted(2)])
     assert sub.deliver(batch, 0.0)
     assert not sub.deliver(batch, 0.0)  # over the bound: the hub reports it, never waits
+    with caplog.at_level(logging.WARNING, "gateway.stream"):
+        sub.overflowed()
+        sub.overflowed()  # once
+    detail = "AG-UI run queue exceeded queue_max_events=2; closing the stream"
+    assert session.warnings == [(sub.name, "client_too_slow", detail)]
+    assert set(session.hub.gone) == {sub} and sub.too_slow and not sub.subscribed
+    assert metrics.slow_clients._value.get() == 1
+    [record] = [r for r in caplog.records if getattr(r, "event", None) == "slow_client_closed"]
+    assert record.fields == {  # type: ignore[attr-defined]
+        "session_id": "sess_1", "client": f"{sub.name} 10.0.0.1:5000", "queued": 2,
+    }  # fmt: skip
+    assert not sub.deliver(FrameBatch([_emitted(3)]), 0.0)  # nothing more is kept
     sub.overflowed()
-    sub.overflowed()  # once
-    assert session.warnings == [(sub.name, "client_too_slow")] and session.hub.gone == [sub]
-    assert sub.too_slow and sub.deliver(batch, 0.0)  # dropped from now on
+    assert len(session.warnings) == 1
     await sub.rx.receive()
     with pytest.raises(trio.EndOfChannel):
         await sub.rx.receive()
+
+
+def seq(event: Event) -> int:
+    return parse_event_id(event.id) or 0
+
+
+def test_a_run_reads_the_events_as_emitted_not_their_frames() -> None:
+    """What a run maps is each event's JSON as the session emitted it, past the seam's cut.
+
+    The same AG-UI events as the client codec's reading of the recorded
+    frames; an event type the node does not know maps to nothing either way.
+    """
+    for trace in ("plain_text", "thinking_then_text", "parallel_tools", "unknown_events"):
+        events = [f.event for f in frames(trace) if isinstance(f, EventFrame)]
+        seqs = [parse_event_id(e.id) or 0 for e in events]
+        batch = FrameBatch(
+            [
+                Emitted(seq, e.type, e.actor, e.session_id, e.turn_id, e.ts, encode(e), b"")
+                for seq, e in zip(seqs, events, strict=True)
+            ]
+        )
+        sub = RunSubscriber(_Session(), StreamConfig(), Metrics())  # type: ignore[arg-type]
+        sub.cut = batch.events[0].seq  # the first is at the cut: the seam drops it
+        read = RunMapper("sess_1", "run_1", "turn_1")
+        out = [ag.encode(a) for e in sub.take(batch) for a in read.receive(e)]
+        codec = RunMapper("sess_1", "run_1", "turn_1")
+        assert out and out == [ag.encode(a) for e in events[1:] for a in codec.receive(e)], trace
+        assert sub.queued == -batch.n  # taken off the count (delivered around the queue here)
 
 
 def test_a_cancel_at_the_seam_maps_like_the_others_for_a_run_watching_it() -> None:
@@ -540,9 +592,9 @@ def test_a_compaction_in_the_run_is_a_custom_event_and_no_snapshot_message() -> 
 
 def test_a_resume_carries_an_elicitations_content() -> None:
     """An elicitation interrupt is answered ``{"decision", "content"}`` (its responseSchema)."""
+    from gateway.agui.routes import _resume_decisions
     from gateway.agui.shapes import ResumeEntry
     from gateway.errors import ApiError
-    from gateway.server.routes import _resume_decisions
 
     def entry(perm_id: str, payload: Any) -> ResumeEntry:
         return ResumeEntry(interrupt_id=perm_id, status="resolved", payload=payload)

@@ -20,12 +20,17 @@ from gateway.protocol.framing import event_frame, text_frame
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.server.connection import Heartbeat
 from gateway.session.hub import Emitted, FrameBatch, Hub
+from gateway.session.seam import past_cut
 from gateway.session.turn import IllegalPhase, Turn
 
 
 def emitted(seq: int, type_: str = "text.delta", actor: str = "llm") -> Emitted:
     data = f'{{"id":"{format_event_id(seq)}","type":"{type_}"}}'.encode()
     return Emitted(seq, type_, actor, "sess_1", None, 0, data, text_frame(data))
+
+
+def seqs(batch: FrameBatch) -> list[int]:
+    return [e.seq for e in batch.events]
 
 
 class Sink:
@@ -62,8 +67,8 @@ def test_one_shared_batch_per_distinct_filter() -> None:
     events = [emitted(1, "turn.started", "user"), emitted(2), emitted(3)]
     assert hub.publish(events, 0.0) == []
     assert a.batches[0] is b.batches[0]  # matched once, shared
-    assert a.batches[0].seqs == [1, 2, 3]
-    assert c.batches[0].seqs == [2, 3]
+    assert seqs(a.batches[0]) == [1, 2, 3]
+    assert seqs(c.batches[0]) == [2, 3]
     assert a.batches[0].blob == b"".join(e.frame for e in events)
 
 
@@ -74,7 +79,7 @@ def test_overflowing_subscribers_are_reported_not_dropped_midway() -> None:
     hub.subscribe(slow, full)
     hub.subscribe(fast, full)
     assert hub.publish([emitted(1), emitted(2)], 0.0) == [slow]
-    assert fast.batches[0].seqs == [1, 2]  # the others are unaffected
+    assert seqs(fast.batches[0]) == [1, 2]  # the others are unaffected
 
 
 def test_worker_events_reach_only_parents_subscriptions_that_ask() -> None:
@@ -88,7 +93,7 @@ def test_worker_events_reach_only_parents_subscriptions_that_ask() -> None:
     parent.subscribe(a, plain)
     parent.subscribe(b, with_workers)
     worker.publish([emitted(7)], 0.0)
-    assert a.batches == [] and [x.seqs for x in b.batches] == [[7]]
+    assert a.batches == [] and [seqs(x) for x in b.batches] == [[7]]
 
 
 class Kernel:
@@ -128,12 +133,12 @@ def test_direct_subscribers_are_written_straight_to_the_others_delivered() -> No
     assert hub.publish(events, 7.0) == []
     blob = b"".join(e.frame for e in events)
     assert kernel.got == {3: blob, 4: blob}  # one write each, the shared bytes
-    assert a.batches == b.batches == [] and [x.seqs for x in c.batches] == [[1, 2]]
+    assert a.batches == b.batches == [] and [seqs(x) for x in c.batches] == [[1, 2]]
     assert counted.frames_sent == 4  # two events to each of two direct clients
     assert group.written_at == 7.0  # the direct subscribers' heartbeat clock
     hub.set_direct(a, -1)  # a writer started for a: back to deliver
     hub.publish([emitted(3)], 8.0)
-    assert [x.seqs for x in a.batches] == [[3]] and kernel.got[3] == blob
+    assert [seqs(x) for x in a.batches] == [[3]] and kernel.got[3] == blob
 
 
 def test_a_short_or_failed_direct_write_is_handed_to_the_subscriber_once() -> None:
@@ -164,7 +169,7 @@ def test_a_short_or_failed_direct_write_is_handed_to_the_subscriber_once() -> No
     # handed over once: not delivered a second time now that it is queued
     assert [sent for _, sent in mover.shorts] == [1] and mover.batches == []
     hub.publish([emitted(2)], 0.0)
-    assert [x.seqs for x in mover.batches] == [[2]]
+    assert [seqs(x) for x in mover.batches] == [[2]]
 
 
 def test_unsubscribing_takes_the_descriptor_back() -> None:
@@ -181,10 +186,12 @@ def test_unsubscribing_takes_the_descriptor_back() -> None:
 
 
 def test_the_seam_cut_keeps_only_events_after_it() -> None:
-    batch = FrameBatch([b"f1", b"f2", b"f3"], [10, 11, 12])
-    assert batch.after(9) == b"f1f2f3"
-    assert batch.after(10) == b"f2f3"
-    assert batch.after(12) == b""
+    batch = FrameBatch([emitted(10), emitted(11), emitted(12)])
+    assert past_cut(batch, 9) is batch  # all above the cut: the batch itself, no copy
+    rest = past_cut(batch, 10)
+    assert rest is not None and [e.seq for e in rest.events] == [11, 12]
+    assert rest.blob == emitted(11).frame + emitted(12).frame and len(rest) == 2
+    assert past_cut(batch, 12) is None
 
 
 def test_the_spliced_event_frame_is_the_event_frame_it_stands_for() -> None:

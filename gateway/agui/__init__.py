@@ -1,4 +1,4 @@
-"""AG-UI beside the native protocol (issue 14): ``POST /agui`` answers AG-UI events (SSE).
+"""AG-UI beside the native protocol: ``POST /agui`` answers AG-UI events (SSE).
 
 - :mod:`gateway.agui.shapes`: the AG-UI wire shapes this gateway emits and
   accepts, as msgspec Structs (checked against the ``ag-ui-protocol`` models
@@ -7,5 +7,8 @@
   (PROTOCOL sections 5, 7, 8) to AG-UI's; the decisions are in
   docs/protocol.md "AG-UI".
 - :mod:`gateway.agui.sse`: one run's SSE stream, fed from the session's hub
-  through the seam like any client, with a bounded queue and heartbeats.
+  through the seam like any client, through the same bounded delivery queue
+  (:mod:`gateway.session.delivery`), with heartbeats.
+- :mod:`gateway.agui.routes`: the HTTP routes (``POST /agui`` and its
+  cancel), added to the gateway's route table by one call.
 """

@@ -1,4 +1,4 @@
-"""The gateway's events as AG-UI events: one run, sans-IO (issue 14; docs/protocol.md "AG-UI").
+"""The gateway's events as AG-UI events: one run, sans-IO (docs/protocol.md "AG-UI").
 
 :class:`RunMapper` is fed the session's events (PROTOCOL sections 5, 7 and 8)
 with :meth:`RunMapper.receive` and answers the AG-UI events they become; it
@@ -59,6 +59,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -66,7 +67,7 @@ from gateway.agui import shapes as ag
 from gateway.protocol.events import (
     ContextCompacted,
     ContextCompacting,
-    Event,
+    Envelope,
     LlmCallCompleted,
     LlmCallFailed,
     LlmCallStarted,
@@ -192,8 +193,12 @@ class RunMapper:
                 out.append(fitting_snapshot(history, ts, max_bytes))
         return out
 
-    def receive(self, event: Event) -> list[ag.AguiEvent]:
-        """The AG-UI events of one gateway event (nothing once the run has finished)."""
+    def receive(self, event: Envelope[Any]) -> list[ag.AguiEvent]:
+        """The AG-UI events of one gateway event (nothing once the run has finished).
+
+        ``event`` is an :class:`~gateway.protocol.events.Event`, or an envelope
+        whose payload was read into its type's struct (:mod:`gateway.agui.sse`).
+        """
         p, ts = event.payload, event.ts
         if self.finished:
             return []

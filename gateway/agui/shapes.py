@@ -82,7 +82,21 @@ class StepFinished(_Event, tag="STEP_FINISHED", kw_only=True):
     timestamp: int | None = None
 
 
-# --- text ----------------------------------------------------------------------------
+# --- text and reasoning ------------------------------------------------------------------
+#
+# Each field list is declared once, in wire order (a subclass's fields would
+# follow ``timestamp``): the events of one message by its id, and its deltas.
+
+
+class _OfMessage(_Event, kw_only=True):
+    message_id: str
+    timestamp: int | None = None
+
+
+class _MessageDelta(_Event, kw_only=True):
+    message_id: str
+    delta: str
+    timestamp: int | None = None
 
 
 class TextMessageStart(_Event, tag="TEXT_MESSAGE_START", kw_only=True):
@@ -91,23 +105,13 @@ class TextMessageStart(_Event, tag="TEXT_MESSAGE_START", kw_only=True):
     timestamp: int | None = None
 
 
-class TextMessageContent(_Event, tag="TEXT_MESSAGE_CONTENT", kw_only=True):
-    message_id: str
-    delta: str
-    timestamp: int | None = None
+class TextMessageContent(_MessageDelta, tag="TEXT_MESSAGE_CONTENT"): ...
 
 
-class TextMessageEnd(_Event, tag="TEXT_MESSAGE_END", kw_only=True):
-    message_id: str
-    timestamp: int | None = None
+class TextMessageEnd(_OfMessage, tag="TEXT_MESSAGE_END"): ...
 
 
-# --- reasoning ------------------------------------------------------------------------
-
-
-class ReasoningStart(_Event, tag="REASONING_START", kw_only=True):
-    message_id: str
-    timestamp: int | None = None
+class ReasoningStart(_OfMessage, tag="REASONING_START"): ...
 
 
 class ReasoningMessageStart(_Event, tag="REASONING_MESSAGE_START", kw_only=True):
@@ -118,20 +122,13 @@ class ReasoningMessageStart(_Event, tag="REASONING_MESSAGE_START", kw_only=True)
     timestamp: int | None = None
 
 
-class ReasoningMessageContent(_Event, tag="REASONING_MESSAGE_CONTENT", kw_only=True):
-    message_id: str
-    delta: str
-    timestamp: int | None = None
+class ReasoningMessageContent(_MessageDelta, tag="REASONING_MESSAGE_CONTENT"): ...
 
 
-class ReasoningMessageEnd(_Event, tag="REASONING_MESSAGE_END", kw_only=True):
-    message_id: str
-    timestamp: int | None = None
+class ReasoningMessageEnd(_OfMessage, tag="REASONING_MESSAGE_END"): ...
 
 
-class ReasoningEnd(_Event, tag="REASONING_END", kw_only=True):
-    message_id: str
-    timestamp: int | None = None
+class ReasoningEnd(_OfMessage, tag="REASONING_END"): ...
 
 
 class ReasoningEncryptedValue(_Event, tag="REASONING_ENCRYPTED_VALUE", kw_only=True):

@@ -1,35 +1,43 @@
-"""One AG-UI run's SSE stream, fed from the session's hub like any client (issue 14).
+"""One AG-UI run's SSE stream, fed from the session's hub like any client.
 
 The run's :class:`RunSubscriber` goes through the seam
 (:func:`gateway.session.seam.subscribe`, live mode) *before* the turn is
 submitted or resumed, so no event of the turn is missed, and gets the same
-shared batches every WebSocket client gets, into one bounded queue
-(``[stream] queue_max_events``). Enqueueing never blocks the session: a
-batch that would overflow the bound applies the slow-client rule as for a
-WebSocket (``bus.handler_warning``, unsubscribed) and the SSE stream is cut
-(the turn goes on; the client can watch it on the gateway's own stream).
+shared batches every WebSocket client gets, through the same bounded
+:class:`~gateway.session.delivery.DeliveryQueue` (``[stream]
+queue_max_events``). Enqueueing never blocks the session: a batch that would
+overflow the bound applies the slow-client rule as for a WebSocket (counted,
+logged, ``bus.handler_warning``, unsubscribed) and the SSE stream is cut (the
+turn goes on; the client can watch it on the gateway's own stream).
 
 :func:`stream_run` writes the run: the opening events, then each event the
-:class:`~gateway.agui.mapping.RunMapper` makes of what arrives, a ``: ping``
-comment after ``ping_interval_s`` without a write (so proxies keep an idle
-stream open), until the run has finished. The HTTP connection dropping
-ends this writer only: the turn is never cancelled by it.
+:class:`~gateway.agui.mapping.RunMapper` makes of what arrives (each event's
+JSON as the session emitted it, read into its payload struct: never the
+WebSocket frames), a ``: ping`` comment after ``ping_interval_s`` without a
+write (so proxies keep an idle stream open), until the run has finished. The
+HTTP connection dropping ends this writer only: the turn is never cancelled
+by it.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
+import msgspec
 import trio
 
 from gateway.agui import shapes as ag
 from gateway.agui.mapping import RunMapper
-from gateway.client.codec import decode_server_frame
+from gateway.config import StreamConfig
 from gateway.ids import now_ms
-from gateway.protocol.frames import EventFrame
-from gateway.session.hub import FrameBatch, Group
-from gateway.session.seam import Gate
+from gateway.logs import client_label
+from gateway.metrics import Metrics
+from gateway.protocol.events import EVENT_TYPES, Envelope
+from gateway.session.delivery import DeliveryQueue
+from gateway.session.hub import Emitted, FrameBatch
+from gateway.session.seam import Gate, past_cut
 from gateway.session.session import Session
 
 PING = b": ping\n\n"
@@ -37,93 +45,74 @@ PING = b": ping\n\n"
 
 _names = itertools.count(1)
 
+# Each event type's envelope, its payload read into the type's struct.
+_decoders: dict[str, msgspec.json.Decoder[Envelope[Any]]] = {
+    type_: msgspec.json.Decoder(Envelope[spec.payload])  # type: ignore[name-defined]
+    for type_, spec in EVENT_TYPES.items()
+}
+
 
 class SlowClient(trio.BrokenResourceError):
     """The run's queue overflowed: the transport closes the connection (module docstring)."""
 
 
-class RunSubscriber:
-    """A run's side of the hub and the seam: its bounded queue (module docstring).
+class RunSubscriber(DeliveryQueue[Gate]):
+    """A run's side of the hub and the seam: its delivery queue (module docstring).
 
     Args:
         session: the session (the thread).
-        max_events: the bound (``[stream] queue_max_events``).
+        config: ``[stream]`` (the bound: ``queue_max_events``).
+        metrics: where queue depths and slow clients are counted.
+        address: the client's address, for the log (``host:port``; empty if unknown).
     """
 
-    def __init__(self, session: Session, max_events: int) -> None:
-        self.session = session
-        self.name = f"agui-{next(_names)}"
-        self.max_events = max_events
-        self.queued = 0
-        self.subscribed = False
-        self.too_slow = False
-        self._tx, self.rx = trio.open_memory_channel[FrameBatch | Gate](max_events + 16)
+    queue_name = "AG-UI run queue"
+    closes_how = "closing the stream"
+    close_code = None  # no WebSocket: the HTTP connection is closed
+
+    def __init__(
+        self, session: Session, config: StreamConfig, metrics: Metrics, address: str = ""
+    ) -> None:
+        name = f"agui-{next(_names)}"
+        super().__init__(
+            session, name, config.queue_max_events, metrics, client=client_label(name, address)
+        )
+        self._open()
+        assert self._rx is not None
+        self.rx = self._rx  # the stream's end of the queue (stream_run)
         self.cut = 0  # the seam's cut, once the gate opened (live: 0)
 
-    # the seam's side (SeamSubscriber)
-
-    def enqueue(self, item: Gate) -> None:
-        self._tx.send_nowait(item)
-
-    def registered(self, group: Group | None) -> None:
-        self.subscribed = group is not None
-
-    # the hub's side (Subscriber)
-
-    def deliver(self, batch: FrameBatch, now: float) -> bool:
-        if self.too_slow:
-            return True  # already cut: nothing more is kept
-        if self.queued and self.queued + batch.n > self.max_events:
-            return False
-        try:
-            self._tx.send_nowait(batch)
-        except trio.WouldBlock:
-            return False
-        self.queued += batch.n
-        return True
-
-    def deliver_short(self, batch: FrameBatch, sent: int, now: float) -> bool:
-        return self.deliver(batch, now)  # never direct: the hub always delivers
-
-    def overflowed(self) -> None:
-        """The slow-client rule (PROTOCOL section 3), as a WebSocket's, once."""
-        if self.too_slow:
-            return
-        self.too_slow = True
-        self.session.hub.unsubscribe(self)
-        self.subscribed = False
-        self._tx.close()
-        self.session.warn(
-            self.name,
-            "client_too_slow",
-            f"AG-UI run queue exceeded queue_max_events={self.max_events}; closing the stream",
-        )
+    @property
+    def too_slow(self) -> bool:
+        """The slow-client rule cut this run."""
+        return self.closing == "client_too_slow"
 
     def request_close(self, code: str) -> None:
-        """End the run's stream now (this node lost the session's live feed: gateway.cluster)."""
+        """End the run's stream now: too slow, or this node lost the session's live feed."""
+        if self.closing is not None:
+            return
+        self.closing = code
         self.session.hub.unsubscribe(self)
         self.subscribed = False
-        self._tx.close()
+        if self._tx is not None:
+            self._tx.close()
 
     def leave(self, reason: str) -> None:
         """Off the hub, however the run ended (``bus.subscriber_unregistered``)."""
         self.subscribed = False
         self.session.unregistered(self, reason)
 
-    def events(self, batch: FrameBatch) -> Iterable[EventFrame]:
-        """The events of a batch above the cut, decoded with the client codec."""
-        for frame, seq in zip(batch.frames, batch.seqs, strict=True):
-            if seq <= self.cut:
-                continue
-            decoded = decode_server_frame(_payload(frame))
-            if isinstance(decoded, EventFrame):
-                yield decoded
+    def take(self, batch: FrameBatch) -> list[Envelope[Any]]:
+        """Take a batch off the queue: its events above the seam's cut, read."""
+        self.taken(batch.n)
+        live = past_cut(batch, self.cut)
+        return [] if live is None else [e for e in map(_read, live.events) if e is not None]
 
 
-def _payload(frame: bytes) -> bytes:
-    """The JSON of a server-to-client text frame (unmasked; RFC 6455 section 5.2)."""
-    size = frame[1] & 0x7F
-    return frame[2 if size < 126 else 4 if size == 126 else 10 :]
+def _read(emitted: Emitted) -> Envelope[Any] | None:
+    """An event's JSON, its payload in its type's struct (None: a type this node lacks)."""
+    decoder = _decoders.get(emitted.type)
+    return None if decoder is None else decoder.decode(emitted.data)
 
 
 def sse(events: Iterable[ag.AguiEvent]) -> bytes:
@@ -162,9 +151,8 @@ async def stream_run(
                     await item.ready.wait()
                     sub.cut = item.cut
                 else:
-                    sub.queued -= item.n
-                    for frame in sub.events(item):
-                        out += mapper.receive(frame.event)
+                    for event in sub.take(item):
+                        out += mapper.receive(event)
                 try:
                     item = sub.rx.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):

@@ -1,8 +1,10 @@
-"""One client's outbound side: its bound, its writer, the slow-client rule, its close.
+"""A WebSocket client's outbound side: its writer, its direct writes, its close.
 
-**The bound** (PROTOCOL section 3): each connection has one bounded queue of
-``queue_max_events`` events (plus a little slack for control frames: acks,
-pongs, errors). The session's hub hands each client the shared
+**The queue** (PROTOCOL section 3) is the client's
+:class:`~gateway.session.delivery.DeliveryQueue`: the bound of
+``queue_max_events`` events (plus slack for control frames: acks, pongs,
+errors) and the slow-client rule, one copy for every transport. The
+session's hub hands each client the shared
 :class:`~gateway.session.hub.FrameBatch` without ever blocking:
 
 - a client with nothing queued and no write in flight is *direct*: the hub
@@ -15,11 +17,9 @@ pongs, errors). The session's hub hands each client the shared
   kernel takes only part of hands the rest to a writer the same way
   (:meth:`Outbound.deliver_short`).
 
-**The slow-client rule** (:meth:`Outbound.overflowed`): when a batch would
-overflow the bound, the hub reports it and, after the fan-out, the client is
-unsubscribed, the session emits ``bus.handler_warning`` and the connection is
-closed with 1008 ``client_too_slow``; its queue is dropped (it resumes with
-replay). Other clients of the session never notice.
+A batch that would overflow the bound makes the client a slow one
+(:meth:`~gateway.session.delivery.DeliveryQueue.overflowed`): for a
+WebSocket, the close 1008 ``client_too_slow``.
 
 **The close** (:meth:`Outbound.request_close`): the close policy is the table
 of :mod:`gateway.protocol.closes`; a close that *drains* sends what is queued
@@ -36,25 +36,20 @@ Task, inside the connection's nursery::
 
 from __future__ import annotations
 
-import logging
 import math
 
 import trio
 
 from gateway.config import StreamConfig
-from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.protocol.closes import CLOSES, close_reason
 from gateway.protocol.frames import encode
 from gateway.protocol.framing import text_frame
 from gateway.server.websocket import ConnectionClosed, WebSocket
+from gateway.session.delivery import DeliveryQueue
 from gateway.session.hub import FrameBatch, Group
 from gateway.session.seam import Gate, past_cut
 from gateway.session.session import Session
-
-_CONTROL_SLACK = 64  # control frames (acks, pongs, errors) beyond the event bound
-
-log = logging.getLogger("gateway.stream")
 
 
 class _Close:
@@ -63,11 +58,11 @@ class _Close:
 
 _CLOSE = _Close()
 
-_Item = bytes | FrameBatch | Gate | _Close  # what the outbound queue carries
+_Control = bytes | Gate | _Close  # what the outbound queue carries besides batches
 
 
-class Outbound:
-    """A connection's bounded queue and writer: what the hub delivers to (module docstring).
+class Outbound(DeliveryQueue[_Control]):
+    """A connection's writer over its delivery queue (module docstring).
 
     Args:
         session: the session the client is attached to.
@@ -88,23 +83,20 @@ class Outbound:
         *,
         client: str = "",
     ) -> None:
-        self.session = session
+        super().__init__(
+            session,
+            name,
+            config.queue_max_events,
+            metrics,
+            client=client,
+            backlog=session.hub.backlog,
+        )
         self.ws = ws
-        self.name = name
-        self.client = client or name
         self._config = config
-        self._metrics = metrics
-        self._backlog = session.hub.backlog
-        self.max_events: int = config.queue_max_events
         # The queue and its writer task exist only while there is a backlog:
         # an idle client is written to straight from the fan-out, so 10,000
         # idle connections hold neither (see deliver).
-        self._tx: trio.MemorySendChannel[_Item] | None = None
-        self._rx: trio.MemoryReceiveChannel[_Item] | None = None
         self._writer_running = False
-        self.queued = 0
-        self.subscribed = False  # past the seam's registration (gateway.session.seam)
-        self.closing: str | None = None  # the close's name, once a close is decided
         # The writer runs under one scope (no scope per write: the hot path);
         # a close gives it a deadline of close_grace_s.
         self._writer_scope = trio.CancelScope()
@@ -127,23 +119,9 @@ class Outbound:
         self.subscribed = False
         self._update_direct()
         self.ws.on_direct_change = self.ws.on_control = None  # no cycle left between the two
-        self._backlog.take(self.queued)
-        self.queued = 0
+        self.taken(self.queued)
 
     # --- the hub's side (gateway.session.hub.Subscriber) ---------------------------
-
-    def deliver(self, batch: FrameBatch, now: float) -> bool:
-        n = batch.n
-        if self.queued and self.queued + n > self.max_events:
-            return False  # (a batch larger than the bound still fits an empty queue)
-        try:
-            self.enqueue(batch)
-        except trio.WouldBlock:
-            return False
-        self.queued += n
-        self._backlog.add(n)
-        self._metrics.outbound_queue_depth.observe(self.queued)  # the queued path only
-        return True
 
     def deliver_short(self, batch: FrameBatch, sent: int, now: float) -> bool:
         if sent < 0:  # broken: queued instead, the writer's send_all says so
@@ -159,29 +137,6 @@ class Outbound:
             return False
         return True
 
-    def overflowed(self) -> None:
-        """The slow-client rule (PROTOCOL section 3), once per connection.
-
-        One warning, one close, one count, however many fan-outs (a nested
-        one among them: the warning is itself emitted) report the overflow.
-        """
-        if self.closing is not None:
-            return
-        self.session.hub.unsubscribe(self)
-        self._metrics.slow_clients.inc()
-        event(
-            log, logging.WARNING, "slow_client_closed",
-            f"{self.client}: outbound queue over queue_max_events={self.max_events};"
-            " closing with 1008",
-            session_id=self.session.id, client=self.client, code=1008, queued=self.queued,
-        )  # fmt: skip
-        self.request_close("client_too_slow")
-        self.session.warn(
-            self.name,
-            "client_too_slow",
-            f"outbound queue exceeded queue_max_events={self.max_events}; closing with 1008",
-        )
-
     # --- the seam's side (gateway.session.seam.SeamSubscriber) ---------------------
 
     def registered(self, group: Group | None) -> None:
@@ -189,15 +144,8 @@ class Outbound:
         self.subscribed = group is not None
         self._update_direct()
 
-    def enqueue(self, item: _Item) -> None:
-        """Hand an item to the writer, starting one if none runs.
-
-        Raises:
-            trio.WouldBlock: the queue is full.
-        """
-        if self._tx is None:
-            self._tx, self._rx = trio.open_memory_channel[_Item](self.max_events + _CONTROL_SLACK)
-        self._tx.send_nowait(item)
+    def _enqueued(self) -> None:
+        """Start a writer if none runs."""
         if not self._writer_running and self._nursery is not None:
             self._writer_running = True
             try:
@@ -263,29 +211,14 @@ class Outbound:
         self._update_direct()
         self._close_deadline = trio.current_time() + self._config.close_grace_s
         if not CLOSES[code].drains:
-            self._discard_queue()
+            self.discard()
         try:
             self.enqueue(_CLOSE)
         except trio.WouldBlock:  # no room even for the marker: drop the queue
-            self._discard_queue()
+            self.discard()
             self.enqueue(_CLOSE)
         if self._writer_running:  # a write in progress is finished, within the grace
             self._writer_scope.deadline = self._close_deadline
-
-    def _discard_queue(self) -> None:
-        """Drop everything queued (a slow client resumes with replay)."""
-        rx = self._rx
-        while rx is not None:
-            try:
-                item = rx.receive_nowait()
-            except trio.WouldBlock:
-                return
-            if isinstance(item, FrameBatch):
-                self._taken(len(item))
-
-    def _taken(self, n: int) -> None:
-        self.queued -= n
-        self._backlog.take(n)
 
     # --- the writer --------------------------------------------------------------------
 
@@ -333,7 +266,7 @@ class Outbound:
             if cut < 0:
                 return True
 
-    async def _drain(self, item: _Item, cut: int) -> int:
+    async def _drain(self, item: FrameBatch | _Control, cut: int) -> int:
         """Write ``item`` and everything queued behind it; the new cut, or -1 to stop.
 
         A :class:`~gateway.session.seam.Gate` is waited for, then passed: what
@@ -349,11 +282,11 @@ class Outbound:
                     await self._write(b"".join(parts))
                 return -1
             if isinstance(item, FrameBatch):
-                self._taken(len(item))
-                data = past_cut(item, cut)
-                if data:
-                    parts.append(data)
-                    events += len(item)
+                self.taken(item.n)
+                live = past_cut(item, cut)
+                if live is not None:
+                    parts.append(live.blob)
+                    events += item.n
             elif isinstance(item, Gate):
                 if parts:
                     await self._write(b"".join(parts))

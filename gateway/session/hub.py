@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,28 +56,23 @@ class Emitted:
 
 
 class FrameBatch:
-    """Frames of consecutive matching events, shared by every client of one filter.
+    """Consecutive matching events, shared by every client of one filter.
 
-    ``blob`` is every frame joined, once for all the clients that send this
-    batch whole; ``n`` is how many events it holds.
+    ``events`` are the events as emitted (a client that reads them rather
+    than sending their frames takes them from here: AG-UI); ``blob`` is every
+    event's frame joined, once for all the clients that send this batch
+    whole; ``n`` is how many events it holds.
     """
 
-    __slots__ = ("blob", "frames", "n", "seqs")
+    __slots__ = ("blob", "events", "n")
 
-    def __init__(self, frames: list[bytes], seqs: list[int]) -> None:
-        self.frames = frames
-        self.seqs = seqs
-        self.n = len(seqs)
-        self.blob = frames[0] if len(frames) == 1 else b"".join(frames)
+    def __init__(self, events: Sequence[Emitted]) -> None:
+        self.events = events
+        self.n = n = len(events)
+        self.blob = events[0].frame if n == 1 else b"".join([e.frame for e in events])
 
     def __len__(self) -> int:
         return self.n
-
-    def after(self, cut: int) -> bytes:
-        """The frames of events with id > ``cut`` (the seam, PROTOCOL section 3)."""
-        if self.seqs[0] > cut:
-            return self.blob
-        return b"".join(f for f, s in zip(self.frames, self.seqs, strict=True) if s > cut)
 
 
 class Subscriber(Protocol):
@@ -104,7 +99,7 @@ class Subscriber(Protocol):
         """Apply the slow-client rule to this subscription (called after the fan-out).
 
         The rule itself lives with the bound it enforces:
-        :meth:`gateway.server.outbound.Outbound.overflowed`.
+        :meth:`gateway.session.delivery.DeliveryQueue.overflowed`.
         """
         ...
 
@@ -331,4 +326,4 @@ def _select(events: list[Emitted], key: FilterKey, from_worker: bool) -> FrameBa
     chosen = key.select(events, from_worker)
     if not chosen:
         return None
-    return FrameBatch([e.frame for e in chosen], [e.seq for e in chosen])
+    return FrameBatch(chosen)

@@ -70,9 +70,18 @@ class Gate:
         self.ready.set()
 
 
-def past_cut(batch: FrameBatch, cut: int) -> bytes:
-    """What of a live batch queued behind a gate still goes to the client (step 4)."""
-    return batch.blob if batch.seqs[0] > cut else batch.after(cut)
+def past_cut(batch: FrameBatch, cut: int) -> FrameBatch | None:
+    """What of a live batch queued behind a gate still goes to the client (step 4).
+
+    Its events with an id above the cut: the batch itself when all of them
+    are (every batch once the client is live: the cut is then below them), a
+    smaller batch when some are, ``None`` when none is.
+    """
+    events = batch.events
+    if events[0].seq > cut:
+        return batch
+    rest = [e for e in events if e.seq > cut]
+    return FrameBatch(rest) if rest else None
 
 
 class SeamSubscriber(Subscriber, Protocol):

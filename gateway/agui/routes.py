@@ -1,0 +1,352 @@
+"""AG-UI's HTTP routes: ``POST /agui`` (a run, answered as SSE) and its cancel.
+
+Registered into the gateway's route table by one call (:class:`AguiRoutes`),
+so they share its boundary, authentication, ownership and rate limits
+(PROTOCOL section 2). A run is one turn of the thread's session, started or
+resumed here and streamed by :func:`gateway.agui.sse.stream_run`; the
+decisions of the mapping are in docs/protocol.md "AG-UI".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import trio
+
+from gateway.agui.mapping import RunMapper
+from gateway.agui.shapes import CancelRun, InputMessage, ResumeEntry, RunAgentInput, RunCancelling
+from gateway.agui.sse import RunSubscriber, sse, stream_run
+from gateway.errors import ApiError
+from gateway.ids import new_message_id, new_turn_id, now_ms
+from gateway.protocol.filters import resolve_filter
+from gateway.protocol.frames import Subscribe
+from gateway.protocol.shapes import ContentBlock, Message
+from gateway.server.auth import NO_OWNER
+from gateway.server.http import Request, Response, StreamingResponse, json_response
+from gateway.server.openapi import ID_PATTERN, Operation
+from gateway.session import seam
+from gateway.session.session import Session
+
+if TYPE_CHECKING:
+    from gateway.config import Config
+    from gateway.node import Node
+
+SSE_HEADERS = [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
+"""An AG-UI run's stream: never cached, never buffered by a proxy (nginx reads the second)."""
+
+T = TypeVar("T")
+
+
+class Decode(Protocol):
+    """The route table's body decoding: 400 malformed JSON, 422 a schema violation."""
+
+    def __call__(self, req: Request, type_: type[T]) -> T: ...
+
+
+Handler = Callable[..., Awaitable[Response | StreamingResponse]]
+
+
+class RouteTable(Protocol):
+    """What the AG-UI routes use of the gateway's route table (:class:`gateway.server.routes.Api`).
+
+    Named here rather than imported: the table imports this module.
+    """
+
+    node: Node
+    config: Config
+
+    def _add(self, path: str, name: str, **methods: tuple[Handler, Operation]) -> None: ...
+
+    def _authenticate(self, req: Request) -> str | None: ...
+
+    async def _session(self, session_id: str, caller: str | None) -> Session: ...
+
+    async def _counted_turn(self, key: str, session: Session, message: Message) -> None: ...
+
+
+RUN = Operation(
+    "Run an AG-UI agent turn (SSE of AG-UI events)",
+    None,
+    body=RunAgentInput,
+    media_type="text/event-stream",
+    errors={
+        404: ("session_not_found",),
+        409: ("turn_in_progress", "session_too_large"),
+        422: ("invalid_thread_id", "invalid_resume"),
+        429: ("rate_limited", "too_many_sessions"),
+        503: (
+            "shutting_down",
+            "store_unavailable",
+            "session_elsewhere",
+            "session_owner_unreachable",
+        ),
+    },
+    description="An AG-UI `RunAgentInput`; the answer is `text/event-stream`, "
+    "one `data: {AG-UI event}` per event and a `: ping` comment after "
+    '`ping_interval_s` idle (docs/protocol.md "AG-UI"). `threadId` is a '
+    "session id (an unknown one is created, owned by the caller's key); "
+    "the last `user` message's text is the turn's content; the run is the "
+    "turn. A run that stops for a tool approval ends with `RUN_FINISHED` "
+    "whose outcome is `interrupt`; the next run on the thread carries "
+    '`resume`, one entry per interrupt (`payload`: `{"decision": '
+    '"allow"|"deny"}`; `cancelled`: deny). Closing the stream does not '
+    "cancel the turn: `POST /agui/{session_id}/cancel` (the threadId) does. "
+    "Errors before the stream starts are the JSON error bodies.",
+)
+"""``POST /agui`` in the API document."""
+
+CANCEL = Operation(
+    "Cancel the AG-UI run (the turn) in flight on a thread",
+    RunCancelling,
+    202,
+    body=CancelRun,
+    body_required=False,
+    errors={409: ("turn_not_in_flight",)},
+    description="`session_id` is the run's `threadId`. The same cancellation "
+    "as `POST /sessions/{id}/turns/{turn_id}/cancel` (PROTOCOL section 8): "
+    "every client of the session sees it, and the run's stream ends with "
+    "`RUN_FINISHED` (outcome `cancelled`). With `runId`, 409 unless that "
+    "run's turn is the one in flight.",
+)
+"""``POST /agui/{session_id}/cancel`` in the API document."""
+
+
+class AguiRoutes:
+    """The AG-UI routes, added to ``api``'s table where they are made (module docstring).
+
+    Args:
+        api: the route table (its authentication, sessions and turn submission).
+        decode: how the table decodes a request body.
+        user_content: how the table checks a turn's user content (422).
+    """
+
+    def __init__(
+        self,
+        api: RouteTable,
+        decode: Decode,
+        user_content: Callable[[str], list[ContentBlock]],
+    ) -> None:
+        self.api = api
+        self.node = api.node
+        self.config = api.config
+        self._decode = decode
+        self._user_content = user_content
+        self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
+        self._creating: dict[str, trio.Event] = {}  # thread ids being created
+        api._add("/agui", "agui", POST=(self.agui_run, RUN))
+        api._add("/agui/{session_id}/cancel", "agui_cancel", POST=(self.agui_cancel, CANCEL))
+
+    async def agui_run(self, req: Request) -> StreamingResponse:
+        """``POST /agui``: one AG-UI run, the turn it starts or resumes (docs/protocol.md "AG-UI").
+
+        The run's subscriber joins the session's hub (through the seam) before
+        the turn is submitted or its approvals decided, so the stream misses
+        nothing; every refusal comes before the stream starts, as a JSON error.
+        """
+        caller = self.api._authenticate(req)
+        body = self._decode(req, RunAgentInput)
+        # What refuses a new run is checked before its thread is made: a run
+        # refused 422 or 429 leaves no session behind (nor a count of one).
+        content = None if body.resume else self._user_content(_user_text(body.messages))
+        if content is not None:
+            self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
+        session = await self._thread(body.thread_id, caller)
+        state = await self.node.live_summary(session)  # the owner's, wherever it runs
+        history = await self.node.messages_of(session)
+        limit = self.config.stream.snapshot_messages
+        sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
+        if body.resume and state.current_turn_id is None:
+            # Answered elsewhere (another client, the WebSocket protocol, a
+            # timeout) and the turn has ended: the run says so and finishes.
+            return self._closed_run(body, history[-limit:] if limit else [])
+        if body.resume:
+            decisions = _resume_decisions(
+                body.resume, {p.perm_id for p in state.pending_permissions}
+            )
+            assert state.current_turn_id is not None
+            turn_id = state.current_turn_id
+            await self._subscribe(session, sub)
+            try:
+                for perm_id, decision, answer in decisions:
+                    await self.node.decide_permission(session, perm_id, decision, answer)
+            except BaseException:
+                session.hub.unsubscribe(sub)
+                raise
+        else:
+            assert content is not None
+            if state.pending_permissions:
+                raise ApiError(
+                    409,
+                    "turn_in_progress",
+                    f"turn {state.current_turn_id or '?'} on {session.id} waits for "
+                    "approval: send a run with resume",
+                )
+            turn_id = new_turn_id()
+            message = Message(
+                new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
+            )
+            await self._subscribe(session, sub)
+            try:
+                await self.api._counted_turn(caller or NO_OWNER, session, message)
+            except BaseException:
+                session.hub.unsubscribe(sub)
+                raise
+        self._runs[session.id] = (body.run_id, turn_id)
+        mapper = RunMapper(body.thread_id, body.run_id, turn_id)
+        opening = mapper.start(history[-limit:] if limit else [], now_ms(), self._snapshot_cap)
+        interval = self.config.stream.ping_interval_s
+
+        async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
+            await stream_run(sub, mapper, opening, send, interval)
+
+        return StreamingResponse(
+            run,
+            headers=SSE_HEADERS,
+            abandon=lambda: sub.leave("client_closed"),
+        )
+
+    def _closed_run(self, body: RunAgentInput, history: list[Message]) -> StreamingResponse:
+        """A resume of interrupts that were answered elsewhere, on a thread whose turn ended.
+
+        Its entries are stale, not wrong: an AG-UI client keeps its interrupts
+        until a run finishes, so the run finishes at once (``RUN_STARTED``, the
+        thread's ``MESSAGES_SNAPSHOT`` with how the turn ended, ``RUN_FINISHED``)
+        and the front end is free again (docs/protocol.md "AG-UI").
+        """
+        mapper = RunMapper(body.thread_id, body.run_id, "")
+        opening = mapper.start(history, now_ms(), self._snapshot_cap)
+        events = [*opening, mapper.idle_finish(now_ms())]
+
+        async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
+            await send(sse(events))
+
+        return StreamingResponse(run, headers=SSE_HEADERS)
+
+    @property
+    def _snapshot_cap(self) -> int:
+        """An AG-UI run's ``MESSAGES_SNAPSHOT`` fits as a snapshot frame does (PROTOCOL §15)."""
+        return self.config.stream.snapshot_max_bytes
+
+    async def _thread(self, thread_id: str, caller: str | None) -> Session:
+        """The thread's session, created (owned by the caller's key) when unknown."""
+        if not _THREAD_ID.fullmatch(thread_id):
+            raise ApiError(
+                422,
+                "invalid_thread_id",
+                f"threadId must be 1 to 128 of A-Z a-z 0-9 _ -, got {thread_id[:40]!r}",
+            )
+        creating = self._creating.get(thread_id)
+        if creating is not None:  # a run racing this one is creating it: then it is known
+            await creating.wait()
+        if thread_id in self.node.sessions or await self.node.store.get_session(thread_id):
+            return await self.api._session(thread_id, caller)  # another key's: 404
+        # Created meanwhile, during the store read: being created, or already
+        # done (its creation ended before this read's answer came back; the
+        # read ran before its commit): either way not this run's to create.
+        if thread_id in self._creating or thread_id in self.node.sessions:
+            return await self._thread(thread_id, caller)
+        self._creating[thread_id] = done = trio.Event()
+        try:
+            return await self.node.create_session(owner=caller or NO_OWNER, session_id=thread_id)
+        finally:
+            del self._creating[thread_id]
+            done.set()
+
+    async def _subscribe(self, session: Session, sub: RunSubscriber) -> None:
+        resolved, key = resolve_filter("preset:full")
+        await seam.subscribe(
+            session, sub, Subscribe("preset:full"), resolved, key, self.config.stream
+        )
+
+    async def agui_cancel(self, req: Request, session_id: str) -> Response:
+        """``POST /agui/{session_id}/cancel``: cancel the thread's turn (PROTOCOL section 8)."""
+        session = await self.api._session(session_id, self.api._authenticate(req))
+        body = self._decode(req, CancelRun) if req.body.strip() else CancelRun()
+        turn_id = (await self.node.live_summary(session)).current_turn_id
+        run = self._runs.get(session.id)
+        # A run started through another node of the deployment is not known here.
+        known = run is not None or self.node.cluster is None
+        if turn_id is None or (body.run_id is not None and known and run != (body.run_id, turn_id)):
+            raise ApiError(
+                409, "turn_not_in_flight", f"no run {body.run_id or ''} in flight on {session_id}"
+            )
+        await self.node.cancel_turn(session, turn_id, body.reason or "user", f"agui:{req.client}")
+        return json_response(
+            202, RunCancelling(session_id=session_id, run_id=body.run_id, turn_id=turn_id)
+        )
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+_THREAD_ID = re.compile(f"(?={ID_PATTERN}$).{{1,128}}")
+
+
+def _user_text(messages: list[InputMessage]) -> str:
+    """The last user message's text: a string, or its ``text`` parts (422 otherwise)."""
+    last = next((m for m in reversed(messages) if m.role == "user"), None)
+    if last is None:
+        raise ApiError(422, "invalid_body", "messages has no user message")
+    content = last.content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
+            raise ApiError(422, "invalid_body", "user message parts must all be text")
+        content = "".join(str(t) for t in texts)
+    if not isinstance(content, str):
+        raise ApiError(422, "invalid_body", "the user message's content must be text")
+    return content
+
+
+_DECISIONS: dict[object, str] = {"allow": "allow", "deny": "deny", True: "allow", False: "deny"}
+
+
+def _resume_decisions(
+    entries: list[ResumeEntry], pending: set[str]
+) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """Each interrupt's decision; every open interrupt answered exactly once (AG-UI 1.0).
+
+    An elicitation's interrupt (PROTOCOL section 11) answers with ``{"decision":
+    "allow", "content": {...}}``, its ``responseSchema``; the content is checked
+    against the elicitation's schema by the permissions, as on the native route.
+
+    Raises:
+        ApiError: 422 ``invalid_resume``: an unknown or repeated id, an open one
+            unanswered, or a ``resolved`` payload that is no decision.
+    """
+    ids = [e.interrupt_id for e in entries]
+    if not pending:  # the turn goes on, its approvals answered elsewhere: nothing to decide
+        return []
+    if len(set(ids)) != len(ids) or set(ids) != pending:
+        raise ApiError(
+            422,
+            "invalid_resume",
+            f"resume must answer each open interrupt once: open {sorted(pending)}, got {ids}",
+        )
+    out: list[tuple[str, str, dict[str, Any] | None]] = []
+    for e in entries:
+        if e.status == "cancelled":
+            out.append((e.interrupt_id, "deny", None))
+            continue
+        p = e.payload
+        content = None
+        if isinstance(p, dict):
+            content = p.get("content")
+            if content is not None and not isinstance(content, dict):
+                raise ApiError(
+                    422,
+                    "invalid_resume",
+                    f"interrupt {e.interrupt_id}: content must be an object",
+                )
+            p = p.get("decision", p.get("approved"))
+        decision = _DECISIONS.get(p) if isinstance(p, str | bool) else None
+        if decision is None:
+            raise ApiError(
+                422,
+                "invalid_resume",
+                f'interrupt {e.interrupt_id}: payload must be {{"decision": "allow"|"deny"}}',
+            )
+        out.append((e.interrupt_id, decision, content))
+    return out
