@@ -112,6 +112,23 @@ class Metrics:
         self._turns_in_flight: Callable[[], int] = lambda: 0
         self._connection_states: Callable[[], Iterable[str]] = lambda: ()
         r.register(_HotTotals(self))
+        # The families by what they watch; registered (and so exported) in this order.
+        self._connection_families(r)
+        self._turn_families(r)
+        self._replay_families(r)
+        self._failure_families(r)
+        self._store_families(r)
+        self.tasks = Gauge("gateway_tasks", "Trio tasks alive in the daemon", registry=r)
+        self.tasks.set_function(_count_tasks)
+        self.turns_in_flight = Gauge(
+            "gateway_turns_in_flight", "Turns started and not yet ended", registry=r
+        )
+        self.turns_in_flight.set_function(lambda: float(self._turns_in_flight()))
+        # process_open_fds, process_resident_memory_bytes, ... (the soak watches them)
+        ProcessCollector(registry=r)
+
+    def _connection_families(self, r: CollectorRegistry) -> None:
+        """WebSocket connections, HTTP requests and the sessions loaded."""
         self.ws_connections = Gauge(
             "gateway_ws_connections", "Open WebSocket connections", registry=r
         )
@@ -128,6 +145,9 @@ class Metrics:
             ["route", "status"], registry=r,
         )  # fmt: skip
         self.sessions_live = Gauge("gateway_sessions_live", "Sessions loaded", registry=r)
+
+    def _turn_families(self, r: CollectorRegistry) -> None:
+        """Turns, the LLM calls and the tool calls they make."""
         self.turns = Counter(
             "gateway_turns", "Turns ended, by outcome (stop reason, or cancelled)", ["outcome"],
             registry=r,
@@ -155,6 +175,9 @@ class Metrics:
             "LLM calls that failed, by error class (llm.call_failed; cancels not counted)",
             ["error_class"], registry=r,
         )  # fmt: skip
+
+    def _replay_families(self, r: CollectorRegistry) -> None:
+        """Replays: a subscribe with ``since`` (PROTOCOL section 5)."""
         self.replays = Counter("gateway_replay_events", "Event frames sent by replays", registry=r)
         self.replay_size = Histogram(
             "gateway_replay_size_events",
@@ -168,6 +191,9 @@ class Metrics:
             registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
         )  # fmt: skip
+
+    def _failure_families(self, r: CollectorRegistry) -> None:
+        """Failures caught where they are contained: a session's boundary, an MCP server."""
         self.session_failures = Counter(
             "gateway_session_failures",
             "Failures caught at a session's boundary (a gateway bug or a broken component)",
@@ -178,6 +204,9 @@ class Metrics:
             "MCP servers that failed to start, died or hung (mcp_server_failed), by server",
             ["server"], registry=r,
         )  # fmt: skip
+
+    def _store_families(self, r: CollectorRegistry) -> None:
+        """The store's commits: their failures, time and size."""
         self.store_write_failures = Counter(
             "gateway_store_write_failures", "Store writes that failed and were retried", registry=r
         )
@@ -193,14 +222,6 @@ class Metrics:
             registry=r,
             buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
         )  # fmt: skip
-        self.tasks = Gauge("gateway_tasks", "Trio tasks alive in the daemon", registry=r)
-        self.tasks.set_function(_count_tasks)
-        self.turns_in_flight = Gauge(
-            "gateway_turns_in_flight", "Turns started and not yet ended", registry=r
-        )
-        self.turns_in_flight.set_function(lambda: float(self._turns_in_flight()))
-        # process_open_fds, process_resident_memory_bytes, ... (the soak watches them)
-        ProcessCollector(registry=r)
 
     def watch(
         self,

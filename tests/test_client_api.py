@@ -46,7 +46,7 @@ from gateway.client import (
 from gateway.client import api as client_api
 from gateway.errors import ApiError, ClientError, SubscribeRejected
 from gateway.protocol.frames import Ping, Snapshot, SubscribeAck, SubscribeError
-from gateway.server import routes
+from gateway.server import route_table
 from tests.conftest import TOOL_SCRIPT, Harness, free_port, make_config, running_gateway
 from tests.test_attach_cli import SilenceableProxy
 
@@ -101,10 +101,10 @@ def test_the_client_answers_decode_what_the_server_encodes() -> None:
     """Section 2's answers are declared once (gateway.protocol.http): the client decodes
     with the very structs the server encodes, so their schemas are the server's."""
     pairs = [
-        (client_api.SessionCreated, routes.SessionCreated),
-        (client_api.SessionList, routes.SessionList),
-        (client_api.SessionAttach, routes.SessionAttach),
-        (client_api.MessagePage, routes.MessagePage),
+        (client_api.SessionCreated, route_table.SessionCreated),
+        (client_api.SessionList, route_table.SessionList),
+        (client_api.SessionAttach, route_table.SessionAttach),
+        (client_api.MessagePage, route_table.MessagePage),
     ]
 
     def shape(schema: Any) -> Any:  # without the prose

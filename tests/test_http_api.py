@@ -561,7 +561,7 @@ def nested(depth: int) -> str:
 
 @pytest.mark.parametrize("depth", [2_000, 100_000])
 async def test_deeply_nested_json_is_400_invalid_json(gw: Harness, depth: int) -> None:
-    """PROTOCOL section 2: no input, however deep, gets a 500 (it was a RecursionError).
+    """PROTOCOL section 2: no input, however deep, gets a 500 (a RecursionError included).
 
     ``metadata`` is any JSON object, so only its depth can refuse it; elsewhere a
     typed field refuses the nesting where it starts, as any wrong shape (422).

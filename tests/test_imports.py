@@ -364,3 +364,37 @@ def test_gateway_uses_no_test_machinery() -> None:
         uses = attribute_uses(source, "trio.testing")
         wrong += [f"{where(graph, module, line)}: uses trio.testing" for line in uses]
     assert not wrong, "\n".join(wrong)
+
+
+# The HTTP API's modules, lowest floor first: a module imports none on a floor above
+# its own. The router is given its table (by gateway.server.app), so it stays below
+# the handlers that use it and the table that names them.
+HTTP_API_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("gateway.server.openapi", "gateway.server.request_parsing"),
+    ("gateway.server.routes",),
+    ("gateway.server.handlers",),
+    ("gateway.server.route_table",),
+    ("gateway.server.app",),
+)
+
+
+def _floor(module: str) -> int | None:
+    for i, floor in enumerate(HTTP_API_FLOORS):
+        if any(_under(module, name) for name in floor):
+            return i
+    return None
+
+
+def test_the_http_api_imports_only_downwards() -> None:
+    graph = build_graph()
+    assert all(
+        any(_under(m, name) for m in graph.modules) for floor in HTTP_API_FLOORS for name in floor
+    )
+    wrong = []
+    for module, targets in sorted(graph.edges.items()):
+        low = _floor(module)
+        for target, line in sorted(targets.items()):
+            high = _floor(target)
+            if low is not None and high is not None and high > low:
+                wrong.append(f"{where(graph, module, line)}: imports {target}, a floor above")
+    assert not wrong, "\n".join(wrong)

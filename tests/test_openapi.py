@@ -1,4 +1,4 @@
-"""``GET /openapi.json``: the OpenAPI 3.1 document of PROTOCOL section 2 (issue 11, "Described").
+"""``GET /openapi.json``: the OpenAPI 3.1 document of PROTOCOL section 2.
 
 The document is checked here for what it says; tests/test_api_property.py checks
 that the running gateway does what it says. Here: it is valid OpenAPI 3.1
@@ -26,13 +26,14 @@ from openapi_spec_validator import validate
 
 import gateway
 from gateway.agui.shapes import CancelRun, RunCancelling
-from gateway.server import routes
+from gateway.server import route_table
+from gateway.server.handlers import admin
 from gateway.server.http import ErrorBody
 from tests.conftest import Harness, make_config, running_gateway
 
 GATEWAY_SOURCE = Path(gateway.__file__).parent
 
-# PROTOCOL section 2's table, plus the stream handshake and /readyz (issue 11).
+# PROTOCOL section 2's table, plus the stream handshake and /readyz.
 CONTRACT = {
     ("get", "/agents"),  # PROTOCOL section 11
     ("post", "/sessions"),
@@ -50,29 +51,29 @@ CONTRACT = {
     ("get", "/readyz"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
-    ("post", "/agui"),  # AG-UI (issue 14): an SSE answer
+    ("post", "/agui"),  # AG-UI (docs/protocol.md "AG-UI"): an SSE answer
     ("post", "/agui/{session_id}/cancel"),
 }
 # Each operation's body and answer Structs (PROTOCOL section 2).
 STRUCTS = {
-    ("get", "/agents"): (None, routes.AgentList),
-    ("post", "/sessions"): (routes.CreateSession, routes.SessionCreated),
-    ("get", "/sessions"): (None, routes.SessionList),
-    ("get", "/sessions/{session_id}"): (None, routes.SessionAttach),
-    ("get", "/sessions/{session_id}/messages"): (None, routes.MessagePage),
-    ("get", "/sessions/{session_id}/messages/{message_id}"): (None, routes.Message),
-    ("post", "/sessions/{session_id}/turns"): (routes.SubmitTurn, routes.TurnAccepted),
+    ("get", "/agents"): (None, route_table.AgentList),
+    ("post", "/sessions"): (route_table.CreateSession, route_table.SessionCreated),
+    ("get", "/sessions"): (None, route_table.SessionList),
+    ("get", "/sessions/{session_id}"): (None, route_table.SessionAttach),
+    ("get", "/sessions/{session_id}/messages"): (None, route_table.MessagePage),
+    ("get", "/sessions/{session_id}/messages/{message_id}"): (None, route_table.Message),
+    ("post", "/sessions/{session_id}/turns"): (route_table.SubmitTurn, route_table.TurnAccepted),
     ("post", "/sessions/{session_id}/turns/{turn_id}/cancel"): (
-        routes.CancelTurn,
-        routes.CancelAccepted,
+        route_table.CancelTurn,
+        route_table.CancelAccepted,
     ),
     ("post", "/sessions/{session_id}/permissions/{perm_id}"): (
-        routes.PermissionDecision,
-        routes.Accepted,
+        route_table.PermissionDecision,
+        route_table.Accepted,
     ),
-    ("post", "/sessions/{session_id}/compact"): (routes.Compact, routes.Accepted),
-    ("post", "/sessions/{session_id}/feedback"): (routes.Feedback, routes.Accepted),
-    ("get", "/healthz"): (None, routes.Health),
+    ("post", "/sessions/{session_id}/compact"): (route_table.Compact, route_table.Accepted),
+    ("post", "/sessions/{session_id}/feedback"): (route_table.Feedback, route_table.Accepted),
+    ("get", "/healthz"): (None, route_table.Health),
     ("post", "/agui/{session_id}/cancel"): (CancelRun, RunCancelling),
 }
 KEY = "openapi-key"
@@ -268,14 +269,14 @@ async def test_bearer_is_in_it_exactly_when_keys_are_configured(tmp_path: Path) 
 
 
 async def test_it_is_built_once(gw: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    build = routes.build_document
+    build = admin.build_document
     built: list[bytes] = []
 
     def counting(*args: Any, **kw: Any) -> bytes:
         built.append(build(*args, **kw))
         return built[-1]
 
-    monkeypatch.setattr(routes, "build_document", counting)
+    monkeypatch.setattr(admin, "build_document", counting)
     first = await gw.http.get("/openapi.json")
     second = await gw.http.get("/openapi.json")
     assert first.content == second.content and len(built) == 1

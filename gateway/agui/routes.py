@@ -1,9 +1,10 @@
 """AG-UI's HTTP routes: ``POST /agui`` (a run, answered as SSE) and its cancel.
 
-Registered into the gateway's route table by one call (:class:`AguiRoutes`),
-so they share its boundary, authentication, ownership and rate limits
-(PROTOCOL section 2). A run is one turn of the thread's session, started or
-resumed here and streamed by :func:`gateway.agui.sse.stream_run`; the
+Two entries of the gateway's route table (gateway.server.route_table:
+:func:`agui_run`, :func:`agui_cancel`, with their API-document operations
+:data:`RUN` and :data:`CANCEL`), so they share its boundary,
+authentication, ownership and rate limits (PROTOCOL section 2). A run is
+one turn of the thread's session, started or resumed here and streamed by :func:`gateway.agui.sse.stream_run`; the
 decisions of the mapping are in docs/protocol.md "AG-UI".
 """
 
@@ -22,10 +23,11 @@ from gateway.errors import ApiError
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
-from gateway.protocol.shapes import ContentBlock, Message
+from gateway.protocol.shapes import Message
 from gateway.server.auth import NO_OWNER
 from gateway.server.http import Request, Response, StreamingResponse, json_response
 from gateway.server.openapi import ID_PATTERN, Operation
+from gateway.server.request_parsing import decode, user_content
 from gateway.session import seam
 from gateway.session.session import Session
 
@@ -39,25 +41,15 @@ SSE_HEADERS = [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
 T = TypeVar("T")
 
 
-class Decode(Protocol):
-    """The route table's body decoding: 400 malformed JSON, 422 a schema violation."""
+class Router(Protocol):
+    """What the AG-UI routes use of the router (:class:`gateway.server.routes.Api`).
 
-    def __call__(self, req: Request, type_: type[T]) -> T: ...
-
-
-Handler = Callable[..., Awaitable[Response | StreamingResponse]]
-
-
-class RouteTable(Protocol):
-    """What the AG-UI routes use of the gateway's route table (:class:`gateway.server.routes.Api`).
-
-    Named here rather than imported: the table imports this module.
+    Named here rather than imported: the router imports this module.
     """
 
     node: Node
     config: Config
-
-    def _add(self, path: str, name: str, **methods: tuple[Handler, Operation]) -> None: ...
+    agui: AguiRoutes
 
     def _authenticate(self, req: Request) -> str | None: ...
 
@@ -114,20 +106,13 @@ CANCEL = Operation(
 
 
 class AguiRoutes:
-    """The AG-UI routes, added to ``api``'s table where they are made (module docstring).
+    """The AG-UI handlers of one router, and what they keep between runs (module docstring).
 
     Args:
-        api: the route table (its authentication, sessions and turn submission).
-        decode: how the table decodes a request body.
-        user_content: how the table checks a turn's user content (422).
+        api: the router (its authentication, sessions and turn submission).
     """
 
-    def __init__(
-        self,
-        api: RouteTable,
-        decode: Decode,
-        user_content: Callable[[str], list[ContentBlock]],
-    ) -> None:
+    def __init__(self, api: Router) -> None:
         self.api = api
         self.node = api.node
         self.config = api.config
@@ -135,8 +120,6 @@ class AguiRoutes:
         self._user_content = user_content
         self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
         self._creating: dict[str, trio.Event] = {}  # thread ids being created
-        api._add("/agui", "agui", POST=(self.agui_run, RUN))
-        api._add("/agui/{session_id}/cancel", "agui_cancel", POST=(self.agui_cancel, CANCEL))
 
     async def agui_run(self, req: Request) -> StreamingResponse:
         """``POST /agui``: one AG-UI run, the turn it starts or resumes (docs/protocol.md "AG-UI").
@@ -276,6 +259,16 @@ class AguiRoutes:
         return json_response(
             202, RunCancelling(session_id=session_id, run_id=body.run_id, turn_id=turn_id)
         )
+
+
+async def agui_run(api: Router, req: Request) -> StreamingResponse:
+    """The route table's ``POST /agui`` (:meth:`AguiRoutes.agui_run`)."""
+    return await api.agui.agui_run(req)
+
+
+async def agui_cancel(api: Router, req: Request, session_id: str) -> Response:
+    """The route table's ``POST /agui/{session_id}/cancel`` (:meth:`AguiRoutes.agui_cancel`)."""
+    return await api.agui.agui_cancel(req, session_id)
 
 
 # --- helpers -----------------------------------------------------------------------

@@ -52,6 +52,7 @@ from gateway.providers.base import Provider
 from gateway.providers.factory import Providers, make_providers
 from gateway.server.auth import ApiKeys, warn_open_hosts
 from gateway.server.http import HttpLimits, TrustedProxies, serve_connection
+from gateway.server.route_table import ROUTES
 from gateway.server.routes import Api
 from gateway.store import open_store
 from gateway.tools.builtin import build_registry
@@ -138,7 +139,7 @@ class Gateway:
     def node_api(self) -> Api:
         api: Api | None = getattr(self, "_api", None)
         if api is None:
-            api = self._api = Api(self.node, self.keys)
+            api = self._api = Api(self.node, ROUTES, self.keys)
         return api
 
     def shutdown(self) -> None:

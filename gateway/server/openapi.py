@@ -1,7 +1,7 @@
 """``GET /openapi.json``: the OpenAPI 3.1 document of the HTTP API (PROTOCOL section 2).
 
-One source of truth. Each route of :class:`gateway.server.routes.Api` is declared
-once, in its route table, with an :class:`Operation` per method: the Struct the
+One source of truth. Each route of the API is declared once, in the route table
+(gateway.server.route_table), with an :class:`Operation` per method: the Struct the
 handler decodes, its query parameters, the Struct it answers with, and the errors
 only it gives. The JSON schemas are msgspec's own, of those very Structs
 (``msgspec.json.schema_components``); this module only assembles them into the

@@ -1,0 +1,86 @@
+"""``/sessions`` and a session's messages (PROTOCOL sections 2 and 15)."""
+
+from __future__ import annotations
+
+from gateway.errors import ApiError
+from gateway.protocol.http import (
+    CreateSession,
+    MessagePage,
+    SessionCreated,
+    SessionList,
+    SessionListing,
+)
+from gateway.server.auth import NO_OWNER, sees
+from gateway.server.http import Request, Response, json_response
+from gateway.server.request_parsing import decode_optional, int_query
+from gateway.server.routes import Api
+from gateway.session.session import summary_of
+
+
+async def create_session(api: Api, req: Request) -> Response:
+    """``POST /sessions``: answered once the session is committed."""
+    owner = api._authenticate(req) or NO_OWNER
+    body = decode_optional(req, CreateSession) or CreateSession()
+    session = await api.node.create_session(  # 429 past max_sessions_per_key
+        workspace_path=body.workspace_path,
+        model=body.model,
+        agent=body.agent,
+        metadata=body.metadata,
+        owner=owner,
+    )
+    r = session.record
+    return json_response(201, SessionCreated(r.id, r.active_model, r.created_at, r.agent))
+
+
+async def list_sessions(api: Api, req: Request) -> Response:
+    """``GET /sessions``: the caller's sessions, newest first, a page at a time."""
+    node = api.node
+    caller = api._authenticate(req)
+    limit = int_query(req, "limit", default=50, low=1, high=200)
+    await node.durable_or_503()  # the page shows every session created so far
+    before = req.query.get("before")
+    if before is not None:
+        cursor = await node.store.get_session(before)
+        if cursor is None or not sees(caller, cursor.owner):
+            raise ApiError(404, "session_not_found", f"no session {before!r} to page before")
+    records, has_more = await node.store.list_sessions(
+        limit=limit, before=before, visible_to=caller
+    )
+    listings = []
+    for rec in records:
+        live = node.sessions.get(rec.id)
+        here = live is not None and node.runs_here(rec.id)  # else: the store's record
+        summary = (
+            live.summary() if live and here else summary_of(rec, tools=node.tool_infos(rec.agent))
+        )
+        listings.append(SessionListing(summary, rec.created_at, rec.metadata))
+    return json_response(200, SessionList(listings, has_more))
+
+
+async def list_messages(api: Api, req: Request, session_id: str) -> Response:
+    """``GET /sessions/{id}/messages``: a page of the session's messages, oldest first."""
+    session = await api._session(session_id, api._authenticate(req))
+    limit = int_query(req, "limit", default=50, low=1, high=200)
+    messages = await api.node.messages_of(session)
+    end = len(messages)
+    before = req.query.get("before")
+    if before is not None:
+        end = next((i for i, m in enumerate(messages) if m.id == before), -1)
+        if end < 0:
+            raise ApiError(404, "message_not_found", f"no message {before!r} in {session_id}")
+    start = max(0, end - limit)
+    return json_response(200, MessagePage(messages[start:end], start > 0))
+
+
+async def get_message(api: Api, req: Request, session_id: str, message_id: str) -> Response:
+    """One finished message, whole (PROTOCOL section 15: what a snapshot cut).
+
+    The session's own messages only, as the caller may see the session
+    (:meth:`Api._session`); the newest are the likeliest, so they are looked
+    at first.
+    """
+    session = await api._session(session_id, api._authenticate(req))
+    for message in reversed(await api.node.messages_of(session)):
+        if message.id == message_id:
+            return json_response(200, message)
+    raise ApiError(404, "message_not_found", f"no message {message_id!r} in {session_id}")
