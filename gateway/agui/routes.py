@@ -2,10 +2,11 @@
 
 Two entries of the gateway's route table (gateway.server.route_table:
 :func:`agui_run`, :func:`agui_cancel`, with their API-document operations
-:data:`RUN` and :data:`CANCEL`), so they share its boundary,
-authentication, ownership and rate limits (PROTOCOL section 2). A run is
-one turn of the thread's session, started or resumed here and streamed by :func:`gateway.agui.sse.stream_run`; the
-decisions of the mapping are in docs/protocol.md "AG-UI".
+:data:`RUN` and :data:`CANCEL`), so they share its boundary, authentication,
+ownership and rate limits (PROTOCOL section 2). A run is one turn of the
+thread's session, started or resumed here and streamed by
+:func:`gateway.agui.sse.stream_run`; the decisions of the mapping are in
+docs/protocol.md "AG-UI".
 """
 
 from __future__ import annotations
