@@ -46,7 +46,7 @@ from gateway import ui
 from gateway.agui.mapping import RunMapper
 from gateway.agui.shapes import CancelRun, InputMessage, ResumeEntry, RunAgentInput, RunCancelling
 from gateway.agui.sse import RunSubscriber, sse, stream_run
-from gateway.errors import ApiError, StoreError, unavailable
+from gateway.errors import ApiError, Refused, StoreError, unavailable
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.metrics import CONTENT_TYPE
 from gateway.node import Node
@@ -90,6 +90,7 @@ from gateway.server.openapi import (
     build_document,
     path_regex,
 )
+from gateway.server.refusals import as_http, http_error
 from gateway.server.websocket import WebSocket
 from gateway.session import seam
 from gateway.session.session import Session, summary_of
@@ -493,7 +494,7 @@ class Api:
                 exc.headers = (*exc.headers, *self.boundary.cors_headers(listed))
             raise
         except StoreError as exc:
-            unanswered = unavailable(exc)
+            unanswered = http_error(unavailable(exc))
             if listed:
                 unanswered.headers = (*unanswered.headers, *self.boundary.cors_headers(listed))
             raise unanswered from None
@@ -533,9 +534,10 @@ class Api:
             _known_query(req, operation)
             try:
                 answer = await handler(req, *match.groups())
-            except ApiError as exc:
-                self.node.metrics.http_requests.labels(name, str(exc.status)).inc()
-                raise
+            except (ApiError, Refused) as exc:
+                error = as_http(exc)  # a refusal: its status by the table
+                self.node.metrics.http_requests.labels(name, str(error.status)).inc()
+                raise error from None
             status = 101 if isinstance(answer, WebSocketAccept) else answer.status
             self.node.metrics.http_requests.labels(name, str(status)).inc()
             return answer
@@ -756,7 +758,7 @@ class Api:
         limits.count_turn(key)
         try:
             await self.node.submit_turn(session, message)  # on whichever node runs it
-        except ApiError as exc:
+        except Refused as exc:
             if exc.code != "store_unavailable":
                 limits.refund_turn(key)
             raise

@@ -60,14 +60,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import msgspec
 import trio
 
-from gateway.errors import ApiError, ToolError
+from gateway.cluster import ops
+from gateway.errors import ApiError, Refused, ToolError
 from gateway.ids import format_event_id, new_turn_id, now_ms, parse_event_id
 from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.protocol.events import (
     EVENT_TYPES,
-    BusHandlerWarning,
-    BusSubscriberUnregistered,
     Event,
     FeedbackRecorded,
     Payload,
@@ -132,13 +131,13 @@ class NodeServices(AgentServices, Protocol):
         """A batch this node released, for the other nodes' clients (gateway.cluster)."""
         ...
 
-    def forward(self, session: Session, op: str, args: object) -> None:
-        """Send ``op`` to the node running the session, without waiting (a replica's warning)."""
+    def forward(self, session: Session, op: ops.Warn | ops.Unregistered) -> None:
+        """Carry ``op`` out on the node running the session, without waiting (a warning)."""
         ...
 
     async def ask_owner(
-        self, session: Session, op: str, args: object, *, patient: bool = False
-    ) -> bytes | None:
+        self, session: Session, op: ops.Operation, *, patient: bool = False
+    ) -> ops.Answer | None:
         """Run ``op`` on the node running the session; ``None``: that is this node."""
         ...
 
@@ -354,19 +353,13 @@ class Session:
 
     def warn(self, subscription: str, reason: str, detail: str) -> None:
         """Emit ``bus.handler_warning`` (PROTOCOL sections 3 and 8), on the node running it."""
-        if not self.node.runs_here(self.id):
-            self.node.forward(self, "warn", (subscription, reason, detail))
-            return
-        self.emit([BusHandlerWarning(subscription, reason, detail)], None)
+        self.node.forward(self, ops.Warn(subscription, reason, detail))
 
     def unregistered(self, sub: Subscriber, reason: str) -> None:
         """Drop a subscription and record ``bus.subscriber_unregistered``."""
         if not self.hub.unsubscribe(sub):
             return
-        if not self.node.runs_here(self.id):
-            self.node.forward(self, "unregistered", (sub.name, reason))
-            return
-        self.emit([BusSubscriberUnregistered(sub.name, reason)], None)
+        self.node.forward(self, ops.Unregistered(sub.name, reason))
 
     # --- views -----------------------------------------------------------------
 
@@ -396,14 +389,14 @@ class Session:
         """Take a turn (the turn lock), to run on the agent loop (PROTOCOL section 2).
 
         Raises:
-            ApiError: 409 ``turn_in_progress``; 503 ``shutting_down``; 503
+            Refused: ``turn_in_progress``; ``shutting_down``;
                 ``session_elsewhere`` (with ``Retry-After``) where several nodes
                 share a store and another node holds the session's lease.
         """
         self._check_runs_here()
         if self.turn is not None:
-            raise ApiError(
-                409, "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
+            raise Refused(
+                "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
             )
         self._check_size()
         turn = Turn(user_message.turn_id or new_turn_id(), user_message)
@@ -418,20 +411,19 @@ class Session:
         starts once it is done. A compaction already queued is the same one.
 
         Raises:
-            ApiError: 409 ``turn_in_progress``; 409 ``nothing_to_compact`` when
+            Refused: ``turn_in_progress``; ``nothing_to_compact`` when
                 the model's view holds nothing but the latest turn (and a
                 previous summary); 503 as :meth:`submit_turn`.
         """
         self._check_runs_here()
         if self.turn is not None:
-            raise ApiError(
-                409, "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
+            raise Refused(
+                "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
             )
         if self._compaction is not None and not self._compaction.done.is_set():
             return
         if plan(self.messages, None) is None:
-            raise ApiError(
-                409,
+            raise Refused(
                 "nothing_to_compact",
                 f"session {self.id}: the model's context holds only its latest turn",
             )
@@ -439,40 +431,37 @@ class Session:
         self._turns_tx.send_nowait(self._compaction)
 
     def _check_runs_here(self) -> None:
-        """Raise the 503 of a node that does not run the session's turns (:meth:`submit_turn`)."""
+        """Refuse a turn on a node that does not run the session's turns (:meth:`submit_turn`)."""
         if self.node.shutting_down:  # its leases are let go within shutdown_grace_s
             wait = math.ceil(self.node.config.server.shutdown_grace_s)
-            raise ApiError(
-                503,
+            raise Refused(
                 "shutting_down",
                 f"the gateway is shutting down; retry in {wait} s (on Redis, another node"
                 " then runs the session)",
-                headers=(("Retry-After", str(wait)),),
+                retry_after_s=wait,
             )
         if not self.node.runs_here(self.id):
             # Turns run only on the lease holder; until they are routed to it
             # (docs/scale-out.md), the client tries again: once a dead holder's
             # lease lapses, the next request takes it and closes its turn first.
             wait = math.ceil(self.node.config.store.lease_s)
-            raise ApiError(
-                503,
+            raise Refused(
                 "session_elsewhere",
                 f"session {self.id} runs on another node of this deployment; "
                 f"retry in {wait} s (its lease lapses within store.lease_s if that node died)",
-                headers=(("Retry-After", str(wait)),),
+                retry_after_s=wait,
             )
 
     def _check_size(self) -> None:
         """Refuse a turn once the session holds ``max_session_mb`` or more (PROTOCOL section 15).
 
         Raises:
-            ApiError: 409 ``session_too_large``, naming its size and the limit.
+            Refused: ``session_too_large``, naming its size and the limit.
         """
         limit_mb = self.node.config.limits.max_session_mb
         size = self.stored_bytes
         if limit_mb and size >= limit_mb * MB:
-            raise ApiError(
-                409,
+            raise Refused(
                 "session_too_large",
                 f"session {self.id} holds {size / MB:.1f} MB of stored data, its max_session_mb"
                 f" is {limit_mb}: it takes no more turns (it can still be read; start a new"
@@ -490,7 +479,7 @@ class Session:
         even started, let alone durable.
 
         Raises:
-            ApiError: 503 ``store_unavailable`` past ``commit_timeout_s``.
+            Refused: ``store_unavailable`` past ``commit_timeout_s``.
         """
         if self._compaction is not None:
             await self._compaction.done.wait()
@@ -504,14 +493,14 @@ class Session:
         A second cancel of a cancelling turn is a no-op plus ``bus.handler_warning``.
 
         Raises:
-            ApiError: 404 ``turn_not_found`` for a turn this session never had;
-                409 ``turn_not_in_flight`` for a finished one.
+            Refused: ``turn_not_found`` for a turn this session never had;
+                ``turn_not_in_flight`` for a finished one.
         """
         turn = self.turn
         if turn is None or turn.id != turn_id:
             if any(m.turn_id == turn_id for m in self.messages):
-                raise ApiError(409, "turn_not_in_flight", f"turn {turn_id} has already ended")
-            raise ApiError(404, "turn_not_found", f"no turn {turn_id!r} in {self.id}")
+                raise Refused("turn_not_in_flight", f"turn {turn_id} has already ended")
+            raise Refused("turn_not_found", f"no turn {turn_id!r} in {self.id}")
         if not turn.request_cancel(reason):
             self.warn(requested_by, "cancel_ignored", f"turn {turn_id} is already cancelling")
 
@@ -531,11 +520,11 @@ class Session:
         """Emit ``feedback.recorded`` for one of its messages (``POST .../feedback``).
 
         Raises:
-            ApiError: 404 ``message_not_found``.
+            Refused: ``message_not_found``.
         """
         message = next((m for m in self.messages if m.id == message_id), None)
         if message is None:
-            raise ApiError(404, "message_not_found", f"no message {message_id!r} in {self.id}")
+            raise Refused("message_not_found", f"no message {message_id!r} in {self.id}")
         self.emit([FeedbackRecorded(message_id, rating, comment)], message.turn_id)
 
     def add_message(self, message: Message, completion: Completion | None = None) -> None:
@@ -674,7 +663,7 @@ class Session:
         limits, owner = self.node.limits, self.record.owner
         try:
             limits.check_turn(owner)
-        except ApiError as exc:
+        except ApiError as exc:  # the key's limits answer as HTTP (gateway.server.auth)
             raise ToolError("limit", f"delegate refused: {exc} (workers' turns count)") from None
         limits.count_turn(owner)
         if turn is not None:
