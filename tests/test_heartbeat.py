@@ -28,12 +28,12 @@ from wsproto.connection import Connection, ConnectionType
 from wsproto.events import CloseConnection, Ping, TextMessage
 
 from gateway.errors import Refused
-from gateway.server.refusals import STATUS
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.node import Node
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.providers.scripted import ScriptedProvider
 from gateway.server.connection import StreamConnection
+from gateway.server.refusals import STATUS
 from gateway.server.websocket import WebSocket
 from gateway.session.session import Session
 from gateway.store.sqlite import SqliteStore

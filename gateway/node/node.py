@@ -51,7 +51,7 @@ import trio
 from gateway.agents import AgentProfile, Agents
 from gateway.cluster import ops
 from gateway.config import Config
-from gateway.errors import Refused, StoreError, unavailable
+from gateway.errors import StoreError, unavailable
 from gateway.ids import now_ms
 from gateway.logs import event
 from gateway.mcp.servers import McpServers
@@ -59,15 +59,16 @@ from gateway.metrics import Metrics
 from gateway.node import recovery
 from gateway.node.durability import Durability
 from gateway.node.failover import Failover
-from gateway.node.placement import Notice, Placement, choose
+from gateway.node.operations import Notice, perform
+from gateway.node.placement import Placement, choose
 from gateway.node.pricing import pricing
 from gateway.node.registry import Registry
 from gateway.node.tokens import AttachTokens, Tokens
 from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
-from gateway.runtimes import slots
-from gateway.server.auth import NO_OWNER, Limits
+from gateway.runtimes.slots import ProcessSlots
+from gateway.server.auth import Limits
 from gateway.session.agent import TurnHost
 from gateway.session.hub import Emitted
 from gateway.session.sequencer import EventSequencer
@@ -134,7 +135,7 @@ class Node:
         # a watchdog: its groups are still stopped with their sessions.
         self.processes = ToolProcesses(config.tools)
         # The Claude Code processes of each agent on this node (max_processes).
-        self.process_slots = slots.ProcessSlots()
+        self.process_slots = ProcessSlots()
         self.registry = Registry(self)
         self.sessions: dict[str, Session] = self.registry.sessions
         self.durability = Durability(store, config.store, self.metrics)
@@ -332,38 +333,12 @@ class Node:
     def resolve_model(self, model: str | None, agent: str = "default") -> str:
         return self.registry.resolve_model(model, agent)
 
-    async def create_session(
-        self,
-        *,
-        workspace_path: str | None = None,
-        model: str | None = None,
-        agent: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        parent: Session | None = None,
-        owner: str = NO_OWNER,
-        session_id: str | None = None,
-    ) -> Session:
+    async def create_session(self, **how: Any) -> Session:
         """Create and start a session (``POST /sessions``, or a ``delegate`` worker).
 
-        Args:
-            owner: the id of the API key that creates it (PROTOCOL section 2), ``""``
-                without keys. A worker belongs to its parent's owner and counts
-                against that owner's ``max_sessions_per_key`` like any session
-                (PROTOCOL section 15: a turn cannot make sessions its key could not;
-                the ``delegate`` tool turns the 429 into ``tool.failed`` ``limit``).
-            session_id: the id to give it (an AG-UI ``threadId`` the caller
-                checked is unknown: gateway.agui); a fresh ``sess_`` id if None.
-
-        Raises:
-            ApiError: 429 ``too_many_sessions`` (the count is taken before any
-                wait, so two racing requests cannot both get the last one).
-            Refused: ``unknown_agent``, ``invalid_model``, ``invalid_workspace``,
-                ``store_unavailable``.
+        The keywords and refusals of :meth:`gateway.node.registry.Registry.create`.
         """
-        return await self.registry.create(
-            workspace_path=workspace_path, model=model, agent=agent, metadata=metadata,
-            parent=parent, owner=owner, session_id=session_id,
-        )  # fmt: skip
+        return await self.registry.create(**how)
 
     async def get_session(self, session_id: str) -> Session | None:
         """A live session, loading a stored one on first use; ``None`` if unknown.
@@ -408,50 +383,25 @@ class Node:
 
     # --- what acts on a session, wherever it runs ------------------------------------
 
-    async def submit_turn(self, session: Session, message: Message) -> None:
-        """Start a turn on the session, wherever it runs; return once it is accepted.
+    async def act(self, session: Session, op: ops.Operation) -> ops.Answer:
+        """Carry ``op`` out on the node that runs the session: asked of it, or done here.
 
         Raises:
-            Refused: as :meth:`Session.submit_turn` and :meth:`Session.accepted`,
-                or as :meth:`ask_owner`.
+            Refused: as the session's own routes would refuse it
+                (gateway.node.operations), or as :meth:`Placement.ask_owner`.
         """
-        if await self.ask_owner(session, ops.StartTurn(message)) is None:
-            await self._process_slot(session)
-            try:
-                turn = session.submit_turn(message)
-            except Refused:
-                self._unreserve_slot(session)
-                raise
-            await session.accepted(turn)
+        answer = await self.placement.ask_owner(session, op)
+        return answer if answer is not None else await perform(self, session, op)
 
-    async def _process_slot(self, session: Session) -> None:
-        """A ``claude-code`` session's turn holds a process slot before it is accepted.
-
-        ``max_processes`` of its agent (:mod:`gateway.runtimes.slots`): an idle
-        process may be stopped to make room; after ``SLOT_WAIT_S``,
-        ``over_capacity``. A session whose turn is in flight is refused as
-        before (``turn_in_progress``), without waiting.
-        """
-        agent = self.agents[session.record.agent]
-        if agent.runtime != "claude-code" or session.turn is not None:
-            return
-        limit = agent.max_processes
-        if not await self.process_slots.acquire(agent.name, limit, session.id, slots.SLOT_WAIT_S):
-            raise slots.over_capacity(agent.name, limit)
-
-    def _unreserve_slot(self, session: Session) -> None:
-        """A slot held for a turn that was refused, and for no process: free it."""
-        agent = self.agents[session.record.agent]
-        runtime = session.agent.runtime if session.agent is not None else None
-        if session.turn is None and (runtime is None or runtime.client is None):
-            self.process_slots.release(agent.name, session.id)
+    async def submit_turn(self, session: Session, message: Message) -> None:
+        """Start a turn on the session, wherever it runs; return once it is accepted."""
+        await self.act(session, ops.StartTurn(message))
 
     async def cancel_turn(
         self, session: Session, turn_id: str, reason: str, requested_by: str
     ) -> None:
         """:meth:`Session.cancel_turn`, on the node that runs the session."""
-        if await self.ask_owner(session, ops.CancelTurn(turn_id, reason, requested_by)) is None:
-            session.cancel_turn(turn_id, reason, requested_by)
+        await self.act(session, ops.CancelTurn(turn_id, reason, requested_by))
 
     async def decide_permission(
         self,
@@ -461,28 +411,21 @@ class Node:
         content: dict[str, Any] | None = None,
     ) -> None:
         """:meth:`Session.decide_permission`, on the node that runs the session."""
-        if await self.ask_owner(session, ops.DecidePermission(perm_id, decision, content)) is None:
-            session.decide_permission(perm_id, decision, content)
+        await self.act(session, ops.DecidePermission(perm_id, decision, content))
 
     async def record_feedback(
         self, session: Session, message_id: str, rating: int, comment: str | None
     ) -> None:
         """:meth:`Session.record_feedback`, on the node that runs the session."""
-        op = ops.RecordFeedback(message_id, rating, comment)  # type: ignore[arg-type]
-        if await self.ask_owner(session, op) is None:
-            session.record_feedback(op.message_id, op.rating, comment)
+        await self.act(session, ops.RecordFeedback(message_id, rating, comment))  # type: ignore[arg-type]
 
     async def compact(self, session: Session) -> None:
         """:meth:`Session.compact`, on the node that runs the session (PROTOCOL section 12)."""
-        if await self.ask_owner(session, ops.Compact()) is None:
-            session.compact()
+        await self.act(session, ops.Compact())
 
     async def live_summary(self, session: Session) -> SessionSummary:
         """The session's summary as its owner sees it (its turn and pending permissions)."""
-        answer = await self.ask_owner(session, ops.State())
-        if answer is None:
-            return session.summary()
-        return ops.expect(answer, ops.Summary).summary
+        return ops.expect(await self.act(session, ops.State()), ops.Summary).summary
 
     async def messages_of(self, session: Session) -> list[Message]:
         """The session's conversation: its own where it runs here, else the store's (durable).

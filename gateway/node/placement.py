@@ -11,27 +11,25 @@ One interface, :class:`Placement`, two implementations:
   operation sent to the owner (:mod:`gateway.cluster.ops`), answered exactly
   as the owner's own routes would answer it.
 
-:func:`perform` is what an operation does on the node that runs the session.
+What an operation does on the node that runs the session is
+gateway.node.operations.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Protocol, assert_never
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from gateway.cluster import ops
-from gateway.errors import Refused, StoreError, SubscribeRejected, unavailable
+from gateway.errors import Refused, StoreError, unavailable
 from gateway.logs import event
 from gateway.node import recovery
 from gateway.node.failover import close_clients
-from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
-from gateway.protocol.filters import resolve_filter
-from gateway.protocol.frames import Subscribe, decode_client_frame
+from gateway.node.operations import Notice, notice, perform
 from gateway.protocol.framing import event_frame
-from gateway.session import seam
 from gateway.session.hub import Emitted
 from gateway.session.session import Session
 
@@ -40,9 +38,6 @@ if TYPE_CHECKING:
     from gateway.node.node import Node
 
 log = logging.getLogger("gateway.node")
-
-Notice = ops.Warn | ops.Unregistered
-"""An operation sent without waiting for its answer (a replica's warnings)."""
 
 
 class Placement(Protocol):
@@ -112,17 +107,6 @@ async def choose(node: Node, nursery: trio.Nursery) -> Placement:
     await nursery.start(cluster.run, name="cluster")
     node.tokens = RedisAttachTokens(cluster.redis_call, "gw:", node.tokens.ttl_s)
     return placement
-
-
-def notice(session: Session, op: Notice) -> None:
-    """Emit a forwarded warning on the node that runs the session."""
-    match op:
-        case ops.Warn():
-            session.emit([BusHandlerWarning(op.subscription, op.reason, op.detail)], None)
-        case ops.Unregistered():
-            session.emit([BusSubscriberUnregistered(op.name, op.reason)], None)
-        case _:
-            assert_never(op)
 
 
 class LocalPlacement:
@@ -318,47 +302,6 @@ class ClusteredPlacement:
         if isinstance(op, ops.Watch | ops.TakeSnapshot | ops.Replay):
             self.cluster.heard(session.family.id)  # before the cut: no batch after it is missed
         return await perform(self.node, session, op)
-
-
-async def perform(node: Node, session: Session, op: ops.Operation) -> ops.Answer:
-    """Carry an operation out on a session this node runs; its answer.
-
-    Raises:
-        Refused: as the session's own routes would refuse it.
-    """
-    match op:
-        case ops.Watch():
-            pass
-        case ops.StartTurn():
-            await node.submit_turn(session, op.message)
-        case ops.CancelTurn():
-            session.cancel_turn(op.turn_id, op.reason, op.requested_by)
-        case ops.DecidePermission():
-            session.decide_permission(op.perm_id, op.decision, op.content)
-        case ops.RecordFeedback():
-            session.record_feedback(op.message_id, op.rating, op.comment)
-        case ops.Compact():
-            session.compact()
-        case ops.Warn() | ops.Unregistered():
-            notice(session, op)
-        case ops.State():
-            return ops.Summary(session.summary())
-        case ops.TakeSnapshot():
-            data, cut = await seam.durable_snapshot(session, op.limit)
-            return ops.Snapshot(data, cut)
-        case ops.Replay():
-            request = decode_client_frame(op.frame)
-            if not isinstance(request, Subscribe) or request.since is None:
-                raise Refused("session_owner_unreachable", "a replay needs a subscribe with since")
-            _, key = resolve_filter(request.filter)
-            try:
-                frames, cut = await seam.replay(session, request.since, key, op.max_events)
-            except SubscribeRejected as exc:
-                return ops.ReplayRejected(exc.code, exc.message)
-            return ops.Replayed(frames, cut)
-        case _:
-            assert_never(op)
-    return ops.Done()
 
 
 def _changing_nodes(session_id: str) -> Refused:

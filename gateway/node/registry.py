@@ -84,7 +84,24 @@ class Registry:
         owner: str = NO_OWNER,
         session_id: str | None = None,
     ) -> Session:
-        """Create and start a session (:meth:`gateway.node.node.Node.create_session`)."""
+        """Create and start a session (``POST /sessions``, or a ``delegate`` worker).
+
+        Args:
+            owner: the id of the API key that creates it (PROTOCOL section 2), ``""``
+                without keys. A worker belongs to its parent's owner and counts
+                against that owner's ``max_sessions_per_key`` like any session
+                (PROTOCOL section 15: a turn cannot make sessions its key could not;
+                the ``delegate`` tool turns the 429 into ``tool.failed`` ``limit``).
+            session_id: the id to give it (an AG-UI ``threadId`` the caller
+                checked is unknown: gateway.agui); a fresh ``sess_`` id if None.
+
+        Raises:
+            ApiError: 429 ``too_many_sessions`` (gateway.server.auth; the count is
+                taken before any wait, so two racing requests cannot both get the
+                last one).
+            Refused: ``unknown_agent``, ``invalid_model``, ``invalid_workspace``,
+                ``store_unavailable``.
+        """
         node = self.node
         if parent is not None:
             owner = parent.record.owner
