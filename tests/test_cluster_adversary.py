@@ -1,4 +1,4 @@
-"""Several nodes on one Redis, attacked (issue 13; docs/scale-out.md; PROTOCOL sections 3, 8, 9).
+"""Several nodes on one Redis, attacked (docs/scale-out.md; PROTOCOL sections 3, 8, 9).
 
 Two in-process nodes on a redis-server of the test's own (``two_nodes`` of
 tests/test_replica.py). Two kinds of test:

@@ -1,4 +1,4 @@
-"""Two nodes in one process on one Redis: replicas, routing to the owner, live relay (issue 13).
+"""Two nodes in one process on one Redis: replicas, routing to the owner, live relay.
 
 gateway/cluster/ and the replica paths of gateway/node/placement.py and
 gateway/session/seam.py, with two whole gateways (``running_gateway``) on a

@@ -99,8 +99,8 @@ async def _process_slot(node: Node, session: Session) -> None:
 
     ``max_processes`` of its agent (:mod:`gateway.runtimes.slots`): an idle
     process may be stopped to make room; after ``SLOT_WAIT_S``,
-    ``over_capacity``. A session whose turn is in flight is refused as before
-    (``turn_in_progress``), without waiting.
+    ``over_capacity``. A session whose turn is in flight is refused
+    ``turn_in_progress`` without waiting.
     """
     agent = node.agents[session.record.agent]
     if agent.runtime != "claude-code" or session.turn is not None:

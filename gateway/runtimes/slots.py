@@ -7,7 +7,7 @@ ends (an idle stop, a crash, the session's end): :class:`ProcessSlots`.
 
 A turn that needs a slot when all are held waits for one **before** its
 ``POST /sessions/{id}/turns`` answers (PROTOCOL section 2 leaves the wait to
-the runtime; issue 21 asks for a 503 "after a bounded wait"):
+the runtime: a refusal "after a bounded wait"):
 
 - while it waits, the least recently active of the agent's **idle** processes
   (its session has no turn in flight or queued) is stopped to make room: an

@@ -29,7 +29,7 @@ Durability first (PROTOCOL section 9): a batch that carries a catalog event is
 session family (a session and its workers, whose events share streams) waits
 behind it, so the order on the wire never changes and no client ever receives
 a catalog event the store could lose. The node releases held batches when the
-store reports a commit (:meth:`gateway.node.Node.on_commit`). A snapshot or a
+store reports a commit (:meth:`gateway.node.durability.Durability.on_commit`). A snapshot or a
 replay, which read state directly, wait for the commit of everything they read
 before they are sent.
 
@@ -94,7 +94,7 @@ log = logging.getLogger("gateway.session")
 
 
 class NodeServices(AgentServices, Protocol):
-    """What a session uses of its node (:class:`gateway.node.Node` is the one implementation)."""
+    """What a session uses of its node (:class:`gateway.node.node.Node` is the one)."""
 
     store: Store
     sequencer: EventSequencer
@@ -188,7 +188,7 @@ def summary_of(
 
 
 class Session:
-    """One session's state and runtime. Created and owned by :class:`gateway.node.Node`."""
+    """One session's state and runtime. Created and owned by :class:`gateway.node.node.Node`."""
 
     def __init__(
         self,
