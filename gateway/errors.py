@@ -5,6 +5,8 @@ subclass maps to exactly one thing a user sees::
 
     GatewayError
     ├── ConfigError          bad config file, key, type or range: one line, exit 2 (RUNNING.md)
+    ├── Refused              a request the gateway refuses, by ``code`` (PROTOCOL §2); the
+    │                        server's table (gateway.server.refusals) gives its HTTP status
     ├── ApiError             an HTTP error body {"error": {"code", "message"}} (PROTOCOL §2)
     ├── SubscribeRejected    a ``subscribe_error`` frame; the connection stays open (PROTOCOL §3)
     ├── FrameRejected        an ``error`` frame; the connection stays open (PROTOCOL §3)
@@ -35,6 +37,24 @@ class GatewayError(Exception):
 
 class ConfigError(GatewayError):
     """The configuration is unusable. ``str()`` is the one line the CLI prints."""
+
+
+class Refused(GatewayError):
+    """A request refused by the domain: what it is (``code``), and why (``message``).
+
+    Raised by the node, the sessions and the cluster link; never an HTTP
+    status of its own: the server answers it as its table says
+    (gateway.server.refusals: one status per code, PROTOCOL section 2). One
+    refused by the node that runs a session crosses the cluster link as a
+    typed reply and is raised again as the same refusal on the asking node.
+
+    ``retry_after_s``: the answer's ``Retry-After``, in whole seconds.
+    """
+
+    def __init__(self, code: str, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retry_after_s = retry_after_s
 
 
 class ApiError(GatewayError):
@@ -133,18 +153,13 @@ class ClientError(GatewayError):
         self.code = code
 
 
-def unavailable(exc: StoreError) -> ApiError:
-    """The 503 ``store_unavailable`` of a store that did not answer (PROTOCOL section 2).
+def unavailable(exc: StoreError) -> Refused:
+    """The ``store_unavailable`` refusal of a store that did not answer (PROTOCOL section 2).
 
     One answer wherever it is raised: a route's handler (gateway.server.http)
     or an operation between nodes (gateway.node).
     """
-    return ApiError(
-        503,
-        "store_unavailable",
-        f"{exc}; the request may be retried",
-        headers=(("Retry-After", "1"),),
-    )
+    return Refused("store_unavailable", f"{exc}; the request may be retried", retry_after_s=1)
 
 
 def first_leaf(exc: BaseException) -> BaseException:

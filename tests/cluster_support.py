@@ -1,4 +1,4 @@
-"""Several ``gateway serve`` nodes on one Redis, for the cluster tests (issue 13).
+"""Several ``gateway serve`` nodes on one Redis, for the cluster tests.
 
 RUNNING.md "Command line": with ``[store] backend = "redis"`` any number of
 ``gateway serve`` processes naming the same Redis form one deployment. This

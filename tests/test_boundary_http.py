@@ -29,9 +29,10 @@ import pytest
 import trio
 
 from gateway.config import load_config
-from gateway.errors import ApiError
+from gateway.errors import Refused
 from gateway.node import AttachTokens
 from gateway.server.auth import Boundary
+from gateway.server.refusals import STATUS
 from tests.conftest import Harness, make_config, running_gateway
 
 EVIL = "https://evil.example"
@@ -527,11 +528,11 @@ async def test_an_attach_token_is_not_used_up_on_another_sessions_path(tmp_path:
 async def test_attach_tokens_are_looked_up_under_their_session() -> None:
     tokens = AttachTokens(60)
     token = tokens.issue("sess_a")
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(Refused) as refused:
         tokens.redeem(token, "sess_b")
-    assert (refused.value.status, refused.value.code) == (403, "attach_token_invalid")
+    assert (STATUS[refused.value.code], refused.value.code) == (403, "attach_token_invalid")
     tokens.redeem(token, "sess_a")
-    with pytest.raises(ApiError):
+    with pytest.raises(Refused):
         tokens.redeem(token, "sess_a")
 
 

@@ -1,4 +1,4 @@
-"""Three nodes on one Redis serve every session (issue 13, "Tests", first bullet).
+"""Three nodes on one Redis serve every session (docs/scale-out.md).
 
 RUNNING.md "Command line": any node serves any session's clients (attach,
 snapshot, replay, live), and turns, cancels and permission decisions can be

@@ -1,4 +1,4 @@
-"""Several nodes on one Redis, attacked (issue 13; docs/scale-out.md; PROTOCOL sections 3, 8, 9).
+"""Several nodes on one Redis, attacked (docs/scale-out.md; PROTOCOL sections 3, 8, 9).
 
 Two in-process nodes on a redis-server of the test's own (``two_nodes`` of
 tests/test_replica.py). Two kinds of test:
@@ -27,7 +27,9 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from gateway.cluster import LiveBatch, Reply, Request
+from gateway.cluster import ops
+from gateway.cluster.link import LiveBatch, Reply, Request
+from gateway.node import recovery
 from gateway.protocol.events import CATALOG_TYPES
 from tests.conftest import Harness
 from tests.redis_support import RedisServer, own_redis
@@ -40,6 +42,11 @@ from tests.test_subscribe import FilteredClient
 __all__ = ["own_redis"]  # fixture
 
 _pack = msgspec.msgpack.encode
+
+
+def _op(value: Any) -> msgspec.Raw:
+    """An operation as a Request carries it (gateway.cluster.ops), well-formed or not."""
+    return msgspec.Raw(_pack(value))
 
 
 def lease_key(sid: str) -> str:
@@ -61,7 +68,7 @@ def subscribers(server: RedisServer, channel: str) -> int:
 async def test_a_batch_lost_while_the_pub_sub_connection_reconnects_closes_the_clients(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
-    """gateway/cluster.py: "What was published meanwhile is lost: the clients of every
+    """gateway/cluster/link.py: "What was published meanwhile is lost: the clients of every
     watched family are told (on_gap) and resume" (PROTOCOL section 3, close relay_gap)."""
     with trio.fail_after(20):
         async with two_nodes(tmp_path, own_redis) as (a, b):
@@ -124,7 +131,8 @@ async def test_a_watch_racing_the_lazy_unwatch_stays_subscribed(
 ) -> None:
     """docs/scale-out.md "Receivers": a replica subscribes when a client subscribes and lets
     go lazily (a batch with no client left). Here a batch for a family with no client left
-    here (``Node._on_live`` calls ``unwatch``) meets a client subscribing (``Node.watch``)."""
+    here (``ClusteredPlacement.on_live`` calls ``unwatch``) meets a client subscribing
+    (``Node.watch``)."""
     with trio.fail_after(20):
         async with two_nodes(tmp_path, own_redis) as (a, b):
             sid = await a.create_session()
@@ -148,25 +156,28 @@ async def test_a_turn_sent_while_the_recovery_pass_takes_the_lease_comes_after_t
     """PROTOCOL section 9 and docs/scale-out.md: the turn a dead holder left in flight is
     closed (``server_restart``) before any new turn starts; "a pass and a request taking the
     same lease never close a turn twice" (and, here, never zero times). The recovery pass's
-    store read (``Node._took_over``) is held open to land the request in that window; the
+    store read (``Failover.took_over``) is held open to land the request in that window; the
     pass is run by the test rather than waited for (``recovery`` runs it every lease_s / 2)."""
     with trio.fail_after(20):
         async with two_nodes(tmp_path, own_redis) as (a, b):
             sid = await a.create_session()
 
-            async def no_recovery() -> None:  # a (which loses the lease) stays out of it
-                return None
+            close_interrupted_turns = recovery.close_interrupted_turns
 
-            monkeypatch.setattr(a.node, "_close_interrupted_turns", no_recovery)
+            async def only_b(node: Any) -> None:  # a (which loses the lease) stays out of it
+                if node is b.node:
+                    await close_interrupted_turns(node)
+
+            monkeypatch.setattr(recovery, "close_interrupted_turns", only_b)
             entered, release = trio.Event(), trio.Event()
-            took_over = b.node._took_over
+            took_over = b.node.failover.took_over
 
             async def slow_took_over(session: Any, taken: Any) -> None:
                 entered.set()
                 await release.wait()  # a slow store read
                 await took_over(session, taken)
 
-            monkeypatch.setattr(b.node, "_took_over", slow_took_over)
+            monkeypatch.setattr(b.node.failover, "took_over", slow_took_over)
             answers: list[Any] = []
 
             async def post() -> None:
@@ -179,7 +190,7 @@ async def test_a_turn_sent_while_the_recovery_pass_takes_the_lease_comes_after_t
                 await on_b.until(lambda e: e.type == "tool.called")
                 command(own_redis.port, "DEL", lease_key(sid))  # a "died": its lease lapsed
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(b.node._close_interrupted_turns)  # b's recovery pass
+                    nursery.start_soon(close_interrupted_turns, b.node)  # b's recovery pass
                     await entered.wait()  # it took the lease and reads the store
                     nursery.start_soon(post)  # a request for the session meanwhile
                     await trio.sleep(0.1)
@@ -206,7 +217,7 @@ async def test_a_turn_sent_while_the_recovery_pass_takes_the_lease_comes_after_t
 async def test_foreign_and_malformed_messages_on_the_cluster_channels_are_dropped(
     tmp_path: Path, own_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """gateway/cluster.py: what arrives never ends the listener. Redis access is trusted
+    """gateway/cluster/link.py: what arrives never ends the listener. Redis access is trusted
     (anyone with it can forge a Request or a LiveBatch), but garbage is logged and dropped,
     a request the owner cannot serve is answered with an error, and both nodes go on."""
     with trio.fail_after(20):
@@ -224,14 +235,14 @@ async def test_foreign_and_malformed_messages_on_the_cluster_channels_are_droppe
                     (live, _pack(["b", "wrong", "shape"])),
                     (live, _pack(LiveBatch("node_forged", 1, sid, []))),  # no events
                     (live, _pack(LiveBatch("node_forged", 2, "sess_nope", []))),
-                    (to_a, _pack(Request(1, nb, "no_such_op", sid, _pack(None)))),
-                    (to_a, _pack(Request(2, nb, "cancel", sid, b"\xc1"))),
-                    (to_a, _pack(Request(3, nb, "cancel", sid, _pack([1, 2, 3, 4, 5])))),
-                    (to_a, _pack(Request(4, nb, "replay", sid, _pack([b"{}", 5])))),
-                    (to_a, _pack(Request(5, nb, "snapshot", sid, _pack("ten")))),
-                    (to_a, _pack(Request(6, nb, "turn", "sess_nope", b""))),
-                    (to_a, _pack(Request(7, "x" * 10_000, "state", sid, _pack(None)))),
-                    (f"gw:node:{nb}", _pack(Reply(10**9, 200))),  # nobody waits for it
+                    (to_a, _pack(Request(1, nb, sid, _op({"type": "no_such_op"})))),
+                    (to_a, _pack(Request(2, nb, sid, _op({"type": "cancel"})))),
+                    (to_a, _pack(Request(3, nb, sid, _op([1, 2, 3, 4, 5])))),
+                    (to_a, _pack(Request(4, nb, sid, _op(ops.Replay(b"{}", 5))))),
+                    (to_a, _pack(Request(5, nb, sid, _op({"type": "snapshot", "limit": "ten"})))),
+                    (to_a, _pack(Request(6, nb, "sess_nope", _op(ops.Compact())))),
+                    (to_a, _pack(Request(7, "x" * 10_000, sid, _op(ops.State())))),
+                    (f"gw:node:{nb}", _pack(Reply(10**9, ops.Done()))),  # nobody waits for it
                 ]
                 for channel, data in junk:
                     assert command(own_redis.port, "PUBLISH", channel, data) == 1
@@ -243,7 +254,7 @@ async def test_foreign_and_malformed_messages_on_the_cluster_channels_are_droppe
     dropped = [r for r in caplog.records if "undecodable" in r.getMessage()]
     assert len(dropped) == 4
     refused = [r for r in caplog.records if "cluster: serving" in r.getMessage()]
-    assert len(refused) == 4  # logged with the traceback; the sender got a 503
+    assert len(refused) == 5  # logged with the traceback; the sender was refused
 
 
 async def test_two_nodes_racing_for_a_free_lease_run_one_turn(

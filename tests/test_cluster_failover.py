@@ -1,4 +1,4 @@
-"""kill -9 of a session's owner mid-turn (issue 13, "Tests", second bullet).
+"""kill -9 of a session's owner mid-turn (docs/scale-out.md).
 
 RUNNING.md "Command line": when the node running a turn dies, another node
 closes that turn (PROTOCOL section 9) and takes the session's next turn. Three
@@ -375,7 +375,7 @@ def test_a_running_delegates_worker_is_closed_before_its_parent(crashed: Run) ->
     one node does so (tests/test_restart.py, workers before their parents).
 
     On a survivor, whichever takes the family first (the recovery pass, or a
-    request for the parent: ``Node._take_over``) takes the worker's lease too and
+    request for the parent: ``Failover.take_over``) takes the worker's lease too and
     closes the worker's turn first (a node that loaded the worker with its parent
     once closed the parent at once, before it).
     """

@@ -27,12 +27,13 @@ import trio.testing
 from wsproto.connection import Connection, ConnectionType
 from wsproto.events import CloseConnection, Ping, TextMessage
 
-from gateway.errors import ApiError
+from gateway.errors import Refused
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.node import Node
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.providers.scripted import ScriptedProvider
 from gateway.server.connection import StreamConnection
+from gateway.server.refusals import STATUS
 from gateway.server.websocket import WebSocket
 from gateway.session.session import Session
 from gateway.store.sqlite import SqliteStore
@@ -356,23 +357,23 @@ async def test_an_attach_token_expires_after_its_ttl(
         fresh = tokens.issue(sid)
         await trio.sleep(59.9)
         tokens.redeem(fresh, sid)  # just in time
-        with pytest.raises(ApiError) as used:
+        with pytest.raises(Refused) as used:
             tokens.redeem(fresh, sid)
-        assert (used.value.status, used.value.code) == (403, "attach_token_invalid")
+        assert (STATUS[used.value.code], used.value.code) == (403, "attach_token_invalid")
 
         stale = tokens.issue(sid)
         await trio.sleep(60)
-        with pytest.raises(ApiError) as expired:
+        with pytest.raises(Refused) as expired:
             tokens.redeem(stale, sid)
-        assert (expired.value.status, expired.value.code) == (403, "attach_token_expired")
+        assert (STATUS[expired.value.code], expired.value.code) == (403, "attach_token_expired")
 
         other = tokens.issue("sess_someone_else")
-        with pytest.raises(ApiError) as wrong:
+        with pytest.raises(Refused) as wrong:
             tokens.redeem(other, sid)
-        assert (wrong.value.status, wrong.value.code) == (403, "attach_token_invalid")
-        with pytest.raises(ApiError) as missing:
+        assert (STATUS[wrong.value.code], wrong.value.code) == (403, "attach_token_invalid")
+        with pytest.raises(Refused) as missing:
             tokens.redeem(None, sid)
-        assert (missing.value.status, missing.value.code) == (403, "attach_token_required")
+        assert (STATUS[missing.value.code], missing.value.code) == (403, "attach_token_required")
 
 
 async def test_the_attach_token_ttl_is_configurable(
@@ -381,6 +382,6 @@ async def test_the_attach_token_ttl_is_configurable(
     async with rig(tmp_path, **{"stream.attach_token_ttl_s": 5}) as r:
         token = r.node.tokens.issue(r.session.id)
         await trio.sleep(5)
-        with pytest.raises(ApiError) as expired:
+        with pytest.raises(Refused) as expired:
             r.node.tokens.redeem(token, r.session.id)
         assert expired.value.code == "attach_token_expired"

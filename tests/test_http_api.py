@@ -31,9 +31,10 @@ import trio
 import trio.testing
 from trio_websocket import ConnectionRejected, open_websocket_url, wrap_client_stream
 
-from gateway.errors import ApiError
+from gateway.errors import Refused
 from gateway.node import AttachTokens
 from gateway.protocol.frames import SubscribeAck
+from gateway.server.refusals import STATUS
 from tests.conftest import JSON_TYPE, Client, Harness, make_config, running_gateway, types
 
 SLOW_SCRIPT = {"script": {"delay_ms": 10, "rounds": [[{"lorem": 40}]]}}
@@ -712,15 +713,15 @@ async def test_attach_token_expires_after_its_ttl(
     await trio.sleep(59.5)
     tokens.redeem(early, "sess_a")  # within the TTL: fine
     await trio.sleep(0.5)
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(Refused) as info:
         tokens.redeem(late, "sess_a")  # exactly at the TTL: expired
-    assert (info.value.status, info.value.code) == (403, "attach_token_expired")
+    assert (STATUS[info.value.code], info.value.code) == (403, "attach_token_expired")
 
     fresh = tokens.issue("sess_a")
     await trio.sleep(3600)
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(Refused) as info:
         tokens.redeem(fresh, "sess_a")
-    assert (info.value.status, info.value.code) == (403, "attach_token_expired")
+    assert (STATUS[info.value.code], info.value.code) == (403, "attach_token_expired")
 
 
 async def test_attach_tokens_used_or_foreign_or_missing(
@@ -735,6 +736,6 @@ async def test_attach_tokens_used_or_foreign_or_missing(
         (None, "sess_a", "attach_token_required"),
         ("", "sess_a", "attach_token_required"),
     ]:
-        with pytest.raises(ApiError) as info:
+        with pytest.raises(Refused) as info:
             tokens.redeem(tok, sid)
-        assert (info.value.status, info.value.code) == (403, code)
+        assert (STATUS[info.value.code], info.value.code) == (403, code)

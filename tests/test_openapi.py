@@ -199,8 +199,11 @@ async def test_the_schemas_are_msgspecs_own_of_the_handlers_structs(gw: Harness)
 
 
 def raised_errors() -> set[tuple[int, str]]:
-    """Every literal (status, code) of an ``ApiError`` or ``error_response`` in the package."""
-    found: set[tuple[int, str]] = set()
+    """Every literal (status, code) of an ``ApiError`` or ``error_response`` in the package,
+    and every refusal by the status the server's table gives it (gateway.server.refusals)."""
+    from gateway.server.refusals import STATUS
+
+    found: set[tuple[int, str]] = {(status, code) for code, status in STATUS.items()}
     for path in GATEWAY_SOURCE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call) or len(node.args) < 2:

@@ -1,6 +1,6 @@
-"""Two nodes in one process on one Redis: replicas, routing to the owner, live relay (issue 13).
+"""Two nodes in one process on one Redis: replicas, routing to the owner, live relay.
 
-gateway/cluster.py and the replica paths of gateway/node.py and
+gateway/cluster/ and the replica paths of gateway/node/placement.py and
 gateway/session/seam.py, with two whole gateways (``running_gateway``) on a
 redis-server of the test's own. Cheaper than processes, and each node's state
 can be looked at; tests/test_cluster.py runs separate processes (and kill -9).

@@ -38,7 +38,8 @@ import msgspec
 import trio
 
 from gateway.server.auth import key_id
-from gateway.session.session import MB, Session
+from gateway.session.admission import MB
+from gateway.session.session import Session
 from tests.conftest import Harness, make_config, running_gateway
 from tests.test_agui_http import run_input
 from tests.test_http_api import assert_error

@@ -251,7 +251,7 @@ class AguiRoutes:
         turn_id = (await self.node.live_summary(session)).current_turn_id
         run = self._runs.get(session.id)
         # A run started through another node of the deployment is not known here.
-        known = run is not None or self.node.cluster is None
+        known = run is not None or self.node.placement.alone
         if turn_id is None or (body.run_id is not None and known and run != (body.run_id, turn_id)):
             raise ApiError(
                 409, "turn_not_in_flight", f"no run {body.run_id or ''} in flight on {session_id}"

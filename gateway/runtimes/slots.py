@@ -31,7 +31,7 @@ from typing import Protocol
 
 import trio
 
-from gateway.errors import ApiError
+from gateway.errors import Refused
 
 SLOT_WAIT_S = 5.0
 """How long a turn waits for a process slot before its POST answers 503 ``over_capacity``."""
@@ -121,13 +121,12 @@ class ProcessSlots:
         a.changed = trio.Event()
 
 
-def over_capacity(agent: str, limit: int) -> ApiError:
-    """The 503 of a turn that found no process slot in :data:`SLOT_WAIT_S` (module docstring)."""
+def over_capacity(agent: str, limit: int) -> Refused:
+    """The refusal of a turn that found no slot in :data:`SLOT_WAIT_S` (module docstring)."""
     wait = max(1, math.ceil(SLOT_WAIT_S))
-    return ApiError(
-        503,
+    return Refused(
         "over_capacity",
         f"agent {agent!r} runs its max_processes = {limit} Claude Code processes on this node,"
         f" none idle; retry in {wait} s",
-        headers=(("Retry-After", str(wait)),),
+        retry_after_s=wait,
     )

@@ -23,7 +23,7 @@ import secrets
 
 import trio
 
-from gateway.errors import ApiError, FrameRejected, SubscribeRejected
+from gateway.errors import FrameRejected, Refused, SubscribeRejected
 from gateway.logs import client_label, event
 from gateway.metrics import close_code_label
 from gateway.protocol.closes import CLOSES
@@ -233,7 +233,7 @@ class StreamConnection:
             await self.session.node.cancel_turn(  # on whichever node runs the session
                 self.session, frame.turn_id, frame.reason or "user", self.name
             )
-        except ApiError as exc:
+        except Refused as exc:  # an error frame of the same code (gateway.server.refusals)
             raise FrameRejected(exc.code, exc.message) from None
 
     def _on_timer(self, subscribe_by: float, interval: float) -> None:

@@ -60,8 +60,9 @@ import msgspec
 import trio
 from wsproto.utilities import generate_accept_token
 
-from gateway.errors import ApiError, StoreError, unavailable
+from gateway.errors import ApiError, Refused, StoreError, unavailable
 from gateway.protocol.closes import close_reason
+from gateway.server.refusals import as_http
 from gateway.server.websocket import ConnectionClosed, WebSocket
 
 _log = logging.getLogger("gateway.http")
@@ -373,14 +374,11 @@ class _HttpConnection:
     ) -> Response | WebSocketAccept | StreamingResponse:
         try:
             return await self._handler(request)
-        except ApiError as exc:
-            response = error_response(exc.status, exc.code, exc.message)
-            response.headers.extend(exc.headers)
-            return response
-        except StoreError as exc:  # a read the store did not answer: not a bug, a 503
-            unanswered = unavailable(exc)
-            response = error_response(unanswered.status, unanswered.code, unanswered.message)
-            response.headers.extend(unanswered.headers)
+        except (ApiError, Refused, StoreError) as exc:
+            # A store read that was not answered is no bug: a 503 (the refusals' table).
+            error = as_http(unavailable(exc) if isinstance(exc, StoreError) else exc)
+            response = error_response(error.status, error.code, error.message)
+            response.headers.extend(error.headers)
             return response
         except Exception:
             _log.exception(

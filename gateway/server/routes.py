@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from gateway import ui
 from gateway.agui.routes import AguiRoutes
-from gateway.errors import ApiError, StoreError, unavailable
+from gateway.errors import ApiError, Refused, StoreError, unavailable
 from gateway.node import Node
 from gateway.protocol.shapes import Message
 from gateway.server.auth import ApiKeys, Boundary, sees
@@ -57,6 +57,7 @@ from gateway.server.http import (
     WebSocketAccept,
 )
 from gateway.server.openapi import Documented, Operation, path_regex
+from gateway.server.refusals import as_http, http_error
 from gateway.server.request_parsing import json_content_type, known_query
 from gateway.session.session import Session
 
@@ -145,7 +146,7 @@ class Api:
                 exc.headers = (*exc.headers, *self.boundary.cors_headers(listed))
             raise
         except StoreError as exc:
-            unanswered = unavailable(exc)
+            unanswered = http_error(unavailable(exc))
             if listed:
                 unanswered.headers = (*unanswered.headers, *self.boundary.cors_headers(listed))
             raise unanswered from None
@@ -185,9 +186,10 @@ class Api:
             known_query(req, operation)
             try:
                 answer = await handler(self, req, *match.groups())
-            except ApiError as exc:
-                self.node.metrics.http_requests.labels(name, str(exc.status)).inc()
-                raise
+            except (ApiError, Refused) as exc:
+                error = as_http(exc)  # a refusal: its status by the table
+                self.node.metrics.http_requests.labels(name, str(error.status)).inc()
+                raise error from None
             status = 101 if isinstance(answer, WebSocketAccept) else answer.status
             self.node.metrics.http_requests.labels(name, str(status)).inc()
             return answer
@@ -244,7 +246,7 @@ class Api:
         limits.count_turn(key)
         try:
             await self.node.submit_turn(session, message)  # on whichever node runs it
-        except ApiError as exc:
+        except Refused as exc:
             if exc.code != "store_unavailable":
                 limits.refund_turn(key)
             raise

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import trio
 
-from gateway.errors import ApiError
+from gateway.errors import Refused
 from gateway.ids import new_perm_id
 from gateway.protocol.shapes import PendingPermission, PermissionKind
 
@@ -100,34 +100,32 @@ class Permissions:
         ``requested_schema`` (PROTOCOL section 11); a tool permission takes none.
 
         Raises:
-            ApiError: 404 ``permission_not_found``; 409 ``permission_resolved``;
-                422 ``invalid_content``.
+            Refused: ``permission_not_found``; ``permission_resolved``;
+                ``invalid_content``.
         """
         request = self._requests.get(perm_id)
         if request is None:
-            raise ApiError(
-                404, "permission_not_found", f"no permission {perm_id!r} in {self._session_id}"
+            raise Refused(
+                "permission_not_found", f"no permission {perm_id!r} in {self._session_id}"
             )
         if request.closed or request.decision is not None:
-            raise ApiError(409, "permission_resolved", f"permission {perm_id} is no longer waiting")
+            raise Refused("permission_resolved", f"permission {perm_id} is no longer waiting")
         if content is None and decision == "allow" and request.kind == "elicitation":
             # Accepting with no answer is the empty answer: it must fit too (a
             # server whose schema requires a field was told "accept", with none).
             problem = _misfit({}, request.requested_schema or {})
             if problem is not None:
-                raise ApiError(
-                    422, "invalid_content", f"allow needs content that fits the schema: {problem}"
+                raise Refused(
+                    "invalid_content", f"allow needs content that fits the schema: {problem}"
                 )
         if content is not None:
             if request.kind != "elicitation":
-                raise ApiError(422, "invalid_content", "content answers an elicitation only")
+                raise Refused("invalid_content", "content answers an elicitation only")
             if decision != "allow":
-                raise ApiError(422, "invalid_content", "content comes with allow only")
+                raise Refused("invalid_content", "content comes with allow only")
             problem = _not_primitive(content) or _misfit(content, request.requested_schema or {})
             if problem is not None:
-                raise ApiError(
-                    422, "invalid_content", f"content does not fit the schema: {problem}"
-                )
+                raise Refused("invalid_content", f"content does not fit the schema: {problem}")
         request.decision = decision
         request.content = content
         request.decided.set()

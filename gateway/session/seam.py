@@ -37,11 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import msgspec
 import trio
 
+from gateway.cluster import ops
 from gateway.config import StreamConfig
-from gateway.errors import ApiError, SubscribeRejected
+from gateway.errors import Refused, SubscribeRejected
 from gateway.ids import format_event_id, now_ms, parse_event_id
 from gateway.protocol.events import EVENT_TYPES, Event, MessageComplete, MessageSnapshot
 from gateway.protocol.filters import Filter, FilterKey
@@ -125,9 +125,9 @@ async def subscribe(
     mode = "snapshot" if request.snapshot else "live" if request.since is None else "replay"
     node = session.node
     try:
-        if not node.runs_here(session.id):  # live batches come from the owner: from now on
-            # (a snapshot or replay asked of the owner tells it to publish them)
-            await node.watch(session, tell_owner=not request.snapshot and request.since is None)
+        # Where another node runs it, its live batches come from there from now on
+        # (a snapshot or replay asked of the owner tells it to publish them).
+        await node.watch(session, tell_owner=not request.snapshot and request.since is None)
         if request.snapshot:
             data, cut = await owners_snapshot(session, config.snapshot_messages)
             ack = SubscribeAck(resolved, None, True, 0)
@@ -150,7 +150,7 @@ async def subscribe(
         error = SubscribeError(exc.code, exc.message)  # type: ignore[arg-type]
         gate.open(text_frame(encode(error)), sys.maxsize)  # drop what queued behind it
         return Subscribed(mode, error=exc)
-    except ApiError as exc:  # a replica whose owner (or Redis) did not answer: come back
+    except Refused as exc:  # a replica whose owner (or Redis) did not answer: come back
         session.hub.unsubscribe(sub)
         sub.registered(None)
         gate.open(b"", sys.maxsize)
@@ -166,11 +166,11 @@ async def owners_snapshot(session: Session, limit: int) -> tuple[bytes, int]:
     from a dead one), else asked of the owner, which holds the streaming
     message and issues the ids the cut is about.
     """
-    answer = await session.node.ask_owner(session, "snapshot", limit, patient=True)
+    answer = await session.node.ask_owner(session, ops.TakeSnapshot(limit), patient=True)
     if answer is None:
         return await durable_snapshot(session, limit)
-    data, cut = msgspec.msgpack.decode(answer, type=tuple[bytes, int])
-    return data, cut
+    taken = ops.expect(answer, ops.Snapshot)
+    return taken.data, taken.cut
 
 
 async def durable_snapshot(session: Session, limit: int) -> tuple[bytes, int]:
@@ -197,14 +197,17 @@ async def owners_replay(
     """
     assert request.since is not None
     answer = await session.node.ask_owner(
-        session, "replay", (encode(request), max_events), patient=True
+        session, ops.Replay(encode(request), max_events), patient=True
     )
-    if answer is None:
-        return await replay(session, request.since, key, max_events)
-    outcome = msgspec.msgpack.decode(answer)
-    if outcome[0] == "error":
-        raise SubscribeRejected(outcome[1], outcome[2])
-    return list(outcome[1]), int(outcome[2])
+    match answer:
+        case None:
+            return await replay(session, request.since, key, max_events)
+        case ops.Replayed():
+            return answer.frames, answer.cut
+        case ops.ReplayRejected():
+            raise SubscribeRejected(answer.code, answer.message)
+        case _:
+            raise Refused("session_owner_unreachable", f"a replay answered {answer!r}")
 
 
 def snapshot(session: Session, limit: int, max_bytes: int) -> tuple[bytes, int]:

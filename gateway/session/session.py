@@ -29,7 +29,7 @@ Durability first (PROTOCOL section 9): a batch that carries a catalog event is
 session family (a session and its workers, whose events share streams) waits
 behind it, so the order on the wire never changes and no client ever receives
 a catalog event the store could lose. The node releases held batches when the
-store reports a commit (:meth:`gateway.node.Node.on_commit`). A snapshot or a
+store reports a commit (:meth:`gateway.node.durability.Durability.on_commit`). A snapshot or a
 replay, which read state directly, wait for the commit of everything they read
 before they are sent.
 
@@ -51,8 +51,6 @@ node.
 from __future__ import annotations
 
 import logging
-import math
-import time
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -60,31 +58,29 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import msgspec
 import trio
 
-from gateway.errors import ApiError, ToolError
-from gateway.ids import format_event_id, new_turn_id, now_ms, parse_event_id
+from gateway.cluster import ops
+from gateway.errors import Refused
+from gateway.ids import format_event_id, new_turn_id, now_ms
 from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.protocol.events import (
     EVENT_TYPES,
-    BusHandlerWarning,
-    BusSubscriberUnregistered,
     Event,
     FeedbackRecorded,
     Payload,
-    PermissionRequested,
-    PermissionResolved,
     StreamEvent,
     stream_event,
 )
 from gateway.protocol.frames import encode
 from gateway.protocol.framing import event_frame
 from gateway.protocol.shapes import Message, PendingPermission, SessionSummary, ToolInfo
-from gateway.session import compactor
+from gateway.session import admission, history, tool_host
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.compaction import plan
 from gateway.session.hub import Emitted, Hub, Subscriber
 from gateway.session.permissions import Permissions
+from gateway.session.runtime import Runtime
 from gateway.session.sequencer import EventSequencer
 from gateway.session.turn import Turn
 from gateway.store.base import SessionRecord, Store, StoredEvent, StoredMessage
@@ -97,14 +93,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.session")
 
 
-MB = 1024 * 1024
-"""A megabyte of ``max_session_mb``: 2**20 bytes."""
-
-_size_encoder = msgspec.json.Encoder()  # a loaded message's size, as SQLite stores it
-
-
 class NodeServices(AgentServices, Protocol):
-    """What a session uses of its node (:class:`gateway.node.Node` is the one implementation)."""
+    """What a session uses of its node (:class:`gateway.node.node.Node` is the one)."""
 
     store: Store
     sequencer: EventSequencer
@@ -132,13 +122,13 @@ class NodeServices(AgentServices, Protocol):
         """A batch this node released, for the other nodes' clients (gateway.cluster)."""
         ...
 
-    def forward(self, session: Session, op: str, args: object) -> None:
-        """Send ``op`` to the node running the session, without waiting (a replica's warning)."""
+    def forward(self, session: Session, op: ops.Warn | ops.Unregistered) -> None:
+        """Carry ``op`` out on the node running the session, without waiting (a warning)."""
         ...
 
     async def ask_owner(
-        self, session: Session, op: str, args: object, *, patient: bool = False
-    ) -> bytes | None:
+        self, session: Session, op: ops.Operation, *, patient: bool = False
+    ) -> ops.Answer | None:
         """Run ``op`` on the node running the session; ``None``: that is this node."""
         ...
 
@@ -198,7 +188,7 @@ def summary_of(
 
 
 class Session:
-    """One session's state and runtime. Created and owned by :class:`gateway.node.Node`."""
+    """One session's state and runtime. Created and owned by :class:`gateway.node.node.Node`."""
 
     def __init__(
         self,
@@ -236,28 +226,15 @@ class Session:
         self.tail_max = node.config.stream.replay_max_events
         self.tail_floor = seqr.last
         # A turn, and at most one compaction queued ahead of it (compact()).
-        self._turns_tx, self._turns_rx = trio.open_memory_channel[Turn | compactor.Request](2)
-        self._compaction: compactor.Request | None = None  # POST .../compact, until it ran
+        self.runtime = Runtime()  # its turns' queue and its tasks (gateway.session.runtime)
         self.agent: AgentLoop | None = None  # once run() started it
         self.fenced = False  # stopping after a lost lease: nothing more is emitted here
-        self._runtime = trio.CancelScope()
 
     def _load(self, stored: Iterable[StoredMessage]) -> None:
-        """The conversation as stored, when each assistant message was completed, and its size."""
-        self.messages, self.completions, self.message_bytes = [], {}, {}
-        # The last ts stamped (PROTOCOL section 4: never goes backwards within a
-        # session); after a load, the newest completion known is the floor.
-        self.last_ts = 0
-        for sm in stored:
-            self.messages.append(sm.message)
-            self.message_bytes[sm.message.id] = len(_size_encoder.encode(sm.message))
-            if sm.complete_event_id and sm.stop_reason and sm.complete_ts is not None:
-                seq = parse_event_id(sm.complete_event_id)
-                if seq is not None:
-                    self.completions[sm.message.id] = Completion(
-                        seq, sm.complete_ts, sm.stop_reason
-                    )
-                    self.last_ts = max(self.last_ts, sm.complete_ts)
+        """Take the conversation as stored (gateway.session.history)."""
+        loaded = history.read(stored)
+        self.messages, self.completions = loaded.messages, loaded.completions
+        self.message_bytes, self.last_ts = loaded.message_bytes, loaded.last_ts
 
     def reload(
         self, record: SessionRecord, stored: Iterable[StoredMessage], floor: int, event_bytes: int
@@ -354,19 +331,13 @@ class Session:
 
     def warn(self, subscription: str, reason: str, detail: str) -> None:
         """Emit ``bus.handler_warning`` (PROTOCOL sections 3 and 8), on the node running it."""
-        if not self.node.runs_here(self.id):
-            self.node.forward(self, "warn", (subscription, reason, detail))
-            return
-        self.emit([BusHandlerWarning(subscription, reason, detail)], None)
+        self.node.forward(self, ops.Warn(subscription, reason, detail))
 
     def unregistered(self, sub: Subscriber, reason: str) -> None:
         """Drop a subscription and record ``bus.subscriber_unregistered``."""
         if not self.hub.unsubscribe(sub):
             return
-        if not self.node.runs_here(self.id):
-            self.node.forward(self, "unregistered", (sub.name, reason))
-            return
-        self.emit([BusSubscriberUnregistered(sub.name, reason)], None)
+        self.node.forward(self, ops.Unregistered(sub.name, reason))
 
     # --- views -----------------------------------------------------------------
 
@@ -396,19 +367,15 @@ class Session:
         """Take a turn (the turn lock), to run on the agent loop (PROTOCOL section 2).
 
         Raises:
-            ApiError: 409 ``turn_in_progress``; 503 ``shutting_down``; 503
+            Refused: ``turn_in_progress``; ``shutting_down``;
                 ``session_elsewhere`` (with ``Retry-After``) where several nodes
                 share a store and another node holds the session's lease.
         """
-        self._check_runs_here()
-        if self.turn is not None:
-            raise ApiError(
-                409, "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
-            )
-        self._check_size()
+        admission.check_idle(self)
+        admission.check_size(self)
         turn = Turn(user_message.turn_id or new_turn_id(), user_message)
         self.turn = turn
-        self._turns_tx.send_nowait(turn)
+        self.runtime.queue_turn(turn)
         return turn
 
     def compact(self) -> None:
@@ -418,66 +385,19 @@ class Session:
         starts once it is done. A compaction already queued is the same one.
 
         Raises:
-            ApiError: 409 ``turn_in_progress``; 409 ``nothing_to_compact`` when
+            Refused: ``turn_in_progress``; ``nothing_to_compact`` when
                 the model's view holds nothing but the latest turn (and a
                 previous summary); 503 as :meth:`submit_turn`.
         """
-        self._check_runs_here()
-        if self.turn is not None:
-            raise ApiError(
-                409, "turn_in_progress", f"turn {self.turn.id} is still in flight on {self.id}"
-            )
-        if self._compaction is not None and not self._compaction.done.is_set():
+        admission.check_idle(self)
+        if self.runtime.compaction_queued:
             return
         if plan(self.messages, None) is None:
-            raise ApiError(
-                409,
+            raise Refused(
                 "nothing_to_compact",
                 f"session {self.id}: the model's context holds only its latest turn",
             )
-        self._compaction = compactor.Request()
-        self._turns_tx.send_nowait(self._compaction)
-
-    def _check_runs_here(self) -> None:
-        """Raise the 503 of a node that does not run the session's turns (:meth:`submit_turn`)."""
-        if self.node.shutting_down:  # its leases are let go within shutdown_grace_s
-            wait = math.ceil(self.node.config.server.shutdown_grace_s)
-            raise ApiError(
-                503,
-                "shutting_down",
-                f"the gateway is shutting down; retry in {wait} s (on Redis, another node"
-                " then runs the session)",
-                headers=(("Retry-After", str(wait)),),
-            )
-        if not self.node.runs_here(self.id):
-            # Turns run only on the lease holder; until they are routed to it
-            # (docs/scale-out.md), the client tries again: once a dead holder's
-            # lease lapses, the next request takes it and closes its turn first.
-            wait = math.ceil(self.node.config.store.lease_s)
-            raise ApiError(
-                503,
-                "session_elsewhere",
-                f"session {self.id} runs on another node of this deployment; "
-                f"retry in {wait} s (its lease lapses within store.lease_s if that node died)",
-                headers=(("Retry-After", str(wait)),),
-            )
-
-    def _check_size(self) -> None:
-        """Refuse a turn once the session holds ``max_session_mb`` or more (PROTOCOL section 15).
-
-        Raises:
-            ApiError: 409 ``session_too_large``, naming its size and the limit.
-        """
-        limit_mb = self.node.config.limits.max_session_mb
-        size = self.stored_bytes
-        if limit_mb and size >= limit_mb * MB:
-            raise ApiError(
-                409,
-                "session_too_large",
-                f"session {self.id} holds {size / MB:.1f} MB of stored data, its max_session_mb"
-                f" is {limit_mb}: it takes no more turns (it can still be read; start a new"
-                " session to go on)",
-            )
+        self.runtime.queue_compaction()
 
     async def accepted(self, turn: Turn) -> None:
         """Return once the turn's ``turn.started`` (and its user message) is durable.
@@ -490,10 +410,9 @@ class Session:
         even started, let alone durable.
 
         Raises:
-            ApiError: 503 ``store_unavailable`` past ``commit_timeout_s``.
+            Refused: ``store_unavailable`` past ``commit_timeout_s``.
         """
-        if self._compaction is not None:
-            await self._compaction.done.wait()
+        await self.runtime.compacted()
         with trio.move_on_after(self.node.config.store.commit_timeout_s):
             await turn.started.wait()
         await self.node.durable_or_503()
@@ -504,14 +423,14 @@ class Session:
         A second cancel of a cancelling turn is a no-op plus ``bus.handler_warning``.
 
         Raises:
-            ApiError: 404 ``turn_not_found`` for a turn this session never had;
-                409 ``turn_not_in_flight`` for a finished one.
+            Refused: ``turn_not_found`` for a turn this session never had;
+                ``turn_not_in_flight`` for a finished one.
         """
         turn = self.turn
         if turn is None or turn.id != turn_id:
             if any(m.turn_id == turn_id for m in self.messages):
-                raise ApiError(409, "turn_not_in_flight", f"turn {turn_id} has already ended")
-            raise ApiError(404, "turn_not_found", f"no turn {turn_id!r} in {self.id}")
+                raise Refused("turn_not_in_flight", f"turn {turn_id} has already ended")
+            raise Refused("turn_not_found", f"no turn {turn_id!r} in {self.id}")
         if not turn.request_cancel(reason):
             self.warn(requested_by, "cancel_ignored", f"turn {turn_id} is already cancelling")
 
@@ -531,11 +450,11 @@ class Session:
         """Emit ``feedback.recorded`` for one of its messages (``POST .../feedback``).
 
         Raises:
-            ApiError: 404 ``message_not_found``.
+            Refused: ``message_not_found``.
         """
         message = next((m for m in self.messages if m.id == message_id), None)
         if message is None:
-            raise ApiError(404, "message_not_found", f"no message {message_id!r} in {self.id}")
+            raise Refused("message_not_found", f"no message {message_id!r} in {self.id}")
         self.emit([FeedbackRecorded(message_id, rating, comment)], message.turn_id)
 
     def add_message(self, message: Message, completion: Completion | None = None) -> None:
@@ -601,98 +520,12 @@ class Session:
     async def elicit(
         self, ctx: ToolContext, message: str, requested_schema: dict[str, Any]
     ) -> tuple[str, dict[str, Any] | None]:
-        """An MCP server's question, as a ``permission.requested`` (``kind: "elicitation"``).
-
-        PROTOCOL section 11: waited on within ``approval_timeout_s``; ``allow``
-        comes with the user's content (checked against ``requested_schema`` by
-        the permissions route), ``deny`` declines; the timeout and a cancel
-        (the turn's, or the server's call ending) cancel it.
-        """
-        timeout = self.node.config.tools.approval_timeout_s
-        expires_at = now_ms() + round(timeout * 1000)
-        tool_name = ctx.tool_name or "mcp"
-        request = self.permissions.open(
-            ctx.tool_use_id, tool_name, {}, expires_at,
-            kind="elicitation", message=message, requested_schema=requested_schema,
-        )  # fmt: skip
-        self.emit(
-            [
-                PermissionRequested(
-                    request.perm_id,
-                    ctx.tool_use_id,
-                    tool_name,
-                    {},
-                    expires_at,
-                    "elicitation",
-                    message,
-                    requested_schema,
-                )
-            ],
-            ctx.turn_id,
-        )
-        decision = "cancelled"
-        try:
-            with trio.move_on_after(timeout):
-                await request.decided.wait()
-            decision = request.decision or "timeout"
-        finally:
-            request.closed = True
-            request.decision = decision
-            self.emit([PermissionResolved(request.perm_id, decision)], ctx.turn_id)  # type: ignore[arg-type]
-        return decision, request.content if decision == "allow" else None
+        """An MCP server's question (:func:`gateway.session.tool_host.elicit`)."""
+        return await tool_host.elicit(self, ctx, message, requested_schema)
 
     async def spawn_worker(self, tool_use_id: str) -> Session:
-        """Create and start a worker session of this one (the ``delegate`` tool).
-
-        Within the limits of PROTOCOL section 15: not from a session at
-        ``max_delegate_depth``, at most ``max_workers_per_turn`` of the turn in
-        flight, and the worker's session and its turn count against its
-        owner's ``max_sessions_per_key`` and ``turns_per_minute_per_key`` (the
-        same counts as a client's, so a turn cannot make sessions and turns its
-        key could not). Each check counts in the step that makes it, so
-        concurrent ``delegate`` calls of one batch cannot all take the last slot.
-
-        Raises:
-            ToolError: ``limit``, naming the limit; nothing was created or counted.
-        """
-        config = self.node.config.limits
-        max_depth = config.max_delegate_depth
-        if max_depth and self.depth >= max_depth:
-            raise ToolError(
-                "limit",
-                f"delegate refused: this session is a worker {self.depth} deep, the"
-                f" max_delegate_depth is {max_depth}",
-            )
-        turn = self.turn
-        max_workers = config.max_workers_per_turn
-        if turn is not None and max_workers and turn.workers >= max_workers:
-            raise ToolError(
-                "limit",
-                f"delegate refused: this turn started its max_workers_per_turn ({max_workers})"
-                " workers",
-            )
-        limits, owner = self.node.limits, self.record.owner
-        try:
-            limits.check_turn(owner)
-        except ApiError as exc:
-            raise ToolError("limit", f"delegate refused: {exc} (workers' turns count)") from None
-        limits.count_turn(owner)
-        if turn is not None:
-            turn.workers += 1
-        try:
-            return await self.node.create_session(
-                workspace_path=self.record.workspace_path,
-                model=self.record.active_model,
-                metadata={"delegated_by": tool_use_id},
-                parent=self,
-            )
-        except ApiError as exc:
-            if exc.code != "too_many_sessions":
-                raise  # it may have been created: it stays counted
-            limits.refund_turn(owner)  # refused before anything was made
-            if turn is not None:
-                turn.workers -= 1
-            raise ToolError("limit", f"delegate refused: {exc} (workers' sessions count)") from None
+        """A worker session of this one (:func:`gateway.session.tool_host.spawn_worker`)."""
+        return await tool_host.spawn_worker(self, tool_use_id)
 
     def book_worker_cost(self, turn_id: str, cost_usd: float) -> None:
         """Add what a delegated worker's turn spent to the turn that delegated it.
@@ -718,30 +551,9 @@ class Session:
         """
         agent = self.agent = AgentLoop(self, self.node)
         try:
-            await self._run(agent, task_status)
+            await self.runtime.run(self, agent, task_status)
         finally:
             self.node.session_closed(self)  # its session-scope MCP servers stop (section 11)
-
-    async def _run(self, agent: AgentLoop, task_status: trio.TaskStatus[None]) -> None:
-        recent: deque[float] = deque(maxlen=5)
-        while True:
-            self._runtime = trio.CancelScope()
-            try:
-                with self._runtime:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self.calls.run, name=f"translator {self.id}")
-                        nursery.start_soon(agent.run, self._turns_rx, name=f"agent-loop {self.id}")
-                        task_status.started()
-                        task_status = trio.TASK_STATUS_IGNORED
-                if not self._runtime.cancelled_caught:
-                    return
-                self._stopped_here(agent)
-            except Exception as exc:
-                self.failed("session", exc)
-                agent.abort()
-                recent.append(time.monotonic())
-                if len(recent) == recent.maxlen and recent[-1] - recent[0] < 1.0:
-                    await trio.sleep(1.0)
 
     def stop_here(self) -> None:
         """Stop running the session on this node at once: its lease is another node's now.
@@ -751,7 +563,7 @@ class Session:
         interrupted (PROTOCOL section 9). The session stays here as a replica.
         """
         self.fenced = True
-        self._runtime.cancel()
+        self.runtime.stop()
         self.node.session_closed(self)  # its session-scope MCP servers (section 11)
         # Its batches still waiting for their commit may never be stored (the
         # store drops a session's writes once another node holds its lease):
@@ -759,18 +571,9 @@ class Session:
         family = self.family
         family.held = deque(entry for entry in family.held if entry[1] is not self)
 
-    def _stopped_here(self, agent: AgentLoop) -> None:
+    def stopped_here(self) -> None:
         """After :meth:`stop_here`: a replica with nothing in flight, ready to run again."""
-        agent.current = None
         self.turn = None
-        if self._compaction is not None:  # dropped with the channel's contents below
-            self._compaction.done.set()
-            self._compaction = None
-        while True:
-            try:
-                self._turns_rx.receive_nowait()
-            except trio.WouldBlock:
-                break
         self.permissions = Permissions(self.id)
         self.calls = self._new_calls()
         self.fenced = False

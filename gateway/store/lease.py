@@ -1,4 +1,4 @@
-"""Session leases: each session's agent loop runs on one node at a time (issue 13).
+"""Session leases: each session's agent loop runs on one node at a time (docs/scale-out.md).
 
 A lease is a claim on one session by one node (its :attr:`Leases.node_id`, a
 uuid per process), valid for ``[store] lease_s`` unless renewed. The node that

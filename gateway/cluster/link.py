@@ -1,7 +1,7 @@
-"""Several nodes on one Redis: commands to a session's owner, live batches to its watchers.
+"""The cluster link: operations to a session's owner, live batches to its watchers.
 
 RUNNING.md "Command line" (any node serves any session; turns and cancels can
-be sent to any node) and issue 13; the design is docs/scale-out.md. A node
+be sent to any node); the design is docs/scale-out.md. A node
 whose store is Redis runs one :class:`Cluster`: its link to the other nodes of
 the deployment, over Redis pub/sub on one connection of its own::
 
@@ -9,13 +9,14 @@ the deployment, over Redis pub/sub on one connection of its own::
     ├── cluster-listener      what arrives: requests and replies for this node,
     │                         live batches of the session families it watches
     ├── cluster-publisher     sends the queued live batches, in order, pipelined
-    └── cluster-request <op>  one per request being served for another node
+    └── cluster-request <id>  one per request being served for another node
 
 Channels (under the store's prefix, ``gw:`` by default):
 
 - ``gw:node:<node id>``: what is sent to one node: a :class:`Request` (an
-  operation on a session whose lease it holds: a turn, a cancel, a permission
-  decision, feedback, a snapshot, a replay, its state...) or a :class:`Reply`.
+  operation on a session whose lease it holds, :mod:`gateway.cluster.ops`: a
+  turn, a cancel, a permission decision, feedback, a snapshot, a replay, its
+  state...) or a :class:`Reply` (the operation's answer, or its refusal).
   A request sent to a channel nobody listens on (the node is dead) fails at
   once: ``PUBLISH`` answers how many received it.
 - ``gw:live:{<root session id>}``: every batch the owner of a session family
@@ -33,8 +34,9 @@ clients of that family (close ``relay_gap``, 1001), and they resume with
 request or reply lost is a timeout (503 ``session_owner_unreachable``); a turn
 whose answer was lost may have started (a retry is then 409 ``turn_in_progress``).
 
-Attach tokens live in Redis too (:meth:`Cluster.issue_token`): a token issued by
-one node is redeemed by whichever node the client's WebSocket reaches.
+Attach tokens live in Redis too (:class:`gateway.node.tokens.RedisAttachTokens`,
+through :meth:`Cluster.redis_call`): a token issued by one node is redeemed by
+whichever node the client's WebSocket reaches.
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ import trio
 from coredis.exceptions import RedisError
 from coredis.retry import NoRetryPolicy
 
-from gateway.errors import ApiError, StoreError, first_leaf
-from gateway.ids import new_attach_token
+from gateway.cluster.ops import Answer, Operation, Refusal
+from gateway.errors import Refused, StoreError, first_leaf
 from gateway.session.hub import Emitted
 
 log = logging.getLogger("gateway.cluster")
@@ -70,24 +72,24 @@ _TRANSIENT = (RedisError, OSError, TimeoutError, trio.TooSlowError)
 
 
 class Request(msgspec.Struct, array_like=True, tag="q"):
-    """An operation on a session, sent to the node holding its lease."""
+    """An operation on a session, sent to the node holding its lease.
+
+    ``op``: an :data:`~gateway.cluster.ops.Operation`, decoded by the owner
+    once it has the request's id: one it cannot read is answered (refused),
+    not dropped.
+    """
 
     req_id: int
     reply_to: str  # the sender's node id
-    op: str
     session_id: str
-    body: bytes  # the operation's arguments (MessagePack)
+    op: msgspec.Raw
 
 
 class Reply(msgspec.Struct, array_like=True, tag="r"):
-    """The owner's answer: ``status`` < 400 with ``body``, or the error it raised."""
+    """The owner's answer to one request (a :class:`~gateway.cluster.ops.Refusal` too)."""
 
     req_id: int
-    status: int
-    body: bytes = b""
-    code: str = ""
-    message: str = ""
-    headers: list[tuple[str, str]] = []
+    answer: Answer
 
 
 class LiveBatch(msgspec.Struct, array_like=True, tag="b"):
@@ -114,9 +116,10 @@ class LiveBatch(msgspec.Struct, array_like=True, tag="b"):
 Message = Request | Reply | LiveBatch
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Message).decode
+_decode_op = msgspec.msgpack.Decoder(Operation).decode
 
-RequestHandler = Callable[[str, str, bytes], Awaitable[bytes]]
-"""``handler(op, session_id, body)``: the reply's body; raises ApiError to refuse."""
+RequestHandler = Callable[[str, Operation], Awaitable[Answer]]
+"""``handler(session_id, op)``: the answer; raises :class:`Refused` to refuse."""
 
 
 class Cluster:
@@ -273,19 +276,19 @@ class Cluster:
                     waiting[0].set()
             elif self._nursery is not None:
                 self._nursery.start_soon(
-                    self._serve, decoded, name=f"cluster-request {decoded.op} {decoded.session_id}"
+                    self._serve, decoded, name=f"cluster-request {decoded.session_id}"
                 )
 
     # --- requests ---------------------------------------------------------------------
 
     async def call(
-        self, node_id: str, op: str, session_id: str, body: bytes, wait_s: float, retry_s: float
-    ) -> bytes:
-        """Run ``op`` on ``node_id`` (the session's owner) and return its answer's body.
+        self, node_id: str, session_id: str, op: Operation, wait_s: float, retry_s: float
+    ) -> Answer:
+        """Run ``op`` on ``node_id`` (the session's owner) and return its answer.
 
         Raises:
-            ApiError: the owner's own refusal (its status, code, message and
-                headers, exactly as it would have answered); 503
+            Refused: the owner's own refusal (its code, message and
+                ``Retry-After``, exactly as it would have answered);
                 ``session_owner_unreachable`` when it does not answer within
                 ``wait_s`` (or nobody listens on its channel: it is dead), with
                 ``Retry-After: retry_s`` (the lease time: its lease lapses by then).
@@ -299,8 +302,8 @@ class Cluster:
         replies: list[Reply] = []
         self._waiting[req_id] = (done, replies)
         try:
-            request = _encode(Request(req_id, self.node_id, op, session_id, body))
-            receivers = await self._redis_call(
+            request = _encode(Request(req_id, self.node_id, session_id, msgspec.Raw(_encode(op))))
+            receivers = await self.redis_call(
                 lambda c: c.publish(self.node_channel(node_id), request)
             )
             if receivers:
@@ -310,34 +313,38 @@ class Cluster:
             del self._waiting[req_id]
         if not replies:
             wait = max(1, math.ceil(retry_s))
-            raise ApiError(
-                503,
+            raise Refused(
                 "session_owner_unreachable",
                 f"the node running session {session_id} did not answer; retry in {wait} s"
                 " (if it died, another node takes the session once its lease lapses)",
-                headers=(("Retry-After", str(wait)),),
+                retry_after_s=wait,
             )
-        reply = replies[0]
-        if reply.status >= 400:
-            raise ApiError(reply.status, reply.code, reply.message, tuple(reply.headers))
-        return reply.body
+        answer = replies[0].answer
+        if isinstance(answer, Refusal):
+            raise Refused(answer.code, answer.message, retry_after_s=answer.retry_after_s)
+        return answer
 
     async def _serve(self, request: Request) -> None:
+        answer: Answer
         try:
-            reply = Reply(request.req_id, 200, await self._on_request(
-                request.op, request.session_id, request.body
-            ))  # fmt: skip
-        except ApiError as exc:
-            reply = Reply(request.req_id, exc.status, b"", exc.code, str(exc), list(exc.headers))
-        except Exception as exc:  # a bug serving it: the caller gets a 503, this node goes on
-            log.exception("cluster: serving %s on %s failed", request.op, request.session_id)
-            reply = Reply(request.req_id, 503, b"", "session_owner_unreachable", str(exc))
+            answer = await self._on_request(request.session_id, _decode_op(request.op))
+        except Refused as exc:
+            answer = Refusal(exc.code, exc.message, exc.retry_after_s)
+        except Exception as exc:  # a bug serving it: the caller is refused, this node goes on
+            log.exception("cluster: serving a request on %s failed", request.session_id)
+            answer = Refusal("session_owner_unreachable", str(exc))
+        reply = Reply(request.req_id, answer)
         with contextlib.suppress(StoreError):  # else the caller times out
-            await self._redis_call(
+            await self.redis_call(
                 lambda c: c.publish(self.node_channel(request.reply_to), _encode(reply))
             )
 
-    async def _redis_call(self, command: Callable[[coredis.Redis[bytes]], Awaitable[Any]]) -> Any:
+    async def redis_call(self, command: Callable[[coredis.Redis[bytes]], Awaitable[Any]]) -> Any:
+        """Run ``command`` on this node's Redis client.
+
+        Raises:
+            StoreError: not connected, or Redis did not answer.
+        """
         client = self._client
         if client is None:
             raise StoreError("cluster: not connected to Redis")
@@ -397,7 +404,7 @@ class Cluster:
                 batch = list(self._queue)
                 sends = [(self.live_channel(root).encode(), data) for root, _, data in batch]
                 try:
-                    reached = await self._redis_call(lambda c, b=sends: _publish_all(c, b))  # type: ignore[misc]
+                    reached = await self.redis_call(lambda c, b=sends: _publish_all(c, b))  # type: ignore[misc]
                 except StoreError as exc:
                     log.warning("cluster: publishing live batches failed: %s (retrying)", exc)
                     await trio.sleep(delay)
@@ -453,54 +460,6 @@ class Cluster:
         finally:
             if not lock.statistics().tasks_waiting and not lock.locked():
                 self._locks.pop(root_id, None)
-
-    # --- attach tokens (PROTOCOL section 2) -------------------------------------------
-
-    async def issue_token(self, session_id: str, ttl_s: float) -> str:
-        """A single-use token for the session, redeemable on any node for ``ttl_s``.
-
-        Kept in Redis for twice its TTL, so that a late one is told "expired",
-        not "unknown"; its age is read from Redis's own clock (``PTTL``), so the
-        nodes' clocks need not agree.
-        """
-        token = new_attach_token()
-        px = max(2, round(ttl_s * 2000))
-        key = self._token_key(session_id, token)
-        await self._redis_call(lambda c: c.set(key, session_id, px=px))
-        return token
-
-    async def redeem_token(self, token: str | None, session_id: str, ttl_s: float) -> None:
-        """Use a token up (``GETDEL``: one redemption wins, on whichever node).
-
-        The key holds the session id, so a handshake on another session's
-        path reads another key: it cannot use this token up (PROTOCOL
-        section 15; the same rule as :class:`gateway.node.AttachTokens`).
-
-        Raises:
-            ApiError: 403 as :meth:`gateway.node.AttachTokens.redeem` says.
-        """
-        if not token:
-            raise ApiError(403, "attach_token_required", "the ?attach= token is missing")
-        key = self._token_key(session_id, token)
-
-        async def redeem(c: coredis.Redis[bytes]) -> tuple[int, bytes | None]:
-            async with c.pipeline(transaction=True) as pipe:
-                left = pipe.pttl(key)
-                owner = pipe.getdel(key)
-            return await left, await owner
-
-        left_ms, owner = await self._redis_call(redeem)
-        if owner is None:
-            raise ApiError(
-                403,
-                "attach_token_invalid",
-                "the attach token is unknown, used, or for another session",
-            )
-        if left_ms < ttl_s * 1000:  # kept twice its TTL: more than one TTL has passed
-            raise ApiError(403, "attach_token_expired", "the attach token has expired")
-
-    def _token_key(self, session_id: str, token: str) -> str:
-        return f"{self._prefix}tok:{session_id}:{token}"
 
 
 async def _publish_all(

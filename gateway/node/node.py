@@ -1,0 +1,441 @@
+"""The gateway node: every session of one daemon, and what they share.
+
+Task tree (a stack dump reads like this)::
+
+    node                      Node.run
+    ├── store-writer          the store's batching writer (gateway.store)
+    ├── retention             purges events older than retention_hours
+    ├── lease-keeper          renews this node's session leases (gateway.store.lease)
+    ├── cluster               Redis only: the link to the other nodes (gateway.cluster.link)
+    ├── recovery              Redis only: closes turns of nodes that died (gateway.node.recovery)
+    └── sessions              one child nursery per live session
+        └── session <id>      Session.run: agent-loop <id>, translator <id>
+
+Several nodes on one Redis (RUNNING.md "Command line", docs/scale-out.md):
+every request for a session may reach any node. The node holding the
+session's lease runs it; any other node keeps a *replica* of it for its own
+clients: their live events come from the owner over the cluster link (one
+publish per batch per family), and whatever acts on the session (a turn, a
+cancel, a permission decision, feedback, a snapshot or replay's cut) is a
+request to the owner, answered exactly as the owner's own routes would answer
+it. Which of the two a node is, is chosen once at start-up (gateway.node.placement).
+
+The node is the composition of its parts, each in a file of its own:
+
+- gateway.node.registry: the sessions live here, created or loaded on first use;
+- gateway.node.placement: where each session runs, and the operations sent there;
+- gateway.node.failover: taking a session's lease over, and losing it;
+- gateway.node.recovery: closing the turns a dead node left in flight;
+- gateway.node.tokens: the attach tokens, here or in Redis;
+- gateway.node.durability: batches released once their commit is durable;
+- gateway.node.pricing: what a model call cost.
+
+Shared by all sessions: the config, the store, the node-wide event sequencer
+(PROTOCOL section 1), the provider, the tool registry, the attach tokens, the
+limits per API key (``gateway.server.auth``) and the metrics. Shutdown
+(RUNNING.md "Command line") goes in order: no new turns, in-flight turns
+cancelled with ``reason: "shutdown"`` and given
+``shutdown_grace_s`` to emit their sequences, sessions stopped, the store
+flushed and closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from gateway.agents import AgentProfile, Agents
+from gateway.cluster import ops
+from gateway.config import Config
+from gateway.errors import StoreError, unavailable
+from gateway.ids import now_ms
+from gateway.logs import event
+from gateway.mcp.servers import McpServers
+from gateway.metrics import Metrics
+from gateway.node import recovery
+from gateway.node.durability import Durability
+from gateway.node.failover import Failover
+from gateway.node.operations import Notice, perform
+from gateway.node.placement import Placement, choose
+from gateway.node.pricing import pricing
+from gateway.node.registry import Registry
+from gateway.node.tokens import AttachTokens, Tokens
+from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
+from gateway.providers.base import Provider
+from gateway.providers.factory import Providers
+from gateway.runtimes.slots import ProcessSlots
+from gateway.server.auth import Limits
+from gateway.session.agent import TurnHost
+from gateway.session.hub import Emitted
+from gateway.session.sequencer import EventSequencer
+from gateway.session.session import Session
+from gateway.store.base import Store
+from gateway.store.lease import LeaseKeeper, new_node_id
+from gateway.tools.process import ToolProcesses
+from gateway.tools.registry import SessionTools, ToolRegistry
+from gateway.tools.workspace import Workspaces
+
+if TYPE_CHECKING:
+    from gateway.cluster.link import Cluster
+
+log = logging.getLogger("gateway.node")
+
+
+class Connection(Protocol):
+    """An open stream connection, as shutdown sees it (gateway.server.connection)."""
+
+    def request_close(self, code: str) -> None:
+        """Close with the close named ``code`` (gateway.protocol.closes)."""
+        ...
+
+    @property
+    def subscribed(self) -> bool:
+        """Past its subscribe (``gateway_ws_connections_by_state``)."""
+        ...
+
+    @property
+    def closing(self) -> str | None:
+        """The name of the close decided for it, if any."""
+        ...
+
+
+class Node:
+    """One gateway daemon's sessions and shared services (module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        provider: Provider | Providers,
+        tools: ToolRegistry,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        # Each agent's provider (PROTOCOL section 11); one given alone serves every agent.
+        self.providers = provider if isinstance(provider, Providers) else Providers.single(provider)
+        self.agents = Agents(config)  # ConfigError: a system_file that cannot be read
+        self.tools = tools  # the built-in tools the daemon enabled; each agent has some of them
+        # The MCP servers (gateway.mcp); the daemon sets them, a bare node has none.
+        self.mcp: McpServers | None = None
+        self.metrics = metrics or Metrics()
+        self.metrics.watch(
+            turns_in_flight=lambda: sum(s.turn is not None for s in self.sessions.values()),
+            connection_states=self._connection_states,
+        )
+        # In this process; in Redis once the placement is clustered (gateway.node.tokens).
+        self.tokens: Tokens = AttachTokens(config.stream.attach_token_ttl_s)
+        self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.server.auth)
+        self.workspaces = Workspaces.from_config(config.sessions)  # PROTOCOL section 15
+        # The tool processes of the daemon (the app shares its own); a bare node spawns without
+        # a watchdog: its groups are still stopped with their sessions.
+        self.processes = ToolProcesses(config.tools)
+        # The Claude Code processes of each agent on this node (max_processes).
+        self.process_slots = ProcessSlots()
+        self.registry = Registry(self)
+        self.sessions: dict[str, Session] = self.registry.sessions
+        self.durability = Durability(store, config.store, self.metrics)
+        self.failover = Failover(self)
+        self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)
+        self.sequencer: EventSequencer
+        self.node_id = new_node_id()  # this process, in the session leases
+        self.leases: LeaseKeeper
+        self.placement: Placement  # chosen once the store is open (gateway.node.placement)
+        self.cluster: Cluster | None = None  # the link to the other nodes (Redis only)
+        self.retention_floor = 0
+        self.shutting_down = False
+        self._stop = trio.Event()
+        self._changed = trio.Event()
+        self._drained = False
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
+        state = await self.store.open()
+        self.retention_floor = state.retention_floor
+        self.durability.attach()
+        lease_ms = round(self.config.store.lease_s * 1000)
+        self.leases = LeaseKeeper(
+            self.store.leases(self.node_id, lease_ms),
+            self.failover.lease_lost,
+            self.failover.lease_renew_failed,
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._run_store, name="store-writer")
+            self.sequencer = EventSequencer(self.store.reserve_event_ids, on_overrun=self._overrun)
+            await self.store.flush()  # the first block is durable (granted) before any id is used
+            if not self.sequencer.ready:
+                raise StoreError("the store allocated no block of event ids (see the log)")
+            self.limits.count_sessions(await self.store.sessions_per_owner())
+            async with trio.open_nursery() as sessions:
+                self.registry.nursery = sessions
+                sessions.start_soon(self._retention_loop, name="retention")
+                await sessions.start(self.leases.run, name="lease-keeper")
+                self.placement = await choose(self, sessions)
+                await recovery.close_interrupted_turns(self)
+                self.placement.keep_recovering(sessions)
+                task_status.started(self)
+                await self._stop.wait()
+                await self.drain_turns()
+                sessions.cancel_scope.cancel()
+            with trio.CancelScope(shield=True):
+                await self.providers.aclose()
+                with contextlib.suppress(StoreError), trio.move_on_after(2):
+                    await self.leases.release_all()  # another node need not wait for them
+            await self.store.aclose()
+
+    async def _run_store(self, *, task_status: trio.TaskStatus[None]) -> None:
+        await self.store.run(task_status=task_status)
+
+    def stop(self) -> None:
+        """Begin shutdown: no new turns; :meth:`run` returns once everything is closed."""
+        self.shutting_down = True
+        self._stop.set()
+
+    async def drain_turns(self) -> None:
+        """Cancel in-flight turns with ``reason: "shutdown"`` and wait for their sequences.
+
+        Returns once those sequences are durable, hence handed to the clients'
+        queues (PROTOCOL section 9): a close that follows comes after them.
+        Once per shutdown: the daemon drains before it closes the connections
+        (gateway.server.app), and :meth:`run` then finds nothing left to drain.
+        """
+        if self._drained:
+            return
+        self._drained = True
+        for session in self.sessions.values():
+            if session.turn is not None:
+                session.turn.request_cancel("shutdown")
+        with trio.move_on_after(self.config.server.shutdown_grace_s):
+            while any(s.turn is not None for s in self.sessions.values()):
+                await self.changed()
+            await self.wait_durable()
+
+    def notify(self) -> None:
+        """Something shutdown waits for happened: a turn ended or a connection closed."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def changed(self) -> None:
+        """Wait for the next :meth:`notify`."""
+        await self._changed.wait()
+
+    def _connection_states(self) -> list[str]:
+        """Each open connection's state (``gateway_ws_connections_by_state``)."""
+        return [
+            "closing" if c.closing is not None else "live" if c.subscribed else "subscribing"
+            for c in self.connections
+        ]
+
+    def _overrun(self, seq: int) -> None:
+        event(
+            log, logging.ERROR, "event_ids_overrun",
+            f"event id {seq} is past the blocks the store granted (it has not answered):"
+            " ids may repeat another node's until it does",
+            seq=seq,
+        )  # fmt: skip
+
+    async def _retention_loop(self) -> None:
+        """Purge events older than ``retention_hours`` (their cursors then expire)."""
+        horizon_ms = self.config.store.retention_hours * 3_600_000
+        while True:
+            try:
+                self.retention_floor = await self.store.purge_before(now_ms() - horizon_ms)
+            except StoreError as exc:  # tried again next round; nothing is lost meanwhile
+                event(
+                    log, logging.ERROR, "store_purge_failed",
+                    f"store: the retention purge failed: {exc}", error=str(exc),
+                )  # fmt: skip
+                self.metrics.store_write_failures.inc()
+            await trio.sleep(min(3600.0, horizon_ms / 1000 / 10))
+
+    # --- durability (gateway.node.durability) ------------------------------------
+
+    def holding(self, family: Session) -> None:
+        self.durability.holding(family)
+
+    def on_commit(self, committed: int) -> None:
+        self.durability.on_commit(committed)
+
+    async def wait_durable(self) -> None:
+        await self.durability.wait_durable()
+
+    async def durable_or_503(self) -> None:
+        await self.durability.durable_or_503()
+
+    # --- agents and tools ----------------------------------------------------------
+
+    @property
+    def provider(self) -> Provider:
+        """The default agent's provider."""
+        return self.providers.for_agent(self.agents.default)
+
+    def agent(self, name: str) -> AgentProfile:
+        """The agent ``name`` (a stored session's agent since removed runs the default)."""
+        return self.agents[name]
+
+    def pricing(self, model: str) -> Callable[[Usage], float | None]:
+        """``cost_usd`` of a usage on ``model`` (gateway.node.pricing)."""
+        return pricing(self.config.model.prices, model)
+
+    def tools_of(self, agent: str, session_id: str | None = None) -> SessionTools:
+        """The tools an agent's session sees now (PROTOCOL section 11).
+
+        The daemon's built-in tools and its MCP servers' (those of ``scope =
+        "node"``, and the session's own of ``scope = "session"``), those the
+        agent's ``tools`` patterns match. An MCP server's list can change at
+        any time (``notifications/tools/list_changed``): this is asked anew at
+        every model call.
+        """
+        profile = self.agents[agent]
+        if self.mcp is None:
+            return SessionTools(self.tools, allows=profile.allows)
+        return self.mcp.session_tools(self.tools, session_id or "", profile)
+
+    def session_tools(self, session: TurnHost) -> SessionTools:
+        """A session's tools; its session-scope MCP servers are started at the first ask."""
+        if self.mcp is not None and self.config.mcp_servers:
+            profile = self.agents[session.record.agent]
+            workspace = self.workspaces.host_path(session.record.workspace_path)
+            self.mcp.open_session(session.id, workspace, profile.uses_server)
+        return self.tools_of(session.record.agent, session.id)
+
+    async def tools_ready(self, session: TurnHost) -> None:
+        """Wait for the session's MCP servers still starting (each within its startup_timeout_s)."""
+        if self.mcp is not None and self.config.mcp_servers:
+            self.session_tools(session)
+            await self.mcp.wait_ready(session.id)
+
+    def session_closed(self, session: Session) -> None:
+        """A session's tasks ended: its session-scope MCP servers are stopped."""
+        if self.mcp is not None:
+            self.mcp.close_session(session.id)
+
+    def tool_infos(self, agent: str, session_id: str | None = None) -> list[ToolInfo]:
+        """An agent's tools as ``GET /agents`` and a session's summary list them (section 6)."""
+        profile = self.agents[agent]
+        tools = self.tools_of(agent, session_id)
+        return [
+            ToolInfo(spec.name, spec.description, spec.input_schema,
+                     profile.needs_approval(spec.name), tools.source_of(spec.name) or "builtin")
+            for spec in tools.specs()
+        ]  # fmt: skip
+
+    # --- sessions (gateway.node.registry, gateway.node.placement) ------------------
+
+    def resolve_agent(self, name: str | None) -> str:
+        return self.registry.resolve_agent(name)
+
+    def resolve_model(self, model: str | None, agent: str = "default") -> str:
+        return self.registry.resolve_model(model, agent)
+
+    async def create_session(self, **how: Any) -> Session:
+        """Create and start a session (``POST /sessions``, or a ``delegate`` worker).
+
+        The keywords and refusals of :meth:`gateway.node.registry.Registry.create`.
+        """
+        return await self.registry.create(**how)
+
+    async def get_session(self, session_id: str) -> Session | None:
+        """A live session, loading a stored one on first use; ``None`` if unknown.
+
+        Its lease is taken here if nobody holds it (:meth:`Placement.claim`):
+        every request for a session goes through here.
+        """
+        session = await self.registry.load(session_id)
+        if session is not None:
+            await self.placement.claim(session)
+        return session
+
+    def runs_here(self, session_id: str) -> bool:
+        """Whether this node may run the session's turns (:meth:`Placement.runs_here`)."""
+        return self.placement.runs_here(session_id)
+
+    async def ask_owner(
+        self, session: Session, op: ops.Operation, *, patient: bool = False
+    ) -> ops.Answer | None:
+        """:meth:`Placement.ask_owner`."""
+        return await self.placement.ask_owner(session, op, patient=patient)
+
+    def forward(self, session: Session, op: Notice) -> None:
+        """:meth:`Placement.forward`."""
+        self.placement.forward(session, op)
+
+    def relay(self, family: Session, session: Session, events: list[Emitted]) -> None:
+        """:meth:`Placement.relay`."""
+        self.placement.relay(family, session, events)
+
+    async def watch(self, session: Session, *, tell_owner: bool = True) -> None:
+        """:meth:`Placement.watch`."""
+        await self.placement.watch(session, tell_owner=tell_owner)
+
+    async def issue_token(self, session_id: str) -> str:
+        """A single-use attach token (PROTOCOL section 2), good on any node of the deployment."""
+        return await self.tokens.issue_token(session_id)
+
+    async def redeem_token(self, token: str | None, session_id: str) -> None:
+        """Use an attach token up (:meth:`Tokens.redeem_token`)."""
+        await self.tokens.redeem_token(token, session_id)
+
+    # --- what acts on a session, wherever it runs ------------------------------------
+
+    async def act(self, session: Session, op: ops.Operation) -> ops.Answer:
+        """Carry ``op`` out on the node that runs the session: asked of it, or done here.
+
+        Raises:
+            Refused: as the session's own routes would refuse it
+                (gateway.node.operations), or as :meth:`Placement.ask_owner`.
+        """
+        answer = await self.placement.ask_owner(session, op)
+        return answer if answer is not None else await perform(self, session, op)
+
+    async def submit_turn(self, session: Session, message: Message) -> None:
+        """Start a turn on the session, wherever it runs; return once it is accepted."""
+        await self.act(session, ops.StartTurn(message))
+
+    async def cancel_turn(
+        self, session: Session, turn_id: str, reason: str, requested_by: str
+    ) -> None:
+        """:meth:`Session.cancel_turn`, on the node that runs the session."""
+        await self.act(session, ops.CancelTurn(turn_id, reason, requested_by))
+
+    async def decide_permission(
+        self,
+        session: Session,
+        perm_id: str,
+        decision: str,
+        content: dict[str, Any] | None = None,
+    ) -> None:
+        """:meth:`Session.decide_permission`, on the node that runs the session."""
+        await self.act(session, ops.DecidePermission(perm_id, decision, content))
+
+    async def record_feedback(
+        self, session: Session, message_id: str, rating: int, comment: str | None
+    ) -> None:
+        """:meth:`Session.record_feedback`, on the node that runs the session."""
+        await self.act(session, ops.RecordFeedback(message_id, rating, comment))  # type: ignore[arg-type]
+
+    async def compact(self, session: Session) -> None:
+        """:meth:`Session.compact`, on the node that runs the session (PROTOCOL section 12)."""
+        await self.act(session, ops.Compact())
+
+    async def live_summary(self, session: Session) -> SessionSummary:
+        """The session's summary as its owner sees it (its turn and pending permissions)."""
+        return ops.expect(await self.act(session, ops.State()), ops.Summary).summary
+
+    async def messages_of(self, session: Session) -> list[Message]:
+        """The session's conversation: its own where it runs here, else the store's (durable).
+
+        Raises:
+            Refused: ``store_unavailable``.
+        """
+        if self.runs_here(session.id):
+            return list(session.messages)
+        try:
+            return [sm.message for sm in await self.store.load_messages(session.id)]
+        except StoreError as exc:
+            raise unavailable(exc) from None

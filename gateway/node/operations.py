@@ -1,0 +1,118 @@
+"""What each operation on a session does, on the node that runs it.
+
+The operations are :mod:`gateway.cluster.ops`; a request for one reaches the
+node that runs the session (gateway.node.placement), which carries it out
+here (:func:`perform`) and answers exactly as its own routes would.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, assert_never
+
+from gateway.cluster import ops
+from gateway.errors import Refused, SubscribeRejected
+from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
+from gateway.protocol.filters import resolve_filter
+from gateway.protocol.frames import Subscribe, decode_client_frame
+from gateway.protocol.shapes import Message
+from gateway.runtimes import slots
+from gateway.session import seam
+from gateway.session.session import Session
+
+if TYPE_CHECKING:
+    from gateway.node.node import Node
+
+Notice = ops.Warn | ops.Unregistered
+"""An operation sent without waiting for its answer (a replica's warnings)."""
+
+
+def notice(session: Session, op: Notice) -> None:
+    """Emit a forwarded warning on the node that runs the session."""
+    match op:
+        case ops.Warn():
+            session.emit([BusHandlerWarning(op.subscription, op.reason, op.detail)], None)
+        case ops.Unregistered():
+            session.emit([BusSubscriberUnregistered(op.name, op.reason)], None)
+        case _:
+            assert_never(op)
+
+
+async def perform(node: Node, session: Session, op: ops.Operation) -> ops.Answer:
+    """Carry an operation out on a session this node runs; its answer.
+
+    Raises:
+        Refused: as the session's own routes would refuse it.
+    """
+    match op:
+        case ops.Watch():
+            pass
+        case ops.StartTurn():
+            await start_turn(node, session, op.message)
+        case ops.CancelTurn():
+            session.cancel_turn(op.turn_id, op.reason, op.requested_by)
+        case ops.DecidePermission():
+            session.decide_permission(op.perm_id, op.decision, op.content)
+        case ops.RecordFeedback():
+            session.record_feedback(op.message_id, op.rating, op.comment)
+        case ops.Compact():
+            session.compact()
+        case ops.Warn() | ops.Unregistered():
+            notice(session, op)
+        case ops.State():
+            return ops.Summary(session.summary())
+        case ops.TakeSnapshot():
+            data, cut = await seam.durable_snapshot(session, op.limit)
+            return ops.Snapshot(data, cut)
+        case ops.Replay():
+            request = decode_client_frame(op.frame)
+            if not isinstance(request, Subscribe) or request.since is None:
+                raise Refused("session_owner_unreachable", "a replay needs a subscribe with since")
+            _, key = resolve_filter(request.filter)
+            try:
+                frames, cut = await seam.replay(session, request.since, key, op.max_events)
+            except SubscribeRejected as exc:
+                return ops.ReplayRejected(exc.code, exc.message)
+            return ops.Replayed(frames, cut)
+        case _:
+            assert_never(op)
+    return ops.Done()
+
+
+async def start_turn(node: Node, session: Session, message: Message) -> None:
+    """Start a turn on a session this node runs; return once it is accepted (durable).
+
+    Raises:
+        Refused: as :meth:`Session.submit_turn` and :meth:`Session.accepted`;
+            ``over_capacity`` (:func:`_process_slot`).
+    """
+    await _process_slot(node, session)
+    try:
+        turn = session.submit_turn(message)
+    except Refused:
+        _unreserve_slot(node, session)
+        raise
+    await session.accepted(turn)
+
+
+async def _process_slot(node: Node, session: Session) -> None:
+    """A ``claude-code`` session's turn holds a process slot before it is accepted.
+
+    ``max_processes`` of its agent (:mod:`gateway.runtimes.slots`): an idle
+    process may be stopped to make room; after ``SLOT_WAIT_S``,
+    ``over_capacity``. A session whose turn is in flight is refused
+    ``turn_in_progress`` without waiting.
+    """
+    agent = node.agents[session.record.agent]
+    if agent.runtime != "claude-code" or session.turn is not None:
+        return
+    limit = agent.max_processes
+    if not await node.process_slots.acquire(agent.name, limit, session.id, slots.SLOT_WAIT_S):
+        raise slots.over_capacity(agent.name, limit)
+
+
+def _unreserve_slot(node: Node, session: Session) -> None:
+    """A slot held for a turn that was refused, and for no process: free it."""
+    agent = node.agents[session.record.agent]
+    runtime = session.agent.runtime if session.agent is not None else None
+    if session.turn is None and (runtime is None or runtime.client is None):
+        node.process_slots.release(agent.name, session.id)

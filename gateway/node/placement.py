@@ -1,0 +1,325 @@
+"""Placement: which node runs a session, chosen once at start-up (docs/scale-out.md).
+
+One interface, :class:`Placement`, two implementations:
+
+- :class:`LocalPlacement`, for a node alone on its store (SQLite): every
+  session runs here, and whatever acts on one acts at once;
+- :class:`ClusteredPlacement`, for several nodes on one Redis: the node holding
+  a session's lease runs it; any other node keeps a *replica* of it for its
+  own clients. Their live events come from the owner over the cluster link
+  (one publish per batch per family), and whatever acts on the session is an
+  operation sent to the owner (:mod:`gateway.cluster.ops`), answered exactly
+  as the owner's own routes would answer it.
+
+What an operation does on the node that runs the session is
+gateway.node.operations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+from gateway.cluster import ops
+from gateway.errors import Refused, StoreError, unavailable
+from gateway.logs import event
+from gateway.node import recovery
+from gateway.node.failover import close_clients
+from gateway.node.operations import Notice, notice, perform
+from gateway.protocol.framing import event_frame
+from gateway.runtimes import slots
+from gateway.session.hub import Emitted
+from gateway.session.session import Session
+
+if TYPE_CHECKING:
+    from gateway.cluster.link import Cluster, LiveBatch
+    from gateway.node.node import Node
+
+log = logging.getLogger("gateway.node")
+
+
+class Placement(Protocol):
+    """Where each session runs, and how what acts on it gets there."""
+
+    alone: bool
+    """This node is the deployment's only one: whatever happened to a session happened here."""
+
+    def runs_here(self, session_id: str) -> bool:
+        """Whether this node may run the session's turns (it holds the session's lease)."""
+        ...
+
+    async def claim(self, session: Session) -> None:
+        """A request names the session: take its lease here if nobody holds it."""
+        ...
+
+    async def ask_owner(
+        self, session: Session, op: ops.Operation, *, patient: bool = False
+    ) -> ops.Answer | None:
+        """Run ``op`` on the node running the session; ``None``: that is this node.
+
+        Raises:
+            Refused: the owner's own refusal, exactly as its routes would
+                answer; ``session_owner_unreachable`` or ``store_unavailable``.
+        """
+        ...
+
+    def forward(self, session: Session, op: Notice) -> None:
+        """Carry ``op`` out on the node running the session, without waiting."""
+        ...
+
+    def relay(self, family: Session, session: Session, events: list[Emitted]) -> None:
+        """A batch this node released, for the other nodes' clients."""
+        ...
+
+    async def watch(self, session: Session, *, tell_owner: bool = True) -> None:
+        """A client here subscribes: receive the family's live batches if it runs elsewhere."""
+        ...
+
+    def heard(self, root_id: str) -> None:
+        """This node took a family over: the nodes that watched it still do."""
+        ...
+
+    def keep_recovering(self, nursery: trio.Nursery) -> None:
+        """Start closing, from now on, the turns of nodes that die (gateway.node.recovery)."""
+        ...
+
+
+async def choose(node: Node, nursery: trio.Nursery) -> Placement:
+    """The node's placement, picked once at start-up from its store's leases.
+
+    On Redis the cluster link starts here, in ``nursery`` (task ``cluster``),
+    and the attach tokens move to Redis (gateway.node.tokens).
+    """
+    if not node.leases.leases.shared:
+        return LocalPlacement()
+    from gateway.cluster.link import Cluster  # coredis: imported only when used
+    from gateway.node.tokens import RedisAttachTokens
+
+    placement = ClusteredPlacement(node)
+    cluster = Cluster(
+        node.config.store.url,
+        "gw:",
+        node.node_id,
+        placement.serve,
+        placement.on_live,
+        placement.relay_gap,
+    )
+    placement.cluster = node.cluster = cluster
+    await nursery.start(cluster.run, name="cluster")
+    node.tokens = RedisAttachTokens(cluster.redis_call, "gw:", node.tokens.ttl_s)
+    return placement
+
+
+class LocalPlacement:
+    """A node alone on its store: every session runs here."""
+
+    alone = True
+
+    def runs_here(self, session_id: str) -> bool:
+        return True
+
+    async def claim(self, session: Session) -> None:
+        return None
+
+    async def ask_owner(
+        self, session: Session, op: ops.Operation, *, patient: bool = False
+    ) -> ops.Answer | None:
+        return None
+
+    def forward(self, session: Session, op: Notice) -> None:
+        notice(session, op)
+
+    def relay(self, family: Session, session: Session, events: list[Emitted]) -> None:
+        return None
+
+    async def watch(self, session: Session, *, tell_owner: bool = True) -> None:
+        return None
+
+    def heard(self, root_id: str) -> None:
+        return None
+
+    def keep_recovering(self, nursery: trio.Nursery) -> None:
+        return None  # every lease is this node's: all were closed at start-up
+
+
+class ClusteredPlacement:
+    """Several nodes on one Redis: a session runs where its lease is (module docstring)."""
+
+    alone = False
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.cluster: Cluster  # set by choose(), before anything is asked
+        self._relayed: dict[str, tuple[str, int]] = {}  # family -> (owner, last batch number)
+
+    def runs_here(self, session_id: str) -> bool:
+        return self.node.leases.holds(session_id)
+
+    async def claim(self, session: Session) -> None:
+        await self.node.failover.claim(session)
+
+    def keep_recovering(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(recovery.keep_recovering, self.node, name="recovery")
+
+    def heard(self, root_id: str) -> None:
+        self.cluster.heard(root_id)
+
+    # --- asking the owner ----------------------------------------------------------
+
+    async def ask_owner(
+        self, session: Session, op: ops.Operation, *, patient: bool = False
+    ) -> ops.Answer | None:
+        """Send ``op`` to the node holding the session's lease; ``None``: it is this node.
+
+        A session whose lease is free is taken here first (its dead holder's
+        turn closed: gateway.node.failover), and then runs here. ``patient``:
+        when the holder does not answer (it died: a client's snapshot or
+        replay on a survivor), wait up to ``lease_s`` for its lease to lapse
+        and take it.
+
+        Raises:
+            Refused: the owner's own refusal, exactly as its routes would
+                answer; ``session_owner_unreachable`` (it did not answer in
+                ``commit_timeout_s``) or ``store_unavailable`` (Redis did not).
+        """
+        node = self.node
+        if self.runs_here(session.id):
+            return None
+        leases = node.leases.leases
+        try:
+            holder = await leases.holder(session.id)
+            if holder is None:
+                await node.get_session(session.id)  # takes the free lease
+                if self.runs_here(session.id):
+                    return None
+                holder = await leases.holder(session.id)
+        except StoreError as exc:
+            raise unavailable(exc) from None
+        if holder is None or holder == node.node_id:  # changing hands right now
+            raise _changing_nodes(session.id)
+        store = node.config.store
+        # A turn may wait for a process slot on the owner first (gateway.runtimes.slots):
+        # its answer is given that much longer, so the wait ends as the owner's own
+        # 503 over_capacity, not as session_owner_unreachable.
+        wait_s = store.commit_timeout_s + (
+            slots.SLOT_WAIT_S if isinstance(op, ops.StartTurn) else 0
+        )
+        try:
+            return await self.cluster.call(holder, session.id, op, wait_s, store.lease_s)
+        except StoreError as exc:
+            raise unavailable(exc) from None
+        except Refused as exc:
+            if not patient or exc.code != "session_owner_unreachable":
+                raise
+            with trio.move_on_after(store.lease_s * 1.5):
+                while not self.runs_here(session.id):
+                    await trio.sleep(store.lease_s / 5)
+                    await node.get_session(session.id)  # takes the lease once it lapsed
+                return None
+            raise
+
+    def forward(self, session: Session, op: Notice) -> None:
+        if self.runs_here(session.id):
+            notice(session, op)
+            return
+
+        async def send() -> None:
+            with contextlib.suppress(Refused):
+                if await self.ask_owner(session, op) is None:  # it took the free lease
+                    notice(session, op)
+
+        name = f"cluster-forward {type(op).__name__} {session.id}"
+        self.node.registry.nursery.start_soon(send, name=name)
+
+    # --- live batches ---------------------------------------------------------------
+
+    def relay(self, family: Session, session: Session, events: list[Emitted]) -> None:
+        self.cluster.publish(family.id, session.id, events)
+
+    async def watch(self, session: Session, *, tell_owner: bool = True) -> None:
+        """Receive the live batches of the session's family here (a replica's client subscribes).
+
+        ``tell_owner``: ask the owner to publish them (``False`` when a
+        snapshot or replay asked of it next says so anyway, before its cut).
+
+        Raises:
+            Refused: ``store_unavailable``: Redis did not take the subscription.
+        """
+        if self.runs_here(session.id):
+            return
+        root = session.family.id
+        if root not in self.cluster.watched:
+            self._relayed.pop(root, None)
+        try:
+            await self.cluster.watch(root)
+        except StoreError as exc:
+            raise unavailable(exc) from None
+        # Then the owner publishes the family's batches (it did not while
+        # nobody watched): told before any cut is taken.
+        if tell_owner:
+            await self.ask_owner(session, ops.Watch(), patient=True)
+
+    def on_live(self, root: str, batch: LiveBatch) -> None:
+        """A live batch of a watched family from its owner: fanned out to this node's clients.
+
+        A batch whose number does not follow the last one of the same owner
+        means pub/sub lost some: the family's clients here are closed with
+        ``relay_gap`` and resume with ``since`` (gateway.cluster.link).
+        """
+        node = self.node
+        family = node.sessions.get(root)
+        if family is None or not any(len(s.hub) for s in family.scope(True)):
+            self._relayed.pop(root, None)
+            self.cluster.unwatch(root)
+            return
+        if self.runs_here(batch.session_id):
+            return  # a late batch of a node that ran it before this one: its own are the truth
+        last = self._relayed.get(root)
+        self._relayed[root] = (batch.node, batch.batch_no)
+        if last is not None and last[0] == batch.node and batch.batch_no != last[1] + 1:
+            self.relay_gap(root)
+            return
+        events = batch.emitted(event_frame)
+        session = node.sessions.get(batch.session_id)
+        if session is not None and session.family is family:
+            session.publish(events)
+        else:  # a worker this node has not loaded: its parent's clients may take it
+            family.publish(events, from_worker=True)
+
+    def relay_gap(self, root: str) -> None:
+        """Live batches of the family may have been lost: its clients here resume with since."""
+        self._relayed.pop(root, None)
+        family = self.node.sessions.get(root)
+        if family is None:
+            return
+        event(
+            log, logging.WARNING, "relay_gap",
+            f"session {root}: live events from its node were lost; its clients here resume"
+            " with since", session_id=root,
+        )  # fmt: skip
+        close_clients(family, "relay_gap")
+
+    # --- serving the other nodes ------------------------------------------------------
+
+    async def serve(self, session_id: str, op: ops.Operation) -> ops.Answer:
+        """Serve another node's operation on a session this node runs (:meth:`ask_owner`)."""
+        session = await self.node.get_session(session_id)
+        if session is None:
+            raise Refused("session_not_found", f"no session {session_id!r}")
+        if not self.runs_here(session_id):  # the lease moved meanwhile: the sender retries
+            raise _changing_nodes(session_id)
+        if isinstance(op, ops.Watch | ops.TakeSnapshot | ops.Replay):
+            self.cluster.heard(session.family.id)  # before the cut: no batch after it is missed
+        return await perform(self.node, session, op)
+
+
+def _changing_nodes(session_id: str) -> Refused:
+    """The session's lease is changing hands at this moment: the caller retries."""
+    return Refused(
+        "session_owner_unreachable",
+        f"session {session_id} is changing nodes; retry in 1 s",
+        retry_after_s=1,
+    )

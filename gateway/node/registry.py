@@ -1,0 +1,213 @@
+"""The session registry: the sessions live on this node, created or loaded on first use.
+
+A stored session is loaded the first time a request names it (its family
+with it: a parent's stream carries its workers' events, PROTOCOL section 5);
+two requests for one session load it once. A new session (``POST /sessions``,
+or a ``delegate`` worker) is checked, stored and started here. Each session
+runs in its own child of the ``sessions`` nursery (gateway.node.node).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gateway.errors import Refused, StoreError
+from gateway.ids import new_session_id, now_ms
+from gateway.logs import event
+from gateway.server.auth import NO_OWNER
+from gateway.session.session import Session
+from gateway.store.base import SessionRecord
+from gateway.tools.workspace import WorkspaceError, Workspaces
+
+if TYPE_CHECKING:
+    from gateway.node.node import Node
+
+log = logging.getLogger("gateway.node")
+
+ROUTING_POLICY_VERSION = "static-1"
+
+
+class Registry:
+    """Every session live on this node, by id."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.sessions: dict[str, Session] = {}
+        self._loading: dict[str, trio.Event] = {}
+        self.nursery: trio.Nursery  # the node's ``sessions`` nursery, once it runs
+
+    def resolve_agent(self, name: str | None) -> str:
+        """The agent a new session runs (``POST /sessions {"agent"}``).
+
+        Raises:
+            Refused: ``unknown_agent``, the message listing the agents there are.
+                The name is echoed cut at 64 characters (an agent's longest).
+        """
+        agents = self.node.agents
+        if name is None:
+            return agents.default
+        if name not in agents:
+            names = ", ".join(agents.names())
+            shown = name if len(name) <= 64 else f"{name[:64]}..."
+            raise Refused("unknown_agent", f"no agent {shown!r}; agents: {names}")
+        return name
+
+    def resolve_model(self, model: str | None, agent: str = "default") -> str:
+        """The model a new session runs on (``POST /sessions``): its agent's, unless named.
+
+        Raises:
+            Refused: ``invalid_model`` for a model of another provider than the agent's.
+        """
+        profile = self.node.agents[agent]
+        if model is None:
+            return profile.model
+        provider = profile.provider
+        if not model.startswith(f"{provider}:") or len(model) == len(provider) + 1:
+            raise Refused(
+                "invalid_model",
+                f"model {model!r} is not served here; models are '{provider}:<name>'",
+            )
+        return model
+
+    async def create(
+        self,
+        *,
+        workspace_path: str | None = None,
+        model: str | None = None,
+        agent: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        parent: Session | None = None,
+        owner: str = NO_OWNER,
+        session_id: str | None = None,
+    ) -> Session:
+        """Create and start a session (``POST /sessions``, or a ``delegate`` worker).
+
+        Args:
+            owner: the id of the API key that creates it (PROTOCOL section 2), ``""``
+                without keys. A worker belongs to its parent's owner and counts
+                against that owner's ``max_sessions_per_key`` like any session
+                (PROTOCOL section 15: a turn cannot make sessions its key could not;
+                the ``delegate`` tool turns the 429 into ``tool.failed`` ``limit``).
+            session_id: the id to give it (an AG-UI ``threadId`` the caller
+                checked is unknown: gateway.agui); a fresh ``sess_`` id if None.
+
+        Raises:
+            ApiError: 429 ``too_many_sessions`` (gateway.server.auth; the count is
+                taken before any wait, so two racing requests cannot both get the
+                last one).
+            Refused: ``unknown_agent``, ``invalid_model``, ``invalid_workspace``,
+                ``store_unavailable``.
+        """
+        node = self.node
+        if parent is not None:
+            owner = parent.record.owner
+        with node.limits.new_session(owner):
+            session_id = session_id or new_session_id()
+            if parent is not None:  # a worker runs its parent's agent's delegate_agent
+                agent = node.agents[parent.record.agent].delegate_agent
+                if agent != parent.record.agent:
+                    model = None  # ... on that agent's model, not the parent's
+            agent = self.resolve_agent(agent)  # 422 before anything is made
+            active_model = self.resolve_model(model, agent)
+            if parent is not None:  # a worker works in its parent's workspace
+                workspace = parent.record.workspace_path
+            else:
+                workspace = await _workspace(node.workspaces, session_id, owner, workspace_path)
+            record = SessionRecord(
+                id=session_id,
+                created_at=now_ms(),
+                workspace_path=workspace,
+                active_model=active_model,
+                metadata=metadata or {},
+                parent_session_id=parent.id if parent else None,
+                routing_policy_version=ROUTING_POLICY_VERSION,
+                owner=owner,
+                agent=agent,
+            )
+            node.store.put_session(record)
+        session = Session(node, record, parent=parent)
+        if parent is not None:
+            parent.workers.append(session)
+        await self.start(session)
+        with contextlib.suppress(StoreError):  # new: no id of it anywhere, so no id jump
+            await node.leases.take(record.id)
+        await node.durable_or_503()  # PROTOCOL section 9: durable when POST /sessions answers
+        event(
+            log, logging.INFO, "session_created", f"session {record.id} created",
+            session_id=record.id, parent_session_id=record.parent_session_id,
+            model=record.active_model, agent=record.agent,
+        )  # fmt: skip
+        return session
+
+    async def load(self, session_id: str) -> Session | None:
+        """A live session, loading a stored one (and its workers); ``None`` if unknown.
+
+        Nothing is claimed while loading (a claim loads the family itself:
+        gateway.node.failover).
+        """
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session
+        loading = self._loading.get(session_id)
+        if loading is not None:
+            await loading.wait()
+            return self.sessions.get(session_id)
+        self._loading[session_id] = loading = trio.Event()
+        try:
+            return await self._load(session_id)
+        finally:
+            del self._loading[session_id]
+            loading.set()
+
+    async def _load(self, session_id: str) -> Session | None:
+        store = self.node.store
+        record = await store.get_session(session_id)
+        if record is None:
+            return None
+        parent = None
+        if record.parent_session_id:
+            parent = await self.load(record.parent_session_id)
+        stored = await store.load_messages(session_id)
+        size = await store.event_bytes(session_id)  # max_session_mb: once, at load
+        session = Session(self.node, record, stored, parent=parent, event_bytes=size)
+        if parent is not None:
+            parent.workers.append(session)
+        await self.start(session)
+        event(
+            log, logging.INFO, "session_loaded", f"session {session_id} loaded from the store",
+            session_id=session_id, messages=len(session.messages),
+        )  # fmt: skip
+        # A parent's stream carries its workers' events (PROTOCOL section 5):
+        # they are loaded with it. One being loaded already joins by itself.
+        for worker_id in await store.worker_ids(session_id):
+            if worker_id not in self.sessions and worker_id not in self._loading:
+                await self.load(worker_id)
+        return session
+
+    async def start(self, session: Session) -> None:
+        self.sessions[session.id] = session
+        self.node.metrics.sessions_live.set(len(self.sessions))
+        await self.nursery.start(session.run, name=f"session {session.id}")
+
+
+async def _workspace(
+    workspaces: Workspaces, session_id: str, owner: str, workspace_path: str | None
+) -> str:
+    """The workspace of a new session, made now; what its record holds (PROTOCOL section 15).
+
+    No ``workspace_path``: a fresh directory of its own, named after the
+    session. Else a relative name under ``[sessions] workspace_root``, or an
+    absolute directory under one of ``allowed_workspaces``
+    (gateway.tools.workspace has the rules).
+
+    Raises:
+        Refused: ``invalid_workspace`` naming the problem (never a host path of the root).
+    """
+    try:
+        return await workspaces.create(session_id=session_id, owner=owner, name=workspace_path)
+    except WorkspaceError as exc:
+        raise Refused("invalid_workspace", str(exc)) from None

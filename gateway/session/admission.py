@@ -1,0 +1,70 @@
+"""Admission: whether a session takes a turn now, and the refusal when it does not.
+
+PROTOCOL section 2 (``POST .../turns``, ``POST .../compact``): one turn at a
+time per session, only on the node that runs it (docs/scale-out.md), none
+once shutdown began, none once the session holds ``max_session_mb``
+(PROTOCOL section 15).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from gateway.errors import Refused
+
+if TYPE_CHECKING:
+    from gateway.session.session import Session
+
+MB = 1024 * 1024
+"""A megabyte of ``max_session_mb``: 2**20 bytes."""
+
+
+def check_idle(session: Session) -> None:
+    """Refuse a turn (or a compaction) on a node that does not run it, or while one runs.
+
+    Raises:
+        Refused: ``shutting_down``; ``session_elsewhere`` where several nodes
+            share a store and another node holds the session's lease (both with
+            ``Retry-After``); ``turn_in_progress``.
+    """
+    if session.node.shutting_down:  # its leases are let go within shutdown_grace_s
+        wait = math.ceil(session.node.config.server.shutdown_grace_s)
+        raise Refused(
+            "shutting_down",
+            f"the gateway is shutting down; retry in {wait} s (on Redis, another node"
+            " then runs the session)",
+            retry_after_s=wait,
+        )
+    if not session.node.runs_here(session.id):
+        # Turns run only on the lease holder; until they are routed to it
+        # (docs/scale-out.md), the client tries again: once a dead holder's
+        # lease lapses, the next request takes it and closes its turn first.
+        wait = math.ceil(session.node.config.store.lease_s)
+        raise Refused(
+            "session_elsewhere",
+            f"session {session.id} runs on another node of this deployment; "
+            f"retry in {wait} s (its lease lapses within store.lease_s if that node died)",
+            retry_after_s=wait,
+        )
+    if session.turn is not None:
+        raise Refused(
+            "turn_in_progress", f"turn {session.turn.id} is still in flight on {session.id}"
+        )
+
+
+def check_size(session: Session) -> None:
+    """Refuse a turn once the session holds ``max_session_mb`` or more (PROTOCOL section 15).
+
+    Raises:
+        Refused: ``session_too_large``, naming its size and the limit.
+    """
+    limit_mb = session.node.config.limits.max_session_mb
+    size = session.stored_bytes
+    if limit_mb and size >= limit_mb * MB:
+        raise Refused(
+            "session_too_large",
+            f"session {session.id} holds {size / MB:.1f} MB of stored data, its max_session_mb"
+            f" is {limit_mb}: it takes no more turns (it can still be read; start a new"
+            " session to go on)",
+        )

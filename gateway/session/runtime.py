@@ -1,0 +1,93 @@
+"""A session's runtime: the queue its agent loop reads, and the failure boundary around it.
+
+The queue holds a turn, and at most one compaction ahead of it
+(``POST .../compact``, PROTOCOL section 12). The failure boundary
+(:meth:`Runtime.run`): if the agent loop or the translator fails, the failure
+is logged and counted, the turn in flight is closed for every client, and both
+tasks start again for the next turn; a session failing over and over (five
+times within a second) pauses a second before it starts again. A session
+whose lease another node took is stopped here (:meth:`Runtime.stop`) and
+starts again as a replica.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import trio
+
+from gateway.session import compactor
+from gateway.session.turn import Turn
+
+if TYPE_CHECKING:
+    from gateway.session.agent import AgentLoop
+    from gateway.session.session import Session
+
+
+class Runtime:
+    """The turns and compactions queued for one session's agent loop, and its tasks' scope."""
+
+    def __init__(self) -> None:
+        self._tx, self._rx = trio.open_memory_channel[Turn | compactor.Request](2)
+        self.compaction: compactor.Request | None = None  # POST .../compact, until it ran
+        self._scope = trio.CancelScope()
+
+    def queue_turn(self, turn: Turn) -> None:
+        self._tx.send_nowait(turn)
+
+    @property
+    def compaction_queued(self) -> bool:
+        """A compaction is queued and has not run yet."""
+        return self.compaction is not None and not self.compaction.done.is_set()
+
+    def queue_compaction(self) -> None:
+        self.compaction = compactor.Request()
+        self._tx.send_nowait(self.compaction)
+
+    async def compacted(self) -> None:
+        """Return once the compaction queued (if any) has run."""
+        if self.compaction is not None:
+            await self.compaction.done.wait()
+
+    async def run(
+        self, session: Session, agent: AgentLoop, task_status: trio.TaskStatus[None]
+    ) -> None:
+        """The session's tasks, started again after each failure (module docstring)."""
+        recent: deque[float] = deque(maxlen=5)
+        while True:
+            self._scope = trio.CancelScope()
+            try:
+                with self._scope:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(session.calls.run, name=f"translator {session.id}")
+                        nursery.start_soon(agent.run, self._rx, name=f"agent-loop {session.id}")
+                        task_status.started()
+                        task_status = trio.TASK_STATUS_IGNORED
+                if not self._scope.cancelled_caught:
+                    return
+                self._clear(agent)
+                session.stopped_here()
+            except Exception as exc:
+                session.failed("session", exc)
+                agent.abort()
+                recent.append(time.monotonic())
+                if len(recent) == recent.maxlen and recent[-1] - recent[0] < 1.0:
+                    await trio.sleep(1.0)
+
+    def stop(self) -> None:
+        """Tear the session's tasks down at once (they start again: :meth:`run`)."""
+        self._scope.cancel()
+
+    def _clear(self, agent: AgentLoop) -> None:
+        """After :meth:`stop`: nothing in flight, nothing queued."""
+        agent.current = None
+        if self.compaction is not None:  # dropped with the channel's contents below
+            self.compaction.done.set()
+            self.compaction = None
+        while True:
+            try:
+                self._rx.receive_nowait()
+            except trio.WouldBlock:
+                break
