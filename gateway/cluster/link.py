@@ -34,7 +34,7 @@ clients of that family (close ``relay_gap``, 1001), and they resume with
 request or reply lost is a timeout (503 ``session_owner_unreachable``); a turn
 whose answer was lost may have started (a retry is then 409 ``turn_in_progress``).
 
-Attach tokens live in Redis too (:class:`gateway.node.tokens.RedisAttachTokens`,
+Attach tokens live in Redis too (:class:`gateway.node.attach_tokens.RedisAttachTokens`,
 through :meth:`Cluster.redis_call`): a token issued by one node is redeemed by
 whichever node the client's WebSocket reaches.
 """

@@ -1,6 +1,6 @@
 """The gateway node: every session of one daemon, and what they share (gateway.node.node)."""
 
+from gateway.node.attach_tokens import AttachTokens
 from gateway.node.node import Node
-from gateway.node.tokens import AttachTokens
 
 __all__ = ["AttachTokens", "Node"]

@@ -26,7 +26,7 @@ The node is the composition of its parts, each in a file of its own:
 - gateway.node.placement: where each session runs, and the operations sent there;
 - gateway.node.failover: taking a session's lease over, and losing it;
 - gateway.node.recovery: closing the turns a dead node left in flight;
-- gateway.node.tokens: the attach tokens, here or in Redis;
+- gateway.node.attach_tokens: the attach tokens, here or in Redis;
 - gateway.node.durability: batches released once their commit is durable;
 - gateway.node.pricing: what a model call cost.
 
@@ -57,13 +57,13 @@ from gateway.logs import event
 from gateway.mcp.servers import McpServers
 from gateway.metrics import Metrics
 from gateway.node import recovery
+from gateway.node.attach_tokens import AttachTokens, Tokens
 from gateway.node.durability import Durability
 from gateway.node.failover import Failover
 from gateway.node.operations import Notice, perform
 from gateway.node.placement import Placement, choose
 from gateway.node.pricing import pricing
 from gateway.node.registry import Registry
-from gateway.node.tokens import AttachTokens, Tokens
 from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
@@ -127,7 +127,7 @@ class Node:
             turns_in_flight=lambda: sum(s.turn is not None for s in self.sessions.values()),
             connection_states=self._connection_states,
         )
-        # In this process; in Redis once the placement is clustered (gateway.node.tokens).
+        # In this process; in Redis once the placement is clustered (gateway.node.attach_tokens).
         self.tokens: Tokens = AttachTokens(config.stream.attach_token_ttl_s)
         self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.server.auth)
         self.workspaces = Workspaces.from_config(config.sessions)  # PROTOCOL section 15

@@ -91,12 +91,12 @@ async def choose(node: Node, nursery: trio.Nursery) -> Placement:
     """The node's placement, picked once at start-up from its store's leases.
 
     On Redis the cluster link starts here, in ``nursery`` (task ``cluster``),
-    and the attach tokens move to Redis (gateway.node.tokens).
+    and the attach tokens move to Redis (gateway.node.attach_tokens).
     """
     if not node.leases.leases.shared:
         return LocalPlacement()
     from gateway.cluster.link import Cluster  # coredis: imported only when used
-    from gateway.node.tokens import RedisAttachTokens
+    from gateway.node.attach_tokens import RedisAttachTokens
 
     placement = ClusteredPlacement(node)
     cluster = Cluster(

@@ -115,8 +115,8 @@ from coredis.tokens import PureToken
 
 from gateway.errors import StoreError, first_leaf
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
+from gateway.store.group_commit import CLOSE_RETRY_S, RETRY_FIRST_S, RETRY_MAX_S, Batch, GroupCommit
 from gateway.store.lease import Taken
-from gateway.store.writer import CLOSE_RETRY_S, RETRY_FIRST_S, RETRY_MAX_S, Batch, GroupCommit
 
 log = logging.getLogger("gateway.store")
 
@@ -292,7 +292,7 @@ class _Keys:
 
 
 class _Batch(Batch):
-    """The Redis rows of a batch (:class:`gateway.store.writer.Batch`)."""
+    """The Redis rows of a batch (:class:`gateway.store.group_commit.Batch`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -328,7 +328,7 @@ class _Batch(Batch):
 class RedisStore(GroupCommit[_Batch]):
     """The Redis trace store: implements :class:`gateway.store.base.Store`.
 
-    The group commit is :class:`gateway.store.writer.GroupCommit`'s; this
+    The group commit is :class:`gateway.store.group_commit.GroupCommit`'s; this
     class applies a batch as one ``MULTI``/``EXEC`` and reads.
 
     Args:

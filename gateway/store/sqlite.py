@@ -84,8 +84,8 @@ import trio
 from gateway.errors import StoreError
 from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
+from gateway.store.group_commit import Batch, GroupCommit, WritesRefused
 from gateway.store.lease import LocalLeases
-from gateway.store.writer import Batch, GroupCommit, WritesRefused
 
 SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 5.0
@@ -253,7 +253,7 @@ _EventRow = tuple[int, str, str, int, bytes]
 
 
 class _Batch(Batch):
-    """The SQLite rows of a batch (:class:`gateway.store.writer.Batch`)."""
+    """The SQLite rows of a batch (:class:`gateway.store.group_commit.Batch`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -599,7 +599,7 @@ def _session_record(row: tuple[Any, ...]) -> SessionRecord:
 class SqliteStore(GroupCommit[_Batch]):
     """The SQLite trace store: implements :class:`gateway.store.base.Store`.
 
-    The group commit is :class:`gateway.store.writer.GroupCommit`'s: this
+    The group commit is :class:`gateway.store.group_commit.GroupCommit`'s: this
     class applies a batch as one SQLite transaction in a worker thread and
     reads. Reads see only committed data.
 
