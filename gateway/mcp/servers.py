@@ -30,12 +30,8 @@ failing to start. Its tools stay listed (the last list it gave) while it is down
 A call (:meth:`McpConnection.call`) waits at most ``tool_timeout_s``
 (``timeout``); a trio cancel of it (the turn's cancel, or the timeout) makes
 the SDK send ``notifications/cancelled`` with the request's id before the
-cancel goes on (checked by the tests: the server sees it). An elicitation
-(``elicitation/create``) is asked of the session whose call is in flight on
-that connection (:meth:`ToolSession.elicit`); if calls of several sessions are
-in flight on a shared server at once, the server's question cannot be tied
-to one of them (MCP's stdio carries no request it relates to) and is
-cancelled, with a warning (``mcp_elicitation_ambiguous``).
+cancel goes on (checked by the tests: the server sees it). A server's
+question during a call (``elicitation/create``) is gateway.mcp.questions's.
 """
 
 from __future__ import annotations
@@ -53,7 +49,7 @@ import mcp_types as types
 import pydantic
 import trio
 from mcp.client._transport import TransportStreams
-from mcp.client.session import ClientRequestContext, ClientSession
+from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -61,8 +57,9 @@ from gateway.agents import AgentProfile
 from gateway.config import Config, McpServerConfig
 from gateway.errors import ToolError
 from gateway.logs import event
+from gateway.mcp.questions import Questions
 from gateway.mcp.stdio import stdio_streams
-from gateway.mcp.tools import MAX_TOOLS, McpTool, adapt_tools, elicitation_problem, map_result
+from gateway.mcp.tools import MAX_TOOLS, McpTool, adapt_tools, map_result
 from gateway.metrics import Metrics
 from gateway.tools.process import ToolProcesses
 from gateway.tools.registry import SessionTools, ToolContext, ToolOutput, ToolRegistry
@@ -88,11 +85,6 @@ listing task per notice, all at once (thousands of requests, each list adapted
 in the daemon's thread); now one listing runs at a time, notices meanwhile
 coalesce into one more, at most once a second."""
 
-MAX_QUESTIONS = 4
-"""A session's elicitations in flight on one connection; a server asking more at once is cancelled.
-
-Each is a pending permission in every snapshot of the session: a server that
-sends a thousand ``elicitation/create`` at once must not make a thousand."""
 
 GARBAGE_LOG_INTERVAL_S = 10.0
 """The least time between two warnings of one server's stdout lines that are not JSON-RPC.
@@ -137,8 +129,7 @@ class McpConnection:
         self._retry_at = -math.inf
         self._last_error = ""
         self._calls: dict[object, ToolContext] = {}  # in flight, oldest first
-        # Questions being asked, by session: each ended with that session's last call here.
-        self._questions: dict[str, list[tuple[trio.CancelScope, trio.Event]]] = {}
+        self._questions = Questions(name, self._calls)  # a server's questions during calls
         self._stderr = b""
         self._nursery: trio.Nursery | None = None  # the live connection's helper tasks
         self._relisting = False  # a listing task runs (RELIST_INTERVAL_S)
@@ -267,7 +258,7 @@ class McpConnection:
                 )
             session = ClientSession(
                 *streams,
-                elicitation_callback=self._elicit,
+                elicitation_callback=self._questions.ask,
                 message_handler=self._on_message,
             )
             yield await stack.enter_async_context(session)
@@ -444,7 +435,7 @@ class McpConnection:
         finally:
             del self._calls[token]
             if not any(c.session_id == ctx.session_id for c in self._calls.values()):
-                await self._end_questions(ctx.session_id)
+                await self._questions.end(ctx.session_id)
         if scope.cancelled_caught:
             raise ToolError(
                 "timeout",
@@ -452,78 +443,6 @@ class McpConnection:
                 " (tool_timeout_s)",
             )
         return map_result(self.name, tool, result)
-
-    async def _elicit(
-        self, context: ClientRequestContext, params: types.ElicitRequestParams
-    ) -> types.ElicitResult | types.ErrorData:
-        """A server's question during a call: asked of the calling session's user."""
-        if not isinstance(params, types.ElicitRequestFormParams):
-            return types.ErrorData(
-                code=types.INVALID_REQUEST, message="only form elicitations are supported"
-            )
-        sessions = {ctx.session_id for ctx in self._calls.values()}
-        if len(sessions) != 1:
-            event(
-                log, logging.WARNING, "mcp_elicitation_ambiguous",
-                f"MCP server {self.name} asked a question while calls of {len(sessions)}"
-                " sessions were in flight: cancelled",
-                server=self.name, count=len(sessions),
-            )  # fmt: skip
-            return types.ElicitResult(action="cancel")
-        ctx = next(iter(self._calls.values()))
-        if ctx.session is None:
-            return types.ElicitResult(action="cancel")
-        schema = params.requested_schema
-        if isinstance(schema, pydantic.BaseModel):
-            schema = schema.model_dump(by_alias=True, exclude_none=True)
-        problem = elicitation_problem(params.message, schema)
-        if problem is not None:
-            event(
-                log, logging.WARNING, "mcp_elicitation_refused",
-                f"MCP server {self.name} asked a question that cannot be asked: {problem}",
-                server=self.name, session_id=ctx.session_id, error=problem,
-            )  # fmt: skip
-            return types.ErrorData(code=types.INVALID_PARAMS, message=f"refused: {problem}")
-        asked = self._questions.setdefault(ctx.session_id, [])
-        if len(asked) >= MAX_QUESTIONS:
-            event(
-                log, logging.WARNING, "mcp_elicitation_refused",
-                f"MCP server {self.name} asked over {MAX_QUESTIONS} questions at once: cancelled",
-                server=self.name, session_id=ctx.session_id, error="too many at once",
-            )  # fmt: skip
-            return types.ElicitResult(action="cancel")
-        question = (trio.CancelScope(), trio.Event())
-        asked.append(question)
-        try:
-            with question[0]:
-                decision, content = await ctx.session.elicit(ctx, params.message, dict(schema))
-        finally:
-            question[1].set()
-            with suppress(ValueError):
-                asked.remove(question)
-        if question[0].cancelled_caught:
-            return types.ElicitResult(action="cancel")
-        if decision == "allow":
-            return types.ElicitResult(action="accept", content=content or {})
-        if decision == "deny":
-            return types.ElicitResult(action="decline")
-        return types.ElicitResult(action="cancel")
-
-    async def _end_questions(self, session_id: str) -> None:
-        """The session's last call here ended (done, failed, cancelled): so do its questions.
-
-        The server's question runs in the SDK's task, not the call's, so a
-        turn's cancel or the call's timeout would leave it open (a pending
-        permission, answered by nobody, until approval_timeout_s). Cancelled
-        here, it is resolved ``cancelled`` (PROTOCOL section 11) before the
-        call's own ``tool.failed`` (waited for, shielded, a second at most).
-        """
-        questions = self._questions.pop(session_id, [])
-        for scope, _ in questions:
-            scope.cancel()
-        with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-            for _, done in questions:
-                await done.wait()
 
 
 class McpServers:
