@@ -13,18 +13,15 @@ session at once (:meth:`Failover.lease_lost`).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import trio
 
 from gateway.errors import StoreError
 from gateway.logs import event
+from gateway.node.core import NodeCore
 from gateway.session.recovery import close_interrupted
 from gateway.session.session import Session
 from gateway.store.lease import Taken
-
-if TYPE_CHECKING:
-    from gateway.node.node import Node
 
 log = logging.getLogger("gateway.node")
 
@@ -32,7 +29,7 @@ log = logging.getLogger("gateway.node")
 class Failover:
     """This node's side of the lease hand-over of its sessions."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeCore) -> None:
         self.node = node
         self.claiming: dict[str, trio.Event] = {}  # sessions whose lease a request is taking
         self._closing = trio.Lock()  # closing interrupted turns: one at a time

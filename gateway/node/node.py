@@ -30,6 +30,8 @@ The node is the composition of its parts, each in a file of its own:
 - gateway.node.durability: batches released once their commit is durable;
 - gateway.node.pricing: what a model call cost.
 
+The parts see the node as gateway.node.core.NodeCore, so none of them imports this module.
+
 Shared by all sessions: the config, the store, the node-wide event sequencer
 (PROTOCOL section 1), the provider, the tool registry, the attach tokens, the
 limits per API key (``gateway.server.auth``) and the metrics. Shutdown

@@ -7,10 +7,11 @@ here (:func:`perform`) and answers exactly as its own routes would.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, assert_never
+from typing import assert_never
 
 from gateway.cluster import ops
 from gateway.errors import Refused, SubscribeRejected
+from gateway.node.core import NodeCore
 from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe, decode_client_frame
@@ -18,9 +19,6 @@ from gateway.protocol.shapes import Message
 from gateway.runtimes import slots
 from gateway.session import seam
 from gateway.session.session import Session
-
-if TYPE_CHECKING:
-    from gateway.node.node import Node
 
 Notice = ops.Warn | ops.Unregistered
 """An operation sent without waiting for its answer (a replica's warnings)."""
@@ -37,7 +35,7 @@ def notice(session: Session, op: Notice) -> None:
             assert_never(op)
 
 
-async def perform(node: Node, session: Session, op: ops.Operation) -> ops.Answer:
+async def perform(node: NodeCore, session: Session, op: ops.Operation) -> ops.Answer:
     """Carry an operation out on a session this node runs; its answer.
 
     Raises:
@@ -78,7 +76,7 @@ async def perform(node: Node, session: Session, op: ops.Operation) -> ops.Answer
     return ops.Done()
 
 
-async def start_turn(node: Node, session: Session, message: Message) -> None:
+async def start_turn(node: NodeCore, session: Session, message: Message) -> None:
     """Start a turn on a session this node runs; return once it is accepted (durable).
 
     Raises:
@@ -94,7 +92,7 @@ async def start_turn(node: Node, session: Session, message: Message) -> None:
     await session.accepted(turn)
 
 
-async def _process_slot(node: Node, session: Session) -> None:
+async def _process_slot(node: NodeCore, session: Session) -> None:
     """A ``claude-code`` session's turn holds a process slot before it is accepted.
 
     ``max_processes`` of its agent (:mod:`gateway.runtimes.slots`): an idle
@@ -110,7 +108,7 @@ async def _process_slot(node: Node, session: Session) -> None:
         raise slots.over_capacity(agent.name, limit)
 
 
-def _unreserve_slot(node: Node, session: Session) -> None:
+def _unreserve_slot(node: NodeCore, session: Session) -> None:
     """A slot held for a turn that was refused, and for no process: free it."""
     agent = node.agents[session.record.agent]
     runtime = session.agent.runtime if session.agent is not None else None

@@ -27,6 +27,7 @@ from gateway.cluster import ops
 from gateway.errors import Refused, StoreError, unavailable
 from gateway.logs import event
 from gateway.node import recovery
+from gateway.node.core import NodeCore
 from gateway.node.failover import close_clients
 from gateway.node.operations import Notice, notice, perform
 from gateway.protocol.framing import event_frame
@@ -36,7 +37,6 @@ from gateway.session.session import Session
 
 if TYPE_CHECKING:
     from gateway.cluster.link import Cluster, LiveBatch
-    from gateway.node.node import Node
 
 log = logging.getLogger("gateway.node")
 
@@ -87,7 +87,7 @@ class Placement(Protocol):
         ...
 
 
-async def choose(node: Node, nursery: trio.Nursery) -> Placement:
+async def choose(node: NodeCore, nursery: trio.Nursery) -> Placement:
     """The node's placement, picked once at start-up from its store's leases.
 
     On Redis the cluster link starts here, in ``nursery`` (task ``cluster``),
@@ -150,7 +150,7 @@ class ClusteredPlacement:
 
     alone = False
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeCore) -> None:
         self.node = node
         self.cluster: Cluster  # set by choose(), before anything is asked
         self._relayed: dict[str, tuple[str, int]] = {}  # family -> (owner, last batch number)

@@ -12,21 +12,18 @@ node's: all of them are closed at start-up.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import trio
 
 from gateway.errors import StoreError
 from gateway.logs import event
+from gateway.node.core import NodeCore
 from gateway.node.failover import recovered
-
-if TYPE_CHECKING:
-    from gateway.node.node import Node
 
 log = logging.getLogger("gateway.node")
 
 
-async def close_interrupted_turns(node: Node) -> None:
+async def close_interrupted_turns(node: NodeCore) -> None:
     """One pass: close every turn left in flight that this node can take (module docstring)."""
     records = await node.store.open_turns()
     by_id = {r.id: r for r in records}
@@ -69,7 +66,7 @@ async def close_interrupted_turns(node: Node) -> None:
         await node.wait_durable()
 
 
-async def keep_recovering(node: Node) -> None:
+async def keep_recovering(node: NodeCore) -> None:
     """The ``recovery`` task (Redis): close the turns of nodes that died since.
 
     Every half lease time: a dead node's turn is closed at most 1.5 x

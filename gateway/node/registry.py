@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from gateway.errors import Refused, StoreError
 from gateway.ids import new_session_id, now_ms
 from gateway.logs import event
+from gateway.node.core import NodeCore
 from gateway.server.auth import NO_OWNER
 from gateway.session.session import Session
 from gateway.store.base import SessionRecord
 from gateway.tools.workspace import WorkspaceError, Workspaces
-
-if TYPE_CHECKING:
-    from gateway.node.node import Node
 
 log = logging.getLogger("gateway.node")
 
@@ -34,7 +32,7 @@ ROUTING_POLICY_VERSION = "static-1"
 class Registry:
     """Every session live on this node, by id."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeCore) -> None:
         self.node = node
         self.sessions: dict[str, Session] = {}
         self._loading: dict[str, trio.Event] = {}

@@ -9,18 +9,15 @@ once shutdown began, none once the session holds ``max_session_mb``
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from gateway.errors import Refused
-
-if TYPE_CHECKING:
-    from gateway.session.session import Session
+from gateway.session.core import SessionCore
 
 MB = 1024 * 1024
 """A megabyte of ``max_session_mb``: 2**20 bytes."""
 
 
-def check_idle(session: Session) -> None:
+def check_idle(session: SessionCore) -> None:
     """Refuse a turn (or a compaction) on a node that does not run it, or while one runs.
 
     Raises:
@@ -53,7 +50,7 @@ def check_idle(session: Session) -> None:
         )
 
 
-def check_size(session: Session) -> None:
+def check_size(session: SessionCore) -> None:
     """Refuse a turn once the session holds ``max_session_mb`` or more (PROTOCOL section 15).
 
     Raises:

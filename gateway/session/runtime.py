@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.session import compactor
+from gateway.session.core import SessionCore
 from gateway.session.turn import Turn
 
 if TYPE_CHECKING:
     from gateway.session.agent import AgentLoop
-    from gateway.session.session import Session
 
 
 class Runtime:
@@ -52,7 +52,7 @@ class Runtime:
             await self.compaction.done.wait()
 
     async def run(
-        self, session: Session, agent: AgentLoop, task_status: trio.TaskStatus[None]
+        self, session: SessionCore, agent: AgentLoop, task_status: trio.TaskStatus[None]
     ) -> None:
         """The session's tasks, started again after each failure (module docstring)."""
         recent: deque[float] = deque(maxlen=5)

@@ -50,6 +50,7 @@ node.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Iterable
@@ -525,19 +526,18 @@ class Session:
 
     async def spawn_worker(self, tool_use_id: str) -> Session:
         """A worker session of this one (:func:`gateway.session.tool_host.spawn_worker`)."""
-        return await tool_host.spawn_worker(self, tool_use_id)
+        create = functools.partial(
+            self.node.create_session,
+            workspace_path=self.record.workspace_path,
+            model=self.record.active_model,
+            metadata={"delegated_by": tool_use_id},
+            parent=self,
+        )
+        return await tool_host.spawn_worker(self, create)
 
     def book_worker_cost(self, turn_id: str, cost_usd: float) -> None:
-        """Add what a delegated worker's turn spent to the turn that delegated it.
-
-        PROTOCOL section 5: ``turn.completed.cost_usd`` includes the turn's
-        workers (``workers_cost_usd``), and so does ``cost_so_far_usd``; a
-        worker's own workers are in its cost already, so it rolls up level by
-        level. A turn that has ended meanwhile is not charged twice.
-        """
-        turn = self.turn
-        if turn is not None and turn.id == turn_id and turn.in_flight:
-            turn.workers_cost_usd += cost_usd
+        """A worker turn's cost, on the turn that delegated it (gateway.session.tool_host)."""
+        tool_host.book_worker_cost(self, turn_id, cost_usd)
 
     # --- runtime -------------------------------------------------------------------
 

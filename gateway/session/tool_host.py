@@ -1,4 +1,4 @@
-"""What a tool may do with its session: ask the user, and delegate to a worker.
+"""What a tool may do with its session: ask the user, delegate to a worker, book its cost.
 
 The session side of gateway.tools.registry.ToolSession: an MCP server's
 elicitation is a ``permission.requested`` (PROTOCOL section 11), a
@@ -8,21 +8,25 @@ section 15.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
 from gateway.errors import ApiError, ToolError
 from gateway.ids import now_ms
 from gateway.protocol.events import PermissionRequested, PermissionResolved
+from gateway.session.core import SessionCore
 
 if TYPE_CHECKING:
-    from gateway.session.session import Session
     from gateway.tools.registry import ToolContext
+
+Worker = TypeVar("Worker")
+"""The session :func:`spawn_worker` makes (a :class:`gateway.session.session.Session`)."""
 
 
 async def elicit(
-    session: Session, ctx: ToolContext, message: str, requested_schema: dict[str, Any]
+    session: SessionCore, ctx: ToolContext, message: str, requested_schema: dict[str, Any]
 ) -> tuple[str, dict[str, Any] | None]:
     """An MCP server's question, as a ``permission.requested`` (``kind: "elicitation"``).
 
@@ -65,8 +69,8 @@ async def elicit(
     return decision, request.content if decision == "allow" else None
 
 
-async def spawn_worker(session: Session, tool_use_id: str) -> Session:
-    """Create and start a worker session of this one (the ``delegate`` tool).
+async def spawn_worker(session: SessionCore, create: Callable[[], Awaitable[Worker]]) -> Worker:
+    """Create and start a worker session of this one (the ``delegate`` tool) with ``create``.
 
     Within the limits of PROTOCOL section 15: not from a session at
     ``max_delegate_depth``, at most ``max_workers_per_turn`` of the turn in
@@ -75,6 +79,10 @@ async def spawn_worker(session: Session, tool_use_id: str) -> Session:
     same counts as a client's, so a turn cannot make sessions and turns its
     key could not). Each check counts in the step that makes it, so
     concurrent ``delegate`` calls of one batch cannot all take the last slot.
+
+    ``create`` makes it (the node's ``create_session``, with ``session`` as
+    its parent) once the limits allow it: the session passes it in, so that
+    this module needs to know no more of the session than :class:`SessionCore`.
 
     Raises:
         ToolError: ``limit``, naming the limit; nothing was created or counted.
@@ -103,12 +111,7 @@ async def spawn_worker(session: Session, tool_use_id: str) -> Session:
     if turn is not None:
         turn.workers += 1
     try:
-        return await session.node.create_session(
-            workspace_path=session.record.workspace_path,
-            model=session.record.active_model,
-            metadata={"delegated_by": tool_use_id},
-            parent=session,
-        )
+        return await create()
     except ApiError as exc:
         if exc.code != "too_many_sessions":
             raise  # it may have been created: it stays counted
@@ -116,3 +119,16 @@ async def spawn_worker(session: Session, tool_use_id: str) -> Session:
         if turn is not None:
             turn.workers -= 1
         raise ToolError("limit", f"delegate refused: {exc} (workers' sessions count)") from None
+
+
+def book_worker_cost(session: SessionCore, turn_id: str, cost_usd: float) -> None:
+    """Add what a delegated worker's turn spent to the turn that delegated it.
+
+    PROTOCOL section 5: ``turn.completed.cost_usd`` includes the turn's
+    workers (``workers_cost_usd``), and so does ``cost_so_far_usd``; a
+    worker's own workers are in its cost already, so it rolls up level by
+    level. A turn that has ended meanwhile is not charged twice.
+    """
+    turn = session.turn
+    if turn is not None and turn.id == turn_id and turn.in_flight:
+        turn.workers_cost_usd += cost_usd

@@ -1,0 +1,97 @@
+"""The node as its parts see it: a module below them all, so that none imports the node.
+
+:class:`gateway.node.node.Node` is made of its parts (gateway.node.registry,
+placement, failover, recovery, operations) and hands each of them itself. A
+part sees it as :class:`NodeCore`: exactly what the parts use of the node, and
+of the other parts they reach through it (:class:`FailoverPart`,
+:class:`PlacementPart`, :class:`RegistryPart`). So the import map is a tree:
+the node imports its parts, the parts import this module, and no part names
+the node, not even for the type checker.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+from gateway.node.attach_tokens import Tokens
+from gateway.session.session import NodeServices, Session
+from gateway.store.lease import LeaseKeeper, Taken
+
+if TYPE_CHECKING:
+    from gateway.cluster.link import Cluster  # coredis: imported only where used
+
+
+class FailoverPart(Protocol):
+    """The lease hand-over (gateway.node.failover), as placement and recovery use it."""
+
+    @property
+    def claiming(self) -> dict[str, trio.Event]:
+        """Sessions whose lease a request (or a recovery pass) is taking, set once it is done."""
+        ...
+
+    async def claim(self, session: Session) -> None:
+        """Take the session's lease if nobody holds it (every request for a session)."""
+        ...
+
+    async def ids_above(self, taken: Taken) -> None:
+        """Issue the next ids above every id the lease's previous holder could have issued."""
+        ...
+
+    async def take_over(self, session: Session, taken: Taken | None) -> int:
+        """Close the turns a session's family left in flight here, workers first; how many."""
+        ...
+
+
+class PlacementPart(Protocol):
+    """Where sessions run (gateway.node.placement), as failover uses it."""
+
+    def heard(self, root_id: str) -> None:
+        """This node took a family over: the nodes that watched it still do."""
+        ...
+
+
+class RegistryPart(Protocol):
+    """The live sessions (gateway.node.registry), as the other parts load and start them."""
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """The node's ``sessions`` nursery (a forwarded operation's task runs there too)."""
+        ...
+
+    async def load(self, session_id: str) -> Session | None:
+        """A live session, loading a stored one (and its workers); ``None`` if unknown."""
+        ...
+
+
+class NodeCore(NodeServices, Protocol):
+    """What the node's parts use of it: what its sessions use (:class:`NodeServices`: the
+    registry makes them with it), its leases and sessions, and its other parts."""
+
+    tokens: Tokens  # replaced by the Redis ones once the placement is clustered
+    cluster: Cluster | None  # the link to the other nodes, set by a clustered placement
+
+    @property
+    def node_id(self) -> str:
+        """This process, in the session leases."""
+        ...
+
+    @property
+    def leases(self) -> LeaseKeeper: ...
+
+    @property
+    def sessions(self) -> dict[str, Session]: ...
+
+    @property
+    def registry(self) -> RegistryPart: ...
+
+    @property
+    def failover(self) -> FailoverPart: ...
+
+    @property
+    def placement(self) -> PlacementPart: ...
+
+    async def get_session(self, session_id: str) -> Session | None:
+        """A live session, loading a stored one and taking its lease if free; ``None``: unknown."""
+        ...
