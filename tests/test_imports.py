@@ -321,7 +321,6 @@ def test_the_agent_loop_names_no_runtime() -> None:
     """
     graph = build_graph(type_checking=True)
     runtime_modules = {m for m in graph.modules if m.startswith("gateway.runtimes.")}
-    runtime_modules -= {"gateway.runtimes.slots"}  # the process slots: a node's, not a runtime
     wrong = [
         f"{module} -> {target} ({where(graph, module, line)})"
         for module, targets in sorted(graph.edges.items())

@@ -1,11 +1,11 @@
-"""``max_processes`` (gateway.runtimes.slots): a slot per running or reserved CLI."""
+"""``max_processes`` (gateway.tools.process_slots): a slot per running or reserved CLI."""
 
 from __future__ import annotations
 
 import trio
 import trio.testing
 
-from gateway.runtimes.slots import ProcessSlots
+from gateway.tools.process_slots import ProcessSlots
 
 
 class FakeProcess:

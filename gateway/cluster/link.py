@@ -58,7 +58,6 @@ from coredis.retry import NoRetryPolicy
 
 from gateway.cluster.ops import Answer, Operation, Refusal
 from gateway.errors import Refused, StoreError, first_leaf
-from gateway.session.hub import Emitted
 
 log = logging.getLogger("gateway.cluster")
 
@@ -92,6 +91,10 @@ class Reply(msgspec.Struct, array_like=True, tag="r"):
     answer: Answer
 
 
+LiveEvent = tuple[int, str, str, str | None, int, bytes]
+"""One event of a live batch: ``(seq, type, actor, turn_id, ts, data)``."""
+
+
 class LiveBatch(msgspec.Struct, array_like=True, tag="b"):
     """One released batch of one session, as its owner emitted it.
 
@@ -103,14 +106,7 @@ class LiveBatch(msgspec.Struct, array_like=True, tag="b"):
     node: str
     batch_no: int
     session_id: str
-    events: list[tuple[int, str, str, str | None, int, bytes]]
-
-    def emitted(self, frame: Callable[[bytes], bytes]) -> list[Emitted]:
-        sid = self.session_id
-        return [
-            Emitted(seq, type_, actor, sid, turn_id, ts, data, frame(data))
-            for seq, type_, actor, turn_id, ts, data in self.events
-        ]
+    events: list[LiveEvent]
 
 
 Message = Request | Reply | LiveBatch
@@ -366,7 +362,7 @@ class Cluster:
         self._epoch += 1
         self.audience[root_id] = self._epoch
 
-    def publish(self, root_id: str, session_id: str, events: list[Emitted]) -> None:
+    def publish(self, root_id: str, session_id: str, events: list[LiveEvent]) -> None:
         """Queue one released batch of a family for the other nodes (never blocks).
 
         Only for a family some other node watches (:meth:`heard`): a batch
@@ -381,12 +377,7 @@ class Cluster:
         if len(self._queue) >= MAX_QUEUED_BATCHES:
             self.dropped += 1
             return
-        batch = LiveBatch(
-            self.node_id,
-            no,
-            session_id,
-            [(e.seq, e.type, e.actor, e.turn_id, e.ts, e.data) for e in events],
-        )
+        batch = LiveBatch(self.node_id, no, session_id, events)
         self._queue.append((root_id, epoch, _encode(batch)))
         self._queued.set()
 

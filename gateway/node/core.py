@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from gateway.node.attach_tokens import Tokens
+from gateway.server.auth import Limits
 from gateway.session.session import NodeServices, Session
 from gateway.store.lease import LeaseKeeper, Taken
 
@@ -71,6 +72,11 @@ class NodeCore(NodeServices, Protocol):
 
     tokens: Tokens  # replaced by the Redis ones once the placement is clustered
     cluster: Cluster | None  # the link to the other nodes, set by a clustered placement
+
+    @property
+    def limits(self) -> Limits:
+        """The per-key limits, all of them (a session sees :class:`KeyLimits` of them)."""
+        ...
 
     @property
     def node_id(self) -> str:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from gateway import runtimes
 from gateway.agents import AgentProfile, Agents
 from gateway.cluster import ops
 from gateway.config import Config
@@ -69,7 +70,6 @@ from gateway.node.registry import Registry
 from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
-from gateway.runtimes.slots import ProcessSlots
 from gateway.server.auth import Limits
 from gateway.session.agent import TurnHost
 from gateway.session.hub import Emitted
@@ -78,11 +78,13 @@ from gateway.session.session import Session
 from gateway.store.base import Store
 from gateway.store.lease import LeaseKeeper, new_node_id
 from gateway.tools.process import ToolProcesses
+from gateway.tools.process_slots import ProcessSlots
 from gateway.tools.registry import SessionTools, ToolRegistry
 from gateway.tools.workspace import Workspaces
 
 if TYPE_CHECKING:
     from gateway.cluster.link import Cluster
+    from gateway.session.loop_api import RuntimeFactory
 
 log = logging.getLogger("gateway.node")
 
@@ -279,6 +281,10 @@ class Node:
     def agent(self, name: str) -> AgentProfile:
         """The agent ``name`` (a stored session's agent since removed runs the default)."""
         return self.agents[name]
+
+    def runtime_of(self, agent: AgentProfile) -> RuntimeFactory | None:
+        """What makes ``agent``'s runtime; ``None``: the gateway's own loop (gateway.runtimes)."""
+        return runtimes.factory(agent)
 
     def pricing(self, model: str) -> Callable[[Usage], float | None]:
         """``cost_usd`` of a usage on ``model`` (gateway.node.pricing)."""

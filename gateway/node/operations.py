@@ -16,9 +16,9 @@ from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe, decode_client_frame
 from gateway.protocol.shapes import Message
-from gateway.runtimes import slots
 from gateway.session import seam
 from gateway.session.session import Session
+from gateway.tools import process_slots
 
 Notice = ops.Warn | ops.Unregistered
 """An operation sent without waiting for its answer (a replica's warnings)."""
@@ -95,7 +95,7 @@ async def start_turn(node: NodeCore, session: Session, message: Message) -> None
 async def _process_slot(node: NodeCore, session: Session) -> None:
     """A ``claude-code`` session's turn holds a process slot before it is accepted.
 
-    ``max_processes`` of its agent (:mod:`gateway.runtimes.slots`): an idle
+    ``max_processes`` of its agent (:mod:`gateway.tools.process_slots`): an idle
     process may be stopped to make room; after ``SLOT_WAIT_S``,
     ``over_capacity``. A session whose turn is in flight is refused
     ``turn_in_progress`` without waiting.
@@ -104,8 +104,9 @@ async def _process_slot(node: NodeCore, session: Session) -> None:
     if agent.runtime != "claude-code" or session.turn is not None:
         return
     limit = agent.max_processes
-    if not await node.process_slots.acquire(agent.name, limit, session.id, slots.SLOT_WAIT_S):
-        raise slots.over_capacity(agent.name, limit)
+    wait_s = process_slots.SLOT_WAIT_S
+    if not await node.process_slots.acquire(agent.name, limit, session.id, wait_s):
+        raise process_slots.over_capacity(agent.name, limit)
 
 
 def _unreserve_slot(node: NodeCore, session: Session) -> None:

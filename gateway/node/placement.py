@@ -31,9 +31,9 @@ from gateway.node.core import NodeCore
 from gateway.node.failover import close_clients
 from gateway.node.operations import Notice, notice, perform
 from gateway.protocol.framing import event_frame
-from gateway.runtimes import slots
 from gateway.session.hub import Emitted
 from gateway.session.session import Session
+from gateway.tools import process_slots
 
 if TYPE_CHECKING:
     from gateway.cluster.link import Cluster, LiveBatch
@@ -201,11 +201,11 @@ class ClusteredPlacement:
         if holder is None or holder == node.node_id:  # changing hands right now
             raise _changing_nodes(session.id)
         store = node.config.store
-        # A turn may wait for a process slot on the owner first (gateway.runtimes.slots):
+        # A turn may wait for a process slot on the owner first (gateway.tools.process_slots):
         # its answer is given that much longer, so the wait ends as the owner's own
         # 503 over_capacity, not as session_owner_unreachable.
         wait_s = store.commit_timeout_s + (
-            slots.SLOT_WAIT_S if isinstance(op, ops.StartTurn) else 0
+            process_slots.SLOT_WAIT_S if isinstance(op, ops.StartTurn) else 0
         )
         try:
             return await self.cluster.call(holder, session.id, op, wait_s, store.lease_s)
@@ -237,7 +237,8 @@ class ClusteredPlacement:
     # --- live batches ---------------------------------------------------------------
 
     def relay(self, family: Session, session: Session, events: list[Emitted]) -> None:
-        self.cluster.publish(family.id, session.id, events)
+        rows = [(e.seq, e.type, e.actor, e.turn_id, e.ts, e.data) for e in events]
+        self.cluster.publish(family.id, session.id, rows)
 
     async def watch(self, session: Session, *, tell_owner: bool = True) -> None:
         """Receive the live batches of the session's family here (a replica's client subscribes).
@@ -282,7 +283,11 @@ class ClusteredPlacement:
         if last is not None and last[0] == batch.node and batch.batch_no != last[1] + 1:
             self.relay_gap(root)
             return
-        events = batch.emitted(event_frame)
+        sid = batch.session_id
+        events = [  # each frame rebuilt once on this node, for all its clients
+            Emitted(seq, type_, actor, sid, turn_id, ts, data, event_frame(data))
+            for seq, type_, actor, turn_id, ts, data in batch.events
+        ]
         session = node.sessions.get(batch.session_id)
         if session is not None and session.family is family:
             session.publish(events)

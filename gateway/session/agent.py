@@ -14,7 +14,8 @@ The loop works through a narrow view of its session and of its node
 record, and hands the LLM call in flight to the session's
 :class:`~gateway.session.call.CallStream`; nothing else of the session is its
 business. An agent whose turns another runtime runs (``runtime =
-"claude-code"``, PROTOCOL section 11) gets it from :mod:`gateway.runtimes`.
+"claude-code"``, PROTOCOL section 11) gets it from its node, which asks
+:mod:`gateway.runtimes`: the loop names no runtime.
 
 Failures are contained where they happen: a tool that raises anything is a
 ``tool.failed`` (``error``); a provider that raises anything is an
@@ -34,7 +35,6 @@ from typing import Any, get_args
 
 import trio
 
-from gateway import runtimes
 from gateway.agents import AgentProfile
 from gateway.errors import ProviderError
 from gateway.ids import new_call_id, now_ms
@@ -87,11 +87,11 @@ class AgentLoop:
     async def run(self, turns: trio.MemoryReceiveChannel[Turn | compactor.Request]) -> None:
         """Take the session's turns and compactions, one at a time, until the session ends.
 
-        An agent with a runtime of its own (:func:`gateway.runtimes.factory`)
+        An agent with a runtime of its own (the node's ``runtime_of``)
         runs its turns through it; the runtime's process task lives in a
         nursery of this task: it ends with the session (PROTOCOL section 11).
         """
-        make = runtimes.factory(self.agent)
+        make = self.node.runtime_of(self.agent)
         if make is None:
             await self._jobs(turns)
             return

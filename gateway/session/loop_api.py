@@ -22,13 +22,13 @@ from gateway.metrics import Metrics
 from gateway.protocol.events import Payload, StreamEvent
 from gateway.protocol.shapes import Message, StopReason, ToolUseBlock, Usage
 from gateway.providers.factory import Providers
-from gateway.runtimes.slots import ProcessSlots
 from gateway.session.call import Call, CallStream, Completion
 from gateway.session.hub import Emitted
 from gateway.session.permissions import Permissions
 from gateway.session.turn import Turn, TurnState
 from gateway.store.base import SessionRecord
 from gateway.tools.process import ToolProcesses
+from gateway.tools.process_slots import ProcessSlots
 from gateway.tools.registry import SessionTools, ToolSession
 from gateway.tools.workspace import Workspaces
 
@@ -54,6 +54,10 @@ class AgentServices(Protocol):
 
     def pricing(self, model: str) -> Callable[[Usage], float | None]:
         """``cost_usd`` of a usage on ``model``."""
+        ...
+
+    def runtime_of(self, agent: AgentProfile) -> RuntimeFactory | None:
+        """What makes ``agent``'s runtime (gateway.runtimes.factory); ``None``: the loop's."""
         ...
 
     def notify(self) -> None:

@@ -79,6 +79,7 @@ from gateway.session import admission, history, tool_host
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.compaction import plan
+from gateway.session.core import KeyLimits
 from gateway.session.hub import Emitted, Hub, Subscriber
 from gateway.session.permissions import Permissions
 from gateway.session.runtime import Runtime
@@ -88,7 +89,6 @@ from gateway.store.base import SessionRecord, Store, StoredEvent, StoredMessage
 from gateway.tools.workspace import display_name
 
 if TYPE_CHECKING:
-    from gateway.server.auth import Limits
     from gateway.tools.registry import ToolContext
 
 log = logging.getLogger("gateway.session")
@@ -143,7 +143,10 @@ class NodeServices(AgentServices, Protocol):
         """:meth:`Session.cancel_turn` on the node running the session."""
         ...
 
-    limits: Limits
+    @property
+    def limits(self) -> KeyLimits:
+        """The per-key limits (a worker's turn counts against its key: tool_host)."""
+        ...
 
     async def durable_or_503(self) -> None:
         """Return once everything put so far is committed, or raise 503 ``store_unavailable``."""

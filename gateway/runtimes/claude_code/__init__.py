@@ -41,7 +41,7 @@ Where each part lives:
 - :mod:`~gateway.runtimes.claude_code.subagents`: sub-agents as worker
   sessions;
 - :mod:`gateway.runtimes.transport` (the CLI as a tool process) and
-  :mod:`gateway.runtimes.slots` (``max_processes``), which need no extra.
+  :mod:`gateway.tools.process_slots` (``max_processes``), which need no extra.
 
 Where the contract is silent:
 

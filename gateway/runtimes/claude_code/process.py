@@ -12,7 +12,7 @@ PROTOCOL section 11, "Processes":
   agent's ``idle_process_s`` (the task ``claude-code-idle <session id>``);
   the next start resumes the transcript in the session's state directory.
 - **Processes at once.** The agent's ``max_processes`` bounds its CLIs on
-  this node (:mod:`gateway.runtimes.slots`): a turn holds a slot before its
+  this node (:mod:`gateway.tools.process_slots`): a turn holds a slot before its
   POST answers; this process is the slot's holder, stopped to make room when
   idle.
 - **Queries.** Every query owes a result; a cancelled turn stops listening,
@@ -124,7 +124,7 @@ class CliProcess:
     async def start(self) -> None:
         """Start the session's CLI if it is not running, in a process slot of its agent.
 
-        The turn's POST held the slot already (:mod:`gateway.runtimes.slots`);
+        The turn's POST held the slot already (:mod:`gateway.tools.process_slots`);
         a turn whose process was stopped since (idle, or to make room) waits
         here for a slot, within the turn.
         """
