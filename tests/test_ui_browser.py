@@ -9,6 +9,9 @@ The page is driven only through the ``data-testid`` elements the issue lists
 person presses; what it shows is read from the DOM, and what it sent is read
 from the browser's own record of its requests and WebSocket frames.
 
+# slow: chromium
+pytestmark = pytest.mark.slow
+
 - The files: ``/`` and ``/ui/*`` with their types and caching, public where the
   API is not, and nothing outside the page's own files, however the name is
   spelled (``..``, encoded, ``\\``, NUL).
