@@ -12,8 +12,9 @@ Rules of these tests (as trio-websocket's own suite states them):
 - ``slow`` (pyproject.toml's markers) marks every system test: one that needs
   nginx, Redis, chromium, node, a daemon process (``gateway serve``, the
   Claude Code CLI), or is torture, soak, bench or fuzz; and any other test
-  over about 2 s. A module of system tests is marked as a whole
-  (``pytestmark``, with a comment saying what it needs). ``python -m pytest
+  over about a second on two cores (``--durations=0`` says which). A module
+  of system tests is marked as a whole (``pytestmark``, with a comment
+  saying what it needs), any other test by itself. ``python -m pytest
   -m "not slow"`` is the quick loop, under two minutes on two cores;
   ``python -m pytest`` runs everything.
 """

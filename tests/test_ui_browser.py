@@ -9,9 +9,6 @@ The page is driven only through the ``data-testid`` elements the issue lists
 person presses; what it shows is read from the DOM, and what it sent is read
 from the browser's own record of its requests and WebSocket frames.
 
-# slow: chromium
-pytestmark = pytest.mark.slow
-
 - The files: ``/`` and ``/ui/*`` with their types and caching, public where the
   API is not, and nothing outside the page's own files, however the name is
   spelled (``..``, encoded, ``\\``, NUL).
@@ -52,6 +49,9 @@ import pytest
 
 from gateway.server.auth import key_id
 from tests.ui_support import Daemon, chromium, playwright_sync_api
+
+# slow: chromium
+pytestmark = pytest.mark.slow
 
 KEY = "ui-test-key"
 REPLAY_MAX = 40
