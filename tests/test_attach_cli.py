@@ -113,6 +113,7 @@ async def test_attach_prints_the_stream_and_resumes_across_a_1001_without_loss(
     assert err.lines()[0].startswith("attach: closed 1001 shutdown; reconnecting in ")
 
 
+@pytest.mark.slow  # a gateway daemon restarted under it
 async def test_attach_rides_out_a_daemon_restart_with_backoff(tmp_path: Path) -> None:
     """The old client reconnected at once, found nothing listening, and died with a traceback."""
     out, err = _Output(), _Output()
