@@ -1,4 +1,4 @@
-"""What the two provider test modules share (each states its rules in its docstring).
+"""What the provider test modules share (each states its rules in its docstring).
 
 - :func:`server`: the fake model API (:mod:`bench.fake_api`) as a fixture.
   A module imports it as ``server as server``: the redundant alias tells ruff

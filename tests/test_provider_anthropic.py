@@ -1,5 +1,10 @@
 """gateway.providers.anthropic against a local server that speaks the Messages API.
 
+What every provider does (text, thinking, tool uses as partial JSON, usage,
+errors as error classes, retries, a broken stream, closing a stream early, a
+refusal as too long) is tested once for all in tests/test_provider_contract.py;
+this module holds what only this provider does.
+
 Rules of these tests:
 - No internet. :class:`bench.fake_api.FakeServer` replays recorded SSE
   transcripts (``bench/fake_api/transcripts/anthropic/``, written to the

@@ -1,5 +1,10 @@
 """gateway.providers.openai against a local server that speaks Chat Completions.
 
+What every provider does (text, thinking, tool uses as partial JSON, usage,
+errors as error classes, retries, a broken stream, closing a stream early, a
+refusal as too long) is tested once for all in tests/test_provider_contract.py;
+this module holds what only this provider does.
+
 Rules of these tests (as in test_provider_anthropic):
 - No internet. :class:`bench.fake_api.FakeServer` replays recorded SSE chunks
   (``bench/fake_api/transcripts/openai/``, in the shapes OpenAI, vLLM, llama.cpp
