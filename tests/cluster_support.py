@@ -22,6 +22,8 @@ harness runs exactly that, for real:
 
 The processes are started by synchronous fixtures (outside any Trio run), so
 one cluster serves every test of a module; each test brings its own clients.
+Every wait here is on the real clock (processes, Redis's TTLs, real sockets:
+nothing Trio's clock can drive), so the modules that use it are marked slow.
 """
 
 from __future__ import annotations
@@ -197,7 +199,7 @@ class Cluster:
                         pending[name] = self._spawn(name)  # free_port raced: another port
                     elif _ready(http, node):
                         ready.append(pending.pop(name))
-                time.sleep(0.02)
+                time.sleep(0.02)  # real clock: the nodes are processes booting in real time
         self.nodes += sorted(ready, key=lambda n: int(n.name[1:]))  # in the order booted
 
     def _spawn(self, name: str) -> Node:
@@ -444,7 +446,7 @@ class Peer:
         """Every event a ``since`` subscribe on this node replays (then the client leaves)."""
         async with self.watch(session_id, since=since, filter=filter) as w:
             count = w.ack.replay_event_count
-            with trio.fail_after(10):
+            with trio.fail_after(10):  # real clock: the node is a process on a real socket
                 while len(w.events) < count:
                     await w.until(lambda e: True)
             return w.events[:count]

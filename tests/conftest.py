@@ -7,6 +7,16 @@ Rules of these tests (as trio-websocket's own suite states them):
   something: they wait for the event that says it happened.
 - Time-dependent behaviour (heartbeats, TTLs, timeouts) is tested with
   ``autojump_clock`` over in-memory streams, where no real I/O is pending.
+  Only what Trio's clock cannot drive (a real Redis TTL, a real process, a
+  real socket's timing) waits on the real clock, and says why.
+- ``slow`` (pyproject.toml's markers) marks every system test: one that needs
+  nginx, Redis, chromium, node, a daemon process (``gateway serve``, the
+  Claude Code CLI), or is torture, soak, bench or fuzz; and any other test
+  over about a second on two cores (``--durations=0`` says which). A module
+  of system tests is marked as a whole (``pytestmark``, with a comment
+  saying what it needs), any other test by itself. ``python -m pytest
+  -m "not slow"`` is the quick loop, under two minutes on two cores;
+  ``python -m pytest`` runs everything.
 """
 
 from __future__ import annotations

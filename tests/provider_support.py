@@ -1,4 +1,4 @@
-"""What the two provider test modules share (each states its rules in its docstring).
+"""What the provider test modules share (each states its rules in its docstring).
 
 - :func:`server`: the fake model API (:mod:`bench.fake_api`) as a fixture.
   A module imports it as ``server as server``: the redundant alias tells ruff
@@ -10,9 +10,13 @@
   :func:`final`: the message a call ends with.
 - :func:`gateway_turn`: one turn through a real gateway on a provider.
 - :func:`ignore_unfinalized_generators`: each module's ``pytestmark``.
+- :data:`ANTHROPIC`, :data:`OPENAI`: each HTTP provider on the fake model
+  API, in its own words (its transcripts, its error bodies, how its messages
+  name the server), for its module and for tests/test_provider_contract.py;
+  :func:`price`/:func:`priced`: the Anthropic prices those tests charge.
 
-What is one provider's own (its transcripts, error bodies, prices, ids and
-configuration) stays in its module.
+What only one provider's tests use (its request shapes, ids and configuration)
+stays in its module.
 """
 
 from __future__ import annotations
@@ -21,18 +25,20 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import pytest
 import trio
 
-from bench.fake_api import FakeServer
+from bench.fake_api import FakeServer, Json, Replay, transcript
 from gateway.config import Config
 from gateway.errors import ProviderError
 from gateway.protocol.events import Event, StreamEvent
 from gateway.protocol.shapes import ContentBlock, Message, MessageStatus, Role, TextBlock, Usage
+from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.base import ModelRequest, Provider, ToolSpec
+from gateway.providers.openai import OpenAIProvider
 from gateway.providers.raw import RawEvent
 from gateway.translate import Translator
 from tests.conftest import running_gateway
@@ -154,3 +160,88 @@ def ignore_unfinalized_generators(*packages: str) -> list[pytest.MarkDecorator]:
         pytest.mark.filterwarnings(f"ignore:Async generator '{package}.:ResourceWarning")
         for package in packages
     ]
+
+
+def price(usage: Usage) -> float:
+    """$3 / $15 / $0.30 / $3.75 per million tokens, as a ``[model.prices]`` entry would."""
+    return (
+        usage.input_tokens * 3.0
+        + usage.output_tokens * 15.0
+        + (usage.cache_read_input_tokens or 0) * 0.3
+        + (usage.cache_creation_input_tokens or 0) * 3.75
+    ) / 1_000_000
+
+
+def priced(usage: Usage) -> Usage:
+    """``usage`` with the cost :func:`price` gives it."""
+    usage.cost_usd = price(usage)
+    return usage
+
+
+@dataclass(frozen=True)
+class HttpProvider:
+    """One provider on the fake model API, in its own words."""
+
+    name: str
+    """Its transcripts' folder in ``bench/fake_api/transcripts/``."""
+    model: str
+    key: str
+    make: Callable[..., Provider]
+    """``make(base_url, **options)``: a provider on the fake server at ``base_url``."""
+    error_body: Callable[[str, str], dict[str, Any]]
+    """``error_body(error_type, text)``: the JSON body of its refusals."""
+    answered: str
+    """How its error messages name the server: ``{answered} 400: ...``."""
+    pricing: Callable[[Usage], float | None] | None = None
+
+    def sse(self, name: str, **kw: Any) -> Replay:
+        """Its recorded transcript ``name``, replayed."""
+        return Replay(transcript(f"{self.name}/{name}.sse"), **kw)
+
+    def api_error(self, status: int, error_type: str, text: str, *headers: tuple[str, str]) -> Json:
+        """A refusal with this status, in its error body."""
+        return Json(status, self.error_body(error_type, text), headers)
+
+    def connect(self, server: FakeServer, **options: Any) -> aclosing[Provider]:
+        """A provider on ``server`` (no retries, 5 s timeout unless said), closed at the end."""
+        options = {"max_retries": 0, "timeout_s": 5.0, **options}
+        return aclosing(self.make(server.base_url, **options))
+
+    async def call(self, provider: Streams, req: ModelRequest | None = None) -> Call:
+        """:func:`call` with its model and pricing."""
+        return await call(provider, req, model=self.model, pricing=self.pricing)
+
+
+def _anthropic(base_url: str, **options: Any) -> Provider:
+    return AnthropicProvider(api_key=ANTHROPIC_KEY, base_url=base_url, **options)
+
+
+def _openai(base_url: str, **options: Any) -> Provider:
+    return OpenAIProvider(base_url=f"{base_url}/v1", **{"api_key": OPENAI_KEY, **options})
+
+
+ANTHROPIC_KEY = "sk-ant-test"
+OPENAI_KEY = "sk-local"
+
+ANTHROPIC = HttpProvider(
+    name="anthropic",
+    model="anthropic:claude-sonnet-4-6",
+    key=ANTHROPIC_KEY,
+    make=_anthropic,
+    error_body=lambda error_type, text: {
+        "type": "error",
+        "error": {"type": error_type, "message": text},
+    },
+    answered="the model API answered",
+    pricing=price,
+)
+OPENAI = HttpProvider(
+    name="openai",
+    model="openai:gpt-4o-mini",
+    key=OPENAI_KEY,
+    make=_openai,
+    error_body=lambda error_type, text: {
+        "error": {"message": text, "type": error_type, "param": None, "code": None}
+    },
+    answered="the model server answered",
+)

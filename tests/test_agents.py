@@ -209,6 +209,7 @@ async def test_sighup_rereads_the_system_file(tmp_path: Path) -> None:
     assert final_text(second) == final_text(third) == "Second prompt."
 
 
+@pytest.mark.slow  # a gateway serve process, signalled
 async def test_the_daemon_rereads_system_file_on_sighup(tmp_path: Path) -> None:
     config = tmp_path / "gateway.toml"
     prompt = tmp_path / "prompt.md"
@@ -322,6 +323,7 @@ async def test_a_model_of_another_provider_than_the_agents_is_422(tmp_path: Path
 # --- what reaches a real provider ------------------------------------------------------
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_prompt_temperature_and_thinking_reach_anthropic(
     tmp_path: Path, server: FakeServer
 ) -> None:
@@ -387,6 +389,7 @@ thinking_budget_tokens = 8000
 # --- config errors: one line, exit 2 ----------------------------------------------------
 
 
+@pytest.mark.slow  # a gateway serve process per case
 @pytest.mark.parametrize(
     ("text", "line"),
     [

@@ -238,6 +238,7 @@ def test_a_tool_name_that_would_shadow_another_servers_is_dropped() -> None:
     assert list(adapt_tools("a_", [{"name": "x", "inputSchema": schema}], None)) == ["mcp__a___x"]  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_server_listing_twenty_thousand_tools_does_not_hold_the_daemon() -> None:
     """Before: every schema checked in the Trio thread, ~1 ms each (22 s here, 110 s for 100k)."""
     config = server(command=HOSTILE, env={"HOSTILE_TOOLS": "20000"}, startup_timeout_s=15)
@@ -261,6 +262,7 @@ async def test_a_server_listing_twenty_thousand_tools_does_not_hold_the_daemon()
         assert max(gaps) < 2.0, max(gaps)  # parsing the 1.5 MB line itself is the SDK's
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_list_changed_flood_lists_the_tools_once_a_second() -> None:
     """Before: one listing task per notice, all at once (2,000 ``tools/list`` in flight)."""
     async with running(h=server(command=HOSTILE)) as manager:

@@ -292,6 +292,9 @@ async def test_the_websocket_sees_the_agui_turn_and_either_side_refuses_a_second
             assert ended[-1].type == "turn.cancelled"
 
 
+# Real clock: the absence of a cancel after the stream's connection drops is watched for
+# 0.2 s of a live socket's time, which Trio's clock cannot drive; hence slow.
+@pytest.mark.slow
 async def test_dropping_the_stream_does_not_cancel_the_turn_the_cancel_route_does(
     tmp_path: Path,
 ) -> None:

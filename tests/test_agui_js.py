@@ -24,6 +24,9 @@ import trio
 
 from tests.conftest import make_config, running_gateway
 
+# slow: node runs the AG-UI client's tests
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).parent / "agui_js" / "run.mjs"
 
 

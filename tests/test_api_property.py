@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import requests
 import schemathesis
 import trio
@@ -58,6 +59,9 @@ from schemathesis.core.parameters import ParameterLocation
 
 from tests.conftest import Client, open_ws
 from tests.torture_support import Daemon
+
+# slow: property-based fuzzing of the whole API (schemathesis)
+pytestmark = pytest.mark.slow
 
 EXAMPLES = int(os.environ.get("GATEWAY_API_EXAMPLES", "18"))
 # The suite's short run draws the same inputs every time (a failure in CI replays as is);

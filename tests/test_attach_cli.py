@@ -85,6 +85,7 @@ def assert_in_order_and_once(out: _Output) -> None:
 # --- resuming -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_attach_prints_the_stream_and_resumes_across_a_1001_without_loss(
     gw: Harness,
 ) -> None:
@@ -112,6 +113,7 @@ async def test_attach_prints_the_stream_and_resumes_across_a_1001_without_loss(
     assert err.lines()[0].startswith("attach: closed 1001 shutdown; reconnecting in ")
 
 
+@pytest.mark.slow  # a gateway daemon restarted under it
 async def test_attach_rides_out_a_daemon_restart_with_backoff(tmp_path: Path) -> None:
     """The old client reconnected at once, found nothing listening, and died with a traceback."""
     out, err = _Output(), _Output()
@@ -240,6 +242,7 @@ class SilenceableProxy:
                 nursery.start_soon(pump, up, downstream)
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_gateway_that_vanishes_is_found_by_the_keepalive(gw: Harness) -> None:
     """Silence for ``keepalive_s``: a ping; as long again: reconnect (the old client waited on)."""
     sid = await gw.create_session()
@@ -287,6 +290,7 @@ async def run_attach(*args: str, cap_s: float = 10) -> tuple[int, str, str]:
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_an_unreachable_gateway_is_one_line_and_exit_1() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     status, stdout, stderr = await run_attach("sess_x", "--url", url)
@@ -295,6 +299,7 @@ async def test_an_unreachable_gateway_is_one_line_and_exit_1() -> None:
     assert stderr.count("\n") == 1
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.parametrize(
     ("args", "status", "line"),
     [
@@ -316,6 +321,7 @@ async def test_an_error_retrying_cannot_fix_exits_at_once(
     assert stderr.startswith(line) and stderr.count("\n") == 1, stderr
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.parametrize(("key", "status"), [(None, 401), ("wrong", 403)])
 async def test_a_refused_api_key_exits_at_once(
     tmp_path: Path, key: str | None, status: int
@@ -356,6 +362,7 @@ async def read_until(stream: trio.abc.ReceiveStream, marker: bytes) -> bytes:
     return seen
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_ctrl_c_prints_one_line_and_exits_130(gw: Harness) -> None:
     sid = await gw.create_session()
     with trio.fail_after(10):
@@ -370,6 +377,7 @@ async def test_ctrl_c_prints_one_line_and_exits_130(gw: Harness) -> None:
     assert stderr == b"attach: interrupted\n"
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_reader_that_goes_away_ends_attach_quietly(gw: Harness) -> None:
     """``gateway attach ... | head -1``: the old client died with BrokenPipeError tracebacks."""
     sid = await gw.create_session()

@@ -14,6 +14,9 @@ import pytest
 
 from bench import claude_code
 
+# slow: the bench, with Claude Code CLIs
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.crash_loss import one_kill
+
+# slow: the bench's crash-loss profile
+pytestmark = pytest.mark.slow
 
 
 async def test_a_kill_mid_block_keeps_a_prefix_of_the_text_shown(tmp_path: Path) -> None:

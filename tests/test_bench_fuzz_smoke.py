@@ -12,7 +12,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from bench.fuzz import FUZZ_SMOKE, draw, final_status, run_fuzz
+
+# slow: the bench's fuzz profile
+pytestmark = pytest.mark.slow
 
 
 def test_the_fuzz_smoke_passes_and_reaches_every_refusal(tmp_path: Path) -> None:

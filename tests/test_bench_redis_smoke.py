@@ -38,6 +38,9 @@ from bench import cli
 from bench.report import BACKEND_FIGURES
 from tests.redis_support import ensure_redis_server
 
+# slow: the bench on Redis
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # A smoke run may sustain no step at all; every other figure must be a number.

@@ -17,8 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.profiles import PEERS
 from bench.report import FIGURES
+
+# slow: the bench's smoke profile
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 

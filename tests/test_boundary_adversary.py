@@ -54,6 +54,7 @@ NOBODY = 65534
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root")
 async def test_a_shell_tool_cannot_read_the_daemons_environment_through_proc() -> None:
     # The daemon runs as an unprivileged user, as operators run it (root reads any /proc).
@@ -155,6 +156,7 @@ async def test_a_refused_post_sessions_leaves_no_directory(tmp_path: Path) -> No
     assert made in ([str(tmp_path / "workspaces")], [])
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_tool_started_while_the_watchdog_restarts_dies_with_the_daemon(
     tmp_path: Path,
 ) -> None:
@@ -192,6 +194,7 @@ async def test_a_tool_started_while_the_watchdog_restarts_dies_with_the_daemon(
         signal_group(pgid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_eight_concurrent_shells_each_with_a_double_fork_die_with_the_daemon(
     tmp_path: Path,
 ) -> None:

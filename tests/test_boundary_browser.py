@@ -27,6 +27,9 @@ import pytest
 
 from tests.ui_support import Daemon, chromium, playwright_sync_api
 
+# slow: chromium
+pytestmark = pytest.mark.slow
+
 PAGE = b"<!doctype html><meta charset=utf-8><title>another site</title><p>hello</p>"
 
 ATTACK = """async (gateway) => {

@@ -34,6 +34,7 @@ from typing import Any
 
 import pexpect
 import pyte
+import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -41,6 +42,9 @@ from hypothesis import strategies as st
 from gateway.client import GatewayClient
 from gateway.client.chat import Line, Region, layout
 from tests.test_attach_cli import SilenceableProxy
+
+# slow: gateway serve and gateway chat as processes, in a pseudo-terminal
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 READY = re.compile(rb"gateway listening on http://127\.0\.0\.1:(\d+)")

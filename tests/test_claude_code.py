@@ -30,6 +30,7 @@ from tests.provider_support import server as server
 from tests.test_agents import agents_config
 
 pytestmark = [
+    pytest.mark.slow,  # slow: Claude Code CLI processes
     pytest.mark.skipif(
         importlib.util.find_spec("claude_agent_sdk") is None,
         reason="needs the claude-code extra: pip install 'gateway[claude-code]'",

@@ -52,6 +52,7 @@ from tests.provider_support import ignore_unfinalized_generators
 from tests.redis_support import RedisServer, ensure_redis_server
 
 pytestmark = [
+    pytest.mark.slow,  # slow: redis-server and Claude Code CLI processes
     pytest.mark.skipif(
         importlib.util.find_spec("claude_agent_sdk") is None,
         reason="needs the claude-code extra: pip install 'gateway[claude-code]'",

@@ -33,6 +33,7 @@ def run_gateway(
     )
 
 
+@pytest.mark.slow  # gateway as a process
 def test_bad_config_file_exits_2_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text('[stream]\nqueue_max_events = "lots"\n')
     result = run_gateway("serve", "--config", "bad.toml", cwd=tmp_path)
@@ -43,6 +44,7 @@ def test_bad_config_file_exits_2_with_one_line(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow  # gateway as a process
 def test_unknown_key_exits_2(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("[server]\nhots = 1\n")
     result = run_gateway("serve", "--config", "bad.toml", cwd=tmp_path)
@@ -50,12 +52,14 @@ def test_unknown_key_exits_2(tmp_path: Path) -> None:
     assert result.stderr == "config error: bad.toml: unknown key server.hots\n"
 
 
+@pytest.mark.slow  # gateway as a process
 def test_missing_config_file_exits_2(tmp_path: Path) -> None:
     result = run_gateway("serve", "--config", "nope.toml", cwd=tmp_path)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == "config error: no such config file: nope.toml\n"
 
 
+@pytest.mark.slow  # gateway as a process
 def test_bad_environment_exits_2(tmp_path: Path) -> None:
     result = run_gateway("serve", cwd=tmp_path, env={"GATEWAY_SERVER_PORT": "http"})
     assert (result.returncode, result.stdout) == (2, "")
@@ -65,6 +69,7 @@ def test_bad_environment_exits_2(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow  # gateway as a process
 def test_bad_port_flag_exits_2(tmp_path: Path) -> None:
     result = run_gateway("serve", "--port", "70000", cwd=tmp_path)
     assert (result.returncode, result.stdout) == (2, "")

@@ -27,6 +27,9 @@ from trio_websocket import ConnectionClosed
 
 from tests.conftest import Client, open_ws, ready_port
 
+# slow: gateway serve as a process
+pytestmark = pytest.mark.slow
+
 
 @asynccontextmanager
 async def gateway_process(

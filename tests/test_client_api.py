@@ -257,6 +257,7 @@ async def reference(gw: Harness, sid: str) -> AsyncIterator[Any]:
         yield ref
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.parametrize("close", ["shutdown", "internal_error", "client_too_slow"])
 async def test_a_drop_mid_message_resumes_to_the_state_of_a_live_client(
     gw: Harness, close: str
@@ -290,6 +291,7 @@ async def test_a_drop_mid_message_resumes_to_the_state_of_a_live_client(
     assert session.state.duplicates_ignored == 0
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_real_slow_client_is_closed_1008_and_comes_back_with_replay(
     tmp_path: Path,
 ) -> None:
@@ -321,6 +323,7 @@ async def test_a_real_slow_client_is_closed_1008_and_comes_back_with_replay(
     assert joined(chunks) == block_texts(session)
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_replay_the_server_refuses_falls_back_to_a_snapshot(tmp_path: Path) -> None:
     """``replay_too_large`` on the resume (``cursor_expired`` takes the same path):
     the state is whole again from a snapshot, and the chunks still join up."""
@@ -527,6 +530,7 @@ def documented_example() -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_the_documented_example_runs_as_written(gw: Harness, tmp_path: Path) -> None:
     """Only the gateway's address differs: this one is on a port of its own."""
     example = documented_example()

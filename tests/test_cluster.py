@@ -52,6 +52,9 @@ from tests.cluster_support import (
 from tests.conftest import TOOL_SCRIPT, types
 from tests.redis_support import ensure_redis_server
 
+# slow: redis-server and gateway serve processes
+pytestmark = pytest.mark.slow
+
 # An assistant message that streams for about a second: time to drop and come back.
 SLOW_TEXT = {
     "script": {"delay_ms": 10, "rounds": [[{"thinking": "Let me think."}, {"lorem": 100}]]}

@@ -39,6 +39,9 @@ from tests.test_replica import SLEEPY, two_nodes
 from tests.test_slow_client import _subscribed_raw
 from tests.test_subscribe import FilteredClient
 
+# slow: redis-server; real Redis pub/sub and TTLs run on the real clock
+pytestmark = pytest.mark.slow
+
 __all__ = ["own_redis"]  # fixture
 
 _pack = msgspec.msgpack.encode

@@ -61,6 +61,9 @@ from tests.cluster_support import (
 from tests.conftest import types
 from tests.redis_support import ensure_redis_server
 
+# slow: redis-server and gateway serve processes, killed
+pytestmark = pytest.mark.slow
+
 WORKERS = {"event_types": None, "actors": None, "include_worker_sessions": True}
 SLOW_WORKER = json.dumps({"script": {"delay_ms": 10, "rounds": [[{"lorem": 400}]]}})
 

@@ -1,9 +1,7 @@
 """Context overflow through the real providers on the fake model APIs (PROTOCOL section 12).
 
-- Each provider tells a refusal as too long (Anthropic's 400 "prompt is too
-  long", OpenAI's ``context_length_exceeded``, vLLM's message) apart from any
-  other 400: ``ProviderError.context_overflow``, ``error_class`` still
-  ``invalid_request``.
+- That each provider tells a refusal as too long apart from any other 400 is
+  a clause of the provider contract: tests/test_provider_contract.py.
 - Through a gateway: the refused call is compacted once and retried, and the
   fake server's recorded requests show what reached the model: the summary
   call (its system prompt, no tools, the replaced messages as text), then the
@@ -15,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
 from bench.fake_api import (
@@ -31,103 +28,13 @@ from gateway.providers.history import SUMMARY_PREFIX
 from gateway.providers.openai import OpenAIProvider
 from gateway.session.compaction import SUMMARY_MAX_TOKENS, SUMMARY_SYSTEM
 from tests.conftest import make_config, running_gateway, types
-from tests.provider_support import call, ignore_unfinalized_generators
+from tests.provider_support import ignore_unfinalized_generators
 from tests.provider_support import server as server
 
 pytestmark = ignore_unfinalized_generators("anthropic", "httpx2", "httpcore2", "httpx", "httpcore")
 
 ANTHROPIC = "anthropic:claude-sonnet-4-6"
 OPENAI = "openai:gpt-4o-mini"
-
-
-@pytest.mark.parametrize(
-    ("reply", "overflow"),
-    [
-        (prompt_too_long(), True),
-        (
-            Json(
-                400,
-                {
-                    "type": "error",
-                    "error": {"type": "invalid_request_error", "message": "max_tokens: too big"},
-                },
-            ),
-            False,
-        ),
-        (
-            Json(
-                413,
-                {
-                    "type": "error",
-                    "error": {"type": "request_too_large", "message": "prompt is too long"},
-                },
-            ),
-            False,
-        ),
-    ],
-)
-async def test_anthropic_tells_a_prompt_too_long_apart(
-    server: FakeServer, reply: Json, overflow: bool
-) -> None:
-    server.enqueue(reply)
-    provider = AnthropicProvider(api_key="k", base_url=server.base_url, max_retries=0)
-    try:
-        result = await call(provider, model=ANTHROPIC)
-    finally:
-        await provider.aclose()
-    assert result.raised is not None
-    assert (result.raised.error_class, result.raised.context_overflow) == (
-        "invalid_request",
-        overflow,
-    )
-
-
-@pytest.mark.parametrize(
-    ("reply", "overflow"),
-    [
-        (context_length_exceeded(), True),
-        (
-            Json(
-                400,
-                {
-                    "error": {
-                        "message": "This model's maximum context length is 4096 tokens",
-                        "type": "BadRequestError",
-                        "code": 400,
-                    }
-                },
-            ),
-            True,
-        ),
-        (
-            Json(
-                400,
-                {
-                    "error": {
-                        "message": "bad tool schema",
-                        "type": "invalid_request_error",
-                        "code": "invalid_value",
-                    }
-                },
-            ),
-            False,
-        ),
-    ],
-)
-async def test_openai_tells_context_length_exceeded_apart(
-    server: FakeServer, reply: Json, overflow: bool
-) -> None:
-    server.enqueue(reply)
-    provider = OpenAIProvider(base_url=f"{server.base_url}/v1", max_retries=0)
-    try:
-        result = await call(provider, model=OPENAI)
-    finally:
-        await provider.aclose()
-    assert result.raised is not None
-    assert (result.raised.error_class, result.raised.context_overflow) == (
-        "invalid_request",
-        overflow,
-    )
 
 
 async def overflowing_session(

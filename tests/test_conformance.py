@@ -101,6 +101,7 @@ def _node() -> str:
     return found
 
 
+@pytest.mark.slow  # node runs gateway/ui/reducer.js on the traces
 def test_the_js_reducer_reaches_the_expected_views() -> None:
     """node --test tests/streaming-conformance/: gateway/ui/reducer.js on the same files."""
     node = _node()
@@ -310,6 +311,7 @@ def test_a_snapshot_at_any_cut_shows_what_a_live_client_shows(name: str) -> None
         follow(live, late, frames[cut:], False, where)
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.parametrize("name", NAMES)
 def test_a_resume_with_since_at_any_cut_shows_what_a_live_client_shows(name: str) -> None:
     frames = spaced(record.load_trace(name))
@@ -451,6 +453,7 @@ def test_the_claude_code_traces_are_recorded_from_the_runtime() -> None:
     assert [b["type"] for b in text[-1]["blocks"]] == ["thinking", "text"]
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.parametrize("name", [_recorded(n) for n in RECORDED])
 async def test_the_stored_trace_is_what_the_gateway_sends_now(name: str, tmp_path: Path) -> None:
     frames = await record.record(name, tmp_path)

@@ -169,6 +169,7 @@ LONG_BLOCK = {"script": {"delay_ms": 20, "rounds": [[{"lorem": 400}]]}}
 """One text block that streams for about 8 s: what a kill in its middle can lose."""
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.parametrize("checkpoint_ms", [100, 0])
 async def test_a_streaming_block_is_stored_every_checkpoint(
     tmp_path: Path, checkpoint_ms: int

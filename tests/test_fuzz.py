@@ -43,6 +43,9 @@ from hypothesis import strategies as st
 from gateway.errors import FrameRejected
 from gateway.protocol.frames import Cancel, Ping, Pong, Subscribe, decode_client_frame
 
+# slow: fuzzing
+pytestmark = pytest.mark.slow
+
 LONG = os.environ.get("GATEWAY_FUZZ") == "long"
 PROFILE = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 DECODER = settings(PROFILE, max_examples=20_000 if LONG else 200)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -43,6 +44,7 @@ async def leases_on(server: RedisServer, prefix: str, *nodes: str, ttl_ms: int =
 # --- Redis leases ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real redis-server: its TTLs run on the real clock
 async def test_a_lease_is_one_nodes_until_it_releases_it(redis_server: RedisServer) -> None:
     prefix = redis_server.new_prefix()
     store, (a, b) = await leases_on(redis_server, prefix, "node_a", "node_b", ttl_ms=60_000)
@@ -64,6 +66,7 @@ async def test_a_lease_is_one_nodes_until_it_releases_it(redis_server: RedisServ
     await store.aclose()
 
 
+@pytest.mark.slow  # a real redis-server: its TTLs run on the real clock
 async def test_a_lease_not_renewed_expires_and_another_node_takes_it(
     redis_server: RedisServer,
 ) -> None:
@@ -81,6 +84,7 @@ async def test_a_lease_not_renewed_expires_and_another_node_takes_it(
     await store.aclose()
 
 
+@pytest.mark.slow  # a real redis-server: its TTLs run on the real clock
 async def test_a_lease_taken_reads_the_id_counter(redis_server: RedisServer) -> None:
     """The counter read with the lease bounds the ids its previous holder issued."""
     store, (a,) = await leases_on(redis_server, redis_server.new_prefix(), "node_a")
@@ -193,6 +197,7 @@ def redis_config(tmp_path: Path, server: RedisServer, db: int = 0, **more: Any) 
     return make_config(tmp_path, **overrides)
 
 
+@pytest.mark.slow  # a real redis-server: its TTLs run on the real clock
 async def test_a_gateway_holds_its_sessions_leases_and_lets_them_go_at_shutdown(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
@@ -208,6 +213,7 @@ async def test_a_gateway_holds_its_sessions_leases_and_lets_them_go_at_shutdown(
     assert command(own_redis.port, "EXISTS", f"gw:lease:{{{sid}}}") == 0  # released
 
 
+@pytest.mark.slow  # a real redis-server: its TTLs run on the real clock
 async def test_a_gateway_that_loses_a_lease_says_so(
     tmp_path: Path, own_redis: RedisServer, caplog: Any
 ) -> None:
@@ -227,6 +233,7 @@ async def test_a_gateway_that_loses_a_lease_says_so(
     assert command(own_redis.port, "GET", f"gw:lease:{{{sid}}}") == b"node_other"
 
 
+@pytest.mark.slow  # a real redis-server: its TTLs run on the real clock
 async def test_a_turn_whose_lease_a_live_node_holds_is_left_alone_until_it_lapses(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
@@ -271,6 +278,7 @@ async def test_a_turn_whose_lease_a_live_node_holds_is_left_alone_until_it_lapse
             assert all(int(e.id[4:]) > before for e in closing)
 
 
+@pytest.mark.slow  # a real redis-server: its TTLs run on the real clock
 async def test_a_request_for_a_session_whose_lease_lapsed_closes_its_turn_before_a_new_one(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
@@ -306,6 +314,7 @@ async def test_a_request_for_a_session_whose_lease_lapsed_closes_its_turn_before
             assert closing.payload.reason == "server_restart"
 
 
+@pytest.mark.slow  # a real redis-server: its TTLs run on the real clock
 async def test_a_turn_for_a_session_whose_holder_does_not_answer_is_503_with_retry_after(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:

@@ -260,6 +260,7 @@ async def test_text_format_is_a_readable_line(tmp_path: Path) -> None:
     assert "{" not in line
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_serve_with_json_config_writes_only_json_lines(tmp_path: Path) -> None:
     config = tmp_path / "gw.toml"
     config.write_text('[log]\nformat = "json"\n')

@@ -51,6 +51,7 @@ def failures(manager: object, name: str) -> float:
     return float(metric._value.get())
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_tools_are_listed_and_results_mapped(tmp_path: Path) -> None:
     async with running(ev=server(command=EVERYTHING)) as manager:
         await manager.wait_ready()
@@ -98,6 +99,7 @@ async def test_tools_are_listed_and_results_mapped(tmp_path: Path) -> None:
         assert (only.source_of("sleep"), only.source_of("mcp__ev__fail")) == ("builtin", None)
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_cancel_sends_notifications_cancelled_and_the_other_session_goes_on(
     tmp_path: Path,
 ) -> None:
@@ -129,6 +131,7 @@ async def test_cancel_sends_notifications_cancelled_and_the_other_session_goes_o
         assert failures(manager, "ev") == 0
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_tool_timeout_is_a_timeout_and_cancels_the_call(tmp_path: Path) -> None:
     marker = tmp_path / "cancelled"
     async with running(ev=server(command=EVERYTHING, tool_timeout_s=0.5)) as manager:
@@ -142,6 +145,7 @@ async def test_tool_timeout_is_a_timeout_and_cancels_the_call(tmp_path: Path) ->
                 await trio.sleep(0.05)
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_dying_server_fails_its_call_fast_and_the_next_call_restarts_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -169,6 +173,7 @@ async def test_a_dying_server_fails_its_call_fast_and_the_next_call_restarts_it(
         assert out.content == "back" and connection.pid not in (None, first)
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_bad_servers_are_logged_counted_and_never_crash_the_manager(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -221,6 +226,7 @@ async def test_a_tool_with_an_unusable_schema_is_dropped_not_the_server(
         assert failures(manager, "raw") == 0
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_list_changed_lists_the_tools_again() -> None:
     async with running(ev=server(command=EVERYTHING)) as manager:
         await manager.wait_ready()
@@ -233,6 +239,7 @@ async def test_list_changed_lists_the_tools_again() -> None:
         assert (await tools.execute("mcp__ev__extra", {}, context())).content == "extra works"
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_session_server_runs_in_the_workspace_and_stops_with_the_session(
     tmp_path: Path,
 ) -> None:
@@ -266,6 +273,7 @@ async def test_a_session_server_runs_in_the_workspace_and_stops_with_the_session
         del os.environ["GATEWAY_SECRET_FOR_TEST"]
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.parametrize(
     ("answer", "expected"),
     [
@@ -291,6 +299,7 @@ async def test_an_elicitation_is_asked_of_the_calling_session(
         assert schema["required"] == ["ok"] and schema["type"] == "object"
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_the_http_transport_sends_the_headers_and_cancels() -> None:
     async with http_server() as url:
         headers = {"Authorization": "Bearer sekrit", "X-Test": "yes"}
@@ -310,6 +319,7 @@ async def test_the_http_transport_sends_the_headers_and_cancels() -> None:
             assert (await tools.execute("mcp__web__echo", {"text": "y"}, context())).content == "y"
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_stopping_the_manager_stops_every_server_process() -> None:
     async with running(ev=server(command=EVERYTHING)) as manager:
         await manager.wait_ready()
@@ -319,6 +329,7 @@ async def test_stopping_the_manager_stops_every_server_process() -> None:
     assert not alive(pid)
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_kill_9_of_the_daemon_kills_its_mcp_servers(tmp_path: Path) -> None:
     """A daemon (tests/mcp_servers/daemon.py: the watchdog and the MCP servers) is kill -9'd."""
     import subprocess
@@ -350,6 +361,7 @@ async def test_kill_9_of_the_daemon_kills_its_mcp_servers(tmp_path: Path) -> Non
             await proc.wait()
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_the_example_notes_server(tmp_path: Path) -> None:
     """examples/mcp_notes.py, as the README's worked example runs it (session scope)."""
     example = Path(__file__).parent.parent / "examples" / "mcp_notes.py"
@@ -369,6 +381,7 @@ async def test_the_example_notes_server(tmp_path: Path) -> None:
         assert out.content == "kept the notes (decline)" and len(session.asked) == 1
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_session_server_stops_when_its_session_goes_idle(tmp_path: Path) -> None:
     """Unused for ``[sessions] idle_unload_s``: stopped; busy with a call: kept; the next turn:
     started again (PROTOCOL section 11: "stops it when the session goes idle")."""

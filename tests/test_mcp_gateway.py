@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from gateway.client.attach import open_websocket as open_ws
@@ -157,6 +158,7 @@ def pid_of(gw: Harness, server: str = "everything", session_id: str | None = Non
 # --- 1, 4, 10: results, structured content, tool listings, elicitations, a huge result ----
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_an_mcp_call_through_the_daemon_results_listings_elicitation_and_a_huge_result(
     tmp_path: Path,
 ) -> None:
@@ -310,6 +312,7 @@ async def huge_result(gw: Harness, sid: str) -> None:
 # --- 2, 3: cancellation in every phase; the other session's call goes on -------------------
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_cancel_in_every_phase_with_an_mcp_tool_and_a_sharing_session_goes_on(
     tmp_path: Path,
 ) -> None:
@@ -401,6 +404,7 @@ async def test_cancel_in_every_phase_with_an_mcp_tool_and_a_sharing_session_goes
 # --- 5, 6: a server that dies mid-call; a server that cannot start ---------------------------
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_server_dying_mid_call_fails_the_call_fast_and_the_next_call_restarts_it(
     tmp_path: Path,
 ) -> None:
@@ -434,6 +438,7 @@ async def test_a_server_dying_mid_call_fails_the_call_fast_and_the_next_call_res
             assert failures(gw, "everything") == 1
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_server_that_cannot_start_fails_its_calls_and_nothing_else(tmp_path: Path) -> None:
     servers = {
         "everything": {"command": EVERYTHING},
@@ -473,6 +478,7 @@ async def test_a_server_that_cannot_start_fails_its_calls_and_nothing_else(tmp_p
 # --- 7: a restart on the same store and config ------------------------------------------------
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_restarted_gateway_answers_the_next_mcp_call_and_left_no_server(
     tmp_path: Path,
 ) -> None:
@@ -501,6 +507,7 @@ async def test_a_restarted_gateway_answers_the_next_mcp_call_and_left_no_server(
 # --- 9: scope = "session" ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_session_scope_servers_are_one_process_per_session_in_its_workspace(
     tmp_path: Path,
 ) -> None:
@@ -535,6 +542,7 @@ async def test_session_scope_servers_are_one_process_per_session_in_its_workspac
 # --- 8: no server process outlives the daemon, kill -9 included --------------------------------
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_no_server_process_outlives_the_daemon_kill_9_or_sigterm(tmp_path: Path) -> None:
     """``gateway serve`` as a process; its stdio server used by a turn; the daemon killed."""
     for how in (signal.SIGKILL, signal.SIGTERM):

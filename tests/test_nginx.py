@@ -40,6 +40,9 @@ from tests.nginx_support import (
     running_nginx,
 )
 
+# slow: nginx
+pytestmark = pytest.mark.slow
+
 CLIENT_ADDRESS = "127.0.0.2"  # the clients' own address, as nginx sees them
 SPOOFED = "198.51.100.66"  # what a client claims in its own X-Forwarded-For
 

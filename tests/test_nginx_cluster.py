@@ -52,6 +52,9 @@ from tests.nginx_support import (
 )
 from tests.redis_support import ensure_redis_server
 
+# slow: nginx, redis-server and gateway serve processes
+pytestmark = pytest.mark.slow
+
 NODES = 3
 CLIENT_ADDRESS = "127.0.0.2"  # the clients' own address, as nginx sees them
 # The test's own addition to the server block: which node(s) nginx tried, on

@@ -110,6 +110,7 @@ def codes_of(response: dict[str, Any]) -> list[str]:
     return listed
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.parametrize("keys", [[], [KEY]], ids=["no-keys", "keys"])
 async def test_the_document_is_valid_openapi_3_1(tmp_path: Path, keys: list[str]) -> None:
     async with gateway_with(tmp_path, **{"auth.api_keys": keys}) as gw:

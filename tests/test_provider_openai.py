@@ -1,5 +1,10 @@
 """gateway.providers.openai against a local server that speaks Chat Completions.
 
+What every provider does (text, thinking, tool uses as partial JSON, usage,
+errors as error classes, retries, a broken stream, closing a stream early, a
+refusal as too long) is tested once for all in tests/test_provider_contract.py;
+this module holds what only this provider does.
+
 Rules of these tests (as in test_provider_anthropic):
 - No internet. :class:`bench.fake_api.FakeServer` replays recorded SSE chunks
   (``bench/fake_api/transcripts/openai/``, in the shapes OpenAI, vLLM, llama.cpp
@@ -19,16 +24,14 @@ those by default, and these tests ignore them too (``pytestmark``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import aclosing
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-import trio
 
-from bench.fake_api import Cut, FakeServer, Json, Replay, transcript
+from bench.fake_api import FakeServer, Json, Replay, transcript
 from gateway.config import Config
 from gateway.protocol.events import (
     MessageComplete,
@@ -53,13 +56,12 @@ from gateway.protocol.shapes import (
     ToolUseBlock,
     Usage,
 )
-from gateway.providers.base import ToolSpec
 from gateway.providers.factory import make_provider
 from gateway.providers.openai import OpenAIProvider, chat_messages
-from gateway.providers.raw import RawMessageStart
 from tests import provider_support
 from tests.conftest import make_config
 from tests.provider_support import (
+    OPENAI,
     Call,
     final,
     gateway_turn,
@@ -70,31 +72,18 @@ from tests.provider_support import server as server
 
 pytestmark = ignore_unfinalized_generators("httpx", "httpcore", "httpx_sse")
 
-MODEL = "openai:gpt-4o-mini"
-KEY = "sk-local"
+MODEL = OPENAI.model
+KEY = OPENAI.key
 ev = stream_event
 request = partial(provider_support.request, MODEL)
 call = partial(provider_support.call, model=MODEL)
-
-
-def sse(name: str, **kw: Any) -> Replay:
-    return Replay(transcript(f"openai/{name}.sse"), **kw)
-
-
-def api_error(status: int, error_type: str, text: str, *headers: tuple[str, str]) -> Json:
-    body = {"error": {"message": text, "type": error_type, "param": None, "code": None}}
-    return Json(status, body, headers)
+sse = OPENAI.sse
 
 
 @pytest.fixture
 def connect(server: FakeServer) -> Callable[..., Any]:
     """``connect(**options)``: a provider on the fake server, closed at the end."""
-
-    def provider(**options: Any) -> aclosing[OpenAIProvider]:
-        options = {"api_key": KEY, "max_retries": 0, "timeout_s": 5.0, **options}
-        return aclosing(OpenAIProvider(base_url=f"{server.base_url}/v1", **options))
-
-    return provider
+    return partial(OPENAI.connect, server)
 
 
 def message_id(result: Call) -> str:
@@ -111,108 +100,7 @@ def tool_use_ids(result: Call) -> list[str]:
     return ids
 
 
-# --- the transcripts ------------------------------------------------------------
-
-
-@pytest.mark.parametrize("chunk_bytes", [0, 1, 50])
-async def test_text_only(server: FakeServer, connect: Any, chunk_bytes: int) -> None:
-    server.enqueue(sse("text", chunk_bytes=chunk_bytes))
-    async with connect() as provider:
-        result = await call(provider)
-
-    m, model = message_id(result), "openai:gpt-4o-mini-2024-07-18"
-    usage = Usage(19, 4, cache_read_input_tokens=0)
-    content: list[ContentBlock] = [TextBlock("Hello, world!")]
-    assert result.events == [
-        ev(MessageStart(m, "assistant", model)),
-        ev(TextStart(m, 0)),
-        ev(TextDelta(m, 0, "Hello")),
-        ev(TextDelta(m, 0, ", world")),
-        ev(TextDelta(m, 0, "!")),
-        ev(TextEnd(m, 0)),
-        ev(MessageComplete(m, "end_turn", content, usage)),
-    ]
-    assert result.translator.message == final(m, model, content, usage, "complete")
-
-    [sent] = server.requests
-    assert (sent.method, sent.path) == ("POST", "/v1/chat/completions")
-    assert sent.headers["authorization"] == f"Bearer {KEY}"
-    assert sent.headers["accept"] == "text/event-stream"
-    assert sent.body == {
-        "model": "gpt-4o-mini",
-        "messages": [{"role": "user", "content": "Hi"}],
-        "max_tokens": 1024,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-
-
-async def test_text_then_tool_calls_in_fragments(server: FakeServer, connect: Any) -> None:
-    server.enqueue(sse("text_tool_calls", chunk_bytes=64))
-    tools = [ToolSpec("read_file", "Read a file.", {"type": "object"})]
-    async with connect() as provider:
-        result = await call(provider, request(tools=tools))
-
-    m, model = message_id(result), "openai:gpt-4o-mini-2024-07-18"
-    a, b = tool_use_ids(result)  # not the server's call_DdmO9pD3xa9XTPNJ32zg2hcA, ...
-    content: list[ContentBlock] = [
-        TextBlock("Let me read both files."),
-        ToolUseBlock(a, "read_file", {"path": "a.txt"}),
-        ToolUseBlock(b, "read_file", {"path": "b.txt"}),
-    ]
-    usage = Usage(180 - 128, 52, cache_read_input_tokens=128)
-    assert result.events == [
-        ev(MessageStart(m, "assistant", model)),
-        ev(TextStart(m, 0)),
-        ev(TextDelta(m, 0, "Let me read")),
-        ev(TextDelta(m, 0, " both files.")),
-        ev(TextEnd(m, 0)),
-        ev(ToolUseStart(m, 1, a, "read_file")),
-        *[ev(ToolUseInputDelta(m, 1, a, f)) for f in ['{"', "path", '":"', "a.t", 'xt"', "}"]],
-        ev(ToolUseEnd(m, 1, a, "read_file", {"path": "a.txt"})),
-        ev(ToolUseStart(m, 2, b, "read_file")),
-        *[ev(ToolUseInputDelta(m, 2, b, f)) for f in ['{"pa', 'th":', ' "b.', 'txt"}']],
-        ev(ToolUseEnd(m, 2, b, "read_file", {"path": "b.txt"})),
-        ev(MessageComplete(m, "tool_use", content, usage)),
-    ]
-    assert result.translator.message == final(m, model, content, usage, "complete")
-    [sent] = server.requests
-    assert sent.body["tools"] == [
-        {
-            "type": "function",
-            "function": {
-                "name": "read_file",
-                "description": "Read a file.",
-                "parameters": {"type": "object"},
-            },
-        }
-    ]
-
-
-async def test_reasoning_content_then_text(server: FakeServer, connect: Any) -> None:
-    server.enqueue(sse("reasoning_content"))
-    async with connect() as provider:
-        result = await call(provider)
-
-    m, model = message_id(result), "openai:Qwen/Qwen3-8B"
-    content: list[ContentBlock] = [
-        ThinkingBlock("The user wants a greeting.", None),
-        TextBlock("Hi there."),
-    ]
-    usage = Usage(11, 20)
-    assert result.events == [
-        ev(MessageStart(m, "assistant", model)),
-        ev(ThinkingStart(m, 0, redacted=False)),
-        ev(ThinkingDelta(m, 0, "The user wants", None)),
-        ev(ThinkingDelta(m, 0, " a greeting.", None)),
-        ev(ThinkingEnd(m, 0, None)),
-        ev(TextStart(m, 1)),
-        ev(TextDelta(m, 1, "Hi")),
-        ev(TextDelta(m, 1, " there.")),
-        ev(TextEnd(m, 1)),
-        ev(MessageComplete(m, "end_turn", content, usage)),
-    ]
-    assert result.translator.message == final(m, model, content, usage, "complete")
+# --- the transcripts (the shared ones: tests/test_provider_contract.py) ---------------
 
 
 async def test_think_tags_in_the_content_are_a_thinking_block(
@@ -272,30 +160,6 @@ async def test_reasoning_field_and_a_whole_tool_call_that_stops(
     ]
 
 
-async def test_error_chunk_mid_stream(server: FakeServer, connect: Any) -> None:
-    server.enqueue(sse("error_mid_stream"), sse("text"))
-    async with connect(max_retries=2) as provider:
-        result = await call(provider)
-
-    m, model = message_id(result), "openai:gpt-4o-mini-2024-07-18"
-    content: list[ContentBlock] = [TextBlock("Partial ans")]
-    assert result.events == [
-        ev(MessageStart(m, "assistant", model)),
-        ev(TextStart(m, 0)),
-        ev(TextDelta(m, 0, "Partial ans")),
-        ev(TextEnd(m, 0)),
-        ev(MessageComplete(m, "error", content, Usage())),
-    ]
-    assert result.raised is None  # the error chunk reached the translator as an error event
-    error = result.translator.error
-    assert error is not None
-    assert (error.error_class, error.message) == (
-        "api_error",
-        "The server had an error while processing your request. Sorry about that!",
-    )
-    assert len(server.requests) == 1  # the stream had begun: never retried
-
-
 async def test_an_error_event_from_llama_cpp(server: FakeServer, connect: Any) -> None:
     body = b'event: error\ndata: {"error":{"code":429,"message":"slots busy","type":"busy"}}\n\n'
     server.enqueue(Replay(body))
@@ -310,62 +174,6 @@ async def test_an_error_event_from_llama_cpp(server: FakeServer, connect: Any) -
 # --- failures before the stream ------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("status", "error_type", "error_class"),
-    [
-        (503, "unavailable_error", "overloaded"),
-        (429, "rate_limit_exceeded", "rate_limited"),
-        (500, "server_error", "api_error"),
-        (400, "invalid_request_error", "invalid_request"),
-        (404, "NotFoundError", "invalid_request"),
-        (408, "timeout", "timeout"),
-    ],
-)
-async def test_status_before_streaming(
-    server: FakeServer, connect: Any, status: int, error_type: str, error_class: str
-) -> None:
-    server.enqueue(api_error(status, error_type, "Nope"))
-    async with connect() as provider:
-        result = await call(provider)
-    assert result.events == []
-    assert result.raised is not None
-    assert (result.raised.error_class, result.raised.message) == (
-        error_class,
-        f"the model server answered {status}: Nope",
-    )
-    assert len(server.requests) == 1
-
-
-async def test_503_is_retried_before_streaming(server: FakeServer, connect: Any) -> None:
-    busy = api_error(503, "unavailable_error", "Loading model", ("retry-after-ms", "1"))
-    server.enqueue(busy, busy, sse("text"))
-    async with connect(max_retries=2) as provider:
-        result = await call(provider)
-    assert result.translator.message is not None
-    assert result.translator.message.status == "complete"
-    assert len(server.requests) == 3
-    assert server.requests[0].body == server.requests[2].body
-
-
-async def test_503_after_the_last_retry_fails(server: FakeServer, connect: Any) -> None:
-    busy = api_error(503, "unavailable_error", "Loading model", ("retry-after-ms", "1"))
-    server.enqueue(busy, busy)
-    async with connect(max_retries=1) as provider:
-        result = await call(provider)
-    assert result.raised is not None
-    assert result.raised.error_class == "overloaded"
-    assert len(server.requests) == 2
-
-
-async def test_400_is_not_retried(server: FakeServer, connect: Any) -> None:
-    server.enqueue(api_error(400, "invalid_request_error", "bad tools"), sse("text"))
-    async with connect(max_retries=2) as provider:
-        result = await call(provider)
-    assert result.raised is not None
-    assert result.raised.error_class == "invalid_request"
-    assert len(server.requests) == 1
-
-
 async def test_a_server_that_ignores_stream_is_an_api_error(
     server: FakeServer, connect: Any
 ) -> None:
@@ -377,35 +185,7 @@ async def test_a_server_that_ignores_stream_is_an_api_error(
     assert result.events == []
 
 
-async def test_nothing_listening_is_a_network_error() -> None:
-    with trio.socket.socket() as sock:
-        await sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # bound, never listening: connections are refused
-        provider = OpenAIProvider(base_url=f"http://127.0.0.1:{port}/v1", max_retries=0)
-        try:
-            result = await call(provider)
-        finally:
-            await provider.aclose()
-    assert result.raised is not None
-    assert result.raised.error_class == "network"
-
-
 # --- failures once streaming -------------------------------------------------------
-
-
-async def test_a_dropped_connection_mid_stream_is_network_and_not_retried(
-    server: FakeServer, connect: Any
-) -> None:
-    body = transcript("openai/text.sse")
-    server.enqueue(Replay(body, cut=Cut(body.index(b'", world"'), "drop")), sse("text"))
-    async with connect(max_retries=2) as provider:
-        result = await call(provider)
-    assert result.raised is not None
-    assert result.raised.error_class == "network"
-    assert result.translator.message is not None
-    assert result.translator.message.content == [TextBlock("Hello")]
-    assert result.translator.message.status == "error"
-    assert len(server.requests) == 1
 
 
 async def test_a_stream_that_ends_without_finish_reason_is_network(
@@ -422,17 +202,6 @@ async def test_a_stream_that_ends_without_finish_reason_is_network(
     )
     assert result.translator.message is not None
     assert result.translator.message.status == "error"
-
-
-async def test_a_stalled_stream_times_out(server: FakeServer, connect: Any) -> None:
-    body = transcript("openai/text.sse")
-    server.enqueue(Replay(body, cut=Cut(body.index(b'"finish_reason":"stop"'), "stall")))
-    async with connect(timeout_s=0.3) as provider:
-        result = await call(provider)
-    assert result.raised is not None
-    assert result.raised.error_class == "timeout"
-    assert result.translator.message is not None
-    assert result.translator.message.content == [TextBlock("Hello, world!")]
 
 
 async def test_interleaved_tool_calls_fail_the_call(server: FakeServer, connect: Any) -> None:
@@ -466,23 +235,6 @@ async def test_interleaved_tool_calls_fail_the_call(server: FakeServer, connect:
         "tool.use_end",
         "message.complete",
     ]
-
-
-async def test_closing_the_stream_early_releases_the_connection(
-    server: FakeServer, connect: Any
-) -> None:
-    """A cancelled call closes the provider's stream mid-way; the next call still works."""
-    server.enqueue(sse("text"), sse("text"))
-    async with connect() as provider:
-        stream = provider.stream(request())
-        first = await stream.__anext__()
-        await stream.aclose()
-        assert isinstance(first, RawMessageStart)
-        assert first.message.model == "openai:gpt-4o-mini-2024-07-18"
-        result = await call(provider)
-    assert result.translator.message is not None
-    assert result.translator.message.status == "complete"
-    assert len(server.requests) == 2
 
 
 # --- the conversation sent ----------------------------------------------------------

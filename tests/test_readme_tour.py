@@ -52,6 +52,7 @@ async def run(command: str, port: int, **env: str) -> str:
     return done.stdout.decode()
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 async def test_the_tour_works_as_written(tmp_path: Path) -> None:
     create, session, echo, script, cancel = tour_commands()

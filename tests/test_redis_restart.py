@@ -78,6 +78,9 @@ from gateway.store.redis import RedisStore
 from tests.conftest import Client, Harness, make_config, running_gateway, types
 from tests.redis_support import RedisServer, ensure_redis_server
 
+# slow: redis-server, restarted
+pytestmark = pytest.mark.slow
+
 COMMIT_TIMEOUT_S = 0.3
 
 # A turn whose catalog events interleave with its streaming ones: text, a tool

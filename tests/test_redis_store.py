@@ -40,6 +40,9 @@ from gateway.store.redis import RedisStore, redacted
 from tests.conftest import TOOL_SCRIPT, free_port, make_config, running_gateway, types
 from tests.redis_support import RedisServer, own_redis, redis_server
 
+# slow: redis-server
+pytestmark = pytest.mark.slow
+
 __all__ = ["own_redis", "redis_server"]  # fixtures
 
 SLEEPY = {"script": {"rounds": [[{"tool_use": {"name": "sleep", "input": {"seconds": 60}}}]]}}

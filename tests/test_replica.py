@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from gateway.protocol.events import CATALOG_TYPES
@@ -20,6 +21,9 @@ from gateway.protocol.frames import Snapshot, SubscribeAck
 from tests.conftest import TOOL_SCRIPT, Client, Harness, make_config, running_gateway, types
 from tests.redis_support import RedisServer, own_redis
 from tests.test_redis_store import command
+
+# slow: redis-server
+pytestmark = pytest.mark.slow
 
 __all__ = ["own_redis"]  # fixture
 

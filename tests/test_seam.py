@@ -64,6 +64,7 @@ def _turn_over(events: list[Event]) -> bool:
     return bool(events) and events[-1].type == "turn.completed"
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_many_clients_attach_mid_stream_and_get_each_event_exactly_once(
     tmp_path: Path,
 ) -> None:
@@ -132,6 +133,7 @@ def _check_exactly_once(
         assert reducer.duplicates_ignored == 0
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @settings(
     max_examples=25,
     deadline=None,

@@ -30,6 +30,7 @@ SCRIPT = {
 }  # paced: only a stalled client falls behind
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_client_that_stops_reading_is_closed_1008_and_others_get_everything(
     tmp_path: Path,
 ) -> None:
@@ -93,6 +94,7 @@ async def _subscribed_raw(url: str) -> trio.SocketStream:
                 return stream
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_clients_that_vanish_mid_stream_cost_the_others_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -131,6 +133,7 @@ def _assert_complete_turn(events: list[Event], turn_id: str) -> None:
     assert types(turn)[:3] == ["turn.started", "route.decided", "llm.call_started"]
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_the_slow_client_resumes_with_replay_and_misses_nothing(tmp_path: Path) -> None:
     config = make_config(
         tmp_path, **{"stream.queue_max_events": 20, "server.send_buffer_bytes": 4096}

@@ -357,6 +357,7 @@ async def test_the_message_route_answers_only_the_sessions_own_messages(tmp_path
         assert r.status_code == 401
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_streaming_message_too_big_resumes_cut_and_ends_whole(tmp_path: Path) -> None:
     """The open block keeps its end in a snapshot and in a replay's ``message.snapshot``;
     the deltas continue after it and ``message.complete`` makes it whole."""

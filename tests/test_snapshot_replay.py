@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from gateway.ids import format_event_id, parse_event_id
@@ -189,6 +190,7 @@ async def test_snapshot_keeps_only_the_most_recent_snapshot_messages(tmp_path: P
     assert snap.messages[1].content == [TextBlock("You said: third")]
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_snapshot_mid_stream_then_live_deltas_finish_the_message(gw: Harness) -> None:
     sid = await gw.create_session()
     async with gw.client(sid) as first:
@@ -283,6 +285,7 @@ async def test_since_replays_catalog_events_and_rebuilt_message_completes(gw: Ha
     assert text_of(live_part) == "You said: and now live"
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_since_while_a_message_streams_restores_it_with_message_snapshot(
     gw: Harness,
 ) -> None:
@@ -474,6 +477,7 @@ async def test_replay_max_events_is_the_largest_replay_allowed(tmp_path: Path) -
 # --- across a restart -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_replay_after_a_restart_comes_from_the_store(tmp_path: Path) -> None:
     config = make_config(tmp_path)
     async with running_gateway(config) as gw:

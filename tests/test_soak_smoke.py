@@ -53,10 +53,14 @@ from gateway.protocol.shapes import Message, TextBlock, Usage
 # at the end of a phase, a killed daemon); Trio warns when it is collected.
 # That generator is httpx's, not a socket of ours: the soak's own resources
 # are checked by the leak figures.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Async generator 'httpx._content.ByteStream.__aiter__' was garbage collected"
-    ":ResourceWarning"
-)
+# slow: soak: a daemon for 20 s
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings(
+        "ignore:Async generator 'httpx._content.ByteStream.__aiter__' was garbage collected"
+        ":ResourceWarning"
+    ),
+]
 
 # --- the smoke: a real daemon for 20 seconds -------------------------------------------
 

@@ -98,7 +98,8 @@ class Backend:
         monkeypatch.setattr(db, "write", write)
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+# The Redis backend needs a redis-server: slow (tests/conftest.py).
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.slow)])
 def backend(request: pytest.FixtureRequest, db_path: str) -> Backend:
     redis = request.getfixturevalue("redis_server") if request.param == "redis" else None
     return Backend(request.param, db_path, redis)

@@ -215,6 +215,7 @@ def test_event_ids_start_above_the_clock_in_microseconds() -> None:
 # --- the daemon: readiness on a full disk ------------------------------------------
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_readyz_is_503_while_the_disk_is_full_then_200_and_store_reconnected(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -300,6 +301,7 @@ async def last_id_seen(http: httpx.AsyncClient) -> str:
     return last
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.parametrize("change", [remove_store, replace_store], ids=["rm", "mv"])
 async def test_a_store_file_removed_or_replaced_under_load_stops_the_writes(
     tmp_path: Path, change: Callable[[Path], None]

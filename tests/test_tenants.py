@@ -272,6 +272,7 @@ def test_the_keys_file_format() -> None:
         assert "space" not in str(info.value).split(":")[0]  # the line itself is never quoted
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_missing_or_bad_keys_file_is_a_startup_failure(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.txt")
     with pytest.raises(StartupError, match=r"cannot read api_keys_file '.*nope\.txt': No such"):
@@ -355,6 +356,7 @@ async def test_reload_takes_the_new_keys_and_keeps_the_old_on_a_bad_file(
     assert not await no_file.reload() and no_file.identify("k") == key_id("k")
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_sighup_rereads_the_keys_file(tmp_path: Path) -> None:
     keys = tmp_path / "keys.txt"
     keys.write_text("first\n")

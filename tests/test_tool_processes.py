@@ -107,6 +107,7 @@ async def gone_within(seconds: float, check: Any) -> None:
 # --- environment ---------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_the_shell_sees_path_home_lang_and_tools_env_only(tmp_path: Path) -> None:
     """The daemon's secrets, GATEWAY_* and its USER/TZ/TMPDIR stay behind (the reported leak)."""
     env = {
@@ -183,6 +184,7 @@ async def test_no_limit_by_default(tmp_path: Path) -> None:
 # --- dying with the daemon --------------------------------------------------------------
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_kill_9_of_the_daemon_kills_its_tool_processes(tmp_path: Path) -> None:
     """The reported survivor: a shell tool's ``sleep 30`` outlived a kill -9 of the daemon."""
     async with gateway_process(tmp_path, *daemon_args(tmp_path)) as (proc, port):
@@ -203,6 +205,7 @@ async def test_kill_9_of_the_daemon_kills_its_tool_processes(tmp_path: Path) -> 
     await gone_within(3, lambda: not alive(reaper))
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_sigterm_leaves_no_watchdog_and_no_tool_process(tmp_path: Path) -> None:
     async with gateway_process(tmp_path, *daemon_args(tmp_path)) as (proc, port):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from gateway.client.attach import open_websocket as open_ws
@@ -65,6 +66,9 @@ from tests.torture_support import (
     turns_of,
     unended,
 )
+
+# slow: torture: gateway serve processes killed at every point
+pytestmark = pytest.mark.slow
 
 KILLS = int(os.environ.get("GATEWAY_TORTURE_KILLS", "28"))
 SEED = int(os.environ.get("GATEWAY_TORTURE_SEED", "9"))

@@ -333,6 +333,7 @@ def test_the_environment_is_checked_the_same_way() -> None:
     assert ok.server.trusted_proxies == ("10.1.2.3/8", "::1")
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 def test_a_bad_entry_in_the_file_exits_2_naming_the_key_and_the_value(tmp_path: Path) -> None:
     (tmp_path / "gw.toml").write_text('[server]\ntrusted_proxies = ["10.0.0.0/8", "nginx"]\n')
     result = run_gateway("serve", "--config", "gw.toml", cwd=tmp_path)

@@ -50,6 +50,9 @@ import pytest
 from gateway.server.auth import key_id
 from tests.ui_support import Daemon, chromium, playwright_sync_api
 
+# slow: chromium
+pytestmark = pytest.mark.slow
+
 KEY = "ui-test-key"
 REPLAY_MAX = 40
 PING_S = 0.4  # an idle stream is pinged this often, and closed after two unanswered pings

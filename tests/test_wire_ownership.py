@@ -463,6 +463,7 @@ async def one_connection(tmp_path: Path, room: int, ops: list[tuple[Any, ...]]) 
         assert r.node.metrics.slow_clients._value.get() == (1 if too_slow else 0)
 
 
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 @settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -65,10 +65,9 @@ from gateway.providers.errors import status_class
 from gateway.providers.history import rebuild
 from gateway.providers.raw import (
     ERROR_CLASSES,
-    RawError,
-    RawErrorBody,
     RawEvent,
     RawMessageStart,
+    error_event,
 )
 
 _MODEL_PREFIX = "anthropic:"
@@ -135,7 +134,7 @@ class AnthropicProvider:
             async for event in events:
                 yield _raw_event(event)
         except anthropic.APIStatusError as exc:  # an ``error`` event in the stream
-            yield RawError(RawErrorBody(exc.type or "api_error", exc.api_message or exc.message))
+            yield error_event(exc.type or "api_error", exc.api_message or exc.message)
         except httpx2.TimeoutException as exc:
             raise ProviderError("timeout", f"the model stream stalled: {exc!r}") from exc
         except httpx2.TransportError as exc:

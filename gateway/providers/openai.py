@@ -86,20 +86,17 @@ from gateway.providers.raw import (
     RawContentBlockStop,
     RawDelta,
     RawError,
-    RawErrorBody,
     RawEvent,
     RawInputJsonDelta,
-    RawMessage,
-    RawMessageDelta,
-    RawMessageDeltaBody,
-    RawMessageStart,
-    RawMessageStop,
     RawTextBlock,
     RawTextDelta,
     RawThinkingBlock,
     RawThinkingDelta,
     RawToolUseBlock,
     RawUsage,
+    error_event,
+    message_end,
+    message_start,
 )
 from gateway.providers.think_tags import Kind, ThinkTags
 
@@ -248,8 +245,7 @@ class ChunkAdapter:
             *self._start(""),
             *self._content(self._think.flush()),
             *self._close(),
-            RawMessageDelta(RawMessageDeltaBody(stop_reason), self._usage),
-            RawMessageStop(),
+            *message_end(stop_reason, self._usage),
         ]
 
     # --- the blocks ---
@@ -260,7 +256,7 @@ class ChunkAdapter:
         self._started = True
         if model:
             self._model = _MODEL_PREFIX + model
-        return [RawMessageStart(RawMessage(new_message_id(), self._model))]
+        return [message_start(new_message_id(), self._model)]
 
     def _delta(self, delta: _Delta) -> list[RawEvent]:
         events: list[RawEvent] = []
@@ -344,7 +340,7 @@ def _raw_error(body: _ErrorBody) -> RawError:
     """An error chunk as the ``error`` event it amounts to; a numeric ``code`` is a status."""
     status = body.code if isinstance(body.code, int) else None
     error_type = _ERROR_TYPES[_error_class(status, body.type)]
-    return RawError(RawErrorBody(error_type, body.message or str(body.code)))
+    return error_event(error_type, body.message or str(body.code))
 
 
 # llm.call_failed.error_class -> the Anthropic error type that ERROR_CLASSES maps back to it

@@ -136,6 +136,28 @@ RawEvent = (
     | RawError
 )
 
+# --- a message's frame, for the providers that write these events themselves ------
+#
+# The scripted model and the OpenAI-compatible adapter open, end and fail a
+# message the same way (and the Anthropic provider fails one as they do): these
+# say it once.
+
+
+def message_start(message_id: str, model: str, input_tokens: int | None = None) -> RawMessageStart:
+    """``message_start``, naming the message and the model, with the input usage if known."""
+    return RawMessageStart(RawMessage(message_id, model, usage=RawUsage(input_tokens=input_tokens)))
+
+
+def message_end(stop_reason: str | None, usage: RawUsage) -> list[RawEvent]:
+    """``message_delta`` with the stop reason and the usage, then ``message_stop``."""
+    return [RawMessageDelta(RawMessageDeltaBody(stop_reason), usage), RawMessageStop()]
+
+
+def error_event(error_type: str, message: str) -> RawError:
+    """An ``error`` event of this Anthropic error type (a key of :data:`ERROR_CLASSES`)."""
+    return RawError(RawErrorBody(error_type, message))
+
+
 # Anthropic error type -> llm.call_failed.error_class (PROTOCOL section 5)
 ERROR_CLASSES: dict[str, str] = {
     "overloaded_error": "overloaded",

@@ -92,15 +92,9 @@ from gateway.providers.raw import (
     RawContentBlockStart,
     RawContentBlockStop,
     RawDelta,
-    RawError,
-    RawErrorBody,
     RawEvent,
     RawInputJsonDelta,
-    RawMessage,
     RawMessageDelta,
-    RawMessageDeltaBody,
-    RawMessageStart,
-    RawMessageStop,
     RawRedactedThinkingBlock,
     RawSignatureDelta,
     RawTextBlock,
@@ -109,6 +103,9 @@ from gateway.providers.raw import (
     RawThinkingDelta,
     RawToolUseBlock,
     RawUsage,
+    error_event,
+    message_end,
+    message_start,
 )
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -246,7 +243,7 @@ class ScriptedProvider:
                 error_type = _IN_STREAM_ERRORS.get(fail.error_class)
                 if error_type is None:  # network, timeout: the connection broke
                     raise ProviderError(fail.error_class, message)
-                yield RawError(RawErrorBody(error_type, message))
+                yield error_event(error_type, message)
                 return
             if isinstance(event, RawContentBlockDelta):
                 if script.delay_ms:
@@ -376,9 +373,7 @@ def _round_events(
 ) -> Iterator[RawEvent]:
     """The raw events of one round, as the Messages API streams them, without pacing."""
     blocks = script.rounds[round_index] if round_index < len(script.rounds) else []
-    yield RawMessageStart(
-        RawMessage(id=new_message_id(), model=model, usage=RawUsage(input_tokens=input_tokens))
-    )
+    yield message_start(new_message_id(), model, input_tokens)
     output_chars = 0
     for index, block in enumerate(blocks):
         opening, deltas = _block_stream(block, script.chunk_chars)
@@ -390,11 +385,7 @@ def _round_events(
     stop_reason = "end_turn"
     if any(block.tool_use is not None for block in blocks):
         stop_reason = "tool_use"
-    yield RawMessageDelta(
-        RawMessageDeltaBody(stop_reason=stop_reason),
-        RawUsage(output_tokens=_tokens(output_chars)),
-    )
-    yield RawMessageStop()
+    yield from message_end(stop_reason, RawUsage(output_tokens=_tokens(output_chars)))
 
 
 def _block_stream(
