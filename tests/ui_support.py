@@ -1,4 +1,4 @@
-"""What tests/test_ui_browser.py needs around it: Debian's chromium, Playwright, a daemon.
+"""What tests/system/test_ui_browser.py needs around it: Debian's chromium, Playwright, a daemon.
 
 - :func:`chromium` finds ``/usr/bin/chromium`` or installs Debian's package
   (quietly; nothing to do when it is there), as root or through passwordless

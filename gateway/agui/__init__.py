@@ -2,7 +2,7 @@
 
 - :mod:`gateway.agui.shapes`: the AG-UI wire shapes this gateway emits and
   accepts, as msgspec Structs (checked against the ``ag-ui-protocol`` models
-  in tests/test_agui_mapping.py).
+  in tests/unit/agui/test_agui_mapping.py).
 - :mod:`gateway.agui.mapping`: the sans-IO mapping from the gateway's events
   (PROTOCOL sections 5, 7, 8) to AG-UI's; the decisions are in
   docs/protocol.md "AG-UI".

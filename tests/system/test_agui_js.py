@@ -1,0 +1,79 @@
+"""The official AG-UI JS client (``@ag-ui/client``, from npm) runs turns here (issue 14).
+
+The test installs ``@ag-ui/client`` into a temporary directory (``npm install
+--prefix``, quiet) and runs tests/agui_js/run.mjs, whose ``HttpAgent`` talks to
+a running gateway: a run streams text whose deltas concatenate to the final
+message, a tool call that waits for approval ends the run with an interrupt
+and the next run resumes it, the call arriving with its args and result. The
+client verifies every event itself (``verifyEvents``, and its schemas): any
+violation rejects ``runAgent`` and the script exits non-zero.
+
+Skipped, saying why, where node or npm is missing or the registry cannot be
+reached (.ci/run installs node and npm).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.conftest import make_config, running_gateway
+from tests.paths import TESTS
+
+# slow: node runs the AG-UI client's tests
+pytestmark = pytest.mark.slow
+
+SCRIPT = TESTS / "agui_js" / "run.mjs"
+
+
+@pytest.fixture(scope="module")
+def node_modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("node and npm are needed to install and run @ag-ui/client")
+    prefix = tmp_path_factory.mktemp("agui-npm")
+    install = [npm, "install", "--prefix", str(prefix), "--silent", "--no-audit", "--no-fund"]
+    done = subprocess.run(
+        [*install, "@ag-ui/client"], capture_output=True, text=True, timeout=300, check=False
+    )
+    if done.returncode != 0:
+        pytest.skip(f"npm install @ag-ui/client failed: {done.stderr.strip()[-500:]}")
+    return prefix / "node_modules"
+
+
+async def test_the_official_js_client_streams_text_and_a_resumed_tool_call(
+    tmp_path: Path, node_modules: Path
+) -> None:
+    config = make_config(tmp_path, **{"tools.require_approval": ["sleep"]})
+    with trio.fail_after(60):
+        async with running_gateway(config) as h:
+            done = await trio.run_process(
+                [shutil.which("node") or "node", str(SCRIPT), str(node_modules), h.base],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    out = json.loads(done.stdout)
+
+    text = out["text"]
+    assert text["types"][0] == "RUN_STARTED" and text["types"][-1] == "RUN_FINISHED"
+    assert "REASONING_MESSAGE_CONTENT" in text["types"]
+    assert text["deltas"] == text["final"] == "Hello from the gateway."
+
+    interrupt = out["interrupt"]
+    assert interrupt["types"][:2] == ["RUN_STARTED", "MESSAGES_SNAPSHOT"]
+    assert interrupt["outcome"]["type"] == "interrupt"
+    assert interrupt["pending"] == [i["id"] for i in interrupt["outcome"]["interrupts"]]
+
+    tool = out["tool"]
+    assert tool["name"] == "sleep" and tool["args"] == {"seconds": 0.01}
+    assert json.loads(tool["streamedArgs"]) == tool["args"]
+    assert tool["result"] == "slept 0.01 s"
+    assert tool["deltas"] == tool["final"] == "All done."
+    assert tool["types"][-1] == "RUN_FINISHED" and tool["pendingAfter"] == 0

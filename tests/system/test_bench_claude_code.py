@@ -1,0 +1,60 @@
+"""``python -m bench.claude_code`` runs end to end (its figures mean nothing here), and skips
+cleanly without the claude-code extra."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from bench import claude_code
+from tests.paths import ROOT
+
+# slow: the bench, with Claude Code CLIs
+pytestmark = pytest.mark.slow
+
+ROOT = ROOT
+
+
+@pytest.mark.slow  # the bench itself, CLIs and daemons
+@pytest.mark.skipif(
+    importlib.util.find_spec("claude_agent_sdk") is None,
+    reason="needs the claude-code extra: pip install 'gateway[claude-code]'",
+)
+def test_the_bench_reports_both_figures() -> None:
+    args = ["--runs", "2", "--warmup", "0", "--cold", "0", "--sessions", "2"]
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.claude_code", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    for path in ("warm sdk", "warm gateway"):
+        assert re.search(rf"^{path} +[\d.]+ +[\d.]+ +[\d.]+$", out, re.M), out
+    assert "warm gateway adds" in out and "cold" not in out.split("Memory")[0].split("starts)")[1]
+    row = re.search(r"^ +2 +([\d.]+) +([\d.]+) +(-?[\d.]+) +([\d.]+)$", out, re.M)
+    assert row is not None, out
+    cli_rss, cli_uss, _daemon, state_kib = (float(g) for g in row.groups())
+    assert 20 < cli_rss < 2000 and 0 < cli_uss <= cli_rss, out  # a CLI's tree, per session
+    assert state_kib > 1, out  # the transcript of its turn, at least
+    assert "Warning" not in run.stderr, run.stderr[-2000:]
+
+
+def test_without_the_extra_it_says_so_and_exits_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "claude_agent_sdk" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert claude_code.main(["--runs", "1"]) == 0
+    assert "needs the claude-code extra" in capsys.readouterr().err

@@ -1,0 +1,352 @@
+"""``runtime = "claude-code"`` (PROTOCOL section 11): Claude Code sessions behind the contract.
+
+The real Claude Code CLI (bundled with the ``claude-agent-sdk`` wheel) runs
+behind a real gateway and talks to the fake Anthropic API
+(``bench/fake_api``), offline: every request it makes is recorded, and its
+proxy is the fake server too, so a request meant for anywhere else would be
+recorded there as well; each test asserts that the only requests were the
+model's ``POST /v1/messages?beta=true``. The events are the native runtime's:
+the translator's message and block events, ``llm.call_*``, ``tool.*``,
+``permission.*`` through the permissions route, the cancel sequences.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from bench.fake_api import FakeServer, Replay, transcript
+from bench.fake_api.server import Cut
+from gateway.config import Config
+from gateway.providers.factory import make_providers
+from tests.conftest import Harness, running_gateway, types
+from tests.integration.test_agents import agents_config
+from tests.provider_support import ignore_unfinalized_generators
+from tests.provider_support import server as server
+
+pytestmark = [
+    pytest.mark.slow,  # slow: Claude Code CLI processes
+    pytest.mark.skipif(
+        importlib.util.find_spec("claude_agent_sdk") is None,
+        reason="needs the claude-code extra: pip install 'gateway[claude-code]'",
+    ),
+    *ignore_unfinalized_generators("anthropic", "httpx2", "httpcore2", "httpx", "httpcore"),
+    # Tools approved without asking are meant to bypass can_use_tool (the runtime's module).
+    pytest.mark.filterwarnings("ignore::claude_agent_sdk.CanUseToolShadowedWarning"),
+]
+
+PROMPT = "You work for the gateway's tests. The code word is MARIGOLD."
+
+
+def cc_config(tmp_path: Path, server: FakeServer, tail: str = "", **agent: str) -> Config:
+    """The default agent is a Claude Code one (the SQLite store does not keep a session's
+    agent yet: a restarted daemon runs the default agent for every session)."""
+    return agents_config(tmp_path, cc_toml(server, tail, **agent))
+
+
+def cc_toml(server: FakeServer, tail: str = "", **agent: str) -> str:
+    """The config's text: a Claude Code default agent, its API and proxy the fake server.
+
+    ``agent``: more keys of the agent (TOML values); ``tail``: more tables.
+    """
+    agent = {"tools": '["Bash"]', "require_approval": '["Bash"]', **agent}
+    extra = "".join(f"{k} = {v}\n" for k, v in agent.items())
+    proxy = server.base_url  # anything not for the model API would be recorded there too
+    text = f"""
+[model]
+provider = "anthropic"
+name = "anthropic:claude-sonnet-4-6"
+base_url = "{server.base_url}"
+max_retries = 0
+
+[tools]
+approval_timeout_s = 30
+kill_grace_s = 1
+
+[agents.default]
+runtime = "claude-code"
+system = "{PROMPT}"
+env = {{ HTTPS_PROXY = "{proxy}", HTTP_PROXY = "{proxy}", NO_PROXY = "127.0.0.1" }}
+{extra}
+{tail}"""
+    return text
+
+
+async def gateway(
+    tmp_path: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tail: str = "",
+    **agent: str,
+) -> Any:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake")
+    config = cc_config(tmp_path, server, tail, **agent)
+    return config, make_providers(config, {"ANTHROPIC_API_KEY": "sk-fake"})
+
+
+def only_model_calls(server: FakeServer) -> None:
+    """Nothing left the machine: every request the CLI made was a model call, here."""
+    assert server.requests
+    assert {(r.method, r.path) for r in server.requests} == {("POST", "/v1/messages?beta=true")}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def run_turn(gw: Harness, sid: str, content: str) -> list[Any]:
+    async with gw.client(sid) as client:
+        await client.subscribe()
+        await gw.submit(sid, content)
+        return await client.until_turn_ends()
+
+
+async def decide(gw: Harness, sid: str, perm_id: str, decision: str) -> None:
+    r = await gw.http.post(f"/sessions/{sid}/permissions/{perm_id}", json={"decision": decision})
+    assert r.status_code == 202, r.text
+
+
+async def test_a_text_turn_with_thinking_streams_as_the_native_runtime(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.enqueue(
+        Replay(transcript("anthropic/thinking_text.sse"), chunk_bytes=300),
+        Replay(transcript("anthropic/text.sse")),
+    )
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        events = await run_turn(gw, sid, "What is the GCD of 1071 and 462?")
+        runtime: Any = gw.node.sessions[sid].agent.runtime  # type: ignore[union-attr]
+        cli = runtime.transport.pid
+        raw = await trio.Path(f"/proc/{cli}/environ").read_bytes()  # what the CLI got
+        environ = dict(line.decode().partition("=")[::2] for line in raw.split(b"\0") if line)
+        again = await run_turn(gw, sid, "And again?")
+        snapshot = (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]
+    await providers.aclose()
+    # Issue 21: the CLI is quiet, and gets none of the daemon's environment.
+    for switch in (
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+        "DISABLE_TELEMETRY",
+        "DISABLE_AUTOUPDATER",
+    ):
+        assert environ[switch] == "1", switch
+    assert environ["HOME"].endswith(f".claude-code/{sid}")
+    assert environ["ANTHROPIC_BASE_URL"] == server.base_url
+    assert not {k for k in environ if k.startswith(("GATEWAY_", "PYTEST", "VIRTUAL_ENV"))}
+    deltas = ("thinking.delta", "text.delta")
+    assert [t for t in types(events) if t not in deltas] == [
+        "turn.started", "route.decided", "llm.call_started", "message.start",
+        "thinking.start", "thinking.end", "text.start", "text.end", "message.complete",
+        "llm.call_completed", "turn.completed",
+    ]  # fmt: skip
+    assert "thinking.delta" in types(events) and "text.delta" in types(events)
+    complete = next(e for e in events if e.type == "message.complete").payload
+    assert complete.message_id == "msg_01Bq9w938a90dw8q7mUBWZqE"  # the API's own id
+    assert complete.final_content[0].signature.startswith("EqQB")
+    done = events[-1].payload
+    assert done.stop_reason == "end_turn" and done.usage.output_tokens == 96
+    # The CLI's total_cost_usd, per turn (it is the session's running total):
+    # Sonnet's $3/$15/$0.30 per million input/output/cache-read tokens.
+    assert done.cost_usd == pytest.approx((42 * 3 + 96 * 15 + 1024 * 0.3) / 1e6)
+    assert again[-1].payload.stop_reason == "end_turn"
+    assert again[-1].payload.cost_usd == pytest.approx((25 * 3 + 15 * 15) / 1e6)
+    assert [m["role"] for m in snapshot] == ["user", "assistant", "user", "assistant"]
+    only_model_calls(server)
+    first, second = (r.body for r in server.requests)
+    system = "".join(b["text"] for b in first["system"])
+    assert PROMPT in system and "Claude" in system  # appended to Claude Code's own
+    assert first["model"] == "claude-sonnet-4-6"
+    # One process, one conversation: the second call carries the first turn.
+    said = str(second["messages"])
+    assert "What is the GCD" in said and "And again?" in said
+    # The CLI's state is the gateway's, never the operator's ~/.claude.
+    home = tmp_path / "workspaces" / ".claude-code" / sid
+    assert (home / ".claude").is_dir()
+
+
+async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.enqueue(
+        Replay(transcript("claude-code/bash_touch.sse")),
+        Replay(transcript("anthropic/text.sse")),
+        Replay(transcript("claude-code/bash_touch.sse")),
+        Replay(transcript("anthropic/text.sse")),
+    )
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    async with running_gateway(config, providers) as gw:
+        outcomes = []
+        for decision in ("allow", "deny"):
+            sid = await gw.create_session()
+            async with gw.client(sid) as client:
+                await client.subscribe()
+                await gw.submit(sid, "make the file")
+                asked = (await client.until(lambda e: e.type == "permission.requested"))[-1]
+                assert asked.payload.tool_name == "Bash" and asked.payload.kind == "tool"
+                assert asked.payload.input["command"] == "touch made.txt"
+                await decide(gw, sid, asked.payload.perm_id, decision)
+                await client.until_turn_ends()
+                events = client.events
+            workspace = gw.node.workspaces.host_path(gw.node.sessions[sid].record.workspace_path)
+            made = os.path.exists(os.path.join(workspace, "made.txt"))  # noqa: ASYNC240
+            outcomes.append((events, made))
+    await providers.aclose()
+    (allowed, made), (denied, made_anyway) = outcomes
+    tool_events = ["tool.called", "permission.requested", "permission.resolved"]
+    assert [t for t in types(allowed) if t.startswith(("tool.c", "tool.f", "permission."))] == [
+        *tool_events,
+        "tool.completed",
+    ]
+    assert made and not made_anyway
+    assert types(allowed).count("llm.call_started") == 2
+    assert allowed[-1].payload.stop_reason == "end_turn"
+    failed = next(e for e in denied if e.type == "tool.failed").payload
+    assert failed.error_class == "permission_denied"
+    resolved = next(e for e in denied if e.type == "permission.resolved").payload
+    assert resolved.decision == "deny"
+    # The model saw its tool's result, and the result said what happened.
+    results = [
+        b for r in server.requests for m in r.body["messages"] if isinstance(m["content"], list)
+        for b in m["content"] if b.get("type") == "tool_result"
+    ]  # fmt: skip
+    assert results and any(b.get("is_error") for b in results)
+    only_model_calls(server)
+
+
+@pytest.mark.parametrize("phase", ["llm", "seam", "tools"])
+async def test_a_cancel_in_each_phase_is_the_section_8_sequence_well_under_a_second(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch, phase: str
+) -> None:
+    if phase == "llm":
+        body = transcript("anthropic/thinking_text.sse")
+        server.enqueue(Replay(body, cut=Cut(body.index(b"signature_delta"), "stall")))
+    elif phase == "seam":
+        server.enqueue(Replay(transcript("claude-code/bash_touch.sse")))
+    else:
+        server.enqueue(Replay(transcript("claude-code/bash_touch_sleep.sse")))
+    server.enqueue(Replay(transcript("anthropic/text.sse")))  # the next turn's
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            turn_id = await gw.submit(sid, "go")
+            if phase == "llm":
+                await client.until(lambda e: e.type == "thinking.delta")
+            else:
+                asked = (await client.until(lambda e: e.type == "permission.requested"))[-1]
+                if phase == "tools":
+                    await decide(gw, sid, asked.payload.perm_id, "allow")
+                    workspace = gw.node.workspaces.host_path(
+                        gw.node.sessions[sid].record.workspace_path
+                    )
+                    started_file = os.path.join(workspace, "started.txt")
+                    while not os.path.exists(started_file):  # noqa: ASYNC240, ASYNC110
+                        await trio.sleep(0.05)
+            started = trio.current_time()
+            r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel", json={})
+            assert r.status_code in (200, 202), r.text
+            await client.until_turn_ends()
+            took = trio.current_time() - started
+            events = client.events
+        next_turn = await run_turn(gw, sid, "still there?")
+    await providers.aclose()
+    assert took < 1.0, took
+    tail = [e for e in types(events) if e not in ("thinking.delta", "text.delta")]
+    end = events[-1].payload
+    assert events[-1].type == "turn.cancelled" and end.phase == phase
+    if phase == "llm":
+        assert tail[-4:] == [
+            "thinking.end",
+            "message.complete",
+            "llm.call_failed",
+            "turn.cancelled",
+        ]
+        complete = next(e for e in events if e.type == "message.complete").payload
+        assert complete.stop_reason == "cancelled"
+        assert "tool.failed" not in tail
+    elif phase == "seam":
+        assert tail[-3:] == ["permission.resolved", "tool.failed", "turn.cancelled"]
+        assert events[-3].payload.decision == "cancelled"
+        assert "llm.call_failed" not in tail
+    else:
+        assert tail[-2:] == ["tool.failed", "turn.cancelled"]
+        assert events[-2].payload.error_class == "cancelled"
+    # The session goes on: the interrupted query was settled, the next turn is its own.
+    assert next_turn[-1].type == "turn.completed"
+    assert next_turn[-1].payload.stop_reason == "end_turn"
+    only_model_calls(server)
+
+
+async def test_two_sessions_at_once_each_with_its_own_process(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.enqueue(*[Replay(transcript("anthropic/text.sse"), chunk_bytes=64)] * 2)
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    async with running_gateway(config, providers) as gw:
+        a, b = await gw.create_session(), await gw.create_session()
+        results: dict[str, list[Any]] = {}
+
+        async def one(sid: str) -> None:
+            results[sid] = await run_turn(gw, sid, f"hello from {sid}")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, a)
+            nursery.start_soon(one, b)
+        pids = {sid: gw.node.sessions[sid].agent.runtime.transport.pid for sid in (a, b)}  # type: ignore[union-attr]
+        assert len(set(pids.values())) == 2
+        for pid in pids.values():
+            assert os.getpgid(pid) == pid  # each in a group of its own
+    await providers.aclose()
+    for pid in pids.values():  # stopped with the daemon
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    for sid in (a, b):
+        assert results[sid][-1].payload.stop_reason == "end_turn"
+    sent = sorted(str(r.body["messages"]) for r in server.requests)
+    assert f"hello from {a}" in "".join(sent) and f"hello from {b}" in "".join(sent)
+    assert [a in s for s in sent].count(True) == 1  # each conversation its own
+    only_model_calls(server)
+
+
+async def test_an_idle_process_stops_and_the_conversation_resumes_even_after_a_restart(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``idle_process_s``: the CLI stops; the next turn's CLI resumes its transcript.
+
+    The Claude Code session id is derived from the gateway session's, and the
+    transcript is in the gateway's state directory: a restarted daemon finds it.
+    """
+    server.enqueue(*[Replay(transcript("anthropic/text.sse"))] * 3)
+    config, providers = await gateway(tmp_path, server, monkeypatch, idle_process_s="1")
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        await run_turn(gw, sid, "first words APPLE")
+        runtime = gw.node.sessions[sid].agent.runtime  # type: ignore[union-attr]
+        assert runtime is not None and runtime.transport is not None
+        first_pid = runtime.transport.pid
+        with trio.fail_after(5):  # stopped and reaped, its group gone
+            while runtime.client is not None or alive(first_pid):  # noqa: ASYNC110
+                await trio.sleep(0.1)
+        resumed = await run_turn(gw, sid, "second words BANANA")
+        assert runtime.transport is not None and runtime.transport.pid != first_pid
+    _, providers = await gateway(tmp_path, server, monkeypatch, idle_process_s="1")
+    async with running_gateway(config, providers) as gw:  # the daemon restarted
+        restarted = await run_turn(gw, sid, "third words CHERRY")
+    await providers.aclose()
+    assert resumed[-1].payload.stop_reason == restarted[-1].payload.stop_reason == "end_turn"
+    first, second, third = (str(r.body["messages"]) for r in server.requests)
+    assert "APPLE" in first and "BANANA" not in first
+    assert "APPLE" in second and "BANANA" in second
+    assert "APPLE" in third and "BANANA" in third and "CHERRY" in third
+    only_model_calls(server)

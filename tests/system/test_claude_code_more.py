@@ -1,0 +1,532 @@
+"""``runtime = "claude-code"``, continued: processes, failures, MCP servers, sub-agents, compaction.
+
+Offline as :mod:`tests.system.test_claude_code`: the real CLI, the fake Anthropic
+API, every request it made a model call.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from bench.fake_api import FakeServer, Replay, transcript
+from bench.fake_api.server import Cut, Json
+from gateway.agents import resolve_agents
+from gateway.client.attach import open_websocket as open_ws
+from gateway.runtimes.claude_code import messages, options
+from gateway.tools import process_slots
+from tests.conftest import Client, Harness, running_gateway, types
+from tests.mcp_support import EVERYTHING
+from tests.provider_support import server as server
+from tests.system.test_claude_code import (
+    alive,
+    cc_config,
+    cc_toml,
+    decide,
+    gateway,
+    only_model_calls,
+    pytestmark,
+    run_turn,
+)
+from tests.system.test_cli_serve import gateway_process
+
+__all__ = ["pytestmark", "server"]
+
+
+def runtime_of(gw: Harness, sid: str) -> Any:
+    runtime = gw.node.sessions[sid].agent.runtime  # type: ignore[union-attr]
+    assert runtime is not None
+    return runtime
+
+
+async def test_max_processes_an_idle_process_makes_room_a_busy_one_is_a_503_after_a_bounded_wait(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``max_processes = 1``: B's turn stops A's idle CLI; A's turn while B's runs waits, then 503.
+
+    Once B is idle again, A's turn stops B's CLI and A's new CLI resumes A's conversation.
+    """
+    server.enqueue(
+        Replay(transcript("anthropic/text.sse")),  # A's first turn
+        Replay(transcript("claude-code/bash_touch.sse")),  # B's, which asks to run Bash
+        Replay(transcript("anthropic/text.sse")),  # B's, once allowed
+        Replay(transcript("anthropic/text.sse")),  # A's second turn
+    )
+    config, providers = await gateway(tmp_path, server, monkeypatch, max_processes="1")
+    async with running_gateway(config, providers) as gw:
+        slots_ = gw.node.process_slots
+        a, b = await gw.create_session(), await gw.create_session()
+        await run_turn(gw, a, "first words APPLE")
+        a_pid = runtime_of(gw, a).transport.pid
+        assert slots_.held("default") == 1
+        async with gw.client(b) as client:
+            await client.subscribe()
+            await gw.submit(b, "make the file")  # A is idle: stopped to make room
+            assert not alive(a_pid) and runtime_of(gw, a).client is None
+            asked = (await client.until(lambda e: e.type == "permission.requested"))[-1]
+            # B's turn is in flight: no idle process; A's turn waits, then is refused.
+            monkeypatch.setattr(process_slots, "SLOT_WAIT_S", 0.5)
+            started = trio.current_time()
+            r = await gw.http.post(f"/sessions/{a}/turns", json={"content": "second words"})
+            waited = trio.current_time() - started
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "over_capacity"
+            assert r.headers["Retry-After"] == "1"
+            assert 0.5 <= waited < 2.0, waited
+            assert gw.node.sessions[a].turn is None and not slots_.holds("default", a)
+            monkeypatch.setattr(process_slots, "SLOT_WAIT_S", 10.0)
+            await decide(gw, b, asked.payload.perm_id, "allow")
+            b_events = await client.until_turn_ends()
+        b_pid = runtime_of(gw, b).transport.pid
+        resumed = await run_turn(gw, a, "second words BANANA")  # B is idle: stopped
+        assert not alive(b_pid) and slots_.held("default") == 1
+        assert slots_.holds("default", a)
+    await providers.aclose()
+    assert b_events[-1].payload.stop_reason == "end_turn"
+    assert resumed[-1].payload.stop_reason == "end_turn"
+    last = str(server.requests[-1].body["messages"])
+    assert "APPLE" in last and "BANANA" in last  # A's new CLI resumed A's transcript
+    assert "make the file" not in last
+    assert len(server.requests) == 4  # the refused turn never reached the model
+    only_model_calls(server)
+
+
+async def test_a_cli_killed_mid_turn_closes_the_turn_and_the_next_turn_resumes(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 of the CLI's group while the model streams (``llm``) or a permission waits
+    (``seam``): the turn ends ``llm.call_failed`` ``network`` then ``turn.completed``
+    ``error``; the next turn's new CLI resumes the conversation."""
+    body = transcript("anthropic/thinking_text.sse")
+    server.enqueue(
+        Replay(transcript("anthropic/text.sse")),  # A's first turn, answered
+        Replay(transcript("anthropic/text.sse")),  # B's
+        Replay(body, cut=Cut(body.index(b"signature_delta"), "stall")),  # A: killed streaming
+        Replay(transcript("claude-code/bash_touch.sse")),  # B: killed while it asks
+        Replay(transcript("anthropic/text.sse")),  # A's next turn
+        Replay(transcript("anthropic/text.sse")),  # B's
+    )
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    crashed: dict[str, list[Any]] = {}
+    pids: dict[str, int] = {}
+    async with running_gateway(config, providers) as gw:
+        a, b = await gw.create_session(), await gw.create_session()
+        await run_turn(gw, a, "zero words CHERRY")
+        await run_turn(gw, b, "zero words DATE")
+        for sid, words, ready in (
+            (a, "first words APPLE", "thinking.delta"),
+            (b, "first words BANANA", "permission.requested"),
+        ):
+            async with gw.client(sid) as client:
+                await client.subscribe()
+                await gw.submit(sid, words)
+                await client.until(functools.partial(is_type, ready))
+                pids[sid] = pid = runtime_of(gw, sid).transport.pid
+                os.killpg(pid, signal.SIGKILL)
+                with trio.fail_after(5):
+                    await client.until_turn_ends()
+                crashed[sid] = client.events
+            assert gw.node.sessions[sid].permissions.pending() == []
+        after = {sid: await run_turn(gw, sid, "second words") for sid in (a, b)}
+        for sid in (a, b):
+            assert runtime_of(gw, sid).transport.pid != pids[sid]
+    await providers.aclose()
+    for sid in (a, b):
+        events = crashed[sid]
+        failed = next(e for e in events if e.type == "llm.call_failed").payload
+        assert failed.error_class == "network"
+        assert events[-1].type == "turn.completed" and events[-1].payload.stop_reason == "error"
+        assert after[sid][-1].payload.stop_reason == "end_turn"
+    tail = [t for t in types(crashed[a]) if t not in ("thinking.delta", "text.delta")]
+    assert tail[-4:] == ["thinking.end", "message.complete", "llm.call_failed", "turn.completed"]
+    tail_b = types(crashed[b])
+    assert tail_b.index("tool.called") < tail_b.index("permission.resolved")
+    resolved = next(e for e in crashed[b] if e.type == "permission.resolved").payload
+    assert resolved.decision == "cancelled"
+    assert next(e for e in crashed[b] if e.type == "tool.failed").payload.error_class == "error"
+    # What was answered before the crash is in the resumed transcript; the cut turn's
+    # prompt only if the killed CLI had written it (Claude Code's timing, not asserted).
+    resumed = [str(r.body["messages"]) for r in server.requests[4:]]
+    assert "CHERRY" in resumed[0] and "second words" in resumed[0]
+    assert "DATE" in resumed[1] and "second words" in resumed[1]
+    only_model_calls(server)
+
+
+async def test_api_errors_are_their_llm_call_failed_classes(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 400, a 529 and a 429 of the API, as the CLI reports them (``[model] max_retries = 0``
+    is its ``CLAUDE_CODE_MAX_RETRIES``): ``invalid_request``, ``overloaded``, ``rate_limited``.
+
+    The CLI sends a refused call (400) twice more on its own, each time
+    with fewer ``anthropic-beta`` headers, whatever ``max_retries`` says."""
+    cases = {
+        "invalid_request": Json(400, error("invalid_request_error", "messages.0: bad role")),
+        "overloaded": Json(529, error("overloaded_error", "Overloaded")),
+        "rate_limited": Json(429, error("rate_limit_error", "slow down")),
+    }
+    # The CLI tries a 400 twice more, each time with fewer beta headers: three refusals.
+    bad = cases["invalid_request"]
+    server.enqueue(bad, bad, *cases.values(), Replay(transcript("anthropic/text.sse")))
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        outcomes = [await run_turn(gw, sid, f"try {name}") for name in cases]
+        last = await run_turn(gw, sid, "and now?")
+    await providers.aclose()
+    for name, events in zip(cases, outcomes, strict=True):
+        assert types(events)[-3:] == ["llm.call_started", "llm.call_failed", "turn.completed"]
+        assert events[-2].payload.error_class == name, events[-2].payload
+        assert events[-1].payload.stop_reason == "error"
+    assert last[-1].payload.stop_reason == "end_turn"
+    assert len(server.requests) == 6  # none retried but the 400 (docstring)
+    betas = [len(r.headers["anthropic-beta"].split(",")) for r in server.requests[:3]]
+    assert betas[0] > betas[1] > betas[2]
+    only_model_calls(server)
+
+
+def error(kind: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def is_type(name: str, e: Any) -> bool:
+    return bool(e.type == name)
+
+
+def cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+MCP_TABLES = f"""
+[mcp_servers.everything]
+command = {json.dumps(EVERYTHING)}
+env = {{ MCP_TEST_ENV = "from-config" }}
+
+[mcp_servers.elsewhere]
+url = "http://127.0.0.1:9/mcp"
+headers = {{ authorization = "Bearer t" }}
+"""
+
+
+def test_the_cli_gets_the_mcp_servers_the_agent_reaches_and_may_use_their_tools(
+    tmp_path: Path,
+) -> None:
+    """``[mcp_servers.*]`` as the CLI's options: only those the agent's ``tools`` reach."""
+    server = FakeServer()
+    config = cc_config(tmp_path, server, MCP_TABLES, tools='["Bash", "mcp__everything__*"]')
+    agent = resolve_agents(config)["default"]
+    servers = options.mcp_servers(agent, config.mcp_servers, "/daemon/cwd")
+    assert list(servers) == ["everything"]
+    stdio = servers["everything"]
+    assert stdio["type"] == "stdio" and stdio.get("env") == {"MCP_TEST_ENV": "from-config"}
+    # It runs in the daemon's directory (the native runtime's), whatever the CLI's cwd is.
+    argv = [stdio["command"], *stdio.get("args", [])]
+    assert argv[:3] == ["/bin/sh", "-c", 'cd "$0" && exec "$@"']
+    assert argv[3:] == ["/daemon/cwd", *EVERYTHING]
+    both = resolve_agents(
+        cc_config(tmp_path, server, MCP_TABLES, tools='["mcp__*__*"]', require_approval="[]")
+    )["default"]
+    servers = options.mcp_servers(both, config.mcp_servers, "/daemon/cwd")
+    assert servers["elsewhere"] == {
+        "type": "http",
+        "url": "http://127.0.0.1:9/mcp",
+        "headers": {"authorization": "Bearer t"},
+    }
+    assert options.cli_rule("mcp__everything__*") == "mcp__everything"
+    assert options.cli_rule("mcp__everything__echo") == "mcp__everything__echo"
+    assert (
+        options.cli_rule("mcp__*__echo") == "mcp__*__echo"
+    )  # decided by can_use_tool against the agent's
+
+
+async def test_an_mcp_tool_through_the_cli(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model calls ``mcp__everything__echo``: Claude Code runs it on the configured
+    server, without asking (not in ``require_approval``); the events are the native ones.
+
+    The server is slow to start: the first query still offers its tools."""
+    server.enqueue(
+        Replay(transcript("claude-code/mcp_echo.sse")), Replay(transcript("anthropic/text.sse"))
+    )
+    # The server starts a second late, as a loaded machine's may: the CLI's first
+    # query waits for it (MCP_CONNECTION_NONBLOCKING=0), so the model is offered its tools.
+    late = ["/bin/sh", "-c", 'sleep 1 && exec "$@"', "sh", *EVERYTHING]
+    tables = MCP_TABLES.partition("[mcp_servers.elsewhere]")[0]
+    tables = tables.replace(json.dumps(EVERYTHING), json.dumps(late))
+    tools = '["Bash", "mcp__everything__*"]'
+    config, providers = await gateway(tmp_path, server, monkeypatch, tables, tools=tools)
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        events = await run_turn(gw, sid, "echo something")
+    await providers.aclose()
+    assert [t for t in types(events) if t.startswith(("tool.c", "tool.f", "permission."))] == [
+        "tool.called",
+        "tool.completed",
+    ]
+    done = next(e for e in events if e.type == "tool.completed").payload
+    assert done.tool_name == "mcp__everything__echo" and done.result == "hello through MCP"
+    assert events[-1].payload.stop_reason == "end_turn"
+    offered = [t["name"] for t in server.requests[0].body.get("tools", [])]
+    assert "mcp__everything__echo" in offered, offered
+    only_model_calls(server)
+
+
+async def test_a_sub_agent_is_a_worker_session_whose_approval_reaches_the_parent(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model calls ``Agent``; the sub-agent runs Bash (approved through the parent's
+    permissions route), then answers; the main thread then answers.
+
+    The parent's stream: ``tool.called`` (Agent), ``delegate.started``,
+    ``delegate.completed``, ``tool.completed``. The worker's (a session with
+    ``parent_session_id``): a whole turn, its messages, its Bash call and permission.
+    """
+    server.enqueue(
+        Replay(transcript("claude-code/agent_call.sse")),  # main: Agent(...)
+        Replay(transcript("claude-code/bash_touch.sse")),  # the sub-agent: Bash
+        Replay(transcript("anthropic/text.sse")),  # the sub-agent's answer
+        Replay(transcript("anthropic/text.sse")),  # main's answer
+    )
+    config, providers = await gateway(tmp_path, server, monkeypatch, tools='["Bash", "Agent"]')
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            workers = {"event_types": None, "actors": None, "include_worker_sessions": True}
+            await client.subscribe(workers)
+            await gw.submit(sid, "delegate it")
+            asked = (await client.until(functools.partial(is_type, "permission.requested")))[-1]
+            worker_id = asked.session_id
+            pending = gw.node.sessions[sid].pending_permissions()  # the parent's view
+            await decide(gw, sid, asked.payload.perm_id, "allow")  # from the parent
+            await client.until(functools.partial(ends, sid))
+            events = client.events
+        worker = gw.node.sessions[worker_id].record
+        workspace = gw.node.workspaces.host_path(gw.node.sessions[sid].record.workspace_path)
+        made = os.path.exists(os.path.join(workspace, "made.txt"))  # noqa: ASYNC240
+        # A turn sent to the sub-agent's session would start an unrelated conversation.
+        straight = await gw.http.post(f"/sessions/{worker_id}/turns", json={"content": "hi"})
+    await providers.aclose()
+    assert straight.status_code == 409, straight.text
+    assert straight.json()["error"]["code"] == "subagent_session"
+    assert f"send turns to {sid}" in straight.json()["error"]["message"]
+    assert worker_id != sid and worker.parent_session_id == sid
+    assert [p.session_id for p in pending] == [worker_id]
+    mine = [e.type for e in events if e.session_id == sid]
+    theirs = [e.type for e in events if e.session_id == worker_id]
+    tools = [t for t in mine if t.startswith(("tool.c", "delegate."))]
+    assert tools == ["tool.called", "delegate.started", "delegate.completed", "tool.completed"], (
+        str(mine)
+    )
+    assert mine[-1] == "turn.completed"
+    started = next(e for e in events if e.type == "delegate.started").payload
+    assert started.worker_session_id == worker_id
+    assert started.task == "Create the file made.txt with touch."
+    completed = next(e for e in events if e.type == "delegate.completed").payload
+    assert completed.result == "Hello, world!"
+    assert theirs[:3] == ["turn.started", "route.decided", "llm.call_started"]
+    assert [t for t in theirs if t.startswith(("tool.c", "permission.", "turn.c"))] == [
+        "tool.called",
+        "permission.requested",
+        "permission.resolved",
+        "tool.completed",
+        "turn.completed",
+    ]
+    # Its Bash call, then its report (the Agent tool's result, unframed) as its last message.
+    assert theirs.count("message.complete") == 2 and "tool.use_input_delta" in theirs
+    worker_done = [e for e in events if e.session_id == worker_id][-1].payload
+    assert worker_done.stop_reason == "end_turn"
+    assert made
+    only_model_calls(server)
+
+
+def ends(session_id: str, e: Any) -> bool:
+    return bool(e.type in ("turn.completed", "turn.cancelled") and e.session_id == session_id)
+
+
+async def test_post_compact_is_claude_codes_own_and_its_boundary_is_context_compacted(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``POST /sessions/{id}/compact`` sends Claude Code's ``/compact``; its
+    ``compact_boundary`` is ``context.compacting`` then ``context.compacted``."""
+    text = Replay(transcript("anthropic/text.sse"))
+    server.enqueue(text, text, Replay(transcript("claude-code/compact_summary.sse")), text)
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        await run_turn(gw, sid, "first words APPLE")
+        await run_turn(gw, sid, "more words")  # one turn alone: 409 nothing_to_compact
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            r = await gw.http.post(f"/sessions/{sid}/compact", json={})
+            assert r.status_code == 202, r.text
+            with trio.fail_after(20):
+                await client.until(functools.partial(is_type, "context.compacted"))
+            events = client.events
+        after = await run_turn(gw, sid, "second words")
+        cost = gw.node.sessions[sid].record.cost_so_far_usd
+    await providers.aclose()
+    compacting, compacted = (e for e in events if e.type.startswith("context."))
+    assert (compacting.type, compacting.turn_id) == ("context.compacting", None)
+    assert compacting.payload.trigger == compacted.payload.trigger == "manual"
+    assert compacted.payload.method == "summary"
+    assert compacted.payload.pre_tokens == compacting.payload.pre_tokens > 0
+    assert compacted.payload.post_tokens > 0  # Claude Code gives it
+    assert compacted.payload.summary_message_id is None
+    assert compacted.payload.first_kept_message_id is None
+    assert after[-1].payload.stop_reason == "end_turn"
+    summary_call = str(server.requests[2].body["messages"])
+    assert "APPLE" in summary_call  # the summary call saw the conversation
+    last = str(server.requests[3].body["messages"])
+    assert "MANGO" in last and "second words" in last  # the summary, then the turn
+    assert "APPLE" not in last  # compacted away
+    assert cost == pytest.approx(4 * (25 * 3 + 15 * 15) / 1e6)  # the summary call's included
+    only_model_calls(server)
+
+
+async def test_cancelling_the_parent_cancels_the_sub_agents_worker_first(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel while the sub-agent's Bash waits for approval: the worker's turn is cancelled
+    in its stream (its request resolved ``cancelled``), then the parent's
+    ``delegate.failed`` (``cancelled_by_user``), ``tool.failed`` and ``turn.cancelled``."""
+    server.enqueue(
+        Replay(transcript("claude-code/agent_call.sse")),
+        Replay(transcript("claude-code/bash_touch.sse")),
+        Replay(transcript("anthropic/text.sse")),  # the next turn's
+    )
+    config, providers = await gateway(tmp_path, server, monkeypatch, tools='["Bash", "Agent"]')
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            workers = {"event_types": None, "actors": None, "include_worker_sessions": True}
+            await client.subscribe(workers)
+            turn_id = await gw.submit(sid, "delegate it")
+            asked = (await client.until(functools.partial(is_type, "permission.requested")))[-1]
+            worker_id = asked.session_id
+            started = trio.current_time()
+            r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel", json={})
+            assert r.status_code in (200, 202), r.text
+            await client.until(functools.partial(ends, sid))
+            took = trio.current_time() - started
+            events = client.events
+        assert gw.node.sessions[sid].pending_permissions() == []
+        next_turn = await run_turn(gw, sid, "still there?")
+    await providers.aclose()
+    assert took < 2.0, took
+    mine = [e.type for e in events if e.session_id == sid]
+    theirs = [e.type for e in events if e.session_id == worker_id]
+    assert theirs[-3:] == ["permission.resolved", "tool.failed", "turn.cancelled"]
+    assert mine[-3:] == ["delegate.failed", "tool.failed", "turn.cancelled"]
+    failed = next(e for e in events if e.type == "delegate.failed").payload
+    assert failed.failure_mode == "cancelled_by_user" and failed.worker_session_id == worker_id
+    order = [(e.session_id, e.type) for e in events]
+    assert order.index((worker_id, "turn.cancelled")) < order.index((sid, "delegate.failed"))
+    assert next_turn[-1].payload.stop_reason == "end_turn"
+    only_model_calls(server)
+
+
+@pytest.mark.slow  # a real daemon process, started and killed
+async def test_no_cli_outlives_a_daemon_killed_with_sigkill_mid_turn(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    """``gateway serve`` as a process, a Claude Code turn streaming, the daemon kill -9'd."""
+    body = transcript("anthropic/thinking_text.sse")
+    server.enqueue(Replay(body, cut=Cut(body.index(b"signature_delta"), "stall")))
+    (tmp_path / "gateway.toml").write_text(cc_toml(server))
+    args = ("--config", "gateway.toml", "--port", "0")
+    env = {"ANTHROPIC_API_KEY": "sk-fake"}
+    with trio.fail_after(40):
+        async with gateway_process(tmp_path, *args, env=env) as (proc, port):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                sid = (await http.post("/sessions", json={})).json()["session_id"]
+                url = (await http.get(f"/sessions/{sid}")).json()["ws_url"]
+                async with open_ws(url) as ws:
+                    client = Client(ws, sid)
+                    await client.subscribe()
+                    r = await http.post(f"/sessions/{sid}/turns", json={"content": "go"})
+                    assert r.status_code == 202, r.text
+                    await client.until(functools.partial(is_type, "thinking.delta"))
+                    kids = children(proc.pid)  # the CLI, streaming; the watchdog
+                    [cli] = [k for k in kids if b"claude" in cmdline(k)]
+                    assert os.getpgid(cli) == cli
+                    proc.send_signal(signal.SIGKILL)
+                    assert await proc.wait() == -signal.SIGKILL
+            with trio.fail_after(5):
+                while any(alive(k) for k in kids):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+    only_model_calls(server)
+
+
+async def test_a_background_sub_agent_is_a_worker_that_ends_with_its_task(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code runs an ``Agent`` in the background unless told otherwise: its tool
+    returns at once (``tool.completed``), the worker goes on, and ``delegate.completed``
+    comes when its task does, with the sub-agent's last message."""
+    text = Replay(transcript("anthropic/text.sse"))
+    # The main thread and the sub-agent call at once: every reply is the same text.
+    server.enqueue(Replay(transcript("claude-code/agent_call_background.sse")), text, text, text)
+    config, providers = await gateway(tmp_path, server, monkeypatch, tools='["Bash", "Agent"]')
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            workers = {"event_types": None, "actors": None, "include_worker_sessions": True}
+            await client.subscribe(workers)
+            await gw.submit(sid, "delegate it")
+            await client.until(functools.partial(ends, sid))
+            events = client.events
+    await providers.aclose()
+    started = next(e for e in events if e.type == "delegate.started").payload
+    worker_id = started.worker_session_id
+    mine = [e.type for e in events if e.session_id == sid]
+    theirs = [e.type for e in events if e.session_id == worker_id]
+    assert [t for t in mine if t.startswith(("tool.c", "delegate."))] == [
+        "tool.called",
+        "delegate.started",
+        "tool.completed",
+        "delegate.completed",
+    ]
+    completed = next(e for e in events if e.type == "delegate.completed").payload
+    assert completed.result == "Hello, world!"
+    assert theirs[0] == "turn.started" and theirs[-1] == "turn.completed"
+    assert theirs.count("message.complete") == 1
+    assert events[-1].type == "turn.completed" and events[-1].payload.stop_reason == "end_turn"
+    only_model_calls(server)
+
+
+def test_an_automatic_compact_boundary_is_an_auto_compaction() -> None:
+    """Claude Code compacting on its own (``trigger: "auto"``), as its manual one is mapped."""
+    from claude_agent_sdk import SystemMessage
+
+    boundary = {"compact_metadata": {"trigger": "auto", "pre_tokens": 180_000}}
+    compacting, compacted = messages.compaction(SystemMessage("compact_boundary", boundary))
+    assert (compacting.trigger, compacting.pre_tokens) == ("auto", 180_000)
+    assert (compacted.trigger, compacted.method, compacted.pre_tokens) == (
+        "auto",
+        "summary",
+        180_000,
+    )
+    assert (compacted.post_tokens, compacted.summary_message_id) == (0, None)
