@@ -1,4 +1,4 @@
-"""``python -m bench.compaction``: what a context compaction adds to a turn (PROTOCOL section 12).
+"""``python -m bench.compaction``: what a context compaction adds to a turn (docs/protocol.md §12).
 
 Two real gateways on 127.0.0.1 (HTTP and WebSocket), on the scripted model,
 which answers at once: so the figure is what the gateway's compaction costs

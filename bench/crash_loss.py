@@ -1,6 +1,6 @@
 """How much streamed text a kill -9 costs: ``python -m bench.crash_loss``.
 
-PROTOCOL section 9 keeps "whatever of its content was durable" of the
+docs/protocol.md §9 keeps "whatever of its content was durable" of the
 assistant message a crash interrupts. Catalog events are durable before any
 client sees them; the text deltas of a block are not: they stream live, and
 the message is stored as its blocks end and, while a block streams, every

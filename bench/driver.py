@@ -1,19 +1,19 @@
 """The gateway's load: one turn of a ``lorem`` script in flight on every loaded session.
 
 A turn is ``{"script": {"delay_ms": 1000/R, "rounds": [[{"lorem": W}]]}}``
-(RUNNING.md "The scripted model"): W words, one ``text.delta`` every
+(docs/reference.md "The scripted model"): W words, one ``text.delta`` every
 ``1000/R`` ms, so R tokens per second on the session. When a turn ends, the
 next one is submitted in the session's time slot: session i of n starts its
 turns i/n of a delta interval after the others, so the sessions' deltas are
 evenly spread in time, as the peers' channels are (bench.peers) and the
 servers are compared under the same load. A rate change cancels the turns in flight
-(``POST .../cancel``, PROTOCOL section 2) so that the new rate applies now,
+(``POST .../cancel``, docs/protocol.md §2) so that the new rate applies now,
 not a turn later.
 
 The driver learns that a turn ended from a watcher connection per session,
 subscribed to ``turn.completed``, ``turn.cancelled`` and
 ``bus.handler_warning`` only; the warnings with reason ``client_too_slow``
-are how the bench knows the slow-client rule fired (PROTOCOL section 3).
+are how the bench knows the slow-client rule fired (docs/protocol.md §3).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def lorem_script(rate: float, words: int) -> str:
 
 
 async def attach_path(http: HttpClient, session: str) -> str:
-    """The stream path with a fresh attach token (PROTOCOL section 2, ``GET /sessions/{id}``)."""
+    """The stream path with a fresh attach token (docs/protocol.md §2, ``GET /sessions/{id}``)."""
     answer = await http.request("GET", f"/sessions/{session}")
     url = urlsplit(answer["ws_url"])
     return f"{url.path}?{url.query}"

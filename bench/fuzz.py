@@ -1,4 +1,4 @@
-"""``python -m bench --profile fuzz``: hostile HTTP against a real daemon (PROTOCOL sections 2, 15).
+"""``python -m bench --profile fuzz``: hostile HTTP at a real daemon (docs/protocol.md §2, §15).
 
 A real ``gateway serve --port 0`` in a temporary directory (the embedded
 defaults, the ``shell`` tool on: what the cross-site attack reached), and

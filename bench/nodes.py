@@ -1,8 +1,8 @@
-"""Several gateway nodes on one Redis, loaded and measured as one server (issue 13).
+"""Several gateway nodes on one Redis, loaded and measured as one server (docs/scale-out.md).
 
 :class:`NodesServer` starts one redis-server (:mod:`bench.redis_server`) and
 ``count`` ``gateway serve`` processes naming it (``[store] backend =
-"redis"``: one deployment, RUNNING.md "Command line"), and spreads the
+"redis"``: one deployment, docs/reference.md "Command line"), and spreads the
 fan-out's sessions and clients over them by a *shape*:
 
 ``local``

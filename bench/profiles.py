@@ -61,7 +61,7 @@ class Profile:
     ttft: bool = True
     ttft_runs: int = 100  # per path (bench/ttft.py)
     ttft_warmup: int = 10
-    # Gateway config keys the profile sets (RUNNING.md names), unless the
+    # Gateway config keys the profile sets (docs/reference.md names), unless the
     # operator brings a config file.
     gateway_config: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -175,7 +175,7 @@ _SOAK_GATEWAY_CONFIG: dict[str, dict[str, Any]] = {
     "stream": {"queue_max_events": 300, "replay_max_events": 1000},
     "tools": {
         "enabled": ["sleep", "read_file"],
-        "require_approval": ["read_file"],  # a turn waiting at the seam (PROTOCOL section 8)
+        "require_approval": ["read_file"],  # a turn waiting at the seam (docs/protocol.md §8)
         "approval_timeout_s": 120,
     },
 }
@@ -205,7 +205,7 @@ def with_overrides(profile: _P, **overrides: Any) -> _P:
 
 
 def config_toml(sections: dict[str, dict[str, Any]], store_path: str) -> str:
-    """A gateway TOML config (RUNNING.md "Config file") with the store at ``store_path``."""
+    """A gateway config (docs/reference.md "Configuration file"), its store at ``store_path``."""
     merged = {**sections, "store": {**sections.get("store", {}), "path": store_path}}
     lines: list[str] = []
     for section, keys in merged.items():

@@ -2,7 +2,7 @@
 
 One ``redis-server`` process per gateway process the bench starts, on a free
 loopback port, with everything of its own in the bench's work dir: its
-append-only file with the README's documented setting (``appendonly yes``,
+append-only file with the documented setting (docs/operating.md) (``appendonly yes``,
 ``appendfsync everysec``), no RDB snapshots, no log file. The bench installs
 nothing: without a ``redis-server`` on the ``PATH`` (or in ``/usr/bin``,
 ``/usr/sbin``, ``/usr/local/bin``) the run stops with :class:`RedisMissing`,

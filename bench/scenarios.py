@@ -409,7 +409,7 @@ class Run:
 
         Two windows at the same load and the same connections: a baseline where
         every client reads, then one from the moment the stalled clients stop
-        reading until the gateway has closed all of them (PROTOCOL section 3,
+        reading until the gateway has closed all of them (docs/protocol.md §3,
         backpressure). A stalled client has a small receive buffer, so what it
         does not read backs up into the gateway's queue rather than into the
         kernel's; it resumes reading once the gateway has reported the overflow
@@ -474,7 +474,7 @@ class Run:
 
         The session's history is one turn of tool rounds (a hundred ``sleep 0``
         tools per round), which makes mostly catalog events, the replayable kind
-        (PROTOCOL section 5). ``since`` is chosen so that exactly
+        (docs/protocol.md §5). ``since`` is chosen so that exactly
         ``replay_events`` (then ``storm_events``) events follow it.
         """
         p = self.p
@@ -636,7 +636,7 @@ def _write_frames(path: Path, frames: list[bytes]) -> int:
 
 
 def _replayable_types() -> set[str]:
-    """Catalog types plus ``message.complete`` (PROTOCOL section 3, replay)."""
+    """Catalog types plus ``message.complete`` (docs/protocol.md §3, replay)."""
     from gateway.protocol.events import EVENT_TYPES
 
     return {t for t, spec in EVENT_TYPES.items() if spec.catalog} | {"message.complete"}

@@ -1,9 +1,9 @@
 """The servers under test, each in a process of its own, and the load each one is given.
 
 :class:`GatewayServer` runs the real command line (``python -m gateway serve
---config F --port 0``, RUNNING.md "Command line") with its store in a temporary
+--config F --port 0``, docs/reference.md "Command line") with its store in a temporary
 directory, or targets a gateway already running at a URL. Its load is turns
-of ``lorem`` scripts (RUNNING.md "The scripted model"), driven by
+of ``lorem`` scripts (docs/reference.md "The scripted model"), driven by
 :class:`bench.driver.GatewayDriver`. :class:`PeerServer` runs one of
 :mod:`bench.peers`, whose load is its built-in producer.
 

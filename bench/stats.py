@@ -1,7 +1,7 @@
 """Latency histograms and the counters a measured window produces.
 
 End-to-end latency is "receipt time minus the event's ``ts``" (the issue's
-definition). ``ts`` is whole milliseconds (PROTOCOL section 4), truncated, so
+definition). ``ts`` is whole milliseconds (docs/protocol.md §4), truncated, so
 every sample is the true latency plus up to 1 ms: figures are upper bounds,
 and they are the same kind of bound for the gateway and its peers, whose
 frames carry a ``ts`` made the same way.

@@ -1,7 +1,7 @@
 """``python -m bench.storm``: the delegate storm, and what it costs the other sessions.
 
-The turn an adversarial trial sent (PROTOCOL section 15, "Limits that hold"):
-one scripted turn (RUNNING.md "The scripted model") whose first round asks for
+The turn an adversarial trial sent (docs/protocol.md §15, "Limits that hold"):
+one scripted turn (docs/reference.md "The scripted model") whose first round asks for
 1,000 ``delegate`` tool uses. This measures, on a real daemon (``python -m
 gateway serve --port 0``, its store in a temporary directory):
 

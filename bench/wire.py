@@ -6,11 +6,11 @@ library: :class:`WsClient` is an ``asyncio.Protocol`` (no task per
 connection) that does the opening handshake (RFC 6455 section 4.1), sends
 masked frames (section 5.3), and parses the server's unmasked frames in place.
 The server's first text message is the answer to the client's first one
-(``subscribe_ack`` or ``subscribe_error`` to a ``subscribe``, PROTOCOL section
-3): it goes to :meth:`WsClient.on_answer` and resolves :attr:`WsClient.answered`;
+(``subscribe_ack`` or ``subscribe_error`` to a ``subscribe``, docs/protocol.md
+§3): it goes to :meth:`WsClient.on_answer` and resolves :attr:`WsClient.answered`;
 every later one goes to :meth:`WsClient.on_text`. Subclasses decide what to
 decode. Close frames are echoed (section 5.5.1) and their code kept, so the
-bench can check that a slow client got 1008 (PROTOCOL section 3).
+bench can check that a slow client got 1008 (docs/protocol.md §3).
 
 :class:`HttpClient` is just enough HTTP/1.1 for the handful of JSON calls the
 bench makes (create a session, fetch an attach token, submit a turn): one
@@ -71,7 +71,7 @@ def client_frame(payload: bytes, opcode: int = _OP_TEXT) -> bytes:
 
 
 def now_ms() -> float:
-    """Wall-clock milliseconds, comparable with an event's ``ts`` (PROTOCOL section 4)."""
+    """Wall-clock milliseconds, comparable with an event's ``ts`` (docs/protocol.md §4)."""
     return time.time() * 1000.0
 
 

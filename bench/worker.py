@@ -8,7 +8,7 @@ peers): the issue asks for "the same client processes".
 
 Connections belong to named groups ("live", "stalled", "storm", ...). A group
 is opened with :meth:`Worker.op_prepare` (resolve each target's request path,
-fetching a gateway attach token where needed, PROTOCOL section 2) and
+fetching a gateway attach token where needed, docs/protocol.md §2) and
 :meth:`Worker.op_connect` (connect, subscribe, wait for every
 ``subscribe_ack``). A connection in ``live`` mode decodes each event's ``ts``
 and records its latency; one in ``count`` mode only counts frames after the
@@ -57,7 +57,7 @@ class _Event(msgspec.Struct):
 
 
 class _Frame(msgspec.Struct):
-    """What a client needs of a server frame (PROTOCOL section 3): nothing else is decoded."""
+    """What a client needs of a server frame (docs/protocol.md §3): nothing else is decoded."""
 
     type: str
     event: _Event | None = None

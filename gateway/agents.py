@@ -1,4 +1,4 @@
-"""Agents: what a session runs (PROTOCOL section 11, RUNNING.md "Agents").
+"""Agents: what a session runs (docs/protocol.md §11, docs/reference.md "Agents").
 
 An agent is a runtime, a model, a system prompt, a set of tools with the ones
 that wait for approval, and limits. ``[model]``, ``[tools]`` and ``[turns]``
@@ -38,7 +38,7 @@ DEFAULT_AGENT = "default"
 
 @dataclass(frozen=True, slots=True)
 class AgentProfile:
-    """One agent, every key resolved (RUNNING.md "Agents")."""
+    """One agent, every key resolved (docs/reference.md "Agents")."""
 
     name: str
     runtime: str  # "native" | "claude-code"

@@ -1,4 +1,4 @@
-"""The command line: ``gateway serve [--config FILE] [--host H] [--port P]`` (RUNNING.md),
+"""The command line: ``gateway serve [--config FILE] [--host H] [--port P]`` (docs/reference.md),
 and the clients ``gateway attach`` and ``gateway chat`` (gateway.client.attach, .chat).
 
 ``main`` returns the exit status instead of exiting, so that tests can call it
@@ -25,7 +25,7 @@ import trio
 from gateway.config import load_config
 from gateway.errors import ConfigError
 
-EXIT_USAGE = 2  # argparse's status for a usage error; RUNNING.md gives a bad config the same
+EXIT_USAGE = 2  # argparse's status for a usage error; docs/reference.md gives a bad config the same
 EXIT_FAILURE = 1  # any other start-up failure
 
 
@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     attach.add_argument("session_id")
     attach.add_argument("--url", default="http://127.0.0.1:8421", help="the gateway's base URL")
     attach.add_argument(
-        "--filter", default="preset:chat", help="a preset, or a Filter as JSON (PROTOCOL §3)"
+        "--filter", default="preset:chat", help="a preset, or a Filter as JSON (protocol §3)"
     )
     attach.add_argument("--since", help="resume after this event id")
     attach.add_argument("--snapshot", action="store_true", help="start with a snapshot")
@@ -108,12 +108,10 @@ def _parser() -> argparse.ArgumentParser:
         "--view",
         choices=("full", "simple"),
         default="full",
-        help="every block, or replace-then-append (PROTOCOL §10)",
+        help="every block, or replace-then-append (docs/protocol.md §10)",
     )
     chat.add_argument(
         "--api-key", help="Bearer key, when the gateway has api_keys (or $GW_API_KEY)"
     )
-    chat.add_argument(
-        "--agent", metavar="NAME", help="the agent of a new session (PROTOCOL §11; GET /agents)"
-    )
+    chat.add_argument("--agent", metavar="NAME", help="the agent of a new session (GET /agents)")
     return parser

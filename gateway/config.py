@@ -1,6 +1,6 @@
 """The daemon's configuration: TOML file, then environment, then flags, into one ``Config``.
 
-RUNNING.md ("Config file") fixes every key and its default; this module adds
+docs/reference.md ("Configuration file") fixes every key and its default; this module adds
 keys, never renames one. The layers apply in order, each overriding the last::
 
     defaults  <-  TOML file  <-  GATEWAY_<SECTION>_<KEY> variables  <-  command-line flags
@@ -8,7 +8,7 @@ keys, never renames one. The layers apply in order, each overriding the last::
 Every layer is validated as it is applied: the file as a whole, then each
 variable and each flag on its own. Defaults are valid and no key constrains
 another, so the first layer that makes the config invalid is the one at fault
-and the error names it: RUNNING.md asks for "one clear line naming the key and
+and the error names it: docs/reference.md asks for "one clear line naming the key and
 the problem", and an operator also needs to know *where* to fix it::
 
     config error: gateway.toml: stream.queue_max_events: expected an integer >= 1, got "lots"
@@ -21,7 +21,7 @@ once, on the structs below; the error messages are derived from those
 declarations, so they cannot drift apart.
 
 There is no implicit config file: without ``--config`` the daemon runs on the
-defaults (RUNNING.md "Command line").
+defaults (docs/reference.md "Command line").
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from gateway.errors import ConfigError
 # --- value types ---------------------------------------------------------------
 
 ToolName = Literal["sleep", "read_file", "shell", "delegate"]
-"""The built-in tools of RUNNING.md ("Built-in tools")."""
+"""The built-in tools of docs/reference.md ("Built-in tools")."""
 
 BUILTIN_TOOLS: tuple[str, ...] = typing.get_args(ToolName)
 
@@ -54,7 +54,7 @@ ToolPattern = Annotated[
         extra={"expected": "a tool name or glob (letters, digits, _, -, *, ?, [])"},
     ),
 ]
-"""A built-in tool's name, ``mcp__<server>__<tool>``, or a glob of them (RUNNING.md "Agents")."""
+"""A built-in tool's name, ``mcp__<server>__<tool>``, or a glob (docs/reference.md "Agents")."""
 
 Name = Annotated[
     str,
@@ -130,20 +130,20 @@ class ServerConfig(_Section, frozen=True):
     send_buffer_bytes: NonNegativeInt = 0  # SO_SNDBUF of accepted sockets; 0 = the OS default
     # Peers whose X-Forwarded-For / -Proto are believed (IPs or CIDRs): the proxy in front.
     trusted_proxies: tuple[NonEmptyStr, ...] = ()
-    # Host names (a request's Host, port aside) answered; others: 421 (PROTOCOL section 15).
+    # Host names (a request's Host, port aside) answered; others: 421 (docs/protocol.md §15).
     # Empty: the loopback names, plus public_url's host.
     allowed_hosts: tuple[HostName, ...] = ()
 
 
 class StreamConfig(_Section, frozen=True):
-    """``[stream]``: the WebSocket stream (PROTOCOL section 3)."""
+    """``[stream]``: the WebSocket stream (docs/protocol.md §3)."""
 
     queue_max_events: Count = 1000  # per-connection outbound bound; overflow closes with 1008
     ping_interval_s: Seconds = 30.0
     ping_max_missed: Count = 3
     replay_max_events: Count = 10_000
     snapshot_messages: Count = 50
-    # A snapshot frame never exceeds this (PROTOCOL section 15); 64 KiB to 64 MiB (the
+    # A snapshot frame never exceeds this (docs/protocol.md §15); 64 KiB to 64 MiB (the
     # reference client's frame limit).
     snapshot_max_bytes: Annotated[int, msgspec.Meta(ge=65_536, le=67_108_864)] = 8_388_608
     subscribe_timeout_s: Seconds = 10.0
@@ -165,7 +165,7 @@ class StoreConfig(_Section, frozen=True):
     retention_hours: Count = 168  # older events: subscribe_error cursor_expired
     # The longest the writer gathers a batch before it commits. 0: it commits as
     # soon as something is pending (what comes meanwhile is the next batch);
-    # live events wait for their commit (PROTOCOL section 9), so this is latency.
+    # live events wait for their commit (docs/protocol.md §9), so this is latency.
     flush_interval_ms: NonNegativeInt = 0
     commit_timeout_s: Seconds = 10.0  # a request waiting for a commit gives up (503) after this
     # A streaming message is stored at most this long after it changed (text streamed,
@@ -190,18 +190,18 @@ Temperature = Annotated[float, msgspec.Meta(ge=0, le=2)]
 
 
 class ModelConfig(_Section, frozen=True):
-    """``[model]``: the default agent's provider, model and instructions (RUNNING.md "Agents")."""
+    """``[model]``: the default agent's provider, model, prompt (docs/reference.md "Agents")."""
 
     provider: Literal["scripted", "anthropic", "openai"] = "scripted"
     name: NonEmptyStr = "scripted:echo"
     base_url: HttpUrl = ""  # provider endpoint override; "" = the provider's own
     max_tokens: Count = 4096
     thinking_budget_tokens: NonNegativeInt = 0  # 0 = extended thinking off
-    # The default agent's system prompt (PROTOCOL section 11): one of the two, or neither.
+    # The default agent's system prompt (docs/protocol.md §11): one of the two, or neither.
     system: str = ""
     system_file: str = ""  # read at start-up and on SIGHUP
     temperature: Temperature | None = None  # None: the provider's own default
-    context_max_tokens: Count = 150_000  # compaction threshold (PROTOCOL section 12)
+    context_max_tokens: Count = 150_000  # compaction threshold (docs/protocol.md §12)
     max_retries: NonNegativeInt = 2
     timeout_s: Seconds = 600.0  # one model call
     # Keyed by model name as in ``name``; a model without an entry costs 0.
@@ -216,9 +216,9 @@ class TurnsConfig(_Section, frozen=True):
 
 
 class SessionsConfig(_Section, frozen=True):
-    """``[sessions]``: where sessions work (PROTOCOL section 15), how long they stay loaded."""
+    """``[sessions]``: where sessions work (docs/protocol.md §15), how long they stay loaded."""
 
-    # A session unused this long leaves memory (PROTOCOL section 13); today: its
+    # A session unused this long leaves memory (docs/protocol.md §13); today: its
     # session-scope MCP servers are stopped (started again at its next turn).
     idle_unload_s: Seconds = 600.0
     # Every session's own directory is made here (relative: to the daemon's working directory).
@@ -230,7 +230,7 @@ class SessionsConfig(_Section, frozen=True):
 class ToolsConfig(_Section, frozen=True):
     """``[tools]``: which built-in tools exist, which wait for permission, what they inherit."""
 
-    # Built-in names, mcp__<server>__<tool>, globs (RUNNING.md "Agents"); "shell" is opt-in.
+    # Built-in names, mcp__<server>__<tool>, globs (docs/reference.md "Agents"); "shell" is opt-in.
     enabled: tuple[ToolPattern, ...] = ("sleep", "read_file", "delegate")
     require_approval: tuple[ToolPattern, ...] = ()
     approval_timeout_s: Seconds = 300.0
@@ -244,7 +244,7 @@ class ToolsConfig(_Section, frozen=True):
 
 
 class AgentConfig(_Section, frozen=True):
-    """``[agents.NAME]``: an agent (PROTOCOL section 11, RUNNING.md "Agents").
+    """``[agents.NAME]``: an agent (docs/protocol.md §11, docs/reference.md "Agents").
 
     A key left out (None) takes the value of ``[model]``, ``[tools]`` and
     ``[turns]``: :func:`gateway.agents.resolve_agents` fills them in.
@@ -272,7 +272,7 @@ class AgentConfig(_Section, frozen=True):
 
 
 class McpServerConfig(_Section, frozen=True):
-    """``[mcp_servers.NAME]``: an MCP server whose tools agents may use (RUNNING.md "MCP servers").
+    """``[mcp_servers.NAME]``: an MCP server whose tools agents use (docs/reference.md).
 
     Exactly one of ``command`` (stdio: the gateway starts and owns the process)
     and ``url`` (streamable HTTP).
@@ -294,7 +294,7 @@ class AuthConfig(_Section, frozen=True):
     api_keys: tuple[NonEmptyStr, ...] = ()  # empty: no auth (loopback use); else Bearer required
     api_keys_file: str = ""  # more keys, one a line; re-read on SIGHUP; "" = none
     # Origins besides the gateway's own whose requests are answered, CORS included
-    # (PROTOCOL section 15); empty: the gateway's own only.
+    # (docs/protocol.md §15); empty: the gateway's own only.
     allowed_origins: tuple[NonEmptyStr, ...] = ()
 
 
@@ -305,7 +305,7 @@ class LimitsConfig(_Section, frozen=True):
     max_connections_per_key: NonNegativeInt = 0  # open streams per API key (503 over_capacity)
     max_sessions_per_key: NonNegativeInt = 0  # sessions an API key may own (429 too_many_sessions)
     turns_per_minute_per_key: NonNegativeInt = 0  # turns submitted per key (429, Retry-After)
-    # What one turn may make the host do (PROTOCOL section 15); beyond: tool.failed "limit".
+    # What one turn may make the host do (docs/protocol.md §15); beyond: tool.failed "limit".
     max_tool_uses_per_turn: NonNegativeInt = 64  # tool uses of one turn, its workers' apart
     max_workers_per_turn: NonNegativeInt = 8  # delegate workers one turn starts
     max_delegate_depth: NonNegativeInt = 2  # workers of workers: how deep delegation goes
@@ -332,7 +332,7 @@ class Config(_Section, frozen=True):
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
-    # ``[agents] default = "NAME"`` and the ``[agents.NAME]`` tables (RUNNING.md
+    # ``[agents] default = "NAME"`` and the ``[agents.NAME]`` tables (docs/reference.md
     # "Agents"); the file's one string key is lifted into ``default_agent`` when
     # the file is read (:func:`_lift_default_agent`).
     agents: dict[Name, AgentConfig] = msgspec.field(default_factory=dict)
@@ -486,7 +486,7 @@ _ENV_KEYS: dict[str, tuple[str, str]] = {
 
 
 def load_config(path: str | None, env: Mapping[str, str], overrides: Mapping[str, Any]) -> Config:
-    """Build the configuration from its layers (RUNNING.md "Config file").
+    """Build the configuration from its layers (docs/reference.md "Configuration file").
 
     Args:
         path: the TOML file, or None for the embedded defaults.
@@ -638,7 +638,7 @@ _GLOB = re.compile(r"[*?\[]")
 def _check_agents(config: Config, source: _Source) -> None:
     """What no single key can say: names that must exist, keys that exclude each other.
 
-    RUNNING.md "Agents": an unknown tool, MCP server or agent, or both
+    docs/reference.md "Agents": an unknown tool, MCP server or agent, or both
     ``system`` and ``system_file``, is a config error. A tool pattern names a
     built-in tool, ``mcp__<server>__<tool>`` of a configured server, or is a
     glob; a claude-code agent's plain names are Claude Code's own tools

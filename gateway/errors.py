@@ -1,19 +1,20 @@
 """The gateway's one error family.
 
 Every error the gateway raises on purpose is a :class:`GatewayError`; each
-subclass maps to exactly one thing a user sees::
+subclass maps to exactly one thing a user sees (§N: docs/protocol.md section N;
+reference: docs/reference.md)::
 
     GatewayError
-    ├── ConfigError          bad config file, key, type or range: one line, exit 2 (RUNNING.md)
-    ├── Refused              a request the gateway refuses, by ``code`` (PROTOCOL §2); the
+    ├── ConfigError          bad config file, key, type or range: one line, exit 2 (reference)
+    ├── Refused              a request the gateway refuses, by ``code`` (§2); the
     │                        server's table (gateway.server.refusals) gives its HTTP status
-    ├── ApiError             an HTTP error body {"error": {"code", "message"}} (PROTOCOL §2)
-    ├── SubscribeRejected    a ``subscribe_error`` frame; the connection stays open (PROTOCOL §3)
-    ├── FrameRejected        an ``error`` frame; the connection stays open (PROTOCOL §3)
-    ├── ProviderError        an ``llm.call_failed`` event with its ``error_class`` (PROTOCOL §7)
-    ├── ToolError            a ``tool.failed`` event with its ``error_class`` (PROTOCOL §5)
+    ├── ApiError             an HTTP error body {"error": {"code", "message"}} (§2)
+    ├── SubscribeRejected    a ``subscribe_error`` frame; the connection stays open (§3)
+    ├── FrameRejected        an ``error`` frame; the connection stays open (§3)
+    ├── ProviderError        an ``llm.call_failed`` event with its ``error_class`` (§7)
+    ├── ToolError            a ``tool.failed`` event with its ``error_class`` (§5)
     ├── StoreError           the store could not be opened or written
-    ├── StartupError         the daemon could not start: one line, exit 1 (RUNNING.md)
+    ├── StartupError         the daemon could not start: one line, exit 1 (reference)
     └── ClientError          the client library (gateway.client) cannot go on: ``code`` says why
 
 The client library raises :class:`ApiError` for an HTTP error answer,
@@ -21,7 +22,7 @@ The client library raises :class:`ApiError` for an HTTP error answer,
 subscription, and :class:`ClientError` for the rest (gateway.client.stream).
 
 Errors are values that the layer above turns into frames, events or statuses;
-none of them ever breaks a stream (PROTOCOL §7: "errors are events").
+none of them ever breaks a stream (docs/protocol.md §7: "errors are events").
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Refused(GatewayError):
 
     Raised by the node, the sessions and the cluster link; never an HTTP
     status of its own: the server answers it as its table says
-    (gateway.server.refusals: one status per code, PROTOCOL section 2). One
+    (gateway.server.refusals: one status per code, docs/protocol.md §2). One
     refused by the node that runs a session crosses the cluster link as a
     typed reply and is raised again as the same refusal on the asking node.
 
@@ -92,7 +93,7 @@ class ProviderError(GatewayError):
     longer than the model's context (Anthropic's 400 "prompt is too long", an
     OpenAI-compatible server's ``context_length_exceeded``). Its
     ``error_class`` stays ``invalid_request``; the agent loop compacts and
-    retries the call once (PROTOCOL section 12, ``trigger: "overflow"``).
+    retries the call once (docs/protocol.md §12, ``trigger: "overflow"``).
     """
 
     def __init__(self, error_class: str, message: str, *, context_overflow: bool = False) -> None:
@@ -116,7 +117,7 @@ class StoreError(GatewayError):
 class StartupError(GatewayError):
     """The daemon could not start; the message is the one line an operator reads.
 
-    RUNNING.md "Command line": the port is taken, the host is not this
+    docs/reference.md "Command line": the port is taken, the host is not this
     machine's, the store cannot be opened. Raised by :func:`gateway.server.app.serve`
     before the readiness line, never after.
     """
@@ -154,7 +155,7 @@ class ClientError(GatewayError):
 
 
 def unavailable(exc: StoreError) -> Refused:
-    """The ``store_unavailable`` refusal of a store that did not answer (PROTOCOL section 2).
+    """The ``store_unavailable`` refusal of a store that did not answer (docs/protocol.md §2).
 
     One answer wherever it is raised: a route's handler (gateway.server.http)
     or an operation between nodes (gateway.node).

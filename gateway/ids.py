@@ -1,4 +1,4 @@
-"""Identifiers (PROTOCOL section 1).
+"""Identifiers (docs/protocol.md §1).
 
 Session, turn, message and tool-use ids are random and opaque. Event ids are
 ``evt_`` plus a fixed-width zero-padded decimal sequence, so that they compare

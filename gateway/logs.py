@@ -1,4 +1,4 @@
-"""The daemon's log: one line per lifecycle event, as text or JSON (RUNNING.md ``[log]``).
+"""The daemon's log: one line per lifecycle event, as text or JSON (docs/reference.md ``[log]``).
 
 Everything logs through the standard library's :mod:`logging` (loggers under
 ``gateway``); this module decides what a line looks like and gives the
@@ -10,7 +10,7 @@ gateway one way to log an *event*:
 The event's name is a short, stable snake_case word (``session_created``,
 ``turn_started``, ``turn_ended``, ``client_attached``, ``client_subscribed``,
 ``client_closed``, ``slow_client_closed``, ``provider_error``, ``tool_failed``,
-``store_flush_slow``, ``session_failed``, ...: the README's "Logs" lists them
+``store_flush_slow``, ``session_failed``, ...: docs/operating.md "Logs" lists them
 all); its fields travel in ``extra={"event": ..., "fields": {...}}`` (one key,
 so that no field name can collide with a ``LogRecord`` attribute).
 

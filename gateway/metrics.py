@@ -1,4 +1,4 @@
-"""Prometheus metrics (``GET /metrics``, PROTOCOL section 2; the README's "Metrics" lists them).
+"""Prometheus metrics (``GET /metrics``, docs/protocol.md §2; listed in docs/operating.md).
 
 One :class:`Metrics` per node with its own registry, so that several gateways
 in one process (the tests) never share counters. Names follow Prometheus'
@@ -177,7 +177,7 @@ class Metrics:
         )  # fmt: skip
 
     def _replay_families(self, r: CollectorRegistry) -> None:
-        """Replays: a subscribe with ``since`` (PROTOCOL section 5)."""
+        """Replays: a subscribe with ``since`` (docs/protocol.md §5)."""
         self.replays = Counter("gateway_replay_events", "Event frames sent by replays", registry=r)
         self.replay_size = Histogram(
             "gateway_replay_size_events",

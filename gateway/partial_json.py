@@ -1,8 +1,8 @@
-"""Best-effort parsing of a JSON object cut anywhere (PROTOCOL section 8).
+"""Best-effort parsing of a JSON object cut anywhere (docs/protocol.md §8).
 
 A tool block's input arrives as ``input_json_delta`` fragments that only parse
 once the block ends. When the stream stops early (a cancel, a provider error),
-``tool.use_end`` still owes the client a ``final_input``: PROTOCOL section 8
+``tool.use_end`` still owes the client a ``final_input``: docs/protocol.md §8
 says "what parses, else ``{}``". This module decides, in one place, what
 "what parses" means for a prefix of a JSON object:
 

@@ -5,7 +5,7 @@ translator task feeds it every :mod:`raw event <gateway.providers.raw>` of one
 call and emits what :meth:`Translator.feed` returns; every provider (scripted,
 Anthropic, OpenAI-compatible) goes through this one class.
 
-It implements PROTOCOL section 5 (every block has an explicit start, deltas
+It implements docs/protocol.md §5 (every block has an explicit start, deltas
 and end; ``message.complete`` carries the authoritative ``final_content``),
 section 7 (a provider error closes the open blocks, then ``message.complete``
 with ``stop_reason: error``) and section 8 row 1 (a cancel during the stream
@@ -43,7 +43,7 @@ Where the contract is silent:
   not an object. A model's malformed input then reaches the tool layer
   (which can refuse it) instead of failing the call.
 - ``content_block_index`` is the block's position in order of start, from 0
-  (PROTOCOL section 5), whatever index the provider gave it: a provider may
+  (docs/protocol.md §5), whatever index the provider gave it: a provider may
   start at 1 or skip indices (Anthropic's server tool blocks). The provider's
   index only addresses the block's deltas and stop.
 - Several ``signature_delta`` events in one thinking block are concatenated,
@@ -370,7 +370,7 @@ BYTES_PER_BLOCK = 512
 def max_blocks(snapshot_max_bytes: int) -> int:
     """The most content blocks of one message: whatever it holds, a snapshot carries it.
 
-    PROTOCOL section 15: a snapshot frame is never larger than
+    docs/protocol.md §15: a snapshot frame is never larger than
     ``snapshot_max_bytes``, and a message still streaming is always in it (its
     live deltas name it, so it cannot be left out): cut to their bare shapes
     (gateway.protocol.fit), its blocks must fit. A bare block is a few dozen
@@ -463,7 +463,7 @@ class Translator:
 
         Status ``in_progress`` while streaming (text and thinking so far, tool
         input parsed best-effort, ``open_block_index`` the position of the
-        block still streaming or ``None``: PROTOCOL section 6); once finished,
+        block still streaming or ``None``: docs/protocol.md §6); once finished,
         the finished message.
 
         Raises:
@@ -522,7 +522,7 @@ class Translator:
         return events
 
     def cancel(self) -> list[StreamEvent]:
-        """End the message as cancelled (PROTOCOL section 8, during an LLM stream).
+        """End the message as cancelled (docs/protocol.md §8, during an LLM stream).
 
         Returns:
             The end of every open block, in index order (a tool's
@@ -537,7 +537,7 @@ class Translator:
         return events
 
     def fail(self, error_class: str, message: str) -> list[StreamEvent]:
-        """End the message as failed (PROTOCOL section 7), e.g. on a raised ProviderError.
+        """End the message as failed (docs/protocol.md §7), e.g. on a raised ProviderError.
 
         Returns:
             Like :meth:`cancel`, with ``stop_reason: error``. Sets :attr:`error`

@@ -1,6 +1,6 @@
 """Several ``gateway serve`` nodes on one Redis, for the cluster tests.
 
-RUNNING.md "Command line": with ``[store] backend = "redis"`` any number of
+docs/reference.md "Command line": with ``[store] backend = "redis"`` any number of
 ``gateway serve`` processes naming the same Redis form one deployment. This
 harness runs exactly that, for real:
 
@@ -13,11 +13,11 @@ harness runs exactly that, for real:
   (a dead node's sessions are free within a second: failover is quick),
   ``read_file`` waits for approval (a turn can stop at the seam), JSON logs;
 - a node can be killed (``kill -9``: what a crash leaves) or stopped
-  (``SIGTERM``: RUNNING.md's graceful shutdown), and more started;
+  (``SIGTERM``: docs/reference.md's graceful shutdown), and more started;
 - a client side per test (:func:`peers`): an httpx client per node
   (:class:`Peer`) and trio-websocket streams (:meth:`Peer.watch`) that attach
   through the node's own ``GET /sessions/{id}`` (``ws_url`` with the token),
-  subscribe (live, ``since`` or snapshot: PROTOCOL section 3) and collect the
+  subscribe (live, ``since`` or snapshot: docs/protocol.md §3) and collect the
   event frames in the background (:class:`Watch`).
 
 The processes are started by synchronous fixtures (outside any Trio run), so
@@ -132,7 +132,7 @@ class Node:
             raise AssertionError(f"{self.name} did not exit within {timeout} s") from None
 
     def stop(self, timeout: float = 10.0) -> int:
-        """``SIGTERM`` (RUNNING.md "Command line"): returns the exit status (0)."""
+        """``SIGTERM`` (docs/reference.md "Command line"): returns the exit status (0)."""
         self.terminate()
         return self.wait(timeout)
 
@@ -226,7 +226,7 @@ class Cluster:
     def close(self) -> dict[str, int]:
         """SIGTERM every live node at once, then wait for each (kill what hangs).
 
-        Returns the exit status of each node it stopped (RUNNING.md: 0). A
+        Returns the exit status of each node it stopped (docs/reference.md: 0). A
         node still booting is killed (SIGTERM before its handlers would say
         nothing of the gateway).
         """
@@ -416,7 +416,7 @@ class Peer:
         """Attach to the session through this node, subscribe, and collect in the background.
 
         The ack (and the snapshot, when asked) are read before this yields:
-        what comes after is the replay, then live events (PROTOCOL section 3).
+        what comes after is the replay, then live events (docs/protocol.md §3).
         Leaving the block closes the connection (a client that goes away).
         ``reducer``: the one a reconnecting client had (its view carries on).
         """
@@ -476,7 +476,7 @@ def leaf(error: BaseException) -> BaseException:
 
 
 def assert_increasing(events: Sequence[Event], what: str = "events") -> None:
-    """Ids strictly increasing: no event twice, none out of order (PROTOCOL section 3)."""
+    """Ids strictly increasing: no event twice, none out of order (docs/protocol.md §3)."""
     for i in range(1, len(events)):
         if not events[i - 1].id < events[i].id:
             around = [

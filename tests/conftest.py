@@ -42,7 +42,7 @@ from gateway.protocol.events import Event
 from gateway.protocol.frames import EventFrame
 from gateway.server.app import Gateway
 
-# One tool turn (PROTOCOL section 7): thinking, text and a tool, then text.
+# One tool turn (docs/protocol.md §7): thinking, text and a tool, then text.
 TOOL_SCRIPT = {
     "script": {
         "rounds": [
@@ -58,7 +58,7 @@ TOOL_SCRIPT = {
 
 
 JSON_TYPE = {"Content-Type": "application/json"}
-"""What every POST says (PROTOCOL section 15), for the ones httpx's ``json=`` does not send."""
+"""What every POST says (docs/protocol.md §15), for the ones httpx's ``json=`` does not send."""
 
 
 def free_port() -> int:

@@ -137,7 +137,7 @@ async def gateway_turn(
     Returns:
         The turn's events, in order, and the tool definitions of the gateway's registry.
     """
-    # The test's files are in ``workspace``: the operator allows it (PROTOCOL section 15).
+    # The test's files are in ``workspace``: the operator allows it (docs/protocol.md §15).
     sessions = msgspec.structs.replace(config.sessions, allowed_workspaces=(str(workspace),))
     config = msgspec.structs.replace(config, sessions=sessions)
     try:

@@ -1,8 +1,8 @@
-"""A real redis-server for the tests of the Redis store (issue 13).
+"""A real redis-server for the tests of the Redis store (docs/scale-out.md).
 
 Debian's ``redis-server`` runs on a free loopback port with everything of its
 own in a temporary directory: its append-only file (``appendonly yes``,
-``appendfsync everysec``: the setting the README documents), no RDB snapshot
+``appendfsync everysec``: the setting docs/operating.md documents), no RDB snapshot
 file, no log file, no pid file. Nothing of the machine's own Redis (if any) is
 touched. The server can be killed (``kill -9``: what a crash leaves) and
 started again on the same directory and port, which is how a test checks what
@@ -115,7 +115,7 @@ class RedisServer:
     def wait_aof_written(self, timeout_s: float = 5.0) -> None:
         """Return once Redis has written to its AOF everything it answered.
 
-        What ``appendfsync everysec`` promises (README "Redis backend"): an
+        What ``appendfsync everysec`` promises (docs/operating.md "Redis backend"): an
         answered write is in the file at once (a crash of Redis keeps it),
         unless an fsync still running makes Redis postpone its write, for up
         to 2 s. A busy machine makes that fsync slow: a test that kills Redis

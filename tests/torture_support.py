@@ -4,7 +4,7 @@ A real ``gateway serve`` process (:class:`Daemon`), its database file read
 directly while no process runs on it (:class:`StoreFile`), a client that keeps
 the bytes of every event it received (:class:`RawClient`), and the ledger of
 everything clients were shown or told over the whole run (:class:`Ledger`),
-checked against the file after every kill (PROTOCOL section 9).
+checked against the file after every kill (docs/protocol.md §9).
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ class StoreFile:
 
 
 def interrupted_phase(turn_events: list[dict[str, Any]]) -> str:
-    """The phase (PROTOCOL section 8) a turn stood in, from its stored events.
+    """The phase (docs/protocol.md §8) a turn stood in, from its stored events.
 
     Written here from the contract, independently of gateway/session/recovery.py:
     a model call started and not ended is ``llm``; a tool called, not ended

@@ -19,7 +19,7 @@ headers, JSON body) for the test to assert on. Replies:
 - :class:`Json`: a status and a JSON body, e.g. a 529 ``overloaded_error``;
   :func:`prompt_too_long` and :func:`context_length_exceeded` are the two
   refusals of a call longer than the model's context (Anthropic's, OpenAI's),
-  which the gateway answers with a compaction (PROTOCOL section 12).
+  which the gateway answers with a compaction (docs/protocol.md §12).
 
 What reached the model is in :attr:`FakeServer.requests`: each request's
 decoded JSON body (the system prompt, the tools, the messages: after a

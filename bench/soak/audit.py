@@ -3,7 +3,7 @@
 :class:`StreamAudit` is fed every server frame one client gets, across all
 its reconnects, and counts what the contract forbids:
 
-- **order** (PROTOCOL sections 1 and 3): each event reaches a client once, in
+- **order** (docs/protocol.md sections 1 and 3): each event reaches a client once, in
   id order. An id seen before is a *duplicate*; an id below the last one
   that was never seen is *out of order*. Across a reconnect with ``since`` the
   same holds: the cursor is the last id received.
@@ -34,7 +34,7 @@ from gateway.client import Reducer
 from gateway.protocol.events import EVENT_TYPES, Event
 from gateway.protocol.frames import EventFrame, ServerFrame, Snapshot
 
-# Events a replay carries again (PROTOCOL section 3): the catalog, and the
+# Events a replay carries again (docs/protocol.md §3): the catalog, and the
 # streaming layer's message.complete rebuilt with its live id. A
 # message.snapshot of a replay gets an id of its own (docs/protocol.md), so it
 # is not compared.
@@ -106,7 +106,7 @@ class StreamAudit:
         self._apply(frame)
 
     def resubscribed(self) -> None:
-        """The client subscribes again after a gap (``since``, PROTOCOL section 3).
+        """The client subscribes again after a gap (``since``, docs/protocol.md §3).
 
         A message that was streaming when the client went away cannot be
         checked against its deltas: the ones sent meanwhile were never

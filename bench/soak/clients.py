@@ -2,7 +2,7 @@
 
 They are independent of the daemon: trio-websocket over a socket the client
 opens itself (so it can shrink its receive buffer), httpx for the attach
-token (``GET /sessions/{id}``, PROTOCOL section 2), the reference codec and
+token (``GET /sessions/{id}``, docs/protocol.md §2), the reference codec and
 reducer to read what arrives (:mod:`bench.soak.audit`). The killers speak raw
 TCP, since what they do is what no library would: stop mid-handshake or
 mid-frame, then reset the socket.
@@ -14,7 +14,7 @@ mid-frame, then reset the socket.
 - :func:`churn`: attach, read a while, close (cleanly or by dropping the
   TCP connection), come back with ``since`` = the last event id received.
 - :func:`stall`: subscribe, stop reading until the server closes the
-  connection with 1008 ``client_too_slow`` (PROTOCOL section 3), then read the
+  connection with 1008 ``client_too_slow`` (docs/protocol.md §3), then read the
   rest and come back with ``since``.
 - :func:`kill`: half a handshake, half a frame, then a TCP reset.
 - :func:`replay_ids`: a replay from a cursor, for the *lost* check.
@@ -64,14 +64,14 @@ CONNECT_ERRORS = (
 
 
 def subscribe_frame(since: str | None, *, snapshot: bool = False) -> str:
-    """A ``subscribe`` for every event (PROTOCOL section 3, ``preset:full``)."""
+    """A ``subscribe`` for every event (docs/protocol.md §3, ``preset:full``)."""
     return json.dumps(
         {"type": "subscribe", "filter": "preset:full", "since": since, "snapshot": snapshot}
     )
 
 
 async def attach_url(http: httpx.AsyncClient, session_id: str) -> str:
-    """The session's ``ws_url`` with a fresh attach token (PROTOCOL section 2)."""
+    """The session's ``ws_url`` with a fresh attach token (docs/protocol.md §2)."""
     answer = await http.get(f"/sessions/{session_id}")
     answer.raise_for_status()
     return str(answer.json()["ws_url"])
@@ -455,7 +455,7 @@ async def _read_until(sock: trio.socket.SocketType, marker: bytes) -> None:
 
 
 async def replay_ids(http: httpx.AsyncClient, session_id: str, since: str) -> list[str]:
-    """The replayable event ids of a replay after ``since`` (PROTOCOL section 3).
+    """The replayable event ids of a replay after ``since`` (docs/protocol.md §3).
 
     Raises:
         RuntimeError: the server refused the cursor.

@@ -1,11 +1,11 @@
 """The daemon under soak: a real ``gateway serve`` process, and its ``/metrics`` read from outside.
 
 :class:`Daemon` runs ``python -m gateway serve --config F --port 0``
-(RUNNING.md "Command line"), waits for its ``gateway listening on`` line, and
+(docs/reference.md "Command line"), waits for its ``gateway listening on`` line, and
 watches it: an exit the soak did not ask for is reported (``on_death``) with
 the tail of its log, so a crash is visible as a crash and not as timeouts.
 
-:func:`scrape` reads ``GET /metrics`` (PROTOCOL section 2; the Prometheus
+:func:`scrape` reads ``GET /metrics`` (docs/protocol.md §2; the Prometheus
 text format, parsed with ``prometheus_client``'s own parser) into the
 figures the soak follows: ``process_open_fds``,
 ``process_resident_memory_bytes``, ``gateway_tasks``, the connection and

@@ -137,7 +137,7 @@ class Soak:
         workspace = self.workdir / "workspace"
         workspace.mkdir(exist_ok=True)
         (workspace / NOTES_FILE).write_text("soak notes\n")
-        # The sessions name this directory: the operator allows it (PROTOCOL section 15).
+        # The sessions name this directory: the operator allows it (docs/protocol.md §15).
         sections = {
             **self.profile.gateway_config,
             "sessions": {

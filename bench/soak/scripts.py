@@ -1,9 +1,9 @@
 """The soak's turns: scripted-model scripts, what to do during each, what must follow.
 
-Each :class:`Scenario` is one turn of the scripted model (RUNNING.md "The
+Each :class:`Scenario` is one turn of the scripted model (docs/reference.md "The
 scripted model"), an optional action taken when a given event of the turn
 arrives (a cancel over HTTP or as a ``cancel`` frame, or the approval of a
-permission), and the end the contract promises for it: PROTOCOL section 7 for
+permission), and the end the contract promises for it: docs/protocol.md §7 for
 a turn that runs to its end (a failing tool is an event, the turn goes on to
 the next model round), section 8 for a cancelled one, in each phase:
 
@@ -48,7 +48,7 @@ class Scenario:
     tools_completed: int = 0
 
     def content(self) -> str:
-        """The user message: the script as JSON (RUNNING.md "The scripted model")."""
+        """The user message: the script as JSON (docs/reference.md "The scripted model")."""
         script: dict[str, Any] = {"rounds": self.rounds}
         if self.delay_ms:
             script["delay_ms"] = self.delay_ms

@@ -1,6 +1,6 @@
 """The gateway's events as AG-UI events: one run, sans-IO (docs/protocol.md "AG-UI").
 
-:class:`RunMapper` is fed the session's events (PROTOCOL sections 5, 7 and 8)
+:class:`RunMapper` is fed the session's events (docs/protocol.md sections 5, 7 and 8)
 with :meth:`RunMapper.receive` and answers the AG-UI events they become; it
 holds no socket and never awaits, so it is tested event by event against the
 recorded traces (tests/unit/agui/test_agui_mapping.py). The run is the turn: events of
@@ -48,7 +48,7 @@ block and ``{message_id}:{index}`` for any later one; a thinking block's is
 ``{message_id}:{index}``; a tool result's message is ``{tool_use_id}:result``.
 :func:`agui_messages` gives stored messages the same ids, so a snapshot and a
 live run name the same things alike. A ``context`` message (a compaction's
-summary, PROTOCOL section 12) is left out of ``MESSAGES_SNAPSHOT``: the
+summary, docs/protocol.md §12) is left out of ``MESSAGES_SNAPSHOT``: the
 messages it replaces are all there, and the summary is the model's view of
 them, not the conversation (a client that sent the snapshot's messages back as
 input would repeat the history twice over).
@@ -103,10 +103,10 @@ APPROVAL_REASON = "tool_approval"
 """The ``reason`` of an interrupt for a tool call that waits for approval."""
 
 ELICITATION_REASON = "elicitation"
-"""The ``reason`` of an interrupt for an MCP server's question (PROTOCOL section 11)."""
+"""The ``reason`` of an interrupt for an MCP server's question (docs/protocol.md §11)."""
 
 COMPACTING, COMPACTED = "gateway.context_compacting", "gateway.context_compacted"
-"""The ``name`` of the ``CUSTOM`` events of a compaction (PROTOCOL section 12)."""
+"""The ``name`` of the ``CUSTOM`` events of a compaction (docs/protocol.md §12)."""
 
 DECISION_SCHEMA: dict[str, object] = {
     "type": "object",
@@ -180,7 +180,7 @@ class RunMapper:
         """``RUN_STARTED``, then ``MESSAGES_SNAPSHOT`` of ``history`` when there is any.
 
         With ``max_bytes`` (``[stream] snapshot_max_bytes``) the snapshot event
-        fits it as a native snapshot frame does (PROTOCOL section 15,
+        fits it as a native snapshot frame does (docs/protocol.md §15,
         :func:`fitting_snapshot`).
         """
         out: list[ag.AguiEvent] = [
@@ -390,7 +390,7 @@ class RunMapper:
         return out
 
     def _close_blocks(self, message_id: str, ts: int | None) -> list[ag.AguiEvent]:
-        """What a cancel or an error left open in ``message_id`` (PROTOCOL sections 7 and 8)."""
+        """What a cancel or an error left open in ``message_id`` (docs/protocol.md §7, §8)."""
         out: list[ag.AguiEvent] = []
         for key in [k for k in self._blocks if k[0] == message_id]:
             out += self._close(key, ts)
@@ -435,7 +435,7 @@ def fitting_snapshot(
 ) -> ag.MessagesSnapshot:
     """``MESSAGES_SNAPSHOT`` of the newest of ``history`` whose JSON fits ``max_bytes``.
 
-    As a native snapshot (PROTOCOL section 15): older messages are left out
+    As a native snapshot (docs/protocol.md §15): older messages are left out
     first, each gateway message measured once as the AG-UI messages it
     becomes, from the newest back; when even the newest does not fit alone,
     its blocks are cut (:func:`gateway.protocol.fit.cut_message`). AG-UI has
@@ -474,7 +474,7 @@ def agui_messages(messages: Iterable[Message]) -> list[ag.AguiMessage]:
     ``tool`` message; an assistant message is its thinking blocks as
     ``reasoning`` messages, then one ``assistant`` message (its first text and
     every tool call), then one more per later text block. A ``context`` message
-    (PROTOCOL section 12) is left out: it is the model's summary of messages
+    (docs/protocol.md §12) is left out: it is the model's summary of messages
     that are all still here.
     """
     out: list[ag.AguiMessage] = []

@@ -3,7 +3,7 @@
 Two entries of the gateway's route table (gateway.server.route_table:
 :func:`agui_run`, :func:`agui_cancel`, with their API-document operations
 :data:`RUN` and :data:`CANCEL`), so they share its boundary, authentication,
-ownership and rate limits (PROTOCOL section 2). A run is one turn of the
+ownership and rate limits (docs/protocol.md §2). A run is one turn of the
 thread's session, started or resumed here and streamed by
 :func:`gateway.agui.sse.stream_run`; the decisions of the mapping are in
 docs/protocol.md "AG-UI".
@@ -98,7 +98,7 @@ CANCEL = Operation(
     body_required=False,
     errors={409: ("turn_not_in_flight",)},
     description="`session_id` is the run's `threadId`. The same cancellation "
-    "as `POST /sessions/{id}/turns/{turn_id}/cancel` (PROTOCOL section 8): "
+    "as `POST /sessions/{id}/turns/{turn_id}/cancel` (docs/protocol.md §8): "
     "every client of the session sees it, and the run's stream ends with "
     "`RUN_FINISHED` (outcome `cancelled`). With `runId`, 409 unless that "
     "run's turn is the one in flight.",
@@ -210,7 +210,7 @@ class AguiRoutes:
 
     @property
     def _snapshot_cap(self) -> int:
-        """An AG-UI run's ``MESSAGES_SNAPSHOT`` fits as a snapshot frame does (PROTOCOL §15)."""
+        """A run's ``MESSAGES_SNAPSHOT`` fits as a snapshot frame does (docs/protocol.md §15)."""
         return self.config.stream.snapshot_max_bytes
 
     async def _thread(self, thread_id: str, caller: str | None) -> Session:
@@ -245,7 +245,7 @@ class AguiRoutes:
         )
 
     async def agui_cancel(self, req: Request, session_id: str) -> Response:
-        """``POST /agui/{session_id}/cancel``: cancel the thread's turn (PROTOCOL section 8)."""
+        """``POST /agui/{session_id}/cancel``: cancel the thread's turn (docs/protocol.md §8)."""
         session = await self.api._session(session_id, self.api._authenticate(req))
         body = self._decode(req, CancelRun) if req.body.strip() else CancelRun()
         turn_id = (await self.node.live_summary(session)).current_turn_id
@@ -302,7 +302,7 @@ def _resume_decisions(
 ) -> list[tuple[str, str, dict[str, Any] | None]]:
     """Each interrupt's decision; every open interrupt answered exactly once (AG-UI 1.0).
 
-    An elicitation's interrupt (PROTOCOL section 11) answers with ``{"decision":
+    An elicitation's interrupt (docs/protocol.md §11) answers with ``{"decision":
     "allow", "content": {...}}``, its ``responseSchema``; the content is checked
     against the elicitation's schema by the permissions, as on the native route.
 

@@ -221,7 +221,7 @@ class Custom(_Event, tag="CUSTOM", kw_only=True):
     """An event AG-UI has no type for: ``name`` says which, ``value`` is its payload.
 
     The gateway's are a compaction's ``gateway.context_compacting`` and
-    ``gateway.context_compacted`` (PROTOCOL section 12).
+    ``gateway.context_compacted`` (docs/protocol.md §12).
     """
 
     name: str

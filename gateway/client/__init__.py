@@ -1,7 +1,7 @@
 """The client side of the wire contract: the client library, the reference state model, the codec.
 
 - :class:`GatewayClient` (:mod:`gateway.client.api`): the HTTP API of
-  PROTOCOL section 2, and :meth:`~GatewayClient.open_session`, a
+  docs/protocol.md §2, and :meth:`~GatewayClient.open_session`, a
   :class:`Session` whose state is kept for you as its stream arrives.
 - :class:`Subscription` (:mod:`gateway.client.stream`): one session's frames,
   resumed after every drop, answered pings, missed pongs noticed (section 3).

@@ -2,7 +2,7 @@
 
 Async, on Trio, httpx and trio-websocket. Two layers::
 
-    GatewayClient            PROTOCOL section 2: create, list and open sessions, send a
+    GatewayClient            docs/protocol.md §2: create, list and open sessions, send a
     │                        turn, cancel it, answer a permission or an elicitation,
     │                        leave feedback, list the agents (section 11)
     ├── subscribe(...)       a Subscription (gateway.client.stream): one session's frames,
@@ -28,7 +28,7 @@ family of :mod:`gateway.errors`:
 a stream that cannot go on, :class:`~gateway.errors.SubscribeRejected` and
 :class:`~gateway.errors.FrameRejected` for a refused subscription.
 
-Example (the README runs it as written)::
+Example (docs/clients.md runs it as written)::
 
     async with GatewayClient("http://127.0.0.1:8421") as gateway:
         session_id = (await gateway.create_session()).session_id
@@ -108,7 +108,7 @@ _encoder = msgspec.json.Encoder()
 
 
 class GatewayClient:
-    """The HTTP API of one gateway (PROTOCOL section 2), and its session streams.
+    """The HTTP API of one gateway (docs/protocol.md §2), and its session streams.
 
     Use it as an async context manager (it owns an ``httpx.AsyncClient``).
 
@@ -185,7 +185,7 @@ class GatewayClient:
         return await self._call("POST", "/sessions", SessionCreated, body=present)
 
     async def list_agents(self) -> AgentList:
-        """``GET /agents``: the agents a session may run (PROTOCOL section 11).
+        """``GET /agents``: the agents a session may run (docs/protocol.md §11).
 
         Raises:
             ApiError: 404 from a gateway that has no agents route (older than section 11).
@@ -219,7 +219,7 @@ class GatewayClient:
     async def message(self, session_id: str, message_id: str) -> Message:
         """``GET /sessions/{id}/messages/{message_id}``: one finished message, whole.
 
-        What a snapshot sent cut (``truncated``, PROTOCOL section 15).
+        What a snapshot sent cut (``truncated``, docs/protocol.md §15).
 
         Raises:
             ApiError: 404 ``message_not_found`` (unknown, streaming, or another
@@ -242,7 +242,7 @@ class GatewayClient:
     async def cancel_turn(
         self, session_id: str, turn_id: str, *, reason: str | None = None
     ) -> None:
-        """``POST /sessions/{id}/turns/{turn_id}/cancel`` (PROTOCOL section 8).
+        """``POST /sessions/{id}/turns/{turn_id}/cancel`` (docs/protocol.md §8).
 
         A turn already cancelling is no error. Raises:
             ApiError: 404 ``turn_not_found``, 409 ``turn_not_in_flight``.
@@ -265,7 +265,7 @@ class GatewayClient:
         section 11): with ``allow``, what the person filled in, which should
         match the request's ``requested_schema``; ``deny`` declines it. The
         request may be a worker's: ``session_id`` is the session whose stream
-        showed it (the answer is the same route, PROTOCOL section 5).
+        showed it (the answer is the same route, docs/protocol.md §5).
 
         Raises:
             ApiError: 404 ``permission_not_found``, 409 ``permission_resolved``,
@@ -315,7 +315,7 @@ class GatewayClient:
 
         Args:
             session_id: the session.
-            filter: a preset name or a Filter as a dict (PROTOCOL section 3).
+            filter: a preset name or a Filter as a dict (docs/protocol.md §3).
             since: start after this event id (replay).
             snapshot: start with a snapshot.
             backoff: the reconnect delays.
@@ -393,7 +393,7 @@ class GatewayClient:
         params: dict[str, Any] | None = None,
     ) -> T:
         content = None if body is None else _encoder.encode(body)
-        # Every POST says so, an empty one too (PROTOCOL section 15: else 415).
+        # Every POST says so, an empty one too (docs/protocol.md §15: else 415).
         json_body = body is not None or method == "POST"
         headers = {"Content-Type": "application/json"} if json_body else {}
         try:
@@ -471,7 +471,7 @@ class Update:
 
 
 class AgentInfo(msgspec.Struct):
-    """One agent of ``GET /agents`` (PROTOCOL section 11); ``default``: the one a
+    """One agent of ``GET /agents`` (docs/protocol.md §11); ``default``: the one a
     ``POST /sessions`` without ``agent`` runs."""
 
     name: str
@@ -516,7 +516,7 @@ class Session:
 
     Attributes:
         id: the session id.
-        state: the reduced state (PROTOCOL sections 6-8).
+        state: the reduced state (docs/protocol.md sections 6-8).
         tools: tool calls seen by this client, by ``tool_use_id``, with durations.
         compactions: the ``context.compacted`` events this client saw, by the
             ``summary_message_id`` of the ``context`` message they put (their
@@ -541,7 +541,7 @@ class Session:
         self.connected = False
         self._shown: dict[tuple[str, int], int] = {}  # chars of each block delivered as chunks
         # Blocks restored cut at their beginning (the open block of a snapshot that had
-        # to fit, PROTOCOL section 15): what was delivered is their end.
+        # to fit, docs/protocol.md §15): what was delivered is their end.
         self._tail_kept: set[tuple[str, int]] = set()
         self._known: set[str] = set()  # ids of the messages this client holds
         self._snapshots = 0
@@ -596,7 +596,7 @@ class Session:
     async def load_earlier(self, limit: int = 50) -> bool:
         """One page of the messages the snapshot left out, put before the others in :attr:`state`.
 
-        A snapshot holds the newest messages that fit (PROTOCOL section 15);
+        A snapshot holds the newest messages that fit (docs/protocol.md §15);
         ``state.has_more`` says there are older ones. Returns whether there
         are still more.
         """
@@ -633,7 +633,7 @@ class Session:
 
     @property
     def full(self) -> FullView:
-        """The full view of PROTOCOL section 10 (:func:`gateway.client.views.full_view`)."""
+        """The full view of docs/protocol.md §10 (:func:`gateway.client.views.full_view`)."""
         return full_view(self.state, workers=self.include_worker_sessions)
 
     @property

@@ -1,6 +1,6 @@
 """``gateway attach``: the reference terminal client of a session stream.
 
-It does what PROTOCOL section 3 asks of every client: fetch a single-use
+It does what docs/protocol.md §3 asks of every client: fetch a single-use
 attach token, subscribe with a filter, print every frame as one JSON line on
 stdout, answer the server's pings, and, when the connection ends for a reason
 that may pass (a close that says "reconnect": 1001 shutdown or heartbeat,
@@ -112,7 +112,7 @@ async def attach(
     Args:
         base_url: the gateway's ``http://HOST:PORT``.
         session_id: the session to attach to.
-        filter: a preset name or a Filter as a dict (PROTOCOL section 3).
+        filter: a preset name or a Filter as a dict (docs/protocol.md §3).
         since: resume after this event id.
         snapshot: start with a snapshot.
         api_key: the Bearer key, when the gateway has ``api_keys``.

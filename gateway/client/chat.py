@@ -3,7 +3,7 @@
 It is built on the client library and nothing of its own for the protocol:
 :meth:`GatewayClient.open_session <gateway.client.api.GatewayClient.open_session>`
 keeps the session's state (and resumes after a drop), and each redraw shows
-one of the two views of PROTOCOL section 10 (:mod:`gateway.client.views`),
+one of the two views of docs/protocol.md §10 (:mod:`gateway.client.views`),
 pure functions of that state. What the terminal shows is therefore a
 function of the state too: a resume that restores a message from a
 ``message.snapshot`` redraws nothing, so a dropped connection leaves no
@@ -21,23 +21,23 @@ What a person sees:
   the latest thinking chunk or the tool at work; the reply's text streams,
   and is replaced when a later round of the turn starts; once the turn ends
   only the final round's text stays (marked when cancelled).
-- **What a snapshot left out** (PROTOCOL section 15): a session opened on a
+- **What a snapshot left out** (docs/protocol.md §15): a session opened on a
   long history starts at its newest messages that fit ``snapshot_max_bytes``,
   under a dim ``(earlier messages not shown)``; a block the snapshot cut is
   marked ``… (truncated)`` (a reply still streaming: ``… (the beginning is
   not shown)`` above its end, until it completes whole).
 - **Permissions** are asked inline: ``? allow sleep {"seconds": 60}  [y/n]``;
   one key answers (no Enter needed). A worker's request is asked the same way
-  (the parent's stream carries it, PROTOCOL section 5).
+  (the parent's stream carries it, docs/protocol.md §5).
 - **Elicitations** (an MCP server asks a question while its tool runs,
-  PROTOCOL section 11): ``? mcp__tickets__create asks: Which priority?  [y/n]``;
+  docs/protocol.md §11): ``? mcp__tickets__create asks: Which priority?  [y/n]``;
   ``y`` opens a small form: the server's message, then one question per
   property of its ``requested_schema`` (string, number, integer, boolean or
   one of an enum; a required one must be answered; an answer the schema
   refuses is asked again), and the answers are sent as ``allow`` with
   ``content``. ``n``, or an empty answer (or ``n``) to the form's first
   question, declines (``deny``).
-- **Compactions** (PROTOCOL section 12) are one quiet line where they stand:
+- **Compactions** (docs/protocol.md §12) are one quiet line where they stand:
   ``· context compacted: 12 messages summarised (52k → 3k tokens)`` (the
   token counts when this client saw ``context.compacted``); while one runs
   the simple view's status line says ``compacting context…``.
@@ -306,7 +306,7 @@ def _tokens(count: int) -> str:
 
 
 def compaction_line(replaced: int, event: ContextCompacted | None, marks: Marks) -> str:
-    """A compaction as one quiet line (PROTOCOL section 12); tokens when the event was seen."""
+    """A compaction as one quiet line (docs/protocol.md §12); tokens when the event was seen."""
     what = "summarised"
     if event is not None and event.method == "truncate":
         what = "dropped from the model's view"
@@ -328,7 +328,7 @@ def _block_item(
 ) -> Item:
     if block["type"] == "text":
         lines = tuple(Line(x) for x in clean(block["text"]).split("\n"))
-        if block.get("truncated"):  # a snapshot sent it cut (PROTOCOL section 15)
+        if block.get("truncated"):  # a snapshot sent it cut (docs/protocol.md §15)
             if block["open"]:  # its end, where the live text goes on
                 lines = (Line(f"{marks.ellipsis} (the beginning is not shown)", DIM), *lines)
             else:
@@ -426,7 +426,7 @@ def question_item(permission: PermissionView, answered: str | None, width: int) 
     return Item(f"ask:{permission['perm_id']}", (line,), False)
 
 
-# --- an elicitation's form (PROTOCOL section 11) ---------------------------------------------
+# --- an elicitation's form (docs/protocol.md §11) ---------------------------------------------
 
 FieldKind = Literal["string", "number", "integer", "boolean", "enum"]
 _YES = ("y", "yes", "true", "1")
@@ -798,7 +798,7 @@ class Chat:
                 compactions=self.session.compactions,
             )
             permissions = simple["permissions"]
-        if state.has_more:  # the snapshot left older messages out (PROTOCOL section 15)
+        if state.has_more:  # the snapshot left older messages out (docs/protocol.md §15)
             items.insert(0, Item("earlier", (Line("(earlier messages not shown)", DIM),), True))
         if permissions:
             first = permissions[0]
@@ -999,7 +999,7 @@ async def chat(
 ) -> int:
     """Chat with a session (a new one when ``session_id`` is ``None``); the exit status.
 
-    ``agent`` names the agent of the new session (PROTOCOL section 11); an
+    ``agent`` names the agent of the new session (docs/protocol.md §11); an
     unknown one is the gateway's 422 ``unknown_agent``, whose message (the
     names it knows) is printed, exit status 1.
     """

@@ -1,11 +1,11 @@
-"""Decoding server frames into typed objects, on the client side (PROTOCOL sections 3-5).
+"""Decoding server frames into typed objects, on the client side (docs/protocol.md sections 3-5).
 
 An ``event`` frame is decoded in two steps: the envelope first, with its
 ``payload`` kept as :class:`msgspec.Raw`, then the payload with the decoder of
 its type's payload struct (:data:`gateway.protocol.events.EVENT_TYPES`), built
 once per type. An event type this client does not know (a newer server) is not
 an error: its payload stays a plain ``dict`` so the caller can skip it, as
-PROTOCOL section 4 asks ("clients skip event types they do not know").
+docs/protocol.md §4 asks ("clients skip event types they do not know").
 """
 
 from __future__ import annotations

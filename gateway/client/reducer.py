@@ -5,12 +5,12 @@ terminal UI or a test feeds it every server frame with :meth:`Reducer.apply`
 and reads its attributes. The state is the one seed 000 argues for: the
 finished messages, plus at most one *streaming* message whose blocks are
 addressed by ``content_block_index`` and each go through an explicit
-start -> deltas -> end lifecycle (PROTOCOL section 5). Nothing is inferred
+start -> deltas -> end lifecycle (docs/protocol.md §5). Nothing is inferred
 from timing; a move the contract does not allow (a delta for a block that was
 never started, for another message than the streaming one, after its end)
 raises :class:`ValueError`, because it can only be a server bug.
 
-What a client shows of this state, the two views of PROTOCOL section 10,
+What a client shows of this state, the two views of docs/protocol.md §10,
 is :mod:`gateway.client.views`: pure functions of a reducer.
 ``gateway/ui/reducer.js`` is this module and that one in JS, for the browser;
 tests/streaming-conformance/ holds both to the same recorded traces.
@@ -19,7 +19,7 @@ Where the contract is silent, this module decides:
 
 - **Restored blocks.** ``message.snapshot`` (and a ``snapshot`` frame's
   ``in_progress`` message) carries a partial :class:`Message` whose
-  ``open_block_index`` names the block still streaming (PROTOCOL section 6):
+  ``open_block_index`` names the block still streaming (docs/protocol.md §6):
   every other restored block has ended, and with ``null`` all have. A server
   older than that field leaves it out; then blocks stream one at a time (the
   provider's ``content_block_start``/``_stop`` order, which the translator
@@ -39,10 +39,10 @@ Where the contract is silent, this module decides:
 - **Pending permissions.** A snapshot's ``pending_permissions`` are the
   requests still waiting; ``permission.requested`` adds one, and
   ``permission.resolved``, the end of its tool (``tool.completed`` or
-  ``tool.failed``: a cancel leaves a request unresolved, PROTOCOL section 8)
+  ``tool.failed``: a cancel leaves a request unresolved, docs/protocol.md §8)
   or the end of its turn removes it.
 - **Worker sessions.** With ``include_worker_sessions`` a stream carries
-  worker events (PROTOCOL section 5). Each worker session gets a reducer of
+  worker events (docs/protocol.md §5). Each worker session gets a reducer of
   its own in :attr:`Reducer.workers`, fed those events; it may join a worker
   mid-message (after a snapshot of the parent, which does not show workers),
   so it skips the moves it cannot make instead of raising (counted in its
@@ -52,7 +52,7 @@ Where the contract is silent, this module decides:
   so; otherwise the session is idle and ``turn`` is ``None``. How each turn
   ended is kept in :attr:`Reducer.turn_outcomes`, as far as this client saw
   it end (a snapshot replaces what was known, as it replaces everything).
-- **Cut blocks** (PROTOCOL section 15). A snapshot that had to fit
+- **Cut blocks** (docs/protocol.md §15). A snapshot that had to fit
   ``snapshot_max_bytes`` may leave older messages out (:attr:`Reducer.has_more`:
   page them with ``GET .../messages?before=``) and send a block cut, marked
   ``truncated``. A finished block stays as sent (the client may fetch the
@@ -62,11 +62,11 @@ Where the contract is silent, this module decides:
   result cut in the snapshot is listed in :attr:`Reducer.truncated_results`.
 - **Worker requests.** A worker's ``permission.requested`` and
   ``permission.resolved`` reach the parent's stream whatever its filter
-  (PROTOCOL section 5), and a parent's snapshot lists its workers' pending
+  (docs/protocol.md §5), and a parent's snapshot lists its workers' pending
   requests with their ``session_id`` (section 6): the parent keeps them in
   its own :attr:`Reducer.permissions` too, so the one who has to answer sees
   them (the worker's reducer, with ``include_worker_sessions``, as well).
-- **Compactions** (PROTOCOL section 12). ``context.compacting`` opens
+- **Compactions** (docs/protocol.md §12). ``context.compacting`` opens
   :attr:`Reducer.compacting` until ``context.compacted`` (or the end of the
   turn, or a snapshot, which cannot say a compaction is under way). The event
   does not carry the summary: ``context.compacted`` puts, at the end of the
@@ -78,7 +78,7 @@ Where the contract is silent, this module decides:
   message stands as sent. The replaced messages stay: no client loses
   history; only the model's view is shorter. A compaction without a summary
   message (``summary_message_id: null``) puts nothing.
-- **Duplicates.** Event ids compare as strings (PROTOCOL section 1). The server
+- **Duplicates.** Event ids compare as strings (docs/protocol.md §1). The server
   promises each event once (section 3), so the reducer compares ids only to
   prove it: an event at or below the cursor is counted in
   :attr:`Reducer.duplicates_ignored` and otherwise ignored.
@@ -135,7 +135,7 @@ from gateway.protocol.shapes import (
 
 BlockKind = Literal["text", "thinking", "redacted_thinking", "tool_use"]
 
-# The block lifecycle, PROTOCOL section 5: which kinds of open block each
+# The block lifecycle, docs/protocol.md §5: which kinds of open block each
 # delta or end event may address. Starts open a block; nothing else does.
 _BLOCK_KINDS: dict[str, tuple[BlockKind, ...]] = {
     "text.delta": ("text",),
@@ -162,7 +162,7 @@ class StreamingBlock:
     redacted block's data (``thinking.delta`` carries it for a block opened
     with ``redacted: true``). ``last_chunk`` is the text of the latest
     non-empty delta (the replace-then-append view shows a thinking block's
-    latest chunk only, PROTOCOL section 10); empty for a restored block,
+    latest chunk only, docs/protocol.md §10); empty for a restored block,
     whose chunks are unknown. ``partial_json`` is ``None`` for a tool block
     restored from a snapshot, whose raw input text is unknown.
     """
@@ -178,7 +178,7 @@ class StreamingBlock:
     final_input: dict[str, Any] | None = None
     closed: bool = False
     restored: bool = False
-    truncated: bool = False  # restored from a block a snapshot cut (PROTOCOL section 15)
+    truncated: bool = False  # restored from a block a snapshot cut (docs/protocol.md §15)
 
     @classmethod
     def restore(cls, block: ContentBlock) -> StreamingBlock:
@@ -249,7 +249,7 @@ class StreamingMessage:
     def restore(cls, message: Message) -> StreamingMessage:
         """The streaming message an ``in_progress`` message stands for (module docstring).
 
-        ``open_block_index`` (PROTOCOL section 6) says which block still
+        ``open_block_index`` (docs/protocol.md §6) says which block still
         streams; every other one has ended. Without it (an older server),
         every block but the last has ended.
         """
@@ -361,12 +361,12 @@ class Reducer:
         self.last_event_id: str | None = None
         self.duplicates_ignored = 0
         self.skipped = 0
-        # PROTOCOL section 15: the last snapshot left older messages out, and
+        # docs/protocol.md §15: the last snapshot left older messages out, and
         # the tool results it sent cut (module docstring, "Cut blocks").
         self.has_more = False
         self.truncated_results: set[str] = set()
         self.oldest_message_id: str | None = None  # the first the snapshot (or a page) sent
-        # PROTOCOL section 12: the compaction under way (module docstring, "Compactions").
+        # docs/protocol.md §12: the compaction under way (module docstring, "Compactions").
         self.compacting: ContextCompacting | None = None
 
     def apply(self, frame: ServerFrame) -> None:
@@ -381,7 +381,7 @@ class Reducer:
             self.apply_event(frame.event)
 
     def apply_event(self, event: Event) -> None:
-        """Apply one event (PROTOCOL sections 4, 5, 7 and 8).
+        """Apply one event (docs/protocol.md sections 4, 5, 7 and 8).
 
         Unknown types are skipped (section 4); the cursor still moves past
         them. A failed move leaves the state and the cursor as they were.
@@ -449,7 +449,7 @@ class Reducer:
     def prepend_history(self, messages: list[Message], has_more: bool) -> None:
         """Older finished messages (a page of ``GET .../messages``, oldest first) before the first.
 
-        What a snapshot left out (PROTOCOL section 15): page it with
+        What a snapshot left out (docs/protocol.md §15): page it with
         ``before=`` :attr:`oldest_message_id` while :attr:`has_more`.
         """
         known = {message.id for message in self.messages}
@@ -485,7 +485,7 @@ class Reducer:
     # --- frames ----------------------------------------------------------------
 
     def _apply_snapshot(self, snapshot: Snapshot) -> None:
-        """A ``snapshot`` frame replaces everything (PROTOCOL sections 3 and 6)."""
+        """A ``snapshot`` frame replaces everything (docs/protocol.md sections 3 and 6)."""
         session = snapshot.session
         if session.id != self.session_id:
             raise ValueError(f"snapshot of session {session.id} in the stream of {self.session_id}")
@@ -597,7 +597,7 @@ class Reducer:
                 block.closed = True
             case ToolUseEnd() as p:
                 block = self._open_block(event.type, p)
-                block.tool_name = block.tool_name or p.tool_name  # PROTOCOL section 5
+                block.tool_name = block.tool_name or p.tool_name  # docs/protocol.md §5
                 block.final_input = p.final_input
                 block.closed = True
             case _:
@@ -689,7 +689,7 @@ class Reducer:
         """Finish the streaming message from ``final_content``, which is authoritative.
 
         With no streaming message this is a replayed ``message.complete``
-        (PROTOCOL section 3), which needs no ``message.start`` before it.
+        (docs/protocol.md §3), which needs no ``message.start`` before it.
         """
         streaming = self.streaming
         if streaming is not None and streaming.message_id != payload.message_id:

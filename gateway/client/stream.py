@@ -1,4 +1,4 @@
-"""One session's stream that survives everything the server does (PROTOCOL sections 2 and 3).
+"""One session's stream that survives everything the server does (docs/protocol.md §2, §3).
 
 A :class:`Subscription` is an async iterator of what arrives: every server
 frame as :class:`Received` (its text and its decoded struct) and, between
@@ -105,7 +105,7 @@ SNAPSHOT_INSTEAD = frozenset({"cursor_expired", "replay_too_large"})
 # The largest frame the client takes (trio-websocket's own default, 1 MiB, is far
 # too small: a message.complete carries a whole reply). A snapshot or a replay's
 # message.snapshot never exceeds the server's [stream] snapshot_max_bytes
-# (PROTOCOL section 15; 8 MiB by default), so with any cap up to this one they
+# (docs/protocol.md §15; 8 MiB by default), so with any cap up to this one they
 # always fit; live events carry whole messages and tool results, as produced.
 MAX_FRAME_BYTES = 64 * 2**20
 CLOSE_TIMEOUT_S = 2.0  # for the close handshake of a connection the client is done with
@@ -124,7 +124,7 @@ class Received:
     ``frame`` is ``None`` for a frame this client cannot decode (a newer
     server's frame type): it is delivered, for a client that prints frames,
     and otherwise skipped. An event of a type this client does not know is
-    decoded with its payload as a plain ``dict`` (PROTOCOL section 4).
+    decoded with its payload as a plain ``dict`` (docs/protocol.md §4).
     """
 
     raw: str
@@ -432,7 +432,7 @@ class Subscription:
         return ended
 
     async def _ws_url(self) -> str | Ended:
-        """``GET /sessions/{id}``: a fresh attach token in ``ws_url`` (PROTOCOL section 2)."""
+        """``GET /sessions/{id}``: a fresh attach token in ``ws_url`` (docs/protocol.md §2)."""
         try:
             r = await self._http.get(f"/sessions/{self.session_id}")
         except httpx.TransportError as exc:
@@ -571,7 +571,7 @@ def _close_code(reason: str | None) -> str:
 
 
 def _rejected_handshake(exc: ConnectionRejected) -> Ended:
-    """A WebSocket handshake refused with an HTTP status (PROTOCOL section 2)."""
+    """A WebSocket handshake refused with an HTTP status (docs/protocol.md §2)."""
     try:
         code = str(json.loads(exc.body or b"{}")["error"]["code"])
     except (ValueError, KeyError, TypeError):

@@ -1,4 +1,4 @@
-"""The two views of a session (PROTOCOL section 10), pure functions of the reduced state.
+"""The two views of a session (docs/protocol.md §10), pure functions of the reduced state.
 
 A :class:`~gateway.client.reducer.Reducer` holds what the events said; a view
 is what a client shows of it. Each view here is a pure function of a
@@ -43,7 +43,7 @@ Where section 10 is silent, decided here (docs/protocol.md, "Views"):
   but no later round (its call failed before a message started), else
   ``complete`` (no tool ran: the turn stopped there, as with ``max_tokens``).
   A turn with no assistant message has no reply entry.
-- **Compactions** (PROTOCOL section 12). A ``context`` message is its own
+- **Compactions** (docs/protocol.md §12). A ``context`` message is its own
   item where it stands in the message list, after the messages it replaces,
   which stay. The full view shows its ``compaction`` block (``summary``,
   ``replaces``; ``truncated`` while the summary is still to fetch, as after
@@ -92,7 +92,7 @@ ReplyStatus = Literal["in_progress", "complete", "cancelled", "error"]
 
 
 class TextView(TypedDict):
-    """``truncated`` (only when true): a snapshot sent the block cut (PROTOCOL section 15)."""
+    """``truncated`` (only when true): a snapshot sent the block cut (docs/protocol.md §15)."""
 
     type: Literal["text"]
     text: str
@@ -129,7 +129,7 @@ class ToolUseView(TypedDict):
 
 
 class CompactionView(TypedDict):
-    """A ``context`` message's summary of older messages (PROTOCOL section 12).
+    """A ``context`` message's summary of older messages (docs/protocol.md §12).
 
     ``truncated`` (only when true): the summary is not known yet (``""``):
     fetch the message whole (``GET .../messages/{id}``).
@@ -154,7 +154,7 @@ class MessageView(TypedDict):
 
 
 class PermissionView(TypedDict):
-    """A pending request (PROTOCOL sections 6 and 11): a tool's approval or an elicitation."""
+    """A pending request (docs/protocol.md §6, §11): a tool's approval or an elicitation."""
 
     perm_id: str
     session_id: str

@@ -1,6 +1,6 @@
 """The cluster link: operations to a session's owner, live batches to its watchers.
 
-RUNNING.md "Command line" (any node serves any session; turns and cancels can
+docs/reference.md "Command line" (any node serves any session; turns and cancels can
 be sent to any node); the design is docs/scale-out.md. A node
 whose store is Redis runs one :class:`Cluster`: its link to the other nodes of
 the deployment, over Redis pub/sub on one connection of its own::
@@ -20,7 +20,7 @@ Channels (under the store's prefix, ``gw:`` by default):
   A request sent to a channel nobody listens on (the node is dead) fails at
   once: ``PUBLISH`` answers how many received it.
 - ``gw:live:{<root session id>}``: every batch the owner of a session family
-  releases (after its commit: PROTOCOL section 9), published ONCE however many
+  releases (after its commit: docs/protocol.md §9), published ONCE however many
   clients and nodes watch it (:class:`LiveBatch`), and only while some other
   node does (:meth:`Cluster.heard`). A node subscribes while some client of
   its own watches that family, and fans each batch out locally with the same

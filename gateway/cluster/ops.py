@@ -31,7 +31,7 @@ class StartTurn(msgspec.Struct, tag="turn"):
 
 
 class CancelTurn(msgspec.Struct, tag="cancel"):
-    """Cancel the turn in flight (PROTOCOL section 8)."""
+    """Cancel the turn in flight (docs/protocol.md §8)."""
 
     turn_id: str
     reason: str
@@ -39,7 +39,7 @@ class CancelTurn(msgspec.Struct, tag="cancel"):
 
 
 class DecidePermission(msgspec.Struct, tag="permission"):
-    """Resolve a pending permission request (PROTOCOL section 2)."""
+    """Resolve a pending permission request (docs/protocol.md §2)."""
 
     perm_id: str
     decision: str
@@ -55,11 +55,11 @@ class RecordFeedback(msgspec.Struct, tag="feedback"):
 
 
 class Compact(msgspec.Struct, tag="compact"):
-    """``POST .../compact`` (PROTOCOL section 12)."""
+    """``POST .../compact`` (docs/protocol.md §12)."""
 
 
 class Warn(msgspec.Struct, tag="warn"):
-    """Emit ``bus.handler_warning`` (a replica's slow client, PROTOCOL sections 3 and 8)."""
+    """Emit ``bus.handler_warning`` (a replica's slow client, docs/protocol.md sections 3 and 8)."""
 
     subscription: str
     reason: str
@@ -78,7 +78,7 @@ class State(msgspec.Struct, tag="state"):
 
 
 class TakeSnapshot(msgspec.Struct, tag="snapshot"):
-    """A snapshot's frame and cut (PROTOCOL section 3), of the ``limit`` last messages."""
+    """A snapshot's frame and cut (docs/protocol.md §3), of the ``limit`` last messages."""
 
     limit: int
 
@@ -132,7 +132,7 @@ class Replayed(msgspec.Struct, tag="replayed"):
 
 
 class ReplayRejected(msgspec.Struct, tag="replay_rejected"):
-    """The answer to :class:`Replay` that is a ``subscribe_error`` (PROTOCOL section 3)."""
+    """The answer to :class:`Replay` that is a ``subscribe_error`` (docs/protocol.md §3)."""
 
     code: str
     message: str

@@ -1,1 +1,1 @@
-"""MCP servers: their tools as gateway tools (PROTOCOL section 11, RUNNING.md "MCP servers")."""
+"""MCP servers: their tools as gateway tools (docs/protocol.md §11, docs/reference.md)."""

@@ -1,4 +1,4 @@
-"""An MCP server's questions (``elicitation/create``) during its tool calls (PROTOCOL section 11).
+"""An MCP server's questions (``elicitation/create``) during its tool calls (docs/protocol.md §11).
 
 A question is asked of the session whose call is in flight on the
 connection (:meth:`gateway.tools.registry.ToolSession.elicit`: a
@@ -108,7 +108,7 @@ class Questions:
         The server's question runs in the SDK's task, not the call's, so a
         turn's cancel or the call's timeout would leave it open (a pending
         permission, answered by nobody, until approval_timeout_s). Cancelled
-        here, it is resolved ``cancelled`` (PROTOCOL section 11) before the
+        here, it is resolved ``cancelled`` (docs/protocol.md §11) before the
         call's own ``tool.failed`` (waited for, shielded, a second at most).
         """
         questions = self._asked.pop(session_id, [])

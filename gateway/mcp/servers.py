@@ -1,4 +1,4 @@
-"""MCP server connections, supervised (PROTOCOL section 11, RUNNING.md "MCP servers").
+"""MCP server connections, supervised (docs/protocol.md §11, docs/reference.md "MCP servers").
 
 :class:`McpServers` is the node's: its ``mcp-servers`` task owns one
 :class:`McpConnection` per ``scope = "node"`` server (shared by every session)
@@ -317,7 +317,7 @@ class McpConnection:
         """List the server's tools, raw: one unusable tool must not fail the whole list.
 
         The SDK validates a ``tools/list`` answer as a whole (a single tool
-        whose schema is not an object schema fails it); PROTOCOL section 11
+        whose schema is not an object schema fails it); docs/protocol.md §11
         drops that tool only, so the answer is read as plain JSON here.
         """
         listed: list[Any] = []
@@ -585,7 +585,7 @@ class McpSessionTools(SessionTools):
 
     A server that never came up (a wrong command) has listed no tools, so a
     call of one of them would be ``unknown_tool``, which tells the model the
-    tool does not exist; PROTOCOL section 11 says a down server's calls fail
+    tool does not exist; docs/protocol.md §11 says a down server's calls fail
     ``error``, the reason the server is down in the message.
     """
 

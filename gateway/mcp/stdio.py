@@ -1,4 +1,4 @@
-"""MCP's stdio framing on the pipes of a tool process (PROTOCOL section 11).
+"""MCP's stdio framing on the pipes of a tool process (docs/protocol.md §11).
 
 The SDK's ``stdio_client`` spawns its server itself, with its own environment
 and no watchdog; the gateway's stdio servers are tool processes instead

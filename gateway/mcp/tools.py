@@ -1,4 +1,4 @@
-"""An MCP server's tools as gateway tools, and the result mapping of PROTOCOL section 11.
+"""An MCP server's tools as gateway tools, and the result mapping of docs/protocol.md §11.
 
 A server's tool ``T`` is the gateway tool ``mcp__<server>__T``, with the
 server's description and ``inputSchema``. The model is shown the schema as the
@@ -12,7 +12,7 @@ or its full name over 64 characters) is dropped with a warning
 :data:`MAX_TOOLS` of them and :data:`MAX_LIST_BYTES` in all, each
 description cut at :data:`MAX_DESCRIPTION_CHARS`.
 
-A result maps as PROTOCOL section 11 says: the text content, joined with
+A result maps as docs/protocol.md §11 says: the text content, joined with
 newlines, is the ``result``; ``structuredContent`` is the structured result;
 ``isError`` is a ``tool.failed`` (``error``) with the text. Content the model
 cannot read as text (an image, audio, a resource) becomes a one-line
@@ -199,7 +199,7 @@ def _without_regexes(cls: Any) -> Any:
 
 
 def elicitation_problem(message: str, schema: Any) -> str | None:
-    """Why a server's elicitation cannot be asked of a user, or None (PROTOCOL section 11).
+    """Why a server's elicitation cannot be asked of a user, or None (docs/protocol.md §11).
 
     The ``requestedSchema`` comes from the server and the answer from a
     client, and the answer is checked against the schema in the daemon's

@@ -1,4 +1,4 @@
-"""Attach tokens: single-use, bound to one session, with a TTL (PROTOCOL section 2).
+"""Attach tokens: single-use, bound to one session, with a TTL (docs/protocol.md §2).
 
 One interface, :class:`Tokens`, picked once at start-up: :class:`AttachTokens`
 in this process for a node alone on its store, :class:`RedisAttachTokens` in
@@ -64,7 +64,7 @@ class AttachTokens:
 
     A token is kept under its session and itself: a handshake on another
     session's path looks up another key and finds nothing, so it cannot use
-    up the token of the session it was issued for (PROTOCOL section 15).
+    up the token of the session it was issued for (docs/protocol.md §15).
     Time is Trio's clock, so the TTL is testable with ``MockClock``.
     """
 
@@ -116,7 +116,7 @@ class RedisAttachTokens:
     "unknown"; a token's age is read from Redis's own clock (``PTTL``), so the
     nodes' clocks need not agree. The key holds the session id, so a
     handshake on another session's path reads another key: it cannot use the
-    token up (PROTOCOL section 15; the same rule as :class:`AttachTokens`).
+    token up (docs/protocol.md §15; the same rule as :class:`AttachTokens`).
     """
 
     def __init__(self, redis_call: RedisCall, prefix: str, ttl_s: float) -> None:

@@ -1,6 +1,6 @@
 """Commit release: a batch that carries a catalog event goes out once it is durable.
 
-PROTOCOL section 9. A session *holds* such a batch (and every later batch of
+docs/protocol.md §9. A session *holds* such a batch (and every later batch of
 its family) until the store reports the commit of its put
 (:meth:`gateway.session.session.Session.emit`); :meth:`Durability.on_commit`
 releases what waited, in order. A request that must answer only once what it
@@ -69,7 +69,7 @@ class Durability:
         Raises:
             Refused: ``store_unavailable`` when the store does not commit in
                 time, and at once when it takes no more writes (its file was
-                deleted or replaced: PROTOCOL section 15).
+                deleted or replaced: docs/protocol.md §15).
         """
         store = self.store
         if store.refusing is not None:

@@ -4,9 +4,9 @@ Several nodes on one Redis: the node holding a session's lease runs it. A
 request for a session whose lease is free takes it here (:meth:`Failover.claim`),
 with its family (a session and its workers, from the root), reads the
 session afresh from the store (another node ran it until now), issues ids
-above every id the previous holder could have issued (PROTOCOL section 1),
+above every id the previous holder could have issued (docs/protocol.md §1),
 and closes the turns it left in flight, workers before their parents
-(PROTOCOL sections 8 and 9). A node that loses a lease stops running the
+(docs/protocol.md sections 8 and 9). A node that loses a lease stops running the
 session at once (:meth:`Failover.lease_lost`).
 """
 
@@ -80,7 +80,7 @@ class Failover:
     async def ids_above(self, taken: Taken) -> None:
         """Issue the next ids above every id the lease's previous holder could have issued.
 
-        (PROTOCOL section 1: a session's ids increase across a failover.)
+        (docs/protocol.md §1: a session's ids increase across a failover.)
         """
         sequencer = self.node.sequencer
         while sequencer.needs_block_above(taken.counter):
@@ -111,7 +111,7 @@ class Failover:
 
         ``taken``: the session's lease, if this node just took it (the session
         is read afresh from the store first: :meth:`took_over`). The leases of
-        its workers are taken too, where free (PROTOCOL sections 8 and 9: a
+        its workers are taken too, where free (docs/protocol.md sections 8 and 9: a
         delegate's worker is closed before its parent).
 
         Returns:
@@ -183,7 +183,7 @@ class Failover:
 
         Another node may hold it now (or will, once Redis answers again): the
         session's turn is stopped here without a further event (its new owner
-        closes it as interrupted, PROTOCOL section 9), and this node's clients
+        closes it as interrupted, docs/protocol.md §9), and this node's clients
         of its family are closed with ``relay_gap`` so that they resume against
         the owner. Writes this node had already queued are dropped by the
         store (its lease fences them), and its held batches go to no client.

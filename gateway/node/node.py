@@ -11,7 +11,7 @@ Task tree (a stack dump reads like this)::
     └── sessions              one child nursery per live session
         └── session <id>      Session.run: agent-loop <id>, translator <id>
 
-Several nodes on one Redis (RUNNING.md "Command line", docs/scale-out.md):
+Several nodes on one Redis (docs/reference.md "Command line", docs/scale-out.md):
 every request for a session may reach any node. The node holding the
 session's lease runs it; any other node keeps a *replica* of it for its own
 clients: their live events come from the owner over the cluster link (one
@@ -33,9 +33,9 @@ The node is the composition of its parts, each in a file of its own:
 The parts see the node as gateway.node.core.NodeCore, so none of them imports this module.
 
 Shared by all sessions: the config, the store, the node-wide event sequencer
-(PROTOCOL section 1), the provider, the tool registry, the attach tokens, the
+(docs/protocol.md §1), the provider, the tool registry, the attach tokens, the
 limits per API key (``gateway.server.auth``) and the metrics. Shutdown
-(RUNNING.md "Command line") goes in order: no new turns, in-flight turns
+(docs/reference.md "Command line") goes in order: no new turns, in-flight turns
 cancelled with ``reason: "shutdown"`` and given
 ``shutdown_grace_s`` to emit their sequences, sessions stopped, the store
 flushed and closed.
@@ -120,7 +120,7 @@ class Node:
     ) -> None:
         self.config = config
         self.store = store
-        # Each agent's provider (PROTOCOL section 11); one given alone serves every agent.
+        # Each agent's provider (docs/protocol.md §11); one given alone serves every agent.
         self.providers = provider if isinstance(provider, Providers) else Providers.single(provider)
         self.agents = Agents(config)  # ConfigError: a system_file that cannot be read
         self.tools = tools  # the built-in tools the daemon enabled; each agent has some of them
@@ -134,7 +134,7 @@ class Node:
         # In this process; in Redis once the placement is clustered (gateway.node.attach_tokens).
         self.tokens: Tokens = AttachTokens(config.stream.attach_token_ttl_s)
         self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.server.auth)
-        self.workspaces = Workspaces.from_config(config.sessions)  # PROTOCOL section 15
+        self.workspaces = Workspaces.from_config(config.sessions)  # docs/protocol.md §15
         # The tool processes of the daemon (the app shares its own); a bare node spawns without
         # a watchdog: its groups are still stopped with their sessions.
         self.processes = ToolProcesses(config.tools)
@@ -204,7 +204,7 @@ class Node:
         """Cancel in-flight turns with ``reason: "shutdown"`` and wait for their sequences.
 
         Returns once those sequences are durable, hence handed to the clients'
-        queues (PROTOCOL section 9): a close that follows comes after them.
+        queues (docs/protocol.md §9): a close that follows comes after them.
         Once per shutdown: the daemon drains before it closes the connections
         (gateway.server.app), and :meth:`run` then finds nothing left to drain.
         """
@@ -291,7 +291,7 @@ class Node:
         return pricing(self.config.model.prices, model)
 
     def tools_of(self, agent: str, session_id: str | None = None) -> SessionTools:
-        """The tools an agent's session sees now (PROTOCOL section 11).
+        """The tools an agent's session sees now (docs/protocol.md §11).
 
         The daemon's built-in tools and its MCP servers' (those of ``scope =
         "node"``, and the session's own of ``scope = "session"``), those the
@@ -382,7 +382,7 @@ class Node:
         await self.placement.watch(session, tell_owner=tell_owner)
 
     async def issue_token(self, session_id: str) -> str:
-        """A single-use attach token (PROTOCOL section 2), good on any node of the deployment."""
+        """A single-use attach token (docs/protocol.md §2), good on any node of the deployment."""
         return await self.tokens.issue_token(session_id)
 
     async def redeem_token(self, token: str | None, session_id: str) -> None:
@@ -428,7 +428,7 @@ class Node:
         await self.act(session, ops.RecordFeedback(message_id, rating, comment))  # type: ignore[arg-type]
 
     async def compact(self, session: Session) -> None:
-        """:meth:`Session.compact`, on the node that runs the session (PROTOCOL section 12)."""
+        """:meth:`Session.compact`, on the node that runs the session (docs/protocol.md §12)."""
         await self.act(session, ops.Compact())
 
     async def live_summary(self, session: Session) -> SessionSummary:

@@ -1,4 +1,4 @@
-"""What a model call cost: ``cost_usd`` from ``[model.prices]`` (PROTOCOL section 5)."""
+"""What a model call cost: ``cost_usd`` from ``[model.prices]`` (docs/protocol.md §5)."""
 
 from __future__ import annotations
 

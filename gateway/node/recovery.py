@@ -1,4 +1,4 @@
-"""Crash recovery: closing the turns a dead node left in flight (PROTOCOL section 9).
+"""Crash recovery: closing the turns a dead node left in flight (docs/protocol.md §9).
 
 At start-up, and on Redis every half ``lease_s`` (the ``recovery`` task), the
 store's open turns are closed, family by family from the root, workers
@@ -70,7 +70,7 @@ async def keep_recovering(node: NodeCore) -> None:
     """The ``recovery`` task (Redis): close the turns of nodes that died since.
 
     Every half lease time: a dead node's turn is closed at most 1.5 x
-    ``lease_s`` after its last renewal (README "Running several nodes").
+    ``lease_s`` after its last renewal (docs/operating.md "Running several nodes").
     """
     while True:
         await trio.sleep(node.config.store.lease_s / 2)

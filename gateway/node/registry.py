@@ -1,7 +1,7 @@
 """The session registry: the sessions live on this node, created or loaded on first use.
 
 A stored session is loaded the first time a request names it (its family
-with it: a parent's stream carries its workers' events, PROTOCOL section 5);
+with it: a parent's stream carries its workers' events, docs/protocol.md §5);
 two requests for one session load it once. A new session (``POST /sessions``,
 or a ``delegate`` worker) is checked, stored and started here. Each session
 runs in its own child of the ``sessions`` nursery (gateway.node.node).
@@ -85,10 +85,10 @@ class Registry:
         """Create and start a session (``POST /sessions``, or a ``delegate`` worker).
 
         Args:
-            owner: the id of the API key that creates it (PROTOCOL section 2), ``""``
+            owner: the id of the API key that creates it (docs/protocol.md §2), ``""``
                 without keys. A worker belongs to its parent's owner and counts
                 against that owner's ``max_sessions_per_key`` like any session
-                (PROTOCOL section 15: a turn cannot make sessions its key could not;
+                (docs/protocol.md §15: a turn cannot make sessions its key could not;
                 the ``delegate`` tool turns the 429 into ``tool.failed`` ``limit``).
             session_id: the id to give it (an AG-UI ``threadId`` the caller
                 checked is unknown: gateway.agui); a fresh ``sess_`` id if None.
@@ -133,7 +133,7 @@ class Registry:
         await self.start(session)
         with contextlib.suppress(StoreError):  # new: no id of it anywhere, so no id jump
             await node.leases.take(record.id)
-        await node.durable_or_503()  # PROTOCOL section 9: durable when POST /sessions answers
+        await node.durable_or_503()  # docs/protocol.md §9: durable when POST /sessions answers
         event(
             log, logging.INFO, "session_created", f"session {record.id} created",
             session_id=record.id, parent_session_id=record.parent_session_id,
@@ -179,7 +179,7 @@ class Registry:
             log, logging.INFO, "session_loaded", f"session {session_id} loaded from the store",
             session_id=session_id, messages=len(session.messages),
         )  # fmt: skip
-        # A parent's stream carries its workers' events (PROTOCOL section 5):
+        # A parent's stream carries its workers' events (docs/protocol.md §5):
         # they are loaded with it. One being loaded already joins by itself.
         for worker_id in await store.worker_ids(session_id):
             if worker_id not in self.sessions and worker_id not in self._loading:
@@ -195,7 +195,7 @@ class Registry:
 async def _workspace(
     workspaces: Workspaces, session_id: str, owner: str, workspace_path: str | None
 ) -> str:
-    """The workspace of a new session, made now; what its record holds (PROTOCOL section 15).
+    """The workspace of a new session, made now; what its record holds (docs/protocol.md §15).
 
     No ``workspace_path``: a fresh directory of its own, named after the
     session. Else a relative name under ``[sessions] workspace_root``, or an

@@ -1,1 +1,1 @@
-"""The wire contract, sans-IO: shapes, events, frames and filters (PROTOCOL.md)."""
+"""The wire contract, sans-IO: shapes, events, frames and filters (docs/protocol.md)."""

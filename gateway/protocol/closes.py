@@ -1,4 +1,4 @@
-"""The close policy: every way the gateway closes a stream, in one table (PROTOCOL section 3).
+"""The close policy: every way the gateway closes a stream, in one table (docs/protocol.md §3).
 
 Each close has a name (the ``code`` of the JSON close reason), and the table
 says everything about it that any part of the gateway or of a client needs::

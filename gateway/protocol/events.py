@@ -1,4 +1,4 @@
-"""The event envelope and every event type (PROTOCOL sections 4 and 5).
+"""The event envelope and every event type (docs/protocol.md sections 4 and 5).
 
 One table, :data:`EVENT_TYPES`, says for each type its payload struct, the
 actor that emits it, and whether it is a persisted catalog event or a
@@ -26,7 +26,7 @@ ACTORS: tuple[str, ...] = ("user", "router", "llm", "tool", "session", "bus")
 LlmErrorClass = Literal[
     "cancelled", "overloaded", "rate_limited", "api_error", "network", "timeout", "invalid_request"
 ]
-# "limit": refused without running, past a limit of PROTOCOL section 15 (RUNNING.md [limits]).
+# "limit": refused unrun, past a limit of docs/protocol.md §15 (docs/reference.md [limits]).
 ToolErrorClass = Literal[
     "cancelled", "error", "timeout", "permission_denied", "unknown_tool", "invalid_input", "limit"
 ]
@@ -93,7 +93,7 @@ class ToolFailed(Payload, omit_defaults=True):
 
 
 class PermissionRequested(Payload, omit_defaults=True):
-    """A tool waiting for approval, or an MCP server's elicitation (PROTOCOL sections 5, 11).
+    """A tool waiting for approval, or an MCP server's elicitation (docs/protocol.md §5, §11).
 
     ``kind`` is always sent; ``message`` and ``requested_schema`` only with an
     elicitation.
@@ -121,7 +121,7 @@ CompactionTrigger = Literal["auto", "manual", "overflow"]
 
 
 class ContextCompacting(Payload):
-    """A compaction begins (PROTOCOL section 12)."""
+    """A compaction begins (docs/protocol.md §12)."""
 
     trigger: CompactionTrigger
     pre_tokens: int
@@ -253,7 +253,7 @@ class ToolUseEnd(Payload):
     message_id: str
     content_block_index: int
     tool_use_id: str
-    tool_name: str  # PROTOCOL section 5: a client that joined mid-block still learns the tool
+    tool_name: str  # docs/protocol.md §5: a client that joined mid-block still learns the tool
     final_input: dict[str, Any]
 
 
@@ -278,7 +278,7 @@ class EventSpec:
 
 
 EVENT_TYPES: dict[str, EventSpec] = {
-    # catalog, PROTOCOL section 5
+    # catalog, docs/protocol.md §5
     "turn.started": EventSpec(TurnStarted, "user", True),
     "route.decided": EventSpec(RouteDecided, "router", True),
     "llm.call_started": EventSpec(LlmCallStarted, "llm", True),
@@ -322,7 +322,7 @@ P = TypeVar("P")
 
 
 class Envelope(msgspec.Struct, Generic[P]):
-    """The envelope of PROTOCOL section 4, over a payload of type ``P``.
+    """The envelope of docs/protocol.md §4, over a payload of type ``P``.
 
     Its fields are declared here only: :class:`Event` is the envelope the
     gateway emits, stores and sends, and the client's codec decodes

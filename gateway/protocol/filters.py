@@ -1,4 +1,4 @@
-"""Subscription filters and presets (PROTOCOL sections 3 and 5).
+"""Subscription filters and presets (docs/protocol.md sections 3 and 5).
 
 A client's filter is validated strictly (an unknown type or actor is a
 ``subscribe_error: invalid_filter`` naming it), presets are expanded, and the
@@ -19,7 +19,7 @@ from gateway.protocol.events import ACTORS, CATALOG_TYPES, EVENT_TYPES, STREAMIN
 
 
 class Filter(msgspec.Struct, forbid_unknown_fields=True):
-    """``Filter`` of PROTOCOL section 3. ``null`` lists mean "all"."""
+    """``Filter`` of docs/protocol.md §3. ``null`` lists mean "all"."""
 
     event_types: list[str] | None = None
     actors: list[str] | None = None
@@ -29,7 +29,7 @@ class Filter(msgspec.Struct, forbid_unknown_fields=True):
 def _chat_types() -> list[str]:
     """``preset:chat``: streaming-only types, ``tool.*``, ``permission.*``,
     ``route.decided``, ``turn.*``, ``llm.call_failed``, ``feedback.recorded``,
-    ``delegate.*`` (PROTOCOL section 5)."""
+    ``delegate.*`` (docs/protocol.md §5)."""
     prefixes = ("tool.", "permission.", "turn.", "delegate.")
     singles = {"route.decided", "llm.call_failed", "feedback.recorded"}
     return [
@@ -58,7 +58,7 @@ R = TypeVar("R", bound=Routable)
 
 TO_ANCESTORS = frozenset({"permission.requested", "permission.resolved"})
 """A worker's events that reach every ancestor's stream whatever ``include_worker_sessions``
-says (PROTOCOL section 5): someone has to answer them. The filter's types and actors
+says (docs/protocol.md §5): someone has to answer them. The filter's types and actors
 still apply."""
 
 

@@ -1,4 +1,4 @@
-"""Frames that fit: a snapshot under ``[stream] snapshot_max_bytes`` (PROTOCOL section 15).
+"""Frames that fit: a snapshot under ``[stream] snapshot_max_bytes`` (docs/protocol.md §15).
 
 Sans-IO: messages in, encoded frame out. A session's history grows without
 bound, but a client refuses a frame over its own limit (close 1009), so a
@@ -107,7 +107,7 @@ def fit_snapshot(
 
 
 EVENT_FRAME_OVERHEAD = len(b'{"type":"event","event":}')
-"""What the ``event`` frame (PROTOCOL section 3) adds around an event's JSON."""
+"""What the ``event`` frame (docs/protocol.md §3) adds around an event's JSON."""
 
 
 def fit_message_snapshot(event: Event, max_bytes: int) -> bytes:

@@ -1,4 +1,4 @@
-"""WebSocket frames, both directions, and the close codes (PROTOCOL section 3).
+"""WebSocket frames, both directions, and the close codes (docs/protocol.md §3).
 
 Client frames are decoded in two steps so that the error names the problem:
 a frame that is not a JSON object with a string ``type`` is ``invalid_frame``;
@@ -49,7 +49,7 @@ class SubscribeAck(msgspec.Struct, tag="subscribe_ack", tag_field="type"):
     since: str | None
     snapshot: bool
     replay_event_count: int
-    # PROTOCOL section 4: 1; it changes only with a change that could break a client.
+    # docs/protocol.md §4: 1; it changes only with a change that could break a client.
     protocol_version: int = PROTOCOL_VERSION
 
 
@@ -69,7 +69,7 @@ class Snapshot(msgspec.Struct, tag="snapshot", tag_field="type"):
     snapshot_at_event_id: str | None
     # True when the session has messages older than the first one sent, left
     # out by ``snapshot_messages`` or by ``snapshot_max_bytes`` alike: page
-    # them with ``GET .../messages?before=<messages[0].id>`` (PROTOCOL section 15).
+    # them with ``GET .../messages?before=<messages[0].id>`` (docs/protocol.md §15).
     has_more: bool = False
 
 
@@ -122,7 +122,7 @@ def decode_client_frame(data: bytes | str) -> ClientFrame:
             decode, not an object with a string ``type``, or a known frame
             failing its schema, unknown fields included; the message names the
             field) or ``unknown_frame_type``. Never anything else, whatever
-            ``data`` is (PROTOCOL section 3: the socket stays open).
+            ``data`` is (docs/protocol.md §3: the socket stays open).
     """
     try:
         kind = _type_decoder.decode(data).type

@@ -1,4 +1,4 @@
-"""WebSocket text frames, built once and shared by every client (PROTOCOL section 3).
+"""WebSocket text frames, built once and shared by every client (docs/protocol.md §3).
 
 The gateway frames each event once, at emission, and every connection writes
 those same bytes: the fan-out never frames per client. This is the sans-IO
@@ -22,7 +22,7 @@ def text_frame(payload: bytes) -> bytes:
     Built once per event and shared by every connection (no per-client framing).
 
     Args:
-        payload: UTF-8 text, typically one JSON server frame (PROTOCOL section 3).
+        payload: UTF-8 text, typically one JSON server frame (docs/protocol.md §3).
 
     Returns:
         FIN + opcode 1, the 7, 16 or 64-bit length, then ``payload``.

@@ -1,4 +1,4 @@
-"""The HTTP bodies of PROTOCOL section 2, declared once for the server and the client.
+"""The HTTP bodies of docs/protocol.md §2, declared once for the server and the client.
 
 Requests refuse unknown fields (422 ``invalid_body`` names the field); answers
 are what the routes encode and what :mod:`gateway.client.api` decodes, and
@@ -23,7 +23,7 @@ from gateway.protocol.shapes import (
 class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
     workspace_path: str | None = None
     model: str | None = None
-    agent: str | None = None  # PROTOCOL section 11; None: the default agent
+    agent: str | None = None  # docs/protocol.md §11; None: the default agent
     metadata: dict[str, Any] | None = None
 
 
@@ -37,7 +37,7 @@ class SessionCreated(msgspec.Struct):
 
 
 class AgentListing(msgspec.Struct):
-    """One agent of ``GET /agents`` (PROTOCOL sections 2, 11): never its system prompt."""
+    """One agent of ``GET /agents`` (docs/protocol.md sections 2, 11): never its system prompt."""
 
     name: str
     runtime: str
@@ -75,7 +75,7 @@ class SessionAttach(msgspec.Struct):
     attach_token: str
     ws_url: str
     agent: str = "default"
-    protocol_version: int = PROTOCOL_VERSION  # PROTOCOL section 4
+    protocol_version: int = PROTOCOL_VERSION  # docs/protocol.md §4
 
 
 class MessagePage(msgspec.Struct):
@@ -98,7 +98,7 @@ class CancelTurn(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Compact(msgspec.Struct, forbid_unknown_fields=True):
-    """``POST /sessions/{id}/compact``: ``{}`` (PROTOCOL section 12); no field yet."""
+    """``POST /sessions/{id}/compact``: ``{}`` (docs/protocol.md §12); no field yet."""
 
 
 class CancelAccepted(msgspec.Struct):
@@ -108,7 +108,7 @@ class CancelAccepted(msgspec.Struct):
 
 class PermissionDecision(msgspec.Struct, forbid_unknown_fields=True):
     decision: Literal["allow", "deny"]
-    content: dict[str, Any] | None = None  # an elicitation's answer (PROTOCOL sections 2, 11)
+    content: dict[str, Any] | None = None  # an elicitation's answer (docs/protocol.md §2, §11)
 
 
 class Feedback(msgspec.Struct, forbid_unknown_fields=True):
@@ -129,7 +129,7 @@ class Ready(msgspec.Struct):
     """``GET /readyz`` while the gateway accepts work.
 
     Else 503: ``draining`` once shutdown began, ``store_unavailable`` while
-    commits fail (PROTOCOL section 15).
+    commits fail (docs/protocol.md §15).
     """
 
     status: str = "ready"

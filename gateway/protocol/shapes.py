@@ -1,4 +1,4 @@
-"""The data shapes of PROTOCOL section 6: content blocks, messages, usage, sessions.
+"""The data shapes of docs/protocol.md §6: content blocks, messages, usage, sessions.
 
 Each shape is declared once, as a ``msgspec.Struct``; the encoders and decoders
 built from them are the only way these objects reach the wire. Optional fields
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-# ``truncated`` (PROTOCOL section 15, "Snapshots that fit"): set only on a block
+# ``truncated`` (docs/protocol.md §15, "Snapshots that fit"): set only on a block
 # that a snapshot frame or a ``message.snapshot`` had to cut to stay under
 # ``[stream] snapshot_max_bytes``; the whole message is ``GET
 # /sessions/{id}/messages/{message_id}``. Unset (left out of the JSON) everywhere
@@ -22,7 +22,7 @@ import msgspec
 Truncated = bool | msgspec.UnsetType
 
 PROTOCOL_VERSION = 1
-"""The contract's version (PROTOCOL section 4), in ``subscribe_ack`` and ``GET /sessions/{id}``:
+"""The contract's version (docs/protocol.md §4), in ``subscribe_ack`` and ``GET /sessions/{id}``:
 it changes only with a change that could break a client written against it."""
 
 
@@ -62,7 +62,7 @@ class ToolResultBlock(msgspec.Struct, tag="tool_result", tag_field="type"):
 
 
 class CompactionBlock(msgspec.Struct, tag="compaction", tag_field="type"):
-    """What a ``context`` message holds (PROTOCOL section 12): the summary of older messages.
+    """What a ``context`` message holds (docs/protocol.md §12): the summary of older messages.
 
     ``replaces`` names the messages it stands for in the model's view; they stay
     in the store and in every client's view. ``summary`` is "" when the
@@ -96,7 +96,7 @@ def _zero() -> int:
 
 
 class Usage(msgspec.Struct, omit_defaults=True):
-    """Token usage of one LLM call or of a whole turn (PROTOCOL section 6).
+    """Token usage of one LLM call or of a whole turn (docs/protocol.md §6).
 
     ``input_tokens`` and ``output_tokens`` are always encoded, zeros included
     (section 6): their default comes from a factory, and ``omit_defaults``
@@ -130,7 +130,7 @@ class Usage(msgspec.Struct, omit_defaults=True):
 
 
 class Message(msgspec.Struct, omit_defaults=True):
-    """One user or assistant message of a session (PROTOCOL section 6)."""
+    """One user or assistant message of a session (docs/protocol.md §6)."""
 
     id: str
     session_id: str
@@ -143,7 +143,7 @@ class Message(msgspec.Struct, omit_defaults=True):
     usage: Usage | None = None
     # Only on an ``in_progress`` message (snapshot, ``message.snapshot``): the
     # position of the block still streaming, or null; every other block has
-    # ended (PROTOCOL section 6). Left out of every other message.
+    # ended (docs/protocol.md §6). Left out of every other message.
     open_block_index: int | msgspec.UnsetType | None = msgspec.UNSET
 
 
@@ -151,7 +151,7 @@ PermissionKind = Literal["tool", "elicitation"]
 
 
 class PendingPermission(msgspec.Struct, omit_defaults=True):
-    """A request waiting for ``allow``/``deny``, as a snapshot shows it (PROTOCOL section 6).
+    """A request waiting for ``allow``/``deny``, as a snapshot shows it (docs/protocol.md §6).
 
     ``session_id`` is the session that asked: the snapshot's own, or one of its
     workers'. An elicitation (section 11) adds the server's ``message`` and
@@ -172,7 +172,7 @@ class PendingPermission(msgspec.Struct, omit_defaults=True):
 
 
 ToolSource = str
-"""``"builtin"``, ``"mcp:<server>"`` or ``"claude-code"`` (PROTOCOL section 6, ToolInfo)."""
+"""``"builtin"``, ``"mcp:<server>"`` or ``"claude-code"`` (docs/protocol.md §6, ToolInfo)."""
 
 
 class ToolInfo(msgspec.Struct):
@@ -186,7 +186,7 @@ class ToolInfo(msgspec.Struct):
 
 
 class SessionSummary(msgspec.Struct):
-    """The ``session`` of a ``snapshot`` frame (PROTOCOL section 6)."""
+    """The ``session`` of a ``snapshot`` frame (docs/protocol.md §6)."""
 
     id: str
     workspace_path: str
@@ -198,5 +198,5 @@ class SessionSummary(msgspec.Struct):
     current_turn_status: Literal["in_flight"] | None
     parent_session_id: str | None
     pending_permissions: list[PendingPermission] = msgspec.field(default_factory=list)
-    agent: str = "default"  # PROTOCOL section 11
+    agent: str = "default"  # docs/protocol.md §11
     tools: list[ToolInfo] = msgspec.field(default_factory=list)  # the agent's, as GET /agents

@@ -4,8 +4,8 @@ One call is ``AsyncAnthropic.messages.create(stream=True)``: the SDK's raw
 stream events, one per SSE event, each converted field for field into a
 :mod:`raw event <gateway.providers.raw>` (``msgspec.convert(event.model_dump(),
 RawEvent)``), so the same translator as the scripted model's turns them into
-canonical events (PROTOCOL section 5). The message id is the API's own
-(``message_start.message.id``, PROTOCOL section 1). The SDK's HTTP client runs
+canonical events (docs/protocol.md §5). The message id is the API's own
+(``message_start.message.id``, docs/protocol.md §1). The SDK's HTTP client runs
 on AnyIO, which runs on Trio.
 
 Each call sends the conversation rebuilt from the message store
@@ -15,7 +15,7 @@ uses and their tool results (``is_error`` kept). Tool definitions are the
 registry's (``ModelRequest.tools``); ``thinking_budget_tokens`` > 0 turns on
 extended thinking.
 
-Failures (PROTOCOL section 5, ``llm.call_failed.error_class``):
+Failures (docs/protocol.md §5, ``llm.call_failed.error_class``):
 
 - Before the stream starts, the SDK retries what its policy retries (429,
   5xx and 529, connection errors) up to ``max_retries`` times, honouring
@@ -27,7 +27,7 @@ Failures (PROTOCOL section 5, ``llm.call_failed.error_class``):
 - A 400 ``invalid_request_error`` whose message says "prompt is too long" (the
   input is longer than the model's context) is ``invalid_request`` with
   ``context_overflow`` set: the agent loop compacts and retries the call
-  once (PROTOCOL section 12).
+  once (docs/protocol.md §12).
 - Once the response has begun, nothing is retried. An ``error`` event in the
   stream (which the SDK raises as ``APIStatusError``) is passed on as the
   ``RawError`` it was, for the translator to close the open blocks; a

@@ -35,7 +35,7 @@ class ModelRequest(msgspec.Struct):
     """One LLM call: the model, the conversation as the model sees it, the tools.
 
     ``system``, ``temperature`` and ``thinking_budget_tokens`` are the session's
-    agent's (PROTOCOL section 11): the system prompt goes to the model on every
+    agent's (docs/protocol.md §11): the system prompt goes to the model on every
     call; a thinking budget > 0 is Anthropic's extended thinking with that
     budget, and an OpenAI-compatible server's ``reasoning_effort``.
     """
@@ -50,7 +50,7 @@ class ModelRequest(msgspec.Struct):
 
 
 class Provider(Protocol):
-    """A model provider (``[model] provider`` in RUNNING.md)."""
+    """A model provider (``[model] provider`` in docs/reference.md)."""
 
     name: str
 

@@ -1,6 +1,6 @@
-"""How a model call that failed with an HTTP status is classed (PROTOCOL sections 5 and 7).
+"""How a model call that failed with an HTTP status is classed (docs/protocol.md sections 5 and 7).
 
-PROTOCOL section 5 lists the classes of ``llm.call_failed.error_class``, and
+docs/protocol.md §5 lists the classes of ``llm.call_failed.error_class``, and
 section 7 says a provider's failure is an ``llm.call_failed`` event with its
 class. A body's own error type says it best (the Anthropic provider reads it
 by :data:`~gateway.providers.raw.ERROR_CLASSES`); where it says nothing the

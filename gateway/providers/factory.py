@@ -1,4 +1,4 @@
-"""Each agent's provider, built once at start-up (PROTOCOL section 11).
+"""Each agent's provider, built once at start-up (docs/protocol.md §11).
 
 An agent's ``model`` is ``<provider>:<model>``; the part after the colon is
 what the API is sent. Agents whose provider and ``base_url`` agree share one
@@ -6,7 +6,7 @@ provider (one HTTP client, one connection pool). ``[model] provider`` names
 the default agent's provider, and its ``name`` must be one of that provider's.
 
 Everything that would make every call fail is caught here, before the daemon
-listens, as one :class:`~gateway.errors.ConfigError` line (RUNNING.md "Command
+listens, as one :class:`~gateway.errors.ConfigError` line (docs/reference.md "Command
 line": a bad config is one clear line and exit status 2, nothing started):
 
 - ``anthropic`` needs ``ANTHROPIC_API_KEY``; ``openai`` takes

@@ -1,6 +1,6 @@
 """The conversation a model is sent, rebuilt from the message store for every call.
 
-The session keeps every message as it happened (PROTOCOL section 6): a cancelled
+The session keeps every message as it happened (docs/protocol.md §6): a cancelled
 assistant message with half a text block, a thinking block cut off before its
 signature, tool uses that never ran. A model API refuses most of that, so each
 call rebuilds the conversation with :func:`rebuild`, which both providers share
@@ -28,7 +28,7 @@ message store):
    results come first, as the API requires, in the order of their tool uses
    (tools finish in any order; the request is the same whatever it was).
    Pairs are matched within those two messages only, one result per use, in
-   order: an id met again (PROTOCOL section 1 wants tool use ids unique, but
+   order: an id met again (docs/protocol.md §1 wants tool use ids unique, but
    OpenAI-compatible servers that repeat theirs were passed through before
    the gateway gave them ids of its own, and their sessions are stored so)
    pairs with its own result, and is sent renamed, ``<id>_2``, ``<id>_3``...,
@@ -42,7 +42,7 @@ message store):
    section 6 keeps it for clients): no model API knows that field
    (Anthropic's ``tool_result`` would refuse it as an unknown key), and the
    model already has the result's text.
-7. A ``context`` message (PROTOCOL section 12) is read by the model as a user
+7. A ``context`` message (docs/protocol.md §12) is read by the model as a user
    message: :data:`SUMMARY_PREFIX` and its summary, one text block; a
    truncation's (no summary) says nothing and is dropped. Its neighbours
    merge with it by rule 3: the user message after it becomes one user

@@ -10,7 +10,7 @@ between ``<think>`` and ``</think>`` is thinking, never text: see
 stopped; a last chunk carries ``usage``; ``data: [DONE]`` ends the stream.
 :class:`ChunkAdapter` turns these into the Anthropic-shaped :mod:`raw events
 <gateway.providers.raw>` the one translator takes, with block indices as
-PROTOCOL section 5 requires: contiguous from 0, one block open at a time, so
+docs/protocol.md §5 requires: contiguous from 0, one block open at a time, so
 a switch from reasoning to text to a tool call closes the previous block.
 httpx sends the request and httpx-sse parses the stream.
 
@@ -27,7 +27,7 @@ Where the contract and the servers are silent:
   above sends it there). Fragments of a tool call that resume after another
   block began (interleaved parallel calls) cannot be one block at a time, and
   fail the call with ``api_error``.
-- Tool use ids are the gateway's own (``tu_...``, PROTOCOL section 1: "unique
+- Tool use ids are the gateway's own (``tu_...``, docs/protocol.md §1: "unique
   within the gateway"): the servers' are not (some number their calls
   ``call_0``, ``call_1`` in every response, some send none, Ollama's are
   short). The call's ``index`` says which block a fragment belongs to, so a
@@ -56,7 +56,7 @@ Where the contract and the servers are silent:
   ``code: context_length_exceeded``, llama.cpp's ``exceed_context_size_error``,
   vLLM's "maximum context length" message) is an ``invalid_request``
   ``ProviderError`` with ``context_overflow`` set: the agent loop compacts
-  and retries (PROTOCOL section 12).
+  and retries (docs/protocol.md §12).
 - A tool result with ``is_error`` is sent as ``Error: `` + its content: the
   ``tool`` role has no error flag.
 """
@@ -538,7 +538,7 @@ def chat_body(request: ModelRequest) -> dict[str, Any]:
 
 
 def reasoning_effort(budget_tokens: int) -> str:
-    """A thinking budget in the effort levels of servers that have them (PROTOCOL section 11).
+    """A thinking budget in the effort levels of servers that have them (docs/protocol.md §11).
 
     Chat Completions has no token budget, only ``reasoning_effort``; the budget
     picks the level whose usual spend it is nearest: under 4k tokens ``low``,

@@ -158,7 +158,7 @@ def error_event(error_type: str, message: str) -> RawError:
     return RawError(RawErrorBody(error_type, message))
 
 
-# Anthropic error type -> llm.call_failed.error_class (PROTOCOL section 5)
+# Anthropic error type -> llm.call_failed.error_class (docs/protocol.md §5)
 ERROR_CLASSES: dict[str, str] = {
     "overloaded_error": "overloaded",
     "rate_limit_error": "rate_limited",

@@ -1,4 +1,4 @@
-"""The scripted model (RUNNING.md "The scripted model").
+"""The scripted model (docs/reference.md "The scripted model").
 
 A real provider that needs no network and no key: the demo, the bench harness
 and the tests drive the gateway with it. It yields raw events exactly as the
@@ -18,7 +18,7 @@ after that one, so each LLM call of a turn plays the next round.
   ``ProviderError("invalid_request", "invalid script: ...")`` naming the field,
   before any event.
 
-Where RUNNING.md is silent:
+Where docs/reference.md is silent:
 
 - A round past the last one is an empty message (no block, ``end_turn``).
 - ``delay_ms`` is slept before every delta, the first one included; with 0 the
@@ -40,7 +40,7 @@ Where RUNNING.md is silent:
   together (more is ``invalid_request`` naming the field): the whole message
   is kept, and sent in ``message.complete``. A script nested too deeply to
   decode is ``invalid_request`` too.
-- A summary request (PROTOCOL section 12: its system prompt begins with
+- A summary request (docs/protocol.md §12: its system prompt begins with
   :data:`~gateway.providers.history.SUMMARY_MARKER`) is answered, in one
   text block, with ``Summary of N messages: `` and the first
   :data:`SUMMARY_WORDS` words of each rendered message, ``; `` between two:
@@ -170,7 +170,7 @@ class ScriptFail(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Script(msgspec.Struct, forbid_unknown_fields=True):
-    """What the model says, round by round (RUNNING.md "The scripted model")."""
+    """What the model says, round by round (docs/reference.md "The scripted model")."""
 
     rounds: list[list[ScriptBlock]]
     delay_ms: Annotated[float, msgspec.Meta(ge=0)] = 0

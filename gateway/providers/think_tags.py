@@ -1,4 +1,4 @@
-"""Reasoning written inline between ``<think>`` and ``</think>`` (PROTOCOL section 6).
+"""Reasoning written inline between ``<think>`` and ``</think>`` (docs/protocol.md §6).
 
 ``<thinking>`` and ``</thinking>`` count the same way (section 6 names both).
 

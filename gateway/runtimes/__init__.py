@@ -1,4 +1,4 @@
-"""Runtimes other than the gateway's own agent loop (PROTOCOL section 11).
+"""Runtimes other than the gateway's own agent loop (docs/protocol.md §11).
 
 The agent loop asks :func:`factory` which runtime runs an agent's turns and
 names none itself: a runtime sees the loop only as a

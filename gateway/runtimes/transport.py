@@ -1,4 +1,4 @@
-"""The Claude Code CLI as a tool process: the SDK's transport, on Trio (PROTOCOL section 15).
+"""The Claude Code CLI as a tool process: the SDK's transport, on Trio (docs/protocol.md §15).
 
 The Claude Agent SDK starts the CLI itself (``anyio.open_process``) with the
 daemon's whole environment, in the daemon's process group, and never tells

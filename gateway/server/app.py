@@ -1,4 +1,4 @@
-"""The daemon: one listener, the node, and graceful shutdown (RUNNING.md "Command line").
+"""The daemon: one listener, the node, and graceful shutdown (docs/reference.md "Command line").
 
 Task tree::
 
@@ -28,7 +28,7 @@ Logging is set up once, here (:func:`serve`), from ``[log]`` (gateway.logs).
 SIGHUP re-reads ``[auth] api_keys_file`` (gateway.server.auth): keys added
 are accepted and keys removed refused from the next request on; a file that
 became unreadable keeps the keys loaded before and logs an error. It also
-re-reads every agent's ``system_file`` (gateway.agents, PROTOCOL section 11): the
+re-reads every agent's ``system_file`` (gateway.agents, docs/protocol.md §11): the
 next model call of every session of that agent sends the new prompt.
 """
 
@@ -69,7 +69,7 @@ class Gateway:
         self.config = config
         workspaces = Workspaces.from_config(config.sessions)
         try:
-            workspaces.ensure_root()  # at start-up, once (PROTOCOL section 15)
+            workspaces.ensure_root()  # at start-up, once (docs/protocol.md §15)
         except OSError as exc:
             raise StartupError(
                 f"[sessions] workspace_root {workspaces.root!r} cannot be made: {exc.strerror}"

@@ -1,11 +1,11 @@
 """Who may connect: the boundary, API keys, the owner of a session, the limits per key.
 
-The boundary (PROTOCOL section 15, :class:`Boundary`): which ``Host`` names
+The boundary (docs/protocol.md §15, :class:`Boundary`): which ``Host`` names
 the gateway answers (421 otherwise: DNS rebinding) and which ``Origin`` may
 send it requests (403 otherwise: cross-site requests), with the CORS answers
 for the origins listed in ``[auth] allowed_origins``.
 
-The rest is PROTOCOL section 2:
+The rest is docs/protocol.md §2:
 
 Where API keys are configured, every HTTP route but ``/healthz`` needs
 ``Authorization: Bearer KEY``, and "a session belongs to the key that created
@@ -29,7 +29,7 @@ it: to any other key it does not exist (404 on every route of it, absent from
   ``rate_limited`` with ``Retry-After``). Without keys every client is the one
   tenant :data:`NO_OWNER`, and the per-key limits apply to it as a whole.
   A ``delegate`` worker's session and its turn count against its owner's
-  limits like a client's (PROTOCOL section 15); over them the tool fails
+  limits like a client's (docs/protocol.md §15); over them the tool fails
   ``limit`` instead of a 429 (:meth:`gateway.session.session.Session.spawn_worker`).
   The limits of one turn and of a session's size are the session's own
   (:mod:`gateway.session.agent`, :mod:`gateway.session.session`).
@@ -58,7 +58,7 @@ log = logging.getLogger("gateway.auth")
 
 
 def _event(logger: logging.Logger, level: int, name: str, message: str, **fields: object) -> None:
-    """Log the event ``name`` with its fields, as gateway.logs formats them (README "Logs")."""
+    """Log the event ``name`` with its fields, as gateway.logs formats them (docs/operating.md)."""
     logger.log(level, message, extra={"event": name, "fields": fields})
 
 
@@ -77,12 +77,12 @@ def key_id(key: str) -> str:
 def sees(caller: str | None, owner: str) -> bool:
     """Whether a caller (a key id, or ``None`` where no keys are configured) sees a session.
 
-    PROTOCOL section 2: a session of another key does not exist for the caller.
+    docs/protocol.md §2: a session of another key does not exist for the caller.
     """
     return caller is None or owner in (NO_OWNER, caller)
 
 
-# --- the boundary: Host and Origin (PROTOCOL section 15) --------------------------
+# --- the boundary: Host and Origin (docs/protocol.md §15) --------------------------
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 """The names a loopback-bound gateway answers by default (``[server] allowed_hosts`` empty)."""
@@ -166,7 +166,7 @@ def canonical_origin(value: str) -> str | None:
 
 
 class Boundary:
-    """The ``Host`` names and the ``Origin``\\ s the gateway answers (PROTOCOL section 15).
+    """The ``Host`` names and the ``Origin``\\ s the gateway answers (docs/protocol.md §15).
 
     **Host** (DNS rebinding: a page of ``evil.example`` whose name is made to
     resolve to 127.0.0.1 reaches the gateway as a same-origin page, but its
@@ -234,7 +234,7 @@ class Boundary:
                 421,
                 "misdirected_request",
                 f"{shown} is not a name this gateway answers"
-                " ([server] allowed_hosts; PROTOCOL section 15)",
+                " ([server] allowed_hosts; docs/protocol.md §15)",
             )
 
     def check_origin(self, origin: str | None, scheme: str, host: str | None) -> str | None:
@@ -255,7 +255,7 @@ class Boundary:
         raise ApiError(
             403,
             "origin_not_allowed",
-            f"Origin {origin[:100]!r} is not allowed ([auth] allowed_origins; PROTOCOL section 15)",
+            f"Origin {origin[:100]!r} is not allowed ([auth] allowed_origins)",
         )
 
     @staticmethod
@@ -353,7 +353,7 @@ class ApiKeys:
 
     Raises:
         StartupError: the keys file cannot be read or holds a bad line (one line,
-            RUNNING.md "Command line": any other start-up failure).
+            docs/reference.md "Command line": any other start-up failure).
     """
 
     def __init__(self, config: AuthConfig) -> None:
@@ -453,7 +453,7 @@ class ApiKeys:
 
 
 class Limits:
-    """The ``[limits]`` of RUNNING.md, counted in memory (0 = no limit).
+    """The ``[limits]`` of docs/reference.md, counted in memory (0 = no limit).
 
     Every check is synchronous and counts in the same step, so two callers
     racing for the last slot cannot both get it.

@@ -1,4 +1,4 @@
-"""One client's WebSocket on a session stream (PROTOCOL section 3).
+"""One client's WebSocket on a session stream (docs/protocol.md §3).
 
 Task tree of a connection::
 
@@ -50,7 +50,7 @@ _names = itertools.count(1)
 
 
 class Heartbeat:
-    """Ping bookkeeping (PROTOCOL section 3 "Heartbeat"), sans-IO.
+    """Ping bookkeeping (docs/protocol.md §3 "Heartbeat"), sans-IO.
 
     The reader calls :meth:`on_idle` after ``ping_interval_s`` without an
     outbound frame: it answers a nonce to ping with, or ``None`` when
@@ -140,7 +140,7 @@ class StreamConnection:
             )  # fmt: skip
 
     def _how_closed(self) -> tuple[str, int | None]:
-        """The close's name and WebSocket code (PROTOCOL section 3), for the metric and log.
+        """The close's name and WebSocket code (docs/protocol.md §3), for the metric and log.
 
         The code is the first close frame sent or received (1006: none, the
         connection dropped); a close the gateway decided but had no time to
@@ -159,7 +159,7 @@ class StreamConnection:
     # --- reader --------------------------------------------------------------------------
 
     async def _reader(self) -> None:
-        """Client frames, and the connection's two clocks (PROTOCOL section 3).
+        """Client frames, and the connection's two clocks (docs/protocol.md §3).
 
         The reader is idle nearly all the time, so it also keeps the subscribe
         deadline and the heartbeat: after ``ping_interval_s`` without an

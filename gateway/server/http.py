@@ -3,10 +3,10 @@
 The routes and sessions live above this module; they see a :data:`Handler`
 that turns a :class:`Request` into a :class:`Response`, or into a
 :class:`WebSocketAccept` to take the connection over as a WebSocket on the same
-port (PROTOCOL sections 2 and 3).
+port (docs/protocol.md sections 2 and 3).
 
 What the transport answers by itself, always as the JSON error body of
-PROTOCOL section 2 (``{"error": {"code", "message"}}``), then closing the
+docs/protocol.md §2 (``{"error": {"code", "message"}}``), then closing the
 connection:
 
 ====  =======================  ============================================
@@ -15,7 +15,7 @@ connection:
                                (RFC 9112 section 6.1: a request smuggling vector)
 400   ``unsupported_transfer_encoding``  a ``Transfer-Encoding`` other than
                                ``chunked`` (RFC 9112 would allow a 501; a 4xx
-                               keeps "never a 5xx for any input", PROTOCOL section 2)
+                               keeps "never a 5xx for any input", docs/protocol.md §2)
 408   ``request_timeout``      the request was not in within ``read_timeout_s``
 413   ``body_too_large``       the body is over ``max_body_bytes``
 431   ``headers_too_large``    the head is over ``max_header_bytes``
@@ -36,7 +36,7 @@ request must be complete within ``read_timeout_s`` of its first byte. A
 connection that never sent a byte of the pending request is closed silently;
 one that sent part of it gets a 408.
 
-Behind a reverse proxy (RUNNING.md ``[server] trusted_proxies``; PROTOCOL is
+Behind a reverse proxy (docs/reference.md ``[server] trusted_proxies``; PROTOCOL is
 silent, decided here): when the TCP peer is one of the trusted proxies, the
 client's address is taken from ``X-Forwarded-For`` and its scheme from
 ``X-Forwarded-Proto`` (:func:`forwarded_client`); from any other peer those
@@ -119,7 +119,7 @@ class ErrorDetail(msgspec.Struct):
 
 
 class ErrorBody(msgspec.Struct):
-    """Every HTTP error body (PROTOCOL section 2)."""
+    """Every HTTP error body (docs/protocol.md §2)."""
 
     error: ErrorDetail
 
@@ -130,7 +130,7 @@ def json_response(status: int, obj: object) -> Response:
 
 
 def error_response(status: int, code: str, message: str) -> Response:
-    """The error body ``{"error": {"code", "message"}}`` of PROTOCOL section 2."""
+    """The error body ``{"error": {"code", "message"}}`` of docs/protocol.md §2."""
     return json_response(status, ErrorBody(ErrorDetail(code, message)))
 
 
@@ -143,7 +143,7 @@ class WebSocketAccept:
     ``run`` owns the connection until it returns; the transport then closes it
     with 1000 if ``run`` has not closed it, or with 1011 ``internal_error`` if
     ``run`` raised. On cancellation (shutdown) the stream is simply dropped:
-    closing with 1001 first is ``run``'s job (RUNNING.md, command line).
+    closing with 1001 first is ``run``'s job (docs/reference.md, command line).
 
     ``abandon`` is called instead of ``run`` when the upgrade does not happen
     (the transport refuses the handshake, or the client is gone before the 101
@@ -157,7 +157,7 @@ class WebSocketAccept:
 
 @dataclass(slots=True)
 class StreamingResponse:
-    """An answer whose body is written as it is made (``text/event-stream``, issue 14).
+    """An answer whose body is written as it is made (``text/event-stream``: AG-UI, protocol §14).
 
     The transport sends the head (no Content-Length: chunked to an HTTP/1.1
     client), then calls ``run`` with a ``send`` that writes one piece of the
@@ -186,7 +186,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 class TrustedProxies:
     """The peers whose ``X-Forwarded-For`` and ``X-Forwarded-Proto`` are believed.
 
-    ``[server] trusted_proxies`` (RUNNING.md): addresses or CIDR networks, IPv4
+    ``[server] trusted_proxies`` (docs/reference.md): addresses or CIDR networks, IPv4
     or IPv6. Empty (the default): nobody is, and the headers are always ignored.
     """
 
@@ -209,7 +209,7 @@ class TrustedProxies:
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """Per-connection limits and trust (RUNNING.md ``[server]`` and ``[stream]`` sections)."""
+    """Per-connection limits and trust (docs/reference.md, ``[server]`` and ``[stream]``)."""
 
     max_body_bytes: int = 1_048_576
     max_header_bytes: int = 16_384

@@ -1,4 +1,4 @@
-"""``GET /openapi.json``: the OpenAPI 3.1 document of the HTTP API (PROTOCOL section 2).
+"""``GET /openapi.json``: the OpenAPI 3.1 document of the HTTP API (docs/protocol.md §2).
 
 One source of truth. Each route of the API is declared once, in the route table
 (gateway.server.route_table), with an :class:`Operation` per method: the Struct the
@@ -16,7 +16,7 @@ every operation (the transport)       400 ``malformed_request``, ``conflicting_f
                                       ``request_timeout``, 413 ``body_too_large``,
                                       431 ``headers_too_large``
 every operation (the boundary,        421 ``misdirected_request`` (a Host not
-PROTOCOL section 15)                  answered), 403 ``origin_not_allowed`` (an
+docs/protocol.md §15)                  answered), 403 ``origin_not_allowed`` (an
                                       Origin not allowed), 400
                                       ``duplicate_query_parameter``
 every operation (the router)          422 ``invalid_query``: a query parameter it
@@ -42,7 +42,7 @@ that operation and status: a client can switch on it. Not per operation: 405
 
 Security: where API keys are configured, a ``bearer`` scheme applies to every
 operation but ``/healthz`` and ``/readyz`` (probes, never asked) and the stream
-handshake (optional: its credential is the attach token, PROTOCOL section 2, but
+handshake (optional: its credential is the attach token, docs/protocol.md §2, but
 a key sent is checked); ``/openapi.json`` itself needs the key like the other
 routes. The router reads the same :attr:`Operation.auth` and
 :attr:`Operation.query` it documents, so the document cannot drift from them.

@@ -1,6 +1,6 @@
 """A WebSocket client's outbound side: its writer, its direct writes, its close.
 
-**The queue** (PROTOCOL section 3) is the client's
+**The queue** (docs/protocol.md §3) is the client's
 :class:`~gateway.session.delivery.DeliveryQueue`: the bound of
 ``queue_max_events`` events (plus slack for control frames: acks, pongs,
 errors) and the slow-client rule, one copy for every transport. The

@@ -1,4 +1,4 @@
-"""The one table from a domain refusal to what a client sees (PROTOCOL section 2).
+"""The one table from a domain refusal to what a client sees (docs/protocol.md §2).
 
 Below the server, the gateway refuses with :class:`gateway.errors.Refused`:
 a ``code``, a message, and maybe a ``Retry-After``. Only here does a code
@@ -14,7 +14,7 @@ from __future__ import annotations
 from gateway.errors import ApiError, Refused
 
 STATUS: dict[str, int] = {
-    # attach tokens (PROTOCOL section 2)
+    # attach tokens (docs/protocol.md §2)
     "attach_token_required": 403,
     "attach_token_invalid": 403,
     "attach_token_expired": 403,

@@ -37,7 +37,7 @@ def decode(req: Request, type_: type[T]) -> T:
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         # msgspec raises UnicodeDecodeError for invalid UTF-8 inside a string.
         raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
-    except RecursionError:  # PROTOCOL section 2: a 4xx however deep the input, never a 500
+    except RecursionError:  # docs/protocol.md §2: a 4xx however deep the input, never a 500
         raise ApiError(400, "invalid_json", "the body is nested too deeply to decode") from None
 
 
@@ -45,7 +45,7 @@ def json_content_type(req: Request) -> None:
     """415 ``unsupported_media_type`` unless the POST says ``Content-Type: application/json``.
 
     Parameters (``; charset=utf-8``) are allowed, the type compares
-    case-insensitively; an empty body needs it too (PROTOCOL section 15: a
+    case-insensitively; an empty body needs it too (docs/protocol.md §15: a
     browser sends an empty ``text/plain`` POST cross-site without a preflight).
     """
     declared = req.headers.get("content-type", "")
@@ -54,7 +54,7 @@ def json_content_type(req: Request) -> None:
         raise ApiError(
             415,
             "unsupported_media_type",
-            f"a POST needs Content-Type: application/json (got {shown}; PROTOCOL section 15)",
+            f"a POST needs Content-Type: application/json (got {shown}; docs/protocol.md §15)",
         )
 
 

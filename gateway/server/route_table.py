@@ -1,4 +1,4 @@
-"""The route table of the HTTP API (PROTOCOL section 2): every path, method and handler.
+"""The route table of the HTTP API (docs/protocol.md §2): every path, method and handler.
 
 One place, read twice: :class:`~gateway.server.routes.Api` routes from it
 (the path's pattern, the handler per method, the auth and query rules of its
@@ -112,7 +112,7 @@ ROUTES: tuple[Route, ...] = (
             Operation(
                 "The agents a session may run",
                 AgentList,
-                description="Each agent's runtime, model and tools (PROTOCOL section 11); "
+                description="Each agent's runtime, model and tools (docs/protocol.md §11); "
                 "never its system prompt. `default` marks the agent of a POST /sessions "
                 "that names none.",
             ),
@@ -183,7 +183,7 @@ ROUTES: tuple[Route, ...] = (
                 Message,
                 errors={404: ("message_not_found",)},
                 description="A finished message, every block whole: what a snapshot "
-                'sent cut (`"truncated": true`, PROTOCOL section 15). A message '
+                'sent cut (`"truncated": true`, docs/protocol.md §15). A message '
                 "still streaming, another session's message or an unknown id: 404 "
                 "`message_not_found` (the streaming one's `message.complete` "
                 "carries it whole).",
@@ -267,7 +267,7 @@ ROUTES: tuple[Route, ...] = (
                     409: ("turn_in_progress", "nothing_to_compact"),
                     503: ("shutting_down", "session_elsewhere"),
                 },
-                description='PROTOCOL section 12, `trigger: "manual"`: the messages '
+                description='docs/protocol.md §12, `trigger: "manual"`: the messages '
                 "before the latest turn are replaced, for the model only, by one `context` "
                 "message (a summary); `context.compacting` and `context.compacted` follow "
                 "in the stream (turn_id null). Runs between turns: a turn submitted "

@@ -1,4 +1,4 @@
-"""The router of the HTTP API (PROTOCOL section 2), and the handshake of the session stream.
+"""The router of the HTTP API (docs/protocol.md §2), and the handshake of the session stream.
 
 The table of routes (path, method, handler, what the API document says) is
 gateway.server.route_table; the handlers are in gateway.server.handlers, one
@@ -14,7 +14,7 @@ large (transport), 415 a POST whose body is not declared
 ``Content-Type: application/json``, 421 a ``Host`` the gateway does not
 answer, 422 schema-invalid.
 
-The boundary (PROTOCOL section 15), in this order, before anything else on
+The boundary (docs/protocol.md §15), in this order, before anything else on
 every route and the stream handshake: the ``Host`` (421), the ``Origin``
 (403, or a CORS preflight answered), a repeated query parameter (400); then
 the route (404, 405), then a POST's content type (415), then the key.
@@ -30,7 +30,7 @@ cannot set headers on a WebSocket, so the single-use attach token (obtained with
 the key from ``GET /sessions/{id}``) is its credential; a handshake that does
 carry a Bearer key (a non-browser client) is checked like any route.
 
-Ownership (PROTOCOL section 2): a session belongs to the key that created it,
+Ownership (docs/protocol.md §2): a session belongs to the key that created it,
 and to any other key it does not exist: :meth:`Api._session` answers 404
 ``session_not_found`` with the body an unknown id gets, on every route of the
 session, and ``GET /sessions`` lists only what the caller sees (filtered in the
@@ -214,7 +214,7 @@ class Api:
         return caller
 
     async def _session(self, session_id: str, caller: str | None) -> Session:
-        """The session, as ``caller`` may see it (PROTOCOL section 2).
+        """The session, as ``caller`` may see it (docs/protocol.md §2).
 
         Another key's session is answered exactly as an unknown id (same status,
         code and message: no oracle), and is not even loaded from the store: a

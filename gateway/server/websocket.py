@@ -1,4 +1,4 @@
-"""One server-side WebSocket over a trio stream, after the HTTP upgrade (PROTOCOL section 3).
+"""One server-side WebSocket over a trio stream, after the HTTP upgrade (docs/protocol.md §3).
 
 wsproto parses what the client sends and frames our control frames (pong,
 close). Data frames go the other way round: :mod:`gateway.protocol.framing`
@@ -92,7 +92,7 @@ class WebSocket:
         stream: the upgraded stream; this object owns it from now on.
         trailing_data: bytes the HTTP parser read past the upgrade request.
         max_message_bytes: the largest client message accepted
-            (``max_client_frame_bytes``, PROTOCOL section 3); fragments count together.
+            (``max_client_frame_bytes``, docs/protocol.md §3); fragments count together.
         fd: the descriptor written to straight from the fan-out and by
             :meth:`send_all` while the kernel has room; by default the
             socket's for a :class:`trio.SocketStream`, none (-1) otherwise.
@@ -263,7 +263,7 @@ class WebSocket:
             self._sync_direct()
 
     async def close(self, code: int, reason: str = "", *, grace_s: float = 5.0) -> None:
-        """Close the connection with ``code`` and ``reason`` (PROTOCOL section 3, close codes).
+        """Close the connection with ``code`` and ``reason`` (docs/protocol.md §3, close codes).
 
         Sends a close frame unless one was already sent, waits up to ``grace_s``
         for the peer's reply, then closes the stream. Shielded from outer
@@ -273,7 +273,7 @@ class WebSocket:
         when the send lock stays held (a stuck write) for the whole grace.
 
         Args:
-            code: the close code (PROTOCOL section 3: 1000, 1001, 1008, 1009, 1011).
+            code: the close code (docs/protocol.md §3: 1000, 1001, 1008, 1009, 1011).
             reason: at most 123 UTF-8 bytes (RFC 6455 section 5.5); wsproto cuts longer ones.
             grace_s: how long the whole close may take.
         """

@@ -1,9 +1,9 @@
 """Admission: whether a session takes a turn now, and the refusal when it does not.
 
-PROTOCOL section 2 (``POST .../turns``, ``POST .../compact``): one turn at a
+docs/protocol.md §2 (``POST .../turns``, ``POST .../compact``): one turn at a
 time per session, only on the node that runs it (docs/scale-out.md), none
 once shutdown began, none once the session holds ``max_session_mb``
-(PROTOCOL section 15).
+(docs/protocol.md §15).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def check_idle(session: SessionCore) -> None:
 
 
 def check_size(session: SessionCore) -> None:
-    """Refuse a turn once the session holds ``max_session_mb`` or more (PROTOCOL section 15).
+    """Refuse a turn once the session holds ``max_session_mb`` or more (docs/protocol.md §15).
 
     Raises:
         Refused: ``session_too_large``, naming its size and the limit.

@@ -1,4 +1,4 @@
-"""The agent loop: one turn after another, in PROTOCOL section 7's order.
+"""The agent loop: one turn after another, in docs/protocol.md §7's order.
 
 A turn runs under its own cancel scope (with the ``turn_timeout_s`` deadline);
 each LLM call streams raw provider events to the session's translator task; a
@@ -7,14 +7,14 @@ call that stops with ``tool_use`` hands its tool blocks to the tool round
 ``turn.completed`` or ``turn.cancelled`` closes it, and the turn lock is
 released in the same step (:mod:`gateway.session.ending`); a turn that ends
 early closes with the sequence :mod:`gateway.session.closing` decides from
-its phase and what it left open (PROTOCOL section 8).
+its phase and what it left open (docs/protocol.md §8).
 
 The loop works through a narrow view of its session and of its node
 (:mod:`gateway.session.loop_api`): it emits, records messages and the session
 record, and hands the LLM call in flight to the session's
 :class:`~gateway.session.call.CallStream`; nothing else of the session is its
 business. An agent whose turns another runtime runs (``runtime =
-"claude-code"``, PROTOCOL section 11) gets it from its node, which asks
+"claude-code"``, docs/protocol.md §11) gets it from its node, which asks
 :mod:`gateway.runtimes`: the loop names no runtime.
 
 Failures are contained where they happen: a tool that raises anything is a
@@ -23,7 +23,7 @@ Failures are contained where they happen: a tool that raises anything is a
 before running goes on to the next model round, which sees the errors. Any
 other exception in a turn is a gateway bug: it is logged with its traceback
 and counted, and the turn is closed as a provider error would close it
-(PROTOCOL section 7); the session takes its next turn.
+(docs/protocol.md §7); the session takes its next turn.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class AgentLoop:
 
         An agent with a runtime of its own (the node's ``runtime_of``)
         runs its turns through it; the runtime's process task lives in a
-        nursery of this task: it ends with the session (PROTOCOL section 11).
+        nursery of this task: it ends with the session (docs/protocol.md §11).
         """
         make = self.node.runtime_of(self.agent)
         if make is None:
@@ -125,7 +125,7 @@ class AgentLoop:
             with turn.cancel_scope:
                 self._start(turn)
                 stop_reason: StopReason | None
-                if self.runtime is not None:  # another runtime's turn (PROTOCOL section 11)
+                if self.runtime is not None:  # another runtime's turn (docs/protocol.md §11)
                     stop_reason = await self.runtime.run_turn(turn, state)
                 else:
                     await self.node.tools_ready(self.s)  # an MCP server still starting lists first
@@ -162,7 +162,7 @@ class AgentLoop:
             log, logging.INFO, "turn_started", f"turn {turn.id} started",
             session_id=s.id, turn_id=turn.id, turn_count=s.record.turn_count,
         )  # fmt: skip
-        # Committed with turn.started: a restart finds this turn (PROTOCOL section 9).
+        # Committed with turn.started: a restart finds this turn (docs/protocol.md §9).
         s.record.current_turn_id, s.record.current_turn_seq = turn.id, started.seq
         s.save_record()
         s.emit(
@@ -236,7 +236,7 @@ class AgentLoop:
         agent = self.agent
         request = ModelRequest(
             model=model,
-            messages=model_view(s.messages),  # PROTOCOL section 12
+            messages=model_view(s.messages),  # docs/protocol.md §12
             tools=self.tools.specs(),
             max_tokens=agent.max_tokens,
             system=agent.system or None,
@@ -264,14 +264,14 @@ class AgentLoop:
         state.usage += call.translator.usage
         return call
 
-    # --- context compaction (PROTOCOL section 12) ------------------------------------
+    # --- context compaction (docs/protocol.md §12) ------------------------------------
 
     def context_max_tokens(self) -> int:
         """The threshold of compaction: the agent's (the one place that reads it)."""
         return self.agent.context_max_tokens
 
     async def _model_round(self, turn: Turn, state: TurnState) -> Call:
-        """One LLM call of the turn, with the compactions of PROTOCOL section 12 around it.
+        """One LLM call of the turn, with the compactions of docs/protocol.md §12 around it.
 
         Before the call: ``auto`` when the estimated input is above
         :meth:`context_max_tokens`. A call the provider refuses as too long
@@ -310,7 +310,7 @@ class AgentLoop:
         """``POST .../compact`` (``manual``), between turns, bounded by the agent's turn timeout.
 
         A session run by another runtime compacts its own context
-        (``claude-code``: its ``/compact``, PROTOCOL section 11).
+        (``claude-code``: its ``/compact``, docs/protocol.md §11).
         """
         s = self.s
         if self.runtime is not None:

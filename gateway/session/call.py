@@ -24,7 +24,7 @@ settles: ending a call (a clean end, a provider error, a cancel) translates
 what is still queued and the end marker synchronously, in the agent loop's own
 step, so it never waits on the translator task (which a hard cancel may have
 stopped already) and a cancel can never land between the last event and the
-call's end (PROTOCOL section 8, row 1).
+call's end (docs/protocol.md §8, row 1).
 
 **Failures.** A provider breaking the stream protocol fails the call as an
 ``api_error``; a failure of the translation or of the emission closes the
@@ -90,7 +90,7 @@ class EndCall(msgspec.Struct):
 
 
 class CancelCall(msgspec.Struct):
-    """Inbox item: the call was cancelled (PROTOCOL section 8, row 1)."""
+    """Inbox item: the call was cancelled (docs/protocol.md §8, row 1)."""
 
 
 Item = RawEvent | EndCall | CancelCall
@@ -151,7 +151,7 @@ class CallHost(Protocol):
         ...
 
     def keep_partial(self, message: Message) -> None:
-        """Store the streaming message as far as it got (PROTOCOL section 9)."""
+        """Store the streaming message as far as it got (docs/protocol.md §9)."""
         ...
 
     def failed(self, component: str, exc: BaseException, turn_id: str | None = None) -> None:
@@ -254,7 +254,7 @@ class CallStream:
                     self.break_call(call, exc)
 
     def _keep(self, call: Call) -> None:
-        """Store the streaming message as far as it was emitted (PROTOCOL section 9)."""
+        """Store the streaming message as far as it was emitted (docs/protocol.md §9)."""
         self._host.keep_partial(call.translator.snapshot())
         call.kept_at = trio.current_time()
         call.unkept = False
@@ -266,7 +266,7 @@ class CallStream:
         ``stop_reason: error``) as far as they saw it: ends lost with a failed
         emission are sent again for blocks whose start went out, and nothing
         of a message whose start was lost. The agent loop then emits
-        ``llm.call_failed`` and ends the turn (PROTOCOL section 7).
+        ``llm.call_failed`` and ends the turn (docs/protocol.md §7).
         """
         if call.done.is_set():
             return
@@ -322,7 +322,7 @@ class CallStream:
             self._finish(call, emitted)
             return
         # The message so far is stored so that a crash keeps what clients were
-        # shown (PROTOCOL section 9): at message.start, then at most
+        # shown (docs/protocol.md §9): at message.start, then at most
         # checkpoint_s after it changed (a block ended, text streamed), or at
         # each block's end with no checkpoint. Bounded by time, the cost stays
         # flat however many blocks a message has (each store is a snapshot of
@@ -398,7 +398,7 @@ class CallStream:
 
 
 CALL_TYPES = frozenset(t for t, s in EVENT_TYPES.items() if not s.catalog)
-"""The streaming-only event types: a call's message, as it streams (PROTOCOL section 5)."""
+"""The streaming-only event types: a call's message, as it streams (docs/protocol.md §5)."""
 
 _FIRST_TOKENS = frozenset({"text.delta", "thinking.delta"})
 _CHANGES = frozenset(

@@ -7,7 +7,7 @@ crash recovery of a restarted process. The caller gathers the :class:`Facts`
 (what is still open, why it closes) and emits what comes back; nothing here
 does I/O, so every row is testable without a session.
 
-PROTOCOL section 8's three cancellation sequences, by the turn's phase
+docs/protocol.md §8's three cancellation sequences, by the turn's phase
 (:mod:`gateway.session.turn`), each ending with ``turn.cancelled`` (``phase``,
 ``partial``):
 
@@ -30,12 +30,12 @@ row         sequence
             ``tool.failed``.
 ==========  =================================================================
 
-A crash closes the turn as a provider error would (PROTOCOL section 7):
+A crash closes the turn as a provider error would (docs/protocol.md §7):
 ``llm.call_failed`` if a call was streaming, ``tool.failed`` (``error``) for
 each pending tool, ``turn.completed`` with ``stop_reason: error``. A provider
 failure is ``llm.call_failed`` (unless it went out already) and
-``turn.completed`` (``error``). After a crash of the process, PROTOCOL section
-9 closes the turns left in flight with the cancellation sequence of their
+``turn.completed`` (``error``). After a crash of the process, docs/protocol.md
+§9 closes the turns left in flight with the cancellation sequence of their
 phase and ``reason: "server_restart"``.
 """
 
@@ -63,7 +63,7 @@ Why = Literal["cancel", "crash", "restart", "provider_error"]
 a restart after a crash of the process, a failed LLM call."""
 
 Row = Literal["llm", "seam", "tools"]
-"""The cancellation sequence of PROTOCOL section 8 (``turn.cancelled``'s ``phase``)."""
+"""The cancellation sequence of docs/protocol.md §8 (``turn.cancelled``'s ``phase``)."""
 
 ToolRef = tuple[str, str]
 """A tool use: its id and its tool's name."""
@@ -100,7 +100,7 @@ class Facts:
     delegates: tuple[ToolRef, ...] = ()  # open delegates: (tool use id, worker session id)
     partial: bool = False  # an assistant message of the turn exists
     usage: Usage = field(default_factory=Usage)  # the turn's, for turn.completed
-    workers_cost_usd: float = 0.0  # its delegated workers' cost (PROTOCOL section 5)
+    workers_cost_usd: float = 0.0  # its delegated workers' cost (docs/protocol.md §5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +149,7 @@ def why_closed(*, cancelled: bool, requested: str | None, timed_out: bool) -> tu
 def completed(
     turn_id: str, stop_reason: StopReason, usage: Usage, workers_cost_usd: float
 ) -> TurnCompleted:
-    """``turn.completed``: its cost is its calls' and its workers' (PROTOCOL section 5)."""
+    """``turn.completed``: its cost is its calls' and its workers' (docs/protocol.md §5)."""
     cost = turn_cost(usage, workers_cost_usd)
     return TurnCompleted(turn_id, stop_reason, usage, cost, workers_cost_usd)
 

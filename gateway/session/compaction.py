@@ -1,4 +1,4 @@
-"""Context compaction, without I/O: what to compact, and what the model sees (PROTOCOL section 12).
+"""Context compaction, without I/O: what to compact, and what the model sees (docs/protocol.md §12).
 
 A session keeps every message it ever had; a model's context does not grow
 with it. A compaction stores one ``context`` message whose

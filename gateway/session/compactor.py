@@ -1,6 +1,6 @@
 """Running one context compaction: the summary call, the ``context`` message, the events.
 
-PROTOCOL section 12; :mod:`gateway.session.compaction` decides what is
+docs/protocol.md §12; :mod:`gateway.session.compaction` decides what is
 compacted and what the model sees, this module does it:
 
 1. ``context.compacting`` (``trigger``, ``pre_tokens``: the estimate of the

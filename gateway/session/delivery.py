@@ -1,4 +1,4 @@
-"""A client's bounded delivery queue, and the slow-client rule (PROTOCOL section 3).
+"""A client's bounded delivery queue, and the slow-client rule (docs/protocol.md §3).
 
 Every client of a session's hub takes the hub's shared batches
 (:class:`~gateway.session.hub.FrameBatch`) through one :class:`DeliveryQueue`:

@@ -8,7 +8,7 @@ line and the turn metrics).
 A turn that ends early (a cancel, its timeout, shutdown, a parent's cancel, a
 gateway bug, a failed LLM call) is closed by :meth:`TurnEnding.close`: the
 call still streaming is settled first (a cancel's ``message.complete`` comes
-from its translator, PROTOCOL section 8 row 1), then the facts the turn left
+from its translator, docs/protocol.md §8 row 1), then the facts the turn left
 are handed to :func:`gateway.session.closing.sequence`, and its events are
 emitted here, each tool's with its result recorded in the conversation. Every
 sequence is synchronous: emitted in one step, with nothing to shield.

@@ -1,8 +1,8 @@
 """A session's conversation as the store holds it, read back when it is loaded.
 
 Each message, when each assistant message was completed (a replay rebuilds
-its ``message.complete`` with its original id, PROTOCOL section 3), and each
-message's size as the store encodes it (``max_session_mb``, PROTOCOL section 15).
+its ``message.complete`` with its original id, docs/protocol.md §3), and each
+message's size as the store encodes it (``max_session_mb``, docs/protocol.md §15).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class History:
     messages: list[Message] = field(default_factory=list)
     completions: dict[str, Completion] = field(default_factory=dict)
     message_bytes: dict[str, int] = field(default_factory=dict)
-    # The last ts stamped (PROTOCOL section 4: never goes backwards within a
+    # The last ts stamped (docs/protocol.md §4: never goes backwards within a
     # session); after a load, the newest completion known is the floor.
     last_ts: int = 0
 

@@ -1,4 +1,4 @@
-"""Fan-out: one session's subscriptions, grouped by distinct filter (PROTOCOL section 3).
+"""Fan-out: one session's subscriptions, grouped by distinct filter (docs/protocol.md §3).
 
 The hot path of the gateway. An emitted batch of events is matched once per
 *distinct* filter (not once per client), the matching events' frames (each
@@ -12,7 +12,7 @@ whose queue would overflow says so, and the session applies the slow-client
 rule (``bus.handler_warning``, close 1008) after the fan-out.
 
 A worker session's hub forwards every batch to its parent's hub, where only
-subscriptions with ``include_worker_sessions`` match it (PROTOCOL section 5),
+subscriptions with ``include_worker_sessions`` match it (docs/protocol.md §5),
 but for its ``permission.*`` events, which every ancestor's subscriptions take
 (:data:`gateway.protocol.filters.TO_ANCESTORS`).
 
@@ -121,7 +121,7 @@ class Group:
     fan-out (nothing queued for it, no write in flight) to its socket's
     descriptor; ``queued`` holds the others, which get :meth:`Subscriber.deliver`.
     ``written_at`` is the trio time of the last direct write to the group: the
-    heartbeat clock of its direct subscribers (PROTOCOL section 3).
+    heartbeat clock of its direct subscribers (docs/protocol.md §3).
     """
 
     __slots__ = ("direct", "key", "queued", "written_at")

@@ -4,7 +4,7 @@ A module below both the loop (:mod:`gateway.session.agent`) and the runtimes
 (:mod:`gateway.runtimes`), so that neither imports the other: the loop works
 through a narrow view of its session (:class:`TurnHost`) and of its node
 (:class:`AgentServices`); a runtime other than the gateway's own (``runtime =
-"claude-code"``, PROTOCOL section 11) is a :class:`Runtime` the loop hands its
+"claude-code"``, docs/protocol.md §11) is a :class:`Runtime` the loop hands its
 turns to, and sees the loop as a :class:`RuntimeHost`: its emission, its call
 in flight, its tool endings.
 """
@@ -45,7 +45,7 @@ class AgentServices(Protocol):
     workspaces: Workspaces  # where a session's workspace is on this host
 
     def session_tools(self, session: TurnHost) -> SessionTools:
-        """The tools the session's agent sees now (PROTOCOL section 11)."""
+        """The tools the session's agent sees now (docs/protocol.md §11)."""
         ...
 
     async def tools_ready(self, session: TurnHost) -> None:
@@ -111,7 +111,7 @@ class WorkerHost(TurnHost, Protocol):
 
 
 class Runtime(Protocol):
-    """What the loop needs of a runtime that runs its turns (PROTOCOL section 11)."""
+    """What the loop needs of a runtime that runs its turns (docs/protocol.md §11)."""
 
     @property
     def client(self) -> object | None:

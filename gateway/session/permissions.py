@@ -2,7 +2,7 @@
 
 The agent loop opens a request (``permission.requested``) and waits on it
 within ``approval_timeout_s``; ``POST /sessions/{id}/permissions/{perm_id}``
-decides it (PROTOCOL section 2). A request is decided once: a second decision,
+decides it (docs/protocol.md §2). A request is decided once: a second decision,
 or one after the timeout or after the turn moved on, is a 409.
 """
 
@@ -21,7 +21,7 @@ from gateway.protocol.shapes import PendingPermission, PermissionKind
 
 @dataclass(eq=False)
 class PermissionRequest:
-    """A tool waiting for ``allow``/``deny``, or an MCP elicitation (PROTOCOL section 11)."""
+    """A tool waiting for ``allow``/``deny``, or an MCP elicitation (docs/protocol.md §11)."""
 
     perm_id: str
     session_id: str  # the session that asked
@@ -94,10 +94,10 @@ class Permissions:
         return perm_id in self._requests
 
     def decide(self, perm_id: str, decision: str, content: dict[str, Any] | None = None) -> None:
-        """Resolve a pending request (PROTOCOL section 2).
+        """Resolve a pending request (docs/protocol.md §2).
 
         ``content`` answers an elicitation (with ``allow``), checked against its
-        ``requested_schema`` (PROTOCOL section 11); a tool permission takes none.
+        ``requested_schema`` (docs/protocol.md §11); a tool permission takes none.
 
         Raises:
             Refused: ``permission_not_found``; ``permission_resolved``;

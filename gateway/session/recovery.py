@@ -1,4 +1,4 @@
-"""Closing the turns a crash left in flight (PROTOCOL section 9).
+"""Closing the turns a crash left in flight (docs/protocol.md §9).
 
 At start-up the gateway closes every turn that was in flight when the previous
 process died, with the sequence of section 8 for the phase the turn was in and
@@ -19,7 +19,7 @@ with no ``llm.call_completed``/``llm.call_failed`` after it is ``llm``; tools
 called and not ended are ``tools`` if any of them was running (not waiting
 for a permission), else ``seam``; a turn between a call's end and its next
 step is ``seam``. A ``context.compacting`` with no ``context.compacted`` after
-it (the summary call of PROTOCOL section 12 was running) is ``llm``, with no
+it (the summary call of docs/protocol.md §12 was running) is ``llm``, with no
 call to close: only ``turn.cancelled``, as a live cancel then emits.
 """
 
@@ -72,7 +72,7 @@ class Interrupted:
     delegates: list[tuple[str, str]] = field(default_factory=list)  # (tool_use_id, worker id)
     partial: bool = False
     # The requests still waiting, by tool use id: each is resolved ``cancelled``
-    # right before its tool's ``tool.failed`` (PROTOCOL section 5).
+    # right before its tool's ``tool.failed`` (docs/protocol.md §5).
     permissions: dict[str, str] = field(default_factory=dict)
 
 

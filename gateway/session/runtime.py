@@ -1,7 +1,7 @@
 """A session's runtime: the queue its agent loop reads, and the failure boundary around it.
 
 The queue holds a turn, and at most one compaction ahead of it
-(``POST .../compact``, PROTOCOL section 12). The failure boundary
+(``POST .../compact``, docs/protocol.md §12). The failure boundary
 (:meth:`Runtime.run`): if the agent loop or the translator fails, the failure
 is logged and counted, the turn in flight is closed for every client, and both
 tasks start again for the next turn; a session failing over and over (five

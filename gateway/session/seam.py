@@ -1,4 +1,4 @@
-"""The seam: register, cut, replay or snapshot, then live (PROTOCOL section 3).
+"""The seam: register, cut, replay or snapshot, then live (docs/protocol.md §3).
 
 A client that subscribes must get every event exactly once, in id order,
 across the join of what it is sent first (a replay from its ``since``, or a
@@ -26,7 +26,7 @@ Replay (:func:`replay`) rebuilds what was streaming-only: a
 completed after the cursor, and one ``message.snapshot`` (with a fresh id)
 for a message still streaming. Snapshot (:func:`snapshot`) is the session
 summary and its last messages, the streaming one included as far as it got.
-Both fit ``[stream] snapshot_max_bytes`` (PROTOCOL section 15,
+Both fit ``[stream] snapshot_max_bytes`` (docs/protocol.md §15,
 :mod:`gateway.protocol.fit`).
 """
 
@@ -174,7 +174,7 @@ async def owners_snapshot(session: Session, limit: int) -> tuple[bytes, int]:
 
 
 async def durable_snapshot(session: Session, limit: int) -> tuple[bytes, int]:
-    """:func:`snapshot`, once everything it shows is durable (PROTOCOL section 9).
+    """:func:`snapshot`, once everything it shows is durable (docs/protocol.md §9).
 
     Its byte cap is the config of the node that runs the session (every node
     of a deployment has the same ``[stream]``).
@@ -211,7 +211,7 @@ async def owners_replay(
 
 
 def snapshot(session: Session, limit: int, max_bytes: int) -> tuple[bytes, int]:
-    """The encoded ``snapshot`` frame and its cut (PROTOCOL sections 3, 6 and 15).
+    """The encoded ``snapshot`` frame and its cut (docs/protocol.md sections 3, 6 and 15).
 
     Computed synchronously, so nothing is emitted between reading the state
     and reading the cut: the cut is simply the node's last issued id. Sent
@@ -279,7 +279,7 @@ async def replay(
             f"{since!r} is older than the retention window; subscribe with a snapshot",
         )
     # Every worker, even without include_worker_sessions: their permission
-    # events reach this stream whatever the filter (PROTOCOL section 5).
+    # events reach this stream whatever the filter (docs/protocol.md §5).
     sessions = session.scope(True)
     out = _Replay(since, max_events, {})
 
@@ -332,14 +332,14 @@ def _streaming_layer(session: Session, since_seq: int, take: Callable[..., None]
     streaming = session.calls.streaming_message()
     call = session.calls.current
     if streaming is not None and call is not None and call.last_seq > since_seq:
-        # An id of its own (ids are never reused, PROTOCOL section 1), above
+        # An id of its own (ids are never reused, docs/protocol.md §1), above
         # every delta folded into it: the seam drops those live deltas.
         seq = session.node.sequencer.next()
         event = Event(
             format_event_id(seq), "message.snapshot", session.id, call.turn_id,
             now_ms(), "llm", MessageSnapshot(streaming),
         )  # fmt: skip
-        # Cut to fit like a snapshot frame (PROTOCOL section 15): clients refuse
+        # Cut to fit like a snapshot frame (docs/protocol.md §15): clients refuse
         # a frame over their limit as they would a snapshot.
         max_bytes = session.node.config.stream.snapshot_max_bytes
         take(seq, "message.snapshot", "llm", session.id, lambda: _fitted_frame(event, max_bytes))

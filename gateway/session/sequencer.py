@@ -1,4 +1,4 @@
-"""The node-wide event id sequence (PROTOCOL section 1).
+"""The node-wide event id sequence (docs/protocol.md §1).
 
 Ids are strictly increasing in emission order across all sessions of the node
 and never reused, including the ids of streaming-only events that are never

@@ -5,7 +5,7 @@ Runtime shape::
     session nursery  (Session.run)
     ├── "agent-loop <id>"   runs turns: drives the provider, runs tools, emits
     │                       the turn's domain events (gateway.session.agent,
-    │                       PROTOCOL section 7)
+    │                       docs/protocol.md §7)
     └── "translator <id>"   streams the LLM call in flight: drains raw provider
                             events from the call's inbox in batches, translates
                             them and emits each batch at once (gateway.session.call)
@@ -24,7 +24,7 @@ a snapshot or replay reads (a finished message, a tool result) happens in the
 same synchronous step as the event that announces it, so a snapshot can never
 fall between the two.
 
-Durability first (PROTOCOL section 9): a batch that carries a catalog event is
+Durability first (docs/protocol.md §9): a batch that carries a catalog event is
 *held* until the store has committed it, and every later batch of the same
 session family (a session and its workers, whose events share streams) waits
 behind it, so the order on the wire never changes and no client ever receives
@@ -33,7 +33,7 @@ store reports a commit (:meth:`gateway.node.durability.Durability.on_commit`). A
 replay, which read state directly, wait for the commit of everything they read
 before they are sent.
 
-A session counts its stored size as it writes (PROTOCOL section 15,
+A session counts its stored size as it writes (docs/protocol.md §15,
 ``max_session_mb``): the bytes of its catalog events' wire JSON and of each
 message as the store encodes it (a rewritten message counts once, at its
 latest size), starting from what the store held when it was loaded. No store
@@ -108,7 +108,7 @@ class NodeServices(AgentServices, Protocol):
         ...
 
     def tool_infos(self, agent: str, session_id: str | None = None) -> list[ToolInfo]:
-        """An agent's tools, as a summary lists them (PROTOCOL section 6)."""
+        """An agent's tools, as a summary lists them (docs/protocol.md §6)."""
         ...
 
     def session_closed(self, session: Session) -> None:
@@ -170,10 +170,10 @@ def summary_of(
     pending: list[PendingPermission] | None = None,
     tools: list[ToolInfo] | None = None,
 ) -> SessionSummary:
-    """The ``SessionSummary`` of PROTOCOL section 6, of a live session or a stored record.
+    """The ``SessionSummary`` of docs/protocol.md §6, of a live session or a stored record.
 
     ``workspace_path`` is the workspace's name, never the host's path of the
-    workspace root (PROTOCOL section 15, gateway.tools.workspace.display_name).
+    workspace root (docs/protocol.md §15, gateway.tools.workspace.display_name).
     """
     return SessionSummary(
         id=record.id,
@@ -246,7 +246,7 @@ class Session:
         """Take the store's state of a session another node ran until now (its lease is ours).
 
         ``floor``: every event id issued before is at most this, and a replay
-        reads everything up to it from the store (PROTOCOL section 3).
+        reads everything up to it from the store (docs/protocol.md §3).
         ``event_bytes``: the size of its stored events (:meth:`Store.event_bytes`).
         """
         self.record = record
@@ -277,7 +277,7 @@ class Session:
         node = self.node
         seqr = node.sequencer
         store = node.store
-        # A wall clock stepped back repeats the last ts (PROTOCOL section 4).
+        # A wall clock stepped back repeats the last ts (docs/protocol.md §4).
         ts = self.last_ts = max(now_ms(), self.last_ts)
         sid = self.id
         out: list[Emitted] = []
@@ -334,7 +334,7 @@ class Session:
             self.failed("hub", exc, out[0].turn_id if out else None)
 
     def warn(self, subscription: str, reason: str, detail: str) -> None:
-        """Emit ``bus.handler_warning`` (PROTOCOL sections 3 and 8), on the node running it."""
+        """Emit ``bus.handler_warning`` (docs/protocol.md §3, §8), on the node running it."""
         self.node.forward(self, ops.Warn(subscription, reason, detail))
 
     def unregistered(self, sub: Subscriber, reason: str) -> None:
@@ -350,7 +350,7 @@ class Session:
         return summary_of(self.record, self.turn, self.pending_permissions(), tools)
 
     def pending_permissions(self) -> list[PendingPermission]:
-        """Its own requests still waiting, then its workers', recursively (PROTOCOL section 6).
+        """Its own requests still waiting, then its workers', recursively (docs/protocol.md §6).
 
         Each is listed with the ``session_id`` that asked: a worker's request is
         answered from any of its ancestors (:meth:`decide_permission`).
@@ -368,7 +368,7 @@ class Session:
     # --- turns -------------------------------------------------------------------
 
     def submit_turn(self, user_message: Message) -> Turn:
-        """Take a turn (the turn lock), to run on the agent loop (PROTOCOL section 2).
+        """Take a turn (the turn lock), to run on the agent loop (docs/protocol.md §2).
 
         Raises:
             Refused: ``turn_in_progress``; ``shutting_down``;
@@ -383,7 +383,7 @@ class Session:
         return turn
 
     def compact(self) -> None:
-        """Queue a compaction of the model's context (``POST .../compact``, PROTOCOL section 12).
+        """Queue a compaction of the model's context (``POST .../compact``, docs/protocol.md §12).
 
         It runs on the agent loop between two turns: a turn submitted meanwhile
         starts once it is done. A compaction already queued is the same one.
@@ -407,7 +407,7 @@ class Session:
         """Return once the turn's ``turn.started`` (and its user message) is durable.
 
         ``POST .../turns`` answers 202 then, so an accepted turn survives a
-        crash (PROTOCOL section 9).
+        crash (docs/protocol.md §9).
 
         A turn queued behind a ``POST .../compact`` waits for that compaction
         first (bounded by ``[turns] timeout_s``): until it ran, the turn is not
@@ -422,7 +422,7 @@ class Session:
         await self.node.durable_or_503()
 
     def cancel_turn(self, turn_id: str, reason: str, requested_by: str) -> None:
-        """Cancel the turn in flight (PROTOCOL section 8), whoever asks.
+        """Cancel the turn in flight (docs/protocol.md §8), whoever asks.
 
         A second cancel of a cancelling turn is a no-op plus ``bus.handler_warning``.
 
@@ -494,7 +494,7 @@ class Session:
         )
 
     def keep_partial(self, message: Message) -> None:
-        """Store the streaming message as far as it got (PROTOCOL section 9).
+        """Store the streaming message as far as it got (docs/protocol.md §9).
 
         Without ``open_block_index``: that says where a live stream stands, and
         what is stored is read back only once the stream is over.
@@ -563,7 +563,7 @@ class Session:
 
         Its turn is torn down without a further event, message or record
         (fenced meanwhile); the node that holds the lease closes it as
-        interrupted (PROTOCOL section 9). The session stays here as a replica.
+        interrupted (docs/protocol.md §9). The session stays here as a replica.
         """
         self.fenced = True
         self.runtime.stop()

@@ -1,7 +1,7 @@
 """What a tool may do with its session: ask the user, delegate to a worker, book its cost.
 
 The session side of gateway.tools.registry.ToolSession: an MCP server's
-elicitation is a ``permission.requested`` (PROTOCOL section 11), a
+elicitation is a ``permission.requested`` (docs/protocol.md §11), a
 ``delegate`` call makes a worker session within the limits of PROTOCOL
 section 15.
 """
@@ -30,7 +30,7 @@ async def elicit(
 ) -> tuple[str, dict[str, Any] | None]:
     """An MCP server's question, as a ``permission.requested`` (``kind: "elicitation"``).
 
-    PROTOCOL section 11: waited on within ``approval_timeout_s``; ``allow``
+    docs/protocol.md §11: waited on within ``approval_timeout_s``; ``allow``
     comes with the user's content (checked against ``requested_schema`` by
     the permissions route), ``deny`` declines; the timeout and a cancel
     (the turn's, or the server's call ending) cancel it.
@@ -72,7 +72,7 @@ async def elicit(
 async def spawn_worker(session: SessionCore, create: Callable[[], Awaitable[Worker]]) -> Worker:
     """Create and start a worker session of this one (the ``delegate`` tool) with ``create``.
 
-    Within the limits of PROTOCOL section 15: not from a session at
+    Within the limits of docs/protocol.md §15: not from a session at
     ``max_delegate_depth``, at most ``max_workers_per_turn`` of the turn in
     flight, and the worker's session and its turn count against its
     owner's ``max_sessions_per_key`` and ``turns_per_minute_per_key`` (the
@@ -124,7 +124,7 @@ async def spawn_worker(session: SessionCore, create: Callable[[], Awaitable[Work
 def book_worker_cost(session: SessionCore, turn_id: str, cost_usd: float) -> None:
     """Add what a delegated worker's turn spent to the turn that delegated it.
 
-    PROTOCOL section 5: ``turn.completed.cost_usd`` includes the turn's
+    docs/protocol.md §5: ``turn.completed.cost_usd`` includes the turn's
     workers (``workers_cost_usd``), and so does ``cost_so_far_usd``; a
     worker's own workers are in its cost already, so it rolls up level by
     level. A turn that has ended meanwhile is not charged twice.

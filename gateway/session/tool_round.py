@@ -3,7 +3,7 @@
 A call that stops with ``tool_use`` hands its tool blocks to :meth:`ToolRound.run`,
 whose tools run concurrently in the batch's nursery. The turn stays at the
 seam until the first tool enters execution; a tool waiting for permission has
-not (PROTOCOL section 8). A tool that raises anything is a ``tool.failed``
+not (docs/protocol.md §8). A tool that raises anything is a ``tool.failed``
 (``error``); a cancel fails each running tool (``cancelled``) from its own
 task, an open permission request resolved ``cancelled`` first.
 
@@ -166,7 +166,7 @@ class ToolRound:
             s.emit([ToolCompleted(block.id, block.name, content, ms, structured)], turn.id)
 
     async def _permission(self, turn: Turn, block: ToolUseBlock) -> None:
-        """Wait for ``allow`` (PROTOCOL section 5 ``permission.*``).
+        """Wait for ``allow`` (docs/protocol.md §5 ``permission.*``).
 
         Raises:
             ToolError: ``permission_denied`` on ``deny`` or after ``approval_timeout_s``.
@@ -233,7 +233,7 @@ def record_result(
     """Record a tool's result in the conversation, in the step that announces it.
 
     A structured result is kept in the block (``structured_content``), so a
-    snapshot shows what ``tool.completed`` showed (PROTOCOL section 6).
+    snapshot shows what ``tool.completed`` showed (docs/protocol.md §6).
     """
     state.pending_tools = [b for b in state.pending_tools if b.id != block.id]
     results = _results_message(s, turn, state)
@@ -256,7 +256,7 @@ def _results_message(s: TurnHost, turn: Turn, state: TurnState) -> Message:
 def _resolved_by_cancel(s: TurnHost, turn: Turn, request: PermissionRequest) -> None:
     """A cancel ends a request still waiting: ``permission.resolved`` ``cancelled``.
 
-    PROTOCOL section 5: every request is resolved, and one a cancel ended says
+    docs/protocol.md §5: every request is resolved, and one a cancel ended says
     so, in the step of its tool's ``tool.failed (cancelled)`` that follows
     (nothing awaits between the two). One decided just as the cancel landed
     keeps its decision: its tool never ran, and its ``tool.failed`` says why.

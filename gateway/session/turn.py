@@ -1,4 +1,4 @@
-"""A turn and its phase: the one place that says where a turn is (PROTOCOL sections 7, 8).
+"""A turn and its phase: the one place that says where a turn is (docs/protocol.md sections 7, 8).
 
 The phase decides which cancellation sequence a cancel produces:
 
@@ -63,9 +63,9 @@ class Turn:
     done: trio.Event = field(default_factory=trio.Event)
     # Set once turn.started was emitted (or the turn ended without it).
     started: trio.Event = field(default_factory=trio.Event)
-    # Delegate workers it started (``max_workers_per_turn``, PROTOCOL section 15).
+    # Delegate workers it started (``max_workers_per_turn``, docs/protocol.md §15).
     workers: int = 0
-    # What its delegated workers' turns spent (PROTOCOL section 5, ``workers_cost_usd``).
+    # What its delegated workers' turns spent (docs/protocol.md §5, ``workers_cost_usd``).
     workers_cost_usd: float = 0.0
     # What it spent in all, its workers' included; set as it ends, before ``done``.
     cost_usd: float = 0.0
@@ -112,5 +112,5 @@ class TurnState:
         self.rounds = 0  # LLM calls so far (the agent's max_rounds)
         self.results_message: Message | None = None
         self.ended = False  # its terminal event went out
-        self.overflowed = False  # the last call was refused as too long (PROTOCOL section 12)
+        self.overflowed = False  # the last call was refused as too long (docs/protocol.md §12)
         self.call_failed_emitted = False  # its llm.call_failed went out already

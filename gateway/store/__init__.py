@@ -2,9 +2,9 @@
 
 - :class:`SqliteStore` (:mod:`.sqlite`): the embedded default, one node.
 - :class:`~gateway.store.redis.RedisStore` (:mod:`.redis`): Redis, so that several nodes can share
-  one store (issue 13; this slice runs one node on it).
+  one store (docs/scale-out.md).
 
-:func:`open_store` picks one from ``[store] backend`` (RUNNING.md).
+:func:`open_store` picks one from ``[store] backend`` (docs/reference.md).
 """
 
 from gateway.config import StoreConfig
@@ -31,5 +31,5 @@ def open_store(config: StoreConfig) -> Store:
         from gateway.store.redis import RedisStore
 
         return RedisStore(config.url, flush_interval_s=flush_interval_s)
-    # Ids above the clock: they do not go backwards even if the file is lost (PROTOCOL section 15).
+    # Ids above the clock: they do not go backwards even if the file is lost (docs/protocol.md §15).
     return SqliteStore(config.path, flush_interval_s=flush_interval_s, ids_above_clock=True)

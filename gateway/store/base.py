@@ -1,11 +1,11 @@
 """The trace store's interface: what the gateway persists, and how it asks.
 
-The gateway persists three things (PROTOCOL section 5: "catalog events are
+The gateway persists three things (docs/protocol.md §5: "catalog events are
 persisted in the trace store and replayable"): sessions, the messages of their
 conversations, and catalog events. Streaming-only events are never persisted;
-a reconnect restores them from the message store instead (PROTOCOL section 3).
+a reconnect restores them from the message store instead (docs/protocol.md §3).
 
-Two numbers make event ids safe across restarts (PROTOCOL section 1: event ids
+Two numbers make event ids safe across restarts (docs/protocol.md §1: event ids
 "are never reused (the high-water mark survives a restart)"):
 
 - the **event ceiling**: every sequence number up to it may have been handed
@@ -14,14 +14,14 @@ Two numbers make event ids safe across restarts (PROTOCOL section 1: event ids
   and the ceiling is the top of the last block allocated: on Redis, the
   deployment's counter, so the blocks of several nodes never overlap;
 - the **retention floor**: the highest sequence number ever purged, so a
-  ``since`` cursor at or below it is ``cursor_expired`` (PROTOCOL section 3).
+  ``since`` cursor at or below it is ``cursor_expired`` (docs/protocol.md §3).
 
 Writes are a synchronous enqueue that never blocks the session: a writer task
 (:meth:`Store.run`) applies them in order, in batches (a group commit). Each
 put takes a ticket; :attr:`Store.committed` says how far the writes are
 durable, and ``on_commit`` is told each time it moves. The gateway holds a
 session's live events behind its pending catalog events until then, so no
-client ever receives an event the store could lose (PROTOCOL section 9).
+client ever receives an event the store could lose (docs/protocol.md §9).
 Reads see only what has been committed; the session keeps the in-memory tail.
 
 :class:`Store` is a ``typing.Protocol`` so that a networked backend can be
@@ -49,7 +49,7 @@ class StoreState(msgspec.Struct, frozen=True):
 
 
 class SessionRecord(msgspec.Struct):
-    """One session as stored (the durable part of PROTOCOL section 6's SessionSummary)."""
+    """One session as stored (the durable part of docs/protocol.md §6's SessionSummary)."""
 
     id: str
     created_at: int
@@ -60,17 +60,17 @@ class SessionRecord(msgspec.Struct):
     routing_policy_version: str
     cost_so_far_usd: float = 0.0
     turn_count: int = 0
-    # The turn in flight and the id of its turn.started (PROTOCOL section 9):
+    # The turn in flight and the id of its turn.started (docs/protocol.md §9):
     # written with turn.started and cleared with the turn's terminal event, in
     # the same commit, so a restart knows which turns to close.
     current_turn_id: str | None = None
     current_turn_seq: int = 0
-    # Who the session belongs to (PROTOCOL section 2): the id of the API key that
+    # Who the session belongs to (docs/protocol.md §2): the id of the API key that
     # created it (gateway.server.auth.key_id: a digest, never the key), a worker's
     # its parent's; "" (no owner, seen by every key) where no keys were configured.
     # A default, so records stored before owners existed decode as ownerless.
     owner: str = ""
-    # The agent it runs (PROTOCOL section 11), fixed at creation; records stored
+    # The agent it runs (docs/protocol.md §11), fixed at creation; records stored
     # before agents existed run the default agent.
     agent: str = "default"
 
@@ -149,7 +149,7 @@ class Store(Protocol):
 
         Returns:
             The bytes of the message as encoded for the store: what its session's
-            stored size counts (``max_session_mb``, PROTOCOL section 15), known at
+            stored size counts (``max_session_mb``, docs/protocol.md §15), known at
             no cost since the put encodes it anyway.
         """
         ...
@@ -173,7 +173,7 @@ class Store(Protocol):
     failure: StoreError | None
     """While writes fail, the last failure; ``None`` once one lands again.
 
-    ``/readyz`` answers 503 ``store_unavailable`` meanwhile (PROTOCOL section 15).
+    ``/readyz`` answers 503 ``store_unavailable`` meanwhile (docs/protocol.md §15).
     """
 
     refusing: StoreError | None
@@ -193,7 +193,7 @@ class Store(Protocol):
         ...
 
     def reserve_event_ids(self, block: int, granted: Callable[[int], None]) -> None:
-        """Allocate the next ``block`` event ids to this node alone (PROTOCOL section 1).
+        """Allocate the next ``block`` event ids to this node alone (docs/protocol.md §1).
 
         ``granted(top)`` is called, in the Trio thread, with the block's last id:
         the node may issue ``top - block + 1`` to ``top``. Blocks never overlap,
@@ -228,7 +228,7 @@ class Store(Protocol):
     async def list_sessions(
         self, *, limit: int, before: str | None, visible_to: str | None = None
     ) -> tuple[list[SessionRecord], bool]:
-        """One page of ``GET /sessions`` (PROTOCOL section 2), newest first.
+        """One page of ``GET /sessions`` (docs/protocol.md §2), newest first.
 
         Order: ``created_at`` descending, then ``id`` descending.
 
@@ -252,7 +252,7 @@ class Store(Protocol):
         """How many sessions each owner has, workers included (``max_sessions_per_key``).
 
         A worker belongs to its parent's owner and counts against the same limit
-        (PROTOCOL section 15, "Limits that hold").
+        (docs/protocol.md §15, "Limits that hold").
         """
         ...
 
@@ -260,7 +260,7 @@ class Store(Protocol):
         """The bytes of the session's stored events (their wire JSON), read once when it is loaded.
 
         With its messages' sizes, the session's stored size that
-        ``max_session_mb`` bounds (PROTOCOL section 15); from then on the session
+        ``max_session_mb`` bounds (docs/protocol.md §15); from then on the session
         counts what it writes, in memory, and never asks again.
         """
         ...
@@ -278,12 +278,12 @@ class Store(Protocol):
     ) -> list[StoredEvent]:
         """Events of any of ``session_ids`` with ``seq > after_seq``, ascending, at most ``limit``.
 
-        The replay of PROTOCOL section 3; several ids when worker sessions are included.
+        The replay of docs/protocol.md §3; several ids when worker sessions are included.
         """
         ...
 
     async def purge_before(self, ts_ms: int) -> int:
-        """Delete every event with ``ts < ts_ms`` (the retention window, RUNNING.md ``[store]``).
+        """Delete every event with ``ts < ts_ms`` (retention, docs/reference.md ``[store]``).
 
         Returns:
             The retention floor, persisted: the highest sequence number ever

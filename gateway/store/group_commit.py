@@ -1,4 +1,4 @@
-"""The store's group-commit writer: one copy, for every backend (PROTOCOL section 9).
+"""The store's group-commit writer: one copy, for every backend (docs/protocol.md §9).
 
 A put is a synchronous enqueue into the pending :class:`Batch`; one writer
 task commits what is pending in batches, one transaction each (a group

@@ -3,7 +3,7 @@
 A lease is a claim on one session by one node (its :attr:`Leases.node_id`, a
 uuid per process), valid for ``[store] lease_s`` unless renewed. The node that
 holds a session's lease is the one that may run its turns and close a turn a
-dead node left in flight (PROTOCOL section 9); when the holder dies (kill -9)
+dead node left in flight (docs/protocol.md §9); when the holder dies (kill -9)
 its leases expire and another node may take them. How long a failover takes
 is therefore the lease time.
 

@@ -1,10 +1,10 @@
-"""The Redis backend of the trace store (RUNNING.md ``[store] backend = "redis"``, issue 13).
+"""The Redis backend of the trace store (docs/reference.md ``[store] backend = "redis"``).
 
 Same interface and guarantees as the SQLite backend (:mod:`gateway.store.base`):
 puts are a synchronous enqueue, a writer task commits them in batches, and
 :attr:`RedisStore.committed` moves past a ticket only once Redis has answered
 the batch's ``EXEC``: the batch is then in Redis's append-only file under the
-server's ``appendfsync`` policy (README "Redis backend": ``always`` fsyncs before
+server's ``appendfsync`` policy (docs/operating.md "Redis backend": ``always`` fsyncs before
 answering, ``everysec``, the documented default, within a second, so an answered
 write survives a Redis crash and loses at most a second to a power cut).
 
@@ -27,10 +27,10 @@ store is later sharded by session::
                                (raised with ZADD GT: only grows)
     gw:s:{sid}                 the SessionRecord
     gw:sessions                ZSET (lex): "<created_at, 16 digits>:<sid>", every session
-    gw:owner:<owner>           ZSET (lex): the same, one owner's sessions (PROTOCOL section 2)
+    gw:owner:<owner>           ZSET (lex): the same, one owner's sessions (docs/protocol.md §2)
     gw:owners, gw:roots:<owner> SET: owners; an owner's sessions that are not workers
     gw:workers:<parent>        ZSET (lex): a session's workers, oldest first
-    gw:open                    SET: sessions whose current_turn_id is set (PROTOCOL section 9)
+    gw:open                    SET: sessions whose current_turn_id is set (docs/protocol.md §9)
     gw:m:{sid}                 HASH: message id -> StoredMessage
     gw:mo:{sid}                ZSET: message id -> insertion order (kept by a rewrite)
     gw:e:{sid}                 ZSET: score seq, member [seq, type, ts, wire bytes]
@@ -65,7 +65,7 @@ Decisions where the contract is silent:
   once (``store_reconnected``: how many attempts failed, over how long), so an
   outage has an end in the log as well as a beginning.
 - An event stored twice with the same ``seq`` is not refused (the sequencer
-  never reuses one: PROTOCOL section 1, and the event ceiling).
+  never reuses one: docs/protocol.md §1, and the event ceiling).
 - Event ids come in blocks allocated by ``ZINCRBY gw:meta <block> event_ceiling``
   inside the writer's transaction: atomic, so the blocks of several nodes never
   overlap, and each above every block before it. The counter is the
@@ -88,7 +88,7 @@ Decisions where the contract is silent:
   Why: while Redis is away every node's writes wait in its writer, each on
   its own backoff; the node that ran a turn loses the lease meanwhile, and
   another takes it once Redis is back, reads the store and closes the turn
-  (PROTOCOL section 9). Without the fence the first node's queued writes
+  (docs/protocol.md §9). Without the fence the first node's queued writes
   would land after that, under the closing: events with lower ids (a call
   both completed and failed), its message over the closed one, its record
   over the new owner's. A write so dropped is reported (``on_write_error``:
@@ -422,7 +422,7 @@ class RedisStore(GroupCommit[_Batch]):
         if isinstance(setting, dict) and setting.get(b"appendonly") == b"no":
             log.warning(
                 "store %s: Redis has appendonly no; what clients were shown survives"
-                " only until Redis restarts (README: Redis backend)",
+                " only until Redis restarts (docs/operating.md: Redis backend)",
                 self._where,
             )
         return StoreState(
@@ -519,8 +519,8 @@ class RedisStore(GroupCommit[_Batch]):
                     p.eval(_PUT_SESSION, keys, record)
                     rows.append(f"session {sid}")
                 # One script per session for its messages, and one for its events,
-                # however many: a command costs far more than a member (README
-                # figures; a tool turn writes a message at every block's end).
+                # however many: a command costs far more than a member (the figures
+                # in docs/performance.md; a tool turn writes a message at every block's end).
                 messages: dict[str, list[str | bytes]] = {}
                 for sid, mid, data in batch.messages:
                     messages.setdefault(sid, [node]).extend((mid, data))

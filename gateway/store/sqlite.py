@@ -1,4 +1,4 @@
-"""The embedded SQLite backend of the trace store (RUNNING.md ``[store] backend = "sqlite"``).
+"""The trace store's embedded SQLite backend (docs/reference.md ``[store] backend = "sqlite"``).
 
 Two layers:
 
@@ -25,7 +25,7 @@ Decisions where the contract is silent:
   next batch, which may then exceed it.
 - ``events`` is also indexed by ``ts`` so that the periodic purge does not scan
   the whole table while it holds the write connection.
-- A failed write never loses the batch (PROTOCOL section 9: what a client was
+- A failed write never loses the batch (docs/protocol.md §9: what a client was
   shown is durable). A transient failure (``SQLITE_BUSY``, a full disk, an I/O
   error: ``sqlite3.OperationalError``) is retried with backoff (0.05 s doubling
   to 5 s) until it lands; everything after it waits, in order. A batch that
@@ -38,7 +38,7 @@ Decisions where the contract is silent:
   the Redis store does. While writes fail, :attr:`SqliteStore.failure` says
   why (``/readyz`` answers 503 meanwhile). Puts after :meth:`SqliteStore.aclose`
   raise: a write that cannot land must be loud.
-- The store is its file (PROTOCOL section 15, "The store is the truth"). The
+- The store is its file (docs/protocol.md §15, "The store is the truth"). The
   identity (``st_dev``, ``st_ino``) of the database file and of its ``-wal``
   is recorded at open and compared in the writer's thread before and after
   every write transaction (two ``os.stat`` calls, microseconds a batch). Should
@@ -96,7 +96,7 @@ log = logging.getLogger("gateway.store")
 # or full or corrupt database) holds the whole batch, retried until it lands.
 _ROW_ERRORS = (sqlite3.IntegrityError, sqlite3.DataError)
 
-# Version 2 (PROTOCOL section 9): a session remembers the turn in flight, so a
+# Version 2 (docs/protocol.md §9): a session remembers the turn in flight, so a
 # restart finds the turns to close without scanning events; workers are found
 # by their parent.
 _V2_INDEXES = (
@@ -125,7 +125,7 @@ _MIGRATE_1_TO_2 = (
     """,
 )
 
-# Version 3 (PROTOCOL section 2): a session belongs to the key that created it.
+# Version 3 (docs/protocol.md §2): a session belongs to the key that created it.
 # ``owner`` is the key's id (gateway.server.auth.key_id), never the key; "" for
 # the sessions made without keys, which every key sees (so every version-2
 # session, made before owners existed, stays visible as it was).
@@ -135,7 +135,7 @@ _MIGRATE_2_TO_3 = (
     *_V3_INDEXES,
 )
 
-# Version 4 (PROTOCOL section 11): a session runs the agent it was created with;
+# Version 4 (docs/protocol.md §11): a session runs the agent it was created with;
 # the sessions of earlier versions ran the default agent.
 _MIGRATE_3_TO_4 = ("ALTER TABLE sessions ADD COLUMN agent TEXT NOT NULL DEFAULT 'default'",)
 

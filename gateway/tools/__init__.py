@@ -1,1 +1,1 @@
-"""Tools: the registry and dispatcher, and the built-in tools (RUNNING.md "Built-in tools")."""
+"""Tools: the registry, the dispatcher, the built-in tools (docs/reference.md "Built-in tools")."""

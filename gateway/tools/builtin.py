@@ -1,9 +1,9 @@
-"""The registry of built-in tools (RUNNING.md "Built-in tools").
+"""The registry of built-in tools (docs/reference.md "Built-in tools").
 
 ``sleep`` and ``read_file`` live here; ``shell`` (opt-in) in
 :mod:`gateway.tools.shell`; ``delegate`` in :mod:`gateway.tools.delegate`.
 ``build_registry`` takes the names that ``[tools] enabled`` lists, and the
-daemon's workspace rules and tool processes (PROTOCOL section 15), which the
+daemon's workspace rules and tool processes (docs/protocol.md §15), which the
 file and process tools are made with.
 """
 

@@ -1,12 +1,12 @@
-"""The ``delegate`` tool: a task run as one turn of a new worker session (RUNNING.md).
+"""The ``delegate`` tool: a task run as one turn of a new worker session (docs/reference.md).
 
 The worker is a session like any other (``parent_session_id`` set): its own
 nursery, its own agent loop, its own stream that can be attached directly, and
 its events also reach the parent's subscribers that ask for
-``include_worker_sessions`` (PROTOCOL section 5). The parent emits
+``include_worker_sessions`` (docs/protocol.md §5). The parent emits
 ``delegate.started``, then ``delegate.completed`` or ``delegate.failed``.
 
-Limits (PROTOCOL section 15, :meth:`gateway.session.session.Session.spawn_worker`):
+Limits (docs/protocol.md §15, :meth:`gateway.session.session.Session.spawn_worker`):
 no worker from a session at ``max_delegate_depth``, at most
 ``max_workers_per_turn`` per turn of the parent, and the worker's session and
 turn count against the owner's ``max_sessions_per_key`` and
@@ -16,12 +16,12 @@ anything happens: no session, no ``delegate.*`` event.
 What the worker's turn spent (its own workers' included) is added to the
 parent's turn: its ``turn.completed`` has it in ``cost_usd`` and in
 ``workers_cost_usd``, and the parent's ``cost_so_far_usd`` counts it
-(PROTOCOL section 5).
+(docs/protocol.md §5).
 
 Cancelling the parent's turn cancels the worker's turn first, which emits its
 own cancellation sequence in the worker's stream; then the parent emits
 ``delegate.failed`` (``cancelled_by_user``), and the tool's ``tool.failed``
-and ``turn.cancelled`` follow (PROTOCOL section 8, last row).
+and ``turn.cancelled`` follow (docs/protocol.md §8, last row).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tool processes: what they inherit, and that none outlives the daemon (PROTOCOL section 15).
+"""Tool processes: what they inherit, and that none outlives the daemon (docs/protocol.md §15).
 
 Every process the gateway starts for a tool (the ``shell`` tool today; MCP
 servers over stdio and the Claude Code CLI use the same door) is started by
@@ -143,7 +143,7 @@ class ToolProcesses:
         """Stop every process of ``proc``'s group and reap ``proc``; run it shielded.
 
         A process still running gets SIGTERM, with its whole group, and
-        ``grace_s`` to exit (PROTOCOL section 8). Then the group gets SIGKILL in
+        ``grace_s`` to exit (docs/protocol.md §8). Then the group gets SIGKILL in
         every case: children that ignored SIGTERM, or were left in the
         background by a process that exited on its own, are in it still. Only
         then is the group struck off the watchdog's list.

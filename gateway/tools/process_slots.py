@@ -1,12 +1,12 @@
 """``max_processes``: how many Claude Code processes an agent runs at once on a node.
 
-RUNNING.md "Agents": each ``claude-code`` agent's ``max_processes`` bounds its
+docs/reference.md "Agents": each ``claude-code`` agent's ``max_processes`` bounds its
 CLI processes on this node (each is some 200 MB). A session holds a slot from
 the moment a turn of it is accepted with no process running until its process
 ends (an idle stop, a crash, the session's end): :class:`ProcessSlots`.
 
 A turn that needs a slot when all are held waits for one **before** its
-``POST /sessions/{id}/turns`` answers (PROTOCOL section 2 leaves the wait to
+``POST /sessions/{id}/turns`` answers (docs/protocol.md §2 leaves the wait to
 the runtime; this one answers 503 after a bounded wait):
 
 - while it waits, the least recently active of the agent's **idle** processes

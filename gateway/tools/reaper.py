@@ -1,6 +1,6 @@
 """The watchdog of a daemon's tool processes: it kills them when the daemon dies, kill -9 included.
 
-PROTOCOL section 15 "What tools inherit": a tool process dies with the daemon.
+docs/protocol.md §15 "What tools inherit": a tool process dies with the daemon.
 One of these runs per daemon (gateway.tools.process), in a session of its own
 (so a signal to a tool's group, or a terminal's Ctrl-C, never reaches it), as
 ``python -I -S reaper.py``: standard library only, nothing of the gateway

@@ -5,7 +5,7 @@ shown), a ``parse`` that checks what the model sends against it, and an async
 ``run``. A built-in tool (:class:`FunctionTool`) derives both the schema and
 the parse from one input type (a ``msgspec.Struct``), so the two can never
 disagree; an MCP server's tool (gateway.mcp.tools) carries the server's schema
-and checks input against it with ``jsonschema`` (PROTOCOL section 11).
+and checks input against it with ``jsonschema`` (docs/protocol.md §11).
 
 The tools a session sees (:class:`SessionTools`) are the node's built-in
 registry plus the tools of the MCP servers it may use, composed per session and
@@ -14,7 +14,7 @@ filtered by its agent's tool list; each tool says where it comes from
 
 The dispatcher turns every way a tool call can go wrong into a
 :class:`~gateway.errors.ToolError` with the ``tool.failed.error_class`` of
-PROTOCOL section 5: an unknown name is ``unknown_tool``, input failing its
+docs/protocol.md §5: an unknown name is ``unknown_tool``, input failing its
 schema is ``invalid_input``, a tool raising anything else is ``error``. The turn
 goes on either way: the model sees the error as an ``is_error`` tool result.
 """
@@ -68,7 +68,7 @@ class WorkerTurn(Protocol):
 
 
 class Worker(Protocol):
-    """A worker session (PROTOCOL section 5, ``parent_session_id``)."""
+    """A worker session (docs/protocol.md §5, ``parent_session_id``)."""
 
     @property
     def id(self) -> str: ...
@@ -96,13 +96,13 @@ class ToolSession(Protocol):
         ...
 
     def book_worker_cost(self, turn_id: str, cost_usd: float) -> None:
-        """Add a worker turn's cost to this session's turn ``turn_id`` (PROTOCOL section 5)."""
+        """Add a worker turn's cost to this session's turn ``turn_id`` (docs/protocol.md §5)."""
         ...
 
     async def elicit(
         self, ctx: ToolContext, message: str, requested_schema: dict[str, Any]
     ) -> tuple[str, dict[str, Any] | None]:
-        """Ask the session's user a question for a running tool (an MCP elicitation, PROTOCOL §11).
+        """Ask the session's user a question for a running tool (elicitation, docs/protocol.md §11).
 
         A ``permission.requested`` of ``kind: "elicitation"``, waited on within
         ``approval_timeout_s``. Returns the decision (``allow``, ``deny``,
@@ -219,7 +219,7 @@ class ToolRegistry:
         """Validate and run one call.
 
         Raises:
-            ToolError: with the error class of PROTOCOL section 5.
+            ToolError: with the error class of docs/protocol.md §5.
             trio.Cancelled: passes through untouched (cancellation is the turn's business).
         """
         return await _execute(*self.validate(name, raw_input), ctx)

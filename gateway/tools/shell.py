@@ -1,4 +1,4 @@
-"""The ``shell`` tool of RUNNING.md "Built-in tools", and how it is stopped (PROTOCOL section 8).
+"""The ``shell`` tool (docs/reference.md "Built-in tools"), and how it stops (docs/protocol.md §8).
 
 ``shell`` runs whatever the model asks for, so it is opt-in: a gateway lists it
 in ``[tools] enabled`` deliberately.
@@ -13,7 +13,7 @@ group, never a lone pid. However the call ends, nothing of it survives:
   its own turn, so the call owns its group until it returns.
 - the timeout passes, or the turn is cancelled (``trio.Cancelled``): the group
   gets SIGTERM, the shell has ``ToolContext.kill_grace_s`` to exit, then the
-  group gets SIGKILL (PROTOCOL section 8). The stop is shielded: a cancelled
+  group gets SIGKILL (docs/protocol.md §8). The stop is shielded: a cancelled
   task may still wait for its child, briefly. A timeout then fails the call
   with ``timeout``; a cancellation propagates untouched, for the turn to emit
   ``tool.failed (cancelled)``.

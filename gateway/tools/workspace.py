@@ -1,6 +1,6 @@
 """Workspaces: the directory a session works in, and the only one its built-in tools reach.
 
-PROTOCOL section 15 "Workspaces": a client never picks a directory of the host.
+docs/protocol.md §15 "Workspaces": a client never picks a directory of the host.
 
 Layout. ``[sessions] workspace_root`` (relative: to the daemon's working
 directory at start-up, made absolute then, created mode 0700) holds one
@@ -233,7 +233,7 @@ class Workspaces:
         """Delete a session's own workspace, with everything in it; whether one was deleted.
 
         ``DELETE /sessions/{id}`` calls this for the session and each of its
-        workers (PROTOCOL section 13 and 15: a session's own directory goes
+        workers (docs/protocol.md §13 and 15: a session's own directory goes
         with it). Only the directory made for it (recorded as
         ``<tenant>/.own/<session id>``) is deleted: a named workspace, an allowed
         absolute one and a worker's (its parent's) stay. Nothing is followed:

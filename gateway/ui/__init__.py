@@ -1,4 +1,4 @@
-"""The web page (issue 12, "Web page"): its files, and how the gateway serves them.
+"""The web page (docs/clients.md): its files, and how the gateway serves them.
 
 The page is plain HTML, CSS and ES modules in this directory, served as they
 are: no build step, no CDN, nothing fetched from anywhere but the gateway
@@ -6,7 +6,7 @@ itself, so it works offline. ``GET /`` is ``index.html``; ``GET /ui/NAME`` is
 any other file here (``app.js``, ``reducer.js``, ``style.css``, ...). The page is
 public, as ``/healthz`` is: it holds no data; everything it shows comes from the
 HTTP API and the session stream, with the API key the user types in
-(PROTOCOL sections 2 and 3).
+(docs/protocol.md sections 2 and 3).
 
 Serving rules (gateway.server.handlers.page: ``page`` and ``asset``):
 
@@ -47,7 +47,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\.(" + "|".join(CONTENT_TYPES) + "
 INDEX = "index.html"
 
 # ws: and wss: besides 'self': the stream may be on the configured public URL
-# (PROTOCOL section 2, ws_url), which a browser does not count as 'self'.
+# (docs/protocol.md §2, ws_url), which a browser does not count as 'self'.
 PAGE_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self' ws: wss:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"

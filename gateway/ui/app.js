@@ -1,4 +1,4 @@
-// The gateway's web page (issue 12, "Web page"): the HTTP API and one session stream.
+// The gateway's web page (docs/clients.md): the HTTP API and one session stream.
 //
 // Everything the page knows comes from the gateway: the HTTP API of PROTOCOL
 // section 2 (with `Authorization: Bearer` once the user typed a key), and the
@@ -18,7 +18,7 @@
 // - the API key: asked for when the gateway answers 401 (or 403 to a key it
 //   no longer takes), kept in sessionStorage (this tab only), never in a URL.
 //
-// - agents (PROTOCOL section 11): a picker filled from `GET /agents` names the
+// - agents (docs/protocol.md §11): a picker filled from `GET /agents` names the
 //   agent of a new session (`POST /sessions {"agent"}`); a gateway without that
 //   route (404) hides it, and sessions get the default agent.
 // - compactions (section 12): one quiet line where the context message stands
@@ -29,7 +29,7 @@
 //   Submit answers `allow` with `content`, Decline `deny`. A worker's request
 //   (its `session_id`) is answered with its own session id.
 //
-// Elements that tests and automation drive carry data-testid (issue 12): prompt,
+// Elements that tests and automation drive carry data-testid (docs/clients.md): prompt,
 // send, cancel, new-session, view-toggle, status, and each message `message`
 // with data-role and data-status; agent-picker, compaction, elicitation. `window.gateway` is a small handle for
 // automation (the stream, its state, and `options`, which an init script may
@@ -171,7 +171,7 @@ async function api(method, path, body) {
     const headers = { Accept: "application/json" };
     const key = sessionStorage.getItem(KEY_STORE);
     if (key) headers.Authorization = `Bearer ${key}`;
-    // Every POST says so, an empty one too (PROTOCOL section 15: else 415).
+    // Every POST says so, an empty one too (docs/protocol.md §15: else 415).
     if (body !== undefined || method === "POST") headers["Content-Type"] = "application/json";
     const response = await fetch(path, {
       method,
@@ -514,7 +514,7 @@ function render() {
   if (stick) ui.thread.scrollTop = ui.thread.scrollHeight;
 }
 
-// PROTOCOL section 15: a snapshot holds the newest messages that fit; older ones are paged in.
+// docs/protocol.md §15: a snapshot holds the newest messages that fit; older ones are paged in.
 let earlier = null;
 
 function drawEarlier(shown) {
@@ -632,7 +632,7 @@ function drawMessage(item) {
   );
 }
 
-/** A compaction (PROTOCOL section 12): one quiet line; its summary folded, when known. */
+/** A compaction (docs/protocol.md §12): one quiet line; its summary folded, when known. */
 function drawCompaction(item) {
   const block = item.blocks[0] || { replaces: 0, summary: "" };
   const count = block.replaces;
@@ -736,7 +736,7 @@ function drawTool(block) {
 }
 
 function permissionPath(permission) {
-  // A worker's request is answered with the session that asked (PROTOCOL sections 5, 6).
+  // A worker's request is answered with the session that asked (docs/protocol.md sections 5, 6).
   const sessionId = permission.session_id || permission.sessionId || page.sessionId;
   return `sessions/${encodeURIComponent(sessionId)}/permissions/${encodeURIComponent(permission.perm_id)}`;
 }
@@ -824,7 +824,7 @@ function formContent(form, schema) {
   return { content };
 }
 
-/** An MCP server's question (PROTOCOL section 11): Submit allows with content, Decline denies. */
+/** An MCP server's question (docs/protocol.md §11): Submit allows with content, Decline denies. */
 function drawElicitation(permission) {
   const schema = permission.requested_schema || { type: "object", properties: {} };
   const required = new Set(schema.required || []);
@@ -1028,7 +1028,7 @@ async function newSession() {
   }
 }
 
-/** The agent picker, from GET /agents (PROTOCOL section 11); hidden without that route. */
+/** The agent picker, from GET /agents (docs/protocol.md §11); hidden without that route. */
 async function loadAgents() {
   let answer;
   try {

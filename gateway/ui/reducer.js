@@ -1,4 +1,4 @@
-// The client state model and the two views of PROTOCOL section 10, for the browser and node.
+// The client state model and the two views of docs/protocol.md §10, for the browser and node.
 //
 // API (plain ES module: no dependency, no build step; node >= 18 and any current browser):
 //
@@ -13,8 +13,8 @@
 //   fullView(reducer)                  // every message and block, tools paired with results
 //   fullView(reducer, { workers: true })   // ... and the worker sessions (include_worker_sessions)
 //   simpleView(reducer)                // replace-then-append: thread, status line, permissions
-//   reducer.hasMore                    // the snapshot left older messages out (PROTOCOL section
-//                                      // 15): page them with GET .../messages?before=
+//   reducer.hasMore                    // the snapshot left older messages out (docs/protocol.md
+//                                      // §15): page them with GET .../messages?before=
 //                                      // reducer.oldestMessageId, then
 //   reducer.prependHistory(page.messages, page.has_more)
 //   reducer.replaceMessage(message)    // a finished message fetched whole (GET .../messages/ID)
@@ -33,7 +33,7 @@
 //             | {type: "redacted_thinking", open}
 //             | {type: "tool_use", id, name, input, open, status, result, perm_id}
 //             | {type: "compaction", summary, replaces: [message id], open: false}
-//     (a context message's, PROTOCOL section 12; "truncated": true while its summary is
+//     (a context message's, docs/protocol.md §12; "truncated": true while its summary is
 //     still to fetch, as after context.compacted, which does not carry it)
 //     and "truncated": true on a text, thinking or tool block a snapshot sent cut (section 15)
 //     tool status: "streaming" (block open) | "pending" (block ended, message still streaming)
@@ -68,7 +68,7 @@ export class ReducerError extends Error {
   }
 }
 
-// The block lifecycle, PROTOCOL section 5: which kinds of open block each delta or end addresses.
+// The block lifecycle, docs/protocol.md §5: which kinds of open block each delta or end addresses.
 const BLOCK_KINDS = {
   "text.delta": ["text"],
   "text.end": ["text"],
@@ -93,7 +93,7 @@ class StreamingBlock {
     this.finalInput = null;
     this.closed = false;
     this.restored = false;
-    this.truncated = false; // restored from a block a snapshot cut (PROTOCOL section 15)
+    this.truncated = false; // restored from a block a snapshot cut (docs/protocol.md §15)
     Object.assign(this, fields);
   }
 
@@ -158,7 +158,7 @@ class StreamingMessage {
     const streaming = new StreamingMessage(message.id, message.model, message.turn_id);
     message.content.forEach((block, index) => streaming.start(index, StreamingBlock.restore(block)));
     if ("open_block_index" in message) {
-      // PROTOCOL section 6: the block still streaming; every other one has ended.
+      // docs/protocol.md §6: the block still streaming; every other one has ended.
       for (const [index, block] of streaming.blocks) block.closed = index !== message.open_block_index;
     }
     return streaming;
@@ -227,12 +227,12 @@ export class Reducer {
     this.lastEventId = null;
     this.duplicatesIgnored = 0;
     this.skipped = 0;
-    // PROTOCOL section 15: the last snapshot left older messages out, and the
+    // docs/protocol.md §15: the last snapshot left older messages out, and the
     // tool results it sent cut (gateway/client/reducer.py, "Cut blocks").
     this.hasMore = false;
     this.truncatedResults = new Set();
     this.oldestMessageId = null; // the first message the snapshot (or a page before it) sent
-    this.compacting = null; // the compaction under way: {trigger, pre_tokens} (PROTOCOL section 12)
+    this.compacting = null; // the compaction under way: {trigger, pre_tokens} (docs/protocol.md §12)
   }
 
   /** The id of the turn in flight, or null when the session is idle. */
@@ -247,7 +247,7 @@ export class Reducer {
     return this;
   }
 
-  /** Apply one event (PROTOCOL sections 4-8); unknown types only move the cursor. */
+  /** Apply one event (docs/protocol.md sections 4-8); unknown types only move the cursor. */
   applyEvent(event) {
     if (this.lastEventId !== null && event.id <= this.lastEventId) {
       this.duplicatesIgnored += 1;
@@ -262,7 +262,7 @@ export class Reducer {
         this.workers.set(event.session_id, worker);
       }
       worker.dispatch(event);
-      // A worker's request is the parent's to answer (PROTOCOL section 5).
+      // A worker's request is the parent's to answer (docs/protocol.md §5).
       if (event.type === "permission.requested" || event.type === "permission.resolved") this.permission(event);
     }
     if (event.type === "delegate.started") {
@@ -277,7 +277,7 @@ export class Reducer {
     return this;
   }
 
-  /** A `snapshot` frame replaces everything (PROTOCOL sections 3 and 6). */
+  /** A `snapshot` frame replaces everything (docs/protocol.md sections 3 and 6). */
   applySnapshot(snapshot) {
     const session = snapshot.session;
     if (session.id !== this.sessionId) {
@@ -454,13 +454,13 @@ export class Reducer {
       }
       case "tool.use_end": {
         const block = this.openBlock(event.type, p);
-        if (!block.toolName && p.tool_name) block.toolName = p.tool_name; // PROTOCOL section 5
+        if (!block.toolName && p.tool_name) block.toolName = p.tool_name; // docs/protocol.md §5
         block.finalInput = p.final_input;
         block.closed = true;
         break;
       }
       default:
-        break; // an unknown type (PROTOCOL section 4), or one that does not change this state
+        break; // an unknown type (docs/protocol.md §4), or one that does not change this state
     }
   }
 
@@ -658,7 +658,7 @@ function streamingBlock(reducer, block) {
   }
 }
 
-/** The view, with `truncated: true` when what it shows was sent cut (PROTOCOL section 15). */
+/** The view, with `truncated: true` when what it shows was sent cut (docs/protocol.md §15). */
 function cut(view, truncated) {
   if (truncated) view.truncated = true;
   return view;
@@ -726,7 +726,7 @@ export function simpleView(reducer) {
         status: "complete",
       });
     } else if (message.role === "context") {
-      // A compaction: one quiet line, never assistant text (PROTOCOL section 12).
+      // A compaction: one quiet line, never assistant text (docs/protocol.md §12).
       thread.push({
         role: "context",
         turn_id: message.turn_id ?? null,

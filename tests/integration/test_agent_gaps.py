@@ -1,4 +1,4 @@
-"""The agent loop's gaps against PROTOCOL sections 4, 5 and 6, end to end.
+"""The agent loop's gaps against docs/protocol.md sections 4, 5 and 6, end to end.
 
 - A delegated worker's permission requests reach every ancestor's stream
   whatever its ``include_worker_sessions``, each ancestor's snapshot lists

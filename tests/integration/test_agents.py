@@ -1,4 +1,4 @@
-"""Agents (PROTOCOL section 11, RUNNING.md "Agents"): what a session runs.
+"""Agents (docs/protocol.md §11, docs/reference.md "Agents"): what a session runs.
 
 Through a real gateway on the scripted model (whose ``system`` and ``tools``
 blocks say back what a call was sent) and on the real providers against the

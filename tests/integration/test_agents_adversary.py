@@ -1,4 +1,4 @@
-"""Attacks on agents, MCP tools and compaction, each held by a test (PROTOCOL sections 2, 11, 12).
+"""Attacks on agents, MCP tools and compaction, each held by a test (docs/protocol.md §2, §11, §12).
 
 An MCP server is a program the operator trusts to run, not to behave: the
 ``requestedSchema`` of its questions, its tool list and its notices are

@@ -1,4 +1,4 @@
-"""``POST /agui`` over a real socket (issue 14): SSE of AG-UI events, each parsed by ``ag_ui.core``.
+"""``POST /agui`` over a real socket (docs/protocol.md §14): SSE, each event read by ``ag_ui.core``.
 
 Rules as in tests/conftest.py: a real gateway on 127.0.0.1 port 0, httpx as
 the client, the real clock with ``fail_after`` caps, no sleeping to wait for
@@ -442,7 +442,7 @@ async def test_two_runs_racing_on_a_new_thread_share_one_session(tmp_path: Path)
 async def test_a_run_that_stops_reading_is_a_slow_client_as_a_websocket_is(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """PROTOCOL section 3's slow-client rule, for an SSE stream (gateway.session.delivery).
+    """docs/protocol.md §3's slow-client rule, for an SSE stream (gateway.session.delivery).
 
     Every client of the session sees the ``bus.handler_warning``; the close is
     counted (``gateway_slow_client_closes_total``) and logged

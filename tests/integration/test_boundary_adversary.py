@@ -1,4 +1,4 @@
-"""Adversarial checks of PROTOCOL section 15 "The boundary", as merged.
+"""Adversarial checks of docs/protocol.md §15 "The boundary", as merged.
 
 Each test reproduces an attack of an adversarial review of the change: the
 ones that got through at first (a tool reading the daemon's environment

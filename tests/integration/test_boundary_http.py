@@ -1,4 +1,4 @@
-"""The boundary over HTTP (PROTOCOL section 15), each attack as it was reported, now refused.
+"""The boundary over HTTP (docs/protocol.md §15), each attack as it was reported, now refused.
 
 - A page on another origin POSTed ``text/plain`` (no CORS preflight) to
   ``/agui`` and ran a shell command: every POST now needs

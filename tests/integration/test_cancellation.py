@@ -1,4 +1,4 @@
-"""Cancellation (PROTOCOL section 8): each case emits exactly its sequence.
+"""Cancellation (docs/protocol.md §8): each case emits exactly its sequence.
 
 Every test attaches two clients to the session, cancels from one of them (a
 ``cancel`` frame) or over HTTP, and asserts that both receive the identical
@@ -222,7 +222,7 @@ async def test_cancel_at_the_seam_while_a_tool_waits_for_permission(tmp_path: Pa
         "llm.call_completed tool.called permission.requested permission.resolved tool.failed"
         " turn.cancelled"
     ), seq(ea)
-    # The cancel resolved the request (PROTOCOL section 5), right before its tool.failed.
+    # The cancel resolved the request (docs/protocol.md §5), right before its tool.failed.
     resolved = ea[-3].payload
     assert (resolved.perm_id, resolved.decision) == (perm_id, "cancelled")
     failed = ea[-2].payload

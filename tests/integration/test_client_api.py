@@ -1,7 +1,7 @@
 """The client library (``gateway.client``) against a real gateway on 127.0.0.1, port 0.
 
 Every call of :class:`GatewayClient` and :class:`Session`, then what the
-stream survives (PROTOCOL section 3): a server-side drop mid-message (1001,
+stream survives (docs/protocol.md §3): a server-side drop mid-message (1001,
 1011, 1008) ends in the state of a client that saw everything live, with
 every chunk of text exactly once; a real slow client (1008
 ``client_too_slow``) comes back with replay; a cursor the server cannot

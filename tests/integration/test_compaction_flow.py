@@ -1,4 +1,4 @@
-"""Context compaction through a running gateway on the scripted model (PROTOCOL section 12).
+"""Context compaction through a running gateway on the scripted model (docs/protocol.md §12).
 
 Each test watches the stream a client gets and what reached the model (a
 provider that records every request), never the gateway's internals:

@@ -1,4 +1,4 @@
-"""Context overflow through the real providers on the fake model APIs (PROTOCOL section 12).
+"""Context overflow through the real providers on the fake model APIs (docs/protocol.md §12).
 
 - That each provider tells a refusal as too long apart from any other 400 is
   a clause of the provider contract: tests/integration/test_provider_contract.py.

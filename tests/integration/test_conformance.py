@@ -1,4 +1,4 @@
-"""The streaming conformance suite (tests/streaming-conformance/, PROTOCOL sections 3-10).
+"""The streaming conformance suite (tests/streaming-conformance/, docs/protocol.md sections 3-10).
 
 Recorded traces (the server frames one client received, across its
 reconnects) drive both reducers: the Python one here, the JS one
@@ -14,7 +14,7 @@ streaming) and then fed the rest of the trace: its views must equal the live
 client's at every later frame, but for the two windows the views document (a
 restored block's thinking chunk and a restored tool block's input, both
 unknowable from a snapshot until the block moves on, and a compaction under
-way, which a snapshot does not carry: PROTOCOL section 12), and exactly at the end.
+way, which a snapshot does not carry: docs/protocol.md §12), and exactly at the end.
 The same is checked against a real gateway: a resume with ``since`` from every
 event of a tool turn, and a snapshot attach before every delta of a held
 stream.
@@ -212,7 +212,7 @@ def server_snapshot(live: Reducer) -> Frame:
 def server_replay(frames: list[Frame], cut: int, now: int, server: Reducer) -> list[Frame]:
     """What a client that left after ``frames[:cut]`` gets back when ``frames[:now]`` were sent.
 
-    PROTOCOL section 3: the catalog events it missed, each ``message.complete``
+    docs/protocol.md §3: the catalog events it missed, each ``message.complete``
     in its place, then one ``message.snapshot`` (with an id of its own) for each
     message still streaming that moved meanwhile; ``server`` is the state at ``now``.
     """

@@ -1,4 +1,4 @@
-"""Durable before delivered (PROTOCOL section 9), checked against the database file itself.
+"""Durable before delivered (docs/protocol.md §9), checked against the database file itself.
 
 Every catalog event is committed before any client receives it, so no client
 ever holds a catalog event the store lacks; streaming deltas behind a pending
@@ -177,7 +177,7 @@ async def test_a_streaming_block_is_stored_every_checkpoint(
     """``[store] checkpoint_ms``: the text of a block still streaming is stored that often.
 
     So a kill -9 loses at most the text of the last checkpoint's interval
-    (README "Reliability"; bench/crash_loss.py measures it); with 0, only what
+    (docs/operating.md "Reliability"; bench/crash_loss.py measures it); with 0, only what
     blocks that ended held.
     """
     db = str(tmp_path / "gateway.db")

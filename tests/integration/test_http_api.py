@@ -1,4 +1,4 @@
-"""The HTTP API of PROTOCOL section 2, end to end over real sockets.
+"""The HTTP API of docs/protocol.md §2, end to end over real sockets.
 
 Behaviours 2 and 3 of the core issue: every route answers with its documented
 status and body, every error is exactly ``{"error": {"code", "message"}}``,
@@ -45,7 +45,7 @@ SLOW_SCRIPT = {"script": {"delay_ms": 10, "rounds": [[{"lorem": 40}]]}}
 
 
 def assert_error(r: httpx.Response, status: int, code: str) -> dict[str, str]:
-    """``r`` is an error answer of exactly the shape of PROTOCOL section 2."""
+    """``r`` is an error answer of exactly the shape of docs/protocol.md §2."""
     assert r.status_code == status, r.text
     assert r.headers["content-type"] == "application/json"
     body = r.json()
@@ -562,7 +562,7 @@ def nested(depth: int) -> str:
 
 @pytest.mark.parametrize("depth", [2_000, 100_000])
 async def test_deeply_nested_json_is_400_invalid_json(gw: Harness, depth: int) -> None:
-    """PROTOCOL section 2: no input, however deep, gets a 500 (a RecursionError included).
+    """docs/protocol.md §2: no input, however deep, gets a 500 (a RecursionError included).
 
     ``metadata`` is any JSON object, so only its depth can refuse it; elsewhere a
     typed field refuses the nesting where it starts, as any wrong shape (422).

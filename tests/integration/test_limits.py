@@ -1,6 +1,6 @@
-"""The ``[limits]`` that keep one client from starving the rest (issue 11, "Tenant-safe").
+"""The ``[limits]`` that keep one client from starving the rest (docs/protocol.md §2, §15).
 
-RUNNING.md ``[limits]``, 0 = no limit, each refusal a clear error:
+docs/reference.md ``[limits]``, 0 = no limit, each refusal a clear error:
 
 - ``max_connections`` and ``max_connections_per_key``: 503 ``over_capacity`` at
   the stream handshake, before the upgrade, naming the limit; the slot comes
@@ -10,7 +10,7 @@ RUNNING.md ``[limits]``, 0 = no limit, each refusal a clear error:
 - ``max_sessions_per_key``: 429 ``too_many_sessions``, counted from the store
   at start-up (so a restart does not reset it), never over the limit however
   many requests race for the last slot; workers (``delegate``) count against
-  their owner's limit (PROTOCOL section 15; tests/integration/test_turn_limits.py).
+  their owner's limit (docs/protocol.md §15; tests/integration/test_turn_limits.py).
 - ``turns_per_minute_per_key``: 429 ``rate_limited`` with ``Retry-After``, the
   whole seconds until a turn is accepted again, over a sliding minute on
   Trio's clock (tested under ``autojump_clock``).
@@ -220,7 +220,7 @@ async def test_max_sessions_per_key_is_429_and_survives_a_restart(tmp_path: Path
         assert "max_sessions_per_key is 2" in error["message"]
         first = await b.create_session()  # B has its own count
 
-        # a worker counts against its owner's limit (PROTOCOL section 15)
+        # a worker counts against its owner's limit (docs/protocol.md §15)
         task = {"rounds": [[{"tool_use": {"name": "delegate", "input": {"task": "go"}}}]]}
         async with b.client(first) as watcher:
             await watcher.subscribe()

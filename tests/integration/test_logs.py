@@ -1,4 +1,4 @@
-"""The daemon's log (RUNNING.md ``[log]``; the README's "Logs").
+"""The daemon's log (docs/reference.md ``[log]``; docs/operating.md "Logs").
 
 - The formatters, line by line: JSON lines parse and carry ``ts`` (RFC 3339
   UTC), ``level``, ``event`` and the event's fields, a failure its traceback,

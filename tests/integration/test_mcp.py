@@ -1,4 +1,4 @@
-"""MCP tools through the official SDK's client, over stdio and streamable HTTP (PROTOCOL §11).
+"""MCP tools through the official SDK's client, over stdio and streamable HTTP (protocol §11).
 
 Real server processes (tests/mcp_servers), since the process is the point:
 its spawn, its death, its cancel, its stop.
@@ -364,7 +364,7 @@ async def test_kill_9_of_the_daemon_kills_its_mcp_servers(tmp_path: Path) -> Non
 
 @pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_the_example_notes_server(tmp_path: Path) -> None:
-    """examples/mcp_notes.py, as the README's worked example runs it (session scope)."""
+    """examples/mcp_notes.py, as the worked example of docs/agents.md runs it (session scope)."""
     example = ROOT / "examples" / "mcp_notes.py"
     import sys
 
@@ -385,7 +385,7 @@ async def test_the_example_notes_server(tmp_path: Path) -> None:
 @pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_a_session_server_stops_when_its_session_goes_idle(tmp_path: Path) -> None:
     """Unused for ``[sessions] idle_unload_s``: stopped; busy with a call: kept; the next turn:
-    started again (PROTOCOL section 11: "stops it when the session goes idle")."""
+    started again (docs/protocol.md §11: "stops it when the session goes idle")."""
     config = server(command=EVERYTHING, scope="session")
     async with running(idle_unload_s=0.4, ev=config) as manager:
         manager.open_session("ses_a", str(tmp_path))

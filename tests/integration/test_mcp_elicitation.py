@@ -1,4 +1,4 @@
-"""An MCP elicitation as a permission request of its session (PROTOCOL sections 2, 11).
+"""An MCP elicitation as a permission request of its session (docs/protocol.md sections 2, 11).
 
 The session's side (``Session.elicit``) and the route's (``content``, checked
 against the requested schema), through a real gateway; the MCP side of the

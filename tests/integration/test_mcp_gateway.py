@@ -1,4 +1,4 @@
-"""MCP tools through the whole daemon (PROTOCOL sections 5, 8, 11; RUNNING.md "MCP servers").
+"""MCP tools through the whole daemon (docs/protocol.md §5, §8, §11; docs/reference.md).
 
 tests/test_mcp*.py test the MCP manager alone; these drive a real gateway
 (in-process, or ``gateway serve`` as a process) with the scripted model and a
@@ -185,7 +185,7 @@ async def test_an_mcp_call_through_the_daemon_results_listings_elicitation_and_a
             assert completed[f"{PREFIX}echo"].result == "hi"
             assert completed[f"{PREFIX}echo"].structured_result is None
 
-            # The stored tool_result keeps the structured content (PROTOCOL section 6).
+            # The stored tool_result keeps the structured content (docs/protocol.md §6).
             r = await gw.http.get(f"/sessions/{sid}/messages")
             results = {
                 block["tool_use_id"]: block

@@ -1,4 +1,4 @@
-"""``GET /openapi.json``: the OpenAPI 3.1 document of PROTOCOL section 2.
+"""``GET /openapi.json``: the OpenAPI 3.1 document of docs/protocol.md §2.
 
 The document is checked here for what it says; tests/system/test_api_property.py checks
 that the running gateway does what it says. Here: it is valid OpenAPI 3.1
@@ -33,18 +33,18 @@ from tests.conftest import Harness, make_config, running_gateway
 
 GATEWAY_SOURCE = Path(gateway.__file__).parent
 
-# PROTOCOL section 2's table, plus the stream handshake and /readyz.
+# docs/protocol.md §2's table, plus the stream handshake and /readyz.
 CONTRACT = {
-    ("get", "/agents"),  # PROTOCOL section 11
+    ("get", "/agents"),  # docs/protocol.md §11
     ("post", "/sessions"),
     ("get", "/sessions"),
     ("get", "/sessions/{session_id}"),
     ("get", "/sessions/{session_id}/messages"),
-    ("get", "/sessions/{session_id}/messages/{message_id}"),  # PROTOCOL section 15
+    ("get", "/sessions/{session_id}/messages/{message_id}"),  # docs/protocol.md §15
     ("post", "/sessions/{session_id}/turns"),
     ("post", "/sessions/{session_id}/turns/{turn_id}/cancel"),
     ("post", "/sessions/{session_id}/permissions/{perm_id}"),
-    ("post", "/sessions/{session_id}/compact"),  # PROTOCOL section 12
+    ("post", "/sessions/{session_id}/compact"),  # docs/protocol.md §12
     ("post", "/sessions/{session_id}/feedback"),
     ("get", "/sessions/{session_id}/stream"),
     ("get", "/healthz"),
@@ -54,7 +54,7 @@ CONTRACT = {
     ("post", "/agui"),  # AG-UI (docs/protocol.md "AG-UI"): an SSE answer
     ("post", "/agui/{session_id}/cancel"),
 }
-# Each operation's body and answer Structs (PROTOCOL section 2).
+# Each operation's body and answer Structs (docs/protocol.md §2).
 STRUCTS = {
     ("get", "/agents"): (None, route_table.AgentList),
     ("post", "/sessions"): (route_table.CreateSession, route_table.SessionCreated),

@@ -1,4 +1,4 @@
-"""The contract every model provider keeps, run against each of them (PROTOCOL section 5).
+"""The contract every model provider keeps, run against each of them (docs/protocol.md §5).
 
 A provider turns one call into the raw events the translator reads: text,
 thinking, tool uses whose input arrives as partial JSON, the usage, and the
@@ -152,7 +152,7 @@ def own_message_id(result: Call) -> str:
 
 
 def tool_use_ids(result: Call) -> list[str]:
-    """The ids of the streamed tool uses, in order, all distinct (PROTOCOL section 1)."""
+    """The ids of the streamed tool uses, in order, all distinct (docs/protocol.md §1)."""
     ids = [e.payload.tool_use_id for e in result.events if e.type == "tool.use_start"]
     assert len(set(ids)) == len(ids), ids
     return ids
@@ -627,7 +627,7 @@ async def test_nothing_listening_is_a_network_error(subject: Subject) -> None:
     assert result.events == []
 
 
-# --- overflow: a refusal as too long, told apart from any other (PROTOCOL section 12) ---
+# --- overflow: a refusal as too long, told apart from any other (docs/protocol.md §12) ---
 
 
 @pytest.mark.parametrize(

@@ -94,7 +94,7 @@ def message_id(result: Call) -> str:
 
 
 def tool_use_ids(result: Call) -> list[str]:
-    """The gateway's own ids of the streamed tool uses, in order (PROTOCOL section 1)."""
+    """The gateway's own ids of the streamed tool uses, in order (docs/protocol.md §1)."""
     ids = [e.payload.tool_use_id for e in result.events if e.type == "tool.use_start"]
     assert all(i.startswith("tu_") for i in ids) and len(set(ids)) == len(ids), ids
     return ids
@@ -106,7 +106,7 @@ def tool_use_ids(result: Call) -> list[str]:
 async def test_think_tags_in_the_content_are_a_thinking_block(
     server: FakeServer, connect: Any
 ) -> None:
-    """PROTOCOL section 6: inline ``<think>`` reasoning, tags cut across chunks, is thinking."""
+    """docs/protocol.md §6: inline ``<think>`` reasoning, tags cut across chunks, is thinking."""
     server.enqueue(sse("think_tags"))
     async with connect() as provider:
         result = await call(provider)
@@ -408,7 +408,7 @@ def read(index: int, path: str) -> dict[str, Any]:
 async def test_a_server_that_repeats_tool_call_ids_still_gets_unique_pairs(
     tmp_path: Path, server: FakeServer
 ) -> None:
-    """PROTOCOL section 1: tool use ids are unique within the gateway, whatever the server sends."""
+    """docs/protocol.md §1: tool use ids are unique in the gateway, whatever the server sends."""
     (tmp_path / "a.txt").write_text("alpha")  # b.txt does not exist
     server.enqueue(
         stream_of(read(0, "a.txt"), read(1, "b.txt"), finish="tool_calls"),

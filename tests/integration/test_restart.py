@@ -1,4 +1,4 @@
-"""Crashes and restarts (PROTOCOL section 9), in process.
+"""Crashes and restarts (docs/protocol.md §9), in process.
 
 A crash is simulated exactly: SQLite's online backup copies what is committed
 at that instant, which is what a ``kill -9`` leaves on disk (the WAL holds

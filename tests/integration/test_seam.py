@@ -1,4 +1,4 @@
-"""The seam between snapshot/replay and live (PROTOCOL section 3), tested hard.
+"""The seam between snapshot/replay and live (docs/protocol.md §3), tested hard.
 
 Behaviours 7 and 8 of the core issue: many clients attach (with a snapshot or
 a ``since`` cursor) while a session streams thousands of deltas, and each one

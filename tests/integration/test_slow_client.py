@@ -1,4 +1,4 @@
-"""The slow-client rule (PROTOCOL section 3 "Backpressure"), behaviour 10 of the core issue.
+"""The slow-client rule (docs/protocol.md §3 "Backpressure"), behaviour 10 of the core issue.
 
 A client that stops reading fills the kernel buffers, then its bounded queue;
 the gateway then emits ``bus.handler_warning`` (persisted), and closes that

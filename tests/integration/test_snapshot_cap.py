@@ -1,4 +1,4 @@
-"""Snapshots that fit (PROTOCOL section 15): ``[stream] snapshot_max_bytes``.
+"""Snapshots that fit (docs/protocol.md §15): ``[stream] snapshot_max_bytes``.
 
 The attack as reported: after twelve turns of a large scripted ``lorem`` the
 snapshot frame grew past what clients accept (64 MiB), and ``gateway attach
@@ -351,7 +351,7 @@ async def test_the_message_route_answers_only_the_sessions_own_messages(tmp_path
             r = await gw.http.get(f"/sessions/{sid}/messages/{mid}")
             assert r.status_code == 404
             assert r.json()["error"]["code"] == "message_not_found"
-        # another key: the session does not exist (PROTOCOL section 2)
+        # another key: the session does not exist (docs/protocol.md §2)
         r = await gw.http.get(f"/sessions/{mine}/messages/{reply}", headers=b)
         assert (r.status_code, r.json()["error"]["code"]) == (404, "session_not_found")
         r = await gw.http.get(f"/sessions/{mine}/messages/{reply}", headers={"Authorization": ""})

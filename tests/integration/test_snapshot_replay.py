@@ -1,4 +1,4 @@
-"""Snapshots and ``since`` replay over real sockets (PROTOCOL sections 3 and 6).
+"""Snapshots and ``since`` replay over real sockets (docs/protocol.md sections 3 and 6).
 
 Behaviours 5 and 6 of the core issue: a ``snapshot`` frame describes the
 session (idle or mid-stream) up to ``snapshot_at_event_id``, and a ``since``
@@ -312,7 +312,7 @@ async def test_since_while_a_message_streams_restores_it_with_message_snapshot(
     assert_same_events(replay[:3], replayable(first.events, cursor)[:3])
     snap = replay[-1]
     message = snap.payload.message
-    # An id of its own (ids are never reused, PROTOCOL section 1), above every delta folded in.
+    # An id of its own (ids are never reused, docs/protocol.md §1), above every delta folded in.
     assert snap.id not in {e.id for e in first.events}
     folded = [e.id for e in first.events if e.type == "text.delta" and e.id < later[0].id]
     assert snap.id > max(folded)

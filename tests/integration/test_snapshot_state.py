@@ -1,4 +1,4 @@
-"""What a snapshot says besides its messages (PROTOCOL section 6): pending permissions, open block.
+"""What a snapshot says besides its messages (docs/protocol.md §6): pending permissions, open block.
 
 A client attaching mid-approval finds the request in ``pending_permissions``
 and can answer it; one attaching mid-block learns from ``open_block_index``

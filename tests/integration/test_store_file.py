@@ -1,4 +1,4 @@
-"""The store is the truth (PROTOCOL section 15): a lost or replaced file, a full disk.
+"""The store is the truth (docs/protocol.md §15): a lost or replaced file, a full disk.
 
 What an adversarial trial found: after ``rm gateway.db*`` under load the
 daemon went on answering 201/202 into the unlinked file, and at restart every

@@ -1,4 +1,4 @@
-"""Subscribing to a session stream over a real WebSocket (PROTOCOL section 3).
+"""Subscribing to a session stream over a real WebSocket (docs/protocol.md §3).
 
 Behaviour 4 of the core issue: presets expand into ``resolved_filter``; a bad
 filter is a ``subscribe_error`` and a bad frame an ``error`` frame, after which
@@ -41,7 +41,7 @@ from tests.conftest import TOOL_SCRIPT, Client, Harness, make_config, running_ga
 DEEP = "[" * 20_000 + "]" * 20_000
 """Nested far past what a decoder recurses into, in 40,000 bytes."""
 
-# preset:chat as PROTOCOL section 5 words it, independently of gateway.protocol.filters.
+# preset:chat as docs/protocol.md §5 words it, independently of gateway.protocol.filters.
 CHAT_TYPES = set(STREAMING_TYPES) | {
     "tool.called",
     "tool.completed",

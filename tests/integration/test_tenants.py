@@ -1,4 +1,4 @@
-"""Tenants: a session belongs to the key that created it (PROTOCOL section 2).
+"""Tenants: a session belongs to the key that created it (docs/protocol.md §2).
 
 "Where API keys are configured ... a session belongs to the key that created
 it: to any other key it does not exist (404 on every route of it, absent from

@@ -1,4 +1,4 @@
-"""A scripted turn end to end over a real WebSocket (PROTOCOL sections 5 and 7).
+"""A scripted turn end to end over a real WebSocket (docs/protocol.md sections 5 and 7).
 
 Behaviours 11 and 12 of the core issue: every event of a turn arrives in the
 order of section 7, each block's deltas add up to ``message.complete``'s
@@ -23,7 +23,7 @@ from gateway.providers.base import ModelRequest
 from gateway.providers.raw import RawEvent
 from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway, types
 
-# PROTOCOL section 7 as a regular expression over event types.
+# docs/protocol.md §7 as a regular expression over event types.
 BLOCK = (
     r"(text\.start (text\.delta )*text\.end "
     r"|thinking\.start (thinking\.delta )*thinking\.end "

@@ -1,6 +1,6 @@
-"""Limits that hold (PROTOCOL section 15): what one turn can make the gateway do.
+"""Limits that hold (docs/protocol.md §15): what one turn can make the gateway do.
 
-RUNNING.md ``[limits]``, 0 = no limit:
+docs/reference.md ``[limits]``, 0 = no limit:
 
 - ``max_tool_uses_per_turn`` (64): every ``tool_use`` block of a turn counts,
   across its rounds; those beyond fail ``tool.failed`` (``limit``) without

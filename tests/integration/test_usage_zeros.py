@@ -1,4 +1,4 @@
-"""Usage counts are always present, zeros included (PROTOCOL section 6).
+"""Usage counts are always present, zeros included (docs/protocol.md §6).
 
 A reply with no output has ``output_tokens: 0``; the old ``Usage`` left the
 field out wherever it was encoded. Here a real gateway runs such a turn and

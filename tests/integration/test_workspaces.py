@@ -1,4 +1,4 @@
-"""Workspaces (PROTOCOL section 15 "Workspaces", gateway.tools.workspace).
+"""Workspaces (docs/protocol.md §15 "Workspaces", gateway.tools.workspace).
 
 What an adversarial trial found, each reproduced here as reported: ``POST
 /sessions {"workspace_path": "/"}``, then ``read_file`` of ``etc/shadow``, put

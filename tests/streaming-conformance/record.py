@@ -663,8 +663,8 @@ async def server_restart(gw: Any, gate: Gate) -> list[Frame]:
 
     sid = await gw.create_session()
     # Held before its third block starts: the first two have ended, and with
-    # checkpoint_ms = 0 a message is stored as its blocks end (PROTOCOL section
-    # 9; docs/protocol.md), so what the restarted gateway knows of it is exactly
+    # checkpoint_ms = 0 a message is stored as its blocks end (docs/protocol.md
+    # §9; docs/protocol.md), so what the restarted gateway knows of it is exactly
     # those two.
     hold = gate.before_block(3)
     client = Recorder(gw, sid)
@@ -745,7 +745,7 @@ async def unknown_events(gw: Any, gate: Gate) -> list[Frame]:
     return with_unknown_events(normalise(frames))
 
 
-# --- Claude Code (runtime = "claude-code", PROTOCOL section 11) -------------------------------
+# --- Claude Code (runtime = "claude-code", docs/protocol.md §11) -------------------------------
 
 CLAUDE_CODE_AGENT = """
 [model]

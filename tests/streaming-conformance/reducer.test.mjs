@@ -106,7 +106,7 @@ test("events already seen are ignored and counted", () => {
   assert.equal(reducer.duplicatesIgnored, frames.filter((f) => f.type === "event").length);
 });
 
-test("a worker's permission request is pending in its parent's stream too (PROTOCOL section 6)", () => {
+test("a worker's permission request is pending in its parent's stream too (docs/protocol.md §6)", () => {
   const reducer = new Reducer("sess_root");
   const event = (id, type, payload) => ({
     type: "event",
@@ -119,7 +119,7 @@ test("a worker's permission request is pending in its parent's stream too (PROTO
   assert.deepEqual(fullView(reducer).permissions, []);
 });
 
-// --- a late or returning client ends where a live one is (PROTOCOL section 10) ----------
+// --- a late or returning client ends where a live one is (docs/protocol.md §10) ----------
 //
 // As in tests/integration/test_conformance.py: at every cut point of every trace, a client built the
 // way the server would build it there (a snapshot of the state at the cut; or the replay of
@@ -256,7 +256,7 @@ function masked(shown) {
     for (const block of message.blocks) if (block.type === "tool_use" && block.open) block.input = "(streaming)";
   }
   if (copy.simple.status !== null && copy.simple.status.kind === "thinking") copy.simple.status.text = "(a chunk)";
-  // A snapshot cannot say a compaction is under way (PROTOCOL section 12).
+  // A snapshot cannot say a compaction is under way (docs/protocol.md §12).
   if (copy.simple.status !== null && copy.simple.status.kind === "compacting") copy.simple.status = null;
   return copy;
 }

@@ -1,4 +1,4 @@
-"""The official AG-UI JS client (``@ag-ui/client``, from npm) runs turns here (issue 14).
+"""The official AG-UI JS client (``@ag-ui/client``, from npm) runs turns (docs/protocol.md §14).
 
 The test installs ``@ag-ui/client`` into a temporary directory (``npm install
 --prefix``, quiet) and runs tests/agui_js/run.mjs, whose ``HttpAgent`` talks to

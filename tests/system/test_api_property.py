@@ -1,11 +1,11 @@
-"""A property test of the whole HTTP API, drawn from its own document (issue 11, "Described").
+"""A property test of the whole HTTP API, drawn from its own document (docs/protocol.md §2).
 
 schemathesis reads ``GET /openapi.json`` from a real ``gateway serve`` process and,
 for every operation in it, draws requests from the document: valid ones
 (positive mode), and invalid ones (negative mode: wrong types, missing or unknown
 fields, values out of range, no credentials). Each answer must hold:
 
-- no 5xx, whatever the input (``not_a_server_error``; PROTOCOL section 2);
+- no 5xx, whatever the input (``not_a_server_error``; docs/protocol.md §2);
 - its status is one the document lists for the operation (``status_code_conformance``);
 - its content type and body are what the document says for that status, the
   error codes included (``content_type_conformance``, ``response_schema_conformance``);

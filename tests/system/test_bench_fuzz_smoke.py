@@ -3,7 +3,7 @@
 The run (bench/fuzz.py) must end with every check held: no 5xx, every request
 answered, ``/healthz`` alive throughout, exit 0 on SIGTERM, a clean log. And
 it must have reached what it is there to reach: each refusal of the boundary
-(PROTOCOL section 15) and the routes behind it. Its checks are tested too: a
+(docs/protocol.md §15) and the routes behind it. Its checks are tested too: a
 5xx or a missing answer is read as one, and the draws hold each named shape.
 """
 

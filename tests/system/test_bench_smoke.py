@@ -6,7 +6,7 @@ worker processes, slow clients, replays, idle connections and time to first
 token. Its figures mean nothing (the machine is shared and the windows are
 tiny); what this test pins is that the run completes, that the result has
 every figure and every ratio as a number, and that the slow-client rule fired
-(PROTOCOL section 3: a client that stops reading is closed with 1008).
+(docs/protocol.md §3: a client that stops reading is closed with 1008).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cross-site attack in a real browser (PROTOCOL section 15), and a listed front end.
+"""The cross-site attack in a real browser (docs/protocol.md §15), and a listed front end.
 
 As reported: a page on another origin sent
 ``fetch(gateway + "/sessions", {method: "POST", mode: "no-cors", body})`` as

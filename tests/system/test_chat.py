@@ -260,7 +260,7 @@ async def test_a_turn_an_approval_a_cancel_and_quit(tmp_path: Path) -> None:
             terminal("--url", f"http://127.0.0.1:{port}") as chat,
         ):
             sid = (await chat.expect(r"session sess_\w+")).split()[1]
-            # The session's own workspace (PROTOCOL section 15), made with it.
+            # The session's own workspace (docs/protocol.md §15), made with it.
             own = tmp_path / "workspaces" / "local" / ".own" / sid
             (own / "notes.txt").write_text("the notes\n")
             await chat.prompt()
@@ -367,7 +367,7 @@ class CuttingProxy(SilenceableProxy):
 
 
 async def test_a_session_longer_than_a_snapshot_opens_at_its_newest(tmp_path: Path) -> None:
-    """PROTOCOL section 15: a session grown past ``snapshot_max_bytes`` (64 KiB) opens with
+    """docs/protocol.md §15: a session grown past ``snapshot_max_bytes`` (64 KiB) opens with
     ``--session`` on its newest messages, and says the earlier ones are not shown."""
     lorem = {"script": {"chunk_chars": 8000, "rounds": [[{"lorem": 2000}]]}}
     with trio.fail_after(60):

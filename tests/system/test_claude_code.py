@@ -1,4 +1,4 @@
-"""``runtime = "claude-code"`` (PROTOCOL section 11): Claude Code sessions behind the contract.
+"""``runtime = "claude-code"`` (docs/protocol.md §11): Claude Code sessions behind the contract.
 
 The real Claude Code CLI (bundled with the ``claude-agent-sdk`` wheel) runs
 behind a real gateway and talks to the fake Anthropic API
@@ -133,7 +133,7 @@ async def test_a_text_turn_with_thinking_streams_as_the_native_runtime(
         again = await run_turn(gw, sid, "And again?")
         snapshot = (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]
     await providers.aclose()
-    # Issue 21: the CLI is quiet, and gets none of the daemon's environment.
+    # The CLI is quiet, and gets none of the daemon's environment.
     for switch in (
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
         "DISABLE_TELEMETRY",

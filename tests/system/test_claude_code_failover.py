@@ -1,4 +1,4 @@
-"""A Claude Code session when its node dies, on Redis (PROTOCOL section 9; issue 21, "Scale-out").
+"""A Claude Code session when its node dies, on Redis (docs/protocol.md §9; docs/agents.md).
 
 With ``[store] backend = "redis"`` a surviving node takes over the session of
 a dead one: the gateway's side of it (the record, the messages, the events)
@@ -20,8 +20,8 @@ so whichever node starts the next CLI looks for the transcript there. So:
   state directory is removed before the takeover: what a survivor with a disk
   of its own finds).
 
-Either way the dead node's CLI died with it (the watchdog of PROTOCOL section
-15; its pid is in the node's ``claude_code_started`` log line).
+Either way the dead node's CLI died with it (the watchdog of docs/protocol.md
+§15; its pid is in the node's ``claude_code_started`` log line).
 
 One test, two takeovers (the first node's session to the second node, shared;
 then the second's to the third, not), on three real ``gateway serve``
@@ -187,7 +187,7 @@ async def takeover(
     that closed the cut turn, when there was one): its CLI, a new process.
 
     ``mid_turn``: ``a_node`` dies in a second turn, while the model's answer
-    streams (it stalls there); a survivor closes that turn (PROTOCOL section 9).
+    streams (it stalls there); a survivor closes that turn (docs/protocol.md §9).
     """
     asked = len(server.requests)
     text = transcript("anthropic/text.sse")  # each reply a message id of its own, as the API's

@@ -1,4 +1,4 @@
-"""The command line's outside (RUNNING.md "Command line"), run as a real process.
+"""The command line's outside (docs/reference.md "Command line"), run as a real process.
 
 A bad config must give exit status 2, one line on stderr naming the key, and
 nothing on stdout (the readiness line never appears: nothing started). A

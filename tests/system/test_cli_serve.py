@@ -1,4 +1,4 @@
-"""``gateway serve`` as an operator runs it (RUNNING.md "Command line").
+"""``gateway serve`` as an operator runs it (docs/reference.md "Command line").
 
 A real process: the embedded defaults (store in the working directory), the
 readiness line with the real port, env and flag overrides, and SIGTERM/SIGINT
@@ -158,7 +158,7 @@ async def test_a_missing_api_key_is_a_config_error_before_anything_starts(tmp_pa
 async def test_a_start_up_failure_is_one_line_and_a_non_zero_exit(
     tmp_path: Path, case: str, expected: str
 ) -> None:
-    """RUNNING.md "Command line": one line naming the problem, no traceback."""
+    """docs/reference.md "Command line": one line naming the problem, no traceback."""
     args = ["--port", "0"]
     env: dict[str, str] = {}
     taken = socket.socket()
@@ -191,7 +191,7 @@ async def test_a_start_up_failure_is_one_line_and_a_non_zero_exit(
 async def test_a_workspace_root_deleted_under_the_daemon_is_made_again_not_a_500(
     tmp_path: Path,
 ) -> None:
-    """PROTOCOL section 2 (no 5xx) and 15: the root is made at start-up, and again if deleted."""
+    """docs/protocol.md §2 (no 5xx) and 15: the root is made at start-up, and again if deleted."""
     cwd, store = tmp_path / "cwd", tmp_path / "store"
     cwd.mkdir()
     store.mkdir()

@@ -1,6 +1,6 @@
 """Three nodes on one Redis serve every session (docs/scale-out.md).
 
-RUNNING.md "Command line": any node serves any session's clients (attach,
+docs/reference.md "Command line": any node serves any session's clients (attach,
 snapshot, replay, live), and turns, cancels and permission decisions can be
 sent to any node. Three real ``gateway serve`` processes on one redis-server
 (tests/cluster_support.py), one cluster for the whole module; each test makes
@@ -9,21 +9,21 @@ clients on each node, and checks:
 
 - clients on every node get the IDENTICAL event sequence of a turn (ids,
   types, actors, payloads), whether it was submitted to the owner or to
-  another node, a burst of hundreds of events included (PROTOCOL sections 3
+  another node, a burst of hundreds of events included (docs/protocol.md sections 3
   and 7), and end in the same view;
 - a client that drops mid-message and resumes with ``since`` on another node
   converges: the same final message as a client that stayed, no event twice,
-  none missing (PROTOCOL section 3, the seam rule);
+  none missing (docs/protocol.md §3, the seam rule);
 - a snapshot attach on a node that has never seen the session shows its
   messages, the one still streaming included, and the live events after the
   snapshot's cut follow without gap or duplicate;
 - a snapshot on a node that never saw the session shows a permission the
   turn waits for; a cancel, a permission decision and feedback sent to a node
-  that is not the owner act on the session (PROTOCOL sections 2 and 8), and so
+  that is not the owner act on the session (docs/protocol.md sections 2 and 8), and so
   does a compaction (section 12); a non-owner
   answers as the owner would (409 ``turn_in_progress``, 409
   ``turn_not_in_flight``, 404);
-- SIGTERM of the owner mid-turn (RUNNING.md "Command line"): the turn is
+- SIGTERM of the owner mid-turn (docs/reference.md "Command line"): the turn is
   cancelled with ``reason: "shutdown"`` for the clients on the other nodes
   too, the node exits 0, and having released its leases it leaves the
   session to the next node at once (the next turn: 202, no ``lease_s`` wait).
@@ -195,7 +195,7 @@ async def test_a_snapshot_on_a_node_that_never_saw_the_session(nodes: list[Node]
 async def test_a_workers_request_is_answered_from_its_root_on_a_non_owner(
     nodes: list[Node],
 ) -> None:
-    """PROTOCOL sections 2, 5, 6: a worker's request reaches its root's stream on every node,
+    """docs/protocol.md §2, §5, §6: a worker's request reaches its root's stream on every node,
     b's snapshot of the root lists it (with the worker's id), and b answers it on the root."""
     with trio.fail_after(20):
         async with peers(nodes) as (a, b, _):
@@ -292,7 +292,7 @@ async def test_cancel_and_permission_sent_to_a_non_owner_act_on_the_turn(
                 unknown = await c.cancel(sid, "turn_unknown")
                 assert unknown.status_code == 404, unknown.text
 
-                # a compaction, sent to b (PROTOCOL section 12): it runs on the owner,
+                # a compaction, sent to b (docs/protocol.md §12): it runs on the owner,
                 # and every node's clients see it
                 r = await b.http.post(f"/sessions/{sid}/compact", json={})
                 assert r.status_code == 202, r.text

@@ -1,4 +1,4 @@
-"""Several nodes on one Redis, attacked (docs/scale-out.md; PROTOCOL sections 3, 8, 9).
+"""Several nodes on one Redis, attacked (docs/scale-out.md; docs/protocol.md sections 3, 8, 9).
 
 Two in-process nodes on a redis-server of the test's own (``two_nodes`` of
 tests/system/test_replica.py). Two kinds of test:
@@ -72,7 +72,7 @@ async def test_a_batch_lost_while_the_pub_sub_connection_reconnects_closes_the_c
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
     """gateway/cluster/link.py: "What was published meanwhile is lost: the clients of every
-    watched family are told (on_gap) and resume" (PROTOCOL section 3, close relay_gap)."""
+    watched family are told (on_gap) and resume" (docs/protocol.md §3, close relay_gap)."""
     with trio.fail_after(20):
         async with two_nodes(tmp_path, own_redis) as (a, b):
             sid = await a.create_session()
@@ -110,7 +110,7 @@ async def test_a_batch_lost_while_the_pub_sub_connection_reconnects_closes_the_c
 async def test_a_warning_forwarded_by_a_replica_that_takes_the_free_lease_is_emitted(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
-    """PROTOCOL sections 3 and 8: a slow client's ``bus.handler_warning`` is emitted (and
+    """docs/protocol.md sections 3 and 8: a slow client's ``bus.handler_warning`` is emitted (and
     persisted); docs/scale-out.md: a replica sends it to the owner, which may be itself."""
     with trio.fail_after(20):
         async with two_nodes(tmp_path, own_redis) as (a, b):
@@ -156,7 +156,7 @@ async def test_a_watch_racing_the_lazy_unwatch_stays_subscribed(
 async def test_a_turn_sent_while_the_recovery_pass_takes_the_lease_comes_after_the_closing(
     tmp_path: Path, own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PROTOCOL section 9 and docs/scale-out.md: the turn a dead holder left in flight is
+    """docs/protocol.md §9 and docs/scale-out.md: the turn a dead holder left in flight is
     closed (``server_restart``) before any new turn starts; "a pass and a request taking the
     same lease never close a turn twice" (and, here, never zero times). The recovery pass's
     store read (``Failover.took_over``) is held open to land the request in that window; the
@@ -265,7 +265,7 @@ async def test_two_nodes_racing_for_a_free_lease_run_one_turn(
 ) -> None:
     """docs/scale-out.md "Where a request goes": turns sent to two nodes at once for a
     session nobody holds: one node takes the lease and runs one of them, the other is
-    forwarded there and refused 409 ``turn_in_progress`` (PROTOCOL section 2)."""
+    forwarded there and refused 409 ``turn_in_progress`` (docs/protocol.md §2)."""
     with trio.fail_after(20):
         async with two_nodes(tmp_path, own_redis, **{"store.lease_s": 0.3}) as (a, b):
             sid = await a.create_session()
@@ -319,7 +319,7 @@ LOREM = {"script": {"delay_ms": 1, "rounds": [[{"lorem": 200}]]}}
 async def test_a_slow_client_of_a_replica_is_warned_once_on_every_node_in_id_order(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
-    """PROTOCOL section 3 "Backpressure" across nodes (docs/scale-out.md "A slow client of
+    """docs/protocol.md §3 "Backpressure" across nodes (docs/scale-out.md "A slow client of
     a replica"): the replica closes it and the owner emits the one ``bus.handler_warning``,
     which every client on both nodes gets once, in id order.
 
@@ -395,7 +395,7 @@ WORKERS = {"event_types": None, "actors": None, "include_worker_sessions": True}
 async def test_workers_events_reach_a_replicas_clients_live_and_in_a_replay(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
-    """PROTOCOL section 5 (``include_worker_sessions``) across nodes: a worker the replica
+    """docs/protocol.md §5 (``include_worker_sessions``) across nodes: a worker the replica
     never loaded reaches its clients through the parent's relay, and a replay on the
     replica (the owner's) carries the workers' events."""
     tools = {"tools.enabled": ["sleep", "delegate"]}

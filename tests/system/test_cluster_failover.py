@@ -1,7 +1,7 @@
 """kill -9 of a session's owner mid-turn (docs/scale-out.md).
 
-RUNNING.md "Command line": when the node running a turn dies, another node
-closes that turn (PROTOCOL section 9) and takes the session's next turn. Three
+docs/reference.md "Command line": when the node running a turn dies, another node
+closes that turn (docs/protocol.md §9) and takes the session's next turn. Three
 real ``gateway serve`` processes on one redis-server (tests/cluster_support.py,
 ``lease_s`` = 1 s). The first node owns four sessions, each with a client on
 every node and a turn stopped in one of these phases:
@@ -26,7 +26,7 @@ lease time to wait, not four), and each phase is checked by itself:
 - no catalog event a client held is lost: each is in a ``since`` replay of
   the whole session from a survivor (the store), closing events after it;
 - the next turn runs on a survivor (202, and its events arrive), with ids
-  above every id issued before the kill (PROTOCOL section 1).
+  above every id issued before the kill (docs/protocol.md §1).
 
 And the survivors closed the five turns (a worker's included) once each
 (their logs say so) and logged no error, the worker's turn before its
@@ -373,7 +373,7 @@ def test_kill_9_of_the_owner_mid_turn(crashed: Run, phase: str) -> None:
 
 
 def test_a_running_delegates_worker_is_closed_before_its_parent(crashed: Run) -> None:
-    """PROTOCOL section 8 (delegate row): the worker's turn is cancelled first, then the
+    """docs/protocol.md §8 (delegate row): the worker's turn is cancelled first, then the
     parent emits ``delegate.failed``, ``tool.failed`` and ``turn.cancelled``; a restart on
     one node does so (tests/integration/test_restart.py, workers before their parents).
 

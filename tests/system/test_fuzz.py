@@ -268,7 +268,7 @@ def exchange(
 
 
 JSON_TYPE = ("content-type", "application/json")
-"""What every POST must say (PROTOCOL section 15); drawn most of the time, so routes are reached."""
+"""What every POST must say (docs/protocol.md §15); drawn mostly, so routes are reached."""
 HOSTS = st.sampled_from(
     ["127.0.0.1", "127.0.0.1", "127.0.0.1", "localhost:1", "[::1]", "evil.example",
      "127.0.0.1.evil.example", "", "a, b", "[::1"]
@@ -447,7 +447,7 @@ def test_the_http_fuzz_reaches_the_answers_it_guards(daemon: Daemon) -> None:
     """Deep JSON, HEAD, a bad request line: each answered as the named tests say."""
     deep = ('{"metadata": {"a": ' + nested(50_000) + "}}").encode()
     assert exchange(daemon.port, "POST", "/sessions", [JSON_TYPE], deep)[0] == 400
-    # the boundary's answers (PROTOCOL section 15): each shape the fuzz draws is refused
+    # the boundary's answers (docs/protocol.md §15): each shape the fuzz draws is refused
     bad_utf8 = b'{"model": "\xff"}'
     assert exchange(daemon.port, "POST", "/sessions", [JSON_TYPE], bad_utf8)[0] == 400
     assert (

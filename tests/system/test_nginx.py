@@ -1,8 +1,8 @@
-"""The gateway behind a real nginx running deploy/nginx/gateway.conf (README "Operating it").
+"""The gateway behind a real nginx running deploy/nginx/gateway.conf (docs/operating.md).
 
 Every client here talks to nginx only, from 127.0.0.2 (nginx itself reaches
 the gateway from 127.0.0.1, the one trusted proxy), with httpx and
-trio-websocket, and runs what PROTOCOL sections 2 and 3 promise through the
+trio-websocket, and runs what docs/protocol.md sections 2 and 3 promise through the
 proxy: a full turn, a ``since`` resume, a snapshot attach, a slow client
 closed with 1008, and a graceful shutdown whose 1001 reaches the client. The
 gateway must see the client's own address (from ``X-Forwarded-For``, not a
@@ -159,11 +159,11 @@ async def test_a_turn_a_resume_and_a_snapshot_through_nginx(tmp_path: Path) -> N
             assert (await gw.http.get("/healthz")).json() == {"status": "ok"}
             sid = await gw.create_session()
             # the stream's location without an upgrade: nginx passes it on, the gateway
-            # refuses it with its own JSON error (PROTOCOL section 2), before any upgrade
+            # refuses it with its own JSON error (docs/protocol.md §2), before any upgrade
             r = await gw.http.get(f"/sessions/{sid}/stream")
             assert r.status_code in (403, 426) and "code" in r.json()["error"]
 
-            # a full turn, live (PROTOCOL section 7)
+            # a full turn, live (docs/protocol.md §7)
             async with gw.client(sid) as live:
                 ack = await live.subscribe()
                 assert isinstance(ack, SubscribeAck)
@@ -221,7 +221,7 @@ FLOOD = {"script": {"rounds": [[{"lorem": 20000}]]}}
 
 
 async def test_a_client_that_stops_reading_behind_nginx_is_closed_1008(tmp_path: Path) -> None:
-    """PROTOCOL section 3 "Backpressure", through the proxy.
+    """docs/protocol.md §3 "Backpressure", through the proxy.
 
     nginx does not buffer the stream (``proxy_buffering off``), so a client
     that stops reading fills the sockets and nginx's one buffer, then the
@@ -258,7 +258,7 @@ async def test_a_client_that_stops_reading_behind_nginx_is_closed_1008(tmp_path:
 
 
 async def test_sigterm_reaches_the_client_behind_nginx_as_1001(tmp_path: Path) -> None:
-    """RUNNING.md "Command line": the turn is cancelled, the socket closed with 1001, exit 0."""
+    """docs/reference.md "Command line": the turn is cancelled, the socket closed 1001, exit 0."""
     script = {"script": {"rounds": [[{"tool_use": {"name": "sleep", "input": {"seconds": 60}}}]]}}
     with trio.fail_after(30):
         async with proxied(tmp_path) as gw:

@@ -1,8 +1,8 @@
-"""Three nodes on one Redis behind a real nginx running deploy/nginx/gateway-nodes.conf (issue 13).
+"""Three nodes on one Redis behind nginx (deploy/nginx/gateway-nodes.conf, docs/scale-out.md).
 
-RUNNING.md "Command line": any number of ``gateway serve`` processes on one
+docs/reference.md "Command line": any number of ``gateway serve`` processes on one
 Redis form one deployment, any node serves any session, and when the node
-running a turn dies another closes it (PROTOCOL section 9) and takes the next.
+running a turn dies another closes it (docs/protocol.md §9) and takes the next.
 Here every request goes through nginx, which spreads them round-robin over
 three nodes (``[store] lease_s = 1``): a session, streams on all three nodes,
 a tool turn sent to a node that does not run the session (forwarded to the one
@@ -231,7 +231,7 @@ async def test_three_nodes_behind_nginx_and_one_killed(tmp_path: Path) -> None:
             (retried,) = [nodes for nodes in seen if owner in nodes]
             assert retried[0] == owner and retried[1] in c.nodes and len(retried) == 2
 
-            # The survivors' clients see the interrupted turn closed (PROTOCOL section 9).
+            # The survivors' clients see the interrupted turn closed (docs/protocol.md §9).
             closed = [(await w.client.until_turn_ends())[-1] for w in survivors]
             for end in closed:
                 assert end.turn_id == long_turn and end.type == "turn.cancelled"

@@ -1,7 +1,7 @@
 """The README's tour and docs/agents.md's worked example, as written, against ``gateway serve``.
 
 The front door must work as printed (every POST needs ``Content-Type:
-application/json``, PROTOCOL section 15, and sessions work in directories of
+application/json``, docs/protocol.md §15, and sessions work in directories of
 their own with no ``workspace_path``): each ``curl`` of the tour runs in a
 shell against a daemon on the embedded defaults (its port aside), in order,
 with ``SID`` and ``TURN`` taken from the answers as a reader would.

@@ -1,4 +1,4 @@
-"""Redis restarted under load, and Redis unreachable at start-up (issue 13, Tests, third bullet).
+"""Redis restarted under load, and Redis unreachable at start-up (docs/scale-out.md).
 
 tests/system/test_redis_store.py has the store's side (a batch held while Redis is
 down and landing when it is back; what a ``kill -9`` of Redis keeps; an
@@ -9,7 +9,7 @@ sessions with turns streaming and clients attached, and redis-server
 restarted under them (``SIGTERM``, and ``kill -9``: same port, same
 directory).
 
-What "fail cleanly" means (decided here; PROTOCOL section 9 is the rule it
+What "fail cleanly" means (decided here; docs/protocol.md §9 is the rule it
 follows: a client receives an event only once it is durable):
 
 - A turn in flight is not failed by an outage shorter than ``lease_s``: its
@@ -17,7 +17,7 @@ follows: a client receives an event only once it is durable):
   its clients see a pause (their connections stay open) and then the rest of
   the turn, which ends as it would have. Clean means: every turn in flight
   ends with its terminal event (``turn.completed``, or ``turn.cancelled``
-  with the sequence of PROTOCOL section 8), none is left open, no event is
+  with the sequence of docs/protocol.md §8), none is left open, no event is
   delivered twice or out of order, and every catalog event a client held
   before the restart is still in the store after it.
 - An outage longer than ``lease_s``: the node cannot renew its leases and says
@@ -139,7 +139,7 @@ def _config(tmp_path: Path, redis: RedisServer, *, lease_s: float = 30.0) -> Any
 def _down(redis: RedisServer, how: str) -> None:
     if how == "SIGKILL":
         # appendfsync everysec may postpone the AOF write behind a slow fsync (up
-        # to 2 s, README "Redis backend"): kill once what it answered is written.
+        # to 2 s, docs/operating.md "Redis backend"): kill once what it answered is written.
         redis.wait_aof_written()
         redis.kill()  # what its AOF has is what survives (the kernel has the file's pages)
     else:
@@ -198,7 +198,7 @@ async def _replayed(gw: Harness, sid: str, since: str) -> list[Event]:
 
 
 def _check_stream(events: list[Event]) -> None:
-    """PROTOCOL section 1: each event once, in id order."""
+    """docs/protocol.md §1: each event once, in id order."""
     seqs = [parse_event_id(e.id) for e in events]
     assert all(s is not None for s in seqs)
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), [e.id for e in events]
@@ -477,7 +477,7 @@ async def test_a_turn_sent_while_redis_is_away_is_503_and_the_session_goes_on(
                 assert response.status_code == 503, response.text
                 assert response.json()["error"]["code"] == "store_unavailable"
                 assert COMMIT_TIMEOUT_S <= took < COMMIT_TIMEOUT_S + 1
-                # Commits fail: not ready (PROTOCOL section 15), a load balancer stops sending.
+                # Commits fail: not ready (docs/protocol.md §15), a load balancer stops sending.
                 ready = await gw.http.get("/readyz")
                 assert ready.status_code == 503
                 assert ready.json()["error"]["code"] == "store_unavailable"
@@ -552,7 +552,7 @@ async def test_a_nodes_writes_for_a_session_whose_lease_another_node_took_are_dr
     Redis restarted: every node's writes wait in its writer, each retrying on
     its own backoff. The node that ran a turn loses the lease meanwhile;
     another takes it as soon as Redis is back, reads the store and closes the
-    turn (PROTOCOL section 9). The first node's queued writes (events with
+    turn (docs/protocol.md §9). The first node's queued writes (events with
     ids below the closing, the message and the session record as it had
     them) would land after that closing, under it: a history that says a call
     both completed and failed, a record that reopens the turn. So each write

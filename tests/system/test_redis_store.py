@@ -142,10 +142,10 @@ async def open_store(server: RedisServer, prefix: str) -> RedisStore:
 
 
 async def test_what_was_committed_survives_a_crash_of_redis(own_redis: RedisServer) -> None:
-    """Committed = answered EXEC = in the AOF (README: what appendfsync everysec promises).
+    """Committed = answered EXEC = in the AOF (appendfsync everysec: docs/operating.md).
 
     On a busy machine a slow fsync makes Redis postpone writing what it
-    answered (up to 2 s: the README says so); the kill waits for that write.
+    answered (up to 2 s: docs/operating.md says so); the kill waits for that write.
     """
     store = await open_store(own_redis, "gw:")
     store.put_session(session("sess_a", current_turn_id="turn_1", current_turn_seq=3))
@@ -238,7 +238,7 @@ async def test_every_key_is_under_the_prefix(redis_server: RedisServer) -> None:
     assert all(not k.startswith(b"gw:") for k in keys)  # nothing under the default prefix
 
 
-# --- event ids across nodes (PROTOCOL section 1) ------------------------------------
+# --- event ids across nodes (docs/protocol.md §1) ------------------------------------
 
 
 async def test_two_nodes_allocating_at_once_never_get_overlapping_blocks(
@@ -340,7 +340,7 @@ def test_a_password_is_never_shown() -> None:
 
 
 async def test_gateway_serve_with_redis_unreachable_is_one_line_and_exit_1(tmp_path: Path) -> None:
-    """RUNNING.md "Command line": Redis cannot be reached: one line naming it, no traceback."""
+    """docs/reference.md "Command line": Redis unreachable: one line naming it, no traceback."""
     url = f"redis://127.0.0.1:{free_port()}/0"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}  # config keys
     env |= {"GATEWAY_STORE_BACKEND": "redis", "GATEWAY_STORE_URL": url}
@@ -368,7 +368,7 @@ async def test_a_gateway_on_redis_runs_a_turn_replays_and_restarts(
 
     The restarted node (another Gateway on the crash copy) finds the session and
     its messages, closes the turn left in flight with ``server_restart``
-    (PROTOCOL section 9) once the dead node's lease on it has expired (a
+    (docs/protocol.md §9) once the dead node's lease on it has expired (a
     restarted process is another node), and takes the next turn with ids above
     every old one.
     """

@@ -204,7 +204,7 @@ async def test_attach_tokens_are_single_use_across_nodes(
             bad = await b.http.get(f"/sessions/{other}/stream?attach={token}")
             assert bad.status_code == 403
             assert bad.json()["error"]["code"] == "attach_token_invalid"
-            # not used up by that attempt: still good on its own session (PROTOCOL section 15)
+            # not used up by that attempt: still good on its own session (docs/protocol.md §15)
             r = await b.http.get(f"/sessions/{sid}/stream?attach={token}")
             assert r.status_code != 403, r.text
             fresh = (await a.http.get(f"/sessions/{sid}")).json()["attach_token"]

@@ -1,9 +1,9 @@
-"""deploy/systemd/gateway.service: graceful stop, restart on failure, hardening (README "systemd").
+"""deploy/systemd/gateway.service: graceful stop, restart on failure, hardening (docs/operating.md).
 
 The unit is read as systemd reads it (sections, ``Key=value`` lines, repeats
 kept, comments only on lines of their own) and checked against the daemon's
 own defaults: the stop timeout must outlast a graceful shutdown
-(RUNNING.md "Command line"; gateway.server.app), so that systemd's SIGKILL
+(docs/reference.md "Command line"; gateway.server.app), so that systemd's SIGKILL
 only ever meets a hung gateway. Where ``systemd-analyze`` exists, it verifies
 the unit and rates its exposure.
 """
@@ -118,7 +118,7 @@ def test_stopping_is_graceful_and_outlasts_the_shutdown(unit: Unit) -> None:
 def test_it_restarts_on_failure_but_not_on_a_bad_config(unit: Unit) -> None:
     assert one(unit, "Service", "Restart") == "on-failure"
     assert seconds(one(unit, "Service", "RestartSec")) >= 1
-    # RUNNING.md "Command line": a bad config exits 2; restarting cannot fix it
+    # docs/reference.md "Command line": a bad config exits 2; restarting cannot fix it
     assert one(unit, "Service", "RestartPreventExitStatus") == "2"
 
 

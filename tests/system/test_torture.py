@@ -1,4 +1,4 @@
-"""The kill -9 torture test (PROTOCOL section 9) on a real ``gateway serve`` process.
+"""The kill -9 torture test (docs/protocol.md §9) on a real ``gateway serve`` process.
 
 Kill points are spread evenly over every phase: a first and a later LLM call
 streaming, tools running, the seam (a tool waiting for approval), a delegate

@@ -1,4 +1,4 @@
-"""The web page (issue 12, "Web page") in a real browser, against a real gateway.
+"""The web page (docs/clients.md) in a real browser, against a real gateway.
 
 Debian's chromium, driven by Playwright (pointed at ``/usr/bin/chromium``; no
 browser download), loads the page from a ``gateway serve`` process on the
@@ -376,7 +376,7 @@ def test_a_turn_with_thinking_text_and_a_tool_in_both_views(tab: Page) -> None:
     tab.shot("full-done")
 
 
-# --- snapshots that fit (PROTOCOL section 15) -------------------------------------------------
+# --- snapshots that fit (docs/protocol.md §15) -------------------------------------------------
 
 
 def test_a_long_session_opens_at_its_newest_messages_and_pages_the_rest(tab: Page) -> None:
@@ -512,7 +512,7 @@ def test_an_approval_is_answered_from_the_page(tab: Page, daemon: Daemon) -> Non
     expect = tab.api.expect
     tab.open()
     session_id = tab.new_session()
-    # The notes are in the session's own workspace (PROTOCOL section 15), made with it,
+    # The notes are in the session's own workspace (docs/protocol.md §15), made with it,
     # in the directory of the page's key.
     notes = daemon.workdir / "workspaces" / key_id(KEY) / ".own" / session_id / "notes.txt"
     notes.write_text("Remember: the demo is on Thursday.\n")
@@ -605,7 +605,7 @@ def test_reconnects_back_off_with_jitter_up_to_a_cap(tab: Page) -> None:
         assert ceiling / 2 < high < ceiling  # the upper half is random
 
 
-# --- compactions, elicitations and agents (PROTOCOL sections 11 and 12) ------------------------
+# --- compactions, elicitations and agents (docs/protocol.md §11, §12) ------------------------
 # The gateway of this branch emits neither a compaction nor an elicitation, and has no
 # GET /agents: the page's socket is served by the test (Playwright's route_web_socket) with
 # the hand-written conformance traces, on a real session, and the HTTP calls those paths

@@ -1,4 +1,4 @@
-"""Config loading (RUNNING.md "Config file"): defaults, layers, and one-line errors.
+"""Config loading (docs/reference.md "Configuration file"): defaults, layers, and one-line errors.
 
 Every error test asserts the whole message: the line an operator reads must
 name the source (file, environment variable or command line), the key and the
@@ -345,7 +345,7 @@ def test_the_documented_config_file_is_the_embedded_defaults() -> None:
 
 
 def test_an_allowed_host_that_is_a_url_is_a_config_error() -> None:
-    """``[server] allowed_hosts`` names hosts: a URL there would never match (PROTOCOL §15)."""
+    """``[server] allowed_hosts`` names hosts: a URL there never matches (docs/protocol.md §15)."""
     for good in ("gw.example.com", "localhost:8421", "127.0.0.1", "[::1]", "::1"):
         assert load_config(None, {}, {"server.allowed_hosts": [good]}).server.allowed_hosts
     for bad in ("https://gw.example.com", "gw.example.com/x", "", "a b"):

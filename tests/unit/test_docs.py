@@ -212,7 +212,6 @@ def repository_files() -> Iterator[Path]:
             yield path
 
 
-@pytest.mark.xfail(strict=False, reason="citation sweep pending")
 def test_no_file_cites_a_document_outside_the_repository() -> None:
     citing = []
     for path in repository_files():

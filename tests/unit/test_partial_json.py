@@ -1,4 +1,4 @@
-"""gateway.partial_json: a JSON object cut anywhere gives what parses (PROTOCOL section 8).
+"""gateway.partial_json: a JSON object cut anywhere gives what parses (docs/protocol.md §8).
 
 Rules of these tests: every prefix of a realistic tool input must give a dict
 without raising, and nothing that is not in the whole object; the table below

@@ -1,7 +1,7 @@
 """gateway.translate: raw provider events in, canonical stream events out.
 
 Rules of these tests, after h11's: synchronous, one raw event at a time, and
-each step asserts the exact canonical events that come out (PROTOCOL sections
+each step asserts the exact canonical events that come out (docs/protocol.md sections
 5, 7 and 8), never just their count.
 """
 
@@ -592,7 +592,7 @@ def test_an_illegal_move_changes_nothing_so_the_call_can_still_fail() -> None:
 
 
 def test_a_snapshot_says_which_block_is_still_streaming() -> None:
-    """PROTOCOL section 6: ``open_block_index`` of an in_progress message; absent elsewhere."""
+    """docs/protocol.md §6: ``open_block_index`` of an in_progress message; absent elsewhere."""
     tr = translator()
     tr.feed(message_start())
     assert tr.snapshot().open_block_index is None  # no block yet
@@ -615,7 +615,7 @@ def test_a_snapshot_says_which_block_is_still_streaming() -> None:
 
 
 def test_a_message_past_its_most_blocks_is_an_illegal_stream() -> None:
-    """PROTOCOL section 15: a streaming message always fits a snapshot (translate.max_blocks)."""
+    """docs/protocol.md §15: a streaming message always fits a snapshot (translate.max_blocks)."""
     from gateway.translate import max_blocks
 
     assert (max_blocks(65_536), max_blocks(8_388_608)) == (128, 16_384)
@@ -632,7 +632,7 @@ def test_a_message_past_its_most_blocks_is_an_illegal_stream() -> None:
 
 
 def test_block_indices_are_renumbered_in_order_of_start() -> None:
-    """PROTOCOL section 5: from 0, in order of start, whatever the provider numbered."""
+    """docs/protocol.md §5: from 0, in order of start, whatever the provider numbered."""
     tr = translator()
     tr.feed(message_start())
     assert tr.feed(opens(1, RawTextBlock())) == [ev(TextStart(M, 0))]

@@ -1,6 +1,6 @@
 """``runtime = "claude-code"``: a session run by Claude Code, through the Claude Agent SDK.
 
-PROTOCOL section 11 maps what the SDK says onto the events every client
+docs/protocol.md §11 maps what the SDK says onto the events every client
 already reads; this package is that mapping. The stream is the same contract,
 event for event, as the gateway's own agent loop (:mod:`gateway.session.agent`),
 whose turn lifecycle, cancel sequences and endings it reuses:
@@ -18,7 +18,7 @@ the next user message                           ``tool.completed`` or ``tool.fai
 the result message                              ``turn.completed`` (usage; the cost is
                                                 the CLI's ``total_cost_usd`` for the turn)
 an error of the API or of the CLI               ``llm.call_failed`` (its class)
-a cancel (``interrupt()``)                      the sequences of PROTOCOL section 8
+a cancel (``interrupt()``)                      the sequences of docs/protocol.md §8
 a sub-agent (``TaskStartedMessage``, then       a worker session (``parent_session_id``):
 messages with ``parent_tool_use_id``)           ``delegate.started``, its turn in its own
                                                 stream, ``delegate.completed``/``failed``

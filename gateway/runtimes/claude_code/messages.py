@@ -1,6 +1,6 @@
 """What Claude Code's messages say, as the gateway's events and raw stream events (sans-IO).
 
-PROTOCOL section 11's mapping, the parts that need no process, no session
+docs/protocol.md §11's mapping, the parts that need no process, no session
 and no clock: each function takes an SDK message (or a piece of one) and
 returns what the runtime (:mod:`gateway.runtimes.claude_code.runtime`) feeds
 to the translator or emits.
@@ -104,7 +104,7 @@ def compaction(message: SystemMessage) -> list[ContextCompacting | ContextCompac
     known). The summary is in Claude Code's transcript, not a message of the
     session's: ``summary_message_id`` and ``first_kept_message_id`` are null,
     and the session's messages stay as they are (a client's view does not
-    change). PROTOCOL section 12.
+    change). docs/protocol.md §12.
     """
     meta = message.data.get("compact_metadata") or {}
     trigger: Literal["auto", "manual"] = "manual" if meta.get("trigger") == "manual" else "auto"

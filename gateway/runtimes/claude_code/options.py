@@ -1,6 +1,6 @@
 """What a session's Claude Code CLI is started with: the SDK's options, its environment, its state.
 
-PROTOCOL section 11, "Options":
+docs/protocol.md §11, "Options":
 
 - ``cwd`` is the session's workspace; the agent's ``system`` is appended to
   Claude Code's own prompt; the model is the part after ``anthropic:``; a
@@ -96,7 +96,7 @@ def cli_environment(
     env: Mapping[str, str] | None = None,
     max_retries: int | None = None,
 ) -> dict[str, str]:
-    """The variables the CLI gets beyond the tool environment (PROTOCOL section 15).
+    """The variables the CLI gets beyond the tool environment (docs/protocol.md §15).
 
     ``[model] max_retries`` is the CLI's ``CLAUDE_CODE_MAX_RETRIES`` (its own
     retries of a failed API call), unless the agent's ``env`` sets it. So is

@@ -1,4 +1,4 @@
-"""Claude Code's ``can_use_tool``, as the session's permission requests (PROTOCOL section 5).
+"""Claude Code's ``can_use_tool``, as the session's permission requests (docs/protocol.md §5).
 
 ``can_use_tool`` opens a request in the session's
 :class:`~gateway.session.permissions.Permissions`, answered by the
@@ -80,7 +80,7 @@ class Approvals:
         timeout = runtime.node.config.tools.approval_timeout_s
         if context.agent_id is not None and runtime.feed is None:  # a sub-agent asks
             sub = await runtime.subagents.wait_for(context.agent_id, timeout)
-            if sub is not None:  # its worker's request (PROTOCOL section 5): in its stream
+            if sub is not None:  # its worker's request (docs/protocol.md §5): in its stream
                 with contextlib.suppress(trio.ClosedResourceError):
                     sub.send.send_nowait(Flush(tool_use_id))
                 return await sub.runtime.approvals.can_use_tool(name, input, context)
@@ -122,7 +122,7 @@ class Approvals:
         return PermissionResultDeny(message=f"permission for {name} {verb}")
 
     def end(self, turn: Turn) -> None:
-        """A turn that ends early resolves its open requests ``cancelled`` (PROTOCOL section 5)."""
+        """A turn that ends early resolves its open requests ``cancelled`` (docs/protocol.md §5)."""
         for request in list(self.open):
             request.closed = True
             request.decision = request.decision or "cancelled"

@@ -1,6 +1,6 @@
 """A session's Claude Code CLI process: started in a slot, stopped when idle, resumed.
 
-PROTOCOL section 11, "Processes":
+docs/protocol.md §11, "Processes":
 
 - **One process per session.** The session's CLI is started at its first
   turn, as the task ``claude-code <session id>`` in a nursery of the

@@ -2,7 +2,7 @@
 
 The runtime the agent loop (:mod:`gateway.session.agent`) runs a
 ``claude-code`` agent's turns on; the loop emits each turn's start and end,
-and the cancel sequences of PROTOCOL section 8. PROTOCOL section 11:
+and the cancel sequences of docs/protocol.md §8. docs/protocol.md §11:
 
 - **The stream events go through the gateway's translator.** Each
   ``StreamEvent.event`` is converted field for field into a
@@ -372,7 +372,7 @@ class ClaudeCode:
         self._close_pending(turn, state, "error")
         return "error"
 
-    # --- compaction (PROTOCOL section 12) ------------------------------------------------
+    # --- compaction (docs/protocol.md §12) ------------------------------------------------
 
     async def compact(self) -> None:
         """``POST .../compact``: Claude Code's own ``/compact``, between turns.
@@ -415,7 +415,7 @@ class ClaudeCode:
             self.s.save_record()
             self.process.cost_seen = total
 
-    # --- a worker session's (PROTOCOL section 5) -------------------------------------------
+    # --- a worker session's (docs/protocol.md §5) -------------------------------------------
 
     def for_worker(self, worker: WorkerHost, feed: trio.MemoryReceiveChannel[Any]) -> ClaudeCode:
         """The runtime of a sub-agent's worker session, fed its messages by this one.

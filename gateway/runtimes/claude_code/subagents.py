@@ -1,9 +1,9 @@
-"""Claude Code's sub-agents, as worker sessions with ``delegate.*`` events (PROTOCOL section 5).
+"""Claude Code's sub-agents, as worker sessions with ``delegate.*`` events (docs/protocol.md §5).
 
 Claude Code runs a sub-agent for an ``Agent`` (``Task``) tool use, and
 streams only the main thread: a sub-agent's messages come whole. Once the
 parent's ``tool.called`` is out, the sub-agent gets a worker session
-(``spawn_worker``: the limits of PROTOCOL section 15) and ``delegate.started``;
+(``spawn_worker``: the limits of docs/protocol.md §15) and ``delegate.started``;
 its turn runs on an agent loop of the worker whose runtime is fed the
 sub-agent's messages by the parent's (no process of its own), each replayed
 as raw stream events through the worker's translator

@@ -1,4 +1,4 @@
-"""The handlers of the HTTP API (PROTOCOL section 2), one module per resource.
+"""The handlers of the HTTP API (docs/protocol.md §2), one module per resource.
 
 Each handler is ``async def name(api, req, *ids)``: the
 :class:`~gateway.server.routes.Api` that routed the request (its node, the

@@ -21,10 +21,10 @@ async def healthz(api: Api, req: Request) -> Response:
 
 
 async def readyz(api: Api, req: Request) -> Response:
-    """Readiness (the README's "Operating it"): 503 ``draining`` once shutdown began.
+    """Readiness (docs/operating.md): 503 ``draining`` once shutdown began.
 
-    And 503 ``store_unavailable`` whenever commits fail (PROTOCOL section
-    15: a full disk, Redis away, the store's file deleted or replaced),
+    And 503 ``store_unavailable`` whenever commits fail (docs/protocol.md
+    §15: a full disk, Redis away, the store's file deleted or replaced),
     until one lands again: the gateway would answer a write with 503 then.
     """
     if api.node.shutting_down:
@@ -43,7 +43,7 @@ async def metrics(api: Api, req: Request) -> Response:
 
 
 async def openapi(api: Api, req: Request) -> Response:
-    """``GET /openapi.json``: the OpenAPI 3.1 document of the route table (PROTOCOL section 2).
+    """``GET /openapi.json``: the OpenAPI 3.1 document of the route table (docs/protocol.md §2).
 
     Built from the route table and the Structs on first use, then cached;
     the ``bearer`` scheme is in it while API keys are configured.
@@ -58,7 +58,7 @@ async def openapi(api: Api, req: Request) -> Response:
 
 
 async def list_agents(api: Api, req: Request) -> Response:
-    """``GET /agents`` (PROTOCOL sections 2, 11): what a session may pick."""
+    """``GET /agents`` (docs/protocol.md sections 2, 11): what a session may pick."""
     api._authenticate(req)
     agents = api.node.agents
     listing = [

@@ -28,7 +28,7 @@ async def get_session(api: Api, req: Request, session_id: str) -> Response:
 
 
 def _ws_base(config: Config, req: Request) -> str:
-    """Where ``ws_url`` points (PROTOCOL section 2): the public URL, else this request's Host.
+    """Where ``ws_url`` points (docs/protocol.md §2): the public URL, else this request's Host.
 
     Without ``public_url``, the scheme follows the request's: ``wss://``
     when a trusted proxy says the client came over https
@@ -43,7 +43,7 @@ def _ws_base(config: Config, req: Request) -> str:
 
 
 async def stream(api: Api, req: Request, session_id: str) -> WebSocketAccept:
-    """The handshake of ``/sessions/{id}/stream``, refused before any upgrade (PROTOCOL §2).
+    """The handshake of ``/sessions/{id}/stream``, refused before any upgrade (docs/protocol.md §2).
 
     Its Host and Origin were checked as every request's (:meth:`Api.__call__`).
     """

@@ -1,4 +1,4 @@
-"""``/sessions`` and a session's messages (PROTOCOL sections 2 and 15)."""
+"""``/sessions`` and a session's messages (docs/protocol.md sections 2 and 15)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ async def list_messages(api: Api, req: Request, session_id: str) -> Response:
 
 
 async def get_message(api: Api, req: Request, session_id: str, message_id: str) -> Response:
-    """One finished message, whole (PROTOCOL section 15: what a snapshot cut).
+    """One finished message, whole (docs/protocol.md §15: what a snapshot cut).
 
     The session's own messages only, as the caller may see the session
     (:meth:`Api._session`); the newest are the likeliest, so they are looked

@@ -1,6 +1,6 @@
 """A session's turns and what acts on one: cancel, permissions, compaction, feedback.
 
-PROTOCOL sections 2, 8 (cancellation), 10 (permissions) and 12 (compaction).
+docs/protocol.md sections 2, 8 (cancellation), 10 (permissions) and 12 (compaction).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ async def submit_turn(api: Api, req: Request, session_id: str) -> Response:
 
 
 async def cancel_turn(api: Api, req: Request, session_id: str, turn_id: str) -> Response:
-    """``POST /sessions/{id}/turns/{turn_id}/cancel`` (PROTOCOL section 8)."""
+    """``POST /sessions/{id}/turns/{turn_id}/cancel`` (docs/protocol.md §8)."""
     session = await api._session(session_id, api._authenticate(req))
     body = decode_optional(req, CancelTurn) or CancelTurn()
     await api.node.cancel_turn(session, turn_id, body.reason or "user", f"http:{req.client}")
@@ -64,7 +64,7 @@ async def decide(api: Api, req: Request, session_id: str, perm_id: str) -> Respo
 
 
 async def compact(api: Api, req: Request, session_id: str) -> Response:
-    """``POST /sessions/{id}/compact``: a manual compaction (PROTOCOL section 12)."""
+    """``POST /sessions/{id}/compact``: a manual compaction (docs/protocol.md §12)."""
     session = await api._session(session_id, api._authenticate(req))
     decode_optional(req, Compact)
     await api.node.compact(session)

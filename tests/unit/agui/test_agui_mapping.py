@@ -1,4 +1,4 @@
-"""The AG-UI mapping, sans-IO, table by table against the recorded traces (issue 14).
+"""The AG-UI mapping, sans-IO, table by table against the recorded traces (docs/protocol.md §14).
 
 Each table is what :class:`~gateway.agui.mapping.RunMapper` makes of one trace of
 tests/streaming-conformance/traces (recorded from a real gateway), one line per
@@ -230,7 +230,7 @@ SNAPSHOT_MID_APPROVAL = [
     [
         ("thinking_then_text", THINKING_THEN_TEXT),  # thinking, redacted thinking, text
         ("parallel_tools", PARALLEL_TOOLS),  # two tools, two LLM calls
-        ("cancel_llm", CANCEL_LLM),  # PROTOCOL section 8, each phase
+        ("cancel_llm", CANCEL_LLM),  # docs/protocol.md §8, each phase
         ("cancel_tools", CANCEL_TOOLS),
         ("provider_error", PROVIDER_ERROR),  # section 7: RUN_ERROR with the error class
         ("cancel_seam", CANCEL_SEAM),  # a permission: the run ends with an interrupt
@@ -272,7 +272,7 @@ def test_an_interrupt_carries_the_approval_and_ends_the_run() -> None:
 
 
 def test_a_workers_request_interrupts_its_parents_run() -> None:
-    """PROTOCOL section 5: a worker's request reaches the parent's stream, to be answered there."""
+    """docs/protocol.md §5: a worker's request reaches the parent's stream, to be answered there."""
     requested = next(
         f.event for f in frames("cancel_seam") if isinstance(f, EventFrame)
         and f.event.type == "permission.requested"
@@ -505,7 +505,7 @@ def test_a_run_reads_the_events_as_emitted_not_their_frames() -> None:
 def test_a_cancel_at_the_seam_maps_like_the_others_for_a_run_watching_it() -> None:
     """cancel_seam seen by a run that does not pause at the approval (its stream began after it).
 
-    PROTOCOL section 8's seam sequence: the waiting tool's ``tool.failed``
+    docs/protocol.md §8's seam sequence: the waiting tool's ``tool.failed``
     (``cancelled``) is its ``TOOL_CALL_RESULT``, ``turn.cancelled`` ends the run
     ``cancelled``, as in the llm and tools cases.
     """
@@ -524,7 +524,7 @@ def test_a_cancel_at_the_seam_maps_like_the_others_for_a_run_watching_it() -> No
 
 
 def test_an_elicitation_is_an_interrupt_with_its_question_and_schema() -> None:
-    """PROTOCOL section 11: the server's message, and its schema as the answer's content."""
+    """docs/protocol.md §11: the server's message, and its schema as the answer's content."""
     trace = frames("elicitation_pending")
     requested = next(
         f.event for f in trace if isinstance(f, EventFrame)
@@ -557,7 +557,7 @@ def test_an_elicitation_is_an_interrupt_with_its_question_and_schema() -> None:
 
 
 def test_a_compaction_in_the_run_is_a_custom_event_and_no_snapshot_message() -> None:
-    """PROTOCOL section 12: CUSTOM events in the run; the context message is left out."""
+    """docs/protocol.md §12: CUSTOM events in the run; the context message is left out."""
     trace = frames("compaction_between_turns")
     m = RunMapper("sess_1", "run_1", "turn_2")
     out: list[ag.AguiEvent] = []

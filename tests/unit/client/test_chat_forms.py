@@ -1,6 +1,6 @@
 """``gateway chat`` and the client library with agents, elicitations and compactions.
 
-PROTOCOL sections 11 and 12. The gateway of this branch emits neither a
+docs/protocol.md sections 11 and 12. The gateway of this branch emits neither a
 compaction nor an elicitation, so the chat's parts are driven here without a
 daemon: the screen items from the views of the hand-written conformance
 traces, the elicitation form from scripted answers (through the chat's own

@@ -1,9 +1,9 @@
-"""The client codec and the reference state model (PROTOCOL sections 3-8).
+"""The client codec and the reference state model (docs/protocol.md sections 3-8).
 
 Synchronous, sans-IO: events are built by hand as the server would number
 them, fed to a :class:`Reducer` one by one, and the state is asserted exactly.
 The resume sweep at the end replays one session from every cursor at every
-moment, as PROTOCOL section 3 describes replay, and checks that the resumed
+moment, as docs/protocol.md §3 describes replay, and checks that the resumed
 client ends where the live one does.
 """
 
@@ -427,7 +427,7 @@ def test_tool_failed_is_recorded_with_its_error_class() -> None:
 
 
 def cancelled_turn(emit: Emitter) -> None:
-    """PROTOCOL section 8, cancel during an LLM stream: the open tool block ends first."""
+    """docs/protocol.md §8, cancel during an LLM stream: the open tool block ends first."""
     emit(
         TurnStarted("turn_2", user_message("turn_2", "Write it")),
         LlmCallStarted("call_3", MODEL),
@@ -469,7 +469,7 @@ def test_cancelled_message() -> None:
 
 
 def test_error_message() -> None:
-    """PROTOCOL section 7: a provider error ends the message with its partial content."""
+    """docs/protocol.md §7: a provider error ends the message with its partial content."""
     emit = Emitter()
     emit(
         TurnStarted("turn_1", user_message("turn_1", "Hi")),
@@ -805,7 +805,7 @@ def test_snapshot_of_another_session_raises() -> None:
         Reducer("sess_x").apply(Snapshot(session_summary(None), [], None))
 
 
-# --- live and resumed clients converge (PROTOCOL section 3) -------------------
+# --- live and resumed clients converge (docs/protocol.md §3) -------------------
 
 
 def whole_session() -> list[Event]:
@@ -832,7 +832,7 @@ def whole_session() -> list[Event]:
 def replay(events: list[Event], cursor: int, now: int) -> list[Event]:
     """What a client resuming after ``events[cursor - 1]`` gets when ``events[:now]`` exist.
 
-    PROTOCOL section 3: the catalog events after the cursor, each
+    docs/protocol.md §3: the catalog events after the cursor, each
     ``message.complete`` in its place, then one ``message.snapshot`` for a
     message still streaming, carrying its partial state as the server holds it.
     """
@@ -883,7 +883,7 @@ def test_resumed_client_converges_with_live_one(cursor: int) -> None:
         state = resumed.state()
         del state["last_event_id"], at_resume["last_event_id"]
         # open_block_index says which restored block is open: no window
-        # where an ended block looks open (PROTOCOL section 6).
+        # where an ended block looks open (docs/protocol.md §6).
         assert state == at_resume, f"resumed after {cursor} at {now}"
 
         feed(resumed, SESSION[now:])
@@ -891,7 +891,7 @@ def test_resumed_client_converges_with_live_one(cursor: int) -> None:
         assert resumed.duplicates_ignored == 0
 
 
-# --- what a snapshot says besides its messages (PROTOCOL section 6) -------------------
+# --- what a snapshot says besides its messages (docs/protocol.md §6) -------------------
 
 
 def in_progress(*content: ContentBlock, open_block_index: Any = msgspec.UNSET) -> Message:
@@ -981,7 +981,7 @@ def test_pending_permissions_come_from_the_snapshot_and_the_events() -> None:
     assert list(reducer.permissions) == ["perm_1", "perm_2"]
     feed(reducer, emit(PermissionResolved("perm_2", "allow")))
     assert list(reducer.permissions) == ["perm_1"]
-    # a cancel leaves the request unresolved: the tool's end removes it (PROTOCOL section 8)
+    # a cancel leaves the request unresolved: the tool's end removes it (docs/protocol.md §8)
     feed(reducer, emit(ToolFailed("toolu_1", "bash", "cancelled", "cancelled")))
     assert reducer.permissions == {}
     feed(reducer, emit(PermissionRequested("perm_3", "toolu_2", "bash", {}, 1)))
@@ -990,7 +990,7 @@ def test_pending_permissions_come_from_the_snapshot_and_the_events() -> None:
     assert full_view(reducer)["permissions"] == []
 
 
-# --- the views (PROTOCOL section 10) ------------------------------------------------
+# --- the views (docs/protocol.md §10) ------------------------------------------------
 
 
 def replies(reducer: Reducer) -> list[tuple[str, str]]:

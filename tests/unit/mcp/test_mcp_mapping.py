@@ -1,4 +1,4 @@
-"""The result mapping and the tool adapter of PROTOCOL section 11, without a server."""
+"""The result mapping and the tool adapter of docs/protocol.md §11, without a server."""
 
 from __future__ import annotations
 

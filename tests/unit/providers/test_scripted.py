@@ -1,4 +1,4 @@
-"""gateway.providers.scripted, driven through the translator (RUNNING.md "The scripted model").
+"""gateway.providers.scripted through the translator (docs/reference.md "The scripted model").
 
 Rules of these tests: every stream goes through the real :class:`Translator`,
 as in the gateway; each asserts the exact sequence of canonical event types,

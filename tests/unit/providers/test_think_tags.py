@@ -1,4 +1,4 @@
-"""Inline ``<think>`` reasoning becomes thinking, never text (PROTOCOL section 6).
+"""Inline ``<think>`` reasoning becomes thinking, never text (docs/protocol.md §6).
 
 The splitter is sans-IO: every test feeds content pieces and reads what comes
 out. The property test cuts the same content at every possible place, so a tag

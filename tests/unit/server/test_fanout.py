@@ -3,7 +3,7 @@
 The hub matches a batch once per distinct filter and hands every subscriber of
 that filter the same :class:`FrameBatch`; a batch cut at the seam keeps only
 the events after the cut; the heartbeat's bookkeeping; the turn's phase table
-refuses impossible moves (PROTOCOL sections 3, 7 and 8).
+refuses impossible moves (docs/protocol.md sections 3, 7 and 8).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Heartbeat, subscribe timeout and attach-token TTL on Trio's MockClock (PROTOCOL sections 2, 3).
+"""Heartbeat, subscribe timeout and attach-token TTL on Trio's MockClock (docs/protocol.md §2, §3).
 
 Behaviour 9 of the core issue. Every test here runs on the ``autojump_clock``
 fixture, so 30-second ping intervals take no real time, and asserts the

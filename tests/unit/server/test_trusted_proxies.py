@@ -1,4 +1,4 @@
-"""Who the client is behind a reverse proxy (RUNNING.md ``[server] trusted_proxies``).
+"""Who the client is behind a reverse proxy (docs/reference.md ``[server] trusted_proxies``).
 
 The gateway believes ``X-Forwarded-For`` and ``X-Forwarded-Proto`` only from a
 TCP peer in ``trusted_proxies``, and then takes the right-most address that is
@@ -281,9 +281,9 @@ async def test_over_a_socket_only_the_trusted_peer_is_believed() -> None:
 
 
 async def test_ws_url_is_wss_when_a_trusted_proxy_says_https(tmp_path: Path) -> None:
-    """PROTOCOL section 2: ``ws_url`` behind a reverse proxy is ``wss://``, from the Host."""
+    """docs/protocol.md §2: ``ws_url`` behind a reverse proxy is ``wss://``, from the Host."""
     https = {"X-Forwarded-Proto": "https", "Host": "gw.example.com"}
-    hosts = {"server.allowed_hosts": ["127.0.0.1", "gw.example.com"]}  # PROTOCOL section 15
+    hosts = {"server.allowed_hosts": ["127.0.0.1", "gw.example.com"]}  # docs/protocol.md §15
     config = make_config(tmp_path, **{"server.trusted_proxies": ["127.0.0.1"]}, **hosts)
     with trio.fail_after(20):
         async with running_gateway(config) as gw:

@@ -5,7 +5,7 @@ independent parser, wsproto's client side, over ``memory_stream_pair`` under
 ``autojump_clock`` (grace periods pass in virtual time). The upgrade through
 :func:`serve_connection` is driven on real sockets by a second independent
 implementation, trio-websocket's client. Close codes and reasons are asserted
-exactly (PROTOCOL section 3).
+exactly (docs/protocol.md §3).
 """
 
 from __future__ import annotations

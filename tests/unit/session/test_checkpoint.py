@@ -1,4 +1,4 @@
-"""``[store] checkpoint_ms``: when the streaming message is stored (PROTOCOL section 9).
+"""``[store] checkpoint_ms``: when the streaming message is stored (docs/protocol.md §9).
 
 The call's translator task (:class:`gateway.session.call.CallStream`) driven
 with raw provider events under Trio's MockClock, against a host that records

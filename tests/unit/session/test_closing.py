@@ -1,6 +1,6 @@
 """How a turn closes (gateway/session/closing.py), sans-IO: one table over phases and reasons.
 
-PROTOCOL section 8's three cancellation sequences, section 9's close of a turn
+docs/protocol.md §8's three cancellation sequences, section 9's close of a turn
 a crash of the process left in flight, and section 7's close of a turn that a
 gateway bug or a failed call ended: each row gives the facts a closing turn
 left (its phase, what is open, why it closes) and the exact events
@@ -116,7 +116,7 @@ CASES: list[Case] = [
         [TurnCancelled(T, "parent_cancelled", "tools", True)],
         "tools",
     ),
-    # --- restart (PROTOCOL section 9) ------------------------------------------------------
+    # --- restart (docs/protocol.md §9) ------------------------------------------------------
     (
         "restart mid-stream: the call closes as a cancel leaves it",
         Facts(T, "llm", "restart", "server_restart", STREAMED, partial=True),
@@ -147,7 +147,7 @@ CASES: list[Case] = [
         ],
         "tools",
     ),
-    # --- crash (a gateway bug, PROTOCOL section 7) -----------------------------------------
+    # --- crash (a gateway bug, docs/protocol.md §7) -----------------------------------------
     (
         "crash mid-stream: llm.call_failed as the broken call failed, turn.completed (error)",
         Facts(T, "llm", "crash", call=BROKEN, usage=USAGE),

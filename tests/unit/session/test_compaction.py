@@ -1,4 +1,4 @@
-"""Context compaction without I/O (PROTOCOL section 12, gateway.session.compaction).
+"""Context compaction without I/O (docs/protocol.md §12, gateway.session.compaction).
 
 Properties over generated conversations (turns of tool rounds, cancelled
 rounds, earlier compactions), and tables for the edges:

@@ -1,6 +1,6 @@
 """Where an interrupted turn stood, from what was durable (gateway/session/recovery.py), sans-IO.
 
-PROTOCOL section 9: a restart closes each turn left in flight with the
+docs/protocol.md §9: a restart closes each turn left in flight with the
 sequence of section 8 for the phase it was in, ``reason: "server_restart"``.
 These tests feed :func:`plan` the stored events of one turn and check the
 phase it infers and the closing events :func:`closing` produces.

@@ -1,4 +1,4 @@
-"""Session leases (gateway/store/lease.py) and lease-aware recovery (issue 13).
+"""Session leases (gateway/store/lease.py) and lease-aware recovery (docs/scale-out.md).
 
 Rules of these tests:
 
@@ -237,7 +237,7 @@ async def test_a_gateway_that_loses_a_lease_says_so(
 async def test_a_turn_whose_lease_a_live_node_holds_is_left_alone_until_it_lapses(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
-    """Lease-aware recovery (PROTOCOL section 9 with several nodes).
+    """Lease-aware recovery (docs/protocol.md §9 with several nodes).
 
     A node starting on a deployment where another node's turn is in flight
     does not close it while that node's lease holds; once the lease lapses

@@ -213,7 +213,7 @@ async def test_an_in_progress_message_is_rewritten_as_complete_in_place(store: S
 
 
 async def test_a_sessions_stored_size_is_known_as_it_is_written(store: Store) -> None:
-    """``max_session_mb`` (PROTOCOL section 15): a put says the bytes of the message as
+    """``max_session_mb`` (docs/protocol.md §15): a put says the bytes of the message as
     stored, and ``event_bytes`` a session's events, read once when it is loaded."""
     small, large = message("msg_1"), message("msg_2", content=[TextBlock("x" * 10_000)])
     small_size = store.put_message(StoredMessage(small, None))
@@ -351,7 +351,7 @@ def test_the_sequencer_on_sqlite_issues_the_same_ids_as_before() -> None:
 def test_the_sequencer_on_sqlite_reserves_exactly_as_the_previous_one(block: int) -> None:
     """Id for id and reservation for reservation, against the sequencer before blocks."""
 
-    class Previous:  # gateway/session/sequencer.py before issue 13's blocks
+    class Previous:  # gateway/session/sequencer.py before event ids came in blocks
         def __init__(self, ceiling: int, reserve: Callable[[int], None], block: int) -> None:
             self.last, self._block, self._reserve = ceiling, block, reserve
             self.ceiling = ceiling + block
@@ -465,7 +465,7 @@ async def test_reads_see_only_flushed_writes(backend: Backend) -> None:
 
 
 async def test_an_event_is_committed_without_waiting_for_the_gathering(backend: Backend) -> None:
-    """Clients wait for an event's commit (PROTOCOL section 9): the writer does not gather."""
+    """Clients wait for an event's commit (docs/protocol.md §9): the writer does not gather."""
     store = backend.new(flush_interval_s=HOUR)
     await store.open()
     commits: list[int] = []
@@ -595,7 +595,7 @@ async def test_the_writer_batches_what_is_pending(backend: Backend) -> None:
 
 
 async def test_sessions_are_listed_for_their_owner(store: Store) -> None:
-    """PROTOCOL section 2: a key sees its own sessions and the ownerless ones, paged."""
+    """docs/protocol.md §2: a key sees its own sessions and the ownerless ones, paged."""
     for sid, created, owner in [
         ("sess_a", 100, "k1"),
         ("sess_b", 200, ""),
@@ -616,7 +616,7 @@ async def test_sessions_are_listed_for_their_owner(store: Store) -> None:
     assert await ids("", None, 5) == (["sess_b"], False)
     assert await ids(None, "sess_c", 1) == (["sess_b"], True)
     assert await ids("k1", None, 0) == ([], True)
-    # Workers are counted against their owner (max_sessions_per_key, PROTOCOL section 15).
+    # Workers are counted against their owner (max_sessions_per_key, docs/protocol.md §15).
     assert await store.sessions_per_owner() == {"": 1, "k1": 3, "k2": 1}
 
 

@@ -1,4 +1,4 @@
-"""Tool processes (PROTOCOL section 15 "What tools inherit", gateway.tools.process).
+"""Tool processes (docs/protocol.md §15 "What tools inherit", gateway.tools.process).
 
 What an adversarial trial found, each reproduced here: a shell tool saw the
 daemon's ``USER``, ``LOGNAME``, ``LC_ALL``, ``TZ``, ``TMPDIR`` and ``HOME``; and
