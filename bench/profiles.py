@@ -73,6 +73,9 @@ _BENCH_GATEWAY_CONFIG: dict[str, dict[str, Any]] = {
     # at 16 KiB, 50 ms at 64 KiB).
     "server": {"send_buffer_bytes": 65536},
     "tools": {"enabled": ["sleep"]},
+    # The replay phase's history is one turn of about 50 tool rounds: past the
+    # default max_rounds (25), it would end early with too few events.
+    "turns": {"max_rounds": 200},
 }
 
 DEFAULT = Profile(name="default", gateway_config=_BENCH_GATEWAY_CONFIG)
