@@ -15,6 +15,7 @@ and the console script (``sys.exit(main())``) and ``python -m gateway`` share it
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from importlib.metadata import version
@@ -22,7 +23,7 @@ from typing import Any
 
 import trio
 
-from gateway.config import load_config
+from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 
 EXIT_USAGE = 2  # argparse's status for a usage error; docs/reference.md gives a bad config the same
@@ -62,10 +63,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = load_config(args.config, os.environ, overrides)
+    except ConfigError as exc:  # no config, so no log format: the plain line
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    try:
         # A missing API key, an unusable model, an unreadable system_file: config errors.
         provider = make_providers(config, os.environ)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        _say(config, "config_invalid", str(exc))
         return EXIT_USAGE
     try:
         trio.run(serve, config, provider)
@@ -73,9 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         failure = StartupError.within(exc)
         if failure is None:
             raise
-        print(f"gateway: {failure.message}", file=sys.stderr)
+        _say(config, "startup_failed", f"gateway: {failure.message}")
         return EXIT_FAILURE
     return 0
+
+
+def _say(config: Config, name: str, line: str) -> None:
+    """One line on stderr: JSON (event ``name``) under ``[log] format = "json"``, else plain."""
+    if config.log.format == "json":
+        from gateway.logs import json_line
+
+        line = json_line(logging.ERROR, name, line)
+    print(line, file=sys.stderr)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -153,6 +153,20 @@ def _text(value: Any) -> str:
     return repr(text) if (not text or " " in text or "=" in text) else text
 
 
+def json_line(level: int, name: str, message: str, /, **fields: Any) -> str:
+    """The JSON line the log would write for the event ``name``, without logging it.
+
+    For what the daemon writes outside the log, so that under ``[log] format =
+    "json"`` every line it writes is JSON (docs/reference.md ``[log]``): the
+    listening line (then the ``gateway_started`` record, on stdout) and a
+    start-up failure (``startup_failed``, on stderr).
+    """
+    record = logging.getLogger("gateway").makeRecord(
+        "gateway", level, "", 0, message, (), None, extra={"event": name, "fields": fields}
+    )
+    return JsonFormatter().format(record)
+
+
 _handler: logging.Handler | None = None
 
 
@@ -197,5 +211,6 @@ __all__ = [
     "client_label",
     "configure",
     "event",
+    "json_line",
     "rfc3339",
 ]

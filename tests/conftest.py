@@ -97,6 +97,9 @@ READY_LINE = re.compile(r"gateway listening on http://[^\s:]+:(\d+)")
 async def ready_port(proc: trio.Process, seconds: float = 30) -> int:
     """The port of a ``gateway serve`` process, from its readiness line on stdout.
 
+    The line is ``gateway listening on http://HOST:PORT``, or under ``[log]
+    format = "json"`` the ``gateway_started`` record (with ``port``).
+
     Fails (an AssertionError saying so) if it exits first or says anything else.
     """
     assert proc.stdout is not None
@@ -106,7 +109,12 @@ async def ready_port(proc: trio.Process, seconds: float = 30) -> int:
             chunk = await proc.stdout.receive_some(1)
             assert chunk, "the gateway exited before its readiness line"
             line += chunk
-    match = READY_LINE.fullmatch(line.decode().strip())
+    text = line.decode().strip()
+    if text.startswith("{"):  # [log] format = "json": the line is the gateway_started record
+        record = json.loads(text)
+        assert record["event"] == "gateway_started", text
+        return int(record["port"])
+    match = READY_LINE.fullmatch(text)
     assert match, line
     return int(match.group(1))
 

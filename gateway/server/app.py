@@ -45,7 +45,7 @@ import trio
 
 from gateway.config import Config
 from gateway.errors import StartupError, StoreError
-from gateway.logs import configure, event
+from gateway.logs import configure, event, json_line
 from gateway.mcp.servers import McpServers
 from gateway.node import Node
 from gateway.providers.base import Provider
@@ -184,11 +184,18 @@ async def serve(config: Config, provider: Provider | Providers | None = None) ->
                 if line is None:
                     raise
                 raise StartupError(line) from None
-            print(f"gateway listening on http://{config.server.host}:{port}", flush=True)
+            url = f"http://{config.server.host}:{port}"
+            if config.log.format == "json":  # the listening line is the gateway_started record
+                started = json_line(
+                    logging.INFO, "gateway_started", f"listening on {url}",
+                    host=config.server.host, port=port,
+                )  # fmt: skip
+                print(started, flush=True)
+            else:
+                print(f"gateway listening on {url}", flush=True)
             warn_open_hosts(config)  # bound beyond loopback, allowed_hosts empty
             event(
-                log, logging.INFO, "gateway_started",
-                f"listening on http://{config.server.host}:{port}",
+                log, logging.INFO, "gateway_started", f"listening on {url}",
                 host=config.server.host, port=port,
             )  # fmt: skip
             async for signum in signals:

@@ -18,6 +18,8 @@ import json
 import logging
 import re
 import signal
+import socket
+import sys
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from datetime import UTC, datetime
@@ -278,10 +280,14 @@ async def test_serve_with_json_config_writes_only_json_lines(tmp_path: Path) -> 
         proc.send_signal(signal.SIGTERM)
         with trio.fail_after(10):
             assert await proc.wait() == 0
-        assert proc.stderr is not None
-        stderr = b""
+        assert proc.stderr is not None and proc.stdout is not None
+        stderr = stdout = b""
         while chunk := await proc.stderr.receive_some():
             stderr += chunk
+        while chunk := await proc.stdout.receive_some():
+            stdout += chunk
+    # stdout's listening line was the gateway_started record (read by ready_port): nothing follows
+    assert stdout == b"", stdout
     lines = [json.loads(line) for line in stderr.decode().splitlines()]
     names = [line["event"] for line in lines]
     assert names[0] == "gateway_started" and names[-1] == "gateway_stopped", names
@@ -294,3 +300,24 @@ async def test_serve_with_json_config_writes_only_json_lines(tmp_path: Path) -> 
         turn_id,
         "end_turn",
     )
+
+
+@pytest.mark.slow  # a daemon process
+async def test_under_json_a_startup_failure_is_one_json_line(tmp_path: Path) -> None:
+    """A port already taken: exit 1 and one ``startup_failed`` record on stderr, nothing else."""
+    config = tmp_path / "gw.toml"
+    config.write_text('[log]\nformat = "json"\n')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve = [sys.executable, "-m", "gateway", "serve", "--config", str(config)]
+        proc = await trio.run_process(
+            [*serve, "--port", str(port)],
+            cwd=tmp_path, capture_stdout=True, capture_stderr=True, check=False,
+        )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stdout == b""
+    [line] = [json.loads(x) for x in proc.stderr.decode().splitlines()]
+    assert (line["event"], line["level"]) == ("startup_failed", "error"), line
+    assert str(port) in line["message"], line
