@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from typing import Any
 
 import trio
@@ -98,11 +99,20 @@ class Registry:
                 taken before any wait, so two racing requests cannot both get the
                 last one).
             Refused: ``unknown_agent``, ``invalid_model``, ``invalid_workspace``,
-                ``store_unavailable``.
+                ``store_unavailable``; ``shutting_down`` (with Retry-After) for a
+                client's session once shutdown began, as a turn is (a worker of a
+                turn still running is made: the turn is being cancelled anyway).
         """
         node = self.node
         if parent is not None:
             owner = parent.record.owner
+        elif node.shutting_down:
+            wait = math.ceil(node.config.server.shutdown_grace_s)
+            raise Refused(
+                "shutting_down",
+                f"the gateway is shutting down; retry in {wait} s (on another node)",
+                retry_after_s=wait,
+            )
         with node.limits.new_session(owner):
             session_id = session_id or new_session_id()
             if parent is not None:  # a worker runs its parent's agent's delegate_agent

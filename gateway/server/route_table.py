@@ -141,10 +141,10 @@ ROUTES: tuple[Route, ...] = (
                 errors={
                     422: ("invalid_workspace", "invalid_model", "unknown_agent"),
                     429: ("too_many_sessions",),
-                    503: ("store_unavailable",),
+                    503: ("shutting_down", "store_unavailable"),
                 },
                 description="An empty body takes every default. Answered once the "
-                "session is committed.",
+                "session is committed; refused 503 `shutting_down` once the gateway drains.",
             ),
         ),
     ),

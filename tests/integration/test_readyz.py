@@ -83,6 +83,11 @@ async def _drain_with_a_turn_in_flight(gw: Harness, provider: HeldProvider) -> N
                 assert turn.status_code == 503
                 assert turn.json()["error"]["code"] == "shutting_down"
                 assert int(turn.headers["retry-after"]) >= 1  # another node, or this one restarted
+                # Nor a new session: it would be made on a node about to stop.
+                made = await probe.post("/sessions", json={})
+                assert made.status_code == 503, made.text
+                assert made.json()["error"]["code"] == "shutting_down"
+                assert int(made.headers["retry-after"]) >= 1
         assert gw.node.sessions[sid].turn is not None  # still in flight
 
         provider.release.set()
