@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import hypothesis
 import msgspec
 import pytest
 import trio
@@ -41,6 +42,11 @@ from gateway.config import Config, load_config
 from gateway.protocol.events import Event
 from gateway.protocol.frames import EventFrame
 from gateway.server.app import Gateway
+
+# Property tests judge what is drawn, never how fast: on a shared 2-core machine
+# an example can take longer than Hypothesis's default 200 ms deadline.
+hypothesis.settings.register_profile("gateway", deadline=None)
+hypothesis.settings.load_profile("gateway")
 
 # One tool turn (docs/protocol.md §7): thinking, text and a tool, then text.
 TOOL_SCRIPT = {
