@@ -317,6 +317,7 @@ class LogConfig(_Section, frozen=True):
 
     format: Literal["text", "json"] = "text"  # json: one object a line (ts, level, event, ...)
     level: Literal["debug", "info", "warning", "error"] = "info"
+    queue_lines: Count = 10_000  # lines waiting for a slow reader; past it: dropped, counted
 
 
 class Config(_Section, frozen=True):
@@ -440,6 +441,7 @@ max_session_mb = 256         # a session's stored data; past it: 409 session_too
 format = "text"              # "text" | "json": one JSON object a line, with ts, level,
                              # event and, where they apply, session_id, turn_id, client
 level = "info"               # "debug" | "info" | "warning" | "error"
+queue_lines = 10000          # lines waiting for a slow stderr; past it dropped and counted
 
 # More agents (docs/reference.md, "Agents"; [model], [tools] and [turns] are the one
 # named "default"); a key left out takes the value of [model], [tools] and [turns]:

@@ -20,6 +20,7 @@ per occurrence, with ``prometheus_client``'s own histograms.
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -59,6 +60,27 @@ def close_code_label(code: int | None) -> str:
     if code is None:
         return "none"
     return str(code) if code in _KNOWN_CLOSE_CODES else "other"
+
+
+class LogLinesDropped:
+    """``gateway_log_lines_dropped_total``: log lines dropped for a reader that fell behind.
+
+    One per process, like the log it counts (gateway.logs): every node's
+    ``/metrics`` exports it. Added to from whichever thread logged or wrote the
+    line, hence the lock (taken only when a line is dropped).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total = 0
+
+    def add(self, n: int = 1) -> None:
+        with self._lock:
+            self.total += n
+
+
+LOG_LINES_DROPPED = LogLinesDropped()
+"""The process's one count of dropped log lines (:class:`LogLinesDropped`)."""
 
 
 class FastHistogram:
@@ -291,6 +313,11 @@ class _HotTotals:
             value=m.frames_sent,
         )
         yield m.outbound_queue_depth.family()
+        yield CounterMetricFamily(
+            "gateway_log_lines_dropped",
+            "Log lines dropped because the log's queue was full (its reader fell behind)",
+            value=LOG_LINES_DROPPED.total,
+        )
         states = GaugeMetricFamily(
             "gateway_ws_connections_by_state",
             "Open WebSocket connections: subscribing (no subscribe yet), live, closing",

@@ -23,7 +23,10 @@ open while the turns are drained, so a load balancer's probe gets the 503
 rather than a refused connection; a stream attached meanwhile is closed with
 1001 at once (gateway.server.connection).
 
-Logging is set up once, here (:func:`serve`), from ``[log]`` (gateway.logs).
+Logging is set up once, here (:func:`serve`), from ``[log]`` (gateway.logs):
+its writer thread lives as long as :func:`serve`, which stops it (what is
+queued written, for at most ``gateway.logs.STOP_TIMEOUT_S``) when it returns or
+raises, a start-up failure included.
 
 SIGHUP re-reads ``[auth] api_keys_file`` (gateway.server.auth): keys added
 are accepted and keys removed refused from the next request on; a file that
@@ -46,6 +49,7 @@ import trio
 from gateway.config import Config
 from gateway.errors import StartupError, StoreError
 from gateway.logs import configure, event, json_line
+from gateway.logs import stop as stop_log
 from gateway.mcp.servers import McpServers
 from gateway.node import Node
 from gateway.providers.base import Provider
@@ -169,7 +173,14 @@ async def serve(config: Config, provider: Provider | Providers | None = None) ->
     Raises:
         StartupError: the daemon could not start (possibly inside an exception group).
     """
-    configure(config.log)
+    configure(config.log)  # the log's writer thread: until serve returns (module docstring)
+    try:
+        await _serve(config, provider)
+    finally:
+        stop_log()
+
+
+async def _serve(config: Config, provider: Provider | Providers | None) -> None:
     try:
         gateway = Gateway(config, provider)
     except StoreError as exc:

@@ -9,6 +9,10 @@
   lifecycle event is one line with the ids it concerns, and every line parses.
 - ``gateway serve --config`` with ``format = "json"``: the whole stderr of a
   real process is JSON lines, from ``gateway_started`` to ``gateway_stopped``.
+- The daemon's handler (:class:`gateway.logs.QueuedHandler`) with a reader that
+  stalls: logging never waits, a full queue drops and counts, the writer says
+  how many once the reader takes lines again, and stopping it is bounded.
+  (The same against a real process: tests/system/test_log_stall.py.)
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import re
 import signal
 import socket
 import sys
+import threading
+import time
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from datetime import UTC, datetime
@@ -31,7 +37,8 @@ import pytest
 import trio
 
 from gateway.config import LogConfig
-from gateway.logs import JsonFormatter, TextFormatter, configure, event
+from gateway.logs import JsonFormatter, QueuedHandler, TextFormatter, configure, event, stop
+from gateway.metrics import LOG_LINES_DROPPED
 from gateway.protocol.shapes import TextBlock
 from gateway.providers.base import ModelRequest
 from gateway.providers.raw import RawEvent
@@ -321,3 +328,93 @@ async def test_under_json_a_startup_failure_is_one_json_line(tmp_path: Path) -> 
     [line] = [json.loads(x) for x in proc.stderr.decode().splitlines()]
     assert (line["event"], line["level"]) == ("startup_failed", "error"), line
     assert str(port) in line["message"], line
+
+
+class StalledReader:
+    """The writer's output: each write waits until :meth:`drain` (a full pipe)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[str] = []
+        self.entered = threading.Event()
+        self.drained = threading.Event()
+
+    def write(self, text: str) -> None:
+        self.entered.set()
+        if not self.drained.wait(10):
+            raise AssertionError("the test never drained the reader")
+        self.chunks.append(text)
+
+    def drain(self) -> None:
+        self.drained.set()
+
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in "".join(self.chunks).splitlines()]
+
+
+def queued_logger(reader: StalledReader, capacity: int) -> tuple[logging.Logger, QueuedHandler]:
+    handler = QueuedHandler(reader.write, capacity)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger(f"gateway.test.queued.{id(reader)}")
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    handler.start()
+    return logger, handler
+
+
+def test_a_full_queue_drops_and_counts_and_never_blocks() -> None:
+    reader = StalledReader()
+    logger, handler = queued_logger(reader, capacity=3)
+    before = LOG_LINES_DROPPED.total
+    try:
+        event(logger, logging.INFO, "first", "taken by the writer, which then stalls")
+        assert reader.entered.wait(10)
+        started = time.monotonic()
+        for i in range(3 + 50):  # three fill the queue, fifty are dropped
+            event(logger, logging.INFO, "line", f"line {i}", i=i)
+        assert time.monotonic() - started < 1.0  # nothing waited for the reader
+        assert LOG_LINES_DROPPED.total - before == 50
+        reader.drain()
+        assert handler.stop(timeout=10)
+    finally:
+        logger.removeHandler(handler)
+    lines = reader.lines()
+    # What was queued, in order, after the report of what was not.
+    assert [x["event"] for x in lines] == ["first", "log_lines_dropped", "line", "line", "line"]
+    assert [x["i"] for x in lines[2:]] == [0, 1, 2]
+    report = lines[1]
+    assert (report["level"], report["logger"], report["dropped"]) == ("warning", "gateway.logs", 50)
+    assert report["dropped_total"] >= 50
+    assert "50 log lines dropped" in report["message"]
+
+
+def test_stopping_is_bounded_by_a_reader_that_never_comes_back() -> None:
+    reader = StalledReader()
+    logger, handler = queued_logger(reader, capacity=2)
+    try:
+        for i in range(10):
+            event(logger, logging.INFO, "line", f"line {i}")
+        assert reader.entered.wait(10)
+        started = time.monotonic()
+        assert not handler.stop(timeout=0.2)  # the writer is left behind, blocked
+        assert time.monotonic() - started < 2.0
+    finally:
+        logger.removeHandler(handler)
+        reader.drain()  # let the thread go
+
+
+def test_the_daemon_log_is_queued_and_stop_writes_what_is_queued() -> None:
+    """``configure`` without a stream (the daemon's) queues; ``stop`` flushes and removes it."""
+    root = logging.getLogger()
+    level, buf = root.level, io.StringIO()
+    try:
+        handler = configure(LogConfig(format="json", level="info"), stream=buf, queued=True)
+        assert isinstance(handler, QueuedHandler) and handler in root.handlers
+        for i in range(100):
+            event(logging.getLogger("gateway.test"), logging.INFO, "line", "line", i=i)
+        stop()
+        assert handler not in root.handlers
+        assert [json.loads(x)["i"] for x in buf.getvalue().splitlines()] == list(range(100))
+    finally:
+        stop()
+        root.setLevel(level)

@@ -63,6 +63,7 @@ FAMILIES = {
     "gateway_store_flush_duration_seconds": "histogram",
     "gateway_store_flush_rows": "histogram",
     "gateway_tasks": "gauge",
+    "gateway_log_lines_dropped": "counter",
 }
 UNITS = ("_seconds", "_events", "_rows", "_bytes")
 LABELS = {"type", "reason", "code", "route", "status", "outcome", "state", "component"}
