@@ -24,12 +24,12 @@ from tests.conftest import Harness, make_config, running_gateway
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra: pip install 'gateway[otel]'")
 
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
-from opentelemetry.trace import StatusCode  # noqa: E402
+from opentelemetry.trace import StatusCode
 
 
 @pytest.fixture
@@ -223,9 +223,11 @@ def test_disabled_imports_nothing_of_opentelemetry(tmp_path: Path) -> None:
     """
     code = (
         "import sys, trio\n"
+        "from pathlib import Path\n"
         "from tests.conftest import make_config, running_gateway\n"
         "async def main():\n"
-        f"    async with running_gateway(make_config(__import__('pathlib').Path({str(tmp_path)!r}))) as gw:\n"
+        f"    config = make_config(Path({str(tmp_path)!r}))\n"
+        "    async with running_gateway(config) as gw:\n"
         "        sid = await gw.create_session()\n"
         "        r = await gw.http.post(f'/sessions/{sid}/turns', json={'content': 'hi'})\n"
         "        assert r.status_code == 202\n"
