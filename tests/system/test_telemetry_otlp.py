@@ -26,7 +26,7 @@ from tests.conftest import Client, open_ws, ready_port
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra: pip install 'gateway[otel]'")
 pytest.importorskip("opentelemetry.proto", reason="the otel extra: pip install 'gateway[otel]'")
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
