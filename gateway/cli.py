@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None
     }
     # Imported here so that a bad command line or config starts nothing at all.
+    from gateway import telemetry
     from gateway.errors import StartupError
     from gateway.providers.factory import make_providers
     from gateway.server.app import serve
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # A missing API key, an unusable model, an unreadable system_file: config errors.
         provider = make_providers(config, os.environ)
+        telemetry.settings(config.telemetry, os.environ)  # traces without the otel extra
     except ConfigError as exc:
         _say(config, "config_invalid", str(exc))
         return EXIT_USAGE

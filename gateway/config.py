@@ -320,6 +320,17 @@ class LogConfig(_Section, frozen=True):
     queue_lines: Count = 10_000  # lines waiting for a slow reader; past it: dropped, counted
 
 
+class TelemetryConfig(_Section, frozen=True):
+    """``[telemetry]``: OpenTelemetry traces (docs/operating.md "Traces"; the otel extra)."""
+
+    # "": as the OTEL_* environment says (off when it says nothing); "otlp": export; "none": never
+    traces: Literal["", "otlp", "none"] = ""
+    endpoint: HttpUrl = ""  # OTLP/HTTP traces URL; "": from OTEL_EXPORTER_OTLP_*, else local
+    service_name: str = ""  # "": OTEL_SERVICE_NAME, else "gateway"
+    sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0  # of the turns traced
+    shutdown_timeout_s: Seconds = 5.0  # export timeout, and the flush bound at stop
+
+
 class Config(_Section, frozen=True):
     """The whole configuration; ``Config()`` is the embedded defaults."""
 
@@ -333,6 +344,7 @@ class Config(_Section, frozen=True):
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     # ``[agents] default = "NAME"`` and the ``[agents.NAME]`` tables (docs/reference.md
     # "Agents"); the file's one string key is lifted into ``default_agent`` when
     # the file is read (:func:`_lift_default_agent`).
@@ -442,6 +454,15 @@ format = "text"              # "text" | "json": one JSON object a line, with ts,
                              # event and, where they apply, session_id, turn_id, client
 level = "info"               # "debug" | "info" | "warning" | "error"
 queue_lines = 10000          # lines waiting for a slow stderr; past it dropped and counted
+
+[telemetry]                  # traces (docs/operating.md "Traces"): pip install 'gateway[otel]'
+traces = ""                  # "": as OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT say
+                             # (nothing unless they ask) | "otlp": export | "none": never
+endpoint = ""                # OTLP/HTTP traces URL; "": OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+                             # OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces, else localhost:4318
+service_name = ""            # "": OTEL_SERVICE_NAME, else "gateway"
+sample_ratio = 1.0           # the share of turns traced (a worker's follows its parent's)
+shutdown_timeout_s = 5.0     # an export's timeout, and how long stopping waits for the flush
 
 # More agents (docs/reference.md, "Agents"; [model], [tools] and [turns] are the one
 # named "default"); a key left out takes the value of [model], [tools] and [turns]:

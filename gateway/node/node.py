@@ -45,12 +45,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from gateway import runtimes
+from gateway import runtimes, telemetry
 from gateway.agents import AgentProfile, Agents
 from gateway.cluster import ops
 from gateway.config import Config
@@ -123,6 +124,7 @@ class Node:
         # Each agent's provider (docs/protocol.md §11); one given alone serves every agent.
         self.providers = provider if isinstance(provider, Providers) else Providers.single(provider)
         self.agents = Agents(config)  # ConfigError: a system_file that cannot be read
+        self.traces = telemetry.settings(config.telemetry, os.environ)  # ConfigError: no extra
         self.tools = tools  # the built-in tools the daemon enabled; each agent has some of them
         # The MCP servers (gateway.mcp); the daemon sets them, a bare node has none.
         self.mcp: McpServers | None = None
@@ -159,6 +161,13 @@ class Node:
     # --- lifecycle -------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
+        tracing = telemetry.start(self.traces)  # the exporter's thread: flushed and ended below
+        try:
+            await self._run(task_status)
+        finally:
+            await telemetry.stop(tracing)
+
+    async def _run(self, task_status: trio.TaskStatus[Node]) -> None:
         state = await self.store.open()
         self.retention_floor = state.retention_floor
         self.durability.attach()

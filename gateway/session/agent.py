@@ -35,6 +35,7 @@ from typing import Any, get_args
 
 import trio
 
+from gateway import telemetry
 from gateway.agents import AgentProfile
 from gateway.errors import ProviderError
 from gateway.ids import new_call_id, now_ms
@@ -156,6 +157,9 @@ class AgentLoop:
     def _start(self, turn: Turn) -> None:
         s = self.s
         s.record.turn_count += 1
+        record = s.record
+        delegated_by = record.metadata.get("delegated_by") if record.parent_session_id else None
+        telemetry.turn_started(s.id, turn.id, record.agent, record.active_model, delegated_by)
         s.add_message(turn.user_message)
         [started] = s.emit([TurnStarted(turn.id, turn.user_message)], turn.id)
         event(
@@ -214,6 +218,8 @@ class AgentLoop:
         model = s.record.active_model
         state.call_id = new_call_id()
         s.emit([LlmCallStarted(state.call_id, model)], turn.id)
+        agent = self.agent
+        telemetry.call_started(s.id, turn.id, model, agent.max_tokens, agent.temperature)
         call = Call(
             turn.id,
             Translator(

@@ -43,6 +43,7 @@ from typing import Protocol
 import msgspec
 import trio
 
+from gateway import telemetry
 from gateway.errors import ProviderError
 from gateway.logs import event
 from gateway.metrics import Metrics
@@ -306,6 +307,7 @@ class CallStream:
             if self.current is call:
                 self.current = None
             call.done.set()
+            _traced(call)
 
     def _process(self, call: Call, items: list[Item]) -> None:
         events: list[StreamEvent] = []
@@ -395,6 +397,25 @@ class CallStream:
             self._host.add_message(message, completion)
         self.current = None
         call.done.set()
+        _traced(call)
+
+
+def _traced(call: Call) -> None:
+    """The call's ``chat`` span ends (:mod:`gateway.telemetry`; nothing when traces are off)."""
+    if telemetry.current() is None:
+        return
+    message = call.translator.message
+    usage = (message.usage if message else None) or call.translator.usage
+    telemetry.call_ended(
+        call.turn_id,
+        call.error_class,
+        call.error_message,
+        message.model if message else None,
+        message.id if message else None,
+        call.translator.stop_reason,
+        usage.input_tokens,
+        usage.output_tokens,
+    )
 
 
 CALL_TYPES = frozenset(t for t, s in EVENT_TYPES.items() if not s.catalog)

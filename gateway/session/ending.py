@@ -21,6 +21,7 @@ from typing import get_args
 
 import trio
 
+from gateway import telemetry
 from gateway.logs import event
 from gateway.protocol.events import LlmCallCompleted, Payload, ToolFailed, TurnCancelled
 from gateway.protocol.shapes import StopReason, TextBlock, ToolUseBlock, Usage
@@ -150,6 +151,10 @@ class TurnEnding:
         metrics.turn_duration.labels(label).observe(seconds)
         ms = round(seconds * 1000)
         cancelled = outcome == "cancelled"
+        call = state.call
+        why = turn.cancel_reason if cancelled else call.error_message if call else None
+        usage = state.usage
+        telemetry.turn_ended(turn.id, outcome, why, usage.input_tokens, usage.output_tokens)
         event(
             log, logging.INFO, "turn_ended",
             f"turn {turn.id} {'cancelled' if cancelled else 'ended'}: {outcome} after {ms} ms",

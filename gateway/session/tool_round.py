@@ -26,6 +26,7 @@ from typing import Any
 
 import trio
 
+from gateway import telemetry
 from gateway.agents import AgentProfile
 from gateway.errors import ToolError
 from gateway.ids import new_message_id, now_ms
@@ -143,6 +144,7 @@ class ToolRound:
             self.node.metrics.tool_duration.labels(tool_label, outcome).observe(seconds)
             return round(seconds * 1000)
 
+        telemetry.tool_started(s.id, turn.id, block.id, block.name)
         try:
             tools.validate(block.name, block.input)
             if self.agent.needs_approval(block.name):
@@ -152,11 +154,14 @@ class ToolRound:
             output = await tools.execute(block.name, block.input, ctx)
         except ToolError as exc:
             fail_tool(s, turn, state, block, exc.error_class, exc.message, elapsed_ms())
+            telemetry.tool_ended(block.id, exc.error_class, exc.message)
         except Exception as exc:  # a tool's bug fails that tool only
             s.failed("tool", exc, turn.id)
             message = f"the tool failed: {type(exc).__name__}: {exc}"
             fail_tool(s, turn, state, block, "error", message, elapsed_ms())
+            telemetry.tool_ended(block.id, "error", message)
         except trio.Cancelled:
+            telemetry.tool_ended(block.id, "cancelled", "cancelled")
             fail_tool(s, turn, state, block, "cancelled", "cancelled", elapsed_ms("cancelled"))
             raise
         else:
@@ -164,6 +169,7 @@ class ToolRound:
             record_result(s, turn, state, block, content, is_error=False, structured=structured)
             ms = elapsed_ms("completed")
             s.emit([ToolCompleted(block.id, block.name, content, ms, structured)], turn.id)
+            telemetry.tool_ended(block.id)
 
     async def _permission(self, turn: Turn, block: ToolUseBlock) -> None:
         """Wait for ``allow`` (docs/protocol.md §5 ``permission.*``).
