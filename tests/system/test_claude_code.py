@@ -223,10 +223,22 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
     only_model_calls(server)
 
 
-@pytest.mark.parametrize("phase", ["llm", "seam", "tools"])
 async def test_a_cancel_in_each_phase_is_the_section_8_sequence_well_under_a_second(
-    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch, phase: str
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """One session, one CLI: a turn cancelled in each phase in turn, each followed by a
+    turn that completes (the interrupted query was settled, the next turn is its own)."""
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        for phase in ("llm", "seam", "tools"):
+            await cancel_in(gw, server, sid, phase)
+    await providers.aclose()
+    only_model_calls(server)
+
+
+async def cancel_in(gw: Harness, server: FakeServer, sid: str, phase: str) -> None:
+    """A turn of ``sid`` cancelled in ``phase``: its section 8 sequence; then a next turn."""
     if phase == "llm":
         body = transcript("anthropic/thinking_text.sse")
         server.enqueue(Replay(body, cut=Cut(body.index(b"signature_delta"), "stall")))
@@ -235,33 +247,29 @@ async def test_a_cancel_in_each_phase_is_the_section_8_sequence_well_under_a_sec
     else:
         server.enqueue(Replay(transcript("claude-code/bash_touch_sleep.sse")))
     server.enqueue(Replay(transcript("anthropic/text.sse")))  # the next turn's
-    config, providers = await gateway(tmp_path, server, monkeypatch)
-    async with running_gateway(config, providers) as gw:
-        sid = await gw.create_session()
-        async with gw.client(sid) as client:
-            await client.subscribe()
-            turn_id = await gw.submit(sid, "go")
-            if phase == "llm":
-                await client.until(lambda e: e.type == "thinking.delta")
-            else:
-                asked = (await client.until(lambda e: e.type == "permission.requested"))[-1]
-                if phase == "tools":
-                    await decide(gw, sid, asked.payload.perm_id, "allow")
-                    workspace = gw.node.workspaces.host_path(
-                        gw.node.sessions[sid].record.workspace_path
-                    )
-                    started_file = os.path.join(workspace, "started.txt")
-                    while not os.path.exists(started_file):  # noqa: ASYNC240, ASYNC110
-                        await trio.sleep(0.05)
-            started = trio.current_time()
-            r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel", json={})
-            assert r.status_code in (200, 202), r.text
-            await client.until_turn_ends()
-            took = trio.current_time() - started
-            events = client.events
-        next_turn = await run_turn(gw, sid, "still there?")
-    await providers.aclose()
-    assert took < 1.0, took
+    async with gw.client(sid) as client:
+        await client.subscribe()
+        turn_id = await gw.submit(sid, "go")
+        if phase == "llm":
+            await client.until(lambda e: e.type == "thinking.delta")
+        else:
+            asked = (await client.until(lambda e: e.type == "permission.requested"))[-1]
+            if phase == "tools":
+                await decide(gw, sid, asked.payload.perm_id, "allow")
+                workspace = gw.node.workspaces.host_path(
+                    gw.node.sessions[sid].record.workspace_path
+                )
+                started_file = os.path.join(workspace, "started.txt")
+                while not os.path.exists(started_file):  # noqa: ASYNC240, ASYNC110
+                    await trio.sleep(0.05)
+        started = trio.current_time()
+        r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel", json={})
+        assert r.status_code in (200, 202), r.text
+        await client.until_turn_ends()
+        took = trio.current_time() - started
+        events = client.events
+    next_turn = await run_turn(gw, sid, "still there?")
+    assert took < 1.0, (phase, took)
     tail = [e for e in types(events) if e not in ("thinking.delta", "text.delta")]
     end = events[-1].payload
     assert events[-1].type == "turn.cancelled" and end.phase == phase
@@ -285,7 +293,6 @@ async def test_a_cancel_in_each_phase_is_the_section_8_sequence_well_under_a_sec
     # The session goes on: the interrupted query was settled, the next turn is its own.
     assert next_turn[-1].type == "turn.completed"
     assert next_turn[-1].payload.stop_reason == "end_turn"
-    only_model_calls(server)
 
 
 async def test_two_sessions_at_once_each_with_its_own_process(
@@ -328,7 +335,7 @@ async def test_an_idle_process_stops_and_the_conversation_resumes_even_after_a_r
     transcript is in the gateway's state directory: a restarted daemon finds it.
     """
     server.enqueue(*[Replay(transcript("anthropic/text.sse"))] * 3)
-    config, providers = await gateway(tmp_path, server, monkeypatch, idle_process_s="1")
+    config, providers = await gateway(tmp_path, server, monkeypatch, idle_process_s="0.3")
     async with running_gateway(config, providers) as gw:
         sid = await gw.create_session()
         await run_turn(gw, sid, "first words APPLE")
@@ -340,7 +347,7 @@ async def test_an_idle_process_stops_and_the_conversation_resumes_even_after_a_r
                 await trio.sleep(0.1)
         resumed = await run_turn(gw, sid, "second words BANANA")
         assert runtime.transport is not None and runtime.transport.pid != first_pid
-    _, providers = await gateway(tmp_path, server, monkeypatch, idle_process_s="1")
+    _, providers = await gateway(tmp_path, server, monkeypatch, idle_process_s="0.3")
     async with running_gateway(config, providers) as gw:  # the daemon restarted
         restarted = await run_turn(gw, sid, "third words CHERRY")
     await providers.aclose()

@@ -24,8 +24,8 @@ Either way the dead node's CLI died with it (the watchdog of docs/protocol.md
 §15; its pid is in the node's ``claude_code_started`` log line).
 
 One test, two takeovers (the first node's session to the second node, shared;
-then the second's to the third, not), on three real ``gateway serve``
-processes on one redis-server
+then the second's to the third, not; then a fourth node forwards a turn to an
+owner with no process slot), on real ``gateway serve`` processes on one redis-server
 (tests/cluster_support.py, ``lease_s`` = 1 s), whose default agent is Claude
 Code (the real CLI of the claude-code extra) on the fake Anthropic API, which
 is also its proxy: nothing leaves the machine. Needs redis-server and the
@@ -38,6 +38,7 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,24 @@ def cli_pids(node: Node, session_id: str) -> list[int]:
     ]
 
 
+def cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -162,14 +181,6 @@ async def claude_code_cluster(
     assert calls <= {("POST", "/v1/messages?beta=true")}, calls  # nothing left the machine
 
 
-@pytest.fixture
-async def cluster(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[Cluster, FakeServer]]:
-    async with claude_code_cluster(tmp_path, monkeypatch, 3) as (nodes, server):
-        yield nodes, server
-
-
 async def takeover(
     server: FakeServer,
     nodes: Cluster,
@@ -210,14 +221,19 @@ async def takeover(
                 cut_turn = await a.submit(sid, "cut short CHERRY")
                 with trio.fail_after(30):
                     await survivor.until_type("text.delta")
+                    kids = children(a_node.proc.pid)  # the CLI, streaming; the watchdog
+                    [cli] = [k for k in kids if b"claude" in cmdline(k)]
+                    assert cli == pid and os.getpgid(cli) == cli  # a group of its own
                     a_node.kill()
+                    assert a_node.proc.returncode == -signal.SIGKILL
                     closed = await survivor.turn(cut_turn)
             assert closed[-1].type == "turn.cancelled", types(closed)
             assert closed[-1].payload.reason == "server_restart"
         else:
+            kids = children(a_node.proc.pid)
             a_node.kill()
-        with trio.fail_after(5):  # the watchdog stops the dead daemon's CLI
-            while alive(pid):  # noqa: ASYNC110
+        with trio.fail_after(5):  # the watchdog stops the dead daemon's CLI: no child outlives it
+            while alive(pid) or any(alive(k) for k in kids):  # noqa: ASYNC110
                 await trio.sleep(0.05)
         if not shared:  # what a survivor whose disk is its own finds: nothing
             await trio.to_thread.run_sync(shutil.rmtree, state)
@@ -233,54 +249,54 @@ async def takeover(
     return first, second, said[0], said[-1]
 
 
-async def test_a_takeover_resumes_the_conversation_only_from_a_shared_state_directory(
-    cluster: tuple[Cluster, FakeServer], tmp_path: Path
-) -> None:
-    """Shared: the survivor's CLI resumes the transcript. Not: a new conversation."""
-    nodes, server = cluster
-    a, b, c = nodes.live
-    first, second, asked_first, asked_second = await takeover(
-        server, nodes, a, b, tmp_path, shared=True, mid_turn=True
-    )
-    assert first[-1].type == second[-1].type == "turn.completed"
-    assert second[-1].payload.stop_reason == "end_turn"
-    assert "APPLE" in asked_first and "BANANA" not in asked_first
-    assert "APPLE" in asked_second and "BANANA" in asked_second  # the same conversation
-    # The interrupted turn is in the gateway's history (its prompt, its partial
-    # answer); what the model sees of it depends on how far the killed CLI got:
-    # its prompt, if the CLI had written it to the transcript (then followed by
-    # Claude Code's own filler answer), never the partial answer.
-    if "CHERRY" in asked_second:
-        assert "Hello" not in asked_second.split("CHERRY")[1].split("BANANA")[0]
-
-    first, second, asked_first, asked_second = await takeover(
-        server, nodes, b, c, tmp_path, shared=False, mid_turn=False
-    )
-    assert first[-1].type == second[-1].type == "turn.completed"
-    assert second[-1].payload.stop_reason == "end_turn"  # the turn runs...
-    assert "APPLE" in asked_first
-    assert "BANANA" in asked_second and "APPLE" not in asked_second  # ...without what was said
-
-
-async def test_a_turn_forwarded_to_an_owner_with_no_process_slot_is_over_capacity(
+async def test_takeovers_resume_only_from_a_shared_state_directory_and_no_slot_is_over_capacity(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``max_processes = 1`` on the owner, its one CLI busy: a turn posted on another node
-    waits on the owner for a slot (``SLOT_WAIT_S``, longer than ``commit_timeout_s``) and
-    answers what the owner says, 503 ``over_capacity`` with ``Retry-After``, not
-    ``session_owner_unreachable``."""
+    """Shared: the survivor's CLI resumes the transcript. Not: a new conversation.
+
+    Then, on the same cluster (``max_processes = 1``, ``commit_timeout_s = 2``): the
+    owner's one CLI busy, a turn posted on another node waits on the owner for a slot
+    (``SLOT_WAIT_S``, longer than ``commit_timeout_s``) and answers what the owner says,
+    503 ``over_capacity`` with ``Retry-After``, not ``session_owner_unreachable``.
+
+    The first takeover's node is kill -9'd mid-turn: no CLI outlives the daemon.
+    """
     store, agent = "commit_timeout_s = 2.0", "max_processes = 1"
-    async with claude_code_cluster(tmp_path, monkeypatch, 2, store, agent) as (nodes, server):
+    async with claude_code_cluster(tmp_path, monkeypatch, 3, store, agent) as (nodes, server):
+        a, b, c = nodes.live
+        first, second, asked_first, asked_second = await takeover(
+            server, nodes, a, b, tmp_path, shared=True, mid_turn=True
+        )
+        assert first[-1].type == second[-1].type == "turn.completed"
+        assert second[-1].payload.stop_reason == "end_turn"
+        assert "APPLE" in asked_first and "BANANA" not in asked_first
+        assert "APPLE" in asked_second and "BANANA" in asked_second  # the same conversation
+        # The interrupted turn is in the gateway's history (its prompt, its partial
+        # answer); what the model sees of it depends on how far the killed CLI got:
+        # its prompt, if the CLI had written it to the transcript (then followed by
+        # Claude Code's own filler answer), never the partial answer.
+        if "CHERRY" in asked_second:
+            assert "Hello" not in asked_second.split("CHERRY")[1].split("BANANA")[0]
+
+        first, second, asked_first, asked_second = await takeover(
+            server, nodes, b, c, tmp_path, shared=False, mid_turn=False
+        )
+        assert first[-1].type == second[-1].type == "turn.completed"
+        assert second[-1].payload.stop_reason == "end_turn"  # the turn runs...
+        assert "APPLE" in asked_first
+        assert "BANANA" in asked_second and "APPLE" not in asked_second  # ...without what was said
+
+        owner, elsewhere = await trio.to_thread.run_sync(nodes.ensure, 2)
         body = transcript("anthropic/text.sse")
         server.enqueue(Replay(body, cut=Cut(body.index(b", world"), "stall")))
-        async with peers(nodes.live) as (a, b):
-            busy, other = await a.create_session(), await a.create_session()
-            async with a.watch(busy) as w:
-                await a.submit(busy, "keep the CLI busy")
+        async with peers([owner, elsewhere]) as (o, e):
+            busy, other = await o.create_session(), await o.create_session()
+            async with o.watch(busy) as w:
+                await o.submit(busy, "keep the CLI busy")
                 with trio.fail_after(30):
                     await w.until_type("text.delta")
             started = trio.current_time()
-            r = await b.post_turn(other, "no slot for me")
+            r = await e.post_turn(other, "no slot for me")
             waited = trio.current_time() - started
     assert r.status_code == 503, r.text
     assert r.json()["error"]["code"] == "over_capacity", r.text

@@ -13,30 +13,26 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
 from bench.fake_api.server import Cut, Json
 from gateway.agents import resolve_agents
-from gateway.client.attach import open_websocket as open_ws
 from gateway.runtimes.claude_code import messages, options
 from gateway.tools import process_slots
-from tests.conftest import Client, Harness, running_gateway, types
+from tests.conftest import Harness, running_gateway, types
 from tests.mcp_support import EVERYTHING
 from tests.provider_support import server as server
 from tests.system.test_claude_code import (
     alive,
     cc_config,
-    cc_toml,
     decide,
     gateway,
     only_model_calls,
     pytestmark,
     run_turn,
 )
-from tests.system.test_cli_serve import gateway_process
 
 __all__ = ["pytestmark", "server"]
 
@@ -199,24 +195,6 @@ def error(kind: str, message: str) -> dict[str, Any]:
 
 def is_type(name: str, e: Any) -> bool:
     return bool(e.type == name)
-
-
-def cmdline(pid: int) -> bytes:
-    return Path(f"/proc/{pid}/cmdline").read_bytes()
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rpartition(")")[2].split()[1]) == pid:
-                out.append(int(entry))
-    return out
 
 
 MCP_TABLES = f"""
@@ -415,7 +393,10 @@ async def test_cancelling_the_parent_cancels_the_sub_agents_worker_first(
     server.enqueue(
         Replay(transcript("claude-code/agent_call.sse")),
         Replay(transcript("claude-code/bash_touch.sse")),
-        Replay(transcript("anthropic/text.sse")),  # the next turn's
+        # The next turn's; and a spare: the interrupted sub-agent may make one more call
+        # after the cancel (Claude Code's timing), which would take the next turn's reply.
+        Replay(transcript("anthropic/text.sse")),
+        Replay(transcript("anthropic/text.sse")),
     )
     config, providers = await gateway(tmp_path, server, monkeypatch, tools='["Bash", "Agent"]')
     async with running_gateway(config, providers) as gw:
@@ -445,38 +426,8 @@ async def test_cancelling_the_parent_cancels_the_sub_agents_worker_first(
     order = [(e.session_id, e.type) for e in events]
     assert order.index((worker_id, "turn.cancelled")) < order.index((sid, "delegate.failed"))
     assert next_turn[-1].payload.stop_reason == "end_turn"
-    only_model_calls(server)
-
-
-@pytest.mark.slow  # a real daemon process, started and killed
-async def test_no_cli_outlives_a_daemon_killed_with_sigkill_mid_turn(
-    tmp_path: Path, server: FakeServer
-) -> None:
-    """``gateway serve`` as a process, a Claude Code turn streaming, the daemon kill -9'd."""
-    body = transcript("anthropic/thinking_text.sse")
-    server.enqueue(Replay(body, cut=Cut(body.index(b"signature_delta"), "stall")))
-    (tmp_path / "gateway.toml").write_text(cc_toml(server))
-    args = ("--config", "gateway.toml", "--port", "0")
-    env = {"ANTHROPIC_API_KEY": "sk-fake"}
-    with trio.fail_after(40):
-        async with gateway_process(tmp_path, *args, env=env) as (proc, port):
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-                sid = (await http.post("/sessions", json={})).json()["session_id"]
-                url = (await http.get(f"/sessions/{sid}")).json()["ws_url"]
-                async with open_ws(url) as ws:
-                    client = Client(ws, sid)
-                    await client.subscribe()
-                    r = await http.post(f"/sessions/{sid}/turns", json={"content": "go"})
-                    assert r.status_code == 202, r.text
-                    await client.until(functools.partial(is_type, "thinking.delta"))
-                    kids = children(proc.pid)  # the CLI, streaming; the watchdog
-                    [cli] = [k for k in kids if b"claude" in cmdline(k)]
-                    assert os.getpgid(cli) == cli
-                    proc.send_signal(signal.SIGKILL)
-                    assert await proc.wait() == -signal.SIGKILL
-            with trio.fail_after(5):
-                while any(alive(k) for k in kids):  # noqa: ASYNC110
-                    await trio.sleep(0.05)
+    # The next turn's call is its own conversation's, whichever reply it took.
+    assert any("still there?" in str(r.body["messages"]) for r in server.requests)
     only_model_calls(server)
 
 
