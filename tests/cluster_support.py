@@ -179,28 +179,35 @@ class Cluster:
         return names
 
     def _wait_booted(self) -> None:
+        """Until every booting node answers; on a failure no node is left running.
+
+        The nodes that came up join :attr:`nodes` whatever happens (the
+        cluster's teardown stops them); the ones still booting are killed.
+        """
         pending = self._booting
         ready: list[Node] = []
         deadline = time.monotonic() + START_TIMEOUT_S
-        with httpx.Client(timeout=1.0) as http:
-            while pending:
-                if time.monotonic() > deadline:
-                    logs = "\n".join(f"{n.name}:\n{n.log_text()}" for n in pending.values())
-                    for node in pending.values():
-                        node.kill()
-                    pending.clear()
-                    raise AssertionError(f"nodes not ready in {START_TIMEOUT_S} s:\n{logs}")
-                for name, node in list(pending.items()):
-                    if not node.alive:
-                        text = node.log_text()
-                        if "address already in use" not in text:
-                            del pending[name]
-                            raise AssertionError(f"{name} exited at start:\n{text}")
-                        pending[name] = self._spawn(name)  # free_port raced: another port
-                    elif _ready(http, node):
-                        ready.append(pending.pop(name))
-                time.sleep(0.02)  # real clock: the nodes are processes booting in real time
-        self.nodes += sorted(ready, key=lambda n: int(n.name[1:]))  # in the order booted
+        try:
+            with httpx.Client(timeout=1.0) as http:
+                while pending:
+                    if time.monotonic() > deadline:
+                        logs = "\n".join(f"{n.name}:\n{n.log_text()}" for n in pending.values())
+                        raise AssertionError(f"nodes not ready in {START_TIMEOUT_S} s:\n{logs}")
+                    for name, node in list(pending.items()):
+                        if not node.alive:
+                            text = node.log_text()
+                            if "address already in use" not in text:
+                                del pending[name]
+                                raise AssertionError(f"{name} exited at start:\n{text}")
+                            pending[name] = self._spawn(name)  # free_port raced: another port
+                        elif _ready(http, node):
+                            ready.append(pending.pop(name))
+                    time.sleep(0.02)  # real clock: the nodes are processes booting in real time
+        finally:
+            for node in pending.values():
+                node.kill()
+            pending.clear()
+            self.nodes += sorted(ready, key=lambda n: int(n.name[1:]))  # in the order booted
 
     def _spawn(self, name: str) -> Node:
         workdir = self.workdir / name
