@@ -17,6 +17,7 @@ finds it); the tests skip, saying why, only where it cannot be installed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -36,6 +37,7 @@ from tests.debian import debian_binary
 REPO = Path(__file__).resolve().parent.parent
 SITE_CONF = REPO / "deploy" / "nginx" / "gateway.conf"
 READY = re.compile(rb"gateway listening on http://127\.0\.0\.1:(\d+)")
+"""The readiness line; under ``[log] format = "json"`` it is the ``gateway_started`` record."""
 
 # --- nginx itself ----------------------------------------------------------------------
 
@@ -252,9 +254,15 @@ async def gateway_process(workdir: Path, config: str) -> AsyncIterator[GatewayPr
                 chunk = await proc.stdout.receive_some(1)
                 assert chunk, "the gateway exited before its readiness line:\n" + log.read_text()
                 line += chunk
-        match = READY.fullmatch(line.strip())
-        assert match, line
-        yield GatewayProcess(proc, int(match.group(1)), log)
+        if line.startswith(b"{"):  # format = "json": the gateway_started record
+            record = json.loads(line)
+            assert record["event"] == "gateway_started", line
+            port = int(record["port"])
+        else:
+            match = READY.fullmatch(line.strip())
+            assert match, line
+            port = int(match.group(1))
+        yield GatewayProcess(proc, port, log)
     finally:
         if proc.returncode is None:
             proc.kill()
