@@ -129,7 +129,7 @@ async def test_delete_an_idle_session(gw: Harness, tmp_path: Path) -> None:
 
 
 async def test_a_named_workspace_stays(gw: Harness, tmp_path: Path) -> None:
-    sid = await gw.create_session(workspace_path="shared/project")
+    sid = await gw.create_session(workspace_path="team/project")
     named = tmp_path / "workspaces"
     before = sorted(str(p) for p in named.rglob("project"))
     assert before
