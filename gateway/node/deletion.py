@@ -18,6 +18,13 @@ In order, so that nothing of the session comes back and every client sees an end
 6. Their own workspace directories are removed (only one made for the
    session, never one the client named: gateway.tools.workspace), their
    leases dropped, and their owner's session count given back.
+7. On several nodes the owner publishes a ``deleted`` notice on the family's
+   live channel, after its last batch: every node watching it closes its
+   clients of the session the same way and drops its replica
+   (:func:`forget_replica`); the node that sent the DELETE drops its own
+   replica in any case (:func:`deleted_elsewhere`), and a node whose replica
+   had no clients finds the session gone when it next takes its lease
+   (gateway.node.failover).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from gateway.store.base import SessionRecord
 
 log = logging.getLogger("gateway.node")
 
+POLL_S = 0.02  # how often a wait for a turn's end or the owner's notice looks again
 REASON = "session_deleted"  # turn.cancelled's reason, and the close's code
 
 
@@ -59,6 +67,8 @@ async def delete(node: NodeCore, session: Session) -> None:
     close_clients(node, {s.id for s in live})
     for s in reversed(live):  # workers first
         registry.forget(s)
+    if node.cluster is not None:  # the other nodes' clients of it close too, after its events
+        node.cluster.publish(session.family.id, session.id, [], deleted=True)
     try:
         records = [r for r in [await node.store.get_session(sid) for sid in ids] if r]
         await node.store.delete_sessions(ids)
@@ -70,6 +80,23 @@ async def delete(node: NodeCore, session: Session) -> None:
         log, logging.INFO, "session_deleted", f"session {session.id} deleted",
         session_id=session.id, workers=len(ids) - 1,
     )  # fmt: skip
+
+
+async def deleted_elsewhere(node: NodeCore, session: Session) -> None:
+    """This node asked the owner to delete ``session``, a replica here: it leaves this node.
+
+    Its clients here close once the owner's notice arrives, after the last
+    events (:func:`forget_replica`, from the live batches); at most
+    ``commit_timeout_s`` is waited for it.
+    """
+    live = _tree(session)
+    if any(len(s.hub) for s in live):
+        for _ in range(round(node.config.store.commit_timeout_s / POLL_S)):
+            if node.sessions.get(session.id) is not session:
+                return
+            await trio.sleep(POLL_S)
+    if node.sessions.get(session.id) is session:
+        forget_replica(node, session)
 
 
 def forget_replica(node: NodeCore, session: Session) -> None:
@@ -120,7 +147,7 @@ async def _cancel_turns(node: NodeCore, live: list[Session]) -> None:
             for s in live:
                 if s.turn is not None:
                     s.turn.request_cancel(REASON)
-            await trio.sleep(0.02)
+            await trio.sleep(POLL_S)
         await node.wait_durable()  # hence handed to the clients' queues before the close
 
 

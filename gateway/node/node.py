@@ -340,6 +340,8 @@ class Node:
         session = await self.registry.load(session_id)
         if session is not None:
             await self.placement.claim(session)
+            if self.sessions.get(session_id) is not session:
+                return None  # deleted on another node: gone from the store (gateway.node.failover)
         return session
 
     def runs_here(self, session_id: str) -> bool:
@@ -423,7 +425,7 @@ class Node:
         """
         await self.act(session, ops.DeleteSession())
         if self.sessions.get(session.id) is session:  # a replica here: the owner deleted it
-            deletion.forget_replica(self, session)
+            await deletion.deleted_elsewhere(self, session)
 
     async def live_summary(self, session: Session) -> SessionSummary:
         """The session's summary as its owner sees it (its turn and pending permissions)."""

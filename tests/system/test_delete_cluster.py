@@ -95,3 +95,27 @@ async def test_a_delete_sent_to_the_replica_deletes_on_the_owner(
                 r = await node.http.delete(f"/sessions/{sid}")
                 assert r.status_code == 404, r.text
                 assert sid not in node.node.sessions
+
+
+async def test_a_replicas_clients_close_on_the_owners_notice(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """DELETE on the owner: the other node's clients get the cancel, then the close."""
+    with trio.fail_after(60):
+        async with two_nodes(tmp_path, own_redis) as (a, b):
+            sid = await a.create_session()
+            async with b.client(sid) as on_b:
+                await on_b.subscribe()
+                turn_id = await a.submit(sid, SLOW_TEXT)
+                await on_b.until(lambda e: e.type == "text.delta")
+                assert (await a.http.delete(f"/sessions/{sid}")).status_code == 204
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        await on_b.recv()
+                assert closed.value.reason.code == 1000
+                assert json.loads(closed.value.reason.reason or "{}")["code"] == "session_deleted"
+                last = on_b.events[-1]
+                assert (last.type, last.turn_id) == ("turn.cancelled", turn_id)
+            assert sid not in b.node.sessions  # dropped as its clients were closed
+            assert (await b.http.get(f"/sessions/{sid}")).status_code == 404
+            assert keys_of(own_redis, sid) == []
