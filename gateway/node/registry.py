@@ -226,6 +226,7 @@ class Registry:
     def forget(self, session: Session) -> None:
         """End a deleted session's tasks for good and drop it from this node (and its parent)."""
         session.fenced = True  # from now on it emits and stores nothing (a late client's goodbye)
+        session.deleted = True  # a client attaching to it now is closed session_deleted
         scope = self._scopes.pop(session.id, None)
         if scope is not None:
             scope.cancel()
