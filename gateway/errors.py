@@ -144,6 +144,8 @@ class ClientError(GatewayError):
     - ``not_a_gateway``: the answer was not the gateway's (a wrong URL);
     - ``stream_refused``: the WebSocket handshake was refused for good (403);
     - ``closed``: a close that says not to reconnect (1009, an unknown code);
+    - ``session_deleted``: the stream's session was deleted (a 1000
+      ``session_deleted`` close, docs/protocol.md §13);
     - ``gave_up``: ``max_reconnects`` attempts in a row made no progress;
     - ``protocol_violation``: the server made a move the contract does not allow;
     - ``invalid_url``: the base URL is not a URL.

@@ -239,6 +239,25 @@ class GatewayClient:
         )
         return accepted.turn_id
 
+    async def delete_session(self, session_id: str) -> None:
+        """``DELETE /sessions/{id}``: the session, its workers, messages and events, for good.
+
+        Its turn in flight is cancelled and its streams end (a
+        :class:`~gateway.client.stream.Subscription` of it raises
+        :class:`~gateway.errors.ClientError` ``session_deleted``; docs/protocol.md §13).
+
+        Raises:
+            ApiError: 404 ``session_not_found`` (unknown, already deleted, or another key's).
+        """
+        try:
+            r = await self.http.request("DELETE", f"/sessions/{session_id}")
+        except httpx.TransportError as exc:
+            raise ClientError(
+                "unreachable", f"cannot reach {self.http.base_url}: {describe(exc)}"
+            ) from exc
+        if r.status_code != 204:
+            raise api_error(r)
+
     async def cancel_turn(
         self, session_id: str, turn_id: str, *, reason: str | None = None
     ) -> None:

@@ -47,6 +47,10 @@ asks of a client, and decides what the contract leaves to the client:
   :class:`~gateway.errors.ClientError`). Once the gateway answered, an
   unreachable gateway is a restart, and is retried.
 - **A normal close** (1000) ends the iteration after a last :class:`Notice`.
+  A 1000 ``session_deleted`` (``DELETE /sessions/{id}``, docs/protocol.md §13)
+  ends it with :class:`~gateway.errors.ClientError` ``session_deleted``, after
+  the events sent before it (its ``turn.cancelled``): never reconnected, and
+  told apart from a normal end.
 
 The feeding task hands items over a bounded channel: a consumer that stops
 reading stops the task reading the socket, the server's bound fills, and the
@@ -554,6 +558,8 @@ def _closed(closed: ConnectionClosed, progressed: bool) -> Ended:
     code = closed.reason.code if closed.reason else 1006
     name = _close_code(closed.reason.reason if closed.reason else None)
     why = f"closed {code}" + (f" {name}" if name else "")
+    if name == "session_deleted":  # docs/protocol.md §13: nothing to come back to
+        raise ClientError("session_deleted", "the session was deleted")
     if code == 1000:
         return Ended(0, why)
     resumable = name in RESUMABLE if name in CLOSES else code in _RESUMABLE_WS_CODES

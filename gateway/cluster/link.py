@@ -107,6 +107,7 @@ class LiveBatch(msgspec.Struct, array_like=True, tag="b"):
     batch_no: int
     session_id: str
     events: list[LiveEvent]
+    deleted: bool = False  # the session was deleted (after its last events): clients close
 
 
 Message = Request | Reply | LiveBatch
@@ -362,13 +363,16 @@ class Cluster:
         self._epoch += 1
         self.audience[root_id] = self._epoch
 
-    def publish(self, root_id: str, session_id: str, events: list[LiveEvent]) -> None:
+    def publish(
+        self, root_id: str, session_id: str, events: list[LiveEvent], *, deleted: bool = False
+    ) -> None:
         """Queue one released batch of a family for the other nodes (never blocks).
 
         Only for a family some other node watches (:meth:`heard`): a batch
         nobody would receive costs nothing. Numbered per family; a batch the
         publisher has no room for is dropped and its number skipped, so that
-        watchers see the gap (module docstring).
+        watchers see the gap (module docstring). ``deleted``: no events, but the
+        notice that the session was deleted (docs/protocol.md §13), after its last batch.
         """
         epoch = self.audience.get(root_id)
         if epoch is None:
@@ -377,7 +381,7 @@ class Cluster:
         if len(self._queue) >= MAX_QUEUED_BATCHES:
             self.dropped += 1
             return
-        batch = LiveBatch(self.node_id, no, session_id, events)
+        batch = LiveBatch(self.node_id, no, session_id, events, deleted)
         self._queue.append((root_id, epoch, _encode(batch)))
         self._queued.set()
 

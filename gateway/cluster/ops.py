@@ -58,6 +58,10 @@ class Compact(msgspec.Struct, tag="compact"):
     """``POST .../compact`` (docs/protocol.md §12)."""
 
 
+class DeleteSession(msgspec.Struct, tag="delete"):
+    """``DELETE /sessions/{id}``: the session and its workers, for good (docs/protocol.md §13)."""
+
+
 class Warn(msgspec.Struct, tag="warn"):
     """Emit ``bus.handler_warning`` (a replica's slow client, docs/protocol.md sections 3 and 8)."""
 
@@ -97,6 +101,7 @@ Operation = (
     | DecidePermission
     | RecordFeedback
     | Compact
+    | DeleteSession
     | Warn
     | Unregistered
     | State
@@ -171,6 +176,7 @@ __all__ = [
     "CancelTurn",
     "Compact",
     "DecidePermission",
+    "DeleteSession",
     "Done",
     "Operation",
     "RecordFeedback",

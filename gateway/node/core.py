@@ -19,9 +19,33 @@ from gateway.node.attach_tokens import Tokens
 from gateway.server.auth import Limits
 from gateway.session.session import NodeServices, Session
 from gateway.store.lease import LeaseKeeper, Taken
+from gateway.tools.workspace import Workspaces
 
 if TYPE_CHECKING:
     from gateway.cluster.link import Cluster  # coredis: imported only where used
+
+
+class Connection(Protocol):
+    """An open stream connection, as shutdown and a deletion see it (gateway.server.connection)."""
+
+    def request_close(self, code: str) -> None:
+        """Close with the close named ``code`` (gateway.protocol.closes)."""
+        ...
+
+    @property
+    def session(self) -> Session:
+        """The session it streams."""
+        ...
+
+    @property
+    def subscribed(self) -> bool:
+        """Past its subscribe (``gateway_ws_connections_by_state``)."""
+        ...
+
+    @property
+    def closing(self) -> str | None:
+        """The name of the close decided for it, if any."""
+        ...
 
 
 class FailoverPart(Protocol):
@@ -65,12 +89,27 @@ class RegistryPart(Protocol):
         """A live session, loading a stored one (and its workers); ``None`` if unknown."""
         ...
 
+    @property
+    def deleting(self) -> set[str]:
+        """Sessions being deleted: every request finds them unknown already."""
+        ...
+
+    async def loaded(self, session_id: str) -> None:
+        """Wait for a load of the session in progress, if any."""
+        ...
+
+    def forget(self, session: Session) -> None:
+        """End a deleted session's tasks for good and drop it from this node."""
+        ...
+
 
 class NodeCore(NodeServices, Protocol):
     """What the node's parts use of it: what its sessions use (:class:`NodeServices`: the
     registry makes them with it), its leases and sessions, and its other parts."""
 
     tokens: Tokens  # replaced by the Redis ones once the placement is clustered
+    connections: set[Connection]  # open streams
+    workspaces: Workspaces  # docs/protocol.md §15
     cluster: Cluster | None  # the link to the other nodes, set by a clustered placement
 
     @property

@@ -18,6 +18,7 @@ import trio
 
 from gateway.errors import StoreError
 from gateway.logs import event
+from gateway.node import deletion
 from gateway.node.core import NodeCore
 from gateway.session.recovery import close_interrupted
 from gateway.session.session import Session
@@ -158,10 +159,12 @@ class Failover:
         node.placement.heard(session.family.id)  # nodes that watched its previous owner still do
         store = node.store
         record = await store.get_session(session.id)
-        if record is not None:
-            stored = await store.load_messages(session.id)
-            size = await store.event_bytes(session.id)  # max_session_mb: once, at load
-            session.reload(record, stored, taken.counter, size)
+        if record is None:  # deleted by another node meanwhile (docs/protocol.md §13)
+            deletion.forget_replica(node, session)
+            return
+        stored = await store.load_messages(session.id)
+        size = await store.event_bytes(session.id)  # max_session_mb: once, at load
+        session.reload(record, stored, taken.counter, size)
         for worker_id in await store.worker_ids(session.id):
             if worker_id not in node.sessions:
                 await node.registry.load(worker_id)

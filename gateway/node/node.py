@@ -47,7 +47,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -60,8 +60,9 @@ from gateway.ids import now_ms
 from gateway.logs import event
 from gateway.mcp.servers import McpServers
 from gateway.metrics import Metrics
-from gateway.node import recovery
+from gateway.node import deletion, recovery
 from gateway.node.attach_tokens import AttachTokens, Tokens
+from gateway.node.core import Connection
 from gateway.node.durability import Durability
 from gateway.node.failover import Failover
 from gateway.node.operations import Notice, perform
@@ -88,24 +89,6 @@ if TYPE_CHECKING:
     from gateway.session.loop_api import RuntimeFactory
 
 log = logging.getLogger("gateway.node")
-
-
-class Connection(Protocol):
-    """An open stream connection, as shutdown sees it (gateway.server.connection)."""
-
-    def request_close(self, code: str) -> None:
-        """Close with the close named ``code`` (gateway.protocol.closes)."""
-        ...
-
-    @property
-    def subscribed(self) -> bool:
-        """Past its subscribe (``gateway_ws_connections_by_state``)."""
-        ...
-
-    @property
-    def closing(self) -> str | None:
-        """The name of the close decided for it, if any."""
-        ...
 
 
 class Node:
@@ -366,6 +349,8 @@ class Node:
         session = await self.registry.load(session_id)
         if session is not None:
             await self.placement.claim(session)
+            if self.sessions.get(session_id) is not session:
+                return None  # deleted on another node: gone from the store (gateway.node.failover)
         return session
 
     def runs_here(self, session_id: str) -> bool:
@@ -439,6 +424,17 @@ class Node:
     async def compact(self, session: Session) -> None:
         """:meth:`Session.compact`, on the node that runs the session (docs/protocol.md §12)."""
         await self.act(session, ops.Compact())
+
+    async def delete_session(self, session: Session) -> None:
+        """``DELETE /sessions/{id}`` on the node that runs it (gateway.node.deletion).
+
+        On several nodes, this node's own clients of it are closed too, and it
+        leaves this node's memory (the owner did the rest: its store rows, its
+        workspace, its clients there).
+        """
+        await self.act(session, ops.DeleteSession())
+        if self.sessions.get(session.id) is session:  # a replica here: the owner deleted it
+            await deletion.deleted_elsewhere(self, session)
 
     async def live_summary(self, session: Session) -> SessionSummary:
         """The session's summary as its owner sees it (its turn and pending permissions)."""

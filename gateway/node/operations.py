@@ -11,6 +11,7 @@ from typing import assert_never
 
 from gateway.cluster import ops
 from gateway.errors import Refused, SubscribeRejected
+from gateway.node import deletion
 from gateway.node.core import NodeCore
 from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
 from gateway.protocol.filters import resolve_filter
@@ -41,6 +42,8 @@ async def perform(node: NodeCore, session: Session, op: ops.Operation) -> ops.An
     Raises:
         Refused: as the session's own routes would refuse it.
     """
+    if session.id in node.registry.deleting:  # it is being deleted: already unknown
+        raise Refused("session_not_found", f"no session {session.id!r}")
     match op:
         case ops.Watch():
             pass
@@ -54,6 +57,8 @@ async def perform(node: NodeCore, session: Session, op: ops.Operation) -> ops.An
             session.record_feedback(op.message_id, op.rating, op.comment)
         case ops.Compact():
             session.compact()
+        case ops.DeleteSession():
+            await deletion.delete(node, session)
         case ops.Warn() | ops.Unregistered():
             notice(session, op)
         case ops.State():
@@ -84,6 +89,9 @@ async def start_turn(node: NodeCore, session: Session, message: Message) -> None
             ``over_capacity`` (:func:`_process_slot`).
     """
     await _process_slot(node, session)
+    if session.id in node.registry.deleting:  # deleted while it waited for a slot
+        _unreserve_slot(node, session)
+        raise Refused("session_not_found", f"no session {session.id!r}")
     try:
         turn = session.submit_turn(message)
     except Refused:

@@ -26,7 +26,7 @@ import trio
 from gateway.cluster import ops
 from gateway.errors import Refused, StoreError, unavailable
 from gateway.logs import event
-from gateway.node import recovery
+from gateway.node import deletion, recovery
 from gateway.node.core import NodeCore
 from gateway.node.failover import close_clients
 from gateway.node.operations import Notice, notice, perform
@@ -282,6 +282,11 @@ class ClusteredPlacement:
         self._relayed[root] = (batch.node, batch.batch_no)
         if last is not None and last[0] == batch.node and batch.batch_no != last[1] + 1:
             self.relay_gap(root)
+            return
+        if batch.deleted:  # its owner deleted it: its clients here close too (section 13)
+            deleted = node.sessions.get(batch.session_id)
+            if deleted is not None:
+                deletion.forget_replica(node, deleted)
             return
         sid = batch.session_id
         events = [  # each frame rebuilt once on this node, for all its clients

@@ -37,6 +37,9 @@ class Registry:
         self.node = node
         self.sessions: dict[str, Session] = {}
         self._loading: dict[str, trio.Event] = {}
+        self._scopes: dict[str, trio.CancelScope] = {}  # each live session's tasks, to end them
+        # Sessions being deleted (gateway.node.deletion): unknown to every request already.
+        self.deleting: set[str] = set()
         self.nursery: trio.Nursery  # the node's ``sessions`` nursery, once it runs
 
     def resolve_agent(self, name: str | None) -> str:
@@ -157,6 +160,8 @@ class Registry:
         Nothing is claimed while loading (a claim loads the family itself:
         gateway.node.failover).
         """
+        if session_id in self.deleting:
+            return None
         session = self.sessions.get(session_id)
         if session is not None:
             return session
@@ -199,7 +204,38 @@ class Registry:
     async def start(self, session: Session) -> None:
         self.sessions[session.id] = session
         self.node.metrics.sessions_live.set(len(self.sessions))
-        await self.nursery.start(session.run, name=f"session {session.id}")
+        self._scopes[session.id] = scope = trio.CancelScope()
+        await self.nursery.start(self._run, session, scope, name=f"session {session.id}")
+
+    async def _run(
+        self,
+        session: Session,
+        scope: trio.CancelScope,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        with scope:
+            await session.run(task_status=task_status)
+
+    async def loaded(self, session_id: str) -> None:
+        """Wait for a load of the session in progress, if any."""
+        loading = self._loading.get(session_id)
+        if loading is not None:
+            await loading.wait()
+
+    def forget(self, session: Session) -> None:
+        """End a deleted session's tasks for good and drop it from this node (and its parent)."""
+        session.fenced = True  # from now on it emits and stores nothing (a late client's goodbye)
+        session.deleted = True  # a client attaching to it now is closed session_deleted
+        scope = self._scopes.pop(session.id, None)
+        if scope is not None:
+            scope.cancel()
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+        parent = session.parent
+        if parent is not None and session in parent.workers:
+            parent.workers.remove(session)
+        self.node.metrics.sessions_live.set(len(self.sessions))
 
 
 async def _workspace(

@@ -5,6 +5,8 @@ says everything about it that any part of the gateway or of a client needs::
 
     name               code  drains  reconnect  when
     normal             1000  yes     no         the server ends the stream on purpose
+    session_deleted    1000  yes     no         DELETE /sessions/{id}: the session is gone
+                                                (its turn.cancelled is sent first, §13)
     shutdown           1001  yes     yes        the gateway is stopping (turns cancelled first)
     heartbeat_timeout  1001  no      yes        ping_max_missed pings went unanswered
     relay_gap          1001  no      yes        several nodes: this node lost some of the
@@ -39,6 +41,7 @@ class Close(NamedTuple):
 
 CLOSES: dict[str, Close] = {
     "normal": Close(1000, "Closing.", drains=True, reconnect=False),
+    "session_deleted": Close(1000, "The session was deleted.", drains=True, reconnect=False),
     "shutdown": Close(1001, "The gateway is shutting down.", drains=True, reconnect=True),
     "heartbeat_timeout": Close(1001, "No pong to the last pings.", drains=False, reconnect=True),
     "relay_gap": Close(

@@ -123,6 +123,8 @@ class StreamConnection:
                 self.outbound.bind(nursery)
                 if self.session.node.shutting_down:  # attached while the gateway drains
                     self.request_close("shutdown")
+                elif self.session.deleted:  # attached while it was deleted (gateway.node.deletion)
+                    self.request_close("session_deleted")
                 await self._reader()  # in this task
                 nursery.cancel_scope.cancel()  # the client is gone: so is a writer
         finally:

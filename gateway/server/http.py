@@ -392,14 +392,19 @@ class _HttpConnection:
 
     async def _send(self, response: Response) -> None:
         """Send a response; a HEAD's has the GET's headers and no body (RFC 9110 9.3.2)."""
+        # A 204 has no body, hence no Content-Length or Content-Type (RFC 9110 8.6, 15.3.5).
+        framing = (
+            []
+            if response.status == 204
+            else [
+                ("content-type", response.content_type),
+                ("content-length", str(len(response.body))),
+            ]
+        )
         head = h11.Response(
             status_code=response.status,
             reason=_reason_phrase(response.status),
-            headers=[
-                ("content-type", response.content_type),
-                ("content-length", str(len(response.body))),
-                *response.headers,
-            ],
+            headers=[*framing, *response.headers],
         )
         data = self._h11.send(head)
         if response.body and not self._head:

@@ -159,6 +159,19 @@ ROUTES: tuple[Route, ...] = (
                 description="Every call issues a new single-use attach token.",
             ),
         ),
+        DELETE=(
+            sessions.delete_session,
+            Operation(
+                "Delete a session, its workers, messages and events",
+                None,
+                204,
+                description="docs/protocol.md §13: its turn in flight is cancelled "
+                '(`turn.cancelled`, `reason: "session_deleted"`), its clients are closed '
+                "with 1000 `session_deleted` (they do not reconnect), its workers, "
+                "messages, events and own workspace are deleted, and from then on the "
+                "id is 404 on every route and a WebSocket handshake. No body.",
+            ),
+        ),
     ),
     route(
         f"{SESSION}/messages",

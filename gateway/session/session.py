@@ -233,6 +233,7 @@ class Session:
         self.runtime = Runtime()  # its turns' queue and its tasks (gateway.session.runtime)
         self.agent: AgentLoop | None = None  # once run() started it
         self.fenced = False  # stopping after a lost lease: nothing more is emitted here
+        self.deleted = False  # DELETE /sessions/{id} took it (gateway.node.deletion)
 
     def _load(self, stored: Iterable[StoredMessage]) -> None:
         """Take the conversation as stored (gateway.session.history)."""

@@ -282,6 +282,20 @@ class Store(Protocol):
         """
         ...
 
+    async def delete_sessions(self, session_ids: Sequence[str]) -> None:
+        """Delete sessions for good: records, messages, events, index entries, leases.
+
+        ``DELETE /sessions/{id}`` (docs/protocol.md §13) names the session and
+        every worker under it. One transaction (SQLite), one ``MULTI``/``EXEC``
+        (Redis), taken between two of the writer's batches: what was enqueued
+        before the call is written first, so no batch lands after it and
+        brings a row back. An id the store does not know is no error.
+
+        Raises:
+            StoreError: the store did not answer (nothing was deleted, or all).
+        """
+        ...
+
     async def purge_before(self, ts_ms: int) -> int:
         """Delete every event with ``ts < ts_ms`` (retention, docs/reference.md ``[store]``).
 

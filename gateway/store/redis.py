@@ -37,6 +37,11 @@ store is later sharded by session::
     gw:ets                     ZSET: score ts, member "<seq>:<sid>" (the retention purge)
     gw:lease:{sid}             STRING: the node id holding the session's lease, with its expiry
 
+``DELETE /sessions/{id}`` (:meth:`RedisStore.delete_sessions`) removes every
+key and index entry of each session above, in one ``MULTI``: its age index
+entries are read first (from its events' set), between two of the writer's
+batches, so nothing written before is left behind.
+
 Why a sorted set per session for events, not a stream: a replay reads each
 asked session's set from ``after_seq`` by score (``ZRANGE ... BYSCORE``) and
 merges the sorted pages (a worker's events interleave with its parent's), and
@@ -587,6 +592,16 @@ class RedisStore(GroupCommit[_Batch]):
             raise StoreError(f"cannot purge store {self._where}: {_reason(exc)}") from exc
         return 0 if floor is None else int(floor)
 
+    async def delete_sessions(self, session_ids: Sequence[str]) -> None:
+        """Every key and index entry of each session, in one transaction (module docstring)."""
+        await self.flush()  # what was enqueued before lands first: nothing comes back after
+        async with self._write_lock:
+            sids = list(dict.fromkeys(session_ids))
+            try:
+                await _delete(self._redis(), self._keys, await self._records(sids), sids)
+            except _TRANSIENT as exc:
+                raise StoreError(f"cannot delete from store {self._where}: {_reason(exc)}") from exc
+
     # --- reads --------------------------------------------------------------
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
@@ -710,6 +725,34 @@ class RedisStore(GroupCommit[_Batch]):
                 raise StoreError(f"store {self._where} is closed")
             raise StoreError(f"store {self._where} is not open (or is reconnecting)")
         return self._client
+
+
+async def _delete(
+    client: coredis.Redis[bytes], k: _Keys, records: list[SessionRecord], sids: list[str]
+) -> None:
+    """Every key and index entry of the sessions, in one ``MULTI`` (``delete_sessions``).
+
+    Their age index entries are read from their events' sets first.
+    """
+    async with client.pipeline(transaction=False) as p:
+        pages = [p.zrange(k.events(sid), 0, -1) for sid in sids]
+    ages: list[str] = []
+    for sid, page in zip(sids, pages, strict=True):
+        ages += [f"{_decode(member)[0]}:{sid}" for member in await page]
+    async with client.pipeline(transaction=True) as p:
+        for rec in records:
+            member = _index_member(rec)
+            p.zrem(k.sessions, [member])
+            p.zrem(k.owner(rec.owner), [member])
+            if rec.parent_session_id:
+                p.zrem(k.workers(rec.parent_session_id), [member])
+            else:
+                p.srem(k.roots(rec.owner), [rec.id])
+        p.srem(k.open, sids)
+        for chunk in range(0, len(ages), PURGE_CHUNK):
+            p.zrem(k.ets, ages[chunk : chunk + PURGE_CHUNK])
+        per_session = (k.session, k.messages, k.message_order, k.events, k.lease, k.workers)
+        p.delete([key(sid) for sid in sids for key in per_session])
 
 
 def _reason(exc: BaseException) -> str:

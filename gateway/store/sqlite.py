@@ -443,6 +443,16 @@ class _Database:
                 w.execute(_RAISE_META, ("retention_floor", highest))
             return _meta(w, "retention_floor")
 
+    def delete_sessions(self, session_ids: Sequence[str]) -> None:
+        """Delete the sessions' rows, their messages' and events', in one transaction."""
+        w = self._writer
+        rows = [(sid,) for sid in session_ids]
+        with self._in_the_file(), _reporting(self._path, "delete"), w:
+            w.execute("BEGIN IMMEDIATE")
+            w.executemany("DELETE FROM events WHERE session_id = ?", rows)
+            w.executemany("DELETE FROM messages WHERE session_id = ?", rows)
+            w.executemany("DELETE FROM sessions WHERE id = ?", rows)
+
     def get_session(self, session_id: str) -> SessionRecord | None:
         with _reporting(self._path, "read"):
             sql = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?"
@@ -683,6 +693,17 @@ class SqliteStore(GroupCommit[_Batch]):
             self._check_writable()
             try:
                 return await self._offload(db.purge_before, ts_ms, limiter=self._write_limiter)
+            except _FileReplaced as exc:
+                self._refuse(exc)
+                raise
+
+    async def delete_sessions(self, session_ids: Sequence[str]) -> None:
+        db = self._database()
+        await self.flush()  # what was enqueued before lands first: nothing comes back after
+        async with self._write_lock:
+            self._check_writable()
+            try:
+                await self._offload(db.delete_sessions, session_ids, limiter=self._write_limiter)
             except _FileReplaced as exc:
                 self._refuse(exc)
                 raise

@@ -45,7 +45,7 @@ const KEY_STORE = "gateway.apiKey"; // sessionStorage: this tab only
 const VIEW_STORE = "gateway.view"; // localStorage: a preference, no secret
 const WORKERS_STORE = "gateway.workers";
 // Close reasons whose `code` says not to come back (gateway/protocol/closes.py).
-const FINAL_CLOSES = new Set(["normal", "frame_too_large"]);
+const FINAL_CLOSES = new Set(["normal", "session_deleted", "frame_too_large"]);
 const SNAPSHOT_INSTEAD = new Set(["cursor_expired", "replay_too_large"]);
 const STABLE_MS = 10000;
 
@@ -288,6 +288,11 @@ class Stream {
         reason = JSON.parse(event.reason || "{}").code || "";
       } catch {
         reason = "";
+      }
+      if (reason === "session_deleted") {
+        // DELETE /sessions/{id} (docs/protocol.md §13): nothing to come back to.
+        this.setState("offline", "this session was deleted");
+        return;
       }
       if (event.code === 1000 || FINAL_CLOSES.has(reason)) {
         this.setState("offline", `closed ${event.code}${reason ? ` ${reason}` : ""}`);

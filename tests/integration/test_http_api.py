@@ -525,7 +525,7 @@ async def test_405_names_head_wherever_get_is_allowed(gw: Harness) -> None:
     sid = await gw.create_session()
     assert (await gw.http.delete("/sessions")).headers.get("allow") == "GET, POST, HEAD"
     assert (await gw.http.post("/healthz")).headers.get("allow") == "GET, HEAD"
-    assert (await gw.http.put(f"/sessions/{sid}")).headers.get("allow") == "GET, HEAD"
+    assert (await gw.http.put(f"/sessions/{sid}")).headers.get("allow") == "GET, DELETE, HEAD"
 
 
 async def test_head_is_answered_like_get_without_the_body(gw: Harness) -> None:

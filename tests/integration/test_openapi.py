@@ -39,6 +39,7 @@ CONTRACT = {
     ("post", "/sessions"),
     ("get", "/sessions"),
     ("get", "/sessions/{session_id}"),
+    ("delete", "/sessions/{session_id}"),  # docs/protocol.md §13
     ("get", "/sessions/{session_id}/messages"),
     ("get", "/sessions/{session_id}/messages/{message_id}"),  # docs/protocol.md §15
     ("post", "/sessions/{session_id}/turns"),

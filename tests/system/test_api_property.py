@@ -210,9 +210,13 @@ def run_schemathesis(base: str, pools: Pools) -> dict[str, dict[int, int]]:
 
         check()
 
+    # DELETE last: it deletes the real sessions every other operation is drawn against.
+    operations = sorted(
+        (result.ok() for result in schema.get_all_operations()),
+        key=lambda op: op.method.upper() == "DELETE",
+    )
     with http:  # its sockets closed here, not at some later test's garbage collection
-        for result in schema.get_all_operations():
-            operation = result.ok()
+        for operation in operations:
             statuses = seen.setdefault(operation.label, {})
             exercise(operation, GenerationMode.POSITIVE, statuses)
             parts = [operation.path_parameters, operation.query, operation.body]
@@ -244,6 +248,7 @@ async def test_every_answer_matches_the_document(tmp_path: Path) -> None:
     reached = {label: set(s) for label, s in seen.items()}
     session = "/sessions/{session_id}"
     assert 202 in reached[f"POST {session}/turns"], report
+    assert 204 in reached[f"DELETE {session}"], report
     assert {202, 409} <= reached[f"POST {session}/turns/{{turn_id}}/cancel"], report
     assert {202, 409} & reached[f"POST {session}/permissions/{{perm_id}}"], report
     assert 202 in reached[f"POST {session}/feedback"], report

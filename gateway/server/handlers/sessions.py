@@ -57,6 +57,13 @@ async def list_sessions(api: Api, req: Request) -> Response:
     return json_response(200, SessionList(listings, has_more))
 
 
+async def delete_session(api: Api, req: Request, session_id: str) -> Response:
+    """``DELETE /sessions/{id}``: 204 once the session and its workers are gone (§13)."""
+    session = await api._session(session_id, api._authenticate(req))
+    await api.node.delete_session(session)
+    return Response(204)
+
+
 async def list_messages(api: Api, req: Request, session_id: str) -> Response:
     """``GET /sessions/{id}/messages``: a page of the session's messages, oldest first."""
     session = await api._session(session_id, api._authenticate(req))
