@@ -142,6 +142,9 @@ class StreamConfig(_Section, frozen=True):
     ping_interval_s: Seconds = 30.0
     ping_max_missed: Count = 3
     replay_max_events: Count = 10_000
+    # A session's in-memory tail of recent events (replays read older ones from the
+    # store) holds at most replay_max_events and at most this many bytes.
+    tail_max_bytes: Count = 1_048_576
     snapshot_messages: Count = 50
     # A snapshot frame never exceeds this (docs/protocol.md §15); 64 KiB to 64 MiB (the
     # reference client's frame limit).
@@ -218,8 +221,8 @@ class TurnsConfig(_Section, frozen=True):
 class SessionsConfig(_Section, frozen=True):
     """``[sessions]``: where sessions work (docs/protocol.md §15), how long they stay loaded."""
 
-    # A session unused this long leaves memory (docs/protocol.md §13); today: its
-    # session-scope MCP servers are stopped (started again at its next turn).
+    # A session unused this long leaves memory (docs/protocol.md §13): its tasks end,
+    # its session-scope MCP servers stop, it is loaded again on its next request.
     idle_unload_s: Seconds = 600.0
     # Every session's own directory is made here (relative: to the daemon's working directory).
     workspace_root: NonEmptyStr = "workspaces"
@@ -376,6 +379,7 @@ queue_max_events = 1000      # per-connection outbound bound; overflow closes wi
 ping_interval_s = 30         # server ping period
 ping_max_missed = 3          # unanswered pings before the connection is closed
 replay_max_events = 10000    # longest replay a subscribe may ask for
+tail_max_bytes = 1048576     # recent events a session keeps in memory, in bytes
 snapshot_messages = 50       # messages in a snapshot
 snapshot_max_bytes = 8388608 # a snapshot frame never exceeds this: older messages left out first
 subscribe_timeout_s = 10     # a new connection must subscribe within this
@@ -420,7 +424,7 @@ timeout_s = 600              # one whole turn
 max_rounds = 25              # LLM calls per turn; then turn.completed stop_reason "max_rounds"
 
 [sessions]
-idle_unload_s = 600          # a session unused this long: its session-scope MCP servers stop
+idle_unload_s = 600          # a session unused this long leaves memory (loaded again when used)
 workspace_root = "workspaces"  # every session's own directory lives here
 allowed_workspaces = []      # absolute roots a client may name as workspace_path; empty: none
 

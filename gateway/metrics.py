@@ -167,6 +167,9 @@ class Metrics:
             ["route", "status"], registry=r,
         )  # fmt: skip
         self.sessions_live = Gauge("gateway_sessions_live", "Sessions loaded", registry=r)
+        self.sessions_unloaded = Counter(
+            "gateway_sessions_unloaded", "Sessions that left memory, unused", registry=r
+        )
 
     def _turn_families(self, r: CollectorRegistry) -> None:
         """Turns, the LLM calls and the tool calls they make."""

@@ -120,6 +120,7 @@ class AguiRoutes:
         self._decode = decode
         self._user_content = user_content
         self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
+        api.node.session_listeners.append(self._forget)  # pruned with the session's tasks
         self._creating: dict[str, trio.Event] = {}  # thread ids being created
 
     async def agui_run(self, req: Request) -> StreamingResponse:
@@ -237,6 +238,10 @@ class AguiRoutes:
         finally:
             del self._creating[thread_id]
             done.set()
+
+    def _forget(self, session_id: str) -> None:
+        """The session's tasks ended (deleted, unloaded, or run by another node now)."""
+        self._runs.pop(session_id, None)
 
     async def _subscribe(self, session: Session, sub: RunSubscriber) -> None:
         resolved, key = resolve_filter("preset:full")

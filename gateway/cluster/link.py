@@ -363,6 +363,20 @@ class Cluster:
         self._epoch += 1
         self.audience[root_id] = self._epoch
 
+    def has_audience(self, root_id: str) -> bool:
+        """Whether some node said it watches the family, and no batch since reached nobody."""
+        return root_id in self.audience
+
+    def forget(self, root_id: str) -> None:
+        """The family left this node's memory: its numbering and its subscription go.
+
+        Published again later, it is numbered from 1: a node that watches it
+        again starts afresh (gateway.node.placement).
+        """
+        self._batch_no.pop(root_id, None)
+        self.audience.pop(root_id, None)
+        self.unwatch(root_id)
+
     def publish(
         self, root_id: str, session_id: str, events: list[LiveEvent], *, deleted: bool = False
     ) -> None:

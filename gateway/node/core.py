@@ -76,6 +76,14 @@ class PlacementPart(Protocol):
         """This node took a family over: the nodes that watched it still do."""
         ...
 
+    def watched_elsewhere(self, root_id: str) -> bool:
+        """Whether another node may have clients of the family (it is then not idle)."""
+        ...
+
+    def unloaded(self, root_id: str) -> None:
+        """The family left this node's memory: what the placement kept for it goes too."""
+        ...
+
 
 class RegistryPart(Protocol):
     """The live sessions (gateway.node.registry), as the other parts load and start them."""
@@ -100,6 +108,18 @@ class RegistryPart(Protocol):
 
     def forget(self, session: Session) -> None:
         """End a deleted session's tasks for good and drop it from this node."""
+        ...
+
+    def busy(self, session: Session) -> bool:
+        """Whether the session is being loaded or unloaded."""
+        ...
+
+    def unload(self, family: list[Session]) -> None:
+        """A family leaves memory: unknown to requests (they wait), its tasks cancelled."""
+        ...
+
+    def unloaded(self, family: list[Session]) -> None:
+        """The family is out of memory: a request for it loads it from the store now."""
         ...
 
 

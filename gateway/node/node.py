@@ -8,6 +8,7 @@ Task tree (a stack dump reads like this)::
     ├── lease-keeper          renews this node's session leases (gateway.store.lease)
     ├── cluster               Redis only: the link to the other nodes (gateway.cluster.link)
     ├── recovery              Redis only: closes turns of nodes that died (gateway.node.recovery)
+    ├── unloader              sessions unused for idle_unload_s leave memory (node.unloading)
     └── sessions              one child nursery per live session
         └── session <id>      Session.run: agent-loop <id>, translator <id>
 
@@ -60,7 +61,7 @@ from gateway.ids import now_ms
 from gateway.logs import event
 from gateway.mcp.servers import McpServers
 from gateway.metrics import Metrics
-from gateway.node import deletion, recovery
+from gateway.node import deletion, recovery, unloading
 from gateway.node.attach_tokens import AttachTokens, Tokens
 from gateway.node.core import Connection
 from gateway.node.durability import Durability
@@ -130,6 +131,8 @@ class Node:
         self.durability = Durability(store, config.store, self.metrics)
         self.failover = Failover(self)
         self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)
+        # Told each session whose tasks end, to drop what they keep for it (AG-UI's runs).
+        self.session_listeners: list[Callable[[str], None]] = []
         self.sequencer: EventSequencer
         self.node_id = new_node_id()  # this process, in the session leases
         self.leases: LeaseKeeper
@@ -174,6 +177,7 @@ class Node:
                 self.placement = await choose(self, sessions)
                 await recovery.close_interrupted_turns(self)
                 self.placement.keep_recovering(sessions)
+                sessions.start_soon(unloading.keep_unloading, self, name="unloader")
                 task_status.started(self)
                 await self._stop.wait()
                 await self.drain_turns()
@@ -311,9 +315,15 @@ class Node:
             await self.mcp.wait_ready(session.id)
 
     def session_closed(self, session: Session) -> None:
-        """A session's tasks ended: its session-scope MCP servers are stopped."""
+        """A session's tasks ended: its session-scope MCP servers stop, what was kept for it goes.
+
+        (Its tasks end when it is deleted, unloaded, or its lease is lost:
+        nothing of it is kept elsewhere in the process by then.)
+        """
         if self.mcp is not None:
             self.mcp.close_session(session.id)
+        for forget in self.session_listeners:
+            forget(session.id)
 
     def tool_infos(self, agent: str, session_id: str | None = None) -> list[ToolInfo]:
         """An agent's tools as ``GET /agents`` and a session's summary list them (section 6)."""

@@ -30,6 +30,7 @@ from gateway.node import deletion, recovery
 from gateway.node.core import NodeCore
 from gateway.node.failover import close_clients
 from gateway.node.operations import Notice, notice, perform
+from gateway.node.registry import pinning
 from gateway.protocol.framing import event_frame
 from gateway.session.hub import Emitted
 from gateway.session.session import Session
@@ -84,6 +85,14 @@ class Placement(Protocol):
 
     def keep_recovering(self, nursery: trio.Nursery) -> None:
         """Start closing, from now on, the turns of nodes that die (gateway.node.recovery)."""
+        ...
+
+    def watched_elsewhere(self, root_id: str) -> bool:
+        """Whether another node may have clients of the family (gateway.node.unloading)."""
+        ...
+
+    def unloaded(self, root_id: str) -> None:
+        """The family left this node's memory: what the placement kept for it goes too."""
         ...
 
 
@@ -144,6 +153,12 @@ class LocalPlacement:
     def keep_recovering(self, nursery: trio.Nursery) -> None:
         return None  # every lease is this node's: all were closed at start-up
 
+    def watched_elsewhere(self, root_id: str) -> bool:
+        return False
+
+    def unloaded(self, root_id: str) -> None:
+        return None
+
 
 class ClusteredPlacement:
     """Several nodes on one Redis: a session runs where its lease is (module docstring)."""
@@ -166,6 +181,23 @@ class ClusteredPlacement:
 
     def heard(self, root_id: str) -> None:
         self.cluster.heard(root_id)
+
+    def watched_elsewhere(self, root_id: str) -> bool:
+        """Another node said it watches the family: probe whether it still does.
+
+        The probe is an empty live batch; the family's audience ends once one
+        reaches no node (gateway.cluster.link), and a node without clients of
+        it that receives one stops watching (:meth:`on_live`).
+        """
+        if not self.cluster.has_audience(root_id):
+            return False
+        self.cluster.publish(root_id, root_id, [])
+        return True
+
+    def unloaded(self, root_id: str) -> None:
+        """The family left memory here: its relay bookkeeping goes, and its subscription."""
+        self._relayed.pop(root_id, None)
+        self.cluster.forget(root_id)
 
     # --- asking the owner ----------------------------------------------------------
 
@@ -283,6 +315,8 @@ class ClusteredPlacement:
         if last is not None and last[0] == batch.node and batch.batch_no != last[1] + 1:
             self.relay_gap(root)
             return
+        if not batch.events and not batch.deleted:
+            return  # its owner's probe: clients here still watch it (gateway.node.unloading)
         if batch.deleted:  # its owner deleted it: its clients here close too (section 13)
             deleted = node.sessions.get(batch.session_id)
             if deleted is not None:
@@ -315,7 +349,17 @@ class ClusteredPlacement:
     # --- serving the other nodes ------------------------------------------------------
 
     async def serve(self, session_id: str, op: ops.Operation) -> ops.Answer:
-        """Serve another node's operation on a session this node runs (:meth:`ask_owner`)."""
+        """Serve another node's operation on a session this node runs (:meth:`ask_owner`).
+
+        The session is held in memory while it is served (gateway.node.unloading).
+        """
+        pins = pinning()
+        try:
+            return await self._serve(session_id, op)
+        finally:
+            pins.release()
+
+    async def _serve(self, session_id: str, op: ops.Operation) -> ops.Answer:
         session = await self.node.get_session(session_id)
         if session is None:
             raise Refused("session_not_found", f"no session {session_id!r}")

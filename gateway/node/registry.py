@@ -10,6 +10,7 @@ runs in its own child of the ``sessions`` nursery (gateway.node.node).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
 from typing import Any
@@ -27,6 +28,9 @@ from gateway.tools.workspace import WorkspaceError, Workspaces
 
 log = logging.getLogger("gateway.node")
 
+_PINS: contextvars.ContextVar[Pins | None] = contextvars.ContextVar("pins", default=None)
+"""The sessions the request in this task holds (:func:`pinning`)."""
+
 ROUTING_POLICY_VERSION = "static-1"
 
 
@@ -37,6 +41,7 @@ class Registry:
         self.node = node
         self.sessions: dict[str, Session] = {}
         self._loading: dict[str, trio.Event] = {}
+        self._unloading: dict[str, trio.Event] = {}  # leaving memory: a request waits, then loads
         self._scopes: dict[str, trio.CancelScope] = {}  # each live session's tasks, to end them
         # Sessions being deleted (gateway.node.deletion): unknown to every request already.
         self.deleting: set[str] = set()
@@ -162,19 +167,32 @@ class Registry:
         """
         if session_id in self.deleting:
             return None
+        while (unloading := self._unloading.get(session_id)) is not None:
+            await unloading.wait()  # then loaded afresh (gateway.node.unloading)
         session = self.sessions.get(session_id)
         if session is not None:
-            return session
+            return self._used(session)
         loading = self._loading.get(session_id)
         if loading is not None:
             await loading.wait()
-            return self.sessions.get(session_id)
+            session = self.sessions.get(session_id)
+            return None if session is None else self._used(session)
         self._loading[session_id] = loading = trio.Event()
         try:
-            return await self._load(session_id)
+            session = await self._load(session_id)
+            return None if session is None else self._used(session)
         finally:
             del self._loading[session_id]
             loading.set()
+
+    def _used(self, session: Session) -> Session:
+        """A request is using the session: not idle, and held until its answer is out."""
+        session.used_at = trio.current_time()
+        pins = _PINS.get()
+        if pins is not None and pins.open:
+            session.pins += 1
+            pins.held.append(session)
+        return session
 
     async def _load(self, session_id: str) -> Session | None:
         store = self.node.store
@@ -202,6 +220,7 @@ class Registry:
         return session
 
     async def start(self, session: Session) -> None:
+        session.used_at = trio.current_time()
         self.sessions[session.id] = session
         self.node.metrics.sessions_live.set(len(self.sessions))
         self._scopes[session.id] = scope = trio.CancelScope()
@@ -214,14 +233,44 @@ class Registry:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        with scope:
-            await session.run(task_status=task_status)
+        _PINS.set(None)  # a session's own tasks hold nothing (they may start in a request)
+        try:
+            with scope:
+                await session.run(task_status=task_status)
+        finally:
+            session.ended.set()
 
     async def loaded(self, session_id: str) -> None:
         """Wait for a load of the session in progress, if any."""
         loading = self._loading.get(session_id)
         if loading is not None:
             await loading.wait()
+
+    def busy(self, session: Session) -> bool:
+        """Whether the session is being loaded, or a request is loading its worker."""
+        return session.id in self._loading or session.id in self._unloading
+
+    def unload(self, family: list[Session]) -> None:
+        """A family leaves memory (gateway.node.unloading): its tasks end, it is dropped.
+
+        Until :meth:`unloaded`, a request for one of them waits, then loads it
+        afresh from the store.
+        """
+        for session in reversed(family):  # workers first
+            self._unloading[session.id] = trio.Event()
+            scope = self._scopes.pop(session.id, None)
+            if scope is not None:
+                scope.cancel()
+            if self.sessions.get(session.id) is session:
+                del self.sessions[session.id]
+        self.node.metrics.sessions_live.set(len(self.sessions))
+
+    def unloaded(self, family: list[Session]) -> None:
+        """The family is out of memory: a request for it loads it from the store now."""
+        for session in family:
+            unloading = self._unloading.pop(session.id, None)
+            if unloading is not None:
+                unloading.set()
 
     def forget(self, session: Session) -> None:
         """End a deleted session's tasks for good and drop it from this node (and its parent)."""
@@ -236,6 +285,39 @@ class Registry:
         if parent is not None and session in parent.workers:
             parent.workers.remove(session)
         self.node.metrics.sessions_live.set(len(self.sessions))
+
+
+class Pins:
+    """The sessions one request holds (:func:`pinning`); none once released."""
+
+    __slots__ = ("held", "open")
+
+    def __init__(self) -> None:
+        self.held: list[Session] = []
+        self.open = True  # a task spawned by the request inherits it: it pins nothing after
+
+    def release(self) -> None:
+        """The request is over: its sessions are free to unload, idle from now on."""
+        if not self.open:
+            return
+        self.open = False
+        now = trio.current_time()
+        for session in self.held:
+            session.pins -= 1
+            session.used_at = now
+        self.held.clear()
+
+
+def pinning() -> Pins:
+    """Hold every session the request in this task uses (loads), until ``release()``.
+
+    A held session is never unloaded (gateway.node.unloading): the HTTP layer
+    holds them from a request's start until its answer is out or its stream
+    (WebSocket, SSE) is over; the cluster link while it serves an operation.
+    """
+    pins = Pins()
+    _PINS.set(pins)
+    return pins
 
 
 async def _workspace(

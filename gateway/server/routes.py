@@ -43,11 +43,13 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gateway import ui
 from gateway.agui.routes import AguiRoutes
 from gateway.errors import ApiError, Refused, StoreError, unavailable
 from gateway.node import Node
+from gateway.node.registry import pinning
 from gateway.protocol.shapes import Message
 from gateway.server.auth import ApiKeys, Boundary, sees
 from gateway.server.http import (
@@ -140,7 +142,7 @@ class Api:
             headers = self.boundary.preflight_headers(listed) if listed else []
             return Response(204, b"", headers=headers)
         try:
-            answer = await self._route(req)
+            answer = await self._held(req)
         except ApiError as exc:
             if listed:  # the page can then read why it was refused
                 exc.headers = (*exc.headers, *self.boundary.cors_headers(listed))
@@ -152,6 +154,36 @@ class Api:
             raise unanswered from None
         if listed and not isinstance(answer, WebSocketAccept):  # (no CORS for a WebSocket)
             answer.headers = [*answer.headers, *self.boundary.cors_headers(listed)]
+        return answer
+
+    async def _held(self, req: Request) -> Response | WebSocketAccept | StreamingResponse:
+        """:meth:`_route`, the sessions it names held in memory until it is answered.
+
+        A plain answer releases them once made; a WebSocket or an SSE stream
+        once it is over (gateway.node.unloading: a session with clients stays).
+        """
+        pins = pinning()
+        try:
+            answer = await self._route(req)
+        except BaseException:
+            pins.release()
+            raise
+        if isinstance(answer, Response):
+            pins.release()
+            return answer
+        run, abandon = answer.run, answer.abandon
+
+        async def held(arg: Any) -> None:
+            try:
+                await run(arg)
+            finally:
+                pins.release()
+
+        def abandoned() -> None:
+            pins.release()
+            abandon()
+
+        answer.run, answer.abandon = held, abandoned
         return answer
 
     async def _route(self, req: Request) -> Response | WebSocketAccept | StreamingResponse:

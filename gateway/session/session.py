@@ -228,12 +228,19 @@ class Session:
         # ``tail_floor`` may be only in the store.
         self.tail: deque[Emitted] = deque()
         self.tail_max = node.config.stream.replay_max_events
+        self.tail_max_bytes = node.config.stream.tail_max_bytes
+        self.tail_bytes = 0  # what the tail's events hold (their JSON and their frames)
         self.tail_floor = seqr.last
         # A turn, and at most one compaction queued ahead of it (compact()).
         self.runtime = Runtime()  # its turns' queue and its tasks (gateway.session.runtime)
         self.agent: AgentLoop | None = None  # once run() started it
         self.fenced = False  # stopping after a lost lease: nothing more is emitted here
         self.deleted = False  # DELETE /sessions/{id} took it (gateway.node.deletion)
+        # Unloading (docs/protocol.md §13, gateway.node.unloading): the trio time it was
+        # last used, the requests holding it now, and its tasks' end.
+        self.used_at = 0.0
+        self.pins = 0
+        self.ended = trio.Event()
 
     def _load(self, stored: Iterable[StoredMessage]) -> None:
         """Take the conversation as stored (gateway.session.history)."""
@@ -254,6 +261,7 @@ class Session:
         self._load(stored)
         self.event_bytes = event_bytes
         self.tail.clear()
+        self.tail_bytes = 0
         self.tail_floor = max(self.tail_floor, floor, self.node.sequencer.last)
 
     @property
@@ -296,8 +304,9 @@ class Session:
                 self.event_bytes += len(data)
                 catalog = True
                 self.tail.append(em)
-                if len(self.tail) > self.tail_max:
-                    self.tail_floor = self.tail.popleft().seq
+                self.tail_bytes += len(data) + len(em.frame)
+                if len(self.tail) > self.tail_max or self.tail_bytes > self.tail_max_bytes:
+                    self._trim_tail()
             out.append(em)
         if not out:
             return out
@@ -314,6 +323,14 @@ class Session:
         else:
             self.release(out)
         return out
+
+    def _trim_tail(self) -> None:
+        """Drop the tail's oldest events down to its bounds (a replay reads them from the store)."""
+        tail = self.tail
+        while tail and (len(tail) > self.tail_max or self.tail_bytes > self.tail_max_bytes):
+            old = tail.popleft()
+            self.tail_bytes -= len(old.data) + len(old.frame)
+            self.tail_floor = old.seq
 
     def release(self, out: list[Emitted]) -> None:
         """A batch is free to go (durable, or streaming only): here, and to the other nodes."""
@@ -514,6 +531,7 @@ class Session:
         """Release the turn lock, in the step that emits the turn's end."""
         if self.turn is turn:
             self.turn = None
+        self.used_at = trio.current_time()  # idle from now on (gateway.node.unloading)
         self.node.notify()
 
     # --- what a tool may do (gateway.tools.registry.ToolSession) ---------------------

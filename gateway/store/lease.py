@@ -188,6 +188,16 @@ class LeaseKeeper:
             if self.held.pop(sid, None) is not None:
                 self._on_lost(sid)
 
+    async def release(self, session_ids: list[str]) -> None:
+        """Give these leases up (their sessions left memory: docs/protocol.md §13).
+
+        Raises:
+            StoreError: the store did not answer (the leases lapse within ``lease_s``).
+        """
+        mine = [sid for sid in session_ids if self.held.pop(sid, None) is not None]
+        if mine:
+            await self.leases.release(mine)
+
     async def release_all(self) -> None:
         """Give every held lease up (a clean shutdown: another node need not wait for them)."""
         sessions, self.held = list(self.held), {}

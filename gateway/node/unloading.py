@@ -1,0 +1,103 @@
+"""Unloading: an idle session leaves memory, and comes back when used (docs/protocol.md §13).
+
+The ``unloader`` task looks at the node's sessions every quarter of
+``idle_unload_s`` (at most every 30 s). A family (a root session and its
+workers: they load together, gateway.node.registry) leaves memory when none
+of them has been used for ``idle_unload_s`` and none is *busy*:
+
+- a turn in flight, a compaction queued, or a permission request pending;
+- a client here (a subscription, or a request or stream holding it:
+  :func:`gateway.node.registry.pinning`);
+- batches waiting for their commit, a load of one of them in progress, a
+  lease being taken, or a lease lost and being handed over;
+- on several nodes, another node watching its live batches (its clients
+  there): the owner probes with an empty batch, and the family is free once
+  one reaches nobody (gateway.cluster.link).
+
+Leaving memory, in order: the family becomes unknown to new requests (they
+wait, then load it afresh), its tasks end (its session-scope MCP servers and
+a Claude Code process stop with them), what it wrote is made durable, its
+leases are given back (another node may take it at once), and what the node
+kept for it elsewhere is dropped. The next request, attach or turn loads it
+from the store: ids, snapshot and replay are the store's, as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import trio
+
+from gateway.errors import StoreError
+from gateway.logs import event
+from gateway.node.core import NodeCore
+from gateway.session.session import Session
+
+log = logging.getLogger("gateway.node")
+
+MAX_PERIOD_S = 30.0  # the longest between two looks, whatever idle_unload_s is
+
+
+async def keep_unloading(node: NodeCore) -> None:
+    """The ``unloader`` task: unload idle families for as long as the node runs."""
+    idle_s = node.config.sessions.idle_unload_s
+    period = min(idle_s / 4, MAX_PERIOD_S)
+    while True:
+        await trio.sleep(period)
+        for root in idle_families(node, trio.current_time(), idle_s):
+            if node.sessions.get(root.id) is root:  # still here after the ones before it
+                await unload(node, root)
+
+
+def idle_families(node: NodeCore, now: float, idle_s: float) -> list[Session]:
+    """The families that may leave memory now (module docstring); busy ones count as used now."""
+    out = []
+    for root in list(node.sessions.values()):
+        if root.parent is not None:
+            continue
+        family = root.scope(True)
+        if any(busy(node, s) for s in family) or node.placement.watched_elsewhere(root.id):
+            root.used_at = now
+        elif now - max(s.used_at for s in family) >= idle_s:
+            out.append(root)
+    return out
+
+
+def busy(node: NodeCore, session: Session) -> bool:
+    """Whether something holds the session in memory now (module docstring)."""
+    return bool(
+        session.turn is not None
+        or len(session.hub)
+        or session.pins
+        or session.permissions.pending()
+        or session.runtime.compaction_queued
+        or session.family.held
+        or session.fenced
+        or node.registry.busy(session)
+        or session.id in node.failover.claiming
+    )
+
+
+async def unload(node: NodeCore, root: Session) -> None:
+    """Take the family out of memory (module docstring)."""
+    family = root.scope(True)
+    registry = node.registry
+    registry.unload(family)  # unknown to requests, its tasks cancelled: one synchronous step
+    try:
+        for session in family:
+            await session.ended.wait()  # its session-scope servers are closed
+        with trio.move_on_after(node.config.store.commit_timeout_s):
+            await node.wait_durable()  # before its lease goes: a new holder reads it all
+        ids = [s.id for s in family]
+        with contextlib.suppress(StoreError):  # not given back: it lapses within lease_s
+            await node.leases.release(ids)
+        node.placement.unloaded(root.id)
+    finally:
+        registry.unloaded(family)
+    node.metrics.sessions_unloaded.inc(len(family))
+    event(
+        log, logging.INFO, "session_unloaded",
+        f"session {root.id} unloaded after {node.config.sessions.idle_unload_s:g} s unused",
+        session_id=root.id, workers=len(family) - 1,
+    )  # fmt: skip
