@@ -28,6 +28,7 @@ import contextlib
 import logging
 
 import trio
+import trio.lowlevel
 
 from gateway.errors import StoreError
 from gateway.logs import event
@@ -45,9 +46,9 @@ async def keep_unloading(node: NodeCore) -> None:
     period = min(idle_s / 4, MAX_PERIOD_S)
     while True:
         await trio.sleep(period)
-        for root in idle_families(node, trio.current_time(), idle_s):
-            if node.sessions.get(root.id) is root:  # still here after the ones before it
-                await unload(node, root)
+        roots = idle_families(node, trio.current_time(), idle_s)
+        if roots:
+            await unload(node, roots)
 
 
 def idle_families(node: NodeCore, now: float, idle_s: float) -> list[Session]:
@@ -79,25 +80,29 @@ def busy(node: NodeCore, session: Session) -> bool:
     )
 
 
-async def unload(node: NodeCore, root: Session) -> None:
-    """Take the family out of memory (module docstring)."""
-    family = root.scope(True)
+async def unload(node: NodeCore, roots: list[Session]) -> None:
+    """Take these families out of memory, all in one go (module docstring)."""
     registry = node.registry
-    registry.unload(family)  # unknown to requests, its tasks cancelled: one synchronous step
+    families = [root.scope(True) for root in roots]
+    everyone = [s for family in families for s in family]
+    for family in families:  # unknown to requests, tasks cancelled: one synchronous step
+        registry.unload(family)
     try:
-        for session in family:
+        for session in everyone:
             await session.ended.wait()  # its session-scope servers are closed
         with trio.move_on_after(node.config.store.commit_timeout_s):
             await node.wait_durable()  # before its lease goes: a new holder reads it all
-        ids = [s.id for s in family]
-        with contextlib.suppress(StoreError):  # not given back: it lapses within lease_s
-            await node.leases.release(ids)
-        node.placement.unloaded(root.id)
+        with contextlib.suppress(StoreError):  # not given back: they lapse within lease_s
+            await node.leases.release([s.id for s in everyone])
+        for root in roots:
+            node.placement.unloaded(root.id)
     finally:
-        registry.unloaded(family)
-    node.metrics.sessions_unloaded.inc(len(family))
-    event(
-        log, logging.INFO, "session_unloaded",
-        f"session {root.id} unloaded after {node.config.sessions.idle_unload_s:g} s unused",
-        session_id=root.id, workers=len(family) - 1,
-    )  # fmt: skip
+        for family in families:
+            registry.unloaded(family)
+    node.metrics.sessions_unloaded.inc(len(everyone))
+    for root, family in zip(roots, families, strict=True):
+        event(
+            log, logging.INFO, "session_unloaded",
+            f"session {root.id} unloaded after {node.config.sessions.idle_unload_s:g} s unused",
+            session_id=root.id, workers=len(family) - 1,
+        )  # fmt: skip
