@@ -25,7 +25,9 @@ from the store: ids, snapshot and replay are the store's, as they were.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
+from collections.abc import Callable
 
 import trio
 import trio.lowlevel
@@ -38,6 +40,17 @@ from gateway.session.session import Session
 log = logging.getLogger("gateway.node")
 
 MAX_PERIOD_S = 30.0  # the longest between two looks, whatever idle_unload_s is
+
+try:  # glibc: give the heap's free pages back to the system (the RSS an operator watches)
+    _malloc_trim: Callable[[int], int] | None = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):  # another C library: its own policy
+    _malloc_trim = None
+
+
+def _give_back_memory() -> None:
+    """What unloaded sessions held goes back to the system, not only to the allocator."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
 
 
 async def keep_unloading(node: NodeCore) -> None:
@@ -100,6 +113,7 @@ async def unload(node: NodeCore, roots: list[Session]) -> None:
         for family in families:
             registry.unloaded(family)
     node.metrics.sessions_unloaded.inc(len(everyone))
+    _give_back_memory()
     for root, family in zip(roots, families, strict=True):
         event(
             log, logging.INFO, "session_unloaded",
