@@ -21,6 +21,7 @@ from gateway import telemetry
 from gateway.config import TelemetryConfig
 from gateway.errors import ConfigError
 from tests.conftest import Harness, make_config, running_gateway
+from tests.integration.test_agui_http import run_input
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra: pip install 'gateway[otel]'")
 
@@ -232,6 +233,18 @@ async def test_a_traceparent_header_is_the_parent_of_the_turn_and_its_worker(
     await post_turn(gw, sid, {"script": {"rounds": [[{"text": "again"}]]}}, {})
     [turn] = named(exporter.get_finished_spans(), "invoke_agent ")
     assert turn.parent is None and f"{turn.context.trace_id:032x}" != TRACE_ID
+
+
+async def test_an_agui_run_joins_the_trace_of_its_post(
+    exporter: InMemorySpanExporter, gw: Harness
+) -> None:
+    body = run_input("thread-traced", {"script": {"rounds": [[{"text": "Hello."}]]}})
+    headers = {"traceparent": TRACEPARENT}
+    r = await gw.http.post("/agui", json=body, headers=headers)  # the SSE, to the run's end
+    assert r.status_code == 200 and '"RUN_FINISHED"' in r.text, r.text
+    [turn] = named(exporter.get_finished_spans(), "invoke_agent ")
+    assert turn.parent is not None and f"{turn.parent.span_id:016x}" == CLIENT_SPAN
+    assert f"{turn.context.trace_id:032x}" == TRACE_ID
 
 
 @pytest.mark.parametrize(
