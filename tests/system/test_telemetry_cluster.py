@@ -101,4 +101,3 @@ async def _delegate_through(owner_node: Node, replica_node: Node) -> tuple[str, 
             with trio.fail_after(30):  # real clock: processes on real sockets
                 await watch.until_turn_ends(turn_id)
     return sid, turn_id
-
