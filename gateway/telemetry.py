@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -254,14 +254,20 @@ def _provider_model(model: str) -> tuple[str, str]:
 _incoming: ContextVar[dict[str, str] | None] = ContextVar("gateway_trace_context", default=None)
 
 
-@contextmanager
-def incoming(headers: Mapping[str, str]) -> Iterator[None]:
+_NOTHING = nullcontext()
+
+
+def incoming(headers: Mapping[str, str]) -> AbstractContextManager[None]:
     """While a request's handler runs: the trace context its headers carry (:func:`carried`)."""
     t = _active
-    carrier = t.carrier(headers) if t is not None else None
-    if not carrier:
-        yield
-        return
+    if t is None:
+        return _NOTHING
+    carrier = t.carrier(headers)
+    return _holding(carrier) if carrier else _NOTHING
+
+
+@contextmanager
+def _holding(carrier: dict[str, str]) -> Iterator[None]:
     token = _incoming.set(carrier)
     try:
         yield
