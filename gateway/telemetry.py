@@ -252,9 +252,7 @@ def _provider_model(model: str) -> tuple[str, str]:
 # --- the request's trace context -------------------------------------------------
 
 _incoming: ContextVar[dict[str, str] | None] = ContextVar("gateway_trace_context", default=None)
-
-
-_NOTHING = nullcontext()
+_NOTHING = nullcontext()  # what a request without a trace context holds
 
 
 def incoming(headers: Mapping[str, str]) -> AbstractContextManager[None]:
