@@ -11,7 +11,10 @@ Spans follow OpenTelemetry's GenAI semantic conventions:
 span                        parent               from - to
 ==========================  ===================  ================================
 ``invoke_agent {agent}``    a delegate's tool    ``turn.started`` - its terminal
-                            span, else none      event (error on a cancel/error)
+                            span, else the       event (error on a cancel/error)
+                            request's context
+                            (``traceparent``),
+                            else none
 ``chat {model}``            the turn             ``llm.call_started`` - the end of
                                                  its message (error on a failure)
 ``execute_tool {tool}``     the turn             the tool's run - its result
@@ -21,7 +24,17 @@ The parents are explicit (Trio tasks do not carry OpenTelemetry's context
 from a session's task to another's): spans in flight are held here, by turn
 id and by tool use id, while they are open. A worker's turn finds its
 parent's tool span by the tool use id its session was created for
-(``metadata.delegated_by``) when that tool runs in the same process.
+(``metadata.delegated_by``); a worker is always made by its parent's node.
+
+A turn asked for over HTTP joins the trace its request came with (standard
+W3C ``traceparent``/``tracestate``, read by OpenTelemetry's propagators):
+:func:`incoming` holds the request's context while its handler runs,
+:func:`carried` hands it to the ``StartTurn`` operation (which travels to the
+node that runs the session, gateway.cluster.ops), and the turn keeps it
+(``Turn.trace``) until :func:`turn_started` opens its span under it. The
+context is a plain ``dict[str, str]`` outside this module, empty when traces
+are off: OpenTelemetry is imported here and nowhere else. No HTTP server span
+is made: the spans are the GenAI conventions' own.
 
 Which settings win (docs/reference.md ``[telemetry]``): a ``[telemetry]`` key
 (the file, then ``GATEWAY_TELEMETRY_*``) over the standard ``OTEL_*``
@@ -31,7 +44,9 @@ environment, which fills in what the keys leave empty.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +56,7 @@ from gateway.config import TelemetryConfig
 from gateway.errors import ConfigError
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span
 
@@ -49,7 +65,9 @@ __all__ = [
     "Tracing",
     "call_ended",
     "call_started",
+    "carried",
     "current",
+    "incoming",
     "install",
     "settings",
     "start",
@@ -183,20 +201,41 @@ class Tracing:
     """A tracer and the spans it has open (by turn id and by tool use id)."""
 
     def __init__(self, provider: TracerProvider, shutdown_timeout_s: float = 5.0) -> None:
-        from opentelemetry import trace
+        from opentelemetry import propagate, trace
         from opentelemetry.trace import Status, StatusCode
 
         self.provider = provider
         self.shutdown_timeout_s = shutdown_timeout_s
         self.tracer = provider.get_tracer("gateway")
         self._in = trace.set_span_in_context
+        self._extract, self._inject = propagate.extract, propagate.inject
+        self._fields = frozenset(propagate.get_global_textmap().fields)  # the headers it reads
         self._status, self._error_code = Status, StatusCode.ERROR
         self.turns: dict[str, Span] = {}
         self.calls: dict[str, Span] = {}  # the turn's call in flight, by turn id
         self.tools: dict[str, Span] = {}
 
-    def _child(self, name: str, parent: Span | None, attributes: dict[str, Any]) -> Span:
-        context = self._in(parent) if parent is not None else None
+    def carrier(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """The trace context of a request's (lower-cased) headers, as headers again.
+
+        Read and written by the global propagators (``OTEL_PROPAGATORS``; W3C
+        trace context and baggage by default): a malformed ``traceparent`` is
+        dropped, so what travels on is always well-formed.
+        """
+        if not self._fields.intersection(headers):
+            return {}
+        out: dict[str, str] = {}
+        self._inject(out, context=self._extract(headers))
+        return out
+
+    def _child(
+        self,
+        name: str,
+        parent: Span | None,
+        attributes: dict[str, Any],
+        remote: Context | None = None,
+    ) -> Span:
+        context = self._in(parent) if parent is not None else remote
         return self.tracer.start_span(name, context=context, attributes=attributes)
 
     def _fail(self, span: Span, error_type: str, why: str) -> None:
@@ -210,6 +249,36 @@ def _provider_model(model: str) -> tuple[str, str]:
     return (provider, name) if name else ("", model)
 
 
+# --- the request's trace context -------------------------------------------------
+
+_incoming: ContextVar[dict[str, str] | None] = ContextVar("gateway_trace_context", default=None)
+_NOTHING = nullcontext()  # what a request without a trace context holds
+
+
+def incoming(headers: Mapping[str, str]) -> AbstractContextManager[None]:
+    """While a request's handler runs: the trace context its headers carry (:func:`carried`)."""
+    t = _active
+    if t is None:
+        return _NOTHING
+    carrier = t.carrier(headers)
+    return _holding(carrier) if carrier else _NOTHING
+
+
+@contextmanager
+def _holding(carrier: dict[str, str]) -> Iterator[None]:
+    token = _incoming.set(carrier)
+    try:
+        yield
+    finally:
+        _incoming.reset(token)
+
+
+def carried() -> dict[str, str]:
+    """The trace context of the request being handled, to send on with it (``{}``: none)."""
+    carrier = _incoming.get()
+    return dict(carrier) if carrier else {}
+
+
 # --- the hooks (each one test of _active when traces are off) ----------------------
 
 
@@ -219,13 +288,19 @@ def turn_started(
     agent: str,
     model: str,
     delegated_by: str | None = None,
+    trace: Mapping[str, str] | None = None,
 ) -> None:
-    """A turn began (``turn.started``): its ``invoke_agent`` span opens."""
+    """A turn began (``turn.started``): its ``invoke_agent`` span opens.
+
+    Its parent: the delegate's tool span of the worker's parent turn, else the
+    trace context its request came with (``trace``, :func:`carried`), else none.
+    """
     t = _active
     if t is None:
         return
     provider, name = _provider_model(model)
     parent = t.tools.get(delegated_by) if delegated_by else None
+    remote = t._extract(trace) if trace and parent is None else None
     t.turns[turn_id] = t._child(
         f"invoke_agent {agent}",
         parent,
@@ -238,6 +313,7 @@ def turn_started(
             "gen_ai.request.model": name,
             "gateway.turn.id": turn_id,
         },
+        remote,
     )
 
 

@@ -25,9 +25,15 @@ class Watch(msgspec.Struct, tag="watch"):
 
 
 class StartTurn(msgspec.Struct, tag="turn"):
-    """``POST .../turns``: start a turn; answered once it is accepted (durable)."""
+    """``POST .../turns``: start a turn; answered once it is accepted (durable).
+
+    ``trace``: the W3C trace context its request came with (``traceparent``,
+    ``tracestate``: gateway.telemetry), so that the turn's spans join the
+    client's trace on whichever node runs it; empty when traces are off.
+    """
 
     message: Message
+    trace: dict[str, str] = {}
 
 
 class CancelTurn(msgspec.Struct, tag="cancel"):

@@ -407,7 +407,7 @@ class Node:
 
     async def submit_turn(self, session: Session, message: Message) -> None:
         """Start a turn on the session, wherever it runs; return once it is accepted."""
-        await self.act(session, ops.StartTurn(message))
+        await self.act(session, ops.StartTurn(message, telemetry.carried()))
 
     async def cancel_turn(
         self, session: Session, turn_id: str, reason: str, requested_by: str

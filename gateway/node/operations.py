@@ -48,7 +48,7 @@ async def perform(node: NodeCore, session: Session, op: ops.Operation) -> ops.An
         case ops.Watch():
             pass
         case ops.StartTurn():
-            await start_turn(node, session, op.message)
+            await start_turn(node, session, op.message, op.trace)
         case ops.CancelTurn():
             session.cancel_turn(op.turn_id, op.reason, op.requested_by)
         case ops.DecidePermission():
@@ -81,8 +81,12 @@ async def perform(node: NodeCore, session: Session, op: ops.Operation) -> ops.An
     return ops.Done()
 
 
-async def start_turn(node: NodeCore, session: Session, message: Message) -> None:
+async def start_turn(
+    node: NodeCore, session: Session, message: Message, trace: dict[str, str] | None = None
+) -> None:
     """Start a turn on a session this node runs; return once it is accepted (durable).
+
+    ``trace``: the trace context its request came with (gateway.telemetry).
 
     Raises:
         Refused: as :meth:`Session.submit_turn` and :meth:`Session.accepted`;
@@ -97,6 +101,8 @@ async def start_turn(node: NodeCore, session: Session, message: Message) -> None
     except Refused:
         _unreserve_slot(node, session)
         raise
+    if trace:
+        turn.trace = trace  # before its task starts it (no checkpoint since submit_turn)
     await session.accepted(turn)
 
 

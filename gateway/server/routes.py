@@ -45,7 +45,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import ui
+from gateway import telemetry, ui
 from gateway.agui.routes import AguiRoutes
 from gateway.errors import ApiError, Refused, StoreError, unavailable
 from gateway.node import Node
@@ -217,7 +217,8 @@ class Api:
                 self._authenticate(req)
             known_query(req, operation)
             try:
-                answer = await handler(self, req, *match.groups())
+                with telemetry.incoming(req.headers):  # its traceparent, for a turn's spans
+                    answer = await handler(self, req, *match.groups())
             except (ApiError, Refused) as exc:
                 error = as_http(exc)  # a refusal: its status by the table
                 self.node.metrics.http_requests.labels(name, str(error.status)).inc()

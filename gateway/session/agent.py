@@ -159,7 +159,9 @@ class AgentLoop:
         s.record.turn_count += 1
         record = s.record
         delegated_by = record.metadata.get("delegated_by") if record.parent_session_id else None
-        telemetry.turn_started(s.id, turn.id, record.agent, record.active_model, delegated_by)
+        telemetry.turn_started(
+            s.id, turn.id, record.agent, record.active_model, delegated_by, turn.trace
+        )
         s.add_message(turn.user_message)
         [started] = s.emit([TurnStarted(turn.id, turn.user_message)], turn.id)
         event(

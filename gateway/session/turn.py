@@ -69,6 +69,8 @@ class Turn:
     workers_cost_usd: float = 0.0
     # What it spent in all, its workers' included; set as it ends, before ``done``.
     cost_usd: float = 0.0
+    # The trace context its request came with (gateway.telemetry: its span's parent); {}: none.
+    trace: dict[str, str] = field(default_factory=dict)
 
     def finish(self, outcome: str, final_text: str = "") -> None:
         """Enter ``done`` and wake whoever waits for the turn (a parent's ``delegate``)."""

@@ -21,6 +21,7 @@ from gateway import telemetry
 from gateway.config import TelemetryConfig
 from gateway.errors import ConfigError
 from tests.conftest import Harness, make_config, running_gateway
+from tests.integration.test_agui_http import run_input
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra: pip install 'gateway[otel]'")
 
@@ -184,11 +185,131 @@ async def test_a_worker_s_turn_is_under_its_parent_s_tool_span(
     assert (worker.attributes or {})["gen_ai.conversation.id"] != sid
 
 
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
+
+
+async def post_turn(gw: Harness, sid: str, content: Any, headers: dict[str, str]) -> None:
+    """A turn posted with ``headers``, run to its end."""
+    async with gw.client(sid) as c:
+        await c.subscribe()
+        r = await gw.http.post(
+            f"/sessions/{sid}/turns", json={"content": json.dumps(content)}, headers=headers
+        )
+        assert r.status_code == 202, r.text
+        await c.until_turn_ends()
+
+
+async def test_a_traceparent_header_is_the_parent_of_the_turn_and_its_worker(
+    exporter: InMemorySpanExporter, gw: Harness
+) -> None:
+    """W3C trace context on ``POST .../turns``: the whole turn, its worker's too, joins it."""
+    sid = await gw.create_session()
+    script = {
+        "script": {
+            "rounds": [
+                [{"tool_use": {"name": "delegate", "input": {"task": "hello worker"}}}],
+                [{"text": "The worker answered."}],
+            ]
+        }
+    }
+    headers = {"traceparent": TRACEPARENT, "tracestate": "vendor=opaque"}
+    await post_turn(gw, sid, script, headers)
+    spans = exporter.get_finished_spans()
+    assert {f"{s.context.trace_id:032x}" for s in spans} == {TRACE_ID}
+    turns = named(spans, "invoke_agent ")
+    [parent] = [t for t in turns if (t.attributes or {})["gen_ai.conversation.id"] == sid]
+    [worker] = [t for t in turns if t is not parent]
+    [tool] = named(spans, "execute_tool ")
+    assert parent.parent is not None and parent.parent.is_remote
+    assert f"{parent.parent.span_id:016x}" == CLIENT_SPAN
+    assert parent.parent.trace_state.get("vendor") == "opaque"
+    assert parent_of(tool) == parent.context.span_id
+    assert parent_of(worker) == tool.context.span_id  # its parent's tool span, not the client's
+    assert len(named(spans, "chat ")) == 3
+    # the next turn, without the header, is a trace of its own
+    exporter.clear()
+    await post_turn(gw, sid, {"script": {"rounds": [[{"text": "again"}]]}}, {})
+    [turn] = named(exporter.get_finished_spans(), "invoke_agent ")
+    assert turn.parent is None and f"{turn.context.trace_id:032x}" != TRACE_ID
+
+
+async def test_an_agui_run_joins_the_trace_of_its_post(
+    exporter: InMemorySpanExporter, gw: Harness
+) -> None:
+    body = run_input("thread-traced", {"script": {"rounds": [[{"text": "Hello."}]]}})
+    headers = {"traceparent": TRACEPARENT}
+    r = await gw.http.post("/agui", json=body, headers=headers)  # the SSE, to the run's end
+    assert r.status_code == 200 and '"RUN_FINISHED"' in r.text, r.text
+    [turn] = named(exporter.get_finished_spans(), "invoke_agent ")
+    assert turn.parent is not None and f"{turn.parent.span_id:016x}" == CLIENT_SPAN
+    assert f"{turn.context.trace_id:032x}" == TRACE_ID
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # an invalid trace id
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",  # no flags
+        "garbage",
+    ],
+)
+async def test_a_malformed_traceparent_is_ignored(
+    exporter: InMemorySpanExporter, gw: Harness, traceparent: str
+) -> None:
+    sid = await gw.create_session()
+    await post_turn(gw, sid, "hello", {"traceparent": traceparent})
+    [turn] = named(exporter.get_finished_spans(), "invoke_agent ")
+    assert turn.parent is None
+
+
+async def test_a_cancel_or_a_decision_carries_no_context_and_makes_no_span(
+    exporter: InMemorySpanExporter, gw: Harness
+) -> None:
+    """Only a turn opens spans: a cancel with its own traceparent leaves the turn's trace alone."""
+    sid = await gw.create_session()
+    script = {"script": {"rounds": [[{"tool_use": {"name": "sleep", "input": {"seconds": 30}}}]]}}
+    async with gw.client(sid) as c:
+        await c.subscribe()
+        r = await gw.http.post(
+            f"/sessions/{sid}/turns",
+            json={"content": json.dumps(script)},
+            headers={"traceparent": TRACEPARENT},
+        )
+        assert r.status_code == 202, r.text
+        await c.until(lambda e: e.type == "tool.called")
+        other = "00-11111111111111111111111111111111-2222222222222222-01"
+        url = f"/sessions/{sid}/turns/{r.json()['turn_id']}/cancel"
+        r = await gw.http.post(url, json={}, headers={"traceparent": other})
+        assert r.status_code == 202, r.text
+        await c.until_turn_ends()
+    spans = exporter.get_finished_spans()
+    assert {f"{s.context.trace_id:032x}" for s in spans} == {TRACE_ID}
+
+
 async def test_disabled_no_tracing_and_no_spans(gw: Harness) -> None:
     assert telemetry.current() is None
     sid = await gw.create_session()
     await run_turn(gw, sid, TOOL_ROUND)
     assert telemetry.current() is None
+    with telemetry.incoming({"traceparent": TRACEPARENT}):
+        assert telemetry.carried() == {}  # nothing travels with the turn
+    await post_turn(gw, sid, "hello", {"traceparent": TRACEPARENT})
+    assert telemetry.current() is None
+
+
+def test_the_request_s_context_is_carried_only_while_its_handler_runs(
+    exporter: InMemorySpanExporter,
+) -> None:
+    assert telemetry.carried() == {}
+    with telemetry.incoming({"traceparent": TRACEPARENT, "tracestate": "a=1", "other": "x"}):
+        assert telemetry.carried() == {"traceparent": TRACEPARENT, "tracestate": "a=1"}
+        with telemetry.incoming({"content-type": "application/json"}):
+            assert telemetry.carried() == {"traceparent": TRACEPARENT, "tracestate": "a=1"}
+    assert telemetry.carried() == {}
+    with telemetry.incoming({"traceparent": "garbage"}):
+        assert telemetry.carried() == {}
 
 
 def test_nothing_exported_unless_configured() -> None:

@@ -40,6 +40,7 @@ class Receiver:
     def __init__(self) -> None:
         self.spans: list[Any] = []
         self.paths: list[str] = []
+        self.services: dict[bytes, str] = {}  # span id -> its resource's service.name
 
     async def serve(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
@@ -62,8 +63,10 @@ class Receiver:
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 for resource in request.resource_spans:
+                    service = attributes(resource.resource).get("service.name", "")
                     for scope in resource.scope_spans:
                         self.spans += scope.spans
+                        self.services.update((span.span_id, service) for span in scope.spans)
                 answer = ExportTraceServiceResponse().SerializeToString()
                 headers = [("Content-Type", "application/x-protobuf")]
                 headers.append(("Content-Length", str(len(answer))))
