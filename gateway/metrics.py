@@ -167,6 +167,11 @@ class Metrics:
             ["route", "status"], registry=r,
         )  # fmt: skip
         self.sessions_live = Gauge("gateway_sessions_live", "Sessions loaded", registry=r)
+        self.idempotent_replays = Counter(
+            "gateway_idempotent_replays",
+            "POSTs answered with the answer recorded under their Idempotency-Key",
+            registry=r,
+        )
 
     def _turn_families(self, r: CollectorRegistry) -> None:
         """Turns, the LLM calls and the tool calls they make."""

@@ -36,6 +36,8 @@ store is later sharded by session::
     gw:e:{sid}                 ZSET: score seq, member [seq, type, ts, wire bytes]
     gw:ets                     ZSET: score ts, member "<seq>:<sid>" (the retention purge)
     gw:lease:{sid}             STRING: the node id holding the session's lease, with its expiry
+    gw:req:<digest>            HASH: an Idempotency-Key's record (gateway.store.idempotency), the
+                               digest of its owner and key; expires 24 h after its first request
 
 ``DELETE /sessions/{id}`` (:meth:`RedisStore.delete_sessions`) removes every
 key and index entry of each session above, in one ``MULTI``: its age index
@@ -104,6 +106,7 @@ Decisions where the contract is silent:
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
 import os
@@ -119,6 +122,7 @@ from coredis.exceptions import RedisError
 from coredis.tokens import PureToken
 
 from gateway.errors import StoreError, first_leaf
+from gateway.store import idempotency
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.group_commit import CLOSE_RETRY_S, RETRY_FIRST_S, RETRY_MAX_S, Batch, GroupCommit
 from gateway.store.lease import Taken
@@ -269,7 +273,7 @@ class _Keys:
         self.owners = f"{p}owners"
         self.open = f"{p}open"
         self.ets = f"{p}ets"
-        self._p = p
+        self.prefix = self._p = p
 
     def session(self, sid: str) -> str:
         return f"{self._p}s:{{{sid}}}"
@@ -601,6 +605,28 @@ class RedisStore(GroupCommit[_Batch]):
                 await _delete(self._redis(), self._keys, await self._records(sids), sids)
             except _TRANSIENT as exc:
                 raise StoreError(f"cannot delete from store {self._where}: {_reason(exc)}") from exc
+
+    # --- idempotency records (gateway.store.idempotency) ---------------------
+
+    async def claim_request(
+        self, owner: str, key: str, claim: idempotency.Claim, now_ms: int
+    ) -> idempotency.Claimed:
+        args: list[str | int] = [claim.fingerprint, claim.target, claim.holder, claim.hold_ms]
+        args.append(idempotency.RECORD_TTL_MS)
+        keys = [self._request_key(owner, key)]
+        answer = await self._read(lambda c: c.eval(idempotency.CLAIM_SCRIPT, keys, args))
+        return idempotency.redis_claimed(answer)  # type: ignore[arg-type]
+
+    async def settle_request(
+        self, owner: str, key: str, holder: str, status: int | None, body: bytes
+    ) -> None:
+        args: list[str | bytes] = [holder, "" if status is None else str(status), body]
+        keys = [self._request_key(owner, key)]
+        await self._read(lambda c: c.eval(idempotency.SETTLE_SCRIPT, keys, args))
+
+    def _request_key(self, owner: str, key: str) -> str:
+        digest = hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
+        return f"{self._keys.prefix}req:{digest}"
 
     # --- reads --------------------------------------------------------------
 
