@@ -301,3 +301,17 @@ async def test_the_longest_key_and_every_printable_character_are_keys(gw: Harnes
             headers=[(b"content-type", b"application/json"), (b"idempotency-key", value)],
         )
         assert r.status_code == 201, r.text
+
+
+async def test_the_api_document_lists_the_header_where_it_is_taken(gw: Harness) -> None:
+    doc = (await gw.http.get("/openapi.json")).json()
+    taking = {
+        op["operationId"]
+        for item in doc["paths"].values()
+        for op in item.values()
+        if any(p["name"] == "Idempotency-Key" for p in op.get("parameters", []))
+    }
+    assert taking == {"create_session", "submit_turn"}
+    create = doc["paths"]["/sessions"]["post"]["responses"]
+    assert "idempotency_key_reused" in json.dumps(create["422"])
+    assert "idempotency_key_in_use" in json.dumps(create["409"])

@@ -27,9 +27,9 @@ async def create_session(api: Api, req: Request) -> Response:
     session's id is chosen first and kept with the key.
     """
     owner = api._authenticate(req) or NO_OWNER
+    body = decode_optional(req, CreateSession) or CreateSession()
 
     async def create(session_id: str) -> Response:
-        body = decode_optional(req, CreateSession) or CreateSession()
         session = await api.node.create_session(  # 429 past max_sessions_per_key
             workspace_path=body.workspace_path,
             model=body.model,
