@@ -279,10 +279,11 @@ async def test_a_record_older_than_24_hours_is_forgotten(gw: Harness) -> None:
     ids=["empty", "256-chars", "latin-1", "del"],
 )
 async def test_a_header_that_is_not_a_key_is_400(gw: Harness, tmp_path: Path, value: bytes) -> None:
-    for path in ["/sessions", f"/sessions/{await gw.create_session()}/turns"]:
+    sid = await gw.create_session()
+    for path, body in [("/sessions", {}), (f"/sessions/{sid}/turns", {"content": QUICK})]:
         r = await gw.http.post(
             path,
-            content=json.dumps({"content": QUICK}).encode(),
+            content=json.dumps(body).encode(),
             headers=[(b"content-type", b"application/json"), (b"idempotency-key", value)],
         )
         assert r.status_code == 400, r.text
