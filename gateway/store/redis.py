@@ -106,7 +106,6 @@ Decisions where the contract is silent:
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import logging
 import os
@@ -122,10 +121,10 @@ from coredis.exceptions import RedisError
 from coredis.tokens import PureToken
 
 from gateway.errors import StoreError, first_leaf
-from gateway.store import idempotency
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.group_commit import CLOSE_RETRY_S, RETRY_FIRST_S, RETRY_MAX_S, Batch, GroupCommit
 from gateway.store.lease import Taken
+from gateway.store.redis_requests import RedisRequests
 
 log = logging.getLogger("gateway.store")
 
@@ -273,7 +272,7 @@ class _Keys:
         self.owners = f"{p}owners"
         self.open = f"{p}open"
         self.ets = f"{p}ets"
-        self.prefix = self._p = p
+        self._p = p
 
     def session(self, sid: str) -> str:
         return f"{self._p}s:{{{sid}}}"
@@ -334,7 +333,7 @@ class _Batch(Batch):
         self.size += 1
 
 
-class RedisStore(GroupCommit[_Batch]):
+class RedisStore(RedisRequests, GroupCommit[_Batch]):
     """The Redis trace store: implements :class:`gateway.store.base.Store`.
 
     The group commit is :class:`gateway.store.group_commit.GroupCommit`'s; this
@@ -362,6 +361,7 @@ class RedisStore(GroupCommit[_Batch]):
         self._url = url
         self._where = where
         self._keys = _Keys(prefix)
+        self._prefix = prefix
         self._client: coredis.Redis[bytes] | None = None
         self._holding = False  # the holder task was started
         self._release = trio.Event()  # set: the holder task lets the client go
@@ -605,28 +605,6 @@ class RedisStore(GroupCommit[_Batch]):
                 await _delete(self._redis(), self._keys, await self._records(sids), sids)
             except _TRANSIENT as exc:
                 raise StoreError(f"cannot delete from store {self._where}: {_reason(exc)}") from exc
-
-    # --- idempotency records (gateway.store.idempotency) ---------------------
-
-    async def claim_request(
-        self, owner: str, key: str, claim: idempotency.Claim, now_ms: int
-    ) -> idempotency.Claimed:
-        args: list[str | int] = [claim.fingerprint, claim.target, claim.holder, claim.hold_ms]
-        args.append(idempotency.RECORD_TTL_MS)
-        keys = [self._request_key(owner, key)]
-        answer = await self._read(lambda c: c.eval(idempotency.CLAIM_SCRIPT, keys, args))
-        return idempotency.redis_claimed(answer)  # type: ignore[arg-type]
-
-    async def settle_request(
-        self, owner: str, key: str, holder: str, status: int | None, body: bytes
-    ) -> None:
-        args: list[str | bytes] = [holder, "" if status is None else str(status), body]
-        keys = [self._request_key(owner, key)]
-        await self._read(lambda c: c.eval(idempotency.SETTLE_SCRIPT, keys, args))
-
-    def _request_key(self, owner: str, key: str) -> str:
-        digest = hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
-        return f"{self._keys.prefix}req:{digest}"
 
     # --- reads --------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The HTTP side of ``Idempotency-Key`` (gateway.server.idempotency): the header and the fingerprint."""
+"""The HTTP side of ``Idempotency-Key`` (gateway.server.idempotency): header, fingerprint."""
 
 from __future__ import annotations
 
