@@ -91,7 +91,7 @@ Find = Callable[[str], Awaitable[Response | None]]
 
 
 async def once(
-    api: Api, req: Request, owner: str, new_target: str, run: Run, find: Find, session_id: str = ""
+    api: Api, req: Request, owner: str, new_target: str, run: Run, find: Find
 ) -> Response:
     """Answer ``req`` at most once per key (module docstring); without a key, ``run`` it."""
     key = key_of(req)
@@ -99,8 +99,7 @@ async def once(
         return await run(new_target)
     store = api.node.store
     holder = secrets.token_hex(8)
-    claim = Claim(fingerprint(req.method, req.path, req.body), new_target, holder,
-                  hold_ms(api), session_id)  # fmt: skip
+    claim = Claim(fingerprint(req.method, req.path, req.body), new_target, holder, hold_ms(api))
     try:
         with trio.fail_after(api.config.store.commit_timeout_s):  # a store that hangs: 503
             claimed = await store.claim_request(owner, key, claim, now_ms())
@@ -127,14 +126,14 @@ async def once(
         case "answered":
             api.node.metrics.idempotent_replays.inc()
             return Response(record.status, record.body, headers=[REPLAYED])
-        case "taken":
-            found = await find(record.target)
-            if found is not None:  # made before its node died: answered now
-                await _settle(api, owner, key, holder, found)
-                api.node.metrics.idempotent_replays.inc()
-                found.headers.append(REPLAYED)
-                return found
     try:
+        # Taken over: what the attempt before may have made is looked for first.
+        found = await find(record.target) if claimed.outcome == "taken" else None
+        if found is not None:  # made before its node died: answered now
+            await _settle(api, owner, key, holder, found)
+            api.node.metrics.idempotent_replays.inc()
+            found.headers.append(REPLAYED)
+            return found
         answer = await run(record.target)
     except BaseException:
         with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):

@@ -57,7 +57,6 @@ class Claim(msgspec.Struct, frozen=True):
     target: str
     holder: str
     hold_ms: int
-    session_id: str = ""  # the session of a turn, "" for POST /sessions
 
 
 class Claimed(msgspec.Struct, frozen=True):
@@ -102,7 +101,6 @@ SQLITE_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS requests (
         owner TEXT NOT NULL,
         key TEXT NOT NULL,
-        session_id TEXT NOT NULL,
         created_at INTEGER NOT NULL,
         data BLOB NOT NULL,
         PRIMARY KEY (owner, key)
@@ -129,9 +127,8 @@ def sqlite_claim(
     claimed, write = decide(_found(conn, owner, key), claim, now_ms)
     if write is not None:
         conn.execute(
-            "INSERT OR REPLACE INTO requests (owner, key, session_id, created_at, data)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (owner, key, claim.session_id, write.created_at, _encode(write)),
+            "INSERT OR REPLACE INTO requests (owner, key, created_at, data) VALUES (?, ?, ?, ?)",
+            (owner, key, write.created_at, _encode(write)),
         )
     return claimed
 

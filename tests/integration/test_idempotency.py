@@ -236,7 +236,7 @@ async def test_a_turn_whose_node_died_holding_its_key_is_found(gw: Harness, tmp_
     turn_id = first.json()["turn_id"]
     await wait_idle(gw, sid)
     body = json.dumps({"content": QUICK}).encode()
-    claim = Claim(fingerprint("POST", path, body), turn_id, "gone", 0, sid)
+    claim = Claim(fingerprint("POST", path, body), turn_id, "gone", 0)
     await gw.node.store.claim_request("", "t", claim, now_ms())
     found = await post(gw, path, body, keyed("t"))
     assert (found.status_code, found.json()) == (202, {"turn_id": turn_id})

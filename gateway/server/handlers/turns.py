@@ -57,7 +57,7 @@ async def submit_turn(api: Api, req: Request, session_id: str) -> Response:
 
     # At most once per Idempotency-Key (gateway.server.idempotency): the turn's
     # id is chosen first and kept with the key.
-    return await idempotency.once(api, req, owner, new_turn_id(), start, find, session.id)
+    return await idempotency.once(api, req, owner, new_turn_id(), start, find)
 
 
 async def cancel_turn(api: Api, req: Request, session_id: str, turn_id: str) -> Response:
