@@ -109,6 +109,7 @@ async def once(
     except StoreError as exc:
         raise http_error(unavailable(exc)) from None
     record = claimed.record
+    holder = record.holder  # the store may have qualified it (SQLite: its process)
     match claimed.outcome:
         case "reused":
             raise ApiError(

@@ -304,6 +304,9 @@ class Store(Protocol):
 
         Atomic across every node of the store; written at once, outside the
         group commit. ``now_ms``: the SQLite store's clock; Redis reads its own.
+        The record's ``holder`` (new or taken) is what :meth:`settle_request`
+        takes: the store may qualify the claim's (SQLite: with its process, so
+        a restart frees what the previous process held).
 
         Raises:
             StoreError: the store did not answer.

@@ -67,9 +67,14 @@ class Claimed(msgspec.Struct, frozen=True):
 
 
 def decide(
-    found: RequestRecord | None, claim: Claim, now_ms: int
+    found: RequestRecord | None, claim: Claim, now_ms: int, alive: str | None = None
 ) -> tuple[Claimed, RequestRecord | None]:
-    """The claim's outcome, and the record to write (``None``: leave it as it is)."""
+    """The claim's outcome, and the record to write (``None``: leave it as it is).
+
+    ``alive``: where the store is one process's (SQLite), the prefix of that
+    process's holders: an attempt of any other holder died with its process,
+    and its hold is over at once.
+    """
     if found is None or now_ms - found.created_at >= RECORD_TTL_MS:
         new = RequestRecord(claim.fingerprint, claim.target, claim.holder, now_ms,
                             now_ms + claim.hold_ms)  # fmt: skip
@@ -78,7 +83,7 @@ def decide(
         return Claimed("reused", found), None
     if found.status:
         return Claimed("answered", found), None
-    if found.until > now_ms:
+    if found.until > now_ms and (alive is None or found.holder.startswith(alive)):
         return Claimed("in_use", found), None
     taken = msgspec.structs.replace(found, holder=claim.holder, until=now_ms + claim.hold_ms)
     return Claimed("taken", taken), taken
@@ -120,11 +125,18 @@ def _found(conn: sqlite3.Connection, owner: str, key: str) -> RequestRecord | No
 
 
 def sqlite_claim(
-    conn: sqlite3.Connection, owner: str, key: str, claim: Claim, now_ms: int
+    conn: sqlite3.Connection, owner: str, key: str, claim: Claim, now_ms: int, process: str
 ) -> Claimed:
-    """:func:`decide` in the caller's write transaction; prunes records past 24 h."""
+    """:func:`decide` in the caller's write transaction; prunes records past 24 h.
+
+    ``process``: this process's own (random) id. The holder is prefixed with
+    it, so an attempt that a restart interrupted holds its key no longer
+    (the SQLite store is one process's).
+    """
     conn.execute("DELETE FROM requests WHERE created_at <= ?", (now_ms - RECORD_TTL_MS,))
-    claimed, write = decide(_found(conn, owner, key), claim, now_ms)
+    alive = f"{process}/"
+    claim = msgspec.structs.replace(claim, holder=alive + claim.holder)
+    claimed, write = decide(_found(conn, owner, key), claim, now_ms, alive)
     if write is not None:
         conn.execute(
             "INSERT OR REPLACE INTO requests (owner, key, created_at, data) VALUES (?, ?, ?, ?)",

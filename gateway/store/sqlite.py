@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -655,6 +656,7 @@ class SqliteStore(GroupCommit[_Batch]):
         self._ceiling = 0  # the top of the last block of event ids allocated
         self._write_limiter = trio.CapacityLimiter(1)  # its own thread: never queued behind others
         self._read_limiter = trio.CapacityLimiter(1)  # the read connection: one thread at a time
+        self._process = secrets.token_hex(8)  # this process's idempotency holders
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -724,7 +726,7 @@ class SqliteStore(GroupCommit[_Batch]):
         self, owner: str, key: str, claim: idempotency.Claim, now_ms: int
     ) -> idempotency.Claimed:
         return await self._transaction(
-            lambda w: idempotency.sqlite_claim(w, owner, key, claim, now_ms)
+            lambda w: idempotency.sqlite_claim(w, owner, key, claim, now_ms, self._process)
         )
 
     async def settle_request(

@@ -265,8 +265,9 @@ async def test_a_record_older_than_24_hours_is_forgotten(gw: Harness) -> None:
     day = 24 * 3600 * 1000
     start = now_ms()
     claim = Claim("fp", "sess_a", "h", 1000)
-    assert (await store.claim_request("", "old", claim, start)).outcome == "new"
-    await store.settle_request("", "old", "h", 201, b"{}")
+    claimed = await store.claim_request("", "old", claim, start)
+    assert claimed.outcome == "new"
+    await store.settle_request("", "old", claimed.record.holder, 201, b"{}")
     later = await store.claim_request("", "old", Claim("fp", "sess_b", "h2", 1000), start + day - 1)
     assert later.outcome == "answered"
     fresh = await store.claim_request("", "old", Claim("other", "sess_c", "h3", 1000), start + day)
@@ -316,3 +317,19 @@ async def test_the_api_document_lists_the_header_where_it_is_taken(gw: Harness) 
     create = doc["paths"]["/sessions"]["post"]["responses"]
     assert "idempotency_key_reused" in json.dumps(create["422"])
     assert "idempotency_key_in_use" in json.dumps(create["409"])
+
+
+async def test_a_restart_frees_a_key_its_process_held(tmp_path: Path) -> None:
+    """SQLite is one process's: what the dead process held is not in use by anyone."""
+    from gateway.server.idempotency import fingerprint
+
+    config = make_config(tmp_path)
+    fp = fingerprint("POST", "/sessions", b"{}")
+    async with running_gateway(config) as gw:
+        claim = Claim(fp, "sess_planned1111111111", "h", 60_000)
+        await gw.node.store.claim_request("", "interrupted", claim, now_ms())
+        assert (await post(gw, "/sessions", {}, keyed("interrupted"))).status_code == 409
+    async with running_gateway(config) as gw:
+        made = await post(gw, "/sessions", {}, keyed("interrupted"))
+        assert made.status_code == 201, made.text
+        assert made.json()["session_id"] == "sess_planned1111111111"

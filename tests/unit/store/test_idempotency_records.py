@@ -87,6 +87,15 @@ def test_only_the_holder_settles_and_only_once() -> None:
     assert settle(done, "h1", 201, b"other") is None
 
 
+def test_a_holder_of_a_process_that_is_gone_holds_nothing() -> None:
+    _, held = decide(None, Claim("fp", "sess_1", "old/h1", 60_000), T0)
+    assert held is not None
+    retry = Claim("fp", "sess_2", "new/h2", 1000)
+    assert decide(held, retry, T0 + 1)[0].outcome == "in_use"  # a store of several nodes
+    assert decide(held, retry, T0 + 1, alive="new/")[0].outcome == "taken"
+    assert decide(held, retry, T0 + 1, alive="old/")[0].outcome == "in_use"
+
+
 def test_the_redis_answer_reads_as_a_record() -> None:
     answer: list[bytes | str] = [b"taken", b"fp", b"sess_1", b"h2", b"5", b"10", b"0", b""]
     claimed = redis_claimed(answer)
@@ -103,18 +112,30 @@ def db(tmp_path: Path) -> sqlite3.Connection:
 
 
 def test_sqlite_claims_settles_and_scopes_by_owner(db: sqlite3.Connection) -> None:
-    assert sqlite_claim(db, "a", "k", CLAIM, T0).outcome == "new"
-    assert sqlite_claim(db, "b", "k", CLAIM, T0).outcome == "new"  # another owner's
-    assert sqlite_claim(db, "a", "k", CLAIM, T0 + 1).outcome == "in_use"
-    sqlite_settle(db, "a", "k", "h1", 201, b'{"session_id":"sess_1"}')
-    claimed = sqlite_claim(db, "a", "k", CLAIM, T0 + 2)
+    mine = sqlite_claim(db, "a", "k", CLAIM, T0, "p1")
+    assert (mine.outcome, mine.record.holder) == ("new", "p1/h1")
+    assert sqlite_claim(db, "b", "k", CLAIM, T0, "p1").outcome == "new"  # another owner's
+    assert sqlite_claim(db, "a", "k", CLAIM, T0 + 1, "p1").outcome == "in_use"
+    sqlite_settle(db, "a", "k", "h1", 201, b"not the holder")
+    sqlite_settle(db, "a", "k", "p1/h1", 201, b'{"session_id":"sess_1"}')
+    claimed = sqlite_claim(db, "a", "k", CLAIM, T0 + 2, "p1")
     assert (claimed.outcome, claimed.record.body) == ("answered", b'{"session_id":"sess_1"}')
-    assert sqlite_claim(db, "b", "k", CLAIM, T0 + 2).outcome == "in_use"
+    assert sqlite_claim(db, "b", "k", CLAIM, T0 + 2, "p1").outcome == "in_use"
+
+
+def test_sqlite_frees_at_once_what_a_previous_process_held(db: sqlite3.Connection) -> None:
+    sqlite_claim(db, "a", "k", CLAIM, T0, "before-restart")
+    claimed = sqlite_claim(db, "a", "k", Claim("fp", "sess_2", "h2", 1000), T0 + 1, "after")
+    assert (claimed.outcome, claimed.record.target, claimed.record.holder) == (
+        "taken",
+        "sess_1",
+        "after/h2",
+    )
 
 
 def test_sqlite_prunes_what_is_older_than_24_hours(db: sqlite3.Connection) -> None:
-    sqlite_claim(db, "a", "old", CLAIM, T0)
-    sqlite_claim(db, "a", "young", CLAIM, T0 + 10)
-    sqlite_claim(db, "a", "other", CLAIM, T0 + RECORD_TTL_MS)
+    sqlite_claim(db, "a", "old", CLAIM, T0, "p")
+    sqlite_claim(db, "a", "young", CLAIM, T0 + 10, "p")
+    sqlite_claim(db, "a", "other", CLAIM, T0 + RECORD_TTL_MS, "p")
     keys = {k for (k,) in db.execute("SELECT key FROM requests")}
     assert keys == {"young", "other"}
