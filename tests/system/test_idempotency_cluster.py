@@ -146,3 +146,31 @@ async def test_a_node_that_died_mid_request_lets_the_retry_make_it_under_the_sam
             again = await post(a, "/sessions", {}, "mid")
             assert again.content == made.content
             assert stored_sessions(own_redis) == 1
+
+
+def test_a_key_outlives_the_process_that_answered_it(tmp_path: Path) -> None:
+    """Real processes: node A answers, is killed (``kill -9``), and B replays its answers."""
+    from tests.cluster_support import running_cluster
+    from tests.redis_support import ensure_redis_server
+
+    body = json.dumps({"content": QUICK}).encode()
+    with running_cluster(ensure_redis_server(), tmp_path, 2) as cluster:
+        a, b = cluster.live
+        with httpx.Client(timeout=10) as http:
+
+            def send(node: Any, path: str, content: bytes, key: str) -> httpx.Response:
+                headers = {**JSON_TYPE, "Idempotency-Key": key}
+                return http.post(f"{node.base}{path}", content=content, headers=headers)
+
+            first = send(a, "/sessions", b"{}", "s")
+            assert first.status_code == 201, first.text
+            sid = first.json()["session_id"]
+            turn = send(a, f"/sessions/{sid}/turns", body, "t")
+            assert turn.status_code == 202, turn.text
+            a.kill()
+            a.wait()
+            again = send(b, "/sessions", b"{}", "s")
+            assert (again.status_code, again.content) == (201, first.content)
+            turn_again = send(b, f"/sessions/{sid}/turns", body, "t")
+            assert (turn_again.status_code, turn_again.content) == (202, turn.content)
+            assert turn_again.headers["idempotent-replayed"] == "true"
