@@ -45,7 +45,7 @@ log = logging.getLogger("gateway.server")
 
 HEADER = "idempotency-key"
 MAX_KEY_CHARS = 255
-SETTLE_TIMEOUT_S = 5.0  # letting a key go after a failure: bounded (it expires anyway)
+SETTLE_TIMEOUT_S = 1.0  # recording an answer or letting a key go: bounded (the hold ends anyway)
 REPLAYED = ("Idempotent-Replayed", "true")  # on every answer that is a recorded one
 
 
@@ -137,7 +137,7 @@ async def once(
             return found
         answer = await run(record.target)
     except BaseException:
-        with trio.CancelScope(shield=True), trio.move_on_after(SETTLE_TIMEOUT_S):
+        with trio.CancelScope(shield=True):
             await _settle(api, owner, key, holder, None)
         raise
     await _settle(api, owner, key, holder, answer)
@@ -147,15 +147,19 @@ async def once(
 async def _settle(api: Api, owner: str, key: str, holder: str, answer: Response | None) -> None:
     """Record a 2xx ``answer``; let the key go (target kept) on anything else.
 
-    A store that does not answer is logged, not raised: the attempt's hold
-    then runs out, and a retry finds what was made (module docstring).
+    A store that does not answer within :data:`SETTLE_TIMEOUT_S` (one that
+    fails: the SQLite store's writer holds it while it retries) is logged, not
+    raised: the attempt's hold then runs out, and a retry finds what was made
+    (module docstring).
     """
     status = answer.status if answer is not None and 200 <= answer.status < 300 else None
     body = answer.body if answer is not None and status is not None else b""
     try:
-        await api.node.store.settle_request(owner, key, holder, status, body)
-    except StoreError as exc:
+        with trio.fail_after(SETTLE_TIMEOUT_S):
+            await api.node.store.settle_request(owner, key, holder, status, body)
+    except (StoreError, trio.TooSlowError) as exc:
         event(
             log, logging.WARNING, "idempotency_not_recorded",
-            f"the answer of an Idempotency-Key was not recorded: {exc}", error=str(exc),
+            f"the answer of an Idempotency-Key was not recorded: {str(exc) or 'no answer in time'}",
+            error=str(exc),
         )  # fmt: skip

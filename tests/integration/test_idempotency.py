@@ -333,3 +333,32 @@ async def test_a_restart_frees_a_key_its_process_held(tmp_path: Path) -> None:
         made = await post(gw, "/sessions", {}, keyed("interrupted"))
         assert made.status_code == 201, made.text
         assert made.json()["session_id"] == "sess_planned1111111111"
+
+
+async def test_a_503_whose_write_was_pending_is_answered_once_durable(tmp_path: Path) -> None:
+    """The store fails: 503, the session still pending; the retry answers it, made once."""
+    from gateway.errors import StoreError
+
+    config = make_config(tmp_path, **{"store.commit_timeout_s": 1.0, "store.lease_s": 0.5})
+    with trio.fail_after(60):
+        async with running_gateway(config) as gw:
+            store = gw.node.store
+            apply = store._apply  # type: ignore[attr-defined]
+
+            async def failing(batch: Any) -> list[str]:
+                raise StoreError("the disk is on fire")
+
+            store._apply = failing  # type: ignore[attr-defined]
+            refused = await post(gw, "/sessions", {}, keyed("k"))
+            assert refused.status_code == 503, refused.text
+            pending = [s for s in gw.node.sessions]
+            assert len(pending) == 1
+            store._apply = apply  # type: ignore[attr-defined]
+            while True:  # 409 while the refused attempt's hold lasts (it could not let go),
+                again = await post(gw, "/sessions", {}, keyed("k"))  # 503 while the writer waits
+                if again.status_code not in (409, 503):
+                    break
+                await trio.sleep(0.2)
+            assert again.status_code == 201, again.text
+            assert again.json()["session_id"] == pending[0]
+            assert session_count(tmp_path) == 1

@@ -41,8 +41,14 @@ async def create_session(api: Api, req: Request) -> Response:
         return _created(session.record)
 
     async def find(session_id: str) -> Response | None:
-        record = await api.node.store.get_session(session_id)
-        return None if record is None or record.owner != owner else _created(record)
+        # Made here and not yet durable (an attempt that answered 503
+        # store_unavailable): answered once it is, as the first would have been.
+        live = api.node.sessions.get(session_id)
+        record = live.record if live else await api.node.store.get_session(session_id)
+        if record is None or record.owner != owner:
+            return None
+        await api.node.durable_or_503()
+        return _created(record)
 
     return await idempotency.once(api, req, owner, new_session_id(), create, find)
 

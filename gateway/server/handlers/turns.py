@@ -52,8 +52,10 @@ async def submit_turn(api: Api, req: Request, session_id: str) -> Response:
 
     async def find(turn_id: str) -> Response | None:
         messages = await api.node.messages_of(session)
-        made = any(m.turn_id == turn_id and m.role == "user" for m in messages)
-        return json_response(202, TurnAccepted(turn_id)) if made else None
+        if not any(m.turn_id == turn_id and m.role == "user" for m in messages):
+            return None
+        await api.node.durable_or_503()  # made here, maybe not yet durable (a 503 before)
+        return json_response(202, TurnAccepted(turn_id))
 
     # At most once per Idempotency-Key (gateway.server.idempotency): the turn's
     # id is chosen first and kept with the key.
