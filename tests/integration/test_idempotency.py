@@ -362,3 +362,17 @@ async def test_a_503_whose_write_was_pending_is_answered_once_durable(tmp_path: 
             assert again.status_code == 201, again.text
             assert again.json()["session_id"] == pending[0]
             assert session_count(tmp_path) == 1
+
+
+async def test_a_deleted_session_replays_its_creation_and_404s_its_turns(gw: Harness) -> None:
+    made = await post(gw, "/sessions", {}, keyed("doomed"))
+    sid = made.json()["session_id"]
+    path = f"/sessions/{sid}/turns"
+    assert (await post(gw, path, {"content": QUICK}, keyed("doomed-t"))).status_code == 202
+    await wait_idle(gw, sid)
+    assert (await gw.http.delete(f"/sessions/{sid}")).status_code == 204
+    replay = await post(gw, "/sessions", {}, keyed("doomed"))  # what it answered
+    assert (replay.status_code, replay.content) == (201, made.content)
+    assert (await gw.http.get(f"/sessions/{sid}")).status_code == 404
+    turn = await post(gw, path, {"content": QUICK}, keyed("doomed-t"))
+    assert turn.status_code == 404 and turn.json()["error"]["code"] == "session_not_found"
