@@ -170,6 +170,11 @@ class Metrics:
         self.sessions_unloaded = Counter(
             "gateway_sessions_unloaded", "Sessions that left memory, unused", registry=r
         )
+        self.idempotent_replays = Counter(
+            "gateway_idempotent_replays",
+            "POSTs answered with the answer recorded under their Idempotency-Key",
+            registry=r,
+        )
 
     def _turn_families(self, r: CollectorRegistry) -> None:
         """Turns, the LLM calls and the tool calls they make."""

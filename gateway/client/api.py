@@ -44,6 +44,7 @@ Example (docs/clients.md runs it as written)::
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -103,6 +104,29 @@ T = TypeVar("T")
 
 _encoder = msgspec.json.Encoder()
 
+RETRIES = 4
+"""How many times a ``POST /sessions`` or ``POST .../turns`` is sent again (docs/clients.md)."""
+RETRY_FIRST_S = 0.25  # after a lost answer: 0.25 s, doubling...
+RETRY_MAX_S = 5.0  # ...and never longer than this, whatever Retry-After says
+
+
+def _retry_in(r: httpx.Response | None, attempt: int) -> float | None:
+    """How long to wait before sending an idempotent request again; ``None``: do not.
+
+    ``r`` is ``None`` when the answer was lost (the connection failed or timed
+    out). A 503 with ``Retry-After``, or a 409 ``idempotency_key_in_use``
+    (the first attempt is still running), is waited for too.
+    """
+    backoff: float = min(RETRY_FIRST_S * 2.0**attempt, RETRY_MAX_S)
+    if r is None:
+        return backoff
+    retry_after = r.headers.get("retry-after", "")
+    if r.status_code == 503 and retry_after.isdigit():
+        return min(float(retry_after), RETRY_MAX_S)
+    if r.status_code == 409 and b"idempotency_key_in_use" in r.content:
+        return min(float(retry_after), RETRY_MAX_S) if retry_after.isdigit() else backoff
+    return None
+
 
 # --- the client ---------------------------------------------------------------------------
 
@@ -118,6 +142,9 @@ class GatewayClient:
         timeout: seconds for each HTTP request.
         transport: an httpx transport (tests: ``httpx.MockTransport``).
         connector: opens a session stream's WebSocket from its ``ws_url``.
+        retries: how many times a ``POST /sessions`` or ``POST .../turns`` is
+            sent again, under the same ``Idempotency-Key``, after a lost answer,
+            a 503 with ``Retry-After`` or a 409 ``idempotency_key_in_use``.
 
     Raises:
         ClientError: ``invalid_url``.
@@ -131,7 +158,9 @@ class GatewayClient:
         timeout: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
         connector: WebSocketConnector = default_connector,
+        retries: int = RETRIES,
     ) -> None:
+        self.retries = retries
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         try:
             self.http = httpx.AsyncClient(
@@ -182,7 +211,7 @@ class GatewayClient:
             "agent": agent,
         }
         present = {key: value for key, value in body.items() if value is not None}
-        return await self._call("POST", "/sessions", SessionCreated, body=present)
+        return await self._call("POST", "/sessions", SessionCreated, body=present, once=True)
 
     async def list_agents(self) -> AgentList:
         """``GET /agents``: the agents a session may run (docs/protocol.md §11).
@@ -235,7 +264,7 @@ class GatewayClient:
         """
         body = {"content": content}
         accepted = await self._call(
-            "POST", f"/sessions/{session_id}/turns", TurnAccepted, body=body
+            "POST", f"/sessions/{session_id}/turns", TurnAccepted, body=body, once=True
         )
         return accepted.turn_id
 
@@ -410,19 +439,37 @@ class GatewayClient:
         *,
         body: Any = None,
         params: dict[str, Any] | None = None,
+        once: bool = False,
     ) -> T:
+        """One request; ``once``: under an ``Idempotency-Key``, sent again as it says.
+
+        ``once`` (``POST /sessions`` and ``POST .../turns``): a fresh key
+        (uuid4), the same for every attempt, so the gateway makes the thing at
+        most once (docs/protocol.md §13) and a retry gets the first answer.
+        """
         content = None if body is None else _encoder.encode(body)
         # Every POST says so, an empty one too (docs/protocol.md §15: else 415).
         json_body = body is not None or method == "POST"
         headers = {"Content-Type": "application/json"} if json_body else {}
-        try:
-            r = await self.http.request(
-                method, path, content=content, params=params, headers=headers
-            )
-        except httpx.TransportError as exc:
-            raise ClientError(
-                "unreachable", f"cannot reach {self.http.base_url}: {describe(exc)}"
-            ) from exc
+        if once:
+            headers["Idempotency-Key"] = str(uuid.uuid4())
+        attempt = 0
+        while True:
+            try:
+                r: httpx.Response | None = await self.http.request(
+                    method, path, content=content, params=params, headers=headers
+                )
+            except httpx.TransportError as exc:
+                if not once or attempt >= self.retries:
+                    raise ClientError(
+                        "unreachable", f"cannot reach {self.http.base_url}: {describe(exc)}"
+                    ) from exc
+                r = None
+            wait = _retry_in(r, attempt) if once and attempt < self.retries else None
+            if r is not None and wait is None:
+                break
+            await trio.sleep(wait or 0)
+            attempt += 1
         if not 200 <= r.status_code < 300:
             raise api_error(r)
         try:

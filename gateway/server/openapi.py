@@ -107,6 +107,7 @@ class Operation:
             whose credential is its attach token); ``"none"``: never asked (probes).
         media_type: the success answer's content type.
         description: what a client needs beyond the schemas.
+        idempotent: it takes an ``Idempotency-Key`` header (docs/protocol.md §13).
     """
 
     summary: str
@@ -119,6 +120,20 @@ class Operation:
     auth: Literal["required", "optional", "none"] = "required"
     media_type: str = "application/json"
     description: str = ""
+    idempotent: bool = False
+
+
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "1 to 255 printable ASCII characters: within 24 h, the same key with the"
+    " same request answers what the first answered (with Idempotent-Replayed: true), and"
+    " makes nothing again; another request under it is 422 idempotency_key_reused, one"
+    " still in progress 409 idempotency_key_in_use (docs/protocol.md section 13).",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
+}
+"""The header parameter of an idempotent operation."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +239,8 @@ def _operation(
         }
         for q in op.query
     ]
+    if op.idempotent:
+        parameters.append(IDEMPOTENCY_KEY)
     if parameters:
         out["parameters"] = parameters
     if op.body is not None:

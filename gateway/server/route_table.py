@@ -139,10 +139,18 @@ ROUTES: tuple[Route, ...] = (
                 body=CreateSession,
                 body_required=False,
                 errors={
-                    422: ("invalid_workspace", "invalid_model", "unknown_agent"),
+                    400: ("invalid_idempotency_key",),
+                    409: ("idempotency_key_in_use",),
+                    422: (
+                        "invalid_workspace",
+                        "invalid_model",
+                        "unknown_agent",
+                        "idempotency_key_reused",
+                    ),
                     429: ("too_many_sessions",),
                     503: ("shutting_down", "store_unavailable"),
                 },
+                idempotent=True,
                 description="An empty body takes every default. Answered once the "
                 "session is committed; refused 503 `shutting_down` once the gateway drains.",
             ),
@@ -213,8 +221,16 @@ ROUTES: tuple[Route, ...] = (
                 TurnAccepted,
                 202,
                 body=SubmitTurn,
+                idempotent=True,
                 errors={
-                    409: ("turn_in_progress", "session_too_large", "subagent_session"),
+                    400: ("invalid_idempotency_key",),
+                    422: ("idempotency_key_reused",),
+                    409: (
+                        "turn_in_progress",
+                        "session_too_large",
+                        "subagent_session",
+                        "idempotency_key_in_use",
+                    ),
                     429: ("rate_limited",),
                     503: (
                         "shutting_down",

@@ -38,6 +38,7 @@ import trio
 
 from gateway.errors import StoreError
 from gateway.protocol.shapes import Message, StopReason
+from gateway.store.idempotency import Claim, Claimed
 from gateway.store.lease import Leases
 
 
@@ -293,6 +294,32 @@ class Store(Protocol):
 
         Raises:
             StoreError: the store did not answer (nothing was deleted, or all).
+        """
+        ...
+
+    # --- idempotency records (gateway.store.idempotency, docs/protocol.md §13) ---
+
+    async def claim_request(self, owner: str, key: str, claim: Claim, now_ms: int) -> Claimed:
+        """Claim ``owner``'s ``key`` for one attempt (:func:`gateway.store.idempotency.decide`).
+
+        Atomic across every node of the store; written at once, outside the
+        group commit. ``now_ms``: the SQLite store's clock; Redis reads its own.
+        The record's ``holder`` (new or taken) is what :meth:`settle_request`
+        takes: the store may qualify the claim's (SQLite: with its process, so
+        a restart frees what the previous process held).
+
+        Raises:
+            StoreError: the store did not answer.
+        """
+        ...
+
+    async def settle_request(
+        self, owner: str, key: str, holder: str, status: int | None, body: bytes
+    ) -> None:
+        """Record ``holder``'s answer, or (``status`` ``None``) let the key go, target kept.
+
+        Raises:
+            StoreError: the store did not answer.
         """
         ...
 

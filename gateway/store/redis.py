@@ -36,6 +36,8 @@ store is later sharded by session::
     gw:e:{sid}                 ZSET: score seq, member [seq, type, ts, wire bytes]
     gw:ets                     ZSET: score ts, member "<seq>:<sid>" (the retention purge)
     gw:lease:{sid}             STRING: the node id holding the session's lease, with its expiry
+    gw:req:<digest>            HASH: an Idempotency-Key's record (gateway.store.idempotency), the
+                               digest of its owner and key; expires 24 h after its first request
 
 ``DELETE /sessions/{id}`` (:meth:`RedisStore.delete_sessions`) removes every
 key and index entry of each session above, in one ``MULTI``: its age index
@@ -122,6 +124,7 @@ from gateway.errors import StoreError, first_leaf
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.group_commit import CLOSE_RETRY_S, RETRY_FIRST_S, RETRY_MAX_S, Batch, GroupCommit
 from gateway.store.lease import Taken
+from gateway.store.redis_requests import RedisRequests
 
 log = logging.getLogger("gateway.store")
 
@@ -330,7 +333,7 @@ class _Batch(Batch):
         self.size += 1
 
 
-class RedisStore(GroupCommit[_Batch]):
+class RedisStore(RedisRequests, GroupCommit[_Batch]):
     """The Redis trace store: implements :class:`gateway.store.base.Store`.
 
     The group commit is :class:`gateway.store.group_commit.GroupCommit`'s; this
@@ -358,6 +361,7 @@ class RedisStore(GroupCommit[_Batch]):
         self._url = url
         self._where = where
         self._keys = _Keys(prefix)
+        self._prefix = prefix
         self._client: coredis.Redis[bytes] | None = None
         self._holding = False  # the holder task was started
         self._release = trio.Event()  # set: the holder task lets the client go

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -83,6 +84,7 @@ import trio
 
 from gateway.errors import StoreError
 from gateway.protocol.shapes import Message
+from gateway.store import idempotency
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.group_commit import Batch, GroupCommit, WritesRefused
 from gateway.store.lease import LocalLeases
@@ -453,6 +455,13 @@ class _Database:
             w.executemany("DELETE FROM messages WHERE session_id = ?", rows)
             w.executemany("DELETE FROM sessions WHERE id = ?", rows)
 
+    def transaction(self, action: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``action`` in one write transaction of its own (idempotency records)."""
+        w = self._writer
+        with self._in_the_file(), _reporting(self._path, "write to"), w:
+            w.execute("BEGIN IMMEDIATE")
+            return action(w)
+
     def get_session(self, session_id: str) -> SessionRecord | None:
         with _reporting(self._path, "read"):
             sql = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?"
@@ -574,6 +583,8 @@ def _prepare_schema(conn: sqlite3.Connection, path: str) -> StoreState:
                 f"cannot open store {path!r}: schema version {version},"
                 f" this gateway reads version {SCHEMA_VERSION}"
             )
+        for statement in idempotency.SQLITE_SCHEMA:  # any version: a table of its own
+            conn.execute(statement)
         (highest_seq,) = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
         return StoreState(
             event_ceiling=max(_meta(conn, "event_ceiling"), highest_seq),
@@ -645,6 +656,7 @@ class SqliteStore(GroupCommit[_Batch]):
         self._ceiling = 0  # the top of the last block of event ids allocated
         self._write_limiter = trio.CapacityLimiter(1)  # its own thread: never queued behind others
         self._read_limiter = trio.CapacityLimiter(1)  # the read connection: one thread at a time
+        self._process = secrets.token_hex(8)  # this process's idempotency holders
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -704,6 +716,32 @@ class SqliteStore(GroupCommit[_Batch]):
             self._check_writable()
             try:
                 await self._offload(db.delete_sessions, session_ids, limiter=self._write_limiter)
+            except _FileReplaced as exc:
+                self._refuse(exc)
+                raise
+
+    # --- idempotency records (gateway.store.idempotency) ---------------------
+
+    async def claim_request(
+        self, owner: str, key: str, claim: idempotency.Claim, now_ms: int
+    ) -> idempotency.Claimed:
+        return await self._transaction(
+            lambda w: idempotency.sqlite_claim(w, owner, key, claim, now_ms, self._process)
+        )
+
+    async def settle_request(
+        self, owner: str, key: str, holder: str, status: int | None, body: bytes
+    ) -> None:
+        await self._transaction(
+            lambda w: idempotency.sqlite_settle(w, owner, key, holder, status, body)
+        )
+
+    async def _transaction(self, action: Callable[[sqlite3.Connection], _T]) -> _T:
+        db = self._database()
+        async with self._write_lock:
+            self._check_writable()
+            try:
+                return await self._offload(db.transaction, action, limiter=self._write_limiter)
             except _FileReplaced as exc:
                 self._refuse(exc)
                 raise

@@ -46,6 +46,7 @@ FAMILIES = {
     "gateway_ws_closed": "counter",
     "gateway_slow_client_closes": "counter",
     "gateway_http_requests": "counter",
+    "gateway_idempotent_replays": "counter",
     "gateway_sessions_live": "gauge",
     "gateway_turns": "counter",
     "gateway_turns_in_flight": "gauge",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gateway.errors import ApiError
+from gateway.ids import new_session_id
 from gateway.protocol.http import (
     CreateSession,
     MessagePage,
@@ -10,25 +11,49 @@ from gateway.protocol.http import (
     SessionList,
     SessionListing,
 )
+from gateway.server import idempotency
 from gateway.server.auth import NO_OWNER, sees
 from gateway.server.http import Request, Response, json_response
 from gateway.server.request_parsing import decode_optional, int_query
 from gateway.server.routes import Api
 from gateway.session.session import summary_of
+from gateway.store.base import SessionRecord
 
 
 async def create_session(api: Api, req: Request) -> Response:
-    """``POST /sessions``: answered once the session is committed."""
+    """``POST /sessions``: answered once the session is committed.
+
+    At most once per ``Idempotency-Key`` (gateway.server.idempotency): the
+    session's id is chosen first and kept with the key.
+    """
     owner = api._authenticate(req) or NO_OWNER
     body = decode_optional(req, CreateSession) or CreateSession()
-    session = await api.node.create_session(  # 429 past max_sessions_per_key
-        workspace_path=body.workspace_path,
-        model=body.model,
-        agent=body.agent,
-        metadata=body.metadata,
-        owner=owner,
-    )
-    r = session.record
+
+    async def create(session_id: str) -> Response:
+        session = await api.node.create_session(  # 429 past max_sessions_per_key
+            workspace_path=body.workspace_path,
+            model=body.model,
+            agent=body.agent,
+            metadata=body.metadata,
+            owner=owner,
+            session_id=session_id,
+        )
+        return _created(session.record)
+
+    async def find(session_id: str) -> Response | None:
+        # Made here and not yet durable (an attempt that answered 503
+        # store_unavailable): answered once it is, as the first would have been.
+        live = api.node.sessions.get(session_id)
+        record = live.record if live else await api.node.store.get_session(session_id)
+        if record is None or record.owner != owner:
+            return None
+        await api.node.durable_or_503()
+        return _created(record)
+
+    return await idempotency.once(api, req, owner, new_session_id(), create, find)
+
+
+def _created(r: SessionRecord) -> Response:
     return json_response(201, SessionCreated(r.id, r.active_model, r.created_at, r.agent))
 
 

@@ -18,6 +18,7 @@ from gateway.protocol.http import (
     TurnAccepted,
 )
 from gateway.protocol.shapes import Message
+from gateway.server import idempotency
 from gateway.server.auth import NO_OWNER
 from gateway.server.http import Request, Response, json_response
 from gateway.server.request_parsing import decode, decode_optional, user_content
@@ -40,11 +41,25 @@ async def submit_turn(api: Api, req: Request, session_id: str) -> Response:
             "subagent_session",
             f"{session.id} is a Claude Code sub-agent of {parent.id}: send turns to {parent.id}",
         )
-    turn_id = new_turn_id()
-    message = Message(new_message_id(), session.id, turn_id, "user", content, "complete", now_ms())
-    key = caller or NO_OWNER
-    await api._counted_turn(key, session, message)
-    return json_response(202, TurnAccepted(turn_id))
+    owner = caller or NO_OWNER
+
+    async def start(turn_id: str) -> Response:
+        message = Message(
+            new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
+        )
+        await api._counted_turn(owner, session, message)
+        return json_response(202, TurnAccepted(turn_id))
+
+    async def find(turn_id: str) -> Response | None:
+        messages = await api.node.messages_of(session)
+        if not any(m.turn_id == turn_id and m.role == "user" for m in messages):
+            return None
+        await api.node.durable_or_503()  # made here, maybe not yet durable (a 503 before)
+        return json_response(202, TurnAccepted(turn_id))
+
+    # At most once per Idempotency-Key (gateway.server.idempotency): the turn's
+    # id is chosen first and kept with the key.
+    return await idempotency.once(api, req, owner, new_turn_id(), start, find)
 
 
 async def cancel_turn(api: Api, req: Request, session_id: str, turn_id: str) -> Response:
