@@ -116,8 +116,8 @@ class Registry:
                 f"the gateway is shutting down; retry in {wait} s (on another node)",
                 retry_after_s=wait,
             )
-        with node.limits.new_session(owner):
-            session_id = session_id or new_session_id()
+        session_id = session_id or new_session_id()
+        async with node.limits.new_session(owner, session_id):
             if parent is not None:  # a worker runs its parent's agent's delegate_agent
                 agent = node.agents[parent.record.agent].delegate_agent
                 if agent != parent.record.agent:
