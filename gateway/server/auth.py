@@ -28,6 +28,10 @@ it: to any other key it does not exist (404 on every route of it, absent from
   owns (429 ``too_many_sessions``), turns a key submits in any 60 s (429
   ``rate_limited`` with ``Retry-After``). Without keys every client is the one
   tenant :data:`NO_OWNER`, and the per-key limits apply to it as a whole.
+  On one node they are counted here, in memory; on several nodes sharing
+  Redis the per-key ones are counted there, for the whole deployment
+  (:meth:`Limits.share`, gateway.node.limits); ``max_connections`` is each
+  node's own.
   A ``delegate`` worker's session and its turn count against its owner's
   limits like a client's (docs/protocol.md §15); over them the tool fails
   ``limit`` instead of a 429 (:meth:`gateway.session.session.Session.spawn_worker`).
