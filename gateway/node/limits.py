@@ -12,7 +12,8 @@ the nodes' clocks need not agree.
   sessions (the store's owner index, workers included) plus the creations
   under way: a creation *reserves* its session id first (a sorted set per key,
   scored by the reservation's expiry), and the reservation ends by itself once
-  the record is in the store (it is then counted by the index) or after
+  the record is durable (it is then counted by the index; the next check of
+  the key ends it too, should that step be missed) or after
   :data:`RESERVATION_S` (a node that died creating it). A refused creation
   gives its reservation back at once; ``DELETE /sessions/{id}`` gives the slot
   back by taking the session out of the index.
@@ -208,7 +209,7 @@ class RedisKeyLimits:
         return None if owned < 0 else owned
 
     async def unreserve_session(self, key: str, session_id: str) -> None:
-        """Give back the slot of a creation that failed before its record was written."""
+        """End a reservation: the creation failed, or its record is durable (indexed)."""
         name = f"{self._prefix}s:{key}"
         with contextlib.suppress(StoreError):  # else it ends by itself after RESERVATION_S
             await self._call(lambda c: c.zrem(name, [session_id]))

@@ -147,6 +147,7 @@ class Registry:
         with contextlib.suppress(StoreError):  # new: no id of it anywhere, so no id jump
             await node.leases.take(record.id)
         await node.durable_or_503()  # docs/protocol.md §9: durable when POST /sessions answers
+        await node.limits.session_stored(owner, record.id)  # counted by the store from now on
         event(
             log, logging.INFO, "session_created", f"session {record.id} created",
             session_id=record.id, parent_session_id=record.parent_session_id,

@@ -469,7 +469,7 @@ class SharedLimits(Protocol):
         ...
 
     async def unreserve_session(self, key: str, session_id: str) -> None:
-        """Give back the count of a creation that failed."""
+        """End the count of a creation: it failed, or its record is durable."""
         ...
 
     async def turn(self, key: str, limit: int, *, count: bool) -> tuple[str | None, float]:
@@ -608,6 +608,15 @@ class Limits:
         except BaseException:
             self.sessions_by_key[key] -= 1
             raise
+
+    async def session_stored(self, key: str, session_id: str) -> None:
+        """The session :meth:`new_session` counted is durable: the store counts it from now on.
+
+        On Redis its reservation ends here (else it would end by itself, at
+        the next check of the key or after its time); nothing to do in memory.
+        """
+        if self.shared is not None and self.config.max_sessions_per_key:
+            await self.shared.unreserve_session(key, session_id)
 
     # --- turns ---
 

@@ -25,9 +25,11 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, wrap_client_stream
 
+from gateway.server.auth import key_id
 from tests.cluster_support import CONFIG, Cluster, Peer, peers, running_cluster
 from tests.integration.test_http_api import rejected
 from tests.redis_support import ensure_redis_server
+from tests.system.test_redis_store import command
 
 pytestmark = pytest.mark.slow  # redis-server and gateway serve processes
 
@@ -104,6 +106,8 @@ async def test_racing_creates_on_both_nodes_get_exactly_the_limit(cluster: Clust
                 for peer in (a, b) * SESSIONS:
                     nursery.start_soon(create, peer)
             assert sorted(answers) == [201] * SESSIONS + [429] * SESSIONS
+            # Each creation's reservation ended once its record was durable.
+            assert command(cluster.redis.port, "EXISTS", f"gw:lim:s:{key_id(KEYS[0])}") == 0
             for peer in (a, b):
                 r = await peer.http.post("/sessions", json={})
                 assert (r.status_code, r.json()["error"]["code"]) == (429, "too_many_sessions")

@@ -110,11 +110,13 @@ async def test_sessions_reserve_and_a_failed_create_gives_its_slot_back() -> Non
     limits, shared = shared_limits(max_sessions_per_key=2)
     async with limits.new_session("k", "s1"):
         pass
+    await limits.session_stored("k", "s1")  # durable: the store counts it
     with pytest.raises(ValueError):
         async with limits.new_session("k", "s2"):
             raise ValueError("422 before anything was made")
     assert shared.calls == [
         ("reserve", "k", "s1", 2),
+        ("unreserve", "k", "s1"),
         ("reserve", "k", "s2", 2),
         ("unreserve", "k", "s2"),
     ]
