@@ -280,9 +280,9 @@ class RedisKeyLimits:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 self._due |= set(self.streams)
                 self.streams.clear()
-                await self._write_due()
+                await self._write_due(quiet=True)  # the cluster link may be gone already
 
-    async def _write_due(self) -> None:
+    async def _write_due(self, *, quiet: bool = False) -> None:
         if not self._due:
             return
         async with self._lock:
@@ -299,7 +299,7 @@ class RedisKeyLimits:
                 await self._call(write)
             except StoreError as exc:
                 self._due.update(keys)  # written once Redis answers again
-                if not self._failing:
+                if not self._failing and not quiet:
                     self._failing = True
                     event(
                         log, logging.WARNING, "limits_not_written",
