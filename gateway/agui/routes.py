@@ -136,7 +136,7 @@ class AguiRoutes:
         # refused 422 or 429 leaves no session behind (nor a count of one).
         content = None if body.resume else self._user_content(_user_text(body.messages))
         if content is not None:
-            self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
+            await self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
         session = await self._thread(body.thread_id, caller)
         state = await self.node.live_summary(session)  # the owner's, wherever it runs
         history = await self.node.messages_of(session)

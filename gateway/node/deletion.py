@@ -153,11 +153,9 @@ async def _cancel_turns(node: NodeCore, live: list[Session]) -> None:
 
 async def _release(node: NodeCore, records: list[SessionRecord]) -> None:
     """What the sessions held besides the store: workspaces, leases, the owner's count."""
-    counts = node.limits.sessions_by_key
     for rec in records:
         node.leases.held.pop(rec.id, None)
-        if counts[rec.owner] > 0:
-            counts[rec.owner] -= 1
+        node.limits.session_deleted(rec.owner)
         try:
             await node.workspaces.remove(session_id=rec.id, recorded=rec.workspace_path)
         except OSError as exc:  # the session is gone all the same; the directory is named

@@ -100,12 +100,15 @@ async def choose(node: NodeCore, nursery: trio.Nursery) -> Placement:
     """The node's placement, picked once at start-up from its store's leases.
 
     On Redis the cluster link starts here, in ``nursery`` (task ``cluster``),
-    and the attach tokens move to Redis (gateway.node.attach_tokens).
+    and the attach tokens (gateway.node.attach_tokens) and the per-key limits
+    (gateway.node.limits, task ``limits``) move to Redis.
     """
     if not node.leases.leases.shared:
         return LocalPlacement()
     from gateway.cluster.link import Cluster  # coredis: imported only when used
     from gateway.node.attach_tokens import RedisAttachTokens
+    from gateway.node.limits import RedisKeyLimits
+    from gateway.store.redis import record_and_owner_keys
 
     placement = ClusteredPlacement(node)
     cluster = Cluster(
@@ -119,6 +122,17 @@ async def choose(node: NodeCore, nursery: trio.Nursery) -> Placement:
     placement.cluster = node.cluster = cluster
     await nursery.start(cluster.run, name="cluster")
     node.tokens = RedisAttachTokens(cluster.redis_call, "gw:", node.tokens.ttl_s)
+    record_key, owner_key = record_and_owner_keys("gw:")
+    shared = RedisKeyLimits(
+        cluster.redis_call,
+        "gw:",
+        node.node_id,
+        node.config.store.lease_s,
+        record_key,
+        owner_key,
+    )
+    await nursery.start(shared.run, name="limits")
+    node.limits.share(shared)  # the per-key limits count for the deployment (docs/scale-out.md)
     return placement
 
 

@@ -121,8 +121,8 @@ class Registry:
                 f"the gateway is shutting down; retry in {wait} s (on another node)",
                 retry_after_s=wait,
             )
-        with node.limits.new_session(owner):
-            session_id = session_id or new_session_id()
+        session_id = session_id or new_session_id()
+        async with node.limits.new_session(owner, session_id):
             if parent is not None:  # a worker runs its parent's agent's delegate_agent
                 agent = node.agents[parent.record.agent].delegate_agent
                 if agent != parent.record.agent:
@@ -152,6 +152,7 @@ class Registry:
         with contextlib.suppress(StoreError):  # new: no id of it anywhere, so no id jump
             await node.leases.take(record.id)
         await node.durable_or_503()  # docs/protocol.md §9: durable when POST /sessions answers
+        await node.limits.session_stored(owner, record.id)  # counted by the store from now on
         event(
             log, logging.INFO, "session_created", f"session {record.id} created",
             session_id=record.id, parent_session_id=record.parent_session_id,

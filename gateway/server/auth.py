@@ -28,6 +28,10 @@ it: to any other key it does not exist (404 on every route of it, absent from
   owns (429 ``too_many_sessions``), turns a key submits in any 60 s (429
   ``rate_limited`` with ``Retry-After``). Without keys every client is the one
   tenant :data:`NO_OWNER`, and the per-key limits apply to it as a whole.
+  On one node they are counted here, in memory; on several nodes sharing
+  Redis the per-key ones are counted there, for the whole deployment
+  (:meth:`Limits.share`, gateway.node.limits); ``max_connections`` is each
+  node's own.
   A ``delegate`` worker's session and its turn count against its owner's
   limits like a client's (docs/protocol.md §15); over them the tool fails
   ``limit`` instead of a 429 (:meth:`gateway.session.session.Session.spawn_worker`).
@@ -46,8 +50,9 @@ import ipaddress
 import logging
 import math
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Protocol
 
 import trio
 
@@ -452,11 +457,52 @@ class ApiKeys:
 # --- the limits -------------------------------------------------------------------
 
 
-class Limits:
-    """The ``[limits]`` of docs/reference.md, counted in memory (0 = no limit).
+class SharedLimits(Protocol):
+    """The per-key counts of a deployment of several nodes (gateway.node.limits, on Redis).
 
-    Every check is synchronous and counts in the same step, so two callers
-    racing for the last slot cannot both get it.
+    Each check counts in the same step, for every node at once; ``Refused``
+    ``store_unavailable`` where the shared store does not answer.
+    """
+
+    async def reserve_session(self, key: str, session_id: str, limit: int) -> int | None:
+        """Count a session being created: ``None``, or how many the key owns (refused)."""
+        ...
+
+    async def unreserve_session(self, key: str, session_id: str) -> None:
+        """End the count of a creation: it failed, or its record is durable."""
+        ...
+
+    async def turn(self, key: str, limit: int, *, count: bool) -> tuple[str | None, float]:
+        """Look at (or count) a turn: ``(token, 0)``, or ``(None, seconds to wait)``."""
+        ...
+
+    async def refund_turn(self, key: str, token: str) -> None:
+        """Take back the counted turn ``token``."""
+        ...
+
+    async def open_stream(self, key: str, limit: int) -> int | None:
+        """Count a stream opening: ``None``, or how many the key has open (refused)."""
+        ...
+
+    def close_stream(self, key: str) -> None:
+        """A stream counted by :meth:`open_stream` closed."""
+        ...
+
+
+TurnToken = str | float | None
+"""What :meth:`Limits.count_turn` counted, for :meth:`Limits.refund_turn` (None: nothing)."""
+
+
+class Limits:
+    """The ``[limits]`` of docs/reference.md (0 = no limit).
+
+    On one node they are counted in memory: every check is synchronous (no
+    checkpoint between the check and the count), so two callers racing for
+    the last slot cannot both get it. On several nodes sharing Redis, the
+    placement hands the three per-key limits to :meth:`share`
+    (gateway.node.limits): one Lua script checks and counts each, for the
+    whole deployment. ``max_connections`` is always this node's own: it
+    protects the process.
 
     Args:
         config: the ``[limits]`` section.
@@ -464,19 +510,25 @@ class Limits:
 
     def __init__(self, config: LimitsConfig) -> None:
         self.config = config
+        self.shared: SharedLimits | None = None
         self.streams = 0
         self.streams_by_key: collections.Counter[str] = collections.Counter()
         self.sessions_by_key: collections.Counter[str] = collections.Counter()
         self._turns: dict[str, collections.deque[float]] = {}
 
+    def share(self, shared: SharedLimits) -> None:
+        """Count the per-key limits for the whole deployment from now on (at start-up)."""
+        self.shared = shared
+
     # --- streams ---
 
-    def open_stream(self, key: str) -> Callable[[], None]:
+    async def open_stream(self, key: str) -> Callable[[], None]:
         """Count a stream of ``key`` opening; the release to call once, when it ends.
 
         Raises:
             ApiError: 503 ``over_capacity``, naming the limit, when ``max_connections``
-                or ``max_connections_per_key`` is reached.
+                (this node's) or ``max_connections_per_key`` is reached.
+            Refused: ``store_unavailable``: the shared count could not be read.
         """
         total, per_key = self.config.max_connections, self.config.max_connections_per_key
         if total and self.streams >= total:
@@ -485,14 +537,10 @@ class Limits:
                 "over_capacity",
                 f"the gateway has its max_connections ({total}) streams open; retry later",
             )
-        if per_key and self.streams_by_key[key] >= per_key:
-            raise ApiError(
-                503,
-                "over_capacity",
-                f"this API key has its max_connections_per_key ({per_key}) streams open;"
-                " close one or retry later",
-            )
-        self.streams += 1
+        shared = self.shared if per_key else None
+        if shared is None and per_key and self.streams_by_key[key] >= per_key:
+            raise _too_many_streams(per_key)
+        self.streams += 1  # before any wait: held while the shared count is asked
         self.streams_by_key[key] += 1
         released = False
 
@@ -505,7 +553,20 @@ class Limits:
             self.streams_by_key[key] -= 1
             if not self.streams_by_key[key]:
                 del self.streams_by_key[key]
+            if shared is not None:
+                shared.close_stream(key)
 
+        if shared is not None:
+            try:
+                refused = await shared.open_stream(key, per_key)
+            except BaseException:
+                shared = None
+                release()
+                raise
+            if refused is not None:
+                shared = None
+                release()
+                raise _too_many_streams(per_key)
         return release
 
     # --- sessions ---
@@ -514,21 +575,33 @@ class Limits:
         """Start from the stored sessions each key owns (at start-up)."""
         self.sessions_by_key = collections.Counter(owned)
 
-    @contextmanager
-    def new_session(self, key: str) -> Iterator[None]:
+    def session_deleted(self, key: str) -> None:
+        """A session of ``key`` was deleted: its slot is free (in memory; Redis reads the store)."""
+        if self.sessions_by_key[key] > 0:
+            self.sessions_by_key[key] -= 1
+
+    @asynccontextmanager
+    async def new_session(self, key: str, session_id: str) -> AsyncIterator[None]:
         """Count a session of ``key`` being created; uncounted if the block raises.
 
         Raises:
             ApiError: 429 ``too_many_sessions`` when ``max_sessions_per_key`` is reached.
+            Refused: ``store_unavailable``: the shared count could not be read.
         """
         limit = self.config.max_sessions_per_key
+        if self.shared is not None and limit:
+            owned = await self.shared.reserve_session(key, session_id, limit)
+            if owned is not None:
+                raise _too_many_sessions(owned, limit)
+            try:
+                yield
+            except BaseException:
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    await self.shared.unreserve_session(key, session_id)
+                raise
+            return
         if limit and self.sessions_by_key[key] >= limit:
-            raise ApiError(
-                429,
-                "too_many_sessions",
-                f"this API key owns {self.sessions_by_key[key]} sessions, its"
-                f" max_sessions_per_key is {limit}",
-            )
+            raise _too_many_sessions(self.sessions_by_key[key], limit)
         self.sessions_by_key[key] += 1
         try:
             yield
@@ -536,41 +609,70 @@ class Limits:
             self.sessions_by_key[key] -= 1
             raise
 
+    async def session_stored(self, key: str, session_id: str) -> None:
+        """The session :meth:`new_session` counted is durable: the store counts it from now on.
+
+        On Redis its reservation ends here (else it would end by itself, at
+        the next check of the key or after its time); nothing to do in memory.
+        """
+        if self.shared is not None and self.config.max_sessions_per_key:
+            await self.shared.unreserve_session(key, session_id)
+
     # --- turns ---
 
-    def check_turn(self, key: str) -> None:
+    async def check_turn(self, key: str) -> None:
         """Refuse a turn of ``key`` over ``turns_per_minute_per_key`` in the last 60 s.
+
+        Only looks: :meth:`count_turn` counts (and checks again).
 
         Raises:
             ApiError: 429 ``rate_limited`` with ``Retry-After``: the whole seconds
                 (at least 1) until the oldest turn of the window leaves it.
+            Refused: ``store_unavailable``: the shared count could not be read.
         """
         limit = self.config.turns_per_minute_per_key
         if not limit:
             return
-        window = self._window(key)
-        if len(window) < limit:
+        if self.shared is not None:
+            token, wait = await self.shared.turn(key, limit, count=False)
+            if token is None:
+                raise _rate_limited(limit, wait)
             return
-        wait = window[0] + TURN_WINDOW_S - trio.current_time()
-        retry_after = max(1, math.ceil(wait))
-        raise ApiError(
-            429,
-            "rate_limited",
-            f"this API key submitted its turns_per_minute_per_key ({limit}) turns in the"
-            f" last minute; the next is accepted in {retry_after} s",
-            headers=(("Retry-After", str(retry_after)),),
-        )
+        self._check_turn(key, limit)
 
-    def count_turn(self, key: str) -> None:
-        """Count an accepted turn of ``key`` (after :meth:`check_turn`, in the same step)."""
-        if self.config.turns_per_minute_per_key:
-            self._turns.setdefault(key, collections.deque()).append(trio.current_time())
+    async def count_turn(self, key: str) -> TurnToken:
+        """Check and count a turn of ``key`` in one step; what to refund it with.
 
-    def refund_turn(self, key: str) -> None:
-        """Take back the last turn counted for ``key``: it was refused after all."""
+        Raises:
+            ApiError, Refused: as :meth:`check_turn`.
+        """
+        limit = self.config.turns_per_minute_per_key
+        if not limit:
+            return None
+        if self.shared is not None:
+            token, wait = await self.shared.turn(key, limit, count=True)
+            if token is None:
+                raise _rate_limited(limit, wait)
+            return token
+        self._check_turn(key, limit)
+        now = trio.current_time()
+        self._turns.setdefault(key, collections.deque()).append(now)
+        return now
+
+    async def refund_turn(self, key: str, token: TurnToken) -> None:
+        """Take back the turn :meth:`count_turn` counted for ``key``: it was refused after all."""
+        if isinstance(token, str):
+            if self.shared is not None:
+                await self.shared.refund_turn(key, token)
+            return
         window = self._turns.get(key)
-        if window:
-            window.pop()
+        if window and token is not None and token in window:
+            window.remove(token)
+
+    def _check_turn(self, key: str, limit: int) -> None:
+        window = self._window(key)
+        if len(window) >= limit:
+            raise _rate_limited(limit, window[0] + TURN_WINDOW_S - trio.current_time())
 
     def _window(self, key: str) -> collections.deque[float]:
         """The times of ``key``'s turns still inside the window (older ones dropped)."""
@@ -583,3 +685,32 @@ class Limits:
         if not window:
             del self._turns[key]
         return window
+
+
+def _too_many_streams(per_key: int) -> ApiError:
+    return ApiError(
+        503,
+        "over_capacity",
+        f"this API key has its max_connections_per_key ({per_key}) streams open;"
+        " close one or retry later",
+    )
+
+
+def _too_many_sessions(owned: int, limit: int) -> ApiError:
+    return ApiError(
+        429,
+        "too_many_sessions",
+        f"this API key owns {owned} sessions, its max_sessions_per_key is {limit}",
+    )
+
+
+def _rate_limited(limit: int, wait: float) -> ApiError:
+    """429 ``rate_limited``: ``Retry-After`` is the whole seconds (at least 1) of ``wait``."""
+    retry_after = max(1, math.ceil(wait))
+    return ApiError(
+        429,
+        "rate_limited",
+        f"this API key submitted its turns_per_minute_per_key ({limit}) turns in the"
+        f" last minute; the next is accepted in {retry_after} s",
+        headers=(("Retry-After", str(retry_after)),),
+    )

@@ -275,11 +275,10 @@ class Api:
         not yet durable (503 ``store_unavailable``) stays counted.
         """
         limits = self.node.limits
-        limits.check_turn(key)  # 429 rate_limited, with Retry-After
-        limits.count_turn(key)
+        counted = await limits.count_turn(key)  # 429 rate_limited, with Retry-After
         try:
             await self.node.submit_turn(session, message)  # on whichever node runs it
         except Refused as exc:
             if exc.code != "store_unavailable":
-                limits.refund_turn(key)
+                await limits.refund_turn(key, counted)
             raise

@@ -25,16 +25,15 @@ from gateway.store.base import SessionRecord
 class KeyLimits(Protocol):
     """The turns counted per API key (gateway.server.auth.Limits), as ``delegate`` counts one."""
 
-    def check_turn(self, key: str) -> None:
-        """Refuse a turn of ``key`` over ``turns_per_minute_per_key`` (an ``ApiError`` 429)."""
+    async def count_turn(self, key: str) -> str | float | None:
+        """Check and count a turn of ``key`` in one step (over the limit: an ``ApiError`` 429).
+
+        What it returns is what :meth:`refund_turn` takes back.
+        """
         ...
 
-    def count_turn(self, key: str) -> None:
-        """Count a turn of ``key`` (after :meth:`check_turn`, in the same step)."""
-        ...
-
-    def refund_turn(self, key: str) -> None:
-        """Take back the last turn counted for ``key``: it was refused after all."""
+    async def refund_turn(self, key: str, token: str | float | None) -> None:
+        """Take back the turn counted as ``token`` for ``key``: it was refused after all."""
         ...
 
 

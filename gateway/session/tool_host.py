@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from gateway.errors import ApiError, ToolError
+from gateway.errors import ApiError, Refused, ToolError
 from gateway.ids import now_ms
 from gateway.protocol.events import PermissionRequested, PermissionResolved
 from gateway.session.core import SessionCore
@@ -103,19 +103,24 @@ async def spawn_worker(session: SessionCore, create: Callable[[], Awaitable[Work
             f"delegate refused: this turn started its max_workers_per_turn ({max_workers}) workers",
         )
     limits, owner = session.node.limits, session.record.owner
-    try:
-        limits.check_turn(owner)
-    except ApiError as exc:  # the key's limits answer as HTTP (gateway.server.auth)
-        raise ToolError("limit", f"delegate refused: {exc} (workers' turns count)") from None
-    limits.count_turn(owner)
     if turn is not None:
-        turn.workers += 1
+        turn.workers += 1  # held while the key's turns are counted (on Redis, a wait)
+    try:
+        counted = await limits.count_turn(owner)
+    except BaseException as exc:
+        if turn is not None:
+            turn.workers -= 1
+        if isinstance(exc, ApiError):  # the key's limits answer as HTTP (gateway.server.auth)
+            raise ToolError("limit", f"delegate refused: {exc} (workers' turns count)") from None
+        if isinstance(exc, Refused):  # store_unavailable: the shared count was not read
+            raise ToolError("error", f"delegate refused: {exc}") from None
+        raise
     try:
         return await create()
     except ApiError as exc:
         if exc.code != "too_many_sessions":
             raise  # it may have been created: it stays counted
-        limits.refund_turn(owner)  # refused before anything was made
+        await limits.refund_turn(owner, counted)  # refused before anything was made
         if turn is not None:
             turn.workers -= 1
         raise ToolError("limit", f"delegate refused: {exc} (workers' sessions count)") from None

@@ -841,3 +841,17 @@ class RedisLeases:
     async def holder(self, session_id: str) -> str | None:
         data = await self._store._read(lambda c: c.get(self._keys.lease(session_id)))
         return None if data is None else data.decode()
+
+
+# --- the store's keys the per-key limits read (gateway.node.limits) ----------------
+
+
+def record_and_owner_keys(prefix: str) -> tuple[tuple[str, str], str]:
+    """A session record's key as ``(before, after)`` its id; an owner index's key before the owner.
+
+    ``max_sessions_per_key`` on Redis counts an owner's index and checks that
+    the records of the sessions being created have landed.
+    """
+    keys = _Keys(prefix)
+    before, _, after = keys.session("\0").partition("\0")
+    return (before, after), keys.owner("")

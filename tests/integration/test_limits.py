@@ -278,46 +278,55 @@ async def test_the_turn_window_slides(autojump_clock: trio.testing.MockClock) ->
     start = trio.current_time()
     for at in (0, 10, 20):
         await trio.sleep_until(start + at)
-        limits.check_turn("k")
-        limits.count_turn("k")
-    limits.check_turn("other")  # each key has its own window
+        await limits.check_turn("k")
+        await limits.count_turn("k")
+    await limits.check_turn("other")  # each key has its own window
     for at, retry_after in ((30, 30), (59.5, 1), (59.999, 1)):
         await trio.sleep_until(start + at)
         with pytest.raises(ApiError) as info:
-            limits.check_turn("k")
+            await limits.check_turn("k")
         assert (info.value.status, info.value.code) == (429, "rate_limited")
         assert info.value.headers == (("Retry-After", str(retry_after)),)
     await trio.sleep_until(start + 60)  # the turn of 0 s has left the window
-    limits.check_turn("k")
-    limits.count_turn("k")
+    await limits.check_turn("k")
+    counted = await limits.count_turn("k")
     with pytest.raises(ApiError) as info:
-        limits.check_turn("k")
+        await limits.count_turn("k")
     assert info.value.headers == (("Retry-After", "10"),)  # the turn of 10 s leaves at 70
+    await limits.refund_turn("k", counted)  # the turn of 60 s, refused after all
+    await limits.count_turn("k")
     await trio.sleep_until(start + 200)  # all gone, and the key's window with them
-    limits.check_turn("k")
+    await limits.check_turn("k")
     assert "k" not in limits._turns
 
 
 async def test_limits_unit_streams_and_sessions() -> None:
     limits = Limits(LimitsConfig(max_connections=3, max_connections_per_key=2))
-    release_a = limits.open_stream("a")
-    limits.open_stream("a")
+    release_a = await limits.open_stream("a")
+    await limits.open_stream("a")
     with pytest.raises(ApiError) as info:
-        limits.open_stream("a")
+        await limits.open_stream("a")
     assert (info.value.status, info.value.code) == (503, "over_capacity")
-    limits.open_stream("b")
+    await limits.open_stream("b")
     with pytest.raises(ApiError, match=r"max_connections \(3\)"):
-        limits.open_stream("c")
+        await limits.open_stream("c")
     release_a()
     release_a()  # once only: a second call gives nothing back
     assert (limits.streams, dict(limits.streams_by_key)) == (2, {"a": 1, "b": 1})
 
     sessions = Limits(LimitsConfig(max_sessions_per_key=1))
     sessions.count_sessions({"a": 1})
-    with pytest.raises(ApiError, match="max_sessions_per_key is 1"), sessions.new_session("a"):
+    with pytest.raises(ApiError, match="max_sessions_per_key is 1"):
+        async with sessions.new_session("a", "s1"):
+            pass
+    with pytest.raises(ValueError):
+        async with sessions.new_session("b", "s2"):
+            raise ValueError("the create failed")
+    async with sessions.new_session("b", "s3"):
         pass
-    with pytest.raises(ValueError), sessions.new_session("b"):
-        raise ValueError("the create failed")
-    with sessions.new_session("b"):
+    assert dict(sessions.sessions_by_key) == {"a": 1, "b": 1}
+    sessions.session_deleted("b")  # DELETE /sessions/{id} gives the slot back
+    sessions.session_deleted("b")  # never below zero
+    async with sessions.new_session("b", "s4"):
         pass
     assert dict(sessions.sessions_by_key) == {"a": 1, "b": 1}
