@@ -241,7 +241,7 @@ SESSIONS_SMOKE = SessionsProfile(
     attach_samples=10,
     warmup_sessions=2,
     concurrency=8,
-    unload_wait_s=3.0,
+    unload_wait_s=2.0,
     turns_wait_s=30.0,
     settle_s=0.2,
 )
