@@ -224,7 +224,10 @@ class SessionsProfile:
     concurrency: int = 32  # HTTP connections creating sessions at once
     idle_unload_s: float = 1.0  # the daemon under test
     peer_idle_unload_s: float = 1e7  # the peer: about four months, never within a run
-    unload_wait_s: float = 60.0  # the longest wait for gateway_sessions_live to drop
+    # The wait for gateway_sessions_live to drop back: at most unload_wait_s, and
+    # given up once it has not fallen for unload_stall_s (nothing unloads).
+    unload_wait_s: float = 600.0
+    unload_stall_s: float = 10.0
     turns_wait_s: float = 300.0  # the longest wait for every turn to end
     settle_s: float = 1.0  # before reading RSS
     seed: int = 1
@@ -241,7 +244,8 @@ SESSIONS_SMOKE = SessionsProfile(
     attach_samples=10,
     warmup_sessions=2,
     concurrency=8,
-    unload_wait_s=2.0,
+    unload_wait_s=10.0,
+    unload_stall_s=2.5,
     turns_wait_s=30.0,
     settle_s=0.2,
 )

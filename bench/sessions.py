@@ -74,6 +74,7 @@ class Gauges:
     """The figures this profile reads in ``GET /metrics`` (docs/operating.md, the families)."""
 
     NAMES = ("gateway_sessions_live", "gateway_turns_in_flight")
+    OPTIONAL = ("gateway_sessions_unloaded_total",)  # a daemon that unloads counts them
 
     def __init__(self, http: HttpClient) -> None:
         self.http = http
@@ -81,25 +82,36 @@ class Gauges:
     async def read(self) -> dict[str, float]:
         text = (await self.http.request_bytes("GET", "/metrics")).decode()
         found: dict[str, float] = {}
-        for name in self.NAMES:
+        for name in (*self.NAMES, *self.OPTIONAL):
             match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-            if match is None:
+            if match is not None:
+                found[name] = float(match.group(1))
+            elif name in self.NAMES:
                 raise RuntimeError(f"/metrics has no {name}")
-            found[name] = float(match.group(1))
         return found
 
     async def live(self) -> int:
         return int((await self.read())["gateway_sessions_live"])
 
-    async def wait(self, name: str, at_most: float, timeout_s: float) -> tuple[bool, float, float]:
-        """Poll until ``name`` <= ``at_most``: (reached, its last value, seconds waited)."""
-        started = time.monotonic()
+    async def wait(
+        self, name: str, at_most: float, timeout_s: float, stall_s: float | None = None
+    ) -> tuple[bool, float, float]:
+        """Poll until ``name`` <= ``at_most``: (reached, its last value, seconds waited).
+
+        Gives up after ``timeout_s``, or once ``name`` has not gone below its
+        lowest value for ``stall_s`` (nothing is happening: no need to wait on).
+        """
+        started = last_progress = time.monotonic()
+        lowest = float("inf")
         while True:
             value = (await self.read())[name]
-            waited = time.monotonic() - started
-            if value <= at_most or waited >= timeout_s:
-                return value <= at_most, value, round(waited, 2)
-            await asyncio.sleep(min(0.2, max(0.01, timeout_s - waited)))
+            now = time.monotonic()
+            if value < lowest:
+                lowest, last_progress = value, now
+            stalled = stall_s is not None and now - last_progress >= stall_s
+            if value <= at_most or now - started >= timeout_s or stalled:
+                return value <= at_most, value, round(now - started, 2)
+            await asyncio.sleep(0.2)
 
 
 async def create_sessions(
@@ -273,9 +285,12 @@ class DaemonRun:
         }
         if self.unloads:
             unloaded, _, waited = await self.gauges.wait(
-                "gateway_sessions_live", live_before, p.unload_wait_s
+                "gateway_sessions_live", live_before, p.unload_wait_s, p.unload_stall_s
             )
             figures |= {"unloaded": unloaded, "unload_wait_s": waited}
+        figures["unloaded_total"] = (await self.gauges.read()).get(
+            "gateway_sessions_unloaded_total"
+        )
         await asyncio.sleep(p.settle_s)
         figures |= {"live_after": await self.gauges.live(), "rss_after": self.rss()}
         return ids, figures

@@ -74,9 +74,9 @@ def test_sessions_smoke_reports_every_figure_of_both_daemons(tmp_path: Path) -> 
         assert attach["snapshot"]["total_ms"]["n"] == attach["since"]["total_ms"]["n"] > 0
         assert attach["since"]["events"]["p50"] > 0  # the replay is the session's history
         assert attach["snapshot"]["events"]["p99"] == 0  # a snapshot replays nothing
-    assert "unload" in result["daemons"] and result["daemons"]["peer"]["idle"].get(
-        "unloaded"
-    ) is None  # the peer does not wait for unloading
+    assert (
+        "unload" in result["daemons"] and result["daemons"]["peer"]["idle"].get("unloaded") is None
+    )  # the peer does not wait for unloading
 
     text = md_path.read_text()
     assert "| figure | unloading on | unloading off (peer) | on / off |" in text
