@@ -307,6 +307,7 @@ class DaemonRun:
         cursor = await cursor_now(self.server, warm[0])  # before any measured session
         await asyncio.sleep(p.settle_s)
         result["rss_0"] = self.rss()
+        self.live_0 = await self.gauges.live()
         self.log(f"{self.kind}: RSS {result['rss_0'] / 2**20:.1f} MiB; {p.sessions} sessions")
         ids, idle = await self._batch(p.sessions)
         idle["rss_per_session_bytes"] = round((idle["rss_after"] - result["rss_0"]) / len(ids), 1)
@@ -339,6 +340,10 @@ class DaemonRun:
 
     async def _churn(self) -> dict[str, Any]:
         p = self.profile
+        if self.unloads:  # the sessions the attaches loaded again leave first
+            await self.gauges.wait(
+                "gateway_sessions_live", self.live_0, p.unload_wait_s, p.unload_stall_s
+            )
         await asyncio.sleep(p.settle_s)
         rss_start = self.rss()  # round 0: the fit's first point
         rounds: list[dict[str, Any]] = []
