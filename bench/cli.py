@@ -9,6 +9,8 @@ Examples::
     python -m bench --profile soak               # ten minutes of churn: fds, tasks, RSS flat?
     python -m bench --profile soak --minutes 30  # a longer soak
     python -m bench --profile fuzz               # hostile HTTP: never a 5xx, still answering?
+    python -m bench --profile sessions           # RSS per idle session, unloading on vs off
+    python -m bench --profile sessions --sessions 5000 --churn-rounds 3
     python -m bench --backend redis              # the gateway on [store] backend = "redis"
     python -m bench --backend both               # one node on SQLite vs one on Redis
     python -m bench --backend both --nodes 2     # ... and one node vs two on one Redis
@@ -21,6 +23,9 @@ targets were met), 1 when it failed. A soak (``--profile soak`` or
 ``.md``; its exit status is 0 when every check passed, 1 otherwise. A fuzz
 (``--profile fuzz`` or ``fuzz-smoke``, bench/README.md "Fuzz") writes
 ``<stamp>-<profile>.json``; its exit status is 0 when every check passed.
+A sessions run (``--profile sessions`` or ``sessions-smoke``, bench/README.md
+"Sessions") writes ``<stamp>-<profile>.json`` and ``.md``; exit status 0 when
+it completed.
 
 ``--backend redis`` runs every gateway of the run on ``[store] backend =
 "redis"``, each against a redis-server the bench starts in its work dir
@@ -59,6 +64,7 @@ from bench.pool import WorkerPool
 from bench.profiles import (
     PEERS,
     PROFILES,
+    SESSIONS_PROFILES,
     SOAK_PROFILES,
     Profile,
     config_toml,
@@ -101,15 +107,21 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    ap.add_argument("--profile", choices=sorted([*PROFILES, *SOAK_PROFILES, *FUZZ_PROFILES]),
-                    default="default",
+    ap.add_argument("--profile", default="default",
+                    choices=sorted([*PROFILES, *SOAK_PROFILES, *FUZZ_PROFILES, *SESSIONS_PROFILES]),
                     help="phase sizes (bench/README.md, Profiles; soak: Soak)")  # fmt: skip
     ap.add_argument("--minutes", type=float,
                     help="soak profiles: minutes of load after the warm-up")  # fmt: skip
     ap.add_argument("--config", metavar="FILE", help="the gateway's TOML config (yours)")
     ap.add_argument("--url", help="target a running gateway instead of starting one")
     ap.add_argument("--pid", type=int, help="with --url: its process id, to measure CPU and RSS")
-    ap.add_argument("--sessions", type=int, help="sessions of the fan-out")
+    ap.add_argument("--sessions", type=int,
+                    help="sessions of the fan-out; --profile sessions: sessions measured idle "
+                         "(default 20000)")  # fmt: skip
+    ap.add_argument("--churn-rounds", type=int, metavar="N",
+                    help="--profile sessions: rounds of the churn (default 5)")  # fmt: skip
+    ap.add_argument("--churn-sessions", type=int, metavar="N",
+                    help="--profile sessions: sessions per churn round (default 1000)")  # fmt: skip
     ap.add_argument("--clients", type=_counts, metavar="N,N,..",
                     help="total clients at each fan-out step (last = reference)")  # fmt: skip
     ap.add_argument("--rate", type=float, help="tokens/s per session at the reference step")
@@ -139,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         return _soak(ap, args, command)
     if args.profile in FUZZ_PROFILES:
         return _fuzz(ap, args, command)
+    if args.profile in SESSIONS_PROFILES:
+        return _sessions(ap, args, command)
+    if args.churn_rounds is not None or args.churn_sessions is not None:
+        ap.error("--churn-rounds and --churn-sessions are for the sessions profiles")
     if args.minutes is not None:
         ap.error("--minutes is for the soak profiles")
     if args.backend != "sqlite" and args.url:
@@ -193,6 +209,26 @@ def _fuzz(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -
         ap.error("a fuzz runs a daemon of its own with its own config (bench/README.md, Fuzz)")
     try:
         return fuzz.main(FUZZ_PROFILES[args.profile], args.out, command)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _sessions(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    from bench import sessions
+
+    if args.url or args.config or args.backend != "sqlite" or args.minutes is not None:
+        ap.error("a sessions run starts daemons of its own (bench/README.md, Sessions)")
+    profile = with_overrides(
+        SESSIONS_PROFILES[args.profile],
+        sessions=args.sessions,
+        churn_rounds=args.churn_rounds,
+        churn_sessions=args.churn_sessions,
+    )
+    if profile.sessions < 1 or profile.churn_rounds < 0 or profile.churn_sessions < 1:
+        ap.error("--sessions and --churn-sessions must be >= 1, --churn-rounds >= 0")
+    raise_fd_limit()
+    try:
+        return sessions.main(profile, args.out, command)
     except KeyboardInterrupt:
         return 130
 

@@ -7,6 +7,8 @@ every key of the result exists, but its figures mean nothing.
 
 ``soak`` and ``soak-smoke`` are of another kind, :class:`SoakProfile` (``bench.soak``):
 ten minutes of churn against one daemon, and the same for 20 seconds.
+``sessions`` and ``sessions-smoke``, :class:`SessionsProfile` (``bench.sessions``):
+what an idle session costs in memory, with and without unloading.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, TypeVar
 
 PEERS = ("ws_queue", "ws_broadcast", "raw")
 
-_P = TypeVar("_P", "Profile", "SoakProfile")
+_P = TypeVar("_P", "Profile", "SoakProfile", "SessionsProfile")
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,55 @@ SOAK_SMOKE = SoakProfile(
 )
 
 SOAK_PROFILES = {p.name: p for p in (SOAK, SOAK_SMOKE)}
+
+
+@dataclass(frozen=True)
+class SessionsProfile:
+    """The sizes of a sessions run (bench/README.md, "Sessions": memory per idle session).
+
+    Two daemons, one after the other: ``[sessions] idle_unload_s`` short (the
+    daemon under test) and very long (the peer: nothing unloads). Each gets
+    ``sessions`` sessions with one short turn each, then ``churn_rounds``
+    rounds of ``churn_sessions`` more; attaches are timed on
+    ``attach_samples`` sessions per path (snapshot, ``since`` replay).
+    """
+
+    name: str
+    sessions: int = 20_000
+    churn_rounds: int = 5
+    churn_sessions: int = 1_000
+    attach_samples: int = 500  # per path and daemon, each on a session of its own
+    warmup_sessions: int = 10  # before the baseline RSS: lazy imports, caches
+    concurrency: int = 32  # HTTP connections creating sessions at once
+    idle_unload_s: float = 1.0  # the daemon under test
+    peer_idle_unload_s: float = 1e7  # the peer: about four months, never within a run
+    # The wait for gateway_sessions_live to drop back: at most unload_wait_s, and
+    # given up once it has not fallen for unload_stall_s (nothing unloads).
+    unload_wait_s: float = 600.0
+    unload_stall_s: float = 10.0
+    turns_wait_s: float = 300.0  # the longest wait for every turn to end
+    settle_s: float = 1.0  # before reading RSS
+    seed: int = 1
+    gateway_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+SESSIONS = SessionsProfile(name="sessions")
+
+SESSIONS_SMOKE = SessionsProfile(
+    name="sessions-smoke",
+    sessions=200,
+    churn_rounds=1,
+    churn_sessions=50,
+    attach_samples=10,
+    warmup_sessions=2,
+    concurrency=8,
+    unload_wait_s=10.0,
+    unload_stall_s=2.5,
+    turns_wait_s=30.0,
+    settle_s=0.2,
+)
+
+SESSIONS_PROFILES = {p.name: p for p in (SESSIONS, SESSIONS_SMOKE)}
 
 
 def with_overrides(profile: _P, **overrides: Any) -> _P:

@@ -281,7 +281,17 @@ class HttpClient:
         Raises:
             HttpError: a status outside 200..299.
         """
-        data = b"" if body is None else msgspec.json.encode(body)
+        answer = await self.request_bytes(
+            method, path, b"" if body is None else msgspec.json.encode(body)
+        )
+        return msgspec.json.decode(answer) if answer else None
+
+    async def request_bytes(self, method: str, path: str, data: bytes = b"") -> bytes:
+        """Send ``data`` as the JSON body; return the answer's body as it came (``/metrics``).
+
+        Raises:
+            HttpError: a status outside 200..299.
+        """
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
@@ -297,7 +307,7 @@ class HttpClient:
                         raise
         if not 200 <= status < 300:
             raise HttpError(status, answer)
-        return msgspec.json.decode(answer) if answer else None
+        return answer
 
     async def _exchange(self, request: bytes) -> tuple[int, bytes]:
         if self._writer is None:
