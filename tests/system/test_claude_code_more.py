@@ -18,15 +18,12 @@ import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
 from bench.fake_api.server import Cut, Json
-from gateway.agents import resolve_agents
-from gateway.runtimes.claude_code import messages, options
 from gateway.tools import process_slots
 from tests.conftest import Harness, running_gateway, types
 from tests.mcp_support import EVERYTHING
 from tests.provider_support import server as server
 from tests.system.test_claude_code import (
     alive,
-    cc_config,
     decide,
     gateway,
     only_model_calls,
@@ -222,37 +219,6 @@ env = {{ MCP_TEST_ENV = "from-config" }}
 url = "http://127.0.0.1:9/mcp"
 headers = {{ authorization = "Bearer t" }}
 """
-
-
-def test_the_cli_gets_the_mcp_servers_the_agent_reaches_and_may_use_their_tools(
-    tmp_path: Path,
-) -> None:
-    """``[mcp_servers.*]`` as the CLI's options: only those the agent's ``tools`` reach."""
-    server = FakeServer()
-    config = cc_config(tmp_path, server, MCP_TABLES, tools='["Bash", "mcp__everything__*"]')
-    agent = resolve_agents(config)["default"]
-    servers = options.mcp_servers(agent, config.mcp_servers, "/daemon/cwd")
-    assert list(servers) == ["everything"]
-    stdio = servers["everything"]
-    assert stdio["type"] == "stdio" and stdio.get("env") == {"MCP_TEST_ENV": "from-config"}
-    # It runs in the daemon's directory (the native runtime's), whatever the CLI's cwd is.
-    argv = [stdio["command"], *stdio.get("args", [])]
-    assert argv[:3] == ["/bin/sh", "-c", 'cd "$0" && exec "$@"']
-    assert argv[3:] == ["/daemon/cwd", *EVERYTHING]
-    both = resolve_agents(
-        cc_config(tmp_path, server, MCP_TABLES, tools='["mcp__*__*"]', require_approval="[]")
-    )["default"]
-    servers = options.mcp_servers(both, config.mcp_servers, "/daemon/cwd")
-    assert servers["elsewhere"] == {
-        "type": "http",
-        "url": "http://127.0.0.1:9/mcp",
-        "headers": {"authorization": "Bearer t"},
-    }
-    assert options.cli_rule("mcp__everything__*") == "mcp__everything"
-    assert options.cli_rule("mcp__everything__echo") == "mcp__everything__echo"
-    assert (
-        options.cli_rule("mcp__*__echo") == "mcp__*__echo"
-    )  # decided by can_use_tool against the agent's
 
 
 async def test_an_mcp_tool_through_the_cli(
@@ -482,18 +448,3 @@ async def test_a_background_sub_agent_is_a_worker_that_ends_with_its_task(
     assert theirs.count("message.complete") == 1
     assert events[-1].type == "turn.completed" and events[-1].payload.stop_reason == "end_turn"
     only_model_calls(server)
-
-
-def test_an_automatic_compact_boundary_is_an_auto_compaction() -> None:
-    """Claude Code compacting on its own (``trigger: "auto"``), as its manual one is mapped."""
-    from claude_agent_sdk import SystemMessage
-
-    boundary = {"compact_metadata": {"trigger": "auto", "pre_tokens": 180_000}}
-    compacting, compacted = messages.compaction(SystemMessage("compact_boundary", boundary))
-    assert (compacting.trigger, compacting.pre_tokens) == ("auto", 180_000)
-    assert (compacted.trigger, compacted.method, compacted.pre_tokens) == (
-        "auto",
-        "summary",
-        180_000,
-    )
-    assert (compacted.post_tokens, compacted.summary_message_id) == (0, None)
