@@ -177,31 +177,44 @@ async def test_a_text_turn_with_thinking_streams_as_the_native_runtime(
 async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
     tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server.enqueue(
-        Replay(transcript("claude-code/bash_touch.sse")),
-        Replay(transcript("anthropic/text.sse")),
+    """Two sessions side by side (their CLIs start at once): one allows, one denies.
+
+    Neither decides before both have asked, so the first two model calls are both
+    sessions' first (the Bash call), whichever comes first."""
+    bash, text = (
         Replay(transcript("claude-code/bash_touch.sse")),
         Replay(transcript("anthropic/text.sse")),
     )
+    server.enqueue(bash, bash, text, text)
     config, providers = await gateway(tmp_path, server, monkeypatch)
-    async with running_gateway(config, providers) as gw:
-        outcomes = []
+    outcomes: dict[str, tuple[list[Any], bool]] = {}
+    asked_both = trio.Event()
+    asking: set[str] = set()
+
+    async def one(gw: Harness, decision: str) -> None:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            await gw.submit(sid, "make the file")
+            asked = (await client.until(lambda e: e.type == "permission.requested"))[-1]
+            assert asked.payload.tool_name == "Bash" and asked.payload.kind == "tool"
+            assert asked.payload.input["command"] == "touch made.txt"
+            asking.add(decision)
+            if len(asking) == 2:
+                asked_both.set()
+            await asked_both.wait()
+            await decide(gw, sid, asked.payload.perm_id, decision)
+            await client.until_turn_ends()
+            events = client.events
+        workspace = gw.node.workspaces.host_path(gw.node.sessions[sid].record.workspace_path)
+        made = os.path.exists(os.path.join(workspace, "made.txt"))  # noqa: ASYNC240
+        outcomes[decision] = (events, made)
+
+    async with running_gateway(config, providers) as gw, trio.open_nursery() as nursery:
         for decision in ("allow", "deny"):
-            sid = await gw.create_session()
-            async with gw.client(sid) as client:
-                await client.subscribe()
-                await gw.submit(sid, "make the file")
-                asked = (await client.until(lambda e: e.type == "permission.requested"))[-1]
-                assert asked.payload.tool_name == "Bash" and asked.payload.kind == "tool"
-                assert asked.payload.input["command"] == "touch made.txt"
-                await decide(gw, sid, asked.payload.perm_id, decision)
-                await client.until_turn_ends()
-                events = client.events
-            workspace = gw.node.workspaces.host_path(gw.node.sessions[sid].record.workspace_path)
-            made = os.path.exists(os.path.join(workspace, "made.txt"))  # noqa: ASYNC240
-            outcomes.append((events, made))
+            nursery.start_soon(one, gw, decision)
     await providers.aclose()
-    (allowed, made), (denied, made_anyway) = outcomes
+    (allowed, made), (denied, made_anyway) = outcomes["allow"], outcomes["deny"]
     tool_events = ["tool.called", "permission.requested", "permission.resolved"]
     assert [t for t in types(allowed) if t.startswith(("tool.c", "tool.f", "permission."))] == [
         *tool_events,

@@ -24,12 +24,12 @@ Either way the dead node's CLI died with it (the watchdog of docs/protocol.md
 §15; its pid is in the node's ``claude_code_started`` log line).
 
 One test, two takeovers (the first node's session to the second node, shared;
-then the second's to the third, not; then a fourth node forwards a turn to an
-owner with no process slot), on real ``gateway serve`` processes on one redis-server
-(tests/cluster_support.py, ``lease_s`` = 1 s), whose default agent is Claude
-Code (the real CLI of the claude-code extra) on the fake Anthropic API, which
-is also its proxy: nothing leaves the machine. Needs redis-server and the
-extra; skips, saying which, without either.
+then the second's to the third, not; between them a turn forwarded to the
+owner of the first session, whose one process slot it holds), on real ``gateway serve``
+processes on one redis-server (tests/cluster_support.py, ``lease_s`` = 1 s),
+whose default agent is Claude Code (the real CLI of the claude-code extra) on
+the fake Anthropic API, which is also its proxy: nothing leaves the machine.
+Needs redis-server and the extra; skips, saying which, without either.
 """
 
 from __future__ import annotations
@@ -190,9 +190,9 @@ async def takeover(
     *,
     shared: bool,
     mid_turn: bool,
-) -> tuple[list[Any], list[Any], str, str]:
-    """A turn on ``a_node``, kill -9 of it, the next turn through ``b_node``: both turns'
-    events and the first and last requests the model got (as text).
+) -> tuple[str, list[Any], list[Any], str, str]:
+    """A turn on ``a_node``, kill -9 of it, the next turn through ``b_node``: the session,
+    both turns' events and the first and last requests the model got (as text).
 
     The next turn runs on whichever survivor holds the session then (the one
     that closed the cut turn, when there was one): its CLI, a new process.
@@ -246,7 +246,33 @@ async def takeover(
     texts = [str(m["content"]) for m in history]
     assert "APPLE" in texts[0] and "BANANA" in texts[-2], texts
     assert len(texts) == 4 + 2 * mid_turn, texts
-    return first, second, said[0], said[-1]
+    return sid, first, second, said[0], said[-1]
+
+
+async def no_slot(server: FakeServer, nodes: list[Node], busy: str) -> tuple[Any, float]:
+    """A turn of ``busy`` keeps its owner's one CLI busy (it is running already: no
+    new CLI); a turn of another of the owner's sessions posted on the other node:
+    that POST's answer and how long it took. The busy turn is then cancelled, so
+    the owner's CLI is idle again (a later turn there stops it to make room)."""
+    [owner] = [n for n in nodes if cli_pids(n, busy)]
+    [elsewhere] = [n for n in nodes if n is not owner]
+    body = transcript("anthropic/text.sse")
+    server.enqueue(Replay(body, cut=Cut(body.index(b", world"), "stall")))
+    async with peers([owner, elsewhere]) as (o, e):
+        other = await o.create_session()
+        async with o.watch(busy) as w:
+            busy_turn = await o.submit(busy, "keep the CLI busy")
+            with trio.fail_after(30):
+                await w.until_type("text.delta")
+            started = trio.current_time()
+            r = await e.post_turn(other, "no slot for me")
+            waited = trio.current_time() - started
+            cancelled = await o.cancel(busy, busy_turn)
+            assert cancelled.status_code in (200, 202), cancelled.text
+            with trio.fail_after(10):
+                ended = await w.turn(busy_turn)
+    assert ended[-1].type == "turn.cancelled", types(ended)
+    return r, waited
 
 
 async def test_takeovers_resume_only_from_a_shared_state_directory_and_no_slot_is_over_capacity(
@@ -254,17 +280,19 @@ async def test_takeovers_resume_only_from_a_shared_state_directory_and_no_slot_i
 ) -> None:
     """Shared: the survivor's CLI resumes the transcript. Not: a new conversation.
 
-    Then, on the same cluster (``max_processes = 1``, ``commit_timeout_s = 2``): the
-    owner's one CLI busy, a turn posted on another node waits on the owner for a slot
+    Between the two, on the same cluster (``max_processes = 1``, ``commit_timeout_s = 2``):
+    the owner's one CLI busy, a turn posted on another node waits on the owner for a slot
     (``SLOT_WAIT_S``, longer than ``commit_timeout_s``) and answers what the owner says,
     503 ``over_capacity`` with ``Retry-After``, not ``session_owner_unreachable``.
 
     The first takeover's node is kill -9'd mid-turn: no CLI outlives the daemon.
+    Three nodes in all (each boot imports the SDKs, seconds of CPU); the busy CLI is
+    the first takeover's, on whichever survivor resumed it.
     """
     store, agent = "commit_timeout_s = 2.0", "max_processes = 1"
     async with claude_code_cluster(tmp_path, monkeypatch, 3, store, agent) as (nodes, server):
         a, b, c = nodes.live
-        first, second, asked_first, asked_second = await takeover(
+        sid, first, second, asked_first, asked_second = await takeover(
             server, nodes, a, b, tmp_path, shared=True, mid_turn=True
         )
         assert first[-1].type == second[-1].type == "turn.completed"
@@ -278,27 +306,16 @@ async def test_takeovers_resume_only_from_a_shared_state_directory_and_no_slot_i
         if "CHERRY" in asked_second:
             assert "Hello" not in asked_second.split("CHERRY")[1].split("BANANA")[0]
 
-        first, second, asked_first, asked_second = await takeover(
+        r, waited = await no_slot(server, [b, c], busy=sid)  # the survivor's CLI, busy again
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "over_capacity", r.text
+        assert r.headers["Retry-After"] == "5"
+        assert waited >= 4.5, waited  # the owner's wait for a slot, past commit_timeout_s
+
+        _, first, second, asked_first, asked_second = await takeover(
             server, nodes, b, c, tmp_path, shared=False, mid_turn=False
         )
         assert first[-1].type == second[-1].type == "turn.completed"
         assert second[-1].payload.stop_reason == "end_turn"  # the turn runs...
         assert "APPLE" in asked_first
         assert "BANANA" in asked_second and "APPLE" not in asked_second  # ...without what was said
-
-        owner, elsewhere = await trio.to_thread.run_sync(nodes.ensure, 2)
-        body = transcript("anthropic/text.sse")
-        server.enqueue(Replay(body, cut=Cut(body.index(b", world"), "stall")))
-        async with peers([owner, elsewhere]) as (o, e):
-            busy, other = await o.create_session(), await o.create_session()
-            async with o.watch(busy) as w:
-                await o.submit(busy, "keep the CLI busy")
-                with trio.fail_after(30):
-                    await w.until_type("text.delta")
-            started = trio.current_time()
-            r = await e.post_turn(other, "no slot for me")
-            waited = trio.current_time() - started
-    assert r.status_code == 503, r.text
-    assert r.json()["error"]["code"] == "over_capacity", r.text
-    assert r.headers["Retry-After"] == "5"
-    assert waited >= 4.5, waited  # the owner's wait for a slot, past commit_timeout_s
