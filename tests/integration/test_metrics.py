@@ -48,6 +48,7 @@ FAMILIES = {
     "gateway_http_requests": "counter",
     "gateway_idempotent_replays": "counter",
     "gateway_sessions_live": "gauge",
+    "gateway_sessions_unloaded": "counter",
     "gateway_turns": "counter",
     "gateway_turns_in_flight": "gauge",
     "gateway_turn_duration_seconds": "histogram",
