@@ -268,7 +268,7 @@ class Boundary:
         """The headers of an actual answer to a listed origin."""
         return [
             ("Access-Control-Allow-Origin", origin),
-            ("Access-Control-Expose-Headers", "Retry-After"),
+            ("Access-Control-Expose-Headers", "Retry-After, Idempotent-Replayed"),
             ("Vary", "Origin"),
         ]
 

@@ -324,7 +324,7 @@ async def test_a_listed_origin_gets_its_preflight_and_cors_headers(tmp_path: Pat
         assert answer.status == 201
         assert answer.headers["access-control-allow-origin"] == LISTED
         assert answer.headers["vary"] == "Origin"
-        assert answer.headers["access-control-expose-headers"] == "Retry-After"
+        assert answer.headers["access-control-expose-headers"] == "Retry-After, Idempotent-Replayed"
         answer = await send(port, request("GET", "/sessions/sess_nope", headers=listed_origin))
         assert answer.status == 404
         assert answer.headers["access-control-allow-origin"] == LISTED
