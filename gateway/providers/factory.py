@@ -21,14 +21,16 @@ line": a bad config is one clear line and exit status 2, nothing started):
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 
 from gateway.agents import DEFAULT_AGENT, AgentProfile, Agents
 from gateway.config import Config
 from gateway.errors import ConfigError
-from gateway.providers.base import Provider
+from gateway.providers.base import ModelRequest, Provider
+from gateway.providers.raw import RawEvent
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 PROVIDERS = ("scripted", "anthropic", "openai")
@@ -76,10 +78,37 @@ def make_providers(config: Config, env: Mapping[str, str] = os.environ) -> Provi
         if profile.runtime == "claude-code":
             _check_claude_code(profile)
         key = _check(profile, config, env)
+        if profile.runtime == "claude-code":  # Claude Code makes its own model calls
+            build = functools.partial(_build, profile, config, env)
+            by_agent[profile.name] = OnFirstUse(profile.provider, build)
+            continue
         if key not in built:
             built[key] = _build(profile, config, env)
         by_agent[profile.name] = built[key]
     return Providers(by_agent)
+
+
+class OnFirstUse:
+    """A provider made at its first call (a Claude Code agent's: docs/agents.md).
+
+    Claude Code calls its model itself: the gateway's loop never streams
+    through this agent's provider, so its SDK is not imported at start-up
+    (seconds of CPU on every node boot) unless something does call it.
+    """
+
+    def __init__(self, name: str, build: Callable[[], Provider]) -> None:
+        self.name = name
+        self._build = build
+        self._provider: Provider | None = None
+
+    def stream(self, request: ModelRequest) -> AsyncGenerator[RawEvent, None]:
+        if self._provider is None:
+            self._provider = self._build()
+        return self._provider.stream(request)
+
+    async def aclose(self) -> None:
+        if self._provider is not None:
+            await self._provider.aclose()
 
 
 def make_provider(config: Config, env: Mapping[str, str] = os.environ) -> Provider:
