@@ -99,6 +99,7 @@ class ToolProcesses:
         )
         self.limits = tuple((which, value) for which, value in limits if value > 0)
         self.reaper_pid: int | None = None
+        self._reaper: trio.Process | None = None
         self._groups: set[int] = set()  # registered with the watchdog: started, not yet dead
         self._pipe: int | None = None  # the write end of the watchdog's stdin
         self._kept = False  # :meth:`run` is running
@@ -123,10 +124,14 @@ class ToolProcesses:
         MCP server's own ``env``). No checkpoint follows the fork: a caller that
         arms its :meth:`stop` right after the call cannot be cancelled in between.
         """
-        if self._kept and not self._up.is_set():  # the first spawn, or a watchdog restarting
+        if self._kept and not self._watched():  # the first spawn, or a watchdog restarting
             self._wanted.set()
             with trio.move_on_after(REAPER_START_TIMEOUT_S):
-                await self._up.wait()
+                while not self._watched():
+                    if self._up.is_set():
+                        await trio.sleep(0.01)  # it will within a checkpoint or two
+                    else:
+                        await self._up.wait()
         proc = await trio.lowlevel.open_process(
             list(argv),
             cwd=workspace,
@@ -138,6 +143,16 @@ class ToolProcesses:
         self._groups.add(proc.pid)
         self._tell(b"+%d\n" % proc.pid)
         return proc
+
+    def _watched(self) -> bool:
+        """A watchdog is up, and alive this very moment.
+
+        One killed a moment ago is dead before the ``tool-reaper`` task has
+        seen it: a tool started then would be known to no watchdog, and would
+        outlive a daemon killed before the next one starts.
+        """
+        reaper = self._reaper
+        return self._up.is_set() and reaper is not None and reaper.poll() is None
 
     async def stop(self, proc: trio.Process, grace_s: float) -> None:
         """Stop every process of ``proc``'s group and reap ``proc``; run it shielded.
@@ -228,6 +243,7 @@ class ToolProcesses:
         os.set_blocking(write, False)
         self._pipe = write
         self.reaper_pid = reaper.pid
+        self._reaper = reaper
         for pgid in list(self._groups):
             self._tell(b"+%d\n" % pgid)
         return reaper

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,40 @@ async def test_a_dead_watchdog_is_replaced_and_told_of_live_groups(
             await proc.wait()
             assert proc.returncode == -signal.SIGKILL
             nursery.cancel_scope.cancel()
+
+
+async def test_a_spawn_right_after_the_watchdog_died_waits_for_the_next_one(
+    tmp_path: Path,
+) -> None:
+    """Killed a moment ago, not yet seen by its task: a spawn then waits for the next watchdog
+    (else its group, known to no watchdog, would outlive a daemon killed meanwhile)."""
+    processes = ToolProcesses()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(processes.run)
+            first_tool = await processes.spawn(["sleep", "30"], workspace=str(tmp_path))
+            first = processes.reaper_pid
+            assert first is not None
+            os.kill(first, signal.SIGKILL)
+            while not _zombie(first):  # no checkpoint: its task cannot notice meanwhile
+                time.sleep(0.001)  # noqa: ASYNC251
+            assert processes._up.is_set()  # its task has not noticed: no checkpoint since
+            proc = await processes.spawn(["sleep", "30"], workspace=str(tmp_path))
+            second = processes.reaper_pid
+            assert second not in (None, first) and alive(second)
+            processes._close_pipe()  # the daemon "dies": both groups go with it
+            await proc.wait()
+            await first_tool.wait()
+            assert proc.returncode == first_tool.returncode == -signal.SIGKILL
+            nursery.cancel_scope.cancel()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 async def test_a_group_stopped_by_the_daemon_is_struck_off(tmp_path: Path) -> None:
