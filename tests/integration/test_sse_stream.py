@@ -19,7 +19,8 @@ import httpx
 import pytest
 import trio
 
-from gateway.client import Reducer, decode_server_frame
+from gateway.client import GatewayClient, Notice, Reducer, decode_server_frame
+from gateway.errors import ClientError
 from gateway.protocol.events import Event
 from gateway.protocol.frames import EventFrame, Snapshot, SubscribeAck, SubscribeError
 from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway, types
@@ -309,3 +310,100 @@ async def test_a_reader_that_stops_reading_is_a_slow_client(tmp_path: Path) -> N
                         seen += chunk
         assert b'"type":"close","code":"client_too_slow","ws_code":1008' in seen
         assert gw.node.metrics.slow_clients._value.get() == 1
+
+
+# --- the client library falls back to SSE ----------------------------------------------
+
+
+class NoUpgradeProxy:
+    """A relay in front of the gateway that lets plain HTTP through and no WebSocket.
+
+    ``strip``: the upgrade's headers are dropped on the way, so the gateway
+    answers 426 ``upgrade_required``; ``refuse``: the proxy answers 502 itself,
+    with a page of its own, as a proxy configured without WebSockets does.
+    """
+
+    PAGE = b"<h1>502 Bad Gateway</h1>"
+
+    def __init__(self, target_port: int, mode: str) -> None:
+        self.target_port = target_port
+        self.mode = mode
+        self.upgrades = 0
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(self._relay, listeners)
+
+    async def _relay(self, downstream: trio.SocketStream) -> None:
+        async with downstream:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = await downstream.receive_some(65536)
+                if not chunk:
+                    return
+                head += chunk
+            if b"\r\nupgrade:" in head.lower():
+                self.upgrades += 1
+                if self.mode == "refuse":
+                    await downstream.send_all(
+                        b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\n"
+                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                        % (len(self.PAGE), self.PAGE)
+                    )
+                    return
+                lines = head.split(b"\r\n")
+                dropped = (b"upgrade:", b"connection:")
+                head = b"\r\n".join(x for x in lines if not x.lower().startswith(dropped))
+            async with await trio.open_tcp_stream("127.0.0.1", self.target_port) as up:
+                await up.send_all(head)
+
+                async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+                    async for data in src:
+                        await dst.send_all(data)
+                    nursery.cancel_scope.cancel()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(pump, downstream, up)
+                    nursery.start_soon(pump, up, downstream)
+
+
+@pytest.mark.parametrize("mode", ["strip", "refuse"])
+async def test_the_client_falls_back_to_sse_when_the_upgrade_is_refused(
+    tmp_path: Path, mode: str
+) -> None:
+    async with gateway(tmp_path) as gw:
+        sid = await gw.create_session()
+        proxy = NoUpgradeProxy(int(gw.base.rsplit(":", 1)[1]), mode)
+        notices: list[Notice] = []
+        got: list[Event] = []
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(proxy.serve)
+            async with gw.client(sid) as ws:
+                await ws.subscribe()
+                async with (
+                    GatewayClient(f"http://127.0.0.1:{port}") as client,
+                    client.subscribe(sid) as stream,
+                ):
+                    with trio.fail_after(15):
+                        async for item in stream:
+                            if isinstance(item, Notice):
+                                notices.append(item)
+                            elif isinstance(item.frame, SubscribeAck):
+                                await gw.submit(sid, TOOL_SCRIPT)
+                            elif isinstance(item.frame, EventFrame):
+                                got.append(item.frame.event)
+                                if item.frame.event.type == "turn.completed":
+                                    break
+                        await ws.until_turn_ends()
+                        # A close over SSE is the WebSocket's: the deletion ends it for good.
+                        assert (await gw.http.delete(f"/sessions/{sid}")).status_code == 204
+                        with pytest.raises(ClientError) as deleted:
+                            async for _ in stream:
+                                pass
+            nursery.cancel_scope.cancel()
+    assert stream.transport == "sse" and proxy.upgrades == 1
+    assert "using server-sent events" in notices[0].message
+    assert deleted.value.code == "session_deleted"
+    ids = [e.id for e in got]
+    assert ids == [e.id for e in ws.events if ids[0] <= e.id <= ids[-1]]
