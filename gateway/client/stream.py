@@ -52,6 +52,15 @@ asks of a client, and decides what the contract leaves to the client:
   the events sent before it (its ``turn.cancelled``): never reconnected, and
   told apart from a normal end.
 
+- **No WebSocket.** A handshake refused by something that is not the
+  gateway (a proxy's 4xx or 5xx page), or by the gateway for an upgrade that
+  lost its headers on the way (426 ``upgrade_required``), makes the
+  subscription read the same frames as server-sent events
+  (``GET /sessions/{id}/events``, docs/protocol.md §14;
+  :mod:`gateway.client.sse`) from then on, after one :class:`Notice`: the
+  same items, cursor, resume and errors; the server's ``: ping`` comments
+  are the heartbeat there (no pings of the client's own).
+
 The feeding task hands items over a bounded channel: a consumer that stops
 reading stops the task reading the socket, the server's bound fills, and the
 server closes with 1008 ``client_too_slow``; the stream comes back with
@@ -336,6 +345,8 @@ class Subscription:
         duplicates_dropped: events at or below the cursor, dropped (the server
             promises none; this counts what it would take to prove it).
         connections: how many connections were subscribed so far.
+        transport: ``"websocket"``, or ``"sse"`` once a WebSocket upgrade was
+            refused on the way (module docstring, "No WebSocket").
     """
 
     def __init__(
