@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from collections.abc import AsyncIterator
 from typing import Any
+
+import httpx
+import trio
 
 # The gateway's own refusals of a handshake that reached it without its
 # upgrade (a proxy dropped the headers): a WebSocket cannot pass this way.
@@ -95,3 +99,20 @@ def close_frame(text: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return frame if isinstance(frame, dict) else None
+
+
+async def abandon(response: httpx.Response, chunks: AsyncIterator[bytes]) -> None:
+    """Leave a body that is still streaming, its iterators run out rather than left hanging.
+
+    httpx's body iterators are a chain of async generators; one left suspended
+    is finalized by the garbage collector, with a ``ResourceWarning``. Closing
+    the response first makes the next read end or fail at once, which ends
+    every generator of the chain.
+    """
+    await response.aclose()
+    with trio.move_on_after(1):
+        try:
+            async for _ in chunks:
+                pass
+        except Exception:
+            pass  # a read of a closed connection: the chain is over either way

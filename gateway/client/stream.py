@@ -447,6 +447,7 @@ class Subscription:
             async with self._connector(url) as ws:
                 ended = await self._stream(ws)
         except ConnectionRejected as exc:
+            await _close_rejected(exc)
             if not sse.no_websocket_here(exc.status_code, exc.body):
                 return _rejected_handshake(exc)
             self.transport = "sse"
@@ -572,7 +573,12 @@ class Subscription:
         try:
             async with self._http.stream("GET", url, params=query, timeout=timeout) as r:
                 if r.status_code == 200:
-                    return await self._stream_sse(r)
+                    chunks = r.aiter_raw()
+                    try:
+                        return await self._stream_sse(chunks)
+                    finally:
+                        with trio.CancelScope(shield=True):
+                            await sse.abandon(r, chunks)
                 await r.aread()
         except httpx.TransportError as exc:
             return Ended(None, f"the stream did not open: {describe(exc)}")
@@ -581,7 +587,7 @@ class Subscription:
             return Ended(None, f"the stream was refused: {error_line(error)}")
         raise error
 
-    async def _stream_sse(self, r: httpx.Response) -> Ended:
+    async def _stream_sse(self, chunks: AsyncIterator[bytes]) -> Ended:
         """Deliver every frame of an SSE answer until its end (the WebSocket loop's twin).
 
         The server's ``: ping`` comments are the heartbeat: nothing for
@@ -590,7 +596,6 @@ class Subscription:
         subscribed_at: float | None = None
         delivered_event = False
         parser = sse.SseParser()
-        chunks = r.aiter_raw()
 
         def progressed() -> bool:
             lasted = subscribed_at is not None and (
@@ -677,6 +682,21 @@ def _close_code(reason: str | None) -> str:
     except ValueError:
         return ""
     return str(decoded.get("code", "")) if isinstance(decoded, dict) else ""
+
+
+async def _close_rejected(exc: ConnectionRejected) -> None:
+    """Close the TCP stream of a refused handshake, which trio-websocket 0.12 leaves open.
+
+    Its reader raises the refusal before anything closes the stream; the
+    connection is found in the traceback's frames (``self`` of its methods).
+    """
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, WebSocketConnection):
+            await trio.aclose_forcefully(owner._stream)
+            return
+        tb = tb.tb_next
 
 
 def _rejected_handshake(exc: ConnectionRejected) -> Ended:
