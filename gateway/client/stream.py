@@ -52,6 +52,15 @@ asks of a client, and decides what the contract leaves to the client:
   the events sent before it (its ``turn.cancelled``): never reconnected, and
   told apart from a normal end.
 
+- **No WebSocket.** A handshake refused by something that is not the
+  gateway (a proxy's 4xx or 5xx page), or by the gateway for an upgrade that
+  lost its headers on the way (426 ``upgrade_required``), makes the
+  subscription read the same frames as server-sent events
+  (``GET /sessions/{id}/events``, docs/protocol.md §14;
+  :mod:`gateway.client.sse`) from then on, after one :class:`Notice`: the
+  same items, cursor, resume and errors; the server's ``: ping`` comments
+  are the heartbeat there (no pings of the client's own).
+
 The feeding task hands items over a bounded channel: a consumer that stops
 reading stops the task reading the socket, the server's bound fills, and the
 server closes with 1008 ``client_too_slow``; the stream comes back with
@@ -79,6 +88,7 @@ from trio_websocket import (
     open_websocket_url,
 )
 
+from gateway.client import sse
 from gateway.errors import (
     ApiError,
     ClientError,
@@ -335,6 +345,8 @@ class Subscription:
         duplicates_dropped: events at or below the cursor, dropped (the server
             promises none; this counts what it would take to prove it).
         connections: how many connections were subscribed so far.
+        transport: ``"websocket"``, or ``"sse"`` once a WebSocket upgrade was
+            refused on the way (module docstring, "No WebSocket").
     """
 
     def __init__(
@@ -368,6 +380,7 @@ class Subscription:
         self._last_said = ""
         self._send, self._receive = trio.open_memory_channel[Item | _Failed](buffer)
         self._ended: GatewayError | None = None
+        self.transport = "websocket"  # "sse" once a WebSocket could not pass (_connect)
 
     # --- the consumer's side
 
@@ -419,16 +432,29 @@ class Subscription:
         await self._send.send(Notice(line))
 
     async def _connect(self) -> Ended:
-        """One attempt: a token, the WebSocket, the subscribe, the stream until it ends."""
+        """One attempt: a token, the WebSocket, the subscribe, the stream until it ends.
+
+        A WebSocket that cannot pass (its upgrade refused by a proxy) makes
+        this subscription read server-sent events from then on (gateway.client.sse).
+        """
         url = await self._ws_url()
         if isinstance(url, Ended):
             return url
+        if self.transport == "sse":
+            return await self._connect_sse(url)
         ended: Ended | None = None
         try:
             async with self._connector(url) as ws:
                 ended = await self._stream(ws)
         except ConnectionRejected as exc:
-            return _rejected_handshake(exc)
+            await _close_rejected(exc)
+            if not sse.no_websocket_here(exc.status_code, exc.body):
+                return _rejected_handshake(exc)
+            self.transport = "sse"
+            why = f"the WebSocket upgrade was refused ({exc.status_code}): using server-sent events"
+            await self._send.send(Notice(why))
+            url = await self._ws_url()  # a fresh token: a proxy may have let the first one through
+            return url if isinstance(url, Ended) else await self._connect_sse(url)
         except HandshakeError as exc:  # a network error or a timeout, opening or closing
             if ended is None:
                 return Ended(None, f"the stream did not open: {describe(exc)}")
@@ -500,21 +526,11 @@ class Subscription:
                 missed = 0
                 text = raw if isinstance(raw, str) else raw.decode(errors="replace")
                 frame = decode_frame(text)
-                if isinstance(frame, EventFrame):
-                    if self.cursor is not None and frame.event.id <= self.cursor:
-                        self.duplicates_dropped += 1
-                        continue
-                    self.cursor = frame.event.id
-                    self.snapshot = False
-                    delivered_event = True
-                elif isinstance(frame, Snapshot) and frame.snapshot_at_event_id is not None:
-                    self.cursor = frame.snapshot_at_event_id
-                    self.snapshot = False
-                elif isinstance(frame, SubscribeAck):
+                if not self._track(frame):
+                    continue
+                delivered_event = delivered_event or isinstance(frame, EventFrame)
+                if isinstance(frame, SubscribeAck):
                     subscribed_at = trio.current_time()
-                    self.connections += 1
-                    # Until the first event, a reconnect takes a snapshot: nothing is lost.
-                    self.snapshot = self.snapshot or self.cursor is None
                 await self._send.send(Received(text, frame))
                 if isinstance(frame, Ping):
                     await ws.send_message(encode(Pong(frame.nonce)).decode())
@@ -529,6 +545,93 @@ class Subscription:
                     raise FrameRejected(frame.code, frame.message)
         except ConnectionClosed as closed:
             return _closed(closed, progressed())
+
+    def _track(self, frame: ServerFrame | None) -> bool:
+        """Follow the cursor through a frame; ``False``: an event at or below it (dropped)."""
+        if isinstance(frame, EventFrame):
+            if self.cursor is not None and frame.event.id <= self.cursor:
+                self.duplicates_dropped += 1
+                return False
+            self.cursor = frame.event.id
+            self.snapshot = False
+        elif isinstance(frame, Snapshot) and frame.snapshot_at_event_id is not None:
+            self.cursor = frame.snapshot_at_event_id
+            self.snapshot = False
+        elif isinstance(frame, SubscribeAck):
+            self.connections += 1
+            # Until the first event, a reconnect takes a snapshot: nothing is lost.
+            self.snapshot = self.snapshot or self.cursor is None
+        return True
+
+    # --- server-sent events (docs/protocol.md §14)
+
+    async def _connect_sse(self, ws_url: str) -> Ended:
+        """One attempt over ``GET /sessions/{id}/events``, the token of ``ws_url``."""
+        query = sse.events_query(sse.attach_token(ws_url), self.filter, self.cursor, self.snapshot)
+        timeout = httpx.Timeout(CONNECT_TIMEOUT_S, read=None)
+        url = f"/sessions/{self.session_id}/events"
+        try:
+            async with self._http.stream("GET", url, params=query, timeout=timeout) as r:
+                if r.status_code == 200:
+                    chunks = r.aiter_raw()
+                    try:
+                        return await self._stream_sse(chunks)
+                    finally:
+                        with trio.CancelScope(shield=True):
+                            await sse.abandon(r, chunks)
+                await r.aread()
+        except httpx.TransportError as exc:
+            return Ended(None, f"the stream did not open: {describe(exc)}")
+        error = api_error(r)
+        if r.status_code >= 500 or error.code.startswith("attach_token"):
+            return Ended(None, f"the stream was refused: {error_line(error)}")
+        raise error
+
+    async def _stream_sse(self, chunks: AsyncIterator[bytes]) -> Ended:
+        """Deliver every frame of an SSE answer until its end (the WebSocket loop's twin).
+
+        The server's ``: ping`` comments are the heartbeat: nothing for
+        :attr:`Heartbeat.dead_after_s`, and the stream is dropped and resumed.
+        """
+        subscribed_at: float | None = None
+        delivered_event = False
+        parser = sse.SseParser()
+
+        def progressed() -> bool:
+            lasted = subscribed_at is not None and (
+                trio.current_time() - subscribed_at >= self.backoff.stable_s
+            )
+            return delivered_event or lasted
+
+        while True:
+            with trio.move_on_after(self.heartbeat.dead_after_s) as idle:
+                try:
+                    chunk = await anext(chunks, b"")
+                except httpx.TransportError:
+                    chunk = b""
+            if idle.cancelled_caught:
+                why = f"no frame from the gateway in {self.heartbeat.dead_after_s:g} s"
+                return Ended(None, why, progressed())
+            if not chunk:
+                return Ended(None, "the stream ended without a close", progressed())
+            for text in parser.feed(chunk):
+                close = sse.close_frame(text)
+                if close is not None:
+                    code, name = int(close.get("ws_code", 1006)), str(close.get("code", ""))
+                    return ended_by_close(code, name, progressed())
+                frame = decode_frame(text)
+                if not self._track(frame):
+                    continue
+                delivered_event = delivered_event or isinstance(frame, EventFrame)
+                if isinstance(frame, SubscribeAck):
+                    subscribed_at = trio.current_time()
+                await self._send.send(Received(text, frame))
+                if isinstance(frame, SubscribeError):
+                    if frame.code not in SNAPSHOT_INSTEAD:
+                        raise SubscribeRejected(frame.code, frame.message)
+                    why = f"{frame.code} (since {self.cursor}); starting from a snapshot"
+                    self.cursor, self.snapshot = None, True
+                    return Ended(None, why, progressed=True)
 
 
 def decode_frame(text: str) -> ServerFrame | None:
@@ -557,6 +660,11 @@ def _closed(closed: ConnectionClosed, progressed: bool) -> Ended:
     to reconnect; a close that says not to reconnect raises."""
     code = closed.reason.code if closed.reason else 1006
     name = _close_code(closed.reason.reason if closed.reason else None)
+    return ended_by_close(code, name, progressed)
+
+
+def ended_by_close(code: int, name: str, progressed: bool) -> Ended:
+    """A close, WebSocket code and name (gateway.protocol.closes), as an end (:func:`_closed`)."""
     why = f"closed {code}" + (f" {name}" if name else "")
     if name == "session_deleted":  # docs/protocol.md §13: nothing to come back to
         raise ClientError("session_deleted", "the session was deleted")
@@ -574,6 +682,21 @@ def _close_code(reason: str | None) -> str:
     except ValueError:
         return ""
     return str(decoded.get("code", "")) if isinstance(decoded, dict) else ""
+
+
+async def _close_rejected(exc: ConnectionRejected) -> None:
+    """Close the TCP stream of a refused handshake, which trio-websocket 0.12 leaves open.
+
+    Its reader raises the refusal before anything closes the stream; the
+    connection is found in the traceback's frames (``self`` of its methods).
+    """
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, WebSocketConnection):
+            await trio.aclose_forcefully(owner._stream)
+            return
+        tb = tb.tb_next
 
 
 def _rejected_handshake(exc: ConnectionRejected) -> Ended:

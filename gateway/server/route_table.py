@@ -34,7 +34,7 @@ from gateway.protocol.http import (
     TurnAccepted,
 )
 from gateway.protocol.shapes import Message
-from gateway.server.handlers import admin, attach, page, sessions, turns
+from gateway.server.handlers import admin, attach, events, page, sessions, turns
 from gateway.server.openapi import Operation, Query
 from gateway.server.routes import Route, page_route, route
 
@@ -56,6 +56,24 @@ ATTACH = Query(
     {"type": "string"},
     "The single-use attach token of `GET /sessions/{session_id}`.",
     required=True,
+)
+
+FILTER = Query(
+    "filter",
+    {"type": "string", "default": "preset:chat"},
+    "A preset name (`preset:chat`, `preset:full`) or a filter object's JSON "
+    "(docs/protocol.md §3); 400 `invalid_query` if it is neither.",
+)
+SNAPSHOT = Query(
+    "snapshot",
+    {"type": "string", "enum": ["true", "false"], "default": "false"},
+    "Start with a snapshot of the session, as a subscribe's `snapshot`.",
+)
+SINCE = Query(
+    "since",
+    {"type": "string"},
+    "An event id: replay what came after it, as a subscribe's `since` "
+    "(the `Last-Event-ID` header stands for it when absent).",
 )
 
 SESSION = "/sessions/{session_id}"
@@ -346,6 +364,38 @@ ROUTES: tuple[Route, ...] = (
                 "`Sec-WebSocket-Key`), refused with a status before any upgrade: an "
                 "unknown session first (404), then the attach token (403). Its "
                 "credential is the attach token, not the API key.",
+            ),
+        ),
+    ),
+    route(
+        f"{SESSION}/events",
+        "events",
+        GET=(
+            events.events,
+            Operation(
+                "The session's stream as server-sent events",
+                None,
+                query=(ATTACH, FILTER, SNAPSHOT, SINCE),
+                auth="optional",
+                media_type="text/event-stream",
+                errors={
+                    400: ("invalid_query",),
+                    403: (
+                        "attach_token_required",
+                        "attach_token_invalid",
+                        "attach_token_expired",
+                    ),
+                    503: ("over_capacity",),
+                },
+                description="docs/protocol.md §14: the WebSocket stream's frames "
+                "(`subscribe_ack`, `snapshot`, `event`, `subscribe_error`), each one "
+                "`data:` line of the same JSON, an event frame with `id:` = its event "
+                "id; `Last-Event-ID` resumes as `since` does. A `: ping` comment after "
+                "`ping_interval_s` idle. A close (`client_too_slow`, `session_deleted`, "
+                '`shutdown`...) is a last `{"type": "close", "code", "ws_code", '
+                '"message", "reconnect"}` frame, then the end of the body. The same '
+                "credential (the single-use attach token), ownership and stream "
+                "limits as the WebSocket.",
             ),
         ),
     ),

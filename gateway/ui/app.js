@@ -15,6 +15,13 @@
 //   after KEEPALIVE_MS of silence and drop a connection that stays silent as
 //   long again; after any drop, reconnect with capped exponential backoff with
 //   jitter (the `status` element says "reconnecting" meanwhile);
+// - no WebSocket (docs/protocol.md §14): a WebSocket that closes before it
+//   ever opened, though the HTTP API answered (a proxy that refuses the
+//   upgrade), makes this stream read the same frames from an EventSource on
+//   `GET /sessions/{id}/events` from then on: the subscribe is the query (no
+//   keepalive of its own: the browser reports the drop), a last `{"type": "close"}` frame
+//   is the WebSocket's close; the EventSource's own reconnection (its used
+//   token is refused) is replaced by this page's, with a fresh token;
 // - the API key: asked for when the gateway answers 401 (or 403 to a key it
 //   no longer takes), kept in sessionStorage (this tab only), never in a URL.
 //
@@ -216,6 +223,8 @@ class Stream {
     this.onReset = onReset;
     this.onState = onState;
     this.ws = null;
+    this.source = null; // the EventSource, once WebSockets cannot pass
+    this.useEvents = false;
     this.cursor = null; // the last event id applied (or the snapshot's)
     this.stopped = false;
     this.everLive = false;
@@ -237,6 +246,13 @@ class Stream {
     const ws = this.ws;
     this.ws = null;
     if (ws) ws.close(1000);
+    this.dropEvents();
+  }
+
+  dropEvents() {
+    const source = this.source;
+    this.source = null;
+    if (source) source.close();
   }
 
   setState(state, detail = "") {
@@ -259,13 +275,19 @@ class Stream {
       return;
     }
     if (this.stopped) return;
+    if (this.useEvents) {
+      this.connectEvents(info);
+      return;
+    }
     const ws = new WebSocket(info.ws_url);
     this.ws = ws;
     // Progress (the backoff starts again): an event or a snapshot came, or the
     // connection lasted STABLE_MS. A gateway that accepts and drops at once is not.
     let progressed = false;
     const openedAt = Date.now();
+    let opened = false;
     ws.onopen = () => {
+      opened = true;
       if (ws === this.ws) this.subscribe();
     };
     ws.onmessage = (message) => {
@@ -283,30 +305,93 @@ class Stream {
       if (ws !== this.ws) return; // one we dropped ourselves
       this.ws = null;
       clearTimeout(this.idleTimer);
+      if (!opened) {
+        // The API answered but the WebSocket never opened: the upgrade is refused
+        // on the way (section 14). The same stream comes as server-sent events.
+        this.useEvents = true;
+        this.connect();
+        return;
+      }
       let reason = "";
       try {
         reason = JSON.parse(event.reason || "{}").code || "";
       } catch {
         reason = "";
       }
-      if (reason === "session_deleted") {
-        // DELETE /sessions/{id} (docs/protocol.md §13): nothing to come back to.
-        this.setState("offline", "this session was deleted");
-        return;
-      }
-      if (event.code === 1000 || FINAL_CLOSES.has(reason)) {
-        this.setState("offline", `closed ${event.code}${reason ? ` ${reason}` : ""}`);
-        return;
-      }
-      if (progressed || Date.now() - openedAt >= STABLE_MS) this.failures = 0;
-      this.retry(`closed ${event.code}${reason ? ` ${reason}` : ""}`);
+      this.closed(event.code, reason, progressed || Date.now() - openedAt >= STABLE_MS);
     };
+  }
+
+  /** The gateway closed the stream (a WebSocket close, or an SSE close frame). */
+  closed(code, reason, progressed) {
+    if (reason === "session_deleted") {
+      // DELETE /sessions/{id} (docs/protocol.md §13): nothing to come back to.
+      this.setState("offline", "this session was deleted");
+      return;
+    }
+    if (code === 1000 || FINAL_CLOSES.has(reason)) {
+      this.setState("offline", `closed ${code}${reason ? ` ${reason}` : ""}`);
+      return;
+    }
+    if (progressed) this.failures = 0;
+    this.retry(`closed ${code}${reason ? ` ${reason}` : ""}`);
+  }
+
+  /** The stream as server-sent events (docs/protocol.md §14): the subscribe is the query. */
+  connectEvents(info) {
+    const query = new URLSearchParams({
+      attach: info.attach_token,
+      filter: JSON.stringify(this.filter()),
+      snapshot: String(this.cursor === null),
+    });
+    if (this.cursor !== null) query.set("since", this.cursor);
+    const source = new EventSource(`sessions/${encodeURIComponent(this.sessionId)}/events?${query}`);
+    this.source = source;
+    let progressed = false;
+    const openedAt = Date.now();
+    const over = () => {
+      this.source = null;
+      source.close(); // never the EventSource's own reconnection: its token is used up
+      clearTimeout(this.idleTimer);
+      return progressed || Date.now() - openedAt >= STABLE_MS;
+    };
+    source.onopen = () => {
+      if (source === this.source) this.touch();
+    };
+    source.onmessage = (message) => {
+      if (source !== this.source) return;
+      this.touch();
+      let frame;
+      try {
+        frame = JSON.parse(message.data);
+      } catch {
+        return;
+      }
+      if (frame.type === "close") {
+        this.closed(frame.ws_code, frame.code, over());
+      } else if (frame.type === "subscribe_error" && SNAPSHOT_INSTEAD.has(frame.code)) {
+        over();
+        this.cursor = null; // the stream ends after it: ask again, for a snapshot
+        this.connect();
+      } else if (this.receive(frame)) {
+        progressed = true;
+      }
+    };
+    source.onerror = () => {
+      if (source !== this.source) return; // one we closed ourselves
+      if (over()) this.failures = 0;
+      this.retry("the event stream ended");
+    };
+  }
+
+  filter() {
+    return { event_types: null, actors: null, include_worker_sessions: this.workers };
   }
 
   subscribe() {
     const frame = {
       type: "subscribe",
-      filter: { event_types: null, actors: null, include_worker_sessions: this.workers },
+      filter: this.filter(),
       since: this.cursor,
       snapshot: this.cursor === null,
     };
@@ -365,6 +450,8 @@ class Stream {
   }
 
   idle() {
+    // Over SSE there is no ping to send, and the gateway's `: ping` comments
+    // reach no handler of an EventSource: the browser's own error is the drop.
     if (!this.ws) return;
     if (this.pinged) {
       const ws = this.ws; // silent twice over: a dead peer; drop it and come back
@@ -392,7 +479,7 @@ class Stream {
 
   /** The network is back: skip the rest of the backoff. */
   online() {
-    if (this.stopped || this.ws || !this.retryTimer) return;
+    if (this.stopped || this.ws || this.source || !this.retryTimer) return;
     clearTimeout(this.retryTimer);
     this.retryTimer = 0;
     this.connect();
@@ -401,6 +488,10 @@ class Stream {
   /** Automation: cut the socket as a network drop would (the page then reconnects). */
   drop() {
     if (this.ws) this.ws.close(4001, "dropped by the page's automation handle");
+    if (this.source) {
+      this.dropEvents();
+      this.retry("dropped by the page's automation handle");
+    }
   }
 }
 

@@ -48,6 +48,7 @@ CONTRACT = {
     ("post", "/sessions/{session_id}/compact"),  # docs/protocol.md §12
     ("post", "/sessions/{session_id}/feedback"),
     ("get", "/sessions/{session_id}/stream"),
+    ("get", "/sessions/{session_id}/events"),  # docs/protocol.md §14: the stream as SSE
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),

@@ -505,6 +505,54 @@ def test_a_socket_cut_mid_reply_ends_in_the_same_text(
         cut.close()
 
 
+# --- no WebSocket: server-sent events -----------------------------------------------------------
+
+# A network that refuses the upgrade, as the page sees it: the socket closes unopened.
+NO_WEBSOCKET = """
+window.WebSocket = class {
+  static OPEN = 1;
+  constructor() {
+    this.readyState = 3;
+    setTimeout(() => this.onclose && this.onclose({ code: 1006, reason: "" }), 0);
+  }
+  send() {}
+  close() {}
+};
+"""
+
+
+def test_without_websockets_the_page_streams_over_server_sent_events(
+    browser: Any, daemon: Daemon, tmp_path: Path
+) -> None:
+    """docs/protocol.md §14: the same frames from an EventSource, and a resume with ``since``."""
+    steady = Page(browser, daemon, tmp_path)
+    blocked = Page(browser, daemon, tmp_path)
+    blocked.context.add_init_script(NO_WEBSOCKET)
+    expect = steady.api.expect
+    try:
+        steady.open()
+        session_id = steady.new_session()
+        blocked.open(session_id)
+        events = [u for u in blocked.requests if f"/sessions/{session_id}/events?" in u]
+        assert len(events) == 1 and "snapshot=true" in events[0]
+        steady.send(script([[{"thinking": "Plan."}, {"lorem": 120}]], delay_ms=40))
+        expect(blocked.messages("assistant", "in_progress")).to_contain_text(re.compile(r"\w+ \w+"))
+        blocked.page.evaluate("gateway.stream.drop()")
+        blocked.live()
+        steady.turn_over()
+        blocked.turn_over()
+        events = [u for u in blocked.requests if f"/sessions/{session_id}/events?" in u]
+        assert len(events) == 2 and events[0] != events[1]  # a fresh attach token
+        assert "snapshot=false" in events[1] and re.search(r"since=evt_\d+", events[1])
+        for view in ("full", "simple"):
+            steady.view(view)
+            blocked.view(view)
+            assert blocked.thread_text() == steady.thread_text(), view
+    finally:
+        steady.close()
+        blocked.close()
+
+
 # --- approval -----------------------------------------------------------------------------------
 
 
