@@ -12,16 +12,19 @@ docs/protocol.md "AG-UI".
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
+from gateway.agui import shapes as ag
 from gateway.agui.mapping import RunMapper
+from gateway.agui.resume import RunFeed, RunRecord, parse_cursor
 from gateway.agui.shapes import CancelRun, InputMessage, ResumeEntry, RunAgentInput, RunCancelling
-from gateway.agui.sse import RunSubscriber, sse, stream_run
+from gateway.agui.sse import RunSubscriber, stream_run, tagged_sse
 from gateway.errors import ApiError
-from gateway.ids import new_message_id, new_turn_id, now_ms
+from gateway.ids import format_event_id, new_message_id, new_turn_id, now_ms
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
 from gateway.protocol.shapes import Message
@@ -105,6 +108,28 @@ CANCEL = Operation(
 )
 """``POST /agui/{session_id}/cancel`` in the API document."""
 
+STREAM = Operation(
+    "Re-attach to an AG-UI run (SSE of AG-UI events)",
+    None,
+    media_type="text/event-stream",
+    errors={
+        404: ("session_not_found", "run_not_found"),
+        422: ("invalid_last_event_id",),
+        503: ("store_unavailable", "session_elsewhere", "session_owner_unreachable"),
+    },
+    description="`session_id` is the run's `threadId`. With a `Last-Event-ID` "
+    "header (the `id:` of the last event received), what came after it; "
+    "without, the whole run. The stream begins with `RUN_STARTED`, then the "
+    "start events of every step and block the client saw start and not end, "
+    "then the rest of the run, live while it goes on, until `RUN_FINISHED` or "
+    '`RUN_ERROR` (docs/protocol.md "AG-UI"). 404 `run_not_found`: a run this '
+    "gateway did not start or no longer holds.",
+)
+"""``GET /agui/{session_id}/runs/{run_id}/stream`` in the API document."""
+
+MAX_RECORDS = 10_000
+"""The runs a router remembers for re-attaching (the oldest forgotten first)."""
+
 
 class AguiRoutes:
     """The AG-UI handlers of one router, and what they keep between runs (module docstring).
@@ -122,6 +147,9 @@ class AguiRoutes:
         self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
         api.node.session_listeners.append(self._forget)  # pruned with the session's tasks
         self._creating: dict[str, trio.Event] = {}  # thread ids being created
+        # (session, run): what re-attaching needs; kept past the session's tasks
+        # (a replay reads the store), the oldest forgotten past MAX_RECORDS.
+        self._records: OrderedDict[tuple[str, str], RunRecord] = OrderedDict()
 
     async def agui_run(self, req: Request) -> StreamingResponse:
         """``POST /agui``: one AG-UI run, the turn it starts or resumes (docs/protocol.md "AG-UI").
@@ -152,7 +180,7 @@ class AguiRoutes:
             )
             assert state.current_turn_id is not None
             turn_id = state.current_turn_id
-            await self._subscribe(session, sub)
+            start = await self._subscribe(session, sub)
             try:
                 for perm_id, decision, answer in decisions:
                     await self.node.decide_permission(session, perm_id, decision, answer)
@@ -172,19 +200,21 @@ class AguiRoutes:
             message = Message(
                 new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
             )
-            await self._subscribe(session, sub)
+            start = await self._subscribe(session, sub)
             try:
                 await self.api._counted_turn(caller or NO_OWNER, session, message)
             except BaseException:
                 session.hub.unsubscribe(sub)
                 raise
         self._runs[session.id] = (body.run_id, turn_id)
-        mapper = RunMapper(body.thread_id, body.run_id, turn_id)
-        opening = mapper.start(history[-limit:] if limit else [], now_ms(), self._snapshot_cap)
+        record = RunRecord(turn_id, start, len(history), now_ms())
+        self._remember((session.id, body.run_id), record)
+        feed = RunFeed(RunMapper(body.thread_id, body.run_id, turn_id), start)
+        opening = feed.opening(self._opening(feed.mapper, record, history))
         interval = self.config.stream.ping_interval_s
 
         async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
-            await stream_run(sub, mapper, opening, send, interval)
+            await stream_run(sub, feed, opening, send, interval)
 
         return StreamingResponse(
             run,
@@ -200,14 +230,66 @@ class AguiRoutes:
         thread's ``MESSAGES_SNAPSHOT`` with how the turn ended, ``RUN_FINISHED``)
         and the front end is free again (docs/protocol.md "AG-UI").
         """
-        mapper = RunMapper(body.thread_id, body.run_id, "")
-        opening = mapper.start(history, now_ms(), self._snapshot_cap)
-        events = [*opening, mapper.idle_finish(now_ms())]
+        feed = RunFeed(RunMapper(body.thread_id, body.run_id, ""), self.node.sequencer.last)
+        opening = feed.mapper.start(history, now_ms(), self._snapshot_cap)
+        events = feed.opening([*opening, feed.mapper.idle_finish(now_ms())])
 
         async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
-            await send(sse(events))
+            await send(tagged_sse(events))
 
         return StreamingResponse(run, headers=SSE_HEADERS)
+
+    async def agui_stream(self, req: Request, session_id: str, run_id: str) -> StreamingResponse:
+        """``GET /agui/{session_id}/runs/{run_id}/stream``: re-attach to a run.
+
+        The run is mapped again from its start: the seam replays the session's
+        events after the run's start, then the subscriber is live (no gap, no
+        duplicate at the seam); :class:`~gateway.agui.resume.RunFeed` sends
+        what comes after the client's ``Last-Event-ID`` (docs/protocol.md "AG-UI").
+        """
+        session = await self.api._session(session_id, self.api._authenticate(req))
+        header = req.headers.get("last-event-id")
+        cursor = parse_cursor(header) if header else None
+        if header and cursor is None:
+            raise ApiError(
+                422, "invalid_last_event_id", f"Last-Event-ID {header[:60]!r} is no event id"
+            )
+        record = self._records.get((session.id, run_id))
+        if record is None:
+            raise ApiError(404, "run_not_found", f"no run {run_id[:60]!r} on {session.id}")
+        history = (await self.node.messages_of(session))[: record.history_len]
+        sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
+        resolved, key = resolve_filter("preset:full")
+        subscribe = Subscribe("preset:full", since=format_event_id(record.start))
+        done = await seam.subscribe(session, sub, subscribe, resolved, key, self.config.stream)
+        if done.error is not None:
+            raise ApiError(
+                404, "run_not_found", f"run {run_id[:60]!r} can no longer be replayed: {done.error}"
+            )
+        feed = RunFeed(RunMapper(session.id, run_id, record.turn_id), record.start, cursor, True)
+        opening = feed.opening(self._opening(feed.mapper, record, history))
+        interval = self.config.stream.ping_interval_s
+
+        async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
+            await stream_run(sub, feed, opening, send, interval)
+
+        return StreamingResponse(
+            run, headers=SSE_HEADERS, abandon=lambda: sub.leave("client_closed")
+        )
+
+    def _opening(
+        self, mapper: RunMapper, record: RunRecord, history: list[Message]
+    ) -> list[ag.AguiEvent]:
+        """A run's ``RUN_STARTED`` and ``MESSAGES_SNAPSHOT``, as it began (the same again)."""
+        limit = self.config.stream.snapshot_messages
+        shown = history[: record.history_len][-limit:] if limit else []
+        return mapper.start(shown, record.started_ms, self._snapshot_cap)
+
+    def _remember(self, key: tuple[str, str], record: RunRecord) -> None:
+        self._records[key] = record
+        self._records.move_to_end(key)
+        while len(self._records) > MAX_RECORDS:
+            self._records.popitem(last=False)
 
     @property
     def _snapshot_cap(self) -> int:
@@ -243,11 +325,13 @@ class AguiRoutes:
         """The session's tasks ended (deleted, unloaded, or run by another node now)."""
         self._runs.pop(session_id, None)
 
-    async def _subscribe(self, session: Session, sub: RunSubscriber) -> None:
+    async def _subscribe(self, session: Session, sub: RunSubscriber) -> int:
+        """Join the session's hub, live; the run's start (every later event is above it)."""
         resolved, key = resolve_filter("preset:full")
         await seam.subscribe(
             session, sub, Subscribe("preset:full"), resolved, key, self.config.stream
         )
+        return self.node.sequencer.last
 
     async def agui_cancel(self, req: Request, session_id: str) -> Response:
         """``POST /agui/{session_id}/cancel``: cancel the thread's turn (docs/protocol.md §8)."""
@@ -270,6 +354,11 @@ class AguiRoutes:
 async def agui_run(api: Router, req: Request) -> StreamingResponse:
     """The route table's ``POST /agui`` (:meth:`AguiRoutes.agui_run`)."""
     return await api.agui.agui_run(req)
+
+
+async def agui_stream(api: Router, req: Request, session_id: str, run_id: str) -> StreamingResponse:
+    """The route table's re-attach (:meth:`AguiRoutes.agui_stream`)."""
+    return await api.agui.agui_stream(req, session_id, run_id)
 
 
 async def agui_cancel(api: Router, req: Request, session_id: str) -> Response:

@@ -1,0 +1,224 @@
+"""Re-attaching to an AG-UI run (docs/protocol.md "AG-UI", "Re-attaching"), over a real socket.
+
+Every SSE event of a run carries an ``id:``; ``GET
+/agui/{session_id}/runs/{run_id}/stream`` with ``Last-Event-ID`` sends
+``RUN_STARTED``, the start events of what the client saw open, then the rest.
+The resumed stream is checked against the uninterrupted one at every event
+boundary, and with the rules ``@ag-ui/client`` verifies (:func:`verify`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from ag_ui.core import Event as AguiEvent
+from pydantic import TypeAdapter
+
+from gateway.agui.resume import parse_cursor
+from tests.conftest import TOOL_SCRIPT, Harness
+from tests.integration.test_agui_http import APPROVAL, LONG_NAP, TEXT, gateway, run_input
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+_events = TypeAdapter(AguiEvent)
+
+Sent = tuple[str | None, dict[str, Any]]  # an SSE event's id, and the AG-UI event
+
+
+async def sse_events(
+    h: Harness, method: str, url: str, until: str | None = None, **kw: Any
+) -> list[Sent]:
+    """Every event of the answer (up to the first of type ``until``), each with its ``id:``."""
+    out: list[Sent] = []
+    async with h.http.stream(method, url, **kw) as r:
+        assert r.status_code == 200, (await r.aread()).decode()
+        assert r.headers["content-type"] == "text/event-stream"
+        event_id: str | None = None
+        lines = cast(AsyncGenerator[str, None], r.aiter_lines())
+        async with aclosing(lines):
+            async for line in lines:
+                if line.startswith("id: "):
+                    event_id = line[4:]
+                elif line.startswith("data: "):
+                    event: dict[str, Any] = json.loads(line[6:])
+                    _events.validate_python(event)  # the official models parse it
+                    out.append((event_id, event))
+                    event_id = None
+                    if event["type"] == until:
+                        break
+    return out
+
+
+def stream_url(thread: str, run_id: str) -> str:
+    return f"/agui/{thread}/runs/{run_id}/stream"
+
+
+def bodies(sent: list[Sent]) -> list[dict[str, Any]]:
+    return [e for _, e in sent]
+
+
+_PAIRS = {
+    "STEP_STARTED": ("step", "stepName", True),
+    "STEP_FINISHED": ("step", "stepName", False),
+    "TEXT_MESSAGE_START": ("text", "messageId", True),
+    "TEXT_MESSAGE_END": ("text", "messageId", False),
+    "REASONING_START": ("reasoning", "messageId", True),
+    "REASONING_END": ("reasoning", "messageId", False),
+    "REASONING_MESSAGE_START": ("reasoning_message", "messageId", True),
+    "REASONING_MESSAGE_END": ("reasoning_message", "messageId", False),
+    "TOOL_CALL_START": ("tool", "toolCallId", True),
+    "TOOL_CALL_END": ("tool", "toolCallId", False),
+}
+_INSIDE = {
+    "TEXT_MESSAGE_CONTENT": ("text", "messageId"),
+    "REASONING_MESSAGE_CONTENT": ("reasoning_message", "messageId"),
+    "TOOL_CALL_ARGS": ("tool", "toolCallId"),
+}
+
+
+def open_starts(seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The start events of the steps and blocks ``seen`` opened and did not close, in order."""
+    open_: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in seen:
+        if e["type"] in _PAIRS:
+            kind, field, starts = _PAIRS[e["type"]]
+            if starts:
+                open_[kind, e[field]] = e
+            else:
+                open_.pop((kind, e[field]), None)
+    return list(open_.values())
+
+
+def verify(events: list[dict[str, Any]]) -> None:
+    """The rules ``@ag-ui/client``'s verifier holds a stream to (the ones this gateway meets)."""
+    assert events and events[0]["type"] == "RUN_STARTED", events[:1]
+    open_: set[tuple[str, str]] = set()
+    for i, e in enumerate(events):
+        type_ = e["type"]
+        assert i == 0 or type_ != "RUN_STARTED", f"a second RUN_STARTED at {i}"
+        if type_ in ("RUN_FINISHED", "RUN_ERROR"):
+            assert i == len(events) - 1, f"events after the run's end: {events[i:]}"
+        if type_ in _PAIRS:
+            kind, field, starts = _PAIRS[type_]
+            key = (kind, e[field])
+            if starts:
+                assert key not in open_, f"{type_} of an open {key} at {i}"
+                open_.add(key)
+            else:
+                assert key in open_, f"{type_} of {key}, never started, at {i}"
+                open_.discard(key)
+        if type_ in _INSIDE:
+            kind, field = _INSIDE[type_]
+            assert (kind, e[field]) in open_, f"{type_} outside its block at {i}"
+
+
+async def test_a_run_resumes_at_every_event_boundary(tmp_path: Path) -> None:
+    """Cut after k events for every k: ``RUN_STARTED``, the reopened starts, the rest, exactly."""
+    async with gateway(tmp_path) as h:
+        thread = f"t-{uuid.uuid4()}"
+        await sse_events(h, "POST", "/agui", json=run_input(thread, TEXT))  # some history
+        body = run_input(thread, TOOL_SCRIPT)
+        full = await sse_events(h, "POST", "/agui", json=body)
+        types = [e["type"] for e in bodies(full)]
+        assert types[:2] == ["RUN_STARTED", "MESSAGES_SNAPSHOT"] and types[-1] == "RUN_FINISHED"
+        positions = [parse_cursor(i) for i, _ in full if i is not None]
+        assert len(positions) == len(full) and None not in positions  # an id on every event
+        assert positions == sorted(set(positions))  # strictly increasing: each names one event
+        url = stream_url(thread, body["runId"])
+        assert await sse_events(h, "GET", url) == full  # no Last-Event-ID: the whole run
+        for k in range(1, len(full) + 1):
+            cursor = full[k - 1][0]
+            assert cursor is not None
+            got = await sse_events(h, "GET", url, headers={"Last-Event-ID": cursor})
+            verify(bodies(got))
+            (first_id, started), rest = got[0], got[1:]
+            assert started["type"] == "RUN_STARTED" and first_id == cursor
+            assert (started["threadId"], started["runId"]) == (thread, body["runId"])
+            reopened = open_starts(bodies(full[:k]))
+            assert bodies(rest[: len(reopened)]) == reopened, k
+            assert all(i == cursor for i, _ in rest[: len(reopened)])
+            # What was missed; with everything seen, the run's end again (at its own id).
+            assert rest[len(reopened) :] == (full[k:] or full[-1:]), k
+            # Seen plus the resumed stream, the reopened starts left out, is the run.
+            if full[k:]:
+                assert full[:k] + rest[len(reopened) :] == full
+
+
+async def test_a_run_still_going_resumes_live_with_its_open_blocks_reopened(
+    tmp_path: Path,
+) -> None:
+    async with gateway(tmp_path) as h:
+        thread = f"t-{uuid.uuid4()}"
+        body = run_input(thread, LONG_NAP)
+        seen = await sse_events(h, "POST", "/agui", until="TOOL_CALL_END", json=body)
+        # The connection is closed; the tool runs on. Resume as if the last
+        # event had not arrived: the tool call is still open for this client.
+        cursor = seen[-2][0]
+        assert seen[-2][1]["type"] == "TOOL_CALL_ARGS" and cursor is not None
+        url = stream_url(thread, body["runId"])
+        headers = {"Last-Event-ID": cursor}
+        async with h.http.stream("GET", url, headers=headers) as r:
+            assert r.status_code == 200
+            got: list[dict[str, Any]] = []
+            lines = cast(AsyncGenerator[str, None], r.aiter_lines())
+            async with aclosing(lines):
+                async for line in lines:
+                    if not line.startswith("data: "):
+                        continue
+                    got.append(json.loads(line[6:]))
+                    if got[-1]["type"] == "TOOL_CALL_END":  # the replay is over: now cancel
+                        cancel = {"runId": body["runId"]}
+                        r2 = await h.http.post(f"/agui/{thread}/cancel", json=cancel)
+                        assert r2.status_code == 202, r2.text
+        verify(got)
+        starts = open_starts(bodies(seen[:-1]))
+        assert [e["type"] for e in starts] == ["STEP_STARTED", "TOOL_CALL_START"]
+        assert got[: 1 + len(starts)] == [got[0], *starts]
+        assert got[len(starts) + 1] == seen[-1][1]  # the event that was missed
+        assert got[-1]["type"] == "RUN_FINISHED" and got[-1]["outcome"] == {"type": "cancelled"}
+        [result] = [e for e in got if e["type"] == "TOOL_CALL_RESULT"]
+        assert result["toolCallId"] == starts[1]["toolCallId"]
+
+
+async def test_an_interrupted_run_and_its_resume_replay_as_they_streamed(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **APPROVAL) as h:
+        thread = f"t-{uuid.uuid4()}"
+        body = run_input(thread, TOOL_SCRIPT)
+        first = await sse_events(h, "POST", "/agui", json=body)
+        [interrupt] = first[-1][1]["outcome"]["interrupts"]
+        answer = {"decision": "allow"}
+        resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": answer}]
+        again = run_input(thread, "", resume=resume)
+        second = await sse_events(h, "POST", "/agui", json=again)
+        assert second[-1][1]["outcome"] == {"type": "success"}
+        # Both runs are over: each is replayed as it streamed, the first up to its interrupt.
+        assert await sse_events(h, "GET", stream_url(thread, body["runId"])) == first
+        assert await sse_events(h, "GET", stream_url(thread, again["runId"])) == second
+
+
+async def test_unknown_runs_other_keys_and_bad_ids_are_refused(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **{"auth.api_keys": ["key-a", "key-b"]}) as h:
+        a = {"Authorization": "Bearer key-a"}
+        b = {"Authorization": "Bearer key-b"}
+        thread = f"t-{uuid.uuid4()}"
+        body = run_input(thread, TEXT)
+        await sse_events(h, "POST", "/agui", json=body, headers=a)
+        url = stream_url(thread, body["runId"])
+        assert len(await sse_events(h, "GET", url, headers=a)) > 2
+        r = await h.http.get(url, headers=b)  # another key's thread does not exist
+        assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+        r = await h.http.get(stream_url(thread, "no-such-run"), headers=a)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "run_not_found"
+        r = await h.http.get(stream_url("no-such-thread", body["runId"]), headers=a)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+        r = await h.http.get(url, headers={**a, "Last-Event-ID": "evt_1:x"})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_last_event_id"
+        doc = (await h.http.get("/openapi.json", headers=a)).json()
+        op = doc["paths"]["/agui/{session_id}/runs/{run_id}/stream"]["get"]
+        assert "text/event-stream" in op["responses"]["200"]["content"]
