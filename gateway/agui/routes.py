@@ -12,7 +12,6 @@ docs/protocol.md "AG-UI".
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -21,10 +20,11 @@ import trio
 from gateway.agui import shapes as ag
 from gateway.agui.mapping import RunMapper
 from gateway.agui.resume import RunFeed, RunRecord, parse_cursor
+from gateway.agui.runs import RunBook
 from gateway.agui.shapes import CancelRun, InputMessage, ResumeEntry, RunAgentInput, RunCancelling
 from gateway.agui.sse import RunSubscriber, stream_run, tagged_sse
 from gateway.errors import ApiError
-from gateway.ids import format_event_id, new_message_id, new_turn_id, now_ms
+from gateway.ids import format_event_id, new_turn_id, now_ms
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
 from gateway.protocol.shapes import Message
@@ -127,9 +127,6 @@ STREAM = Operation(
 )
 """``GET /agui/{session_id}/runs/{run_id}/stream`` in the API document."""
 
-MAX_RECORDS = 10_000
-"""The runs a router remembers for re-attaching (the oldest forgotten first)."""
-
 
 class AguiRoutes:
     """The AG-UI handlers of one router, and what they keep between runs (module docstring).
@@ -147,9 +144,7 @@ class AguiRoutes:
         self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
         api.node.session_listeners.append(self._forget)  # pruned with the session's tasks
         self._creating: dict[str, trio.Event] = {}  # thread ids being created
-        # (session, run): what re-attaching needs; kept past the session's tasks
-        # (a replay reads the store), the oldest forgotten past MAX_RECORDS.
-        self._records: OrderedDict[tuple[str, str], RunRecord] = OrderedDict()
+        self.book = RunBook(api.node)  # the runs answered, for re-attaching (gateway.agui.runs)
 
     async def agui_run(self, req: Request) -> StreamingResponse:
         """``POST /agui``: one AG-UI run, the turn it starts or resumes (docs/protocol.md "AG-UI").
@@ -180,7 +175,7 @@ class AguiRoutes:
             )
             assert state.current_turn_id is not None
             turn_id = state.current_turn_id
-            start = await self._subscribe(session, sub)
+            start, started_ms = await self._subscribe(session, sub), now_ms()
             try:
                 for perm_id, decision, answer in decisions:
                     await self.node.decide_permission(session, perm_id, decision, answer)
@@ -197,18 +192,18 @@ class AguiRoutes:
                     "approval: send a run with resume",
                 )
             turn_id = new_turn_id()
-            message = Message(
-                new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
-            )
-            start = await self._subscribe(session, sub)
+            mid = self.book.message_id(session.id, body.run_id, history)
+            message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
+            start, started_ms = await self._subscribe(session, sub), message.created_at
             try:
                 await self.api._counted_turn(caller or NO_OWNER, session, message)
             except BaseException:
                 session.hub.unsubscribe(sub)
                 raise
+            start = self.book.start_of(session, turn_id, start)  # as found after a restart
         self._runs[session.id] = (body.run_id, turn_id)
-        record = RunRecord(turn_id, start, len(history), now_ms())
-        self._remember((session.id, body.run_id), record)
+        record = RunRecord(turn_id, start, len(history), started_ms)
+        self.book.remember(session.id, body.run_id, record)
         feed = RunFeed(RunMapper(body.thread_id, body.run_id, turn_id), start)
         opening = feed.opening(self._opening(feed.mapper, record, history))
         interval = self.config.stream.ping_interval_s
@@ -254,7 +249,7 @@ class AguiRoutes:
             raise ApiError(
                 422, "invalid_last_event_id", f"Last-Event-ID {header[:60]!r} is no event id"
             )
-        record = self._records.get((session.id, run_id))
+        record = await self.book.find(session, run_id)
         if record is None:
             raise ApiError(404, "run_not_found", f"no run {run_id[:60]!r} on {session.id}")
         history = (await self.node.messages_of(session))[: record.history_len]
@@ -284,12 +279,6 @@ class AguiRoutes:
         limit = self.config.stream.snapshot_messages
         shown = history[: record.history_len][-limit:] if limit else []
         return mapper.start(shown, record.started_ms, self._snapshot_cap)
-
-    def _remember(self, key: tuple[str, str], record: RunRecord) -> None:
-        self._records[key] = record
-        self._records.move_to_end(key)
-        while len(self._records) > MAX_RECORDS:
-            self._records.popitem(last=False)
 
     @property
     def _snapshot_cap(self) -> int:

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import trio
 from ag_ui.core import Event as AguiEvent
 from pydantic import TypeAdapter
 
 from gateway.agui.resume import parse_cursor
-from tests.conftest import TOOL_SCRIPT, Harness
+from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway
 from tests.integration.test_agui_http import APPROVAL, LONG_NAP, TEXT, gateway, run_input
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -222,3 +223,43 @@ async def test_unknown_runs_other_keys_and_bad_ids_are_refused(tmp_path: Path) -
         doc = (await h.http.get("/openapi.json", headers=a)).json()
         op = doc["paths"]["/agui/{session_id}/runs/{run_id}/stream"]["get"]
         assert "text/event-stream" in op["responses"]["200"]["content"]
+
+
+async def test_a_run_is_found_again_after_a_restart(tmp_path: Path) -> None:
+    """The run's turn is found from the store; the replay holds its messages whole."""
+    config = make_config(tmp_path)
+    thread = f"t-{uuid.uuid4()}"
+    body = run_input(thread, TOOL_SCRIPT)
+    with trio.fail_after(60):
+        async with running_gateway(config) as h:
+            await sse_events(h, "POST", "/agui", json=run_input(thread, TEXT))
+            full = await sse_events(h, "POST", "/agui", json=body)
+        async with running_gateway(config) as h:
+            url = stream_url(thread, body["runId"])
+            whole = await sse_events(h, "GET", url)
+            verify(bodies(whole))
+            assert whole[:2] == full[:2]  # the opening: the same, at the same ids
+            assert whole[-1] == full[-1]
+
+            def texts(sent: list[Sent], kind: str) -> dict[str, str]:
+                out: dict[str, str] = {}
+                for _, e in sent:
+                    if e["type"] == kind:
+                        key = e.get("messageId") or e["toolCallId"]
+                        out[key] = out.get(key, "") + e["delta"]
+                return out
+
+            for kind in ("TEXT_MESSAGE_CONTENT", "REASONING_MESSAGE_CONTENT"):
+                assert texts(whole, kind) == texts(full, kind), kind
+            args = texts(full, "TOOL_CALL_ARGS")
+            assert {k: json.loads(v) for k, v in texts(whole, "TOOL_CALL_ARGS").items()} == {
+                k: json.loads(v) for k, v in args.items()
+            }
+            cursor = full[-1][0]
+            assert cursor is not None
+            end = await sse_events(h, "GET", url, headers={"Last-Event-ID": cursor})
+            assert [e["type"] for e in bodies(end)] == ["RUN_STARTED", "RUN_FINISHED"]
+            for k in range(1, len(full)):
+                mid = full[k][0]
+                assert mid is not None
+                verify(bodies(await sse_events(h, "GET", url, headers={"Last-Event-ID": mid})))

@@ -62,7 +62,7 @@ def test_a_run_resumes_at_every_event_boundary(name: str) -> None:
         official(e[1])
     for k in range(1, len(full) + 1):
         cursor = full[k - 1][0]
-        got = feed(events, cursor)[1:]  # (the opening is the test's, at position (0, 0))
+        got = feed(events, cursor)
         assert got[0][0] == cursor and isinstance(got[0][1], ag.RunStarted)
         reopened = open_starts(whole[:k])
         rest = got[1:]
@@ -79,7 +79,7 @@ def test_a_message_held_only_whole_is_rebuilt_block_by_block() -> None:
     kept = [e for e in events if e.type not in streaming or e.type == "message.complete"]
     assert len(kept) < len(events)
     cursor = (0, 0)  # the client saw RUN_STARTED only
-    got = plain(feed(kept, cursor)[1:])
+    got = plain(feed(kept, cursor))
     verify(got)
 
     def text(events: list[dict[str, Any]], kind: str) -> str:
