@@ -18,10 +18,11 @@ Sans-IO, like :mod:`gateway.agui.mapping` (docs/protocol.md "AG-UI", "Re-attachi
   client's cursor: first ``RUN_STARTED``, then the start events of every step
   and block the client saw start and not end (sent again as it got them), then
   the rest. A run whose end the client already got sends ``RUN_STARTED`` and
-  that end again. Where the replay holds a message only as its
-  ``message.complete`` or ``message.snapshot`` (its deltas are no longer in
-  the session's tail: a restart, a very long run), its blocks are rebuilt from
-  it, whole.
+  that end again. Streaming-only events are not replayed (docs/protocol.md
+  §3): the replay holds a message as its ``message.complete`` (or, while it
+  streams, a ``message.snapshot`` then its live deltas), and its blocks are
+  rebuilt from it, whole (:func:`rebuilt`). A message completed after the
+  cursor so comes whole, under the same ids, even if the client saw part of it.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class RunFeed:
     _open: dict[tuple[str, str], ag.AguiEvent] = field(default_factory=dict)
     _end: ag.AguiEvent | None = None
     _begun: bool = False
+    _ts: int | None = None  # the last gateway event's
 
     def __post_init__(self) -> None:
         self._seq = self.start
@@ -126,12 +128,13 @@ class RunFeed:
         seq = parse_event_id(event.id)
         if seq is not None and seq != self._seq:
             self._seq, self._n = seq, -1
+        self._ts = event.ts
         made = rebuilt(self.mapper, event) if self.rebuild else []
         return self._emit(made + self.mapper.receive(event))
 
     def pause(self, ts: int | None) -> list[Tagged]:
-        """:meth:`RunMapper.pause`, at the last event's id."""
-        return self._emit(self.mapper.pause(ts))
+        """:meth:`RunMapper.pause`, at the last event's id and time (``ts`` before any)."""
+        return self._emit(self.mapper.pause(ts if self._ts is None else self._ts))
 
     def replayed(self, events: list[Envelope[Any]], ts: int | None) -> list[Tagged]:
         """A replay's events, then the resumed stream's beginning if nothing came after the cursor.
@@ -170,7 +173,9 @@ class RunFeed:
         assert self.cursor is not None
         m = self.mapper
         started = ag.RunStarted(thread_id=m.thread_id, run_id=m.run_id, timestamp=None)
-        again = [started, *self._open.values(), *([self._end] if self._end else [])]
+        again: list[ag.AguiEvent] = [started, *self._open.values()]
+        if self._end is not None:
+            again.append(self._end)
         return [(self.cursor, e) for e in again]
 
     def _track(self, event: ag.AguiEvent) -> None:
@@ -209,6 +214,7 @@ _STARTS = (
 def rebuilt(mapper: RunMapper, event: Envelope[Any]) -> list[ag.AguiEvent]:
     """The AG-UI events of the blocks of a whole message the run has not started."""
     p = event.payload
+    open_index: int | None
     if isinstance(p, MessageComplete):
         message_id, blocks, open_index = p.message_id, p.final_content, None
     elif isinstance(p, MessageSnapshot):

@@ -110,9 +110,7 @@ class RunBook:
                 raise _Found(row.seq - 1)
 
         try:
-            await each_event_after(
-                self.node.store, [session.id], self.node.retention_floor, take
-            )
+            await each_event_after(self.node.store, [session.id], self.node.retention_floor, take)
         except _Found as found:
             return found.seq
         return None

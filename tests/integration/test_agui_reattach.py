@@ -32,10 +32,8 @@ _events = TypeAdapter(AguiEvent)
 Sent = tuple[str | None, dict[str, Any]]  # an SSE event's id, and the AG-UI event
 
 
-async def sse_events(
-    h: Harness, method: str, url: str, until: str | None = None, **kw: Any
-) -> list[Sent]:
-    """Every event of the answer (up to the first of type ``until``), each with its ``id:``."""
+async def sse_events(h: Harness, method: str, url: str, **kw: Any) -> list[Sent]:
+    """Every event of the answer, each with its ``id:``."""
     out: list[Sent] = []
     async with h.http.stream(method, url, **kw) as r:
         assert r.status_code == 200, (await r.aread()).decode()
@@ -51,8 +49,31 @@ async def sse_events(
                     _events.validate_python(event)  # the official models parse it
                     out.append((event_id, event))
                     event_id = None
-                    if event["type"] == until:
-                        break
+    return out
+
+
+async def post_until(h: Harness, body: dict[str, Any], marker: bytes) -> list[Sent]:
+    """``POST /agui`` on a raw socket, read until ``marker``, then dropped: the events read."""
+    port = int(h.base.rsplit(":", 1)[1])
+    data = json.dumps(body).encode()
+    seen = b""
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(
+            b"POST /agui HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+        )
+        while marker not in seen:
+            chunk = await stream.receive_some(65536)
+            assert chunk, seen
+            seen += chunk
+    out: list[Sent] = []
+    event_id: str | None = None
+    for line in seen.decode().splitlines():  # (chunk sizes are lines of their own)
+        if line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("data: "):
+            out.append((event_id, json.loads(line[6:])))
+            event_id = None
     return out
 
 
@@ -119,8 +140,37 @@ def verify(events: list[dict[str, Any]]) -> None:
             assert (kind, e[field]) in open_, f"{type_} outside its block at {i}"
 
 
+def view(events: list[dict[str, Any]]) -> tuple[dict[str, str], set[str]]:
+    """What a client holds after ``events``: each block's content, and every other event.
+
+    A block's start begins it again (a message re-sent whole replaces what
+    was seen of it); timestamps are left out (a rebuilt block has its
+    message's).
+    """
+    texts: dict[str, str] = {}
+    others: set[str] = set()
+    for e in events:
+        t = e["type"]
+        if t in ("TEXT_MESSAGE_START", "REASONING_MESSAGE_START"):
+            texts[e["messageId"]] = ""
+        elif t == "TOOL_CALL_START":
+            texts[e["toolCallId"]] = ""
+        elif t in ("TEXT_MESSAGE_CONTENT", "REASONING_MESSAGE_CONTENT"):
+            texts[e["messageId"]] += e["delta"]
+        elif t == "TOOL_CALL_ARGS":
+            texts[e["toolCallId"]] += e["delta"]
+        else:
+            others.add(json.dumps({k: v for k, v in e.items() if k != "timestamp"}, sort_keys=True))
+    return texts, others
+
+
 async def test_a_run_resumes_at_every_event_boundary(tmp_path: Path) -> None:
-    """Cut after k events for every k: ``RUN_STARTED``, the reopened starts, the rest, exactly."""
+    """Cut after k events for every k: ``RUN_STARTED``, the reopened starts, then the rest.
+
+    Streaming-only events are not replayed (docs/protocol.md §3): a message
+    completed after the cursor comes whole, so the client's view (``view``)
+    of what it saw plus the resumed stream is the run's.
+    """
     async with gateway(tmp_path) as h:
         thread = f"t-{uuid.uuid4()}"
         await sse_events(h, "POST", "/agui", json=run_input(thread, TEXT))  # some history
@@ -132,7 +182,10 @@ async def test_a_run_resumes_at_every_event_boundary(tmp_path: Path) -> None:
         assert len(positions) == len(full) and None not in positions  # an id on every event
         assert positions == sorted(set(positions))  # strictly increasing: each names one event
         url = stream_url(thread, body["runId"])
-        assert await sse_events(h, "GET", url) == full  # no Last-Event-ID: the whole run
+        whole = await sse_events(h, "GET", url)  # no Last-Event-ID: the whole run
+        verify(bodies(whole))
+        assert whole[:2] == full[:2] and whole[-1] == full[-1]  # the opening, the end: exact
+        assert view(bodies(whole)) == view(bodies(full))
         for k in range(1, len(full) + 1):
             cursor = full[k - 1][0]
             assert cursor is not None
@@ -141,14 +194,10 @@ async def test_a_run_resumes_at_every_event_boundary(tmp_path: Path) -> None:
             (first_id, started), rest = got[0], got[1:]
             assert started["type"] == "RUN_STARTED" and first_id == cursor
             assert (started["threadId"], started["runId"]) == (thread, body["runId"])
-            reopened = open_starts(bodies(full[:k]))
-            assert bodies(rest[: len(reopened)]) == reopened, k
-            assert all(i == cursor for i, _ in rest[: len(reopened)])
-            # What was missed; with everything seen, the run's end again (at its own id).
-            assert rest[len(reopened) :] == (full[k:] or full[-1:]), k
-            # Seen plus the resumed stream, the reopened starts left out, is the run.
-            if full[k:]:
-                assert full[:k] + rest[len(reopened) :] == full
+            assert view(bodies(full[:k] + rest)) == view(bodies(full)), k
+            assert rest[-1] == full[-1]  # with everything seen, the run's end again
+            later = [p for p in map(parse_cursor, (i for i, _ in rest)) if p is not None]
+            assert all(p >= positions[k - 1] for p in later)  # nothing from before the cursor
 
 
 async def test_a_run_still_going_resumes_live_with_its_open_blocks_reopened(
@@ -157,14 +206,12 @@ async def test_a_run_still_going_resumes_live_with_its_open_blocks_reopened(
     async with gateway(tmp_path) as h:
         thread = f"t-{uuid.uuid4()}"
         body = run_input(thread, LONG_NAP)
-        seen = await sse_events(h, "POST", "/agui", until="TOOL_CALL_END", json=body)
-        # The connection is closed; the tool runs on. Resume as if the last
-        # event had not arrived: the tool call is still open for this client.
-        cursor = seen[-2][0]
-        assert seen[-2][1]["type"] == "TOOL_CALL_ARGS" and cursor is not None
+        seen = await post_until(h, body, b"TOOL_CALL_END")
+        # The connection is closed; the tool runs on. Resume from its LLM call's start.
+        [(cursor, step)] = [(i, e) for i, e in seen if e["type"] == "STEP_STARTED"]
+        assert cursor is not None
         url = stream_url(thread, body["runId"])
-        headers = {"Last-Event-ID": cursor}
-        async with h.http.stream("GET", url, headers=headers) as r:
+        async with h.http.stream("GET", url, headers={"Last-Event-ID": cursor}) as r:
             assert r.status_code == 200
             got: list[dict[str, Any]] = []
             lines = cast(AsyncGenerator[str, None], r.aiter_lines())
@@ -173,18 +220,18 @@ async def test_a_run_still_going_resumes_live_with_its_open_blocks_reopened(
                     if not line.startswith("data: "):
                         continue
                     got.append(json.loads(line[6:]))
-                    if got[-1]["type"] == "TOOL_CALL_END":  # the replay is over: now cancel
+                    if got[-1]["type"] == "STEP_FINISHED":  # the replay is over: now cancel
                         cancel = {"runId": body["runId"]}
                         r2 = await h.http.post(f"/agui/{thread}/cancel", json=cancel)
                         assert r2.status_code == 202, r2.text
         verify(got)
-        starts = open_starts(bodies(seen[:-1]))
-        assert [e["type"] for e in starts] == ["STEP_STARTED", "TOOL_CALL_START"]
-        assert got[: 1 + len(starts)] == [got[0], *starts]
-        assert got[len(starts) + 1] == seen[-1][1]  # the event that was missed
+        assert got[:2] == [got[0], step]  # RUN_STARTED, then the step it saw open, again
+        texts, _ = view(got)
+        assert texts == view(bodies(seen))[0]  # the message and its tool call, whole
         assert got[-1]["type"] == "RUN_FINISHED" and got[-1]["outcome"] == {"type": "cancelled"}
+        [start] = [e for e in got if e["type"] == "TOOL_CALL_START"]
         [result] = [e for e in got if e["type"] == "TOOL_CALL_RESULT"]
-        assert result["toolCallId"] == starts[1]["toolCallId"]
+        assert result["toolCallId"] == start["toolCallId"]
 
 
 async def test_an_interrupted_run_and_its_resume_replay_as_they_streamed(tmp_path: Path) -> None:
@@ -199,8 +246,11 @@ async def test_an_interrupted_run_and_its_resume_replay_as_they_streamed(tmp_pat
         second = await sse_events(h, "POST", "/agui", json=again)
         assert second[-1][1]["outcome"] == {"type": "success"}
         # Both runs are over: each is replayed as it streamed, the first up to its interrupt.
-        assert await sse_events(h, "GET", stream_url(thread, body["runId"])) == first
-        assert await sse_events(h, "GET", stream_url(thread, again["runId"])) == second
+        for run, sent in ((body, first), (again, second)):
+            replayed = await sse_events(h, "GET", stream_url(thread, run["runId"]))
+            verify(bodies(replayed))
+            assert replayed[0] == sent[0] and replayed[-1] == sent[-1]
+            assert view(bodies(replayed)) == view(bodies(sent))
 
 
 async def test_unknown_runs_other_keys_and_bad_ids_are_refused(tmp_path: Path) -> None:
