@@ -93,11 +93,11 @@ class RunBook:
         message = messages[index]
         turn_id = message.turn_id
         assert turn_id is not None
-        start = self.start_of(session, turn_id, -1)
-        if start < 0:
+        start: int | None = self.start_of(session, turn_id, -1)
+        if start is None or start < 0:
             start = await self._stored_start(session, turn_id)
-            if start is None:
-                return None
+        if start is None:
+            return None
         record = RunRecord(turn_id, start, index, message.created_at)
         self.remember(session.id, run_id, record)
         return record
