@@ -19,7 +19,7 @@ import trio
 
 from gateway.agui import shapes as ag
 from gateway.agui.mapping import RunMapper
-from gateway.agui.resume import RunFeed, RunRecord, parse_cursor
+from gateway.agui.resume import RunFeed, RunRecord, Tagged, parse_cursor
 from gateway.agui.runs import RunBook
 from gateway.agui.shapes import CancelRun, InputMessage, ResumeEntry, RunAgentInput, RunCancelling
 from gateway.agui.sse import RunSubscriber, stream_run, tagged_sse
@@ -27,7 +27,7 @@ from gateway.errors import ApiError
 from gateway.ids import format_event_id, new_turn_id, now_ms
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
-from gateway.protocol.shapes import Message
+from gateway.protocol.shapes import ContentBlock, Message
 from gateway.server.auth import NO_OWNER
 from gateway.server.http import Request, Response, StreamingResponse, json_response
 from gateway.server.openapi import ID_PATTERN, Operation
@@ -73,6 +73,7 @@ RUN = Operation(
         422: ("invalid_thread_id", "invalid_resume"),
         429: ("rate_limited", "too_many_sessions"),
         503: (
+            "over_capacity",
             "shutting_down",
             "store_unavailable",
             "session_elsewhere",
@@ -115,7 +116,12 @@ STREAM = Operation(
     errors={
         404: ("session_not_found", "run_not_found"),
         422: ("invalid_last_event_id",),
-        503: ("store_unavailable", "session_elsewhere", "session_owner_unreachable"),
+        503: (
+            "over_capacity",
+            "store_unavailable",
+            "session_elsewhere",
+            "session_owner_unreachable",
+        ),
     },
     description="`session_id` is the run's `threadId`. With a `Last-Event-ID` "
     "header (the `id:` of the last event received), what came after it; "
@@ -160,6 +166,23 @@ class AguiRoutes:
         content = None if body.resume else self._user_content(_user_text(body.messages))
         if content is not None:
             await self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
+        # A stream, counted as a WebSocket is (503 over_capacity), until it ends.
+        release = _once(await self.node.limits.open_stream(caller or NO_OWNER))
+        try:
+            return await self._run(req, body, caller, content, release)
+        except BaseException:
+            release()
+            raise
+
+    async def _run(
+        self,
+        req: Request,
+        body: RunAgentInput,
+        caller: str | None,
+        content: list[ContentBlock] | None,
+        release: Callable[[], None],
+    ) -> StreamingResponse:
+        """:meth:`agui_run`, its stream counted: the thread, the subscriber, the turn."""
         session = await self._thread(body.thread_id, caller)
         state = await self.node.live_summary(session)  # the owner's, wherever it runs
         history = await self.node.messages_of(session)
@@ -168,6 +191,7 @@ class AguiRoutes:
         if body.resume and state.current_turn_id is None:
             # Answered elsewhere (another client, the WebSocket protocol, a
             # timeout) and the turn has ended: the run says so and finishes.
+            release()
             return self._closed_run(body, history[-limit:] if limit else [])
         if body.resume:
             decisions = _resume_decisions(
@@ -206,16 +230,25 @@ class AguiRoutes:
         self.book.remember(session.id, body.run_id, record)
         feed = RunFeed(RunMapper(body.thread_id, body.run_id, turn_id), start)
         opening = feed.opening(self._opening(feed.mapper, record, history))
+        return self._response(sub, feed, opening, release)
+
+    def _response(
+        self, sub: RunSubscriber, feed: RunFeed, opening: list[Tagged], release: Callable[[], None]
+    ) -> StreamingResponse:
+        """The run's SSE answer; its stream's count given back when it ends, or never starts."""
         interval = self.config.stream.ping_interval_s
 
         async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
-            await stream_run(sub, feed, opening, send, interval)
+            try:
+                await stream_run(sub, feed, opening, send, interval)
+            finally:
+                release()
 
-        return StreamingResponse(
-            run,
-            headers=SSE_HEADERS,
-            abandon=lambda: sub.leave("client_closed"),
-        )
+        def abandon() -> None:
+            sub.leave("client_closed")
+            release()
+
+        return StreamingResponse(run, headers=SSE_HEADERS, abandon=abandon)
 
     def _closed_run(self, body: RunAgentInput, history: list[Message]) -> StreamingResponse:
         """A resume of interrupts that were answered elsewhere, on a thread whose turn ended.
@@ -253,24 +286,24 @@ class AguiRoutes:
         if record is None:
             raise ApiError(404, "run_not_found", f"no run {run_id[:60]!r} on {session.id}")
         history = (await self.node.messages_of(session))[: record.history_len]
-        sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
-        resolved, key = resolve_filter("preset:full")
-        subscribe = Subscribe("preset:full", since=format_event_id(record.start))
-        done = await seam.subscribe(session, sub, subscribe, resolved, key, self.config.stream)
-        if done.error is not None:
-            raise ApiError(
-                404, "run_not_found", f"run {run_id[:60]!r} can no longer be replayed: {done.error}"
-            )
+        release = _once(await self.node.limits.open_stream(session.record.owner))
+        try:
+            sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
+            resolved, key = resolve_filter("preset:full")
+            subscribe = Subscribe("preset:full", since=format_event_id(record.start))
+            done = await seam.subscribe(session, sub, subscribe, resolved, key, self.config.stream)
+            if done.error is not None:
+                raise ApiError(
+                    404,
+                    "run_not_found",
+                    f"run {run_id[:60]!r} can no longer be replayed: {done.error}",
+                )
+        except BaseException:
+            release()
+            raise
         feed = RunFeed(RunMapper(session.id, run_id, record.turn_id), record.start, cursor, True)
         opening = feed.opening(self._opening(feed.mapper, record, history))
-        interval = self.config.stream.ping_interval_s
-
-        async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
-            await stream_run(sub, feed, opening, send, interval)
-
-        return StreamingResponse(
-            run, headers=SSE_HEADERS, abandon=lambda: sub.leave("client_closed")
-        )
+        return self._response(sub, feed, opening, release)
 
     def _opening(
         self, mapper: RunMapper, record: RunRecord, history: list[Message]
@@ -356,6 +389,19 @@ async def agui_cancel(api: Router, req: Request, session_id: str) -> Response:
 
 
 # --- helpers -----------------------------------------------------------------------
+
+
+def _once(release: Callable[[], None]) -> Callable[[], None]:
+    """``release``, called at most once however often the result is."""
+    done = False
+
+    def once() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            release()
+
+    return once
 
 
 _THREAD_ID = re.compile(f"(?={ID_PATTERN}$).{{1,128}}")

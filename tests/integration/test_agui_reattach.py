@@ -23,7 +23,14 @@ from pydantic import TypeAdapter
 
 from gateway.agui.resume import parse_cursor
 from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway
-from tests.integration.test_agui_http import APPROVAL, LONG_NAP, TEXT, gateway, run_input
+from tests.integration.test_agui_http import (
+    APPROVAL,
+    LONG_NAP,
+    TEXT,
+    gateway,
+    read_until,
+    run_input,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -313,3 +320,23 @@ async def test_a_run_is_found_again_after_a_restart(tmp_path: Path) -> None:
                 mid = full[k][0]
                 assert mid is not None
                 verify(bodies(await sse_events(h, "GET", url, headers={"Last-Event-ID": mid})))
+
+
+async def test_an_agui_stream_counts_against_the_stream_limits(tmp_path: Path) -> None:
+    limits = {"limits.max_connections_per_key": 1, "stream.ping_interval_s": 0.05}
+    async with gateway(tmp_path, **limits) as h:
+        thread = f"t-{uuid.uuid4()}"
+        body = run_input(thread, LONG_NAP)
+        url = stream_url(thread, body["runId"])
+        async with await read_until(h, body, b"TOOL_CALL_END"):  # the run's stream, open
+            r = await h.http.get(url)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "over_capacity"
+            r = await h.http.post("/agui", json=run_input(f"t-{uuid.uuid4()}", TEXT))
+            assert r.status_code == 503 and r.json()["error"]["code"] == "over_capacity"
+        r = await h.http.post(f"/agui/{thread}/cancel", json={"runId": body["runId"]})
+        assert r.status_code == 202
+        with trio.fail_after(10):  # the dropped stream gives its count back (its next ping)
+            while h.node.limits.streams:  # noqa: ASYNC110 (a count, no event to wait on)
+                await trio.sleep(0.01)
+        ended = await sse_events(h, "GET", url)
+        assert ended[-1][1]["outcome"] == {"type": "cancelled"}
