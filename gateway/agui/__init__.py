@@ -9,6 +9,11 @@
 - :mod:`gateway.agui.sse`: one run's SSE stream, fed from the session's hub
   through the seam like any client, through the same bounded delivery queue
   (:mod:`gateway.session.delivery`), with heartbeats.
-- :mod:`gateway.agui.routes`: the HTTP routes (``POST /agui`` and its
-  cancel), added to the gateway's route table by one call.
+- :mod:`gateway.agui.resume`: re-attaching to a run: each SSE event's id, the
+  run's record, and the resumed stream (sans-IO).
+- :mod:`gateway.agui.runs`: the runs answered, found again (from the store,
+  for a run that started a turn) to re-attach to them.
+- :mod:`gateway.agui.routes`: the HTTP routes (``POST /agui``, its cancel,
+  and ``GET /agui/{session_id}/runs/{run_id}/stream``), entries of the
+  gateway's route table.
 """

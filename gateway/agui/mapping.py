@@ -170,6 +170,7 @@ class RunMapper:
     _steps: list[str] = field(default_factory=list)
     _interrupts: dict[str, ag.Interrupt] = field(default_factory=dict)
     _failure: LlmCallFailed | None = None
+    _seen: set[tuple[str, int]] = field(default_factory=set)  # every block started
 
     def start(
         self,
@@ -289,6 +290,10 @@ class RunMapper:
             thread_id=self.thread_id, run_id=self.run_id, outcome=outcome, timestamp=ts
         )
 
+    def started(self, message_id: str, index: int) -> bool:
+        """Whether this run has started the block (a replay rebuilds the others)."""
+        return (message_id, index) in self._seen
+
     @property
     def interrupts(self) -> list[str]:
         """The perm ids waiting for an answer, as far as this run saw."""
@@ -302,6 +307,7 @@ class RunMapper:
             first = self._first_text.setdefault(p.message_id, p.content_block_index)
             block = _Block("text", text_message_id(p.message_id, p.content_block_index, first))
             self._blocks[key] = block
+            self._seen.add(key)
             return [ag.TextMessageStart(message_id=block.agui_id, timestamp=ts)]
         found = self._blocks.get(key)
         if found is None:
@@ -319,6 +325,7 @@ class RunMapper:
         if isinstance(p, ThinkingStart):
             rid = reasoning_message_id(p.message_id, p.content_block_index)
             self._blocks[key] = _Block("redacted" if p.redacted else "thinking", rid)
+            self._seen.add(key)
             out: list[ag.AguiEvent] = [ag.ReasoningStart(message_id=rid, timestamp=ts)]
             if not p.redacted:
                 out.append(ag.ReasoningMessageStart(message_id=rid, role="reasoning", timestamp=ts))
@@ -342,6 +349,7 @@ class RunMapper:
         key = (p.message_id, p.content_block_index)
         if isinstance(p, ToolUseStart):
             self._blocks[key] = _Block("tool", p.tool_use_id)
+            self._seen.add(key)
             return [
                 ag.ToolCallStart(
                     tool_call_id=p.tool_use_id,

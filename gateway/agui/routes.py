@@ -17,14 +17,17 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
+from gateway.agui import shapes as ag
 from gateway.agui.mapping import RunMapper
+from gateway.agui.resume import RunFeed, RunRecord, Tagged, parse_cursor
+from gateway.agui.runs import RunBook
 from gateway.agui.shapes import CancelRun, InputMessage, ResumeEntry, RunAgentInput, RunCancelling
-from gateway.agui.sse import RunSubscriber, sse, stream_run
+from gateway.agui.sse import RunSubscriber, stream_run, tagged_sse
 from gateway.errors import ApiError
-from gateway.ids import new_message_id, new_turn_id, now_ms
+from gateway.ids import format_event_id, new_turn_id, now_ms
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
-from gateway.protocol.shapes import Message
+from gateway.protocol.shapes import ContentBlock, Message
 from gateway.server.auth import NO_OWNER
 from gateway.server.http import Request, Response, StreamingResponse, json_response
 from gateway.server.openapi import ID_PATTERN, Operation
@@ -70,6 +73,7 @@ RUN = Operation(
         422: ("invalid_thread_id", "invalid_resume"),
         429: ("rate_limited", "too_many_sessions"),
         503: (
+            "over_capacity",
             "shutting_down",
             "store_unavailable",
             "session_elsewhere",
@@ -105,6 +109,30 @@ CANCEL = Operation(
 )
 """``POST /agui/{session_id}/cancel`` in the API document."""
 
+STREAM = Operation(
+    "Re-attach to an AG-UI run (SSE of AG-UI events)",
+    None,
+    media_type="text/event-stream",
+    errors={
+        404: ("session_not_found", "run_not_found"),
+        422: ("invalid_last_event_id",),
+        503: (
+            "over_capacity",
+            "store_unavailable",
+            "session_elsewhere",
+            "session_owner_unreachable",
+        ),
+    },
+    description="`session_id` is the run's `threadId`. With a `Last-Event-ID` "
+    "header (the `id:` of the last event received), what came after it; "
+    "without, the whole run. The stream begins with `RUN_STARTED`, then the "
+    "start events of every step and block the client saw start and not end, "
+    "then the rest of the run, live while it goes on, until `RUN_FINISHED` or "
+    '`RUN_ERROR` (docs/protocol.md "AG-UI"). 404 `run_not_found`: a run this '
+    "gateway did not start or no longer holds.",
+)
+"""``GET /agui/{session_id}/runs/{run_id}/stream`` in the API document."""
+
 
 class AguiRoutes:
     """The AG-UI handlers of one router, and what they keep between runs (module docstring).
@@ -122,6 +150,7 @@ class AguiRoutes:
         self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
         api.node.session_listeners.append(self._forget)  # pruned with the session's tasks
         self._creating: dict[str, trio.Event] = {}  # thread ids being created
+        self.book = RunBook(api.node)  # the runs answered, for re-attaching (gateway.agui.runs)
 
     async def agui_run(self, req: Request) -> StreamingResponse:
         """``POST /agui``: one AG-UI run, the turn it starts or resumes (docs/protocol.md "AG-UI").
@@ -137,6 +166,23 @@ class AguiRoutes:
         content = None if body.resume else self._user_content(_user_text(body.messages))
         if content is not None:
             await self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
+        # A stream, counted as a WebSocket is (503 over_capacity), until it ends.
+        release = _once(await self.node.limits.open_stream(caller or NO_OWNER))
+        try:
+            return await self._run(req, body, caller, content, release)
+        except BaseException:
+            release()
+            raise
+
+    async def _run(
+        self,
+        req: Request,
+        body: RunAgentInput,
+        caller: str | None,
+        content: list[ContentBlock] | None,
+        release: Callable[[], None],
+    ) -> StreamingResponse:
+        """:meth:`agui_run`, its stream counted: the thread, the subscriber, the turn."""
         session = await self._thread(body.thread_id, caller)
         state = await self.node.live_summary(session)  # the owner's, wherever it runs
         history = await self.node.messages_of(session)
@@ -145,6 +191,7 @@ class AguiRoutes:
         if body.resume and state.current_turn_id is None:
             # Answered elsewhere (another client, the WebSocket protocol, a
             # timeout) and the turn has ended: the run says so and finishes.
+            release()
             return self._closed_run(body, history[-limit:] if limit else [])
         if body.resume:
             decisions = _resume_decisions(
@@ -152,7 +199,7 @@ class AguiRoutes:
             )
             assert state.current_turn_id is not None
             turn_id = state.current_turn_id
-            await self._subscribe(session, sub)
+            start, started_ms = await self._subscribe(session, sub), now_ms()
             try:
                 for perm_id, decision, answer in decisions:
                     await self.node.decide_permission(session, perm_id, decision, answer)
@@ -169,28 +216,39 @@ class AguiRoutes:
                     "approval: send a run with resume",
                 )
             turn_id = new_turn_id()
-            message = Message(
-                new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
-            )
-            await self._subscribe(session, sub)
+            mid = self.book.message_id(session.id, body.run_id, history)
+            message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
+            start, started_ms = await self._subscribe(session, sub), message.created_at
             try:
                 await self.api._counted_turn(caller or NO_OWNER, session, message)
             except BaseException:
                 session.hub.unsubscribe(sub)
                 raise
+            start = self.book.start_of(session, turn_id, start)  # as found after a restart
         self._runs[session.id] = (body.run_id, turn_id)
-        mapper = RunMapper(body.thread_id, body.run_id, turn_id)
-        opening = mapper.start(history[-limit:] if limit else [], now_ms(), self._snapshot_cap)
+        record = RunRecord(turn_id, start, len(history), started_ms)
+        self.book.remember(session.id, body.run_id, record)
+        feed = RunFeed(RunMapper(body.thread_id, body.run_id, turn_id), start)
+        opening = feed.opening(self._opening(feed.mapper, record, history))
+        return self._response(sub, feed, opening, release)
+
+    def _response(
+        self, sub: RunSubscriber, feed: RunFeed, opening: list[Tagged], release: Callable[[], None]
+    ) -> StreamingResponse:
+        """The run's SSE answer; its stream's count given back when it ends, or never starts."""
         interval = self.config.stream.ping_interval_s
 
         async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
-            await stream_run(sub, mapper, opening, send, interval)
+            try:
+                await stream_run(sub, feed, opening, send, interval)
+            finally:
+                release()
 
-        return StreamingResponse(
-            run,
-            headers=SSE_HEADERS,
-            abandon=lambda: sub.leave("client_closed"),
-        )
+        def abandon() -> None:
+            sub.leave("client_closed")
+            release()
+
+        return StreamingResponse(run, headers=SSE_HEADERS, abandon=abandon)
 
     def _closed_run(self, body: RunAgentInput, history: list[Message]) -> StreamingResponse:
         """A resume of interrupts that were answered elsewhere, on a thread whose turn ended.
@@ -200,14 +258,60 @@ class AguiRoutes:
         thread's ``MESSAGES_SNAPSHOT`` with how the turn ended, ``RUN_FINISHED``)
         and the front end is free again (docs/protocol.md "AG-UI").
         """
-        mapper = RunMapper(body.thread_id, body.run_id, "")
-        opening = mapper.start(history, now_ms(), self._snapshot_cap)
-        events = [*opening, mapper.idle_finish(now_ms())]
+        feed = RunFeed(RunMapper(body.thread_id, body.run_id, ""), self.node.sequencer.last)
+        opening = feed.mapper.start(history, now_ms(), self._snapshot_cap)
+        events = feed.opening([*opening, feed.mapper.idle_finish(now_ms())])
 
         async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
-            await send(sse(events))
+            await send(tagged_sse(events))
 
         return StreamingResponse(run, headers=SSE_HEADERS)
+
+    async def agui_stream(self, req: Request, session_id: str, run_id: str) -> StreamingResponse:
+        """``GET /agui/{session_id}/runs/{run_id}/stream``: re-attach to a run.
+
+        The run is mapped again from its start: the seam replays the session's
+        events after the run's start, then the subscriber is live (no gap, no
+        duplicate at the seam); :class:`~gateway.agui.resume.RunFeed` sends
+        what comes after the client's ``Last-Event-ID`` (docs/protocol.md "AG-UI").
+        """
+        session = await self.api._session(session_id, self.api._authenticate(req))
+        header = req.headers.get("last-event-id")
+        cursor = parse_cursor(header) if header else None
+        if header and cursor is None:
+            raise ApiError(
+                422, "invalid_last_event_id", f"Last-Event-ID {header[:60]!r} is no event id"
+            )
+        record = await self.book.find(session, run_id)
+        if record is None:
+            raise ApiError(404, "run_not_found", f"no run {run_id[:60]!r} on {session.id}")
+        history = (await self.node.messages_of(session))[: record.history_len]
+        release = _once(await self.node.limits.open_stream(session.record.owner))
+        try:
+            sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
+            resolved, key = resolve_filter("preset:full")
+            subscribe = Subscribe("preset:full", since=format_event_id(record.start))
+            done = await seam.subscribe(session, sub, subscribe, resolved, key, self.config.stream)
+            if done.error is not None:
+                raise ApiError(
+                    404,
+                    "run_not_found",
+                    f"run {run_id[:60]!r} can no longer be replayed: {done.error}",
+                )
+        except BaseException:
+            release()
+            raise
+        feed = RunFeed(RunMapper(session.id, run_id, record.turn_id), record.start, cursor, True)
+        opening = feed.opening(self._opening(feed.mapper, record, history))
+        return self._response(sub, feed, opening, release)
+
+    def _opening(
+        self, mapper: RunMapper, record: RunRecord, history: list[Message]
+    ) -> list[ag.AguiEvent]:
+        """A run's ``RUN_STARTED`` and ``MESSAGES_SNAPSHOT``, as it began (the same again)."""
+        limit = self.config.stream.snapshot_messages
+        shown = history[: record.history_len][-limit:] if limit else []
+        return mapper.start(shown, record.started_ms, self._snapshot_cap)
 
     @property
     def _snapshot_cap(self) -> int:
@@ -243,11 +347,13 @@ class AguiRoutes:
         """The session's tasks ended (deleted, unloaded, or run by another node now)."""
         self._runs.pop(session_id, None)
 
-    async def _subscribe(self, session: Session, sub: RunSubscriber) -> None:
+    async def _subscribe(self, session: Session, sub: RunSubscriber) -> int:
+        """Join the session's hub, live; the run's start (every later event is above it)."""
         resolved, key = resolve_filter("preset:full")
         await seam.subscribe(
             session, sub, Subscribe("preset:full"), resolved, key, self.config.stream
         )
+        return self.node.sequencer.last
 
     async def agui_cancel(self, req: Request, session_id: str) -> Response:
         """``POST /agui/{session_id}/cancel``: cancel the thread's turn (docs/protocol.md §8)."""
@@ -272,12 +378,30 @@ async def agui_run(api: Router, req: Request) -> StreamingResponse:
     return await api.agui.agui_run(req)
 
 
+async def agui_stream(api: Router, req: Request, session_id: str, run_id: str) -> StreamingResponse:
+    """The route table's re-attach (:meth:`AguiRoutes.agui_stream`)."""
+    return await api.agui.agui_stream(req, session_id, run_id)
+
+
 async def agui_cancel(api: Router, req: Request, session_id: str) -> Response:
     """The route table's ``POST /agui/{session_id}/cancel`` (:meth:`AguiRoutes.agui_cancel`)."""
     return await api.agui.agui_cancel(req, session_id)
 
 
 # --- helpers -----------------------------------------------------------------------
+
+
+def _once(release: Callable[[], None]) -> Callable[[], None]:
+    """``release``, called at most once however often the result is."""
+    done = False
+
+    def once() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            release()
+
+    return once
 
 
 _THREAD_ID = re.compile(f"(?={ID_PATTERN}$).{{1,128}}")

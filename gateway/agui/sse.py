@@ -29,7 +29,7 @@ import msgspec
 import trio
 
 from gateway.agui import shapes as ag
-from gateway.agui.mapping import RunMapper
+from gateway.agui.resume import RunFeed, Tagged, event_id
 from gateway.config import StreamConfig
 from gateway.ids import now_ms
 from gateway.logs import client_label
@@ -108,6 +108,43 @@ class RunSubscriber(DeliveryQueue[Gate]):
         live = past_cut(batch, self.cut)
         return [] if live is None else [e for e in map(_read, live.events) if e is not None]
 
+    def replayed(self, gate: Gate) -> list[Envelope[Any]]:
+        """The events of a replay the seam put in the gate (its WebSocket frames, read back)."""
+        out: list[Envelope[Any]] = []
+        for payload in _frames(gate.payload):
+            if payload.startswith(EVENT_FRAME_HEAD):
+                data = payload[len(EVENT_FRAME_HEAD) : -1]
+                decoder = _decoders.get(_typed.decode(data).type)
+                if decoder is not None:
+                    out.append(decoder.decode(data))
+        return out
+
+
+EVENT_FRAME_HEAD = b'{"type":"event","event":'
+"""How an event frame begins (gateway.protocol.framing.event_frame splices the event after it)."""
+
+
+class _Typed(msgspec.Struct):
+    type: str
+
+
+_typed = msgspec.json.Decoder(_Typed)
+
+
+def _frames(data: bytes) -> list[bytes]:
+    """The payloads of unmasked WebSocket text frames laid end to end (RFC 6455 section 5.2)."""
+    out: list[bytes] = []
+    at = 0
+    while at < len(data):
+        size, at = data[at + 1] & 0x7F, at + 2
+        if size == 126:
+            size, at = int.from_bytes(data[at : at + 2]), at + 2
+        elif size == 127:
+            size, at = int.from_bytes(data[at : at + 8]), at + 8
+        out.append(data[at : at + size])
+        at += size
+    return out
+
 
 def _read(emitted: Emitted) -> Envelope[Any] | None:
     """An event's JSON, its payload in its type's struct (None: a type this node lacks)."""
@@ -120,10 +157,17 @@ def sse(events: Iterable[ag.AguiEvent]) -> bytes:
     return b"".join(b"data: " + ag.encode(e) + b"\n\n" for e in events)
 
 
+def tagged_sse(events: Iterable[Tagged]) -> bytes:
+    """Each event with its ``id:`` line (:func:`gateway.agui.resume.event_id`), then its data."""
+    return b"".join(
+        b"id: " + event_id(pos).encode() + b"\ndata: " + ag.encode(e) + b"\n\n" for pos, e in events
+    )
+
+
 async def stream_run(
     sub: RunSubscriber,
-    mapper: RunMapper,
-    opening: list[ag.AguiEvent],
+    feed: RunFeed,
+    opening: list[Tagged],
     send: Callable[[bytes], Awaitable[None]],
     ping_interval_s: float,
 ) -> None:
@@ -134,8 +178,8 @@ async def stream_run(
         trio.BrokenResourceError: the client went away (the turn goes on).
     """
     try:
-        await send(sse(opening))
-        while not mapper.finished:
+        await send(tagged_sse(opening))
+        while not feed.finished:
             item: FrameBatch | Gate | None = None
             with trio.move_on_after(ping_interval_s):
                 try:
@@ -145,23 +189,24 @@ async def stream_run(
             if item is None:
                 await send(PING)
                 continue
-            out: list[ag.AguiEvent] = []
+            out: list[Tagged] = []
             while item is not None:
                 if isinstance(item, Gate):
                     await item.ready.wait()
                     sub.cut = item.cut
+                    out += feed.replayed(sub.replayed(item), now_ms())
                 else:
                     for event in sub.take(item):
-                        out += mapper.receive(event)
+                        out += feed.receive(event)
                 try:
                     item = sub.rx.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
                     item = None
-            out += mapper.pause(now_ms())
+            out += feed.pause(now_ms())
             if sub.too_slow:
                 raise SlowClient("the AG-UI run's queue overflowed")
             if out:
-                await send(sse(out))
+                await send(tagged_sse(out))
     finally:
         if sub.subscribed:
-            sub.leave("run_finished" if mapper.finished else "client_closed")
+            sub.leave("run_finished" if feed.finished else "client_closed")

@@ -402,6 +402,11 @@ ROUTES: tuple[Route, ...] = (
     # AG-UI (docs/protocol.md "AG-UI"): a run is a turn, streamed as server-sent events.
     route("/agui", "agui", POST=(agui.agui_run, agui.RUN)),
     route("/agui/{session_id}/cancel", "agui_cancel", POST=(agui.agui_cancel, agui.CANCEL)),
+    route(
+        "/agui/{session_id}/runs/{run_id}/stream",
+        "agui_stream",
+        GET=(agui.agui_stream, agui.STREAM),
+    ),
     # The web page (gateway.ui): public (it holds no data), and not part of the
     # API document (it is not the API); its asset names have dots, unlike ids.
     page_route("/", "page", page.page, Operation("The web page", None, auth="none")),

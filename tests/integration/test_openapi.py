@@ -55,6 +55,7 @@ CONTRACT = {
     ("get", "/openapi.json"),
     ("post", "/agui"),  # AG-UI (docs/protocol.md "AG-UI"): an SSE answer
     ("post", "/agui/{session_id}/cancel"),
+    ("get", "/agui/{session_id}/runs/{run_id}/stream"),  # re-attach: an SSE answer
 }
 # Each operation's body and answer Structs (docs/protocol.md §2).
 STRUCTS = {

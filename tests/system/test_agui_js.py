@@ -29,6 +29,7 @@ from tests.paths import TESTS
 pytestmark = pytest.mark.slow
 
 SCRIPT = TESTS / "agui_js" / "run.mjs"
+REATTACH = TESTS / "agui_js" / "reattach.mjs"
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +78,32 @@ async def test_the_official_js_client_streams_text_and_a_resumed_tool_call(
     assert tool["result"] == "slept 0.01 s"
     assert tool["deltas"] == tool["final"] == "All done."
     assert tool["types"][-1] == "RUN_FINISHED" and tool["pendingAfter"] == 0
+
+
+async def test_the_official_js_client_verifies_a_run_resumed_at_every_event(
+    tmp_path: Path, node_modules: Path
+) -> None:
+    """tests/agui_js/reattach.mjs: every resumed stream passes ``@ag-ui/client``'s verification."""
+    with trio.fail_after(120):
+        async with running_gateway(make_config(tmp_path)) as h:
+            done = await trio.run_process(
+                [shutil.which("node") or "node", str(REATTACH), str(node_modules), h.base],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    out = json.loads(done.stdout)
+    assert out["types"][0] == "RUN_STARTED" and out["types"][-1] == "RUN_FINISHED"
+    assert all(out["ids"]) and len(set(out["ids"])) == len(out["ids"])
+    assert {"TOOL_CALL_ARGS", "REASONING_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT"} <= set(
+        out["types"]
+    )
+    assert [r["k"] for r in out["resumed"]] == list(range(len(out["types"]) + 1))
+    # No Last-Event-ID: the whole run, its messages whole (docs/protocol.md "AG-UI").
+    whole = out["resumed"][0]["types"]
+    assert [t for t in whole if "CONTENT" not in t and t != "TOOL_CALL_ARGS"] == [
+        t for t in out["types"] if "CONTENT" not in t and t != "TOOL_CALL_ARGS"
+    ]
+    for r in out["resumed"]:
+        assert r["types"][0] == "RUN_STARTED" and r["types"][-1] == "RUN_FINISHED"
