@@ -45,6 +45,7 @@ import trio
 from gateway.errors import StoreError
 from gateway.logs import event
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage
+from gateway.store.outbox import Routes
 
 log = logging.getLogger("gateway.store")
 
@@ -70,6 +71,7 @@ class Batch:
     def __init__(self) -> None:
         self.ceiling: int | None = None  # the event id ceiling to raise the store's to
         self.size = 0  # puts in the batch
+        self.outbox = 0  # webhook deliveries in the batch (gateway.store.outbox)
 
     def rows(self) -> tuple[list[Any], ...]:
         """Every row list of the batch, in a fixed order (:meth:`then` joins them)."""
@@ -85,6 +87,10 @@ class Batch:
     def add_event(self, ev: StoredEvent) -> None:
         raise NotImplementedError
 
+    def add_outbox(self, hook: str, ev: StoredEvent) -> None:
+        """A delivery of ``ev`` to webhook ``hook``, in the same write as the event."""
+        raise NotImplementedError
+
     def raise_ceiling(self, ceiling: int) -> None:
         self.ceiling = ceiling if self.ceiling is None else max(self.ceiling, ceiling)
         self.size += 1
@@ -97,6 +103,7 @@ class Batch:
             self.raise_ceiling(later.ceiling)
             self.size -= 1  # counted in later.size
         self.size += later.size
+        self.outbox += later.outbox
         return self
 
 
@@ -124,6 +131,10 @@ class GroupCommit(Generic[B]):
         self.on_commit: Callable[[int], None] | None = None
         self.on_write_error: Callable[[StoreError], None] | None = None
         self.on_flush: Callable[[float, int], None] | None = None  # (seconds, rows) per commit
+        # Webhooks (gateway.store.outbox): which events also go to the outbox, and
+        # who is told once deliveries are committed (the delivery loop).
+        self.webhook_routes: Routes = {}
+        self.on_outbox: Callable[[], None] | None = None
         self.failure: StoreError | None = None  # while writes fail: the last failure
         self.refusing: StoreError | None = None  # for good (WritesRefused)
         self._failing_since: float | None = None  # when the writes began to fail (Trio's clock)
@@ -226,7 +237,14 @@ class GroupCommit(Generic[B]):
         return size
 
     def put_event(self, ev: StoredEvent) -> None:
-        self._enqueue(lambda batch: batch.add_event(ev))
+        hooks = self.webhook_routes.get(ev.type, ())
+
+        def add(batch: B) -> None:
+            batch.add_event(ev)
+            for hook in hooks:  # the same batch, so the same transaction (gateway.store.outbox)
+                batch.add_outbox(hook, ev)
+
+        self._enqueue(add)
         self._batch_ready.set()  # clients wait for it: no gathering
 
     def ticket(self) -> int:
@@ -276,6 +294,8 @@ class GroupCommit(Generic[B]):
                     raise
                 if self.on_flush is not None:
                     self.on_flush(time.perf_counter() - started, batch.size)
+                if batch.outbox and self.on_outbox is not None:
+                    self.on_outbox()
             if ticket > self.committed:
                 self.committed = ticket
                 self._committed_event.set()
