@@ -17,8 +17,9 @@ SECRET_PREFIX = "whsec_"
 
 
 def secret_key(secret: str) -> bytes:
-    """The HMAC key of a ``whsec_`` secret (validated by gateway.config)."""
-    return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+    """The HMAC key of a ``whsec_`` secret (validated by gateway.config); padding optional."""
+    body = secret.removeprefix(SECRET_PREFIX)
+    return base64.b64decode(body + "=" * (-len(body) % 4))
 
 
 def signature(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
