@@ -40,7 +40,7 @@ from gateway.errors import StoreError
 from gateway.protocol.shapes import Message, StopReason
 from gateway.store.idempotency import Claim, Claimed
 from gateway.store.lease import Leases
-from gateway.store.outbox import OutboxEntry, Routes
+from gateway.store.outbox import Lane, OutboxEntry, Routes
 
 
 class StoreState(msgspec.Struct, frozen=True):
@@ -309,20 +309,24 @@ class Store(Protocol):
 
     # --- the webhook outbox (gateway.store.outbox, docs/protocol.md §14) ---
 
-    async def outbox_after(self, after: tuple[int, str], limit: int) -> list[OutboxEntry]:
-        """Pending deliveries after ``after`` (``(seq, hook)``), in event order, at most ``limit``.
+    async def outbox_lanes(self) -> list[Lane]:
+        """Every (webhook, session) with a delivery pending.
 
         Raises:
             StoreError: the store did not answer (or keeps no outbox: Redis, for now).
         """
         ...
 
+    async def outbox_lane(self, lane: Lane, after_seq: int, limit: int) -> list[OutboxEntry]:
+        """The lane's pending deliveries after ``after_seq``, in event order, at most ``limit``."""
+        ...
+
     async def outbox_depth(self) -> int:
         """How many deliveries are pending."""
         ...
 
-    async def outbox_delete(self, done: Sequence[tuple[str, int]]) -> None:
-        """Delete deliveries made or dropped (``(hook, seq)`` each), written at once."""
+    async def outbox_delete(self, done: Sequence[OutboxEntry]) -> None:
+        """Delete deliveries made or dropped, written at once (outside the group commit)."""
         ...
 
     # --- idempotency records (gateway.store.idempotency, docs/protocol.md §13) ---

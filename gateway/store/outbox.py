@@ -35,28 +35,39 @@ class OutboxEntry(msgspec.Struct, frozen=True):
 
 OutboxRow = tuple[str, int, str, bytes]  # (hook, seq, session_id, data)
 
+Lane = tuple[str, str]
+"""(webhook, session id): the deliveries that go one at a time, in event order."""
+
 SQLITE_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS outbox (
         hook TEXT NOT NULL,
-        seq INTEGER NOT NULL,
         session_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
         data BLOB NOT NULL,
-        PRIMARY KEY (seq, hook)
-    )""",
+        PRIMARY KEY (hook, session_id, seq)
+    ) WITHOUT ROWID""",
 )
 """Added to any store when it opens: a table an older gateway never reads."""
 
 SQLITE_INSERT = "INSERT OR IGNORE INTO outbox (hook, seq, session_id, data) VALUES (?, ?, ?, ?)"
 
 
-def sqlite_after(conn: sqlite3.Connection, after: tuple[int, str], limit: int) -> list[OutboxEntry]:
-    """The entries after ``after`` (``(seq, hook)``), in event order, at most ``limit``."""
+def sqlite_lanes(conn: sqlite3.Connection) -> list[Lane]:
+    """Every lane with a delivery pending (read from the primary key alone)."""
+    rows = conn.execute("SELECT DISTINCT hook, session_id FROM outbox").fetchall()
+    return [(hook, sid) for hook, sid in rows]
+
+
+def sqlite_lane(
+    conn: sqlite3.Connection, lane: Lane, after_seq: int, limit: int
+) -> list[OutboxEntry]:
+    """The lane's deliveries after ``after_seq``, in event order, at most ``limit``."""
     sql = """
-        SELECT hook, seq, session_id, data FROM outbox
-        WHERE (seq, hook) > (?, ?) ORDER BY seq, hook LIMIT ?
+        SELECT seq, data FROM outbox WHERE hook = ? AND session_id = ? AND seq > ?
+        ORDER BY seq LIMIT ?
     """
-    rows = conn.execute(sql, (*after, limit)).fetchall()
-    return [OutboxEntry(hook, seq, sid, data) for hook, seq, sid, data in rows]
+    rows = conn.execute(sql, (*lane, after_seq, limit)).fetchall()
+    return [OutboxEntry(lane[0], seq, lane[1], data) for seq, data in rows]
 
 
 def sqlite_depth(conn: sqlite3.Connection) -> int:
@@ -64,6 +75,7 @@ def sqlite_depth(conn: sqlite3.Connection) -> int:
     return int(count)
 
 
-def sqlite_delete(conn: sqlite3.Connection, done: Sequence[tuple[str, int]]) -> None:
-    """Delete the entries ``done`` (``(hook, seq)`` each); one already gone is no error."""
-    conn.executemany("DELETE FROM outbox WHERE hook = ? AND seq = ?", done)
+def sqlite_delete(conn: sqlite3.Connection, done: Sequence[OutboxEntry]) -> None:
+    """Delete the entries ``done``; one already gone is no error."""
+    sql = "DELETE FROM outbox WHERE hook = ? AND session_id = ? AND seq = ?"
+    conn.executemany(sql, [(e.hook, e.session_id, e.seq) for e in done])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.errors import StoreError
-from gateway.store.outbox import OutboxEntry
+from gateway.store.outbox import Lane, OutboxEntry
 
 _NOT_BUILT = "the Redis store keeps no webhook outbox yet"
 
@@ -18,11 +18,14 @@ _NOT_BUILT = "the Redis store keeps no webhook outbox yet"
 class RedisOutbox:
     """The outbox methods of :class:`gateway.store.base.Store` on Redis: refused."""
 
-    async def outbox_after(self, after: tuple[int, str], limit: int) -> list[OutboxEntry]:
+    async def outbox_lanes(self) -> list[Lane]:
+        raise StoreError(_NOT_BUILT)
+
+    async def outbox_lane(self, lane: Lane, after_seq: int, limit: int) -> list[OutboxEntry]:
         raise StoreError(_NOT_BUILT)
 
     async def outbox_depth(self) -> int:
         raise StoreError(_NOT_BUILT)
 
-    async def outbox_delete(self, done: Sequence[tuple[str, int]]) -> None:
+    async def outbox_delete(self, done: Sequence[OutboxEntry]) -> None:
         raise StoreError(_NOT_BUILT)

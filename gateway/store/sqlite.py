@@ -753,14 +753,21 @@ class SqliteStore(GroupCommit[_Batch]):
 
     # --- the webhook outbox (gateway.store.outbox) ----------------------------
 
-    async def outbox_after(self, after: tuple[int, str], limit: int) -> list[outbox.OutboxEntry]:
+    async def outbox_lanes(self) -> list[outbox.Lane]:
+        return await self._read(lambda db: db.read(outbox.sqlite_lanes))
+
+    async def outbox_lane(
+        self, lane: outbox.Lane, after_seq: int, limit: int
+    ) -> list[outbox.OutboxEntry]:
         _check_limit(limit)
-        return await self._read(lambda db: db.read(lambda r: outbox.sqlite_after(r, after, limit)))
+        return await self._read(
+            lambda db: db.read(lambda r: outbox.sqlite_lane(r, lane, after_seq, limit))
+        )
 
     async def outbox_depth(self) -> int:
         return await self._read(lambda db: db.read(outbox.sqlite_depth))
 
-    async def outbox_delete(self, done: Sequence[tuple[str, int]]) -> None:
+    async def outbox_delete(self, done: Sequence[outbox.OutboxEntry]) -> None:
         await self._transaction(lambda w: outbox.sqlite_delete(w, done))
 
     async def _transaction(self, action: Callable[[sqlite3.Connection], _T]) -> _T:

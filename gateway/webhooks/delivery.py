@@ -37,17 +37,15 @@ from gateway.ids import format_event_id
 from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.store.base import Store
-from gateway.store.outbox import OutboxEntry, Routes
+from gateway.store.outbox import Lane, OutboxEntry, Routes
 from gateway.webhooks import signing
 
 log = logging.getLogger("gateway.webhooks")
 
 MAX_POSTS = 32  # POSTs in flight at once, every lane together
 POLL_S = 10.0  # the outbox is read at least this often
-PAGE = 1000  # entries per outbox read
+PAGE = 100  # entries per read of a lane
 STORE_RETRY_S = 1.0  # a failed outbox read or delete is tried again after this
-
-Lane = tuple[str, str]  # (webhook, session id)
 
 
 def routes(hooks: Mapping[str, WebhookConfig]) -> Routes:
@@ -83,11 +81,7 @@ class Deliveries:
         self._transport = transport
         self._posts = trio.CapacityLimiter(MAX_POSTS)
         self._wake = trio.Event()
-        self._running: set[Lane] = set()
-        # The last delivery each lane finished and the read round it finished in:
-        # a read that began earlier may still list it (module docstring).
-        self._done: dict[Lane, tuple[int, int]] = {}
-        self._round = 0
+        self._running: set[Lane] = set()  # the lanes with a task
         if self._hooks:
             store.webhook_routes = routes(self._hooks)
             store.on_outbox = self.wake
@@ -107,51 +101,36 @@ class Deliveries:
                 try:
                     await self._dispatch(client, lanes)
                 except StoreError as exc:
-                    event(
-                        log, logging.ERROR, "webhook_outbox_failed",
-                        f"webhooks: the outbox could not be read: {exc}", error=str(exc),
-                    )  # fmt: skip
+                    self._store_failed("be read", exc)
                     await trio.sleep(STORE_RETRY_S)
                     continue
                 with trio.move_on_after(POLL_S):
                     await self._wake.wait()
 
     async def _dispatch(self, client: httpx.AsyncClient, lanes: trio.Nursery) -> None:
-        """Read the whole outbox; start a lane for each webhook and session not running."""
-        self._round += 1
-        started = self._round
-        pending: dict[Lane, list[OutboxEntry]] = {}
-        after, depth = (0, ""), 0
-        while True:
-            page = await self._store.outbox_after(after, PAGE)
-            depth += len(page)
-            for entry in page:
-                lane = (entry.hook, entry.session_id)
-                done = self._done.get(lane)
-                if lane in self._running or (done is not None and entry.seq <= done[0]):
-                    continue
-                pending.setdefault(lane, []).append(entry)
-            if len(page) < PAGE:
-                break
-            after = (page[-1].seq, page[-1].hook)
-        self._metrics.webhook_outbox.set(depth)
-        # A lane finished before this read began is seen as it is: forget it.
-        self._done = {lane: d for lane, d in self._done.items() if d[1] >= started}
-        for lane, entries in pending.items():
-            self._running.add(lane)
-            lanes.start_soon(self._lane, client, lane, entries, name=f"webhook {lane[0]}")
+        """Start a lane task for each lane with deliveries pending and no task yet."""
+        self._metrics.webhook_outbox.set(await self._store.outbox_depth())
+        for lane in await self._store.outbox_lanes():
+            if lane not in self._running:
+                self._running.add(lane)
+                lanes.start_soon(self._lane, client, lane, name=f"webhook {lane[0]}")
 
-    async def _lane(
-        self, client: httpx.AsyncClient, lane: Lane, entries: list[OutboxEntry]
-    ) -> None:
+    async def _lane(self, client: httpx.AsyncClient, lane: Lane) -> None:
+        """Deliver the lane's entries in order until none is left (read page by page).
+
+        Each is deleted before the next is read, and a new task for the lane
+        starts only once this one has ended, so none is sent twice by one process.
+        """
         try:
-            for entry in entries:
-                await self._deliver(client, entry)
-                await self._delete(entry)
-                self._done[lane] = (entry.seq, self._round)
+            after = 0
+            while page := await self._read_lane(lane, after):
+                for entry in page:
+                    await self._deliver(client, entry)
+                    await self._delete(entry)
+                    after = entry.seq
         finally:
             self._running.discard(lane)
-            self._wake.set()
+            self._wake.set()  # anything committed for the lane meanwhile gets a new task
 
     async def _deliver(self, client: httpx.AsyncClient, entry: OutboxEntry) -> None:
         """Attempt ``entry`` until accepted, or dropped after ``max_attempts``."""
@@ -209,16 +188,27 @@ class Deliveries:
             session_id=entry.session_id, attempts=attempts, error=problem,
         )  # fmt: skip
 
+    async def _read_lane(self, lane: Lane, after: int) -> list[OutboxEntry]:
+        """The lane's next page, insisting while the store does not answer."""
+        while True:
+            try:
+                return await self._store.outbox_lane(lane, after, PAGE)
+            except StoreError as exc:
+                self._store_failed("be read", exc)
+            await trio.sleep(STORE_RETRY_S)
+
     async def _delete(self, entry: OutboxEntry) -> None:
         """Take ``entry`` out of the outbox, insisting while the store does not answer."""
         while True:
             try:
-                await self._store.outbox_delete([(entry.hook, entry.seq)])
+                await self._store.outbox_delete([entry])
                 return
             except StoreError as exc:
-                event(
-                    log, logging.ERROR, "webhook_outbox_failed",
-                    f"webhooks: a delivery could not be taken out of the outbox: {exc}",
-                    error=str(exc),
-                )  # fmt: skip
-                await trio.sleep(STORE_RETRY_S)
+                self._store_failed("be written", exc)
+            await trio.sleep(STORE_RETRY_S)
+
+    def _store_failed(self, what: str, exc: StoreError) -> None:
+        event(
+            log, logging.ERROR, "webhook_outbox_failed",
+            f"webhooks: the outbox could not {what}: {exc}", error=str(exc),
+        )  # fmt: skip
