@@ -294,8 +294,6 @@ class GroupCommit(Generic[B]):
                     raise
                 if self.on_flush is not None:
                     self.on_flush(time.perf_counter() - started, batch.size)
-                if batch.outbox and self.on_outbox is not None:
-                    self.on_outbox()
             if ticket > self.committed:
                 self.committed = ticket
                 self._committed_event.set()
@@ -303,6 +301,8 @@ class GroupCommit(Generic[B]):
         on_commit = self.on_commit
         if on_commit is not None:
             on_commit(self.committed)
+        if batch.outbox and self.on_outbox is not None:  # deliveries owed, durable now
+            self.on_outbox()
 
     async def _write_with_retries(self, batch: B) -> None:
         """Apply ``batch``, retrying until it lands (module docstring).
