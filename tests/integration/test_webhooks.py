@@ -16,6 +16,8 @@ import pytest
 import trio
 
 from gateway.config import Config
+from gateway.store.base import StoredEvent
+from gateway.store.sqlite import SqliteStore
 from tests.conftest import Harness, running_gateway
 from tests.webhook_support import Receiver, config_with_webhooks, webhook_toml
 
@@ -135,3 +137,25 @@ async def test_a_failing_receiver_holds_up_only_its_own_webhook(tmp_path: Path) 
                 assert len(down.received) >= 1 and not down.accepted
                 assert await gw.node.store.outbox_depth() >= 1  # down's still owed
         nursery.cancel_scope.cancel()
+
+
+async def test_deliveries_of_a_webhook_gone_from_the_config_are_dropped_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restart with ``[webhooks.old]`` removed: what was owed to it is dropped, once."""
+    store = SqliteStore(str(tmp_path / "gateway.db"))
+    await store.open()
+    store.webhook_routes = {"turn.completed": ("old",)}
+    store.put_event(
+        StoredEvent(seq=7, session_id="sess_x", type="turn.completed", ts=1, data=b"{}")
+    )
+    await store.aclose()
+    caplog.set_level(logging.INFO, logger="gateway.webhooks")
+    receiver = Receiver()
+    with trio.fail_after(30):
+        async with receiving(tmp_path, receiver, ["turn.completed"]) as gw:
+            await outbox_empty(gw)
+            assert sample(gw, "gateway_webhook_dropped_total", webhook="old") == 1
+    dropped = [r for r in caplog.records if getattr(r, "event", None) == "webhook_dropped"]
+    assert [r.fields["webhook"] for r in dropped] == ["old"]  # type: ignore[attr-defined]
+    assert receiver.received == []
