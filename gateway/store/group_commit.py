@@ -28,6 +28,9 @@ and how it reads; the rules below are the same whatever holds the data:
   was deleted or replaced): it is logged once under its ``event`` name, the
   store refuses every write from then on (:attr:`GroupCommit.refusing`), and
   what is pending stays there, never committed.
+- An event whose type is in ``webhook_routes`` is put in the webhook outbox
+  (gateway.store.outbox) in the same batch, hence the same transaction, one
+  entry per webhook; ``on_outbox`` is told after a commit that put some.
 - A closing store keeps retrying what is left for :data:`CLOSE_RETRY_S`, then
   says how many writes were not made durable. Puts after close raise: a write
   that cannot land must be loud.
@@ -237,14 +240,17 @@ class GroupCommit(Generic[B]):
         return size
 
     def put_event(self, ev: StoredEvent) -> None:
-        hooks = self.webhook_routes.get(ev.type, ())
+        hooks = self.webhook_routes.get(ev.type) if self.webhook_routes else None
+        if hooks is None:
+            self._enqueue(lambda batch: batch.add_event(ev))
+        else:
 
-        def add(batch: B) -> None:
-            batch.add_event(ev)
-            for hook in hooks:  # the same batch, so the same transaction (gateway.store.outbox)
-                batch.add_outbox(hook, ev)
+            def add(batch: B) -> None:
+                batch.add_event(ev)
+                for hook in hooks:  # the same batch, so the same transaction (store.outbox)
+                    batch.add_outbox(hook, ev)
 
-        self._enqueue(add)
+            self._enqueue(add)
         self._batch_ready.set()  # clients wait for it: no gathering
 
     def ticket(self) -> int:
