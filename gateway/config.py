@@ -26,6 +26,8 @@ defaults (docs/reference.md "Command line").
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime
 import ipaddress
 import re
@@ -39,6 +41,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from gateway.errors import ConfigError
+from gateway.protocol.events import CATALOG_TYPES
 
 # --- value types ---------------------------------------------------------------
 
@@ -334,6 +337,31 @@ class TelemetryConfig(_Section, frozen=True):
     shutdown_timeout_s: Seconds = 5.0  # export timeout, and the flush bound at stop
 
 
+WebhookUrl = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^https?://\S+$", extra={"expected": "an http:// or https:// URL"}),
+]
+WebhookSecret = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^whsec_[A-Za-z0-9+/]+={0,2}$",
+        extra={"expected": "a Standard Webhooks secret: whsec_ and base64"},
+    ),
+]
+
+
+class WebhookConfig(_Section, frozen=True):
+    """``[webhooks.NAME]``: catalog events POSTed, signed, to a receiver (docs/reference.md)."""
+
+    url: WebhookUrl
+    events: tuple[NonEmptyStr, ...]  # catalog event types (docs/protocol.md §4)
+    secret: WebhookSecret
+    timeout_s: Seconds = 10.0  # one attempt
+    max_attempts: Count = 12  # then the delivery is dropped and logged (webhook_dropped)
+    retry_first_s: Seconds = 1.0  # the first retry's wait, doubling...
+    retry_max_s: Seconds = 600.0  # ...up to this
+
+
 class Config(_Section, frozen=True):
     """The whole configuration; ``Config()`` is the embedded defaults."""
 
@@ -354,6 +382,7 @@ class Config(_Section, frozen=True):
     agents: dict[Name, AgentConfig] = msgspec.field(default_factory=dict)
     default_agent: Name = "default"
     mcp_servers: dict[Name, McpServerConfig] = msgspec.field(default_factory=dict)
+    webhooks: dict[Name, WebhookConfig] = msgspec.field(default_factory=dict)
 
 
 DEFAULT_CONFIG_TOML = """\
@@ -490,12 +519,22 @@ shutdown_timeout_s = 5.0     # an export's timeout, and how long stopping waits 
 # [mcp_servers.search]               # streamable HTTP
 # url = "http://127.0.0.1:9000/mcp"
 # headers = { Authorization = "Bearer ..." }
+#
+# Webhooks (docs/reference.md, "Webhooks"): catalog events POSTed, signed, to a receiver:
+# [webhooks.crm]
+# url = "https://crm.example.com/hooks/gateway"
+# events = ["turn.completed", "permission.requested"]
+# secret = "whsec_..."               # Standard Webhooks secret (base64 after the prefix)
+# timeout_s = 10                     # one attempt
+# max_attempts = 12                  # then the delivery is dropped and logged (webhook_dropped)
+# retry_first_s = 1                  # the first retry's wait, doubling...
+# retry_max_s = 600                  # ...up to this
 """
 
 
 # --- loading ---------------------------------------------------------------------
 
-_TABLES_OF_TABLES = ("agents", "default_agent", "mcp_servers")
+_TABLES_OF_TABLES = ("agents", "default_agent", "mcp_servers", "webhooks")
 
 SCHEMA: dict[str, dict[str, Any]] = {
     section.name: {key.name: key.type for key in msgspec.structs.fields(section.type)}
@@ -639,6 +678,7 @@ def _validate(raw: dict[str, Any], source: _Source) -> Config:
         raise source.error(key, f"expected {expected}, got {_show(value)}") from None
     _check_trusted_proxies(config.server.trusted_proxies, source)
     _check_agents(config, source)
+    _check_webhooks(config, source)
     return config
 
 
@@ -713,6 +753,28 @@ def _tool_pattern_problem(pattern: str, config: Config, runtime: str) -> str | N
         f"unknown tool {_show(pattern)}; tools are {', '.join(BUILTIN_TOOLS)}"
         " and mcp__<server>__<tool>"
     )
+
+
+def _check_webhooks(config: Config, source: _Source) -> None:
+    """Each webhook's events are catalog events, its secret is base64 (docs/reference.md)."""
+    for name, hook in config.webhooks.items():
+        where = f"webhooks.{name}"
+        if config.store.backend == "redis":
+            problem = 'webhooks are not built on [store] backend = "redis" yet'
+            raise source.error(where, problem)
+        if not hook.events:
+            raise source.error(f"{where}.events", "name at least one catalog event type")
+        for index, type_ in enumerate(hook.events):
+            if type_ not in CATALOG_TYPES:
+                problem = f"{_show(type_)} is not a catalog event type (docs/protocol.md §4)"
+                raise source.error(f"{where}.events[{index}]", problem)
+        try:
+            body = hook.secret.removeprefix("whsec_")  # padding optional, as libraries take it
+            key = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
+        except binascii.Error:
+            key = b""
+        if not key:
+            raise source.error(f"{where}.secret", "expected whsec_ and base64, got a bad base64")
 
 
 def _check_trusted_proxies(entries: tuple[str, ...], source: _Source) -> None:

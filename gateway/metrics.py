@@ -140,6 +140,7 @@ class Metrics:
         self._replay_families(r)
         self._failure_families(r)
         self._store_families(r)
+        self._webhook_families(r)
         self.tasks = Gauge("gateway_tasks", "Trio tasks alive in the daemon", registry=r)
         self.tasks.set_function(_count_tasks)
         self.turns_in_flight = Gauge(
@@ -252,6 +253,28 @@ class Metrics:
             registry=r,
             buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
         )  # fmt: skip
+
+    def _webhook_families(self, r: CollectorRegistry) -> None:
+        """Webhook deliveries (gateway.webhooks): made, failed, dropped, pending."""
+        self.webhook_deliveries = Counter(
+            "gateway_webhook_deliveries", "Webhook deliveries a receiver accepted (2xx)",
+            ["webhook"], registry=r,
+        )  # fmt: skip
+        self.webhook_failures = Counter(
+            "gateway_webhook_failures",
+            "Webhook delivery attempts that failed (no answer in time, no connection, not 2xx)",
+            ["webhook"], registry=r,
+        )  # fmt: skip
+        self.webhook_dropped = Counter(
+            "gateway_webhook_dropped",
+            "Webhook deliveries dropped after max_attempts failed attempts (webhook_dropped)",
+            ["webhook"], registry=r,
+        )  # fmt: skip
+        self.webhook_outbox = Gauge(
+            "gateway_webhook_outbox",
+            "Webhook deliveries pending in the store's outbox (read at each delivery round)",
+            registry=r,
+        )
 
     def watch(
         self,

@@ -9,6 +9,7 @@ Task tree (a stack dump reads like this)::
     ├── cluster               Redis only: the link to the other nodes (gateway.cluster.link)
     ├── recovery              Redis only: closes turns of nodes that died (gateway.node.recovery)
     ├── unloader              sessions unused for idle_unload_s leave memory (node.unloading)
+    ├── webhooks              [webhooks.NAME]: the outbox delivered (gateway.webhooks.delivery)
     └── sessions              one child nursery per live session
         └── session <id>      Session.run: agent-loop <id>, translator <id>
 
@@ -84,6 +85,7 @@ from gateway.tools.process import ToolProcesses
 from gateway.tools.process_slots import ProcessSlots
 from gateway.tools.registry import SessionTools, ToolRegistry
 from gateway.tools.workspace import Workspaces
+from gateway.webhooks.delivery import Deliveries
 
 if TYPE_CHECKING:
     from gateway.cluster.link import Cluster
@@ -129,6 +131,8 @@ class Node:
         self.registry = Registry(self)
         self.sessions: dict[str, Session] = self.registry.sessions
         self.durability = Durability(store, config.store, self.metrics)
+        # Before the store's first write: it routes the events webhooks want to its outbox.
+        self.webhooks = Deliveries(store, config.webhooks, self.metrics)
         self.failover = Failover(self)
         self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)
         # Told each session whose tasks end, to drop what they keep for it (AG-UI's runs).
@@ -178,6 +182,8 @@ class Node:
                 await recovery.close_interrupted_turns(self)
                 self.placement.keep_recovering(sessions)
                 sessions.start_soon(unloading.keep_unloading, self, name="unloader")
+                if self.config.webhooks:
+                    await sessions.start(self.webhooks.run, name="webhooks")
                 task_status.started(self)
                 await self._stop.wait()
                 await self.drain_turns()

@@ -40,6 +40,7 @@ from gateway.errors import StoreError
 from gateway.protocol.shapes import Message, StopReason
 from gateway.store.idempotency import Claim, Claimed
 from gateway.store.lease import Leases
+from gateway.store.outbox import Lane, OutboxEntry, Routes
 
 
 class StoreState(msgspec.Struct, frozen=True):
@@ -171,6 +172,15 @@ class Store(Protocol):
     on_flush: Callable[[float, int], None] | None
     """Told of every commit: how long it took (seconds, retries included) and its rows."""
 
+    webhook_routes: Routes
+    """Which catalog events a put also puts in the webhook outbox, for whom (store.outbox).
+
+    Set before the first write; empty (the default): none.
+    """
+
+    on_outbox: Callable[[], None] | None
+    """Called, in the Trio thread, after a commit that put deliveries in the outbox."""
+
     failure: StoreError | None
     """While writes fail, the last failure; ``None`` once one lands again.
 
@@ -295,6 +305,28 @@ class Store(Protocol):
         Raises:
             StoreError: the store did not answer (nothing was deleted, or all).
         """
+        ...
+
+    # --- the webhook outbox (gateway.store.outbox, docs/protocol.md §14) ---
+
+    async def outbox_lanes(self) -> list[Lane]:
+        """Every (webhook, session) with a delivery pending.
+
+        Raises:
+            StoreError: the store did not answer (or keeps no outbox: Redis, for now).
+        """
+        ...
+
+    async def outbox_lane(self, lane: Lane, after_seq: int, limit: int) -> list[OutboxEntry]:
+        """The lane's pending deliveries after ``after_seq``, in event order, at most ``limit``."""
+        ...
+
+    async def outbox_depth(self) -> int:
+        """How many deliveries are pending."""
+        ...
+
+    async def outbox_delete(self, done: Sequence[OutboxEntry]) -> None:
+        """Delete deliveries made or dropped, written at once (outside the group commit)."""
         ...
 
     # --- idempotency records (gateway.store.idempotency, docs/protocol.md §13) ---

@@ -28,6 +28,9 @@ and how it reads; the rules below are the same whatever holds the data:
   was deleted or replaced): it is logged once under its ``event`` name, the
   store refuses every write from then on (:attr:`GroupCommit.refusing`), and
   what is pending stays there, never committed.
+- An event whose type is in ``webhook_routes`` is put in the webhook outbox
+  (gateway.store.outbox) in the same batch, hence the same transaction, one
+  entry per webhook; ``on_outbox`` is told after a commit that put some.
 - A closing store keeps retrying what is left for :data:`CLOSE_RETRY_S`, then
   says how many writes were not made durable. Puts after close raise: a write
   that cannot land must be loud.
@@ -45,6 +48,7 @@ import trio
 from gateway.errors import StoreError
 from gateway.logs import event
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage
+from gateway.store.outbox import Routes
 
 log = logging.getLogger("gateway.store")
 
@@ -70,6 +74,7 @@ class Batch:
     def __init__(self) -> None:
         self.ceiling: int | None = None  # the event id ceiling to raise the store's to
         self.size = 0  # puts in the batch
+        self.outbox = 0  # webhook deliveries in the batch (gateway.store.outbox)
 
     def rows(self) -> tuple[list[Any], ...]:
         """Every row list of the batch, in a fixed order (:meth:`then` joins them)."""
@@ -85,6 +90,10 @@ class Batch:
     def add_event(self, ev: StoredEvent) -> None:
         raise NotImplementedError
 
+    def add_outbox(self, hook: str, ev: StoredEvent) -> None:
+        """A delivery of ``ev`` to webhook ``hook``, in the same write as the event."""
+        raise NotImplementedError
+
     def raise_ceiling(self, ceiling: int) -> None:
         self.ceiling = ceiling if self.ceiling is None else max(self.ceiling, ceiling)
         self.size += 1
@@ -97,6 +106,7 @@ class Batch:
             self.raise_ceiling(later.ceiling)
             self.size -= 1  # counted in later.size
         self.size += later.size
+        self.outbox += later.outbox
         return self
 
 
@@ -124,6 +134,10 @@ class GroupCommit(Generic[B]):
         self.on_commit: Callable[[int], None] | None = None
         self.on_write_error: Callable[[StoreError], None] | None = None
         self.on_flush: Callable[[float, int], None] | None = None  # (seconds, rows) per commit
+        # Webhooks (gateway.store.outbox): which events also go to the outbox, and
+        # who is told once deliveries are committed (the delivery loop).
+        self.webhook_routes: Routes = {}
+        self.on_outbox: Callable[[], None] | None = None
         self.failure: StoreError | None = None  # while writes fail: the last failure
         self.refusing: StoreError | None = None  # for good (WritesRefused)
         self._failing_since: float | None = None  # when the writes began to fail (Trio's clock)
@@ -226,7 +240,17 @@ class GroupCommit(Generic[B]):
         return size
 
     def put_event(self, ev: StoredEvent) -> None:
-        self._enqueue(lambda batch: batch.add_event(ev))
+        hooks = self.webhook_routes.get(ev.type) if self.webhook_routes else None
+        if hooks is None:
+            self._enqueue(lambda batch: batch.add_event(ev))
+        else:
+
+            def add(batch: B) -> None:
+                batch.add_event(ev)
+                for hook in hooks:  # the same batch, so the same transaction (store.outbox)
+                    batch.add_outbox(hook, ev)
+
+            self._enqueue(add)
         self._batch_ready.set()  # clients wait for it: no gathering
 
     def ticket(self) -> int:
@@ -283,6 +307,8 @@ class GroupCommit(Generic[B]):
         on_commit = self.on_commit
         if on_commit is not None:
             on_commit(self.committed)
+        if batch.outbox and self.on_outbox is not None:  # deliveries owed, durable now
+            self.on_outbox()
 
     async def _write_with_retries(self, batch: B) -> None:
         """Apply ``batch``, retrying until it lands (module docstring).

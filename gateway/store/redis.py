@@ -124,6 +124,7 @@ from gateway.errors import StoreError, first_leaf
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.group_commit import CLOSE_RETRY_S, RETRY_FIRST_S, RETRY_MAX_S, Batch, GroupCommit
 from gateway.store.lease import Taken
+from gateway.store.redis_outbox import RedisOutbox
 from gateway.store.redis_requests import RedisRequests
 
 log = logging.getLogger("gateway.store")
@@ -333,7 +334,7 @@ class _Batch(Batch):
         self.size += 1
 
 
-class RedisStore(RedisRequests, GroupCommit[_Batch]):
+class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
     """The Redis trace store: implements :class:`gateway.store.base.Store`.
 
     The group commit is :class:`gateway.store.group_commit.GroupCommit`'s; this

@@ -84,7 +84,7 @@ import trio
 
 from gateway.errors import StoreError
 from gateway.protocol.shapes import Message
-from gateway.store import idempotency
+from gateway.store import idempotency, outbox
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.group_commit import Batch, GroupCommit, WritesRefused
 from gateway.store.lease import LocalLeases
@@ -262,9 +262,10 @@ class _Batch(Batch):
         self.sessions: list[_SessionRow] = []
         self.messages: list[_MessageRow] = []
         self.events: list[_EventRow] = []
+        self.deliveries: list[outbox.OutboxRow] = []
 
     def rows(self) -> tuple[list[Any], ...]:
-        return (self.sessions, self.messages, self.events)
+        return (self.sessions, self.messages, self.events, self.deliveries)
 
     def add_session(self, rec: SessionRecord) -> None:
         self.sessions.append(
@@ -298,6 +299,10 @@ class _Batch(Batch):
     def add_event(self, ev: StoredEvent) -> None:
         self.events.append((ev.seq, ev.session_id, ev.type, ev.ts, ev.data))
         self.size += 1
+
+    def add_outbox(self, hook: str, ev: StoredEvent) -> None:
+        self.deliveries.append((hook, ev.seq, ev.session_id, ev.data))
+        self.outbox += 1
 
 
 class _FileReplaced(WritesRefused):
@@ -392,6 +397,7 @@ class _Database:
             w.executemany(_UPSERT_SESSION, batch.sessions)
             w.executemany(_UPSERT_MESSAGE, batch.messages)
             w.executemany(_INSERT_EVENT, batch.events)
+            w.executemany(outbox.SQLITE_INSERT, batch.deliveries)
             if batch.ceiling is not None:
                 w.execute(_RAISE_META, ("event_ceiling", batch.ceiling))
 
@@ -407,6 +413,10 @@ class _Database:
             *((_UPSERT_SESSION, row, f"session {row[0]}") for row in batch.sessions),
             *((_UPSERT_MESSAGE, row, f"message {row[1]} of {row[0]}") for row in batch.messages),
             *((_INSERT_EVENT, row, f"event {row[0]} ({row[2]})") for row in batch.events),
+            *(
+                (outbox.SQLITE_INSERT, row, f"delivery {row[1]} to {row[0]}")
+                for row in batch.deliveries
+            ),
         ]
         if batch.ceiling is not None:
             statements.append((_RAISE_META, ("event_ceiling", batch.ceiling), "event ceiling"))
@@ -461,6 +471,11 @@ class _Database:
         with self._in_the_file(), _reporting(self._path, "write to"), w:
             w.execute("BEGIN IMMEDIATE")
             return action(w)
+
+    def read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``query`` on the read connection (the webhook outbox's)."""
+        with _reporting(self._path, "read"):
+            return query(self._reader)
 
     def get_session(self, session_id: str) -> SessionRecord | None:
         with _reporting(self._path, "read"):
@@ -583,7 +598,7 @@ def _prepare_schema(conn: sqlite3.Connection, path: str) -> StoreState:
                 f"cannot open store {path!r}: schema version {version},"
                 f" this gateway reads version {SCHEMA_VERSION}"
             )
-        for statement in idempotency.SQLITE_SCHEMA:  # any version: a table of its own
+        for statement in (*idempotency.SQLITE_SCHEMA, *outbox.SQLITE_SCHEMA):  # tables of their own
             conn.execute(statement)
         (highest_seq,) = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
         return StoreState(
@@ -735,6 +750,25 @@ class SqliteStore(GroupCommit[_Batch]):
         await self._transaction(
             lambda w: idempotency.sqlite_settle(w, owner, key, holder, status, body)
         )
+
+    # --- the webhook outbox (gateway.store.outbox) ----------------------------
+
+    async def outbox_lanes(self) -> list[outbox.Lane]:
+        return await self._read(lambda db: db.read(outbox.sqlite_lanes))
+
+    async def outbox_lane(
+        self, lane: outbox.Lane, after_seq: int, limit: int
+    ) -> list[outbox.OutboxEntry]:
+        _check_limit(limit)
+        return await self._read(
+            lambda db: db.read(lambda r: outbox.sqlite_lane(r, lane, after_seq, limit))
+        )
+
+    async def outbox_depth(self) -> int:
+        return await self._read(lambda db: db.read(outbox.sqlite_depth))
+
+    async def outbox_delete(self, done: Sequence[outbox.OutboxEntry]) -> None:
+        await self._transaction(lambda w: outbox.sqlite_delete(w, done))
 
     async def _transaction(self, action: Callable[[sqlite3.Connection], _T]) -> _T:
         db = self._database()

@@ -66,10 +66,14 @@ FAMILIES = {
     "gateway_store_flush_rows": "histogram",
     "gateway_tasks": "gauge",
     "gateway_log_lines_dropped": "counter",
+    "gateway_webhook_deliveries": "counter",
+    "gateway_webhook_failures": "counter",
+    "gateway_webhook_dropped": "counter",
+    "gateway_webhook_outbox": "gauge",
 }
 UNITS = ("_seconds", "_events", "_rows", "_bytes")
 LABELS = {"type", "reason", "code", "route", "status", "outcome", "state", "component"}
-LABELS |= {"tool", "error_class", "le"}
+LABELS |= {"tool", "error_class", "le", "webhook"}
 
 WATCHED = [  # what the watcher subscribes to: no deltas, so it is never the slow one
     "turn.started",

@@ -1,0 +1,214 @@
+"""The node's webhook delivery loop (docs/protocol.md §14): the outbox, POSTed, in order.
+
+The store puts a delivery in its outbox in the same write as the event
+(gateway.store.outbox); this loop, one task per node (``webhooks``), sends it:
+
+- A *lane* is one webhook and one session: its deliveries go one at a time,
+  in event order, the next only once the one before was accepted or dropped.
+  Lanes run side by side (at most :data:`MAX_POSTS` POSTs at once), so a
+  failing receiver or a slow session holds up only itself.
+- An attempt is a POST of the event's wire JSON, signed
+  (gateway.webhooks.signing), that must answer 2xx within ``timeout_s``. A
+  failed attempt is retried after ``retry_first_s``, doubling up to
+  ``retry_max_s``; after ``max_attempts`` the delivery is dropped and logged
+  (``webhook_dropped``). Attempts are counted in memory: a restart gives a
+  delivery its attempts anew.
+- A delivery accepted (or dropped) is deleted from the outbox; should the
+  daemon die between the answer and the delete, it is sent again after the
+  restart: at least once, and ``webhook-id`` (the event id) lets a receiver
+  drop the duplicate.
+- The loop reads the outbox when the store commits deliveries
+  (``Store.on_outbox``), when a lane ends, at start-up (what a previous
+  process left) and every :data:`POLL_S` whatever happens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+import httpx
+import trio
+
+from gateway.config import WebhookConfig
+from gateway.errors import StoreError
+from gateway.ids import format_event_id
+from gateway.logs import event
+from gateway.metrics import Metrics
+from gateway.store.base import Store
+from gateway.store.outbox import Lane, OutboxEntry, Routes
+from gateway.webhooks import signing
+
+log = logging.getLogger("gateway.webhooks")
+
+MAX_POSTS = 32  # POSTs in flight at once, every lane together
+POLL_S = 10.0  # the outbox is read at least this often
+PAGE = 100  # entries per read of a lane
+STORE_RETRY_S = 1.0  # a failed outbox read or delete is tried again after this
+
+
+def routes(hooks: Mapping[str, WebhookConfig]) -> Routes:
+    """Event type -> the webhooks sent it (what the store puts in its outbox)."""
+    table: dict[str, tuple[str, ...]] = {}
+    for name, hook in hooks.items():
+        for type_ in hook.events:
+            if name not in table.get(type_, ()):
+                table[type_] = (*table.get(type_, ()), name)
+    return table
+
+
+class Deliveries:
+    """The delivery loop of one node (module docstring); :meth:`run` is its task.
+
+    Built with the node, before the store's first write: it tells the store
+    which events go to the outbox (``webhook_routes``) and asks to be woken
+    by the commits that put some there (``on_outbox``).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        hooks: Mapping[str, WebhookConfig],
+        metrics: Metrics,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._store = store
+        self._hooks = dict(hooks)
+        self._keys = {name: signing.secret_key(hook.secret) for name, hook in hooks.items()}
+        self._metrics = metrics
+        self._transport = transport
+        self._posts = trio.CapacityLimiter(MAX_POSTS)
+        self._wake = trio.Event()
+        self._running: set[Lane] = set()  # the lanes with a task
+        if self._hooks:
+            store.webhook_routes = routes(self._hooks)
+            store.on_outbox = self.wake
+
+    def wake(self) -> None:
+        """Read the outbox again soon (new deliveries were committed)."""
+        self._wake.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with (
+            httpx.AsyncClient(transport=self._transport, follow_redirects=False) as client,
+            trio.open_nursery() as lanes,
+        ):
+            task_status.started()
+            while True:
+                self._wake = trio.Event()
+                try:
+                    await self._dispatch(client, lanes)
+                except StoreError as exc:
+                    self._store_failed("be read", exc)
+                    await trio.sleep(STORE_RETRY_S)
+                    continue
+                with trio.move_on_after(POLL_S):
+                    await self._wake.wait()
+
+    async def _dispatch(self, client: httpx.AsyncClient, lanes: trio.Nursery) -> None:
+        """Start a lane task for each lane with deliveries pending and no task yet."""
+        self._metrics.webhook_outbox.set(await self._store.outbox_depth())
+        for lane in await self._store.outbox_lanes():
+            if lane not in self._running:
+                self._running.add(lane)
+                lanes.start_soon(self._lane, client, lane, name=f"webhook {lane[0]}")
+
+    async def _lane(self, client: httpx.AsyncClient, lane: Lane) -> None:
+        """Deliver the lane's entries in order until none is left (read page by page).
+
+        Each is deleted before the next is read, and a new task for the lane
+        starts only once this one has ended, so none is sent twice by one process.
+        """
+        try:
+            after = 0
+            while page := await self._read_lane(lane, after):
+                for entry in page:
+                    await self._deliver(client, entry)
+                    await self._delete(entry)
+                    after = entry.seq
+        finally:
+            self._running.discard(lane)
+            self._wake.set()  # anything committed for the lane meanwhile gets a new task
+
+    async def _deliver(self, client: httpx.AsyncClient, entry: OutboxEntry) -> None:
+        """Attempt ``entry`` until accepted, or dropped after ``max_attempts``."""
+        hook = self._hooks.get(entry.hook)
+        if hook is None:  # its [webhooks.NAME] left the config since it was put there
+            self._dropped(entry, 0, "the webhook is no longer configured")
+            return
+        delay = hook.retry_first_s
+        for attempt in range(1, hook.max_attempts + 1):
+            async with self._posts:
+                problem = await self._post(client, hook, entry)
+            if problem is None:
+                self._metrics.webhook_deliveries.labels(entry.hook).inc()
+                return
+            self._metrics.webhook_failures.labels(entry.hook).inc()
+            if attempt == hook.max_attempts:
+                self._dropped(entry, attempt, problem)
+                return
+            event(
+                log, logging.WARNING, "webhook_attempt_failed",
+                f"webhook {entry.hook}: {format_event_id(entry.seq)} failed ({problem});"
+                f" attempt {attempt} of {hook.max_attempts}, next in {delay:g} s",
+                webhook=entry.hook, event_id=format_event_id(entry.seq),
+                session_id=entry.session_id, attempt=attempt, error=problem,
+            )  # fmt: skip
+            await trio.sleep(delay)
+            delay = min(delay * 2, hook.retry_max_s)
+
+    async def _post(
+        self, client: httpx.AsyncClient, hook: WebhookConfig, entry: OutboxEntry
+    ) -> str | None:
+        """One attempt: ``None`` if the receiver answered 2xx in time, else what went wrong."""
+        msg_id = format_event_id(entry.seq)
+        headers = signing.headers(self._keys[entry.hook], msg_id, int(time.time()), entry.data)
+        try:
+            with trio.fail_after(hook.timeout_s):
+                answer = await client.post(
+                    hook.url, content=entry.data, headers=headers, timeout=hook.timeout_s
+                )
+        except (trio.TooSlowError, httpx.TimeoutException):
+            return f"no answer within {hook.timeout_s:g} s"
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if 200 <= answer.status_code < 300:
+            return None
+        return f"HTTP {answer.status_code}"
+
+    def _dropped(self, entry: OutboxEntry, attempts: int, problem: str) -> None:
+        self._metrics.webhook_dropped.labels(entry.hook).inc()
+        event(
+            log, logging.ERROR, "webhook_dropped",
+            f"webhook {entry.hook}: {format_event_id(entry.seq)} dropped after"
+            f" {attempts} attempts: {problem}",
+            webhook=entry.hook, event_id=format_event_id(entry.seq),
+            session_id=entry.session_id, attempts=attempts, error=problem,
+        )  # fmt: skip
+
+    async def _read_lane(self, lane: Lane, after: int) -> list[OutboxEntry]:
+        """The lane's next page, insisting while the store does not answer."""
+        while True:
+            try:
+                return await self._store.outbox_lane(lane, after, PAGE)
+            except StoreError as exc:
+                self._store_failed("be read", exc)
+            await trio.sleep(STORE_RETRY_S)
+
+    async def _delete(self, entry: OutboxEntry) -> None:
+        """Take ``entry`` out of the outbox, insisting while the store does not answer."""
+        while True:
+            try:
+                await self._store.outbox_delete([entry])
+                return
+            except StoreError as exc:
+                self._store_failed("be written", exc)
+            await trio.sleep(STORE_RETRY_S)
+
+    def _store_failed(self, what: str, exc: StoreError) -> None:
+        event(
+            log, logging.ERROR, "webhook_outbox_failed",
+            f"webhooks: the outbox could not {what}: {exc}", error=str(exc),
+        )  # fmt: skip

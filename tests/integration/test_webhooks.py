@@ -1,0 +1,161 @@
+"""Webhooks (docs/protocol.md §14): chosen catalog events POSTed, signed, in order, at least once.
+
+A receiver on loopback (tests.webhook_support) verifies every accepted
+delivery's Standard Webhooks signature with the ``standardwebhooks`` package.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gateway.config import Config
+from gateway.store.base import StoredEvent
+from gateway.store.sqlite import SqliteStore
+from tests.conftest import Harness, running_gateway
+from tests.webhook_support import Receiver, config_with_webhooks, webhook_toml
+
+
+@asynccontextmanager
+async def receiving(
+    tmp_path: Path, receiver: Receiver, events: list[str], **keys: Any
+) -> AsyncIterator[Harness]:
+    """A receiver and a gateway sending it ``events`` as webhook ``crm``."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(receiver.serve)
+        config = config_with_webhooks(tmp_path, webhook_toml("crm", receiver.url, events, **keys))
+        async with running_gateway(config) as gw:
+            yield gw
+        nursery.cancel_scope.cancel()
+
+
+async def turns(gw: Harness, sid: str, count: int) -> None:
+    """``count`` echo turns, one after the other."""
+    async with gw.client(sid) as client:
+        await client.subscribe()
+        for i in range(count):
+            await gw.submit(sid, f"hello {i}")
+            await client.until_turn_ends()
+
+
+async def outbox_empty(gw: Harness) -> None:
+    with trio.fail_after(10):
+        while True:
+            if not await gw.node.store.outbox_depth():
+                return
+            await trio.sleep(0.02)
+
+
+def sample(gw: Harness, family: str, **labels: str) -> float:
+    value = gw.node.metrics.registry.get_sample_value(family, labels)
+    return value or 0.0
+
+
+async def test_chosen_events_arrive_signed_in_order_as_their_wire_json(tmp_path: Path) -> None:
+    receiver = Receiver()
+    with trio.fail_after(60):
+        async with receiving(tmp_path, receiver, ["turn.started", "turn.completed"]) as gw:
+            sid = await gw.create_session()
+            await turns(gw, sid, 3)
+            got = await receiver.wait_accepted(6)
+            await outbox_empty(gw)
+            stored = await gw.node.store.events_after([sid], 0, 1000)
+            assert sample(gw, "gateway_webhook_deliveries_total", webhook="crm") == 6
+            assert sample(gw, "gateway_webhook_failures_total", webhook="crm") == 0
+    assert [r.event["type"] for r in got] == ["turn.started", "turn.completed"] * 3
+    # the body is the event exactly as the wire's (and the store's) JSON
+    wanted = [e.data for e in stored if e.type in ("turn.started", "turn.completed")]
+    assert [r.body for r in got] == wanted
+    assert all(r.headers["webhook-id"] == r.event["id"] for r in got)
+    ids = [r.event["id"] for r in got]
+    assert ids == sorted(ids) and len(set(ids)) == 6
+    assert all(r.event["session_id"] == sid for r in got)
+    assert len(receiver.received) == 6  # nothing else was sent, nothing twice
+
+
+async def test_a_timeout_and_a_500_are_retried_then_delivered_once_in_order(
+    tmp_path: Path,
+) -> None:
+    receiver = Receiver(script=["hang", 500])
+    with trio.fail_after(60):
+        async with receiving(tmp_path, receiver, ["turn.completed"], timeout_s=0.5) as gw:
+            sid = await gw.create_session()
+            await turns(gw, sid, 2)
+            got = await receiver.wait_accepted(2)
+            await outbox_empty(gw)
+            assert sample(gw, "gateway_webhook_failures_total", webhook="crm") == 2
+            assert sample(gw, "gateway_webhook_deliveries_total", webhook="crm") == 2
+    first, second = (r.event["id"] for r in got)
+    assert first < second  # the second turn's waited for the first's
+    statuses = [(r.event["id"], r.status) for r in receiver.received]
+    assert statuses == [(first, "hang"), (first, 500), (first, 200), (second, 200)]
+    # each attempt is signed again: the same id, its own timestamp and signature
+    assert len({r.headers["webhook-id"] for r in receiver.received[:3]}) == 1
+
+
+async def test_after_max_attempts_a_delivery_is_dropped_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver = Receiver(script=[500, 503, 500])
+    caplog.set_level(logging.INFO, logger="gateway.webhooks")
+    with trio.fail_after(60):
+        async with receiving(tmp_path, receiver, ["turn.completed"], max_attempts=3) as gw:
+            sid = await gw.create_session()
+            await turns(gw, sid, 2)
+            got = await receiver.wait_accepted(1)
+            await outbox_empty(gw)
+            assert sample(gw, "gateway_webhook_dropped_total", webhook="crm") == 1
+    dropped = [r for r in caplog.records if getattr(r, "event", None) == "webhook_dropped"]
+    assert len(dropped) == 1
+    fields = dropped[0].fields  # type: ignore[attr-defined]
+    assert fields["webhook"] == "crm" and fields["attempts"] == 3
+    assert fields["error"] == "HTTP 500" and fields["session_id"] == sid
+    # the dropped one was the first turn's; the second turn's came after it
+    assert [r.status for r in receiver.received] == [500, 503, 500, 200]
+    assert got[0].event["id"] > fields["event_id"]
+
+
+async def test_a_failing_receiver_holds_up_only_its_own_webhook(tmp_path: Path) -> None:
+    down, up = Receiver(script=[500] * 1000), Receiver()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(down.serve)
+        await nursery.start(up.serve)
+        tables = webhook_toml("down", down.url, ["turn.completed"])
+        tables += webhook_toml("up", up.url, ["turn.completed"])
+        config: Config = config_with_webhooks(tmp_path, tables)
+        with trio.fail_after(60):
+            async with running_gateway(config) as gw:
+                sid = await gw.create_session()
+                await turns(gw, sid, 2)
+                await up.wait_accepted(2)
+                assert len(down.received) >= 1 and not down.accepted
+                assert await gw.node.store.outbox_depth() >= 1  # down's still owed
+        nursery.cancel_scope.cancel()
+
+
+async def test_deliveries_of_a_webhook_gone_from_the_config_are_dropped_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restart with ``[webhooks.old]`` removed: what was owed to it is dropped, once."""
+    store = SqliteStore(str(tmp_path / "gateway.db"))
+    await store.open()
+    store.webhook_routes = {"turn.completed": ("old",)}
+    store.put_event(
+        StoredEvent(seq=7, session_id="sess_x", type="turn.completed", ts=1, data=b"{}")
+    )
+    await store.aclose()
+    caplog.set_level(logging.INFO, logger="gateway.webhooks")
+    receiver = Receiver()
+    with trio.fail_after(30):
+        async with receiving(tmp_path, receiver, ["turn.completed"]) as gw:
+            await outbox_empty(gw)
+            assert sample(gw, "gateway_webhook_dropped_total", webhook="old") == 1
+    dropped = [r for r in caplog.records if getattr(r, "event", None) == "webhook_dropped"]
+    assert [r.fields["webhook"] for r in dropped] == ["old"]  # type: ignore[attr-defined]
+    assert receiver.received == []

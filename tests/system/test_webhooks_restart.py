@@ -1,0 +1,132 @@
+"""Webhooks across restarts (docs/protocol.md §14): the outbox is durable, so nothing is lost.
+
+``gateway serve`` as a process, killed with SIGKILL between the commit of an
+event and its delivery, or stopped while its receiver fails: the next process
+delivers what the last one owed, with the same ``webhook-id``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.conftest import JSON_TYPE, ready_port
+from tests.webhook_support import Receiver, webhook_toml
+
+pytestmark = pytest.mark.slow  # gateway serve as a process
+
+
+def write_config(tmp_path: Path, receiver: Receiver, **keys: Any) -> Path:
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        f'[server]\nport = 0\n[store]\npath = "{tmp_path / "gateway.db"}"\n'
+        f'[sessions]\nworkspace_root = "{tmp_path / "workspaces"}"\n'
+        + webhook_toml("crm", receiver.url, ["turn.completed"], **keys)
+    )
+    return path
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path, config: Path) -> AsyncIterator[tuple[trio.Process, int]]:
+    with (tmp_path / "stderr.log").open("ab") as stderr:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
+            cwd=tmp_path,
+            env=dict(os.environ),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+    try:
+        yield proc, await ready_port(proc, 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        if proc.stdout is not None:
+            await proc.stdout.aclose()
+
+
+async def one_turn(port: int) -> str:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        r = await http.post("/sessions", json={})
+        assert r.status_code == 201, r.text
+        sid = str(r.json()["session_id"])
+        r = await http.post(
+            f"/sessions/{sid}/turns", content=b'{"content": "hi"}', headers=JSON_TYPE
+        )
+        assert r.status_code == 202, r.text
+        return sid
+
+
+async def until_outbox_empty(tmp_path: Path) -> None:
+    """The daemon took its delivery out of the outbox (read from the file meanwhile)."""
+    with trio.fail_after(10):
+        while True:
+            if not outbox(tmp_path):
+                return
+            await trio.sleep(0.05)
+
+
+def outbox(tmp_path: Path) -> list[tuple[str, int]]:
+    conn = sqlite3.connect(f"file:{tmp_path / 'gateway.db'}?mode=ro", uri=True)
+    try:
+        rows: list[tuple[str, int]] = conn.execute("SELECT hook, seq FROM outbox").fetchall()
+        return rows
+    finally:
+        conn.close()
+
+
+async def test_a_kill_9_between_commit_and_delivery_delivers_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    receiver = Receiver(script=["hang"])  # the first attempt gets no answer: never delivered
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(receiver.serve)
+            config = write_config(tmp_path, receiver, timeout_s=30)
+            async with serving(tmp_path, config) as (proc, port):
+                sid = await one_turn(port)
+                [attempt] = await receiver.wait_received(1)
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+            assert len(outbox(tmp_path)) == 1  # committed with its event, not delivered
+            async with serving(tmp_path, config):
+                [delivered] = await receiver.wait_accepted(1)
+                await until_outbox_empty(tmp_path)
+            nursery.cancel_scope.cancel()
+    assert delivered.headers["webhook-id"] == attempt.headers["webhook-id"]
+    assert delivered.body == attempt.body
+    assert delivered.event["type"] == "turn.completed" and delivered.event["session_id"] == sid
+
+
+async def test_a_restart_while_the_receiver_fails_delivers_later(tmp_path: Path) -> None:
+    receiver = Receiver(script=[500] * 1000)  # failing until told otherwise
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(receiver.serve)
+            config = write_config(tmp_path, receiver, max_attempts=100, retry_max_s=0.1)
+            async with serving(tmp_path, config) as (proc, port):
+                await one_turn(port)
+                await receiver.wait_received(3)
+                proc.send_signal(signal.SIGTERM)  # a graceful stop: the delivery is still owed
+                with trio.fail_after(20):
+                    assert await proc.wait() == 0
+            assert len(outbox(tmp_path)) == 1
+            receiver.script.clear()  # the receiver is back
+            async with serving(tmp_path, config):
+                [delivered] = await receiver.wait_accepted(1)
+                await until_outbox_empty(tmp_path)
+            nursery.cancel_scope.cancel()
+    ids = {r.headers["webhook-id"] for r in receiver.received}
+    assert ids == {delivered.headers["webhook-id"]}  # one event, until it was accepted

@@ -1,0 +1,158 @@
+"""Webhooks in small (docs/protocol.md §14): signatures, the config, the outbox in the store."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from standardwebhooks.exceptions import WebhookVerificationError
+from standardwebhooks.webhooks import Webhook
+
+from gateway.config import load_config
+from gateway.errors import ConfigError
+from gateway.store.base import StoredEvent
+from gateway.store.sqlite import SqliteStore
+from gateway.webhooks import signing
+from gateway.webhooks.delivery import routes
+
+SECRET = "whsec_" + base64.b64encode(b"sixteen byte key, and more").decode()
+
+
+def test_a_signature_verifies_as_standard_webhooks_says() -> None:
+    body = b'{"id":"evt_00000000000000000042","type":"turn.completed"}'
+    now = int(time.time())
+    headers = signing.headers(signing.secret_key(SECRET), "evt_00000000000000000042", now, body)
+    assert headers["webhook-id"] == "evt_00000000000000000042"
+    assert headers["webhook-timestamp"] == str(now)
+    hook = Webhook(SECRET)
+    assert hook.verify(body, headers) == {
+        "id": "evt_00000000000000000042",
+        "type": "turn.completed",
+    }
+    with pytest.raises(WebhookVerificationError, match="signature"):
+        hook.verify(body + b" ", headers)
+    with pytest.raises(WebhookVerificationError, match="signature"):
+        Webhook("whsec_" + base64.b64encode(b"another key").decode()).verify(body, headers)
+
+
+def test_an_unpadded_secret_is_the_same_key_as_the_library_reads() -> None:
+    unpadded = "whsec_" + base64.b64encode(b"0123456789a").decode().rstrip("=")
+    body, now = b"{}", int(time.time())
+    headers = signing.headers(signing.secret_key(unpadded), "evt_1", now, body)
+    assert Webhook(unpadded).verify(body, headers) == {}
+
+
+Write = Callable[[str], str]
+
+
+@pytest.fixture
+def write(tmp_path: Path) -> Write:
+    def write(text: str) -> str:
+        path = tmp_path / "gateway.toml"
+        path.write_text(text)
+        return str(path)
+
+    return write
+
+
+def table(**keys: str) -> str:
+    base = {"url": '"https://crm.example.com/hook"', "events": '["turn.completed"]'}
+    base["secret"] = f'"{SECRET}"'
+    base.update(keys)
+    return "[webhooks.crm]\n" + "".join(f"{k} = {v}\n" for k, v in base.items())
+
+
+def error(path: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, {}, {})
+    return str(info.value).split(": ", 2)[2]
+
+
+def test_a_webhook_table_loads_with_its_defaults(write: Write) -> None:
+    hook = load_config(write(table()), {}, {}).webhooks["crm"]
+    assert hook.url == "https://crm.example.com/hook" and hook.events == ("turn.completed",)
+    assert (hook.timeout_s, hook.max_attempts) == (10.0, 12)
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        (
+            {"url": '"ftp://x"'},
+            'webhooks.crm.url: expected an http:// or https:// URL, got "ftp://x"',
+        ),
+        (
+            {"events": '["text.delta"]'},
+            'webhooks.crm.events[0]: "text.delta" is not a catalog event type',
+        ),
+        (
+            {"events": '["turn.done"]'},
+            'webhooks.crm.events[0]: "turn.done" is not a catalog event type',
+        ),
+        ({"events": "[]"}, "webhooks.crm.events: name at least one catalog event type"),
+        (
+            {"secret": '"hunter2"'},
+            "webhooks.crm.secret: expected a Standard Webhooks secret: whsec_ and base64, got",
+        ),
+        (
+            {"secret": '"whsec_a"'},
+            "webhooks.crm.secret: expected whsec_ and base64, got a bad base64",
+        ),
+        ({"max_attempts": "0"}, "webhooks.crm.max_attempts: expected an integer >= 1, got 0"),
+        ({"colour": '"red"'}, "unknown key webhooks.crm.colour"),
+    ],
+)
+def test_a_bad_webhook_is_one_clear_config_error(
+    write: Write, keys: dict[str, str], message: str
+) -> None:
+    assert error(write(table(**keys))).startswith(message)
+
+
+def test_a_webhook_without_a_url_names_the_key(write: Write) -> None:
+    assert error(write('[webhooks.crm]\nevents = ["turn.completed"]\n')).endswith("missing key url")
+
+
+def test_webhooks_on_redis_are_refused_for_now(write: Write) -> None:
+    text = '[store]\nbackend = "redis"\n' + table()
+    assert "not built" in error(write(text))
+
+
+def test_routes_say_which_events_go_to_which_webhooks(write: Write) -> None:
+    text = table(events='["turn.completed", "turn.started"]')
+    text += table(events='["turn.completed"]').replace("webhooks.crm", "webhooks.ops")
+    config = load_config(write(text), {}, {})
+    assert routes(config.webhooks) == {"turn.completed": ("crm", "ops"), "turn.started": ("crm",)}
+
+
+def event(seq: int, type_: str, sid: str = "sess_a") -> StoredEvent:
+    return StoredEvent(seq=seq, session_id=sid, type=type_, ts=1000, data=b'{"seq":%d}' % seq)
+
+
+async def test_an_event_a_webhook_wants_is_in_the_outbox_of_the_same_commit(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "gateway.db"), inline=True)
+    await store.open()
+    committed: list[int] = []
+    store.webhook_routes = {"turn.completed": ("crm", "ops")}
+    store.on_outbox = lambda: committed.append(store.committed)
+    store.put_event(event(1, "turn.started"))
+    store.put_event(event(2, "turn.completed"))
+    await store.flush()
+    assert committed == [store.committed]
+    assert sorted(await store.outbox_lanes()) == [("crm", "sess_a"), ("ops", "sess_a")]
+    entries = await store.outbox_lane(("crm", "sess_a"), 0, 10)
+    assert [(e.hook, e.seq, e.session_id, e.data) for e in entries] == [
+        ("crm", 2, "sess_a", b'{"seq":2}')
+    ]
+    assert await store.outbox_lane(("crm", "sess_a"), 2, 10) == []
+    await store.outbox_delete([*entries, *entries])  # one already gone is no error
+    assert await store.outbox_depth() == 1
+    await store.delete_sessions(["sess_a"])  # a delivery owed outlives its session
+    assert await store.outbox_lanes() == [("ops", "sess_a")]
+    await store.aclose()
+    again = SqliteStore(str(tmp_path / "gateway.db"), inline=True)
+    await again.open()
+    assert [e.seq for e in await again.outbox_lane(("ops", "sess_a"), 0, 10)] == [2]
+    await again.aclose()
