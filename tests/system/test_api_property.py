@@ -169,11 +169,12 @@ def run_schemathesis(base: str, pools: Pools) -> dict[str, dict[int, int]]:
         meta = case.meta
         # A session that has an id of each kind the case takes, where there is one.
         kinds = [*case.path_parameters, *(["message_id"] if isinstance(case.body, dict) else [])]
-        fits = [ids for ids in pools.sessions if all(ids.get(k) for k in kinds)]
+        fits = [ids for ids in pools.sessions if all(ids.get(k) for k in kinds if k in ids)]
         ids = draw(st.sampled_from(fits or pools.sessions))
         if not meta.is_negative_at(ParameterLocation.PATH) and often(draw):
             for name in case.path_parameters:
-                case.path_parameters[name] = real(ids, name, draw)
+                if name in ids:  # an AG-UI run id has no pool: a drawn one meets a 404
+                    case.path_parameters[name] = real(ids, name, draw)
         query = case.query
         if query and not meta.is_negative_at(ParameterLocation.QUERY) and often(draw):
             if "attach" in query:
