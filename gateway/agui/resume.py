@@ -37,26 +37,9 @@ from gateway.agui.mapping import RunMapper
 from gateway.ids import format_event_id, parse_event_id
 from gateway.protocol.events import (
     Envelope,
-    MessageComplete,
-    MessageSnapshot,
-    Payload,
     PermissionRequested,
-    TextDelta,
-    TextEnd,
-    TextStart,
-    ThinkingDelta,
-    ThinkingEnd,
-    ThinkingStart,
-    ToolUseEnd,
-    ToolUseStart,
 )
-from gateway.protocol.shapes import (
-    ContentBlock,
-    RedactedThinkingBlock,
-    TextBlock,
-    ThinkingBlock,
-    ToolUseBlock,
-)
+from gateway.protocol.rebuild import unstarted
 
 Position = tuple[int, int]
 """Where an AG-UI event is in its run: the gateway event's sequence number, and n."""
@@ -213,48 +196,7 @@ _STARTS = (
 
 def rebuilt(mapper: RunMapper, event: Envelope[Any]) -> list[ag.AguiEvent]:
     """The AG-UI events of the blocks of a whole message the run has not started."""
-    p = event.payload
-    open_index: int | None
-    if isinstance(p, MessageComplete):
-        message_id, blocks, open_index = p.message_id, p.final_content, None
-    elif isinstance(p, MessageSnapshot):
-        m = p.message
-        message_id, blocks = m.id, m.content
-        open_index = m.open_block_index if isinstance(m.open_block_index, int) else None
-    else:
-        return []
     out: list[ag.AguiEvent] = []
-    for i, block in enumerate(blocks):
-        if mapper.started(message_id, i):
-            continue
-        for payload in _block_events(message_id, i, block, i == open_index):
-            out += mapper.receive(msgspec.structs.replace(event, payload=payload))
+    for payload in unstarted(event.payload, mapper.started):
+        out += mapper.receive(msgspec.structs.replace(event, payload=payload))
     return out
-
-
-def _block_events(mid: str, i: int, block: ContentBlock, is_open: bool) -> list[Payload]:
-    """A block as the streaming events that would have made it (docs/protocol.md §5)."""
-    events: list[Payload]
-    match block:
-        case TextBlock():
-            events = [TextStart(mid, i), TextDelta(mid, i, block.text), TextEnd(mid, i)]
-        case ThinkingBlock():
-            events = [
-                ThinkingStart(mid, i, False),
-                ThinkingDelta(mid, i, block.thinking, None),
-                ThinkingEnd(mid, i, block.signature),
-            ]
-        case RedactedThinkingBlock():
-            events = [
-                ThinkingStart(mid, i, True),
-                ThinkingDelta(mid, i, block.data, None),
-                ThinkingEnd(mid, i, None),
-            ]
-        case ToolUseBlock():
-            events = [
-                ToolUseStart(mid, i, block.id, block.name),
-                ToolUseEnd(mid, i, block.id, block.name, block.input),
-            ]
-        case _:
-            return []
-    return events[:-1] if is_open else events

@@ -11,11 +11,8 @@ docs/protocol.md "AG-UI".
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-
-import trio
 
 from gateway.agui import shapes as ag
 from gateway.agui.mapping import RunMapper
@@ -29,8 +26,9 @@ from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
 from gateway.protocol.shapes import ContentBlock, Message
 from gateway.server.auth import NO_OWNER
+from gateway.server.doors import SSE_HEADERS, ClientNamedSessions, once
 from gateway.server.http import Request, Response, StreamingResponse, json_response
-from gateway.server.openapi import ID_PATTERN, Operation
+from gateway.server.openapi import Operation
 from gateway.server.request_parsing import decode, user_content
 from gateway.session import seam
 from gateway.session.session import Session
@@ -38,9 +36,6 @@ from gateway.session.session import Session
 if TYPE_CHECKING:
     from gateway.config import Config
     from gateway.node import Node
-
-SSE_HEADERS = [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
-"""An AG-UI run's stream: never cached, never buffered by a proxy (nginx reads the second)."""
 
 T = TypeVar("T")
 
@@ -149,7 +144,7 @@ class AguiRoutes:
         self._user_content = user_content
         self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
         api.node.session_listeners.append(self._forget)  # pruned with the session's tasks
-        self._creating: dict[str, trio.Event] = {}  # thread ids being created
+        self._threads = ClientNamedSessions(api, "threadId", "invalid_thread_id")
         self.book = RunBook(api.node)  # the runs answered, for re-attaching (gateway.agui.runs)
 
     async def agui_run(self, req: Request) -> StreamingResponse:
@@ -167,7 +162,7 @@ class AguiRoutes:
         if content is not None:
             await self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
         # A stream, counted as a WebSocket is (503 over_capacity), until it ends.
-        release = _once(await self.node.limits.open_stream(caller or NO_OWNER))
+        release = once(await self.node.limits.open_stream(caller or NO_OWNER))
         try:
             return await self._run(req, body, caller, content, release)
         except BaseException:
@@ -286,7 +281,7 @@ class AguiRoutes:
         if record is None:
             raise ApiError(404, "run_not_found", f"no run {run_id[:60]!r} on {session.id}")
         history = (await self.node.messages_of(session))[: record.history_len]
-        release = _once(await self.node.limits.open_stream(session.record.owner))
+        release = once(await self.node.limits.open_stream(session.record.owner))
         try:
             sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
             resolved, key = resolve_filter("preset:full")
@@ -320,28 +315,7 @@ class AguiRoutes:
 
     async def _thread(self, thread_id: str, caller: str | None) -> Session:
         """The thread's session, created (owned by the caller's key) when unknown."""
-        if not _THREAD_ID.fullmatch(thread_id):
-            raise ApiError(
-                422,
-                "invalid_thread_id",
-                f"threadId must be 1 to 128 of A-Z a-z 0-9 _ -, got {thread_id[:40]!r}",
-            )
-        creating = self._creating.get(thread_id)
-        if creating is not None:  # a run racing this one is creating it: then it is known
-            await creating.wait()
-        if thread_id in self.node.sessions or await self.node.store.get_session(thread_id):
-            return await self.api._session(thread_id, caller)  # another key's: 404
-        # Created meanwhile, during the store read: being created, or already
-        # done (its creation ended before this read's answer came back; the
-        # read ran before its commit): either way not this run's to create.
-        if thread_id in self._creating or thread_id in self.node.sessions:
-            return await self._thread(thread_id, caller)
-        self._creating[thread_id] = done = trio.Event()
-        try:
-            return await self.node.create_session(owner=caller or NO_OWNER, session_id=thread_id)
-        finally:
-            del self._creating[thread_id]
-            done.set()
+        return await self._threads.get(thread_id, caller)
 
     def _forget(self, session_id: str) -> None:
         """The session's tasks ended (deleted, unloaded, or run by another node now)."""
@@ -389,22 +363,6 @@ async def agui_cancel(api: Router, req: Request, session_id: str) -> Response:
 
 
 # --- helpers -----------------------------------------------------------------------
-
-
-def _once(release: Callable[[], None]) -> Callable[[], None]:
-    """``release``, called at most once however often the result is."""
-    done = False
-
-    def once() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            release()
-
-    return once
-
-
-_THREAD_ID = re.compile(f"(?={ID_PATTERN}$).{{1,128}}")
 
 
 def _user_text(messages: list[InputMessage]) -> str:

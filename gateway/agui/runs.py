@@ -17,13 +17,11 @@ import hashlib
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from gateway.agui.resume import RunRecord
 from gateway.ids import new_message_id
 from gateway.protocol.shapes import Message
 from gateway.session.session import Session
-from gateway.store.base import StoredEvent, each_event_after
+from gateway.session.turn_start import tail_turn_start, turn_start
 
 if TYPE_CHECKING:
     from gateway.node import Node
@@ -36,18 +34,6 @@ def user_message_id(thread_id: str, run_id: str) -> str:
     """The id of the user message of the turn a run starts (module docstring)."""
     digest = hashlib.sha256(f"agui\0{thread_id}\0{run_id}".encode()).hexdigest()
     return f"msg_{digest[:20]}"
-
-
-class _TurnOf(msgspec.Struct):
-    turn_id: str | None = None
-
-
-_turn_of = msgspec.json.Decoder(_TurnOf)
-
-
-class _Found(Exception):
-    def __init__(self, seq: int) -> None:
-        self.seq = seq
 
 
 class RunBook:
@@ -68,10 +54,8 @@ class RunBook:
 
     def start_of(self, session: Session, turn_id: str, fallback: int) -> int:
         """The id before the turn's ``turn.started``, from the session's tail, else ``fallback``."""
-        for em in reversed(session.tail):
-            if em.type == "turn.started" and em.turn_id == turn_id:
-                return em.seq - 1
-        return fallback
+        found = tail_turn_start(session, turn_id)
+        return fallback if found is None else found
 
     def remember(self, thread_id: str, run_id: str, record: RunRecord) -> None:
         key = (thread_id, run_id)
@@ -93,24 +77,9 @@ class RunBook:
         message = messages[index]
         turn_id = message.turn_id
         assert turn_id is not None
-        start: int | None = self.start_of(session, turn_id, -1)
-        if start is None or start < 0:
-            start = await self._stored_start(session, turn_id)
+        start = await turn_start(session, turn_id)
         if start is None:
             return None
         record = RunRecord(turn_id, start, index, message.created_at)
         self.remember(session.id, run_id, record)
         return record
-
-    async def _stored_start(self, session: Session, turn_id: str) -> int | None:
-        """The id before the turn's ``turn.started``, read from the store."""
-
-        def take(row: StoredEvent) -> None:
-            if row.type == "turn.started" and _turn_of.decode(row.data).turn_id == turn_id:
-                raise _Found(row.seq - 1)
-
-        try:
-            await each_event_after(self.node.store, [session.id], self.node.retention_floor, take)
-        except _Found as found:
-            return found.seq
-        return None

@@ -15,6 +15,7 @@ The request size limit is the transport's, the same for every route
 from __future__ import annotations
 
 from gateway.agui import routes as agui
+from gateway.aisdk import routes as aisdk
 from gateway.protocol.http import (
     Accepted,
     AgentList,
@@ -407,6 +408,14 @@ ROUTES: tuple[Route, ...] = (
         "agui_stream",
         GET=(agui.agui_stream, agui.STREAM),
     ),
+    # The AI SDK (docs/protocol.md §14): a chat is a session, a response one turn's message.
+    route("/ai-sdk/chat", "aisdk_chat", POST=(aisdk.chat, aisdk.CHAT)),
+    route(
+        "/ai-sdk/chat/{chat_id}/stream",
+        "aisdk_chat_stream",
+        GET=(aisdk.chat_stream, aisdk.RESUME),
+    ),
+    route("/ai-sdk/chat/{chat_id}/stop", "aisdk_chat_stop", POST=(aisdk.chat_stop, aisdk.STOP)),
     # The web page (gateway.ui): public (it holds no data), and not part of the
     # API document (it is not the API); its asset names have dots, unlike ids.
     page_route("/", "page", page.page, Operation("The web page", None, auth="none")),

@@ -47,6 +47,7 @@ from typing import Any
 
 from gateway import telemetry, ui
 from gateway.agui.routes import AguiRoutes
+from gateway.aisdk.routes import Responses
 from gateway.errors import ApiError, Refused, StoreError, unavailable
 from gateway.node import Node
 from gateway.node.registry import pinning
@@ -128,6 +129,7 @@ class Api:
         self.documents: dict[bool, bytes] = {}  # the API document (with or without auth)
         self.page_files: dict[str, ui.Asset] | None = None  # the web page's, read on first use
         self.agui = AguiRoutes(self)  # AG-UI's handlers and their state (gateway.agui.routes)
+        self.aisdk = Responses(self)  # the AI SDK's doors (gateway.aisdk.routes)
 
     async def __call__(self, req: Request) -> Response | WebSocketAccept | StreamingResponse:
         """Answer ``req``: the boundary first (module docstring), then its route."""

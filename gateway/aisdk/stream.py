@@ -1,0 +1,92 @@
+"""One AI SDK chat response, fed from the session's hub like any client (docs/protocol.md §14).
+
+The response's subscriber (:class:`~gateway.agui.sse.RunSubscriber`: the
+seam, the bound of ``[stream] queue_max_events`` and the slow-client rule, as
+every client of a session has) is subscribed before the turn is submitted or
+its approvals decided, or with a replay of the turn from its start, so no
+event of the turn is missed. :func:`pump` maps what arrives with the
+response's :class:`~gateway.aisdk.mapping.ChatMapper` and hands the chunks to
+the transport: server-sent events (:func:`sse`, the ``DefaultChatTransport``'s
+stream) or the WebSocket's ``chunk`` frames (gateway.aisdk.ws). The stream
+going away ends this writer only: the turn is never cancelled by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+
+import trio
+
+from gateway.agui.sse import RunSubscriber, SlowClient
+from gateway.aisdk import chunks as ui
+from gateway.aisdk.mapping import ChatMapper
+from gateway.session.hub import FrameBatch
+from gateway.session.seam import Gate
+
+PING = b": ping\n\n"
+"""The heartbeat of an idle SSE response: a comment, which every SSE parser skips."""
+
+DONE = b"data: [DONE]\n\n"
+"""The end of a UI message stream over SSE."""
+
+HEADERS = [("x-vercel-ai-ui-message-stream", "v1")]
+"""What marks a response as a UI message stream (the ``ai`` package's own header)."""
+
+
+def sse(chunks: Iterable[ui.Chunk]) -> bytes:
+    """``data: JSON`` blocks, one per chunk."""
+    return b"".join(b"data: " + ui.encode(c) + b"\n\n" for c in chunks)
+
+
+Emit = Callable[[list[ui.Chunk]], Awaitable[None]]
+
+
+async def pump(
+    sub: RunSubscriber,
+    mapper: ChatMapper,
+    emit: Emit,
+    idle: Callable[[], Awaitable[None]] | None = None,
+    idle_s: float = 15.0,
+) -> None:
+    """Map the response's events until it finishes (module docstring).
+
+    ``idle`` is called after ``idle_s`` without a chunk (the SSE heartbeat).
+
+    Raises:
+        SlowClient: the response's queue overflowed (the slow-client rule).
+        trio.BrokenResourceError: the client went away (the turn goes on).
+    """
+    try:
+        while not mapper.finished:
+            item: FrameBatch | Gate | None = None
+            with trio.move_on_after(idle_s if idle is not None else float("inf")):
+                try:
+                    item = await sub.rx.receive()
+                except trio.EndOfChannel:
+                    raise SlowClient("the AI SDK response's queue overflowed") from None
+            if item is None:
+                assert idle is not None
+                await idle()
+                continue
+            out: list[ui.Chunk] = []
+            while item is not None:
+                if isinstance(item, Gate):
+                    await item.ready.wait()
+                    sub.cut = item.cut
+                    for event in sub.replayed(item):
+                        out += mapper.receive(event)
+                else:
+                    for event in sub.take(item):
+                        out += mapper.receive(event)
+                try:
+                    item = sub.rx.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    item = None
+            out += mapper.pause()
+            if sub.too_slow:
+                raise SlowClient("the AI SDK response's queue overflowed")
+            if out:
+                await emit(out)
+    finally:
+        if sub.subscribed:
+            sub.leave("response_finished" if mapper.finished else "client_closed")

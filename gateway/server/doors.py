@@ -1,0 +1,102 @@
+"""What the other front ends' doors share (docs/protocol.md §14): AG-UI and the AI SDK.
+
+Each of them names its session itself (AG-UI's ``threadId``, the AI SDK's
+chat ``id``): :class:`ClientNamedSessions` finds it, or creates it owned by
+the caller's key, once however many requests race to. Their streams are
+server-sent events that no proxy may buffer (:data:`SSE_HEADERS`), and what
+a stream holds is given back exactly once (:func:`once`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+from gateway.errors import ApiError
+from gateway.server.auth import NO_OWNER
+from gateway.server.openapi import ID_PATTERN
+from gateway.session.session import Session
+
+if TYPE_CHECKING:
+    from gateway.node import Node
+
+SSE_HEADERS = [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
+"""A door's stream: never cached, never buffered by a proxy (nginx reads the second)."""
+
+CLIENT_ID = re.compile(f"(?={ID_PATTERN}$).{{1,128}}")
+"""A session id a client chooses: 1 to 128 of A-Z a-z 0-9 _ -."""
+
+
+class _Sessions(Protocol):
+    node: Node
+
+    async def _session(self, session_id: str, caller: str | None) -> Session: ...
+
+
+class ClientNamedSessions:
+    """Sessions named by their client (module docstring).
+
+    Args:
+        api: the router (its node, and its ownership check).
+        field: the request field that names the session, for the 422's message.
+        code: the 422's code for a name that is no session id.
+    """
+
+    def __init__(self, api: _Sessions, field: str, code: str) -> None:
+        self.api = api
+        self.field = field
+        self.code = code
+        self._creating: dict[str, trio.Event] = {}  # names being created
+
+    def check(self, name: str) -> None:
+        """422 ``code`` unless ``name`` can be a session id."""
+        if not CLIENT_ID.fullmatch(name):
+            raise ApiError(
+                422,
+                self.code,
+                f"{self.field} must be 1 to 128 of A-Z a-z 0-9 _ -, got {name[:40]!r}",
+            )
+
+    async def get(self, name: str, caller: str | None) -> Session:
+        """The session ``name``, created (owned by the caller's key) when unknown.
+
+        Another key's is 404 ``session_not_found``, as anywhere.
+        """
+        self.check(name)
+        node = self.api.node
+        creating = self._creating.get(name)
+        if creating is not None:  # a request racing this one is creating it: then it is known
+            await creating.wait()
+        if name in node.sessions or await node.store.get_session(name):
+            return await self.api._session(name, caller)  # another key's: 404
+        # Created meanwhile, during the store read: being created, or already
+        # done (its creation ended before this read's answer came back; the
+        # read ran before its commit): either way not this request's to create.
+        if name in self._creating or name in node.sessions:
+            return await self.get(name, caller)
+        self._creating[name] = done = trio.Event()
+        try:
+            return await node.create_session(owner=caller or NO_OWNER, session_id=name)
+        finally:
+            del self._creating[name]
+            done.set()
+
+
+def once(release: Callable[[], None]) -> Callable[[], None]:
+    """``release``, called at most once however often the result is."""
+    done = False
+
+    def call() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            release()
+
+    return call
+
+
+Send = Callable[[bytes], Awaitable[None]]
+"""A stream's writer: one piece of the body."""
