@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 
@@ -130,10 +131,18 @@ def request(chat: str, *messages: dict[str, Any], **extra: Any) -> dict[str, Any
 async def read(r: Any, message: UiMessage | None = None) -> UiMessage:
     """Every chunk of one answer, applied to ``message`` (a new one by default)."""
     m = message or UiMessage()
-    async for line in r.aiter_lines():
+    m.done = False
+    await read_until(r.aiter_lines(), m, lambda: False)
+    assert m.done, "the stream ended without [DONE]"
+    return m
+
+
+async def read_until(lines: AsyncIterator[str], m: UiMessage, stop: Callable[[], bool]) -> None:
+    """Apply the chunks of ``lines`` to ``m`` until ``stop()`` says so, or the end."""
+    async for line in lines:
         if line == "data: [DONE]":
             m.done = True
         elif line.startswith("data: "):
             m.apply(json.loads(line[6:]))
-    assert m.done, "the stream ended without [DONE]"
-    return m
+        if stop():
+            return

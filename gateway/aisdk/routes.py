@@ -26,7 +26,7 @@ from gateway.ids import format_event_id, new_turn_id, now_ms, parse_event_id
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
 from gateway.protocol.shapes import Message
-from gateway.server.auth import NO_OWNER
+from gateway.server.auth import NO_OWNER, ApiKeys
 from gateway.server.doors import SSE_HEADERS, ClientNamedSessions, once
 from gateway.server.http import Request, Response, StreamingResponse, json_response
 from gateway.server.openapi import Operation
@@ -45,6 +45,7 @@ class Router(Protocol):
 
     node: Node
     config: Config
+    keys: ApiKeys
     aisdk: Responses
 
     def _authenticate(self, req: Request) -> str | None: ...

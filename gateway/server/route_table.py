@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from gateway.agui import routes as agui
 from gateway.aisdk import routes as aisdk
+from gateway.aisdk import ws as aisdk_ws
 from gateway.protocol.http import (
     Accepted,
     AgentList,
@@ -416,6 +417,7 @@ ROUTES: tuple[Route, ...] = (
         GET=(aisdk.chat_stream, aisdk.RESUME),
     ),
     route("/ai-sdk/chat/{chat_id}/stop", "aisdk_chat_stop", POST=(aisdk.chat_stop, aisdk.STOP)),
+    route("/ai-sdk/ws", "aisdk_ws", GET=(aisdk_ws.chat_socket, aisdk_ws.WS)),
     # The web page (gateway.ui): public (it holds no data), and not part of the
     # API document (it is not the API); its asset names have dots, unlike ids.
     page_route("/", "page", page.page, Operation("The web page", None, auth="none")),

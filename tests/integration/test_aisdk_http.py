@@ -9,15 +9,16 @@ package does and fails on what it would reject.
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
-from tests.aisdk_support import UiMessage, read, request, user
+from tests.aisdk_support import UiMessage, read, read_until, request, user
 from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway
 
 TEXT = {"script": {"rounds": [[{"text": "Hello there, friend."}]]}}
@@ -72,3 +73,148 @@ async def test_a_turn_streams_reasoning_text_and_a_tool_round_as_one_message(
         # The chat is a gateway session: its stored messages are what streamed.
         r = await h.http.get(f"/sessions/{chat_id}/messages")
         assert r.json()["messages"][-1]["content"][0]["text"] == "All done."
+
+
+async def test_an_approval_ends_the_response_and_the_next_request_answers_it(
+    tmp_path: Path,
+) -> None:
+    async with gateway(tmp_path, **APPROVAL) as h:
+        chat_id = f"chat-{uuid.uuid4()}"
+        question = user(TOOL_SCRIPT)
+        m = await chat(h, request(chat_id, question))
+        assert m.finish_reason == "tool-calls"
+        [tool] = [p for p in m.parts if p["type"] == "dynamic-tool"]
+        assert tool["state"] == "approval-requested"
+        # A new message while the turn waits: 409, naming the way out.
+        r = await h.http.post("/ai-sdk/chat", json=request(chat_id, question, user(TEXT)))
+        assert r.status_code == 409 and r.json()["error"]["code"] == "turn_in_progress"
+        # useChat's addToolApprovalResponse, then its automatic send: the same message.
+        tool["state"] = "approval-responded"
+        tool["approval"]["approved"] = True
+        m = await chat(h, request(chat_id, question, m.as_sent()), message=m)
+        assert m.finish_reason == "stop"
+        assert tool["state"] == "output-available" and tool["output"]
+        assert m.text == "Running it now.All done."
+        assert types(m).count("start") == 2  # the same message, continued
+
+
+async def test_a_denied_approval_is_an_output_denied(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **APPROVAL) as h:
+        chat_id = f"chat-{uuid.uuid4()}"
+        question = user(TOOL_SCRIPT)
+        m = await chat(h, request(chat_id, question))
+        [tool] = [p for p in m.parts if p["type"] == "dynamic-tool"]
+        tool["state"] = "approval-responded"
+        tool["approval"]["approved"] = False
+        m = await chat(h, request(chat_id, question, m.as_sent()), message=m)
+        assert tool["state"] == "output-denied"
+        assert m.finish_reason == "stop"
+
+
+async def test_two_tabs_a_resume_and_a_stop_racing_nothing(tmp_path: Path) -> None:
+    """A second tab resumes: the message once, then live with the first; a stop ends both."""
+    async with gateway(tmp_path) as h:
+        chat_id = f"chat-{uuid.uuid4()}"
+        r = await h.http.get(f"/ai-sdk/chat/{chat_id}/stream")
+        assert r.status_code == 404  # no such chat
+        await chat(h, request(chat_id, user(TEXT)))
+        r = await h.http.get(f"/ai-sdk/chat/{chat_id}/stream")
+        assert r.status_code == 204  # no turn in flight
+        first, again = UiMessage(), UiMessage()
+        napping = request(chat_id, user(LONG_NAP))
+        async with (
+            h.http.stream("POST", "/ai-sdk/chat", json=napping) as r1,
+            aclosing(cast(AsyncGenerator[str, None], r1.aiter_lines())) as lines1,
+        ):
+            await read_until(lines1, first, lambda: running(first))
+            async with (
+                h.http.stream("GET", f"/ai-sdk/chat/{chat_id}/stream") as r2,
+                aclosing(cast(AsyncGenerator[str, None], r2.aiter_lines())) as lines2,
+            ):
+                assert r2.status_code == 200
+                await read_until(lines2, again, lambda: running(again))
+                assert again.id == first.id and again.text == "Napping."
+                assert again.parts == first.parts  # the same parts, once each (whole in a replay)
+                stop = await h.http.post(f"/ai-sdk/chat/{chat_id}/stop", json={})
+                assert stop.status_code == 202
+                assert stop.json()["turn_id"] == again.metadata["gateway"]["turnId"]
+                await read_until(lines2, again, lambda: False)
+            await read_until(lines1, first, lambda: False)
+        for m in (first, again):
+            assert m.done and "abort" in types(m) and m.finish_reason == "other"
+            assert m.parts == first.parts
+        r = await h.http.post(f"/ai-sdk/chat/{chat_id}/stop", json={})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "turn_not_in_flight"
+
+
+async def test_a_dropped_stream_never_cancels_and_a_repeated_request_runs_once(
+    tmp_path: Path,
+) -> None:
+    async with gateway(tmp_path) as h:
+        chat_id = f"chat-{uuid.uuid4()}"
+        slow = {"script": {"rounds": [[{"tool_use": {"name": "sleep", "input": {"seconds": 0.5}}}],
+                                      [{"text": "Rested."}]]}}  # fmt: skip
+        question = user(slow)
+        body = json.dumps(request(chat_id, question)).encode()
+        port = int(h.base.rsplit(":", 1)[1])
+        async with await trio.open_tcp_stream("127.0.0.1", port) as raw:
+            await raw.send_all(
+                b"POST /ai-sdk/chat HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body)
+            )
+            seen = b""
+            while b"tool-input-available" not in seen:
+                got = await raw.receive_some(65536)
+                assert got, seen
+                seen += got
+        # The client lost its answer and sends the same message again: the same
+        # turn, streamed from its start, never run twice.
+        m = await chat(h, request(chat_id, question))
+        assert m.text == "Rested." and m.finish_reason == "stop"
+        r = await h.http.get(f"/sessions/{chat_id}/messages")
+        turns = {x["turn_id"] for x in r.json()["messages"]}
+        assert len(turns) == 1, turns
+
+
+async def test_what_a_request_may_not_do(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **{"auth.api_keys": ["key-a", "key-b"]}) as h:
+        a = {"Authorization": "Bearer key-a"}
+        b = {"Authorization": "Bearer key-b"}
+        chat_id = f"chat-{uuid.uuid4()}"
+        r = await h.http.post("/ai-sdk/chat", json=request(chat_id, user(TEXT)))
+        assert r.status_code == 401
+        cases = [
+            (request("bad id!", user(TEXT)), 422, "invalid_chat_id"),
+            (request(chat_id), 422, "invalid_body"),
+            (request(chat_id, user(TEXT), trigger="regenerate-message"), 422, "invalid_body"),
+            (
+                request(chat_id, {"id": "f", "role": "user", "parts": [{"type": "file"}]}),
+                422,
+                "invalid_body",
+            ),
+            (request(chat_id, {"id": "s", "role": "system", "parts": []}), 422, "invalid_body"),
+            ({"id": chat_id}, 422, "invalid_body"),
+        ]
+        for body, status, code in cases:
+            r = await h.http.post("/ai-sdk/chat", json=body, headers=a)
+            assert (r.status_code, r.json()["error"]["code"]) == (status, code), body
+        r = await h.http.get(f"/sessions/{chat_id}", headers=a)
+        assert r.status_code == 404  # nothing refused made the chat
+        async with h.http.stream(
+            "POST", "/ai-sdk/chat", json=request(chat_id, user(TEXT)), headers=a
+        ) as r:
+            assert r.status_code == 200
+            await read(r)
+        # Another key's chat is no chat at all, on every door.
+        r = await h.http.post("/ai-sdk/chat", json=request(chat_id, user(TEXT)), headers=b)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+        r = await h.http.get(f"/ai-sdk/chat/{chat_id}/stream", headers=b)
+        assert r.status_code == 404
+        r = await h.http.post(f"/ai-sdk/chat/{chat_id}/stop", json={}, headers=b)
+        assert r.status_code == 404
+
+
+def running(m: UiMessage) -> bool:
+    """The message's tool call has its input: the tool runs now."""
+    return any(p.get("state") == "input-available" for p in m.parts)

@@ -1,0 +1,282 @@
+"""The AI SDK's WebSocket door: ``GET /ai-sdk/ws``, ``WebSocketChatTransport``'s frames.
+
+One socket carries any number of requests, each named by the client's
+``requestId`` (docs/protocol.md §14, "The AI SDK"):
+
+- ``send`` (the ``DefaultChatTransport`` body's fields: ``id``, ``messages``,
+  ``trigger``) starts a response as ``POST /ai-sdk/chat`` does
+  (:meth:`gateway.aisdk.routes.Responses.send`); ``resume`` answers the chat's
+  turn in flight from its start, its chunks after ``lastSequence`` when given,
+  or ``no-active``.
+- Each response is ``start``, then its chunks as ``chunk`` frames numbered from
+  0 (``sequence``), then ``end``; a request refused is one ``error`` frame
+  (``errorText``: the refusal's code and message, as the HTTP door's JSON error).
+- ``abort`` cancels the turn the request streams (docs/protocol.md §8) and ends
+  its response. The socket closing never cancels a turn.
+
+Each response has its own bounded queue; one that overflows closes the socket
+with 1008 ``client_too_slow`` (docs/protocol.md §3), and the transport resumes.
+A frame that is not one of these is answered with an ``error`` frame when it
+names a request, and closes the socket with 1003 otherwise.
+
+Browsers cannot send headers on a WebSocket: where API keys are configured the
+key is taken from ``Authorization: Bearer`` or the ``key`` query parameter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from gateway.agui.sse import SlowClient
+from gateway.aisdk import chunks as ui
+from gateway.aisdk.routes import Opened, Responses, UiMessage
+from gateway.aisdk.stream import pump
+from gateway.errors import ApiError, Refused
+from gateway.logs import event
+from gateway.protocol.closes import close_reason
+from gateway.protocol.framing import text_frame
+from gateway.server.auth import NO_OWNER
+from gateway.server.http import Request, WebSocketAccept
+from gateway.server.openapi import Operation, Query
+from gateway.server.refusals import as_http
+from gateway.server.websocket import ConnectionClosed, WebSocket
+
+if TYPE_CHECKING:
+    from gateway.aisdk.routes import Router
+
+log = logging.getLogger("gateway.aisdk")
+
+KEY = Query(
+    "key",
+    {"type": "string"},
+    "An API key, where keys are configured and the client cannot send a header (a browser).",
+)
+
+WS = Operation(
+    "The AI SDK's WebSocketChatTransport (upgrade)",
+    None,
+    101,
+    query=(KEY,),
+    auth="optional",
+    errors={
+        401: ("unauthorized",),
+        403: ("forbidden",),
+        426: ("upgrade_required",),
+        503: ("over_capacity",),
+    },
+    description="`send`, `resume` (`lastSequence`), `abort` in; `start`, `chunk` "
+    "(`sequence`), `end`, `error`, `no-active` out, each with its `requestId` "
+    "(docs/protocol.md §14). `abort` cancels the turn; closing the socket does "
+    "not. The API key, where keys are configured: `Authorization: Bearer` or "
+    "the `key` query parameter.",
+)
+
+
+class _Frame(msgspec.Struct):
+    type: str
+    request_id: str | None = msgspec.field(default=None, name="requestId")
+    id: str | None = None
+    messages: list[Any] | None = None
+    trigger: str = "submit-message"
+    last_sequence: int | None = msgspec.field(default=None, name="lastSequence")
+
+
+_frame = msgspec.json.Decoder(_Frame)
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass
+class _Request:
+    """One request of the socket: its task's scope, and what it streams once opened."""
+
+    scope: trio.CancelScope
+    opened: Opened | None = None
+    aborted: bool = False
+
+
+class ChatSocket:
+    """One ``/ai-sdk/ws`` connection (module docstring)."""
+
+    def __init__(self, responses: Responses, ws: WebSocket, caller: str | None, client: str):
+        self.responses = responses
+        self.ws = ws
+        self.caller = caller
+        self.client = client
+        self.requests: dict[str, _Request] = {}
+        self._slow = False
+        self._reading = trio.CancelScope()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            with self._reading:
+                await self._read(nursery)
+            nursery.cancel_scope.cancel()
+        if self._slow:
+            await self._close(*close_reason("client_too_slow"))
+
+    async def _read(self, nursery: trio.Nursery) -> None:
+        """Client frames until the socket closes (module docstring)."""
+        while True:
+            message = await self.ws.receive()
+            if message is None:
+                break
+            if not isinstance(message, str):
+                continue  # (an Idle never comes without a deadline)
+            try:
+                frame = _frame.decode(message)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                await self._close(1003, "invalid_frame", "a frame is a JSON request object")
+                break
+            if frame.request_id is None:
+                await self._close(1003, "invalid_frame", "a frame names its requestId")
+                break
+            await self._dispatch(frame, nursery)
+
+    async def _dispatch(self, frame: _Frame, nursery: trio.Nursery) -> None:
+        rid = frame.request_id
+        assert rid is not None
+        if frame.type == "abort":
+            await self._abort(rid)
+        elif frame.type in ("send", "resume") and rid not in self.requests:
+            request = self.requests[rid] = _Request(trio.CancelScope())
+            nursery.start_soon(self._serve, rid, frame, request, name=f"ai-sdk-request {rid[:40]}")
+        else:
+            why = "a requestId in use" if rid in self.requests else f"type {frame.type[:40]!r}"
+            await self._send(
+                {"type": "error", "requestId": rid, "errorText": f"invalid_frame: {why}"}
+            )
+
+    async def _serve(self, rid: str, frame: _Frame, request: _Request) -> None:
+        """One request: its response, or its refusal (module docstring)."""
+        try:
+            with request.scope:
+                opened = await self._open(rid, frame)
+                if opened is None:
+                    return
+                request.opened = opened
+                if request.aborted:  # aborted while the turn was being submitted
+                    await self._cancel(opened)
+                    return
+                await self._stream(rid, opened, frame.last_sequence)
+        except SlowClient:  # the socket is closed 1008 once its reader has stopped
+            self._slow = True
+            self._reading.cancel()
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the socket went: the turn goes on
+        finally:
+            del self.requests[rid]
+            if request.opened is not None and request.opened.sub.subscribed:
+                request.opened.sub.leave("client_closed")
+
+    async def _open(self, rid: str, frame: _Frame) -> Opened | None:
+        """The request's response, opened; None after an ``error`` or ``no-active`` frame."""
+        r = self.responses
+        try:
+            if frame.id is None:
+                raise ApiError(422, "invalid_body", "a request names its chat: id")
+            if frame.type == "resume":
+                opened = await r.resume(self.caller, frame.id, self.client)
+                if opened is None:
+                    await self._send({"type": "no-active", "requestId": rid})
+                return opened
+            messages = msgspec.convert(frame.messages or [], list[UiMessage])
+            return await r.send(self.caller, frame.id, messages, frame.trigger, self.client)
+        except (ApiError, Refused, msgspec.ValidationError) as exc:
+            text = _error_text(exc)
+            await self._send({"type": "error", "requestId": rid, "errorText": text})
+            return None
+
+    async def _stream(self, rid: str, opened: Opened, last_sequence: int | None) -> None:
+        sequence = -1
+        skip = -1 if last_sequence is None else last_sequence
+
+        async def emit(chunks: list[ui.Chunk]) -> None:
+            nonlocal sequence
+            frames = []
+            for chunk in chunks:
+                sequence += 1
+                if sequence > skip:
+                    frames.append(
+                        b'{"type":"chunk","requestId":%s,"sequence":%d,"chunk":%s}'
+                        % (_encode(rid), sequence, ui.encode(chunk))
+                    )
+            if frames:
+                await self.ws.send_all(b"".join(text_frame(f) for f in frames))
+
+        await self._send({"type": "start", "requestId": rid})
+        mapper = opened.mapper
+        await emit(mapper.start())
+        if opened.error is not None:
+            await emit(mapper.closed(opened.error))
+        else:
+            await pump(opened.sub, mapper, emit)
+        await self._send({"type": "end", "requestId": rid})
+
+    async def _abort(self, rid: str) -> None:
+        """``abort``: the request's turn cancelled, its response ended (module docstring)."""
+        request = self.requests.get(rid)
+        if request is None:
+            return  # over already, or never made: nothing to abort
+        request.aborted = True
+        if request.opened is not None:
+            await self._cancel(request.opened)
+            request.scope.cancel()
+
+    async def _cancel(self, opened: Opened) -> None:
+        node = self.responses.node
+        turn_id = opened.mapper.turn_id
+        try:
+            if (await node.live_summary(opened.session)).current_turn_id == turn_id:
+                await node.cancel_turn(opened.session, turn_id, "user", f"ai-sdk:{self.client}")
+        except (ApiError, Refused) as exc:  # ended meanwhile: nothing to cancel
+            event(log, logging.DEBUG, "aisdk_abort_late", f"abort of {turn_id}: {exc}")
+
+    async def _send(self, frame: dict[str, Any]) -> None:
+        await self.ws.send_all(text_frame(_encode(frame)))
+
+    async def _close(self, code: int, reason: str, message: str | None = None) -> None:
+        """Close the socket: ``reason`` is a close's JSON, or its code with ``message``."""
+        if message is not None:
+            reason = msgspec.json.encode({"code": reason, "message": message}).decode()
+        with trio.CancelScope(shield=True), contextlib.suppress(ConnectionClosed):
+            await self.ws.close(code, reason)
+
+
+def _error_text(exc: ApiError | Refused | msgspec.ValidationError) -> str:
+    if isinstance(exc, msgspec.ValidationError):
+        return f"invalid_body: {exc}"
+    error = as_http(exc) if isinstance(exc, Refused) else exc
+    return f"{error.code}: {error.message}"
+
+
+async def chat_socket(api: Router, req: Request) -> WebSocketAccept:
+    """The route table's ``GET /ai-sdk/ws``: the caller checked, then the upgrade."""
+    caller = _caller(api, req)
+    release = await api.node.limits.open_stream(caller or NO_OWNER)  # 503 over_capacity
+
+    async def run(ws: WebSocket) -> None:
+        try:
+            await ChatSocket(api.aisdk, ws, caller, req.client).run()
+        finally:
+            release()
+
+    return WebSocketAccept(run, abandon=release)
+
+
+def _caller(api: Router, req: Request) -> str | None:
+    """The key's id: from ``Authorization: Bearer``, else the ``key`` query parameter."""
+    if "authorization" in req.headers or not api.keys.enabled:
+        return api._authenticate(req)
+    key = req.query.get("key")
+    if not key:
+        raise ApiError(401, "unauthorized", "send Authorization: Bearer <api key> or ?key=")
+    caller = api.keys.identify(key)
+    if caller is None:
+        raise ApiError(403, "forbidden", "the API key is not valid")
+    return caller
