@@ -20,6 +20,7 @@ import trio
 from gateway.agui.sse import RunSubscriber, SlowClient
 from gateway.aisdk import chunks as ui
 from gateway.aisdk.mapping import ChatMapper
+from gateway.protocol.closes import CLOSES
 from gateway.session.hub import FrameBatch
 from gateway.session.seam import Gate
 
@@ -52,6 +53,10 @@ async def pump(
 
     ``idle`` is called after ``idle_s`` without a chunk (the SSE heartbeat).
 
+    A response whose queue is closed for another reason than its slowness (its
+    session deleted, or this node no longer its owner's relay) ends with an
+    ``error`` chunk naming the close, and ``finish``.
+
     Raises:
         SlowClient: the response's queue overflowed (the slow-client rule).
         trio.BrokenResourceError: the client went away (the turn goes on).
@@ -63,7 +68,8 @@ async def pump(
                 try:
                     item = await sub.rx.receive()
                 except trio.EndOfChannel:
-                    raise SlowClient("the AI SDK response's queue overflowed") from None
+                    await _closed(sub, mapper, emit)
+                    return
             if item is None:
                 assert idle is not None
                 await idle()
@@ -90,3 +96,17 @@ async def pump(
     finally:
         if sub.subscribed:
             sub.leave("response_finished" if mapper.finished else "client_closed")
+
+
+async def _closed(sub: RunSubscriber, mapper: ChatMapper, emit: Emit) -> None:
+    """The response's queue was closed: too slow, or the session went (deleted, moved).
+
+    Too slow is the slow-client rule (the transport closes the connection);
+    any other close ends the response with an ``error`` chunk naming it
+    (``session_deleted: The session was deleted.``) and ``finish``.
+    """
+    code = sub.closing or "internal_error"
+    if code == "client_too_slow":
+        raise SlowClient("the AI SDK response's queue overflowed")
+    close = CLOSES.get(code)
+    await emit(mapper.closed(f"{code}: {close.message if close else code}"))

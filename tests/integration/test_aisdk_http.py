@@ -218,3 +218,21 @@ async def test_what_a_request_may_not_do(tmp_path: Path) -> None:
 def running(m: UiMessage) -> bool:
     """The message's tool call has its input: the tool runs now."""
     return any(p.get("state") == "input-available" for p in m.parts)
+
+
+async def test_a_chat_deleted_mid_turn_ends_its_response_saying_so(tmp_path: Path) -> None:
+    async with gateway(tmp_path) as h:
+        chat_id = f"chat-{uuid.uuid4()}"
+        m = UiMessage()
+        async with (
+            h.http.stream("POST", "/ai-sdk/chat", json=request(chat_id, user(LONG_NAP))) as r,
+            aclosing(cast(AsyncGenerator[str, None], r.aiter_lines())) as lines,
+        ):
+            await read_until(lines, m, lambda: running(m))
+            assert (await h.http.delete(f"/sessions/{chat_id}")).status_code == 204
+            await read_until(lines, m, lambda: False)
+        # The deletion cancels the turn first (docs/protocol.md §13): its cancel
+        # sequence ends the response, which is over before the close comes.
+        assert m.done and "abort" in types(m) and m.finish_reason == "other", types(m)
+        r2 = await h.http.get(f"/ai-sdk/chat/{chat_id}/stream")
+        assert r2.status_code == 404
