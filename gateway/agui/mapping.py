@@ -280,6 +280,13 @@ class RunMapper:
         out.append(self._finished(outcome, ts))
         return out
 
+    def closed(self, code: str, message: str, ts: int | None = None) -> list[ag.AguiEvent]:
+        """End the run with ``RUN_ERROR``: its stream was closed (the session deleted, moved)."""
+        if self.finished:
+            return []
+        self.finished = True
+        return [*self._close_all(ts), ag.RunError(message=message, code=code, timestamp=ts)]
+
     def idle_finish(self, ts: int | None = None) -> ag.RunFinished:
         """``RUN_FINISHED`` (success) of a run that started no turn: nothing was left to do."""
         self.finished = True

@@ -106,6 +106,10 @@ class RunFeed:
         """The run's opening (``RUN_STARTED``, ``MESSAGES_SNAPSHOT``), at its start."""
         return self._emit(events)
 
+    def closed(self, code: str, message: str, ts: int | None) -> list[Tagged]:
+        """:meth:`RunMapper.closed`, at the last event's id."""
+        return self._emit(self.mapper.closed(code, message, ts))
+
     def receive(self, event: Envelope[Any]) -> list[Tagged]:
         """The AG-UI events of one gateway event (:meth:`RunMapper.receive`)."""
         seq = parse_event_id(event.id)

@@ -34,6 +34,7 @@ from gateway.config import StreamConfig
 from gateway.ids import now_ms
 from gateway.logs import client_label
 from gateway.metrics import Metrics
+from gateway.protocol.closes import CLOSES
 from gateway.protocol.events import EVENT_TYPES, Envelope
 from gateway.session.delivery import DeliveryQueue
 from gateway.session.hub import Emitted, FrameBatch
@@ -173,6 +174,10 @@ async def stream_run(
 ) -> None:
     """Write one run until it finishes (module docstring).
 
+    A queue closed for another reason than slowness (the session deleted,
+    this node's relay of it lost) ends the run with ``RUN_ERROR`` whose
+    ``code`` is the close's name.
+
     Raises:
         SlowClient: the queue overflowed.
         trio.BrokenResourceError: the client went away (the turn goes on).
@@ -185,7 +190,13 @@ async def stream_run(
                 try:
                     item = await sub.rx.receive()
                 except trio.EndOfChannel:
-                    raise SlowClient("the AG-UI run's queue overflowed") from None
+                    if sub.too_slow:
+                        raise SlowClient("the AG-UI run's queue overflowed") from None
+                    code = sub.closing or "internal_error"
+                    close = CLOSES.get(code)
+                    ended = feed.closed(code, close.message if close else code, now_ms())
+                    await send(tagged_sse(ended))
+                    return
             if item is None:
                 await send(PING)
                 continue

@@ -1,0 +1,64 @@
+"""An AG-UI run's stream when its queue is closed (gateway.agui.sse), without a socket.
+
+Too slow is the slow-client rule (the transport closes the connection); any
+other close (the session deleted, this node's relay of it lost) ends the run
+with ``RUN_ERROR`` whose ``code`` names the close, so ``@ag-ui/client`` sees
+why rather than a cut connection (docs/protocol.md §14).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from gateway.agui.mapping import RunMapper
+from gateway.agui.resume import RunFeed
+from gateway.agui.sse import RunSubscriber, SlowClient, stream_run
+from gateway.config import StreamConfig
+from gateway.metrics import Metrics
+
+
+class _Hub:
+    def unsubscribe(self, sub: object) -> bool:
+        return True
+
+
+class _Session:
+    id = "sess_1"
+
+    def __init__(self) -> None:
+        self.hub = _Hub()
+
+    def warn(self, subscription: str, reason: str, detail: str) -> None:
+        pass
+
+    def unregistered(self, sub: object, reason: str) -> None:
+        pass
+
+
+async def _streamed(code: str) -> list[dict[str, object]]:
+    sub = RunSubscriber(_Session(), StreamConfig(), Metrics())  # type: ignore[arg-type]
+    feed = RunFeed(RunMapper("sess_1", "run_1", "turn_1"), 0)
+    sent: list[bytes] = []
+
+    async def send(data: bytes) -> None:
+        sent.append(data)
+
+    sub.request_close(code)
+    with trio.fail_after(5):
+        await stream_run(sub, feed, [], send, 15.0)
+    lines = b"".join(sent).decode().splitlines()
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+
+
+async def test_a_deleted_session_ends_the_run_with_a_run_error_naming_it() -> None:
+    [error] = await _streamed("session_deleted")
+    assert error["type"] == "RUN_ERROR" and error["code"] == "session_deleted"
+    assert error["message"] == "The session was deleted."
+
+
+async def test_a_slow_run_is_still_cut_by_its_transport() -> None:
+    with pytest.raises(SlowClient):
+        await _streamed("client_too_slow")
