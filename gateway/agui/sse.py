@@ -69,12 +69,13 @@ class RunSubscriber(DeliveryQueue[Gate]):
 
     queue_name = "AG-UI run queue"
     closes_how = "closing the stream"
+    prefix = "agui"  # its subscription's name: agui-N
     close_code = None  # no WebSocket: the HTTP connection is closed
 
     def __init__(
         self, session: Session, config: StreamConfig, metrics: Metrics, address: str = ""
     ) -> None:
-        name = f"agui-{next(_names)}"
+        name = f"{self.prefix}-{next(_names)}"
         super().__init__(
             session, name, config.queue_max_events, metrics, client=client_label(name, address)
         )

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from gateway.agui.sse import RunSubscriber
 from gateway.aisdk import chunks as ui
 from gateway.aisdk.mapping import ChatMapper, user_message_id
-from gateway.aisdk.stream import DONE, HEADERS, PING, pump, sse
+from gateway.aisdk.stream import DONE, HEADERS, PING, ResponseSubscriber, pump, sse
 from gateway.errors import ApiError
 from gateway.ids import format_event_id, new_turn_id, now_ms, parse_event_id
 from gateway.protocol.filters import resolve_filter
@@ -140,7 +139,7 @@ class Opened:
     """A response ready to stream: its subscriber (subscribed) and its mapper."""
 
     session: Session
-    sub: RunSubscriber
+    sub: ResponseSubscriber
     mapper: ChatMapper
     error: str | None = None  # the turn cannot be replayed: the response says so and ends
 
@@ -247,7 +246,7 @@ class Responses:
     ) -> Opened:
         """A response of ``turn_id`` mapped from its start: a replay through the seam, then live."""
         mapper = ChatMapper(session.id, turn_id, after, frozenset(answering or ()))
-        sub = RunSubscriber(session, self.config.stream, self.node.metrics, client)
+        sub = ResponseSubscriber(session, self.config.stream, self.node.metrics, client)
         start = await turn_start(session, turn_id)
         if start is None:
             sub.leave("turn_not_found")
@@ -260,8 +259,8 @@ class Responses:
             return Opened(session, sub, mapper, f"turn {turn_id} can no longer be replayed")
         return Opened(session, sub, mapper)
 
-    async def _live(self, session: Session, client: str) -> RunSubscriber:
-        sub = RunSubscriber(session, self.config.stream, self.node.metrics, client)
+    async def _live(self, session: Session, client: str) -> ResponseSubscriber:
+        sub = ResponseSubscriber(session, self.config.stream, self.node.metrics, client)
         resolved, key = resolve_filter("preset:full")
         await seam.subscribe(
             session, sub, Subscribe("preset:full"), resolved, key, self.config.stream

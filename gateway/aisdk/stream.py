@@ -1,6 +1,7 @@
 """One AI SDK chat response, fed from the session's hub like any client (docs/protocol.md §14).
 
-The response's subscriber (:class:`~gateway.agui.sse.RunSubscriber`: the
+The response's subscriber (:class:`ResponseSubscriber`, an AG-UI run's
+:class:`~gateway.agui.sse.RunSubscriber` under its own name: the
 seam, the bound of ``[stream] queue_max_events`` and the slow-client rule, as
 every client of a session has) is subscribed before the turn is submitted or
 its approvals decided, or with a replay of the turn from its start, so no
@@ -32,6 +33,14 @@ DONE = b"data: [DONE]\n\n"
 
 HEADERS = [("x-vercel-ai-ui-message-stream", "v1")]
 """What marks a response as a UI message stream (the ``ai`` package's own header)."""
+
+
+class ResponseSubscriber(RunSubscriber):
+    """An AI SDK response's side of the hub and the seam (module docstring): ``aisdk-N``."""
+
+    queue_name = "AI SDK response queue"
+    closes_how = "ending the response"
+    prefix = "aisdk"
 
 
 def sse(chunks: Iterable[ui.Chunk]) -> bytes:

@@ -16,6 +16,7 @@ from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 import trio
 
 from tests.aisdk_support import UiMessage, read, read_until, request, user
@@ -236,3 +237,60 @@ async def test_a_chat_deleted_mid_turn_ends_its_response_saying_so(tmp_path: Pat
         assert m.done and "abort" in types(m) and m.finish_reason == "other", types(m)
         r2 = await h.http.get(f"/ai-sdk/chat/{chat_id}/stream")
         assert r2.status_code == 404
+
+
+async def test_a_response_that_stops_reading_is_a_slow_client_as_a_websocket_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/protocol.md §3's slow-client rule for an AI SDK response; the turn goes on."""
+    paced = {"script": {"delay_ms": 1, "rounds": [[{"lorem": 4000}]]}}
+    overrides = {"stream.queue_max_events": 20, "server.send_buffer_bytes": 4096}
+    async with gateway(tmp_path, **overrides) as h:
+        chat_id = await h.create_session()
+        async with h.client(chat_id) as watcher:
+            await watcher.subscribe()
+            body = json.dumps(request(chat_id, user(paced))).encode()
+            port = int(h.base.rsplit(":", 1)[1])
+            async with await trio.open_tcp_stream("127.0.0.1", port) as raw:
+                await raw.send_all(
+                    b"POST /ai-sdk/chat HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(body), body)
+                )
+                # ... and reads nothing
+                found = await watcher.until(lambda e: e.type == "bus.handler_warning")
+                warning = found[-1].payload
+                assert warning.reason == "client_too_slow"
+                assert warning.subscription_name.startswith("aisdk-")
+                assert "AI SDK response queue exceeded queue_max_events=20" in warning.detail
+                ended = await watcher.until(lambda e: e.type == "turn.completed")
+                assert ended[-1].payload.stop_reason == "end_turn"  # the turn went on
+        assert h.node.metrics.slow_clients._value.get() == 1
+
+
+async def test_a_stop_racing_the_turns_end_ends_the_response_once(tmp_path: Path) -> None:
+    """Stop fired at every moment of a short turn: one end, whichever came first."""
+    short = {"script": {"delay_ms": 2, "rounds": [[{"text": "one two three four five six"}]]}}
+    async with gateway(tmp_path) as h:
+        chat_id = f"chat-{uuid.uuid4()}"
+        outcomes = set()
+        for wait_chunks in range(0, 12, 2):
+            m = UiMessage()
+            async with (
+                h.http.stream("POST", "/ai-sdk/chat", json=request(chat_id, user(short))) as r,
+                aclosing(cast(AsyncGenerator[str, None], r.aiter_lines())) as lines,
+            ):
+                seen = lambda m=m, n=wait_chunks: len(m.chunks) >= n or m.done  # noqa: E731
+                await read_until(lines, m, seen)
+                stop = await h.http.post(f"/ai-sdk/chat/{chat_id}/stop", json={})
+                assert stop.status_code in (202, 409), stop.text
+                if not m.done:
+                    await read_until(lines, m, lambda: False)
+            kinds = types(m)
+            assert m.done and kinds.count("finish") == 1 and kinds[-1] == "finish", kinds
+            stopped = "abort" in kinds
+            assert m.finish_reason == ("other" if stopped else "stop")
+            if stop.status_code == 409:
+                assert not stopped  # nothing was in flight: the turn had ended
+            outcomes.add(stopped)
+        assert True in outcomes  # a stop at the start lands

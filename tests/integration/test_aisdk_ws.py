@@ -183,3 +183,57 @@ async def test_keys_frames_and_ownership(tmp_path: Path) -> None:
                 nursery.cancel_scope.cancel()
         finally:
             await stream.aclose()
+
+
+async def test_a_resume_at_every_chunk_boundary_gives_exactly_the_rest(tmp_path: Path) -> None:
+    """A turn paused on a long tool: ``resume`` after each ``lastSequence`` k is chunks k+1..."""
+    async with gateway(tmp_path) as h, open_websocket_url(ws_url(h)) as ws:
+        r = Responses(ws)
+        chat_id = f"chat-{uuid.uuid4()}"
+        nap = await r.request(send(chat_id, user(LONG_NAP)))
+        await r.until(nap, running)
+        whole = await r.request(resume(chat_id, "whole"))
+        await r.until(whole, running)
+        reference = [f["chunk"] for f in r.frames[whole] if f["type"] == "chunk"]
+        assert len(reference) >= 6
+        for k in range(-1, len(reference) - 1):
+            rid = f"at-{k}"
+            r.partial.add(rid)
+            await r.request(resume(chat_id, rid, last=None if k < 0 else k))
+            want = len(reference) - (k + 1)
+            await r.until(
+                rid, lambda m, f, n=want: len([x for x in f if x["type"] == "chunk"]) >= n
+            )
+            got = [f for f in r.frames[rid] if f["type"] == "chunk"]
+            assert [f["sequence"] for f in got] == list(range(k + 1, len(reference)))
+            assert [f["chunk"] for f in got] == reference[k + 1 :]
+        await ws.send_message(json.dumps({"type": "abort", "requestId": nap}))
+
+
+async def test_a_socket_that_stops_reading_is_closed_1008(tmp_path: Path) -> None:
+    paced = {"script": {"delay_ms": 1, "rounds": [[{"lorem": 4000}]]}}
+    overrides = {"stream.queue_max_events": 20, "server.send_buffer_bytes": 4096}
+    async with gateway(tmp_path, **overrides) as h:
+        chat_id = await h.create_session()
+        async with h.client(chat_id) as watcher:
+            await watcher.subscribe()
+            port = int(h.base.rsplit(":", 1)[1])
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            try:
+                async with trio.open_nursery() as nursery:
+                    ws = await wrap_client_stream(
+                        nursery, stream, f"127.0.0.1:{port}", "/ai-sdk/ws"
+                    )
+                    await ws.send_message(json.dumps(send(chat_id, user(paced))))
+                    found = await watcher.until(lambda e: e.type == "bus.handler_warning")
+                    assert found[-1].payload.subscription_name.startswith("aisdk-")
+                    with pytest.raises(ConnectionClosed) as closed:
+                        while True:
+                            await ws.get_message()
+                    assert closed.value.reason.code == 1008
+                    assert json.loads(closed.value.reason.reason)["code"] == "client_too_slow"
+                    nursery.cancel_scope.cancel()
+            finally:
+                await stream.aclose()
+            ended = await watcher.until(lambda e: e.type == "turn.completed")
+            assert ended[-1].payload.stop_reason == "end_turn"  # the turn went on

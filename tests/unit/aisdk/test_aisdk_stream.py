@@ -14,10 +14,10 @@ import msgspec
 import pytest
 import trio
 
-from gateway.agui.sse import RunSubscriber, SlowClient
+from gateway.agui.sse import SlowClient
 from gateway.aisdk import chunks as ui
 from gateway.aisdk.mapping import ChatMapper
-from gateway.aisdk.stream import pump
+from gateway.aisdk.stream import ResponseSubscriber, pump
 from gateway.config import StreamConfig
 from gateway.metrics import Metrics
 
@@ -41,7 +41,7 @@ class _Session:
 
 
 async def _pumped(code: str) -> list[dict[str, Any]]:
-    sub = RunSubscriber(_Session(), StreamConfig(), Metrics())  # type: ignore[arg-type]
+    sub = ResponseSubscriber(_Session(), StreamConfig(), Metrics())  # type: ignore[arg-type]
     mapper = ChatMapper("sess_1", "turn_1")
     out: list[dict[str, Any]] = []
 
