@@ -48,6 +48,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 CONNECTION_STATES = ("subscribing", "live", "closing")
 """``gateway_ws_connections_by_state``: before a subscribe, subscribed, a close decided."""
 
+DOORS = ("websocket", "sse", "agui", "ai_sdk", "ai_sdk_ws")
+"""``gateway_streams_open``: each door a stream comes through (docs/protocol.md §14)."""
+
 # Close codes a label may carry (RFC 6455 section 7.4.1, plus what the gateway
 # sends); any other code a client picks (4000-4999 are free) is "other".
 _KNOWN_CLOSE_CODES = frozenset(
@@ -281,6 +284,7 @@ class Metrics:
         *,
         turns_in_flight: Callable[[], int],
         connection_states: Callable[[], Iterable[str]],
+        streams_by_door: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         """Where the scrape-time gauges read the node (module docstring).
 
@@ -288,9 +292,16 @@ class Metrics:
             turns_in_flight: how many turns are in flight now.
             connection_states: the state of each open connection, one of
                 :data:`CONNECTION_STATES`.
+            streams_by_door: the streams open now, by door (:data:`DOORS`).
         """
         self._turns_in_flight = turns_in_flight
         self._connection_states = connection_states
+        self._streams_by_door = streams_by_door
+
+    def streams_by_door(self) -> Mapping[str, int]:
+        counts = dict.fromkeys(DOORS, 0)
+        counts.update(self._streams_by_door())
+        return counts
 
     def connections_by_state(self) -> Mapping[str, int]:
         counts = dict.fromkeys(CONNECTION_STATES, 0)
@@ -357,3 +368,11 @@ class _HotTotals:
         for state, n in m.connections_by_state().items():
             states.add_metric([state], n)
         yield states
+        doors = GaugeMetricFamily(
+            "gateway_streams_open",
+            "Open streams (each counted against max_connections), by the door they came through",
+            labels=["door"],
+        )
+        for door, n in m.streams_by_door().items():
+            doors.add_metric([door], n)
+        yield doors

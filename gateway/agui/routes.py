@@ -162,7 +162,7 @@ class AguiRoutes:
         if content is not None:
             await self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
         # A stream, counted as a WebSocket is (503 over_capacity), until it ends.
-        release = once(await self.node.limits.open_stream(caller or NO_OWNER))
+        release = once(await self.node.limits.open_stream(caller or NO_OWNER, "agui"))
         try:
             return await self._run(req, body, caller, content, release)
         except BaseException:
@@ -281,7 +281,7 @@ class AguiRoutes:
         if record is None:
             raise ApiError(404, "run_not_found", f"no run {run_id[:60]!r} on {session.id}")
         history = (await self.node.messages_of(session))[: record.history_len]
-        release = once(await self.node.limits.open_stream(session.record.owner))
+        release = once(await self.node.limits.open_stream(session.record.owner, "agui"))
         try:
             sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
             resolved, key = resolve_filter("preset:full")

@@ -273,7 +273,7 @@ class Responses:
         """``POST /ai-sdk/chat`` (module docstring)."""
         caller = self.api._authenticate(req)
         body = decode(req, ChatRequest)
-        release = once(await self.node.limits.open_stream(caller or NO_OWNER))
+        release = once(await self.node.limits.open_stream(caller or NO_OWNER, "ai_sdk"))
         try:
             opened = await self.send(caller, body.id, body.messages, body.trigger, req.client)
         except BaseException:
@@ -284,7 +284,7 @@ class Responses:
     async def chat_stream(self, req: Request, chat_id: str) -> Response | StreamingResponse:
         """``GET /ai-sdk/chat/{id}/stream``: 204, or the turn in flight from its start."""
         caller = self.api._authenticate(req)
-        release = once(await self.node.limits.open_stream(caller or NO_OWNER))
+        release = once(await self.node.limits.open_stream(caller or NO_OWNER, "ai_sdk"))
         try:
             opened = await self.resume(caller, chat_id, req.client)
         except BaseException:

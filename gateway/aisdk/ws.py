@@ -258,13 +258,16 @@ def _error_text(exc: ApiError | Refused | msgspec.ValidationError) -> str:
 async def chat_socket(api: Router, req: Request) -> WebSocketAccept:
     """The route table's ``GET /ai-sdk/ws``: the caller checked, then the upgrade."""
     caller = _caller(api, req)
-    release = await api.node.limits.open_stream(caller or NO_OWNER)  # 503 over_capacity
+    release = await api.node.limits.open_stream(
+        caller or NO_OWNER, "ai_sdk_ws"
+    )  # 503 over_capacity
 
     async def run(ws: WebSocket) -> None:
         try:
             await ChatSocket(api.aisdk, ws, caller, req.client).run()
         finally:
             release()
+            api.node.notify()  # (what waits for streams to close)
 
     return WebSocketAccept(run, abandon=release)
 

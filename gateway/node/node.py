@@ -118,6 +118,7 @@ class Node:
         self.metrics.watch(
             turns_in_flight=lambda: sum(s.turn is not None for s in self.sessions.values()),
             connection_states=self._connection_states,
+            streams_by_door=lambda: self.limits.streams_by_door,
         )
         # In this process; in Redis once the placement is clustered (gateway.node.attach_tokens).
         self.tokens: Tokens = AttachTokens(config.stream.attach_token_ttl_s)

@@ -513,6 +513,7 @@ class Limits:
         self.shared: SharedLimits | None = None
         self.streams = 0
         self.streams_by_key: collections.Counter[str] = collections.Counter()
+        self.streams_by_door: collections.Counter[str] = collections.Counter()
         self.sessions_by_key: collections.Counter[str] = collections.Counter()
         self._turns: dict[str, collections.deque[float]] = {}
 
@@ -522,8 +523,11 @@ class Limits:
 
     # --- streams ---
 
-    async def open_stream(self, key: str) -> Callable[[], None]:
+    async def open_stream(self, key: str, door: str) -> Callable[[], None]:
         """Count a stream of ``key`` opening; the release to call once, when it ends.
+
+        ``door`` is what it comes through (``gateway_streams_open``,
+        :data:`gateway.metrics.DOORS`).
 
         Raises:
             ApiError: 503 ``over_capacity``, naming the limit, when ``max_connections``
@@ -542,6 +546,7 @@ class Limits:
             raise _too_many_streams(per_key)
         self.streams += 1  # before any wait: held while the shared count is asked
         self.streams_by_key[key] += 1
+        self.streams_by_door[door] += 1
         released = False
 
         def release() -> None:
@@ -551,6 +556,7 @@ class Limits:
             released = True
             self.streams -= 1
             self.streams_by_key[key] -= 1
+            self.streams_by_door[door] -= 1
             if not self.streams_by_key[key]:
                 del self.streams_by_key[key]
             if shared is not None:

@@ -237,3 +237,24 @@ async def test_a_socket_that_stops_reading_is_closed_1008(tmp_path: Path) -> Non
                 await stream.aclose()
             ended = await watcher.until(lambda e: e.type == "turn.completed")
             assert ended[-1].payload.stop_reason == "end_turn"  # the turn went on
+
+
+async def test_each_door_counts_its_open_streams(tmp_path: Path) -> None:
+    """``gateway_streams_open{door}``: the AI SDK's two doors among the others."""
+    async with gateway(tmp_path) as h:
+
+        def open_by_door() -> dict[str, float]:
+            return {d: h.node.metrics.streams_by_door()[d] for d in ("ai_sdk", "ai_sdk_ws")}
+
+        assert open_by_door() == {"ai_sdk": 0, "ai_sdk_ws": 0}
+        async with open_websocket_url(ws_url(h)) as ws:
+            assert open_by_door() == {"ai_sdk": 0, "ai_sdk_ws": 1}
+            r = Responses(ws)
+            rid = await r.request(send(f"chat-{uuid.uuid4()}", user(TEXT)))
+            await r.until(rid, ended)
+        with trio.fail_after(5):
+            while open_by_door()["ai_sdk_ws"]:  # the server's side of the close comes after
+                await h.node.changed()
+        metrics = (await h.http.get("/metrics")).text
+        assert 'gateway_streams_open{door="ai_sdk_ws"} 0.0' in metrics
+        assert 'gateway_streams_open{door="websocket"} 0.0' in metrics

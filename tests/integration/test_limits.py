@@ -302,14 +302,14 @@ async def test_the_turn_window_slides(autojump_clock: trio.testing.MockClock) ->
 
 async def test_limits_unit_streams_and_sessions() -> None:
     limits = Limits(LimitsConfig(max_connections=3, max_connections_per_key=2))
-    release_a = await limits.open_stream("a")
-    await limits.open_stream("a")
+    release_a = await limits.open_stream("a", "websocket")
+    await limits.open_stream("a", "websocket")
     with pytest.raises(ApiError) as info:
-        await limits.open_stream("a")
+        await limits.open_stream("a", "websocket")
     assert (info.value.status, info.value.code) == (503, "over_capacity")
-    await limits.open_stream("b")
+    await limits.open_stream("b", "websocket")
     with pytest.raises(ApiError, match=r"max_connections \(3\)"):
-        await limits.open_stream("c")
+        await limits.open_stream("c", "websocket")
     release_a()
     release_a()  # once only: a second call gives nothing back
     assert (limits.streams, dict(limits.streams_by_key)) == (2, {"a": 1, "b": 1})

@@ -43,6 +43,7 @@ FAMILIES = {
     "gateway_event_frames_sent": "counter",
     "gateway_ws_connections": "gauge",
     "gateway_ws_connections_by_state": "gauge",
+    "gateway_streams_open": "gauge",
     "gateway_ws_closed": "counter",
     "gateway_slow_client_closes": "counter",
     "gateway_http_requests": "counter",
@@ -73,7 +74,7 @@ FAMILIES = {
 }
 UNITS = ("_seconds", "_events", "_rows", "_bytes")
 LABELS = {"type", "reason", "code", "route", "status", "outcome", "state", "component"}
-LABELS |= {"tool", "error_class", "le", "webhook"}
+LABELS |= {"tool", "error_class", "le", "webhook", "door"}
 
 WATCHED = [  # what the watcher subscribes to: no deltas, so it is never the slow one
     "turn.started",

@@ -55,7 +55,7 @@ async def stream(api: Api, req: Request, session_id: str) -> WebSocketAccept:
     session = await api._session(session_id, caller)
     await node.redeem_token(req.query.get("attach"), session.id)
     # The stream counts against its session's owner, released however it ends.
-    release = await node.limits.open_stream(session.record.owner)  # 503 over_capacity
+    release = await node.limits.open_stream(session.record.owner, "websocket")  # 503 over_capacity
 
     async def run(ws: WebSocket) -> None:
         conn = StreamConnection(session, ws, req.client)

@@ -188,7 +188,7 @@ async def events(api: Api, req: Request, session_id: str) -> StreamingResponse |
     if req.method == "HEAD":  # the head of a stream, with no token used up
         return Response(200, content_type="text/event-stream", headers=list(SSE_HEADERS))
     await node.redeem_token(req.query.get("attach"), session.id)
-    release = await node.limits.open_stream(session.record.owner)  # 503 over_capacity
+    release = await node.limits.open_stream(session.record.owner, "sse")  # 503 over_capacity
     client = SseClient(session, api.config.stream, node.metrics, req.client)
     node.connections.add(client)
 

@@ -67,16 +67,16 @@ def shared_limits(**config: int) -> tuple[Limits, Shared]:
 
 async def test_streams_per_key_are_asked_of_the_deployment_and_the_total_stays_the_nodes() -> None:
     limits, shared = shared_limits(max_connections=2, max_connections_per_key=5)
-    release = await limits.open_stream("k")
+    release = await limits.open_stream("k", "websocket")
     assert shared.calls == [("open", "k", 5)]
     release()
     release()  # once only
     assert shared.calls[1:] == [("close", "k")]
     assert limits.streams == 0
-    await limits.open_stream("k")
-    await limits.open_stream("k")
+    await limits.open_stream("k", "websocket")
+    await limits.open_stream("k", "websocket")
     with pytest.raises(ApiError, match=r"max_connections \(2\)"):  # this node's own
-        await limits.open_stream("other")
+        await limits.open_stream("other", "websocket")
     assert len(shared.calls) == 4  # not asked: refused here first
 
 
@@ -84,12 +84,12 @@ async def test_a_stream_refused_by_the_deployment_holds_nothing_here() -> None:
     limits, shared = shared_limits(max_connections_per_key=3)
     shared.refuse = 3
     with pytest.raises(ApiError) as info:
-        await limits.open_stream("k")
+        await limits.open_stream("k", "websocket")
     assert (info.value.status, info.value.code) == (503, "over_capacity")
     assert "max_connections_per_key (3)" in str(info.value)
     shared.refuse, shared.down = None, True
     with pytest.raises(Refused) as refused:  # Redis away: refused, never waived
-        await limits.open_stream("k")
+        await limits.open_stream("k", "websocket")
     assert refused.value.code == "store_unavailable"
     assert (limits.streams, dict(limits.streams_by_key)) == (0, {})
     assert ("close", "k") not in shared.calls  # nothing was counted there either
@@ -97,7 +97,7 @@ async def test_a_stream_refused_by_the_deployment_holds_nothing_here() -> None:
 
 async def test_no_per_key_limit_asks_nothing() -> None:
     limits, shared = shared_limits(max_connections=1)
-    release = await limits.open_stream("k")
+    release = await limits.open_stream("k", "websocket")
     release()
     await limits.check_turn("k")
     assert await limits.count_turn("k") is None
