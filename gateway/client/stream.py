@@ -499,17 +499,9 @@ class Subscription:
 
     async def _stream(self, ws: WebSocketConnection) -> Ended:
         """Subscribe, deliver every frame, answer pings, ping when idle, until the end."""
-        subscribed_at: float | None = None
-        delivered_event = False
+        progress = _Progress(self.backoff.stable_s)
         missed = 0  # intervals in a row without any frame, each after a ping of ours
         beat = self.heartbeat
-
-        def progressed() -> bool:
-            lasted = subscribed_at is not None and (
-                trio.current_time() - subscribed_at >= self.backoff.stable_s
-            )
-            return delivered_event or lasted
-
         try:
             await ws.send_message(self._subscribe_frame())
             while True:
@@ -519,32 +511,47 @@ class Subscription:
                     if missed >= beat.max_missed:
                         await _drop(ws)
                         why = f"no frame from the gateway in {beat.dead_after_s:g} s"
-                        return Ended(None, why, progressed())
+                        return Ended(None, why, progress())
                     missed += 1
                     await ws.send_message(encode(Ping(secrets.token_hex(8))).decode())
                     continue
                 missed = 0
                 text = raw if isinstance(raw, str) else raw.decode(errors="replace")
                 frame = decode_frame(text)
-                if not self._track(frame):
-                    continue
-                delivered_event = delivered_event or isinstance(frame, EventFrame)
-                if isinstance(frame, SubscribeAck):
-                    subscribed_at = trio.current_time()
-                await self._send.send(Received(text, frame))
-                if isinstance(frame, Ping):
-                    await ws.send_message(encode(Pong(frame.nonce)).decode())
-                elif isinstance(frame, SubscribeError):
-                    if frame.code not in SNAPSHOT_INSTEAD:
-                        raise SubscribeRejected(frame.code, frame.message)
-                    why = f"{frame.code} (since {self.cursor}); starting from a snapshot"
-                    await self._send.send(Notice(why, connected=True))
-                    self.cursor, self.snapshot = None, True
+                again = await self._deliver(text, frame, progress)
+                if again is not None:  # from a snapshot, on the same connection
+                    await self._send.send(Notice(again, connected=True))
                     await ws.send_message(self._subscribe_frame())
-                elif isinstance(frame, ErrorFrame) and subscribed_at is None:
+                elif isinstance(frame, Ping):
+                    await ws.send_message(encode(Pong(frame.nonce)).decode())
+                elif isinstance(frame, ErrorFrame) and progress.subscribed_at is None:
                     raise FrameRejected(frame.code, frame.message)
         except ConnectionClosed as closed:
-            return _closed(closed, progressed())
+            return _closed(closed, progress())
+
+    async def _deliver(
+        self, text: str, frame: ServerFrame | None, progress: _Progress
+    ) -> str | None:
+        """One frame of either transport: followed, counted and handed on.
+
+        Returns:
+            why the subscription starts again from a snapshot (a
+            ``subscribe_error`` whose code asks for one), or None.
+
+        Raises:
+            SubscribeRejected: any other ``subscribe_error``.
+        """
+        if not self._track(frame):
+            return None
+        progress.saw(frame)
+        await self._send.send(Received(text, frame))
+        if not isinstance(frame, SubscribeError):
+            return None
+        if frame.code not in SNAPSHOT_INSTEAD:
+            raise SubscribeRejected(frame.code, frame.message)
+        why = f"{frame.code} (since {self.cursor}); starting from a snapshot"
+        self.cursor, self.snapshot = None, True
+        return why
 
     def _track(self, frame: ServerFrame | None) -> bool:
         """Follow the cursor through a frame; ``False``: an event at or below it (dropped)."""
@@ -593,16 +600,8 @@ class Subscription:
         The server's ``: ping`` comments are the heartbeat: nothing for
         :attr:`Heartbeat.dead_after_s`, and the stream is dropped and resumed.
         """
-        subscribed_at: float | None = None
-        delivered_event = False
+        progress = _Progress(self.backoff.stable_s)
         parser = sse.SseParser()
-
-        def progressed() -> bool:
-            lasted = subscribed_at is not None and (
-                trio.current_time() - subscribed_at >= self.backoff.stable_s
-            )
-            return delivered_event or lasted
-
         while True:
             with trio.move_on_after(self.heartbeat.dead_after_s) as idle:
                 try:
@@ -611,27 +610,40 @@ class Subscription:
                     chunk = b""
             if idle.cancelled_caught:
                 why = f"no frame from the gateway in {self.heartbeat.dead_after_s:g} s"
-                return Ended(None, why, progressed())
+                return Ended(None, why, progress())
             if not chunk:
-                return Ended(None, "the stream ended without a close", progressed())
+                return Ended(None, "the stream ended without a close", progress())
             for text in parser.feed(chunk):
                 close = sse.close_frame(text)
                 if close is not None:
                     code, name = int(close.get("ws_code", 1006)), str(close.get("code", ""))
-                    return ended_by_close(code, name, progressed())
-                frame = decode_frame(text)
-                if not self._track(frame):
-                    continue
-                delivered_event = delivered_event or isinstance(frame, EventFrame)
-                if isinstance(frame, SubscribeAck):
-                    subscribed_at = trio.current_time()
-                await self._send.send(Received(text, frame))
-                if isinstance(frame, SubscribeError):
-                    if frame.code not in SNAPSHOT_INSTEAD:
-                        raise SubscribeRejected(frame.code, frame.message)
-                    why = f"{frame.code} (since {self.cursor}); starting from a snapshot"
-                    self.cursor, self.snapshot = None, True
-                    return Ended(None, why, progressed=True)
+                    return ended_by_close(code, name, progress())
+                again = await self._deliver(text, decode_frame(text), progress)
+                if again is not None:  # a one-way stream: asked again, from a snapshot
+                    return Ended(None, again, progressed=True)
+
+
+@dataclass
+class _Progress:
+    """Whether a connection got somewhere: an event, or a subscription that lasted.
+
+    A reconnect after progress starts the backoff over (:class:`Backoff`).
+    """
+
+    stable_s: float
+    subscribed_at: float | None = None
+    delivered_event: bool = False
+
+    def saw(self, frame: ServerFrame | None) -> None:
+        self.delivered_event = self.delivered_event or isinstance(frame, EventFrame)
+        if isinstance(frame, SubscribeAck):
+            self.subscribed_at = trio.current_time()
+
+    def __call__(self) -> bool:
+        lasted = self.subscribed_at is not None and (
+            trio.current_time() - self.subscribed_at >= self.stable_s
+        )
+        return self.delivered_event or lasted
 
 
 def decode_frame(text: str) -> ServerFrame | None:
