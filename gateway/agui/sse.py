@@ -90,14 +90,8 @@ class RunSubscriber(DeliveryQueue[Gate]):
         return self.closing == "client_too_slow"
 
     def request_close(self, code: str) -> None:
-        """End the run's stream now: too slow, or this node lost the session's live feed."""
-        if self.closing is not None:
-            return
-        self.closing = code
-        self.session.hub.unsubscribe(self)
-        self.subscribed = False
-        if self._tx is not None:
-            self._tx.close()
+        """End the run's stream: too slow, deleted, or this node lost the session's feed."""
+        self.end_stream(code)
 
     def leave(self, reason: str) -> None:
         """Off the hub, however the run ended (``bus.subscriber_unregistered``)."""

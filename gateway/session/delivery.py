@@ -35,6 +35,7 @@ import trio
 
 from gateway.logs import event
 from gateway.metrics import Metrics
+from gateway.protocol.closes import CLOSES
 from gateway.session.hub import Backlog, FrameBatch, Group
 from gateway.session.session import Session
 
@@ -137,6 +138,28 @@ class DeliveryQueue(Generic[Item]):
     def request_close(self, code: str) -> None:
         """Close the client with the close named ``code`` (:mod:`gateway.protocol.closes`)."""
         raise NotImplementedError
+
+    def end_stream(self, code: str) -> None:
+        """:meth:`request_close` of a one-way stream (SSE: the native one, AG-UI, the AI SDK).
+
+        Off the hub at once; what is queued is kept for the reader if the
+        close's row says it drains, else dropped; then the queue ends, so the
+        reader ends once it has taken what is left (and writes the close its
+        own way).
+        """
+        if self.closing is not None:
+            return
+        self.closing = code
+        self.session.hub.unsubscribe(self)
+        self.subscribed = False
+        if not CLOSES[code].drains:
+            self.discard()
+        self.end_queue()
+
+    def end_queue(self) -> None:
+        """No more is queued: the reader ends once it has taken what is."""
+        if self._tx is not None:
+            self._tx.close()
 
     # --- the seam's side (gateway.session.seam.SeamSubscriber) ---------------------
 

@@ -101,19 +101,7 @@ class SseClient(DeliveryQueue[Gate]):
 
     def request_close(self, code: str) -> None:
         """End the stream with the close named ``code``: drained first if the table says so."""
-        if self.closing is not None:
-            return
-        self.closing = code
-        self.session.hub.unsubscribe(self)
-        self.subscribed = False
-        if not CLOSES[code].drains:
-            self.discard()
-        self._end()
-
-    def _end(self) -> None:
-        """No more is queued: the writer ends once it has written what is."""
-        if self._tx is not None:
-            self._tx.close()
+        self.end_stream(code)
 
     async def run(self, request: Subscribe, send: Callable[[bytes], Awaitable[None]]) -> None:
         """Subscribe through the seam, then write until a close or a ``subscribe_error``."""
@@ -129,7 +117,7 @@ class SseClient(DeliveryQueue[Gate]):
         else:
             done = await seam.subscribe(self.session, self, request, resolved, key, self.config)
             if done.error is not None:
-                self._end()
+                self.end_queue()
             event(
                 log, logging.INFO, "client_subscribed",
                 f"{self.client} subscribed to {self.session.id} ({done.mode}, SSE)",
