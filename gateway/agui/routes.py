@@ -26,7 +26,7 @@ from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
 from gateway.protocol.shapes import ContentBlock, Message
 from gateway.server.auth import NO_OWNER
-from gateway.server.doors import SSE_HEADERS, ClientNamedSessions, once
+from gateway.server.doors import SSE_HEADERS, ClientNamedSessions, DoorRouter, once
 from gateway.server.http import Request, Response, StreamingResponse, json_response
 from gateway.server.openapi import Operation
 from gateway.server.request_parsing import decode, user_content
@@ -34,27 +34,15 @@ from gateway.session import seam
 from gateway.session.session import Session
 
 if TYPE_CHECKING:
-    from gateway.config import Config
-    from gateway.node import Node
+    pass
 
 T = TypeVar("T")
 
 
-class Router(Protocol):
-    """What the AG-UI routes use of the router (:class:`gateway.server.routes.Api`).
+class Router(DoorRouter, Protocol):
+    """What the AG-UI routes use of the router: a door's, and their own state."""
 
-    Named here rather than imported: the router imports this module.
-    """
-
-    node: Node
-    config: Config
     agui: AguiRoutes
-
-    def _authenticate(self, req: Request) -> str | None: ...
-
-    async def _session(self, session_id: str, caller: str | None) -> Session: ...
-
-    async def _counted_turn(self, key: str, session: Session, message: Message) -> None: ...
 
 
 RUN = Operation(

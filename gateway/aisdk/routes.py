@@ -25,8 +25,8 @@ from gateway.ids import format_event_id, new_turn_id, now_ms, parse_event_id
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
 from gateway.protocol.shapes import Message
-from gateway.server.auth import NO_OWNER, ApiKeys
-from gateway.server.doors import SSE_HEADERS, ClientNamedSessions, once
+from gateway.server.auth import NO_OWNER
+from gateway.server.doors import SSE_HEADERS, ClientNamedSessions, DoorRouter, once
 from gateway.server.http import Request, Response, StreamingResponse, json_response
 from gateway.server.openapi import Operation
 from gateway.server.request_parsing import decode, user_content
@@ -35,23 +35,13 @@ from gateway.session.session import Session
 from gateway.session.turn_start import turn_start
 
 if TYPE_CHECKING:
-    from gateway.config import Config
-    from gateway.node import Node
+    pass
 
 
-class Router(Protocol):
-    """What the AI SDK's doors use of the router (:class:`gateway.server.routes.Api`)."""
+class Router(DoorRouter, Protocol):
+    """What the AI SDK's doors use of the router: a door's, and their own state."""
 
-    node: Node
-    config: Config
-    keys: ApiKeys
     aisdk: Responses
-
-    def _authenticate(self, req: Request) -> str | None: ...
-
-    async def _session(self, session_id: str, caller: str | None) -> Session: ...
-
-    async def _counted_turn(self, key: str, session: Session, message: Message) -> None: ...
 
 
 # --- the request (the transports' bodies) ---------------------------------------------

@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from gateway.errors import ApiError
-from gateway.server.auth import NO_OWNER
+from gateway.protocol.shapes import Message
+from gateway.server.auth import NO_OWNER, ApiKeys
+from gateway.server.http import Request
 from gateway.server.openapi import ID_PATTERN
 from gateway.session.session import Session
 
 if TYPE_CHECKING:
+    from gateway.config import Config
     from gateway.node import Node
 
 SSE_HEADERS = [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
@@ -30,10 +33,21 @@ CLIENT_ID = re.compile(f"(?={ID_PATTERN}$).{{1,128}}")
 """A session id a client chooses: 1 to 128 of A-Z a-z 0-9 _ -."""
 
 
-class _Sessions(Protocol):
+class DoorRouter(Protocol):
+    """What a door uses of the router (:class:`gateway.server.routes.Api`).
+
+    Named here rather than imported: the router imports the doors.
+    """
+
     node: Node
+    config: Config
+    keys: ApiKeys
+
+    def _authenticate(self, req: Request) -> str | None: ...
 
     async def _session(self, session_id: str, caller: str | None) -> Session: ...
+
+    async def _counted_turn(self, key: str, session: Session, message: Message) -> None: ...
 
 
 class ClientNamedSessions:
@@ -45,7 +59,7 @@ class ClientNamedSessions:
         code: the 422's code for a name that is no session id.
     """
 
-    def __init__(self, api: _Sessions, field: str, code: str) -> None:
+    def __init__(self, api: DoorRouter, field: str, code: str) -> None:
         self.api = api
         self.field = field
         self.code = code

@@ -24,20 +24,12 @@ from gateway.providers.base import ModelRequest
 from gateway.providers.raw import RawEvent
 from gateway.providers.scripted import ScriptedProvider
 from tests.conftest import JSON_TYPE, TOOL_SCRIPT, Harness, make_config, running_gateway
+from tests.scripts import LONG_NAP, TEXT
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 _events = TypeAdapter(AguiEvent)
 
-TEXT = {"script": {"rounds": [[{"text": "Hello there, friend."}]]}}
-LONG_NAP = {
-    "script": {
-        "rounds": [
-            [{"text": "Napping."}, {"tool_use": {"name": "sleep", "input": {"seconds": 60}}}],
-            [{"text": "Awake."}],
-        ]
-    }
-}
 APPROVAL = {"tools.require_approval": ["sleep"]}
 
 

@@ -23,8 +23,7 @@ import trio
 from gateway.protocol.events import Event
 from gateway.protocol.frames import ErrorFrame
 from tests.conftest import JSON_TYPE, Client, Harness, make_config, running_gateway, types
-
-SLOW_TEXT = {"script": {"delay_ms": 5, "rounds": [[{"lorem": 400}]]}}
+from tests.scripts import SLOW_TEXT
 
 
 @asynccontextmanager

@@ -31,17 +31,7 @@ from gateway.errors import ApiError, ClientError
 from gateway.protocol.events import Event
 from gateway.protocol.frames import EventFrame, SubscribeAck
 from tests.conftest import Client, Harness, make_config, running_gateway
-
-SLOW_TEXT = {"script": {"delay_ms": 5, "rounds": [[{"lorem": 400}]]}}
-WORKER_TASK = json.dumps({"script": {"rounds": [[{"text": "worked"}]]}})
-DELEGATE = {
-    "script": {
-        "rounds": [
-            [{"tool_use": {"name": "delegate", "input": {"task": WORKER_TASK}}}],
-            [{"text": "delegated"}],
-        ]
-    }
-}
+from tests.scripts import DELEGATE, SLOW_TEXT
 
 
 def workers_of(tmp_path: Path, sid: str) -> list[str]:

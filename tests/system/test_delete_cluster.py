@@ -16,23 +16,13 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from tests.redis_support import RedisServer, own_redis
+from tests.scripts import DELEGATE, SLOW_TEXT
 from tests.system.test_redis_store import command
 from tests.system.test_replica import two_nodes
 
 pytestmark = pytest.mark.slow  # redis-server
 
 __all__ = ["own_redis"]  # fixture
-
-SLOW_TEXT = {"script": {"delay_ms": 5, "rounds": [[{"lorem": 400}]]}}
-WORKER_TASK = json.dumps({"script": {"rounds": [[{"text": "worked"}]]}})
-DELEGATE = {
-    "script": {
-        "rounds": [
-            [{"tool_use": {"name": "delegate", "input": {"task": WORKER_TASK}}}],
-            [{"text": "delegated"}],
-        ]
-    }
-}
 
 
 def keys_of(server: RedisServer, sid: str) -> list[str]:

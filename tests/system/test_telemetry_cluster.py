@@ -20,6 +20,7 @@ import trio
 
 from tests.cluster_support import CONFIG, Cluster, Node, peers
 from tests.redis_support import RedisServer, ensure_redis_server
+from tests.scripts import DELEGATE
 from tests.system.test_telemetry_otlp import Receiver, attributes
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra: pip install 'gateway[otel]'")
@@ -29,15 +30,6 @@ pytestmark = pytest.mark.slow  # redis-server and two gateway processes
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
-WORKER_TASK = json.dumps({"script": {"rounds": [[{"text": "worked"}]]}})
-DELEGATE = {
-    "script": {
-        "rounds": [
-            [{"tool_use": {"name": "delegate", "input": {"task": WORKER_TASK}}}],
-            [{"text": "delegated"}],
-        ]
-    }
-}
 
 
 async def test_a_turn_posted_to_the_replica_joins_the_client_s_trace_on_the_owner(

@@ -18,28 +18,11 @@ from gateway.agui.resume import RunFeed
 from gateway.agui.sse import RunSubscriber, SlowClient, stream_run
 from gateway.config import StreamConfig
 from gateway.metrics import Metrics
-
-
-class _Hub:
-    def unsubscribe(self, sub: object) -> bool:
-        return True
-
-
-class _Session:
-    id = "sess_1"
-
-    def __init__(self) -> None:
-        self.hub = _Hub()
-
-    def warn(self, subscription: str, reason: str, detail: str) -> None:
-        pass
-
-    def unregistered(self, sub: object, reason: str) -> None:
-        pass
+from tests.session_fakes import FakeSession
 
 
 async def _streamed(code: str) -> list[dict[str, object]]:
-    sub = RunSubscriber(_Session(), StreamConfig(), Metrics())  # type: ignore[arg-type]
+    sub = RunSubscriber(FakeSession(), StreamConfig(), Metrics())  # type: ignore[arg-type]
     feed = RunFeed(RunMapper("sess_1", "run_1", "turn_1"), 0)
     sent: list[bytes] = []
 

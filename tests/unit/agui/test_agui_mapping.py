@@ -44,6 +44,7 @@ from gateway.protocol.frames import EventFrame, Snapshot, encode
 from gateway.protocol.shapes import TextBlock, Usage
 from gateway.session.hub import Emitted, FrameBatch
 from tests.paths import TESTS
+from tests.session_fakes import FakeSession
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -419,28 +420,6 @@ def test_sse_framing() -> None:
     )
 
 
-class _Hub:
-    def __init__(self) -> None:
-        self.gone: list[object] = []
-
-    def unsubscribe(self, sub: object) -> bool:
-        self.gone.append(sub)
-        return True
-
-
-class _Session:
-    """What a RunSubscriber uses of its session."""
-
-    id = "sess_1"
-
-    def __init__(self) -> None:
-        self.hub = _Hub()
-        self.warnings: list[tuple[str, str, str]] = []
-
-    def warn(self, subscription: str, reason: str, detail: str) -> None:
-        self.warnings.append((subscription, reason, detail))
-
-
 def _emitted(seq: int) -> Emitted:
     return Emitted(seq, "text.delta", "llm", "sess_1", None, 0, b"{}", b"frame")
 
@@ -449,7 +428,7 @@ async def test_a_slow_run_is_cut_without_blocking_the_session(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The slow-client rule of a WebSocket (gateway.session.delivery): counted and logged too."""
-    session, metrics = _Session(), Metrics()
+    session, metrics = FakeSession(), Metrics()
     config = StreamConfig(queue_max_events=2)
     sub = RunSubscriber(session, config, metrics, "10.0.0.1:5000")  # type: ignore[arg-type]
     batch = FrameBatch([_emitted(1), _emitted(2)])
@@ -493,7 +472,7 @@ def test_a_run_reads_the_events_as_emitted_not_their_frames() -> None:
                 for seq, e in zip(seqs, events, strict=True)
             ]
         )
-        sub = RunSubscriber(_Session(), StreamConfig(), Metrics())  # type: ignore[arg-type]
+        sub = RunSubscriber(FakeSession(), StreamConfig(), Metrics())  # type: ignore[arg-type]
         sub.cut = batch.events[0].seq  # the first is at the cut: the seam drops it
         read = RunMapper("sess_1", "run_1", "turn_1")
         out = [ag.encode(a) for e in sub.take(batch) for a in read.receive(e)]

@@ -20,28 +20,11 @@ from gateway.aisdk.mapping import ChatMapper
 from gateway.aisdk.stream import ResponseSubscriber, pump
 from gateway.config import StreamConfig
 from gateway.metrics import Metrics
-
-
-class _Hub:
-    def unsubscribe(self, sub: object) -> bool:
-        return True
-
-
-class _Session:
-    id = "sess_1"
-
-    def __init__(self) -> None:
-        self.hub = _Hub()
-
-    def warn(self, subscription: str, reason: str, detail: str) -> None:
-        pass
-
-    def unregistered(self, sub: object, reason: str) -> None:
-        pass
+from tests.session_fakes import FakeSession
 
 
 async def _pumped(code: str) -> list[dict[str, Any]]:
-    sub = ResponseSubscriber(_Session(), StreamConfig(), Metrics())  # type: ignore[arg-type]
+    sub = ResponseSubscriber(FakeSession(), StreamConfig(), Metrics())  # type: ignore[arg-type]
     mapper = ChatMapper("sess_1", "turn_1")
     out: list[dict[str, Any]] = []
 
