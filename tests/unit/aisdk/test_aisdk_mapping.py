@@ -527,18 +527,19 @@ def test_no_pause_for_the_approvals_a_request_answers() -> None:
     assert [brief(c) for c in other] == CANCEL_SEAM
 
 
-def test_a_denied_approval_ends_the_tool_denied() -> None:
+def denied() -> list[Event]:
+    """claude_code_tool with its approval denied: the tool fails ``permission_denied``."""
     source = events("claude_code_tool")
     i = next(i for i, e in enumerate(source) if e.type == "permission.resolved")
     resolved = source[i]
-    denied = msgspec.structs.replace(
+    deny = msgspec.structs.replace(
         resolved, payload=msgspec.structs.replace(resolved.payload, decision="deny")
     )
-    failed = _tool_failed(source[i + 1], "permission_denied")
-    out = run(
-        [*source[:i], denied, failed],
-        ChatMapper("sess_1", "turn_1", answering=frozenset({"perm_1"})),
-    )
+    return [*source[:i], deny, _tool_failed(source[i + 1], "permission_denied")]
+
+
+def test_a_denied_approval_ends_the_tool_denied() -> None:
+    out = run(denied(), ChatMapper("sess_1", "turn_1", answering=frozenset({"perm_1"})))
     assert [brief(c) for c in out][-2:] == [
         "tool-approval-response perm_1 false",
         "tool-output-denied toolu_01Bash000001",
@@ -680,4 +681,13 @@ def dump(path: Path) -> None:
         if not m.finished:
             chunks += m.closed()
         out[f"{trace}/{turn}/{subscription}"] = [wire(c) for c in chunks]
+    answered = {  # responses that carry the answers: no pause
+        "claude_code_tool/answered": (events("claude_code_tool"), {"perm_1"}),
+        "claude_code_tool/denied": (denied(), {"perm_1"}),
+        "cancel_seam/answered": (events("cancel_seam"), {"perm_1"}),
+        "elicitation_pending/answered": (events("elicitation_pending"), {"perm_3", "perm_4"}),
+    }
+    for key, (source, perms) in answered.items():
+        chunks = run(source, ChatMapper("sess_1", "turn_1", answering=frozenset(perms)))
+        out[key] = [wire(c) for c in chunks]
     path.write_text(json.dumps(out))
