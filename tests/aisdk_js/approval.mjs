@@ -5,7 +5,7 @@
 // `sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses`:
 // the first answer ends with the tool part approval-requested;
 // `addToolApprovalResponse` sends the message back and the turn continues.
-// Prints the chat's messages after each step as JSON.
+// Prints, for one chat allowing and one denying, its messages after each step.
 import { load } from "./load.mjs";
 
 const [modules, base] = process.argv.slice(2);
@@ -24,34 +24,39 @@ const TOOL = JSON.stringify({ script: { rounds: [
   [{ text: "All done." }],
 ] } });
 
-const state = new State();
-const errors = [];
-const chat = new ai.AbstractChat({
-  id: `js-approval-${process.pid}-${Date.now()}`,
-  transport: new ai.DefaultChatTransport({ api: `${base}/ai-sdk/chat` }),
-  state,
-  sendAutomaticallyWhen: ai.lastAssistantMessageIsCompleteWithApprovalResponses,
-  onError: (e) => errors.push(String(e?.message ?? e)),
-});
-
-async function settled(what) {
-  for (let i = 0; i < 400; i++) {
-    if (what()) return;
-    await new Promise((r) => setTimeout(r, 25));
-  }
-  throw new Error(`timed out: status ${chat.status}, ${JSON.stringify(state.messages)}`);
+// One chat through one approval, answered `approved`.
+async function round(name, approved) {
+  const state = new State();
+  const errors = [];
+  const chat = new ai.AbstractChat({
+    id: `js-${name}-${process.pid}-${Date.now()}`,
+    transport: new ai.DefaultChatTransport({ api: `${base}/ai-sdk/chat` }),
+    state,
+    sendAutomaticallyWhen: ai.lastAssistantMessageIsCompleteWithApprovalResponses,
+    onError: (e) => errors.push(String(e?.message ?? e)),
+  });
+  const settled = async (what) => {
+    for (let i = 0; i < 400; i++) {
+      if (what()) return;
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    throw new Error(`timed out: status ${chat.status}, ${JSON.stringify(state.messages)}`);
+  };
+  const out = {};
+  await chat.sendMessage({ text: TOOL });
+  await settled(() => chat.status === "ready");
+  out.asked = structuredClone(state.messages);
+  const part = state.messages.at(-1).parts.find((p) => p.state === "approval-requested");
+  if (part === undefined) throw new Error(`no approval asked: ${JSON.stringify(state.messages)}`);
+  await chat.addToolApprovalResponse({ id: part.approval.id, approved });
+  const ended = approved ? "output-available" : "output-denied";
+  await settled(() => chat.status === "ready" && state.messages.at(-1).parts.some(
+    (p) => p.toolCallId === part.toolCallId && p.state === ended));
+  out.done = structuredClone(state.messages);
+  out.errors = errors;
+  out.status = chat.status;
+  return out;
 }
 
-const out = {};
-await chat.sendMessage({ text: TOOL });
-await settled(() => chat.status === "ready");
-out.asked = structuredClone(state.messages);
-const part = state.messages.at(-1).parts.find((p) => p.state === "approval-requested");
-if (part === undefined) throw new Error(`no approval asked: ${JSON.stringify(state.messages)}`);
-await chat.addToolApprovalResponse({ id: part.approval.id, approved: true });
-await settled(() => chat.status === "ready" && state.messages.at(-1).parts.some(
-  (p) => p.toolCallId === part.toolCallId && p.state === "output-available"));
-out.done = structuredClone(state.messages);
-out.errors = errors;
-out.status = chat.status;
+const out = { allowed: await round("allow", true), denied: await round("deny", false) };
 process.stdout.write(JSON.stringify(out));

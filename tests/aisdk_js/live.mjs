@@ -35,7 +35,7 @@ async function read(stream, message) {
   return { chunks, message: m, errors };
 }
 
-// The first `count` chunks of a response, then the stream dropped (the turn goes on).
+// A response's chunks until `until` says so, then the stream dropped (the turn goes on).
 async function readSome(stream, until) {
   const chunks = [];
   const reader = stream.getReader();

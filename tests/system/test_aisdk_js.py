@@ -174,7 +174,8 @@ async def test_the_packages_chat_answers_an_approval_and_the_turn_goes_on(
     config = make_config(tmp_path, **{"tools.require_approval": ["sleep"]})
     with trio.fail_after(60):
         async with running_gateway(config) as h:
-            out = await node("approval.mjs", str(node_modules), h.base)
+            both = await node("approval.mjs", str(node_modules), h.base)
+    out = both["allowed"]
     assert out["errors"] == [] and out["status"] == "ready"
     [_, asked] = out["asked"]
     part = tool(asked)
@@ -185,3 +186,10 @@ async def test_the_packages_chat_answers_an_approval_and_the_turn_goes_on(
     part = tool(done)
     assert part["state"] == "output-available" and part["approval"]["approved"] is True
     assert [p["text"] for p in parts(done, "text")] == ["Running it now.", "All done."]
+    # Denied: the tool part ends output-denied, and the turn goes on without it.
+    out = both["denied"]
+    assert out["errors"] == [] and out["status"] == "ready"
+    [_, done] = out["done"]
+    part = tool(done)
+    assert part["state"] == "output-denied" and part["approval"]["approved"] is False
+    assert text(done) == "Running it now.All done."
