@@ -22,6 +22,14 @@ const SLOW = script([
   [{ text: "Seven eight nine ten." }],
 ], { delay_ms: 40, chunk_chars: 4 });
 
+class State {  // a ChatState, as @ai-sdk/react's keeps it, without React
+  constructor() { this.status = "ready"; this.error = undefined; this.messages = []; }
+  pushMessage(m) { this.messages = [...this.messages, m]; }
+  popMessage() { this.messages = this.messages.slice(0, -1); }
+  replaceMessage(i, m) { this.messages = this.messages.map((x, j) => (j === i ? m : x)); }
+  snapshot(thing) { return structuredClone(thing); }
+}
+
 let n = 0;
 const chatId = (name) => `js-${name}-${process.pid}-${Date.now()}-${n++}`;
 const user = (text) => ({ id: `u-${n++}`, role: "user", parts: [{ type: "text", text }] });
@@ -78,6 +86,26 @@ out.tool = await read(await send(chatId("tool"), TOOL));
   });
   const { message, errors } = await reading;
   out.stop = { status: stopped.status, body: await stopped.json(), chunks, message, errors };
+}
+
+// 5. The package's chat (what useChat wraps): its stop drops the stream (the turn goes
+// on), its resumeStream replays the turn's message from the start in place of the
+// one it holds (resumeStreamIsReplay): the message whole, each part once.
+{
+  const state = new State();
+  const errors = [];
+  const chat = new ai.AbstractChat({
+    id: chatId("chat"), transport, state, onError: (e) => errors.push(String(e?.message ?? e)),
+  });
+  const texts = () => (state.messages.find((m) => m.role === "assistant")?.parts ?? [])
+    .filter((p) => p.type === "text");
+  const sending = chat.sendMessage({ text: SLOW });
+  while (!texts().some((p) => p.text.length > 8)) await new Promise((r) => setTimeout(r, 20));
+  await chat.stop();
+  await sending;
+  const dropped = structuredClone(state.messages);
+  await chat.resumeStream();
+  out.chat = { dropped, messages: structuredClone(state.messages), status: chat.status, errors };
 }
 
 process.stdout.write(JSON.stringify(out));

@@ -10,6 +10,7 @@ install --prefix``, quiet, once for the module) and runs tests/aisdk_js/*.mjs:
 - live.mjs: ``DefaultChatTransport`` against a running gateway: a text turn,
   a tool turn, ``reconnectToStream`` on a turn in flight (the whole message,
   then live, never a part twice) and with none (``null``: the 204), a stop;
+  the package's chat dropping its stream (``stop()``) and resuming it;
 - approval.mjs: the package's own chat (``AbstractChat``, what ``useChat``
   wraps) through a tool approval: ``addToolApprovalResponse`` sends the
   message back and the turn continues in the same message.
@@ -166,6 +167,19 @@ async def test_the_transport_streams_resumes_and_stops_turns(
     assert stopped["chunks"][-2]["reason"] == "user"
     assert stopped["chunks"][-1]["finishReason"] == "other" and stopped["errors"] == []
     assert all(p["state"] == "done" for p in parts(stopped["message"], "text"))
+
+    # The chat's own stop drops the stream only; its resume replaces the message whole.
+    chat = out["chat"]
+    assert chat["errors"] == [] and chat["status"] == "ready"
+    [_, cut] = chat["dropped"]
+    assert 0 < len(text(cut)) < len("One two three four five six.")
+    [_, resumed_message] = chat["messages"]
+    assert resumed_message["id"] == cut["id"]
+    assert [p["text"] for p in parts(resumed_message, "text")] == [
+        "One two three four five six.",
+        "Seven eight nine ten.",
+    ]
+    assert tool(resumed_message)["state"] == "output-available"
 
 
 async def test_the_packages_chat_answers_an_approval_and_the_turn_goes_on(
