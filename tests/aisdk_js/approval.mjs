@@ -5,7 +5,8 @@
 // `sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses`:
 // the first answer ends with the tool part approval-requested;
 // `addToolApprovalResponse` sends the message back and the turn continues.
-// Prints, for one chat allowing and one denying, its messages after each step.
+// Prints, for a chat allowing, one denying and one allowing a worker's request,
+// its messages after each step.
 import { load } from "./load.mjs";
 
 const [modules, base] = process.argv.slice(2);
@@ -24,8 +25,18 @@ const TOOL = JSON.stringify({ script: { rounds: [
   [{ text: "All done." }],
 ] } });
 
+// A worker asks: the approval is on the parent's delegate call (docs/protocol.md §5).
+const TASK = JSON.stringify({ script: { rounds: [
+  [{ text: "Napping." }, { tool_use: { name: "sleep", input: { seconds: 0.01 } } }],
+  [{ text: "Worker awake." }],
+] } });
+const DELEGATE = JSON.stringify({ script: { rounds: [
+  [{ text: "Asking a worker." }, { tool_use: { name: "delegate", input: { task: TASK } } }],
+  [{ text: "All done." }],
+] } });
+
 // One chat through one approval, answered `approved`.
-async function round(name, approved) {
+async function round(name, approved, script = TOOL) {
   const state = new State();
   const errors = [];
   const chat = new ai.AbstractChat({
@@ -43,7 +54,7 @@ async function round(name, approved) {
     throw new Error(`timed out: status ${chat.status}, ${JSON.stringify(state.messages)}`);
   };
   const out = {};
-  await chat.sendMessage({ text: TOOL });
+  await chat.sendMessage({ text: script });
   await settled(() => chat.status === "ready");
   out.asked = structuredClone(state.messages);
   const part = state.messages.at(-1).parts.find((p) => p.state === "approval-requested");
@@ -58,5 +69,9 @@ async function round(name, approved) {
   return out;
 }
 
-const out = { allowed: await round("allow", true), denied: await round("deny", false) };
+const out = {
+  allowed: await round("allow", true),
+  denied: await round("deny", false),
+  worker: await round("worker", true, DELEGATE),
+};
 process.stdout.write(JSON.stringify(out));

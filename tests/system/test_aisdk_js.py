@@ -13,7 +13,8 @@ install --prefix``, quiet, once for the module) and runs tests/aisdk_js/*.mjs:
   the package's chat dropping its stream (``stop()``) and resuming it;
 - approval.mjs: the package's own chat (``AbstractChat``, what ``useChat``
   wraps) through a tool approval: ``addToolApprovalResponse`` sends the
-  message back and the turn continues in the same message.
+  message back and the turn continues in the same message; allowed, denied,
+  and a delegated worker's request (on the parent's ``delegate`` call).
 
 Skipped, saying why, where node or npm is missing or the registry cannot be
 reached (.ci/run installs node and npm).
@@ -207,3 +208,15 @@ async def test_the_packages_chat_answers_an_approval_and_the_turn_goes_on(
     part = tool(done)
     assert part["state"] == "output-denied" and part["approval"]["approved"] is False
     assert text(done) == "Running it now.All done."
+    # A worker's request: on the delegate call that runs it, answered the same way.
+    out = both["worker"]
+    assert out["errors"] == [] and out["status"] == "ready"
+    [_, asked] = out["asked"]
+    part = tool(asked)
+    assert (part["toolName"], part["state"]) == ("delegate", "approval-requested")
+    [_, done] = out["done"]
+    part = tool(done)
+    assert part["state"] == "output-available" and part["approval"]["approved"] is True
+    [worker] = parts(done, "data-delegate")
+    assert worker["data"]["state"] == "completed" and worker["data"]["result"] == "Worker awake."
+    assert text(done) == "Asking a worker.All done."
