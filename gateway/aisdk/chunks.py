@@ -3,7 +3,9 @@
 The wire shapes of the ``ai`` npm package's UI message stream (version 7,
 ``uiMessageChunkSchema``), one Struct per chunk type the gateway makes, encoded
 with the field names the package reads (camelCase) and without the optional
-fields left unset. tests/system/test_aisdk_js.py checks every chunk the mapping
+fields left unset (a tool chunk's ``providerExecuted`` and ``dynamic`` are
+always sent: their defaults are the point, the SDK reads them absent as false).
+tests/system/test_aisdk_js.py checks every chunk the mapping
 makes of the recorded traces against the package's own schema.
 """
 
@@ -73,7 +75,7 @@ class ReasoningEnd(Chunk, tag="reasoning-end"):
     provider_metadata: ProviderMetadata | None = None
 
 
-class ToolInputStart(Chunk, tag="tool-input-start"):
+class ToolInputStart(Chunk, tag="tool-input-start", omit_defaults=False):
     tool_call_id: str
     tool_name: str
     provider_executed: bool = True
@@ -85,7 +87,7 @@ class ToolInputDelta(Chunk, tag="tool-input-delta"):
     input_text_delta: str
 
 
-class ToolInputAvailable(Chunk, tag="tool-input-available"):
+class ToolInputAvailable(Chunk, tag="tool-input-available", omit_defaults=False):
     tool_call_id: str
     tool_name: str
     input: Any
@@ -93,14 +95,14 @@ class ToolInputAvailable(Chunk, tag="tool-input-available"):
     dynamic: bool = True
 
 
-class ToolOutputAvailable(Chunk, tag="tool-output-available"):
+class ToolOutputAvailable(Chunk, tag="tool-output-available", omit_defaults=False):
     tool_call_id: str
     output: Any
     provider_executed: bool = True
     dynamic: bool = True
 
 
-class ToolOutputError(Chunk, tag="tool-output-error"):
+class ToolOutputError(Chunk, tag="tool-output-error", omit_defaults=False):
     tool_call_id: str
     error_text: str
     provider_executed: bool = True
@@ -120,8 +122,8 @@ class ToolApprovalRequest(Chunk, tag="tool-approval-request"):
 class ToolApprovalResponse(Chunk, tag="tool-approval-response"):
     approval_id: str
     approved: bool
+    provider_executed: bool | None = None  # set: left out as a default would be
     reason: str | None = None
-    provider_executed: bool = True
 
 
 class Data(Chunk, tag="data"):

@@ -23,14 +23,18 @@ gateway                        AI SDK UI message chunk
 ``tool.input_delta``           ``tool-input-delta``
 ``tool.use_end``               ``tool-input-available`` (one delta first with
                                the whole input when none streamed)
-``tool.completed``             ``tool-output-available``
+``tool.completed``             ``tool-output-available`` (of a call the
+                               message shows: the SDK rejects any other)
 ``tool.failed``                ``tool-output-error``; ``tool-output-denied``
                                when the approval was denied
 ``permission.requested``       ``tool-approval-request`` on the tool call; a
                                worker's, on the ``delegate`` call that runs
                                it; an MCP elicitation, a ``data-elicitation``
                                part (answered on the permissions route)
-``permission.resolved``        ``tool-approval-response``
+``permission.resolved``        ``tool-approval-response`` (``reason``: a
+                               timeout or a cancel); a data part's request,
+                               that part again (``state``: ``resolved``,
+                               ``decision``)
 ``delegate.*``                 a ``data-delegate`` part per worker, updated
 ``context.compacting/ed``      a ``data-compaction`` part, updated
 ``message.complete``           closes what a cancel left open; in a replay,
@@ -148,6 +152,7 @@ class ChatMapper:
     _tools: set[str] = field(default_factory=set)  # tool calls of this message
     _waiting: dict[str, str] = field(default_factory=dict)  # perm id: its tool call ("": none)
     _asked: dict[str, str] = field(default_factory=dict)  # tool call: its approval asked
+    _parts: dict[str, ui.Data] = field(default_factory=dict)  # perm id: its data part
     _delegates: dict[str, str] = field(default_factory=dict)  # worker session: delegate call
     _running: list[str] = field(default_factory=list)  # delegate calls not yet ended
     _compactions: int = 0
@@ -169,12 +174,12 @@ class ChatMapper:
         seq = parse_event_id(event.id)
         if seq is not None:
             self._seq = seq
+        if self._owned(event):  # before mapping: a finish it makes carries it
+            self.last_event_id = event.id
         out: list[ui.Chunk] = []
         for payload in unstarted(event.payload, self._started):  # a replay's whole message
             out += self._map(msgspec.structs.replace(event, payload=payload))
         out += self._map(event)
-        if self._owned(event):
-            self.last_event_id = event.id
         return out if self._seq > self.after else []
 
     def pause(self) -> list[ui.Chunk]:
@@ -238,6 +243,8 @@ class ChatMapper:
                 return []
             self._steps.remove(p.call_id)
             return [ui.FinishStep()]
+        if isinstance(p, ToolCompleted | ToolFailed) and p.tool_use_id not in self._tools:
+            return []  # a call this message never showed: the SDK rejects its output
         if isinstance(p, ToolCompleted):
             output = p.structured_result if p.structured_result is not None else p.result
             return [ui.ToolOutputAvailable(tool_call_id=p.tool_use_id, output=output)]
@@ -282,7 +289,7 @@ class ChatMapper:
                 "expiresAt": p.expires_at,
                 "state": "requested",
             }
-            return [ui.Data(name="elicitation", id=p.perm_id, data=data)]
+            return [self._part("elicitation", p.perm_id, data)]
         call = p.tool_use_id
         if worker:  # on the delegate call that runs the worker, if it has no other
             call = self._delegates.get(asker, self._running[-1] if self._running else "")
@@ -290,7 +297,7 @@ class ChatMapper:
             self._waiting[p.perm_id] = ""
             data = {"permId": p.perm_id, "toolCallId": p.tool_use_id, "toolName": p.tool_name,
                     "input": p.input, "sessionId": asker, "state": "requested"}  # fmt: skip
-            return [ui.Data(name="permission", id=p.perm_id, data=data)]
+            return [self._part("permission", p.perm_id, data)]
         self._waiting[p.perm_id] = call
         self._asked[call] = p.perm_id
         reason = f"Allow {p.tool_name} with {msgspec.json.encode(p.input).decode()}?"
@@ -301,10 +308,24 @@ class ChatMapper:
         if call is None:
             return []
         approved = p.decision == "allow"
-        if not call:  # a data part: its state
-            return []
+        part = self._parts.pop(p.perm_id, None)
+        if not call:  # a data part: replaced by its new state
+            if part is None:
+                return []
+            data = {**part.data, "state": "resolved", "decision": p.decision}
+            return [ui.Data(name=part.name, id=part.id, data=data)]
         del self._asked[call]
-        return [ui.ToolApprovalResponse(approval_id=p.perm_id, approved=approved)]
+        reason = None if p.decision in ("allow", "deny") else p.decision  # timeout, cancelled
+        return [
+            ui.ToolApprovalResponse(
+                approval_id=p.perm_id, approved=approved, provider_executed=True, reason=reason
+            )
+        ]
+
+    def _part(self, name: str, perm_id: str, data: dict[str, Any]) -> ui.Data:
+        """A request shown as a data part (not a tool part's approval), kept to update."""
+        part = self._parts[perm_id] = ui.Data(name=name, id=perm_id, data=data)
+        return part
 
     def _delegate(self, p: DelegateStarted | DelegateCompleted | DelegateFailed) -> ui.Chunk:
         data: dict[str, Any] = {"toolCallId": p.tool_use_id, "sessionId": p.worker_session_id}
