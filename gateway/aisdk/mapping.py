@@ -150,6 +150,7 @@ class ChatMapper:
     _seen: set[tuple[str, int]] = field(default_factory=set)
     _steps: list[str] = field(default_factory=list)
     _tools: set[str] = field(default_factory=set)  # tool calls of this message
+    _unrun: dict[str, None] = field(default_factory=dict)  # calls with input, no output yet
     _waiting: dict[str, str] = field(default_factory=dict)  # perm id: its tool call ("": none)
     _asked: dict[str, str] = field(default_factory=dict)  # tool call: its approval asked
     _parts: dict[str, ui.Data] = field(default_factory=dict)  # perm id: its data part
@@ -188,10 +189,10 @@ class ChatMapper:
         Called once the events that were ready have been received (a live
         batch, or a whole replay: an approval a replay shows asked may be
         answered further on), so approvals asked together end the response
-        together; never at or below ``after`` (a pause the client has had),
-        nor for the approvals this request answers.
+        together; never for the approvals this request answers. A continuation
+        that answers none of those still waiting ends at once, as it began.
         """
-        if self.finished or self._seq <= self.after or not set(self._waiting) - self.answering:
+        if self.finished or not set(self._waiting) - self.answering:
             return []
         self.finished = True
         return [*self._close_all(), self._finish("tool-calls")]
@@ -199,7 +200,7 @@ class ChatMapper:
     def closed(self, error: str | None = None) -> list[ui.Chunk]:
         """End a response whose turn will send no more here: an error, or nothing left."""
         self.finished = True
-        out = self._close_all()
+        out = [*self._close_all(), *self._close_unrun()]
         if error is not None:
             out.append(ui.Error(error_text=error))
         return [*out, self._finish("error" if error is not None else "other")]
@@ -245,6 +246,8 @@ class ChatMapper:
             return [ui.FinishStep()]
         if isinstance(p, ToolCompleted | ToolFailed) and p.tool_use_id not in self._tools:
             return []  # a call this message never showed: the SDK rejects its output
+        if isinstance(p, ToolCompleted | ToolFailed):
+            self._unrun.pop(p.tool_use_id, None)
         if isinstance(p, ToolCompleted):
             output = p.structured_result if p.structured_result is not None else p.result
             return [ui.ToolOutputAvailable(tool_call_id=p.tool_use_id, output=output)]
@@ -269,7 +272,8 @@ class ChatMapper:
             return self._end(FINISH_REASONS.get(p.stop_reason, "other"), p)
         if isinstance(p, TurnCancelled):
             self.finished = True
-            return [*self._close_all(), ui.Abort(reason=p.reason), self._finish("other")]
+            ended = [*self._close_all(), *self._close_unrun()]
+            return [*ended, ui.Abort(reason=p.reason), self._finish("other")]
         return []
 
     # --- approvals and workers ------------------------------------------------------
@@ -397,6 +401,7 @@ class ChatMapper:
             whole = msgspec.json.encode(p.final_input).decode()
             out.append(ui.ToolInputDelta(tool_call_id=p.tool_use_id, input_text_delta=whole))
         del self._blocks[key]
+        self._unrun[p.tool_use_id] = None
         out.append(
             ui.ToolInputAvailable(
                 tool_call_id=p.tool_use_id, tool_name=p.tool_name, input=p.final_input
@@ -435,9 +440,17 @@ class ChatMapper:
         self._steps.clear()
         return out
 
+    def _close_unrun(self) -> list[ui.Chunk]:
+        """The calls whose input came and whose tool never ran: the turn ended first (§8)."""
+        ended = [call for call in self._unrun if call not in self._asked]  # (not the waiting)
+        for call in ended:
+            del self._unrun[call]
+        text = "cancelled: the turn ended first"
+        return [ui.ToolOutputError(tool_call_id=call, error_text=text) for call in ended]
+
     def _end(self, reason: str, p: TurnCompleted) -> list[ui.Chunk]:
         self.finished = True
-        out = self._close_all()
+        out = [*self._close_all(), *self._close_unrun()]
         if reason == "error":
             out.append(ui.Error(error_text=self._failure or "the turn ended with an error"))
         usage = msgspec.to_builtins(p.usage)

@@ -65,8 +65,6 @@ WS = Operation(
     query=(KEY,),
     auth="optional",
     errors={
-        401: ("unauthorized",),
-        403: ("forbidden",),
         426: ("upgrade_required",),
         503: ("over_capacity",),
     },

@@ -26,6 +26,7 @@ from openapi_spec_validator import validate
 
 import gateway
 from gateway.agui.shapes import CancelRun, RunCancelling
+from gateway.aisdk.routes import ChatStopped
 from gateway.server import route_table
 from gateway.server.handlers import admin
 from gateway.server.http import ErrorBody
@@ -56,6 +57,10 @@ CONTRACT = {
     ("post", "/agui"),  # AG-UI (docs/protocol.md "AG-UI"): an SSE answer
     ("post", "/agui/{session_id}/cancel"),
     ("get", "/agui/{session_id}/runs/{run_id}/stream"),  # re-attach: an SSE answer
+    ("post", "/ai-sdk/chat"),  # the AI SDK (docs/protocol.md §14): an SSE answer
+    ("get", "/ai-sdk/chat/{chat_id}/stream"),  # its resume: an SSE answer, or 204
+    ("post", "/ai-sdk/chat/{chat_id}/stop"),
+    ("get", "/ai-sdk/ws"),  # WebSocketChatTransport's frames
 }
 # Each operation's body and answer Structs (docs/protocol.md §2).
 STRUCTS = {
@@ -78,6 +83,7 @@ STRUCTS = {
     ("post", "/sessions/{session_id}/feedback"): (route_table.Feedback, route_table.Accepted),
     ("get", "/healthz"): (None, route_table.Health),
     ("post", "/agui/{session_id}/cancel"): (CancelRun, RunCancelling),
+    ("post", "/ai-sdk/chat/{chat_id}/stop"): (None, ChatStopped),
 }
 KEY = "openapi-key"
 
