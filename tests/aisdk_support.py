@@ -70,10 +70,8 @@ class UiMessage:
             part = self.tool(chunk["toolCallId"])
             part.update(state="input-available", input=chunk["input"])
             streamed = self._inputs[chunk["toolCallId"]]
-            try:  # a cancel may cut the deltas: the input is what parses (§8)
+            if _parses(streamed):  # a cancel may cut the deltas: the input is what parses
                 assert json.loads(streamed) == chunk["input"]
-            except json.JSONDecodeError:
-                pass
         elif kind == "tool-approval-request":
             part = self.tool(chunk["toolCallId"])
             part.update(state="approval-requested", approval={"id": chunk["approvalId"]})
@@ -150,3 +148,11 @@ async def read_until(lines: AsyncIterator[str], m: UiMessage, stop: Callable[[],
             m.apply(json.loads(line[6:]))
         if stop():
             return
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
