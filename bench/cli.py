@@ -121,7 +121,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pid", type=int, help="with --url: its process id, to measure CPU and RSS")
     ap.add_argument("--sessions", type=int,
                     help="sessions of the fan-out; --profile sessions: sessions measured idle "
-                         "(default 20000); --profile doors: sessions per door (default 4)")  # fmt: skip
+                         "(default 20000); --profile doors: per door (default 4)")  # fmt: skip
     ap.add_argument("--repetitions", type=int, metavar="N",
                     help="--profile doors: rounds measured (default 5)")  # fmt: skip
     ap.add_argument("--churn-rounds", type=int, metavar="N",

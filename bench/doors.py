@@ -203,11 +203,17 @@ class Phase:
         self.tallies: list[Tally] = []
         self.ws: list[WsDoorClient] = []
         self.tasks: list[asyncio.Task[None]] = []
+        server = run.server  # the SSE doors' clients: a connection each, none kept
+        self.http = httpx.AsyncClient(
+            base_url=f"http://{server.host}:{server.port}",
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+            timeout=httpx.Timeout(run.profile.turn_timeout_s),
+        )
 
     def _sse(self, method: str, url: str, **kw: Any) -> Tally:
         tally = Tally()
         count = count_aisdk if self.door == "aisdk" else count_native
-        task = asyncio.create_task(read_sse(self.run.sse_http, method, url, tally, count, **kw))
+        task = asyncio.create_task(read_sse(self.http, method, url, tally, count, **kw))
         self.tasks.append(task)
         self.tallies.append(tally)
         return tally
@@ -240,16 +246,20 @@ class Phase:
                                         {"content": script})  # fmt: skip
 
     async def attach_aisdk(self) -> None:
-        """Per session: the request that starts the turn, then the resumes."""
+        """Every session's request that starts its turn, then the other clients' resumes."""
         p = self.run.profile
         script = turn_script(p)
+        firsts = []
         for index, session_id in enumerate(self.sessions):
             body = {"id": session_id, "trigger": "submit-message",
                     "messages": [{"id": f"u{index}", "role": "user",
                                   "parts": [{"type": "text", "text": script}]}]}  # fmt: skip
-            first = self._sse("POST", "/ai-sdk/chat", json=body)
-            if not await wait_for(lambda: first.ready or bool(first.error), 30.0):
-                raise RuntimeError(f"aisdk: POST /ai-sdk/chat did not answer on {session_id}")
+            firsts.append(self._sse("POST", "/ai-sdk/chat", json=body))
+        # A resume answers 204 until the turn runs: the POST's answer says it does.
+        await wait_for(lambda: all(t.ready or t.error for t in firsts), 30.0)
+        if not all(t.ready for t in firsts):
+            raise RuntimeError(f"aisdk: POST /ai-sdk/chat did not answer: {firsts}")
+        for session_id in self.sessions:
             for _ in range(p.clients_per_session - 1):
                 self._sse("GET", f"/ai-sdk/chat/{session_id}/stream")
 
@@ -283,6 +293,7 @@ class Phase:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.http.aclose()
 
 
 class Meter:
@@ -354,16 +365,10 @@ class DoorsRun:
         assert self.server.pid is not None
         self.server_pid = self.server.pid
         self.http = HttpClient(self.server.host, self.server.port)
-        clients = self.profile.sessions * self.profile.clients_per_session
-        self.sse_http = httpx.AsyncClient(
-            base_url=f"http://{self.server.host}:{self.server.port}",
-            limits=httpx.Limits(max_connections=clients + 10, max_keepalive_connections=0),
-            timeout=httpx.Timeout(self.profile.turn_timeout_s),
-        )
+        self.log(f"daemon {self.server_pid} listening on port {self.server.port}")
 
     async def stop(self) -> None:
-        if hasattr(self, "sse_http"):
-            await self.sse_http.aclose()
+        if hasattr(self, "http"):
             await self.http.aclose()
         await self.server.stop()
 
@@ -424,4 +429,3 @@ def main(profile: DoorsProfile, out: Path, command: str) -> int:
     print(f"wrote {json_path}, {md_path}")
     print(f"elapsed {result['elapsed_s']} s")
     return 0
-

@@ -77,9 +77,11 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                 flags["noisy"].append(where)
             if _number(w["clients_cores"]) and w["clients_cores"] >= CLIENT_BUSY:
                 flags["client_limited"].append(where)
-            if w["late_clients"] or w["unfinished_clients"] or w["text_deltas"] < w[
-                "deltas_expected"
-            ]:
+            if (
+                w["late_clients"]
+                or w["unfinished_clients"]
+                or w["text_deltas"] < w["deltas_expected"]
+            ):
                 flags["incomplete"].append(where)
     summary = {"peer": PEER, "doors": doors, "ratios": ratios, "flags": flags, "event": EVENT}
     result["summary"] = summary
@@ -116,8 +118,13 @@ def markdown(result: dict[str, Any]) -> str:
         "over the rounds; each ratio is the door's figure over the WebSocket's in the same "
         "round (median, and its range over the rounds).",
         "",
-        _row(["figure", *(LABELS[d] for d in DOORS),
-              *(f"{LABELS[d]} / {LABELS[PEER]}" for d in others)]),  # fmt: skip
+        _row(
+            [
+                "figure",
+                *(LABELS[d] for d in DOORS),
+                *(f"{LABELS[d]} / {LABELS[PEER]}" for d in others),
+            ]
+        ),
         _row(["---"] * (len(DOORS) + len(others) + 1)),
     ]
 

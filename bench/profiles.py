@@ -270,7 +270,7 @@ class DoorsProfile:
     name: str
     sessions: int = 4
     clients_per_session: int = 10
-    words: int = 300  # text deltas per turn: one a word
+    words: int = 200  # text deltas per turn: one a word
     delay_ms: float = 10.0  # between two deltas: 100 deltas/s per session
     sleep_s: float = 1.0  # the tool round before the text: clients attach and settle
     repetitions: int = 5
@@ -288,9 +288,9 @@ DOORS_SMOKE = DoorsProfile(
     name="doors-smoke",
     sessions=1,
     clients_per_session=2,
-    words=30,
-    delay_ms=5.0,
-    sleep_s=0.3,
+    words=20,
+    delay_ms=2.0,
+    sleep_s=0.2,
     repetitions=1,
     warmup=0,
     turn_timeout_s=20.0,
