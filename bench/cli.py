@@ -11,6 +11,7 @@ Examples::
     python -m bench --profile fuzz               # hostile HTTP: never a 5xx, still answering?
     python -m bench --profile sessions           # RSS per idle session, unloading on vs off
     python -m bench --profile sessions --sessions 5000 --churn-rounds 3
+    python -m bench --profile doors              # CPU per delivered event: WebSocket, SSE, AI SDK
     python -m bench --backend redis              # the gateway on [store] backend = "redis"
     python -m bench --backend both               # one node on SQLite vs one on Redis
     python -m bench --backend both --nodes 2     # ... and one node vs two on one Redis
@@ -25,7 +26,8 @@ targets were met), 1 when it failed. A soak (``--profile soak`` or
 ``<stamp>-<profile>.json``; its exit status is 0 when every check passed.
 A sessions run (``--profile sessions`` or ``sessions-smoke``, bench/README.md
 "Sessions") writes ``<stamp>-<profile>.json`` and ``.md``; exit status 0 when
-it completed.
+it completed. So does a doors run (``--profile doors`` or ``doors-smoke``,
+bench/README.md "Doors").
 
 ``--backend redis`` runs every gateway of the run on ``[store] backend =
 "redis"``, each against a redis-server the bench starts in its work dir
@@ -62,6 +64,7 @@ from bench.fuzz import FUZZ_PROFILES
 from bench.nodes import SHAPES, NodesServer
 from bench.pool import WorkerPool
 from bench.profiles import (
+    DOORS_PROFILES,
     PEERS,
     PROFILES,
     SESSIONS_PROFILES,
@@ -108,7 +111,8 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     ap.add_argument("--profile", default="default",
-                    choices=sorted([*PROFILES, *SOAK_PROFILES, *FUZZ_PROFILES, *SESSIONS_PROFILES]),
+                    choices=sorted([*PROFILES, *SOAK_PROFILES, *FUZZ_PROFILES, *SESSIONS_PROFILES,
+                                    *DOORS_PROFILES]),
                     help="phase sizes (bench/README.md, Profiles; soak: Soak)")  # fmt: skip
     ap.add_argument("--minutes", type=float,
                     help="soak profiles: minutes of load after the warm-up")  # fmt: skip
@@ -117,7 +121,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pid", type=int, help="with --url: its process id, to measure CPU and RSS")
     ap.add_argument("--sessions", type=int,
                     help="sessions of the fan-out; --profile sessions: sessions measured idle "
-                         "(default 20000)")  # fmt: skip
+                         "(default 20000); --profile doors: per door (default 4)")  # fmt: skip
+    ap.add_argument("--repetitions", type=int, metavar="N",
+                    help="--profile doors: rounds measured (default 5)")  # fmt: skip
     ap.add_argument("--churn-rounds", type=int, metavar="N",
                     help="--profile sessions: rounds of the churn (default 5)")  # fmt: skip
     ap.add_argument("--churn-sessions", type=int, metavar="N",
@@ -153,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fuzz(ap, args, command)
     if args.profile in SESSIONS_PROFILES:
         return _sessions(ap, args, command)
+    if args.profile in DOORS_PROFILES:
+        return _doors(ap, args, command)
+    if args.repetitions is not None:
+        ap.error("--repetitions is for the doors profiles")
     if args.churn_rounds is not None or args.churn_sessions is not None:
         ap.error("--churn-rounds and --churn-sessions are for the sessions profiles")
     if args.minutes is not None:
@@ -229,6 +239,23 @@ def _sessions(ap: argparse.ArgumentParser, args: argparse.Namespace, command: st
     raise_fd_limit()
     try:
         return sessions.main(profile, args.out, command)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _doors(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    from bench import doors
+
+    if args.url or args.config or args.backend != "sqlite" or args.minutes is not None:
+        ap.error("a doors run starts a daemon of its own (bench/README.md, Doors)")
+    profile = with_overrides(
+        DOORS_PROFILES[args.profile], sessions=args.sessions, repetitions=args.repetitions
+    )
+    if profile.sessions < 1 or profile.repetitions < 1:
+        ap.error("--sessions and --repetitions must be >= 1")
+    raise_fd_limit()
+    try:
+        return doors.main(profile, args.out, command)
     except KeyboardInterrupt:
         return 130
 

@@ -9,6 +9,9 @@ every key of the result exists, but its figures mean nothing.
 ten minutes of churn against one daemon, and the same for 20 seconds.
 ``sessions`` and ``sessions-smoke``, :class:`SessionsProfile` (``bench.sessions``):
 what an idle session costs in memory, with and without unloading.
+``doors`` and ``doors-smoke``, :class:`DoorsProfile` (``bench.doors``): the
+gateway's CPU per delivered event on each door to a session's stream (the
+WebSocket, the native SSE, the AI SDK's SSE), in one run.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, TypeVar
 
 PEERS = ("ws_queue", "ws_broadcast", "raw")
 
-_P = TypeVar("_P", "Profile", "SoakProfile", "SessionsProfile")
+_P = TypeVar("_P", "Profile", "SoakProfile", "SessionsProfile", "DoorsProfile")
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,49 @@ SESSIONS_SMOKE = SessionsProfile(
 )
 
 SESSIONS_PROFILES = {p.name: p for p in (SESSIONS, SESSIONS_SMOKE)}
+
+
+@dataclass(frozen=True)
+class DoorsProfile:
+    """The sizes of a doors run (bench/README.md, "Doors": CPU per delivered event by door).
+
+    One daemon; ``repetitions`` rounds (after ``warmup`` rounds not counted),
+    each measuring every door in a phase of its own: ``sessions`` fresh
+    sessions, ``clients_per_session`` clients of that door on each, one turn
+    per session (a ``sleep`` of ``sleep_s`` while the clients settle, then
+    ``words`` words of ``lorem``, one text delta every ``delay_ms``).
+    """
+
+    name: str
+    sessions: int = 4
+    clients_per_session: int = 10
+    words: int = 200  # text deltas per turn: one a word
+    delay_ms: float = 10.0  # between two deltas: 100 deltas/s per session
+    sleep_s: float = 1.0  # the tool round before the text: clients attach and settle
+    repetitions: int = 5
+    warmup: int = 1
+    filter: str = "preset:chat"  # the native doors' subscription (the AI SDK's is its own)
+    turn_timeout_s: float = 60.0
+    gateway_config: dict[str, dict[str, Any]] = field(
+        default_factory=lambda: dict(_BENCH_GATEWAY_CONFIG)
+    )
+
+
+DOORS = DoorsProfile(name="doors")
+
+DOORS_SMOKE = DoorsProfile(
+    name="doors-smoke",
+    sessions=1,
+    clients_per_session=2,
+    words=20,
+    delay_ms=2.0,
+    sleep_s=0.2,
+    repetitions=1,
+    warmup=0,
+    turn_timeout_s=20.0,
+)
+
+DOORS_PROFILES = {p.name: p for p in (DOORS, DOORS_SMOKE)}
 
 
 def with_overrides(profile: _P, **overrides: Any) -> _P:
