@@ -7,8 +7,10 @@ package's ``AbstractChat`` with a minimal state: what ``@ai-sdk/react``'s
 gateway serves at ``/``, so every request is the page's own origin:
 ``DefaultChatTransport({api: "/ai-sdk/chat"})`` (the key as a Bearer header)
 or ``WebSocketChatTransport({url: "/ai-sdk/ws", params: {key}})`` (a browser's
-WebSocket sends no header). One ``gateway serve`` on the scripted model, with
-an API key and ``sleep`` behind approval, serves the module. On both
+WebSocket sends no header; the page's Content-Security-Policy is bypassed for
+the injected bundle, which stands for a front end on the same origin). One
+``gateway serve`` on the scripted model, with an API key and ``sleep`` behind
+approval, and one tab serve the module (each test its own chats). On both
 transports:
 
 - a text turn: the user message and one assistant message, its text done;
@@ -17,7 +19,12 @@ transports:
   (approved, and denied): the same assistant message continues;
 - a reload mid-turn: the tab saves its messages, reloads, and
   ``resumeStream()`` builds the whole message (the one it held, replaced),
-  no part ever shown twice, not even while it streams;
+  no part ever shown twice, not even while it streams; a reload while an
+  approval waits, answered after the resume;
+- two tabs on one chat: the second resumes what the first streams, and both
+  end with the same message;
+- the stop route racing the turn's end: whichever wins, the chat ends ready
+  and agrees with the gateway's record (cancelled, or complete and whole);
 - the stop route cancelling a turn (``abort``, then ``finish``), and the
   WebSocket's ``abort`` (``useChat``'s ``stop()``) doing the same; over HTTP
   ``stop()`` only drops the fetch, and the turn goes on to be resumed.
@@ -73,6 +80,8 @@ TOOL = script(
         [{"text": "All done."}],
     ]
 )
+RACE_TEXT = "one two three four five six seven eight"
+RACE = script([[{"text": RACE_TEXT}]], delay_ms=40)
 SLOW = script([[{"thinking": "Let me think."}, {"text": WORDS}]], delay_ms=50)
 
 
@@ -94,7 +103,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> str:
         pytest.skip(f"npm install ai@7 esbuild failed: {done.stderr.strip()[-500:]}")
     out = prefix / "chat.js"
     esbuild = prefix / "node_modules" / ".bin" / "esbuild"
-    flags = ["--bundle", "--format=iife", "--platform=browser", "--target=chrome110"]
+    flags = ["--bundle", "--minify", "--format=iife", "--platform=browser", "--target=chrome110"]
     built = subprocess.run(
         [str(esbuild), str(ENTRY), *flags, "--log-level=warning", f"--outfile={out}"],
         capture_output=True,
@@ -174,15 +183,22 @@ class Tab:
         self.context.close()
 
 
-@pytest.fixture
-def tab(browser: Any, daemon: Daemon, bundle: str) -> Iterator[Tab]:
+@pytest.fixture(scope="module")
+def shared_tab(browser: Any, daemon: Daemon, bundle: str) -> Iterator[Tab]:
+    """One tab for the module (each test its own chats): a page load per test is slow."""
     opened = Tab(browser, daemon, bundle)
     try:
         yield opened
     finally:
-        errors = opened.errors
         opened.close()
-    assert errors == [], errors
+
+
+@pytest.fixture
+def tab(shared_tab: Tab) -> Iterator[Tab]:
+    """The module's tab; an uncaught error in the page during the test fails it."""
+    shared_tab.errors.clear()
+    yield shared_tab
+    assert shared_tab.errors == [], shared_tab.errors
 
 
 def gateway(daemon: Daemon, method: str, path: str) -> httpx.Response:
@@ -329,6 +345,102 @@ def test_a_reload_mid_turn_resumes_the_whole_message(tab: Tab, kind: str) -> Non
     assert message["parts"][1]["text"] == "Let me think."
     assert view["finishes"][0]["finishReason"] == "stop"
     never_twice(view, message)
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_a_reload_while_an_approval_waits(tab: Tab, kind: str) -> None:
+    """``resume: true`` after a reload shows the approval again; answering it continues."""
+    chat_id = tab.open(kind)
+    tab.call("send", chat_id, TOOL)
+    tab.call("settled", chat_id, 1)
+    tab.reload()  # nothing saved: the tab starts empty, as useChat without storage
+
+    tab.open(kind, chat_id)
+    tab.call("resume", chat_id)
+    view = tab.call("settled", chat_id, 1)
+    assert view["status"] == "ready" and view["error"] is None, view
+    [message] = view["messages"]
+    [tool] = tools(message)
+    assert tool["state"] == "approval-requested"
+    assert texts(message) == ["Sleeping first."]
+    tab.call("approve", chat_id, tool["approval"]["id"], True)
+    view = tab.call("settled", chat_id, 2)
+    assert view["status"] == "ready" and view["error"] is None, view
+    [answered] = view["messages"]
+    assert answered["id"] == message["id"]
+    assert texts(answered) == ["Sleeping first.", "All done."]
+    [tool] = tools(answered)
+    assert tool["state"] == "output-available" and tool["output"] == "slept 0.01 s"
+    never_twice(view, answered)
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_two_tabs_on_one_chat(
+    tab: Tab, browser: Any, daemon: Daemon, bundle: str, kind: str
+) -> None:
+    """A second tab resumes the chat the first is streaming: both end with the same message."""
+    chat_id = tab.open(kind)
+    tab.call("send", chat_id, SLOW)
+    tab.call("streamed", chat_id, 20)
+    other = Tab(browser, daemon, bundle)
+    try:
+        other.open(kind, chat_id)
+        other.call("resume", chat_id)
+        theirs = other.call("settled", chat_id, 1)
+        errors = other.errors
+    finally:
+        other.close()
+    assert errors == [], errors
+    ours = tab.call("settled", chat_id, 1)
+    for view in (ours, theirs):
+        assert view["status"] == "ready" and view["error"] is None, view
+    message = assistant(ours)
+    [resumed] = theirs["messages"]  # the tab had no history: only the turn in flight
+    assert resumed["id"] == message["id"]
+    assert [(p["type"], p.get("text")) for p in resumed["parts"]] == [
+        (p["type"], p.get("text")) for p in message["parts"]
+    ]
+    assert texts(message) == [WORDS]
+    never_twice(ours, message)
+    never_twice(theirs, resumed)
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_a_stop_racing_the_end_of_the_turn(tab: Tab, kind: str) -> None:
+    """The stop route fired once the page has shown 1, half, all but the last word, or all
+    of a short reply (the last two: as the turn ends): whatever wins, the chat ends ready,
+    its message whole or cut, and in agreement with the gateway's record of the turn."""
+    outcomes = []
+    last_word = len(RACE_TEXT) - len("eight")  # shown 40 ms before the turn ends
+    for chars in (1, len(RACE_TEXT) // 2, last_word, last_word, len(RACE_TEXT)):
+        chat_id = tab.open(kind)
+        stopped = tab.page.evaluate(
+            """async ([id, key, text, chars]) => {
+                window.aisdkTest.send(id, text);
+                await window.aisdkTest.streamed(id, chars);
+                const r = await fetch(`/ai-sdk/chat/${id}/stop`, {method: "POST",
+                    headers: {Authorization: `Bearer ${key}`, "Content-Type": "application/json"}});
+                return r.status;
+            }""",
+            [chat_id, KEY, RACE, chars],
+        )
+        assert stopped in (202, 409), stopped
+        view = tab.call("settled", chat_id, 1)
+        assert view["status"] == "ready" and view["error"] is None, view
+        message = assistant(view)
+        reason = view["finishes"][0]["finishReason"]
+        got = gateway(tab.daemon, "GET", f"/sessions/{chat_id}/messages").json()["messages"]
+        status = [m["status"] for m in got if m["role"] == "assistant"]
+        [text] = texts(message)
+        if reason == "other":
+            assert stopped == 202 and status == ["cancelled"], (stopped, status)
+            assert RACE_TEXT.startswith(text), text
+        else:
+            assert reason == "stop" and status == ["complete"], (reason, status)
+            assert text == RACE_TEXT
+        outcomes.append((chars, stopped, reason))
+        never_twice(view, message)
+    assert outcomes[0] == (1, 202, "other"), outcomes  # 320 ms left: the stop wins
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
