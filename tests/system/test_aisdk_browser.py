@@ -277,6 +277,31 @@ def test_a_text_turn(tab: Tab, kind: str) -> None:
     assert gateway(tab.daemon, "GET", f"/sessions/{chat_id}").status_code == 200
 
 
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_a_failed_turn_is_the_chat_error(tab: Tab, kind: str) -> None:
+    """A model call that fails: its ``error`` chunk is ``useChat``'s error, the text kept."""
+    chat_id = tab.open(kind)
+    failing = json.dumps(
+        {
+            "script": {
+                "rounds": [[{"text": "Half of a reply that never ends"}]],
+                "fail": {"round": 0, "after_deltas": 2, "error_class": "invalid_request"},
+            }
+        }
+    )
+    tab.call("send", chat_id, failing)
+    view = tab.call("settled", chat_id, 1)
+    assert view["status"] == "error", view
+    assert "invalid_request" in view["error"], view
+    assert view["errors"] and view["finishes"][0]["isError"] is True, view
+    message = assistant(view)
+    assert texts(message) == ["Half of "]
+    # The chat takes the next turn.
+    tab.call("send", chat_id, "again")
+    view = tab.call("settled", chat_id, 2)
+    assert view["status"] == "ready" and texts(view["messages"][-1]) == ["You said: again"]
+
+
 @pytest.mark.parametrize("approved", [True, False], ids=["approved", "denied"])
 @pytest.mark.parametrize("kind", TRANSPORTS)
 def test_a_tool_behind_approval(tab: Tab, kind: str, approved: bool) -> None:
