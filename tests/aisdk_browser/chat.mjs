@@ -76,16 +76,17 @@ window.aisdkTest = {
     const saved = restore ? sessionStorage.getItem(`chat:${id}`) : null;
     const finishes = [];
     const errors = [];
+    const carrier = transport(kind, key);
     const chat = new Chat({
       id,
       messages: saved ? JSON.parse(saved) : [],
-      transport: transport(kind, key),
+      transport: carrier,
       sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
       onFinish: ({ message, isAbort, isDisconnect, isError, finishReason }) =>
         finishes.push({ messageId: message.id, isAbort, isDisconnect, isError, finishReason }),
       onError: (error) => errors.push(String(error)),
     });
-    chats.set(id, { chat, finishes, errors, sent: null });
+    chats.set(id, { chat, carrier, finishes, errors, sent: null });
     return true;
   },
 
@@ -117,6 +118,11 @@ window.aisdkTest = {
   /** useChat's stop(): the request dropped (over the WebSocket: an `abort` frame). */
   async stop(id) {
     await entry(id).chat.stop();
+  },
+
+  /** The WebSocket closed under the chat (as a network would): its requests fail. */
+  drop(id) {
+    entry(id).carrier.close();
   },
 
   /** What the app persists before the tab goes away. */

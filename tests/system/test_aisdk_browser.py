@@ -27,7 +27,10 @@ transports:
   and agrees with the gateway's record (cancelled, or complete and whole);
 - the stop route cancelling a turn (``abort``, then ``finish``), and the
   WebSocket's ``abort`` (``useChat``'s ``stop()``) doing the same; over HTTP
-  ``stop()`` only drops the fetch, and the turn goes on to be resumed.
+  ``stop()`` only drops the fetch, and a WebSocket closed under the chat
+  cancels nothing either: the turn goes on to be resumed;
+- a model call that fails: ``useChat``'s error, the text so far kept;
+- a wrong key on the WebSocket: the chat's error, no session made.
 
 The UI messages are read back with ``page.evaluate``; an uncaught error in the
 page fails the test. Skipped, saying why, where node, npm or the registry is
@@ -521,6 +524,24 @@ def test_a_dropped_fetch_does_not_cancel(tab: Tab) -> None:
     message = assistant(view)
     assert texts(message) == [WORDS]
     assert view["finishes"][1]["finishReason"] == "stop"
+
+
+def test_a_closed_websocket_does_not_cancel(tab: Tab) -> None:
+    """The socket gone mid-turn: ``useChat`` sees a disconnect, the turn goes on, and a
+    resume on a new socket gets the whole message."""
+    chat_id = tab.open("ws")
+    tab.call("send", chat_id, SLOW)
+    tab.call("streamed", chat_id, 20)
+    tab.call("drop", chat_id)
+    view = tab.call("settled", chat_id, 1)
+    assert view["status"] == "error" and view["finishes"][0]["isError"] is True, view
+    tab.call("resume", chat_id)
+    view = tab.call("settled", chat_id, 2)
+    assert view["status"] == "ready" and view["error"] is None, view
+    message = assistant(view)
+    assert texts(message) == [WORDS]
+    assert view["finishes"][1]["finishReason"] == "stop"
+    never_twice(view, message)
 
 
 def test_the_websocket_needs_the_key(tab: Tab) -> None:
