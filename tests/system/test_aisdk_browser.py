@@ -84,7 +84,7 @@ TOOL = script(
     ]
 )
 RACE_TEXT = "one two three four five six seven eight"
-RACE = script([[{"text": RACE_TEXT}]], delay_ms=40)
+RACE = script([[{"text": RACE_TEXT}]], delay_ms=60)
 SLOW = script([[{"thinking": "Let me think."}, {"text": WORDS}]], delay_ms=50)
 
 
@@ -439,7 +439,7 @@ def test_a_stop_racing_the_end_of_the_turn(tab: Tab, kind: str) -> None:
     of a short reply (the last two: as the turn ends): whatever wins, the chat ends ready,
     its message whole or cut, and in agreement with the gateway's record of the turn."""
     outcomes = []
-    last_word = len(RACE_TEXT) - len("eight")  # shown 40 ms before the turn ends
+    last_word = len(RACE_TEXT) - len("eight")  # shown 60 ms before the turn ends
     for chars in (1, len(RACE_TEXT) // 2, last_word, last_word, len(RACE_TEXT)):
         chat_id = tab.open(kind)
         stopped = tab.page.evaluate(
@@ -468,7 +468,7 @@ def test_a_stop_racing_the_end_of_the_turn(tab: Tab, kind: str) -> None:
             assert text == RACE_TEXT
         outcomes.append((chars, stopped, reason))
         never_twice(view, message)
-    assert outcomes[0] == (1, 202, "other"), outcomes  # 320 ms left: the stop wins
+    assert outcomes[0] == (1, 202, "other"), outcomes  # 420 ms left: the stop wins
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
