@@ -335,13 +335,6 @@ def test_a_tool_behind_approval(tab: Tab, kind: str, approved: bool) -> None:
     never_twice(view, message)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/aisdk/chunks.py: Chunk has omit_defaults=True, so the tool chunks' "
-    "providerExecuted and dynamic (defaults True) are never sent: useChat builds a static "
-    "tool-sleep part without providerExecuted, where docs/protocol.md §14 promises a "
-    "dynamic-tool part with providerExecuted: true",
-)
 def test_a_gateway_tool_is_a_dynamic_part(tab: Tab) -> None:
     """The gateway runs its tools: the part is ``dynamic-tool``, ``providerExecuted``."""
     chat_id = tab.open("http")
