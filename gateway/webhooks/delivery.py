@@ -28,9 +28,9 @@ The store puts a delivery in its outbox in the same write as the event
   order, at least once.
 - The loop reads the outbox when the store commits deliveries
   (``Store.on_outbox``), when a lane ends, at start-up (what a previous
-  process left) and every :data:`POLL_S` whatever happens; every half lease
-  time while another node holds a lane pending (so a dead node's lanes are
-  taken over within one and a half lease times of its death).
+  process left) and every :data:`POLL_S` or half lease time, whichever is
+  shorter, whatever happens (so a dead node's lanes are taken over within one
+  and a half lease times of its death).
 """
 
 from __future__ import annotations
@@ -98,7 +98,6 @@ class Deliveries:
         self._posts = trio.CapacityLimiter(MAX_POSTS)
         self._wake = trio.Event()
         self._running: dict[Lane, trio.CancelScope] = {}  # the lanes with a task (claimed)
-        self._elsewhere = False  # a lane pending is claimed by another node
         if self._hooks:
             store.webhook_routes = routes(self._hooks)
             store.on_outbox = self.wake
@@ -122,7 +121,7 @@ class Deliveries:
                     self._store_failed("be read", exc)
                     await trio.sleep(STORE_RETRY_S)
                     continue
-                with trio.move_on_after(self._lease_s / 2 if self._elsewhere else POLL_S):
+                with trio.move_on_after(min(POLL_S, self._lease_s / 2)):
                     await self._wake.wait()
 
     async def _dispatch(self, client: httpx.AsyncClient, lanes: trio.Nursery) -> None:
@@ -130,7 +129,6 @@ class Deliveries:
         self._metrics.webhook_outbox.set(await self._store.outbox_depth())
         free = [lane for lane in await self._store.outbox_lanes() if lane not in self._running]
         claimed = await self._store.outbox_claim(free, self._node_id, self._ttl_ms)
-        self._elsewhere = len(claimed) < len(free)
         for lane in claimed:
             if lane not in self._running:
                 self._running[lane] = scope = trio.CancelScope()
