@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from gateway.config import Config
+from gateway.errors import StoreError
 from gateway.store import open_store
 from gateway.store.base import StoredEvent
 from tests.conftest import Harness, running_gateway
@@ -65,6 +66,16 @@ async def outbox_empty(gw: Harness) -> None:
             if not await gw.node.store.outbox_depth():
                 return
             await trio.sleep(0.02)
+
+
+async def depth_once_reachable(gw: Harness) -> int:
+    """The outbox's depth, read once the store answers again (its client reconnects)."""
+    with trio.fail_after(10):
+        while True:
+            try:
+                return await gw.node.store.outbox_depth()
+            except StoreError:
+                await trio.sleep(0.05)
 
 
 def sample(gw: Harness, family: str, **labels: str) -> float:
@@ -200,3 +211,29 @@ async def test_a_receiver_that_answers_after_a_restart_gets_what_was_owed(
     ids = [r.event["id"] for r in got]
     assert ids == sorted(ids) and len(set(ids)) == 2  # in order, each once
     assert [r.headers["webhook-id"] for r in got] == ids
+
+
+@pytest.mark.slow
+async def test_on_redis_the_outbox_survives_a_crash_of_redis(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """Redis killed (kill -9) and started again on its AOF while deliveries are owed."""
+    receiver = Receiver(script=[500] * 1000)
+    backend = {"store.backend": "redis", "store.url": own_redis.url}
+    with trio.fail_after(60):
+        async with receiving(
+            tmp_path, backend, receiver, ["turn.completed"], max_attempts=1000
+        ) as gw:
+            sid = await gw.create_session()
+            await turns(gw, sid, 2)
+            await receiver.wait_received(2)
+            own_redis.wait_aof_written()
+            own_redis.kill()
+            own_redis.start()  # same port, same directory: what the AOF kept
+            assert await depth_once_reachable(gw) == 2  # both still owed, in Redis
+            receiver.script.clear()
+            got = await receiver.wait_accepted(2)
+            await outbox_empty(gw)
+    ids = [r.event["id"] for r in got]
+    assert ids == sorted(ids) and len(set(ids)) == 2
+    assert all(r.event["session_id"] == sid for r in got)
