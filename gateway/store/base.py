@@ -329,12 +329,15 @@ class Store(Protocol):
         """Delete deliveries made or dropped, written at once (outside the group commit)."""
         ...
 
-    async def outbox_claim(self, lanes: Sequence[Lane], node_id: str, ttl_ms: int) -> list[Lane]:
+    async def outbox_claim(
+        self, lanes: Sequence[Lane], node_id: str, ttl_ms: int, *, renew: bool = False
+    ) -> list[Lane]:
         """Claim these lanes for ``node_id``, or extend its claims; the ones it holds now.
 
         A lane is delivered by the one node holding its claim; a claim not
         extended lapses after ``ttl_ms`` (Redis: gateway.store.redis_outbox).
-        SQLite has one node: every lane is its own.
+        ``renew``: only extend the claims ``node_id`` holds (one that lapsed is
+        not taken again). SQLite has one node: every lane is its own.
         """
         ...
 

@@ -69,14 +69,15 @@ end
 return 1
 """
 
-# Claim a lane, or extend this node's claim. KEYS: the claim; ARGV: node, ttl ms.
+# Claim a lane, or extend this node's claim. KEYS: the claim; ARGV: node, ttl ms,
+# "r" to renew only (a claim that lapsed is not taken again).
 _CLAIM = """
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return 1
 end
-if not holder then
+if not holder and ARGV[3] ~= 'r' then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     return 1
 end
@@ -182,15 +183,16 @@ class RedisOutbox:
 
         await self._read(delete)
 
-    async def outbox_claim(self, lanes: Sequence[Lane], node_id: str, ttl_ms: int) -> list[Lane]:
+    async def outbox_claim(
+        self, lanes: Sequence[Lane], node_id: str, ttl_ms: int, *, renew: bool = False
+    ) -> list[Lane]:
         if not lanes:
             return []
+        args: list[str | int] = [node_id, ttl_ms, "r" if renew else ""]
 
         async def claim(c: coredis.Redis[bytes]) -> list[object]:
             async with c.pipeline(transaction=False) as p:
-                answers = [
-                    p.eval(_CLAIM, [self._claim_key(lane)], [node_id, ttl_ms]) for lane in lanes
-                ]
+                answers = [p.eval(_CLAIM, [self._claim_key(lane)], args) for lane in lanes]
             return [await a for a in answers]
 
         answers = await self._read(claim)

@@ -771,7 +771,7 @@ class SqliteStore(GroupCommit[_Batch]):
         await self._transaction(lambda w: outbox.sqlite_delete(w, done))
 
     async def outbox_claim(
-        self, lanes: Sequence[outbox.Lane], node_id: str, ttl_ms: int
+        self, lanes: Sequence[outbox.Lane], node_id: str, ttl_ms: int, *, renew: bool = False
     ) -> list[outbox.Lane]:
         return list(lanes)  # one node: every lane is its own
 

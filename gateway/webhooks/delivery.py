@@ -155,28 +155,32 @@ class Deliveries:
                         await self._delete(entry)
                         after = entry.seq
         finally:
-            del self._running[lane]
             with (
                 trio.CancelScope(shield=True),
                 trio.move_on_after(STORE_RETRY_S),
                 contextlib.suppress(StoreError),  # it lapses on its own
             ):
                 await self._store.outbox_release([lane], self._node_id)
+            del self._running[lane]  # only now: a new task's claim is not the one released
             self._wake.set()  # anything committed for the lane meanwhile gets a new task
 
     async def _keep_claims(self) -> None:
         """Renew this node's claims every third of the lease time; stop the lanes it lost.
 
-        A lane whose claim another node holds now, or that could not be
-        renewed for a whole lease time (the store away), is stopped: its
-        claim has lapsed, another node may be delivering it.
+        A lane whose claim lapsed (another node may hold it now, or may have
+        delivered past this node's place in the lane), or that could not be
+        renewed for a whole lease time (the store away), is stopped; the
+        next read of the outbox claims it afresh if it is free, from its
+        lowest delivery.
         """
         renewed = trio.current_time()
         while True:
             await trio.sleep(self._lease_s / 3)
             held = list(self._running)
             try:
-                kept = set(await self._store.outbox_claim(held, self._node_id, self._ttl_ms))
+                kept = set(
+                    await self._store.outbox_claim(held, self._node_id, self._ttl_ms, renew=True)
+                )
             except StoreError as exc:
                 self._store_failed("be written (claims)", exc)
                 if trio.current_time() - renewed >= self._lease_s:

@@ -218,7 +218,9 @@ async def test_a_lane_is_claimed_by_one_node_at_a_time(new_store: NewStore) -> N
         assert await store.outbox_claim(lanes, "node_2", 60_000) == lanes[:1]
         assert await store.outbox_claim(lanes[1:], "node_1", 50) == lanes[1:]
         await trio.sleep(0.2)  # node_1 did not renew: its claim lapsed
+        assert await store.outbox_claim(lanes[1:], "node_1", 60_000, renew=True) == []
         assert await store.outbox_claim(lanes[1:], "node_2", 60_000) == lanes[1:]
+        assert await store.outbox_claim(lanes[1:], "node_2", 60_000, renew=True) == lanes[1:]
     await store.aclose()
 
 
