@@ -182,7 +182,7 @@ class Deliveries:
                     await self._store.outbox_claim(held, self._node_id, self._ttl_ms, renew=True)
                 )
             except StoreError as exc:
-                self._store_failed("be written (claims)", exc)
+                self._store_failed("have its claims renewed", exc)
                 if trio.current_time() - renewed >= self._lease_s:
                     kept = set()
                 else:
