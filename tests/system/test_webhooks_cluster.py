@@ -126,6 +126,8 @@ async def test_a_kill_9_of_the_owner_between_commit_and_delivery_loses_nothing(
     for sid, events in wanted.items():
         got = [r.event["id"] for r in delivered if r.event["session_id"] == sid]
         assert got == [e.id for e in events], sid  # every one, in event order
+    for line in survivor.log_events():  # no delivery dropped, no outbox failure
+        assert line["level"] not in ("error", "critical"), line
     bodies: dict[str, bytes] = {}
     for r in receiver.received:  # a duplicate is the same delivery: same id, same body
         assert bodies.setdefault(r.headers["webhook-id"], r.body) == r.body
