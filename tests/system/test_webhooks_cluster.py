@@ -13,10 +13,8 @@ the same ``webhook-id`` and the same body.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
 
 import pytest
 import trio
@@ -25,7 +23,7 @@ from gateway.webhooks.delivery import POLL_S
 from tests.cluster_support import CONFIG, Cluster, peers, running_cluster
 from tests.conftest import free_port
 from tests.redis_support import ensure_redis_server
-from tests.webhook_support import Received, Receiver, webhook_toml
+from tests.webhook_support import Received, Receiver, redis_command, webhook_toml
 
 pytestmark = pytest.mark.slow  # redis-server and gateway serve processes, killed
 
@@ -45,29 +43,6 @@ def cluster(tmp_path: Path, receiver: Receiver) -> Iterator[Cluster]:
     hook = webhook_toml("crm", receiver.url, EVENTS, timeout_s=5, max_attempts=1000)
     with running_cluster(ensure_redis_server(), tmp_path, 2, CONFIG + hook) as c:
         yield c
-
-
-def redis_command(port: int, *args: str) -> Any:
-    """One command to the cluster's redis-server (RESP over a socket): its answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        parts = [f"*{len(args)}\r\n".encode()]
-        parts += [f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args]
-        s.sendall(b"".join(parts))
-        return _reply(s.makefile("rb"))
-
-
-def _reply(f: BinaryIO) -> Any:
-    line = f.readline()
-    kind, rest = line[:1], line[1:-2]
-    if kind == b":":
-        return int(rest)
-    if kind == b"$":
-        return None if int(rest) < 0 else f.read(int(rest) + 2)[:-2]
-    if kind == b"*":
-        return [_reply(f) for _ in range(int(rest))]
-    if kind == b"+":
-        return rest
-    raise AssertionError(f"redis: {line!r}")
 
 
 def first_acceptances(accepted: list[Received]) -> list[Received]:

@@ -10,8 +10,6 @@ killed process's claims lapse before the next one can deliver).
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -26,7 +24,7 @@ import trio
 
 from tests.conftest import JSON_TYPE, ready_port
 from tests.redis_support import RedisServer, own_redis
-from tests.webhook_support import Receiver, webhook_toml
+from tests.webhook_support import Receiver, redis_outbox_size, webhook_toml
 
 __all__ = ["own_redis"]  # the fixture, used through ``backend``
 
@@ -48,7 +46,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         return Backend(f'path = "{path}"\n', lambda: len(outbox(path)))
     server: RedisServer = request.getfixturevalue("own_redis")
     table = f'backend = "redis"\nurl = "{server.url}"\nlease_s = 1\n'
-    return Backend(table, lambda: redis_outbox(server.port))
+    return Backend(table, lambda: redis_outbox_size(server.port))
 
 
 def write_config(tmp_path: Path, backend: Backend, receiver: Receiver, **keys: Any) -> Path:
@@ -109,64 +107,3 @@ def outbox(path: Path) -> list[tuple[str, int]]:
         return rows
     finally:
         conn.close()
-
-
-def redis_outbox(port: int) -> int:
-    """The deliveries in a Redis store's outbox (the default prefix), read over RESP."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        f = s.makefile("rb")
-        s.sendall(b"SMEMBERS gw:oblanes\r\n")
-        lanes = [f.read(int(f.readline()[1:-2]) + 2)[:-2] for _ in range(int(f.readline()[1:-2]))]
-        total = 0
-        for lane in lanes:
-            hook, sid = lane.decode().split(":", 1)
-            s.sendall(f"ZCARD gw:ob:{hook}:{{{sid}}}\r\n".encode())
-            total += int(f.readline()[1:-2])
-        return total
-
-
-async def test_a_kill_9_between_commit_and_delivery_delivers_after_the_restart(
-    tmp_path: Path, backend: Backend
-) -> None:
-    receiver = Receiver(script=["hang"])  # the first attempt gets no answer: never delivered
-    with trio.fail_after(90):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(receiver.serve)
-            config = write_config(tmp_path, backend, receiver, timeout_s=30)
-            async with serving(tmp_path, config) as (proc, port):
-                sid = await one_turn(port)
-                [attempt] = await receiver.wait_received(1)
-                proc.send_signal(signal.SIGKILL)
-                await proc.wait()
-            assert backend.pending() == 1  # committed with its event, not delivered
-            async with serving(tmp_path, config):
-                [delivered] = await receiver.wait_accepted(1)
-                await until_outbox_empty(backend)
-            nursery.cancel_scope.cancel()
-    assert delivered.headers["webhook-id"] == attempt.headers["webhook-id"]
-    assert delivered.body == attempt.body
-    assert delivered.event["type"] == "turn.completed" and delivered.event["session_id"] == sid
-
-
-async def test_a_restart_while_the_receiver_fails_delivers_later(
-    tmp_path: Path, backend: Backend
-) -> None:
-    receiver = Receiver(script=[500] * 1000)  # failing until told otherwise
-    with trio.fail_after(90):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(receiver.serve)
-            config = write_config(tmp_path, backend, receiver, max_attempts=100, retry_max_s=0.1)
-            async with serving(tmp_path, config) as (proc, port):
-                await one_turn(port)
-                await receiver.wait_received(3)
-                proc.send_signal(signal.SIGTERM)  # a graceful stop: the delivery is still owed
-                with trio.fail_after(20):
-                    assert await proc.wait() == 0
-            assert backend.pending() == 1
-            receiver.script.clear()  # the receiver is back
-            async with serving(tmp_path, config):
-                [delivered] = await receiver.wait_accepted(1)
-                await until_outbox_empty(backend)
-            nursery.cancel_scope.cancel()
-    ids = {r.headers["webhook-id"] for r in receiver.received}
-    assert ids == {delivered.headers["webhook-id"]}  # one event, until it was accepted
