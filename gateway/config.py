@@ -759,9 +759,6 @@ def _check_webhooks(config: Config, source: _Source) -> None:
     """Each webhook's events are catalog events, its secret is base64 (docs/reference.md)."""
     for name, hook in config.webhooks.items():
         where = f"webhooks.{name}"
-        if config.store.backend == "redis":
-            problem = 'webhooks are not built on [store] backend = "redis" yet'
-            raise source.error(where, problem)
         if not hook.events:
             raise source.error(f"{where}.events", "name at least one catalog event type")
         for index, type_ in enumerate(hook.events):

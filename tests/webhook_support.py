@@ -1,5 +1,8 @@
 """A webhook receiver on loopback for the tests (h11 over trio), and a config with webhooks.
 
+Also what a test reads of a Redis store's outbox, straight from redis-server
+(:func:`redis_command`, :func:`redis_outbox_size`).
+
 Every request is recorded and checked as a receiver would check it: the
 ``standardwebhooks`` package verifies its signature with the secret. The
 receiver answers from a script, one answer a request in order (a status, or
@@ -9,9 +12,10 @@ receiver answers from a script, one answer a request in order (a status, or
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import h11
 import trio
@@ -136,3 +140,35 @@ def config_with_webhooks(tmp_path: Path, tables: str, **overrides: Any) -> Confi
         **overrides,
     }
     return load_config(str(path), {}, flat)
+
+
+def redis_command(port: int, *args: str) -> Any:
+    """One command to a redis-server on loopback (RESP over a socket): its answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        parts = [f"*{len(args)}\r\n".encode()]
+        parts += [f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args]
+        s.sendall(b"".join(parts))
+        return _reply(s.makefile("rb"))
+
+
+def _reply(f: BinaryIO) -> Any:
+    line = f.readline()
+    kind, rest = line[:1], line[1:-2]
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        return None if int(rest) < 0 else f.read(int(rest) + 2)[:-2]
+    if kind == b"*":
+        return [_reply(f) for _ in range(int(rest))]
+    if kind == b"+":
+        return rest
+    raise AssertionError(f"redis: {line!r}")
+
+
+def redis_outbox_size(port: int, prefix: str = "gw:") -> int:
+    """The deliveries in a Redis store's outbox (gateway.store.redis_outbox's keys)."""
+    total = 0
+    for lane in redis_command(port, "SMEMBERS", f"{prefix}oblanes"):
+        hook, sid = lane.decode().split(":", 1)
+        total += int(redis_command(port, "ZCARD", f"{prefix}ob:{hook}:{{{sid}}}"))
+    return total

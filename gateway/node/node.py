@@ -132,14 +132,16 @@ class Node:
         self.registry = Registry(self)
         self.sessions: dict[str, Session] = self.registry.sessions
         self.durability = Durability(store, config.store, self.metrics)
+        self.node_id = new_node_id()  # this process, in the session leases and webhook claims
         # Before the store's first write: it routes the events webhooks want to its outbox.
-        self.webhooks = Deliveries(store, config.webhooks, self.metrics)
+        self.webhooks = Deliveries(
+            store, config.webhooks, self.metrics, node_id=self.node_id, lease_s=config.store.lease_s
+        )
         self.failover = Failover(self)
         self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)
         # Told each session whose tasks end, to drop what they keep for it (AG-UI's runs).
         self.session_listeners: list[Callable[[str], None]] = []
         self.sequencer: EventSequencer
-        self.node_id = new_node_id()  # this process, in the session leases
         self.leases: LeaseKeeper
         self.placement: Placement  # chosen once the store is open (gateway.node.placement)
         self.cluster: Cluster | None = None  # the link to the other nodes (Redis only)

@@ -313,7 +313,7 @@ class Store(Protocol):
         """Every (webhook, session) with a delivery pending.
 
         Raises:
-            StoreError: the store did not answer (or keeps no outbox: Redis, for now).
+            StoreError: the store did not answer.
         """
         ...
 
@@ -327,6 +327,22 @@ class Store(Protocol):
 
     async def outbox_delete(self, done: Sequence[OutboxEntry]) -> None:
         """Delete deliveries made or dropped, written at once (outside the group commit)."""
+        ...
+
+    async def outbox_claim(
+        self, lanes: Sequence[Lane], node_id: str, ttl_ms: int, *, renew: bool = False
+    ) -> list[Lane]:
+        """Claim these lanes for ``node_id``, or extend its claims; the ones it holds now.
+
+        A lane is delivered by the one node holding its claim; a claim not
+        extended lapses after ``ttl_ms`` (Redis: gateway.store.redis_outbox).
+        ``renew``: only extend the claims ``node_id`` holds (one that lapsed is
+        not taken again). SQLite has one node: every lane is its own.
+        """
+        ...
+
+    async def outbox_release(self, lanes: Sequence[Lane], node_id: str) -> None:
+        """Drop ``node_id``'s claims on these lanes (another's is left alone)."""
         ...
 
     # --- idempotency records (gateway.store.idempotency, docs/protocol.md §13) ---

@@ -38,6 +38,8 @@ store is later sharded by session::
     gw:lease:{sid}             STRING: the node id holding the session's lease, with its expiry
     gw:req:<digest>            HASH: an Idempotency-Key's record (gateway.store.idempotency), the
                                digest of its owner and key; expires 24 h after its first request
+    gw:ob:*, gw:oblanes,       the webhook outbox, its lanes pending and their claims
+    gw:obclaim:*               (gateway.store.redis_outbox)
 
 ``DELETE /sessions/{id}`` (:meth:`RedisStore.delete_sessions`) removes every
 key and index entry of each session above, in one ``MULTI``: its age index
@@ -124,7 +126,7 @@ from gateway.errors import StoreError, first_leaf
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.group_commit import CLOSE_RETRY_S, RETRY_FIRST_S, RETRY_MAX_S, Batch, GroupCommit
 from gateway.store.lease import Taken
-from gateway.store.redis_outbox import RedisOutbox
+from gateway.store.redis_outbox import Delivery, RedisOutbox, delivery_row
 from gateway.store.redis_requests import RedisRequests
 
 log = logging.getLogger("gateway.store")
@@ -309,9 +311,10 @@ class _Batch(Batch):
         self.messages: list[tuple[str, str, bytes]] = []  # (session, message id, encoded)
         self.events: list[tuple[int, str, int, bytes]] = []  # (seq, session, ts, member)
         self.blocks: list[tuple[int, Callable[[int], None]]] = []  # (size, granted)
+        self.deliveries: list[Delivery] = []  # webhook deliveries (gateway.store.redis_outbox)
 
     def rows(self) -> tuple[list[Any], ...]:
-        return (self.sessions, self.messages, self.events, self.blocks)
+        return (self.sessions, self.messages, self.events, self.blocks, self.deliveries)
 
     def add_session(self, rec: SessionRecord) -> None:
         self.sessions.append((msgspec.structs.replace(rec), _encoder.encode(rec)))
@@ -333,6 +336,10 @@ class _Batch(Batch):
         self.blocks.append((block, granted))
         self.size += 1
 
+    def add_outbox(self, hook: str, ev: StoredEvent) -> None:
+        self.deliveries.append(delivery_row(hook, ev.session_id, ev.seq, ev.data))
+        self.outbox += 1
+
 
 class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
     """The Redis trace store: implements :class:`gateway.store.base.Store`.
@@ -346,6 +353,8 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
         flush_interval_s: the longest the writer gathers a batch.
         max_batch: the pending count at which the writer stops gathering.
     """
+
+    _fence = _FENCE  # the webhook outbox's scripts are fenced as the events are
 
     def __init__(
         self,
@@ -546,6 +555,8 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
                 for sid, events in by_session.items():
                     p.eval(_ADD_EVENTS, [k.lease(sid), k.events(sid), k.ets], events)
                     rows.append(f"events {min(seqs[sid])}..{max(seqs[sid])} of {sid}")
+                # Their webhook deliveries: the same MULTI, the same fence.
+                self._queue_deliveries(p, batch.deliveries, node, rows)
                 grants: list[tuple[int, Callable[[int], None]]] = []  # (result index, granted)
                 for block, granted in batch.blocks:
                     p.zincrby(k.meta, "event_ceiling", block)

@@ -770,6 +770,14 @@ class SqliteStore(GroupCommit[_Batch]):
     async def outbox_delete(self, done: Sequence[outbox.OutboxEntry]) -> None:
         await self._transaction(lambda w: outbox.sqlite_delete(w, done))
 
+    async def outbox_claim(
+        self, lanes: Sequence[outbox.Lane], node_id: str, ttl_ms: int, *, renew: bool = False
+    ) -> list[outbox.Lane]:
+        return list(lanes)  # one node: every lane is its own
+
+    async def outbox_release(self, lanes: Sequence[outbox.Lane], node_id: str) -> None:
+        return None
+
     async def _transaction(self, action: Callable[[sqlite3.Connection], _T]) -> _T:
         db = self._database()
         async with self._write_lock:

@@ -17,13 +17,25 @@ The store puts a delivery in its outbox in the same write as the event
   daemon die between the answer and the delete, it is sent again after the
   restart: at least once, and ``webhook-id`` (the event id) lets a receiver
   drop the duplicate.
+- A lane is delivered by one node at a time: the one holding its *claim*
+  (``Store.outbox_claim``; on Redis a key that lapses after ``[store]
+  lease_s`` unless renewed, gateway.store.redis_outbox; on SQLite every
+  lane is the one node's). A node claims a lane before starting its task,
+  renews its claims every third of the lease time, stops a lane whose claim
+  it lost (or could not renew for a whole lease time), and releases a lane's
+  claim when the lane is empty or the node stops. So when a node dies, a
+  survivor takes its lanes over, from the delivery it had in flight: in
+  order, at least once.
 - The loop reads the outbox when the store commits deliveries
   (``Store.on_outbox``), when a lane ends, at start-up (what a previous
-  process left) and every :data:`POLL_S` whatever happens.
+  process left) and every :data:`POLL_S` or half lease time, whichever is
+  shorter, whatever happens (so a dead node's lanes are taken over within one
+  and a half lease times of its death).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -72,16 +84,20 @@ class Deliveries:
         hooks: Mapping[str, WebhookConfig],
         metrics: Metrics,
         *,
+        node_id: str,
+        lease_s: float,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._store = store
+        self._node_id = node_id
+        self._lease_s = lease_s
         self._hooks = dict(hooks)
         self._keys = {name: signing.secret_key(hook.secret) for name, hook in hooks.items()}
         self._metrics = metrics
         self._transport = transport
         self._posts = trio.CapacityLimiter(MAX_POSTS)
         self._wake = trio.Event()
-        self._running: set[Lane] = set()  # the lanes with a task
+        self._running: dict[Lane, trio.CancelScope] = {}  # the lanes with a task (claimed)
         if self._hooks:
             store.webhook_routes = routes(self._hooks)
             store.on_outbox = self.wake
@@ -95,6 +111,7 @@ class Deliveries:
             httpx.AsyncClient(transport=self._transport, follow_redirects=False) as client,
             trio.open_nursery() as lanes,
         ):
+            lanes.start_soon(self._keep_claims, name="webhook claims")
             task_status.started()
             while True:
                 self._wake = trio.Event()
@@ -104,33 +121,76 @@ class Deliveries:
                     self._store_failed("be read", exc)
                     await trio.sleep(STORE_RETRY_S)
                     continue
-                with trio.move_on_after(POLL_S):
+                with trio.move_on_after(min(POLL_S, self._lease_s / 2)):
                     await self._wake.wait()
 
     async def _dispatch(self, client: httpx.AsyncClient, lanes: trio.Nursery) -> None:
-        """Start a lane task for each lane with deliveries pending and no task yet."""
+        """Start a lane task for each lane pending that has none yet and that this node claims."""
         self._metrics.webhook_outbox.set(await self._store.outbox_depth())
-        for lane in await self._store.outbox_lanes():
+        free = [lane for lane in await self._store.outbox_lanes() if lane not in self._running]
+        claimed = await self._store.outbox_claim(free, self._node_id, self._ttl_ms)
+        for lane in claimed:
             if lane not in self._running:
-                self._running.add(lane)
-                lanes.start_soon(self._lane, client, lane, name=f"webhook {lane[0]}")
+                self._running[lane] = scope = trio.CancelScope()
+                lanes.start_soon(self._lane, client, lane, scope, name=f"webhook {lane[0]}")
 
-    async def _lane(self, client: httpx.AsyncClient, lane: Lane) -> None:
+    @property
+    def _ttl_ms(self) -> int:
+        return max(1, round(self._lease_s * 1000))
+
+    async def _lane(self, client: httpx.AsyncClient, lane: Lane, scope: trio.CancelScope) -> None:
         """Deliver the lane's entries in order until none is left (read page by page).
 
         Each is deleted before the next is read, and a new task for the lane
-        starts only once this one has ended, so none is sent twice by one process.
+        starts only once this one has ended, so none is sent twice by one
+        process. The lane's claim is released at the end (another node may
+        take it at once), and ``scope`` is cancelled should the claim be lost.
         """
         try:
-            after = 0
-            while page := await self._read_lane(lane, after):
-                for entry in page:
-                    await self._deliver(client, entry)
-                    await self._delete(entry)
-                    after = entry.seq
+            with scope:
+                after = 0
+                while page := await self._read_lane(lane, after):
+                    for entry in page:
+                        await self._deliver(client, entry)
+                        await self._delete(entry)
+                        after = entry.seq
         finally:
-            self._running.discard(lane)
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(STORE_RETRY_S),
+                contextlib.suppress(StoreError),  # it lapses on its own
+            ):
+                await self._store.outbox_release([lane], self._node_id)
+            del self._running[lane]  # only now: a new task's claim is not the one released
             self._wake.set()  # anything committed for the lane meanwhile gets a new task
+
+    async def _keep_claims(self) -> None:
+        """Renew this node's claims every third of the lease time; stop the lanes it lost.
+
+        A lane whose claim lapsed (another node may hold it now, or may have
+        delivered past this node's place in the lane), or that could not be
+        renewed for a whole lease time (the store away), is stopped; the
+        next read of the outbox claims it afresh if it is free, from its
+        lowest delivery.
+        """
+        renewed = trio.current_time()
+        while True:
+            await trio.sleep(self._lease_s / 3)
+            held = list(self._running)
+            try:
+                kept = set(
+                    await self._store.outbox_claim(held, self._node_id, self._ttl_ms, renew=True)
+                )
+            except StoreError as exc:
+                self._store_failed("have its claims renewed", exc)
+                if trio.current_time() - renewed >= self._lease_s:
+                    kept = set()
+                else:
+                    continue
+            renewed = trio.current_time()
+            for lane in held:
+                if lane not in kept and lane in self._running:
+                    self._running[lane].cancel()
 
     async def _deliver(self, client: httpx.AsyncClient, entry: OutboxEntry) -> None:
         """Attempt ``entry`` until accepted, or dropped after ``max_attempts``."""

@@ -2,6 +2,8 @@
 
 A receiver on loopback (tests.webhook_support) verifies every accepted
 delivery's Standard Webhooks signature with the ``standardwebhooks`` package.
+Every test runs on both stores: SQLite, and Redis (a redis-server of the
+test's own, tests/redis_support.py: slow).
 """
 
 from __future__ import annotations
@@ -16,21 +18,35 @@ import pytest
 import trio
 
 from gateway.config import Config
+from gateway.errors import StoreError
+from gateway.store import open_store
 from gateway.store.base import StoredEvent
-from gateway.store.sqlite import SqliteStore
 from tests.conftest import Harness, running_gateway
+from tests.redis_support import RedisServer, own_redis
 from tests.webhook_support import Receiver, config_with_webhooks, webhook_toml
+
+__all__ = ["own_redis"]  # the fixture, used through ``backend``
+
+Store = dict[str, Any]  # the [store] keys of a test's backend
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.slow)])
+def backend(request: pytest.FixtureRequest) -> Store:
+    if request.param == "sqlite":
+        return {}
+    server: RedisServer = request.getfixturevalue("own_redis")
+    return {"store.backend": "redis", "store.url": server.url}
 
 
 @asynccontextmanager
 async def receiving(
-    tmp_path: Path, receiver: Receiver, events: list[str], **keys: Any
+    tmp_path: Path, backend: Store, receiver: Receiver, events: list[str], **keys: Any
 ) -> AsyncIterator[Harness]:
     """A receiver and a gateway sending it ``events`` as webhook ``crm``."""
     async with trio.open_nursery() as nursery:
         await nursery.start(receiver.serve)
-        config = config_with_webhooks(tmp_path, webhook_toml("crm", receiver.url, events, **keys))
-        async with running_gateway(config) as gw:
+        tables = webhook_toml("crm", receiver.url, events, **keys)
+        async with running_gateway(config_with_webhooks(tmp_path, tables, **backend)) as gw:
             yield gw
         nursery.cancel_scope.cancel()
 
@@ -52,15 +68,27 @@ async def outbox_empty(gw: Harness) -> None:
             await trio.sleep(0.02)
 
 
+async def depth_once_reachable(gw: Harness) -> int:
+    """The outbox's depth, read once the store answers again (its client reconnects)."""
+    with trio.fail_after(10):
+        while True:
+            try:
+                return await gw.node.store.outbox_depth()
+            except StoreError:
+                await trio.sleep(0.05)
+
+
 def sample(gw: Harness, family: str, **labels: str) -> float:
     value = gw.node.metrics.registry.get_sample_value(family, labels)
     return value or 0.0
 
 
-async def test_chosen_events_arrive_signed_in_order_as_their_wire_json(tmp_path: Path) -> None:
+async def test_chosen_events_arrive_signed_in_order_as_their_wire_json(
+    tmp_path: Path, backend: Store
+) -> None:
     receiver = Receiver()
     with trio.fail_after(60):
-        async with receiving(tmp_path, receiver, ["turn.started", "turn.completed"]) as gw:
+        async with receiving(tmp_path, backend, receiver, ["turn.started", "turn.completed"]) as gw:
             sid = await gw.create_session()
             await turns(gw, sid, 3)
             got = await receiver.wait_accepted(6)
@@ -80,11 +108,11 @@ async def test_chosen_events_arrive_signed_in_order_as_their_wire_json(tmp_path:
 
 
 async def test_a_timeout_and_a_500_are_retried_then_delivered_once_in_order(
-    tmp_path: Path,
+    tmp_path: Path, backend: Store
 ) -> None:
     receiver = Receiver(script=["hang", 500])
     with trio.fail_after(60):
-        async with receiving(tmp_path, receiver, ["turn.completed"], timeout_s=0.5) as gw:
+        async with receiving(tmp_path, backend, receiver, ["turn.completed"], timeout_s=0.5) as gw:
             sid = await gw.create_session()
             await turns(gw, sid, 2)
             got = await receiver.wait_accepted(2)
@@ -100,12 +128,12 @@ async def test_a_timeout_and_a_500_are_retried_then_delivered_once_in_order(
 
 
 async def test_after_max_attempts_a_delivery_is_dropped_and_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, backend: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     receiver = Receiver(script=[500, 503, 500])
     caplog.set_level(logging.INFO, logger="gateway.webhooks")
     with trio.fail_after(60):
-        async with receiving(tmp_path, receiver, ["turn.completed"], max_attempts=3) as gw:
+        async with receiving(tmp_path, backend, receiver, ["turn.completed"], max_attempts=3) as gw:
             sid = await gw.create_session()
             await turns(gw, sid, 2)
             got = await receiver.wait_accepted(1)
@@ -121,14 +149,16 @@ async def test_after_max_attempts_a_delivery_is_dropped_and_logged(
     assert got[0].event["id"] > fields["event_id"]
 
 
-async def test_a_failing_receiver_holds_up_only_its_own_webhook(tmp_path: Path) -> None:
+async def test_a_failing_receiver_holds_up_only_its_own_webhook(
+    tmp_path: Path, backend: Store
+) -> None:
     down, up = Receiver(script=[500] * 1000), Receiver()
     async with trio.open_nursery() as nursery:
         await nursery.start(down.serve)
         await nursery.start(up.serve)
         tables = webhook_toml("down", down.url, ["turn.completed"])
         tables += webhook_toml("up", up.url, ["turn.completed"])
-        config: Config = config_with_webhooks(tmp_path, tables)
+        config: Config = config_with_webhooks(tmp_path, tables, **backend)
         with trio.fail_after(60):
             async with running_gateway(config) as gw:
                 sid = await gw.create_session()
@@ -140,10 +170,10 @@ async def test_a_failing_receiver_holds_up_only_its_own_webhook(tmp_path: Path) 
 
 
 async def test_deliveries_of_a_webhook_gone_from_the_config_are_dropped_and_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, backend: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A restart with ``[webhooks.old]`` removed: what was owed to it is dropped, once."""
-    store = SqliteStore(str(tmp_path / "gateway.db"))
+    store = open_store(config_with_webhooks(tmp_path, "", **backend).store)
     await store.open()
     store.webhook_routes = {"turn.completed": ("old",)}
     store.put_event(
@@ -153,9 +183,57 @@ async def test_deliveries_of_a_webhook_gone_from_the_config_are_dropped_and_logg
     caplog.set_level(logging.INFO, logger="gateway.webhooks")
     receiver = Receiver()
     with trio.fail_after(30):
-        async with receiving(tmp_path, receiver, ["turn.completed"]) as gw:
+        async with receiving(tmp_path, backend, receiver, ["turn.completed"]) as gw:
             await outbox_empty(gw)
             assert sample(gw, "gateway_webhook_dropped_total", webhook="old") == 1
     dropped = [r for r in caplog.records if getattr(r, "event", None) == "webhook_dropped"]
     assert [r.fields["webhook"] for r in dropped] == ["old"]  # type: ignore[attr-defined]
     assert receiver.received == []
+
+
+async def test_a_receiver_that_answers_after_a_restart_gets_what_was_owed(
+    tmp_path: Path, backend: Store
+) -> None:
+    """The receiver fails until the gateway stopped; the next gateway on the store delivers."""
+    receiver = Receiver(script=[500] * 1000)
+    keys = {"max_attempts": 1000}
+    with trio.fail_after(60):
+        async with receiving(tmp_path, backend, receiver, ["turn.completed"], **keys) as gw:
+            sid = await gw.create_session()
+            await turns(gw, sid, 2)
+            await receiver.wait_received(3)
+            assert await gw.node.store.outbox_depth() == 2
+        receiver.script.clear()  # the receiver is back, the gateway is not
+        receiver.received.clear()
+        async with receiving(tmp_path, backend, receiver, ["turn.completed"], **keys) as gw:
+            got = await receiver.wait_accepted(2)
+            await outbox_empty(gw)
+    ids = [r.event["id"] for r in got]
+    assert ids == sorted(ids) and len(set(ids)) == 2  # in order, each once
+    assert [r.headers["webhook-id"] for r in got] == ids
+
+
+@pytest.mark.slow
+async def test_on_redis_the_outbox_survives_a_crash_of_redis(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """Redis killed (kill -9) and started again on its AOF while deliveries are owed."""
+    receiver = Receiver(script=[500] * 1000)
+    backend = {"store.backend": "redis", "store.url": own_redis.url}
+    with trio.fail_after(60):
+        async with receiving(
+            tmp_path, backend, receiver, ["turn.completed"], max_attempts=1000
+        ) as gw:
+            sid = await gw.create_session()
+            await turns(gw, sid, 2)
+            await receiver.wait_received(2)
+            own_redis.wait_aof_written()
+            own_redis.kill()
+            own_redis.start()  # same port, same directory: what the AOF kept
+            assert await depth_once_reachable(gw) == 2  # both still owed, in Redis
+            receiver.script.clear()
+            got = await receiver.wait_accepted(2)
+            await outbox_empty(gw)
+    ids = [r.event["id"] for r in got]
+    assert ids == sorted(ids) and len(set(ids)) == 2
+    assert all(r.event["session_id"] == sid for r in got)

