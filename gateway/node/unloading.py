@@ -18,7 +18,9 @@ Leaving memory, in order: the family becomes unknown to new requests (they
 wait, then load it afresh), its tasks end (its session-scope MCP servers and
 a Claude Code process stop with them), what it wrote is made durable, its
 leases are given back (another node may take it at once), and what the node
-kept for it elsewhere is dropped. The next request, attach or turn loads it
+kept for it elsewhere is dropped. Then the store's caches in this process are
+freed (SQLite's page caches: they fill again as reads need them) and the
+allocator gives its free pages back to the system. The next request, attach or turn loads it
 from the store: ids, snapshot and replay are the store's, as they were.
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 from collections.abc import Callable
 
 import trio
@@ -41,10 +44,32 @@ log = logging.getLogger("gateway.node")
 
 MAX_PERIOD_S = 30.0  # the longest between two looks, whatever idle_unload_s is
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+ALLOCATOR_ARENAS = 2  # the event loop's, and one its worker threads share
+
 try:  # glibc: give the heap's free pages back to the system (the RSS an operator watches)
-    _malloc_trim: Callable[[int], int] | None = ctypes.CDLL("libc.so.6").malloc_trim
+    _libc = ctypes.CDLL("libc.so.6")
+    _malloc_trim: Callable[[int], int] | None = _libc.malloc_trim
+    _mallopt: Callable[[int, int], int] | None = _libc.mallopt
 except (OSError, AttributeError):  # another C library: its own policy
-    _malloc_trim = None
+    _malloc_trim = _mallopt = None
+
+
+def limit_allocator_arenas() -> None:
+    """At most :data:`ALLOCATOR_ARENAS` malloc arenas (glibc), unless ``MALLOC_ARENA_MAX`` says.
+
+    Called once by ``gateway serve`` before its first thread. glibc gives each
+    thread that allocates an arena of its own, up to 8 per core; the store's
+    worker threads (``trio.to_thread``: a different one from call to call)
+    then leave a little memory in each of up to 16 arenas after every load,
+    each arena with its own fragments that ``malloc_trim`` cannot give back:
+    RSS grew about 1.3 KiB per session loaded and unloaded again (3 x 3,000
+    sessions), and stays flat with two arenas (one arena too). The threads
+    sharing one arena run one store query at a time per connection: its lock
+    is rarely contended.
+    """
+    if _mallopt is not None and "MALLOC_ARENA_MAX" not in os.environ:
+        _mallopt(M_ARENA_MAX, ALLOCATOR_ARENAS)
 
 
 def _give_back_memory() -> None:
@@ -113,6 +138,8 @@ async def unload(node: NodeCore, roots: list[Session]) -> None:
         for family in families:
             registry.unloaded(family)
     node.metrics.sessions_unloaded.inc(len(everyone))
+    with contextlib.suppress(StoreError):  # a cache kept costs memory, not correctness
+        await node.store.release_memory()
     _give_back_memory()
     for root, family in zip(roots, families, strict=True):
         event(

@@ -52,6 +52,7 @@ from gateway.logs import configure, event, json_line
 from gateway.logs import stop as stop_log
 from gateway.mcp.servers import McpServers
 from gateway.node import Node
+from gateway.node.unloading import limit_allocator_arenas
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers, make_providers
 from gateway.server.auth import ApiKeys, warn_open_hosts
@@ -173,6 +174,7 @@ async def serve(config: Config, provider: Provider | Providers | None = None) ->
     Raises:
         StartupError: the daemon could not start (possibly inside an exception group).
     """
+    limit_allocator_arenas()  # before the first thread (gateway.node.unloading)
     configure(config.log)  # the log's writer thread: until serve returns (module docstring)
     try:
         await _serve(config, provider)

@@ -232,6 +232,15 @@ class Store(Protocol):
         """Return once everything enqueued before the call is durable (retrying as needed)."""
         ...
 
+    async def release_memory(self) -> None:
+        """Give back what the store caches in this process (sessions left memory).
+
+        SQLite: each connection's page cache (``PRAGMA shrink_memory``); it
+        fills again from the file as reads need it. Redis: nothing (the cache
+        is the server's).
+        """
+        ...
+
     async def get_session(self, session_id: str) -> SessionRecord | None:
         """The session, or ``None`` if the store does not know it."""
         ...

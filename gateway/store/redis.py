@@ -582,6 +582,9 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
                 granted(int(float(top)))
         return list(refused)
 
+    async def release_memory(self) -> None:
+        """Nothing: what a Redis store caches is the server's, not this process's."""
+
     async def purge_before(self, ts_ms: int) -> int:
         k = self._keys
         try:

@@ -432,6 +432,16 @@ class _Database:
                 w.execute("RELEASE row")
         return refused
 
+    def shrink_writer(self) -> None:
+        """Free the write connection's page cache (:meth:`SqliteStore.release_memory`)."""
+        with _reporting(self._path, "shrink the cache of"):
+            self._writer.execute("PRAGMA shrink_memory")
+
+    def shrink_reader(self) -> None:
+        """Free the read connection's page cache."""
+        with _reporting(self._path, "shrink the cache of"):
+            self._reader.execute("PRAGMA shrink_memory")
+
     def open_turns(self) -> list[SessionRecord]:
         """Sessions whose turn was in flight when the store was last written (section 9)."""
         sql = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE current_turn_id IS NOT NULL"
@@ -713,6 +723,12 @@ class SqliteStore(GroupCommit[_Batch]):
     async def flush(self) -> None:
         self._database()  # a store that is not open says so
         await super().flush()
+
+    async def release_memory(self) -> None:
+        db = self._database()
+        async with self._write_lock:
+            await self._offload(db.shrink_writer, limiter=self._write_limiter)
+        await self._offload(db.shrink_reader, limiter=self._read_limiter)
 
     async def purge_before(self, ts_ms: int) -> int:
         db = self._database()

@@ -4,7 +4,8 @@ A session unused for ``[sessions] idle_unload_s`` leaves memory, and the next
 request, attach or turn loads it from the store: no client can tell (ids,
 snapshot, replay and live are what they would have been). Never while a
 turn, a client, a pending approval or a request holds it. Unloading racing
-an attach, a turn and a DELETE: each lands on the session loaded afresh.
+an attach, a turn, a DELETE and an approval: each lands on the session
+loaded afresh.
 The timer itself runs on Trio's ``MockClock``.
 """
 
@@ -267,3 +268,76 @@ async def test_the_unloader_on_the_clock(
         assert metric(text, "gateway_sessions_live") == 0
         assert (await gw.http.get(f"/sessions/{sid}")).status_code == 200
         assert sid in gw.node.sessions
+
+
+async def test_a_pending_approval_holds_the_session_past_idle_unload_s(
+    tmp_path: Path, patient_clock: trio.testing.MockClock
+) -> None:
+    """The unloader's timer passes idle_unload_s many times over while an approval waits
+    with no client attached: the session stays; the approval lands, the turn ends, and
+    only then does the session leave memory, with the whole exchange in the store."""
+    config = make_config(
+        tmp_path,
+        **{
+            "sessions.idle_unload_s": 20,
+            "tools.require_approval": ["sleep"],
+            "tools.approval_timeout_s": 3600,
+        },
+    )
+    async with running_gateway(config) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as c:
+            await c.subscribe()
+            await gw.submit(sid, WAIT_FOR_APPROVAL)
+            seen = await c.until(lambda e: e.type == "permission.requested")
+            asked = seen[-1]
+        await trio.sleep(200)  # ten idle_unload_s, the client gone: only the approval holds it
+        root = gw.node.sessions[sid]
+        assert root.permissions.pending()
+        r = await gw.http.post(
+            f"/sessions/{sid}/permissions/{asked.payload.perm_id}", json={"decision": "allow"}
+        )
+        assert r.status_code == 202, r.text
+        with trio.fail_after(60):
+            while root.turn is not None:
+                await trio.sleep(0.05)
+        assert gw.node.sessions.get(sid) is root  # never unloaded while it waited
+        await trio.sleep(60)
+        assert sid not in gw.node.sessions
+        history = types(await replay(gw, sid, seen[0].id))
+    assert "permission.resolved" in history, history
+    assert history[-1] == "turn.completed", history
+
+
+async def test_an_approval_racing_the_unload(tmp_path: Path) -> None:
+    """A decision posted while the unload runs waits for it, then meets the session
+    loaded afresh: an answer of the permission route, never a 5xx or a hang."""
+    config = make_config(tmp_path, **{"tools.require_approval": ["sleep"]})
+    with trio.fail_after(30):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            async with gw.client(sid) as c:
+                await c.subscribe()
+                await gw.submit(sid, WAIT_FOR_APPROVAL)
+                asked = (await c.until(lambda e: e.type == "permission.requested"))[-1]
+                url = f"/sessions/{sid}/permissions/{asked.payload.perm_id}"
+                assert (await gw.http.post(url, json={"decision": "allow"})).status_code == 202
+                await c.until_turn_ends()
+            await settled(gw)
+            root = gw.node.sessions[sid]
+            answers: list[int] = []
+
+            async def decide() -> None:
+                answers.append((await gw.http.post(url, json={"decision": "deny"})).status_code)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(unloading.unload, gw.node, [root])
+                while sid in gw.node.sessions:  # the unload began
+                    await trio.lowlevel.checkpoint()
+                nursery.start_soon(decide)
+            # A loaded session answers 409 permission_resolved; one loaded afresh knows
+            # only what is pending, so 404 permission_not_found (docs/protocol.md §13).
+            assert answers == [404], answers
+            reloaded = gw.node.sessions[sid]
+            assert reloaded is not root and not reloaded.permissions.pending()
+            assert reloaded.record.turn_count == 1

@@ -176,6 +176,51 @@ async def test_session_round_trip_and_upsert(store: Store) -> None:
     assert await store.get_session("sess_a") == updated
 
 
+async def test_releasing_memory_keeps_everything_readable(store: Store) -> None:
+    """What unloading calls after each batch (docs/protocol.md §13): a cache, not data."""
+    rec = session("sess_a", 1000)
+    store.put_session(rec)
+    await store.flush()
+    assert await store.get_session("sess_a") == rec
+    await store.release_memory()
+    assert await store.get_session("sess_a") == rec
+    store.put_session(session("sess_b", 2000))
+    await store.flush()
+    assert await store.get_session("sess_b") is not None
+
+
+def _sqlite_memory_used() -> Callable[[], int] | None:
+    """SQLite's own count of the memory it holds, where its library exports it."""
+    import _sqlite3
+    import ctypes
+
+    try:
+        used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
+    except (OSError, AttributeError):
+        return None
+    used.restype = ctypes.c_int64
+    return lambda: int(used())
+
+
+async def test_sqlite_gives_its_page_caches_back(db_path: str) -> None:
+    memory_used = _sqlite_memory_used()
+    if memory_used is None:
+        pytest.skip("this Python's SQLite does not export sqlite3_memory_used")
+    store = SqliteStore(db_path)
+    await store.open()
+    try:
+        for i in range(2000):  # some 2 MiB of records: the page caches fill as they are read
+            store.put_session(session(f"sess_{i:05}", i, workspace_path="/w/" + "x" * 1000))
+        await store.flush()
+        for i in range(0, 2000, 7):
+            await store.get_session(f"sess_{i:05}")
+        full = memory_used()
+        await store.release_memory()
+        assert memory_used() < full - 500_000, (full, memory_used())
+    finally:
+        await store.aclose()
+
+
 async def test_message_round_trip(store: Store) -> None:
     user = StoredMessage(message("msg_1"), None)
     assistant = StoredMessage(
