@@ -21,10 +21,16 @@ from typing import Any, cast
 import httpx
 import pytest
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    open_websocket_url,
+    wrap_client_stream,
+)
 
 from tests.aisdk_support import UiMessage, read, read_until, request, user
 from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway
+from tests.integration.test_http_api import rejected
 
 TEXT = {"script": {"rounds": [[{"text": "Hello there, friend."}]]}}
 LONG_NAP = {
@@ -50,6 +56,27 @@ async def gateway(tmp_path: Path, **overrides: Any) -> AsyncIterator[Harness]:
 
 def ws_url(h: Harness, query: str = "") -> str:
     return h.base.replace("http://", "ws://") + "/ai-sdk/ws" + query
+
+
+@asynccontextmanager
+async def closing_ws(h: Harness, query: str = "") -> AsyncIterator[WebSocketConnection]:
+    """A socket the server may close: its TCP stream closed here, whatever happens.
+
+    (trio-websocket leaves the stream of a connection the server closed unclosed:
+    a ResourceWarning in some later test.)
+    """
+    port = int(h.base.rsplit(":", 1)[1])
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    try:
+        async with trio.open_nursery() as nursery:
+            host, resource = f"127.0.0.1:{port}", "/ai-sdk/ws" + query
+            ws = await wrap_client_stream(nursery, stream, host, resource)
+            try:
+                yield ws
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        await stream.aclose()
 
 
 def chat_id() -> str:
@@ -139,7 +166,7 @@ async def test_a_head_of_the_resume_leaves_nothing_behind(
 async def test_a_deeply_nested_frame_is_a_1003_not_an_internal_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with gateway(tmp_path) as h, open_websocket_url(ws_url(h)) as ws:
+    async with gateway(tmp_path) as h, closing_ws(h) as ws:
         deep = "[" * 20000 + "]" * 20000  # 40 kB: under max_client_frame_bytes
         await ws.send_message('{"type":"send","requestId":"a","id":"c","messages":' + deep + "}")
         with pytest.raises(ConnectionClosed) as closed:
@@ -182,7 +209,7 @@ async def test_one_socket_cannot_hold_more_responses_than_the_keys_limit(tmp_pat
     "frame that names a request is answered with an error frame",
 )
 async def test_a_mistyped_request_is_its_own_error_not_the_sockets_end(tmp_path: Path) -> None:
-    async with gateway(tmp_path) as h, open_websocket_url(ws_url(h)) as ws:
+    async with gateway(tmp_path) as h, closing_ws(h) as ws:
         chat = chat_id()
         await ws.send_message(send(chat, user(LONG_NAP), rid="first"))
         while "tool-input-available" not in await ws.get_message():
@@ -259,3 +286,169 @@ async def test_a_continuation_with_a_cursor_from_the_future_still_finishes(
                 return
             got = await read(r)
         assert got.finish_reason == "stop", [c["type"] for c in got.chunks]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Responses.send checks turns_per_minute_per_key (limits.check_turn) before it "
+    "finds the message already sent: the same request sent again after a lost answer, "
+    "which starts no turn and should be answered with its turn, is 429 rate_limited "
+    "while the key is at its limit",
+)
+async def test_a_repeated_request_is_answered_even_at_the_turn_limit(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **{"limits.turns_per_minute_per_key": 1}) as h:
+        chat = chat_id()
+        question = user(TEXT)
+        async with h.http.stream("POST", "/ai-sdk/chat", json=request(chat, question)) as r:
+            first = await read(r)
+        async with h.http.stream("POST", "/ai-sdk/chat", json=request(chat, question)) as r:
+            assert r.status_code == 200, (await r.aread()).decode()
+            again = await read(r)
+        assert again.id == first.id and again.text == first.text
+
+
+# --- what holds (pins) -----------------------------------------------------------------
+
+
+async def test_the_same_request_twice_at_once_runs_one_turn(tmp_path: Path) -> None:
+    """A retry racing its original: one turn, each answer that turn (or 409), never two."""
+    async with gateway(tmp_path) as h:
+        for _ in range(4):
+            chat, question = chat_id(), user(TEXT)
+            answers: list[tuple[int, UiMessage | None]] = []
+
+            async def post(
+                chat: str = chat,
+                question: dict[str, Any] = question,
+                answers: list[tuple[int, UiMessage | None]] = answers,
+            ) -> None:
+                async with h.http.stream("POST", "/ai-sdk/chat", json=request(chat, question)) as r:
+                    if r.status_code != 200:
+                        await r.aread()
+                        assert r.json()["error"]["code"] == "turn_in_progress", r.text
+                        answers.append((r.status_code, None))
+                    else:
+                        answers.append((200, await read(r)))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post)
+                nursery.start_soon(post)
+            messages = (await h.http.get(f"/sessions/{chat}/messages")).json()["messages"]
+            assert len({m["turn_id"] for m in messages}) == 1
+            assert [m["role"] for m in messages] == ["user", "assistant"]
+            for status, m in answers:
+                assert status == 409 or (m is not None and m.text == "Hello there, friend.")
+
+
+async def test_two_keys_racing_to_create_one_chat_one_owns_it(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **KEYS) as h:
+        for _ in range(4):
+            chat = chat_id()
+            got: dict[str, int] = {}
+
+            async def post(key: str, chat: str = chat, got: dict[str, int] = got) -> None:
+                headers = {"Authorization": f"Bearer {key}"}
+                body = request(chat, user(TEXT))
+                async with h.http.stream("POST", "/ai-sdk/chat", json=body, headers=headers) as r:
+                    await r.aread()
+                    got[key] = r.status_code
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, "key-a")
+                nursery.start_soon(post, "key-b")
+            assert sorted(got.values()) == [200, 404], got
+            [owner] = [k for k, status in got.items() if status == 200]
+            for key in ("key-a", "key-b"):
+                r = await h.http.get(
+                    f"/sessions/{chat}", headers={"Authorization": f"Bearer {key}"}
+                )
+                assert r.status_code == (200 if key == owner else 404)
+
+
+async def test_a_page_of_another_origin_is_refused_on_every_door(tmp_path: Path) -> None:
+    """docs/protocol.md §15: the Origin check holds on the AI SDK's routes and its upgrade."""
+    evil = "http://evil.example"
+    async with gateway(tmp_path, **{"auth.allowed_origins": ["http://app.example"]}) as h:
+        chat = chat_id()
+        headers = {"Origin": evil}
+        for method, path, body in (
+            ("POST", "/ai-sdk/chat", request(chat, user(TEXT))),
+            ("GET", f"/ai-sdk/chat/{chat}/stream", None),
+            ("POST", f"/ai-sdk/chat/{chat}/stop", {}),
+        ):
+            r = await h.http.request(method, path, json=body, headers=headers)
+            assert (r.status_code, r.json()["error"]["code"]) == (403, "origin_not_allowed")
+        refused = await rejected(ws_url(h), extra_headers=[(b"Origin", evil.encode())])
+        assert refused == (403, "origin_not_allowed")
+        assert (await h.http.get(f"/sessions/{chat}")).status_code == 404  # nothing made
+        # The listed origin is answered, its CORS headers on the stream.
+        listed = {"Origin": "http://app.example"}
+        body = request(chat, user(TEXT))
+        async with h.http.stream("POST", "/ai-sdk/chat", json=body, headers=listed) as r:
+            assert r.headers["access-control-allow-origin"] == "http://app.example"
+            assert (await read(r)).text == "Hello there, friend."
+
+
+async def test_the_key_query_parameter_wrong_empty_repeated(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **KEYS) as h:
+        assert await rejected(ws_url(h, "?key=")) == (401, "unauthorized")
+        assert await rejected(ws_url(h, "?key=key-c")) == (403, "forbidden")
+        assert await rejected(ws_url(h, "?key=key-a&key=key-b")) == (
+            400,
+            "duplicate_query_parameter",
+        )
+        assert await rejected(ws_url(h, "?key=key-a&key=")) == (400, "duplicate_query_parameter")
+        wrong = [(b"Authorization", b"Bearer nope")]  # the header, when sent, is the key
+        assert await rejected(ws_url(h, "?key=key-a"), extra_headers=wrong) == (403, "forbidden")
+        # The query is the WebSocket's alone: the HTTP doors take the header only.
+        r = await h.http.post("/ai-sdk/chat?key=key-a", json=request(chat_id(), user(TEXT)))
+        assert r.status_code == 401
+        r = await h.http.post(
+            "/ai-sdk/chat?key=key-a", json=request(chat_id(), user(TEXT)), headers=A
+        )
+        assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_query")
+
+
+async def test_a_keys_stream_limit_counts_both_doors(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **KEYS, **{"limits.max_connections_per_key": 1}) as h:
+        chat = chat_id()
+        async with h.http.stream(
+            "POST", "/ai-sdk/chat", json=request(chat, user(TEXT)), headers=A
+        ) as r:
+            await read(r)
+        async with open_websocket_url(ws_url(h, "?key=key-a")):
+            r = await h.http.post("/ai-sdk/chat", json=request(chat, user(TEXT)), headers=A)
+            assert (r.status_code, r.json()["error"]["code"]) == (503, "over_capacity")
+            r = await h.http.get(f"/ai-sdk/chat/{chat}/stream", headers=A)
+            assert r.status_code == 503
+            assert await rejected(ws_url(h, "?key=key-a")) == (503, "over_capacity")
+            # Another key is not held back by it.
+            async with h.http.stream(
+                "POST", "/ai-sdk/chat", json=request(chat_id(), user(TEXT)), headers=B
+            ) as r:
+                assert r.status_code == 200
+                await read(r)
+        with trio.fail_after(5):
+            while h.node.metrics.streams_by_door()["ai_sdk_ws"]:
+                await h.node.changed()
+        assert (await h.http.get(f"/ai-sdk/chat/{chat}/stream", headers=A)).status_code == 204
+        assert (await h.http.get(f"/sessions/{chat}", headers=A)).json().get(
+            "current_turn_id"
+        ) is None
+
+
+async def test_a_keys_turn_limit_counts_both_doors(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **{"limits.turns_per_minute_per_key": 1}) as h:
+        chat = chat_id()
+        async with h.http.stream("POST", "/ai-sdk/chat", json=request(chat, user(TEXT))) as r:
+            await read(r)
+        async with open_websocket_url(ws_url(h)) as ws:
+            await ws.send_message(send(chat, user(TEXT), rid="over"))
+            [error] = await frames_of(ws, "over", ("error", "end"))
+            assert error["type"] == "error" and error["errorText"].startswith("rate_limited: ")
+            await ws.send_message(resume(chat, "still"))  # the socket goes on
+            assert await frames_of(ws, "still", ("no-active",)) == [
+                {"type": "no-active", "requestId": "still"}
+            ]
+        messages = (await h.http.get(f"/sessions/{chat}/messages")).json()["messages"]
+        assert len(messages) == 2  # the refused turn left nothing
