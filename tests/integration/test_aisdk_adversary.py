@@ -88,6 +88,12 @@ def subscribers(h: Harness, chat: str) -> int:
     return len(h.node.sessions[chat].hub.subscribers())
 
 
+async def live(h: Harness, chat: str) -> tuple[str | None, list[str]]:
+    """The chat's turn in flight and its pending permission ids, as the node has them."""
+    state = await h.node.live_summary(h.node.sessions[chat])
+    return state.current_turn_id, [p.perm_id for p in state.pending_permissions]
+
+
 def running(m: UiMessage) -> bool:
     return any(p.get("state") == "input-available" for p in m.parts)
 
@@ -258,8 +264,7 @@ async def test_a_continuation_naming_another_chats_turn_is_refused_or_ignored(
         body = request(chat, user(TOOL_SCRIPT), _approved(m, turnId=foreign))
         async with h.http.stream("POST", "/ai-sdk/chat", json=body) as r:
             if r.status_code != 200:  # refused: then nothing was decided
-                state = (await h.http.get(f"/sessions/{chat}")).json()
-                assert state["pending_permissions"], state
+                assert (await live(h, chat))[1], "refused, yet the approval was decided"
                 return
             got = await read(r)
         assert got.id == f"msg_{own}" and got.errors == [], got.chunks
@@ -452,3 +457,149 @@ async def test_a_keys_turn_limit_counts_both_doors(tmp_path: Path) -> None:
             ]
         messages = (await h.http.get(f"/sessions/{chat}/messages")).json()["messages"]
         assert len(messages) == 2  # the refused turn left nothing
+
+
+async def test_aborts_of_nothing_duplicate_ids_and_an_abort_before_the_answer(
+    tmp_path: Path,
+) -> None:
+    async with gateway(tmp_path) as h, open_websocket_url(ws_url(h)) as ws:
+        chat = chat_id()
+        await ws.send_message(json.dumps({"type": "abort", "requestId": "never-made"}))
+        await ws.send_message(send(chat, user(LONG_NAP), rid="a"))
+        await ws.send_message(send(chat, user(TEXT), rid="a"))  # in use
+        [error] = (await frames_of(ws, "a", ("error",)))[-1:]
+        assert error["errorText"] == "invalid_frame: a requestId in use"
+        while "tool-input-available" not in await ws.get_message():
+            pass  # the first "a" goes on
+        assert (await h.http.post(f"/ai-sdk/chat/{chat}/stop", json={})).status_code == 202
+        await frames_of(ws, "a", ("end",))
+        await ws.send_message(json.dumps({"type": "abort", "requestId": "a"}))  # finished
+        # A send and its abort in one breath: the turn is cancelled, nothing streams.
+        other = chat_id()
+        await ws.send_message(send(other, user(LONG_NAP), rid="b"))
+        await ws.send_message(json.dumps({"type": "abort", "requestId": "b"}))
+        for _ in range(200):  # (no frame tells when "b" is over: its events do)
+            session = h.node.sessions.get(other)
+            if session and any(e.type == "turn.cancelled" for e in session.tail):
+                break
+            await trio.sleep(0.05)
+        assert (await live(h, other))[0] is None
+        messages = (await h.http.get(f"/sessions/{other}/messages")).json()["messages"]
+        assert [m["role"] for m in messages] == ["user"]  # cancelled before it answered
+        await ws.send_message(resume(other, "after"))
+        frames = await frames_of(ws, "after", ("no-active", "end", "error"))
+        assert frames == [{"type": "no-active", "requestId": "after"}]
+        for chat_ in (chat, other):
+            assert subscribers(h, chat_) == 0
+        # The socket still serves, and a finished id may be used again.
+        await ws.send_message(send(chat, user(TEXT), rid="a"))
+        frames = await frames_of(ws, "a", ("end", "error"))
+        assert frames[-1]["type"] == "end"
+
+
+async def test_another_keys_chat_and_approvals_over_both_doors(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **KEYS, **APPROVAL) as h:
+        theirs, mine = chat_id(), chat_id()
+        body = request(theirs, user(TOOL_SCRIPT))
+        async with h.http.stream("POST", "/ai-sdk/chat", json=body, headers=A) as r:
+            waiting = await read(r)
+        their_turn = waiting.metadata["gateway"]["turnId"]
+        [tool] = [p for p in waiting.parts if p["type"] == "dynamic-tool"]
+        perm_id = tool["approval"]["id"]
+        async with closing_ws(h, "?key=key-b") as ws:
+            await ws.send_message(resume(theirs, "peek"))
+            [error] = await frames_of(ws, "peek", ("error", "start", "no-active"))
+            assert error["errorText"].startswith("session_not_found: ")
+            # Key b answers a's approval: on a's chat (404), on its own chat (ignored).
+            forged = _approved(waiting)
+            frame = {"type": "send", "requestId": "x", "id": theirs, "messages": [forged]}
+            await ws.send_message(json.dumps(frame))
+            [error] = await frames_of(ws, "x", ("error", "start"))
+            assert error["errorText"].startswith("session_not_found: ")
+        body = request(mine, user(TOOL_SCRIPT))
+        async with h.http.stream("POST", "/ai-sdk/chat", json=body, headers=B) as r:
+            my_wait = await read(r)
+        forged = _approved(my_wait)
+        [my_tool] = [p for p in forged["parts"] if p["type"] == "dynamic-tool"]
+        my_tool["approval"]["id"] = perm_id  # a's perm id, on b's own chat
+        body = request(mine, user(TOOL_SCRIPT), forged)
+        async with h.http.stream("POST", "/ai-sdk/chat", json=body, headers=B) as r:
+            with trio.move_on_after(1):  # (b's own approval still waits: nothing to stream)
+                await r.aread()
+        assert await live(h, theirs) == (their_turn, [perm_id])
+        r = await h.http.post(f"/ai-sdk/chat/{theirs}/stop", json={}, headers=B)
+        assert r.status_code == 404
+        assert (await h.http.get(f"/ai-sdk/chat/{theirs}/stream", headers=B)).status_code == 404
+
+
+async def test_malformed_bodies_are_4xx_never_5xx(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with gateway(tmp_path) as h:
+        chat = chat_id()
+        deep = "[" * 5000 + "]" * 5000
+
+        def body(*parts: Any, role: str = "user", mid: Any = "u", **more: Any) -> bytes:
+            message = {"id": mid, "role": role, "parts": list(parts), **more}
+            return json.dumps({"id": chat, "messages": [message]}).encode()
+
+        text = {"type": "text", "text": "hi"}
+        cases: list[tuple[bytes, int]] = [
+            (body(text)[:-3] + b', "metadata": ' + deep.encode() + b"}]}", 400),
+            (json.dumps({"id": 5, "messages": [user(TEXT)]}).encode(), 422),
+            (json.dumps({"id": chat, "messages": {"0": user(TEXT)}}).encode(), 422),
+            (body("hi"), 422),
+            (body(text, mid=7), 422),
+            (body({"type": "text", "text": 5}), 422),
+            (body({"type": "text"}), 422),
+            (body(), 422),
+            (body(1, role="assistant"), 422),
+            (json.dumps({"id": chat, "messages": [user(TEXT)], "trigger": 3}).encode(), 422),
+            (json.dumps(["not", "an", "object"]).encode(), 422),
+            (b"\xff\xfe", 400),
+            (json.dumps({"id": "x" * 129, "messages": [user(TEXT)]}).encode(), 422),
+        ]
+        for sent, status in cases:
+            r = await h.http.post(
+                "/ai-sdk/chat", content=sent, headers={"Content-Type": "application/json"}
+            )
+            assert r.status_code == status, (sent[:80], r.text)
+        r = await h.http.post("/ai-sdk/chat", content=b"{}", headers={"Content-Type": "text/plain"})
+        assert r.status_code == 415
+        # A long history (only its last message is read) and a deep assistant metadata.
+        history = [user(TEXT) for _ in range(3000)]
+        async with h.http.stream("POST", "/ai-sdk/chat", json=request(chat, *history)) as r:
+            assert r.status_code == 200
+            await read(r)
+        odd = {"id": "a", "role": "assistant", "parts": [], "metadata": {"gateway": [[[1]]]}}
+        r = await h.http.post("/ai-sdk/chat", json=request(chat, odd))
+        assert (r.status_code, r.json()["error"]["code"]) == (409, "turn_not_in_flight")
+        for path in (f"/ai-sdk/chat/{'x' * 300}/stream", "/ai-sdk/chat/%00/stream"):
+            assert (await h.http.get(path)).status_code in (404, 422)
+        assert await server_errors(h) == []
+        assert failures(caplog) == []
+
+
+async def test_nothing_is_left_behind_after_many_requests_on_both_doors(tmp_path: Path) -> None:
+    async with gateway(tmp_path) as h:
+        chat = chat_id()
+        for _ in range(10):
+            async with h.http.stream("POST", "/ai-sdk/chat", json=request(chat, user(TEXT))) as r:
+                await read(r)
+            assert (await h.http.get(f"/ai-sdk/chat/{chat}/stream")).status_code == 204
+        async with open_websocket_url(ws_url(h)) as ws:
+            for i in range(10):
+                await ws.send_message(send(chat, user(TEXT), rid=f"s{i}"))
+                await frames_of(ws, f"s{i}", ("end",))
+                await ws.send_message(resume(chat, f"q{i}"))
+                await frames_of(ws, f"q{i}", ("no-active",))
+            # Dropped mid-turn: the response leaves the hub, the turn goes on.
+            await ws.send_message(send(chat, user(LONG_NAP), rid="nap"))
+            while "tool-input-available" not in await ws.get_message():
+                pass
+        with trio.fail_after(5):
+            while any(h.node.metrics.streams_by_door().values()) or subscribers(h, chat):
+                await h.node.changed()
+        assert h.node.limits.streams_by_key == {}
+        assert (await live(h, chat))[0] is not None  # the dropped socket cancelled nothing
+        assert (await h.http.post(f"/ai-sdk/chat/{chat}/stop", json={})).status_code == 202
