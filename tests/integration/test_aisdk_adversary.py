@@ -603,3 +603,32 @@ async def test_nothing_is_left_behind_after_many_requests_on_both_doors(tmp_path
         assert h.node.limits.streams_by_key == {}
         assert (await live(h, chat))[0] is not None  # the dropped socket cancelled nothing
         assert (await h.http.post(f"/ai-sdk/chat/{chat}/stop", json={})).status_code == 202
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ChatSocket._abort cancels the turn for any request, a resume's too; but useChat "
+    "(AbstractChat.makeRequestImpl) aborts the resume in flight whenever a new resumeStream() "
+    "supersedes it, and WebSocketChatTransport sends that as an abort frame: a superseded "
+    "resume kills the turn, where dropping the HTTP resume never cancels (a contract "
+    "question: abort of a send cancels, of a resume only ends its response?)",
+)
+async def test_a_superseded_resume_does_not_cancel_the_turn(tmp_path: Path) -> None:
+    async with gateway(tmp_path) as h:
+        chat = chat_id()
+        m = UiMessage()
+        async with (
+            h.http.stream("POST", "/ai-sdk/chat", json=request(chat, user(LONG_NAP))) as r,
+            aclosing(cast(AsyncGenerator[str, None], r.aiter_lines())) as lines,
+        ):
+            await read_until(lines, m, lambda: running(m))
+            async with open_websocket_url(ws_url(h)) as ws:
+                await ws.send_message(resume(chat, "first"))
+                await frames_of(ws, "first", ("start",))
+                # useChat's second resumeStream(): the first is aborted, the second sent.
+                await ws.send_message(json.dumps({"type": "abort", "requestId": "first"}))
+                await ws.send_message(resume(chat, "second"))
+                await frames_of(ws, "second", ("start", "no-active"))
+                await trio.sleep(0.3)
+            assert (await live(h, chat))[0] == m.metadata["gateway"]["turnId"]
+            assert (await h.http.post(f"/ai-sdk/chat/{chat}/stop", json={})).status_code == 202
