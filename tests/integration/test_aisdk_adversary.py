@@ -177,7 +177,8 @@ async def test_a_deeply_nested_frame_is_a_1003_not_an_internal_error(
         await ws.send_message('{"type":"send","requestId":"a","id":"c","messages":' + deep + "}")
         with pytest.raises(ConnectionClosed) as closed:
             await ws.get_message()
-        assert closed.value.reason.code == 1003, closed.value.reason
+        reason = closed.value.reason
+        assert reason is not None and reason.code == 1003, reason
         assert failures(caplog) == []
 
 
@@ -220,7 +221,8 @@ async def test_a_mistyped_request_is_its_own_error_not_the_sockets_end(tmp_path:
         await ws.send_message(send(chat, user(LONG_NAP), rid="first"))
         while "tool-input-available" not in await ws.get_message():
             pass
-        for i, bad in enumerate(({"id": 5}, {"messages": {}}, {"lastSequence": "x"})):
+        mistyped: list[dict[str, Any]] = [{"id": 5}, {"messages": {}}, {"lastSequence": "x"}]
+        for i, bad in enumerate(mistyped):
             frame = {"type": "send", "requestId": f"bad{i}", "id": chat, "messages": [], **bad}
             await ws.send_message(json.dumps(frame))
             frames = await frames_of(ws, f"bad{i}", ("error",))
@@ -238,7 +240,7 @@ async def _pending_approval(h: Harness, chat: str) -> UiMessage:
 
 
 def _approved(m: UiMessage, **gateway_meta: Any) -> dict[str, Any]:
-    sent = json.loads(json.dumps(m.as_sent()))
+    sent: dict[str, Any] = json.loads(json.dumps(m.as_sent()))
     [tool] = [p for p in sent["parts"] if p["type"] == "dynamic-tool"]
     tool["state"] = "approval-responded"
     tool["approval"]["approved"] = True
