@@ -181,7 +181,11 @@ class ChatMapper:
         for payload in unstarted(event.payload, self._started):  # a replay's whole message
             out += self._map(msgspec.structs.replace(event, payload=payload))
         out += self._map(event)
-        return out if self._seq > self.after else []
+        if self._seq > self.after:
+            return out
+        # At or below the client's position: it has these. A position past the end
+        # (a cursor from elsewhere) still gets the end, so the response finishes.
+        return [c for c in out if isinstance(c, ui.Finish)] if self.finished else []
 
     def pause(self) -> list[ui.Chunk]:
         """End the response while an approval waits (module docstring); else nothing.

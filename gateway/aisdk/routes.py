@@ -165,13 +165,16 @@ class Responses:
         self.chats.check(chat_id)
         content = user_content(_text_of(last))
         key = caller or NO_OWNER
+        mid = user_message_id(chat_id, last.id)
+        if await self._known(chat_id):  # a repeated request is that turn: no new one
+            session = await self.api._session(chat_id, caller)
+            history = await self.node.messages_of(session)
+            sent = next((m for m in history if m.id == mid), None)
+            if sent is not None and sent.turn_id is not None:
+                return await self._replay(session, sent.turn_id, client)
+        # What refuses a new turn comes before its chat is made (nothing left on a 429).
         await self.node.limits.check_turn(key)  # counted with the turn, below
         session = await self.chats.get(chat_id, caller)
-        mid = user_message_id(session.id, last.id)
-        history = await self.node.messages_of(session)
-        sent = next((m for m in history if m.id == mid), None)
-        if sent is not None and sent.turn_id is not None:  # a repeated request: that turn
-            return await self._replay(session, sent.turn_id, client)
         state = await self.node.live_summary(session)
         if state.pending_permissions:
             raise ApiError(
@@ -190,6 +193,11 @@ class Responses:
             raise
         return Opened(session, sub, ChatMapper(session.id, turn_id))
 
+    async def _known(self, chat_id: str) -> bool:
+        return (
+            chat_id in self.node.sessions or await self.node.store.get_session(chat_id) is not None
+        )
+
     async def _answer(
         self, caller: str | None, chat_id: str, last: UiMessage, client: str
     ) -> Opened:
@@ -198,8 +206,10 @@ class Responses:
         meta = last.metadata.get("gateway") if isinstance(last.metadata, dict) else None
         meta = meta if isinstance(meta, dict) else {}
         state = await self.node.live_summary(session)
-        turn_id = meta.get("turnId") if isinstance(meta.get("turnId"), str) else None
-        turn_id = turn_id or state.current_turn_id
+        named = meta.get("turnId") if isinstance(meta.get("turnId"), str) else None
+        turn_id = state.current_turn_id
+        if named is not None and named != turn_id and await self._has_turn(session, named):
+            turn_id = named  # a turn of this chat that ended: how it ended
         if turn_id is None:
             raise ApiError(409, "turn_not_in_flight", f"no turn in flight on {session.id}")
         pending = {p.perm_id for p in state.pending_permissions}
@@ -209,6 +219,8 @@ class Responses:
         if after is None:  # no position: what comes from now on
             after = self.node.sequencer.last
         opened = await self._replay(session, turn_id, client, after, {a[0] for a in answers})
+        if opened.error is not None or turn_id != state.current_turn_id:
+            return opened  # nothing decided for a turn that cannot be streamed, or is over
         try:
             for perm_id, approved in answers:
                 decision = "allow" if approved else "deny"
@@ -217,6 +229,10 @@ class Responses:
             session.hub.unsubscribe(opened.sub)
             raise
         return opened
+
+    async def _has_turn(self, session: Session, turn_id: str) -> bool:
+        """Whether ``turn_id`` is one of the session's turns (a client's metadata is no proof)."""
+        return any(m.turn_id == turn_id for m in await self.node.messages_of(session))
 
     async def resume(self, caller: str | None, chat_id: str, client: str) -> Opened | None:
         """The response of the turn in flight, from its start (None: no turn in flight)."""
@@ -314,6 +330,8 @@ class Responses:
                     await pump(sub, mapper, emit, ping, interval)
                 await send(DONE)
             finally:
+                if sub.subscribed:  # a client gone before the pump began
+                    sub.leave("client_closed")
                 release()
 
         def abandon() -> None:

@@ -11,8 +11,12 @@ One socket carries any number of requests, each named by the client's
 - Each response is ``start``, then its chunks as ``chunk`` frames numbered from
   0 (``sequence``), then ``end``; a request refused is one ``error`` frame
   (``errorText``: the refusal's code and message, as the HTTP door's JSON error).
-- ``abort`` cancels the turn the request streams (docs/protocol.md §8) and ends
-  its response. The socket closing never cancels a turn.
+- ``abort`` of a ``send`` cancels the turn it streams (docs/protocol.md §8) and
+  ends its response; ``abort`` of a ``resume`` ends that response only (useChat
+  aborts a resume it replaces). The socket closing never cancels a turn.
+- Each response counts as a stream of the key (``max_connections``,
+  ``max_connections_per_key``), besides the socket itself: one refused is an
+  ``error`` frame ``over_capacity``.
 
 Each response has its own bounded queue; one that overflows closes the socket
 with 1008 ``client_too_slow`` (docs/protocol.md §3), and the transport resumes.
@@ -78,14 +82,13 @@ WS = Operation(
 
 class _Frame(msgspec.Struct):
     type: str
-    request_id: str | None = msgspec.field(default=None, name="requestId")
     id: str | None = None
     messages: list[Any] | None = None
     trigger: str = "submit-message"
     last_sequence: int | None = msgspec.field(default=None, name="lastSequence")
 
 
-_frame = msgspec.json.Decoder(_Frame)
+_json = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder().encode
 
 
@@ -94,8 +97,9 @@ class _Request:
     """One request of the socket: its task's scope, and what it streams once opened."""
 
     scope: trio.CancelScope
+    kind: str  # "send" or "resume"
     opened: Opened | None = None
-    aborted: bool = False
+    aborted: bool = False  # its response is to end (and a send's turn to be cancelled)
 
 
 class ChatSocket:
@@ -127,22 +131,27 @@ class ChatSocket:
             if not isinstance(message, str):
                 continue  # (an Idle never comes without a deadline)
             try:
-                frame = _frame.decode(message)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                await self._close(1003, "invalid_frame", "a frame is a JSON request object")
+                raw = _json.decode(message)
+            except (msgspec.DecodeError, RecursionError):  # (deep nesting: not JSON here)
+                raw = None
+            rid = raw.get("requestId") if isinstance(raw, dict) else None
+            if not isinstance(rid, str):
+                await self._close(
+                    1003, "invalid_frame", "a frame is a JSON object with a requestId"
+                )
                 break
-            if frame.request_id is None:
-                await self._close(1003, "invalid_frame", "a frame names its requestId")
-                break
-            await self._dispatch(frame, nursery)
+            try:
+                frame = msgspec.convert(raw, _Frame)
+            except msgspec.ValidationError as exc:  # that request's error, not the socket's end
+                await self._send(_error(rid, exc))
+                continue
+            await self._dispatch(rid, frame, nursery)
 
-    async def _dispatch(self, frame: _Frame, nursery: trio.Nursery) -> None:
-        rid = frame.request_id
-        assert rid is not None
+    async def _dispatch(self, rid: str, frame: _Frame, nursery: trio.Nursery) -> None:
         if frame.type == "abort":
             await self._abort(rid)
         elif frame.type in ("send", "resume") and rid not in self.requests:
-            request = self.requests[rid] = _Request(trio.CancelScope())
+            request = self.requests[rid] = _Request(trio.CancelScope(), frame.type)
             nursery.start_soon(self._serve, rid, frame, request, name=f"ai-sdk-request {rid[:40]}")
         else:
             why = "a requestId in use" if rid in self.requests else f"type {frame.type[:40]!r}"
@@ -152,14 +161,23 @@ class ChatSocket:
 
     async def _serve(self, rid: str, frame: _Frame, request: _Request) -> None:
         """One request: its response, or its refusal (module docstring)."""
+        release = None
         try:
             with request.scope:
+                try:  # each response is a stream of the key, besides the socket
+                    release = await self.responses.node.limits.open_stream(
+                        self.caller or NO_OWNER, "ai_sdk_ws"
+                    )
+                except (ApiError, Refused) as exc:
+                    await self._send(_error(rid, exc))
+                    return
                 opened = await self._open(rid, frame)
                 if opened is None:
                     return
                 request.opened = opened
-                if request.aborted:  # aborted while the turn was being submitted
-                    await self._cancel(opened)
+                if request.aborted:  # aborted while it was being opened
+                    if request.kind == "send":
+                        await self._cancel(opened)
                     return
                 await self._stream(rid, opened, frame.last_sequence)
         except SlowClient:  # the socket is closed 1008 once its reader has stopped
@@ -171,6 +189,8 @@ class ChatSocket:
             del self.requests[rid]
             if request.opened is not None and request.opened.sub.subscribed:
                 request.opened.sub.leave("client_closed")
+            if release is not None:
+                release()
 
     async def _open(self, rid: str, frame: _Frame) -> Opened | None:
         """The request's response, opened; None after an ``error`` or ``no-active`` frame."""
@@ -186,8 +206,7 @@ class ChatSocket:
             messages = msgspec.convert(frame.messages or [], list[UiMessage])
             return await r.send(self.caller, frame.id, messages, frame.trigger, self.client)
         except (ApiError, Refused, msgspec.ValidationError) as exc:
-            text = _error_text(exc)
-            await self._send({"type": "error", "requestId": rid, "errorText": text})
+            await self._send(_error(rid, exc))
             return None
 
     async def _stream(self, rid: str, opened: Opened, last_sequence: int | None) -> None:
@@ -217,13 +236,19 @@ class ChatSocket:
         await self._send({"type": "end", "requestId": rid})
 
     async def _abort(self, rid: str) -> None:
-        """``abort``: the request's turn cancelled, its response ended (module docstring)."""
+        """``abort``: the request's response ended; a ``send``'s turn cancelled (module docstring).
+
+        A ``resume``'s abort cancels nothing: ``useChat`` aborts the resume it
+        replaces with another (as it drops an HTTP resume), so a stop of a
+        resumed answer is the stop route, as over HTTP.
+        """
         request = self.requests.get(rid)
         if request is None:
             return  # over already, or never made: nothing to abort
         request.aborted = True
-        if request.opened is not None:
-            await self._cancel(request.opened)
+        if request.opened is not None:  # else its task sees the flag once it has opened
+            if request.kind == "send":  # a resume's abort ends its response only
+                await self._cancel(request.opened)
             request.scope.cancel()
 
     async def _cancel(self, opened: Opened) -> None:
@@ -246,11 +271,14 @@ class ChatSocket:
             await self.ws.close(code, reason)
 
 
-def _error_text(exc: ApiError | Refused | msgspec.ValidationError) -> str:
+def _error(rid: str, exc: ApiError | Refused | msgspec.ValidationError) -> dict[str, Any]:
+    """The ``error`` frame of a refused request: the HTTP door's ``code: message``."""
     if isinstance(exc, msgspec.ValidationError):
-        return f"invalid_body: {exc}"
-    error = as_http(exc) if isinstance(exc, Refused) else exc
-    return f"{error.code}: {error.message}"
+        text = f"invalid_body: {exc}"
+    else:
+        error = as_http(exc) if isinstance(exc, Refused) else exc
+        text = f"{error.code}: {error.message}"
+    return {"type": "error", "requestId": rid, "errorText": text}
 
 
 async def chat_socket(api: Router, req: Request) -> WebSocketAccept:

@@ -273,7 +273,7 @@ class _HttpConnection:
                 return
             answer = await self._call_handler(request)
             if isinstance(answer, StreamingResponse):
-                await self._stream_body(answer)
+                await self._stream_body(answer, head_only=request.method == "HEAD")
             elif isinstance(answer, WebSocketAccept):
                 refusal = _handshake_refusal(request)
                 if refusal is None:
@@ -412,8 +412,12 @@ class _HttpConnection:
         data += self._h11.send(h11.EndOfMessage())
         await self._stream.send_all(data)
 
-    async def _stream_body(self, answer: StreamingResponse) -> None:
-        """Send the head, then each piece ``answer.run`` makes, then the end of the body."""
+    async def _stream_body(self, answer: StreamingResponse, *, head_only: bool = False) -> None:
+        """Send the head, then each piece ``answer.run`` makes, then the end of the body.
+
+        A HEAD gets the head only (RFC 9110 9.3.2): ``run`` is never called,
+        ``abandon`` gives back what the handler took for the stream.
+        """
         head = h11.Response(
             status_code=answer.status,
             reason=_reason_phrase(answer.status),
@@ -424,6 +428,10 @@ class _HttpConnection:
         except BaseException:
             answer.abandon()  # run will never be called
             raise
+        if head_only:
+            answer.abandon()
+            await self._stream.send_all(self._h11.send(h11.EndOfMessage()))
+            return
 
         async def send(data: bytes) -> None:
             await self._stream.send_all(self._h11.send(h11.Data(data=data)))
