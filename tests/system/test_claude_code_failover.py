@@ -66,10 +66,10 @@ KEY = "sk-ant-failover"
 IDS = (b"msg_01FailoverFirst00001", b"msg_01FailoverLast000001", b"msg_01FailoverCut0000001")
 
 
-def cluster_config(base_url: str, store: str = "", agent: str = "") -> str:
+def cluster_config(base_url: str, store: str = "", agent: str = "", tools: str = "") -> str:
     """tests/cluster_support.CONFIG with a Claude Code default agent (a ``str.format`` template).
 
-    ``store``, ``agent``: more lines of ``[store]`` and of the agent.
+    ``store``, ``tools``, ``agent``: more lines of ``[store]``, ``[tools]`` and of the agent.
     """
     proxy = (
         f'{{{{ HTTPS_PROXY = "{base_url}", HTTP_PROXY = "{base_url}", NO_PROXY = "127.0.0.1" }}}}'
@@ -93,6 +93,7 @@ max_retries = 0
 workspace_root = "{{workdir}}/workspaces"
 [tools]
 kill_grace_s = 1
+{tools}
 [agents.default]
 runtime = "claude-code"
 system = "You work for the failover test."
@@ -159,9 +160,15 @@ async def turn(peer: Peer, session_id: str, content: str) -> list[Any]:
 
 @contextlib.asynccontextmanager
 async def claude_code_cluster(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int, store: str = "", agent: str = ""
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    count: int,
+    later: int = 0,
+    **config: str,
 ) -> AsyncIterator[tuple[Cluster, FakeServer]]:
-    """``count`` nodes on one redis-server, their API and proxy one fake server."""
+    """``count`` nodes on one redis-server, their API and proxy one fake server; ``later``
+    more booting meanwhile (``Cluster.ensure`` waits for them). ``config``: the
+    keywords of :func:`cluster_config`."""
     binary = ensure_redis_server()
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)  # the nodes pass it on to their CLIs
     server = FakeServer()
@@ -169,9 +176,10 @@ async def claude_code_cluster(
         base_url = await nursery.start(server.serve)
         redis = RedisServer(binary, tmp_path / "redis")
         await trio.to_thread.run_sync(redis.start)
-        nodes = Cluster(redis, tmp_path, cluster_config(base_url, store, agent))
+        nodes = Cluster(redis, tmp_path, cluster_config(base_url, **config))
         try:
             await trio.to_thread.run_sync(nodes.start, count)  # the fake API answers meanwhile
+            nodes.boot(later)
             yield nodes, server
         finally:
             await trio.to_thread.run_sync(nodes.close)
@@ -280,18 +288,23 @@ async def test_takeovers_resume_only_from_a_shared_state_directory_and_no_slot_i
 ) -> None:
     """Shared: the survivor's CLI resumes the transcript. Not: a new conversation.
 
-    Between the two, on the same cluster (``max_processes = 1``, ``commit_timeout_s = 2``):
+    Between the two, on the same cluster (``max_processes = 1``, ``commit_timeout_s = 1.5``):
     the owner's one CLI busy, a turn posted on another node waits on the owner for a slot
-    (``SLOT_WAIT_S``, longer than ``commit_timeout_s``) and answers what the owner says,
-    503 ``over_capacity`` with ``Retry-After``, not ``session_owner_unreachable``.
+    (``process_slot_wait_s = 2``, longer than ``commit_timeout_s``) and answers what the
+    owner says, 503 ``over_capacity`` with ``Retry-After``, not ``session_owner_unreachable``.
 
     The first takeover's node is kill -9'd mid-turn: no CLI outlives the daemon.
-    Three nodes in all (each boot imports the SDKs, seconds of CPU); the busy CLI is
-    the first takeover's, on whichever survivor resumed it.
+    Three nodes in all (each boot imports the SDKs, seconds of CPU): the third boots
+    while the first takeover runs; the busy CLI is the first takeover's, on whichever
+    survivor resumed it.
     """
-    store, agent = "commit_timeout_s = 2.0", "max_processes = 1"
-    async with claude_code_cluster(tmp_path, monkeypatch, 3, store, agent) as (nodes, server):
-        a, b, c = nodes.live
+    config = {
+        "store": "commit_timeout_s = 1.5",
+        "tools": "process_slot_wait_s = 2.0",
+        "agent": "max_processes = 1",
+    }
+    async with claude_code_cluster(tmp_path, monkeypatch, 2, 1, **config) as (nodes, server):
+        a, b = nodes.live
         sid, first, second, asked_first, asked_second = await takeover(
             server, nodes, a, b, tmp_path, shared=True, mid_turn=True
         )
@@ -306,11 +319,12 @@ async def test_takeovers_resume_only_from_a_shared_state_directory_and_no_slot_i
         if "CHERRY" in asked_second:
             assert "Hello" not in asked_second.split("CHERRY")[1].split("BANANA")[0]
 
+        b, c = await trio.to_thread.run_sync(nodes.ensure, 2)  # the third node, booted
         r, waited = await no_slot(server, [b, c], busy=sid)  # the survivor's CLI, busy again
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "over_capacity", r.text
-        assert r.headers["Retry-After"] == "5"
-        assert waited >= 4.5, waited  # the owner's wait for a slot, past commit_timeout_s
+        assert r.headers["Retry-After"] == "2"
+        assert waited >= 1.9, waited  # the owner's wait for a slot, past commit_timeout_s
 
         _, first, second, asked_first, asked_second = await takeover(
             server, nodes, b, c, tmp_path, shared=False, mid_turn=False

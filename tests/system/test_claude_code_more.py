@@ -20,7 +20,6 @@ import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
 from bench.fake_api.server import Cut, Json, Recorded, Reply
-from gateway.tools import process_slots
 from tests.conftest import Harness, running_gateway, types
 from tests.mcp_support import EVERYTHING
 from tests.provider_support import server as server
@@ -81,7 +80,7 @@ async def test_max_processes_an_idle_process_makes_room_a_busy_one_is_a_503_afte
             assert not alive(a_pid) and runtime_of(gw, a).client is None
             asked = (await client.until(lambda e: e.type == "permission.requested"))[-1]
             # B's turn is in flight: no idle process; A's turn waits, then is refused.
-            monkeypatch.setattr(process_slots, "SLOT_WAIT_S", 0.5)
+            slots_.wait_s = 0.5  # [tools] process_slot_wait_s
             started = trio.current_time()
             r = await gw.http.post(f"/sessions/{a}/turns", json={"content": "second words"})
             waited = trio.current_time() - started
@@ -90,7 +89,7 @@ async def test_max_processes_an_idle_process_makes_room_a_busy_one_is_a_503_afte
             assert r.headers["Retry-After"] == "1"
             assert 0.5 <= waited < 2.0, waited
             assert gw.node.sessions[a].turn is None and not slots_.holds("default", a)
-            monkeypatch.setattr(process_slots, "SLOT_WAIT_S", 10.0)
+            slots_.wait_s = 10.0  # stopping B (A's turn below) may take longer
             await decide(gw, b, asked.payload.perm_id, "allow")
             b_events = await client.until_turn_ends()
         b_pid = runtime_of(gw, b).transport.pid
