@@ -177,10 +177,12 @@ async def test_a_text_turn_with_thinking_streams_as_the_native_runtime(
 async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
     tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two sessions side by side (their CLIs start at once): one allows, one denies.
+    """Two sessions at once, each with its own CLI (their CLIs start at once): one allows,
+    one denies.
 
     Neither decides before both have asked, so the first two model calls are both
-    sessions' first (the Bash call), whichever comes first."""
+    sessions' first (the Bash call), whichever comes first. Each CLI is a process group
+    of its own, stopped with the daemon; each conversation is its own."""
     bash, text = (
         Replay(transcript("claude-code/bash_touch.sse")),
         Replay(transcript("anthropic/text.sse")),
@@ -188,6 +190,7 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
     server.enqueue(bash, bash, text, text)
     config, providers = await gateway(tmp_path, server, monkeypatch)
     outcomes: dict[str, tuple[list[Any], bool]] = {}
+    pids: dict[str, int] = {}
     asked_both = trio.Event()
     asking: set[str] = set()
 
@@ -195,7 +198,7 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
         sid = await gw.create_session()
         async with gw.client(sid) as client:
             await client.subscribe()
-            await gw.submit(sid, "make the file")
+            await gw.submit(sid, f"make the file ({decision})")
             asked = (await client.until(lambda e: e.type == "permission.requested"))[-1]
             assert asked.payload.tool_name == "Bash" and asked.payload.kind == "tool"
             assert asked.payload.input["command"] == "touch made.txt"
@@ -206,6 +209,8 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
             await decide(gw, sid, asked.payload.perm_id, decision)
             await client.until_turn_ends()
             events = client.events
+        pids[decision] = pid = gw.node.sessions[sid].agent.runtime.transport.pid  # type: ignore[union-attr]
+        assert os.getpgid(pid) == pid  # a process group of its own
         workspace = gw.node.workspaces.host_path(gw.node.sessions[sid].record.workspace_path)
         made = os.path.exists(os.path.join(workspace, "made.txt"))  # noqa: ASYNC240
         outcomes[decision] = (events, made)
@@ -214,6 +219,10 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
         for decision in ("allow", "deny"):
             nursery.start_soon(one, gw, decision)
     await providers.aclose()
+    assert len(set(pids.values())) == 2
+    for pid in pids.values():  # each in a group of its own, stopped with the daemon
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
     (allowed, made), (denied, made_anyway) = outcomes["allow"], outcomes["deny"]
     tool_events = ["tool.called", "permission.requested", "permission.resolved"]
     assert [t for t in types(allowed) if t.startswith(("tool.c", "tool.f", "permission."))] == [
@@ -233,6 +242,10 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
         for b in m["content"] if b.get("type") == "tool_result"
     ]  # fmt: skip
     assert results and any(b.get("is_error") for b in results)
+    said = [str(r.body["messages"]) for r in server.requests]
+    assert ["(allow)" in t for t in said].count(True) == 2  # each conversation its own
+    assert ["(deny)" in t for t in said].count(True) == 2
+    assert not [t for t in said if "(allow)" in t and "(deny)" in t]
     only_model_calls(server)
 
 
@@ -306,37 +319,6 @@ async def cancel_in(gw: Harness, server: FakeServer, sid: str, phase: str) -> No
     # The session goes on: the interrupted query was settled, the next turn is its own.
     assert next_turn[-1].type == "turn.completed"
     assert next_turn[-1].payload.stop_reason == "end_turn"
-
-
-async def test_two_sessions_at_once_each_with_its_own_process(
-    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server.enqueue(*[Replay(transcript("anthropic/text.sse"), chunk_bytes=64)] * 2)
-    config, providers = await gateway(tmp_path, server, monkeypatch)
-    async with running_gateway(config, providers) as gw:
-        a, b = await gw.create_session(), await gw.create_session()
-        results: dict[str, list[Any]] = {}
-
-        async def one(sid: str) -> None:
-            results[sid] = await run_turn(gw, sid, f"hello from {sid}")
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(one, a)
-            nursery.start_soon(one, b)
-        pids = {sid: gw.node.sessions[sid].agent.runtime.transport.pid for sid in (a, b)}  # type: ignore[union-attr]
-        assert len(set(pids.values())) == 2
-        for pid in pids.values():
-            assert os.getpgid(pid) == pid  # each in a group of its own
-    await providers.aclose()
-    for pid in pids.values():  # stopped with the daemon
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-    for sid in (a, b):
-        assert results[sid][-1].payload.stop_reason == "end_turn"
-    sent = sorted(str(r.body["messages"]) for r in server.requests)
-    assert f"hello from {a}" in "".join(sent) and f"hello from {b}" in "".join(sent)
-    assert [a in s for s in sent].count(True) == 1  # each conversation its own
-    only_model_calls(server)
 
 
 async def test_an_idle_process_stops_and_the_conversation_resumes_even_after_a_restart(
