@@ -12,7 +12,6 @@ the translator's message and block events, ``llm.call_*``, ``tool.*``,
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -22,97 +21,19 @@ import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
 from bench.fake_api.server import Cut
-from gateway.config import Config
-from gateway.providers.factory import make_providers
+from tests.claude_code_support import (
+    CLAUDE_CODE_MARKS,
+    PROMPT,
+    alive,
+    decide,
+    gateway,
+    only_model_calls,
+    run_turn,
+)
+from tests.claude_code_support import server as server
 from tests.conftest import Harness, running_gateway, types
-from tests.integration.test_agents import agents_config
-from tests.provider_support import ignore_unfinalized_generators
-from tests.provider_support import server as server
 
-pytestmark = [
-    pytest.mark.slow,  # slow: Claude Code CLI processes
-    pytest.mark.skipif(
-        importlib.util.find_spec("claude_agent_sdk") is None,
-        reason="needs the claude-code extra: pip install 'gateway[claude-code]'",
-    ),
-    *ignore_unfinalized_generators("anthropic", "httpx2", "httpcore2", "httpx", "httpcore"),
-    # Tools approved without asking are meant to bypass can_use_tool (the runtime's module).
-    pytest.mark.filterwarnings("ignore::claude_agent_sdk.CanUseToolShadowedWarning"),
-]
-
-PROMPT = "You work for the gateway's tests. The code word is MARIGOLD."
-
-
-def cc_config(tmp_path: Path, server: FakeServer, tail: str = "", **agent: str) -> Config:
-    """The default agent is a Claude Code one (the SQLite store does not keep a session's
-    agent yet: a restarted daemon runs the default agent for every session)."""
-    return agents_config(tmp_path, cc_toml(server, tail, **agent))
-
-
-def cc_toml(server: FakeServer, tail: str = "", **agent: str) -> str:
-    """The config's text: a Claude Code default agent, its API and proxy the fake server.
-
-    ``agent``: more keys of the agent (TOML values); ``tail``: more tables.
-    """
-    agent = {"tools": '["Bash"]', "require_approval": '["Bash"]', **agent}
-    extra = "".join(f"{k} = {v}\n" for k, v in agent.items())
-    proxy = server.base_url  # anything not for the model API would be recorded there too
-    text = f"""
-[model]
-provider = "anthropic"
-name = "anthropic:claude-sonnet-4-6"
-base_url = "{server.base_url}"
-max_retries = 0
-
-[tools]
-approval_timeout_s = 30
-kill_grace_s = 1
-
-[agents.default]
-runtime = "claude-code"
-system = "{PROMPT}"
-env = {{ HTTPS_PROXY = "{proxy}", HTTP_PROXY = "{proxy}", NO_PROXY = "127.0.0.1" }}
-{extra}
-{tail}"""
-    return text
-
-
-async def gateway(
-    tmp_path: Path,
-    server: FakeServer,
-    monkeypatch: pytest.MonkeyPatch,
-    tail: str = "",
-    **agent: str,
-) -> Any:
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake")
-    config = cc_config(tmp_path, server, tail, **agent)
-    return config, make_providers(config, {"ANTHROPIC_API_KEY": "sk-fake"})
-
-
-def only_model_calls(server: FakeServer) -> None:
-    """Nothing left the machine: every request the CLI made was a model call, here."""
-    assert server.requests
-    assert {(r.method, r.path) for r in server.requests} == {("POST", "/v1/messages?beta=true")}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-async def run_turn(gw: Harness, sid: str, content: str) -> list[Any]:
-    async with gw.client(sid) as client:
-        await client.subscribe()
-        await gw.submit(sid, content)
-        return await client.until_turn_ends()
-
-
-async def decide(gw: Harness, sid: str, perm_id: str, decision: str) -> None:
-    r = await gw.http.post(f"/sessions/{sid}/permissions/{perm_id}", json={"decision": decision})
-    assert r.status_code == 202, r.text
+pytestmark = CLAUDE_CODE_MARKS
 
 
 async def test_a_text_turn_with_thinking_streams_as_the_native_runtime(

@@ -47,9 +47,9 @@ import pytest
 import trio
 
 from bench.fake_api import Cut, FakeServer, Replay, transcript
+from tests.claude_code_support import alive
 from tests.cluster_support import FIRST_ID, LEASE_S, Cluster, Node, Peer, peers
 from tests.conftest import types
-from tests.provider_support import ignore_unfinalized_generators
 from tests.redis_support import RedisServer, ensure_redis_server
 
 pytestmark = [
@@ -58,7 +58,10 @@ pytestmark = [
         importlib.util.find_spec("claude_agent_sdk") is None,
         reason="needs the claude-code extra: pip install 'gateway[claude-code]'",
     ),
-    *ignore_unfinalized_generators("httpx", "httpcore"),
+    *[
+        pytest.mark.filterwarnings(f"ignore:Async generator '{package}.:ResourceWarning")
+        for package in ("httpx", "httpcore")
+    ],
     pytest.mark.slow,  # real gateway processes on a real Redis, real CLIs
 ]
 
@@ -131,14 +134,6 @@ def children(pid: int) -> list[int]:
             if int(stat.rpartition(")")[2].split()[1]) == pid:
                 out.append(int(entry))
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def turn(peer: Peer, session_id: str, content: str) -> list[Any]:

@@ -20,19 +20,19 @@ import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
 from bench.fake_api.server import Cut, Json, Recorded, Reply
-from tests.conftest import Harness, running_gateway, types
-from tests.mcp_support import EVERYTHING
-from tests.provider_support import server as server
-from tests.system.test_claude_code import (
+from tests.claude_code_support import (
+    CLAUDE_CODE_MARKS,
     alive,
     decide,
     gateway,
     only_model_calls,
-    pytestmark,
     run_turn,
 )
+from tests.claude_code_support import server as server
+from tests.conftest import Harness, running_gateway, types
+from tests.mcp_support import EVERYTHING
 
-__all__ = ["pytestmark", "server"]
+pytestmark = CLAUDE_CODE_MARKS
 
 
 async def at_once(gw: Harness, turns: dict[str, str]) -> dict[str, list[Any]]:
