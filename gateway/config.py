@@ -247,6 +247,8 @@ class ToolsConfig(_Section, frozen=True):
     rlimit_cpu_s: NonNegativeInt = 0  # CPU seconds (RLIMIT_CPU)
     rlimit_memory_mb: NonNegativeInt = 0  # address space (RLIMIT_AS)
     rlimit_file_mb: NonNegativeInt = 0  # largest file it may write (RLIMIT_FSIZE)
+    # A claude-code turn's wait for one of its agent's max_processes (gateway.tools.process_slots).
+    process_slot_wait_s: Seconds = 5.0
 
 
 class AgentConfig(_Section, frozen=True):
@@ -466,6 +468,7 @@ env = {}                                       # a tool process's variables beyo
 rlimit_cpu_s = 0                               # CPU seconds of a tool process; 0 = no limit
 rlimit_memory_mb = 0                           # its address space; 0 = no limit
 rlimit_file_mb = 0                             # the largest file it may write; 0 = no limit
+process_slot_wait_s = 5                        # claude-code: a turn's wait for a slot; then 503
 
 [auth]
 api_keys = []                # empty: no auth (loopback use); else Bearer required

@@ -128,7 +128,7 @@ class Node:
         # a watchdog: its groups are still stopped with their sessions.
         self.processes = ToolProcesses(config.tools)
         # The Claude Code processes of each agent on this node (max_processes).
-        self.process_slots = ProcessSlots()
+        self.process_slots = ProcessSlots(config.tools.process_slot_wait_s)
         self.registry = Registry(self)
         self.sessions: dict[str, Session] = self.registry.sessions
         self.durability = Durability(store, config.store, self.metrics)

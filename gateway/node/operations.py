@@ -19,7 +19,6 @@ from gateway.protocol.frames import Subscribe, decode_client_frame
 from gateway.protocol.shapes import Message
 from gateway.session import seam
 from gateway.session.session import Session
-from gateway.tools import process_slots
 
 Notice = ops.Warn | ops.Unregistered
 """An operation sent without waiting for its answer (a replica's warnings)."""
@@ -110,17 +109,16 @@ async def _process_slot(node: NodeCore, session: Session) -> None:
     """A ``claude-code`` session's turn holds a process slot before it is accepted.
 
     ``max_processes`` of its agent (:mod:`gateway.tools.process_slots`): an idle
-    process may be stopped to make room; after ``SLOT_WAIT_S``,
+    process may be stopped to make room; after ``[tools] process_slot_wait_s``,
     ``over_capacity``. A session whose turn is in flight is refused
     ``turn_in_progress`` without waiting.
     """
     agent = node.agents[session.record.agent]
     if agent.runtime != "claude-code" or session.turn is not None:
         return
-    limit = agent.max_processes
-    wait_s = process_slots.SLOT_WAIT_S
-    if not await node.process_slots.acquire(agent.name, limit, session.id, wait_s):
-        raise process_slots.over_capacity(agent.name, limit)
+    limit, slots = agent.max_processes, node.process_slots
+    if not await slots.acquire(agent.name, limit, session.id, slots.wait_s):
+        raise slots.over_capacity(agent.name, limit)
 
 
 def _unreserve_slot(node: NodeCore, session: Session) -> None:

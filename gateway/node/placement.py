@@ -34,7 +34,6 @@ from gateway.node.registry import pinning
 from gateway.protocol.framing import event_frame
 from gateway.session.hub import Emitted
 from gateway.session.session import Session
-from gateway.tools import process_slots
 
 if TYPE_CHECKING:
     from gateway.cluster.link import Cluster, LiveBatch
@@ -251,7 +250,7 @@ class ClusteredPlacement:
         # its answer is given that much longer, so the wait ends as the owner's own
         # 503 over_capacity, not as session_owner_unreachable.
         wait_s = store.commit_timeout_s + (
-            process_slots.SLOT_WAIT_S if isinstance(op, ops.StartTurn) else 0
+            node.process_slots.wait_s if isinstance(op, ops.StartTurn) else 0
         )
         try:
             return await self.cluster.call(holder, session.id, op, wait_s, store.lease_s)

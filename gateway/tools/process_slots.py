@@ -12,11 +12,12 @@ the runtime; this one answers 503 after a bounded wait):
 - while it waits, the least recently active of the agent's **idle** processes
   (its session has no turn in flight or queued) is stopped to make room: an
   idle process costs nothing to stop, its next turn resumes the transcript;
-- after :data:`SLOT_WAIT_S` with no slot, the POST answers 503
-  ``over_capacity`` with ``Retry-After`` (:func:`over_capacity`), and no turn
-  was started. A turn posted on another node and forwarded to the
-  session's owner waits there as long: the sender waits for the owner's
-  answer ``SLOT_WAIT_S`` longer than for any other (``commit_timeout_s``), so
+- after ``[tools] process_slot_wait_s`` (:attr:`ProcessSlots.wait_s`, 5 s by
+  default) with no slot, the POST answers 503 ``over_capacity`` with
+  ``Retry-After`` (:meth:`ProcessSlots.over_capacity`), and no turn was
+  started. A turn posted on another node and forwarded to the session's
+  owner waits there as long: the sender waits for the owner's answer
+  ``process_slot_wait_s`` longer than for any other (``commit_timeout_s``), so
   its client gets this 503, not ``session_owner_unreachable``.
 
 This module has no dependency on the ``claude-code`` extra: the node asks it
@@ -32,9 +33,6 @@ from typing import Protocol
 import trio
 
 from gateway.errors import Refused
-
-SLOT_WAIT_S = 5.0
-"""How long a turn waits for a process slot before its POST answers 503 ``over_capacity``."""
 
 
 class Holder(Protocol):
@@ -61,9 +59,15 @@ class _Agent:
 
 
 class ProcessSlots:
-    """The node's Claude Code process slots, per agent (module docstring)."""
+    """The node's Claude Code process slots, per agent (module docstring).
 
-    def __init__(self) -> None:
+    Args:
+        wait_s: how long a turn's POST waits for a slot before it is 503
+            ``over_capacity`` (``[tools] process_slot_wait_s``).
+    """
+
+    def __init__(self, wait_s: float = 5.0) -> None:
+        self.wait_s = wait_s
         self._agents: dict[str, _Agent] = {}
 
     def _of(self, agent: str) -> _Agent:
@@ -120,13 +124,12 @@ class ProcessSlots:
         a.changed.set()
         a.changed = trio.Event()
 
-
-def over_capacity(agent: str, limit: int) -> Refused:
-    """The refusal of a turn that found no slot in :data:`SLOT_WAIT_S` (module docstring)."""
-    wait = max(1, math.ceil(SLOT_WAIT_S))
-    return Refused(
-        "over_capacity",
-        f"agent {agent!r} runs its max_processes = {limit} Claude Code processes on this node,"
-        f" none idle; retry in {wait} s",
-        retry_after_s=wait,
-    )
+    def over_capacity(self, agent: str, limit: int) -> Refused:
+        """The refusal of a turn that found no slot in :attr:`wait_s` (module docstring)."""
+        wait = max(1, math.ceil(self.wait_s))
+        return Refused(
+            "over_capacity",
+            f"agent {agent!r} runs its max_processes = {limit} Claude Code processes on this"
+            f" node, none idle; retry in {wait} s",
+            retry_after_s=wait,
+        )

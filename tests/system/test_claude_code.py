@@ -12,7 +12,6 @@ the translator's message and block events, ``llm.call_*``, ``tool.*``,
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -22,97 +21,19 @@ import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
 from bench.fake_api.server import Cut
-from gateway.config import Config
-from gateway.providers.factory import make_providers
+from tests.claude_code_support import (
+    CLAUDE_CODE_MARKS,
+    PROMPT,
+    alive,
+    decide,
+    gateway,
+    only_model_calls,
+    run_turn,
+)
+from tests.claude_code_support import server as server
 from tests.conftest import Harness, running_gateway, types
-from tests.integration.test_agents import agents_config
-from tests.provider_support import ignore_unfinalized_generators
-from tests.provider_support import server as server
 
-pytestmark = [
-    pytest.mark.slow,  # slow: Claude Code CLI processes
-    pytest.mark.skipif(
-        importlib.util.find_spec("claude_agent_sdk") is None,
-        reason="needs the claude-code extra: pip install 'gateway[claude-code]'",
-    ),
-    *ignore_unfinalized_generators("anthropic", "httpx2", "httpcore2", "httpx", "httpcore"),
-    # Tools approved without asking are meant to bypass can_use_tool (the runtime's module).
-    pytest.mark.filterwarnings("ignore::claude_agent_sdk.CanUseToolShadowedWarning"),
-]
-
-PROMPT = "You work for the gateway's tests. The code word is MARIGOLD."
-
-
-def cc_config(tmp_path: Path, server: FakeServer, tail: str = "", **agent: str) -> Config:
-    """The default agent is a Claude Code one (the SQLite store does not keep a session's
-    agent yet: a restarted daemon runs the default agent for every session)."""
-    return agents_config(tmp_path, cc_toml(server, tail, **agent))
-
-
-def cc_toml(server: FakeServer, tail: str = "", **agent: str) -> str:
-    """The config's text: a Claude Code default agent, its API and proxy the fake server.
-
-    ``agent``: more keys of the agent (TOML values); ``tail``: more tables.
-    """
-    agent = {"tools": '["Bash"]', "require_approval": '["Bash"]', **agent}
-    extra = "".join(f"{k} = {v}\n" for k, v in agent.items())
-    proxy = server.base_url  # anything not for the model API would be recorded there too
-    text = f"""
-[model]
-provider = "anthropic"
-name = "anthropic:claude-sonnet-4-6"
-base_url = "{server.base_url}"
-max_retries = 0
-
-[tools]
-approval_timeout_s = 30
-kill_grace_s = 1
-
-[agents.default]
-runtime = "claude-code"
-system = "{PROMPT}"
-env = {{ HTTPS_PROXY = "{proxy}", HTTP_PROXY = "{proxy}", NO_PROXY = "127.0.0.1" }}
-{extra}
-{tail}"""
-    return text
-
-
-async def gateway(
-    tmp_path: Path,
-    server: FakeServer,
-    monkeypatch: pytest.MonkeyPatch,
-    tail: str = "",
-    **agent: str,
-) -> Any:
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake")
-    config = cc_config(tmp_path, server, tail, **agent)
-    return config, make_providers(config, {"ANTHROPIC_API_KEY": "sk-fake"})
-
-
-def only_model_calls(server: FakeServer) -> None:
-    """Nothing left the machine: every request the CLI made was a model call, here."""
-    assert server.requests
-    assert {(r.method, r.path) for r in server.requests} == {("POST", "/v1/messages?beta=true")}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-async def run_turn(gw: Harness, sid: str, content: str) -> list[Any]:
-    async with gw.client(sid) as client:
-        await client.subscribe()
-        await gw.submit(sid, content)
-        return await client.until_turn_ends()
-
-
-async def decide(gw: Harness, sid: str, perm_id: str, decision: str) -> None:
-    r = await gw.http.post(f"/sessions/{sid}/permissions/{perm_id}", json={"decision": decision})
-    assert r.status_code == 202, r.text
+pytestmark = CLAUDE_CODE_MARKS
 
 
 async def test_a_text_turn_with_thinking_streams_as_the_native_runtime(
@@ -177,10 +98,12 @@ async def test_a_text_turn_with_thinking_streams_as_the_native_runtime(
 async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
     tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two sessions side by side (their CLIs start at once): one allows, one denies.
+    """Two sessions at once, each with its own CLI (their CLIs start at once): one allows,
+    one denies.
 
     Neither decides before both have asked, so the first two model calls are both
-    sessions' first (the Bash call), whichever comes first."""
+    sessions' first (the Bash call), whichever comes first. Each CLI is a process group
+    of its own, stopped with the daemon; each conversation is its own."""
     bash, text = (
         Replay(transcript("claude-code/bash_touch.sse")),
         Replay(transcript("anthropic/text.sse")),
@@ -188,6 +111,7 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
     server.enqueue(bash, bash, text, text)
     config, providers = await gateway(tmp_path, server, monkeypatch)
     outcomes: dict[str, tuple[list[Any], bool]] = {}
+    pids: dict[str, int] = {}
     asked_both = trio.Event()
     asking: set[str] = set()
 
@@ -195,7 +119,7 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
         sid = await gw.create_session()
         async with gw.client(sid) as client:
             await client.subscribe()
-            await gw.submit(sid, "make the file")
+            await gw.submit(sid, f"make the file ({decision})")
             asked = (await client.until(lambda e: e.type == "permission.requested"))[-1]
             assert asked.payload.tool_name == "Bash" and asked.payload.kind == "tool"
             assert asked.payload.input["command"] == "touch made.txt"
@@ -206,6 +130,8 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
             await decide(gw, sid, asked.payload.perm_id, decision)
             await client.until_turn_ends()
             events = client.events
+        pids[decision] = pid = gw.node.sessions[sid].agent.runtime.transport.pid  # type: ignore[union-attr]
+        assert os.getpgid(pid) == pid  # a process group of its own
         workspace = gw.node.workspaces.host_path(gw.node.sessions[sid].record.workspace_path)
         made = os.path.exists(os.path.join(workspace, "made.txt"))  # noqa: ASYNC240
         outcomes[decision] = (events, made)
@@ -214,6 +140,10 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
         for decision in ("allow", "deny"):
             nursery.start_soon(one, gw, decision)
     await providers.aclose()
+    assert len(set(pids.values())) == 2
+    for pid in pids.values():  # each in a group of its own, stopped with the daemon
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
     (allowed, made), (denied, made_anyway) = outcomes["allow"], outcomes["deny"]
     tool_events = ["tool.called", "permission.requested", "permission.resolved"]
     assert [t for t in types(allowed) if t.startswith(("tool.c", "tool.f", "permission."))] == [
@@ -233,6 +163,10 @@ async def test_a_bash_round_allowed_and_denied_through_the_permissions_route(
         for b in m["content"] if b.get("type") == "tool_result"
     ]  # fmt: skip
     assert results and any(b.get("is_error") for b in results)
+    said = [str(r.body["messages"]) for r in server.requests]
+    assert ["(allow)" in t for t in said].count(True) == 2  # each conversation its own
+    assert ["(deny)" in t for t in said].count(True) == 2
+    assert not [t for t in said if "(allow)" in t and "(deny)" in t]
     only_model_calls(server)
 
 
@@ -306,37 +240,6 @@ async def cancel_in(gw: Harness, server: FakeServer, sid: str, phase: str) -> No
     # The session goes on: the interrupted query was settled, the next turn is its own.
     assert next_turn[-1].type == "turn.completed"
     assert next_turn[-1].payload.stop_reason == "end_turn"
-
-
-async def test_two_sessions_at_once_each_with_its_own_process(
-    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server.enqueue(*[Replay(transcript("anthropic/text.sse"), chunk_bytes=64)] * 2)
-    config, providers = await gateway(tmp_path, server, monkeypatch)
-    async with running_gateway(config, providers) as gw:
-        a, b = await gw.create_session(), await gw.create_session()
-        results: dict[str, list[Any]] = {}
-
-        async def one(sid: str) -> None:
-            results[sid] = await run_turn(gw, sid, f"hello from {sid}")
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(one, a)
-            nursery.start_soon(one, b)
-        pids = {sid: gw.node.sessions[sid].agent.runtime.transport.pid for sid in (a, b)}  # type: ignore[union-attr]
-        assert len(set(pids.values())) == 2
-        for pid in pids.values():
-            assert os.getpgid(pid) == pid  # each in a group of its own
-    await providers.aclose()
-    for pid in pids.values():  # stopped with the daemon
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-    for sid in (a, b):
-        assert results[sid][-1].payload.stop_reason == "end_turn"
-    sent = sorted(str(r.body["messages"]) for r in server.requests)
-    assert f"hello from {a}" in "".join(sent) and f"hello from {b}" in "".join(sent)
-    assert [a in s for s in sent].count(True) == 1  # each conversation its own
-    only_model_calls(server)
 
 
 async def test_an_idle_process_stops_and_the_conversation_resumes_even_after_a_restart(

@@ -23,9 +23,9 @@ so whichever node starts the next CLI looks for the transcript there. So:
 Either way the dead node's CLI died with it (the watchdog of docs/protocol.md
 §15; its pid is in the node's ``claude_code_started`` log line).
 
-One test, two takeovers (the first node's session to the second node, shared;
-then the second's to the third, not; between them a turn forwarded to the
-owner of the first session, whose one process slot it holds), on real ``gateway serve``
+One test, one kill -9, two sessions taken over (one state directory shared,
+one not; before the kill, a turn forwarded to the owner, whose one process
+slot is busy), on real ``gateway serve``
 processes on one redis-server (tests/cluster_support.py, ``lease_s`` = 1 s),
 whose default agent is Claude Code (the real CLI of the claude-code extra) on
 the fake Anthropic API, which is also its proxy: nothing leaves the machine.
@@ -47,9 +47,9 @@ import pytest
 import trio
 
 from bench.fake_api import Cut, FakeServer, Replay, transcript
+from tests.claude_code_support import alive
 from tests.cluster_support import FIRST_ID, LEASE_S, Cluster, Node, Peer, peers
 from tests.conftest import types
-from tests.provider_support import ignore_unfinalized_generators
 from tests.redis_support import RedisServer, ensure_redis_server
 
 pytestmark = [
@@ -58,18 +58,20 @@ pytestmark = [
         importlib.util.find_spec("claude_agent_sdk") is None,
         reason="needs the claude-code extra: pip install 'gateway[claude-code]'",
     ),
-    *ignore_unfinalized_generators("httpx", "httpcore"),
+    *[
+        pytest.mark.filterwarnings(f"ignore:Async generator '{package}.:ResourceWarning")
+        for package in ("httpx", "httpcore")
+    ],
     pytest.mark.slow,  # real gateway processes on a real Redis, real CLIs
 ]
 
 KEY = "sk-ant-failover"
-IDS = (b"msg_01FailoverFirst00001", b"msg_01FailoverLast000001", b"msg_01FailoverCut0000001")
 
 
-def cluster_config(base_url: str, store: str = "", agent: str = "") -> str:
+def cluster_config(base_url: str, store: str = "", agent: str = "", tools: str = "") -> str:
     """tests/cluster_support.CONFIG with a Claude Code default agent (a ``str.format`` template).
 
-    ``store``, ``agent``: more lines of ``[store]`` and of the agent.
+    ``store``, ``tools``, ``agent``: more lines of ``[store]``, ``[tools]`` and of the agent.
     """
     proxy = (
         f'{{{{ HTTPS_PROXY = "{base_url}", HTTP_PROXY = "{base_url}", NO_PROXY = "127.0.0.1" }}}}'
@@ -93,6 +95,7 @@ max_retries = 0
 workspace_root = "{{workdir}}/workspaces"
 [tools]
 kill_grace_s = 1
+{tools}
 [agents.default]
 runtime = "claude-code"
 system = "You work for the failover test."
@@ -132,14 +135,6 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 async def turn(peer: Peer, session_id: str, content: str) -> list[Any]:
     """A turn on this node (retried while the dead owner's lease holds: 503), to its end."""
     with trio.fail_after(10 * LEASE_S):
@@ -159,9 +154,14 @@ async def turn(peer: Peer, session_id: str, content: str) -> list[Any]:
 
 @contextlib.asynccontextmanager
 async def claude_code_cluster(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int, store: str = "", agent: str = ""
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    count: int,
+    **config: str,
 ) -> AsyncIterator[tuple[Cluster, FakeServer]]:
-    """``count`` nodes on one redis-server, their API and proxy one fake server."""
+    """``count`` nodes on one redis-server, their API and proxy one fake server.
+
+    ``config``: the keywords of :func:`cluster_config`."""
     binary = ensure_redis_server()
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)  # the nodes pass it on to their CLIs
     server = FakeServer()
@@ -169,7 +169,7 @@ async def claude_code_cluster(
         base_url = await nursery.start(server.serve)
         redis = RedisServer(binary, tmp_path / "redis")
         await trio.to_thread.run_sync(redis.start)
-        nodes = Cluster(redis, tmp_path, cluster_config(base_url, store, agent))
+        nodes = Cluster(redis, tmp_path, cluster_config(base_url, **config))
         try:
             await trio.to_thread.run_sync(nodes.start, count)  # the fake API answers meanwhile
             yield nodes, server
@@ -181,141 +181,98 @@ async def claude_code_cluster(
     assert calls <= {("POST", "/v1/messages?beta=true")}, calls  # nothing left the machine
 
 
-async def takeover(
-    server: FakeServer,
-    nodes: Cluster,
-    a_node: Node,
-    b_node: Node,
-    tmp_path: Path,
-    *,
-    shared: bool,
-    mid_turn: bool,
-) -> tuple[str, list[Any], list[Any], str, str]:
-    """A turn on ``a_node``, kill -9 of it, the next turn through ``b_node``: the session,
-    both turns' events and the first and last requests the model got (as text).
+def replies(*cut: bool) -> list[Replay]:
+    """``anthropic/text.sse`` once per call, each a message id of its own (as the API's);
+    a ``cut`` one stalls after its first words."""
+    text = transcript("anthropic/text.sse")
+    out = []
+    for n, stalls in enumerate(cut):
+        body = text.replace(b"msg_01XFDUDYJgAACzvnptvVoYEL", b"msg_01Failover%010d" % n)
+        out.append(Replay(body, cut=Cut(body.index(b", world"), "stall") if stalls else None))
+    return out
 
-    The next turn runs on whichever survivor holds the session then (the one
-    that closed the cut turn, when there was one): its CLI, a new process.
 
-    ``mid_turn``: ``a_node`` dies in a second turn, while the model's answer
-    streams (it stalls there); a survivor closes that turn (docs/protocol.md §9).
+async def test_a_takeover_resumes_only_from_a_shared_state_directory_and_no_slot_is_over_capacity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sessions of the first node, X and Y, its one process slot (``max_processes = 1``)
+    going from X's CLI to Y's and back: X's turn streams when the node is kill -9'd.
+
+    - Before that, while X's CLI is busy, a turn of Y posted on the second node waits on the
+      owner for a slot (``process_slot_wait_s = 2``, longer than ``commit_timeout_s =
+      1.5``) and answers what the owner says, 503 ``over_capacity`` with ``Retry-After``,
+      not ``session_owner_unreachable``.
+    - No CLI outlives the killed daemon; the survivor closes X's cut turn.
+    - X's state directory is where the survivor finds it (shared): its CLI resumes the
+      transcript. Y's is removed (what a survivor with a disk of its own finds): a new
+      conversation, whose history the gateway still has.
+
+    Two nodes (each boot imports the SDKs, seconds of CPU), one kill.
     """
-    asked = len(server.requests)
-    text = transcript("anthropic/text.sse")  # each reply a message id of its own, as the API's
-    first_reply, last_reply, cut_reply = (
-        text.replace(b"msg_01XFDUDYJgAACzvnptvVoYEL", m) for m in IDS
-    )
-    server.enqueue(Replay(first_reply))
-    if mid_turn:
-        server.enqueue(Replay(cut_reply, cut=Cut(cut_reply.index(b", world"), "stall")))
-    server.enqueue(Replay(last_reply))
-    async with peers([a_node, b_node]) as (a, b):
-        sid = await a.create_session()
-        first = await turn(a, sid, "first words APPLE")
-        [pid] = cli_pids(a_node, sid)
-        assert alive(pid)
-        state = tmp_path / "workspaces" / ".claude-code" / sid
-        assert list(state.glob(".claude/projects/*/*.jsonl")), "the CLI wrote no transcript"
-        if mid_turn:
-            async with b.watch(sid) as survivor:
-                cut_turn = await a.submit(sid, "cut short CHERRY")
+    config = {
+        "store": "commit_timeout_s = 1.5",
+        "tools": "process_slot_wait_s = 2.0",
+        "agent": "max_processes = 1",
+    }
+    async with claude_code_cluster(tmp_path, monkeypatch, 2, **config) as (nodes, server):
+        a_node, b_node = nodes.live
+        # X's first turn, Y's, X's cut one; then X's and Y's on the survivor.
+        server.enqueue(*replies(False, False, True, False, False))
+        async with peers([a_node, b_node]) as (a, b):
+            x, y = await a.create_session(), await a.create_session()
+            await turn(a, x, "first words APPLE")
+            await turn(a, y, "first words DATE")  # X's idle CLI is stopped to make room
+            x_state, y_state = (tmp_path / "workspaces" / ".claude-code" / s for s in (x, y))
+            for state in (x_state, y_state):
+                assert list(state.glob(".claude/projects/*/*.jsonl")), "the CLI wrote no transcript"
+            async with b.watch(x) as survivor:
+                cut_turn = await a.submit(x, "cut short CHERRY")  # Y's CLI stopped, X's resumes
                 with trio.fail_after(30):
                     await survivor.until_type("text.delta")
-                    kids = children(a_node.proc.pid)  # the CLI, streaming; the watchdog
+                started = trio.current_time()
+                refused = await b.post_turn(y, "no slot for me")  # forwarded to a: X's CLI busy
+                waited = trio.current_time() - started
+                with trio.fail_after(30):
+                    kids = children(a_node.proc.pid)  # X's CLI, streaming; the watchdog
                     [cli] = [k for k in kids if b"claude" in cmdline(k)]
-                    assert cli == pid and os.getpgid(cli) == cli  # a group of its own
+                    assert cli == cli_pids(a_node, x)[-1] and os.getpgid(cli) == cli
                     a_node.kill()
                     assert a_node.proc.returncode == -signal.SIGKILL
                     closed = await survivor.turn(cut_turn)
-            assert closed[-1].type == "turn.cancelled", types(closed)
-            assert closed[-1].payload.reason == "server_restart"
-        else:
-            kids = children(a_node.proc.pid)
-            a_node.kill()
-        with trio.fail_after(5):  # the watchdog stops the dead daemon's CLI: no child outlives it
-            while alive(pid) or any(alive(k) for k in kids):  # noqa: ASYNC110
-                await trio.sleep(0.05)
-        if not shared:  # what a survivor whose disk is its own finds: nothing
-            await trio.to_thread.run_sync(shutil.rmtree, state)
-        second = await turn(b, sid, "second words BANANA")
-        survivors = [n for n in nodes.live if n is not a_node]
-        assert any(cli_pids(n, sid) for n in survivors), "no survivor started a CLI"
-        history = (await b.http.get(f"/sessions/{sid}/messages")).json()["messages"]
-    said = [str(r.body["messages"]) for r in server.requests[asked:]]
-    assert len(said) == 2 + mid_turn, said
-    texts = [str(m["content"]) for m in history]
-    assert "APPLE" in texts[0] and "BANANA" in texts[-2], texts
-    assert len(texts) == 4 + 2 * mid_turn, texts
-    return sid, first, second, said[0], said[-1]
-
-
-async def no_slot(server: FakeServer, nodes: list[Node], busy: str) -> tuple[Any, float]:
-    """A turn of ``busy`` keeps its owner's one CLI busy (it is running already: no
-    new CLI); a turn of another of the owner's sessions posted on the other node:
-    that POST's answer and how long it took. The busy turn is then cancelled, so
-    the owner's CLI is idle again (a later turn there stops it to make room)."""
-    [owner] = [n for n in nodes if cli_pids(n, busy)]
-    [elsewhere] = [n for n in nodes if n is not owner]
-    body = transcript("anthropic/text.sse")
-    server.enqueue(Replay(body, cut=Cut(body.index(b", world"), "stall")))
-    async with peers([owner, elsewhere]) as (o, e):
-        other = await o.create_session()
-        async with o.watch(busy) as w:
-            busy_turn = await o.submit(busy, "keep the CLI busy")
-            with trio.fail_after(30):
-                await w.until_type("text.delta")
-            started = trio.current_time()
-            r = await e.post_turn(other, "no slot for me")
-            waited = trio.current_time() - started
-            cancelled = await o.cancel(busy, busy_turn)
-            assert cancelled.status_code in (200, 202), cancelled.text
-            with trio.fail_after(10):
-                ended = await w.turn(busy_turn)
-    assert ended[-1].type == "turn.cancelled", types(ended)
-    return r, waited
-
-
-async def test_takeovers_resume_only_from_a_shared_state_directory_and_no_slot_is_over_capacity(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Shared: the survivor's CLI resumes the transcript. Not: a new conversation.
-
-    Between the two, on the same cluster (``max_processes = 1``, ``commit_timeout_s = 2``):
-    the owner's one CLI busy, a turn posted on another node waits on the owner for a slot
-    (``SLOT_WAIT_S``, longer than ``commit_timeout_s``) and answers what the owner says,
-    503 ``over_capacity`` with ``Retry-After``, not ``session_owner_unreachable``.
-
-    The first takeover's node is kill -9'd mid-turn: no CLI outlives the daemon.
-    Three nodes in all (each boot imports the SDKs, seconds of CPU); the busy CLI is
-    the first takeover's, on whichever survivor resumed it.
-    """
-    store, agent = "commit_timeout_s = 2.0", "max_processes = 1"
-    async with claude_code_cluster(tmp_path, monkeypatch, 3, store, agent) as (nodes, server):
-        a, b, c = nodes.live
-        sid, first, second, asked_first, asked_second = await takeover(
-            server, nodes, a, b, tmp_path, shared=True, mid_turn=True
-        )
-        assert first[-1].type == second[-1].type == "turn.completed"
-        assert second[-1].payload.stop_reason == "end_turn"
-        assert "APPLE" in asked_first and "BANANA" not in asked_first
-        assert "APPLE" in asked_second and "BANANA" in asked_second  # the same conversation
-        # The interrupted turn is in the gateway's history (its prompt, its partial
-        # answer); what the model sees of it depends on how far the killed CLI got:
-        # its prompt, if the CLI had written it to the transcript (then followed by
-        # Claude Code's own filler answer), never the partial answer.
-        if "CHERRY" in asked_second:
-            assert "Hello" not in asked_second.split("CHERRY")[1].split("BANANA")[0]
-
-        r, waited = await no_slot(server, [b, c], busy=sid)  # the survivor's CLI, busy again
-        assert r.status_code == 503, r.text
-        assert r.json()["error"]["code"] == "over_capacity", r.text
-        assert r.headers["Retry-After"] == "5"
-        assert waited >= 4.5, waited  # the owner's wait for a slot, past commit_timeout_s
-
-        _, first, second, asked_first, asked_second = await takeover(
-            server, nodes, b, c, tmp_path, shared=False, mid_turn=False
-        )
-        assert first[-1].type == second[-1].type == "turn.completed"
-        assert second[-1].payload.stop_reason == "end_turn"  # the turn runs...
-        assert "APPLE" in asked_first
-        assert "BANANA" in asked_second and "APPLE" not in asked_second  # ...without what was said
+            with trio.fail_after(5):  # the watchdog stops the dead daemon's CLI
+                while any(alive(k) for k in kids):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            await trio.to_thread.run_sync(shutil.rmtree, y_state)
+            x_after = await turn(b, x, "second words BANANA")
+            y_after = await turn(b, y, "second words ELDER")  # X's idle CLI stopped on b
+            assert cli_pids(b_node, x) and cli_pids(b_node, y), "the survivor started no CLI"
+            x_history, y_history = [
+                [
+                    str(m["content"])
+                    for m in (await b.http.get(f"/sessions/{s}/messages")).json()["messages"]
+                ]
+                for s in (x, y)
+            ]
+    assert len(cli_pids(a_node, x)) == 2 and len(cli_pids(a_node, y)) == 1
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "over_capacity", refused.text
+    assert refused.headers["Retry-After"] == "2"
+    assert waited >= 1.9, waited  # the owner's wait for a slot, past commit_timeout_s
+    assert closed[-1].type == "turn.cancelled", types(closed)
+    assert closed[-1].payload.reason == "server_restart"
+    assert x_after[-1].type == y_after[-1].type == "turn.completed"
+    assert x_after[-1].payload.stop_reason == y_after[-1].payload.stop_reason == "end_turn"
+    said = [str(r.body["messages"]) for r in server.requests]
+    assert len(said) == 5, said  # the refused turn never reached the model
+    assert "APPLE" in said[0] and "DATE" in said[1] and "CHERRY" in said[2]
+    # X: the same conversation. The interrupted turn is in the gateway's history (its
+    # prompt, its partial answer); what the model sees of it depends on how far the killed
+    # CLI got: its prompt, if the CLI had written it to the transcript (then followed by
+    # Claude Code's own filler answer), never the partial answer.
+    assert "APPLE" in said[3] and "BANANA" in said[3]
+    if "CHERRY" in said[3]:
+        assert "Hello" not in said[3].split("CHERRY")[1].split("BANANA")[0]
+    # Y: the turn runs, without what was said before.
+    assert "ELDER" in said[4] and "DATE" not in said[4]
+    assert len(x_history) == 6 and "APPLE" in x_history[0] and "BANANA" in x_history[-2]
+    assert len(y_history) == 4 and "DATE" in y_history[0] and "ELDER" in y_history[-2]

@@ -10,28 +10,29 @@ import functools
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import h11
 import pytest
 import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
-from bench.fake_api.server import Cut, Json
-from gateway.tools import process_slots
-from tests.conftest import Harness, running_gateway, types
-from tests.mcp_support import EVERYTHING
-from tests.provider_support import server as server
-from tests.system.test_claude_code import (
+from bench.fake_api.server import Cut, Json, Recorded, Reply
+from tests.claude_code_support import (
+    CLAUDE_CODE_MARKS,
     alive,
     decide,
     gateway,
     only_model_calls,
-    pytestmark,
     run_turn,
 )
+from tests.claude_code_support import server as server
+from tests.conftest import Harness, running_gateway, types
+from tests.mcp_support import EVERYTHING
 
-__all__ = ["pytestmark", "server"]
+pytestmark = CLAUDE_CODE_MARKS
 
 
 async def at_once(gw: Harness, turns: dict[str, str]) -> dict[str, list[Any]]:
@@ -79,7 +80,7 @@ async def test_max_processes_an_idle_process_makes_room_a_busy_one_is_a_503_afte
             assert not alive(a_pid) and runtime_of(gw, a).client is None
             asked = (await client.until(lambda e: e.type == "permission.requested"))[-1]
             # B's turn is in flight: no idle process; A's turn waits, then is refused.
-            monkeypatch.setattr(process_slots, "SLOT_WAIT_S", 0.5)
+            slots_.wait_s = 0.5  # [tools] process_slot_wait_s
             started = trio.current_time()
             r = await gw.http.post(f"/sessions/{a}/turns", json={"content": "second words"})
             waited = trio.current_time() - started
@@ -88,7 +89,7 @@ async def test_max_processes_an_idle_process_makes_room_a_busy_one_is_a_503_afte
             assert r.headers["Retry-After"] == "1"
             assert 0.5 <= waited < 2.0, waited
             assert gw.node.sessions[a].turn is None and not slots_.holds("default", a)
-            monkeypatch.setattr(process_slots, "SLOT_WAIT_S", 10.0)
+            slots_.wait_s = 10.0  # stopping B (A's turn below) may take longer
             await decide(gw, b, asked.payload.perm_id, "allow")
             b_events = await client.until_turn_ends()
         b_pid = runtime_of(gw, b).transport.pid
@@ -322,6 +323,9 @@ async def test_a_sub_agent_is_a_worker_session_whose_approval_reaches_the_parent
     only_model_calls(server)
 
 
+AGENT_TOOL_USE_ID = "toolu_01Agent0000001"  # claude-code/agent_call*.sse's Agent call
+
+
 def ends(session_id: str, e: Any) -> bool:
     return bool(e.type in ("turn.completed", "turn.cancelled") and e.session_id == session_id)
 
@@ -413,14 +417,40 @@ async def test_cancelling_the_parent_cancels_the_sub_agents_worker_first(
     only_model_calls(server)
 
 
+class HeldServer(FakeServer):
+    """The fake API, holding back its answer to each request ``held`` picks until
+    :attr:`release` is set (the others are answered at once, in turn)."""
+
+    def __init__(self, held: Callable[[Recorded], bool]) -> None:
+        super().__init__()
+        self.held = held
+        self.release = trio.Event()
+
+    async def _answer(self, conn: h11.Connection, stream: trio.SocketStream, reply: Reply) -> bool:
+        # The request is the last recorded: it was recorded with no checkpoint since.
+        if self.held(self.requests[-1]):
+            await self.release.wait()
+        return await super()._answer(conn, stream, reply)
+
+
 async def test_a_background_sub_agent_is_a_worker_that_ends_with_its_task(
-    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Claude Code runs an ``Agent`` in the background unless told otherwise: its tool
     returns at once (``tool.completed``), the worker goes on, and ``delegate.completed``
-    comes when its task does, with the sub-agent's last message."""
+    comes when its task does, with the sub-agent's last message.
+
+    The main thread's next call and the sub-agent's go out at once; Claude Code ends
+    the turn (its result) when the main thread's answer ends, whether the task has or
+    not (one still running then fails, ``delegate.failed``). So the fake API holds the
+    main thread's answer back until the worker's ``delegate.completed`` is out: which
+    of the two finished first was the machine's load otherwise.
+    """
+    server = HeldServer(lambda r: AGENT_TOOL_USE_ID in str(r.body["messages"]))
+    await nursery.start(server.serve)
     text = Replay(transcript("anthropic/text.sse"))
-    # The main thread and the sub-agent call at once: every reply is the same text.
+    # The main thread's call, the sub-agent's; then the main thread's once the task
+    # ended (Claude Code's task notification, after the turn): every reply the same text.
     server.enqueue(Replay(transcript("claude-code/agent_call_background.sse")), text, text, text)
     config, providers = await gateway(tmp_path, server, monkeypatch, tools='["Bash", "Agent"]')
     async with running_gateway(config, providers) as gw:
@@ -429,7 +459,11 @@ async def test_a_background_sub_agent_is_a_worker_that_ends_with_its_task(
             workers = {"event_types": None, "actors": None, "include_worker_sessions": True}
             await client.subscribe(workers)
             await gw.submit(sid, "delegate it")
-            await client.until(functools.partial(ends, sid))
+            with trio.fail_after(30):
+                await client.until(functools.partial(is_type, "delegate.completed"))
+            server.release.set()
+            with trio.fail_after(30):
+                await client.until(functools.partial(ends, sid))
             events = client.events
     await providers.aclose()
     started = next(e for e in events if e.type == "delegate.started").payload

@@ -16,8 +16,8 @@ pytest.importorskip("claude_agent_sdk", reason="needs the claude-code extra")
 from bench.fake_api import FakeServer
 from gateway.agents import resolve_agents
 from gateway.runtimes.claude_code import messages, options
+from tests.claude_code_support import cc_config
 from tests.mcp_support import EVERYTHING
-from tests.system.test_claude_code import cc_config
 from tests.system.test_claude_code_more import MCP_TABLES
 
 
