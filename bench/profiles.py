@@ -143,6 +143,10 @@ class SoakProfile:
     churners: int = 6
     slow_clients: int = 2  # each on a session of its own (at most ``sessions``)
     killers: int = 2
+    # Sessions no client holds, each visited again after visitor_away_s (more than
+    # [sessions] idle_unload_s): in and out of memory all through the run.
+    visitors: int = 4
+    visitor_away_s: float = 6.0
     sample_every_s: float = 5.0
     audit_every_s: float = 30.0  # per session: replay from the last audit's cursor
     turn_gap_s: float = 0.3  # a runner's pause between two turns
@@ -186,6 +190,8 @@ _SOAK_GATEWAY_CONFIG: dict[str, dict[str, Any]] = {
         "require_approval": ["read_file"],  # a turn waiting at the seam (docs/protocol.md §8)
         "approval_timeout_s": 120,
     },
+    # Sessions no client holds leave memory within seconds (bench/soak/visitors.py).
+    "sessions": {"idle_unload_s": 2},
 }
 
 SOAK = SoakProfile(name="soak", gateway_config=_SOAK_GATEWAY_CONFIG)
@@ -198,6 +204,8 @@ SOAK_SMOKE = SoakProfile(
     churners=3,
     slow_clients=1,
     killers=1,
+    visitors=2,
+    visitor_away_s=3.0,
     sample_every_s=2.0,
     audit_every_s=10.0,
     max_stall_s=12.0,

@@ -38,6 +38,7 @@ FOLLOWED = {
     "gateway_sessions_live": "sessions_live",
     "gateway_session_failures_total": "session_failures",
     "gateway_slow_client_closes_total": "slow_client_closes",
+    "gateway_sessions_unloaded_total": "sessions_unloaded",
 }
 
 

@@ -107,6 +107,14 @@ def verdict(result: dict[str, Any], profile: SoakProfile) -> list[Check]:
     check("killed clients, each kind", ", ".join(f"{k} {kills.get(k, 0)}" for k in KILLS),
           ">= 1 each", all(kills.get(k, 0) >= 1 for k in KILLS))  # fmt: skip
     zero("quiet point not reached", result["quiet_timeouts"])
+    vis = result.get("visitors") or {"sessions": 0}
+    if vis["sessions"]:
+        check("visitors: visits", vis["visits"], f">= {vis['sessions']}",
+              vis["visits"] >= vis["sessions"])  # fmt: skip
+        zero("visitors: lost, repeated or stuck", vis["problems"])
+        unloaded = int((result.get("end") or {}).get("sessions_unloaded", 0))
+        check("sessions unloaded (in and out of memory)", unloaded,
+              f">= visits / 2 = {vis['visits'] // 2}", unloaded >= vis["visits"] // 2)  # fmt: skip
     figs = figures(result)
     for name, slack in (("fds", profile.fd_slack), ("tasks", profile.task_slack)):
         base, last = figs[name]["baseline"], figs[name]["end"]

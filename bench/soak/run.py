@@ -56,6 +56,7 @@ from bench.soak.clients import (
 )
 from bench.soak.daemon import Daemon, scrape
 from bench.soak.scripts import NOTES_FILE, ROTATION, Scenario, judge, scenarios
+from bench.soak.visitors import Visitor, verify, visit_loop
 from gateway.protocol.events import Event, PermissionRequested
 from gateway.protocol.frames import EventFrame
 
@@ -113,6 +114,7 @@ class Soak:
         self.errors_after_death: list[str] = []
         self.shutdown_code: int | None = None
         self.rigs: list[Rig] = []
+        self.visitors: list[Visitor] = []
         self.samples: list[Sample] = []
         self.baseline: dict[str, float] | None = None
         self.end: dict[str, float] | None = None
@@ -141,6 +143,7 @@ class Soak:
         sections = {
             **self.profile.gateway_config,
             "sessions": {
+                **self.profile.gateway_config.get("sessions", {}),  # idle_unload_s
                 "workspace_root": str(self.workdir / "workspaces"),
                 "allowed_workspaces": [str(workspace)],
             },
@@ -187,6 +190,10 @@ class Soak:
                 session_id = str(answer.json()["session_id"])
                 offset = index * len(ROTATION) // self.profile.sessions
                 self.rigs.append(Rig(session_id, Stayer(control, session_id), offset))
+            for _ in range(self.profile.visitors):  # sessions in and out of memory
+                answer = await control.post("/sessions", json={})
+                answer.raise_for_status()
+                self.visitors.append(Visitor(str(answer.json()["session_id"])))
             async with trio.open_nursery() as stayers:
                 for rig in self.rigs:
                     await stayers.start(rig.stayer.run, name=f"stayer {rig.session_id}")
@@ -200,6 +207,8 @@ class Soak:
                 for rig in self.rigs:
                     await self._audit(rig, control)
                     rig.stayer.audit.finish()
+                for visitor in self.visitors:
+                    await verify(control, visitor)
                 for rig in self.rigs:
                     await rig.stayer.close()
             background.cancel_scope.cancel()
@@ -234,6 +243,12 @@ class Soak:
         ):
             for rig in self.rigs:
                 runners.start_soon(self._runner, rig, http, stop, name=f"runner {rig.session_id}")
+            for i, visitor in enumerate(self.visitors):
+                rng = random.Random(profile.seed * 2000 + i)
+                runners.start_soon(
+                    visit_loop, http, visitor, profile.visitor_away_s, rng, stop,
+                    name=f"visitor {visitor.session_id}",
+                )  # fmt: skip
             async with trio.open_nursery() as load:
                 for i in range(profile.churners):
                     rng = random.Random(profile.seed * 1000 + i)
@@ -268,6 +283,8 @@ class Soak:
             settled = (
                 previous is not None
                 and figures["ws_connections"] == len(self.rigs)
+                # the sessions no client holds (the visitors', the first) out of memory
+                and figures["sessions_live"] == len(self.rigs)
                 and figures["fds"] == previous["fds"]
                 and figures["tasks"] == previous["tasks"]
             )
@@ -496,6 +513,11 @@ class Soak:
                 "other_closes": self.churn.other_closes[:10],
             },
             "kills": {**dict(self.kills), "errors": self.kill_errors},
+            "visitors": {
+                "sessions": len(self.visitors),
+                "visits": sum(v.visits for v in self.visitors),
+                "problems": [p for v in self.visitors for p in v.problems][:MAX_PROBLEMS],
+            },
         }
 
 
