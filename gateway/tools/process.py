@@ -21,7 +21,14 @@ servers over stdio and the Claude Code CLI use the same door) is started by
   ``tool-reaper`` task (:meth:`ToolProcesses.run`), is told of every group as
   it starts (``+PGID``) and once it is dead (``-PGID``), on a pipe only the
   daemon holds. When the daemon exits, however it exits, the pipe reaches
-  end-of-file and the watchdog SIGKILLs every group still registered. (Not
+  end-of-file and the watchdog SIGKILLs every group still registered. A
+  group's command runs only once a live watchdog has answered its ``+PGID``:
+  the process starts as ``/bin/sh`` waiting on a pipe of the daemon's (the
+  *gate*), and execs the command when the daemon writes to it; if the daemon
+  dies first, the gate reads end-of-file and the shell exits without running
+  anything. So a tool started while a watchdog dies (killed a moment ago, not
+  yet reaped) waits for the next one, and a daemon killed meanwhile leaves
+  nothing behind. (Not
   ``PR_SET_PDEATHSIG``: Trio forks from a worker thread, and the signal fires
   when that *thread* exits, which an idle worker does after seconds.) If the
   watchdog dies, the daemon logs ``tool_reaper_died`` and starts another at
@@ -31,9 +38,7 @@ servers over stdio and the Claude Code CLI use the same door) is started by
   cannot read it back through ``/proc/$PPID/environ``.
 
 Left open on purpose: a process that leaves its group (``setsid``) escapes the
-group kill, as it would escape any supervisor that is not a container; and a
-daemon killed in the microseconds between a fork and its ``+PGID`` leaves
-that one group behind.
+group kill, as it would escape any supervisor that is not a container.
 """
 
 from __future__ import annotations
@@ -65,6 +70,16 @@ REAPER_START_TIMEOUT_S = 5.0
 
 REAPER_RESTART_DELAY_S = 1.0
 """The pause before a watchdog that died (or failed to start) is started again."""
+
+GATE = 'read -r _ < /proc/self/fd/{fd} || exit 111; exec "$@"'
+"""What a tool process starts as: a shell that runs the command once the gate opens.
+
+The gate is named by path: the daemon's descriptor numbers run past 9, which
+``sh``'s ``<&N`` does not take. On a system without ``/proc`` nothing is gated.
+"""
+
+GATED = sys.platform == "linux"
+"""Whether tool processes wait for the watchdog's answer (module docstring)."""
 
 _MIB = 1024 * 1024
 
@@ -101,6 +116,7 @@ class ToolProcesses:
         self.reaper_pid: int | None = None
         self._reaper: trio.Process | None = None
         self._groups: set[int] = set()  # registered with the watchdog: started, not yet dead
+        self._acks: dict[int, trio.Event] = {}  # groups waiting for a watchdog's answer
         self._pipe: int | None = None  # the write end of the watchdog's stdin
         self._kept = False  # :meth:`run` is running
         self._wanted = trio.Event()
@@ -121,8 +137,9 @@ class ToolProcesses:
         ``kwargs`` go to ``trio.lowlevel.open_process`` (``stdin``, ``stdout``,
         ``stderr``); the environment, working directory, session and limits are
         this module's. ``env`` adds to the environment after ``[tools] env`` (an
-        MCP server's own ``env``). No checkpoint follows the fork: a caller that
-        arms its :meth:`stop` right after the call cannot be cancelled in between.
+        MCP server's own ``env``). The command runs once the watchdog has
+        answered (module docstring); cancelled before that, the process is
+        stopped here and never runs it.
         """
         if self._kept and not self._watched():  # the first spawn, or a watchdog restarting
             self._wanted.set()
@@ -132,16 +149,51 @@ class ToolProcesses:
                         await trio.sleep(0.01)  # it will within a checkpoint or two
                     else:
                         await self._up.wait()
-        proc = await trio.lowlevel.open_process(
-            list(argv),
-            cwd=workspace,
-            env=tool_environment(workspace, {**self.env, **(env or {})}),
-            start_new_session=True,
-            preexec_fn=functools.partial(_apply_limits, self.limits) if self.limits else None,
-            **kwargs,
-        )
+        # Gated only where a watchdog is up (one that cannot start is waited for
+        # above, then gone on without, as before).
+        gated = self._kept and GATED and self._watched()
+        gate_read, gate_write = os.pipe() if gated else (-1, -1)
+        try:
+            proc = await trio.lowlevel.open_process(
+                ["/bin/sh", "-c", GATE.format(fd=gate_read), "gateway-tool", *argv]
+                if gated
+                else list(argv),
+                cwd=workspace,
+                env=tool_environment(workspace, {**self.env, **(env or {})}),
+                start_new_session=True,
+                preexec_fn=functools.partial(_apply_limits, self.limits) if self.limits else None,
+                pass_fds=(gate_read,) if gated else (),
+                **kwargs,
+            )
+        except BaseException:
+            if gated:
+                os.close(gate_write)
+            raise
+        finally:
+            if gated:
+                os.close(gate_read)
         self._groups.add(proc.pid)
+        if not gated:  # no watchdog is kept (a test's): nothing to wait for
+            self._tell(b"+%d\n" % proc.pid)
+            return proc
+        acked = self._acks[proc.pid] = trio.Event()
         self._tell(b"+%d\n" % proc.pid)
+        try:
+            # Answered by this watchdog, or by the next one if it is dying (a new
+            # one is told every group): the command runs only once it is known.
+            with trio.move_on_after(REAPER_START_TIMEOUT_S):
+                await acked.wait()
+        except BaseException:  # cancelled: the command never runs
+            os.close(gate_write)
+            with trio.CancelScope(shield=True):
+                await self.stop(proc, 0)
+            raise
+        finally:
+            self._acks.pop(proc.pid, None)
+        try:
+            os.write(gate_write, b"go\n")
+        finally:
+            os.close(gate_write)
         return proc
 
     def _watched(self) -> bool:
@@ -199,7 +251,11 @@ class ToolProcesses:
                     )  # fmt: skip
                 else:
                     self._up.set()
-                    code = await reaper.wait()
+                    async with trio.open_nursery() as acks:
+                        assert reaper.stdout is not None
+                        acks.start_soon(self._read_acks, reaper.stdout, name="tool-reaper-acks")
+                        code = await reaper.wait()
+                        acks.cancel_scope.cancel()
                     # Spawns wait for the next one: a group started now would
                     # be known to no watchdog.
                     self._up = trio.Event()
@@ -231,7 +287,7 @@ class ToolProcesses:
             reaper = await trio.lowlevel.open_process(
                 [sys.executable, "-I", "-S", REAPER],
                 stdin=read,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,  # its answers to "+PGID"
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,  # a tool group's kill or a terminal's ^C never reaches it
             )
@@ -247,6 +303,19 @@ class ToolProcesses:
         for pgid in list(self._groups):
             self._tell(b"+%d\n" % pgid)
         return reaper
+
+    async def _read_acks(self, answers: trio.abc.ReceiveStream) -> None:
+        """The watchdog's answers: each ``+PGID`` it registered opens that group's gate."""
+        pending = b""
+        async for data in answers:
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                digits = line[1:]
+                if line[:1] == b"+" and digits.isdigit():
+                    acked = self._acks.get(int(digits))
+                    if acked is not None:
+                        acked.set()
 
     def _tell(self, line: bytes) -> None:
         """Send one line to the watchdog, without waiting (a line is far below PIPE_BUF)."""

@@ -9,7 +9,8 @@ environment or working directory.
 
 It reads lines on stdin, whose other end only the daemon holds:
 
-- ``+PGID``: a tool process group started;
+- ``+PGID``: a tool process group started; answered with the same line on
+  stdout once registered (the daemon lets the group's command run only then);
 - ``-PGID``: that group is gone (the daemon sends it only once every process
   of the group is dead, so a group id the kernel hands out again is never
   killed by mistake).
@@ -31,13 +32,16 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     groups: set[int] = set()
-    stdin = sys.stdin.buffer
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     for line in stdin:
         sign, digits = line[:1], line[1:].strip()
         if not digits.isdigit() or int(digits) <= 1:
             continue
         if sign == b"+":
             groups.add(int(digits))
+            with contextlib.suppress(OSError):  # the daemon gone: end-of-file comes next
+                stdout.write(b"+%d\n" % int(digits))
+                stdout.flush()
         elif sign == b"-":
             groups.discard(int(digits))
     for pgid in groups:

@@ -90,6 +90,17 @@ async def test_twenty_seconds_of_soak_lose_nothing_and_leak_nothing(tmp_path: Pa
         failed = {c.name for c in verdict(leaked, SOAK_SMOKE) if not c.passed}
         assert failed == {f"{figure}: end - baseline"}
 
+    # Sessions went in and out of memory, and the visitors' checks bite too.
+    visitors = result["visitors"]
+    assert visitors["visits"] >= 2 and not visitors["problems"]
+    assert result["end"]["sessions_unloaded"] >= visitors["visits"] // 2
+    lost = {**result, "visitors": {**visitors, "problems": ["sess_x: visit 2: lost"]}}
+    failed = {c.name for c in verdict(lost, SOAK_SMOKE) if not c.passed}
+    assert failed == {"visitors: lost, repeated or stuck"}
+    stayed = {**result, "end": {**result["end"], "sessions_unloaded": 0}}
+    failed = {c.name for c in verdict(stayed, SOAK_SMOKE) if not c.passed}
+    assert failed == {"sessions unloaded (in and out of memory)"}
+
 
 async def test_a_daemon_that_dies_mid_soak_is_reported_not_raised(tmp_path: Path) -> None:
     profile = replace(SOAK_SMOKE, warmup_s=1.0, duration_s=120.0)

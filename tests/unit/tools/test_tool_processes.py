@@ -291,3 +291,39 @@ async def test_a_group_stopped_by_the_daemon_is_struck_off(tmp_path: Path) -> No
             assert processes._groups == set()
             assert proc.returncode == -signal.SIGTERM
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.skipif(not process_module.GATED, reason="the gate needs /proc")
+async def test_a_command_runs_only_once_the_watchdog_has_answered(tmp_path: Path) -> None:
+    """The gate (gateway.tools.process): a watchdog that cannot answer holds the command back.
+
+    A watchdog stopped (SIGSTOP) reads nothing: the process is started, in its
+    group, but its command has not run; once the watchdog answers, it runs.
+    """
+    processes = ToolProcesses()
+    marker = tmp_path / "ran"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(processes.run)
+        first = await processes.spawn(["true"], workspace=str(tmp_path))  # the watchdog is up
+        await first.wait()
+        assert processes.reaper_pid is not None
+        os.kill(processes.reaper_pid, signal.SIGSTOP)
+        try:
+            spawned: list[trio.Process] = []
+
+            async def start() -> None:
+                spawned.append(
+                    await processes.spawn(["touch", str(marker)], workspace=str(tmp_path))
+                )
+
+            nursery.start_soon(start)
+            await trio.sleep(0.5)
+            assert not marker.exists() and not spawned  # waiting for the answer
+        finally:
+            os.kill(processes.reaper_pid, signal.SIGCONT)
+        with trio.fail_after(5):
+            while not spawned:  # noqa: ASYNC110 (the spawn returns once answered)
+                await trio.sleep(0.01)
+            assert await spawned[0].wait() == 0
+        assert marker.exists()
+        nursery.cancel_scope.cancel()
