@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import logging
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,6 +95,23 @@ def tool_environment(home: str, extra: Mapping[str, str] | None = None) -> dict[
     }
     env.update(extra or {})
     return env
+
+
+def _check_runnable(command: str, workspace: str, search: str) -> None:
+    """Raise what ``subprocess`` would if ``command`` cannot be run (the gate execs it later).
+
+    Raises:
+        FileNotFoundError: no such file, on ``PATH`` for a bare name.
+        PermissionError: a file that is not executable.
+    """
+    if "/" in command:
+        path = os.path.join(workspace, command)  # (an absolute command stays itself)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), command)
+    elif shutil.which(command, path=search) is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
 
 
 def _apply_limits(limits: tuple[tuple[int, int], ...]) -> None:
@@ -152,6 +171,9 @@ class ToolProcesses:
         # Gated only where a watchdog is up (one that cannot start is waited for
         # above, then gone on without, as before).
         gated = self._kept and GATED and self._watched()
+        environment = tool_environment(workspace, {**self.env, **(env or {})})
+        if gated:  # a command that cannot run fails here, as an exec of it would
+            _check_runnable(argv[0], workspace, environment["PATH"])
         gate_read, gate_write = os.pipe() if gated else (-1, -1)
         try:
             proc = await trio.lowlevel.open_process(
@@ -159,7 +181,7 @@ class ToolProcesses:
                 if gated
                 else list(argv),
                 cwd=workspace,
-                env=tool_environment(workspace, {**self.env, **(env or {})}),
+                env=environment,
                 start_new_session=True,
                 preexec_fn=functools.partial(_apply_limits, self.limits) if self.limits else None,
                 pass_fds=(gate_read,) if gated else (),

@@ -7,6 +7,9 @@ install --prefix``, quiet, once for the module) and runs tests/aisdk_js/*.mjs:
   (tests/unit/aisdk/test_aisdk_mapping.py's :func:`dump`), each chunk
   validated by the package's own ``uiMessageChunkSchema`` and each response
   assembled by ``readUIMessageStream``;
+- socket.mjs: ``WebSocketChatTransport`` over the ``ws`` package: a turn, a
+  resume of a turn in flight (the whole message, then live), none with
+  nothing in flight, and an abort of a send that cancels its turn;
 - live.mjs: ``DefaultChatTransport`` against a running gateway: a text turn,
   a tool turn, ``reconnectToStream`` on a turn in flight (the whole message,
   then live, never a part twice) and with none (``null``: the 204), a stop;
@@ -220,3 +223,27 @@ async def test_the_packages_chat_answers_an_approval_and_the_turn_goes_on(
     [worker] = parts(done, "data-delegate")
     assert worker["data"]["state"] == "completed" and worker["data"]["result"] == "Worker awake."
     assert text(done) == "Asking a worker.All done."
+
+
+async def test_the_websocket_transport_streams_resumes_and_aborts(
+    tmp_path: Path, node_modules: Path
+) -> None:
+    """``WebSocketChatTransport`` over the ``ws`` package: send, resume, abort (§14)."""
+    with trio.fail_after(90):
+        async with running_gateway(make_config(tmp_path)) as h:
+            out = await node("socket.mjs", str(node_modules), h.base)
+            said = out["text"]
+            assert said["errors"] == [] and text(said["message"]) == "Hello over the socket."
+            assert [p["text"] for p in parts(said["message"], "reasoning")] == ["Greet them."]
+            once_each(said["chunks"])
+            resumed = out["resume"]
+            assert resumed["errors"] == []
+            once_each(resumed["chunks"])
+            assert text(resumed["message"]) == "One two three.Four five six."
+            assert tool(resumed["message"])["state"] == "output-available"
+            assert out["none"] is None  # nothing in flight: no-active
+            # The abort of a send cancelled its turn.
+            session = h.node.sessions[out["abort"]["chat"]]
+            with trio.fail_after(10):
+                while session.turn is not None:
+                    await h.node.changed()
