@@ -275,8 +275,7 @@ async def test_a_sub_agent_is_a_worker_session_whose_approval_reaches_the_parent
     async with running_gateway(config, providers) as gw:
         sid = await gw.create_session()
         async with gw.client(sid) as client:
-            workers = {"event_types": None, "actors": None, "include_worker_sessions": True}
-            await client.subscribe(workers)
+            await client.subscribe(WITH_WORKERS)
             await gw.submit(sid, "delegate it")
             asked = (await client.until(functools.partial(is_type, "permission.requested")))[-1]
             worker_id = asked.session_id
@@ -324,6 +323,7 @@ async def test_a_sub_agent_is_a_worker_session_whose_approval_reaches_the_parent
 
 
 AGENT_TOOL_USE_ID = "toolu_01Agent0000001"  # claude-code/agent_call*.sse's Agent call
+WITH_WORKERS = {"event_types": None, "actors": None, "include_worker_sessions": True}
 
 
 def ends(session_id: str, e: Any) -> bool:
@@ -388,8 +388,7 @@ async def test_cancelling_the_parent_cancels_the_sub_agents_worker_first(
     async with running_gateway(config, providers) as gw:
         sid = await gw.create_session()
         async with gw.client(sid) as client:
-            workers = {"event_types": None, "actors": None, "include_worker_sessions": True}
-            await client.subscribe(workers)
+            await client.subscribe(WITH_WORKERS)
             turn_id = await gw.submit(sid, "delegate it")
             asked = (await client.until(functools.partial(is_type, "permission.requested")))[-1]
             worker_id = asked.session_id
@@ -419,12 +418,21 @@ async def test_cancelling_the_parent_cancels_the_sub_agents_worker_first(
 
 class HeldServer(FakeServer):
     """The fake API, holding back its answer to each request ``held`` picks until
-    :attr:`release` is set (the others are answered at once, in turn)."""
+    :attr:`release` is set (the others are answered at once, in turn); a request
+    ``routed`` has an answer for takes that one, not the next in turn."""
 
-    def __init__(self, held: Callable[[Recorded], bool]) -> None:
+    def __init__(
+        self,
+        held: Callable[[Recorded], bool],
+        routed: Callable[[Recorded], Reply | None] = lambda r: None,
+    ) -> None:
         super().__init__()
         self.held = held
+        self.routed = routed
         self.release = trio.Event()
+
+    def _next_reply(self) -> Reply:
+        return self.routed(self.requests[-1]) or super()._next_reply()
 
     async def _answer(self, conn: h11.Connection, stream: trio.SocketStream, reply: Reply) -> bool:
         # The request is the last recorded: it was recorded with no checkpoint since.
@@ -433,31 +441,44 @@ class HeldServer(FakeServer):
         return await super()._answer(conn, stream, reply)
 
 
-async def test_a_background_sub_agent_is_a_worker_that_ends_with_its_task(
-    tmp_path: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+GCD = "The GCD of 1071 and 462 is **21**."  # anthropic/thinking_text.sse's answer
+
+
+def said(events: list[Any]) -> str:
+    """The text of the last message a turn's events completed."""
+    complete = [e for e in events if e.type == "message.complete"][-1].payload
+    return "".join(getattr(b, "text", "") for b in complete.final_content)
+
+
+@pytest.mark.parametrize("task_first", [True, False], ids=["task-ends-first", "answer-first"])
+async def test_a_background_sub_agent_is_a_worker_and_the_turn_ends_when_claude_code_is_idle(
+    tmp_path: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, task_first: bool
 ) -> None:
     """Claude Code runs an ``Agent`` in the background unless told otherwise: its tool
     returns at once (``tool.completed``), the worker goes on, and ``delegate.completed``
     comes when its task does, with the sub-agent's last message.
 
-    The main thread's next call and the sub-agent's go out at once; Claude Code ends
-    the turn (its result) when the main thread's answer ends, whether the task has or
-    not (one still running then fails, ``delegate.failed``). So the fake API holds the
-    main thread's answer back until the worker's ``delegate.completed`` is out: which
-    of the two finished first was the machine's load otherwise.
+    The task's notification wakes Claude Code's main thread for one more answer
+    after the query's result: that answer is the turn's last call, and the turn
+    ends once Claude Code says it is idle. So the session's next turn gets its own
+    answer, not that one. Either order of the task's end and the main thread's
+    answer (``task_first``: the fake API holds the main thread's answer until the
+    worker's ``delegate.completed`` is out).
     """
-    server = HeldServer(lambda r: AGENT_TOOL_USE_ID in str(r.body["messages"]))
+    server = HeldServer(lambda r: task_first and AGENT_TOOL_USE_ID in str(r.body["messages"]))
+    if not task_first:
+        server.release.set()
     await nursery.start(server.serve)
     text = Replay(transcript("anthropic/text.sse"))
-    # The main thread's call, the sub-agent's; then the main thread's once the task
-    # ended (Claude Code's task notification, after the turn): every reply the same text.
+    # The main thread's call, the sub-agent's, the main thread's answer to the task's
+    # notification; then the next turn's, a different answer.
     server.enqueue(Replay(transcript("claude-code/agent_call_background.sse")), text, text, text)
+    server.enqueue(Replay(transcript("anthropic/thinking_text.sse")))
     config, providers = await gateway(tmp_path, server, monkeypatch, tools='["Bash", "Agent"]')
     async with running_gateway(config, providers) as gw:
         sid = await gw.create_session()
         async with gw.client(sid) as client:
-            workers = {"event_types": None, "actors": None, "include_worker_sessions": True}
-            await client.subscribe(workers)
+            await client.subscribe(WITH_WORKERS)
             await gw.submit(sid, "delegate it")
             with trio.fail_after(30):
                 await client.until(functools.partial(is_type, "delegate.completed"))
@@ -465,6 +486,9 @@ async def test_a_background_sub_agent_is_a_worker_that_ends_with_its_task(
             with trio.fail_after(30):
                 await client.until(functools.partial(ends, sid))
             events = client.events
+        pid = runtime_of(gw, sid).transport.pid
+        next_turn = await run_turn(gw, sid, "and now?")
+        assert runtime_of(gw, sid).transport.pid == pid  # the CLI was idle: kept
     await providers.aclose()
     started = next(e for e in events if e.type == "delegate.started").payload
     worker_id = started.worker_session_id
@@ -480,5 +504,62 @@ async def test_a_background_sub_agent_is_a_worker_that_ends_with_its_task(
     assert completed.result == "Hello, world!"
     assert theirs[0] == "turn.started" and theirs[-1] == "turn.completed"
     assert theirs.count("message.complete") == 1
+    # The Agent call, the answer to its result, the answer to the task's notification.
+    assert mine.count("llm.call_started") == mine.count("llm.call_completed") == 3
+    assert mine.index("delegate.completed") < len(mine) - 1 - mine[::-1].index("llm.call_started")
     assert events[-1].type == "turn.completed" and events[-1].payload.stop_reason == "end_turn"
+    assert said(next_turn) == GCD and types(next_turn).count("llm.call_started") == 1
+    assert next_turn[-1].payload.stop_reason == "end_turn"
+    only_model_calls(server)
+
+
+async def test_a_cancel_stops_a_background_sub_agent_and_the_next_turn_is_its_own(
+    tmp_path: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn cancelled while its background sub-agent still runs (the fake API holds
+    the sub-agent's call): the worker's turn is cancelled first (``delegate.failed``
+    ``cancelled_by_user``), Claude Code's interrupt stops its task too, and the
+    session's next turn runs on the same CLI and gets its own answer."""
+
+    def sub_agents(r: Recorded) -> bool:  # the sub-agent's call (its prompt, not the parent's)
+        messages = str(r.body["messages"])
+        return "made.txt" in messages and AGENT_TOOL_USE_ID not in messages
+
+    # The next turn's call takes its own answer; Claude Code may answer the stopped
+    # task's notification first (it does, as a query of its own).
+    gcd = Replay(transcript("anthropic/thinking_text.sse"))
+    server = HeldServer(sub_agents, lambda r: gcd if "and now?" in str(r.body) else None)
+    await nursery.start(server.serve)
+    text = Replay(transcript("anthropic/text.sse"))
+    server.enqueue(Replay(transcript("claude-code/agent_call_background.sse")), text, text, text)
+    config, providers = await gateway(tmp_path, server, monkeypatch, tools='["Bash", "Agent"]')
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe(WITH_WORKERS)
+            turn_id = await gw.submit(sid, "delegate it")
+
+            def answered(e: Any) -> bool:  # the main thread's answer to the tool's result
+                mine = [x.type for x in client.events if x.session_id == sid]
+                return "delegate.started" in mine and mine.count("llm.call_completed") == 2
+
+            with trio.fail_after(30):
+                await client.until(answered)
+            pid = runtime_of(gw, sid).transport.pid
+            r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel", json={})
+            assert r.status_code in (200, 202), r.text
+            with trio.fail_after(30):
+                await client.until(functools.partial(ends, sid))
+            events = client.events
+        next_turn = await run_turn(gw, sid, "and now?")
+        assert runtime_of(gw, sid).transport.pid == pid  # the CLI went idle: kept
+        server.release.set()
+    await providers.aclose()
+    worker_id = next(e for e in events if e.type == "delegate.started").payload.worker_session_id
+    order = [(e.session_id, e.type) for e in events]
+    assert order[-1] == (sid, "turn.cancelled")
+    failed = next(e for e in events if e.type == "delegate.failed").payload
+    assert failed.failure_mode == "cancelled_by_user" and failed.worker_session_id == worker_id
+    assert order.index((worker_id, "turn.cancelled")) < order.index((sid, "delegate.failed"))
+    assert said(next_turn) == GCD and types(next_turn).count("llm.call_started") == 1
     only_model_calls(server)

@@ -106,6 +106,9 @@ def cli_environment(
     CLI would send it without the tools of a server still starting. The
     agent's ``env`` then; the gateway's own win: the provider key, the
     endpoint, the state directory and the switches of :data:`QUIET_ENV`.
+    ``CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS=1`` asks for the CLI's
+    ``session_state_changed`` frames: ``idle`` tells the runtime that no
+    further query is owed (:class:`~gateway.runtimes.claude_code.process.CliProcess`).
     """
     source = os.environ if env is None else env
     out = {"MCP_CONNECTION_NONBLOCKING": "0"}
@@ -121,6 +124,7 @@ def cli_environment(
             "CLAUDE_CODE_ENTRYPOINT": "sdk-py",
             "CLAUDE_AGENT_SDK_VERSION": SDK_VERSION,
             "CLAUDE_CODE_SDK_READS_SESSION_STATE": "1",
+            "CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS": "1",
         }
     )
     if agent.base_url:

@@ -15,9 +15,15 @@ docs/protocol.md §11, "Processes":
   this node (:mod:`gateway.tools.process_slots`): a turn holds a slot before its
   POST answers; this process is the slot's holder, stopped to make room when
   idle.
-- **Queries.** Every query owes a result; a cancelled turn stops listening,
-  so the next one first reads and drops what the interrupted query still
-  says (:meth:`CliProcess.settle_previous`), within :data:`DRAIN_TIMEOUT_S`.
+- **Queries.** The CLI is busy from a query until it says its session state
+  is ``idle``: after the query's result and after the queries it starts on
+  its own (a background sub-agent's task notification wakes the main thread
+  for one more answer). Whoever reads the inbox tells the process what it
+  took (:meth:`CliProcess.took`). A cancelled turn stops listening, so the
+  next one first reads and drops what the CLI still says until it is idle
+  (:meth:`CliProcess.settle_previous`), within :data:`DRAIN_TIMEOUT_S`. A
+  CLI that reports no state (older than the SDK's) owes one result per
+  query.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import trio
-from claude_agent_sdk import ClaudeSDKClient, ResultMessage
+from claude_agent_sdk import ClaudeSDKClient, ResultMessage, SystemMessage
 from claude_agent_sdk.types import CanUseTool
 
 from gateway.agents import AgentProfile
@@ -53,7 +59,14 @@ INTERRUPT_TIMEOUT_S = 0.5
 """How long a cancel waits for the CLI to take its ``interrupt`` (shielded)."""
 
 DRAIN_TIMEOUT_S = 10.0
-"""How long the next turn waits for an interrupted query's result before restarting the CLI."""
+"""How long the next turn waits for an interrupted CLI to be idle before restarting it."""
+
+
+def session_state(message: Any) -> str | None:
+    """The state a ``session_state_changed`` frame reports (None: another message)."""
+    if isinstance(message, SystemMessage) and message.subtype == "session_state_changed":
+        return str(message.data.get("state") or "")
+    return None
 
 
 class CliProcess:
@@ -85,7 +98,9 @@ class CliProcess:
         self._scope: trio.CancelScope | None = None  # the process task's
         self._stopped = trio.Event()  # set when the process task (the current one) ends
         self._stopped.set()  # none runs yet
-        self.owed = 0  # results of queries whose turn stopped listening
+        self.owed = 0  # results of the queries sent (a CLI that reports no state)
+        self.reports_state = False  # the CLI sends session_state_changed frames
+        self.settled = True  # the inbox's reader took the CLI's last "idle" (or result)
         self.cost_seen = 0.0  # the CLI's total_cost_usd at its last result
         self._busy = False  # a turn or a compaction is in flight
         self._active_at = trio.current_time()  # the last turn's start or end (idle_process_s)
@@ -172,7 +187,7 @@ class CliProcess:
                 self.client, self.transport, self.inbox, self._scope = (
                     client, transport, receive, scope
                 )  # fmt: skip
-                self.owed = 0
+                self.owed, self.settled = 0, True
                 self.node.process_slots.attach(self.agent.name, s.id, self)
                 task_status.started()
                 event(
@@ -198,6 +213,8 @@ class CliProcess:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._stop_when_idle, scope, name=f"claude-code-idle {s.id}")
                 async for message in client.receive_messages():
+                    if not self.reports_state and session_state(message) is not None:
+                        self.reports_state = True  # before its reader sees the frame
                     send.send_nowait(message)
                 nursery.cancel_scope.cancel()
         except Exception as exc:  # the CLI's stream broke: the turn sees it end
@@ -236,35 +253,55 @@ class CliProcess:
     # --- queries -------------------------------------------------------------------------
 
     async def query(self, prompt: str) -> None:
-        """Send a query (a turn's prompt, or a command); its result is owed."""
+        """Send a query (a turn's prompt, or a command): the CLI is busy until idle."""
         assert self.client is not None
         self.owed += 1
+        self.settled = False
         await self.client.query(prompt)
 
+    def took(self, message: Any) -> None:
+        """The inbox's reader took ``message``: whether the CLI is settled now.
+
+        ``idle`` settles it, ``running`` (a query, or one the CLI started on
+        its own) unsettles it; a CLI that reports no state is settled by the
+        result of its last query.
+        """
+        state = session_state(message)
+        if state == "idle":
+            self.owed, self.settled = 0, True
+        elif state == "running":
+            self.settled = False
+        elif isinstance(message, ResultMessage):
+            self.owed = max(0, self.owed - 1)
+            if not self.reports_state and not self.owed:
+                self.settled = True
+
     async def settle_previous(self) -> None:
-        """Read and drop what an interrupted query still said, up to its result."""
+        """Read and drop what the CLI still says until it is idle (an interrupted turn's,
+        or a query it started on its own between turns)."""
         inbox = self.inbox
-        if not self.owed or inbox is None:
+        if inbox is None:
             return
         with trio.move_on_after(DRAIN_TIMEOUT_S):
-            while self.owed:
+            while True:
                 try:
-                    message = await inbox.receive()
-                except trio.EndOfChannel:
+                    message = await inbox.receive() if not self.settled else inbox.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
                     break
-                if isinstance(message, ResultMessage):
-                    self.owed -= 1
+                self.took(message)
+                if isinstance(message, ResultMessage):  # its cost: the cancelled turn's
                     self.cost_seen = message.total_cost_usd or self.cost_seen
-        if self.owed:  # no result came: a CLI that does not answer is started again
-            self.owed = 0
+        if not self.settled:  # not idle in time: a CLI that does not answer is started again
+            self.owed, self.settled = 0, True
             stopped = self._stopped
             self.stop()
             await stopped.wait()
 
     async def interrupt(self) -> None:
-        """Stop the query in flight: ``interrupt()``, shielded, for :data:`INTERRUPT_TIMEOUT_S`."""
+        """Stop the query in flight (and its background tasks): ``interrupt()``, shielded,
+        within :data:`INTERRUPT_TIMEOUT_S`."""
         client = self.client
-        if client is None or not self.owed:
+        if client is None or self.settled:
             return
         with trio.CancelScope(shield=True), trio.move_on_after(INTERRUPT_TIMEOUT_S):
             try:

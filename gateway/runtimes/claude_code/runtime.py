@@ -17,7 +17,10 @@ and the cancel sequences of docs/protocol.md §8. docs/protocol.md §11:
   (with the call's end), then ``tool.completed`` or ``tool.failed``. A
   result that comes before its ``tool.called`` is kept until then.
 - **The result** is ``turn.completed`` (usage; the cost is the CLI's
-  ``total_cost_usd`` for the turn); an error of the API or the CLI is
+  ``total_cost_usd`` for the turn), once the CLI says it is ``idle``: a
+  background sub-agent's task notification wakes the main thread for one
+  more query after the result, and that answer is the turn's too (another
+  LLM call, its result the turn's end); an error of the API or the CLI is
   ``llm.call_failed`` (:mod:`gateway.runtimes.claude_code.messages`). A CLI
   that dies mid-turn closes the turn as a network failure (an open
   permission request resolved ``cancelled``, ``turn.completed`` ``error``);
@@ -25,10 +28,11 @@ and the cancel sequences of docs/protocol.md §8. docs/protocol.md §11:
 - **Cancellation.** A cancel cancels the turn's scope as for the native
   runtime; on the way out this module resolves the open permission
   requests (``cancelled``) and sends ``interrupt()``, shielded and bounded
-  (:meth:`CliProcess.interrupt <gateway.runtimes.claude_code.process.CliProcess.interrupt>`);
+  (:meth:`CliProcess.interrupt <gateway.runtimes.claude_code.process.CliProcess.interrupt>`:
+  it stops the background sub-agents too);
   then the agent loop emits the sequence of the turn's phase. The
-  interrupted query's remaining messages and its result are read and dropped
-  before the next query.
+  interrupted query's remaining messages are read and dropped, until the
+  CLI is idle, before the next query.
 - **Compaction.** ``compact_boundary`` is ``context.compacting`` then
   ``context.compacted``; ``POST .../compact`` sends Claude Code's
   ``/compact`` between turns (:meth:`ClaudeCode.compact`).
@@ -131,6 +135,7 @@ class ClaudeCode:
         self.background = False  # a worker's: its sub-agent runs in the background
         self._early_results: dict[str, SdkToolResult] = {}  # before their tool.called
         self._whole = WholeMessages()  # a worker's: its sub-agent's messages, replayed
+        self._turn_cost = 0.0  # the turn's share of the CLI's total_cost_usd
 
     @property
     def agent(self) -> AgentProfile:
@@ -162,6 +167,7 @@ class ClaudeCode:
         self.process.begin()
         try:
             await self.process.settle_previous()
+            self._turn_cost = 0.0
             turn.enter("llm")
             try:
                 if self.feed is None:
@@ -191,9 +197,15 @@ class ClaudeCode:
                 self.node.process_slots.release(self.agent.name, self.s.id)
 
     async def _follow(self, turn: Turn, state: TurnState) -> StopReason:
-        """Map what Claude Code says until the query's result (module docstring)."""
+        """Map what Claude Code says until the query's result and the CLI's ``idle``.
+
+        A background sub-agent's task notification wakes the main thread for
+        one more query after the result: its answer is the turn's next call,
+        and the last result is the turn's end (module docstring).
+        """
         inbox = self.feed if self.feed is not None else self.process.inbox
         assert inbox is not None
+        ended: StopReason | None = None  # a result came: the turn ends once the CLI is idle
         while True:
             try:
                 message = await inbox.receive()
@@ -204,9 +216,12 @@ class ClaudeCode:
                 if stop is not None:
                     return stop
                 continue
+            self.process.took(message)
             stop = await self._message(turn, state, message)
             if stop is not None:
-                return stop
+                ended = stop
+            if ended is not None and self.process.settled:
+                return ended
             if self.subagents.waiting:
                 await self.subagents.start_announced(turn)
             if self._early_results:  # results that came before their tool.called (and workers)
@@ -233,9 +248,8 @@ class ClaudeCode:
         elif isinstance(message, TaskStartedMessage) and message.tool_use_id:
             self.subagents.task_started(message)
         elif isinstance(message, SystemMessage):
-            pass  # init, status, thinking_tokens: nothing for the clients (yet)
+            pass  # init, status, session state: nothing for the clients (yet)
         elif isinstance(message, ResultMessage):
-            self.process.owed -= 1
             return self._result(turn, state, message)
         elif isinstance(message, AssistantMessage) and message.parent_tool_use_id:
             self.subagents.forward(message.parent_tool_use_id, message)  # a sub-agent's, whole
@@ -328,7 +342,8 @@ class ClaudeCode:
         total = result.total_cost_usd
         if total is not None:
             cost, self.process.cost_seen = max(0.0, total - self.process.cost_seen), total
-            state.usage.cost_usd = cost
+            self._turn_cost += cost
+            state.usage.cost_usd = self._turn_cost
         if result.subtype == "error_max_turns":
             return self._close_pending(turn, state, "max_rounds")
         failure = result_failure(result)
@@ -396,12 +411,13 @@ class ClaudeCode:
                         message = await inbox.receive()
                     except trio.EndOfChannel:
                         break
+                    process.took(message)
                     if isinstance(message, SystemMessage):
                         if message.subtype == "compact_boundary":
                             self.s.emit(compaction(message), None)
                     elif isinstance(message, ResultMessage):
-                        process.owed -= 1
                         self._book_cost(message.total_cost_usd)
+                    if process.settled:
                         break
             if timer.cancelled_caught:
                 process.stop()

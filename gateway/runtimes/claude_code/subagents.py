@@ -15,10 +15,12 @@ approvals are the worker's permission requests, answered from the parent.
   (or ``failed``) and the parent's ``tool.completed``.
 - A background one (Claude Code's default: the tool returns at once,
   ``tool.completed``) ends with its task (``task_notification`` /
-  ``task_updated``), its last message its own; one still running when the
-  parent's turn ends fails (``delegate.failed`` ``error``).
+  ``task_updated``), its last message its own. The parent's turn goes on
+  until Claude Code is idle: its task's notification wakes the main thread
+  for one more answer, the turn's last call.
 - A cancel of the parent cancels the worker's turn first (``delegate.failed``
-  ``cancelled_by_user``).
+  ``cancelled_by_user``); Claude Code's interrupt stops its background
+  tasks.
 - The worker's ``cost_usd`` is its calls' priced usage; the parent's turn
   cost is Claude Code's total, which includes the sub-agent's, so it is not
   booked again (``workers_cost_usd`` 0).
