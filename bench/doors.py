@@ -52,8 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -67,10 +65,10 @@ import msgspec
 from bench.measure import machine_busy_s
 from bench.profiles import DoorsProfile, config_toml
 from bench.servers import GatewayServer, process_cpu_seconds
+from bench.tables import Log, announce, run_profile, stem
 from bench.wire import HttpClient, WsClient, open_ws
 from gateway.client.sse import SseParser, attach_token, events_query
 
-Log = Callable[[str], None]
 DOORS = ("websocket", "sse", "aisdk")
 PEER = "websocket"
 
@@ -413,19 +411,8 @@ def main(profile: DoorsProfile, out: Path, command: str) -> int:
     """Run ``profile``, write ``<out>/<stamp>-<profile>.json`` and ``.md``, print the table."""
     from bench.doors_report import write
 
-    t0 = time.monotonic()
-
-    def log(message: str) -> None:
-        print(f"[{time.monotonic() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
-
-    with tempfile.TemporaryDirectory(prefix="bench-doors-") as tmp:
-        result = asyncio.run(run_doors(profile, Path(tmp), log))
-    result["command"] = command
-    result["elapsed_s"] = round(time.monotonic() - t0, 1)
-    stem = out / f"{time.strftime('%Y%m%d-%H%M%S')}-{profile.name}"
-    json_path, md_path = write(result, stem)
-    print(f"# bench {profile.name}: {command}")
-    print(md_path.read_text())
-    print(f"wrote {json_path}, {md_path}")
-    print(f"elapsed {result['elapsed_s']} s")
+    result = run_profile(
+        "bench-doors-", command, lambda tmp, log: asyncio.run(run_doors(profile, tmp, log))
+    )
+    announce(result, *write(result, stem(out, profile.name)))
     return 0

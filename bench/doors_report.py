@@ -11,12 +11,11 @@ them from run to run, the ratios far less.
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from pathlib import Path
 from typing import Any
 
 from bench.doors import DOORS, PEER
+from bench.tables import fmt, median, number, ratio, row
 
 NOISY = 0.25  # cores taken outside the bench during a window (bench.measure's threshold)
 CLIENT_BUSY = 0.85  # the client process's share of a core: it may be what limits
@@ -38,44 +37,29 @@ EVENT = {
 """What a client counts as one delivered event, by door (bench/doors.py)."""
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _median(values: list[Any]) -> float | None:
-    numbers = [float(v) for v in values if _number(v)]
-    return round(statistics.median(numbers), 3) if numbers else None
-
-
-def _ratio(a: Any, b: Any) -> float | None:
-    if not (_number(a) and _number(b)) or b == 0:
-        return None
-    return round(float(a) / float(b), 3)
-
-
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """``result["summary"]``: medians by door, ratios to the peer by round, flagged windows."""
     rounds = result["rounds"]
     doors: dict[str, dict[str, Any]] = {
-        door: {name: _median([r["doors"][door][name] for r in rounds]) for name in FIGURES}
+        door: {name: median([r["doors"][door][name] for r in rounds]) for name in FIGURES}
         for door in DOORS
     }
     ratios: dict[str, dict[str, Any]] = {}
     for door in DOORS:
         ratios[door] = {}
         for name in COSTS:
-            by_round = [_ratio(r["doors"][door][name], r["doors"][PEER][name]) for r in rounds]
+            by_round = [ratio(r["doors"][door][name], r["doors"][PEER][name]) for r in rounds]
             known = [x for x in by_round if x is not None]
-            ratios[door][name] = {"median": _median(known), "rounds": by_round,
+            ratios[door][name] = {"median": median(known), "rounds": by_round,
                                   "min": min(known, default=None),
                                   "max": max(known, default=None)}  # fmt: skip
     flags: dict[str, list[str]] = {"noisy": [], "client_limited": [], "incomplete": []}
     for r in rounds:
         for door, w in r["doors"].items():
             where = f"round {r['round']} {door}"
-            if _number(w["other_cores"]) and w["other_cores"] >= NOISY:
+            if number(w["other_cores"]) and w["other_cores"] >= NOISY:
                 flags["noisy"].append(where)
-            if _number(w["clients_cores"]) and w["clients_cores"] >= CLIENT_BUSY:
+            if number(w["clients_cores"]) and w["clients_cores"] >= CLIENT_BUSY:
                 flags["client_limited"].append(where)
             if (
                 w["late_clients"]
@@ -86,22 +70,6 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     summary = {"peer": PEER, "doors": doors, "ratios": ratios, "flags": flags, "event": EVENT}
     result["summary"] = summary
     return summary
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float) and abs(value) >= 100:
-        return f"{value:,.0f}"
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
-def _row(cells: list[Any]) -> str:
-    return "| " + " | ".join(c if isinstance(c, str) else _fmt(c) for c in cells) + " |"
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -118,14 +86,14 @@ def markdown(result: dict[str, Any]) -> str:
         "over the rounds; each ratio is the door's figure over the WebSocket's in the same "
         "round (median, and its range over the rounds).",
         "",
-        _row(
+        row(
             [
                 "figure",
                 *(LABELS[d] for d in DOORS),
                 *(f"{LABELS[d]} / {LABELS[PEER]}" for d in others),
             ]
         ),
-        _row(["---"] * (len(DOORS) + len(others) + 1)),
+        row(["---"] * (len(DOORS) + len(others) + 1)),
     ]
 
     def ratio_cell(door: str, name: str) -> str:
@@ -133,8 +101,8 @@ def markdown(result: dict[str, Any]) -> str:
         if r["median"] is None:
             return "-"
         if r["min"] == r["max"]:
-            return _fmt(r["median"])
-        return f"{_fmt(r['median'])} ({_fmt(r['min'])} to {_fmt(r['max'])})"
+            return fmt(r["median"])
+        return f"{fmt(r['median'])} ({fmt(r['min'])} to {fmt(r['max'])})"
 
     rows = (
         ("gateway CPU per delivered event (µs)", "cpu_us_per_event", True),
@@ -148,7 +116,7 @@ def markdown(result: dict[str, Any]) -> str:
     for label, name, with_ratio in rows:
         values = [s["doors"][d][name] for d in DOORS]
         cells = [ratio_cell(d, name) if with_ratio else "" for d in others]
-        lines.append(_row([label, *values, *cells]))
+        lines.append(row([label, *values, *cells]))
     lines += ["", "A delivered event is, on each door:", ""]
     lines += [f"- {LABELS[d]}: {EVENT[d]}." for d in DOORS]
     lines += [

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.tables import fmt, number, ratio, row
+
 KIB = 1024
 
 
@@ -21,12 +23,6 @@ def _get(data: Any, *path: str) -> Any:
             return None
         data = data[key]
     return data
-
-
-def _ratio(a: Any, b: Any) -> float | None:
-    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
-        return None
-    return round(a / b, 3)
 
 
 # figure name -> where it is in a server's result
@@ -84,7 +80,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         figures["gateway"] |= {f: _figure(servers["gateway"], p) for f, p in STORE_FIGURES.items()}
     gw = figures.get("gateway", {})
     ratios = {
-        peer: {fig: _ratio(gw.get(fig), values.get(fig)) for fig in FIGURES}
+        peer: {fig: ratio(gw.get(fig), values.get(fig)) for fig in FIGURES}
         for peer, values in figures.items()
         if peer != "gateway"
     }
@@ -94,7 +90,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     storm_rate = _get(result, "replay", "storm", "events_per_s")
     result["figures"] = figures
     result["ratios"] = ratios
-    result["storm_to_live"] = _ratio(storm_rate, live)
+    result["storm_to_live"] = ratio(storm_rate, live)
     result["targets"] = _targets(result, gw, ratios)
     result["client_limited"] = _flagged(result, "client_limited")
     result["noisy"] = _flagged(result, "noisy")
@@ -178,36 +174,24 @@ def _kib(value: Any) -> float | None:
 
 
 def _replayed(result: dict[str, Any]) -> str:
-    return _fmt(_get(result, "replay", "one_client", "events"))
+    return fmt(_get(result, "replay", "one_client", "events"))
 
 
 def _rate(result: dict[str, Any], step: str) -> str:
     """The token rate per session of one of the gateway's fan-out steps."""
-    return _fmt(_get(result, "servers", "gateway", "fanout", step, "rate"))
+    return fmt(_get(result, "servers", "gateway", "fanout", step, "rate"))
 
 
 def _clients(result: dict[str, Any]) -> str:
-    return _fmt(_get(result, "servers", "gateway", "fanout", "reference", "clients"))
+    return fmt(_get(result, "servers", "gateway", "fanout", "reference", "clients"))
 
 
 def _idle_count(result: dict[str, Any], index: int) -> str:
     points = _get(result, "servers", "gateway", "idle", "points") or [{}]
-    return _fmt(points[index].get("connections"))
+    return fmt(points[index].get("connections"))
 
 
 # --- markdown --------------------------------------------------------------------------
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
 
 
 def _labels(result: dict[str, Any]) -> dict[str, str]:
@@ -250,48 +234,48 @@ def markdown(result: dict[str, Any]) -> str:
     peers = [name for name in figures if name != "gateway"]
     names = ["gateway", *peers]
     head = ["figure", *names, *(f"gateway / {p}" for p in peers)]
-    lines = [_row(head), _row(["---"] * len(head))]
+    lines = [row(head), row(["---"] * len(head))]
     for fig, label in _labels(result).items():
         values = [figures[n].get(fig) for n in names]
         if fig.startswith("idle_"):
             values = [_kib(v) for v in values]
         ratios = [result["ratios"][p].get(fig) for p in peers]
-        lines.append(_row([label, *map(_fmt, values), *map(_fmt, ratios)]))
+        lines.append(row([label, *map(fmt, values), *map(fmt, ratios)]))
     replay = result.get("replay", {})
     slow = result.get("slow_clients", {})
     storm = replay.get("storm", {})
     ttft = result.get("ttft") or {}
     lines += [
         "",
-        _row(["gateway only", "value"]),
-        _row(["---", "---"]),
-        _row([f"{_replayed(result)}-event replay to one client (ms)",
-              _fmt(_get(replay, "one_client", "ms"))]),
-        _row([
-            f"replay storm: {_fmt(storm.get('clients'))} clients x "
-            f"{_fmt(storm.get('events_each'))} events (s)", _fmt(storm.get("s")),
+        row(["gateway only", "value"]),
+        row(["---", "---"]),
+        row([f"{_replayed(result)}-event replay to one client (ms)",
+              fmt(_get(replay, "one_client", "ms"))]),
+        row([
+            f"replay storm: {fmt(storm.get('clients'))} clients x "
+            f"{fmt(storm.get('events_each'))} events (s)", fmt(storm.get("s")),
         ]),
-        _row(["... of which until the last client had connected and subscribed (s)",
-              _fmt(storm.get("connecting_s"))]),
-        _row(["replay storm events/s", _fmt(storm.get("events_per_s"))]),
-        _row(["replay storm: server CPU / busiest client worker CPU (cores)",
-              f"{_fmt(storm.get('server_cpu_util'))} / {_fmt(storm.get('client_cpu_util'))}"]),
-        _row(["replay storm rate / max live rate", _fmt(result.get("storm_to_live"))]),
-        _row([
-            f"stalled clients ({_fmt(slow.get('stalled'))} of {_fmt(slow.get('clients'))}) "
-            "closed with 1008", _fmt(slow.get("stalled_got_1008")),
+        row(["... of which until the last client had connected and subscribed (s)",
+              fmt(storm.get("connecting_s"))]),
+        row(["replay storm events/s", fmt(storm.get("events_per_s"))]),
+        row(["replay storm: server CPU / busiest client worker CPU (cores)",
+              f"{fmt(storm.get('server_cpu_util'))} / {fmt(storm.get('client_cpu_util'))}"]),
+        row(["replay storm rate / max live rate", fmt(result.get("storm_to_live"))]),
+        row([
+            f"stalled clients ({fmt(slow.get('stalled'))} of {fmt(slow.get('clients'))}) "
+            "closed with 1008", fmt(slow.get("stalled_got_1008")),
         ]),
-        _row(["others' p99 without / with stalled clients (ms)",
-              f"{_fmt(slow.get('others_p99_ms_baseline'))} / "
-              f"{_fmt(slow.get('others_p99_ms_stalled'))}"]),
-        _row(["others' p99 ratio (stalled / baseline)", _fmt(slow.get("others_p99_ratio"))]),
-        _row(["time to first token added by the gateway (ms)", _fmt(ttft.get("added_ms"))]),
+        row(["others' p99 without / with stalled clients (ms)",
+              f"{fmt(slow.get('others_p99_ms_baseline'))} / "
+              f"{fmt(slow.get('others_p99_ms_stalled'))}"]),
+        row(["others' p99 ratio (stalled / baseline)", fmt(slow.get("others_p99_ratio"))]),
+        row(["time to first token added by the gateway (ms)", fmt(ttft.get("added_ms"))]),
         "",
-        _row(["target", "value", "goal", "met"]),
-        _row(["---", "---", "---", "---"]),
+        row(["target", "value", "goal", "met"]),
+        row(["---", "---", "---", "---"]),
     ]  # fmt: skip
     for t in result["targets"]:
-        lines.append(_row([t["target"], _fmt(t["value"]), t["goal"], _fmt(t["met"])]))
+        lines.append(row([t["target"], fmt(t["value"]), t["goal"], fmt(t["met"])]))
     lines.append("")
     lines.append(_flag_note(result, "client_limited", (
         "Client-limited windows (a client worker used >= 85% of a core, so the figure may be "
@@ -309,10 +293,6 @@ def _flag_note(result: dict[str, Any], flag: str, some: str, none: str) -> str:
     if not flagged:
         return none
     return some + ": " + "; ".join(f"{k}: {', '.join(v)}" for k, v in flagged.items())
-
-
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
 
 
 # --- one node on SQLite vs one node on Redis (--backend both) ----------------------------
@@ -355,7 +335,7 @@ def _backend_figures(server: dict[str, Any], backend: str) -> dict[str, Any]:
     for fig, path in BACKEND_FIGURES.items():
         if not path:  # the sum: the gateway's CPU plus redis-server's
             parts = (out[f"gateway_{fig}"], out[f"redis_{fig}"])
-            out[fig] = round(sum(parts), 2) if all(_number(p) for p in parts) else None
+            out[fig] = round(sum(parts), 2) if all(number(p) for p in parts) else None
         elif path[-1] in _STORE_KEYS and backend == "sqlite":
             out[fig] = 0.0 if _get(server, *path[:-1]) else None
         else:
@@ -363,25 +343,21 @@ def _backend_figures(server: dict[str, Any], backend: str) -> dict[str, Any]:
     return out
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def summarize_backends(result: dict[str, Any]) -> dict[str, Any]:
     """Figures of each backend, the ratios Redis / SQLite, and the issue's two targets."""
     servers: dict[str, Any] = result["servers"]
     figures = {name: _backend_figures(data, name) for name, data in servers.items()}
     sqlite, redis = figures.get("sqlite", {}), figures.get("redis", {})
-    ratios = {fig: _ratio(redis.get(fig), sqlite.get(fig)) for fig in BACKEND_FIGURES}
+    ratios = {fig: ratio(redis.get(fig), sqlite.get(fig)) for fig in BACKEND_FIGURES}
     result["figures"] = figures
     result["ratios"] = {"redis / sqlite": ratios}
     n = _get(servers, "sqlite", "fanout", "reference", "clients")
-    light = _fmt(_get(servers, "sqlite", "fanout", "reference", "rate"))
-    loaded = _fmt(_get(servers, "sqlite", "fanout", "half_load", "rate"))
+    light = fmt(_get(servers, "sqlite", "fanout", "reference", "rate"))
+    loaded = fmt(_get(servers, "sqlite", "fanout", "half_load", "rate"))
     checks = [
-        (f"CPU/event, gateway + redis-server, Redis / SQLite ({_fmt(n)} clients, {light}/s)",
+        (f"CPU/event, gateway + redis-server, Redis / SQLite ({fmt(n)} clients, {light}/s)",
          ratios["cpu_us_per_event"], CPU_RATIO_MAX),
-        (f"CPU/event, gateway + redis-server, Redis / SQLite ({_fmt(n)} clients, {loaded}/s)",
+        (f"CPU/event, gateway + redis-server, Redis / SQLite ({fmt(n)} clients, {loaded}/s)",
          ratios["cpu_us_per_event_half_load"], CPU_RATIO_MAX),
         ("p99 at half load, Redis / SQLite", ratios["p99_ms_half_load"], P99_RATIO_MAX),
         ("CPU/event, gateway + redis-server, Redis / SQLite (a turn of tool rounds)",
@@ -402,13 +378,13 @@ def summarize_backends(result: dict[str, Any]) -> dict[str, Any]:
 
 def _backend_labels(result: dict[str, Any]) -> dict[str, str]:
     servers = result["servers"]
-    n = _fmt(_get(servers, "sqlite", "fanout", "reference", "clients"))
-    light = _fmt(_get(servers, "sqlite", "fanout", "reference", "rate"))
-    half = _fmt(_get(servers, "sqlite", "fanout", "half_load", "rate"))
+    n = fmt(_get(servers, "sqlite", "fanout", "reference", "clients"))
+    light = fmt(_get(servers, "sqlite", "fanout", "reference", "rate"))
+    half = fmt(_get(servers, "sqlite", "fanout", "half_load", "rate"))
     at_light = f"{n} clients at {light} tokens/s per session"
     at_half = f"{n} clients at {half} tokens/s per session: half SQLite's max load"
     catalog = _get(servers, "sqlite", "catalog") or {}
-    events, stored = _fmt(catalog.get("events")), _fmt(catalog.get("stored_events"))
+    events, stored = fmt(catalog.get("events")), fmt(catalog.get("stored_events"))
     tools = f"a turn of tool rounds to 1 client ({events} events, {stored} of them stored)"
     return {
         "max_sustained_events_per_s": f"max sustained events/s delivered ({n} clients)",
@@ -440,18 +416,18 @@ def markdown_backends(result: dict[str, Any]) -> str:
     """``--backend both`` as markdown: one node on SQLite vs on Redis, then the targets."""
     figures: dict[str, dict[str, Any]] = result["figures"]
     ratios = result["ratios"]["redis / sqlite"]
-    lines = [_row(["figure", "SQLite", "Redis", "Redis / SQLite"]), _row(["---"] * 4)]
+    lines = [row(["figure", "SQLite", "Redis", "Redis / SQLite"]), row(["---"] * 4)]
     for fig, label in _backend_labels(result).items():
         values = [figures.get(b, {}).get(fig) for b in ("sqlite", "redis")]
         if fig.startswith("redis_") and values[0] == 0.0:
             values[0] = "(in the gateway)"
-        lines.append(_row([label, *map(_fmt, values), _fmt(ratios.get(fig))]))
-    lines += ["", _row(["target", "value", "goal", "met"]), _row(["---"] * 4)]
+        lines.append(row([label, *map(fmt, values), fmt(ratios.get(fig))]))
+    lines += ["", row(["target", "value", "goal", "met"]), row(["---"] * 4)]
     for t in result["targets"]:
-        lines.append(_row([t["target"], _fmt(t["value"]), t["goal"], _fmt(t["met"])]))
+        lines.append(row([t["target"], fmt(t["value"]), t["goal"], fmt(t["met"])]))
     lines.append("")
     lines.append(
-        f"The machine has {_fmt(_get(result, 'machine', 'cpus'))} cores, shared by the gateway,"
+        f"The machine has {fmt(_get(result, 'machine', 'cpus'))} cores, shared by the gateway,"
         " redis-server, the client workers and the bench itself: the cores rows above say what"
         " each had at half load."
     )
@@ -473,7 +449,7 @@ US = 1e6
 
 
 def _div(a: Any, b: Any, scale: float = 1.0, digits: int = 2) -> float | None:
-    if not _number(a) or not _number(b) or not b:
+    if not number(a) or not number(b) or not b:
         return None
     return round(float(a) / float(b) * scale, digits)
 
@@ -604,14 +580,14 @@ def capacity_model(result: dict[str, Any]) -> dict[str, Any]:
         who = "the nodes' CPU (the fan-out to clients)" if nodes_per_core >= 1 else (
             "Redis's one thread (a publish per batch)")  # fmt: skip
         bottleneck = (
-            f"{who}: streaming text at {_fmt(per_publish)} clients per session, one Redis"
-            f" core keeps about {_fmt(nodes_per_core)} nodes busy (a publish per batch: fewer"
+            f"{who}: streaming text at {fmt(per_publish)} clients per session, one Redis"
+            f" core keeps about {fmt(nodes_per_core)} nodes busy (a publish per batch: fewer"
             " clients per session, fewer nodes)"
         )
         if tools_nodes is not None:
             bottleneck += (
                 f"; with tool rounds, where every event is written to Redis, about"
-                f" {_fmt(tools_nodes)} nodes, past which Redis's one thread is the bottleneck"
+                f" {fmt(tools_nodes)} nodes, past which Redis's one thread is the bottleneck"
             )
     commands: set[str] = set()
     for data in result["nodes"]["configurations"].values():
@@ -677,7 +653,7 @@ def markdown_nodes(result: dict[str, Any]) -> str:
     """``--nodes``: one table, a column per configuration, then the model."""
     figures: dict[str, Any] = result["nodes"]["figures"]
     names = list(figures)
-    lines = [_row(["figure", *names]), _row(["---"] * (1 + len(names)))]
+    lines = [row(["figure", *names]), row(["---"] * (1 + len(names)))]
     clients = {_get(d, "fanout", "reference", "clients")
                for d in result["nodes"]["configurations"].values()}  # fmt: skip
     for part, rows in (("max_sustained", _NODE_ROWS), ("half_load", _HALF_ROWS)):
@@ -685,8 +661,8 @@ def markdown_nodes(result: dict[str, Any]) -> str:
             values = [figures[n][part].get(key) for n in names]
             if all(v is None or v == [] for v in values):
                 continue
-            cells = [" + ".join(map(_fmt, v)) if isinstance(v, list) else _fmt(v) for v in values]
-            lines.append(_row([label, *cells]))
+            cells = [" + ".join(map(fmt, v)) if isinstance(v, list) else fmt(v) for v in values]
+            lines.append(row([label, *cells]))
     errors = [f"{name}: {figures[name]['error']}" for name in names if "error" in figures[name]]
     placements = "; ".join(
         f"{name}: sessions owned {d['placement']['sessions_owned']}, with clients "
@@ -697,12 +673,12 @@ def markdown_nodes(result: dict[str, Any]) -> str:
     lines += [f"\n**Failed**: {error}" for error in errors]
     lines += [
         "",
-        f"Clients: {', '.join(map(_fmt, sorted(c for c in clients if c)))}, the same in every"
-        f" configuration, on the same {_fmt(_get(result, 'machine', 'cpus'))}-core machine as"
+        f"Clients: {', '.join(map(fmt, sorted(c for c in clients if c)))}, the same in every"
+        f" configuration, on the same {fmt(_get(result, 'machine', 'cpus'))}-core machine as"
         f" every node and redis-server. Sessions per node: {placements}.",
         "",
-        _row(["capacity model (at the busiest sustained step; a core per node)", "value"]),
-        _row(["---", "---"]),
+        row(["capacity model (at the busiest sustained step; a core per node)", "value"]),
+        row(["---", "---"]),
     ]
     for key, label in (
         ("node_cpu_us_per_event", "a node's CPU per event to its own clients (us)"),
@@ -720,7 +696,7 @@ def markdown_nodes(result: dict[str, Any]) -> str:
         ("redis_stored_events_per_s_per_core", "stored events/s one Redis core carries"),
         ("nodes_per_redis_core_tools", "nodes one Redis core keeps busy (tool rounds)"),
     ):  # fmt: skip
-        lines.append(_row([label, _fmt(model.get(key))]))
+        lines.append(row([label, fmt(model.get(key))]))
     lines += ["", f"Bottleneck: {model.get('bottleneck') or '-'}.", ""]
     if model.get("cluster"):
         lines += [f"Cluster: {model['cluster']}.", ""]
@@ -784,7 +760,7 @@ def plots(result: dict[str, Any], stem: Path) -> list[Path]:
         ax.plot(clients, [s["events_per_s"] for s in steps], marker="o", label=name)
         cost.plot(clients, [s["cpu_us_per_event"] for s in steps], marker="o", label=name)
     rate = _get(result, "profile", "rate")
-    ax.set_title(f"Events/s against client count ({_fmt(rate)} tokens/s per session)")
+    ax.set_title(f"Events/s against client count ({fmt(rate)} tokens/s per session)")
     ax.set_xlabel("clients")
     ax.set_ylabel("events delivered per second")
     cost.set_title("Server CPU per delivered event, same windows")

@@ -40,10 +40,7 @@ import asyncio
 import random
 import re
 import statistics
-import sys
-import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -53,9 +50,9 @@ import msgspec
 
 from bench.profiles import SessionsProfile, config_toml
 from bench.servers import GatewayServer
+from bench.tables import Log, announce, run_profile, stem
 from bench.wire import HttpClient, WsClient, open_ws
 
-Log = Callable[[str], None]
 KINDS = ("unload", "peer")
 PATHS = ("snapshot", "since")
 ATTACH_TIMEOUT_S = 30.0
@@ -389,19 +386,8 @@ def main(profile: SessionsProfile, out: Path, command: str) -> int:
     """Run ``profile``, write ``<out>/<stamp>-<profile>.json`` and ``.md``, print the table."""
     from bench.sessions_report import write  # (the report's module imports this one's names)
 
-    t0 = time.monotonic()
-
-    def log(message: str) -> None:
-        print(f"[{time.monotonic() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
-
-    with tempfile.TemporaryDirectory(prefix="bench-sessions-") as tmp:
-        result = asyncio.run(run_sessions(profile, Path(tmp), log))
-    result["command"] = command
-    result["elapsed_s"] = round(time.monotonic() - t0, 1)
-    stem = out / f"{time.strftime('%Y%m%d-%H%M%S')}-{profile.name}"
-    json_path, md_path = write(result, stem)
-    print(f"# bench {profile.name}: {command}")
-    print(md_path.read_text())
-    print(f"wrote {json_path}, {md_path}")
-    print(f"elapsed {result['elapsed_s']} s")
+    result = run_profile(
+        "bench-sessions-", command, lambda tmp, log: asyncio.run(run_sessions(profile, tmp, log))
+    )
+    announce(result, *write(result, stem(out, profile.name)))
     return 0

@@ -10,9 +10,10 @@ per churned session, the slope over the rounds).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
+
+from bench.tables import number, ratio, row
 
 GOAL_BYTES_PER_SESSION = 1024.0
 
@@ -27,16 +28,6 @@ FIGURES = (
     "sessions_per_s",
 )
 """Each a number for both daemons, in ``summary[figure]["unload" | "peer" | "ratio"]``."""
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _ratio(a: Any, b: Any) -> float | None:
-    if not (_number(a) and _number(b)) or b == 0:
-        return None
-    return round(float(a) / float(b), 3)
 
 
 def _figures(daemon: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +66,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         name: {
             "unload": by_kind["unload"][name],
             "peer": by_kind["peer"][name],
-            "ratio": _ratio(by_kind["unload"][name], by_kind["peer"][name]),
+            "ratio": ratio(by_kind["unload"][name], by_kind["peer"][name]),
         }
         for name in FIGURES
     }
@@ -91,26 +82,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _target(name: str, value: Any) -> dict[str, Any]:
-    met = _number(value) and value <= GOAL_BYTES_PER_SESSION
+    met = number(value) and value <= GOAL_BYTES_PER_SESSION
     return {"name": name, "value": value, "goal": f"<= {GOAL_BYTES_PER_SESSION:g}", "met": met}
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float) and abs(value) >= 100:
-        return f"{value:,.0f}"
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
-def _row(cells: list[Any]) -> str:
-    return "| " + " | ".join(c if isinstance(c, str) else _fmt(c) for c in cells) + " |"
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -132,26 +105,26 @@ def markdown(result: dict[str, Any]) -> str:
         f"Two daemons in one run: `idle_unload_s = {idle_s:g}` (unloading on) and the peer "
         f"with `idle_unload_s = {result['daemons']['peer']['idle_unload_s']:g}` (off). {status}",
         "",
-        _row(["figure", "unloading on", "unloading off (peer)", "on / off"]),
-        _row(["---"] * 4),
+        row(["figure", "unloading on", "unloading off (peer)", "on / off"]),
+        row(["---"] * 4),
     ]
 
-    def row(label: str, name: str, scale: float = 1.0) -> None:
+    def add(label: str, name: str, scale: float = 1.0) -> None:
         f = s[name]
-        scaled = [None if not _number(v) else v / scale for v in (f["unload"], f["peer"])]
-        lines.append(_row([label, *scaled, f["ratio"]]))
+        scaled = [None if not number(v) else v / scale for v in (f["unload"], f["peer"])]
+        lines.append(row([label, *scaled, f["ratio"]]))
 
-    row(f"RSS per idle session, {n:,} sessions (bytes)", "rss_per_idle_session_bytes")
-    row(f"RSS slope over a churn of {rounds} x {k:,} sessions (KiB per round)",
+    add(f"RSS per idle session, {n:,} sessions (bytes)", "rss_per_idle_session_bytes")
+    add(f"RSS slope over a churn of {rounds} x {k:,} sessions (KiB per round)",
         "churn_rss_slope_bytes_per_round", 1024.0)  # fmt: skip
-    row("... per churned session (bytes)", "churn_rss_slope_bytes_per_session")
+    add("... per churned session (bytes)", "churn_rss_slope_bytes_per_session")
     for path, words in (("snapshot", "a snapshot"), ("since", "a `since` replay")):
         for q in ("p50", "p99"):
-            row(f"attach with {words}, {q}: unloaded / loaded session (ms)",
+            add(f"attach with {words}, {q}: unloaded / loaded session (ms)",
                 f"attach_{path}_{q}_ms")  # fmt: skip
-    row("sessions created per second (each with a turn)", "sessions_per_s")
-    lines += ["", _row(["target", "value", "goal", "met"]), _row(["---"] * 4)]
-    lines += [_row([t["name"], t["value"], t["goal"], t["met"]]) for t in s["targets"]]
+    add("sessions created per second (each with a turn)", "sessions_per_s")
+    lines += ["", row(["target", "value", "goal", "met"]), row(["---"] * 4)]
+    lines += [row([t["name"], t["value"], t["goal"], t["met"]]) for t in s["targets"]]
     lines += ["", f"Elapsed {result.get('elapsed_s')} s. Command: `{result.get('command')}`."]
     return "\n".join(lines) + "\n"
 

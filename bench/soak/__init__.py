@@ -13,9 +13,6 @@ checks, sans-IO), :mod:`~bench.soak.daemon` (the process and its
 
 from __future__ import annotations
 
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import trio
@@ -23,6 +20,7 @@ import trio
 from bench.profiles import SoakProfile
 from bench.soak.report import verdict, write
 from bench.soak.run import run_soak
+from bench.tables import run_profile, stem
 
 __all__ = ["main", "run_soak"]
 
@@ -33,18 +31,9 @@ def main(profile: SoakProfile, out: Path, command: str) -> int:
     Returns:
         0 when every check passed, 1 otherwise.
     """
-    t0 = time.monotonic()
-
-    def log(message: str) -> None:
-        print(f"[{time.monotonic() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
-
-    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        result = trio.run(run_soak, profile, Path(tmp), log)
-    result["command"] = command
-    result["elapsed_s"] = round(time.monotonic() - t0, 1)
+    result = run_profile("soak-", command, lambda tmp, log: trio.run(run_soak, profile, tmp, log))
     checks = verdict(result, profile)
-    stem = out / f"{time.strftime('%Y%m%d-%H%M%S')}-{profile.name}"
-    json_path, md_path = write(result, checks, stem)
+    json_path, md_path = write(result, checks, stem(out, profile.name))
     print(md_path.read_text())
     print(f"wrote {json_path}, {md_path}")
     return 0 if all(c.passed for c in checks) else 1
