@@ -1,4 +1,5 @@
-"""What tests/system/test_ui_browser.py needs around it: Debian's chromium, Playwright, a daemon.
+"""What the browser tests need around them (tests/system/test_ui_browser.py,
+test_aisdk_browser.py, test_boundary_browser.py): Debian's chromium, Playwright, a daemon.
 
 - :func:`chromium` finds ``/usr/bin/chromium`` or installs Debian's package
   (quietly; nothing to do when it is there), as root or through passwordless
@@ -9,6 +10,9 @@
   with its own config file, stopped with SIGTERM. The browser tests are
   synchronous (Playwright's sync API blocks), so the gateway runs in its own
   process rather than in the test's Trio loop.
+- :func:`launched_chromium` and :func:`serving` hold each for a ``with``: the
+  browser closed after it, the daemon stopped, its exit clean (status 0, no
+  traceback in its log) or the test fails.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -106,3 +113,31 @@ class Daemon:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+@contextmanager
+def launched_chromium(expect_timeout_ms: float | None = None) -> Iterator[Any]:
+    """Debian's chromium launched by Playwright (its ``expect`` waiting up to the timeout)."""
+    executable = chromium()
+    api = playwright_sync_api()
+    if expect_timeout_ms is not None:
+        api.expect.set_options(timeout=expect_timeout_ms)
+    with api.sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=executable)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@contextmanager
+def serving(workdir: Path, config: str) -> Iterator[Daemon]:
+    """A :class:`Daemon`, stopped after the ``with``: it must exit 0, no traceback logged."""
+    gateway = Daemon(workdir, config)
+    try:
+        yield gateway
+    finally:
+        status = gateway.stop()
+        log = gateway.log_text()
+        assert status == 0, log
+        assert "Traceback" not in log, log

@@ -1,12 +1,13 @@
 """The official AG-UI JS client (``@ag-ui/client``, from npm) runs turns (docs/protocol.md §14).
 
 The test installs ``@ag-ui/client`` into a temporary directory (``npm install
---prefix``, quiet) and runs tests/agui_js/run.mjs, whose ``HttpAgent`` talks to
-a running gateway: a run streams text whose deltas concatenate to the final
-message, a tool call that waits for approval ends the run with an interrupt
-and the next run resumes it, the call arriving with its args and result. The
-client verifies every event itself (``verifyEvents``, and its schemas): any
-violation rejects ``runAgent`` and the script exits non-zero.
+--prefix``, quiet, once per test run: tests/npm_support.py) and runs
+tests/agui_js/run.mjs, whose ``HttpAgent`` talks to a running gateway: a run
+streams text whose deltas concatenate to the final message, a tool call that
+waits for approval ends the run with an interrupt and the next run resumes it,
+the call arriving with its args and result. The client verifies every event
+itself (``verifyEvents``, and its schemas): any violation rejects ``runAgent``
+and the script exits non-zero.
 
 Skipped, saying why, where node or npm is missing or the registry cannot be
 reached (.ci/run installs node and npm).
@@ -16,13 +17,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import trio
 
 from tests.conftest import make_config, running_gateway
+from tests.npm_support import npm_prefix as npm_prefix
 from tests.paths import TESTS
 
 # slow: node runs the AG-UI client's tests
@@ -32,19 +33,9 @@ SCRIPT = TESTS / "agui_js" / "run.mjs"
 REATTACH = TESTS / "agui_js" / "reattach.mjs"
 
 
-@pytest.fixture(scope="module")
-def node_modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("node and npm are needed to install and run @ag-ui/client")
-    prefix = tmp_path_factory.mktemp("agui-npm")
-    install = [npm, "install", "--prefix", str(prefix), "--silent", "--no-audit", "--no-fund"]
-    done = subprocess.run(
-        [*install, "@ag-ui/client"], capture_output=True, text=True, timeout=300, check=False
-    )
-    if done.returncode != 0:
-        pytest.skip(f"npm install @ag-ui/client failed: {done.stderr.strip()[-500:]}")
-    return prefix / "node_modules"
+@pytest.fixture
+def node_modules(npm_prefix: Path) -> Path:
+    return npm_prefix / "node_modules"
 
 
 async def test_the_official_js_client_streams_text_and_a_resumed_tool_call(

@@ -1,7 +1,7 @@
 """The AI SDK's ``useChat`` core in Chromium, on the gateway's own origin (docs/protocol.md §14).
 
 The ``ai`` package (version 7) and ``esbuild`` are installed with npm into a
-temporary directory, once for the module; tests/aisdk_browser/chat.mjs (the
+temporary directory, once per test run (tests/npm_support.py); tests/aisdk_browser/chat.mjs (the
 package's ``AbstractChat`` with a minimal state: what ``@ai-sdk/react``'s
 ``useChat`` wraps) is bundled for the browser and injected into the page the
 gateway serves at ``/``, so every request is the page's own origin:
@@ -41,17 +41,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.npm_support import npm_prefix as npm_prefix
 from tests.paths import TESTS
-from tests.ui_support import Daemon, chromium, playwright_sync_api
+from tests.ui_support import Daemon, launched_chromium, serving
 
 # slow: npm, esbuild and chromium
 pytestmark = pytest.mark.slow
@@ -92,19 +93,10 @@ SLOW = script([[{"thinking": "Let me think."}, {"text": WORDS}]], delay_ms=50)
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> str:
+def bundle(npm_prefix: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """chat.mjs and the ``ai`` package bundled for the browser (one iife script)."""
-    npm = shutil.which("npm")
-    if shutil.which("node") is None or npm is None:
-        pytest.skip("node and npm are needed to install the ai package and esbuild")
-    prefix = tmp_path_factory.mktemp("aisdk-npm")
-    install = [npm, "install", "--prefix", str(prefix), "--silent", "--no-audit", "--no-fund"]
-    done = subprocess.run(
-        [*install, "ai@7", "esbuild"], capture_output=True, text=True, timeout=300, check=False
-    )
-    if done.returncode != 0:
-        pytest.skip(f"npm install ai@7 esbuild failed: {done.stderr.strip()[-500:]}")
-    out = prefix / "chat.js"
+    prefix = npm_prefix
+    out = tmp_path_factory.mktemp("aisdk-bundle") / "chat.js"
     esbuild = prefix / "node_modules" / ".bin" / "esbuild"
     flags = ["--bundle", "--minify", "--format=iife", "--platform=browser", "--target=chrome110"]
     built = subprocess.run(
@@ -121,26 +113,14 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    gateway = Daemon(tmp_path_factory.mktemp("aisdk-gateway"), CONFIG)
-    try:
+    with serving(tmp_path_factory.mktemp("aisdk-gateway"), CONFIG) as gateway:
         yield gateway
-    finally:
-        status = gateway.stop()
-        log = gateway.log_text()
-        assert status == 0, log
-        assert "Traceback" not in log, log
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    executable = chromium()
-    api = playwright_sync_api()
-    with api.sync_playwright() as pw:
-        launched = pw.chromium.launch(executable_path=executable)
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with launched_chromium() as launched:
+        yield launched
 
 
 class Tab:

@@ -1,7 +1,7 @@
 """The AI SDK's ``ai`` npm package (v7) reads the gateway's chunk streams (docs/protocol.md §14).
 
 The test installs ``ai@7`` and ``ws`` into a temporary directory (``npm
-install --prefix``, quiet, once for the module) and runs tests/aisdk_js/*.mjs:
+install --prefix``, quiet, once per test run: tests/npm_support.py) and runs tests/aisdk_js/*.mjs:
 
 - chunks.mjs: every response the mapping makes of every recorded trace
   (tests/unit/aisdk/test_aisdk_mapping.py's :func:`dump`), each chunk
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ import pytest
 import trio
 
 from tests.conftest import make_config, running_gateway
+from tests.npm_support import npm_prefix as npm_prefix
 from tests.paths import TESTS
 from tests.unit.aisdk.test_aisdk_mapping import dump
 
@@ -44,19 +44,9 @@ pytestmark = pytest.mark.slow
 SCRIPTS = TESTS / "aisdk_js"
 
 
-@pytest.fixture(scope="module")
-def node_modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("node and npm are needed to install and run the ai package")
-    prefix = tmp_path_factory.mktemp("aisdk-npm")
-    install = [npm, "install", "--prefix", str(prefix), "--silent", "--no-audit", "--no-fund"]
-    done = subprocess.run(
-        [*install, "ai@7", "ws"], capture_output=True, text=True, timeout=300, check=False
-    )
-    if done.returncode != 0:
-        pytest.skip(f"npm install ai@7 ws failed: {done.stderr.strip()[-500:]}")
-    return prefix / "node_modules"
+@pytest.fixture
+def node_modules(npm_prefix: Path) -> Path:
+    return npm_prefix / "node_modules"
 
 
 async def node(script: str, *args: str) -> Any:

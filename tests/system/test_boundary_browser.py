@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.ui_support import Daemon, chromium, playwright_sync_api
+from tests.ui_support import launched_chromium, serving
 
 # slow: chromium
 pytestmark = pytest.mark.slow
@@ -98,33 +98,20 @@ def sessions(base: str) -> list[Any]:
 def test_another_origin_creates_nothing_and_a_listed_one_works(
     tmp_path: Path, other_site: int
 ) -> None:
-    executable = chromium()
-    api = playwright_sync_api()
     listed = f"http://localhost:{other_site}"
     config = f'[tools]\nenabled = ["shell"]\n[auth]\nallowed_origins = ["{listed}"]\n'
-    daemon = Daemon(tmp_path, config)
-    try:
-        with api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=executable)
-            try:
-                page = browser.new_page()
-                page.goto(f"http://127.0.0.1:{other_site}/")
-                outcome = page.evaluate(ATTACK, daemon.base)
-                assert outcome["sent"] == ["opaque"] * 4, outcome  # the browser did send them
-                assert str(outcome["cors"]).startswith("refused"), outcome
-                assert sessions(daemon.base) == []  # none of them was acted on
+    with serving(tmp_path, config) as daemon, launched_chromium() as browser:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{other_site}/")
+        outcome = page.evaluate(ATTACK, daemon.base)
+        assert outcome["sent"] == ["opaque"] * 4, outcome  # the browser did send them
+        assert str(outcome["cors"]).startswith("refused"), outcome
+        assert sessions(daemon.base) == []  # none of them was acted on
 
-                page.goto(f"{listed}/")
-                outcome = page.evaluate(LISTED, daemon.base)
-                assert outcome["status"] == 201 and outcome["listed"] == 1, outcome
-                assert [s["session"]["id"] for s in sessions(daemon.base)] == [outcome["id"]]
-                # a listed origin's no-cors text/plain POST is still refused (415)
-                page.evaluate(ATTACK, daemon.base)
-                assert len(sessions(daemon.base)) == 2  # only its CORS POST went through
-            finally:
-                browser.close()
-    finally:
-        status = daemon.stop()
-    log = daemon.log_text()
-    assert status == 0, log
-    assert "Traceback" not in log, log
+        page.goto(f"{listed}/")
+        outcome = page.evaluate(LISTED, daemon.base)
+        assert outcome["status"] == 201 and outcome["listed"] == 1, outcome
+        assert [s["session"]["id"] for s in sessions(daemon.base)] == [outcome["id"]]
+        # a listed origin's no-cors text/plain POST is still refused (415)
+        page.evaluate(ATTACK, daemon.base)
+        assert len(sessions(daemon.base)) == 2  # only its CORS POST went through

@@ -49,7 +49,7 @@ import pytest
 
 from gateway.server.auth import key_id
 from tests.paths import TESTS
-from tests.ui_support import Daemon, chromium, playwright_sync_api
+from tests.ui_support import Daemon, launched_chromium, playwright_sync_api, serving
 
 # slow: chromium
 pytestmark = pytest.mark.slow
@@ -99,28 +99,14 @@ def script(rounds: list[Any], delay_ms: int = 0) -> str:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    workdir = tmp_path_factory.mktemp("ui-gateway")
-    gateway = Daemon(workdir, CONFIG)
-    try:
+    with serving(tmp_path_factory.mktemp("ui-gateway"), CONFIG) as gateway:
         yield gateway
-    finally:
-        status = gateway.stop()
-        log = gateway.log_text()
-        assert status == 0, log
-        assert "Traceback" not in log, log
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    executable = chromium()
-    api = playwright_sync_api()
-    api.expect.set_options(timeout=WAIT_MS)
-    with api.sync_playwright() as pw:
-        launched = pw.chromium.launch(executable_path=executable)
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with launched_chromium(expect_timeout_ms=WAIT_MS) as launched:
+        yield launched
 
 
 class Page:
