@@ -21,16 +21,19 @@ from gateway.agui.runs import RunBook
 from gateway.agui.shapes import CancelRun, InputMessage, ResumeEntry, RunAgentInput, RunCancelling
 from gateway.agui.sse import RunSubscriber, stream_run, tagged_sse
 from gateway.errors import ApiError
-from gateway.ids import format_event_id, new_turn_id, now_ms
-from gateway.protocol.filters import resolve_filter
-from gateway.protocol.frames import Subscribe
+from gateway.ids import new_turn_id, now_ms
 from gateway.protocol.shapes import ContentBlock, Message
 from gateway.server.auth import NO_OWNER
-from gateway.server.doors import SSE_HEADERS, ClientNamedSessions, DoorRouter, once
+from gateway.server.doors import (
+    SSE_HEADERS,
+    ClientNamedSessions,
+    DoorRouter,
+    once,
+    subscribe_full,
+)
 from gateway.server.http import Request, Response, StreamingResponse, json_response
 from gateway.server.openapi import Operation
 from gateway.server.request_parsing import decode, user_content
-from gateway.session import seam
 from gateway.session.session import Session
 
 if TYPE_CHECKING:
@@ -272,14 +275,10 @@ class AguiRoutes:
         release = once(await self.node.limits.open_stream(session.record.owner, "agui"))
         try:
             sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
-            resolved, key = resolve_filter("preset:full")
-            subscribe = Subscribe("preset:full", since=format_event_id(record.start))
-            done = await seam.subscribe(session, sub, subscribe, resolved, key, self.config.stream)
-            if done.error is not None:
+            error = await subscribe_full(session, sub, self.config.stream, since=record.start)
+            if error is not None:
                 raise ApiError(
-                    404,
-                    "run_not_found",
-                    f"run {run_id[:60]!r} can no longer be replayed: {done.error}",
+                    404, "run_not_found", f"run {run_id[:60]!r} can no longer be replayed: {error}"
                 )
         except BaseException:
             release()
@@ -311,10 +310,7 @@ class AguiRoutes:
 
     async def _subscribe(self, session: Session, sub: RunSubscriber) -> int:
         """Join the session's hub, live; the run's start (every later event is above it)."""
-        resolved, key = resolve_filter("preset:full")
-        await seam.subscribe(
-            session, sub, Subscribe("preset:full"), resolved, key, self.config.stream
-        )
+        await subscribe_full(session, sub, self.config.stream)
         return self.node.sequencer.last
 
     async def agui_cancel(self, req: Request, session_id: str) -> Response:

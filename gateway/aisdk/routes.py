@@ -21,16 +21,19 @@ from gateway.aisdk import chunks as ui
 from gateway.aisdk.mapping import ChatMapper, user_message_id
 from gateway.aisdk.stream import DONE, HEADERS, PING, ResponseSubscriber, pump, sse
 from gateway.errors import ApiError
-from gateway.ids import format_event_id, new_turn_id, now_ms, parse_event_id
-from gateway.protocol.filters import resolve_filter
-from gateway.protocol.frames import Subscribe
+from gateway.ids import new_turn_id, now_ms, parse_event_id
 from gateway.protocol.shapes import Message
 from gateway.server.auth import NO_OWNER
-from gateway.server.doors import SSE_HEADERS, ClientNamedSessions, DoorRouter, once
+from gateway.server.doors import (
+    SSE_HEADERS,
+    ClientNamedSessions,
+    DoorRouter,
+    once,
+    subscribe_full,
+)
 from gateway.server.http import Request, Response, StreamingResponse, json_response
 from gateway.server.openapi import Operation
 from gateway.server.request_parsing import decode, user_content
-from gateway.session import seam
 from gateway.session.session import Session
 from gateway.session.turn_start import turn_start
 
@@ -257,20 +260,14 @@ class Responses:
         if start is None:
             sub.leave("turn_not_found")
             return Opened(session, sub, mapper, f"turn {turn_id} can no longer be replayed")
-        resolved, key = resolve_filter("preset:full")
-        subscribe = Subscribe("preset:full", since=format_event_id(start))
-        done = await seam.subscribe(session, sub, subscribe, resolved, key, self.config.stream)
-        if done.error is not None:
+        if await subscribe_full(session, sub, self.config.stream, since=start) is not None:
             session.hub.unsubscribe(sub)
             return Opened(session, sub, mapper, f"turn {turn_id} can no longer be replayed")
         return Opened(session, sub, mapper)
 
     async def _live(self, session: Session, client: str) -> ResponseSubscriber:
         sub = ResponseSubscriber(session, self.config.stream, self.node.metrics, client)
-        resolved, key = resolve_filter("preset:full")
-        await seam.subscribe(
-            session, sub, Subscribe("preset:full"), resolved, key, self.config.stream
-        )
+        await subscribe_full(session, sub, self.config.stream)
         return sub
 
     # --- the HTTP doors --------------------------------------------------------------

@@ -3,8 +3,10 @@
 Each of them names its session itself (AG-UI's ``threadId``, the AI SDK's
 chat ``id``): :class:`ClientNamedSessions` finds it, or creates it owned by
 the caller's key, once however many requests race to. Their streams are
-server-sent events that no proxy may buffer (:data:`SSE_HEADERS`), and what
-a stream holds is given back exactly once (:func:`once`).
+server-sent events that no proxy may buffer (:data:`SSE_HEADERS`), each fed
+every event of its session (:func:`subscribe_full`: live, or replayed
+through the seam from a turn's start), and what a stream holds is given
+back exactly once (:func:`once`).
 """
 
 from __future__ import annotations
@@ -15,15 +17,19 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from gateway.errors import ApiError
+from gateway.errors import ApiError, SubscribeRejected
+from gateway.ids import format_event_id
+from gateway.protocol.filters import resolve_filter
+from gateway.protocol.frames import Subscribe
 from gateway.protocol.shapes import Message
 from gateway.server.auth import NO_OWNER, ApiKeys
 from gateway.server.http import Request
 from gateway.server.openapi import ID_PATTERN
+from gateway.session import seam
 from gateway.session.session import Session
 
 if TYPE_CHECKING:
-    from gateway.config import Config
+    from gateway.config import Config, StreamConfig
     from gateway.node import Node
 
 SSE_HEADERS = [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
@@ -114,3 +120,17 @@ def once(release: Callable[[], None]) -> Callable[[], None]:
 
 Send = Callable[[bytes], Awaitable[None]]
 """A stream's writer: one piece of the body."""
+
+
+async def subscribe_full(
+    session: Session, sub: seam.SeamSubscriber, config: StreamConfig, since: int | None = None
+) -> SubscribeRejected | None:
+    """Join ``session``'s hub with every event (``preset:full``): live, or, ``since`` an
+    event id, replayed from after it through the seam, then live (no gap, no duplicate:
+    docs/protocol.md §3). The seam's refusal of the replay (None: joined)."""
+    resolved, key = resolve_filter("preset:full")
+    cursor = None if since is None else format_event_id(since)
+    done = await seam.subscribe(
+        session, sub, Subscribe("preset:full", since=cursor), resolved, key, config
+    )
+    return done.error
