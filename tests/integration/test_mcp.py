@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -406,3 +408,35 @@ async def test_a_session_server_stops_when_its_session_goes_idle(tmp_path: Path)
         again = manager.connection("ev", "ses_a")
         assert again is not None and again.pid not in (None, pid)
         assert failures(manager, "ev") == 0  # an idle stop is no failure
+
+
+def test_a_daemon_with_no_mcp_server_never_imports_the_sdk(tmp_path: Path) -> None:
+    """The ``mcp`` SDK's types take about a second to import: a daemon with no
+    ``[mcp_servers]`` runs a turn without them (a fresh interpreter)."""
+    code = (
+        "import json, sys, trio\n"
+        "from pathlib import Path\n"
+        "from tests.conftest import make_config, running_gateway\n"
+        "async def main():\n"
+        f"    config = make_config(Path({str(tmp_path)!r}))\n"
+        "    async with running_gateway(config) as gw:\n"
+        "        sid = await gw.create_session()\n"
+        "        r = await gw.http.post(f'/sessions/{sid}/turns', json={'content': 'hi'})\n"
+        "        assert r.status_code == 202\n"
+        "        async with gw.client(sid) as client:\n"
+        "            await client.subscribe()\n"
+        "            await client.until_turn_ends()\n"
+        "trio.run(main)\n"
+        "sdk = [m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')]\n"
+        "print(json.dumps(sorted(sdk)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -39,6 +39,7 @@ from gateway.metrics import Metrics
 from gateway.protocol.closes import CLOSES
 from gateway.protocol.filters import Filter, resolve_filter
 from gateway.protocol.frames import Subscribe, SubscribeError, encode
+from gateway.server.doors import SSE_HEADERS
 from gateway.server.http import Request, Response, StreamingResponse
 from gateway.server.routes import Api
 from gateway.session import seam
@@ -51,9 +52,6 @@ log = logging.getLogger("gateway.stream")
 
 PING = b": ping\n\n"
 """The heartbeat: an SSE comment, which every SSE parser skips."""
-
-SSE_HEADERS = [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
-"""Never cached, never buffered by a proxy (nginx reads the second)."""
 
 _names = itertools.count(1)
 
@@ -148,7 +146,7 @@ class SseClient(DeliveryQueue[Gate]):
                     self.taken(item.n)
                     live = past_cut(item, cut)
                     if live is not None:
-                        parts += [_sse(_EVENT_HEAD + e.data + b"}", e.seq) for e in live.events]
+                        parts.append(_batch_sse(live))
                 try:
                     item = self.rx.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
@@ -249,6 +247,15 @@ def _sse(data: bytes, seq: int | None = None) -> bytes:
     if seq is not None:
         return b"id: " + format_event_id(seq).encode() + b"\ndata: " + data + b"\n\n"
     return b"data: " + data + b"\n\n"
+
+
+def _batch_sse(batch: FrameBatch) -> bytes:
+    """A live batch's events as SSE, encoded once for every SSE client of its filter."""
+    blob = batch.sse
+    if blob is None:
+        events = batch.events
+        blob = batch.sse = b"".join([_sse(_EVENT_HEAD + e.data + b"}", e.seq) for e in events])
+    return blob
 
 
 def _payloads(frames: bytes) -> list[bytes]:
