@@ -12,8 +12,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from gateway.mcp.tools import MAX_RESULT_BYTES
 from gateway.tools.builtin import build_registry
 from gateway.tools.registry import SessionTools, ToolRegistry
 from tests.conftest import free_port
+from tests.fresh_interpreter import modules_after_a_turn
 from tests.mcp_support import (
     EVERYTHING,
     HANG,
@@ -413,30 +412,4 @@ async def test_a_session_server_stops_when_its_session_goes_idle(tmp_path: Path)
 def test_a_daemon_with_no_mcp_server_never_imports_the_sdk(tmp_path: Path) -> None:
     """The ``mcp`` SDK's types take about a second to import: a daemon with no
     ``[mcp_servers]`` runs a turn without them (a fresh interpreter)."""
-    code = (
-        "import json, sys, trio\n"
-        "from pathlib import Path\n"
-        "from tests.conftest import make_config, running_gateway\n"
-        "async def main():\n"
-        f"    config = make_config(Path({str(tmp_path)!r}))\n"
-        "    async with running_gateway(config) as gw:\n"
-        "        sid = await gw.create_session()\n"
-        "        r = await gw.http.post(f'/sessions/{sid}/turns', json={'content': 'hi'})\n"
-        "        assert r.status_code == 202\n"
-        "        async with gw.client(sid) as client:\n"
-        "            await client.subscribe()\n"
-        "            await client.until_turn_ends()\n"
-        "trio.run(main)\n"
-        "sdk = [m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')]\n"
-        "print(json.dumps(sorted(sdk)))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    assert modules_after_a_turn(tmp_path, ("mcp.", "mcp_types")) == []

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from gateway import telemetry
 from gateway.config import TelemetryConfig
 from gateway.errors import ConfigError
 from tests.conftest import Harness, make_config, running_gateway
+from tests.fresh_interpreter import modules_after_a_turn
 from tests.integration.test_agui_http import run_input
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra: pip install 'gateway[otel]'")
@@ -342,32 +341,9 @@ def test_disabled_imports_nothing_of_opentelemetry(tmp_path: Path) -> None:
 
     The API alone may be there: the mcp SDK imports it for its own use.
     """
-    code = (
-        "import sys, trio\n"
-        "from pathlib import Path\n"
-        "from tests.conftest import make_config, running_gateway\n"
-        "async def main():\n"
-        f"    config = make_config(Path({str(tmp_path)!r}))\n"
-        "    async with running_gateway(config) as gw:\n"
-        "        sid = await gw.create_session()\n"
-        "        r = await gw.http.post(f'/sessions/{sid}/turns', json={'content': 'hi'})\n"
-        "        assert r.status_code == 202\n"
-        "trio.run(main)\n"
-        "ours = ('opentelemetry.sdk', 'opentelemetry.exporter')\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(ours))))\n"
-    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", "import json\n" + code],
-        cwd=root,
-        env={**env, "PYTHONPATH": str(root)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    ours = ("opentelemetry.sdk", "opentelemetry.exporter")
+    assert modules_after_a_turn(tmp_path, ours, env) == []
 
 
 def test_traces_without_the_extra_are_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
