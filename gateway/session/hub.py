@@ -61,18 +61,15 @@ class FrameBatch:
     ``events`` are the events as emitted (a client that reads them rather
     than sending their frames takes them from here: AG-UI); ``blob`` is every
     event's frame joined, once for all the clients that send this batch
-    whole; ``sse`` the same as server-sent events, made by the first SSE
-    client that sends it (:mod:`gateway.server.handlers.events`) for the
-    others; ``n`` is how many events it holds.
+    whole; ``n`` is how many events it holds.
     """
 
-    __slots__ = ("blob", "events", "n", "sse")
+    __slots__ = ("blob", "events", "n")
 
     def __init__(self, events: Sequence[Emitted]) -> None:
         self.events = events
         self.n = n = len(events)
         self.blob = events[0].frame if n == 1 else b"".join([e.frame for e in events])
-        self.sse: bytes | None = None
 
     def __len__(self) -> int:
         return self.n

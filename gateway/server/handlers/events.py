@@ -146,7 +146,7 @@ class SseClient(DeliveryQueue[Gate]):
                     self.taken(item.n)
                     live = past_cut(item, cut)
                     if live is not None:
-                        parts.append(_batch_sse(live))
+                        parts += [_sse(_EVENT_HEAD + e.data + b"}", e.seq) for e in live.events]
                 try:
                     item = self.rx.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
@@ -247,15 +247,6 @@ def _sse(data: bytes, seq: int | None = None) -> bytes:
     if seq is not None:
         return b"id: " + format_event_id(seq).encode() + b"\ndata: " + data + b"\n\n"
     return b"data: " + data + b"\n\n"
-
-
-def _batch_sse(batch: FrameBatch) -> bytes:
-    """A live batch's events as SSE, encoded once for every SSE client of its filter."""
-    blob = batch.sse
-    if blob is None:
-        events = batch.events
-        blob = batch.sse = b"".join([_sse(_EVENT_HEAD + e.data + b"}", e.seq) for e in events])
-    return blob
 
 
 def _payloads(frames: bytes) -> list[bytes]:
