@@ -24,6 +24,9 @@ LONG_NAP = {
 SLOW_TEXT = {"script": {"delay_ms": 5, "rounds": [[{"lorem": 400}]]}}
 """400 words, 5 ms apart: a reply that streams for about two seconds."""
 
+LONG_TEXT = {"script": {"delay_ms": 0, "rounds": [[{"lorem": 400}]]}}
+"""400 words at once: a turn of some 400 events, as fast as the gateway streams them."""
+
 WORKER_TASK = json.dumps({"script": {"rounds": [[{"text": "worked"}]]}})
 """A delegated worker's task: one round of text."""
 

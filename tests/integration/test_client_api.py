@@ -216,6 +216,7 @@ async def test_a_turn_with_a_tool_an_approval_and_a_cancel(tmp_path: Path) -> No
                 await session.cancel()  # nothing in flight: nothing to do
 
 
+@pytest.mark.slow  # over a second on two cores: the unreachable address's retries
 async def test_what_retrying_cannot_fix_raises_one_error(gw: Harness) -> None:
     with trio.fail_after(10):
         async with GatewayClient(gw.base) as client:

@@ -31,7 +31,7 @@ from gateway.errors import ApiError, ClientError
 from gateway.protocol.events import Event
 from gateway.protocol.frames import EventFrame, SubscribeAck
 from tests.conftest import Client, Harness, make_config, running_gateway
-from tests.scripts import DELEGATE, SLOW_TEXT
+from tests.scripts import DELEGATE, LONG_TEXT, SLOW_TEXT
 
 
 def workers_of(tmp_path: Path, sid: str) -> list[str]:
@@ -152,7 +152,7 @@ async def test_during_a_replay(tmp_path: Path) -> None:
         async with gw.client(sid) as c:
             await c.subscribe()
             for _ in range(3):
-                await gw.submit(sid, SLOW_TEXT)
+                await gw.submit(sid, LONG_TEXT)
                 with trio.fail_after(20):
                     await c.until_turn_ends()
             since = c.events[0].id  # a replay of nearly 1,200 events

@@ -28,7 +28,7 @@ from tests.conftest import JSON_TYPE, Harness, make_config, running_gateway
 
 KEYS = {"auth.api_keys": ["key-a", "key-b"]}
 QUICK = json.dumps({"script": {"rounds": [[{"text": "done"}]]}})
-SLOW = json.dumps({"script": {"delay_ms": 20, "rounds": [[{"lorem": 200}]]}})
+SLOW = json.dumps({"script": {"delay_ms": 5, "rounds": [[{"lorem": 200}]]}})  # a second
 
 
 def keyed(key: str, bearer: str | None = None) -> dict[str, str]:
@@ -335,6 +335,7 @@ async def test_a_restart_frees_a_key_its_process_held(tmp_path: Path) -> None:
         assert made.json()["session_id"] == "sess_planned1111111111"
 
 
+@pytest.mark.slow  # over a second on two cores: the store's real commit timeout
 async def test_a_503_whose_write_was_pending_is_answered_once_durable(tmp_path: Path) -> None:
     """The store fails: 503, the session still pending; the retry answers it, made once."""
     from gateway.errors import StoreError

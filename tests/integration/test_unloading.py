@@ -291,7 +291,7 @@ async def test_a_pending_approval_holds_the_session_past_idle_unload_s(
             await gw.submit(sid, WAIT_FOR_APPROVAL)
             seen = await c.until(lambda e: e.type == "permission.requested")
             asked = seen[-1]
-        await trio.sleep(200)  # ten idle_unload_s, the client gone: only the approval holds it
+        await trio.sleep(70)  # 3.5 idle_unload_s, the client gone: only the approval holds it
         root = gw.node.sessions[sid]
         assert root.permissions.pending()
         r = await gw.http.post(
@@ -302,7 +302,7 @@ async def test_a_pending_approval_holds_the_session_past_idle_unload_s(
             while root.turn is not None:
                 await trio.sleep(0.05)
         assert gw.node.sessions.get(sid) is root  # never unloaded while it waited
-        await trio.sleep(60)
+        await trio.sleep(30)
         assert sid not in gw.node.sessions
         history = types(await replay(gw, sid, seen[0].id))
     assert "permission.resolved" in history, history

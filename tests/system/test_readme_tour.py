@@ -93,6 +93,7 @@ def agents_example() -> tuple[str, list[str]]:
     return config, lines
 
 
+@pytest.mark.slow  # a daemon process (gateway serve) and curl
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 async def test_the_agents_example_works_as_written(tmp_path: Path) -> None:
     """The worked example of an agent with an MCP server (docs/agents.md, "A worked example").

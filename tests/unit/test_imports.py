@@ -20,6 +20,7 @@ counts as an import:
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import itertools
 import pkgutil
@@ -127,7 +128,9 @@ class Graph:
         return None
 
 
+@functools.cache
 def build_graph(package: str = PACKAGE, type_checking: bool = False) -> Graph:
+    """The package's import graph (built once per package and kind: the tests only read it)."""
     modules = package_modules(package)
     root = modules[package].parent.parent
     graph = Graph(root, modules, {m: {} for m in modules}, {m: [] for m in modules})
