@@ -8,6 +8,7 @@ correctly as plain strings; the sequence itself lives in
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 
@@ -39,8 +40,23 @@ def new_call_id() -> str:
     return _random_id("call_")
 
 
-def new_perm_id() -> str:
-    return _random_id("perm_")
+def new_perm_id(tool_use_id: str) -> str:
+    """A permission request's id: ``perm_``, 8 hex digits of its tool use's id, 12 random.
+
+    The tool use's part lets a session loaded afresh (after an unload or a
+    restart), which holds only the requests still pending, tell an answer to
+    a request it asked before from an id it never issued (docs/protocol.md §13).
+    """
+    return f"perm_{_tool_part(tool_use_id)}{secrets.token_hex(6)}"
+
+
+def asked_for(perm_id: str, tool_use_id: str) -> bool:
+    """Whether ``perm_id`` could be a request of the tool use ``tool_use_id``."""
+    return len(perm_id) == 25 and perm_id.startswith("perm_" + _tool_part(tool_use_id))
+
+
+def _tool_part(tool_use_id: str) -> str:
+    return hashlib.blake2b(tool_use_id.encode(), digest_size=4).hexdigest()
 
 
 def new_attach_token() -> str:

@@ -15,8 +15,8 @@ import msgspec
 import trio
 
 from gateway.errors import Refused
-from gateway.ids import new_perm_id
-from gateway.protocol.shapes import PendingPermission, PermissionKind
+from gateway.ids import asked_for, new_perm_id
+from gateway.protocol.shapes import Message, PendingPermission, PermissionKind, ToolUseBlock
 
 
 @dataclass(eq=False)
@@ -72,7 +72,7 @@ class Permissions:
     ) -> PermissionRequest:
         """A new request for the tool call ``tool_use_id``."""
         request = PermissionRequest(
-            new_perm_id(),
+            new_perm_id(tool_use_id),
             self._session_id,
             tool_use_id,
             tool_name,
@@ -129,6 +129,22 @@ class Permissions:
         request.decision = decision
         request.content = content
         request.decided.set()
+
+
+def asked_before(perm_id: str, messages: list[Message]) -> bool:
+    """Whether ``perm_id`` names a request for one of the tool uses in ``messages``.
+
+    A session loaded afresh holds only the requests still pending; an answer to
+    one it asked before is then told apart from an id it never issued by the
+    tool use's part of the id (:func:`gateway.ids.new_perm_id`): 409
+    ``permission_resolved``, as the session said before it left memory.
+    """
+    return any(
+        asked_for(perm_id, block.id)
+        for message in messages
+        for block in message.content
+        if isinstance(block, ToolUseBlock)
+    )
 
 
 def _not_primitive(content: dict[str, Any]) -> str | None:

@@ -81,7 +81,7 @@ from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.compaction import plan
 from gateway.session.core import KeyLimits
 from gateway.session.hub import Emitted, Hub, Subscriber
-from gateway.session.permissions import Permissions
+from gateway.session.permissions import Permissions, asked_before
 from gateway.session.runtime import Runtime
 from gateway.session.sequencer import EventSequencer
 from gateway.session.turn import Turn
@@ -465,8 +465,11 @@ class Session:
         section 2 lets ``{id}`` be the session that asked or any of its ancestors.
         A worker runs on its root's node, so the owner that decides holds it too.
         """
-        asker = next((s for s in self.scope(True) if s.permissions.holds(perm_id)), self)
-        asker.permissions.decide(perm_id, decision, content)
+        family = self.scope(True)
+        asker = next((s for s in family if s.permissions.holds(perm_id)), None)
+        if asker is None and any(asked_before(perm_id, s.messages) for s in family):
+            raise Refused("permission_resolved", f"permission {perm_id} is no longer waiting")
+        (asker or self).permissions.decide(perm_id, decision, content)
 
     def record_feedback(self, message_id: str, rating: Literal[-1, 1], comment: str | None) -> None:
         """Emit ``feedback.recorded`` for one of its messages (``POST .../feedback``).

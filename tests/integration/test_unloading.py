@@ -335,9 +335,15 @@ async def test_an_approval_racing_the_unload(tmp_path: Path) -> None:
                 while sid in gw.node.sessions:  # the unload began
                     await trio.lowlevel.checkpoint()
                 nursery.start_soon(decide)
-            # A loaded session answers 409 permission_resolved; one loaded afresh knows
-            # only what is pending, so 404 permission_not_found (docs/protocol.md §13).
-            assert answers == [404], answers
+            # A loaded session answers 409 permission_resolved; so does one loaded afresh,
+            # which holds only what is pending: the id names one of its tool uses (§13).
+            assert answers == [409], answers
+            bogus = url.rsplit("/", 1)[0] + "/perm_" + "0" * 20
+            never = await gw.http.post(bogus, json={"decision": "deny"})
+            assert (never.status_code, never.json()["error"]["code"]) == (
+                404,
+                "permission_not_found",
+            )
             reloaded = gw.node.sessions[sid]
             assert reloaded is not root and not reloaded.permissions.pending()
             assert reloaded.record.turn_count == 1
