@@ -35,7 +35,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import trio
-from claude_agent_sdk import ClaudeSDKClient, ResultMessage, SystemMessage
+from claude_agent_sdk import (
+    AssistantMessage,
+    ClaudeSDKClient,
+    ResultMessage,
+    StreamEvent,
+    SystemMessage,
+)
 from claude_agent_sdk.types import CanUseTool
 
 from gateway.agents import AgentProfile
@@ -101,6 +107,7 @@ class CliProcess:
         self.owed = 0  # results of the queries sent (a CLI that reports no state)
         self.reports_state = False  # the CLI sends session_state_changed frames
         self.settled = True  # the inbox's reader took the CLI's last "idle" (or result)
+        self.answering = False  # a query is under way whose result was not taken yet
         self.cost_seen = 0.0  # the CLI's total_cost_usd at its last result
         self._busy = False  # a turn or a compaction is in flight
         self._active_at = trio.current_time()  # the last turn's start or end (idle_process_s)
@@ -187,7 +194,7 @@ class CliProcess:
                 self.client, self.transport, self.inbox, self._scope = (
                     client, transport, receive, scope
                 )  # fmt: skip
-                self.owed, self.settled = 0, True
+                self.owed, self.settled, self.answering = 0, True, False
                 self.node.process_slots.attach(self.agent.name, s.id, self)
                 task_status.started()
                 event(
@@ -256,14 +263,21 @@ class CliProcess:
         """Send a query (a turn's prompt, or a command): the CLI is busy until idle."""
         assert self.client is not None
         self.owed += 1
-        self.settled = False
+        self.settled, self.answering = False, True
         await self.client.query(prompt)
 
-    def took(self, message: Any) -> None:
-        """The inbox's reader took ``message``: whether the CLI is settled now.
+    @property
+    def done(self) -> bool:
+        """Whether the CLI owes nothing more: idle, and the last query's result taken."""
+        return self.settled and not self.answering
 
-        ``idle`` settles it, ``running`` (a query, or one the CLI started on
-        its own) unsettles it; a CLI that reports no state is settled by the
+    def took(self, message: Any) -> None:
+        """The inbox's reader took ``message``: whether the CLI is :attr:`done` now.
+
+        ``idle`` settles it, ``running`` unsettles it; a query's start (its
+        ``init``, the main thread's stream: one the CLI started on its own)
+        opens an answer, its result closes it (the CLI may say ``idle`` just
+        before the result). A CLI that reports no state is settled by the
         result of its last query.
         """
         state = session_state(message)
@@ -272,9 +286,18 @@ class CliProcess:
         elif state == "running":
             self.settled = False
         elif isinstance(message, ResultMessage):
-            self.owed = max(0, self.owed - 1)
+            self.owed, self.answering = max(0, self.owed - 1), False
             if not self.reports_state and not self.owed:
                 self.settled = True
+        elif _starts_an_answer(message):
+            self.answering = True
+
+    def book_cost(self, total: float | None) -> None:
+        """The cost of a query of no turn (the CLI's running total grew): the session's."""
+        if total is not None and total > self.cost_seen:
+            self.s.record.cost_so_far_usd += total - self.cost_seen
+            self.s.save_record()
+            self.cost_seen = total
 
     async def settle_previous(self) -> None:
         """Read and drop what the CLI still says until it is idle (an interrupted turn's,
@@ -282,17 +305,22 @@ class CliProcess:
         inbox = self.inbox
         if inbox is None:
             return
+        own = self.done  # past an idle, a query is the CLI's own: its cost is the session's
         with trio.move_on_after(DRAIN_TIMEOUT_S):
             while True:
                 try:
-                    message = await inbox.receive() if not self.settled else inbox.receive_nowait()
+                    message = await inbox.receive() if not self.done else inbox.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
                 self.took(message)
-                if isinstance(message, ResultMessage):  # its cost: the cancelled turn's
-                    self.cost_seen = message.total_cost_usd or self.cost_seen
-        if not self.settled:  # not idle in time: a CLI that does not answer is started again
-            self.owed, self.settled = 0, True
+                if isinstance(message, ResultMessage):
+                    if own:
+                        self.book_cost(message.total_cost_usd)
+                    else:  # the interrupted turn's: its calls were priced with it
+                        self.cost_seen = message.total_cost_usd or self.cost_seen
+                own = own or self.done
+        if not self.done:  # not idle in time: a CLI that does not answer is started again
+            self.owed, self.settled, self.answering = 0, True, False
             stopped = self._stopped
             self.stop()
             await stopped.wait()
@@ -301,7 +329,7 @@ class CliProcess:
         """Stop the query in flight (and its background tasks): ``interrupt()``, shielded,
         within :data:`INTERRUPT_TIMEOUT_S`."""
         client = self.client
-        if client is None or self.settled:
+        if client is None or self.done:
             return
         with trio.CancelScope(shield=True), trio.move_on_after(INTERRUPT_TIMEOUT_S):
             try:
@@ -312,3 +340,12 @@ class CliProcess:
                     f"session {self.s.id}: the interrupt failed: {exc}",
                     session_id=self.s.id, error=str(exc),
                 )  # fmt: skip
+
+
+def _starts_an_answer(message: Any) -> bool:
+    """A query's start, or its main thread streaming (not a sub-agent's message)."""
+    if isinstance(message, SystemMessage):
+        return message.subtype == "init"
+    if isinstance(message, StreamEvent | AssistantMessage):
+        return message.parent_tool_use_id is None
+    return False

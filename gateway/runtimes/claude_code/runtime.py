@@ -210,6 +210,8 @@ class ClaudeCode:
             try:
                 message = await inbox.receive()
             except trio.EndOfChannel:
+                if ended is not None:  # its answer was whole; the CLI went before its idle
+                    return ended
                 raise _ProcessGone from None
             if self.feed is not None:  # a worker's: its sub-agent's messages
                 stop = await self._sub_agent_message(turn, state, message)
@@ -220,7 +222,7 @@ class ClaudeCode:
             stop = await self._message(turn, state, message)
             if stop is not None:
                 ended = stop
-            if ended is not None and self.process.settled:
+            if ended is not None and self.process.done:
                 return ended
             if self.subagents.waiting:
                 await self.subagents.start_announced(turn)
@@ -245,7 +247,7 @@ class ClaudeCode:
             await self.subagents.task_ended(turn, message)
         elif isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
             self.s.emit(compaction(message), turn.id)
-        elif isinstance(message, TaskStartedMessage) and message.tool_use_id:
+        elif isinstance(message, TaskStartedMessage) and _sub_agent(message):
             self.subagents.task_started(message)
         elif isinstance(message, SystemMessage):
             pass  # init, status, session state: nothing for the clients (yet)
@@ -416,20 +418,13 @@ class ClaudeCode:
                         if message.subtype == "compact_boundary":
                             self.s.emit(compaction(message), None)
                     elif isinstance(message, ResultMessage):
-                        self._book_cost(message.total_cost_usd)
-                    if process.settled:
+                        process.book_cost(message.total_cost_usd)
+                    if process.done:
                         break
             if timer.cancelled_caught:
                 process.stop()
         finally:
             process.end()
-
-    def _book_cost(self, total: float | None) -> None:
-        """The cost of a query of no turn (the CLI's running total grew): the session's."""
-        if total is not None and total > self.process.cost_seen:
-            self.s.record.cost_so_far_usd += total - self.process.cost_seen
-            self.s.save_record()
-            self.process.cost_seen = total
 
     # --- a worker session's (docs/protocol.md §5) -------------------------------------------
 
@@ -475,3 +470,9 @@ class ClaudeCode:
     async def _replay(self, turn: Turn, state: TurnState, events: Iterable[RawData]) -> None:
         for data in events:
             await self._stream_event(turn, state, data)
+
+
+def _sub_agent(message: TaskStartedMessage) -> bool:
+    """Whether a task Claude Code started is a sub-agent (an ``Agent`` tool's), not a
+    background shell (``local_bash``) or another kind of task, which is the tool's own."""
+    return bool(message.tool_use_id) and message.task_type in (None, "local_agent")

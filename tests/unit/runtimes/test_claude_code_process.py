@@ -1,5 +1,6 @@
 """When a session's Claude Code CLI owes nothing more (:class:`CliProcess`'s ``took`` and
-``settle_previous``, docs/protocol.md §11): no process, an inbox of the SDK's messages.
+``settle_previous``) and when a turn ends (``ClaudeCode._follow``), docs/protocol.md §11:
+no process, an inbox of the SDK's messages.
 
 Needs the claude-code extra (it builds the SDK's message types).
 """
@@ -15,13 +16,16 @@ import trio
 
 pytest.importorskip("claude_agent_sdk", reason="needs the claude-code extra")
 
-from claude_agent_sdk import ResultMessage, SystemMessage
+from claude_agent_sdk import ResultMessage, SystemMessage, TaskStartedMessage
 
+from gateway.runtimes.claude_code import runtime as cc
 from gateway.runtimes.claude_code.process import DRAIN_TIMEOUT_S, CliProcess
 
 
-def result(total: float = 0.0) -> ResultMessage:
-    return ResultMessage("success", 1, 1, False, 1, "cc-session", total_cost_usd=total)
+def result(total: float = 0.0, stop: str = "end_turn") -> ResultMessage:
+    return ResultMessage(
+        "success", 1, 1, False, 1, "cc-session", stop_reason=stop, total_cost_usd=total
+    )
 
 
 def state(name: str) -> SystemMessage:
@@ -31,14 +35,22 @@ def state(name: str) -> SystemMessage:
 INIT = SystemMessage("init", {})
 
 
-def cli(*queued: Any, reports_state: bool = True) -> tuple[CliProcess, list[Any]]:
-    """A process whose inbox holds ``queued``, its query sent; and what it stopped."""
-    host = SimpleNamespace(s=SimpleNamespace(id="sess_1"), node=None)
-    process = CliProcess(host, None, None, None)  # type: ignore[arg-type]
+def cli(
+    *queued: Any, reports_state: bool = True, closed: bool = False
+) -> tuple[CliProcess, list[Any]]:
+    """A process whose inbox holds ``queued`` (then ends, if ``closed``), its query sent;
+    and what it stopped."""
+    session = SimpleNamespace(
+        id="sess_1", record=SimpleNamespace(cost_so_far_usd=0.0), save_record=lambda: None
+    )
+    process = CliProcess(SimpleNamespace(s=session, node=None), None, None, None)  # type: ignore[arg-type]
     send, process.inbox = trio.open_memory_channel[Any](math.inf)
     for message in queued:
         send.send_nowait(message)
-    process.reports_state, process.owed, process.settled = reports_state, 1, False
+    if closed:
+        send.close()
+    process.reports_state, process.owed = reports_state, 1
+    process.settled, process.answering = False, True
     stopped: list[Any] = []
     process.stop = lambda: stopped.append("stop")  # type: ignore[method-assign]
     return process, stopped
@@ -59,18 +71,27 @@ async def test_a_result_settles_nothing_while_claude_code_runs_a_query_of_its_ow
     process, _ = cli()
     for message in (state("running"), result(), INIT, result()):
         process.took(message)
-        assert not process.settled
+        assert not process.done
     process.took(state("idle"))
-    assert process.settled and process.owed == 0
+    assert process.done and process.owed == 0
+
+
+async def test_an_idle_just_before_a_result_waits_for_that_result() -> None:
+    process, _ = cli()
+    for message in (state("running"), result(), INIT, state("idle")):
+        process.took(message)
+        assert not process.done
+    process.took(result())
+    assert process.done
 
 
 async def test_without_state_frames_the_last_querys_result_settles_it() -> None:
     process, _ = cli(reports_state=False)
     process.owed = 2  # an interrupted query's and this one's
     process.took(result())
-    assert not process.settled
+    assert not process.done
     process.took(result())
-    assert process.settled
+    assert process.done
 
 
 async def test_the_next_turn_drops_what_claude_code_says_until_it_is_idle() -> None:
@@ -81,15 +102,17 @@ async def test_the_next_turn_drops_what_claude_code_says_until_it_is_idle() -> N
         state("idle"),
     )  # fmt: skip
     await process.settle_previous()
-    assert process.settled and left(process) == [] and stopped == []
+    assert process.done and left(process) == [] and stopped == []
     assert process.cost_seen == 1.0  # the dropped queries' cost is not the next turn's
+    # The interrupted turn's calls were priced with it; the CLI's own query is the session's.
+    assert process.s.record.cost_so_far_usd == pytest.approx(0.25)
 
 
 async def test_a_settled_cli_keeps_what_comes_after_the_next_query() -> None:
     process, stopped = cli()
-    process.settled = True
+    process.settled, process.answering = True, False
     await process.settle_previous()
-    assert process.settled and stopped == []
+    assert process.done and stopped == []
 
 
 async def test_a_cli_that_never_goes_idle_is_stopped_after_the_drain_timeout(
@@ -99,4 +122,44 @@ async def test_a_cli_that_never_goes_idle_is_stopped_after_the_drain_timeout(
     started = trio.current_time()
     await process.settle_previous()
     assert trio.current_time() - started == pytest.approx(DRAIN_TIMEOUT_S)
-    assert stopped == ["stop"] and process.settled and process.owed == 0
+    assert stopped == ["stop"] and process.done and process.owed == 0
+
+
+def runtime(process: CliProcess) -> tuple[cc.ClaudeCode, Any]:
+    """A runtime that follows ``process``'s inbox (no session, no translator), a turn's state."""
+    rt = object.__new__(cc.ClaudeCode)
+    rt.feed, rt.process, rt._early_results, rt._turn_cost = None, process, {}, 0.0
+    rt.subagents = SimpleNamespace(waiting=False)  # type: ignore[assignment]
+    turn_state = SimpleNamespace(usage=SimpleNamespace(cost_usd=0.0), pending_tools=[], call=None)
+    return rt, turn_state
+
+
+async def test_a_turn_ends_with_the_last_result_of_its_queries_whatever_the_idle_order() -> None:
+    """The task notification's query: its result, not the first, is the turn's end and
+    cost, whether Claude Code says idle just before or just after it."""
+    for idle_first in (True, False):
+        last = [state("idle"), result(0.75, "max_tokens")]
+        process, _ = cli(
+            state("running"), result(0.5), INIT, *(last if idle_first else last[::-1]), INIT
+        )
+        rt, turn_state = runtime(process)
+        assert await rt._follow(SimpleNamespace(id="turn_1"), turn_state) == "max_tokens"  # type: ignore[arg-type]
+        assert turn_state.usage.cost_usd == 0.75
+        assert left(process) == [INIT]  # what comes after the idle is not the turn's
+
+
+async def test_a_cli_gone_after_the_turns_result_but_before_its_idle_ends_it_as_it_was() -> None:
+    process, _ = cli(state("running"), result(0.5), closed=True)
+    rt, turn_state = runtime(process)
+    assert await rt._follow(SimpleNamespace(id="turn_1"), turn_state) == "end_turn"  # type: ignore[arg-type]
+
+
+def test_a_background_shell_is_no_sub_agent() -> None:
+    def started(task_type: str | None, tool_use_id: str | None = "toolu_1") -> TaskStartedMessage:
+        return TaskStartedMessage(
+            "task_started", {}, "t1", "a task", "u", "cc", tool_use_id, task_type
+        )
+
+    assert cc._sub_agent(started("local_agent")) and cc._sub_agent(started(None))
+    assert not cc._sub_agent(started("local_bash"))
+    assert not cc._sub_agent(started("local_agent", None))
