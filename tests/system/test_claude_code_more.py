@@ -563,3 +563,36 @@ async def test_a_cancel_stops_a_background_sub_agent_and_the_next_turn_is_its_ow
     assert order.index((worker_id, "turn.cancelled")) < order.index((sid, "delegate.failed"))
     assert said(next_turn) == GCD and types(next_turn).count("llm.call_started") == 1
     only_model_calls(server)
+
+
+async def test_a_background_shell_is_its_tools_own_and_what_it_wakes_is_the_sessions(
+    tmp_path: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``Bash`` run in the background is no sub-agent (no ``delegate.*``, no worker).
+    When it ends, Claude Code answers its notification in a query of its own, between
+    turns: the next turn drops it (its own answer is its own) and its cost is the
+    session's, so the session's cost is the CLI's running total."""
+    gcd = Replay(transcript("anthropic/thinking_text.sse"))
+    server = HeldServer(lambda r: False, lambda r: gcd if "and now?" in str(r.body) else None)
+    await nursery.start(server.serve)
+    text = Replay(transcript("anthropic/text.sse"))
+    server.enqueue(Replay(transcript("claude-code/bash_background.sse")), text, text)
+    config, providers = await gateway(
+        tmp_path, server, monkeypatch, tools='["Bash"]', require_approval="[]"
+    )
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        first = await run_turn(gw, sid, "run it in the background")
+        with trio.fail_after(30):  # the shell ends; Claude Code answers its notification
+            while len(server.requests) < 3:  # noqa: ASYNC110 (the fake API has no event)
+                await trio.sleep(0.05)
+        next_turn = await run_turn(gw, sid, "and now?")
+        session = gw.node.sessions[sid]
+        cost, cli_total = session.record.cost_so_far_usd, runtime_of(gw, sid).process.cost_seen
+        assert session.workers == []
+    await providers.aclose()
+    assert not [t for t in types(first) if t.startswith("delegate.")]
+    assert first[-1].type == "turn.completed" and "tool.completed" in types(first)
+    assert said(next_turn) == GCD and types(next_turn).count("llm.call_started") == 1
+    assert cli_total > 0 and cost == pytest.approx(cli_total)
+    only_model_calls(server)
