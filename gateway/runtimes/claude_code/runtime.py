@@ -163,10 +163,12 @@ class ClaudeCode:
 
     async def run_turn(self, turn: Turn, state: TurnState) -> StopReason:
         """Run one turn through Claude Code; the agent loop emits its ending."""
-        self.current = (turn, state)
         self.process.begin()
         try:
+            # What the CLI still says is no turn's: a query of its own that asks meanwhile
+            # is denied at once ("no turn is running"), not held for this turn's tool.called.
             await self.process.settle_previous()
+            self.current = (turn, state)
             self._turn_cost = 0.0
             turn.enter("llm")
             try:
