@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import compileall
 import json
+import os
 import re
 import socket
 import sys
@@ -45,6 +46,12 @@ from gateway.protocol.events import Event
 from gateway.protocol.frames import EventFrame
 from gateway.server.app import Gateway
 
+# pytest keeps each test module it rewrote (for its assertion messages) as bytecode in
+# __pycache__; PYTHONDONTWRITEBYTECODE turns that off too, and every run rewrote the
+# ~390 modules again: some 20 s of collection on two cores, for -m "not slow" as well.
+# The tests' own process writes bytecode; the processes they start read it.
+sys.dont_write_bytecode = False
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Compile the checkout's modules once where Python writes no bytecode itself.
@@ -52,9 +59,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     Under ``PYTHONDONTWRITEBYTECODE`` every daemon, CLI and bench process the
     tests start compiled the checkout's modules again from source: about 0.4 s
     of each start (a daemon's start took 1.6 s rather than 1.2 s). Reading
-    bytecode is not turned off by it, so it is written once here.
+    bytecode is not turned off by it, so it is written once here (the modules
+    this process does not import itself included: ``gateway.__main__``, the
+    bench's workers).
     """
-    if sys.dont_write_bytecode:
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
         root = Path(__file__).resolve().parents[1]
         for package in ("gateway", "bench", "tests"):
             compileall.compile_dir(root / package, quiet=1)
