@@ -272,7 +272,7 @@ class CliProcess:
         return self.settled and not self.answering
 
     def took(self, message: Any) -> None:
-        """The inbox's reader took ``message``: whether the CLI is :attr:`done` now.
+        """The inbox's reader took ``message``: what it says of the CLI being :attr:`done`.
 
         ``idle`` settles it, ``running`` unsettles it; a query's start (its
         ``init``, the main thread's stream: one the CLI started on its own)
