@@ -10,12 +10,11 @@ them from run to run, the ratios far less.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from bench.doors import DOORS, PEER
-from bench.tables import fmt, median, number, ratio, row
+from bench.tables import fmt, median, number, ratio, row, write_files
 
 NOISY = 0.25  # cores taken outside the bench during a window (bench.measure's threshold)
 CLIENT_BUSY = 0.85  # the client process's share of a core: it may be what limits
@@ -142,8 +141,4 @@ def markdown(result: dict[str, Any]) -> str:
 def write(result: dict[str, Any], stem: Path) -> tuple[Path, Path]:
     """Summarize, then write ``<stem>.json`` and ``<stem>.md``."""
     summarize(result)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    md_path.write_text(markdown(result))
-    return json_path, md_path
+    return write_files(stem, result, markdown(result))

@@ -8,11 +8,10 @@ means the gateway is cheaper, and for throughput above 1 means it is faster.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from bench.tables import fmt, number, ratio, row
+from bench.tables import fmt, number, ratio, row, write_files
 
 KIB = 1024
 
@@ -779,9 +778,5 @@ def plots(result: dict[str, Any], stem: Path) -> list[Path]:
 
 def write(result: dict[str, Any], stem: Path) -> tuple[Path, Path, list[Path]]:
     """``stem``.json, ``stem``.md and the plots; returns their paths."""
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    json_path = stem.with_suffix(".json")
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    md_path = stem.with_suffix(".md")
-    md_path.write_text(markdown(result))
+    json_path, md_path = write_files(stem, result, markdown(result))
     return json_path, md_path, plots(result, stem)

@@ -9,11 +9,10 @@ per churned session, the slope over the rounds).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from bench.tables import number, ratio, row
+from bench.tables import number, ratio, row, write_files
 
 GOAL_BYTES_PER_SESSION = 1024.0
 
@@ -132,8 +131,4 @@ def markdown(result: dict[str, Any]) -> str:
 def write(result: dict[str, Any], stem: Path) -> tuple[Path, Path]:
     """Summarize, then write ``<stem>.json`` and ``<stem>.md``."""
     summarize(result)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    md_path.write_text(markdown(result))
-    return json_path, md_path
+    return write_files(stem, result, markdown(result))

@@ -3,7 +3,8 @@
 - :func:`run_profile`: a profile's run in a temporary directory, its log lines
   stamped with the seconds since the start (on stderr), the result given its
   command and elapsed time; :func:`stem` names its result files
-  (``<out>/<stamp>-<profile>``); :func:`announce` prints what was written.
+  (``<out>/<stamp>-<profile>``), :func:`write_files` writes them (the JSON and
+  the markdown table); :func:`announce` prints what was written.
 - :func:`number`, :func:`ratio`, :func:`median`: figures, read defensively (a
   figure a run could not measure is None, and so is any ratio of it).
 - :func:`fmt`, :func:`row`: a markdown table's cells.
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -43,6 +45,17 @@ def run_profile(
 def stem(out: Path, profile: str) -> Path:
     """Where a run's result files go, less their suffix: ``<out>/<stamp>-<profile>``."""
     return out / f"{time.strftime('%Y%m%d-%H%M%S')}-{profile}"
+
+
+def write_files(
+    stem: Path, result: dict[str, Any], table: str, indent: int = 2
+) -> tuple[Path, Path]:
+    """Write ``<stem>.json`` (``result``) and ``<stem>.md`` (``table``); their paths."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
+    json_path.write_text(json.dumps(result, indent=indent) + "\n")
+    md_path.write_text(table)
+    return json_path, md_path
 
 
 def announce(result: dict[str, Any], json_path: Path, md_path: Path) -> None:

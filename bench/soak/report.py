@@ -11,7 +11,6 @@ pass.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 from bench.profiles import SoakProfile
 from bench.soak.clients import KILLS
+from bench.tables import write_files
 
 FIGURES = ("fds", "tasks", "rss_bytes", "ws_connections", "sessions_live")
 MIB = 1024 * 1024
@@ -223,10 +223,6 @@ def markdown(result: dict[str, Any], checks: list[Check]) -> str:
 
 def write(result: dict[str, Any], checks: list[Check], stem: Path) -> tuple[Path, Path]:
     """``<stem>.json`` (everything, the checks included) and ``<stem>.md``."""
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
     full = {**result, "figures": figures(result), "checks": [asdict(c) for c in checks],
             "passed": all(c.passed for c in checks)}  # fmt: skip
-    json_path.write_text(json.dumps(full, indent=1))
-    md_path.write_text(markdown(result, checks))
-    return json_path, md_path
+    return write_files(stem, full, markdown(result, checks), indent=1)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.tables import fmt, median, number, ratio, row, run_profile, stem
+from bench.tables import fmt, median, number, ratio, row, run_profile, stem, write_files
 
 
 @pytest.mark.parametrize("value", [None, True, "3", math.nan, math.inf, [1]])
@@ -46,3 +46,10 @@ def test_a_run_gets_its_command_its_time_and_a_directory_gone_after_it(
     assert not seen[0].exists() and seen[0].name.startswith("bench-test-")
     assert capsys.readouterr().err.strip().endswith("s] halfway")
     assert stem(tmp_path, "p").name.endswith("-p") and stem(tmp_path, "p").parent == tmp_path
+
+
+def test_a_runs_files_are_its_json_and_its_table(tmp_path: Path) -> None:
+    json_path, md_path = write_files(tmp_path / "out" / "stamp-p", {"a": [1]}, "| t |\n")
+    assert (json_path.name, md_path.name) == ("stamp-p.json", "stamp-p.md")
+    assert json_path.read_text() == '{\n  "a": [\n    1\n  ]\n}\n'
+    assert md_path.read_text() == "| t |\n"
