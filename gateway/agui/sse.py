@@ -104,6 +104,24 @@ class RunSubscriber(DeliveryQueue[Gate]):
         live = past_cut(batch, self.cut)
         return [] if live is None else [e for e in map(_read, live.events) if e is not None]
 
+    async def drain(self, item: FrameBatch | Gate) -> list[tuple[list[Envelope[Any]], bool]]:
+        """``item`` and everything queued behind it, read: each piece's events, and
+        whether the seam replayed them (a gate, waited for; its cut kept) or they are live."""
+        pieces: list[tuple[list[Envelope[Any]], bool]] = []
+        queued: FrameBatch | Gate | None = item
+        while queued is not None:
+            if isinstance(queued, Gate):
+                await queued.ready.wait()
+                self.cut = queued.cut
+                pieces.append((self.replayed(queued), True))
+            else:
+                pieces.append((self.take(queued), False))
+            try:
+                queued = self.rx.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                queued = None
+        return pieces
+
     def replayed(self, gate: Gate) -> list[Envelope[Any]]:
         """The events of a replay the seam put in the gate (its WebSocket frames, read back)."""
         out: list[Envelope[Any]] = []
@@ -196,18 +214,12 @@ async def stream_run(
                 await send(PING)
                 continue
             out: list[Tagged] = []
-            while item is not None:
-                if isinstance(item, Gate):
-                    await item.ready.wait()
-                    sub.cut = item.cut
-                    out += feed.replayed(sub.replayed(item), now_ms())
+            for events, replayed in await sub.drain(item):
+                if replayed:
+                    out += feed.replayed(events, now_ms())
                 else:
-                    for event in sub.take(item):
+                    for event in events:
                         out += feed.receive(event)
-                try:
-                    item = sub.rx.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    item = None
             out += feed.pause(now_ms())
             if sub.too_slow:
                 raise SlowClient("the AG-UI run's queue overflowed")

@@ -84,19 +84,9 @@ async def pump(
                 await idle()
                 continue
             out: list[ui.Chunk] = []
-            while item is not None:
-                if isinstance(item, Gate):
-                    await item.ready.wait()
-                    sub.cut = item.cut
-                    for event in sub.replayed(item):
-                        out += mapper.receive(event)
-                else:
-                    for event in sub.take(item):
-                        out += mapper.receive(event)
-                try:
-                    item = sub.rx.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    item = None
+            for events, _ in await sub.drain(item):
+                for event in events:
+                    out += mapper.receive(event)
             out += mapper.pause()
             if sub.too_slow:
                 raise SlowClient("the AI SDK response's queue overflowed")
