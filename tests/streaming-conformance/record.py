@@ -747,28 +747,6 @@ async def unknown_events(gw: Any, gate: Gate) -> list[Frame]:
 
 # --- Claude Code (runtime = "claude-code", docs/protocol.md §11) -------------------------------
 
-CLAUDE_CODE_AGENT = """
-[model]
-provider = "anthropic"
-name = "anthropic:claude-sonnet-4-6"
-base_url = "{base_url}"
-max_retries = 0
-
-[tools]
-approval_timeout_s = 30
-kill_grace_s = 1
-
-[agents.default]
-runtime = "claude-code"
-system = "You work for the conformance suite."
-tools = ["Bash"]
-require_approval = ["Bash"]
-env = {{ HTTPS_PROXY = "{base_url}", HTTP_PROXY = "{base_url}", NO_PROXY = "127.0.0.1" }}
-"""
-"""The default agent is Claude Code on the fake Anthropic API, which is also its proxy:
-a request meant for anywhere else would reach the fake server (and get a 500), never
-leave the machine."""
-
 FAKE_KEY = "sk-ant-conformance"
 
 
@@ -781,8 +759,8 @@ async def claude_code_gateway(tmp: Path) -> AsyncIterator[Any]:
     is the same on every run once the gateway's ids are normalised.
     """
     from bench.fake_api import FakeServer
-    from gateway.config import load_config
     from gateway.providers.factory import make_providers
+    from tests.claude_code_support import cc_config
     from tests.conftest import running_gateway
 
     server = FakeServer()
@@ -790,15 +768,10 @@ async def claude_code_gateway(tmp: Path) -> AsyncIterator[Any]:
     os.environ["ANTHROPIC_API_KEY"] = FAKE_KEY  # what the runtime passes on to the CLI
     try:
         async with trio.open_nursery() as nursery:
-            base_url = await nursery.start(server.serve)
-            path = tmp / "gateway.toml"
-            path.write_text(CLAUDE_CODE_AGENT.format(base_url=base_url))
-            flat = {
-                "server.port": 0,
-                "store.path": str(tmp / "gateway.db"),
-                "sessions.workspace_root": str(tmp / "workspaces"),
-            }
-            config = load_config(str(path), {}, flat)
+            await nursery.start(server.serve)
+            # Claude Code on the fake API, which is also its proxy: a request meant for
+            # anywhere else would reach the fake server (a 500), never leave the machine.
+            config = cc_config(tmp, server)
             providers = make_providers(config, {"ANTHROPIC_API_KEY": FAKE_KEY})
             try:
                 async with running_gateway(config, providers) as harness:
