@@ -4,7 +4,8 @@
 ``processUIMessageStream`` does, and fails on what it would reject: a delta of a
 part never started, an approval of an unknown tool call, anything after
 ``[DONE]``. The package's own schema and transports check the same doors in
-tests/system/test_aisdk_js.py.
+tests/system/test_aisdk_js.py. :func:`gateway` runs one for a test (30 s at
+most), :func:`ws_url` is its ``/ai-sdk/ws``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,24 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
+
+import trio
+
+from tests.conftest import Harness, make_config, running_gateway
+
+
+@asynccontextmanager
+async def gateway(tmp_path: Path, **overrides: Any) -> AsyncIterator[Harness]:
+    with trio.fail_after(30):
+        async with running_gateway(make_config(tmp_path, **overrides)) as h:
+            yield h
+
+
+def ws_url(h: Harness, query: str = "") -> str:
+    return h.base.replace("http://", "ws://") + "/ai-sdk/ws" + query
 
 
 class UiMessage:

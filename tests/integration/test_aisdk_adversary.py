@@ -28,8 +28,8 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
-from tests.aisdk_support import UiMessage, read, read_until, request, user
-from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway
+from tests.aisdk_support import UiMessage, gateway, read, read_until, request, user, ws_url
+from tests.conftest import TOOL_SCRIPT, Harness
 from tests.integration.test_http_api import rejected
 
 TEXT = {"script": {"rounds": [[{"text": "Hello there, friend."}]]}}
@@ -45,17 +45,6 @@ APPROVAL = {"tools.require_approval": ["sleep"]}
 KEYS = {"auth.api_keys": ["key-a", "key-b"]}
 A = {"Authorization": "Bearer key-a"}
 B = {"Authorization": "Bearer key-b"}
-
-
-@asynccontextmanager
-async def gateway(tmp_path: Path, **overrides: Any) -> AsyncIterator[Harness]:
-    with trio.fail_after(30):
-        async with running_gateway(make_config(tmp_path, **overrides)) as h:
-            yield h
-
-
-def ws_url(h: Harness, query: str = "") -> str:
-    return h.base.replace("http://", "ws://") + "/ai-sdk/ws" + query
 
 
 @asynccontextmanager

@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import socket
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import trio
 
-from tests.aisdk_support import UiMessage, read, read_until, request, user
-from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway
+from tests.aisdk_support import UiMessage, gateway, read, read_until, request, user
+from tests.conftest import TOOL_SCRIPT, Harness
 from tests.scripts import LONG_NAP, TEXT
 
 APPROVAL = {"tools.require_approval": ["sleep"]}
@@ -33,13 +33,6 @@ async def chat(h: Harness, body: dict[str, Any], message: UiMessage | None = Non
         assert r.headers["content-type"] == "text/event-stream"
         assert r.headers["x-vercel-ai-ui-message-stream"] == "v1"
         return await read(r, message)
-
-
-@asynccontextmanager
-async def gateway(tmp_path: Path, **overrides: Any) -> AsyncIterator[Harness]:
-    with trio.fail_after(30):
-        async with running_gateway(make_config(tmp_path, **overrides)) as h:
-            yield h
 
 
 def types(m: UiMessage) -> list[str]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import socket
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,21 +23,9 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
-from tests.aisdk_support import UiMessage, user
-from tests.conftest import Harness, make_config, running_gateway
+from tests.aisdk_support import UiMessage, gateway, user, ws_url
 from tests.integration.test_http_api import rejected
 from tests.scripts import LONG_NAP, TEXT
-
-
-@asynccontextmanager
-async def gateway(tmp_path: Path, **overrides: Any) -> AsyncIterator[Harness]:
-    with trio.fail_after(30):
-        async with running_gateway(make_config(tmp_path, **overrides)) as h:
-            yield h
-
-
-def ws_url(h: Harness, query: str = "") -> str:
-    return h.base.replace("http://", "ws://") + "/ai-sdk/ws" + query
 
 
 def send(chat: str, *messages: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
