@@ -45,6 +45,7 @@ class Registry:
         self._scopes: dict[str, trio.CancelScope] = {}  # each live session's tasks, to end them
         # Sessions being deleted (gateway.node.deletion): unknown to every request already.
         self.deleting: set[str] = set()
+        self._naming: dict[str, trio.Event] = {}  # ids their clients chose, being created
         self.nursery: trio.Nursery  # the node's ``sessions`` nursery, once it runs
 
     def resolve_agent(self, name: str | None) -> str:
@@ -99,8 +100,8 @@ class Registry:
                 against that owner's ``max_sessions_per_key`` like any session
                 (docs/protocol.md §15: a turn cannot make sessions its key could not;
                 the ``delegate`` tool turns the 429 into ``tool.failed`` ``limit``).
-            session_id: the id to give it (an AG-UI ``threadId`` the caller
-                checked is unknown: gateway.agui); a fresh ``sess_`` id if None.
+            session_id: the id to give it (through :meth:`create_named` only);
+                a fresh ``sess_`` id if None.
 
         Raises:
             ApiError: 429 ``too_many_sessions`` (gateway.server.auth; the count is
@@ -144,7 +145,11 @@ class Registry:
                 owner=owner,
                 agent=agent,
             )
-            node.store.put_session(record)
+            if session_id in self._naming:  # its client chose the id: the store decides
+                if await node.store.insert_session(record) is not None:
+                    raise _Taken(session_id)
+            else:
+                node.store.put_session(record)
         session = Session(node, record, parent=parent)
         if parent is not None:
             parent.workers.append(session)
@@ -159,6 +164,45 @@ class Registry:
             model=record.active_model, agent=record.agent,
         )  # fmt: skip
         return session
+
+    async def create_named(self, session_id: str, owner: str) -> Session | None:
+        """A new session ``session_id`` owned by ``owner``; ``None`` if the id is taken.
+
+        The one way a session its client names is made (docs/protocol.md §14:
+        AG-UI's ``threadId``, the AI SDK's chat ``id``, whichever door asks):
+        requests for one id on this node wait for each other, and the store
+        inserts the record only where no record has the id
+        (:meth:`gateway.store.base.Store.insert_session`), so of two creations
+        on any nodes exactly one makes it. ``None``: the id is a session's, or
+        was one being deleted; whose, the caller's ownership check tells.
+
+        Raises:
+            Refused, ApiError: as :meth:`create`.
+            StoreError: the store did not answer.
+        """
+        while (naming := self._naming.get(session_id)) is not None:
+            await naming.wait()
+        if self._taken(session_id) or await self.node.store.get_session(session_id):
+            return None
+        if session_id in self._naming or self._taken(session_id):  # meanwhile, during the read
+            return await self.create_named(session_id, owner)
+        self._naming[session_id] = named = trio.Event()
+        try:
+            return await self.create(owner=owner, session_id=session_id)
+        except _Taken:
+            return None
+        finally:
+            del self._naming[session_id]
+            named.set()
+
+    def _taken(self, session_id: str) -> bool:
+        """The id is a session's here: live, loading, leaving memory or being deleted."""
+        return (
+            session_id in self.sessions
+            or session_id in self._loading
+            or session_id in self._unloading
+            or session_id in self.deleting
+        )
 
     async def load(self, session_id: str) -> Session | None:
         """A live session, loading a stored one (and its workers); ``None`` if unknown.
@@ -307,6 +351,10 @@ class Pins:
             session.pins -= 1
             session.used_at = now
         self.held.clear()
+
+
+class _Taken(Exception):
+    """The store has a record of the id :meth:`Registry.create_named` was creating."""
 
 
 def pinning() -> Pins:

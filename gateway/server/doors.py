@@ -15,8 +15,6 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
-import trio
-
 from gateway.errors import ApiError, SubscribeRejected
 from gateway.ids import format_event_id
 from gateway.protocol.filters import resolve_filter
@@ -69,7 +67,6 @@ class ClientNamedSessions:
         self.api = api
         self.field = field
         self.code = code
-        self._creating: dict[str, trio.Event] = {}  # names being created
 
     def check(self, name: str) -> None:
         """422 ``code`` unless ``name`` can be a session id."""
@@ -83,26 +80,15 @@ class ClientNamedSessions:
     async def get(self, name: str, caller: str | None) -> Session:
         """The session ``name``, created (owned by the caller's key) when unknown.
 
-        Another key's is 404 ``session_not_found``, as anywhere.
+        Another key's is 404 ``session_not_found``, as anywhere. Whichever doors ask
+        for one name at once, one session is made, owned by one key
+        (:meth:`gateway.node.registry.Registry.create_named`).
         """
         self.check(name)
-        node = self.api.node
-        creating = self._creating.get(name)
-        if creating is not None:  # a request racing this one is creating it: then it is known
-            await creating.wait()
-        if name in node.sessions or await node.store.get_session(name):
-            return await self.api._session(name, caller)  # another key's: 404
-        # Created meanwhile, during the store read: being created, or already
-        # done (its creation ended before this read's answer came back; the
-        # read ran before its commit): either way not this request's to create.
-        if name in self._creating or name in node.sessions:
-            return await self.get(name, caller)
-        self._creating[name] = done = trio.Event()
-        try:
-            return await node.create_session(owner=caller or NO_OWNER, session_id=name)
-        finally:
-            del self._creating[name]
-            done.set()
+        made = await self.api.node.registry.create_named(name, caller or NO_OWNER)
+        if made is not None:
+            return made
+        return await self.api._session(name, caller)
 
 
 def once(release: Callable[[], None]) -> Callable[[], None]:

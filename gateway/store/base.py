@@ -140,7 +140,27 @@ class Store(Protocol):
         ...
 
     def put_session(self, rec: SessionRecord) -> None:
-        """Enqueue an upsert of a session (by id)."""
+        """Enqueue an upsert of a session (by id).
+
+        A session's ``owner`` is fixed by its first write: an upsert never
+        changes it, and one whose owner is not the stored record's changes
+        nothing (SQLite leaves the row; Redis refuses the write, reported as a
+        row the store refused).
+        """
+        ...
+
+    async def insert_session(self, rec: SessionRecord) -> SessionRecord | None:
+        """Insert a new session now, unless its id is taken; the record that has it if so.
+
+        One atomic step of the store (SQLite: one transaction; Redis: one script,
+        across every node on it): of two creations of one id, on this node or
+        any other, exactly one inserts and the other is told whose the id is
+        (docs/protocol.md §14: a session its client names). Durable when it
+        returns ``None``.
+
+        Raises:
+            StoreError: the store cannot be written.
+        """
         ...
 
     def put_message(self, msg: StoredMessage) -> int:

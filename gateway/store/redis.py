@@ -173,9 +173,7 @@ if ARGV[1] ~= '' and holder and holder ~= ARGV[1] then return {holder} end
 # A session record and its indexes. KEYS: lease, record, sessions, owner's,
 # owners or parent's workers, owner's roots, open; ARGV: node, record, index
 # member, id, owner, "w" for a worker, "o" for a turn in flight.
-_PUT_SESSION = (
-    _FENCE
-    + """
+_WRITE_SESSION = """
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('ZADD', KEYS[3], 0, ARGV[3])
 redis.call('ZADD', KEYS[4], 0, ARGV[3])
@@ -192,6 +190,30 @@ else
 end
 return 1
 """
+
+# An upsert never changes a session's owner (Store.put_session): a record of
+# another owner is refused whole (records stored before owners existed have none).
+_PUT_SESSION = (
+    _FENCE
+    + """
+local stored = redis.call('GET', KEYS[2])
+if stored and (cmsgpack.unpack(stored)['owner'] or '') ~= ARGV[5] then
+    return redis.error_reply('the record has another owner, and an owner is never rewritten')
+end
+"""
+    + _WRITE_SESSION
+)
+
+# A new session named by its client (Store.insert_session): written only if
+# no record has its id, else that record is the answer (whoever holds its
+# lease: the node that made it, usually); the same KEYS and ARGV.
+_INSERT_SESSION = (
+    """
+local stored = redis.call('GET', KEYS[2])
+if stored then return stored end
+"""
+    + _FENCE
+    + _WRITE_SESSION
 )
 
 # A batch's messages of one session, in order; a message keeps its place when
@@ -522,21 +544,8 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
         try:
             async with client.pipeline(transaction=True, raise_on_error=False) as p:
                 for rec, data in batch.sessions:
-                    sid = rec.id
-                    worker = rec.parent_session_id
-                    keys = [
-                        k.lease(sid),
-                        k.session(sid),
-                        k.sessions,
-                        k.owner(rec.owner),
-                        k.workers(worker) if worker else k.owners,
-                        k.roots(rec.owner),
-                        k.open,
-                    ]
-                    record: list[str | bytes] = [node, data, _index_member(rec), sid, rec.owner]
-                    record += ["w" if worker else "", "o" if rec.current_turn_id else ""]
-                    p.eval(_PUT_SESSION, keys, record)
-                    rows.append(f"session {sid}")
+                    p.eval(_PUT_SESSION, *self._session_write(rec, data, node))
+                    rows.append(f"session {rec.id}")
                 # One script per session for its messages, and one for its events,
                 # however many: a command costs far more than a member (the figures
                 # in docs/performance.md; a tool turn writes a message at every block's end).
@@ -581,6 +590,38 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
             if isinstance(top, int | float | bytes | str):
                 granted(int(float(top)))
         return list(refused)
+
+    def _session_write(
+        self, rec: SessionRecord, data: bytes, node: str
+    ) -> tuple[list[str], list[str | bytes]]:
+        """The KEYS and ARGV of :data:`_PUT_SESSION` and :data:`_INSERT_SESSION` for ``rec``."""
+        k = self._keys
+        sid, worker = rec.id, rec.parent_session_id
+        keys = [
+            k.lease(sid),
+            k.session(sid),
+            k.sessions,
+            k.owner(rec.owner),
+            k.workers(worker) if worker else k.owners,
+            k.roots(rec.owner),
+            k.open,
+        ]
+        args: list[str | bytes] = [node, data, _index_member(rec), sid, rec.owner]
+        args += ["w" if worker else "", "o" if rec.current_turn_id else ""]
+        return keys, args
+
+    async def insert_session(self, rec: SessionRecord) -> SessionRecord | None:
+        keys, args = self._session_write(rec, _encoder.encode(rec), self._node_id or "")
+        try:
+            answer = await self._redis().eval(_INSERT_SESSION, keys, args)
+        except _TRANSIENT as exc:
+            raise StoreError(f"cannot write to store {self._where}: {_reason(exc)}") from exc
+        if isinstance(answer, bytes):
+            return _session_decoder.decode(answer)
+        if isinstance(answer, list):  # fenced: a node holds a lease on this id
+            holder = answer[0].decode() if isinstance(answer[0], bytes) else answer[0]
+            raise StoreError(f"cannot create session {rec.id}: its lease is {holder}'s")
+        return None
 
     async def release_memory(self) -> None:
         """Nothing: what a Redis store caches is the server's, not this process's."""

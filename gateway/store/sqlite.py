@@ -202,9 +202,14 @@ _UPSERT_SESSION = f"""
         turn_count = excluded.turn_count,
         current_turn_id = excluded.current_turn_id,
         current_turn_seq = excluded.current_turn_seq,
-        owner = excluded.owner,
         agent = excluded.agent
+    WHERE sessions.owner = excluded.owner
 """
+# A session's owner is its own from its first write: the upsert above never
+# changes it (another owner's row is left whole), and a new session named by
+# its client is inserted only where no row has its id (Store.insert_session),
+# one transaction that tells which.
+_INSERT_SESSION = _UPSERT_SESSION.split("ON CONFLICT")[0] + "ON CONFLICT (id) DO NOTHING"
 # An upsert keeps the row, hence its ord: a rewritten message keeps its place.
 _UPSERT_MESSAGE = """
     INSERT INTO messages (session_id, id, data, complete_event_id, stop_reason, complete_ts)
@@ -268,23 +273,7 @@ class _Batch(Batch):
         return (self.sessions, self.messages, self.events, self.deliveries)
 
     def add_session(self, rec: SessionRecord) -> None:
-        self.sessions.append(
-            (
-                rec.id,
-                rec.created_at,
-                rec.workspace_path,
-                rec.active_model,
-                _encoder.encode(rec.metadata),
-                rec.parent_session_id,
-                rec.routing_policy_version,
-                rec.cost_so_far_usd,
-                rec.turn_count,
-                rec.current_turn_id,
-                rec.current_turn_seq,
-                rec.owner,
-                rec.agent,
-            )
-        )
+        self.sessions.append(_session_row(rec))
         self.size += 1
 
     def add_message(self, msg: StoredMessage) -> int:
@@ -622,6 +611,32 @@ def _meta(conn: sqlite3.Connection, key: str) -> int:
     return 0 if row is None else int(row[0])
 
 
+def _session_row(rec: SessionRecord) -> _SessionRow:
+    return (
+        rec.id,
+        rec.created_at,
+        rec.workspace_path,
+        rec.active_model,
+        _encoder.encode(rec.metadata),
+        rec.parent_session_id,
+        rec.routing_policy_version,
+        rec.cost_so_far_usd,
+        rec.turn_count,
+        rec.current_turn_id,
+        rec.current_turn_seq,
+        rec.owner,
+        rec.agent,
+    )
+
+
+def _insert_session(w: sqlite3.Connection, rec: SessionRecord) -> SessionRecord | None:
+    """Insert ``rec`` unless its id has a row; that row if it has (Store.insert_session)."""
+    if w.execute(_INSERT_SESSION, _session_row(rec)).rowcount:
+        return None
+    found = w.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (rec.id,))
+    return _session_record(found.fetchone())
+
+
 def _session_record(row: tuple[Any, ...]) -> SessionRecord:
     (id_, created, workspace, model, metadata, parent, policy, cost, turns, turn_id, seq, owner,
      agent) = row  # fmt: skip
@@ -752,6 +767,9 @@ class SqliteStore(GroupCommit[_Batch]):
                 raise
 
     # --- idempotency records (gateway.store.idempotency) ---------------------
+
+    async def insert_session(self, rec: SessionRecord) -> SessionRecord | None:
+        return await self._transaction(lambda w: _insert_session(w, rec))
 
     async def claim_request(
         self, owner: str, key: str, claim: idempotency.Claim, now_ms: int
