@@ -55,8 +55,9 @@ async def _race_and_check(tmp_path: Path, pairs: int, **backend: Any) -> None:
         await check_one_owner(results, [gw.base])
 
 
-async def test_two_doors_racing_for_one_name_on_sqlite(tmp_path: Path) -> None:
-    await _race_and_check(tmp_path, 200)
+@pytest.mark.parametrize("pairs", [40, pytest.param(200, marks=pytest.mark.slow)])
+async def test_two_doors_racing_for_one_name_on_sqlite(tmp_path: Path, pairs: int) -> None:
+    await _race_and_check(tmp_path, pairs)
 
 
 @pytest.mark.slow  # redis-server
