@@ -11,8 +11,8 @@ Redis (one node; two nodes: tests/system/test_named_sessions_cluster.py):
 200 pairs, each name one tenant's (its 200), the other 404, and what each
 key reads of it, live and after the gateway restarted on the same store, is
 that tenant's alone. Then a property test over every door that names a
-session: whatever sequence of doors, keys and names, a name is made once and
-stays its first maker's.
+session (AG-UI, the AI SDK's HTTP and its WebSocket): whatever sequence of
+doors, keys and names, a name is made once and stays its first maker's.
 
 Also the store's half, on both backends: ``insert_session`` inserts only a
 free id (two at once: one does), and no upsert changes an owner.
@@ -20,6 +20,7 @@ free id (two at once: one does), and no upsert changes an owner.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,6 +30,7 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from trio_websocket import open_websocket_url
 
 from tests.conftest import Harness, make_config, running_gateway
 from tests.named_race import DOORS, KEYS, check_one_owner, race
@@ -77,8 +79,27 @@ async def test_one_door_racing_itself_makes_one_session(tmp_path: Path) -> None:
 
 # --- the property: any doors, any keys, any names ----------------------------------
 
+_STATUSES = {"session_not_found": 404, "turn_in_progress": 409}
+
+
+async def _over_websocket(base: str, key: str, name: str, text: str) -> int:
+    """The AI SDK's WebSocket door (``send``): its answer as the HTTP door's status."""
+    url = base.replace("http://", "ws://") + f"/ai-sdk/ws?key={key}"
+    body = DOORS["aisdk"][1](name, text)
+    frame = {"type": "send", "requestId": "r", "headers": {}, "body": {}, "metadata": None}
+    async with open_websocket_url(url) as ws:
+        await ws.send_message(json.dumps(frame | body))
+        first = json.loads(await ws.get_message())
+    if first["type"] == "start":
+        return 200
+    assert first["type"] == "error", first
+    return _STATUSES[first["errorText"].split(":", 1)[0]]
+
+
 _requests = st.lists(
-    st.tuples(st.sampled_from(sorted(DOORS)), st.sampled_from(KEYS), st.sampled_from("xyz")),
+    st.tuples(
+        st.sampled_from([*sorted(DOORS), "aisdk-ws"]), st.sampled_from(KEYS), st.sampled_from("xyz")
+    ),
     min_size=1,
     max_size=8,
 )
@@ -102,6 +123,10 @@ async def _property(tmp_path: Path, batches: list[list[tuple[str, str, str]]]) -
             answers: list[tuple[str, str, int]] = []
 
             async def send(door: str, key: str, name: str, answers: list[Any] = answers) -> None:
+                if door == "aisdk-ws":
+                    status = await _over_websocket(gw.base, key, name, f"{key} on {door}")
+                    answers.append((key, name, status))
+                    return
                 path, body = DOORS[door]
                 async with gw.http.stream(
                     "POST", path, json=body(name, f"{key} on {door}"),
