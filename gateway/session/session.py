@@ -11,7 +11,8 @@ Runtime shape::
                             them and emits each batch at once (gateway.session.call)
 
 Where the rest of a session lives: its turn phases in :mod:`~gateway.session.turn`,
-the cancel sequences in :mod:`~gateway.session.cancel`, its subscriptions and
+the cancel sequences in :mod:`~gateway.session.closing` (pure) and
+:mod:`~gateway.session.ending` (live), its subscriptions and
 fan-out in :mod:`~gateway.session.hub`, what a client gets when it subscribes in
 :mod:`~gateway.session.seam`, its permission requests in
 :mod:`~gateway.session.permissions`.

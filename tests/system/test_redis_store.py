@@ -432,7 +432,7 @@ async def test_a_gateway_on_redis_runs_a_turn_replays_and_restarts(
                 # The dead node's lease (in the copy) expires within lease_s; this
                 # node then closes the turn: live to this client (the recovery
                 # task), or in its replay (the subscribe waited for the lease,
-                # its owner being dead, and took it: gateway.node.ask_owner).
+                # its owner being dead, and took it: gateway.node.node.Node.ask_owner).
                 if "turn.cancelled" not in types(again.events):
                     await again.until(lambda e: e.type == "turn.cancelled")
                 closing = next(e for e in again.events if e.type == "turn.cancelled")
