@@ -45,7 +45,7 @@ from gateway.metrics import Metrics
 from gateway.protocol.closes import CLOSES, close_reason
 from gateway.protocol.frames import encode
 from gateway.protocol.framing import text_frame
-from gateway.server.websocket import ConnectionClosed, WebSocket
+from gateway.server.websocket import ConnectionClosed, SocketWriter, WebSocket
 from gateway.session.delivery import DeliveryQueue
 from gateway.session.hub import FrameBatch, Group
 from gateway.session.seam import Gate, past_cut
@@ -103,7 +103,7 @@ class Outbound(DeliveryQueue[_Control]):
         self._close_deadline = math.inf
         self._writing = False  # between taking frames and having written them
         self.last_write = 0.0  # trio time of the last frame a writer or a direct short wrote
-        self._direct_fd = -1  # what the hub was last told (Hub.set_direct)
+        self._direct: SocketWriter | None = None  # what the hub was last lent (Hub.set_direct)
         self._group: Group | None = None  # the hub group, whose clock counts while direct
         ws.on_direct_change = self._update_direct
         ws.on_control = self._control_waiting
@@ -162,21 +162,21 @@ class Outbound(DeliveryQueue[_Control]):
         It may when nothing is queued and nothing is in flight (no writer), the
         seam is passed (a gate is only ever passed by a writer, which ends once
         it has drained everything behind it), no close is decided, and the
-        WebSocket has the socket free (:attr:`WebSocket.direct_fd`). Called,
+        WebSocket has the socket free (:attr:`WebSocket.direct`). Called,
         synchronously, on every change of any of these.
         """
         eligible = not self._writer_running and self.subscribed and self.closing is None
-        fd = self.ws.direct_fd if eligible else -1
-        if fd == self._direct_fd:
+        writer = self.ws.direct if eligible else None
+        if writer is self._direct:
             return
-        if fd < 0 and self._group is not None:  # off the group's clock: keep its last write
+        if writer is None and self._group is not None:  # off the group's clock: keep its last
             self.last_write = max(self.last_write, self._group.written_at)
-        self._direct_fd = fd
-        self.session.hub.set_direct(self, fd)
+        self._direct = writer
+        self.session.hub.set_direct(self, writer)
 
     def last_outbound(self) -> float:
         """Trio time of the last frame written to this client (the heartbeat's clock)."""
-        if self._direct_fd >= 0 and self._group is not None:
+        if self._direct is not None and self._group is not None:
             return max(self.last_write, self._group.written_at)
         return self.last_write
 

@@ -9,10 +9,11 @@ own compressor state and its own copy of every frame.
 
 **The socket's bytes belong to this object.** Whatever writes (the hub's
 direct write, the writer task, the reader's pong, a close), nothing is written
-between the bytes of one frame: the hub writes only while :attr:`direct_fd`
-is set (no write in progress, nothing owed, no close sent), and the rest of a
-frame it wrote only in part is handed back with :meth:`WebSocket.owe`; until
-it is sent, ``direct_fd`` is -1 and every write under the send lock (data,
+between the bytes of one frame: the hub writes only while :attr:`direct`
+lends it the socket's :class:`SocketWriter` (no write in progress, nothing
+owed, no close sent), and the rest of a frame it wrote only in part is
+handed back with :meth:`WebSocket.owe`; until
+it is sent, ``direct`` is None and every write under the send lock (data,
 pong, close) sends it first. A close never follows half a frame: the owed
 bytes go first, or the stream is dropped without a close frame.
 
@@ -51,6 +52,7 @@ The close handshake (RFC 6455 section 7):
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from collections.abc import AsyncIterator, Callable
@@ -85,6 +87,27 @@ class ConnectionClosed(GatewayError):
     """
 
 
+class SocketWriter:
+    """A socket written to without blocking: a :class:`~gateway.session.hub.DirectWriter`.
+
+    The :class:`WebSocket` that owns the socket makes it, writes through it
+    while the kernel has room, and lends it to the fan-out (:attr:`WebSocket.direct`)
+    while nothing else writes; the hub never sees the descriptor.
+
+    Args:
+        fd: the socket's descriptor, non-blocking (trio's sockets are).
+        write: how a write is made (``os.write``; tests pass their own).
+    """
+
+    __slots__ = ("fd", "try_write")
+
+    def __init__(self, fd: int, write: Callable[[int, bytes], int] = os.write) -> None:
+        self.fd = fd
+        # ``os.write`` bound to the descriptor: a call in C, with no Python frame
+        # of its own, on the fan-out's hottest line (docs/performance.md).
+        self.try_write: Callable[[bytes], int] = functools.partial(write, fd)
+
+
 class WebSocket:
     """A server WebSocket connection: one reader task and one writer task may share it.
 
@@ -96,8 +119,7 @@ class WebSocket:
         fd: the descriptor written to straight from the fan-out and by
             :meth:`send_all` while the kernel has room; by default the
             socket's for a :class:`trio.SocketStream`, none (-1) otherwise.
-        write: how such a write is made (``os.write``; tests pass their own,
-            the same as their :class:`~gateway.session.hub.Hub`'s).
+        write: how such a write is made (``os.write``; tests pass their own).
     """
 
     def __init__(
@@ -133,14 +155,13 @@ class WebSocket:
         # when it has room; -1 for other streams, and once the stream is gone.
         if fd is None:
             fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
-        self._fd = fd
-        self._os_write = write
-        # The descriptor while a frame may be written to it straight from the
-        # fan-out, with no task switch (StreamConnection.deliver): no write in
-        # progress under the send lock, no close frame sent, the stream not
-        # gone. -1 otherwise. ``on_direct_change`` is called, synchronously,
-        # each time it changes (before the socket is closed, for -1).
-        self.direct_fd = self._fd
+        self._writer = None if fd < 0 else SocketWriter(fd, write)
+        # The socket's writer while a frame may be written to it straight from
+        # the fan-out, with no task switch (StreamConnection.deliver): no write
+        # in progress under the send lock, no close frame sent, the stream not
+        # gone. None otherwise. ``on_direct_change`` is called, synchronously,
+        # each time it changes (before the socket is closed, for None).
+        self.direct: SocketWriter | None = self._writer
         self.on_direct_change: Callable[[], None] | None = None
         # Called, synchronously, when a pong waits for a write: whoever owns
         # the writing makes one soon (send_all, even of nothing, sends it).
@@ -202,11 +223,11 @@ class WebSocket:
         """The rest of a frame that a direct write sent only in part: it goes out first.
 
         Called synchronously by the fan-out, right after its short write;
-        ``direct_fd`` becomes -1 until the rest is sent (by the next write
+        ``direct`` is None until the rest is sent (by the next write
         under the send lock, whatever it carries).
         """
         self._owed += rest
-        self._set_direct(-1)
+        self._set_direct(None)
 
     @property
     def owes(self) -> bool:
@@ -234,7 +255,7 @@ class WebSocket:
             lock.acquire_nowait()
         except trio.WouldBlock:
             await lock.acquire()
-        self._set_direct(-1)
+        self._set_direct(None)
         try:
             if self.closed:
                 raise ConnectionClosed("the WebSocket is closed")
@@ -242,11 +263,11 @@ class WebSocket:
                 data, self._owed, self._control = self._owed + self._control + data, b"", b""
             if not data:
                 return
-            if self._fd >= 0:
+            if self._writer is not None:
                 # Straight to the kernel while it has room: no trip through
                 # trio's socket machinery; only the rest (if any) waits.
                 try:
-                    sent = self._os_write(self._fd, data)
+                    sent = self._writer.try_write(data)
                 except BlockingIOError:
                     sent = 0
                 except OSError as exc:
@@ -383,7 +404,7 @@ class WebSocket:
     async def _sending(self) -> AsyncIterator[None]:
         """Hold the send lock; no direct write starts until it is released."""
         await self._send_lock.acquire()
-        self._set_direct(-1)
+        self._set_direct(None)
         try:
             yield
         finally:
@@ -392,11 +413,11 @@ class WebSocket:
 
     def _sync_direct(self) -> None:
         locked = self._close_sent or self._gone or self._send_lock.locked() or bool(self._owed)
-        self._set_direct(-1 if locked else self._fd)
+        self._set_direct(None if locked else self._writer)
 
-    def _set_direct(self, fd: int) -> None:
-        if fd != self.direct_fd:
-            self.direct_fd = fd
+    def _set_direct(self, writer: SocketWriter | None) -> None:
+        if writer is not self.direct:
+            self.direct = writer
             if self.on_direct_change is not None:
                 self.on_direct_change()
 
@@ -441,6 +462,6 @@ class WebSocket:
 
     async def _drop(self) -> None:
         self._gone = True
-        self._fd = -1
-        self._set_direct(-1)
+        self._writer = None
+        self._set_direct(None)
         await trio.aclose_forcefully(self._stream)

@@ -4,10 +4,12 @@ The hot path of the gateway. An emitted batch of events is matched once per
 *distinct* filter (not once per client), the matching events' frames (each
 encoded and framed once, for every client) are wrapped in one shared
 :class:`FrameBatch`. A subscriber with nothing queued and no write in flight
-is *direct*: the hub writes the batch straight to its socket, one
-non-blocking write and nothing else per client (the loop the CPU per event
-is made of). Every other subscriber gets the batch with one non-blocking
-``deliver`` into its bounded queue. Nothing blocks the session: a subscriber
+is *direct*: the hub writes the batch straight to its socket through the
+:class:`DirectWriter` its connection lends it, one non-blocking write and
+nothing else per client (the loop the CPU per event is made of). The hub
+holds no socket: the server side owns the writer, and takes it back. Every
+other subscriber gets the batch with one non-blocking ``deliver`` into its
+bounded queue. Nothing blocks the session: a subscriber
 whose queue would overflow says so, and the session applies the slow-client
 rule (``bus.handler_warning``, close 1008) after the fan-out.
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -108,6 +109,24 @@ class Subscriber(Protocol):
         ...
 
 
+class DirectWriter(Protocol):
+    """A socket a connection lends the fan-out while nothing else writes to it.
+
+    Made and owned by the server side (:class:`gateway.server.websocket.SocketWriter`);
+    the hub only calls it, from the fan-out, between :meth:`Hub.set_direct`
+    calls that lend it and take it back.
+    """
+
+    def try_write(self, blob: bytes, /) -> int:
+        """Write without blocking: the bytes the socket took.
+
+        Raises, as ``os.write`` on a non-blocking socket does:
+            BlockingIOError: none fit now.
+            OSError: the socket failed.
+        """
+        ...
+
+
 class Counter(Protocol):
     """Where the hub counts the event frames it wrote itself (``Metrics``)."""
 
@@ -119,7 +138,7 @@ class Group:
 
     ``direct`` maps each subscriber that may be written to straight from the
     fan-out (nothing queued for it, no write in flight) to its socket's
-    descriptor; ``queued`` holds the others, which get :meth:`Subscriber.deliver`.
+    :meth:`DirectWriter.try_write`; ``queued`` holds the others, which get :meth:`Subscriber.deliver`.
     ``written_at`` is the trio time of the last direct write to the group: the
     heartbeat clock of its direct subscribers (docs/protocol.md §3).
     """
@@ -128,7 +147,7 @@ class Group:
 
     def __init__(self, key: FilterKey) -> None:
         self.key = key
-        self.direct: dict[Subscriber, int] = {}
+        self.direct: dict[Subscriber, Callable[[bytes], int]] = {}  # each one's try_write
         self.queued: dict[Subscriber, None] = {}
         self.written_at = -math.inf
 
@@ -188,20 +207,13 @@ class Hub:
     Args:
         parent: the parent session's hub, for a worker session.
         counter: counts the event frames written straight from the fan-out.
-        write: how a direct write is made (``os.write``; tests pass or set their own).
     """
 
-    def __init__(
-        self,
-        parent: Hub | None = None,
-        counter: Counter | None = None,
-        write: Callable[[int, bytes], int] = os.write,
-    ) -> None:
+    def __init__(self, parent: Hub | None = None, counter: Counter | None = None) -> None:
         self.parent = parent
         self._groups: dict[FilterKey, Group] = {}
         self._group_of: dict[Subscriber, Group] = {}
         self._counter = counter
-        self.write = write
         self.backlog: Backlog = Backlog(parent.backlog if parent is not None else None)
 
     def __len__(self) -> int:
@@ -216,19 +228,19 @@ class Hub:
         self._group_of[sub] = group
         return group
 
-    def set_direct(self, sub: Subscriber, fd: int) -> None:
-        """Write to ``sub`` straight from the fan-out on descriptor ``fd``; -1: through deliver.
+    def set_direct(self, sub: Subscriber, writer: DirectWriter | None) -> None:
+        """Write to ``sub`` straight from the fan-out through ``writer``; None: through deliver.
 
         The subscriber calls this synchronously whenever that changes, and
-        with -1 before its socket is closed: the hub never writes to a
-        descriptor it was not given, or after it was taken back.
+        with None before its socket is closed: the hub never writes through a
+        writer it was not lent, or after it was taken back.
         """
         group = self._group_of.get(sub)
         if group is None:
             return
-        if fd >= 0:
+        if writer is not None:
             group.queued.pop(sub, None)
-            group.direct[sub] = fd
+            group.direct[sub] = writer.try_write  # looked up once, not per write
         elif sub in group.direct:
             del group.direct[sub]
             group.queued[sub] = None
@@ -266,7 +278,6 @@ class Hub:
             caller applies the slow-client rule).
         """
         overflowed: list[Subscriber] = []
-        write = self.write
         written = 0
         for key, group in self._groups.items():
             batch = _select(events, key, from_worker)
@@ -278,9 +289,9 @@ class Hub:
                 blob = batch.blob
                 size = len(blob)
                 short: list[tuple[Subscriber, int]] = []
-                for sub, fd in direct.items():
+                for sub, try_write in direct.items():
                     try:
-                        sent = write(fd, blob)
+                        sent = try_write(blob)
                     except BlockingIOError:
                         sent = 0
                     except OSError:

@@ -316,8 +316,7 @@ async def rig(tmp_path: Path, **overrides: Any) -> AsyncIterator[Rig]:
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
         session = await node.create_session()
-        kernel = Kernel()
-        session.hub.write = kernel.write
+        kernel = Kernel()  # the writers the connections lend the hub write to it
         async with trio.open_nursery() as connections:
             r = Rig(node, session, kernel, connections)
             publish = session.hub.publish

@@ -19,6 +19,7 @@ from gateway.protocol.frames import EventFrame, encode
 from gateway.protocol.framing import event_frame, text_frame
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.server.connection import Heartbeat
+from gateway.server.websocket import SocketWriter
 from gateway.session.hub import Emitted, FrameBatch, Hub
 from gateway.session.seam import past_cut
 from gateway.session.turn import IllegalPhase, Turn
@@ -97,7 +98,7 @@ def test_worker_events_reach_only_parents_subscriptions_that_ask() -> None:
 
 
 class Kernel:
-    """``os.write`` as the hub sees it: each descriptor takes up to its room."""
+    """``os.write`` as a socket's writer sees it: each descriptor takes up to its room."""
 
     def __init__(self, room: dict[int, int]) -> None:
         self.room = room
@@ -121,14 +122,14 @@ class Counted:
 
 def test_direct_subscribers_are_written_straight_to_the_others_delivered() -> None:
     kernel, counted = Kernel({3: 10**6, 4: 10**6}), Counted()
-    hub = Hub(counter=counted, write=kernel.write)
+    hub = Hub(counter=counted)
     _, full = resolve_filter("preset:full")
     a, b, c = Sink("a"), Sink("b"), Sink("c")
     group = hub.subscribe(a, full)
     hub.subscribe(b, full)
     hub.subscribe(c, full)
-    hub.set_direct(a, 3)
-    hub.set_direct(b, 4)
+    hub.set_direct(a, SocketWriter(3, kernel.write))
+    hub.set_direct(b, SocketWriter(4, kernel.write))
     events = [emitted(1), emitted(2)]
     assert hub.publish(events, 7.0) == []
     blob = b"".join(e.frame for e in events)
@@ -136,32 +137,32 @@ def test_direct_subscribers_are_written_straight_to_the_others_delivered() -> No
     assert a.batches == b.batches == [] and [seqs(x) for x in c.batches] == [[1, 2]]
     assert counted.frames_sent == 4  # two events to each of two direct clients
     assert group.written_at == 7.0  # the direct subscribers' heartbeat clock
-    hub.set_direct(a, -1)  # a writer started for a: back to deliver
+    hub.set_direct(a, None)  # a writer started for a: back to deliver
     hub.publish([emitted(3)], 8.0)
     assert [seqs(x) for x in a.batches] == [[3]] and kernel.got[3] == blob
 
 
 def test_a_short_or_failed_direct_write_is_handed_to_the_subscriber_once() -> None:
     kernel = Kernel({3: 5, 4: 0, 5: -1})
-    hub = Hub(write=kernel.write)
+    hub = Hub()
     _, full = resolve_filter("preset:full")
     subs = [Sink("short"), Sink("full"), Sink("broken")]
     for fd, sub in zip((3, 4, 5), subs, strict=True):
         hub.subscribe(sub, full)
-        hub.set_direct(sub, fd)
+        hub.set_direct(sub, SocketWriter(fd, kernel.write))
 
     class Moving(Sink):
         """Stops being direct when handed the rest, as a connection starting a writer does."""
 
         def deliver_short(self, batch: FrameBatch, sent: int, now: float) -> bool:
-            hub.set_direct(self, -1)
+            hub.set_direct(self, None)
             return super().deliver_short(batch, sent, now)
 
     mover = Moving("mover")
     hub.subscribe(mover, full)
     kernel.room[6] = 1
     kernel.got[6] = b""
-    hub.set_direct(mover, 6)
+    hub.set_direct(mover, SocketWriter(6, kernel.write))
     hub.publish([emitted(1)], 0.0)
     assert [sent for _, sent in subs[0].shorts] == [5]
     assert [sent for _, sent in subs[1].shorts] == [0]
@@ -172,15 +173,15 @@ def test_a_short_or_failed_direct_write_is_handed_to_the_subscriber_once() -> No
     assert [seqs(x) for x in mover.batches] == [[2]]
 
 
-def test_unsubscribing_takes_the_descriptor_back() -> None:
+def test_unsubscribing_takes_the_writer_back() -> None:
     kernel = Kernel({3: 10**6})
-    hub = Hub(write=kernel.write)
+    hub = Hub()
     _, full = resolve_filter("preset:full")
     a = Sink("a")
     hub.subscribe(a, full)
-    hub.set_direct(a, 3)
+    hub.set_direct(a, SocketWriter(3, kernel.write))
     assert hub.unsubscribe(a) and len(hub) == 0
-    hub.set_direct(a, 3)  # too late: not subscribed any more
+    hub.set_direct(a, SocketWriter(3, kernel.write))  # too late: not subscribed any more
     hub.publish([emitted(1)], 0.0)
     assert kernel.got[3] == b"" and not hub.unsubscribe(a)
 

@@ -353,7 +353,7 @@ async def test_aclose_drops_the_stream_without_a_close_frame(
     assert ws.close_code == 1006
 
 
-# --- direct_fd: when the fan-out may write straight to the socket ---------------------------
+# --- direct: when the fan-out may write straight to the socket ------------------------------
 
 
 async def _drain(sock: trio.socket.SocketType, count: int) -> bytes:
@@ -363,31 +363,31 @@ async def _drain(sock: trio.socket.SocketType, count: int) -> bytes:
     return bytes(got)
 
 
-async def test_direct_fd_is_the_socket_only_while_no_write_holds_the_send_lock() -> None:
+async def test_direct_is_the_socket_only_while_no_write_holds_the_send_lock() -> None:
     """A direct write while a locked write is half done would interleave two frames."""
     ours, theirs = trio.socket.socketpair()
     ours.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, 4096)
     ws = WebSocket(trio.SocketStream(ours))
-    assert ws.direct_fd == ours.fileno()
+    assert ws.direct is not None and ws.direct.fd == ours.fileno()
     big = text_frame(b"x" * 1_000_000)  # far more than the kernel buffers hold
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ws.send_all, big)
         await trio.testing.wait_all_tasks_blocked()  # send_all waits for room
-        assert ws.direct_fd == -1
+        assert ws.direct is None
         assert await _drain(theirs, len(big)) == big
-    assert ws.direct_fd == ours.fileno()  # the write is done: direct writes again
+    assert ws.direct is not None  # the write is done: direct writes again
     await ws.aclose()
-    assert ws.direct_fd == -1
+    assert ws.direct is None
     theirs.close()
 
 
-async def test_direct_fd_is_gone_once_a_close_frame_is_sent(
+async def test_direct_is_gone_once_a_close_frame_is_sent(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     ours, theirs = trio.socket.socketpair()
     ws = WebSocket(trio.SocketStream(ours))
     await ws.close(1000, "bye", grace_s=5)  # no reply comes: it gives up after the grace
-    assert ws.closed and ws.direct_fd == -1
+    assert ws.closed and ws.direct is None
     assert (await theirs.recv(100)).startswith(b"\x88")  # the close frame went out
     theirs.close()
 
