@@ -110,7 +110,7 @@ def busy(node: NodeCore, session: Session) -> bool:
         or len(session.hub)
         or session.pins
         or session.permissions.pending()
-        or session.runtime.compaction_queued
+        or session.supervisor.compaction_queued
         or session.family.held
         or session.fenced
         or node.registry.busy(session)

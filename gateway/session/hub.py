@@ -138,7 +138,8 @@ class Group:
 
     ``direct`` maps each subscriber that may be written to straight from the
     fan-out (nothing queued for it, no write in flight) to its socket's
-    :meth:`DirectWriter.try_write`; ``queued`` holds the others, which get :meth:`Subscriber.deliver`.
+    :meth:`DirectWriter.try_write`; ``queued`` holds the others, which get
+    :meth:`Subscriber.deliver`.
     ``written_at`` is the trio time of the last direct write to the group: the
     heartbeat clock of its direct subscribers (docs/protocol.md §3).
     """

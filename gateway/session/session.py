@@ -83,8 +83,8 @@ from gateway.session.compaction import plan
 from gateway.session.core import KeyLimits
 from gateway.session.hub import Emitted, Hub, Subscriber
 from gateway.session.permissions import Permissions, asked_before
-from gateway.session.runtime import Runtime
 from gateway.session.sequencer import EventSequencer
+from gateway.session.supervisor import Supervisor
 from gateway.session.turn import Turn
 from gateway.store.base import SessionRecord, Store, StoredEvent, StoredMessage
 from gateway.tools.workspace import display_name
@@ -233,7 +233,7 @@ class Session:
         self.tail_bytes = 0  # what the tail's events hold (their JSON and their frames)
         self.tail_floor = seqr.last
         # A turn, and at most one compaction queued ahead of it (compact()).
-        self.runtime = Runtime()  # its turns' queue and its tasks (gateway.session.runtime)
+        self.supervisor = Supervisor()  # its turns' queue and its tasks' failure boundary
         self.agent: AgentLoop | None = None  # once run() started it
         self.fenced = False  # stopping after a lost lease: nothing more is emitted here
         self.deleted = False  # DELETE /sessions/{id} took it (gateway.node.deletion)
@@ -398,7 +398,7 @@ class Session:
         admission.check_size(self)
         turn = Turn(user_message.turn_id or new_turn_id(), user_message)
         self.turn = turn
-        self.runtime.queue_turn(turn)
+        self.supervisor.queue_turn(turn)
         return turn
 
     def compact(self) -> None:
@@ -413,14 +413,14 @@ class Session:
                 previous summary); 503 as :meth:`submit_turn`.
         """
         admission.check_idle(self)
-        if self.runtime.compaction_queued:
+        if self.supervisor.compaction_queued:
             return
         if plan(self.messages, None) is None:
             raise Refused(
                 "nothing_to_compact",
                 f"session {self.id}: the model's context holds only its latest turn",
             )
-        self.runtime.queue_compaction()
+        self.supervisor.queue_compaction()
 
     async def accepted(self, turn: Turn) -> None:
         """Return once the turn's ``turn.started`` (and its user message) is durable.
@@ -435,7 +435,7 @@ class Session:
         Raises:
             Refused: ``store_unavailable`` past ``commit_timeout_s``.
         """
-        await self.runtime.compacted()
+        await self.supervisor.compacted()
         with trio.move_on_after(self.node.config.store.commit_timeout_s):
             await turn.started.wait()
         await self.node.durable_or_503()
@@ -577,7 +577,7 @@ class Session:
         """
         agent = self.agent = AgentLoop(self, self.node)
         try:
-            await self.runtime.run(self, agent, task_status)
+            await self.supervisor.run(self, agent, task_status)
         finally:
             self.node.session_closed(self)  # its session-scope MCP servers stop (section 11)
 
@@ -589,7 +589,7 @@ class Session:
         interrupted (docs/protocol.md §9). The session stays here as a replica.
         """
         self.fenced = True
-        self.runtime.stop()
+        self.supervisor.stop()
         self.node.session_closed(self)  # its session-scope MCP servers (section 11)
         # Its batches still waiting for their commit may never be stored (the
         # store drops a session's writes once another node holds its lease):

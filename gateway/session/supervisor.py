@@ -1,12 +1,12 @@
-"""A session's runtime: the queue its agent loop reads, and the failure boundary around it.
+"""A session's supervisor: the queue its agent loop reads, and the failure boundary around it.
 
 The queue holds a turn, and at most one compaction ahead of it
 (``POST .../compact``, docs/protocol.md §12). The failure boundary
-(:meth:`Runtime.run`): if the agent loop or the translator fails, the failure
+(:meth:`Supervisor.run`): if the agent loop or the translator fails, the failure
 is logged and counted, the turn in flight is closed for every client, and both
 tasks start again for the next turn; a session failing over and over (five
 times within a second) pauses a second before it starts again. A session
-whose lease another node took is stopped here (:meth:`Runtime.stop`) and
+whose lease another node took is stopped here (:meth:`Supervisor.stop`) and
 starts again as a replica.
 """
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from gateway.session.agent import AgentLoop
 
 
-class Runtime:
+class Supervisor:
     """The turns and compactions queued for one session's agent loop, and its tasks' scope."""
 
     def __init__(self) -> None:
