@@ -36,6 +36,10 @@ and the cancel sequences of docs/protocol.md §8. docs/protocol.md §11:
 - **Compaction.** ``compact_boundary`` is ``context.compacting`` then
   ``context.compacted``; ``POST .../compact`` sends Claude Code's
   ``/compact`` between turns (:meth:`ClaudeCode.compact`).
+- **Limits.** The ``PreToolUse`` hook counts every tool use against the
+  turn's ``[limits]`` (:mod:`gateway.runtimes.claude_code.limits`): one past
+  ``max_tool_uses_per_turn``, or a sub-agent past ``max_workers_per_turn`` or
+  ``max_delegate_depth``, is denied before it runs and fails ``limit``.
 - **The phase.** ``llm`` from the query until a message ends, ``seam`` from a
   message with tool uses until a permission is granted or a result comes
   back, ``tools`` then, ``llm`` again at the next message.
@@ -74,6 +78,8 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.shapes import StopReason, TextBlock, ToolUseBlock, Usage
 from gateway.providers.raw import RawEvent, RawMessageStart, RawMessageStop
+from gateway.runtimes.claude_code.hooks import pre_tool_use
+from gateway.runtimes.claude_code.limits import TurnLimits
 from gateway.runtimes.claude_code.messages import (
     RawData,
     WholeMessages,
@@ -129,7 +135,10 @@ class ClaudeCode:
         self._processes = processes
         self.current: tuple[Turn, TurnState] | None = None
         self.approvals = Approvals(self)
-        self.process = CliProcess(loop, nursery, processes, self.approvals.can_use_tool)
+        self.limits: TurnLimits | None = None  # the turn in flight's (the main session's)
+        self.parent: ClaudeCode | None = None  # a worker's: the runtime that feeds it
+        hook = pre_tool_use([self._within_limits])
+        self.process = CliProcess(loop, nursery, processes, self.approvals.can_use_tool, hook)
         self.subagents = SubAgents(self)
         self.feed = feed
         self.background = False  # a worker's: its sub-agent runs in the background
@@ -169,6 +178,12 @@ class ClaudeCode:
             # is denied at once ("no turn is running"), not held for this turn's tool.called.
             await self.process.settle_previous()
             self.current = (turn, state)
+            if self.feed is None:
+                limits = self.node.config.limits
+                self.limits = TurnLimits(
+                    limits.max_tool_uses_per_turn, limits.max_workers_per_turn,
+                    limits.max_delegate_depth, self.s.depth,
+                )  # fmt: skip
             self._turn_cost = 0.0
             turn.enter("llm")
             try:
@@ -188,6 +203,7 @@ class ClaudeCode:
                 return self._failed(turn, state, "api_error", message)
         finally:
             self.current = None
+            self.limits = None
             self.process.end()
             if turn.in_flight:  # cancelled, or broken: close the requests, stop the query
                 self.approvals.end(turn)
@@ -336,10 +352,27 @@ class ClaudeCode:
         if result.is_error:
             denied = block.id in self.approvals.denied
             error_class = "permission_denied" if denied else "error"
+            if self._refused(block.id):
+                error_class = "limit"
             self.loop.tool_failed(turn, state, block, error_class, text, ms)
         else:
             self.loop._tool_result(turn, state, block, text, is_error=False)
             self.s.emit([ToolCompleted(block.id, block.name, text, ms)], turn.id)
+
+    def _within_limits(self, hook_input: dict[str, Any], tool_use_id: str) -> str | None:
+        """The ``PreToolUse`` hook's check of the turn's limits (:mod:`.limits`)."""
+        limits = self.limits
+        if limits is None:  # a query Claude Code runs on its own, between turns
+            return None
+        name = str(hook_input.get("tool_name") or "")
+        agent_id = hook_input.get("agent_id")
+        return limits.admit(tool_use_id, name, str(agent_id) if agent_id else None)
+
+    def _refused(self, tool_use_id: str) -> bool:
+        """Whether the limits refused the tool use (a worker asks its parent's)."""
+        owner = self.parent if self.feed is not None else self
+        limits = owner.limits if owner is not None else None
+        return limits is not None and tool_use_id in limits.refused
 
     def _result(self, turn: Turn, state: TurnState, result: ResultMessage) -> StopReason:
         """The query's result: how the turn ends (the agent loop emits ``turn.completed``)."""
@@ -438,6 +471,7 @@ class ClaudeCode:
         """
         loop = type(self.loop)(worker, self.node)
         runtime = ClaudeCode(loop, self._nursery, self._processes, feed=feed)
+        runtime.parent = self
         loop.runtime = runtime
         return runtime
 

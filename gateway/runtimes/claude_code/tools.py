@@ -19,6 +19,8 @@ again (docs/reference.md, "Agents").
 
 from __future__ import annotations
 
+from typing import Any
+
 CLI_VERSION = "2.1.332"
 """The Claude Code version these lists are of (``claude_agent_sdk/_bundled/claude.version``)."""
 
@@ -55,3 +57,33 @@ def rule_tool(pattern: str) -> str:
 def is_sub_agent(tool_name: str) -> bool:
     """Whether a tool use runs a sub-agent (``max_workers_per_turn``, ``max_delegate_depth``)."""
     return tool_name in SUB_AGENT_TOOLS
+
+
+NEVER_ASK: tuple[str, ...] = ("Read", "Glob", "Grep")
+"""Tools Claude Code approves itself, reading within the workspace (``default``, ``plan``)."""
+
+EDITS: tuple[str, ...] = ("Edit", "Write", "NotebookEdit")
+"""Tools ``acceptEdits`` approves too."""
+
+
+def listing(
+    patterns: tuple[str, ...], default_set: bool, permission_mode: str, needs_approval: Any
+) -> list[tuple[str, bool]]:
+    """An agent's Claude Code tools as ``GET /agents`` lists them: names, and which ask.
+
+    docs/protocol.md §6 (``ToolInfo``, ``source: "claude-code"``). The plain
+    names of ``tools`` (a rule's tool once; globs and MCP names are listed by
+    the servers' own tools), each asking when ``require_approval`` matches
+    it. Claude Code's default set (an agent without ``tools``) asks as its
+    ``permission_mode`` says: nothing under ``bypassPermissions``, else every
+    tool but :data:`NEVER_ASK` (and :data:`EDITS` under ``acceptEdits``).
+    """
+    names = dict.fromkeys(
+        rule_tool(p) for p in patterns if "__" not in p and not any(c in p for c in "*?[")
+    )
+    if not default_set:
+        return [(name, bool(needs_approval(name))) for name in names]
+    quiet = {"bypassPermissions": TOOLS}.get(permission_mode, frozenset(NEVER_ASK))
+    if permission_mode == "acceptEdits":
+        quiet = frozenset((*NEVER_ASK, *EDITS))
+    return [(name, name not in quiet) for name in names]
