@@ -3,6 +3,8 @@
 - An agent without ``tools`` has Claude Code's own default set: ``GET /agents``
   lists it (``source: "claude-code"``, which ask), and ``Bash`` asks, as its
   ``permission_mode`` says: denied it does not run, allowed it does.
+- A tool's structured result (Edit's ``structuredPatch``) is kept as the
+  native loop keeps an MCP tool's.
 - The turn's ``[limits]`` are counted in the ``PreToolUse`` hook: the tool
   uses and sub-agents past them fail ``limit`` and no refused sub-agent runs;
   a sub-agent's turn counts against the key's ``turns_per_minute_per_key``
@@ -14,11 +16,13 @@ The real CLI against the fake API (tests/claude_code_support.py).
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
 from tests.claude_code_support import (
@@ -26,6 +30,7 @@ from tests.claude_code_support import (
     decide,
     gateway,
     only_model_calls,
+    run_turn,
 )
 from tests.claude_code_support import server as server
 from tests.conftest import Harness, running_gateway, types
@@ -128,4 +133,59 @@ async def test_tool_uses_and_sub_agents_past_the_limits_fail_limit_and_never_run
     ]
     assert {b["tool_use_id"] for b in results} == set(failed)
     assert third.status_code == 429, third.text  # the client's turn and the worker's
+    only_model_calls(server)
+
+
+def tool_use_sse(tool_use_id: str, name: str, tool_input: dict[str, Any]) -> bytes:
+    """One assistant message calling one tool, as the API streams it."""
+    start = {"id": f"msg_{tool_use_id}", "type": "message", "role": "assistant",
+             "model": "claude-sonnet-4-6", "content": [], "stop_reason": None,
+             "stop_sequence": None, "usage": {"input_tokens": 100, "output_tokens": 1}}  # fmt: skip
+    block = {"type": "tool_use", "id": tool_use_id, "name": name, "input": {}}
+    delta = {"type": "input_json_delta", "partial_json": json.dumps(tool_input)}
+    events = [
+        ("message_start", {"type": "message_start", "message": start}),
+        ("content_block_start",
+         {"type": "content_block_start", "index": 0, "content_block": block}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "usage": {"output_tokens": 20},
+                           "delta": {"stop_reason": "tool_use", "stop_sequence": None}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]  # fmt: skip
+    return "".join(f"event: {e}\ndata: {json.dumps(d)}\n\n" for e, d in events).encode()
+
+
+async def test_an_edits_structured_result_is_in_tool_completed_and_the_stored_block(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code's ``tool_use_result`` (Edit's ``structuredPatch``) is the event's
+    ``structured_result`` and the stored block's ``structured_content``."""
+    config, providers = await gateway(
+        tmp_path, server, monkeypatch, tools='["Read", "Edit"]', require_approval="[]"
+    )
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        workspace = gw.node.workspaces.host_path(gw.node.sessions[sid].record.workspace_path)
+        path = os.path.join(workspace, "notes.txt")
+        await trio.Path(path).write_text("one\ntwo\n")
+        edit = {"file_path": path, "old_string": "two", "new_string": "TWO"}
+        server.enqueue(
+            Replay(tool_use_sse("toolu_01Read0000001", "Read", {"file_path": path})),
+            Replay(tool_use_sse("toolu_01Edit0000001", "Edit", edit)),
+            Replay(transcript("anthropic/text.sse")),
+        )
+        events = await run_turn(gw, sid, "edit the notes")
+        stored = (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]
+        edited = await trio.Path(path).read_text()
+    await providers.aclose()
+    assert edited == "one\nTWO\n"
+    completed = {e.payload.tool_name: e.payload for e in events if e.type == "tool.completed"}
+    structured = completed["Edit"].structured_result
+    assert structured["filePath"] == path and structured["structuredPatch"], structured
+    [block] = [
+        b for m in stored for b in m["content"]
+        if b["type"] == "tool_result" and b["tool_use_id"] == "toolu_01Edit0000001"
+    ]  # fmt: skip
+    assert block["structured_content"] == structured
     only_model_calls(server)

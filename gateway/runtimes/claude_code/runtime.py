@@ -51,7 +51,6 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import trio
 from claude_agent_sdk import (
     AssistantMessage,
@@ -77,10 +76,11 @@ from gateway.protocol.events import (
     ToolCompleted,
 )
 from gateway.protocol.shapes import StopReason, TextBlock, ToolUseBlock, Usage
-from gateway.providers.raw import RawEvent, RawMessageStart, RawMessageStop
+from gateway.providers.raw import RawMessageStart, RawMessageStop
 from gateway.runtimes.claude_code.hooks import pre_tool_use
 from gateway.runtimes.claude_code.limits import TurnLimits
 from gateway.runtimes.claude_code.messages import (
+    KnownEvents,
     RawData,
     WholeMessages,
     compaction,
@@ -88,6 +88,7 @@ from gateway.runtimes.claude_code.messages import (
     result_failure,
     result_stop,
     result_text,
+    structured_result,
 )
 from gateway.runtimes.claude_code.options import MODEL_PREFIX
 from gateway.runtimes.claude_code.permissions import Approvals
@@ -142,8 +143,10 @@ class ClaudeCode:
         self.subagents = SubAgents(self)
         self.feed = feed
         self.background = False  # a worker's: its sub-agent runs in the background
-        self._early_results: dict[str, SdkToolResult] = {}  # before their tool.called
+        # before their tool.called: the result, its structured result
+        self._early_results: dict[str, tuple[SdkToolResult, Any]] = {}
         self._whole = WholeMessages()  # a worker's: its sub-agent's messages, replayed
+        self._known = KnownEvents()  # the stream events the translator knows
         self._turn_cost = 0.0  # the turn's share of the CLI's total_cost_usd
 
     @property
@@ -247,8 +250,8 @@ class ClaudeCode:
             if self._early_results:  # results that came before their tool.called (and workers)
                 pending = {b.id: b for b in state.pending_tools}
                 for tool_use_id in [i for i in self._early_results if i in pending]:
-                    early = self._early_results.pop(tool_use_id)
-                    self._tool_result(turn, state, pending[tool_use_id], early)
+                    early, structured = self._early_results.pop(tool_use_id)
+                    self._tool_result(turn, state, pending[tool_use_id], early, structured)
 
     async def _message(self, turn: Turn, state: TurnState, message: Any) -> StopReason | None:
         """One message of the main thread's; the turn's end at its result."""
@@ -278,12 +281,10 @@ class ClaudeCode:
 
     async def _stream_event(self, turn: Turn, state: TurnState, data: RawData) -> None:
         s = self.s
-        try:
-            raw = msgspec.convert(data, RawEvent)
-        except msgspec.ValidationError as exc:
-            if state.call is not None and not state.call.done.is_set():
-                message = f"unsupported {data.get('type')} event from Claude Code: {exc}"
-                s.calls.settle(EndCall("api_error", message))
+        raw = self._known.read(data)
+        self._count_unknown(self._known.take() + self._whole.skipped)
+        self._whole.skipped = 0
+        if raw is None:  # a type the translator does not know: skipped, counted
             return
         if isinstance(raw, RawMessageStart):
             if raw.message.model and not raw.message.model.startswith(MODEL_PREFIX):
@@ -295,6 +296,11 @@ class ClaudeCode:
         await s.calls.feed(raw)
         if isinstance(raw, RawMessageStop):
             self._end_call(turn, state, call)
+
+    def _count_unknown(self, count: int) -> None:
+        """Events and blocks skipped as unknown: ``gateway_unknown_events_total``."""
+        if count:
+            self.node.metrics.unknown_events.labels("claude-code").inc(count)
 
     def _start_call(self, turn: Turn, state: TurnState) -> None:
         """A new LLM call of the turn: ``llm.call_started``, a translator, the call in flight."""
@@ -331,19 +337,30 @@ class ClaudeCode:
         if isinstance(message.content, str):
             return
         pending = {b.id: b for b in state.pending_tools}
+        structured = structured_result(message)
         for result in message.content:
             if not isinstance(result, SdkToolResult):
                 continue
             block = pending.get(result.tool_use_id)
             if block is None:  # Claude Code ran it before its message ended: kept till then
-                self._early_results[result.tool_use_id] = result
+                self._early_results[result.tool_use_id] = (result, structured)
                 continue
-            self._tool_result(turn, state, block, result)
+            self._tool_result(turn, state, block, result, structured)
 
     def _tool_result(
-        self, turn: Turn, state: TurnState, block: ToolUseBlock, result: SdkToolResult
+        self,
+        turn: Turn,
+        state: TurnState,
+        block: ToolUseBlock,
+        result: SdkToolResult,
+        structured: Any = None,
     ) -> None:
-        """One pending tool's result: ``tool.completed`` or ``tool.failed``."""
+        """One pending tool's result: ``tool.completed`` or ``tool.failed``.
+
+        Its structured result (``tool_use_result``) is the event's
+        ``structured_result`` and the stored block's ``structured_content``, as
+        an MCP tool's in the native loop (docs/protocol.md §6).
+        """
         if turn.phase == "seam":
             turn.enter("tools")
         text = result_text(result.content)
@@ -356,8 +373,8 @@ class ClaudeCode:
                 error_class = "limit"
             self.loop.tool_failed(turn, state, block, error_class, text, ms)
         else:
-            self.loop._tool_result(turn, state, block, text, is_error=False)
-            self.s.emit([ToolCompleted(block.id, block.name, text, ms)], turn.id)
+            self.loop._tool_result(turn, state, block, text, is_error=False, structured=structured)
+            self.s.emit([ToolCompleted(block.id, block.name, text, ms, structured)], turn.id)
 
     def _within_limits(self, hook_input: dict[str, Any], tool_use_id: str) -> str | None:
         """The ``PreToolUse`` hook's check of the turn's limits (:mod:`.limits`)."""
