@@ -30,6 +30,7 @@ from typing import TypeVar
 from gateway.config import AgentConfig, Config
 from gateway.errors import ConfigError
 from gateway.logs import event
+from gateway.runtimes.claude_code import tools as claude_code_tools
 
 log = logging.getLogger("gateway.agents")
 
@@ -59,6 +60,9 @@ class AgentProfile:
     max_processes: int = 8
     idle_process_s: float = 300.0
     env: dict[str, str] = field(default_factory=dict)
+    # claude-code without ``tools``: Claude Code's default set (``tools`` lists it), where
+    # permission_mode decides what asks (docs/protocol.md §11)
+    default_tools: bool = False
 
     @property
     def provider(self) -> str:
@@ -117,6 +121,12 @@ def _resolve(name: str, table: AgentConfig, config: Config) -> AgentProfile:
     else:
         literal, system_file, where = model.system, model.system_file, "model"
     system = read_system_file(system_file, where) if system_file else literal
+    tool_list = pick(table.tools, tools.enabled)
+    approval = pick(table.require_approval, tools.require_approval)
+    temperature = table.temperature if table.temperature is not None else model.temperature
+    if table.runtime == "claude-code":  # [tools] is native tools; Claude Code has no temperature
+        tool_list = claude_code_tools.DEFAULT_TOOLS if table.tools is None else table.tools
+        approval, temperature = table.require_approval or (), None
     return AgentProfile(
         name=name,
         runtime=table.runtime,
@@ -124,11 +134,11 @@ def _resolve(name: str, table: AgentConfig, config: Config) -> AgentProfile:
         base_url=pick(table.base_url, model.base_url),
         system=system,
         system_file=system_file,
-        tools=pick(table.tools, tools.enabled),
-        require_approval=pick(table.require_approval, tools.require_approval),
+        tools=tool_list,
+        require_approval=approval,
         delegate_agent=pick(table.delegate_agent, name),
         max_tokens=pick(table.max_tokens, model.max_tokens),
-        temperature=table.temperature if table.temperature is not None else model.temperature,
+        temperature=temperature,
         thinking_budget_tokens=pick(table.thinking_budget_tokens, model.thinking_budget_tokens),
         max_rounds=pick(table.max_rounds, turns.max_rounds),
         context_max_tokens=pick(table.context_max_tokens, model.context_max_tokens),
@@ -137,6 +147,7 @@ def _resolve(name: str, table: AgentConfig, config: Config) -> AgentProfile:
         max_processes=table.max_processes,
         idle_process_s=table.idle_process_s,
         env=dict(table.env),
+        default_tools=table.runtime == "claude-code" and table.tools is None,
     )
 
 

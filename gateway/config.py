@@ -42,6 +42,7 @@ import msgspec.inspect as mi
 
 from gateway.errors import ConfigError
 from gateway.protocol.events import CATALOG_TYPES
+from gateway.runtimes.claude_code import tools as claude_code_tools
 
 # --- value types ---------------------------------------------------------------
 
@@ -53,11 +54,15 @@ BUILTIN_TOOLS: tuple[str, ...] = typing.get_args(ToolName)
 ToolPattern = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^[A-Za-z0-9_*?\[\]-]+$",
-        extra={"expected": "a tool name or glob (letters, digits, _, -, *, ?, [])"},
+        pattern=r"^[A-Za-z0-9_*?\[\]-]+(\([^()]*\))?$",
+        extra={
+            "expected": "a tool name or glob (letters, digits, _, -, *, ?, [])"
+            " or a Claude Code rule such as Bash(git:*)"
+        },
     ),
 ]
-"""A built-in tool's name, ``mcp__<server>__<tool>``, or a glob (docs/reference.md "Agents")."""
+"""A built-in tool's name, ``mcp__<server>__<tool>``, a glob, or (``claude-code``) a Claude
+Code tool's name or rule, ``Bash(git:*)`` (docs/reference.md "Agents")."""
 
 Name = Annotated[
     str,
@@ -710,9 +715,12 @@ def _check_agents(config: Config, source: _Source) -> None:
 
     docs/reference.md "Agents": an unknown tool, MCP server or agent, or both
     ``system`` and ``system_file``, is a config error. A tool pattern names a
-    built-in tool, ``mcp__<server>__<tool>`` of a configured server, or is a
-    glob; a claude-code agent's plain names are Claude Code's own tools
-    (``allowed_tools``), which the gateway does not know.
+    tool of the agent's runtime (a built-in tool; for ``claude-code`` one of
+    Claude Code's, :mod:`gateway.runtimes.claude_code.tools`, or a rule of
+    one such as ``Bash(git:*)``), ``mcp__<server>__<tool>`` of a configured
+    server, or is a glob; a tool of the other runtime is named as such. A
+    ``claude-code`` agent's keys the CLI cannot honour are errors too
+    (:func:`_claude_code_problem`).
     """
     known = ["default", *config.agents]
     if config.default_agent not in known:
@@ -739,6 +747,44 @@ def _check_agents(config: Config, source: _Source) -> None:
         for index, pattern in enumerate(patterns):
             if wrong := _tool_pattern_problem(pattern, config, runtime):
                 raise source.error(f"{key}[{index}]", wrong)
+    for name, agent in config.agents.items():
+        if agent.runtime == "claude-code" and (wrong_key := _claude_code_problem(name, config)):
+            raise source.error(*wrong_key)
+
+
+CLAUDE_CODE_MIN_CONTEXT = 100_000
+"""The smallest auto-compact window Claude Code takes (``CLAUDE_CODE_AUTO_COMPACT_WINDOW``)."""
+
+
+def _claude_code_problem(name: str, config: Config) -> tuple[str, str] | None:
+    """A ``claude-code`` agent's key the CLI cannot honour: the key and the problem.
+
+    docs/protocol.md §11, "Options": Claude Code takes no temperature (its
+    own, or the ``[model]`` one of a ``default`` agent that is Claude Code's);
+    ``context_max_tokens`` is its auto-compact window, at least
+    :data:`CLAUDE_CODE_MIN_CONTEXT`; ``require_approval`` needs ``tools``
+    (without them Claude Code's default tools ask as ``permission_mode`` says).
+    """
+    agent, where = config.agents[name], f"agents.{name}"
+    if agent.temperature is not None or (
+        name == "default" and config.model.temperature is not None
+    ):
+        key = f"{where}.temperature" if agent.temperature is not None else "model.temperature"
+        return key, "Claude Code takes no temperature (runtime claude-code); leave it out"
+    context = agent.context_max_tokens
+    if (context or config.model.context_max_tokens) < CLAUDE_CODE_MIN_CONTEXT:
+        key = f"{where}.context_max_tokens" if context else "model.context_max_tokens"
+        value = context or config.model.context_max_tokens
+        return key, (
+            f"Claude Code's auto-compact window is at least {CLAUDE_CODE_MIN_CONTEXT} tokens"
+            f" (runtime claude-code), got {value}"
+        )
+    if agent.require_approval and agent.tools is None:
+        return f"{where}.require_approval", (
+            "needs tools on a claude-code agent (without tools, Claude Code's default tools"
+            " ask as its permission_mode says)"
+        )
+    return None
 
 
 def _tool_pattern_problem(pattern: str, config: Config, runtime: str) -> str | None:
@@ -750,8 +796,27 @@ def _tool_pattern_problem(pattern: str, config: Config, runtime: str) -> str | N
             servers = ", ".join(config.mcp_servers) or "none"
             return f"unknown MCP server {_show(server)} in {_show(pattern)}; servers: {servers}"
         return None
-    if _GLOB.search(pattern) or runtime == "claude-code" or pattern in BUILTIN_TOOLS:
+    cc = claude_code_tools
+    name = cc.rule_tool(pattern)
+    if runtime == "claude-code":
+        if name in cc.TOOLS or (name == pattern and _GLOB.search(pattern)):
+            return None
+        if name in BUILTIN_TOOLS:
+            return (
+                f"{_show(name)} is a tool of the native runtime, not of claude-code;"
+                f" Claude Code's tools are {', '.join(sorted(cc.TOOLS))}"
+            )
+        return (
+            f"unknown Claude Code tool {_show(name)}; Claude Code {cc.CLI_VERSION}'s tools are"
+            f" {', '.join(sorted(cc.TOOLS))}"
+        )
+    if name == pattern and (_GLOB.search(pattern) or pattern in BUILTIN_TOOLS):
         return None
+    if name in cc.TOOLS:
+        return (
+            f"{_show(pattern)} is Claude Code's (runtime claude-code), not a tool of the native"
+            f" runtime; tools are {', '.join(BUILTIN_TOOLS)} and mcp__<server>__<tool>"
+        )
     return (
         f"unknown tool {_show(pattern)}; tools are {', '.join(BUILTIN_TOOLS)}"
         " and mcp__<server>__<tool>"

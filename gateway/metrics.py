@@ -209,6 +209,11 @@ class Metrics:
             "LLM calls that failed, by error class (llm.call_failed; cancels not counted)",
             ["error_class"], registry=r,
         )  # fmt: skip
+        self.unknown_events = Counter(
+            "gateway_unknown_events",
+            "Stream events and content blocks of a type the gateway does not know, skipped",
+            ["runtime"], registry=r,
+        )  # fmt: skip
 
     def _replay_families(self, r: CollectorRegistry) -> None:
         """Replays: a subscribe with ``since`` (docs/protocol.md §5)."""

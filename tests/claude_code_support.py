@@ -75,10 +75,11 @@ def cc_config(tmp_path: Path, server: FakeServer, tail: str = "", **agent: str) 
 def cc_toml(server: FakeServer, tail: str = "", **agent: str) -> str:
     """The config's text: a Claude Code default agent, its API and proxy the fake server.
 
-    ``agent``: more keys of the agent (TOML values); ``tail``: more tables.
+    ``agent``: more keys of the agent (TOML values; ``""`` leaves the key out);
+    ``tail``: more tables.
     """
     agent = {"tools": '["Bash"]', "require_approval": '["Bash"]', **agent}
-    extra = "".join(f"{k} = {v}\n" for k, v in agent.items())
+    extra = "".join(f"{k} = {v}\n" for k, v in agent.items() if v)
     proxy = server.base_url  # anything not for the model API would be recorded there too
     text = f"""
 [model]

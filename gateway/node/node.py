@@ -74,6 +74,7 @@ from gateway.node.registry import Registry
 from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
+from gateway.runtimes.claude_code import tools as claude_code_tools
 from gateway.server.auth import Limits
 from gateway.session.agent import TurnHost
 from gateway.session.hub import Emitted
@@ -335,9 +336,24 @@ class Node:
             forget(session.id)
 
     def tool_infos(self, agent: str, session_id: str | None = None) -> list[ToolInfo]:
-        """An agent's tools as ``GET /agents`` and a session's summary list them (section 6)."""
+        """An agent's tools as ``GET /agents`` and a session's summary list them (section 6).
+
+        A ``claude-code`` agent's: Claude Code's (``source: "claude-code"``,
+        :func:`gateway.runtimes.claude_code.tools.listing`), then its MCP tools.
+        """
         profile = self.agents[agent]
         tools = self.tools_of(agent, session_id)
+        if profile.runtime == "claude-code":
+            own = claude_code_tools.listing(
+                profile.tools, profile.default_tools, profile.permission_mode,
+                profile.needs_approval,
+            )  # fmt: skip
+            return [ToolInfo(name, "", {}, asks, "claude-code") for name, asks in own] + [
+                ToolInfo(spec.name, spec.description, spec.input_schema,
+                         profile.needs_approval(spec.name), source)
+                for spec in tools.specs()
+                if (source := tools.source_of(spec.name) or "").startswith("mcp:")
+            ]  # fmt: skip
         return [
             ToolInfo(spec.name, spec.description, spec.input_schema,
                      profile.needs_approval(spec.name), tools.source_of(spec.name) or "builtin")

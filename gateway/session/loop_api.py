@@ -83,6 +83,11 @@ class TurnHost(ToolSession, Protocol):
     @property
     def calls(self) -> CallStream: ...
 
+    @property
+    def depth(self) -> int:
+        """0 for a root session, 1 for its workers, and so on (``max_delegate_depth``)."""
+        ...
+
     def emit(self, payloads: Iterable[Payload | StreamEvent], turn_id: str | None) -> list[Emitted]:
         """Emit a batch of events in the session's stream."""
         ...

@@ -95,3 +95,16 @@ def test_main_returns_the_exit_status(
     assert capsys.readouterr().err == "config error: bad.toml: unknown section [servr]\n"
     assert main(["--version"]) == 0
     assert main([]) == 2  # no command: an argparse usage error
+
+
+@pytest.mark.slow  # gateway as a process
+def test_a_gateway_tool_in_a_claude_code_agent_exits_2(tmp_path: Path) -> None:
+    """issue 32: a name Claude Code does not know is no longer dropped in silence."""
+    (tmp_path / "bad.toml").write_text('[agents.cc]\nruntime = "claude-code"\ntools = ["sleep"]\n')
+    result = run_gateway("serve", "--config", "bad.toml", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    [line] = result.stderr.splitlines()
+    assert line.startswith(
+        'config error: bad.toml: agents.cc.tools[0]: "sleep" is a tool of the native runtime,'
+        " not of claude-code; Claude Code's tools are "
+    ), line

@@ -40,6 +40,11 @@ Where each part lives:
   permission requests;
 - :mod:`~gateway.runtimes.claude_code.subagents`: sub-agents as worker
   sessions;
+- :mod:`~gateway.runtimes.claude_code.tools`: Claude Code's tool names (the
+  config checks an agent's ``tools`` against them, without the SDK);
+- :mod:`~gateway.runtimes.claude_code.limits` and
+  :mod:`~gateway.runtimes.claude_code.hooks`: the ``[limits]`` of a turn,
+  counted in the ``PreToolUse`` hook;
 - :mod:`gateway.runtimes.transport` (the CLI as a tool process) and
   :mod:`gateway.tools.process_slots` (``max_processes``), which need no extra.
 
@@ -63,6 +68,20 @@ Where the contract is silent:
   not the session's messages, so both message ids are null.
 """
 
-from gateway.runtimes.claude_code.runtime import ClaudeCode
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.runtimes.claude_code.runtime import ClaudeCode
 
 __all__ = ["ClaudeCode"]
+
+
+def __getattr__(name: str) -> Any:
+    """``ClaudeCode``, imported on first use: :mod:`.tools` is read without the SDK."""
+    if name == "ClaudeCode":
+        from gateway.runtimes.claude_code.runtime import ClaudeCode
+
+        return ClaudeCode
+    raise AttributeError(name)

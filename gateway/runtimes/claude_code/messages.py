@@ -12,6 +12,14 @@ to the translator or emits.
 - **Compaction.** ``compact_boundary`` comes once Claude Code is done, so
   ``context.compacting`` and ``context.compacted`` come together
   (:func:`compaction`).
+- **What the gateway does not know.** A stream event, delta or content block
+  of a type the translator does not know is skipped (a block with its deltas
+  and stop) and counted, never a failed call (:class:`KnownEvents`); so is a
+  whole message's block (:class:`WholeMessages`). The runtime adds the
+  count to ``gateway_unknown_events_total{runtime="claude-code"}``.
+- **Structured results.** A user message's ``tool_use_result`` (Edit's
+  ``structuredPatch``, TodoWrite's ``todos``...) is its one tool result's
+  structured result (:func:`structured_result`).
 - **The result.** ``error_max_turns`` is ``max_rounds``; an error result is a
   failed call of the API's status class (:func:`result_failure`); the stop
   reason is the result's, else the stream's (:func:`result_stop`).
@@ -24,15 +32,18 @@ import json
 from collections.abc import Container, Iterator
 from typing import Any, Literal
 
-from claude_agent_sdk import AssistantMessage, ResultMessage, SystemMessage
+import msgspec
+from claude_agent_sdk import AssistantMessage, ResultMessage, SystemMessage, UserMessage
 from claude_agent_sdk import TextBlock as SdkText
 from claude_agent_sdk import ThinkingBlock as SdkThinking
+from claude_agent_sdk import ToolResultBlock as SdkToolResult
 from claude_agent_sdk import ToolUseBlock as SdkToolUse
 
 from gateway.ids import new_message_id
 from gateway.protocol.events import ContextCompacted, ContextCompacting
 from gateway.protocol.shapes import StopReason
 from gateway.providers.errors import status_class
+from gateway.providers.raw import RawEvent
 
 RawData = dict[str, Any]
 """One raw stream event of the Messages API, as JSON (:mod:`gateway.providers.raw` reads it)."""
@@ -96,6 +107,55 @@ def block_events(index: int, block: Any) -> list[RawData]:
     ]
 
 
+class KnownEvents:
+    """The raw stream events the translator knows; the others skipped and counted.
+
+    A ``content_block_start`` of an unknown type skips its block: its deltas
+    and stop too (counted once). An unknown delta of a known block, or an
+    unknown event, is skipped alone. :attr:`skipped` is the count since the
+    last :meth:`take`.
+    """
+
+    def __init__(self) -> None:
+        self._blocks: set[int] = set()  # of the message streaming: unknown blocks' indexes
+        self.skipped = 0
+
+    def read(self, data: RawData) -> RawEvent | None:
+        """The event as the translator reads it, or None: skip it."""
+        kind, index = data.get("type"), data.get("index")
+        if kind == "message_start":
+            self._blocks.clear()
+        elif kind in ("content_block_delta", "content_block_stop") and index in self._blocks:
+            return None
+        try:
+            raw: RawEvent = msgspec.convert(data, RawEvent)
+        except msgspec.ValidationError:
+            if kind == "content_block_start" and isinstance(index, int):
+                self._blocks.add(index)
+            self.skipped += 1
+            return None
+        return raw
+
+    def take(self) -> int:
+        """The count skipped since the last call."""
+        count, self.skipped = self.skipped, 0
+        return count
+
+
+def structured_result(message: UserMessage) -> Any:
+    """The structured result of a user message's one tool result (None: none, or several).
+
+    Claude Code gives a tool's structured result beside its text, as the
+    message's ``tool_use_result``; with several results in one message it
+    could not be told whose, so none is kept.
+    """
+    data = message.tool_use_result
+    if not data or isinstance(message.content, str):
+        return None
+    results = [b for b in message.content if isinstance(b, SdkToolResult)]
+    return data if len(results) == 1 else None
+
+
 def compaction(message: SystemMessage) -> list[ContextCompacting | ContextCompacted]:
     """Claude Code compacted its context: ``context.compacting`` then ``context.compacted``.
 
@@ -156,6 +216,7 @@ class WholeMessages:
         self._open: _Replaying | None = None
         self._ids: set[str] = set()
         self.last_text = ""  # of the messages replayed (:meth:`report`)
+        self.skipped = 0  # blocks of a type not known, not replayed
 
     def holds(self, tool_use_id: str) -> bool:
         """Whether the message being replayed has the tool use ``tool_use_id``."""
@@ -182,6 +243,7 @@ class WholeMessages:
         for block in message.content:
             events = block_events(replaying.index, block)
             if not events:
+                self.skipped += 1
                 continue
             yield from events
             replaying.index += 1

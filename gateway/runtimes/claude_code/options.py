@@ -10,7 +10,14 @@ docs/protocol.md §11, "Options":
   ``tools``), those not matched by ``require_approval`` its ``allowed_tools``
   (approved without asking; ``mcp__<server>__*`` as Claude Code's
   ``mcp__<server>``: :func:`cli_rule`); the others ask ``can_use_tool``
-  (:mod:`gateway.runtimes.claude_code.permissions`).
+  (:mod:`gateway.runtimes.claude_code.permissions`). An agent without
+  ``tools`` gets Claude Code's default set and no ``allowed_tools``: its
+  ``permission_mode`` decides what asks.
+- ``max_rounds`` is its ``max_turns``; ``max_tokens`` its
+  ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``; ``context_max_tokens`` its
+  ``CLAUDE_CODE_AUTO_COMPACT_WINDOW`` (:func:`cli_environment`).
+- The ``PreToolUse`` hook sees every tool use, those approved without asking
+  too: the turn's limits (:mod:`gateway.runtimes.claude_code.hooks`).
 - The ``[mcp_servers.*]`` the agent's ``tools`` reach are its ``mcp_servers``
   (:func:`mcp_servers`).
 - ``[model] max_retries`` is its ``CLAUDE_CODE_MAX_RETRIES`` (Claude Code also
@@ -34,10 +41,11 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from claude_agent_sdk import CanUseToolShadowedWarning, ClaudeAgentOptions
+from claude_agent_sdk import CanUseToolShadowedWarning, ClaudeAgentOptions, HookMatcher
 from claude_agent_sdk._version import __version__ as SDK_VERSION
 from claude_agent_sdk.types import (
     CanUseTool,
+    HookCallback,
     McpHttpServerConfig,
     McpStdioServerConfig,
     SystemPromptPreset,
@@ -46,6 +54,7 @@ from claude_agent_sdk.types import McpServerConfig as McpServerConfigSdk
 
 from gateway.agents import AgentProfile
 from gateway.config import McpServerConfig
+from gateway.runtimes.claude_code.tools import rule_tool
 
 # ``allowed_tools`` are the tools approved without asking (not in ``require_approval``):
 # that they never reach ``can_use_tool`` is the point, not a mistake to warn of.
@@ -106,6 +115,12 @@ def cli_environment(
     CLI would send it without the tools of a server still starting. The
     agent's ``env`` then; the gateway's own win: the provider key, the
     endpoint, the state directory and the switches of :data:`QUIET_ENV`.
+    The agent's ``max_tokens`` is ``CLAUDE_CODE_MAX_OUTPUT_TOKENS`` (the CLI
+    caps it at the model's own limit) and its ``context_max_tokens``
+    ``CLAUDE_CODE_AUTO_COMPACT_WINDOW``: Claude Code compacts once a call's
+    context nears it (the window less its summary buffer and the output's
+    room), as the native runtime at ``context_max_tokens``; both before the
+    agent's ``env``, which may set them otherwise.
     ``CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS=1`` asks for the CLI's
     ``session_state_changed`` frames: ``idle`` tells the runtime that no
     further query is owed (:class:`~gateway.runtimes.claude_code.process.CliProcess`).
@@ -114,6 +129,8 @@ def cli_environment(
     out = {"MCP_CONNECTION_NONBLOCKING": "0"}
     if max_retries is not None:
         out["CLAUDE_CODE_MAX_RETRIES"] = str(max_retries)
+    out["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(agent.max_tokens)
+    out["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(agent.context_max_tokens)
     out.update(agent.env)
     out.update(QUIET_ENV)
     out.update(
@@ -187,14 +204,21 @@ def cli_options(
     servers: Mapping[str, McpServerConfig],
     can_use_tool: CanUseTool,
     resume: bool = False,
+    pre_tool_use: HookCallback | None = None,
 ) -> ClaudeAgentOptions:
     """The SDK's options for a session's CLI (module docstring).
 
     ``resume``: the Claude Code session of this gateway session has a
-    transcript already, which the CLI continues.
+    transcript already, which the CLI continues. ``pre_tool_use``: the
+    ``PreToolUse`` hook, called for every tool use.
     """
     claude_id = claude_session_id(session_id)
-    plain = [t for t in agent.tools if not any(c in t for c in "*?[") and "__" not in t]
+    names = [rule_tool(t) for t in agent.tools if "__" not in t]  # Bash(git:*): Bash
+    tools: Any = list(dict.fromkeys(t for t in names if not any(c in t for c in "*?[")))
+    allowed = [cli_rule(t) for t in agent.tools if not agent.needs_approval(t)]
+    if agent.default_tools:  # Claude Code's own set; its permission_mode decides what asks
+        tools, allowed = {"type": "preset", "preset": "claude_code"}, []
+    hooks: Any = {"PreToolUse": [HookMatcher(hooks=[pre_tool_use])]} if pre_tool_use else None
     prompt = SystemPromptPreset(type="preset", preset="claude_code")
     if agent.system:
         prompt["append"] = agent.system
@@ -205,8 +229,8 @@ def cli_options(
         cwd=workspace,
         model=agent.model.removeprefix(MODEL_PREFIX),
         system_prompt=prompt,
-        tools=plain,
-        allowed_tools=[cli_rule(t) for t in agent.tools if not agent.needs_approval(t)],
+        tools=tools,
+        allowed_tools=allowed,
         permission_mode=agent.permission_mode,  # type: ignore[arg-type]
         can_use_tool=can_use_tool,
         resume=claude_id if resume else None,
@@ -214,4 +238,6 @@ def cli_options(
         setting_sources=[],
         mcp_servers=mcp_servers(agent, servers, os.getcwd()),
         thinking=thinking,
+        max_turns=agent.max_rounds,
+        hooks=hooks,
     )

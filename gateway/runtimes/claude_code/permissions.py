@@ -5,7 +5,8 @@
 permissions route; ``[tools] approval_timeout_s`` denies. It approves a tool
 the agent's patterns allow and ``require_approval`` does not match, denies
 one they do not allow, and asks the user for the rest (Claude Code itself
-approves read-only commands).
+approves read-only commands). An agent without ``tools`` (Claude Code's
+default set) asks the user whenever Claude Code's ``permission_mode`` asks.
 
 - The CLI may ask before the message that holds the tool use has ended: the
   request waits for the tool's ``tool.called`` (:meth:`Approvals.announce`),
@@ -72,7 +73,8 @@ class Approvals:
         turn = current[0]
         tool_use_id = context.tool_use_id or ""
         agent = runtime.agent
-        if not agent.needs_approval(name):  # a glob of tools Claude Code cannot read: ours
+        # Claude Code's default tools: its permission_mode asked, so the user is asked.
+        if not agent.default_tools and not agent.needs_approval(name):  # a glob: ours
             if agent.allows(name):
                 return PermissionResultAllow()
             self.denied.add(tool_use_id)

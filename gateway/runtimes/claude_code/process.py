@@ -42,7 +42,7 @@ from claude_agent_sdk import (
     StreamEvent,
     SystemMessage,
 )
-from claude_agent_sdk.types import CanUseTool
+from claude_agent_sdk.types import CanUseTool, HookCallback
 
 from gateway.agents import AgentProfile
 from gateway.logs import event
@@ -83,6 +83,7 @@ class CliProcess:
         nursery: where the process task runs (the agent loop's own, inside the session's).
         processes: the daemon's tool processes.
         can_use_tool: the CLI's ``can_use_tool`` (the session's approvals).
+        pre_tool_use: the CLI's ``PreToolUse`` hook (:mod:`gateway.runtimes.claude_code.hooks`).
     """
 
     def __init__(
@@ -91,8 +92,10 @@ class CliProcess:
         nursery: trio.Nursery,
         processes: ToolProcesses,
         can_use_tool: CanUseTool,
+        pre_tool_use: HookCallback | None = None,
     ) -> None:
         self._loop = loop
+        self._pre_tool_use = pre_tool_use
         self.s = loop.s
         self.node = loop.node
         self._nursery = nursery
@@ -171,8 +174,9 @@ class CliProcess:
         await trio.to_thread.run_sync(lambda: os.makedirs(home, mode=0o700, exist_ok=True))
         resume = await trio.to_thread.run_sync(has_transcript, home, claude_session_id(s.id))
         options = cli_options(
-            self.agent, s.id, workspace, node.config.mcp_servers, self._can_use_tool, resume
-        )
+            self.agent, s.id, workspace, node.config.mcp_servers, self._can_use_tool, resume,
+            self._pre_tool_use,
+        )  # fmt: skip
         transport = ToolProcessTransport(
             dataclasses.replace(options, permission_prompt_tool_name="stdio"),
             self._processes,

@@ -36,6 +36,10 @@ and the cancel sequences of docs/protocol.md §8. docs/protocol.md §11:
 - **Compaction.** ``compact_boundary`` is ``context.compacting`` then
   ``context.compacted``; ``POST .../compact`` sends Claude Code's
   ``/compact`` between turns (:meth:`ClaudeCode.compact`).
+- **Limits.** The ``PreToolUse`` hook counts every tool use against the
+  turn's ``[limits]`` (:mod:`gateway.runtimes.claude_code.limits`): one past
+  ``max_tool_uses_per_turn``, or a sub-agent past ``max_workers_per_turn`` or
+  ``max_delegate_depth``, is denied before it runs and fails ``limit``.
 - **The phase.** ``llm`` from the query until a message ends, ``seam`` from a
   message with tool uses until a permission is granted or a result comes
   back, ``tools`` then, ``llm`` again at the next message.
@@ -47,7 +51,6 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import trio
 from claude_agent_sdk import (
     AssistantMessage,
@@ -73,8 +76,11 @@ from gateway.protocol.events import (
     ToolCompleted,
 )
 from gateway.protocol.shapes import StopReason, TextBlock, ToolUseBlock, Usage
-from gateway.providers.raw import RawEvent, RawMessageStart, RawMessageStop
+from gateway.providers.raw import RawMessageStart, RawMessageStop
+from gateway.runtimes.claude_code.hooks import pre_tool_use
+from gateway.runtimes.claude_code.limits import TurnLimits
 from gateway.runtimes.claude_code.messages import (
+    KnownEvents,
     RawData,
     WholeMessages,
     compaction,
@@ -82,6 +88,7 @@ from gateway.runtimes.claude_code.messages import (
     result_failure,
     result_stop,
     result_text,
+    structured_result,
 )
 from gateway.runtimes.claude_code.options import MODEL_PREFIX
 from gateway.runtimes.claude_code.permissions import Approvals
@@ -129,12 +136,17 @@ class ClaudeCode:
         self._processes = processes
         self.current: tuple[Turn, TurnState] | None = None
         self.approvals = Approvals(self)
-        self.process = CliProcess(loop, nursery, processes, self.approvals.can_use_tool)
+        self.limits: TurnLimits | None = None  # the turn in flight's (the main session's)
+        self.parent: ClaudeCode | None = None  # a worker's: the runtime that feeds it
+        hook = pre_tool_use([self._within_limits])
+        self.process = CliProcess(loop, nursery, processes, self.approvals.can_use_tool, hook)
         self.subagents = SubAgents(self)
         self.feed = feed
         self.background = False  # a worker's: its sub-agent runs in the background
-        self._early_results: dict[str, SdkToolResult] = {}  # before their tool.called
+        # before their tool.called: the result, its structured result
+        self._early_results: dict[str, tuple[SdkToolResult, Any]] = {}
         self._whole = WholeMessages()  # a worker's: its sub-agent's messages, replayed
+        self._known = KnownEvents()  # the stream events the translator knows
         self._turn_cost = 0.0  # the turn's share of the CLI's total_cost_usd
 
     @property
@@ -169,6 +181,12 @@ class ClaudeCode:
             # is denied at once ("no turn is running"), not held for this turn's tool.called.
             await self.process.settle_previous()
             self.current = (turn, state)
+            if self.feed is None:
+                limits = self.node.config.limits
+                self.limits = TurnLimits(
+                    limits.max_tool_uses_per_turn, limits.max_workers_per_turn,
+                    limits.max_delegate_depth, self.s.depth,
+                )  # fmt: skip
             self._turn_cost = 0.0
             turn.enter("llm")
             try:
@@ -188,6 +206,7 @@ class ClaudeCode:
                 return self._failed(turn, state, "api_error", message)
         finally:
             self.current = None
+            self.limits = None
             self.process.end()
             if turn.in_flight:  # cancelled, or broken: close the requests, stop the query
                 self.approvals.end(turn)
@@ -231,8 +250,8 @@ class ClaudeCode:
             if self._early_results:  # results that came before their tool.called (and workers)
                 pending = {b.id: b for b in state.pending_tools}
                 for tool_use_id in [i for i in self._early_results if i in pending]:
-                    early = self._early_results.pop(tool_use_id)
-                    self._tool_result(turn, state, pending[tool_use_id], early)
+                    early, structured = self._early_results.pop(tool_use_id)
+                    self._tool_result(turn, state, pending[tool_use_id], early, structured)
 
     async def _message(self, turn: Turn, state: TurnState, message: Any) -> StopReason | None:
         """One message of the main thread's; the turn's end at its result."""
@@ -262,12 +281,10 @@ class ClaudeCode:
 
     async def _stream_event(self, turn: Turn, state: TurnState, data: RawData) -> None:
         s = self.s
-        try:
-            raw = msgspec.convert(data, RawEvent)
-        except msgspec.ValidationError as exc:
-            if state.call is not None and not state.call.done.is_set():
-                message = f"unsupported {data.get('type')} event from Claude Code: {exc}"
-                s.calls.settle(EndCall("api_error", message))
+        raw = self._known.read(data)
+        self._count_unknown(self._known.take() + self._whole.skipped)
+        self._whole.skipped = 0
+        if raw is None:  # a type the translator does not know: skipped, counted
             return
         if isinstance(raw, RawMessageStart):
             if raw.message.model and not raw.message.model.startswith(MODEL_PREFIX):
@@ -279,6 +296,11 @@ class ClaudeCode:
         await s.calls.feed(raw)
         if isinstance(raw, RawMessageStop):
             self._end_call(turn, state, call)
+
+    def _count_unknown(self, count: int) -> None:
+        """Events and blocks skipped as unknown: ``gateway_unknown_events_total``."""
+        if count:
+            self.node.metrics.unknown_events.labels("claude-code").inc(count)
 
     def _start_call(self, turn: Turn, state: TurnState) -> None:
         """A new LLM call of the turn: ``llm.call_started``, a translator, the call in flight."""
@@ -315,19 +337,30 @@ class ClaudeCode:
         if isinstance(message.content, str):
             return
         pending = {b.id: b for b in state.pending_tools}
+        structured = structured_result(message)
         for result in message.content:
             if not isinstance(result, SdkToolResult):
                 continue
             block = pending.get(result.tool_use_id)
             if block is None:  # Claude Code ran it before its message ended: kept till then
-                self._early_results[result.tool_use_id] = result
+                self._early_results[result.tool_use_id] = (result, structured)
                 continue
-            self._tool_result(turn, state, block, result)
+            self._tool_result(turn, state, block, result, structured)
 
     def _tool_result(
-        self, turn: Turn, state: TurnState, block: ToolUseBlock, result: SdkToolResult
+        self,
+        turn: Turn,
+        state: TurnState,
+        block: ToolUseBlock,
+        result: SdkToolResult,
+        structured: Any = None,
     ) -> None:
-        """One pending tool's result: ``tool.completed`` or ``tool.failed``."""
+        """One pending tool's result: ``tool.completed`` or ``tool.failed``.
+
+        Its structured result (``tool_use_result``) is the event's
+        ``structured_result`` and the stored block's ``structured_content``, as
+        an MCP tool's in the native loop (docs/protocol.md §6).
+        """
         if turn.phase == "seam":
             turn.enter("tools")
         text = result_text(result.content)
@@ -336,10 +369,27 @@ class ClaudeCode:
         if result.is_error:
             denied = block.id in self.approvals.denied
             error_class = "permission_denied" if denied else "error"
+            if self._refused(block.id):
+                error_class = "limit"
             self.loop.tool_failed(turn, state, block, error_class, text, ms)
         else:
-            self.loop._tool_result(turn, state, block, text, is_error=False)
-            self.s.emit([ToolCompleted(block.id, block.name, text, ms)], turn.id)
+            self.loop._tool_result(turn, state, block, text, is_error=False, structured=structured)
+            self.s.emit([ToolCompleted(block.id, block.name, text, ms, structured)], turn.id)
+
+    def _within_limits(self, hook_input: dict[str, Any], tool_use_id: str) -> str | None:
+        """The ``PreToolUse`` hook's check of the turn's limits (:mod:`.limits`)."""
+        limits = self.limits
+        if limits is None:  # a query Claude Code runs on its own, between turns
+            return None
+        name = str(hook_input.get("tool_name") or "")
+        agent_id = hook_input.get("agent_id")
+        return limits.admit(tool_use_id, name, str(agent_id) if agent_id else None)
+
+    def _refused(self, tool_use_id: str) -> bool:
+        """Whether the limits refused the tool use (a worker asks its parent's)."""
+        owner = self.parent if self.feed is not None else self
+        limits = owner.limits if owner is not None else None
+        return limits is not None and tool_use_id in limits.refused
 
     def _result(self, turn: Turn, state: TurnState, result: ResultMessage) -> StopReason:
         """The query's result: how the turn ends (the agent loop emits ``turn.completed``)."""
@@ -438,6 +488,7 @@ class ClaudeCode:
         """
         loop = type(self.loop)(worker, self.node)
         runtime = ClaudeCode(loop, self._nursery, self._processes, feed=feed)
+        runtime.parent = self
         loop.runtime = runtime
         return runtime
 

@@ -128,8 +128,11 @@ class SubAgents:
     async def _started(self, turn: Turn, message: TaskStartedMessage) -> None:
         """Claude Code started a sub-agent for an ``Agent`` tool use: a worker session.
 
-        A sub-agent the limits refuse runs all the same, unseen: its ``Agent``
-        tool's result is the parent's as ever.
+        ``max_workers_per_turn`` and ``max_delegate_depth`` refused it before it
+        ran (:mod:`gateway.runtimes.claude_code.limits`); one the key's limits
+        refuse here (``turns_per_minute_per_key``, ``max_sessions_per_key``)
+        runs all the same, unseen: its ``Agent`` tool's result is the parent's
+        as ever.
         """
         runtime = self._runtime
         s = runtime.s

@@ -65,3 +65,80 @@ def test_an_automatic_compact_boundary_is_an_auto_compaction() -> None:
         180_000,
     )
     assert (compacted.post_tokens, compacted.summary_message_id) == (0, None)
+
+
+# --- what the gateway does not know, structured results, the options (issue 32) ---------
+
+
+def test_an_unknown_stream_event_delta_or_block_is_skipped_and_counted_never_a_failure() -> None:
+    known = messages.KnownEvents()
+    start = {"type": "message_start", "message": {"id": "msg_1", "model": "m", "usage": {}}}
+    stream = [
+        start,
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0,
+         "delta": {"type": "citations_delta", "citation": {}}},  # unknown delta: alone
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "a"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1,
+         "content_block": {"type": "server_tool_use", "id": "s", "name": "web", "input": {}}},
+        {"type": "content_block_delta", "index": 1,
+         "delta": {"type": "input_json_delta", "partial_json": "{}"}},  # its block's: skipped
+        {"type": "content_block_stop", "index": 1},
+        {"type": "brand_new_event"},
+        {"type": "message_stop"},
+    ]  # fmt: skip
+    read = [known.read(data) for data in stream]
+    kept = [type(r).__name__ for r in read if r is not None]
+    assert kept == [
+        "RawMessageStart", "RawContentBlockStart", "RawContentBlockDelta",
+        "RawContentBlockStop", "RawMessageStop",
+    ]  # fmt: skip
+    assert known.take() == 3 and known.take() == 0  # the delta, the block, the event
+    assert known.read(start) is not None  # a new message: index 1 is known again
+    block = {"type": "content_block_stop", "index": 1}
+    assert known.read(block) is not None
+
+
+def test_an_unknown_block_of_a_whole_message_is_skipped_and_counted() -> None:
+    from claude_agent_sdk import AssistantMessage, TextBlock
+
+    whole = messages.WholeMessages()
+    message = AssistantMessage([TextBlock("hi"), object()], "m", message_id="msg_2")  # type: ignore[list-item]
+    events = list(whole.message(message, set()))
+    assert [e["type"] for e in events][:2] == ["message_start", "content_block_start"]
+    assert whole.skipped == 1
+
+
+def test_the_structured_result_of_a_tool_result_is_kept() -> None:
+    from claude_agent_sdk import TextBlock, ToolResultBlock, UserMessage
+
+    patch = {"filePath": "/w/a.txt", "structuredPatch": [{"oldStart": 1, "lines": ["-a", "+b"]}]}
+    one = UserMessage([ToolResultBlock("t1", "edited")], tool_use_result=patch)
+    assert messages.structured_result(one) == patch
+    two = UserMessage(
+        [ToolResultBlock("t1", "x"), ToolResultBlock("t2", "y")], tool_use_result=patch
+    )
+    assert messages.structured_result(two) is None  # whose? not kept
+    assert messages.structured_result(UserMessage([TextBlock("hi")])) is None
+    assert messages.structured_result(UserMessage("text", tool_use_result=patch)) is None
+
+
+def test_the_agents_keys_reach_the_cli(tmp_path: Path) -> None:
+    """No ``tools``: Claude Code's preset, nothing approved by the gateway; ``max_rounds``,
+    ``max_tokens``, ``context_max_tokens`` as the CLI's; a rule's tool in its ``tools``."""
+    server = FakeServer()
+    config = cc_config(
+        tmp_path, server, tools="", require_approval="", max_rounds="7", max_tokens="8000",
+        context_max_tokens="120000",
+    )  # fmt: skip
+    agent = resolve_agents(config)["default"]
+    cli = options.cli_options(agent, "ses_1", "/w", {}, None, pre_tool_use=None)  # type: ignore[arg-type]
+    assert cli.tools == {"type": "preset", "preset": "claude_code"} and cli.allowed_tools == []
+    assert cli.max_turns == 7 and cli.hooks is None
+    env = options.cli_environment(agent, "/home", env={})
+    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8000"
+    assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "120000"
+    ruled = resolve_agents(cc_config(tmp_path, server, tools='["Bash(git:*)", "Read"]'))["default"]
+    cli = options.cli_options(ruled, "ses_1", "/w", {}, None)  # type: ignore[arg-type]
+    assert cli.tools == ["Bash", "Read"] and cli.allowed_tools == ["Bash(git:*)", "Read"]
