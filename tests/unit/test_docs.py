@@ -8,6 +8,8 @@
 - Every relative link of README.md and docs/*.md resolves: the file exists and,
   where the link names an anchor, a heading of that file makes it.
 - No file of the repository cites a document outside it.
+- CI (.ci/run) installs and runs the tests with the README's test command,
+  line for line.
 
 The error codes are read from the source with :mod:`ast`: the first string of
 each call to an error class (``ApiError(409, "turn_in_progress", ...)``,
@@ -223,3 +225,25 @@ def test_no_file_cites_a_document_outside_the_repository() -> None:
             if _OUTSIDE.search(line):
                 citing.append(f"{path.relative_to(ROOT)}:{number}")
     assert citing == []
+
+
+# --- the README's commands are CI's ---------------------------------------------------
+
+
+def readme_commands() -> list[list[str]]:
+    """The lines of each ``sh`` block of the README's "The two commands": serve, then test."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## The two commands\n", 1)[1].split("\n## ", 1)[0]
+    return [block.strip().splitlines() for block in re.findall(r"(?ms)^```sh\n(.*?)^```", section)]
+
+
+def test_ci_runs_the_readmes_test_command_as_written() -> None:
+    """.ci/run holds each line of the README's test command, byte for byte, and installs
+    and runs the tests no other way: what passes in CI is what a reader runs."""
+    [_serve, test] = readme_commands()
+    assert test and any("-m pytest" in line for line in test), test
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert [line for line in test if line not in ci] == [], ".ci/run lacks the README's lines"
+    code = [line for line in ci if not line.lstrip().startswith("#")]
+    installs_or_tests = [line for line in code if re.search(r"\bpip\b|\bpytest\b|-m venv", line)]
+    assert installs_or_tests == test, "what .ci/run installs and runs, not the README's command"
