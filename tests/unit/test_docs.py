@@ -8,6 +8,10 @@
 - Every relative link of README.md and docs/*.md resolves: the file exists and,
   where the link names an anchor, a heading of that file makes it.
 - No file of the repository cites a document outside it.
+- CI (.ci/run) installs and runs the tests with the README's test command,
+  line for line.
+- docs/operating.md "Logs" lists exactly the log events the gateway emits
+  (their names read from the source with :mod:`ast`: :func:`logged_events`).
 
 The error codes are read from the source with :mod:`ast`: the first string of
 each call to an error class (``ApiError(409, "turn_in_progress", ...)``,
@@ -19,6 +23,7 @@ library's own errors (gateway/client/) are not wire codes.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import typing
 from collections.abc import Iterator
@@ -223,3 +228,174 @@ def test_no_file_cites_a_document_outside_the_repository() -> None:
             if _OUTSIDE.search(line):
                 citing.append(f"{path.relative_to(ROOT)}:{number}")
     assert citing == []
+
+
+# --- the README's commands are CI's ---------------------------------------------------
+
+
+def readme_commands() -> list[list[str]]:
+    """The lines of each ``sh`` block of the README's "The two commands": serve, then test."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## The two commands\n", 1)[1].split("\n## ", 1)[0]
+    return [block.strip().splitlines() for block in re.findall(r"(?ms)^```sh\n(.*?)^```", section)]
+
+
+def test_ci_runs_the_readmes_test_command_as_written() -> None:
+    """.ci/run holds each line of the README's test command, byte for byte, and installs
+    and runs the tests no other way: what passes in CI is what a reader runs."""
+    [_serve, test] = readme_commands()
+    assert test and any("-m pytest" in line for line in test), test
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert [line for line in test if line not in ci] == [], ".ci/run lacks the README's lines"
+    code = [line for line in ci if not line.lstrip().startswith("#")]
+    installs_or_tests = [line for line in code if re.search(r"\bpip\b|\bpytest\b|-m venv", line)]
+    assert installs_or_tests == test, "what .ci/run installs and runs, not the README's command"
+
+
+# --- the log's events -------------------------------------------------------------------
+
+OPERATING = DOCS / "operating.md"
+
+
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+class _Calls(ast.NodeVisitor):
+    """Every call of a module, with the function it is in (None: at module level)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[ast.Call, _Function | None]] = []
+        self._function: _Function | None = None
+
+    def visit_FunctionDef(self, node: _Function) -> None:
+        outer, self._function = self._function, node
+        self.generic_visit(node)
+        self._function = outer
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Call(self, node: ast.Call) -> None:
+        self.calls.append((node, self._function))
+        self.generic_visit(node)
+
+
+def _event_names(call: ast.Call, helpers: dict[str, int]) -> Iterator[ast.expr]:
+    """What names a log event in a call: the ``helpers``' argument at its position
+    (``event(log, level, "name", …)``), the ``"event"`` of ``extra={"event": …}``, or an
+    ``extra=`` this cannot read."""
+    func = call.func
+    called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    position = helpers.get(called)
+    if position is not None and len(call.args) > position:
+        yield call.args[position]
+    for keyword in call.keywords:
+        if keyword.arg != "extra":
+            continue
+        if not isinstance(keyword.value, ast.Dict):
+            yield keyword.value  # unread: reported as such
+            continue
+        for key, value in zip(keyword.value.keys, keyword.value.values, strict=True):
+            if isinstance(key, ast.Constant) and key.value == "event":
+                yield value
+
+
+def _positional(function: _Function) -> list[str]:
+    names = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+    return names[1:] if names[:1] in (["self"], ["cls"]) else names
+
+
+@functools.cache
+def logged_events() -> tuple[dict[str, str], list[str]]:
+    """Every event name the gateway logs, with one place that logs it; and the places whose
+    event's name this cannot read.
+
+    Read from the source with :mod:`ast`. A logging call's ``extra={"event": name}``
+    names an event; a function that passes one of its parameters on as a name is a
+    helper whose callers name events at that position: :func:`gateway.logs.event`,
+    :func:`gateway.logs.json_line`, the auth module's ``_event``, the CLI's ``_say``
+    (found, not listed). A name is a string literal, or ``exc.event``: the ``event``
+    class attribute of the store's refusals (``WritesRefused``).
+    """
+    calls: list[tuple[str, ast.Call, _Function | None]] = []
+    attributes: dict[str, str] = {}  # a class's ``event = "name"``: where
+    for path in sorted((ROOT / "gateway").rglob("*.py")):
+        where = path.relative_to(ROOT).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        visitor = _Calls()
+        visitor.visit(tree)
+        calls += [(where, call, function) for call, function in visitor.calls]
+        for cls in ast.walk(tree):
+            for node in cls.body if isinstance(cls, ast.ClassDef) else []:
+                target = node.target if isinstance(node, ast.AnnAssign) else None
+                if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                    target = node.targets[0]
+                value = getattr(node, "value", None)
+                if (
+                    isinstance(target, ast.Name)
+                    and target.id == "event"
+                    and isinstance(value, ast.Constant)
+                    and isinstance(value.value, str)
+                ):
+                    attributes[value.value] = f"{where}:{node.lineno}"
+
+    def passed_on(name: ast.expr, function: _Function | None) -> int | None:
+        """The position of the parameter ``name`` is, if it is one of ``function``'s."""
+        if not isinstance(name, ast.Name) or function is None:
+            return None
+        params = _positional(function)
+        return params.index(name.id) if name.id in params else None
+
+    helpers: dict[str, int] = {}
+    while True:  # until no new helper: a helper of a helper is one too
+        before = dict(helpers)
+        for _, call, function in calls:
+            for name in _event_names(call, helpers):
+                position = passed_on(name, function)
+                if function is not None and position is not None:
+                    helpers[function.name] = position
+        if helpers == before:
+            break
+    events: dict[str, str] = {}
+    unread: list[str] = []
+    for where, call, function in calls:
+        for name in _event_names(call, helpers):
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                events.setdefault(name.value, f"{where}:{name.lineno}")
+            elif isinstance(name, ast.Attribute) and name.attr == "event" and attributes:
+                for value, place in attributes.items():
+                    events.setdefault(value, place)
+            elif passed_on(name, function) is None:
+                unread.append(f"{where}:{name.lineno}: {ast.unparse(name)}")
+    return events, unread
+
+
+def documented_events() -> set[str]:
+    """The events of docs/operating.md's "Logs" table (its first column; a row may name several)."""
+    text = OPERATING.read_text(encoding="utf-8")
+    section = text.split("\n## Logs\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return {name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+
+
+def test_log_events_are_found() -> None:
+    events, unread = logged_events()
+    assert unread == [], "event names this test cannot read (a literal, please):\n" + "\n".join(
+        unread
+    )
+    for name in ("turn_ended", "config_invalid", "api_keys_loaded", "store_file_replaced"):
+        assert name in events, name  # event(), _say(), auth's _event, a refusal's attribute
+    assert {"http_handler_failed", "log_lines_dropped", "gateway_started"} <= set(events)
+
+
+def test_every_log_event_is_in_operating() -> None:
+    """docs/operating.md "Logs" lists exactly the events the code logs: none missing, none
+    stale."""
+    events, _ = logged_events()
+    documented = documented_events()
+    missing = sorted(set(events) - documented)
+    stale = sorted(documented - set(events))
+    assert (missing, stale) == ([], []), (
+        'docs/operating.md "Logs" and the code disagree.\n'
+        + "".join(f"  missing from the docs: {n} (logged at {events[n]})\n" for n in missing)
+        + "".join(f"  in the docs, logged nowhere: {n}\n" for n in stale)
+    )

@@ -16,7 +16,7 @@ from gateway.providers.base import ModelRequest
 from gateway.providers.factory import OnFirstUse, make_providers
 from gateway.providers.scripted import ScriptedProvider
 
-pytest.importorskip("claude_agent_sdk")  # the claude-code extra
+pytest.importorskip("claude_agent_sdk", reason="needs the claude-code extra")
 
 TEXT = """
 [model]
