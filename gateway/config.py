@@ -30,6 +30,7 @@ import base64
 import binascii
 import datetime
 import ipaddress
+import os
 import re
 import tomllib
 import typing
@@ -276,6 +277,8 @@ class AgentConfig(_Section, frozen=True):
     permission_mode: Literal["default", "acceptEdits", "plan", "bypassPermissions"] = "default"
     max_processes: Count = 8
     idle_process_s: Seconds = 300.0
+    # Claude Code's Bash in its sandbox (bubblewrap): off is the operator's choice, logged at start.
+    sandbox: bool = True
     env: dict[EnvName, str] = msgspec.field(default_factory=dict)
 
 
@@ -385,6 +388,9 @@ class Config(_Section, frozen=True):
     default_agent: Name = "default"
     mcp_servers: dict[Name, McpServerConfig] = msgspec.field(default_factory=dict)
     webhooks: dict[Name, WebhookConfig] = msgspec.field(default_factory=dict)
+    # The file this was read from ("" = none): not a key, set by :func:`load_config` (a
+    # claude-code agent's sandboxed Bash may not read it, docs/protocol.md §11).
+    source_file: str = ""
 
 
 DEFAULT_CONFIG_TOML = """\
@@ -537,7 +543,7 @@ shutdown_timeout_s = 5.0     # an export's timeout, and how long stopping waits 
 
 # --- loading ---------------------------------------------------------------------
 
-_TABLES_OF_TABLES = ("agents", "default_agent", "mcp_servers", "webhooks")
+_TABLES_OF_TABLES = ("agents", "default_agent", "mcp_servers", "webhooks", "source_file")
 
 SCHEMA: dict[str, dict[str, Any]] = {
     section.name: {key.name: key.type for key in msgspec.structs.fields(section.type)}
@@ -572,10 +578,14 @@ def load_config(path: str | None, env: Mapping[str, str], overrides: Mapping[str
     config = Config()
     if path is not None:
         raw = _read_toml(path)
+        if "source_file" in raw:  # the field is the loader's, not a key
+            raise _Source(path).error(None, "unknown key source_file")
         config = _validate(raw, _Source(path))
     for source, section, key, value in [*_env_entries(env), *_override_entries(overrides)]:
         raw.setdefault(section, {})[key] = value
         config = _validate(raw, source)
+    if path is not None:
+        config = msgspec.structs.replace(config, source_file=os.path.abspath(path))
     return config
 
 

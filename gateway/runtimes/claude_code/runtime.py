@@ -129,7 +129,9 @@ class ClaudeCode:
         self._processes = processes
         self.current: tuple[Turn, TurnState] | None = None
         self.approvals = Approvals(self)
-        self.process = CliProcess(loop, nursery, processes, self.approvals.can_use_tool)
+        self.process = CliProcess(
+            loop, nursery, processes, self.approvals.can_use_tool, self.approvals.refused
+        )
         self.subagents = SubAgents(self)
         self.feed = feed
         self.background = False  # a worker's: its sub-agent runs in the background
