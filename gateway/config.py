@@ -34,6 +34,7 @@ import os
 import re
 import tomllib
 import typing
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -367,8 +368,11 @@ class WebhookConfig(_Section, frozen=True):
     retry_max_s: Seconds = 600.0  # ...up to this
 
 
-class Config(_Section, frozen=True):
-    """The whole configuration; ``Config()`` is the embedded defaults."""
+class Config(_Section, frozen=True, weakref=True):
+    """The whole configuration; ``Config()`` is the embedded defaults.
+
+    The file it was read from is :func:`config_file` (not a key).
+    """
 
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     stream: StreamConfig = msgspec.field(default_factory=StreamConfig)
@@ -388,9 +392,6 @@ class Config(_Section, frozen=True):
     default_agent: Name = "default"
     mcp_servers: dict[Name, McpServerConfig] = msgspec.field(default_factory=dict)
     webhooks: dict[Name, WebhookConfig] = msgspec.field(default_factory=dict)
-    # The file this was read from ("" = none): not a key, set by :func:`load_config` (a
-    # claude-code agent's sandboxed Bash may not read it, docs/protocol.md §11).
-    source_file: str = ""
 
 
 DEFAULT_CONFIG_TOML = """\
@@ -543,7 +544,7 @@ shutdown_timeout_s = 5.0     # an export's timeout, and how long stopping waits 
 
 # --- loading ---------------------------------------------------------------------
 
-_TABLES_OF_TABLES = ("agents", "default_agent", "mcp_servers", "webhooks", "source_file")
+_TABLES_OF_TABLES = ("agents", "default_agent", "mcp_servers", "webhooks")
 
 SCHEMA: dict[str, dict[str, Any]] = {
     section.name: {key.name: key.type for key in msgspec.structs.fields(section.type)}
@@ -578,15 +579,25 @@ def load_config(path: str | None, env: Mapping[str, str], overrides: Mapping[str
     config = Config()
     if path is not None:
         raw = _read_toml(path)
-        if "source_file" in raw:  # the field is the loader's, not a key
-            raise _Source(path).error(None, "unknown key source_file")
         config = _validate(raw, _Source(path))
     for source, section, key, value in [*_env_entries(env), *_override_entries(overrides)]:
         raw.setdefault(section, {})[key] = value
         config = _validate(raw, source)
     if path is not None:
-        config = msgspec.structs.replace(config, source_file=os.path.abspath(path))
+        _FILES[id(config)] = os.path.abspath(path)
+        weakref.finalize(config, _FILES.pop, id(config), None)
     return config
+
+
+_FILES: dict[int, str] = {}  # by id() of a loaded Config: the file it was read from
+
+
+def config_file(config: Config) -> str:
+    """The file ``config`` was read from by :func:`load_config` ("" for none).
+
+    A claude-code agent's sandboxed ``Bash`` may not read it (docs/protocol.md §11).
+    """
+    return _FILES.get(id(config), "")
 
 
 @dataclass(frozen=True)

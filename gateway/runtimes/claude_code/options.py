@@ -16,6 +16,12 @@ docs/protocol.md §11, "Options":
 - ``[model] max_retries`` is its ``CLAUDE_CODE_MAX_RETRIES`` (Claude Code also
   sends a refused call, a 400, twice more with fewer beta headers, on its own).
 
+**The boundary** (docs/protocol.md §11, "The key", "The boundary"): the CLI
+gets a credential of its session and the gateway's loopback door
+(:mod:`gateway.runtimes.model_proxy`), never the provider key; ``hooks`` and
+``sandbox`` keep its tools in the workspace
+(:mod:`gateway.runtimes.claude_code.boundary`).
+
 **The state directory.** The CLI's ``HOME`` and ``CLAUDE_CONFIG_DIR`` are
 ``.claude-code/<session id>`` beside ``[sessions] workspace_root``
 (:func:`state_dir`: its transcripts live there), never the operator's

@@ -47,6 +47,7 @@ from claude_agent_sdk import (
 from claude_agent_sdk.types import CanUseTool, SandboxSettings
 
 from gateway.agents import AgentProfile
+from gateway.config import config_file
 from gateway.logs import event
 from gateway.runtimes.claude_code.boundary import (
     denied_reads,
@@ -231,7 +232,7 @@ class CliProcess:
             self.node.workspaces.root,
             self.node.workspaces.allowed,
             store,
-            [config.source_file, config.auth.api_keys_file],
+            [config_file(config), config.auth.api_keys_file],
         )
         return sandbox_settings(workspace, [home, tmp], [*denied, tmp_root()])
 
