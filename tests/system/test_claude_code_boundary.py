@@ -27,7 +27,6 @@ from bench.fake_api import FakeServer, Replay, transcript
 from tests.claude_code_support import CLAUDE_CODE_MARKS, decide, gateway, only_model_calls
 from tests.claude_code_support import server as server
 from tests.conftest import Harness, running_gateway, types
-from tests.debian import debian_binary
 
 pytestmark = CLAUDE_CODE_MARKS
 
@@ -132,8 +131,6 @@ async def test_file_tools_outside_the_workspace_are_refused_without_asking(
     workspace (absolute, ``..``, a symlink ``Bash`` planted) fail ``permission_denied``,
     never asked; the read inside completes (Claude Code approves reads in its working
     directory itself)."""
-    debian_binary("bubblewrap", "bwrap")
-    debian_binary("socat", "socat")
     outside = tmp_path / "outside.txt"
     outside.write_text("TOP SECRET OUTSIDE\n")
     config, providers = await gateway(
@@ -178,8 +175,6 @@ async def test_a_sandboxed_bash_reads_and_writes_only_its_own_workspace(
 ) -> None:
     """Session B's Bash (sandboxed by default) cannot read A's workspace, the config file or
     the store, nor write outside its workspace; inside it, it works."""
-    debian_binary("bubblewrap", "bwrap")
-    debian_binary("socat", "socat")
     config, providers = await gateway(tmp_path, server, monkeypatch)
     escape = tmp_path / "escaped.txt"
     async with running_gateway(config, providers) as gw:
