@@ -59,6 +59,7 @@ class AgentProfile:
     permission_mode: str = "default"
     max_processes: int = 8
     idle_process_s: float = 300.0
+    sandbox: bool = True  # claude-code: Bash in Claude Code's sandbox
     env: dict[str, str] = field(default_factory=dict)
     # claude-code without ``tools``: Claude Code's default set (``tools`` lists it), where
     # permission_mode decides what asks (docs/protocol.md §11)
@@ -146,6 +147,7 @@ def _resolve(name: str, table: AgentConfig, config: Config) -> AgentProfile:
         permission_mode=table.permission_mode,
         max_processes=table.max_processes,
         idle_process_s=table.idle_process_s,
+        sandbox=table.sandbox,
         env=dict(table.env),
         default_tools=table.runtime == "claude-code" and table.tools is None,
     )
@@ -190,6 +192,22 @@ def read_system_file(path: str, where: str) -> str:
         raise ConfigError(f"config error: {where}.system_file: {problem}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config error: {where}.system_file: {path} is not UTF-8 text") from None
+
+
+def log_unsandboxed(profiles: list[AgentProfile]) -> None:
+    """At start: each claude-code agent whose Bash runs outside Claude Code's sandbox, logged.
+
+    ``sandbox = false`` is the operator's explicit choice (docs/protocol.md §11,
+    "The boundary"): its Bash then reads and writes whatever the daemon's user can.
+    """
+    for profile in profiles:
+        if profile.runtime == "claude-code" and not profile.sandbox:
+            event(
+                log, logging.WARNING, "claude_code_unsandboxed",
+                f"agent {profile.name}: sandbox = false, so Claude Code's Bash runs outside its"
+                " sandbox and can read and write whatever the daemon's user can",
+                agent=profile.name,
+            )  # fmt: skip
 
 
 class Agents:

@@ -30,9 +30,11 @@ import base64
 import binascii
 import datetime
 import ipaddress
+import os
 import re
 import tomllib
 import typing
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -281,6 +283,8 @@ class AgentConfig(_Section, frozen=True):
     permission_mode: Literal["default", "acceptEdits", "plan", "bypassPermissions"] = "default"
     max_processes: Count = 8
     idle_process_s: Seconds = 300.0
+    # Claude Code's Bash in its sandbox (bubblewrap): off is the operator's choice, logged at start.
+    sandbox: bool = True
     env: dict[EnvName, str] = msgspec.field(default_factory=dict)
 
 
@@ -369,8 +373,11 @@ class WebhookConfig(_Section, frozen=True):
     retry_max_s: Seconds = 600.0  # ...up to this
 
 
-class Config(_Section, frozen=True):
-    """The whole configuration; ``Config()`` is the embedded defaults."""
+class Config(_Section, frozen=True, weakref=True):
+    """The whole configuration; ``Config()`` is the embedded defaults.
+
+    The file it was read from is :func:`config_file` (not a key).
+    """
 
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     stream: StreamConfig = msgspec.field(default_factory=StreamConfig)
@@ -581,7 +588,21 @@ def load_config(path: str | None, env: Mapping[str, str], overrides: Mapping[str
     for source, section, key, value in [*_env_entries(env), *_override_entries(overrides)]:
         raw.setdefault(section, {})[key] = value
         config = _validate(raw, source)
+    if path is not None:
+        _FILES[id(config)] = os.path.abspath(path)
+        weakref.finalize(config, _FILES.pop, id(config), None)
     return config
+
+
+_FILES: dict[int, str] = {}  # by id() of a loaded Config: the file it was read from
+
+
+def config_file(config: Config) -> str:
+    """The file ``config`` was read from by :func:`load_config` ("" for none).
+
+    A claude-code agent's sandboxed ``Bash`` may not read it (docs/protocol.md §11).
+    """
+    return _FILES.get(id(config), "")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from bench.fake_api import FakeServer
 from gateway.config import Config, load_config
 from gateway.providers.factory import Providers, make_providers
 from tests.conftest import Harness
+from tests.debian import debian_binary
 
 HAS_SDK = importlib.util.find_spec("claude_agent_sdk") is not None
 
@@ -115,7 +116,14 @@ async def gateway(
     tail: str = "",
     **agent: str,
 ) -> tuple[Config, Providers]:
-    """The config of :func:`cc_config` and its providers (the test closes them)."""
+    """The config of :func:`cc_config` and its providers (the test closes them).
+
+    Unless ``sandbox="false"``, Claude Code's sandbox needs Debian's ``bubblewrap``
+    and ``socat`` (installed here, or the test is skipped saying why).
+    """
+    if agent.get("sandbox") != "false":
+        debian_binary("bubblewrap", "bwrap")
+        debian_binary("socat", "socat")
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake")
     config = cc_config(tmp_path, server, tail, **agent)
     return config, make_providers(config, {"ANTHROPIC_API_KEY": "sk-fake"})

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gateway import runtimes, telemetry
-from gateway.agents import AgentProfile, Agents
+from gateway.agents import AgentProfile, Agents, log_unsandboxed
 from gateway.cluster import ops
 from gateway.config import Config
 from gateway.errors import StoreError, unavailable
@@ -75,6 +75,7 @@ from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
 from gateway.runtimes.claude_code import tools as claude_code_tools
+from gateway.runtimes.model_proxy import ModelProxy
 from gateway.server.auth import Limits
 from gateway.session.agent import TurnHost
 from gateway.session.hub import Emitted
@@ -130,6 +131,8 @@ class Node:
         self.processes = ToolProcesses(config.tools)
         # The Claude Code processes of each agent on this node (max_processes).
         self.process_slots = ProcessSlots(config.tools.process_slot_wait_s)
+        # Their door to the model API: they never hold the provider key (started when first used).
+        self.model_proxy = ModelProxy()
         self.registry = Registry(self)
         self.sessions: dict[str, Session] = self.registry.sessions
         self.durability = Durability(store, config.store, self.metrics)
@@ -162,6 +165,7 @@ class Node:
             await telemetry.stop(tracing)
 
     async def _run(self, task_status: trio.TaskStatus[Node]) -> None:
+        log_unsandboxed(self.agents.profiles())
         state = await self.store.open()
         self.retention_floor = state.retention_floor
         self.durability.attach()
@@ -180,6 +184,7 @@ class Node:
             self.limits.count_sessions(await self.store.sessions_per_owner())
             async with trio.open_nursery() as sessions:
                 self.registry.nursery = sessions
+                self.model_proxy.attach(sessions)
                 sessions.start_soon(self._retention_loop, name="retention")
                 await sessions.start(self.leases.run, name="lease-keeper")
                 self.placement = await choose(self, sessions)

@@ -9,7 +9,7 @@ is a tool process like any other (:mod:`gateway.tools.process`):
   in a group of its own, registered with the watchdog (it dies with the
   daemon, kill -9 included), with the resource limits of ``[tools]``;
 - its environment is :func:`~gateway.tools.process.tool_environment` plus
-  exactly what :mod:`gateway.runtimes.claude_code.options` passes (the provider key,
+  exactly what :mod:`gateway.runtimes.claude_code.options` passes (its session's credential,
   ``ANTHROPIC_BASE_URL``, its own ``HOME`` and ``CLAUDE_CONFIG_DIR``, the
   switches that keep it quiet, the agent's ``env``): nothing else of the
   daemon's;

@@ -22,6 +22,7 @@ from gateway.metrics import Metrics
 from gateway.protocol.events import Payload, StreamEvent
 from gateway.protocol.shapes import Message, StopReason, ToolUseBlock, Usage
 from gateway.providers.factory import Providers
+from gateway.runtimes.model_proxy import ModelProxy
 from gateway.session.call import Call, CallStream, Completion
 from gateway.session.hub import Emitted
 from gateway.session.permissions import Permissions
@@ -43,6 +44,7 @@ class AgentServices(Protocol):
     processes: ToolProcesses  # the daemon's tool processes (a claude-code agent's CLI)
     process_slots: ProcessSlots  # a claude-code agent's max_processes on this node
     workspaces: Workspaces  # where a session's workspace is on this host
+    model_proxy: ModelProxy  # a claude-code agent's CLI's door to the model API
 
     def session_tools(self, session: TurnHost) -> SessionTools:
         """The tools the session's agent sees now (docs/protocol.md §11)."""

@@ -51,6 +51,7 @@ async def test_a_text_turn_with_thinking_streams_as_the_native_runtime(
         cli = runtime.transport.pid
         raw = await trio.Path(f"/proc/{cli}/environ").read_bytes()  # what the CLI got
         environ = dict(line.decode().partition("=")[::2] for line in raw.split(b"\0") if line)
+        door = gw.node.model_proxy.base_url
         again = await run_turn(gw, sid, "And again?")
         snapshot = (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]
     await providers.aclose()
@@ -62,7 +63,9 @@ async def test_a_text_turn_with_thinking_streams_as_the_native_runtime(
     ):
         assert environ[switch] == "1", switch
     assert environ["HOME"].endswith(f".claude-code/{sid}")
-    assert environ["ANTHROPIC_BASE_URL"] == server.base_url
+    # The model API through the gateway's loopback door, with a session's credential.
+    assert environ["ANTHROPIC_BASE_URL"] == door != server.base_url
+    assert environ["ANTHROPIC_API_KEY"].startswith("gwcc-")
     assert not {k for k in environ if k.startswith(("GATEWAY_", "PYTEST", "VIRTUAL_ENV"))}
     deltas = ("thinking.delta", "text.delta")
     assert [t for t in types(events) if t not in deltas] == [

@@ -23,6 +23,12 @@ docs/protocol.md §11, "Options":
 - ``[model] max_retries`` is its ``CLAUDE_CODE_MAX_RETRIES`` (Claude Code also
   sends a refused call, a 400, twice more with fewer beta headers, on its own).
 
+**The boundary** (docs/protocol.md §11, "The key", "The boundary"): the CLI
+gets a credential of its session and the gateway's loopback door
+(:mod:`gateway.runtimes.model_proxy`), never the provider key; ``hooks`` and
+``sandbox`` keep its tools in the workspace
+(:mod:`gateway.runtimes.claude_code.boundary`).
+
 **The state directory.** The CLI's ``HOME`` and ``CLAUDE_CONFIG_DIR`` are
 ``.claude-code/<session id>`` beside ``[sessions] workspace_root``
 (:func:`state_dir`: its transcripts live there), never the operator's
@@ -36,18 +42,21 @@ from __future__ import annotations
 
 import glob
 import os
+import tempfile
 import uuid
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from claude_agent_sdk import CanUseToolShadowedWarning, ClaudeAgentOptions, HookMatcher
+from claude_agent_sdk import CanUseToolShadowedWarning, ClaudeAgentOptions
 from claude_agent_sdk._version import __version__ as SDK_VERSION
 from claude_agent_sdk.types import (
     CanUseTool,
-    HookCallback,
+    HookEvent,
+    HookMatcher,
     McpHttpServerConfig,
     McpStdioServerConfig,
+    SandboxSettings,
     SystemPromptPreset,
 )
 from claude_agent_sdk.types import McpServerConfig as McpServerConfigSdk
@@ -67,6 +76,9 @@ QUIET_ENV = {
     "DISABLE_ERROR_REPORTING": "1",
 }
 """What keeps the CLI from calling anything but the model API."""
+
+LOOPBACK = "127.0.0.1"
+"""The model API door's host (:mod:`gateway.runtimes.model_proxy`)."""
 
 MODEL_PREFIX = "anthropic:"
 """The provider part of the gateway's model names; Claude Code's are without it."""
@@ -102,10 +114,12 @@ def has_transcript(home: str, claude_id: str) -> bool:
 def cli_environment(
     agent: AgentProfile,
     home: str,
-    env: Mapping[str, str] | None = None,
+    tmp: str,
+    credential: str,
+    base_url: str,
     max_retries: int | None = None,
 ) -> dict[str, str]:
-    """The variables the CLI gets beyond the tool environment (docs/protocol.md §15).
+    """The variables the CLI gets beyond the tool environment (docs/protocol.md §11, §15).
 
     ``[model] max_retries`` is the CLI's ``CLAUDE_CODE_MAX_RETRIES`` (its own
     retries of a failed API call), unless the agent's ``env`` sets it. So is
@@ -113,8 +127,14 @@ def cli_environment(
     MCP servers are connected (within Claude Code's ``MCP_TIMEOUT``), as the
     native runtime's first turn waits for its servers' tools; by default the
     CLI would send it without the tools of a server still starting. The
-    agent's ``env`` then; the gateway's own win: the provider key, the
-    endpoint, the state directory and the switches of :data:`QUIET_ENV`.
+    agent's ``env`` then; the gateway's own win: the session's credential as
+    ``ANTHROPIC_API_KEY`` and the gateway's loopback door as
+    ``ANTHROPIC_BASE_URL`` (``base_url``: :mod:`gateway.runtimes.model_proxy`;
+    the provider key never enters the CLI), ``127.0.0.1`` added to
+    ``NO_PROXY`` (the door is never reached through a proxy), the state
+    directory as ``HOME``, ``tmp`` as ``TMPDIR`` (:func:`tmp_dir`: Claude
+    Code's temporary files, its background shells' output included, private
+    to the session), and the switches of :data:`QUIET_ENV`.
     The agent's ``max_tokens`` is ``CLAUDE_CODE_MAX_OUTPUT_TOKENS`` (the CLI
     caps it at the model's own limit) and its ``context_max_tokens``
     ``CLAUDE_CODE_AUTO_COMPACT_WINDOW``: Claude Code compacts once a call's
@@ -125,7 +145,6 @@ def cli_environment(
     ``session_state_changed`` frames: ``idle`` tells the runtime that no
     further query is owed (:class:`~gateway.runtimes.claude_code.process.CliProcess`).
     """
-    source = os.environ if env is None else env
     out = {"MCP_CONNECTION_NONBLOCKING": "0"}
     if max_retries is not None:
         out["CLAUDE_CODE_MAX_RETRIES"] = str(max_retries)
@@ -133,20 +152,36 @@ def cli_environment(
     out["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(agent.context_max_tokens)
     out.update(agent.env)
     out.update(QUIET_ENV)
+    no_proxy = [h for h in (out.get("NO_PROXY") or out.get("no_proxy") or "").split(",") if h]
+    if LOOPBACK not in no_proxy:
+        no_proxy.append(LOOPBACK)
     out.update(
         {
             "HOME": home,
             "CLAUDE_CONFIG_DIR": os.path.join(home, ".claude"),
-            "ANTHROPIC_API_KEY": source.get("ANTHROPIC_API_KEY", ""),
+            "TMPDIR": tmp,
+            "ANTHROPIC_API_KEY": credential,
+            "ANTHROPIC_BASE_URL": base_url,
+            "NO_PROXY": ",".join(no_proxy),
+            "no_proxy": ",".join(no_proxy),
             "CLAUDE_CODE_ENTRYPOINT": "sdk-py",
             "CLAUDE_AGENT_SDK_VERSION": SDK_VERSION,
             "CLAUDE_CODE_SDK_READS_SESSION_STATE": "1",
             "CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS": "1",
         }
     )
-    if agent.base_url:
-        out["ANTHROPIC_BASE_URL"] = agent.base_url
     return out
+
+
+def tmp_root() -> str:
+    """Where the CLIs' ``TMPDIR`` s are: ``<the system's>/gateway-cc-<uid>`` (short: Claude
+    Code binds Unix sockets in it, whose paths must stay under 108 bytes)."""
+    return os.path.join(tempfile.gettempdir(), f"gateway-cc-{os.getuid()}")
+
+
+def tmp_dir(session_id: str) -> str:
+    """A session's CLI's ``TMPDIR`` (:func:`tmp_root`): its own, which no other CLI shares."""
+    return os.path.join(tmp_root(), uuid.uuid5(_NAMESPACE, session_id).hex[:16])
 
 
 def mcp_servers(
@@ -204,13 +239,16 @@ def cli_options(
     servers: Mapping[str, McpServerConfig],
     can_use_tool: CanUseTool,
     resume: bool = False,
-    pre_tool_use: HookCallback | None = None,
+    hooks: dict[HookEvent, list[HookMatcher]] | None = None,
+    sandbox: SandboxSettings | None = None,
 ) -> ClaudeAgentOptions:
     """The SDK's options for a session's CLI (module docstring).
 
     ``resume``: the Claude Code session of this gateway session has a
-    transcript already, which the CLI continues. ``pre_tool_use``: the
-    ``PreToolUse`` hook, called for every tool use.
+    transcript already, which the CLI continues. ``hooks``: the ``PreToolUse``
+    hooks (the workspace's boundary, :mod:`gateway.runtimes.claude_code.boundary`,
+    and the turn's limits, :mod:`gateway.runtimes.claude_code.hooks`);
+    ``sandbox``: Bash's sandbox.
     """
     claude_id = claude_session_id(session_id)
     names = [rule_tool(t) for t in agent.tools if "__" not in t]  # Bash(git:*): Bash
@@ -218,7 +256,6 @@ def cli_options(
     allowed = [cli_rule(t) for t in agent.tools if not agent.needs_approval(t)]
     if agent.default_tools:  # Claude Code's own set; its permission_mode decides what asks
         tools, allowed = {"type": "preset", "preset": "claude_code"}, []
-    hooks: Any = {"PreToolUse": [HookMatcher(hooks=[pre_tool_use])]} if pre_tool_use else None
     prompt = SystemPromptPreset(type="preset", preset="claude_code")
     if agent.system:
         prompt["append"] = agent.system
@@ -240,4 +277,5 @@ def cli_options(
         thinking=thinking,
         max_turns=agent.max_rounds,
         hooks=hooks,
+        sandbox=sandbox,
     )

@@ -32,6 +32,8 @@ class Asking(Protocol):
         self, name: str, input: dict[str, Any], context: ToolPermissionContext
     ) -> PermissionResultAllow | PermissionResultDeny: ...
 
+    def refused(self, tool_use_id: str) -> None: ...
+
 
 class Worker(Protocol):
     """A sub-agent's worker, as the parent's approvals find it."""
@@ -47,6 +49,8 @@ class Workers(Protocol):
     """A runtime's sub-agents, as its approvals look one up."""
 
     async def wait_for(self, agent_id: str, wait_s: float) -> Worker | None: ...
+
+    def runtimes(self) -> list[Owner]: ...
 
 
 class Owner(Protocol):

@@ -13,8 +13,10 @@ default set) asks the user whenever Claude Code's ``permission_mode`` asks.
   so a client never sees a request for a tool it was not told of.
 - A sub-agent's approvals are its worker's requests, in the worker's stream,
   answered from the parent (:mod:`gateway.runtimes.claude_code.subagents`).
-- A tool denied through the route fails ``permission_denied``; a turn that
-  ends early resolves its open requests ``cancelled`` (:meth:`Approvals.end`).
+- A tool denied through the route fails ``permission_denied``, as does one
+  the workspace's boundary refused (:meth:`Approvals.refused`, never asked);
+  a turn that ends early resolves its open requests ``cancelled``
+  (:meth:`Approvals.end`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,14 @@ class Approvals:
         for block in tool_uses:
             self.started[block.id] = now
             self.announced.setdefault(block.id, trio.Event()).set()
+
+    def refused(self, tool_use_id: str) -> None:
+        """The workspace's boundary refused a tool use (its ``PreToolUse`` hook,
+        :mod:`~gateway.runtimes.claude_code.boundary`): it fails ``permission_denied``,
+        in whichever stream shows it (a sub-agent's is its worker's)."""
+        self.denied.add(tool_use_id)
+        for sub in self._runtime.subagents.runtimes():
+            sub.approvals.refused(tool_use_id)
 
     def reset(self) -> None:
         """The turn ended."""

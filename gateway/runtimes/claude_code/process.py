@@ -32,6 +32,8 @@ import dataclasses
 import logging
 import math
 import os
+import shutil
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -42,16 +44,25 @@ from claude_agent_sdk import (
     StreamEvent,
     SystemMessage,
 )
-from claude_agent_sdk.types import CanUseTool, HookCallback
+from claude_agent_sdk.types import CanUseTool, HookCallback, HookMatcher, SandboxSettings
 
 from gateway.agents import AgentProfile
+from gateway.config import config_file
 from gateway.logs import event
+from gateway.runtimes.claude_code.boundary import (
+    denied_reads,
+    path_hook,
+    sandbox_missing,
+    sandbox_settings,
+)
 from gateway.runtimes.claude_code.options import (
     claude_session_id,
     cli_environment,
     cli_options,
     has_transcript,
     state_dir,
+    tmp_dir,
+    tmp_root,
 )
 from gateway.runtimes.transport import ToolProcessTransport
 from gateway.tools.process import ToolProcesses
@@ -66,6 +77,12 @@ INTERRUPT_TIMEOUT_S = 0.5
 
 DRAIN_TIMEOUT_S = 10.0
 """How long the next turn waits for an interrupted CLI to be idle before restarting it."""
+
+
+def _make_dirs(*paths: str) -> None:
+    """Make each directory (mode 0700) if it is missing. Blocking."""
+    for path in paths:
+        os.makedirs(path, mode=0o700, exist_ok=True)
 
 
 def session_state(message: Any) -> str | None:
@@ -83,7 +100,9 @@ class CliProcess:
         nursery: where the process task runs (the agent loop's own, inside the session's).
         processes: the daemon's tool processes.
         can_use_tool: the CLI's ``can_use_tool`` (the session's approvals).
-        pre_tool_use: the CLI's ``PreToolUse`` hook (:mod:`gateway.runtimes.claude_code.hooks`).
+        pre_tool_use: the CLI's ``PreToolUse`` hook of every tool use
+            (:mod:`gateway.runtimes.claude_code.hooks`: the turn's limits).
+        on_refused: told the id of a tool use the workspace's boundary refused.
     """
 
     def __init__(
@@ -93,9 +112,11 @@ class CliProcess:
         processes: ToolProcesses,
         can_use_tool: CanUseTool,
         pre_tool_use: HookCallback | None = None,
+        on_refused: Callable[[str], None] = lambda tool_use_id: None,
     ) -> None:
         self._loop = loop
         self._pre_tool_use = pre_tool_use
+        self._on_refused = on_refused
         self.s = loop.s
         self.node = loop.node
         self._nursery = nursery
@@ -164,32 +185,72 @@ class CliProcess:
                     slots.release(agent.name, self.s.id)
                 raise
 
-    async def _client(self) -> tuple[ClaudeSDKClient, ToolProcessTransport, bool]:
-        """The SDK client of a new CLI, over a tool process; whether it resumes a transcript."""
-        s, node = self.s, self.node
+    async def _client(self) -> tuple[ClaudeSDKClient, ToolProcessTransport, bool, str]:
+        """The SDK client of a new CLI, over a tool process; whether it resumes a transcript;
+        its credential at the model API door (revoked when it ends)."""
+        s, node, agent = self.s, self.node, self.agent
         workspace = await trio.to_thread.run_sync(
             node.workspaces.host_path, s.record.workspace_path
         )
         home = state_dir(node.workspaces.root, s.id)
-        await trio.to_thread.run_sync(lambda: os.makedirs(home, mode=0o700, exist_ok=True))
+        tmp = tmp_dir(s.id)
+        await trio.to_thread.run_sync(_make_dirs, home, tmp)
         resume = await trio.to_thread.run_sync(has_transcript, home, claude_session_id(s.id))
+        sandbox = None
+        if agent.sandbox:
+            sandbox = await trio.to_thread.run_sync(self._sandbox, workspace, home, tmp)
         options = cli_options(
-            self.agent, s.id, workspace, node.config.mcp_servers, self._can_use_tool, resume,
-            self._pre_tool_use,
+            agent, s.id, workspace, node.config.mcp_servers, self._can_use_tool, resume,
+            hooks={"PreToolUse": self._hooks(workspace)},
+            sandbox=sandbox,
         )  # fmt: skip
+        door = await node.model_proxy.ensure_running()
+        key = os.environ.get("ANTHROPIC_API_KEY", "")
+        credential = node.model_proxy.issue(s.id, agent.base_url, key)
         transport = ToolProcessTransport(
             dataclasses.replace(options, permission_prompt_tool_name="stdio"),
             self._processes,
             workspace,
-            cli_environment(self.agent, home, max_retries=node.config.model.max_retries),
+            cli_environment(agent, home, tmp, credential, door, node.config.model.max_retries),
             grace_s=node.config.tools.kill_grace_s,
         )
-        return ClaudeSDKClient(options, transport=transport), transport, resume
+        return ClaudeSDKClient(options, transport=transport), transport, resume, credential
+
+    def _hooks(self, workspace: str) -> list[HookMatcher]:
+        """The ``PreToolUse`` hooks: the workspace's paths, then the turn's limits."""
+        hooks = [path_hook(workspace, self._on_refused)]
+        if self._pre_tool_use is not None:
+            hooks.append(HookMatcher(hooks=[self._pre_tool_use]))
+        return hooks
+
+    def _sandbox(self, workspace: str, home: str, tmp: str) -> SandboxSettings:
+        """The sandbox of the session's Bash (:mod:`~gateway.runtimes.claude_code.boundary`).
+
+        Blocking (it resolves paths). Programs the sandbox needs that are
+        missing are logged: every ``Bash`` then fails (closed, not open).
+        """
+        config = self.node.config
+        missing = sandbox_missing()
+        if missing:
+            event(
+                log, logging.ERROR, "claude_code_sandbox_unavailable",
+                f"session {self.s.id}: Claude Code's sandbox needs {' and '.join(missing)}"
+                " (Debian: apt-get install bubblewrap socat); every Bash will fail",
+                session_id=self.s.id, missing=missing,
+            )  # fmt: skip
+        store = config.store.path if config.store.backend == "sqlite" else None
+        denied = denied_reads(
+            self.node.workspaces.root,
+            self.node.workspaces.allowed,
+            store,
+            [config_file(config), config.auth.api_keys_file],
+        )
+        return sandbox_settings(workspace, [home, tmp], [*denied, tmp_root()])
 
     async def _serve(self, *, task_status: trio.TaskStatus[None]) -> None:
         """The process task: start the CLI, pass on what it says, stop it (shielded) at the end."""
         s = self.s
-        client, transport, resume = await self._client()
+        client, transport, resume, credential = await self._client()
         send, receive = trio.open_memory_channel[Any](math.inf)
         stopped = self._stopped = trio.Event()
         with trio.CancelScope() as scope, send:
@@ -212,6 +273,10 @@ class CliProcess:
                     self.client = self.transport = self.inbox = self._scope = None
                 with trio.CancelScope(shield=True):
                     await client.disconnect()
+                self.node.model_proxy.revoke(credential)  # its CLI has ended
+                with trio.CancelScope(shield=True):
+                    tmp = tmp_dir(s.id)
+                    await trio.to_thread.run_sync(lambda: shutil.rmtree(tmp, ignore_errors=True))
                 self.node.process_slots.release(self.agent.name, s.id)
                 stopped.set()
 

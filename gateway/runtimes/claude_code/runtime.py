@@ -139,7 +139,9 @@ class ClaudeCode:
         self.limits: TurnLimits | None = None  # the turn in flight's (the main session's)
         self.parent: ClaudeCode | None = None  # a worker's: the runtime that feeds it
         hook = pre_tool_use([self._within_limits])
-        self.process = CliProcess(loop, nursery, processes, self.approvals.can_use_tool, hook)
+        self.process = CliProcess(
+            loop, nursery, processes, self.approvals.can_use_tool, hook, self.approvals.refused
+        )
         self.subagents = SubAgents(self)
         self.feed = feed
         self.background = False  # a worker's: its sub-agent runs in the background

@@ -99,6 +99,10 @@ class SubAgents:
         self._changed = trio.Event()
         self._tasks: dict[str, Sub] = {}  # by Claude Code's task id (can_use_tool's agent_id)
 
+    def runtimes(self) -> list[Owner]:
+        """The mirror runtimes of the turn's sub-agents (their workers' streams)."""
+        return [sub.runtime for sub in self._subs.values()]
+
     @property
     def waiting(self) -> bool:
         """Whether a sub-agent started whose worker waits for its tool's ``tool.called``."""
