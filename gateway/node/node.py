@@ -57,7 +57,7 @@ from gateway import runtimes, telemetry
 from gateway.agents import AgentProfile, Agents
 from gateway.cluster import ops
 from gateway.config import Config
-from gateway.errors import StoreError, unavailable
+from gateway.errors import Refused, StoreError, unavailable
 from gateway.ids import now_ms
 from gateway.logs import event
 from gateway.mcp.servers import McpServers
@@ -92,6 +92,9 @@ if TYPE_CHECKING:
     from gateway.session.loop_api import RuntimeFactory
 
 log = logging.getLogger("gateway.node")
+
+STORE_REFUSING = "store_unavailable"
+"""``turn.cancelled``'s reason for the turns a store that refuses every write ends."""
 
 
 class Node:
@@ -163,7 +166,7 @@ class Node:
     async def _run(self, task_status: trio.TaskStatus[Node]) -> None:
         state = await self.store.open()
         self.retention_floor = state.retention_floor
-        self.durability.attach()
+        self.durability.attach(self._store_refusing)
         lease_ms = round(self.config.store.lease_s * 1000)
         self.leases = LeaseKeeper(
             self.store.leases(self.node_id, lease_ms),
@@ -219,10 +222,23 @@ class Node:
         for session in self.sessions.values():
             if session.turn is not None:
                 session.turn.request_cancel("shutdown")
-        with trio.move_on_after(self.config.server.shutdown_grace_s):
+        with trio.move_on_after(self.config.server.shutdown_grace_s), contextlib.suppress(Refused):
             while any(s.turn is not None for s in self.sessions.values()):
                 await self.changed()
-            await self.wait_durable()
+            await self.wait_durable()  # Refused: the store refuses writes; none will land
+
+    def _store_refusing(self, exc: StoreError) -> None:
+        """The store takes no more writes until a restart: every turn in flight ends now.
+
+        Each is cancelled with ``reason: "store_unavailable"`` (the sequence
+        of docs/protocol.md §8 for its phase, which no store will hold, so no
+        client gets it), so no turn waits for a commit that never comes and
+        its session answers 503 ``store_unavailable``, not 409
+        ``turn_in_progress`` (docs/protocol.md §15).
+        """
+        for session in self.sessions.values():
+            if session.turn is not None:
+                session.turn.request_cancel(STORE_REFUSING)
 
     def notify(self) -> None:
         """Something shutdown waits for happened: a turn ended or a connection closed."""
