@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +56,7 @@ from gateway import runtimes, telemetry
 from gateway.agents import AgentProfile, Agents
 from gateway.cluster import ops
 from gateway.config import Config
+from gateway.environment import daemon_env
 from gateway.errors import Refused, StoreError, unavailable
 from gateway.ids import now_ms
 from gateway.logs import event
@@ -113,7 +113,8 @@ class Node:
         # Each agent's provider (docs/protocol.md §11); one given alone serves every agent.
         self.providers = provider if isinstance(provider, Providers) else Providers.single(provider)
         self.agents = Agents(config)  # ConfigError: a system_file that cannot be read
-        self.traces = telemetry.settings(config.telemetry, os.environ)  # ConfigError: no extra
+        # ConfigError: no extra. The environment as it started (gateway.environment).
+        self.traces = telemetry.settings(config.telemetry, daemon_env())
         self.tools = tools  # the built-in tools the daemon enabled; each agent has some of them
         # The MCP servers (gateway.mcp); the daemon sets them, a bare node has none.
         self.mcp: McpServers | None = None

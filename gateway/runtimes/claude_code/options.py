@@ -46,6 +46,7 @@ from claude_agent_sdk.types import McpServerConfig as McpServerConfigSdk
 
 from gateway.agents import AgentProfile
 from gateway.config import McpServerConfig
+from gateway.environment import daemon_env
 
 # ``allowed_tools`` are the tools approved without asking (not in ``require_approval``):
 # that they never reach ``can_use_tool`` is the point, not a mistake to warn of.
@@ -110,7 +111,7 @@ def cli_environment(
     ``session_state_changed`` frames: ``idle`` tells the runtime that no
     further query is owed (:class:`~gateway.runtimes.claude_code.process.CliProcess`).
     """
-    source = os.environ if env is None else env
+    source = daemon_env() if env is None else env  # its key: taken out of os.environ
     out = {"MCP_CONNECTION_NONBLOCKING": "0"}
     if max_retries is not None:
         out["CLAUDE_CODE_MAX_RETRIES"] = str(max_retries)
