@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from importlib.metadata import version
 from typing import Any
@@ -57,23 +56,26 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None
     }
     # Imported here so that a bad command line or config starts nothing at all.
-    from gateway import telemetry
+    from gateway import environment, telemetry
     from gateway.errors import StartupError
     from gateway.providers.factory import make_providers
     from gateway.server.app import serve
 
+    env = environment.capture()  # what the daemon reads of it, kept: secrets go below
     try:
-        config = load_config(args.config, os.environ, overrides)
+        config = load_config(args.config, env, overrides)
     except ConfigError as exc:  # no config, so no log format: the plain line
         print(exc, file=sys.stderr)
         return EXIT_USAGE
     try:
         # A missing API key, an unusable model, an unreadable system_file: config errors.
-        provider = make_providers(config, os.environ)
-        telemetry.settings(config.telemetry, os.environ)  # traces without the otel extra
+        provider = make_providers(config, env)
+        telemetry.settings(config.telemetry, env)  # traces without the otel extra
     except ConfigError as exc:
         _say(config, "config_invalid", str(exc))
         return EXIT_USAGE
+    # Read: out of the environment, /proc/<pid>/environ's included (docs/protocol.md §15).
+    environment.scrub()
     try:
         trio.run(serve, config, provider)
     except BaseException as exc:

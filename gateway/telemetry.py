@@ -91,6 +91,9 @@ class Settings:
     service_name: str
     sample_ratio: float
     shutdown_timeout_s: float
+    # OTEL_EXPORTER_OTLP_(TRACES_)HEADERS as given: passed to the exporter, which would read
+    # them from os.environ, where the daemon takes them out (gateway.environment)
+    headers: str = ""
 
 
 def settings(config: TelemetryConfig, env: Mapping[str, str]) -> Settings | None:
@@ -122,6 +125,8 @@ def settings(config: TelemetryConfig, env: Mapping[str, str]) -> Settings | None
         service_name=config.service_name or env.get("OTEL_SERVICE_NAME", "") or "gateway",
         sample_ratio=config.sample_ratio,
         shutdown_timeout_s=config.shutdown_timeout_s,
+        headers=env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+        or env.get("OTEL_EXPORTER_OTLP_HEADERS", ""),
     )
 
 
@@ -181,7 +186,12 @@ def start(chosen: Settings | None) -> Tracing | None:
         resource=Resource.create({"service.name": chosen.service_name}),
         sampler=ParentBased(TraceIdRatioBased(chosen.sample_ratio)),
     )
-    exporter = OTLPSpanExporter(endpoint=chosen.endpoint, timeout=chosen.shutdown_timeout_s)
+    from opentelemetry.util.re import parse_env_headers
+
+    headers = parse_env_headers(chosen.headers, liberal=True) if chosen.headers else None
+    exporter = OTLPSpanExporter(
+        endpoint=chosen.endpoint, headers=headers, timeout=chosen.shutdown_timeout_s
+    )
     provider.add_span_processor(BatchSpanProcessor(exporter))
     tracing = Tracing(provider, chosen.shutdown_timeout_s)
     install(tracing)

@@ -5,8 +5,10 @@ Also what a test reads of a Redis store's outbox, straight from redis-server
 
 Every request is recorded and checked as a receiver would check it: the
 ``standardwebhooks`` package verifies its signature with the secret. The
-receiver answers from a script, one answer a request in order (a status, or
-``"hang"``: no answer until the client gives up), then 200 to everything.
+receiver answers from a script, one answer a request in order (a status,
+``"hang"``: no answer until the client gives up, or ``"endless"``: 200 and a
+chunked body that never ends, 64 KiB a millisecond, until the client closes
+the connection), then 200 to everything.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class Receiver:
     secret: str = SECRET
     received: list[Received] = field(default_factory=list)
     port: int = 0
+    endless_sent: int = 0  # bytes of "endless" bodies sent, every one together
+    endless_cut: trio.Event = field(default_factory=trio.Event)  # the client closed one
     _changed: trio.Event = field(default_factory=trio.Event)
 
     @property
@@ -99,6 +103,9 @@ class Receiver:
                 if answer == "hang":
                     await trio.sleep(60)  # the client gives up first
                     return
+                if answer == "endless":
+                    await self._endless(conn, stream)
+                    return
                 assert isinstance(answer, int)
                 reply = h11.Response(status_code=answer, headers=[("content-length", "0")])
                 await stream.send_all(conn.send(reply) + conn.send(h11.EndOfMessage()))
@@ -107,6 +114,19 @@ class Receiver:
             return
         finally:
             await stream.aclose()
+
+    async def _endless(self, conn: h11.Connection, stream: trio.SocketStream) -> None:
+        """200 with a chunked body that ends only when the client closes the connection."""
+        head = h11.Response(status_code=200, headers=[("transfer-encoding", "chunked")])
+        await stream.send_all(conn.send(head))
+        chunk = conn.send(h11.Data(data=b"x" * 65536))
+        try:
+            while True:
+                await stream.send_all(chunk)
+                self.endless_sent += 65536
+                await trio.sleep(0.001)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.endless_cut.set()
 
 
 async def _next(conn: h11.Connection, stream: trio.SocketStream, kind: Any) -> Any:

@@ -268,10 +268,11 @@ class AguiRoutes:
             raise ApiError(
                 422, "invalid_last_event_id", f"Last-Event-ID {header[:60]!r} is no event id"
             )
-        record = await self.book.find(session, run_id)
+        messages = await self.node.messages_of(session)
+        record = await self.book.find(session, run_id, messages)
         if record is None:
             raise ApiError(404, "run_not_found", f"no run {run_id[:60]!r} on {session.id}")
-        history = (await self.node.messages_of(session))[: record.history_len]
+        history = messages[: record.history_len]
         release = once(await self.node.limits.open_stream(session.record.owner, "agui"))
         try:
             sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)

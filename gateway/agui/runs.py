@@ -9,6 +9,9 @@ started (the message's ``created_at``); the run's start is the id before the
 turn's ``turn.started`` (from the session's tail, or read from the store).
 A run that resumed a turn's interrupts starts no turn: it is known to this
 router's memory only (:class:`RunBook`, the last :data:`MAX_RECORDS` runs).
+A remembered run is the session's only while its turn is one of the
+session's messages' turns: a session deleted (``DELETE /sessions/{id}``)
+takes its runs with it, even when its id names a new session since.
 """
 
 from __future__ import annotations
@@ -64,13 +67,21 @@ class RunBook:
         while len(self._records) > MAX_RECORDS:
             self._records.popitem(last=False)
 
-    async def find(self, session: Session, run_id: str) -> RunRecord | None:
-        """The run's record: remembered, or made again from the store (module docstring)."""
-        record = self._records.get((session.id, run_id))
+    async def find(
+        self, session: Session, run_id: str, messages: list[Message]
+    ) -> RunRecord | None:
+        """The run's record: remembered, or made again from the store (module docstring).
+
+        Args:
+            messages: the session's conversation (``Node.messages_of``).
+        """
+        key = (session.id, run_id)
+        record = self._records.get(key)
         if record is not None:
-            return record
+            if any(m.turn_id == record.turn_id for m in messages):
+                return record
+            del self._records[key]  # a deleted session's, whose id was made again since
         mid = user_message_id(session.id, run_id)
-        messages = await self.node.messages_of(session)
         index = next((i for i, m in enumerate(messages) if m.id == mid), None)
         if index is None or messages[index].turn_id is None:
             return None

@@ -10,12 +10,13 @@ did is durable waits with :meth:`Durability.durable_or_503`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
 
 from gateway.config import StoreConfig
-from gateway.errors import Refused, unavailable
+from gateway.errors import Refused, StoreError, unavailable
 from gateway.logs import SLOW_FLUSH_S, event
 from gateway.metrics import Metrics
 from gateway.store.base import Store
@@ -35,11 +36,16 @@ class Durability:
         self.metrics = metrics
         self._holding: dict[Session, None] = {}  # families with batches waiting for a commit
 
-    def attach(self) -> None:
-        """Listen to the store's commits, write failures and flushes (it is open)."""
+    def attach(self, on_refusing: Callable[[StoreError], None]) -> None:
+        """Listen to the store's commits, write failures and flushes (it is open).
+
+        ``on_refusing`` is told when the store begins to refuse every write
+        (its file deleted or replaced: docs/protocol.md §15).
+        """
         self.store.on_commit = self.on_commit
         self.store.on_write_error = self._store_write_failed
         self.store.on_flush = self._store_flushed
+        self.store.on_refusing = on_refusing
 
     def holding(self, family: Session) -> None:
         """``family`` has batches waiting for their commit (:meth:`Session.emit`)."""
@@ -60,8 +66,16 @@ class Durability:
                 self._holding.pop(family, None)
 
     async def wait_durable(self) -> None:
-        """Return once everything put so far is committed."""
-        await self.store.wait_committed(self.store.ticket())
+        """Return once everything put so far is committed.
+
+        Raises:
+            Refused: ``store_unavailable``, at once, once the store refuses
+                every write: what was put will never be committed.
+        """
+        try:
+            await self.store.wait_committed(self.store.ticket())
+        except StoreError as exc:
+            raise unavailable(exc) from None
 
     async def durable_or_503(self) -> None:
         """:meth:`wait_durable` for a request, within ``commit_timeout_s``.
@@ -69,7 +83,8 @@ class Durability:
         Raises:
             Refused: ``store_unavailable`` when the store does not commit in
                 time, and at once when it takes no more writes (its file was
-                deleted or replaced: docs/protocol.md §15).
+                deleted or replaced: docs/protocol.md §15), also when it
+                finds so while the request waits.
         """
         store = self.store
         if store.refusing is not None:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +56,8 @@ from gateway import runtimes, telemetry
 from gateway.agents import AgentProfile, Agents, log_unsandboxed
 from gateway.cluster import ops
 from gateway.config import Config
-from gateway.errors import StoreError, unavailable
+from gateway.environment import daemon_env
+from gateway.errors import Refused, StoreError, unavailable
 from gateway.ids import now_ms
 from gateway.logs import event
 from gateway.mcp.servers import McpServers
@@ -95,6 +95,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.node")
 
+STORE_REFUSING = "store_unavailable"
+"""``turn.cancelled``'s reason for the turns a store that refuses every write ends."""
+
 
 class Node:
     """One gateway daemon's sessions and shared services (module docstring)."""
@@ -112,7 +115,8 @@ class Node:
         # Each agent's provider (docs/protocol.md §11); one given alone serves every agent.
         self.providers = provider if isinstance(provider, Providers) else Providers.single(provider)
         self.agents = Agents(config)  # ConfigError: a system_file that cannot be read
-        self.traces = telemetry.settings(config.telemetry, os.environ)  # ConfigError: no extra
+        # ConfigError: no extra. The environment as it started (gateway.environment).
+        self.traces = telemetry.settings(config.telemetry, daemon_env())
         self.tools = tools  # the built-in tools the daemon enabled; each agent has some of them
         # The MCP servers (gateway.mcp); the daemon sets them, a bare node has none.
         self.mcp: McpServers | None = None
@@ -168,7 +172,7 @@ class Node:
         log_unsandboxed(self.agents.profiles())
         state = await self.store.open()
         self.retention_floor = state.retention_floor
-        self.durability.attach()
+        self.durability.attach(self._store_refusing)
         lease_ms = round(self.config.store.lease_s * 1000)
         self.leases = LeaseKeeper(
             self.store.leases(self.node_id, lease_ms),
@@ -225,10 +229,23 @@ class Node:
         for session in self.sessions.values():
             if session.turn is not None:
                 session.turn.request_cancel("shutdown")
-        with trio.move_on_after(self.config.server.shutdown_grace_s):
+        with trio.move_on_after(self.config.server.shutdown_grace_s), contextlib.suppress(Refused):
             while any(s.turn is not None for s in self.sessions.values()):
                 await self.changed()
-            await self.wait_durable()
+            await self.wait_durable()  # Refused: the store refuses writes; none will land
+
+    def _store_refusing(self, exc: StoreError) -> None:
+        """The store takes no more writes until a restart: every turn in flight ends now.
+
+        Each is cancelled with ``reason: "store_unavailable"`` (the sequence
+        of docs/protocol.md §8 for its phase, which no store will hold, so no
+        client gets it), so no turn waits for a commit that never comes and
+        its session answers 503 ``store_unavailable``, not 409
+        ``turn_in_progress`` (docs/protocol.md §15).
+        """
+        for session in self.sessions.values():
+            if session.turn is not None:
+                session.turn.request_cancel(STORE_REFUSING)
 
     def notify(self) -> None:
         """Something shutdown waits for happened: a turn ended or a connection closed."""

@@ -35,7 +35,7 @@ from collections.abc import Callable
 import trio
 import trio.lowlevel
 
-from gateway.errors import StoreError
+from gateway.errors import Refused, StoreError
 from gateway.logs import event
 from gateway.node.core import NodeCore
 from gateway.session.session import Session
@@ -128,7 +128,7 @@ async def unload(node: NodeCore, roots: list[Session]) -> None:
     try:
         for session in everyone:
             await session.ended.wait()  # its session-scope servers are closed
-        with trio.move_on_after(node.config.store.commit_timeout_s):
+        with trio.move_on_after(node.config.store.commit_timeout_s), contextlib.suppress(Refused):
             await node.wait_durable()  # before its lease goes: a new holder reads it all
         with contextlib.suppress(StoreError):  # not given back: they lapse within lease_s
             await node.leases.release([s.id for s in everyone])

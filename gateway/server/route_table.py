@@ -314,7 +314,7 @@ ROUTES: tuple[Route, ...] = (
                 body_required=False,
                 errors={
                     409: ("turn_in_progress", "nothing_to_compact"),
-                    503: ("shutting_down", "session_elsewhere"),
+                    503: ("shutting_down", "session_elsewhere", "store_unavailable"),
                 },
                 description='docs/protocol.md §12, `trigger: "manual"`: the messages '
                 "before the latest turn are replaced, for the model only, by one `context` "

@@ -2,16 +2,17 @@
 
 docs/protocol.md §2 (``POST .../turns``, ``POST .../compact``): one turn at a
 time per session, only on the node that runs it (docs/scale-out.md), none
-once shutdown began, none once the session holds ``max_session_mb``
-(docs/protocol.md §15).
+once shutdown began, none once the session holds ``max_session_mb``, none
+once the store refuses every write (docs/protocol.md §15).
 """
 
 from __future__ import annotations
 
 import math
 
-from gateway.errors import Refused
+from gateway.errors import Refused, unavailable
 from gateway.session.core import SessionCore
+from gateway.store.base import Store
 
 MB = 1024 * 1024
 """A megabyte of ``max_session_mb``: 2**20 bytes."""
@@ -65,3 +66,14 @@ def check_size(session: SessionCore) -> None:
             f" is {limit_mb}: it takes no more turns (it can still be read; start a new"
             " session to go on)",
         )
+
+
+def check_store(store: Store) -> None:
+    """Refuse a turn (or a compaction) the store could never hold (docs/protocol.md §15).
+
+    Raises:
+        Refused: ``store_unavailable`` (with ``Retry-After``) once the store
+            refuses every write until a restart (its file deleted or replaced).
+    """
+    if store.refusing is not None:
+        raise unavailable(store.refusing)

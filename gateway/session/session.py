@@ -392,10 +392,12 @@ class Session:
         Raises:
             Refused: ``turn_in_progress``; ``shutting_down``;
                 ``session_elsewhere`` (with ``Retry-After``) where several nodes
-                share a store and another node holds the session's lease.
+                share a store and another node holds the session's lease;
+                ``store_unavailable`` once the store refuses every write.
         """
         admission.check_idle(self)
         admission.check_size(self)
+        admission.check_store(self.node.store)
         turn = Turn(user_message.turn_id or new_turn_id(), user_message)
         self.turn = turn
         self.supervisor.queue_turn(turn)
@@ -413,6 +415,7 @@ class Session:
                 previous summary); 503 as :meth:`submit_turn`.
         """
         admission.check_idle(self)
+        admission.check_store(self.node.store)
         if self.supervisor.compaction_queued:
             return
         if plan(self.messages, None) is None:

@@ -192,6 +192,13 @@ class Store(Protocol):
     on_flush: Callable[[float, int], None] | None
     """Told of every commit: how long it took (seconds, retries included) and its rows."""
 
+    on_refusing: Callable[[StoreError], None] | None
+    """Told once, in the Trio thread, when the store begins to refuse every write.
+
+    (:attr:`refusing` is set by then.) The node ends every turn in flight
+    (docs/protocol.md §15).
+    """
+
     webhook_routes: Routes
     """Which catalog events a put also puts in the webhook outbox, for whom (store.outbox).
 
@@ -220,7 +227,12 @@ class Store(Protocol):
         ...
 
     async def wait_committed(self, ticket: int) -> None:
-        """Return once every put up to ``ticket`` is durable."""
+        """Return once every put up to ``ticket`` is durable.
+
+        Raises:
+            StoreError: :attr:`refusing`, at once (already, or as soon as the
+                store begins to refuse): those puts will never be durable.
+        """
         ...
 
     def reserve_event_ids(self, block: int, granted: Callable[[int], None]) -> None:

@@ -27,7 +27,9 @@ and how it reads; the rules below are the same whatever holds the data:
 - :class:`WritesRefused` from ``_apply`` is for good (the SQLite store's file
   was deleted or replaced): it is logged once under its ``event`` name, the
   store refuses every write from then on (:attr:`GroupCommit.refusing`), and
-  what is pending stays there, never committed.
+  what is pending stays there, never committed. ``on_refusing`` is told, once,
+  and whoever waits for a commit (:meth:`GroupCommit.wait_committed`) is
+  answered at once with the refusal: nothing they wait for will ever land.
 - An event whose type is in ``webhook_routes`` is put in the webhook outbox
   (gateway.store.outbox) in the same batch, hence the same transaction, one
   entry per webhook; ``on_outbox`` is told after a commit that put some.
@@ -134,6 +136,7 @@ class GroupCommit(Generic[B]):
         self.on_commit: Callable[[int], None] | None = None
         self.on_write_error: Callable[[StoreError], None] | None = None
         self.on_flush: Callable[[float, int], None] | None = None  # (seconds, rows) per commit
+        self.on_refusing: Callable[[StoreError], None] | None = None  # once, when it refuses
         # Webhooks (gateway.store.outbox): which events also go to the outbox, and
         # who is told once deliveries are committed (the delivery loop).
         self.webhook_routes: Routes = {}
@@ -258,8 +261,15 @@ class GroupCommit(Generic[B]):
         return self._enqueued
 
     async def wait_committed(self, ticket: int) -> None:
-        """Return once every put up to ``ticket`` is durable (the writer does the work)."""
+        """Return once every put up to ``ticket`` is durable (the writer does the work).
+
+        Raises:
+            StoreError: :attr:`refusing`, at once, should the store refuse
+                writes for good before it is (module docstring).
+        """
         while self.committed < ticket:
+            if self.refusing is not None:
+                raise self.refusing
             self._batch_ready.set()  # no gathering: someone is waiting
             await self._committed_event.wait()
 
@@ -345,6 +355,10 @@ class GroupCommit(Generic[B]):
             f"{exc}; requests that write get 503 store_unavailable, /readyz 503",
             error=str(exc), **self._log_fields,
         )  # fmt: skip
+        if self.on_refusing is not None:
+            self.on_refusing(exc)
+        self._committed_event.set()  # the waiters learn it now (wait_committed), not at a timeout
+        self._committed_event = trio.Event()
 
     def _failing(self, exc: StoreError) -> None:
         """A write attempt failed: :attr:`failure` says so until one lands."""

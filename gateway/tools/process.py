@@ -308,6 +308,7 @@ class ToolProcesses:
         try:
             reaper = await trio.lowlevel.open_process(
                 [sys.executable, "-I", "-S", REAPER],
+                env=tool_environment("/"),  # nothing of the daemon's: it is a process of its user
                 stdin=read,
                 stdout=subprocess.PIPE,  # its answers to "+PGID"
                 stderr=subprocess.DEVNULL,

@@ -8,7 +8,13 @@ The store puts a delivery in its outbox in the same write as the event
   Lanes run side by side (at most :data:`MAX_POSTS` POSTs at once), so a
   failing receiver or a slow session holds up only itself.
 - An attempt is a POST of the event's wire JSON, signed
-  (gateway.webhooks.signing), that must answer 2xx within ``timeout_s``. A
+  (gateway.webhooks.signing), that must answer 2xx within ``timeout_s``.
+  The answer's status is all that counts: its body is read (raw, never
+  decoded, never kept) only when it says it holds at most
+  :data:`ANSWER_BYTES` (its ``Content-Length``, or a 204), so that its
+  connection serves the next POST; any other is never read, its connection
+  closed: a receiver answering a huge or endless body costs no more than a
+  small one. A
   failed attempt is retried after ``retry_first_s``, doubling up to
   ``retry_max_s``; after ``max_attempts`` the delivery is dropped and logged
   (``webhook_dropped``). Attempts are counted in memory: a restart gives a
@@ -58,6 +64,7 @@ MAX_POSTS = 32  # POSTs in flight at once, every lane together
 POLL_S = 10.0  # the outbox is read at least this often
 PAGE = 100  # entries per read of a lane
 STORE_RETRY_S = 1.0  # a failed outbox read or delete is tried again after this
+ANSWER_BYTES = 4096  # a receiver's answer's body is read only if no longer (module docstring)
 
 
 def routes(hooks: Mapping[str, WebhookConfig]) -> Routes:
@@ -225,18 +232,24 @@ class Deliveries:
         """One attempt: ``None`` if the receiver answered 2xx in time, else what went wrong."""
         msg_id = format_event_id(entry.seq)
         headers = signing.headers(self._keys[entry.hook], msg_id, int(time.time()), entry.data)
+        status: int | None = None
         try:
             with trio.fail_after(hook.timeout_s):
-                answer = await client.post(
-                    hook.url, content=entry.data, headers=headers, timeout=hook.timeout_s
-                )
+                async with client.stream(
+                    "POST", hook.url, content=entry.data, headers=headers, timeout=hook.timeout_s
+                ) as answer:
+                    status = answer.status_code
+                    await read_if_small(answer, ANSWER_BYTES)
         except (trio.TooSlowError, httpx.TimeoutException):
-            return f"no answer within {hook.timeout_s:g} s"
+            if status is None:
+                return f"no answer within {hook.timeout_s:g} s"
         except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        if 200 <= answer.status_code < 300:
+            if status is None:
+                return f"{type(exc).__name__}: {exc}"
+        assert status is not None  # the body's end (a timeout, a reset) does not change it
+        if 200 <= status < 300:
             return None
-        return f"HTTP {answer.status_code}"
+        return f"HTTP {status}"
 
     def _dropped(self, entry: OutboxEntry, attempts: int, problem: str) -> None:
         self._metrics.webhook_dropped.labels(entry.hook).inc()
@@ -272,3 +285,21 @@ class Deliveries:
             log, logging.ERROR, "webhook_outbox_failed",
             f"webhooks: the outbox could not {what}: {exc}", error=str(exc),
         )  # fmt: skip
+
+
+async def read_if_small(answer: httpx.Response, limit: int) -> bool:
+    """Read ``answer``'s raw body to its end if it says it holds at most ``limit`` bytes.
+
+    Whether it was read: one that says nothing of its length (chunked, or
+    until the connection closes) or says more is never read, and closing the
+    answer then closes its connection. Read to its end, never stopped in the
+    middle (that would leave httpx's and httpcore's iterators half-run).
+    """
+    length = answer.headers.get("content-length", "")
+    small = answer.status_code == 204 or (
+        length.isascii() and length.isdecimal() and int(length) <= limit
+    )
+    if small:
+        async for _ in answer.aiter_raw():  # h11 stops at Content-Length, whatever follows
+            pass
+    return small

@@ -340,3 +340,26 @@ async def test_an_agui_stream_counts_against_the_stream_limits(tmp_path: Path) -
                 await trio.sleep(0.01)
         ended = await sse_events(h, "GET", url)
         assert ended[-1][1]["outcome"] == {"type": "cancelled"}
+
+
+async def test_a_deleted_sessions_runs_are_not_found_even_under_a_reused_thread_id(
+    tmp_path: Path,
+) -> None:
+    """``DELETE /sessions/{id}`` takes its runs with it: 404, never a stream of another's."""
+    async with gateway(tmp_path) as h:
+        thread = f"t-{uuid.uuid4()}"
+        first, resumed = run_input(thread, TOOL_SCRIPT), run_input(thread, TEXT)
+        await sse_events(h, "POST", "/agui", json=first)
+        await sse_events(h, "POST", "/agui", json=resumed)
+        assert len(await sse_events(h, "GET", stream_url(thread, first["runId"]))) > 2
+        assert (await h.http.delete(f"/sessions/{thread}")).status_code == 204
+        for run in (first, resumed):
+            r = await h.http.get(stream_url(thread, run["runId"]))
+            assert r.status_code == 404, r.text
+            assert r.json()["error"]["code"] == "session_not_found", r.text  # the thread is gone
+        # The thread id made again: a new session, in which the old runs are no runs.
+        await sse_events(h, "POST", "/agui", json=run_input(thread, TEXT))
+        for run in (first, resumed):
+            with trio.fail_after(5):  # it used to answer 200, RUN_STARTED, then nothing
+                r = await h.http.get(stream_url(thread, run["runId"]))
+            assert r.status_code == 404 and r.json()["error"]["code"] == "run_not_found", r.text

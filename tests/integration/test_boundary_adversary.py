@@ -99,6 +99,62 @@ async def test_a_shell_tool_cannot_read_the_daemons_environment_through_proc() -
         shutil.rmtree(home, ignore_errors=True)
 
 
+SECRETS = {
+    "ANTHROPIC_API_KEY": "sk-ant-the-daemons-secret",
+    "GATEWAY_AUTH_API_KEYS": '["gw-key-the-daemons-secret"]',
+    "CRM_SERVICE_TOKEN": "crm-token-the-daemons-secret",
+    "REDIS_URL": "redis://gateway:redis-password-the-daemons-secret@10.0.0.7:6379/0",
+}
+
+
+@pytest.mark.slow  # a daemon process
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the daemon runs as root")
+async def test_a_daemon_running_as_root_keeps_no_secret_in_its_proc_environ(
+    tmp_path: Path,
+) -> None:
+    """Root reads any ``/proc/<pid>/environ``, non-dumpable or not: the secrets are not there.
+
+    Read from this test (root) and from a shell tool the daemon runs as root;
+    the daemon still uses what it read (its API key authenticates).
+    """
+    config = tmp_path / "gw.toml"
+    config.write_text(
+        '[model]\nprovider = "scripted"\n[tools]\nenabled = ["shell"]\nkill_grace_s = 0.5\n'
+        f'[store]\npath = "{tmp_path / "gateway.db"}"\n'
+        f'[sessions]\nworkspace_root = "{tmp_path / "ws"}"\n'
+    )
+    env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": str(REPO), **SECRETS}
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", "0"]
+    proc = await trio.lowlevel.open_process(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        port = await ready_port(proc, 20)
+        environ = await trio.Path(f"/proc/{proc.pid}/environ").read_bytes()
+        assert f"PYTHONPATH={REPO}".encode() in environ.split(b"\0")  # the rest is kept
+        key = {"Authorization": "Bearer gw-key-the-daemons-secret"}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=key) as http:
+            assert (
+                await http.post("/sessions", json={}, headers={"Authorization": ""})
+            ).status_code == 401
+            r = await http.post("/sessions", json={})
+            assert r.status_code == 201, r.text  # the key still authenticates
+            sid = r.json()["session_id"]
+            command = "tr '\\0' '\\n' < /proc/$PPID/environ; env; id -u"
+            r = await http.post(f"/sessions/{sid}/turns", json={"content": shell_turn(command)})
+            assert r.status_code == 202, r.text
+            result = json.dumps(await tool_result(http, sid))
+        assert "PYTHONPATH" in result and "exit code 0" in result, result  # it read it, as root
+        for name, value in SECRETS.items():
+            secret = value.split("the-daemons-secret")[0] + "the-daemons-secret"
+            assert secret.encode() not in environ and name.encode() not in environ, name
+            assert secret not in result and name not in result, name
+    finally:
+        proc.kill()
+        await proc.wait()
+        await proc.stdout.aclose()  # type: ignore[union-attr]
+
+
 # --- snapshots that fit ------------------------------------------------------------------
 
 

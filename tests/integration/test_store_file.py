@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -31,14 +31,22 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
-from gateway.errors import StoreError
+from gateway.errors import Refused, StoreError
+from gateway.ids import new_message_id, new_turn_id, now_ms
+from gateway.node import Node
+from gateway.protocol.shapes import Message, TextBlock
+from gateway.providers.scripted import ScriptedProvider
+from gateway.session.session import Session
 from gateway.store.base import SessionRecord
 from gateway.store.sqlite import SqliteStore, id_floor
+from gateway.tools.builtin import build_registry
 from tests.conftest import Client, make_config, open_ws, running_gateway
 from tests.system.test_cli_serve import gateway_process
 
-TEXT = json.dumps({"script": {"rounds": [[{"text": "Hello there."}]]}})
+TEXT_SCRIPT = {"script": {"rounds": [[{"text": "Hello there."}]]}}
+TEXT = json.dumps(TEXT_SCRIPT)
 
 
 def record(sid: str, metadata: dict[str, Any] | None = None) -> SessionRecord:
@@ -210,6 +218,104 @@ def test_event_ids_start_above_the_clock_in_microseconds() -> None:
     floor = id_floor()
     assert 1_700_000_000_000_000 < floor < 2**63
     assert len(str(floor)) <= 20
+
+
+# --- the node: its turns end, its requests are 503 at once (Trio's MockClock) --------
+
+NAP = {
+    "script": {
+        "rounds": [
+            [{"text": "Napping."}, {"tool_use": {"name": "sleep", "input": {"seconds": 600}}}],
+            [{"text": "Awake."}],
+        ]
+    }
+}
+
+
+def user_message(session: Session, content: dict[str, Any]) -> Message:
+    return Message(
+        new_message_id(), session.id, new_turn_id(), "user",
+        [TextBlock(json.dumps(content))], "complete", now_ms(),
+    )  # fmt: skip
+
+
+@asynccontextmanager
+async def node_on(tmp_path: Path) -> AsyncIterator[Node]:
+    """A node on an inline SQLite store (Trio's clock drives it all), ``commit_timeout_s`` 10."""
+    config = make_config(tmp_path, **{"store.commit_timeout_s": 10})
+    store = SqliteStore(str(tmp_path / "gateway.db"), inline=True)
+    node = Node(config, store, ScriptedProvider(), build_registry(["sleep"]))
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.run)
+            try:
+                yield node
+            finally:
+                node.stop()
+    except BaseExceptionGroup as group:  # its close says what it could not make durable
+        lost, rest = group.split(lambda e: "were not made durable" in str(e))
+        if rest is not None or lost is None:
+            raise
+
+
+async def refused(call: Awaitable[Any]) -> tuple[str, float]:
+    """The refusal's code, and how long (Trio's clock) it took to come."""
+    started = trio.current_time()
+    with pytest.raises(Refused) as info:
+        await call
+    return info.value.code, trio.current_time() - started
+
+
+async def test_a_turn_in_flight_ends_and_every_write_is_503_at_once_once_the_file_is_gone(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A turn running a tool when the file goes; the next write finds it gone.
+
+    The turn is cancelled (``reason: "store_unavailable"``) rather than left
+    in flight until shutdown, its session's next turn is 503, not 409
+    ``turn_in_progress``, and the write that found the file gone is answered
+    503 at once, not after ``commit_timeout_s``.
+    """
+    async with node_on(tmp_path) as node:
+        session = await node.create_session()
+        turn = session.submit_turn(user_message(session, NAP))
+        await session.accepted(turn)
+        with trio.fail_after(5):
+            while turn.phase != "tools":  # noqa: ASYNC110 (a phase, no event to wait on)
+                await trio.sleep(0.01)
+        remove_store(tmp_path / "gateway.db")
+        # The first write since finds it gone: 503 at once (POST /sessions' put and wait).
+        node.store.put_session(record("sess_new"))
+        assert await refused(node.durable_or_503()) == ("store_unavailable", 0)
+        [line] = replaced_lines(caplog)
+        assert "deleted" in line.getMessage()
+        with trio.fail_after(1):  # its tool stopped, its turn closed as a cancel
+            await turn.done.wait()
+        assert (turn.outcome, turn.cancel_reason) == ("cancelled", "store_unavailable")
+        assert session.turn is None
+        # What comes next is 503 at once: a turn, a compaction, a new session.
+        code, took = await refused(node.submit_turn(session, user_message(session, TEXT_SCRIPT)))
+        assert (code, took) == ("store_unavailable", 0)
+        assert await refused(node.compact(session)) == ("store_unavailable", 0)
+        code, _ = await refused(node.create_session())  # (its workspace: a thread, a clock jump)
+        assert code == "store_unavailable"
+
+
+async def test_a_turn_whose_start_finds_the_file_gone_ends_with_its_503(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The turn's own ``turn.started`` is the first write since: it never stays ``starting``."""
+    async with node_on(tmp_path) as node:
+        session = await node.create_session()
+        remove_store(tmp_path / "gateway.db")
+        turn = session.submit_turn(user_message(session, TEXT_SCRIPT))
+        assert await refused(session.accepted(turn)) == ("store_unavailable", 0)
+        with trio.fail_after(1):
+            await turn.done.wait()
+        assert (turn.outcome, turn.cancel_reason) == ("cancelled", "store_unavailable")
+        assert session.turn is None
+        code, _ = await refused(node.submit_turn(session, user_message(session, TEXT_SCRIPT)))
+        assert code == "store_unavailable"  # not turn_in_progress
 
 
 # --- the daemon: readiness on a full disk ------------------------------------------

@@ -127,6 +127,26 @@ async def test_a_timeout_and_a_500_are_retried_then_delivered_once_in_order(
     assert len({r.headers["webhook-id"] for r in receiver.received[:3]}) == 1
 
 
+async def test_an_endless_answer_is_accepted_at_once_and_its_connection_closed(
+    tmp_path: Path, backend: Store
+) -> None:
+    """200 and a body that never ends: the delivery is made, the body not read, the socket shut."""
+    receiver = Receiver(script=["endless"])
+    with trio.fail_after(60):
+        async with receiving(tmp_path, backend, receiver, ["turn.completed"], timeout_s=5) as gw:
+            sid = await gw.create_session()
+            await turns(gw, sid, 2)
+            with trio.fail_after(2):  # not timeout_s: the status is the answer
+                await receiver.endless_cut.wait()
+                await receiver.wait_accepted(1)
+                await outbox_empty(gw)
+            assert sample(gw, "gateway_webhook_failures_total", webhook="crm") == 0
+            assert sample(gw, "gateway_webhook_deliveries_total", webhook="crm") == 2
+    assert [r.status for r in receiver.received] == ["endless", 200]
+    # What the kernel's socket buffers took before the close, no more: nothing was read.
+    assert receiver.endless_sent < 32 * 1024 * 1024
+
+
 async def test_after_max_attempts_a_delivery_is_dropped_and_logged(
     tmp_path: Path, backend: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

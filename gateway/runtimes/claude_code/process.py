@@ -48,6 +48,7 @@ from claude_agent_sdk.types import CanUseTool, HookCallback, HookMatcher, Sandbo
 
 from gateway.agents import AgentProfile
 from gateway.config import config_file
+from gateway.environment import daemon_env
 from gateway.logs import event
 from gateway.runtimes.claude_code.boundary import (
     denied_reads,
@@ -205,7 +206,7 @@ class CliProcess:
             sandbox=sandbox,
         )  # fmt: skip
         door = await node.model_proxy.ensure_running()
-        key = os.environ.get("ANTHROPIC_API_KEY", "")
+        key = daemon_env().get("ANTHROPIC_API_KEY", "")  # taken out of os.environ at start
         credential = node.model_proxy.issue(s.id, agent.base_url, key)
         transport = ToolProcessTransport(
             dataclasses.replace(options, permission_prompt_tool_name="stdio"),

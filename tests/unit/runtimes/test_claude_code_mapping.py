@@ -133,7 +133,7 @@ def test_the_agents_keys_reach_the_cli(tmp_path: Path) -> None:
         context_max_tokens="120000",
     )  # fmt: skip
     agent = resolve_agents(config)["default"]
-    cli = options.cli_options(agent, "ses_1", "/w", {}, None, pre_tool_use=None)  # type: ignore[arg-type]
+    cli = options.cli_options(agent, "ses_1", "/w", {}, None)  # type: ignore[arg-type]
     assert cli.tools == {"type": "preset", "preset": "claude_code"} and cli.allowed_tools == []
     assert cli.max_turns == 7 and cli.hooks is None
     env = options.cli_environment(agent, "/home", env={})

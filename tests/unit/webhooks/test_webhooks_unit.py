@@ -8,22 +8,24 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 from standardwebhooks.exceptions import WebhookVerificationError
 from standardwebhooks.webhooks import Webhook
 
-from gateway.config import load_config
+from gateway.config import WebhookConfig, load_config
 from gateway.errors import ConfigError
+from gateway.metrics import Metrics
 from gateway.store.base import Store, StoredEvent
 from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SqliteStore
 from gateway.webhooks import signing
-from gateway.webhooks.delivery import routes
+from gateway.webhooks.delivery import ANSWER_BYTES, Deliveries, read_if_small, routes
 from tests.redis_support import RedisServer, redis_server
 
 __all__ = ["redis_server"]  # the fixture, used through ``new_store``
@@ -242,3 +244,75 @@ async def test_on_redis_a_fenced_event_puts_no_delivery(redis_server: RedisServe
     assert await store.outbox_lanes() == [("crm", "sess_b")]
     await store.aclose()
     await other.aclose()
+
+
+class HugeBody(httpx.AsyncByteStream):
+    """A receiver's answer of 256 MiB, 64 KiB a chunk; counts what was taken of it."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while self.taken < 256 * 1024 * 1024:
+            await trio.lowlevel.checkpoint()
+            self.taken += 65536
+            yield b"x" * 65536
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("status", [200, 500])
+@pytest.mark.parametrize("length", [None, str(256 * 1024 * 1024)])
+async def test_a_receivers_huge_answer_is_never_read(
+    tmp_path: Path, status: int, length: str | None
+) -> None:
+    """A 256 MiB answer, chunked or of that length: its status counts, its body is not read."""
+    bodies: list[HugeBody] = []
+
+    async def receiver(request: httpx.Request) -> httpx.Response:
+        bodies.append(HugeBody())
+        headers = {} if length is None else {"content-length": length}
+        answer = status if len(bodies) == 1 else 200
+        return httpx.Response(answer, headers=headers, stream=bodies[-1])
+
+    await deliver_one(tmp_path, receiver)
+    assert len(bodies) == 1 + (status != 200)  # a 500 is still a failure, retried; a 200 is not
+    for body in bodies:  # none of it read, and the answer closed
+        assert body.taken == 0 and body.closed
+
+
+async def test_a_receivers_small_answer_is_read_to_its_end() -> None:
+    """At most ANSWER_BYTES, said by its Content-Length: read, so the connection serves again."""
+    for size, read in ((0, True), (ANSWER_BYTES, True), (ANSWER_BYTES + 1, False)):
+        body = httpx.ByteStream(b"x" * size)  # not yet read, as from a transport
+        answer = httpx.Response(200, headers={"content-length": str(size)}, stream=body)
+        assert await read_if_small(answer, ANSWER_BYTES) is read
+        assert answer.num_bytes_downloaded == (size if read else 0)
+    assert await read_if_small(httpx.Response(204, stream=httpx.ByteStream(b"")), 10)
+
+
+async def deliver_one(
+    tmp_path: Path, receiver: Callable[[httpx.Request], Awaitable[httpx.Response]]
+) -> None:
+    """One delivery to ``receiver`` (an in-process transport) until it leaves the outbox."""
+    store = SqliteStore(str(tmp_path / "gateway.db"), inline=True)
+    await store.open()
+    hook = WebhookConfig(
+        url="http://receiver.test/hooks", events=("turn.completed",), secret=SECRET,
+        timeout_s=30, retry_first_s=0.01, retry_max_s=0.01,
+    )  # fmt: skip
+    loop = Deliveries(
+        store, {"crm": hook}, Metrics(), node_id="node_1", lease_s=30,
+        transport=httpx.MockTransport(receiver),
+    )  # fmt: skip
+    store.put_event(event(1, "turn.completed"))
+    await store.flush()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(loop.run)
+            while await store.outbox_depth():  # noqa: ASYNC110 (deleted once accepted)
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    await store.aclose()
