@@ -136,7 +136,7 @@ def test_the_agents_keys_reach_the_cli(tmp_path: Path) -> None:
     cli = options.cli_options(agent, "ses_1", "/w", {}, None)  # type: ignore[arg-type]
     assert cli.tools == {"type": "preset", "preset": "claude_code"} and cli.allowed_tools == []
     assert cli.max_turns == 7 and cli.hooks is None
-    env = options.cli_environment(agent, "/home", env={})
+    env = options.cli_environment(agent, "/home", "/tmp/x", "gwcc-test", "http://127.0.0.1:1")
     assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8000"
     assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "120000"
     ruled = resolve_agents(cc_config(tmp_path, server, tools='["Bash(git:*)", "Read"]'))["default"]
