@@ -12,11 +12,15 @@ its ``ANTHROPIC_API_KEY``. This door:
   CLI ends (:meth:`ModelProxy.revoke`), and the calls it has in flight are
   cut then. Anything else is 401 ``authentication_error``, answered before
   the body is read;
-- **takes only model calls**: ``POST /v1/messages`` and the paths below it
-  (``count_tokens``), with their query; any other path or method is 404
-  ``not_found_error``. A body past :data:`MAX_REQUEST_BYTES` is 413;
+- **takes only model calls**: ``POST /v1/messages`` and
+  ``POST /v1/messages/count_tokens``, as origin-form targets (``/`` then the
+  path, no ``//``, no dot segment, no percent-encoding, no backslash), with
+  a query of plain ``name=value`` pairs (Claude Code's ``?beta=true``); any
+  other target or method is 404 ``not_found_error``. A body past
+  :data:`MAX_REQUEST_BYTES` is 413;
 - **forwards** the request to the agent's ``base_url`` (else the provider's
-  own, :data:`DEFAULT_UPSTREAM`) with the real key as ``x-api-key`` (the
+  own, :data:`DEFAULT_UPSTREAM`; the path appended to the URL's own path,
+  the host never taken from the request) with the real key as ``x-api-key`` (the
   credential and any ``Authorization`` removed, hop-by-hop headers dropped),
   from the daemon, with the daemon's proxy settings as the native runtime's
   calls; and **streams the answer back as it comes**, byte for byte (no
@@ -24,6 +28,14 @@ its ``ANTHROPIC_API_KEY``. This door:
   upstream call; an upstream that cannot be reached is 502 ``api_error``;
   one that breaks mid-answer breaks the CLI's connection (a network error
   for the CLI, as it would have seen).
+
+**No request reaches another.** A connection's failure of any kind ends that
+connection only (logged, ``claude_code_proxy_connection_failed``), never
+the listener nor the node; a connection must send its first request's head
+within :data:`HEAD_TIMEOUT_S` and its body within :data:`BODY_TIMEOUT_S`,
+and at most :data:`MAX_CONNECTIONS` are open at once (one more is closed
+unanswered): a local process that opens connections and sends nothing
+cannot hold the daemon's descriptors.
 
 The listener is started on the first CLI that needs it, in the node's
 ``sessions`` nursery (:meth:`~ModelProxy.attach`,
@@ -39,9 +51,9 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import secrets
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import h11
 import httpx
@@ -61,7 +73,21 @@ MAX_HEAD_BYTES = 64 * 1024
 """The largest request head read."""
 
 IDLE_TIMEOUT_S = 600.0
-"""How long a connection may wait for its next request's head (the CLI keeps it alive)."""
+"""How long a connection that was answered may wait for its next request (the CLI keeps it)."""
+
+HEAD_TIMEOUT_S = 10.0
+"""How long a new connection may take to send its first request's head."""
+
+BODY_TIMEOUT_S = 120.0
+"""How long a request's body may take to arrive, once its credential was checked."""
+
+MAX_CONNECTIONS = 256
+"""The most connections open at once (every CLI of the node shares them)."""
+
+MODEL_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+"""The targets' paths this door forwards."""
+
+_QUERY = re.compile(r"[A-Za-z0-9_.-]+=[A-Za-z0-9_.-]*(&[A-Za-z0-9_.-]+=[A-Za-z0-9_.-]*)*")
 
 CREDENTIAL_PREFIX = "gwcc-"
 """What a session's credential starts with (so that one is told from a provider key)."""
@@ -91,10 +117,27 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-def is_model_call(method: str, target: str) -> bool:
-    """Whether ``method`` ``target`` is a call this door forwards (module docstring)."""
-    path = urlsplit(target).path
-    return method == "POST" and (path == "/v1/messages" or path.startswith("/v1/messages/"))
+def model_call(method: str, target: str) -> tuple[str, str] | None:
+    """The path and query of a call this door forwards; None for any other (module docstring).
+
+    Pure string checks, nothing parsed that could raise: a target is an
+    origin-form path of :data:`MODEL_PATHS`, optionally ``?`` and plain
+    ``name=value`` pairs.
+    """
+    if method != "POST":
+        return None
+    path, _, query = target.partition("?")
+    if path not in MODEL_PATHS:
+        return None
+    if query and not _QUERY.fullmatch(query):
+        return None
+    return path, query
+
+
+def upstream_url(upstream: str, path: str, query: str) -> httpx.URL:
+    """Where a call goes: ``upstream``'s scheme, host and port, its path then ``path``."""
+    base = httpx.URL(upstream)
+    return base.copy_with(path=base.path.rstrip("/") + path, query=query.encode() or None)
 
 
 @dataclass(eq=False)
@@ -116,6 +159,7 @@ class ModelProxy:
         self._lock = trio.Lock()
         self._client: httpx.AsyncClient | None = None
         self._nursery: trio.Nursery | None = None
+        self._open = 0  # connections open now (MAX_CONNECTIONS)
         self.base_url = ""  # http://127.0.0.1:<port> once running
 
     def attach(self, nursery: trio.Nursery) -> None:
@@ -184,22 +228,41 @@ class ModelProxy:
                 await client.aclose()
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        """Answer requests on one keep-alive connection until the CLI leaves."""
+        """Answer requests on one keep-alive connection until the CLI leaves.
+
+        Whatever goes wrong ends this connection only (module docstring).
+        """
         async with stream:
-            conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+            if self._open >= MAX_CONNECTIONS:
+                return
+            self._open += 1
             try:
-                while True:
-                    with trio.move_on_after(IDLE_TIMEOUT_S):
-                        head = await _next_head(conn, stream)
-                    if not isinstance(head, h11.Request):
-                        return
-                    if not await self._answer(conn, stream, head):
-                        return
-                    if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                        return
-                    conn.start_next_cycle()
+                await self._requests(stream)
             except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
                 return  # the CLI hung up, or spoke something else: the connection ends
+            except Exception as exc:
+                event(
+                    log, logging.ERROR, "claude_code_proxy_connection_failed",
+                    f"a connection to the model API door failed: {exc!r}", error=repr(exc),
+                )  # fmt: skip
+            finally:
+                self._open -= 1
+
+    async def _requests(self, stream: trio.SocketStream) -> None:
+        """The requests of one connection; the first within :data:`HEAD_TIMEOUT_S`."""
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        wait = HEAD_TIMEOUT_S
+        while True:
+            with trio.move_on_after(wait):
+                head = await _next_head(conn, stream)
+            if not isinstance(head, h11.Request):
+                return
+            if not await self._answer(conn, stream, head):
+                return
+            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                return
+            conn.start_next_cycle()
+            wait = IDLE_TIMEOUT_S  # answered: a CLI keeps its connection between calls
 
     async def _answer(
         self, conn: h11.Connection, stream: trio.SocketStream, head: h11.Request
@@ -207,24 +270,43 @@ class ModelProxy:
         """One request: refused, or forwarded; False when the connection must end."""
         method, target = head.method.decode(), head.target.decode("latin-1")
         headers = [(k.decode().lower(), v.decode("latin-1")) for k, v in head.headers]
-        if not is_model_call(method, target):
+        call = model_call(method, target)
+        if call is None:
             await _error(conn, stream, 404, "not_found_error", "only model calls pass here")
             return False
         grant = self.check(_presented(headers))
         if grant is None:
             await _error(conn, stream, 401, "authentication_error", "invalid credential")
             return False
-        body = await _read_body(conn, stream)
+        body: bytes | None = None
+        with trio.move_on_after(BODY_TIMEOUT_S) as reading:
+            body = await _read_body(conn, stream)
+        if reading.cancelled_caught:
+            return False  # the body did not come: the connection ends
         if body is None:
             await _error(conn, stream, 413, "request_too_large", "the request is too large")
             return False
+        return await self._call(conn, stream, grant, call, method, headers, body)
+
+    async def _call(
+        self,
+        conn: h11.Connection,
+        stream: trio.SocketStream,
+        grant: Grant,
+        call: tuple[str, str],
+        method: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> bool:
+        """The checked call, forwarded under the grant's scope (cut when it is revoked)."""
         done = False  # stays so when the call is cut: revoked, or the CLI hung up
         with trio.CancelScope() as scope:
             grant.calls.add(scope)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_watch_hangup, conn, stream, nursery.cancel_scope)
-                    done = await self._forward(conn, stream, grant, method, target, headers, body)
+                    url = upstream_url(grant.upstream, *call)
+                    done = await self._forward(conn, stream, grant, method, url, headers, body)
                     nursery.cancel_scope.cancel()
             finally:
                 grant.calls.discard(scope)
@@ -236,7 +318,7 @@ class ModelProxy:
         stream: trio.SocketStream,
         grant: Grant,
         method: str,
-        target: str,
+        url: httpx.URL,
         headers: list[tuple[str, str]],
         body: bytes,
     ) -> bool:
@@ -245,7 +327,6 @@ class ModelProxy:
         assert client is not None
         sent = [(k, v) for k, v in headers if k not in _HOP_BY_HOP and k not in _CREDENTIALS]
         sent.append(("x-api-key", grant.key))
-        url = grant.upstream.rstrip("/") + target
         request = client.build_request(method, url, headers=sent, content=body)
         try:
             response = await client.send(request, stream=True)

@@ -17,7 +17,8 @@ Two layers, because Claude Code runs its tools itself:
   ``Glob`` with no ``path`` search the working directory; a ``Glob``
   ``pattern`` or ``Grep`` ``glob`` with a ``..`` segment or a leading ``~`` is
   refused, and an absolute one is checked by its part before the first
-  wildcard. Known gap: the check runs just before Claude Code opens the
+  wildcard. A path or pattern with white space at either end is refused
+  (Claude Code trims it before use, so it is not the path checked). Known gap: the check runs just before Claude Code opens the
   file, not at the open itself, so a symlink swapped in between (by a
   background command of the same session) is followed.
 - **Bash** runs in Claude Code's sandbox (``[agents.NAME] sandbox``,
@@ -83,6 +84,13 @@ def inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
+def _padded(value: str) -> bool:
+    """White space at either end: Claude Code trims a path (JavaScript's ``trim``, the
+    byte-order mark included) before it uses it, so ``" /etc"`` checked as a name in the
+    working directory would be used as ``/etc``."""
+    return any(ch.isspace() or ch == "\ufeff" for ch in (value[0], value[-1]))
+
+
 def candidates(tool_name: str, tool_input: Mapping[str, Any], cwd: str) -> list[str] | str:
     """The paths a tool use reaches (joined to ``cwd``, not resolved), or why it is refused.
 
@@ -98,6 +106,8 @@ def candidates(tool_name: str, tool_input: Mapping[str, Any], cwd: str) -> list[
             return f"{arg} is not a string"
         if "\0" in value:
             return f"{arg} contains a NUL character"
+        if _padded(value):
+            return f"{arg} {value!r} starts or ends with white space"
         if value.startswith("~"):
             return f"{arg} {value!r} is outside the session's workspace"
         base = os.path.join(cwd, value)
@@ -106,6 +116,8 @@ def candidates(tool_name: str, tool_input: Mapping[str, Any], cwd: str) -> list[
         out.append(cwd)
     pattern = tool_input.get(PATTERN_ARGS.get(tool_name, ""))
     if isinstance(pattern, str) and pattern:
+        if _padded(pattern):
+            return f"pattern {pattern!r} starts or ends with white space"
         if pattern.startswith("~") or "\0" in pattern or ".." in pattern.split("/"):
             return f"pattern {pattern!r} leads outside the session's workspace"
         literal: list[str] = []

@@ -109,6 +109,14 @@ def test_paths_inside_the_workspace_pass(tool: str, args: dict[str, Any]) -> Non
         ("Glob", {"pattern": "out/*"}),
         ("LS", {"path": ".."}),
         ("Read", {"file_path": 42}),
+        # Claude Code trims a path before use: " /etc" would be checked as a name here
+        ("Grep", {"pattern": "x", "path": " /etc"}),
+        ("Glob", {"pattern": "*", "path": "\n/etc"}),
+        ("Glob", {"pattern": "*", "path": "\ufeff/etc"}),
+        ("Grep", {"pattern": "x", "path": "/etc "}),
+        ("LS", {"path": "\t/"}),
+        ("Read", {"file_path": " notes.txt"}),
+        ("Glob", {"pattern": " /etc/*"}),
     ],
 )
 def test_paths_outside_the_workspace_are_refused(tool: str, args: dict[str, Any]) -> None:
