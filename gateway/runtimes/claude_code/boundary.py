@@ -18,8 +18,9 @@ Two layers, because Claude Code runs its tools itself:
   ``pattern`` or ``Grep`` ``glob`` with a ``..`` segment or a leading ``~`` is
   refused, and an absolute one is checked by its part before the first
   wildcard. A path or pattern with white space at either end is refused
-  (Claude Code trims it before use, so it is not the path checked). Known gap: the check runs just before Claude Code opens the
-  file, not at the open itself, so a symlink swapped in between (by a
+  (Claude Code trims it before use, so it is not the path checked). Known
+  gap: the check runs just before Claude Code opens the file, not at the
+  open itself, so a symlink swapped in between (by a
   background command of the same session) is followed.
 - **Bash** runs in Claude Code's sandbox (``[agents.NAME] sandbox``,
   default on; :func:`sandbox_settings`): bubblewrap on Linux, its own PID
