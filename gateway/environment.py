@@ -24,7 +24,9 @@ root. So, once everything is read (:func:`capture`, then :func:`scrub`):
 A secret is any ``GATEWAY_*`` variable (the config overrides: API keys, a
 Redis URL's password), any whose name holds ``KEY``, ``TOKEN``, ``SECRET``,
 ``PASSWORD``, ``PASSWD``, ``CREDENTIAL``, ``AUTH`` or ends in ``HEADERS``
-(``OTEL_EXPORTER_OTLP_HEADERS``), and any whose value is a URL with a
+(``OTEL_EXPORTER_OTLP_HEADERS``), any with ``PAT``, ``PASS``, ``PWD``, ``DSN``
+or ``WEBHOOK`` as a whole ``_``-separated part (``GITHUB_PAT``,
+``SLACK_WEBHOOK_URL``; not ``PATH``), and any whose value is a URL with a
 password (``scheme://user:pass@``), but a proxy's (``*_PROXY``: the HTTP
 clients the daemon makes later read it).
 """
@@ -43,6 +45,10 @@ from gateway.logs import event
 log = logging.getLogger("gateway")
 
 _WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+_SHORT_WORDS = frozenset({"PAT", "PASS", "PWD", "DSN", "WEBHOOK", "WEBHOOKS"})
+"""Words that name a secret as a whole part of a name (``GITHUB_PAT``, ``SMTP_PASS``,
+``MYSQL_PWD``, ``SENTRY_DSN``, ``SLACK_WEBHOOK_URL``), never inside one (``PATH``)."""
+_NOT_SECRETS = frozenset({"PWD", "OLDPWD"})  # the shell's working directories
 _URL_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")
 
 _captured: dict[str, str] | None = None
@@ -54,6 +60,8 @@ def is_secret(name: str, value: str) -> bool:
     if upper.startswith("GATEWAY_") or upper.endswith("HEADERS"):
         return True
     if any(word in upper for word in _WORDS):
+        return True
+    if upper not in _NOT_SECRETS and _SHORT_WORDS.intersection(upper.split("_")):
         return True
     return not upper.endswith("_PROXY") and _URL_PASSWORD.search(value) is not None
 

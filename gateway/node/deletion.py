@@ -16,7 +16,8 @@ In order, so that nothing of the session comes back and every client sees an end
 5. The store deletes their records, messages and events in one transaction,
    after everything written before (:meth:`gateway.store.base.Store.delete_sessions`).
 6. Their own workspace directories are removed (only one made for the
-   session, never one the client named: gateway.tools.workspace), their
+   session, never one the client named: gateway.tools.workspace), and their
+   Claude Code state (gateway.runtimes.claude_code.paths), their
    leases dropped, and their owner's session count given back.
 7. On several nodes the owner publishes a ``deleted`` notice on the family's
    live channel, after its last batch: every node watching it closes its
@@ -36,6 +37,7 @@ import trio
 from gateway.errors import StoreError, unavailable
 from gateway.logs import event
 from gateway.node.core import NodeCore
+from gateway.runtimes.claude_code.paths import remove_state
 from gateway.session.session import Session
 from gateway.store.base import SessionRecord
 
@@ -156,6 +158,8 @@ async def _release(node: NodeCore, records: list[SessionRecord]) -> None:
     for rec in records:
         node.leases.held.pop(rec.id, None)
         node.limits.session_deleted(rec.owner)
+        # Its Claude Code transcripts, if it ran Claude Code: nothing of it comes back.
+        await trio.to_thread.run_sync(remove_state, node.workspaces.root, rec.id)
         try:
             await node.workspaces.remove(session_id=rec.id, recorded=rec.workspace_path)
         except OSError as exc:  # the session is gone all the same; the directory is named

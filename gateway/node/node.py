@@ -74,8 +74,8 @@ from gateway.node.registry import Registry
 from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
+from gateway.providers.model_proxy import ModelProxy
 from gateway.runtimes.claude_code import tools as claude_code_tools
-from gateway.runtimes.model_proxy import ModelProxy
 from gateway.server.auth import Limits
 from gateway.session.agent import TurnHost
 from gateway.session.hub import Emitted

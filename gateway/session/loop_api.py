@@ -22,7 +22,7 @@ from gateway.metrics import Metrics
 from gateway.protocol.events import Payload, StreamEvent
 from gateway.protocol.shapes import Message, StopReason, ToolUseBlock, Usage
 from gateway.providers.factory import Providers
-from gateway.runtimes.model_proxy import ModelProxy
+from gateway.providers.model_proxy import ModelProxy
 from gateway.session.call import Call, CallStream, Completion
 from gateway.session.hub import Emitted
 from gateway.session.permissions import Permissions

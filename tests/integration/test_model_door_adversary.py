@@ -27,8 +27,8 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.runtimes import model_proxy
-from gateway.runtimes.model_proxy import ModelProxy, model_call, upstream_url
+from gateway.providers import model_proxy
+from gateway.providers.model_proxy import ModelProxy, model_call, upstream_url
 
 KEY = "sk-ant-the-operators-real-key"
 

@@ -5,8 +5,8 @@ a dead one: the gateway's side of it (the record, the messages, the events)
 is in Redis. Claude Code's side is not: the CLI keeps its conversation in a
 transcript under the session's state directory,
 ``<workspace_root>/.claude-code/<session id>``
-(:func:`gateway.runtimes.claude_code.options.state_dir`), and the Claude Code session
-id is derived from the gateway's (:func:`~gateway.runtimes.claude_code.options.claude_session_id`),
+(:func:`gateway.runtimes.claude_code.paths.state_dir`), and the Claude Code session
+id is derived from the gateway's (:func:`~gateway.runtimes.claude_code.paths.claude_session_id`),
 so whichever node starts the next CLI looks for the transcript there. So:
 
 - **The state directory is on storage every node shares** (here: one

@@ -24,6 +24,11 @@ from gateway.environment import is_secret
         ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer x"),
         ("REDIS_URL", "redis://user:pw@10.0.0.7:6379/0"),
         ("DATABASE_URL", "postgres://app:pw@db/app"),
+        ("GITHUB_PAT", "github_pat_x"),  # found by an adversarial review: whole-word names
+        ("SMTP_PASS", "x"),
+        ("MYSQL_PWD", "x"),
+        ("SENTRY_DSN", "https://key@o1.ingest.sentry.io/1"),
+        ("SLACK_WEBHOOK_URL", "https://hooks.slack.com/services/T/B/secret"),
     ],
 )
 def test_a_secret_is_taken_out(name: str, value: str) -> None:
@@ -34,6 +39,9 @@ def test_a_secret_is_taken_out(name: str, value: str) -> None:
     ("name", "value"),
     [
         ("PATH", "/usr/bin:/bin"),
+        ("PWD", "/srv/gateway"),  # the shell's working directory
+        ("OLDPWD", "/root"),
+        ("PATHEXT", ".COM"),
         ("LANG", "C.UTF-8"),
         ("HOME", "/root"),
         ("PYTHONPATH", "/srv/gateway"),

@@ -25,25 +25,17 @@ docs/protocol.md §11, "Options":
 
 **The boundary** (docs/protocol.md §11, "The key", "The boundary"): the CLI
 gets a credential of its session and the gateway's loopback door
-(:mod:`gateway.runtimes.model_proxy`), never the provider key; ``hooks`` and
+(:mod:`gateway.providers.model_proxy`), never the provider key; ``hooks`` and
 ``sandbox`` keep its tools in the workspace
 (:mod:`gateway.runtimes.claude_code.boundary`).
 
-**The state directory.** The CLI's ``HOME`` and ``CLAUDE_CONFIG_DIR`` are
-``.claude-code/<session id>`` beside ``[sessions] workspace_root``
-(:func:`state_dir`: its transcripts live there), never the operator's
-``~/.claude``. The Claude Code session id is derived from the gateway
-session's (:func:`claude_session_id`), so whenever a CLI starts again (after
-an idle stop, a crash, a restart of the daemon, on another node sharing the
-directory) it resumes the transcript it finds there (``resume``).
+**The state directory** and the CLI's temporary directory: where they are,
+and who may have them, is :mod:`gateway.runtimes.claude_code.paths`.
 """
 
 from __future__ import annotations
 
-import glob
 import os
-import tempfile
-import uuid
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -63,6 +55,7 @@ from claude_agent_sdk.types import McpServerConfig as McpServerConfigSdk
 
 from gateway.agents import AgentProfile
 from gateway.config import McpServerConfig
+from gateway.runtimes.claude_code.paths import claude_session_id
 from gateway.runtimes.claude_code.tools import rule_tool
 
 # ``allowed_tools`` are the tools approved without asking (not in ``require_approval``):
@@ -78,37 +71,10 @@ QUIET_ENV = {
 """What keeps the CLI from calling anything but the model API."""
 
 LOOPBACK = "127.0.0.1"
-"""The model API door's host (:mod:`gateway.runtimes.model_proxy`)."""
+"""The model API door's host (:mod:`gateway.providers.model_proxy`)."""
 
 MODEL_PREFIX = "anthropic:"
 """The provider part of the gateway's model names; Claude Code's are without it."""
-
-_NAMESPACE = uuid.UUID("5b0c6a8e-3f1d-4a57-9c2e-7d4b1e0f9a63")  # of claude_session_id
-
-
-def state_dir(workspace_root: str, session_id: str) -> str:
-    """The CLI's ``HOME`` and ``CLAUDE_CONFIG_DIR`` of a session (module docstring).
-
-    Under the workspace root (``.claude-code`` is no tenant's name: tenants are
-    ``local`` and key ids), so the one directory an operator shares between
-    nodes carries both the workspaces and the CLI's transcripts.
-    """
-    return os.path.join(os.path.abspath(workspace_root), ".claude-code", session_id)
-
-
-def claude_session_id(session_id: str) -> str:
-    """The Claude Code session id of a gateway session: a UUID derived from its id.
-
-    Derived, not stored: every start of the session's CLI (after an idle stop,
-    a crash, a restart of the daemon) finds the same transcript by it.
-    """
-    return str(uuid.uuid5(_NAMESPACE, session_id))
-
-
-def has_transcript(home: str, claude_id: str) -> bool:
-    """Whether the CLI wrote a transcript of ``claude_id`` under ``home`` (blocking)."""
-    projects = os.path.join(home, ".claude", "projects")
-    return bool(glob.glob(os.path.join(glob.escape(projects), "*", f"{claude_id}.jsonl")))
 
 
 def cli_environment(
@@ -129,7 +95,7 @@ def cli_environment(
     CLI would send it without the tools of a server still starting. The
     agent's ``env`` then; the gateway's own win: the session's credential as
     ``ANTHROPIC_API_KEY`` and the gateway's loopback door as
-    ``ANTHROPIC_BASE_URL`` (``base_url``: :mod:`gateway.runtimes.model_proxy`;
+    ``ANTHROPIC_BASE_URL`` (``base_url``: :mod:`gateway.providers.model_proxy`;
     the provider key never enters the CLI), ``127.0.0.1`` added to
     ``NO_PROXY`` (the door is never reached through a proxy), the state
     directory as ``HOME``, ``tmp`` as ``TMPDIR`` (:func:`tmp_dir`: Claude
@@ -171,17 +137,6 @@ def cli_environment(
         }
     )
     return out
-
-
-def tmp_root() -> str:
-    """Where the CLIs' ``TMPDIR`` s are: ``<the system's>/gateway-cc-<uid>`` (short: Claude
-    Code binds Unix sockets in it, whose paths must stay under 108 bytes)."""
-    return os.path.join(tempfile.gettempdir(), f"gateway-cc-{os.getuid()}")
-
-
-def tmp_dir(session_id: str) -> str:
-    """A session's CLI's ``TMPDIR`` (:func:`tmp_root`): its own, which no other CLI shares."""
-    return os.path.join(tmp_root(), uuid.uuid5(_NAMESPACE, session_id).hex[:16])
 
 
 def mcp_servers(

@@ -56,11 +56,12 @@ from gateway.runtimes.claude_code.boundary import (
     sandbox_missing,
     sandbox_settings,
 )
-from gateway.runtimes.claude_code.options import (
+from gateway.runtimes.claude_code.options import cli_environment, cli_options
+from gateway.runtimes.claude_code.paths import (
     claude_session_id,
-    cli_environment,
-    cli_options,
     has_transcript,
+    own_state,
+    private_dir,
     state_dir,
     tmp_dir,
     tmp_root,
@@ -80,10 +81,15 @@ DRAIN_TIMEOUT_S = 10.0
 """How long the next turn waits for an interrupted CLI to be idle before restarting it."""
 
 
-def _make_dirs(*paths: str) -> None:
-    """Make each directory (mode 0700) if it is missing. Blocking."""
-    for path in paths:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+def _make_dirs(home: str, created_at: int, tmp: str) -> None:
+    """The CLI's state directory, and its temporary one in a private root. Blocking.
+
+    Raises:
+        UnsafeDirectory: the temporary root is not the daemon's own and private.
+    """
+    own_state(home, created_at)
+    private_dir(tmp_root())
+    os.makedirs(tmp, mode=0o700, exist_ok=True)
 
 
 def session_state(message: Any) -> str | None:
@@ -195,7 +201,7 @@ class CliProcess:
         )
         home = state_dir(node.workspaces.root, s.id)
         tmp = tmp_dir(s.id)
-        await trio.to_thread.run_sync(_make_dirs, home, tmp)
+        await trio.to_thread.run_sync(_make_dirs, home, s.record.created_at, tmp)
         resume = await trio.to_thread.run_sync(has_transcript, home, claude_session_id(s.id))
         sandbox = None
         if agent.sandbox:
