@@ -56,6 +56,7 @@ FAMILIES = {
     "gateway_time_to_first_token_seconds": "histogram",
     "gateway_tool_duration_seconds": "histogram",
     "gateway_provider_errors": "counter",
+    "gateway_unknown_events": "counter",
     "gateway_replay_events": "counter",
     "gateway_replay_size_events": "histogram",
     "gateway_replay_duration_seconds": "histogram",
