@@ -26,9 +26,8 @@ from typing import Any
 from gateway.agui import shapes as ag
 from gateway.agui.resume import RunFeed, Tagged, event_id
 from gateway.ids import now_ms
-from gateway.protocol.closes import CLOSES
 from gateway.protocol.events import Envelope
-from gateway.server.oneway import OneWayQueue, Send, TypedReader, pump
+from gateway.server.oneway import OneWayQueue, Send, TypedReader, close_named, pump
 
 
 class RunSubscriber(OneWayQueue):
@@ -64,9 +63,7 @@ class RunReader(TypedReader):
         return tagged_sse(self.feed.pause(now_ms()))
 
     def closed(self, code: str | None) -> bytes:
-        code = code or "internal_error"
-        close = CLOSES.get(code)
-        return tagged_sse(self.feed.closed(code, close.message if close else code, now_ms()))
+        return tagged_sse(self.feed.closed(*close_named(code), now_ms()))
 
 
 def sse(events: Iterable[ag.AguiEvent]) -> bytes:

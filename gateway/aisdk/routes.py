@@ -4,7 +4,7 @@ Entries of the gateway's route table (gateway.server.route_table), so they
 share its boundary, authentication, ownership and rate limits
 (docs/protocol.md §2). A chat is a session (its ``id``, created and owned by
 the caller's key when unknown); a request's answer is one turn's assistant
-UI message, streamed by :func:`gateway.aisdk.stream.pump`
+UI message, streamed by :func:`gateway.aisdk.stream.respond`
 (docs/protocol.md §14, "The AI SDK"). :class:`Responses` starts a response
 for the WebSocket door (gateway.aisdk.ws) as well.
 """

@@ -22,9 +22,8 @@ from typing import Any
 
 from gateway.aisdk import chunks as ui
 from gateway.aisdk.mapping import ChatMapper
-from gateway.protocol.closes import CLOSES
 from gateway.protocol.events import Envelope
-from gateway.server.oneway import OneWayQueue, Send, TypedReader, pump
+from gateway.server.oneway import OneWayQueue, Send, TypedReader, close_named, pump
 
 DONE = b"data: [DONE]\n\n"
 """The end of a UI message stream over SSE."""
@@ -74,9 +73,8 @@ class ChatReader(TypedReader):
         return self.encode(self.mapper.pause())
 
     def closed(self, code: str | None) -> bytes:
-        code = code or "internal_error"
-        close = CLOSES.get(code)
-        return self.encode(self.mapper.closed(f"{code}: {close.message if close else code}"))
+        name, message = close_named(code)
+        return self.encode(self.mapper.closed(f"{name}: {message}"))
 
 
 async def respond(

@@ -45,6 +45,7 @@ import trio
 from gateway.config import StreamConfig
 from gateway.logs import client_label
 from gateway.metrics import Metrics
+from gateway.protocol.closes import CLOSES
 from gateway.protocol.events import EVENT_TYPES, Envelope
 from gateway.session.delivery import DeliveryQueue
 from gateway.session.hub import Emitted, FrameBatch
@@ -202,6 +203,13 @@ async def _closed(queue: OneWayQueue, reader: Reader, send: Send) -> None:
     data = reader.closed(queue.closing)
     if data is not None:
         await send(data)
+
+
+def close_named(code: str | None) -> tuple[str, str]:
+    """A queue's close as a door names it to its client: the close's name and its message."""
+    code = code or "internal_error"
+    close = CLOSES.get(code)
+    return code, close.message if close else code
 
 
 # --- the events, read ---------------------------------------------------------------------
