@@ -253,8 +253,8 @@ class RunMapper:
             ToolFailed: self._tool_failed,
             PermissionRequested: self._asked,
             PermissionResolved: self._resolved,
-            ContextCompacting: self._compaction,
-            ContextCompacted: self._compaction,
+            ContextCompacting: self._compacting,
+            ContextCompacted: self._compacted,
             TurnCompleted: self._completed,
             TurnCancelled: self._cancelled,
         }
@@ -350,11 +350,11 @@ class RunMapper:
         self._interrupts.pop(p.perm_id, None)
         return []
 
-    def _compaction(
-        self, p: ContextCompacting | ContextCompacted, e: Envelope[Any]
-    ) -> list[ag.AguiEvent]:
-        name = COMPACTING if isinstance(p, ContextCompacting) else COMPACTED
-        return [ag.Custom(name=name, value=msgspec.to_builtins(p), timestamp=e.ts)]
+    def _compacting(self, p: ContextCompacting, e: Envelope[Any]) -> list[ag.AguiEvent]:
+        return [ag.Custom(name=COMPACTING, value=msgspec.to_builtins(p), timestamp=e.ts)]
+
+    def _compacted(self, p: ContextCompacted, e: Envelope[Any]) -> list[ag.AguiEvent]:
+        return [ag.Custom(name=COMPACTED, value=msgspec.to_builtins(p), timestamp=e.ts)]
 
     def _cancelled(self, p: TurnCancelled, e: Envelope[Any]) -> list[ag.AguiEvent]:
         return [*self._turn.end(e.ts), self._finished(ag.CancelledOutcome(), e.ts)]

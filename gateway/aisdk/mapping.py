@@ -227,11 +227,11 @@ class ChatMapper:
             ToolFailed: self._tool_failed,
             PermissionRequested: self._asked_for,
             PermissionResolved: self._resolved,
-            DelegateStarted: self._delegate,
-            DelegateCompleted: self._delegate,
-            DelegateFailed: self._delegate,
-            ContextCompacting: self._compaction,
-            ContextCompacted: self._compaction,
+            DelegateStarted: self._delegate_started,
+            DelegateCompleted: self._delegate_completed,
+            DelegateFailed: self._delegate_failed,
+            ContextCompacting: self._compacting,
+            ContextCompacted: self._compacted,
             TurnCompleted: self._completed,
             TurnCancelled: self._cancelled,
         }
@@ -317,14 +317,16 @@ class ChatMapper:
         self._calls.unrun.pop(call, None)
         return True
 
-    def _compaction(
-        self, p: ContextCompacting | ContextCompacted, e: Envelope[Any]
-    ) -> list[ui.Chunk]:
-        compacting = isinstance(p, ContextCompacting)
-        if compacting:
-            self._compactions += 1
-        data = {"phase": "compacting" if compacting else "compacted"}
-        data.update(msgspec.to_builtins(p))
+    def _compacting(self, p: ContextCompacting, e: Envelope[Any]) -> list[ui.Chunk]:
+        self._compactions += 1
+        return self._compaction("compacting", p)
+
+    def _compacted(self, p: ContextCompacted, e: Envelope[Any]) -> list[ui.Chunk]:
+        return self._compaction("compacted", p)
+
+    def _compaction(self, phase: str, p: ContextCompacting | ContextCompacted) -> list[ui.Chunk]:
+        """The ``data-compaction`` part, replaced in place as the compaction ends."""
+        data = {"phase": phase, **msgspec.to_builtins(p)}
         return [ui.Data(name="compaction", id=f"compaction-{self._compactions}", data=data)]
 
     def _cancelled(self, p: TurnCancelled, e: Envelope[Any]) -> list[ui.Chunk]:
@@ -397,22 +399,27 @@ class ChatMapper:
         part = self._parts[perm_id] = ui.Data(name=name, id=perm_id, data=data)
         return part
 
-    def _delegate(
-        self, p: DelegateStarted | DelegateCompleted | DelegateFailed, e: Envelope[Any]
-    ) -> list[ui.Chunk]:
-        data: dict[str, Any] = {"toolCallId": p.tool_use_id, "sessionId": p.worker_session_id}
-        if isinstance(p, DelegateStarted):
-            self._delegates[p.worker_session_id] = p.tool_use_id
-            self._running.append(p.tool_use_id)
-            data.update(state="running", task=p.task)
-        else:
-            if p.tool_use_id in self._running:
-                self._running.remove(p.tool_use_id)
-            if isinstance(p, DelegateCompleted):
-                data.update(state="completed", result=p.result)
-            else:
-                data.update(state="failed", failureMode=p.failure_mode, message=p.message)
-        return [ui.Data(name="delegate", id=p.worker_session_id, data=data)]
+    def _delegate_started(self, p: DelegateStarted, e: Envelope[Any]) -> list[ui.Chunk]:
+        self._delegates[p.worker_session_id] = p.tool_use_id
+        self._running.append(p.tool_use_id)
+        return self._worker(p.tool_use_id, p.worker_session_id, state="running", task=p.task)
+
+    def _delegate_completed(self, p: DelegateCompleted, e: Envelope[Any]) -> list[ui.Chunk]:
+        return self._worker_ended(p.tool_use_id, p.worker_session_id, "completed", result=p.result)
+
+    def _delegate_failed(self, p: DelegateFailed, e: Envelope[Any]) -> list[ui.Chunk]:
+        worker, why = p.worker_session_id, {"failureMode": p.failure_mode, "message": p.message}
+        return self._worker_ended(p.tool_use_id, worker, "failed", **why)
+
+    def _worker_ended(self, call: str, worker: str, state: str, **data: Any) -> list[ui.Chunk]:
+        if call in self._running:
+            self._running.remove(call)
+        return self._worker(call, worker, state=state, **data)
+
+    def _worker(self, call: str, worker: str, **data: Any) -> list[ui.Chunk]:
+        """A worker's ``data-delegate`` part, replaced in place as it runs and ends."""
+        part = {"toolCallId": call, "sessionId": worker, **data}
+        return [ui.Data(name="delegate", id=worker, data=part)]
 
     def _close_unrun(self) -> list[ui.Chunk]:
         """The calls whose input came and whose tool never ran: the turn ended first (§8)."""
