@@ -329,6 +329,10 @@ class RunMapper:
         """Whether this run has started the block (a replay rebuilds the others)."""
         return self._turn.started(message_id, index)
 
+    def rebuilt(self, event: Envelope[Any]) -> list[ag.AguiEvent]:
+        """The AG-UI events of the blocks of a whole message the run has not started."""
+        return self._turn.rebuilt(event)
+
     @property
     def interrupts(self) -> list[str]:
         """The perm ids waiting for an answer, as far as this run saw."""
