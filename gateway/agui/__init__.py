@@ -5,10 +5,13 @@
   in tests/unit/agui/test_agui_mapping.py).
 - :mod:`gateway.agui.mapping`: the sans-IO mapping from the gateway's events
   (docs/protocol.md sections 5, 7, 8) to AG-UI's; the decisions are in
-  docs/protocol.md "AG-UI".
+  docs/protocol.md "AG-UI". The turn's walk (its filter, blocks, steps and
+  closing) is the projection every block-speaking door shares
+  (:mod:`gateway.protocol.projection`), configured with AG-UI's emitters.
 - :mod:`gateway.agui.sse`: one run's SSE stream, fed from the session's hub
   through the seam like any client, through the same bounded delivery queue
-  (:mod:`gateway.session.delivery`), with heartbeats.
+  (:mod:`gateway.session.delivery`), with heartbeats: the one-way streams'
+  pump (:mod:`gateway.server.oneway`) with AG-UI's reader.
 - :mod:`gateway.agui.resume`: re-attaching to a run: each SSE event's id, the
   run's record, and the resumed stream (sans-IO).
 - :mod:`gateway.agui.runs`: the runs answered, found again (from the store,

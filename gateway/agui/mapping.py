@@ -68,28 +68,24 @@ from gateway.protocol.events import (
     ContextCompacted,
     ContextCompacting,
     Envelope,
-    LlmCallCompleted,
-    LlmCallFailed,
-    LlmCallStarted,
-    MessageComplete,
+    Payload,
     PermissionRequested,
     PermissionResolved,
-    TextDelta,
-    TextEnd,
-    TextStart,
-    ThinkingDelta,
-    ThinkingEnd,
-    ThinkingStart,
     ToolCompleted,
     ToolFailed,
-    ToolUseEnd,
-    ToolUseInputDelta,
-    ToolUseStart,
     TurnCancelled,
     TurnCompleted,
 )
 from gateway.protocol.fit import cut_message
 from gateway.protocol.frames import encode
+from gateway.protocol.projection import (
+    Block,
+    BlockEmitter,
+    BlockKind,
+    Emitters,
+    Handler,
+    Projection,
+)
 from gateway.protocol.shapes import (
     Message,
     RedactedThinkingBlock,
@@ -144,16 +140,95 @@ def iso_ms(ms: int) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-@dataclass
-class _Block:
-    kind: str  # "text", "thinking", "redacted", "tool"
-    agui_id: str
-    data: list[str] = field(default_factory=list)  # redacted data, or a tool's args so far
+class _TextMessages:
+    """A text block as ``TEXT_MESSAGE_START/CONTENT/END`` (module docstring, "Ids")."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, int] = {}  # a message's first text block
+
+    def name(self, b: Block) -> str:
+        first = self._first.setdefault(b.message_id, b.index)
+        return text_message_id(b.message_id, b.index, first)
+
+    def start(self, b: Block, ts: int) -> list[ag.AguiEvent]:
+        return [ag.TextMessageStart(message_id=b.id, timestamp=ts)]
+
+    def delta(self, b: Block, text: str, ts: int) -> list[ag.AguiEvent]:
+        return [ag.TextMessageContent(message_id=b.id, delta=text, timestamp=ts)]
+
+    def end(self, b: Block, ts: int | None) -> list[ag.AguiEvent]:
+        return [ag.TextMessageEnd(message_id=b.id, timestamp=ts)]
+
+
+class _Reasoning:
+    """A thinking block as ``REASONING_*``; a redacted one has no message, only its value."""
+
+    def name(self, b: Block) -> str:
+        return reasoning_message_id(b.message_id, b.index)
+
+    def start(self, b: Block, ts: int) -> list[ag.AguiEvent]:
+        out: list[ag.AguiEvent] = [ag.ReasoningStart(message_id=b.id, timestamp=ts)]
+        if b.kind == "thinking":
+            out.append(ag.ReasoningMessageStart(message_id=b.id, role="reasoning", timestamp=ts))
+        return out
+
+    def delta(self, b: Block, text: str, ts: int) -> list[ag.AguiEvent]:
+        return [ag.ReasoningMessageContent(message_id=b.id, delta=text, timestamp=ts)]
+
+    def end(self, b: Block, ts: int | None) -> list[ag.AguiEvent]:
+        out: list[ag.AguiEvent] = []
+        if b.kind == "thinking":
+            out.append(ag.ReasoningMessageEnd(message_id=b.id, timestamp=ts))
+        opaque = "".join(b.data) if b.kind == "redacted" else b.signature
+        if opaque:
+            out.append(
+                ag.ReasoningEncryptedValue(
+                    subtype="message", entity_id=b.id, encrypted_value=opaque, timestamp=ts
+                )
+            )
+        out.append(ag.ReasoningEnd(message_id=b.id, timestamp=ts))
+        return out
+
+
+class _ToolCalls:
+    """A tool block as ``TOOL_CALL_START/ARGS/END``, cut or not."""
+
+    def name(self, b: Block) -> str:
+        return b.tool_use_id
+
+    def start(self, b: Block, ts: int) -> list[ag.AguiEvent]:
+        return [
+            ag.ToolCallStart(
+                tool_call_id=b.id,
+                tool_call_name=b.tool_name,
+                parent_message_id=b.message_id,
+                timestamp=ts,
+            )
+        ]
+
+    def delta(self, b: Block, text: str, ts: int) -> list[ag.AguiEvent]:
+        return [ag.ToolCallArgs(tool_call_id=b.id, delta=text, timestamp=ts)]
+
+    def end(self, b: Block, ts: int | None) -> list[ag.AguiEvent]:
+        return [ag.ToolCallEnd(tool_call_id=b.id, timestamp=ts)]
+
+
+class _Steps:
+    def start(self, call_id: str, ts: int) -> list[ag.AguiEvent]:
+        return [ag.StepStarted(step_name=call_id, timestamp=ts)]
+
+    def end(self, call_id: str, ts: int | None) -> list[ag.AguiEvent]:
+        return [ag.StepFinished(step_name=call_id, timestamp=ts)]
 
 
 @dataclass
 class RunMapper:
     """One AG-UI run over one gateway turn (module docstring).
+
+    The turn's walk (its filter, blocks, steps, closing) is the shared
+    :class:`~gateway.protocol.projection.Projection`; this class gives it
+    AG-UI's emitters and handles the rest: tool results, interrupts,
+    compaction, the run's end.
 
     Args:
         thread_id: the run's thread (the gateway session).
@@ -164,13 +239,31 @@ class RunMapper:
     thread_id: str
     run_id: str
     turn_id: str
-    finished: bool = False
-    _blocks: dict[tuple[str, int], _Block] = field(default_factory=dict)
-    _first_text: dict[str, int] = field(default_factory=dict)
-    _steps: list[str] = field(default_factory=list)
     _interrupts: dict[str, ag.Interrupt] = field(default_factory=dict)
-    _failure: LlmCallFailed | None = None
-    _seen: set[tuple[str, int]] = field(default_factory=set)  # every block started
+    _turn: Projection[ag.AguiEvent] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        reasoning = _Reasoning()
+        blocks: dict[BlockKind, BlockEmitter[ag.AguiEvent]] = {
+            "text": _TextMessages(), "thinking": reasoning, "redacted": reasoning,
+            "tool": _ToolCalls(),
+        }  # fmt: skip
+        events: dict[type[Payload], Handler[ag.AguiEvent]] = {
+            ToolCompleted: self._tool_completed,
+            ToolFailed: self._tool_failed,
+            PermissionRequested: self._asked,
+            PermissionResolved: self._resolved,
+            ContextCompacting: self._compacting,
+            ContextCompacted: self._compacted,
+            TurnCompleted: self._completed,
+            TurnCancelled: self._cancelled,
+        }
+        self._turn = Projection(self.thread_id, self.turn_id, Emitters(blocks, _Steps(), events))
+
+    @property
+    def finished(self) -> bool:
+        """The run has ended: nothing more is mapped."""
+        return self._turn.finished
 
     def start(
         self,
@@ -198,72 +291,9 @@ class RunMapper:
         """The AG-UI events of one gateway event (nothing once the run has finished).
 
         ``event`` is an :class:`~gateway.protocol.events.Event`, or an envelope
-        whose payload was read into its type's struct (:mod:`gateway.agui.sse`).
+        whose payload was read into its type's struct (:mod:`gateway.server.oneway`).
         """
-        p, ts = event.payload, event.ts
-        if self.finished:
-            return []
-        if event.turn_id != self.turn_id:
-            # A delegated worker's request reaches its ancestors' streams (PROTOCOL
-            # section 5) and is answered from there: it interrupts this run too.
-            worker_request = event.session_id != self.thread_id
-            if not (worker_request and isinstance(p, PermissionRequested | PermissionResolved)):
-                return []
-        if isinstance(p, TextStart | TextDelta | TextEnd):
-            return self._text(p, ts)
-        if isinstance(p, ThinkingStart | ThinkingDelta | ThinkingEnd):
-            return self._thinking(p, ts)
-        if isinstance(p, ToolUseStart | ToolUseInputDelta | ToolUseEnd):
-            return self._tool_use(p, ts)
-        if isinstance(p, MessageComplete):
-            return self._close_blocks(p.message_id, ts)
-        if isinstance(p, LlmCallStarted):
-            self._steps.append(p.call_id)
-            return [ag.StepStarted(step_name=p.call_id, timestamp=ts)]
-        if isinstance(p, LlmCallCompleted | LlmCallFailed):
-            if isinstance(p, LlmCallFailed):
-                self._failure = p
-            if p.call_id not in self._steps:
-                return []
-            self._steps.remove(p.call_id)
-            return [ag.StepFinished(step_name=p.call_id, timestamp=ts)]
-        if isinstance(p, ToolCompleted):
-            return [_result(p.tool_use_id, p.result, ts)]
-        if isinstance(p, ToolFailed):
-            return [_result(p.tool_use_id, f"{p.error_class}: {p.message}", ts)]
-        if isinstance(p, PermissionRequested) and p.kind == "elicitation":
-            requested = p.requested_schema
-            self._interrupts[p.perm_id] = ag.Interrupt(
-                id=p.perm_id,
-                reason=ELICITATION_REASON,
-                message=p.message if isinstance(p.message, str) else None,
-                tool_call_id=p.tool_use_id,
-                response_schema=elicitation_schema(
-                    requested if isinstance(requested, dict) else {"type": "object"}
-                ),
-                expires_at=iso_ms(p.expires_at),
-                metadata={"tool_name": p.tool_name},
-            )
-            return []
-        if isinstance(p, ContextCompacting | ContextCompacted):
-            name = COMPACTING if isinstance(p, ContextCompacting) else COMPACTED
-            return [ag.Custom(name=name, value=msgspec.to_builtins(p), timestamp=ts)]
-        if isinstance(p, PermissionRequested):
-            self._interrupts[p.perm_id] = ag.Interrupt(
-                id=p.perm_id,
-                reason=APPROVAL_REASON,
-                message=f"Allow {p.tool_name} with {msgspec.json.encode(p.input).decode()}?",
-                tool_call_id=p.tool_use_id,
-                response_schema=DECISION_SCHEMA,
-                expires_at=iso_ms(p.expires_at),
-            )
-            return []
-        if isinstance(p, PermissionResolved):
-            self._interrupts.pop(p.perm_id, None)
-            return []
-        if isinstance(p, TurnCompleted | TurnCancelled):
-            return self._end(p, ts)
-        return []
+        return self._turn.receive(event)
 
     def pause(self, ts: int | None = None) -> list[ag.AguiEvent]:
         """End the run with the interrupt outcome if an approval is waiting, else nothing.
@@ -274,8 +304,7 @@ class RunMapper:
         """
         if self.finished or not self._interrupts:
             return []
-        self.finished = True
-        out = self._close_all(ts)
+        out = self._turn.end(ts)
         outcome = ag.InterruptOutcome(list(self._interrupts.values()))
         out.append(self._finished(outcome, ts))
         return out
@@ -284,12 +313,11 @@ class RunMapper:
         """End the run with ``RUN_ERROR``: its stream was closed (the session deleted, moved)."""
         if self.finished:
             return []
-        self.finished = True
-        return [*self._close_all(ts), ag.RunError(message=message, code=code, timestamp=ts)]
+        return [*self._turn.end(ts), ag.RunError(message=message, code=code, timestamp=ts)]
 
     def idle_finish(self, ts: int | None = None) -> ag.RunFinished:
         """``RUN_FINISHED`` (success) of a run that started no turn: nothing was left to do."""
-        self.finished = True
+        self._turn.finished = True
         return self._finished(ag.SuccessOutcome(), ts)
 
     def _finished(self, outcome: ag.Outcome, ts: int | None) -> ag.RunFinished:
@@ -299,141 +327,75 @@ class RunMapper:
 
     def started(self, message_id: str, index: int) -> bool:
         """Whether this run has started the block (a replay rebuilds the others)."""
-        return (message_id, index) in self._seen
+        return self._turn.started(message_id, index)
+
+    def rebuilt(self, event: Envelope[Any]) -> list[ag.AguiEvent]:
+        """The AG-UI events of the blocks of a whole message the run has not started."""
+        return self._turn.rebuilt(event)
 
     @property
     def interrupts(self) -> list[str]:
         """The perm ids waiting for an answer, as far as this run saw."""
         return list(self._interrupts)
 
-    # --- blocks ----------------------------------------------------------------------
+    # --- the events of AG-UI's own (the projection's table) ---------------------------
 
-    def _text(self, p: TextStart | TextDelta | TextEnd, ts: int) -> list[ag.AguiEvent]:
-        key = (p.message_id, p.content_block_index)
-        if isinstance(p, TextStart):
-            first = self._first_text.setdefault(p.message_id, p.content_block_index)
-            block = _Block("text", text_message_id(p.message_id, p.content_block_index, first))
-            self._blocks[key] = block
-            self._seen.add(key)
-            return [ag.TextMessageStart(message_id=block.agui_id, timestamp=ts)]
-        found = self._blocks.get(key)
-        if found is None:
-            return []
-        if isinstance(p, TextDelta):
-            if not p.text:
-                return []
-            return [ag.TextMessageContent(message_id=found.agui_id, delta=p.text, timestamp=ts)]
-        return self._close(key, ts)
+    def _tool_completed(self, p: ToolCompleted, e: Envelope[Any]) -> list[ag.AguiEvent]:
+        return [_result(p.tool_use_id, p.result, e.ts)]
 
-    def _thinking(
-        self, p: ThinkingStart | ThinkingDelta | ThinkingEnd, ts: int
-    ) -> list[ag.AguiEvent]:
-        key = (p.message_id, p.content_block_index)
-        if isinstance(p, ThinkingStart):
-            rid = reasoning_message_id(p.message_id, p.content_block_index)
-            self._blocks[key] = _Block("redacted" if p.redacted else "thinking", rid)
-            self._seen.add(key)
-            out: list[ag.AguiEvent] = [ag.ReasoningStart(message_id=rid, timestamp=ts)]
-            if not p.redacted:
-                out.append(ag.ReasoningMessageStart(message_id=rid, role="reasoning", timestamp=ts))
-            return out
-        found = self._blocks.get(key)
-        if found is None:
-            return []
-        if isinstance(p, ThinkingDelta):
-            if found.kind == "redacted":
-                found.data.append(p.text)
-                return []
-            if not p.text:
-                return []
-            rid = found.agui_id
-            return [ag.ReasoningMessageContent(message_id=rid, delta=p.text, timestamp=ts)]
-        return self._close(key, ts, p.signature)
+    def _tool_failed(self, p: ToolFailed, e: Envelope[Any]) -> list[ag.AguiEvent]:
+        return [_result(p.tool_use_id, f"{p.error_class}: {p.message}", e.ts)]
 
-    def _tool_use(
-        self, p: ToolUseStart | ToolUseInputDelta | ToolUseEnd, ts: int
-    ) -> list[ag.AguiEvent]:
-        key = (p.message_id, p.content_block_index)
-        if isinstance(p, ToolUseStart):
-            self._blocks[key] = _Block("tool", p.tool_use_id)
-            self._seen.add(key)
-            return [
-                ag.ToolCallStart(
-                    tool_call_id=p.tool_use_id,
-                    tool_call_name=p.tool_name,
-                    parent_message_id=p.message_id,
-                    timestamp=ts,
-                )
-            ]
-        found = self._blocks.get(key)
-        if found is None:
-            return []
-        if isinstance(p, ToolUseInputDelta):
-            if not p.partial_json:
-                return []
-            found.data.append(p.partial_json)
-            return [ag.ToolCallArgs(tool_call_id=p.tool_use_id, delta=p.partial_json, timestamp=ts)]
-        out: list[ag.AguiEvent] = []
-        if not found.data:  # no delta streamed: the arguments in one piece
-            args = msgspec.json.encode(p.final_input).decode()
-            out.append(ag.ToolCallArgs(tool_call_id=p.tool_use_id, delta=args, timestamp=ts))
-            found.data.append(args)
-        return out + self._close(key, ts)
+    def _asked(self, p: PermissionRequested, e: Envelope[Any]) -> list[ag.AguiEvent]:
+        self._interrupts[p.perm_id] = interrupt(p)
+        return []
 
-    def _close(
-        self, key: tuple[str, int], ts: int | None, signature: str | None = None
-    ) -> list[ag.AguiEvent]:
-        block = self._blocks.pop(key, None)
-        if block is None:
-            return []
-        bid = block.agui_id
-        if block.kind == "text":
-            return [ag.TextMessageEnd(message_id=bid, timestamp=ts)]
-        if block.kind == "tool":
-            return [ag.ToolCallEnd(tool_call_id=bid, timestamp=ts)]
-        out: list[ag.AguiEvent] = []
-        if block.kind == "thinking":
-            out.append(ag.ReasoningMessageEnd(message_id=bid, timestamp=ts))
-        opaque = "".join(block.data) if block.kind == "redacted" else signature
-        if opaque:
-            out.append(
-                ag.ReasoningEncryptedValue(
-                    subtype="message", entity_id=bid, encrypted_value=opaque, timestamp=ts
-                )
-            )
-        out.append(ag.ReasoningEnd(message_id=bid, timestamp=ts))
-        return out
+    def _resolved(self, p: PermissionResolved, e: Envelope[Any]) -> list[ag.AguiEvent]:
+        self._interrupts.pop(p.perm_id, None)
+        return []
 
-    def _close_blocks(self, message_id: str, ts: int | None) -> list[ag.AguiEvent]:
-        """What a cancel or an error left open in ``message_id`` (docs/protocol.md §7, §8)."""
-        out: list[ag.AguiEvent] = []
-        for key in [k for k in self._blocks if k[0] == message_id]:
-            out += self._close(key, ts)
-        return out
+    def _compacting(self, p: ContextCompacting, e: Envelope[Any]) -> list[ag.AguiEvent]:
+        return [ag.Custom(name=COMPACTING, value=msgspec.to_builtins(p), timestamp=e.ts)]
 
-    def _close_all(self, ts: int | None) -> list[ag.AguiEvent]:
-        out: list[ag.AguiEvent] = []
-        for key in list(self._blocks):
-            out += self._close(key, ts)
-        out += [ag.StepFinished(step_name=s, timestamp=ts) for s in self._steps]
-        self._steps.clear()
-        return out
+    def _compacted(self, p: ContextCompacted, e: Envelope[Any]) -> list[ag.AguiEvent]:
+        return [ag.Custom(name=COMPACTED, value=msgspec.to_builtins(p), timestamp=e.ts)]
 
-    def _end(self, p: TurnCompleted | TurnCancelled, ts: int) -> list[ag.AguiEvent]:
-        self.finished = True
-        out = self._close_all(ts)
-        if isinstance(p, TurnCancelled):
-            outcome: ag.Outcome = ag.CancelledOutcome()
-        elif p.stop_reason == "error":
-            failure = self._failure
-            message = failure.message if failure else "the turn ended with an error"
-            code = failure.error_class if failure else "error"
-            out.append(ag.RunError(message=message, code=code, timestamp=ts))
-            return out
-        else:
-            outcome = ag.SuccessOutcome()
-        out.append(self._finished(outcome, ts))
-        return out
+    def _cancelled(self, p: TurnCancelled, e: Envelope[Any]) -> list[ag.AguiEvent]:
+        return [*self._turn.end(e.ts), self._finished(ag.CancelledOutcome(), e.ts)]
+
+    def _completed(self, p: TurnCompleted, e: Envelope[Any]) -> list[ag.AguiEvent]:
+        out = self._turn.end(e.ts)
+        if p.stop_reason != "error":
+            return [*out, self._finished(ag.SuccessOutcome(), e.ts)]
+        failure = self._turn.failure
+        message = failure.message if failure else "the turn ended with an error"
+        code = failure.error_class if failure else "error"
+        return [*out, ag.RunError(message=message, code=code, timestamp=e.ts)]
+
+
+def interrupt(p: PermissionRequested) -> ag.Interrupt:
+    """The interrupt of a request: an MCP elicitation's, or a tool approval's (module docstring)."""
+    if p.kind == "elicitation":
+        requested = p.requested_schema
+        return ag.Interrupt(
+            id=p.perm_id,
+            reason=ELICITATION_REASON,
+            message=p.message if isinstance(p.message, str) else None,
+            tool_call_id=p.tool_use_id,
+            response_schema=elicitation_schema(
+                requested if isinstance(requested, dict) else {"type": "object"}
+            ),
+            expires_at=iso_ms(p.expires_at),
+            metadata={"tool_name": p.tool_name},
+        )
+    return ag.Interrupt(
+        id=p.perm_id,
+        reason=APPROVAL_REASON,
+        message=f"Allow {p.tool_name} with {msgspec.json.encode(p.input).decode()}?",
+        tool_call_id=p.tool_use_id,
+        response_schema=DECISION_SCHEMA,
+        expires_at=iso_ms(p.expires_at),
+    )
 
 
 def _result(tool_use_id: str, content: str, ts: int) -> ag.ToolCallResult:

@@ -21,16 +21,15 @@ Sans-IO, like :mod:`gateway.agui.mapping` (docs/protocol.md "AG-UI", "Re-attachi
   that end again. Streaming-only events are not replayed (docs/protocol.md
   §3): the replay holds a message as its ``message.complete`` (or, while it
   streams, a ``message.snapshot`` then its live deltas), and its blocks are
-  rebuilt from it, whole (:func:`rebuilt`). A message completed after the
-  cursor so comes whole, under the same ids, even if the client saw part of it.
+  rebuilt from it, whole (:meth:`RunMapper.rebuilt`). A message completed
+  after the cursor so comes whole, under the same ids, even if the client saw
+  part of it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-import msgspec
 
 from gateway.agui import shapes as ag
 from gateway.agui.mapping import RunMapper
@@ -39,7 +38,6 @@ from gateway.protocol.events import (
     Envelope,
     PermissionRequested,
 )
-from gateway.protocol.rebuild import unstarted
 
 Position = tuple[int, int]
 """Where an AG-UI event is in its run: the gateway event's sequence number, and n."""
@@ -116,7 +114,7 @@ class RunFeed:
         if seq is not None and seq != self._seq:
             self._seq, self._n = seq, -1
         self._ts = event.ts
-        made = rebuilt(self.mapper, event) if self.rebuild else []
+        made = self.mapper.rebuilt(event) if self.rebuild else []
         return self._emit(made + self.mapper.receive(event))
 
     def pause(self, ts: int | None) -> list[Tagged]:
@@ -196,11 +194,3 @@ _STARTS = (
     ag.ReasoningMessageStart,
     ag.ToolCallStart,
 )
-
-
-def rebuilt(mapper: RunMapper, event: Envelope[Any]) -> list[ag.AguiEvent]:
-    """The AG-UI events of the blocks of a whole message the run has not started."""
-    out: list[ag.AguiEvent] = []
-    for payload in unstarted(event.payload, mapper.started):
-        out += mapper.receive(msgspec.structs.replace(event, payload=payload))
-    return out

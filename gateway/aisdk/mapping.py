@@ -69,28 +69,23 @@ from gateway.protocol.events import (
     DelegateFailed,
     DelegateStarted,
     Envelope,
-    LlmCallCompleted,
-    LlmCallFailed,
-    LlmCallStarted,
-    MessageComplete,
-    MessageSnapshot,
+    Payload,
     PermissionRequested,
     PermissionResolved,
-    TextDelta,
-    TextEnd,
-    TextStart,
-    ThinkingDelta,
-    ThinkingEnd,
-    ThinkingStart,
     ToolCompleted,
     ToolFailed,
-    ToolUseEnd,
-    ToolUseInputDelta,
-    ToolUseStart,
     TurnCancelled,
     TurnCompleted,
 )
-from gateway.protocol.rebuild import unstarted
+from gateway.protocol.projection import (
+    Block,
+    BlockEmitter,
+    BlockKind,
+    Emitters,
+    Handler,
+    Projection,
+    indexed_id,
+)
 
 FINISH_REASONS: dict[str, str] = {
     "end_turn": "stop",
@@ -119,16 +114,84 @@ def user_message_id(session_id: str, client_id: str) -> str:
     return f"msg_{digest[:20]}"
 
 
-@dataclass
-class _Block:
-    kind: str  # "text", "thinking", "redacted", "tool"
-    ui_id: str
-    data: list[str] = field(default_factory=list)  # redacted data, or a tool's input so far
+class _Text:
+    """A text block as ``text-start/-delta/-end``, its id ``{message}:{index}``."""
+
+    def name(self, b: Block) -> str:
+        return indexed_id(b)
+
+    def start(self, b: Block, ts: int) -> list[ui.Chunk]:
+        return [ui.TextStart(id=b.id)]
+
+    def delta(self, b: Block, text: str, ts: int) -> list[ui.Chunk]:
+        return [ui.TextDelta(id=b.id, delta=text)]
+
+    def end(self, b: Block, ts: int | None) -> list[ui.Chunk]:
+        return [ui.TextEnd(id=b.id)]
+
+
+class _Reasoning:
+    """A thinking block as ``reasoning-*``: its signature, or redacted data, on the end."""
+
+    def name(self, b: Block) -> str:
+        return indexed_id(b)
+
+    def start(self, b: Block, ts: int) -> list[ui.Chunk]:
+        return [ui.ReasoningStart(id=b.id)]
+
+    def delta(self, b: Block, text: str, ts: int) -> list[ui.Chunk]:
+        return [ui.ReasoningDelta(id=b.id, delta=text)]
+
+    def end(self, b: Block, ts: int | None) -> list[ui.Chunk]:
+        opaque = "".join(b.data) if b.kind == "redacted" else b.signature
+        meta = None
+        if opaque:
+            name = "redactedData" if b.kind == "redacted" else "signature"
+            meta = {"gateway": {name: opaque}}
+        return [ui.ReasoningEnd(id=b.id, provider_metadata=meta)]
+
+
+class _ToolInput:
+    """A tool block as ``tool-input-*``; the calls this message shows, and those not run."""
+
+    def __init__(self) -> None:
+        self.shown: set[str] = set()  # tool calls of this message
+        self.unrun: dict[str, None] = {}  # calls with input, no output yet
+
+    def name(self, b: Block) -> str:
+        return b.tool_use_id
+
+    def start(self, b: Block, ts: int) -> list[ui.Chunk]:
+        self.shown.add(b.id)
+        return [ui.ToolInputStart(tool_call_id=b.id, tool_name=b.tool_name)]
+
+    def delta(self, b: Block, text: str, ts: int) -> list[ui.Chunk]:
+        return [ui.ToolInputDelta(tool_call_id=b.id, input_text_delta=text)]
+
+    def end(self, b: Block, ts: int | None) -> list[ui.Chunk]:
+        if b.ended:
+            self.unrun[b.id] = None
+            return [ui.ToolInputAvailable(tool_call_id=b.id, tool_name=b.tool_name, input=b.input)]
+        text = "".join(b.data)  # cut short by a cancel: its input as far as it came
+        return [ui.ToolOutputError(tool_call_id=b.id, error_text=f"cancelled: {text}")]
+
+
+class _Steps:
+    def start(self, call_id: str, ts: int) -> list[ui.Chunk]:
+        return [ui.StartStep()]
+
+    def end(self, call_id: str, ts: int | None) -> list[ui.Chunk]:
+        return [ui.FinishStep()]
 
 
 @dataclass
 class ChatMapper:
     """One turn as one assistant UI message (module docstring).
+
+    The turn's walk (its filter, blocks, steps, closing) is the shared
+    :class:`~gateway.protocol.projection.Projection`; this class gives it the
+    AI SDK's emitters and handles the rest: tool outputs, approvals, workers,
+    compaction, the response's end, and the client's position.
 
     Args:
         session_id: the chat (the gateway session).
@@ -143,25 +206,45 @@ class ChatMapper:
     turn_id: str
     after: int = -1
     answering: frozenset[str] = frozenset()
-    finished: bool = False
     last_event_id: str | None = None
     _seq: int = -1
-    _blocks: dict[tuple[str, int], _Block] = field(default_factory=dict)
-    _seen: set[tuple[str, int]] = field(default_factory=set)
-    _steps: list[str] = field(default_factory=list)
-    _tools: set[str] = field(default_factory=set)  # tool calls of this message
-    _unrun: dict[str, None] = field(default_factory=dict)  # calls with input, no output yet
+    _calls: _ToolInput = field(default_factory=_ToolInput)
     _waiting: dict[str, str] = field(default_factory=dict)  # perm id: its tool call ("": none)
     _asked: dict[str, str] = field(default_factory=dict)  # tool call: its approval asked
     _parts: dict[str, ui.Data] = field(default_factory=dict)  # perm id: its data part
     _delegates: dict[str, str] = field(default_factory=dict)  # worker session: delegate call
     _running: list[str] = field(default_factory=list)  # delegate calls not yet ended
     _compactions: int = 0
-    _failure: str | None = None
+    _turn: Projection[ui.Chunk] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        reasoning = _Reasoning()
+        blocks: dict[BlockKind, BlockEmitter[ui.Chunk]] = {
+            "text": _Text(), "thinking": reasoning, "redacted": reasoning, "tool": self._calls,
+        }  # fmt: skip
+        events: dict[type[Payload], Handler[ui.Chunk]] = {
+            ToolCompleted: self._tool_completed,
+            ToolFailed: self._tool_failed,
+            PermissionRequested: self._asked_for,
+            PermissionResolved: self._resolved,
+            DelegateStarted: self._delegate_started,
+            DelegateCompleted: self._delegate_completed,
+            DelegateFailed: self._delegate_failed,
+            ContextCompacting: self._compacting,
+            ContextCompacted: self._compacted,
+            TurnCompleted: self._completed,
+            TurnCancelled: self._cancelled,
+        }
+        self._turn = Projection(self.session_id, self.turn_id, Emitters(blocks, _Steps(), events))
 
     @property
     def message_id(self) -> str:
         return ui_message_id(self.turn_id)
+
+    @property
+    def finished(self) -> bool:
+        """The response has ended: nothing more is mapped."""
+        return self._turn.finished
 
     def start(self) -> list[ui.Chunk]:
         """The response's ``start``: the turn's message, continued if the client has it."""
@@ -175,12 +258,10 @@ class ChatMapper:
         seq = parse_event_id(event.id)
         if seq is not None:
             self._seq = seq
-        if self._owned(event):  # before mapping: a finish it makes carries it
+        if self._turn.owns(event):  # before mapping: a finish it makes carries it
             self.last_event_id = event.id
-        out: list[ui.Chunk] = []
-        for payload in unstarted(event.payload, self._started):  # a replay's whole message
-            out += self._map(msgspec.structs.replace(event, payload=payload))
-        out += self._map(event)
+        out = self._turn.rebuilt(event)  # a replay's whole message
+        out += self._turn.receive(event)
         if self._seq > self.after:
             return out
         # At or below the client's position: it has these. A position past the end
@@ -198,13 +279,11 @@ class ChatMapper:
         """
         if self.finished or not set(self._waiting) - self.answering:
             return []
-        self.finished = True
-        return [*self._close_all(), self._finish("tool-calls")]
+        return [*self._turn.end(None), self._finish("tool-calls")]
 
     def closed(self, error: str | None = None) -> list[ui.Chunk]:
         """End a response whose turn will send no more here: an error, or nothing left."""
-        self.finished = True
-        out = [*self._close_all(), *self._close_unrun()]
+        out = [*self._turn.end(None), *self._close_unrun()]
         if error is not None:
             out.append(ui.Error(error_text=error))
         return [*out, self._finish("error" if error is not None else "other")]
@@ -214,75 +293,60 @@ class ChatMapper:
         """The approvals this response saw asked and not answered."""
         return list(self._waiting)
 
-    # --- one event ---------------------------------------------------------------------
+    # --- the events of the AI SDK's own (the projection's table) ----------------------
 
-    def _owned(self, event: Envelope[Any]) -> bool:
-        if event.turn_id == self.turn_id:
-            return True
-        # A delegated worker's request reaches its ancestors' streams (docs/protocol.md
-        # §5), answered from there: it is part of this response too.
-        worker = event.session_id != self.session_id
-        return worker and isinstance(event.payload, PermissionRequested | PermissionResolved)
+    def _tool_completed(self, p: ToolCompleted, e: Envelope[Any]) -> list[ui.Chunk]:
+        if not self._ran(p.tool_use_id):
+            return []
+        output = p.structured_result if p.structured_result is not None else p.result
+        return [ui.ToolOutputAvailable(tool_call_id=p.tool_use_id, output=output)]
 
-    def _map(self, event: Envelope[Any]) -> list[ui.Chunk]:
-        if not self._owned(event):
+    def _tool_failed(self, p: ToolFailed, e: Envelope[Any]) -> list[ui.Chunk]:
+        if not self._ran(p.tool_use_id):
             return []
-        p = event.payload
-        if isinstance(p, TextStart | TextDelta | TextEnd):
-            return self._text(p)
-        if isinstance(p, ThinkingStart | ThinkingDelta | ThinkingEnd):
-            return self._thinking(p)
-        if isinstance(p, ToolUseStart | ToolUseInputDelta | ToolUseEnd):
-            return self._tool_use(p)
-        if isinstance(p, MessageComplete):
-            return self._close_message(p.message_id)
-        if isinstance(p, MessageSnapshot):
-            return []
-        if isinstance(p, LlmCallStarted):
-            self._steps.append(p.call_id)
-            return [ui.StartStep()]
-        if isinstance(p, LlmCallCompleted | LlmCallFailed):
-            if isinstance(p, LlmCallFailed):
-                self._failure = f"{p.error_class}: {p.message}"
-            if p.call_id not in self._steps:
-                return []
-            self._steps.remove(p.call_id)
-            return [ui.FinishStep()]
-        if isinstance(p, ToolCompleted | ToolFailed) and p.tool_use_id not in self._tools:
-            return []  # a call this message never showed: the SDK rejects its output
-        if isinstance(p, ToolCompleted | ToolFailed):
-            self._unrun.pop(p.tool_use_id, None)
-        if isinstance(p, ToolCompleted):
-            output = p.structured_result if p.structured_result is not None else p.result
-            return [ui.ToolOutputAvailable(tool_call_id=p.tool_use_id, output=output)]
-        if isinstance(p, ToolFailed):
-            if p.error_class == "permission_denied":
-                return [ui.ToolOutputDenied(tool_call_id=p.tool_use_id)]
-            text = f"{p.error_class}: {p.message}"
-            return [ui.ToolOutputError(tool_call_id=p.tool_use_id, error_text=text)]
-        if isinstance(p, PermissionRequested):
-            return self._asked_for(p, event.session_id)
-        if isinstance(p, PermissionResolved):
-            return self._resolved(p)
-        if isinstance(p, DelegateStarted | DelegateCompleted | DelegateFailed):
-            return [self._delegate(p)]
-        if isinstance(p, ContextCompacting | ContextCompacted):
-            if isinstance(p, ContextCompacting):
-                self._compactions += 1
-            data = {"phase": "compacting" if isinstance(p, ContextCompacting) else "compacted"}
-            data.update(msgspec.to_builtins(p))
-            return [ui.Data(name="compaction", id=f"compaction-{self._compactions}", data=data)]
-        if isinstance(p, TurnCompleted):
-            return self._end(FINISH_REASONS.get(p.stop_reason, "other"), p)
-        if isinstance(p, TurnCancelled):
-            self.finished = True
-            ended = [*self._close_all(), *self._close_unrun()]
-            return [*ended, ui.Abort(reason=p.reason), self._finish("other")]
-        return []
+        if p.error_class == "permission_denied":
+            return [ui.ToolOutputDenied(tool_call_id=p.tool_use_id)]
+        text = f"{p.error_class}: {p.message}"
+        return [ui.ToolOutputError(tool_call_id=p.tool_use_id, error_text=text)]
+
+    def _ran(self, call: str) -> bool:
+        """A call's output came: False for a call this message never showed (the SDK
+        rejects its output)."""
+        if call not in self._calls.shown:
+            return False
+        self._calls.unrun.pop(call, None)
+        return True
+
+    def _compacting(self, p: ContextCompacting, e: Envelope[Any]) -> list[ui.Chunk]:
+        self._compactions += 1
+        return self._compaction("compacting", p)
+
+    def _compacted(self, p: ContextCompacted, e: Envelope[Any]) -> list[ui.Chunk]:
+        return self._compaction("compacted", p)
+
+    def _compaction(self, phase: str, p: ContextCompacting | ContextCompacted) -> list[ui.Chunk]:
+        """The ``data-compaction`` part, replaced in place as the compaction ends."""
+        data = {"phase": phase, **msgspec.to_builtins(p)}
+        return [ui.Data(name="compaction", id=f"compaction-{self._compactions}", data=data)]
+
+    def _cancelled(self, p: TurnCancelled, e: Envelope[Any]) -> list[ui.Chunk]:
+        ended = [*self._turn.end(None), *self._close_unrun()]
+        return [*ended, ui.Abort(reason=p.reason), self._finish("other")]
+
+    def _completed(self, p: TurnCompleted, e: Envelope[Any]) -> list[ui.Chunk]:
+        reason = FINISH_REASONS.get(p.stop_reason, "other")
+        out = [*self._turn.end(None), *self._close_unrun()]
+        if reason == "error":
+            failure = self._turn.failure
+            text = f"{failure.error_class}: {failure.message}" if failure else None
+            out.append(ui.Error(error_text=text or "the turn ended with an error"))
+        usage = msgspec.to_builtins(p.usage)
+        return [*out, self._finish(reason, usage=usage, costUsd=p.cost_usd)]
 
     # --- approvals and workers ------------------------------------------------------
 
-    def _asked_for(self, p: PermissionRequested, asker: str) -> list[ui.Chunk]:
+    def _asked_for(self, p: PermissionRequested, e: Envelope[Any]) -> list[ui.Chunk]:
+        asker = e.session_id
         worker = asker != self.session_id
         if p.kind == "elicitation":
             self._waiting[p.perm_id] = ""
@@ -301,7 +365,7 @@ class ChatMapper:
         call = p.tool_use_id
         if worker:  # on the delegate call that runs the worker, if it has no other
             call = self._delegates.get(asker, self._running[-1] if self._running else "")
-        if not call or call in self._asked or (not worker and call not in self._tools):
+        if not call or call in self._asked or (not worker and call not in self._calls.shown):
             self._waiting[p.perm_id] = ""
             data = {"permId": p.perm_id, "toolCallId": p.tool_use_id, "toolName": p.tool_name,
                     "input": p.input, "sessionId": asker, "state": "requested"}  # fmt: skip
@@ -311,7 +375,7 @@ class ChatMapper:
         reason = f"Allow {p.tool_name} with {msgspec.json.encode(p.input).decode()}?"
         return [ui.ToolApprovalRequest(approval_id=p.perm_id, tool_call_id=call, reason=reason)]
 
-    def _resolved(self, p: PermissionResolved) -> list[ui.Chunk]:
+    def _resolved(self, p: PermissionResolved, e: Envelope[Any]) -> list[ui.Chunk]:
         call = self._waiting.pop(p.perm_id, None)
         if call is None:
             return []
@@ -335,130 +399,35 @@ class ChatMapper:
         part = self._parts[perm_id] = ui.Data(name=name, id=perm_id, data=data)
         return part
 
-    def _delegate(self, p: DelegateStarted | DelegateCompleted | DelegateFailed) -> ui.Chunk:
-        data: dict[str, Any] = {"toolCallId": p.tool_use_id, "sessionId": p.worker_session_id}
-        if isinstance(p, DelegateStarted):
-            self._delegates[p.worker_session_id] = p.tool_use_id
-            self._running.append(p.tool_use_id)
-            data.update(state="running", task=p.task)
-        else:
-            if p.tool_use_id in self._running:
-                self._running.remove(p.tool_use_id)
-            if isinstance(p, DelegateCompleted):
-                data.update(state="completed", result=p.result)
-            else:
-                data.update(state="failed", failureMode=p.failure_mode, message=p.message)
-        return ui.Data(name="delegate", id=p.worker_session_id, data=data)
+    def _delegate_started(self, p: DelegateStarted, e: Envelope[Any]) -> list[ui.Chunk]:
+        self._delegates[p.worker_session_id] = p.tool_use_id
+        self._running.append(p.tool_use_id)
+        return self._worker(p.tool_use_id, p.worker_session_id, state="running", task=p.task)
 
-    # --- blocks ------------------------------------------------------------------------
+    def _delegate_completed(self, p: DelegateCompleted, e: Envelope[Any]) -> list[ui.Chunk]:
+        return self._worker_ended(p.tool_use_id, p.worker_session_id, "completed", result=p.result)
 
-    def _started(self, message_id: str, index: int) -> bool:
-        return (message_id, index) in self._seen
+    def _delegate_failed(self, p: DelegateFailed, e: Envelope[Any]) -> list[ui.Chunk]:
+        worker, why = p.worker_session_id, {"failureMode": p.failure_mode, "message": p.message}
+        return self._worker_ended(p.tool_use_id, worker, "failed", **why)
 
-    def _text(self, p: TextStart | TextDelta | TextEnd) -> list[ui.Chunk]:
-        key = (p.message_id, p.content_block_index)
-        if isinstance(p, TextStart):
-            block = self._blocks[key] = _Block("text", f"{p.message_id}:{p.content_block_index}")
-            self._seen.add(key)
-            return [ui.TextStart(id=block.ui_id)]
-        found = self._blocks.get(key)
-        if found is None:
-            return []
-        if isinstance(p, TextDelta):
-            return [ui.TextDelta(id=found.ui_id, delta=p.text)] if p.text else []
-        return self._close(key)
+    def _worker_ended(self, call: str, worker: str, state: str, **data: Any) -> list[ui.Chunk]:
+        if call in self._running:
+            self._running.remove(call)
+        return self._worker(call, worker, state=state, **data)
 
-    def _thinking(self, p: ThinkingStart | ThinkingDelta | ThinkingEnd) -> list[ui.Chunk]:
-        key = (p.message_id, p.content_block_index)
-        if isinstance(p, ThinkingStart):
-            rid = f"{p.message_id}:{p.content_block_index}"
-            self._blocks[key] = _Block("redacted" if p.redacted else "thinking", rid)
-            self._seen.add(key)
-            return [ui.ReasoningStart(id=rid)]
-        found = self._blocks.get(key)
-        if found is None:
-            return []
-        if isinstance(p, ThinkingDelta):
-            if found.kind == "redacted":
-                found.data.append(p.text)
-                return []
-            return [ui.ReasoningDelta(id=found.ui_id, delta=p.text)] if p.text else []
-        return self._close(key, p.signature)
-
-    def _tool_use(self, p: ToolUseStart | ToolUseInputDelta | ToolUseEnd) -> list[ui.Chunk]:
-        key = (p.message_id, p.content_block_index)
-        if isinstance(p, ToolUseStart):
-            self._blocks[key] = _Block("tool", p.tool_use_id)
-            self._seen.add(key)
-            self._tools.add(p.tool_use_id)
-            return [ui.ToolInputStart(tool_call_id=p.tool_use_id, tool_name=p.tool_name)]
-        found = self._blocks.get(key)
-        if found is None:
-            return []
-        if isinstance(p, ToolUseInputDelta):
-            if not p.partial_json:
-                return []
-            found.data.append(p.partial_json)
-            return [ui.ToolInputDelta(tool_call_id=p.tool_use_id, input_text_delta=p.partial_json)]
-        out: list[ui.Chunk] = []
-        if not found.data:  # no delta streamed: the input in one piece
-            whole = msgspec.json.encode(p.final_input).decode()
-            out.append(ui.ToolInputDelta(tool_call_id=p.tool_use_id, input_text_delta=whole))
-        del self._blocks[key]
-        self._unrun[p.tool_use_id] = None
-        out.append(
-            ui.ToolInputAvailable(
-                tool_call_id=p.tool_use_id, tool_name=p.tool_name, input=p.final_input
-            )
-        )
-        return out
-
-    def _close(self, key: tuple[str, int], signature: str | None = None) -> list[ui.Chunk]:
-        block = self._blocks.pop(key, None)
-        if block is None:
-            return []
-        if block.kind == "text":
-            return [ui.TextEnd(id=block.ui_id)]
-        if block.kind == "tool":  # cut short by a cancel: its input as far as it came
-            text = "".join(block.data)
-            return [ui.ToolOutputError(tool_call_id=block.ui_id, error_text=f"cancelled: {text}")]
-        opaque = "".join(block.data) if block.kind == "redacted" else signature
-        meta = None
-        if opaque:
-            name = "redactedData" if block.kind == "redacted" else "signature"
-            meta = {"gateway": {name: opaque}}
-        return [ui.ReasoningEnd(id=block.ui_id, provider_metadata=meta)]
-
-    def _close_message(self, message_id: str) -> list[ui.Chunk]:
-        """What a cancel or an error left open in ``message_id`` (docs/protocol.md §7, §8)."""
-        out: list[ui.Chunk] = []
-        for key in [k for k in self._blocks if k[0] == message_id]:
-            out += self._close(key)
-        return out
-
-    def _close_all(self) -> list[ui.Chunk]:
-        out: list[ui.Chunk] = []
-        for key in list(self._blocks):
-            out += self._close(key)
-        out += [ui.FinishStep() for _ in self._steps]
-        self._steps.clear()
-        return out
+    def _worker(self, call: str, worker: str, **data: Any) -> list[ui.Chunk]:
+        """A worker's ``data-delegate`` part, replaced in place as it runs and ends."""
+        part = {"toolCallId": call, "sessionId": worker, **data}
+        return [ui.Data(name="delegate", id=worker, data=part)]
 
     def _close_unrun(self) -> list[ui.Chunk]:
         """The calls whose input came and whose tool never ran: the turn ended first (§8)."""
-        ended = [call for call in self._unrun if call not in self._asked]  # (not the waiting)
+        ended = [call for call in self._calls.unrun if call not in self._asked]  # (not the waiting)
         for call in ended:
-            del self._unrun[call]
+            del self._calls.unrun[call]
         text = "cancelled: the turn ended first"
         return [ui.ToolOutputError(tool_call_id=call, error_text=text) for call in ended]
-
-    def _end(self, reason: str, p: TurnCompleted) -> list[ui.Chunk]:
-        self.finished = True
-        out = [*self._close_all(), *self._close_unrun()]
-        if reason == "error":
-            out.append(ui.Error(error_text=self._failure or "the turn ended with an error"))
-        usage = msgspec.to_builtins(p.usage)
-        return [*out, self._finish(reason, usage=usage, costUsd=p.cost_usd)]
 
     def _finish(self, reason: str, **more: Any) -> ui.Finish:
         meta = {"gateway": {"turnId": self.turn_id, "lastEventId": self.last_event_id, **more}}

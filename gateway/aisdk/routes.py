@@ -4,7 +4,7 @@ Entries of the gateway's route table (gateway.server.route_table), so they
 share its boundary, authentication, ownership and rate limits
 (docs/protocol.md §2). A chat is a session (its ``id``, created and owned by
 the caller's key when unknown); a request's answer is one turn's assistant
-UI message, streamed by :func:`gateway.aisdk.stream.pump`
+UI message, streamed by :func:`gateway.aisdk.stream.respond`
 (docs/protocol.md §14, "The AI SDK"). :class:`Responses` starts a response
 for the WebSocket door (gateway.aisdk.ws) as well.
 """
@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from gateway.aisdk import chunks as ui
 from gateway.aisdk.mapping import ChatMapper, user_message_id
-from gateway.aisdk.stream import DONE, HEADERS, PING, ResponseSubscriber, pump, sse
+from gateway.aisdk.stream import DONE, HEADERS, ResponseSubscriber, respond, sse
 from gateway.errors import ApiError
 from gateway.ids import new_turn_id, now_ms, parse_event_id
 from gateway.protocol.shapes import Message
@@ -313,18 +312,8 @@ class Responses:
         interval = self.config.stream.ping_interval_s
 
         async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
-            async def emit(chunks: list[ui.Chunk]) -> None:
-                await send(sse(chunks))
-
-            async def ping() -> None:
-                await send(PING)
-
             try:
-                await send(sse(mapper.start()))
-                if opened.error is not None:
-                    await send(sse(mapper.closed(opened.error)))
-                else:
-                    await pump(sub, mapper, emit, ping, interval)
+                await respond(sub, mapper, sse, send, interval, opened.error)
                 await send(DONE)
             finally:
                 if sub.subscribed:  # a client gone before the pump began

@@ -1,32 +1,29 @@
 """One AI SDK chat response, fed from the session's hub like any client (docs/protocol.md §14).
 
-The response's subscriber (:class:`ResponseSubscriber`, an AG-UI run's
-:class:`~gateway.agui.sse.RunSubscriber` under its own name: the
-seam, the bound of ``[stream] queue_max_events`` and the slow-client rule, as
-every client of a session has) is subscribed before the turn is submitted or
-its approvals decided, or with a replay of the turn from its start, so no
-event of the turn is missed. :func:`pump` maps what arrives with the
-response's :class:`~gateway.aisdk.mapping.ChatMapper` and hands the chunks to
-the transport: server-sent events (:func:`sse`, the ``DefaultChatTransport``'s
-stream) or the WebSocket's ``chunk`` frames (gateway.aisdk.ws). The stream
-going away ends this writer only: the turn is never cancelled by it.
+The response's subscriber (:class:`ResponseSubscriber`, a
+:class:`~gateway.server.oneway.OneWayQueue`: the seam, the bound of
+``[stream] queue_max_events`` and the slow-client rule, as every client of a
+session has) is subscribed before the turn is submitted or its approvals
+decided, or with a replay of the turn from its start, so no event of the turn
+is missed. :func:`respond` writes the response through the one-way streams'
+:func:`~gateway.server.oneway.pump`: its ``start``, then what the response's
+:class:`~gateway.aisdk.mapping.ChatMapper` makes of what arrives
+(:class:`ChatReader`), encoded for the transport: server-sent events
+(:func:`sse`, the ``DefaultChatTransport``'s stream) or the WebSocket's
+``chunk`` frames (gateway.aisdk.ws). The stream going away ends this writer
+only: the turn is never cancelled by it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
 
-import trio
-
-from gateway.agui.sse import RunSubscriber, SlowClient
 from gateway.aisdk import chunks as ui
 from gateway.aisdk.mapping import ChatMapper
-from gateway.protocol.closes import CLOSES
-from gateway.session.hub import FrameBatch
-from gateway.session.seam import Gate
-
-PING = b": ping\n\n"
-"""The heartbeat of an idle SSE response: a comment, which every SSE parser skips."""
+from gateway.protocol.events import Envelope
+from gateway.server.oneway import OneWayQueue, Send, TypedReader, close_named, pump
 
 DONE = b"data: [DONE]\n\n"
 """The end of a UI message stream over SSE."""
@@ -34,13 +31,17 @@ DONE = b"data: [DONE]\n\n"
 HEADERS = [("x-vercel-ai-ui-message-stream", "v1")]
 """What marks a response as a UI message stream (the ``ai`` package's own header)."""
 
+Encode = Callable[[list[ui.Chunk]], bytes]
+"""Chunks as the transport's bytes (:func:`sse`, or the WebSocket's frames)."""
 
-class ResponseSubscriber(RunSubscriber):
+
+class ResponseSubscriber(OneWayQueue):
     """An AI SDK response's side of the hub and the seam (module docstring): ``aisdk-N``."""
 
     queue_name = "AI SDK response queue"
     closes_how = "ending the response"
     prefix = "aisdk"
+    left_as = "response_finished"
 
 
 def sse(chunks: Iterable[ui.Chunk]) -> bytes:
@@ -48,64 +49,54 @@ def sse(chunks: Iterable[ui.Chunk]) -> bytes:
     return b"".join(b"data: " + ui.encode(c) + b"\n\n" for c in chunks)
 
 
-Emit = Callable[[list[ui.Chunk]], Awaitable[None]]
+class ChatReader(TypedReader):
+    """The response's part of the pump: the events through its mapper, encoded.
+
+    A queue closed for another reason than slowness (the session deleted, this
+    node no longer its owner's relay) ends the response with an ``error``
+    chunk naming the close (``session_deleted: The session was deleted.``),
+    and ``finish``.
+    """
+
+    def __init__(self, mapper: ChatMapper, encode: Encode) -> None:
+        self.mapper = mapper
+        self.encode = encode
+
+    @property
+    def finished(self) -> bool:
+        return self.mapper.finished
+
+    def events(self, events: list[Envelope[Any]], replayed: bool) -> bytes:
+        return self.encode([c for event in events for c in self.mapper.receive(event)])
+
+    def pause(self) -> bytes:
+        return self.encode(self.mapper.pause())
+
+    def closed(self, code: str | None) -> bytes:
+        name, message = close_named(code)
+        return self.encode(self.mapper.closed(f"{name}: {message}"))
 
 
-async def pump(
-    sub: RunSubscriber,
+async def respond(
+    sub: ResponseSubscriber,
     mapper: ChatMapper,
-    emit: Emit,
-    idle: Callable[[], Awaitable[None]] | None = None,
-    idle_s: float = 15.0,
+    encode: Encode,
+    send: Send,
+    idle_s: float = math.inf,
+    error: str | None = None,
 ) -> None:
-    """Map the response's events until it finishes (module docstring).
+    """The response: ``start``, then its chunks until it finishes (module docstring).
 
-    ``idle`` is called after ``idle_s`` without a chunk (the SSE heartbeat).
-
-    A response whose queue is closed for another reason than its slowness (its
-    session deleted, or this node no longer its owner's relay) ends with an
-    ``error`` chunk naming the close, and ``finish``.
+    ``idle_s`` without a write sends the SSE heartbeat. With ``error`` (the
+    turn cannot be streamed) the response ends at once, saying so.
 
     Raises:
         SlowClient: the response's queue overflowed (the slow-client rule).
         trio.BrokenResourceError: the client went away (the turn goes on).
     """
-    try:
-        while not mapper.finished:
-            item: FrameBatch | Gate | None = None
-            with trio.move_on_after(idle_s if idle is not None else float("inf")):
-                try:
-                    item = await sub.rx.receive()
-                except trio.EndOfChannel:
-                    await _closed(sub, mapper, emit)
-                    return
-            if item is None:
-                assert idle is not None
-                await idle()
-                continue
-            out: list[ui.Chunk] = []
-            for events, _ in await sub.drain(item):
-                for event in events:
-                    out += mapper.receive(event)
-            out += mapper.pause()
-            if sub.too_slow:
-                raise SlowClient("the AI SDK response's queue overflowed")
-            if out:
-                await emit(out)
-    finally:
-        if sub.subscribed:
-            sub.leave("response_finished" if mapper.finished else "client_closed")
-
-
-async def _closed(sub: RunSubscriber, mapper: ChatMapper, emit: Emit) -> None:
-    """The response's queue was closed: too slow, or the session went (deleted, moved).
-
-    Too slow is the slow-client rule (the transport closes the connection);
-    any other close ends the response with an ``error`` chunk naming it
-    (``session_deleted: The session was deleted.``) and ``finish``.
-    """
-    code = sub.closing or "internal_error"
-    if code == "client_too_slow":
-        raise SlowClient("the AI SDK response's queue overflowed")
-    close = CLOSES.get(code)
-    await emit(mapper.closed(f"{code}: {close.message if close else code}"))
+    opening = encode(mapper.start())
+    if error is None:
+        await pump(sub, ChatReader(mapper, encode), send, idle_s, opening)
+        return
+    await send(opening)
+    await send(encode(mapper.closed(error)))

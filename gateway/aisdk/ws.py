@@ -37,16 +37,16 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
-from gateway.agui.sse import SlowClient
 from gateway.aisdk import chunks as ui
 from gateway.aisdk.routes import Opened, Responses, UiMessage
-from gateway.aisdk.stream import pump
+from gateway.aisdk.stream import respond
 from gateway.errors import ApiError, Refused
 from gateway.logs import event
 from gateway.protocol.closes import close_reason
 from gateway.protocol.framing import text_frame
 from gateway.server.auth import NO_OWNER
 from gateway.server.http import Request, WebSocketAccept
+from gateway.server.oneway import SlowClient
 from gateway.server.openapi import Operation, Query
 from gateway.server.refusals import as_http
 from gateway.server.websocket import ConnectionClosed, WebSocket
@@ -213,7 +213,7 @@ class ChatSocket:
         sequence = -1
         skip = -1 if last_sequence is None else last_sequence
 
-        async def emit(chunks: list[ui.Chunk]) -> None:
+        def encode(chunks: list[ui.Chunk]) -> bytes:
             nonlocal sequence
             frames = []
             for chunk in chunks:
@@ -223,16 +223,14 @@ class ChatSocket:
                         b'{"type":"chunk","requestId":%s,"sequence":%d,"chunk":%s}'
                         % (_encode(rid), sequence, ui.encode(chunk))
                     )
-            if frames:
-                await self.ws.send_all(b"".join(text_frame(f) for f in frames))
+            return b"".join(text_frame(f) for f in frames)
+
+        async def send(data: bytes) -> None:
+            if data:  # (every chunk at or below lastSequence: nothing to send)
+                await self.ws.send_all(data)
 
         await self._send({"type": "start", "requestId": rid})
-        mapper = opened.mapper
-        await emit(mapper.start())
-        if opened.error is not None:
-            await emit(mapper.closed(opened.error))
-        else:
-            await pump(opened.sub, mapper, emit)
+        await respond(opened.sub, opened.mapper, encode, send, error=opened.error)
         await self._send({"type": "end", "requestId": rid})
 
     async def _abort(self, rid: str) -> None:

@@ -25,35 +25,27 @@ from __future__ import annotations
 
 import itertools
 import logging
-import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
-import trio
 
 from gateway.config import StreamConfig
 from gateway.errors import ApiError, SubscribeRejected
 from gateway.ids import format_event_id
-from gateway.logs import client_label, event
+from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.protocol.closes import CLOSES
 from gateway.protocol.filters import Filter, resolve_filter
 from gateway.protocol.frames import Subscribe, SubscribeError, encode
 from gateway.server.doors import SSE_HEADERS
 from gateway.server.http import Request, Response, StreamingResponse
+from gateway.server.oneway import EVENT_FRAME_HEAD, OneWayQueue, frame_payloads, pump
 from gateway.server.routes import Api
 from gateway.session import seam
-from gateway.session.delivery import DeliveryQueue
-from gateway.session.hub import FrameBatch
-from gateway.session.seam import Gate, past_cut
+from gateway.session.hub import Emitted
 from gateway.session.session import Session
 
 log = logging.getLogger("gateway.stream")
-
-PING = b": ping\n\n"
-"""The heartbeat: an SSE comment, which every SSE parser skips."""
-
-_names = itertools.count(1)
 
 
 class CloseFrame(msgspec.Struct, tag="close", tag_field="type"):
@@ -65,11 +57,13 @@ class CloseFrame(msgspec.Struct, tag="close", tag_field="type"):
     reconnect: bool
 
 
-class SseClient(DeliveryQueue[Gate]):
+class SseClient(OneWayQueue):
     """One SSE stream's side of the hub and the seam: its delivery queue (module docstring).
 
     Also one of the node's open connections (``node.connections``): shutdown
-    and a deletion close it as they close a WebSocket.
+    and a deletion close it as they close a WebSocket. Its consumer is the
+    one-way streams' :func:`~gateway.server.oneway.pump`, reading with
+    :class:`_Frames`; too slow, it writes the close frame as any other close.
 
     Args:
         session: the session it streams.
@@ -80,26 +74,15 @@ class SseClient(DeliveryQueue[Gate]):
 
     queue_name = "SSE stream queue"
     closes_how = "ending the SSE stream"
-    close_code = None  # no WebSocket: a close frame, then the end of the body
+    prefix = "sse"
+    slow_cuts = False  # a close frame, then the end of the body
+    _names = itertools.count(1)
 
     def __init__(
         self, session: Session, config: StreamConfig, metrics: Metrics, address: str = ""
     ) -> None:
-        name = f"sse-{next(_names)}"
-        super().__init__(
-            session, name, config.queue_max_events, metrics, client=client_label(name, address)
-        )
+        super().__init__(session, config, metrics, address)
         self.config = config
-        self.rx = self._open_rx()
-
-    def _open_rx(self) -> trio.MemoryReceiveChannel[FrameBatch | Gate]:
-        self._open()
-        assert self._rx is not None
-        return self._rx
-
-    def request_close(self, code: str) -> None:
-        """End the stream with the close named ``code``: drained first if the table says so."""
-        self.end_stream(code)
 
     async def run(self, request: Subscribe, send: Callable[[bytes], Awaitable[None]]) -> None:
         """Subscribe through the seam, then write until a close or a ``subscribe_error``."""
@@ -122,41 +105,28 @@ class SseClient(DeliveryQueue[Gate]):
                 session_id=self.session.id, client=self.client, mode=done.mode,
                 since=request.since,
             )  # fmt: skip
-        await self._write(send)
+        await pump(self, _Frames(), send, self.config.ping_interval_s)
 
-    async def _write(self, send: Callable[[bytes], Awaitable[None]]) -> None:
-        cut = 0
-        while True:
-            item: FrameBatch | Gate | None = None
-            with trio.move_on_after(self.config.ping_interval_s) as idle:
-                try:
-                    item = await self.rx.receive()
-                except trio.EndOfChannel:
-                    break
-            if idle.cancelled_caught:
-                await send(PING)
-                continue
-            parts: list[bytes] = []
-            while item is not None:
-                if isinstance(item, Gate):
-                    await item.ready.wait()
-                    parts += [_sse(p) for p in _payloads(item.payload)]
-                    cut = item.cut
-                else:
-                    self.taken(item.n)
-                    live = past_cut(item, cut)
-                    if live is not None:
-                        parts += [_sse(_EVENT_HEAD + e.data + b"}", e.seq) for e in live.events]
-                try:
-                    item = self.rx.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    item = None
-            if parts:
-                await send(b"".join(parts))
-        if self.closing is not None:
-            close = CLOSES[self.closing]
-            frame = CloseFrame(self.closing, close.ws_code, close.message, close.reconnect)
-            await send(_sse(encode(frame)))
+
+class _Frames:
+    """The native stream's :class:`~gateway.server.oneway.Reader`: each frame as it is, as SSE."""
+
+    finished = False  # until the queue ends
+
+    def live(self, events: Sequence[Emitted]) -> bytes:
+        return b"".join(_sse(EVENT_FRAME_HEAD + e.data + b"}", e.seq) for e in events)
+
+    def replay(self, frames: bytes) -> bytes:
+        return b"".join(_sse(p) for p in frame_payloads(frames))
+
+    def pause(self) -> bytes:
+        return b""
+
+    def closed(self, code: str | None) -> bytes | None:
+        if code is None:  # a subscribe_error ended it: no close frame
+            return None
+        close = CLOSES[code]
+        return _sse(encode(CloseFrame(code, close.ws_code, close.message, close.reconnect)))
 
 
 async def events(api: Api, req: Request, session_id: str) -> StreamingResponse | Response:
@@ -221,10 +191,6 @@ def subscribe_of(req: Request) -> Subscribe:
 
 # --- SSE encoding ----------------------------------------------------------------------
 
-_EVENT_HEAD = b'{"type":"event","event":'
-_FRAME_LENGTH_16 = struct.Struct("!H")
-_FRAME_LENGTH_64 = struct.Struct("!Q")
-
 
 class _EventId(msgspec.Struct):
     id: str
@@ -240,32 +206,10 @@ _head = msgspec.json.Decoder(_Head)
 
 def _sse(data: bytes, seq: int | None = None) -> bytes:
     """One SSE event: ``id:`` (an event frame's id) and ``data:`` (one line: compact JSON)."""
-    if seq is None and data.startswith(_EVENT_HEAD):
+    if seq is None and data.startswith(EVENT_FRAME_HEAD):
         head = _head.decode(data)
         if head.event is not None:
             return b"id: " + head.event.id.encode() + b"\ndata: " + data + b"\n\n"
     if seq is not None:
         return b"id: " + format_event_id(seq).encode() + b"\ndata: " + data + b"\n\n"
     return b"data: " + data + b"\n\n"
-
-
-def _payloads(frames: bytes) -> list[bytes]:
-    """The payloads of server text frames laid end to end (what opened a seam gate).
-
-    Only what :func:`gateway.protocol.framing.text_frame` builds: unmasked,
-    whole, with a 7, 16 or 64-bit length.
-    """
-    out: list[bytes] = []
-    at = 0
-    while at < len(frames):
-        size = frames[at + 1] & 0x7F
-        at += 2
-        if size == 126:
-            (size,) = _FRAME_LENGTH_16.unpack_from(frames, at)
-            at += 2
-        elif size == 127:
-            (size,) = _FRAME_LENGTH_64.unpack_from(frames, at)
-            at += 8
-        out.append(frames[at : at + size])
-        at += size
-    return out

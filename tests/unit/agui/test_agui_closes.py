@@ -15,9 +15,10 @@ import trio
 
 from gateway.agui.mapping import RunMapper
 from gateway.agui.resume import RunFeed
-from gateway.agui.sse import RunSubscriber, SlowClient, stream_run
+from gateway.agui.sse import RunSubscriber, stream_run
 from gateway.config import StreamConfig
 from gateway.metrics import Metrics
+from gateway.server.oneway import SlowClient
 from tests.session_fakes import FakeSession
 
 

@@ -42,6 +42,7 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.frames import EventFrame, Snapshot, encode
 from gateway.protocol.shapes import TextBlock, Usage
+from gateway.server.oneway import read_events
 from gateway.session.hub import Emitted, FrameBatch
 from tests.paths import TESTS
 from tests.session_fakes import FakeSession
@@ -475,7 +476,7 @@ def test_a_run_reads_the_events_as_emitted_not_their_frames() -> None:
         sub = RunSubscriber(FakeSession(), StreamConfig(), Metrics())  # type: ignore[arg-type]
         sub.cut = batch.events[0].seq  # the first is at the cut: the seam drops it
         read = RunMapper("sess_1", "run_1", "turn_1")
-        out = [ag.encode(a) for e in sub.take(batch) for a in read.receive(e)]
+        out = [ag.encode(a) for e in read_events(sub.take(batch)) for a in read.receive(e)]
         codec = RunMapper("sess_1", "run_1", "turn_1")
         assert out and out == [ag.encode(a) for e in events[1:] for a in codec.receive(e)], trace
         assert sub.queued == -batch.n  # taken off the count (delivered around the queue here)

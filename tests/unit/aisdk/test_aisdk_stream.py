@@ -1,4 +1,4 @@
-"""A response's pump (gateway.aisdk.stream), without a socket: how its queue's close ends it.
+"""A response's stream (gateway.aisdk.stream), without a socket: how its queue's close ends it.
 
 The slow-client rule raises (the transport closes the connection, the client
 resumes); any other close (the session deleted, this node's relay lost) ends
@@ -14,12 +14,12 @@ import msgspec
 import pytest
 import trio
 
-from gateway.agui.sse import SlowClient
 from gateway.aisdk import chunks as ui
 from gateway.aisdk.mapping import ChatMapper
-from gateway.aisdk.stream import ResponseSubscriber, pump
+from gateway.aisdk.stream import ResponseSubscriber, respond
 from gateway.config import StreamConfig
 from gateway.metrics import Metrics
+from gateway.server.oneway import SlowClient
 from tests.session_fakes import FakeSession
 
 
@@ -28,14 +28,22 @@ async def _pumped(code: str) -> list[dict[str, Any]]:
     mapper = ChatMapper("sess_1", "turn_1")
     out: list[dict[str, Any]] = []
 
-    async def emit(chunks: list[ui.Chunk]) -> None:
+    def encode(chunks: list[ui.Chunk]) -> bytes:
         out.extend(msgspec.json.decode(ui.encode(c)) for c in chunks)
+        return b"x" if chunks else b""
+
+    sent: list[bytes] = []
+
+    async def send(data: bytes) -> None:
+        sent.append(data)
 
     sub.request_close(code)
     with trio.fail_after(5):
-        await pump(sub, mapper, emit)
+        await respond(sub, mapper, encode, send)
     assert mapper.finished
-    return out
+    assert sent == [b"x", b"x"]  # the start, then the end
+    assert not sub.subscribed
+    return out[1:]  # after the start
 
 
 @pytest.mark.parametrize(
