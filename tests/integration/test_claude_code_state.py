@@ -12,8 +12,8 @@ Now:
   claude-code extra is installed: nothing here imports the SDK);
 - a state directory says which session made it (its ``created_at``); one
   another session of the same id left is removed before a CLI starts;
-- the temporary root is used only if it is the daemon's own, mode 0700,
-  not a symlink.
+- the temporary root, and each CLI's directory in it, is used only if it
+  is the daemon's own directory (not a symlink), and closed to others.
 """
 
 from __future__ import annotations
@@ -54,16 +54,16 @@ def test_a_state_directory_from_before_the_mark_is_kept_and_marked(tmp_path: Pat
     assert (home / "transcript.jsonl").exists() and (home / CREATED).read_text() == "1234"
 
 
-def test_the_temporary_root_must_be_the_daemons_own_and_private(tmp_path: Path) -> None:
+def test_the_temporary_root_must_be_the_daemons_own_and_is_made_private(tmp_path: Path) -> None:
     mine = tmp_path / "mine"
     private_dir(str(mine))
     private_dir(str(mine))  # already there, ours: fine
     assert os.stat(mine).st_mode & 0o777 == 0o700
-    open_to_all = tmp_path / "open"
-    open_to_all.mkdir(mode=0o777)
+    open_to_all = tmp_path / "open"  # ours, as an earlier version made it: closed
+    open_to_all.mkdir()
     os.chmod(open_to_all, 0o777)
-    with pytest.raises(UnsafeDirectory, match="open to others"):
-        private_dir(str(open_to_all))
+    private_dir(str(open_to_all))
+    assert os.stat(open_to_all).st_mode & 0o777 == 0o700
     link = tmp_path / "link"
     link.symlink_to(mine)
     with pytest.raises(UnsafeDirectory, match="not a directory"):

@@ -14,7 +14,7 @@ state directory with its workspace (:func:`remove_state`, gateway.node.deletion)
 **The temporary directory.** Each CLI's ``TMPDIR`` is its own directory
 under :func:`tmp_root` (short: Claude Code binds Unix sockets there, whose
 paths must stay under 108 bytes), which the daemon makes private before it
-uses it (:func:`private_dir`: its own, mode 0700, no symlink): a name
+uses it (:func:`private_dir`: its own, no symlink, closed to others): a name
 another local user could have made first is refused, never used.
 
 No import of the Claude Agent SDK here: the node deletes the state of
@@ -106,11 +106,14 @@ class UnsafeDirectory(OSError):
 
 
 def private_dir(path: str) -> None:
-    """Make ``path`` (mode 0700) if missing; refuse one that is not the daemon's own and private.
+    """Make ``path`` (mode 0700) if missing; refuse one that is not the daemon's own.
+
+    One of its own that others may enter (made by an earlier version, as a
+    parent directory, with the umask's mode) is closed to them (0700).
 
     Raises:
-        UnsafeDirectory: ``path`` is a symlink, not a directory, another user's,
-            or open to others (another local user made it first).
+        UnsafeDirectory: ``path`` is a symlink, not a directory, or another
+            user's (another local user made it first).
     """
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
@@ -120,4 +123,4 @@ def private_dir(path: str) -> None:
     if info.st_uid != os.getuid():
         raise UnsafeDirectory(f"{path} belongs to uid {info.st_uid}, not this daemon's: not used")
     if info.st_mode & 0o077:
-        raise UnsafeDirectory(f"{path} is open to others (mode {info.st_mode & 0o777:o}): not used")
+        os.chmod(path, 0o700)

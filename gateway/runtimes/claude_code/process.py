@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -85,11 +84,12 @@ def _make_dirs(home: str, created_at: int, tmp: str) -> None:
     """The CLI's state directory, and its temporary one in a private root. Blocking.
 
     Raises:
-        UnsafeDirectory: the temporary root is not the daemon's own and private.
+        UnsafeDirectory: the temporary root, or the CLI's directory in it, is not
+            the daemon's own.
     """
     own_state(home, created_at)
     private_dir(tmp_root())
-    os.makedirs(tmp, mode=0o700, exist_ok=True)
+    private_dir(tmp)
 
 
 def session_state(message: Any) -> str | None:
