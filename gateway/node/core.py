@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from gateway.node.attach_tokens import Tokens
-from gateway.server.auth import Limits
 from gateway.session.session import NodeServices, Session
 from gateway.store.lease import LeaseKeeper, Taken
+from gateway.tenancy import Limits
 from gateway.tools.workspace import Workspaces
 
 if TYPE_CHECKING:

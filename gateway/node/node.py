@@ -76,13 +76,13 @@ from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
 from gateway.runtimes.claude_code import tools as claude_code_tools
 from gateway.runtimes.model_proxy import ModelProxy
-from gateway.server.auth import Limits
 from gateway.session.agent import TurnHost
 from gateway.session.hub import Emitted
 from gateway.session.sequencer import EventSequencer
 from gateway.session.session import Session
 from gateway.store.base import Store
 from gateway.store.lease import LeaseKeeper, new_node_id
+from gateway.tenancy import Limits
 from gateway.tools.process import ToolProcesses
 from gateway.tools.process_slots import ProcessSlots
 from gateway.tools.registry import SessionTools, ToolRegistry

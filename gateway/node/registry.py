@@ -21,9 +21,9 @@ from gateway.errors import Refused, StoreError
 from gateway.ids import new_session_id, now_ms
 from gateway.logs import event
 from gateway.node.core import NodeCore
-from gateway.server.auth import NO_OWNER
 from gateway.session.session import Session
 from gateway.store.base import SessionRecord
+from gateway.tenancy import NO_OWNER
 from gateway.tools.workspace import WorkspaceError, Workspaces
 
 log = logging.getLogger("gateway.node")

@@ -30,9 +30,9 @@ import trio
 
 from gateway.config import load_config
 from gateway.errors import Refused
+from gateway.http.refusals import STATUS
 from gateway.node import AttachTokens
-from gateway.server.auth import Boundary
-from gateway.server.refusals import STATUS
+from gateway.tenancy import Boundary
 from tests.conftest import Harness, make_config, running_gateway
 
 EVIL = "https://evil.example"
@@ -432,7 +432,7 @@ def test_bound_beyond_loopback_the_bound_address_is_answered_too() -> None:
 def test_a_gateway_bound_beyond_loopback_warns_once_that_allowed_hosts_is_unset(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from gateway.server.auth import warn_open_hosts
+    from gateway.tenancy import warn_open_hosts
 
     for host, warned in (("127.0.0.1", False), ("0.0.0.0", True), ("::1", False)):
         caplog.clear()

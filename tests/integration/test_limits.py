@@ -37,7 +37,7 @@ from wsproto.events import AcceptConnection, Request, TextMessage
 
 from gateway.config import LimitsConfig
 from gateway.errors import ApiError
-from gateway.server.auth import Limits, key_id
+from gateway.tenancy import Limits, key_id
 from tests.conftest import Client, Harness, open_ws
 from tests.integration.test_http_api import accepted, assert_error, rejected
 from tests.integration.test_tenants import tenants

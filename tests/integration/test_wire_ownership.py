@@ -49,12 +49,12 @@ from wsproto.events import (
     TextMessage,
 )
 
+from gateway.doors.websocket.connection import StreamConnection
+from gateway.http.websocket import WebSocket
 from gateway.node import Node
 from gateway.protocol.closes import CLOSES
 from gateway.protocol.events import TextDelta
 from gateway.providers.scripted import ScriptedProvider
-from gateway.server.connection import StreamConnection
-from gateway.server.websocket import WebSocket
 from gateway.session.hub import Emitted, Subscriber
 from gateway.session.session import Session
 from gateway.store.sqlite import SqliteStore

@@ -259,10 +259,10 @@ def test_imports_are_read_as_python_runs_them() -> None:
 from typing import TYPE_CHECKING
 import gateway.session.hub
 from . import hub, helpers
-from ..server import websocket
+from ..http import websocket
 from .session import Session
 if TYPE_CHECKING:
-    from gateway.server.app import Gateway
+    from gateway.app import Gateway
 else:
     from gateway.config import Config
 def later():
@@ -274,7 +274,7 @@ def later():
         ("gateway.session.hub", "gateway.session.hub"),
         ("gateway.session.hub", "gateway.session"),
         ("gateway.session.helpers", "gateway.session"),
-        ("gateway.server.websocket", "gateway.server"),
+        ("gateway.http.websocket", "gateway.http"),
         ("gateway.session.session.Session", "gateway.session.session"),
         ("gateway.config.Config", "gateway.config"),
         ("gateway.session.agent.AgentLoop", "gateway.session.agent"),
@@ -287,7 +287,7 @@ def later():
 def test_the_walk_sees_the_whole_package() -> None:
     graph = build_graph()
     assert {"gateway", "gateway.cli", "gateway.config"} <= set(graph.modules)
-    for layer in ("gateway.session", "gateway.server", "gateway.protocol"):
+    for layer in ("gateway.session", "gateway.http", "gateway.protocol"):
         assert sum(m.startswith(layer + ".") for m in graph.modules) >= 2, layer
     assert sum(len(targets) for targets in graph.edges.values()) > 30
     assert all(path.is_file() for path in graph.modules.values())
@@ -347,9 +347,9 @@ def test_session_does_not_import_server() -> None:
         for module, targets in sorted(graph.edges.items())
         if module == "gateway.session" or module.startswith("gateway.session.")
         for target, line in sorted(targets.items())
-        if target == "gateway.server" or target.startswith("gateway.server.")
+        if target == "gateway.http" or target.startswith("gateway.http.")
     ]
-    assert not wrong, "gateway/session/ imports gateway/server/:\n" + "\n".join(wrong)
+    assert not wrong, "gateway/session/ imports gateway/http/:\n" + "\n".join(wrong)
 
 
 def _under(name: str, prefix: str) -> bool:
@@ -376,11 +376,11 @@ def test_gateway_uses_no_test_machinery() -> None:
 # its own. The router is given its table (by gateway.server.app), so it stays below
 # the handlers that use it and the table that names them.
 HTTP_API_FLOORS: tuple[tuple[str, ...], ...] = (
-    ("gateway.server.openapi", "gateway.server.request_parsing"),
-    ("gateway.server.routes",),
-    ("gateway.server.handlers",),
-    ("gateway.server.route_table",),
-    ("gateway.server.app",),
+    ("gateway.http.openapi", "gateway.http.parsing"),
+    ("gateway.http.router",),
+    ("gateway.doors.rest.admin", "gateway.doors.rest.sessions", "gateway.doors.rest.turns"),
+    ("gateway.doors.rest.routes",),
+    ("gateway.app",),
 )
 
 

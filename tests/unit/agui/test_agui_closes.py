@@ -13,10 +13,10 @@ import json
 import pytest
 import trio
 
-from gateway.agui.mapping import RunMapper
-from gateway.agui.resume import RunFeed
-from gateway.agui.sse import RunSubscriber, SlowClient, stream_run
 from gateway.config import StreamConfig
+from gateway.doors.agui.mapping import RunMapper
+from gateway.doors.agui.resume import RunFeed
+from gateway.doors.agui.sse import RunSubscriber, SlowClient, stream_run
 from gateway.metrics import Metrics
 from tests.session_fakes import FakeSession
 

@@ -21,11 +21,11 @@ import trio
 from ag_ui import core
 from pydantic import BaseModel, TypeAdapter
 
-from gateway.agui import shapes as ag
-from gateway.agui.mapping import RunMapper, agui_messages
-from gateway.agui.sse import RunSubscriber, sse
 from gateway.client import decode_server_frame
 from gateway.config import StreamConfig
+from gateway.doors.agui import shapes as ag
+from gateway.doors.agui.mapping import RunMapper, agui_messages
+from gateway.doors.agui.sse import RunSubscriber, sse
 from gateway.ids import parse_event_id
 from gateway.metrics import Metrics
 from gateway.protocol.events import (
@@ -571,8 +571,8 @@ def test_a_compaction_in_the_run_is_a_custom_event_and_no_snapshot_message() -> 
 
 def test_a_resume_carries_an_elicitations_content() -> None:
     """An elicitation interrupt is answered ``{"decision", "content"}`` (its responseSchema)."""
-    from gateway.agui.routes import _resume_decisions
-    from gateway.agui.shapes import ResumeEntry
+    from gateway.doors.agui.routes import _resume_decisions
+    from gateway.doors.agui.shapes import ResumeEntry
     from gateway.errors import ApiError
 
     def entry(perm_id: str, payload: Any) -> ResumeEntry:

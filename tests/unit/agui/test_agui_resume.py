@@ -13,9 +13,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.agui import shapes as ag
-from gateway.agui.mapping import RunMapper
-from gateway.agui.resume import RunFeed, Tagged, event_id, parse_cursor
+from gateway.doors.agui import shapes as ag
+from gateway.doors.agui.mapping import RunMapper
+from gateway.doors.agui.resume import RunFeed, Tagged, event_id, parse_cursor
 from gateway.protocol.events import EVENT_TYPES
 from gateway.protocol.frames import EventFrame
 from tests.integration.test_agui_reattach import open_starts, verify

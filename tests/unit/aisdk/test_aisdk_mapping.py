@@ -21,9 +21,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.aisdk import chunks as ui
-from gateway.aisdk.mapping import ChatMapper, ui_message_id, user_message_id
 from gateway.client import decode_server_frame
+from gateway.doors.aisdk import chunks as ui
+from gateway.doors.aisdk.mapping import ChatMapper, ui_message_id, user_message_id
 from gateway.ids import parse_event_id
 from gateway.protocol.events import Event, ToolErrorClass, ToolFailed
 from gateway.protocol.frames import EventFrame, SubscribeAck

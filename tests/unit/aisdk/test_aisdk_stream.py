@@ -14,11 +14,11 @@ import msgspec
 import pytest
 import trio
 
-from gateway.agui.sse import SlowClient
-from gateway.aisdk import chunks as ui
-from gateway.aisdk.mapping import ChatMapper
-from gateway.aisdk.stream import ResponseSubscriber, pump
 from gateway.config import StreamConfig
+from gateway.doors.agui.sse import SlowClient
+from gateway.doors.aisdk import chunks as ui
+from gateway.doors.aisdk.mapping import ChatMapper
+from gateway.doors.aisdk.stream import ResponseSubscriber, pump
 from gateway.metrics import Metrics
 from tests.session_fakes import FakeSession
 

@@ -20,7 +20,7 @@ import trio.testing
 from gateway.config import LimitsConfig
 from gateway.errors import ApiError, Refused, StoreError
 from gateway.node.limits import RedisKeyLimits
-from gateway.server.auth import Limits
+from gateway.tenancy import Limits
 
 
 class Shared:

@@ -27,14 +27,14 @@ import trio.testing
 from wsproto.connection import Connection, ConnectionType
 from wsproto.events import CloseConnection, Ping, TextMessage
 
+from gateway.doors.websocket.connection import StreamConnection
 from gateway.errors import Refused
+from gateway.http.refusals import STATUS
+from gateway.http.websocket import WebSocket
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.node import Node
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.providers.scripted import ScriptedProvider
-from gateway.server.connection import StreamConnection
-from gateway.server.refusals import STATUS
-from gateway.server.websocket import WebSocket
 from gateway.session.session import Session
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.builtin import build_registry

@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 from gateway.errors import ApiError
-from gateway.server.http import (
+from gateway.http.server import (
     HttpLimits,
     Request,
     Response,

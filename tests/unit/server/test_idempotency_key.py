@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.doors.rest.idempotency import fingerprint, key_of
 from gateway.errors import ApiError
-from gateway.server.http import Request
-from gateway.server.idempotency import fingerprint, key_of
+from gateway.http.server import Request
 
 
 def request(**headers: str) -> Request:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from gateway.config import load_config
 from gateway.errors import ConfigError
-from gateway.server.http import (
+from gateway.http.server import (
     HttpLimits,
     Request,
     Response,

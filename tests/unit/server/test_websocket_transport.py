@@ -34,9 +34,7 @@ from wsproto.events import (
 )
 from wsproto.utilities import generate_accept_token
 
-from gateway.protocol.closes import close_reason
-from gateway.protocol.framing import text_frame
-from gateway.server.http import (
+from gateway.http.server import (
     HttpLimits,
     Request,
     Response,
@@ -44,7 +42,9 @@ from gateway.server.http import (
     error_response,
     serve_connection,
 )
-from gateway.server.websocket import IDLE, ConnectionClosed, WebSocket
+from gateway.http.websocket import IDLE, ConnectionClosed, WebSocket
+from gateway.protocol.closes import close_reason
+from gateway.protocol.framing import text_frame
 
 # --- text_frame --------------------------------------------------------------------
 

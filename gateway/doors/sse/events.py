@@ -1,0 +1,271 @@
+"""The native stream over server-sent events: ``GET /sessions/{id}/events`` (docs/protocol.md §14).
+
+For networks that refuse WebSockets. The same stream as ``/sessions/{id}/stream``
+(docs/protocol.md §3), one-way: the subscribe is the query
+(``filter``, ``snapshot``, ``since``; ``Last-Event-ID`` stands for ``since``),
+and each server frame is one SSE event whose ``data:`` is the frame's JSON, as
+the WebSocket would carry it (``subscribe_ack``, ``snapshot``, ``event``,
+``subscribe_error``); an event frame carries ``id:`` = the event's id, so a
+reconnecting ``EventSource`` resumes where it left off.
+
+The same rules as the WebSocket: the single-use attach token (a Bearer key that
+is sent is checked, another key's session is 404), the stream counted against
+``max_connections`` and ``max_connections_per_key``, the seam
+(:func:`gateway.session.seam.subscribe`), the one bounded delivery queue and
+its slow-client rule (:class:`~gateway.session.delivery.DeliveryQueue`). A
+``: ping`` comment after ``ping_interval_s`` without a write keeps proxies
+from closing an idle stream (there is no pong: a client gone is noticed when
+a write fails). A close of the table of :mod:`gateway.protocol.closes`
+(``client_too_slow``, ``session_deleted``, ``shutdown``, ``relay_gap``) is a
+last frame ``{"type": "close", "code", "ws_code", "message", "reconnect"}``,
+then the end of the body; a ``subscribe_error`` also ends it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import trio
+
+from gateway.config import StreamConfig
+from gateway.doors.context import SSE_HEADERS
+from gateway.errors import ApiError, SubscribeRejected
+from gateway.http.router import Api
+from gateway.http.server import Request, Response, StreamingResponse
+from gateway.ids import format_event_id
+from gateway.logs import client_label, event
+from gateway.metrics import Metrics
+from gateway.protocol.closes import CLOSES
+from gateway.protocol.filters import Filter, resolve_filter
+from gateway.protocol.frames import Subscribe, SubscribeError, encode
+from gateway.session import seam
+from gateway.session.delivery import DeliveryQueue
+from gateway.session.hub import FrameBatch
+from gateway.session.seam import Gate, past_cut
+from gateway.session.session import Session
+
+log = logging.getLogger("gateway.stream")
+
+PING = b": ping\n\n"
+"""The heartbeat: an SSE comment, which every SSE parser skips."""
+
+_names = itertools.count(1)
+
+
+class CloseFrame(msgspec.Struct, tag="close", tag_field="type"):
+    """The last frame of a stream the gateway closes (the WebSocket's close, as data)."""
+
+    code: str  # the close's name (gateway.protocol.closes)
+    ws_code: int  # the WebSocket close code it stands for
+    message: str
+    reconnect: bool
+
+
+class SseClient(DeliveryQueue[Gate]):
+    """One SSE stream's side of the hub and the seam: its delivery queue (module docstring).
+
+    Also one of the node's open connections (``node.connections``): shutdown
+    and a deletion close it as they close a WebSocket.
+
+    Args:
+        session: the session it streams.
+        config: ``[stream]``.
+        metrics: where queue depths and slow clients are counted.
+        address: the client's address, for the log (``host:port``; empty if unknown).
+    """
+
+    queue_name = "SSE stream queue"
+    closes_how = "ending the SSE stream"
+    close_code = None  # no WebSocket: a close frame, then the end of the body
+
+    def __init__(
+        self, session: Session, config: StreamConfig, metrics: Metrics, address: str = ""
+    ) -> None:
+        name = f"sse-{next(_names)}"
+        super().__init__(
+            session, name, config.queue_max_events, metrics, client=client_label(name, address)
+        )
+        self.config = config
+        self.rx = self._open_rx()
+
+    def _open_rx(self) -> trio.MemoryReceiveChannel[FrameBatch | Gate]:
+        self._open()
+        assert self._rx is not None
+        return self._rx
+
+    def request_close(self, code: str) -> None:
+        """End the stream with the close named ``code``: drained first if the table says so."""
+        self.end_stream(code)
+
+    async def run(self, request: Subscribe, send: Callable[[bytes], Awaitable[None]]) -> None:
+        """Subscribe through the seam, then write until a close or a ``subscribe_error``."""
+        try:
+            resolved, key = resolve_filter(request.filter)
+        except SubscribeRejected as exc:
+            await send(_sse(encode(SubscribeError(exc.code, exc.message))))  # type: ignore[arg-type]
+            return
+        if self.session.node.shutting_down:
+            self.request_close("shutdown")
+        elif self.session.deleted:
+            self.request_close("session_deleted")
+        else:
+            done = await seam.subscribe(self.session, self, request, resolved, key, self.config)
+            if done.error is not None:
+                self.end_queue()
+            event(
+                log, logging.INFO, "client_subscribed",
+                f"{self.client} subscribed to {self.session.id} ({done.mode}, SSE)",
+                session_id=self.session.id, client=self.client, mode=done.mode,
+                since=request.since,
+            )  # fmt: skip
+        await self._write(send)
+
+    async def _write(self, send: Callable[[bytes], Awaitable[None]]) -> None:
+        cut = 0
+        while True:
+            item: FrameBatch | Gate | None = None
+            with trio.move_on_after(self.config.ping_interval_s) as idle:
+                try:
+                    item = await self.rx.receive()
+                except trio.EndOfChannel:
+                    break
+            if idle.cancelled_caught:
+                await send(PING)
+                continue
+            parts: list[bytes] = []
+            while item is not None:
+                if isinstance(item, Gate):
+                    await item.ready.wait()
+                    parts += [_sse(p) for p in _payloads(item.payload)]
+                    cut = item.cut
+                else:
+                    self.taken(item.n)
+                    live = past_cut(item, cut)
+                    if live is not None:
+                        parts += [_sse(_EVENT_HEAD + e.data + b"}", e.seq) for e in live.events]
+                try:
+                    item = self.rx.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    item = None
+            if parts:
+                await send(b"".join(parts))
+        if self.closing is not None:
+            close = CLOSES[self.closing]
+            frame = CloseFrame(self.closing, close.ws_code, close.message, close.reconnect)
+            await send(_sse(encode(frame)))
+
+
+async def events(api: Api, req: Request, session_id: str) -> StreamingResponse | Response:
+    """``GET /sessions/{id}/events``: the session's stream as SSE (module docstring).
+
+    Refused before the stream starts, as the WebSocket handshake is: an
+    unknown session (404), a bad query (400), the attach token (403), the
+    stream limits (503).
+    """
+    node = api.node
+    bearer = req.headers.get("authorization", "").partition(" ")[0].lower() == "bearer"
+    caller = api._authenticate(req) if bearer else None
+    session = await api._session(session_id, caller)
+    request = subscribe_of(req)  # before the token: a bad query does not use it up
+    if req.method == "HEAD":  # the head of a stream, with no token used up
+        return Response(200, content_type="text/event-stream", headers=list(SSE_HEADERS))
+    await node.redeem_token(req.query.get("attach"), session.id)
+    release = await node.limits.open_stream(session.record.owner, "sse")  # 503 over_capacity
+    client = SseClient(session, api.config.stream, node.metrics, req.client)
+    node.connections.add(client)
+
+    def over(reason: str) -> None:
+        release()
+        node.connections.discard(client)
+        client.subscribed = False
+        session.unregistered(client, reason)
+        node.notify()  # shutdown waits for the connections to close
+
+    async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
+        reason = "client_closed"
+        try:
+            await client.run(request, send)
+            reason = client.closing or "subscribe_error"
+        finally:
+            over(reason)
+
+    return StreamingResponse(run, headers=SSE_HEADERS, abandon=lambda: over("client_closed"))
+
+
+def subscribe_of(req: Request) -> Subscribe:
+    """The subscribe the query stands for; ``Last-Event-ID`` is ``since`` when that is absent.
+
+    Raises:
+        ApiError: 400 ``invalid_query``: ``snapshot`` not ``true``/``false``, or
+            a ``filter`` that is neither a preset name nor a filter object's JSON.
+    """
+    raw_filter = req.query.get("filter", "preset:chat")
+    filter_: Filter | str = raw_filter
+    if raw_filter.lstrip().startswith("{"):
+        try:
+            filter_ = msgspec.json.decode(raw_filter, type=Filter)
+        except msgspec.ValidationError as exc:
+            raise ApiError(400, "invalid_query", f"filter: {exc}") from None
+        except msgspec.DecodeError:
+            raise ApiError(400, "invalid_query", "filter is not JSON") from None
+    snapshot = req.query.get("snapshot", "false")
+    if snapshot not in ("true", "false"):
+        raise ApiError(400, "invalid_query", f"snapshot must be true or false, got {snapshot!r}")
+    since = req.query.get("since") or req.headers.get("last-event-id") or None
+    return Subscribe(filter_, since, snapshot == "true")
+
+
+# --- SSE encoding ----------------------------------------------------------------------
+
+_EVENT_HEAD = b'{"type":"event","event":'
+_FRAME_LENGTH_16 = struct.Struct("!H")
+_FRAME_LENGTH_64 = struct.Struct("!Q")
+
+
+class _EventId(msgspec.Struct):
+    id: str
+
+
+class _Head(msgspec.Struct):
+    type: str
+    event: _EventId | None = None
+
+
+_head = msgspec.json.Decoder(_Head)
+
+
+def _sse(data: bytes, seq: int | None = None) -> bytes:
+    """One SSE event: ``id:`` (an event frame's id) and ``data:`` (one line: compact JSON)."""
+    if seq is None and data.startswith(_EVENT_HEAD):
+        head = _head.decode(data)
+        if head.event is not None:
+            return b"id: " + head.event.id.encode() + b"\ndata: " + data + b"\n\n"
+    if seq is not None:
+        return b"id: " + format_event_id(seq).encode() + b"\ndata: " + data + b"\n\n"
+    return b"data: " + data + b"\n\n"
+
+
+def _payloads(frames: bytes) -> list[bytes]:
+    """The payloads of server text frames laid end to end (what opened a seam gate).
+
+    Only what :func:`gateway.protocol.framing.text_frame` builds: unmasked,
+    whole, with a 7, 16 or 64-bit length.
+    """
+    out: list[bytes] = []
+    at = 0
+    while at < len(frames):
+        size = frames[at + 1] & 0x7F
+        at += 2
+        if size == 126:
+            (size,) = _FRAME_LENGTH_16.unpack_from(frames, at)
+            at += 2
+        elif size == 127:
+            (size,) = _FRAME_LENGTH_64.unpack_from(frames, at)
+            at += 8
+        out.append(frames[at : at + size])
+        at += size
+    return out

@@ -1,0 +1,1 @@
+"""The native stream over a WebSocket: ``GET /sessions/{id}/stream`` (docs/protocol.md §3)."""
