@@ -21,14 +21,14 @@ WebSocket with 1001, stop the sessions, flush and close the store. All within
 ``shutdown_grace_s`` per step; the process then exits 0. The listener stays
 open while the turns are drained, so a load balancer's probe gets the 503
 rather than a refused connection; a stream attached meanwhile is closed with
-1001 at once (gateway.server.connection).
+1001 at once (gateway.doors.websocket.connection).
 
 Logging is set up once, here (:func:`serve`), from ``[log]`` (gateway.logs):
 its writer thread lives as long as :func:`serve`, which stops it (what is
 queued written, for at most ``gateway.logs.STOP_TIMEOUT_S``) when it returns or
 raises, a start-up failure included.
 
-SIGHUP re-reads ``[auth] api_keys_file`` (gateway.server.auth): keys added
+SIGHUP re-reads ``[auth] api_keys_file`` (gateway.tenancy): keys added
 are accepted and keys removed refused from the next request on; a file that
 became unreadable keeps the keys loaded before and logs an error. It also
 re-reads every agent's ``system_file`` (gateway.agents, docs/protocol.md §11): the
@@ -47,24 +47,32 @@ from typing import Any
 import trio
 
 from gateway.config import Config
-from gateway.doors.rest.routes import ROUTES
+from gateway.doors import agui, aisdk, rest, sse, websocket
+from gateway.doors.context import DoorContext, DoorType
 from gateway.errors import StartupError, StoreError
-from gateway.http.router import Api
+from gateway.http.boundary import Boundary, warn_open_hosts
+from gateway.http.router import Router
 from gateway.http.server import HttpLimits, TrustedProxies, serve_connection
 from gateway.logs import configure, event, json_line
 from gateway.logs import stop as stop_log
 from gateway.mcp.servers import McpServers
 from gateway.node import Node
+from gateway.node.registry import pinning
 from gateway.node.unloading import limit_allocator_arenas
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers, make_providers
 from gateway.store import open_store
-from gateway.tenancy import ApiKeys, warn_open_hosts
+from gateway.tenancy import ApiKeys
 from gateway.tools.builtin import build_registry
 from gateway.tools.process import ToolProcesses
 from gateway.tools.workspace import Workspaces
 
 log = logging.getLogger("gateway")
+
+DOORS: tuple[DoorType, ...] = (rest.Door, websocket.Door, sse.Door, agui.Door, aisdk.Door)
+"""The doors, registered: each its routes and state, built from one
+:class:`~gateway.doors.context.DoorContext`; their order is the API document's
+(docs/architecture.md, "Adding a door")."""
 
 
 class Gateway:
@@ -138,14 +146,15 @@ class Gateway:
             peer = f"{host}:{port}"
         except OSError:
             peer = ""
-        await serve_connection(stream, self.node_api, self.limits, client=peer)
+        await serve_connection(stream, self.router, self.limits, client=peer)
 
     @property
-    def node_api(self) -> Api:
-        api: Api | None = getattr(self, "_api", None)
-        if api is None:
-            api = self._api = Api(self.node, ROUTES, self.keys)
-        return api
+    def router(self) -> Router:
+        """The HTTP API: the registered doors' routes (:data:`DOORS`), built on first use."""
+        router: Router | None = getattr(self, "_router", None)
+        if router is None:
+            router = self._router = open_doors(self.node, self.keys)
+        return router
 
     def shutdown(self) -> None:
         """Begin a graceful shutdown; :meth:`run` returns when it is done."""
@@ -164,6 +173,21 @@ class Gateway:
             while self.node.connections:
                 await self.node.changed()
         conns.cancel_scope.cancel()
+
+
+def open_doors(node: Node, keys: ApiKeys, doors: tuple[DoorType, ...] = DOORS) -> Router:
+    """The router over ``doors``, each built from one context over ``node`` and ``keys``."""
+    ctx = DoorContext(node, keys)
+    built = [door(ctx) for door in doors]
+    router = Router(
+        [route for door in built for route in door.routes],
+        boundary=Boundary(node.config),
+        keys=keys,
+        metrics=node.metrics,
+        hold=pinning,
+    )
+    ctx.documented = router.documented
+    return router
 
 
 async def serve(config: Config, provider: Provider | Providers | None = None) -> None:

@@ -1,9 +1,10 @@
-"""The router of the HTTP API (docs/protocol.md §2), and the handshake of the session stream.
+"""The router of the HTTP API (docs/protocol.md §2): the boundary, then the route.
 
-The table of routes (path, method, handler, what the API document says) is
-gateway.server.route_table; the handlers are in gateway.server.handlers, one
-module per resource. :class:`Api` answers a request from that table: the
-boundary, the route, the caller's key, and the session the caller may see.
+The routes are the doors' (gateway.doors: each door lists its own, and
+gateway.app registers the doors in order); :class:`Router` answers a request
+from them: the boundary, the route, the caller's key where the route's
+:class:`Operation` asks for it. What a handler does past that (the caller's
+sessions, turns, streams) is its door's, through gateway.doors.context.
 
 Every body is JSON and declared once as a ``msgspec.Struct``; every error is an
 :class:`~gateway.errors.ApiError` turned into ``{"error": {"code", "message"}}``
@@ -21,17 +22,18 @@ the route (404, 405), then a POST's content type (415), then the key.
 Requiring ``application/json`` on every POST, an empty body included, is
 what makes a browser preflight every cross-site POST: a page on another
 origin can send ``text/plain`` (or nothing) without asking, and the
-preflight is where its Origin is refused (gateway.server.auth.Boundary).
+preflight is where its Origin is refused (gateway.http.boundary.Boundary).
 
 Authentication: where API keys are configured (``[auth] api_keys`` or
-``api_keys_file``, gateway.server.auth), every route but ``/healthz`` needs
+``api_keys_file``, gateway.tenancy), every route but ``/healthz`` needs
 ``Authorization: Bearer KEY``. The stream handshake is the exception: browsers
 cannot set headers on a WebSocket, so the single-use attach token (obtained with
 the key from ``GET /sessions/{id}``) is its credential; a handshake that does
 carry a Bearer key (a non-browser client) is checked like any route.
 
 Ownership (docs/protocol.md §2): a session belongs to the key that created it,
-and to any other key it does not exist: :meth:`Api._session` answers 404
+and to any other key it does not exist:
+:meth:`gateway.doors.context.DoorContext.session` answers 404
 ``session_not_found`` with the body an unknown id gets, on every route of the
 session, and ``GET /sessions`` lists only what the caller sees (filtered in the
 store query, so pages and ``before`` work). Sessions created without keys
@@ -43,31 +45,32 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from gateway import telemetry, ui
-from gateway.doors.agui.routes import AguiRoutes
-from gateway.doors.aisdk.routes import Responses
+from gateway import telemetry
 from gateway.errors import ApiError, Refused, StoreError, unavailable
+from gateway.http.boundary import Boundary, authenticate
 from gateway.http.openapi import Documented, Operation, path_regex
 from gateway.http.parsing import json_content_type, known_query
 from gateway.http.refusals import as_http, http_error
-from gateway.http.server import (
-    Request,
-    Response,
-    StreamingResponse,
-    WebSocketAccept,
-)
-from gateway.node import Node
-from gateway.node.registry import pinning
-from gateway.protocol.shapes import Message
-from gateway.session.session import Session
-from gateway.tenancy import ApiKeys, Boundary, sees
+from gateway.http.server import Request, Response, StreamingResponse, WebSocketAccept
+from gateway.metrics import Metrics
+from gateway.tenancy import ApiKeys
 
 # --- the table's entries ----------------------------------------------------------
 
-Handler = Callable[..., Awaitable[Response | WebSocketAccept | StreamingResponse]]
-"""A route's handler: ``handler(api, req, *ids)``, the path's ids in order."""
+Answer = Response | WebSocketAccept | StreamingResponse
+"""What a handler answers: a response, a WebSocket to upgrade to, or a stream."""
+
+Handler = Callable[..., Awaitable[Answer]]
+"""A route's handler: ``handler(req, *ids)``, the path's ids in order; a door's
+handlers are its methods, so they reach their door's state and context."""
+
+
+class Held(Protocol):
+    """What a request holds while it is answered (the sessions it names: gateway.node.registry)."""
+
+    def release(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,18 +101,31 @@ def page_route(pattern: str, name: str, handler: Handler, operation: Operation) 
 # --- the router -------------------------------------------------------------------
 
 
-class Api:
-    """The router over one :class:`~gateway.node.Node`, answering from a route table.
+class Router:
+    """Answers a request from the registered doors' routes (module docstring).
 
-    The handlers reach the node and the caller through it (:meth:`_authenticate`,
-    :meth:`_session`); AG-UI's keep their state in :attr:`agui`.
+    Args:
+        table: every route, in the API document's order (the first match answers).
+        boundary: the Host and Origin rules.
+        keys: the API keys, for the routes whose operation requires one.
+        metrics: where ``gateway_http_requests`` is counted.
+        hold: called as a request starts; what it returns is released once the
+            request is answered, or its stream over (the sessions it names).
     """
 
-    def __init__(self, node: Node, table: Iterable[Route], keys: ApiKeys | None = None) -> None:
-        self.node = node
-        self.config = node.config
-        self.keys = keys if keys is not None else ApiKeys(node.config.auth)
-        self.boundary = Boundary(node.config)
+    def __init__(
+        self,
+        table: Iterable[Route],
+        *,
+        boundary: Boundary,
+        keys: ApiKeys,
+        metrics: Metrics,
+        hold: Callable[[], Held],
+    ) -> None:
+        self.boundary = boundary
+        self.keys = keys
+        self.metrics = metrics
+        self.hold = hold
         table = list(table)
         # What the router matches, in table order: (pattern, method: handler, name).
         self.routes: list[tuple[re.Pattern[str], dict[str, Handler], str]] = [
@@ -126,12 +142,8 @@ class Api:
             for r in table
             for method, (_, operation) in r.methods.items()
         }
-        self.documents: dict[bool, bytes] = {}  # the API document (with or without auth)
-        self.page_files: dict[str, ui.Asset] | None = None  # the web page's, read on first use
-        self.agui = AguiRoutes(self)  # AG-UI's handlers and their state (gateway.agui.routes)
-        self.aisdk = Responses(self)  # the AI SDK's doors (gateway.aisdk.routes)
 
-    async def __call__(self, req: Request) -> Response | WebSocketAccept | StreamingResponse:
+    async def __call__(self, req: Request) -> Answer:
         """Answer ``req``: the boundary first (module docstring), then its route."""
         self.boundary.check_host(req.headers.get("host"))  # 421
         origin = req.headers.get("origin")
@@ -158,13 +170,13 @@ class Api:
             answer.headers = [*answer.headers, *self.boundary.cors_headers(listed)]
         return answer
 
-    async def _held(self, req: Request) -> Response | WebSocketAccept | StreamingResponse:
+    async def _held(self, req: Request) -> Answer:
         """:meth:`_route`, the sessions it names held in memory until it is answered.
 
         A plain answer releases them once made; a WebSocket or an SSE stream
         once it is over (gateway.node.unloading: a session with clients stays).
         """
-        pins = pinning()
+        pins = self.hold()
         try:
             answer = await self._route(req)
         except BaseException:
@@ -188,7 +200,7 @@ class Api:
         answer.run, answer.abandon = held, abandoned
         return answer
 
-    async def _route(self, req: Request) -> Response | WebSocketAccept | StreamingResponse:
+    async def _route(self, req: Request) -> Answer:
         if req.repeated_query:
             name = req.repeated_query[0]
             raise ApiError(
@@ -216,71 +228,16 @@ class Api:
             if req.method == "POST":
                 json_content_type(req)  # 415
             if operation.auth == "required":
-                self._authenticate(req)
+                authenticate(self.keys, req)
             known_query(req, operation)
             try:
                 with telemetry.incoming(req.headers):  # its traceparent, for a turn's spans
-                    answer = await handler(self, req, *match.groups())
+                    answer = await handler(req, *match.groups())
             except (ApiError, Refused) as exc:
                 error = as_http(exc)  # a refusal: its status by the table
-                self.node.metrics.http_requests.labels(name, str(error.status)).inc()
+                self.metrics.http_requests.labels(name, str(error.status)).inc()
                 raise error from None
             status = 101 if isinstance(answer, WebSocketAccept) else answer.status
-            self.node.metrics.http_requests.labels(name, str(status)).inc()
+            self.metrics.http_requests.labels(name, str(status)).inc()
             return answer
         raise ApiError(404, "not_found", f"no route for {req.path}")
-
-    def _authenticate(self, req: Request) -> str | None:
-        """The caller: the id of its API key, or ``None`` where no keys are configured.
-
-        Raises:
-            ApiError: 401 ``unauthorized`` without ``Authorization: Bearer``, 403
-                ``forbidden`` for a key that is not (or no longer) accepted.
-        """
-        if not self.keys.enabled:
-            return None
-        header = req.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise ApiError(401, "unauthorized", "send Authorization: Bearer <api key>")
-        caller = self.keys.identify(key.strip())
-        if caller is None:
-            raise ApiError(403, "forbidden", "the API key is not valid")
-        return caller
-
-    async def _session(self, session_id: str, caller: str | None) -> Session:
-        """The session, as ``caller`` may see it (docs/protocol.md §2).
-
-        Another key's session is answered exactly as an unknown id (same status,
-        code and message: no oracle), and is not even loaded from the store: a
-        stored session's owner is read first, one store read as for an unknown id.
-
-        Raises:
-            ApiError: 404 ``session_not_found``.
-        """
-        unknown = ApiError(404, "session_not_found", f"no session {session_id!r}")
-        if caller is not None and session_id not in self.node.sessions:
-            record = await self.node.store.get_session(session_id)
-            if record is not None and not sees(caller, record.owner):
-                raise unknown
-        session: Session | None = await self.node.get_session(session_id)
-        if session is None or not sees(caller, session.record.owner):
-            raise unknown
-        return session
-
-    async def _counted_turn(self, key: str, session: Session, message: Message) -> None:
-        """Submit a turn within the key's rate limit; return once it is durable (section 9).
-
-        The turn is counted in the step that checks the limit (two racing
-        requests cannot both take the last one) and refunded if it is refused
-        (409, or sent to an owner that could not take it); one accepted but
-        not yet durable (503 ``store_unavailable``) stays counted.
-        """
-        limits = self.node.limits
-        counted = await limits.count_turn(key)  # 429 rate_limited, with Retry-After
-        try:
-            await self.node.submit_turn(session, message)  # on whichever node runs it
-        except Refused as exc:
-            if exc.code != "store_unavailable":
-                await limits.refund_turn(key, counted)
-            raise

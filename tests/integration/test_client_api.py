@@ -44,7 +44,7 @@ from gateway.client import (
     Session,
 )
 from gateway.client import api as client_api
-from gateway.doors.rest import routes as route_table
+from gateway.doors.rest import door as route_table
 from gateway.errors import ApiError, ClientError, SubscribeRejected
 from gateway.protocol.frames import Ping, Snapshot, SubscribeAck, SubscribeError
 from tests.conftest import TOOL_SCRIPT, Harness, free_port, make_config, running_gateway

@@ -28,7 +28,7 @@ import gateway
 from gateway.doors.agui.shapes import CancelRun, RunCancelling
 from gateway.doors.aisdk.routes import ChatStopped
 from gateway.doors.rest import admin
-from gateway.doors.rest import routes as route_table
+from gateway.doors.rest import door as route_table
 from gateway.http.server import ErrorBody
 from tests.conftest import Harness, make_config, running_gateway
 
@@ -132,7 +132,7 @@ async def test_every_route_is_in_it_and_routes_back_to_its_handler(gw: Harness) 
     document = await fetch(gw)
     ops = operations(document)
     assert set(ops) == CONTRACT
-    api = gw.gateway.node_api
+    api = gw.gateway.router
     for (method, path), op in ops.items():
         # The documented path, ids filled in, reaches the handler named by operationId.
         concrete = re.sub(r"\{[a-z_]+\}", "id_1", path)

@@ -379,7 +379,7 @@ HTTP_API_FLOORS: tuple[tuple[str, ...], ...] = (
     ("gateway.http.openapi", "gateway.http.parsing"),
     ("gateway.http.router",),
     ("gateway.doors.rest.admin", "gateway.doors.rest.sessions", "gateway.doors.rest.turns"),
-    ("gateway.doors.rest.routes",),
+    ("gateway.doors.rest.door",),
     ("gateway.app",),
 )
 

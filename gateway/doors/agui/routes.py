@@ -1,18 +1,19 @@
-"""AG-UI's HTTP routes: ``POST /agui`` (a run, answered as SSE) and its cancel.
+"""AG-UI's handlers: ``POST /agui`` (a run, answered as SSE), its re-attach and its cancel.
 
-Two entries of the gateway's route table (gateway.server.route_table:
-:func:`agui_run`, :func:`agui_cancel`, with their API-document operations
-:data:`RUN` and :data:`CANCEL`), so they share its boundary, authentication,
-ownership and rate limits (docs/protocol.md §2). A run is one turn of the
-thread's session, started or resumed here and streamed by
-:func:`gateway.agui.sse.stream_run`; the decisions of the mapping are in
+Routes of the AG-UI door (gateway.doors.agui.door: :meth:`AguiRoutes.agui_run`,
+:meth:`AguiRoutes.agui_cancel`, :meth:`AguiRoutes.agui_stream`, with their
+API-document operations :data:`RUN`, :data:`CANCEL` and :data:`STREAM`), so
+they share the router's boundary and the doors' authentication, ownership and
+rate limits (docs/protocol.md §2). A run is one turn of the thread's session,
+started or resumed here and streamed by
+:func:`gateway.doors.agui.sse.stream_run`; the decisions of the mapping are in
 docs/protocol.md "AG-UI".
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from gateway.doors.agui import shapes as ag
 from gateway.doors.agui.mapping import RunMapper
@@ -29,9 +30,8 @@ from gateway.doors.agui.sse import RunSubscriber, stream_run, tagged_sse
 from gateway.doors.context import (
     SSE_HEADERS,
     ClientNamedSessions,
-    DoorRouter,
+    DoorContext,
     once,
-    subscribe_full,
 )
 from gateway.errors import ApiError
 from gateway.http.openapi import Operation
@@ -42,16 +42,7 @@ from gateway.protocol.shapes import ContentBlock, Message
 from gateway.session.session import Session
 from gateway.tenancy import NO_OWNER
 
-if TYPE_CHECKING:
-    pass
-
 T = TypeVar("T")
-
-
-class Router(DoorRouter, Protocol):
-    """What the AG-UI routes use of the router: a door's, and their own state."""
-
-    agui: AguiRoutes
 
 
 RUN = Operation(
@@ -130,19 +121,19 @@ class AguiRoutes:
     """The AG-UI handlers of one router, and what they keep between runs (module docstring).
 
     Args:
-        api: the router (its authentication, sessions and turn submission).
+        ctx: the doors' context (its authentication, sessions and turn submission).
     """
 
-    def __init__(self, api: Router) -> None:
-        self.api = api
-        self.node = api.node
-        self.config = api.config
+    def __init__(self, ctx: DoorContext) -> None:
+        self.ctx = ctx
+        self.node = ctx.node
+        self.config = ctx.config
         self._decode = decode
         self._user_content = user_content
         self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
-        api.node.session_listeners.append(self._forget)  # pruned with the session's tasks
-        self._threads = ClientNamedSessions(api, "threadId", "invalid_thread_id")
-        self.book = RunBook(api.node)  # the runs answered, for re-attaching (gateway.agui.runs)
+        ctx.node.session_listeners.append(self._forget)  # pruned with the session's tasks
+        self._threads = ClientNamedSessions(ctx, "threadId", "invalid_thread_id")
+        self.book = RunBook(ctx.node)  # the runs answered, for re-attaching (gateway.agui.runs)
 
     async def agui_run(self, req: Request) -> StreamingResponse:
         """``POST /agui``: one AG-UI run, the turn it starts or resumes (docs/protocol.md "AG-UI").
@@ -151,7 +142,7 @@ class AguiRoutes:
         the turn is submitted or its approvals decided, so the stream misses
         nothing; every refusal comes before the stream starts, as a JSON error.
         """
-        caller = self.api._authenticate(req)
+        caller = self.ctx.authenticate(req)
         body = self._decode(req, RunAgentInput)
         # What refuses a new run is checked before its thread is made: a run
         # refused 422 or 429 leaves no session behind (nor a count of one).
@@ -212,7 +203,7 @@ class AguiRoutes:
             message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
             start, started_ms = await self._subscribe(session, sub), message.created_at
             try:
-                await self.api._counted_turn(caller or NO_OWNER, session, message)
+                await self.ctx.counted_turn(caller or NO_OWNER, session, message)
             except BaseException:
                 session.hub.unsubscribe(sub)
                 raise
@@ -267,7 +258,7 @@ class AguiRoutes:
         duplicate at the seam); :class:`~gateway.agui.resume.RunFeed` sends
         what comes after the client's ``Last-Event-ID`` (docs/protocol.md "AG-UI").
         """
-        session = await self.api._session(session_id, self.api._authenticate(req))
+        session = await self.ctx.session(session_id, self.ctx.authenticate(req))
         header = req.headers.get("last-event-id")
         cursor = parse_cursor(header) if header else None
         if header and cursor is None:
@@ -282,7 +273,7 @@ class AguiRoutes:
         release = once(await self.node.limits.open_stream(session.record.owner, "agui"))
         try:
             sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
-            error = await subscribe_full(session, sub, self.config.stream, since=record.start)
+            error = await self.ctx.subscribe(session, sub, since=record.start)
             if error is not None:
                 raise ApiError(
                     404, "run_not_found", f"run {run_id[:60]!r} can no longer be replayed: {error}"
@@ -317,12 +308,12 @@ class AguiRoutes:
 
     async def _subscribe(self, session: Session, sub: RunSubscriber) -> int:
         """Join the session's hub, live; the run's start (every later event is above it)."""
-        await subscribe_full(session, sub, self.config.stream)
+        await self.ctx.subscribe(session, sub)
         return self.node.sequencer.last
 
     async def agui_cancel(self, req: Request, session_id: str) -> Response:
         """``POST /agui/{session_id}/cancel``: cancel the thread's turn (docs/protocol.md §8)."""
-        session = await self.api._session(session_id, self.api._authenticate(req))
+        session = await self.ctx.session(session_id, self.ctx.authenticate(req))
         body = self._decode(req, CancelRun) if req.body.strip() else CancelRun()
         turn_id = (await self.node.live_summary(session)).current_turn_id
         run = self._runs.get(session.id)
@@ -336,21 +327,6 @@ class AguiRoutes:
         return json_response(
             202, RunCancelling(session_id=session_id, run_id=body.run_id, turn_id=turn_id)
         )
-
-
-async def agui_run(api: Router, req: Request) -> StreamingResponse:
-    """The route table's ``POST /agui`` (:meth:`AguiRoutes.agui_run`)."""
-    return await api.agui.agui_run(req)
-
-
-async def agui_stream(api: Router, req: Request, session_id: str, run_id: str) -> StreamingResponse:
-    """The route table's re-attach (:meth:`AguiRoutes.agui_stream`)."""
-    return await api.agui.agui_stream(req, session_id, run_id)
-
-
-async def agui_cancel(api: Router, req: Request, session_id: str) -> Response:
-    """The route table's ``POST /agui/{session_id}/cancel`` (:meth:`AguiRoutes.agui_cancel`)."""
-    return await api.agui.agui_cancel(req, session_id)
 
 
 # --- helpers -----------------------------------------------------------------------

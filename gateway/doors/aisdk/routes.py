@@ -1,19 +1,19 @@
-"""The AI SDK's doors over HTTP: ``POST /ai-sdk/chat``, its resume and its stop.
+"""The AI SDK over HTTP: ``POST /ai-sdk/chat``, its resume and its stop.
 
-Entries of the gateway's route table (gateway.server.route_table), so they
-share its boundary, authentication, ownership and rate limits
+Routes of the AI SDK's door (gateway.doors.aisdk.door), so they share the
+router's boundary and the doors' authentication, ownership and rate limits
 (docs/protocol.md §2). A chat is a session (its ``id``, created and owned by
 the caller's key when unknown); a request's answer is one turn's assistant
-UI message, streamed by :func:`gateway.aisdk.stream.pump`
+UI message, streamed by :func:`gateway.doors.aisdk.stream.pump`
 (docs/protocol.md §14, "The AI SDK"). :class:`Responses` starts a response
-for the WebSocket door (gateway.aisdk.ws) as well.
+for the WebSocket transport (gateway.doors.aisdk.ws) as well.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import msgspec
 
@@ -23,9 +23,8 @@ from gateway.doors.aisdk.stream import DONE, HEADERS, PING, ResponseSubscriber, 
 from gateway.doors.context import (
     SSE_HEADERS,
     ClientNamedSessions,
-    DoorRouter,
+    DoorContext,
     once,
-    subscribe_full,
 )
 from gateway.errors import ApiError
 from gateway.http.openapi import Operation
@@ -36,16 +35,6 @@ from gateway.protocol.shapes import Message
 from gateway.session.session import Session
 from gateway.session.turn_start import turn_start
 from gateway.tenancy import NO_OWNER
-
-if TYPE_CHECKING:
-    pass
-
-
-class Router(DoorRouter, Protocol):
-    """What the AI SDK's doors use of the router: a door's, and their own state."""
-
-    aisdk: Responses
-
 
 # --- the request (the transports' bodies) ---------------------------------------------
 
@@ -138,13 +127,13 @@ class Opened:
 
 
 class Responses:
-    """The AI SDK's doors of one router, and how a response starts (module docstring)."""
+    """The AI SDK's handlers, and how a response starts (module docstring)."""
 
-    def __init__(self, api: Router) -> None:
-        self.api = api
-        self.node = api.node
-        self.config = api.config
-        self.chats = ClientNamedSessions(api, "id", "invalid_chat_id")
+    def __init__(self, ctx: DoorContext) -> None:
+        self.ctx = ctx
+        self.node = ctx.node
+        self.config = ctx.config
+        self.chats = ClientNamedSessions(ctx, "id", "invalid_chat_id")
 
     # --- starting a response -----------------------------------------------------
 
@@ -170,7 +159,7 @@ class Responses:
         key = caller or NO_OWNER
         mid = user_message_id(chat_id, last.id)
         if await self._known(chat_id):  # a repeated request is that turn: no new one
-            session = await self.api._session(chat_id, caller)
+            session = await self.ctx.session(chat_id, caller)
             history = await self.node.messages_of(session)
             sent = next((m for m in history if m.id == mid), None)
             if sent is not None and sent.turn_id is not None:
@@ -190,7 +179,7 @@ class Responses:
         message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
         sub = await self._live(session, client)
         try:
-            await self.api._counted_turn(key, session, message)
+            await self.ctx.counted_turn(key, session, message)
         except BaseException:
             session.hub.unsubscribe(sub)
             raise
@@ -205,7 +194,7 @@ class Responses:
         self, caller: str | None, chat_id: str, last: UiMessage, client: str
     ) -> Opened:
         """Approvals answered in the assistant message: decided, and the turn continued."""
-        session = await self.api._session(chat_id, caller)
+        session = await self.ctx.session(chat_id, caller)
         meta = last.metadata.get("gateway") if isinstance(last.metadata, dict) else None
         meta = meta if isinstance(meta, dict) else {}
         state = await self.node.live_summary(session)
@@ -239,7 +228,7 @@ class Responses:
 
     async def resume(self, caller: str | None, chat_id: str, client: str) -> Opened | None:
         """The response of the turn in flight, from its start (None: no turn in flight)."""
-        session = await self.api._session(chat_id, caller)
+        session = await self.ctx.session(chat_id, caller)
         turn_id = (await self.node.live_summary(session)).current_turn_id
         if turn_id is None:
             return None
@@ -260,21 +249,21 @@ class Responses:
         if start is None:
             sub.leave("turn_not_found")
             return Opened(session, sub, mapper, f"turn {turn_id} can no longer be replayed")
-        if await subscribe_full(session, sub, self.config.stream, since=start) is not None:
+        if await self.ctx.subscribe(session, sub, since=start) is not None:
             session.hub.unsubscribe(sub)
             return Opened(session, sub, mapper, f"turn {turn_id} can no longer be replayed")
         return Opened(session, sub, mapper)
 
     async def _live(self, session: Session, client: str) -> ResponseSubscriber:
         sub = ResponseSubscriber(session, self.config.stream, self.node.metrics, client)
-        await subscribe_full(session, sub, self.config.stream)
+        await self.ctx.subscribe(session, sub)
         return sub
 
     # --- the HTTP doors --------------------------------------------------------------
 
     async def chat(self, req: Request) -> StreamingResponse:
         """``POST /ai-sdk/chat`` (module docstring)."""
-        caller = self.api._authenticate(req)
+        caller = self.ctx.authenticate(req)
         body = decode(req, ChatRequest)
         release = once(await self.node.limits.open_stream(caller or NO_OWNER, "ai_sdk"))
         try:
@@ -286,7 +275,7 @@ class Responses:
 
     async def chat_stream(self, req: Request, chat_id: str) -> Response | StreamingResponse:
         """``GET /ai-sdk/chat/{id}/stream``: 204, or the turn in flight from its start."""
-        caller = self.api._authenticate(req)
+        caller = self.ctx.authenticate(req)
         release = once(await self.node.limits.open_stream(caller or NO_OWNER, "ai_sdk"))
         try:
             opened = await self.resume(caller, chat_id, req.client)
@@ -300,7 +289,7 @@ class Responses:
 
     async def chat_stop(self, req: Request, chat_id: str) -> Response:
         """``POST /ai-sdk/chat/{id}/stop``: cancel the turn (docs/protocol.md §8)."""
-        session = await self.api._session(chat_id, self.api._authenticate(req))
+        session = await self.ctx.session(chat_id, self.ctx.authenticate(req))
         turn_id = (await self.node.live_summary(session)).current_turn_id
         if turn_id is None:
             raise ApiError(409, "turn_not_in_flight", f"no turn in flight on {chat_id}")
@@ -364,18 +353,3 @@ def _approvals(message: UiMessage) -> list[tuple[str, bool]]:
             if isinstance(ident, str) and isinstance(approved, bool):
                 out.append((ident, approved))
     return out
-
-
-async def chat(api: Router, req: Request) -> StreamingResponse:
-    """The route table's ``POST /ai-sdk/chat``."""
-    return await api.aisdk.chat(req)
-
-
-async def chat_stream(api: Router, req: Request, chat_id: str) -> Response | StreamingResponse:
-    """The route table's ``GET /ai-sdk/chat/{id}/stream``."""
-    return await api.aisdk.chat_stream(req, chat_id)
-
-
-async def chat_stop(api: Router, req: Request, chat_id: str) -> Response:
-    """The route table's ``POST /ai-sdk/chat/{id}/stop``."""
-    return await api.aisdk.chat_stop(req, chat_id)

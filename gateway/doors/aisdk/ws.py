@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import trio
@@ -41,6 +41,7 @@ from gateway.doors.agui.sse import SlowClient
 from gateway.doors.aisdk import chunks as ui
 from gateway.doors.aisdk.routes import Opened, Responses, UiMessage
 from gateway.doors.aisdk.stream import pump
+from gateway.doors.context import DoorContext
 from gateway.errors import ApiError, Refused
 from gateway.http.openapi import Operation, Query
 from gateway.http.refusals import as_http
@@ -50,9 +51,6 @@ from gateway.logs import event
 from gateway.protocol.closes import close_reason
 from gateway.protocol.framing import text_frame
 from gateway.tenancy import NO_OWNER
-
-if TYPE_CHECKING:
-    from gateway.doors.aisdk.routes import Router
 
 log = logging.getLogger("gateway.aisdk")
 
@@ -281,31 +279,31 @@ def _error(rid: str, exc: ApiError | Refused | msgspec.ValidationError) -> dict[
     return {"type": "error", "requestId": rid, "errorText": text}
 
 
-async def chat_socket(api: Router, req: Request) -> WebSocketAccept:
-    """The route table's ``GET /ai-sdk/ws``: the caller checked, then the upgrade."""
-    caller = _caller(api, req)
-    release = await api.node.limits.open_stream(
+async def chat_socket(ctx: DoorContext, responses: Responses, req: Request) -> WebSocketAccept:
+    """``GET /ai-sdk/ws``: the caller checked, then the upgrade."""
+    caller = _caller(ctx, req)
+    release = await ctx.node.limits.open_stream(
         caller or NO_OWNER, "ai_sdk_ws"
     )  # 503 over_capacity
 
     async def run(ws: WebSocket) -> None:
         try:
-            await ChatSocket(api.aisdk, ws, caller, req.client).run()
+            await ChatSocket(responses, ws, caller, req.client).run()
         finally:
             release()
-            api.node.notify()  # (what waits for streams to close)
+            ctx.node.notify()  # (what waits for streams to close)
 
     return WebSocketAccept(run, abandon=release)
 
 
-def _caller(api: Router, req: Request) -> str | None:
+def _caller(ctx: DoorContext, req: Request) -> str | None:
     """The key's id: from ``Authorization: Bearer``, else the ``key`` query parameter."""
-    if "authorization" in req.headers or not api.keys.enabled:
-        return api._authenticate(req)
+    if "authorization" in req.headers or not ctx.keys.enabled:
+        return ctx.authenticate(req)
     key = req.query.get("key")
     if not key:
         raise ApiError(401, "unauthorized", "send Authorization: Bearer <api key> or ?key=")
-    caller = api.keys.identify(key)
+    caller = ctx.keys.identify(key)
     if caller is None:
         raise ApiError(403, "forbidden", "the API key is not valid")
     return caller

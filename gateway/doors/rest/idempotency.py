@@ -33,9 +33,9 @@ from collections.abc import Awaitable, Callable
 import msgspec
 import trio
 
+from gateway.doors.context import DoorContext
 from gateway.errors import ApiError, StoreError, unavailable
 from gateway.http.refusals import http_error
-from gateway.http.router import Api
 from gateway.http.server import Request, Response
 from gateway.ids import now_ms
 from gateway.logs import event
@@ -78,9 +78,9 @@ def fingerprint(method: str, path: str, body: bytes) -> str:
     return hashlib.sha256(text).hexdigest()
 
 
-def hold_ms(api: Api) -> int:
+def hold_ms(ctx: DoorContext) -> int:
     """How long an attempt holds its key (module docstring)."""
-    store = api.config.store
+    store = ctx.config.store
     return round((store.commit_timeout_s + 2 * store.lease_s) * 1000)
 
 
@@ -91,17 +91,17 @@ Find = Callable[[str], Awaitable[Response | None]]
 
 
 async def once(
-    api: Api, req: Request, owner: str, new_target: str, run: Run, find: Find
+    ctx: DoorContext, req: Request, owner: str, new_target: str, run: Run, find: Find
 ) -> Response:
     """Answer ``req`` at most once per key (module docstring); without a key, ``run`` it."""
     key = key_of(req)
     if key is None:
         return await run(new_target)
-    store = api.node.store
+    store = ctx.node.store
     holder = secrets.token_hex(8)
-    claim = Claim(fingerprint(req.method, req.path, req.body), new_target, holder, hold_ms(api))
+    claim = Claim(fingerprint(req.method, req.path, req.body), new_target, holder, hold_ms(ctx))
     try:
-        with trio.fail_after(api.config.store.commit_timeout_s):  # a store that hangs: 503
+        with trio.fail_after(ctx.config.store.commit_timeout_s):  # a store that hangs: 503
             claimed = await store.claim_request(owner, key, claim, now_ms())
     except trio.TooSlowError:
         exc = StoreError("the store did not answer within commit_timeout_s")
@@ -125,26 +125,28 @@ async def once(
                 headers=(("Retry-After", "1"),),
             )
         case "answered":
-            api.node.metrics.idempotent_replays.inc()
+            ctx.node.metrics.idempotent_replays.inc()
             return Response(record.status, record.body, headers=[REPLAYED])
     try:
         # Taken over: what the attempt before may have made is looked for first.
         found = await find(record.target) if claimed.outcome == "taken" else None
         if found is not None:  # made before its node died: answered now
-            await _settle(api, owner, key, holder, found)
-            api.node.metrics.idempotent_replays.inc()
+            await _settle(ctx, owner, key, holder, found)
+            ctx.node.metrics.idempotent_replays.inc()
             found.headers.append(REPLAYED)
             return found
         answer = await run(record.target)
     except BaseException:
         with trio.CancelScope(shield=True):
-            await _settle(api, owner, key, holder, None)
+            await _settle(ctx, owner, key, holder, None)
         raise
-    await _settle(api, owner, key, holder, answer)
+    await _settle(ctx, owner, key, holder, answer)
     return answer
 
 
-async def _settle(api: Api, owner: str, key: str, holder: str, answer: Response | None) -> None:
+async def _settle(
+    ctx: DoorContext, owner: str, key: str, holder: str, answer: Response | None
+) -> None:
     """Record a 2xx ``answer``; let the key go (target kept) on anything else.
 
     A store that does not answer within :data:`SETTLE_TIMEOUT_S` (one that
@@ -156,7 +158,7 @@ async def _settle(api: Api, owner: str, key: str, holder: str, answer: Response 
     body = answer.body if answer is not None and status is not None else b""
     try:
         with trio.fail_after(SETTLE_TIMEOUT_S):
-            await api.node.store.settle_request(owner, key, holder, status, body)
+            await ctx.node.store.settle_request(owner, key, holder, status, body)
     except (StoreError, trio.TooSlowError) as exc:
         event(
             log, logging.WARNING, "idempotency_not_recorded",

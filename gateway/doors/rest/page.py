@@ -8,26 +8,29 @@ from __future__ import annotations
 
 from gateway import ui
 from gateway.errors import ApiError
-from gateway.http.router import Api
 from gateway.http.server import Request, Response
 
 
-async def page(api: Api, req: Request) -> Response:
-    """``GET /``: the web page (gateway.ui)."""
-    return _serve(api, req, ui.INDEX)
+class Page:
+    """The handlers of the web page, and its files once read (module docstring)."""
 
+    def __init__(self) -> None:
+        self.files: dict[str, ui.Asset] | None = None  # read on first use
 
-async def asset(api: Api, req: Request, name: str) -> Response:
-    """``GET /ui/NAME``: a file of the page; 404 for any name that is not one (gateway.ui)."""
-    return _serve(api, req, name)
+    async def page(self, req: Request) -> Response:
+        """``GET /``: the web page (gateway.ui)."""
+        return self._serve(req, ui.INDEX)
 
+    async def asset(self, req: Request, name: str) -> Response:
+        """``GET /ui/NAME``: a file of the page; 404 for any name that is not one (gateway.ui)."""
+        return self._serve(req, name)
 
-def _serve(api: Api, req: Request, name: str) -> Response:
-    if api.page_files is None:
-        api.page_files = ui.load()
-    found = api.page_files.get(name)
-    if found is None:
-        raise ApiError(404, "not_found", f"no file {name!r} in the web page")
-    if found.fresh(req.headers.get("if-none-match")):
-        return Response(304, b"", found.content_type, found.headers())
-    return Response(200, found.body, found.content_type, found.headers())
+    def _serve(self, req: Request, name: str) -> Response:
+        if self.files is None:
+            self.files = ui.load()
+        found = self.files.get(name)
+        if found is None:
+            raise ApiError(404, "not_found", f"no file {name!r} in the web page")
+        if found.fresh(req.headers.get("if-none-match")):
+            return Response(304, b"", found.content_type, found.headers())
+        return Response(200, found.body, found.content_type, found.headers())

@@ -33,8 +33,8 @@ import trio
 
 from gateway.config import StreamConfig
 from gateway.doors.context import SSE_HEADERS
+from gateway.doors.sse.compat import Api
 from gateway.errors import ApiError, SubscribeRejected
-from gateway.http.router import Api
 from gateway.http.server import Request, Response, StreamingResponse
 from gateway.ids import format_event_id
 from gateway.logs import client_label, event
