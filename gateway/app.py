@@ -153,7 +153,7 @@ class Gateway:
         """The HTTP API: the registered doors' routes (:data:`DOORS`), built on first use."""
         router: Router | None = getattr(self, "_router", None)
         if router is None:
-            router = self._router = open_doors(self.node, self.keys)
+            router = self._router = open_doors(self.node, self.keys, DOORS)
         return router
 
     def shutdown(self) -> None:

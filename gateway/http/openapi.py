@@ -1,7 +1,7 @@
 """``GET /openapi.json``: the OpenAPI 3.1 document of the HTTP API (docs/protocol.md §2).
 
-One source of truth. Each route of the API is declared once, in the route table
-(gateway.server.route_table), with an :class:`Operation` per method: the Struct the
+One source of truth. Each route of the API is declared once, by its door
+(gateway.doors.rest.door and the others), with an :class:`Operation` per method: the Struct the
 handler decodes, its query parameters, the Struct it answers with, and the errors
 only it gives. The JSON schemas are msgspec's own, of those very Structs
 (``msgspec.json.schema_components``); this module only assembles them into the
@@ -35,7 +35,7 @@ a ``{session_id}`` in the path        404 ``session_not_found``; 503
 ====================================  =============================================
 
 Each error answer is the body ``{"error": {"code", "message"}}``
-(:class:`~gateway.server.http.ErrorBody`) with ``code`` one of those listed for
+(:class:`~gateway.http.server.ErrorBody`) with ``code`` one of those listed for
 that operation and status: a client can switch on it. Not per operation: 405
 ``method_not_allowed`` (with ``Allow``) for a method a path does not have, and
 ``HEAD`` wherever ``GET`` is, answered as the ``GET`` without its body.
@@ -91,7 +91,7 @@ class Query:
 
 @dataclass(frozen=True, slots=True)
 class Operation:
-    """What the document says of one route and method; declared in the route table.
+    """What the document says of one route and method; declared with the route.
 
     Args:
         summary: one line.
@@ -138,7 +138,7 @@ IDEMPOTENCY_KEY = {
 
 @dataclass(frozen=True, slots=True)
 class Documented:
-    """One documented route and method, as the route table declared it."""
+    """One documented route and method, as its door declared it."""
 
     path: str  # with ``{name}`` segments
     method: str  # upper case

@@ -3,7 +3,7 @@
 Each refusal is an :class:`~gateway.errors.ApiError` with the status PROTOCOL
 section 2 gives it: 400 malformed JSON or a query that is no integer, 415 a
 POST not declared ``application/json``, 422 a body or query out of its schema.
-The router (gateway.server.routes) checks the content type and the query's
+The router (gateway.http.router) checks the content type and the query's
 names before the handler runs; the handlers decode the rest.
 """
 

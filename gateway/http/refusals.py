@@ -6,7 +6,7 @@ become an HTTP status: the node, the sessions and the cluster link never
 name one. A refusal that closes a stream (a replica's subscribe whose owner
 did not answer) closes it with ``relay_gap`` (gateway.session.seam); a
 refusal of a ``cancel`` frame is an ``error`` frame of the same code
-(gateway.server.connection).
+(gateway.doors.websocket.connection).
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ class Held(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """One path of the route table, and per method its handler and :class:`Operation`.
+    """One path of a door's routes, and per method its handler and :class:`Operation`.
 
     ``name`` is the path's name in the ``gateway_http_requests`` metric;
     ``path`` (with ``{id}`` segments) is where the API document lists it,

@@ -458,7 +458,7 @@ class _HttpConnection:
         """Complete the handshake (RFC 6455 section 4.2.2) and hand the stream to ``accept.run``.
 
         No extension is negotiated: frames are built once per event for every
-        client (see gateway.server.websocket), which permessage-deflate would forbid.
+        client (see gateway.http.websocket), which permessage-deflate would forbid.
         """
         key = key_text.encode()
         switch = h11.InformationalResponse(

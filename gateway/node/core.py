@@ -26,7 +26,11 @@ if TYPE_CHECKING:
 
 
 class Connection(Protocol):
-    """An open stream connection, as shutdown and a deletion see it (gateway.server.connection)."""
+    """An open stream connection, as shutdown and a deletion see it.
+
+    A WebSocket (gateway.doors.websocket.connection) or an SSE stream
+    (gateway.doors.sse.events).
+    """
 
     def request_close(self, code: str) -> None:
         """Close with the close named ``code`` (gateway.protocol.closes)."""

@@ -104,7 +104,7 @@ class Registry:
                 a fresh ``sess_`` id if None.
 
         Raises:
-            ApiError: 429 ``too_many_sessions`` (gateway.server.auth; the count is
+            ApiError: 429 ``too_many_sessions`` (gateway.tenancy; the count is
                 taken before any wait, so two racing requests cannot both get the
                 last one).
             Refused: ``unknown_agent``, ``invalid_model``, ``invalid_workspace``,

@@ -18,7 +18,7 @@ docs/reference.md ``[limits]``, 0 = no limit, each refusal a clear error:
 Test rules: a real gateway on 127.0.0.1 port 0 with independent clients, on
 the real clock under ``fail_after``, waiting for the event that says a thing
 happened (a turn's end, the node's ``changed`` after a connection closed);
-time-dependent rules on :class:`gateway.server.auth.Limits` under
+time-dependent rules on :class:`gateway.tenancy.Limits` under
 ``autojump_clock``.
 """
 

@@ -210,7 +210,7 @@ async def test_the_schemas_are_msgspecs_own_of_the_handlers_structs(gw: Harness)
 
 def raised_errors() -> set[tuple[int, str]]:
     """Every literal (status, code) of an ``ApiError`` or ``error_response`` in the package,
-    and every refusal by the status the server's table gives it (gateway.server.refusals)."""
+    and every refusal by the status the server's table gives it (gateway.http.refusals)."""
     from gateway.http.refusals import STATUS
 
     found: set[tuple[int, str]] = {(status, code) for code, status in STATUS.items()}

@@ -1,7 +1,7 @@
 """The socket's bytes belong to the WebSocket: whoever writes, frames never interleave.
 
 Issue items 4 and 5 (docs/protocol.md §3). The property test runs ONE
-:class:`~gateway.server.connection.StreamConnection` of a real node over a fake
+:class:`~gateway.doors.websocket.connection.StreamConnection` of a real node over a fake
 socket (:class:`Wire`) whose kernel buffer takes exactly as many bytes as
 hypothesis lets it: every write, the hub's direct one as much as the
 writer's and the reader's, comes up short (0 or partial) whenever the drawn

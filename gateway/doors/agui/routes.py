@@ -133,7 +133,7 @@ class AguiRoutes:
         self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
         ctx.node.session_listeners.append(self._forget)  # pruned with the session's tasks
         self._threads = ClientNamedSessions(ctx, "threadId", "invalid_thread_id")
-        self.book = RunBook(ctx.node)  # the runs answered, for re-attaching (gateway.agui.runs)
+        self.book = RunBook(ctx.node)  # the runs answered, to re-attach (gateway.doors.agui.runs)
 
     async def agui_run(self, req: Request) -> StreamingResponse:
         """``POST /agui``: one AG-UI run, the turn it starts or resumes (docs/protocol.md "AG-UI").
@@ -255,7 +255,7 @@ class AguiRoutes:
 
         The run is mapped again from its start: the seam replays the session's
         events after the run's start, then the subscriber is live (no gap, no
-        duplicate at the seam); :class:`~gateway.agui.resume.RunFeed` sends
+        duplicate at the seam); :class:`~gateway.doors.agui.resume.RunFeed` sends
         what comes after the client's ``Last-Event-ID`` (docs/protocol.md "AG-UI").
         """
         session = await self.ctx.session(session_id, self.ctx.authenticate(req))

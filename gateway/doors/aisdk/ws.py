@@ -5,7 +5,7 @@ One socket carries any number of requests, each named by the client's
 
 - ``send`` (the ``DefaultChatTransport`` body's fields: ``id``, ``messages``,
   ``trigger``) starts a response as ``POST /ai-sdk/chat`` does
-  (:meth:`gateway.aisdk.routes.Responses.send`); ``resume`` answers the chat's
+  (:meth:`gateway.doors.aisdk.routes.Responses.send`); ``resume`` answers the chat's
   turn in flight from its start, its chunks after ``lastSequence`` when given,
   or ``no-active``.
 - Each response is ``start``, then its chunks as ``chunk`` frames numbered from

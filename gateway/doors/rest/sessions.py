@@ -40,7 +40,7 @@ class Sessions:
     async def create_session(self, req: Request) -> Response:
         """``POST /sessions``: answered once the session is committed.
 
-        At most once per ``Idempotency-Key`` (gateway.server.idempotency): the
+        At most once per ``Idempotency-Key`` (gateway.doors.rest.idempotency): the
         session's id is chosen first and kept with the key.
         """
         owner = self.ctx.authenticate(req) or NO_OWNER
@@ -129,8 +129,8 @@ class Sessions:
         """One finished message, whole (docs/protocol.md §15: what a snapshot cut).
 
         The session's own messages only, as the caller may see the session
-        (:meth:`Api._session`); the newest are the likeliest, so they are looked
-        at first.
+        (:meth:`gateway.doors.context.DoorContext.session`); the newest are the
+        likeliest, so they are looked at first.
         """
         session = await self.ctx.session(session_id, self.ctx.authenticate(req))
         for message in reversed(await self.ctx.node.messages_of(session)):

@@ -71,7 +71,7 @@ class Turns:
             await self.ctx.node.durable_or_503()  # made here, maybe not yet durable (a 503 before)
             return json_response(202, TurnAccepted(turn_id))
 
-        # At most once per Idempotency-Key (gateway.server.idempotency): the turn's
+        # At most once per Idempotency-Key (gateway.doors.rest.idempotency): the turn's
         # id is chosen first and kept with the key.
         return await idempotency.once(self.ctx, req, owner, new_turn_id(), start, find)
 

@@ -6,10 +6,10 @@ Task tree of a connection::
     │                       subscribe, cancel, ping, pong) and the connection's
     │                       two clocks, the subscribe deadline and the heartbeat
     └── ws-writer <name>    only while the client has a backlog
-                            (gateway.server.outbound)
+                            (gateway.doors.websocket.outbound)
 
 Where the rest of a connection lives: its bound, writer, slow-client rule and
-close in :mod:`gateway.server.outbound`; what a ``subscribe`` does (register,
+close in :mod:`gateway.doors.websocket.outbound`; what a ``subscribe`` does (register,
 cut, replay or snapshot, then live) in :mod:`gateway.session.seam`; the close
 codes in :mod:`gateway.protocol.closes`.
 """
@@ -175,7 +175,7 @@ class StreamConnection:
             if not out.subscribed:
                 wake_at = min(wake_at, subscribe_by)
             # The clock counts only while the reader waits for bytes: what
-            # came is handled whole (gateway.server.websocket, module docstring).
+            # came is handled whole (gateway.http.websocket, module docstring).
             message = await self.ws.receive(wake_at if out.closing is None else math.inf)
             if isinstance(message, Idle):
                 self._on_timer(subscribe_by, interval)
@@ -235,7 +235,7 @@ class StreamConnection:
             await self.session.node.cancel_turn(  # on whichever node runs the session
                 self.session, frame.turn_id, frame.reason or "user", self.name
             )
-        except Refused as exc:  # an error frame of the same code (gateway.server.refusals)
+        except Refused as exc:  # an error frame of the same code (gateway.http.refusals)
             raise FrameRejected(exc.code, exc.message) from None
 
     def _on_timer(self, subscribe_by: float, interval: float) -> None:

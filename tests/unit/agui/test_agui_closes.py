@@ -1,4 +1,4 @@
-"""An AG-UI run's stream when its queue is closed (gateway.agui.sse), without a socket.
+"""An AG-UI run's stream when its queue is closed (gateway.doors.agui.sse), without a socket.
 
 Too slow is the slow-client rule (the transport closes the connection); any
 other close (the session deleted, this node's relay of it lost) ends the run

@@ -1,13 +1,13 @@
 """The AG-UI mapping, sans-IO, table by table against the recorded traces (docs/protocol.md §14).
 
-Each table is what :class:`~gateway.agui.mapping.RunMapper` makes of one trace of
+Each table is what :class:`~gateway.doors.agui.mapping.RunMapper` makes of one trace of
 tests/streaming-conformance/traces (recorded from a real gateway), one line per
 AG-UI event: its type and its ids, delta, content or outcome. No socket: the
 mapper is fed the decoded events one by one, and :meth:`RunMapper.pause` is
 called where the IO layer would call it (after ``permission.requested``, the
 queue being empty). Every event made is also validated by the
 ``ag-ui-protocol`` package's own models, and every Struct of
-gateway.agui.shapes is checked against them field by field.
+gateway.doors.agui.shapes is checked against them field by field.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Re-attaching to an AG-UI run, sans-IO, against the recorded traces (docs/protocol.md §14).
 
-A trace's turn is mapped once whole (:class:`~gateway.agui.resume.RunFeed`,
+A trace's turn is mapped once whole (:class:`~gateway.doors.agui.resume.RunFeed`,
 no cursor), then again for every cursor, as ``GET
 /agui/{session_id}/runs/{run_id}/stream`` maps it: ``RUN_STARTED``, the start
 events of what was open at the cursor, then exactly what came after it.

@@ -1,6 +1,6 @@
 """The AI SDK mapping, sans-IO, table by table against the recorded traces (docs/protocol.md §14).
 
-Each table is what :class:`~gateway.aisdk.mapping.ChatMapper` makes of one
+Each table is what :class:`~gateway.doors.aisdk.mapping.ChatMapper` makes of one
 trace of tests/streaming-conformance/traces (recorded from a real gateway),
 one line per UI message chunk: its type and its ids, delta, input, output,
 approval or finish reason. No socket: the mapper is fed the decoded events one

@@ -1,4 +1,4 @@
-"""A response's pump (gateway.aisdk.stream), without a socket: how its queue's close ends it.
+"""A response's pump (gateway.doors.aisdk.stream), without a socket: how its queue's close ends it.
 
 The slow-client rule raises (the transport closes the connection, the client
 resumes); any other close (the session deleted, this node's relay lost) ends

@@ -3,7 +3,7 @@
 Behaviour 9 of the core issue. Every test here runs on the ``autojump_clock``
 fixture, so 30-second ping intervals take no real time, and asserts the
 virtual times to the second. Nothing here touches a real socket (autojump and
-real I/O do not mix): a :class:`~gateway.server.connection.StreamConnection` runs
+real I/O do not mix): a :class:`~gateway.doors.websocket.connection.StreamConnection` runs
 over :func:`trio.testing.memory_stream_pair`, and the test speaks WebSocket to
 it with a bare wsproto client connection (:class:`WsClient`). The node is real:
 SQLite store, scripted provider, ``sleep`` tool. The store does its I/O in

@@ -1,4 +1,4 @@
-"""The HTTP side of ``Idempotency-Key`` (gateway.server.idempotency): header, fingerprint."""
+"""The HTTP side of ``Idempotency-Key`` (gateway.doors.rest.idempotency): header, fingerprint."""
 
 from __future__ import annotations
 

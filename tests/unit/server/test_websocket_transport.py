@@ -1,4 +1,4 @@
-"""The WebSocket transport (gateway.server.websocket, and the upgrade in gateway.server.http).
+"""The WebSocket transport (gateway.http.websocket, and the upgrade in gateway.http.server).
 
 Test rules: the framing and the close handshake are checked against an
 independent parser, wsproto's client side, over ``memory_stream_pair`` under
