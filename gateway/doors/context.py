@@ -28,7 +28,7 @@ and the attach token's query parameter, as the API document names them.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.errors import ApiError, Refused, SubscribeRejected
@@ -205,7 +205,3 @@ def once(release: Callable[[], None]) -> Callable[[], None]:
             release()
 
     return call
-
-
-Send = Callable[[bytes], Awaitable[None]]
-"""A stream's writer: one piece of the body."""
