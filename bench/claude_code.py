@@ -186,9 +186,9 @@ def _dirs(scratch: str, name: str) -> tuple[str, str]:
 @asynccontextmanager
 async def gateway(base_url: str, scratch: str) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
     """A gateway whose default agent is Claude Code on the fake API, and an HTTP client."""
+    from gateway.app import Gateway
     from gateway.config import load_config
     from gateway.providers.factory import make_providers
-    from gateway.server.app import Gateway
 
     root = Path(tempfile.mkdtemp(dir=scratch, prefix="gateway-"))
     path = root / "gateway.toml"

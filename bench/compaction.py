@@ -36,8 +36,8 @@ import httpx
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
+from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.server.app import Gateway
 
 Once = Callable[[], Awaitable[float]]
 """One run: the seconds of the measured turn."""

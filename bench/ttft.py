@@ -42,12 +42,12 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from bench.fake_api import FakeServer, Replay, transcript
+from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.base import ModelRequest
 from gateway.providers.factory import make_provider
-from gateway.server.app import Gateway
 from gateway.translate import Translator
 
 MODEL = "anthropic:claude-sonnet-4-6"

@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     # Imported here so that a bad command line or config starts nothing at all.
     from gateway import environment, telemetry
+    from gateway.app import serve
     from gateway.errors import StartupError
     from gateway.providers.factory import make_providers
-    from gateway.server.app import serve
 
     env = environment.capture()  # what the daemon reads of it, kept: secrets go below
     try:

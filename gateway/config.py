@@ -866,7 +866,7 @@ def _check_webhooks(config: Config, source: _Source) -> None:
 def _check_trusted_proxies(entries: tuple[str, ...], source: _Source) -> None:
     """Each ``[server] trusted_proxies`` entry is an IP address or network, as the server parses it.
 
-    gateway.server.http.TrustedProxies reads them with
+    gateway.http.server.TrustedProxies reads them with
     ``ipaddress.ip_network(strict=False)``: a host address is a /32 (or /128)
     network, and host bits of a network are ignored (``10.1.2.3/8`` is
     ``10.0.0.0/8``).

@@ -7,7 +7,7 @@ reference: docs/reference.md)::
     GatewayError
     ├── ConfigError          bad config file, key, type or range: one line, exit 2 (reference)
     ├── Refused              a request the gateway refuses, by ``code`` (§2); the
-    │                        server's table (gateway.server.refusals) gives its HTTP status
+    │                        server's table (gateway.http.refusals) gives its HTTP status
     ├── ApiError             an HTTP error body {"error": {"code", "message"}} (§2)
     ├── SubscribeRejected    a ``subscribe_error`` frame; the connection stays open (§3)
     ├── FrameRejected        an ``error`` frame; the connection stays open (§3)
@@ -45,7 +45,7 @@ class Refused(GatewayError):
 
     Raised by the node, the sessions and the cluster link; never an HTTP
     status of its own: the server answers it as its table says
-    (gateway.server.refusals: one status per code, docs/protocol.md §2). One
+    (gateway.http.refusals: one status per code, docs/protocol.md §2). One
     refused by the node that runs a session crosses the cluster link as a
     typed reply and is raised again as the same refusal on the asking node.
 
@@ -118,7 +118,7 @@ class StartupError(GatewayError):
     """The daemon could not start; the message is the one line an operator reads.
 
     docs/reference.md "Command line": the port is taken, the host is not this
-    machine's, the store cannot be opened. Raised by :func:`gateway.server.app.serve`
+    machine's, the store cannot be opened. Raised by :func:`gateway.app.serve`
     before the readiness line, never after.
     """
 
@@ -159,7 +159,7 @@ class ClientError(GatewayError):
 def unavailable(exc: StoreError) -> Refused:
     """The ``store_unavailable`` refusal of a store that did not answer (docs/protocol.md §2).
 
-    One answer wherever it is raised: a route's handler (gateway.server.http)
+    One answer wherever it is raised: a route's handler (gateway.http.server)
     or an operation between nodes (gateway.node).
     """
     return Refused("store_unavailable", f"{exc}; the request may be retried", retry_after_s=1)

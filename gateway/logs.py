@@ -26,7 +26,7 @@ Two formats, chosen by ``[log] format``:
   nothing of events gets ``event: "log"``.
 
 :func:`configure` installs the one handler (on stderr) and the root level,
-once, where the daemon starts (:func:`gateway.server.app.serve`), and
+once, where the daemon starts (:func:`gateway.app.serve`), and
 :func:`stop` ends it when the daemon does.
 
 The daemon's handler never blocks (:class:`QueuedHandler`): it formats the
@@ -367,7 +367,7 @@ def stop(timeout: float = STOP_TIMEOUT_S) -> None:
     """Remove the handler :func:`configure` installed; a queued one's lines are written first.
 
     The writer gets ``timeout`` to write what is queued (a reader that still
-    stalls loses the rest). Where the daemon ends (:func:`gateway.server.app.serve`),
+    stalls loses the rest). Where the daemon ends (:func:`gateway.app.serve`),
     on a start-up failure too.
     """
     global _handler

@@ -39,12 +39,12 @@ import pytest
 import trio
 from trio_websocket import WebSocketConnection
 
+from gateway.app import Gateway
 from gateway.client import Reducer, decode_server_frame
 from gateway.client.attach import open_websocket as open_ws
 from gateway.config import Config, load_config
 from gateway.protocol.events import Event
 from gateway.protocol.frames import EventFrame
-from gateway.server.app import Gateway
 
 # pytest keeps each test module it rewrote (for its assertion messages) as bytecode in
 # __pycache__; PYTHONDONTWRITEBYTECODE turns that off too, and every run rewrote the

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from gateway.node.attach_tokens import Tokens
-from gateway.server.auth import Limits
 from gateway.session.session import NodeServices, Session
 from gateway.store.lease import LeaseKeeper, Taken
+from gateway.tenancy import Limits
 from gateway.tools.workspace import Workspaces
 
 if TYPE_CHECKING:
@@ -26,7 +26,11 @@ if TYPE_CHECKING:
 
 
 class Connection(Protocol):
-    """An open stream connection, as shutdown and a deletion see it (gateway.server.connection)."""
+    """An open stream connection, as shutdown and a deletion see it.
+
+    A WebSocket (gateway.doors.websocket.connection) or an SSE stream
+    (gateway.doors.sse.events).
+    """
 
     def request_close(self, code: str) -> None:
         """Close with the close named ``code`` (gateway.protocol.closes)."""

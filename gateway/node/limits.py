@@ -1,6 +1,6 @@
 """The per-key limits of a deployment of several nodes, counted in Redis (docs/protocol.md §15).
 
-On one node (SQLite) :class:`gateway.server.auth.Limits` counts in memory. On
+On one node (SQLite) :class:`gateway.tenancy.Limits` counts in memory. On
 Redis, once the placement is clustered (gateway.node.placement), it hands the
 three per-key limits to :class:`RedisKeyLimits`, so that they count for the
 whole deployment, whichever node a request reaches. Each check is one Lua
@@ -63,7 +63,7 @@ RESERVATION_S = 60.0
 """How long a session being created holds its slot before its record is in the store."""
 
 WINDOW_MS = 60_000
-"""The window of ``turns_per_minute_per_key`` (gateway.server.auth.TURN_WINDOW_S), in ms."""
+"""The window of ``turns_per_minute_per_key`` (gateway.tenancy.TURN_WINDOW_S), in ms."""
 
 _NOW = """
 local t = redis.call('TIME')
@@ -149,7 +149,7 @@ return -1
 
 
 class RedisKeyLimits:
-    """The per-key counts of the deployment, in Redis (:class:`gateway.server.auth.SharedLimits`).
+    """The per-key counts of the deployment, in Redis (:class:`gateway.tenancy.SharedLimits`).
 
     Args:
         redis_call: runs a command on the node's Redis client (the cluster link's).

@@ -36,7 +36,7 @@ The parts see the node as gateway.node.core.NodeCore, so none of them imports th
 
 Shared by all sessions: the config, the store, the node-wide event sequencer
 (docs/protocol.md §1), the provider, the tool registry, the attach tokens, the
-limits per API key (``gateway.server.auth``) and the metrics. Shutdown
+limits per API key (``gateway.tenancy``) and the metrics. Shutdown
 (docs/reference.md "Command line") goes in order: no new turns, in-flight turns
 cancelled with ``reason: "shutdown"`` and given
 ``shutdown_grace_s`` to emit their sequences, sessions stopped, the store
@@ -76,13 +76,13 @@ from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
 from gateway.providers.model_proxy import ModelProxy
 from gateway.runtimes.claude_code import tools as claude_code_tools
-from gateway.server.auth import Limits
 from gateway.session.agent import TurnHost
 from gateway.session.hub import Emitted
 from gateway.session.sequencer import EventSequencer
 from gateway.session.session import Session
 from gateway.store.base import Store
 from gateway.store.lease import LeaseKeeper, new_node_id
+from gateway.tenancy import Limits
 from gateway.tools.process import ToolProcesses
 from gateway.tools.process_slots import ProcessSlots
 from gateway.tools.registry import SessionTools, ToolRegistry
@@ -128,7 +128,7 @@ class Node:
         )
         # In this process; in Redis once the placement is clustered (gateway.node.attach_tokens).
         self.tokens: Tokens = AttachTokens(config.stream.attach_token_ttl_s)
-        self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.server.auth)
+        self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.tenancy)
         self.workspaces = Workspaces.from_config(config.sessions)  # docs/protocol.md §15
         # The tool processes of the daemon (the app shares its own); a bare node spawns without
         # a watchdog: its groups are still stopped with their sessions.
@@ -221,7 +221,7 @@ class Node:
         Returns once those sequences are durable, hence handed to the clients'
         queues (docs/protocol.md §9): a close that follows comes after them.
         Once per shutdown: the daemon drains before it closes the connections
-        (gateway.server.app), and :meth:`run` then finds nothing left to drain.
+        (gateway.app), and :meth:`run` then finds nothing left to drain.
         """
         if self._drained:
             return

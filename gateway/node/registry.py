@@ -21,9 +21,9 @@ from gateway.errors import Refused, StoreError
 from gateway.ids import new_session_id, now_ms
 from gateway.logs import event
 from gateway.node.core import NodeCore
-from gateway.server.auth import NO_OWNER
 from gateway.session.session import Session
 from gateway.store.base import SessionRecord
+from gateway.tenancy import NO_OWNER
 from gateway.tools.workspace import WorkspaceError, Workspaces
 
 log = logging.getLogger("gateway.node")
@@ -104,7 +104,7 @@ class Registry:
                 a fresh ``sess_`` id if None.
 
         Raises:
-            ApiError: 429 ``too_many_sessions`` (gateway.server.auth; the count is
+            ApiError: 429 ``too_many_sessions`` (gateway.tenancy; the count is
                 taken before any wait, so two racing requests cannot both get the
                 last one).
             Refused: ``unknown_agent``, ``invalid_model``, ``invalid_workspace``,

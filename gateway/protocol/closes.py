@@ -21,7 +21,7 @@ shutdown's ``turn.cancelled`` must reach the client before its 1001);
 otherwise the queue is dropped and the client resumes with ``since`` replay.
 *Reconnect*: a client should come back (with ``since``, or a snapshot) rather
 than give up. Whatever drains or not, the writing left gets at most
-``close_grace_s`` before the close frame (:mod:`gateway.server.outbound`).
+``close_grace_s`` before the close frame (:mod:`gateway.doors.websocket.outbound`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The gateway frames each event once, at emission, and every connection writes
 those same bytes: the fan-out never frames per client. This is the sans-IO
-half of the server's WebSocket (:mod:`gateway.server.websocket` owns the
+half of the server's WebSocket (:mod:`gateway.http.websocket` owns the
 socket and the rest of RFC 6455 through wsproto).
 """
 

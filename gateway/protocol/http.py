@@ -2,7 +2,7 @@
 
 Requests refuse unknown fields (422 ``invalid_body`` names the field); answers
 are what the routes encode and what :mod:`gateway.client.api` decodes, and
-``/openapi.json`` shows their msgspec schemas (:mod:`gateway.server.openapi`).
+``/openapi.json`` shows their msgspec schemas (:mod:`gateway.http.openapi`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from gateway.store.base import SessionRecord
 
 
 class KeyLimits(Protocol):
-    """The turns counted per API key (gateway.server.auth.Limits), as ``delegate`` counts one."""
+    """The turns counted per API key (gateway.tenancy.Limits), as ``delegate`` counts one."""
 
     async def count_turn(self, key: str) -> str | float | None:
         """Check and count a turn of ``key`` in one step (over the limit: an ``ApiError`` 429).

@@ -2,8 +2,8 @@
 
 Every client of a session's hub takes the hub's shared batches
 (:class:`~gateway.session.hub.FrameBatch`) through one :class:`DeliveryQueue`:
-a WebSocket connection (:class:`gateway.server.outbound.Outbound`) and an
-AG-UI run's SSE stream (:class:`gateway.agui.sse.RunSubscriber`) alike. What
+a WebSocket connection (:class:`gateway.doors.websocket.outbound.Outbound`) and an
+AG-UI run's SSE stream (:class:`gateway.doors.agui.sse.RunSubscriber`) alike. What
 differs is only how each one's consumer writes what it takes, and how it
 closes.
 

@@ -112,7 +112,7 @@ class Subscriber(Protocol):
 class DirectWriter(Protocol):
     """A socket a connection lends the fan-out while nothing else writes to it.
 
-    Made and owned by the server side (:class:`gateway.server.websocket.SocketWriter`);
+    Made and owned by the server side (:class:`gateway.http.websocket.SocketWriter`);
     the hub only calls it, from the fan-out, between :meth:`Hub.set_direct`
     calls that lend it and take it back.
     """

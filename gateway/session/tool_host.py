@@ -110,7 +110,7 @@ async def spawn_worker(session: SessionCore, create: Callable[[], Awaitable[Work
     except BaseException as exc:
         if turn is not None:
             turn.workers -= 1
-        if isinstance(exc, ApiError):  # the key's limits answer as HTTP (gateway.server.auth)
+        if isinstance(exc, ApiError):  # the key's limits answer as HTTP (gateway.tenancy)
             raise ToolError("limit", f"delegate refused: {exc} (workers' turns count)") from None
         if isinstance(exc, Refused):  # store_unavailable: the shared count was not read
             raise ToolError("error", f"delegate refused: {exc}") from None

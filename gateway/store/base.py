@@ -68,7 +68,7 @@ class SessionRecord(msgspec.Struct):
     current_turn_id: str | None = None
     current_turn_seq: int = 0
     # Who the session belongs to (docs/protocol.md §2): the id of the API key that
-    # created it (gateway.server.auth.key_id: a digest, never the key), a worker's
+    # created it (gateway.tenancy.key_id: a digest, never the key), a worker's
     # its parent's; "" (no owner, seen by every key) where no keys were configured.
     # A default, so records stored before owners existed decode as ownerless.
     owner: str = ""

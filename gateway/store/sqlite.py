@@ -128,7 +128,7 @@ _MIGRATE_1_TO_2 = (
 )
 
 # Version 3 (docs/protocol.md §2): a session belongs to the key that created it.
-# ``owner`` is the key's id (gateway.server.auth.key_id), never the key; "" for
+# ``owner`` is the key's id (gateway.tenancy.key_id), never the key; "" for
 # the sessions made without keys, which every key sees (so every version-2
 # session, made before owners existed, stays visible as it was).
 _V3_INDEXES = ("CREATE INDEX sessions_by_owner ON sessions (owner, created_at, id)",)

@@ -8,7 +8,7 @@ directory per tenant, and the workspaces in it::
 
     <root>/<tenant>/<name>
 
-The tenant is the owner's key id (16 hex digits, gateway.server.auth) or
+The tenant is the owner's key id (16 hex digits, gateway.tenancy) or
 ``local`` for sessions made without API keys, so two API keys never share a
 named workspace, whatever names their clients pick.
 

@@ -8,7 +8,7 @@ public, as ``/healthz`` is: it holds no data; everything it shows comes from the
 HTTP API and the session stream, with the API key the user types in
 (docs/protocol.md sections 2 and 3).
 
-Serving rules (gateway.server.handlers.page: ``page`` and ``asset``):
+Serving rules (gateway.doors.rest.page: ``page`` and ``asset``):
 
 - **Only the files that are here.** The set of files is read once, when first
   asked for; a name is served only if it is one of them (a plain file name with

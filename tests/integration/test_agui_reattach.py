@@ -21,7 +21,7 @@ import trio
 from ag_ui.core import Event as AguiEvent
 from pydantic import TypeAdapter
 
-from gateway.agui.resume import parse_cursor
+from gateway.doors.agui.resume import parse_cursor
 from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway
 from tests.integration.test_agui_http import (
     APPROVAL,

@@ -30,9 +30,9 @@ import trio
 
 from gateway.config import load_config
 from gateway.errors import Refused
+from gateway.http.boundary import Boundary
+from gateway.http.refusals import STATUS
 from gateway.node import AttachTokens
-from gateway.server.auth import Boundary
-from gateway.server.refusals import STATUS
 from tests.conftest import Harness, make_config, running_gateway
 
 EVIL = "https://evil.example"
@@ -361,7 +361,7 @@ async def test_dns_rebinding_a_foreign_host_is_421_on_every_route(tmp_path: Path
         port = port_of(h)
         sid = await h.create_session()
         token = (await h.http.get(f"/sessions/{sid}")).json()["attach_token"]
-        documented = h.gateway.node_api.documented
+        documented = h.gateway.router.documented
         paths = [(d.method, d.path.replace("{session_id}", sid)) for d in documented]
         assert len(paths) >= 14
         for host in (
@@ -432,7 +432,7 @@ def test_bound_beyond_loopback_the_bound_address_is_answered_too() -> None:
 def test_a_gateway_bound_beyond_loopback_warns_once_that_allowed_hosts_is_unset(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from gateway.server.auth import warn_open_hosts
+    from gateway.http.boundary import warn_open_hosts
 
     for host, warned in (("127.0.0.1", False), ("0.0.0.0", True), ("::1", False)):
         caplog.clear()

@@ -44,9 +44,9 @@ from gateway.client import (
     Session,
 )
 from gateway.client import api as client_api
+from gateway.doors.rest import door as route_table
 from gateway.errors import ApiError, ClientError, SubscribeRejected
 from gateway.protocol.frames import Ping, Snapshot, SubscribeAck, SubscribeError
-from gateway.server import route_table
 from tests.conftest import TOOL_SCRIPT, Harness, free_port, make_config, running_gateway
 from tests.integration.test_attach_cli import SilenceableProxy
 from tests.paths import ROOT

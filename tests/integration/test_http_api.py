@@ -32,9 +32,9 @@ import trio.testing
 from trio_websocket import ConnectionRejected, open_websocket_url, wrap_client_stream
 
 from gateway.errors import Refused
+from gateway.http.refusals import STATUS
 from gateway.node import AttachTokens
 from gateway.protocol.frames import SubscribeAck
-from gateway.server.refusals import STATUS
 from tests.conftest import JSON_TYPE, Client, Harness, make_config, running_gateway, types
 
 SLOW_SCRIPT = {"script": {"delay_ms": 10, "rounds": [[{"lorem": 40}]]}}

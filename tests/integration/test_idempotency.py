@@ -203,7 +203,7 @@ async def test_an_error_answer_is_not_recorded_and_the_retry_runs(
 
 async def test_a_node_that_died_holding_a_key_is_taken_over(gw: Harness, tmp_path: Path) -> None:
     """The holder died after making its session: the retry finds it; before: makes it."""
-    from gateway.server.idempotency import fingerprint
+    from gateway.doors.rest.idempotency import fingerprint
 
     made = await post(gw, "/sessions", {}, {})
     sid = made.json()["session_id"]
@@ -228,7 +228,7 @@ async def test_a_node_that_died_holding_a_key_is_taken_over(gw: Harness, tmp_pat
 
 
 async def test_a_turn_whose_node_died_holding_its_key_is_found(gw: Harness, tmp_path: Path) -> None:
-    from gateway.server.idempotency import fingerprint
+    from gateway.doors.rest.idempotency import fingerprint
 
     sid = await gw.create_session()
     path = f"/sessions/{sid}/turns"
@@ -321,7 +321,7 @@ async def test_the_api_document_lists_the_header_where_it_is_taken(gw: Harness) 
 
 async def test_a_restart_frees_a_key_its_process_held(tmp_path: Path) -> None:
     """SQLite is one process's: what the dead process held is not in use by anyone."""
-    from gateway.server.idempotency import fingerprint
+    from gateway.doors.rest.idempotency import fingerprint
 
     config = make_config(tmp_path)
     fp = fingerprint("POST", "/sessions", b"{}")

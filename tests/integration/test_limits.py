@@ -18,7 +18,7 @@ docs/reference.md ``[limits]``, 0 = no limit, each refusal a clear error:
 Test rules: a real gateway on 127.0.0.1 port 0 with independent clients, on
 the real clock under ``fail_after``, waiting for the event that says a thing
 happened (a turn's end, the node's ``changed`` after a connection closed);
-time-dependent rules on :class:`gateway.server.auth.Limits` under
+time-dependent rules on :class:`gateway.tenancy.Limits` under
 ``autojump_clock``.
 """
 
@@ -37,7 +37,7 @@ from wsproto.events import AcceptConnection, Request, TextMessage
 
 from gateway.config import LimitsConfig
 from gateway.errors import ApiError
-from gateway.server.auth import Limits, key_id
+from gateway.tenancy import Limits, key_id
 from tests.conftest import Client, Harness, open_ws
 from tests.integration.test_http_api import accepted, assert_error, rejected
 from tests.integration.test_tenants import tenants

@@ -25,11 +25,11 @@ import trio
 from openapi_spec_validator import validate
 
 import gateway
-from gateway.agui.shapes import CancelRun, RunCancelling
-from gateway.aisdk.routes import ChatStopped
-from gateway.server import route_table
-from gateway.server.handlers import admin
-from gateway.server.http import ErrorBody
+from gateway.doors.agui.shapes import CancelRun, RunCancelling
+from gateway.doors.aisdk.routes import ChatStopped
+from gateway.doors.rest import admin
+from gateway.doors.rest import door as route_table
+from gateway.http.server import ErrorBody
 from tests.conftest import Harness, make_config, running_gateway
 
 GATEWAY_SOURCE = Path(gateway.__file__).parent
@@ -132,7 +132,7 @@ async def test_every_route_is_in_it_and_routes_back_to_its_handler(gw: Harness) 
     document = await fetch(gw)
     ops = operations(document)
     assert set(ops) == CONTRACT
-    api = gw.gateway.node_api
+    api = gw.gateway.router
     for (method, path), op in ops.items():
         # The documented path, ids filled in, reaches the handler named by operationId.
         concrete = re.sub(r"\{[a-z_]+\}", "id_1", path)
@@ -210,8 +210,8 @@ async def test_the_schemas_are_msgspecs_own_of_the_handlers_structs(gw: Harness)
 
 def raised_errors() -> set[tuple[int, str]]:
     """Every literal (status, code) of an ``ApiError`` or ``error_response`` in the package,
-    and every refusal by the status the server's table gives it (gateway.server.refusals)."""
-    from gateway.server.refusals import STATUS
+    and every refusal by the status the server's table gives it (gateway.http.refusals)."""
+    from gateway.http.refusals import STATUS
 
     found: set[tuple[int, str]] = {(status, code) for code, status in STATUS.items()}
     for path in GATEWAY_SOURCE.rglob("*.py"):

@@ -28,13 +28,13 @@ from trio_websocket import ConnectionClosed
 
 import gateway.client.stream as client_stream
 import gateway.protocol.fit as fit
-from gateway.agui import shapes as ag
-from gateway.agui.mapping import RunMapper
 from gateway.client import GatewayClient, decode_server_frame
 from gateway.client.attach import attach
 from gateway.client.chat import Marks, full_items
 from gateway.client.reducer import Reducer
 from gateway.client.views import full_view
+from gateway.doors.agui import shapes as ag
+from gateway.doors.agui.mapping import RunMapper
 from gateway.protocol.events import Event, MessageSnapshot, TextDelta
 from gateway.protocol.fit import cut_string, fit_message_snapshot, fit_snapshot
 from gateway.protocol.frames import EventFrame, Snapshot, encode

@@ -34,8 +34,8 @@ import trio
 from gateway.config import AuthConfig
 from gateway.errors import StartupError
 from gateway.protocol.shapes import Message, TextBlock
-from gateway.server.auth import ApiKeys, KeysFileError, key_id, parse_keys, sees
 from gateway.store import SessionRecord, SqliteStore, StoredMessage
+from gateway.tenancy import ApiKeys, KeysFileError, key_id, parse_keys, sees
 from tests.conftest import Harness, make_config, running_gateway
 from tests.integration.test_http_api import accepted, assert_error, rejected
 from tests.system.test_cli_serve import gateway_process

@@ -37,9 +37,9 @@ from typing import Any
 import msgspec
 import trio
 
-from gateway.server.auth import key_id
 from gateway.session.admission import MB
 from gateway.session.session import Session
+from gateway.tenancy import key_id
 from tests.conftest import Harness, make_config, running_gateway
 from tests.integration.test_agui_http import run_input
 from tests.integration.test_http_api import assert_error

@@ -1,7 +1,7 @@
 """The socket's bytes belong to the WebSocket: whoever writes, frames never interleave.
 
 Issue items 4 and 5 (docs/protocol.md §3). The property test runs ONE
-:class:`~gateway.server.connection.StreamConnection` of a real node over a fake
+:class:`~gateway.doors.websocket.connection.StreamConnection` of a real node over a fake
 socket (:class:`Wire`) whose kernel buffer takes exactly as many bytes as
 hypothesis lets it: every write, the hub's direct one as much as the
 writer's and the reader's, comes up short (0 or partial) whenever the drawn
@@ -49,12 +49,12 @@ from wsproto.events import (
     TextMessage,
 )
 
+from gateway.doors.websocket.connection import StreamConnection
+from gateway.http.websocket import WebSocket
 from gateway.node import Node
 from gateway.protocol.closes import CLOSES
 from gateway.protocol.events import TextDelta
 from gateway.providers.scripted import ScriptedProvider
-from gateway.server.connection import StreamConnection
-from gateway.server.websocket import WebSocket
 from gateway.session.hub import Emitted, Subscriber
 from gateway.session.session import Session
 from gateway.store.sqlite import SqliteStore

@@ -21,8 +21,8 @@ import httpx
 import pytest
 import trio
 
+from gateway.app import Gateway
 from gateway.errors import StartupError, ToolError
-from gateway.server.app import Gateway
 from gateway.tools.builtin import build_registry
 from gateway.tools.registry import ToolContext
 from gateway.tools.workspace import Workspaces, display_name

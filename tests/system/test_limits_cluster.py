@@ -25,7 +25,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, wrap_client_stream
 
-from gateway.server.auth import key_id
+from gateway.tenancy import key_id
 from tests.cluster_support import CONFIG, Cluster, Peer, peers, running_cluster
 from tests.integration.test_http_api import rejected
 from tests.redis_support import ensure_redis_server

@@ -3,7 +3,7 @@
 The unit is read as systemd reads it (sections, ``Key=value`` lines, repeats
 kept, comments only on lines of their own) and checked against the daemon's
 own defaults: the stop timeout must outlast a graceful shutdown
-(docs/reference.md "Command line"; gateway.server.app), so that systemd's SIGKILL
+(docs/reference.md "Command line"; gateway.app), so that systemd's SIGKILL
 only ever meets a hung gateway. Where ``systemd-analyze`` exists, it verifies
 the unit and rates its exposure.
 """
@@ -104,7 +104,7 @@ def test_the_store_lives_in_the_writable_state_directory(unit: Unit) -> None:
 def test_stopping_is_graceful_and_outlasts_the_shutdown(unit: Unit) -> None:
     """SIGTERM is the gateway's graceful shutdown; SIGKILL must only meet a hung one.
 
-    gateway.server.app: turns get ``shutdown_grace_s``, then sockets get
+    gateway.app: turns get ``shutdown_grace_s``, then sockets get
     ``shutdown_grace_s`` (each close frame up to ``close_grace_s``), then
     the store's last flush.
     """

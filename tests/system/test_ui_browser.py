@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.server.auth import key_id
+from gateway.tenancy import key_id
 from tests.paths import TESTS
 from tests.ui_support import Daemon, launched_chromium, playwright_sync_api, serving
 

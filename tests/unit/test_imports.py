@@ -1,5 +1,10 @@
 """The import graph of ``gateway``: no cycle, and each layer imports only downwards.
 
+The layers are the table of docs/architecture.md ("Layers"), held here as
+:data:`LAYERS` and checked against the document: a module belongs to the
+longest entry that names it, and imports only its own entry's modules and
+the layers below its own.
+
 Read from the source with :mod:`ast`, never by importing it: a cycle can make
 an import fail halfway, and this test must still name the cycle then. What
 counts as an import:
@@ -24,9 +29,12 @@ import functools
 import importlib.util
 import itertools
 import pkgutil
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.paths import ROOT
 
 PACKAGE = "gateway"
 
@@ -259,10 +267,10 @@ def test_imports_are_read_as_python_runs_them() -> None:
 from typing import TYPE_CHECKING
 import gateway.session.hub
 from . import hub, helpers
-from ..server import websocket
+from ..http import websocket
 from .session import Session
 if TYPE_CHECKING:
-    from gateway.server.app import Gateway
+    from gateway.app import Gateway
 else:
     from gateway.config import Config
 def later():
@@ -274,7 +282,7 @@ def later():
         ("gateway.session.hub", "gateway.session.hub"),
         ("gateway.session.hub", "gateway.session"),
         ("gateway.session.helpers", "gateway.session"),
-        ("gateway.server.websocket", "gateway.server"),
+        ("gateway.http.websocket", "gateway.http"),
         ("gateway.session.session.Session", "gateway.session.session"),
         ("gateway.config.Config", "gateway.config"),
         ("gateway.session.agent.AgentLoop", "gateway.session.agent"),
@@ -287,7 +295,7 @@ def later():
 def test_the_walk_sees_the_whole_package() -> None:
     graph = build_graph()
     assert {"gateway", "gateway.cli", "gateway.config"} <= set(graph.modules)
-    for layer in ("gateway.session", "gateway.server", "gateway.protocol"):
+    for layer in ("gateway.session", "gateway.http", "gateway.protocol"):
         assert sum(m.startswith(layer + ".") for m in graph.modules) >= 2, layer
     assert sum(len(targets) for targets in graph.edges.values()) > 30
     assert all(path.is_file() for path in graph.modules.values())
@@ -340,16 +348,19 @@ def test_the_agent_loop_names_no_runtime() -> None:
     assert not wrong, "the agent loop and its runtimes import each other:\n" + "\n".join(wrong)
 
 
-def test_session_does_not_import_server() -> None:
-    graph = build_graph()
+def test_node_and_session_import_no_door_and_no_transport() -> None:
+    graph = build_graph(type_checking=True)
+    above = ("gateway.doors", "gateway.http", "gateway.app")
     wrong = [
         f"{module} -> {target} ({where(graph, module, line)})"
         for module, targets in sorted(graph.edges.items())
-        if module == "gateway.session" or module.startswith("gateway.session.")
+        if _under(module, "gateway.node") or _under(module, "gateway.session")
         for target, line in sorted(targets.items())
-        if target == "gateway.server" or target.startswith("gateway.server.")
+        if any(_under(target, name) for name in above)
     ]
-    assert not wrong, "gateway/session/ imports gateway/server/:\n" + "\n".join(wrong)
+    assert not wrong, "gateway/node/ or gateway/session/ import a door or HTTP:\n" + "\n".join(
+        wrong
+    )
 
 
 def _under(name: str, prefix: str) -> bool:
@@ -373,14 +384,15 @@ def test_gateway_uses_no_test_machinery() -> None:
 
 
 # The HTTP API's modules, lowest floor first: a module imports none on a floor above
-# its own. The router is given its table (by gateway.server.app), so it stays below
-# the handlers that use it and the table that names them.
+# its own. The router is given the doors' routes (by gateway.app), so it stays below
+# the doors' context, the handlers that use it and the tables that name them.
 HTTP_API_FLOORS: tuple[tuple[str, ...], ...] = (
-    ("gateway.server.openapi", "gateway.server.request_parsing"),
-    ("gateway.server.routes",),
-    ("gateway.server.handlers",),
-    ("gateway.server.route_table",),
-    ("gateway.server.app",),
+    ("gateway.http.openapi", "gateway.http.parsing"),
+    ("gateway.http.router",),
+    ("gateway.doors.context",),
+    ("gateway.doors.rest.admin", "gateway.doors.rest.sessions", "gateway.doors.rest.turns"),
+    ("gateway.doors.rest.door",),
+    ("gateway.app",),
 )
 
 
@@ -404,3 +416,116 @@ def test_the_http_api_imports_only_downwards() -> None:
             if low is not None and high is not None and high > low:
                 wrong.append(f"{where(graph, module, line)}: imports {target}, a floor above")
     assert not wrong, "\n".join(wrong)
+
+
+# --- the layers of gateway/, as docs/architecture.md draws them --------------------------
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("__main__.py",),
+    ("cli.py",),
+    ("app.py",),
+    ("doors/",),
+    ("node/",),
+    ("webhooks/",),
+    ("runtimes/",),
+    ("session/",),
+    ("mcp/",),
+    ("tools/", "translate.py"),
+    ("providers/",),
+    ("http/",),
+    ("client/", "store/", "agents.py", "environment.py"),
+    ("tenancy.py", "telemetry.py", "logs.py", "cluster/", "ui/"),
+    ("config.py",),
+    ("protocol/",),
+    ("errors.py", "ids.py", "metrics.py", "partial_json.py", "runtimes/claude_code/tools.py"),
+)
+"""docs/architecture.md's "Layers", from the top: each row's entries (a folder, ``name/``,
+or a module, ``name.py``, under gateway/) import only their own modules and the rows below."""
+
+
+def entry_module(entry: str) -> str:
+    """The dotted name an entry of the table stands for: ``doors/`` is ``gateway.doors``."""
+    return ".".join([PACKAGE, *entry.removesuffix("/").removesuffix(".py").split("/")])
+
+
+def layer_of(module: str) -> tuple[int, str] | None:
+    """The row and entry of the table a module belongs to: the longest entry naming it."""
+    found = [
+        (len(entry_module(entry)), row, entry)
+        for row, entries in enumerate(LAYERS)
+        for entry in entries
+        if _under(module, entry_module(entry))
+    ]
+    if not found:
+        return None
+    _, row, entry = max(found)
+    return row, entry
+
+
+def layer_violations(graph: Graph) -> list[str]:
+    """Every import of a module beside its own row or above it, with where it is."""
+    wrong = []
+    for module, targets in sorted(graph.edges.items()):
+        placed = layer_of(module)
+        if placed is None:
+            continue
+        row, entry = placed
+        for target, line in sorted(targets.items()):
+            target_row, target_entry = layer_of(target) or (len(LAYERS), "")
+            if target_entry != entry and target_row <= row:
+                side = "a layer above" if target_row < row else "its own layer"
+                wrong.append(
+                    f"{where(graph, module, line)}: {module} ({entry}) imports "
+                    f"{target} ({target_entry}), {side}"
+                )
+    return wrong
+
+
+def test_every_module_is_in_a_layer_and_every_entry_names_some() -> None:
+    graph = build_graph()
+    unplaced = [m for m in sorted(graph.modules) if m != PACKAGE and layer_of(m) is None]
+    assert not unplaced, "modules of no layer (docs/architecture.md, Layers):\n" + "\n".join(
+        unplaced
+    )
+    empty = [
+        e
+        for row in LAYERS
+        for e in row
+        if not any(_under(m, entry_module(e)) for m in graph.modules)
+    ]
+    assert not empty, f"entries that name no module: {empty}"
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    """``if TYPE_CHECKING:`` imports included: the picture a reader draws has no arrow up."""
+    wrong = layer_violations(build_graph(type_checking=True))
+    assert not wrong, "imports beside or up a layer:\n" + "\n".join(wrong)
+
+
+def test_the_layer_check_finds_an_import_up() -> None:
+    graph = Graph(
+        Path("/"),
+        {
+            "gateway.node.x": Path("/gateway/node/x.py"),
+            "gateway.doors.y": Path("/gateway/doors/y.py"),
+        },
+        {"gateway.node.x": {"gateway.doors.y": 3}, "gateway.doors.y": {"gateway.node.x": 1}},
+        {},
+    )
+    [found] = layer_violations(graph)
+    assert found == (
+        "gateway/node/x.py:3: gateway.node.x (node/) imports gateway.doors.y (doors/), "
+        "a layer above"
+    )
+
+
+def docs_layers() -> tuple[tuple[str, ...], ...]:
+    """The first column of docs/architecture.md's "Layers" table: each row's entries."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return tuple(tuple(re.findall(r"`([^`]+)`", cell)) for cell in rows)
+
+
+def test_the_layers_are_the_docs() -> None:
+    assert docs_layers() == LAYERS, "docs/architecture.md's Layers table and LAYERS differ"

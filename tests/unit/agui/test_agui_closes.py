@@ -1,4 +1,4 @@
-"""An AG-UI run's stream when its queue is closed (gateway.agui.sse), without a socket.
+"""An AG-UI run's stream when its queue is closed (gateway.doors.agui.sse), without a socket.
 
 Too slow is the slow-client rule (the transport closes the connection); any
 other close (the session deleted, this node's relay of it lost) ends the run
@@ -13,12 +13,12 @@ import json
 import pytest
 import trio
 
-from gateway.agui.mapping import RunMapper
-from gateway.agui.resume import RunFeed
-from gateway.agui.sse import RunSubscriber, stream_run
 from gateway.config import StreamConfig
+from gateway.doors.agui.mapping import RunMapper
+from gateway.doors.agui.resume import RunFeed
+from gateway.doors.agui.sse import RunSubscriber, stream_run
+from gateway.doors.oneway import SlowClient
 from gateway.metrics import Metrics
-from gateway.server.oneway import SlowClient
 from tests.session_fakes import FakeSession
 
 

@@ -1,13 +1,13 @@
 """The AG-UI mapping, sans-IO, table by table against the recorded traces (docs/protocol.md §14).
 
-Each table is what :class:`~gateway.agui.mapping.RunMapper` makes of one trace of
+Each table is what :class:`~gateway.doors.agui.mapping.RunMapper` makes of one trace of
 tests/streaming-conformance/traces (recorded from a real gateway), one line per
 AG-UI event: its type and its ids, delta, content or outcome. No socket: the
 mapper is fed the decoded events one by one, and :meth:`RunMapper.pause` is
 called where the IO layer would call it (after ``permission.requested``, the
 queue being empty). Every event made is also validated by the
 ``ag-ui-protocol`` package's own models, and every Struct of
-gateway.agui.shapes is checked against them field by field.
+gateway.doors.agui.shapes is checked against them field by field.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import trio
 from ag_ui import core
 from pydantic import BaseModel, TypeAdapter
 
-from gateway.agui import shapes as ag
-from gateway.agui.mapping import RunMapper, agui_messages
-from gateway.agui.sse import RunSubscriber, sse
 from gateway.client import decode_server_frame
 from gateway.config import StreamConfig
+from gateway.doors.agui import shapes as ag
+from gateway.doors.agui.mapping import RunMapper, agui_messages
+from gateway.doors.agui.sse import RunSubscriber, sse
+from gateway.doors.oneway import read_events
 from gateway.ids import parse_event_id
 from gateway.metrics import Metrics
 from gateway.protocol.events import (
@@ -42,7 +43,6 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.frames import EventFrame, Snapshot, encode
 from gateway.protocol.shapes import TextBlock, Usage
-from gateway.server.oneway import read_events
 from gateway.session.hub import Emitted, FrameBatch
 from tests.paths import TESTS
 from tests.session_fakes import FakeSession
@@ -572,8 +572,8 @@ def test_a_compaction_in_the_run_is_a_custom_event_and_no_snapshot_message() -> 
 
 def test_a_resume_carries_an_elicitations_content() -> None:
     """An elicitation interrupt is answered ``{"decision", "content"}`` (its responseSchema)."""
-    from gateway.agui.routes import _resume_decisions
-    from gateway.agui.shapes import ResumeEntry
+    from gateway.doors.agui.routes import _resume_decisions
+    from gateway.doors.agui.shapes import ResumeEntry
     from gateway.errors import ApiError
 
     def entry(perm_id: str, payload: Any) -> ResumeEntry:

@@ -1,6 +1,6 @@
 """Re-attaching to an AG-UI run, sans-IO, against the recorded traces (docs/protocol.md §14).
 
-A trace's turn is mapped once whole (:class:`~gateway.agui.resume.RunFeed`,
+A trace's turn is mapped once whole (:class:`~gateway.doors.agui.resume.RunFeed`,
 no cursor), then again for every cursor, as ``GET
 /agui/{session_id}/runs/{run_id}/stream`` maps it: ``RUN_STARTED``, the start
 events of what was open at the cursor, then exactly what came after it.
@@ -13,9 +13,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.agui import shapes as ag
-from gateway.agui.mapping import RunMapper
-from gateway.agui.resume import RunFeed, Tagged, event_id, parse_cursor
+from gateway.doors.agui import shapes as ag
+from gateway.doors.agui.mapping import RunMapper
+from gateway.doors.agui.resume import RunFeed, Tagged, event_id, parse_cursor
 from gateway.protocol.events import EVENT_TYPES
 from gateway.protocol.frames import EventFrame
 from tests.integration.test_agui_reattach import open_starts, verify

@@ -1,6 +1,6 @@
 """The AI SDK mapping, sans-IO, table by table against the recorded traces (docs/protocol.md §14).
 
-Each table is what :class:`~gateway.aisdk.mapping.ChatMapper` makes of one
+Each table is what :class:`~gateway.doors.aisdk.mapping.ChatMapper` makes of one
 trace of tests/streaming-conformance/traces (recorded from a real gateway),
 one line per UI message chunk: its type and its ids, delta, input, output,
 approval or finish reason. No socket: the mapper is fed the decoded events one
@@ -21,9 +21,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.aisdk import chunks as ui
-from gateway.aisdk.mapping import ChatMapper, ui_message_id, user_message_id
 from gateway.client import decode_server_frame
+from gateway.doors.aisdk import chunks as ui
+from gateway.doors.aisdk.mapping import ChatMapper, ui_message_id, user_message_id
 from gateway.ids import parse_event_id
 from gateway.protocol.events import Event, ToolErrorClass, ToolFailed
 from gateway.protocol.frames import EventFrame, SubscribeAck
@@ -458,7 +458,8 @@ def test_a_continuation_streams_only_what_came_after_the_pause() -> None:
     assert [brief(c) for c in out] == [
         "start msg_turn_1",  # the same message, continued
         "tool-approval-response perm_1 true",
-        "tool-output-available toolu_01Bash000001 (Bash completed with no output)",
+        "tool-output-available toolu_01Bash000001 "
+        '{"stdout":"","stderr":"","interrupted":false,"isImage":false,"noOutputExpected":true}',
         "start-step",
         "text-start msg_01XFDUDYJgAACzvnptvVoYEL:0",
         "text-delta msg_01XFDUDYJgAACzvnptvVoYEL:0 Hello",

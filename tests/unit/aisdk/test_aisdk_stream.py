@@ -1,4 +1,4 @@
-"""A response's stream (gateway.aisdk.stream), without a socket: how its queue's close ends it.
+"""A response's stream (gateway.doors.aisdk.stream), without a socket: how its close ends it.
 
 The slow-client rule raises (the transport closes the connection, the client
 resumes); any other close (the session deleted, this node's relay lost) ends
@@ -14,12 +14,12 @@ import msgspec
 import pytest
 import trio
 
-from gateway.aisdk import chunks as ui
-from gateway.aisdk.mapping import ChatMapper
-from gateway.aisdk.stream import ResponseSubscriber, respond
 from gateway.config import StreamConfig
+from gateway.doors.aisdk import chunks as ui
+from gateway.doors.aisdk.mapping import ChatMapper
+from gateway.doors.aisdk.stream import ResponseSubscriber, respond
+from gateway.doors.oneway import SlowClient
 from gateway.metrics import Metrics
-from gateway.server.oneway import SlowClient
 from tests.session_fakes import FakeSession
 
 

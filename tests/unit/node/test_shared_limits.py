@@ -1,7 +1,7 @@
 """The per-key limits handed to Redis (gateway.node.limits; docs/protocol.md §15).
 
-Without Redis: :class:`gateway.server.auth.Limits` with a scripted
-:class:`~gateway.server.auth.SharedLimits` (what it asks, what it answers), and
+Without Redis: :class:`gateway.tenancy.Limits` with a scripted
+:class:`~gateway.tenancy.SharedLimits` (what it asks, what it answers), and
 :class:`gateway.node.limits.RedisKeyLimits` on a scripted Redis client (what it
 sends, and what it does when Redis does not answer). The Lua scripts run
 against a real Redis in tests/system/test_limits_cluster.py.
@@ -20,11 +20,11 @@ import trio.testing
 from gateway.config import LimitsConfig
 from gateway.errors import ApiError, Refused, StoreError
 from gateway.node.limits import RedisKeyLimits
-from gateway.server.auth import Limits
+from gateway.tenancy import Limits
 
 
 class Shared:
-    """A scripted :class:`gateway.server.auth.SharedLimits`."""
+    """A scripted :class:`gateway.tenancy.SharedLimits`."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []

@@ -12,14 +12,14 @@ import msgspec
 import pytest
 
 from gateway.client.codec import decode_server_frame
+from gateway.doors.websocket.connection import Heartbeat
+from gateway.http.websocket import SocketWriter
 from gateway.ids import format_event_id
 from gateway.protocol.events import Event, TextDelta
 from gateway.protocol.filters import Filter, resolve_filter
 from gateway.protocol.frames import EventFrame, encode
 from gateway.protocol.framing import event_frame, text_frame
 from gateway.protocol.shapes import Message, TextBlock
-from gateway.server.connection import Heartbeat
-from gateway.server.websocket import SocketWriter
 from gateway.session.hub import Emitted, FrameBatch, Hub
 from gateway.session.seam import past_cut
 from gateway.session.turn import IllegalPhase, Turn

@@ -3,7 +3,7 @@
 Behaviour 9 of the core issue. Every test here runs on the ``autojump_clock``
 fixture, so 30-second ping intervals take no real time, and asserts the
 virtual times to the second. Nothing here touches a real socket (autojump and
-real I/O do not mix): a :class:`~gateway.server.connection.StreamConnection` runs
+real I/O do not mix): a :class:`~gateway.doors.websocket.connection.StreamConnection` runs
 over :func:`trio.testing.memory_stream_pair`, and the test speaks WebSocket to
 it with a bare wsproto client connection (:class:`WsClient`). The node is real:
 SQLite store, scripted provider, ``sleep`` tool. The store does its I/O in
@@ -27,14 +27,14 @@ import trio.testing
 from wsproto.connection import Connection, ConnectionType
 from wsproto.events import CloseConnection, Ping, TextMessage
 
+from gateway.doors.websocket.connection import StreamConnection
 from gateway.errors import Refused
+from gateway.http.refusals import STATUS
+from gateway.http.websocket import WebSocket
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.node import Node
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.providers.scripted import ScriptedProvider
-from gateway.server.connection import StreamConnection
-from gateway.server.refusals import STATUS
-from gateway.server.websocket import WebSocket
 from gateway.session.session import Session
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.builtin import build_registry

@@ -1,4 +1,4 @@
-"""The HTTP/1.1 transport (gateway.server.http, docs/protocol.md §2).
+"""The HTTP/1.1 transport (gateway.http.server, docs/protocol.md §2).
 
 Test rules: behaviour that is about sockets (keep-alive, lingering error
 answers, a crash not killing the listener) runs on real sockets on 127.0.0.1
@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 from gateway.errors import ApiError
-from gateway.server.http import (
+from gateway.http.server import (
     HttpLimits,
     Request,
     Response,

@@ -1,12 +1,12 @@
-"""The HTTP side of ``Idempotency-Key`` (gateway.server.idempotency): header, fingerprint."""
+"""The HTTP side of ``Idempotency-Key`` (gateway.doors.rest.idempotency): header, fingerprint."""
 
 from __future__ import annotations
 
 import pytest
 
+from gateway.doors.rest.idempotency import fingerprint, key_of
 from gateway.errors import ApiError
-from gateway.server.http import Request
-from gateway.server.idempotency import fingerprint, key_of
+from gateway.http.server import Request
 
 
 def request(**headers: str) -> Request:

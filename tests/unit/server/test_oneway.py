@@ -1,4 +1,4 @@
-"""The one-way streams' pump (gateway.server.oneway), without a socket or a door.
+"""The one-way streams' pump (gateway.doors.oneway), without a socket or a door.
 
 The reader writes one line per piece, so what the pump makes of its queue
 shows as text: one send per drain (the gate waited for, its cut applied, the
@@ -16,9 +16,9 @@ import trio
 import trio.testing
 
 from gateway.config import StreamConfig
+from gateway.doors.oneway import PING, OneWayQueue, SlowClient, frame_payloads, pump
 from gateway.metrics import Metrics
 from gateway.protocol.framing import text_frame
-from gateway.server.oneway import PING, OneWayQueue, SlowClient, frame_payloads, pump
 from gateway.session.hub import Emitted, FrameBatch
 from gateway.session.seam import Gate
 from tests.session_fakes import FakeSession

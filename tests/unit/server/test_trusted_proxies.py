@@ -2,7 +2,7 @@
 
 The gateway believes ``X-Forwarded-For`` and ``X-Forwarded-Proto`` only from a
 TCP peer in ``trusted_proxies``, and then takes the right-most address that is
-not itself a trusted proxy (:func:`gateway.server.http.forwarded_client`).
+not itself a trusted proxy (:func:`gateway.http.server.forwarded_client`).
 The rule is tested synchronously (several hops, spoofed left-most entries,
 garbage, ports, IPv6, no header), then over real sockets on 127.0.0.1 and
 127.0.0.2 (a trusted and an untrusted peer of the same listener), then through
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from gateway.config import load_config
 from gateway.errors import ConfigError
-from gateway.server.http import (
+from gateway.http.server import (
     HttpLimits,
     Request,
     Response,
@@ -40,7 +40,7 @@ from gateway.server.http import (
 from tests.conftest import make_config, running_gateway
 from tests.system.test_cli_config import run_gateway
 
-PROXY = "127.0.0.1:40000"  # the TCP peer as gateway.server.app formats it: host:port
+PROXY = "127.0.0.1:40000"  # the TCP peer as gateway.app formats it: host:port
 LOCAL = TrustedProxies.parse(["127.0.0.1"])
 CHAIN = TrustedProxies.parse(["127.0.0.1", "10.0.0.0/8"])
 
@@ -143,7 +143,7 @@ def test_ports_are_dropped() -> None:
 
 def test_ipv6_peers_and_entries() -> None:
     v6 = TrustedProxies.parse(["::1", "fd00::/8"])
-    # gateway.server.app writes an IPv6 peer unbracketed; a bracketed one works too
+    # gateway.app writes an IPv6 peer unbracketed; a bracketed one works too
     for peer in ("::1:40000", "[::1]:40000"):
         assert client_of("2001:DB8:0:0::7", peer=peer, trusted=v6) == "2001:db8::7"
     assert client_of("2001:db8::7, fd00::2, fd00::3", peer="::1:40000", trusted=v6) == (
@@ -161,7 +161,7 @@ def test_ipv4_mapped_addresses_count_as_ipv4() -> None:
 
 
 def test_repeated_header_lines_read_as_one_list() -> None:
-    """h11 gives repeats joined with ", " (gateway.server.http._request), RFC 9110 section 5.3."""
+    """h11 gives repeats joined with ", " (gateway.http.server._request), RFC 9110 section 5.3."""
     assert client_of("1.1.1.1, 203.0.113.7") == client_of("203.0.113.7")
 
 

@@ -1,4 +1,4 @@
-"""The WebSocket transport (gateway.server.websocket, and the upgrade in gateway.server.http).
+"""The WebSocket transport (gateway.http.websocket, and the upgrade in gateway.http.server).
 
 Test rules: the framing and the close handshake are checked against an
 independent parser, wsproto's client side, over ``memory_stream_pair`` under
@@ -34,9 +34,7 @@ from wsproto.events import (
 )
 from wsproto.utilities import generate_accept_token
 
-from gateway.protocol.closes import close_reason
-from gateway.protocol.framing import text_frame
-from gateway.server.http import (
+from gateway.http.server import (
     HttpLimits,
     Request,
     Response,
@@ -44,7 +42,9 @@ from gateway.server.http import (
     error_response,
     serve_connection,
 )
-from gateway.server.websocket import IDLE, ConnectionClosed, WebSocket
+from gateway.http.websocket import IDLE, ConnectionClosed, WebSocket
+from gateway.protocol.closes import close_reason
+from gateway.protocol.framing import text_frame
 
 # --- text_frame --------------------------------------------------------------------
 

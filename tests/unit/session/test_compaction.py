@@ -22,7 +22,7 @@ import math
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from gateway.agui.mapping import agui_messages
+from gateway.doors.agui.mapping import agui_messages
 from gateway.protocol.events import ContextCompacted, ContextCompacting, TurnCancelled
 from gateway.protocol.shapes import (
     CompactionBlock,

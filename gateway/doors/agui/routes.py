@@ -1,0 +1,400 @@
+"""AG-UI's handlers: ``POST /agui`` (a run, answered as SSE), its re-attach and its cancel.
+
+Routes of the AG-UI door (gateway.doors.agui.door: :meth:`AguiRoutes.agui_run`,
+:meth:`AguiRoutes.agui_cancel`, :meth:`AguiRoutes.agui_stream`, with their
+API-document operations :data:`RUN`, :data:`CANCEL` and :data:`STREAM`), so
+they share the router's boundary and the doors' authentication, ownership and
+rate limits (docs/protocol.md §2). A run is one turn of the thread's session,
+started or resumed here and streamed by
+:func:`gateway.doors.agui.sse.stream_run`; the decisions of the mapping are in
+docs/protocol.md "AG-UI".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from gateway.doors.agui import shapes as ag
+from gateway.doors.agui.mapping import RunMapper
+from gateway.doors.agui.resume import RunFeed, RunRecord, Tagged, parse_cursor
+from gateway.doors.agui.runs import RunBook
+from gateway.doors.agui.shapes import (
+    CancelRun,
+    InputMessage,
+    ResumeEntry,
+    RunAgentInput,
+    RunCancelling,
+)
+from gateway.doors.agui.sse import RunSubscriber, stream_run, tagged_sse
+from gateway.doors.context import (
+    SSE_HEADERS,
+    ClientNamedSessions,
+    DoorContext,
+    once,
+)
+from gateway.errors import ApiError
+from gateway.http.openapi import Operation
+from gateway.http.parsing import decode, user_content
+from gateway.http.server import Request, Response, StreamingResponse, json_response
+from gateway.ids import new_turn_id, now_ms
+from gateway.protocol.shapes import ContentBlock, Message
+from gateway.session.session import Session
+from gateway.tenancy import NO_OWNER
+
+T = TypeVar("T")
+
+
+RUN = Operation(
+    "Run an AG-UI agent turn (SSE of AG-UI events)",
+    None,
+    body=RunAgentInput,
+    media_type="text/event-stream",
+    errors={
+        404: ("session_not_found",),
+        409: ("turn_in_progress", "session_too_large"),
+        422: ("invalid_thread_id", "invalid_resume"),
+        429: ("rate_limited", "too_many_sessions"),
+        503: (
+            "over_capacity",
+            "shutting_down",
+            "store_unavailable",
+            "session_elsewhere",
+            "session_owner_unreachable",
+        ),
+    },
+    description="An AG-UI `RunAgentInput`; the answer is `text/event-stream`, "
+    "one `data: {AG-UI event}` per event and a `: ping` comment after "
+    '`ping_interval_s` idle (docs/protocol.md "AG-UI"). `threadId` is a '
+    "session id (an unknown one is created, owned by the caller's key); "
+    "the last `user` message's text is the turn's content; the run is the "
+    "turn. A run that stops for a tool approval ends with `RUN_FINISHED` "
+    "whose outcome is `interrupt`; the next run on the thread carries "
+    '`resume`, one entry per interrupt (`payload`: `{"decision": '
+    '"allow"|"deny"}`; `cancelled`: deny). Closing the stream does not '
+    "cancel the turn: `POST /agui/{session_id}/cancel` (the threadId) does. "
+    "Errors before the stream starts are the JSON error bodies.",
+)
+"""``POST /agui`` in the API document."""
+
+CANCEL = Operation(
+    "Cancel the AG-UI run (the turn) in flight on a thread",
+    RunCancelling,
+    202,
+    body=CancelRun,
+    body_required=False,
+    errors={409: ("turn_not_in_flight",)},
+    description="`session_id` is the run's `threadId`. The same cancellation "
+    "as `POST /sessions/{id}/turns/{turn_id}/cancel` (docs/protocol.md §8): "
+    "every client of the session sees it, and the run's stream ends with "
+    "`RUN_FINISHED` (outcome `cancelled`). With `runId`, 409 unless that "
+    "run's turn is the one in flight.",
+)
+"""``POST /agui/{session_id}/cancel`` in the API document."""
+
+STREAM = Operation(
+    "Re-attach to an AG-UI run (SSE of AG-UI events)",
+    None,
+    media_type="text/event-stream",
+    errors={
+        404: ("session_not_found", "run_not_found"),
+        422: ("invalid_last_event_id",),
+        503: (
+            "over_capacity",
+            "store_unavailable",
+            "session_elsewhere",
+            "session_owner_unreachable",
+        ),
+    },
+    description="`session_id` is the run's `threadId`. With a `Last-Event-ID` "
+    "header (the `id:` of the last event received), what came after it; "
+    "without, the whole run. The stream begins with `RUN_STARTED`, then the "
+    "start events of every step and block the client saw start and not end, "
+    "then the rest of the run, live while it goes on, until `RUN_FINISHED` or "
+    '`RUN_ERROR` (docs/protocol.md "AG-UI"). 404 `run_not_found`: a run this '
+    "gateway did not start or no longer holds.",
+)
+"""``GET /agui/{session_id}/runs/{run_id}/stream`` in the API document."""
+
+
+class AguiRoutes:
+    """The AG-UI handlers of one router, and what they keep between runs (module docstring).
+
+    Args:
+        ctx: the doors' context (its authentication, sessions and turn submission).
+    """
+
+    def __init__(self, ctx: DoorContext) -> None:
+        self.ctx = ctx
+        self.node = ctx.node
+        self.config = ctx.config
+        self._decode = decode
+        self._user_content = user_content
+        self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
+        ctx.node.session_listeners.append(self._forget)  # pruned with the session's tasks
+        self._threads = ClientNamedSessions(ctx, "threadId", "invalid_thread_id")
+        self.book = RunBook(ctx.node)  # the runs answered, to re-attach (gateway.doors.agui.runs)
+
+    async def agui_run(self, req: Request) -> StreamingResponse:
+        """``POST /agui``: one AG-UI run, the turn it starts or resumes (docs/protocol.md "AG-UI").
+
+        The run's subscriber joins the session's hub (through the seam) before
+        the turn is submitted or its approvals decided, so the stream misses
+        nothing; every refusal comes before the stream starts, as a JSON error.
+        """
+        caller = self.ctx.authenticate(req)
+        body = self._decode(req, RunAgentInput)
+        # What refuses a new run is checked before its thread is made: a run
+        # refused 422 or 429 leaves no session behind (nor a count of one).
+        content = None if body.resume else self._user_content(_user_text(body.messages))
+        if content is not None:
+            await self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
+        # A stream, counted as a WebSocket is (503 over_capacity), until it ends.
+        release = once(await self.node.limits.open_stream(caller or NO_OWNER, "agui"))
+        try:
+            return await self._run(req, body, caller, content, release)
+        except BaseException:
+            release()
+            raise
+
+    async def _run(
+        self,
+        req: Request,
+        body: RunAgentInput,
+        caller: str | None,
+        content: list[ContentBlock] | None,
+        release: Callable[[], None],
+    ) -> StreamingResponse:
+        """:meth:`agui_run`, its stream counted: the thread, the subscriber, the turn."""
+        session = await self._thread(body.thread_id, caller)
+        state = await self.node.live_summary(session)  # the owner's, wherever it runs
+        history = await self.node.messages_of(session)
+        limit = self.config.stream.snapshot_messages
+        sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
+        if body.resume and state.current_turn_id is None:
+            # Answered elsewhere (another client, the WebSocket protocol, a
+            # timeout) and the turn has ended: the run says so and finishes.
+            release()
+            return self._closed_run(body, history[-limit:] if limit else [])
+        if body.resume:
+            decisions = _resume_decisions(
+                body.resume, {p.perm_id for p in state.pending_permissions}
+            )
+            assert state.current_turn_id is not None
+            turn_id = state.current_turn_id
+            start, started_ms = await self._subscribe(session, sub), now_ms()
+            try:
+                for perm_id, decision, answer in decisions:
+                    await self.node.decide_permission(session, perm_id, decision, answer)
+            except BaseException:
+                session.hub.unsubscribe(sub)
+                raise
+        else:
+            assert content is not None
+            if state.pending_permissions:
+                raise ApiError(
+                    409,
+                    "turn_in_progress",
+                    f"turn {state.current_turn_id or '?'} on {session.id} waits for "
+                    "approval: send a run with resume",
+                )
+            turn_id = new_turn_id()
+            mid = self.book.message_id(session.id, body.run_id, history)
+            message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
+            start, started_ms = await self._subscribe(session, sub), message.created_at
+            try:
+                await self.ctx.counted_turn(caller or NO_OWNER, session, message)
+            except BaseException:
+                session.hub.unsubscribe(sub)
+                raise
+            start = self.book.start_of(session, turn_id, start)  # as found after a restart
+        self._runs[session.id] = (body.run_id, turn_id)
+        record = RunRecord(turn_id, start, len(history), started_ms)
+        self.book.remember(session.id, body.run_id, record)
+        feed = RunFeed(RunMapper(body.thread_id, body.run_id, turn_id), start)
+        opening = feed.opening(self._opening(feed.mapper, record, history))
+        return self._response(sub, feed, opening, release)
+
+    def _response(
+        self, sub: RunSubscriber, feed: RunFeed, opening: list[Tagged], release: Callable[[], None]
+    ) -> StreamingResponse:
+        """The run's SSE answer; its stream's count given back when it ends, or never starts."""
+        interval = self.config.stream.ping_interval_s
+
+        async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
+            try:
+                await stream_run(sub, feed, opening, send, interval)
+            finally:
+                release()
+
+        def abandon() -> None:
+            sub.leave("client_closed")
+            release()
+
+        return StreamingResponse(run, headers=SSE_HEADERS, abandon=abandon)
+
+    def _closed_run(self, body: RunAgentInput, history: list[Message]) -> StreamingResponse:
+        """A resume of interrupts that were answered elsewhere, on a thread whose turn ended.
+
+        Its entries are stale, not wrong: an AG-UI client keeps its interrupts
+        until a run finishes, so the run finishes at once (``RUN_STARTED``, the
+        thread's ``MESSAGES_SNAPSHOT`` with how the turn ended, ``RUN_FINISHED``)
+        and the front end is free again (docs/protocol.md "AG-UI").
+        """
+        feed = RunFeed(RunMapper(body.thread_id, body.run_id, ""), self.node.sequencer.last)
+        opening = feed.mapper.start(history, now_ms(), self._snapshot_cap)
+        events = feed.opening([*opening, feed.mapper.idle_finish(now_ms())])
+
+        async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
+            await send(tagged_sse(events))
+
+        return StreamingResponse(run, headers=SSE_HEADERS)
+
+    async def agui_stream(self, req: Request, session_id: str, run_id: str) -> StreamingResponse:
+        """``GET /agui/{session_id}/runs/{run_id}/stream``: re-attach to a run.
+
+        The run is mapped again from its start: the seam replays the session's
+        events after the run's start, then the subscriber is live (no gap, no
+        duplicate at the seam); :class:`~gateway.doors.agui.resume.RunFeed` sends
+        what comes after the client's ``Last-Event-ID`` (docs/protocol.md "AG-UI").
+        """
+        session = await self.ctx.session(session_id, self.ctx.authenticate(req))
+        header = req.headers.get("last-event-id")
+        cursor = parse_cursor(header) if header else None
+        if header and cursor is None:
+            raise ApiError(
+                422, "invalid_last_event_id", f"Last-Event-ID {header[:60]!r} is no event id"
+            )
+        messages = await self.node.messages_of(session)
+        record = await self.book.find(session, run_id, messages)
+        if record is None:
+            raise ApiError(404, "run_not_found", f"no run {run_id[:60]!r} on {session.id}")
+        history = messages[: record.history_len]
+        release = once(await self.node.limits.open_stream(session.record.owner, "agui"))
+        try:
+            sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
+            error = await self.ctx.subscribe(session, sub, since=record.start)
+            if error is not None:
+                raise ApiError(
+                    404, "run_not_found", f"run {run_id[:60]!r} can no longer be replayed: {error}"
+                )
+        except BaseException:
+            release()
+            raise
+        feed = RunFeed(RunMapper(session.id, run_id, record.turn_id), record.start, cursor, True)
+        opening = feed.opening(self._opening(feed.mapper, record, history))
+        return self._response(sub, feed, opening, release)
+
+    def _opening(
+        self, mapper: RunMapper, record: RunRecord, history: list[Message]
+    ) -> list[ag.AguiEvent]:
+        """A run's ``RUN_STARTED`` and ``MESSAGES_SNAPSHOT``, as it began (the same again)."""
+        limit = self.config.stream.snapshot_messages
+        shown = history[: record.history_len][-limit:] if limit else []
+        return mapper.start(shown, record.started_ms, self._snapshot_cap)
+
+    @property
+    def _snapshot_cap(self) -> int:
+        """A run's ``MESSAGES_SNAPSHOT`` fits as a snapshot frame does (docs/protocol.md §15)."""
+        return self.config.stream.snapshot_max_bytes
+
+    async def _thread(self, thread_id: str, caller: str | None) -> Session:
+        """The thread's session, created (owned by the caller's key) when unknown."""
+        return await self._threads.get(thread_id, caller)
+
+    def _forget(self, session_id: str) -> None:
+        """The session's tasks ended (deleted, unloaded, or run by another node now)."""
+        self._runs.pop(session_id, None)
+
+    async def _subscribe(self, session: Session, sub: RunSubscriber) -> int:
+        """Join the session's hub, live; the run's start (every later event is above it)."""
+        await self.ctx.subscribe(session, sub)
+        return self.node.sequencer.last
+
+    async def agui_cancel(self, req: Request, session_id: str) -> Response:
+        """``POST /agui/{session_id}/cancel``: cancel the thread's turn (docs/protocol.md §8)."""
+        session = await self.ctx.session(session_id, self.ctx.authenticate(req))
+        body = self._decode(req, CancelRun) if req.body.strip() else CancelRun()
+        turn_id = (await self.node.live_summary(session)).current_turn_id
+        run = self._runs.get(session.id)
+        # A run started through another node of the deployment is not known here.
+        known = run is not None or self.node.placement.alone
+        if turn_id is None or (body.run_id is not None and known and run != (body.run_id, turn_id)):
+            raise ApiError(
+                409, "turn_not_in_flight", f"no run {body.run_id or ''} in flight on {session_id}"
+            )
+        await self.node.cancel_turn(session, turn_id, body.reason or "user", f"agui:{req.client}")
+        return json_response(
+            202, RunCancelling(session_id=session_id, run_id=body.run_id, turn_id=turn_id)
+        )
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def _user_text(messages: list[InputMessage]) -> str:
+    """The last user message's text: a string, or its ``text`` parts (422 otherwise)."""
+    last = next((m for m in reversed(messages) if m.role == "user"), None)
+    if last is None:
+        raise ApiError(422, "invalid_body", "messages has no user message")
+    content = last.content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
+            raise ApiError(422, "invalid_body", "user message parts must all be text")
+        content = "".join(str(t) for t in texts)
+    if not isinstance(content, str):
+        raise ApiError(422, "invalid_body", "the user message's content must be text")
+    return content
+
+
+_DECISIONS: dict[object, str] = {"allow": "allow", "deny": "deny", True: "allow", False: "deny"}
+
+
+def _resume_decisions(
+    entries: list[ResumeEntry], pending: set[str]
+) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """Each interrupt's decision; every open interrupt answered exactly once (AG-UI 1.0).
+
+    An elicitation's interrupt (docs/protocol.md §11) answers with ``{"decision":
+    "allow", "content": {...}}``, its ``responseSchema``; the content is checked
+    against the elicitation's schema by the permissions, as on the native route.
+
+    Raises:
+        ApiError: 422 ``invalid_resume``: an unknown or repeated id, an open one
+            unanswered, or a ``resolved`` payload that is no decision.
+    """
+    ids = [e.interrupt_id for e in entries]
+    if not pending:  # the turn goes on, its approvals answered elsewhere: nothing to decide
+        return []
+    if len(set(ids)) != len(ids) or set(ids) != pending:
+        raise ApiError(
+            422,
+            "invalid_resume",
+            f"resume must answer each open interrupt once: open {sorted(pending)}, got {ids}",
+        )
+    out: list[tuple[str, str, dict[str, Any] | None]] = []
+    for e in entries:
+        if e.status == "cancelled":
+            out.append((e.interrupt_id, "deny", None))
+            continue
+        p = e.payload
+        content = None
+        if isinstance(p, dict):
+            content = p.get("content")
+            if content is not None and not isinstance(content, dict):
+                raise ApiError(
+                    422,
+                    "invalid_resume",
+                    f"interrupt {e.interrupt_id}: content must be an object",
+                )
+            p = p.get("decision", p.get("approved"))
+        decision = _DECISIONS.get(p) if isinstance(p, str | bool) else None
+        if decision is None:
+            raise ApiError(
+                422,
+                "invalid_resume",
+                f'interrupt {e.interrupt_id}: payload must be {{"decision": "allow"|"deny"}}',
+            )
+        out.append((e.interrupt_id, decision, content))
+    return out

@@ -1,0 +1,344 @@
+"""The AI SDK over HTTP: ``POST /ai-sdk/chat``, its resume and its stop.
+
+Routes of the AI SDK's door (gateway.doors.aisdk.door), so they share the
+router's boundary and the doors' authentication, ownership and rate limits
+(docs/protocol.md §2). A chat is a session (its ``id``, created and owned by
+the caller's key when unknown); a request's answer is one turn's assistant
+UI message, streamed by :func:`gateway.doors.aisdk.stream.respond`
+(docs/protocol.md §14, "The AI SDK"). :class:`Responses` starts a response
+for the WebSocket transport (gateway.doors.aisdk.ws) as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from gateway.doors.aisdk.mapping import ChatMapper, user_message_id
+from gateway.doors.aisdk.stream import DONE, HEADERS, ResponseSubscriber, respond, sse
+from gateway.doors.context import (
+    SSE_HEADERS,
+    ClientNamedSessions,
+    DoorContext,
+    once,
+)
+from gateway.errors import ApiError
+from gateway.http.openapi import Operation
+from gateway.http.parsing import decode, user_content
+from gateway.http.server import Request, Response, StreamingResponse, json_response
+from gateway.ids import new_turn_id, now_ms, parse_event_id
+from gateway.protocol.shapes import Message
+from gateway.session.session import Session
+from gateway.session.turn_start import turn_start
+from gateway.tenancy import NO_OWNER
+
+# --- the request (the transports' bodies) ---------------------------------------------
+
+
+class UiMessage(msgspec.Struct):
+    """A UI message as ``useChat`` keeps it: only what the gateway reads of it."""
+
+    id: str
+    role: str
+    parts: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    metadata: Any = None
+
+
+class ChatRequest(msgspec.Struct, rename="camel"):
+    """``DefaultChatTransport``'s body (any other field the client adds is ignored)."""
+
+    id: str
+    messages: list[UiMessage]
+    trigger: str = "submit-message"
+    message_id: str | None = None
+
+
+class ChatStopped(msgspec.Struct):
+    """``POST /ai-sdk/chat/{id}/stop``'s answer: the turn being cancelled."""
+
+    session_id: str
+    turn_id: str
+
+
+CHAT = Operation(
+    "Send an AI SDK chat message (a UI message stream over SSE)",
+    None,
+    body=ChatRequest,
+    media_type="text/event-stream",
+    errors={
+        404: ("session_not_found",),
+        409: ("turn_in_progress", "turn_not_in_flight", "session_too_large"),
+        422: ("invalid_chat_id",),
+        429: ("rate_limited", "too_many_sessions"),
+        503: (
+            "over_capacity",
+            "shutting_down",
+            "store_unavailable",
+            "session_elsewhere",
+            "session_owner_unreachable",
+        ),
+    },
+    description="`DefaultChatTransport`'s body: `id` is a session id (an unknown "
+    "one is created, owned by the caller's key); a last `user` message's text "
+    "parts are the turn; a last `assistant` message with tool parts in state "
+    "`approval-responded` answers those approvals and continues the turn. The "
+    "answer is `text/event-stream` with `x-vercel-ai-ui-message-stream: v1`: "
+    "UI message chunks, then `data: [DONE]` (docs/protocol.md §14). Dropping "
+    "the stream does not cancel the turn; `POST /ai-sdk/chat/{id}/stop` does.",
+)
+
+RESUME = Operation(
+    "Resume the AI SDK chat's turn in flight (SSE)",
+    None,
+    media_type="text/event-stream",
+    errors={
+        404: ("session_not_found",),
+        503: ("over_capacity", "store_unavailable", "session_elsewhere"),
+    },
+    description="The turn's whole assistant message so far, then live, as "
+    "`DefaultChatTransport` replays a resumed stream; 204 when no turn is in "
+    "flight (docs/protocol.md §14).",
+)
+
+STOP = Operation(
+    "Stop the AI SDK chat's turn in flight",
+    ChatStopped,
+    202,
+    body_required=False,
+    errors={404: ("session_not_found",), 409: ("turn_not_in_flight",)},
+    description="The cancellation of `POST /sessions/{id}/turns/{turn_id}/cancel` "
+    "(docs/protocol.md §8): the response streaming the turn ends with `abort`, "
+    "then `finish`.",
+)
+
+
+@dataclass
+class Opened:
+    """A response ready to stream: its subscriber (subscribed) and its mapper."""
+
+    session: Session
+    sub: ResponseSubscriber
+    mapper: ChatMapper
+    error: str | None = None  # the turn cannot be replayed: the response says so and ends
+
+
+class Responses:
+    """The AI SDK's handlers, and how a response starts (module docstring)."""
+
+    def __init__(self, ctx: DoorContext) -> None:
+        self.ctx = ctx
+        self.node = ctx.node
+        self.config = ctx.config
+        self.chats = ClientNamedSessions(ctx, "id", "invalid_chat_id")
+
+    # --- starting a response -----------------------------------------------------
+
+    async def send(
+        self, caller: str | None, chat_id: str, messages: list[UiMessage], trigger: str, client: str
+    ) -> Opened:
+        """The response to a send (module docstring): a new turn, or approvals answered."""
+        if trigger == "regenerate-message":
+            raise ApiError(
+                422,
+                "invalid_body",
+                "regenerate-message is not supported: a session's history is append-only",
+            )
+        if not messages:
+            raise ApiError(422, "invalid_body", "messages is empty")
+        last = messages[-1]
+        if last.role == "assistant":
+            return await self._answer(caller, chat_id, last, client)
+        if last.role != "user":
+            raise ApiError(422, "invalid_body", f"the last message's role is {last.role!r}")
+        self.chats.check(chat_id)
+        content = user_content(_text_of(last))
+        key = caller or NO_OWNER
+        mid = user_message_id(chat_id, last.id)
+        if await self._known(chat_id):  # a repeated request is that turn: no new one
+            session = await self.ctx.session(chat_id, caller)
+            history = await self.node.messages_of(session)
+            sent = next((m for m in history if m.id == mid), None)
+            if sent is not None and sent.turn_id is not None:
+                return await self._replay(session, sent.turn_id, client)
+        # What refuses a new turn comes before its chat is made (nothing left on a 429).
+        await self.node.limits.check_turn(key)  # counted with the turn, below
+        session = await self.chats.get(chat_id, caller)
+        state = await self.node.live_summary(session)
+        if state.pending_permissions:
+            raise ApiError(
+                409,
+                "turn_in_progress",
+                f"turn {state.current_turn_id or '?'} on {session.id} waits for approval: "
+                "answer it (tool parts in state approval-responded) or stop it",
+            )
+        turn_id = new_turn_id()
+        message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
+        sub = await self._live(session, client)
+        try:
+            await self.ctx.counted_turn(key, session, message)
+        except BaseException:
+            session.hub.unsubscribe(sub)
+            raise
+        return Opened(session, sub, ChatMapper(session.id, turn_id))
+
+    async def _known(self, chat_id: str) -> bool:
+        return (
+            chat_id in self.node.sessions or await self.node.store.get_session(chat_id) is not None
+        )
+
+    async def _answer(
+        self, caller: str | None, chat_id: str, last: UiMessage, client: str
+    ) -> Opened:
+        """Approvals answered in the assistant message: decided, and the turn continued."""
+        session = await self.ctx.session(chat_id, caller)
+        meta = last.metadata.get("gateway") if isinstance(last.metadata, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        state = await self.node.live_summary(session)
+        named = meta.get("turnId") if isinstance(meta.get("turnId"), str) else None
+        turn_id = state.current_turn_id
+        if named is not None and named != turn_id and await self._has_turn(session, named):
+            turn_id = named  # a turn of this chat that ended: how it ended
+        if turn_id is None:
+            raise ApiError(409, "turn_not_in_flight", f"no turn in flight on {session.id}")
+        pending = {p.perm_id for p in state.pending_permissions}
+        answers = [a for a in _approvals(last) if a[0] in pending]
+        cursor = meta.get("lastEventId")
+        after = parse_event_id(cursor) if isinstance(cursor, str) else None
+        if after is None:  # no position: what comes from now on
+            after = self.node.sequencer.last
+        opened = await self._replay(session, turn_id, client, after, {a[0] for a in answers})
+        if opened.error is not None or turn_id != state.current_turn_id:
+            return opened  # nothing decided for a turn that cannot be streamed, or is over
+        try:
+            for perm_id, approved in answers:
+                decision = "allow" if approved else "deny"
+                await self.node.decide_permission(session, perm_id, decision, None)
+        except BaseException:
+            session.hub.unsubscribe(opened.sub)
+            raise
+        return opened
+
+    async def _has_turn(self, session: Session, turn_id: str) -> bool:
+        """Whether ``turn_id`` is one of the session's turns (a client's metadata is no proof)."""
+        return any(m.turn_id == turn_id for m in await self.node.messages_of(session))
+
+    async def resume(self, caller: str | None, chat_id: str, client: str) -> Opened | None:
+        """The response of the turn in flight, from its start (None: no turn in flight)."""
+        session = await self.ctx.session(chat_id, caller)
+        turn_id = (await self.node.live_summary(session)).current_turn_id
+        if turn_id is None:
+            return None
+        return await self._replay(session, turn_id, client)
+
+    async def _replay(
+        self,
+        session: Session,
+        turn_id: str,
+        client: str,
+        after: int = -1,
+        answering: set[str] | None = None,
+    ) -> Opened:
+        """A response of ``turn_id`` mapped from its start: a replay through the seam, then live."""
+        mapper = ChatMapper(session.id, turn_id, after, frozenset(answering or ()))
+        sub = ResponseSubscriber(session, self.config.stream, self.node.metrics, client)
+        start = await turn_start(session, turn_id)
+        if start is None:
+            sub.leave("turn_not_found")
+            return Opened(session, sub, mapper, f"turn {turn_id} can no longer be replayed")
+        if await self.ctx.subscribe(session, sub, since=start) is not None:
+            session.hub.unsubscribe(sub)
+            return Opened(session, sub, mapper, f"turn {turn_id} can no longer be replayed")
+        return Opened(session, sub, mapper)
+
+    async def _live(self, session: Session, client: str) -> ResponseSubscriber:
+        sub = ResponseSubscriber(session, self.config.stream, self.node.metrics, client)
+        await self.ctx.subscribe(session, sub)
+        return sub
+
+    # --- the HTTP doors --------------------------------------------------------------
+
+    async def chat(self, req: Request) -> StreamingResponse:
+        """``POST /ai-sdk/chat`` (module docstring)."""
+        caller = self.ctx.authenticate(req)
+        body = decode(req, ChatRequest)
+        release = once(await self.node.limits.open_stream(caller or NO_OWNER, "ai_sdk"))
+        try:
+            opened = await self.send(caller, body.id, body.messages, body.trigger, req.client)
+        except BaseException:
+            release()
+            raise
+        return self._response(opened, release)
+
+    async def chat_stream(self, req: Request, chat_id: str) -> Response | StreamingResponse:
+        """``GET /ai-sdk/chat/{id}/stream``: 204, or the turn in flight from its start."""
+        caller = self.ctx.authenticate(req)
+        release = once(await self.node.limits.open_stream(caller or NO_OWNER, "ai_sdk"))
+        try:
+            opened = await self.resume(caller, chat_id, req.client)
+        except BaseException:
+            release()
+            raise
+        if opened is None:
+            release()
+            return Response(204, b"")
+        return self._response(opened, release)
+
+    async def chat_stop(self, req: Request, chat_id: str) -> Response:
+        """``POST /ai-sdk/chat/{id}/stop``: cancel the turn (docs/protocol.md §8)."""
+        session = await self.ctx.session(chat_id, self.ctx.authenticate(req))
+        turn_id = (await self.node.live_summary(session)).current_turn_id
+        if turn_id is None:
+            raise ApiError(409, "turn_not_in_flight", f"no turn in flight on {chat_id}")
+        await self.node.cancel_turn(session, turn_id, "user", f"ai-sdk:{req.client}")
+        return json_response(202, ChatStopped(session.id, turn_id))
+
+    def _response(self, opened: Opened, release: Callable[[], None]) -> StreamingResponse:
+        """The response's SSE answer; what it holds given back when it ends, or never starts."""
+        sub, mapper = opened.sub, opened.mapper
+        interval = self.config.stream.ping_interval_s
+
+        async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
+            try:
+                await respond(sub, mapper, sse, send, interval, opened.error)
+                await send(DONE)
+            finally:
+                if sub.subscribed:  # a client gone before the pump began
+                    sub.leave("client_closed")
+                release()
+
+        def abandon() -> None:
+            if sub.subscribed:
+                sub.leave("client_closed")
+            release()
+
+        return StreamingResponse(run, headers=[*SSE_HEADERS, *HEADERS], abandon=abandon)
+
+
+def _text_of(message: UiMessage) -> str:
+    """A user message's text: its ``text`` parts (422 for a file or any other part)."""
+    texts: list[str] = []
+    for part in message.parts:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = str(part.get("type"))[:40]
+            raise ApiError(422, "invalid_body", f"user message parts must be text, got {kind!r}")
+        texts.append(part["text"])
+    if not texts:
+        raise ApiError(422, "invalid_body", "the user message has no text part")
+    return "".join(texts)
+
+
+def _approvals(message: UiMessage) -> list[tuple[str, bool]]:
+    """The approvals answered in an assistant message: (approval id, approved)."""
+    out: list[tuple[str, bool]] = []
+    for part in message.parts:
+        kind = part.get("type")
+        tool = isinstance(kind, str) and (kind.startswith("tool-") or kind == "dynamic-tool")
+        approval = part.get("approval")
+        if tool and part.get("state") == "approval-responded" and isinstance(approval, dict):
+            ident, approved = approval.get("id"), approval.get("approved")
+            if isinstance(ident, str) and isinstance(approved, bool):
+                out.append((ident, approved))
+    return out

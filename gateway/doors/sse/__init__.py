@@ -1,0 +1,9 @@
+"""The native stream as server-sent events: ``GET /sessions/{id}/events`` (docs/protocol.md §14).
+
+- :mod:`gateway.doors.sse.door`: the route (its :class:`Door`);
+- :mod:`gateway.doors.sse.events`: the stream, its delivery queue and encoding.
+"""
+
+from gateway.doors.sse.door import Door
+
+__all__ = ["Door"]

@@ -1,0 +1,1 @@
+"""HTTP and WebSocket, the transport: h11 and wsproto, the router, the API document."""
