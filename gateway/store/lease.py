@@ -11,7 +11,7 @@ Two implementations behind :class:`Leases`, given by the store
 (:meth:`gateway.store.base.Store.leases`):
 
 - :class:`LocalLeases` (SQLite, one node): every lease is this node's.
-- ``RedisLeases`` (:mod:`gateway.store.redis`): a key per session,
+- ``RedisLeases`` (:mod:`gateway.store.redis.store`): a key per session,
   ``SET key node_id NX PX ttl`` to take it, a compare-and-``PEXPIRE`` script to
   renew it, a compare-and-``DEL`` script to release it.
 

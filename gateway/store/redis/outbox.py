@@ -1,6 +1,6 @@
 """The webhook outbox of the Redis store (gateway.store.outbox, docs/protocol.md §14).
 
-A mixin of :class:`gateway.store.redis.RedisStore`, kept apart so the store
+A mixin of :class:`gateway.store.redis.store.RedisStore`, kept apart so the store
 class stays about one thing. Keys, under the deployment's prefix (``gw:``),
 ``HOOK`` a webhook's name (no ``:`` in it: gateway.config's names)::
 
@@ -40,7 +40,7 @@ from coredis.tokens import PureToken
 
 from gateway.store.outbox import Lane, OutboxEntry
 
-# A batch's deliveries of one lane, after the store's fence (gateway.store.redis
+# A batch's deliveries of one lane, after the store's fence (gateway.store.redis.store
 # _FENCE: KEYS[1] the session's lease, ARGV[1] this node). KEYS: lease, lanes,
 # the lane's set; ARGV: node, lane name, then (seq, member) per delivery.
 _ADD_DELIVERIES = """
@@ -112,7 +112,7 @@ class RedisOutbox:
         raise NotImplementedError  # the store's: a command, its failures as StoreError
 
     def _lease_key(self, sid: str) -> str:
-        """The session's lease, which fences its writes (``_Keys.lease`` of gateway.store.redis)."""
+        """The session's lease, fencing its writes (gateway.store.redis.store's ``_Keys.lease``)."""
         return f"{self._prefix}lease:{{{sid}}}"
 
     def _lane_key(self, lane: Lane) -> str:

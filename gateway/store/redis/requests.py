@@ -1,6 +1,6 @@
 """The idempotency records of the Redis store (gateway.store.idempotency, docs/protocol.md §13).
 
-A mixin of :class:`gateway.store.redis.RedisStore`, kept apart so the store
+A mixin of :class:`gateway.store.redis.store.RedisStore`, kept apart so the store
 class stays about one thing: one hash per (owner, key) under the
 deployment's prefix, ``<prefix>req:<sha256 of owner NUL key>`` (a digest:
 a key may hold any printable character, braces included, which Redis

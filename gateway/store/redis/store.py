@@ -39,7 +39,7 @@ store is later sharded by session::
     gw:req:<digest>            HASH: an Idempotency-Key's record (gateway.store.idempotency), the
                                digest of its owner and key; expires 24 h after its first request
     gw:ob:*, gw:oblanes,       the webhook outbox, its lanes pending and their claims
-    gw:obclaim:*               (gateway.store.redis_outbox)
+    gw:obclaim:*               (gateway.store.redis.outbox)
 
 ``DELETE /sessions/{id}`` (:meth:`RedisStore.delete_sessions`) removes every
 key and index entry of each session above, in one ``MULTI``: its age index
@@ -126,8 +126,8 @@ from gateway.errors import StoreError, first_leaf
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.group_commit import CLOSE_RETRY_S, RETRY_FIRST_S, RETRY_MAX_S, Batch, GroupCommit
 from gateway.store.lease import Taken
-from gateway.store.redis_outbox import Delivery, RedisOutbox, delivery_row
-from gateway.store.redis_requests import RedisRequests
+from gateway.store.redis.outbox import Delivery, RedisOutbox, delivery_row
+from gateway.store.redis.requests import RedisRequests
 
 log = logging.getLogger("gateway.store")
 
@@ -333,7 +333,7 @@ class _Batch(Batch):
         self.messages: list[tuple[str, str, bytes]] = []  # (session, message id, encoded)
         self.events: list[tuple[int, str, int, bytes]] = []  # (seq, session, ts, member)
         self.blocks: list[tuple[int, Callable[[int], None]]] = []  # (size, granted)
-        self.deliveries: list[Delivery] = []  # webhook deliveries (gateway.store.redis_outbox)
+        self.deliveries: list[Delivery] = []  # webhook deliveries (gateway.store.redis.outbox)
 
     def rows(self) -> tuple[list[Any], ...]:
         return (self.sessions, self.messages, self.events, self.blocks, self.deliveries)

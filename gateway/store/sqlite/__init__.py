@@ -1,0 +1,4 @@
+"""The embedded SQLite backend of the trace store (docs/reference.md ``[store]``).
+
+The store class is :class:`gateway.store.sqlite.store.SqliteStore`.
+"""
