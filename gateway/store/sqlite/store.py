@@ -84,10 +84,12 @@ import trio
 
 from gateway.errors import StoreError
 from gateway.protocol.shapes import Message
-from gateway.store import idempotency, outbox
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.group_commit import Batch, GroupCommit, WritesRefused
-from gateway.store.lease import LocalLeases
+from gateway.store.idempotency import Claim, Claimed
+from gateway.store.outbox import Lane, OutboxEntry
+from gateway.store.sqlite import outbox, requests
+from gateway.store.sqlite.leases import LocalLeases
 
 SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 5.0
@@ -386,7 +388,7 @@ class _Database:
             w.executemany(_UPSERT_SESSION, batch.sessions)
             w.executemany(_UPSERT_MESSAGE, batch.messages)
             w.executemany(_INSERT_EVENT, batch.events)
-            w.executemany(outbox.SQLITE_INSERT, batch.deliveries)
+            w.executemany(outbox.INSERT, batch.deliveries)
             if batch.ceiling is not None:
                 w.execute(_RAISE_META, ("event_ceiling", batch.ceiling))
 
@@ -402,10 +404,7 @@ class _Database:
             *((_UPSERT_SESSION, row, f"session {row[0]}") for row in batch.sessions),
             *((_UPSERT_MESSAGE, row, f"message {row[1]} of {row[0]}") for row in batch.messages),
             *((_INSERT_EVENT, row, f"event {row[0]} ({row[2]})") for row in batch.events),
-            *(
-                (outbox.SQLITE_INSERT, row, f"delivery {row[1]} to {row[0]}")
-                for row in batch.deliveries
-            ),
+            *((outbox.INSERT, row, f"delivery {row[1]} to {row[0]}") for row in batch.deliveries),
         ]
         if batch.ceiling is not None:
             statements.append((_RAISE_META, ("event_ceiling", batch.ceiling), "event ceiling"))
@@ -597,7 +596,7 @@ def _prepare_schema(conn: sqlite3.Connection, path: str) -> StoreState:
                 f"cannot open store {path!r}: schema version {version},"
                 f" this gateway reads version {SCHEMA_VERSION}"
             )
-        for statement in (*idempotency.SQLITE_SCHEMA, *outbox.SQLITE_SCHEMA):  # tables of their own
+        for statement in (*requests.SCHEMA, *outbox.SCHEMA):  # tables of their own
             conn.execute(statement)
         (highest_seq,) = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
         return StoreState(
@@ -771,45 +770,41 @@ class SqliteStore(GroupCommit[_Batch]):
     async def insert_session(self, rec: SessionRecord) -> SessionRecord | None:
         return await self._transaction(lambda w: _insert_session(w, rec))
 
-    async def claim_request(
-        self, owner: str, key: str, claim: idempotency.Claim, now_ms: int
-    ) -> idempotency.Claimed:
+    async def claim_request(self, owner: str, key: str, claim: Claim, now_ms: int) -> Claimed:
         return await self._transaction(
-            lambda w: idempotency.sqlite_claim(w, owner, key, claim, now_ms, self._process)
+            lambda w: requests.claim_request(w, owner, key, claim, now_ms, self._process)
         )
 
     async def settle_request(
         self, owner: str, key: str, holder: str, status: int | None, body: bytes
     ) -> None:
         await self._transaction(
-            lambda w: idempotency.sqlite_settle(w, owner, key, holder, status, body)
+            lambda w: requests.settle_request(w, owner, key, holder, status, body)
         )
 
     # --- the webhook outbox (gateway.store.outbox) ----------------------------
 
-    async def outbox_lanes(self) -> list[outbox.Lane]:
-        return await self._read(lambda db: db.read(outbox.sqlite_lanes))
+    async def outbox_lanes(self) -> list[Lane]:
+        return await self._read(lambda db: db.read(outbox.lanes))
 
-    async def outbox_lane(
-        self, lane: outbox.Lane, after_seq: int, limit: int
-    ) -> list[outbox.OutboxEntry]:
+    async def outbox_lane(self, lane: Lane, after_seq: int, limit: int) -> list[OutboxEntry]:
         _check_limit(limit)
         return await self._read(
-            lambda db: db.read(lambda r: outbox.sqlite_lane(r, lane, after_seq, limit))
+            lambda db: db.read(lambda r: outbox.entries(r, lane, after_seq, limit))
         )
 
     async def outbox_depth(self) -> int:
-        return await self._read(lambda db: db.read(outbox.sqlite_depth))
+        return await self._read(lambda db: db.read(outbox.depth))
 
-    async def outbox_delete(self, done: Sequence[outbox.OutboxEntry]) -> None:
-        await self._transaction(lambda w: outbox.sqlite_delete(w, done))
+    async def outbox_delete(self, done: Sequence[OutboxEntry]) -> None:
+        await self._transaction(lambda w: outbox.delete(w, done))
 
     async def outbox_claim(
-        self, lanes: Sequence[outbox.Lane], node_id: str, ttl_ms: int, *, renew: bool = False
-    ) -> list[outbox.Lane]:
+        self, lanes: Sequence[Lane], node_id: str, ttl_ms: int, *, renew: bool = False
+    ) -> list[Lane]:
         return list(lanes)  # one node: every lane is its own
 
-    async def outbox_release(self, lanes: Sequence[outbox.Lane], node_id: str) -> None:
+    async def outbox_release(self, lanes: Sequence[Lane], node_id: str) -> None:
         return None
 
     async def _transaction(self, action: Callable[[sqlite3.Connection], _T]) -> _T:
