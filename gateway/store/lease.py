@@ -12,7 +12,7 @@ Two implementations behind :class:`Leases`, given by the store
 
 - ``LocalLeases`` (:mod:`gateway.store.sqlite.leases`, one node): every lease
   is this node's.
-- ``RedisLeases`` (:mod:`gateway.store.redis.store`): a key per session,
+- ``RedisLeases`` (:mod:`gateway.store.redis.leases`): a key per session,
   ``SET key node_id NX PX ttl`` to take it, a compare-and-``PEXPIRE`` script to
   renew it, a compare-and-``DEL`` script to release it.
 

@@ -67,6 +67,7 @@ import trio
 from trio_websocket import ConnectionClosed
 
 import gateway.store.group_commit as group_commit
+import gateway.store.redis.client as redis_client
 import gateway.store.redis.store as redis_store
 from gateway.errors import StoreError
 from gateway.ids import format_event_id, parse_event_id
@@ -422,7 +423,7 @@ async def test_a_turn_stopped_by_a_lost_lease_is_still_closed_when_its_writes_la
     event it does not have: that turn would stay open for every client.
     """
     redis = fresh
-    for module in (redis_store, group_commit):  # the client's reconnects, the writer's retries
+    for module in (redis_client, group_commit):  # the client's reconnects, the writer's retries
         monkeypatch.setattr(module, "RETRY_FIRST_S", 0.02)
         monkeypatch.setattr(module, "RETRY_MAX_S", 0.02)
     with trio.fail_after(20):
