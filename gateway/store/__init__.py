@@ -1,5 +1,12 @@
 """The trace store: its interface (:mod:`.base`) and its two backends.
 
+At this package's root, what holds whatever the backend: the records and the
+``Store`` Protocol (:mod:`.base`), the group commit (:mod:`.group_commit`), and
+the rules, sans-IO, of the idempotency records (:mod:`.idempotency`), the webhook
+outbox (:mod:`.outbox`) and the session leases (:mod:`.lease`). One package per
+backend, cut the same way (``store.py``, ``outbox.py``, ``requests.py``,
+``leases.py``, ``batch.py``):
+
 - :class:`SqliteStore` (:mod:`.sqlite`): the embedded default, one node.
 - :class:`~gateway.store.redis.store.RedisStore` (:mod:`.redis`): Redis, so that several
   nodes can share one store (docs/scale-out.md).

@@ -24,6 +24,9 @@ from gateway.store.redis.scripts import ADD_EVENTS, PUT_SESSION, UPSERT_MESSAGES
 
 _encoder = msgspec.msgpack.Encoder()
 
+_MessageRow = tuple[str, str, bytes]  # (session, message id, encoded)
+_EventRow = tuple[int, str, int, bytes]  # (seq, session, ts, member)
+
 
 class RedisBatch(Batch):
     """The Redis rows of a batch (:class:`gateway.store.group_commit.Batch`)."""
@@ -31,8 +34,8 @@ class RedisBatch(Batch):
     def __init__(self) -> None:
         super().__init__()
         self.sessions: list[tuple[SessionRecord, bytes]] = []
-        self.messages: list[tuple[str, str, bytes]] = []  # (session, message id, encoded)
-        self.events: list[tuple[int, str, int, bytes]] = []  # (seq, session, ts, member)
+        self.messages: list[_MessageRow] = []
+        self.events: list[_EventRow] = []
         self.blocks: list[tuple[int, Callable[[int], None]]] = []  # (size, granted)
         self.deliveries: list[Delivery] = []  # webhook deliveries (gateway.store.redis.outbox)
 
@@ -99,23 +102,21 @@ class Transaction:
     # however many: a command costs far more than a member (the figures
     # in docs/performance.md; a tool turn writes a message at every block's end).
 
-    def _queue_messages(self, p: Pipeline[bytes], batch: Sequence[tuple[str, str, bytes]]) -> None:
+    def _queue_messages(self, p: Pipeline[bytes], rows: Sequence[_MessageRow]) -> None:
         k = self._keys
-        messages: dict[str, list[str | bytes]] = {}
-        for sid, mid, data in batch:
-            messages.setdefault(sid, [self._node]).extend((mid, data))
-        for sid, upserts in messages.items():
+        by_session: dict[str, list[str | bytes]] = {}
+        for sid, mid, data in rows:
+            by_session.setdefault(sid, [self._node]).extend((mid, data))
+        for sid, upserts in by_session.items():
             keys = [k.lease(sid), k.messages(sid), k.message_order(sid)]
             p.eval(UPSERT_MESSAGES, keys, upserts)
             self.rows.append(f"{len(upserts) // 2} messages of {sid}")
 
-    def _queue_events(
-        self, p: Pipeline[bytes], batch: Sequence[tuple[int, str, int, bytes]]
-    ) -> None:
+    def _queue_events(self, p: Pipeline[bytes], rows: Sequence[_EventRow]) -> None:
         k = self._keys
         by_session: dict[str, list[str | bytes | int]] = {}
         seqs: dict[str, list[int]] = {}
-        for seq, sid, ts, member_bytes in batch:
+        for seq, sid, ts, member_bytes in rows:
             by_session.setdefault(sid, [self._node, sid]).extend((seq, member_bytes, ts))
             seqs.setdefault(sid, []).append(seq)
         for sid, events in by_session.items():

@@ -29,6 +29,7 @@ class Keys:
         self.owners = f"{p}owners"
         self.open = f"{p}open"
         self.ets = f"{p}ets"
+        self.lanes = f"{p}oblanes"  # the webhook outbox's lanes with a delivery pending
         self._p = p
 
     def session(self, sid: str) -> str:
@@ -55,18 +56,14 @@ class Keys:
     def lease(self, sid: str) -> str:
         return f"{self._p}lease:{{{sid}}}"
 
-    # The webhook outbox's (gateway.store.redis.outbox): a lane's deliveries and its
-    # claim, every lane with a delivery pending. ``HOOK`` has no ``:`` (gateway.config).
+    # The webhook outbox's (gateway.store.redis.outbox): a lane's deliveries, and the
+    # claim of the node delivering it. A webhook's name has no ``:`` (gateway.config).
 
     def lane(self, lane: Lane) -> str:
         return f"{self._p}ob:{lane[0]}:{{{lane[1]}}}"
 
     def lane_claim(self, lane: Lane) -> str:
         return f"{self._p}obclaim:{lane[0]}:{{{lane[1]}}}"
-
-    @property
-    def lanes(self) -> str:
-        return f"{self._p}oblanes"
 
 
 # --- the store's keys the per-key limits read (gateway.node.limits) ----------------
