@@ -119,13 +119,13 @@ class Database:
         directory = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(directory):
             raise StoreError(f"cannot open store {path!r}: directory {directory!r} does not exist")
-        with reporting(path, "open"):
-            writer = connect(path)
+        with _reporting(path, "open"):
+            writer = _connect(path)
             try:
                 writer.execute("PRAGMA journal_mode = WAL")
                 writer.execute("PRAGMA synchronous = NORMAL")
                 state = prepare_schema(writer, path)
-                reader = connect(path)
+                reader = _connect(path)
                 reader.execute("PRAGMA query_only = ON")
             except BaseException:
                 writer.close()
@@ -135,7 +135,7 @@ class Database:
     def write(self, batch: SqliteBatch) -> None:
         """Apply one batch in one transaction."""
         w = self._writer
-        with self._in_the_file(), reporting(self._path, "write to"), w:
+        with self._in_the_file(), _reporting(self._path, "write to"), w:
             w.execute("BEGIN IMMEDIATE")
             w.executemany(UPSERT_SESSION, batch.sessions)
             w.executemany(UPSERT_MESSAGE, batch.messages)
@@ -160,7 +160,7 @@ class Database:
         ]
         if batch.ceiling is not None:
             statements.append((RAISE_META, ("event_ceiling", batch.ceiling), "event ceiling"))
-        with self._in_the_file(), reporting(self._path, "write to"), w:
+        with self._in_the_file(), _reporting(self._path, "write to"), w:
             w.execute("BEGIN IMMEDIATE")
             for sql, args, what in statements:
                 w.execute("SAVEPOINT row")
@@ -174,30 +174,30 @@ class Database:
 
     def shrink_writer(self) -> None:
         """Free the write connection's page cache (:meth:`SqliteStore.release_memory`)."""
-        with reporting(self._path, "shrink the cache of"):
+        with _reporting(self._path, "shrink the cache of"):
             self._writer.execute("PRAGMA shrink_memory")
 
     def shrink_reader(self) -> None:
         """Free the read connection's page cache."""
-        with reporting(self._path, "shrink the cache of"):
+        with _reporting(self._path, "shrink the cache of"):
             self._reader.execute("PRAGMA shrink_memory")
 
     def open_turns(self) -> list[SessionRecord]:
         """Sessions whose turn was in flight when the store was last written (section 9)."""
         sql = f"SELECT {SESSION_COLUMNS} FROM sessions WHERE current_turn_id IS NOT NULL"
-        with reporting(self._path, "read"):
+        with _reporting(self._path, "read"):
             rows = self._reader.execute(sql).fetchall()
         return [session_record(row) for row in rows]
 
     def worker_ids(self, parent_id: str) -> list[str]:
         sql = "SELECT id FROM sessions WHERE parent_session_id = ? ORDER BY created_at, id"
-        with reporting(self._path, "read"):
+        with _reporting(self._path, "read"):
             rows = self._reader.execute(sql, (parent_id,)).fetchall()
         return [sid for (sid,) in rows]
 
     def purge_before(self, ts_ms: int) -> int:
         w = self._writer
-        with self._in_the_file(), reporting(self._path, "purge"), w:
+        with self._in_the_file(), _reporting(self._path, "purge"), w:
             w.execute("BEGIN IMMEDIATE")
             (highest,) = w.execute("SELECT max(seq) FROM events WHERE ts < ?", (ts_ms,)).fetchone()
             if highest is not None:
@@ -209,7 +209,7 @@ class Database:
         """Delete the sessions' rows, their messages' and events', in one transaction."""
         w = self._writer
         rows = [(sid,) for sid in session_ids]
-        with self._in_the_file(), reporting(self._path, "delete"), w:
+        with self._in_the_file(), _reporting(self._path, "delete"), w:
             w.execute("BEGIN IMMEDIATE")
             w.executemany("DELETE FROM events WHERE session_id = ?", rows)
             w.executemany("DELETE FROM messages WHERE session_id = ?", rows)
@@ -218,17 +218,17 @@ class Database:
     def transaction(self, action: Callable[[sqlite3.Connection], _T]) -> _T:
         """``action`` in one write transaction of its own (idempotency records)."""
         w = self._writer
-        with self._in_the_file(), reporting(self._path, "write to"), w:
+        with self._in_the_file(), _reporting(self._path, "write to"), w:
             w.execute("BEGIN IMMEDIATE")
             return action(w)
 
     def read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
         """``query`` on the read connection (the webhook outbox's)."""
-        with reporting(self._path, "read"):
+        with _reporting(self._path, "read"):
             return query(self._reader)
 
     def get_session(self, session_id: str) -> SessionRecord | None:
-        with reporting(self._path, "read"):
+        with _reporting(self._path, "read"):
             sql = f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?"
             row = self._reader.execute(sql, (session_id,)).fetchone()
         return None if row is None else session_record(row)
@@ -245,7 +245,7 @@ class Database:
             where.append(_BEFORE)
             args.append(before)
         sql = _PAGE_OF_SESSIONS.format(where=f"WHERE {' AND '.join(where)}" if where else "")
-        with reporting(self._path, "read"):
+        with _reporting(self._path, "read"):
             rows = self._reader.execute(sql, (*args, limit + 1)).fetchall()
         return [session_record(row) for row in rows[:limit]], len(rows) > limit
 
@@ -253,13 +253,13 @@ class Database:
         sql = """
             SELECT owner, count(*) FROM sessions GROUP BY owner
         """
-        with reporting(self._path, "read"):
+        with _reporting(self._path, "read"):
             rows = self._reader.execute(sql).fetchall()
         return {owner: count for owner, count in rows}
 
     def event_bytes(self, session_id: str) -> int:
         sql = "SELECT coalesce(sum(length(data)), 0) FROM events WHERE session_id = ?"
-        with reporting(self._path, "read"):
+        with _reporting(self._path, "read"):
             (size,) = self._reader.execute(sql, (session_id,)).fetchone()
         return int(size)
 
@@ -268,7 +268,7 @@ class Database:
             SELECT data, complete_event_id, stop_reason, complete_ts FROM messages
             WHERE session_id = ? ORDER BY ord
         """
-        with reporting(self._path, "read"):
+        with _reporting(self._path, "read"):
             rows = self._reader.execute(sql, (session_id,)).fetchall()
         return [
             StoredMessage(_message_decoder.decode(data), event_id, stop_reason, complete_ts)
@@ -284,7 +284,7 @@ class Database:
             WHERE session_id IN ({marks}) AND seq > ?
             ORDER BY seq LIMIT ?
         """
-        with reporting(self._path, "read"):
+        with _reporting(self._path, "read"):
             rows = self._reader.execute(sql, (*session_ids, after_seq, limit)).fetchall()
         return [
             StoredEvent(seq=seq, session_id=session_id, type=type_, ts=ts, data=data)
@@ -299,7 +299,7 @@ class Database:
 
 
 @contextmanager
-def reporting(path: str, action: str) -> Iterator[None]:
+def _reporting(path: str, action: str) -> Iterator[None]:
     """Turn a SQLite error into a StoreError naming the path and what was being done."""
     try:
         yield
@@ -307,7 +307,7 @@ def reporting(path: str, action: str) -> Iterator[None]:
         raise StoreError(f"cannot {action} store {path!r}: {exc}") from exc
 
 
-def connect(path: str) -> sqlite3.Connection:
+def _connect(path: str) -> sqlite3.Connection:
     # isolation_level=None: no implicit transactions; writes say BEGIN themselves.
     return sqlite3.connect(
         path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
