@@ -186,7 +186,7 @@ def _reply(f: BinaryIO) -> Any:
 
 
 def redis_outbox_size(port: int, prefix: str = "gw:") -> int:
-    """The deliveries in a Redis store's outbox (gateway.store.redis_outbox's keys)."""
+    """The deliveries in a Redis store's outbox (gateway.store.redis.outbox's keys)."""
     total = 0
     for lane in redis_command(port, "SMEMBERS", f"{prefix}oblanes"):
         hook, sid = lane.decode().split(":", 1)

@@ -107,7 +107,7 @@ async def choose(node: NodeCore, nursery: trio.Nursery) -> Placement:
     from gateway.cluster.link import Cluster  # coredis: imported only when used
     from gateway.node.attach_tokens import RedisAttachTokens
     from gateway.node.limits import RedisKeyLimits
-    from gateway.store.redis import record_and_owner_keys
+    from gateway.store.redis.keys import record_and_owner_keys
 
     placement = ClusteredPlacement(node)
     cluster = Cluster(

@@ -376,7 +376,7 @@ class Store(Protocol):
         """Claim these lanes for ``node_id``, or extend its claims; the ones it holds now.
 
         A lane is delivered by the one node holding its claim; a claim not
-        extended lapses after ``ttl_ms`` (Redis: gateway.store.redis_outbox).
+        extended lapses after ``ttl_ms`` (Redis: gateway.store.redis.outbox).
         ``renew``: only extend the claims ``node_id`` holds (one that lapsed is
         not taken again). SQLite has one node: every lane is its own.
         """

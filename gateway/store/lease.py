@@ -10,8 +10,9 @@ is therefore the lease time.
 Two implementations behind :class:`Leases`, given by the store
 (:meth:`gateway.store.base.Store.leases`):
 
-- :class:`LocalLeases` (SQLite, one node): every lease is this node's.
-- ``RedisLeases`` (:mod:`gateway.store.redis`): a key per session,
+- ``LocalLeases`` (:mod:`gateway.store.sqlite.leases`, one node): every lease
+  is this node's.
+- ``RedisLeases`` (:mod:`gateway.store.redis.leases`): a key per session,
   ``SET key node_id NX PX ttl`` to take it, a compare-and-``PEXPIRE`` script to
   renew it, a compare-and-``DEL`` script to release it.
 
@@ -85,28 +86,6 @@ class Leases(Protocol):
     async def holder(self, session_id: str) -> str | None:
         """The node id holding the session's lease, ``None`` if nobody does."""
         ...
-
-
-class LocalLeases:
-    """The leases of a node that is alone on its store (SQLite): all of them are its own."""
-
-    shared = False
-
-    def __init__(self, node_id: str, ttl_ms: int) -> None:
-        self.node_id = node_id
-        self.ttl_ms = ttl_ms
-
-    async def acquire(self, session_id: str) -> Taken | None:
-        return Taken()
-
-    async def renew(self, session_ids: Sequence[str]) -> list[str]:
-        return []
-
-    async def release(self, session_ids: Sequence[str]) -> None:
-        return None
-
-    async def holder(self, session_id: str) -> str | None:
-        return self.node_id
 
 
 class LeaseKeeper:

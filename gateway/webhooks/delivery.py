@@ -25,7 +25,7 @@ The store puts a delivery in its outbox in the same write as the event
   drop the duplicate.
 - A lane is delivered by one node at a time: the one holding its *claim*
   (``Store.outbox_claim``; on Redis a key that lapses after ``[store]
-  lease_s`` unless renewed, gateway.store.redis_outbox; on SQLite every
+  lease_s`` unless renewed, gateway.store.redis.outbox; on SQLite every
   lane is the one node's). A node claims a lane before starting its task,
   renews its claims every third of the lease time, stops a lane whose claim
   it lost (or could not renew for a whole lease time), and releases a lane's

@@ -167,7 +167,7 @@ def _record(sid: str, owner: str) -> Any:
 async def _stores(tmp_path: Path, redis: RedisServer | None) -> AsyncIterator[list[Any]]:
     """Two nodes' stores on one Redis, or one SQLite store."""
     from gateway.store import SqliteStore
-    from gateway.store.redis import RedisStore
+    from gateway.store.redis.store import RedisStore
 
     stores: list[Any]
     if redis is None:

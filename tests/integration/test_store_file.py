@@ -40,7 +40,7 @@ from gateway.protocol.shapes import Message, TextBlock
 from gateway.providers.scripted import ScriptedProvider
 from gateway.session.session import Session
 from gateway.store.base import SessionRecord
-from gateway.store.sqlite import SqliteStore, id_floor
+from gateway.store.sqlite.store import SqliteStore, id_floor
 from gateway.tools.builtin import build_registry
 from tests.conftest import Client, make_config, open_ws, running_gateway
 from tests.system.test_cli_serve import gateway_process

@@ -57,7 +57,7 @@ from gateway.protocol.events import TextDelta
 from gateway.providers.scripted import ScriptedProvider
 from gateway.session.hub import Emitted, Subscriber
 from gateway.session.session import Session
-from gateway.store.sqlite import SqliteStore
+from gateway.store.sqlite.store import SqliteStore
 from gateway.tools.builtin import build_registry
 from tests.conftest import make_config, running_gateway
 

@@ -27,7 +27,7 @@ follows: a client receives an event only once it is durable):
   it ends here. Either way it ends, and the next turn runs once Redis is back.
 - What a node had queued for a session whose lease another node took while
   Redis was away is dropped, not written under the new owner's closing of
-  the turn (the store's fencing, gateway/store/redis.py).
+  the turn (the store's fencing, gateway/store/redis/store.py).
 - The writer retries with backoff (50 ms doubling to 5 s: one
   ``store_write_failed`` line per attempt, never a tight loop) and says once
   that Redis is back (``store_reconnected``, with the attempts and how long).
@@ -67,14 +67,15 @@ import trio
 from trio_websocket import ConnectionClosed
 
 import gateway.store.group_commit as group_commit
-import gateway.store.redis as redis_store
+import gateway.store.redis.client as redis_client
+import gateway.store.redis.store as redis_store
 from gateway.errors import StoreError
 from gateway.ids import format_event_id, parse_event_id
 from gateway.protocol.events import CATALOG_TYPES, Event
 from gateway.protocol.frames import SubscribeAck
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.store import SessionRecord, StoredEvent, StoredMessage
-from gateway.store.redis import RedisStore
+from gateway.store.redis.store import RedisStore
 from tests.conftest import Client, Harness, make_config, running_gateway, types
 from tests.redis_support import RedisServer, ensure_redis_server
 
@@ -422,7 +423,7 @@ async def test_a_turn_stopped_by_a_lost_lease_is_still_closed_when_its_writes_la
     event it does not have: that turn would stay open for every client.
     """
     redis = fresh
-    for module in (redis_store, group_commit):  # the client's reconnects, the writer's retries
+    for module in (redis_client, group_commit):  # the client's reconnects, the writer's retries
         monkeypatch.setattr(module, "RETRY_FIRST_S", 0.02)
         monkeypatch.setattr(module, "RETRY_MAX_S", 0.02)
     with trio.fail_after(20):

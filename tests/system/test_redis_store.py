@@ -36,7 +36,8 @@ from gateway.protocol.shapes import Message, TextBlock
 from gateway.session.sequencer import EventSequencer
 from gateway.store import SessionRecord, StoredEvent, StoredMessage
 from gateway.store.lease import LeaseKeeper
-from gateway.store.redis import RedisStore, redacted
+from gateway.store.redis.client import redacted
+from gateway.store.redis.store import RedisStore
 from tests.conftest import TOOL_SCRIPT, free_port, make_config, running_gateway, types
 from tests.redis_support import RedisServer, own_redis, redis_server
 

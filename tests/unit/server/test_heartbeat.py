@@ -36,7 +36,7 @@ from gateway.node import Node
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.providers.scripted import ScriptedProvider
 from gateway.session.session import Session
-from gateway.store.sqlite import SqliteStore
+from gateway.store.sqlite.store import SqliteStore
 from gateway.tools.builtin import build_registry
 from tests.conftest import make_config
 

@@ -12,17 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.store.idempotency import (
-    RECORD_TTL_MS,
-    SQLITE_SCHEMA,
-    Claim,
-    RequestRecord,
-    decide,
-    redis_claimed,
-    settle,
-    sqlite_claim,
-    sqlite_settle,
-)
+from gateway.store.idempotency import RECORD_TTL_MS, Claim, RequestRecord, decide, settle
+from gateway.store.redis.requests import claimed as redis_claimed
+from gateway.store.sqlite.requests import SCHEMA as SQLITE_SCHEMA
+from gateway.store.sqlite.requests import claim_request as sqlite_claim
+from gateway.store.sqlite.requests import settle_request as sqlite_settle
 
 T0 = 1_700_000_000_000
 CLAIM = Claim("fp", "sess_1", "h1", 1000)

@@ -26,8 +26,10 @@ import trio.testing
 from gateway.errors import StoreError
 from gateway.ids import format_event_id
 from gateway.store import SqliteStore
-from gateway.store.lease import LeaseKeeper, LocalLeases, Taken, new_node_id
-from gateway.store.redis import RedisLeases, RedisStore
+from gateway.store.lease import LeaseKeeper, Taken, new_node_id
+from gateway.store.redis.leases import RedisLeases
+from gateway.store.redis.store import RedisStore
+from gateway.store.sqlite.leases import LocalLeases
 from tests.conftest import make_config, running_gateway
 from tests.redis_support import RedisServer, own_redis, redis_server
 from tests.system.test_redis_store import SLEEPY, command, crash_copy

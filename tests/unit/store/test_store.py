@@ -41,7 +41,7 @@ from gateway.store import (
     StoredMessage,
     StoreState,
 )
-from gateway.store.redis import RedisStore
+from gateway.store.redis.store import RedisStore
 from tests.redis_support import RedisServer, redis_server
 
 __all__ = ["redis_server"]  # the fixture, used through Backend

@@ -20,7 +20,7 @@ import trio
 from gateway.config import WebhookConfig
 from gateway.metrics import Metrics
 from gateway.store.base import StoredEvent
-from gateway.store.redis import RedisStore
+from gateway.store.redis.store import RedisStore
 from gateway.webhooks.delivery import Deliveries
 from tests.redis_support import RedisServer, redis_server
 from tests.webhook_support import SECRET

@@ -22,8 +22,8 @@ from gateway.config import WebhookConfig, load_config
 from gateway.errors import ConfigError
 from gateway.metrics import Metrics
 from gateway.store.base import Store, StoredEvent
-from gateway.store.redis import RedisStore
-from gateway.store.sqlite import SqliteStore
+from gateway.store.redis.store import RedisStore
+from gateway.store.sqlite.store import SqliteStore
 from gateway.webhooks import signing
 from gateway.webhooks.delivery import ANSWER_BYTES, Deliveries, read_if_small, routes
 from tests.redis_support import RedisServer, redis_server

@@ -1,15 +1,16 @@
 """The webhook outbox of the Redis store (gateway.store.outbox, docs/protocol.md §14).
 
-A mixin of :class:`gateway.store.redis.RedisStore`, kept apart so the store
-class stays about one thing. Keys, under the deployment's prefix (``gw:``),
-``HOOK`` a webhook's name (no ``:`` in it: gateway.config's names)::
+A mixin of :class:`gateway.store.redis.store.RedisStore`, kept apart so the store
+class stays about one thing. Keys (:class:`gateway.store.redis.keys.Keys`),
+under the deployment's prefix (``gw:``), ``HOOK`` a webhook's name (no ``:``
+in it: gateway.config's names)::
 
     gw:ob:HOOK:{sid}       ZSET: score seq, member [seq, wire bytes]: the lane's deliveries
     gw:oblanes             SET: "HOOK:sid", every lane with a delivery pending
     gw:obclaim:HOOK:{sid}  STRING: the node delivering the lane, with its expiry
 
 - **Atomic with the event.** A batch's deliveries are written by a script of
-  the batch's own ``MULTI`` (:meth:`RedisOutbox._queue_deliveries`), one per
+  the batch's own ``MULTI`` (:func:`queue_deliveries`), one per
   (session, webhook), fenced by the session's lease exactly as the script
   that appends the events: both read the lease inside the same ``EXEC``, so
   either both land or neither does. A batch retried after its answer was
@@ -32,16 +33,19 @@ class stays about one thing. Keys, under the deployment's prefix (``gw:``),
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import coredis
 import msgspec
+from coredis.patterns.pipeline import Pipeline
 from coredis.tokens import PureToken
 
 from gateway.store.outbox import Lane, OutboxEntry
+from gateway.store.redis.keys import Keys
+from gateway.store.redis.scripts import FENCE
 
-# A batch's deliveries of one lane, after the store's fence (gateway.store.redis
-# _FENCE: KEYS[1] the session's lease, ARGV[1] this node). KEYS: lease, lanes,
+# A batch's deliveries of one lane, after the store's fence (gateway.store.redis.scripts
+# FENCE: KEYS[1] the session's lease, ARGV[1] this node). KEYS: lease, lanes,
 # the lane's set; ARGV: node, lane name, then (seq, member) per delivery.
 _ADD_DELIVERIES = """
 redis.call('SADD', KEYS[2], ARGV[2])
@@ -102,47 +106,30 @@ def delivery_row(hook: str, session_id: str, seq: int, data: bytes) -> Delivery:
     return (hook, session_id, seq, _encoder.encode((seq, data)))
 
 
+def queue_deliveries(
+    p: Pipeline[bytes], k: Keys, deliveries: Sequence[Delivery], node: str, rows: list[str]
+) -> None:
+    """Queue a batch's deliveries in its ``MULTI`` ``p``: one fenced script per lane."""
+    lanes: dict[Lane, list[str | bytes | int]] = {}
+    seqs: dict[Lane, list[int]] = {}
+    for hook, sid, seq, member in deliveries:
+        lanes.setdefault((hook, sid), [node, f"{hook}:{sid}"]).extend((seq, member))
+        seqs.setdefault((hook, sid), []).append(seq)
+    for lane, args in lanes.items():
+        p.eval(FENCE + _ADD_DELIVERIES, [k.lease(lane[1]), k.lanes, k.lane(lane)], args)
+        rows.append(f"deliveries {min(seqs[lane])}..{max(seqs[lane])} of {lane[1]} to {lane[0]}")
+
+
 class RedisOutbox:
     """The outbox methods of :class:`gateway.store.base.Store` on Redis (module docstring)."""
 
-    _prefix: str
-    _fence: ClassVar[str]  # the store's lease fence, run first by every script of a session
+    _keys: Keys
 
     async def _read(self, query: Callable[[coredis.Redis[bytes]], Awaitable[Any]]) -> Any:
         raise NotImplementedError  # the store's: a command, its failures as StoreError
 
-    def _lease_key(self, sid: str) -> str:
-        """The session's lease, which fences its writes (``_Keys.lease`` of gateway.store.redis)."""
-        return f"{self._prefix}lease:{{{sid}}}"
-
-    def _lane_key(self, lane: Lane) -> str:
-        return f"{self._prefix}ob:{lane[0]}:{{{lane[1]}}}"
-
-    def _claim_key(self, lane: Lane) -> str:
-        return f"{self._prefix}obclaim:{lane[0]}:{{{lane[1]}}}"
-
-    @property
-    def _lanes_key(self) -> str:
-        return f"{self._prefix}oblanes"
-
-    def _queue_deliveries(
-        self, p: Any, deliveries: Sequence[Delivery], node: str, rows: list[str]
-    ) -> None:
-        """Queue the batch's deliveries in its ``MULTI`` ``p``: one fenced script per lane."""
-        lanes: dict[Lane, list[str | bytes | int]] = {}
-        seqs: dict[Lane, list[int]] = {}
-        for hook, sid, seq, member in deliveries:
-            lanes.setdefault((hook, sid), [node, f"{hook}:{sid}"]).extend((seq, member))
-            seqs.setdefault((hook, sid), []).append(seq)
-        for lane, args in lanes.items():
-            keys = [self._lease_key(lane[1]), self._lanes_key, self._lane_key(lane)]
-            p.eval(self._fence + _ADD_DELIVERIES, keys, args)
-            rows.append(
-                f"deliveries {min(seqs[lane])}..{max(seqs[lane])} of {lane[1]} to {lane[0]}"
-            )
-
     async def outbox_lanes(self) -> list[Lane]:
-        names = await self._read(lambda c: c.smembers(self._lanes_key))
+        names = await self._read(lambda c: c.smembers(self._keys.lanes))
         lanes = (name.decode().split(":", 1) for name in names)
         return sorted((hook, sid) for hook, sid in lanes)
 
@@ -151,7 +138,7 @@ class RedisOutbox:
             raise ValueError(f"limit must be >= 0, not {limit}")
         if not limit:
             return []
-        key = self._lane_key(lane)
+        key = self._keys.lane(lane)
         members = await self._read(
             lambda c: c.zrange(
                 key, f"({after_seq}", "+inf", PureToken.BYSCORE, offset=0, count=limit
@@ -164,7 +151,7 @@ class RedisOutbox:
 
         async def count(c: coredis.Redis[bytes]) -> int:
             async with c.pipeline(transaction=False) as p:
-                sizes = [p.zcard(self._lane_key(lane)) for lane in lanes]
+                sizes = [p.zcard(self._keys.lane(lane)) for lane in lanes]
             return sum([await size for size in sizes])
 
         return int(await self._read(count)) if lanes else 0
@@ -179,7 +166,7 @@ class RedisOutbox:
         async def delete(c: coredis.Redis[bytes]) -> None:
             async with c.pipeline(transaction=True) as p:
                 for lane, args in by_lane.items():
-                    p.eval(_DELETE, [self._lane_key(lane), self._lanes_key], args)
+                    p.eval(_DELETE, [self._keys.lane(lane), self._keys.lanes], args)
 
         await self._read(delete)
 
@@ -192,7 +179,7 @@ class RedisOutbox:
 
         async def claim(c: coredis.Redis[bytes]) -> list[object]:
             async with c.pipeline(transaction=False) as p:
-                answers = [p.eval(_CLAIM, [self._claim_key(lane)], args) for lane in lanes]
+                answers = [p.eval(_CLAIM, [self._keys.lane_claim(lane)], args) for lane in lanes]
             return [await a for a in answers]
 
         answers = await self._read(claim)
@@ -205,6 +192,6 @@ class RedisOutbox:
         async def release(c: coredis.Redis[bytes]) -> None:
             async with c.pipeline(transaction=False) as p:
                 for lane in lanes:
-                    p.eval(_RELEASE, [self._claim_key(lane)], [node_id])
+                    p.eval(_RELEASE, [self._keys.lane_claim(lane)], [node_id])
 
         await self._read(release)

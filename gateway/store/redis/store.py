@@ -14,7 +14,15 @@ for as long as it is used (its connection pool runs its connections' tasks in a
 task group of its own), and the store's lifecycle (``open`` ... ``aclose``,
 possibly from different tasks, with reads before ``run`` starts) has no task of
 its own; so :meth:`RedisStore.open` starts one Trio system task that holds the
-client until :meth:`RedisStore.aclose` (and reopens it should the pool fail).
+client until :meth:`RedisStore.aclose` (and reopens it should the pool fail):
+:class:`gateway.store.redis.client.Connection`.
+
+The package, by concept: the key names (:mod:`gateway.store.redis.keys`), the
+Lua scripts that write a session's keys (:mod:`gateway.store.redis.scripts`),
+a batch and its transaction (:mod:`gateway.store.redis.batch`), the leases
+(:mod:`gateway.store.redis.leases`), the idempotency records
+(:mod:`gateway.store.redis.requests`) and the webhook outbox
+(:mod:`gateway.store.redis.outbox`); this module holds the store and its reads.
 
 Data layout, every key under one prefix (``gw:`` by default) so that one Redis can
 hold other data; values are msgspec MessagePack. ``{sid}`` is a session id in
@@ -39,7 +47,7 @@ store is later sharded by session::
     gw:req:<digest>            HASH: an Idempotency-Key's record (gateway.store.idempotency), the
                                digest of its owner and key; expires 24 h after its first request
     gw:ob:*, gw:oblanes,       the webhook outbox, its lanes pending and their claims
-    gw:obclaim:*               (gateway.store.redis_outbox)
+    gw:obclaim:*               (gateway.store.redis.outbox)
 
 ``DELETE /sessions/{id}`` (:meth:`RedisStore.delete_sessions`) removes every
 key and index entry of each session above, in one ``MULTI``: its age index
@@ -82,14 +90,15 @@ Decisions where the contract is silent:
   store they wrote needs no migration (a score is a double: exact up to 2^53,
   nine thousand million blocks). A batch retried after its answer was lost
   allocates its block twice: one block of numbers is skipped, nothing reused.
-- Leases (:mod:`gateway.store.lease`): ``SET gw:lease:{sid} <node> NX PX <ttl>``
+- Leases (:mod:`gateway.store.redis.leases`): ``SET gw:lease:{sid} <node> NX PX <ttl>``
   pipelined with a read of the counter (the counter read after the lease is
   taken bounds every id the previous holder issued); renew and release are
   compare-and-``PEXPIRE`` and compare-and-``DEL`` scripts, one per session
   (each session's key in its own slot, as a Cluster needs).
 - Fencing: every write of a session's keys (its record and indexes, a
   message, a batch's events and their age entries) is a small Lua script
-  inside the batch's ``MULTI`` that first reads the session's lease, and
+  (:mod:`gateway.store.redis.scripts`) inside the batch's ``MULTI`` that
+  first reads the session's lease, and
   writes nothing if another node holds it: the store writes for the node
   named by its first :meth:`RedisStore.leases` call (a store with no node
   writes unfenced). A session nobody holds is written (a new session's
@@ -110,153 +119,32 @@ from __future__ import annotations
 
 import heapq
 import logging
-import os
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from typing import TypeVar
 
-import anyio
 import coredis
 import msgspec
 import trio
-from coredis.exceptions import RedisError
 from coredis.tokens import PureToken
 
-from gateway.errors import StoreError, first_leaf
+from gateway.errors import StoreError
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
-from gateway.store.group_commit import CLOSE_RETRY_S, RETRY_FIRST_S, RETRY_MAX_S, Batch, GroupCommit
-from gateway.store.lease import Taken
-from gateway.store.redis_outbox import Delivery, RedisOutbox, delivery_row
-from gateway.store.redis_requests import RedisRequests
+from gateway.store.group_commit import GroupCommit
+from gateway.store.redis.batch import RedisBatch, Transaction
+from gateway.store.redis.client import TRANSIENT, Connection, reason, redacted
+from gateway.store.redis.keys import Keys, index_member, sid_of
+from gateway.store.redis.leases import RedisLeases
+from gateway.store.redis.outbox import RedisOutbox
+from gateway.store.redis.requests import RedisRequests
+from gateway.store.redis.scripts import INSERT_SESSION, session_write
 
 log = logging.getLogger("gateway.store")
 
 LAYOUT_VERSION = 1
 OPEN_TIMEOUT_S = 5.0  # Redis unreachable at start-up: one line within this, not a hang
-CONNECT_TIMEOUT_S = 2.0
-COMMAND_TIMEOUT_S = 10.0  # a hung Redis fails a command (the writer retries) rather than hangs
 PURGE_CHUNK = 1000  # events deleted per transaction by the retention purge
 
 _T = TypeVar("_T")
-# Failures of a whole transaction or of the connection: the batch is held and retried.
-_TRANSIENT: tuple[type[BaseException], ...] = (
-    RedisError,
-    OSError,
-    TimeoutError,
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    anyio.EndOfStream,
-)
-
-# Leases (gateway.store.lease): only the holder extends or drops its lease.
-_RENEW_LEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE_LEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-# Every write of a session's keys is fenced by its lease (module docstring): it
-# lands unless another node holds the lease (KEYS[1]; ARGV[1] this node's id,
-# "" for a store that has no node), else it answers that node's id.
-_FENCE = """
-local holder = redis.call('GET', KEYS[1])
-if ARGV[1] ~= '' and holder and holder ~= ARGV[1] then return {holder} end
-"""
-
-# A session record and its indexes. KEYS: lease, record, sessions, owner's,
-# owners or parent's workers, owner's roots, open; ARGV: node, record, index
-# member, id, owner, "w" for a worker, "o" for a turn in flight.
-_WRITE_SESSION = """
-redis.call('SET', KEYS[2], ARGV[2])
-redis.call('ZADD', KEYS[3], 0, ARGV[3])
-redis.call('ZADD', KEYS[4], 0, ARGV[3])
-if ARGV[6] == 'w' then
-    redis.call('ZADD', KEYS[5], 0, ARGV[3])
-else
-    redis.call('SADD', KEYS[5], ARGV[5])
-    redis.call('SADD', KEYS[6], ARGV[4])
-end
-if ARGV[7] == 'o' then
-    redis.call('SADD', KEYS[7], ARGV[4])
-else
-    redis.call('SREM', KEYS[7], ARGV[4])
-end
-return 1
-"""
-
-# An upsert never changes a session's owner (Store.put_session): a record of
-# another owner is refused whole (records stored before owners existed have none).
-_PUT_SESSION = (
-    _FENCE
-    + """
-local stored = redis.call('GET', KEYS[2])
-if stored and (cmsgpack.unpack(stored)['owner'] or '') ~= ARGV[5] then
-    return redis.error_reply('the record has another owner, and an owner is never rewritten')
-end
-"""
-    + _WRITE_SESSION
-)
-
-# A new session named by its client (Store.insert_session): written only if
-# no record has its id, else that record is the answer (whoever holds its
-# lease: the node that made it, usually); the same KEYS and ARGV.
-_INSERT_SESSION = (
-    """
-local stored = redis.call('GET', KEYS[2])
-if stored then return stored end
-"""
-    + _FENCE
-    + _WRITE_SESSION
-)
-
-# A batch's messages of one session, in order; a message keeps its place when
-# rewritten (an in_progress message completed): only a new id takes the next
-# number of its session. KEYS: lease, messages, their order; ARGV: node, then
-# (message id, message) per message.
-_UPSERT_MESSAGES = (
-    _FENCE
-    + """
-for i = 2, #ARGV, 2 do
-    if not redis.call('ZSCORE', KEYS[3], ARGV[i]) then
-        local last = redis.call('ZRANGE', KEYS[3], 0, 0, 'REV', 'WITHSCORES')
-        local ord = 1
-        if last[2] then ord = tonumber(last[2]) + 1 end
-        redis.call('ZADD', KEYS[3], ord, ARGV[i])
-    end
-    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
-end
-return 1
-"""
-)
-
-# A batch's events of one session, and their entries in the age index. KEYS:
-# lease, events, age index; ARGV: node, session id, then (seq, member, ts) per
-# event. ZADD takes them in chunks (Lua's unpack has a limit).
-_ADD_EVENTS = (
-    _FENCE
-    + """
-local events, ages = {}, {}
-for i = 3, #ARGV, 3 do
-    events[#events + 1] = ARGV[i]
-    events[#events + 1] = ARGV[i + 1]
-    ages[#ages + 1] = ARGV[i + 2]
-    ages[#ages + 1] = ARGV[i] .. ':' .. ARGV[2]
-    if #events >= 1000 or i + 3 > #ARGV then
-        redis.call('ZADD', KEYS[2], unpack(events))
-        redis.call('ZADD', KEYS[3], unpack(ages))
-        events, ages = {}, {}
-    end
-end
-return 1
-"""
-)
 
 _encoder = msgspec.msgpack.Encoder()
 _session_decoder = msgspec.msgpack.Decoder(SessionRecord)
@@ -265,105 +153,7 @@ _event_decoder = msgspec.msgpack.Decoder(tuple[int, str, int, bytes])
 _decode = _event_decoder.decode
 
 
-def redacted(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + host))
-
-
-def _index_member(rec: SessionRecord) -> str:
-    """A session's member in the lex-ordered indexes: ``created_at`` order, then id."""
-    return f"{rec.created_at:016d}:{rec.id}"
-
-
-def _sid_of(member: bytes) -> str:
-    return member.decode().split(":", 1)[1]
-
-
-class _Keys:
-    """Every key name of the layout (module docstring), under one prefix."""
-
-    def __init__(self, prefix: str) -> None:
-        p = prefix
-        self.version = f"{p}version"
-        self.meta = f"{p}meta"
-        self.sessions = f"{p}sessions"
-        self.owners = f"{p}owners"
-        self.open = f"{p}open"
-        self.ets = f"{p}ets"
-        self._p = p
-
-    def session(self, sid: str) -> str:
-        return f"{self._p}s:{{{sid}}}"
-
-    def owner(self, owner: str) -> str:
-        return f"{self._p}owner:{owner}"
-
-    def roots(self, owner: str) -> str:
-        return f"{self._p}roots:{owner}"
-
-    def workers(self, parent: str) -> str:
-        return f"{self._p}workers:{parent}"
-
-    def messages(self, sid: str) -> str:
-        return f"{self._p}m:{{{sid}}}"
-
-    def message_order(self, sid: str) -> str:
-        return f"{self._p}mo:{{{sid}}}"
-
-    def events(self, sid: str) -> str:
-        return f"{self._p}e:{{{sid}}}"
-
-    def lease(self, sid: str) -> str:
-        return f"{self._p}lease:{{{sid}}}"
-
-
-class _Batch(Batch):
-    """The Redis rows of a batch (:class:`gateway.store.group_commit.Batch`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sessions: list[tuple[SessionRecord, bytes]] = []
-        self.messages: list[tuple[str, str, bytes]] = []  # (session, message id, encoded)
-        self.events: list[tuple[int, str, int, bytes]] = []  # (seq, session, ts, member)
-        self.blocks: list[tuple[int, Callable[[int], None]]] = []  # (size, granted)
-        self.deliveries: list[Delivery] = []  # webhook deliveries (gateway.store.redis_outbox)
-
-    def rows(self) -> tuple[list[Any], ...]:
-        return (self.sessions, self.messages, self.events, self.blocks, self.deliveries)
-
-    def add_session(self, rec: SessionRecord) -> None:
-        self.sessions.append((msgspec.structs.replace(rec), _encoder.encode(rec)))
-        self.size += 1
-
-    def add_message(self, msg: StoredMessage) -> int:
-        m = msg.message
-        data = _encoder.encode(msg)
-        self.messages.append((m.session_id, m.id, data))
-        self.size += 1
-        return len(data)
-
-    def add_event(self, ev: StoredEvent) -> None:
-        member = _encoder.encode((ev.seq, ev.type, ev.ts, ev.data))
-        self.events.append((ev.seq, ev.session_id, ev.ts, member))
-        self.size += 1
-
-    def add_block(self, block: int, granted: Callable[[int], None]) -> None:
-        self.blocks.append((block, granted))
-        self.size += 1
-
-    def add_outbox(self, hook: str, ev: StoredEvent) -> None:
-        self.deliveries.append(delivery_row(hook, ev.session_id, ev.seq, ev.data))
-        self.outbox += 1
-
-
-class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
+class RedisStore(RedisRequests, RedisOutbox, GroupCommit[RedisBatch]):
     """The Redis trace store: implements :class:`gateway.store.base.Store`.
 
     The group commit is :class:`gateway.store.group_commit.GroupCommit`'s; this
@@ -375,8 +165,6 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
         flush_interval_s: the longest the writer gathers a batch.
         max_batch: the pending count at which the writer stops gathering.
     """
-
-    _fence = _FENCE  # the webhook outbox's scripts are fenced as the events are
 
     def __init__(
         self,
@@ -390,14 +178,10 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
         super().__init__(
             f"store {where}", {"url": where}, flush_interval_s=flush_interval_s, max_batch=max_batch
         )
-        self._url = url
         self._where = where
-        self._keys = _Keys(prefix)
+        self._keys = Keys(prefix)
         self._prefix = prefix
-        self._client: coredis.Redis[bytes] | None = None
-        self._holding = False  # the holder task was started
-        self._release = trio.Event()  # set: the holder task lets the client go
-        self._released = trio.Event()  # set: it has
+        self._connection = Connection(url, where, self._report)
         self._node_id: str | None = None  # the node whose writes these are (leases())
         self._opened = False
         # self.refusing stays None: a Redis that comes back is the same store.
@@ -415,16 +199,7 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
         deadline = trio.current_time() + OPEN_TIMEOUT_S
         try:
             with trio.fail_after(OPEN_TIMEOUT_S):
-                # The store reports Redis's failures itself (on_write_error: the
-                # node's store_write_failed line; a StoreError at start-up: one
-                # line); coredis's own lines would repeat them with tracebacks,
-                # at info level and, for a handshake that gets no answer, at
-                # error level ("Connection attempt failed unexpectedly!").
-                logging.getLogger("coredis").setLevel(logging.CRITICAL)
-                ready = trio.Event()
-                trio.lowlevel.spawn_system_task(self._hold_client, ready, name="redis-client")
-                self._holding = True
-                await ready.wait()
+                await self._connection.hold()
                 state = await self._read_state()
                 self._opened = True
                 return state
@@ -432,7 +207,7 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
             # coredis turns the deadline's cancellation of a command waiting for
             # its answer into a ConnectionError of its own: the clock says which.
             late = isinstance(exc, trio.TooSlowError) or trio.current_time() >= deadline
-            await self._let_go()
+            await self._connection.let_go()
             if late:
                 raise StoreError(
                     f"cannot open store {self._where}: Redis did not answer"
@@ -440,7 +215,7 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
                 ) from None
             if isinstance(exc, StoreError):
                 raise
-            raise StoreError(f"cannot open store {self._where}: {_reason(exc)}") from None
+            raise StoreError(f"cannot open store {self._where}: {reason(exc)}") from None
 
     async def _read_state(self) -> StoreState:
         client = self._redis()
@@ -471,50 +246,13 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
             retention_floor=numbers.get(b"retention_floor", 0),
         )
 
-    async def _hold_client(self, ready: trio.Event) -> None:
-        """The task that holds the coredis client open (module docstring).
-
-        A system task: it must never raise. Should the client's pool fail, a
-        new client is opened (commands meanwhile fail and are retried).
-        """
-        try:
-            delay = RETRY_FIRST_S
-            while not self._release.is_set():
-                client: coredis.Redis[bytes] = coredis.Redis.from_url(
-                    self._url,
-                    connect_timeout=CONNECT_TIMEOUT_S,
-                    stream_timeout=COMMAND_TIMEOUT_S,
-                )
-                try:
-                    async with client:
-                        self._client = client
-                        ready.set()
-                        await self._release.wait()
-                        return
-                except Exception as exc:
-                    self._report(StoreError(f"store {self._where}: {_reason(exc)}; reconnecting"))
-                self._client = None
-                with trio.move_on_after(delay):
-                    await self._release.wait()
-                delay = min(delay * 2, RETRY_MAX_S)
-        finally:
-            self._client = None
-            self._released.set()
-
-    async def _let_go(self) -> None:
-        """Stop the holder task (if it started) and wait for it."""
-        self._release.set()
-        if self._holding:
-            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_RETRY_S):
-                await self._released.wait()
-
     async def aclose(self) -> None:
-        await self._close_writer(self._let_go, drain=self._opened)
+        await self._close_writer(self._connection.let_go, drain=self._opened)
 
     # --- writes -------------------------------------------------------------
 
-    def _new_batch(self) -> _Batch:
-        return _Batch()
+    def _new_batch(self) -> RedisBatch:
+        return RedisBatch()
 
     def reserve_event_ids(self, block: int, granted: Callable[[int], None]) -> None:
         self._enqueue(lambda batch: batch.add_block(block, granted))
@@ -527,9 +265,9 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
         """
         if self._node_id is None:
             self._node_id = node_id
-        return RedisLeases(self, node_id, ttl_ms)
+        return RedisLeases(self._read, self._keys, node_id, ttl_ms)
 
-    async def _apply(self, batch: _Batch) -> list[str]:
+    async def _apply(self, batch: RedisBatch) -> list[str]:
         """One ``MULTI``/``EXEC`` of the whole batch; the rows Redis refused on their own.
 
         Raises:
@@ -537,85 +275,21 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
                 refused whole): nothing of it is applied, or, if the answer was
                 lost, all of it, and applying it again changes nothing.
         """
-        k = self._keys
         client = self._redis()
-        rows: list[str] = []  # what each queued command writes, for a refusal's report
-        node = self._node_id or ""
+        writes = Transaction(self._keys, self._node_id or "")
         try:
             async with client.pipeline(transaction=True, raise_on_error=False) as p:
-                for rec, data in batch.sessions:
-                    p.eval(_PUT_SESSION, *self._session_write(rec, data, node))
-                    rows.append(f"session {rec.id}")
-                # One script per session for its messages, and one for its events,
-                # however many: a command costs far more than a member (the figures
-                # in docs/performance.md; a tool turn writes a message at every block's end).
-                messages: dict[str, list[str | bytes]] = {}
-                for sid, mid, data in batch.messages:
-                    messages.setdefault(sid, [node]).extend((mid, data))
-                for sid, upserts in messages.items():
-                    keys = [k.lease(sid), k.messages(sid), k.message_order(sid)]
-                    p.eval(_UPSERT_MESSAGES, keys, upserts)
-                    rows.append(f"{len(upserts) // 2} messages of {sid}")
-                by_session: dict[str, list[str | bytes | int]] = {}
-                seqs: dict[str, list[int]] = {}
-                for seq, sid, ts, member_bytes in batch.events:
-                    by_session.setdefault(sid, [node, sid]).extend((seq, member_bytes, ts))
-                    seqs.setdefault(sid, []).append(seq)
-                for sid, events in by_session.items():
-                    p.eval(_ADD_EVENTS, [k.lease(sid), k.events(sid), k.ets], events)
-                    rows.append(f"events {min(seqs[sid])}..{max(seqs[sid])} of {sid}")
-                # Their webhook deliveries: the same MULTI, the same fence.
-                self._queue_deliveries(p, batch.deliveries, node, rows)
-                grants: list[tuple[int, Callable[[int], None]]] = []  # (result index, granted)
-                for block, granted in batch.blocks:
-                    p.zincrby(k.meta, "event_ceiling", block)
-                    grants.append((len(rows), granted))
-                    rows.append(f"a block of {block} event ids")
-                ceiling = max([batch.ceiling or 0, *(seq for seq, *_ in batch.events)])
-                if ceiling:
-                    p.zadd(k.meta, {"event_ceiling": ceiling}, comparison=PureToken.GT)
-                    rows.append("event ceiling")
-        except _TRANSIENT as exc:
-            raise StoreError(f"cannot write to store {self._where}: {_reason(exc)}") from exc
-        results = p.results or ()
-        refused: dict[str, None] = {}
-        for what, result in zip(rows, results, strict=False):
-            if isinstance(result, Exception):
-                refused[f"{what}: {result}"] = None
-            elif isinstance(result, list):  # fenced: the lease is another node's
-                holder = result[0].decode() if isinstance(result[0], bytes) else result[0]
-                refused[f"{what}: its lease is {holder}'s, not this node's"] = None
-        for index, granted in grants:
-            top = results[index] if index < len(results) else None
-            if isinstance(top, int | float | bytes | str):
-                granted(int(float(top)))
-        return list(refused)
-
-    def _session_write(
-        self, rec: SessionRecord, data: bytes, node: str
-    ) -> tuple[list[str], list[str | bytes]]:
-        """The KEYS and ARGV of :data:`_PUT_SESSION` and :data:`_INSERT_SESSION` for ``rec``."""
-        k = self._keys
-        sid, worker = rec.id, rec.parent_session_id
-        keys = [
-            k.lease(sid),
-            k.session(sid),
-            k.sessions,
-            k.owner(rec.owner),
-            k.workers(worker) if worker else k.owners,
-            k.roots(rec.owner),
-            k.open,
-        ]
-        args: list[str | bytes] = [node, data, _index_member(rec), sid, rec.owner]
-        args += ["w" if worker else "", "o" if rec.current_turn_id else ""]
-        return keys, args
+                writes.queue(p, batch)
+        except TRANSIENT as exc:
+            raise StoreError(f"cannot write to store {self._where}: {reason(exc)}") from exc
+        return writes.answered(p.results or ())
 
     async def insert_session(self, rec: SessionRecord) -> SessionRecord | None:
-        keys, args = self._session_write(rec, _encoder.encode(rec), self._node_id or "")
+        keys, args = session_write(self._keys, rec, _encoder.encode(rec), self._node_id or "")
         try:
-            answer = await self._redis().eval(_INSERT_SESSION, keys, args)
-        except _TRANSIENT as exc:
-            raise StoreError(f"cannot write to store {self._where}: {_reason(exc)}") from exc
+            answer = await self._redis().eval(INSERT_SESSION, keys, args)
+        except TRANSIENT as exc:
+            raise StoreError(f"cannot write to store {self._where}: {reason(exc)}") from exc
         if isinstance(answer, bytes):
             return _session_decoder.decode(answer)
         if isinstance(answer, list):  # fenced: a node holds a lease on this id
@@ -648,8 +322,8 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
                 if len(old) < PURGE_CHUNK:
                     break
             floor = await self._redis().zscore(k.meta, "retention_floor")
-        except _TRANSIENT as exc:
-            raise StoreError(f"cannot purge store {self._where}: {_reason(exc)}") from exc
+        except TRANSIENT as exc:
+            raise StoreError(f"cannot purge store {self._where}: {reason(exc)}") from exc
         return 0 if floor is None else int(floor)
 
     async def delete_sessions(self, session_ids: Sequence[str]) -> None:
@@ -659,8 +333,8 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
             sids = list(dict.fromkeys(session_ids))
             try:
                 await _delete(self._redis(), self._keys, await self._records(sids), sids)
-            except _TRANSIENT as exc:
-                raise StoreError(f"cannot delete from store {self._where}: {_reason(exc)}") from exc
+            except TRANSIENT as exc:
+                raise StoreError(f"cannot delete from store {self._where}: {reason(exc)}") from exc
 
     # --- reads --------------------------------------------------------------
 
@@ -682,7 +356,7 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
             cursor = await self.get_session(before)
             if cursor is None:
                 return [], False
-            top = f"({_index_member(cursor)}"
+            top = f"({index_member(cursor)}"
 
         async def page(c: coredis.Redis[bytes]) -> list[bytes]:
             async with c.pipeline(transaction=False) as p:
@@ -694,7 +368,7 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
             return sorted(set(members), reverse=True)[: limit + 1]
 
         members = await self._read(page)
-        records = await self._records([_sid_of(m) for m in members[:limit]])
+        records = await self._records([sid_of(m) for m in members[:limit]])
         return records, len(members) > limit
 
     async def sessions_per_owner(self) -> dict[str, int]:
@@ -733,7 +407,7 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
 
     async def worker_ids(self, parent_id: str) -> list[str]:
         members = await self._read(lambda c: c.zrange(self._keys.workers(parent_id), 0, -1))
-        return [_sid_of(m) for m in members]
+        return [sid_of(m) for m in members]
 
     async def events_after(
         self, session_ids: Sequence[str], after_seq: int, limit: int
@@ -776,19 +450,20 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[_Batch]):
     async def _read(self, query: Callable[[coredis.Redis[bytes]], Awaitable[_T]]) -> _T:
         try:
             return await query(self._redis())
-        except _TRANSIENT as exc:
-            raise StoreError(f"cannot read store {self._where}: {_reason(exc)}") from exc
+        except TRANSIENT as exc:
+            raise StoreError(f"cannot read store {self._where}: {reason(exc)}") from exc
 
     def _redis(self) -> coredis.Redis[bytes]:
-        if self._client is None:
+        client = self._connection.client
+        if client is None:
             if self._closing:
                 raise StoreError(f"store {self._where} is closed")
             raise StoreError(f"store {self._where} is not open (or is reconnecting)")
-        return self._client
+        return client
 
 
 async def _delete(
-    client: coredis.Redis[bytes], k: _Keys, records: list[SessionRecord], sids: list[str]
+    client: coredis.Redis[bytes], k: Keys, records: list[SessionRecord], sids: list[str]
 ) -> None:
     """Every key and index entry of the sessions, in one ``MULTI`` (``delete_sessions``).
 
@@ -801,7 +476,7 @@ async def _delete(
         ages += [f"{_decode(member)[0]}:{sid}" for member in await page]
     async with client.pipeline(transaction=True) as p:
         for rec in records:
-            member = _index_member(rec)
+            member = index_member(rec)
             p.zrem(k.sessions, [member])
             p.zrem(k.owner(rec.owner), [member])
             if rec.parent_session_id:
@@ -815,99 +490,6 @@ async def _delete(
         p.delete([key(sid) for sid in sids for key in per_session])
 
 
-def _reason(exc: BaseException) -> str:
-    """One line for an error that may come wrapped in exception groups.
-
-    coredis says "Unable to establish a connection to host:port" whatever the
-    cause: the system's reason (connection refused, name or service not
-    known, ...) from the chain of causes is added to it.
-    """
-    exc = first_leaf(exc)
-    line = str(exc) or type(exc).__name__
-    why = None
-    cause = exc.__cause__
-    while cause is not None:
-        cause = first_leaf(cause)
-        if isinstance(cause, OSError) and cause.errno:
-            why = os.strerror(cause.errno) if cause.errno > 0 else cause.strerror
-        cause = cause.__cause__
-    if why and why.lower() not in line.lower():
-        line = f"{line}: {why.lower()}"
-    return line
-
-
 def _check_limit(limit: int) -> None:
     if limit < 0:
         raise ValueError(f"limit must be >= 0, not {limit}")
-
-
-class RedisLeases:
-    """The session leases of one node on a Redis store (:class:`gateway.store.lease.Leases`)."""
-
-    shared = True
-
-    def __init__(self, store: RedisStore, node_id: str, ttl_ms: int) -> None:
-        self.node_id = node_id
-        self.ttl_ms = ttl_ms
-        self._store = store
-        self._keys = store._keys
-
-    async def acquire(self, session_id: str) -> Taken | None:
-        k = self._keys
-        key = k.lease(session_id)
-
-        async def take(c: coredis.Redis[bytes]) -> Taken | None:
-            async with c.pipeline(transaction=False) as p:
-                took = p.set(key, self.node_id, condition=PureToken.NX, px=self.ttl_ms)
-                counter = p.zscore(k.meta, "event_ceiling")
-            if await took:
-                return Taken(int(await counter or 0), new=True)
-            # Held: by this node already (renewed here), or by another.
-            if await c.eval(_RENEW_LEASE, [key], [self.node_id, self.ttl_ms]) == 1:
-                return Taken()
-            return None
-
-        return await self._store._read(take)
-
-    async def renew(self, session_ids: Sequence[str]) -> list[str]:
-        sids = list(session_ids)
-
-        async def renew(c: coredis.Redis[bytes]) -> list[object]:
-            async with c.pipeline(transaction=False) as p:
-                answers = [
-                    p.eval(_RENEW_LEASE, [self._keys.lease(s)], [self.node_id, self.ttl_ms])
-                    for s in sids
-                ]
-            return [await a for a in answers]
-
-        answers = await self._store._read(renew)
-        return [s for s, answer in zip(sids, answers, strict=True) if answer != 1]
-
-    async def release(self, session_ids: Sequence[str]) -> None:
-        sids = list(session_ids)
-
-        async def release(c: coredis.Redis[bytes]) -> None:
-            async with c.pipeline(transaction=False) as p:
-                for s in sids:
-                    p.eval(_RELEASE_LEASE, [self._keys.lease(s)], [self.node_id])
-
-        if sids:
-            await self._store._read(release)
-
-    async def holder(self, session_id: str) -> str | None:
-        data = await self._store._read(lambda c: c.get(self._keys.lease(session_id)))
-        return None if data is None else data.decode()
-
-
-# --- the store's keys the per-key limits read (gateway.node.limits) ----------------
-
-
-def record_and_owner_keys(prefix: str) -> tuple[tuple[str, str], str]:
-    """A session record's key as ``(before, after)`` its id; an owner index's key before the owner.
-
-    ``max_sessions_per_key`` on Redis counts an owner's index and checks that
-    the records of the sessions being created have landed.
-    """
-    keys = _Keys(prefix)
-    before, _, after = keys.session("\0").partition("\0")
-    return (before, after), keys.owner("")
