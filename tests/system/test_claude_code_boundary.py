@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ async def test_no_tool_sees_the_provider_key_nor_the_daemons_environment(
         cli = gw.node.sessions[sid].agent.runtime.transport.pid  # type: ignore[union-attr]
         command = (
             "env; echo ---; tr '\\0' '\\n' < /proc/$PPID/environ; echo ---;"
-            f" tr '\\0' '\\n' < /proc/{cli}/environ; echo; echo END"
+            f" tr '\\0' '\\n' < /proc/{cli}/environ; echo; grep CapBnd /proc/self/status; echo END"
         )
         server.enqueue(
             tool_uses(("Bash", {"command": command, "description": "env"})),
@@ -113,6 +114,9 @@ async def test_no_tool_sees_the_provider_key_nor_the_daemons_environment(
     assert REAL_KEY not in output and "sk-fake" not in output
     assert CANARY not in output and "PYTEST" not in output
     assert "ANTHROPIC_API_KEY=gwcc-" in output  # the session's credential, nothing more
+    # Nor CAP_SYS_PTRACE (issue 38): as root, the daemon's memory is not theirs to read.
+    bounding = re.search(r"CapBnd:\s*([0-9a-f]+)", output)
+    assert bounding is not None and not int(bounding[1], 16) >> 19 & 1, output
     # Neither the clients nor the model ever see the key...
     assert REAL_KEY not in repr(first + events)
     assert REAL_KEY not in said_to_model(server) and CANARY not in said_to_model(server)
