@@ -39,7 +39,10 @@ and the cancel sequences of docs/protocol.md §8. docs/protocol.md §11:
 - **Limits.** The ``PreToolUse`` hook counts every tool use against the
   turn's ``[limits]`` (:mod:`gateway.runtimes.claude_code.limits`): one past
   ``max_tool_uses_per_turn``, or a sub-agent past ``max_workers_per_turn`` or
-  ``max_delegate_depth``, is denied before it runs and fails ``limit``.
+  ``max_delegate_depth``, is denied before it runs and fails ``limit``. A
+  sub-agent they admit is a worker session and a turn of the key: its worker
+  is made there, in the hook, so one the key's ``max_sessions_per_key`` or
+  ``turns_per_minute_per_key`` refuses is denied too (``limit``) and never runs.
 - **The phase.** ``llm`` from the query until a message ends, ``seam`` from a
   message with tool uses until a permission is granted or a result comes
   back, ``tools`` then, ``llm`` again at the next message.
@@ -94,6 +97,7 @@ from gateway.runtimes.claude_code.options import MODEL_PREFIX
 from gateway.runtimes.claude_code.permissions import Approvals
 from gateway.runtimes.claude_code.process import CliProcess
 from gateway.runtimes.claude_code.subagents import Flush, SubAgentDone, SubAgents
+from gateway.runtimes.claude_code.tools import is_sub_agent
 from gateway.runtimes.transport import ToolProcessTransport
 from gateway.session.call import Call, EndCall
 from gateway.session.turn import Turn
@@ -214,6 +218,7 @@ class ClaudeCode:
                 self.approvals.end(turn)
                 await self.subagents.end_all(turn)
                 await self.process.interrupt()
+            await self.subagents.end_unused()
             self.approvals.reset()
             self._early_results.clear()
             if self.client is None and self.feed is None:  # the POST's slot, never used
@@ -378,14 +383,24 @@ class ClaudeCode:
             self.loop._tool_result(turn, state, block, text, is_error=False, structured=structured)
             self.s.emit([ToolCompleted(block.id, block.name, text, ms, structured)], turn.id)
 
-    def _within_limits(self, hook_input: dict[str, Any], tool_use_id: str) -> str | None:
-        """The ``PreToolUse`` hook's check of the turn's limits (:mod:`.limits`)."""
+    async def _within_limits(self, hook_input: dict[str, Any], tool_use_id: str) -> str | None:
+        """The ``PreToolUse`` hook's check of the turn's limits (:mod:`.limits`), then,
+        for a sub-agent they admit, of its key's: its worker session is made now
+        (:meth:`SubAgents.make_worker <.subagents.SubAgents.make_worker>`) or refused."""
         limits = self.limits
         if limits is None:  # a query Claude Code runs on its own, between turns
             return None
         name = str(hook_input.get("tool_name") or "")
         agent_id = hook_input.get("agent_id")
-        return limits.admit(tool_use_id, name, str(agent_id) if agent_id else None)
+        refusal = limits.admit(tool_use_id, name, str(agent_id) if agent_id else None)
+        if refusal is not None or not is_sub_agent(name):
+            return refusal
+        refusal, limited = await self.subagents.make_worker(tool_use_id)
+        if refusal is not None:
+            limits.workers -= 1  # it never starts
+            if limited:
+                limits.refused[tool_use_id] = refusal
+        return refusal
 
     def _refused(self, tool_use_id: str) -> bool:
         """Whether the limits refused the tool use (a worker asks its parent's)."""
