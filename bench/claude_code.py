@@ -15,7 +15,12 @@ nothing leaves the machine. Two figures, in one run:
 - ``gateway``: a real gateway on 127.0.0.1 whose agent is ``runtime =
   "claude-code"`` (HTTP and WebSocket): from ``POST /sessions/{id}/turns``
   to the first ``text.delta`` event frame on a WebSocket subscribed
-  beforehand; then to ``turn.completed``.
+  beforehand; then to ``turn.completed``. Its CLI's model calls go through
+  the gateway's loopback door (:mod:`gateway.providers.model_proxy`).
+- ``gateway-nodoor`` (warm only): the same, on a second gateway whose CLIs
+  are pointed straight at the fake API with the key (the door bypassed:
+  :class:`NoDoor`), so that ``gateway`` - ``gateway-nodoor`` is what the
+  door adds to the first token.
 
 *Warm*: one session (one SDK client) per path, its CLI already running; the
 turns go in rounds, one of each path per round, so whatever else the machine
@@ -183,9 +188,31 @@ def _dirs(scratch: str, name: str) -> tuple[str, str]:
 # --- the gateway -------------------------------------------------------------------
 
 
+class NoDoor:
+    """In place of a node's model door: its CLIs get the fake API's URL and the key itself."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.live = 0
+
+    async def ensure_running(self) -> str:
+        return self.base_url
+
+    def issue(self, session_id: str, upstream: str, key: str) -> str:
+        return KEY
+
+    def revoke(self, token: str) -> None:
+        pass
+
+
 @asynccontextmanager
-async def gateway(base_url: str, scratch: str) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
-    """A gateway whose default agent is Claude Code on the fake API, and an HTTP client."""
+async def gateway(
+    base_url: str, scratch: str, door: bool = True
+) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    """A gateway whose default agent is Claude Code on the fake API, and an HTTP client.
+
+    ``door=False``: its CLIs bypass the model door (:class:`NoDoor`).
+    """
     from gateway.app import Gateway
     from gateway.config import load_config
     from gateway.providers.factory import make_providers
@@ -204,6 +231,8 @@ async def gateway(base_url: str, scratch: str) -> AsyncIterator[tuple[Any, httpx
     try:
         async with trio.open_nursery() as nursery:
             port = await nursery.start(gw.run)
+            if not door:
+                gw.node.model_proxy = NoDoor(base_url)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
                 yield gw, http
             gw.shutdown()
@@ -337,7 +366,10 @@ async def measure(runs: int, warmup: int, cold: int, counts: list[int]) -> dict[
     server = FakeServer()
     fake = Fake(server)
     os.environ["ANTHROPIC_API_KEY"] = KEY  # what the gateway's runtime passes on to its CLIs
-    out: dict[str, Any] = {"warm": {"sdk": [], "gateway": []}, "cold": {"sdk": [], "gateway": []}}
+    out: dict[str, Any] = {
+        "warm": {"sdk": [], "gateway": [], "gateway-nodoor": []},
+        "cold": {"sdk": [], "gateway": []},
+    }
     with tempfile.TemporaryDirectory() as scratch:
         async with trio.open_nursery() as nursery:
             base_url = await nursery.start(server.serve)
@@ -353,10 +385,16 @@ async def measure(runs: int, warmup: int, cold: int, counts: list[int]) -> dict[
                         if n:
                             out["cold"][name].append(seconds)
                 async with (
+                    gateway(base_url, scratch, door=False) as (_direct, direct_http),
                     sdk_path(base_url, scratch, fake) as sdk,
                     GatewaySession(http, fake).open() as session,
+                    GatewaySession(direct_http, fake).open() as direct,
                 ):
-                    paths: dict[str, Once] = {"sdk": sdk, "gateway": session.turn}
+                    paths: dict[str, Once] = {
+                        "sdk": sdk,
+                        "gateway": session.turn,
+                        "gateway-nodoor": direct.turn,
+                    }
                     for round_ in range(warmup + runs):
                         for name, once in paths.items():
                             seconds = await once()
@@ -379,19 +417,24 @@ def report(result: dict[str, Any], runs: int, warmup: int, cold: int) -> str:
     lines = [
         f"Claude Code: time to first token, the same CLI and transcript on a local fake API"
         f" ({runs} warm turns of each path after {warmup} warm-up rounds; {cold} cold starts)",
-        f"{'path':<14} {'p50 ms':>9} {'p95 ms':>9} {'max ms':>9}",
+        f"{'path':<20} {'p50 ms':>9} {'p95 ms':>9} {'max ms':>9}",
     ]
     for kind in ("warm", "cold"):
-        for name in ("sdk", "gateway"):
-            ms = [s * 1000 for s in result[kind][name]]
+        for name in ("sdk", "gateway", "gateway-nodoor"):
+            ms = [s * 1000 for s in result[kind].get(name, [])]
             if ms:
                 row = f"{kind} {name}"
-                lines.append(f"{row:<14} {_q(ms, 0.5):>9.1f} {_q(ms, 0.95):>9.1f} {max(ms):>9.1f}")
+                lines.append(f"{row:<20} {_q(ms, 0.5):>9.1f} {_q(ms, 0.95):>9.1f} {max(ms):>9.1f}")
         sdk, gw = result[kind]["sdk"], result[kind]["gateway"]
         if sdk and gw:
             p50 = (_q(gw, 0.5) - _q(sdk, 0.5)) * 1000
             p95 = (_q(gw, 0.95) - _q(sdk, 0.95)) * 1000
             lines.append(f"{kind} gateway adds {p50:+.1f} ms at p50, {p95:+.1f} ms at p95")
+        nodoor = result[kind].get("gateway-nodoor", [])
+        if gw and nodoor:
+            p50 = (_q(gw, 0.5) - _q(nodoor, 0.5)) * 1000
+            p95 = (_q(gw, 0.95) - _q(nodoor, 0.95)) * 1000
+            lines.append(f"{kind} the model door adds {p50:+.1f} ms at p50, {p95:+.1f} ms at p95")
     lines += [
         "",
         "Memory per active session (MiB; each session after one turn, its CLI running):",

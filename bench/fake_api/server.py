@@ -15,7 +15,8 @@ headers, JSON body) for the test to assert on. Replies:
 - :class:`Replay`: ``200 text/event-stream``, the transcript's bytes exactly,
   in one write or in writes of ``chunk_bytes`` (to exercise the SSE parser),
   optionally cut short at ``cut.at`` bytes by dropping the connection or by
-  stalling (to exercise network errors and timeouts).
+  stalling (to exercise network errors and timeouts), optionally after
+  ``delay_s`` (a call that takes a while to answer).
 - :class:`Json`: a status and a JSON body, e.g. a 529 ``overloaded_error``;
   :func:`prompt_too_long` and :func:`context_length_exceeded` are the two
   refusals of a call longer than the model's context (Anthropic's, OpenAI's),
@@ -60,6 +61,7 @@ class Replay:
     body: bytes
     chunk_bytes: int = 0  # 0: the whole body in one write
     cut: Cut | None = None
+    delay_s: float = 0.0  # how long the answer waits before its head is sent
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ class FakeServer:
             await _send(conn, stream, h11.EndOfMessage())
             return True
         headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
+        await trio.sleep(reply.delay_s)
         await _send(conn, stream, h11.Response(status_code=200, headers=headers))
         body = reply.body if reply.cut is None else reply.body[: reply.cut.at]
         step = reply.chunk_bytes or max(len(body), 1)

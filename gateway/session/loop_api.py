@@ -70,6 +70,10 @@ class AgentServices(Protocol):
         """Return once everything emitted so far is committed."""
         ...
 
+    async def delete_session(self, session: Any) -> None:
+        """Delete a session (a Claude Code sub-agent's worker that never ran)."""
+        ...
+
 
 class TurnHost(ToolSession, Protocol):
     """The agent loop's narrow view of its session: it emits, records messages and the record."""

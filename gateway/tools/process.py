@@ -36,6 +36,14 @@ servers over stdio and the Claude Code CLI use the same door) is started by
 - **The daemon's own environment**: before its first tool process the daemon
   makes itself non-dumpable (:func:`keep_environment_private`), so a tool
   cannot read it back through ``/proc/$PPID/environ``.
+- **No ``CAP_SYS_PTRACE``** (docs/protocol.md §15, "Tool processes"): root
+  passes the non-dumpable check with that capability, so a daemon running as
+  root would run tools that read its memory (``/proc/$PPID/mem``, where its
+  keys are). Each tool process drops it, in the child before it execs
+  (:func:`drop_ptrace`): from its bounding set (nothing it execs, setuid
+  programs included, gets it back) and from its inheritable and ambient sets.
+  The Claude Code CLI and the MCP servers are tool processes: so are their
+  children (Bash, its background shells, the sandbox).
 
 Left open on purpose: a process that leaves its group (``setsid``) escapes the
 group kill, as it would escape any supervisor that is not a container.
@@ -114,10 +122,83 @@ def _check_runnable(command: str, workspace: str, search: str) -> None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
 
 
-def _apply_limits(limits: tuple[tuple[int, int], ...]) -> None:
-    """In the child, between fork and exec: only ``setrlimit`` calls, no lock taken."""
+def _in_child(limits: tuple[tuple[int, int], ...], ptrace: bool) -> None:
+    """In the child, between fork and exec: ``prctl``/``capset`` and ``setrlimit`` calls only,
+    no lock taken. ``ptrace``: :func:`drop_ptrace` first."""
+    if ptrace:
+        drop_ptrace()
     for which, value in limits:
         resource.setrlimit(which, (value, value))
+
+
+CAP_SYS_PTRACE = 19
+_CAP_SETPCAP = 8
+_PR_CAPBSET_READ = 23
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_LOWER = 3
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _capabilities() -> tuple[_CapHeader, ctypes.Array[_CapData]]:
+    """This process's capability sets (``capget``, version 3: two 32-bit words)."""
+    assert _LIBC is not None
+    header, data = _CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    if _LIBC.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    return header, data
+
+
+def ptrace_held() -> bool:
+    """Whether a process this one starts could hold ``CAP_SYS_PTRACE`` (Linux; else False).
+
+    Root's programs get every capability of the bounding set when they exec;
+    anyone's get what is inheritable and ambient. So: in the bounding set while
+    running as root (or able to drop it), or in the inheritable set.
+    """
+    if _LIBC is None:
+        return False
+    bounding = _LIBC.prctl(_PR_CAPBSET_READ, CAP_SYS_PTRACE, 0, 0, 0) == 1
+    _header, data = _capabilities()
+    setpcap = bool(data[0].effective & (1 << _CAP_SETPCAP))
+    inheritable = bool(data[0].inheritable & (1 << CAP_SYS_PTRACE))
+    return (bounding and (os.geteuid() == 0 or setpcap)) or inheritable
+
+
+def drop_ptrace() -> None:
+    """Drop ``CAP_SYS_PTRACE`` from this process's bounding, inheritable and ambient sets.
+
+    Called in a tool process between fork and exec (module docstring): what it
+    execs never holds the capability, nor can anything it starts regain it.
+
+    Raises:
+        OSError: a set could not be lowered (the spawn then fails: closed, not open).
+    """
+    assert _LIBC is not None
+    bounding = _LIBC.prctl(_PR_CAPBSET_READ, CAP_SYS_PTRACE, 0, 0, 0) == 1
+    if bounding and _LIBC.prctl(_PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE) failed")
+    header, data = _capabilities()
+    if data[0].inheritable & (1 << CAP_SYS_PTRACE):
+        data[0].inheritable &= ~(1 << CAP_SYS_PTRACE)  # the ambient bit goes with it
+        if _LIBC.capset(ctypes.byref(header), data) != 0:
+            raise OSError(ctypes.get_errno(), "capset failed")
+    _LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_LOWER, CAP_SYS_PTRACE, 0, 0)
 
 
 class ToolProcesses:
@@ -132,6 +213,7 @@ class ToolProcesses:
             (resource.RLIMIT_FSIZE, config.rlimit_file_mb * _MIB),
         )
         self.limits = tuple((which, value) for which, value in limits if value > 0)
+        self.drop_ptrace = ptrace_held()  # what each child drops before it execs
         self.reaper_pid: int | None = None
         self._reaper: trio.Process | None = None
         self._groups: set[int] = set()  # registered with the watchdog: started, not yet dead
@@ -183,7 +265,11 @@ class ToolProcesses:
                 cwd=workspace,
                 env=environment,
                 start_new_session=True,
-                preexec_fn=functools.partial(_apply_limits, self.limits) if self.limits else None,
+                preexec_fn=(
+                    functools.partial(_in_child, self.limits, self.drop_ptrace)
+                    if self.limits or self.drop_ptrace
+                    else None
+                ),
                 pass_fds=(gate_read,) if gated else (),
                 **kwargs,
             )
@@ -369,8 +455,10 @@ def keep_environment_private() -> None:
     minimal environment of :func:`tool_environment` would be bypassed by
     ``cat /proc/$PPID/environ``. ``prctl(PR_SET_DUMPABLE, 0)`` makes those files
     the superuser's (and turns off core dumps and same-user ptrace of the
-    daemon: attach py-spy as root). Done once, before the first tool process;
-    a daemon that runs no tool stays as it was. Elsewhere than Linux: nothing.
+    daemon: attach py-spy as root). Root passes that check with
+    ``CAP_SYS_PTRACE``, which no tool process holds (:func:`drop_ptrace`). Done
+    once, before the first tool process; a daemon that runs no tool stays as it
+    was. Elsewhere than Linux: nothing.
     """
     if not sys.platform.startswith("linux"):
         return

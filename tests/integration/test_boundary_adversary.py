@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -114,8 +115,12 @@ async def test_a_daemon_running_as_root_keeps_no_secret_in_its_proc_environ(
 ) -> None:
     """Root reads any ``/proc/<pid>/environ``, non-dumpable or not: the secrets are not there.
 
-    Read from this test (root) and from a shell tool the daemon runs as root;
-    the daemon still uses what it read (its API key authenticates).
+    Read from this test (root, with ``CAP_SYS_PTRACE``); the daemon still uses
+    what it read (its API key authenticates). A shell tool the daemon runs as
+    root has no ``CAP_SYS_PTRACE`` (issue 38): the daemon's memory
+    (``/proc/$PPID/mem``, where the keys are) is permission denied. (Its
+    ``environ`` stays readable to a root tool on Linux 6.18, capabilities or
+    not: the secrets' bytes there are overwritten.)
     """
     config = tmp_path / "gw.toml"
     config.write_text(
@@ -140,11 +145,20 @@ async def test_a_daemon_running_as_root_keeps_no_secret_in_its_proc_environ(
             r = await http.post("/sessions", json={})
             assert r.status_code == 201, r.text  # the key still authenticates
             sid = r.json()["session_id"]
-            command = "tr '\\0' '\\n' < /proc/$PPID/environ; env; id -u"
+            command = (
+                "tr '\\0' '\\n' < /proc/$PPID/environ; echo environ=$?;"
+                " (exec 3< /proc/$PPID/mem); echo mem=$?; grep CapBnd /proc/self/status;"
+                " env; echo uid=$(id -u)"
+            )
             r = await http.post(f"/sessions/{sid}/turns", json={"content": shell_turn(command)})
             assert r.status_code == 202, r.text
-            result = json.dumps(await tool_result(http, sid))
-        assert "PYTHONPATH" in result and "exit code 0" in result, result  # it read it, as root
+            tool = await tool_result(http, sid)
+            result = json.dumps(tool)
+        assert "uid=0" in result, result  # the tool ran as root...
+        assert "/mem: Permission denied" in result and "mem=0" not in result, result
+        bounding = re.search(r"CapBnd:\s*([0-9a-f]+)", str(tool["content"]))
+        assert bounding is not None and not int(bounding[1], 16) >> 19 & 1, result
+        assert "PYTHONPATH" in result and "environ=0" in result, result  # read, scrubbed
         for name, value in SECRETS.items():
             secret = value.split("the-daemons-secret")[0] + "the-daemons-secret"
             assert secret.encode() not in environ and name.encode() not in environ, name

@@ -189,3 +189,76 @@ async def test_an_edits_structured_result_is_in_tool_completed_and_the_stored_bl
     ]  # fmt: skip
     assert block["structured_content"] == structured
     only_model_calls(server)
+
+
+@pytest.mark.parametrize(
+    ("limits", "named"),
+    [
+        ("turns_per_minute_per_key = 1", "turns_per_minute_per_key"),
+        ("max_sessions_per_key = 1", "max_sessions_per_key"),
+    ],
+)
+async def test_a_sub_agent_the_keys_limits_refuse_fails_limit_and_never_runs(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch, limits: str, named: str
+) -> None:
+    """A sub-agent is a worker session and a turn of the key: with the key's one turn (or
+    session) taken by the client's, the ``Agent`` tool is denied in the ``PreToolUse`` hook,
+    fails ``limit`` naming the limit, and no worker session is made, no sub-agent's call."""
+    text = Replay(transcript("anthropic/text.sse"))
+    server.enqueue(Replay(transcript("claude-code/agent_call.sse")), text, text)
+    config, providers = await gateway(
+        tmp_path, server, monkeypatch, f"[limits]\n{limits}\n",
+        tools='["Bash", "Agent"]', require_approval="[]",
+    )  # fmt: skip
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe(WITH_WORKERS)
+            await gw.submit(sid, "delegate it")
+            await client.until(functools.partial(ends, sid))
+            events = client.events
+        sessions = sorted(gw.node.sessions)
+        stored = [r.id for r in (await gw.node.store.list_sessions(limit=10, before=None))[0]]
+    await providers.aclose()
+    [failed] = [e.payload for e in events if e.type == "tool.failed"]
+    assert (failed.tool_use_id, failed.error_class) == ("toolu_01Agent0000001", "limit")
+    assert named in failed.message, failed.message
+    assert not [e for e in events if e.type.startswith("delegate.")]
+    assert {e.session_id for e in events} == {sid}
+    assert sessions == [sid] and stored == [sid]  # no worker session was made
+    assert len(server.requests) == 2  # main's Agent call, main's answer: no sub-agent's
+    assert events[-1].payload.stop_reason == "end_turn"
+    only_model_calls(server)
+
+
+async def test_a_worker_made_for_a_sub_agent_that_never_starts_is_deleted(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hook makes the worker before Claude Code runs the ``Agent`` tool: one that then
+    starts no sub-agent (an agent type Claude Code does not know) fails, and its worker is
+    deleted with the tool's result: its session slot is given back."""
+    bad = {"description": "d", "prompt": "p", "subagent_type": "no-such-agent"}
+    server.enqueue(
+        Replay(tool_use_sse("toolu_01Agent0000009", "Agent", bad)),
+        Replay(transcript("anthropic/text.sse")),
+    )
+    config, providers = await gateway(
+        tmp_path, server, monkeypatch, "[limits]\nmax_sessions_per_key = 2\n",
+        tools='["Bash", "Agent"]', require_approval="[]",
+    )  # fmt: skip
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe(WITH_WORKERS)
+            await gw.submit(sid, "delegate it")
+            with trio.fail_after(30):
+                await client.until(functools.partial(ends, sid))
+            events = client.events
+        stored = [r.id for r in (await gw.node.store.list_sessions(limit=10, before=None))[0]]
+        again = await gw.http.post("/sessions", json={})  # the second slot is free again
+    await providers.aclose()
+    [failed] = [e.payload for e in events if e.type == "tool.failed"]
+    assert (failed.tool_use_id, failed.error_class) == ("toolu_01Agent0000009", "error")
+    assert not [e for e in events if e.type.startswith("delegate.")]
+    assert stored == [sid] and again.status_code == 201, again.text
+    assert len(server.requests) == 2

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
 from tests.claude_code_support import CLAUDE_CODE_MARKS, decide, gateway, only_model_calls
@@ -96,7 +98,7 @@ async def test_no_tool_sees_the_provider_key_nor_the_daemons_environment(
         cli = gw.node.sessions[sid].agent.runtime.transport.pid  # type: ignore[union-attr]
         command = (
             "env; echo ---; tr '\\0' '\\n' < /proc/$PPID/environ; echo ---;"
-            f" tr '\\0' '\\n' < /proc/{cli}/environ; echo; echo END"
+            f" tr '\\0' '\\n' < /proc/{cli}/environ; echo; grep CapBnd /proc/self/status; echo END"
         )
         server.enqueue(
             tool_uses(("Bash", {"command": command, "description": "env"})),
@@ -113,6 +115,9 @@ async def test_no_tool_sees_the_provider_key_nor_the_daemons_environment(
     assert REAL_KEY not in output and "sk-fake" not in output
     assert CANARY not in output and "PYTEST" not in output
     assert "ANTHROPIC_API_KEY=gwcc-" in output  # the session's credential, nothing more
+    # Nor CAP_SYS_PTRACE (issue 38): as root, the daemon's memory is not theirs to read.
+    bounding = re.search(r"CapBnd:\s*([0-9a-f]+)", output)
+    assert bounding is not None and not int(bounding[1], 16) >> 19 & 1, output
     # Neither the clients nor the model ever see the key...
     assert REAL_KEY not in repr(first + events)
     assert REAL_KEY not in said_to_model(server) and CANARY not in said_to_model(server)
@@ -209,4 +214,92 @@ async def test_a_sandboxed_bash_reads_and_writes_only_its_own_workspace(
     assert not escape.exists()
     assert mine.read_text() == "mine\n"  # noqa: ASYNC240
     assert "permission.requested" in types(events)  # require_approval still asks
+    only_model_calls(server)
+
+
+AGENT_CALL = "toolu_01Agent0000001"  # claude-code/agent_call.sse's Agent tool use
+WITH_WORKERS = {"event_types": None, "actors": None, "include_worker_sessions": True}
+
+
+async def test_a_sub_agents_file_tool_outside_the_workspace_is_refused_without_asking(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sub-agent (a worker session) reads a file outside the workspace: refused,
+    ``permission_denied`` in the worker's stream, never asked (``Read`` needs approval and
+    the client would allow), the file's text nowhere."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("TOP SECRET OUTSIDE\n")
+    text = Replay(transcript("anthropic/text.sse"))
+    server.enqueue(
+        Replay(transcript("claude-code/agent_call.sse")),  # the main thread's Agent call
+        tool_uses(("Read", {"file_path": str(outside)}), tag="sub"),  # the sub-agent's
+        text,  # the sub-agent's report
+        text,  # the main thread's answer
+    )
+    config, providers = await gateway(
+        tmp_path, server, monkeypatch, tools='["Read", "Agent"]', require_approval='["Read"]'
+    )
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe(WITH_WORKERS)
+            await gw.submit(sid, "delegate a read")
+            while True:
+                last = (await client.until(
+                    lambda e: e.type == "permission.requested"
+                    or (e.type == "turn.completed" and e.session_id == sid)
+                ))[-1]  # fmt: skip
+                if last.type != "permission.requested":
+                    break
+                await decide(gw, last.session_id, last.payload.perm_id, "allow")
+            events = client.events
+    await providers.aclose()
+    workers = {e.session_id for e in events} - {sid}
+    assert len(workers) == 1, types(events)  # the sub-agent ran, as a worker session
+    assert "permission.requested" not in types(events)
+    [failed] = [e for e in events if e.type == "tool.failed"]
+    assert failed.session_id in workers and failed.payload.tool_use_id == "toolu_sub_0"
+    assert failed.payload.error_class == "permission_denied", failed.payload
+    assert "outside the session's workspace" in failed.payload.message
+    done = next(e.payload for e in events if e.type == "delegate.completed")
+    assert done.tool_use_id == AGENT_CALL
+    assert "TOP SECRET" not in said_to_model(server) and "TOP SECRET" not in repr(events)
+    only_model_calls(server)
+
+
+async def test_a_sandboxed_background_bash_reads_only_its_own_workspace_too(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_in_background``: the shell Claude Code leaves running is in the sandbox as
+    well: it cannot read another session's workspace nor the config, and writes only
+    its own workspace."""
+    config, providers = await gateway(tmp_path, server, monkeypatch, require_approval="[]")
+    escape = tmp_path / "escaped-bg.txt"
+    async with running_gateway(config, providers) as gw:
+        a, b = await gw.create_session(), await gw.create_session()
+        theirs = Path(workspace_of(gw, a), "theirs.txt")
+        theirs.write_text("SECRET OF SESSION A\n")  # noqa: ASYNC240
+        command = "; ".join(
+            [
+                "sleep 0.5",
+                f"cat {theirs} > got.txt 2>&1",
+                f"cat {tmp_path / 'gateway.toml'} >> got.txt 2>&1",
+                f"echo out > {escape}",
+                "echo END >> got.txt",
+            ]
+        )
+        bash = {"command": command, "description": "bg", "run_in_background": True}
+        text = Replay(transcript("anthropic/text.sse"))
+        server.enqueue(tool_uses(("Bash", bash)), text, text)  # the turn; the shell's end
+        events = await turn_allowing(gw, b, "look around in the background")
+        got = Path(workspace_of(gw, b), "got.txt")
+        with trio.fail_after(30):
+            while "END" not in (got.read_text() if got.exists() else ""):  # noqa: ASYNC110, ASYNC240
+                await trio.sleep(0.1)
+        output = got.read_text()  # noqa: ASYNC240
+    await providers.aclose()
+    assert "tool.completed" in types(events)  # it went to the background at once
+    assert "SECRET OF SESSION A" not in output, output
+    assert "MARIGOLD" not in output and "[agents.default]" not in output, output
+    assert not escape.exists()
     only_model_calls(server)

@@ -330,36 +330,66 @@ def ends(session_id: str, e: Any) -> bool:
     return bool(e.type in ("turn.completed", "turn.cancelled") and e.session_id == session_id)
 
 
-async def test_post_compact_is_claude_codes_own_and_its_boundary_is_context_compacted(
+async def test_post_compact_is_claude_codes_own_shown_as_the_native_loops(
     tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``POST /sessions/{id}/compact`` sends Claude Code's ``/compact``; its
-    ``compact_boundary`` is ``context.compacting`` then ``context.compacted``."""
-    text = Replay(transcript("anthropic/text.sse"))
-    server.enqueue(text, text, Replay(transcript("claude-code/compact_summary.sse")), text)
+    """``POST /sessions/{id}/compact`` sends Claude Code's ``/compact``: ``context.compacting``
+    comes when it starts (its summary call still under way), ``context.compacted`` at its
+    boundary, naming the stored ``context`` message whose ``compaction`` block holds Claude
+    Code's summary and replaces every earlier message, as the native loop's does."""
+    text = [
+        Replay(transcript("anthropic/text.sse").replace(b"XFDUDYJgAACzvnptvVoYEL", b"Text%d" % n))
+        for n in range(3)
+    ]  # each answer a message of its own id
+    summary = Replay(transcript("claude-code/compact_summary.sse"), delay_s=1.0)
+    server.enqueue(text[0], text[1], summary, text[2])
     config, providers = await gateway(tmp_path, server, monkeypatch)
     async with running_gateway(config, providers) as gw:
         sid = await gw.create_session()
         await run_turn(gw, sid, "first words APPLE")
         await run_turn(gw, sid, "more words")  # one turn alone: 409 nothing_to_compact
+        before = [
+            m["id"] for m in (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]
+        ]
         async with gw.client(sid) as client:
             await client.subscribe()
             r = await gw.http.post(f"/sessions/{sid}/compact", json={})
             assert r.status_code == 202, r.text
             with trio.fail_after(20):
+                await client.until(functools.partial(is_type, "context.compacting"))
+                started = trio.current_time()
                 await client.until(functools.partial(is_type, "context.compacted"))
+                took = trio.current_time() - started
             events = client.events
         after = await run_turn(gw, sid, "second words")
+        stored = (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]
         cost = gw.node.sessions[sid].record.cost_so_far_usd
+        again = await gw.http.post(f"/sessions/{sid}/compact", json={})
     await providers.aclose()
     compacting, compacted = (e for e in events if e.type.startswith("context."))
-    assert (compacting.type, compacting.turn_id) == ("context.compacting", None)
+    assert took >= 0.8  # compacting came as it started, not with its end
+    assert (compacting.type, compacting.turn_id, compacted.turn_id) == (
+        "context.compacting",
+        None,
+        None,
+    )
     assert compacting.payload.trigger == compacted.payload.trigger == "manual"
+    assert compacting.payload.pre_tokens > 0  # the gateway's estimate, as the native loop's
     assert compacted.payload.method == "summary"
-    assert compacted.payload.pre_tokens == compacting.payload.pre_tokens > 0
-    assert compacted.payload.post_tokens > 0  # Claude Code gives it
-    assert compacted.payload.summary_message_id is None
-    assert compacted.payload.first_kept_message_id is None
+    assert compacted.payload.pre_tokens > 0 and compacted.payload.post_tokens > 0  # Claude Code's
+    assert compacted.payload.first_kept_message_id is None  # its summary stands for all
+    [context] = [m for m in stored if m["role"] == "context"]
+    assert compacted.payload.summary_message_id == context["id"]
+    assert context["turn_id"] is None and context["status"] == "complete"
+    [block] = context["content"]
+    assert block == {
+        "type": "compaction",
+        "summary": "The user said words; the code word was MANGO.",
+        "replaces": before,
+    }
+    assert [m["id"] for m in stored].index(context["id"]) == len(before)  # after them
+    assert len(before) == 4 and len(stored) == 7  # nothing lost for the clients
+    assert again.status_code == 409, again.text  # only the latest turn since: nothing_to_compact
     assert after[-1].payload.stop_reason == "end_turn"
     summary_call = str(server.requests[2].body["messages"])
     assert "APPLE" in summary_call  # the summary call saw the conversation
@@ -595,4 +625,36 @@ async def test_a_background_shell_is_its_tools_own_and_what_it_wakes_is_the_sess
     assert first[-1].type == "turn.completed" and "tool.completed" in types(first)
     assert said(next_turn) == GCD and types(next_turn).count("llm.call_started") == 1
     assert cli_total > 0 and cost == pytest.approx(cli_total)
+    only_model_calls(server)
+
+
+async def test_claude_codes_own_compaction_in_a_turn_is_the_turns_and_its_failure_closes_it(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call that reported a context past ``context_max_tokens``: Claude Code starts an
+    ``auto`` compaction before the next turn's call, the turn's events; with one exchange
+    only it has too little to summarise and says it failed: ``context.compacted`` closes it
+    (``post_tokens`` = ``pre_tokens``, no message), and the turn answers all the same."""
+    big = transcript("anthropic/text.sse").replace(b'"input_tokens":25', b'"input_tokens":190000')
+    assert big != transcript("anthropic/text.sse")
+    answer = transcript("anthropic/text.sse").replace(b"XFDUDYJgAACzvnptvVoYEL", b"Text1")
+    server.enqueue(Replay(big), Replay(answer))
+    config, providers = await gateway(tmp_path, server, monkeypatch, context_max_tokens="100000")
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        await run_turn(gw, sid, "first words APPLE")
+        events = await run_turn(gw, sid, "second words")
+        stored = (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]
+    await providers.aclose()
+    turn_id = events[0].turn_id
+    compacting, compacted = (e for e in events if e.type.startswith("context."))
+    assert compacting.turn_id == compacted.turn_id == turn_id
+    assert compacting.payload.trigger == compacted.payload.trigger == "auto"
+    assert compacting.payload.pre_tokens > 100000  # the estimate: the reported input
+    assert compacted.payload.post_tokens == compacted.payload.pre_tokens
+    assert compacted.payload.summary_message_id is None
+    assert [m["role"] for m in stored] == ["user", "assistant", "user", "assistant"]
+    assert types(events).index("context.compacted") < types(events).index("message.start")
+    assert events[-1].payload.stop_reason == "end_turn"
+    assert len(server.requests) == 2
     only_model_calls(server)

@@ -22,7 +22,8 @@ a cancel (``interrupt()``)                      the sequences of docs/protocol.m
 a sub-agent (``TaskStartedMessage``, then       a worker session (``parent_session_id``):
 messages with ``parent_tool_use_id``)           ``delegate.started``, its turn in its own
                                                 stream, ``delegate.completed``/``failed``
-``compact_boundary``                            ``context.compacting``, ``context.compacted``
+``PreCompact`` (the hook); ``compact_boundary``  ``context.compacting``; the ``context``
+and the summary after it                        message, ``context.compacted``
 ==============================================  =========================================
 
 Where each part lives:
@@ -62,10 +63,12 @@ Where the contract is silent:
   API's status (:func:`~gateway.providers.errors.status_class`), ``network``
   when the CLI exited, ``api_error`` otherwise. ``error_max_turns`` is
   ``max_rounds``.
-- ``compact_boundary`` comes once Claude Code is done: both events come
-  together, with its ``pre_tokens`` (and ``post_tokens``, 0 when it gives
-  none); ``method`` is ``summary``; the summary is in Claude Code's transcript,
-  not the session's messages, so both message ids are null.
+- Compaction: ``context.compacting`` when Claude Code starts (its
+  ``PreCompact`` hook; ``pre_tokens`` the gateway's estimate), then at
+  ``compact_boundary`` and the summary after it a ``context`` message as the
+  native loop's, ``context.compacted`` naming it (Claude Code's counts;
+  ``first_kept_message_id`` null: the summary stands for every message);
+  one Claude Code reports failed closes with no message.
 """
 
 from __future__ import annotations

@@ -2,20 +2,22 @@
 
 Tools approved without asking never reach ``can_use_tool``; the hook sees
 them all. It asks each check in turn and denies with the first refusal (the
-model reads it as the tool's result); today the one check is the turn's
-limits (:class:`~gateway.runtimes.claude_code.limits.TurnLimits`). A check is
-a function of the hook's input and the tool use id returning a refusal or
-None, so others (a workspace's paths) join the same hook.
+model reads it as the tool's result); the runtime's one check is the turn's
+limits (:class:`~gateway.runtimes.claude_code.limits.TurnLimits`), then, for
+a sub-agent they admit, the key's (its worker session made here, or refused:
+:meth:`SubAgents.make_worker <gateway.runtimes.claude_code.subagents.SubAgents.make_worker>`).
+A check is an async function of the hook's input and the tool use id
+returning a refusal or None, so others join the same hook.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from claude_agent_sdk.types import HookCallback, HookContext, HookInput, HookJSONOutput
 
-Check = Callable[[dict[str, Any], str], str | None]
+Check = Callable[[dict[str, Any], str], Awaitable[str | None]]
 """One check of a tool use: the hook's input and the tool use id; a refusal, or None."""
 
 
@@ -39,7 +41,7 @@ def pre_tool_use(checks: Sequence[Check]) -> HookCallback:
         data: dict[str, Any] = dict(input)
         use_id = tool_use_id or str(data.get("tool_use_id") or "")
         for check in checks:
-            refusal = check(data, use_id)
+            refusal = await check(data, use_id)
             if refusal is not None:
                 return deny(refusal)
         return {}

@@ -9,9 +9,12 @@ to the translator or emits.
   sub-agent's messages come whole. :class:`WholeMessages` replays each as
   the raw stream events it would have had, so the worker's stream is the
   native one (ids, block lifecycle, snapshot, replay).
-- **Compaction.** ``compact_boundary`` comes once Claude Code is done, so
-  ``context.compacting`` and ``context.compacted`` come together
-  (:func:`compaction`).
+- **Compaction.** Claude Code's ``PreCompact`` hook starts it
+  (``context.compacting``), ``compact_boundary`` gives its figures
+  (:func:`compaction_figures`), and the user message that follows it holds
+  the summary, which :func:`compact_summary` takes out of Claude Code's
+  framing; :func:`compaction` is both events at once, for a boundary with
+  no hook before it.
 - **What the gateway does not know.** A stream event, delta or content block
   of a type the translator does not know is skipped (a block with its deltas
   and stop) and counted, never a failed call (:class:`KnownEvents`); so is a
@@ -156,20 +159,46 @@ def structured_result(message: UserMessage) -> Any:
     return data if len(results) == 1 else None
 
 
+_SUMMARY_START = "\nSummary:\n"
+_SUMMARY_ENDS = ("\n\nIf you need specific details", "\nContinue the conversation from where")
+
+
+def compaction_figures(message: SystemMessage) -> tuple[Literal["auto", "manual"], int, int]:
+    """A ``compact_boundary``'s trigger, ``pre_tokens`` and ``post_tokens`` (0: not given)."""
+    meta = message.data.get("compact_metadata") or {}
+    trigger: Literal["auto", "manual"] = "manual" if meta.get("trigger") == "manual" else "auto"
+    return trigger, token_count(meta.get("pre_tokens")), token_count(meta.get("post_tokens"))
+
+
+def compact_summary(text: str) -> str:
+    """The summary in the user message Claude Code sends after ``compact_boundary``.
+
+    Claude Code 2.1.332 frames it (``isSynthetic`` on the stream,
+    ``isCompactSummary`` in its transcript): a notice that the session goes
+    on from a summary, ``Summary:``, the summary, then where its transcript
+    is (a host path, never shown to clients) and an instruction to go on.
+    The summary alone is kept; without the framing, the text less any line
+    naming the transcript.
+    """
+    start = text.find(_SUMMARY_START)
+    body = text[start + len(_SUMMARY_START) :] if start >= 0 else text
+    for end in _SUMMARY_ENDS:
+        at = body.find(end)
+        if at >= 0:
+            body = body[:at]
+    lines = [line for line in body.split("\n") if "transcript at:" not in line]
+    return "\n".join(lines).strip()
+
+
 def compaction(message: SystemMessage) -> list[ContextCompacting | ContextCompacted]:
-    """Claude Code compacted its context: ``context.compacting`` then ``context.compacted``.
+    """A compaction seen only at its boundary: ``context.compacting`` then ``context.compacted``.
 
     Its ``compact_metadata`` gives the trigger (``auto`` or ``manual``) and
     ``pre_tokens``; ``post_tokens`` is its own when it gives one, else 0 (not
-    known). The summary is in Claude Code's transcript, not a message of the
-    session's: ``summary_message_id`` and ``first_kept_message_id`` are null,
-    and the session's messages stay as they are (a client's view does not
-    change). docs/protocol.md §12.
+    known). No summary was seen: ``summary_message_id`` and
+    ``first_kept_message_id`` are null. docs/protocol.md §12.
     """
-    meta = message.data.get("compact_metadata") or {}
-    trigger: Literal["auto", "manual"] = "manual" if meta.get("trigger") == "manual" else "auto"
-    pre = token_count(meta.get("pre_tokens"))
-    post = token_count(meta.get("post_tokens"))
+    trigger, pre, post = compaction_figures(message)
     return [
         ContextCompacting(trigger, pre),
         ContextCompacted(trigger, "summary", pre, post, None, None),

@@ -43,7 +43,13 @@ from claude_agent_sdk import (
     StreamEvent,
     SystemMessage,
 )
-from claude_agent_sdk.types import CanUseTool, HookCallback, HookMatcher, SandboxSettings
+from claude_agent_sdk.types import (
+    CanUseTool,
+    HookCallback,
+    HookEvent,
+    HookMatcher,
+    SandboxSettings,
+)
 
 from gateway.agents import AgentProfile
 from gateway.config import config_file
@@ -110,6 +116,7 @@ class CliProcess:
         pre_tool_use: the CLI's ``PreToolUse`` hook of every tool use
             (:mod:`gateway.runtimes.claude_code.hooks`: the turn's limits).
         on_refused: told the id of a tool use the workspace's boundary refused.
+        pre_compact: the CLI's ``PreCompact`` hook (Claude Code starts compacting).
     """
 
     def __init__(
@@ -120,9 +127,11 @@ class CliProcess:
         can_use_tool: CanUseTool,
         pre_tool_use: HookCallback | None = None,
         on_refused: Callable[[str], None] = lambda tool_use_id: None,
+        pre_compact: HookCallback | None = None,
     ) -> None:
         self._loop = loop
         self._pre_tool_use = pre_tool_use
+        self._pre_compact = pre_compact
         self._on_refused = on_refused
         self.s = loop.s
         self.node = loop.node
@@ -208,7 +217,7 @@ class CliProcess:
             sandbox = await trio.to_thread.run_sync(self._sandbox, workspace, home, tmp)
         options = cli_options(
             agent, s.id, workspace, node.config.mcp_servers, self._can_use_tool, resume,
-            hooks={"PreToolUse": self._hooks(workspace)},
+            hooks=self._hooks(workspace),
             sandbox=sandbox,
         )  # fmt: skip
         door = await node.model_proxy.ensure_running()
@@ -223,11 +232,15 @@ class CliProcess:
         )
         return ClaudeSDKClient(options, transport=transport), transport, resume, credential
 
-    def _hooks(self, workspace: str) -> list[HookMatcher]:
-        """The ``PreToolUse`` hooks: the workspace's paths, then the turn's limits."""
-        hooks = [path_hook(workspace, self._on_refused)]
+    def _hooks(self, workspace: str) -> dict[HookEvent, list[HookMatcher]]:
+        """The ``PreToolUse`` hooks (the workspace's paths, then the turn's limits), and the
+        ``PreCompact`` one."""
+        tool_hooks = [path_hook(workspace, self._on_refused)]
         if self._pre_tool_use is not None:
-            hooks.append(HookMatcher(hooks=[self._pre_tool_use]))
+            tool_hooks.append(HookMatcher(hooks=[self._pre_tool_use]))
+        hooks: dict[HookEvent, list[HookMatcher]] = {"PreToolUse": tool_hooks}
+        if self._pre_compact is not None:
+            hooks["PreCompact"] = [HookMatcher(hooks=[self._pre_compact])]
         return hooks
 
     def _sandbox(self, workspace: str, home: str, tmp: str) -> SandboxSettings:

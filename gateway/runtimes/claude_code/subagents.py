@@ -1,9 +1,13 @@
 """Claude Code's sub-agents, as worker sessions with ``delegate.*`` events (docs/protocol.md §5).
 
 Claude Code runs a sub-agent for an ``Agent`` (``Task``) tool use, and
-streams only the main thread: a sub-agent's messages come whole. Once the
-parent's ``tool.called`` is out, the sub-agent gets a worker session
-(``spawn_worker``: the limits of docs/protocol.md §15) and ``delegate.started``;
+streams only the main thread: a sub-agent's messages come whole. Its worker
+session is made before it runs, in the ``PreToolUse`` hook
+(:meth:`SubAgents.make_worker`: ``spawn_worker``, the limits of
+docs/protocol.md §15, the key's ``max_sessions_per_key`` and
+``turns_per_minute_per_key`` included): one they refuse is denied, fails
+``limit`` and never runs. Once the parent's ``tool.called`` is out, the
+sub-agent's worker gets ``delegate.started``;
 its turn runs on an agent loop of the worker whose runtime is fed the
 sub-agent's messages by the parent's (no process of its own), each replayed
 as raw stream events through the worker's translator
@@ -24,6 +28,10 @@ approvals are the worker's permission requests, answered from the parent.
 - The worker's ``cost_usd`` is its calls' priced usage; the parent's turn
   cost is Claude Code's total, which includes the sub-agent's, so it is not
   booked again (``workers_cost_usd`` 0).
+- A worker made for a tool use that then started no sub-agent (the client
+  denied the ``Agent`` tool, Claude Code failed it) is deleted once the
+  tool's result comes, or the turn ends: its session slot is given back (its
+  turn stays counted, as a native ``delegate``'s once made).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import trio
@@ -98,6 +107,7 @@ class SubAgents:
         self._feeds: dict[str, _Feed] = {}
         self._changed = trio.Event()
         self._tasks: dict[str, Sub] = {}  # by Claude Code's task id (can_use_tool's agent_id)
+        self._made: dict[str, WorkerHost] = {}  # made in the hook, not started yet (tool use id)
 
     def runtimes(self) -> list[Owner]:
         """The mirror runtimes of the turn's sub-agents (their workers' streams)."""
@@ -118,6 +128,43 @@ class SubAgents:
         self._feeds.setdefault(message.tool_use_id, trio.open_memory_channel(math.inf))
         self._pending.append(message)
 
+    async def make_worker(self, tool_use_id: str) -> tuple[str | None, bool]:
+        """The ``PreToolUse`` hook admits a sub-agent: make its worker session now.
+
+        ``spawn_worker`` counts it against the key's ``max_sessions_per_key``
+        and its turn against ``turns_per_minute_per_key``, as a native
+        ``delegate``'s; the worker waits for its sub-agent's start. Returns
+        the refusal (None: made) and whether it is a limit's (else an error,
+        the store's).
+        """
+        s = self._runtime.s
+        try:
+            self._made[tool_use_id] = cast("WorkerHost", await s.spawn_worker(tool_use_id))
+        except ToolError as exc:
+            event(
+                log, logging.INFO, "claude_code_subagent_refused",
+                f"session {s.id}: a sub-agent was refused before it ran: {exc}",
+                session_id=s.id, tool_use_id=tool_use_id, code=exc.error_class, error=str(exc),
+            )  # fmt: skip
+            return str(exc), exc.error_class == "limit"
+        return None, False
+
+    async def end_unused(self) -> None:
+        """The turn ends: the workers made for sub-agents that never started are deleted."""
+        await self._drop_unused(self._made)
+
+    async def _drop_unused(self, tool_use_ids: Iterable[str]) -> None:
+        """Delete the workers made for these tool uses that started no sub-agent."""
+        for tool_use_id in list(tool_use_ids):
+            worker = self._made.pop(tool_use_id, None)
+            if worker is None:
+                continue
+            with trio.CancelScope(shield=True):
+                try:
+                    await self._runtime.node.delete_session(worker)
+                except Exception as exc:  # the store is away: it stays, an empty worker
+                    self._runtime.s.failed("claude-code-subagent", exc)
+
     async def start_announced(self, turn: Turn) -> None:
         """Start the workers of the sub-agents whose ``Agent`` tool use was announced."""
         pending, self._pending = self._pending, []
@@ -130,13 +177,13 @@ class SubAgents:
                 self._pending.append(message)
 
     async def _started(self, turn: Turn, message: TaskStartedMessage) -> None:
-        """Claude Code started a sub-agent for an ``Agent`` tool use: a worker session.
+        """Claude Code started a sub-agent for an ``Agent`` tool use: its worker session.
 
-        ``max_workers_per_turn`` and ``max_delegate_depth`` refused it before it
-        ran (:mod:`gateway.runtimes.claude_code.limits`); one the key's limits
-        refuse here (``turns_per_minute_per_key``, ``max_sessions_per_key``)
-        runs all the same, unseen: its ``Agent`` tool's result is the parent's
-        as ever.
+        Made before it ran, in the ``PreToolUse`` hook (:meth:`make_worker`),
+        where the turn's and the key's limits refused it or let it be. One
+        started without the hook (none was made: a query of Claude Code's own,
+        between turns) is made here; refused here, it runs all the same,
+        unseen: its ``Agent`` tool's result is the parent's as ever.
         """
         runtime = self._runtime
         s = runtime.s
@@ -144,7 +191,8 @@ class SubAgents:
         if tool_use_id is None or tool_use_id in self._subs:
             return
         try:
-            worker = cast("WorkerHost", await s.spawn_worker(tool_use_id))
+            made = self._made.pop(tool_use_id, None)
+            worker = made or cast("WorkerHost", await s.spawn_worker(tool_use_id))
         except ToolError as exc:
             self._feeds.pop(tool_use_id, None)
             event(
@@ -198,6 +246,8 @@ class SubAgents:
         """Results of ``Agent`` tools: their workers' turns end, then ``delegate.*``."""
         if isinstance(message.content, str):
             return
+        ids = [r.tool_use_id for r in message.content if isinstance(r, SdkToolResult)]
+        await self._drop_unused(i for i in ids if i not in self._feeds)  # no sub-agent started
         for result in message.content:
             if not isinstance(result, SdkToolResult):
                 continue
@@ -236,6 +286,7 @@ class SubAgents:
         subs, self._subs = list(self._subs.values()), {}
         self._pending.clear()
         self._feeds.clear()
+        await self.end_unused()
         cancelled = turn.cancel_scope.cancel_called
         with trio.CancelScope(shield=True):
             for sub in subs:

@@ -142,3 +142,24 @@ def test_the_agents_keys_reach_the_cli(tmp_path: Path) -> None:
     ruled = resolve_agents(cc_config(tmp_path, server, tools='["Bash(git:*)", "Read"]'))["default"]
     cli = options.cli_options(ruled, "ses_1", "/w", {}, None)  # type: ignore[arg-type]
     assert cli.tools == ["Bash", "Read"] and cli.allowed_tools == ["Bash(git:*)", "Read"]
+
+
+SUMMARY_MESSAGE = (
+    "This session is being continued from a previous conversation that ran out of context."
+    " The summary below covers the earlier portion of the conversation.\n\n<system-reminder>\n"
+    "<tools-used-before-summary></tools-used-before-summary>\n</system-reminder>\nSummary:\n"
+    "The user said words; the code word was MANGO.\n\nIf you need specific details from before"
+    " compaction (like exact code snippets, error messages, or content you generated), read the"
+    " full transcript at: /srv/ws/.claude-code/sess_1/.claude/projects/-w/0d1c.jsonl\nContinue"
+    " the conversation from where it left off without asking the user any further questions."
+)
+
+
+def test_the_summary_is_taken_out_of_claude_codes_framing_without_the_host_path() -> None:
+    """The user message Claude Code 2.1.332 sends after ``compact_boundary`` (as captured):
+    the summary alone is kept; a text without the framing loses only the transcript's line."""
+    assert messages.compact_summary(SUMMARY_MESSAGE) == (
+        "The user said words; the code word was MANGO."
+    )
+    bare = "A summary.\nread the full transcript at: /srv/x.jsonl\nMore."
+    assert messages.compact_summary(bare) == "A summary.\nMore."

@@ -129,6 +129,7 @@ def runtime(process: CliProcess) -> tuple[cc.ClaudeCode, Any]:
     """A runtime that follows ``process``'s inbox (no session, no translator), a turn's state."""
     rt = object.__new__(cc.ClaudeCode)
     rt.feed, rt.process, rt._early_results, rt._turn_cost = None, process, {}, 0.0
+    rt._compacting = None
     rt.subagents = SimpleNamespace(waiting=False)  # type: ignore[assignment]
     turn_state = SimpleNamespace(usage=SimpleNamespace(cost_usd=0.0), pending_tools=[], call=None)
     return rt, turn_state

@@ -182,6 +182,33 @@ async def test_no_limit_by_default(tmp_path: Path) -> None:
     assert out.structured["stdout"].split() == ["unlimited", "unlimited"]
 
 
+def ptrace_bit(status: str, field: str) -> bool:
+    """Whether ``CAP_SYS_PTRACE`` is in a capability set of a ``/proc/<pid>/status`` text."""
+    [line] = [x for x in status.splitlines() if x.startswith(f"{field}:")]
+    return bool(int(line.split()[1], 16) >> process_module.CAP_SYS_PTRACE & 1)
+
+
+@pytest.mark.skipif(not process_module.ptrace_held(), reason="this process has no CAP_SYS_PTRACE")
+async def test_a_tool_process_and_what_it_starts_hold_no_cap_sys_ptrace(tmp_path: Path) -> None:
+    """Root (these tests) holds ``CAP_SYS_PTRACE``: a tool, and a program it execs, do not,
+    in any set, and cannot read another process's memory (this one's, dumpable or not)."""
+    workspaces = Workspaces(str(tmp_path / "workspaces"), (str(tmp_path),))
+    registry = build_registry(["shell"], workspaces=workspaces)
+    ctx = ToolContext("s", "t", "tu", str(tmp_path), kill_grace_s=0.5)
+    mine = await trio.Path("/proc/self/status").read_text()
+    command = (
+        "grep Cap /proc/self/status; sh -c 'grep CapBnd /proc/self/status' | sed s/Bnd/Sub/;"
+        f" (exec 3< /proc/{os.getpid()}/mem) 2>&1 | sed 's/.*: //'"
+    )
+    with trio.fail_after(10):
+        out = await registry.execute("shell", {"command": command}, ctx)
+    status = out.structured["stdout"]
+    assert ptrace_bit(mine, "CapBnd") and ptrace_bit(mine, "CapEff")
+    for field in ("CapBnd", "CapSub", "CapPrm", "CapEff", "CapInh", "CapAmb"):
+        assert not ptrace_bit(status, field), status
+    assert "Permission denied" in status or "Operation not permitted" in status, status
+
+
 # --- dying with the daemon --------------------------------------------------------------
 
 
