@@ -1,4 +1,4 @@
-"""A reader of the AI SDK's UI message chunks, for the tests of its doors (docs/protocol.md §14).
+"""A reader of the AI SDK's UI message chunks, for the tests of its doors (docs/doors/aisdk.md).
 
 :class:`UiMessage` applies the chunks of one response as the ``ai`` package's
 ``processUIMessageStream`` does, and fails on what it would reject: a delta of a

@@ -1,4 +1,4 @@
-"""The stream over server-sent events, the client's side (docs/protocol.md §14).
+"""The stream over server-sent events, the client's side (docs/doors/sse.md).
 
 Where a WebSocket cannot be opened (a proxy refuses the upgrade), the
 subscription (:class:`gateway.client.stream.Subscription`) reads the same

@@ -56,7 +56,7 @@ asks of a client, and decides what the contract leaves to the client:
   gateway (a proxy's 4xx or 5xx page), or by the gateway for an upgrade that
   lost its headers on the way (426 ``upgrade_required``), makes the
   subscription read the same frames as server-sent events
-  (``GET /sessions/{id}/events``, docs/protocol.md §14;
+  (``GET /sessions/{id}/events``, docs/doors/sse.md;
   :mod:`gateway.client.sse`) from then on, after one :class:`Notice`: the
   same items, cursor, resume and errors; the server's ``: ping`` comments
   are the heartbeat there (no pings of the client's own).
@@ -570,7 +570,7 @@ class Subscription:
             self.snapshot = self.snapshot or self.cursor is None
         return True
 
-    # --- server-sent events (docs/protocol.md §14)
+    # --- server-sent events (docs/doors/sse.md)
 
     async def _connect_sse(self, ws_url: str) -> Ended:
         """One attempt over ``GET /sessions/{id}/events``, the token of ``ws_url``."""

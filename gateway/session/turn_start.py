@@ -2,7 +2,7 @@
 
 A front end that streams one turn (an AG-UI run, an AI SDK chat response)
 re-attaches by replaying the session's events after this id
-(docs/protocol.md §14): the id before the turn's ``turn.started``, read from
+(docs/doors/agui.md, docs/doors/aisdk.md): the id before the turn's ``turn.started``, read from
 the session's in-memory tail, else from the store (after an unload or a
 restart; above the retention floor only).
 """

@@ -348,7 +348,7 @@ class Store(Protocol):
         """
         ...
 
-    # --- the webhook outbox (gateway.store.outbox, docs/protocol.md §14) ---
+    # --- the webhook outbox (gateway.store.outbox, docs/doors/webhooks.md) ---
 
     async def outbox_lanes(self) -> list[Lane]:
         """Every (webhook, session) with a delivery pending.

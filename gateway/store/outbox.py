@@ -1,4 +1,4 @@
-"""The webhook outbox: deliveries owed to receivers, durable (docs/protocol.md §14).
+"""The webhook outbox: deliveries owed to receivers, durable (docs/doors/webhooks.md).
 
 A catalog event that a configured webhook subscribes to is put in the outbox
 in the same write as the event itself (the group commit's batch: one SQLite

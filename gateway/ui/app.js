@@ -15,7 +15,7 @@
 //   after KEEPALIVE_MS of silence and drop a connection that stays silent as
 //   long again; after any drop, reconnect with capped exponential backoff with
 //   jitter (the `status` element says "reconnecting" meanwhile);
-// - no WebSocket (docs/protocol.md §14): a WebSocket that closes before it
+// - no WebSocket (docs/doors/sse.md): a WebSocket that closes before it
 //   ever opened, though the HTTP API answered (a proxy that refuses the
 //   upgrade), makes this stream read the same frames from an EventSource on
 //   `GET /sessions/{id}/events` from then on: the subscribe is the query (no
@@ -337,7 +337,7 @@ class Stream {
     this.retry(`closed ${code}${reason ? ` ${reason}` : ""}`);
   }
 
-  /** The stream as server-sent events (docs/protocol.md §14): the subscribe is the query. */
+  /** The stream as server-sent events (docs/doors/sse.md): the subscribe is the query. */
   connectEvents(info) {
     const query = new URLSearchParams({
       attach: info.attach_token,

@@ -1,4 +1,4 @@
-"""Webhooks (docs/protocol.md §14): chosen catalog events POSTed, signed, at least once.
+"""Webhooks (docs/doors/webhooks.md): chosen catalog events POSTed, signed, at least once.
 
 - gateway.webhooks.signing: the Standard Webhooks headers of one delivery;
 - gateway.webhooks.delivery: the node's delivery loop over the store's outbox

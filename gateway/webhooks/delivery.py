@@ -1,4 +1,4 @@
-"""The node's webhook delivery loop (docs/protocol.md §14): the outbox, POSTed, in order.
+"""The node's webhook delivery loop (docs/doors/webhooks.md): the outbox, POSTed, in order.
 
 The store puts a delivery in its outbox in the same write as the event
 (gateway.store.outbox); this loop, one task per node (``webhooks``), sends it:

@@ -1,4 +1,4 @@
-"""Standard Webhooks signatures (https://www.standardwebhooks.com, docs/protocol.md §14).
+"""Standard Webhooks signatures (https://www.standardwebhooks.com, docs/doors/webhooks.md).
 
 A delivery carries three headers: ``webhook-id`` (the gateway's event id, so a
 receiver drops a duplicate), ``webhook-timestamp`` (the attempt's time, Unix

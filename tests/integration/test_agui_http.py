@@ -1,4 +1,4 @@
-"""``POST /agui`` over a real socket (docs/protocol.md §14): SSE, each event read by ``ag_ui.core``.
+"""``POST /agui`` over a real socket (docs/doors/agui.md): SSE, each event read by ``ag_ui.core``.
 
 Rules as in tests/conftest.py: a real gateway on 127.0.0.1 port 0, httpx as
 the client, the real clock with ``fail_after`` caps, no sleeping to wait for

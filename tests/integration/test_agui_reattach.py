@@ -1,4 +1,4 @@
-"""Re-attaching to an AG-UI run (docs/protocol.md "AG-UI", "Re-attaching"), over a real socket.
+"""Re-attaching to an AG-UI run (docs/doors/agui.md "Re-attaching"), over a real socket.
 
 Every SSE event of a run carries an ``id:``; ``GET
 /agui/{session_id}/runs/{run_id}/stream`` with ``Last-Event-ID`` sends

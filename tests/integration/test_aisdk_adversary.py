@@ -1,4 +1,4 @@
-"""The AI SDK's doors against hostile and unlucky clients (docs/protocol.md §14, §15).
+"""The AI SDK's doors against hostile, unlucky clients (docs/doors/aisdk.md, docs/protocol.md §15).
 
 A client sends what no transport would (deep JSON, mistyped fields, forged
 metadata), races itself and other keys, asks for a HEAD of a stream, and

@@ -1,4 +1,4 @@
-"""The AI SDK's HTTP doors over a real socket (docs/protocol.md §14).
+"""The AI SDK's HTTP doors over a real socket (docs/doors/aisdk.md).
 
 ``POST /ai-sdk/chat`` (``DefaultChatTransport``'s request), its resume
 ``GET /ai-sdk/chat/{id}/stream`` and ``POST /ai-sdk/chat/{id}/stop``, driven

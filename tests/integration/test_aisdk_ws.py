@@ -1,5 +1,5 @@
 """The AI SDK's WebSocket door, ``GET /ai-sdk/ws``, driven by an independent client
-(docs/protocol.md §14).
+(docs/doors/aisdk.md).
 
 trio-websocket speaks ``WebSocketChatTransport``'s frames to a real gateway
 on 127.0.0.1 port 0: ``send``, ``resume`` (``lastSequence``), ``abort``; the

@@ -49,15 +49,15 @@ CONTRACT = {
     ("post", "/sessions/{session_id}/compact"),  # docs/protocol.md §12
     ("post", "/sessions/{session_id}/feedback"),
     ("get", "/sessions/{session_id}/stream"),
-    ("get", "/sessions/{session_id}/events"),  # docs/protocol.md §14: the stream as SSE
+    ("get", "/sessions/{session_id}/events"),  # docs/doors/sse.md: the stream as SSE
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
-    ("post", "/agui"),  # AG-UI (docs/protocol.md "AG-UI"): an SSE answer
+    ("post", "/agui"),  # AG-UI (docs/doors/agui.md): an SSE answer
     ("post", "/agui/{session_id}/cancel"),
     ("get", "/agui/{session_id}/runs/{run_id}/stream"),  # re-attach: an SSE answer
-    ("post", "/ai-sdk/chat"),  # the AI SDK (docs/protocol.md §14): an SSE answer
+    ("post", "/ai-sdk/chat"),  # the AI SDK (docs/doors/aisdk.md): an SSE answer
     ("get", "/ai-sdk/chat/{chat_id}/stream"),  # its resume: an SSE answer, or 204
     ("post", "/ai-sdk/chat/{chat_id}/stop"),
     ("get", "/ai-sdk/ws"),  # WebSocketChatTransport's frames

@@ -1,4 +1,4 @@
-"""The native stream over server-sent events, ``GET /sessions/{id}/events`` (docs/protocol.md §14).
+"""The native stream over server-sent events, ``GET /sessions/{id}/events`` (docs/doors/sse.md).
 
 The same frames as the WebSocket (docs/protocol.md §3), one ``data:`` line
 each, event frames with ``id:``; compared with a WebSocket client connected

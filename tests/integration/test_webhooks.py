@@ -1,4 +1,4 @@
-"""Webhooks (docs/protocol.md §14): chosen catalog events POSTed, signed, in order, at least once.
+"""Webhooks (docs/doors/webhooks.md): chosen catalog events POSTed, signed, in order, at least once.
 
 A receiver on loopback (tests.webhook_support) verifies every accepted
 delivery's Standard Webhooks signature with the ``standardwebhooks`` package.

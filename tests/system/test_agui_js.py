@@ -1,4 +1,4 @@
-"""The official AG-UI JS client (``@ag-ui/client``, from npm) runs turns (docs/protocol.md §14).
+"""The official AG-UI JS client (``@ag-ui/client``, from npm) runs turns (docs/doors/agui.md).
 
 The test installs ``@ag-ui/client`` into a temporary directory (``npm install
 --prefix``, quiet, once per test run: tests/npm_support.py) and runs
@@ -91,7 +91,7 @@ async def test_the_official_js_client_verifies_a_run_resumed_at_every_event(
         out["types"]
     )
     assert [r["k"] for r in out["resumed"]] == list(range(len(out["types"]) + 1))
-    # No Last-Event-ID: the whole run, its messages whole (docs/protocol.md "AG-UI").
+    # No Last-Event-ID: the whole run, its messages whole (docs/doors/agui.md).
     whole = out["resumed"][0]["types"]
     assert [t for t in whole if "CONTENT" not in t and t != "TOOL_CALL_ARGS"] == [
         t for t in out["types"] if "CONTENT" not in t and t != "TOOL_CALL_ARGS"

@@ -1,4 +1,4 @@
-"""The AI SDK's ``useChat`` core in Chromium, on the gateway's own origin (docs/protocol.md §14).
+"""The AI SDK's ``useChat`` core in Chromium, on the gateway's own origin (docs/doors/aisdk.md).
 
 The ``ai`` package (version 7) and ``esbuild`` are installed with npm into a
 temporary directory, once per test run (tests/npm_support.py); tests/aisdk_browser/chat.mjs (the

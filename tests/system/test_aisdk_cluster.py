@@ -1,4 +1,4 @@
-"""The AI SDK's doors on two nodes of one Redis (docs/scale-out.md; docs/protocol.md §14).
+"""The AI SDK's doors on two nodes of one Redis (docs/scale-out.md; docs/doors/aisdk.md).
 
 A chat created through one node is answered through the other: a new turn,
 an approval answered in the next request, a resume and a stop all act on the

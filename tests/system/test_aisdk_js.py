@@ -1,4 +1,4 @@
-"""The AI SDK's ``ai`` npm package (v7) reads the gateway's chunk streams (docs/protocol.md §14).
+"""The AI SDK's ``ai`` npm package (v7) reads the gateway's chunk streams (docs/doors/aisdk.md).
 
 The test installs ``ai@7`` and ``ws`` into a temporary directory (``npm
 install --prefix``, quiet, once per test run: tests/npm_support.py) and runs tests/aisdk_js/*.mjs:

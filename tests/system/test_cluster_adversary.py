@@ -362,7 +362,7 @@ async def test_an_agui_run_and_its_cancel_through_a_replica(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
     """docs/scale-out.md: AG-UI runs and their cancels act on the node that runs the thread
-    (``POST /agui``, ``POST /agui/{id}/cancel``, docs/protocol.md "AG-UI")."""
+    (``POST /agui``, ``POST /agui/{id}/cancel``, docs/doors/agui.md)."""
     with trio.fail_after(20):
         async with two_nodes(tmp_path, own_redis) as (a, b):
             thread = "t-replica"

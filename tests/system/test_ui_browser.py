@@ -510,7 +510,7 @@ window.WebSocket = class {
 def test_without_websockets_the_page_streams_over_server_sent_events(
     browser: Any, daemon: Daemon, tmp_path: Path
 ) -> None:
-    """docs/protocol.md §14: the same frames from an EventSource, and a resume with ``since``."""
+    """docs/doors/sse.md: the same frames from an EventSource, and a resume with ``since``."""
     steady = Page(browser, daemon, tmp_path)
     blocked = Page(browser, daemon, tmp_path)
     blocked.context.add_init_script(NO_WEBSOCKET)

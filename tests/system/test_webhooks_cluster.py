@@ -1,4 +1,4 @@
-"""Webhooks on a cluster (docs/protocol.md §14, docs/scale-out.md): a failover loses no delivery.
+"""Webhooks on a cluster (docs/doors/webhooks.md, docs/scale-out.md): a failover loses no delivery.
 
 Two ``gateway serve`` nodes on one redis-server (tests/cluster_support.py,
 ``lease_s`` = 1 s). Three sessions run two turns each on the first node,

@@ -1,4 +1,4 @@
-"""Webhooks across restarts (docs/protocol.md §14): the outbox is durable, so nothing is lost.
+"""Webhooks across restarts (docs/doors/webhooks.md): the outbox is durable, so nothing is lost.
 
 ``gateway serve`` as a process, killed with SIGKILL between the commit of an
 event and its delivery, or stopped while its receiver fails: the next process

@@ -6,11 +6,16 @@ checked those citations, and one named a module that no longer existed.
 Here every docstring and comment of ``gateway/``, ``bench/`` and ``tests/``
 is read, and each of these must name something that is there:
 
-- ``docs/NAME.md``: a file under docs/;
+- ``docs/NAME.md``: a file under docs/, or under a folder of it
+  (``docs/doors/agui.md``: a door's page);
 - ``docs/NAME.md §N`` (or ``section N``): a numbered heading ``N.`` of it;
 - ``gateway.PACKAGE...``: a module of the package, and where the name goes on
   past the module, a name that module defines or imports (one level: a
   function, class, constant or import).
+
+And a door's code cites its door's page (``docs/doors/agui.md``), not the section of
+docs/protocol.md that lists the doors (§14), whose content moved there. The links
+between the docs (``[x](doors/agui.md#anchor)``) are checked in tests/unit/test_docs.py.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import tokenize
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 from tests.paths import ROOT
 
@@ -134,16 +141,54 @@ def test_the_check_finds_what_is_wrong() -> None:
     assert list(wrong_citations("gateway.db in the working directory")) == []
 
 
+def test_a_citation_of_a_page_in_a_folder_of_docs_is_checked() -> None:
+    assert list(wrong_citations("docs/doors/agui.md, docs/doors/aisdk.md")) == []
+    assert list(wrong_citations("see docs/doors/nowhere.md")) == [
+        "docs/doors/nowhere.md: no such file"
+    ]
+    assert list(wrong_citations("docs/doors/agui.md §3")) == [
+        "docs/doors/agui.md §3: doors/agui.md has no section 3"
+    ]
+
+
+DOOR_CODE = {
+    "agui": "gateway/doors/agui",
+    "aisdk": "gateway/doors/aisdk",
+    "sse": "gateway/doors/sse",
+    "webhooks": "gateway/webhooks",
+}
+"""Each page of docs/doors/, and the package that implements it."""
+
+
+def test_each_door_page_has_its_code() -> None:
+    assert sorted(page.stem for page in (DOCS / "doors").glob("*.md")) == sorted(DOOR_CODE)
+
+
+@pytest.mark.parametrize("door", sorted(DOOR_CODE))
+def test_a_doors_code_cites_its_page_not_section_14(door: str) -> None:
+    """The door's modules cite ``docs/doors/DOOR.md`` (at least one of them), none §14."""
+    package = ROOT / DOOR_CODE[door]
+    texts = {
+        path.name: "\n".join(prose(path.read_text()))
+        for path in sorted(package.rglob("*.py"))
+        if "__pycache__" not in path.parts
+    }
+    assert any(f"docs/doors/{door}.md" in text for text in texts.values()), door
+    section_14 = re.compile(r"docs/protocol\.md\s?(?:§\s?|section )14\b")
+    assert sorted(name for name, text in texts.items() if section_14.search(text)) == []
+
+
 _PATH = re.compile(
     r"(?<![\w/.])((?:gateway|bench|tests|deploy|examples)/[\w/.-]+\.(?:py|mjs|js|md|toml))"
 )
 
 
 def test_every_path_the_docs_name_is_there() -> None:
-    """README.md and docs/: each repository path they name (CHANGELOG.md is history)."""
+    """README.md and docs/ (docs/doors/ too): each repository path they name (CHANGELOG.md is
+    history)."""
     wrong = sorted(
         f"{doc.relative_to(ROOT)}: {path}"
-        for doc in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+        for doc in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
         for path in set(_PATH.findall(doc.read_text()))
         if not (ROOT / path).exists()
     )

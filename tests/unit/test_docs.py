@@ -2,11 +2,12 @@
 
 - Every event type (gateway/protocol/events.py), close (gateway/protocol/closes.py,
   its name and its WebSocket code) and error code the gateway raises appears in
-  docs/protocol.md, the wire protocol.
+  the wire protocol: docs/protocol.md and its doors' pages, docs/doors/*.md.
 - Every config key (the msgspec structs of gateway/config.py, walked) appears in
   docs/reference.md, the operator's reference.
-- Every relative link of README.md and docs/*.md resolves: the file exists and,
-  where the link names an anchor, a heading of that file makes it.
+- Every relative link of README.md and docs/ (docs/doors/ too) resolves: the
+  file exists and, where the link names an anchor, a heading of that file makes it.
+- README.md, the front door, stays under 16 KB: detail goes to docs/.
 - No file of the repository cites a document outside it.
 - CI (.ci/run) installs and runs the tests with the README's test command,
   line for line.
@@ -40,6 +41,7 @@ from tests.paths import ROOT
 ROOT = ROOT
 DOCS = ROOT / "docs"
 PROTOCOL = DOCS / "protocol.md"
+DOORS = DOCS / "doors"
 REFERENCE = DOCS / "reference.md"
 
 _CODE = re.compile(r"^[a-z]+(?:_[a-z0-9]+)*$")
@@ -53,9 +55,14 @@ def mentions(text: str, name: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", text) is not None
 
 
-def missing(names: typing.Iterable[str], doc: Path) -> list[str]:
-    text = doc.read_text(encoding="utf-8")
+def missing(names: typing.Iterable[str], *docs: Path) -> list[str]:
+    text = "\n".join(doc.read_text(encoding="utf-8") for doc in docs)
     return sorted({name for name in names if not mentions(text, name)})
+
+
+def contract() -> list[Path]:
+    """The wire protocol: docs/protocol.md, and a page per door under docs/doors/."""
+    return [PROTOCOL, *sorted(DOORS.glob("*.md"))]
 
 
 # --- the wire protocol ----------------------------------------------------------------
@@ -108,8 +115,19 @@ def test_every_close_is_in_the_protocol() -> None:
 
 
 def test_every_error_code_is_in_the_protocol() -> None:
+    """In docs/protocol.md or the page of the door that answers it (``invalid_resume``:
+    docs/doors/agui.md)."""
     codes = raised_error_codes()
-    assert {code: codes[code] for code in missing(codes, PROTOCOL)} == {}
+    assert {code: codes[code] for code in missing(codes, *contract())} == {}
+
+
+def test_the_protocol_has_its_doors() -> None:
+    """Each door's page is there, and section 14 of docs/protocol.md links to each."""
+    pages = {page.name for page in contract()[1:]}
+    assert {"sse.md", "agui.md", "aisdk.md", "webhooks.md"} <= pages
+    text = PROTOCOL.read_text(encoding="utf-8")
+    section = text.split("\n## 14. ", 1)[1].split("\n## ", 1)[0]
+    assert sorted(p for p in pages if f"](doors/{p})" not in section) == []
 
 
 # --- the operator's reference ---------------------------------------------------------
@@ -168,14 +186,28 @@ def anchors(doc: Path) -> set[str]:
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    """README.md and every page of docs/, its subfolders' (docs/doors/) included."""
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
-@pytest.mark.parametrize("doc", documents(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_relative_link_resolves(doc: Path) -> None:
+def test_the_documents_include_the_doors() -> None:
+    assert DOORS / "agui.md" in documents()
+
+
+def test_a_link_into_a_subfolder_resolves_and_one_to_nothing_does_not() -> None:
+    """The link check itself, on a page of docs/ and one of docs/doors/."""
+    assert broken_links(PROTOCOL, "[a](doors/agui.md#re-attaching) [b](#14-other-front-ends)") == []
+    assert broken_links(DOORS / "agui.md", "[c](../protocol.md#8-cancellation) [d](aisdk.md)") == []
+    assert broken_links(PROTOCOL, "[e](doors/nowhere.md) [f](doors/agui.md#no-such-heading)") == [
+        "doors/nowhere.md",
+        "doors/agui.md#no-such-heading",
+    ]
+
+
+def broken_links(doc: Path, text: str) -> list[str]:
+    """The relative links of ``text``, read as ``doc``'s, whose file or heading is not there."""
     broken = []
-    text = _FENCE.sub("", doc.read_text(encoding="utf-8"))
-    for target in _LINK.findall(text):
+    for target in _LINK.findall(_FENCE.sub("", text)):
         if re.match(r"^[a-z]+:", target):  # https:, mailto:
             continue
         path, _, anchor = target.partition("#")
@@ -184,7 +216,12 @@ def test_every_relative_link_resolves(doc: Path) -> None:
             anchor and linked.suffix == ".md" and anchor not in anchors(linked)
         ):
             broken.append(target)
-    assert broken == []
+    return broken
+
+
+@pytest.mark.parametrize("doc", documents(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(doc: Path) -> None:
+    assert broken_links(doc, doc.read_text(encoding="utf-8")) == []
 
 
 def test_slugs_are_githubs() -> None:
@@ -228,6 +265,18 @@ def test_no_file_cites_a_document_outside_the_repository() -> None:
             if _OUTSIDE.search(line):
                 citing.append(f"{path.relative_to(ROOT)}:{number}")
     assert citing == []
+
+
+# --- the README: the front door ------------------------------------------------------
+
+README_MAX_BYTES = 16 * 1024
+
+
+def test_the_readme_stays_under_16_kb() -> None:
+    """What it is, the two commands, a short tour, the config's most used keys and the
+    measured performance; the code map and every detail live in docs/."""
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes: move detail to docs/"
 
 
 # --- the README's commands are CI's ---------------------------------------------------

@@ -5,7 +5,7 @@
   in tests/unit/agui/test_agui_mapping.py).
 - :mod:`gateway.doors.agui.mapping`: the sans-IO mapping from the gateway's events
   (docs/protocol.md sections 5, 7, 8) to AG-UI's; the decisions are in
-  docs/protocol.md "AG-UI".
+  docs/doors/agui.md.
 - :mod:`gateway.doors.agui.sse`: one run's SSE stream, fed from the session's hub
   through the seam like any client, through the same bounded delivery queue
   (:mod:`gateway.session.delivery`), with heartbeats.

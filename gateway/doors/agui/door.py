@@ -1,4 +1,4 @@
-"""The AG-UI door (docs/protocol.md "AG-UI"): a run is a turn, streamed as server-sent events."""
+"""The AG-UI door (docs/doors/agui.md): a run is a turn, streamed as server-sent events."""
 
 from __future__ import annotations
 

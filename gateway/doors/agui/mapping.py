@@ -1,4 +1,4 @@
-"""The gateway's events as AG-UI events: one run, sans-IO (docs/protocol.md "AG-UI").
+"""The gateway's events as AG-UI events: one run, sans-IO (docs/doors/agui.md).
 
 :class:`RunMapper` is fed the session's events (docs/protocol.md sections 5, 7 and 8)
 with :meth:`RunMapper.receive` and answers the AG-UI events they become; it

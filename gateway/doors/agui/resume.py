@@ -1,6 +1,6 @@
 """Re-attaching to an AG-UI run: the SSE ids, the run's record, the resumed mapping.
 
-Sans-IO, like :mod:`gateway.doors.agui.mapping` (docs/protocol.md "AG-UI", "Re-attaching").
+Sans-IO, like :mod:`gateway.doors.agui.mapping` (docs/doors/agui.md "Re-attaching").
 
 - **Ids.** Every AG-UI event of a run goes out with an SSE ``id:``: the id of
   the gateway event it was made of (or, for one made without a gateway event,

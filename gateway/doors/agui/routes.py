@@ -7,7 +7,7 @@ they share the router's boundary and the doors' authentication, ownership and
 rate limits (docs/protocol.md §2). A run is one turn of the thread's session,
 started or resumed here and streamed by
 :func:`gateway.doors.agui.sse.stream_run`; the decisions of the mapping are in
-docs/protocol.md "AG-UI".
+docs/doors/agui.md.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class AguiRoutes:
         self.book = RunBook(ctx.node)  # the runs answered, to re-attach (gateway.doors.agui.runs)
 
     async def agui_run(self, req: Request) -> StreamingResponse:
-        """``POST /agui``: one AG-UI run, the turn it starts or resumes (docs/protocol.md "AG-UI").
+        """``POST /agui``: one AG-UI run, the turn it starts or resumes (docs/doors/agui.md).
 
         The run's subscriber joins the session's hub (through the seam) before
         the turn is submitted or its approvals decided, so the stream misses
@@ -239,7 +239,7 @@ class AguiRoutes:
         Its entries are stale, not wrong: an AG-UI client keeps its interrupts
         until a run finishes, so the run finishes at once (``RUN_STARTED``, the
         thread's ``MESSAGES_SNAPSHOT`` with how the turn ended, ``RUN_FINISHED``)
-        and the front end is free again (docs/protocol.md "AG-UI").
+        and the front end is free again (docs/doors/agui.md).
         """
         feed = RunFeed(RunMapper(body.thread_id, body.run_id, ""), self.node.sequencer.last)
         opening = feed.mapper.start(history, now_ms(), self._snapshot_cap)
@@ -256,7 +256,7 @@ class AguiRoutes:
         The run is mapped again from its start: the seam replays the session's
         events after the run's start, then the subscriber is live (no gap, no
         duplicate at the seam); :class:`~gateway.doors.agui.resume.RunFeed` sends
-        what comes after the client's ``Last-Event-ID`` (docs/protocol.md "AG-UI").
+        what comes after the client's ``Last-Event-ID`` (docs/doors/agui.md).
         """
         session = await self.ctx.session(session_id, self.ctx.authenticate(req))
         header = req.headers.get("last-event-id")

@@ -1,4 +1,4 @@
-"""The AG-UI runs a router answered, found again to re-attach to them (docs/protocol.md §14).
+"""The AG-UI runs a router answered, found again to re-attach to them (docs/doors/agui.md).
 
 A run that starts a turn is found from the store, so a re-attach works after
 the session was unloaded or the node restarted: the turn's user message has

@@ -5,7 +5,7 @@ source of the ``ag_ui.core`` models of the ``ag-ui-protocol`` package): camelCas
 on the wire, optional fields left out rather than sent as ``null``.
 tests/unit/agui/test_agui_mapping.py checks every Struct here against those models.
 
-Only what the gateway uses is declared: the events of docs/protocol.md "AG-UI",
+Only what the gateway uses is declared: the events of docs/doors/agui.md,
 the messages of a ``MESSAGES_SNAPSHOT``, and ``RunAgentInput`` (whose messages
 are read leniently: only the last user message's text is used).
 """
@@ -260,7 +260,7 @@ class InputMessage(msgspec.Struct, kw_only=True):
     """Any message of ``RunAgentInput.messages``: only ``role`` and ``content`` are read.
 
     Other fields (``name``, ``toolCalls``, ...) are allowed and ignored: the
-    gateway's own history is the thread's (docs/protocol.md "AG-UI").
+    gateway's own history is the thread's (docs/doors/agui.md).
     """
 
     role: str

@@ -1,4 +1,4 @@
-"""The AI SDK's ``useChat`` beside the native protocol (docs/protocol.md §14, "The AI SDK").
+"""The AI SDK's ``useChat`` beside the native protocol (docs/doors/aisdk.md).
 
 - :mod:`gateway.doors.aisdk.chunks`: the UI message stream's chunks;
 - :mod:`gateway.doors.aisdk.mapping`: one turn as one UI message (sans-IO);

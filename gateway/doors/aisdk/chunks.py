@@ -1,4 +1,4 @@
-"""The AI SDK's UI message chunks, as the gateway sends them (docs/protocol.md §14).
+"""The AI SDK's UI message chunks, as the gateway sends them (docs/doors/aisdk.md).
 
 The wire shapes of the ``ai`` npm package's UI message stream (version 7,
 ``uiMessageChunkSchema``), one Struct per chunk type the gateway makes, encoded

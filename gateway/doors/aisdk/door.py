@@ -1,4 +1,4 @@
-"""The AI SDK's door (docs/protocol.md §14): a chat is a session, a response one turn's message.
+"""The AI SDK's door (docs/doors/aisdk.md): a chat is a session, a response one turn's message.
 
 Over HTTP (``DefaultChatTransport``: gateway.doors.aisdk.routes) and over one
 WebSocket (``WebSocketChatTransport``: gateway.doors.aisdk.ws), both starting

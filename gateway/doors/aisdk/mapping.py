@@ -1,4 +1,4 @@
-"""The gateway's events as the AI SDK's UI message chunks: one turn, sans-IO (docs/protocol.md §14).
+"""The gateway's events as the AI SDK's UI message chunks: one turn, sans-IO (docs/doors/aisdk.md).
 
 :class:`ChatMapper` is fed the session's events (docs/protocol.md sections 5, 7
 and 8) and answers the UI message chunks (:mod:`gateway.doors.aisdk.chunks`) they
@@ -47,7 +47,7 @@ gateway                        AI SDK UI message chunk
 
 While an approval waits, :meth:`ChatMapper.pause` ends the response with
 ``finish`` (``tool-calls``) as an AI SDK server does: the client answers in its
-next request (docs/protocol.md §14). Every ``finish`` carries the response's
+next request (docs/doors/aisdk.md). Every ``finish`` carries the response's
 position (``messageMetadata.gateway.lastEventId``), which the client sends back
 with the message, so a continuation streams what came after it.
 """
@@ -108,7 +108,7 @@ def user_message_id(session_id: str, client_id: str) -> str:
     """The gateway id of a user message the client named ``client_id`` in its chat.
 
     Derived, so a request repeated after a lost answer names the turn it
-    started (docs/protocol.md §14) rather than starting another.
+    started (docs/doors/aisdk.md) rather than starting another.
     """
     digest = hashlib.sha256(f"ai-sdk\0{session_id}\0{client_id}".encode()).hexdigest()
     return f"msg_{digest[:20]}"

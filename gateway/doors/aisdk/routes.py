@@ -5,7 +5,7 @@ router's boundary and the doors' authentication, ownership and rate limits
 (docs/protocol.md §2). A chat is a session (its ``id``, created and owned by
 the caller's key when unknown); a request's answer is one turn's assistant
 UI message, streamed by :func:`gateway.doors.aisdk.stream.respond`
-(docs/protocol.md §14, "The AI SDK"). :class:`Responses` starts a response
+(docs/doors/aisdk.md). :class:`Responses` starts a response
 for the WebSocket transport (gateway.doors.aisdk.ws) as well.
 """
 

@@ -1,4 +1,4 @@
-"""One AI SDK chat response, fed from the session's hub like any client (docs/protocol.md §14).
+"""One AI SDK chat response, fed from the session's hub like any client (docs/doors/aisdk.md).
 
 The response's subscriber (:class:`ResponseSubscriber`, a
 :class:`~gateway.doors.oneway.OneWayQueue`: the seam, the bound of

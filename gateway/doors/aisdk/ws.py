@@ -1,7 +1,7 @@
 """The AI SDK's WebSocket door: ``GET /ai-sdk/ws``, ``WebSocketChatTransport``'s frames.
 
 One socket carries any number of requests, each named by the client's
-``requestId`` (docs/protocol.md §14, "The AI SDK"):
+``requestId`` (docs/doors/aisdk.md):
 
 - ``send`` (the ``DefaultChatTransport`` body's fields: ``id``, ``messages``,
   ``trigger``) starts a response as ``POST /ai-sdk/chat`` does

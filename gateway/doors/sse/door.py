@@ -1,6 +1,6 @@
 """The native stream's door as server-sent events: ``GET /sessions/{id}/events``.
 
-docs/protocol.md §14; the stream itself: gateway.doors.sse.events.
+docs/doors/sse.md; the stream itself: gateway.doors.sse.events.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The native stream over server-sent events: ``GET /sessions/{id}/events`` (docs/protocol.md §14).
+"""The native stream over server-sent events: ``GET /sessions/{id}/events`` (docs/doors/sse.md).
 
 For networks that refuse WebSockets. The same stream as ``/sessions/{id}/stream``
 (docs/protocol.md §3), one-way: the subscribe is the query

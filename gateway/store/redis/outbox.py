@@ -1,4 +1,4 @@
-"""The webhook outbox of the Redis store (gateway.store.outbox, docs/protocol.md §14).
+"""The webhook outbox of the Redis store (gateway.store.outbox, docs/doors/webhooks.md).
 
 A mixin of :class:`gateway.store.redis.store.RedisStore`, kept apart so the store
 class stays about one thing. Keys (:class:`gateway.store.redis.keys.Keys`),

@@ -1,4 +1,4 @@
-"""The webhook outbox on SQLite (gateway.store.outbox, docs/protocol.md §14).
+"""The webhook outbox on SQLite (gateway.store.outbox, docs/doors/webhooks.md).
 
 A table of its own, ``outbox``, written in the transaction of the batch that
 holds the event (the group commit's), read and emptied by the delivery loop

@@ -3,7 +3,7 @@
 Too slow is the slow-client rule (the transport closes the connection); any
 other close (the session deleted, this node's relay of it lost) ends the run
 with ``RUN_ERROR`` whose ``code`` names the close, so ``@ag-ui/client`` sees
-why rather than a cut connection (docs/protocol.md §14).
+why rather than a cut connection (docs/doors/agui.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The AG-UI mapping, sans-IO, table by table against the recorded traces (docs/protocol.md §14).
+"""The AG-UI mapping, sans-IO, table by table against the recorded traces (docs/doors/agui.md).
 
 Each table is what :class:`~gateway.doors.agui.mapping.RunMapper` makes of one trace of
 tests/streaming-conformance/traces (recorded from a real gateway), one line per

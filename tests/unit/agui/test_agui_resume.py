@@ -1,4 +1,4 @@
-"""Re-attaching to an AG-UI run, sans-IO, against the recorded traces (docs/protocol.md §14).
+"""Re-attaching to an AG-UI run, sans-IO, against the recorded traces (docs/doors/agui.md).
 
 A trace's turn is mapped once whole (:class:`~gateway.doors.agui.resume.RunFeed`,
 no cursor), then again for every cursor, as ``GET

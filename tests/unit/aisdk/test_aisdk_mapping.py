@@ -1,4 +1,4 @@
-"""The AI SDK mapping, sans-IO, table by table against the recorded traces (docs/protocol.md §14).
+"""The AI SDK mapping, sans-IO, table by table against the recorded traces (docs/doors/aisdk.md).
 
 Each table is what :class:`~gateway.doors.aisdk.mapping.ChatMapper` makes of one
 trace of tests/streaming-conformance/traces (recorded from a real gateway),

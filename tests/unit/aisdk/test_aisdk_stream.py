@@ -3,7 +3,7 @@
 The slow-client rule raises (the transport closes the connection, the client
 resumes); any other close (the session deleted, this node's relay lost) ends
 the response with an ``error`` chunk that names it, and ``finish``
-(docs/protocol.md §14, "The AI SDK").
+(docs/doors/aisdk.md).
 """
 
 from __future__ import annotations

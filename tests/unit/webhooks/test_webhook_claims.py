@@ -1,4 +1,4 @@
-"""Which node delivers a webhook lane on Redis (docs/protocol.md §14, docs/scale-out.md).
+"""Which node delivers a webhook lane on Redis (docs/doors/webhooks.md, docs/scale-out.md).
 
 Delivery loops of several "nodes" (each its own store on one redis-server,
 one key prefix per test) in one process, their POSTs answered by an

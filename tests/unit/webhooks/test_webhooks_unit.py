@@ -1,4 +1,4 @@
-"""Webhooks in small (docs/protocol.md §14): signatures, the config, the outbox in the store.
+"""Webhooks in small (docs/doors/webhooks.md): signatures, the config, the outbox in the store.
 
 The outbox tests run on both stores (SQLite, and Redis on the run's
 redis-server with a key prefix of each test's own: slow).
