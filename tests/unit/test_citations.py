@@ -9,6 +9,8 @@ is read, and each of these must name something that is there:
 - ``docs/NAME.md``: a file under docs/, or under a folder of it
   (``docs/doors/agui.md``: a door's page);
 - ``docs/NAME.md §N`` (or ``section N``): a numbered heading ``N.`` of it;
+- ``docs/NAME.md "Name"`` (or ``§N, "Name"``): a heading of it, or a bold
+  lead (``**Name.**``), that begins with that name;
 - ``gateway.PACKAGE...``: a module of the package, and where the name goes on
   past the module, a name that module defines or imports (one level: a
   function, class, constant or import).
@@ -34,6 +36,7 @@ from tests.paths import ROOT
 
 DOCS = ROOT / "docs"
 _DOC = re.compile(r"docs/([a-z0-9_/-]+\.md)(?:\s?(?:§\s?|section )(\d+))?")
+_NAMED = re.compile(r"docs/([a-z0-9_/-]+\.md),?\s(?:(?:§\s?|section )\d+,?\s)?\"([^\"\n]{2,60})\"")
 _DOTTED = re.compile(r"(?<![\w./])(gateway(?:\.\w+)+)")
 
 
@@ -94,6 +97,15 @@ def sections(doc: str) -> frozenset[str]:
     return frozenset(re.findall(r"^#+ (\d+)\.", (DOCS / doc).read_text(), re.M))
 
 
+@cache
+def names(doc: str) -> tuple[str, ...]:
+    """The headings (their number left out) and bold leads of a doc, in lower case."""
+    text = (DOCS / doc).read_text()
+    headings = re.findall(r"^#+ (?:\d+\. )?(.*?)\s*$", text, re.M)
+    leads = re.findall(r"\*\*([^*\n]+)\*\*", text)
+    return tuple(name.strip(" .:").lower() for name in [*headings, *leads])
+
+
 def wrong_citations(text: str) -> Iterator[str]:
     """What ``text`` cites that is not there (module docstring)."""
     for match in _DOC.finditer(text):
@@ -102,6 +114,12 @@ def wrong_citations(text: str) -> Iterator[str]:
             yield f"{match.group(0)}: no such file"
         elif section and section not in sections(doc):
             yield f"{match.group(0)}: {doc} has no section {section}"
+    for match in _NAMED.finditer(text):
+        doc, name = match.groups()
+        if (DOCS / doc).is_file() and not any(
+            known.startswith(name.lower()) for known in names(doc)
+        ):
+            yield f'{match.group(0)}: {doc} has no heading "{name}"'
     for match in _DOTTED.finditer(text):
         parts = match.group(1).split(".")
         if f"gateway.{parts[1]}" not in modules():
@@ -139,6 +157,16 @@ def test_the_check_finds_what_is_wrong() -> None:
         "gateway.node.registry.Nothing: gateway.node.registry has no 'Nothing'"
     ]
     assert list(wrong_citations("gateway.db in the working directory")) == []
+
+
+def test_a_citation_by_name_names_a_heading() -> None:
+    assert list(wrong_citations('docs/doors/agui.md "Re-attaching"')) == []
+    assert list(wrong_citations('docs/protocol.md §3 "Backpressure"')) == []
+    assert list(wrong_citations('docs/protocol.md, "Views"')) == []  # "10. Views"
+    assert list(wrong_citations('docs/protocol.md §11, "The key"')) == []  # a bold lead
+    assert list(wrong_citations('docs/protocol.md "AG-UI"')) == [
+        'docs/protocol.md "AG-UI": protocol.md has no heading "AG-UI"'
+    ]
 
 
 def test_a_citation_of_a_page_in_a_folder_of_docs_is_checked() -> None:
