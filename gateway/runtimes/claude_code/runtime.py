@@ -165,7 +165,7 @@ class ClaudeCode:
         feed: trio.MemoryReceiveChannel[Any] | None = None,
     ) -> None:
         self.loop = loop
-        self.s = loop.s
+        self.session = loop.session
         self.node = loop.node
         self._nursery = nursery
         self._processes = processes
@@ -224,7 +224,7 @@ class ClaudeCode:
                 limits = self.node.config.limits
                 self.limits = TurnLimits(
                     limits.max_tool_uses_per_turn, limits.max_workers_per_turn,
-                    limits.max_delegate_depth, self.s.depth,
+                    limits.max_delegate_depth, self.session.depth,
                 )  # fmt: skip
             self._turn_cost = 0.0
             turn.enter("llm")
@@ -256,7 +256,7 @@ class ClaudeCode:
             self.approvals.reset()
             self._early_results.clear()
             if self.client is None and self.feed is None:  # the POST's slot, never used
-                self.node.process_slots.release(self.agent.name, self.s.id)
+                self.node.process_slots.release(self.agent.name, self.session.id)
 
     async def _follow(self, turn: Turn, state: TurnState) -> StopReason:
         """Map what Claude Code says until the query's result and the CLI's ``idle``.
@@ -321,7 +321,7 @@ class ClaudeCode:
         return None
 
     async def _stream_event(self, turn: Turn, state: TurnState, data: RawData) -> None:
-        s = self.s
+        s = self.session
         raw = self._known.read(data)
         self._count_unknown(self._known.take() + self._whole.skipped)
         self._whole.skipped = 0
@@ -353,7 +353,7 @@ class ClaudeCode:
 
     def _end_call(self, turn: Turn, state: TurnState, call: Call) -> None:
         """The message ended: ``llm.call_completed``, then its tool uses' ``tool.called``."""
-        s = self.s
+        s = self.session
         s.calls.settle(EndCall())
         state.usage += call.translator.usage
         message = call.translator.message
@@ -415,7 +415,7 @@ class ClaudeCode:
             self.loop.tool_failed(turn, state, block, error_class, text, ms)
         else:
             self.loop._tool_result(turn, state, block, text, is_error=False, structured=structured)
-            self.s.emit([ToolCompleted(block.id, block.name, text, ms, structured)], turn.id)
+            self.session.emit([ToolCompleted(block.id, block.name, text, ms, structured)], turn.id)
 
     async def _within_limits(self, hook_input: dict[str, Any], tool_use_id: str) -> str | None:
         """The ``PreToolUse`` hook's check of the turn's limits (:mod:`.limits`), then,
@@ -465,7 +465,7 @@ class ClaudeCode:
 
     def _failed(self, turn: Turn, state: TurnState, error_class: str, message: str) -> StopReason:
         """A failed call: the one streaming is closed, else one is started and failed."""
-        s = self.s
+        s = self.session
         call = state.call
         if call is not None and not call.done.is_set():
             s.calls.settle(EndCall(error_class, message))
@@ -543,9 +543,9 @@ class ClaudeCode:
             return
         current = self.current
         turn_id = current[0].id if current is not None else None
-        pre = estimate(self.s.messages)
+        pre = estimate(self.session.messages)
         self._compacting = _Compacting(trigger, pre, turn_id)
-        self.s.emit([ContextCompacting(trigger, pre)], turn_id)
+        self.session.emit([ContextCompacting(trigger, pre)], turn_id)
 
     def _compaction_message(self, message: Any) -> bool:
         """A message of a compaction (its boundary, its summary, its failure): taken here.
@@ -596,7 +596,7 @@ class ClaudeCode:
         """
         compacting, self._compacting = self._compacting, None
         assert compacting is not None
-        s, trigger, turn_id = self.s, compacting.trigger, compacting.turn_id
+        s, trigger, turn_id = self.session, compacting.trigger, compacting.turn_id
         if compacting.figures is None or failed is not None:  # Claude Code failed it
             pre = compacting.pre_tokens
             s.emit([ContextCompacted(trigger, "summary", pre, pre, None, None)], turn_id)
@@ -643,7 +643,7 @@ class ClaudeCode:
 
     def start_worker_turn(self, runtime: Owner, turn: Turn) -> None:
         """Run a worker's turn, in this session's runtime nursery."""
-        name = f"claude-code-subagent {runtime.s.id}"
+        name = f"claude-code-subagent {runtime.session.id}"
         self._nursery.start_soon(runtime.loop.run_turn, turn, name=name)
 
     async def _sub_agent_message(
@@ -664,7 +664,7 @@ class ClaudeCode:
             if message.is_error:
                 return self._failed(turn, state, "api_error", message.text)
             if not self.background:
-                model = self.s.record.active_model.removeprefix(MODEL_PREFIX)
+                model = self.session.record.active_model.removeprefix(MODEL_PREFIX)
                 await self._replay(turn, state, whole.report(report_text(message.text), model))
             return self._close_pending(turn, state, "end_turn")
         return None
