@@ -19,6 +19,7 @@ pytest.importorskip("claude_agent_sdk", reason="needs the claude-code extra")
 from claude_agent_sdk import ResultMessage, SystemMessage, TaskStartedMessage
 
 from gateway.runtimes.claude_code import runtime as cc
+from gateway.runtimes.claude_code.compaction import Compaction
 from gateway.runtimes.claude_code.process import DRAIN_TIMEOUT_S, CliProcess
 
 
@@ -129,7 +130,7 @@ def runtime(process: CliProcess) -> tuple[cc.ClaudeCode, Any]:
     """A runtime that follows ``process``'s inbox (no session, no translator), a turn's state."""
     rt = object.__new__(cc.ClaudeCode)
     rt.feed, rt.process, rt._early_results, rt._turn_cost = None, process, {}, 0.0
-    rt._compacting = None
+    rt.compaction = Compaction(rt)  # type: ignore[arg-type]
     rt.subagents = SimpleNamespace(waiting=False)  # type: ignore[assignment]
     turn_state = SimpleNamespace(usage=SimpleNamespace(cost_usd=0.0), pending_tools=[], call=None)
     return rt, turn_state
