@@ -80,7 +80,6 @@ from gateway.session import admission, history, tool_host
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.compaction import plan
-from gateway.session.core import KeyLimits
 from gateway.session.hub import Emitted, Hub, Subscriber
 from gateway.session.permissions import Permissions, asked_before
 from gateway.session.sequencer import EventSequencer
@@ -88,6 +87,7 @@ from gateway.session.supervisor import Supervisor
 from gateway.session.tail import Tail
 from gateway.session.turn import Turn
 from gateway.store.base import SessionRecord, Store, StoredEvent, StoredMessage
+from gateway.tenancy import Limits
 from gateway.tools.workspace import display_name
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ class NodeServices(AgentServices, Protocol):
         ...
 
     @property
-    def limits(self) -> KeyLimits:
+    def limits(self) -> Limits:
         """The per-key limits (a worker's turn counts against its key: tool_host)."""
         ...
 
