@@ -147,6 +147,7 @@ _BLOCK_KINDS: dict[str, tuple[BlockKind, ...]] = {
 }
 
 _BlockPayload = TextDelta | TextEnd | ThinkingDelta | ThinkingEnd | ToolUseInputDelta | ToolUseEnd
+_BlockEvent = TextStart | ThinkingStart | ToolUseStart | _BlockPayload
 
 _STATUS_BY_STOP_REASON: dict[StopReason, MessageStatus] = {
     "cancelled": "cancelled",
@@ -288,6 +289,65 @@ class StreamingMessage:
             raise ValueError(f"{where}: the block has already ended")
         if block.kind not in _BLOCK_KINDS[event_type]:
             raise ValueError(f"{where}: the block is a {block.kind} block")
+        return block
+
+    def block_event(self, event_type: str, payload: _BlockEvent) -> None:
+        """A block of this message starts, grows or ends (docs/protocol.md §5).
+
+        Raises:
+            ValueError: a move the block lifecycle does not allow.
+        """
+        match payload:
+            case TextStart():
+                self.start(payload.content_block_index, StreamingBlock("text"))
+            case ThinkingStart():
+                kind: BlockKind = "redacted_thinking" if payload.redacted else "thinking"
+                self.start(payload.content_block_index, StreamingBlock(kind))
+            case ToolUseStart():
+                block = StreamingBlock(
+                    "tool_use", tool_use_id=payload.tool_use_id, tool_name=payload.tool_name
+                )
+                self.start(payload.content_block_index, block)
+            case TextDelta():
+                block = self._open_block(event_type, payload)
+                block.text += payload.text
+                if payload.text:
+                    block.last_chunk = payload.text
+            case ThinkingDelta():
+                block = self._open_block(event_type, payload)
+                block.text += payload.text
+                if payload.text:
+                    block.last_chunk = payload.text
+                if payload.signature is not None:
+                    block.signature = payload.signature
+            case ToolUseInputDelta():
+                block = self._open_block(event_type, payload)
+                if block.partial_json is not None:
+                    block.partial_json += payload.partial_json
+            case TextEnd():
+                self._open_block(event_type, payload).closed = True
+            case ThinkingEnd():
+                block = self._open_block(event_type, payload)
+                if payload.signature is not None:
+                    block.signature = payload.signature
+                block.closed = True
+            case ToolUseEnd():
+                block = self._open_block(event_type, payload)
+                block.tool_name = block.tool_name or payload.tool_name  # docs/protocol.md §5
+                block.final_input = payload.final_input
+                block.closed = True
+
+    def _open_block(self, event_type: str, payload: _BlockPayload) -> StreamingBlock:
+        """The open block a delta or end addresses, of the right kind and tool use id."""
+        block = self.addressed_block(event_type, payload.content_block_index)
+        if (
+            isinstance(payload, ToolUseInputDelta | ToolUseEnd)
+            and payload.tool_use_id != block.tool_use_id
+        ):
+            raise ValueError(
+                f"{event_type} for tool use {payload.tool_use_id}, but block "
+                f"{payload.content_block_index} is tool use {block.tool_use_id}"
+            )
         return block
 
     def state(self) -> dict[str, Any]:
@@ -560,46 +620,12 @@ class Reducer:
                 self.streaming = StreamingMessage.restore(p.message)
             case MessageComplete() as p:
                 self._message_complete(event, p)
-            case TextStart() as p:
-                self._streaming(event.type, p.message_id).start(
-                    p.content_block_index, StreamingBlock("text")
-                )
-            case ThinkingStart() as p:
-                kind: BlockKind = "redacted_thinking" if p.redacted else "thinking"
-                self._streaming(event.type, p.message_id).start(
-                    p.content_block_index, StreamingBlock(kind)
-                )
-            case ToolUseStart() as p:
-                block = StreamingBlock("tool_use", tool_use_id=p.tool_use_id, tool_name=p.tool_name)
-                self._streaming(event.type, p.message_id).start(p.content_block_index, block)
-            case TextDelta() as p:
-                block = self._open_block(event.type, p)
-                block.text += p.text
-                if p.text:
-                    block.last_chunk = p.text
-            case ThinkingDelta() as p:
-                block = self._open_block(event.type, p)
-                block.text += p.text
-                if p.text:
-                    block.last_chunk = p.text
-                if p.signature is not None:
-                    block.signature = p.signature
-            case ToolUseInputDelta() as p:
-                block = self._open_block(event.type, p)
-                if block.partial_json is not None:
-                    block.partial_json += p.partial_json
-            case TextEnd() as p:
-                self._open_block(event.type, p).closed = True
-            case ThinkingEnd() as p:
-                block = self._open_block(event.type, p)
-                if p.signature is not None:
-                    block.signature = p.signature
-                block.closed = True
-            case ToolUseEnd() as p:
-                block = self._open_block(event.type, p)
-                block.tool_name = block.tool_name or p.tool_name  # docs/protocol.md §5
-                block.final_input = p.final_input
-                block.closed = True
+            case (
+                TextStart() | ThinkingStart() | ToolUseStart()
+                | TextDelta() | ThinkingDelta() | ToolUseInputDelta()
+                | TextEnd() | ThinkingEnd() | ToolUseEnd()
+            ) as p:  # fmt: skip
+                self._streaming(event.type, p.message_id).block_event(event.type, p)
             case _:
                 pass  # an unknown type, or one that does not change this state
 
@@ -722,20 +748,6 @@ class Reducer:
                 f"but {self.streaming.message_id} is streaming"
             )
         return self.streaming
-
-    def _open_block(self, event_type: str, payload: _BlockPayload) -> StreamingBlock:
-        """The open block a delta or end addresses, of the right kind and tool use id."""
-        streaming = self._streaming(event_type, payload.message_id)
-        block = streaming.addressed_block(event_type, payload.content_block_index)
-        if (
-            isinstance(payload, ToolUseInputDelta | ToolUseEnd)
-            and payload.tool_use_id != block.tool_use_id
-        ):
-            raise ValueError(
-                f"{event_type} for tool use {payload.tool_use_id}, but block "
-                f"{payload.content_block_index} is tool use {block.tool_use_id}"
-            )
-        return block
 
     def _put(self, message: Message) -> None:
         """Append a finished message, replacing one of the same id in place."""

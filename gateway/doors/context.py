@@ -65,6 +65,9 @@ ATTACH = Query(
 )
 """The native stream's credential, on the WebSocket's handshake and the SSE stream alike."""
 
+ATTACH_REFUSALS = ("attach_token_required", "attach_token_invalid", "attach_token_expired")
+"""The 403 codes of the native stream's credential (:data:`ATTACH`), on either door."""
+
 
 class DoorContext:
     """What a door may ask of the gateway (module docstring): one for every door.

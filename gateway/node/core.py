@@ -138,7 +138,7 @@ class NodeCore(NodeServices, Protocol):
 
     @property
     def limits(self) -> Limits:
-        """The per-key limits, all of them (a session sees :class:`KeyLimits` of them)."""
+        """The per-key limits (gateway.tenancy)."""
         ...
 
     @property

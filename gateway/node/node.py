@@ -71,11 +71,11 @@ from gateway.node.operations import Notice, perform
 from gateway.node.placement import Placement, choose
 from gateway.node.pricing import pricing
 from gateway.node.registry import Registry
+from gateway.node.tool_listing import tool_infos
 from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
 from gateway.providers.model_proxy import ModelProxy
-from gateway.runtimes.claude_code import tools as claude_code_tools
 from gateway.session.agent import TurnHost
 from gateway.session.hub import Emitted
 from gateway.session.sequencer import EventSequencer
@@ -358,29 +358,9 @@ class Node:
             forget(session.id)
 
     def tool_infos(self, agent: str, session_id: str | None = None) -> list[ToolInfo]:
-        """An agent's tools as ``GET /agents`` and a session's summary list them (section 6).
-
-        A ``claude-code`` agent's: Claude Code's (``source: "claude-code"``,
-        :func:`gateway.runtimes.claude_code.tools.listing`), then its MCP tools.
-        """
-        profile = self.agents[agent]
-        tools = self.tools_of(agent, session_id)
-        if profile.runtime == "claude-code":
-            own = claude_code_tools.listing(
-                profile.tools, profile.default_tools, profile.permission_mode,
-                profile.needs_approval,
-            )  # fmt: skip
-            return [ToolInfo(name, "", {}, asks, "claude-code") for name, asks in own] + [
-                ToolInfo(spec.name, spec.description, spec.input_schema,
-                         profile.needs_approval(spec.name), source)
-                for spec in tools.specs()
-                if (source := tools.source_of(spec.name) or "").startswith("mcp:")
-            ]  # fmt: skip
-        return [
-            ToolInfo(spec.name, spec.description, spec.input_schema,
-                     profile.needs_approval(spec.name), tools.source_of(spec.name) or "builtin")
-            for spec in tools.specs()
-        ]  # fmt: skip
+        """An agent's tools as ``GET /agents`` and a session's summary list them
+        (:func:`gateway.node.tool_listing.tool_infos`)."""
+        return tool_infos(self.agents[agent], self.tools_of(agent, session_id))
 
     # --- sessions (gateway.node.registry, gateway.node.placement) ------------------
 

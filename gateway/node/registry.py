@@ -124,26 +124,8 @@ class Registry:
             )
         session_id = session_id or new_session_id()
         async with node.limits.new_session(owner, session_id):
-            if parent is not None:  # a worker runs its parent's agent's delegate_agent
-                agent = node.agents[parent.record.agent].delegate_agent
-                if agent != parent.record.agent:
-                    model = None  # ... on that agent's model, not the parent's
-            agent = self.resolve_agent(agent)  # 422 before anything is made
-            active_model = self.resolve_model(model, agent)
-            if parent is not None:  # a worker works in its parent's workspace
-                workspace = parent.record.workspace_path
-            else:
-                workspace = await _workspace(node.workspaces, session_id, owner, workspace_path)
-            record = SessionRecord(
-                id=session_id,
-                created_at=now_ms(),
-                workspace_path=workspace,
-                active_model=active_model,
-                metadata=metadata or {},
-                parent_session_id=parent.id if parent else None,
-                routing_policy_version=ROUTING_POLICY_VERSION,
-                owner=owner,
-                agent=agent,
+            record = await self._new_record(
+                session_id, owner, parent, agent, model, workspace_path, metadata
             )
             if session_id in self._naming:  # its client chose the id: the store decides
                 if await node.store.insert_session(record) is not None:
@@ -164,6 +146,41 @@ class Registry:
             model=record.active_model, agent=record.agent,
         )  # fmt: skip
         return session
+
+    async def _new_record(
+        self,
+        session_id: str,
+        owner: str,
+        parent: Session | None,
+        agent: str | None,
+        model: str | None,
+        workspace_path: str | None,
+        metadata: dict[str, Any] | None,
+    ) -> SessionRecord:
+        """A new session's record: its agent, model and workspace resolved (422 before
+        anything is made); a worker's agent and workspace are its parent's."""
+        node = self.node
+        if parent is not None:  # a worker runs its parent's agent's delegate_agent
+            agent = node.agents[parent.record.agent].delegate_agent
+            if agent != parent.record.agent:
+                model = None  # ... on that agent's model, not the parent's
+        agent = self.resolve_agent(agent)
+        active_model = self.resolve_model(model, agent)
+        if parent is not None:  # a worker works in its parent's workspace
+            workspace = parent.record.workspace_path
+        else:
+            workspace = await _workspace(node.workspaces, session_id, owner, workspace_path)
+        return SessionRecord(
+            id=session_id,
+            created_at=now_ms(),
+            workspace_path=workspace,
+            active_model=active_model,
+            metadata=metadata or {},
+            parent_session_id=parent.id if parent else None,
+            routing_policy_version=ROUTING_POLICY_VERSION,
+            owner=owner,
+            agent=agent,
+        )
 
     async def create_named(self, session_id: str, owner: str) -> Session | None:
         """A new session ``session_id`` owned by ``owner``; ``None`` if the id is taken.

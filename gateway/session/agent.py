@@ -68,7 +68,7 @@ class AgentLoop:
     """Runs the turns of one session, one at a time."""
 
     def __init__(self, session: TurnHost, node: AgentServices) -> None:
-        self.s = session
+        self.session = session
         self.node = node
         self.current: tuple[Turn, TurnState] | None = None  # the turn in flight
         self.runtime: Runtime | None = None  # another runtime's, if the agent has one (run())
@@ -78,12 +78,12 @@ class AgentLoop:
     @property
     def agent(self) -> AgentProfile:
         """The session's agent, as configured now (a SIGHUP may have re-read its prompt)."""
-        return self.node.agents[self.s.record.agent]
+        return self.node.agents[self.session.record.agent]
 
     @property
     def tools(self) -> SessionTools:
         """The session's tools now: built-in and MCP, its agent's (asked at every use)."""
-        return self.node.session_tools(self.s)
+        return self.node.session_tools(self.session)
 
     async def run(self, turns: trio.MemoryReceiveChannel[Turn | compactor.Request]) -> None:
         """Take the session's turns and compactions, one at a time, until the session ends.
@@ -129,12 +129,13 @@ class AgentLoop:
                 if self.runtime is not None:  # another runtime's turn (docs/protocol.md §11)
                     stop_reason = await self.runtime.run_turn(turn, state)
                 else:
-                    await self.node.tools_ready(self.s)  # an MCP server still starting lists first
+                    # an MCP server still starting lists first
+                    await self.node.tools_ready(self.session)
                     stop_reason = await self._turn_body(turn, state)
                 if stop_reason is not None:  # None: closed already (a provider failure)
                     self.ending.finish(turn, state, stop_reason)
         except Exception as exc:  # a gateway bug: closed below, as a provider error
-            self.s.failed("agent-loop", exc, turn.id)
+            self.session.failed("agent-loop", exc, turn.id)
         finally:
             self.current = None
             self._close_left(turn, state)
@@ -155,7 +156,7 @@ class AgentLoop:
             self.ending.emit_terminal(turn, state, "error")
 
     def _start(self, turn: Turn) -> None:
-        s = self.s
+        s = self.session
         s.record.turn_count += 1
         record = s.record
         delegated_by = record.metadata.get("delegated_by") if record.parent_session_id else None
@@ -196,7 +197,7 @@ class AgentLoop:
             message = call.translator.message
             assert message is not None and call.translator.stop_reason is not None
             stop_reason = call.translator.stop_reason
-            self.s.emit(
+            self.session.emit(
                 [
                     LlmCallCompleted(
                         state.call_id, message.id, stop_reason, message.usage or Usage()
@@ -216,7 +217,7 @@ class AgentLoop:
 
     def open_call(self, turn: Turn, state: TurnState) -> Call:
         """``llm.call_started`` and the call its stream is translated into (either runtime)."""
-        s = self.s
+        s = self.session
         model = s.record.active_model
         state.call_id = new_call_id()
         s.emit([LlmCallStarted(state.call_id, model)], turn.id)
@@ -238,7 +239,7 @@ class AgentLoop:
         return call
 
     async def _call_model(self, turn: Turn, state: TurnState) -> Call:
-        s = self.s
+        s = self.session
         call = self.open_call(turn, state)
         model = s.record.active_model
         agent = self.agent
@@ -289,7 +290,7 @@ class AgentLoop:
         again, once: a second refusal is the turn's provider error. A refusal
         with nothing to compact is that error at once.
         """
-        if estimate(self.s.messages) > self.context_max_tokens():
+        if estimate(self.session.messages) > self.context_max_tokens():
             await self._compact(turn, state, "auto")
         state.overflowed = False
         call = await self._call_model(turn, state)
@@ -308,7 +309,7 @@ class AgentLoop:
         the ``llm`` phase's with no call to close, only ``turn.cancelled``.
         """
         state.call = None
-        done = await compactor.compact(self.s, self.node, trigger, turn.id)
+        done = await compactor.compact(self.session, self.node, trigger, turn.id)
         if done is None:
             return False
         state.usage += done.usage
@@ -320,7 +321,7 @@ class AgentLoop:
         A session run by another runtime compacts its own context
         (``claude-code``: its ``/compact``, docs/protocol.md §11).
         """
-        s = self.s
+        s = self.session
         if self.runtime is not None:
             try:
                 await self.runtime.compact()
@@ -349,8 +350,8 @@ class AgentLoop:
         event(
             log, logging.WARNING, "provider_error",
             f"turn {turn.id}: the model call failed: {error_class}: {call.error_message}",
-            session_id=self.s.id, turn_id=turn.id, code=error_class, error=call.error_message,
-            model=self.s.record.active_model,
+            session_id=self.session.id, turn_id=turn.id, code=error_class, error=call.error_message,
+            model=self.session.record.active_model,
         )  # fmt: skip
 
     # --- what a runtime calls back (gateway.session.loop_api.RuntimeHost) -----------
@@ -368,7 +369,7 @@ class AgentLoop:
         message: str,
         duration_ms: int | None = None,
     ) -> None:
-        fail_tool(self.s, turn, state, block, error_class, message, duration_ms)
+        fail_tool(self.session, turn, state, block, error_class, message, duration_ms)
 
     def _tool_result(
         self,
@@ -380,7 +381,9 @@ class AgentLoop:
         is_error: bool,
         structured: Any = None,
     ) -> None:
-        record_result(self.s, turn, state, block, content, is_error=is_error, structured=structured)
+        record_result(
+            self.session, turn, state, block, content, is_error=is_error, structured=structured
+        )
 
 
 _LLM_ERROR_CLASSES = frozenset(get_args(LlmErrorClass))

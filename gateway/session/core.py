@@ -20,21 +20,7 @@ from gateway.session.hub import Emitted
 from gateway.session.permissions import Permissions
 from gateway.session.turn import Turn
 from gateway.store.base import SessionRecord
-
-
-class KeyLimits(Protocol):
-    """The turns counted per API key (gateway.tenancy.Limits), as ``delegate`` counts one."""
-
-    async def count_turn(self, key: str) -> str | float | None:
-        """Check and count a turn of ``key`` in one step (over the limit: an ``ApiError`` 429).
-
-        What it returns is what :meth:`refund_turn` takes back.
-        """
-        ...
-
-    async def refund_turn(self, key: str, token: str | float | None) -> None:
-        """Take back the turn counted as ``token`` for ``key``: it was refused after all."""
-        ...
+from gateway.tenancy import Limits
 
 
 class NodeView(Protocol):
@@ -44,7 +30,9 @@ class NodeView(Protocol):
     def config(self) -> Config: ...
 
     @property
-    def limits(self) -> KeyLimits: ...
+    def limits(self) -> Limits:
+        """The per-key limits (a ``delegate`` worker's turn counts against its key)."""
+        ...
 
     @property
     def shutting_down(self) -> bool:

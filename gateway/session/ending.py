@@ -40,7 +40,7 @@ class TurnEnding:
     """Ends the turns of one session (module docstring)."""
 
     def __init__(self, session: TurnHost, node: AgentServices) -> None:
-        self.s = session
+        self.session = session
         self.node = node
 
     def close(self, turn: Turn, state: TurnState, why: closing.Why) -> None:
@@ -56,19 +56,19 @@ class TurnEnding:
         call = state.call
         streaming = call is not None and not call.done.is_set()
         if why == "cancel" and turn.phase in ("starting", "llm") and streaming:
-            self.s.calls.settle(CancelCall())
+            self.session.calls.settle(CancelCall())
         plan = closing.sequence(self.facts(turn, state, why))
         self._steps(turn, state, plan.steps)
         terminal = plan.terminal
         if isinstance(terminal, TurnCancelled):
             self.close_turn(turn, state, "cancelled")
-            self.s.emit([terminal], turn.id)
+            self.session.emit([terminal], turn.id)
             state.ended = True
         else:
             self.finish(turn, state, terminal.stop_reason)
 
     def _crash(self, turn: Turn, state: TurnState) -> None:
-        s = self.s
+        s = self.session
         call = state.call
         try:
             if call is not None and not call.done.is_set():
@@ -85,7 +85,7 @@ class TurnEnding:
         """What the turn left open, as the call stream and the turn's state say."""
         call = state.call
         call_facts = _call_facts(state, call) if call is not None else None
-        s = self.s
+        s = self.session
         return closing.Facts(
             turn.id,
             turn.phase,
@@ -100,7 +100,7 @@ class TurnEnding:
 
     def _steps(self, turn: Turn, state: TurnState, steps: list[Payload]) -> None:
         """Emit the events before the terminal one, a tool's with its result recorded."""
-        s = self.s
+        s = self.session
         blocks = {b.id: b for b in state.pending_tools}
         for payload in steps:
             if isinstance(payload, ToolFailed):
@@ -113,7 +113,7 @@ class TurnEnding:
 
     def call_failed(self, turn: Turn, state: TurnState, call: Call) -> None:
         """``llm.call_failed`` for ``call``, as it failed."""
-        self.s.emit([closing.call_failed(_call_facts(state, call))], turn.id)
+        self.session.emit([closing.call_failed(_call_facts(state, call))], turn.id)
 
     def finish(self, turn: Turn, state: TurnState, stop_reason: StopReason) -> None:
         """End the turn with ``turn.completed``."""
@@ -122,12 +122,12 @@ class TurnEnding:
 
     def emit_terminal(self, turn: Turn, state: TurnState, stop_reason: StopReason) -> None:
         terminal = closing.completed(turn.id, stop_reason, state.usage, turn.workers_cost_usd)
-        self.s.emit([terminal], turn.id)
+        self.session.emit([terminal], turn.id)
         state.ended = True
 
     def close_turn(self, turn: Turn, state: TurnState, outcome: str) -> None:
         """Release the turn lock and book the cost, in the step that ends the turn."""
-        s = self.s
+        s = self.session
         last = s.messages[-1] if s.messages else None
         final_text = ""
         if last is not None and last.role == "assistant" and last.turn_id == turn.id:
@@ -158,7 +158,7 @@ class TurnEnding:
         event(
             log, logging.INFO, "turn_ended",
             f"turn {turn.id} {'cancelled' if cancelled else 'ended'}: {outcome} after {ms} ms",
-            session_id=self.s.id, turn_id=turn.id, duration_ms=ms, stop_reason=outcome,
+            session_id=self.session.id, turn_id=turn.id, duration_ms=ms, stop_reason=outcome,
             reason=turn.cancel_reason if cancelled else None, phase=phase if cancelled else None,
             input_tokens=state.usage.input_tokens, output_tokens=state.usage.output_tokens,
         )  # fmt: skip

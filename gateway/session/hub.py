@@ -33,6 +33,7 @@ from typing import Protocol
 
 import trio
 
+from gateway.metrics import Metrics
 from gateway.protocol.filters import FilterKey
 
 log = logging.getLogger("gateway.hub")
@@ -127,12 +128,6 @@ class DirectWriter(Protocol):
         ...
 
 
-class Counter(Protocol):
-    """Where the hub counts the event frames it wrote itself (``Metrics``)."""
-
-    frames_sent: int
-
-
 class Group:
     """The subscribers of one distinct filter, split by how they are written to.
 
@@ -210,7 +205,7 @@ class Hub:
         counter: counts the event frames written straight from the fan-out.
     """
 
-    def __init__(self, parent: Hub | None = None, counter: Counter | None = None) -> None:
+    def __init__(self, parent: Hub | None = None, counter: Metrics | None = None) -> None:
         self.parent = parent
         self._groups: dict[FilterKey, Group] = {}
         self._group_of: dict[Subscriber, Group] = {}

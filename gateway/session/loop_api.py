@@ -141,7 +141,7 @@ class Runtime(Protocol):
 class RuntimeHost(Protocol):
     """The agent loop as a runtime sees it: its session, node, call and tool endings."""
 
-    s: TurnHost
+    session: TurnHost
     node: AgentServices
     runtime: Runtime | None
 

@@ -271,7 +271,7 @@ async def replay(
     """
     node = session.node
     since_seq = parse_event_id(since)
-    if since_seq is None or since_seq > max(node.sequencer.last, session.tail_floor):
+    if since_seq is None or since_seq > max(node.sequencer.last, session.tail.floor):
         raise SubscribeRejected("cursor_expired", f"{since!r} is not an event id of this node")
     if since_seq < node.retention_floor:
         raise SubscribeRejected(
@@ -292,7 +292,7 @@ async def replay(
         actor = EVENT_TYPES[row.type].actor
         take(row.seq, row.type, actor, row.session_id, _later(event_frame, row.data))
 
-    need_store = [s.id for s in sessions if since_seq < s.tail_floor]
+    need_store = [s.id for s in sessions if since_seq < s.tail.floor]
     if need_store:
         await node.durable_or_503()  # what the tails dropped is in the store
         await each_event_after(node.store, need_store, since_seq, take_stored)

@@ -80,13 +80,14 @@ from gateway.session import admission, history, tool_host
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.compaction import plan
-from gateway.session.core import KeyLimits
 from gateway.session.hub import Emitted, Hub, Subscriber
 from gateway.session.permissions import Permissions, asked_before
 from gateway.session.sequencer import EventSequencer
 from gateway.session.supervisor import Supervisor
+from gateway.session.tail import Tail
 from gateway.session.turn import Turn
 from gateway.store.base import SessionRecord, Store, StoredEvent, StoredMessage
+from gateway.tenancy import Limits
 from gateway.tools.workspace import display_name
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class NodeServices(AgentServices, Protocol):
         ...
 
     @property
-    def limits(self) -> KeyLimits:
+    def limits(self) -> Limits:
         """The per-key limits (a worker's turn counts against its key: tool_host)."""
         ...
 
@@ -192,6 +193,30 @@ def summary_of(
     )
 
 
+def emitted(
+    seq: int, item: Payload | StreamEvent, session_id: str, turn_id: str | None, ts: int
+) -> tuple[Emitted, bool]:
+    """One event as it leaves a session, encoded and framed once; whether it is a catalog
+    event (stored, kept in the tail, held until its commit)."""
+    se = item if isinstance(item, StreamEvent) else stream_event(item)
+    spec = EVENT_TYPES[se.type]
+    data = encode(
+        Event(format_event_id(seq), se.type, session_id, turn_id, ts, spec.actor, se.payload)
+    )
+    em = Emitted(seq, se.type, spec.actor, session_id, turn_id, ts, data, event_frame(data))
+    return em, spec.catalog
+
+
+def stored(message: Message, completion: Completion | None) -> StoredMessage:
+    """A message as the store keeps it: with its completion's event id, stop reason and
+    time once it is finished."""
+    if completion is None:
+        return StoredMessage(message, None, None, None)
+    return StoredMessage(
+        message, format_event_id(completion.seq), completion.stop_reason, completion.ts
+    )
+
+
 class Session:
     """One session's state and runtime. Created and owned by :class:`gateway.node.node.Node`."""
 
@@ -224,14 +249,8 @@ class Session:
         self.turn: Turn | None = None
         self.permissions = Permissions(record.id)
         self.calls = self._new_calls()
-        seqr = node.sequencer
-        # Catalog events of this session, newest last; everything up to
-        # ``tail_floor`` may be only in the store.
-        self.tail: deque[Emitted] = deque()
-        self.tail_max = node.config.stream.replay_max_events
-        self.tail_max_bytes = node.config.stream.tail_max_bytes
-        self.tail_bytes = 0  # what the tail's events hold (their JSON and their frames)
-        self.tail_floor = seqr.last
+        stream = node.config.stream
+        self.tail = Tail(stream.replay_max_events, stream.tail_max_bytes, node.sequencer.last)
         # A turn, and at most one compaction queued ahead of it (compact()).
         self.supervisor = Supervisor()  # its turns' queue and its tasks' failure boundary
         self.agent: AgentLoop | None = None  # once run() started it
@@ -261,9 +280,7 @@ class Session:
         self.record = record
         self._load(stored)
         self.event_bytes = event_bytes
-        self.tail.clear()
-        self.tail_bytes = 0
-        self.tail_floor = max(self.tail_floor, floor, self.node.sequencer.last)
+        self.tail.reset(max(floor, self.node.sequencer.last))
 
     @property
     def id(self) -> str:
@@ -293,21 +310,12 @@ class Session:
         out: list[Emitted] = []
         catalog = False
         for item in payloads:
-            se = item if isinstance(item, StreamEvent) else stream_event(item)
-            spec = EVENT_TYPES[se.type]
-            seq = seqr.next()
-            data = encode(
-                Event(format_event_id(seq), se.type, sid, turn_id, ts, spec.actor, se.payload)
-            )
-            em = Emitted(seq, se.type, spec.actor, sid, turn_id, ts, data, event_frame(data))
-            if spec.catalog:
-                store.put_event(StoredEvent(seq, sid, se.type, ts, data))
-                self.event_bytes += len(data)
+            em, in_catalog = emitted(seqr.next(), item, sid, turn_id, ts)
+            if in_catalog:
+                store.put_event(StoredEvent(em.seq, sid, em.type, ts, em.data))
+                self.event_bytes += len(em.data)
                 catalog = True
                 self.tail.append(em)
-                self.tail_bytes += len(data) + len(em.frame)
-                if len(self.tail) > self.tail_max or self.tail_bytes > self.tail_max_bytes:
-                    self._trim_tail()
             out.append(em)
         if not out:
             return out
@@ -324,14 +332,6 @@ class Session:
         else:
             self.release(out)
         return out
-
-    def _trim_tail(self) -> None:
-        """Drop the tail's oldest events down to its bounds (a replay reads them from the store)."""
-        tail = self.tail
-        while tail and (len(tail) > self.tail_max or self.tail_bytes > self.tail_max_bytes):
-            old = tail.popleft()
-            self.tail_bytes -= len(old.data) + len(old.frame)
-            self.tail_floor = old.seq
 
     def release(self, out: list[Emitted]) -> None:
         """A batch is free to go (durable, or streaming only): here, and to the other nodes."""
@@ -498,14 +498,7 @@ class Session:
             self.completions[message.id] = completion
         if self.fenced:  # another node runs it now: its history is that node's
             return
-        self.message_bytes[message.id] = self.node.store.put_message(
-            StoredMessage(
-                message,
-                format_event_id(completion.seq) if completion else None,
-                completion.stop_reason if completion else None,
-                completion.ts if completion else None,
-            )
-        )
+        self.message_bytes[message.id] = self.node.store.put_message(stored(message, completion))
 
     def _new_calls(self) -> CallStream:
         """The calls' stream, batching and storing as ``[stream]`` and ``[store]`` say."""

@@ -51,21 +51,21 @@ class ToolRound:
     """Runs the tool uses of a session's model rounds (module docstring)."""
 
     def __init__(self, session: TurnHost, node: AgentServices) -> None:
-        self.s = session
+        self.session = session
         self.node = node
 
     @property
     def agent(self) -> AgentProfile:
-        return self.node.agents[self.s.record.agent]
+        return self.node.agents[self.session.record.agent]
 
     @property
     def tools(self) -> SessionTools:
         """The session's tools now: built-in and MCP, its agent's (asked at every use)."""
-        return self.node.session_tools(self.s)
+        return self.node.session_tools(self.session)
 
     async def run(self, turn: Turn, state: TurnState, tool_uses: list[ToolUseBlock]) -> None:
         """The tool batch: every call of the message concurrently, in the batch's nursery."""
-        s = self.s
+        s = self.session
         s.emit([ToolCalled(b.id, b.name, b.input) for b in tool_uses], turn.id)
         limit = self.node.config.limits.max_tool_uses_per_turn
         allowed = tool_uses
@@ -90,7 +90,7 @@ class ToolRound:
         as :meth:`_refuse` does; the conversation keeps a result for every
         tool use, so the session's next turn is a valid request.
         """
-        self.s.emit([ToolCalled(b.id, b.name, b.input) for b in blocks], turn.id)
+        self.session.emit([ToolCalled(b.id, b.name, b.input) for b in blocks], turn.id)
         state.tool_uses += len(blocks)
         message = f"not run: the turn reached its max_rounds ({self.agent.max_rounds}) model calls"
         self._fail_unrun(turn, state, blocks, message)
@@ -111,7 +111,7 @@ class ToolRound:
         self, turn: Turn, state: TurnState, blocks: list[ToolUseBlock], message: str
     ) -> None:
         """Fail tool uses that never ran (``limit``): one results rewrite, one batch, one line."""
-        s = self.s
+        s = self.session
         refused = {b.id for b in blocks}
         state.pending_tools = [b for b in state.pending_tools if b.id not in refused]
         results = _results_message(s, turn, state)
@@ -125,7 +125,7 @@ class ToolRound:
         )  # fmt: skip
 
     async def _run_tool(self, turn: Turn, state: TurnState, block: ToolUseBlock) -> None:
-        s = self.s
+        s = self.session
         ctx = ToolContext(
             session_id=s.id,
             turn_id=turn.id,
@@ -177,7 +177,7 @@ class ToolRound:
         Raises:
             ToolError: ``permission_denied`` on ``deny`` or after ``approval_timeout_s``.
         """
-        s = self.s
+        s = self.session
         timeout = self.node.config.tools.approval_timeout_s
         expires_at = now_ms() + round(timeout * 1000)
         request = s.permissions.open(block.id, block.name, block.input, expires_at)

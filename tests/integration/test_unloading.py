@@ -232,9 +232,9 @@ async def test_the_tail_is_bounded_by_bytes(tmp_path: Path) -> None:
             sid = await gw.create_session()
             events = await turn(gw, sid, {"script": {"rounds": [[{"lorem": 300}]]}})
             session = gw.node.sessions[sid]
-            assert 0 < session.tail_bytes <= 4096
-            assert session.tail_bytes == sum(len(e.data) + len(e.frame) for e in session.tail)
-            assert session.tail_floor > int(events[0].id.split("_")[-1], 16) or session.tail
+            assert 0 < session.tail.bytes <= 4096
+            assert session.tail.bytes == sum(len(e.data) + len(e.frame) for e in session.tail)
+            assert session.tail.floor > int(events[0].id.split("_")[-1], 16) or session.tail
             # A replay from the start still gets every catalog event: the rest from the store.
             again = await replay(gw, sid, events[0].id)
             expected = [e.id for e in events[1:] if e.type in CATALOG_TYPES]

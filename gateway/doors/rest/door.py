@@ -7,6 +7,9 @@ query rules of its :class:`~gateway.http.openapi.Operation`), and ``GET
 the errors only it gives; gateway.http.openapi). The order is the API
 document's. Each ``{name}`` segment is one id, given to the handler in order;
 a route's name is its ``route`` label in the ``gateway_http_requests`` metric.
+The operations are data, at module level; the routes pair them with their
+handlers, one function per resource (:func:`admin_routes`, :func:`session_routes`,
+:func:`turn_routes`, :func:`page_routes`).
 
 The handlers, one class per resource: :class:`~gateway.doors.rest.admin.Admin`
 (probes, metrics, the API document, the agents),
@@ -62,6 +65,235 @@ BEFORE_MESSAGE = Query(
 )
 
 
+# --- the operations (the API document's), by resource -----------------------------
+
+HEALTHZ = Operation("Liveness probe", Health, auth="none")
+READYZ = Operation(
+    "Readiness probe",
+    Ready,
+    auth="none",
+    errors={503: ("draining", "store_unavailable")},
+    description="200 while the gateway accepts work; 503 `draining` once "
+    "a graceful shutdown began (the listener stays open until the turns "
+    "in flight are closed), so a load balancer stops sending; 503 "
+    "`store_unavailable` (with `Retry-After`) while the store's commits "
+    "fail, or for good once its file was deleted or replaced.",
+)
+METRICS = Operation(
+    "Prometheus metrics",
+    None,
+    media_type="text/plain",
+    description="The Prometheus text exposition format.",
+)
+OPENAPI = Operation("This document (OpenAPI 3.1)", None)
+AGENTS = Operation(
+    "The agents a session may run",
+    AgentList,
+    description="Each agent's runtime, model and tools (docs/protocol.md §11); "
+    "never its system prompt. `default` marks the agent of a POST /sessions "
+    "that names none.",
+)
+
+LIST_SESSIONS = Operation(
+    "List sessions, newest first",
+    SessionList,
+    query=(LIMIT, BEFORE_SESSION),
+    errors={404: ("session_not_found",)},
+)
+CREATE_SESSION = Operation(
+    "Create a session",
+    SessionCreated,
+    201,
+    body=CreateSession,
+    body_required=False,
+    errors={
+        400: ("invalid_idempotency_key",),
+        409: ("idempotency_key_in_use",),
+        422: (
+            "invalid_workspace",
+            "invalid_model",
+            "unknown_agent",
+            "idempotency_key_reused",
+        ),
+        429: ("too_many_sessions",),
+        503: ("shutting_down", "store_unavailable"),
+    },
+    idempotent=True,
+    description="An empty body takes every default. Answered once the "
+    "session is committed; refused 503 `shutting_down` once the gateway "
+    "drains.",
+)
+GET_SESSION = Operation(
+    "A session, with a fresh attach token and its stream's URL",
+    SessionAttach,
+    description="Every call issues a new single-use attach token.",
+)
+DELETE_SESSION = Operation(
+    "Delete a session, its workers, messages and events",
+    None,
+    204,
+    description="docs/protocol.md §13: its turn in flight is cancelled "
+    '(`turn.cancelled`, `reason: "session_deleted"`), its clients are closed '
+    "with 1000 `session_deleted` (they do not reconnect), its workers, "
+    "messages, events and own workspace are deleted, and from then on the "
+    "id is 404 on every route and a WebSocket handshake. No body.",
+)
+LIST_MESSAGES = Operation(
+    "A session's messages, oldest first",
+    MessagePage,
+    query=(LIMIT, BEFORE_MESSAGE),
+    errors={404: ("message_not_found",)},
+)
+GET_MESSAGE = Operation(
+    "One message of a session, whole",
+    Message,
+    errors={404: ("message_not_found",)},
+    description="A finished message, every block whole: what a snapshot "
+    'sent cut (`"truncated": true`, docs/protocol.md §15). A message '
+    "still streaming, another session's message or an unknown id: 404 "
+    "`message_not_found` (the streaming one's `message.complete` "
+    "carries it whole).",
+)
+
+SUBMIT_TURN = Operation(
+    "Start a turn",
+    TurnAccepted,
+    202,
+    body=SubmitTurn,
+    idempotent=True,
+    errors={
+        400: ("invalid_idempotency_key",),
+        422: ("idempotency_key_reused",),
+        409: (
+            "turn_in_progress",
+            "session_too_large",
+            "subagent_session",
+            "idempotency_key_in_use",
+        ),
+        429: ("rate_limited",),
+        503: (
+            "shutting_down",
+            "store_unavailable",
+            "session_elsewhere",
+            "over_capacity",
+        ),
+    },
+    description="`content` is a string or a list of `text` blocks (other "
+    "block types: 422). Answered once the turn is durable. A session holding "
+    "`max_session_mb` of stored data or more takes no more turns: 409 "
+    "`session_too_large`. A `claude-code` agent's turn first waits (up to "
+    "5 s) for one of its `max_processes` on the node: 503 `over_capacity`, "
+    "with `Retry-After`, when none came free.",
+)
+CANCEL_TURN = Operation(
+    "Cancel a turn in flight",
+    CancelAccepted,
+    202,
+    body=CancelTurn,
+    body_required=False,
+    errors={404: ("turn_not_found",), 409: ("turn_not_in_flight",)},
+)
+DECIDE = Operation(
+    "Allow or deny a tool call waiting for permission, or answer an elicitation",
+    Accepted,
+    202,
+    body=PermissionDecision,
+    errors={
+        404: ("permission_not_found",),
+        409: ("permission_resolved",),
+        422: ("invalid_content",),
+    },
+)
+COMPACT = Operation(
+    "Compact the model's context now",
+    Accepted,
+    202,
+    body=Compact,
+    body_required=False,
+    errors={
+        409: ("turn_in_progress", "nothing_to_compact"),
+        503: ("shutting_down", "session_elsewhere", "store_unavailable"),
+    },
+    description='docs/protocol.md §12, `trigger: "manual"`: the messages '
+    "before the latest turn are replaced, for the model only, by one `context` "
+    "message (a summary); `context.compacting` and `context.compacted` follow "
+    "in the stream (turn_id null). Runs between turns: a turn submitted "
+    "meanwhile starts after it. 409 `nothing_to_compact` when the model's "
+    "context holds only the latest turn.",
+)
+FEEDBACK = Operation(
+    "Rate a message",
+    Accepted,
+    202,
+    body=Feedback,
+    errors={404: ("message_not_found",)},
+    description="Emits `feedback.recorded` on the message's turn.",
+)
+
+PAGE = Operation("The web page", None, auth="none")
+ASSET = Operation("A file of the web page", None, auth="none")
+
+
+# --- the routes, a function per resource ---------------------------------------------
+
+
+def admin_routes(admin: Admin) -> tuple[Route, ...]:
+    """The gateway itself: its probes, metrics, API document and agents."""
+    return (
+        route("/healthz", "healthz", GET=(admin.healthz, HEALTHZ)),
+        route("/readyz", "readyz", GET=(admin.readyz, READYZ)),
+        route("/metrics", "metrics", GET=(admin.metrics, METRICS)),
+        route("/openapi.json", "openapi", GET=(admin.openapi, OPENAPI)),
+        route("/agents", "agents", GET=(admin.list_agents, AGENTS)),
+    )
+
+
+def session_routes(sessions: Sessions) -> tuple[Route, ...]:
+    """The sessions, one session, its messages."""
+    return (
+        route(
+            "/sessions",
+            "sessions",
+            GET=(sessions.list_sessions, LIST_SESSIONS),
+            POST=(sessions.create_session, CREATE_SESSION),
+        ),
+        route(
+            SESSION,
+            "session",
+            GET=(sessions.get_session, GET_SESSION),
+            DELETE=(sessions.delete_session, DELETE_SESSION),
+        ),
+        route(f"{SESSION}/messages", "messages", GET=(sessions.list_messages, LIST_MESSAGES)),
+        route(
+            f"{SESSION}/messages/{{message_id}}",
+            "message",
+            GET=(sessions.get_message, GET_MESSAGE),
+        ),
+    )
+
+
+def turn_routes(turns: Turns) -> tuple[Route, ...]:
+    """A session's turns, and what acts on one."""
+    return (
+        route(f"{SESSION}/turns", "turns", POST=(turns.submit_turn, SUBMIT_TURN)),
+        route(
+            f"{SESSION}/turns/{{turn_id}}/cancel", "cancel", POST=(turns.cancel_turn, CANCEL_TURN)
+        ),
+        route(f"{SESSION}/permissions/{{perm_id}}", "permission", POST=(turns.decide, DECIDE)),
+        route(f"{SESSION}/compact", "compact", POST=(turns.compact, COMPACT)),
+        route(f"{SESSION}/feedback", "feedback", POST=(turns.feedback, FEEDBACK)),
+    )
+
+
+def page_routes(page: Page) -> tuple[Route, ...]:
+    """The web page (gateway.ui): public (it holds no data), and not part of the API
+    document (it is not the API); its asset names have dots, unlike ids."""
+    return (
+        page_route("/", "page", page.page, PAGE),
+        page_route("/ui/([^/]+)", "ui", page.asset, ASSET),
+    )
+
+
 # --- the door ----------------------------------------------------------------------
 
 
@@ -73,274 +305,9 @@ class Door:
     """
 
     def __init__(self, ctx: DoorContext) -> None:
-        admin, sessions, turns, page = Admin(ctx), Sessions(ctx), Turns(ctx), Page()
         self.routes: tuple[Route, ...] = (
-            route(
-                "/healthz",
-                "healthz",
-                GET=(admin.healthz, Operation("Liveness probe", Health, auth="none")),
-            ),
-            route(
-                "/readyz",
-                "readyz",
-                GET=(
-                    admin.readyz,
-                    Operation(
-                        "Readiness probe",
-                        Ready,
-                        auth="none",
-                        errors={503: ("draining", "store_unavailable")},
-                        description="200 while the gateway accepts work; 503 `draining` once "
-                        "a graceful shutdown began (the listener stays open until the turns "
-                        "in flight are closed), so a load balancer stops sending; 503 "
-                        "`store_unavailable` (with `Retry-After`) while the store's commits "
-                        "fail, or for good once its file was deleted or replaced.",
-                    ),
-                ),
-            ),
-            route(
-                "/metrics",
-                "metrics",
-                GET=(
-                    admin.metrics,
-                    Operation(
-                        "Prometheus metrics",
-                        None,
-                        media_type="text/plain",
-                        description="The Prometheus text exposition format.",
-                    ),
-                ),
-            ),
-            route(
-                "/openapi.json",
-                "openapi",
-                GET=(admin.openapi, Operation("This document (OpenAPI 3.1)", None)),
-            ),
-            route(
-                "/agents",
-                "agents",
-                GET=(
-                    admin.list_agents,
-                    Operation(
-                        "The agents a session may run",
-                        AgentList,
-                        description="Each agent's runtime, model and tools (docs/protocol.md §11); "
-                        "never its system prompt. `default` marks the agent of a POST /sessions "
-                        "that names none.",
-                    ),
-                ),
-            ),
-            route(
-                "/sessions",
-                "sessions",
-                GET=(
-                    sessions.list_sessions,
-                    Operation(
-                        "List sessions, newest first",
-                        SessionList,
-                        query=(LIMIT, BEFORE_SESSION),
-                        errors={404: ("session_not_found",)},
-                    ),
-                ),
-                POST=(
-                    sessions.create_session,
-                    Operation(
-                        "Create a session",
-                        SessionCreated,
-                        201,
-                        body=CreateSession,
-                        body_required=False,
-                        errors={
-                            400: ("invalid_idempotency_key",),
-                            409: ("idempotency_key_in_use",),
-                            422: (
-                                "invalid_workspace",
-                                "invalid_model",
-                                "unknown_agent",
-                                "idempotency_key_reused",
-                            ),
-                            429: ("too_many_sessions",),
-                            503: ("shutting_down", "store_unavailable"),
-                        },
-                        idempotent=True,
-                        description="An empty body takes every default. Answered once the "
-                        "session is committed; refused 503 `shutting_down` once the gateway "
-                        "drains.",
-                    ),
-                ),
-            ),
-            route(
-                SESSION,
-                "session",
-                GET=(
-                    sessions.get_session,
-                    Operation(
-                        "A session, with a fresh attach token and its stream's URL",
-                        SessionAttach,
-                        description="Every call issues a new single-use attach token.",
-                    ),
-                ),
-                DELETE=(
-                    sessions.delete_session,
-                    Operation(
-                        "Delete a session, its workers, messages and events",
-                        None,
-                        204,
-                        description="docs/protocol.md §13: its turn in flight is cancelled "
-                        '(`turn.cancelled`, `reason: "session_deleted"`), its clients are closed '
-                        "with 1000 `session_deleted` (they do not reconnect), its workers, "
-                        "messages, events and own workspace are deleted, and from then on the "
-                        "id is 404 on every route and a WebSocket handshake. No body.",
-                    ),
-                ),
-            ),
-            route(
-                f"{SESSION}/messages",
-                "messages",
-                GET=(
-                    sessions.list_messages,
-                    Operation(
-                        "A session's messages, oldest first",
-                        MessagePage,
-                        query=(LIMIT, BEFORE_MESSAGE),
-                        errors={404: ("message_not_found",)},
-                    ),
-                ),
-            ),
-            route(
-                f"{SESSION}/messages/{{message_id}}",
-                "message",
-                GET=(
-                    sessions.get_message,
-                    Operation(
-                        "One message of a session, whole",
-                        Message,
-                        errors={404: ("message_not_found",)},
-                        description="A finished message, every block whole: what a snapshot "
-                        'sent cut (`"truncated": true`, docs/protocol.md §15). A message '
-                        "still streaming, another session's message or an unknown id: 404 "
-                        "`message_not_found` (the streaming one's `message.complete` "
-                        "carries it whole).",
-                    ),
-                ),
-            ),
-            route(
-                f"{SESSION}/turns",
-                "turns",
-                POST=(
-                    turns.submit_turn,
-                    Operation(
-                        "Start a turn",
-                        TurnAccepted,
-                        202,
-                        body=SubmitTurn,
-                        idempotent=True,
-                        errors={
-                            400: ("invalid_idempotency_key",),
-                            422: ("idempotency_key_reused",),
-                            409: (
-                                "turn_in_progress",
-                                "session_too_large",
-                                "subagent_session",
-                                "idempotency_key_in_use",
-                            ),
-                            429: ("rate_limited",),
-                            503: (
-                                "shutting_down",
-                                "store_unavailable",
-                                "session_elsewhere",
-                                "over_capacity",
-                            ),
-                        },
-                        description="`content` is a string or a list of `text` blocks (other "
-                        "block types: 422). Answered once the turn is durable. A session holding "
-                        "`max_session_mb` of stored data or more takes no more turns: 409 "
-                        "`session_too_large`. A `claude-code` agent's turn first waits (up to "
-                        "5 s) for one of its `max_processes` on the node: 503 `over_capacity`, "
-                        "with `Retry-After`, when none came free.",
-                    ),
-                ),
-            ),
-            route(
-                f"{SESSION}/turns/{{turn_id}}/cancel",
-                "cancel",
-                POST=(
-                    turns.cancel_turn,
-                    Operation(
-                        "Cancel a turn in flight",
-                        CancelAccepted,
-                        202,
-                        body=CancelTurn,
-                        body_required=False,
-                        errors={404: ("turn_not_found",), 409: ("turn_not_in_flight",)},
-                    ),
-                ),
-            ),
-            route(
-                f"{SESSION}/permissions/{{perm_id}}",
-                "permission",
-                POST=(
-                    turns.decide,
-                    Operation(
-                        "Allow or deny a tool call waiting for permission, "
-                        "or answer an elicitation",
-                        Accepted,
-                        202,
-                        body=PermissionDecision,
-                        errors={
-                            404: ("permission_not_found",),
-                            409: ("permission_resolved",),
-                            422: ("invalid_content",),
-                        },
-                    ),
-                ),
-            ),
-            route(
-                f"{SESSION}/compact",
-                "compact",
-                POST=(
-                    turns.compact,
-                    Operation(
-                        "Compact the model's context now",
-                        Accepted,
-                        202,
-                        body=Compact,
-                        body_required=False,
-                        errors={
-                            409: ("turn_in_progress", "nothing_to_compact"),
-                            503: ("shutting_down", "session_elsewhere", "store_unavailable"),
-                        },
-                        description='docs/protocol.md §12, `trigger: "manual"`: the messages '
-                        "before the latest turn are replaced, for the model only, by one `context` "
-                        "message (a summary); `context.compacting` and `context.compacted` follow "
-                        "in the stream (turn_id null). Runs between turns: a turn submitted "
-                        "meanwhile starts after it. 409 `nothing_to_compact` when the model's "
-                        "context holds only the latest turn.",
-                    ),
-                ),
-            ),
-            route(
-                f"{SESSION}/feedback",
-                "feedback",
-                POST=(
-                    turns.feedback,
-                    Operation(
-                        "Rate a message",
-                        Accepted,
-                        202,
-                        body=Feedback,
-                        errors={404: ("message_not_found",)},
-                        description="Emits `feedback.recorded` on the message's turn.",
-                    ),
-                ),
-            ),
-            # The web page (gateway.ui): public (it holds no data), and not part of the
-            # API document (it is not the API); its asset names have dots, unlike ids.
-            page_route("/", "page", page.page, Operation("The web page", None, auth="none")),
-            page_route(
-                "/ui/([^/]+)",
-                "ui",
-                page.asset,
-                Operation("A file of the web page", None, auth="none"),
-            ),
+            *admin_routes(Admin(ctx)),
+            *session_routes(Sessions(ctx)),
+            *turn_routes(Turns(ctx)),
+            *page_routes(Page()),
         )

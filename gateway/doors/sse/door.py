@@ -5,7 +5,7 @@ docs/doors/sse.md; the stream itself: gateway.doors.sse.events.
 
 from __future__ import annotations
 
-from gateway.doors.context import ATTACH, SESSION, DoorContext
+from gateway.doors.context import ATTACH, ATTACH_REFUSALS, SESSION, DoorContext
 from gateway.doors.sse import events
 from gateway.http.openapi import Operation, Query
 from gateway.http.router import route
@@ -37,11 +37,7 @@ EVENTS = Operation(
     media_type="text/event-stream",
     errors={
         400: ("invalid_query",),
-        403: (
-            "attach_token_required",
-            "attach_token_invalid",
-            "attach_token_expired",
-        ),
+        403: ATTACH_REFUSALS,
         503: ("over_capacity",),
     },
     description="docs/protocol.md §14: the WebSocket stream's frames "

@@ -9,7 +9,7 @@ connection past the upgrade: gateway.doors.websocket.connection.
 
 from __future__ import annotations
 
-from gateway.doors.context import ATTACH, SESSION, DoorContext
+from gateway.doors.context import ATTACH, ATTACH_REFUSALS, SESSION, DoorContext
 from gateway.doors.websocket.connection import StreamConnection
 from gateway.http.openapi import Operation
 from gateway.http.router import route
@@ -24,11 +24,7 @@ STREAM = Operation(
     auth="optional",
     errors={
         400: ("invalid_websocket_handshake",),
-        403: (
-            "attach_token_required",
-            "attach_token_invalid",
-            "attach_token_expired",
-        ),
+        403: ATTACH_REFUSALS,
         426: ("upgrade_required", "unsupported_websocket_version"),
         503: ("over_capacity",),
     },

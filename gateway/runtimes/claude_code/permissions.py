@@ -107,7 +107,7 @@ class Approvals:
         self, turn: Turn, tool_use_id: str, name: str, input: dict[str, Any], wait_s: float
     ) -> Answer:
         """The request, in the session's stream, until decided or ``wait_s``."""
-        s = self._runtime.s
+        s = self._runtime.session
         expires_at = now_ms() + round(wait_s * 1000)
         request = s.permissions.open(tool_use_id, name, input, expires_at)
         self.open.append(request)
@@ -138,6 +138,7 @@ class Approvals:
         for request in list(self.open):
             request.closed = True
             request.decision = request.decision or "cancelled"
-            self._runtime.s.emit([PermissionResolved(request.perm_id, request.decision)], turn.id)  # type: ignore[arg-type]
+            resolved = PermissionResolved(request.perm_id, request.decision)  # type: ignore[arg-type]
+            self._runtime.session.emit([resolved], turn.id)
             request.decided.set()
         self.open.clear()

@@ -133,7 +133,7 @@ class CliProcess:
         self._pre_tool_use = pre_tool_use
         self._pre_compact = pre_compact
         self._on_refused = on_refused
-        self.s = loop.s
+        self.session = loop.session
         self.node = loop.node
         self._nursery = nursery
         self._processes = processes
@@ -171,7 +171,7 @@ class CliProcess:
         """Whether no turn (or compaction) of the session is in flight or queued."""
         if self._busy:
             return False
-        return getattr(self.s, "turn", None) is None
+        return getattr(self.session, "turn", None) is None
 
     def idle_since(self) -> float:
         return self._active_at
@@ -193,18 +193,18 @@ class CliProcess:
         if self.client is None:
             await self._stopped.wait()  # a process still stopping holds its slot until it ends
             agent, slots = self.agent, self.node.process_slots
-            await slots.acquire(agent.name, agent.max_processes, self.s.id, math.inf)
+            await slots.acquire(agent.name, agent.max_processes, self.session.id, math.inf)
             try:
-                await self._nursery.start(self._serve, name=f"claude-code {self.s.id}")
+                await self._nursery.start(self._serve, name=f"claude-code {self.session.id}")
             except BaseException:
                 if self.client is None:
-                    slots.release(agent.name, self.s.id)
+                    slots.release(agent.name, self.session.id)
                 raise
 
     async def _client(self) -> tuple[ClaudeSDKClient, ToolProcessTransport, bool, str]:
         """The SDK client of a new CLI, over a tool process; whether it resumes a transcript;
         its credential at the model API door (revoked when it ends)."""
-        s, node, agent = self.s, self.node, self.agent
+        s, node, agent = self.session, self.node, self.agent
         workspace = await trio.to_thread.run_sync(
             node.workspaces.host_path, s.record.workspace_path
         )
@@ -254,9 +254,9 @@ class CliProcess:
         if missing:
             event(
                 log, logging.ERROR, "claude_code_sandbox_unavailable",
-                f"session {self.s.id}: Claude Code's sandbox needs {' and '.join(missing)}"
+                f"session {self.session.id}: Claude Code's sandbox needs {' and '.join(missing)}"
                 " (Debian: apt-get install bubblewrap socat); every Bash will fail",
-                session_id=self.s.id, missing=missing,
+                session_id=self.session.id, missing=missing,
             )  # fmt: skip
         store = config.store.path if config.store.backend == "sqlite" else None
         denied = denied_reads(
@@ -269,7 +269,7 @@ class CliProcess:
 
     async def _serve(self, *, task_status: trio.TaskStatus[None]) -> None:
         """The process task: start the CLI, pass on what it says, stop it (shielded) at the end."""
-        s = self.s
+        s = self.session
         client, transport, resume, credential = await self._client()
         send, receive = trio.open_memory_channel[Any](math.inf)
         stopped = self._stopped = trio.Event()
@@ -304,7 +304,7 @@ class CliProcess:
         self, client: ClaudeSDKClient, send: trio.MemorySendChannel[Any], scope: trio.CancelScope
     ) -> None:
         """What the CLI says, into the inbox, until its stream ends or it is stopped."""
-        s = self.s
+        s = self.session
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._stop_when_idle, scope, name=f"claude-code-idle {s.id}")
@@ -340,8 +340,8 @@ class CliProcess:
                 continue
             event(
                 log, logging.INFO, "claude_code_idle",
-                f"session {self.s.id}: Claude Code stopped after {idle:g} s idle",
-                session_id=self.s.id, idle_s=idle,
+                f"session {self.session.id}: Claude Code stopped after {idle:g} s idle",
+                session_id=self.session.id, idle_s=idle,
             )  # fmt: skip
             scope.cancel()
             return
@@ -384,8 +384,8 @@ class CliProcess:
     def book_cost(self, total: float | None) -> None:
         """The cost of a query of no turn (the CLI's running total grew): the session's."""
         if total is not None and total > self.cost_seen:
-            self.s.record.cost_so_far_usd += total - self.cost_seen
-            self.s.save_record()
+            self.session.record.cost_so_far_usd += total - self.cost_seen
+            self.session.save_record()
             self.cost_seen = total
 
     async def settle_previous(self) -> None:
@@ -426,8 +426,8 @@ class CliProcess:
             except Exception as exc:
                 event(
                     log, logging.WARNING, "claude_code_interrupt_failed",
-                    f"session {self.s.id}: the interrupt failed: {exc}",
-                    session_id=self.s.id, error=str(exc),
+                    f"session {self.session.id}: the interrupt failed: {exc}",
+                    session_id=self.session.id, error=str(exc),
                 )  # fmt: skip
 
 

@@ -34,16 +34,10 @@ and the cancel sequences of docs/protocol.md §8. docs/protocol.md §11:
   interrupted query's remaining messages are read and dropped, until the
   CLI is idle, before the next query.
 - **Compaction**, as the native loop shows it (docs/protocol.md §12):
-  ``context.compacting`` when Claude Code starts (its ``PreCompact`` hook,
-  the trigger its own, ``pre_tokens`` the gateway's estimate), then, at
-  ``compact_boundary`` and the summary Claude Code sends after it, a
-  ``context`` message whose ``compaction`` block holds that summary and
-  replaces every message before it, and ``context.compacted`` naming it
-  (Claude Code's ``pre_tokens`` and ``post_tokens``; no message is kept in
-  its view, so ``first_kept_message_id`` is null). A compaction Claude Code
-  reports failed closes with ``post_tokens`` = ``pre_tokens`` and no
-  message. ``POST .../compact`` sends Claude Code's ``/compact`` between
-  turns (:meth:`ClaudeCode.compact`).
+  ``context.compacting`` at Claude Code's ``PreCompact`` hook, the summary it
+  sends after ``compact_boundary`` as a ``context`` message, then
+  ``context.compacted``; ``POST .../compact`` sends its ``/compact`` between
+  turns (:mod:`gateway.runtimes.claude_code.compaction`).
 - **Limits.** The ``PreToolUse`` hook counts every tool use against the
   turn's ``[limits]`` (:mod:`gateway.runtimes.claude_code.limits`): one past
   ``max_tool_uses_per_turn``, or a sub-agent past ``max_workers_per_turn`` or
@@ -58,10 +52,9 @@ and the cancel sequences of docs/protocol.md §8. docs/protocol.md §11:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import trio
 from claude_agent_sdk import (
@@ -76,14 +69,11 @@ from claude_agent_sdk import (
     UserMessage,
 )
 from claude_agent_sdk import ToolResultBlock as SdkToolResult
-from claude_agent_sdk.types import HookContext, HookInput, HookJSONOutput
 
 from gateway.agents import AgentProfile
-from gateway.ids import new_call_id, new_message_id, now_ms
+from gateway.ids import new_call_id
 from gateway.logs import event
 from gateway.protocol.events import (
-    ContextCompacted,
-    ContextCompacting,
     LlmCallCompleted,
     LlmCallFailed,
     LlmCallStarted,
@@ -91,22 +81,19 @@ from gateway.protocol.events import (
     ToolCompleted,
 )
 from gateway.protocol.shapes import (
-    CompactionBlock,
-    Message,
     StopReason,
     TextBlock,
     ToolUseBlock,
     Usage,
 )
 from gateway.providers.raw import RawMessageStart, RawMessageStop
+from gateway.runtimes.claude_code.compaction import Compaction
 from gateway.runtimes.claude_code.hooks import pre_tool_use
 from gateway.runtimes.claude_code.limits import TurnLimits
 from gateway.runtimes.claude_code.messages import (
     KnownEvents,
     RawData,
     WholeMessages,
-    compact_summary,
-    compaction_figures,
     report_text,
     result_failure,
     result_stop,
@@ -120,7 +107,6 @@ from gateway.runtimes.claude_code.subagents import Flush, SubAgentDone, SubAgent
 from gateway.runtimes.claude_code.tools import is_sub_agent
 from gateway.runtimes.transport import ToolProcessTransport
 from gateway.session.call import Call, EndCall
-from gateway.session.compaction import estimate
 from gateway.session.turn import Turn
 from gateway.tools.process import ToolProcesses
 
@@ -134,16 +120,6 @@ log = logging.getLogger("gateway.claude_code")
 
 class _ProcessGone(Exception):
     """The CLI's stream ended while a turn waited for it."""
-
-
-@dataclasses.dataclass
-class _Compacting:
-    """A compaction of Claude Code's under way: ``context.compacting`` is out."""
-
-    trigger: Literal["auto", "manual"]
-    pre_tokens: int  # the gateway's estimate, in context.compacting
-    turn_id: str | None
-    figures: tuple[int, int] | None = None  # compact_boundary's pre and post tokens, once seen
 
 
 class ClaudeCode:
@@ -165,18 +141,19 @@ class ClaudeCode:
         feed: trio.MemoryReceiveChannel[Any] | None = None,
     ) -> None:
         self.loop = loop
-        self.s = loop.s
+        self.session = loop.session
         self.node = loop.node
         self._nursery = nursery
         self._processes = processes
         self.current: tuple[Turn, TurnState] | None = None
         self.approvals = Approvals(self)
+        self.compaction = Compaction(self)
         self.limits: TurnLimits | None = None  # the turn in flight's (the main session's)
         self.parent: ClaudeCode | None = None  # a worker's: the runtime that feeds it
         hook = pre_tool_use([self._within_limits])
         self.process = CliProcess(
             loop, nursery, processes, self.approvals.can_use_tool, hook, self.approvals.refused,
-            pre_compact=self._pre_compact,
+            pre_compact=self.compaction.pre_compact,
         )  # fmt: skip
         self.subagents = SubAgents(self)
         self.feed = feed
@@ -186,7 +163,6 @@ class ClaudeCode:
         self._whole = WholeMessages()  # a worker's: its sub-agent's messages, replayed
         self._known = KnownEvents()  # the stream events the translator knows
         self._turn_cost = 0.0  # the turn's share of the CLI's total_cost_usd
-        self._compacting: _Compacting | None = None  # a compaction under way
 
     @property
     def agent(self) -> AgentProfile:
@@ -224,7 +200,7 @@ class ClaudeCode:
                 limits = self.node.config.limits
                 self.limits = TurnLimits(
                     limits.max_tool_uses_per_turn, limits.max_workers_per_turn,
-                    limits.max_delegate_depth, self.s.depth,
+                    limits.max_delegate_depth, self.session.depth,
                 )  # fmt: skip
             self._turn_cost = 0.0
             turn.enter("llm")
@@ -252,11 +228,11 @@ class ClaudeCode:
                 await self.subagents.end_all(turn)
                 await self.process.interrupt()
             await self.subagents.end_unused()
-            self._compaction_over(turn.in_flight)
+            self.compaction.over(turn.in_flight)
             self.approvals.reset()
             self._early_results.clear()
             if self.client is None and self.feed is None:  # the POST's slot, never used
-                self.node.process_slots.release(self.agent.name, self.s.id)
+                self.node.process_slots.release(self.agent.name, self.session.id)
 
     async def _follow(self, turn: Turn, state: TurnState) -> StopReason:
         """Map what Claude Code says until the query's result and the CLI's ``idle``.
@@ -296,7 +272,7 @@ class ClaudeCode:
 
     async def _message(self, turn: Turn, state: TurnState, message: Any) -> StopReason | None:
         """One message of the main thread's; the turn's end at its result."""
-        if self._compaction_message(message):
+        if self.compaction.take(message):
             return None
         if isinstance(message, StreamEvent):
             if message.parent_tool_use_id is None:
@@ -321,7 +297,7 @@ class ClaudeCode:
         return None
 
     async def _stream_event(self, turn: Turn, state: TurnState, data: RawData) -> None:
-        s = self.s
+        s = self.session
         raw = self._known.read(data)
         self._count_unknown(self._known.take() + self._whole.skipped)
         self._whole.skipped = 0
@@ -353,7 +329,7 @@ class ClaudeCode:
 
     def _end_call(self, turn: Turn, state: TurnState, call: Call) -> None:
         """The message ended: ``llm.call_completed``, then its tool uses' ``tool.called``."""
-        s = self.s
+        s = self.session
         s.calls.settle(EndCall())
         state.usage += call.translator.usage
         message = call.translator.message
@@ -415,7 +391,7 @@ class ClaudeCode:
             self.loop.tool_failed(turn, state, block, error_class, text, ms)
         else:
             self.loop._tool_result(turn, state, block, text, is_error=False, structured=structured)
-            self.s.emit([ToolCompleted(block.id, block.name, text, ms, structured)], turn.id)
+            self.session.emit([ToolCompleted(block.id, block.name, text, ms, structured)], turn.id)
 
     async def _within_limits(self, hook_input: dict[str, Any], tool_use_id: str) -> str | None:
         """The ``PreToolUse`` hook's check of the turn's limits (:mod:`.limits`), then,
@@ -465,7 +441,7 @@ class ClaudeCode:
 
     def _failed(self, turn: Turn, state: TurnState, error_class: str, message: str) -> StopReason:
         """A failed call: the one streaming is closed, else one is started and failed."""
-        s = self.s
+        s = self.session
         call = state.call
         if call is not None and not call.done.is_set():
             s.calls.settle(EndCall(error_class, message))
@@ -495,137 +471,9 @@ class ClaudeCode:
     # --- compaction (docs/protocol.md §12) ------------------------------------------------
 
     async def compact(self) -> None:
-        """``POST .../compact``: Claude Code's own ``/compact``, between turns.
-
-        The CLI is started if it is not running (in a slot of its agent); the
-        command's result is read like a turn's, within the agent's
-        ``turn_timeout_s``, its cost booked to the session. A CLI that does not
-        answer in time is stopped (the next turn resumes).
-        """
-        process = self.process
-        process.begin()
-        try:
-            await process.settle_previous()
-            await process.start()
-            inbox = process.inbox
-            assert inbox is not None
-            await process.query("/compact")
-            with trio.move_on_after(self.agent.turn_timeout_s) as timer:
-                while True:
-                    try:
-                        message = await inbox.receive()
-                    except trio.EndOfChannel:
-                        break
-                    process.took(message)
-                    if self._compaction_message(message):
-                        pass
-                    elif isinstance(message, ResultMessage):
-                        process.book_cost(message.total_cost_usd)
-                    if process.done:
-                        break
-            if timer.cancelled_caught:
-                process.stop()
-        finally:
-            self._compaction_over(cancelled=False)
-            process.end()
-
-    async def _pre_compact(
-        self, input: HookInput, tool_use_id: str | None, context: HookContext
-    ) -> HookJSONOutput:
-        """Claude Code's ``PreCompact`` hook: it starts compacting (``context.compacting``)."""
-        manual = dict(input).get("trigger") == "manual"
-        self._compaction_started("manual" if manual else "auto")
-        return {}
-
-    def _compaction_started(self, trigger: Literal["auto", "manual"]) -> None:
-        """``context.compacting``, once per compaction: ``pre_tokens`` the native estimate."""
-        if self._compacting is not None:
-            return
-        current = self.current
-        turn_id = current[0].id if current is not None else None
-        pre = estimate(self.s.messages)
-        self._compacting = _Compacting(trigger, pre, turn_id)
-        self.s.emit([ContextCompacting(trigger, pre)], turn_id)
-
-    def _compaction_message(self, message: Any) -> bool:
-        """A message of a compaction (its boundary, its summary, its failure): taken here.
-
-        After ``compact_boundary`` the next message is the summary (a user
-        message of the main thread, its content text); any other ends the
-        compaction without one, and is the caller's.
-        """
-        if isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
-            trigger, pre, post = compaction_figures(message)
-            self._compaction_started(trigger)  # no hook before it: both events now
-            assert self._compacting is not None
-            self._compacting.figures = (pre, post)
-            return True
-        compacting = self._compacting
-        if compacting is None:
-            return False
-        if compacting.figures is None:
-            data = message.data if isinstance(message, SystemMessage) else {}
-            if data.get("compact_result") == "failed":
-                self._compacted(None, str(data.get("compact_error") or "failed"))
-                return True
-            return False
-        if (
-            isinstance(message, UserMessage)
-            and message.parent_tool_use_id is None
-            and isinstance(message.content, str)
-        ):
-            self._compacted(compact_summary(message.content))
-            return True
-        self._compacted(None)
-        return False
-
-    def _compaction_over(self, cancelled: bool) -> None:
-        """A turn or ``/compact`` ends: a compaction still open is closed (a cancelled
-        turn's ``turn.cancelled`` closes it, as the native loop's)."""
-        compacting = self._compacting
-        if compacting is not None and (compacting.figures is not None or not cancelled):
-            self._compacted(None, None if compacting.figures is not None else "no boundary")
-        self._compacting = None
-
-    def _compacted(self, summary: str | None, failed: str | None = None) -> None:
-        """``context.compacted``; with a summary, after its ``context`` message is stored.
-
-        The message replaces every message of the session before it (Claude
-        Code's summary stands for the whole conversation): the native
-        ``compaction`` block, ``first_kept_message_id`` null.
-        """
-        compacting, self._compacting = self._compacting, None
-        assert compacting is not None
-        s, trigger, turn_id = self.s, compacting.trigger, compacting.turn_id
-        if compacting.figures is None or failed is not None:  # Claude Code failed it
-            pre = compacting.pre_tokens
-            s.emit([ContextCompacted(trigger, "summary", pre, pre, None, None)], turn_id)
-            event(
-                log, logging.WARNING, "claude_code_compaction_failed",
-                f"session {s.id}: Claude Code's compaction failed: {failed}",
-                session_id=s.id, turn_id=turn_id, trigger=trigger, error=failed,
-            )  # fmt: skip
-            return
-        pre, post = compacting.figures
-        pre = pre or compacting.pre_tokens
-        summary_id = None
-        if summary:
-            replaces = [
-                m.id for m in s.messages if m.role != "context" and m.status != "in_progress"
-            ]
-            message = Message(
-                new_message_id(), s.id, turn_id, "context", [CompactionBlock(summary, replaces)],
-                "complete", now_ms(), s.record.active_model, Usage(),
-            )  # fmt: skip
-            s.add_message(message)
-            summary_id = message.id
-        s.emit([ContextCompacted(trigger, "summary", pre, post, summary_id, None)], turn_id)
-        event(
-            log, logging.INFO, "context_compacted",
-            f"session {s.id}: Claude Code compacted its context ({trigger}): {pre} -> {post}"
-            " tokens", session_id=s.id, turn_id=turn_id, trigger=trigger, method="summary",
-            pre_tokens=pre, post_tokens=post,
-        )  # fmt: skip
+        """``POST .../compact``: Claude Code's own ``/compact``, between turns
+        (:meth:`Compaction.command <.compaction.Compaction.command>`)."""
+        await self.compaction.command(self.process, self.agent.turn_timeout_s)
 
     # --- a worker session's (docs/protocol.md §5) -------------------------------------------
 
@@ -643,7 +491,7 @@ class ClaudeCode:
 
     def start_worker_turn(self, runtime: Owner, turn: Turn) -> None:
         """Run a worker's turn, in this session's runtime nursery."""
-        name = f"claude-code-subagent {runtime.s.id}"
+        name = f"claude-code-subagent {runtime.session.id}"
         self._nursery.start_soon(runtime.loop.run_turn, turn, name=name)
 
     async def _sub_agent_message(
@@ -664,7 +512,7 @@ class ClaudeCode:
             if message.is_error:
                 return self._failed(turn, state, "api_error", message.text)
             if not self.background:
-                model = self.s.record.active_model.removeprefix(MODEL_PREFIX)
+                model = self.session.record.active_model.removeprefix(MODEL_PREFIX)
                 await self._replay(turn, state, whole.report(report_text(message.text), model))
             return self._close_pending(turn, state, "end_turn")
         return None

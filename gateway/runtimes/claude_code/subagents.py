@@ -137,7 +137,7 @@ class SubAgents:
         the refusal (None: made) and whether it is a limit's (else an error,
         the store's).
         """
-        s = self._runtime.s
+        s = self._runtime.session
         try:
             self._made[tool_use_id] = cast("WorkerHost", await s.spawn_worker(tool_use_id))
         except ToolError as exc:
@@ -163,7 +163,7 @@ class SubAgents:
                 try:
                     await self._runtime.node.delete_session(worker)
                 except Exception as exc:  # the store is away: it stays, an empty worker
-                    self._runtime.s.failed("claude-code-subagent", exc)
+                    self._runtime.session.failed("claude-code-subagent", exc)
 
     async def start_announced(self, turn: Turn) -> None:
         """Start the workers of the sub-agents whose ``Agent`` tool use was announced."""
@@ -186,7 +186,7 @@ class SubAgents:
         unseen: its ``Agent`` tool's result is the parent's as ever.
         """
         runtime = self._runtime
-        s = runtime.s
+        s = runtime.session
         tool_use_id = message.tool_use_id
         if tool_use_id is None or tool_use_id in self._subs:
             return
@@ -296,7 +296,7 @@ class SubAgents:
                 await self._ended(turn, sub, cancelled=cancelled)
 
     async def _ended(self, turn: Turn, sub: Sub, cancelled: bool) -> None:
-        s = self._runtime.s
+        s = self._runtime.session
         self._tasks = {k: v for k, v in self._tasks.items() if v is not sub}
         with trio.move_on_after(s.cancel_grace_s):
             await sub.turn.done.wait()

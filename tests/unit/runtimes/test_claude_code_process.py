@@ -19,6 +19,7 @@ pytest.importorskip("claude_agent_sdk", reason="needs the claude-code extra")
 from claude_agent_sdk import ResultMessage, SystemMessage, TaskStartedMessage
 
 from gateway.runtimes.claude_code import runtime as cc
+from gateway.runtimes.claude_code.compaction import Compaction
 from gateway.runtimes.claude_code.process import DRAIN_TIMEOUT_S, CliProcess
 
 
@@ -43,7 +44,7 @@ def cli(
     session = SimpleNamespace(
         id="sess_1", record=SimpleNamespace(cost_so_far_usd=0.0), save_record=lambda: None
     )
-    process = CliProcess(SimpleNamespace(s=session, node=None), None, None, None)  # type: ignore[arg-type]
+    process = CliProcess(SimpleNamespace(session=session, node=None), None, None, None)  # type: ignore[arg-type]
     send, process.inbox = trio.open_memory_channel[Any](math.inf)
     for message in queued:
         send.send_nowait(message)
@@ -105,7 +106,7 @@ async def test_the_next_turn_drops_what_claude_code_says_until_it_is_idle() -> N
     assert process.done and left(process) == [] and stopped == []
     assert process.cost_seen == 1.0  # the dropped queries' cost is not the next turn's
     # The interrupted turn's calls were priced with it; the CLI's own query is the session's.
-    assert process.s.record.cost_so_far_usd == pytest.approx(0.25)
+    assert process.session.record.cost_so_far_usd == pytest.approx(0.25)
 
 
 async def test_a_settled_cli_keeps_what_comes_after_the_next_query() -> None:
@@ -129,7 +130,7 @@ def runtime(process: CliProcess) -> tuple[cc.ClaudeCode, Any]:
     """A runtime that follows ``process``'s inbox (no session, no translator), a turn's state."""
     rt = object.__new__(cc.ClaudeCode)
     rt.feed, rt.process, rt._early_results, rt._turn_cost = None, process, {}, 0.0
-    rt._compacting = None
+    rt.compaction = Compaction(rt)  # type: ignore[arg-type]
     rt.subagents = SimpleNamespace(waiting=False)  # type: ignore[assignment]
     turn_state = SimpleNamespace(usage=SimpleNamespace(cost_usd=0.0), pending_tools=[], call=None)
     return rt, turn_state
