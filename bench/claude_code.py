@@ -351,7 +351,7 @@ async def memory(base_url: str, scratch: str, fake: Fake, n: int) -> dict[str, f
 
 def state_bytes(gw: Any, session_id: str) -> int:
     """The bytes under a session's CLI state directory (its config, its transcript)."""
-    from gateway.runtimes.claude_code.options import state_dir
+    from gateway.runtimes.claude_code.paths import state_dir
 
     total = 0
     for folder, _dirs, files in os.walk(state_dir(gw.node.workspaces.root, session_id)):
