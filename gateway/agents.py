@@ -30,7 +30,7 @@ from typing import TypeVar
 from gateway.config import AgentConfig, Config
 from gateway.errors import ConfigError
 from gateway.logs import event
-from gateway.runtimes.claude_code import tools as claude_code_tools
+from gateway.protocol import claude_code_tools as claude_code_tools
 
 log = logging.getLogger("gateway.agents")
 

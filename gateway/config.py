@@ -43,8 +43,8 @@ import msgspec
 import msgspec.inspect as mi
 
 from gateway.errors import ConfigError
+from gateway.protocol import claude_code_tools as claude_code_tools
 from gateway.protocol.events import CATALOG_TYPES
-from gateway.runtimes.claude_code import tools as claude_code_tools
 
 # --- value types ---------------------------------------------------------------
 
@@ -737,7 +737,7 @@ def _check_agents(config: Config, source: _Source) -> None:
     docs/reference.md "Agents": an unknown tool, MCP server or agent, or both
     ``system`` and ``system_file``, is a config error. A tool pattern names a
     tool of the agent's runtime (a built-in tool; for ``claude-code`` one of
-    Claude Code's, :mod:`gateway.runtimes.claude_code.tools`, or a rule of
+    Claude Code's, :mod:`gateway.protocol.claude_code_tools`, or a rule of
     one such as ``Bash(git:*)``), ``mcp__<server>__<tool>`` of a configured
     server, or is a glob; a tool of the other runtime is named as such. A
     ``claude-code`` agent's keys the CLI cannot honour are errors too

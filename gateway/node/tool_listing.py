@@ -1,15 +1,15 @@
 """An agent's tools as ``GET /agents`` and a session's summary list them (docs/protocol.md §6).
 
 A ``claude-code`` agent's: Claude Code's (``source: "claude-code"``,
-:func:`gateway.runtimes.claude_code.tools.listing`), then its MCP tools; any
+:func:`gateway.protocol.claude_code_tools.listing`), then its MCP tools; any
 other agent's: the built-in and MCP tools its session sees.
 """
 
 from __future__ import annotations
 
 from gateway.agents import AgentProfile
+from gateway.protocol import claude_code_tools as claude_code_tools
 from gateway.protocol.shapes import ToolInfo
-from gateway.runtimes.claude_code import tools as claude_code_tools
 from gateway.tools.registry import SessionTools
 
 

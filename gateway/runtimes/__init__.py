@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # gateway.config reads gateway.runtimes.claude_code.tools: no import here
+if TYPE_CHECKING:
     from gateway.agents import AgentProfile
     from gateway.session.loop_api import RuntimeFactory
 

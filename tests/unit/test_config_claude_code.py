@@ -1,7 +1,7 @@
 """A ``claude-code`` agent's keys (docs/protocol.md §11, docs/reference.md "Agents").
 
 Its ``tools`` and ``require_approval`` name Claude Code's tools (the one list,
-:mod:`gateway.runtimes.claude_code.tools`), rules of them, MCP names and
+:mod:`gateway.protocol.claude_code_tools`), rules of them, MCP names and
 globs; a built-in gateway tool there is an error naming its runtime, and so is
 a Claude Code tool in a native agent. Keys the CLI cannot honour are errors.
 Each error is one line, the whole message asserted. No SDK needed.
@@ -16,7 +16,7 @@ import pytest
 from gateway.agents import resolve_agents
 from gateway.config import load_config
 from gateway.errors import ConfigError
-from gateway.runtimes.claude_code import tools as cc
+from gateway.protocol import claude_code_tools as cc
 
 CC_TOOLS = ", ".join(sorted(cc.TOOLS))
 

@@ -437,7 +437,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tenancy.py", "telemetry.py", "logs.py", "cluster/", "ui/"),
     ("config.py",),
     ("protocol/",),
-    ("errors.py", "ids.py", "metrics.py", "partial_json.py", "runtimes/claude_code/tools.py"),
+    ("errors.py", "ids.py", "metrics.py", "partial_json.py"),
 )
 """docs/architecture.md's "Layers", from the top: each row's entries (a folder, ``name/``,
 or a module, ``name.py``, under gateway/) import only their own modules and the rows below."""

@@ -41,7 +41,7 @@ Where each part lives:
   permission requests;
 - :mod:`~gateway.runtimes.claude_code.subagents`: sub-agents as worker
   sessions;
-- :mod:`~gateway.runtimes.claude_code.tools`: Claude Code's tool names (the
+- :mod:`~gateway.protocol.claude_code_tools`: Claude Code's tool names (the
   config checks an agent's ``tools`` against them, without the SDK);
 - :mod:`~gateway.runtimes.claude_code.limits` and
   :mod:`~gateway.runtimes.claude_code.hooks`: the ``[limits]`` of a turn,

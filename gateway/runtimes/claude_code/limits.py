@@ -19,7 +19,7 @@ and its result fails ``limit`` (``tool.failed``), as the native loop's
 
 from __future__ import annotations
 
-from gateway.runtimes.claude_code.tools import is_sub_agent
+from gateway.protocol.claude_code_tools import is_sub_agent
 
 
 class TurnLimits:

@@ -55,8 +55,8 @@ from claude_agent_sdk.types import McpServerConfig as McpServerConfigSdk
 
 from gateway.agents import AgentProfile
 from gateway.config import McpServerConfig
+from gateway.protocol.claude_code_tools import rule_tool
 from gateway.runtimes.claude_code.paths import claude_session_id
-from gateway.runtimes.claude_code.tools import rule_tool
 
 # ``allowed_tools`` are the tools approved without asking (not in ``require_approval``):
 # that they never reach ``can_use_tool`` is the point, not a mistake to warn of.

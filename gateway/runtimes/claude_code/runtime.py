@@ -73,6 +73,7 @@ from claude_agent_sdk import ToolResultBlock as SdkToolResult
 from gateway.agents import AgentProfile
 from gateway.ids import new_call_id
 from gateway.logs import event
+from gateway.protocol.claude_code_tools import is_sub_agent
 from gateway.protocol.events import (
     LlmCallCompleted,
     LlmCallFailed,
@@ -104,7 +105,6 @@ from gateway.runtimes.claude_code.options import MODEL_PREFIX
 from gateway.runtimes.claude_code.permissions import Approvals
 from gateway.runtimes.claude_code.process import CliProcess
 from gateway.runtimes.claude_code.subagents import Flush, SubAgentDone, SubAgents
-from gateway.runtimes.claude_code.tools import is_sub_agent
 from gateway.runtimes.transport import ToolProcessTransport
 from gateway.session.call import Call, EndCall
 from gateway.session.turn import Turn
