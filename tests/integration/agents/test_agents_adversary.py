@@ -31,7 +31,7 @@ from gateway.mcp.tools import (
 )
 from gateway.tools.registry import ToolContext, ToolRegistry
 from tests.conftest import make_config, running_gateway
-from tests.integration.test_mcp_elicitation import pending
+from tests.integration.mcp.test_mcp_elicitation import pending
 from tests.mcp_support import SERVERS, FakeSession, context, running, server
 
 HOSTILE = [sys.executable, str(SERVERS / "hostile.py")]
@@ -188,8 +188,8 @@ async def test_an_agui_resume_passes_an_elicitations_content_on(tmp_path: Path) 
     """Before: the resume's ``content`` was dropped: the server was told "accept", with ``{}``.
 
     And an ``allow`` with no content is the empty answer, checked like any (422 here)."""
-    from tests.integration.test_agui_http import run_all, run_input
-    from tests.integration.test_mcp_gateway import mcp_config
+    from tests.integration.doors.agui.test_agui_http import run_all, run_input
+    from tests.integration.mcp.test_mcp_gateway import mcp_config
 
     schema = {"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}
     ask_ = {"tool_use": {"name": "mcp__h__ask", "input": {"schema": schema, "message": "Who?"}}}

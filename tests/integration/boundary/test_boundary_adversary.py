@@ -30,7 +30,7 @@ from gateway.tools.process import signal_group
 from gateway.tools.workspace import Workspaces
 from tests.conftest import make_config, ready_port, running_gateway
 from tests.paths import ROOT
-from tests.system.test_cli_serve import gateway_process
+from tests.system.cli.test_cli_serve import gateway_process
 from tests.unit.tools.test_shell_tool import _live_members, _read_pgid
 from tests.unit.tools.test_tool_processes import children_of, daemon_args, shell_turn, tool_result
 
@@ -176,7 +176,7 @@ async def test_a_complete_message_of_many_tiny_blocks_is_left_out_not_sent_over_
     tmp_path: Path,
 ) -> None:
     """3000 one-character blocks: the newest message alone is over the cap, so it is left out."""
-    from tests.integration.test_snapshot_cap import CAP, capped, snapshot_of
+    from tests.integration.session.test_snapshot_cap import CAP, capped, snapshot_of
 
     async with capped(tmp_path) as gw:
         sid = await gw.create_session()
@@ -191,7 +191,7 @@ async def test_a_complete_message_of_many_tiny_blocks_is_left_out_not_sent_over_
 async def test_a_streaming_message_of_many_tiny_blocks_gives_a_snapshot_under_the_cap(
     tmp_path: Path,
 ) -> None:
-    from tests.integration.test_snapshot_cap import CAP, capped
+    from tests.integration.session.test_snapshot_cap import CAP, capped
 
     async with capped(tmp_path) as gw:
         sid = await gw.create_session()
@@ -303,8 +303,8 @@ async def test_eight_concurrent_shells_each_with_a_double_fork_die_with_the_daem
 
 
 async def test_a_rate_limited_agui_run_creates_no_session(tmp_path: Path) -> None:
-    from tests.integration.test_agui_http import run_input
-    from tests.integration.test_tenants import tenants
+    from tests.integration.doors.agui.test_agui_http import run_input
+    from tests.integration.tenancy.test_tenants import tenants
 
     limits = {"limits.turns_per_minute_per_key": 1, "limits.max_sessions_per_key": 3}
     async with tenants(tmp_path, **limits) as (a, _):
@@ -319,7 +319,7 @@ async def test_a_rate_limited_agui_run_creates_no_session(tmp_path: Path) -> Non
 
 
 async def test_an_agui_run_refused_422_creates_no_session(tmp_path: Path) -> None:
-    from tests.integration.test_agui_http import run_input
+    from tests.integration.doors.agui.test_agui_http import run_input
 
     with trio.fail_after(30):
         async with running_gateway(make_config(tmp_path)) as gw:

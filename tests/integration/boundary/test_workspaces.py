@@ -27,7 +27,7 @@ from gateway.tools.builtin import build_registry
 from gateway.tools.registry import ToolContext
 from gateway.tools.workspace import Workspaces, display_name
 from tests.conftest import Harness, make_config, running_gateway
-from tests.integration.test_http_api import assert_error
+from tests.integration.doors.rest.test_http_api import assert_error
 
 SECRET = "the-secret-line"
 

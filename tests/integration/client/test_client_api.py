@@ -48,7 +48,7 @@ from gateway.doors.rest import door as route_table
 from gateway.errors import ApiError, ClientError, SubscribeRejected
 from gateway.protocol.frames import Ping, Snapshot, SubscribeAck, SubscribeError
 from tests.conftest import TOOL_SCRIPT, Harness, free_port, make_config, running_gateway
-from tests.integration.test_attach_cli import SilenceableProxy
+from tests.integration.client.test_attach_cli import SilenceableProxy
 from tests.paths import ROOT
 
 ROOT = ROOT

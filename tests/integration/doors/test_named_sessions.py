@@ -7,7 +7,7 @@ Issue 38's trial, as the adversary ran it: two API keys, tenant A on
 being created, the registry did not check that the id was free, and the
 store's upsert rewrote the owner: 18-30 of 60 pairs both got 200 and the
 owner then read the other tenant's messages. Checked here on SQLite and on
-Redis (one node; two nodes: tests/system/test_named_sessions_cluster.py):
+Redis (one node; two nodes: tests/system/cluster/test_named_sessions_cluster.py):
 200 pairs, each name one tenant's (its 200), the other 404, and what each
 key reads of it, live and after the gateway restarted on the same store, is
 that tenant's alone. Then a property test over every door that names a

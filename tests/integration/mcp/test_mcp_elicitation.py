@@ -2,7 +2,7 @@
 
 The session's side (``Session.elicit``) and the route's (``content``, checked
 against the requested schema), through a real gateway; the MCP side of the
-same question is tests/integration/test_mcp.py.
+same question is tests/integration/mcp/test_mcp.py.
 """
 
 from __future__ import annotations

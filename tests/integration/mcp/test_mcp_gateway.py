@@ -1,7 +1,7 @@
 """MCP tools through the whole daemon (docs/protocol.md §5, §8, §11; docs/reference.md).
 
-tests/test_mcp*.py test the MCP manager alone; these drive a real gateway
-(in-process, or ``gateway serve`` as a process) with the scripted model and a
+tests/integration/mcp/test_mcp.py tests the MCP manager alone; these drive a real
+gateway (in-process, or ``gateway serve`` as a process) with the scripted model and a
 trio-websocket client, against real server processes (tests/mcp_servers/
 everything.py), since the process is the point: its calls, its cancel, its
 elicitations, its death, its restart, and that none outlives the daemon.
@@ -31,7 +31,7 @@ from gateway.protocol.events import Event
 from gateway.protocol.frames import Snapshot, SubscribeAck
 from tests.conftest import Client, Harness, running_gateway
 from tests.mcp_support import EVERYTHING
-from tests.system.test_cli_serve import gateway_process
+from tests.system.cli.test_cli_serve import gateway_process
 
 PREFIX = "mcp__everything__"
 DONE = [{"text": "done"}]

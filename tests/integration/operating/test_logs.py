@@ -12,7 +12,7 @@
 - The daemon's handler (:class:`gateway.logs.QueuedHandler`) with a reader that
   stalls: logging never waits, a full queue drops and counts, the writer says
   how many once the reader takes lines again, and stopping it is bounded.
-  (The same against a real process: tests/system/test_log_stall.py.)
+  (The same against a real process: tests/system/operating/test_log_stall.py.)
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from gateway.providers.base import ModelRequest
 from gateway.providers.raw import RawEvent
 from gateway.providers.scripted import ScriptedProvider
 from tests.conftest import Client, make_config, open_ws, running_gateway
-from tests.system.test_cli_serve import gateway_process
+from tests.system.cli.test_cli_serve import gateway_process
 
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 

@@ -1,7 +1,7 @@
 """Traces on a live gateway (docs/operating.md "Traces"): spans, parents and GenAI attributes.
 
 The SDK's in-memory exporter stands in for OTLP; the end-to-end export is
-tests/system/test_telemetry_otlp.py.
+tests/system/operating/test_telemetry_otlp.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gateway.config import TelemetryConfig
 from gateway.errors import ConfigError
 from tests.conftest import Harness, make_config, running_gateway
 from tests.fresh_interpreter import modules_after_a_turn
-from tests.integration.test_agui_http import run_input
+from tests.integration.doors.agui.test_agui_http import run_input
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra: pip install 'gateway[otel]'")
 

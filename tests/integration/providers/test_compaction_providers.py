@@ -1,7 +1,7 @@
 """Context overflow through the real providers on the fake model APIs (docs/protocol.md §12).
 
 - That each provider tells a refusal as too long apart from any other 400 is
-  a clause of the provider contract: tests/integration/test_provider_contract.py.
+  a clause of the provider contract: tests/integration/providers/test_provider_contract.py.
 - Through a gateway: the refused call is compacted once and retried, and the
   fake server's recorded requests show what reached the model: the summary
   call (its system prompt, no tools, the replaced messages as text), then the

@@ -2,8 +2,9 @@
 
 What every provider does (text, thinking, tool uses as partial JSON, usage,
 errors as error classes, retries, a broken stream, closing a stream early, a
-refusal as too long) is tested once for all in tests/integration/test_provider_contract.py;
-this module holds what only this provider does.
+refusal as too long) is tested once for all in
+tests/integration/providers/test_provider_contract.py; this module holds what only
+this provider does.
 
 Rules of these tests:
 - No internet. :class:`bench.fake_api.FakeServer` replays recorded SSE
@@ -93,7 +94,7 @@ def final(msg_id: str, content: list[ContentBlock], usage: Usage, status: Messag
     return provider_support.final(msg_id, MODEL, content, usage, status)
 
 
-# --- the transcripts (the shared ones: tests/integration/test_provider_contract.py) ---------------
+# --- the transcripts (the shared ones: tests/integration/providers/test_provider_contract.py) -----
 
 
 async def test_redacted_thinking(server: FakeServer, connect: Any) -> None:

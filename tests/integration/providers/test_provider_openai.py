@@ -2,8 +2,9 @@
 
 What every provider does (text, thinking, tool uses as partial JSON, usage,
 errors as error classes, retries, a broken stream, closing a stream early, a
-refusal as too long) is tested once for all in tests/integration/test_provider_contract.py;
-this module holds what only this provider does.
+refusal as too long) is tested once for all in
+tests/integration/providers/test_provider_contract.py; this module holds what only
+this provider does.
 
 Rules of these tests (as in test_provider_anthropic):
 - No internet. :class:`bench.fake_api.FakeServer` replays recorded SSE chunks
@@ -100,7 +101,7 @@ def tool_use_ids(result: Call) -> list[str]:
     return ids
 
 
-# --- the transcripts (the shared ones: tests/integration/test_provider_contract.py) ---------------
+# --- the transcripts (the shared ones: tests/integration/providers/test_provider_contract.py) -----
 
 
 async def test_think_tags_in_the_content_are_a_thinking_block(

@@ -48,7 +48,7 @@ from gateway.protocol.shapes import (
     ToolUseBlock,
 )
 from tests.conftest import Client, Harness, make_config, running_gateway
-from tests.integration.test_attach_cli import _Output
+from tests.integration.client.test_attach_cli import _Output
 from tests.paths import ROOT
 
 CAP = 65_536  # the smallest snapshot_max_bytes the config takes
@@ -456,7 +456,7 @@ def _cut_session_frames() -> list[dict[str, Any]]:
 
 def test_both_reducers_show_a_cut_snapshot_alike() -> None:
     """The Python reference and gateway/ui/reducer.js: the same views of cut blocks."""
-    from tests.integration.test_conformance import _node
+    from tests.integration.client.test_conformance import _node
 
     frames = _cut_session_frames()
     reducer = Reducer("sess_1")

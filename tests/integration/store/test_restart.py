@@ -3,7 +3,7 @@
 A crash is simulated exactly: SQLite's online backup copies what is committed
 at that instant, which is what a ``kill -9`` leaves on disk (the WAL holds
 every committed transaction; nothing else survives). A second gateway then
-starts on the copy. (tests/system/test_torture.py kills real processes.)
+starts on the copy. (tests/system/store/test_torture.py kills real processes.)
 
 Each test stops a turn in one phase and checks that:
 

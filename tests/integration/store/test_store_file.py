@@ -43,7 +43,7 @@ from gateway.store.base import SessionRecord
 from gateway.store.sqlite.store import SqliteStore, id_floor
 from gateway.tools.builtin import build_registry
 from tests.conftest import Client, make_config, open_ws, running_gateway
-from tests.system.test_cli_serve import gateway_process
+from tests.system.cli.test_cli_serve import gateway_process
 
 TEXT_SCRIPT = {"script": {"rounds": [[{"text": "Hello there."}]]}}
 TEXT = json.dumps(TEXT_SCRIPT)

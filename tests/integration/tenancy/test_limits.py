@@ -10,7 +10,7 @@ docs/reference.md ``[limits]``, 0 = no limit, each refusal a clear error:
 - ``max_sessions_per_key``: 429 ``too_many_sessions``, counted from the store
   at start-up (so a restart does not reset it), never over the limit however
   many requests race for the last slot; workers (``delegate``) count against
-  their owner's limit (docs/protocol.md §15; tests/integration/test_turn_limits.py).
+  their owner's limit (docs/protocol.md §15; tests/integration/tenancy/test_turn_limits.py).
 - ``turns_per_minute_per_key``: 429 ``rate_limited`` with ``Retry-After``, the
   whole seconds until a turn is accepted again, over a sliding minute on
   Trio's clock (tested under ``autojump_clock``).
@@ -39,8 +39,8 @@ from gateway.config import LimitsConfig
 from gateway.errors import ApiError
 from gateway.tenancy import Limits, key_id
 from tests.conftest import Client, Harness, open_ws
-from tests.integration.test_http_api import accepted, assert_error, rejected
-from tests.integration.test_tenants import tenants
+from tests.integration.doors.rest.test_http_api import accepted, assert_error, rejected
+from tests.integration.tenancy.test_tenants import tenants
 
 
 async def streams_back_to(gw: Harness, count: int) -> None:

@@ -37,8 +37,8 @@ from gateway.protocol.shapes import Message, TextBlock
 from gateway.store import SessionRecord, SqliteStore, StoredMessage
 from gateway.tenancy import ApiKeys, KeysFileError, key_id, parse_keys, sees
 from tests.conftest import Harness, make_config, running_gateway
-from tests.integration.test_http_api import accepted, assert_error, rejected
-from tests.system.test_cli_serve import gateway_process
+from tests.integration.doors.rest.test_http_api import accepted, assert_error, rejected
+from tests.system.cli.test_cli_serve import gateway_process
 
 KEYS = {"auth.api_keys": ["key-a", "key-b"]}
 UNKNOWN = "sess_00000000000000000000"

@@ -41,9 +41,9 @@ from gateway.session.admission import MB
 from gateway.session.session import Session
 from gateway.tenancy import key_id
 from tests.conftest import Harness, make_config, running_gateway
-from tests.integration.test_agui_http import run_input
-from tests.integration.test_http_api import assert_error
-from tests.integration.test_tenants import tenants
+from tests.integration.doors.agui.test_agui_http import run_input
+from tests.integration.doors.rest.test_http_api import assert_error
+from tests.integration.tenancy.test_tenants import tenants
 
 
 def delegate(task: Any) -> dict[str, Any]:

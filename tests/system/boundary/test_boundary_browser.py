@@ -9,7 +9,7 @@ session gets created; a page of an origin listed in ``[auth] allowed_origins``
 (the same tiny server, reached as ``localhost``) makes a JSON POST whose
 answer it can read.
 
-Debian's chromium driven by Playwright, as tests/system/test_ui_browser.py does it
+Debian's chromium driven by Playwright, as tests/system/client/test_ui_browser.py does it
 (tests/ui_support.py: skipped, saying why, only where neither can be had);
 the gateway is a real ``gateway serve`` in its own process.
 """

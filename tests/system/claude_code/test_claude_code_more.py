@@ -1,6 +1,6 @@
 """``runtime = "claude-code"``, continued: processes, failures, MCP servers, sub-agents, compaction.
 
-Offline as :mod:`tests.system.test_claude_code`: the real CLI, the fake Anthropic
+Offline as :mod:`tests.system.claude_code.test_claude_code`: the real CLI, the fake Anthropic
 API, every request it made a model call.
 """
 

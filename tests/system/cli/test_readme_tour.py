@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from tests.paths import ROOT
-from tests.system.test_cli_serve import gateway_process
+from tests.system.cli.test_cli_serve import gateway_process
 
 ROOT = ROOT
 README = ROOT / "README.md"

@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 
 from gateway.client import GatewayClient
 from gateway.client.chat import Line, Region, layout
-from tests.integration.test_attach_cli import SilenceableProxy
+from tests.integration.client.test_attach_cli import SilenceableProxy
 from tests.paths import ROOT
 
 # slow: gateway serve and gateway chat as processes, in a pseudo-terminal
@@ -349,7 +349,7 @@ class CuttingProxy(SilenceableProxy):
                 self.cuts += 1
 
     async def _relay(self, downstream: trio.SocketStream) -> None:
-        from tests.integration.test_attach_cli import _Relay
+        from tests.integration.client.test_attach_cli import _Relay
 
         relay = _Relay()
         async with downstream, await trio.open_tcp_stream("127.0.0.1", self.target_port) as up:

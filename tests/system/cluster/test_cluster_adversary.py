@@ -1,7 +1,7 @@
 """Several nodes on one Redis, attacked (docs/scale-out.md; docs/protocol.md sections 3, 8, 9).
 
 Two in-process nodes on a redis-server of the test's own (``two_nodes`` of
-tests/system/test_replica.py). Two kinds of test:
+tests/system/cluster/test_replica.py). Two kinds of test:
 
 - **Bugs found by trying to break the cluster**, each reproduced where it
   happens (they were strict expected failures until fixed): a batch lost
@@ -32,12 +32,12 @@ from gateway.cluster.link import LiveBatch, Reply, Request
 from gateway.node import recovery
 from gateway.protocol.events import CATALOG_TYPES
 from tests.conftest import Harness
-from tests.integration.test_agui_http import LONG_NAP, TEXT, agui, run_all, run_input
-from tests.integration.test_slow_client import _subscribed_raw
-from tests.integration.test_subscribe import FilteredClient
+from tests.integration.doors.agui.test_agui_http import LONG_NAP, TEXT, agui, run_all, run_input
+from tests.integration.doors.websocket.test_slow_client import _subscribed_raw
+from tests.integration.doors.websocket.test_subscribe import FilteredClient
 from tests.redis_support import RedisServer, own_redis
-from tests.system.test_redis_store import command
-from tests.system.test_replica import SLEEPY, two_nodes
+from tests.system.cluster.test_replica import SLEEPY, two_nodes
+from tests.system.store.test_redis_store import command
 
 # slow: redis-server; real Redis pub/sub and TTLs run on the real clock
 pytestmark = pytest.mark.slow

@@ -118,7 +118,8 @@ TURNS_CLOSED = len(PHASES) + 1  # the delegate's worker's turn too
 
 
 def comparable(state: dict[str, Any]) -> dict[str, Any]:
-    """What a client's view and a snapshot's must agree on (tests/integration/test_restart.py)."""
+    """What a client's view and a snapshot's must agree on
+    (tests/integration/store/test_restart.py)."""
     results = {k: {**v, "error_class": None} for k, v in state["tool_results"].items()}
     return {"messages": state["messages"], "streaming": state["streaming"], "tools": results}
 
@@ -375,7 +376,7 @@ def test_kill_9_of_the_owner_mid_turn(crashed: Run, phase: str) -> None:
 def test_a_running_delegates_worker_is_closed_before_its_parent(crashed: Run) -> None:
     """docs/protocol.md §8 (delegate row): the worker's turn is cancelled first, then the
     parent emits ``delegate.failed``, ``tool.failed`` and ``turn.cancelled``; a restart on
-    one node does so (tests/integration/test_restart.py, workers before their parents).
+    one node does so (tests/integration/store/test_restart.py, workers before their parents).
 
     On a survivor, whichever takes the family first (the recovery pass, or a
     request for the parent: ``Failover.take_over``) takes the worker's lease too and

@@ -17,8 +17,8 @@ from trio_websocket import ConnectionClosed
 
 from tests.redis_support import RedisServer, own_redis
 from tests.scripts import DELEGATE, SLOW_TEXT
-from tests.system.test_redis_store import command
-from tests.system.test_replica import two_nodes
+from tests.system.cluster.test_replica import two_nodes
+from tests.system.store.test_redis_store import command
 
 pytestmark = pytest.mark.slow  # redis-server
 

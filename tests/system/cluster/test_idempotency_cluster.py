@@ -20,8 +20,8 @@ import trio
 
 from tests.conftest import JSON_TYPE, Harness
 from tests.redis_support import RedisServer, own_redis
-from tests.system.test_redis_store import command
-from tests.system.test_replica import two_nodes
+from tests.system.cluster.test_replica import two_nodes
+from tests.system.store.test_redis_store import command
 
 pytestmark = pytest.mark.slow  # redis-server
 

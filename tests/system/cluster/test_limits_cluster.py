@@ -27,9 +27,9 @@ from trio_websocket import ConnectionRejected, wrap_client_stream
 
 from gateway.tenancy import key_id
 from tests.cluster_support import CONFIG, Cluster, Peer, peers, running_cluster
-from tests.integration.test_http_api import rejected
+from tests.integration.doors.rest.test_http_api import rejected
 from tests.redis_support import ensure_redis_server
-from tests.system.test_redis_store import command
+from tests.system.store.test_redis_store import command
 
 pytestmark = pytest.mark.slow  # redis-server and gateway serve processes
 

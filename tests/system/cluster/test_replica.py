@@ -3,7 +3,7 @@
 gateway/cluster/ and the replica paths of gateway/node/placement.py and
 gateway/session/seam.py, with two whole gateways (``running_gateway``) on a
 redis-server of the test's own. Cheaper than processes, and each node's state
-can be looked at; tests/system/test_cluster.py runs separate processes (and kill -9).
+can be looked at; tests/system/cluster/test_cluster.py runs separate processes (and kill -9).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gateway.protocol.events import CATALOG_TYPES
 from gateway.protocol.frames import Snapshot, SubscribeAck
 from tests.conftest import TOOL_SCRIPT, Client, Harness, make_config, running_gateway, types
 from tests.redis_support import RedisServer, own_redis
-from tests.system.test_redis_store import command
+from tests.system.store.test_redis_store import command
 
 # slow: redis-server
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ import trio
 from gateway.node import unloading
 from tests.conftest import Harness
 from tests.redis_support import RedisServer, own_redis
-from tests.system.test_replica import two_nodes
+from tests.system.cluster.test_replica import two_nodes
 
 pytestmark = pytest.mark.slow  # redis-server
 

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from tests.conftest import Client, open_ws
-from tests.system.test_cli_serve import gateway_process
+from tests.system.cli.test_cli_serve import gateway_process
 
 # slow: gateway serve as a process
 pytestmark = pytest.mark.slow

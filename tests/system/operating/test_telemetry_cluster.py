@@ -1,7 +1,7 @@
 """Traces across two nodes (docs/operating.md "Traces"): the trace context travels with the turn.
 
 Two ``gateway serve`` processes on one Redis, each exporting OTLP/HTTP to a
-receiver on loopback (tests/system/test_telemetry_otlp.py), each under a
+receiver on loopback (tests/system/operating/test_telemetry_otlp.py), each under a
 ``service.name`` of its own. A turn posted with a W3C ``traceparent`` to the
 node that does not run the session is carried to the one that does (the
 ``StartTurn`` operation, with the context in its ``trace`` field): the spans
@@ -21,7 +21,7 @@ import trio
 from tests.cluster_support import CONFIG, Cluster, Node, peers
 from tests.redis_support import RedisServer, ensure_redis_server
 from tests.scripts import DELEGATE
-from tests.system.test_telemetry_otlp import Receiver, attributes
+from tests.system.operating.test_telemetry_otlp import Receiver, attributes
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra: pip install 'gateway[otel]'")
 pytest.importorskip("opentelemetry.proto", reason="the otel extra: pip install 'gateway[otel]'")

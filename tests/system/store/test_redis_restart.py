@@ -1,6 +1,6 @@
 """Redis restarted under load, and Redis unreachable at start-up (docs/scale-out.md).
 
-tests/system/test_redis_store.py has the store's side (a batch held while Redis is
+tests/system/store/test_redis_store.py has the store's side (a batch held while Redis is
 down and landing when it is back; what a ``kill -9`` of Redis keeps; an
 unreachable Redis at start-up, in process and as ``gateway serve``), and
 tests/unit/store/test_lease.py the leases'. Here: a whole gateway on a redis-server of

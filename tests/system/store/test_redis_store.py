@@ -10,7 +10,7 @@ Rules of these tests:
 - "A crash of Redis" is ``kill -9`` of redis-server: what survives is what its
   append-only file has. "A crash of the gateway" is an atomic copy, in Redis
   itself, of every key of the deployment into another database at one instant:
-  what a ``kill -9`` of the gateway would leave (tests/integration/test_restart.py does the
+  what a ``kill -9`` of the gateway would leave (tests/integration/store/test_restart.py does the
   same with SQLite's online backup).
 - Real clock with ``fail_after`` caps: Redis is a real socket.
 """

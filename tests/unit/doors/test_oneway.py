@@ -4,7 +4,7 @@ The reader writes one line per piece, so what the pump makes of its queue
 shows as text: one send per drain (the gate waited for, its cut applied, the
 pause after), the ping of an idle stream, the close, the slow-client cut,
 and the hub left when the stream is over. The doors' own readers run in
-tests/unit/agui, tests/unit/aisdk and the integration tests of each stream.
+tests/unit/doors/agui, tests/unit/doors/aisdk and the integration tests of each stream.
 """
 
 from __future__ import annotations

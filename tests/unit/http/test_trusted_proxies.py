@@ -7,7 +7,7 @@ The rule is tested synchronously (several hops, spoofed left-most entries,
 garbage, ports, IPv6, no header), then over real sockets on 127.0.0.1 and
 127.0.0.2 (a trusted and an untrusted peer of the same listener), then through
 ``ws_url`` (``wss://`` when a trusted proxy says https), then the config's
-refusal of an entry that is not an address. tests/system/test_nginx.py runs the same
+refusal of an entry that is not an address. tests/system/deploy/test_nginx.py runs the same
 through a real nginx.
 """
 
@@ -38,7 +38,7 @@ from gateway.http.server import (
     serve_connection,
 )
 from tests.conftest import make_config, running_gateway
-from tests.system.test_cli_config import run_gateway
+from tests.system.cli.test_cli_config import run_gateway
 
 PROXY = "127.0.0.1:40000"  # the TCP peer as gateway.app formats it: host:port
 LOCAL = TrustedProxies.parse(["127.0.0.1"])

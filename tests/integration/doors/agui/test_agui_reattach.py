@@ -23,7 +23,7 @@ from pydantic import TypeAdapter
 
 from gateway.doors.agui.resume import parse_cursor
 from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway
-from tests.integration.test_agui_http import (
+from tests.integration.doors.agui.test_agui_http import (
     APPROVAL,
     LONG_NAP,
     TEXT,

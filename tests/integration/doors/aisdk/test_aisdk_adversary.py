@@ -30,7 +30,7 @@ from trio_websocket import (
 
 from tests.aisdk_support import UiMessage, gateway, read, read_until, request, user, ws_url
 from tests.conftest import TOOL_SCRIPT, Harness
-from tests.integration.test_http_api import rejected
+from tests.integration.doors.rest.test_http_api import rejected
 
 TEXT = {"script": {"rounds": [[{"text": "Hello there, friend."}]]}}
 LONG_NAP = {

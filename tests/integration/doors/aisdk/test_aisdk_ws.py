@@ -24,7 +24,7 @@ from trio_websocket import (
 )
 
 from tests.aisdk_support import UiMessage, gateway, user, ws_url
-from tests.integration.test_http_api import rejected
+from tests.integration.doors.rest.test_http_api import rejected
 from tests.scripts import LONG_NAP, TEXT
 
 

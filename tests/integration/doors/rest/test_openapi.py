@@ -1,6 +1,6 @@
 """``GET /openapi.json``: the OpenAPI 3.1 document of docs/protocol.md §2.
 
-The document is checked here for what it says; tests/system/test_api_property.py checks
+The document is checked here for what it says; tests/system/doors/rest/test_api_property.py checks
 that the running gateway does what it says. Here: it is valid OpenAPI 3.1
 (``openapi-spec-validator``); every route of the table and every route of the
 contract is in it and routes back to the same handler; its schemas are msgspec's

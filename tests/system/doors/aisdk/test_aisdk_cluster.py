@@ -3,7 +3,7 @@
 A chat created through one node is answered through the other: a new turn,
 an approval answered in the next request, a resume and a stop all act on the
 node that runs the session, and the replica's responses are the same
-messages (``two_nodes`` of tests/system/test_replica.py).
+messages (``two_nodes`` of tests/system/cluster/test_replica.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import trio
 
 from tests.aisdk_support import read, request, user
 from tests.conftest import TOOL_SCRIPT
-from tests.integration.test_aisdk_http import LONG_NAP, TEXT, chat
+from tests.integration.doors.aisdk.test_aisdk_http import LONG_NAP, TEXT, chat
 from tests.redis_support import RedisServer, own_redis
-from tests.system.test_replica import two_nodes
+from tests.system.cluster.test_replica import two_nodes
 
 # slow: redis-server; real Redis pub/sub and TTLs run on the real clock
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ The test installs ``ai@7`` and ``ws`` into a temporary directory (``npm
 install --prefix``, quiet, once per test run: tests/npm_support.py) and runs tests/aisdk_js/*.mjs:
 
 - chunks.mjs: every response the mapping makes of every recorded trace
-  (tests/unit/aisdk/test_aisdk_mapping.py's :func:`dump`), each chunk
+  (tests/unit/doors/aisdk/test_aisdk_mapping.py's :func:`dump`), each chunk
   validated by the package's own ``uiMessageChunkSchema`` and each response
   assembled by ``readUIMessageStream``;
 - socket.mjs: ``WebSocketChatTransport`` over the ``ws`` package: a turn, a
@@ -36,7 +36,7 @@ import trio
 from tests.conftest import make_config, running_gateway
 from tests.npm_support import npm_prefix as npm_prefix
 from tests.paths import TESTS
-from tests.unit.aisdk.test_aisdk_mapping import dump
+from tests.unit.doors.aisdk.test_aisdk_mapping import dump
 
 # slow: node runs the AI SDK's own code
 pytestmark = pytest.mark.slow

@@ -24,7 +24,8 @@ The run is short in the suite: ``GATEWAY_API_EXAMPLES`` examples (default 18) pe
 operation and mode, about 12 s, the same inputs on every run (derandomized, so a
 failure in CI replays as is). A longer one by hand draws new inputs each time::
 
-    GATEWAY_API_EXAMPLES=1000 .venv/bin/python -m pytest tests/system/test_api_property.py
+    GATEWAY_API_EXAMPLES=1000 .venv/bin/python -m pytest \
+        tests/system/doors/rest/test_api_property.py
 
 The daemon's log must hold no error and no traceback at the end, and it must still
 shut down gracefully (exit 0).
@@ -213,7 +214,7 @@ def run_schemathesis(base: str, pools: Pools) -> dict[str, dict[int, int]]:
 
     # DELETE last: it deletes the real sessions every other operation is drawn against.
     # GET .../events with a real token is a stream that never ends (docs/protocol.md
-    # §14): its refusals and frames are tests/integration/test_sse_stream.py's.
+    # §14): its refusals and frames are tests/integration/doors/sse/test_sse_stream.py's.
     operations = sorted(
         (
             op

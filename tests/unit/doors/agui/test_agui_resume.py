@@ -18,8 +18,8 @@ from gateway.doors.agui.mapping import RunMapper
 from gateway.doors.agui.resume import RunFeed, Tagged, event_id, parse_cursor
 from gateway.protocol.events import EVENT_TYPES
 from gateway.protocol.frames import EventFrame
-from tests.integration.test_agui_reattach import open_starts, verify
-from tests.unit.agui.test_agui_mapping import frames, official
+from tests.integration.doors.agui.test_agui_reattach import open_starts, verify
+from tests.unit.doors.agui.test_agui_mapping import frames, official
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

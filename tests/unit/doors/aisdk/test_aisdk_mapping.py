@@ -8,7 +8,7 @@ by one, and :meth:`ChatMapper.pause` is called where the response's pump would
 call it (after ``permission.requested``, nothing else being ready). Every
 chunk list of every trace, from each of its subscriptions, is also applied by
 :class:`tests.aisdk_support.UiMessage`, which fails where the ``ai`` package's
-``processUIMessageStream`` would (tests/system/test_aisdk_js.py runs the
+``processUIMessageStream`` would (tests/system/doors/aisdk/test_aisdk_js.py runs the
 package itself on the same chunks).
 """
 
@@ -666,7 +666,8 @@ def test_ids() -> None:
 def dump(path: Path) -> None:
     """Every response of every trace as its chunks' JSON, keyed ``trace/turn/subscription``.
 
-    What tests/system/test_aisdk_js.py gives the ``ai`` package to validate and assemble.
+    What tests/system/doors/aisdk/test_aisdk_js.py gives the ``ai`` package to validate and
+    assemble.
     """
     out: dict[str, list[dict[str, Any]]] = {}
     for trace, turn, subscription in _every_subscription():
