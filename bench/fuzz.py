@@ -21,7 +21,7 @@ Each request goes on a connection of its own and must get an answer, never a
 end the daemon stops on SIGTERM with exit 0 and a log without a traceback.
 The run prints the statuses it saw and writes ``<out>/<stamp>-<profile>.json``;
 it exits 0 when every check held, 1 otherwise. ``fuzz-smoke`` is the
-seconds-long run the suite makes (tests/system/test_bench_fuzz_smoke.py).
+seconds-long run the suite makes (tests/system/bench/test_bench_fuzz_smoke.py).
 """
 
 from __future__ import annotations

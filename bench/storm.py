@@ -17,7 +17,7 @@ what a message of that many blocks costs by itself, with no tool at all.
 ``--no-limits`` runs it with ``max_tool_uses_per_turn``,
 ``max_workers_per_turn`` and ``max_delegate_depth`` at 0 (no limit): the
 gateway as the trial found it. It prints one JSON object. Figures are
-reported, never asserted (tests/integration/test_turn_limits.py asserts the counts).
+reported, never asserted (tests/integration/tenancy/test_turn_limits.py asserts the counts).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 ``processUIMessageStream`` does, and fails on what it would reject: a delta of a
 part never started, an approval of an unknown tool call, anything after
 ``[DONE]``. The package's own schema and transports check the same doors in
-tests/system/test_aisdk_js.py. :func:`gateway` runs one for a test (30 s at
+tests/system/doors/aisdk/test_aisdk_js.py. :func:`gateway` runs one for a test (30 s at
 most), :func:`ws_url` is its ``/ai-sdk/ws``.
 """
 

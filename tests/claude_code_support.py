@@ -1,4 +1,4 @@
-"""What the ``runtime = "claude-code"`` test modules share (tests/system/test_claude_code*.py,
+"""What the ``runtime = "claude-code"`` test modules share (tests/system/claude_code/,
 tests/unit/runtimes/test_claude_code_mapping.py).
 
 - :data:`CLAUDE_CODE_MARKS`: each system module's ``pytestmark`` (slow; skipped,

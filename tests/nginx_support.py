@@ -1,6 +1,6 @@
-"""A real nginx in front of a real ``gateway serve``, for tests/system/test_nginx.py.
+"""A real nginx in front of a real ``gateway serve``, for tests/system/deploy/test_nginx.py.
 
-(And in front of several nodes, for tests/system/test_nginx_cluster.py:
+(And in front of several nodes, for tests/system/deploy/test_nginx_cluster.py:
 :func:`nodes_site_config` does the same for ``deploy/nginx/gateway-nodes.conf``,
 its upstream's ports replaced by the nodes'; :func:`nginx_serving` runs any site.)
 

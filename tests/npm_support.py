@@ -1,4 +1,4 @@
-"""The npm packages the JS system tests run (tests/system/test_agui_js.py,
+"""The npm packages the JS system tests run (tests/system/doors/agui/test_agui_js.py,
 test_aisdk_js.py, test_aisdk_browser.py), installed once per test run.
 
 :func:`npm_prefix` is a session fixture: one ``npm install --prefix`` of

@@ -12,7 +12,7 @@
 - :func:`ignore_unfinalized_generators`: each module's ``pytestmark``.
 - :data:`ANTHROPIC`, :data:`OPENAI`: each HTTP provider on the fake model
   API, in its own words (its transcripts, its error bodies, how its messages
-  name the server), for its module and for tests/integration/test_provider_contract.py;
+  name the server), for its module and for tests/integration/providers/test_provider_contract.py;
   :func:`price`/:func:`priced`: the Anthropic prices those tests charge.
 
 What only one provider's tests use (its request shapes, ids and configuration)

@@ -1,4 +1,4 @@
-"""What the kill -9 torture test (tests/system/test_torture.py) drives and reads.
+"""What the kill -9 torture test (tests/system/store/test_torture.py) drives and reads.
 
 A real ``gateway serve`` process (:class:`Daemon`), its database file read
 directly while no process runs on it (:class:`StoreFile`), a client that keeps

@@ -1,4 +1,4 @@
-"""What the browser tests need around them (tests/system/test_ui_browser.py,
+"""What the browser tests need around them (tests/system/client/test_ui_browser.py,
 test_aisdk_browser.py, test_boundary_browser.py): Debian's chromium, Playwright, a daemon.
 
 - :func:`chromium` finds ``/usr/bin/chromium`` or installs Debian's package

@@ -44,7 +44,7 @@ def event_frame(data: bytes) -> bytes:
     """The WebSocket frame of ``EventFrame(event)`` around the event's encoded JSON.
 
     Spliced rather than re-encoded: the event's bytes are the ones the store
-    keeps, and a replay wraps them the same way (tests/unit/server/test_fanout.py checks
+    keeps, and a replay wraps them the same way (tests/unit/session/test_fanout.py checks
     the splice decodes to the ``EventFrame`` it stands for).
     """
     return text_frame(_EVENT_FRAME_HEAD + data + b"}")

@@ -1,4 +1,4 @@
-// The official AG-UI JS client reads re-attached runs (tests/system/test_agui_js.py).
+// The official AG-UI JS client reads re-attached runs (tests/system/doors/agui/test_agui_js.py).
 //
 // Usage: node reattach.mjs NODE_MODULES_DIR BASE_URL
 // Streams one run with fetch (text, reasoning, a tool call and its result),

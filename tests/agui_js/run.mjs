@@ -1,4 +1,4 @@
-// The official AG-UI JS client against a running gateway (issue 14; tests/system/test_agui_js.py).
+// The official AG-UI JS client against a running gateway (issue 14; tests/system/doors/agui/test_agui_js.py).
 //
 // Usage: node run.mjs NODE_MODULES_DIR BASE_URL
 // Prints one JSON object: what each run saw. HttpAgent verifies every event

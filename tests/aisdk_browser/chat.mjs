@@ -1,6 +1,6 @@
 // useChat's core in a browser page: the `ai` package's AbstractChat with a minimal
 // state (what @ai-sdk/react's useChat wraps), bundled with esbuild and injected
-// into the gateway's own page by tests/system/test_aisdk_browser.py.
+// into the gateway's own page by tests/system/doors/aisdk/test_aisdk_browser.py.
 //
 // window.aisdkTest drives chats by id; every state write of a chat's messages
 // is recorded (the assistant message's parts as they were), so the test can

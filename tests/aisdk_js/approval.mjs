@@ -1,4 +1,4 @@
-// A tool approval round with the `ai` package's own chat (tests/system/test_aisdk_js.py).
+// A tool approval round with the `ai` package's own chat (tests/system/doors/aisdk/test_aisdk_js.py).
 //
 // Usage: node approval.mjs NODE_MODULES_DIR BASE_URL
 // An AbstractChat (what useChat wraps) with DefaultChatTransport and

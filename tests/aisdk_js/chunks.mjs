@@ -1,4 +1,4 @@
-// The gateway's UI message chunks as the `ai` package reads them (tests/system/test_aisdk_js.py).
+// The gateway's UI message chunks as the `ai` package reads them (tests/system/doors/aisdk/test_aisdk_js.py).
 //
 // Usage: node chunks.mjs NODE_MODULES_DIR CHUNKS.json
 // CHUNKS.json: {"trace/turn/subscription": [chunk, ...]}, every response the mapping makes

@@ -1,4 +1,4 @@
-// The `ai` package's DefaultChatTransport against a running gateway (tests/system/test_aisdk_js.py).
+// The `ai` package's DefaultChatTransport against a running gateway (tests/system/doors/aisdk/test_aisdk_js.py).
 //
 // Usage: node live.mjs NODE_MODULES_DIR BASE_URL
 // Prints one JSON object: for each case the chunks the transport read (it

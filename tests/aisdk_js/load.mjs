@@ -1,5 +1,5 @@
 // The `ai` package (ESM) from a node_modules directory given on the command line
-// (tests/system/test_aisdk_js.py installs it there with npm).
+// (tests/system/doors/aisdk/test_aisdk_js.py installs it there with npm).
 import { createRequire } from "node:module";
 import path from "node:path";
 import { pathToFileURL } from "node:url";

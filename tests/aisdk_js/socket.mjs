@@ -1,5 +1,5 @@
 // The `ai` package's WebSocketChatTransport, over the `ws` package, against a running
-// gateway (tests/system/test_aisdk_js.py).
+// gateway (tests/system/doors/aisdk/test_aisdk_js.py).
 //
 // Usage: node socket.mjs NODE_MODULES_DIR BASE_URL
 // Prints one JSON object: a text turn, a resume of a turn in flight (the whole

@@ -29,7 +29,7 @@ script only rebuilds their expected views from the stored trace, and the
 suite checks both reducers against them but does not compare them with what
 the gateway sends.
 
-The module is also imported by tests/integration/test_conformance.py (normalise, the
+The module is also imported by tests/integration/client/test_conformance.py (normalise, the
 views of a trace, the gate).
 """
 

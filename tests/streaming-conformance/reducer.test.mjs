@@ -4,7 +4,7 @@
 // reducer frame by frame. After every frame the simple view must equal the last one the
 // expected file recorded, and after every frame that is not a delta the full view too
 // (traces/NAME.expected.json, written by record.py from the Python reference; see README.md).
-// The same files drive tests/integration/test_conformance.py, so both languages agree frame by frame.
+// The same files drive tests/integration/client/test_conformance.py, so both languages agree frame by frame.
 
 import assert from "node:assert/strict";
 import { readdirSync, readFileSync } from "node:fs";
@@ -121,7 +121,7 @@ test("a worker's permission request is pending in its parent's stream too (docs/
 
 // --- a late or returning client ends where a live one is (docs/protocol.md §10) ----------
 //
-// As in tests/integration/test_conformance.py: at every cut point of every trace, a client built the
+// As in tests/integration/client/test_conformance.py: at every cut point of every trace, a client built the
 // way the server would build it there (a snapshot of the state at the cut; or the replay of
 // what it missed, with message.snapshot for a message still streaming) is fed the rest of
 // the trace, and must show what the live client shows: at every later frame but for the

@@ -1,7 +1,7 @@
 """Which variables are secrets the daemon takes out of its environment (docs/protocol.md §15).
 
 The scrub itself, ``/proc/<pid>/environ`` included, runs in a daemon process:
-tests/integration/test_boundary_adversary.py.
+tests/integration/boundary/test_boundary_adversary.py.
 """
 
 from __future__ import annotations

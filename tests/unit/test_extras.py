@@ -57,14 +57,14 @@ def modules_needing_extras() -> list[Path]:
 def test_the_modules_are_found() -> None:
     found = {path.relative_to(TESTS).as_posix() for path in modules_needing_extras()}
     assert {
-        "system/test_claude_code.py",
-        "system/test_bench_claude_code.py",
+        "system/claude_code/test_claude_code.py",
+        "system/bench/test_bench_claude_code.py",
         "unit/runtimes/test_claude_code_mapping.py",
         "unit/providers/test_factory.py",
-        "integration/test_telemetry.py",
-        "system/test_telemetry_otlp.py",
+        "integration/operating/test_telemetry.py",
+        "system/operating/test_telemetry_otlp.py",
     } <= found, found
-    assert "integration/test_agents.py" not in found  # it imports the SDK in a function only
+    assert "integration/agents/test_agents.py" not in found  # it imports the SDK in a function only
 
 
 def test_without_the_extras_their_tests_skip(tmp_path: Path) -> None:

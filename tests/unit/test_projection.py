@@ -3,7 +3,7 @@
 The toy door's emitters write one line per message, so each rule of the walk
 (the turn filter, the blocks, the steps, the closing) shows as text; the two
 real doors (AG-UI, the AI SDK) run every recorded trace through it in
-tests/unit/agui and tests/unit/aisdk.
+tests/unit/doors/agui and tests/unit/doors/aisdk.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 - :mod:`gateway.doors.agui.shapes`: the AG-UI wire shapes this gateway emits and
   accepts, as msgspec Structs (checked against the ``ag-ui-protocol`` models
-  in tests/unit/agui/test_agui_mapping.py).
+  in tests/unit/doors/agui/test_agui_mapping.py).
 - :mod:`gateway.doors.agui.mapping`: the sans-IO mapping from the gateway's events
   (docs/protocol.md sections 5, 7, 8) to AG-UI's; the decisions are in
   docs/doors/agui.md.

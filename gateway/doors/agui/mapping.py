@@ -3,7 +3,7 @@
 :class:`RunMapper` is fed the session's events (docs/protocol.md sections 5, 7 and 8)
 with :meth:`RunMapper.receive` and answers the AG-UI events they become; it
 holds no socket and never awaits, so it is tested event by event against the
-recorded traces (tests/unit/agui/test_agui_mapping.py). The run is the turn: events of
+recorded traces (tests/unit/doors/agui/test_agui_mapping.py). The run is the turn: events of
 any other turn, and the event types it has no use for, map to nothing.
 
 =============================  ===============================================

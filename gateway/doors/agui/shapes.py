@@ -3,7 +3,7 @@
 Names and fields follow the AG-UI 1.0 schema (``spec/1.0/schema.json``, the
 source of the ``ag_ui.core`` models of the ``ag-ui-protocol`` package): camelCase
 on the wire, optional fields left out rather than sent as ``null``.
-tests/unit/agui/test_agui_mapping.py checks every Struct here against those models.
+tests/unit/doors/agui/test_agui_mapping.py checks every Struct here against those models.
 
 Only what the gateway uses is declared: the events of docs/doors/agui.md,
 the messages of a ``MESSAGES_SNAPSHOT``, and ``RunAgentInput`` (whose messages

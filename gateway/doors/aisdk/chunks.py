@@ -5,7 +5,7 @@ The wire shapes of the ``ai`` npm package's UI message stream (version 7,
 with the field names the package reads (camelCase) and without the optional
 fields left unset (a tool chunk's ``providerExecuted`` and ``dynamic`` are
 always sent: their defaults are the point, the SDK reads them absent as false).
-tests/system/test_aisdk_js.py checks every chunk the mapping
+tests/system/doors/aisdk/test_aisdk_js.py checks every chunk the mapping
 makes of the recorded traces against the package's own schema.
 """
 

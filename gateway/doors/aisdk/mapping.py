@@ -3,7 +3,7 @@
 :class:`ChatMapper` is fed the session's events (docs/protocol.md sections 5, 7
 and 8) and answers the UI message chunks (:mod:`gateway.doors.aisdk.chunks`) they
 become; it holds no socket and never awaits, so it is tested event by event
-against the recorded traces (tests/unit/aisdk/test_aisdk_mapping.py). A chat
+against the recorded traces (tests/unit/doors/aisdk/test_aisdk_mapping.py). A chat
 response is one turn, one assistant UI message whose id is the turn's
 (:func:`ui_message_id`); events of other turns map to nothing.
 

@@ -36,7 +36,7 @@ from gateway.client.chat import (
 )
 from gateway.client.views import PermissionView, full_view, simple_view
 from gateway.protocol.events import ContextCompacted
-from tests.integration.test_conformance import record
+from tests.integration.client.test_conformance import record
 
 SCHEMA = {
     "type": "object",

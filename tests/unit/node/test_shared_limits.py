@@ -4,7 +4,7 @@ Without Redis: :class:`gateway.tenancy.Limits` with a scripted
 :class:`~gateway.tenancy.SharedLimits` (what it asks, what it answers), and
 :class:`gateway.node.limits.RedisKeyLimits` on a scripted Redis client (what it
 sends, and what it does when Redis does not answer). The Lua scripts run
-against a real Redis in tests/system/test_limits_cluster.py.
+against a real Redis in tests/system/cluster/test_limits_cluster.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 of the CLI's messages (docs/protocol.md §11).
 
 Needs the claude-code extra (it imports the SDK's types), none of its processes:
-these run with the fast tests. Those that run the CLI are tests/system/test_claude_code*.py.
+these run with the fast tests. Those that run the CLI are in tests/system/claude_code/.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gateway.agents import resolve_agents
 from gateway.runtimes.claude_code import messages, options
 from tests.claude_code_support import cc_config
 from tests.mcp_support import EVERYTHING
-from tests.system.test_claude_code_more import MCP_TABLES
+from tests.system.claude_code.test_claude_code_more import MCP_TABLES
 
 
 def test_the_cli_gets_the_mcp_servers_the_agent_reaches_and_may_use_their_tools(

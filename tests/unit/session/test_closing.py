@@ -5,8 +5,8 @@ a crash of the process left in flight, and section 7's close of a turn that a
 gateway bug or a failed call ended: each row gives the facts a closing turn
 left (its phase, what is open, why it closes) and the exact events
 :func:`sequence` returns for them. The live loop and the crash recovery emit
-these same lists (tests/integration/test_cancellation.py and tests/unit/session/test_recovery.py see
-them on the wire).
+these same lists (tests/integration/session/test_cancellation.py and
+tests/unit/session/test_recovery.py see them on the wire).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from gateway.store.redis.store import RedisStore
 from gateway.store.sqlite.leases import LocalLeases
 from tests.conftest import make_config, running_gateway
 from tests.redis_support import RedisServer, own_redis, redis_server
-from tests.system.test_redis_store import SLEEPY, command, crash_copy
+from tests.system.store.test_redis_store import SLEEPY, command, crash_copy
 
 __all__ = ["own_redis", "redis_server"]  # fixtures
 

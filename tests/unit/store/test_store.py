@@ -6,7 +6,7 @@ Rules of these tests:
   :class:`gateway.store.base.Store`: each runs twice, on SQLite and on Redis
   (a real redis-server, tests/redis_support.py). The ones at the end that
   name :class:`SqliteStore` are about SQLite itself (its schema, its file, its
-  threads); tests/system/test_redis_store.py has Redis's own.
+  threads); tests/system/store/test_redis_store.py has Redis's own.
 - Every test uses a fresh store: a new database file under ``tmp_path``, or a
   key prefix of its own on the run's redis-server. "Survives a restart" means
   ``aclose`` then a new store on the same file or prefix.

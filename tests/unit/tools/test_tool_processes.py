@@ -27,7 +27,7 @@ from gateway.tools.builtin import build_registry
 from gateway.tools.process import ToolProcesses, tool_environment
 from gateway.tools.registry import ToolContext
 from gateway.tools.workspace import Workspaces
-from tests.system.test_cli_serve import gateway_process
+from tests.system.cli.test_cli_serve import gateway_process
 from tests.unit.tools.test_shell_tool import _live_members, _read_pgid
 
 SHELL_CONFIG = """\
