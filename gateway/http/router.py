@@ -156,7 +156,7 @@ class Router:
             headers = self.boundary.preflight_headers(listed) if listed else []
             return Response(204, b"", headers=headers)
         try:
-            answer = await self._held(req)
+            answer = await self._pinned(req)
         except ApiError as exc:
             if listed:  # the page can then read why it was refused
                 exc.headers = (*exc.headers, *self.boundary.cors_headers(listed))
@@ -170,8 +170,8 @@ class Router:
             answer.headers = [*answer.headers, *self.boundary.cors_headers(listed)]
         return answer
 
-    async def _held(self, req: Request) -> Answer:
-        """:meth:`_route`, the sessions it names held in memory until it is answered.
+    async def _pinned(self, req: Request) -> Answer:
+        """:meth:`_route`, the sessions it names pinned in memory until it is answered.
 
         A plain answer releases them once made; a WebSocket or an SSE stream
         once it is over (gateway.node.unloading: a session with clients stays).

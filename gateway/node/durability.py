@@ -58,7 +58,7 @@ class Durability:
         emitted meanwhile (a slow client's warning) waits for its own commit.
         """
         for family in list(self._holding):
-            held = family.held
+            held = family.awaiting_commit
             while held and held[0][0] <= committed:
                 _, session, events = held.popleft()
                 session.release(events)

@@ -248,12 +248,12 @@ class Registry:
             loading.set()
 
     def _used(self, session: Session) -> Session:
-        """A request is using the session: not idle, and held until its answer is out."""
+        """A request is using the session: not idle, and pinned until its answer is out."""
         session.used_at = trio.current_time()
         pins = _PINS.get()
         if pins is not None and pins.open:
             session.pins += 1
-            pins.held.append(session)
+            pins.pinned.append(session)
         return session
 
     async def _load(self, session_id: str) -> Session | None:
@@ -352,10 +352,10 @@ class Registry:
 class Pins:
     """The sessions one request holds (:func:`pinning`); none once released."""
 
-    __slots__ = ("held", "open")
+    __slots__ = ("open", "pinned")
 
     def __init__(self) -> None:
-        self.held: list[Session] = []
+        self.pinned: list[Session] = []
         self.open = True  # a task spawned by the request inherits it: it pins nothing after
 
     def release(self) -> None:
@@ -364,10 +364,10 @@ class Pins:
             return
         self.open = False
         now = trio.current_time()
-        for session in self.held:
+        for session in self.pinned:
             session.pins -= 1
             session.used_at = now
-        self.held.clear()
+        self.pinned.clear()
 
 
 class _Taken(Exception):
@@ -377,7 +377,7 @@ class _Taken(Exception):
 def pinning() -> Pins:
     """Hold every session the request in this task uses (loads), until ``release()``.
 
-    A held session is never unloaded (gateway.node.unloading): the HTTP layer
+    A pinned session is never unloaded (gateway.node.unloading): the HTTP layer
     holds them from a request's start until its answer is out or its stream
     (WebSocket, SSE) is over; the cluster link while it serves an operation.
     """

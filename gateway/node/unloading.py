@@ -111,7 +111,7 @@ def busy(node: NodeCore, session: Session) -> bool:
         or session.pins
         or session.permissions.pending()
         or session.supervisor.compaction_queued
-        or session.family.held
+        or session.family.awaiting_commit
         or session.fenced
         or node.registry.busy(session)
         or session.id in node.failover.claiming

@@ -5,7 +5,7 @@ each LLM call streams raw provider events to the session's translator task; a
 call that stops with ``tool_use`` hands its tool blocks to the tool round
 (:mod:`gateway.session.tool_round`). Whatever ends the turn, exactly one of
 ``turn.completed`` or ``turn.cancelled`` closes it, and the turn lock is
-released in the same step (:mod:`gateway.session.ending`); a turn that ends
+released in the same step (:mod:`gateway.session.closing_live`); a turn that ends
 early closes with the sequence :mod:`gateway.session.closing` decides from
 its phase and what it left open (docs/protocol.md §8).
 
@@ -49,10 +49,10 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.shapes import StopReason, ToolUseBlock, Usage
 from gateway.providers.base import ModelRequest
-from gateway.session import closing, compactor
+from gateway.session import closing, compaction_live
 from gateway.session.call import Call, EndCall
+from gateway.session.closing_live import TurnEnding
 from gateway.session.compaction import estimate, model_view
-from gateway.session.ending import TurnEnding
 from gateway.session.loop_api import AgentServices, Runtime, TurnHost
 from gateway.session.tool_round import ToolRound, fail_tool, record_result
 from gateway.session.turn import Turn, TurnState
@@ -85,7 +85,7 @@ class AgentLoop:
         """The session's tools now: built-in and MCP, its agent's (asked at every use)."""
         return self.node.session_tools(self.session)
 
-    async def run(self, turns: trio.MemoryReceiveChannel[Turn | compactor.Request]) -> None:
+    async def run(self, turns: trio.MemoryReceiveChannel[Turn | compaction_live.Request]) -> None:
         """Take the session's turns and compactions, one at a time, until the session ends.
 
         An agent with a runtime of its own (the node's ``runtime_of``)
@@ -104,9 +104,9 @@ class AgentLoop:
                 self.runtime = None
                 nursery.cancel_scope.cancel()
 
-    async def _jobs(self, turns: trio.MemoryReceiveChannel[Turn | compactor.Request]) -> None:
+    async def _jobs(self, turns: trio.MemoryReceiveChannel[Turn | compaction_live.Request]) -> None:
         async for job in turns:
-            if isinstance(job, compactor.Request):
+            if isinstance(job, compaction_live.Request):
                 await self.compact_now(job)
             else:
                 await self.run_turn(job)
@@ -302,20 +302,22 @@ class AgentLoop:
             state.call_failed_emitted = True
         return call
 
-    async def _compact(self, turn: Turn, state: TurnState, trigger: compactor.Trigger) -> bool:
+    async def _compact(
+        self, turn: Turn, state: TurnState, trigger: compaction_live.Trigger
+    ) -> bool:
         """Compact within the turn (phase ``llm``); whether anything was compacted.
 
         The previous call is done with: a cancel during the summary call is
         the ``llm`` phase's with no call to close, only ``turn.cancelled``.
         """
         state.call = None
-        done = await compactor.compact(self.session, self.node, trigger, turn.id)
+        done = await compaction_live.compact(self.session, self.node, trigger, turn.id)
         if done is None:
             return False
         state.usage += done.usage
         return True
 
-    async def compact_now(self, request: compactor.Request) -> None:
+    async def compact_now(self, request: compaction_live.Request) -> None:
         """``POST .../compact`` (``manual``), between turns, bounded by the agent's turn timeout.
 
         A session run by another runtime compacts its own context
@@ -331,7 +333,7 @@ class AgentLoop:
                 request.done.set()
             return
         try:
-            done = await compactor.compact(
+            done = await compaction_live.compact(
                 s, self.node, "manual", None, timeout_s=self.agent.turn_timeout_s
             )
             if done is not None and done.usage.cost_usd:

@@ -12,7 +12,7 @@ Runtime shape::
 
 Where the rest of a session lives: its turn phases in :mod:`~gateway.session.turn`,
 the cancel sequences in :mod:`~gateway.session.closing` (pure) and
-:mod:`~gateway.session.ending` (live), its subscriptions and
+:mod:`~gateway.session.closing_live` (live), its subscriptions and
 fan-out in :mod:`~gateway.session.hub`, what a client gets when it subscribes in
 :mod:`~gateway.session.seam`, its permission requests in
 :mod:`~gateway.session.permissions`.
@@ -240,7 +240,7 @@ class Session:
         # The family shares streams (a parent's clients may take its workers'
         # events), so it shares the hold: batches waiting for their commit.
         self.family: Session = parent.family if parent else self
-        self.held: deque[tuple[int, Session, list[Emitted]]] = deque()
+        self.awaiting_commit: deque[tuple[int, Session, list[Emitted]]] = deque()
         self.workers: list[Session] = []
         self.hub: Hub = Hub(parent.hub if parent else None, node.metrics)
         self.messages: list[Message] = []
@@ -325,10 +325,10 @@ class Session:
         node.metrics.events_emitted(out)
         family = self.family
         if catalog:  # held until its commit (module docstring)
-            family.held.append((store.ticket(), self, out))
+            family.awaiting_commit.append((store.ticket(), self, out))
             node.holding(family)
-        elif family.held:  # behind the family's held batches, released with the last
-            family.held.append((family.held[-1][0], self, out))
+        elif family.awaiting_commit:  # behind the family's held batches, released with the last
+            family.awaiting_commit.append((family.awaiting_commit[-1][0], self, out))
         else:
             self.release(out)
         return out
@@ -591,7 +591,9 @@ class Session:
         # store drops a session's writes once another node holds its lease):
         # no client anywhere gets them.
         family = self.family
-        family.held = deque(entry for entry in family.held if entry[1] is not self)
+        family.awaiting_commit = deque(
+            entry for entry in family.awaiting_commit if entry[1] is not self
+        )
 
     def stopped_here(self) -> None:
         """After :meth:`stop_here`: a replica with nothing in flight, ready to run again."""

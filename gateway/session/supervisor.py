@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.session import compactor
+from gateway.session import compaction_live
 from gateway.session.core import SessionCore
 from gateway.session.turn import Turn
 
@@ -30,8 +30,8 @@ class Supervisor:
     """The turns and compactions queued for one session's agent loop, and its tasks' scope."""
 
     def __init__(self) -> None:
-        self._tx, self._rx = trio.open_memory_channel[Turn | compactor.Request](2)
-        self.compaction: compactor.Request | None = None  # POST .../compact, until it ran
+        self._tx, self._rx = trio.open_memory_channel[Turn | compaction_live.Request](2)
+        self.compaction: compaction_live.Request | None = None  # POST .../compact, until it ran
         self._scope = trio.CancelScope()
 
     def queue_turn(self, turn: Turn) -> None:
@@ -43,7 +43,7 @@ class Supervisor:
         return self.compaction is not None and not self.compaction.done.is_set()
 
     def queue_compaction(self) -> None:
-        self.compaction = compactor.Request()
+        self.compaction = compaction_live.Request()
         self._tx.send_nowait(self.compaction)
 
     async def compacted(self) -> None:
