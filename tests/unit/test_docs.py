@@ -375,7 +375,7 @@ def logged_events() -> tuple[dict[str, str], list[str]]:
         calls += [(where, call, function) for call, function in visitor.calls]
         for cls in ast.walk(tree):
             for node in cls.body if isinstance(cls, ast.ClassDef) else []:
-                target = node.target if isinstance(node, ast.AnnAssign) else None
+                target: ast.expr | None = node.target if isinstance(node, ast.AnnAssign) else None
                 if isinstance(node, ast.Assign) and len(node.targets) == 1:
                     target = node.targets[0]
                 value = getattr(node, "value", None)

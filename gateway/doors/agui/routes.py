@@ -65,7 +65,7 @@ RUN = Operation(
     },
     description="An AG-UI `RunAgentInput`; the answer is `text/event-stream`, "
     "one `data: {AG-UI event}` per event and a `: ping` comment after "
-    '`ping_interval_s` idle (docs/protocol.md "AG-UI"). `threadId` is a '
+    '`ping_interval_s` idle (docs/doors/agui.md). `threadId` is a '
     "session id (an unknown one is created, owned by the caller's key); "
     "the last `user` message's text is the turn's content; the run is the "
     "turn. A run that stops for a tool approval ends with `RUN_FINISHED` "
@@ -111,7 +111,7 @@ STREAM = Operation(
     "without, the whole run. The stream begins with `RUN_STARTED`, then the "
     "start events of every step and block the client saw start and not end, "
     "then the rest of the run, live while it goes on, until `RUN_FINISHED` or "
-    '`RUN_ERROR` (docs/protocol.md "AG-UI"). 404 `run_not_found`: a run this '
+    '`RUN_ERROR` (docs/doors/agui.md). 404 `run_not_found`: a run this '
     "gateway did not start or no longer holds.",
 )
 """``GET /agui/{session_id}/runs/{run_id}/stream`` in the API document."""

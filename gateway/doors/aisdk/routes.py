@@ -86,7 +86,7 @@ CHAT = Operation(
     "parts are the turn; a last `assistant` message with tool parts in state "
     "`approval-responded` answers those approvals and continues the turn. The "
     "answer is `text/event-stream` with `x-vercel-ai-ui-message-stream: v1`: "
-    "UI message chunks, then `data: [DONE]` (docs/protocol.md §14). Dropping "
+    "UI message chunks, then `data: [DONE]` (docs/doors/aisdk.md). Dropping "
     "the stream does not cancel the turn; `POST /ai-sdk/chat/{id}/stop` does.",
 )
 
@@ -100,7 +100,7 @@ RESUME = Operation(
     },
     description="The turn's whole assistant message so far, then live, as "
     "`DefaultChatTransport` replays a resumed stream; 204 when no turn is in "
-    "flight (docs/protocol.md §14).",
+    "flight (docs/doors/aisdk.md).",
 )
 
 STOP = Operation(

@@ -72,7 +72,7 @@ WS = Operation(
     },
     description="`send`, `resume` (`lastSequence`), `abort` in; `start`, `chunk` "
     "(`sequence`), `end`, `error`, `no-active` out, each with its `requestId` "
-    "(docs/protocol.md §14). `abort` cancels the turn; closing the socket does "
+    "(docs/doors/aisdk.md). `abort` cancels the turn; closing the socket does "
     "not. The API key, where keys are configured: `Authorization: Bearer` or "
     "the `key` query parameter.",
 )

@@ -40,7 +40,7 @@ EVENTS = Operation(
         403: ATTACH_REFUSALS,
         503: ("over_capacity",),
     },
-    description="docs/protocol.md §14: the WebSocket stream's frames "
+    description="docs/doors/sse.md: the WebSocket stream's frames "
     "(`subscribe_ack`, `snapshot`, `event`, `subscribe_error`), each one "
     "`data:` line of the same JSON, an event frame with `id:` = its event "
     "id; `Last-Event-ID` resumes as `since` does. A `: ping` comment after "
