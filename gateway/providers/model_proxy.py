@@ -21,7 +21,8 @@ its ``ANTHROPIC_API_KEY``. This door:
 - **forwards** the request to the agent's ``base_url`` (else the provider's
   own, :data:`DEFAULT_UPSTREAM`; the path appended to the URL's own path,
   the host never taken from the request) with the real key as ``x-api-key`` (the
-  credential and any ``Authorization`` removed, hop-by-hop headers dropped),
+  credential and any ``Authorization`` removed, hop-by-hop headers and those
+  ``Connection`` names dropped; a request framed both ways is 400),
   from the daemon, with the daemon's proxy settings as the native runtime's
   calls; and **streams the answer back as it comes**, byte for byte (no
   decoding, each chunk written when read). A CLI that hangs up cuts the
@@ -253,10 +254,11 @@ class ModelProxy:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         wait = HEAD_TIMEOUT_S
         while True:
+            head: h11.Event | None = None
             with trio.move_on_after(wait):
                 head = await _next_head(conn, stream)
             if not isinstance(head, h11.Request):
-                return
+                return  # closed, or nothing came in time
             if not await self._answer(conn, stream, head):
                 return
             if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
@@ -277,6 +279,10 @@ class ModelProxy:
         grant = self.check(_presented(headers))
         if grant is None:
             await _error(conn, stream, 401, "authentication_error", "invalid credential")
+            return False
+        names = {name for name, _ in headers}
+        if "transfer-encoding" in names and "content-length" in names:
+            await _error(conn, stream, 400, "invalid_request_error", "conflicting framing")
             return False
         body: bytes | None = None
         with trio.move_on_after(BODY_TIMEOUT_S) as reading:
@@ -325,7 +331,14 @@ class ModelProxy:
         """The call, upstream with the real key; its answer streamed back as it comes."""
         client = self._client
         assert client is not None
-        sent = [(k, v) for k, v in headers if k not in _HOP_BY_HOP and k not in _CREDENTIALS]
+        named = {  # the headers Connection names are this hop's too (RFC 9110 §7.6.1)
+            token.strip().lower()
+            for name, value in headers
+            if name == "connection"
+            for token in value.split(",")
+        }
+        dropped = _HOP_BY_HOP | _CREDENTIALS | named
+        sent = [(k, v) for k, v in headers if k not in dropped]
         sent.append(("x-api-key", grant.key))
         request = client.build_request(method, url, headers=sent, content=body)
         try:
@@ -398,13 +411,20 @@ async def _read_body(conn: h11.Connection, stream: trio.SocketStream) -> bytes |
 async def _watch_hangup(
     conn: h11.Connection, stream: trio.SocketStream, scope: trio.CancelScope
 ) -> None:
-    """While a call is forwarded: the CLI hanging up cuts it (what it sends is kept)."""
+    """While a call is forwarded: the CLI hanging up cuts it.
+
+    What it sends meanwhile (its next request, pipelined) is kept, up to
+    :data:`MAX_HEAD_BYTES`; past that the call and the connection end: the
+    door never buffers without a bound.
+    """
+    kept = 0
     while True:
         try:
             data = await stream.receive_some(65536)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             data = b""
-        if not data:
+        kept += len(data)
+        if not data or kept > MAX_HEAD_BYTES:
             scope.cancel()
             return
         conn.receive_data(data)

@@ -20,6 +20,7 @@ it is sent, and a sibling task standing for the node's other work.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -161,7 +162,7 @@ async def test_the_key_goes_only_to_the_configured_host_and_path() -> None:
 
 
 async def test_a_connection_that_says_nothing_is_closed(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with door() as (proxy, _, _):
         port = int(proxy.base_url.rsplit(":", 1)[1])
@@ -170,6 +171,75 @@ async def test_a_connection_that_says_nothing_is_closed(
             start = trio.current_time()
             assert await stream.receive_some(100) == b""  # closed, unanswered
             assert trio.current_time() - start == pytest.approx(model_proxy.HEAD_TIMEOUT_S, 0.1)
+    # A timeout, not a failure: nothing any local process can write to the error log.
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+async def test_an_idle_connection_after_a_call_is_closed_not_answered_twice(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with door() as (proxy, upstream, _):
+        token = proxy.issue("sess_a", f"http://127.0.0.1:{upstream.port}", KEY)
+        port = int(proxy.base_url.rsplit(":", 1)[1])
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            request = post("/v1/messages", token).replace(b"Connection: close\r\n", b"")
+            await stream.send_all(request)
+            got = b""
+            while b'{"ok": true}' not in got:
+                got += await stream.receive_some(65536)
+            start = trio.current_time()
+            while chunk := await stream.receive_some(65536):
+                got += chunk
+            assert trio.current_time() - start == pytest.approx(model_proxy.IDLE_TIMEOUT_S, 0.1)
+        assert got.count(b"HTTP/1.1 ") == 1 and len(upstream.heads) == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+async def test_framing_both_ways_is_refused_and_connection_named_headers_stay_here() -> None:
+    async with door() as (proxy, upstream, _):
+        token = proxy.issue("sess_a", f"http://127.0.0.1:{upstream.port}", KEY)
+        both = post("/v1/messages", token).replace(
+            b"content-length: 2\r\n", b"content-length: 2\r\ntransfer-encoding: chunked\r\n"
+        )
+        assert (await raw(proxy.base_url, both)).startswith(b"HTTP/1.1 400 ")
+        named = post("/v1/messages", token).replace(
+            b"Connection: close\r\n", b"Connection: close, x-private\r\nx-private: secret\r\n"
+        )
+        assert (await raw(proxy.base_url, named)).startswith(b"HTTP/1.1 200 ")
+        (head,) = upstream.heads
+        assert b"x-private" not in head.lower()
+
+
+async def test_what_a_client_sends_during_a_call_is_bounded() -> None:
+    """A call in flight keeps what the client sends next only up to a head's size."""
+    proxy, slow = ModelProxy(), trio.Event()
+
+    async def stalling(stream: trio.SocketStream) -> None:
+        async with stream:
+            await stream.receive_some(65536)
+            await slow.wait()  # never answers: the call stays in flight
+
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        up = listeners[0].socket.getsockname()[1]
+        nursery.start_soon(trio.serve_listeners, stalling, listeners)
+        proxy.attach(nursery)
+        await proxy.ensure_running()
+        token = proxy.issue("sess_a", f"http://127.0.0.1:{up}", KEY)
+        port = int(proxy.base_url.rsplit(":", 1)[1])
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(post("/v1/messages", token))
+            sent = 0
+            with trio.move_on_after(10), contextlib.suppress(trio.BrokenResourceError):
+                while sent < 8 * model_proxy.MAX_HEAD_BYTES:
+                    await stream.send_all(b"x" * 65536)
+                    sent += 65536
+            with trio.fail_after(10):  # cut: the connection ends
+                while await stream.receive_some(65536):
+                    pass
+        nursery.cancel_scope.cancel()
 
 
 async def test_connections_past_the_cap_are_closed_at_once(
