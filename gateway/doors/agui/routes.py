@@ -320,9 +320,8 @@ class AguiRoutes:
         # A run started through another node of the deployment is not known here.
         known = run is not None or self.node.placement.alone
         if turn_id is None or (body.run_id is not None and known and run != (body.run_id, turn_id)):
-            raise ApiError(
-                409, "turn_not_in_flight", f"no run {body.run_id or ''} in flight on {session_id}"
-            )
+            which = f"run {body.run_id}" if body.run_id is not None else "run"
+            raise ApiError(409, "turn_not_in_flight", f"no {which} in flight on {session_id}")
         await self.node.cancel_turn(session, turn_id, body.reason or "user", f"agui:{req.client}")
         return json_response(
             202, RunCancelling(session_id=session_id, run_id=body.run_id, turn_id=turn_id)

@@ -295,8 +295,13 @@ async def chat_socket(ctx: DoorContext, responses: Responses, req: Request) -> W
 
 
 def _caller(ctx: DoorContext, req: Request) -> str | None:
-    """The key's id: from ``Authorization: Bearer``, else the ``key`` query parameter."""
-    if "authorization" in req.headers or not ctx.keys.enabled:
+    """The key's id: from ``Authorization: Bearer``, else the ``key`` query parameter.
+
+    Another scheme (a proxy's ``Basic``) is not the gateway's: it is ignored,
+    as on the native stream (docs/protocol.md §2).
+    """
+    bearer = req.headers.get("authorization", "")[:7].lower() == "bearer "
+    if bearer or not ctx.keys.enabled:
         return ctx.authenticate(req)
     key = req.query.get("key")
     if not key:

@@ -141,6 +141,12 @@ async def test_keys_frames_and_ownership(tmp_path: Path) -> None:
             await ws.send_message(json.dumps({"type": "sing", "requestId": "x"}))
             await r2.until("x", ended)
             assert r2.frames["x"][-1]["type"] == "error"
+        # A proxy's Basic credential is not the gateway's: the key in the query still counts.
+        basic = [("Authorization", "Basic dXNlcjpwYXNz")]
+        async with open_websocket_url(ws_url(h, "?key=key-a"), extra_headers=basic) as ws:
+            r4 = Responses(ws)
+            rid = await r4.request(send(chat_id, user(TEXT)))
+            assert (await r4.until(rid, ended)).text == "Hello there, friend."
         async with open_websocket_url(ws_url(h, "?key=key-b")) as ws:
             r3 = Responses(ws)
             rid = await r3.request(send(chat_id, user(TEXT)))
