@@ -117,15 +117,41 @@ class OneWayQueue(DeliveryQueue[Gate]):
         assert self._rx is not None
         self.rx = self._rx  # the pump's end of the queue
         self.cut = 0  # the seam's cut, once the gate opened (live: 0)
+        # Once a close is decided, every write must be done within close_grace_s:
+        # a client that reads nothing must not hold its slot (and its session) on
+        # a write blocked forever (:meth:`send`).
+        self._grace_s = config.close_grace_s
+        self._close_by = math.inf
+        self._writing: trio.CancelScope | None = None
+
+    def request_close(self, code: str) -> None:
+        """End the stream: too slow, deleted, shutdown, or this node lost the session's feed."""
+        self.end_stream(code)
+        if self._close_by == math.inf:
+            self._close_by = trio.current_time() + self._grace_s
+            if self._writing is not None:
+                self._writing.deadline = self._close_by
+
+    async def send(self, send: Send, data: bytes) -> None:
+        """``send(data)``, bounded by the close's grace once a close is decided.
+
+        Raises:
+            SlowClient: the write did not finish within the grace (the client
+                reads nothing): the transport closes the connection.
+        """
+        with trio.move_on_at(self._close_by) as scope:
+            self._writing = scope
+            try:
+                await send(data)
+            finally:
+                self._writing = None
+        if scope.cancelled_caught:
+            raise SlowClient(f"the {self.queue_name}'s close did not reach its client in time")
 
     @property
     def too_slow(self) -> bool:
         """The slow-client rule cut this stream."""
         return self.closing == "client_too_slow"
-
-    def request_close(self, code: str) -> None:
-        """End the stream: too slow, deleted, shutdown, or this node lost the session's feed."""
-        self.end_stream(code)
 
     def leave(self, reason: str) -> None:
         """Off the hub, however the stream ended (``bus.subscriber_unregistered``)."""
@@ -174,7 +200,7 @@ async def pump(
     """
     try:
         if opening is not None:
-            await send(opening)
+            await queue.send(send, opening)
         while not reader.finished:
             item: FrameBatch | Gate | None = None
             with trio.move_on_after(idle_s):
@@ -184,14 +210,14 @@ async def pump(
                     await _closed(queue, reader, send)
                     return
             if item is None:
-                await send(PING)
+                await queue.send(send, PING)
                 continue
             data = await queue.drain(item, reader)
             data += reader.pause()
             if queue.too_slow and queue.slow_cuts:
                 raise SlowClient(f"the {queue.queue_name} overflowed")
             if data:
-                await send(data)
+                await queue.send(send, data)
     finally:
         if queue.left_as is not None and queue.subscribed:
             queue.leave(queue.left_as if reader.finished else "client_closed")
@@ -202,7 +228,7 @@ async def _closed(queue: OneWayQueue, reader: Reader, send: Send) -> None:
         raise SlowClient(f"the {queue.queue_name} overflowed")
     data = reader.closed(queue.closing)
     if data is not None:
-        await send(data)
+        await queue.send(send, data)
 
 
 def close_named(code: str | None) -> tuple[str, str]:
