@@ -20,21 +20,21 @@ from typing import Any
 import httpx
 import trio
 
+from tests.aisdk_support import request, user
+from tests.integration.doors.agui.test_agui_http import run_input
+
 KEYS = ("key-a", "key-b")
 """Tenant A's key and tenant B's (``[auth] api_keys``)."""
 
 
 def agui_body(name: str, text: str) -> dict[str, Any]:
-    """AG-UI's ``RunAgentInput`` naming ``name``."""
-    message = {"id": f"m-{uuid.uuid4()}", "role": "user", "content": text}
-    return {"threadId": name, "runId": f"run-{uuid.uuid4()}", "messages": [message],
-            "tools": [], "context": [], "state": {}, "forwardedProps": {}}  # fmt: skip
+    """AG-UI's ``RunAgentInput`` naming ``name`` (the AG-UI tests' own)."""
+    return run_input(name, text)
 
 
 def aisdk_body(name: str, text: str) -> dict[str, Any]:
-    """The AI SDK's chat request naming ``name``."""
-    message = {"id": f"u-{uuid.uuid4()}", "role": "user", "parts": [{"type": "text", "text": text}]}
-    return {"id": name, "messages": [message], "trigger": "submit-message", "messageId": None}
+    """The AI SDK's chat request naming ``name`` (the AI SDK tests' own)."""
+    return request(name, user(text))
 
 
 DOORS = {"agui": ("/agui", agui_body), "aisdk": ("/ai-sdk/chat", aisdk_body)}
