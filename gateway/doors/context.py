@@ -68,6 +68,16 @@ ATTACH = Query(
 ATTACH_REFUSALS = ("attach_token_required", "attach_token_invalid", "attach_token_expired")
 """The 403 codes of the native stream's credential (:data:`ATTACH`), on either door."""
 
+NAMED_TURN_UNAVAILABLE = (
+    "over_capacity",
+    "shutting_down",
+    "store_unavailable",
+    "session_elsewhere",
+    "session_owner_unreachable",
+)
+"""The 503 codes of a turn started on a session its client names (AG-UI's run, the AI
+SDK's chat): the session made or found (:class:`ClientNamedSessions`), then the turn."""
+
 
 class DoorContext:
     """What a door may ask of the gateway (module docstring): one for every door.

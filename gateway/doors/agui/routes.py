@@ -28,6 +28,7 @@ from gateway.doors.agui.shapes import (
 )
 from gateway.doors.agui.sse import RunSubscriber, stream_run, tagged_sse
 from gateway.doors.context import (
+    NAMED_TURN_UNAVAILABLE,
     SSE_HEADERS,
     ClientNamedSessions,
     DoorContext,
@@ -55,17 +56,11 @@ RUN = Operation(
         409: ("turn_in_progress", "session_too_large"),
         422: ("invalid_thread_id", "invalid_resume"),
         429: ("rate_limited", "too_many_sessions"),
-        503: (
-            "over_capacity",
-            "shutting_down",
-            "store_unavailable",
-            "session_elsewhere",
-            "session_owner_unreachable",
-        ),
+        503: NAMED_TURN_UNAVAILABLE,
     },
     description="An AG-UI `RunAgentInput`; the answer is `text/event-stream`, "
     "one `data: {AG-UI event}` per event and a `: ping` comment after "
-    '`ping_interval_s` idle (docs/doors/agui.md). `threadId` is a '
+    "`ping_interval_s` idle (docs/doors/agui.md). `threadId` is a "
     "session id (an unknown one is created, owned by the caller's key); "
     "the last `user` message's text is the turn's content; the run is the "
     "turn. A run that stops for a tool approval ends with `RUN_FINISHED` "
@@ -111,7 +106,7 @@ STREAM = Operation(
     "without, the whole run. The stream begins with `RUN_STARTED`, then the "
     "start events of every step and block the client saw start and not end, "
     "then the rest of the run, live while it goes on, until `RUN_FINISHED` or "
-    '`RUN_ERROR` (docs/doors/agui.md). 404 `run_not_found`: a run this '
+    "`RUN_ERROR` (docs/doors/agui.md). 404 `run_not_found`: a run this "
     "gateway did not start or no longer holds.",
 )
 """``GET /agui/{session_id}/runs/{run_id}/stream`` in the API document."""

@@ -20,6 +20,7 @@ import msgspec
 from gateway.doors.aisdk.mapping import ChatMapper, user_message_id
 from gateway.doors.aisdk.stream import DONE, HEADERS, ResponseSubscriber, respond, sse
 from gateway.doors.context import (
+    NAMED_TURN_UNAVAILABLE,
     SSE_HEADERS,
     ClientNamedSessions,
     DoorContext,
@@ -73,13 +74,7 @@ CHAT = Operation(
         409: ("turn_in_progress", "turn_not_in_flight", "session_too_large"),
         422: ("invalid_chat_id",),
         429: ("rate_limited", "too_many_sessions"),
-        503: (
-            "over_capacity",
-            "shutting_down",
-            "store_unavailable",
-            "session_elsewhere",
-            "session_owner_unreachable",
-        ),
+        503: NAMED_TURN_UNAVAILABLE,
     },
     description="`DefaultChatTransport`'s body: `id` is a session id (an unknown "
     "one is created, owned by the caller's key); a last `user` message's text "
