@@ -30,6 +30,7 @@ import trio.testing
 
 from gateway.providers import model_proxy
 from gateway.providers.model_proxy import ModelProxy, model_call, upstream_url
+from tests.integration.claude_code.test_model_proxy import raw_exchange
 
 KEY = "sk-ant-the-operators-real-key"
 
@@ -112,19 +113,6 @@ async def door() -> AsyncIterator[tuple[ModelProxy, Upstream, trio.Event]]:
         nursery.cancel_scope.cancel()
 
 
-async def raw(base: str, request: bytes) -> bytes:
-    """Send ``request`` as is on a new connection; everything answered until it closes."""
-    port = int(base.rsplit(":", 1)[1])
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    got = b""
-    async with stream:
-        await stream.send_all(request)
-        with trio.fail_after(10):
-            while chunk := await stream.receive_some(65536):
-                got += chunk
-    return got
-
-
 def post(target: str, token: str, body: bytes = b"{}") -> bytes:
     return (
         f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nx-api-key: {token}\r\n"
@@ -135,10 +123,10 @@ def post(target: str, token: str, body: bytes = b"{}") -> bytes:
 async def test_a_target_that_cannot_be_parsed_is_404_and_the_node_goes_on() -> None:
     async with door() as (proxy, upstream, _):
         for target in ("//[x/v1/messages", "x.evil.example://y/v1/messages", "/%zz"):
-            answer = await raw(proxy.base_url, post(target, "nothing"))
+            answer = await raw_exchange(proxy.base_url, post(target, "nothing"))
             assert answer.startswith(b"HTTP/1.1 404 "), answer[:80]
         token = proxy.issue("sess_a", f"http://127.0.0.1:{upstream.port}/prefix", KEY)
-        answer = await raw(proxy.base_url, post("/v1/messages?beta=true", token))
+        answer = await raw_exchange(proxy.base_url, post("/v1/messages?beta=true", token))
         assert answer.startswith(b"HTTP/1.1 200 ") and b'{"ok": true}' in answer
 
 
@@ -150,10 +138,10 @@ async def test_the_key_goes_only_to_the_configured_host_and_path() -> None:
             "/v1/messages/../../tenant-b/v1/files",
             "/v1/messages?x=1/../../v1/files",
         ):
-            answer = await raw(proxy.base_url, post(target, token))
+            answer = await raw_exchange(proxy.base_url, post(target, token))
             assert answer.startswith(b"HTTP/1.1 404 "), (target, answer[:80])
         assert upstream.heads == []  # nothing of those left the door
-        answer = await raw(proxy.base_url, post("/v1/messages?beta=true", token))
+        answer = await raw_exchange(proxy.base_url, post("/v1/messages?beta=true", token))
         assert answer.startswith(b"HTTP/1.1 200 ")
         (head,) = upstream.heads
         assert head.startswith(b"POST /tenant-a/v1/messages?beta=true HTTP/1.1\r\n")
@@ -202,11 +190,11 @@ async def test_framing_both_ways_is_refused_and_connection_named_headers_stay_he
         both = post("/v1/messages", token).replace(
             b"content-length: 2\r\n", b"content-length: 2\r\ntransfer-encoding: chunked\r\n"
         )
-        assert (await raw(proxy.base_url, both)).startswith(b"HTTP/1.1 400 ")
+        assert (await raw_exchange(proxy.base_url, both)).startswith(b"HTTP/1.1 400 ")
         named = post("/v1/messages", token).replace(
             b"Connection: close\r\n", b"Connection: close, x-private\r\nx-private: secret\r\n"
         )
-        assert (await raw(proxy.base_url, named)).startswith(b"HTTP/1.1 200 ")
+        assert (await raw_exchange(proxy.base_url, named)).startswith(b"HTTP/1.1 200 ")
         (head,) = upstream.heads
         assert b"x-private" not in head.lower()
 
@@ -258,5 +246,5 @@ async def test_connections_past_the_cap_are_closed_at_once(
             await stream.aclose()
         await trio.testing.wait_all_tasks_blocked()
         token = proxy.issue("sess_a", f"http://127.0.0.1:{upstream.port}", KEY)
-        answer = await raw(proxy.base_url, post("/v1/messages", token))
+        answer = await raw_exchange(proxy.base_url, post("/v1/messages", token))
         assert answer.startswith(b"HTTP/1.1 200 ")  # the held ones gone: served again
