@@ -50,6 +50,27 @@ class StoreState(msgspec.Struct, frozen=True):
     retention_floor: int
 
 
+class QueuedTurn(msgspec.Struct):
+    """A turn accepted while another ran (``if_busy: "queue"``, docs/protocol.md §2
+    "A busy session"): it starts, in order, once the turns before it ended.
+
+    ``trace``: the trace context its request came with (gateway.telemetry).
+    """
+
+    turn_id: str
+    user_message: Message
+    trace: dict[str, str] = {}
+
+
+class Rewind(msgspec.Struct):
+    """One edit of the conversation (``rewind_to``, docs/protocol.md §2 "Edit and
+    regenerate"): from ``before_message_id`` up to turn ``turn_id``'s user message,
+    the messages left the conversation (they stay stored, rewound)."""
+
+    before_message_id: str
+    turn_id: str
+
+
 class SessionRecord(msgspec.Struct):
     """One session as stored (the durable part of docs/protocol.md §6's SessionSummary)."""
 
@@ -75,6 +96,12 @@ class SessionRecord(msgspec.Struct):
     # The agent it runs (docs/protocol.md §11), fixed at creation; records stored
     # before agents existed run the default agent.
     agent: str = "default"
+    # Its queued turns, in order (docs/protocol.md §2 "A busy session"): written
+    # with their turn.queued, so a queued turn is as durable as a started one.
+    queued_turns: list[QueuedTurn] = []
+    # Its edits, oldest first (docs/protocol.md §2 "Edit and regenerate"): written
+    # with their history.rewound.
+    rewinds: list[Rewind] = []
 
 
 class StoredEvent(msgspec.Struct):
@@ -318,7 +345,8 @@ class Store(Protocol):
         ...
 
     async def open_turns(self) -> list[SessionRecord]:
-        """Every session whose ``current_turn_id`` is set: turns a restart must close."""
+        """Every session whose ``current_turn_id`` is set, or with queued turns: turns a
+        restart must close, and turns it must start."""
         ...
 
     async def worker_ids(self, parent_id: str) -> list[str]:

@@ -22,7 +22,7 @@ if ARGV[1] ~= '' and holder and holder ~= ARGV[1] then return {holder} end
 
 # A session record and its indexes. KEYS: lease, record, sessions, owner's,
 # owners or parent's workers, owner's roots, open; ARGV: node, record, index
-# member, id, owner, "w" for a worker, "o" for a turn in flight.
+# member, id, owner, "w" for a worker, "o" for a turn in flight or queued.
 _WRITE_SESSION = """
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('ZADD', KEYS[3], 0, ARGV[3])
@@ -124,5 +124,5 @@ def session_write(
         k.open,
     ]
     args: list[str | bytes] = [node, data, index_member(rec), sid, rec.owner]
-    args += ["w" if worker else "", "o" if rec.current_turn_id else ""]
+    args += ["w" if worker else "", "o" if rec.current_turn_id or rec.queued_turns else ""]
     return keys, args

@@ -38,7 +38,8 @@ store is later sharded by session::
     gw:owner:<owner>           ZSET (lex): the same, one owner's sessions (docs/protocol.md §2)
     gw:owners, gw:roots:<owner> SET: owners; an owner's sessions that are not workers
     gw:workers:<parent>        ZSET (lex): a session's workers, oldest first
-    gw:open                    SET: sessions whose current_turn_id is set (docs/protocol.md §9)
+    gw:open                    SET: sessions whose current_turn_id is set, or with queued
+                               turns (docs/protocol.md §9, §2 "A busy session")
     gw:m:{sid}                 HASH: message id -> StoredMessage
     gw:mo:{sid}                ZSET: message id -> insertion order (kept by a rewrite)
     gw:e:{sid}                 ZSET: score seq, member [seq, type, ts, wire bytes]
@@ -396,7 +397,8 @@ class RedisStore(RedisRequests, RedisOutbox, GroupCommit[RedisBatch]):
 
     async def open_turns(self) -> list[SessionRecord]:
         sids = sorted(s.decode() for s in await self._read(lambda c: c.smembers(self._keys.open)))
-        return [r for r in await self._records(sids) if r.current_turn_id is not None]
+        records = await self._records(sids)
+        return [r for r in records if r.current_turn_id is not None or r.queued_turns]
 
     async def event_bytes(self, session_id: str) -> int:
         # Redis's own estimate of the events' sorted set (sampled: one command,

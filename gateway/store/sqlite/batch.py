@@ -11,17 +11,17 @@ from typing import Any
 
 import msgspec
 
-from gateway.store.base import SessionRecord, StoredEvent, StoredMessage
+from gateway.store.base import QueuedTurn, Rewind, SessionRecord, StoredEvent, StoredMessage
 from gateway.store.group_commit import Batch
 from gateway.store.sqlite import outbox
 
 SESSION_COLUMNS = (
     "id, created_at, workspace_path, active_model, metadata, parent_session_id,"
     " routing_policy_version, cost_so_far_usd, turn_count, current_turn_id, current_turn_seq,"
-    " owner, agent"
+    " owner, agent, queued_turns, rewinds"
 )
 UPSERT_SESSION = f"""
-    INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO UPDATE SET
         created_at = excluded.created_at,
         workspace_path = excluded.workspace_path,
@@ -33,7 +33,9 @@ UPSERT_SESSION = f"""
         turn_count = excluded.turn_count,
         current_turn_id = excluded.current_turn_id,
         current_turn_seq = excluded.current_turn_seq,
-        agent = excluded.agent
+        agent = excluded.agent,
+        queued_turns = excluded.queued_turns,
+        rewinds = excluded.rewinds
     WHERE sessions.owner = excluded.owner
 """
 # A session's owner is its own from its first write: the upsert above never
@@ -55,9 +57,11 @@ INSERT_EVENT = "INSERT INTO events (seq, session_id, type, ts, data) VALUES (?, 
 
 _encoder = msgspec.json.Encoder()
 _metadata_decoder = msgspec.json.Decoder(dict[str, Any])
+_queued_decoder = msgspec.json.Decoder(list[QueuedTurn])
+_rewinds_decoder = msgspec.json.Decoder(list[Rewind])
 
 _SessionRow = tuple[
-    str, int, str, str, bytes, str | None, str, float, int, str | None, int, str, str
+    str, int, str, str, bytes, str | None, str, float, int, str | None, int, str, str, bytes, bytes
 ]
 _MessageRow = tuple[str, str, bytes, str | None, str | None, int | None]
 _EventRow = tuple[int, str, str, int, bytes]
@@ -113,12 +117,14 @@ def session_row(rec: SessionRecord) -> _SessionRow:
         rec.current_turn_seq,
         rec.owner,
         rec.agent,
+        _encoder.encode(rec.queued_turns),
+        _encoder.encode(rec.rewinds),
     )
 
 
 def session_record(row: tuple[Any, ...]) -> SessionRecord:
     (id_, created, workspace, model, metadata, parent, policy, cost, turns, turn_id, seq, owner,
-     agent) = row  # fmt: skip
+     agent, queued, rewinds) = row  # fmt: skip
     return SessionRecord(
         id=id_,
         created_at=created,
@@ -133,4 +139,6 @@ def session_record(row: tuple[Any, ...]) -> SessionRecord:
         current_turn_seq=seq,
         owner=owner,
         agent=agent,
+        queued_turns=_queued_decoder.decode(queued),
+        rewinds=_rewinds_decoder.decode(rewinds),
     )

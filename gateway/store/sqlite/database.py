@@ -183,8 +183,12 @@ class Database:
             self._reader.execute("PRAGMA shrink_memory")
 
     def open_turns(self) -> list[SessionRecord]:
-        """Sessions whose turn was in flight when the store was last written (section 9)."""
-        sql = f"SELECT {SESSION_COLUMNS} FROM sessions WHERE current_turn_id IS NOT NULL"
+        """Sessions whose turn was in flight, or with queued turns, when the store was last
+        written (docs/protocol.md §9, §2 "A busy session")."""
+        sql = (
+            f"SELECT {SESSION_COLUMNS} FROM sessions"
+            " WHERE current_turn_id IS NOT NULL OR queued_turns != x'5b5d'"
+        )
         with _reporting(self._path, "read"):
             rows = self._reader.execute(sql).fetchall()
         return [session_record(row) for row in rows]

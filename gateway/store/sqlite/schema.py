@@ -13,7 +13,7 @@ from gateway.errors import StoreError
 from gateway.store.base import StoreState
 from gateway.store.sqlite import outbox, requests
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Version 2 (docs/protocol.md §9): a session remembers the turn in flight, so a
 # restart finds the turns to close without scanning events; workers are found
@@ -58,6 +58,16 @@ _MIGRATE_2_TO_3 = (
 # the sessions of earlier versions ran the default agent.
 _MIGRATE_3_TO_4 = ("ALTER TABLE sessions ADD COLUMN agent TEXT NOT NULL DEFAULT 'default'",)
 
+# Version 5 (docs/protocol.md §2 "A busy session", "Edit and regenerate"): a
+# session keeps its queued turns and its edits; a restart finds the sessions
+# with queued turns as it finds those with a turn in flight.
+_V5_INDEXES = ("CREATE INDEX sessions_queued ON sessions (id) WHERE queued_turns != x'5b5d'",)
+_MIGRATE_4_TO_5 = (
+    "ALTER TABLE sessions ADD COLUMN queued_turns BLOB NOT NULL DEFAULT x'5b5d'",
+    "ALTER TABLE sessions ADD COLUMN rewinds BLOB NOT NULL DEFAULT x'5b5d'",
+    *_V5_INDEXES,
+)
+
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
     """CREATE TABLE sessions (
@@ -73,11 +83,14 @@ _SCHEMA = (
         current_turn_id TEXT,
         current_turn_seq INTEGER NOT NULL DEFAULT 0,
         owner TEXT NOT NULL DEFAULT '',
-        agent TEXT NOT NULL DEFAULT 'default'
+        agent TEXT NOT NULL DEFAULT 'default',
+        queued_turns BLOB NOT NULL DEFAULT x'5b5d',
+        rewinds BLOB NOT NULL DEFAULT x'5b5d'
     )""",
     "CREATE INDEX sessions_by_age ON sessions (created_at, id)",
     *_V2_INDEXES,
     *_V3_INDEXES,
+    *_V5_INDEXES,
     # ord is the insertion order: message ids are random or the provider's own.
     """CREATE TABLE messages (
         ord INTEGER PRIMARY KEY,
@@ -137,6 +150,11 @@ def prepare_schema(conn: sqlite3.Connection, path: str) -> StoreState:
                 conn.execute(statement)
             conn.execute(RAISE_META, ("schema_version", 4))
             version = 4
+        if version == 4:
+            for statement in _MIGRATE_4_TO_5:
+                conn.execute(statement)
+            conn.execute(RAISE_META, ("schema_version", 5))
+            version = 5
         if version != SCHEMA_VERSION:
             raise StoreError(
                 f"cannot open store {path!r}: schema version {version},"

@@ -41,6 +41,7 @@ from gateway.store import (
     StoredMessage,
     StoreState,
 )
+from gateway.store.base import QueuedTurn, Rewind
 from gateway.store.redis.store import RedisStore
 from tests.redis_support import RedisServer, redis_server
 
@@ -775,6 +776,24 @@ async def test_open_turns_and_workers_are_found(store: Store) -> None:
     assert await store.open_turns() == []
 
 
+async def test_queued_turns_and_rewinds_round_trip_and_queued_turns_are_open(
+    store: Store,
+) -> None:
+    """docs/protocol.md §2 "A busy session": a queued turn is found at a restart."""
+    queued = [QueuedTurn("turn_q1", message("msg_q1", turn_id="turn_q1"), {"traceparent": "x"})]
+    rewinds = [Rewind("msg_u1", "turn_2")]
+    rec = session("sess_a", 1, queued_turns=queued, rewinds=rewinds)
+    store.put_session(rec)
+    store.put_session(session("sess_b", 2))
+    await store.flush()
+    assert await store.get_session("sess_a") == rec
+    assert [r.id for r in await store.open_turns()] == ["sess_a"]
+    store.put_session(session("sess_a", 1, rewinds=rewinds))  # the queued turn started
+    await store.flush()
+    assert await store.open_turns() == []
+    assert (await store.get_session("sess_a")) == session("sess_a", 1, rewinds=rewinds)
+
+
 async def test_a_version_1_store_is_upgraded_and_its_open_turns_found(db_path: str) -> None:
     conn = sqlite3.connect(db_path)
     with conn:
@@ -856,7 +875,7 @@ async def test_another_applications_database_is_a_store_error(db_path: str) -> N
 
 async def test_an_unknown_schema_version_is_a_store_error(db_path: str) -> None:
     make_foreign_database(db_path, schema_version=99)
-    with pytest.raises(StoreError, match="schema version 99, this gateway reads version 4"):
+    with pytest.raises(StoreError, match="schema version 99, this gateway reads version 5"):
         await SqliteStore(db_path).open()
 
 
