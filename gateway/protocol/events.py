@@ -30,7 +30,7 @@ LlmErrorClass = Literal[
 ToolErrorClass = Literal[
     "cancelled", "error", "timeout", "permission_denied", "unknown_tool", "invalid_input", "limit"
 ]
-TurnPhase = Literal["llm", "tools", "seam"]
+TurnPhase = Literal["llm", "tools", "seam", "queued"]
 
 
 class Payload(msgspec.Struct):
@@ -43,6 +43,31 @@ class Payload(msgspec.Struct):
 class TurnStarted(Payload):
     turn_id: str
     user_message: Message
+
+
+class TurnQueued(Payload):
+    """A turn accepted while another ran, waiting (docs/protocol.md §2 "A busy session");
+    ``position`` 1 starts next."""
+
+    turn_id: str
+    position: int
+    user_message: Message
+
+
+class TurnSteered(Payload):
+    """A message the running turn ``turn_id`` took, for its next model call (§2 "A busy
+    session")."""
+
+    turn_id: str
+    user_message: Message
+
+
+class HistoryRewound(Payload):
+    """From ``before_message_id`` on, the messages left the conversation; turn ``turn_id``
+    goes on from the history before it (docs/protocol.md §2 "Edit and regenerate")."""
+
+    before_message_id: str
+    turn_id: str
 
 
 class RouteDecided(Payload):
@@ -280,6 +305,9 @@ class EventSpec:
 EVENT_TYPES: dict[str, EventSpec] = {
     # catalog, docs/protocol.md §5
     "turn.started": EventSpec(TurnStarted, "user", True),
+    "turn.queued": EventSpec(TurnQueued, "user", True),
+    "turn.steered": EventSpec(TurnSteered, "user", True),
+    "history.rewound": EventSpec(HistoryRewound, "user", True),
     "route.decided": EventSpec(RouteDecided, "router", True),
     "llm.call_started": EventSpec(LlmCallStarted, "llm", True),
     "llm.call_completed": EventSpec(LlmCallCompleted, "llm", True),

@@ -85,12 +85,30 @@ class MessagePage(msgspec.Struct):
     has_more: bool
 
 
+IfBusy = Literal["reject", "queue", "interrupt", "steer"]
+"""What a turn sent to a busy session does (docs/protocol.md §2 "A busy session")."""
+
+
 class SubmitTurn(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /sessions/{id}/turns`` (docs/protocol.md §2).
+
+    ``if_busy``: ``None`` is ``[turns] if_busy``. ``rewind_to``: the id of one
+    of the session's user messages ("Edit and regenerate").
+    """
+
     content: str | list[ContentBlock]
+    if_busy: IfBusy | None = None
+    rewind_to: str | None = None
 
 
-class TurnAccepted(msgspec.Struct):
+class TurnAccepted(msgspec.Struct, omit_defaults=True):
+    """The 202 of a turn: started, queued (with its ``position``, 1 = next), or steered
+    into the running turn (whose id it is)."""
+
     turn_id: str
+    queued: bool = False
+    position: int | None = None
+    steered: bool = False
 
 
 class CancelTurn(msgspec.Struct, forbid_unknown_fields=True):

@@ -55,11 +55,15 @@ class QueuedTurn(msgspec.Struct):
     "A busy session"): it starts, in order, once the turns before it ended.
 
     ``trace``: the trace context its request came with (gateway.telemetry).
+    ``steering``: a steer (``if_busy: "steer"``) waiting for the running turn of
+    that id to take it; a steer the turn did not take is queued as a turn of
+    its own (``None``), announced then with ``turn.queued``.
     """
 
     turn_id: str
     user_message: Message
     trace: dict[str, str] = {}
+    steering: str | None = None
 
 
 class Rewind(msgspec.Struct):
