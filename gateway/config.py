@@ -45,6 +45,7 @@ import msgspec.inspect as mi
 from gateway.errors import ConfigError
 from gateway.protocol import claude_code_tools as claude_code_tools
 from gateway.protocol.events import CATALOG_TYPES
+from gateway.protocol.http import IfBusy
 
 # --- value types ---------------------------------------------------------------
 
@@ -226,6 +227,9 @@ class TurnsConfig(_Section, frozen=True):
 
     timeout_s: Seconds = 600.0
     max_rounds: Count = 25  # LLM calls per turn; then turn.completed stop_reason "max_rounds"
+    # A turn sent to a busy session, when it does not say (docs/protocol.md §2 "A busy session").
+    if_busy: IfBusy = "reject"
+    max_queued: Count = 8  # queued turns per session; one more is 409 queue_full
 
 
 class SessionsConfig(_Section, frozen=True):
@@ -465,6 +469,8 @@ context_max_tokens = 150000  # compaction threshold (docs/protocol.md section 12
 [turns]
 timeout_s = 600              # one whole turn
 max_rounds = 25              # LLM calls per turn; then turn.completed stop_reason "max_rounds"
+if_busy = "reject"           # a turn sent to a busy session: reject, queue, interrupt or steer
+max_queued = 8               # queued turns per session; one more is 409 queue_full
 
 [sessions]
 idle_unload_s = 600          # a session unused this long leaves memory (loaded again when used)

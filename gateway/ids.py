@@ -32,6 +32,13 @@ def new_message_id() -> str:
     return _random_id("msg_")
 
 
+def message_id_of(turn_id: str) -> str:
+    """The id of the user message a turn was submitted with: ``msg_`` and the turn id's
+    suffix, so a retry of its request finds it whether it started, was queued or was
+    steered into another turn (docs/protocol.md §2 "A busy session")."""
+    return "msg_" + turn_id.removeprefix("turn_")
+
+
 def new_tool_use_id() -> str:
     return _random_id("tu_")
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from gateway.errors import Refused
+from gateway.protocol.http import IfBusy
 from gateway.protocol.shapes import Message, SessionSummary
 
 # --- operations ------------------------------------------------------------------------
@@ -34,6 +35,9 @@ class StartTurn(msgspec.Struct, tag="turn"):
 
     message: Message
     trace: dict[str, str] = {}
+    # docs/protocol.md §2 "A busy session" and "Edit and regenerate".
+    if_busy: IfBusy = "reject"
+    rewind_to: str | None = None
 
 
 class CancelTurn(msgspec.Struct, tag="cancel"):
@@ -157,9 +161,19 @@ class Refusal(msgspec.Struct, tag="refused"):
     retry_after_s: int | None = None
 
 
-Answer = Done | Summary | Snapshot | Replayed | ReplayRejected | Refusal
+class TurnTaken(msgspec.Struct, tag="turn_taken"):
+    """The answer to :class:`StartTurn`: the turn started, was queued (at ``position``),
+    or steered into the running turn ``turn_id`` (docs/protocol.md §2 "A busy session")."""
 
-A = TypeVar("A", Summary, Snapshot)
+    turn_id: str
+    queued: bool = False
+    position: int | None = None
+    steered: bool = False
+
+
+Answer = Done | Summary | Snapshot | Replayed | ReplayRejected | Refusal | TurnTaken
+
+A = TypeVar("A", Summary, Snapshot, TurnTaken)
 
 
 def expect(answer: Answer, kind: type[A]) -> A:

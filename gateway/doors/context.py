@@ -31,6 +31,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from gateway.cluster import ops
 from gateway.errors import ApiError, Refused, SubscribeRejected
 from gateway.http.boundary import authenticate
 from gateway.http.openapi import ID_PATTERN, Documented, Query
@@ -39,6 +40,7 @@ from gateway.http.server import Request
 from gateway.ids import format_event_id
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
+from gateway.protocol.http import IfBusy
 from gateway.protocol.shapes import Message
 from gateway.session import seam
 from gateway.session.session import Session
@@ -124,18 +126,27 @@ class DoorContext:
             raise unknown
         return session
 
-    async def counted_turn(self, key: str, session: Session, message: Message) -> None:
+    async def counted_turn(
+        self,
+        key: str,
+        session: Session,
+        message: Message,
+        if_busy: IfBusy | None = None,
+        rewind_to: str | None = None,
+    ) -> ops.TurnTaken:
         """Submit a turn within the key's rate limit; return once it is durable (section 9).
 
         The turn is counted in the step that checks the limit (two racing
         requests cannot both take the last one) and refunded if it is refused
         (409, or sent to an owner that could not take it); one accepted but
         not yet durable (503 ``store_unavailable``) stays counted.
+        ``if_busy``: ``None`` is ``[turns] if_busy`` (docs/protocol.md §2 "A busy session").
         """
         limits = self.node.limits
         counted = await limits.count_turn(key)  # 429 rate_limited, with Retry-After
-        try:
-            await self.node.submit_turn(session, message)  # on whichever node runs it
+        busy = if_busy or self.config.turns.if_busy
+        try:  # on whichever node runs it
+            return await self.node.submit_turn(session, message, busy, rewind_to)
         except Refused as exc:
             if exc.code != "store_unavailable":
                 await limits.refund_turn(key, counted)

@@ -72,6 +72,7 @@ from gateway.node.placement import Placement, choose
 from gateway.node.pricing import pricing
 from gateway.node.registry import Registry
 from gateway.node.tool_listing import tool_infos
+from gateway.protocol.http import IfBusy
 from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
@@ -432,9 +433,17 @@ class Node:
         answer = await self.placement.ask_owner(session, op)
         return answer if answer is not None else await perform(self, session, op)
 
-    async def submit_turn(self, session: Session, message: Message) -> None:
-        """Start a turn on the session, wherever it runs; return once it is accepted."""
-        await self.act(session, ops.StartTurn(message, telemetry.carried()))
+    async def submit_turn(
+        self,
+        session: Session,
+        message: Message,
+        if_busy: IfBusy = "reject",
+        rewind_to: str | None = None,
+    ) -> ops.TurnTaken:
+        """Start a turn on the session, wherever it runs; return once it is accepted
+        (started, queued or steered: docs/protocol.md §2 "A busy session")."""
+        op = ops.StartTurn(message, telemetry.carried(), if_busy, rewind_to)
+        return ops.expect(await self.act(session, op), ops.TurnTaken)
 
     async def cancel_turn(
         self, session: Session, turn_id: str, reason: str, requested_by: str

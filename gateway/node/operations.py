@@ -47,7 +47,7 @@ async def perform(node: NodeCore, session: Session, op: ops.Operation) -> ops.An
         case ops.Watch():
             pass
         case ops.StartTurn():
-            await start_turn(node, session, op.message, op.trace)
+            return await start_turn(node, session, op)
         case ops.CancelTurn():
             session.cancel_turn(op.turn_id, op.reason, op.requested_by)
         case ops.DecidePermission():
@@ -80,12 +80,11 @@ async def perform(node: NodeCore, session: Session, op: ops.Operation) -> ops.An
     return ops.Done()
 
 
-async def start_turn(
-    node: NodeCore, session: Session, message: Message, trace: dict[str, str] | None = None
-) -> None:
-    """Start a turn on a session this node runs; return once it is accepted (durable).
+async def start_turn(node: NodeCore, session: Session, op: ops.StartTurn) -> ops.TurnTaken:
+    """Start a turn on a session this node runs; return once it is accepted (durable):
+    started, queued or steered (docs/protocol.md §2 "A busy session").
 
-    ``trace``: the trace context its request came with (gateway.telemetry).
+    ``op.trace``: the trace context its request came with (gateway.telemetry).
 
     Raises:
         Refused: as :meth:`Session.submit_turn` and :meth:`Session.accepted`;
@@ -96,13 +95,14 @@ async def start_turn(
         _unreserve_slot(node, session)
         raise Refused("session_not_found", f"no session {session.id!r}")
     try:
-        turn = session.submit_turn(message)
+        turn = session.submit_turn(op.message, op.if_busy, op.rewind_to)
     except Refused:
         _unreserve_slot(node, session)
         raise
-    if trace:
-        turn.trace = trace  # before its task starts it (no checkpoint since submit_turn)
+    if op.trace:
+        turn.trace = op.trace  # before its task starts it (no checkpoint since submit_turn)
     await session.accepted(turn)
+    return ops.TurnTaken(turn.id)
 
 
 async def _process_slot(node: NodeCore, session: Session) -> None:

@@ -74,6 +74,7 @@ from gateway.protocol.events import (
     stream_event,
 )
 from gateway.protocol.frames import encode
+from gateway.protocol.http import IfBusy
 from gateway.protocol.framing import event_frame
 from gateway.protocol.shapes import Message, PendingPermission, SessionSummary, ToolInfo
 from gateway.session import admission, history, tool_host
@@ -386,7 +387,9 @@ class Session:
 
     # --- turns -------------------------------------------------------------------
 
-    def submit_turn(self, user_message: Message) -> Turn:
+    def submit_turn(
+        self, user_message: Message, if_busy: IfBusy = "reject", rewind_to: str | None = None
+    ) -> Turn:
         """Take a turn (the turn lock), to run on the agent loop (docs/protocol.md §2).
 
         Raises:
@@ -398,7 +401,7 @@ class Session:
         admission.check_idle(self)
         admission.check_size(self)
         admission.check_store(self.node.store)
-        turn = Turn(user_message.turn_id or new_turn_id(), user_message)
+        turn = Turn(user_message.turn_id or new_turn_id(), user_message, rewind_to=rewind_to)
         self.turn = turn
         self.supervisor.queue_turn(turn)
         return turn

@@ -71,6 +71,8 @@ class Turn:
     cost_usd: float = 0.0
     # The trace context its request came with (gateway.telemetry: its span's parent); {}: none.
     trace: dict[str, str] = field(default_factory=dict)
+    # The user message it rewinds to (docs/protocol.md §2 "Edit and regenerate"); None: none.
+    rewind_to: str | None = None
 
     def finish(self, outcome: str, final_text: str = "") -> None:
         """Enter ``done`` and wake whoever waits for the turn (a parent's ``delegate``)."""

@@ -10,7 +10,7 @@ from gateway.doors.rest import idempotency
 from gateway.errors import ApiError
 from gateway.http.parsing import decode, decode_optional, user_content
 from gateway.http.server import Request, Response, json_response
-from gateway.ids import new_message_id, new_turn_id, now_ms
+from gateway.ids import message_id_of, new_turn_id, now_ms
 from gateway.protocol.http import (
     Accepted,
     CancelAccepted,
@@ -59,10 +59,14 @@ class Turns:
 
         async def start(turn_id: str) -> Response:
             message = Message(
-                new_message_id(), session.id, turn_id, "user", content, "complete", now_ms()
+                message_id_of(turn_id), session.id, turn_id, "user", content, "complete", now_ms()
             )
-            await self.ctx.counted_turn(owner, session, message)
-            return json_response(202, TurnAccepted(turn_id))
+            taken = await self.ctx.counted_turn(
+                owner, session, message, body.if_busy, body.rewind_to
+            )
+            return json_response(
+                202, TurnAccepted(taken.turn_id, taken.queued, taken.position, taken.steered)
+            )
 
         async def find(turn_id: str) -> Response | None:
             messages = await self.ctx.node.messages_of(session)
