@@ -16,7 +16,6 @@ from gateway.node.core import NodeCore
 from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe, decode_client_frame
-from gateway.protocol.shapes import Message
 from gateway.session import seam
 from gateway.session.session import Session
 

@@ -74,8 +74,8 @@ from gateway.protocol.events import (
     stream_event,
 )
 from gateway.protocol.frames import encode
-from gateway.protocol.http import IfBusy
 from gateway.protocol.framing import event_frame
+from gateway.protocol.http import IfBusy
 from gateway.protocol.shapes import Message, PendingPermission, SessionSummary, ToolInfo
 from gateway.session import admission, history, tool_host
 from gateway.session.agent import AgentLoop, AgentServices
