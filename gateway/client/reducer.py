@@ -116,7 +116,9 @@ from gateway.protocol.events import (
     ToolUseStart,
     TurnCancelled,
     TurnCompleted,
+    TurnQueued,
     TurnStarted,
+    TurnSteered,
 )
 from gateway.protocol.frames import EventFrame, ServerFrame, Snapshot
 from gateway.protocol.shapes import (
@@ -415,6 +417,9 @@ class Reducer:
         self.tool_results: dict[str, ToolOutcome] = {}
         self.turn: TurnState | None = None
         self.turn_outcomes: dict[str, TurnState] = {}
+        # Turns waiting to start, next first: turn id -> its user message (docs/protocol.md
+        # §2 "A busy session"); they leave with their turn.started or turn.cancelled.
+        self.queued: dict[str, Message] = {}
         self.permissions: dict[str, PendingPermission] = {}
         self.workers: dict[str, Reducer] = {}
         self.links: dict[str, WorkerLink] = {}
@@ -577,6 +582,8 @@ class Reducer:
         in_flight = turn_id is not None and session.current_turn_status == "in_flight"
         self.turn = TurnState(turn_id, "in_flight") if turn_id is not None and in_flight else None
         self.turn_outcomes = {}
+        queued = session.queued_turns or []
+        self.queued = {q.turn_id: q.user_message for q in queued}
         self.permissions = {p.perm_id: p for p in session.pending_permissions}
         self.compacting = None  # a snapshot cannot say one is under way (section 6)
         # The parent's snapshot shows no worker: what was known of them is
@@ -602,8 +609,15 @@ class Reducer:
                 self._turn_started(p)
             case TurnCompleted() as p:
                 self._end_turn(TurnState(p.turn_id, "completed", p.stop_reason))
+            case TurnCancelled(phase="queued") as p:  # never started: it leaves the queue
+                self.queued.pop(p.turn_id, None)
+                self.turn_outcomes[p.turn_id] = TurnState(p.turn_id, "cancelled")
             case TurnCancelled() as p:
                 self._end_turn(TurnState(p.turn_id, "cancelled"))
+            case TurnQueued() as p:
+                self.queued[p.turn_id] = p.user_message
+            case TurnSteered() as p:  # the running turn took it: a message of the turn
+                self._put(p.user_message)
             case ToolCompleted() as p:
                 self._tool_outcome(ToolOutcome(p.tool_use_id, "completed", p.result))
             case ToolFailed() as p:
@@ -676,6 +690,7 @@ class Reducer:
             raise ValueError(
                 f"turn.started for {payload.turn_id} while {self.turn.turn_id} is in flight"
             )
+        self.queued.pop(payload.turn_id, None)
         self._put(payload.user_message)
         self.turn = TurnState(payload.turn_id, "in_flight")
 

@@ -26,6 +26,7 @@ STATUS: dict[str, int] = {
     # the session's state
     "turn_in_progress": 409,
     "turn_not_in_flight": 409,
+    "queue_full": 409,
     "nothing_to_compact": 409,
     "session_too_large": 409,
     "permission_resolved": 409,

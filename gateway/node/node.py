@@ -434,11 +434,7 @@ class Node:
         return answer if answer is not None else await perform(self, session, op)
 
     async def submit_turn(
-        self,
-        session: Session,
-        message: Message,
-        if_busy: IfBusy = "reject",
-        rewind_to: str | None = None,
+        self, session: Session, message: Message, if_busy: IfBusy, rewind_to: str | None
     ) -> ops.TurnTaken:
         """Start a turn on the session, wherever it runs; return once it is accepted
         (started, queued or steered: docs/protocol.md §2 "A busy session")."""

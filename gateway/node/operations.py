@@ -16,7 +16,7 @@ from gateway.node.core import NodeCore
 from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe, decode_client_frame
-from gateway.session import seam
+from gateway.session import busy, seam
 from gateway.session.session import Session
 
 Notice = ops.Warn | ops.Unregistered
@@ -94,10 +94,13 @@ async def start_turn(node: NodeCore, session: Session, op: ops.StartTurn) -> ops
         _unreserve_slot(node, session)
         raise Refused("session_not_found", f"no session {session.id!r}")
     try:
-        turn = session.submit_turn(op.message, op.if_busy, op.rewind_to)
+        turn = busy.submit(session, op.message, op.if_busy, op.rewind_to, op.trace)
     except Refused:
         _unreserve_slot(node, session)
         raise
+    if isinstance(turn, ops.TurnTaken):  # queued, or steered: durable with the record
+        await node.durable_or_503()
+        return turn
     if op.trace:
         turn.trace = op.trace  # before its task starts it (no checkpoint since submit_turn)
     await session.accepted(turn)

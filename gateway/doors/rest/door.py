@@ -166,6 +166,7 @@ SUBMIT_TURN = Operation(
         422: ("idempotency_key_reused",),
         409: (
             "turn_in_progress",
+            "queue_full",
             "session_too_large",
             "subagent_session",
             "idempotency_key_in_use",
@@ -183,10 +184,15 @@ SUBMIT_TURN = Operation(
     "`max_session_mb` of stored data or more takes no more turns: 409 "
     "`session_too_large`. A `claude-code` agent's turn first waits (up to "
     "5 s) for one of its `max_processes` on the node: 503 `over_capacity`, "
-    "with `Retry-After`, when none came free.",
+    "with `Retry-After`, when none came free. A busy session (a turn in "
+    "flight, or turns queued) does what `if_busy` says (absent: `[turns] "
+    "if_busy`): `reject` (409 `turn_in_progress`), `queue` (202 with `queued` "
+    "and `position`; 409 `queue_full` past `[turns] max_queued`), `interrupt` "
+    "(the running turn is cancelled, then this one starts) or `steer` (202 with "
+    "the running turn's id and `steered`: it joins that turn).",
 )
 CANCEL_TURN = Operation(
-    "Cancel a turn in flight",
+    "Cancel a turn in flight, or a queued one",
     CancelAccepted,
     202,
     body=CancelTurn,
