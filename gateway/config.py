@@ -238,6 +238,9 @@ class SessionsConfig(_Section, frozen=True):
     workspace_root: NonEmptyStr = "workspaces"
     # Absolute directories a client may name as workspace_path (or a directory under one).
     allowed_workspaces: tuple[AbsolutePath, ...] = ()
+    # A fork copies its source's workspace up to this many MiB of files (0: no limit);
+    # past it, 409 workspace_too_large (docs/protocol.md §2, "Forks").
+    fork_copy_max_mb: NonNegativeInt = 100
 
 
 class ToolsConfig(_Section, frozen=True):
