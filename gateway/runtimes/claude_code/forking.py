@@ -45,6 +45,9 @@ FORK_FILE = ".fork.json"
 """In a fork's state directory: ``{"resume": <Claude Code session id>, "at": <entry uuid>}``."""
 
 _PROJECT = re.compile(r"[^a-zA-Z0-9]")
+MAX_PROJECT_CHARS = 200
+"""The longest project directory name Claude Code uses as is (a longer one gets a hash of
+its own, which the gateway cannot compute: a fork there is ``transcript_unavailable``)."""
 
 
 class TranscriptUnavailable(Exception):
@@ -56,7 +59,7 @@ def project_dir(cwd: str) -> str:
 
     Its working directory, resolved (``realpath``, NFC), every character but
     ``A-Z a-z 0-9`` a ``-``: Claude Code's own rule (and the SDK's
-    ``project_key_for_directory``) for paths up to 200 characters.
+    ``project_key_for_directory``) for names up to :data:`MAX_PROJECT_CHARS`.
     """
     return _PROJECT.sub("-", unicodedata.normalize("NFC", os.path.realpath(cwd)))
 
@@ -135,8 +138,14 @@ def prepare(
         raise TranscriptUnavailable(
             f"its Claude Code transcript holds no entry of message {history[-1].id!r}"
         )
+    project = project_dir(fork_cwd)
+    if len(project) > MAX_PROJECT_CHARS:
+        raise TranscriptUnavailable(
+            f"the fork's workspace path is longer than Claude Code's project names"
+            f" ({MAX_PROJECT_CHARS} characters): put [sessions] workspace_root higher"
+        )
     own_state(fork_home, fork_created_at)
-    projects = os.path.join(fork_home, ".claude", "projects", project_dir(fork_cwd))
+    projects = os.path.join(fork_home, ".claude", "projects", project)
     os.makedirs(projects, mode=0o700, exist_ok=True)
     with open(os.path.join(projects, f"{claude_id}.jsonl"), "wb") as f:
         f.write(data)
