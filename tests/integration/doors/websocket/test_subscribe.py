@@ -54,6 +54,7 @@ CHAT_TYPES = set(STREAMING_TYPES) | {
     "turn.cancelled",
     "llm.call_failed",
     "feedback.recorded",
+    "session.forked",
     "delegate.started",
     "delegate.completed",
     "delegate.failed",
