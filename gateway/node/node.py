@@ -73,7 +73,6 @@ from gateway.node.placement import Placement, choose
 from gateway.node.pricing import pricing
 from gateway.node.registry import Registry
 from gateway.node.tool_listing import tool_infos
-from gateway.protocol.http import SessionForked
 from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
@@ -474,17 +473,6 @@ class Node:
         await self.act(session, ops.DeleteSession())
         if self.sessions.get(session.id) is session:  # a replica here: the owner deleted it
             await deletion.deleted_elsewhere(self, session)
-
-    async def fork_session(
-        self, source: Session, fork_id: str, at_message_id: str | None, owner: str
-    ) -> SessionForked:
-        """``POST /sessions/{id}/fork`` on the node that runs the source (gateway.node.forking).
-
-        Raises:
-            Refused: as :func:`gateway.node.forking.fork`, or as :meth:`Placement.ask_owner`.
-        """
-        answer = await self.act(source, ops.Fork(fork_id, at_message_id, owner))
-        return ops.expect(answer, ops.Forked).fork
 
     async def live_summary(self, session: Session) -> SessionSummary:
         """The session's summary as its owner sees it (its turn and pending permissions)."""

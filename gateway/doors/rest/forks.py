@@ -9,6 +9,7 @@ first and kept with the key.
 
 from __future__ import annotations
 
+from gateway.cluster import ops
 from gateway.doors.context import DoorContext
 from gateway.doors.rest import idempotency
 from gateway.http.parsing import decode_optional
@@ -38,8 +39,9 @@ class Forks:
         node = self.ctx.node
 
         async def make(fork_id: str) -> Response:
-            forked = await node.fork_session(source, fork_id, body.at_message_id, owner)
-            return json_response(201, forked)
+            # On the node that runs the source (gateway.node.forking), wherever that is.
+            answer = await node.act(source, ops.Fork(fork_id, body.at_message_id, owner))
+            return json_response(201, ops.expect(answer, ops.Forked).fork)
 
         async def find(fork_id: str) -> Response | None:
             # Made by an attempt that died before answering, or answered 503.

@@ -261,7 +261,7 @@ async def test_the_workspace_is_copied_and_then_each_is_its_own(tmp_path: Path) 
 
 async def test_a_named_workspace_is_copied_into_one_of_the_forks_own(tmp_path: Path) -> None:
     async with gateway(tmp_path) as (gw, _):
-        source = await gw.create_session(workspace_path="shared/project")
+        source = await gw.create_session(workspace_path="team/project")
         (workspace(gw, source) / "a.txt").write_text("a")
         fork_id = (await forked(gw, source))["session_id"]
         assert (workspace(gw, fork_id) / "a.txt").read_text() == "a"
