@@ -480,3 +480,34 @@ async def test_an_idempotency_key_makes_one_fork(tmp_path: Path) -> None:
         assert_error(reused, 422, "idempotency_key_reused")
         listed = (await gw.http.get("/sessions")).json()["sessions"]
     assert len(listed) == 2
+
+
+async def test_a_fork_whose_node_died_holding_its_key_is_found_or_made_under_its_id(
+    tmp_path: Path,
+) -> None:
+    """docs/protocol.md §13: the retry finds what the dead attempt made (its record), and
+    answers it as the first attempt would have; else it makes it under the id the key holds."""
+    from gateway.doors.rest.idempotency import fingerprint
+    from gateway.ids import now_ms
+    from gateway.store.idempotency import Claim
+
+    async with gateway(tmp_path) as (gw, _):
+        source = await gw.create_session()
+        await turn(gw, source, "alpha")
+        user = (await messages(gw, source))[0]["id"]
+        made = await fork(gw, source, user)
+        path, body = f"/sessions/{source}/fork", f'{{"at_message_id": "{user}"}}'.encode()
+        claim = Claim(fingerprint("POST", path, body), made.json()["session_id"], "gone", 0)
+        await gw.node.store.claim_request("", "died-after", claim, now_ms())
+        found = await gw.http.post(
+            path, content=body, headers={**JSON_TYPE, "Idempotency-Key": "died-after"}
+        )
+        assert (found.status_code, found.json()) == (201, made.json())
+        assert found.headers["idempotent-replayed"] == "true"
+        planned = Claim(claim.fingerprint, "sess_planned0000000000", "gone", 0)
+        await gw.node.store.claim_request("", "died-before", planned, now_ms())
+        retried = await gw.http.post(
+            path, content=body, headers={**JSON_TYPE, "Idempotency-Key": "died-before"}
+        )
+        assert retried.status_code == 201 and retried.json()["session_id"] == planned.target
+        assert retried.json()["draft"] == [{"type": "text", "text": "alpha"}]
