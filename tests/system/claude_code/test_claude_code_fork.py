@@ -27,7 +27,6 @@ import pytest
 import trio
 
 from bench.fake_api import FakeServer, Replay, transcript
-from gateway.runtimes import transport
 from gateway.runtimes.claude_code.paths import claude_session_id
 from tests.claude_code_support import CLAUDE_CODE_MARKS, gateway, only_model_calls, run_turn
 from tests.claude_code_support import server as server
@@ -50,6 +49,8 @@ def said(body: Any) -> str:
 async def test_a_fork_resumes_the_sources_conversation_at_the_fork_point(
     tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from gateway.runtimes import transport  # the SDK's: after the extra's skip
+
     commands: list[list[str]] = []
     build = transport.cli_command
 
