@@ -473,7 +473,7 @@ max_rounds = 25              # LLM calls per turn; then turn.completed stop_reas
 idle_unload_s = 600          # a session unused this long leaves memory (loaded again when used)
 workspace_root = "workspaces"  # every session's own directory lives here
 allowed_workspaces = []      # absolute roots a client may name as workspace_path; empty: none
-fork_copy_max_mb = 100       # a fork copies at most this much of its source's workspace; 0: no limit
+fork_copy_max_mb = 100       # a fork copies up to this much of its source's workspace; 0: no limit
 
 [tools]
 enabled = ["sleep", "read_file", "delegate"]   # "shell" is opt-in; mcp__<server>__<tool>, globs

@@ -85,10 +85,10 @@ from gateway.protocol.frames import EventFrame, ServerFrame, Snapshot, Subscribe
 from gateway.protocol.http import (
     Accepted,
     CancelAccepted,
+    ForkCreated,
     MessagePage,
     SessionAttach,
     SessionCreated,
-    SessionForked,
     SessionList,
     TurnAccepted,
 )
@@ -288,7 +288,7 @@ class GatewayClient:
         if r.status_code != 204:
             raise api_error(r)
 
-    async def fork(self, session_id: str, at_message_id: str | None = None) -> SessionForked:
+    async def fork(self, session_id: str, at_message_id: str | None = None) -> ForkCreated:
         """``POST /sessions/{id}/fork``: a new session from the session's history up to
         ``at_message_id`` (``None``: its last message) and a copy of its workspace.
 
@@ -305,7 +305,7 @@ class GatewayClient:
         """
         body = {} if at_message_id is None else {"at_message_id": at_message_id}
         path = f"/sessions/{session_id}/fork"
-        return await self._call("POST", path, SessionForked, body=body, once=True)
+        return await self._call("POST", path, ForkCreated, body=body, once=True)
 
     async def cancel_turn(
         self, session_id: str, turn_id: str, *, reason: str | None = None

@@ -95,7 +95,7 @@ from gateway.client.views import (
 )
 from gateway.errors import ApiError, GatewayError
 from gateway.protocol.events import ContextCompacted
-from gateway.protocol.http import SessionForked
+from gateway.protocol.http import ForkCreated
 from gateway.protocol.shapes import TextBlock
 
 EXIT_OK = 0
@@ -758,7 +758,7 @@ class Chat:
         self.redrawn = trio.Event()
         self.failure: GatewayError | None = None
         self.form_open = False  # an elicitation's form owns the screen and the keyboard
-        self.forked: SessionForked | None = None  # /fork made it: the chat goes on with it
+        self.forked: ForkCreated | None = None  # /fork made it: the chat goes on with it
 
     async def run(self) -> int:
         """Until the person quits (or what retrying cannot fix); the exit status."""

@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from gateway.errors import Refused
-from gateway.protocol.http import SessionForked
+from gateway.protocol.http import ForkCreated
 from gateway.protocol.shapes import Message, SessionSummary
 
 # --- operations ------------------------------------------------------------------------
@@ -142,7 +142,7 @@ class Summary(msgspec.Struct, tag="summary"):
 class Forked(msgspec.Struct, tag="forked"):
     """The answer to :class:`Fork`: what ``POST /sessions/{id}/fork`` answers."""
 
-    fork: SessionForked
+    fork: ForkCreated
 
 
 class Snapshot(msgspec.Struct, tag="snapshot"):

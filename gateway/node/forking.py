@@ -40,8 +40,8 @@ from gateway.errors import ApiError, Refused, StoreError
 from gateway.ids import now_ms
 from gateway.logs import event
 from gateway.node.core import NodeCore
-from gateway.protocol.events import SessionForked as Forked
-from gateway.protocol.http import ForkOrigin, SessionForked
+from gateway.protocol.events import SessionForked
+from gateway.protocol.http import ForkCreated, ForkOrigin
 from gateway.runtimes.claude_code import forking as claude_code
 from gateway.runtimes.claude_code.paths import claude_session_id, remove_state, state_dir
 from gateway.session.fork_point import (
@@ -61,7 +61,7 @@ log = logging.getLogger("gateway.node")
 MIB = 1 << 20
 
 
-async def fork(node: NodeCore, source: Session, op: ops.Fork) -> SessionForked:
+async def fork(node: NodeCore, source: Session, op: ops.Fork) -> ForkCreated:
     """Make the fork (module docstring); what ``POST /sessions/{id}/fork`` answers.
 
     Raises:
@@ -85,10 +85,10 @@ async def fork(node: NodeCore, source: Session, op: ops.Fork) -> SessionForked:
     return answer_of(session.record)
 
 
-def answer_of(record: SessionRecord) -> SessionForked:
+def answer_of(record: SessionRecord) -> ForkCreated:
     """What ``POST /sessions/{id}/fork`` answers for the fork ``record`` (a retry's too)."""
     origin, draft = origin_of(record.metadata)
-    return SessionForked(
+    return ForkCreated(
         record.id,
         record.active_model,
         record.created_at,
@@ -220,7 +220,7 @@ def _stored(
     for message in stored:
         node.store.put_message(message)
     session = Session(node, record, stored)
-    session.emit([Forked(source.id, point.at_message_id)], None)
+    session.emit([SessionForked(source.id, point.at_message_id)], None)
     return session
 
 

@@ -154,7 +154,7 @@ class ForkSession(msgspec.Struct, forbid_unknown_fields=True):
     at_message_id: str | None = None
 
 
-class SessionForked(msgspec.Struct):
+class ForkCreated(msgspec.Struct):
     """``POST /sessions/{id}/fork``: the fork, as ``POST /sessions`` answers a session, where it
     comes from, and its draft when it was made at a user message."""
 

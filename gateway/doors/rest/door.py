@@ -40,6 +40,7 @@ from gateway.protocol.http import (
     Compact,
     CreateSession,
     Feedback,
+    ForkCreated,
     ForkSession,
     Health,
     MessagePage,
@@ -47,7 +48,6 @@ from gateway.protocol.http import (
     Ready,
     SessionAttach,
     SessionCreated,
-    SessionForked,
     SessionList,
     SubmitTurn,
     TurnAccepted,
@@ -236,7 +236,7 @@ FEEDBACK = Operation(
 
 FORK = Operation(
     "Fork a session: a new one from its history and workspace",
-    SessionForked,
+    ForkCreated,
     201,
     body=ForkSession,
     body_required=False,

@@ -82,7 +82,7 @@ STRUCTS = {
     ),
     ("post", "/sessions/{session_id}/compact"): (route_table.Compact, route_table.Accepted),
     ("post", "/sessions/{session_id}/feedback"): (route_table.Feedback, route_table.Accepted),
-    ("post", "/sessions/{session_id}/fork"): (route_table.ForkSession, route_table.SessionForked),
+    ("post", "/sessions/{session_id}/fork"): (route_table.ForkSession, route_table.ForkCreated),
     ("get", "/healthz"): (None, route_table.Health),
     ("post", "/agui/{session_id}/cancel"): (CancelRun, RunCancelling),
     ("post", "/ai-sdk/chat/{chat_id}/stop"): (None, ChatStopped),
