@@ -216,6 +216,23 @@ async def test_no_body_forks_at_the_last_message_and_an_empty_session_forks_empt
         assert stored(await messages(gw, again["session_id"])) == stored(whole)
 
 
+async def test_a_fork_is_stored_whole_and_comes_back_after_a_restart(tmp_path: Path) -> None:
+    async with gateway(tmp_path) as (gw, _):
+        source = await gw.create_session()
+        await turn(gw, source, "alpha")
+        await turn(gw, source, "beta")
+        u1, a1, u2, _ = await messages(gw, source)
+        made = await forked(gw, source, u2["id"])
+        fork_id = made["session_id"]
+    async with gateway(tmp_path) as (gw, model):  # the daemon restarted
+        attach = (await gw.http.get(f"/sessions/{fork_id}")).json()
+        assert (attach["forked_from"], attach["draft"]) == (made["forked_from"], made["draft"])
+        assert stored(await messages(gw, fork_id)) == stored([u1, a1])
+        await turn(gw, fork_id, "gamma")
+    [request] = model.of(fork_id)
+    assert sent(request)[:2] == stored([u1, a1]) and len(request.messages) == 3
+
+
 async def test_the_forks_snapshot_shows_the_copied_history(tmp_path: Path) -> None:
     async with gateway(tmp_path) as (gw, _):
         source = await gw.create_session()
