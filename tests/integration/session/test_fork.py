@@ -27,7 +27,6 @@ the real clock under ``fail_after``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import trio
 
@@ -109,14 +109,8 @@ async def forked(gw: Harness, sid: str, at: str | None = None) -> dict[str, Any]
 
 
 def sent(request: ModelRequest) -> list[tuple[str, str, Any]]:
-    """A request's conversation: each message's id, role and content."""
-    return [(m.id, m.role, json.loads(_json(m.content))) for m in request.messages]
-
-
-def _json(value: Any) -> str:
-    import msgspec
-
-    return msgspec.json.encode(value).decode()
+    """A request's conversation: each message's id, role and content (as JSON has it)."""
+    return [(m.id, m.role, msgspec.to_builtins(m.content)) for m in request.messages]
 
 
 def stored(rows: list[dict[str, Any]]) -> list[tuple[str, str, Any]]:
