@@ -17,8 +17,8 @@ their conversations are their parent's turns'); ``turn_in_progress`` (a
 workspace copied while a turn writes to it would be torn);
 ``message_not_found``, ``not_a_fork_point``; then, counted against the key's
 ``max_sessions_per_key`` from here on, ``too_many_sessions``;
-``transcript_unavailable``; ``invalid_workspace`` (the source's cannot be
-used), ``workspace_too_large``; and ``session_not_found`` if the source was
+``invalid_workspace`` (the source's cannot be used), ``workspace_too_large``;
+``transcript_unavailable``; and ``session_not_found`` if the source was
 deleted meanwhile. A turn submitted to the source while its workspace is
 being copied waits for the copy (:func:`copied`); another fork of it copies
 alongside.
