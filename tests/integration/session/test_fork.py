@@ -522,3 +522,36 @@ async def test_a_fork_whose_node_died_holding_its_key_is_found_or_made_under_its
         )
         assert retried.status_code == 201 and retried.json()["session_id"] == planned.target
         assert retried.json()["draft"] == [{"type": "text", "text": "alpha"}]
+
+
+async def test_a_claude_code_fork_whose_transcript_is_not_here_is_409(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source's CLI never ran on this node (its history written here as the store
+    would have it): its conversation cannot be resumed, and nothing is made."""
+    pytest.importorskip("claude_agent_sdk", reason="needs the claude-code extra")
+    from bench.fake_api import FakeServer
+    from gateway.protocol.shapes import Message, TextBlock
+    from gateway.providers.factory import make_providers
+    from gateway.runtimes.claude_code.paths import state_dir
+    from tests.claude_code_support import cc_config
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-fake")
+    config = cc_config(tmp_path, FakeServer(), sandbox="false")
+    providers = make_providers(config, {"ANTHROPIC_API_KEY": "sk-fake"})
+    with trio.fail_after(30):
+        async with running_gateway(config, providers) as gw:
+            source = await gw.create_session()
+            session = gw.node.sessions[source]
+            for id_, role in (("msg_u1", "user"), ("msg_01A", "assistant")):
+                text = [TextBlock(id_)]
+                session.add_message(Message(id_, source, "turn_1", role, text, "complete", 0))
+            error = assert_error(await fork(gw, source, "msg_01A"), 409, "transcript_unavailable")
+            assert "not on this node's storage" in error["message"]
+            own = tmp_path / "workspaces" / "local" / ".own"
+            assert [p.name for p in own.iterdir()] == [source]
+            made = await forked(gw, source, "msg_u1")  # nothing to resume: a new conversation
+            home = Path(state_dir(gw.node.workspaces.root, made["session_id"]))
+            assert not (home / ".fork.json").exists()
+            assert len((await gw.http.get("/sessions")).json()["sessions"]) == 2
+    await providers.aclose()
