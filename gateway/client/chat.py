@@ -1047,10 +1047,16 @@ async def chat(
                     print(f"chat: {exc.message}", file=sys.stderr)
                     return EXIT_FAILED
                 output.write(f"\x1b[{DIM}msession {session_id}\x1b[0m\n")
+            failure: GatewayError | None = None  # raised below, out of the nursery's group
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(keyboard.pump)  # one keyboard for every session of the chat
-                status = await _sessions(client, session_id, keyboard, output, view)
+                try:
+                    status = await _sessions(client, session_id, keyboard, output, view)
+                except GatewayError as exc:
+                    failure = exc
                 nursery.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
             return status
     except ApiError as exc:
         hint = " (pass --api-key)" if exc.status in (401, 403) else ""

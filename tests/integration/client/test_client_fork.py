@@ -123,3 +123,18 @@ async def test_chat_forks_and_goes_on_with_the_fork(gw: Harness) -> None:
     assert f"session {second}, forked from {first} at " in shown
     assert len(await messages(gw, source)) == 2  # the source kept its own
     assert "draft: alpha" in shown
+
+
+async def test_chat_with_an_unknown_session_is_one_line_and_exit_1(
+    gw: Harness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the chat cannot fix still ends it with one line (not a traceback of the
+    keyboard's nursery, which the chat's sessions run beside)."""
+    read, write = os.pipe()
+    try:
+        status = await chat(gw.base, "sess_00000000000000000000", stdin_fd=read, out=Screen())
+    finally:
+        os.close(read)
+        os.close(write)
+    assert status == 1
+    assert capsys.readouterr().err == "chat: session sess_00000000000000000000 not found\n"
