@@ -133,7 +133,7 @@ async def _make(node: NodeCore, source: Session, op: ops.Fork, point: ForkPoint)
             workspace = await _workspace(node, source, op)
             try:
                 await _conversation(node, source, op.fork_id, created_at, workspace, point)
-                if source.deleted or source.id in node.registry.deleting:
+                if _gone(node, source):
                     raise Refused("session_not_found", f"no session {source.id!r}")
             except BaseException:
                 with trio.CancelScope(shield=True):
@@ -142,6 +142,15 @@ async def _make(node: NodeCore, source: Session, op: ops.Fork, point: ForkPoint)
             return _stored(node, source, op, point, created_at, workspace)
     except ApiError as exc:  # the key's session limit: a refusal (it crosses the cluster link)
         raise Refused(exc.code, exc.message) from None
+    except Refused:
+        if _gone(node, source):  # deleted while its workspace was copied (and went with it)
+            raise Refused("session_not_found", f"no session {source.id!r}") from None
+        raise
+
+
+def _gone(node: NodeCore, source: Session) -> bool:
+    """The source was deleted (or is being deleted) since the fork began."""
+    return source.deleted or source.id in node.registry.deleting
 
 
 async def _workspace(node: NodeCore, source: Session, op: ops.Fork) -> str:

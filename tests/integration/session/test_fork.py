@@ -353,6 +353,37 @@ async def test_a_turn_submitted_while_a_fork_copies_waits_for_the_copy(
         assert len(await messages(gw, fork_id)) == 2  # the turn after the copy is not in it
 
 
+async def test_a_source_deleted_while_its_workspace_is_copied_makes_no_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copying, release = trio.Event(), trio.Event()
+    original = Workspaces.copy
+
+    async def held(self: Workspaces, **kw: Any) -> str:
+        copying.set()
+        await release.wait()
+        return await original(self, **kw)
+
+    monkeypatch.setattr(Workspaces, "copy", held)
+    async with gateway(tmp_path) as (gw, _):
+        source = await gw.create_session()
+        await turn(gw, source, "alpha")
+        (workspace(gw, source) / "f.txt").write_text("f")
+        answers: dict[str, httpx.Response] = {}
+
+        async def forking() -> None:
+            answers["fork"] = await fork(gw, source)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(forking)
+            await copying.wait()
+            assert (await gw.http.delete(f"/sessions/{source}")).status_code == 204
+            release.set()
+        assert_error(answers["fork"], 404, "session_not_found")
+        assert (await gw.http.get("/sessions")).json()["sessions"] == []
+        assert list((tmp_path / "workspaces" / "local" / ".own").iterdir()) == []
+
+
 # --- adversary cases ----------------------------------------------------------------------
 
 
