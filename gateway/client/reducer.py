@@ -78,6 +78,10 @@ Where the contract is silent, this module decides:
   message stands as sent. The replaced messages stay: no client loses
   history; only the model's view is shorter. A compaction without a summary
   message (``summary_message_id: null``) puts nothing.
+- **Forks** (docs/protocol.md §2, "Forks"). ``session.forked``, a fork's first
+  event, changes nothing: the fork's copied history was never events of the
+  fork (a replay from before it holds none of it), so a client gets it from
+  the fork's snapshot, as every client that attaches with one does.
 - **Duplicates.** Event ids compare as strings (docs/protocol.md §1). The server
   promises each event once (section 3), so the reducer compares ids only to
   prove it: an event at or below the cursor is counted in
@@ -102,6 +106,7 @@ from gateway.protocol.events import (
     MessageStart,
     PermissionRequested,
     PermissionResolved,
+    SessionForked,
     TextDelta,
     TextEnd,
     TextStart,
@@ -640,6 +645,8 @@ class Reducer:
                 | TextEnd() | ThinkingEnd() | ToolUseEnd()
             ) as p:  # fmt: skip
                 self._streaming(event.type, p.message_id).block_event(event.type, p)
+            case SessionForked():
+                pass  # a fork's first event: its copied history is in its snapshot (section 10)
             case _:
                 pass  # an unknown type, or one that does not change this state
 

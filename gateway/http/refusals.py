@@ -30,6 +30,12 @@ STATUS: dict[str, int] = {
     "nothing_to_compact": 409,
     "session_too_large": 409,
     "permission_resolved": 409,
+    # a fork (docs/protocol.md §2, "Forks")
+    "not_a_fork_point": 409,
+    "worker_session": 409,
+    "workspace_too_large": 409,
+    "transcript_unavailable": 409,
+    "too_many_sessions": 429,
     # what a new session or a decision carries
     "unknown_agent": 422,
     "invalid_model": 422,

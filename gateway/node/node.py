@@ -30,6 +30,7 @@ The node is the composition of its parts, each in a file of its own:
 - gateway.node.recovery: closing the turns a dead node left in flight;
 - gateway.node.attach_tokens: the attach tokens, here or in Redis;
 - gateway.node.durability: batches released once their commit is durable;
+- gateway.node.forking: a fork of a session, made where the session runs;
 - gateway.node.pricing: what a model call cost.
 
 The parts see the node as gateway.node.core.NodeCore, so none of them imports this module.

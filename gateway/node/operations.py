@@ -11,7 +11,7 @@ from typing import assert_never
 
 from gateway.cluster import ops
 from gateway.errors import Refused, SubscribeRejected
-from gateway.node import deletion
+from gateway.node import deletion, forking
 from gateway.node.core import NodeCore
 from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
 from gateway.protocol.filters import resolve_filter
@@ -57,6 +57,8 @@ async def perform(node: NodeCore, session: Session, op: ops.Operation) -> ops.An
             session.compact()
         case ops.DeleteSession():
             await deletion.delete(node, session)
+        case ops.Fork():
+            return ops.Forked(await forking.fork(node, session, op))
         case ops.Warn() | ops.Unregistered():
             notice(session, op)
         case ops.State():
@@ -90,6 +92,7 @@ async def start_turn(node: NodeCore, session: Session, op: ops.StartTurn) -> ops
             ``over_capacity`` (:func:`_process_slot`).
     """
     await _process_slot(node, session)
+    await forking.copied(session)  # a fork copying its workspace first (docs/protocol.md §2)
     if session.id in node.registry.deleting:  # deleted while it waited for a slot
         _unreserve_slot(node, session)
         raise Refused("session_not_found", f"no session {session.id!r}")

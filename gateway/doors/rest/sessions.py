@@ -7,6 +7,8 @@ credential too, gateway.doors.sse).
 
 from __future__ import annotations
 
+import msgspec
+
 from gateway.config import Config
 from gateway.doors.context import DoorContext
 from gateway.doors.rest import idempotency
@@ -22,6 +24,7 @@ from gateway.protocol.http import (
     SessionList,
     SessionListing,
 )
+from gateway.session.fork_point import origin_of
 from gateway.session.session import summary_of
 from gateway.store.base import SessionRecord
 from gateway.tenancy import NO_OWNER, sees
@@ -101,9 +104,12 @@ class Sessions:
         token = await self.ctx.node.issue_token(session.id)
         url = f"{_ws_base(self.ctx.config, req)}/sessions/{session.id}/stream?attach={token}"
         record = session.record
-        return json_response(
-            200, SessionAttach(session.id, record.active_model, token, url, record.agent)
-        )
+        attach = SessionAttach(session.id, record.active_model, token, url, record.agent)
+        origin, draft = origin_of(record.metadata)  # a fork's (docs/protocol.md §2, "Forks")
+        if origin is not None:
+            attach.forked_from = origin
+            attach.draft = msgspec.UNSET if draft is None else draft
+        return json_response(200, attach)
 
     async def delete_session(self, req: Request, session_id: str) -> Response:
         """``DELETE /sessions/{id}``: 204 once the session and its workers are gone (§13)."""

@@ -196,11 +196,17 @@ def cli_options(
     resume: bool = False,
     hooks: dict[HookEvent, list[HookMatcher]] | None = None,
     sandbox: SandboxSettings | None = None,
+    fork: tuple[str, str] | None = None,
 ) -> ClaudeAgentOptions:
     """The SDK's options for a session's CLI (module docstring).
 
     ``resume``: the Claude Code session of this gateway session has a
-    transcript already, which the CLI continues. ``hooks``: the ``PreToolUse``
+    transcript already, which the CLI continues. ``fork``: else, the session
+    is a fork whose first CLI starts from another Claude Code session's
+    conversation, ``(its session id, the uuid of the entry kept last)``
+    (:mod:`gateway.runtimes.claude_code.forking`): ``resume`` that session
+    with ``fork_session`` and ``resume_session_at``, under this session's own
+    id. ``hooks``: the ``PreToolUse``
     hooks (the workspace's boundary, :mod:`gateway.runtimes.claude_code.boundary`,
     and the turn's limits, :mod:`gateway.runtimes.claude_code.hooks`);
     ``sandbox``: Bash's sandbox.
@@ -225,8 +231,10 @@ def cli_options(
         allowed_tools=allowed,
         permission_mode=agent.permission_mode,  # type: ignore[arg-type]
         can_use_tool=can_use_tool,
-        resume=claude_id if resume else None,
+        resume=claude_id if resume else fork[0] if fork else None,
         session_id=None if resume else claude_id,
+        fork_session=not resume and fork is not None,
+        resume_session_at=fork[1] if fork and not resume else None,
         setting_sources=[],
         mcp_servers=mcp_servers(agent, servers, os.getcwd()),
         thinking=thinking,

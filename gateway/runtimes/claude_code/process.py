@@ -61,6 +61,7 @@ from gateway.runtimes.claude_code.boundary import (
     sandbox_missing,
     sandbox_settings,
 )
+from gateway.runtimes.claude_code.forking import fork_of
 from gateway.runtimes.claude_code.options import cli_environment, cli_options
 from gateway.runtimes.claude_code.paths import (
     claude_session_id,
@@ -212,6 +213,8 @@ class CliProcess:
         tmp = tmp_dir(s.id)
         await trio.to_thread.run_sync(_make_dirs, home, s.record.created_at, tmp)
         resume = await trio.to_thread.run_sync(has_transcript, home, claude_session_id(s.id))
+        # A fork's first CLI: the conversation it was forked from, at the fork point.
+        fork = None if resume else await trio.to_thread.run_sync(fork_of, home)
         sandbox = None
         if agent.sandbox:
             sandbox = await trio.to_thread.run_sync(self._sandbox, workspace, home, tmp)
@@ -219,6 +222,7 @@ class CliProcess:
             agent, s.id, workspace, node.config.mcp_servers, self._can_use_tool, resume,
             hooks=self._hooks(workspace),
             sandbox=sandbox,
+            fork=fork,
         )  # fmt: skip
         door = await node.model_proxy.ensure_running()
         key = daemon_env().get("ANTHROPIC_API_KEY", "")  # taken out of os.environ at start
@@ -230,7 +234,8 @@ class CliProcess:
             cli_environment(agent, home, tmp, credential, door, node.config.model.max_retries),
             grace_s=node.config.tools.kill_grace_s,
         )
-        return ClaudeSDKClient(options, transport=transport), transport, resume, credential
+        resumes = resume or fork is not None
+        return ClaudeSDKClient(options, transport=transport), transport, resumes, credential
 
     def _hooks(self, workspace: str) -> dict[HookEvent, list[HookMatcher]]:
         """The ``PreToolUse`` hooks (the workspace's paths, then the turn's limits), and the
