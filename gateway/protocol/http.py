@@ -15,6 +15,7 @@ from gateway.protocol.shapes import (
     PROTOCOL_VERSION,
     ContentBlock,
     Message,
+    QueuedTurnInfo,
     SessionSummary,
     ToolInfo,
 )
@@ -89,6 +90,8 @@ class SessionAttach(msgspec.Struct):
     protocol_version: int = PROTOCOL_VERSION  # docs/protocol.md §4
     forked_from: ForkOrigin | msgspec.UnsetType = msgspec.UNSET
     draft: list[ContentBlock] | msgspec.UnsetType = msgspec.UNSET
+    # Its queued turns, next first; absent when none (docs/protocol.md §2 "A busy session").
+    queued_turns: list[QueuedTurnInfo] | msgspec.UnsetType = msgspec.UNSET
 
 
 class MessagePage(msgspec.Struct):

@@ -109,6 +109,9 @@ class Sessions:
         if origin is not None:
             attach.forked_from = origin
             attach.draft = msgspec.UNSET if draft is None else draft
+        if session.record.queued_turns or not self.ctx.node.runs_here(session.id):
+            # Its owner's (a replica's record may lag): docs/protocol.md §2 "A busy session".
+            attach.queued_turns = (await self.ctx.node.live_summary(session)).queued_turns
         return json_response(200, attach)
 
     async def delete_session(self, req: Request, session_id: str) -> Response:

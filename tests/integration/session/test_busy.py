@@ -116,6 +116,12 @@ async def test_three_queued_turns_run_in_order_and_a_cancelled_one_never_starts(
             b, c, d = (a["turn_id"] for _, a in answers)
             summary = (await gw.http.get("/sessions")).json()["sessions"][0]["session"]
             assert [q["turn_id"] for q in summary["queued_turns"]] == [b, c, d]
+            attach = (await gw.http.get(f"/sessions/{sid}")).json()
+            assert [(q["turn_id"], q["position"]) for q in attach["queued_turns"]] == [
+                (b, 1),
+                (c, 2),
+                (d, 3),
+            ]
             r = await gw.http.post(f"/sessions/{sid}/turns/{c}/cancel", json={})
             assert r.status_code == 202
             provider.let_go()
