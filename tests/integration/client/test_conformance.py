@@ -190,20 +190,26 @@ def server_snapshot(live: Reducer) -> Frame:
     if live.streaming is not None:
         messages.append(server_message(live.streaming, live.session_id))
     running = live.running_turn_id
+    session: dict[str, Any] = {
+        "id": live.session_id,
+        "workspace_path": "/workspace",
+        "active_model": "scripted:echo",
+        "routing_policy_version": "static-1",
+        "cost_so_far_usd": 0.0,
+        "turn_count": 1,
+        "current_turn_id": running,
+        "current_turn_status": "in_flight" if running else None,
+        "parent_session_id": None,
+        "pending_permissions": [msgspec.to_builtins(p) for p in live.permissions.values()],
+    }
+    if live.queued:  # docs/protocol.md §6: absent when none is queued
+        session["queued_turns"] = [
+            {"turn_id": turn_id, "position": n, "user_message": msgspec.to_builtins(message)}
+            for n, (turn_id, message) in enumerate(live.queued.items(), start=1)
+        ]
     return {
         "type": "snapshot",
-        "session": {
-            "id": live.session_id,
-            "workspace_path": "/workspace",
-            "active_model": "scripted:echo",
-            "routing_policy_version": "static-1",
-            "cost_so_far_usd": 0.0,
-            "turn_count": 1,
-            "current_turn_id": running,
-            "current_turn_status": "in_flight" if running else None,
-            "parent_session_id": None,
-            "pending_permissions": [msgspec.to_builtins(p) for p in live.permissions.values()],
-        },
+        "session": session,
         "messages": messages,
         "snapshot_at_event_id": live.last_event_id,
     }
