@@ -420,6 +420,45 @@ async def test_a_real_snapshot_before_every_delta_shows_the_live_view(tmp_path: 
             assert views(reduce(sid, live.frames))["simple"]["thread"][-1]["text"] == "All done."
 
 
+async def test_a_real_snapshot_or_resume_mid_queue_ends_in_the_live_view(tmp_path: Path) -> None:
+    """docs/protocol.md §2 "A busy session": a client that attaches with a snapshot while turns
+    are queued (and one was cancelled) sees the queue the live client sees, and so does one
+    that resumes with ``since`` from any event of the session; all end in the same views."""
+    gate = record.Gate()
+    with trio.fail_after(60):
+        async with running_gateway(make_config(tmp_path), gate) as gw:
+            sid = await gw.create_session()
+            hold = gate.before(3)
+            live = record.Recorder(gw, sid)
+            async with live.connect(record.CHAT):
+                await gw.submit(sid, "Wait for me here")
+                await hold.reached.wait()
+                queued = [
+                    (await record.post_turn(gw, sid, text, "queue"))["turn_id"]
+                    for text in ("B", "C", "D")
+                ]
+                r = await gw.http.post(f"/sessions/{sid}/turns/{queued[1]}/cancel", json={})
+                assert r.status_code == 202, r.text
+                await live.until_turn_ends()
+                late = record.Recorder(gw, sid)
+                async with late.connect(record.CHAT, snapshot=True):
+                    await late.recv()
+                at = views(reduce(sid, late.frames))
+                assert [q["turn_id"] for q in at["simple"]["queued"]] == [queued[0], queued[2]]
+                assert masked(at) == masked(views(reduce(sid, live.frames)))
+                hold.go.set()
+                await live.until_event("turn.completed", count=3)
+            expected = views(reduce(sid, live.frames))
+            assert "queued" not in expected["full"]
+            for cut in cuts(live.frames):
+                resumed = record.Recorder(gw, sid)
+                resumed.frames = live.frames[:cut]
+                async with resumed.connect(record.CHAT, since=resumed.last_event_id) as conn:
+                    for _ in range(conn.frames[cut]["replay_event_count"]):
+                        await conn.recv()
+                assert views(reduce(sid, resumed.frames)) == expected, f"resumed after {cut}"
+
+
 # --- the stored traces are what the gateway sends now -----------------------------------
 
 
