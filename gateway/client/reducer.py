@@ -502,19 +502,21 @@ class Reducer:
         a restored last block that had already ended also looked open until
         the next block started.)
         """
-        return {
+        state: dict[str, Any] = {
             "messages": [_message_state(message) for message in self.messages],
             "streaming": None if self.streaming is None else self.streaming.state(),
             "tool_results": {id_: asdict(outcome) for id_, outcome in self.tool_results.items()},
             "turn": None if self.turn is None else asdict(self.turn),
-            "queued": [
-                {"turn_id": turn_id, "user_message": _message_state(message)}
-                for turn_id, message in self.queued.items()
-            ],
             "pending_permissions": [_builtins(p) for p in self.permissions.values()],
             "compacting": None if self.compacting is None else _builtins(self.compacting),
             "last_event_id": self.last_event_id,
         }
+        if self.queued:  # turns waiting to start (absent when none, as in a snapshot)
+            state["queued"] = [
+                {"turn_id": turn_id, "user_message": _message_state(message)}
+                for turn_id, message in self.queued.items()
+            ]
+        return state
 
     @property
     def running_turn_id(self) -> str | None:
