@@ -341,17 +341,11 @@ class GatewayClient:
     ) -> TurnAccepted:
         """``POST /sessions/{id}/turns`` saying what a busy session does with it; the 202 body.
 
-        docs/protocol.md §2 "A busy session": a session that is not busy starts
-        the turn at once, whatever ``if_busy`` (``TurnAccepted(turn_id)``). A
-        busy one, as ``if_busy`` says (``None``: the gateway's ``[turns]
-        if_busy``, by default ``reject``): ``"reject"``: 409
-        ``turn_in_progress``; ``"queue"``: ``queued`` true and its ``position``
-        (1 starts next; :meth:`cancel_turn` takes it out of the queue);
-        ``"interrupt"``: the running turn is cancelled and this one starts;
-        ``"steer"``: ``steered`` true and ``turn_id`` the *running* turn's, which
-        takes the message before its next model call (``turn.steered``), or it
-        becomes a queued turn of its own (``turn.queued``). Sent under an
-        ``Idempotency-Key``, as :meth:`send_turn`.
+        docs/protocol.md §2 "A busy session" (``None``: ``[turns] if_busy``): an
+        idle session starts it at once; a busy one ``queue``s it (``queued``,
+        its ``position``; :meth:`cancel_turn` takes it out), is ``interrupt``ed
+        for it, or takes it as a ``steer`` (``steered``; ``turn_id`` is then the
+        running turn's). Sent under an ``Idempotency-Key``, as :meth:`send_turn`.
 
         Raises:
             ApiError: 409 ``turn_in_progress`` (``reject``), ``queue_full`` (past
