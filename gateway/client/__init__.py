@@ -38,6 +38,7 @@ from gateway.protocol.http import (
     SessionCreated,
     SessionList,
     SessionListing,
+    TurnAccepted,
 )
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "Subscription",
     "ToolOutcome",
     "ToolRun",
+    "TurnAccepted",
     "TurnState",
     "Update",
     "decode_server_frame",

@@ -3,7 +3,8 @@
 Async, on Trio, httpx and trio-websocket. Two layers::
 
     GatewayClient            docs/protocol.md §2: create, list and open sessions, send a
-    │                        turn, cancel it, answer a permission or an elicitation,
+    │                        turn (queued or steered into a busy session's: submit_turn),
+    │                        cancel it, answer a permission or an elicitation,
     │                        leave feedback, list the agents (section 11)
     ├── subscribe(...)       a Subscription (gateway.client.stream): one session's frames,
     │                        resumed after every drop, with any filter
@@ -68,7 +69,14 @@ from gateway.client.stream import (
     default_connector,
     describe,
 )
-from gateway.client.views import FullView, SimpleView, full_view, simple_view
+from gateway.client.views import (
+    FullView,
+    QueuedView,
+    SimpleView,
+    full_view,
+    queued_view,
+    simple_view,
+)
 from gateway.errors import ClientError
 from gateway.protocol.events import (
     ContextCompacted,
@@ -86,6 +94,7 @@ from gateway.protocol.http import (
     Accepted,
     CancelAccepted,
     ForkCreated,
+    IfBusy,
     MessagePage,
     SessionAttach,
     SessionCreated,
@@ -312,12 +321,41 @@ class GatewayClient:
     ) -> None:
         """``POST /sessions/{id}/turns/{turn_id}/cancel`` (docs/protocol.md §8).
 
-        A turn already cancelling is no error. Raises:
-            ApiError: 404 ``turn_not_found``, 409 ``turn_not_in_flight``.
+        A turn already cancelling is no error. A queued turn (:meth:`submit_turn`
+        with ``if_busy="queue"``) is removed from the queue and never starts
+        (``turn.cancelled`` with ``phase: "queued"``, docs/protocol.md §2 "A busy
+        session"). Raises:
+            ApiError: 404 ``turn_not_found`` (also a queued turn that has already
+                been cancelled), 409 ``turn_not_in_flight``.
         """
         body = {} if reason is None else {"reason": reason}
         path = f"/sessions/{session_id}/turns/{turn_id}/cancel"
         await self._call("POST", path, CancelAccepted, body=body)
+
+    async def submit_turn(
+        self,
+        session_id: str,
+        content: str | list[ContentBlock],
+        *,
+        if_busy: IfBusy | None = None,
+    ) -> TurnAccepted:
+        """``POST /sessions/{id}/turns`` saying what a busy session does with it; the 202 body.
+
+        docs/protocol.md §2 "A busy session" (``None``: ``[turns] if_busy``): an
+        idle session starts it at once; a busy one ``queue``s it (``queued``,
+        its ``position``; :meth:`cancel_turn` takes it out), is ``interrupt``ed
+        for it, or takes it as a ``steer`` (``steered``; ``turn_id`` is then the
+        running turn's). Sent under an ``Idempotency-Key``, as :meth:`send_turn`.
+
+        Raises:
+            ApiError: 409 ``turn_in_progress`` (``reject``), ``queue_full`` (past
+                ``[turns] max_queued``); 422 for content that is not text.
+        """
+        body: dict[str, Any] = {"content": content}
+        if if_busy is not None:
+            body["if_busy"] = if_busy
+        path = f"/sessions/{session_id}/turns"
+        return await self._call("POST", path, TurnAccepted, body=body, once=True)
 
     async def answer_permission(
         self,
@@ -654,8 +692,17 @@ class Session:
         """Start a turn; its id. Raises ApiError 409 ``turn_in_progress``."""
         return await self.client.send_turn(self.id, content)
 
+    async def submit(
+        self, content: str | list[ContentBlock], *, if_busy: IfBusy | None = None
+    ) -> TurnAccepted:
+        """Send a turn saying what a busy session does with it (queue, interrupt, steer);
+        the 202 body (:meth:`GatewayClient.submit_turn`). The queued turns are in
+        :attr:`queued` once their ``turn.queued`` arrived."""
+        return await self.client.submit_turn(self.id, content, if_busy=if_busy)
+
     async def cancel(self, turn_id: str | None = None, *, reason: str | None = None) -> None:
-        """Cancel ``turn_id``, by default the turn in flight (none: nothing to do)."""
+        """Cancel ``turn_id``, by default the turn in flight (none: nothing to do); a queued
+        turn is taken out of the queue."""
         if turn_id is None:
             turn = self.state.turn
             if turn is None or turn.status != "in_flight":
@@ -711,6 +758,12 @@ class Session:
     def busy(self) -> bool:
         """A turn is in flight, as far as the state shows."""
         return self.state.running_turn_id is not None
+
+    @property
+    def queued(self) -> list[QueuedView]:
+        """The turns waiting to start, next first (docs/protocol.md §2 "A busy session"):
+        the ``queued`` of both views (:func:`gateway.client.views.queued_view`)."""
+        return queued_view(self.state)
 
     @property
     def pending_permissions(self) -> dict[str, PendingPermission]:

@@ -41,6 +41,12 @@ What a person sees:
   ``· context compacted: 12 messages summarised (52k → 3k tokens)`` (the
   token counts when this client saw ``context.compacted``); while one runs
   the simple view's status line says ``compacting context…``.
+- **A busy session** (docs/protocol.md §2 "A busy session"): the turns waiting
+  to start are listed under the conversation while they wait, one dim line
+  each (``… queued 1: the text``), and leave it when they start (their
+  message then stands in the conversation) or are cancelled. A message the
+  running turn took (a steer) stands in the turn where it took it, marked
+  ``(steered)``.
 
 How the screen is kept (:class:`Region`): what belongs to finished items is
 written once and never touched again; the rest, the *region* at the bottom
@@ -58,7 +64,15 @@ a user message shows that message as its draft, to send again or edit.
 
 Keys: Enter sends the line typed at the prompt; while a turn runs the
 keyboard does not echo (so typing cannot disturb the region), and ``y`` or
-``n`` answer the question shown. Ctrl-C cancels the turn in flight; a
+``n`` answer the question shown. ``/queue TEXT`` sends a turn that waits for
+the running one (``if_busy: "queue"``), ``/steer TEXT`` a message for the
+running turn to take before its next model call (``if_busy: "steer"``; a turn
+that makes no further call runs it as a queued turn of its own): at the
+prompt, or while a turn runs, where ``/`` opens a command line at the bottom
+(Enter sends it, Backspace edits, Esc drops it) and a dim line says what the
+gateway made of it. While any turn runs or waits (this chat's or another
+client's) the keys answer its questions and open that command line; the
+prompt comes back once the session is idle. Ctrl-C cancels the turn in flight; a
 second Ctrl-C (or Ctrl-C at the prompt), Ctrl-D at the prompt, or ``/quit``
 quits.
 
@@ -91,11 +105,12 @@ from gateway.client.views import (
     BlockView,
     FullView,
     PermissionView,
+    QueuedView,
     SimpleView,
 )
 from gateway.errors import ApiError, GatewayError
 from gateway.protocol.events import ContextCompacted
-from gateway.protocol.http import ForkCreated
+from gateway.protocol.http import ForkCreated, IfBusy, TurnAccepted
 from gateway.protocol.shapes import TextBlock
 
 EXIT_OK = 0
@@ -296,9 +311,10 @@ def full_items(
             items.append(Item(f"context:{message['id']}", (Line(fit(line, width), DIM),), True))
             continue
         if message["role"] == "user":
-            if message["turn_id"] not in hidden_turns:
+            steered = message.get("steered", False)
+            if steered or message["turn_id"] not in hidden_turns:
                 text = "".join(b["text"] for b in message["blocks"] if b["type"] == "text")
-                items.append(_user_item(message["id"], text, marks))
+                items.append(_user_item(message["id"], text, marks, steered=steered))
             continue
         for index, block in enumerate(message["blocks"]):
             key = f"block:{message['id']}:{index}"
@@ -306,7 +322,19 @@ def full_items(
         if message["status"] in ("cancelled", "error"):
             said = "cancelled" if message["status"] == "cancelled" else "stopped by an error"
             items.append(Item(f"end:{message['id']}", (Line(f"({said})", DIM),), True))
-    return items
+    return items + queued_items(view.get("queued", []), width, marks)
+
+
+def queued_items(queued: list[QueuedView], width: int, marks: Marks) -> list[Item]:
+    """The turns waiting to start, one dim line each, next first (module docstring)."""
+    return [
+        Item(
+            f"queued:{q['turn_id']}",
+            (Line(fit(f"{marks.ellipsis} queued {q['position']}: {fold(q['text'])}", width), DIM),),
+            False,
+        )
+        for q in queued
+    ]
 
 
 def _tokens(count: int) -> str:
@@ -325,9 +353,11 @@ def compaction_line(replaced: int, event: ContextCompacted | None, marks: Marks)
     return line if marks.ok == "✓" else line.replace("·", "-").replace("→", "->")
 
 
-def _user_item(message_id: str, text: str, marks: Marks) -> Item:
+def _user_item(message_id: str, text: str, marks: Marks, *, steered: bool = False) -> Item:
     lines = clean(text).split("\n") or [""]
     shown = [Line(f"{marks.you} {lines[0]}", BOLD)] + [Line(f"  {x}", BOLD) for x in lines[1:]]
+    if steered:  # the running turn took it (docs/protocol.md §2 "A busy session")
+        shown.append(Line("  (steered)", DIM))
     return Item(f"user:{message_id}", tuple(shown), True)
 
 
@@ -397,8 +427,9 @@ def simple_items(
             )
             continue
         if entry["role"] == "user":
-            if entry["turn_id"] not in hidden_turns:
-                items.append(_user_item(entry["message_id"], entry["text"], marks))
+            steered = entry.get("steered", False)
+            if steered or entry["turn_id"] not in hidden_turns:
+                items.append(_user_item(entry["message_id"], entry["text"], marks, steered=steered))
             continue
         lines = [Line(x) for x in clean(entry["text"]).split("\n")]
         if entry["status"] in ("cancelled", "error"):
@@ -406,6 +437,7 @@ def simple_items(
             lines.append(Line(f"({said})", DIM))
         key = f"reply:{entry['turn_id'] or entry['message_id']}"
         items.append(Item(key, tuple(lines), entry["status"] != "in_progress"))
+    items += queued_items(view.get("queued", []), width, marks)
     status = view["status"]
     if status is not None:
         if status["kind"] == "thinking":
@@ -676,11 +708,15 @@ class Keyboard:
         return line.decode(errors="replace").rstrip("\r")
 
     async def key(self) -> str | None:
-        """The next key (a character), or ``None`` at end of input."""
+        """The next key (a character, whole in UTF-8), or ``None`` at end of input."""
         self.mode("keys")
         if not self._buffer and not await self._more():
             return None
-        key, self._buffer = self._buffer[:1], self._buffer[1:]
+        lead = self._buffer[0]
+        size = 4 if lead >= 0xF0 else 3 if lead >= 0xE0 else 2 if lead >= 0xC0 else 1
+        while len(self._buffer) < size and await self._more():
+            pass
+        key, self._buffer = self._buffer[:size], self._buffer[size:]
         return key.decode(errors="replace")
 
     def mode(self, mode: Literal["line", "keys"]) -> None:
@@ -759,6 +795,8 @@ class Chat:
         self.failure: GatewayError | None = None
         self.form_open = False  # an elicitation's form owns the screen and the keyboard
         self.forked: ForkCreated | None = None  # /fork made it: the chat goes on with it
+        self.command: str | None = None  # the command line typed while a turn runs
+        self.notice: str | None = None  # what the gateway made of the last command
 
     async def run(self) -> int:
         """Until the person quits (or what retrying cannot fix); the exit status."""
@@ -814,6 +852,10 @@ class Chat:
         status = self._status_line()
         if status:
             items.append(Item("connection", (Line(status, DIM),), False))
+        if self.notice:
+            items.append(Item("notice", (Line(fit(self.notice, width - 1), DIM),), False))
+        if self.command is not None:
+            items.append(Item("command", (Line(fit(self.command, width - 1, tail=True)),), False))
         return items
 
     def _status_line(self) -> str:
@@ -898,7 +940,7 @@ class Chat:
     async def _converse(self) -> None:
         """The prompt, a turn, keys while it runs; again, until the person quits."""
         while True:
-            await self._until_idle()
+            await self._while_busy()
             self.redraw(final_only=True)  # settled above the prompt
             self.region.close()
             self.keyboard.forget_typed()  # before the prompt: what is typed after it stays
@@ -921,19 +963,16 @@ class Chat:
             self.keyboard.mode("keys")
             self.sending = True
             try:
-                turn_id = await self.session.send(line)
+                turn_id = await self._send_line(line)
             except GatewayError as exc:  # 409 turn_in_progress, the gateway away, ...
                 self.out.write(f"\x1b[{RED}m(not sent: {exc.message})\x1b[0m\n")
                 continue
             finally:
                 self.sending = False
-            self.mine.add(turn_id)
+            if turn_id is not None:
+                self.mine.add(turn_id)
             self.redraw()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._answer_keys)
-                while not self.session.turn_ended(turn_id):
-                    await self.redrawn.wait()
-                nursery.cancel_scope.cancel()
+            await self._while_busy(turn_id)
 
     async def _fork(self, args: list[str]) -> bool:
         """``/fork [MESSAGE_ID]``: whether the session was forked (the chat then ends, and
@@ -948,17 +987,79 @@ class Chat:
             return False
         return True
 
-    async def _until_idle(self) -> None:
-        """Wait while a turn (of another client too) is in flight."""
-        while self.session.state.running_turn_id is not None:
-            await self.redrawn.wait()
+    async def _send_line(self, line: str) -> str | None:
+        """The prompt's line as a turn, or a ``/queue`` or ``/steer`` (module docstring): the id
+        of the turn it started, or ``None`` (what the gateway made of it is written)."""
+        if not is_command(line):
+            return await self.session.send(line)
+        command = parse_command(line)
+        note = "(/queue and /steer need a text)"
+        if command is not None:
+            accepted = await self.session.submit(command[1], if_busy=command[0])
+            if not (accepted.queued or accepted.steered):
+                return accepted.turn_id  # the session was idle: it started, as a sent line
+            note = accepted_note(accepted)
+        self.out.write(f"\x1b[{DIM}m{note}\x1b[0m\n")
+        return None
+
+    def _busy(self, turn_id: str | None) -> bool:
+        """A turn runs or waits (docs/protocol.md §2 "A busy session"), or ``turn_id`` has not
+        ended as far as this client knows (its start may not have arrived yet)."""
+        state = self.session.state
+        if state.running_turn_id is not None or state.queued:
+            return True
+        return turn_id is not None and not self.session.turn_ended(turn_id)
+
+    async def _while_busy(self, turn_id: str | None = None) -> None:
+        """While the session is busy (this chat's turn or another client's): the keys answer
+        its questions and open the command line (:meth:`_answer_keys`)."""
+        if not self._busy(turn_id):
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._answer_keys)
+            while self._busy(turn_id):
+                await self.redrawn.wait()
+            nursery.cancel_scope.cancel()
+        self.command = self.notice = None
+
+    async def _command_key(self, key: str) -> None:
+        """A key of the command line (module docstring): typed, edited, dropped or sent."""
+        line = self.command or ""
+        if key in ("\r", "\n"):
+            self.command = None
+            self.notice = "(sending…)"
+            self.redraw()
+            self.notice = await self._command(line)
+        elif key == "\x1b" or (key in ("\x7f", "\b") and len(line) <= 1):
+            self.command = None
+        elif key in ("\x7f", "\b"):
+            self.command = line[:-1]
+        elif key.isprintable():
+            self.command = line + key
+            self.notice = None
+        self.redraw()
+
+    async def _command(self, line: str) -> str:
+        """Send the command line's ``/queue`` or ``/steer``; what to say of it."""
+        command = parse_command(line)
+        if command is None:
+            return "(while a turn runs: /queue TEXT, or /steer TEXT)"
+        try:
+            accepted = await self.session.submit(command[1], if_busy=command[0])
+        except GatewayError as exc:  # 409 queue_full, the gateway away, ...
+            return f"(not sent: {exc.message})"
+        return accepted_note(accepted)
 
     async def _answer_keys(self) -> None:
-        """While a turn runs: ``y``/``n`` answer the question shown."""
+        """While a turn runs: ``y``/``n`` answer the question shown; ``/`` opens the
+        command line, which takes every key until it is sent or dropped."""
         while True:
             key = await self.keyboard.key()
             if key is None:
                 await trio.sleep_forever()
+            if self.command is not None or key == "/":
+                await self._command_key(key)
+                continue
             permissions = self.session.pending_permissions
             asked = next(iter(permissions.values()), None)
             if asked is None or asked.perm_id in self.answered or key.lower() not in ("y", "n"):
@@ -1007,6 +1108,28 @@ class Chat:
             self.keyboard.mode("keys")
             self.form_open = False
             self.region.fresh = True
+
+
+def is_command(line: str) -> bool:
+    """A line the chat reads as ``/queue`` or ``/steer`` rather than sends as it is."""
+    return line.strip().partition(" ")[0] in ("/queue", "/steer")
+
+
+def parse_command(line: str) -> tuple[IfBusy, str] | None:
+    """``/queue TEXT`` or ``/steer TEXT``: the ``if_busy`` and the text; ``None`` otherwise."""
+    head, _, text = line.strip().partition(" ")
+    if not is_command(head) or not text.strip():
+        return None
+    return ("queue" if head == "/queue" else "steer"), text.strip()
+
+
+def accepted_note(accepted: TurnAccepted) -> str:
+    """What the gateway made of a ``/queue`` or ``/steer`` (its 202 body), in one line."""
+    if accepted.queued:
+        return f"(queued: position {accepted.position})"
+    if accepted.steered:
+        return "(steered: the running turn takes it before its next model call)"
+    return "(started: the session was idle)"
 
 
 # --- the command ---------------------------------------------------------------------------------

@@ -52,6 +52,16 @@ Where the contract is silent, this module decides:
   so; otherwise the session is idle and ``turn`` is ``None``. How each turn
   ended is kept in :attr:`Reducer.turn_outcomes`, as far as this client saw
   it end (a snapshot replaces what was known, as it replaces everything).
+- **A busy session** (docs/protocol.md §2 "A busy session"). :attr:`Reducer.queued`
+  holds the turns waiting to start, next first, with their user messages:
+  ``turn.queued`` appends one (the server appends too: its ``position`` is
+  where it stood then), its ``turn.started`` or its ``turn.cancelled`` with
+  ``phase: "queued"`` (which ends no turn in flight) removes it, and a
+  snapshot's ``queued_turns`` replaces them. A queued turn's user message is
+  not a message of the conversation before its ``turn.started``. A steer the
+  running turn took (``turn.steered``) is: it is put at the end of the
+  finished messages, where the server stores it (after the round's tool
+  results, before the next round).
 - **Cut blocks** (docs/protocol.md §15). A snapshot that had to fit
   ``snapshot_max_bytes`` may leave older messages out (:attr:`Reducer.has_more`:
   page them with ``GET .../messages?before=``) and send a block cut, marked
@@ -492,7 +502,7 @@ class Reducer:
         a restored last block that had already ended also looked open until
         the next block started.)
         """
-        return {
+        state: dict[str, Any] = {
             "messages": [_message_state(message) for message in self.messages],
             "streaming": None if self.streaming is None else self.streaming.state(),
             "tool_results": {id_: asdict(outcome) for id_, outcome in self.tool_results.items()},
@@ -501,6 +511,12 @@ class Reducer:
             "compacting": None if self.compacting is None else _builtins(self.compacting),
             "last_event_id": self.last_event_id,
         }
+        if self.queued:  # turns waiting to start (absent when none, as in a snapshot)
+            state["queued"] = [
+                {"turn_id": turn_id, "user_message": _message_state(message)}
+                for turn_id, message in self.queued.items()
+            ]
+        return state
 
     @property
     def running_turn_id(self) -> str | None:

@@ -54,6 +54,21 @@ Where section 10 is silent, decided here (docs/protocol.md, "Views"):
   workers' (``session_id`` says whose), with ``kind``; an elicitation's
   ``message`` and ``requested_schema`` (``None`` for a tool approval) are
   what a client builds its form from (section 11).
+- **A busy session** (docs/protocol.md §2 "A busy session"). The turns waiting to
+  start are not in the conversation: both views list them after it, in
+  ``queued`` (next first; left out when none, as ``SessionSummary.queued_turns``
+  is), each ``{turn_id, message_id, position, text}``: ``position`` is its
+  place in the queue now (1 starts next; counted here, so it moves up as
+  turns ahead of it start or are cancelled), ``text`` its user message's text
+  blocks joined with newlines. A queued turn leaves the list when it starts
+  (its user message then enters the conversation, as any turn's) or is
+  cancelled. A steer the running turn took (``turn.steered``) is a user
+  message of that turn, in place: after the round it followed, before the
+  next; both views mark it ``steered: true`` (a user message of a turn that
+  already has one before it, so a snapshot tells it as the events do). In the
+  simple view the turn's reply then moves below it: the next round's reply
+  answers it, so it stands after it (until that round starts, the earlier
+  round's text stays where it was).
 - **The status line** is ``{"kind": "compacting"}`` while a compaction is
   under way (``context.compacting`` without its ``context.compacted``), turn
   or no turn; a snapshot cannot say so, so a client that attaches during a
@@ -146,11 +161,24 @@ BlockView = TextView | ThinkingView | RedactedThinkingView | ToolUseView | Compa
 
 
 class MessageView(TypedDict):
+    """``steered`` (only when true): a user message the running turn took (``turn.steered``)."""
+
     id: str
     role: Literal["user", "assistant", "context"]
     turn_id: str | None
     status: Literal["complete", "in_progress", "cancelled", "error"]
     blocks: list[BlockView]
+    steered: NotRequired[bool]
+
+
+class QueuedView(TypedDict):
+    """A turn waiting to start (docs/protocol.md §2 "A busy session"): ``position`` 1 starts
+    next; ``text`` is its user message's text."""
+
+    turn_id: str
+    message_id: str
+    position: int
+    text: str
 
 
 class PermissionView(TypedDict):
@@ -187,6 +215,7 @@ class FullView(TypedDict):
     messages: list[MessageView]
     permissions: list[PermissionView]
     workers: NotRequired[list[WorkerView]]
+    queued: NotRequired[list[QueuedView]]  # only when turns are queued
 
 
 class ThreadEntry(TypedDict):
@@ -198,6 +227,7 @@ class ThreadEntry(TypedDict):
     text: str
     status: ReplyStatus
     replaces: NotRequired[int]
+    steered: NotRequired[bool]  # a user message the running turn took (turn.steered)
 
 
 class ThinkingStatus(TypedDict):
@@ -224,6 +254,7 @@ class SimpleView(TypedDict):
     thread: list[ThreadEntry]
     status: StatusLine | None
     permissions: list[PermissionView]
+    queued: NotRequired[list[QueuedView]]  # only when turns are queued
 
 
 # --- full ----------------------------------------------------------------------
@@ -248,7 +279,38 @@ def full_view(reducer: Reducer, *, workers: bool = False) -> FullView:
     }
     if workers:
         view["workers"] = [_worker(reducer, worker) for worker in reducer.workers.values()]
+    queued = queued_view(reducer)
+    if queued:
+        view["queued"] = queued
     return view
+
+
+def queued_view(reducer: Reducer) -> list[QueuedView]:
+    """The turns waiting to start, next first (module docstring, "A busy session")."""
+    return [
+        {
+            "turn_id": turn_id,
+            "message_id": message.id,
+            "position": position,
+            "text": _text_of(message),
+        }
+        for position, (turn_id, message) in enumerate(reducer.queued.items(), start=1)
+    ]
+
+
+def _text_of(message: Message) -> str:
+    """A user message's text blocks, joined with newlines (as the simple view shows it)."""
+    return "\n".join(b.text for b in message.content if isinstance(b, TextBlock))
+
+
+def _steered(message: Message, turns_asked: set[str | None]) -> bool:
+    """A user message of a turn that already has one before it: a steer it took (module
+    docstring, "A busy session"). ``turns_asked`` collects the turns seen so far."""
+    if message.role != "user":
+        return False
+    steered = message.turn_id is not None and message.turn_id in turns_asked
+    turns_asked.add(message.turn_id)
+    return steered
 
 
 def _worker(parent: Reducer, worker: Reducer) -> WorkerView:
@@ -264,6 +326,10 @@ def _worker(parent: Reducer, worker: Reducer) -> WorkerView:
 
 def _messages(reducer: Reducer) -> list[MessageView]:
     views = [_finished_message(reducer, message) for message in reducer.messages]
+    turns_asked: set[str | None] = set()
+    for message, view in zip(reducer.messages, views, strict=True):
+        if _steered(message, turns_asked):
+            view["steered"] = True
     if reducer.streaming is not None:
         views.append(_streaming_message(reducer, reducer.streaming))
     return views
@@ -429,17 +495,22 @@ def simple_view(reducer: Reducer) -> SimpleView:
     """
     thread: list[ThreadEntry] = []
     latest: dict[str | None, tuple[int, Message | StreamingMessage]] = {}
+    turns_asked: set[str | None] = set()
+    moving: set[str | None] = set()  # turns whose next round's reply goes below a steer
     for message in reducer.messages:
         if message.role == "user":
-            thread.append(
-                {
-                    "role": "user",
-                    "turn_id": message.turn_id,
-                    "message_id": message.id,
-                    "text": "\n".join(b.text for b in message.content if isinstance(b, TextBlock)),
-                    "status": "complete",
-                }
-            )
+            entry: ThreadEntry = {
+                "role": "user",
+                "turn_id": message.turn_id,
+                "message_id": message.id,
+                "text": _text_of(message),
+                "status": "complete",
+            }
+            if _steered(message, turns_asked):
+                entry["steered"] = True
+                if message.turn_id in latest:  # it answered a round: the next goes below
+                    moving.add(message.turn_id)
+            thread.append(entry)
         elif message.role == "context":
             blocks = [b for b in message.content if isinstance(b, CompactionBlock)]
             replaced = sum(len(b.replaces) for b in blocks)
@@ -454,16 +525,20 @@ def simple_view(reducer: Reducer) -> SimpleView:
                 }
             )
         else:
-            _reply(thread, latest, message.turn_id, message)
+            _reply(thread, latest, message.turn_id, message, moving)
     if reducer.streaming is not None:
-        _reply(thread, latest, reducer.streaming.turn_id, reducer.streaming)
+        _reply(thread, latest, reducer.streaming.turn_id, reducer.streaming, moving)
     for turn_id, (position, last) in latest.items():
         thread[position]["status"] = _reply_status(reducer, turn_id, last)
-    return {
+    view: SimpleView = {
         "thread": thread,
         "status": _status_line(reducer),
         "permissions": _permissions(reducer),
     }
+    queued = queued_view(reducer)
+    if queued:
+        view["queued"] = queued
+    return view
 
 
 def _reply(
@@ -471,8 +546,10 @@ def _reply(
     latest: dict[str | None, tuple[int, Message | StreamingMessage]],
     turn_id: str | None,
     message: Message | StreamingMessage,
+    moving: set[str | None],
 ) -> None:
-    """Put ``message`` as its turn's reply: a later round replaces an earlier one."""
+    """Put ``message`` as its turn's reply: a later round replaces an earlier one, in its
+    place, or below the steers taken since (``moving``; module docstring)."""
     if isinstance(message, StreamingMessage):
         message_id = message.message_id
         text = "".join(
@@ -488,6 +565,13 @@ def _reply(
         "text": text,
         "status": "in_progress",
     }
+    if turn_id in moving:  # the earlier round's reply leaves its place
+        moving.discard(turn_id)
+        gone = latest.pop(turn_id)[0]
+        del thread[gone]
+        for other, (at, last) in latest.items():
+            if at > gone:
+                latest[other] = (at - 1, last)
     if turn_id in latest:
         position = latest[turn_id][0]
         thread[position] = entry

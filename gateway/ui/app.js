@@ -31,6 +31,12 @@
 // - compactions (section 12): one quiet line where the context message stands
 //   (`compaction`), the replaced messages kept; "Compacting the context…" as the
 //   simple view's status line while one runs.
+// - a busy session (section 2, "A busy session"): while a turn runs (or turns wait) the
+//   composer's Send becomes Queue (`if_busy: "queue"`, Enter) and Steer appears beside it
+//   (`if_busy: "steer"`, Ctrl+Enter): the message for the running turn to take before its
+//   next step. The views' `queued` turns are drawn after the conversation (`queued`, dashed,
+//   each with a Cancel that calls the cancel route); a steer the turn took stands in it,
+//   marked (`data-steered`).
 // - elicitations (section 11): a small form built from `requested_schema`
 //   (string: text, number/integer: number, boolean: checkbox, enum: select),
 //   Submit answers `allow` with `content`, Decline `deny`. A worker's request
@@ -38,7 +44,8 @@
 //
 // Elements that tests and automation drive carry data-testid (docs/clients.md): prompt,
 // send, cancel, new-session, view-toggle, status, and each message `message`
-// with data-role and data-status; agent-picker, compaction, elicitation. `window.gateway` is a small handle for
+// with data-role and data-status; agent-picker, compaction, elicitation; steer, queued (with
+// data-turn-id and data-position) and its cancel-queued. `window.gateway` is a small handle for
 // automation (the stream, its state, and `options`, which an init script may
 // set before the page loads: {backoffBaseMs, backoffCapMs, keepaliveMs}).
 
@@ -70,6 +77,7 @@ const ui = {
   composer: $("composer"),
   prompt: $("prompt"),
   send: $("send"),
+  steer: $("steer"),
   cancel: $("cancel"),
   viewToggle: $("view-toggle"),
   workers: $("workers-toggle"),
@@ -100,8 +108,9 @@ function el(tag, attrs = {}, ...children) {
 }
 
 let errorTimer = 0;
-function showError(message) {
+function showError(message, kind = "error") {
   ui.error.textContent = message;
+  ui.error.classList.toggle("info", kind === "info");
   ui.error.hidden = false;
   clearTimeout(errorTimer);
   errorTimer = setTimeout(() => {
@@ -698,11 +707,13 @@ function reconcile(items) {
 
 function drawMessage(item) {
   if (item.role === "context") return drawCompaction(item);
+  if (item.role === "queued") return drawQueued(item);
   const head = el(
     "div",
     { class: "message-head" },
     el("span", { class: "role", text: item.worker ? (item.role === "user" ? "task" : "worker") : item.role }),
     item.status !== "complete" ? el("span", { class: `badge ${item.status}`, text: statusLabel(item.status) }) : null,
+    item.steered ? el("span", { class: "badge steered", text: "steered", title: "The running turn took it" }) : null,
   );
   return el(
     "article",
@@ -714,6 +725,7 @@ function drawMessage(item) {
       "data-key": item.key,
       "data-message-id": item.id || null,
       "data-session-id": item.sessionId || null,
+      "data-steered": item.steered ? "true" : null,
     },
     head,
     el(
@@ -725,6 +737,37 @@ function drawMessage(item) {
         truncatedMark(block, item.id, item.status !== "in_progress" && !item.worker),
       ]),
     ),
+  );
+}
+
+/** A queued turn (docs/protocol.md §2 "A busy session"): its message, its place, its Cancel. */
+function drawQueued(item) {
+  return el(
+    "article",
+    {
+      class: "message queued",
+      "data-testid": "queued",
+      "data-role": "user",
+      "data-status": "queued",
+      "data-key": item.key,
+      "data-turn-id": item.turnId,
+      "data-message-id": item.id,
+      "data-position": String(item.position),
+    },
+    el(
+      "div",
+      { class: "message-head" },
+      el("span", { class: "role", text: "user" }),
+      el("span", { class: "badge queued", text: item.position === 1 ? "queued · next" : `queued · ${item.position}` }),
+      el("button", {
+        type: "button",
+        "data-testid": "cancel-queued",
+        title: "Take it out of the queue: it never starts",
+        text: "Cancel",
+        onclick: (event) => cancelQueued(item.turnId, event.target),
+      }),
+    ),
+    el("div", { class: "blocks" }, el("div", { class: "text", "data-testid": "text", text: item.text })),
   );
 }
 
@@ -998,29 +1041,70 @@ function drawActivity(view) {
 
 // --- the composer -----------------------------------------------------------------------------
 
+const IDLE_HINT = "Message the agent. Enter sends, Shift+Enter is a new line, Esc cancels the turn.";
+const BUSY_HINT = "A turn is running. Enter queues this for after it; Ctrl+Enter (Steer) gives it to the running turn.";
+
+/** A turn runs, or turns wait to start (docs/protocol.md §2 "A busy session"). */
+function sessionBusy() {
+  return Boolean(page.reducer && (page.reducer.runningTurnId !== null || page.reducer.queued.size > 0));
+}
+
 function updateComposer() {
   const turn = page.reducer ? turnOf(page.reducer) : null;
   const inFlight = Boolean(turn && turn.inFlight);
+  const busy = sessionBusy();
   const ready = Boolean(page.sessionId) && !page.busy;
-  ui.send.disabled = !ready || inFlight || !ui.prompt.value.trim();
+  const typed = Boolean(ui.prompt.value.trim());
+  ui.send.disabled = !ready || !typed;
+  ui.send.dataset.mode = busy ? "queue" : "send";
+  ui.send.textContent = busy ? "Queue" : "Send";
+  ui.send.title = busy ? "Send it once the running turn and the queued ones have ended (Enter)" : "Send (Enter)";
+  ui.steer.hidden = !inFlight;
+  ui.steer.disabled = !ready || !inFlight || !typed;
   ui.cancel.disabled = !page.sessionId || !inFlight;
   ui.prompt.disabled = !page.sessionId;
+  ui.prompt.placeholder = busy ? BUSY_HINT : IDLE_HINT;
 }
 
-async function send() {
+/** Send the prompt: a turn, or while the session is busy `if_busy` queue (or `ifBusy`). */
+async function send(ifBusy = null) {
   const content = ui.prompt.value;
-  if (!page.sessionId || !content.trim() || ui.send.disabled) return;
+  if (!page.sessionId || !content.trim() || page.busy) return;
+  const mode = ifBusy || (sessionBusy() ? "queue" : null);
   page.busy = true;
   updateComposer();
   try {
-    await api("POST", `sessions/${encodeURIComponent(page.sessionId)}/turns`, { content });
+    const body = mode ? { content, if_busy: mode } : { content };
+    const accepted = await api("POST", `sessions/${encodeURIComponent(page.sessionId)}/turns`, body);
     ui.prompt.value = "";
+    if (accepted && accepted.steered) {
+      showError("Sent to the running turn: it takes it before its next step.", "info");
+    }
   } catch (error) {
-    showError(error.code === "turn_in_progress" ? "A turn is still running: wait, or cancel it (Esc)." : `Not sent: ${error.message}`);
+    const why = {
+      turn_in_progress: "A turn is still running: wait, or cancel it (Esc).",
+      queue_full: `Not queued: ${error.message}`,
+    }[error.code];
+    showError(why || `Not sent: ${error.message}`);
   } finally {
     page.busy = false;
     updateComposer();
     ui.prompt.focus();
+  }
+}
+
+/** A queued turn's Cancel: it leaves the queue and never starts (docs/protocol.md §2). */
+async function cancelQueued(turnId, button) {
+  button.disabled = true;
+  try {
+    await api(
+      "POST",
+      `sessions/${encodeURIComponent(page.sessionId)}/turns/${encodeURIComponent(turnId)}/cancel`,
+      { reason: "user" },
+    );
+  } catch (error) {
+    button.disabled = false;
+    if (error.code !== "turn_not_found") showError(`Could not cancel: ${error.message}`);
   }
 }
 
@@ -1180,11 +1264,13 @@ ui.composer.addEventListener("submit", (event) => {
   send();
 });
 ui.cancel.addEventListener("click", cancelTurn);
+ui.steer.addEventListener("click", () => send("steer"));
 ui.prompt.addEventListener("input", updateComposer);
 ui.prompt.addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
     event.preventDefault();
-    send();
+    const steer = (event.ctrlKey || event.metaKey) && page.reducer && page.reducer.runningTurnId !== null;
+    send(steer ? "steer" : null);
   }
 });
 document.addEventListener("keydown", (event) => {
@@ -1219,8 +1305,25 @@ loadSessions().then(() => openSession(sessionFromHash()));
 // --- adapters: the reducer's views as the items drawn above ----------------------------------
 // The view shapes are documented at the top of reducer.js.
 
-/** The messages of a view, each {key, id, role, status, worker, sessionId, blocks}. */
+/** The messages of a view, each {key, id, role, status, worker, sessionId, blocks}; then
+ * the queued turns, each {key, id, role: "queued", turnId, position, text}. */
 function messagesOf(view) {
+  return [...conversationOf(view), ...(view.queued || []).map(queuedItem)];
+}
+
+function queuedItem(queued) {
+  return {
+    key: `q:${queued.turn_id}`,
+    id: queued.message_id,
+    role: "queued",
+    status: "queued",
+    turnId: queued.turn_id,
+    position: queued.position,
+    text: queued.text,
+  };
+}
+
+function conversationOf(view) {
   if (page.view === "simple") {
     return view.thread.map((entry) =>
       entry.role === "context"
@@ -1238,6 +1341,7 @@ function messagesOf(view) {
             id: entry.message_id,
             role: entry.role,
             status: entry.status,
+            steered: entry.steered === true,
             worker: false,
             sessionId: page.sessionId,
             blocks: [{ kind: "text", text: entry.text, open: entry.status === "in_progress" }],
@@ -1262,6 +1366,7 @@ function fullItems(sessionId, messages, permissions, workers, worker) {
     id: m.id,
     role: m.role,
     status: m.status,
+    steered: m.steered === true,
     worker,
     sessionId,
     blocks: m.blocks.map((b) => {

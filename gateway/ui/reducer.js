@@ -26,9 +26,15 @@
 // of expected views in tests/streaming-conformance/ checks both):
 //
 //   fullView  = {session_id, running_turn_id, messages: [MessageView], permissions: [Permission],
-//                workers?: [{session_id, tool_use_id, task, running_turn_id, messages}]}
-//   MessageView = {id, role: "user"|"assistant"|"context", turn_id, status, blocks: [BlockView]}
+//                workers?: [{session_id, tool_use_id, task, running_turn_id, messages}],
+//                queued?: [Queued]}
+//   MessageView = {id, role: "user"|"assistant"|"context", turn_id, status, blocks: [BlockView],
+//                  steered?: true}
 //     status: "complete" | "in_progress" | "cancelled" | "error"
+//     steered: a user message the running turn took (turn.steered), in place in its turn
+//   Queued = {turn_id, message_id, position, text}   (docs/protocol.md §2 "A busy session")
+//     the turns waiting to start, next first (position 1 starts next), after the conversation;
+//     `queued` is left out of both views when none waits
 //   BlockView = {type: "text", text, open} | {type: "thinking", text, open}
 //             | {type: "redacted_thinking", open}
 //             | {type: "tool_use", id, name, input, open, status, result, perm_id}
@@ -43,13 +49,16 @@
 //                 expires_at, message, requested_schema}   (pending requests only, the session's
 //                 own and its workers'; message and requested_schema null but for an elicitation)
 //
-//   simpleView = {thread: [Entry], status: StatusLine | null, permissions: [Permission]}
-//   Entry = {role: "user"|"assistant", turn_id, message_id, text, status}
+//   simpleView = {thread: [Entry], status: StatusLine | null, permissions: [Permission],
+//                 queued?: [Queued]}
+//   Entry = {role: "user"|"assistant", turn_id, message_id, text, status, steered?: true}
 //         | {role: "context", turn_id, message_id, text: "", status: "complete", replaces: n}
 //     (a compaction: one quiet line, never assistant text)
 //     one user entry per user message; one assistant entry per turn: the text of the turn's
 //     latest round (appended while it streams, replaced when a later round starts); status
-//     "in_progress" while the turn runs, then "complete", "cancelled" or "error"
+//     "in_progress" while the turn runs, then "complete", "cancelled" or "error"; a steered
+//     user message (steered: true) stands in its turn, and the turn's next round's reply
+//     below it
 //   StatusLine = {kind: "thinking", text}          (the latest thinking chunk, replaced each time)
 //              | {kind: "tool", state: "preparing"|"awaiting_approval"|"running",
 //                 tool_use_id, tool_name}
@@ -221,6 +230,9 @@ export class Reducer {
     this.toolResults = new Map(); // tool_use_id -> {tool_use_id, status, content, error_class}
     this.turn = null; // {turn_id, status: "in_flight"|"completed"|"cancelled", stop_reason}
     this.turnOutcomes = new Map(); // turn_id -> turn, as this client saw it end
+    // Turns waiting to start, next first: turn_id -> its user message (docs/protocol.md §2
+    // "A busy session"); they leave with their turn.started or turn.cancelled (phase queued).
+    this.queued = new Map();
     this.permissions = new Map(); // perm_id -> {perm_id, tool_use_id, tool_name, input, expires_at}
     this.workers = new Map(); // worker session id -> Reducer
     this.links = new Map(); // worker session id -> {tool_use_id, task, parent_session_id}
@@ -308,6 +320,7 @@ export class Reducer {
     const inFlight = turnId !== null && session.current_turn_status === "in_flight";
     this.turn = inFlight ? { turn_id: turnId, status: "in_flight", stop_reason: null } : null;
     this.turnOutcomes = new Map();
+    this.queued = new Map((session.queued_turns ?? []).map((q) => [q.turn_id, q.user_message]));
     this.permissions = new Map((session.pending_permissions ?? []).map((p) => [p.perm_id, { ...p }]));
     this.compacting = null; // a snapshot cannot say one is under way
     this.workers = new Map();
@@ -371,6 +384,7 @@ export class Reducer {
         if (this.runningTurnId !== null) {
           throw new ReducerError(`turn.started for ${p.turn_id} while ${this.turn.turn_id} is in flight`);
         }
+        this.queued.delete(p.turn_id);
         this.put(p.user_message);
         this.turn = { turn_id: p.turn_id, status: "in_flight", stop_reason: null };
         break;
@@ -378,7 +392,19 @@ export class Reducer {
         this.endTurn({ turn_id: p.turn_id, status: "completed", stop_reason: p.stop_reason });
         break;
       case "turn.cancelled":
+        if (p.phase === "queued") {
+          // never started: it leaves the queue, and no turn in flight ends
+          this.queued.delete(p.turn_id);
+          this.turnOutcomes.set(p.turn_id, { turn_id: p.turn_id, status: "cancelled", stop_reason: null });
+          break;
+        }
         this.endTurn({ turn_id: p.turn_id, status: "cancelled", stop_reason: null });
+        break;
+      case "turn.queued":
+        this.queued.set(p.turn_id, p.user_message);
+        break;
+      case "turn.steered": // the running turn took it: a message of the turn, where it is stored
+        this.put(p.user_message);
         break;
       case "tool.completed":
         this.toolOutcome({ tool_use_id: p.tool_use_id, status: "completed", content: p.result, error_class: null });
@@ -596,17 +622,51 @@ export function fullView(reducer, { workers = false } = {}) {
       };
     });
   }
+  const queued = queuedView(reducer);
+  if (queued.length > 0) view.queued = queued;
   return view;
 }
 
-function messageViews(reducer) {
-  const views = reducer.messages.map((message) => ({
-    id: message.id,
-    role: message.role,
-    turn_id: message.turn_id ?? null,
-    status: message.status,
-    blocks: message.content.map((block) => finishedBlock(reducer, message, block)).filter((b) => b !== null),
+/** The turns waiting to start, next first (docs/protocol.md §2 "A busy session", §10). */
+export function queuedView(reducer) {
+  return [...reducer.queued.entries()].map(([turnId, message], i) => ({
+    turn_id: turnId,
+    message_id: message.id,
+    position: i + 1,
+    text: textOf(message),
   }));
+}
+
+/** A user message's text blocks, joined with newlines. */
+function textOf(message) {
+  return message.content
+    .filter((b) => b.type === "text")
+    .map((b) => b.text)
+    .join("\n");
+}
+
+/** A user message of a turn that already has one before it: a steer it took. */
+function isSteered(message, turnsAsked) {
+  if (message.role !== "user") return false;
+  const turnId = message.turn_id ?? null;
+  const steered = turnId !== null && turnsAsked.has(turnId);
+  turnsAsked.add(turnId);
+  return steered;
+}
+
+function messageViews(reducer) {
+  const turnsAsked = new Set();
+  const views = reducer.messages.map((message) => {
+    const view = {
+      id: message.id,
+      role: message.role,
+      turn_id: message.turn_id ?? null,
+      status: message.status,
+      blocks: message.content.map((block) => finishedBlock(reducer, message, block)).filter((b) => b !== null),
+    };
+    if (isSteered(message, turnsAsked)) view.steered = true;
+    return view;
+  });
   const streaming = reducer.streaming;
   if (streaming !== null) {
     views.push({
@@ -715,18 +775,22 @@ function permissionViews(reducer) {
 export function simpleView(reducer) {
   const thread = [];
   const latest = new Map(); // turn_id -> [position, message (finished) or StreamingMessage]
+  const turnsAsked = new Set();
+  const moving = new Set(); // turns whose next round's reply goes below a steer
   for (const message of reducer.messages) {
     if (message.role === "user") {
-      thread.push({
+      const entry = {
         role: "user",
         turn_id: message.turn_id ?? null,
         message_id: message.id,
-        text: message.content
-          .filter((b) => b.type === "text")
-          .map((b) => b.text)
-          .join("\n"),
+        text: textOf(message),
         status: "complete",
-      });
+      };
+      if (isSteered(message, turnsAsked)) {
+        entry.steered = true;
+        if (latest.has(entry.turn_id)) moving.add(entry.turn_id); // it answered a round
+      }
+      thread.push(entry);
     } else if (message.role === "context") {
       // A compaction: one quiet line, never assistant text (docs/protocol.md §12).
       thread.push({
@@ -740,15 +804,18 @@ export function simpleView(reducer) {
           .reduce((n, b) => n + b.replaces.length, 0),
       });
     } else {
-      reply(thread, latest, message.turn_id ?? null, message);
+      reply(thread, latest, message.turn_id ?? null, message, moving);
     }
   }
-  if (reducer.streaming !== null) reply(thread, latest, reducer.streaming.turnId, reducer.streaming);
+  if (reducer.streaming !== null) reply(thread, latest, reducer.streaming.turnId, reducer.streaming, moving);
   for (const [turnId, [position, last]] of latest) thread[position].status = replyStatus(reducer, turnId, last);
-  return { thread, status: statusLine(reducer), permissions: permissionViews(reducer) };
+  const view = { thread, status: statusLine(reducer), permissions: permissionViews(reducer) };
+  const queued = queuedView(reducer);
+  if (queued.length > 0) view.queued = queued;
+  return view;
 }
 
-function reply(thread, latest, turnId, message) {
+function reply(thread, latest, turnId, message, moving) {
   let messageId;
   let text;
   if (message instanceof StreamingMessage) {
@@ -766,6 +833,14 @@ function reply(thread, latest, turnId, message) {
       .join("");
   }
   const entry = { role: "assistant", turn_id: turnId, message_id: messageId, text, status: "in_progress" };
+  if (moving.has(turnId)) {
+    // the earlier round's reply leaves its place: this round's goes below the steer
+    moving.delete(turnId);
+    const gone = latest.get(turnId)[0];
+    latest.delete(turnId);
+    thread.splice(gone, 1);
+    for (const [other, [at, last]] of latest) if (at > gone) latest.set(other, [at - 1, last]);
+  }
   let position;
   if (latest.has(turnId)) {
     position = latest.get(turnId)[0];

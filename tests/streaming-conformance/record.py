@@ -543,6 +543,74 @@ async def provider_error(gw: Any, gate: Gate) -> list[Frame]:
     )
 
 
+async def post_turn(gw: Any, sid: str, content: str, if_busy: str) -> dict[str, Any]:
+    """``POST .../turns`` with ``if_busy`` (docs/protocol.md §2 "A busy session"); its 202 body."""
+    body = {"content": content, "if_busy": if_busy}
+    r = await gw.http.post(f"/sessions/{sid}/turns", json=body)
+    assert r.status_code == 202, r.text
+    answer: dict[str, Any] = r.json()
+    return answer
+
+
+@scenario(
+    "a running turn, three turns queued behind it (turn.queued), the second cancelled while"
+    " queued (phase queued); the client attaches again with a snapshot (queued_turns), then"
+    " the others run in order"
+)
+async def queue(gw: Any, gate: Gate) -> list[Frame]:
+    sid = await gw.create_session()
+    hold = gate.before(3)  # the running turn's reply, "You said: ...", at its third word
+    client = Recorder(gw, sid)
+    async with client.connect(CHAT):
+        await gw.submit(sid, "Wait for me here")
+        await hold.reached.wait()
+        await client.until_event("text.delta", count=2)
+        queued = []
+        for text in ("The second question", "The third question", "The fourth question"):
+            answer = await post_turn(gw, sid, text, "queue")
+            assert answer["queued"] is True and answer["position"] == len(queued) + 1, answer
+            queued.append(answer["turn_id"])
+        await client.until_event("turn.queued", count=3)
+        r = await gw.http.post(f"/sessions/{sid}/turns/{queued[1]}/cancel", json={})
+        assert r.status_code == 202, r.text
+        await client.until_turn_ends()  # its turn.cancelled, phase queued
+    async with client.connect(CHAT, snapshot=True):
+        snapshot = await client.recv()
+        waiting = [q["turn_id"] for q in snapshot["session"]["queued_turns"]]
+        assert waiting == [queued[0], queued[2]], snapshot["session"]
+        hold.go.set()
+        await client.until_event("turn.completed", count=3)
+    return client.frames
+
+
+@scenario(
+    "a steer the running turn takes after its tool round, before its next call (turn.steered),"
+    " and one sent during its last call, which becomes a queued turn of its own"
+)
+async def steer(gw: Any, gate: Gate) -> list[Frame]:
+    sid = await gw.create_session()
+    # The first round: "Let me look." (3 word deltas), the tool input (2 fragments); the
+    # next call answers the steer, "You said: Also check the weather." (6 words).
+    early = gate.before(2)
+    late = gate.before(5 + 3)
+    client = Recorder(gw, sid)
+    async with client.connect():
+        turn_id = await gw.submit(sid, script([{"text": "Let me look."}, sleep(0.01)]))
+        await early.reached.wait()
+        await client.until_event("text.delta")
+        answer = await post_turn(gw, sid, "Also check the weather.", "steer")
+        assert answer == {"turn_id": turn_id, "steered": True}, answer
+        early.go.set()
+        await late.reached.wait()
+        await client.until_event("turn.steered")
+        await client.until_event("text.delta", count=2)
+        answer = await post_turn(gw, sid, "And one more thing.", "steer")
+        assert answer == {"turn_id": turn_id, "steered": True}, answer
+        late.go.set()
+        await client.until_event("turn.completed", count=2)
+    return client.frames
+
+
 @scenario(
     "a client that stops reading is closed 1008 client_too_slow, then resumes with since",
     deterministic=False,

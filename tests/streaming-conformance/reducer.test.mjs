@@ -119,6 +119,60 @@ test("a worker's permission request is pending in its parent's stream too (docs/
   assert.deepEqual(fullView(reducer).permissions, []);
 });
 
+test("a steer moves the reply below it only when it answered a round (docs/protocol.md §10)", () => {
+  // As tests/unit/client/test_reducer_busy.py: the paths the recorded traces do not take.
+  let seq = 0;
+  const event = (type, payload) => ({
+    type: "event",
+    event: { id: `evt_${String(++seq).padStart(20, "0")}`, type, session_id: "sess_1", turn_id: "turn_a", ts: 0, actor: "llm", payload },
+  });
+  const user = (id, text) => ({
+    id, session_id: "sess_1", turn_id: "turn_a", role: "user", content: [{ type: "text", text }], status: "complete", created_at: 0,
+  });
+  const round = (id, text) => [
+    event("message.start", { message_id: id, role: "assistant", model: "m" }),
+    event("text.start", { message_id: id, content_block_index: 0 }),
+    event("text.delta", { message_id: id, content_block_index: 0, text }),
+    event("text.end", { message_id: id, content_block_index: 0 }),
+    event("message.complete", {
+      message_id: id, stop_reason: "end_turn", final_content: [{ type: "text", text }], usage: { input_tokens: 1, output_tokens: 1 },
+    }),
+  ];
+  const entries = (reducer) => simpleView(reducer).thread.map((e) => [e.role, e.text, e.steered === true]);
+  const early = new Reducer("sess_1");
+  for (const frame of [
+    event("turn.started", { turn_id: "turn_a", user_message: user("msg_a", "A") }),
+    event("turn.steered", { turn_id: "turn_a", user_message: user("msg_s", "early") }),
+    ...round("msg_r1", "One."),
+    event("context.compacted", {
+      trigger: "auto", method: "summary", pre_tokens: 10, post_tokens: 2, summary_message_id: "msg_ctx", first_kept_message_id: "msg_r1",
+    }),
+    ...round("msg_r2", "Two."),
+  ]) early.apply(frame);
+  assert.deepStrictEqual(entries(early), [
+    ["user", "A", false], ["user", "early", true], ["assistant", "Two.", false], ["context", "", false],
+  ]);
+  const late = new Reducer("sess_1");
+  for (const frame of [
+    event("turn.started", { turn_id: "turn_a", user_message: user("msg_a", "A") }),
+    ...round("msg_r1", "Looking."),
+    event("turn.steered", { turn_id: "turn_a", user_message: user("msg_s", "also") }),
+  ]) late.apply(frame);
+  assert.deepStrictEqual(entries(late), [["user", "A", false], ["assistant", "Looking.", false], ["user", "also", true]]);
+  for (const frame of round("msg_r2", "Done.")) late.apply(frame);
+  assert.deepStrictEqual(entries(late), [["user", "A", false], ["user", "also", true], ["assistant", "Done.", false]]);
+  assert.deepStrictEqual(fullView(late).messages.map((m) => m.steered === true), [false, false, true, false]);
+});
+
+test("a turn cancelled while queued leaves the queue, the running turn stays (docs/protocol.md §2)", () => {
+  const { frames } = load("queue");
+  const reducer = new Reducer(sessionOf(frames));
+  const cancelled = frames.findIndex((f) => f.type === "event" && f.event.type === "turn.cancelled");
+  frames.slice(0, cancelled + 1).forEach((frame) => reducer.apply(frame));
+  assert.equal(reducer.runningTurnId, "turn_1");
+  assert.deepStrictEqual(simpleView(reducer).queued.map((q) => [q.turn_id, q.position]), [["turn_2", 1], ["turn_4", 2]]);
+});
+
 // --- a late or returning client ends where a live one is (docs/protocol.md §10) ----------
 //
 // As in tests/integration/client/test_conformance.py: at every cut point of every trace, a client built the
@@ -130,7 +184,7 @@ test("a worker's permission request is pending in its parent's stream too (docs/
 // with one: what that snapshot brings, a compaction's summary, no replay carries).
 
 const CATALOG = new Set([
-  "turn.started", "route.decided", "llm.call_started", "llm.call_completed", "llm.call_failed",
+  "turn.started", "turn.queued", "turn.steered", "route.decided", "llm.call_started", "llm.call_completed", "llm.call_failed",
   "tool.called", "tool.completed", "tool.failed", "permission.requested", "permission.resolved",
   "context.compacting", "context.compacted", "delegate.started", "delegate.completed", "delegate.failed", "feedback.recorded",
   "turn.completed", "turn.cancelled", "bus.handler_warning", "bus.subscriber_unregistered",
@@ -195,20 +249,29 @@ function serverSnapshot(live) {
   }
   if (live.streaming !== null) messages.push(serverMessage(live.streaming, live.sessionId));
   const running = live.runningTurnId;
+  const session = {
+    id: live.sessionId,
+    workspace_path: "/workspace",
+    active_model: "scripted:echo",
+    routing_policy_version: "static-1",
+    cost_so_far_usd: 0,
+    turn_count: 1,
+    current_turn_id: running,
+    current_turn_status: running === null ? null : "in_flight",
+    parent_session_id: null,
+    pending_permissions: [...live.permissions.values()],
+  };
+  if (live.queued.size > 0) {
+    // docs/protocol.md §6: absent when none is queued
+    session.queued_turns = [...live.queued.entries()].map(([turnId, message], i) => ({
+      turn_id: turnId,
+      position: i + 1,
+      user_message: message,
+    }));
+  }
   return structuredClone({
     type: "snapshot",
-    session: {
-      id: live.sessionId,
-      workspace_path: "/workspace",
-      active_model: "scripted:echo",
-      routing_policy_version: "static-1",
-      cost_so_far_usd: 0,
-      turn_count: 1,
-      current_turn_id: running,
-      current_turn_status: running === null ? null : "in_flight",
-      parent_session_id: null,
-      pending_permissions: [...live.permissions.values()],
-    },
+    session,
     messages,
     snapshot_at_event_id: live.lastEventId,
   });

@@ -216,6 +216,56 @@ async def test_a_turn_with_a_tool_an_approval_and_a_cancel(tmp_path: Path) -> No
                 await session.cancel()  # nothing in flight: nothing to do
 
 
+async def test_a_busy_session_queues_steers_and_cancels_a_queued_turn(tmp_path: Path) -> None:
+    """docs/protocol.md §2 "A busy session": ``submit_turn`` answers the 202 body (queued and
+    its position, or steered into the running turn), ``cancel_turn`` takes a queued turn out
+    of the queue, and the session lists the queue as it moves (``Session.queued``)."""
+    from tests.integration.session.test_busy import Gated
+
+    provider = Gated()
+    with trio.fail_after(20):
+        async with (
+            running_gateway(make_config(tmp_path), provider) as gw,
+            GatewayClient(gw.base) as client,
+        ):
+            sid = (await client.create_session()).session_id
+            async with client.open_session(sid) as session:
+                first = await session.submit("hold A")
+                assert (first.queued, first.steered, first.position) == (False, False, None)
+                await provider.holding.wait()
+                b = await session.submit("B", if_busy="queue")
+                c = await client.submit_turn(sid, "C", if_busy="queue")
+                assert (b.queued, b.position, c.queued, c.position) == (True, 1, True, 2)
+                steer = await session.submit("also this", if_busy="steer")
+                assert (steer.turn_id, steer.steered, steer.queued) == (first.turn_id, True, False)
+                with pytest.raises(ApiError) as rejected:
+                    await session.submit("no mode")  # the gateway's default: reject
+                assert (rejected.value.status, rejected.value.code) == (409, "turn_in_progress")
+                async for _ in session:
+                    if len(session.queued) == 2:
+                        break
+                assert [(q["turn_id"], q["position"], q["text"]) for q in session.queued] == [
+                    (b.turn_id, 1, "B"),
+                    (c.turn_id, 2, "C"),
+                ]
+                await session.cancel(c.turn_id)
+                await until_ended(session, c.turn_id, [])
+                assert [q["turn_id"] for q in session.queued] == [b.turn_id]
+                assert session.state.running_turn_id == first.turn_id  # still running
+                with pytest.raises(ApiError) as gone:
+                    await client.cancel_turn(sid, c.turn_id)
+                assert (gone.value.status, gone.value.code) == (404, "turn_not_found")
+                provider.let_go()
+                await until_ended(session, b.turn_id, [])
+                # the steer came as A's last call answered: it became a queued turn, next
+                async for _ in session:
+                    if not session.queued and session.state.running_turn_id is None:
+                        break
+            history = await client.messages(sid)
+    users = [m.content[0].text for m in history.messages if m.role == "user"]  # type: ignore[union-attr]
+    assert users == ["hold A", "B", "also this"]
+
+
 @pytest.mark.slow  # over a second on two cores: the unreachable address's retries
 async def test_what_retrying_cannot_fix_raises_one_error(gw: Harness) -> None:
     with trio.fail_after(10):

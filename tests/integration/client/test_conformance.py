@@ -190,20 +190,26 @@ def server_snapshot(live: Reducer) -> Frame:
     if live.streaming is not None:
         messages.append(server_message(live.streaming, live.session_id))
     running = live.running_turn_id
+    session: dict[str, Any] = {
+        "id": live.session_id,
+        "workspace_path": "/workspace",
+        "active_model": "scripted:echo",
+        "routing_policy_version": "static-1",
+        "cost_so_far_usd": 0.0,
+        "turn_count": 1,
+        "current_turn_id": running,
+        "current_turn_status": "in_flight" if running else None,
+        "parent_session_id": None,
+        "pending_permissions": [msgspec.to_builtins(p) for p in live.permissions.values()],
+    }
+    if live.queued:  # docs/protocol.md §6: absent when none is queued
+        session["queued_turns"] = [
+            {"turn_id": turn_id, "position": n, "user_message": msgspec.to_builtins(message)}
+            for n, (turn_id, message) in enumerate(live.queued.items(), start=1)
+        ]
     return {
         "type": "snapshot",
-        "session": {
-            "id": live.session_id,
-            "workspace_path": "/workspace",
-            "active_model": "scripted:echo",
-            "routing_policy_version": "static-1",
-            "cost_so_far_usd": 0.0,
-            "turn_count": 1,
-            "current_turn_id": running,
-            "current_turn_status": "in_flight" if running else None,
-            "parent_session_id": None,
-            "pending_permissions": [msgspec.to_builtins(p) for p in live.permissions.values()],
-        },
+        "session": session,
         "messages": messages,
         "snapshot_at_event_id": live.last_event_id,
     }
@@ -412,6 +418,45 @@ async def test_a_real_snapshot_before_every_delta_shows_the_live_view(tmp_path: 
                     hold.go.set()
                 await live.until_turn_ends()
             assert views(reduce(sid, live.frames))["simple"]["thread"][-1]["text"] == "All done."
+
+
+async def test_a_real_snapshot_or_resume_mid_queue_ends_in_the_live_view(tmp_path: Path) -> None:
+    """docs/protocol.md §2 "A busy session": a client that attaches with a snapshot while turns
+    are queued (and one was cancelled) sees the queue the live client sees, and so does one
+    that resumes with ``since`` from any event of the session; all end in the same views."""
+    gate = record.Gate()
+    with trio.fail_after(60):
+        async with running_gateway(make_config(tmp_path), gate) as gw:
+            sid = await gw.create_session()
+            hold = gate.before(3)
+            live = record.Recorder(gw, sid)
+            async with live.connect(record.CHAT):
+                await gw.submit(sid, "Wait for me here")
+                await hold.reached.wait()
+                queued = [
+                    (await record.post_turn(gw, sid, text, "queue"))["turn_id"]
+                    for text in ("B", "C", "D")
+                ]
+                r = await gw.http.post(f"/sessions/{sid}/turns/{queued[1]}/cancel", json={})
+                assert r.status_code == 202, r.text
+                await live.until_turn_ends()
+                late = record.Recorder(gw, sid)
+                async with late.connect(record.CHAT, snapshot=True):
+                    await late.recv()
+                at = views(reduce(sid, late.frames))
+                assert [q["turn_id"] for q in at["simple"]["queued"]] == [queued[0], queued[2]]
+                assert masked(at) == masked(views(reduce(sid, live.frames)))
+                hold.go.set()
+                await live.until_event("turn.completed", count=3)
+            expected = views(reduce(sid, live.frames))
+            assert "queued" not in expected["full"]
+            for cut in cuts(live.frames):
+                resumed = record.Recorder(gw, sid)
+                resumed.frames = live.frames[:cut]
+                async with resumed.connect(record.CHAT, since=resumed.last_event_id) as conn:
+                    for _ in range(conn.frames[cut]["replay_event_count"]):
+                        await conn.recv()
+                assert views(reduce(sid, resumed.frames)) == expected, f"resumed after {cut}"
 
 
 # --- the stored traces are what the gateway sends now -----------------------------------

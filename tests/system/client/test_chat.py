@@ -291,6 +291,44 @@ async def test_a_turn_an_approval_a_cancel_and_quit(tmp_path: Path) -> None:
     assert not any("Traceback" in row for row in final)
 
 
+async def test_queue_and_steer_while_a_turn_runs(tmp_path: Path) -> None:
+    """docs/protocol.md §2 "A busy session": while a turn runs, ``/`` opens a command line. A
+    ``/queue`` waits under the conversation until the turn ends, then runs as a turn of its
+    own; a ``/steer`` is taken after the tool round, stands in the turn marked
+    ``(steered)``, and the turn's next call answers it."""
+    turn = script(
+        [{"text": "Working on it."}, {"tool_use": {"name": "sleep", "input": {"seconds": 2}}}]
+    )
+    with trio.fail_after(60):
+        async with (
+            gateway_serve(tmp_path) as port,
+            terminal("--url", f"http://127.0.0.1:{port}") as chat,
+        ):
+            await chat.prompt()
+            chat.send(turn + "\r")
+            await chat.expect("running")  # the tool sleeps: the turn is in flight
+            chat.send("/queue the next one\r")
+            await chat.expect(re.escape("… queued 1: the next one"))
+            chat.send("/steer also this\r")
+            await chat.expect(re.escape("(steered: the running turn takes it"))
+            await chat.expect("You said: the next one")
+            await chat.prompt()
+            final = chat.screen()
+            chat.send("/quit\r")
+            assert await chat.exit_status() == 0
+    start = final.index("Working on it.")
+    assert re.fullmatch(r'⏺ sleep \{"seconds": 2\}  ✓ \d+ ms', final[start + 1]), final
+    assert final[start + 2 :] == [
+        f"{PROMPT_MARK} also this",
+        "  (steered)",
+        "You said: also this",
+        f"{PROMPT_MARK} the next one",
+        "You said: the next one",
+        PROMPT_MARK,
+    ], final
+    assert not any("queued" in row or row.startswith("/") for row in final), final
+
+
 async def test_simple_view_and_a_cut_connection_leave_no_trace(tmp_path: Path) -> None:
     """The socket is cut mid-reply (no close frame): the chat resumes with ``since`` and
     the screen ends as an uninterrupted chat's, the first round's text replaced."""

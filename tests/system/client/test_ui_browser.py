@@ -26,6 +26,10 @@ from the browser's own record of its requests and WebSocket frames.
   by a snapshot on the same connection, again to the same text.
 - An approval answered from the page (approve in the full view, deny in the
   simple one).
+- A busy session (docs/protocol.md §2): while a turn runs, Send is Queue and
+  Steer stands beside it; queued messages wait at the end of the thread, one
+  of them cancelled from there; a steer stands in the running turn, and the
+  queued one runs after it.
 - Worker sessions on request (``include_worker_sessions``): a ``delegate``
   call's worker, inside the call; the pongs the page owes the gateway's pings
   (it is never closed for missing one); the backoff's jitter and cap.
@@ -579,6 +583,61 @@ def test_an_approval_is_answered_from_the_page(tab: Page, daemon: Daemon) -> Non
     tab.view("full")
     expect(tab.by("tool").last).to_have_attribute("data-tool-status", "failed")
     expect(tab.by("tool").last).to_contain_text("was denied")
+
+
+# --- a busy session --------------------------------------------------------------------------
+
+
+def test_a_message_sent_while_a_turn_runs_is_queued_or_steers_it(tab: Page) -> None:
+    expect = tab.api.expect
+    tab.open()
+    tab.new_session()
+    tab.view("full")
+    expect(tab.by("send")).to_have_attribute("data-mode", "send")
+    expect(tab.by("steer")).to_be_hidden()
+    nap = {"tool_use": {"name": "sleep", "input": {"seconds": 3}}}
+    tab.send(script([[{"text": "Working on it."}, nap]]))
+    expect(tab.by("tool")).to_have_attribute("data-tool-status", "running")
+    expect(tab.by("send")).to_have_text("Queue")
+    expect(tab.by("steer")).to_be_visible()
+
+    tab.send("the next one")  # Enter, while the turn runs: queued
+    tab.send("one too many")
+    queued = tab.by("queued")
+    expect(queued).to_have_count(2)
+    expect(queued.first).to_contain_text("the next one")
+    expect(queued.first).to_have_attribute("data-position", "1")
+    expect(tab.messages("user")).to_have_count(1)  # not in the conversation yet
+    tab.shot("queued")
+    queued.last.get_by_test_id("cancel-queued").click()
+    expect(queued).to_have_count(1)
+
+    tab.by("prompt").fill("also this")
+    tab.by("steer").click()
+    expect(tab.by("prompt")).to_have_value("")
+    steered = tab.page.locator('[data-testid="message"][data-steered="true"]')
+    expect(steered).to_have_count(1)  # taken once the tool round ended
+    expect(steered).to_contain_text("also this")
+    expect(tab.messages("assistant").last).to_contain_text("You said: the next one")
+    expect(queued).to_have_count(0)
+    tab.turn_over()
+    tab.shot("steered-then-queued")
+    # the conversation, in order: the turn, the steer in it and its answer, the queued turn
+    texts = tab.messages().all_inner_texts()
+    roles = tab.page.eval_on_selector_all(
+        '[data-testid="message"]', "nodes => nodes.map(n => n.dataset.role)"
+    )
+    said = ["script", "Working on it.", "also this", "You said: also this", "the next one"]
+    said.append("You said: the next one")
+    assert roles == ["user", "assistant", "user", "assistant", "user", "assistant"], roles
+    assert all(text in shown for text, shown in zip(said, texts, strict=True)), texts
+    assert not any("one too many" in t for t in texts)
+    tab.view("simple")
+    replies = tab.messages("assistant")
+    expect(replies).to_have_count(2)  # the steered turn's reply stands below the steer
+    expect(replies.first).to_contain_text("You said: also this")
+    expect(tab.page.locator('[data-testid="message"][data-steered="true"]')).to_have_count(1)
+    expect(tab.by("send")).to_have_attribute("data-mode", "send")
 
 
 # --- worker sessions -----------------------------------------------------------------------------
