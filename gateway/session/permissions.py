@@ -131,8 +131,9 @@ class Permissions:
         request.decided.set()
 
 
-def asked_before(perm_id: str, messages: list[Message]) -> bool:
-    """Whether ``perm_id`` names a request for one of the tool uses in ``messages``.
+def asked_before(perm_id: str, *conversations: list[Message]) -> bool:
+    """Whether ``perm_id`` names a request for one of the tool uses in these messages
+    (a session's conversation and its rewound messages, docs/protocol.md §2).
 
     A session loaded afresh holds only the requests still pending; an answer to
     one it asked before is then told apart from an id it never issued by the
@@ -141,6 +142,7 @@ def asked_before(perm_id: str, messages: list[Message]) -> bool:
     """
     return any(
         asked_for(perm_id, block.id)
+        for messages in conversations
         for message in messages
         for block in message.content
         if isinstance(block, ToolUseBlock)

@@ -77,7 +77,7 @@ from gateway.protocol.frames import encode
 from gateway.protocol.framing import event_frame
 from gateway.protocol.http import IfBusy
 from gateway.protocol.shapes import Message, PendingPermission, SessionSummary, ToolInfo
-from gateway.session import admission, history, tool_host
+from gateway.session import admission, history, rewind, tool_host
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.compaction import plan
@@ -264,10 +264,9 @@ class Session:
         self.ended = trio.Event()
 
     def _load(self, stored: Iterable[StoredMessage]) -> None:
-        """Take the conversation as stored (gateway.session.history)."""
-        loaded = history.read(stored)
-        self.messages, self.completions = loaded.messages, loaded.completions
-        self.message_bytes, self.last_ts = loaded.message_bytes, loaded.last_ts
+        """Take the conversation as stored, its rewinds applied (gateway.session.history)."""
+        h = history.read(stored, self.record.rewinds)
+        self.messages, self.rewound, self.completions, self.message_bytes, self.last_ts = h.parts()
 
     def reload(
         self, record: SessionRecord, stored: Iterable[StoredMessage], floor: int, event_bytes: int
@@ -401,6 +400,7 @@ class Session:
         admission.check_idle(self)
         admission.check_size(self)
         admission.check_store(self.node.store)
+        rewind.check(self, rewind_to)  # docs/protocol.md §2 "Edit and regenerate"
         turn = Turn(user_message.turn_id or new_turn_id(), user_message, rewind_to=rewind_to)
         self.turn = turn
         self.supervisor.queue_turn(turn)
@@ -474,7 +474,7 @@ class Session:
         """
         family = self.scope(True)
         asker = next((s for s in family if s.permissions.holds(perm_id)), None)
-        if asker is None and any(asked_before(perm_id, s.messages) for s in family):
+        if asker is None and any(asked_before(perm_id, s.messages, s.rewound) for s in family):
             raise Refused("permission_resolved", f"permission {perm_id} is no longer waiting")
         (asker or self).permissions.decide(perm_id, decision, content)
 
@@ -484,7 +484,7 @@ class Session:
         Raises:
             Refused: ``message_not_found``.
         """
-        message = next((m for m in self.messages if m.id == message_id), None)
+        message = next((m for m in (*self.messages, *self.rewound) if m.id == message_id), None)
         if message is None:
             raise Refused("message_not_found", f"no message {message_id!r} in {self.id}")
         self.emit([FeedbackRecorded(message_id, rating, comment)], message.turn_id)
