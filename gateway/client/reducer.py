@@ -78,6 +78,13 @@ Where the contract is silent, this module decides:
   message stands as sent. The replaced messages stay: no client loses
   history; only the model's view is shorter. A compaction without a summary
   message (``summary_message_id: null``) puts nothing.
+- **Rewinds** (docs/protocol.md §2 "Edit and regenerate"). ``history.rewound``
+  removes the finished messages from ``before_message_id`` on, and the tool
+  results of their tool uses (a snapshot taken after it shows neither). A
+  client that does not hold that message (a snapshot left it out: it is older
+  than every message held) removes every message it holds, and pages on from
+  it (:attr:`Reducer.oldest_message_id`: ``GET .../messages?before=`` takes a
+  rewound message's id). The turn that rewound then starts as any other.
 - **Duplicates.** Event ids compare as strings (docs/protocol.md §1). The server
   promises each event once (section 3), so the reducer compares ids only to
   prove it: an event at or below the cursor is counted in
@@ -86,6 +93,7 @@ Where the contract is silent, this module decides:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -97,6 +105,7 @@ from gateway.protocol.events import (
     ContextCompacting,
     DelegateStarted,
     Event,
+    HistoryRewound,
     MessageComplete,
     MessageSnapshot,
     MessageStart,
@@ -506,7 +515,7 @@ class Reducer:
                     return block
         return None
 
-    def prepend_history(self, messages: list[Message], has_more: bool) -> None:
+    def prepend_history(self, messages: Sequence[Message], has_more: bool) -> None:
         """Older finished messages (a page of ``GET .../messages``, oldest first) before the first.
 
         What a snapshot left out (docs/protocol.md §15): page it with
@@ -614,6 +623,8 @@ class Reducer:
                 self.compacting = p
             case ContextCompacted() as p:
                 self._compacted(event, p)
+            case HistoryRewound() as p:
+                self._rewound(p)
             case MessageStart() as p:
                 self._message_start(event, p)
             case MessageSnapshot() as p:
@@ -670,6 +681,23 @@ class Reducer:
                 created_at=event.ts,
             )
         )
+
+    def _rewound(self, payload: HistoryRewound) -> None:
+        """The messages from ``before_message_id`` on leave (module docstring, "Rewinds")."""
+        at = next(
+            (i for i, m in enumerate(self.messages) if m.id == payload.before_message_id), None
+        )
+        if at is None:  # older than every message held: all of them go
+            at = 0
+            if self.has_more:
+                self.oldest_message_id = payload.before_message_id
+        gone = self.messages[at:]
+        del self.messages[at:]
+        for message in gone:
+            for block in message.content:
+                if isinstance(block, ToolUseBlock):
+                    self.tool_results.pop(block.id, None)
+                    self.truncated_results.discard(block.id)
 
     def _turn_started(self, payload: TurnStarted) -> None:
         if self.turn is not None and self.turn.status == "in_flight":

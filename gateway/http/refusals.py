@@ -29,6 +29,9 @@ STATUS: dict[str, int] = {
     "nothing_to_compact": 409,
     "session_too_large": 409,
     "permission_resolved": 409,
+    # an edit of the history (docs/protocol.md §2 "Edit and regenerate")
+    "message_rewound": 409,
+    "not_a_user_message": 409,
     # what a new session or a decision carries
     "unknown_agent": 422,
     "invalid_model": 422,

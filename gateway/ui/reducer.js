@@ -401,6 +401,9 @@ export class Reducer {
       case "context.compacted":
         this.compacted(event, p);
         break;
+      case "history.rewound":
+        this.rewound(p);
+        break;
       case "message.start":
         if (this.streaming !== null) {
           throw new ReducerError(
@@ -503,6 +506,24 @@ export class Reducer {
       status: "complete",
       created_at: event.ts,
     });
+  }
+
+  /** The messages from before_message_id on leave, and their tools' results (docs/protocol.md
+   * §2 "Edit and regenerate"; gateway/client/reducer.py, "Rewinds"). */
+  rewound(p) {
+    let at = this.messages.findIndex((m) => m.id === p.before_message_id);
+    if (at < 0) {
+      // older than every message held: all of them go, and paging goes on from it
+      at = 0;
+      if (this.hasMore) this.oldestMessageId = p.before_message_id;
+    }
+    for (const message of this.messages.splice(at)) {
+      for (const block of message.content) {
+        if (block.type !== "tool_use") continue;
+        this.toolResults.delete(block.id);
+        this.truncatedResults.delete(block.id);
+      }
+    }
   }
 
   endTurn(ended) {
