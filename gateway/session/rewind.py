@@ -78,12 +78,24 @@ def is_user_message(message: Message) -> bool:
     return message.role == "user" and any(isinstance(b, TextBlock) for b in message.content)
 
 
-def check(session: Conversation, message_id: str | None) -> None:
-    """Whether a turn may rewind to ``message_id`` (``None``: no rewind, nothing to check).
+def check(session: Conversation, message_id: str | None, new_id: str | None = None) -> None:
+    """Whether a turn may rewind to ``message_id`` (``None``: no rewind, nothing to check),
+    and whether its user message, ``new_id``, may join the conversation.
+
+    A door that names a user message after its client's id (the AI SDK's, AG-UI's)
+    may send one a rewind took out (a client's view older than the session's):
+    stored already, in its place, it is refused ``message_rewound``, never stored
+    again where it would rejoin the conversation.
 
     Raises:
         Refused: ``message_not_found``, ``message_rewound``, ``not_a_user_message``.
     """
+    if new_id is not None and any(m.id == new_id for m in session.rewound):
+        raise Refused(
+            "message_rewound",
+            f"message {new_id} of {session.id} was rewound: the client's view of the session"
+            " is older than the session; load it again",
+        )
     if message_id is None:
         return
     target = next((m for m in session.messages if m.id == message_id), None)

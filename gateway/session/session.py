@@ -400,7 +400,7 @@ class Session:
         admission.check_idle(self)
         admission.check_size(self)
         admission.check_store(self.node.store)
-        rewind.check(self, rewind_to)  # docs/protocol.md §2 "Edit and regenerate"
+        rewind.check(self, rewind_to, user_message.id)  # §2 "Edit and regenerate"
         turn = Turn(user_message.turn_id or new_turn_id(), user_message, rewind_to=rewind_to)
         self.turn = turn
         self.supervisor.queue_turn(turn)

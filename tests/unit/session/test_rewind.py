@@ -151,6 +151,11 @@ def test_the_check_refuses_what_is_no_user_message_of_the_conversation() -> None
     assert refused(stand, "u_0") == "message_rewound"
     assert refused(stand, "a_0") == "message_rewound"
     assert refused(stand, "msg_elsewhere") == "message_not_found"
+    # a turn whose own user message was rewound (a door naming it after its client's id)
+    with pytest.raises(Refused) as caught:
+        rewind.check(stand, None, "u_0")
+    assert caught.value.code == "message_rewound"
+    rewind.check(stand, None, "u_3")
 
 
 def test_the_step_moves_the_messages_records_the_rewind_and_emits() -> None:
