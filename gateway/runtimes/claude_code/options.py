@@ -196,11 +196,14 @@ def cli_options(
     resume: bool = False,
     hooks: dict[HookEvent, list[HookMatcher]] | None = None,
     sandbox: SandboxSettings | None = None,
+    resume_at: str | None = None,
 ) -> ClaudeAgentOptions:
     """The SDK's options for a session's CLI (module docstring).
 
     ``resume``: the Claude Code session of this gateway session has a
-    transcript already, which the CLI continues. ``hooks``: the ``PreToolUse``
+    transcript already, which the CLI continues; ``resume_at``: from that
+    entry of it (``resume_session_at``: a rewound turn, docs/protocol.md §2
+    "Edit and regenerate", gateway.runtimes.claude_code.rewind). ``hooks``: the ``PreToolUse``
     hooks (the workspace's boundary, :mod:`gateway.runtimes.claude_code.boundary`,
     and the turn's limits, :mod:`gateway.runtimes.claude_code.hooks`);
     ``sandbox``: Bash's sandbox.
@@ -226,6 +229,7 @@ def cli_options(
         permission_mode=agent.permission_mode,  # type: ignore[arg-type]
         can_use_tool=can_use_tool,
         resume=claude_id if resume else None,
+        resume_session_at=resume_at if resume else None,
         session_id=None if resume else claude_id,
         setting_sources=[],
         mcp_servers=mcp_servers(agent, servers, os.getcwd()),
