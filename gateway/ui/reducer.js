@@ -19,6 +19,9 @@
 //   reducer.prependHistory(page.messages, page.has_more)
 //   reducer.replaceMessage(message)    // a finished message fetched whole (GET .../messages/ID)
 //                                      // in place of the one a snapshot sent cut
+//   (history.rewound: the messages from before_message_id on leave the state and both views,
+//   docs/protocol.md §2 "Edit and regenerate"; one the reducer does not hold takes them all,
+//   and oldestMessageId becomes it: GET .../messages?before= takes a rewound message's id)
 //
 // The views are pure functions of the reduced state, never of timing: a client that attached
 // with a snapshot, or resumed with `since`, shows what one that saw every event live shows.
