@@ -242,6 +242,9 @@ class SessionsConfig(_Section, frozen=True):
     workspace_root: NonEmptyStr = "workspaces"
     # Absolute directories a client may name as workspace_path (or a directory under one).
     allowed_workspaces: tuple[AbsolutePath, ...] = ()
+    # A fork copies its source's workspace up to this many MiB of files (0: no limit);
+    # past it, 409 workspace_too_large (docs/protocol.md §2, "Forks").
+    fork_copy_max_mb: NonNegativeInt = 100
 
 
 class ToolsConfig(_Section, frozen=True):
@@ -476,6 +479,7 @@ max_queued = 8               # queued turns per session; one more is 409 queue_f
 idle_unload_s = 600          # a session unused this long leaves memory (loaded again when used)
 workspace_root = "workspaces"  # every session's own directory lives here
 allowed_workspaces = []      # absolute roots a client may name as workspace_path; empty: none
+fork_copy_max_mb = 100       # a fork copies up to this much of its source's workspace; 0: no limit
 
 [tools]
 enabled = ["sleep", "read_file", "delegate"]   # "shell" is opt-in; mcp__<server>__<tool>, globs

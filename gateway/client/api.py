@@ -85,6 +85,7 @@ from gateway.protocol.frames import EventFrame, ServerFrame, Snapshot, Subscribe
 from gateway.protocol.http import (
     Accepted,
     CancelAccepted,
+    ForkCreated,
     MessagePage,
     SessionAttach,
     SessionCreated,
@@ -312,6 +313,25 @@ class GatewayClient:
         if r.status_code != 204:
             raise api_error(r)
 
+    async def fork(self, session_id: str, at_message_id: str | None = None) -> ForkCreated:
+        """``POST /sessions/{id}/fork``: a new session from the session's history up to
+        ``at_message_id`` (``None``: its last message) and a copy of its workspace.
+
+        Made at most once, retried as :meth:`create_session` is (an
+        ``Idempotency-Key``). Made at a user message, the fork's history ends
+        before it and its content is the answer's ``draft`` (docs/protocol.md §2,
+        "Forks").
+
+        Raises:
+            ApiError: 404 ``session_not_found``, ``message_not_found``; 409
+                ``turn_in_progress``, ``not_a_fork_point``, ``worker_session``,
+                ``workspace_too_large``, ``transcript_unavailable``; 429
+                ``too_many_sessions``.
+        """
+        body = {} if at_message_id is None else {"at_message_id": at_message_id}
+        path = f"/sessions/{session_id}/fork"
+        return await self._call("POST", path, ForkCreated, body=body, once=True)
+
     async def cancel_turn(
         self, session_id: str, turn_id: str, *, reason: str | None = None
     ) -> None:
@@ -468,7 +488,7 @@ class GatewayClient:
     ) -> T:
         """One request; ``once``: under an ``Idempotency-Key``, sent again as it says.
 
-        ``once`` (``POST /sessions`` and ``POST .../turns``): a fresh key
+        ``once`` (``POST /sessions``, ``POST .../turns`` and ``POST .../fork``): a fresh key
         (uuid4), the same for every attempt, so the gateway makes the thing at
         most once (docs/protocol.md §13) and a retry gets the first answer.
         """

@@ -58,6 +58,12 @@ of it stays above, under a dim ``· rewound: from your message N on, the
 messages above left the conversation``, and the edited branch follows (a
 rewind by another client is marked the same way).
 
+Commands at the prompt: ``/fork`` forks the session at its last message
+(``/fork MESSAGE_ID`` at that message: docs/protocol.md §2, "Forks") and goes
+on with the fork, its history shown again from its snapshot; a fork made at
+a user message shows that message as its draft, to send again or edit.
+``/quit`` (or ``/exit``) quits.
+
 Keys: Enter sends the line typed at the prompt; while a turn runs the
 keyboard does not echo (so typing cannot disturb the region), and ``y`` or
 ``n`` answer the question shown. Ctrl-C cancels the turn in flight; a
@@ -97,6 +103,7 @@ from gateway.client.views import (
 )
 from gateway.errors import ApiError, GatewayError
 from gateway.protocol.events import ContextCompacted, Event, HistoryRewound
+from gateway.protocol.http import ForkCreated
 from gateway.protocol.shapes import TextBlock
 
 EXIT_OK = 0
@@ -787,6 +794,7 @@ class Chat:
         self.redrawn = trio.Event()
         self.failure: GatewayError | None = None
         self.form_open = False  # an elicitation's form owns the screen and the keyboard
+        self.forked: ForkCreated | None = None  # /fork made it: the chat goes on with it
         # Edit and regenerate (module docstring): the turns sent with a rewind (their
         # user message is shown: what was typed was a command), and the marks of rewinds.
         self.rewinding: set[str] = set()
@@ -797,7 +805,6 @@ class Chat:
         """Until the person quits (or what retrying cannot fix); the exit status."""
         with trio.open_signal_receiver(signal.SIGINT) as interrupts:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.keyboard.pump)
                 nursery.start_soon(self._follow, nursery.cancel_scope)
                 nursery.start_soon(self._interrupts, interrupts, nursery.cancel_scope)
                 nursery.start_soon(self._ticker)
@@ -966,6 +973,11 @@ class Chat:
                 return
             if not line.strip():
                 continue
+            command, *args = line.split()
+            if command == "/fork":
+                if await self._fork(args):
+                    return
+                continue
             try:
                 content, rewind_to = rewind_command(line, self.shown_users)
             except ValueError as exc:  # /edit or /retry it cannot do
@@ -989,6 +1001,19 @@ class Chat:
                 while not self.session.turn_ended(turn_id):
                     await self.redrawn.wait()
                 nursery.cancel_scope.cancel()
+
+    async def _fork(self, args: list[str]) -> bool:
+        """``/fork [MESSAGE_ID]``: whether the session was forked (the chat then ends, and
+        :func:`chat` goes on with the fork)."""
+        if len(args) > 1:
+            self.out.write(f"\x1b[{RED}m(/fork takes one message id at most)\x1b[0m\n")
+            return False
+        try:
+            self.forked = await self.session.client.fork(self.session.id, *args)
+        except GatewayError as exc:  # 409 turn_in_progress, not_a_fork_point, 404, ...
+            self.out.write(f"\x1b[{RED}m(not forked: {clean(exc.message)})\x1b[0m\n")
+            return False
+        return True
 
     async def _until_idle(self) -> None:
         """Wait while a turn (of another client too) is in flight."""
@@ -1089,8 +1114,17 @@ async def chat(
                     print(f"chat: {exc.message}", file=sys.stderr)
                     return EXIT_FAILED
                 output.write(f"\x1b[{DIM}msession {session_id}\x1b[0m\n")
-            async with client.open_session(session_id) as session:
-                return await Chat(session, keyboard, output, view=view).run()
+            failure: GatewayError | None = None  # raised below, out of the nursery's group
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(keyboard.pump)  # one keyboard for every session of the chat
+                try:
+                    status = await _sessions(client, session_id, keyboard, output, view)
+                except GatewayError as exc:
+                    failure = exc
+                nursery.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
+            return status
     except ApiError as exc:
         hint = " (pass --api-key)" if exc.status in (401, 403) else ""
         if exc.status == 404:
@@ -1103,6 +1137,25 @@ async def chat(
         return EXIT_FAILED
     finally:
         keyboard.restore()
+
+
+async def _sessions(
+    client: GatewayClient, session_id: str, keyboard: Keyboard, out: TextIO, view: ViewName
+) -> int:
+    """Chat with the session, then with each fork ``/fork`` makes; the exit status."""
+    while True:
+        async with client.open_session(session_id) as session:
+            chat = Chat(session, keyboard, out, view=view)
+            status = await chat.run()
+        forked = chat.forked
+        if forked is None:
+            return status
+        session_id = forked.session_id
+        at = forked.forked_from.at_message_id or "its start"
+        out.write(f"\x1b[{DIM}msession {session_id}, forked from {session.id} at {at}\x1b[0m\n")
+        if forked.draft:
+            text = "\n".join(b.text for b in forked.draft if isinstance(b, TextBlock))
+            out.write(f"\x1b[{DIM}mdraft: {clean(text)}\x1b[0m\n")
 
 
 def run(args: Any) -> int:

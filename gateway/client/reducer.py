@@ -85,6 +85,10 @@ Where the contract is silent, this module decides:
   than every message held) removes every message it holds, and pages on from
   it (:attr:`Reducer.oldest_message_id`: ``GET .../messages?before=`` takes a
   rewound message's id). The turn that rewound then starts as any other.
+- **Forks** (docs/protocol.md §2, "Forks"). ``session.forked``, a fork's first
+  event, changes nothing: the fork's copied history was never events of the
+  fork (a replay from before it holds none of it), so a client gets it from
+  the fork's snapshot, as every client that attaches with one does.
 - **Duplicates.** Event ids compare as strings (docs/protocol.md §1). The server
   promises each event once (section 3), so the reducer compares ids only to
   prove it: an event at or below the cursor is counted in
@@ -111,6 +115,7 @@ from gateway.protocol.events import (
     MessageStart,
     PermissionRequested,
     PermissionResolved,
+    SessionForked,
     TextDelta,
     TextEnd,
     TextStart,
@@ -125,7 +130,9 @@ from gateway.protocol.events import (
     ToolUseStart,
     TurnCancelled,
     TurnCompleted,
+    TurnQueued,
     TurnStarted,
+    TurnSteered,
 )
 from gateway.protocol.frames import EventFrame, ServerFrame, Snapshot
 from gateway.protocol.shapes import (
@@ -424,6 +431,9 @@ class Reducer:
         self.tool_results: dict[str, ToolOutcome] = {}
         self.turn: TurnState | None = None
         self.turn_outcomes: dict[str, TurnState] = {}
+        # Turns waiting to start, next first: turn id -> its user message (docs/protocol.md
+        # §2 "A busy session"); they leave with their turn.started or turn.cancelled.
+        self.queued: dict[str, Message] = {}
         self.permissions: dict[str, PendingPermission] = {}
         self.workers: dict[str, Reducer] = {}
         self.links: dict[str, WorkerLink] = {}
@@ -586,6 +596,8 @@ class Reducer:
         in_flight = turn_id is not None and session.current_turn_status == "in_flight"
         self.turn = TurnState(turn_id, "in_flight") if turn_id is not None and in_flight else None
         self.turn_outcomes = {}
+        queued = session.queued_turns or []
+        self.queued = {q.turn_id: q.user_message for q in queued}
         self.permissions = {p.perm_id: p for p in session.pending_permissions}
         self.compacting = None  # a snapshot cannot say one is under way (section 6)
         # The parent's snapshot shows no worker: what was known of them is
@@ -611,8 +623,15 @@ class Reducer:
                 self._turn_started(p)
             case TurnCompleted() as p:
                 self._end_turn(TurnState(p.turn_id, "completed", p.stop_reason))
+            case TurnCancelled(phase="queued") as p:  # never started: it leaves the queue
+                self.queued.pop(p.turn_id, None)
+                self.turn_outcomes[p.turn_id] = TurnState(p.turn_id, "cancelled")
             case TurnCancelled() as p:
                 self._end_turn(TurnState(p.turn_id, "cancelled"))
+            case TurnQueued() as p:
+                self.queued[p.turn_id] = p.user_message
+            case TurnSteered() as p:  # the running turn took it: a message of the turn
+                self._put(p.user_message)
             case ToolCompleted() as p:
                 self._tool_outcome(ToolOutcome(p.tool_use_id, "completed", p.result))
             case ToolFailed() as p:
@@ -637,6 +656,8 @@ class Reducer:
                 | TextEnd() | ThinkingEnd() | ToolUseEnd()
             ) as p:  # fmt: skip
                 self._streaming(event.type, p.message_id).block_event(event.type, p)
+            case SessionForked():
+                pass  # a fork's first event: its copied history is in its snapshot (section 10)
             case _:
                 pass  # an unknown type, or one that does not change this state
 
@@ -704,6 +725,7 @@ class Reducer:
             raise ValueError(
                 f"turn.started for {payload.turn_id} while {self.turn.turn_id} is in flight"
             )
+        self.queued.pop(payload.turn_id, None)
         self._put(payload.user_message)
         self.turn = TurnState(payload.turn_id, "in_flight")
 

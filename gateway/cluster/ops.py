@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from gateway.errors import Refused
-from gateway.protocol.http import IfBusy
+from gateway.protocol.http import ForkCreated, IfBusy
 from gateway.protocol.shapes import Message, SessionSummary
 
 # --- operations ------------------------------------------------------------------------
@@ -72,6 +72,15 @@ class DeleteSession(msgspec.Struct, tag="delete"):
     """``DELETE /sessions/{id}``: the session and its workers, for good (docs/protocol.md §13)."""
 
 
+class Fork(msgspec.Struct, tag="fork"):
+    """``POST /sessions/{id}/fork``: a fork of the session, made where the session runs (its
+    turn, messages, workspace and Claude Code transcript are there: docs/protocol.md §2)."""
+
+    fork_id: str  # chosen first (kept with an Idempotency-Key)
+    at_message_id: str | None
+    owner: str  # the caller's key id: the fork's owner
+
+
 class Warn(msgspec.Struct, tag="warn"):
     """Emit ``bus.handler_warning`` (a replica's slow client, docs/protocol.md sections 3 and 8)."""
 
@@ -112,6 +121,7 @@ Operation = (
     | RecordFeedback
     | Compact
     | DeleteSession
+    | Fork
     | Warn
     | Unregistered
     | State
@@ -130,6 +140,12 @@ class Summary(msgspec.Struct, tag="summary"):
     """The answer to :class:`State`."""
 
     summary: SessionSummary
+
+
+class Forked(msgspec.Struct, tag="forked"):
+    """The answer to :class:`Fork`: what ``POST /sessions/{id}/fork`` answers."""
+
+    fork: ForkCreated
 
 
 class Snapshot(msgspec.Struct, tag="snapshot"):
@@ -171,9 +187,9 @@ class TurnTaken(msgspec.Struct, tag="turn_taken"):
     steered: bool = False
 
 
-Answer = Done | Summary | Snapshot | Replayed | ReplayRejected | Refusal | TurnTaken
+Answer = Done | Summary | Snapshot | Replayed | ReplayRejected | Refusal | TurnTaken | Forked
 
-A = TypeVar("A", Summary, Snapshot, TurnTaken)
+A = TypeVar("A", Summary, Snapshot, TurnTaken, Forked)
 
 
 def expect(answer: Answer, kind: type[A]) -> A:
@@ -198,6 +214,8 @@ __all__ = [
     "DecidePermission",
     "DeleteSession",
     "Done",
+    "Fork",
+    "Forked",
     "Operation",
     "RecordFeedback",
     "Refusal",

@@ -26,9 +26,16 @@ STATUS: dict[str, int] = {
     # the session's state
     "turn_in_progress": 409,
     "turn_not_in_flight": 409,
+    "queue_full": 409,
     "nothing_to_compact": 409,
     "session_too_large": 409,
     "permission_resolved": 409,
+    # a fork (docs/protocol.md §2, "Forks")
+    "not_a_fork_point": 409,
+    "worker_session": 409,
+    "workspace_too_large": 409,
+    "transcript_unavailable": 409,
+    "too_many_sessions": 429,
     # an edit of the history (docs/protocol.md §2 "Edit and regenerate")
     "message_rewound": 409,
     "not_a_user_message": 409,

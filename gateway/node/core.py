@@ -101,6 +101,10 @@ class RegistryPart(Protocol):
         """A live session, loading a stored one (and its workers); ``None`` if unknown."""
         ...
 
+    async def start(self, session: Session) -> None:
+        """Run a session made here (a fork: gateway.node.forking) in the ``sessions`` nursery."""
+        ...
+
     @property
     def deleting(self) -> set[str]:
         """Sessions being deleted: every request finds them unknown already."""

@@ -38,6 +38,7 @@ from gateway.errors import StoreError, unavailable
 from gateway.logs import event
 from gateway.node.core import NodeCore
 from gateway.runtimes.claude_code.paths import remove_state
+from gateway.session import busy
 from gateway.session.session import Session
 from gateway.store.base import SessionRecord
 
@@ -144,6 +145,8 @@ async def _stored_tree(node: NodeCore, session_id: str) -> list[str]:
 
 async def _cancel_turns(node: NodeCore, live: list[Session]) -> None:
     """Cancel every turn in flight among them; wait for their sequences to be delivered."""
+    for s in live:  # nothing queued starts (docs/protocol.md §2 "A busy session")
+        busy.forget_waiting(s)
     with trio.move_on_after(node.config.server.shutdown_grace_s):
         while any(s.turn is not None for s in live):
             for s in live:

@@ -127,7 +127,9 @@ class Failover:
                 continue  # a live node runs it, or this one does
             await self.ids_above(held)
             closed += await self.take_over(worker, held)
-        return closed + await self._close_if_interrupted(session)
+        closed += await self._close_if_interrupted(session)
+        session.next_turn()  # its queued turns go on here (docs/protocol.md §2 "A busy session")
+        return closed
 
     async def _take_patiently(self, session_id: str) -> Taken | None:
         """Take a lease, allowing a third of ``lease_s`` for it to lapse.

@@ -30,6 +30,7 @@ The node is the composition of its parts, each in a file of its own:
 - gateway.node.recovery: closing the turns a dead node left in flight;
 - gateway.node.attach_tokens: the attach tokens, here or in Redis;
 - gateway.node.durability: batches released once their commit is durable;
+- gateway.node.forking: a fork of a session, made where the session runs;
 - gateway.node.pricing: what a model call cost.
 
 The parts see the node as gateway.node.core.NodeCore, so none of them imports this module.
@@ -435,11 +436,7 @@ class Node:
         return answer if answer is not None else await perform(self, session, op)
 
     async def submit_turn(
-        self,
-        session: Session,
-        message: Message,
-        if_busy: IfBusy = "reject",
-        rewind_to: str | None = None,
+        self, session: Session, message: Message, if_busy: IfBusy, rewind_to: str | None
     ) -> ops.TurnTaken:
         """Start a turn on the session, wherever it runs; return once it is accepted
         (started, queued or steered: docs/protocol.md §2 "A busy session")."""

@@ -11,12 +11,12 @@ from typing import assert_never
 
 from gateway.cluster import ops
 from gateway.errors import Refused, SubscribeRejected
-from gateway.node import deletion
+from gateway.node import deletion, forking
 from gateway.node.core import NodeCore
 from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
 from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe, decode_client_frame
-from gateway.session import seam
+from gateway.session import busy, seam
 from gateway.session.session import Session
 
 Notice = ops.Warn | ops.Unregistered
@@ -57,6 +57,8 @@ async def perform(node: NodeCore, session: Session, op: ops.Operation) -> ops.An
             session.compact()
         case ops.DeleteSession():
             await deletion.delete(node, session)
+        case ops.Fork():
+            return ops.Forked(await forking.fork(node, session, op))
         case ops.Warn() | ops.Unregistered():
             notice(session, op)
         case ops.State():
@@ -90,14 +92,18 @@ async def start_turn(node: NodeCore, session: Session, op: ops.StartTurn) -> ops
             ``over_capacity`` (:func:`_process_slot`).
     """
     await _process_slot(node, session)
+    await forking.copied(session)  # a fork copying its workspace first (docs/protocol.md §2)
     if session.id in node.registry.deleting:  # deleted while it waited for a slot
         _unreserve_slot(node, session)
         raise Refused("session_not_found", f"no session {session.id!r}")
     try:
-        turn = session.submit_turn(op.message, op.if_busy, op.rewind_to)
+        turn = busy.submit(session, op.message, op.if_busy, op.rewind_to, op.trace)
     except Refused:
         _unreserve_slot(node, session)
         raise
+    if isinstance(turn, ops.TurnTaken):  # queued, or steered: durable with the record
+        await node.durable_or_503()
+        return turn
     if op.trace:
         turn.trace = op.trace  # before its task starts it (no checkpoint since submit_turn)
     await session.accepted(turn)

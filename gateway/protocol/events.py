@@ -182,6 +182,13 @@ class DelegateFailed(Payload):
     message: str
 
 
+class SessionForked(Payload):
+    """A fork's first event (docs/protocol.md §2, "Forks"): where its history comes from."""
+
+    from_session_id: str
+    at_message_id: str | None
+
+
 class FeedbackRecorded(Payload, omit_defaults=True):
     message_id: str
     rating: Literal[-1, 1]
@@ -304,6 +311,7 @@ class EventSpec:
 
 EVENT_TYPES: dict[str, EventSpec] = {
     # catalog, docs/protocol.md §5
+    "session.forked": EventSpec(SessionForked, "session", True),
     "turn.started": EventSpec(TurnStarted, "user", True),
     "turn.queued": EventSpec(TurnQueued, "user", True),
     "turn.steered": EventSpec(TurnSteered, "user", True),

@@ -29,9 +29,15 @@ class Filter(msgspec.Struct, forbid_unknown_fields=True):
 def _chat_types() -> list[str]:
     """``preset:chat``: streaming-only types, ``tool.*``, ``permission.*``,
     ``route.decided``, ``turn.*``, ``llm.call_failed``, ``feedback.recorded``,
-    ``history.rewound``, ``delegate.*`` (docs/protocol.md §5)."""
+    ``history.rewound``, ``session.forked``, ``delegate.*`` (docs/protocol.md §5)."""
     prefixes = ("tool.", "permission.", "turn.", "delegate.")
-    singles = {"route.decided", "llm.call_failed", "feedback.recorded", "history.rewound"}
+    singles = {
+        "route.decided",
+        "llm.call_failed",
+        "feedback.recorded",
+        "history.rewound",
+        "session.forked",
+    }
     return [
         t for t in EVENT_TYPES if t in STREAMING_TYPES or t in singles or t.startswith(prefixes)
     ]

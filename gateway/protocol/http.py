@@ -67,8 +67,19 @@ class SessionList(msgspec.Struct):
     has_more: bool
 
 
+class ForkOrigin(msgspec.Struct):
+    """Where a fork comes from: its source session and the message it was made at."""
+
+    session_id: str
+    at_message_id: str | None
+
+
 class SessionAttach(msgspec.Struct):
-    """``GET /sessions/{id}``: a fresh single-use attach token, in ``ws_url`` too."""
+    """``GET /sessions/{id}``: a fresh single-use attach token, in ``ws_url`` too.
+
+    A fork's (docs/protocol.md §2, "Forks") also says where it comes from and,
+    made at a user message, that message's content, its draft.
+    """
 
     session_id: str
     active_model: str
@@ -76,6 +87,8 @@ class SessionAttach(msgspec.Struct):
     ws_url: str
     agent: str = "default"
     protocol_version: int = PROTOCOL_VERSION  # docs/protocol.md §4
+    forked_from: ForkOrigin | msgspec.UnsetType = msgspec.UNSET
+    draft: list[ContentBlock] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ListedMessage(Message):
@@ -160,3 +173,21 @@ class Ready(msgspec.Struct):
     """
 
     status: str = "ready"
+
+
+class ForkSession(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /sessions/{id}/fork`` (docs/protocol.md §2, "Forks"); absent: the last message."""
+
+    at_message_id: str | None = None
+
+
+class ForkCreated(msgspec.Struct):
+    """``POST /sessions/{id}/fork``: the fork, as ``POST /sessions`` answers a session, where it
+    comes from, and its draft when it was made at a user message."""
+
+    session_id: str
+    active_model: str
+    created_at: int
+    agent: str
+    forked_from: ForkOrigin
+    draft: list[ContentBlock] | msgspec.UnsetType = msgspec.UNSET

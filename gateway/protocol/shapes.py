@@ -185,6 +185,15 @@ class ToolInfo(msgspec.Struct):
     source: ToolSource
 
 
+class QueuedTurnInfo(msgspec.Struct):
+    """A queued turn, as a summary lists it (docs/protocol.md §2 "A busy session");
+    ``position`` 1 starts next."""
+
+    turn_id: str
+    position: int
+    user_message: Message
+
+
 class SessionSummary(msgspec.Struct):
     """The ``session`` of a ``snapshot`` frame (docs/protocol.md §6)."""
 
@@ -200,3 +209,5 @@ class SessionSummary(msgspec.Struct):
     pending_permissions: list[PendingPermission] = msgspec.field(default_factory=list)
     agent: str = "default"  # docs/protocol.md §11
     tools: list[ToolInfo] = msgspec.field(default_factory=list)  # the agent's, as GET /agents
+    # Its queued turns, next first; absent when none (docs/protocol.md §2 "A busy session").
+    queued_turns: list[QueuedTurnInfo] | msgspec.UnsetType = msgspec.UNSET

@@ -19,12 +19,31 @@ MB = 1024 * 1024
 
 
 def check_idle(session: SessionCore) -> None:
-    """Refuse a turn (or a compaction) on a node that does not run it, or while one runs.
+    """Refuse a turn (or a compaction) on a node that does not run it, or while the session
+    is busy: a turn runs, or turns are queued (docs/protocol.md §2 "A busy session").
+
+    Raises:
+        Refused: as :func:`check_here`; ``turn_in_progress``.
+    """
+    check_here(session)
+    if session.turn is not None:
+        raise Refused(
+            "turn_in_progress", f"turn {session.turn.id} is still in flight on {session.id}"
+        )
+    if session.record.queued_turns:
+        raise Refused(
+            "turn_in_progress",
+            f'session {session.id} has turns queued: send with if_busy "queue" to queue another',
+        )
+
+
+def check_here(session: SessionCore) -> None:
+    """Refuse a turn on a node that does not run the session, or once shutdown began.
 
     Raises:
         Refused: ``shutting_down``; ``session_elsewhere`` where several nodes
             share a store and another node holds the session's lease (both with
-            ``Retry-After``); ``turn_in_progress``.
+            ``Retry-After``).
     """
     if session.node.shutting_down:  # its leases are let go within shutdown_grace_s
         wait = math.ceil(session.node.config.server.shutdown_grace_s)
@@ -44,10 +63,6 @@ def check_idle(session: SessionCore) -> None:
             f"session {session.id} runs on another node of this deployment; "
             f"retry in {wait} s (its lease lapses within store.lease_s if that node died)",
             retry_after_s=wait,
-        )
-    if session.turn is not None:
-        raise Refused(
-            "turn_in_progress", f"turn {session.turn.id} is still in flight on {session.id}"
         )
 
 

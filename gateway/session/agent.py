@@ -49,7 +49,7 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.shapes import StopReason, ToolUseBlock, Usage
 from gateway.providers.base import ModelRequest
-from gateway.session import closing, compaction_live, rewind
+from gateway.session import busy, closing, compaction_live, rewind
 from gateway.session.call import Call, EndCall
 from gateway.session.closing_live import TurnEnding
 from gateway.session.compaction import estimate, model_view
@@ -110,12 +110,16 @@ class AgentLoop:
                 await self.compact_now(job)
             else:
                 await self.run_turn(job)
+            # In the step that ended it: the next waiting turn (docs/protocol.md §2 "A busy
+            # session"); after a compaction too (a turn sent meanwhile was queued).
+            self.session.next_turn()
 
     def abort(self) -> None:
         """Close the turn in flight after the session's tasks failed (Session.run)."""
         current, self.current = self.current, None
         if current is not None and current[0].in_flight:
             self.ending.close(*current, "crash")
+        self.session.next_turn()
 
     async def run_turn(self, turn: Turn) -> None:
         state = TurnState()
@@ -165,6 +169,7 @@ class AgentLoop:
         )
         rewind.apply(s, turn)  # history.rewound, then turn.started (docs/protocol.md §2)
         s.add_message(turn.user_message)
+        busy.started(record, turn)  # out of the queue, committed with turn.started
         [started] = s.emit([TurnStarted(turn.id, turn.user_message)], turn.id)
         event(
             log, logging.INFO, "turn_started", f"turn {turn.id} started",
@@ -188,6 +193,8 @@ class AgentLoop:
             # the next call (held events would otherwise leave in one burst
             # that a client's bounded queue cannot take).
             await self.node.wait_durable()
+            # Steered messages join the turn before its next call (docs/protocol.md §2).
+            self.session.take_steers(turn)
             turn.enter("llm")
             state.rounds += 1
             call = await self._model_round(turn, state)

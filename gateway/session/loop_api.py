@@ -106,6 +106,14 @@ class TurnHost(ToolSession, Protocol):
         """Store the session record (turn count, cost, the turn in flight)."""
         ...
 
+    def next_turn(self) -> None:
+        """A turn ended: the next waiting one starts (docs/protocol.md §2 "A busy session")."""
+        ...
+
+    def take_steers(self, turn: Turn) -> None:
+        """The messages steered into the running turn join it (§2 "A busy session")."""
+        ...
+
     def end_turn(self, turn: Turn) -> None:
         """Release the turn lock."""
         ...

@@ -8,8 +8,9 @@ or one after the timeout or after the turn moved on, is a 409.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import trio
@@ -129,6 +130,36 @@ class Permissions:
         request.decision = decision
         request.content = content
         request.decided.set()
+
+
+class Asker(Protocol):
+    """A session of a family, as a decision looks for the one that asked."""
+
+    @property
+    def permissions(self) -> Permissions: ...
+
+    @property
+    def messages(self) -> list[Message]: ...
+
+    @property
+    def rewound(self) -> list[Message]:
+        """Its rewound messages (docs/protocol.md §2 "Edit and regenerate")."""
+        ...
+
+
+def decide_in(
+    family: Sequence[Asker], perm_id: str, decision: str, content: dict[str, Any] | None
+) -> None:
+    """Resolve a request of the family (its first session: the one asked) where it waits.
+
+    Raises:
+        Refused: ``permission_resolved`` for one it asked before; as
+            :meth:`Permissions.decide`.
+    """
+    asker = next((s for s in family if s.permissions.holds(perm_id)), None)
+    if asker is None and any(asked_before(perm_id, s.messages, s.rewound) for s in family):
+        raise Refused("permission_resolved", f"permission {perm_id} is no longer waiting")
+    (asker or family[0]).permissions.decide(perm_id, decision, content)
 
 
 def asked_before(perm_id: str, *conversations: list[Message]) -> bool:

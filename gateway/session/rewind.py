@@ -78,7 +78,20 @@ def is_user_message(message: Message) -> bool:
     return message.role == "user" and any(isinstance(b, TextBlock) for b in message.content)
 
 
-def check(session: Conversation, message_id: str | None, new_id: str | None = None) -> None:
+class Holder(Protocol):
+    """What :func:`check` reads of a session: its conversation and its rewound messages."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def messages(self) -> Sequence[Message]: ...
+
+    @property
+    def rewound(self) -> Sequence[Message]: ...
+
+
+def check(session: Holder, message_id: str | None, new_id: str | None = None) -> None:
     """Whether a turn may rewind to ``message_id`` (``None``: no rewind, nothing to check),
     and whether its user message, ``new_id``, may join the conversation.
 
@@ -207,6 +220,7 @@ async def stored_conversation(store: Store, session_id: str) -> list[Message]:
 
 __all__ = [
     "Conversation",
+    "Holder",
     "apply",
     "check",
     "hidden",

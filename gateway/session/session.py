@@ -77,12 +77,12 @@ from gateway.protocol.frames import encode
 from gateway.protocol.framing import event_frame
 from gateway.protocol.http import IfBusy
 from gateway.protocol.shapes import Message, PendingPermission, SessionSummary, ToolInfo
-from gateway.session import admission, history, rewind, tool_host
+from gateway.session import admission, busy, history, rewind, tool_host
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.compaction import plan
 from gateway.session.hub import Emitted, Hub, Subscriber
-from gateway.session.permissions import Permissions, asked_before
+from gateway.session.permissions import Permissions, decide_in
 from gateway.session.sequencer import EventSequencer
 from gateway.session.supervisor import Supervisor
 from gateway.session.tail import Tail
@@ -191,6 +191,7 @@ def summary_of(
         current_turn_status="in_flight" if turn else None,
         parent_session_id=record.parent_session_id,
         pending_permissions=pending or [],
+        queued_turns=busy.queued_info(record) or msgspec.UNSET,
     )
 
 
@@ -215,6 +216,18 @@ def stored(message: Message, completion: Completion | None) -> StoredMessage:
         return StoredMessage(message, None, None, None)
     return StoredMessage(
         message, format_event_id(completion.seq), completion.stop_reason, completion.ts
+    )
+
+
+def new_calls(session: Session) -> CallStream:
+    """A session's calls' stream, batching and storing as ``[stream]`` and ``[store]`` say."""
+    config = session.node.config
+    return CallStream(
+        session,
+        session.hub.backlog,
+        config.stream.batch_window_ms / 1000,
+        session.node.metrics,
+        config.store.checkpoint_ms / 1000,
     )
 
 
@@ -249,7 +262,7 @@ class Session:
         self._load(stored)
         self.turn: Turn | None = None
         self.permissions = Permissions(record.id)
-        self.calls = self._new_calls()
+        self.calls = new_calls(self)
         stream = node.config.stream
         self.tail = Tail(stream.replay_max_events, stream.tail_max_bytes, node.sequencer.last)
         # A turn, and at most one compaction queued ahead of it (compact()).
@@ -444,6 +457,8 @@ class Session:
         await self.supervisor.compacted()
         with trio.move_on_after(self.node.config.store.commit_timeout_s):
             await turn.started.wait()
+        if turn.refused is not None:  # an interrupting turn whose session went away
+            raise turn.refused
         await self.node.durable_or_503()
 
     def cancel_turn(self, turn_id: str, reason: str, requested_by: str) -> None:
@@ -457,6 +472,8 @@ class Session:
         """
         turn = self.turn
         if turn is None or turn.id != turn_id:
+            if busy.cancel_queued(self, turn_id, reason):  # docs/protocol.md §2 "A busy session"
+                return
             if any(m.turn_id == turn_id for m in self.messages):
                 raise Refused("turn_not_in_flight", f"turn {turn_id} has already ended")
             raise Refused("turn_not_found", f"no turn {turn_id!r} in {self.id}")
@@ -472,11 +489,7 @@ class Session:
         section 2 lets ``{id}`` be the session that asked or any of its ancestors.
         A worker runs on its root's node, so the owner that decides holds it too.
         """
-        family = self.scope(True)
-        asker = next((s for s in family if s.permissions.holds(perm_id)), None)
-        if asker is None and any(asked_before(perm_id, s.messages, s.rewound) for s in family):
-            raise Refused("permission_resolved", f"permission {perm_id} is no longer waiting")
-        (asker or self).permissions.decide(perm_id, decision, content)
+        decide_in(self.scope(True), perm_id, decision, content)
 
     def record_feedback(self, message_id: str, rating: Literal[-1, 1], comment: str | None) -> None:
         """Emit ``feedback.recorded`` for one of its messages (``POST .../feedback``).
@@ -503,17 +516,6 @@ class Session:
             return
         self.message_bytes[message.id] = self.node.store.put_message(stored(message, completion))
 
-    def _new_calls(self) -> CallStream:
-        """The calls' stream, batching and storing as ``[stream]`` and ``[store]`` say."""
-        config = self.node.config
-        return CallStream(
-            self,
-            self.hub.backlog,
-            config.stream.batch_window_ms / 1000,
-            self.node.metrics,
-            config.store.checkpoint_ms / 1000,
-        )
-
     def keep_partial(self, message: Message) -> None:
         """Store the streaming message as far as it got (docs/protocol.md §9).
 
@@ -529,6 +531,14 @@ class Session:
         """Store the session record (nothing once fenced: :meth:`stop_here`)."""
         if not self.fenced:
             self.node.store.put_session(self.record)
+
+    def next_turn(self) -> None:
+        """The turn ended (or a recovery closed it): the next waiting one starts (busy)."""
+        busy.start_next(self)
+
+    def take_steers(self, turn: Turn) -> None:
+        """Before the turn's next model call: the messages steered into it join it (busy)."""
+        busy.take_steers(self, turn)
 
     def end_turn(self, turn: Turn) -> None:
         """Release the turn lock, in the step that emits the turn's end."""
@@ -602,7 +612,7 @@ class Session:
         """After :meth:`stop_here`: a replica with nothing in flight, ready to run again."""
         self.turn = None
         self.permissions = Permissions(self.id)
-        self.calls = self._new_calls()
+        self.calls = new_calls(self)
         self.fenced = False
         self.node.notify()
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from gateway.errors import Refused
 from gateway.session import compaction_live
 from gateway.session.core import SessionCore
 from gateway.session.turn import Turn
@@ -32,6 +33,8 @@ class Supervisor:
     def __init__(self) -> None:
         self._tx, self._rx = trio.open_memory_channel[Turn | compaction_live.Request](2)
         self.compaction: compaction_live.Request | None = None  # POST .../compact, until it ran
+        # Turns sent with if_busy "interrupt", to start next (gateway.session.busy).
+        self.interrupters: deque[Turn] = deque()
         self._scope = trio.CancelScope()
 
     def queue_turn(self, turn: Turn) -> None:
@@ -83,6 +86,10 @@ class Supervisor:
     def _clear(self, agent: AgentLoop) -> None:
         """After :meth:`stop`: nothing in flight, nothing queued."""
         agent.current = None
+        while self.interrupters:  # not started: their requests answer as the session now does
+            self.interrupters.popleft().drop(
+                Refused("session_elsewhere", "the session moved to another node: send it again")
+            )
         if self.compaction is not None:  # dropped with the channel's contents below
             self.compaction.done.set()
             self.compaction = None

@@ -28,6 +28,7 @@ from typing import Literal
 
 import trio
 
+from gateway.errors import Refused
 from gateway.protocol.shapes import Message, ToolUseBlock, Usage
 from gateway.session.call import Call
 
@@ -73,6 +74,9 @@ class Turn:
     trace: dict[str, str] = field(default_factory=dict)
     # The user message it rewinds to (docs/protocol.md §2 "Edit and regenerate"); None: none.
     rewind_to: str | None = None
+    # Why it will never start (an interrupting turn whose session went away before it
+    # could: gateway.session.busy); its request is refused so.
+    refused: Refused | None = None
 
     def finish(self, outcome: str, final_text: str = "") -> None:
         """Enter ``done`` and wake whoever waits for the turn (a parent's ``delegate``)."""
@@ -93,6 +97,11 @@ class Turn:
     @property
     def cancelling(self) -> bool:
         return self.cancel_reason is not None
+
+    def drop(self, refused: Refused) -> None:
+        """End a turn that never started: its request is refused with ``refused``."""
+        self.refused = refused
+        self.finish("dropped")
 
     def request_cancel(self, reason: str) -> bool:
         """Ask the turn to stop. ``False`` if it is already cancelling or done (a no-op)."""

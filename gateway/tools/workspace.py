@@ -43,6 +43,16 @@ recorded workspace that is no longer allowed (an absolute path recorded before
 this rule, or whose root the operator removed from ``allowed_workspaces``) is
 refused at use: its tools fail.
 
+Copies (``POST /sessions/{id}/fork``, docs/protocol.md §2, "Forks"). A fork
+works in a fresh directory of its own, a copy of its source's workspace as it
+is at that moment (:meth:`Workspaces.copy`): directories and regular files
+only, each opened by descriptor below the previous one without following a
+symlink, so a copy never reads outside the workspace; symlinks, FIFOs,
+sockets and devices are left out. Files keep their permission bits (not
+setuid or setgid) and times. Past ``[sessions] fork_copy_max_mb`` of file
+contents, measured before and held while copying, nothing is copied
+(:class:`WorkspaceTooLarge`).
+
 Everything here that touches the file system blocks: call it through
 ``trio.to_thread`` (the ``async`` methods do).
 """
@@ -85,6 +95,15 @@ _BELOW_FLAGS = _DIR_FLAGS | os.O_NOFOLLOW
 
 class WorkspaceError(Exception):
     """A refused ``workspace_path``; the message names the problem (422 ``invalid_workspace``)."""
+
+
+class WorkspaceTooLarge(Exception):
+    """A workspace holds more than a copy may take (:meth:`Workspaces.copy`)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the workspace holds {size} bytes of files, more than {limit}")
+        self.size = size  # what it holds (at least: a copy stops once past the limit)
+        self.limit = limit
 
 
 OWN = ".own"
@@ -226,6 +245,55 @@ class Workspaces:
         if os.path.isabs(recorded):
             return recorded
         return os.path.join(self.root, recorded)
+
+    # --- copying (a fork) ---------------------------------------------------------------
+
+    async def copy(self, *, recorded: str, session_id: str, owner: str, max_bytes: int) -> str:
+        """Copy the recorded workspace into a fresh own directory of ``session_id``; what
+        to record (module docstring, "Copies").
+
+        The new directory is ``<tenant of owner>/.own/<session_id>``, whatever the
+        source was (its own, a named one, an allowed absolute one); one left there
+        by an attempt that died is replaced. Nothing is left behind on a refusal.
+
+        Args:
+            max_bytes: the most bytes of files the copy takes; 0: no limit.
+
+        Raises:
+            WorkspaceError: the source cannot be used (gone, no longer allowed).
+            WorkspaceTooLarge: it holds more than ``max_bytes``.
+        """
+        tenant = tenant_of(owner)
+        if not _SESSION_ID.fullmatch(session_id):
+            raise WorkspaceError(f"session id {session_id!r} cannot name a directory")
+        return await trio.to_thread.run_sync(
+            self._copy, recorded, tenant, session_id, max_bytes, abandon_on_cancel=False
+        )
+
+    def _copy(self, recorded: str, tenant: str, session_id: str, max_bytes: int) -> str:
+        try:
+            source = self.open_dir(recorded)
+        except ToolError as exc:
+            raise WorkspaceError(exc.message) from None
+        target = [tenant, OWN, session_id]
+        try:
+            size = _measure(source, max_bytes)
+            if max_bytes and size > max_bytes:
+                raise WorkspaceTooLarge(size, max_bytes)
+            self._remove(tenant, session_id)  # an attempt that died left it
+            self._make(target)
+            try:
+                copy = _walk_existing(self.root, target, "the copy")
+                try:
+                    _copy_tree(source, copy, max_bytes)
+                finally:
+                    os.close(copy)
+            except BaseException:
+                self._remove(tenant, session_id)
+                raise
+        finally:
+            os.close(source)
+        return "/".join(target)
 
     # --- deleting --------------------------------------------------------------------
 
@@ -415,3 +483,114 @@ def _tool_refusal(exc: WorkspaceError, path: str) -> ToolError:
     if message.endswith("does not exist"):
         return ToolError("error", f"no such file: {path}")
     return ToolError("error", message)
+
+
+# --- copies (module docstring, "Copies") ----------------------------------------------
+
+_CHUNK = 1 << 20
+"""How much of a file one read of a copy takes."""
+
+
+def _below(root: int, segments: tuple[str, ...]) -> int | None:
+    """Directory ``segments`` below ``root`` (kept open), never through a symlink; ``None``
+    if it is gone or was swapped for something else meanwhile."""
+    try:
+        return _walk(os.dup(root), list(segments), "a directory of the workspace")
+    except WorkspaceError:
+        return None
+
+
+def _entries(fd: int) -> list[tuple[str, os.stat_result]]:
+    """A directory's entries with what they are (symlinks not followed)."""
+    with os.scandir(fd) as entries:
+        out = []
+        for entry in entries:
+            try:
+                out.append((entry.name, entry.stat(follow_symlinks=False)))
+            except FileNotFoundError:  # gone meanwhile
+                continue
+        return out
+
+
+def _measure(root: int, limit: int) -> int:
+    """The bytes of the regular files below ``root``; stops once past ``limit`` (0: none)."""
+    total = 0
+    pending: list[tuple[str, ...]] = [()]
+    while pending:
+        where = pending.pop()
+        fd = _below(root, where)
+        if fd is None:
+            continue
+        try:
+            for name, st in _entries(fd):
+                if stat.S_ISDIR(st.st_mode):
+                    pending.append((*where, name))
+                elif stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                    if limit and total > limit:
+                        return total
+        finally:
+            os.close(fd)
+    return total
+
+
+def _copy_tree(source: int, target: int, limit: int) -> int:
+    """Copy the directories and regular files below ``source`` into ``target``; the bytes.
+
+    Raises:
+        WorkspaceTooLarge: past ``limit`` bytes (0: none).
+    """
+    copied = 0
+    itself = os.fstat(target)  # an allowed workspace holding the root holds the copy too
+    pending: list[tuple[str, ...]] = [()]
+    while pending:
+        where = pending.pop()
+        src = _below(source, where)
+        if src is None:
+            continue
+        try:
+            dst = _walk(os.dup(target), list(where), "the copy")
+            try:
+                for name, st in _entries(src):
+                    if (st.st_dev, st.st_ino) == (itself.st_dev, itself.st_ino):
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        os.mkdir(name, DIR_MODE, dir_fd=dst)
+                        pending.append((*where, name))
+                    elif stat.S_ISREG(st.st_mode):
+                        copied = _copy_file(src, dst, name, copied, limit)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+    return copied
+
+
+def _copy_file(src_dir: int, dst_dir: int, name: str, copied: int, limit: int) -> int:
+    """Copy regular file ``name``, never through a symlink; ``copied`` plus its bytes."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        src = os.open(name, flags, dir_fd=src_dir)
+    except OSError:  # gone, or swapped for a symlink meanwhile: not copied
+        return copied
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):
+            return copied
+        create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        dst = os.open(name, create, 0o600, dir_fd=dst_dir)
+        try:
+            while chunk := os.read(src, _CHUNK):
+                copied += len(chunk)
+                if limit and copied > limit:
+                    raise WorkspaceTooLarge(copied, limit)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(dst, view) :]
+            os.fchmod(dst, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    return copied

@@ -401,6 +401,8 @@ export class Reducer {
       case "context.compacting":
         this.compacting = { trigger: p.trigger, pre_tokens: p.pre_tokens };
         break;
+      case "session.forked":
+        break; // a fork's first event: its copied history is in its snapshot (protocol.md §10)
       case "context.compacted":
         this.compacted(event, p);
         break;

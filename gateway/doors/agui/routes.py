@@ -197,11 +197,12 @@ class AguiRoutes:
             mid = self.book.message_id(session.id, body.run_id, history)
             message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
             start, started_ms = await self._subscribe(session, sub), message.created_at
-            try:
-                await self.ctx.counted_turn(caller or NO_OWNER, session, message)
+            try:  # a busy thread: as [turns] if_busy says (docs/doors/agui.md)
+                taken = await self.ctx.counted_turn(caller or NO_OWNER, session, message)
             except BaseException:
                 session.hub.unsubscribe(sub)
                 raise
+            turn_id = taken.turn_id  # a steered run streams the turn it joined
             start = self.book.start_of(session, turn_id, start)  # as found after a restart
         self._runs[session.id] = (body.run_id, turn_id)
         record = RunRecord(turn_id, start, len(history), started_ms)

@@ -180,12 +180,13 @@ class Responses:
         message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
         busy = rewind_if_busy(None, rewind_to, self.config.turns.if_busy)
         sub = await self._live(session, client)
-        try:
-            await self.ctx.counted_turn(key, session, message, busy, rewind_to)
+        try:  # a busy chat: as [turns] if_busy says (docs/doors/aisdk.md)
+            taken = await self.ctx.counted_turn(key, session, message, busy, rewind_to)
         except BaseException:
             session.hub.unsubscribe(sub)
             raise
-        return Opened(session, sub, ChatMapper(session.id, turn_id))
+        # A steered send streams the turn it joined; a queued one, its own once it starts.
+        return Opened(session, sub, ChatMapper(session.id, taken.turn_id))
 
     async def _known(self, chat_id: str) -> bool:
         return (

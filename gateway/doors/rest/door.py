@@ -9,13 +9,14 @@ document's. Each ``{name}`` segment is one id, given to the handler in order;
 a route's name is its ``route`` label in the ``gateway_http_requests`` metric.
 The operations are data, at module level; the routes pair them with their
 handlers, one function per resource (:func:`admin_routes`, :func:`session_routes`,
-:func:`turn_routes`, :func:`page_routes`).
+:func:`turn_routes`, :func:`fork_routes`, :func:`page_routes`).
 
 The handlers, one class per resource: :class:`~gateway.doors.rest.admin.Admin`
 (probes, metrics, the API document, the agents),
 :class:`~gateway.doors.rest.sessions.Sessions` (sessions, a session's attach
 token, its messages), :class:`~gateway.doors.rest.turns.Turns` (a turn and
-what acts on one), :class:`~gateway.doors.rest.page.Page` (the web page).
+what acts on one), :class:`~gateway.doors.rest.forks.Forks` (a fork of a
+session), :class:`~gateway.doors.rest.page.Page` (the web page).
 
 The request size limit is the transport's, the same for every route
 (``[server] max_body_bytes``, gateway.http.server).
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from gateway.doors.context import SESSION, DoorContext
 from gateway.doors.rest.admin import Admin
+from gateway.doors.rest.forks import Forks
 from gateway.doors.rest.page import Page
 from gateway.doors.rest.sessions import Sessions
 from gateway.doors.rest.turns import Turns
@@ -38,6 +40,8 @@ from gateway.protocol.http import (
     Compact,
     CreateSession,
     Feedback,
+    ForkCreated,
+    ForkSession,
     Health,
     MessagePage,
     PermissionDecision,
@@ -180,6 +184,7 @@ SUBMIT_TURN = Operation(
         404: ("message_not_found",),  # rewind_to (docs/protocol.md §2 "Edit and regenerate")
         409: (
             "turn_in_progress",
+            "queue_full",
             "session_too_large",
             "subagent_session",
             "idempotency_key_in_use",
@@ -199,14 +204,19 @@ SUBMIT_TURN = Operation(
     "`max_session_mb` of stored data or more takes no more turns: 409 "
     "`session_too_large`. A `claude-code` agent's turn first waits (up to "
     "5 s) for one of its `max_processes` on the node: 503 `over_capacity`, "
-    "with `Retry-After`, when none came free. `rewind_to`, one of the "
-    "session's user messages, rewinds the conversation to before it "
+    "with `Retry-After`, when none came free. A busy session (a turn in "
+    "flight, or turns queued) does what `if_busy` says (absent: `[turns] "
+    "if_busy`): `reject` (409 `turn_in_progress`), `queue` (202 with `queued` "
+    "and `position`; 409 `queue_full` past `[turns] max_queued`), `interrupt` "
+    "(the running turn is cancelled, then this one starts) or `steer` (202 with "
+    "the running turn's id and `steered`: it joins that turn). "
+    "`rewind_to`, one of the session's user messages, rewinds the conversation to before it "
     '(docs/protocol.md §2 "Edit and regenerate"): 404 `message_not_found`, '
     "409 `message_rewound` or `not_a_user_message`; with `if_busy` `queue` "
     "or `steer`, 422 `invalid_body`.",
 )
 CANCEL_TURN = Operation(
-    "Cancel a turn in flight",
+    "Cancel a turn in flight, or a queued one",
     CancelAccepted,
     202,
     body=CancelTurn,
@@ -248,6 +258,38 @@ FEEDBACK = Operation(
     body=Feedback,
     errors={404: ("message_not_found",)},
     description="Emits `feedback.recorded` on the message's turn.",
+)
+
+FORK = Operation(
+    "Fork a session: a new one from its history and workspace",
+    ForkCreated,
+    201,
+    body=ForkSession,
+    body_required=False,
+    idempotent=True,
+    errors={
+        400: ("invalid_idempotency_key",),
+        404: ("message_not_found",),
+        409: (
+            "turn_in_progress",
+            "not_a_fork_point",
+            "worker_session",
+            "workspace_too_large",
+            "transcript_unavailable",
+            "idempotency_key_in_use",
+        ),
+        422: ("invalid_workspace", "idempotency_key_reused"),
+        429: ("too_many_sessions",),
+        503: ("shutting_down", "store_unavailable"),
+    },
+    description='docs/protocol.md §2, "Forks": a new session of the caller\'s key and '
+    "the source's agent, whose history is the source's up to `at_message_id` (absent: "
+    "the last message), that message included when it ends a turn; at a user message, "
+    "up to it, and the message is the fork's `draft`. Its workspace is a copy of the "
+    "source's now (at most `[sessions] fork_copy_max_mb`), its first event "
+    "`session.forked`. 409 `turn_in_progress` while the source runs a turn; 409 "
+    "`not_a_fork_point` for a message in the middle of a turn. Answered once the fork "
+    "is committed.",
 )
 
 PAGE = Operation("The web page", None, auth="none")
@@ -292,6 +334,11 @@ def session_routes(sessions: Sessions) -> tuple[Route, ...]:
     )
 
 
+def fork_routes(forks: Forks) -> tuple[Route, ...]:
+    """A fork of a session."""
+    return (route(f"{SESSION}/fork", "fork", POST=(forks.fork, FORK)),)
+
+
 def turn_routes(turns: Turns) -> tuple[Route, ...]:
     """A session's turns, and what acts on one."""
     return (
@@ -329,5 +376,6 @@ class Door:
             *admin_routes(Admin(ctx)),
             *session_routes(Sessions(ctx)),
             *turn_routes(Turns(ctx)),
+            *fork_routes(Forks(ctx)),
             *page_routes(Page()),
         )

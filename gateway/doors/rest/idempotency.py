@@ -1,4 +1,5 @@
-"""``Idempotency-Key`` on ``POST /sessions`` and ``POST .../turns`` (docs/protocol.md §13).
+"""``Idempotency-Key`` on ``POST /sessions``, ``POST .../turns`` and ``POST .../fork``
+(docs/protocol.md §13).
 
 The store keeps one record per (owner, key) for 24 h (gateway.store.idempotency:
 the state machine and both stores); this module is the HTTP side:

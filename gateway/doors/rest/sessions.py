@@ -27,6 +27,7 @@ from gateway.protocol.http import (
 )
 from gateway.protocol.shapes import Message
 from gateway.session import rewind
+from gateway.session.fork_point import origin_of
 from gateway.session.session import Session, summary_of
 from gateway.store.base import SessionRecord
 from gateway.tenancy import NO_OWNER, sees
@@ -106,9 +107,12 @@ class Sessions:
         token = await self.ctx.node.issue_token(session.id)
         url = f"{_ws_base(self.ctx.config, req)}/sessions/{session.id}/stream?attach={token}"
         record = session.record
-        return json_response(
-            200, SessionAttach(session.id, record.active_model, token, url, record.agent)
-        )
+        attach = SessionAttach(session.id, record.active_model, token, url, record.agent)
+        origin, draft = origin_of(record.metadata)  # a fork's (docs/protocol.md §2, "Forks")
+        if origin is not None:
+            attach.forked_from = origin
+            attach.draft = msgspec.UNSET if draft is None else draft
+        return json_response(200, attach)
 
     async def delete_session(self, req: Request, session_id: str) -> Response:
         """``DELETE /sessions/{id}``: 204 once the session and its workers are gone (§13)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gateway.doors.context import DoorContext, rewind_if_busy
 from gateway.doors.rest import idempotency
-from gateway.errors import ApiError
+from gateway.errors import ApiError, StoreError, unavailable
 from gateway.http.parsing import decode, decode_optional, user_content
 from gateway.http.server import Request, Response, json_response
 from gateway.ids import message_id_of, new_turn_id, now_ms
@@ -22,6 +22,8 @@ from gateway.protocol.http import (
     TurnAccepted,
 )
 from gateway.protocol.shapes import Message
+from gateway.session import busy
+from gateway.session.session import Session
 from gateway.tenancy import NO_OWNER
 
 
@@ -68,15 +70,36 @@ class Turns:
             )
 
         async def find(turn_id: str) -> Response | None:
-            messages = await self.ctx.node.messages_of(session)
-            if not any(m.turn_id == turn_id and m.role == "user" for m in messages):
-                return None
-            await self.ctx.node.durable_or_503()  # made here, maybe not yet durable (a 503 before)
-            return json_response(202, TurnAccepted(turn_id))
+            found = await self._made(session, turn_id)
+            if found is not None:  # made here, maybe not yet durable (a 503 before)
+                await self.ctx.node.durable_or_503()
+            return None if found is None else json_response(202, found)
 
         # At most once per Idempotency-Key (gateway.doors.rest.idempotency): the turn's
         # id is chosen first and kept with the key.
         return await idempotency.once(self.ctx, req, owner, new_turn_id(), start, find)
+
+    async def _made(self, session: Session, turn_id: str) -> TurnAccepted | None:
+        """What an earlier attempt of a turn's request made, if anything: a started (or
+        steered) user message, else a queued turn or steer (docs/protocol.md §2 "A busy
+        session": its message's id is derived from the turn's)."""
+        message_id = message_id_of(turn_id)
+        for m in await self.ctx.node.messages_of(session):
+            if m.role == "user" and (m.id == message_id or m.turn_id == turn_id):
+                return TurnAccepted(m.turn_id or turn_id, steered=m.turn_id != turn_id)
+        node = self.ctx.node
+        record = session.record
+        if not node.runs_here(session.id):  # the store's, as messages_of reads it
+            try:
+                record = await node.store.get_session(session.id) or record
+            except StoreError as exc:
+                raise unavailable(exc) from None
+        for q in record.queued_turns:
+            if q.turn_id == turn_id and q.steering is not None:
+                return TurnAccepted(q.steering, steered=True)
+            if q.turn_id == turn_id:
+                return TurnAccepted(turn_id, queued=True, position=busy.position(record, turn_id))
+        return None
 
     async def cancel_turn(self, req: Request, session_id: str, turn_id: str) -> Response:
         """``POST /sessions/{id}/turns/{turn_id}/cancel`` (docs/protocol.md §8)."""

@@ -55,8 +55,14 @@ def claude_session_id(session_id: str) -> str:
 
 def has_transcript(home: str, claude_id: str) -> bool:
     """Whether the CLI wrote a transcript of ``claude_id`` under ``home`` (blocking)."""
+    return transcript_path(home, claude_id) is not None
+
+
+def transcript_path(home: str, claude_id: str) -> str | None:
+    """The transcript of ``claude_id`` under ``home``, in any project; ``None``: none (blocking)."""
     projects = os.path.join(home, ".claude", "projects")
-    return bool(glob.glob(os.path.join(glob.escape(projects), "*", f"{claude_id}.jsonl")))
+    found = glob.glob(os.path.join(glob.escape(projects), "*", f"{claude_id}.jsonl"))
+    return found[0] if found else None
 
 
 def tmp_root() -> str:

@@ -69,6 +69,7 @@ from gateway.runtimes.claude_code.boundary import (
     sandbox_missing,
     sandbox_settings,
 )
+from gateway.runtimes.claude_code.forking import fork_of
 from gateway.runtimes.claude_code.options import cli_environment, cli_options
 from gateway.runtimes.claude_code.paths import (
     claude_session_id,
@@ -79,7 +80,7 @@ from gateway.runtimes.claude_code.paths import (
     tmp_dir,
     tmp_root,
 )
-from gateway.runtimes.claude_code.rewind import prompt_uuid, read_point, set_aside
+from gateway.runtimes.claude_code.rewind import prompt_uuid, rewind_state
 from gateway.runtimes.transport import ToolProcessTransport
 from gateway.session.turn import Turn
 from gateway.tools.process import ToolProcesses
@@ -229,15 +230,12 @@ class CliProcess:
             self.stop()
             await stopped.wait()
         home, claude_id = state_dir(self.node.workspaces.root, s.id), claude_session_id(s.id)
-        point = await trio.to_thread.run_sync(read_point, home, claude_id, message_id, text)
-        if point is not None and point.at is None:  # its first prompt: a conversation anew
-            await trio.to_thread.run_sync(set_aside, home, claude_id)
+        point = await trio.to_thread.run_sync(rewind_state, home, claude_id, message_id, text)
         self.resume_at = point.at if point is not None else None
         event(
             log, logging.INFO, "claude_code_rewound",
             f"session {s.id}: Claude Code resumes "
-            + ("as it was (its transcript does not hold the message)" if point is None
-               else f"at {point.at}" if point.at else "anew (the message was its first)"),
+            + (f"at {point.at}" if point is not None else "as its state directory says"),
             session_id=s.id, message_id=message_id, resume_at=self.resume_at,
         )  # fmt: skip
 
@@ -252,6 +250,8 @@ class CliProcess:
         tmp = tmp_dir(s.id)
         await trio.to_thread.run_sync(_make_dirs, home, s.record.created_at, tmp)
         resume = await trio.to_thread.run_sync(has_transcript, home, claude_session_id(s.id))
+        # A fork's first CLI: the conversation it was forked from, at the fork point.
+        fork = None if resume else await trio.to_thread.run_sync(fork_of, home)
         sandbox = None
         if agent.sandbox:
             sandbox = await trio.to_thread.run_sync(self._sandbox, workspace, home, tmp)
@@ -259,6 +259,7 @@ class CliProcess:
             agent, s.id, workspace, node.config.mcp_servers, self._can_use_tool, resume,
             hooks=self._hooks(workspace),
             sandbox=sandbox,
+            fork=fork,
             resume_at=self.resume_at if resume else None,
         )  # fmt: skip
         door = await node.model_proxy.ensure_running()
@@ -271,7 +272,8 @@ class CliProcess:
             cli_environment(agent, home, tmp, credential, door, node.config.model.max_retries),
             grace_s=node.config.tools.kill_grace_s,
         )
-        return ClaudeSDKClient(options, transport=transport), transport, resume, credential
+        resumes = resume or fork is not None
+        return ClaudeSDKClient(options, transport=transport), transport, resumes, credential
 
     def _hooks(self, workspace: str) -> dict[HookEvent, list[HookMatcher]]:
         """The ``PreToolUse`` hooks (the workspace's paths, then the turn's limits), and the

@@ -14,18 +14,26 @@ then starts a conversation anew, the transcript set aside
 (:func:`set_aside`). A prompt the transcript does not hold (a CLI whose
 state was lost: another node's disk) leaves the CLI as it is.
 
-Sans-IO but for :func:`transcript_path` and :func:`set_aside` (blocking file
+A fork that has run no turn yet (docs/protocol.md §11, "Forks") has no
+transcript of its own: its first CLI resumes the source's conversation at the
+fork point its state directory names (:mod:`gateway.runtimes.claude_code.forking`).
+A rewind then moves that fork point back to the entry before the message (or,
+at the conversation's first prompt, makes it a new conversation).
+
+Sans-IO but for :func:`rewind_state` and :func:`set_aside` (blocking file
 calls, run in a worker thread).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from gateway.runtimes.claude_code.forking import FORK_FILE, fork_of
+from gateway.runtimes.claude_code.paths import transcript_path
 
 _NAMESPACE = uuid.UUID("0d6a5f1e-8c2b-4e7a-9f31-6b2c4d8e7a10")  # of prompt_uuid
 
@@ -81,28 +89,41 @@ def _prompt_text(entry: dict[str, object]) -> str | None:
     return None
 
 
-def transcript_path(home: str, claude_id: str) -> str | None:
-    """The transcript of ``claude_id`` under the state directory ``home`` (blocking)."""
-    projects = os.path.join(home, ".claude", "projects")
-    found = glob.glob(os.path.join(glob.escape(projects), "*", f"{claude_id}.jsonl"))
-    return found[0] if found else None
-
-
-def read_point(home: str, claude_id: str, message_id: str, text: str) -> ResumePoint | None:
-    """:func:`resume_point` of the session's transcript (blocking; None: no transcript)."""
-    path = transcript_path(home, claude_id)
-    if path is None:
+def rewind_state(home: str, claude_id: str, message_id: str, text: str) -> ResumePoint | None:
+    """Make the session's state directory resume before the user message ``message_id``
+    (module docstring); where its own transcript resumes (``None``: nothing to resume at
+    with ``resume_session_at``: a new conversation, a fork point moved, or the prompt
+    not found). Blocking.
+    """
+    own = transcript_path(home, claude_id)
+    origin = fork_of(home)
+    source = own or (transcript_path(home, origin[0]) if origin is not None else None)
+    if source is None:
         return None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return resume_point(f, message_id, text)
+    with open(source, encoding="utf-8", errors="replace") as f:
+        point = resume_point(f, message_id, text)
+    if point is None:
+        return None
+    if point.at is None:  # the conversation's first prompt: a new conversation
+        set_aside(home, claude_id)
+        return None
+    if own is None and origin is not None:  # a fork not started: its fork point moves back
+        with open(os.path.join(home, FORK_FILE), "w", encoding="utf-8") as f:
+            json.dump({"resume": origin[0], "at": point.at}, f)
+        return None
+    return point
 
 
 def set_aside(home: str, claude_id: str) -> None:
-    """Move the transcript aside (``<id>.rewound-N.jsonl``): the CLI starts anew (blocking)."""
+    """Move the transcript (``<id>.rewound-N.jsonl``) and a fork's fork point aside: the
+    CLI starts a new conversation (blocking)."""
     path = transcript_path(home, claude_id)
-    if path is None:
-        return
-    n = 1
-    while os.path.exists(f"{path[: -len('.jsonl')]}.rewound-{n}.jsonl"):
-        n += 1
-    os.replace(path, f"{path[: -len('.jsonl')]}.rewound-{n}.jsonl")
+    if path is not None:
+        stem = path[: -len(".jsonl")]
+        n = 1
+        while os.path.exists(f"{stem}.rewound-{n}.jsonl"):
+            n += 1
+        os.replace(path, f"{stem}.rewound-{n}.jsonl")
+    fork = os.path.join(home, FORK_FILE)
+    if os.path.exists(fork):
+        os.replace(fork, fork + ".rewound")

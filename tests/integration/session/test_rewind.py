@@ -364,3 +364,41 @@ async def test_the_adversary_cases(tmp_path: Path) -> None:
     assert last_two == ["user: a long one", "user: B, edited"]
     assert texts(provider.calls[-1])[:2] == ["user: Question A", "assistant: You said: Question A"]
     assert a[0].type == "turn.started"  # turn A stays: the rewind was to B
+
+
+async def test_a_rewind_that_interrupts_applies_after_the_cancel(tmp_path: Path) -> None:
+    """``if_busy: "interrupt"`` (docs/protocol.md §2): the running turn is cancelled, then
+    the rewind applies to the history after it; a bad target refuses before anything."""
+    provider = Recording()
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []}), provider) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            a = await turn(gw, client, sid, "Question A")
+            provider.held = True
+            r = await post_turn(gw.http, sid, "Question B, running")
+            assert r.status_code == 202
+            running = r.json()["turn_id"]
+            r = await post_turn(gw.http, sid, "x", rewind_to="msg_nope", if_busy="interrupt")
+            assert (r.status_code, r.json()["error"]["code"]) == (404, "message_not_found")
+            assert gw.node.sessions[sid].turn is not None  # not cancelled by the refusal
+            body = {"rewind_to": user_of(a), "if_busy": "interrupt"}
+            r = await post_turn(gw.http, sid, "Question A, edited", **body)
+            assert r.status_code == 202, r.text
+            with trio.fail_after(10):
+                events = await client.until(
+                    lambda e: e.type == "turn.completed" and e.turn_id != running
+                )
+            provider.hold.set()
+        kinds = [(e.type, e.turn_id == running) for e in events]
+        cancelled = kinds.index(("turn.cancelled", True))
+        assert kinds[cancelled + 1 : cancelled + 3] == [
+            ("history.rewound", False),
+            ("turn.started", False),
+        ]
+        assert texts(provider.calls[-1]) == ["user: Question A, edited"]
+        said = [(m["role"], m["content"][0]["text"]) for m in await listing(gw, sid)]
+        assert said == [
+            ("user", "Question A, edited"),
+            ("assistant", "You said: Question A, edited"),
+        ]

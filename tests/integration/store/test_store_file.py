@@ -294,7 +294,9 @@ async def test_a_turn_in_flight_ends_and_every_write_is_503_at_once_once_the_fil
         assert (turn.outcome, turn.cancel_reason) == ("cancelled", "store_unavailable")
         assert session.turn is None
         # What comes next is 503 at once: a turn, a compaction, a new session.
-        code, took = await refused(node.submit_turn(session, user_message(session, TEXT_SCRIPT)))
+        code, took = await refused(
+            node.submit_turn(session, user_message(session, TEXT_SCRIPT), "reject", None)
+        )
         assert (code, took) == ("store_unavailable", 0)
         assert await refused(node.compact(session)) == ("store_unavailable", 0)
         code, _ = await refused(node.create_session())  # (its workspace: a thread, a clock jump)
@@ -314,7 +316,9 @@ async def test_a_turn_whose_start_finds_the_file_gone_ends_with_its_503(
             await turn.done.wait()
         assert (turn.outcome, turn.cancel_reason) == ("cancelled", "store_unavailable")
         assert session.turn is None
-        code, _ = await refused(node.submit_turn(session, user_message(session, TEXT_SCRIPT)))
+        code, _ = await refused(
+            node.submit_turn(session, user_message(session, TEXT_SCRIPT), "reject", None)
+        )
         assert code == "store_unavailable"  # not turn_in_progress
 
 

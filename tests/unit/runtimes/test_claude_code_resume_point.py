@@ -11,12 +11,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gateway.runtimes.claude_code.forking import FORK_FILE, fork_of
+from gateway.runtimes.claude_code.paths import transcript_path
 from gateway.runtimes.claude_code.rewind import (
     ResumePoint,
     prompt_uuid,
     resume_point,
+    rewind_state,
     set_aside,
-    transcript_path,
 )
 
 
@@ -71,16 +73,45 @@ def test_a_prompt_it_does_not_hold_is_none() -> None:
     assert resume_point(meta, "msg_z", "nowhere") is None
 
 
+def write(home: Path, claude_id: str, lines: list[str]) -> Path:
+    project = home / ".claude" / "projects" / "-work"
+    project.mkdir(parents=True, exist_ok=True)
+    path = project / f"{claude_id}.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
 def test_a_transcript_set_aside(tmp_path: Path) -> None:
     home = str(tmp_path)
     assert transcript_path(home, "cid") is None
-    project = tmp_path / ".claude" / "projects" / "-work"
-    project.mkdir(parents=True)
-    (project / "cid.jsonl").write_text("one\n")
-    assert transcript_path(home, "cid") == str(project / "cid.jsonl")
+    path = write(tmp_path, "cid", ["one"])
+    assert transcript_path(home, "cid") == str(path)
     set_aside(home, "cid")
-    (project / "cid.jsonl").write_text("two\n")
+    write(tmp_path, "cid", ["two"])
     set_aside(home, "cid")
     assert transcript_path(home, "cid") is None
-    assert (project / "cid.rewound-1.jsonl").read_text() == "one\n"
-    assert (project / "cid.rewound-2.jsonl").read_text() == "two\n"
+    assert (path.parent / "cid.rewound-1.jsonl").read_text() == "one\n"
+    assert (path.parent / "cid.rewound-2.jsonl").read_text() == "two\n"
+
+
+def test_the_state_resumes_before_the_message_or_anew(tmp_path: Path) -> None:
+    home = str(tmp_path)
+    assert rewind_state(home, "cid", "msg_b", "second") is None  # no transcript: as it is
+    write(tmp_path, "cid", TRANSCRIPT)
+    assert rewind_state(home, "cid", "msg_b", "second") == ResumePoint("a1")
+    assert rewind_state(home, "cid", "msg_z", "nowhere") is None
+    assert transcript_path(home, "cid") is not None  # untouched
+    assert rewind_state(home, "cid", "msg_a", "first") is None  # the first: anew
+    assert transcript_path(home, "cid") is None
+
+
+def test_a_fork_not_started_moves_its_fork_point_back(tmp_path: Path) -> None:
+    """A fork that ran no turn has the source's transcript and where to resume it."""
+    home = str(tmp_path)
+    write(tmp_path, "source", TRANSCRIPT)
+    (tmp_path / FORK_FILE).write_text(json.dumps({"resume": "source", "at": "b3"}))
+    assert rewind_state(home, "fork", "msg_b", "second") is None
+    assert fork_of(home) == ("source", "a1")  # its first CLI resumes the source before B
+    assert rewind_state(home, "fork", "msg_a", "first") is None
+    assert fork_of(home) is None  # at the first prompt: a new conversation
+    assert transcript_path(home, "source") is not None  # the source's copy is left

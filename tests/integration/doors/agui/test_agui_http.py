@@ -458,3 +458,40 @@ async def test_a_run_that_stops_reading_is_a_slow_client_as_a_websocket_is(
     fields = record.fields  # type: ignore[attr-defined]
     assert fields["client"].startswith(f"{warning.subscription_name} 127.0.0.1:")
     assert fields["session_id"] == thread and "code" not in fields
+
+
+@pytest.mark.parametrize("if_busy", ["queue", "steer", "interrupt"])
+async def test_a_run_posted_while_one_runs_follows_turns_if_busy(
+    tmp_path: Path, if_busy: str
+) -> None:
+    """docs/doors/agui.md: a second run on a busy thread is queued, steered or interrupts."""
+    async with gateway(tmp_path, **{"turns.if_busy": if_busy}) as h:
+        thread = await h.create_session()
+        async with h.client(thread) as ws:
+            await ws.subscribe()
+            async with agui(h, run_input(thread, LONG_NAP)) as first:
+                await first.until("TOOL_CALL_START")
+                async with agui(h, run_input(thread, TEXT)) as second:
+                    await second.until("RUN_STARTED")
+                    if if_busy != "interrupt":  # the nap ends the first turn
+                        await h.http.post(f"/agui/{thread}/cancel", json={})
+                    then = await second.rest()
+                ended = await first.rest()
+            with trio.fail_after(10):  # both turns' ends reached the WebSocket too
+                while sum(e.type in ("turn.completed", "turn.cancelled") for e in ws.events) < 2:
+                    await ws.recv()
+    assert ended[-1]["type"] == "RUN_FINISHED"
+    assert then[-1]["type"] == "RUN_FINISHED"
+    kinds = [e.type for e in ws.events if e.type.startswith("turn.")]
+    if if_busy == "queue":
+        # The second run streams its own turn, once the first ended.
+        assert kinds[:3] == ["turn.started", "turn.queued", "turn.cancelled"]
+        assert "Hello there, friend." in "".join(
+            e.get("delta", "") for e in then if e["type"] == "TEXT_MESSAGE_CONTENT"
+        )
+        assert then[-1]["outcome"] == {"type": "success"}
+    elif if_busy == "interrupt":
+        assert ended[-1]["outcome"] == {"type": "cancelled"}
+        assert kinds[:3] == ["turn.started", "turn.cancelled", "turn.started"]
+    else:  # steer: the first turn was cancelled before its next call; the steer runs after
+        assert kinds[:3] == ["turn.started", "turn.cancelled", "turn.queued"]

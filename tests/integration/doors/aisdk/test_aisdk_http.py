@@ -284,3 +284,43 @@ async def test_a_stop_racing_the_turns_end_ends_the_response_once(tmp_path: Path
                 assert not stopped  # nothing was in flight: the turn had ended
             outcomes.add(stopped)
         assert True in outcomes  # a stop at the start lands
+
+
+async def test_a_send_while_a_response_streams_follows_turns_if_busy(tmp_path: Path) -> None:
+    """docs/doors/aisdk.md: with ``[turns] if_busy = "queue"`` a second send streams its own
+    turn once the first ended; with the default, 409 ``turn_in_progress``."""
+    async with gateway(tmp_path, **{"turns.if_busy": "queue"}) as h:
+        chat_id = f"chat-{uuid.uuid4()}"
+        first = user(LONG_NAP)
+        async with h.http.stream("POST", "/ai-sdk/chat", json=request(chat_id, first)) as r:
+            m = UiMessage()
+            lines = cast(AsyncGenerator[str, None], r.aiter_lines())
+            async with aclosing(lines):
+                await read_until(
+                    lines, m, lambda: any(p["type"] == "dynamic-tool" for p in m.parts)
+                )
+                async with h.http.stream(
+                    "POST", "/ai-sdk/chat", json=request(chat_id, first, user(TEXT))
+                ) as second:
+                    assert second.status_code == 200
+                    r2 = await h.http.post(f"/ai-sdk/chat/{chat_id}/stop", json={})
+                    assert r2.status_code == 202
+                    queued = await read(second)
+                await read_until(lines, m, lambda: False)  # to its end
+        assert m.done
+        assert queued.text == "Hello there, friend."
+        assert queued.metadata["gateway"]["turnId"] != m.metadata["gateway"]["turnId"]
+    async with gateway(tmp_path / "again") as h:
+        chat_id = f"chat-{uuid.uuid4()}"
+        first = user(LONG_NAP)
+        async with h.http.stream("POST", "/ai-sdk/chat", json=request(chat_id, first)) as r:
+            m = UiMessage()
+            lines = cast(AsyncGenerator[str, None], r.aiter_lines())
+            async with aclosing(lines):
+                await read_until(
+                    lines, m, lambda: any(p["type"] == "dynamic-tool" for p in m.parts)
+                )
+                again = await h.http.post("/ai-sdk/chat", json=request(chat_id, first, user(TEXT)))
+                await h.http.post(f"/ai-sdk/chat/{chat_id}/stop", json={})
+                await read_until(lines, m, lambda: False)  # to its end
+        assert again.status_code == 409 and again.json()["error"]["code"] == "turn_in_progress"

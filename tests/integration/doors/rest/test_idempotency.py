@@ -313,7 +313,7 @@ async def test_the_api_document_lists_the_header_where_it_is_taken(gw: Harness) 
         for op in item.values()
         if any(p["name"] == "Idempotency-Key" for p in op.get("parameters", []))
     }
-    assert taking == {"create_session", "submit_turn"}
+    assert taking == {"create_session", "submit_turn", "fork"}
     create = doc["paths"]["/sessions"]["post"]["responses"]
     assert "idempotency_key_reused" in json.dumps(create["422"])
     assert "idempotency_key_in_use" in json.dumps(create["409"])

@@ -48,6 +48,7 @@ CONTRACT = {
     ("post", "/sessions/{session_id}/permissions/{perm_id}"),
     ("post", "/sessions/{session_id}/compact"),  # docs/protocol.md §12
     ("post", "/sessions/{session_id}/feedback"),
+    ("post", "/sessions/{session_id}/fork"),  # docs/protocol.md §2, "Forks"
     ("get", "/sessions/{session_id}/stream"),
     ("get", "/sessions/{session_id}/events"),  # docs/doors/sse.md: the stream as SSE
     ("get", "/healthz"),
@@ -81,6 +82,7 @@ STRUCTS = {
     ),
     ("post", "/sessions/{session_id}/compact"): (route_table.Compact, route_table.Accepted),
     ("post", "/sessions/{session_id}/feedback"): (route_table.Feedback, route_table.Accepted),
+    ("post", "/sessions/{session_id}/fork"): (route_table.ForkSession, route_table.ForkCreated),
     ("get", "/healthz"): (None, route_table.Health),
     ("post", "/agui/{session_id}/cancel"): (CancelRun, RunCancelling),
     ("post", "/ai-sdk/chat/{chat_id}/stop"): (None, ChatStopped),
@@ -204,6 +206,7 @@ async def test_the_schemas_are_msgspecs_own_of_the_handlers_structs(gw: Harness)
     # An empty body is accepted where the Struct has every default, and only there.
     assert ops["post", "/sessions"]["requestBody"]["required"] is False
     assert ops["post", "/sessions/{session_id}/turns"]["requestBody"]["required"] is True
+    assert ops["post", "/sessions/{session_id}/fork"]["requestBody"]["required"] is False
     metrics = ops["get", "/metrics"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain"]
 

@@ -57,6 +57,7 @@ CHAT_TYPES = set(STREAMING_TYPES) | {
     "history.rewound",
     "llm.call_failed",
     "feedback.recorded",
+    "session.forked",
     "delegate.started",
     "delegate.completed",
     "delegate.failed",

@@ -1,0 +1,277 @@
+"""What a turn sent to a busy session does: reject, queue, interrupt or steer.
+
+docs/protocol.md §2 "A busy session". A session is busy while a turn is in
+flight or turns are queued. The queued turns live in the session record
+(``SessionRecord.queued_turns``), written in the same synchronous step as the
+event that announces them (``turn.queued``), so a queued turn is exactly as
+durable as a started one and a restart finds it (``Store.open_turns``).
+
+- **queue**: appended to the record, ``turn.queued``; started in order by
+  :func:`start_next`, which the agent loop calls in the step that ends a turn
+  (after its terminal event), and recovery after it closed an interrupted one.
+  A turn starting from the queue leaves the record in the step that emits its
+  ``turn.started`` (:func:`started`), never before: a crash in between finds it
+  still queued.
+- **interrupt**: the running turn is cancelled (reason ``interrupted``) and the
+  new turn waits in :attr:`Supervisor.interrupters`, ahead of the queue; a
+  second interrupt cancels the first as soon as it started. Not durable
+  before it starts: its request is answered once its ``turn.started`` is.
+- **steer**: kept in the record as a queued turn marked ``steering`` (durable,
+  no event); the native loop takes it before its next model call
+  (:func:`take_steers`: ``turn.steered``, the user message joins the turn), a
+  ``claude-code`` turn through the SDK's streaming input. A steer its turn did
+  not take becomes a queued turn of its own (:func:`start_next`: ``turn.queued``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+import msgspec
+
+from gateway.cluster import ops
+from gateway.errors import Refused
+from gateway.ids import new_turn_id
+from gateway.protocol.events import Payload, StreamEvent, TurnCancelled, TurnQueued, TurnSteered
+from gateway.protocol.http import IfBusy
+from gateway.protocol.shapes import Message, QueuedTurnInfo
+from gateway.session import admission, rewind
+from gateway.session.core import NodeView, SessionCore
+from gateway.session.turn import Turn
+from gateway.store.base import QueuedTurn, SessionRecord, Store
+
+INTERRUPTED = "interrupted"
+"""The ``turn.cancelled`` reason of a turn an ``interrupt`` ended."""
+
+
+class Lane(Protocol):
+    """Where a session's turns wait to run (:class:`gateway.session.supervisor.Supervisor`)."""
+
+    interrupters: deque[Turn]
+
+    def queue_turn(self, turn: Turn) -> None: ...
+
+
+class BusyNode(NodeView, Protocol):
+    """What this module uses of a session's node."""
+
+    @property
+    def store(self) -> Store: ...
+
+
+class BusyHost(SessionCore, Protocol):
+    """What this module uses of a session."""
+
+    turn: Turn | None  # settable here: the turn lock
+    fenced: bool
+    deleted: bool
+
+    @property
+    def node(self) -> BusyNode: ...
+
+    @property
+    def supervisor(self) -> Lane: ...
+
+    def save_record(self) -> None: ...
+
+    def add_message(self, message: Message) -> None: ...
+
+    @property
+    def messages(self) -> list[Message]: ...
+
+    @property
+    def rewound(self) -> list[Message]: ...
+
+    def submit_turn(
+        self, user_message: Message, if_busy: IfBusy = "reject", rewind_to: str | None = None
+    ) -> Turn: ...
+
+
+def is_busy(session: SessionCore) -> bool:
+    """A turn in flight, or turns queued (docs/protocol.md §2 "A busy session")."""
+    return session.turn is not None or bool(session.record.queued_turns)
+
+
+def submit(
+    session: BusyHost,
+    message: Message,
+    if_busy: IfBusy,
+    rewind_to: str | None = None,
+    trace: dict[str, str] | None = None,
+) -> Turn | ops.TurnTaken:
+    """Take a turn as ``if_busy`` says: a :class:`Turn` to wait for (started now, or after
+    an interrupt), or the answer of one queued or steered (durable once the store
+    committed what was put so far).
+
+    Raises:
+        Refused: as :meth:`Session.submit_turn` (``turn_in_progress`` for
+            ``reject``); ``queue_full`` past ``[turns] max_queued``.
+    """
+    if if_busy == "reject" or not is_busy(session):
+        return session.submit_turn(message, if_busy, rewind_to)
+    admission.check_here(session)
+    admission.check_size(session)
+    admission.check_store(session.node.store)
+    running = session.turn
+    if if_busy == "interrupt":
+        rewind.check(session, rewind_to, message.id)  # docs/protocol.md §2 "Edit and regenerate"
+        return _interrupt(session, message, rewind_to)
+    if if_busy == "steer" and running is not None and not running.cancelling:
+        return _steer(session, running, message, trace or {})
+    return _queue(session, message, trace or {})
+
+
+def _check_room(session: BusyHost) -> None:
+    limit = session.node.config.turns.max_queued
+    waiting = len(session.record.queued_turns) + len(session.supervisor.interrupters)
+    if waiting >= limit:
+        raise Refused(
+            "queue_full",
+            f"session {session.id} has {waiting} turns waiting, its [turns] max_queued is"
+            f" {limit}: cancel one, or send it once the queue moved",
+        )
+
+
+def _queue(session: BusyHost, message: Message, trace: dict[str, str]) -> ops.TurnTaken:
+    """Queue the turn: in the record and announced, in one step (module docstring)."""
+    _check_room(session)
+    turn_id = message.turn_id or new_turn_id()
+    entry = QueuedTurn(turn_id, msgspec.structs.replace(message, turn_id=turn_id), trace)
+    position = _announce(session, [entry])[0]
+    return ops.TurnTaken(turn_id, queued=True, position=position)
+
+
+def _announce(session: BusyHost, entries: list[QueuedTurn]) -> list[int]:
+    """Append queued turns to the record and emit their ``turn.queued``; their positions."""
+    record = session.record
+    kept = [q for q in record.queued_turns if q.turn_id not in {e.turn_id for e in entries}]
+    record.queued_turns = kept + entries
+    positions = [position(record, e.turn_id) for e in entries]
+    session.save_record()
+    for entry, at in zip(entries, positions, strict=True):
+        session.emit([TurnQueued(entry.turn_id, at, entry.user_message)], entry.turn_id)
+    return positions
+
+
+def position(record: SessionRecord, turn_id: str) -> int:
+    """A queued turn's place, 1 starting next (steers waiting for their turn are not turns)."""
+    ids = [q.turn_id for q in record.queued_turns if q.steering is None]
+    return ids.index(turn_id) + 1
+
+
+def _steer(
+    session: BusyHost, running: Turn, message: Message, trace: dict[str, str]
+) -> ops.TurnTaken:
+    """Keep the message for the running turn (durable with the record; module docstring)."""
+    _check_room(session)
+    turn_id = message.turn_id or new_turn_id()  # the turn it becomes if it is not taken
+    entry = QueuedTurn(turn_id, message, trace, steering=running.id)
+    session.record.queued_turns = [*session.record.queued_turns, entry]
+    session.save_record()
+    return ops.TurnTaken(running.id, steered=True)
+
+
+def _interrupt(session: BusyHost, message: Message, rewind_to: str | None) -> Turn:
+    """Cancel the running turn; this one starts next, ahead of the queue."""
+    _check_room(session)
+    turn = Turn(message.turn_id or new_turn_id(), message, rewind_to=rewind_to)
+    lane = session.supervisor
+    lane.interrupters.append(turn)
+    running = session.turn
+    if running is not None:
+        running.request_cancel(INTERRUPTED)  # a no-op if it is cancelling already
+    else:  # only queued turns, none started yet (a moment at a restart)
+        start_next(session)
+    return turn
+
+
+def start_next(session: BusyHost) -> None:
+    """The turn before ended (or none runs after a recovery): start the next one.
+
+    First the steers no running turn will take become queued turns
+    (``turn.queued``); then an interrupting turn starts, else the first queued
+    one. Nothing starts on a session that is stopping here, deleted, or on a
+    node shutting down: its queued turns stay in the store for the next run.
+    """
+    if session.turn is not None or session.fenced or session.deleted:
+        return
+    record = session.record
+    orphans = [q for q in record.queued_turns if q.steering is not None]
+    if orphans:
+        _announce(
+            session,
+            [
+                QueuedTurn(
+                    q.turn_id, msgspec.structs.replace(q.user_message, turn_id=q.turn_id), q.trace
+                )
+                for q in orphans
+            ],
+        )
+    if session.node.shutting_down:
+        return
+    lane = session.supervisor
+    if lane.interrupters:
+        turn = lane.interrupters.popleft()
+        if lane.interrupters:  # a later interrupt ends this one as soon as it started
+            turn.request_cancel(INTERRUPTED)
+    elif record.queued_turns:
+        first = record.queued_turns[0]
+        turn = Turn(first.turn_id, first.user_message, trace=dict(first.trace))
+    else:
+        return
+    session.turn = turn
+    lane.queue_turn(turn)
+
+
+def started(record: SessionRecord, turn: Turn) -> None:
+    """A turn's ``turn.started`` goes out: it leaves the queue, in the same step."""
+    if any(q.turn_id == turn.id for q in record.queued_turns):
+        record.queued_turns = [q for q in record.queued_turns if q.turn_id != turn.id]
+
+
+def take_steers(session: BusyHost, turn: Turn) -> None:
+    """Before the running turn's next model call: the steers sent for it join it, in order,
+    each announced with ``turn.steered`` (one step: the record drops them as the
+    messages are added)."""
+    record = session.record
+    taken = [q for q in record.queued_turns if q.steering == turn.id]
+    if not taken:
+        return
+    record.queued_turns = [q for q in record.queued_turns if q.steering != turn.id]
+    payloads: list[Payload | StreamEvent] = []
+    for q in taken:
+        message = msgspec.structs.replace(q.user_message, turn_id=turn.id)
+        session.add_message(message)
+        payloads.append(TurnSteered(turn.id, message))
+    session.save_record()
+    session.emit(payloads, turn.id)
+
+
+def cancel_queued(session: BusyHost, turn_id: str, reason: str) -> bool:
+    """Cancel a queued turn: out of the record, ``turn.cancelled`` (phase ``queued``) in the
+    same step. Whether the session had it queued."""
+    record = session.record
+    if not any(q.turn_id == turn_id and q.steering is None for q in record.queued_turns):
+        return False
+    record.queued_turns = [q for q in record.queued_turns if q.turn_id != turn_id]
+    session.save_record()
+    session.emit([TurnCancelled(turn_id, reason, "queued", False)], turn_id)
+    return True
+
+
+def forget_waiting(session: BusyHost) -> None:
+    """The session is being deleted: its queued turns and steers never start (the record
+    goes with it), its interrupting turns end unstarted (their requests: 404)."""
+    session.record.queued_turns = []
+    lane = session.supervisor
+    while lane.interrupters:
+        lane.interrupters.popleft().drop(
+            Refused("session_not_found", f"session {session.id} was deleted")
+        )
+
+
+def queued_info(record: SessionRecord) -> list[QueuedTurnInfo]:
+    """The queued turns as a summary lists them, next first (steers are not listed)."""
+    turns = [q for q in record.queued_turns if q.steering is None]
+    return [QueuedTurnInfo(q.turn_id, i, q.user_message) for i, q in enumerate(turns, 1)]
