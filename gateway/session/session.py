@@ -474,7 +474,7 @@ class Session:
         if turn is None or turn.id != turn_id:
             if busy.cancel_queued(self, turn_id, reason):  # docs/protocol.md §2 "A busy session"
                 return
-            if any(m.turn_id == turn_id for m in self.messages):
+            if any(m.turn_id == turn_id for m in (*self.messages, *self.rewound)):
                 raise Refused("turn_not_in_flight", f"turn {turn_id} has already ended")
             raise Refused("turn_not_found", f"no turn {turn_id!r} in {self.id}")
         if not turn.request_cancel(reason):

@@ -355,8 +355,10 @@ async def test_the_adversary_cases(tmp_path: Path) -> None:
             # none of those rewound anything, nor ran a turn
             assert await listing(gw, sid, include_rewound="true") == await listing(gw, sid)
             await turn(gw, client, sid, "B, edited", rewind_to=user_of(b))
-            # a message of the rewound branch
+            # a message of the rewound branch; its turn is one the session had
             await refused(user_of(c), 409, "message_rewound")
+            r = await gw.http.post(f"/sessions/{sid}/turns/{c[0].turn_id}/cancel", json={})
+            assert (r.status_code, r.json()["error"]["code"]) == (409, "turn_not_in_flight")
             await refused(user_of(b), 409, "message_rewound")
         r = await gw.http.get(f"/sessions/{sid}/messages", params={"include_rewound": "yes"})
         assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_query")
