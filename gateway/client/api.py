@@ -247,10 +247,21 @@ class GatewayClient:
         return await self._call("GET", f"/sessions/{session_id}", SessionAttach)
 
     async def messages(
-        self, session_id: str, *, before: str | None = None, limit: int | None = None
+        self,
+        session_id: str,
+        *,
+        before: str | None = None,
+        limit: int | None = None,
+        include_rewound: bool = False,
     ) -> MessagePage:
-        """``GET /sessions/{id}/messages``: a page of the history, oldest first."""
+        """``GET /sessions/{id}/messages``: a page of the history, oldest first.
+
+        ``include_rewound``: the messages a rewind took out too, each with
+        ``rewound`` true (docs/protocol.md §2 "Edit and regenerate").
+        """
         params = {k: v for k, v in (("limit", limit), ("before", before)) if v is not None}
+        if include_rewound:
+            params["include_rewound"] = "true"
         return await self._call(
             "GET", f"/sessions/{session_id}/messages", MessagePage, params=params
         )
@@ -266,13 +277,27 @@ class GatewayClient:
         """
         return await self._call("GET", f"/sessions/{session_id}/messages/{message_id}", Message)
 
-    async def send_turn(self, session_id: str, content: str | list[ContentBlock]) -> str:
+    async def send_turn(
+        self,
+        session_id: str,
+        content: str | list[ContentBlock],
+        *,
+        rewind_to: str | None = None,
+    ) -> str:
         """``POST /sessions/{id}/turns``: the new turn's id.
 
+        ``rewind_to``: one of the session's user messages; the turn goes on from
+        the history before it (docs/protocol.md §2 "Edit and regenerate": an
+        edit, or with that message's own content a regeneration).
+
         Raises:
-            ApiError: 409 ``turn_in_progress``, 422 for content that is not text.
+            ApiError: 409 ``turn_in_progress``, 422 for content that is not text;
+                with ``rewind_to``: 404 ``message_not_found``, 409
+                ``message_rewound``, ``not_a_user_message``.
         """
-        body = {"content": content}
+        body: dict[str, Any] = {"content": content}
+        if rewind_to is not None:
+            body["rewind_to"] = rewind_to
         accepted = await self._call(
             "POST", f"/sessions/{session_id}/turns", TurnAccepted, body=body, once=True
         )
@@ -688,9 +713,13 @@ class Session:
 
     # --- the session's calls (section 2)
 
-    async def send(self, content: str | list[ContentBlock]) -> str:
-        """Start a turn; its id. Raises ApiError 409 ``turn_in_progress``."""
-        return await self.client.send_turn(self.id, content)
+    async def send(self, content: str | list[ContentBlock], *, rewind_to: str | None = None) -> str:
+        """Start a turn; its id. Raises ApiError 409 ``turn_in_progress``.
+
+        ``rewind_to``: a user message the turn edits (or, with its own content,
+        regenerates the answer to): :meth:`GatewayClient.send_turn`.
+        """
+        return await self.client.send_turn(self.id, content, rewind_to=rewind_to)
 
     async def submit(
         self, content: str | list[ContentBlock], *, if_busy: IfBusy | None = None

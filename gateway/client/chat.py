@@ -56,6 +56,14 @@ else is rewritten from its first changed line (cursor up, erase below).
 Model text is stripped of control characters, so a reply cannot move the
 cursor or restyle the terminal.
 
+Edit and regenerate (docs/protocol.md §2): ``/edit N TEXT`` sends ``TEXT`` in
+place of the N-th user message shown (1 the first on screen), ``/retry`` the
+last user message again for a new answer (:func:`rewind_command`). The
+conversation then goes on from before that message: what the screen showed
+of it stays above, under a dim ``· rewound: from your message N on, the
+messages above left the conversation``, and the edited branch follows (a
+rewind by another client is marked the same way).
+
 Commands at the prompt: ``/fork`` forks the session at its last message
 (``/fork MESSAGE_ID`` at that message: docs/protocol.md §2, "Forks") and goes
 on with the fork, its history shown again from its snapshot; a fork made at
@@ -109,7 +117,7 @@ from gateway.client.views import (
     SimpleView,
 )
 from gateway.errors import ApiError, GatewayError
-from gateway.protocol.events import ContextCompacted
+from gateway.protocol.events import ContextCompacted, Event, HistoryRewound
 from gateway.protocol.http import ForkCreated, IfBusy, TurnAccepted
 from gateway.protocol.shapes import TextBlock
 
@@ -761,6 +769,34 @@ class Keyboard:
 # --- the chat ------------------------------------------------------------------------------------
 
 
+def rewind_command(line: str, shown: list[tuple[str, str]]) -> tuple[str, str | None]:
+    """A line typed at the prompt as a turn: its content and the message it rewinds to.
+
+    ``/edit N TEXT``: ``TEXT`` in place of the N-th of ``shown`` (the user
+    messages on screen, oldest first, as (id, text)); ``/retry``: the last of
+    them again, its own text; anything else: the line, no rewind.
+
+    Raises:
+        ValueError: a command it cannot do (why, in words).
+    """
+    words = line.strip().split(maxsplit=2)
+    if not words or words[0] not in ("/edit", "/retry"):
+        return line, None
+    if words[0] == "/retry":
+        if len(words) > 1:
+            raise ValueError("/retry takes nothing after it")
+        if not shown:
+            raise ValueError("no message of yours to retry")
+        message_id, text = shown[-1]
+        return text, message_id
+    if len(words) < 3 or not words[1].isdigit():
+        raise ValueError("/edit N TEXT: N the message's number, 1 the first shown")
+    n = int(words[1])
+    if not 1 <= n <= len(shown):
+        raise ValueError(f"no message {n} of yours: 1 to {len(shown)}")
+    return words[2], shown[n - 1][0]
+
+
 class Chat:
     """One chat: a session, a keyboard, a terminal (module docstring).
 
@@ -797,6 +833,11 @@ class Chat:
         self.forked: ForkCreated | None = None  # /fork made it: the chat goes on with it
         self.command: str | None = None  # the command line typed while a turn runs
         self.notice: str | None = None  # what the gateway made of the last command
+        # Edit and regenerate (module docstring): the turns sent with a rewind (their
+        # user message is shown: what was typed was a command), and the marks of rewinds.
+        self.rewinding: set[str] = set()
+        self.rewinds: list[Item] = []
+        self.shown_users: list[tuple[str, str]] = []  # the user messages on screen (id, text)
 
     async def run(self) -> int:
         """Until the person quits (or what retrying cannot fix); the exit status."""
@@ -819,7 +860,7 @@ class Chat:
         """What the screen shows now: the view of the state, then the question and status."""
         width = self.width()
         state = self.session.state
-        hidden = set(self.mine)
+        hidden = self.mine - self.rewinding
         if self.sending:  # its turn id is not known yet: hide every new user message
             hidden |= {m.turn_id for m in state.messages if m.turn_id is not None}
             hidden |= {state.running_turn_id} if state.running_turn_id else set()
@@ -846,6 +887,10 @@ class Chat:
             permissions = simple["permissions"]
         if state.has_more:  # the snapshot left older messages out (docs/protocol.md §15)
             items.insert(0, Item("earlier", (Line("(earlier messages not shown)", DIM),), True))
+        for mark in self.rewinds:  # below what was written for good, before what follows
+            if mark.key not in self.committed:
+                at = next((i for i, x in enumerate(items) if x.key not in self.committed), None)
+                items.insert(len(items) if at is None else at, mark)
         if permissions:
             first = permissions[0]
             items.append(question_item(first, self.answered.get(first["perm_id"]), width))
@@ -895,7 +940,8 @@ class Chat:
         """Apply each update and redraw; what retrying cannot fix ends the chat."""
         self.redraw()
         try:
-            async for _ in self.session:
+            async for update in self.session:
+                self._rewound(update.event)
                 if self.session.connected:
                     self.disconnected_at = None
                 elif self.disconnected_at is None:
@@ -907,6 +953,20 @@ class Chat:
         except GatewayError as exc:
             self.failure = exc
         scope.cancel()
+
+    def _rewound(self, event: Event | None) -> None:
+        """Mark a ``history.rewound`` (module docstring); keep the user messages shown."""
+        if event is not None and isinstance(event.payload, HistoryRewound):
+            before = event.payload.before_message_id
+            n = next((i for i, (m, _) in enumerate(self.shown_users, 1) if m == before), None)
+            which = f"your message {n}" if n is not None else "an earlier message"
+            line = f"· rewound: from {which} on, the messages above left the conversation"
+            self.rewinds.append(Item(f"rewound:{event.id}", (Line(line, DIM),), True))
+        self.shown_users = [
+            (m.id, "\n".join(b.text for b in m.content if isinstance(b, TextBlock)))
+            for m in self.session.state.messages
+            if m.role == "user" and any(isinstance(b, TextBlock) for b in m.content)
+        ]
 
     async def _ticker(self) -> None:
         """Redraw now and then while disconnected (the status line appears after a while)."""
@@ -960,16 +1020,26 @@ class Chat:
                 if await self._fork(args):
                     return
                 continue
+            try:
+                content, rewind_to = rewind_command(line, self.shown_users)
+            except ValueError as exc:  # /edit or /retry it cannot do
+                self.out.write(f"\x1b[{RED}m(not sent: {exc})\x1b[0m\n")
+                continue
             self.keyboard.mode("keys")
             self.sending = True
             try:
-                turn_id = await self._send_line(line)
+                if rewind_to is not None:  # /edit, /retry: sent as a turn of its own
+                    turn_id: str | None = await self.session.send(content, rewind_to=rewind_to)
+                else:
+                    turn_id = await self._send_line(line)
             except GatewayError as exc:  # 409 turn_in_progress, the gateway away, ...
                 self.out.write(f"\x1b[{RED}m(not sent: {exc.message})\x1b[0m\n")
                 continue
             finally:
                 self.sending = False
             if turn_id is not None:
+                if rewind_to is not None:
+                    self.rewinding.add(turn_id)
                 self.mine.add(turn_id)
             self.redraw()
             await self._while_busy(turn_id)

@@ -88,6 +88,13 @@ Where the contract is silent, this module decides:
   message stands as sent. The replaced messages stay: no client loses
   history; only the model's view is shorter. A compaction without a summary
   message (``summary_message_id: null``) puts nothing.
+- **Rewinds** (docs/protocol.md §2 "Edit and regenerate"). ``history.rewound``
+  removes the finished messages from ``before_message_id`` on, and the tool
+  results of their tool uses (a snapshot taken after it shows neither). A
+  client that does not hold that message (a snapshot left it out: it is older
+  than every message held) removes every message it holds, and pages on from
+  it (:attr:`Reducer.oldest_message_id`: ``GET .../messages?before=`` takes a
+  rewound message's id). The turn that rewound then starts as any other.
 - **Forks** (docs/protocol.md §2, "Forks"). ``session.forked``, a fork's first
   event, changes nothing: the fork's copied history was never events of the
   fork (a replay from before it holds none of it), so a client gets it from
@@ -100,6 +107,7 @@ Where the contract is silent, this module decides:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -111,6 +119,7 @@ from gateway.protocol.events import (
     ContextCompacting,
     DelegateStarted,
     Event,
+    HistoryRewound,
     MessageComplete,
     MessageSnapshot,
     MessageStart,
@@ -532,7 +541,7 @@ class Reducer:
                     return block
         return None
 
-    def prepend_history(self, messages: list[Message], has_more: bool) -> None:
+    def prepend_history(self, messages: Sequence[Message], has_more: bool) -> None:
         """Older finished messages (a page of ``GET .../messages``, oldest first) before the first.
 
         What a snapshot left out (docs/protocol.md §15): page it with
@@ -649,6 +658,8 @@ class Reducer:
                 self.compacting = p
             case ContextCompacted() as p:
                 self._compacted(event, p)
+            case HistoryRewound() as p:
+                self._rewound(p)
             case MessageStart() as p:
                 self._message_start(event, p)
             case MessageSnapshot() as p:
@@ -707,6 +718,23 @@ class Reducer:
                 created_at=event.ts,
             )
         )
+
+    def _rewound(self, payload: HistoryRewound) -> None:
+        """The messages from ``before_message_id`` on leave (module docstring, "Rewinds")."""
+        at = next(
+            (i for i, m in enumerate(self.messages) if m.id == payload.before_message_id), None
+        )
+        if at is None:  # older than every message held: all of them go
+            at = 0
+            if self.has_more:
+                self.oldest_message_id = payload.before_message_id
+        gone = self.messages[at:]
+        del self.messages[at:]
+        for message in gone:
+            for block in message.content:
+                if isinstance(block, ToolUseBlock):
+                    self.tool_results.pop(block.id, None)
+                    self.truncated_results.discard(block.id)
 
     def _turn_started(self, payload: TurnStarted) -> None:
         if self.turn is not None and self.turn.status == "in_flight":

@@ -229,3 +229,26 @@ def once(release: Callable[[], None]) -> Callable[[], None]:
             release()
 
     return call
+
+
+def rewind_if_busy(if_busy: IfBusy | None, rewind_to: str | None, default: IfBusy) -> IfBusy | None:
+    """What a turn asks of a busy session, checked against its ``rewind_to``.
+
+    A rewind applies to the history as it is when its turn starts, so it
+    starts now or not at all (docs/protocol.md §2 "Edit and regenerate"):
+    ``queue`` or ``steer`` asked with it is 422 ``invalid_body``; absent, a
+    ``[turns] if_busy`` of ``queue`` or ``steer`` (``default``) is ``reject``
+    for it. Raised from the body, before the turn is counted.
+    """
+    if rewind_to is None:
+        return if_busy
+    if if_busy in ("queue", "steer"):
+        raise ApiError(
+            422,
+            "invalid_body",
+            f'rewind_to takes if_busy "reject" or "interrupt", not {if_busy!r}: a rewind'
+            " applies to the history as it is when its turn starts",
+        )
+    if if_busy is None and default in ("queue", "steer"):
+        return "reject"
+    return if_busy

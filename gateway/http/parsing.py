@@ -90,6 +90,15 @@ def int_query(req: Request, name: str, *, default: int, low: int, high: int) -> 
     return value
 
 
+def bool_query(req: Request, name: str) -> bool:
+    """The query parameter ``name``, ``true`` or ``false`` (absent: false); 400
+    ``invalid_query`` for anything else (as the SSE door's ``snapshot``)."""
+    raw = req.query.get(name, "false")
+    if raw not in ("true", "false"):
+        raise ApiError(400, "invalid_query", f"{name} must be true or false, got {raw[:40]!r}")
+    return raw == "true"
+
+
 def user_content(content: str | list[ContentBlock]) -> list[ContentBlock]:
     """A turn's user content as blocks: text only, not empty (422 ``invalid_body`` otherwise)."""
     blocks: list[ContentBlock] = [TextBlock(content)] if isinstance(content, str) else content

@@ -36,6 +36,9 @@ STATUS: dict[str, int] = {
     "workspace_too_large": 409,
     "transcript_unavailable": 409,
     "too_many_sessions": 429,
+    # an edit of the history (docs/protocol.md §2 "Edit and regenerate")
+    "message_rewound": 409,
+    "not_a_user_message": 409,
     # what a new session or a decision carries
     "unknown_agent": 422,
     "invalid_model": 422,

@@ -78,6 +78,7 @@ from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
 from gateway.providers.model_proxy import ModelProxy
+from gateway.session import rewind
 from gateway.session.agent import TurnHost
 from gateway.session.hub import Emitted
 from gateway.session.sequencer import EventSequencer
@@ -492,6 +493,6 @@ class Node:
         if self.runs_here(session.id):
             return list(session.messages)
         try:
-            return [sm.message for sm in await self.store.load_messages(session.id)]
+            return await rewind.stored_conversation(self.store, session.id)  # its rewinds applied
         except StoreError as exc:
             raise unavailable(exc) from None

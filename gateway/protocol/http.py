@@ -94,10 +94,19 @@ class SessionAttach(msgspec.Struct):
     queued_turns: list[QueuedTurnInfo] | msgspec.UnsetType = msgspec.UNSET
 
 
+class ListedMessage(Message):
+    """A message as ``GET /sessions/{id}/messages`` lists it: with ``include_rewound=true``,
+    one of a rewound branch says ``"rewound": true`` (docs/protocol.md §2 "Edit and
+    regenerate"); every other listed message leaves the field out. A listing's own field:
+    the message itself (a snapshot's, an event's, ``GET .../messages/{id}``) has none."""
+
+    rewound: bool = False
+
+
 class MessagePage(msgspec.Struct):
     """``GET /sessions/{id}/messages``: oldest first; ``has_more`` says older ones exist."""
 
-    messages: list[Message]
+    messages: list[ListedMessage]
     has_more: bool
 
 

@@ -49,7 +49,7 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.shapes import StopReason, ToolUseBlock, Usage
 from gateway.providers.base import ModelRequest
-from gateway.session import busy, closing, compaction_live
+from gateway.session import busy, closing, compaction_live, rewind
 from gateway.session.call import Call, EndCall
 from gateway.session.closing_live import TurnEnding
 from gateway.session.compaction import estimate, model_view
@@ -167,6 +167,7 @@ class AgentLoop:
         telemetry.turn_started(
             s.id, turn.id, record.agent, record.active_model, delegated_by, turn.trace
         )
+        rewind.apply(s, turn)  # history.rewound, then turn.started (docs/protocol.md §2)
         s.add_message(turn.user_message)
         busy.started(record, turn)  # out of the queue, committed with turn.started
         [started] = s.emit([TurnStarted(turn.id, turn.user_message)], turn.id)

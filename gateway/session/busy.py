@@ -36,7 +36,7 @@ from gateway.ids import new_turn_id
 from gateway.protocol.events import Payload, StreamEvent, TurnCancelled, TurnQueued, TurnSteered
 from gateway.protocol.http import IfBusy
 from gateway.protocol.shapes import Message, QueuedTurnInfo
-from gateway.session import admission
+from gateway.session import admission, rewind
 from gateway.session.core import NodeView, SessionCore
 from gateway.session.turn import Turn
 from gateway.store.base import QueuedTurn, SessionRecord, Store
@@ -77,6 +77,12 @@ class BusyHost(SessionCore, Protocol):
 
     def add_message(self, message: Message) -> None: ...
 
+    @property
+    def messages(self) -> list[Message]: ...
+
+    @property
+    def rewound(self) -> list[Message]: ...
+
     def submit_turn(
         self, user_message: Message, if_busy: IfBusy = "reject", rewind_to: str | None = None
     ) -> Turn: ...
@@ -109,6 +115,7 @@ def submit(
     admission.check_store(session.node.store)
     running = session.turn
     if if_busy == "interrupt":
+        rewind.check(session, rewind_to, message.id)  # docs/protocol.md §2 "Edit and regenerate"
         return _interrupt(session, message, rewind_to)
     if if_busy == "steer" and running is not None and not running.cancelling:
         return _steer(session, running, message, trace or {})

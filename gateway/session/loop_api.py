@@ -11,7 +11,7 @@ in flight, its tool endings.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import trio
@@ -80,8 +80,8 @@ class TurnHost(ToolSession, Protocol):
 
     record: SessionRecord
 
-    @property
-    def messages(self) -> Sequence[Message]: ...
+    messages: list[Message]  # the conversation (docs/protocol.md §2 "Edit and regenerate")
+    rewound: list[Message]  # its rewound messages (gateway.session.rewind)
 
     @property
     def permissions(self) -> Permissions: ...

@@ -141,6 +141,11 @@ class Asker(Protocol):
     @property
     def messages(self) -> list[Message]: ...
 
+    @property
+    def rewound(self) -> list[Message]:
+        """Its rewound messages (docs/protocol.md §2 "Edit and regenerate")."""
+        ...
+
 
 def decide_in(
     family: Sequence[Asker], perm_id: str, decision: str, content: dict[str, Any] | None
@@ -152,13 +157,14 @@ def decide_in(
             :meth:`Permissions.decide`.
     """
     asker = next((s for s in family if s.permissions.holds(perm_id)), None)
-    if asker is None and any(asked_before(perm_id, s.messages) for s in family):
+    if asker is None and any(asked_before(perm_id, s.messages, s.rewound) for s in family):
         raise Refused("permission_resolved", f"permission {perm_id} is no longer waiting")
     (asker or family[0]).permissions.decide(perm_id, decision, content)
 
 
-def asked_before(perm_id: str, messages: list[Message]) -> bool:
-    """Whether ``perm_id`` names a request for one of the tool uses in ``messages``.
+def asked_before(perm_id: str, *conversations: list[Message]) -> bool:
+    """Whether ``perm_id`` names a request for one of the tool uses in these messages
+    (a session's conversation and its rewound messages, docs/protocol.md §2).
 
     A session loaded afresh holds only the requests still pending; an answer to
     one it asked before is then told apart from an id it never issued by the
@@ -167,6 +173,7 @@ def asked_before(perm_id: str, messages: list[Message]) -> bool:
     """
     return any(
         asked_for(perm_id, block.id)
+        for messages in conversations
         for message in messages
         for block in message.content
         if isinstance(block, ToolUseBlock)

@@ -318,8 +318,9 @@ async def replay(
 
 
 def _streaming_layer(session: Session, since_seq: int, take: Callable[..., None]) -> None:
-    """The streaming-only part of a replay, rebuilt from the messages (module docstring)."""
-    for msg in session.messages:
+    """The streaming-only part of a replay, rebuilt from the messages (module docstring):
+    the rewound ones too, completed before they were rewound (docs/protocol.md §2)."""
+    for msg in (*session.messages, *session.rewound):
         done = session.completions.get(msg.id)
         if done is None or done.seq <= since_seq:
             continue

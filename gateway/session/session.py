@@ -77,7 +77,7 @@ from gateway.protocol.frames import encode
 from gateway.protocol.framing import event_frame
 from gateway.protocol.http import IfBusy
 from gateway.protocol.shapes import Message, PendingPermission, SessionSummary, ToolInfo
-from gateway.session import admission, busy, history, tool_host
+from gateway.session import admission, busy, history, rewind, tool_host
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.compaction import plan
@@ -277,10 +277,9 @@ class Session:
         self.ended = trio.Event()
 
     def _load(self, stored: Iterable[StoredMessage]) -> None:
-        """Take the conversation as stored (gateway.session.history)."""
-        loaded = history.read(stored)
-        self.messages, self.completions = loaded.messages, loaded.completions
-        self.message_bytes, self.last_ts = loaded.message_bytes, loaded.last_ts
+        """Take the conversation as stored, its rewinds applied (gateway.session.history)."""
+        h = history.read(stored, self.record.rewinds)
+        self.messages, self.rewound, self.completions, self.message_bytes, self.last_ts = h.parts()
 
     def reload(
         self, record: SessionRecord, stored: Iterable[StoredMessage], floor: int, event_bytes: int
@@ -414,6 +413,7 @@ class Session:
         admission.check_idle(self)
         admission.check_size(self)
         admission.check_store(self.node.store)
+        rewind.check(self, rewind_to, user_message.id)  # §2 "Edit and regenerate"
         turn = Turn(user_message.turn_id or new_turn_id(), user_message, rewind_to=rewind_to)
         self.turn = turn
         self.supervisor.queue_turn(turn)
@@ -474,7 +474,7 @@ class Session:
         if turn is None or turn.id != turn_id:
             if busy.cancel_queued(self, turn_id, reason):  # docs/protocol.md §2 "A busy session"
                 return
-            if any(m.turn_id == turn_id for m in self.messages):
+            if any(m.turn_id == turn_id for m in (*self.messages, *self.rewound)):
                 raise Refused("turn_not_in_flight", f"turn {turn_id} has already ended")
             raise Refused("turn_not_found", f"no turn {turn_id!r} in {self.id}")
         if not turn.request_cancel(reason):
@@ -497,7 +497,7 @@ class Session:
         Raises:
             Refused: ``message_not_found``.
         """
-        message = next((m for m in self.messages if m.id == message_id), None)
+        message = next((m for m in (*self.messages, *self.rewound) if m.id == message_id), None)
         if message is None:
             raise Refused("message_not_found", f"no message {message_id!r} in {self.id}")
         self.emit([FeedbackRecorded(message_id, rating, comment)], message.turn_id)

@@ -42,6 +42,12 @@
 //   Submit answers `allow` with `content`, Decline `deny`. A worker's request
 //   (its `session_id`) is answered with its own session id.
 //
+// - edit and regenerate (docs/protocol.md §2 "Edit and regenerate"): each user message
+//   of the thread has Edit (its text goes back into the composer, which says so; Send
+//   then posts the turn with `rewind_to` that message) and Retry (the turn posted at
+//   once with its own text and `rewind_to` it: a new answer in place of the old). The
+//   reducer drops the rewound messages on `history.rewound`.
+//
 // Elements that tests and automation drive carry data-testid (docs/clients.md): prompt,
 // send, cancel, new-session, view-toggle, status, and each message `message`
 // with data-role and data-status; agent-picker, compaction, elicitation; steer, queued (with
@@ -515,6 +521,7 @@ const page = {
   sessions: [],
   renderQueued: false,
   busy: false, // a send in flight
+  editing: null, // the user message the composer's text replaces (Edit), or null
 };
 
 function newReducer(sessionId) {
@@ -532,6 +539,7 @@ function openSession(sessionId) {
     button.setAttribute("aria-current", String(button.dataset.sessionId === sessionId));
   }
   clearThread();
+  stopEditing();
   if (!sessionId) {
     setStatus("idle", "");
     render();
@@ -714,6 +722,7 @@ function drawMessage(item) {
     el("span", { class: "role", text: item.worker ? (item.role === "user" ? "task" : "worker") : item.role }),
     item.status !== "complete" ? el("span", { class: `badge ${item.status}`, text: statusLabel(item.status) }) : null,
     item.steered ? el("span", { class: "badge steered", text: "steered", title: "The running turn took it" }) : null,
+    ...(item.role === "user" && !item.worker && item.id ? rewindActions(item) : []),
   );
   return el(
     "article",
@@ -1039,6 +1048,59 @@ function drawActivity(view) {
 // --- adapting the reducer's views to what is drawn ----------------------------------------
 // (messagesOf, activityOf, turnOf: see the end of this file)
 
+// --- edit and regenerate (docs/protocol.md §2 "Edit and regenerate") ---------------------------
+
+/** A user message's Edit and Retry buttons. */
+function rewindActions(item) {
+  const text = item.blocks.filter((b) => b.kind === "text").map((b) => b.text).join("\n");
+  return [
+    el("span", { class: "spacer" }),
+    el("button", {
+      type: "button",
+      class: "link",
+      "data-testid": "edit-message",
+      title: "Put this message back in the composer; sending it replaces it, and what came after",
+      text: "Edit",
+      onclick: () => startEditing(item.id, text),
+    }),
+    el("button", {
+      type: "button",
+      class: "link",
+      "data-testid": "retry-message",
+      title: "Send this message again for a new answer, in place of what came after it",
+      text: "Retry",
+      onclick: () => submit(text, item.id),
+    }),
+  ];
+}
+
+let editingNote = null;
+
+function startEditing(messageId, text) {
+  page.editing = messageId;
+  ui.prompt.value = text;
+  if (!editingNote) {
+    editingNote = el(
+      "div",
+      { class: "editing", "data-testid": "editing" },
+      el("span", { text: "Editing a message: sending replaces it and what came after. " }),
+      el("button", { type: "button", class: "link", "data-testid": "cancel-edit", text: "Cancel edit", onclick: () => {
+        stopEditing();
+        ui.prompt.value = "";
+        updateComposer();
+      } }),
+    );
+  }
+  ui.composer.before(editingNote);
+  updateComposer();
+  ui.prompt.focus();
+}
+
+function stopEditing() {
+  page.editing = null;
+  if (editingNote) editingNote.remove();
+}
+
 // --- the composer -----------------------------------------------------------------------------
 
 const IDLE_HINT = "Message the agent. Enter sends, Shift+Enter is a new line, Esc cancels the turn.";
@@ -1070,13 +1132,26 @@ function updateComposer() {
 async function send(ifBusy = null) {
   const content = ui.prompt.value;
   if (!page.sessionId || !content.trim() || page.busy) return;
-  const mode = ifBusy || (sessionBusy() ? "queue" : null);
+  // An edit is sent now (a rewind starts now or not at all); else, while busy, queued.
+  const mode = page.editing ? null : ifBusy || (sessionBusy() ? "queue" : null);
+  await submit(content, page.editing, true, mode);
+}
+
+/** A turn: `content`, rewinding to `rewindTo` when set, `if_busy` `mode` when set;
+ * `fromComposer` clears the composer once sent. */
+async function submit(content, rewindTo, fromComposer = false, mode = null) {
+  if (!page.sessionId || page.busy) return;
   page.busy = true;
   updateComposer();
+  const body = { content };
+  if (rewindTo) body.rewind_to = rewindTo;
+  if (mode) body.if_busy = mode;
   try {
-    const body = mode ? { content, if_busy: mode } : { content };
     const accepted = await api("POST", `sessions/${encodeURIComponent(page.sessionId)}/turns`, body);
-    ui.prompt.value = "";
+    if (fromComposer) {
+      ui.prompt.value = "";
+      stopEditing();
+    }
     if (accepted && accepted.steered) {
       showError("Sent to the running turn: it takes it before its next step.", "info");
     }

@@ -19,6 +19,9 @@
 //   reducer.prependHistory(page.messages, page.has_more)
 //   reducer.replaceMessage(message)    // a finished message fetched whole (GET .../messages/ID)
 //                                      // in place of the one a snapshot sent cut
+//   (history.rewound: the messages from before_message_id on leave the state and both views,
+//   docs/protocol.md §2 "Edit and regenerate"; one the reducer does not hold takes them all,
+//   and oldestMessageId becomes it: GET .../messages?before= takes a rewound message's id)
 //
 // The views are pure functions of the reduced state, never of timing: a client that attached
 // with a snapshot, or resumed with `since`, shows what one that saw every event live shows.
@@ -429,6 +432,9 @@ export class Reducer {
       case "context.compacted":
         this.compacted(event, p);
         break;
+      case "history.rewound":
+        this.rewound(p);
+        break;
       case "message.start":
         if (this.streaming !== null) {
           throw new ReducerError(
@@ -531,6 +537,24 @@ export class Reducer {
       status: "complete",
       created_at: event.ts,
     });
+  }
+
+  /** The messages from before_message_id on leave, and their tools' results (docs/protocol.md
+   * §2 "Edit and regenerate"; gateway/client/reducer.py, "Rewinds"). */
+  rewound(p) {
+    let at = this.messages.findIndex((m) => m.id === p.before_message_id);
+    if (at < 0) {
+      // older than every message held: all of them go, and paging goes on from it
+      at = 0;
+      if (this.hasMore) this.oldestMessageId = p.before_message_id;
+    }
+    for (const message of this.messages.splice(at)) {
+      for (const block of message.content) {
+        if (block.type !== "tool_use") continue;
+        this.toolResults.delete(block.id);
+        this.truncatedResults.delete(block.id);
+      }
+    }
   }
 
   endTurn(ended) {

@@ -723,6 +723,31 @@ async def delegate_workers(gw: Any, gate: Gate) -> list[Frame]:
 
 
 @scenario(
+    "three turns (the second with a tool), then an edit of the second's message (rewind_to):"
+    " history.rewound, and the edited branch in place of the old one"
+)
+async def rewind(gw: Any, gate: Gate) -> list[Frame]:
+    from gateway.ids import message_id_of
+
+    sid = await gw.create_session()
+    client = Recorder(gw, sid)
+    async with client.connect(CHAT):
+        await gw.submit(sid, "The first question")
+        await client.until_turn_ends()
+        second = await gw.submit(
+            sid, script([{"text": "Napping."}, sleep(0.01)], [{"text": "Rested."}])
+        )
+        await client.until_turn_ends()
+        await gw.submit(sid, "The third question")
+        await client.until_turn_ends()
+        body = {"content": "The second question, edited", "rewind_to": message_id_of(second)}
+        r = await gw.http.post(f"/sessions/{sid}/turns", json=body)
+        assert r.status_code == 202, r.text
+        await client.until_turn_ends()
+    return client.frames
+
+
+@scenario(
     "the gateway dies mid-message; the restarted one closes the turn (server_restart)",
     **{"store.checkpoint_ms": 0},
 )

@@ -188,6 +188,7 @@ const CATALOG = new Set([
   "tool.called", "tool.completed", "tool.failed", "permission.requested", "permission.resolved",
   "context.compacting", "context.compacted", "delegate.started", "delegate.completed", "delegate.failed", "feedback.recorded",
   "turn.completed", "turn.cancelled", "bus.handler_warning", "bus.subscriber_unregistered",
+  "history.rewound",
 ]);
 const STREAMING = new Set([
   "message.start", "text.start", "text.delta", "text.end", "thinking.start", "thinking.delta",

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.doors.aisdk import edits
 from gateway.doors.aisdk.mapping import ChatMapper, user_message_id
 from gateway.doors.aisdk.stream import DONE, HEADERS, ResponseSubscriber, respond, sse
 from gateway.doors.context import (
@@ -25,6 +26,7 @@ from gateway.doors.context import (
     ClientNamedSessions,
     DoorContext,
     once,
+    rewind_if_busy,
 )
 from gateway.errors import ApiError
 from gateway.http.openapi import Operation
@@ -70,8 +72,8 @@ CHAT = Operation(
     body=ChatRequest,
     media_type="text/event-stream",
     errors={
-        404: ("session_not_found",),
-        409: ("turn_in_progress", "turn_not_in_flight", "session_too_large"),
+        404: ("session_not_found", "message_not_found"),
+        409: ("turn_in_progress", "turn_not_in_flight", "session_too_large", "message_rewound"),
         422: ("invalid_chat_id",),
         429: ("rate_limited", "too_many_sessions"),
         503: NAMED_TURN_UNAVAILABLE,
@@ -79,7 +81,9 @@ CHAT = Operation(
     description="`DefaultChatTransport`'s body: `id` is a session id (an unknown "
     "one is created, owned by the caller's key); a last `user` message's text "
     "parts are the turn; a last `assistant` message with tool parts in state "
-    "`approval-responded` answers those approvals and continues the turn. The "
+    "`approval-responded` answers those approvals and continues the turn; an "
+    'edited user message, or `trigger: "regenerate-message"`, starts a turn '
+    'that rewinds to it (docs/protocol.md §2 "Edit and regenerate"). The '
     "answer is `text/event-stream` with `x-vercel-ai-ui-message-stream: v1`: "
     "UI message chunks, then `data: [DONE]` (docs/doors/aisdk.md). Dropping "
     "the stream does not cancel the turn; `POST /ai-sdk/chat/{id}/stop` does.",
@@ -134,30 +138,30 @@ class Responses:
     async def send(
         self, caller: str | None, chat_id: str, messages: list[UiMessage], trigger: str, client: str
     ) -> Opened:
-        """The response to a send (module docstring): a new turn, or approvals answered."""
-        if trigger == "regenerate-message":
-            raise ApiError(
-                422,
-                "invalid_body",
-                "regenerate-message is not supported: a session's history is append-only",
-            )
+        """The response to a send (module docstring): a new turn, approvals answered, or a
+        turn that rewinds to the message an edit or a regeneration names (edits)."""
         if not messages:
             raise ApiError(422, "invalid_body", "messages is empty")
         last = messages[-1]
-        if last.role == "assistant":
+        if last.role == "assistant" and trigger != edits.REGENERATE:
             return await self._answer(caller, chat_id, last, client)
         if last.role != "user":
             raise ApiError(422, "invalid_body", f"the last message's role is {last.role!r}")
         self.chats.check(chat_id)
         content = user_content(_text_of(last))
         key = caller or NO_OWNER
-        mid = user_message_id(chat_id, last.id)
+        rewind_to: str | None = None
         if await self._known(chat_id):  # a repeated request is that turn: no new one
             session = await self.ctx.session(chat_id, caller)
-            history = await self.node.messages_of(session)
-            sent = next((m for m in history if m.id == mid), None)
+            sent = edits.find(chat_id, last.id, await self.node.messages_of(session))
             if sent is not None and sent.turn_id is not None:
-                return await self._replay(session, sent.turn_id, client)
+                if trigger != edits.REGENERATE and edits.same_text(sent, content):
+                    return await self._replay(session, sent.turn_id, client)
+                rewind_to = sent.id  # edited, or regenerated (docs/doors/aisdk.md)
+        if trigger == edits.REGENERATE and rewind_to is None:
+            raise ApiError(
+                404, "message_not_found", f"no message of {chat_id} to regenerate: {last.id[:40]!r}"
+            )
         # What refuses a new turn comes before its chat is made (nothing left on a 429).
         await self.node.limits.check_turn(key)  # counted with the turn, below
         session = await self.chats.get(chat_id, caller)
@@ -170,10 +174,14 @@ class Responses:
                 "answer it (tool parts in state approval-responded) or stop it",
             )
         turn_id = new_turn_id()
+        mid = user_message_id(chat_id, last.id)
+        if rewind_to is not None:  # the message rewound to keeps its id, stored
+            mid = edits.edited_id(chat_id, last.id, turn_id)
         message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
+        busy = rewind_if_busy(None, rewind_to, self.config.turns.if_busy)
         sub = await self._live(session, client)
         try:  # a busy chat: as [turns] if_busy says (docs/doors/aisdk.md)
-            taken = await self.ctx.counted_turn(key, session, message)
+            taken = await self.ctx.counted_turn(key, session, message, busy, rewind_to)
         except BaseException:
             session.hub.unsubscribe(sub)
             raise

@@ -65,7 +65,16 @@ BEFORE_SESSION = Query(
     "before", {"type": "string"}, "A session id: the page of sessions older than it."
 )
 BEFORE_MESSAGE = Query(
-    "before", {"type": "string"}, "A message id: the page of messages before it."
+    "before",
+    {"type": "string"},
+    "A message id: the page of messages before it (a rewound message's too: what the "
+    "listing holds that was stored before it).",
+)
+INCLUDE_REWOUND = Query(
+    "include_rewound",
+    {"type": "string", "enum": ["true", "false"], "default": "false"},
+    'List the rewound messages too, each with `"rewound": true` (docs/protocol.md §2 '
+    '"Edit and regenerate"); 400 `invalid_query` if neither `true` nor `false`.',
 )
 
 
@@ -145,8 +154,11 @@ DELETE_SESSION = Operation(
 LIST_MESSAGES = Operation(
     "A session's messages, oldest first",
     MessagePage,
-    query=(LIMIT, BEFORE_MESSAGE),
+    query=(LIMIT, BEFORE_MESSAGE, INCLUDE_REWOUND),
     errors={404: ("message_not_found",)},
+    description="The conversation, as the views show it: a rewound message "
+    '(docs/protocol.md §2 "Edit and regenerate") is listed only with '
+    '`include_rewound=true`, then with `"rewound": true`.',
 )
 GET_MESSAGE = Operation(
     "One message of a session, whole",
@@ -156,7 +168,8 @@ GET_MESSAGE = Operation(
     'sent cut (`"truncated": true`, docs/protocol.md §15). A message '
     "still streaming, another session's message or an unknown id: 404 "
     "`message_not_found` (the streaming one's `message.complete` "
-    "carries it whole).",
+    'carries it whole). A rewound message (docs/protocol.md §2 "Edit and '
+    'regenerate") is answered too.',
 )
 
 SUBMIT_TURN = Operation(
@@ -168,12 +181,15 @@ SUBMIT_TURN = Operation(
     errors={
         400: ("invalid_idempotency_key",),
         422: ("idempotency_key_reused",),
+        404: ("message_not_found",),  # rewind_to (docs/protocol.md §2 "Edit and regenerate")
         409: (
             "turn_in_progress",
             "queue_full",
             "session_too_large",
             "subagent_session",
             "idempotency_key_in_use",
+            "message_rewound",
+            "not_a_user_message",
         ),
         429: ("rate_limited",),
         503: (
@@ -193,7 +209,11 @@ SUBMIT_TURN = Operation(
     "if_busy`): `reject` (409 `turn_in_progress`), `queue` (202 with `queued` "
     "and `position`; 409 `queue_full` past `[turns] max_queued`), `interrupt` "
     "(the running turn is cancelled, then this one starts) or `steer` (202 with "
-    "the running turn's id and `steered`: it joins that turn).",
+    "the running turn's id and `steered`: it joins that turn). "
+    "`rewind_to`, one of the session's user messages, rewinds the conversation to before it "
+    '(docs/protocol.md §2 "Edit and regenerate"): 404 `message_not_found`, '
+    "409 `message_rewound` or `not_a_user_message`; with `if_busy` `queue` "
+    "or `steer`, 422 `invalid_body`.",
 )
 CANCEL_TURN = Operation(
     "Cancel a turn in flight, or a queued one",

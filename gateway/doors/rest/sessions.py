@@ -12,20 +12,23 @@ import msgspec
 from gateway.config import Config
 from gateway.doors.context import DoorContext
 from gateway.doors.rest import idempotency
-from gateway.errors import ApiError
-from gateway.http.parsing import decode_optional, int_query
+from gateway.errors import ApiError, StoreError, unavailable
+from gateway.http.parsing import bool_query, decode_optional, int_query
 from gateway.http.server import Request, Response, json_response
 from gateway.ids import new_session_id
 from gateway.protocol.http import (
     CreateSession,
+    ListedMessage,
     MessagePage,
     SessionAttach,
     SessionCreated,
     SessionList,
     SessionListing,
 )
+from gateway.protocol.shapes import Message
+from gateway.session import rewind
 from gateway.session.fork_point import origin_of
-from gateway.session.session import summary_of
+from gateway.session.session import Session, summary_of
 from gateway.store.base import SessionRecord
 from gateway.tenancy import NO_OWNER, sees
 
@@ -121,31 +124,80 @@ class Sessions:
         return Response(204)
 
     async def list_messages(self, req: Request, session_id: str) -> Response:
-        """``GET /sessions/{id}/messages``: a page of the session's messages, oldest first."""
+        """``GET /sessions/{id}/messages``: a page of the session's messages, oldest first.
+
+        The conversation; with ``include_rewound=true`` every stored message, each
+        rewound one flagged (docs/protocol.md §2 "Edit and regenerate"). ``before``
+        may name a rewound message either way: the page is then what the listing
+        holds that was stored before it (a client whose view a rewind emptied
+        pages from there).
+        """
         session = await self.ctx.session(session_id, self.ctx.authenticate(req))
         limit = int_query(req, "limit", default=50, low=1, high=200)
-        messages = await self.ctx.node.messages_of(session)
-        end = len(messages)
+        include = bool_query(req, "include_rewound")
         before = req.query.get("before")
+        if include:
+            every, gone = await self._every_message(session)
+            listed = [_listed(m, m.id in gone) for m in every]
+        else:
+            listed = [_listed(m) for m in await self.ctx.node.messages_of(session)]
+        end = len(listed)
         if before is not None:
-            end = next((i for i, m in enumerate(messages) if m.id == before), -1)
+            end = next((i for i, m in enumerate(listed) if m.id == before), -1)
+            if end < 0 and not include:  # a rewound message: the conversation stored before it
+                every, _ = await self._every_message(session)
+                at = next((i for i, m in enumerate(every) if m.id == before), None)
+                earlier = {m.id for m in every[:at]} if at is not None else None
+                end = -1 if earlier is None else sum(m.id in earlier for m in listed)
             if end < 0:
                 raise ApiError(404, "message_not_found", f"no message {before!r} in {session_id}")
         start = max(0, end - limit)
-        return json_response(200, MessagePage(messages[start:end], start > 0))
+        return json_response(200, MessagePage(listed[start:end], start > 0))
 
     async def get_message(self, req: Request, session_id: str, message_id: str) -> Response:
         """One finished message, whole (docs/protocol.md §15: what a snapshot cut).
 
         The session's own messages only, as the caller may see the session
         (:meth:`gateway.doors.context.DoorContext.session`); the newest are the
-        likeliest, so they are looked at first.
+        likeliest, so they are looked at first, then the rewound ones (docs/protocol.md
+        §2 "Edit and regenerate": still readable).
         """
         session = await self.ctx.session(session_id, self.ctx.authenticate(req))
         for message in reversed(await self.ctx.node.messages_of(session)):
             if message.id == message_id:
                 return json_response(200, message)
+        every, gone = await self._every_message(session)
+        for message in every:
+            if message.id == message_id and message.id in gone:
+                return json_response(200, message)
         raise ApiError(404, "message_not_found", f"no message {message_id!r} in {session_id}")
+
+    async def _every_message(self, session: Session) -> tuple[list[Message], set[str]]:
+        """Every stored message of the session, in the stored order, but one still
+        streaming; and the ids of the rewound ones (gateway.session.rewind.stored).
+
+        Read from the store once what this node wrote is durable (where the
+        session runs here, with its own rewinds).
+
+        Raises:
+            Refused: ``store_unavailable``.
+        """
+        node = self.ctx.node
+        here = node.runs_here(session.id)
+        if here:
+            await node.durable_or_503()
+        try:
+            every, gone = await rewind.stored(
+                node.store, session.id, session.record.rewinds if here else None
+            )
+        except StoreError as exc:
+            raise unavailable(exc) from None
+        return [m for m in every if m.status != "in_progress"], gone
+
+
+def _listed(message: Message, rewound: bool = False) -> ListedMessage:
+    """A message as the listing shows it (``rewound`` only when true)."""
+    return ListedMessage(**msgspec.structs.asdict(message), rewound=rewound)
 
 
 def _created(r: SessionRecord) -> Response:

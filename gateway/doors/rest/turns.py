@@ -5,7 +5,7 @@ docs/protocol.md sections 2, 8 (cancellation), 10 (permissions) and 12 (compacti
 
 from __future__ import annotations
 
-from gateway.doors.context import DoorContext
+from gateway.doors.context import DoorContext, rewind_if_busy
 from gateway.doors.rest import idempotency
 from gateway.errors import ApiError, StoreError, unavailable
 from gateway.http.parsing import decode, decode_optional, user_content
@@ -43,6 +43,7 @@ class Turns:
         session = await self.ctx.session(session_id, caller)
         body = decode(req, SubmitTurn)
         content = user_content(body.content)
+        if_busy = rewind_if_busy(body.if_busy, body.rewind_to, self.ctx.config.turns.if_busy)
         parent = session.parent
         if (
             parent is not None
@@ -63,9 +64,7 @@ class Turns:
             message = Message(
                 message_id_of(turn_id), session.id, turn_id, "user", content, "complete", now_ms()
             )
-            taken = await self.ctx.counted_turn(
-                owner, session, message, body.if_busy, body.rewind_to
-            )
+            taken = await self.ctx.counted_turn(owner, session, message, if_busy, body.rewind_to)
             return json_response(
                 202, TurnAccepted(taken.turn_id, taken.queued, taken.position, taken.steered)
             )

@@ -37,6 +37,8 @@ Where each part lives:
   environment and state directory, the Claude Code session id;
 - :mod:`~gateway.runtimes.claude_code.process`: the CLI process, its slot,
   idle stop and resume;
+- :mod:`~gateway.runtimes.claude_code.rewind`: a rewound turn's resume point
+  (``resume_session_at``; docs/protocol.md §2 "Edit and regenerate");
 - :mod:`~gateway.runtimes.claude_code.permissions`: ``can_use_tool`` as
   permission requests;
 - :mod:`~gateway.runtimes.claude_code.subagents`: sub-agents as worker

@@ -197,13 +197,16 @@ def cli_options(
     hooks: dict[HookEvent, list[HookMatcher]] | None = None,
     sandbox: SandboxSettings | None = None,
     fork: tuple[str, str] | None = None,
+    resume_at: str | None = None,
 ) -> ClaudeAgentOptions:
     """The SDK's options for a session's CLI (module docstring).
 
     ``resume``: the Claude Code session of this gateway session has a
-    transcript already, which the CLI continues. ``fork``: else, the session
-    is a fork whose first CLI starts from another Claude Code session's
-    conversation, ``(its session id, the uuid of the entry kept last)``
+    transcript already, which the CLI continues; ``resume_at``: from that
+    entry of it (``resume_session_at``: a rewound turn, docs/protocol.md §2
+    "Edit and regenerate", :mod:`gateway.runtimes.claude_code.rewind`). ``fork``:
+    else, the session is a fork whose first CLI starts from another Claude Code
+    session's conversation, ``(its session id, the uuid of the entry kept last)``
     (:mod:`gateway.runtimes.claude_code.forking`): ``resume`` that session
     with ``fork_session`` and ``resume_session_at``, under this session's own
     id. ``hooks``: the ``PreToolUse``
@@ -234,7 +237,7 @@ def cli_options(
         resume=claude_id if resume else fork[0] if fork else None,
         session_id=None if resume else claude_id,
         fork_session=not resume and fork is not None,
-        resume_session_at=fork[1] if fork and not resume else None,
+        resume_session_at=resume_at if resume else fork[1] if fork else None,
         setting_sources=[],
         mcp_servers=mcp_servers(agent, servers, os.getcwd()),
         thinking=thinking,

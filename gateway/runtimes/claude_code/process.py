@@ -24,6 +24,13 @@ docs/protocol.md §11, "Processes":
   (:meth:`CliProcess.settle_previous`), within :data:`DRAIN_TIMEOUT_S`. A
   CLI that reports no state (older than the SDK's) owes one result per
   query.
+- **Rewinds** (docs/protocol.md §2 "Edit and regenerate"). Each prompt is sent
+  named after its gateway message (:func:`~gateway.runtimes.claude_code.rewind.prompt_uuid`);
+  a turn that rewinds to a message stops the running CLI and starts the next
+  one with ``resume_session_at`` the transcript entry before that message's
+  prompt (:mod:`gateway.runtimes.claude_code.rewind`), so the model is sent
+  the conversation before it, then the turn's prompt. Later starts resume
+  plainly: the CLI goes on from its latest entry, on the new branch.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import dataclasses
 import logging
 import math
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -55,6 +62,7 @@ from gateway.agents import AgentProfile
 from gateway.config import config_file
 from gateway.environment import daemon_env
 from gateway.logs import event
+from gateway.protocol.shapes import TextBlock
 from gateway.runtimes.claude_code.boundary import (
     denied_reads,
     path_hook,
@@ -72,7 +80,9 @@ from gateway.runtimes.claude_code.paths import (
     tmp_dir,
     tmp_root,
 )
+from gateway.runtimes.claude_code.rewind import prompt_uuid, rewind_state
 from gateway.runtimes.transport import ToolProcessTransport
+from gateway.session.turn import Turn
 from gateway.tools.process import ToolProcesses
 
 if TYPE_CHECKING:
@@ -153,6 +163,7 @@ class CliProcess:
         self._busy = False  # a turn or a compaction is in flight
         self._active_at = trio.current_time()  # the last turn's start or end (idle_process_s)
         self._quiet = trio.Event()  # set when the turn in flight ends
+        self.resume_at: str | None = None  # the next start's resume_session_at (a rewind)
 
     @property
     def agent(self) -> AgentProfile:
@@ -184,13 +195,16 @@ class CliProcess:
 
     # --- the process task ----------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, turn: Turn | None = None) -> None:
         """Start the session's CLI if it is not running, in a process slot of its agent.
 
         The turn's POST held the slot already (:mod:`gateway.tools.process_slots`);
         a turn whose process was stopped since (idle, or to make room) waits
-        here for a slot, within the turn.
+        here for a slot, within the turn. A ``turn`` that rewinds first stops
+        the CLI and says where the next one resumes (:meth:`_rewind`).
         """
+        if turn is not None and turn.rewind_to is not None:
+            await self._rewind(turn.rewind_to)
         if self.client is None:
             await self._stopped.wait()  # a process still stopping holds its slot until it ends
             agent, slots = self.agent, self.node.process_slots
@@ -201,6 +215,29 @@ class CliProcess:
                 if self.client is None:
                     slots.release(agent.name, self.session.id)
                 raise
+
+    async def _rewind(self, message_id: str) -> None:
+        """Where the CLI resumes for a turn that rewinds to ``message_id`` (module docstring).
+
+        The running CLI is stopped first: what it wrote of its transcript is
+        then all on disk, and the next start takes ``resume_session_at``.
+        """
+        s = self.session
+        target = next((m for m in s.rewound if m.id == message_id), None)
+        text = "".join(b.text for b in target.content if isinstance(b, TextBlock)) if target else ""
+        if self.client is not None:
+            stopped = self._stopped
+            self.stop()
+            await stopped.wait()
+        home, claude_id = state_dir(self.node.workspaces.root, s.id), claude_session_id(s.id)
+        point = await trio.to_thread.run_sync(rewind_state, home, claude_id, message_id, text)
+        self.resume_at = point.at if point is not None else None
+        event(
+            log, logging.INFO, "claude_code_rewound",
+            f"session {s.id}: Claude Code resumes "
+            + (f"at {point.at}" if point is not None else "as its state directory says"),
+            session_id=s.id, message_id=message_id, resume_at=self.resume_at,
+        )  # fmt: skip
 
     async def _client(self) -> tuple[ClaudeSDKClient, ToolProcessTransport, bool, str]:
         """The SDK client of a new CLI, over a tool process; whether it resumes a transcript;
@@ -223,6 +260,7 @@ class CliProcess:
             hooks=self._hooks(workspace),
             sandbox=sandbox,
             fork=fork,
+            resume_at=self.resume_at if resume else None,
         )  # fmt: skip
         door = await node.model_proxy.ensure_running()
         key = daemon_env().get("ANTHROPIC_API_KEY", "")  # taken out of os.environ at start
@@ -281,6 +319,7 @@ class CliProcess:
         with trio.CancelScope() as scope, send:
             try:
                 await client.connect()
+                self.resume_at = None  # resumed there: later starts resume plainly
                 self.client, self.transport, self.inbox, self._scope = (
                     client, transport, receive, scope
                 )  # fmt: skip
@@ -353,12 +392,29 @@ class CliProcess:
 
     # --- queries -------------------------------------------------------------------------
 
-    async def query(self, prompt: str) -> None:
-        """Send a query (a turn's prompt, or a command): the CLI is busy until idle."""
+    async def query(self, prompt: str, message_id: str | None = None) -> None:
+        """Send a query (a turn's prompt, or a command): the CLI is busy until idle.
+
+        ``message_id``: the gateway message the prompt is; its transcript entry is
+        named after it (:func:`~gateway.runtimes.claude_code.rewind.prompt_uuid`).
+        """
         assert self.client is not None
         self.owed += 1
         self.settled, self.answering = False, True
-        await self.client.query(prompt)
+        if message_id is None:
+            await self.client.query(prompt)
+            return
+        named = {
+            "type": "user",
+            "message": {"role": "user", "content": prompt},
+            "parent_tool_use_id": None,
+            "uuid": prompt_uuid(message_id),
+        }
+
+        async def one() -> AsyncIterator[dict[str, Any]]:
+            yield named
+
+        await self.client.query(one())
 
     @property
     def done(self) -> bool:

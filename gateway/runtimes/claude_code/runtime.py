@@ -206,11 +206,11 @@ class ClaudeCode:
             turn.enter("llm")
             try:
                 if self.feed is None:
-                    await self.process.start()
+                    await self.process.start(turn)  # a rewound turn: where it resumes
                     prompt = "".join(
                         b.text for b in turn.user_message.content if isinstance(b, TextBlock)
                     )
-                    await self.process.query(prompt)
+                    await self.process.query(prompt, turn.user_message.id)
                 return await self._follow(turn, state)
             except _ProcessGone:
                 return self._failed(turn, state, "network", "the Claude Code process exited")

@@ -443,3 +443,61 @@ async def test_what_retrying_cannot_fix_is_one_line_and_exit_1(tmp_path: Path) -
             )  # fmt: skip
     assert done.returncode == 1
     assert done.stderr.decode() == "chat: session sess_00000000000000000000 not found\n"
+
+
+async def test_edit_and_retry_go_on_from_before_the_message(tmp_path: Path) -> None:
+    """``/edit N TEXT`` and ``/retry`` (docs/protocol.md §2 "Edit and regenerate"): the
+    screen keeps what it showed, marks the rewind, then shows the edited branch; the
+    gateway's conversation is that branch."""
+    with trio.fail_after(60):
+        async with (
+            gateway_serve(tmp_path) as port,
+            terminal("--url", f"http://127.0.0.1:{port}") as chat,
+        ):
+            sid = (await chat.expect(r"session sess_\w+")).split()[1]
+            for text in ("The first question", "The second question"):
+                await chat.prompt()
+                chat.send(text + "\r")
+                await chat.expect(f"You said: {text}")
+            await chat.prompt()
+            chat.send("/edit 3 nothing\r")
+            await chat.expect(re.escape("(not sent: no message 3 of yours: 1 to 2)"))
+            await chat.prompt()
+            for command in ("/edit 1 The first question, edited", "/retry"):
+                chat.send(command + "\r")
+                await chat.expect(re.escape("from your message 1 on"))
+                await chat.expect("You said: The first question, edited")
+                await chat.prompt()
+            chat.send("/quit\r")  # (a Ctrl-D sent before the prompt reads a line is a byte)
+            status = await chat.exit_status()
+            async with GatewayClient(f"http://127.0.0.1:{port}") as client:
+                page = await client.messages(sid)
+                every = await client.messages(sid, include_rewound=True)
+    assert status == 0
+    screen = chat.screen()
+    assert not any("Traceback" in row for row in screen)
+    marks = [row for row in screen if row.startswith("· rewound")]
+    assert (
+        marks == ["· rewound: from your message 1 on, the messages above left the conversation"] * 2
+    ), screen
+    first = screen.index(marks[0])
+    typed = (f"{PROMPT_MARK} /", f"{PROMPT_MARK} ^")  # the commands typed, a bare prompt
+    after = [
+        row for row in screen[first:] if row.strip(PROMPT_MARK + " ") and not row.startswith(typed)
+    ]
+    assert after[:3] == [
+        marks[0],
+        f"{PROMPT_MARK} The first question, edited",
+        "You said: The first question, edited",
+    ], screen
+    assert after[-3:] == [
+        marks[1],
+        f"{PROMPT_MARK} The first question, edited",
+        "You said: The first question, edited",
+    ], screen
+    said = [(m.role, m.content[0].text) for m in page.messages]  # type: ignore[union-attr]
+    assert said == [
+        ("user", "The first question, edited"),
+        ("assistant", "You said: The first question, edited"),
+    ]
+    assert sum(bool(m.rewound) for m in every.messages) == 6

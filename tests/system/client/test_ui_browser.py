@@ -909,3 +909,48 @@ def test_without_an_agents_route_the_picker_is_hidden(tab: Page) -> None:
     tab.new_session()
     assert bodies == [{}]
     expect(tab.by("error")).to_be_hidden()
+
+
+# --- edit and regenerate (docs/protocol.md §2) -------------------------------------------------
+
+
+def test_edit_and_retry_a_message_from_the_page(tab: Page, daemon: Daemon) -> None:
+    """Edit puts a user message back in the composer and Send replaces it; Retry asks again
+    for a new answer in place of the old; the thread shows the edited branch only, in both
+    views, and the gateway's conversation is that branch (the old one kept, rewound)."""
+    expect = tab.api.expect
+    tab.open()
+    session_id = tab.new_session()
+    tab.view("full")
+    for text in ("The first question", "The second question"):
+        tab.send(text)
+        tab.turn_over()
+    expect(tab.messages("assistant")).to_have_count(2)
+    first = tab.messages("user").first
+    first.get_by_test_id("edit-message").click()
+    expect(tab.by("prompt")).to_have_value("The first question")
+    expect(tab.by("editing")).to_be_visible()
+    tab.shot("editing")
+    tab.send("The first question, edited")
+    expect(tab.by("editing")).to_have_count(0)
+    tab.turn_over()
+    expect(tab.messages("user")).to_have_count(1)
+    expect(tab.messages("user")).to_contain_text("The first question, edited")
+    expect(tab.messages("assistant")).to_have_text(
+        re.compile(r"You said: The first question, edited\s*$")
+    )
+    answered = tab.messages("assistant").get_attribute("data-message-id")
+    tab.messages("user").get_by_test_id("retry-message").click()
+    expect(tab.messages("assistant")).not_to_have_attribute("data-message-id", answered or "")
+    tab.turn_over()
+    expect(tab.messages("assistant")).to_have_count(1)
+    tab.view("simple")
+    expect(tab.messages()).to_have_count(2)
+    expect(tab.messages("assistant")).to_contain_text("You said: The first question, edited")
+    tab.shot("retried")
+    headers = {"Authorization": f"Bearer {KEY}"}
+    url = f"{daemon.base}/sessions/{session_id}/messages"
+    conversation = httpx.get(url, headers=headers).json()["messages"]
+    every = httpx.get(url + "?include_rewound=true", headers=headers).json()["messages"]
+    assert [m["role"] for m in conversation] == ["user", "assistant"]
+    assert len(every) == 8 and sum(bool(m.get("rewound")) for m in every) == 6

@@ -325,3 +325,30 @@ async def test_a_query_parameter_the_document_does_not_list_is_422(gw: Harness) 
     r = await gw.http.get("/sessions?limit=5")
     assert r.status_code == 200
     assert (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"] == []
+
+
+async def test_the_messages_route_documents_include_rewound(gw: Harness) -> None:
+    """docs/protocol.md §2 "Edit and regenerate": the query, the flag, the turn's refusals."""
+    document = await fetch(gw)
+    ops = operations(document)
+    listing = ops["get", "/sessions/{session_id}/messages"]
+    query = {p["name"]: p for p in listing["parameters"] if p["in"] == "query"}
+    assert list(query) == ["limit", "before", "include_rewound"]
+    assert query["include_rewound"]["schema"] == {
+        "type": "string",
+        "enum": ["true", "false"],
+        "default": "false",
+    }
+    listed = document["components"]["schemas"]["ListedMessage"]
+    assert listed["properties"]["rewound"] == {"type": "boolean", "default": False}
+    page = document["components"]["schemas"]["MessagePage"]
+    assert page["properties"]["messages"]["items"] == {"$ref": "#/components/schemas/ListedMessage"}
+    turns = ops["post", "/sessions/{session_id}/turns"]["responses"]
+    assert "message_not_found" in codes_of(turns["404"])
+    assert {"message_rewound", "not_a_user_message"} <= set(codes_of(turns["409"]))
+    assert "invalid_body" in codes_of(turns["422"])
+    sid = await gw.create_session()
+    r = await gw.http.get(f"/sessions/{sid}/messages?include_rewound=true")
+    assert (r.status_code, r.json()) == (200, {"messages": [], "has_more": False})
+    r = await gw.http.get(f"/sessions/{sid}/messages?include_rewound=1")
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_query")

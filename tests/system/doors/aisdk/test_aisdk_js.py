@@ -17,7 +17,10 @@ install --prefix``, quiet, once per test run: tests/npm_support.py) and runs tes
 - approval.mjs: the package's own chat (``AbstractChat``, what ``useChat``
   wraps) through a tool approval: ``addToolApprovalResponse`` sends the
   message back and the turn continues in the same message; allowed, denied,
-  and a delegated worker's request (on the parent's ``delegate`` call).
+  and a delegated worker's request (on the parent's ``delegate`` call);
+- rewind.mjs: the package's own chat's ``regenerate()`` and an edited message
+  (``sendMessage`` with a ``messageId``): one answer in place of the old one,
+  the gateway's conversation the chat's (docs/protocol.md §2 "Edit and regenerate").
 
 Skipped, saying why, where node or npm is missing or the registry cannot be
 reached (.ci/run installs node and npm).
@@ -237,3 +240,36 @@ async def test_the_websocket_transport_streams_resumes_and_aborts(
             with trio.fail_after(10):
                 while session.turn is not None:
                     await h.node.changed()
+
+
+async def test_the_packages_chat_regenerates_and_edits_in_place(
+    tmp_path: Path, node_modules: Path
+) -> None:
+    with trio.fail_after(60):
+        async with running_gateway(make_config(tmp_path)) as h:
+            out = await node("rewind.mjs", str(node_modules), h.base)
+            r = await h.http.get(f"/sessions/{out['id']}/messages")
+            conversation = r.json()["messages"]
+            r = await h.http.get(f"/sessions/{out['id']}/messages?include_rewound=true")
+            every = r.json()["messages"]
+    assert out["errors"] == [] and out["status"] == "ready"
+
+    def shown(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        return [(m["role"], text(m)) for m in messages]
+
+    asked = out["asked"]
+    assert shown(asked)[-1] == ("assistant", "You said: The second question")
+    regenerated = out["regenerated"]
+    assert shown(regenerated) == shown(asked)  # the same text, once: no duplicate
+    assert [m["id"] for m in regenerated[:3]] == [m["id"] for m in asked[:3]]
+    assert regenerated[3]["id"] != asked[3]["id"]  # a new answer in place of the old
+    assert shown(out["edited"]) == [
+        ("user", "The first question, edited"),
+        ("assistant", "You said: The first question, edited"),
+    ]
+    again = out["again"]
+    assert shown(again) == shown(out["edited"]) and again[1]["id"] != out["edited"][1]["id"]
+    # The gateway's conversation is the chat's; every old answer is kept, rewound.
+    assert [(m["role"], m["content"][0]["text"]) for m in conversation] == shown(again)
+    assert again[1]["id"] == f"msg_{conversation[1]['turn_id']}"  # the turn's answer
+    assert len(every) == 10 and sum(bool(m.get("rewound")) for m in every) == 8

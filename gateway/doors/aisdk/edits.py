@@ -1,0 +1,52 @@
+"""``useChat``'s edits and regenerations as ``rewind_to``, sans-IO (docs/doors/aisdk.md).
+
+The gateway names a user message of a chat after the client's id for it
+(:func:`~gateway.doors.aisdk.mapping.user_message_id`). ``useChat`` keeps that
+id when its user edits the message (``sendMessage({text, messageId})``) or
+regenerates the answer to it (``regenerate()``): both send the history up to
+that message, the message last. The gateway then starts a turn that rewinds
+to the message it holds for it (docs/protocol.md §2 "Edit and regenerate"),
+whose user message needs an id of its own (the one it rewinds to stays
+stored): :func:`edited_id`, derived from the client's id and the new turn's,
+so :func:`find` still knows it as that client message in the next request
+(another edit, another regeneration, a repeat after a lost answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.doors.aisdk.mapping import user_message_id
+from gateway.protocol.shapes import ContentBlock, Message, TextBlock
+
+REGENERATE = "regenerate-message"
+"""``useChat``'s ``trigger`` for ``regenerate()``."""
+
+
+def edited_id(chat_id: str, client_id: str, turn_id: str) -> str:
+    """The id of the user message of a turn that rewinds to the client's ``client_id``."""
+    return user_message_id(chat_id, f"{client_id}\0{turn_id}")
+
+
+def find(chat_id: str, client_id: str, conversation: Sequence[Message]) -> Message | None:
+    """The user message of the conversation the client names ``client_id``, the latest.
+
+    As first sent (:func:`user_message_id`), or as a turn that rewound to it
+    gave it again (:func:`edited_id`).
+    """
+    first = user_message_id(chat_id, client_id)
+    for message in reversed(conversation):
+        if message.role != "user" or message.turn_id is None:
+            continue
+        if message.id in (first, edited_id(chat_id, client_id, message.turn_id)):
+            return message
+    return None
+
+
+def same_text(message: Message, content: Sequence[ContentBlock]) -> bool:
+    """Whether a stored user message says what the request's message says."""
+
+    def text(blocks: Sequence[ContentBlock]) -> str:
+        return "".join(b.text for b in blocks if isinstance(b, TextBlock))
+
+    return text(message.content) == text(content)
