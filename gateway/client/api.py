@@ -284,24 +284,8 @@ class GatewayClient:
         *,
         rewind_to: str | None = None,
     ) -> str:
-        """``POST /sessions/{id}/turns``: the new turn's id.
-
-        ``rewind_to``: one of the session's user messages; the turn goes on from
-        the history before it (docs/protocol.md §2 "Edit and regenerate": an
-        edit, or with that message's own content a regeneration).
-
-        Raises:
-            ApiError: 409 ``turn_in_progress``, 422 for content that is not text;
-                with ``rewind_to``: 404 ``message_not_found``, 409
-                ``message_rewound``, ``not_a_user_message``.
-        """
-        body: dict[str, Any] = {"content": content}
-        if rewind_to is not None:
-            body["rewind_to"] = rewind_to
-        accepted = await self._call(
-            "POST", f"/sessions/{session_id}/turns", TurnAccepted, body=body, once=True
-        )
-        return accepted.turn_id
+        """``POST /sessions/{id}/turns``: the new turn's id (:meth:`submit_turn`, ``reject``)."""
+        return (await self.submit_turn(session_id, content, rewind_to=rewind_to)).turn_id
 
     async def delete_session(self, session_id: str) -> None:
         """``DELETE /sessions/{id}``: the session, its workers, messages and events, for good.
@@ -363,22 +347,28 @@ class GatewayClient:
         content: str | list[ContentBlock],
         *,
         if_busy: IfBusy | None = None,
+        rewind_to: str | None = None,
     ) -> TurnAccepted:
-        """``POST /sessions/{id}/turns`` saying what a busy session does with it; the 202 body.
+        """``POST /sessions/{id}/turns``, made at most once (an ``Idempotency-Key``); the 202.
 
-        docs/protocol.md §2 "A busy session" (``None``: ``[turns] if_busy``): an
-        idle session starts it at once; a busy one ``queue``s it (``queued``,
-        its ``position``; :meth:`cancel_turn` takes it out), is ``interrupt``ed
-        for it, or takes it as a ``steer`` (``steered``; ``turn_id`` is then the
-        running turn's). Sent under an ``Idempotency-Key``, as :meth:`send_turn`.
+        ``if_busy`` (docs/protocol.md §2 "A busy session"; ``None``: ``[turns]
+        if_busy``): an idle session starts it at once; a busy one ``queue``s it
+        (``queued``, its ``position``; :meth:`cancel_turn` takes it out), is
+        ``interrupt``ed for it, or takes it as a ``steer`` (``steered``;
+        ``turn_id`` is then the running turn's). ``rewind_to``: one of the
+        session's user messages; the turn goes on from the history before it
+        ("Edit and regenerate": an edit, or with its own content a regeneration).
 
         Raises:
-            ApiError: 409 ``turn_in_progress`` (``reject``), ``queue_full`` (past
-                ``[turns] max_queued``); 422 for content that is not text.
+            ApiError: 409 ``turn_in_progress`` (``reject``), ``queue_full``; 422 for
+                content that is not text; with ``rewind_to``: 404
+                ``message_not_found``, 409 ``message_rewound``, ``not_a_user_message``.
         """
         body: dict[str, Any] = {"content": content}
         if if_busy is not None:
             body["if_busy"] = if_busy
+        if rewind_to is not None:
+            body["rewind_to"] = rewind_to
         path = f"/sessions/{session_id}/turns"
         return await self._call("POST", path, TurnAccepted, body=body, once=True)
 
@@ -536,23 +526,8 @@ class GatewayClient:
         headers = {"Content-Type": "application/json"} if json_body else {}
         if once:
             headers["Idempotency-Key"] = str(uuid.uuid4())
-        attempt = 0
-        while True:
-            try:
-                r: httpx.Response | None = await self.http.request(
-                    method, path, content=content, params=params, headers=headers
-                )
-            except httpx.TransportError as exc:
-                if not once or attempt >= self.retries:
-                    raise ClientError(
-                        "unreachable", f"cannot reach {self.http.base_url}: {describe(exc)}"
-                    ) from exc
-                r = None
-            wait = _retry_in(r, attempt) if once and attempt < self.retries else None
-            if r is not None and wait is None:
-                break
-            await trio.sleep(wait or 0)
-            attempt += 1
+        retries = self.retries if once else 0
+        r = await _attempts(self.http, retries, method, path, content, params, headers)
         if not 200 <= r.status_code < 300:
             raise api_error(r)
         try:
@@ -561,6 +536,36 @@ class GatewayClient:
             raise ClientError(
                 "not_a_gateway", f"{method} {path}: not the gateway's answer: {exc}"
             ) from None
+
+
+async def _attempts(
+    http: httpx.AsyncClient,
+    retries: int,
+    method: str,
+    path: str,
+    content: bytes | None,
+    params: dict[str, Any] | None,
+    headers: dict[str, str],
+) -> httpx.Response:
+    """A request sent until it is answered, at most ``retries`` times again (after a lost
+    answer, or an answer :func:`_retry_in` says to try again after)."""
+    attempt = 0
+    while True:
+        try:
+            r: httpx.Response | None = await http.request(
+                method, path, content=content, params=params, headers=headers
+            )
+        except httpx.TransportError as exc:
+            if attempt >= retries:
+                raise ClientError(
+                    "unreachable", f"cannot reach {http.base_url}: {describe(exc)}"
+                ) from exc
+            r = None
+        wait = _retry_in(r, attempt) if attempt < retries else None
+        if r is not None and wait is None:
+            return r
+        await trio.sleep(wait or 0)
+        attempt += 1
 
 
 @asynccontextmanager
