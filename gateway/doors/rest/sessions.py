@@ -7,6 +7,8 @@ credential too, gateway.doors.sse).
 
 from __future__ import annotations
 
+import contextlib
+
 import msgspec
 
 from gateway.config import Config
@@ -26,7 +28,7 @@ from gateway.protocol.http import (
     SessionListing,
 )
 from gateway.protocol.shapes import Message
-from gateway.session import rewind
+from gateway.session import busy, rewind
 from gateway.session.fork_point import origin_of
 from gateway.session.session import Session, summary_of
 from gateway.store.base import SessionRecord
@@ -112,9 +114,12 @@ class Sessions:
         if origin is not None:
             attach.forked_from = origin
             attach.draft = msgspec.UNSET if draft is None else draft
-        if session.record.queued_turns or not self.ctx.node.runs_here(session.id):
-            # Its owner's (a replica's record may lag): docs/protocol.md §2 "A busy session".
-            attach.queued_turns = (await self.ctx.node.live_summary(session)).queued_turns
+        record = session.record
+        if not self.ctx.node.runs_here(session.id):  # the store's: a replica's may lag
+            with contextlib.suppress(StoreError):
+                record = await self.ctx.node.store.get_session(session.id) or record
+        # docs/protocol.md §2 "A busy session", without asking its owner (which may be away).
+        attach.queued_turns = busy.queued_info(record) or msgspec.UNSET
         return json_response(200, attach)
 
     async def delete_session(self, req: Request, session_id: str) -> Response:
