@@ -103,12 +103,17 @@ def pid_of(gw: Harness, sid: str) -> int:
     return int(runtime.transport.pid)
 
 
-async def test_a_steer_while_a_tool_runs_reaches_claude_code_in_the_same_turn(
-    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("when", ["during_the_call", "while_the_tool_runs"])
+async def test_a_steer_reaches_claude_code_at_its_next_tool_step_in_the_same_turn(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:
-    """Taken when the tool has run (its ``PostToolUse`` hook): ``turn.steered`` between the
-    tool's call and its result, and the next model call of the same turn shows it."""
-    server.enqueue(slow_bash(3), TEXT)
+    """Taken at the turn's next tool step: as the tool is about to run (its ``PreToolUse``
+    hook) when the steer came during the model call that asked for it, when the tool has
+    run (``PostToolUse``) when it came while the tool ran. Either way ``turn.steered``
+    comes between the tool's call and its result, and the next model call of the same
+    turn shows it, with that result."""
+    bash = slow_bash(3)
+    server.enqueue(Replay(bash.body, delay_s=1.0) if when == "during_the_call" else bash, TEXT)
     written = stdin(monkeypatch)
     config, providers = await gateway(tmp_path, server, monkeypatch, require_approval="[]")
     async with running_gateway(config, providers) as gw:
@@ -116,9 +121,18 @@ async def test_a_steer_while_a_tool_runs_reaches_claude_code_in_the_same_turn(
         async with gw.client(sid) as client:
             await client.subscribe()
             _, first = await post(gw, sid, "run the slow thing")
-            await tool_started(gw, sid)
+            if when == "during_the_call":
+                with trio.fail_after(20):
+                    while not server.requests:  # noqa: ASYNC110 (the CLI's call is in)
+                        await trio.sleep(0.02)
+                steer = await post(gw, sid, "STEER: use the blue one", if_busy="steer")
+                await tool_started(gw, sid)
+                before_the_tool = [said(f) for f in written]
+            else:
+                await tool_started(gw, sid)
+                before_the_tool = [said(f) for f in written]
+                steer = await post(gw, sid, "STEER: use the blue one", if_busy="steer")
             pid = pid_of(gw, sid)
-            steer = await post(gw, sid, "STEER: use the blue one", if_busy="steer")
             events = await ended(client, 1)
             stdin_at_end = list(written)
             assert pid_of(gw, sid) == pid  # one CLI, one conversation
@@ -126,7 +140,7 @@ async def test_a_steer_while_a_tool_runs_reaches_claude_code_in_the_same_turn(
     await providers.aclose()
     a = first["turn_id"]
     assert steer == (202, {"turn_id": a, "steered": True})
-    order = types(events)
+    order = types(client.events)
     assert "turn.queued" not in order and order.count("turn.completed") == 1
     [steered] = [e for e in events if e.type == "turn.steered"]
     assert steered.turn_id == a
@@ -135,14 +149,24 @@ async def test_a_steer_while_a_tool_runs_reaches_claude_code_in_the_same_turn(
     assert len(calls) == 2
     assert order.index("tool.called") < order.index("turn.steered") < order.index("tool.completed")
     assert order.index("turn.steered") < calls[1]  # before the call that answers it
-    # What the CLI got, during the first turn: the prompt, then the steer, one session.
+    # What the CLI got, during the first turn: the prompt, then the steer, one session;
+    # the steer before the tool ran (PreToolUse), or after (PostToolUse).
     assert [said(f) for f in stdin_at_end] == ["run the slow thing", "STEER: use the blue one"]
     assert len({f["session_id"] for f in stdin_at_end}) == 1
+    assert len(before_the_tool) == (2 if when == "during_the_call" else 1)
     # The model: not in the first call; in the second, with the tool's result.
     first_call, second_call = server.requests
     assert "blue one" not in json.dumps(first_call.body["messages"])
     assert FOLDED in last_user(second_call) and "STEER: use the blue one" in last_user(second_call)
-    assert [m["role"] for m in listed] == ["user", "assistant", "user", "user", "assistant"]
+    # Stored as the gateway learnt them: the steer before the round's tool results.
+    assert [(m["role"], m["content"][0]["type"]) for m in listed] == [
+        ("user", "text"),
+        ("assistant", "text"),
+        ("user", "text"),
+        ("user", "tool_result"),
+        ("assistant", "text"),
+    ]
+    assert listed[2]["content"][0]["text"] == "STEER: use the blue one"
     assert {m["turn_id"] for m in listed} == {a}
     done = events[-1].payload
     assert done.stop_reason == "end_turn"
@@ -384,4 +408,82 @@ async def test_interrupt_ends_the_running_cli_turn_with_its_sequence_then_starts
     assert [said(f) for f in written] == ["go", "interrupting words", "queued words"]
     assert "interrupting words" in last_user(server.requests[1])
     assert "queued words" in last_user(server.requests[2])
+    only_model_calls(server)
+
+
+async def test_a_steer_claude_code_answers_as_a_query_of_its_own_ends_the_turn_once(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``max_rounds = 1``: the query stops at its limit after the tool (``error_max_turns``),
+    and Claude Code answers the steer it was given as one more query before it is idle.
+    Two results, one ``turn.completed``: the last result's stop reason, both queries' cost."""
+    server.enqueue(slow_bash(2), TEXT)
+    written = stdin(monkeypatch)
+    config, providers = await gateway(
+        tmp_path, server, monkeypatch, require_approval="[]", max_rounds="1"
+    )
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            _, first = await post(gw, sid, "run the slow thing")
+            await tool_started(gw, sid)
+            steer = await post(gw, sid, "STEER: and then stop", if_busy="steer")
+            events = await ended(client, 1)
+            again = await gw.http.post(f"/sessions/{sid}/turns", json={"content": "next"})
+            assert again.status_code == 202  # the session is idle: nothing left queued
+            await ended(client, 1)
+    await providers.aclose()
+    assert steer == (202, {"turn_id": first["turn_id"], "steered": True})
+    order = [t for t in types(events) if "delta" not in t]
+    assert order.count("turn.completed") == 1 and "turn.queued" not in order
+    assert order.count("llm.call_started") == order.count("llm.call_completed") == 2
+    assert (
+        order.index("turn.steered") < [i for i, t in enumerate(order) if t == "llm.call_started"][1]
+    )
+    done = events[-1].payload
+    assert done.stop_reason == "end_turn"
+    assert done.cost_usd == pytest.approx((100 * 3 + 30 * 15 + 25 * 3 + 15 * 15) / 1e6)
+    assert [said(f) for f in written] == ["run the slow thing", "STEER: and then stop", "next"]
+    assert "STEER: and then stop" in last_user(server.requests[1])
+    assert len(server.requests) == 3
+    only_model_calls(server)
+
+
+async def test_a_steer_handed_over_then_cancelled_leaves_the_cli_to_the_next_turn(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steer went to the CLI while it waited for a permission; the turn is cancelled
+    then. Claude Code answers the steer after the interrupt, before it is idle: the next
+    turn drops that answer (as the interrupted query's) and gets its own."""
+    server.enqueue(Replay(transcript("claude-code/bash_touch.sse")), TEXT, TEXT)
+    written = stdin(monkeypatch)
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            _, first = await post(gw, sid, "make the file")
+            await client.until(lambda e: e.type == "permission.requested")
+            await post(gw, sid, "STEER: never mind", if_busy="steer")
+            await client.until(lambda e: e.type == "turn.steered")
+            a = first["turn_id"]
+            r = await gw.http.post(f"/sessions/{sid}/turns/{a}/cancel", json={})
+            assert r.status_code == 202, r.text
+            cancelled = await ended(client, 1)
+            pid = pid_of(gw, sid)
+            _, second = await post(gw, sid, "a new question")
+            following = await ended(client, 1)
+            assert pid_of(gw, sid) == pid
+    await providers.aclose()
+    assert cancelled[-1].type == "turn.cancelled" and cancelled[-1].payload.phase == "seam"
+    assert "turn.queued" not in types(client.events)
+    assert turn_kinds(following) == [
+        ("turn.started", second["turn_id"]),
+        ("turn.completed", second["turn_id"]),
+    ]
+    assert [said(f) for f in written] == ["make the file", "STEER: never mind", "a new question"]
+    # The CLI answered the steer (a call no client saw), then the new question.
+    assert "STEER: never mind" in last_user(server.requests[1])
+    assert "a new question" in last_user(server.requests[2])
     only_model_calls(server)
