@@ -24,9 +24,6 @@ import trio
 from bench.fake_api import FakeServer, Replay, transcript
 from bench.fake_api.server import Cut
 from gateway.protocol.events import Event
-from gateway.runtimes.claude_code import runtime as cc
-from gateway.runtimes.claude_code.process import CliProcess
-from gateway.runtimes.transport import ToolProcessTransport
 from tests.claude_code_support import CLAUDE_CODE_MARKS, decide, gateway, only_model_calls
 from tests.claude_code_support import server as server
 from tests.conftest import Client, Harness, running_gateway, types
@@ -48,10 +45,12 @@ TEXT = Replay(transcript("anthropic/text.sse"))
 
 def stdin(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Every user message the gateway writes to a CLI's stdin, in order (a live list)."""
+    from gateway.runtimes.transport import ToolProcessTransport  # the SDK: not at collection
+
     written: list[dict[str, Any]] = []
     write = ToolProcessTransport.write
 
-    async def recording(self: ToolProcessTransport, data: str) -> None:
+    async def recording(self: Any, data: str) -> None:
         for line in data.splitlines():
             frame = json.loads(line)
             if frame.get("type") == "user":
@@ -220,9 +219,11 @@ async def test_a_steer_the_cli_turn_can_no_longer_take_is_one_queued_turn(
     written = stdin(monkeypatch)
     gate = trio.Event()
     if when == "after_the_last_message":
+        from gateway.runtimes.claude_code import runtime as cc
+
         message = cc.ClaudeCode._message
 
-        async def held(self: cc.ClaudeCode, turn: Any, state: Any, msg: Any) -> Any:
+        async def held(self: Any, turn: Any, state: Any, msg: Any) -> Any:
             if type(msg).__name__ == "ResultMessage":
                 await gate.wait()
             return await message(self, turn, state, msg)
@@ -269,10 +270,12 @@ async def test_a_steer_while_the_turn_is_cancelling_is_queued_at_once(
     """The cancel's ``interrupt()`` is held: the turn is cancelling when the steer comes."""
     server.enqueue(Replay(transcript("claude-code/bash_touch.sse")), TEXT)
     written = stdin(monkeypatch)
+    from gateway.runtimes.claude_code.process import CliProcess
+
     gate, cancelling = trio.Event(), trio.Event()
     interrupt = CliProcess.interrupt
 
-    async def held(self: CliProcess) -> None:
+    async def held(self: Any) -> None:
         cancelling.set()
         with trio.CancelScope(shield=True):  # as the interrupt itself is: the turn's cancelled
             await gate.wait()
