@@ -17,10 +17,13 @@ durable as a started one and a restart finds it (``Store.open_turns``).
   second interrupt cancels the first as soon as it started. Not durable
   before it starts: its request is answered once its ``turn.started`` is.
 - **steer**: kept in the record as a queued turn marked ``steering`` (durable,
-  no event); the native loop takes it before its next model call
-  (:func:`take_steers`: ``turn.steered``, the user message joins the turn), a
-  ``claude-code`` turn through the SDK's streaming input. A steer its turn did
-  not take becomes a queued turn of its own (:func:`start_next`: ``turn.queued``).
+  no event), and the session's :class:`Pulse` fired; the native loop takes it
+  before its next model call (:func:`take_steers`: ``turn.steered``, the user
+  message joins the turn), a ``claude-code`` turn hands it to Claude Code's
+  streaming input where the CLI waits for the gateway (at a tool's hooks, or
+  woken by the pulse while it waits for a permission:
+  :mod:`gateway.runtimes.claude_code.steering`). A steer its turn did not take
+  becomes a queued turn of its own (:func:`start_next`: ``turn.queued``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections import deque
 from typing import Protocol
 
 import msgspec
+import trio
 
 from gateway.cluster import ops
 from gateway.errors import Refused
@@ -43,6 +47,22 @@ from gateway.store.base import QueuedTurn, SessionRecord, Store
 
 INTERRUPTED = "interrupted"
 """The ``turn.cancelled`` reason of a turn an ``interrupt`` ended."""
+
+
+class Pulse:
+    """Wakes whoever waits for the next steer of a session's running turn.
+
+    A waiter takes :attr:`event` before it looks at the record, then waits on
+    it: a steer that comes in between has set that event already (nothing is
+    missed); :meth:`fire` sets it and puts a new one in its place.
+    """
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+
+    def fire(self) -> None:
+        self.event.set()
+        self.event = trio.Event()
 
 
 class Lane(Protocol):
@@ -66,6 +86,7 @@ class BusyHost(SessionCore, Protocol):
     turn: Turn | None  # settable here: the turn lock
     fenced: bool
     deleted: bool
+    steered: Pulse  # fired when a steer for the running turn is kept
 
     @property
     def node(self) -> BusyNode: ...
@@ -169,6 +190,7 @@ def _steer(
     entry = QueuedTurn(turn_id, message, trace, steering=running.id)
     session.record.queued_turns = [*session.record.queued_turns, entry]
     session.save_record()
+    session.steered.fire()
     return ops.TurnTaken(running.id, steered=True)
 
 
@@ -230,22 +252,31 @@ def started(record: SessionRecord, turn: Turn) -> None:
         record.queued_turns = [q for q in record.queued_turns if q.turn_id != turn.id]
 
 
-def take_steers(session: BusyHost, turn: Turn) -> None:
-    """Before the running turn's next model call: the steers sent for it join it, in order,
-    each announced with ``turn.steered`` (one step: the record drops them as the
-    messages are added)."""
+def steering(record: SessionRecord, turn: Turn) -> bool:
+    """Whether steers wait for ``turn`` to take them."""
+    return any(q.steering == turn.id for q in record.queued_turns)
+
+
+def take_steers(session: BusyHost, turn: Turn) -> list[Message]:
+    """The running turn takes the steers sent for it (the native loop before its next model
+    call, a ``claude-code`` turn as it hands them to Claude Code): they join it, in
+    order, each announced with ``turn.steered``, in one step (the record drops them
+    as the messages are added). The messages taken, as the turn's."""
     record = session.record
     taken = [q for q in record.queued_turns if q.steering == turn.id]
     if not taken:
-        return
+        return []
     record.queued_turns = [q for q in record.queued_turns if q.steering != turn.id]
     payloads: list[Payload | StreamEvent] = []
+    messages: list[Message] = []
     for q in taken:
         message = msgspec.structs.replace(q.user_message, turn_id=turn.id)
         session.add_message(message)
         payloads.append(TurnSteered(turn.id, message))
+        messages.append(message)
     session.save_record()
     session.emit(payloads, turn.id)
+    return messages
 
 
 def cancel_queued(session: BusyHost, turn_id: str, reason: str) -> bool:

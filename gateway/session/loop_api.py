@@ -23,6 +23,7 @@ from gateway.protocol.events import Payload, StreamEvent
 from gateway.protocol.shapes import Message, StopReason, ToolUseBlock, Usage
 from gateway.providers.factory import Providers
 from gateway.providers.model_proxy import ModelProxy
+from gateway.session.busy import Pulse
 from gateway.session.call import Call, CallStream, Completion
 from gateway.session.hub import Emitted
 from gateway.session.permissions import Permissions
@@ -79,6 +80,7 @@ class TurnHost(ToolSession, Protocol):
     """The agent loop's narrow view of its session: it emits, records messages and the record."""
 
     record: SessionRecord
+    steered: Pulse  # fired when a steer for the running turn is kept (a runtime's wake)
 
     messages: list[Message]  # the conversation (docs/protocol.md §2 "Edit and regenerate")
     rewound: list[Message]  # its rewound messages (gateway.session.rewind)
@@ -110,8 +112,9 @@ class TurnHost(ToolSession, Protocol):
         """A turn ended: the next waiting one starts (docs/protocol.md §2 "A busy session")."""
         ...
 
-    def take_steers(self, turn: Turn) -> None:
-        """The messages steered into the running turn join it (§2 "A busy session")."""
+    def take_steers(self, turn: Turn) -> list[Message]:
+        """The messages steered into the running turn join it (§2 "A busy session"): those
+        taken, announced with ``turn.steered``."""
         ...
 
     def end_turn(self, turn: Turn) -> None:

@@ -261,6 +261,7 @@ class Session:
         self.completions: dict[str, Completion] = {}
         self._load(stored)
         self.turn: Turn | None = None
+        self.steered = busy.Pulse()  # fired when a steer for the running turn is kept
         self.permissions = Permissions(record.id)
         self.calls = new_calls(self)
         stream = node.config.stream
@@ -536,9 +537,9 @@ class Session:
         """The turn ended (or a recovery closed it): the next waiting one starts (busy)."""
         busy.start_next(self)
 
-    def take_steers(self, turn: Turn) -> None:
-        """Before the turn's next model call: the messages steered into it join it (busy)."""
-        busy.take_steers(self, turn)
+    def take_steers(self, turn: Turn) -> list[Message]:
+        """The messages steered into the running turn join it; those taken (busy)."""
+        return busy.take_steers(self, turn)
 
     def end_turn(self, turn: Turn) -> None:
         """Release the turn lock, in the step that emits the turn's end."""

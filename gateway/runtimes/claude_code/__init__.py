@@ -43,6 +43,9 @@ Where each part lives:
   permission requests;
 - :mod:`~gateway.runtimes.claude_code.subagents`: sub-agents as worker
   sessions;
+- :mod:`~gateway.runtimes.claude_code.steering`: a steer of the running turn
+  (``if_busy: "steer"``), written to the CLI's streaming input where it waits
+  for the gateway (a tool's hooks, a permission);
 - :mod:`~gateway.protocol.claude_code_tools`: Claude Code's tool names (the
   config checks an agent's ``tools`` against them, without the SDK);
 - :mod:`~gateway.runtimes.claude_code.limits` and

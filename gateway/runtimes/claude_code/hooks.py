@@ -2,8 +2,10 @@
 
 Tools approved without asking never reach ``can_use_tool``; the hook sees
 them all. It asks each check in turn and denies with the first refusal (the
-model reads it as the tool's result); the runtime's one check is the turn's
-limits (:class:`~gateway.runtimes.claude_code.limits.TurnLimits`), then, for
+model reads it as the tool's result); the runtime's checks are the turn's
+steers, handed to the CLI there (:mod:`~gateway.runtimes.claude_code.steering`:
+it refuses nothing), and the turn's limits
+(:class:`~gateway.runtimes.claude_code.limits.TurnLimits`), then, for
 a sub-agent they admit, the key's (its worker session made here, or refused:
 :meth:`SubAgents.make_worker <gateway.runtimes.claude_code.subagents.SubAgents.make_worker>`).
 A check is an async function of the hook's input and the tool use id

@@ -53,6 +53,13 @@ class Workers(Protocol):
     def runtimes(self) -> list[Owner]: ...
 
 
+class Steers(Protocol):
+    """A runtime's steering (:mod:`~gateway.runtimes.claude_code.steering`), as its approvals
+    wait for a decision."""
+
+    async def wait(self, done: trio.Event, wait_s: float) -> None: ...
+
+
 class Owner(Protocol):
     """The runtime of one session (a worker's too), as its parts use it."""
 
@@ -79,6 +86,9 @@ class Owner(Protocol):
 
     @property
     def subagents(self) -> Workers: ...
+
+    @property
+    def steering(self) -> Steers: ...
 
     def for_worker(self, worker: WorkerHost, feed: trio.MemoryReceiveChannel[Any]) -> Owner: ...
 

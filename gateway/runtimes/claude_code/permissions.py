@@ -115,9 +115,9 @@ class Approvals:
             [PermissionRequested(request.perm_id, tool_use_id, name, input, expires_at)], turn.id
         )
         # Cancelled here (the CLI went away: the SDK cancels its callbacks), the
-        # request stays in ``open`` and the turn's end resolves it (:meth:`end`).
-        with trio.move_on_after(wait_s):
-            await request.decided.wait()
+        # request stays in ``open`` and the turn's end resolves it (:meth:`end`). A
+        # steer that comes meanwhile is handed to the CLI at once (it waits for this).
+        await self._runtime.steering.wait(request.decided, wait_s)
         if request.closed:  # the turn's end resolved it already
             return PermissionResultDeny(message="cancelled", interrupt=True)
         self.open.remove(request)

@@ -128,6 +128,8 @@ class CliProcess:
             (:mod:`gateway.runtimes.claude_code.hooks`: the turn's limits).
         on_refused: told the id of a tool use the workspace's boundary refused.
         pre_compact: the CLI's ``PreCompact`` hook (Claude Code starts compacting).
+        post_tool_use: the CLI's ``PostToolUse`` and ``PostToolUseFailure`` hook (a tool
+            ran: :mod:`gateway.runtimes.claude_code.steering`).
     """
 
     def __init__(
@@ -139,10 +141,12 @@ class CliProcess:
         pre_tool_use: HookCallback | None = None,
         on_refused: Callable[[str], None] = lambda tool_use_id: None,
         pre_compact: HookCallback | None = None,
+        post_tool_use: HookCallback | None = None,
     ) -> None:
         self._loop = loop
         self._pre_tool_use = pre_tool_use
         self._pre_compact = pre_compact
+        self._post_tool_use = post_tool_use
         self._on_refused = on_refused
         self.session = loop.session
         self.node = loop.node
@@ -276,12 +280,15 @@ class CliProcess:
         return ClaudeSDKClient(options, transport=transport), transport, resumes, credential
 
     def _hooks(self, workspace: str) -> dict[HookEvent, list[HookMatcher]]:
-        """The ``PreToolUse`` hooks (the workspace's paths, then the turn's limits), and the
-        ``PreCompact`` one."""
+        """The ``PreToolUse`` hooks (the workspace's paths, then the turn's steers and limits),
+        the ``PostToolUse``/``PostToolUseFailure`` one (its steers) and the ``PreCompact`` one."""
         tool_hooks = [path_hook(workspace, self._on_refused)]
         if self._pre_tool_use is not None:
             tool_hooks.append(HookMatcher(hooks=[self._pre_tool_use]))
         hooks: dict[HookEvent, list[HookMatcher]] = {"PreToolUse": tool_hooks}
+        if self._post_tool_use is not None:
+            for name in ("PostToolUse", "PostToolUseFailure"):
+                hooks[name] = [HookMatcher(hooks=[self._post_tool_use])]
         if self._pre_compact is not None:
             hooks["PreCompact"] = [HookMatcher(hooks=[self._pre_compact])]
         return hooks

@@ -83,7 +83,6 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.shapes import (
     StopReason,
-    TextBlock,
     ToolUseBlock,
     Usage,
 )
@@ -104,6 +103,7 @@ from gateway.runtimes.claude_code.messages import (
 from gateway.runtimes.claude_code.options import MODEL_PREFIX
 from gateway.runtimes.claude_code.permissions import Approvals
 from gateway.runtimes.claude_code.process import CliProcess
+from gateway.runtimes.claude_code.steering import Steering, prompt_of
 from gateway.runtimes.claude_code.subagents import Flush, SubAgentDone, SubAgents
 from gateway.runtimes.transport import ToolProcessTransport
 from gateway.session.call import Call, EndCall
@@ -150,10 +150,11 @@ class ClaudeCode:
         self.compaction = Compaction(self)
         self.limits: TurnLimits | None = None  # the turn in flight's (the main session's)
         self.parent: ClaudeCode | None = None  # a worker's: the runtime that feeds it
-        hook = pre_tool_use([self._within_limits])
+        self.steering = Steering(self)  # a steer, handed to the CLI (docs/protocol.md §11)
+        hook = pre_tool_use([self.steering.before_tool, self._within_limits])
         self.process = CliProcess(
             loop, nursery, processes, self.approvals.can_use_tool, hook, self.approvals.refused,
-            pre_compact=self.compaction.pre_compact,
+            pre_compact=self.compaction.pre_compact, post_tool_use=self.steering.after_tool,
         )  # fmt: skip
         self.subagents = SubAgents(self)
         self.feed = feed
@@ -207,10 +208,7 @@ class ClaudeCode:
             try:
                 if self.feed is None:
                     await self.process.start(turn)  # a rewound turn: where it resumes
-                    prompt = "".join(
-                        b.text for b in turn.user_message.content if isinstance(b, TextBlock)
-                    )
-                    await self.process.query(prompt, turn.user_message.id)
+                    await self.process.query(prompt_of(turn.user_message), turn.user_message.id)
                 return await self._follow(turn, state)
             except _ProcessGone:
                 return self._failed(turn, state, "network", "the Claude Code process exited")
