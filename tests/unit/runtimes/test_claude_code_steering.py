@@ -42,7 +42,7 @@ class Fake:
         self.node = SimpleNamespace(wait_durable=trio.lowlevel.checkpoint)
         self.approvals = SimpleNamespace(announced={})
 
-        async def query(prompt: str) -> None:
+        async def query(prompt: str, message_id: str | None = None) -> None:
             self.sent.append(prompt)
 
         self.process = SimpleNamespace(client=object(), reports_state=reports_state, query=query)
