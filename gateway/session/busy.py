@@ -15,7 +15,9 @@ durable as a started one and a restart finds it (``Store.open_turns``).
 - **interrupt**: the running turn is cancelled (reason ``interrupted``) and the
   new turn waits in :attr:`Supervisor.interrupters`, ahead of the queue; a
   second interrupt cancels the first as soon as it started. Not durable
-  before it starts: its request is answered once its ``turn.started`` is.
+  before it starts: its request is answered once its ``turn.started`` is, and
+  refused if the running turn is still closing when it stops waiting
+  (:func:`withdraw`) or once shutdown began: it never starts then.
 - **steer**: kept in the record as a queued turn marked ``steering`` (durable,
   no event), and the session's :class:`Pulse` fired; the native loop takes it
   before its next model call (:func:`take_steers`: ``turn.steered``, the user
@@ -28,6 +30,7 @@ durable as a started one and a restart finds it (``Store.open_turns``).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Protocol
 
@@ -230,9 +233,18 @@ def start_next(session: BusyHost) -> None:
                 for q in orphans
             ],
         )
-    if session.node.shutting_down:
-        return
     lane = session.supervisor
+    if session.node.shutting_down:  # an interrupting turn is not durable: refused, not kept
+        wait = math.ceil(session.node.config.server.shutdown_grace_s)
+        while lane.interrupters:
+            lane.interrupters.popleft().drop(
+                Refused(
+                    "shutting_down",
+                    f"the gateway is shutting down: retry in {wait} s",
+                    retry_after_s=wait,
+                )
+            )
+        return
     if lane.interrupters:
         turn = lane.interrupters.popleft()
         if lane.interrupters:  # a later interrupt ends this one as soon as it started
@@ -244,6 +256,26 @@ def start_next(session: BusyHost) -> None:
         return
     session.turn = turn
     lane.queue_turn(turn)
+
+
+def withdraw(session: BusyHost, turn: Turn) -> bool:
+    """An interrupting turn whose request stops waiting before the running turn closed (a
+    tool slow to stop): it leaves the lane, never to start, since nothing of it is durable
+    (its request is refused, not answered 202). Whether it was still waiting."""
+    lane = session.supervisor
+    if turn not in lane.interrupters:
+        return False
+    lane.interrupters.remove(turn)
+    running = session.turn
+    turn.drop(
+        Refused(
+            "turn_in_progress",
+            f"turn {running.id if running else '?'} on {session.id} is still closing"
+            f" (docs/protocol.md §8): turn {turn.id} was not started; send it again",
+            retry_after_s=1,
+        )
+    )
+    return True
 
 
 def started(record: SessionRecord, turn: Turn) -> None:

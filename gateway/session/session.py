@@ -458,7 +458,10 @@ class Session:
         await self.supervisor.compacted()
         with trio.move_on_after(self.node.config.store.commit_timeout_s):
             await turn.started.wait()
-        if turn.refused is not None:  # an interrupting turn whose session went away
+        # An interrupting turn still waiting for the running one to close is nowhere in
+        # the store: it is withdrawn, and refused (docs/protocol.md §2 "A busy session").
+        busy.withdraw(self, turn)
+        if turn.refused is not None:  # withdrawn, or its session went away
             raise turn.refused
         await self.node.durable_or_503()
 

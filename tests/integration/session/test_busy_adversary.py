@@ -1,0 +1,179 @@
+"""A busy session, adversarially (docs/protocol.md §2 "A busy session"): slow peers, crashes,
+shutdowns, small frames, and what the contract promises at each.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from gateway.ids import format_event_id
+from gateway.protocol.frames import SubscribeAck
+from gateway.protocol.shapes import TextBlock
+from tests.conftest import make_config, running_gateway
+from tests.integration.session.test_busy import Gated, _last_text, post
+from tests.integration.store.test_restart import crash_copy
+
+# A shell that ignores SIGTERM: its turn takes [tools] kill_grace_s to close (section 8).
+STUBBORN = {
+    "script": {
+        "rounds": [
+            [{"tool_use": {"name": "shell", "input": {"command": "trap '' TERM; sleep 30"}}}]
+        ]
+    }
+}
+
+
+def slow_cancel_config(path: Path, **overrides: Any) -> Any:
+    return make_config(
+        path,
+        **{
+            "tools.enabled": ["shell"],
+            "tools.kill_grace_s": 2.5,
+            "store.commit_timeout_s": 1.0,
+            **overrides,
+        },
+    )
+
+
+async def test_an_interrupt_is_never_answered_202_before_its_turn_is_durable(
+    tmp_path: Path,
+) -> None:
+    """The running turn takes longer to close than commit_timeout_s: the interrupting
+    turn has not started when the request gives up waiting. A 202 then would be for
+    a turn that is nowhere in the store (a kill -9 loses it): it is refused (409
+    ``turn_in_progress``), and nothing of it starts later."""
+    live = tmp_path / "live"
+    live.mkdir()
+    async with running_gateway(slow_cancel_config(live), Gated()) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            _, first = await post(gw, sid, json.dumps(STUBBORN))
+            with trio.fail_after(10):
+                await client.until(lambda e: e.type == "tool.called")
+            await trio.sleep(0.5)  # the shell is running its trap
+            status, body = await post(gw, sid, "B", if_busy="interrupt")
+            crash_copy(str(live / "gateway.db"), str(tmp_path / "gateway.db"))
+            with trio.fail_after(10):
+                await client.until(lambda e: e.type == "turn.cancelled")
+            await trio.sleep(0.3)  # a withdrawn turn would have started by now
+    a = first["turn_id"]
+    started = [e.turn_id for e in client.events if e.type == "turn.started"]
+    if status == 202:  # then it must be durable: the crash copy runs it after a restart
+        restarted = running_gateway(make_config(tmp_path), Gated())
+        async with restarted as gw2, gw2.client(sid) as again:
+            ack = await again.subscribe(since=format_event_id(0))
+            assert isinstance(ack, SubscribeAck), ack
+            with trio.fail_after(10):
+                await again.until(
+                    lambda e: e.type == "turn.started" and e.turn_id == body["turn_id"]
+                )
+    else:
+        assert status == 409 and body["error"]["code"] == "turn_in_progress", body
+        assert "still closing" in body["error"]["message"]
+        assert started == [a]  # the refused turn never starts
+    [cancelled] = [e for e in client.events if e.type == "turn.cancelled"]
+    assert (cancelled.turn_id, cancelled.payload.reason) == (a, "interrupted")
+
+
+async def test_queued_turns_wait_through_a_graceful_shutdown_and_run_once_after(
+    tmp_path: Path,
+) -> None:
+    provider = Gated()
+    async with running_gateway(make_config(tmp_path), provider) as gw:
+        sid = await gw.create_session()
+        assert (await post(gw, sid, "hold A"))[0] == 202
+        await provider.holding.wait()
+        queued = [(await post(gw, sid, t, if_busy="queue"))[1]["turn_id"] for t in ("B", "C")]
+    # The shutdown cancelled A; neither queued turn started, nor called the model.
+    assert [_last_text(r) for r in provider.requests] == ["hold A"]
+    again = Gated()
+    async with running_gateway(make_config(tmp_path), again) as gw, gw.client(sid) as client:
+        ack = await client.subscribe(since=format_event_id(0))
+        assert isinstance(ack, SubscribeAck), ack
+        with trio.fail_after(20):
+            while sum(e.type == "turn.completed" for e in client.events) < 2:
+                await client.recv()
+    kinds = [(e.type, e.turn_id) for e in client.events if e.type.startswith("turn.")]
+    a = kinds[0][1]
+    assert kinds == [
+        ("turn.started", a),
+        ("turn.queued", queued[0]),
+        ("turn.queued", queued[1]),
+        ("turn.cancelled", a),
+        ("turn.started", queued[0]),
+        ("turn.completed", queued[0]),
+        ("turn.started", queued[1]),
+        ("turn.completed", queued[1]),
+    ]
+    assert [_last_text(r) for r in again.requests] == ["B", "C"]
+
+
+async def test_a_steer_survives_a_crash_and_runs_once_as_a_queued_turn(tmp_path: Path) -> None:
+    provider = Gated()
+    live = tmp_path / "live"
+    live.mkdir()
+    async with running_gateway(make_config(live), provider) as gw:
+        sid = await gw.create_session()
+        _, first = await post(gw, sid, "hold A")
+        await provider.holding.wait()
+        status, body = await post(gw, sid, "steered", if_busy="steer")
+        crash_copy(str(live / "gateway.db"), str(tmp_path / "gateway.db"))
+        provider.let_go()
+    assert (status, body) == (202, {"turn_id": first["turn_id"], "steered": True})
+    again = Gated()
+    async with running_gateway(make_config(tmp_path), again) as gw, gw.client(sid) as client:
+        ack = await client.subscribe(since=format_event_id(0))
+        assert isinstance(ack, SubscribeAck), ack
+        with trio.fail_after(20):
+            await client.until(lambda e: e.type == "turn.completed")
+        await trio.sleep(0.2)
+        messages = (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]
+    kinds = [e.type for e in client.events if e.type.startswith("turn.")]
+    assert kinds == [
+        "turn.started",
+        "turn.cancelled",
+        "turn.queued",
+        "turn.started",
+        "turn.completed",
+    ]
+    [queued] = [e for e in client.events if e.type == "turn.queued"]
+    assert queued.payload.user_message.content == [TextBlock("steered")]
+    assert [_last_text(r) for r in again.requests] == ["steered"]
+    users = [m["content"][0]["text"] for m in messages if m["role"] == "user"]
+    assert users == ["hold A", "steered"]
+
+
+async def test_an_interrupt_waiting_when_shutdown_begins_is_refused_503_at_once(
+    tmp_path: Path,
+) -> None:
+    """The running turn closes during a shutdown: the interrupting turn does not start
+    then (nothing starts once shutdown began), and its request is told so at once, not
+    left waiting until the connections are dropped."""
+    config = slow_cancel_config(tmp_path, **{"store.commit_timeout_s": 10.0})
+    answer: dict[str, Any] = {}
+    async with running_gateway(config, Gated()) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            await post(gw, sid, json.dumps(STUBBORN))
+            with trio.fail_after(10):
+                await client.until(lambda e: e.type == "tool.called")
+            await trio.sleep(0.5)  # the shell is running its trap
+
+            async def interrupt() -> None:
+                answer["at"] = trio.current_time()
+                answer["status"], answer["body"] = await post(gw, sid, "B", if_busy="interrupt")
+                answer["took"] = trio.current_time() - answer["at"]
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(interrupt)
+                await trio.sleep(0.3)
+                gw.gateway.shutdown()
+    assert answer["status"] == 503, answer
+    assert answer["body"]["error"]["code"] == "shutting_down"
+    assert answer["took"] < 5  # when the running turn closed (kill_grace_s), not at the drop
