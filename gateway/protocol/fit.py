@@ -25,8 +25,12 @@ bound, but a client refuses a frame over its own limit (close 1009), so a
   ``message.complete`` that ends the message carries it whole. The cut
   changes no event and no id, so the seam's cut (``snapshot_at_event_id``)
   and its exactly-once rule are untouched.
-- **The summary.** A pending permission whose input alone would push the
-  frame over the cap has its input sent as ``{}``, marked truncated.
+- **The summary.** Its queued turns' user messages (docs/protocol.md §2 "A
+  busy session") take at most half the cap: the largest are cut as a message
+  is, marked truncated (``turn.queued`` and, once it started, ``GET
+  .../messages`` have them whole). A pending permission whose input alone
+  would push the frame over the cap has its input sent as ``{}``, marked
+  truncated.
 
 The streaming message is always sent, cut as far as its blocks allow: live
 deltas name it, and a client cannot apply them to a message it never got.
@@ -230,10 +234,33 @@ def _part(text: str, count: int, keep_end: bool) -> str:
     return text[len(text) - count :] if keep_end else text[:count]
 
 
+def _fit_queued(session: SessionSummary, max_bytes: int) -> SessionSummary:
+    """The summary, its queued turns' user messages cut (their largest blocks first, marked
+    truncated) so that together they take at most half of ``max_bytes``: the rest is the
+    history's (docs/protocol.md §2 "A busy session": each may be ``max_body_bytes``)."""
+    queued = session.queued_turns
+    if isinstance(queued, msgspec.UnsetType) or not queued:
+        return session
+    sizes = [len(encode(q.user_message)) for q in queued]
+    budget = max_bytes // 2
+    if sum(sizes) <= budget:
+        return session
+    level = _level(sizes, budget)
+    cut = [
+        msgspec.structs.replace(q, user_message=cut_message(q.user_message, level, size=n)[0])
+        if n > level
+        else q
+        for q, n in zip(queued, sizes, strict=True)
+    ]
+    return msgspec.structs.replace(session, queued_turns=cut)
+
+
 def _fit_summary(
     session: SessionSummary, snapshot_at_event_id: str | None, max_bytes: int
 ) -> SessionSummary:
-    """The summary, its largest pending permission inputs sent as ``{}`` while it does not fit."""
+    """The summary, its queued turns cut to half the frame (:func:`_fit_queued`), then its
+    largest pending permission inputs sent as ``{}`` while it does not fit."""
+    session = _fit_queued(session, max_bytes)
     total = len(encode(_SnapshotWire(session, [], snapshot_at_event_id, False)))
     if total <= max_bytes or not session.pending_permissions:
         return session

@@ -8,13 +8,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 
 from gateway.ids import format_event_id
+from gateway.protocol.fit import fit_snapshot
 from gateway.protocol.frames import SubscribeAck
-from gateway.protocol.shapes import TextBlock
+from gateway.protocol.shapes import Message, QueuedTurnInfo, TextBlock
 from tests.conftest import make_config, running_gateway
 from tests.integration.session.test_busy import Gated, _last_text, post
+from tests.integration.session.test_snapshot_cap import CAP, _snapshot, snapshot_of
+from tests.integration.session.test_snapshot_cap import summary as cap_summary
 from tests.integration.store.test_restart import crash_copy
 
 # A shell that ignores SIGTERM: its turn takes [tools] kill_grace_s to close (section 8).
@@ -177,3 +181,54 @@ async def test_an_interrupt_waiting_when_shutdown_begins_is_refused_503_at_once(
     assert answer["status"] == 503, answer
     assert answer["body"]["error"]["code"] == "shutting_down"
     assert answer["took"] < 5  # when the running turn closed (kill_grace_s), not at the drop
+
+
+async def test_a_snapshot_with_large_queued_turns_still_fits_snapshot_max_bytes(
+    tmp_path: Path,
+) -> None:
+    """Each queued turn's user message rides in the snapshot's summary (``queued_turns``):
+    a few large ones (each within max_body_bytes) must not push the frame past the cap
+    a client's frame limit is set to (docs/protocol.md §15: close 1009 otherwise)."""
+    provider = Gated()
+    config = make_config(tmp_path, **{"stream.snapshot_max_bytes": CAP})
+    async with running_gateway(config, provider) as gw:
+        sid = await gw.create_session()
+        assert (await post(gw, sid, "hold A"))[0] == 202
+        await provider.holding.wait()
+        big = [("x" if i else "y") * 40_000 for i in range(2)]
+        answers = [await post(gw, sid, text, if_busy="queue") for text in big]
+        assert [s for s, _ in answers] == [202, 202]
+        data, frame = await snapshot_of(gw, sid)
+        provider.let_go()
+    assert len(data) <= CAP
+    queued = frame.session.queued_turns
+    assert not isinstance(queued, msgspec.UnsetType)
+    assert [q.turn_id for q in queued] == [a["turn_id"] for _, a in answers]
+    assert [q.position for q in queued] == [1, 2]
+    # Cut, marked truncated, and whole in turn.queued / GET .../messages once it started.
+    cut = [b for q in queued for b in q.user_message.content]
+    assert any(isinstance(b, TextBlock) and b.truncated is True for b in cut)
+
+
+def test_fit_snapshot_cuts_queued_turns_to_fit() -> None:
+    queued = [QueuedTurnInfo(f"turn_{i}", i + 1, user_turn(i, 30_000 + i)) for i in range(8)]
+    session = msgspec.structs.replace(cap_summary(), queued_turns=queued)
+    history = [user_turn(100, 500)]
+    data = fit_snapshot(session, history, "evt_9", limit=50, max_bytes=CAP)
+    assert len(data) <= CAP
+    frame = _snapshot.decode(data)
+    assert not isinstance(frame.session.queued_turns, msgspec.UnsetType)
+    assert [q.turn_id for q in frame.session.queued_turns] == [q.turn_id for q in queued]
+    # Small enough: untouched.
+    few = msgspec.structs.replace(
+        cap_summary(), queued_turns=[QueuedTurnInfo("t", 1, user_turn(1, 10))]
+    )
+    assert (
+        _snapshot.decode(fit_snapshot(few, history, None, limit=50, max_bytes=CAP)).session == few
+    )
+
+
+def user_turn(n: int, size: int) -> Message:
+    return Message(
+        f"msg_{n}", "sess_1", f"turn_{n}", "user", [TextBlock("q" * size)], "complete", 1
+    )
