@@ -33,7 +33,7 @@ from gateway.http.openapi import Operation
 from gateway.http.parsing import decode, user_content
 from gateway.http.server import Request, Response, StreamingResponse, json_response
 from gateway.ids import new_turn_id, now_ms, parse_event_id
-from gateway.protocol.shapes import Message
+from gateway.protocol.shapes import Message, QueuedTurnInfo
 from gateway.session.session import Session
 from gateway.session.turn_start import turn_start
 from gateway.tenancy import NO_OWNER
@@ -158,6 +158,11 @@ class Responses:
                 if trigger != edits.REGENERATE and edits.same_text(sent, content):
                     return await self._replay(session, sent.turn_id, client)
                 rewind_to = sent.id  # edited, or regenerated (docs/doors/aisdk.md)
+            elif trigger != edits.REGENERATE:  # sent again while its turn waits in the queue
+                mid = user_message_id(chat_id, last.id)
+                repeated = await self._queued_send(session, mid, client)
+                if repeated is not None:
+                    return repeated
         if trigger == edits.REGENERATE and rewind_to is None:
             raise ApiError(
                 404, "message_not_found", f"no message of {chat_id} to regenerate: {last.id[:40]!r}"
@@ -187,6 +192,28 @@ class Responses:
             raise
         # A steered send streams the turn it joined; a queued one, its own once it starts.
         return Opened(session, sub, ChatMapper(session.id, taken.turn_id))
+
+    async def _queued_send(self, session: Session, mid: str, client: str) -> Opened | None:
+        """A message ``mid`` sent again while its turn is queued ([turns] if_busy "queue",
+        docs/protocol.md §2 "A busy session"): that turn, streamed once it starts, as the
+        first send's was (its message is in no history yet). ``None``: not queued.
+        """
+        if not any(q.user_message.id == mid for q in await self._queued(session)):
+            return None
+        sub = await self._live(session, client)  # before it can start: nothing missed
+        queued = next((q for q in await self._queued(session) if q.user_message.id == mid), None)
+        if queued is not None:
+            return Opened(session, sub, ChatMapper(session.id, queued.turn_id))
+        session.hub.unsubscribe(sub)  # it started meanwhile: in the history now
+        history = await self.node.messages_of(session)
+        sent = next((m for m in history if m.id == mid), None)
+        if sent is not None and sent.turn_id is not None:
+            return await self._replay(session, sent.turn_id, client)
+        return None  # cancelled while queued: sent again, it is a new turn
+
+    async def _queued(self, session: Session) -> list[QueuedTurnInfo]:
+        waiting = (await self.node.live_summary(session)).queued_turns
+        return [] if isinstance(waiting, msgspec.UnsetType) else waiting
 
     async def _known(self, chat_id: str) -> bool:
         return (

@@ -5,8 +5,11 @@ shutdowns, small frames, and what the contract promises at each.
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import trio
@@ -15,11 +18,14 @@ from gateway.ids import format_event_id
 from gateway.protocol.fit import fit_snapshot
 from gateway.protocol.frames import SubscribeAck
 from gateway.protocol.shapes import Message, QueuedTurnInfo, TextBlock
+from tests.aisdk_support import UiMessage, read, read_until, request, user
+from tests.aisdk_support import gateway as aisdk_gateway
 from tests.conftest import make_config, running_gateway
 from tests.integration.session.test_busy import Gated, _last_text, post
 from tests.integration.session.test_snapshot_cap import CAP, _snapshot, snapshot_of
 from tests.integration.session.test_snapshot_cap import summary as cap_summary
 from tests.integration.store.test_restart import crash_copy
+from tests.scripts import LONG_NAP, TEXT
 
 # A shell that ignores SIGTERM: its turn takes [tools] kill_grace_s to close (section 8).
 STUBBORN = {
@@ -232,3 +238,37 @@ def user_turn(n: int, size: int) -> Message:
     return Message(
         f"msg_{n}", "sess_1", f"turn_{n}", "user", [TextBlock("q" * size)], "complete", 1
     )
+
+
+async def test_an_ai_sdk_send_repeated_while_queued_is_that_turn_not_a_second_one(
+    tmp_path: Path,
+) -> None:
+    """docs/doors/aisdk.md: a repeated request (same chat, same message) is that turn, never
+    run twice. With ``[turns] if_busy = "queue"`` the first send of it was queued: its
+    message is in no history yet, and a second turn with the same message id was queued."""
+    async with aisdk_gateway(tmp_path, **{"turns.if_busy": "queue"}) as h:
+        chat_id = f"chat-{uuid.uuid4()}"
+        first, second = user(LONG_NAP), user(TEXT)
+        async with h.http.stream("POST", "/ai-sdk/chat", json=request(chat_id, first)) as r:
+            m = UiMessage()
+            lines = cast(AsyncGenerator[str, None], r.aiter_lines())
+            async with aclosing(lines):
+                await read_until(
+                    lines, m, lambda: any(p["type"] == "dynamic-tool" for p in m.parts)
+                )
+                body = request(chat_id, first, second)
+                async with h.http.stream("POST", "/ai-sdk/chat", json=body) as dropped:
+                    assert dropped.status_code == 200  # queued; the client loses it
+                async with h.http.stream("POST", "/ai-sdk/chat", json=body) as again:
+                    assert again.status_code == 200
+                    r2 = await h.http.post(f"/ai-sdk/chat/{chat_id}/stop", json={})
+                    assert r2.status_code == 202
+                    answered = await read(again)
+                await read_until(lines, m, lambda: False)
+        assert answered.text == "Hello there, friend."
+        await trio.sleep(0.3)  # a second queued turn would run now
+        messages = (await h.http.get(f"/sessions/{chat_id}/messages")).json()["messages"]
+    users = [x for x in messages if x["role"] == "user" and x["content"][0]["type"] == "text"]
+    assert len(users) == 2, users
+    assert len({x["turn_id"] for x in messages}) == 2
+    assert len([x for x in messages if x["role"] == "assistant"]) == 2
