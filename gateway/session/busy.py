@@ -135,6 +135,7 @@ def submit(
     if if_busy == "reject" or not is_busy(session):
         return session.submit_turn(message, if_busy, rewind_to)
     admission.check_here(session)
+    _check_new(session, message)
     admission.check_size(session)
     admission.check_store(session.node.store)
     running = session.turn
@@ -144,6 +145,18 @@ def submit(
     if if_busy == "steer" and running is not None and not running.cancelling:
         return _steer(session, running, message, trace or {})
     return _queue(session, message, trace or {})
+
+
+def _check_new(session: BusyHost, message: Message) -> None:
+    """A message id is taken once: one already waiting or in the conversation is the same
+    message sent again (a door's id derived from the client's, two requests racing), not
+    a second turn of it, which would replace the first's message where it starts."""
+    waiting = (q.user_message.id for q in session.record.queued_turns)
+    if message.id in waiting or any(m.id == message.id for m in session.messages):
+        raise Refused(
+            "turn_in_progress",
+            f"message {message.id} was sent to {session.id} already: its turn is under way",
+        )
 
 
 def _check_room(session: BusyHost) -> None:

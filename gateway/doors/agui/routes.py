@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import msgspec
+
 from gateway.doors.agui import shapes as ag
 from gateway.doors.agui.mapping import RunMapper
 from gateway.doors.agui.resume import RunFeed, RunRecord, Tagged, parse_cursor
@@ -194,7 +196,10 @@ class AguiRoutes:
                     "approval: send a run with resume",
                 )
             turn_id = new_turn_id()
-            mid = self.book.message_id(session.id, body.run_id, history)
+            # A queued run's message is in no history yet (docs/protocol.md §2).
+            queued = state.queued_turns if state.queued_turns is not msgspec.UNSET else []
+            sent = [*history, *(q.user_message for q in queued)]
+            mid = self.book.message_id(session.id, body.run_id, sent)
             message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
             start, started_ms = await self._subscribe(session, sub), message.created_at
             try:  # a busy thread: as [turns] if_busy says (docs/doors/agui.md)

@@ -12,15 +12,19 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
+import pytest
 import trio
 
-from gateway.ids import format_event_id
+from gateway.errors import Refused
+from gateway.ids import format_event_id, message_id_of
 from gateway.protocol.fit import fit_snapshot
 from gateway.protocol.frames import SubscribeAck
 from gateway.protocol.shapes import Message, QueuedTurnInfo, TextBlock
 from tests.aisdk_support import UiMessage, read, read_until, request, user
 from tests.aisdk_support import gateway as aisdk_gateway
 from tests.conftest import make_config, running_gateway
+from tests.integration.doors.agui.test_agui_http import agui, run_input
+from tests.integration.doors.agui.test_agui_http import gateway as agui_gateway
 from tests.integration.session.test_busy import Gated, _last_text, post
 from tests.integration.session.test_snapshot_cap import CAP, _snapshot, snapshot_of
 from tests.integration.session.test_snapshot_cap import summary as cap_summary
@@ -272,3 +276,62 @@ async def test_an_ai_sdk_send_repeated_while_queued_is_that_turn_not_a_second_on
     assert len(users) == 2, users
     assert len({x["turn_id"] for x in messages}) == 2
     assert len([x for x in messages if x["role"] == "assistant"]) == 2
+
+
+async def test_an_agui_run_posted_twice_while_queued_never_shares_a_message_id(
+    tmp_path: Path,
+) -> None:
+    """An AG-UI run's user message id is derived from its run id; a run id sent again gets
+    a fresh one when the thread has it (docs/doors/agui.md). A queued run's message is in
+    no history yet: the second turn must not take the same message id (it replaced the
+    first turn's user message in the conversation)."""
+    async with agui_gateway(tmp_path, **{"turns.if_busy": "queue"}) as h:
+        thread = await h.create_session()
+        async with agui(h, run_input(thread, LONG_NAP)) as first:
+            await first.until("TOOL_CALL_START")
+            again = run_input(thread, TEXT)
+            async with agui(h, again) as one, agui(h, again) as two:
+                await one.until("RUN_STARTED")
+                await two.until("RUN_STARTED")
+                await h.http.post(f"/agui/{thread}/cancel", json={})
+                await one.rest()
+                await two.rest()
+            await first.rest()
+        messages = (await h.http.get(f"/sessions/{thread}/messages")).json()["messages"]
+    users = [m for m in messages if m["role"] == "user" and m["content"][0]["type"] == "text"]
+    assert len({m["id"] for m in users}) == len(users)
+    turns = {m["turn_id"] for m in messages}
+    assert all(any(u["turn_id"] == t for u in users) for t in turns), "a turn lost its user message"
+
+
+async def test_a_busy_session_takes_a_message_id_once(tmp_path: Path) -> None:
+    """Two requests of a door that derives the message id from the client's (AI SDK, AG-UI)
+    race past its look-up: the second turn with the same message id is refused, whatever
+    if_busy says (a second turn of it would replace the first's message where it starts)."""
+    provider = Gated()
+    async with running_gateway(make_config(tmp_path), provider) as gw:
+        sid = await gw.create_session()
+        _, first = await post(gw, sid, "hold A")
+        await provider.holding.wait()
+        session = gw.node.sessions[sid]
+        outcomes: dict[str, list[str]] = {}
+        for mode in ("queue", "steer"):
+            text = [TextBlock(mode)]
+            message = Message(f"msg_same_{mode}", sid, None, "user", text, "complete", 1)
+            for _ in range(2):
+                try:
+                    await gw.node.submit_turn(session, message, mode, None)  # type: ignore[arg-type]
+                    outcomes.setdefault(mode, []).append("taken")
+                except Refused as exc:
+                    outcomes.setdefault(mode, []).append(exc.code)
+        again = Message(
+            message_id_of(first["turn_id"]), sid, None, "user", [TextBlock("x")], "complete", 1
+        )
+        with pytest.raises(Refused) as refused:
+            await gw.node.submit_turn(session, again, "queue", None)
+        provider.let_go()
+    assert outcomes == {
+        "queue": ["taken", "turn_in_progress"],
+        "steer": ["taken", "turn_in_progress"],
+    }
+    assert refused.value.code == "turn_in_progress"  # the running turn's own message
