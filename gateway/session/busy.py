@@ -38,7 +38,7 @@ import msgspec
 import trio
 
 from gateway.cluster import ops
-from gateway.errors import Refused
+from gateway.errors import Refused, unavailable
 from gateway.ids import new_turn_id
 from gateway.protocol.events import Payload, StreamEvent, TurnCancelled, TurnQueued, TurnSteered
 from gateway.protocol.http import IfBusy
@@ -229,8 +229,9 @@ def start_next(session: BusyHost) -> None:
 
     First the steers no running turn will take become queued turns
     (``turn.queued``); then an interrupting turn starts, else the first queued
-    one. Nothing starts on a session that is stopping here, deleted, or on a
-    node shutting down: its queued turns stay in the store for the next run.
+    one. Nothing starts on a session that is stopping here, deleted, on a node
+    shutting down, or once the store refuses every write: its queued turns stay
+    in the store for the next run.
     """
     if session.turn is not None or session.fenced or session.deleted:
         return
@@ -247,16 +248,20 @@ def start_next(session: BusyHost) -> None:
             ],
         )
     lane = session.supervisor
-    if session.node.shutting_down:  # an interrupting turn is not durable: refused, not kept
-        wait = math.ceil(session.node.config.server.shutdown_grace_s)
-        while lane.interrupters:
-            lane.interrupters.popleft().drop(
-                Refused(
-                    "shutting_down",
-                    f"the gateway is shutting down: retry in {wait} s",
-                    retry_after_s=wait,
-                )
-            )
+    node = session.node
+    if node.shutting_down:  # an interrupting turn is not durable: refused, not kept
+        wait = math.ceil(node.config.server.shutdown_grace_s)
+        _drop_interrupters(
+            lane,
+            Refused(
+                "shutting_down",
+                f"the gateway is shutting down: retry in {wait} s",
+                retry_after_s=wait,
+            ),
+        )
+        return
+    if node.store.refusing is not None:  # nothing more is written: a turn would only fail
+        _drop_interrupters(lane, unavailable(node.store.refusing))
         return
     if lane.interrupters:
         turn = lane.interrupters.popleft()
@@ -269,6 +274,11 @@ def start_next(session: BusyHost) -> None:
         return
     session.turn = turn
     lane.queue_turn(turn)
+
+
+def _drop_interrupters(lane: Lane, refused: Refused) -> None:
+    while lane.interrupters:
+        lane.interrupters.popleft().drop(refused)
 
 
 def withdraw(session: BusyHost, turn: Turn) -> bool:

@@ -411,9 +411,9 @@ class Session:
                 share a store and another node holds the session's lease;
                 ``store_unavailable`` once the store refuses every write.
         """
+        admission.check_store(self.node.store)  # 503 first: the store ended its turns (§15)
         admission.check_idle(self)
         admission.check_size(self)
-        admission.check_store(self.node.store)
         rewind.check(self, rewind_to, user_message.id)  # §2 "Edit and regenerate"
         turn = Turn(user_message.turn_id or new_turn_id(), user_message, rewind_to=rewind_to)
         self.turn = turn
@@ -431,8 +431,8 @@ class Session:
                 the model's view holds nothing but the latest turn (and a
                 previous summary); 503 as :meth:`submit_turn`.
         """
-        admission.check_idle(self)
         admission.check_store(self.node.store)
+        admission.check_idle(self)
         if self.supervisor.compaction_queued:
             return
         if plan(self.messages, None) is None:

@@ -4,6 +4,7 @@ shutdowns, small frames, and what the contract promises at each.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncGenerator
@@ -14,6 +15,7 @@ from typing import Any, cast
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from gateway.errors import Refused
 from gateway.ids import format_event_id, message_id_of
@@ -29,6 +31,15 @@ from tests.integration.session.test_busy import Gated, _last_text, post
 from tests.integration.session.test_snapshot_cap import CAP, _snapshot, snapshot_of
 from tests.integration.session.test_snapshot_cap import summary as cap_summary
 from tests.integration.store.test_restart import crash_copy
+from tests.integration.store.test_store_file import (
+    NAP,
+    TEXT_SCRIPT,
+    node_on,
+    record,
+    refused,
+    remove_store,
+    user_message,
+)
 from tests.scripts import LONG_NAP, TEXT
 
 # A shell that ignores SIGTERM: its turn takes [tools] kill_grace_s to close (section 8).
@@ -335,3 +346,37 @@ async def test_a_busy_session_takes_a_message_id_once(tmp_path: Path) -> None:
         "steer": ["taken", "turn_in_progress"],
     }
     assert refused.value.code == "turn_in_progress"  # the running turn's own message
+
+
+async def test_queued_turns_do_not_start_once_the_store_refuses_writes(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store's file is gone: the running turn is cancelled (store_unavailable), and the
+    queued turns wait (docs/protocol.md §15: nothing more is written), not started one
+    after the other, each failing at its first commit as a gateway bug."""
+    async with node_on(tmp_path) as node:
+        session = await node.create_session()
+        turn = session.submit_turn(user_message(session, NAP))
+        await session.accepted(turn)
+        with trio.fail_after(5):
+            while turn.phase != "tools":  # noqa: ASYNC110 (a phase, no event to wait on)
+                await trio.sleep(0.01)
+        for _ in range(2):
+            await node.submit_turn(session, user_message(session, TEXT_SCRIPT), "queue", None)
+        remove_store(tmp_path / "gateway.db")
+        node.store.put_session(record("sess_new"))
+        with contextlib.suppress(Refused):
+            await node.durable_or_503()
+        with trio.fail_after(1):
+            await turn.done.wait()
+        await trio.sleep(1)
+        assert session.turn is None
+        assert len(session.record.queued_turns) == 2
+        # And the session answers as the store does, not 409 (docs/protocol.md §15).
+        for mode in ("reject", "queue"):
+            message = user_message(session, TEXT_SCRIPT)
+            code, _ = await refused(node.submit_turn(session, message, mode, None))  # type: ignore[arg-type]
+            assert code == "store_unavailable", mode
+    assert not [r for r in caplog.records if getattr(r, "event", None) == "session_failed"]
