@@ -380,3 +380,27 @@ async def test_queued_turns_do_not_start_once_the_store_refuses_writes(
             code, _ = await refused(node.submit_turn(session, message, mode, None))  # type: ignore[arg-type]
             assert code == "store_unavailable", mode
     assert not [r for r in caplog.records if getattr(r, "event", None) == "session_failed"]
+
+
+async def test_turns_per_minute_counts_accepted_queued_turns_and_refunds_refused_ones(
+    tmp_path: Path,
+) -> None:
+    """docs/protocol.md §2: a queued turn counts at its 202, a refused one (409 queue_full)
+    does not (given back), and a cancelled queued turn stays counted; the rate is
+    checked first (section 15)."""
+    provider = Gated()
+    overrides = {"limits.turns_per_minute_per_key": 3, "turns.max_queued": 1}
+    async with running_gateway(make_config(tmp_path, **overrides), provider) as gw:
+        sid = await gw.create_session()
+        assert (await post(gw, sid, "hold A"))[0] == 202  # 1
+        await provider.holding.wait()
+        status, q1 = await post(gw, sid, "Q1", if_busy="queue")  # 2
+        full = [await post(gw, sid, f"F{i}", if_busy="queue") for i in range(3)]  # refunded
+        cancel = await gw.http.post(f"/sessions/{sid}/turns/{q1['turn_id']}/cancel", json={})
+        q2 = await post(gw, sid, "Q2", if_busy="queue")  # 3
+        over = await post(gw, sid, "Q3", if_busy="queue")  # the rate is used up: 429 first
+        provider.let_go()
+    assert status == 202 and cancel.status_code == 202
+    assert [(s, b["error"]["code"]) for s, b in full] == [(409, "queue_full")] * 3
+    assert q2[0] == 202, q2
+    assert (over[0], over[1]["error"]["code"]) == (429, "rate_limited")
