@@ -404,3 +404,35 @@ async def test_turns_per_minute_counts_accepted_queued_turns_and_refunds_refused
     assert [(s, b["error"]["code"]) for s, b in full] == [(409, "queue_full")] * 3
     assert q2[0] == 202, q2
     assert (over[0], over[1]["error"]["code"]) == (429, "rate_limited")
+
+
+async def test_another_key_cannot_cancel_read_or_steer_a_sessions_queued_turns(
+    tmp_path: Path,
+) -> None:
+    provider = Gated()
+    config = make_config(tmp_path, **{"auth.api_keys": ["key-a", "key-b"]})
+    a = {"Authorization": "Bearer key-a"}
+    b = {"Authorization": "Bearer key-b"}
+    async with running_gateway(config, provider) as gw:
+        sid = (await gw.http.post("/sessions", json={}, headers=a)).json()["session_id"]
+        own = (await gw.http.post("/sessions", json={}, headers=b)).json()["session_id"]
+        turns = f"/sessions/{sid}/turns"
+        r = await gw.http.post(turns, json={"content": "hold A"}, headers=a)
+        assert r.status_code == 202
+        await provider.holding.wait()
+        r = await gw.http.post(turns, json={"content": "secret", "if_busy": "queue"}, headers=a)
+        queued = r.json()["turn_id"]
+        refused = [
+            await gw.http.post(f"{turns}/{queued}/cancel", json={}, headers=b),
+            await gw.http.post(f"/sessions/{own}/turns/{queued}/cancel", json={}, headers=b),
+            await gw.http.post(turns, json={"content": "x", "if_busy": "steer"}, headers=b),
+            await gw.http.post(turns, json={"content": "x", "if_busy": "interrupt"}, headers=b),
+            await gw.http.get(f"/sessions/{sid}", headers=b),
+        ]
+        listed = (await gw.http.get("/sessions", headers=b)).text
+        mine = (await gw.http.get("/sessions", headers=a)).json()["sessions"]
+        provider.let_go()
+    assert [r.status_code for r in refused] == [404] * 5, [r.text for r in refused]
+    assert "secret" not in listed and queued not in listed
+    [listing] = [s for s in mine if s["session"]["id"] == sid]
+    assert [q["turn_id"] for q in listing["session"]["queued_turns"]] == [queued]
