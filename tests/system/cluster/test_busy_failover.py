@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from gateway.protocol.events import Event
-from tests.cluster_support import ENDS, LEASE_S, leaf, peers, running_cluster
+from tests.cluster_support import ENDS, LEASE_S, Node, leaf, peers, running_cluster
 from tests.redis_support import ensure_redis_server
 
 pytestmark = pytest.mark.slow  # redis-server and gateway serve processes, one killed
@@ -30,7 +30,7 @@ def turn_kinds(events: list[Event]) -> list[tuple[str, str | None]]:
     return [(e.type, e.turn_id) for e in events if e.type.startswith("turn.")]
 
 
-async def busy_then_killed(nodes: list) -> tuple[list[str], list[Event], list[Event]]:  # type: ignore[type-arg]
+async def busy_then_killed(nodes: list[Node]) -> tuple[list[str], list[Event], list[Event]]:
     owner = nodes[0]
     with trio.fail_after(20 + 4 * LEASE_S):
         async with peers(nodes) as (a, b):
