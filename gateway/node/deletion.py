@@ -57,9 +57,14 @@ async def delete(node: NodeCore, session: Session) -> None:
     """
     registry = node.registry
     live = _tree(session)
+    for s in live:  # nothing queued starts from now on, whatever ends meanwhile (§2)
+        s.deleting = True
     try:
         ids = await _stored_tree(node, session.id)
     except StoreError as exc:
+        for s in live:  # not deleted after all: what waits goes on
+            s.deleting = False
+            s.next_turn()
         raise unavailable(exc) from None
     ids += [s.id for s in live if s.id not in ids]
     registry.deleting.update(ids)

@@ -90,6 +90,7 @@ class BusyHost(SessionCore, Protocol):
     fenced: bool
     deleted: bool
     steered: Pulse  # fired when a steer for the running turn is kept
+    deleting: bool
 
     @property
     def node(self) -> BusyNode: ...
@@ -229,11 +230,11 @@ def start_next(session: BusyHost) -> None:
 
     First the steers no running turn will take become queued turns
     (``turn.queued``); then an interrupting turn starts, else the first queued
-    one. Nothing starts on a session that is stopping here, deleted, on a node
+    one. Nothing starts on a session that is stopping here, being deleted, on a node
     shutting down, or once the store refuses every write: its queued turns stay
     in the store for the next run.
     """
-    if session.turn is not None or session.fenced or session.deleted:
+    if session.turn is not None or session.fenced or session.deleted or session.deleting:
         return
     record = session.record
     orphans = [q for q in record.queued_turns if q.steering is not None]

@@ -271,6 +271,7 @@ class Session:
         self.agent: AgentLoop | None = None  # once run() started it
         self.fenced = False  # stopping after a lost lease: nothing more is emitted here
         self.deleted = False  # DELETE /sessions/{id} took it (gateway.node.deletion)
+        self.deleting = False  # a DELETE is under way: nothing queued starts (busy)
         # Unloading (docs/protocol.md §13, gateway.node.unloading): the trio time it was
         # last used, the requests holding it now, and its tasks' end.
         self.used_at = 0.0

@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.errors import Refused
+from gateway.errors import Refused, StoreError
 from gateway.ids import format_event_id, message_id_of
 from gateway.protocol.fit import fit_snapshot
 from gateway.protocol.frames import SubscribeAck
@@ -27,7 +27,7 @@ from tests.aisdk_support import gateway as aisdk_gateway
 from tests.conftest import make_config, running_gateway
 from tests.integration.doors.agui.test_agui_http import agui, run_input
 from tests.integration.doors.agui.test_agui_http import gateway as agui_gateway
-from tests.integration.session.test_busy import Gated, _last_text, post
+from tests.integration.session.test_busy import Gated, _last_text, post, until_started
 from tests.integration.session.test_snapshot_cap import CAP, _snapshot, snapshot_of
 from tests.integration.session.test_snapshot_cap import summary as cap_summary
 from tests.integration.store.test_restart import crash_copy
@@ -436,3 +436,70 @@ async def test_another_key_cannot_cancel_read_or_steer_a_sessions_queued_turns(
     assert "secret" not in listed and queued not in listed
     [listing] = [s for s in mine if s["session"]["id"] == sid]
     assert [q["turn_id"] for q in listing["session"]["queued_turns"]] == [queued]
+
+
+async def test_a_queued_turn_never_starts_once_a_delete_began(tmp_path: Path) -> None:
+    """The running turn ends while DELETE still reads the store (its workers): the queued
+    turn must not start then (docs/protocol.md §2: deleting drops them)."""
+    provider = Gated()
+    async with running_gateway(make_config(tmp_path), provider) as gw:
+        sid = await gw.create_session()
+        assert (await post(gw, sid, "hold A"))[0] == 202
+        await provider.holding.wait()
+        assert (await post(gw, sid, "B", if_busy="queue"))[0] == 202
+        store = gw.node.store
+        reading = trio.Event()
+        slow_read = store.worker_ids
+
+        async def worker_ids(session_id: str) -> list[str]:
+            reading.set()
+            await trio.sleep(0.5)  # a slow store
+            return await slow_read(session_id)
+
+        store.worker_ids = worker_ids  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+
+            async def delete() -> None:
+                r = await gw.http.delete(f"/sessions/{sid}")
+                assert r.status_code == 204, r.text
+
+            nursery.start_soon(delete)
+            await reading.wait()
+            provider.let_go()  # A ends while the delete waits for the store
+    assert [_last_text(r) for r in provider.requests] == ["hold A"]
+
+
+async def test_a_delete_the_store_refuses_leaves_the_queue_to_go_on(tmp_path: Path) -> None:
+    """The same DELETE fails (503 store_unavailable: a retry deletes it): the session is
+    not deleted, and its queued turn runs after all."""
+    provider = Gated()
+    async with running_gateway(make_config(tmp_path), provider) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            assert (await post(gw, sid, "hold A"))[0] == 202
+            await provider.holding.wait()
+            assert (await post(gw, sid, "B", if_busy="queue"))[0] == 202
+            store = gw.node.store
+            reading = trio.Event()
+            read = store.worker_ids
+
+            async def worker_ids(session_id: str) -> list[str]:
+                reading.set()
+                await trio.sleep(0.5)
+                raise StoreError("the store did not answer")
+
+            store.worker_ids = worker_ids  # type: ignore[method-assign]
+            answer: list[int] = []
+            async with trio.open_nursery() as nursery:
+
+                async def delete() -> None:
+                    answer.append((await gw.http.delete(f"/sessions/{sid}")).status_code)
+
+                nursery.start_soon(delete)
+                await reading.wait()
+                provider.let_go()
+            store.worker_ids = read  # type: ignore[method-assign]
+            await until_started(client, 2)
+    assert answer == [503]
+    assert [_last_text(r) for r in provider.requests] == ["hold A", "B"]
