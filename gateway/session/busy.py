@@ -83,7 +83,13 @@ class BusyNode(NodeView, Protocol):
     def store(self) -> Store: ...
 
 
-class BusyHost(SessionCore, Protocol):
+class BusyCore(SessionCore, Protocol):
+    """What :func:`check_new` uses of a session."""
+
+    messages: list[Message]
+
+
+class BusyHost(BusyCore, Protocol):
     """What this module uses of a session."""
 
     turn: Turn | None  # settable here: the turn lock
@@ -136,7 +142,7 @@ def submit(
     if if_busy == "reject" or not is_busy(session):
         return session.submit_turn(message, if_busy, rewind_to)
     admission.check_here(session)
-    _check_new(session, message)
+    check_new(session, message)
     admission.check_size(session)
     admission.check_store(session.node.store)
     running = session.turn
@@ -148,10 +154,14 @@ def submit(
     return _queue(session, message, trace or {})
 
 
-def _check_new(session: BusyHost, message: Message) -> None:
+def check_new(session: BusyCore, message: Message) -> None:
     """A message id is taken once: one already waiting or in the conversation is the same
     message sent again (a door's id derived from the client's, two requests racing), not
-    a second turn of it, which would replace the first's message where it starts."""
+    a second turn of it, which would replace the first's message where it starts.
+
+    Raises:
+        Refused: ``turn_in_progress``.
+    """
     waiting = (q.user_message.id for q in session.record.queued_turns)
     if message.id in waiting or any(m.id == message.id for m in session.messages):
         raise Refused(

@@ -407,13 +407,15 @@ class Session:
         """Take a turn (the turn lock), to run on the agent loop (docs/protocol.md §2).
 
         Raises:
-            Refused: ``turn_in_progress``; ``shutting_down``;
+            Refused: ``turn_in_progress`` (also for a message id it has taken:
+                :func:`gateway.session.busy.check_new`); ``shutting_down``;
                 ``session_elsewhere`` (with ``Retry-After``) where several nodes
                 share a store and another node holds the session's lease;
                 ``store_unavailable`` once the store refuses every write.
         """
         admission.check_store(self.node.store)  # 503 first: the store ended its turns (§15)
         admission.check_idle(self)
+        busy.check_new(self, user_message)  # two requests of one message racing: one turn
         admission.check_size(self)
         rewind.check(self, rewind_to, user_message.id)  # §2 "Edit and regenerate"
         turn = Turn(user_message.turn_id or new_turn_id(), user_message, rewind_to=rewind_to)

@@ -503,3 +503,20 @@ async def test_a_delete_the_store_refuses_leaves_the_queue_to_go_on(tmp_path: Pa
             await until_started(client, 2)
     assert answer == [503]
     assert [_last_text(r) for r in provider.requests] == ["hold A", "B"]
+
+
+async def test_an_idle_session_takes_a_message_id_once_too(gw: Harness) -> None:
+    """Two AI SDK requests of one message race past the door's look-up before the chat
+    existed; the first turn has ended when the second arrives: it is not a second turn
+    (test_aisdk_adversary.py's test_the_same_request_twice_at_once_runs_one_turn saw two)."""
+    sid = await gw.create_session()
+    session = gw.node.sessions[sid]
+    message = Message("msg_once", sid, None, "user", [TextBlock("hi")], "complete", 1)
+    async with gw.client(sid) as client:
+        await client.subscribe()
+        await gw.node.submit_turn(session, message, "reject", None)
+        await client.until_turn_ends()
+        with pytest.raises(Refused) as refused:
+            await gw.node.submit_turn(session, message, "reject", None)
+    assert refused.value.code == "turn_in_progress"
+    assert [m.id for m in session.messages if m.role == "user"] == ["msg_once"]
