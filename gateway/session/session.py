@@ -407,8 +407,7 @@ class Session:
         """Take a turn (the turn lock), to run on the agent loop (docs/protocol.md §2).
 
         Raises:
-            Refused: ``turn_in_progress`` (also for a message id it has taken:
-                :func:`gateway.session.busy.check_new`); ``shutting_down``;
+            Refused: ``turn_in_progress`` (or a message id taken); ``shutting_down``;
                 ``session_elsewhere`` (with ``Retry-After``) where several nodes
                 share a store and another node holds the session's lease;
                 ``store_unavailable`` once the store refuses every write.
