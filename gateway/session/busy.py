@@ -109,9 +109,6 @@ class BusyHost(BusyCore, Protocol):
     def add_message(self, message: Message) -> None: ...
 
     @property
-    def messages(self) -> list[Message]: ...
-
-    @property
     def rewound(self) -> list[Message]: ...
 
     def submit_turn(

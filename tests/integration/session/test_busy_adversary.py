@@ -24,7 +24,7 @@ from gateway.protocol.frames import SubscribeAck
 from gateway.protocol.shapes import Message, QueuedTurnInfo, TextBlock
 from tests.aisdk_support import UiMessage, read, read_until, request, user
 from tests.aisdk_support import gateway as aisdk_gateway
-from tests.conftest import make_config, running_gateway
+from tests.conftest import Harness, make_config, running_gateway
 from tests.integration.doors.agui.test_agui_http import agui, run_input
 from tests.integration.doors.agui.test_agui_http import gateway as agui_gateway
 from tests.integration.session.test_busy import Gated, _last_text, post, until_started
