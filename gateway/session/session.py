@@ -498,11 +498,8 @@ class Session:
         decide_in(self.scope(True), perm_id, decision, content)
 
     def record_feedback(self, message_id: str, rating: Literal[-1, 1], comment: str | None) -> None:
-        """Emit ``feedback.recorded`` for one of its messages (``POST .../feedback``).
-
-        Raises:
-            Refused: ``message_not_found``.
-        """
+        """Emit ``feedback.recorded`` for one of its messages (``POST .../feedback``); 404
+        ``message_not_found``."""
         message = next((m for m in (*self.messages, *self.rewound) if m.id == message_id), None)
         if message is None:
             raise Refused("message_not_found", f"no message {message_id!r} in {self.id}")
