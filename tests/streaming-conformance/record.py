@@ -748,6 +748,41 @@ async def rewind(gw: Any, gate: Gate) -> list[Frame]:
 
 
 @scenario(
+    "a fork of a session of two turns (the second with a tool): its client attaches with a"
+    " snapshot, which holds the copied history (no event of the fork carries it), then the"
+    " fork takes a turn and one that edits a copied user message (rewind_to)"
+)
+async def fork(gw: Any, gate: Gate) -> list[Frame]:
+    from gateway.ids import message_id_of
+
+    source = await gw.create_session()
+    watcher = Recorder(gw, source)  # says when the source's turns end; not recorded
+    async with watcher.connect(CHAT):
+        await gw.submit(source, "The first question")
+        await watcher.until_turn_ends()
+        second = await gw.submit(
+            source, script([{"text": "Napping."}, sleep(0.01)], [{"text": "Rested."}])
+        )
+        await watcher.until_turn_ends()
+    r = await gw.http.post(f"/sessions/{source}/fork", json={})
+    assert r.status_code == 201, r.text
+    sid = str(r.json()["session_id"])
+    client = Recorder(gw, sid)
+    # docs/protocol.md §2 "Forks": the copied history is in the fork's snapshot, never in
+    # its events, so its client attaches with one; the trace starts with it.
+    async with client.connect(CHAT, snapshot=True):
+        snapshot = await client.recv()
+        assert snapshot["type"] == "snapshot" and len(snapshot["messages"]) == 6, snapshot
+        await gw.submit(sid, "The fork's own question")
+        await client.until_turn_ends()
+        body = {"content": "The second question, edited", "rewind_to": message_id_of(second)}
+        r = await gw.http.post(f"/sessions/{sid}/turns", json=body)
+        assert r.status_code == 202, r.text
+        await client.until_turn_ends()
+    return client.frames
+
+
+@scenario(
     "the gateway dies mid-message; the restarted one closes the turn (server_restart)",
     **{"store.checkpoint_ms": 0},
 )
