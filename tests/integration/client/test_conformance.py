@@ -530,3 +530,42 @@ def test_text_of_the_final_round_only() -> None:
         ("completed", "slept 0.01 s"),
         ("completed", "slept 0.25 s"),
     ]
+
+
+def test_a_fork_is_joined_with_its_snapshot() -> None:
+    """docs/protocol.md §2 "Forks": the fork trace starts with its snapshot, the copied history.
+
+    So its first cut point is that snapshot: the snapshot and resume properties above hold from
+    there. Before it there is no cut, and the special case the README documents: a replay of the
+    fork from before ``session.forked`` (which changes no state) holds none of the copied
+    messages, so a client that joins that way shows the fork's own turns only; here its rewind
+    to a copied message, which it does not hold, leaves it the edited branch alone.
+    """
+    frames = record.load_trace("fork")
+    assert [f["type"] for f in frames[:2]] == ["subscribe_ack", "snapshot"]
+    assert next(cuts(frames)) == 2
+    snapshot = frames[1]
+    sid = record.session_of(frames)
+    events = [f for f in frames if f["type"] == "event"]
+    copied = {m["id"] for m in snapshot["messages"]}
+    assert len(copied) == 6 and not copied & {_message_of(f) for f in events}
+    live = views(reduce(sid, frames))
+    forked = {
+        "id": snapshot["snapshot_at_event_id"],
+        "type": "session.forked",
+        "session_id": sid,
+        "turn_id": None,
+        "ts": 0,
+        "actor": "session",
+        "payload": {
+            "from_session_id": "sess_source",
+            "at_message_id": snapshot["messages"][-1]["id"],
+        },
+    }
+    without = views(reduce(sid, [{"type": "event", "event": forked}, *events]))
+    thread = [(e["role"], e["text"]) for e in live["simple"]["thread"]]
+    assert thread[:2] == [
+        ("user", "The first question"),
+        ("assistant", "You said: The first question"),
+    ]
+    assert without["simple"]["thread"] == live["simple"]["thread"][2:]
