@@ -271,6 +271,7 @@ def start_next(session: BusyHost) -> None:
     if node.store.refusing is not None:  # nothing more is written: a turn would only fail
         _drop_interrupters(lane, unavailable(node.store.refusing))
         return
+    _drop_stale_rewinds(session, lane)
     if lane.interrupters:
         turn = lane.interrupters.popleft()
         if lane.interrupters:  # a later interrupt ends this one as soon as it started
@@ -282,6 +283,18 @@ def start_next(session: BusyHost) -> None:
         return
     session.turn = turn
     lane.queue_turn(turn)
+
+
+def _drop_stale_rewinds(session: BusyHost, lane: Lane) -> None:
+    """Refuse the interrupting turns whose ``rewind_to`` a turn that started since they
+    were checked rewound (two interrupts with ``rewind_to`` at once, the first to an
+    earlier message): never started, as a target found rewound at submit is refused."""
+    for turn in list(lane.interrupters):
+        try:
+            rewind.check(session, turn.rewind_to)
+        except Refused as refused:
+            lane.interrupters.remove(turn)
+            turn.drop(refused)
 
 
 def _drop_interrupters(lane: Lane, refused: Refused) -> None:

@@ -1,0 +1,69 @@
+"""Adversary cases of edit and regenerate, forks and a busy session (docs/protocol.md §2),
+found in review: each test is a defect's reproduction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from gateway.errors import Refused
+from gateway.ids import message_id_of, new_turn_id, now_ms
+from gateway.protocol.shapes import Message, TextBlock
+from gateway.session import busy
+from tests.conftest import running_gateway
+from tests.integration.session.test_rewind import (
+    Recording,
+    config,
+    listing,
+    post_turn,
+    texts,
+    turn,
+    user_of,
+)
+
+
+def user_message(sid: str, text: str) -> Message:
+    turn_id = new_turn_id()
+    return Message(
+        message_id_of(turn_id), sid, turn_id, "user", [TextBlock(text)], "complete", now_ms()
+    )
+
+
+async def test_an_interrupt_whose_target_an_earlier_interrupt_rewound_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Two interrupts with ``rewind_to`` at once: the first rewinds to A (B goes with it), so
+    the second's target, B, is rewound by the time it starts. It was started all the same,
+    without any rewind (``rewind_skipped``): 202, and the model was sent the first edit's
+    branch then the second edit, which asked for A's history then itself."""
+    provider = Recording()
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []}), provider) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            a = await turn(gw, client, sid, "Question A")
+            b = await turn(gw, client, sid, "Question B")
+            provider.held = True
+            r = await post_turn(gw.http, sid, "Question C, running")
+            assert r.status_code == 202
+            session = gw.node.sessions[sid]
+            first = busy.submit(session, user_message(sid, "A, edited"), "interrupt", user_of(a))
+            second = busy.submit(session, user_message(sid, "B, edited"), "interrupt", user_of(b))
+            assert not isinstance(first, busy.ops.TurnTaken)
+            assert not isinstance(second, busy.ops.TurnTaken)
+            provider.hold.set()
+            with trio.fail_after(10):
+                while first.refused is None and not first.started.is_set():
+                    await trio.sleep(0.01)
+                while second.refused is None and not second.started.is_set():
+                    await trio.sleep(0.01)
+                if second.refused is None:
+                    await client.until(
+                        lambda e: e.type == "turn.completed" and e.turn_id == second.id
+                    )
+        # B was rewound by the first: the second is refused, never started
+        assert isinstance(second.refused, Refused), texts(provider.calls[-1])
+        assert second.refused.code == "message_rewound"
+        said = [m["content"][0]["text"] for m in await listing(gw, sid)]
+        assert "B, edited" not in said
