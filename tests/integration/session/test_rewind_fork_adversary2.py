@@ -12,6 +12,12 @@ from gateway.ids import message_id_of, new_turn_id, now_ms
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.session import busy
 from tests.conftest import running_gateway
+from tests.integration.doors.rest.test_http_api import assert_error
+from tests.integration.session.test_fork import fork as fork_request
+from tests.integration.session.test_fork import gateway as fork_gateway
+from tests.integration.session.test_fork import turn as fork_turn
+from tests.integration.session.test_fork import workspace as fork_workspace
+from tests.integration.store.test_store_file import remove_store
 from tests.integration.session.test_rewind import (
     Recording,
     config,
@@ -67,3 +73,35 @@ async def test_an_interrupt_whose_target_an_earlier_interrupt_rewound_is_refused
         assert second.refused.code == "message_rewound"
         said = [m["content"][0]["text"] for m in await listing(gw, sid)]
         assert "B, edited" not in said
+
+
+# --- forks --------------------------------------------------------------------------------
+
+
+async def test_a_fork_once_the_store_refuses_every_write_copies_nothing_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """The store's file is gone (it refuses every write, docs/protocol.md §15): a fork is
+    503 ``store_unavailable`` at once. It copied the workspace (up to ``fork_copy_max_mb``)
+    and started a live fork the store will never hold, its directory left behind."""
+    try:
+        async with fork_gateway(tmp_path) as (gw, _model):
+            source = await gw.create_session()
+            await fork_turn(gw, source, "alpha")
+            (fork_workspace(gw, source) / "big.bin").write_bytes(b"x" * (1 << 20))
+            own = tmp_path / "workspaces" / "local" / ".own"
+            before = set(own.iterdir())
+            sessions = set(gw.node.sessions)
+            remove_store(Path(gw.node.config.store.path))
+            gw.node.store.put_session(gw.node.sessions[source].record)  # finds the file gone
+            with trio.fail_after(5):
+                while gw.node.store.refusing is None:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            r = await fork_request(gw, source)
+            assert_error(r, 503, "store_unavailable")
+            assert set(own.iterdir()) == before
+            assert set(gw.node.sessions) == sessions
+    except BaseExceptionGroup as group:  # its close says what it could not make durable
+        lost, rest = group.split(lambda e: "were not made durable" in str(e))
+        if rest is not None or lost is None:
+            raise
