@@ -16,7 +16,7 @@ In order, each refusal before anything is made: ``shutting_down``;
 ``worker_session`` (a ``delegate`` worker or a Claude Code sub-agent:
 their conversations are their parent's turns'); ``turn_in_progress`` (a
 workspace copied while a turn writes to it would be torn);
-``message_not_found``, ``not_a_fork_point``; then, counted against the key's
+``message_rewound``, ``message_not_found``, ``not_a_fork_point``; then, counted against the key's
 ``max_sessions_per_key`` from here on, ``too_many_sessions``;
 ``invalid_workspace`` (the source's cannot be used), ``workspace_too_large``;
 ``transcript_unavailable``; and ``session_not_found`` if the source was
@@ -70,6 +70,12 @@ async def fork(node: NodeCore, source: Session, op: ops.Fork) -> ForkCreated:
         Refused: each refusal of the module docstring, in that order.
     """
     _check(node, source)
+    if any(m.id == op.at_message_id for m in source.rewound):
+        raise Refused(
+            "message_rewound",
+            f"message {op.at_message_id} of {source.id} was rewound: fork at a message of"
+            " the history as it is now",
+        )
     point = fork_point(source.messages, op.at_message_id, source.id)
     with _copying(source):  # in the step that found no turn: one submitted now waits
         session = await _make(node, source, op, point)

@@ -105,3 +105,21 @@ async def test_a_fork_once_the_store_refuses_every_write_copies_nothing_and_leav
         lost, rest = group.split(lambda e: "were not made durable" in str(e))
         if rest is not None or lost is None:
             raise
+
+
+async def test_a_fork_at_a_rewound_message_is_409_message_rewound(tmp_path: Path) -> None:
+    """A rewound message is the session's (``GET .../messages/{id}`` answers 200 for it):
+    a fork at it was 404 ``message_not_found``, as if unknown; a rewind to it is 409
+    ``message_rewound`` (edit the branch you see), and so is a fork."""
+    provider = Recording()
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []}), provider) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            await turn(gw, client, sid, "Question A")
+            b = await turn(gw, client, sid, "Question B")
+            await turn(gw, client, sid, "Question B, edited", rewind_to=user_of(b))
+        r = await gw.http.get(f"/sessions/{sid}/messages/{user_of(b)}")
+        assert r.status_code == 200
+        r = await fork_request(gw, sid, user_of(b))
+        assert_error(r, 409, "message_rewound")
