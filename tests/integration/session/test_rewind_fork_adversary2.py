@@ -17,7 +17,6 @@ from tests.integration.session.test_fork import fork as fork_request
 from tests.integration.session.test_fork import gateway as fork_gateway
 from tests.integration.session.test_fork import turn as fork_turn
 from tests.integration.session.test_fork import workspace as fork_workspace
-from tests.integration.store.test_store_file import remove_store
 from tests.integration.session.test_rewind import (
     Recording,
     config,
@@ -27,6 +26,7 @@ from tests.integration.session.test_rewind import (
     turn,
     user_of,
 )
+from tests.integration.store.test_store_file import remove_store
 
 
 def user_message(sid: str, text: str) -> Message:
@@ -60,10 +60,8 @@ async def test_an_interrupt_whose_target_an_earlier_interrupt_rewound_is_refused
             assert not isinstance(second, busy.ops.TurnTaken)
             provider.hold.set()
             with trio.fail_after(10):
-                while first.refused is None and not first.started.is_set():
-                    await trio.sleep(0.01)
-                while second.refused is None and not second.started.is_set():
-                    await trio.sleep(0.01)
+                await first.started.wait()
+                await second.started.wait()  # set as well when it is dropped, unstarted
                 if second.refused is None:
                     await client.until(
                         lambda e: e.type == "turn.completed" and e.turn_id == second.id
