@@ -3,15 +3,18 @@ found in review: each test is a defect's reproduction."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import pytest
 import trio
 
 from gateway.errors import Refused
 from gateway.ids import message_id_of, new_turn_id, now_ms
+from gateway.node import forking
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.session import busy
-from tests.conftest import running_gateway
+from tests.conftest import make_config, running_gateway
 from tests.integration.doors.rest.test_http_api import assert_error
 from tests.integration.session.test_fork import fork as fork_request
 from tests.integration.session.test_fork import gateway as fork_gateway
@@ -26,6 +29,7 @@ from tests.integration.session.test_rewind import (
     turn,
     user_of,
 )
+from tests.integration.store.test_restart import crash_copy
 from tests.integration.store.test_store_file import remove_store
 
 
@@ -121,3 +125,52 @@ async def test_a_fork_at_a_rewound_message_is_409_message_rewound(tmp_path: Path
         assert r.status_code == 200
         r = await fork_request(gw, sid, user_of(b))
         assert_error(r, 409, "message_rewound")
+
+
+@pytest.mark.xfail(strict=True, reason="not fixed: no sweep of a fork's copy a crash left")
+async def test_a_crash_mid_fork_leaves_no_workspace_of_a_fork_that_never_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill -9 after the fork's workspace was copied and before its record committed:
+    the store holds no fork (good), but its copy stays under ``.own`` for ever, found by no
+    session, counted by no limit (a retry with the same ``Idempotency-Key`` would replace
+    it; one without never does)."""
+    copied = trio.Event()
+    never = trio.Event()
+
+    async def stuck(*_args: object) -> None:  # the fork is past its copy: the process dies
+        copied.set()
+        await never.wait()
+
+    monkeypatch.setattr(forking, "_conversation", stuck)
+    own = tmp_path / "workspaces" / "local" / ".own"
+    crashed = str(tmp_path / "crashed.db")
+    async with fork_gateway(tmp_path) as (gw, _model):
+        source = await gw.create_session()
+        await fork_turn(gw, source, "alpha")
+        (fork_workspace(gw, source) / "big.bin").write_bytes(b"x" * (1 << 20))
+        before = set(own.iterdir())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fork_request, gw, source)
+            with trio.fail_after(10):
+                await copied.wait()
+            await gw.node.store.flush()
+            crash_copy(gw.node.config.store.path, crashed)
+            [left] = set(own.iterdir()) - before  # the copy, no record
+            nursery.cancel_scope.cancel()
+    monkeypatch.undo()
+    for stale in set(own.iterdir()) - before - {left}:  # what the shutdown removed, if any
+        shutil.rmtree(stale)
+    if not left.exists():  # the orderly shutdown cleaned it: a kill -9 would not have
+        shutil.copytree(fork_workspace_path(tmp_path, source), left)
+    config = make_config(tmp_path, **{"store.path": crashed, "tools.enabled": ["sleep"]})
+    async with running_gateway(config) as gw:
+        assert await gw.node.store.get_session(left.name) is None
+        with trio.fail_after(10):
+            while left.exists():  # noqa: ASYNC110 (a directory, no event to wait on)
+                await trio.sleep(0.05)
+
+
+def fork_workspace_path(tmp_path: Path, sid: str) -> Path:
+    """A session's own workspace on the host (the harness's root)."""
+    return tmp_path / "workspaces" / "local" / ".own" / sid
