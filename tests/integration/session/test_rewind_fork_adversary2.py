@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import trio
 
+from gateway.client.views import simple_view
 from gateway.errors import Refused
 from gateway.ids import message_id_of, new_turn_id, now_ms
 from gateway.node import forking
+from gateway.protocol.frames import SubscribeAck
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.session import busy
 from tests.conftest import make_config, running_gateway
@@ -174,3 +176,35 @@ async def test_a_crash_mid_fork_leaves_no_workspace_of_a_fork_that_never_was(
 def fork_workspace_path(tmp_path: Path, sid: str) -> Path:
     """A session's own workspace on the host (the harness's root)."""
     return tmp_path / "workspaces" / "local" / ".own" / sid
+
+
+async def test_a_replay_across_a_rewind_after_a_crash_ends_on_the_edited_branch(
+    tmp_path: Path,
+) -> None:
+    """docs/protocol.md §2 "Edit and regenerate", Replay, after a kill -9 and a restart."""
+    crashed = str(tmp_path / "crashed.db")
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []})) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            a = await turn(gw, client, sid, "Question A")
+            b = await turn(gw, client, sid, "Question B")
+            await turn(gw, client, sid, "Question C")
+            await turn(gw, client, sid, "Question B, edited", rewind_to=user_of(b))
+            seen = client.events[: client.events.index(a[-1]) + 1]
+            live = simple_view(client.reducer)
+        await gw.node.store.flush()
+        crash_copy(gw.node.config.store.path, crashed)
+    overrides = {"tools.require_approval": [], "store.path": crashed}
+    async with running_gateway(config(tmp_path, **overrides)) as gw:
+        async with gw.client(sid) as resumed:
+            for e in seen:
+                resumed.reducer.apply_event(e)
+            ack = await resumed.subscribe(since=a[-1].id)
+            assert isinstance(ack, SubscribeAck)
+            with trio.fail_after(10):
+                for _ in range(ack.replay_event_count):
+                    await resumed.recv()
+        assert "history.rewound" in [e.type for e in resumed.events]
+        assert simple_view(resumed.reducer) == live
+        assert len(resumed.reducer.messages) == 4
