@@ -140,6 +140,7 @@ def submit(
         return session.submit_turn(message, if_busy, rewind_to)
     admission.check_here(session)
     check_new(session, message)
+    _check_not_waiting(session, message)
     admission.check_size(session)
     admission.check_store(session.node.store)
     running = session.turn
@@ -161,6 +162,21 @@ def check_new(session: BusyCore, message: Message) -> None:
     """
     waiting = (q.user_message.id for q in session.record.queued_turns)
     if message.id in waiting or any(m.id == message.id for m in session.messages):
+        raise Refused(
+            "turn_in_progress",
+            f"message {message.id} was sent to {session.id} already: its turn is under way",
+        )
+
+
+def _check_not_waiting(session: BusyHost, message: Message) -> None:
+    """:func:`check_new` for the turns waiting in memory: an interrupting turn, and the
+    turn that started from the lane but has not added its user message yet.
+
+    Raises:
+        Refused: ``turn_in_progress``.
+    """
+    turns = [*session.supervisor.interrupters, *([session.turn] if session.turn else [])]
+    if any(t.user_message.id == message.id for t in turns):
         raise Refused(
             "turn_in_progress",
             f"message {message.id} was sent to {session.id} already: its turn is under way",

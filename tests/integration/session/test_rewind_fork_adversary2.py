@@ -208,3 +208,29 @@ async def test_a_replay_across_a_rewind_after_a_crash_ends_on_the_edited_branch(
         assert "history.rewound" in [e.type for e in resumed.events]
         assert simple_view(resumed.reducer) == live
         assert len(resumed.reducer.messages) == 4
+
+
+async def test_an_interrupt_whose_message_id_already_waits_to_interrupt_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A session takes a user message id once (docs/protocol.md §2 "Idempotency and
+    limits"): a door's id derived from its client's, two ``interrupt`` requests of one
+    message at once. The second was taken as well (the interrupting turns waiting in
+    memory were not looked at): the first started and was cancelled at once, the second
+    started with the same message id, replacing the first's user message."""
+    provider = Recording()
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []}), provider) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            await turn(gw, client, sid, "Question A")
+            provider.held = True
+            r = await post_turn(gw.http, sid, "Question B, running")
+            assert r.status_code == 202
+            session = gw.node.sessions[sid]
+            once = user_message(sid, "Question C")
+            busy.submit(session, once, "interrupt")
+            with pytest.raises(Refused) as refused:
+                busy.submit(session, once, "interrupt")
+            assert refused.value.code == "turn_in_progress"
+            provider.hold.set()
