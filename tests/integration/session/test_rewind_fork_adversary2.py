@@ -234,3 +234,41 @@ async def test_an_interrupt_whose_message_id_already_waits_to_interrupt_is_refus
                 busy.submit(session, once, "interrupt")
             assert refused.value.code == "turn_in_progress"
             provider.hold.set()
+
+
+async def test_a_retried_turn_that_a_rewind_took_out_since_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's request answered 503 once its turn had started (not durable in time), retried
+    with its ``Idempotency-Key`` after another request rewound that turn's message: the
+    retry must find the turn it made (202, that turn), not start it again (it was refused
+    409 ``message_rewound``: the look-up read the conversation only)."""
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []})) as gw:
+        sid = await gw.create_session()
+        node = gw.node
+        real = type(node).durable_or_503
+        failing = [True]
+
+        async def once(self: object) -> None:
+            if failing[0]:
+                failing[0] = False
+                raise Refused("store_unavailable", "slow", retry_after_s=1)
+            await real(node)
+
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            await turn(gw, client, sid, "Question A")
+            monkeypatch.setattr(type(node), "durable_or_503", once)
+            key = {"Idempotency-Key": "retry-me"}
+            r = await gw.http.post(
+                f"/sessions/{sid}/turns", json={"content": "Question B"}, headers=key
+            )
+            assert r.status_code == 503, r.text
+            with trio.fail_after(10):
+                b = await client.until_turn_ends()
+            await turn(gw, client, sid, "Question B again", rewind_to=user_of(b))
+            r = await gw.http.post(
+                f"/sessions/{sid}/turns", json={"content": "Question B"}, headers=key
+            )
+            assert r.status_code == 202, r.text
+            assert r.json()["turn_id"] == b[0].turn_id
