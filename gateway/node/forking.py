@@ -12,10 +12,11 @@ operation, gateway.cluster.ops): that node holds the source's messages, knows
 whether a turn runs, and has its workspace and transcript.
 
 In order, each refusal before anything is made: ``shutting_down``;
+``store_unavailable`` once the store refuses every write (again after the copy);
 ``worker_session`` (a ``delegate`` worker or a Claude Code sub-agent:
 their conversations are their parent's turns'); ``turn_in_progress`` (a
 workspace copied while a turn writes to it would be torn);
-``message_not_found``, ``not_a_fork_point``; then, counted against the key's
+``message_rewound``, ``message_not_found``, ``not_a_fork_point``; then, counted against the key's
 ``max_sessions_per_key`` from here on, ``too_many_sessions``;
 ``invalid_workspace`` (the source's cannot be used), ``workspace_too_large``;
 ``transcript_unavailable``; and ``session_not_found`` if the source was
@@ -44,6 +45,7 @@ from gateway.protocol.events import SessionForked
 from gateway.protocol.http import ForkCreated, ForkOrigin
 from gateway.runtimes.claude_code import forking as claude_code
 from gateway.runtimes.claude_code.paths import claude_session_id, remove_state, state_dir
+from gateway.session import admission
 from gateway.session.fork_point import (
     ForkPoint,
     fork_messages,
@@ -68,6 +70,12 @@ async def fork(node: NodeCore, source: Session, op: ops.Fork) -> ForkCreated:
         Refused: each refusal of the module docstring, in that order.
     """
     _check(node, source)
+    if any(m.id == op.at_message_id for m in source.rewound):
+        raise Refused(
+            "message_rewound",
+            f"message {op.at_message_id} of {source.id} was rewound: fork at a message of"
+            " the history as it is now",
+        )
     point = fork_point(source.messages, op.at_message_id, source.id)
     with _copying(source):  # in the step that found no turn: one submitted now waits
         session = await _make(node, source, op, point)
@@ -107,6 +115,7 @@ def _check(node: NodeCore, source: Session) -> None:
             f"the gateway is shutting down; retry in {wait} s (on another node)",
             retry_after_s=wait,
         )
+    admission.check_store(node.store)  # §15: nothing copied that the store could never hold
     parent = source.record.parent_session_id
     if parent is not None:
         raise Refused(
@@ -133,6 +142,7 @@ async def _make(node: NodeCore, source: Session, op: ops.Fork, point: ForkPoint)
             workspace = await _workspace(node, source, op)
             try:
                 await _conversation(node, source, op.fork_id, created_at, workspace, point)
+                admission.check_store(node.store)  # began to refuse writes while copying
                 if _gone(node, source):
                     raise Refused("session_not_found", f"no session {source.id!r}")
             except BaseException:

@@ -140,6 +140,7 @@ def submit(
         return session.submit_turn(message, if_busy, rewind_to)
     admission.check_here(session)
     check_new(session, message)
+    _check_not_waiting(session, message)
     admission.check_size(session)
     admission.check_store(session.node.store)
     running = session.turn
@@ -161,6 +162,21 @@ def check_new(session: BusyCore, message: Message) -> None:
     """
     waiting = (q.user_message.id for q in session.record.queued_turns)
     if message.id in waiting or any(m.id == message.id for m in session.messages):
+        raise Refused(
+            "turn_in_progress",
+            f"message {message.id} was sent to {session.id} already: its turn is under way",
+        )
+
+
+def _check_not_waiting(session: BusyHost, message: Message) -> None:
+    """:func:`check_new` for the turns waiting in memory: an interrupting turn, and the
+    turn that started from the lane but has not added its user message yet.
+
+    Raises:
+        Refused: ``turn_in_progress``.
+    """
+    turns = [*session.supervisor.interrupters, *([session.turn] if session.turn else [])]
+    if any(t.user_message.id == message.id for t in turns):
         raise Refused(
             "turn_in_progress",
             f"message {message.id} was sent to {session.id} already: its turn is under way",
@@ -271,6 +287,7 @@ def start_next(session: BusyHost) -> None:
     if node.store.refusing is not None:  # nothing more is written: a turn would only fail
         _drop_interrupters(lane, unavailable(node.store.refusing))
         return
+    _drop_stale_rewinds(session, lane)
     if lane.interrupters:
         turn = lane.interrupters.popleft()
         if lane.interrupters:  # a later interrupt ends this one as soon as it started
@@ -282,6 +299,18 @@ def start_next(session: BusyHost) -> None:
         return
     session.turn = turn
     lane.queue_turn(turn)
+
+
+def _drop_stale_rewinds(session: BusyHost, lane: Lane) -> None:
+    """Refuse the interrupting turns whose ``rewind_to`` a turn that started since they
+    were checked rewound (two interrupts with ``rewind_to`` at once, the first to an
+    earlier message): never started, as a target found rewound at submit is refused."""
+    for turn in list(lane.interrupters):
+        try:
+            rewind.check(session, turn.rewind_to)
+        except Refused as refused:
+            lane.interrupters.remove(turn)
+            turn.drop(refused)
 
 
 def _drop_interrupters(lane: Lane, refused: Refused) -> None:

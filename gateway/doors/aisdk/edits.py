@@ -28,17 +28,23 @@ def edited_id(chat_id: str, client_id: str, turn_id: str) -> str:
     return user_message_id(chat_id, f"{client_id}\0{turn_id}")
 
 
-def find(chat_id: str, client_id: str, conversation: Sequence[Message]) -> Message | None:
+def find(
+    chat_ids: Sequence[str], client_id: str, conversation: Sequence[Message]
+) -> Message | None:
     """The user message of the conversation the client names ``client_id``, the latest.
 
     As first sent (:func:`user_message_id`), or as a turn that rewound to it
-    gave it again (:func:`edited_id`).
+    gave it again (:func:`edited_id`), in the chat or in one it was forked from
+    (``chat_ids``: the chat's id, then its sources'; a fork's copies keep their
+    source's ids, docs/protocol.md §2 "Forks").
     """
-    first = user_message_id(chat_id, client_id)
+    firsts = {user_message_id(chat, client_id) for chat in chat_ids}
     for message in reversed(conversation):
         if message.role != "user" or message.turn_id is None:
             continue
-        if message.id in (first, edited_id(chat_id, client_id, message.turn_id)):
+        if message.id in firsts or any(
+            message.id == edited_id(chat, client_id, message.turn_id) for chat in chat_ids
+        ):
             return message
     return None
 

@@ -28,14 +28,16 @@ from gateway.doors.context import (
     once,
     rewind_if_busy,
 )
-from gateway.errors import ApiError
+from gateway.errors import ApiError, StoreError
 from gateway.http.openapi import Operation
 from gateway.http.parsing import decode, user_content
 from gateway.http.server import Request, Response, StreamingResponse, json_response
 from gateway.ids import new_turn_id, now_ms, parse_event_id
 from gateway.protocol.shapes import Message, QueuedTurnInfo
+from gateway.session.fork_point import origin_of
 from gateway.session.session import Session
 from gateway.session.turn_start import turn_start
+from gateway.store.base import SessionRecord
 from gateway.tenancy import NO_OWNER
 
 # --- the request (the transports' bodies) ---------------------------------------------
@@ -65,6 +67,9 @@ class ChatStopped(msgspec.Struct):
     session_id: str
     turn_id: str
 
+
+_MAX_LINEAGE = 32
+"""How many sessions back a chat's forks are followed (:meth:`Responses._lineage`)."""
 
 CHAT = Operation(
     "Send an AI SDK chat message (a UI message stream over SSE)",
@@ -153,7 +158,8 @@ class Responses:
         rewind_to: str | None = None
         if await self._known(chat_id):  # a repeated request is that turn: no new one
             session = await self.ctx.session(chat_id, caller)
-            sent = edits.find(chat_id, last.id, await self.node.messages_of(session))
+            conversation = await self.node.messages_of(session)
+            sent = edits.find(await self._lineage(session), last.id, conversation)
             if sent is not None and sent.turn_id is not None:
                 if trigger != edits.REGENERATE and edits.same_text(sent, content):
                     return await self._replay(session, sent.turn_id, client)
@@ -214,6 +220,23 @@ class Responses:
     async def _queued(self, session: Session) -> list[QueuedTurnInfo]:
         waiting = (await self.node.live_summary(session)).queued_turns
         return [] if isinstance(waiting, msgspec.UnsetType) else waiting
+
+    async def _lineage(self, session: Session) -> list[str]:
+        """The chat's id, then those of the sessions it was forked from, nearest first (as far
+        as their records say: a deleted source's own source is not known)."""
+        ids = [session.id]
+        record: SessionRecord | None = session.record
+        while record is not None and len(ids) < _MAX_LINEAGE:
+            origin, _ = origin_of(record.metadata)
+            if origin is None or not origin.session_id or origin.session_id in ids:
+                break
+            ids.append(origin.session_id)
+            live = self.node.sessions.get(origin.session_id)
+            try:
+                record = live.record if live else await self.node.store.get_session(ids[-1])
+            except StoreError:
+                break
+        return ids
 
     async def _known(self, chat_id: str) -> bool:
         return (

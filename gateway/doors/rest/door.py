@@ -273,6 +273,7 @@ FORK = Operation(
         409: (
             "turn_in_progress",
             "not_a_fork_point",
+            "message_rewound",
             "worker_session",
             "workspace_too_large",
             "transcript_unavailable",

@@ -22,7 +22,7 @@ from gateway.protocol.http import (
     TurnAccepted,
 )
 from gateway.protocol.shapes import Message
-from gateway.session import busy
+from gateway.session import busy, rewind
 from gateway.session.session import Session
 from gateway.tenancy import NO_OWNER
 
@@ -84,10 +84,10 @@ class Turns:
         steered) user message, else a queued turn or steer (docs/protocol.md §2 "A busy
         session": its message's id is derived from the turn's)."""
         message_id = message_id_of(turn_id)
-        for m in await self.ctx.node.messages_of(session):
+        node = self.ctx.node
+        for m in [*await node.messages_of(session), *await self._rewound(session)]:
             if m.role == "user" and (m.id == message_id or m.turn_id == turn_id):
                 return TurnAccepted(m.turn_id or turn_id, steered=m.turn_id != turn_id)
-        node = self.ctx.node
         record = session.record
         if not node.runs_here(session.id):  # the store's, as messages_of reads it
             try:
@@ -100,6 +100,17 @@ class Turns:
             if q.turn_id == turn_id:
                 return TurnAccepted(turn_id, queued=True, position=busy.position(record, turn_id))
         return None
+
+    async def _rewound(self, session: Session) -> list[Message]:
+        """The session's rewound messages (a turn made, then rewound by a later one)."""
+        node = self.ctx.node
+        if node.runs_here(session.id):
+            return list(session.rewound)
+        try:
+            every, gone = await rewind.stored(node.store, session.id)
+        except StoreError as exc:
+            raise unavailable(exc) from None
+        return [m for m in every if m.id in gone]
 
     async def cancel_turn(self, req: Request, session_id: str, turn_id: str) -> Response:
         """``POST /sessions/{id}/turns/{turn_id}/cancel`` (docs/protocol.md §8)."""

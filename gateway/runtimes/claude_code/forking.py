@@ -38,8 +38,9 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gateway.protocol.shapes import Message, ToolResultBlock
+from gateway.protocol.shapes import CompactionBlock, Message, ToolResultBlock
 from gateway.runtimes.claude_code.paths import own_state, transcript_path
+from gateway.runtimes.claude_code.summary import compact_summary
 
 FORK_FILE = ".fork.json"
 """In a fork's state directory: ``{"resume": <Claude Code session id>, "at": <entry uuid>}``."""
@@ -88,7 +89,7 @@ def resume_point(lines: Iterable[str], last: Message) -> str | None:
     entries (``isSidechain``) are not the main conversation.
     """
     entries = [e for e in _entries(lines) if e.get("uuid") and not e.get("isSidechain")]
-    match = _matcher(last)
+    match = _matcher(last, entries)
     found = None
     for i, entry in enumerate(entries):
         if match(entry):
@@ -171,7 +172,29 @@ def _content(entry: dict[str, Any]) -> list[Any]:
     return content if isinstance(content, list) else []
 
 
-def _matcher(last: Message) -> Any:
+def _text(entry: dict[str, Any]) -> str:
+    """An entry's text: its message's content as a string, or its text blocks."""
+    message = entry.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return content
+    return "".join(str(b.get("text", "")) for b in _content(entry) if isinstance(b, dict))
+
+
+def _summary_matcher(last: Message, entries: Sequence[dict[str, Any]]) -> Any:
+    """Which compact summary of the transcript a ``context`` message is: the one whose
+    summary is its summary (a transcript may hold several: the last is not the fork
+    point's when the fork is at an earlier one); a single summary is it whatever its
+    text; else none (the fork point is not found)."""
+    summaries = [e for e in entries if e.get("type") == "user" and e.get("isCompactSummary")]
+    said = "".join(b.summary for b in last.content if isinstance(b, CompactionBlock)).strip()
+    holding = [e for e in summaries if compact_summary(_text(e)) == said]
+    chosen = holding or (summaries if len(summaries) == 1 else [])
+    ids = {id(e) for e in chosen}
+    return lambda e: id(e) in ids
+
+
+def _matcher(last: Message, entries: Sequence[dict[str, Any]]) -> Any:
     """Whether a transcript entry is (a part of) ``last``."""
     if last.role == "assistant":
         api_id = last.id.partition("~")[0]
@@ -181,7 +204,7 @@ def _matcher(last: Message) -> Any:
             and e["message"].get("id") == api_id
         )
     if last.role == "context":
-        return lambda e: e.get("type") == "user" and bool(e.get("isCompactSummary"))
+        return _summary_matcher(last, entries)
     uses = {b.tool_use_id for b in last.content if isinstance(b, ToolResultBlock)}
     return lambda e: (
         e.get("type") == "user"

@@ -47,6 +47,7 @@ from gateway.protocol.events import ContextCompacted, ContextCompacting
 from gateway.protocol.shapes import StopReason
 from gateway.providers.errors import status_class
 from gateway.providers.raw import RawEvent
+from gateway.runtimes.claude_code.summary import compact_summary as compact_summary
 
 RawData = dict[str, Any]
 """One raw stream event of the Messages API, as JSON (:mod:`gateway.providers.raw` reads it)."""
@@ -159,35 +160,11 @@ def structured_result(message: UserMessage) -> Any:
     return data if len(results) == 1 else None
 
 
-_SUMMARY_START = "\nSummary:\n"
-_SUMMARY_ENDS = ("\n\nIf you need specific details", "\nContinue the conversation from where")
-
-
 def compaction_figures(message: SystemMessage) -> tuple[Literal["auto", "manual"], int, int]:
     """A ``compact_boundary``'s trigger, ``pre_tokens`` and ``post_tokens`` (0: not given)."""
     meta = message.data.get("compact_metadata") or {}
     trigger: Literal["auto", "manual"] = "manual" if meta.get("trigger") == "manual" else "auto"
     return trigger, token_count(meta.get("pre_tokens")), token_count(meta.get("post_tokens"))
-
-
-def compact_summary(text: str) -> str:
-    """The summary in the user message Claude Code sends after ``compact_boundary``.
-
-    Claude Code 2.1.332 frames it (``isSynthetic`` on the stream,
-    ``isCompactSummary`` in its transcript): a notice that the session goes
-    on from a summary, ``Summary:``, the summary, then where its transcript
-    is (a host path, never shown to clients) and an instruction to go on.
-    The summary alone is kept; without the framing, the text less any line
-    naming the transcript.
-    """
-    start = text.find(_SUMMARY_START)
-    body = text[start + len(_SUMMARY_START) :] if start >= 0 else text
-    for end in _SUMMARY_ENDS:
-        at = body.find(end)
-        if at >= 0:
-            body = body[:at]
-    lines = [line for line in body.split("\n") if "transcript at:" not in line]
-    return "\n".join(lines).strip()
 
 
 def compaction(message: SystemMessage) -> list[ContextCompacting | ContextCompacted]:

@@ -179,3 +179,37 @@ def test_the_project_is_named_as_the_sdk_names_it(tmp_path: Path) -> None:
     cwd = tmp_path / "a b" / "ünï.cödé"
     cwd.mkdir(parents=True)
     assert project_dir(str(cwd)) == project_key_for_directory(str(cwd))
+
+
+def test_a_fork_at_an_earlier_compaction_resumes_at_its_summary_not_the_last() -> None:
+    """Two compactions in the transcript: a fork whose history ends at the first one's
+    ``context`` message resumed at the last summary (any ``isCompactSummary`` matched),
+    so its CLI saw the conversation past its fork point."""
+
+    def summary(uuid: str, text: str) -> dict[str, Any]:
+        content = (
+            "This session is being continued.\n\nSummary:\n"
+            f"{text}\nContinue the conversation from where we left it."
+        )
+        return entry(
+            "user", uuid, isCompactSummary=True, message={"role": "user", "content": content}
+        )
+
+    lines = [
+        json.dumps(e)
+        for e in [
+            *TRANSCRIPT[:-1],
+            summary("s1", "We planned the APPLE"),
+            entry("user", "p4", message={"role": "user", "content": "third CHERRY"}),
+            entry("assistant", "a4", message=said("msg_D", "text")),
+            summary("s2", "We planned the APPLE, then ate a CHERRY"),
+        ]
+    ]
+    first = message("msg_s1", "context", CompactionBlock("We planned the APPLE", []))
+    later = message(
+        "msg_s2", "context", CompactionBlock("We planned the APPLE, then ate a CHERRY", [])
+    )
+    assert resume_point(lines, later) == "s2"
+    assert resume_point(lines, first) == "s1"
+    unknown = message("msg_s3", "context", CompactionBlock("Something else", []))
+    assert resume_point(lines, unknown) is None  # two summaries, neither its: not found

@@ -15,17 +15,17 @@ def user(id_: str, turn: str, text: str = "hi") -> Message:
 
 def test_a_client_message_is_found_as_first_sent_and_as_a_rewinding_turn_gave_it_again() -> None:
     first = user(user_message_id(CHAT, "u1"), "turn_1")
-    assert edits.find(CHAT, "u1", [first]) is first
+    assert edits.find([CHAT], "u1", [first]) is first
     again = user(edits.edited_id(CHAT, "u1", "turn_2"), "turn_2", "edited")
-    assert edits.find(CHAT, "u1", [again]) is again
-    assert edits.find(CHAT, "u2", [first, again]) is None
+    assert edits.find([CHAT], "u1", [again]) is again
+    assert edits.find([CHAT], "u2", [first, again]) is None
     # an id derived for another turn is not this message's
     stray = user(edits.edited_id(CHAT, "u1", "turn_9"), "turn_3")
-    assert edits.find(CHAT, "u1", [stray]) is None
+    assert edits.find([CHAT], "u1", [stray]) is None
     # another chat's, or a tool results message, never
-    assert edits.find("chat-2", "u1", [first]) is None
+    assert edits.find(["chat-2"], "u1", [first]) is None
     results = Message(first.id, CHAT, None, "user", [ToolResultBlock("t", "ok")], "complete", 0)
-    assert edits.find(CHAT, "u1", [results]) is None
+    assert edits.find([CHAT], "u1", [results]) is None
 
 
 def test_same_text_compares_the_text_blocks() -> None:
