@@ -192,11 +192,11 @@ class Sessions:
         if here:
             await node.durable_or_503()
         try:
-            every, gone = await rewind.stored(
-                node.store, session.id, session.record.rewinds if here else None
-            )
+            every, gone = await rewind.stored(node.store, session.id, () if here else None)
         except StoreError as exc:
             raise unavailable(exc) from None
+        if here:  # its own rewinds, read after the messages: one committed meanwhile hides too
+            gone = rewind.hidden(every, session.record.rewinds)
         return [m for m in every if m.status != "in_progress"], gone
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -272,3 +273,44 @@ async def test_a_retried_turn_that_a_rewind_took_out_since_is_found(
             )
             assert r.status_code == 202, r.text
             assert r.json()["turn_id"] == b[0].turn_id
+
+
+async def test_a_listing_read_while_a_rewind_commits_flags_what_it_took_out(
+    tmp_path: Path,
+) -> None:
+    """``GET .../messages?include_rewound=true`` where the session runs: its rewinds are
+    read after its messages, so a rewind committed while the messages were read flags what
+    it took out (they were read before it, and listed unflagged)."""
+    provider = Recording()
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []}), provider) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            await turn(gw, client, sid, "Question A")
+            b = await turn(gw, client, sid, "Question B")
+            store = gw.node.store
+            load = store.load_messages
+            loaded, go = trio.Event(), trio.Event()
+
+            async def slow_load(session_id: str) -> Any:
+                got = await load(session_id)
+                loaded.set()
+                await go.wait()
+                return got
+
+            store.load_messages = slow_load  # type: ignore[method-assign]
+            listed: list[dict[str, Any]] = []
+            async with trio.open_nursery() as nursery:
+
+                async def read() -> None:
+                    listed.extend(await listing(gw, sid, include_rewound="true"))
+
+                nursery.start_soon(read)
+                await loaded.wait()
+                store.load_messages = load  # type: ignore[method-assign]
+                r = await post_turn(gw.http, sid, "Question B, edited", rewind_to=user_of(b))
+                assert r.status_code == 202, r.text
+                go.set()
+            await client.until_turn_ends()
+    flagged = {m["id"]: m.get("rewound", False) for m in listed}
+    assert flagged[user_of(b)] is True
