@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -52,7 +53,7 @@ from gateway.doors.context import DoorContext, DoorType
 from gateway.errors import StartupError, StoreError
 from gateway.http.boundary import Boundary, warn_open_hosts
 from gateway.http.router import Router
-from gateway.http.server import HttpLimits, TrustedProxies, serve_connection
+from gateway.http.server import HttpLimits, LargeBody, TrustedProxies, serve_connection
 from gateway.logs import configure, event, json_line
 from gateway.logs import stop as stop_log
 from gateway.mcp.servers import McpServers
@@ -99,6 +100,8 @@ class Gateway:
         s = config.server
         self.limits = HttpLimits(
             max_body_bytes=s.max_body_bytes,
+            large_bodies=large_bodies(config),
+            body_timeout_s=s.body_timeout_s,
             max_header_bytes=s.max_header_bytes,
             read_timeout_s=s.read_timeout_s,
             keepalive_timeout_s=s.keepalive_timeout_s,
@@ -173,6 +176,20 @@ class Gateway:
             while self.node.connections:
                 await self.node.changed()
         conns.cancel_scope.cancel()
+
+
+def large_bodies(config: Config) -> tuple[LargeBody, ...]:
+    """The routes that take bodies over ``[server] max_body_bytes`` (docs/protocol.md §2
+    "Files"): a file, up to ``[files] max_bytes``; a turn of the REST, AG-UI and AI SDK
+    doors, whose files may come inline as base64, up to one such file more."""
+    inline = config.server.max_body_bytes + -(-config.files.max_bytes * 4 // 3)
+    return (
+        LargeBody(re.compile(r"/sessions/[^/]+/files"), config.files.max_bytes, "file_too_large"),
+        *(
+            LargeBody(re.compile(path), inline, "body_too_large")
+            for path in (r"/sessions/[^/]+/turns", r"/agui", r"/ai-sdk/chat")
+        ),
+    )
 
 
 def open_doors(node: Node, keys: ApiKeys, doors: tuple[DoorType, ...] = DOORS) -> Router:

@@ -135,6 +135,9 @@ class ServerConfig(_Section, frozen=True):
     public_url: HttpUrl = ""  # base of ws_url when behind a proxy; "" = the listen address
     max_body_bytes: Count = 1_048_576
     read_timeout_s: Seconds = 10.0  # reading a request's header and body
+    # Reading a body larger than max_body_bytes, on the routes that take one (a file,
+    # a turn with inline files): docs/protocol.md §2 "Files".
+    body_timeout_s: Seconds = 60.0
     keepalive_timeout_s: Seconds = 60.0  # an idle keep-alive connection is closed after this
     shutdown_grace_s: GraceSeconds = 5.0  # shutdown waits this long for turns and sockets
     max_header_bytes: Count = 16_384
@@ -230,6 +233,15 @@ class TurnsConfig(_Section, frozen=True):
     # A turn sent to a busy session, when it does not say (docs/protocol.md §2 "A busy session").
     if_busy: IfBusy = "reject"
     max_queued: Count = 8  # queued turns per session; one more is 409 queue_full
+
+
+class FilesConfig(_Section, frozen=True):
+    """``[files]``: a session's files (docs/protocol.md §2 "Files")."""
+
+    max_bytes: Count = 20_971_520  # one file; over it: 413 file_too_large
+    max_per_session: Count = 100  # files one session holds; one more: 409 too_many_files
+    # The pixels of an image (width x height); over it: 422 invalid_file (a decompression bomb).
+    max_image_pixels: Count = 40_000_000
 
 
 class SessionsConfig(_Section, frozen=True):
@@ -334,6 +346,7 @@ class LimitsConfig(_Section, frozen=True):
     max_workers_per_turn: NonNegativeInt = 8  # delegate workers one turn starts
     max_delegate_depth: NonNegativeInt = 2  # workers of workers: how deep delegation goes
     max_session_mb: NonNegativeInt = 256  # stored data of a session; past it 409 session_too_large
+    max_file_mb_per_key: NonNegativeInt = 0  # a key's files, all sessions (429 quota_exceeded)
 
 
 class LogConfig(_Section, frozen=True):
@@ -392,6 +405,7 @@ class Config(_Section, frozen=True, weakref=True):
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     turns: TurnsConfig = msgspec.field(default_factory=TurnsConfig)
     sessions: SessionsConfig = msgspec.field(default_factory=SessionsConfig)
+    files: FilesConfig = msgspec.field(default_factory=FilesConfig)
     tools: ToolsConfig = msgspec.field(default_factory=ToolsConfig)
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
@@ -417,6 +431,7 @@ port = 8421                  # 0 picks a free port
 public_url = ""              # e.g. "https://gw.example.com": ws_url then starts with wss://gw.example.com
 max_body_bytes = 1048576     # largest HTTP request body
 read_timeout_s = 10.0        # reading a request's header and body
+body_timeout_s = 60.0        # reading a body over max_body_bytes (a file, inline files of a turn)
 keepalive_timeout_s = 60.0   # an idle keep-alive connection is closed after this
 shutdown_grace_s = 5.0       # on SIGTERM: how long to wait for turns to cancel and sockets to close
 max_header_bytes = 16384     # largest HTTP request header
@@ -481,6 +496,10 @@ workspace_root = "workspaces"  # every session's own directory lives here
 allowed_workspaces = []      # absolute roots a client may name as workspace_path; empty: none
 fork_copy_max_mb = 100       # a fork copies up to this much of its source's workspace; 0: no limit
 
+[files]                      # docs/protocol.md §2 "Files"
+max_bytes = 20971520         # one file (20 MiB); over it: 413 file_too_large
+max_per_session = 100        # files one session holds; one more: 409 too_many_files
+max_image_pixels = 40000000  # an image's width x height; over it: 422 invalid_file
 [tools]
 enabled = ["sleep", "read_file", "delegate"]   # "shell" is opt-in; mcp__<server>__<tool>, globs
 require_approval = []                          # tool names (or globs) that wait for permission
@@ -506,6 +525,7 @@ max_tool_uses_per_turn = 64  # tools one turn runs; beyond: tool.failed "limit"
 max_workers_per_turn = 8     # delegate workers one turn starts; beyond: tool.failed "limit"
 max_delegate_depth = 2       # how deep delegation goes; beyond: tool.failed "limit"
 max_session_mb = 256         # a session's stored data; past it: 409 session_too_large
+max_file_mb_per_key = 0      # MiB of files one API key stores; over it: 429 quota_exceeded
 
 [log]
 format = "text"              # "text" | "json": one JSON object a line, with ts, level,

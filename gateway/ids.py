@@ -91,3 +91,9 @@ def parse_event_id(event_id: str) -> int | None:
 def now_ms() -> int:
     """Wall-clock milliseconds since the epoch (the envelope's ``ts``)."""
     return time.time_ns() // 1_000_000
+
+
+def file_id_of(sha256: str) -> str:
+    """A file's id: ``file_`` and the first 32 hex digits of its SHA-256, so the same bytes
+    are one file of a session however often they are sent (docs/protocol.md §2 "Files")."""
+    return "file_" + sha256[:32]

@@ -108,6 +108,8 @@ class Operation:
         media_type: the success answer's content type.
         description: what a client needs beyond the schemas.
         idempotent: it takes an ``Idempotency-Key`` header (docs/protocol.md §13).
+        body_types: the media types of a raw body (a file, docs/protocol.md §2
+            "Files") taken instead of JSON; any other ``Content-Type`` is 415.
     """
 
     summary: str
@@ -121,6 +123,7 @@ class Operation:
     media_type: str = "application/json"
     description: str = ""
     idempotent: bool = False
+    body_types: tuple[str, ...] = ()
 
 
 IDEMPOTENCY_KEY = {
@@ -243,7 +246,13 @@ def _operation(
         parameters.append(IDEMPOTENCY_KEY)
     if parameters:
         out["parameters"] = parameters
-    if op.body is not None:
+    if op.body_types:
+        raw = {"type": "string", "format": "binary"}
+        out["requestBody"] = {
+            "required": True,
+            "content": {t: {"schema": raw} for t in op.body_types},
+        }
+    elif op.body is not None:
         out["requestBody"] = {
             "required": op.body_required,
             "content": {"application/json": {"schema": ref_of[op.body]}},

@@ -9,6 +9,7 @@ names before the handler runs; the handlers decode the rest.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeVar
 
 import msgspec
@@ -16,6 +17,7 @@ import msgspec
 from gateway.errors import ApiError
 from gateway.http.openapi import Operation
 from gateway.http.server import Request
+from gateway.protocol.http import DocumentInput, ImageInput, TurnBlock
 from gateway.protocol.shapes import ContentBlock, TextBlock
 
 T = TypeVar("T")
@@ -55,6 +57,24 @@ def json_content_type(req: Request) -> None:
             415,
             "unsupported_media_type",
             f"a POST needs Content-Type: application/json (got {shown}; docs/protocol.md §15)",
+        )
+
+
+def body_content_type(req: Request, raw_types: tuple[str, ...]) -> None:
+    """A POST's ``Content-Type``: JSON, or one of ``raw_types`` where the route takes a raw
+    body (a file, docs/protocol.md §2 "Files"); else 415 ``unsupported_media_type``."""
+    if not raw_types:
+        json_content_type(req)
+        return
+    declared = req.headers.get("content-type", "")
+    if declared.partition(";")[0].strip().lower() not in raw_types:
+        shown = f"{declared[:100]!r}" if declared else "none"
+        why = " (an SVG may hold script)" if "svg" in declared.lower() else ""
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"a file's Content-Type must be one of {', '.join(raw_types)} "
+            f'(got {shown}{why}; docs/protocol.md §2 "Files")',
         )
 
 
@@ -99,16 +119,26 @@ def bool_query(req: Request, name: str) -> bool:
     return raw == "true"
 
 
-def user_content(content: str | list[ContentBlock]) -> list[ContentBlock]:
-    """A turn's user content as blocks: text only, not empty (422 ``invalid_body`` otherwise)."""
-    blocks: list[ContentBlock] = [TextBlock(content)] if isinstance(content, str) else content
+def text_content(text: str) -> list[ContentBlock]:
+    """A turn's text as its content: one text block, not empty (422 ``invalid_body``)."""
+    if not text:
+        raise ApiError(422, "invalid_body", "content must not be empty")
+    return [TextBlock(text)]
+
+
+def user_content(content: str | Sequence[TurnBlock]) -> list[TurnBlock]:
+    """A turn's user content as blocks: text, images and documents, not empty (422
+    ``invalid_body`` otherwise). The files are resolved next
+    (gateway.session.files.Files.resolve)."""
+    blocks: list[TurnBlock] = [TextBlock(content)] if isinstance(content, str) else list(content)
     if not blocks or all(isinstance(b, TextBlock) and not b.text for b in blocks):
         raise ApiError(422, "invalid_body", "content must not be empty")
     for b in blocks:
-        if not isinstance(b, TextBlock):
+        if not isinstance(b, TextBlock | ImageInput | DocumentInput):
             raise ApiError(
                 422,
                 "invalid_body",
-                f"user content blocks must be text, got {b.__struct_config__.tag!r}",
+                "user content blocks must be text, image or document, "
+                f"got {b.__struct_config__.tag!r}",
             )
     return blocks

@@ -51,7 +51,7 @@ from gateway import telemetry
 from gateway.errors import ApiError, Refused, StoreError, unavailable
 from gateway.http.boundary import Boundary, authenticate
 from gateway.http.openapi import Documented, Operation, path_regex
-from gateway.http.parsing import json_content_type, known_query
+from gateway.http.parsing import body_content_type, known_query
 from gateway.http.refusals import as_http, http_error
 from gateway.http.server import Request, Response, StreamingResponse, WebSocketAccept
 from gateway.metrics import Metrics
@@ -226,7 +226,7 @@ class Router:
             # The rules the document states, read from the same table (HEAD: the GET's).
             operation = self._operations[name, req.method if req.method in methods else "GET"]
             if req.method == "POST":
-                json_content_type(req)  # 415
+                body_content_type(req, operation.body_types)  # 415
             if operation.auth == "required":
                 authenticate(self.keys, req)
             known_query(req, operation)

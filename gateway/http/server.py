@@ -208,10 +208,27 @@ class TrustedProxies:
 
 
 @dataclass(frozen=True, slots=True)
+class LargeBody:
+    """A route that takes a body over ``max_body_bytes`` (docs/protocol.md §2 "Files"):
+    ``POST`` to a path ``pattern`` matches, up to ``max_bytes``; over it, 413 ``code``."""
+
+    pattern: re.Pattern[str]
+    max_bytes: int
+    code: str
+
+
+@dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """Per-connection limits and trust (docs/reference.md, ``[server]`` and ``[stream]``)."""
+    """Per-connection limits and trust (docs/reference.md, ``[server]`` and ``[stream]``).
+
+    ``large_bodies``: the routes whose bodies may be larger; such a body has
+    ``body_timeout_s`` from the end of its head, where others have what is left
+    of ``read_timeout_s``.
+    """
 
     max_body_bytes: int = 1_048_576
+    large_bodies: tuple[LargeBody, ...] = ()
+    body_timeout_s: float = 60.0
     max_header_bytes: int = 16_384
     read_timeout_s: float = 10.0
     keepalive_timeout_s: float = 60.0
@@ -311,9 +328,9 @@ class _HttpConnection:
             return None
         if read_deadline is None:
             read_deadline = trio.current_time() + self._limits.read_timeout_s
-        with trio.CancelScope(deadline=read_deadline):
+        with trio.CancelScope(deadline=read_deadline) as reading:
             try:
-                return await self._read_request()
+                return await self._read_request(reading)
             except h11.RemoteProtocolError as exc:
                 raise _protocol_error(exc) from None
         raise ApiError(408, "request_timeout", "The request did not arrive in time.")
@@ -323,7 +340,7 @@ class _HttpConnection:
         if not buffered and not eof:
             self._h11.receive_data(await self._receive())
 
-    async def _read_request(self) -> Request | None:
+    async def _read_request(self, reading: trio.CancelScope) -> Request | None:
         event = await self._next_event()
         if not isinstance(event, h11.Request):
             return None  # ConnectionClosed: the client left between requests
@@ -339,8 +356,13 @@ class _HttpConnection:
                 "conflicting_framing",
                 "a request may carry Content-Length or Transfer-Encoding, not both",
             )
-        if declared is not None and int(declared) > self._limits.max_body_bytes:
-            raise _body_too_large(self._limits.max_body_bytes)
+        limit, code = self._limits.max_body_bytes, "body_too_large"
+        large = _large_body(self._limits, event)
+        if large is not None:
+            limit, code = max(limit, large.max_bytes), large.code
+            reading.deadline = trio.current_time() + self._limits.body_timeout_s
+        if declared is not None and int(declared) > limit:
+            raise _body_too_large(limit, code)
         if self._h11.client_is_waiting_for_100_continue:
             await self._stream.send_all(
                 self._h11.send(
@@ -351,8 +373,8 @@ class _HttpConnection:
         while not isinstance(part := await self._next_event(), h11.EndOfMessage):
             if isinstance(part, h11.Data):
                 body += part.data
-                if len(body) > self._limits.max_body_bytes:
-                    raise _body_too_large(self._limits.max_body_bytes)
+                if len(body) > limit:
+                    raise _body_too_large(limit, code)
         return _request(event, bytes(body), self._client, self._limits.trusted_proxies)
 
     async def _next_event(self) -> h11.Event:
@@ -623,8 +645,17 @@ def _reason_phrase(status: int) -> bytes:
         return b""  # a status http.HTTPStatus does not know: the phrase is optional
 
 
-def _body_too_large(limit: int) -> ApiError:
-    return ApiError(413, "body_too_large", f"The request body is over {limit} bytes.")
+def _body_too_large(limit: int, code: str = "body_too_large") -> ApiError:
+    what = "file" if code == "file_too_large" else "request body"
+    return ApiError(413, code, f"The {what} is over {limit} bytes.")
+
+
+def _large_body(limits: HttpLimits, event: h11.Request) -> LargeBody | None:
+    """The :class:`LargeBody` rule of this request, if any (only ``POST`` has one)."""
+    if event.method != b"POST" or not limits.large_bodies:
+        return None
+    path = event.target.decode("ascii", "replace").partition("?")[0]
+    return next((rule for rule in limits.large_bodies if rule.pattern.fullmatch(path)), None)
 
 
 def _headers_too_large() -> ApiError:

@@ -80,6 +80,7 @@ from gateway.providers.factory import Providers
 from gateway.providers.model_proxy import ModelProxy
 from gateway.session import rewind
 from gateway.session.agent import TurnHost
+from gateway.session.files import Files
 from gateway.session.hub import Emitted
 from gateway.session.sequencer import EventSequencer
 from gateway.session.session import Session
@@ -133,6 +134,7 @@ class Node:
         self.tokens: Tokens = AttachTokens(config.stream.attach_token_ttl_s)
         self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.tenancy)
         self.workspaces = Workspaces.from_config(config.sessions)  # docs/protocol.md §15
+        self.files = Files(store, config)  # docs/protocol.md §2 "Files"
         # The tool processes of the daemon (the app shares its own); a bare node spawns without
         # a watchdog: its groups are still stopped with their sessions.
         self.processes = ToolProcesses(config.tools)

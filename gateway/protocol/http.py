@@ -13,12 +13,73 @@ import msgspec
 
 from gateway.protocol.shapes import (
     PROTOCOL_VERSION,
+    AudioBlock,
+    CompactionBlock,
     ContentBlock,
     Message,
     QueuedTurnInfo,
+    RedactedThinkingBlock,
     SessionSummary,
+    TextBlock,
+    ThinkingBlock,
     ToolInfo,
+    ToolResultBlock,
+    ToolUseBlock,
 )
+
+
+class Base64Source(msgspec.Struct, forbid_unknown_fields=True):
+    """An inline file of a turn: ``{"type": "base64", "media_type", "data"}`` (Anthropic's
+    shape; docs/protocol.md §2 "Files"): stored as a file first."""
+
+    type: Literal["base64"]
+    media_type: str
+    data: str
+
+
+class ImageInput(msgspec.Struct, tag="image", tag_field="type"):
+    """An image of a turn as a client sends it: ``file_id`` (a file of the session) or
+    ``source`` (inline), never both. ``media_type`` and ``size``, which the
+    gateway's own blocks carry, are taken and ignored: a block read from an event
+    may be sent back as it is."""
+
+    file_id: str | None = None
+    source: Base64Source | None = None
+    media_type: str | None = None
+    size: int | None = None
+
+
+class DocumentInput(msgspec.Struct, tag="document", tag_field="type"):
+    """A document of a turn as a client sends it (as :class:`ImageInput`)."""
+
+    file_id: str | None = None
+    source: Base64Source | None = None
+    media_type: str | None = None
+    size: int | None = None
+
+
+TurnBlock = (
+    TextBlock
+    | ImageInput
+    | DocumentInput
+    | AudioBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | CompactionBlock
+)
+"""A block of a turn's ``content`` as sent: text, an image or a document; the other
+kinds decode only to be refused with a message that names them."""
+
+
+class FileStored(msgspec.Struct):
+    """``POST /sessions/{id}/files`` (docs/protocol.md §2 "Files")."""
+
+    file_id: str
+    media_type: str
+    size: int
+    sha256: str
 
 
 class CreateSession(msgspec.Struct, forbid_unknown_fields=True):
@@ -121,7 +182,7 @@ class SubmitTurn(msgspec.Struct, forbid_unknown_fields=True):
     of the session's user messages ("Edit and regenerate").
     """
 
-    content: str | list[ContentBlock]
+    content: str | list[TurnBlock]
     if_busy: IfBusy | None = None
     rewind_to: str | None = None
 

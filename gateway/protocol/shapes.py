@@ -50,6 +50,39 @@ class ToolUseBlock(msgspec.Struct, tag="tool_use", tag_field="type"):
     truncated: Truncated = msgspec.UNSET
 
 
+class ImageBlock(msgspec.Struct, tag="image", tag_field="type"):
+    """An image of a turn or a tool result (docs/protocol.md §2 "Files"): a reference to
+    a file of the session, never its bytes (``GET /sessions/{id}/files/{file_id}``)."""
+
+    file_id: str
+    media_type: str
+    size: int
+    truncated: Truncated = msgspec.UNSET
+
+
+class DocumentBlock(msgspec.Struct, tag="document", tag_field="type"):
+    """A document (PDF or text) of a turn (docs/protocol.md §2 "Files"): a file reference."""
+
+    file_id: str
+    media_type: str
+    size: int
+    truncated: Truncated = msgspec.UNSET
+
+
+class AudioBlock(msgspec.Struct, tag="audio", tag_field="type"):
+    """Audio a tool returned (docs/protocol.md §2 "Files"): stored, shown to clients,
+    sent to no model (none of the gateway's providers takes audio)."""
+
+    file_id: str
+    media_type: str
+    size: int
+    truncated: Truncated = msgspec.UNSET
+
+
+FileBlock = ImageBlock | DocumentBlock | AudioBlock
+"""A block that stands for a file of the session (docs/protocol.md §2 "Files")."""
+
+
 class ToolResultBlock(msgspec.Struct, tag="tool_result", tag_field="type"):
     tool_use_id: str
     content: str
@@ -59,6 +92,9 @@ class ToolResultBlock(msgspec.Struct, tag="tool_result", tag_field="type"):
     # snapshot shows what ``tool.completed.structured_result`` showed (PROTOCOL
     # section 6); left out when the tool had none.
     structured_content: Any | msgspec.UnsetType = msgspec.UNSET
+    # The files the tool returned (an MCP tool's image or audio, docs/protocol.md
+    # §2 "Files"), by reference; the model gets the images inside the tool_result.
+    files: list[FileBlock] | msgspec.UnsetType = msgspec.UNSET
 
 
 class CompactionBlock(msgspec.Struct, tag="compaction", tag_field="type"):
@@ -76,6 +112,9 @@ class CompactionBlock(msgspec.Struct, tag="compaction", tag_field="type"):
 
 ContentBlock = (
     TextBlock
+    | ImageBlock
+    | DocumentBlock
+    | AudioBlock
     | ThinkingBlock
     | RedactedThinkingBlock
     | ToolUseBlock

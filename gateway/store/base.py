@@ -31,7 +31,7 @@ added next to the embedded SQLite one without the gateway noticing.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 import trio
@@ -106,6 +106,28 @@ class SessionRecord(msgspec.Struct):
     # Its edits, oldest first (docs/protocol.md §2 "Edit and regenerate"): written
     # with their history.rewound.
     rewinds: list[Rewind] = []
+
+
+class FileRecord(msgspec.Struct, frozen=True):
+    """A file of a session, without its bytes (docs/protocol.md §2 "Files").
+
+    ``file_id`` is derived from ``sha256`` (gateway.ids.file_id_of): a session
+    stores the same bytes once. ``owner`` is the session's, so a key's files
+    are counted against ``[limits] max_file_mb_per_key`` however many sessions
+    hold them.
+    """
+
+    file_id: str
+    session_id: str
+    owner: str
+    sha256: str
+    media_type: str
+    size: int
+    created_at: int
+
+
+FileRefusal = Literal["session_not_found", "too_many_files", "quota_exceeded"]
+"""Why :meth:`Store.put_file` stored nothing."""
 
 
 class StoredEvent(msgspec.Struct):
@@ -367,7 +389,7 @@ class Store(Protocol):
         ...
 
     async def delete_sessions(self, session_ids: Sequence[str]) -> None:
-        """Delete sessions for good: records, messages, events, index entries, leases.
+        """Delete sessions for good: records, messages, events, files, index entries, leases.
 
         ``DELETE /sessions/{id}`` (docs/protocol.md §13) names the session and
         every worker under it. One transaction (SQLite), one ``MULTI``/``EXEC``
@@ -377,6 +399,42 @@ class Store(Protocol):
 
         Raises:
             StoreError: the store did not answer (nothing was deleted, or all).
+        """
+        ...
+
+    # --- files (docs/protocol.md §2 "Files") ---------------------------------
+
+    async def put_file(
+        self, rec: FileRecord, data: bytes, *, max_per_session: int, owner_quota_bytes: int
+    ) -> FileRecord | FileRefusal:
+        """Store a file of a session now, outside the group commit, in one atomic step.
+
+        The session must exist (a file never outlives, nor lands after, its
+        session's deletion); a file of the same id already there is the answer
+        (stored once per session, counted once). Otherwise the session may hold
+        at most ``max_per_session`` files and ``rec.owner`` at most
+        ``owner_quota_bytes`` of files across its sessions (0: no limit each),
+        checked and counted in the same step, across every node of the store.
+        Durable when it returns a record.
+
+        Raises:
+            StoreError: the store cannot be written.
+        """
+        ...
+
+    async def get_file(self, session_id: str, file_id: str) -> tuple[FileRecord, bytes] | None:
+        """A file of the session and its bytes, or ``None`` (unknown here, or another session's)."""
+        ...
+
+    async def files_of(self, session_id: str) -> list[FileRecord]:
+        """The session's files, without their bytes, oldest first."""
+        ...
+
+    async def copy_files(self, source_id: str, target_id: str, owner: str) -> None:
+        """Give session ``target_id`` (of ``owner``) a copy of every file of ``source_id``.
+
+        A fork's (docs/protocol.md §2 "Forks"): its messages name the same files.
+        Counted against ``owner``'s bytes, never refused (the fork was).
         """
         ...
 

@@ -434,7 +434,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("providers/",),
     ("http/",),
     ("client/", "store/", "agents.py", "environment.py"),
-    ("tenancy.py", "telemetry.py", "logs.py", "cluster/", "ui/"),
+    ("tenancy.py", "telemetry.py", "logs.py", "media.py", "cluster/", "ui/"),
     ("config.py",),
     ("protocol/",),
     ("errors.py", "ids.py", "metrics.py", "partial_json.py"),

@@ -38,7 +38,7 @@ from gateway.doors.context import (
 )
 from gateway.errors import ApiError
 from gateway.http.openapi import Operation
-from gateway.http.parsing import decode, user_content
+from gateway.http.parsing import decode, text_content
 from gateway.http.server import Request, Response, StreamingResponse, json_response
 from gateway.ids import new_turn_id, now_ms
 from gateway.protocol.shapes import ContentBlock, Message
@@ -126,7 +126,7 @@ class AguiRoutes:
         self.node = ctx.node
         self.config = ctx.config
         self._decode = decode
-        self._user_content = user_content
+        self._text_content = text_content
         self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
         ctx.node.session_listeners.append(self._forget)  # pruned with the session's tasks
         self._threads = ClientNamedSessions(ctx, "threadId", "invalid_thread_id")
@@ -143,7 +143,7 @@ class AguiRoutes:
         body = self._decode(req, RunAgentInput)
         # What refuses a new run is checked before its thread is made: a run
         # refused 422 or 429 leaves no session behind (nor a count of one).
-        content = None if body.resume else self._user_content(_user_text(body.messages))
+        content = None if body.resume else self._text_content(_user_text(body.messages))
         if content is not None:
             await self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
         # A stream, counted as a WebSocket is (503 over_capacity), until it ends.

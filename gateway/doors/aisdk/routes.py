@@ -30,7 +30,7 @@ from gateway.doors.context import (
 )
 from gateway.errors import ApiError, StoreError
 from gateway.http.openapi import Operation
-from gateway.http.parsing import decode, user_content
+from gateway.http.parsing import decode, text_content
 from gateway.http.server import Request, Response, StreamingResponse, json_response
 from gateway.ids import new_turn_id, now_ms, parse_event_id
 from gateway.protocol.shapes import Message, QueuedTurnInfo
@@ -153,7 +153,7 @@ class Responses:
         if last.role != "user":
             raise ApiError(422, "invalid_body", f"the last message's role is {last.role!r}")
         self.chats.check(chat_id)
-        content = user_content(_text_of(last))
+        content = text_content(_text_of(last))
         key = caller or NO_OWNER
         rewind_to: str | None = None
         if await self._known(chat_id):  # a repeated request is that turn: no new one

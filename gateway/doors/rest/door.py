@@ -26,12 +26,14 @@ from __future__ import annotations
 
 from gateway.doors.context import SESSION, DoorContext
 from gateway.doors.rest.admin import Admin
+from gateway.doors.rest.files import Files
 from gateway.doors.rest.forks import Forks
 from gateway.doors.rest.page import Page
 from gateway.doors.rest.sessions import Sessions
 from gateway.doors.rest.turns import Turns
 from gateway.http.openapi import Operation, Query
 from gateway.http.router import Route, page_route, route
+from gateway.media import MEDIA_TYPES
 from gateway.protocol.http import (
     Accepted,
     AgentList,
@@ -40,6 +42,7 @@ from gateway.protocol.http import (
     Compact,
     CreateSession,
     Feedback,
+    FileStored,
     ForkCreated,
     ForkSession,
     Health,
@@ -180,8 +183,10 @@ SUBMIT_TURN = Operation(
     idempotent=True,
     errors={
         400: ("invalid_idempotency_key",),
-        422: ("idempotency_key_reused",),
         404: ("message_not_found",),  # rewind_to (docs/protocol.md §2 "Edit and regenerate")
+        # A file block (docs/protocol.md §2 "Files"); an inline file's errors are the upload's.
+        413: ("file_too_large",),
+        422: ("idempotency_key_reused", "unknown_file", "unsupported_content", "invalid_file"),
         409: (
             "turn_in_progress",
             "queue_full",
@@ -190,8 +195,9 @@ SUBMIT_TURN = Operation(
             "idempotency_key_in_use",
             "message_rewound",
             "not_a_user_message",
+            "too_many_files",
         ),
-        429: ("rate_limited",),
+        429: ("rate_limited", "quota_exceeded"),
         503: (
             "shutting_down",
             "store_unavailable",
@@ -293,6 +299,38 @@ FORK = Operation(
     "is committed.",
 )
 
+UPLOAD_FILE = Operation(
+    "Store a file of the session",
+    FileStored,
+    201,
+    body_types=MEDIA_TYPES,
+    errors={
+        404: ("session_not_found",),
+        409: ("too_many_files",),
+        413: ("file_too_large",),
+        422: ("invalid_file",),
+        429: ("quota_exceeded",),
+        503: ("store_unavailable",),
+    },
+    description='docs/protocol.md §2 "Files": the body is the file, its `Content-Type` '
+    "one of the types listed (others, SVG among them: 415 `unsupported_media_type`), at "
+    "most `[files] max_bytes` (413 `file_too_large`). Its bytes are checked against its "
+    "type (422 `invalid_file`: an image that does not decode, a decompression bomb, a PDF "
+    "without its markers, text that is not UTF-8). Content-addressed: the same bytes are "
+    "one file of the session, answered again. At most `[files] max_per_session` files "
+    "(409 `too_many_files`) and `[limits] max_file_mb_per_key` MiB of a key's files (429 "
+    "`quota_exceeded`). Use the answer's `file_id` in a turn's image or document block.",
+)
+GET_FILE = Operation(
+    "A file of the session, its bytes",
+    None,
+    media_type="application/octet-stream",
+    errors={404: ("file_not_found",)},
+    description="The bytes, with the file's own `Content-Type`, as a download "
+    "(`Content-Disposition: attachment`, `X-Content-Type-Options: nosniff`). Another "
+    "session's file id, another key's included: 404 `file_not_found`.",
+)
+
 PAGE = Operation("The web page", None, auth="none")
 ASSET = Operation("A file of the web page", None, auth="none")
 
@@ -311,8 +349,8 @@ def admin_routes(admin: Admin) -> tuple[Route, ...]:
     )
 
 
-def session_routes(sessions: Sessions) -> tuple[Route, ...]:
-    """The sessions, one session, its messages."""
+def session_routes(sessions: Sessions, files: Files) -> tuple[Route, ...]:
+    """The sessions, one session, its messages and files."""
     return (
         route(
             "/sessions",
@@ -327,6 +365,8 @@ def session_routes(sessions: Sessions) -> tuple[Route, ...]:
             DELETE=(sessions.delete_session, DELETE_SESSION),
         ),
         route(f"{SESSION}/messages", "messages", GET=(sessions.list_messages, LIST_MESSAGES)),
+        route(f"{SESSION}/files", "files", POST=(files.upload, UPLOAD_FILE)),
+        route(f"{SESSION}/files/{{file_id}}", "file", GET=(files.download, GET_FILE)),
         route(
             f"{SESSION}/messages/{{message_id}}",
             "message",
@@ -375,7 +415,7 @@ class Door:
     def __init__(self, ctx: DoorContext) -> None:
         self.routes: tuple[Route, ...] = (
             *admin_routes(Admin(ctx)),
-            *session_routes(Sessions(ctx)),
+            *session_routes(Sessions(ctx), Files(ctx)),
             *turn_routes(Turns(ctx)),
             *fork_routes(Forks(ctx)),
             *page_routes(Page()),

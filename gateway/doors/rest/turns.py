@@ -42,7 +42,9 @@ class Turns:
         caller = self.ctx.authenticate(req)
         session = await self.ctx.session(session_id, caller)
         body = decode(req, SubmitTurn)
-        content = user_content(body.content)
+        content = await self.ctx.node.files.resolve(
+            session.id, session.record.owner, user_content(body.content)
+        )
         if_busy = rewind_if_busy(body.if_busy, body.rewind_to, self.ctx.config.turns.if_busy)
         parent = session.parent
         if (

@@ -30,6 +30,7 @@ class Keys:
         self.open = f"{p}open"
         self.ets = f"{p}ets"
         self.lanes = f"{p}oblanes"  # the webhook outbox's lanes with a delivery pending
+        self.file_bytes = f"{p}fbytes"  # owner -> its files' bytes (gateway.store.redis.files)
         self._p = p
 
     def session(self, sid: str) -> str:
@@ -52,6 +53,12 @@ class Keys:
 
     def events(self, sid: str) -> str:
         return f"{self._p}e:{{{sid}}}"
+
+    def file_meta(self, sid: str) -> str:
+        return f"{self._p}fm:{{{sid}}}"
+
+    def files(self, sid: str) -> str:
+        return f"{self._p}f:{{{sid}}}"
 
     def lease(self, sid: str) -> str:
         return f"{self._p}lease:{{{sid}}}"

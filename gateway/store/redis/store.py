@@ -47,6 +47,8 @@ store is later sharded by session::
     gw:lease:{sid}             STRING: the node id holding the session's lease, with its expiry
     gw:req:<digest>            HASH: an Idempotency-Key's record (gateway.store.idempotency), the
                                digest of its owner and key; expires 24 h after its first request
+    gw:fm:{sid}, gw:f:{sid},   a session's files and the bytes of each owner's
+    gw:fbytes                  (gateway.store.redis.files)
     gw:ob:*, gw:oblanes,       the webhook outbox, its lanes pending and their claims
     gw:obclaim:*               (gateway.store.redis.outbox)
 
@@ -133,6 +135,7 @@ from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreS
 from gateway.store.group_commit import GroupCommit
 from gateway.store.redis.batch import RedisBatch, Transaction
 from gateway.store.redis.client import TRANSIENT, Connection, reason, redacted
+from gateway.store.redis.files import DROP_SCRIPT, RedisFiles
 from gateway.store.redis.keys import Keys, index_member, sid_of
 from gateway.store.redis.leases import RedisLeases
 from gateway.store.redis.outbox import RedisOutbox
@@ -154,7 +157,7 @@ _event_decoder = msgspec.msgpack.Decoder(tuple[int, str, int, bytes])
 _decode = _event_decoder.decode
 
 
-class RedisStore(RedisRequests, RedisOutbox, GroupCommit[RedisBatch]):
+class RedisStore(RedisRequests, RedisOutbox, RedisFiles, GroupCommit[RedisBatch]):
     """The Redis trace store: implements :class:`gateway.store.base.Store`.
 
     The group commit is :class:`gateway.store.group_commit.GroupCommit`'s; this
@@ -486,6 +489,8 @@ async def _delete(
             else:
                 p.srem(k.roots(rec.owner), [rec.id])
         p.srem(k.open, sids)
+        for rec in records:
+            p.eval(DROP_SCRIPT, [k.file_meta(rec.id), k.files(rec.id), k.file_bytes], [rec.owner])
         for chunk in range(0, len(ages), PURGE_CHUNK):
             p.zrem(k.ets, ages[chunk : chunk + PURGE_CHUNK])
         per_session = (k.session, k.messages, k.message_order, k.events, k.lease, k.workers)

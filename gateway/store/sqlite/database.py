@@ -21,7 +21,7 @@ from gateway.errors import StoreError
 from gateway.protocol.shapes import Message
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
 from gateway.store.group_commit import WritesRefused
-from gateway.store.sqlite import outbox
+from gateway.store.sqlite import files, outbox
 from gateway.store.sqlite.batch import (
     INSERT_EVENT,
     INSERT_SESSION,
@@ -210,7 +210,7 @@ class Database:
             return read_meta(w, "retention_floor")
 
     def delete_sessions(self, session_ids: Sequence[str]) -> None:
-        """Delete the sessions' rows, their messages' and events', in one transaction."""
+        """Delete the sessions' rows, their messages', events' and files', in one transaction."""
         w = self._writer
         rows = [(sid,) for sid in session_ids]
         with self._in_the_file(), _reporting(self._path, "delete"), w:
@@ -218,6 +218,7 @@ class Database:
             w.executemany("DELETE FROM events WHERE session_id = ?", rows)
             w.executemany("DELETE FROM messages WHERE session_id = ?", rows)
             w.executemany("DELETE FROM sessions WHERE id = ?", rows)
+            files.delete_files(w, list(session_ids))
 
     def transaction(self, action: Callable[[sqlite3.Connection], _T]) -> _T:
         """``action`` in one write transaction of its own (idempotency records)."""

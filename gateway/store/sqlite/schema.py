@@ -11,7 +11,7 @@ import sqlite3
 
 from gateway.errors import StoreError
 from gateway.store.base import StoreState
-from gateway.store.sqlite import outbox, requests
+from gateway.store.sqlite import files, outbox, requests
 
 SCHEMA_VERSION = 5
 
@@ -160,7 +160,7 @@ def prepare_schema(conn: sqlite3.Connection, path: str) -> StoreState:
                 f"cannot open store {path!r}: schema version {version},"
                 f" this gateway reads version {SCHEMA_VERSION}"
             )
-        for statement in (*requests.SCHEMA, *outbox.SCHEMA):  # tables of their own
+        for statement in (*requests.SCHEMA, *outbox.SCHEMA, *files.SCHEMA):  # tables of their own
             conn.execute(statement)
         (highest_seq,) = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
         return StoreState(

@@ -83,11 +83,18 @@ from typing import Any, TypeVar
 import trio
 
 from gateway.errors import StoreError
-from gateway.store.base import SessionRecord, StoredEvent, StoredMessage, StoreState
+from gateway.store.base import (
+    FileRecord,
+    FileRefusal,
+    SessionRecord,
+    StoredEvent,
+    StoredMessage,
+    StoreState,
+)
 from gateway.store.group_commit import GroupCommit, WritesRefused
 from gateway.store.idempotency import Claim, Claimed
 from gateway.store.outbox import Lane, OutboxEntry
-from gateway.store.sqlite import outbox, requests
+from gateway.store.sqlite import files, outbox, requests
 from gateway.store.sqlite.batch import SqliteBatch
 from gateway.store.sqlite.database import ROW_ERRORS, Database, FileReplaced, insert_new_session
 from gateway.store.sqlite.leases import LocalLeases
@@ -225,6 +232,26 @@ class SqliteStore(GroupCommit[SqliteBatch]):
         await self._transaction(
             lambda w: requests.settle_request(w, owner, key, holder, status, body)
         )
+
+    # --- files (gateway.store.sqlite.files) ----------------------------------
+
+    async def put_file(
+        self, rec: FileRecord, data: bytes, *, max_per_session: int, owner_quota_bytes: int
+    ) -> FileRecord | FileRefusal:
+        return await self._transaction(
+            lambda w: files.put_file(w, rec, data, max_per_session, owner_quota_bytes)
+        )
+
+    async def get_file(self, session_id: str, file_id: str) -> tuple[FileRecord, bytes] | None:
+        return await self._read(
+            lambda db: db.read(lambda r: files.get_file(r, session_id, file_id))
+        )
+
+    async def files_of(self, session_id: str) -> list[FileRecord]:
+        return await self._read(lambda db: db.read(lambda r: files.files_of(r, session_id)))
+
+    async def copy_files(self, source_id: str, target_id: str, owner: str) -> None:
+        await self._transaction(lambda w: files.copy_files(w, source_id, target_id, owner))
 
     # --- the webhook outbox (gateway.store.outbox) ----------------------------
 

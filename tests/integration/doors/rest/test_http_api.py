@@ -422,7 +422,9 @@ async def test_turn_refusals(gw: Harness) -> None:
 
 
 async def test_body_over_max_body_bytes_is_413(tmp_path: Path) -> None:
-    async with gateway_with(tmp_path, **{"server.max_body_bytes": 1024}) as gw:
+    # A turn may carry one inline file more (docs/protocol.md §2 "Files"): none here.
+    limits = {"server.max_body_bytes": 1024, "files.max_bytes": 1}
+    async with gateway_with(tmp_path, **limits) as gw:
         sid = await gw.create_session()
         fits = json.dumps({"content": "x" * 1000}).encode()
         assert len(fits) <= 1024

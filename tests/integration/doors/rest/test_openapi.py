@@ -42,6 +42,8 @@ CONTRACT = {
     ("get", "/sessions/{session_id}"),
     ("delete", "/sessions/{session_id}"),  # docs/protocol.md §13
     ("get", "/sessions/{session_id}/messages"),
+    ("post", "/sessions/{session_id}/files"),  # docs/protocol.md §2 "Files"
+    ("get", "/sessions/{session_id}/files/{file_id}"),
     ("get", "/sessions/{session_id}/messages/{message_id}"),  # docs/protocol.md §15
     ("post", "/sessions/{session_id}/turns"),
     ("post", "/sessions/{session_id}/turns/{turn_id}/cancel"),

@@ -1,0 +1,250 @@
+"""A session's files: kept, found, read back (docs/protocol.md §2 "Files").
+
+The one place that stores a file and resolves a file reference, for every way
+a file comes in: ``POST /sessions/{id}/files``, an inline image or document of
+a turn (the REST, AG-UI and AI SDK doors), a tool's image (an MCP tool). Each
+file is checked against its type (:func:`gateway.media.check`, in a worker
+thread: decoding a 20 MiB image is CPU work), then stored with the session,
+content-addressed (gateway.ids.file_id_of), within ``[files] max_per_session``
+and ``[limits] max_file_mb_per_key`` (gateway.store.base.Store.put_file: one
+atomic step, across nodes).
+
+A file is its session's: a reference to another session's file, another
+key's included, is no file here (the store is keyed by session). What the
+wire carries is a :data:`~gateway.protocol.shapes.FileBlock`, never the
+bytes; a provider gets the bytes from :meth:`Files.read` when it builds a
+request, through a small cache (a turn's calls send the same files again).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+
+import trio
+
+from gateway import media
+from gateway.config import Config
+from gateway.errors import ApiError, StoreError, unavailable
+from gateway.ids import file_id_of, now_ms
+from gateway.protocol.http import Base64Source, DocumentInput, ImageInput, TurnBlock
+from gateway.protocol.shapes import (
+    AudioBlock,
+    ContentBlock,
+    DocumentBlock,
+    FileBlock,
+    ImageBlock,
+    ToolResultBlock,
+)
+from gateway.store.base import FileRecord, FileRefusal, Store
+
+CACHE_BYTES = 64 * 1024 * 1024
+"""The bytes :meth:`Files.read` keeps in memory, most recently used first."""
+
+_CHECKS = trio.CapacityLimiter(2)  # decoding images: CPU-bound, at most two at once
+
+Refuse = Callable[[FileBlock], str | None]
+"""What a turn's model cannot take: a reason (422 ``unsupported_content``), or ``None``."""
+
+
+def block_of(rec: FileRecord) -> FileBlock:
+    """The block that stands for a file: image, document, or (a tool's) audio."""
+    if rec.media_type in media.IMAGE_TYPES:
+        return ImageBlock(rec.file_id, rec.media_type, rec.size)
+    if rec.media_type.startswith("audio/"):
+        return AudioBlock(rec.file_id, rec.media_type, rec.size)
+    return DocumentBlock(rec.file_id, rec.media_type, rec.size)
+
+
+def file_ids(blocks: Iterable[ContentBlock]) -> list[str]:
+    """Every file a list of blocks names, tool results' included, in order, once each."""
+    found: dict[str, None] = {}
+    for b in blocks:
+        if isinstance(b, ImageBlock | DocumentBlock | AudioBlock):
+            found[b.file_id] = None
+        elif isinstance(b, ToolResultBlock) and b.files:
+            found.update((f.file_id, None) for f in b.files)
+    return list(found)
+
+
+class Files:
+    """The files of every session of a node (module docstring).
+
+    Args:
+        store: where files are kept.
+        config: ``[files]`` and ``[limits] max_file_mb_per_key``.
+    """
+
+    def __init__(self, store: Store, config: Config) -> None:
+        self._store = store
+        self._files = config.files
+        self._quota = config.limits.max_file_mb_per_key * 1024 * 1024
+        self._cache: OrderedDict[tuple[str, str], tuple[str, bytes]] = OrderedDict()
+        self._cached = 0
+
+    async def upload(
+        self, session_id: str, owner: str, media_type: str, data: bytes, *, checked: bool = True
+    ) -> FileRecord:
+        """Check ``data`` as a file of ``media_type`` and keep it with the session.
+
+        ``checked=False`` keeps a tool's file (audio included) with no type check:
+        the model never sent it, a tool did. Either way within the limits.
+
+        Raises:
+            ApiError: 413 ``file_too_large``, 415 ``unsupported_media_type``,
+                422 ``invalid_file``, 404 ``session_not_found`` (deleted meanwhile),
+                409 ``too_many_files``, 429 ``quota_exceeded``.
+            Refused: 503 ``store_unavailable``.
+        """
+        if len(data) > self._files.max_bytes:
+            raise ApiError(
+                413, "file_too_large", f"The file is over {self._files.max_bytes} bytes."
+            )
+        if checked:
+            pixels = self._files.max_image_pixels
+            await trio.to_thread.run_sync(
+                lambda: media.check(media_type, data, max_pixels=pixels), limiter=_CHECKS
+            )
+        digest = hashlib.sha256(data).hexdigest()
+        rec = FileRecord(
+            file_id_of(digest), session_id, owner, digest, media_type, len(data), now_ms()
+        )
+        try:
+            put = await self._store.put_file(
+                rec,
+                data,
+                max_per_session=self._files.max_per_session,
+                owner_quota_bytes=self._quota,
+            )
+        except StoreError as exc:
+            raise unavailable(exc) from None
+        if isinstance(put, FileRecord):
+            return put
+        raise _refusal(put, session_id, self._files.max_per_session, self._quota)
+
+    async def get(self, session_id: str, file_id: str) -> tuple[FileRecord, bytes]:
+        """A file of the session and its bytes (404 ``file_not_found`` otherwise)."""
+        try:
+            found = await self._store.get_file(session_id, file_id)
+        except StoreError as exc:
+            raise unavailable(exc) from None
+        if found is None:
+            raise ApiError(404, "file_not_found", f"{file_id[:80]!r} is not a file of this session")
+        return found
+
+    async def resolve(
+        self,
+        session_id: str,
+        owner: str,
+        blocks: Sequence[TurnBlock],
+        refuse: Refuse | None = None,
+    ) -> list[ContentBlock]:
+        """A turn's blocks as stored: each file named by id checked to be the session's,
+        each inline one kept first; what the model cannot take refused.
+
+        Raises:
+            ApiError: 422 ``unknown_file`` (not a file of this session),
+                ``invalid_body`` (a file block of both or neither ``file_id`` and
+                ``source``, or of the wrong kind), ``unsupported_content``; the
+                errors of :meth:`upload` for an inline file.
+        """
+        if not any(isinstance(b, ImageInput | DocumentInput) for b in blocks):
+            return list(blocks)  # type: ignore[arg-type]  # text (and other kinds: refused later)
+        try:
+            known = {r.file_id: r for r in await self._store.files_of(session_id)}
+        except StoreError as exc:
+            raise unavailable(exc) from None
+        out: list[ContentBlock] = []
+        for position, b in enumerate(blocks):
+            if not isinstance(b, ImageInput | DocumentInput):
+                out.append(b)
+                continue
+            kind = "image" if isinstance(b, ImageInput) else "document"
+            where = f"content[{position}]"
+            if (b.file_id is None) == (b.source is None):
+                raise ApiError(
+                    422, "invalid_body", f"{where}: an {kind} block needs a file_id or a source"
+                )
+            if b.source is not None:
+                rec = await self.upload(session_id, owner, *_decoded(b.source, where))
+            elif (found := known.get(b.file_id or "")) is not None:
+                rec = found
+            else:
+                raise ApiError(
+                    422,
+                    "unknown_file",
+                    f"{where}: {str(b.file_id)[:80]!r} is not a file of this session "
+                    "(POST /sessions/{id}/files first)",
+                )
+            block = block_of(rec)
+            if block.__struct_config__.tag != kind:
+                raise ApiError(
+                    422,
+                    "invalid_body",
+                    f"{where}: {rec.file_id} is {rec.media_type}, not an {kind}",
+                )
+            reason = refuse(block) if refuse is not None else None
+            if reason is not None:
+                raise ApiError(422, "unsupported_content", f"{where}: {reason}")
+            out.append(block)
+        return out
+
+    async def read(self, session_id: str, ids: Iterable[str]) -> dict[str, tuple[str, bytes]]:
+        """The media type and bytes of each file named (a provider's request); one the
+        store no longer has (its session deleted meanwhile) is left out."""
+        out: dict[str, tuple[str, bytes]] = {}
+        for file_id in ids:
+            key = (session_id, file_id)
+            if (cached := self._cache.get(key)) is not None:
+                self._cache.move_to_end(key)
+                out[file_id] = cached
+                continue
+            try:
+                found = await self._store.get_file(session_id, file_id)
+            except StoreError as exc:
+                raise unavailable(exc) from None
+            if found is not None:
+                rec, data = found
+                out[file_id] = self._remember(key, (rec.media_type, data))
+        return out
+
+    def forget(self, session_ids: Iterable[str]) -> None:
+        """Drop the cached bytes of deleted sessions."""
+        gone = set(session_ids)
+        for key in [k for k in self._cache if k[0] in gone]:
+            self._cached -= len(self._cache.pop(key)[1])
+
+    def _remember(self, key: tuple[str, str], entry: tuple[str, bytes]) -> tuple[str, bytes]:
+        if len(entry[1]) <= CACHE_BYTES // 4:
+            self._cache[key] = entry
+            self._cached += len(entry[1])
+            while self._cached > CACHE_BYTES:
+                _, dropped = self._cache.popitem(last=False)
+                self._cached -= len(dropped[1])
+        return entry
+
+
+def _decoded(source: Base64Source, where: str) -> tuple[str, bytes]:
+    """An inline file's media type and bytes (422 ``invalid_body`` for bad base64)."""
+    try:
+        return source.media_type, base64.b64decode(source.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(422, "invalid_body", f"{where}: source.data is not base64") from None
+
+
+def _refusal(why: FileRefusal, session_id: str, most: int, quota: int) -> ApiError:
+    if why == "session_not_found":
+        return ApiError(404, "session_not_found", f"session {session_id} not found")
+    if why == "too_many_files":
+        return ApiError(
+            409, "too_many_files", f"the session holds {most} files ([files] max_per_session)"
+        )
+    return ApiError(
+        429,
+        "quota_exceeded",
+        f"this key's files would pass {quota // (1024 * 1024)} MiB "
+        "([limits] max_file_mb_per_key); delete sessions to free room",
+    )
