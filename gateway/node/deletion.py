@@ -82,6 +82,7 @@ async def delete(node: NodeCore, session: Session) -> None:
         await node.store.delete_sessions(ids)
     except StoreError as exc:
         raise unavailable(exc) from None
+    node.files.forget(ids)  # their bytes leave this node's memory too
     await _release(node, records)
     registry.deleting.difference_update(ids)  # the store answers for them from now on
     event(

@@ -354,6 +354,7 @@ async def test_a_file_of_a_deleted_session_is_gone_and_a_racing_put_leaves_nothi
 ) -> None:
     sid = await gw.create_session()
     fid = await uploaded(gw.http, sid, png(), "image/png")
+    assert await gw.node.files.read(sid, [fid]) == {fid: ("image/png", png())}  # now cached
     noise = Image.frombytes("RGB", (1500, 1500), bytes(range(256)) * (1500 * 1500 * 3 // 256 + 1))
     out = io.BytesIO()
     noise.save(out, "PNG")
@@ -375,6 +376,7 @@ async def test_a_file_of_a_deleted_session_is_gone_and_a_racing_put_leaves_nothi
     assert_error(await gw.http.get(f"/sessions/{sid}/files/{fid}"), 404, "session_not_found")
     assert_error(await upload(gw.http, sid, png(), "image/png"), 404, "session_not_found")
     assert await gw.node.store.files_of(sid) == []
+    assert await gw.node.files.read(sid, [fid]) == {}  # nor in the node's cache
     store = gw.node.store
     assert isinstance(store, SqliteStore)
     rows = await store._read(  # the table itself: no row of the session is left
