@@ -146,8 +146,8 @@ async def one_round(http: httpx.AsyncClient, image: bytes, inline: bytes) -> dic
         file_block = {"type": "image", "file_id": r.json()["file_id"]}
         out["turn_file"] = await _turn(http, ws, sid, [text, file_block])
         data = base64.b64encode(inline).decode()
-        block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
-        out["turn_inline"] = await _turn(http, ws, sid, [text, block])
+        source = {"type": "base64", "media_type": "image/png", "data": data}
+        out["turn_inline"] = await _turn(http, ws, sid, [text, {"type": "image", "source": source}])
     return out
 
 
