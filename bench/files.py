@@ -11,7 +11,9 @@ from outside, in rounds of four, each a fresh session:
 - ``turn_text``: a text-only turn, from ``POST .../turns`` to
   ``turn.completed`` on a WebSocket subscribed beforehand (after a first
   turn of the session, not measured);
-- ``turn_file``: the same turn naming the uploaded file by ``file_id``;
+- ``turn_file``: the same turn naming the uploaded file by ``file_id`` (0.2 s
+  after the upload, as a person would send it; it and ``turn_text`` take
+  turns at going first, round by round);
 - ``turn_inline``: the same turn with another such PNG inline (base64 in the
   JSON body, about 7 MiB), stored as a file first.
 
@@ -123,7 +125,9 @@ async def _turn(http: httpx.AsyncClient, ws: WebSocketConnection, sid: str, cont
     return time.perf_counter() - started
 
 
-async def one_round(http: httpx.AsyncClient, image: bytes, inline: bytes) -> dict[str, float]:
+async def one_round(
+    http: httpx.AsyncClient, image: bytes, inline: bytes, *, text_first: bool
+) -> dict[str, float]:
     """The seconds of each path, on a new session."""
     sid = (await http.post("/sessions", json={})).json()["session_id"]
     ws_url = (await http.get(f"/sessions/{sid}")).json()["ws_url"]
@@ -141,10 +145,12 @@ async def one_round(http: httpx.AsyncClient, image: bytes, inline: bytes) -> dic
             f"/sessions/{sid}/files", content=image, headers={"Content-Type": "image/png"}
         )
         r.raise_for_status()
+        file_id = r.json()["file_id"]
         out["upload"] = time.perf_counter() - started
-        out["turn_text"] = await _turn(http, ws, sid, [text])
-        file_block = {"type": "image", "file_id": r.json()["file_id"]}
-        out["turn_file"] = await _turn(http, ws, sid, [text, file_block])
+        await trio.sleep(0.2)  # a person's pause: the upload's write settles first
+        turns = {"turn_text": [text], "turn_file": [text, {"type": "image", "file_id": file_id}]}
+        for name in sorted(turns, reverse=text_first):  # each first in every other round
+            out[name] = await _turn(http, ws, sid, turns[name])
         data = base64.b64encode(inline).decode()
         source = {"type": "base64", "media_type": "image/png", "data": data}
         out["turn_inline"] = await _turn(http, ws, sid, [text, {"type": "image", "source": source}])
@@ -162,7 +168,7 @@ async def measure(runs: int, warmup: int) -> dict[str, Any]:
                 for round_ in range(warmup + runs):
                     image, inline = noise_png(), noise_png()
                     size = len(image)
-                    seconds = await one_round(http, image, inline)
+                    seconds = await one_round(http, image, inline, text_first=round_ % 2 == 0)
                     if round_ + 1 == warmup:
                         memory["after_warmup"] = memory_kib(pid)
                     if round_ >= warmup:
