@@ -5,10 +5,11 @@ turn, a data URL of the AI SDK's door) declares a media type; :func:`check`
 takes it only if the bytes are one:
 
 - an image (PNG, JPEG, GIF, WebP) must be that format by its magic bytes and
-  decode whole with Pillow, and its size is read from the header *before* any
-  pixel is decoded, so a decompression bomb (a small file of a huge picture) is
-  refused without being expanded: at most ``max_pixels`` pixels, and 8,000
-  pixels a side (what Claude takes at all);
+  decode whole with Pillow (a PNG must also end with its ``IEND`` chunk:
+  Pillow decodes one cut short after its last pixel), and its size is read
+  from the header *before* any pixel is decoded, so a decompression bomb (a
+  small file of a huge picture) is refused without being expanded: at most
+  ``max_pixels`` pixels, and 8,000 pixels a side (what Claude takes at all);
 - a PDF begins with ``%PDF-`` and has its ``%%EOF`` marker in its last KiB;
 - text (plain, Markdown, CSV) is UTF-8 without a NUL byte.
 
@@ -41,6 +42,8 @@ _PILLOW_FORMATS: Final = {
     "image/gif": "GIF",
     "image/webp": "WEBP",
 }
+_PNG_END: Final = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+"""A PNG's last chunk, whole: IEND, empty, with its CRC."""
 _MAGIC: Final = {
     "image/png": (b"\x89PNG\r\n\x1a\n",),
     "image/jpeg": (b"\xff\xd8\xff",),
@@ -102,6 +105,10 @@ def _check_image(media_type: str, data: bytes, max_pixels: int) -> None:
         media_type == "image/webp" and data[8:12] != b"WEBP"
     ):
         raise _invalid(media_type, "its first bytes are not that format's")
+    if media_type == "image/png" and not data.endswith(_PNG_END):
+        # Pillow decodes a PNG cut short after its last pixel (its IEND chunk gone,
+        # its last CRC cut): a model's API may not, so it is refused here, not later.
+        raise _invalid(media_type, "it does not end with its IEND chunk (cut short?)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

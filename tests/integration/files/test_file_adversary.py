@@ -139,6 +139,7 @@ SVG = (
         (gif(), "image/png", 422, "invalid_file"),
         (png(), "image/gif", 422, "invalid_file"),
         (png()[:-24], "image/png", 422, "invalid_file"),  # its pixels cut short
+        (png()[:-12], "image/png", 422, "invalid_file"),  # every pixel, no IEND: Pillow takes it
         (SVG, "image/svg+xml", 415, "unsupported_media_type"),
         (SVG, "image/svg+xml; charset=utf-8", 415, "unsupported_media_type"),
         (SVG, "image/png", 422, "invalid_file"),
@@ -153,6 +154,7 @@ SVG = (
         "gif-as-png",
         "png-as-gif",
         "truncated-png",
+        "png-without-iend",
         "svg",
         "svg-charset",
         "svg-as-png",
