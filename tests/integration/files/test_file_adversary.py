@@ -353,6 +353,31 @@ async def test_a_flood_past_the_quota_lands_what_fits_then_deleting_gives_room(
         )
 
 
+async def test_a_flood_of_files_into_one_session_stops_at_max_per_session(
+    tmp_path: Path,
+) -> None:
+    async with gateway(tmp_path, **{"files.max_per_session": 3}) as gw:
+        sid = await gw.create_session()
+        answers: dict[bytes, httpx.Response] = {}
+
+        async def one(n: int) -> None:
+            data = b"note %d" % n
+            answers[data] = await upload(gw.http, sid, data, "text/plain")
+
+        async with trio.open_nursery() as nursery:
+            for n in range(8):
+                nursery.start_soon(one, n)
+        assert sorted(r.status_code for r in answers.values()) == [201] * 3 + [409] * 5
+        refused = [d for d, r in answers.items() if r.status_code == 409]
+        assert_error(answers[refused[0]], 409, "too_many_files")
+        assert len(await gw.node.store.files_of(sid)) == 3
+        # a file already there is answered again, the session full or not
+        landed = next(d for d, r in answers.items() if r.status_code == 201)
+        r = await upload(gw.http, sid, landed, "text/plain")
+        assert r.status_code == 201 and r.json() == answers[landed].json()
+        assert_error(await upload(gw.http, sid, refused[0], "text/plain"), 409, "too_many_files")
+
+
 async def test_a_file_of_a_deleted_session_is_gone_and_a_racing_put_leaves_nothing(
     gw: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
