@@ -3,8 +3,10 @@
 
 A fork is a new session of the caller's key and its source's agent and
 model, whose history is a copy of the source's up to the fork point
-(gateway.session.fork_point), whose workspace is a copy of the source's as it
-is now (:meth:`gateway.tools.workspace.Workspaces.copy`), and whose Claude
+(gateway.session.fork_point), whose files are copies of the source's (the
+history names them; gateway.store.base.Store.copy_files), whose workspace
+is a copy of the source's as it is now
+(:meth:`gateway.tools.workspace.Workspaces.copy`), and whose Claude
 Code conversation, for a ``claude-code`` agent, resumes the source's at that
 point (gateway.runtimes.claude_code.forking). Its first event is
 ``session.forked``. It is made where the source runs (the ``Fork``
@@ -37,7 +39,7 @@ import msgspec
 import trio
 
 from gateway.cluster import ops
-from gateway.errors import ApiError, Refused, StoreError
+from gateway.errors import ApiError, Refused, StoreError, unavailable
 from gateway.ids import now_ms
 from gateway.logs import event
 from gateway.node.core import NodeCore
@@ -83,6 +85,10 @@ async def fork(node: NodeCore, source: Session, op: ops.Fork) -> ForkCreated:
     with contextlib.suppress(StoreError):  # new: no id of it anywhere, so no id jump
         await node.leases.take(session.id)
     await node.durable_or_503()  # docs/protocol.md §9: durable when the fork answers
+    try:  # its messages name its source's files: its own copies (docs/protocol.md §2 "Files")
+        await node.store.copy_files(source.id, session.id, op.owner)
+    except StoreError as exc:
+        raise unavailable(exc) from None
     await node.limits.session_stored(op.owner, session.id)
     event(
         log, logging.INFO, "session_forked",
