@@ -21,7 +21,15 @@ import trio
 from gateway.ids import file_id_of
 from gateway.store import Store
 from gateway.store.base import FileRecord, FileRefusal
-from tests.unit.store.test_store import Backend, backend, db_path, redis_server, session, store
+from tests.unit.store.test_store import (
+    HOUR,
+    Backend,
+    backend,
+    db_path,
+    redis_server,
+    session,
+    store,
+)
 from tests.webhook_support import redis_command
 
 __all__ = ["backend", "db_path", "redis_server", "store"]  # fixtures
@@ -217,3 +225,20 @@ async def test_a_file_of_another_session_is_no_file_here(store: Store) -> None:
     assert isinstance(rec, FileRecord)
     assert await store.get_file("sess_b", rec.file_id) is None
     assert await store.files_of("sess_b") == []
+
+
+async def test_a_stored_file_survives_a_restart(backend: Backend) -> None:
+    """Durable when ``put_file`` answers: no flush, no group commit needed."""
+    s = backend.new(flush_interval_s=HOUR)  # only what the test does is written
+    await s.open()
+    await new_session(s, "sess_a")
+    data = bytes(range(256)) * 64  # every byte value
+    rec = await put(s, "sess_a", data)
+    await s.aclose()
+    again = backend.new()
+    await again.open()
+    try:
+        assert await again.get_file("sess_a", file_of("sess_a", data).file_id) == (rec, data)
+        assert await again.files_of("sess_a") == [rec]
+    finally:
+        await again.aclose()
