@@ -440,3 +440,23 @@ async def test_a_malformed_inline_file_is_422_and_stores_nothing(gw: Harness) ->
     ]:
         assert_error(await turn(gw.http, sid, block), 422, code)
     assert [r.file_id for r in await gw.node.store.files_of(sid)] == [fid]
+
+
+async def test_a_refused_turns_inline_file_stays_a_file_counted_once(gw: Harness) -> None:
+    """docs/protocol.md §2 "Files": kept before the turn is admitted; sent again, the same."""
+    sid = await gw.create_session()
+    slow = {"script": {"delay_ms": 20, "rounds": [[{"lorem": 40}]]}}
+    async with gw.client(sid) as watcher:
+        await watcher.subscribe()
+        await gw.submit(sid, slow)
+        image = png(6, 6)
+        body = {"content": [inline(image)], "if_busy": "reject"}
+        for _ in range(3):
+            r = await gw.http.post(f"/sessions/{sid}/turns", json=body)
+            assert_error(r, 409, "turn_in_progress")
+        await watcher.until_turn_ends()
+        assert len(await gw.node.store.files_of(sid)) == 1
+        r = await gw.http.post(f"/sessions/{sid}/turns", json=body)
+        assert r.status_code == 202, r.text
+        await watcher.until_turn_ends()
+    assert [f.size for f in await gw.node.store.files_of(sid)] == [len(image)]
