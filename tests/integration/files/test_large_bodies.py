@@ -4,12 +4,24 @@ at once are bounded, whoever sends them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 
 from tests.conftest import make_config, running_gateway
-from tests.integration.boundary.test_boundary_http import _answer, Answer
+from tests.integration.boundary.test_boundary_http import Answer, _answer
 
 KEY = "sk-files-test-key-000000000000"
+
+
+async def polled(done: Callable[[], bool]) -> None:
+    """Until ``done()``: the server's reading happens in its own tasks, signalled by nothing
+    a client sees (the test's ``fail_after`` bounds it)."""
+    for _ in range(2000):
+        if done():
+            return
+        await trio.sleep(0.01)
+    raise AssertionError("never done")
 
 
 def head(path: str, length: int, *, key: str | None = None) -> bytes:
@@ -51,8 +63,7 @@ async def test_large_bodies_read_at_once_are_bounded(tmp_path) -> None:  # type:
                     stream = await trio.open_tcp_stream("127.0.0.1", port)
                     streams.append(stream)
                     await stream.send_all(head("/sessions/sess_x/files", 1 << 20) + b"x" * 4096)
-                while slots.value:  # the server has read past max_body_bytes on each
-                    await trio.sleep(0.01)
+                await polled(lambda: slots.value == 0)  # each read past max_body_bytes
                 stream = await trio.open_tcp_stream("127.0.0.1", port)
                 async with stream:
                     await stream.send_all(head("/sessions/sess_x/files", 1 << 20) + b"x" * 4096)
@@ -62,5 +73,4 @@ async def test_large_bodies_read_at_once_are_bounded(tmp_path) -> None:  # type:
             finally:
                 for stream in streams:
                     await stream.aclose()
-            while slots.value < 8:  # each slot is given back when its connection ends
-                await trio.sleep(0.01)
+            await polled(lambda: slots.value == 8)  # given back as their connections end
