@@ -5,6 +5,7 @@ at once are bounded, whoever sends them."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import trio
 
@@ -36,7 +37,7 @@ def head(path: str, length: int, *, key: str | None = None) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-async def test_a_large_body_without_its_key_is_refused_before_it_is_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_large_body_without_its_key_is_refused_before_it_is_read(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"auth.api_keys": [KEY]})
     with trio.fail_after(20):
         async with running_gateway(config) as gw:
@@ -50,7 +51,7 @@ async def test_a_large_body_without_its_key_is_refused_before_it_is_read(tmp_pat
                 assert answer.status == status, answer.body
 
 
-async def test_large_bodies_read_at_once_are_bounded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_large_bodies_read_at_once_are_bounded(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"server.max_body_bytes": 1024})
     with trio.fail_after(20):
         async with running_gateway(config) as gw:
