@@ -24,6 +24,7 @@ from gateway.client.api import (
     Update,
 )
 from gateway.client.codec import decode_server_frame
+from gateway.client.files import document_block, file_block, image_block
 from gateway.client.reducer import (
     Reducer,
     StreamingBlock,
@@ -33,6 +34,7 @@ from gateway.client.reducer import (
 )
 from gateway.client.stream import Backoff, Heartbeat, Notice, Received, Subscription
 from gateway.protocol.http import (
+    FileStored,
     MessagePage,
     SessionAttach,
     SessionCreated,
@@ -46,6 +48,7 @@ __all__ = [
     "AgentList",
     "Backoff",
     "Chunk",
+    "FileStored",
     "GatewayClient",
     "Heartbeat",
     "MessagePage",
@@ -66,4 +69,7 @@ __all__ = [
     "TurnState",
     "Update",
     "decode_server_frame",
+    "document_block",
+    "file_block",
+    "image_block",
 ]

@@ -242,6 +242,7 @@ function serverSnapshot(live) {
           tool_use_id: r.tool_use_id,
           content: r.content,
           is_error: r.status === "failed",
+          ...(r.files?.length > 0 ? { files: r.files } : {}),
         })),
         status: "complete",
         created_at: 0,
