@@ -3,6 +3,9 @@
 - :class:`GatewayClient` (:mod:`gateway.client.api`): the HTTP API of
   docs/protocol.md §2, and :meth:`~GatewayClient.open_session`, a
   :class:`Session` whose state is kept for you as its stream arrives.
+- :mod:`gateway.client.files`: a session's files (``GatewayClient.upload``,
+  ``download``) and the blocks a turn names them by (:func:`file_block`,
+  :func:`image_block`, :func:`document_block`).
 - :class:`Subscription` (:mod:`gateway.client.stream`): one session's frames,
   resumed after every drop, answered pings, missed pongs noticed (section 3).
 - :class:`Reducer` (:mod:`gateway.client.reducer`): server frames in, one

@@ -5,7 +5,8 @@ Async, on Trio, httpx and trio-websocket. Two layers::
     GatewayClient            docs/protocol.md §2: create, list and open sessions, send a
     │                        turn (queued or steered into a busy session's: submit_turn),
     │                        cancel it, answer a permission or an elicitation,
-    │                        leave feedback, list the agents (section 11)
+    │                        leave feedback, list the agents (section 11), upload and
+    │                        download a session's files (gateway.client.files)
     ├── subscribe(...)       a Subscription (gateway.client.stream): one session's frames,
     │                        resumed after every drop, with any filter
     └── open_session(...)    a Session: a Subscription to ``preset:full`` that starts from

@@ -99,6 +99,10 @@ Where the contract is silent, this module decides:
   event, changes nothing: the fork's copied history was never events of the
   fork (a replay from before it holds none of it), so a client gets it from
   the fork's snapshot, as every client that attaches with one does.
+- **Files** (docs/protocol.md §2 "Files"). A message's ``image``, ``document``
+  and ``audio`` blocks are kept as they came (references: the bytes are never
+  in a frame). A tool's files (``tool.completed.files``, a stored
+  ``tool_result`` block's ``files``) are in its :class:`ToolOutcome`.
 - **Duplicates.** Event ids compare as strings (docs/protocol.md §1). The server
   promises each event once (section 3), so the reducer compares ids only to
   prove it: an event at or below the cursor is counted in
