@@ -550,6 +550,7 @@ function openSession(sessionId) {
   page.stream = null;
   page.attachments = []; // a file is a session's: it cannot go with another's turn
   drawAttachments();
+  forgetFiles(sessionId);
   ui.title.textContent = sessionId || "No session";
   ui.title.title = sessionId || "";
   for (const button of ui.sessions.querySelectorAll("button[data-session-id]")) {
@@ -1491,6 +1492,18 @@ function fileUrl(sessionId, fileId) {
     fileUrls.set(key, loading);
   }
   return fileUrls.get(key);
+}
+
+/** Release the blob URLs of other sessions' files (their images are no longer drawn). */
+function forgetFiles(sessionId) {
+  for (const [key, loading] of fileUrls) {
+    if (key.startsWith(`${sessionId}/`)) continue;
+    fileUrls.delete(key);
+    loading.then(
+      (url) => URL.revokeObjectURL(url),
+      () => {},
+    );
+  }
 }
 
 async function fetchFile(path) {
