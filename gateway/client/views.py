@@ -446,9 +446,9 @@ def human_size(size: int) -> str:
     """``512 B``, ``12.3 KiB``, ``4.0 MiB``."""
     if size < 1024:
         return f"{size} B"
-    if size < 1024 * 1024:
-        return f"{size / 1024:.1f} KiB"
-    return f"{size / (1024 * 1024):.1f} MiB"
+    unit, name = (1024, "KiB") if size < 1024 * 1024 else (1024 * 1024, "MiB")
+    tenths = (size * 10 + unit // 2) // unit  # in integers: a half rounds up, as in the JS
+    return f"{tenths // 10}.{tenths % 10} {name}"
 
 
 def _files_of(message: Message) -> list[FileView]:

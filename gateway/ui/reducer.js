@@ -245,8 +245,9 @@ export function fileLine(file) {
 /** "512 B", "12.3 KiB", "4.0 MiB". */
 export function humanSize(size) {
   if (size < 1024) return `${size} B`;
-  if (size < 1024 * 1024) return `${(size / 1024).toFixed(1)} KiB`;
-  return `${(size / (1024 * 1024)).toFixed(1)} MiB`;
+  const [unit, name] = size < 1024 * 1024 ? [1024, "KiB"] : [1024 * 1024, "MiB"];
+  const tenths = Math.floor((size * 10 + unit / 2) / unit); // in integers, as in views.py
+  return `${Math.floor(tenths / 10)}.${tenths % 10} ${name}`;
 }
 
 function toolResultsOnly(message) {

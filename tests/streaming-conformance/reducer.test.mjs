@@ -51,8 +51,8 @@ const names = readdirSync(traces)
 test("a file as a line of text, as gateway/client/views.py file_line writes it", () => {
   // The same cases as tests/integration/client/test_client_files.py and test_chat_attach.py.
   assert.deepEqual(
-    [0, 1023, 1024, 12595, 5 * 1024 * 1024].map(humanSize),
-    ["0 B", "1023 B", "1.0 KiB", "12.3 KiB", "5.0 MiB"],
+    [0, 1023, 1024, 1280, 12595, 5 * 1024 * 1024, 1572864 + 52429].map(humanSize),
+    ["0 B", "1023 B", "1.0 KiB", "1.3 KiB", "12.3 KiB", "5.0 MiB", "1.6 MiB"],
   );
   const id = `file_${"a".repeat(32)}`;
   const file = { type: "image", file_id: id, media_type: "image/png", size: 12595, open: false };

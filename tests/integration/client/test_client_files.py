@@ -91,10 +91,13 @@ async def test_what_the_gateway_refuses_is_one_api_error(gw: Harness) -> None:
 
 
 def test_sizes_are_shown_in_bytes_kib_and_mib() -> None:
-    assert [human_size(n) for n in (0, 1023, 1024, 12_595, 5 * 1024 * 1024)] == [
+    sizes = (0, 1023, 1024, 1280, 12_595, 5 * 1024 * 1024, 1_572_864 + 52_429)
+    assert [human_size(n) for n in sizes] == [
         "0 B",
         "1023 B",
         "1.0 KiB",
+        "1.3 KiB",  # a half rounds up, in the JS as here (tests/streaming-conformance)
         "12.3 KiB",
         "5.0 MiB",
+        "1.6 MiB",
     ]
