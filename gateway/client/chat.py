@@ -68,7 +68,8 @@ Commands at the prompt: ``/fork`` forks the session at its last message
 (``/fork MESSAGE_ID`` at that message: docs/protocol.md §2, "Forks") and goes
 on with the fork, its history shown again from its snapshot; a fork made at
 a user message shows that message as its draft, to send again or edit.
-``/quit`` (or ``/exit``) quits.
+``/attach PATH`` uploads a file for the next message, ``/help`` lists the
+commands (:mod:`gateway.client.chat_attach`). ``/quit`` (or ``/exit``) quits.
 
 Keys: Enter sends the line typed at the prompt; while a turn runs the
 keyboard does not echo (so typing cannot disturb the region), and ``y`` or
