@@ -18,7 +18,14 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from gateway.protocol.shapes import ContentBlock, Message, PermissionKind, StopReason, Usage
+from gateway.protocol.shapes import (
+    ContentBlock,
+    FileBlock,
+    Message,
+    PermissionKind,
+    StopReason,
+    Usage,
+)
 
 Actor = Literal["user", "router", "llm", "tool", "session", "bus"]
 ACTORS: tuple[str, ...] = ("user", "router", "llm", "tool", "session", "bus")
@@ -107,6 +114,7 @@ class ToolCompleted(Payload, omit_defaults=True):
     result: str
     duration_ms: int
     structured_result: Any = None
+    files: list[FileBlock] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ToolFailed(Payload, omit_defaults=True):
