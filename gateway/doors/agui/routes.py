@@ -56,16 +56,28 @@ RUN = Operation(
     media_type="text/event-stream",
     errors={
         404: ("session_not_found",),
-        409: ("turn_in_progress", "session_too_large"),
-        422: ("invalid_thread_id", "invalid_resume"),
-        429: ("rate_limited", "too_many_sessions"),
+        409: ("turn_in_progress", "session_too_large", "too_many_files"),
+        # A file part (docs/doors/agui.md "Files"); inline data's errors are an upload's.
+        413: ("file_too_large",),
+        415: ("unsupported_media_type",),
+        422: (
+            "invalid_thread_id",
+            "invalid_resume",
+            "unknown_file",
+            "unsupported_file_url",
+            "unsupported_content",
+            "invalid_file",
+        ),
+        429: ("rate_limited", "too_many_sessions", "quota_exceeded"),
         503: NAMED_TURN_UNAVAILABLE,
     },
     description="An AG-UI `RunAgentInput`; the answer is `text/event-stream`, "
     "one `data: {AG-UI event}` per event and a `: ping` comment after "
     "`ping_interval_s` idle (docs/doors/agui.md). `threadId` is a "
     "session id (an unknown one is created, owned by the caller's key); "
-    "the last `user` message's text is the turn's content; the run is the "
+    "the last `user` message's text and files (`image` and `document` parts, "
+    "a `data` source or the URL of a file of the thread: nothing is fetched) "
+    "are the turn's content; the run is the "
     "turn. A run that stops for a tool approval ends with `RUN_FINISHED` "
     "whose outcome is `interrupt`; the next run on the thread carries "
     '`resume`, one entry per interrupt (`payload`: `{"decision": '
