@@ -175,12 +175,15 @@ def attachment(
 
     ``media_type`` is what the part says the file is; ``declared`` the block
     kind the part says (``"image"``, ``"document"``; ``None``: as its type).
+    A file of the session is what it was stored as: a type the part gives it
+    that the gateway does not take (``image/*``) leaves the file's own to decide.
     """
     if url[:5].lower() == "data:":
         kind_type, data = data_url(url, media_type, where)
         return Inline(kind_type, data, kind_of(kind_type, declared, where))
-    if declared is None and media_type:
-        declared = media.kind_of(media.accepted(media.media_type_of(media_type)))
+    said = media.media_type_of(media_type or "")
+    if declared is None and said in media.MEDIA_TYPES:  # else the file's own type decides
+        declared = media.kind_of(said)
     return Served(served(url, session_id, where), declared)
 
 

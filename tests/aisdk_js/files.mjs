@@ -4,13 +4,21 @@
 // The package's chat (AbstractChat, what useChat wraps) over DefaultChatTransport
 // sends `sendMessage({text, files})`: the files as `file` parts, a data URL each,
 // as `convertFileListToFileUIParts` makes of a picked file. Then a second
-// message names the file the gateway stored by its URL (the file route).
+// message names the file the gateway stored by its URL (the file route), each
+// request carrying its last message only.
 // Prints {messages, status, errors}: the chat's messages as it holds them.
 import { load } from "./load.mjs";
 
 const [modules, base, id, png] = process.argv.slice(2);
 const ai = await load(modules, "ai");
-const transport = new ai.DefaultChatTransport({ api: `${base}/ai-sdk/chat` });
+// The gateway reads the last message only: a chat with files sends only it (useChat
+// sends the whole history, every data URL again, by default: docs/doors/aisdk.md "Files").
+const transport = new ai.DefaultChatTransport({
+  api: `${base}/ai-sdk/chat`,
+  prepareSendMessagesRequest: ({ id, messages, trigger, messageId }) => ({
+    body: { id, messages: messages.slice(-1), trigger, messageId },
+  }),
+});
 
 class State {  // a ChatState, as @ai-sdk/react's keeps it, without React
   constructor() { this.status = "ready"; this.error = undefined; this.messages = []; }
