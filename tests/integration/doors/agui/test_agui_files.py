@@ -147,3 +147,17 @@ async def test_refused_files_say_why_and_make_no_thread(tmp_path: Path) -> None:
             r = await h.http.post("/agui", json=run_input(thread, [part, text("look")]))
             assert (r.status_code, r.json()["error"]["code"]) == (status, code), (part, r.text)
             assert (await h.http.get(f"/sessions/{thread}")).status_code == 404  # none made
+
+
+async def test_behind_a_proxy_the_url_is_the_public_ones(tmp_path: Path) -> None:
+    """``[server] public_url`` set: the file's URL is absolute, and taken back as it is."""
+    async with gateway(tmp_path, **{"server.public_url": "https://gw.example"}) as h:
+        thread = f"thread-{uuid.uuid4()}"
+        picture = image({"type": "data", "value": B64, "mimeType": "image/png"})
+        await run_all(h, run_input(thread, [picture, text("one")]))
+        events = await run_all(h, run_input(thread, "two"))
+        [snapshot] = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
+        url = snapshot["messages"][0]["content"][0]["source"]["value"]
+        assert url == f"https://gw.example/sessions/{thread}/files/{file_id(IMAGE)}"
+        await run_all(h, run_input(thread, [image({"type": "url", "value": url}), text("3")]))
+        assert (await user_blocks(h, thread))[0]["file_id"] == file_id(IMAGE)
