@@ -116,7 +116,7 @@ class ToolCompleted(Payload, omit_defaults=True):
     structured_result: Any = None
     # The files the tool returned (an MCP tool's image or audio), by reference
     # (docs/protocol.md §2 "Files"); left out when it returned none.
-    files: list[FileBlock] | None = None
+    files: list[FileBlock] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ToolFailed(Payload, omit_defaults=True):
