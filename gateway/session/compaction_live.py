@@ -61,7 +61,7 @@ from gateway.providers.raw import (
     RawTextDelta,
     RawUsage,
 )
-from gateway.session.compaction import estimate, plan, summary_request
+from gateway.session.compaction import estimate, files_note, plan, summary_request
 from gateway.session.hub import Emitted
 from gateway.store.base import SessionRecord
 
@@ -141,6 +141,9 @@ async def compact(
             s, node, summary_request(model, p.replaced, s.id), turn_id
         )
     method: Literal["summary", "truncate"] = "summary" if summary else "truncate"
+    note = files_note(s.messages, p.replaces) if summary else ""
+    if note:  # no file summarised away without a word (docs/protocol.md §12)
+        summary = f"{summary}\n\n{note}"
     message = Message(
         new_message_id(),
         s.id,
