@@ -161,9 +161,8 @@ class DoorContext:
         """What the session's model cannot take of a turn's files, for
         ``Files.resolve(refuse=)``: 422 ``unsupported_content`` at the POST, not a
         failed call later (docs/protocol.md §2 "Files"; every door that takes a turn)."""
-        agent = self.node.agents[session.record.agent]
-        provider = self.node.providers.for_agent(agent.name).name
-        return functools.partial(refusal, agent.runtime, provider)
+        agent = self.node.agents[session.record.agent]  # its model names its provider
+        return functools.partial(refusal, agent.runtime, agent.provider)
 
     async def subscribe(
         self, session: Session, sub: seam.SeamSubscriber, since: int | None = None

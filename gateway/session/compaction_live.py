@@ -13,7 +13,9 @@ compacted and what the model sees, this module does it:
    cost directly, and kept on the context message (``usage``, ``model``).
 3. In one synchronous step: the ``context`` message (status ``complete``,
    ``turn_id`` the turn in flight or null, a
-   :class:`~gateway.protocol.shapes.CompactionBlock`) is stored through the
+   :class:`~gateway.protocol.shapes.CompactionBlock` whose summary ends with
+   the line naming the replaced messages' files,
+   :func:`~gateway.session.compaction.files_note`) is stored through the
    session's ``add_message`` like every message, and ``context.compacted``
    is emitted (``post_tokens``: the estimate of the new view,
    ``summary_message_id``: that message, ``first_kept_message_id``: the first
