@@ -22,7 +22,9 @@ a PDF a ``document`` block, each with a ``base64`` source; a text document
 ``media_type`` ``text/plain``, the only one the API takes. A tool result
 with images has a list as its ``content``: its text (when not empty), then
 the images. A file whose bytes are gone is the text block
-``[file FILE_ID is no longer stored]``.
+``[file FILE_ID is no longer stored]``, and an image over the 5 MiB of
+base64 the API takes (a tool's: a turn's is refused when posted) a text
+block saying so, never a request the API refuses on every call.
 
 Failures (docs/protocol.md §5, ``llm.call_failed.error_class``):
 
@@ -72,7 +74,12 @@ from anthropic.types import MessageParam, RawMessageStreamEvent, ToolParam
 
 from gateway.errors import ProviderError
 from gateway.protocol.shapes import ContentBlock, DocumentBlock, FileBlock, ToolResultBlock
-from gateway.providers.attachments import document_text, missing
+from gateway.providers.attachments import (
+    ANTHROPIC_IMAGE_MAX_BYTES,
+    document_text,
+    missing,
+    too_large,
+)
 from gateway.providers.base import ModelRequest
 from gateway.providers.errors import status_class
 from gateway.providers.history import rebuild
@@ -198,6 +205,8 @@ def file_param(block: FileBlock, files: Files) -> dict[str, Any]:
         return {"type": "text", "text": missing(block.file_id)}
     media_type, data = found
     kind = "document" if isinstance(block, DocumentBlock) else "image"
+    if kind == "image" and len(data) > ANTHROPIC_IMAGE_MAX_BYTES:  # a tool's: never taken
+        return {"type": "text", "text": too_large(block, ANTHROPIC_IMAGE_MAX_BYTES)}
     if media_type.startswith("text/"):
         source = {"type": "text", "media_type": "text/plain", "data": document_text(data)}
     else:

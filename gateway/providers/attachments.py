@@ -12,7 +12,11 @@ providers build their API's blocks themselves (:mod:`~gateway.providers.anthropi
   (Chat Completions has no portable document part: vLLM, Ollama and
   llama.cpp take none); a ``claude-code`` agent takes images, PDFs and text
   (the CLI's streaming input is Anthropic content blocks). No model takes
-  audio.
+  audio. The Anthropic API (a ``claude-code`` agent's too) takes an image
+  of at most 5 MiB *in base64*, :data:`ANTHROPIC_IMAGE_MAX_BYTES` (3.75 MiB)
+  of bytes: a larger one is refused at the POST, and one that comes another
+  way (a tool's) is sent as a line of text saying so
+  (:func:`too_large`), never a call the API refuses on every retry.
 - :data:`IMAGE_TOKENS` and :func:`file_tokens`: a file's share of an input
   estimate (docs/protocol.md §12). Anthropic counts an image as ``width *
   height / 750`` tokens, about 1,600 at most (it scales larger images down);
@@ -38,6 +42,17 @@ IMAGE_TOKENS = 1600
 TAKES_PDF = frozenset({"anthropic", "scripted"})
 """The providers whose API takes a PDF document (besides a ``claude-code`` agent)."""
 
+ANTHROPIC_IMAGE_MAX_BYTES = 5 * 1024 * 1024 * 3 // 4
+"""The largest image the Anthropic API takes: 5 MiB of base64, 3.75 MiB of bytes."""
+
+
+def image_limit(runtime: str, provider: str) -> int | None:
+    """The largest image in bytes a model of this runtime and provider takes; None: no limit
+    of its own (the gateway's ``[files] max_bytes``)."""
+    if runtime == "claude-code" or provider == "anthropic":
+        return ANTHROPIC_IMAGE_MAX_BYTES
+    return None
+
 
 def refusal(runtime: str, provider: str, block: FileBlock) -> str | None:
     """Why a model of this runtime and provider cannot take ``block``; ``None`` if it can.
@@ -48,7 +63,10 @@ def refusal(runtime: str, provider: str, block: FileBlock) -> str | None:
     """
     if isinstance(block, AudioBlock):
         return f"{block.media_type}: no model of this gateway takes audio"
-    if isinstance(block, ImageBlock) or runtime == "claude-code" or provider in TAKES_PDF:
+    if isinstance(block, ImageBlock):
+        most = image_limit(runtime, provider)
+        return too_large(block, most) if most is not None and block.size > most else None
+    if runtime == "claude-code" or provider in TAKES_PDF:
         return None
     if block.media_type.startswith("text/"):
         return None
@@ -65,6 +83,14 @@ def file_tokens(block: FileBlock) -> int:
     if isinstance(block, DocumentBlock):
         return math.ceil(block.size / 4)
     return 0
+
+
+def too_large(block: FileBlock, most: int) -> str:
+    """Why an image is over what the model takes (a refusal, or the text sent instead)."""
+    return (
+        f"[image {block.file_id} is {block.size} bytes; this model takes an image"
+        f" of at most {most} bytes]"
+    )
 
 
 def missing(file_id: str) -> str:

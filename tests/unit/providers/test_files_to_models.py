@@ -34,7 +34,12 @@ from gateway.protocol.shapes import (
     ToolUseBlock,
 )
 from gateway.providers.anthropic import messages_param
-from gateway.providers.attachments import IMAGE_TOKENS, file_tokens, refusal
+from gateway.providers.attachments import (
+    ANTHROPIC_IMAGE_MAX_BYTES,
+    IMAGE_TOKENS,
+    file_tokens,
+    refusal,
+)
 from gateway.providers.base import ModelRequest
 from gateway.providers.history import HistoryMessage, model_files, rebuild
 from gateway.providers.openai import chat_messages
@@ -279,6 +284,28 @@ def test_what_each_provider_refuses() -> None:
     assert reason is not None and "file_pdf" in reason and "application/pdf" in reason
     assert refusal("claude-code", "openai", PDF_DOC) is None  # the CLI takes Anthropic blocks
     assert all(refusal("native", p, AUDIO) for p in ("anthropic", "openai", "scripted"))
+
+
+def test_an_image_over_what_anthropic_takes_is_refused_or_said_in_text() -> None:
+    most = ANTHROPIC_IMAGE_MAX_BYTES
+    assert most == 3_932_160  # 5 MiB of base64
+    big = ImageBlock("file_big", "image/png", most + 1)
+    for runtime, provider in [("native", "anthropic"), ("claude-code", "anthropic")]:
+        reason = refusal(runtime, provider, big)
+        assert reason is not None and str(most) in reason
+        assert refusal(runtime, provider, msgspec.structs.replace(big, size=most)) is None
+    assert refusal("native", "openai", big) is None
+    assert refusal("native", "scripted", big) is None
+    # One that comes another way (a tool's) is a line of text, not a refused call.
+    files = {"file_big": ("image/png", b"\0" * (most + 1))}
+    [user] = messages_param(request(message("user", big), files=files))
+    assert user["content"] == [
+        {
+            "type": "text",
+            "text": f"[image file_big is {most + 1} bytes; this model takes an image"
+            f" of at most {most} bytes]",
+        }
+    ]
 
 
 def test_a_files_tokens() -> None:
