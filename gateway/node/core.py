@@ -139,8 +139,8 @@ class NodeCore(NodeServices, Protocol):
     tokens: Tokens  # replaced by the Redis ones once the placement is clustered
     connections: set[Connection]  # open streams
     workspaces: Workspaces  # docs/protocol.md §15
+    files: Files  # docs/protocol.md §2 "Files"
     cluster: Cluster | None  # the link to the other nodes, set by a clustered placement
-    files: Files  # the sessions' files (docs/protocol.md §2 "Files")
 
     @property
     def limits(self) -> Limits:
