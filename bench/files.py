@@ -19,7 +19,8 @@ from outside, in rounds of four, each a fresh session:
 
 The daemon's memory is read from ``/proc/PID/status``: its resident set
 (``VmRSS``) before the first round and after the last, and its peak
-(``VmHWM``) after the warm-up rounds and at the end. The first
+(``VmHWM``) after the warm-up rounds and at the end; the JSON also has its
+resident set after every round (``rss_kib``). The first
 ``--warmup`` rounds are discarded. Prints a table (medians, p95 and the
 ratio of each turn to the text-only one) and, with ``--out DIR``, writes
 ``<stamp>-files.json`` and ``.md`` there. Example::
@@ -164,18 +165,20 @@ async def measure(runs: int, warmup: int) -> dict[str, Any]:
             results: dict[str, list[float]] = {name: [] for name in PATHS}
             memory = {"start": memory_kib(pid)}
             size = 0
+            rss_kib: list[int] = []  # after each round, warm-up included
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
                 for round_ in range(warmup + runs):
                     image, inline = noise_png(), noise_png()
                     size = len(image)
                     seconds = await one_round(http, image, inline, text_first=round_ % 2 == 0)
+                    rss_kib.append(memory_kib(pid)["VmRSS"])
                     if round_ + 1 == warmup:
                         memory["after_warmup"] = memory_kib(pid)
                     if round_ >= warmup:
                         for name, value in seconds.items():
                             results[name].append(value)
             memory["end"] = memory_kib(pid)
-    return {"seconds": results, "memory_kib": memory, "file_bytes": size}
+    return {"seconds": results, "memory_kib": memory, "rss_kib": rss_kib, "file_bytes": size}
 
 
 def _figures(seconds: list[float]) -> tuple[float, float]:
