@@ -18,7 +18,14 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from gateway.protocol.shapes import ContentBlock, Message, PermissionKind, StopReason, Usage
+from gateway.protocol.shapes import (
+    ContentBlock,
+    FileBlock,
+    Message,
+    PermissionKind,
+    StopReason,
+    Usage,
+)
 
 Actor = Literal["user", "router", "llm", "tool", "session", "bus"]
 ACTORS: tuple[str, ...] = ("user", "router", "llm", "tool", "session", "bus")
@@ -107,6 +114,9 @@ class ToolCompleted(Payload, omit_defaults=True):
     result: str
     duration_ms: int
     structured_result: Any = None
+    # The files the tool returned (an MCP tool's images and audio), by reference
+    # (docs/protocol.md §2 "Files"); left out when it returned none.
+    files: list[FileBlock] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ToolFailed(Payload, omit_defaults=True):

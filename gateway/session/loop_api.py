@@ -25,6 +25,7 @@ from gateway.providers.factory import Providers
 from gateway.providers.model_proxy import ModelProxy
 from gateway.session.busy import Pulse
 from gateway.session.call import Call, CallStream, Completion
+from gateway.session.files import Files
 from gateway.session.hub import Emitted
 from gateway.session.permissions import Permissions
 from gateway.session.turn import Turn, TurnState
@@ -46,6 +47,7 @@ class AgentServices(Protocol):
     process_slots: ProcessSlots  # a claude-code agent's max_processes on this node
     workspaces: Workspaces  # where a session's workspace is on this host
     model_proxy: ModelProxy  # a claude-code agent's CLI's door to the model API
+    files: Files  # the sessions' files (docs/protocol.md §2 "Files")
 
     def session_tools(self, session: TurnHost) -> SessionTools:
         """The tools the session's agent sees now (docs/protocol.md §11)."""
