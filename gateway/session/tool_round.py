@@ -182,7 +182,9 @@ class ToolRound:
         """A tool's files kept with the session: the result's text, a line per file, and
         their blocks (docs/protocol.md §2 "Files").
 
-        An image is checked as an upload is (one of the image types); audio
+        An image is checked as an upload is (one of the image types; a PNG
+        first without its ancillary chunks of a wrong CRC, as libpng reads it:
+        :func:`gateway.media.png_repaired`); audio
         (``audio/...``) is kept unchecked. One refused (not an image, too large,
         past a limit, the store down) is a line of the text naming why, never a
         failed tool.
@@ -195,6 +197,8 @@ class ToolRound:
             try:
                 if kind == "image" and media_type not in media.IMAGE_TYPES:
                     raise ApiError(415, "unsupported_media_type", "not an image type it takes")
+                if media_type == "image/png":  # read as libpng reads it
+                    data = await trio.to_thread.run_sync(media.png_repaired, data)
                 rec = await self.node.files.upload(
                     s.id, s.record.owner, media_type, data, checked=kind == "image"
                 )
