@@ -60,8 +60,8 @@ Prompt = str | list[dict[str, Any]]
 
 
 def prompt_of(message: Message, files: Mapping[str, tuple[str, bytes]] | None = None) -> Prompt:
-    """What Claude Code is sent of a user message (docs/protocol.md §11, "The
-    ``claude-code`` runtime"): its text; with images or documents, the Messages
+    """What Claude Code is sent of a user message (docs/protocol.md §11, the
+    ``claude-code`` runtime): its text; with images or documents, the Messages
     API's content blocks, each file's bytes base64 (``files``: by file id, from
     :meth:`gateway.session.files.Files.read`). A file no longer stored (its
     session deleted meanwhile) is a line of text saying so.

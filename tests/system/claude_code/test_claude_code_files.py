@@ -1,6 +1,6 @@
 """A ``claude-code`` turn's images and documents reach the CLI through the SDK's streaming
 input as the Messages API's content blocks, with the files' bytes (docs/protocol.md §2
-"Files", §11 "The ``claude-code`` runtime").
+"Files", §11, the ``claude-code`` runtime).
 
 Offline as :mod:`tests.system.claude_code.test_claude_code`: the real Claude Code CLI
 behind a real gateway, the fake Anthropic API recording every model call, and what the

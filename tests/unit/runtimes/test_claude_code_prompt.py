@@ -1,5 +1,5 @@
 """What Claude Code's streaming input is sent of a user message (docs/protocol.md §11,
-"The ``claude-code`` runtime"): its text, or with files the Messages API's blocks.
+the ``claude-code`` runtime): its text, or with files the Messages API's blocks.
 Needs the claude-code extra (the module imports the SDK), none of its processes."""
 
 from __future__ import annotations
