@@ -43,6 +43,7 @@ import re
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -51,7 +52,7 @@ from gateway.config import Config
 from gateway.doors import agui, aisdk, rest, sse, websocket
 from gateway.doors.context import DoorContext, DoorType
 from gateway.errors import StartupError, StoreError
-from gateway.http.boundary import Boundary, warn_open_hosts
+from gateway.http.boundary import Boundary, caller_of, warn_open_hosts
 from gateway.http.router import Router
 from gateway.http.server import HttpLimits, LargeBody, TrustedProxies, serve_connection
 from gateway.logs import configure, event, json_line
@@ -98,21 +99,26 @@ class Gateway:
         self.node.processes = self.processes  # a claude-code agent's CLI (gateway.runtimes)
         self.mcp = self.node.mcp = McpServers(config, self.processes, self.node.metrics)
         s = config.server
+        self.keys = ApiKeys(config.auth)  # StartupError: an unreadable api_keys_file
         self.limits = HttpLimits(
             max_body_bytes=s.max_body_bytes,
             large_bodies=large_bodies(config),
             body_timeout_s=s.body_timeout_s,
+            admit_large=self._admit_large,
             max_header_bytes=s.max_header_bytes,
             read_timeout_s=s.read_timeout_s,
             keepalive_timeout_s=s.keepalive_timeout_s,
             max_client_frame_bytes=config.stream.max_client_frame_bytes,
             trusted_proxies=TrustedProxies.parse(s.trusted_proxies),
         )
-        self.keys = ApiKeys(config.auth)  # StartupError: an unreadable api_keys_file
         self.port = 0
         self._accepting = trio.CancelScope()
         self._connections = trio.CancelScope()
         self._stopped = trio.Event()
+
+    def _admit_large(self, headers: Mapping[str, str]) -> None:
+        """A large body's key, checked from its head before it is read (HttpLimits)."""
+        caller_of(self.keys, headers)
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`shutdown`; ``task_status`` receives the bound port."""

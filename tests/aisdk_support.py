@@ -108,6 +108,10 @@ class UiMessage:
             self.tool(chunk["toolCallId"]).update(state="output-denied")
         elif kind == "start-step":
             self.parts.append({"type": "step-start"})
+        elif kind == "file":
+            self.parts.append(
+                {"type": "file", "mediaType": chunk["mediaType"], "url": chunk["url"]}
+            )
         elif kind == "finish":
             self.finish_reason = chunk.get("finishReason")
             self.metadata = _merge(self.metadata, chunk.get("messageMetadata") or {})

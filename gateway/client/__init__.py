@@ -3,6 +3,9 @@
 - :class:`GatewayClient` (:mod:`gateway.client.api`): the HTTP API of
   docs/protocol.md §2, and :meth:`~GatewayClient.open_session`, a
   :class:`Session` whose state is kept for you as its stream arrives.
+- :mod:`gateway.client.files`: a session's files (``GatewayClient.upload``,
+  ``download``) and the blocks a turn names them by (:func:`file_block`,
+  :func:`image_block`, :func:`document_block`).
 - :class:`Subscription` (:mod:`gateway.client.stream`): one session's frames,
   resumed after every drop, answered pings, missed pongs noticed (section 3).
 - :class:`Reducer` (:mod:`gateway.client.reducer`): server frames in, one
@@ -24,6 +27,7 @@ from gateway.client.api import (
     Update,
 )
 from gateway.client.codec import decode_server_frame
+from gateway.client.files import document_block, file_block, image_block
 from gateway.client.reducer import (
     Reducer,
     StreamingBlock,
@@ -33,6 +37,7 @@ from gateway.client.reducer import (
 )
 from gateway.client.stream import Backoff, Heartbeat, Notice, Received, Subscription
 from gateway.protocol.http import (
+    FileStored,
     MessagePage,
     SessionAttach,
     SessionCreated,
@@ -46,6 +51,7 @@ __all__ = [
     "AgentList",
     "Backoff",
     "Chunk",
+    "FileStored",
     "GatewayClient",
     "Heartbeat",
     "MessagePage",
@@ -66,4 +72,7 @@ __all__ = [
     "TurnState",
     "Update",
     "decode_server_frame",
+    "document_block",
+    "file_block",
+    "image_block",
 ]

@@ -5,7 +5,8 @@ Async, on Trio, httpx and trio-websocket. Two layers::
     GatewayClient            docs/protocol.md §2: create, list and open sessions, send a
     │                        turn (queued or steered into a busy session's: submit_turn),
     │                        cancel it, answer a permission or an elicitation,
-    │                        leave feedback, list the agents (section 11)
+    │                        leave feedback, list the agents (section 11), upload and
+    │                        download a session's files (gateway.client.files)
     ├── subscribe(...)       a Subscription (gateway.client.stream): one session's frames,
     │                        resumed after every drop, with any filter
     └── open_session(...)    a Session: a Subscription to ``preset:full`` that starts from
@@ -56,6 +57,7 @@ import httpx
 import msgspec
 import trio
 
+from gateway.client.files import FilesApi, TurnContent
 from gateway.client.reducer import Reducer
 from gateway.client.stream import (
     Backoff,
@@ -141,7 +143,7 @@ def _retry_in(r: httpx.Response | None, attempt: int) -> float | None:
 # --- the client ---------------------------------------------------------------------------
 
 
-class GatewayClient:
+class GatewayClient(FilesApi):
     """The HTTP API of one gateway (docs/protocol.md §2), and its session streams.
 
     Use it as an async context manager (it owns an ``httpx.AsyncClient``).
@@ -280,7 +282,7 @@ class GatewayClient:
     async def send_turn(
         self,
         session_id: str,
-        content: str | list[ContentBlock],
+        content: TurnContent,
         *,
         rewind_to: str | None = None,
     ) -> str:
@@ -344,12 +346,15 @@ class GatewayClient:
     async def submit_turn(
         self,
         session_id: str,
-        content: str | list[ContentBlock],
+        content: TurnContent,
         *,
         if_busy: IfBusy | None = None,
         rewind_to: str | None = None,
     ) -> TurnAccepted:
         """``POST /sessions/{id}/turns``, made at most once (an ``Idempotency-Key``); the 202.
+
+        ``content``: text, or blocks: text, and images and documents by the id of
+        a file :meth:`upload` stored (gateway.client.files: ``file_block``).
 
         ``if_busy`` (docs/protocol.md §2 "A busy session"; ``None``: ``[turns]
         if_busy``): an idle session starts it at once; a busy one ``queue``s it
@@ -361,8 +366,9 @@ class GatewayClient:
 
         Raises:
             ApiError: 409 ``turn_in_progress`` (``reject``), ``queue_full``; 422 for
-                content that is not text; with ``rewind_to``: 404
-                ``message_not_found``, 409 ``message_rewound``, ``not_a_user_message``.
+                content it cannot take (``unknown_file``, ``unsupported_content``);
+                with ``rewind_to``: 404 ``message_not_found``, 409 ``message_rewound``,
+                ``not_a_user_message``.
         """
         body: dict[str, Any] = {"content": content}
         if if_busy is not None:
@@ -718,7 +724,7 @@ class Session:
 
     # --- the session's calls (section 2)
 
-    async def send(self, content: str | list[ContentBlock], *, rewind_to: str | None = None) -> str:
+    async def send(self, content: TurnContent, *, rewind_to: str | None = None) -> str:
         """Start a turn; its id. Raises ApiError 409 ``turn_in_progress``.
 
         ``rewind_to``: a user message the turn edits (or, with its own content,
@@ -726,9 +732,7 @@ class Session:
         """
         return await self.client.send_turn(self.id, content, rewind_to=rewind_to)
 
-    async def submit(
-        self, content: str | list[ContentBlock], *, if_busy: IfBusy | None = None
-    ) -> TurnAccepted:
+    async def submit(self, content: TurnContent, *, if_busy: IfBusy | None = None) -> TurnAccepted:
         """Send a turn saying what a busy session does with it (queue, interrupt, steer);
         the 202 body (:meth:`GatewayClient.submit_turn`). The queued turns are in
         :attr:`queued` once their ``turn.queued`` arrived."""

@@ -68,7 +68,8 @@ Commands at the prompt: ``/fork`` forks the session at its last message
 (``/fork MESSAGE_ID`` at that message: docs/protocol.md §2, "Forks") and goes
 on with the fork, its history shown again from its snapshot; a fork made at
 a user message shows that message as its draft, to send again or edit.
-``/quit`` (or ``/exit``) quits.
+``/attach PATH`` uploads a file for the next message, ``/help`` lists the
+commands (:mod:`gateway.client.chat_attach`). ``/quit`` (or ``/exit``) quits.
 
 Keys: Enter sends the line typed at the prompt; while a turn runs the
 keyboard does not echo (so typing cannot disturb the region), and ``y`` or
@@ -109,12 +110,15 @@ import trio
 from rich.cells import cell_len, get_character_cell_size
 
 from gateway.client.api import GatewayClient, Session, ToolRun
+from gateway.client.chat_attach import Attachments, is_attach_command
 from gateway.client.views import (
     BlockView,
     FullView,
     PermissionView,
     QueuedView,
     SimpleView,
+    file_line,
+    files_in,
 )
 from gateway.errors import ApiError, GatewayError
 from gateway.protocol.events import ContextCompacted, Event, HistoryRewound
@@ -322,7 +326,8 @@ def full_items(
             steered = message.get("steered", False)
             if steered or message["turn_id"] not in hidden_turns:
                 text = "".join(b["text"] for b in message["blocks"] if b["type"] == "text")
-                items.append(_user_item(message["id"], text, marks, steered=steered))
+                files = tuple(file_line(b) for b in files_in(message["blocks"]))
+                items.append(_user_item(message["id"], text, marks, steered=steered, files=files))
             continue
         for index, block in enumerate(message["blocks"]):
             key = f"block:{message['id']}:{index}"
@@ -361,9 +366,12 @@ def compaction_line(replaced: int, event: ContextCompacted | None, marks: Marks)
     return line if marks.ok == "✓" else line.replace("·", "-").replace("→", "->")
 
 
-def _user_item(message_id: str, text: str, marks: Marks, *, steered: bool = False) -> Item:
+def _user_item(
+    message_id: str, text: str, marks: Marks, *, steered: bool = False, files: tuple[str, ...] = ()
+) -> Item:
     lines = clean(text).split("\n") or [""]
     shown = [Line(f"{marks.you} {lines[0]}", BOLD)] + [Line(f"  {x}", BOLD) for x in lines[1:]]
+    shown += [Line(f"  {clean(f)}", DIM) for f in files]  # its files, one line each
     if steered:  # the running turn took it (docs/protocol.md §2 "A busy session")
         shown.append(Line("  (steered)", DIM))
     return Item(f"user:{message_id}", tuple(shown), True)
@@ -390,6 +398,8 @@ def _block_item(
         return Item(key, (Line(f"{marks.thinking} (redacted thinking)", DIM),), not block["open"])
     if block["type"] == "compaction":  # only a context message holds one: full_items
         return Item(key, (Line("· context compacted", DIM),), True)
+    if block["type"] == "image" or block["type"] == "document" or block["type"] == "audio":
+        return Item(key, (Line(fit(file_line(block), width), DIM),), True)
     run = tools.get(block["id"])
     status = block["status"]
     duration = "" if run is None or run.duration_ms is None else f" {run.duration_ms} ms"
@@ -413,7 +423,8 @@ def _block_item(
     call = f"{marks.tool} {block['name']} {fold(json.dumps(block['input'], ensure_ascii=False))}"
     room = width - cell_len(said) - 3
     line = Line(f"{fit(call, max(room, 10))}  {said}", style)
-    return Item(key, (line,), status in ("completed", "failed", "not_run"))
+    files = [Line(fit(f"  {file_line(f)}", width), DIM) for f in block.get("files", [])]
+    return Item(key, (line, *files), status in ("completed", "failed", "not_run"))
 
 
 def simple_items(
@@ -437,7 +448,11 @@ def simple_items(
         if entry["role"] == "user":
             steered = entry.get("steered", False)
             if steered or entry["turn_id"] not in hidden_turns:
-                items.append(_user_item(entry["message_id"], entry["text"], marks, steered=steered))
+                files = tuple(file_line(f) for f in entry.get("files", []))
+                item = _user_item(
+                    entry["message_id"], entry["text"], marks, steered=steered, files=files
+                )
+                items.append(item)
             continue
         lines = [Line(x) for x in clean(entry["text"]).split("\n")]
         if entry["status"] in ("cancelled", "error"):
@@ -838,6 +853,7 @@ class Chat:
         self.rewinding: set[str] = set()
         self.rewinds: list[Item] = []
         self.shown_users: list[tuple[str, str]] = []  # the user messages on screen (id, text)
+        self.attachments = Attachments()  # /attach: the files of the next message
 
     async def run(self) -> int:
         """Until the person quits (or what retrying cannot fix); the exit status."""
@@ -1004,6 +1020,8 @@ class Chat:
             self.redraw(final_only=True)  # settled above the prompt
             self.region.close()
             self.keyboard.forget_typed()  # before the prompt: what is typed after it stays
+            if self.attachments.pending:
+                self.out.write(f"\x1b[{DIM}m{clean(self.attachments.summary())}\x1b[0m\n")
             self.out.write(f"\x1b[{BOLD}m{self.marks.you}\x1b[0m ")
             self.out.flush()
             self.region.fresh = False  # a quit from here leaves the line
@@ -1014,6 +1032,10 @@ class Chat:
             if line is None or line.strip() in ("/quit", "/exit"):
                 return
             if not line.strip():
+                continue
+            if is_attach_command(line):  # /attach PATH, /help (gateway.client.chat_attach)
+                note = await self.attachments.command(self.session, line)
+                self.out.write(f"\x1b[{DIM}m{clean(note)}\x1b[0m\n")
                 continue
             command, *args = line.split()
             if command == "/fork":
@@ -1061,11 +1083,15 @@ class Chat:
         """The prompt's line as a turn, or a ``/queue`` or ``/steer`` (module docstring): the id
         of the turn it started, or ``None`` (what the gateway made of it is written)."""
         if not is_command(line):
-            return await self.session.send(line)
+            turn_id = await self.session.send(self.attachments.content(line))
+            self.attachments.sent()
+            return turn_id
         command = parse_command(line)
         note = "(/queue and /steer need a text)"
         if command is not None:
-            accepted = await self.session.submit(command[1], if_busy=command[0])
+            content = self.attachments.content(command[1])
+            accepted = await self.session.submit(content, if_busy=command[0])
+            self.attachments.sent()
             if not (accepted.queued or accepted.steered):
                 return accepted.turn_id  # the session was idle: it started, as a sent line
             note = accepted_note(accepted)

@@ -99,6 +99,10 @@ Where the contract is silent, this module decides:
   event, changes nothing: the fork's copied history was never events of the
   fork (a replay from before it holds none of it), so a client gets it from
   the fork's snapshot, as every client that attaches with one does.
+- **Files** (docs/protocol.md §2 "Files"). A message's ``image``, ``document``
+  and ``audio`` blocks are kept as they came (references: the bytes are never
+  in a frame). A tool's files (``tool.completed.files``, a stored
+  ``tool_result`` block's ``files``) are in its :class:`ToolOutcome`.
 - **Duplicates.** Event ids compare as strings (docs/protocol.md §1). The server
   promises each event once (section 3), so the reducer compares ids only to
   prove it: an event at or below the cursor is counted in
@@ -148,6 +152,7 @@ from gateway.protocol.frames import EventFrame, ServerFrame, Snapshot
 from gateway.protocol.shapes import (
     CompactionBlock,
     ContentBlock,
+    FileBlock,
     Message,
     MessageStatus,
     PendingPermission,
@@ -394,13 +399,34 @@ class ToolOutcome:
 
     ``content`` is ``tool.completed.result`` or ``tool.failed.message``.
     ``error_class`` is ``None`` when the outcome was rebuilt from a snapshot's
-    ``tool_result`` block, which does not carry it.
+    ``tool_result`` block, which does not carry it. ``files``: the files the
+    tool returned (``tool.completed.files``, the block's ``files``), by reference.
     """
 
     tool_use_id: str
     status: Literal["completed", "failed"]
     content: str
     error_class: ToolErrorClass | None = None
+    files: tuple[FileBlock, ...] = ()
+
+    @classmethod
+    def of_block(cls, block: ToolResultBlock) -> ToolOutcome:
+        """The outcome a stored ``tool_result`` block stands for (a snapshot, a page)."""
+        status: Literal["completed", "failed"] = "failed" if block.is_error else "completed"
+        files = () if isinstance(block.files, msgspec.UnsetType) else tuple(block.files)
+        return cls(block.tool_use_id, status, block.content, files=files)
+
+    def state(self) -> dict[str, Any]:
+        """Plain values; ``files`` only when the tool returned some."""
+        state: dict[str, Any] = {
+            "tool_use_id": self.tool_use_id,
+            "status": self.status,
+            "content": self.content,
+            "error_class": self.error_class,
+        }
+        if self.files:
+            state["files"] = [_builtins(f) for f in self.files]
+        return state
 
 
 @dataclass(frozen=True)
@@ -514,7 +540,7 @@ class Reducer:
         state: dict[str, Any] = {
             "messages": [_message_state(message) for message in self.messages],
             "streaming": None if self.streaming is None else self.streaming.state(),
-            "tool_results": {id_: asdict(outcome) for id_, outcome in self.tool_results.items()},
+            "tool_results": {id_: outcome.state() for id_, outcome in self.tool_results.items()},
             "turn": None if self.turn is None else asdict(self.turn),
             "pending_permissions": [_builtins(p) for p in self.permissions.values()],
             "compacting": None if self.compacting is None else _builtins(self.compacting),
@@ -552,14 +578,7 @@ class Reducer:
         for message in older:
             for block in message.content:
                 if isinstance(block, ToolResultBlock) and message.role == "user":
-                    self.tool_results.setdefault(
-                        block.tool_use_id,
-                        ToolOutcome(
-                            block.tool_use_id,
-                            "failed" if block.is_error else "completed",
-                            block.content,
-                        ),
-                    )
+                    self.tool_results.setdefault(block.tool_use_id, ToolOutcome.of_block(block))
         self.messages = [m for m in older if not _tool_results_only(m)] + self.messages
         if older:
             self.oldest_message_id = older[0].id
@@ -575,7 +594,10 @@ class Reducer:
                 self.truncated_results.discard(block.tool_use_id)
                 outcome = self.tool_results.get(block.tool_use_id)
                 if outcome is not None:
-                    self.tool_results[block.tool_use_id] = replace(outcome, content=block.content)
+                    whole = ToolOutcome.of_block(block)
+                    self.tool_results[block.tool_use_id] = replace(
+                        outcome, content=block.content, files=whole.files
+                    )
 
     # --- frames ----------------------------------------------------------------
 
@@ -591,9 +613,7 @@ class Reducer:
         # announce live: it lives in tool_results, as it does for a live client.
         self.messages = [m for m in messages if not _tool_results_only(m)]
         self.tool_results = {
-            block.tool_use_id: ToolOutcome(
-                block.tool_use_id, "failed" if block.is_error else "completed", block.content
-            )
+            block.tool_use_id: ToolOutcome.of_block(block)
             for message in messages
             if message.role == "user"
             for block in message.content
@@ -649,7 +669,8 @@ class Reducer:
             case TurnSteered() as p:  # the running turn took it: a message of the turn
                 self._put(p.user_message)
             case ToolCompleted() as p:
-                self._tool_outcome(ToolOutcome(p.tool_use_id, "completed", p.result))
+                files = tuple(p.files or ())
+                self._tool_outcome(ToolOutcome(p.tool_use_id, "completed", p.result, files=files))
             case ToolFailed() as p:
                 self._tool_outcome(ToolOutcome(p.tool_use_id, "failed", p.message, p.error_class))
             case PermissionRequested() | PermissionResolved():

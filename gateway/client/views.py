@@ -69,6 +69,16 @@ Where section 10 is silent, decided here (docs/protocol.md, "Views"):
   simple view the turn's reply then moves below it: the next round's reply
   answers it, so it stands after it (until that round starts, the earlier
   round's text stays where it was).
+- **Files** (docs/protocol.md §2 "Files"). An ``image``, ``document`` or
+  ``audio`` block is a :class:`FileView` in the full view, where it stands
+  (``{type, file_id, media_type, size, open: false}``: a reference, never the
+  bytes; a client fetches them from ``GET /sessions/{id}/files/{file_id}``).
+  A tool whose outcome brought files (``tool.completed.files``, a snapshot's
+  ``tool_result`` ``files``) has them in its view's ``files`` (left out when
+  none). The simple view's entry of a message with files has them in
+  ``files`` (left out when none), its ``text`` still the text blocks only.
+  :func:`file_line` is one file as a line of text:
+  ``[image image/png 12.3 KiB file_…]``.
 - **The status line** is ``{"kind": "compacting"}`` while a compaction is
   under way (``context.compacting`` without its ``context.compacted``), turn
   or no turn; a snapshot cannot say so, so a client that attaches during a
@@ -89,8 +99,12 @@ import msgspec
 
 from gateway.client.reducer import Reducer, StreamingBlock, StreamingMessage
 from gateway.protocol.shapes import (
+    AudioBlock,
     CompactionBlock,
     ContentBlock,
+    DocumentBlock,
+    FileBlock,
+    ImageBlock,
     Message,
     PendingPermission,
     RedactedThinkingBlock,
@@ -141,6 +155,7 @@ class ToolUseView(TypedDict):
     result: str | None
     perm_id: str | None
     truncated: NotRequired[bool]  # its input or its result was sent cut (section 15)
+    files: NotRequired[list[FileView]]  # the files its result brought (only when some)
 
 
 class CompactionView(TypedDict):
@@ -157,7 +172,18 @@ class CompactionView(TypedDict):
     truncated: NotRequired[bool]
 
 
-BlockView = TextView | ThinkingView | RedactedThinkingView | ToolUseView | CompactionView
+class FileView(TypedDict):
+    """A file of a message (docs/protocol.md §2 "Files"), by reference: its bytes are at
+    ``GET /sessions/{id}/files/{file_id}``."""
+
+    type: Literal["image", "document", "audio"]
+    file_id: str
+    media_type: str
+    size: int
+    open: bool
+
+
+BlockView = TextView | ThinkingView | RedactedThinkingView | ToolUseView | CompactionView | FileView
 
 
 class MessageView(TypedDict):
@@ -228,6 +254,7 @@ class ThreadEntry(TypedDict):
     status: ReplyStatus
     replaces: NotRequired[int]
     steered: NotRequired[bool]  # a user message the running turn took (turn.steered)
+    files: NotRequired[list[FileView]]  # the message's files (only when some)
 
 
 class ThinkingStatus(TypedDict):
@@ -378,9 +405,58 @@ def _finished_block(reducer: Reducer, message: Message, block: ContentBlock) -> 
             if cut is True:
                 compaction["truncated"] = True
             return compaction
+        case ImageBlock() | DocumentBlock() | AudioBlock():
+            return file_view(block)
         case ToolResultBlock():
             return None  # paired with its tool_use instead
     return None
+
+
+def file_view(block: FileBlock) -> FileView:
+    """A file block as the views show it (module docstring, "Files")."""
+    kind: Literal["image", "document", "audio"] = (
+        "image"
+        if isinstance(block, ImageBlock)
+        else "document"
+        if isinstance(block, DocumentBlock)
+        else "audio"
+    )
+    return {
+        "type": kind,
+        "file_id": block.file_id,
+        "media_type": block.media_type,
+        "size": block.size,
+        "open": False,
+    }
+
+
+def file_line(file: FileView) -> str:
+    """One file as a line of text: ``[image image/png 12.3 KiB file_…]``."""
+    return f"[{file['type']} {file['media_type']} {human_size(file['size'])} {file['file_id']}]"
+
+
+def files_in(blocks: list[BlockView]) -> list[FileView]:
+    """The file blocks of a message's view, in order."""
+    return [
+        b for b in blocks if b["type"] == "image" or b["type"] == "document" or b["type"] == "audio"
+    ]
+
+
+def human_size(size: int) -> str:
+    """``512 B``, ``12.3 KiB``, ``4.0 MiB``."""
+    if size < 1024:
+        return f"{size} B"
+    unit, name = (1024, "KiB") if size < 1024 * 1024 else (1024 * 1024, "MiB")
+    tenths = (size * 10 + unit // 2) // unit  # in integers: a half rounds up, as in the JS
+    return f"{tenths // 10}.{tenths % 10} {name}"
+
+
+def _files_of(message: Message) -> list[FileView]:
+    return [
+        file_view(b)
+        for b in message.content
+        if isinstance(b, ImageBlock | DocumentBlock | AudioBlock)
+    ]
 
 
 def _streaming_message(reducer: Reducer, streaming: StreamingMessage) -> MessageView:
@@ -441,6 +517,8 @@ def _tool_view(
         "result": result,
         "perm_id": None if permission is None or outcome is not None else permission.perm_id,
     }
+    if outcome is not None and outcome.files:
+        view["files"] = [file_view(f) for f in outcome.files]
     return _cut(view, outcome is not None and tool_use_id in reducer.truncated_results)
 
 
@@ -510,6 +588,9 @@ def simple_view(reducer: Reducer) -> SimpleView:
                 entry["steered"] = True
                 if message.turn_id in latest:  # it answered a round: the next goes below
                     moving.add(message.turn_id)
+            files = _files_of(message)
+            if files:
+                entry["files"] = files
             thread.append(entry)
         elif message.role == "context":
             blocks = [b for b in message.content if isinstance(b, CompactionBlock)]

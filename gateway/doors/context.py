@@ -12,6 +12,8 @@ door asks the gateway only through the context:
   key's is 404 exactly as an unknown id, docs/protocol.md §2);
 - :meth:`DoorContext.counted_turn`: a turn, counted against the key's rate
   limit, answered once durable;
+- :meth:`DoorContext.file_refusal`: what the session's model cannot take of
+  a turn's files (422 ``unsupported_content`` when the turn is posted);
 - :meth:`DoorContext.subscribe`: join a session's stream with every event,
   live or replayed from an event through the seam;
 - and the node itself (:attr:`DoorContext.node`: its turns, cancels,
@@ -27,6 +29,7 @@ and the attach token's query parameter, as the API document names them.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -42,7 +45,9 @@ from gateway.protocol.filters import resolve_filter
 from gateway.protocol.frames import Subscribe
 from gateway.protocol.http import IfBusy
 from gateway.protocol.shapes import Message
+from gateway.providers.attachments import refusal
 from gateway.session import seam
+from gateway.session.files import Refuse
 from gateway.session.session import Session
 from gateway.tenancy import NO_OWNER, ApiKeys, sees
 
@@ -151,6 +156,13 @@ class DoorContext:
             if exc.code != "store_unavailable":
                 await limits.refund_turn(key, counted)
             raise
+
+    def file_refusal(self, session: Session) -> Refuse:
+        """What the session's model cannot take of a turn's files, for
+        ``Files.resolve(refuse=)``: 422 ``unsupported_content`` at the POST, not a
+        failed call later (docs/protocol.md §2 "Files"; every door that takes a turn)."""
+        agent = self.node.agents[session.record.agent]  # its model names its provider
+        return functools.partial(refusal, agent.runtime, agent.provider)
 
     async def subscribe(
         self, session: Session, sub: seam.SeamSubscriber, since: int | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import urllib.parse
+from collections.abc import Mapping
 
 from gateway.config import Config
 from gateway.errors import ApiError
@@ -254,9 +255,15 @@ def authenticate(keys: ApiKeys, req: Request) -> str | None:
         ApiError: 401 ``unauthorized`` without ``Authorization: Bearer``, 403
             ``forbidden`` for a key that is not (or no longer) accepted.
     """
+    return caller_of(keys, req.headers)
+
+
+def caller_of(keys: ApiKeys, headers: Mapping[str, str]) -> str | None:
+    """:func:`authenticate` from a request's headers alone (a large body's head, before
+    the body is read: gateway.http.server.HttpLimits)."""
     if not keys.enabled:
         return None
-    header = req.headers.get("authorization", "")
+    header = headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise ApiError(401, "unauthorized", "send Authorization: Bearer <api key>")

@@ -223,12 +223,17 @@ class HttpLimits:
 
     ``large_bodies``: the routes whose bodies may be larger; such a body has
     ``body_timeout_s`` from the end of its head, where others have what is left
-    of ``read_timeout_s``.
+    of ``read_timeout_s``. Before one is read, ``admit_large`` checks the
+    request's head (the API key: gateway.app), and one of ``large_reads`` is
+    taken (503 ``over_capacity`` when none is free), so what large bodies
+    hold in memory at once is bounded whoever sends them.
     """
 
     max_body_bytes: int = 1_048_576
     large_bodies: tuple[LargeBody, ...] = ()
     body_timeout_s: float = 60.0
+    admit_large: Callable[[Mapping[str, str]], None] | None = None
+    large_reads: trio.Semaphore = field(default_factory=lambda: trio.Semaphore(8))
     max_header_bytes: int = 16_384
     read_timeout_s: float = 10.0
     keepalive_timeout_s: float = 60.0
@@ -358,11 +363,23 @@ class _HttpConnection:
             )
         limit, code = self._limits.max_body_bytes, "body_too_large"
         large = _large_body(self._limits, event)
+        may_be_large = large is not None and (declared is None or int(declared) > limit)
         if large is not None:
             limit, code = max(limit, large.max_bytes), large.code
+            if may_be_large and self._limits.admit_large is not None:
+                self._limits.admit_large(_headers(event))  # 401, 403: before a byte of it
             reading.deadline = trio.current_time() + self._limits.body_timeout_s
         if declared is not None and int(declared) > limit:
             raise _body_too_large(limit, code)
+        slot = _LargeRead(self._limits)
+        try:
+            body = await self._read_body(limit, code, slot)
+        finally:
+            slot.release()
+        return _request(event, body, self._client, self._limits.trusted_proxies)
+
+    async def _read_body(self, limit: int, code: str, slot: _LargeRead) -> bytes:
+        """The body, up to ``limit`` (413 ``code``); past ``max_body_bytes``, in a slot."""
         if self._h11.client_is_waiting_for_100_continue:
             await self._stream.send_all(
                 self._h11.send(
@@ -375,7 +392,9 @@ class _HttpConnection:
                 body += part.data
                 if len(body) > limit:
                     raise _body_too_large(limit, code)
-        return _request(event, bytes(body), self._client, self._limits.trusted_proxies)
+                if len(body) > self._limits.max_body_bytes:
+                    slot.take()
+        return bytes(body)
 
     async def _next_event(self) -> h11.Event:
         while (event := self._h11.next_event()) is h11.NEED_DATA:
@@ -469,7 +488,9 @@ class _HttpConnection:
         section 9.6): so half-close, and read and discard for up to ``_LINGER_S``.
         """
         if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            await self._send(_closing(error_response(exc.status, exc.code, exc.message)))
+            answer = error_response(exc.status, exc.code, exc.message)
+            answer.headers.extend(exc.headers)  # a 503's Retry-After
+            await self._send(_closing(answer))
         if isinstance(self._stream, trio.abc.HalfCloseableStream):
             await self._stream.send_eof()
         with trio.move_on_after(_LINGER_S):
@@ -515,11 +536,17 @@ class _HttpConnection:
         await ws.close(*close_reason("normal"))  # a no-op if run closed it
 
 
-def _request(event: h11.Request, body: bytes, peer: str, trusted: TrustedProxies) -> Request:
+def _headers(event: h11.Request) -> dict[str, str]:
+    """A request's headers, names in lower case (h11's), repeated ones joined with ", "."""
     headers: dict[str, str] = {}
     for raw_name, raw_value in event.headers:
         name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+def _request(event: h11.Request, body: bytes, peer: str, trusted: TrustedProxies) -> Request:
+    headers = _headers(event)
     path, _, query_string = event.target.decode("latin-1").partition("?")
     query: dict[str, str] = {}
     repeated: dict[str, None] = {}
@@ -643,6 +670,33 @@ def _reason_phrase(status: int) -> bytes:
         return HTTPStatus(status).phrase.encode()
     except ValueError:
         return b""  # a status http.HTTPStatus does not know: the phrase is optional
+
+
+class _LargeRead:
+    """One of ``HttpLimits.large_reads``, taken once a body passes ``max_body_bytes``."""
+
+    def __init__(self, limits: HttpLimits) -> None:
+        self._slots = limits.large_reads
+        self._held = False
+
+    def take(self) -> None:
+        if self._held:
+            return
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            raise ApiError(
+                503,
+                "over_capacity",
+                "too many large request bodies are being read at once; try again",
+                headers=(("Retry-After", "1"),),
+            ) from None
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._slots.release()
 
 
 def _body_too_large(limit: int, code: str = "body_too_large") -> ApiError:

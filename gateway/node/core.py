@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from gateway.node.attach_tokens import Tokens
+from gateway.session.files import Files
 from gateway.session.session import NodeServices, Session
 from gateway.store.lease import LeaseKeeper, Taken
 from gateway.tenancy import Limits
@@ -138,6 +139,7 @@ class NodeCore(NodeServices, Protocol):
     tokens: Tokens  # replaced by the Redis ones once the placement is clustered
     connections: set[Connection]  # open streams
     workspaces: Workspaces  # docs/protocol.md §15
+    files: Files  # docs/protocol.md §2 "Files"
     cluster: Cluster | None  # the link to the other nodes, set by a clustered placement
 
     @property

@@ -13,7 +13,7 @@ In order, so that nothing of the session comes back and every client sees an end
    a client does not reconnect after it.
 4. Their tasks end for good and they leave this node's memory (a worker
    leaves its parent's list; the parent stays).
-5. The store deletes their records, messages and events in one transaction,
+5. The store deletes their records, messages, events and files in one transaction,
    after everything written before (:meth:`gateway.store.base.Store.delete_sessions`).
 6. Their own workspace directories are removed (only one made for the
    session, never one the client named: gateway.tools.workspace), and their
@@ -82,6 +82,7 @@ async def delete(node: NodeCore, session: Session) -> None:
         await node.store.delete_sessions(ids)
     except StoreError as exc:
         raise unavailable(exc) from None
+    node.files.forget(ids)  # their bytes cached for a provider (gateway.session.files)
     await _release(node, records)
     registry.deleting.difference_update(ids)  # the store answers for them from now on
     event(

@@ -114,7 +114,7 @@ class ToolCompleted(Payload, omit_defaults=True):
     result: str
     duration_ms: int
     structured_result: Any = None
-    # The files the tool returned (an MCP tool's images and audio), by reference
+    # The files the tool returned (an MCP tool's image or audio), by reference
     # (docs/protocol.md §2 "Files"); left out when it returned none.
     files: list[FileBlock] | msgspec.UnsetType = msgspec.UNSET
 

@@ -15,6 +15,17 @@ uses and their tool results (``is_error`` kept). Tool definitions are the
 registry's (``ModelRequest.tools``); ``thinking_budget_tokens`` > 0 turns on
 extended thinking.
 
+Files (docs/protocol.md §2 "Files"): the messages name them, the request
+holds their bytes (``ModelRequest.files``). An image is an ``image`` block,
+a PDF a ``document`` block, each with a ``base64`` source; a text document
+(plain, Markdown, CSV) is a ``document`` block with a ``text`` source of
+``media_type`` ``text/plain``, the only one the API takes. A tool result
+with images has a list as its ``content``: its text (when not empty), then
+the images. A file whose bytes are gone is the text block
+``[file FILE_ID is no longer stored]``, and an image over the 5 MiB of
+base64 the API takes (a tool's: a turn's is refused when posted) a text
+block saying so, never a request the API refuses on every call.
+
 Failures (docs/protocol.md §5, ``llm.call_failed.error_class``):
 
 - Before the stream starts, the SDK retries what its policy retries (429,
@@ -46,13 +57,15 @@ Where the contract is silent:
   ``[turns] timeout_s``.
 - A stream event this gateway has no raw event for (a server tool's block, a
   citation) fails the call with ``api_error`` naming it: the gateway sends no
-  server tools and no documents, so it means the API changed under us.
+  server tools, and its documents ask for no citations, so it means the API
+  changed under us.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncGenerator
-from typing import cast
+from typing import Any, cast
 
 import anthropic
 import httpx2
@@ -60,6 +73,13 @@ import msgspec
 from anthropic.types import MessageParam, RawMessageStreamEvent, ToolParam
 
 from gateway.errors import ProviderError
+from gateway.protocol.shapes import ContentBlock, DocumentBlock, FileBlock, ToolResultBlock
+from gateway.providers.attachments import (
+    ANTHROPIC_IMAGE_MAX_BYTES,
+    document_text,
+    missing,
+    too_large,
+)
 from gateway.providers.base import ModelRequest
 from gateway.providers.errors import status_class
 from gateway.providers.history import rebuild
@@ -151,12 +171,48 @@ def messages_param(request: ModelRequest) -> list[MessageParam]:
     """The request's conversation as the API's ``messages``.
 
     The content blocks of :mod:`gateway.protocol.shapes` have the API's own
-    fields and ``type`` tags, so each block is sent as it encodes.
+    fields and ``type`` tags, so each block is sent as it encodes; a file
+    block gets its bytes from ``request.files`` (module docstring).
     """
     return [
-        cast(MessageParam, {"role": m.role, "content": msgspec.to_builtins(m.content)})
+        cast(
+            MessageParam,
+            {"role": m.role, "content": [_block_param(b, request.files) for b in m.content]},
+        )
         for m in rebuild(request.messages)
     ]
+
+
+Files = dict[str, tuple[str, bytes]]
+
+
+def _block_param(block: ContentBlock, files: Files) -> Any:
+    """One block as the API takes it: a file's bytes put in (module docstring)."""
+    if isinstance(block, ToolResultBlock) and block.files:
+        param = msgspec.to_builtins(msgspec.structs.replace(block, files=msgspec.UNSET))
+        text = [{"type": "text", "text": block.content}] if block.content else []
+        param["content"] = [*text, *(file_param(f, files) for f in block.files)]
+        return param
+    if isinstance(block, FileBlock):
+        return file_param(block, files)
+    return msgspec.to_builtins(block)
+
+
+def file_param(block: FileBlock, files: Files) -> dict[str, Any]:
+    """An image or document block with its bytes, or the text saying they are gone."""
+    found = files.get(block.file_id)
+    if found is None:
+        return {"type": "text", "text": missing(block.file_id)}
+    media_type, data = found
+    kind = "document" if isinstance(block, DocumentBlock) else "image"
+    if kind == "image" and len(data) > ANTHROPIC_IMAGE_MAX_BYTES:  # a tool's: never taken
+        return {"type": "text", "text": too_large(block, ANTHROPIC_IMAGE_MAX_BYTES)}
+    if media_type.startswith("text/"):
+        source = {"type": "text", "media_type": "text/plain", "data": document_text(data)}
+    else:
+        encoded = base64.b64encode(data).decode("ascii")
+        source = {"type": "base64", "media_type": media_type, "data": encoded}
+    return {"type": kind, "source": source}
 
 
 def tools_param(request: ModelRequest) -> list[ToolParam]:

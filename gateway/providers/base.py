@@ -38,6 +38,12 @@ class ModelRequest(msgspec.Struct):
     agent's (docs/protocol.md §11): the system prompt goes to the model on every
     call; a thinking budget > 0 is Anthropic's extended thinking with that
     budget, and an OpenAI-compatible server's ``reasoning_effort``.
+
+    ``files`` holds the bytes of the files the conversation names, by file id:
+    ``(media_type, bytes)`` (docs/protocol.md §2 "Files"). The messages carry
+    only references; a provider puts the bytes in where its API wants them. A
+    file named but missing (its session deleted meanwhile) is absent, and the
+    provider says so in text.
     """
 
     model: str
@@ -47,6 +53,7 @@ class ModelRequest(msgspec.Struct):
     system: str | None = None
     temperature: float | None = None
     thinking_budget_tokens: int = 0
+    files: dict[str, tuple[str, bytes]] = {}
 
 
 class Provider(Protocol):

@@ -12,12 +12,17 @@ message store):
 
 1. Messages still ``in_progress`` are left out; ``complete``, ``cancelled``
    and ``error`` ones are kept, partial content included: the user saw it.
-2. Blocks a role cannot carry are dropped: a user message keeps text and
-   tool results, an assistant message text, thinking, redacted thinking and
-   tool uses. Empty text blocks are dropped (the API refuses them), and so
-   are thinking blocks without a signature: the API verifies every thinking
-   block it is sent, and a block cut off mid-stream never got its signature.
-   Redacted thinking is kept as it came.
+2. Blocks a role cannot carry are dropped: a user message keeps text,
+   images, documents and tool results, an assistant message text, thinking,
+   redacted thinking and tool uses (never a file: a model writes none).
+   Audio is dropped wherever it is (no provider of the gateway takes audio:
+   docs/protocol.md §2 "Files"), and a tool result keeps only the images of
+   its ``files`` (``UNSET`` when none is left). Empty text blocks are dropped
+   (the API refuses them), and so are thinking blocks without a signature:
+   the API verifies every thinking block it is sent, and a block cut off
+   mid-stream never got its signature. Redacted thinking is kept as it came.
+   The files kept are what :func:`model_files` names: the ones whose bytes a
+   call needs (``ModelRequest.files``).
 3. Consecutive messages of one role are merged into one, in order (the API
    wants the roles to alternate): for instance a turn cancelled before the
    model answered leaves two user messages in a row.
@@ -55,7 +60,7 @@ message store):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -63,6 +68,9 @@ import msgspec
 from gateway.protocol.shapes import (
     CompactionBlock,
     ContentBlock,
+    DocumentBlock,
+    FileBlock,
+    ImageBlock,
     Message,
     RedactedThinkingBlock,
     Role,
@@ -114,7 +122,10 @@ def _as_read(message: Message) -> HistoryMessage:
     if message.role == "context":
         summary = "".join(b.summary for b in message.content if isinstance(b, CompactionBlock))
         return HistoryMessage("user", [TextBlock(SUMMARY_PREFIX + summary)] if summary else [])
-    return HistoryMessage(message.role, [b for b in message.content if _fits(message.role, b)])
+    return HistoryMessage(
+        message.role,
+        [_kept(b) for b in message.content if _fits(message.role, b)],
+    )
 
 
 def _fits(role: Role, block: ContentBlock) -> bool:
@@ -122,13 +133,46 @@ def _fits(role: Role, block: ContentBlock) -> bool:
     match block:
         case TextBlock():
             return bool(block.text)
-        case ToolResultBlock():
+        case ToolResultBlock() | ImageBlock() | DocumentBlock():
             return role == "user"
         case ThinkingBlock():
             return role == "assistant" and bool(block.signature)
         case RedactedThinkingBlock() | ToolUseBlock():
             return role == "assistant"
     return False
+
+
+def _kept(block: ContentBlock) -> ContentBlock:
+    """Rule 2: a tool result with the images of its files only."""
+    if not isinstance(block, ToolResultBlock) or not block.files:
+        return block
+    images = tool_images(block.files)
+    return msgspec.structs.replace(block, files=images or msgspec.UNSET)
+
+
+def tool_images(files: Sequence[FileBlock]) -> list[FileBlock]:
+    """Rule 2: the files of a tool result that a model is sent (its images)."""
+    return [f for f in files if isinstance(f, ImageBlock)]
+
+
+def model_files(messages: Iterable[Message]) -> list[str]:
+    """The ids of the files a call on these messages sends (rule 2), in order, once each.
+
+    Images and documents of user messages, images of tool results; never
+    audio, never a file of an assistant or an in-progress message. Pairing
+    (rule 4) is not applied: a file of an unpaired tool result is read for
+    nothing, never missed.
+    """
+    found: dict[str, None] = {}
+    for message in messages:
+        if message.role != "user" or message.status == "in_progress":
+            continue
+        for block in message.content:
+            if isinstance(block, ImageBlock | DocumentBlock):
+                found[block.file_id] = None
+            elif isinstance(block, ToolResultBlock) and block.files:
+                found.update((f.file_id, None) for f in tool_images(block.files))
+    return list(found)
 
 
 def _merged(history: Iterable[HistoryMessage]) -> list[HistoryMessage]:

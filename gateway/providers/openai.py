@@ -18,6 +18,19 @@ The conversation is :func:`gateway.providers.history.rebuild`'s, in this API's
 roles: ``system``, ``user``, ``assistant`` with ``tool_calls``, and one
 ``tool`` message per tool result. Reasoning is never sent back.
 
+Files (docs/protocol.md §2 "Files"; the bytes are ``ModelRequest.files``): a
+user message with files is a list of content parts, in order: its text as a
+``text`` part, an image as an ``image_url`` part whose ``url`` is a ``data:``
+URL (``data:image/png;base64,...``), a text document as a ``text`` part
+beginning with the line ``[document FILE_ID MEDIA_TYPE]``. A message without
+files keeps its plain string ``content``. A ``tool`` message takes text
+only, so a tool result's images go in one ``user`` message right after the
+``tool`` messages, the line ``[images of tool call ID]`` before each call's
+images (the user's own text and files follow in that message). A PDF is
+refused when the turn is posted (:func:`gateway.providers.attachments.refusal`);
+one that reaches a call all the same (an agent's model changed since) is a
+text part saying it cannot be sent, as is a file whose bytes are gone.
+
 Where the contract and the servers are silent:
 
 - The message id is the gateway's own (``msg_...``): the servers' ``chatcmpl-``
@@ -63,6 +76,7 @@ Where the contract and the servers are silent:
 
 from __future__ import annotations
 
+import base64
 import random
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -75,7 +89,16 @@ from httpx_sse import EventSource, ServerSentEvent, SSEError
 
 from gateway.errors import ProviderError
 from gateway.ids import new_message_id, new_tool_use_id
-from gateway.protocol.shapes import TextBlock, ToolResultBlock, ToolUseBlock
+from gateway.protocol.shapes import (
+    ContentBlock,
+    DocumentBlock,
+    FileBlock,
+    ImageBlock,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from gateway.providers.attachments import document_text, missing
 from gateway.providers.base import ModelRequest
 from gateway.providers.errors import SERVER_STATUS_CLASSES, status_class
 from gateway.providers.history import rebuild
@@ -557,13 +580,7 @@ def chat_messages(request: ModelRequest) -> list[dict[str, Any]]:
     for message in rebuild(request.messages):
         text = "\n\n".join(b.text for b in message.content if isinstance(b, TextBlock))
         if message.role == "user":
-            messages += [
-                {"role": "tool", "tool_call_id": b.tool_use_id, "content": _result_text(b)}
-                for b in message.content
-                if isinstance(b, ToolResultBlock)
-            ]
-            if text:
-                messages.append({"role": "user", "content": text})
+            messages += _user_messages(message.content, text, request.files)
             continue
         calls = [
             {
@@ -579,6 +596,49 @@ def chat_messages(request: ModelRequest) -> list[dict[str, Any]]:
             assistant["tool_calls"] = calls
         messages.append(assistant)
     return messages
+
+
+Files = dict[str, tuple[str, bytes]]
+
+
+def _user_messages(content: list[ContentBlock], text: str, files: Files) -> list[dict[str, Any]]:
+    """A user message's tool results as ``tool`` messages, then what it says (module
+    docstring): a plain string without files, else content parts."""
+    results = [b for b in content if isinstance(b, ToolResultBlock)]
+    out: list[dict[str, Any]] = [
+        {"role": "tool", "tool_call_id": b.tool_use_id, "content": _result_text(b)} for b in results
+    ]
+    parts: list[dict[str, Any]] = []
+    for result in results:
+        if result.files:
+            parts.append(_text_part(f"[images of tool call {result.tool_use_id}]"))
+            parts += [file_part(f, files) for f in result.files]
+    if not parts and not any(isinstance(b, FileBlock) for b in content):
+        return [*out, {"role": "user", "content": text}] if text else out
+    for block in content:
+        if isinstance(block, TextBlock):
+            parts.append(_text_part(block.text))
+        elif isinstance(block, FileBlock):
+            parts.append(file_part(block, files))
+    return [*out, {"role": "user", "content": parts}]
+
+
+def file_part(block: FileBlock, files: Files) -> dict[str, Any]:
+    """A file as a content part (module docstring)."""
+    found = files.get(block.file_id)
+    if found is None:
+        return _text_part(missing(block.file_id))
+    media_type, data = found
+    if isinstance(block, ImageBlock):
+        url = f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
+        return {"type": "image_url", "image_url": {"url": url}}
+    if isinstance(block, DocumentBlock) and media_type.startswith("text/"):
+        return _text_part(f"[document {block.file_id} {media_type}]\n{document_text(data)}")
+    return _text_part(f"[file {block.file_id} ({media_type}) cannot be sent to this model]")
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
 
 
 def _result_text(block: ToolResultBlock) -> str:

@@ -12,7 +12,7 @@ than tool results. The round it plays is the number of assistant messages
 after that one, so each LLM call of a turn plays the next round.
 
 - Plain text: a one-round script, ``You said: <text>``, streamed a word at a
-  time.
+  time, then one line per file of the last user message (below).
 - A JSON object ``{"script": {...}}`` (nothing else beside ``script``): the
   :class:`Script`. A script that does not decode is refused with
   ``ProviderError("invalid_request", "invalid script: ...")`` naming the field,
@@ -56,8 +56,18 @@ Where docs/reference.md is silent:
   every request so.
 - Tokens are ceil(characters / 4). Input: the text, thinking, tool input JSON
   tool result content and summary of every request message (not the system prompt,
-  not the tool definitions, not redacted thinking). Output: the text, thinking
-  and tool input JSON streamed (not the signature).
+  not the tool definitions, not redacted thinking), plus each file a model is
+  sent by :func:`~gateway.providers.attachments.file_tokens` (an image 1,600,
+  a document its size / 4), as compaction estimates them. Output: the text,
+  thinking and tool input JSON streamed (not the signature).
+- Files (docs/protocol.md §2 "Files"): the model says back the files of the
+  last user message of the request (its images and documents, then its tool
+  results' images; audio is sent to no model), one line each, by
+  :func:`~gateway.providers.attachments.said_back`: ``[KIND MEDIA_TYPE SIZE
+  bytes sha256:HEX8]``, of the bytes it received in ``ModelRequest.files``, so
+  a test proves the whole path offline. Plain text gets these lines after
+  ``You said: <text>``; in a script the block ``{"files": true}`` is them
+  (``""`` when there are none).
 """
 
 from __future__ import annotations
@@ -78,14 +88,18 @@ from gateway.ids import new_message_id
 from gateway.protocol.shapes import (
     CompactionBlock,
     ContentBlock,
+    DocumentBlock,
+    FileBlock,
+    ImageBlock,
     Message,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
+from gateway.providers.attachments import file_tokens, said_back
 from gateway.providers.base import ModelRequest
-from gateway.providers.history import MESSAGE_SEPARATOR, SUMMARY_MARKER
+from gateway.providers.history import MESSAGE_SEPARATOR, SUMMARY_MARKER, tool_images
 from gateway.providers.raw import (
     RawContentBlock,
     RawContentBlockDelta,
@@ -148,9 +162,11 @@ class ScriptBlock(msgspec.Struct, forbid_unknown_fields=True):
     # a message is kept whole, and sent whole in message.complete.
     lorem: Annotated[int, msgspec.Meta(ge=0, le=LOREM_MAX_WORDS)] | None = None
     # What the model was sent, said back as text: the agent's system prompt
-    # ("" if none), or the names of the tools it was offered, one per line.
+    # ("" if none), the names of the tools it was offered, one per line, or
+    # the files of the last user message, one line each (module docstring).
     system: Literal[True] | None = None
     tools: Literal[True] | None = None
+    files: Literal[True] | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in self.__struct_fields__ if getattr(self, name) is not None]
@@ -223,7 +239,9 @@ class ScriptedProvider:
             script, round_index = _summary_script(request.messages), 0
         else:
             text, round_index = _turn_position(request.messages)
-            script = _read_script(text) or Script(rounds=[[ScriptBlock(text=f"You said: {text}")]])
+            script = _read_script(text) or Script(
+                rounds=[[ScriptBlock(text="".join([f"You said: {text}", *_files_said(request)]))]]
+            )
             _check_overflow(script, request.messages)
             script = _said_back(script, request)
         fail = script.fail if script.fail is not None and script.fail.round == round_index else None
@@ -231,7 +249,7 @@ class ScriptedProvider:
             script,
             round_index,
             model=request.model or self.default_model,
-            input_tokens=_tokens(_request_chars(request.messages)),
+            input_tokens=_request_tokens(request.messages),
         )
         deltas_sent = 0
         for event in events:
@@ -261,10 +279,11 @@ class ScriptedProvider:
 
 
 def _said_back(script: Script, request: ModelRequest) -> Script:
-    """The ``system`` and ``tools`` blocks as the text of what this call was sent."""
+    """The ``system``, ``tools`` and ``files`` blocks as the text of what this call was sent."""
     said = {
         "system": request.system or "",
         "tools": "\n".join(tool.name for tool in request.tools),
+        "files": "".join(_files_said(request)).removeprefix("\n"),
     }
 
     def text_of(block: ScriptBlock) -> ScriptBlock:
@@ -275,6 +294,27 @@ def _said_back(script: Script, request: ModelRequest) -> Script:
 
     rounds = [[text_of(block) for block in blocks] for blocks in script.rounds]
     return msgspec.structs.replace(script, rounds=rounds)
+
+
+def _files_said(request: ModelRequest) -> list[str]:
+    """A line for each file of the last user message, each after a newline."""
+    return [
+        "\n" + said_back(f, request.files.get(f.file_id)) for f in _last_files(request.messages)
+    ]
+
+
+def _last_files(messages: list[Message]) -> list[FileBlock]:
+    """The files of the last user message a model is sent (module docstring)."""
+    last = next((m for m in reversed(messages) if m.role == "user"), None)
+    if last is None:
+        return []
+    own: list[FileBlock] = [b for b in last.content if isinstance(b, ImageBlock | DocumentBlock)]
+    tools = [f for b in last.content if isinstance(b, ToolResultBlock) for f in _images(b)]
+    return own + tools
+
+
+def _images(block: ToolResultBlock) -> list[FileBlock]:
+    return tool_images(block.files) if block.files else []
 
 
 def _turn_position(messages: list[Message]) -> tuple[str, int]:
@@ -319,7 +359,7 @@ def _check_overflow(script: Script, messages: list[Message]) -> None:
     if script.overflow == "always" or (script.overflow is True and not compacted):
         raise ProviderError(
             "invalid_request",
-            f"prompt is too long: {_tokens(_request_chars(messages))} tokens (scripted overflow)",
+            f"prompt is too long: {_request_tokens(messages)} tokens (scripted overflow)",
             context_overflow=True,
         )
 
@@ -342,8 +382,23 @@ def _read_script(text: str) -> Script | None:
         raise ProviderError("invalid_request", f"invalid script: {error}") from error
 
 
-def _request_chars(messages: list[Message]) -> int:
-    return sum(_block_chars(block) for message in messages for block in message.content)
+def _request_tokens(messages: list[Message]) -> int:
+    """The input tokens of a request (module docstring): characters / 4, and its files."""
+    chars = sum(_block_chars(block) for message in messages for block in message.content)
+    files = sum(
+        file_tokens(f)
+        for message in messages
+        if message.role == "user"
+        for block in message.content
+        for f in _sent_files(block)
+    )
+    return _tokens(chars) + files
+
+
+def _sent_files(block: ContentBlock) -> list[FileBlock]:
+    if isinstance(block, ImageBlock | DocumentBlock):
+        return [block]
+    return _images(block) if isinstance(block, ToolResultBlock) else []
 
 
 def _block_chars(block: ContentBlock) -> int:

@@ -37,7 +37,7 @@ import trio
 
 from gateway import telemetry
 from gateway.agents import AgentProfile
-from gateway.errors import ProviderError
+from gateway.errors import ProviderError, Refused
 from gateway.ids import new_call_id, now_ms
 from gateway.logs import event
 from gateway.protocol.events import (
@@ -49,6 +49,7 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.shapes import StopReason, ToolUseBlock, Usage
 from gateway.providers.base import ModelRequest
+from gateway.providers.history import model_files
 from gateway.session import busy, closing, compaction_live, rewind
 from gateway.session.call import Call, EndCall
 from gateway.session.closing_live import TurnEnding
@@ -251,16 +252,19 @@ class AgentLoop:
         call = self.open_call(turn, state)
         model = s.record.active_model
         agent = self.agent
-        request = ModelRequest(
-            model=model,
-            messages=model_view(s.messages),  # docs/protocol.md §12
-            tools=self.tools.specs(),
-            max_tokens=agent.max_tokens,
-            system=agent.system or None,
-            temperature=agent.temperature,
-            thinking_budget_tokens=agent.thinking_budget_tokens,
-        )
+        view = model_view(s.messages)  # docs/protocol.md §12
         try:
+            request = ModelRequest(
+                model=model,
+                messages=view,
+                tools=self.tools.specs(),
+                max_tokens=agent.max_tokens,
+                system=agent.system or None,
+                temperature=agent.temperature,
+                thinking_budget_tokens=agent.thinking_budget_tokens,
+                # The bytes of the files it names (docs/protocol.md §2 "Files").
+                files=await self.node.files.read(s.id, model_files(view)),
+            )
             provider = self.node.providers.for_agent(agent.name)
             async with aclosing(provider.stream(request)) as stream:
                 async for raw in stream:
@@ -270,6 +274,8 @@ class AgentLoop:
         except ProviderError as exc:
             end = EndCall(exc.error_class, exc.message)
             state.overflowed = exc.context_overflow
+        except Refused as exc:  # the store could not give the files back: no call was made
+            end = EndCall("api_error", f"the session's files could not be read: {exc.message}")
         except Exception as exc:  # a provider's bug is that call's failure, not the turn's
             s.failed("provider", exc, turn.id)
             end = EndCall("api_error", f"the provider failed: {type(exc).__name__}: {exc}")

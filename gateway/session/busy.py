@@ -198,9 +198,13 @@ def _queue(session: BusyHost, message: Message, trace: dict[str, str]) -> ops.Tu
     """Queue the turn: in the record and announced, in one step (module docstring)."""
     _check_room(session)
     turn_id = message.turn_id or new_turn_id()
-    entry = QueuedTurn(turn_id, msgspec.structs.replace(message, turn_id=turn_id), trace)
-    position = _announce(session, [entry])[0]
+    position = _announce(session, [_queued(turn_id, message, trace)])[0]
     return ops.TurnTaken(turn_id, queued=True, position=position)
+
+
+def _queued(turn_id: str, message: Message, trace: dict[str, str]) -> QueuedTurn:
+    """A queued turn of this message under this turn id: the message is the turn's."""
+    return QueuedTurn(turn_id, msgspec.structs.replace(message, turn_id=turn_id), trace)
 
 
 def _announce(session: BusyHost, entries: list[QueuedTurn]) -> list[int]:
@@ -264,12 +268,7 @@ def start_next(session: BusyHost) -> None:
     if orphans:
         _announce(
             session,
-            [
-                QueuedTurn(
-                    q.turn_id, msgspec.structs.replace(q.user_message, turn_id=q.turn_id), q.trace
-                )
-                for q in orphans
-            ],
+            [_queued(q.turn_id, q.user_message, q.trace) for q in orphans],
         )
     lane = session.supervisor
     node = session.node

@@ -32,12 +32,24 @@ The rules, where PROTOCOL is silent:
    (a new session, or right after a compaction) it is ceil(characters / 4)
    of the whole view. Characters: text, thinking, tool input JSON, tool
    result content, a summary. System prompt and tool definitions are counted
-   only through a reported ``input_tokens``.
+   only through a reported ``input_tokens``. A file the model is sent adds
+   its tokens by :func:`gateway.providers.attachments.file_tokens`: an image
+   1,600 (Anthropic's most for one image: the gateway does not decode it to
+   know its size), a document its size / 4; audio, never sent, nothing.
 4. The summary request (:func:`summary_request`): the same model, the system
    prompt :data:`SUMMARY_SYSTEM`, one user message holding the replaced
    messages rendered as text (:func:`render`, at most
    :data:`SUMMARY_INPUT_MAX_CHARS` characters: a longer rendering keeps its
    beginning and end), no tools, at most :data:`SUMMARY_MAX_TOKENS` tokens.
+   A file is rendered as a line naming it (``[image FILE_ID image/png, 1234
+   bytes]``); its bytes are not sent to the summary call.
+5. A file is never summarised away without a word (:func:`files_note`): a
+   summary is followed by the line ``Files in the replaced messages:`` and
+   each file of every message the context message replaces (its ``replaces``,
+   cumulative), ``FILE_ID (MEDIA_TYPE, SIZE bytes)``, ``, `` between two, so
+   the model knows they existed and a client can find them. A truncation
+   (no summary) drops files as it drops text, and says so in
+   ``context.compacted`` (``method: "truncate"``).
 """
 
 from __future__ import annotations
@@ -49,16 +61,21 @@ from dataclasses import dataclass
 import msgspec
 
 from gateway.protocol.shapes import (
+    AudioBlock,
     CompactionBlock,
     ContentBlock,
+    DocumentBlock,
+    FileBlock,
+    ImageBlock,
     Message,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
+from gateway.providers.attachments import file_tokens
 from gateway.providers.base import ModelRequest
-from gateway.providers.history import MESSAGE_SEPARATOR, SUMMARY_MARKER
+from gateway.providers.history import MESSAGE_SEPARATOR, SUMMARY_MARKER, tool_images
 
 SUMMARY_SYSTEM = (
     SUMMARY_MARKER + " You are summarising the earlier part of a conversation between a"
@@ -174,8 +191,41 @@ def estimate(messages: Sequence[Message]) -> int:
 
 
 def tokens(messages: Sequence[Message]) -> int:
-    """ceil(characters / 4) of these messages (rule 3)."""
-    return math.ceil(sum(_chars(b) for m in messages for b in m.content) / 4)
+    """ceil(characters / 4) of these messages, and the tokens of their files (rule 3)."""
+    chars = sum(_chars(b) for m in messages for b in m.content)
+    files = sum(file_tokens(f) for m in messages for b in m.content for f in _sent(b))
+    return math.ceil(chars / 4) + files
+
+
+def _sent(block: ContentBlock) -> list[FileBlock]:
+    """The files of a block a model is sent (gateway.providers.history, rule 2)."""
+    if isinstance(block, ImageBlock | DocumentBlock):
+        return [block]
+    if isinstance(block, ToolResultBlock) and block.files:
+        return tool_images(block.files)
+    return []
+
+
+def _files(block: ContentBlock) -> list[FileBlock]:
+    """Every file of a block, audio included."""
+    if isinstance(block, ImageBlock | DocumentBlock | AudioBlock):
+        return [block]
+    return list(block.files) if isinstance(block, ToolResultBlock) and block.files else []
+
+
+def _named(block: FileBlock) -> str:
+    return f"{block.file_id} ({block.media_type}, {block.size} bytes)"
+
+
+def files_note(messages: Sequence[Message], replaces: Sequence[str]) -> str:
+    """The line naming the files of the replaced messages (rule 5); "" when they have none."""
+    ids = set(replaces)
+    found: dict[str, str] = {}
+    for message in messages:
+        if message.id in ids:
+            for block in message.content:
+                found.update((f.file_id, _named(f)) for f in _files(block))
+    return "Files in the replaced messages: " + ", ".join(found.values()) if found else ""
 
 
 def _chars(block: ContentBlock) -> int:
@@ -212,6 +262,9 @@ def render(messages: Sequence[Message]) -> str:
                 case ToolResultBlock():
                     error = " (error)" if block.is_error else ""
                     lines.append(f"[tool result{error}] {block.content}")
+                    lines += [_file_line(f) for f in block.files or []]
+                case ImageBlock() | DocumentBlock() | AudioBlock():
+                    lines.append(_file_line(block))
                 case CompactionBlock() if block.summary:
                     lines.append(f"[summary of what came before] {block.summary}")
         if lines:
@@ -222,6 +275,12 @@ def render(messages: Sequence[Message]) -> str:
         omitted = len(text) - 2 * half
         text = f"{text[:half]}\n\n[... {omitted} characters left out ...]\n\n{text[-half:]}"
     return text
+
+
+def _file_line(block: FileBlock) -> str:
+    """A file in a rendering (rule 4): named, never its bytes."""
+    kind = block.__struct_config__.tag
+    return f"[{kind} {block.file_id} {block.media_type}, {block.size} bytes]"
 
 
 def summary_request(model: str, replaced: Sequence[Message], session_id: str) -> ModelRequest:

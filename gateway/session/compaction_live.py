@@ -13,7 +13,9 @@ compacted and what the model sees, this module does it:
    cost directly, and kept on the context message (``usage``, ``model``).
 3. In one synchronous step: the ``context`` message (status ``complete``,
    ``turn_id`` the turn in flight or null, a
-   :class:`~gateway.protocol.shapes.CompactionBlock`) is stored through the
+   :class:`~gateway.protocol.shapes.CompactionBlock` whose summary ends with
+   the line naming the replaced messages' files,
+   :func:`~gateway.session.compaction.files_note`) is stored through the
    session's ``add_message`` like every message, and ``context.compacted``
    is emitted (``post_tokens``: the estimate of the new view,
    ``summary_message_id``: that message, ``first_kept_message_id``: the first
@@ -61,7 +63,7 @@ from gateway.providers.raw import (
     RawTextDelta,
     RawUsage,
 )
-from gateway.session.compaction import estimate, plan, summary_request
+from gateway.session.compaction import estimate, files_note, plan, summary_request
 from gateway.session.hub import Emitted
 from gateway.store.base import SessionRecord
 
@@ -141,6 +143,9 @@ async def compact(
             s, node, summary_request(model, p.replaced, s.id), turn_id
         )
     method: Literal["summary", "truncate"] = "summary" if summary else "truncate"
+    note = files_note(s.messages, p.replaces) if summary else ""
+    if note:  # no file summarised away without a word (docs/protocol.md §12)
+        summary = f"{summary}\n\n{note}"
     message = Message(
         new_message_id(),
         s.id,

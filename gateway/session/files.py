@@ -125,6 +125,25 @@ class Files:
             return put
         raise _refusal(put, session_id, self._files.max_per_session, self._quota)
 
+    async def check(self, media_type: str, data: bytes) -> None:
+        """What :meth:`upload` checks of a file, without keeping it: a door checks the
+        files of a message before the session they go to is made, so a refused
+        message makes nothing (gateway.doors.attachments), then uploads them
+        ``checked=False``.
+
+        Raises:
+            ApiError: 413 ``file_too_large``, 415 ``unsupported_media_type``,
+                422 ``invalid_file``.
+        """
+        if len(data) > self._files.max_bytes:
+            raise ApiError(
+                413, "file_too_large", f"The file is over {self._files.max_bytes} bytes."
+            )
+        pixels = self._files.max_image_pixels
+        await trio.to_thread.run_sync(
+            lambda: media.check(media_type, data, max_pixels=pixels), limiter=_CHECKS
+        )
+
     async def get(self, session_id: str, file_id: str) -> tuple[FileRecord, bytes]:
         """A file of the session and its bytes (404 ``file_not_found`` otherwise)."""
         try:

@@ -47,7 +47,7 @@ class AgentServices(Protocol):
     process_slots: ProcessSlots  # a claude-code agent's max_processes on this node
     workspaces: Workspaces  # where a session's workspace is on this host
     model_proxy: ModelProxy  # a claude-code agent's CLI's door to the model API
-    files: Files  # the sessions' files (docs/protocol.md §2 "Files")
+    files: Files  # the sessions' files, read into a model request (docs/protocol.md §2)
 
     def session_tools(self, session: TurnHost) -> SessionTools:
         """The tools the session's agent sees now (docs/protocol.md §11)."""

@@ -22,8 +22,9 @@ Serving rules (gateway.doors.rest.page: ``page`` and ``asset``):
   no-cache`` (always revalidate) with a strong ``ETag`` (a hash of the bytes);
   ``If-None-Match`` with it gets 304 and no body.
 - **The page's own policy.** ``index.html`` carries a Content-Security-Policy
-  that allows scripts, styles and images from the gateway only and
-  connections to it and its WebSocket, and no framing.
+  that allows scripts, styles and images from the gateway only (and ``blob:``
+  images: a file of a session is fetched with the key and shown from a blob
+  URL, never as HTML) and connections to it and its WebSocket, and no framing.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ INDEX = "index.html"
 # ws: and wss: besides 'self': the stream may be on the configured public URL
 # (docs/protocol.md §2, ws_url), which a browser does not count as 'self'.
 PAGE_POLICY = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
     "connect-src 'self' ws: wss:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 

@@ -48,14 +48,23 @@
 //   once with its own text and `rewind_to` it: a new answer in place of the old). The
 //   reducer drops the rewound messages on `history.rewound`.
 //
+// - files (docs/protocol.md §2 "Files"): Attach (a file input taking the 8 media types)
+//   uploads each chosen file with `POST /sessions/{id}/files` and lists it above the
+//   composer (`attachments`, each `attachment` removable); Send puts them first in the
+//   turn's content as image or document blocks by file_id. A message's files (and a
+//   tool's) are fetched from `GET /sessions/{id}/files/{file_id}` with the key and shown
+//   as an <img> on a blob URL, sized by CSS (`image`), or a label with Download (`file`):
+//   never their bytes as HTML.
+//
 // Elements that tests and automation drive carry data-testid (docs/clients.md): prompt,
 // send, cancel, new-session, view-toggle, status, and each message `message`
 // with data-role and data-status; agent-picker, compaction, elicitation; steer, queued (with
-// data-turn-id and data-position) and its cancel-queued. `window.gateway` is a small handle for
+// data-turn-id and data-position) and its cancel-queued; attach, attach-input, attachments,
+// attachment, file (data-file-type) and image (data-file-id). `window.gateway` is a small handle for
 // automation (the stream, its state, and `options`, which an init script may
 // set before the page loads: {backoffBaseMs, backoffCapMs, keepaliveMs}).
 
-import { Reducer, fullView, simpleView } from "./reducer.js";
+import { Reducer, fileLine, fullView, humanSize, simpleView } from "./reducer.js";
 
 const options = Object.assign(
   { backoffBaseMs: 500, backoffCapMs: 30000, keepaliveMs: 45000 },
@@ -85,6 +94,9 @@ const ui = {
   send: $("send"),
   steer: $("steer"),
   cancel: $("cancel"),
+  attach: $("attach"),
+  attachInput: $("attach-input"),
+  attachments: $("attachments"),
   viewToggle: $("view-toggle"),
   workers: $("workers-toggle"),
   error: $("error"),
@@ -193,12 +205,14 @@ async function api(method, path, body) {
     const headers = { Accept: "application/json" };
     const key = sessionStorage.getItem(KEY_STORE);
     if (key) headers.Authorization = `Bearer ${key}`;
+    const raw = body instanceof Blob; // a file: sent as it is, its type the Content-Type
     // Every POST says so, an empty one too (docs/protocol.md §15: else 415).
-    if (body !== undefined || method === "POST") headers["Content-Type"] = "application/json";
+    if (raw) headers["Content-Type"] = body.type;
+    else if (body !== undefined || method === "POST") headers["Content-Type"] = "application/json";
     const response = await fetch(path, {
       method,
       headers,
-      body: body === undefined ? undefined : JSON.stringify(body),
+      body: body === undefined || raw ? body : JSON.stringify(body),
       cache: "no-store",
     });
     let payload = null;
@@ -522,6 +536,7 @@ const page = {
   renderQueued: false,
   busy: false, // a send in flight
   editing: null, // the user message the composer's text replaces (Edit), or null
+  attachments: [], // files uploaded for the next message: {name, file_id, media_type, size} or {name, uploading}
 };
 
 function newReducer(sessionId) {
@@ -533,6 +548,9 @@ function openSession(sessionId) {
   page.sessionId = sessionId;
   page.reducer = sessionId ? newReducer(sessionId) : null;
   page.stream = null;
+  page.attachments = []; // a file is a session's: it cannot go with another's turn
+  drawAttachments();
+  forgetFiles(sessionId);
   ui.title.textContent = sessionId || "No session";
   ui.title.title = sessionId || "";
   for (const button of ui.sessions.querySelectorAll("button[data-session-id]")) {
@@ -837,6 +855,8 @@ function drawBlock(block, key) {
       );
     case "tool":
       return drawTool(block);
+    case "file":
+      return drawFile(block);
     default:
       return el("div", { class: "text", text: block.text || "" });
   }
@@ -868,6 +888,7 @@ function drawTool(block) {
   if (block.result !== null && block.result !== undefined) {
     tool.append(el("pre", { class: `result ${status}`, "data-testid": "tool-result", text: pretty(block.result) }));
   }
+  if (block.files && block.files.length > 0) tool.append(el("div", { class: "files" }, block.files.map(drawFile)));
   for (const permission of block.permissions) tool.append(drawPermission(permission));
   if (block.worker) {
     const worker = block.worker;
@@ -1116,8 +1137,10 @@ function updateComposer() {
   const inFlight = Boolean(turn && turn.inFlight);
   const busy = sessionBusy();
   const ready = Boolean(page.sessionId) && !page.busy;
-  const typed = Boolean(ui.prompt.value.trim());
+  const uploading = page.attachments.some((a) => a.uploading);
+  const typed = (Boolean(ui.prompt.value.trim()) || page.attachments.length > 0) && !uploading;
   ui.send.disabled = !ready || !typed;
+  ui.attach.disabled = !page.sessionId;
   ui.send.dataset.mode = busy ? "queue" : "send";
   ui.send.textContent = busy ? "Queue" : "Send";
   ui.send.title = busy ? "Send it once the running turn and the queued ones have ended (Enter)" : "Send (Enter)";
@@ -1130,8 +1153,18 @@ function updateComposer() {
 
 /** Send the prompt: a turn, or while the session is busy `if_busy` queue (or `ifBusy`). */
 async function send(ifBusy = null) {
-  const content = ui.prompt.value;
-  if (!page.sessionId || !content.trim() || page.busy) return;
+  const text = ui.prompt.value;
+  const files = page.attachments;
+  if (!page.sessionId || (!text.trim() && files.length === 0) || page.busy) return;
+  if (files.some((a) => a.uploading)) return;
+  // Attached files first, then the text (docs/protocol.md §2 "Files": blocks by file_id).
+  const content =
+    files.length === 0
+      ? text
+      : [
+          ...files.map((a) => ({ type: fileKind(a.media_type), file_id: a.file_id })),
+          ...(text.trim() ? [{ type: "text", text }] : []),
+        ];
   // An edit is sent now (a rewind starts now or not at all); else, while busy, queued.
   const mode = page.editing ? null : ifBusy || (sessionBusy() ? "queue" : null);
   await submit(content, page.editing, true, mode);
@@ -1151,6 +1184,8 @@ async function submit(content, rewindTo, fromComposer = false, mode = null) {
     if (fromComposer) {
       ui.prompt.value = "";
       stopEditing();
+      page.attachments = [];
+      drawAttachments();
     }
     if (accepted && accepted.steered) {
       showError("Sent to the running turn: it takes it before its next step.", "info");
@@ -1377,6 +1412,159 @@ setView(page.view);
 loadAgents();
 loadSessions().then(() => openSession(sessionFromHash()));
 
+
+// --- files (docs/protocol.md §2 "Files") ---------------------------------------------------
+// Attach uploads each chosen file (POST /sessions/{id}/files, the key header as every call)
+// and the next message carries them as image or document blocks by file_id. A message's
+// files are shown from the file route: fetched with the key, then an <img> on a blob URL
+// (sized by CSS), or a label with a Download button; never their bytes as HTML.
+
+const IMAGE_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+const BY_EXTENSION = {
+  png: "image/png", jpg: "image/jpeg", jpeg: "image/jpeg", gif: "image/gif", webp: "image/webp",
+  pdf: "application/pdf", txt: "text/plain", md: "text/markdown", markdown: "text/markdown", csv: "text/csv",
+};
+
+function fileKind(mediaType) {
+  return IMAGE_TYPES.has(mediaType) ? "image" : "document";
+}
+
+/** A chosen file's media type: the browser's, else by its extension (a .md often has none). */
+function mediaTypeOf(file) {
+  const known = Object.values(BY_EXTENSION);
+  if (known.includes(file.type)) return file.type;
+  return BY_EXTENSION[(file.name.split(".").pop() || "").toLowerCase()] || file.type || "";
+}
+
+async function attachFiles(files) {
+  const sessionId = page.sessionId;
+  for (const file of files) {
+    const pending = { name: file.name, uploading: true };
+    page.attachments = [...page.attachments, pending];
+    drawAttachments();
+    try {
+      const blob = new Blob([file], { type: mediaTypeOf(file) });
+      const stored = await api("POST", `sessions/${encodeURIComponent(sessionId)}/files`, blob);
+      if (page.sessionId !== sessionId) return; // another session was opened meanwhile
+      page.attachments = page.attachments.map((a) => (a === pending ? { name: file.name, ...stored } : a));
+    } catch (error) {
+      page.attachments = page.attachments.filter((a) => a !== pending);
+      showError(`Not attached: ${file.name}: ${error.message}`);
+    }
+    drawAttachments();
+  }
+}
+
+function drawAttachments() {
+  ui.attachments.hidden = page.attachments.length === 0;
+  ui.attachments.replaceChildren(
+    ...page.attachments.map((a) =>
+      el(
+        "span",
+        { class: `attachment${a.uploading ? " uploading" : ""}`, "data-testid": "attachment", "data-file-id": a.file_id || null },
+        a.uploading ? `${a.name} (uploading…)` : `${a.name} · ${humanSize(a.size)}`,
+        el("button", {
+          type: "button",
+          title: "Do not send this file",
+          "aria-label": `Remove ${a.name}`,
+          text: "×",
+          onclick: () => {
+            page.attachments = page.attachments.filter((x) => x !== a);
+            drawAttachments();
+          },
+        }),
+      ),
+    ),
+  );
+  updateComposer();
+}
+
+// Blob URLs of the files fetched, by session and file id (a file id names its bytes: they
+// never change), so a message drawn again shows its image at once.
+const fileUrls = new Map();
+
+function fileUrl(sessionId, fileId) {
+  const key = `${sessionId}/${fileId}`;
+  if (!fileUrls.has(key)) {
+    const path = `sessions/${encodeURIComponent(sessionId)}/files/${encodeURIComponent(fileId)}`;
+    const loading = fetchFile(path).then((blob) => URL.createObjectURL(blob));
+    loading.catch(() => fileUrls.delete(key)); // tried again when drawn again
+    fileUrls.set(key, loading);
+  }
+  return fileUrls.get(key);
+}
+
+/** Release the blob URLs of other sessions' files (their images are no longer drawn). */
+function forgetFiles(sessionId) {
+  for (const [key, loading] of fileUrls) {
+    if (key.startsWith(`${sessionId}/`)) continue;
+    fileUrls.delete(key);
+    loading.then(
+      (url) => URL.revokeObjectURL(url),
+      () => {},
+    );
+  }
+}
+
+async function fetchFile(path) {
+  const headers = {};
+  const key = sessionStorage.getItem(KEY_STORE);
+  if (key) headers.Authorization = `Bearer ${key}`;
+  const response = await fetch(path, { headers });
+  if (!response.ok) throw new HttpError(response.status, "http_error", `GET ${path}: ${response.status}`);
+  return response.blob();
+}
+
+function drawFile(file) {
+  const label = fileLine(file);
+  if (file.type === "image") {
+    const img = el("img", { alt: label, title: label, "data-testid": "image", "data-file-id": file.file_id });
+    fileUrl(file.sessionId, file.file_id).then(
+      (url) => {
+        img.src = url;
+      },
+      () => {
+        img.alt = `${label} (could not be loaded)`;
+      },
+    );
+    return el("figure", { class: "file image", "data-testid": "file", "data-file-type": "image" }, img);
+  }
+  const download = el("button", {
+    type: "button",
+    text: "Download",
+    onclick: async () => {
+      try {
+        const url = await fileUrl(file.sessionId, file.file_id);
+        el("a", { href: url, download: `${file.file_id}.${extensionOf(file.media_type)}` }).click();
+      } catch (error) {
+        showError(`Could not download: ${error.message}`);
+      }
+    },
+  });
+  return el(
+    "div",
+    { class: "file", "data-testid": "file", "data-file-type": file.type, "data-file-id": file.file_id },
+    el("span", { class: "file-label", text: label }),
+    download,
+  );
+}
+
+function extensionOf(mediaType) {
+  return Object.keys(BY_EXTENSION).find((ext) => BY_EXTENSION[ext] === mediaType) || "bin";
+}
+
+/** A file view (reducer.js) as the block drawn for it, with the session whose route serves it. */
+function fileBlock(file, sessionId) {
+  return { kind: "file", type: file.type, file_id: file.file_id, media_type: file.media_type, size: file.size, sessionId };
+}
+
+ui.attach.addEventListener("click", () => ui.attachInput.click());
+ui.attachInput.addEventListener("change", () => {
+  const files = [...ui.attachInput.files];
+  ui.attachInput.value = ""; // the same file may be chosen again
+  if (page.sessionId && files.length > 0) attachFiles(files);
+});
+
 // --- adapters: the reducer's views as the items drawn above ----------------------------------
 // The view shapes are documented at the top of reducer.js.
 
@@ -1419,7 +1607,10 @@ function conversationOf(view) {
             steered: entry.steered === true,
             worker: false,
             sessionId: page.sessionId,
-            blocks: [{ kind: "text", text: entry.text, open: entry.status === "in_progress" }],
+            blocks: [
+              ...(entry.files || []).map((f) => fileBlock(f, page.sessionId)),
+              ...(entry.files && !entry.text ? [] : [{ kind: "text", text: entry.text, open: entry.status === "in_progress" }]),
+            ],
           },
     );
   }
@@ -1454,6 +1645,10 @@ function fullItems(sessionId, messages, permissions, workers, worker) {
           return { kind: "thinking", redacted: true, text: "", open: b.open };
         case "compaction":
           return { kind: "compaction", replaces: b.replaces.length, summary: b.summary };
+        case "image":
+        case "document":
+        case "audio":
+          return fileBlock(b, sessionId);
         case "tool_use": {
           const asked = b.perm_id ? permissions.get(b.perm_id) : undefined;
           const delegated = workers.get(b.id);
@@ -1464,6 +1659,7 @@ function fullItems(sessionId, messages, permissions, workers, worker) {
             input: b.input,
             status: b.status,
             result: b.result,
+            files: (b.files || []).map((f) => fileBlock(f, sessionId)),
             truncated: b.truncated === true,
             permissions: asked ? [{ ...asked, sessionId }] : [],
             worker: delegated

@@ -42,6 +42,10 @@
 //             | {type: "redacted_thinking", open}
 //             | {type: "tool_use", id, name, input, open, status, result, perm_id}
 //             | {type: "compaction", summary, replaces: [message id], open: false}
+//             | {type: "image"|"document"|"audio", file_id, media_type, size, open: false}
+//     (a file, by reference: its bytes are at GET /sessions/{id}/files/{file_id},
+//     docs/protocol.md §2 "Files"; a tool_use view has "files": [...] when its outcome
+//     brought some, tool.completed `files`)
 //     (a context message's, docs/protocol.md §12; "truncated": true while its summary is
 //     still to fetch, as after context.compacted, which does not carry it)
 //     and "truncated": true on a text, thinking or tool block a snapshot sent cut (section 15)
@@ -54,7 +58,8 @@
 //
 //   simpleView = {thread: [Entry], status: StatusLine | null, permissions: [Permission],
 //                 queued?: [Queued]}
-//   Entry = {role: "user"|"assistant", turn_id, message_id, text, status, steered?: true}
+//   Entry = {role: "user"|"assistant", turn_id, message_id, text, status, steered?: true,
+//            files?: [file view]}   (a user message's files, left out when none)
 //         | {role: "context", turn_id, message_id, text: "", status: "complete", replaces: n}
 //     (a compaction: one quiet line, never assistant text)
 //     one user entry per user message; one assistant entry per turn: the text of the turn's
@@ -209,6 +214,42 @@ class StreamingMessage {
   }
 }
 
+/** The outcome a stored tool_result block stands for (a snapshot, a page of history). */
+function outcomeOfBlock(block) {
+  return {
+    tool_use_id: block.tool_use_id,
+    status: block.is_error ? "failed" : "completed",
+    content: block.content,
+    error_class: null,
+    files: block.files ?? [],
+  };
+}
+
+/** A file block as the views show it: a reference, never the bytes (docs/protocol.md §2 "Files"). */
+export function fileView(block) {
+  return { type: block.type, file_id: block.file_id, media_type: block.media_type, size: block.size, open: false };
+}
+
+const FILE_TYPES = new Set(["image", "document", "audio"]);
+
+/** The file blocks of a message (or of a message view's blocks), as views. */
+export function filesOf(blocks) {
+  return blocks.filter((b) => FILE_TYPES.has(b.type)).map(fileView);
+}
+
+/** One file as a line of text: "[image image/png 12.3 KiB file_…]". */
+export function fileLine(file) {
+  return `[${file.type} ${file.media_type} ${humanSize(file.size)} ${file.file_id}]`;
+}
+
+/** "512 B", "12.3 KiB", "4.0 MiB". */
+export function humanSize(size) {
+  if (size < 1024) return `${size} B`;
+  const [unit, name] = size < 1024 * 1024 ? [1024, "KiB"] : [1024 * 1024, "MiB"];
+  const tenths = Math.floor((size * 10 + unit / 2) / unit); // in integers, as in views.py
+  return `${Math.floor(tenths / 10)}.${tenths % 10} ${name}`;
+}
+
 function toolResultsOnly(message) {
   return (
     message.role === "user" &&
@@ -311,12 +352,7 @@ export class Reducer {
       for (const block of message.content) {
         if (block.type !== "tool_result") continue;
         if (block.truncated === true) this.truncatedResults.add(block.tool_use_id);
-        this.toolResults.set(block.tool_use_id, {
-          tool_use_id: block.tool_use_id,
-          status: block.is_error ? "failed" : "completed",
-          content: block.content,
-          error_class: null,
-        });
+        this.toolResults.set(block.tool_use_id, outcomeOfBlock(block));
       }
     }
     const turnId = session.current_turn_id ?? null;
@@ -340,12 +376,7 @@ export class Reducer {
       if (message.role !== "user") continue;
       for (const block of message.content) {
         if (block.type !== "tool_result" || this.toolResults.has(block.tool_use_id)) continue;
-        this.toolResults.set(block.tool_use_id, {
-          tool_use_id: block.tool_use_id,
-          status: block.is_error ? "failed" : "completed",
-          content: block.content,
-          error_class: null,
-        });
+        this.toolResults.set(block.tool_use_id, outcomeOfBlock(block));
       }
     }
     this.messages = [...older.filter((m) => !toolResultsOnly(m)), ...this.messages];
@@ -362,7 +393,9 @@ export class Reducer {
       if (block.type !== "tool_result" || !this.truncatedResults.has(block.tool_use_id)) continue;
       this.truncatedResults.delete(block.tool_use_id);
       const outcome = this.toolResults.get(block.tool_use_id);
-      if (outcome !== undefined) this.toolResults.set(block.tool_use_id, { ...outcome, content: block.content });
+      if (outcome !== undefined) {
+        this.toolResults.set(block.tool_use_id, { ...outcome, content: block.content, files: block.files ?? [] });
+      }
     }
     return this;
   }
@@ -410,7 +443,13 @@ export class Reducer {
         this.put(p.user_message);
         break;
       case "tool.completed":
-        this.toolOutcome({ tool_use_id: p.tool_use_id, status: "completed", content: p.result, error_class: null });
+        this.toolOutcome({
+          tool_use_id: p.tool_use_id,
+          status: "completed",
+          content: p.result,
+          error_class: null,
+          files: p.files ?? [],
+        });
         break;
       case "tool.failed":
         this.toolOutcome({
@@ -723,6 +762,10 @@ function finishedBlock(reducer, message, block) {
         { type: "compaction", summary: block.summary, replaces: [...block.replaces], open: false },
         block.truncated === true,
       );
+    case "image":
+    case "document":
+    case "audio":
+      return fileView(block);
     default:
       return null; // a tool_result: paired with its tool_use instead
   }
@@ -771,6 +814,7 @@ function toolView(reducer, toolUseId, name, input, open, otherwise) {
     result,
     perm_id: permission === null || outcome !== undefined ? null : permission.perm_id,
   };
+  if (outcome !== undefined && outcome.files?.length > 0) view.files = outcome.files.map(fileView);
   return cut(view, outcome !== undefined && reducer.truncatedResults.has(toolUseId));
 }
 
@@ -814,6 +858,8 @@ export function simpleView(reducer) {
         entry.steered = true;
         if (latest.has(entry.turn_id)) moving.add(entry.turn_id); // it answered a round
       }
+      const files = filesOf(message.content);
+      if (files.length > 0) entry.files = files;
       thread.push(entry);
     } else if (message.role === "context") {
       // A compaction: one quiet line, never assistant text (docs/protocol.md §12).

@@ -824,6 +824,34 @@ def crash_copy(src: str, dst: str) -> None:
     target.close()
 
 
+@scenario(
+    "a user turn with an image and a document (files uploaded first, docs/protocol.md §2 "
+    '"Files"): the turn\'s message holds them by reference, never their bytes'
+)
+async def files_in_turn(gw: Any, gate: Gate) -> list[Frame]:
+    from tests.files_support import PDF, png
+
+    sid = await gw.create_session()
+    ids = []
+    for media_type, data in (("image/png", png(6, 4)), ("application/pdf", PDF)):
+        r = await gw.http.post(
+            f"/sessions/{sid}/files", content=data, headers={"Content-Type": media_type}
+        )
+        assert r.status_code == 201, r.text
+        ids.append(r.json()["file_id"])
+    content = [
+        {"type": "image", "file_id": ids[0]},
+        {"type": "document", "file_id": ids[1]},
+        {"type": "text", "text": json.dumps(script([{"text": "A picture and a paper."}]))},
+    ]
+    client = Recorder(gw, sid)
+    async with client.connect():
+        r = await gw.http.post(f"/sessions/{sid}/turns", json={"content": content})
+        assert r.status_code == 202, r.text
+        await client.until_turn_ends()
+    return client.frames
+
+
 UNKNOWN_BASE = "thinking_then_text"
 
 
@@ -981,6 +1009,11 @@ hand_written(
     "elicitation_pending",
     "a snapshot with an MCP elicitation and a worker's tool approval pending, then a live "
     "elicitation (permission.requested, kind elicitation) answered, and the turn's end",
+)
+hand_written(
+    "tool_files",
+    "the frames of parallel_tools, with files in a tool's outcome (tool.completed files: an "
+    'image and audio an MCP tool returned, docs/protocol.md §2 "Files"), by reference',
 )
 HAND_WRITTEN = frozenset(n for n, spec in SCENARIOS.items() if spec.hand_written)
 

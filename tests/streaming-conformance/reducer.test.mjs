@@ -12,7 +12,15 @@ import { dirname, join } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { Reducer, ReducerError, bestEffort, fullView, simpleView } from "../../gateway/ui/reducer.js";
+import {
+  Reducer,
+  ReducerError,
+  bestEffort,
+  fileLine,
+  fullView,
+  humanSize,
+  simpleView,
+} from "../../gateway/ui/reducer.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const traces = join(here, "traces");
@@ -39,6 +47,17 @@ const names = readdirSync(traces)
   .filter((file) => file.endsWith(".jsonl"))
   .map((file) => file.slice(0, -".jsonl".length))
   .sort();
+
+test("a file as a line of text, as gateway/client/views.py file_line writes it", () => {
+  // The same cases as tests/integration/client/test_client_files.py and test_chat_attach.py.
+  assert.deepEqual(
+    [0, 1023, 1024, 1280, 12595, 5 * 1024 * 1024, 1572864 + 52429].map(humanSize),
+    ["0 B", "1023 B", "1.0 KiB", "1.3 KiB", "12.3 KiB", "5.0 MiB", "1.6 MiB"],
+  );
+  const id = `file_${"a".repeat(32)}`;
+  const file = { type: "image", file_id: id, media_type: "image/png", size: 12595, open: false };
+  assert.equal(fileLine(file), `[image image/png 12.3 KiB ${id}]`);
+});
 
 test("there are traces", () => {
   assert.ok(names.length >= 14, `only ${names.length} traces in ${traces}`);
@@ -242,6 +261,7 @@ function serverSnapshot(live) {
           tool_use_id: r.tool_use_id,
           content: r.content,
           is_error: r.status === "failed",
+          ...(r.files?.length > 0 ? { files: r.files } : {}),
         })),
         status: "complete",
         created_at: 0,

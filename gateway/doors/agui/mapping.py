@@ -23,8 +23,10 @@ gateway                        AG-UI
                                (the opaque data), ``REASONING_END``
 ``tool.use_start/input_delta/  ``TOOL_CALL_START/ARGS/END`` (no delta streamed:
 end``                          one ``ARGS`` with the final input)
-``tool.completed``,            ``TOOL_CALL_RESULT``
-``tool.failed``
+``tool.completed``,            ``TOOL_CALL_RESULT``; a result with ``files``
+``tool.failed``                has parts for content: its text, then each
+                               file by its URL (``image``, ``document``,
+                               ``audio`` parts, ``source`` a ``url``)
 ``message.complete``           closes what a cancel left open
 ``permission.requested``       an ``Interrupt``; :meth:`RunMapper.pause` ends
                                the run with ``RUN_FINISHED`` whose outcome is
@@ -64,6 +66,7 @@ from typing import Any
 import msgspec
 
 from gateway.doors.agui import shapes as ag
+from gateway.doors.attachments import file_url
 from gateway.protocol.events import (
     ContextCompacted,
     ContextCompacting,
@@ -87,6 +90,10 @@ from gateway.protocol.projection import (
     Projection,
 )
 from gateway.protocol.shapes import (
+    AudioBlock,
+    DocumentBlock,
+    FileBlock,
+    ImageBlock,
     Message,
     RedactedThinkingBlock,
     TextBlock,
@@ -234,11 +241,14 @@ class RunMapper:
         thread_id: the run's thread (the gateway session).
         run_id: the client's run id.
         turn_id: the turn this run streams; events of other turns map to nothing.
+        file_base: what a file's URL begins with (``[server] public_url``; empty:
+            the file route's path, docs/doors/agui.md "Files").
     """
 
     thread_id: str
     run_id: str
     turn_id: str
+    file_base: str = ""
     _interrupts: dict[str, ag.Interrupt] = field(default_factory=dict)
     _turn: Projection[ag.AguiEvent] = field(init=False, repr=False)
 
@@ -282,9 +292,10 @@ class RunMapper:
         ]
         if history:
             if max_bytes is None:
-                out.append(ag.MessagesSnapshot(messages=agui_messages(history), timestamp=ts))
+                messages = agui_messages(history, self.file_base)
+                out.append(ag.MessagesSnapshot(messages=messages, timestamp=ts))
             else:
-                out.append(fitting_snapshot(history, ts, max_bytes))
+                out.append(fitting_snapshot(history, ts, max_bytes, self.file_base))
         return out
 
     def receive(self, event: Envelope[Any]) -> list[ag.AguiEvent]:
@@ -341,7 +352,10 @@ class RunMapper:
     # --- the events of AG-UI's own (the projection's table) ---------------------------
 
     def _tool_completed(self, p: ToolCompleted, e: Envelope[Any]) -> list[ag.AguiEvent]:
-        return [_result(p.tool_use_id, p.result, e.ts)]
+        if not p.files:
+            return [_result(p.tool_use_id, p.result, e.ts)]
+        parts = result_parts(p.result, p.files, e.session_id, self.file_base)
+        return [_result(p.tool_use_id, parts, e.ts)]
 
     def _tool_failed(self, p: ToolFailed, e: Envelope[Any]) -> list[ag.AguiEvent]:
         return [_result(p.tool_use_id, f"{p.error_class}: {p.message}", e.ts)]
@@ -398,7 +412,33 @@ def interrupt(p: PermissionRequested) -> ag.Interrupt:
     )
 
 
-def _result(tool_use_id: str, content: str, ts: int) -> ag.ToolCallResult:
+def file_parts(
+    blocks: Iterable[FileBlock], session_id: str, base: str = ""
+) -> list[ag.ContentPart]:
+    """Files as AG-UI 1.0 media parts: each a ``url`` source, the file route's
+    (docs/doors/agui.md "Files"), its ``metadata`` the gateway's ``fileId`` and ``size``."""
+    out: list[ag.ContentPart] = []
+    for b in blocks:
+        source = ag.UrlSource(file_url(base, session_id, b.file_id), b.media_type)
+        meta: dict[str, Any] = {"fileId": b.file_id, "size": b.size}
+        if isinstance(b, ImageBlock):
+            out.append(ag.ImagePart(source=source, metadata=meta))
+        elif isinstance(b, AudioBlock):
+            out.append(ag.AudioPart(source=source, metadata=meta))
+        else:
+            out.append(ag.DocumentPart(source=source, metadata=meta))
+    return out
+
+
+def result_parts(
+    text: str, files: Iterable[FileBlock], session_id: str, base: str = ""
+) -> list[ag.ContentPart]:
+    """A tool result with files: its text (when it has any), then its files."""
+    lead: list[ag.ContentPart] = [ag.TextPart(text)] if text else []
+    return [*lead, *file_parts(files, session_id, base)]
+
+
+def _result(tool_use_id: str, content: str | list[ag.ContentPart], ts: int) -> ag.ToolCallResult:
     return ag.ToolCallResult(
         message_id=result_message_id(tool_use_id),
         tool_call_id=tool_use_id,
@@ -408,7 +448,7 @@ def _result(tool_use_id: str, content: str, ts: int) -> ag.ToolCallResult:
 
 
 def fitting_snapshot(
-    history: Sequence[Message], ts: int | None, max_bytes: int
+    history: Sequence[Message], ts: int | None, max_bytes: int, file_base: str = ""
 ) -> ag.MessagesSnapshot:
     """``MESSAGES_SNAPSHOT`` of the newest of ``history`` whose JSON fits ``max_bytes``.
 
@@ -423,7 +463,7 @@ def fitting_snapshot(
     kept: list[list[ag.AguiMessage]] = []
     used = 0
     for message in reversed(history):
-        converted = agui_messages([message])
+        converted = agui_messages([message], file_base)
         size = sum(len(msgspec.json.encode(m)) + 1 for m in converted)  # a comma each
         if used + size <= room:
             kept.append(converted)
@@ -433,7 +473,7 @@ def fitting_snapshot(
             budget = len(encode(message)) - (size - room)
             for _ in range(4):  # the AG-UI form's overhead differs a little: settle on it
                 cut, _fits = cut_message(message, budget)
-                converted = agui_messages([cut])
+                converted = agui_messages([cut], file_base)
                 size = sum(len(msgspec.json.encode(m)) + 1 for m in converted)
                 if size <= room:
                     kept.append(converted)
@@ -444,11 +484,13 @@ def fitting_snapshot(
     return ag.MessagesSnapshot(messages=messages, timestamp=ts)
 
 
-def agui_messages(messages: Iterable[Message]) -> list[ag.AguiMessage]:
+def agui_messages(messages: Iterable[Message], file_base: str = "") -> list[ag.AguiMessage]:
     """Stored gateway messages as AG-UI messages, with the ids a live run gives them.
 
-    A user message of text is a ``user`` message; its tool results are each a
-    ``tool`` message; an assistant message is its thinking blocks as
+    A user message of text is a ``user`` message (with files, its content is
+    parts: text, and each file by its URL, :func:`file_parts`, after
+    ``file_base``); its tool results are each a ``tool`` message (with files,
+    parts as well); an assistant message is its thinking blocks as
     ``reasoning`` messages, then one ``assistant`` message (its first text and
     every tool call), then one more per later text block. A ``context`` message
     (docs/protocol.md §12) is left out: it is the model's summary of messages
@@ -459,15 +501,18 @@ def agui_messages(messages: Iterable[Message]) -> list[ag.AguiMessage]:
         if m.role == "context":
             continue  # the model's view of older messages, not the conversation (module docstring)
         if m.role == "user":
-            texts = [b.text for b in m.content if isinstance(b, TextBlock)]
-            if texts:
-                out.append(ag.UserMessage(id=m.id, content="".join(texts)))
+            said = _user_content(m, file_base)
+            if said:
+                out.append(ag.UserMessage(id=m.id, content=said))
             for b in m.content:
                 if isinstance(b, ToolResultBlock):
+                    files = b.files or []
                     out.append(
                         ag.ToolMessage(
                             id=result_message_id(b.tool_use_id),
-                            content=b.content,
+                            content=result_parts(b.content, files, m.session_id, file_base)
+                            if files
+                            else b.content,
                             tool_call_id=b.tool_use_id,
                             error=b.content if b.is_error else None,
                         )
@@ -509,3 +554,16 @@ def agui_messages(messages: Iterable[Message]) -> list[ag.AguiMessage]:
             )
         out += later
     return out
+
+
+def _user_content(m: Message, file_base: str) -> str | list[ag.ContentPart]:
+    """A user message's content as AG-UI's: its text, or, with files, its parts in order."""
+    if not any(isinstance(b, ImageBlock | DocumentBlock | AudioBlock) for b in m.content):
+        return "".join(b.text for b in m.content if isinstance(b, TextBlock))
+    parts: list[ag.ContentPart] = []
+    for b in m.content:
+        if isinstance(b, TextBlock):
+            parts.append(ag.TextPart(b.text))
+        elif isinstance(b, ImageBlock | DocumentBlock | AudioBlock):
+            parts += file_parts([b], m.session_id, file_base)
+    return parts

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from gateway.doors import attachments
 from gateway.doors.agui import shapes as ag
 from gateway.doors.agui.mapping import RunMapper
 from gateway.doors.agui.resume import RunFeed, RunRecord, Tagged, parse_cursor
@@ -38,10 +39,10 @@ from gateway.doors.context import (
 )
 from gateway.errors import ApiError
 from gateway.http.openapi import Operation
-from gateway.http.parsing import decode, text_content
+from gateway.http.parsing import decode
 from gateway.http.server import Request, Response, StreamingResponse, json_response
 from gateway.ids import new_turn_id, now_ms
-from gateway.protocol.shapes import ContentBlock, Message
+from gateway.protocol.shapes import Message
 from gateway.session.session import Session
 from gateway.tenancy import NO_OWNER
 
@@ -55,16 +56,28 @@ RUN = Operation(
     media_type="text/event-stream",
     errors={
         404: ("session_not_found",),
-        409: ("turn_in_progress", "session_too_large"),
-        422: ("invalid_thread_id", "invalid_resume"),
-        429: ("rate_limited", "too_many_sessions"),
+        409: ("turn_in_progress", "session_too_large", "too_many_files"),
+        # A file part (docs/doors/agui.md "Files"); inline data's errors are an upload's.
+        413: ("file_too_large",),
+        415: ("unsupported_media_type",),
+        422: (
+            "invalid_thread_id",
+            "invalid_resume",
+            "unknown_file",
+            "unsupported_file_url",
+            "unsupported_content",
+            "invalid_file",
+        ),
+        429: ("rate_limited", "too_many_sessions", "quota_exceeded"),
         503: NAMED_TURN_UNAVAILABLE,
     },
     description="An AG-UI `RunAgentInput`; the answer is `text/event-stream`, "
     "one `data: {AG-UI event}` per event and a `: ping` comment after "
     "`ping_interval_s` idle (docs/doors/agui.md). `threadId` is a "
     "session id (an unknown one is created, owned by the caller's key); "
-    "the last `user` message's text is the turn's content; the run is the "
+    "the last `user` message's text and files (`image` and `document` parts, "
+    "a `data` source or the URL of a file of the thread: nothing is fetched) "
+    "are the turn's content; the run is the "
     "turn. A run that stops for a tool approval ends with `RUN_FINISHED` "
     "whose outcome is `interrupt`; the next run on the thread carries "
     '`resume`, one entry per interrupt (`payload`: `{"decision": '
@@ -126,7 +139,6 @@ class AguiRoutes:
         self.node = ctx.node
         self.config = ctx.config
         self._decode = decode
-        self._text_content = text_content
         self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
         ctx.node.session_listeners.append(self._forget)  # pruned with the session's tasks
         self._threads = ClientNamedSessions(ctx, "threadId", "invalid_thread_id")
@@ -142,14 +154,16 @@ class AguiRoutes:
         caller = self.ctx.authenticate(req)
         body = self._decode(req, RunAgentInput)
         # What refuses a new run is checked before its thread is made: a run
-        # refused 422 or 429 leaves no session behind (nor a count of one).
-        content = None if body.resume else self._text_content(_user_text(body.messages))
-        if content is not None:
+        # refused 422 or 429 leaves no session behind (nor a count of one), nor
+        # one whose files are refused (their bytes are checked first).
+        said = None if body.resume else user_sent(body.messages, body.thread_id)
+        if said is not None:
+            await attachments.check(self.node.files, said, await self._known(body.thread_id, said))
             await self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
         # A stream, counted as a WebSocket is (503 over_capacity), until it ends.
         release = once(await self.node.limits.open_stream(caller or NO_OWNER, "agui"))
         try:
-            return await self._run(req, body, caller, content, release)
+            return await self._run(req, body, caller, said, release)
         except BaseException:
             release()
             raise
@@ -159,7 +173,7 @@ class AguiRoutes:
         req: Request,
         body: RunAgentInput,
         caller: str | None,
-        content: list[ContentBlock] | None,
+        said: attachments.Sent | None,
         release: Callable[[], None],
     ) -> StreamingResponse:
         """:meth:`agui_run`, its stream counted: the thread, the subscriber, the turn."""
@@ -187,7 +201,7 @@ class AguiRoutes:
                 session.hub.unsubscribe(sub)
                 raise
         else:
-            assert content is not None
+            assert said is not None
             if state.pending_permissions:
                 raise ApiError(
                     409,
@@ -195,6 +209,9 @@ class AguiRoutes:
                     f"turn {state.current_turn_id or '?'} on {session.id} waits for "
                     "approval: send a run with resume",
                 )
+            content = await attachments.stored(
+                self.node.files, session.id, session.record.owner, said, refuse=None
+            )
             turn_id = new_turn_id()
             # A queued run's message is in no history yet (docs/protocol.md §2).
             queued = state.queued_turns if state.queued_turns is not msgspec.UNSET else []
@@ -212,7 +229,7 @@ class AguiRoutes:
         self._runs[session.id] = (body.run_id, turn_id)
         record = RunRecord(turn_id, start, len(history), started_ms)
         self.book.remember(session.id, body.run_id, record)
-        feed = RunFeed(RunMapper(body.thread_id, body.run_id, turn_id), start)
+        feed = RunFeed(RunMapper(body.thread_id, body.run_id, turn_id, self._base), start)
         opening = feed.opening(self._opening(feed.mapper, record, history))
         return self._response(sub, feed, opening, release)
 
@@ -242,7 +259,9 @@ class AguiRoutes:
         thread's ``MESSAGES_SNAPSHOT`` with how the turn ended, ``RUN_FINISHED``)
         and the front end is free again (docs/doors/agui.md).
         """
-        feed = RunFeed(RunMapper(body.thread_id, body.run_id, ""), self.node.sequencer.last)
+        feed = RunFeed(
+            RunMapper(body.thread_id, body.run_id, "", self._base), self.node.sequencer.last
+        )
         opening = feed.mapper.start(history, now_ms(), self._snapshot_cap)
         events = feed.opening([*opening, feed.mapper.idle_finish(now_ms())])
 
@@ -282,7 +301,9 @@ class AguiRoutes:
         except BaseException:
             release()
             raise
-        feed = RunFeed(RunMapper(session.id, run_id, record.turn_id), record.start, cursor, True)
+        feed = RunFeed(
+            RunMapper(session.id, run_id, record.turn_id, self._base), record.start, cursor, True
+        )
         opening = feed.opening(self._opening(feed.mapper, record, history))
         return self._response(sub, feed, opening, release)
 
@@ -295,9 +316,23 @@ class AguiRoutes:
         return mapper.start(shown, record.started_ms, self._snapshot_cap)
 
     @property
+    def _base(self) -> str:
+        """What a file's URL begins with: ``[server] public_url``, else nothing (a path)."""
+        return self.config.server.public_url
+
+    @property
     def _snapshot_cap(self) -> int:
         """A run's ``MESSAGES_SNAPSHOT`` fits as a snapshot frame does (docs/protocol.md §15)."""
         return self.config.stream.snapshot_max_bytes
+
+    async def _known(self, thread_id: str, said: attachments.Sent) -> bool:
+        """Whether the thread exists, when the message names files by URL (else moot)."""
+        if not any(isinstance(p, attachments.Served) for p in said.parts):
+            return False
+        return (
+            thread_id in self.node.sessions
+            or await self.node.store.get_session(thread_id) is not None
+        )
 
     async def _thread(self, thread_id: str, caller: str | None) -> Session:
         """The thread's session, created (owned by the caller's key) when unknown."""
@@ -332,20 +367,62 @@ class AguiRoutes:
 # --- helpers -----------------------------------------------------------------------
 
 
-def _user_text(messages: list[InputMessage]) -> str:
-    """The last user message's text: a string, or its ``text`` parts (422 otherwise)."""
+def user_sent(messages: list[InputMessage], thread_id: str) -> attachments.Sent:
+    """The last user message: a string, or its parts (docs/doors/agui.md "Files"):
+    ``text``; ``image`` and ``document`` (AG-UI 1.0: a ``data`` source, base64
+    with its ``mimeType``, or a ``url`` one); the legacy ``binary`` (``data``,
+    ``url``, or ``id`` a file id of the thread). 422 otherwise, or when empty."""
     last = next((m for m in reversed(messages) if m.role == "user"), None)
     if last is None:
         raise ApiError(422, "invalid_body", "messages has no user message")
     content = last.content
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
-            raise ApiError(422, "invalid_body", "user message parts must all be text")
-        content = "".join(str(t) for t in texts)
-    if not isinstance(content, str):
-        raise ApiError(422, "invalid_body", "the user message's content must be text")
-    return content
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise ApiError(422, "invalid_body", "the user message's content must be text or parts")
+    said = attachments.Sent([_part(p, thread_id, f"content[{i}]") for i, p in enumerate(content)])
+    if said.empty():
+        raise ApiError(422, "invalid_body", "content must not be empty")
+    return said
+
+
+def _part(part: object, thread_id: str, where: str) -> str | attachments.Attachment:
+    """One part of a user message's content (:func:`user_sent`)."""
+    if not isinstance(part, dict):
+        raise ApiError(422, "invalid_body", f"{where}: a part is an object")
+    kind = part.get("type")
+    if kind == "text" and isinstance(part.get("text"), str):
+        return str(part["text"])
+    if kind in ("image", "document") and isinstance(part.get("source"), dict):
+        source: dict[str, Any] = part["source"]
+        value, mime = source.get("value"), source.get("mimeType")
+        mime = mime if isinstance(mime, str) else None
+        if source.get("type") == "data" and isinstance(value, str) and mime:
+            return attachments.inline(value, mime, kind, where)
+        if source.get("type") == "url" and isinstance(value, str):
+            return attachments.attachment(value, mime, kind, thread_id, where)
+        raise ApiError(
+            422,
+            "invalid_body",
+            f"{where}: a {kind} part's source must be data (value, mimeType) or url "
+            "(a provider's file handle names nothing the gateway holds)",
+        )
+    if kind == "binary" and isinstance(part.get("mimeType"), str):
+        mime = part["mimeType"]
+        data, url, ident = part.get("data"), part.get("url"), part.get("id")
+        if isinstance(data, str):
+            return attachments.inline(data, mime, None, where)
+        if isinstance(url, str):
+            return attachments.attachment(url, mime, None, thread_id, where)
+        if isinstance(ident, str):
+            path = f"/sessions/{thread_id}/files/{ident}"
+            return attachments.attachment(path, mime, None, thread_id, where)
+    shown = str(kind)[:40]
+    raise ApiError(
+        422,
+        "invalid_body",
+        f"{where}: user message parts must be text, image, document or binary, got {shown!r}",
+    )
 
 
 _DECISIONS: dict[object, str] = {"allow": "allow", "deny": "deny", True: "allow", False: "deny"}

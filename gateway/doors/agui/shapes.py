@@ -162,7 +162,7 @@ class ToolCallEnd(_Event, tag="TOOL_CALL_END", kw_only=True):
 class ToolCallResult(_Event, tag="TOOL_CALL_RESULT", kw_only=True):
     message_id: str
     tool_call_id: str
-    content: str
+    content: str | list[ContentPart]
     role: Literal["tool"] = "tool"
     timestamp: int | None = None
 
@@ -174,9 +174,46 @@ class _Message(msgspec.Struct, tag_field="role", rename="camel", omit_defaults=T
     pass
 
 
+class UrlSource(msgspec.Struct, tag="url", tag_field="type", rename="camel", omit_defaults=True):
+    """Where a file's bytes are: here always the gateway's file route (docs/doors/agui.md)."""
+
+    value: str
+    mime_type: str | None = None
+
+
+class _Part(msgspec.Struct, tag_field="type", rename="camel", omit_defaults=True):
+    pass
+
+
+class TextPart(_Part, tag="text"):
+    text: str
+
+
+class ImagePart(_Part, tag="image", kw_only=True):
+    """A file of the session in a message: its URL, and ``metadata`` the gateway's block
+    (``fileId``, ``size``); never the bytes."""
+
+    source: UrlSource
+    metadata: dict[str, Any] | None = None
+
+
+class DocumentPart(_Part, tag="document", kw_only=True):
+    source: UrlSource
+    metadata: dict[str, Any] | None = None
+
+
+class AudioPart(_Part, tag="audio", kw_only=True):
+    source: UrlSource
+    metadata: dict[str, Any] | None = None
+
+
+ContentPart = TextPart | ImagePart | DocumentPart | AudioPart
+"""A part of a message with files (AG-UI 1.0's ``ContentPart``): text, and files by URL."""
+
+
 class UserMessage(_Message, tag="user", kw_only=True):
     id: str
-    content: str
+    content: str | list[ContentPart]
 
 
 class FunctionCall(msgspec.Struct):
@@ -198,7 +235,7 @@ class AssistantMessage(_Message, tag="assistant", kw_only=True):
 
 class ToolMessage(_Message, tag="tool", kw_only=True):
     id: str
-    content: str
+    content: str | list[ContentPart]
     tool_call_id: str
     error: str | None = None
 

@@ -126,6 +126,14 @@ class ToolApprovalResponse(Chunk, tag="tool-approval-response"):
     reason: str | None = None
 
 
+class File(Chunk, tag="file"):
+    """A file part: ``url`` the file route's (docs/doors/aisdk.md "Files"), never the bytes."""
+
+    url: str
+    media_type: str
+    provider_metadata: ProviderMetadata | None = None
+
+
 class Data(Chunk, tag="data"):
     """A data part: encoded as ``data-{name}`` (:func:`encode`), replaced in place by its id."""
 

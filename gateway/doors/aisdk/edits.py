@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.doors.aisdk.mapping import user_message_id
-from gateway.protocol.shapes import ContentBlock, Message, TextBlock
+from gateway.doors.attachments import Sent
+from gateway.protocol.shapes import Message, TextBlock
+from gateway.session.files import file_ids
 
 REGENERATE = "regenerate-message"
 """``useChat``'s ``trigger`` for ``regenerate()``."""
@@ -49,10 +51,8 @@ def find(
     return None
 
 
-def same_text(message: Message, content: Sequence[ContentBlock]) -> bool:
-    """Whether a stored user message says what the request's message says."""
-
-    def text(blocks: Sequence[ContentBlock]) -> str:
-        return "".join(b.text for b in blocks if isinstance(b, TextBlock))
-
-    return text(message.content) == text(content)
+def same_content(message: Message, said: Sent) -> bool:
+    """Whether a stored user message says what the request's message says: the same text
+    and the same files, in order (an inline file by the id its bytes give it)."""
+    text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+    return text == said.text and file_ids(message.content) == said.file_ids

@@ -24,7 +24,9 @@ gateway                        AI SDK UI message chunk
 ``tool.use_end``               ``tool-input-available`` (one delta first with
                                the whole input when none streamed)
 ``tool.completed``             ``tool-output-available`` (of a call the
-                               message shows: the SDK rejects any other)
+                               message shows: the SDK rejects any other);
+                               each of its ``files``, a ``file`` part (the
+                               file route's URL)
 ``tool.failed``                ``tool-output-error``; ``tool-output-denied``
                                when the approval was denied
 ``permission.requested``       ``tool-approval-request`` on the tool call; a
@@ -61,6 +63,7 @@ from typing import Any
 import msgspec
 
 from gateway.doors.aisdk import chunks as ui
+from gateway.doors.attachments import file_url
 from gateway.ids import parse_event_id
 from gateway.protocol.events import (
     ContextCompacted,
@@ -200,12 +203,15 @@ class ChatMapper:
             events at or below it are not sent, only tracked.
         answering: the approvals this request answers: the response does not
             pause for them.
+        file_base: what a file's URL begins with (``[server] public_url``;
+            empty: the URL is the file route's path, docs/doors/aisdk.md "Files").
     """
 
     session_id: str
     turn_id: str
     after: int = -1
     answering: frozenset[str] = frozenset()
+    file_base: str = ""
     last_event_id: str | None = None
     _seq: int = -1
     _calls: _ToolInput = field(default_factory=_ToolInput)
@@ -299,7 +305,12 @@ class ChatMapper:
         if not self._ran(p.tool_use_id):
             return []
         output = p.structured_result if p.structured_result is not None else p.result
-        return [ui.ToolOutputAvailable(tool_call_id=p.tool_use_id, output=output)]
+        out: list[ui.Chunk] = [ui.ToolOutputAvailable(tool_call_id=p.tool_use_id, output=output)]
+        for f in p.files or ():  # the tool's images (and audio): by their URL, never the bytes
+            meta = {"gateway": {"fileId": f.file_id, "size": f.size, "toolCallId": p.tool_use_id}}
+            url = file_url(self.file_base, e.session_id, f.file_id)
+            out.append(ui.File(url=url, media_type=f.media_type, provider_metadata=meta))
+        return out
 
     def _tool_failed(self, p: ToolFailed, e: Envelope[Any]) -> list[ui.Chunk]:
         if not self._ran(p.tool_use_id):

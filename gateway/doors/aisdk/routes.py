@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.doors import attachments
 from gateway.doors.aisdk import edits
 from gateway.doors.aisdk.mapping import ChatMapper, user_message_id
 from gateway.doors.aisdk.stream import DONE, HEADERS, ResponseSubscriber, respond, sse
@@ -30,7 +31,7 @@ from gateway.doors.context import (
 )
 from gateway.errors import ApiError, StoreError
 from gateway.http.openapi import Operation
-from gateway.http.parsing import decode, text_content
+from gateway.http.parsing import decode
 from gateway.http.server import Request, Response, StreamingResponse, json_response
 from gateway.ids import new_turn_id, now_ms, parse_event_id
 from gateway.protocol.shapes import Message, QueuedTurnInfo
@@ -78,14 +79,31 @@ CHAT = Operation(
     media_type="text/event-stream",
     errors={
         404: ("session_not_found", "message_not_found"),
-        409: ("turn_in_progress", "turn_not_in_flight", "session_too_large", "message_rewound"),
-        422: ("invalid_chat_id",),
-        429: ("rate_limited", "too_many_sessions"),
+        409: (
+            "turn_in_progress",
+            "turn_not_in_flight",
+            "session_too_large",
+            "message_rewound",
+            "too_many_files",
+        ),
+        # A file part (docs/doors/aisdk.md "Files"); a data URL's errors are an upload's.
+        413: ("file_too_large",),
+        415: ("unsupported_media_type",),
+        422: (
+            "invalid_chat_id",
+            "unknown_file",
+            "unsupported_file_url",
+            "unsupported_content",
+            "invalid_file",
+        ),
+        429: ("rate_limited", "too_many_sessions", "quota_exceeded"),
         503: NAMED_TURN_UNAVAILABLE,
     },
     description="`DefaultChatTransport`'s body: `id` is a session id (an unknown "
     "one is created, owned by the caller's key); a last `user` message's text "
-    "parts are the turn; a last `assistant` message with tool parts in state "
+    "and `file` parts are the turn (a file as a `data:` URL, or the URL of a "
+    "file of the chat, `/sessions/{id}/files/{file_id}`: the gateway fetches "
+    "nothing); a last `assistant` message with tool parts in state "
     "`approval-responded` answers those approvals and continues the turn; an "
     'edited user message, or `trigger: "regenerate-message"`, starts a turn '
     'that rewinds to it (docs/protocol.md §2 "Edit and regenerate"). The '
@@ -153,15 +171,16 @@ class Responses:
         if last.role != "user":
             raise ApiError(422, "invalid_body", f"the last message's role is {last.role!r}")
         self.chats.check(chat_id)
-        content = text_content(_text_of(last))
+        said = user_sent(last, chat_id)
         key = caller or NO_OWNER
         rewind_to: str | None = None
-        if await self._known(chat_id):  # a repeated request is that turn: no new one
+        known = await self._known(chat_id)
+        if known:  # a repeated request is that turn: no new one
             session = await self.ctx.session(chat_id, caller)
             conversation = await self.node.messages_of(session)
             sent = edits.find(await self._lineage(session), last.id, conversation)
             if sent is not None and sent.turn_id is not None:
-                if trigger != edits.REGENERATE and edits.same_text(sent, content):
+                if trigger != edits.REGENERATE and edits.same_content(sent, said):
                     return await self._replay(session, sent.turn_id, client)
                 rewind_to = sent.id  # edited, or regenerated (docs/doors/aisdk.md)
             elif trigger != edits.REGENERATE:  # sent again while its turn waits in the queue
@@ -173,7 +192,9 @@ class Responses:
             raise ApiError(
                 404, "message_not_found", f"no message of {chat_id} to regenerate: {last.id[:40]!r}"
             )
-        # What refuses a new turn comes before its chat is made (nothing left on a 429).
+        # What refuses a new turn comes before its chat is made (nothing left on a 429,
+        # nor on a file refused: its bytes are checked first).
+        await attachments.check(self.node.files, said, known)
         await self.node.limits.check_turn(key)  # counted with the turn, below
         session = await self.chats.get(chat_id, caller)
         state = await self.node.live_summary(session)
@@ -184,6 +205,9 @@ class Responses:
                 f"turn {state.current_turn_id or '?'} on {session.id} waits for approval: "
                 "answer it (tool parts in state approval-responded) or stop it",
             )
+        content = await attachments.stored(
+            self.node.files, session.id, session.record.owner, said, refuse=None
+        )
         turn_id = new_turn_id()
         mid = user_message_id(chat_id, last.id)
         if rewind_to is not None:  # the message rewound to keeps its id, stored
@@ -197,7 +221,7 @@ class Responses:
             session.hub.unsubscribe(sub)
             raise
         # A steered send streams the turn it joined; a queued one, its own once it starts.
-        return Opened(session, sub, ChatMapper(session.id, taken.turn_id))
+        return Opened(session, sub, self._mapper(session, taken.turn_id))
 
     async def _queued_send(self, session: Session, mid: str, client: str) -> Opened | None:
         """A message ``mid`` sent again while its turn is queued ([turns] if_busy "queue",
@@ -209,7 +233,7 @@ class Responses:
         sub = await self._live(session, client)  # before it can start: nothing missed
         queued = next((q for q in await self._queued(session) if q.user_message.id == mid), None)
         if queued is not None:
-            return Opened(session, sub, ChatMapper(session.id, queued.turn_id))
+            return Opened(session, sub, self._mapper(session, queued.turn_id))
         session.hub.unsubscribe(sub)  # it started meanwhile: in the history now
         history = await self.node.messages_of(session)
         sent = next((m for m in history if m.id == mid), None)
@@ -296,7 +320,7 @@ class Responses:
         answering: set[str] | None = None,
     ) -> Opened:
         """A response of ``turn_id`` mapped from its start: a replay through the seam, then live."""
-        mapper = ChatMapper(session.id, turn_id, after, frozenset(answering or ()))
+        mapper = self._mapper(session, turn_id, after, frozenset(answering or ()))
         sub = ResponseSubscriber(session, self.config.stream, self.node.metrics, client)
         start = await turn_start(session, turn_id)
         if start is None:
@@ -306,6 +330,17 @@ class Responses:
             session.hub.unsubscribe(sub)
             return Opened(session, sub, mapper, f"turn {turn_id} can no longer be replayed")
         return Opened(session, sub, mapper)
+
+    def _mapper(
+        self,
+        session: Session,
+        turn_id: str,
+        after: int = -1,
+        answering: frozenset[str] = frozenset(),
+    ) -> ChatMapper:
+        """The response's mapper; its files' URLs after ``[server] public_url`` when set."""
+        base = self.config.server.public_url
+        return ChatMapper(session.id, turn_id, after, answering, file_base=base)
 
     async def _live(self, session: Session, client: str) -> ResponseSubscriber:
         sub = ResponseSubscriber(session, self.config.stream, self.node.metrics, client)
@@ -371,17 +406,27 @@ class Responses:
         return StreamingResponse(run, headers=[*SSE_HEADERS, *HEADERS], abandon=abandon)
 
 
-def _text_of(message: UiMessage) -> str:
-    """A user message's text: its ``text`` parts (422 for a file or any other part)."""
-    texts: list[str] = []
-    for part in message.parts:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            kind = str(part.get("type"))[:40]
-            raise ApiError(422, "invalid_body", f"user message parts must be text, got {kind!r}")
-        texts.append(part["text"])
-    if not texts:
-        raise ApiError(422, "invalid_body", "the user message has no text part")
-    return "".join(texts)
+def user_sent(message: UiMessage, chat_id: str) -> attachments.Sent:
+    """A user message's ``text`` and ``file`` parts, in order (422 for any other part,
+    or none): a file part's ``url`` is a data URL or a file of the chat
+    (gateway.doors.attachments), its ``mediaType`` says whether it is an image
+    or a document."""
+    parts: list[str | attachments.Attachment] = []
+    for i, part in enumerate(message.parts):
+        kind, url, media_type = part.get("type"), part.get("url"), part.get("mediaType")
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        elif kind == "file" and isinstance(url, str) and isinstance(media_type, str):
+            parts.append(attachments.attachment(url, media_type, None, chat_id, f"parts[{i}]"))
+        else:
+            shown = str(kind)[:40]
+            raise ApiError(
+                422, "invalid_body", f"user message parts must be text or file, got {shown!r}"
+            )
+    said = attachments.Sent(parts)
+    if said.empty():
+        raise ApiError(422, "invalid_body", "the user message has no text and no file")
+    return said
 
 
 def _approvals(message: UiMessage) -> list[tuple[str, bool]]:

@@ -43,7 +43,10 @@ class Turns:
         session = await self.ctx.session(session_id, caller)
         body = decode(req, SubmitTurn)
         content = await self.ctx.node.files.resolve(
-            session.id, session.record.owner, user_content(body.content)
+            session.id,
+            session.record.owner,
+            user_content(body.content),
+            refuse=self.ctx.file_refusal(session),
         )
         if_busy = rewind_if_busy(body.if_busy, body.rewind_to, self.ctx.config.turns.if_busy)
         parent = session.parent

@@ -43,6 +43,7 @@ from claude_agent_sdk import CLIConnectionError
 from claude_agent_sdk.types import HookContext, HookInput, HookJSONOutput
 
 from gateway.protocol.shapes import DocumentBlock, ImageBlock, Message, TextBlock
+from gateway.providers import attachments
 from gateway.runtimes.claude_code.owner import Owner
 from gateway.runtimes.claude_code.process import CliProcess
 from gateway.session import busy
@@ -64,7 +65,8 @@ def prompt_of(message: Message, files: Mapping[str, tuple[str, bytes]] | None = 
     ``claude-code`` runtime): its text; with images or documents, the Messages
     API's content blocks, each file's bytes base64 (``files``: by file id, from
     :meth:`gateway.session.files.Files.read`). A file no longer stored (its
-    session deleted meanwhile) is a line of text saying so.
+    session deleted meanwhile) reads as it does to any model
+    (:func:`gateway.providers.attachments.missing`).
     """
     if not any(isinstance(b, ImageBlock | DocumentBlock) for b in message.content):
         return "".join(b.text for b in message.content if isinstance(b, TextBlock))
@@ -75,7 +77,7 @@ def prompt_of(message: Message, files: Mapping[str, tuple[str, bytes]] | None = 
         elif isinstance(b, ImageBlock | DocumentBlock):
             found = (files or {}).get(b.file_id)
             if found is None:
-                blocks.append({"type": "text", "text": f"[{b.file_id}: no longer stored]"})
+                blocks.append({"type": "text", "text": attachments.missing(b.file_id)})
             else:
                 blocks.append(_file_block(b, *found))
     return blocks
@@ -84,7 +86,7 @@ def prompt_of(message: Message, files: Mapping[str, tuple[str, bytes]] | None = 
 def _file_block(block: ImageBlock | DocumentBlock, media_type: str, data: bytes) -> dict[str, Any]:
     """An image or document as the Messages API takes it (a text document as text)."""
     if isinstance(block, DocumentBlock) and media_type.startswith("text/"):
-        text = data.decode("utf-8", errors="replace")
+        text = attachments.document_text(data)
         return {
             "type": "document",
             "source": {"type": "text", "media_type": "text/plain", "data": text},

@@ -172,7 +172,13 @@ def server_snapshot(live: Reducer) -> Frame:
         results = [live.tool_results[i] for i in uses if i in live.tool_results]
         if message.role == "assistant" and results:
             blocks = [
-                ToolResultBlock(r.tool_use_id, r.content, r.status == "failed") for r in results
+                ToolResultBlock(
+                    r.tool_use_id,
+                    r.content,
+                    r.status == "failed",
+                    files=list(r.files) if r.files else msgspec.UNSET,
+                )
+                for r in results
             ]
             messages.append(
                 msgspec.to_builtins(

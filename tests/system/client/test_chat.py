@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 
 from gateway.client import GatewayClient
 from gateway.client.chat import Line, Region, layout
+from gateway.protocol.shapes import ImageBlock, TextBlock
 from tests.integration.client.test_attach_cli import SilenceableProxy
 from tests.paths import ROOT
 
@@ -501,3 +502,53 @@ async def test_edit_and_retry_go_on_from_before_the_message(tmp_path: Path) -> N
         ("assistant", "You said: The first question, edited"),
     ]
     assert sum(bool(m.rewound) for m in every.messages) == 6
+
+
+async def test_attach_uploads_a_file_for_the_next_message(tmp_path: Path) -> None:
+    """``/attach PATH`` (docs/clients.md): the file is uploaded to the session, listed above
+    the prompt until the next message, which carries it first; a name of a type the
+    gateway does not take is refused before anything is sent; ``/help`` lists it."""
+    from tests.files_support import png
+
+    picture = tmp_path / "red dot.png"
+    picture.write_bytes(png(5, 5))
+    (tmp_path / "notes.xyz").write_text("not a type the gateway takes")
+    with trio.fail_after(60):
+        async with (
+            gateway_serve(tmp_path) as port,
+            terminal("--url", f"http://127.0.0.1:{port}") as chat,
+        ):
+            sid = (await chat.expect(r"session sess_\w+")).split()[1]
+            await chat.prompt()
+            chat.send("/help\r")
+            await chat.expect(re.escape("/attach PATH"))
+            await chat.prompt()
+            chat.send(f"/attach {tmp_path / 'notes.xyz'}\r")
+            await chat.expect(re.escape("(not attached: ") + r".*notes\.xyz: the gateway takes")
+            await chat.prompt()
+            chat.send(f"/attach {tmp_path / 'nothing.png'}\r")
+            await chat.expect(re.escape("(not attached: ") + r".*nothing\.png: ")
+            await chat.prompt()
+            chat.send(f"/attach {picture}\r")
+            attached = (
+                r"\(attached to your next message: \[image image/png \d+ B file_[0-9a-f]{32}\]\)"
+            )
+            await chat.expect(attached)
+            await chat.prompt()
+            chat.send("What is this?\r")
+            await chat.expect("You said: What is this?")
+            await chat.prompt()
+            chat.send("/attach\r")
+            await chat.expect(re.escape("(nothing attached: /attach PATH uploads a file)"))
+            await chat.prompt()
+            chat.send("/quit\r")
+            status = await chat.exit_status()
+            async with GatewayClient(f"http://127.0.0.1:{port}") as client:
+                page = await client.messages(sid)
+                stored = page.messages[0].content[0]
+                assert isinstance(stored, ImageBlock), page.messages[0]
+                data = await client.download(sid, stored.file_id)
+    assert status == 0
+    assert [type(b) for b in page.messages[0].content] == [ImageBlock, TextBlock]
+    assert data == picture.read_bytes()
+    assert not any("Traceback" in row for row in chat.screen())

@@ -30,6 +30,8 @@ from the browser's own record of its requests and WebSocket frames.
   Steer stands beside it; queued messages wait at the end of the thread, one
   of them cancelled from there; a steer stands in the running turn, and the
   queued one runs after it.
+- Files: Attach uploads a PNG and a PDF, Send puts them in the turn by file_id,
+  and the image is shown from the file route (a blob URL, its natural size).
 - Worker sessions on request (``include_worker_sessions``): a ``delegate``
   call's worker, inside the call; the pongs the page owes the gateway's pings
   (it is never closed for missing one); the backoff's jitter and cap.
@@ -201,7 +203,13 @@ class Page:
 
 
 def _ours(url: str, port: int) -> bool:
-    return url.startswith((f"http://127.0.0.1:{port}/", f"ws://127.0.0.1:{port}/"))
+    # blob: URLs are the page's own (a file fetched from the gateway, shown from memory).
+    ours = (
+        f"http://127.0.0.1:{port}/",
+        f"ws://127.0.0.1:{port}/",
+        f"blob:http://127.0.0.1:{port}/",
+    )
+    return url.startswith(ours)
 
 
 @pytest.fixture
@@ -954,3 +962,66 @@ def test_edit_and_retry_a_message_from_the_page(tab: Page, daemon: Daemon) -> No
     every = httpx.get(url + "?include_rewound=true", headers=headers).json()["messages"]
     assert [m["role"] for m in conversation] == ["user", "assistant"]
     assert len(every) == 8 and sum(bool(m.get("rewound")) for m in every) == 6
+
+
+# --- files (docs/protocol.md §2 "Files") ---------------------------------------------------
+
+
+NATURAL_SIZE = """(img) => img.complete ? [img.naturalWidth, img.naturalHeight] : [0, 0]"""
+
+
+def test_an_attached_image_is_sent_and_shown_from_the_file_route(
+    tab: Page, daemon: Daemon, tmp_path: Path
+) -> None:
+    """Attach uploads a PNG and a PDF (POST .../files with the key), Send puts them in the
+    turn as image and document blocks by file_id, and the user message shows the image,
+    fetched from the file route into a blob URL (natural size its own), and the PDF as a
+    label; in both views."""
+    from tests.files_support import PDF, png
+
+    expect = tab.api.expect
+    tab.open()
+    session_id = tab.new_session()
+    tab.view("full")
+    picture, paper = tmp_path / "red.png", tmp_path / "paper.pdf"
+    picture.write_bytes(png(40, 30))
+    paper.write_bytes(PDF)
+    tab.by("attach-input").set_input_files([str(picture), str(paper)])
+    attached = tab.page.locator('[data-testid="attachment"][data-file-id^="file_"]')
+    expect(attached).to_have_count(2)
+    tab.shot("attached")
+    tab.send(script([[{"text": "A red picture and a paper."}]]))
+    expect(tab.by("attachments")).to_be_hidden()
+    tab.turn_over()
+
+    user = tab.messages("user")
+    image = user.get_by_test_id("image")
+    expect(image).to_have_count(1)
+    expect(image).to_have_attribute("src", re.compile(r"^blob:"))
+    tab.page.wait_for_function(
+        "() => { const i = document.querySelector('[data-role=user] [data-testid=image]');"
+        " return i && i.complete && i.naturalWidth > 0; }"
+    )
+    assert image.evaluate(NATURAL_SIZE) == [40, 30]
+    document = user.locator('[data-testid="file"][data-file-type="document"]')
+    expect(document).to_contain_text("application/pdf")
+    tab.shot("image-full")
+
+    tab.view("simple")
+    image = tab.messages("user").get_by_test_id("image")
+    expect(image).to_have_attribute("src", re.compile(r"^blob:"))
+    tab.page.wait_for_function(
+        "() => { const i = document.querySelector('[data-role=user] [data-testid=image]');"
+        " return i && i.complete && i.naturalWidth > 0; }"
+    )
+    assert image.evaluate(NATURAL_SIZE) == [40, 30]
+    tab.shot("image-simple")
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    url = f"{daemon.base}/sessions/{session_id}/messages"
+    first = httpx.get(url, headers=headers).json()["messages"][0]
+    assert [b["type"] for b in first["content"]] == ["image", "document", "text"]
+    ids = [b["file_id"] for b in first["content"][:2]]
+    assert [b["size"] for b in first["content"][:2]] == [len(picture.read_bytes()), len(PDF)]
+    fetched = [u for u in tab.requests if "/files/" in u]
+    assert any(u.endswith(f"/sessions/{session_id}/files/{ids[0]}") for u in fetched), fetched

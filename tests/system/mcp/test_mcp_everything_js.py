@@ -7,13 +7,15 @@ the only thing fetched: from the npm registry); the server runs as a stdio MCP s
 of a real daemon (real sockets), the scripted model calls the tool. Skipped, saying
 why, where node or npm is missing or the registry cannot be reached.
 
-What the model is sent is the provider's (gateway/providers/): the conversation every
-provider builds from (:func:`gateway.providers.history.rebuild`) is asserted to keep
-the image inside the tool_result.
+The scripted model says back the files it was sent (``{"files": true}``: kind, media
+type, size, SHA-256 prefix), so the image is seen reaching the model; the conversation
+every provider builds from (:func:`gateway.providers.history.rebuild`) is asserted to
+keep it inside the tool_result.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import shutil
 from pathlib import Path
@@ -26,7 +28,6 @@ from gateway.protocol.shapes import ImageBlock, ToolResultBlock
 from gateway.providers.history import rebuild
 from tests.conftest import running_gateway
 from tests.integration.mcp.test_mcp_gateway import (
-    DONE,
     PREFIX,
     call,
     events_id,
@@ -56,7 +57,9 @@ async def test_get_tiny_image_is_a_file_and_an_image_inside_the_tool_result(
     with trio.fail_after(90):
         async with running_gateway(config) as gw:
             sid = await gw.create_session()
-            events = await run_turn(gw, sid, script([call("get-tiny-image")], DONE), 60)
+            # The model's second round says which files reached it ({"files": true}).
+            turn = script([call("get-tiny-image")], [{"files": True}])
+            events = await run_turn(gw, sid, turn, 60)
             assert events[-1].type == "turn.completed", [e.type for e in events]
             [done] = [e.payload for e in events if e.type == "tool.completed"]
             assert done.files, done.result
@@ -81,6 +84,12 @@ async def test_get_tiny_image_is_a_file_and_an_image_inside_the_tool_result(
     [stored] = [b for m in listed for b in m["content"] if b.get("tool_use_id") == tool_use_id]
     assert stored["type"] == "tool_result" and stored["files"] == [
         {"type": "image", "file_id": image.file_id, "media_type": "image/png", "size": image.size}
+    ]
+    # The (scripted) model got those bytes, inside the tool_result.
+    digest = hashlib.sha256(got.content).hexdigest()[:8]
+    assert listed[-1]["role"] == "assistant"
+    assert listed[-1]["content"] == [
+        {"type": "text", "text": f"[image image/png {image.size} bytes sha256:{digest}]"}
     ]
     # What every provider builds its request from keeps it inside the tool_result.
     [result] = [

@@ -21,7 +21,7 @@ AUDIO = AudioBlock("file_" + "b" * 32, "audio/wav", 12)
 USE = ToolUseBlock("toolu_1", "pic", {})
 
 
-def test_a_tool_results_files_are_kept_and_its_structured_content_is_not() -> None:
+def test_a_tool_results_image_is_kept_inside_it_and_its_structured_content_is_not() -> None:
     result = ToolResultBlock("toolu_1", "[image: ...]", files=[IMAGE, AUDIO])
     result.structured_content = {"x": 1}
     history = rebuild(
@@ -34,6 +34,6 @@ def test_a_tool_results_files_are_kept_and_its_structured_content_is_not() -> No
         ]
     )
     [sent] = [b for m in history for b in m.content if isinstance(b, ToolResultBlock)]
-    assert sent.files == [IMAGE, AUDIO]  # which a provider may send is the provider's
+    assert sent.files == [IMAGE]  # its image, inside it; audio no model takes (rule 2)
     assert sent.content == "[image: ...]" and sent.tool_use_id == "toolu_1"
     assert sent.structured_content is msgspec.UNSET

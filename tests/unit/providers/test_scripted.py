@@ -413,13 +413,13 @@ async def test_fail_with_zero_deltas_fails_at_the_first_delta() -> None:
         (
             {"rounds": [[{"text": "a", "lorem": 3}]]},
             "a block has exactly one of text, thinking, redacted_thinking, tool_use, lorem, system,"
-            " tools;"
+            " tools, files;"
             " got text, lorem - at `$.script.rounds[0][0]`",
         ),
         (
             {"rounds": [[{}]]},
             "a block has exactly one of text, thinking, redacted_thinking, tool_use, lorem, system,"
-            " tools;"
+            " tools, files;"
             " got none - at `$.script.rounds[0][0]`",
         ),
         ({"rounds": [[{"lorem": -1}]]}, "Expected `int` >= 0 - at `$.script.rounds[0][0].lorem`"),

@@ -58,5 +58,5 @@ def test_files_are_blocks_with_their_bytes_a_text_document_as_text_a_lost_one_a_
                 "data": base64.b64encode(PDF).decode(),
             },
         },
-        {"type": "text", "text": "[file_gone: no longer stored]"},
+        {"type": "text", "text": "[file file_gone is no longer stored]"},
     ]

@@ -5,7 +5,9 @@ The test installs ``@ag-ui/client`` into a temporary directory (``npm install
 tests/agui_js/run.mjs, whose ``HttpAgent`` talks to a running gateway: a run
 streams text whose deltas concatenate to the final message, a tool call that
 waits for approval ends the run with an interrupt and the next run resumes it,
-the call arriving with its args and result. The client verifies every event
+the call arriving with its args and result; tests/agui_js/files.mjs sends a
+picture as an image part and as the legacy binary part, and the thread's
+snapshot shows it by its URL (docs/doors/agui.md "Files"). The client verifies every event
 itself (``verifyEvents``, and its schemas): any violation rejects ``runAgent``
 and the script exits non-zero.
 
@@ -15,14 +17,18 @@ reached (.ci/run installs node and npm).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
+import uuid
 from pathlib import Path
 
 import pytest
 import trio
 
 from tests.conftest import make_config, running_gateway
+from tests.files_support import png
 from tests.npm_support import npm_prefix as npm_prefix
 from tests.paths import TESTS
 
@@ -31,6 +37,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = TESTS / "agui_js" / "run.mjs"
 REATTACH = TESTS / "agui_js" / "reattach.mjs"
+FILES = TESTS / "agui_js" / "files.mjs"
 
 
 @pytest.fixture
@@ -98,3 +105,35 @@ async def test_the_official_js_client_verifies_a_run_resumed_at_every_event(
     ]
     for r in out["resumed"]:
         assert r["types"][0] == "RUN_STARTED" and r["types"][-1] == "RUN_FINISHED"
+
+
+async def test_the_official_js_client_sends_a_picture_and_sees_it_by_url(
+    tmp_path: Path, node_modules: Path
+) -> None:
+    image = png(8, 8)
+    thread = f"js-files-{uuid.uuid4()}"
+    with trio.fail_after(90):
+        async with running_gateway(make_config(tmp_path)) as h:
+            b64 = base64.b64encode(image).decode()
+            node = shutil.which("node") or "node"
+            done = await trio.run_process(
+                [node, str(FILES), str(node_modules), h.base, thread, b64],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+            stored = (await h.http.get(f"/sessions/{thread}/messages")).json()["messages"]
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    out = json.loads(done.stdout)
+    assert out["modern"] == "You said: What is this?"
+    assert out["legacy"] == "You said: And this?"
+    file_id = "file_" + hashlib.sha256(image).hexdigest()[:32]
+    block = {"type": "image", "file_id": file_id, "media_type": "image/png", "size": len(image)}
+    users = [m["content"] for m in stored if m["role"] == "user"]
+    assert users[0] == [{"type": "text", "text": "What is this?"}, block]
+    assert users[1] == [block, {"type": "text", "text": "And this?"}]
+    shown = [m for m in out["snapshot"] if m["role"] == "user"]
+    url = {"type": "url", "value": f"/sessions/{thread}/files/{file_id}", "mimeType": "image/png"}
+    assert shown[0]["content"][1]["source"] == url
+    assert shown[1]["content"][0]["source"] == url
+    assert b64 not in done.stdout.decode().split('"snapshot"')[1]  # the bytes never came back

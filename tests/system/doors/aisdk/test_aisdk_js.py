@@ -20,7 +20,12 @@ install --prefix``, quiet, once per test run: tests/npm_support.py) and runs tes
   and a delegated worker's request (on the parent's ``delegate`` call);
 - rewind.mjs: the package's own chat's ``regenerate()`` and an edited message
   (``sendMessage`` with a ``messageId``): one answer in place of the old one,
-  the gateway's conversation the chat's (docs/protocol.md §2 "Edit and regenerate").
+  the gateway's conversation the chat's (docs/protocol.md §2 "Edit and regenerate");
+- files.mjs: the package's own chat sends a picture (``sendMessage({text,
+  files})``: a ``file`` part, a data URL), which becomes the turn's image
+  block, and the reply comes back; then the same picture by the URL the
+  gateway serves it at (docs/doors/aisdk.md "Files"). chunks.mjs reads a
+  tool's files as ``file`` parts.
 
 Skipped, saying why, where node or npm is missing or the registry cannot be
 reached (.ci/run installs node and npm).
@@ -28,8 +33,11 @@ reached (.ci/run installs node and npm).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +45,7 @@ import pytest
 import trio
 
 from tests.conftest import make_config, running_gateway
+from tests.files_support import png
 from tests.npm_support import npm_prefix as npm_prefix
 from tests.paths import TESTS
 from tests.unit.doors.aisdk.test_aisdk_mapping import dump
@@ -110,6 +119,9 @@ async def test_every_chunk_of_every_trace_is_one_the_package_reads(
     assert elicitation["data"]["state"] == "resolved"
     assert text(m["since_mid_message/turn_1/1"]) == "Seven words make up this reply here."
     assert tool(m["delegate_workers/turn_1/0"])["output"] == {"worker_session_id": "sess_2"}
+    [image, audio] = parts(m["tool_files/turn_1/0"], "file")  # a tool's files, by URL
+    assert image["mediaType"] == "image/png" and audio["mediaType"] == "audio/wav"
+    assert image["url"].startswith("/sessions/sess_1/files/file_")
 
 
 def types(chunks: list[dict[str, Any]]) -> list[str]:
@@ -273,3 +285,26 @@ async def test_the_packages_chat_regenerates_and_edits_in_place(
     assert [(m["role"], m["content"][0]["text"]) for m in conversation] == shown(again)
     assert again[1]["id"] == f"msg_{conversation[1]['turn_id']}"  # the turn's answer
     assert len(every) == 10 and sum(bool(m.get("rewound")) for m in every) == 8
+
+
+async def test_the_packages_chat_sends_a_picture_and_gets_the_reply(
+    tmp_path: Path, node_modules: Path
+) -> None:
+    image = png(9, 7)
+    chat_id = f"js-files-{uuid.uuid4()}"
+    with trio.fail_after(90):
+        async with running_gateway(make_config(tmp_path)) as h:
+            b64 = base64.b64encode(image).decode()
+            out = await node("files.mjs", str(node_modules), h.base, chat_id, b64)
+            stored = (await h.http.get(f"/sessions/{chat_id}/messages")).json()["messages"]
+    assert out["errors"] == [] and out["first"] == out["status"] == "ready"
+    asked, answer, again, answer2 = out["messages"]
+    assert [p["type"] for p in asked["parts"]] == ["file", "text"]
+    assert text(answer) == "You said: What is in this picture?"
+    assert text(answer2) == "You said: And now?"
+    # The model's turn held the picture: its image block, its size, the same bytes' id.
+    block = {"type": "image", "file_id": "file_" + hashlib.sha256(image).hexdigest()[:32],
+             "media_type": "image/png", "size": len(image)}  # fmt: skip
+    assert stored[0]["content"] == [block, {"type": "text", "text": "What is in this picture?"}]
+    assert stored[2]["content"] == [block, {"type": "text", "text": "And now?"}]
+    assert again["parts"][0]["url"] == f"/sessions/{chat_id}/files/{block['file_id']}"

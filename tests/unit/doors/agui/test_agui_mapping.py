@@ -37,12 +37,21 @@ from gateway.protocol.events import (
     TextStart,
     ThinkingDelta,
     ThinkingStart,
+    ToolCompleted,
     ToolUseInputDelta,
     ToolUseStart,
     TurnCancelled,
 )
 from gateway.protocol.frames import EventFrame, Snapshot, encode
-from gateway.protocol.shapes import TextBlock, Usage
+from gateway.protocol.shapes import (
+    AudioBlock,
+    DocumentBlock,
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    Usage,
+)
 from gateway.session.hub import Emitted, FrameBatch
 from tests.paths import TESTS
 from tests.session_fakes import FakeSession
@@ -374,6 +383,9 @@ def test_every_shape_is_what_the_official_models_declare() -> None:
         ag.ToolCall: core.ToolCall, ag.FunctionCall: core.FunctionCall,
         ag.RunAgentInput: core.RunAgentInput, ag.ResumeEntry: core.ResumeEntry,
         ag.InputTool: core.Tool, ag.InputContext: core.Context, ag.Custom: core.CustomEvent,
+        ag.TextPart: core.TextPart, ag.ImagePart: core.ImagePart,
+        ag.DocumentPart: core.DocumentPart, ag.AudioPart: core.AudioPart,
+        ag.UrlSource: core.UrlSource,
     }  # fmt: skip
     assert set(ag.AguiEvent.__args__) <= set(pairs)
     for ours, theirs in pairs.items():
@@ -594,3 +606,47 @@ def test_a_resume_carries_an_elicitations_content() -> None:
     assert raised.value.code == "invalid_resume" and "content must be an object" in str(
         raised.value
     )
+
+
+IMAGE = ImageBlock("file_" + "a" * 32, "image/png", 4035)
+PDF = DocumentBlock("file_" + "c" * 32, "application/pdf", 900)
+AUDIO = AudioBlock("file_" + "b" * 32, "audio/wav", 120)
+
+
+def test_a_tools_files_are_media_parts_of_its_result_by_their_url() -> None:
+    m = RunMapper("sess_1", "r", "turn_1", "https://gw.example")
+    done = ToolCompleted("tu_1", "get-tiny-image", "here it is", 3, files=[IMAGE, AUDIO])
+    [result] = m.receive(_event(done, "tool.completed"))
+    official(result)  # AG-UI 1.0: a tool result's content may be parts
+    assert msgspec.to_builtins(result)["content"] == [
+        {"type": "text", "text": "here it is"},
+        {"type": "image", "source": {"type": "url", "mimeType": "image/png",
+         "value": f"https://gw.example/sessions/sess_1/files/{IMAGE.file_id}"},
+         "metadata": {"fileId": IMAGE.file_id, "size": 4035}},
+        {"type": "audio", "source": {"type": "url", "mimeType": "audio/wav",
+         "value": f"https://gw.example/sessions/sess_1/files/{AUDIO.file_id}"},
+         "metadata": {"fileId": AUDIO.file_id, "size": 120}},
+    ]  # fmt: skip
+    plain = ToolCompleted("tu_2", "sleep", "slept", 3)
+    [text] = RunMapper("sess_1", "r", "turn_1").receive(_event(plain, "tool.completed"))
+    assert isinstance(text, ag.ToolCallResult) and text.content == "slept"  # as before
+
+
+def test_a_snapshot_shows_the_files_of_a_message_by_their_url() -> None:
+    said = Message("msg_1", "sess_1", "turn_1", "user", [IMAGE, PDF, TextBlock("what is it?")],
+                   "complete", 0)  # fmt: skip
+    result = ToolResultBlock("tu_1", "an image", files=[IMAGE])
+    results = Message("msg_3", "sess_1", "turn_1", "user", [result], "complete", 0)
+    plain = Message("msg_4", "sess_1", "turn_2", "user", [TextBlock("thanks")], "complete", 0)
+    converted = agui_messages([said, results, plain])
+    for message in converted:
+        TypeAdapter(core.Message).validate_json(msgspec.json.encode(message))
+    user, tool, text = (msgspec.to_builtins(m) for m in converted)
+    path = f"/sessions/sess_1/files/{IMAGE.file_id}"
+    assert [p["type"] for p in user["content"]] == ["image", "document", "text"]
+    assert user["content"][0]["source"] == {"type": "url", "value": path, "mimeType": "image/png"}
+    assert user["content"][1]["metadata"] == {"fileId": PDF.file_id, "size": 900}
+    assert tool["content"][1]["source"]["value"] == path
+    assert text["content"] == "thanks"  # a message of text stays a string
+    # The snapshot event as the official models read it.
+    official(RunMapper("sess_1", "r", "turn_9").start([said, results], 1)[1])

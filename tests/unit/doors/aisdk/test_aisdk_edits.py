@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from gateway.doors.aisdk import edits
 from gateway.doors.aisdk.mapping import user_message_id
-from gateway.protocol.shapes import Message, TextBlock, ToolResultBlock
+from gateway.doors.attachments import Inline, Sent, Served
+from gateway.protocol.shapes import ImageBlock, Message, TextBlock, ToolResultBlock
+from tests.files_support import png
 
 CHAT = "chat-1"
 
@@ -28,10 +30,21 @@ def test_a_client_message_is_found_as_first_sent_and_as_a_rewinding_turn_gave_it
     assert edits.find([CHAT], "u1", [results]) is None
 
 
-def test_same_text_compares_the_text_blocks() -> None:
+def test_same_content_compares_the_text_and_the_files_in_order() -> None:
     message = user("msg_1", "turn_1", "a question")
-    assert edits.same_text(message, [TextBlock("a "), TextBlock("question")])
-    assert not edits.same_text(message, [TextBlock("a question, edited")])
+    assert edits.same_content(message, Sent(["a ", "question"]))
+    assert not edits.same_content(message, Sent(["a question, edited"]))
+    # A file: the text alone is not the message; the file's id is (inline: its bytes').
+    image = png()
+    inline = Inline("image/png", image, "image")
+    block = ImageBlock(inline.file_id, "image/png", len(image))
+    pictured = Message("msg_2", CHAT, "turn_2", "user", [block, TextBlock("what is it?")],
+                       "complete", 0)  # fmt: skip
+    assert edits.same_content(pictured, Sent([inline, "what is it?"]))
+    assert edits.same_content(pictured, Sent([Served(inline.file_id, None), "what is it?"]))
+    assert not edits.same_content(pictured, Sent(["what is it?"]))
+    other = Inline("image/png", png(color=(1, 2, 3)), "image")
+    assert not edits.same_content(pictured, Sent([other, "what is it?"]))
 
 
 def test_the_edited_id_is_the_chats_and_the_turns() -> None:

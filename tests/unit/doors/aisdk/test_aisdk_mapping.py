@@ -25,8 +25,9 @@ from gateway.client import decode_server_frame
 from gateway.doors.aisdk import chunks as ui
 from gateway.doors.aisdk.mapping import ChatMapper, ui_message_id, user_message_id
 from gateway.ids import parse_event_id
-from gateway.protocol.events import Event, ToolErrorClass, ToolFailed
+from gateway.protocol.events import Event, ToolCompleted, ToolErrorClass, ToolFailed
 from gateway.protocol.frames import EventFrame, SubscribeAck
+from gateway.protocol.shapes import AudioBlock, ImageBlock
 from tests.aisdk_support import UiMessage
 from tests.paths import TESTS
 
@@ -541,6 +542,38 @@ def test_a_denied_approval_ends_the_tool_denied() -> None:
     assert read(out).tool("toolu_01Bash000001")["state"] == "output-denied"
 
 
+IMAGE = ImageBlock("file_" + "a" * 32, "image/png", 4035)
+AUDIO = AudioBlock("file_" + "b" * 32, "audio/wav", 120)
+
+
+def with_files() -> list[Event]:
+    """parallel_tools with its first tool's result holding an image and audio (an MCP
+    tool's, docs/protocol.md §2 "Files")."""
+    source = events("parallel_tools")
+    i = next(i for i, e in enumerate(source) if e.type == "tool.completed")
+    assert isinstance(source[i].payload, ToolCompleted)
+    payload = msgspec.structs.replace(source[i].payload, files=[IMAGE, AUDIO])
+    return [*source[:i], msgspec.structs.replace(source[i], payload=payload), *source[i + 1 :]]
+
+
+def test_a_tools_files_are_file_parts_by_their_url() -> None:
+    out = run(with_files())
+    files = [wire(c) for c in out if wire(c)["type"] == "file"]
+    assert files == [
+        {"type": "file", "url": f"/sessions/sess_1/files/{f.file_id}", "mediaType": f.media_type,
+         "providerMetadata": {"gateway": {"fileId": f.file_id, "size": f.size,
+                                          "toolCallId": "toolu_1"}}}
+        for f in (IMAGE, AUDIO)
+    ]  # fmt: skip
+    kinds = [wire(c)["type"] for c in out]
+    assert kinds.index("file") == kinds.index("tool-output-available") + 1  # after its output
+    assert next(p for p in read(out).parts if p["type"] == "file")["url"] == files[0]["url"]
+    # Behind a proxy, [server] public_url is the URL's base; the bytes are never in a chunk.
+    public = run(with_files(), ChatMapper("sess_1", "turn_1", file_base="https://gw.example/"))
+    urls = [wire(c)["url"] for c in public if wire(c)["type"] == "file"]
+    assert urls == [f"https://gw.example/sessions/sess_1/files/{f.file_id}" for f in (IMAGE, AUDIO)]
+
+
 def _tool_failed(completed: Event, error_class: ToolErrorClass) -> Event:
     p = completed.payload
     payload = ToolFailed(p.tool_use_id, p.tool_name, error_class, "denied")
@@ -685,6 +718,7 @@ def dump(path: Path) -> None:
     for key, (source, perms) in answered.items():
         chunks = run(source, ChatMapper("sess_1", "turn_1", answering=frozenset(perms)))
         out[key] = [wire(c) for c in chunks]
+    out["tool_files/turn_1/0"] = [wire(c) for c in run(with_files())]
     path.write_text(json.dumps(out))
 
 
