@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 
 from PIL import Image
@@ -27,3 +28,10 @@ PDF = (
     b"trailer<</Root 1 0 R>>\n%%EOF\n"
 )
 """A minimal PDF: its header and end marker (what the gateway checks)."""
+
+
+def said_back(kind: str, media_type: str, data: bytes) -> str:
+    """The scripted model's line for a file it was sent, after a newline (docs/protocol.md
+    §11 "The scripted model"): proof that these very bytes reached the model."""
+    digest = hashlib.sha256(data).hexdigest()[:8]
+    return f"\n[{kind} {media_type} {len(data)} bytes sha256:{digest}]"

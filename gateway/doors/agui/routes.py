@@ -210,7 +210,11 @@ class AguiRoutes:
                     "approval: send a run with resume",
                 )
             content = await attachments.stored(
-                self.node.files, session.id, session.record.owner, said, refuse=None
+                self.node.files,
+                session.id,
+                session.record.owner,
+                said,
+                refuse=self.ctx.file_refusal(session),
             )
             turn_id = new_turn_id()
             # A queued run's message is in no history yet (docs/protocol.md §2).

@@ -206,7 +206,11 @@ class Responses:
                 "answer it (tool parts in state approval-responded) or stop it",
             )
         content = await attachments.stored(
-            self.node.files, session.id, session.record.owner, said, refuse=None
+            self.node.files,
+            session.id,
+            session.record.owner,
+            said,
+            refuse=self.ctx.file_refusal(session),
         )
         turn_id = new_turn_id()
         mid = user_message_id(chat_id, last.id)

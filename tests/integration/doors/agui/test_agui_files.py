@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Harness
-from tests.files_support import PDF, png
+from tests.files_support import PDF, png, said_back
 from tests.integration.doors.agui.test_agui_http import gateway, run_all
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -67,7 +67,8 @@ async def test_media_parts_are_the_turns_files_and_the_snapshot_shows_them_by_ur
         events = await run_all(h, run_input(thread, content))
         assert events[-1]["type"] == "RUN_FINISHED"
         said = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
-        assert said == "You said: what is this?"
+        # The model got the picture's very bytes (the scripted model says them back).
+        assert said == "You said: what is this?" + said_back("image", "image/png", IMAGE)
         assert await user_blocks(h, thread) == [
             {"type": "text", "text": "what is this?"},
             {"type": "image", "file_id": file_id(IMAGE), "media_type": "image/png",

@@ -20,7 +20,7 @@ from trio_websocket import open_websocket_url
 
 from tests.aisdk_support import UiMessage, gateway, read, request, ws_url
 from tests.conftest import Harness
-from tests.files_support import PDF, png
+from tests.files_support import PDF, png, said_back
 from tests.integration.doors.aisdk.test_aisdk_ws import Responses, ended, send
 
 IMAGE = png(6, 5)
@@ -66,7 +66,10 @@ async def test_a_file_part_is_an_image_of_the_turn_and_the_reply_streams_back(
         m = await chat(
             h, request(chat_id, said("hello", file_part(data_url(IMAGE, "image/png")), pdf))
         )
-        assert m.text == "You said: hello" and m.finish_reason == "stop" and not m.errors
+        # The model got both files' very bytes (the scripted model says them back).
+        got = said_back("image", "image/png", IMAGE) + said_back("document", "application/pdf", PDF)
+        assert m.text == "You said: hello" + got
+        assert m.finish_reason == "stop" and not m.errors
         [question, _answer] = await messages(h, chat_id)
         assert question["content"] == [
             {"type": "image", "file_id": file_id(IMAGE), "media_type": "image/png",
@@ -99,7 +102,7 @@ async def test_a_file_the_gateway_served_for_the_chat_is_named_by_its_url(
         relative = file_part(path, "application/pdf", "a.pdf")
         absolute = file_part(f"https://gw.example{path}?key=x", "application/pdf", "a.pdf")
         m = await chat(h, request(chat_id, said("both", relative, absolute)))
-        assert m.text == "You said: both"
+        assert m.text == "You said: both" + 2 * said_back("document", "application/pdf", PDF)
         blocks = (await messages(h, chat_id))[-2]["content"]
         assert [b.get("file_id") for b in blocks] == [file_id(PDF), file_id(PDF), None]
         assert [b["type"] for b in blocks] == ["document", "document", "text"]
@@ -130,7 +133,7 @@ async def test_the_websocket_transport_takes_a_file_part(tmp_path: Path) -> None
         chat_id = f"chat-{uuid.uuid4()}"
         rid = await r.request(send(chat_id, said("hi", file_part(data_url(IMAGE, "image/png")))))
         m = await r.until(rid, ended)
-        assert m.text == "You said: hi"
+        assert m.text == "You said: hi" + said_back("image", "image/png", IMAGE)
         [question, _] = await messages(h, chat_id)
         assert question["content"][0]["file_id"] == file_id(IMAGE)
 

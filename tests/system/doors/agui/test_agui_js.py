@@ -28,7 +28,7 @@ import pytest
 import trio
 
 from tests.conftest import make_config, running_gateway
-from tests.files_support import png
+from tests.files_support import png, said_back
 from tests.npm_support import npm_prefix as npm_prefix
 from tests.paths import TESTS
 
@@ -125,8 +125,10 @@ async def test_the_official_js_client_sends_a_picture_and_sees_it_by_url(
             stored = (await h.http.get(f"/sessions/{thread}/messages")).json()["messages"]
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     out = json.loads(done.stdout)
-    assert out["modern"] == "You said: What is this?"
-    assert out["legacy"] == "You said: And this?"
+    # The model got the picture's very bytes, both ways (the scripted model says them back).
+    got = said_back("image", "image/png", image)
+    assert out["modern"] == "You said: What is this?" + got
+    assert out["legacy"] == "You said: And this?" + got
     file_id = "file_" + hashlib.sha256(image).hexdigest()[:32]
     block = {"type": "image", "file_id": file_id, "media_type": "image/png", "size": len(image)}
     users = [m["content"] for m in stored if m["role"] == "user"]

@@ -45,7 +45,7 @@ import pytest
 import trio
 
 from tests.conftest import make_config, running_gateway
-from tests.files_support import png
+from tests.files_support import png, said_back
 from tests.npm_support import npm_prefix as npm_prefix
 from tests.paths import TESTS
 from tests.unit.doors.aisdk.test_aisdk_mapping import dump
@@ -300,8 +300,10 @@ async def test_the_packages_chat_sends_a_picture_and_gets_the_reply(
     assert out["errors"] == [] and out["first"] == out["status"] == "ready"
     asked, answer, again, answer2 = out["messages"]
     assert [p["type"] for p in asked["parts"]] == ["file", "text"]
-    assert text(answer) == "You said: What is in this picture?"
-    assert text(answer2) == "You said: And now?"
+    # The model got the picture's very bytes (the scripted model says them back).
+    got = said_back("image", "image/png", image)
+    assert text(answer) == "You said: What is in this picture?" + got
+    assert text(answer2) == "You said: And now?" + got
     # The model's turn held the picture: its image block, its size, the same bytes' id.
     block = {"type": "image", "file_id": "file_" + hashlib.sha256(image).hexdigest()[:32],
              "media_type": "image/png", "size": len(image)}  # fmt: skip
