@@ -23,7 +23,9 @@ on up to ``[files] max_bytes`` of data: callers run it in a worker thread
 from __future__ import annotations
 
 import io
+import struct
 import warnings
+import zlib
 from typing import Final
 
 from gateway.errors import ApiError
@@ -131,3 +133,40 @@ def _check_image(media_type: str, data: bytes, max_pixels: int) -> None:
 
 def _invalid(media_type: str, why: str) -> ApiError:
     return ApiError(422, "invalid_file", f"the file is not a valid {media_type}: {why}")
+
+
+_PNG_SIGNATURE: Final = b"\x89PNG\r\n\x1a\n"
+
+
+def png_repaired(data: bytes) -> bytes:
+    """A PNG without its ancillary chunks whose CRC is wrong, as libpng reads it (else ``data``).
+
+    libpng drops such a chunk with a warning, and browsers show the picture;
+    Pillow refuses the whole file. A tool's image is read the libpng way
+    before it is checked (gateway.session.tool_round): the MCP logo of MCP's
+    reference server (``get-tiny-image``) carries an ``iCCP`` chunk with a
+    wrong CRC. A critical chunk (``IHDR``, ``IDAT``...) with a wrong CRC, or
+    bytes that are not a sequence of chunks, are left as they are, for
+    :func:`check` to refuse.
+    """
+    if not data.startswith(_PNG_SIGNATURE):
+        return data
+    kept = [_PNG_SIGNATURE]
+    at, dropped = len(_PNG_SIGNATURE), False
+    while at < len(data):
+        if at + 12 > len(data):
+            return data
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        end = at + 12 + length
+        if end > len(data):
+            return data
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        (crc,) = struct.unpack(">I", data[end - 4 : end])
+        if crc != zlib.crc32(kind + body):
+            if not kind[0] & 0x20:  # critical (an upper-case first letter)
+                return data
+            dropped = True
+        else:
+            kept.append(data[at:end])
+        at = end
+    return b"".join(kept) if dropped else data

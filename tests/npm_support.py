@@ -1,9 +1,10 @@
 """The npm packages the JS system tests run (tests/system/doors/agui/test_agui_js.py,
-test_aisdk_js.py, test_aisdk_browser.py), installed once per test run.
+test_aisdk_js.py, test_aisdk_browser.py, tests/system/mcp/test_mcp_everything_js.py),
+installed once per test run.
 
 :func:`npm_prefix` is a session fixture: one ``npm install --prefix`` of
 :data:`PACKAGES` into a temporary directory (its ``node_modules`` beside), so
-the three modules share one install. A module imports it as ``npm_prefix as
+the modules share one install. A module imports it as ``npm_prefix as
 npm_prefix`` (the alias tells ruff the name is there for pytest). Skipped,
 saying why, where node or npm is missing or the registry cannot be reached
 (.ci/run installs node and npm).
@@ -17,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ("@ag-ui/client", "ai@7", "ws", "esbuild")
+PACKAGES = ("@ag-ui/client", "ai@7", "ws", "esbuild", "@modelcontextprotocol/server-everything")
 """AG-UI's official client; the AI SDK (v7) and the WebSocket its node transport needs;
-the bundler that builds the AI SDK's chat for the browser."""
+the bundler that builds the AI SDK's chat for the browser; MCP's reference server
+(tests/system/mcp/test_mcp_everything_js.py)."""
 
 
 @pytest.fixture(scope="session")

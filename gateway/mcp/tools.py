@@ -14,15 +14,21 @@ description cut at :data:`MAX_DESCRIPTION_CHARS`.
 
 A result maps as docs/protocol.md §11 says: the text content, joined with
 newlines, is the ``result``; ``structuredContent`` is the structured result;
-``isError`` is a ``tool.failed`` (``error``) with the text. Content the model
-cannot read as text (an image, audio, a resource) becomes a one-line
-placeholder naming it. A result is cut at :data:`MAX_RESULT_BYTES` (its text,
+``isError`` is a ``tool.failed`` (``error``) with the text. An image or audio
+content is the output's ``files`` (its bytes, base64-decoded; the session keeps
+each as a file of its own and names it in the result: gateway.session.tool_round),
+at most :data:`MAX_RESULT_FILES` of them; audio only of an ``audio/...`` type.
+Other content the model cannot read as text (a resource link, a binary
+resource; any image or audio of a failed result, or one not kept) becomes a
+one-line placeholder naming it. A result is cut at :data:`MAX_RESULT_BYTES` (its text,
 with a note saying so; a structured result over the bound is dropped, with a
 note), so one tool call cannot blow the session's store.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import re
@@ -42,6 +48,12 @@ log = logging.getLogger("gateway.mcp")
 
 MAX_RESULT_BYTES = 1024 * 1024
 """The most of a tool result's text (UTF-8) kept, and of its structured result (as JSON): 1 MiB."""
+
+MAX_RESULT_FILES = 16
+"""The most images and audio of one result kept as files; the rest are placeholder lines."""
+
+_AUDIO_TYPE = re.compile(r"^audio/[a-z0-9][a-z0-9.+-]{0,62}$")
+"""An audio content's ``mimeType`` kept as a file's (it is served back as its ``Content-Type``)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A tool name the model APIs take (Anthropic's and OpenAI's rule), checked on the full name."""
@@ -254,11 +266,16 @@ def map_result(server: str, tool: str, result: types.CallToolResult) -> ToolOutp
         ToolError: ``error`` for an ``isError`` result, with its text.
     """
     parts: list[str] = []
+    files: list[tuple[str, bytes]] = []
     for block in result.content:
         if isinstance(block, types.TextContent):
             parts.append(block.text)
-        else:
+        elif result.is_error or (kept := _file(block, len(files))) is None:
             parts.append(_placeholder(block))
+        elif isinstance(kept, str):
+            parts.append(kept)
+        else:
+            files.append(kept)
     text, notes = _cut("\n".join(parts))
     structured = result.structured_content
     if structured is not None and len(json.dumps(structured)) > MAX_RESULT_BYTES:
@@ -268,7 +285,27 @@ def map_result(server: str, tool: str, result: types.CallToolResult) -> ToolOutp
         text += f"\n[gateway: {'; '.join(notes)}]"
     if result.is_error:
         raise ToolError("error", text or f"MCP server {server}: tool {tool} failed")
-    return ToolOutput(text, structured)
+    return ToolOutput(text, structured, files)
+
+
+def _file(block: Any, count: int) -> tuple[str, bytes] | str | None:
+    """An image's or audio's media type and bytes; a line saying why it is not kept; or
+    ``None`` for content that is neither (its placeholder)."""
+    if isinstance(block, types.ImageContent):
+        kind = "image"
+    elif isinstance(block, types.AudioContent):
+        kind = "audio"
+        if not _AUDIO_TYPE.match(block.mime_type):
+            return f"[audio: {block.mime_type[:100]!r} is not an audio type, not kept]"
+    else:
+        return None
+    shown = block.mime_type[:100]
+    if count >= MAX_RESULT_FILES:
+        return f"[{kind}: {shown}, past the {MAX_RESULT_FILES} files a result keeps, not kept]"
+    try:
+        return block.mime_type, base64.b64decode(block.data, validate=True)
+    except (binascii.Error, ValueError):
+        return f"[{kind}: {shown}, not base64, not kept]"
 
 
 def _cut(text: str) -> tuple[str, list[str]]:

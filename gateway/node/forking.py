@@ -3,12 +3,11 @@
 
 A fork is a new session of the caller's key and its source's agent and
 model, whose history is a copy of the source's up to the fork point
-(gateway.session.fork_point), whose files are copies of the source's (the
-history names them; gateway.store.base.Store.copy_files), whose workspace
-is a copy of the source's as it is now
-(:meth:`gateway.tools.workspace.Workspaces.copy`), and whose Claude
+(gateway.session.fork_point), whose workspace is a copy of the source's as it
+is now (:meth:`gateway.tools.workspace.Workspaces.copy`), and whose Claude
 Code conversation, for a ``claude-code`` agent, resumes the source's at that
-point (gateway.runtimes.claude_code.forking). Its first event is
+point (gateway.runtimes.claude_code.forking), and whose files are copies of the
+source's (its messages name them). Its first event is
 ``session.forked``. It is made where the source runs (the ``Fork``
 operation, gateway.cluster.ops): that node holds the source's messages, knows
 whether a turn runs, and has its workspace and transcript.
@@ -85,10 +84,6 @@ async def fork(node: NodeCore, source: Session, op: ops.Fork) -> ForkCreated:
     with contextlib.suppress(StoreError):  # new: no id of it anywhere, so no id jump
         await node.leases.take(session.id)
     await node.durable_or_503()  # docs/protocol.md §9: durable when the fork answers
-    try:  # its messages name its source's files: its own copies (docs/protocol.md §2 "Files")
-        await node.store.copy_files(source.id, session.id, op.owner)
-    except StoreError as exc:
-        raise unavailable(exc) from None
     await node.limits.session_stored(op.owner, session.id)
     event(
         log, logging.INFO, "session_forked",
@@ -148,6 +143,7 @@ async def _make(node: NodeCore, source: Session, op: ops.Fork, point: ForkPoint)
             workspace = await _workspace(node, source, op)
             try:
                 await _conversation(node, source, op.fork_id, created_at, workspace, point)
+                await _files(node, source, op)
                 admission.check_store(node.store)  # began to refuse writes while copying
                 if _gone(node, source):
                     raise Refused("session_not_found", f"no session {source.id!r}")
@@ -249,11 +245,22 @@ def _stored(
     return session
 
 
+async def _files(node: NodeCore, source: Session, op: ops.Fork) -> None:
+    """The fork's copy of the source's files: its messages name them (docs/protocol.md §2
+    "Files"). Before the fork's record: a fork is never seen without them."""
+    try:
+        await node.store.copy_files(source.id, op.fork_id, op.owner)
+    except StoreError as exc:
+        raise unavailable(exc) from None
+
+
 async def _remove(node: NodeCore, fork_id: str, workspace: str) -> None:
-    """What a refused fork copied: its workspace and Claude Code state."""
+    """What a refused fork copied: its workspace, Claude Code state and files."""
     await node.workspaces.remove(session_id=fork_id, recorded=workspace)
     root = node.workspaces.root
     await trio.to_thread.run_sync(remove_state, root, fork_id)
+    with contextlib.suppress(StoreError):  # no record of it: only its files (copied or not)
+        await node.store.delete_sessions([fork_id])
 
 
 def _mib(size: int) -> str:

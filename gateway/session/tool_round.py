@@ -26,9 +26,9 @@ from typing import Any
 
 import trio
 
-from gateway import telemetry
+from gateway import media, telemetry
 from gateway.agents import AgentProfile
-from gateway.errors import ToolError
+from gateway.errors import ApiError, Refused, ToolError
 from gateway.ids import new_message_id, now_ms
 from gateway.logs import event
 from gateway.protocol.events import (
@@ -38,11 +38,12 @@ from gateway.protocol.events import (
     ToolCompleted,
     ToolFailed,
 )
-from gateway.protocol.shapes import Message, ToolResultBlock, ToolUseBlock
+from gateway.protocol.shapes import FileBlock, Message, ToolResultBlock, ToolUseBlock
+from gateway.session.files import block_of
 from gateway.session.loop_api import AgentServices, TurnHost
 from gateway.session.permissions import PermissionRequest
 from gateway.session.turn import Turn, TurnState
-from gateway.tools.registry import SessionTools, ToolContext
+from gateway.tools.registry import SessionTools, ToolContext, ToolOutput
 
 log = logging.getLogger("gateway.agent")
 
@@ -152,6 +153,7 @@ class ToolRound:
             if turn.phase == "seam":
                 turn.enter("tools")
             output = await tools.execute(block.name, block.input, ctx)
+            content, files = await self._files(output)
         except ToolError as exc:
             fail_tool(s, turn, state, block, exc.error_class, exc.message, elapsed_ms())
             telemetry.tool_ended(block.id, exc.error_class, exc.message)
@@ -165,11 +167,49 @@ class ToolRound:
             fail_tool(s, turn, state, block, "cancelled", "cancelled", elapsed_ms("cancelled"))
             raise
         else:
-            content, structured = output.content, output.structured
-            record_result(s, turn, state, block, content, is_error=False, structured=structured)
+            structured = output.structured
+            record_result(
+                s, turn, state, block, content, is_error=False, structured=structured, files=files
+            )
             ms = elapsed_ms("completed")
-            s.emit([ToolCompleted(block.id, block.name, content, ms, structured)], turn.id)
+            completed = ToolCompleted(block.id, block.name, content, ms, structured)
+            if files:
+                completed.files = files
+            s.emit([completed], turn.id)
             telemetry.tool_ended(block.id)
+
+    async def _files(self, output: ToolOutput) -> tuple[str, list[FileBlock]]:
+        """A tool's files kept with the session: the result's text, a line per file, and
+        their blocks (docs/protocol.md §2 "Files").
+
+        An image is checked as an upload is (one of the image types; a PNG
+        first without its ancillary chunks of a wrong CRC, as libpng reads it:
+        :func:`gateway.media.png_repaired`); audio
+        (``audio/...``) is kept unchecked. One refused (not an image, too large,
+        past a limit, the store down) is a line of the text naming why, never a
+        failed tool.
+        """
+        s = self.session
+        lines: list[str] = []
+        blocks: list[FileBlock] = []
+        for media_type, data in output.files:
+            kind = "audio" if media_type.startswith("audio/") else "image"
+            try:
+                if kind == "image" and media_type not in media.IMAGE_TYPES:
+                    raise ApiError(415, "unsupported_media_type", "not an image type it takes")
+                if media_type == "image/png":  # read as libpng reads it
+                    data = await trio.to_thread.run_sync(media.png_repaired, data)
+                rec = await self.node.files.upload(
+                    s.id, s.record.owner, media_type, data, checked=kind == "image"
+                )
+            except (ApiError, Refused) as exc:
+                shown = f"{kind}: {media_type[:100]}, {len(data)} bytes"
+                lines.append(f"[{shown}, not kept: {exc}]")
+                continue
+            blocks.append(block_of(rec))
+            lines.append(f"[{kind}: {rec.media_type}, {rec.size} bytes: {rec.file_id}]")
+        content = "\n".join([output.content, *lines] if output.content else lines)
+        return content, blocks
 
     async def _permission(self, turn: Turn, block: ToolUseBlock) -> None:
         """Wait for ``allow`` (docs/protocol.md §5 ``permission.*``).
@@ -235,17 +275,21 @@ def record_result(
     *,
     is_error: bool,
     structured: Any = None,
+    files: list[FileBlock] | None = None,
 ) -> None:
     """Record a tool's result in the conversation, in the step that announces it.
 
     A structured result is kept in the block (``structured_content``), so a
-    snapshot shows what ``tool.completed`` showed (docs/protocol.md §6).
+    snapshot shows what ``tool.completed`` showed (docs/protocol.md §6); so are
+    the tool's files (``files``, docs/protocol.md §2 "Files").
     """
     state.pending_tools = [b for b in state.pending_tools if b.id != block.id]
     results = _results_message(s, turn, state)
     result = ToolResultBlock(block.id, content, is_error)
     if structured is not None:
         result.structured_content = structured
+    if files:
+        result.files = files
     results.content.append(result)
     s.add_message(results)
 

@@ -38,10 +38,16 @@ log = logging.getLogger("gateway.tools")
 
 
 class ToolOutput(msgspec.Struct):
-    """What a tool returns: text for the model and, optionally, structured data for clients."""
+    """What a tool returns: text for the model and, optionally, structured data for clients.
+
+    ``files``: the images and audio a tool returned, as (media type, bytes);
+    the session keeps each as a file and puts its reference in the tool's result
+    (docs/protocol.md §2 "Files", gateway.session.tool_round).
+    """
 
     content: str
     structured: Any = None
+    files: list[tuple[str, bytes]] = []
 
 
 class WorkerTurn(Protocol):

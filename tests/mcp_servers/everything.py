@@ -17,7 +17,9 @@ Tools:
   ``<action> <content as JSON>``.
 - ``huge {mb}``: a text result of ``mb`` MiB.
 - ``structured``: a text and a ``structuredContent``.
-- ``image``: an image and a text.
+- ``image``: a text and an image that is not one (a PNG's first bytes only).
+- ``picture``: a text, a real 2x2 PNG (:data:`PICTURE`), a WAV's worth of audio,
+  and a resource link.
 - ``where``: the working directory, ``HOME`` and ``MCP_TEST_ENV``.
 - ``headers``: the HTTP request's ``authorization`` and ``x-test`` headers.
 - ``grow``: adds the tool ``extra`` and sends ``notifications/tools/list_changed``.
@@ -47,6 +49,13 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 _OBJECT = {"type": "object", "properties": {}}
+PICTURE = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGM8"
+    "ISfHwMDAxMDAwMDAAAANBAEIfXHKZgAAAABJRU5ErkJggg=="
+)
+"""A 2x2 PNG, base64 (tests.files_support.png(2, 2))."""
+AUDIO = "UklGRiQAAABXQVZF"
+"""A few bytes called audio (a WAV header's start): audio is kept unchecked."""
 
 TOOLS = [
     types.Tool(
@@ -82,6 +91,7 @@ TOOLS = [
     ),
     types.Tool(name="structured", description="Structured content.", input_schema=_OBJECT),
     types.Tool(name="image", description="An image.", input_schema=_OBJECT),
+    types.Tool(name="picture", description="A picture and a sound.", input_schema=_OBJECT),
     types.Tool(name="where", description="Where the server runs.", input_schema=_OBJECT),
     types.Tool(name="headers", description="The HTTP headers.", input_schema=_OBJECT),
     types.Tool(name="grow", description="Add a tool.", input_schema=_OBJECT),
@@ -142,6 +152,15 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
             content=[
                 types.TextContent(text="a picture:"),
                 types.ImageContent(data="iVBORw0KGgo=", mime_type="image/png"),
+            ]
+        )
+    if name == "picture":
+        return types.CallToolResult(
+            content=[
+                types.TextContent(text="a picture and a sound:"),
+                types.ImageContent(data=PICTURE, mime_type="image/png"),
+                types.AudioContent(data=AUDIO, mime_type="audio/wav"),
+                types.ResourceLink(name="more", uri="file:///more.png"),
             ]
         )
     if name == "where":

@@ -399,24 +399,29 @@ class CliProcess:
 
     # --- queries -------------------------------------------------------------------------
 
-    async def query(self, prompt: str, message_id: str | None = None) -> None:
+    async def query(
+        self, prompt: str | list[dict[str, Any]], message_id: str | None = None
+    ) -> None:
         """Send a query (a turn's prompt, or a command): the CLI is busy until idle.
 
+        ``prompt``: text, or content blocks (a turn's images and documents,
+        :func:`~gateway.runtimes.claude_code.steering.prompt_of`).
         ``message_id``: the gateway message the prompt is; its transcript entry is
         named after it (:func:`~gateway.runtimes.claude_code.rewind.prompt_uuid`).
         """
         assert self.client is not None
         self.owed += 1
         self.settled, self.answering = False, True
-        if message_id is None:
+        if message_id is None and isinstance(prompt, str):
             await self.client.query(prompt)
             return
-        named = {
+        named: dict[str, Any] = {
             "type": "user",
             "message": {"role": "user", "content": prompt},
             "parent_tool_use_id": None,
-            "uuid": prompt_uuid(message_id),
         }
+        if message_id is not None:
+            named["uuid"] = prompt_uuid(message_id)
 
         async def one() -> AsyncIterator[dict[str, Any]]:
             yield named

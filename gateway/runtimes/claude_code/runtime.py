@@ -103,7 +103,7 @@ from gateway.runtimes.claude_code.messages import (
 from gateway.runtimes.claude_code.options import MODEL_PREFIX
 from gateway.runtimes.claude_code.permissions import Approvals
 from gateway.runtimes.claude_code.process import CliProcess
-from gateway.runtimes.claude_code.steering import Steering, prompt_of
+from gateway.runtimes.claude_code.steering import Steering, prompt
 from gateway.runtimes.claude_code.subagents import Flush, SubAgentDone, SubAgents
 from gateway.runtimes.transport import ToolProcessTransport
 from gateway.session.call import Call, EndCall
@@ -208,7 +208,8 @@ class ClaudeCode:
             try:
                 if self.feed is None:
                     await self.process.start(turn)  # a rewound turn: where it resumes
-                    await self.process.query(prompt_of(turn.user_message), turn.user_message.id)
+                    content = await prompt(self, turn.user_message)
+                    await self.process.query(content, turn.user_message.id)
                 return await self._follow(turn, state)
             except _ProcessGone:
                 return self._failed(turn, state, "network", "the Claude Code process exited")

@@ -33,18 +33,21 @@ no session state (nothing says when it is idle) is never handed one.
 
 from __future__ import annotations
 
+import base64
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from claude_agent_sdk import CLIConnectionError
 from claude_agent_sdk.types import HookContext, HookInput, HookJSONOutput
 
-from gateway.protocol.shapes import Message, TextBlock
+from gateway.protocol.shapes import DocumentBlock, ImageBlock, Message, TextBlock
+from gateway.providers import attachments
 from gateway.runtimes.claude_code.owner import Owner
 from gateway.runtimes.claude_code.process import CliProcess
 from gateway.session import busy
+from gateway.session.files import file_ids
 
 if TYPE_CHECKING:
     from gateway.session.turn import Turn
@@ -53,9 +56,50 @@ ANNOUNCE_WAIT_S = 5.0
 """How long a hook waits for its tool's ``tool.called`` before it hands a steer over."""
 
 
-def prompt_of(message: Message) -> str:
-    """What Claude Code is sent of a user message: its text."""
-    return "".join(b.text for b in message.content if isinstance(b, TextBlock))
+Prompt = str | list[dict[str, Any]]
+"""A user message as Claude Code's streaming input takes it: text, or content blocks."""
+
+
+def prompt_of(message: Message, files: Mapping[str, tuple[str, bytes]] | None = None) -> Prompt:
+    """What Claude Code is sent of a user message (docs/protocol.md §11, the
+    ``claude-code`` runtime): its text; with images or documents, the Messages
+    API's content blocks, each file's bytes base64 (``files``: by file id, from
+    :meth:`gateway.session.files.Files.read`). A file no longer stored (its
+    session deleted meanwhile) reads as it does to any model
+    (:func:`gateway.providers.attachments.missing`).
+    """
+    if not any(isinstance(b, ImageBlock | DocumentBlock) for b in message.content):
+        return "".join(b.text for b in message.content if isinstance(b, TextBlock))
+    blocks: list[dict[str, Any]] = []
+    for b in message.content:
+        if isinstance(b, TextBlock) and b.text:
+            blocks.append({"type": "text", "text": b.text})
+        elif isinstance(b, ImageBlock | DocumentBlock):
+            found = (files or {}).get(b.file_id)
+            if found is None:
+                blocks.append({"type": "text", "text": attachments.missing(b.file_id)})
+            else:
+                blocks.append(_file_block(b, *found))
+    return blocks
+
+
+def _file_block(block: ImageBlock | DocumentBlock, media_type: str, data: bytes) -> dict[str, Any]:
+    """An image or document as the Messages API takes it (a text document as text)."""
+    if isinstance(block, DocumentBlock) and media_type.startswith("text/"):
+        text = attachments.document_text(data)
+        return {
+            "type": "document",
+            "source": {"type": "text", "media_type": "text/plain", "data": text},
+        }
+    source = {"type": "base64", "media_type": media_type, "data": base64.b64encode(data).decode()}
+    return {"type": "image" if isinstance(block, ImageBlock) else "document", "source": source}
+
+
+async def prompt(runtime: Owner, message: Message) -> Prompt:
+    """:func:`prompt_of` ``message``, its files read from the session's."""
+    ids = file_ids(message.content)
+    files = await runtime.node.files.read(runtime.session.id, ids) if ids else {}
+    return prompt_of(message, files)
 
 
 class Steered(Owner, Protocol):
@@ -111,7 +155,7 @@ class Steering:
         messages = rt.session.take_steers(turn)
         with contextlib.suppress(CLIConnectionError):  # the CLI went: the turn sees it end
             for message in messages:
-                await rt.process.query(prompt_of(message), message.id)
+                await rt.process.query(await prompt(rt, message), message.id)
 
     def _takes(self, turn: Turn) -> bool:
         """Whether ``turn`` can take a steer now, and one waits for it."""

@@ -26,8 +26,10 @@ from bench.fake_api import FakeServer
 from gateway.protocol.events import Event
 from gateway.protocol.shapes import TextBlock
 from gateway.providers.factory import make_provider
+from tests.aisdk_support import request as aisdk_request
 from tests.conftest import Harness, make_config, running_gateway
 from tests.files_support import PDF, png
+from tests.integration.doors.agui.test_agui_files import run_input
 from tests.integration.doors.rest.test_http_api import assert_error
 from tests.integration.files.test_file_routes import upload
 from tests.provider_support import ANTHROPIC, OPENAI, ignore_unfinalized_generators
@@ -158,6 +160,15 @@ async def test_an_openai_compatible_server_gets_a_data_url_and_no_pdf(
                 f"/sessions/{sid}/turns",
                 json={"content": [{"type": "document", "source": inline}]},
             )
+            assert_error(r, 422, "unsupported_content")
+            # Every door that takes a turn refuses it the same way, before any turn.
+            pdf_url = f"data:application/pdf;base64,{b64(PDF)}"
+            part = {"type": "file", "mediaType": "application/pdf", "url": pdf_url}
+            message = {"id": "u1", "role": "user", "parts": [part]}
+            r = await gw.http.post("/ai-sdk/chat", json=aisdk_request("chat-pdf", message))
+            assert_error(r, 422, "unsupported_content")
+            document = {"type": "document", "source": {"type": "url", "value": pdf_url}}
+            r = await gw.http.post("/agui", json=run_input("thread-pdf", [document]))
             assert_error(r, 422, "unsupported_content")
             assert server.requests == []
             img = await upload(gw, sid, image, "image/png")

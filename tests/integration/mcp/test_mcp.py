@@ -69,8 +69,8 @@ async def test_tools_are_listed_and_results_mapped(tmp_path: Path) -> None:
         assert (out.content, out.structured) == ("hi", None)
         out = await tools.execute("mcp__ev__structured", {}, ctx)
         assert (out.content, out.structured) == ("two items", {"items": [1, 2]})
-        out = await tools.execute("mcp__ev__image", {}, ctx)
-        assert out.content.startswith("a picture:\n[image: image/png")
+        out = await tools.execute("mcp__ev__image", {}, ctx)  # its bytes: the session keeps them
+        assert (out.content, out.files) == ("a picture:", [("image/png", b"\x89PNG\r\n\x1a\n")])
 
         with pytest.raises(ToolError) as err:
             await tools.execute("mcp__ev__fail", {}, ctx)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import mcp_types as types
 import pytest
 
 from gateway.errors import ToolError
-from gateway.mcp.tools import MAX_RESULT_BYTES, adapt_tools, map_result
+from gateway.mcp.tools import MAX_RESULT_BYTES, MAX_RESULT_FILES, adapt_tools, map_result
 from gateway.tools.registry import ToolContext, ToolOutput
 
 
@@ -17,7 +18,7 @@ class NoCaller:
         raise AssertionError("not called")
 
 
-def test_text_is_joined_and_other_content_is_a_placeholder() -> None:
+def test_text_is_joined_images_and_audio_are_files_and_other_content_a_placeholder() -> None:
     result = types.CallToolResult(
         content=[
             types.TextContent(text="one"),
@@ -26,15 +27,44 @@ def test_text_is_joined_and_other_content_is_a_placeholder() -> None:
                 resource=types.TextResourceContents(uri="file:///a", text="inline")
             ),
             types.AudioContent(data="AAAA", mime_type="audio/wav"),
+            types.ImageContent(
+                data=base64.b64encode(b"\x89PNG...").decode(), mime_type="image/png"
+            ),
             types.TextContent(text="two"),
         ]
     )
     out = map_result("s", "t", result)
-    assert out.content == (
-        "one\n[resource link: file:///tmp/f]\n[resource file:///a]\ninline\n"
-        "[audio: audio/wav, not shown]\ntwo"
-    )
+    # The files' lines are the session's to write (with their ids): gateway.session.tool_round.
+    assert out.content == ("one\n[resource link: file:///tmp/f]\n[resource file:///a]\ninline\ntwo")
     assert out.structured is None
+    assert out.files == [("audio/wav", b"\x00\x00\x00"), ("image/png", b"\x89PNG...")]
+
+
+def test_files_not_kept_are_lines_and_a_failed_results_files_placeholders() -> None:
+    result = types.CallToolResult(
+        content=[
+            types.AudioContent(data="AAAA", mime_type="text/html"),  # served as its type: no
+            types.ImageContent(data="not base64!", mime_type="image/png"),
+            *[types.ImageContent(data="AAAA", mime_type="image/png")] * (MAX_RESULT_FILES + 1),
+        ]
+    )
+    out = map_result("s", "t", result)
+    assert len(out.files) == MAX_RESULT_FILES
+    assert out.content.splitlines() == [
+        "[audio: 'text/html' is not an audio type, not kept]",
+        "[image: image/png, not base64, not kept]",
+        f"[image: image/png, past the {MAX_RESULT_FILES} files a result keeps, not kept]",
+    ]
+    failed = types.CallToolResult(
+        content=[
+            types.TextContent(text="no"),
+            types.ImageContent(data="AAAA", mime_type="image/png"),
+        ],
+        is_error=True,
+    )
+    with pytest.raises(ToolError) as err:
+        map_result("s", "t", failed)
+    assert err.value.message == "no\n[image: image/png, 3 bytes, not shown]"
 
 
 def test_is_error_is_a_tool_error_with_the_text() -> None:
