@@ -103,12 +103,14 @@ class Files:
             raise ApiError(
                 413, "file_too_large", f"The file is over {self._files.max_bytes} bytes."
             )
-        if checked:
-            pixels = self._files.max_image_pixels
-            await trio.to_thread.run_sync(
-                lambda: media.check(media_type, data, max_pixels=pixels), limiter=_CHECKS
-            )
-        digest = hashlib.sha256(data).hexdigest()
+        pixels = self._files.max_image_pixels
+
+        def checked_digest() -> str:  # CPU work on up to max_bytes: off the event loop
+            if checked:
+                media.check(media_type, data, max_pixels=pixels)
+            return hashlib.sha256(data).hexdigest()
+
+        digest = await trio.to_thread.run_sync(checked_digest, limiter=_CHECKS)
         rec = FileRecord(
             file_id_of(digest), session_id, owner, digest, media_type, len(data), now_ms()
         )
@@ -188,7 +190,9 @@ class Files:
                     422, "invalid_body", f"{where}: an {kind} block needs a file_id or a source"
                 )
             if b.source is not None:
-                rec = await self.upload(session_id, owner, *_decoded(b.source, where))
+                # Decoding up to 27 MiB of base64: off the event loop.
+                decoded = await trio.to_thread.run_sync(_decoded, b.source, where)
+                rec = await self.upload(session_id, owner, *decoded)
             elif (found := known.get(b.file_id or "")) is not None:
                 rec = found
             else:
