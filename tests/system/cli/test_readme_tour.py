@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.files_support import png
 from tests.paths import ROOT
 from tests.system.cli.test_cli_serve import gateway_process
 
@@ -39,7 +40,7 @@ def tour_commands() -> list[str]:
     return commands
 
 
-async def run(command: str, port: int, **env: str) -> str:
+async def run(command: str, port: int, cwd: Path | None = None, **env: str) -> str:
     """One command of the tour, in bash, with the daemon's port and the reader's variables."""
     command = command.replace("localhost:8421", f"localhost:{port}")
     done = await trio.run_process(
@@ -47,6 +48,7 @@ async def run(command: str, port: int, **env: str) -> str:
         capture_stdout=True,
         capture_stderr=True,
         env={"PATH": "/usr/bin:/bin", **env},
+        cwd=cwd,
         check=False,
     )
     assert done.returncode == 0, (command, done.stderr)
@@ -56,7 +58,8 @@ async def run(command: str, port: int, **env: str) -> str:
 @pytest.mark.slow  # over a second on two cores (measured with --durations)
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 async def test_the_tour_works_as_written(tmp_path: Path) -> None:
-    create, session, echo, script, cancel = tour_commands()
+    create, session, echo, script, cancel, upload, look = tour_commands()
+    (tmp_path / "shot.png").write_bytes(shot := png(32, 24))
     async with gateway_process(tmp_path, "--port", "0") as (_, port):
         created = json.loads(await run(create, port))
         sid = created["session_id"]
@@ -74,6 +77,15 @@ async def test_the_tour_works_as_written(tmp_path: Path) -> None:
                     await trio.sleep(0.1)
         cancelled = await run(cancel, port, SID=sid, TURN=turn)
         assert json.loads(cancelled)["turn_id"] == turn
+        stored = json.loads(await run(upload, port, tmp_path, SID=sid))
+        assert stored["size"] == len(shot) and stored["media_type"] == "image/png"
+        with trio.fail_after(20):
+            while True:  # the cancelled turn ends; then the one with the file is accepted
+                answer = json.loads(await run(look, port, SID=sid, FILE=stored["file_id"]))
+                if "turn_id" in answer:
+                    break
+                assert answer["error"]["code"] == "turn_in_progress", answer
+                await trio.sleep(0.1)
     assert (tmp_path / "workspaces").is_dir()  # its sessions' own directories, no workspace_path
 
 
