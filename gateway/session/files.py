@@ -238,6 +238,8 @@ class Files:
 
     def _remember(self, key: tuple[str, str], entry: tuple[str, bytes]) -> tuple[str, bytes]:
         if len(entry[1]) <= CACHE_BYTES // 4:
+            if (before := self._cache.pop(key, None)) is not None:  # read at once by two calls
+                self._cached -= len(before[1])
             self._cache[key] = entry
             self._cached += len(entry[1])
             while self._cached > CACHE_BYTES:
