@@ -52,7 +52,7 @@ MAX_RESULT_BYTES = 1024 * 1024
 MAX_RESULT_FILES = 16
 """The most images and audio of one result kept as files; the rest are placeholder lines."""
 
-_AUDIO_TYPE = re.compile(r"^audio/[a-z0-9][a-z0-9.+-]{0,62}$")
+_AUDIO_TYPE = re.compile(r"audio/[a-z0-9][a-z0-9.+-]{0,62}")
 """An audio content's ``mimeType`` kept as a file's (it is served back as its ``Content-Type``)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -295,7 +295,7 @@ def _file(block: Any, count: int) -> tuple[str, bytes] | str | None:
         kind = "image"
     elif isinstance(block, types.AudioContent):
         kind = "audio"
-        if not _AUDIO_TYPE.match(block.mime_type):
+        if not _AUDIO_TYPE.fullmatch(block.mime_type):
             return f"[audio: {block.mime_type[:100]!r} is not an audio type, not kept]"
     else:
         return None
