@@ -366,7 +366,8 @@ class _HttpConnection:
         may_be_large = large is not None and (declared is None or int(declared) > limit)
         if large is not None:
             limit, code = max(limit, large.max_bytes), large.code
-            if may_be_large and self._limits.admit_large is not None:
+        if may_be_large:  # a small body keeps read_timeout_s: its key is not checked first
+            if self._limits.admit_large is not None:
                 self._limits.admit_large(_headers(event))  # 401, 403: before a byte of it
             reading.deadline = trio.current_time() + self._limits.body_timeout_s
         if declared is not None and int(declared) > limit:
