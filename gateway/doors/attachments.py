@@ -41,7 +41,7 @@ from gateway.errors import ApiError
 from gateway.ids import file_id_of
 from gateway.protocol.http import DocumentInput, ImageInput, TurnBlock
 from gateway.protocol.shapes import ContentBlock, TextBlock
-from gateway.session.files import Files, Refuse
+from gateway.session.files import Files, Refuse, admit, block_of, inline_block
 
 _FILE_PATH = re.compile(r"/sessions/([A-Za-z0-9_-]{1,128})/files/([A-Za-z0-9_-]{1,80})")
 """The path of ``GET /sessions/{id}/files/{file_id}``."""
@@ -216,14 +216,33 @@ async def check(files: Files, sent: Sent, session_known: bool) -> None:
 async def stored(
     files: Files, session_id: str, owner: str, sent: Sent, refuse: Refuse | None = None
 ) -> list[ContentBlock]:
-    """The message as a turn's content: its inline files kept with the session (checked
-    already: :func:`check`), then every file resolved as a turn's are (module docstring).
+    """The message as a turn's content: its files checked against the session's model
+    (and a URL's, to be the session's), then its inline files kept with the session
+    (their bytes checked already: :func:`check`), then every file resolved as a
+    turn's are (module docstring). A message refused keeps none of its files.
 
     Raises:
         ApiError: the errors of :meth:`gateway.session.files.Files.upload` and
             :meth:`~gateway.session.files.Files.resolve` (422 ``unknown_file``,
             ``invalid_body``, ``unsupported_content``).
     """
+    known = await files.records(session_id) if sent.file_ids else {}
+    kinds: list[str] = []
+    for i, p in enumerate(sent.parts):
+        if isinstance(p, Inline):
+            admit(inline_block(p.media_type, p.data), p.kind, f"part {i}", refuse)
+            kinds.append(p.kind)
+        elif isinstance(p, Served):
+            if (rec := known.get(p.file_id)) is None:
+                raise ApiError(
+                    422, "unknown_file", f"{p.file_id[:80]!r} is not a file of this session"
+                )
+            kind = p.kind or media.kind_of(rec.media_type)
+            admit(block_of(rec), kind, f"part {i}", refuse)
+            kinds.append(kind)
+    for p in sent.parts:
+        if isinstance(p, Inline):
+            await files.upload(session_id, owner, p.media_type, p.data, checked=False)
     blocks: list[TurnBlock] = []
     for p in sent.parts:
         if isinstance(p, str):
@@ -232,19 +251,7 @@ async def stored(
             elif p:
                 blocks.append(TextBlock(p))
             continue
-        kind = p.kind
-        if isinstance(p, Inline):
-            await files.upload(session_id, owner, p.media_type, p.data, checked=False)
-        elif kind is None:  # the part did not say: the file's own type
-            try:
-                rec, _ = await files.get(session_id, p.file_id)
-            except ApiError as exc:
-                if exc.code != "file_not_found":
-                    raise
-                raise ApiError(
-                    422, "unknown_file", f"{p.file_id[:80]!r} is not a file of this session"
-                ) from None
-            kind = media.kind_of(rec.media_type)
+        kind = kinds.pop(0)
         blocks.append(
             ImageInput(file_id=p.file_id) if kind == "image" else DocumentInput(p.file_id)
         )
