@@ -10,7 +10,8 @@ end names a file by URL, and the gateway takes two kinds:
 - a URL the gateway itself served for a file of *this* session: the path
   ``/sessions/{id}/files/{file_id}``, relative or absolute (any host: the
   path says which file, and only a file of the session the message goes to
-  is one): that file.
+  is one; under the path of ``[server] public_url`` when it has one, as
+  :func:`file_url` gives it): that file.
 
 Any other URL is 422 ``unsupported_file_url``: the gateway fetches nothing
 from the network (a URL a client gives it is no reason to open a connection:
@@ -139,8 +140,9 @@ def data_url(url: str, declared_type: str | None, where: str) -> tuple[str, byte
         ) from None
 
 
-def served(url: str, session_id: str, where: str) -> str:
-    """The file id of a URL the gateway served for a file of ``session_id``.
+def served(url: str, session_id: str, where: str, base: str = "") -> str:
+    """The file id of a URL the gateway served for a file of ``session_id`` (after
+    ``base``'s path, ``[server] public_url``, if the URL is under it).
 
     Raises:
         ApiError: 422 ``unknown_file`` (a file of another session), 422
@@ -151,7 +153,11 @@ def served(url: str, session_id: str, where: str) -> str:
     except ValueError:
         parts = None
     ours = parts is not None and parts.scheme.lower() in ("", "http", "https")
-    found = _FILE_PATH.fullmatch(parts.path) if parts is not None and ours else None
+    path = parts.path if parts is not None else ""
+    prefix = urllib.parse.urlsplit(base).path.rstrip("/")
+    if prefix and path.startswith(prefix + "/"):
+        path = path[len(prefix) :]
+    found = _FILE_PATH.fullmatch(path) if ours else None
     if found is None:
         shown = url[:60] + ("..." if len(url) > 60 else "")
         raise ApiError(
@@ -169,7 +175,12 @@ def served(url: str, session_id: str, where: str) -> str:
 
 
 def attachment(
-    url: str, media_type: str | None, declared: str | None, session_id: str, where: str
+    url: str,
+    media_type: str | None,
+    declared: str | None,
+    session_id: str,
+    where: str,
+    base: str = "",
 ) -> Attachment:
     """A file part's URL read: a data URL's bytes, or a file of the session (module docstring).
 
@@ -177,6 +188,7 @@ def attachment(
     kind the part says (``"image"``, ``"document"``; ``None``: as its type).
     A file of the session is what it was stored as: a type the part gives it
     that the gateway does not take (``image/*``) leaves the file's own to decide.
+    ``base`` is ``[server] public_url`` (:func:`served`).
     """
     if url[:5].lower() == "data:":
         kind_type, data = data_url(url, media_type, where)
@@ -184,7 +196,7 @@ def attachment(
     said = media.media_type_of(media_type or "")
     if declared is None and said in media.MEDIA_TYPES:  # else the file's own type decides
         declared = media.kind_of(said)
-    return Served(served(url, session_id, where), declared)
+    return Served(served(url, session_id, where, base), declared)
 
 
 def inline(value: str, media_type: str, declared: str | None, where: str) -> Inline:
