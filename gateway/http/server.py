@@ -225,8 +225,9 @@ class HttpLimits:
     ``body_timeout_s`` from the end of its head, where others have what is left
     of ``read_timeout_s``. Before one is read, ``admit_large`` checks the
     request's head (the API key: gateway.app), and one of ``large_reads`` is
-    taken (503 ``over_capacity`` when none is free), so what large bodies
-    hold in memory at once is bounded whoever sends them.
+    taken once it passes ``max_body_bytes`` (503 ``over_capacity`` when none
+    is free), held until its handler has answered, so what large bodies hold
+    in memory at once is bounded whoever sends them.
     """
 
     max_body_bytes: int = 1_048_576
@@ -280,6 +281,7 @@ class _HttpConnection:
         self._client = client
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
         self._head = False  # the request being answered is a HEAD: its answer has no body
+        self._slot = _LargeRead(limits)  # the request's, if its body is a large one
 
     async def run(self) -> None:
         # The first request's clock starts at accept, for both the idle wait and the read.
@@ -293,7 +295,10 @@ class _HttpConnection:
                 return
             if request is None:
                 return
-            answer = await self._call_handler(request)
+            try:
+                answer = await self._call_handler(request)
+            finally:
+                self._slot.release()  # a large body's, held while its handler used it
             if isinstance(answer, StreamingResponse):
                 await self._stream_body(answer, head_only=request.method == "HEAD")
             elif isinstance(answer, WebSocketAccept):
@@ -372,11 +377,12 @@ class _HttpConnection:
             reading.deadline = trio.current_time() + self._limits.body_timeout_s
         if declared is not None and int(declared) > limit:
             raise _body_too_large(limit, code)
-        slot = _LargeRead(self._limits)
+        slot = self._slot = _LargeRead(self._limits)  # held until the handler has answered
         try:
             body = await self._read_body(limit, code, slot)
-        finally:
+        except BaseException:
             slot.release()
+            raise
         return _request(event, body, self._client, self._limits.trusted_proxies)
 
     async def _read_body(self, limit: int, code: str, slot: _LargeRead) -> bytes:
