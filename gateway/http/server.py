@@ -300,7 +300,9 @@ class _HttpConnection:
             finally:
                 self._slot.release()  # a large body's, held while its handler used it
             if isinstance(answer, StreamingResponse):
-                await self._stream_body(answer, head_only=request.method == "HEAD")
+                head_only = request.method == "HEAD"
+                del request  # a stream lives long: it keeps none of the request (its body)
+                await self._stream_body(answer, head_only=head_only)
             elif isinstance(answer, WebSocketAccept):
                 refusal = _handshake_refusal(request)
                 if refusal is None:

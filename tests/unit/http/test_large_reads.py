@@ -5,7 +5,9 @@ whoever sends them, however slow what the handler does with one (a decode, a sto
 
 from __future__ import annotations
 
+import gc
 import re
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import trio
@@ -15,6 +17,7 @@ from gateway.http.server import (
     LargeBody,
     Request,
     Response,
+    StreamingResponse,
     WebSocketAccept,
     json_response,
     serve_connection,
@@ -84,4 +87,39 @@ async def test_a_large_body_holds_its_slot_until_it_is_answered() -> None:
             assert LIMITS.large_reads.value == 8
             for stream in [*streams, ninth, small]:
                 await stream.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_stream_keeps_none_of_its_request() -> None:
+    # A run of AG-UI or the AI SDK may bring a 20 MiB file inline and stream for minutes:
+    # its body is the handler's to keep (it kept the file), not the transport's.
+    streaming, go_on = trio.Event(), trio.Event()
+
+    async def handler(request: Request) -> StreamingResponse:
+        async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
+            await send(b"data: 1\n\n")
+            streaming.set()
+            await go_on.wait()
+
+        return StreamingResponse(run)
+
+    async def on_connection(stream: trio.SocketStream) -> None:
+        await serve_connection(stream, handler, LIMITS)
+
+    def requests() -> list[Request]:
+        gc.collect()
+        return [o for o in gc.get_objects() if isinstance(o, Request) and o.path == "/big"]
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(
+                partial(trio.serve_tcp, on_connection, 0, host="127.0.0.1")
+            )
+            port = listeners[0].socket.getsockname()[1]
+            async with await trio.open_tcp_stream("127.0.0.1", port) as client:
+                await client.send_all(post(300_000))
+                assert (await answer(client)).startswith(b"HTTP/1.1 200 ")
+                await streaming.wait()
+                assert requests() == []
+                go_on.set()
             nursery.cancel_scope.cancel()
