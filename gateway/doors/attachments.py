@@ -209,17 +209,21 @@ def inline(value: str, media_type: str, declared: str | None, where: str) -> Inl
     return Inline(kind_type, data, kind_of(kind_type, declared, where))
 
 
-async def check(files: Files, sent: Sent, session_known: bool) -> None:
+async def check(
+    files: Files, sent: Sent, session_known: bool, new_refuse: Refuse | None = None
+) -> None:
     """Check a message's files before its session is made (module docstring): each inline
-    one's bytes; a file named by URL when the session does not exist yet (no file is one
-    of it).
+    one's bytes; when the session does not exist yet, a file named by URL (no file is
+    one of it), and what its model cannot take (``new_refuse``, the default agent's).
 
     Raises:
         ApiError: the errors of :meth:`gateway.session.files.Files.check`; 422
-            ``unknown_file``.
+            ``unknown_file``, ``unsupported_content``.
     """
-    for p in sent.parts:
+    for i, p in enumerate(sent.parts):
         if isinstance(p, Inline):
+            if not session_known:
+                admit(inline_block(p.media_type, p.data), p.kind, f"part {i}", new_refuse)
             await files.check(p.media_type, p.data)
         elif isinstance(p, Served) and not session_known:
             raise ApiError(422, "unknown_file", f"{p.file_id[:80]!r} is not a file of this session")

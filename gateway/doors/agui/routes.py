@@ -159,7 +159,8 @@ class AguiRoutes:
         base = self.config.server.public_url
         said = None if body.resume else user_sent(body.messages, body.thread_id, base)
         if said is not None:
-            await attachments.check(self.node.files, said, await self._known(body.thread_id, said))
+            known = await self._known(body.thread_id, said)
+            await attachments.check(self.node.files, said, known, self.ctx.file_refusal(None))
             await self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
         # A stream, counted as a WebSocket is (503 over_capacity), until it ends.
         release = once(await self.node.limits.open_stream(caller or NO_OWNER, "agui"))
@@ -331,8 +332,8 @@ class AguiRoutes:
         return self.config.stream.snapshot_max_bytes
 
     async def _known(self, thread_id: str, said: attachments.Sent) -> bool:
-        """Whether the thread exists, when the message names files by URL (else moot)."""
-        if not any(isinstance(p, attachments.Served) for p in said.parts):
+        """Whether the thread exists, when the message has files (else moot)."""
+        if not said.file_ids:
             return False
         return (
             thread_id in self.node.sessions

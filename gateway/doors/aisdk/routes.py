@@ -194,7 +194,7 @@ class Responses:
             )
         # What refuses a new turn comes before its chat is made (nothing left on a 429,
         # nor on a file refused: its bytes are checked first).
-        await attachments.check(self.node.files, said, known)
+        await attachments.check(self.node.files, said, known, self.ctx.file_refusal(None))
         await self.node.limits.check_turn(key)  # counted with the turn, below
         session = await self.chats.get(chat_id, caller)
         state = await self.node.live_summary(session)

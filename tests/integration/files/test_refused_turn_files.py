@@ -13,6 +13,7 @@ from gateway.providers.factory import make_provider
 from tests.aisdk_support import request as aisdk_request
 from tests.conftest import Harness, running_gateway
 from tests.files_support import PDF, png
+from tests.integration.doors.agui.test_agui_files import run_input
 from tests.integration.doors.rest.test_http_api import assert_error
 from tests.integration.files.test_files_to_models import openai_config
 from tests.provider_support import server as server
@@ -76,5 +77,26 @@ async def test_a_file_the_model_cannot_take_is_not_kept(tmp_path: Path, server: 
             assert_error(r, 422, "unsupported_content")
             assert not await kept(gw, sid, PDF)
             assert server.requests == []
+    finally:
+        await provider.aclose()
+
+
+async def test_a_new_chat_whose_file_the_model_cannot_take_is_not_made(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    config = openai_config(tmp_path, server)
+    provider = make_provider(config, {})
+    url = f"data:application/pdf;base64,{base64.b64encode(PDF).decode()}"
+    try:
+        async with running_gateway(config, provider) as gw:
+            part = {"type": "file", "mediaType": "application/pdf", "url": url}
+            message = {"id": "u1", "role": "user", "parts": [part]}
+            r = await gw.http.post("/ai-sdk/chat", json=aisdk_request("chat-pdf", message))
+            assert_error(r, 422, "unsupported_content")
+            assert (await gw.http.get("/sessions/chat-pdf")).status_code == 404  # none made
+            document = {"type": "document", "source": {"type": "url", "value": url}}
+            r = await gw.http.post("/agui", json=run_input("thread-pdf", [document]))
+            assert_error(r, 422, "unsupported_content")
+            assert (await gw.http.get("/sessions/thread-pdf")).status_code == 404
     finally:
         await provider.aclose()
