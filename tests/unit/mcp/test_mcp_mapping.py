@@ -124,3 +124,20 @@ def test_an_audio_type_with_a_line_break_is_not_kept() -> None:
         "[audio: 'audio/wav\\n' is not an audio type, not kept]",
         "[audio: 'audio/wav\\r\\nSet-Cookie: a=b' is not an audio type, not kept]",
     ]
+
+
+def test_an_image_content_typed_as_audio_is_not_kept() -> None:
+    # The session keeps a file typed audio/... unchecked, as audio: an image content
+    # must not reach that path (its type unchecked, a line break in it included).
+    result = types.CallToolResult(
+        content=[
+            types.ImageContent(data="AAAA", mime_type="audio/wav\r\nSet-Cookie: a=b"),
+            types.ImageContent(data="AAAA", mime_type="audio/wav"),
+        ]
+    )
+    out = map_result("s", "t", result)
+    assert out.files == []
+    assert out.content.splitlines() == [
+        "[image: 'audio/wav\\r\\nSet-Cookie: a=b' is not an image type, not kept]",
+        "[image: 'audio/wav' is not an image type, not kept]",
+    ]
