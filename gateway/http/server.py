@@ -68,6 +68,8 @@ from gateway.protocol.closes import close_reason
 _log = logging.getLogger("gateway.http")
 
 _RECEIVE_BYTES = 65536
+_SEND_BYTES = 256 * 1024
+"""A piece of an answer the client must take within ``body_timeout_s`` (``_send_taken``)."""
 _LINGER_S = 2.0
 """How long an erroring connection keeps draining the client's bytes before closing."""
 
@@ -456,11 +458,28 @@ class _HttpConnection:
             reason=_reason_phrase(response.status),
             headers=[*framing, *response.headers],
         )
-        data = self._h11.send(head)
-        if response.body and not self._head:
-            data += self._h11.send(h11.Data(data=response.body))
-        data += self._h11.send(h11.EndOfMessage())
-        await self._stream.send_all(data)
+        pieces = [self._h11.send(head)]
+        if response.body and not self._head:  # the body as it is, not a copy of it
+            pieces += self._h11.send_with_data_passthrough(h11.Data(data=response.body)) or []
+        pieces.append(self._h11.send(h11.EndOfMessage()))
+        if sum(map(len, pieces)) <= _SEND_BYTES:
+            pieces = [b"".join(pieces)]  # one write, as small answers always were
+        for piece in pieces:
+            await self._send_taken(piece)
+
+    async def _send_taken(self, data: bytes) -> None:
+        """Send ``data``; each :data:`_SEND_BYTES` of it must be taken by the client within
+        ``body_timeout_s`` (else ``trio.BrokenResourceError``: the connection is closed).
+
+        An answer may be a file of 20 MiB: a client that asks and never reads would
+        keep it in memory for as long as its connection lives (docs/protocol.md §2).
+        """
+        view = memoryview(data)
+        for at in range(0, len(view), _SEND_BYTES):
+            with trio.move_on_after(self._limits.body_timeout_s):
+                await self._stream.send_all(view[at : at + _SEND_BYTES])
+                continue
+            raise trio.BrokenResourceError("the client took none of the answer in time")
 
     async def _stream_body(self, answer: StreamingResponse, *, head_only: bool = False) -> None:
         """Send the head, then each piece ``answer.run`` makes, then the end of the body.
