@@ -384,10 +384,10 @@ class _HttpConnection:
         slot = self._slot = _LargeRead(self._limits)  # held until the handler has answered
         try:
             body = await self._read_body(limit, code, slot)
+            return _request(event, body, self._client, self._limits.trusted_proxies)
         except BaseException:
             slot.release()
             raise
-        return _request(event, body, self._client, self._limits.trusted_proxies)
 
     async def _read_body(self, limit: int, code: str, slot: _LargeRead) -> bytes:
         """The body, up to ``limit`` (413 ``code``); past ``max_body_bytes``, in a slot."""
