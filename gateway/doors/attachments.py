@@ -10,7 +10,8 @@ end names a file by URL, and the gateway takes two kinds:
 - a URL the gateway itself served for a file of *this* session: the path
   ``/sessions/{id}/files/{file_id}``, relative or absolute (any host: the
   path says which file, and only a file of the session the message goes to
-  is one): that file.
+  is one; under the path of ``[server] public_url`` when it has one, as
+  :func:`file_url` gives it): that file.
 
 Any other URL is 422 ``unsupported_file_url``: the gateway fetches nothing
 from the network (a URL a client gives it is no reason to open a connection:
@@ -41,7 +42,7 @@ from gateway.errors import ApiError
 from gateway.ids import file_id_of
 from gateway.protocol.http import DocumentInput, ImageInput, TurnBlock
 from gateway.protocol.shapes import ContentBlock, TextBlock
-from gateway.session.files import Files, Refuse
+from gateway.session.files import Files, Refuse, admit, block_of, inline_block
 
 _FILE_PATH = re.compile(r"/sessions/([A-Za-z0-9_-]{1,128})/files/([A-Za-z0-9_-]{1,80})")
 """The path of ``GET /sessions/{id}/files/{file_id}``."""
@@ -139,8 +140,9 @@ def data_url(url: str, declared_type: str | None, where: str) -> tuple[str, byte
         ) from None
 
 
-def served(url: str, session_id: str, where: str) -> str:
-    """The file id of a URL the gateway served for a file of ``session_id``.
+def served(url: str, session_id: str, where: str, base: str = "") -> str:
+    """The file id of a URL the gateway served for a file of ``session_id`` (after
+    ``base``'s path, ``[server] public_url``, if the URL is under it).
 
     Raises:
         ApiError: 422 ``unknown_file`` (a file of another session), 422
@@ -151,7 +153,11 @@ def served(url: str, session_id: str, where: str) -> str:
     except ValueError:
         parts = None
     ours = parts is not None and parts.scheme.lower() in ("", "http", "https")
-    found = _FILE_PATH.fullmatch(parts.path) if parts is not None and ours else None
+    path = parts.path if parts is not None else ""
+    prefix = urllib.parse.urlsplit(base).path.rstrip("/")
+    if prefix and path.startswith(prefix + "/"):
+        path = path[len(prefix) :]
+    found = _FILE_PATH.fullmatch(path) if ours else None
     if found is None:
         shown = url[:60] + ("..." if len(url) > 60 else "")
         raise ApiError(
@@ -169,7 +175,12 @@ def served(url: str, session_id: str, where: str) -> str:
 
 
 def attachment(
-    url: str, media_type: str | None, declared: str | None, session_id: str, where: str
+    url: str,
+    media_type: str | None,
+    declared: str | None,
+    session_id: str,
+    where: str,
+    base: str = "",
 ) -> Attachment:
     """A file part's URL read: a data URL's bytes, or a file of the session (module docstring).
 
@@ -177,6 +188,7 @@ def attachment(
     kind the part says (``"image"``, ``"document"``; ``None``: as its type).
     A file of the session is what it was stored as: a type the part gives it
     that the gateway does not take (``image/*``) leaves the file's own to decide.
+    ``base`` is ``[server] public_url`` (:func:`served`).
     """
     if url[:5].lower() == "data:":
         kind_type, data = data_url(url, media_type, where)
@@ -184,7 +196,7 @@ def attachment(
     said = media.media_type_of(media_type or "")
     if declared is None and said in media.MEDIA_TYPES:  # else the file's own type decides
         declared = media.kind_of(said)
-    return Served(served(url, session_id, where), declared)
+    return Served(served(url, session_id, where, base), declared)
 
 
 def inline(value: str, media_type: str, declared: str | None, where: str) -> Inline:
@@ -197,17 +209,21 @@ def inline(value: str, media_type: str, declared: str | None, where: str) -> Inl
     return Inline(kind_type, data, kind_of(kind_type, declared, where))
 
 
-async def check(files: Files, sent: Sent, session_known: bool) -> None:
+async def check(
+    files: Files, sent: Sent, session_known: bool, new_refuse: Refuse | None = None
+) -> None:
     """Check a message's files before its session is made (module docstring): each inline
-    one's bytes; a file named by URL when the session does not exist yet (no file is one
-    of it).
+    one's bytes; when the session does not exist yet, a file named by URL (no file is
+    one of it), and what its model cannot take (``new_refuse``, the default agent's).
 
     Raises:
         ApiError: the errors of :meth:`gateway.session.files.Files.check`; 422
-            ``unknown_file``.
+            ``unknown_file``, ``unsupported_content``.
     """
-    for p in sent.parts:
+    for i, p in enumerate(sent.parts):
         if isinstance(p, Inline):
+            if not session_known:
+                admit(inline_block(p.media_type, p.data), p.kind, f"part {i}", new_refuse)
             await files.check(p.media_type, p.data)
         elif isinstance(p, Served) and not session_known:
             raise ApiError(422, "unknown_file", f"{p.file_id[:80]!r} is not a file of this session")
@@ -216,14 +232,33 @@ async def check(files: Files, sent: Sent, session_known: bool) -> None:
 async def stored(
     files: Files, session_id: str, owner: str, sent: Sent, refuse: Refuse | None = None
 ) -> list[ContentBlock]:
-    """The message as a turn's content: its inline files kept with the session (checked
-    already: :func:`check`), then every file resolved as a turn's are (module docstring).
+    """The message as a turn's content: its files checked against the session's model
+    (and a URL's, to be the session's), then its inline files kept with the session
+    (their bytes checked already: :func:`check`), then every file resolved as a
+    turn's are (module docstring). A message refused keeps none of its files.
 
     Raises:
         ApiError: the errors of :meth:`gateway.session.files.Files.upload` and
             :meth:`~gateway.session.files.Files.resolve` (422 ``unknown_file``,
             ``invalid_body``, ``unsupported_content``).
     """
+    known = await files.records(session_id) if sent.file_ids else {}
+    kinds: list[str] = []
+    for i, p in enumerate(sent.parts):
+        if isinstance(p, Inline):
+            admit(inline_block(p.media_type, p.data), p.kind, f"part {i}", refuse)
+            kinds.append(p.kind)
+        elif isinstance(p, Served):
+            if (rec := known.get(p.file_id)) is None:
+                raise ApiError(
+                    422, "unknown_file", f"{p.file_id[:80]!r} is not a file of this session"
+                )
+            kind = p.kind or media.kind_of(rec.media_type)
+            admit(block_of(rec), kind, f"part {i}", refuse)
+            kinds.append(kind)
+    for p in sent.parts:
+        if isinstance(p, Inline):
+            await files.upload(session_id, owner, p.media_type, p.data, checked=False)
     blocks: list[TurnBlock] = []
     for p in sent.parts:
         if isinstance(p, str):
@@ -232,19 +267,7 @@ async def stored(
             elif p:
                 blocks.append(TextBlock(p))
             continue
-        kind = p.kind
-        if isinstance(p, Inline):
-            await files.upload(session_id, owner, p.media_type, p.data, checked=False)
-        elif kind is None:  # the part did not say: the file's own type
-            try:
-                rec, _ = await files.get(session_id, p.file_id)
-            except ApiError as exc:
-                if exc.code != "file_not_found":
-                    raise
-                raise ApiError(
-                    422, "unknown_file", f"{p.file_id[:80]!r} is not a file of this session"
-                ) from None
-            kind = media.kind_of(rec.media_type)
+        kind = kinds.pop(0)
         blocks.append(
             ImageInput(file_id=p.file_id) if kind == "image" else DocumentInput(p.file_id)
         )

@@ -157,12 +157,14 @@ class DoorContext:
                 await limits.refund_turn(key, counted)
             raise
 
-    def file_refusal(self, session: Session) -> Refuse:
+    def file_refusal(self, session: Session | None) -> Refuse:
         """What the session's model cannot take of a turn's files, for
         ``Files.resolve(refuse=)``: 422 ``unsupported_content`` at the POST, not a
-        failed call later (docs/protocol.md §2 "Files"; every door that takes a turn)."""
-        agent = self.node.agents[session.record.agent]  # its model names its provider
-        return functools.partial(refusal, agent.runtime, agent.provider)
+        failed call later (docs/protocol.md §2 "Files"; every door that takes a turn).
+        ``None``: a session a door is about to make, of the default agent."""
+        agents = self.node.agents
+        agent = agents[session.record.agent if session is not None else agents.default]
+        return functools.partial(refusal, agent.runtime, agent.provider)  # its model's provider
 
     async def subscribe(
         self, session: Session, sub: seam.SeamSubscriber, since: int | None = None

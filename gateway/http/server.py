@@ -68,6 +68,8 @@ from gateway.protocol.closes import close_reason
 _log = logging.getLogger("gateway.http")
 
 _RECEIVE_BYTES = 65536
+_SEND_BYTES = 256 * 1024
+"""A piece of an answer the client must take within ``body_timeout_s`` (``_send_taken``)."""
 _LINGER_S = 2.0
 """How long an erroring connection keeps draining the client's bytes before closing."""
 
@@ -225,8 +227,9 @@ class HttpLimits:
     ``body_timeout_s`` from the end of its head, where others have what is left
     of ``read_timeout_s``. Before one is read, ``admit_large`` checks the
     request's head (the API key: gateway.app), and one of ``large_reads`` is
-    taken (503 ``over_capacity`` when none is free), so what large bodies
-    hold in memory at once is bounded whoever sends them.
+    taken once it passes ``max_body_bytes`` (503 ``over_capacity`` when none
+    is free), held until its handler has answered, so what large bodies hold
+    in memory at once is bounded whoever sends them.
     """
 
     max_body_bytes: int = 1_048_576
@@ -280,6 +283,7 @@ class _HttpConnection:
         self._client = client
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
         self._head = False  # the request being answered is a HEAD: its answer has no body
+        self._slot = _LargeRead(limits)  # the request's, if its body is a large one
 
     async def run(self) -> None:
         # The first request's clock starts at accept, for both the idle wait and the read.
@@ -293,9 +297,14 @@ class _HttpConnection:
                 return
             if request is None:
                 return
-            answer = await self._call_handler(request)
+            try:
+                answer = await self._call_handler(request)
+            finally:
+                self._slot.release()  # a large body's, held while its handler used it
             if isinstance(answer, StreamingResponse):
-                await self._stream_body(answer, head_only=request.method == "HEAD")
+                head_only = request.method == "HEAD"
+                del request  # a stream lives long: it keeps none of the request (its body)
+                await self._stream_body(answer, head_only=head_only)
             elif isinstance(answer, WebSocketAccept):
                 refusal = _handshake_refusal(request)
                 if refusal is None:
@@ -366,17 +375,19 @@ class _HttpConnection:
         may_be_large = large is not None and (declared is None or int(declared) > limit)
         if large is not None:
             limit, code = max(limit, large.max_bytes), large.code
-            if may_be_large and self._limits.admit_large is not None:
+        if may_be_large:  # a small body keeps read_timeout_s: its key is not checked first
+            if self._limits.admit_large is not None:
                 self._limits.admit_large(_headers(event))  # 401, 403: before a byte of it
             reading.deadline = trio.current_time() + self._limits.body_timeout_s
         if declared is not None and int(declared) > limit:
             raise _body_too_large(limit, code)
-        slot = _LargeRead(self._limits)
+        slot = self._slot = _LargeRead(self._limits)  # held until the handler has answered
         try:
             body = await self._read_body(limit, code, slot)
-        finally:
+            return _request(event, body, self._client, self._limits.trusted_proxies)
+        except BaseException:
             slot.release()
-        return _request(event, body, self._client, self._limits.trusted_proxies)
+            raise
 
     async def _read_body(self, limit: int, code: str, slot: _LargeRead) -> bytes:
         """The body, up to ``limit`` (413 ``code``); past ``max_body_bytes``, in a slot."""
@@ -447,11 +458,28 @@ class _HttpConnection:
             reason=_reason_phrase(response.status),
             headers=[*framing, *response.headers],
         )
-        data = self._h11.send(head)
-        if response.body and not self._head:
-            data += self._h11.send(h11.Data(data=response.body))
-        data += self._h11.send(h11.EndOfMessage())
-        await self._stream.send_all(data)
+        pieces = [self._h11.send(head)]
+        if response.body and not self._head:  # the body as it is, not a copy of it
+            pieces += self._h11.send_with_data_passthrough(h11.Data(data=response.body)) or []
+        pieces.append(self._h11.send(h11.EndOfMessage()))
+        if sum(map(len, pieces)) <= _SEND_BYTES:
+            pieces = [b"".join(pieces)]  # one write, as small answers always were
+        for piece in pieces:
+            await self._send_taken(piece)
+
+    async def _send_taken(self, data: bytes) -> None:
+        """Send ``data``; each :data:`_SEND_BYTES` of it must be taken by the client within
+        ``body_timeout_s`` (else ``trio.BrokenResourceError``: the connection is closed).
+
+        An answer may be a file of 20 MiB: a client that asks and never reads would
+        keep it in memory for as long as its connection lives (docs/protocol.md §2).
+        """
+        view = memoryview(data)
+        for at in range(0, len(view), _SEND_BYTES):
+            with trio.move_on_after(self._limits.body_timeout_s):
+                await self._stream.send_all(view[at : at + _SEND_BYTES])
+                continue
+            raise trio.BrokenResourceError("the client took none of the answer in time")
 
     async def _stream_body(self, answer: StreamingResponse, *, head_only: bool = False) -> None:
         """Send the head, then each piece ``answer.run`` makes, then the end of the body.

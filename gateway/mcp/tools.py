@@ -17,7 +17,8 @@ newlines, is the ``result``; ``structuredContent`` is the structured result;
 ``isError`` is a ``tool.failed`` (``error``) with the text. An image or audio
 content is the output's ``files`` (its bytes, base64-decoded; the session keeps
 each as a file of its own and names it in the result: gateway.session.tool_round),
-at most :data:`MAX_RESULT_FILES` of them; audio only of an ``audio/...`` type.
+at most :data:`MAX_RESULT_FILES` of them; audio only of an ``audio/...`` type, an
+image of none (the session keeps ``audio/...`` unchecked).
 Other content the model cannot read as text (a resource link, a binary
 resource; any image or audio of a failed result, or one not kept) becomes a
 one-line placeholder naming it. A result is cut at :data:`MAX_RESULT_BYTES` (its text,
@@ -52,7 +53,7 @@ MAX_RESULT_BYTES = 1024 * 1024
 MAX_RESULT_FILES = 16
 """The most images and audio of one result kept as files; the rest are placeholder lines."""
 
-_AUDIO_TYPE = re.compile(r"^audio/[a-z0-9][a-z0-9.+-]{0,62}$")
+_AUDIO_TYPE = re.compile(r"audio/[a-z0-9][a-z0-9.+-]{0,62}")
 """An audio content's ``mimeType`` kept as a file's (it is served back as its ``Content-Type``)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -293,9 +294,11 @@ def _file(block: Any, count: int) -> tuple[str, bytes] | str | None:
     ``None`` for content that is neither (its placeholder)."""
     if isinstance(block, types.ImageContent):
         kind = "image"
+        if block.mime_type.startswith("audio/"):  # kept unchecked as audio by the session
+            return f"[image: {block.mime_type[:100]!r} is not an image type, not kept]"
     elif isinstance(block, types.AudioContent):
         kind = "audio"
-        if not _AUDIO_TYPE.match(block.mime_type):
+        if not _AUDIO_TYPE.fullmatch(block.mime_type):
             return f"[audio: {block.mime_type[:100]!r} is not an audio type, not kept]"
     else:
         return None

@@ -255,12 +255,13 @@ async def _files(node: NodeCore, source: Session, op: ops.Fork) -> None:
 
 
 async def _remove(node: NodeCore, fork_id: str, workspace: str) -> None:
-    """What a refused fork copied: its workspace, Claude Code state and files."""
+    """What a refused fork copied: its files (first: they count against its key's quota,
+    whatever fails after), its workspace and Claude Code state."""
+    with contextlib.suppress(StoreError):  # no record of it: only its files (copied or not)
+        await node.store.delete_sessions([fork_id])
     await node.workspaces.remove(session_id=fork_id, recorded=workspace)
     root = node.workspaces.root
     await trio.to_thread.run_sync(remove_state, root, fork_id)
-    with contextlib.suppress(StoreError):  # no record of it: only its files (copied or not)
-        await node.store.delete_sessions([fork_id])
 
 
 def _mib(size: int) -> str:

@@ -24,7 +24,8 @@ providers build their API's blocks themselves (:mod:`~gateway.providers.anthropi
   as that most, 1,600. A document counts as its size / 4 (a character a
   byte, four to a token, as text is counted).
 - :func:`missing`: what a model reads in place of a file whose bytes are no
-  longer stored (its session deleted during the turn).
+  longer stored (its session deleted during the turn); :func:`not_sent`, in
+  place of one past :data:`REQUEST_FILE_BYTES`.
 - :func:`said_back`: the scripted model's line for a file it was sent
   (docs/protocol.md §11 "The scripted model").
 """
@@ -44,6 +45,11 @@ TAKES_PDF = frozenset({"anthropic", "scripted"})
 
 ANTHROPIC_IMAGE_MAX_BYTES = 5 * 1024 * 1024 * 3 // 4
 """The largest image the Anthropic API takes: 5 MiB of base64, 3.75 MiB of bytes."""
+
+REQUEST_FILE_BYTES = 24 * 1024 * 1024
+"""The bytes of files one model call carries, the newest first (gateway.providers.history,
+rule 8): the Anthropic API takes a request of 32 MB, base64 making a file a third
+larger; a session may hold 100 files of 20 MiB, which no call reads whole."""
 
 
 def image_limit(runtime: str, provider: str) -> int | None:
@@ -90,6 +96,15 @@ def too_large(block: FileBlock, most: int) -> str:
     return (
         f"[image {block.file_id} is {block.size} bytes; this model takes an image"
         f" of at most {most} bytes]"
+    )
+
+
+def not_sent(block: FileBlock, most: int) -> str:
+    """What a model reads in place of a file past :data:`REQUEST_FILE_BYTES` of a call."""
+    kind = block.__struct_config__.tag
+    return (
+        f"[{kind} {block.file_id} {block.media_type} {block.size} bytes: not sent, past the"
+        f" {most // (1024 * 1024)} MiB of files one request carries (newer files first)]"
     )
 
 

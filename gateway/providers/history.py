@@ -55,6 +55,12 @@ message store):
    messages a context message stands for is the caller's business
    (:func:`gateway.session.compaction.model_view`): this module renders
    whatever it is given.
+8. A call carries at most :data:`~gateway.providers.attachments.REQUEST_FILE_BYTES`
+   of files (:func:`within_budget`): the newest message's first, each in its
+   order, a file counted once; an older file past it is, in its place, a line
+   of text saying so (:func:`~gateway.providers.attachments.not_sent`), and a
+   tool result's image past it a line after the result's text. The session
+   keeps every file; only what one call sends is bounded.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ from gateway.protocol.shapes import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from gateway.providers.attachments import REQUEST_FILE_BYTES, not_sent
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
 """How a ``context`` message reads to the model (rule 6)."""
@@ -235,3 +242,40 @@ def _says_something(message: HistoryMessage) -> bool:
     if message.role == "user":
         return bool(message.content)
     return any(isinstance(b, TextBlock | ToolUseBlock) for b in message.content)
+
+
+def within_budget(messages: Sequence[Message], most: int = REQUEST_FILE_BYTES) -> list[Message]:
+    """Rule 8: ``messages`` with the files past ``most`` bytes, the oldest, as lines of text."""
+    left, counted = most, set[str]()
+
+    def fits(f: FileBlock) -> bool:
+        nonlocal left
+        if f.file_id not in counted:
+            if f.size > left:
+                return False
+            left -= f.size
+            counted.add(f.file_id)
+        return True
+
+    out: list[Message] = []
+    for message in reversed(messages):
+        if message.role != "user" or message.status == "in_progress":
+            out.append(message)
+            continue
+        content: list[ContentBlock] = []
+        for block in message.content:
+            if isinstance(block, ImageBlock | DocumentBlock) and not fits(block):
+                block = TextBlock(not_sent(block, most))
+            elif isinstance(block, ToolResultBlock) and block.files:
+                past = [f for f in tool_images(block.files) if not fits(f)]
+                if past:
+                    files = [f for f in block.files if f not in past]
+                    lines = "\n".join(not_sent(f, most) for f in past)
+                    text = f"{block.content}\n{lines}" if block.content else lines
+                    block = msgspec.structs.replace(
+                        block, content=text, files=files or msgspec.UNSET
+                    )
+            content.append(block)
+        changed = any(a is not b for a, b in zip(content, message.content, strict=True))
+        out.append(msgspec.structs.replace(message, content=content) if changed else message)
+    return out[::-1]

@@ -49,7 +49,7 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.shapes import StopReason, ToolUseBlock, Usage
 from gateway.providers.base import ModelRequest
-from gateway.providers.history import model_files
+from gateway.providers.history import model_files, within_budget
 from gateway.session import busy, closing, compaction_live, rewind
 from gateway.session.call import Call, EndCall
 from gateway.session.closing_live import TurnEnding
@@ -252,7 +252,7 @@ class AgentLoop:
         call = self.open_call(turn, state)
         model = s.record.active_model
         agent = self.agent
-        view = model_view(s.messages)  # docs/protocol.md §12
+        view = within_budget(model_view(s.messages))  # docs/protocol.md §12; §2 "Files"
         try:
             request = ModelRequest(
                 model=model,

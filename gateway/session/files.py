@@ -52,11 +52,36 @@ Refuse = Callable[[FileBlock], str | None]
 
 def block_of(rec: FileRecord) -> FileBlock:
     """The block that stands for a file: image, document, or (a tool's) audio."""
-    if rec.media_type in media.IMAGE_TYPES:
-        return ImageBlock(rec.file_id, rec.media_type, rec.size)
-    if rec.media_type.startswith("audio/"):
-        return AudioBlock(rec.file_id, rec.media_type, rec.size)
-    return DocumentBlock(rec.file_id, rec.media_type, rec.size)
+    return _block(rec.file_id, rec.media_type, rec.size)
+
+
+def _block(file_id: str, media_type: str, size: int) -> FileBlock:
+    if media_type in media.IMAGE_TYPES:
+        return ImageBlock(file_id, media_type, size)
+    if media_type.startswith("audio/"):
+        return AudioBlock(file_id, media_type, size)
+    return DocumentBlock(file_id, media_type, size)
+
+
+def admit(block: FileBlock, kind: str, where: str, refuse: Refuse | None) -> FileBlock:
+    """``block`` if a turn's block of ``kind`` may be it and its model takes it.
+
+    Raises:
+        ApiError: 422 ``invalid_body`` (a file of the other kind), ``unsupported_content``.
+    """
+    if block.__struct_config__.tag != kind:
+        raise ApiError(
+            422, "invalid_body", f"{where}: {block.file_id} is {block.media_type}, not an {kind}"
+        )
+    reason = refuse(block) if refuse is not None else None
+    if reason is not None:
+        raise ApiError(422, "unsupported_content", f"{where}: {reason}")
+    return block
+
+
+def inline_block(media_type: str, data: bytes) -> FileBlock:
+    """The block an inline file will be once kept (content-addressed: its id is known)."""
+    return _block(file_id_of(hashlib.sha256(data).hexdigest()), media_type, len(data))
 
 
 def file_ids(blocks: Iterable[ContentBlock]) -> list[str]:
@@ -156,6 +181,13 @@ class Files:
             raise ApiError(404, "file_not_found", f"{file_id[:80]!r} is not a file of this session")
         return found
 
+    async def records(self, session_id: str) -> dict[str, FileRecord]:
+        """The session's files by id, without their bytes."""
+        try:
+            return {r.file_id: r for r in await self._store.files_of(session_id)}
+        except StoreError as exc:
+            raise unavailable(exc) from None
+
     async def resolve(
         self,
         session_id: str,
@@ -164,7 +196,9 @@ class Files:
         refuse: Refuse | None = None,
     ) -> list[ContentBlock]:
         """A turn's blocks as stored: each file named by id checked to be the session's,
-        each inline one kept first; what the model cannot take refused.
+        each inline one kept; what the model cannot take refused. Every block is
+        checked before an inline file is kept: a turn refused for one of its
+        blocks keeps none of its files.
 
         Raises:
             ApiError: 422 ``unknown_file`` (not a file of this session),
@@ -174,11 +208,8 @@ class Files:
         """
         if not any(isinstance(b, ImageInput | DocumentInput) for b in blocks):
             return list(blocks)  # type: ignore[arg-type]  # text (and other kinds: refused later)
-        try:
-            known = {r.file_id: r for r in await self._store.files_of(session_id)}
-        except StoreError as exc:
-            raise unavailable(exc) from None
-        out: list[ContentBlock] = []
+        known = await self.records(session_id)
+        out: list[ContentBlock | tuple[str, str, str, bytes]] = []  # or (where, kind, inline)
         for position, b in enumerate(blocks):
             if not isinstance(b, ImageInput | DocumentInput):
                 out.append(b)
@@ -191,10 +222,12 @@ class Files:
                 )
             if b.source is not None:
                 # Decoding up to 27 MiB of base64: off the event loop.
-                decoded = await trio.to_thread.run_sync(_decoded, b.source, where)
-                rec = await self.upload(session_id, owner, *decoded)
+                media_type, data = await trio.to_thread.run_sync(_decoded, b.source, where)
+                if media_type in media.MEDIA_TYPES:  # else upload's 415
+                    admit(inline_block(media_type, data), kind, where, refuse)
+                out.append((where, kind, media_type, data))  # kept once every block is checked
             elif (found := known.get(b.file_id or "")) is not None:
-                rec = found
+                out.append(admit(block_of(found), kind, where, refuse))
             else:
                 raise ApiError(
                     422,
@@ -202,18 +235,12 @@ class Files:
                     f"{where}: {str(b.file_id)[:80]!r} is not a file of this session "
                     "(POST /sessions/{id}/files first)",
                 )
-            block = block_of(rec)
-            if block.__struct_config__.tag != kind:
-                raise ApiError(
-                    422,
-                    "invalid_body",
-                    f"{where}: {rec.file_id} is {rec.media_type}, not an {kind}",
-                )
-            reason = refuse(block) if refuse is not None else None
-            if reason is not None:
-                raise ApiError(422, "unsupported_content", f"{where}: {reason}")
-            out.append(block)
-        return out
+        return [
+            admit(block_of(await self.upload(session_id, owner, *b[2:])), b[1], b[0], refuse)
+            if isinstance(b, tuple)
+            else b
+            for b in out
+        ]
 
     async def read(self, session_id: str, ids: Iterable[str]) -> dict[str, tuple[str, bytes]]:
         """The media type and bytes of each file named (a provider's request); one the
@@ -242,6 +269,8 @@ class Files:
 
     def _remember(self, key: tuple[str, str], entry: tuple[str, bytes]) -> tuple[str, bytes]:
         if len(entry[1]) <= CACHE_BYTES // 4:
+            if (before := self._cache.pop(key, None)) is not None:  # read at once by two calls
+                self._cached -= len(before[1])
             self._cache[key] = entry
             self._cached += len(entry[1])
             while self._cached > CACHE_BYTES:

@@ -156,9 +156,11 @@ class AguiRoutes:
         # What refuses a new run is checked before its thread is made: a run
         # refused 422 or 429 leaves no session behind (nor a count of one), nor
         # one whose files are refused (their bytes are checked first).
-        said = None if body.resume else user_sent(body.messages, body.thread_id)
+        base = self.config.server.public_url
+        said = None if body.resume else user_sent(body.messages, body.thread_id, base)
         if said is not None:
-            await attachments.check(self.node.files, said, await self._known(body.thread_id, said))
+            known = await self._known(body.thread_id, said)
+            await attachments.check(self.node.files, said, known, self.ctx.file_refusal(None))
             await self.node.limits.check_turn(caller or NO_OWNER)  # counted with the turn, below
         # A stream, counted as a WebSocket is (503 over_capacity), until it ends.
         release = once(await self.node.limits.open_stream(caller or NO_OWNER, "agui"))
@@ -330,8 +332,8 @@ class AguiRoutes:
         return self.config.stream.snapshot_max_bytes
 
     async def _known(self, thread_id: str, said: attachments.Sent) -> bool:
-        """Whether the thread exists, when the message names files by URL (else moot)."""
-        if not any(isinstance(p, attachments.Served) for p in said.parts):
+        """Whether the thread exists, when the message has files (else moot)."""
+        if not said.file_ids:
             return False
         return (
             thread_id in self.node.sessions
@@ -371,11 +373,12 @@ class AguiRoutes:
 # --- helpers -----------------------------------------------------------------------
 
 
-def user_sent(messages: list[InputMessage], thread_id: str) -> attachments.Sent:
+def user_sent(messages: list[InputMessage], thread_id: str, base: str = "") -> attachments.Sent:
     """The last user message: a string, or its parts (docs/doors/agui.md "Files"):
     ``text``; ``image`` and ``document`` (AG-UI 1.0: a ``data`` source, base64
     with its ``mimeType``, or a ``url`` one); the legacy ``binary`` (``data``,
-    ``url``, or ``id`` a file id of the thread). 422 otherwise, or when empty."""
+    ``url``, or ``id`` a file id of the thread). 422 otherwise, or when empty. ``base``:
+    ``[server] public_url``, under whose path a URL may be."""
     last = next((m for m in reversed(messages) if m.role == "user"), None)
     if last is None:
         raise ApiError(422, "invalid_body", "messages has no user message")
@@ -384,13 +387,15 @@ def user_sent(messages: list[InputMessage], thread_id: str) -> attachments.Sent:
         content = [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise ApiError(422, "invalid_body", "the user message's content must be text or parts")
-    said = attachments.Sent([_part(p, thread_id, f"content[{i}]") for i, p in enumerate(content)])
+    said = attachments.Sent(
+        [_part(p, thread_id, f"content[{i}]", base) for i, p in enumerate(content)]
+    )
     if said.empty():
         raise ApiError(422, "invalid_body", "content must not be empty")
     return said
 
 
-def _part(part: object, thread_id: str, where: str) -> str | attachments.Attachment:
+def _part(part: object, thread_id: str, where: str, base: str) -> str | attachments.Attachment:
     """One part of a user message's content (:func:`user_sent`)."""
     if not isinstance(part, dict):
         raise ApiError(422, "invalid_body", f"{where}: a part is an object")
@@ -404,7 +409,7 @@ def _part(part: object, thread_id: str, where: str) -> str | attachments.Attachm
         if source.get("type") == "data" and isinstance(value, str) and mime:
             return attachments.inline(value, mime, kind, where)
         if source.get("type") == "url" and isinstance(value, str):
-            return attachments.attachment(value, mime, kind, thread_id, where)
+            return attachments.attachment(value, mime, kind, thread_id, where, base)
         raise ApiError(
             422,
             "invalid_body",
@@ -417,7 +422,7 @@ def _part(part: object, thread_id: str, where: str) -> str | attachments.Attachm
         if isinstance(data, str):
             return attachments.inline(data, mime, None, where)
         if isinstance(url, str):
-            return attachments.attachment(url, mime, None, thread_id, where)
+            return attachments.attachment(url, mime, None, thread_id, where, base)
         if isinstance(ident, str):
             path = f"/sessions/{thread_id}/files/{ident}"
             return attachments.attachment(path, mime, None, thread_id, where)

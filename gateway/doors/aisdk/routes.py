@@ -171,7 +171,7 @@ class Responses:
         if last.role != "user":
             raise ApiError(422, "invalid_body", f"the last message's role is {last.role!r}")
         self.chats.check(chat_id)
-        said = user_sent(last, chat_id)
+        said = user_sent(last, chat_id, self.config.server.public_url)
         key = caller or NO_OWNER
         rewind_to: str | None = None
         known = await self._known(chat_id)
@@ -194,7 +194,7 @@ class Responses:
             )
         # What refuses a new turn comes before its chat is made (nothing left on a 429,
         # nor on a file refused: its bytes are checked first).
-        await attachments.check(self.node.files, said, known)
+        await attachments.check(self.node.files, said, known, self.ctx.file_refusal(None))
         await self.node.limits.check_turn(key)  # counted with the turn, below
         session = await self.chats.get(chat_id, caller)
         state = await self.node.live_summary(session)
@@ -410,18 +410,19 @@ class Responses:
         return StreamingResponse(run, headers=[*SSE_HEADERS, *HEADERS], abandon=abandon)
 
 
-def user_sent(message: UiMessage, chat_id: str) -> attachments.Sent:
+def user_sent(message: UiMessage, chat_id: str, base: str = "") -> attachments.Sent:
     """A user message's ``text`` and ``file`` parts, in order (422 for any other part,
     or none): a file part's ``url`` is a data URL or a file of the chat
     (gateway.doors.attachments), its ``mediaType`` says whether it is an image
-    or a document."""
+    or a document; ``base``: ``[server] public_url``, under whose path a URL may be."""
     parts: list[str | attachments.Attachment] = []
     for i, part in enumerate(message.parts):
         kind, url, media_type = part.get("type"), part.get("url"), part.get("mediaType")
         if kind == "text" and isinstance(part.get("text"), str):
             parts.append(part["text"])
         elif kind == "file" and isinstance(url, str) and isinstance(media_type, str):
-            parts.append(attachments.attachment(url, media_type, None, chat_id, f"parts[{i}]"))
+            where = f"parts[{i}]"
+            parts.append(attachments.attachment(url, media_type, None, chat_id, where, base))
         else:
             shown = str(kind)[:40]
             raise ApiError(

@@ -44,6 +44,7 @@ from claude_agent_sdk.types import HookContext, HookInput, HookJSONOutput
 
 from gateway.protocol.shapes import DocumentBlock, ImageBlock, Message, TextBlock
 from gateway.providers import attachments
+from gateway.providers.history import within_budget
 from gateway.runtimes.claude_code.owner import Owner
 from gateway.runtimes.claude_code.process import CliProcess
 from gateway.session import busy
@@ -96,7 +97,9 @@ def _file_block(block: ImageBlock | DocumentBlock, media_type: str, data: bytes)
 
 
 async def prompt(runtime: Owner, message: Message) -> Prompt:
-    """:func:`prompt_of` ``message``, its files read from the session's."""
+    """:func:`prompt_of` ``message``, its files read from the session's (at most what one
+    request carries: gateway.providers.history.within_budget)."""
+    [message] = within_budget([message])
     ids = file_ids(message.content)
     files = await runtime.node.files.read(runtime.session.id, ids) if ids else {}
     return prompt_of(message, files)

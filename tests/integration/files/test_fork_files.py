@@ -94,3 +94,28 @@ async def test_a_fork_refused_while_its_files_are_copied_leaves_none(
         ids = {s["session"]["id"] for s in listed["sessions"]}
         assert ids == {source}, listed
     assert files_in_store(tmp_path) == [(source, pic["file_id"])]
+
+
+async def test_a_refused_fork_whose_workspace_cannot_be_removed_leaves_no_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copied, then refused, and the fork's workspace copy fails to go: its files go
+    anyway (they count against the key's quota, for a session that never was)."""
+    async with running_gateway(make_config(tmp_path)) as gw:
+        source = await gw.create_session()
+        pic = await upload(gw, source, png(), "image/png")
+        store: Any = gw.node.store
+        copy = store.copy_files
+
+        async def failing(source_id: str, target_id: str, owner: str) -> None:
+            await copy(source_id, target_id, owner)
+            raise StoreError("the disk is gone")
+
+        async def stuck(self: object, *, session_id: str, recorded: str) -> bool:
+            raise OSError("the directory is busy")
+
+        monkeypatch.setattr(store, "copy_files", failing)
+        monkeypatch.setattr(type(gw.node.workspaces), "remove", stuck)
+        r = await gw.http.post(f"/sessions/{source}/fork", json={})
+        assert r.status_code >= 500
+    assert files_in_store(tmp_path) == [(source, pic["file_id"])]

@@ -75,3 +75,28 @@ async def test_large_bodies_read_at_once_are_bounded(tmp_path: Path) -> None:
                 for stream in streams:
                     await stream.aclose()
             await polled(lambda: slots.value == 8)  # given back as their connections end
+
+
+async def test_a_small_body_to_a_large_route_keeps_the_read_timeout(tmp_path: Path) -> None:
+    # A body no larger than max_body_bytes has what is left of read_timeout_s, whatever
+    # the route: its key is not checked before it is read, so body_timeout_s would give
+    # any client, keyless, a minute per connection to trickle a few bytes.
+    config = make_config(
+        tmp_path,
+        **{
+            "auth.api_keys": [KEY],
+            "server.read_timeout_s": 0.5,
+            "server.body_timeout_s": 60.0,
+        },
+    )
+    with trio.fail_after(20):
+        async with running_gateway(config) as gw:
+            for path in ("/agui", "/ai-sdk/chat", "/sessions/sess_x/turns", "/sessions/x/files"):
+                stream = await trio.open_tcp_stream("127.0.0.1", gw.gateway.port)
+                async with stream:
+                    await stream.send_all(head(path, 100) + b"{")  # 99 bytes never come
+                    started = trio.current_time()
+                    answer = Answer(*await _answer(stream), False)
+                    waited = trio.current_time() - started
+                assert answer.status == 408, (path, answer.body)
+                assert waited < 5, (path, waited)

@@ -109,3 +109,21 @@ def test_a_message_is_its_text_and_its_files_in_order() -> None:
     said = Sent([image, "what ", Served(FILE, None), "is it?"])
     assert said.text == "what is it?" and said.file_ids == [image.file_id, FILE]
     assert not said.empty() and Sent([""]).empty() and not Sent([image]).empty()
+
+
+def test_under_public_urls_path_a_url_is_the_gateways_and_under_no_other() -> None:
+    base = "https://example.org/gw/"
+    served = file_url(base, "chat-1", FILE)
+    assert served == f"https://example.org/gw/sessions/chat-1/files/{FILE}"
+    for url in (served, f"/gw/sessions/chat-1/files/{FILE}", f"/sessions/chat-1/files/{FILE}"):
+        assert attachment(url, None, None, "chat-1", "p", base) == Served(FILE, None)
+    for url in (
+        f"https://example.org/other/sessions/chat-1/files/{FILE}",
+        f"https://example.org/gwx/sessions/chat-1/files/{FILE}",
+    ):
+        with pytest.raises(ApiError) as caught:
+            attachment(url, None, None, "chat-1", "p", base)
+        assert caught.value.code == "unsupported_file_url", url
+    with pytest.raises(ApiError) as caught:
+        attachment(file_url(base, "chat-2", FILE), None, None, "chat-1", "p", base)
+    assert caught.value.code == "unknown_file"

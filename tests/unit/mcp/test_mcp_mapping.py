@@ -106,3 +106,38 @@ def test_tools_with_unusable_names_or_schemas_are_dropped() -> None:
     with pytest.raises(ToolError) as err:
         tool.parse({"n": 0})
     assert err.value.error_class == "invalid_input" and "at 'n'" in err.value.message
+
+
+def test_an_audio_type_with_a_line_break_is_not_kept() -> None:
+    # Kept, its type would be a file's Content-Type on GET .../files/{file_id}: a line
+    # break in a header (refused by h11 as the answer is written, or worse behind another
+    # server). ``$`` of a regular expression matches before a final newline.
+    result = types.CallToolResult(
+        content=[
+            types.AudioContent(data="AAAA", mime_type="audio/wav\n"),
+            types.AudioContent(data="AAAA", mime_type="audio/wav\r\nSet-Cookie: a=b"),
+        ]
+    )
+    out = map_result("s", "t", result)
+    assert out.files == []
+    assert out.content.splitlines() == [
+        "[audio: 'audio/wav\\n' is not an audio type, not kept]",
+        "[audio: 'audio/wav\\r\\nSet-Cookie: a=b' is not an audio type, not kept]",
+    ]
+
+
+def test_an_image_content_typed_as_audio_is_not_kept() -> None:
+    # The session keeps a file typed audio/... unchecked, as audio: an image content
+    # must not reach that path (its type unchecked, a line break in it included).
+    result = types.CallToolResult(
+        content=[
+            types.ImageContent(data="AAAA", mime_type="audio/wav\r\nSet-Cookie: a=b"),
+            types.ImageContent(data="AAAA", mime_type="audio/wav"),
+        ]
+    )
+    out = map_result("s", "t", result)
+    assert out.files == []
+    assert out.content.splitlines() == [
+        "[image: 'audio/wav\\r\\nSet-Cookie: a=b' is not an image type, not kept]",
+        "[image: 'audio/wav' is not an image type, not kept]",
+    ]
