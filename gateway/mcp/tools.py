@@ -53,6 +53,11 @@ MAX_RESULT_BYTES = 1024 * 1024
 MAX_RESULT_FILES = 16
 """The most images and audio of one result kept as files; the rest are placeholder lines."""
 
+MAX_RESULT_FILE_BYTES = 64 * 1024 * 1024
+"""The most bytes of one result's files decoded (by their base64's length, before it is
+decoded): past it, the rest are placeholder lines, and the session's own limits
+(``[files] max_bytes``) still apply to each one kept."""
+
 _AUDIO_TYPE = re.compile(r"audio/[a-z0-9][a-z0-9.+-]{0,62}")
 """An audio content's ``mimeType`` kept as a file's (it is served back as its ``Content-Type``)."""
 
@@ -271,7 +276,7 @@ def map_result(server: str, tool: str, result: types.CallToolResult) -> ToolOutp
     for block in result.content:
         if isinstance(block, types.TextContent):
             parts.append(block.text)
-        elif result.is_error or (kept := _file(block, len(files))) is None:
+        elif result.is_error or (kept := _file(block, files)) is None:
             parts.append(_placeholder(block))
         elif isinstance(kept, str):
             parts.append(kept)
@@ -289,7 +294,7 @@ def map_result(server: str, tool: str, result: types.CallToolResult) -> ToolOutp
     return ToolOutput(text, structured, files)
 
 
-def _file(block: Any, count: int) -> tuple[str, bytes] | str | None:
+def _file(block: Any, files: list[tuple[str, bytes]]) -> tuple[str, bytes] | str | None:
     """An image's or audio's media type and bytes; a line saying why it is not kept; or
     ``None`` for content that is neither (its placeholder)."""
     if isinstance(block, types.ImageContent):
@@ -303,8 +308,12 @@ def _file(block: Any, count: int) -> tuple[str, bytes] | str | None:
     else:
         return None
     shown = block.mime_type[:100]
-    if count >= MAX_RESULT_FILES:
+    if len(files) >= MAX_RESULT_FILES:
         return f"[{kind}: {shown}, past the {MAX_RESULT_FILES} files a result keeps, not kept]"
+    size = len(block.data) * 3 // 4  # what it decodes to, within 2 bytes
+    if sum(len(data) for _, data in files) + size > MAX_RESULT_FILE_BYTES:
+        most = MAX_RESULT_FILE_BYTES
+        return f"[{kind}: {shown}, {size} bytes, past the {most} a result's files keep, not kept]"
     try:
         return block.mime_type, base64.b64decode(block.data, validate=True)
     except (binascii.Error, ValueError):

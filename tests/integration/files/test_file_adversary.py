@@ -185,7 +185,7 @@ async def test_an_svg_sent_as_text_is_served_as_an_inert_download(gw: Harness) -
     sid = await gw.create_session()
     fid = await uploaded(gw.http, sid, SVG, "text/plain")
     r = await gw.http.get(f"/sessions/{sid}/files/{fid}")
-    assert r.content == SVG and r.headers["content-type"] == "text/plain"
+    assert r.content == SVG and r.headers["content-type"] == "text/plain; charset=utf-8"
     assert r.headers["content-disposition"].startswith("attachment")
     assert r.headers["x-content-type-options"] == "nosniff"
     assert "sandbox" in r.headers["content-security-policy"]

@@ -9,6 +9,7 @@ import mcp_types as types
 import pytest
 
 from gateway.errors import ToolError
+from gateway.mcp import tools
 from gateway.mcp.tools import MAX_RESULT_BYTES, MAX_RESULT_FILES, adapt_tools, map_result
 from gateway.tools.registry import ToolContext, ToolOutput
 
@@ -141,3 +142,18 @@ def test_an_image_content_typed_as_audio_is_not_kept() -> None:
         "[image: 'audio/wav\\r\\nSet-Cookie: a=b' is not an image type, not kept]",
         "[image: 'audio/wav' is not an image type, not kept]",
     ]
+
+
+def test_a_results_files_past_its_bytes_are_lines_never_decoded(monkeypatch: Any) -> None:
+    """A hostile server's huge images cost no more than ``MAX_RESULT_FILE_BYTES`` to decode:
+    the size is read off the base64's length first (docs/protocol.md §2 "Files")."""
+    monkeypatch.setattr(tools, "MAX_RESULT_FILE_BYTES", 6)
+    decoded: list[str] = []
+    real = tools.base64.b64decode
+    monkeypatch.setattr(
+        tools.base64, "b64decode", lambda d, **kw: decoded.append(d) or real(d, **kw)
+    )
+    image = types.ImageContent(data="AAAA", mime_type="image/png")  # 3 bytes each
+    out = map_result("s", "t", types.CallToolResult(content=[image, image, image]))
+    assert len(out.files) == 2 and len(decoded) == 2
+    assert "past the 6 a result's files keep, not kept" in out.content
