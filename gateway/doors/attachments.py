@@ -38,11 +38,13 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 from gateway import media
+from gateway.doors.context import DoorContext
 from gateway.errors import ApiError
 from gateway.ids import file_id_of
 from gateway.protocol.http import DocumentInput, ImageInput, TurnBlock
 from gateway.protocol.shapes import ContentBlock, TextBlock
 from gateway.session.files import Files, Refuse, admit, block_of, inline_block
+from gateway.session.session import Session
 
 _FILE_PATH = re.compile(r"/sessions/([A-Za-z0-9_-]{1,128})/files/([A-Za-z0-9_-]{1,80})")
 """The path of ``GET /sessions/{id}/files/{file_id}``."""
@@ -227,6 +229,13 @@ async def check(
             await files.check(p.media_type, p.data)
         elif isinstance(p, Served) and not session_known:
             raise ApiError(422, "unknown_file", f"{p.file_id[:80]!r} is not a file of this session")
+
+
+async def kept(ctx: DoorContext, session: Session, sent: Sent) -> list[ContentBlock]:
+    """:func:`stored` for a door's turn: the session's files, what its model cannot take
+    refused (:meth:`gateway.doors.context.DoorContext.file_refusal`)."""
+    refuse = ctx.file_refusal(session)
+    return await stored(ctx.node.files, session.id, session.record.owner, sent, refuse)
 
 
 async def stored(

@@ -211,13 +211,7 @@ class AguiRoutes:
                     f"turn {state.current_turn_id or '?'} on {session.id} waits for "
                     "approval: send a run with resume",
                 )
-            content = await attachments.stored(
-                self.node.files,
-                session.id,
-                session.record.owner,
-                said,
-                refuse=self.ctx.file_refusal(session),
-            )
+            content = await attachments.kept(self.ctx, session, said)
             turn_id = new_turn_id()
             # A queued run's message is in no history yet (docs/protocol.md §2).
             queued = state.queued_turns if state.queued_turns is not msgspec.UNSET else []

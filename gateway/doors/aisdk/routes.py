@@ -205,13 +205,7 @@ class Responses:
                 f"turn {state.current_turn_id or '?'} on {session.id} waits for approval: "
                 "answer it (tool parts in state approval-responded) or stop it",
             )
-        content = await attachments.stored(
-            self.node.files,
-            session.id,
-            session.record.owner,
-            said,
-            refuse=self.ctx.file_refusal(session),
-        )
+        content = await attachments.kept(self.ctx, session, said)
         turn_id = new_turn_id()
         mid = user_message_id(chat_id, last.id)
         if rewind_to is not None:  # the message rewound to keeps its id, stored
