@@ -124,18 +124,7 @@ class Files:
                 409 ``too_many_files``, 429 ``quota_exceeded``.
             Refused: 503 ``store_unavailable``.
         """
-        if len(data) > self._files.max_bytes:
-            raise ApiError(
-                413, "file_too_large", f"The file is over {self._files.max_bytes} bytes."
-            )
-        pixels = self._files.max_image_pixels
-
-        def checked_digest() -> str:  # CPU work on up to max_bytes: off the event loop
-            if checked:
-                media.check(media_type, data, max_pixels=pixels)
-            return hashlib.sha256(data).hexdigest()
-
-        digest = await trio.to_thread.run_sync(checked_digest, limiter=_CHECKS)
+        digest = await self._checked(media_type, data, checked=checked)
         rec = FileRecord(
             file_id_of(digest), session_id, owner, digest, media_type, len(data), now_ms()
         )
@@ -162,14 +151,23 @@ class Files:
             ApiError: 413 ``file_too_large``, 415 ``unsupported_media_type``,
                 422 ``invalid_file``.
         """
+        await self._checked(media_type, data, checked=True)
+
+    async def _checked(self, media_type: str, data: bytes, *, checked: bool) -> str:
+        """The file's SHA-256, once it is within ``[files] max_bytes`` and (``checked``)
+        of its type: CPU work on up to ``max_bytes``, off the event loop."""
         if len(data) > self._files.max_bytes:
             raise ApiError(
                 413, "file_too_large", f"The file is over {self._files.max_bytes} bytes."
             )
         pixels = self._files.max_image_pixels
-        await trio.to_thread.run_sync(
-            lambda: media.check(media_type, data, max_pixels=pixels), limiter=_CHECKS
-        )
+
+        def work() -> str:
+            if checked:
+                media.check(media_type, data, max_pixels=pixels)
+            return hashlib.sha256(data).hexdigest()
+
+        return await trio.to_thread.run_sync(work, limiter=_CHECKS)
 
     async def get(self, session_id: str, file_id: str) -> tuple[FileRecord, bytes]:
         """A file of the session and its bytes (404 ``file_not_found`` otherwise)."""
