@@ -48,6 +48,7 @@ frames between the batches.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -57,6 +58,8 @@ import msgspec
 import trio
 
 from gateway.config import StreamConfig
+from gateway.doors.shared import Mapped
+from gateway.http.body import StreamBody, chunk
 from gateway.logs import client_label
 from gateway.metrics import Metrics
 from gateway.protocol.closes import CLOSES
@@ -158,6 +161,7 @@ class OneWayQueue(DeliveryQueue[Gate | bytes]):
         self._direct: object | None = None  # what the hub was last lent
         self._group: Group | None = None
         self.busy = False
+        self._mapped: Mapped | None = None  # a mapping door's reader (gateway.doors.shared)
 
     def direct_through(self, body: Lender, shared: Encoder, framed: Encoder) -> None:
         """Let the hub write to this stream through ``body``'s socket while it is idle.
@@ -172,6 +176,22 @@ class OneWayQueue(DeliveryQueue[Gate | bytes]):
         self._encode = framed
         body.on_direct_change = self._update_direct
         self._update_direct()
+
+    def share_through(self, body: Lender, reader: Reader) -> Reader:
+        """Let the hub write to this stream through ``body``'s socket while it is idle,
+        mapping with the share of its state (:mod:`gateway.doors.shared`); the pump's reader.
+        """
+        self._mapped = Mapped(reader, chunk if body.chunked else bytes)
+        self._body = body
+        body.on_direct_change = self._update_direct
+        self._update_direct()
+        return self._mapped
+
+    def wake(self) -> None:
+        """Wake the pump (its share's mapping has finished: the response ends)."""
+        if self._tx is not None:
+            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
+                self._tx.send_nowait(b"")
 
     @property
     def owes(self) -> bool:
@@ -189,7 +209,8 @@ class OneWayQueue(DeliveryQueue[Gate | bytes]):
         It may when the body lends its socket (no write in progress, nothing
         owed, not over), the stream is subscribed and no close is decided,
         the pump holds nothing and nothing is queued (the seam's gate, every
-        batch behind it and any rest owed written first). Called,
+        batch behind it and any rest owed written first), and a mapping door's
+        response has not finished. Called,
         synchronously, on every change of any of these.
         """
         body = self._body
@@ -200,12 +221,21 @@ class OneWayQueue(DeliveryQueue[Gate | bytes]):
             and self.closing is None
             and not self.busy
             and self.rx.statistics().current_buffer_used == 0
+            and not (self._mapped is not None and self._mapped.finished)
         )
         writer = body.direct if idle else None
         if writer is self._direct:
             return
         self._direct = writer
-        self.session.hub.set_direct(self, writer, self._encode)
+        encode = self._encode
+        mapped = self._mapped
+        if mapped is not None:
+            if writer is None or self._group is None:
+                mapped.leave(self)
+            elif mapped.share is None:
+                door = (self.session.hub, self._group.key, type(mapped.inner), mapped.frame)
+                encode = self._encode = mapped.join(self, door)
+        self.session.hub.set_direct(self, writer, encode)
 
     def registered(self, group: Group | None) -> None:
         self._group = group
@@ -268,6 +298,7 @@ class OneWayQueue(DeliveryQueue[Gate | bytes]):
     def leave(self, reason: str) -> None:
         """Off the hub, however the stream ended (``bus.subscriber_unregistered``)."""
         self.subscribed = False
+        self._update_direct()
         self.session.unregistered(self, reason)
 
     def take(self, batch: FrameBatch) -> Sequence[Emitted]:
@@ -355,6 +386,14 @@ async def _closed(queue: OneWayQueue, reader: Reader, send: Send) -> None:
     data = reader.closed(queue.closing)
     if data is not None:
         await queue.send(send, data)
+
+
+def direct_reader(queue: OneWayQueue, reader: Reader, send: Send) -> Reader:
+    """The pump's reader for a mapping door: shared on the direct path when ``send``
+    is an HTTP body that can lend its socket (:meth:`OneWayQueue.share_through`)."""
+    if isinstance(send, StreamBody):
+        return queue.share_through(send, reader)
+    return reader
 
 
 def close_named(code: str | None) -> tuple[str, str]:
