@@ -6,7 +6,11 @@ encoded and framed once, for every client) are wrapped in one shared
 :class:`FrameBatch`. A subscriber with nothing queued and no write in flight
 is *direct*: the hub writes the batch straight to its socket through the
 :class:`DirectWriter` its connection lends it, one non-blocking write and
-nothing else per client (the loop the CPU per event is made of). The hub
+nothing else per client (the loop the CPU per event is made of). A one-way
+SSE stream (native, AI SDK, AG-UI) is direct the same way, through its HTTP
+body's writer (:class:`gateway.http.body.StreamBody`): what is written to it
+is the batch as its door encodes it (an :data:`Encoder`, made once per batch
+for every client that shares it: :func:`encoded`). The hub
 holds no socket: the server side owns the writer, and takes it back. Every
 other subscriber gets the batch with one non-blocking ``deliver`` into its
 bounded queue. Nothing blocks the session: a subscriber
