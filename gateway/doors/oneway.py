@@ -358,10 +358,10 @@ async def pump(
                     except trio.EndOfChannel:
                         await _closed(queue, reader, send)
                         return
-                # Direct writes count as writes: a ping only after idle_s without any.
-                deadline = queue.last_direct() + idle_s
-                if item is None and deadline <= trio.current_time():
-                    break
+                if item is None:  # direct writes count: a ping after idle_s without any
+                    deadline = queue.last_direct() + idle_s
+                    if deadline <= trio.current_time():
+                        break
             if item is None:
                 await queue.send(send, PING)
                 continue
