@@ -247,10 +247,14 @@ class OneWayQueue(DeliveryQueue[Gate | bytes]):
             self._update_direct()
 
     def deliver_short(self, batch: FrameBatch, sent: int, now: float) -> bool:
-        """A direct write took only ``sent`` bytes: the rest is owed, the pump writes it."""
-        if sent < 0 or self._body is None or self._encode is None:
-            return self.deliver(batch, now)  # broken: the pump's write says so
-        self._body.owe(encoded(batch, self._encode)[sent:])
+        """A direct write took only ``sent`` bytes: the rest is owed, the pump writes it.
+
+        A failed one (-1) owes the whole: the pump's write of it says the
+        stream is broken (the batch is never mapped twice).
+        """
+        if self._body is None or self._encode is None:
+            return self.deliver(batch, now)
+        self._body.owe(encoded(batch, self._encode)[max(sent, 0) :])
         try:
             self.enqueue(b"")  # wakes the pump
         except trio.WouldBlock:

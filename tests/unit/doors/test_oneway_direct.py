@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 import trio
 import trio.testing
 
@@ -74,8 +75,11 @@ class _Stream:
     def __init__(self) -> None:
         self.sent: list[bytes] = []
         self.stuck: trio.Event | None = None
+        self.broken = False
 
     async def send_all(self, data: bytes) -> None:
+        if self.broken:
+            raise trio.BrokenResourceError
         if self.stuck is not None:
             await self.stuck.wait()
         self.sent.append(bytes(data))
@@ -89,6 +93,8 @@ class _Socket:
         self.room: int | None = None
 
     def write(self, fd: int, data: bytes) -> int:
+        if self.room == -1:
+            raise BrokenPipeError
         take = len(data) if self.room is None else min(self.room, len(data))
         if take == 0:
             raise BlockingIOError
@@ -191,3 +197,17 @@ async def test_a_backlog_written_makes_the_stream_direct_again() -> None:
         _publish(session, 3)
         assert socket.written == [chunk(b"live 3\n")]  # direct again
         nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_direct_write_ends_the_stream_through_the_pump() -> None:
+    queue, session, body, stream, socket, gate = _stream()
+    with trio.fail_after(5), pytest.raises(ExceptionGroup) as failed:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump, queue, _Reader(), body, 60.0)
+            gate.open(b"", 0)
+            await trio.testing.wait_all_tasks_blocked()
+            socket.room = -1  # the client is gone
+            stream.broken = True
+            _publish(session, 1)
+            assert body.owes and body.direct is None  # the whole batch owed: the pump writes it
+    assert failed.value.subgroup(trio.BrokenResourceError) is not None  # the pump's write
