@@ -12,7 +12,10 @@ each measured in a phase of its own, in rounds, within one run:
   and the client library's parser (:class:`gateway.client.sse.SseParser`);
 - ``aisdk``: the AI SDK's UI message stream, ``POST /ai-sdk/chat`` (the
   client that starts the turn) and ``GET /ai-sdk/chat/{id}/stream`` (every
-  other client of the session: the transport's resume), read the same way.
+  other client of the session: the transport's resume), read the same way;
+- ``agui``: AG-UI over SSE, ``POST /agui`` (the client that starts the run,
+  its ``threadId`` the session) and ``GET /agui/{session}/runs/{run}/stream``
+  (every other client: the re-attach), read the same way.
 
 A phase: ``sessions`` fresh sessions, ``clients_per_session`` clients of the
 door on each, one turn per session of the same script: a ``sleep`` tool round
@@ -35,7 +38,8 @@ report says it beside every figure:
   event);
 - ``aisdk``: an SSE event whose ``data`` is a UI message chunk (``[DONE]``
   not counted): the mapping makes one chunk of each text delta, and none of
-  some events (``turn.started``...), so a turn has other counts.
+  some events (``turn.started``...), so a turn has other counts;
+- ``agui``: an SSE event whose ``data`` is an AG-UI event (the same caveat).
 
 Hence two more units, the same on every door: **a text delta** (a
 ``text.delta`` event, a ``text-delta`` chunk: one per word of the script on
@@ -69,7 +73,7 @@ from bench.tables import Log, announce, run_profile, stem
 from bench.wire import HttpClient, WsClient, open_ws
 from gateway.client.sse import SseParser, attach_token, events_query
 
-DOORS = ("websocket", "sse", "aisdk")
+DOORS = ("websocket", "sse", "aisdk", "agui")
 PEER = "websocket"
 
 
@@ -96,6 +100,9 @@ _NATIVE_MARK = '"type":"tool.called"'
 _NATIVE_END = '"type":"turn.completed"'
 _AISDK_DELTA = '{"type":"text-delta"'
 _AISDK_MARK = '"type":"tool-input-available"'
+_AGUI_DELTA = '{"type":"TEXT_MESSAGE_CONTENT"'
+_AGUI_MARK = '{"type":"TOOL_CALL_END"'
+_AGUI_END = '{"type":"RUN_FINISHED"'
 
 
 def count_native(tally: Tally, frame: str) -> None:
@@ -122,6 +129,21 @@ def count_aisdk(tally: Tally, data: str) -> None:
         tally.deltas += 1
     elif _AISDK_MARK in data:
         tally.marked = True
+
+
+def count_agui(tally: Tally, data: str) -> None:
+    """One ``data`` of an AG-UI run's stream (``RUN_FINISHED`` ends the turn)."""
+    tally.events += 1
+    if data.startswith(_AGUI_DELTA):
+        tally.deltas += 1
+    elif data.startswith(_AGUI_MARK):
+        tally.marked = True
+    elif data.startswith(_AGUI_END):
+        tally.ended = True
+
+
+COUNTS = {"websocket": count_native, "sse": count_native, "aisdk": count_aisdk,
+          "agui": count_agui}  # fmt: skip
 
 
 class WsDoorClient(WsClient):
@@ -161,7 +183,7 @@ async def read_sse(
             if response.status_code != 200:
                 tally.error = f"HTTP {response.status_code}"
                 return
-            if count is count_aisdk:
+            if count is not count_native:
                 tally.ready = True  # the response started: the turn is in flight
             async for chunk in response.aiter_raw():
                 tally.bytes += len(chunk)
@@ -210,7 +232,7 @@ class Phase:
 
     def _sse(self, method: str, url: str, **kw: Any) -> Tally:
         tally = Tally()
-        count = count_aisdk if self.door == "aisdk" else count_native
+        count = COUNTS[self.door]
         task = asyncio.create_task(read_sse(self.http, method, url, tally, count, **kw))
         self.tasks.append(task)
         self.tallies.append(tally)
@@ -261,6 +283,25 @@ class Phase:
             for _ in range(p.clients_per_session - 1):
                 self._sse("GET", f"/ai-sdk/chat/{session_id}/stream")
 
+    async def attach_agui(self) -> None:
+        """Every session's ``POST /agui`` that starts its run, then the others' re-attaches."""
+        p = self.run.profile
+        script = turn_script(p)
+        firsts, runs = [], []
+        for index, session_id in enumerate(self.sessions):
+            run_id = f"run-{session_id}-{index}"
+            body = {"threadId": session_id, "runId": run_id, "tools": [], "context": [],
+                    "messages": [{"id": f"u{index}", "role": "user", "content": script}],
+                    "state": {}, "forwardedProps": {}}  # fmt: skip
+            firsts.append(self._sse("POST", "/agui", json=body))
+            runs.append(run_id)
+        await wait_for(lambda: all(t.ready or t.error for t in firsts), 30.0)
+        if not all(t.ready for t in firsts):
+            raise RuntimeError(f"agui: POST /agui did not answer: {firsts}")
+        for session_id, run_id in zip(self.sessions, runs, strict=True):
+            for _ in range(p.clients_per_session - 1):
+                self._sse("GET", f"/agui/{session_id}/runs/{run_id}/stream")
+
     async def _until(self, what: str, check: Callable[[Tally], bool], timeout_s: float) -> int:
         """Wait until ``check`` holds for every client; the number for which it did not."""
         await wait_for(lambda: all(check(t) or t.error for t in self.tallies), timeout_s)
@@ -274,6 +315,8 @@ class Phase:
         p = self.run.profile
         if self.door == "aisdk":
             await self.attach_aisdk()
+        elif self.door == "agui":
+            await self.attach_agui()
         else:
             await self.attach_native()
         late = await self._until("tool called", lambda t: t.marked, p.sleep_s + 10.0)

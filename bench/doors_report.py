@@ -26,12 +26,13 @@ FIGURES = (*COSTS, "events_per_client", "bytes_per_event", "server_cores", "clie
            "other_cores")  # fmt: skip
 """Each a number for every door, in ``summary["doors"][door][figure]`` (the median)."""
 
-LABELS = {"websocket": "WebSocket", "sse": "native SSE", "aisdk": "AI SDK SSE"}
+LABELS = {"websocket": "WebSocket", "sse": "native SSE", "aisdk": "AI SDK SSE", "agui": "AG-UI"}
 
 EVENT = {
     "websocket": "an `event` frame (one gateway event)",
     "sse": "an SSE event whose `data` is an `event` frame (one gateway event)",
     "aisdk": "an SSE event whose `data` is a UI message chunk (`[DONE]` not counted)",
+    "agui": "an SSE event whose `data` is an AG-UI event",
 }
 """What a client counts as one delivered event, by door (bench/doors.py)."""
 
@@ -120,7 +121,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [f"- {LABELS[d]}: {EVENT[d]}." for d in DOORS]
     lines += [
         "",
-        "A text delta is a `text.delta` event (the AI SDK: a `text-delta` chunk), one per word "
+        "A text delta is a `text.delta` event (the AI SDK: a `text-delta` chunk; AG-UI: "
+        "`TEXT_MESSAGE_CONTENT`), one per word "
         "on every door. A byte: the WebSocket's event frames (payload and header); SSE's "
         "response body as it arrives (`data:`, `id:` and blank lines; not HTTP's chunked "
         "framing).",

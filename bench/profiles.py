@@ -11,7 +11,7 @@ ten minutes of churn against one daemon, and the same for 20 seconds.
 what an idle session costs in memory, with and without unloading.
 ``doors`` and ``doors-smoke``, :class:`DoorsProfile` (``bench.doors``): the
 gateway's CPU per delivered event on each door to a session's stream (the
-WebSocket, the native SSE, the AI SDK's SSE), in one run.
+WebSocket, the native SSE, the AI SDK's SSE, AG-UI), in one run.
 """
 
 from __future__ import annotations

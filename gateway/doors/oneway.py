@@ -23,6 +23,20 @@ so, :attr:`OneWayQueue.slow_cuts`, by raising :class:`SlowClient` for its
 transport to close). The stream going away ends this writer only: a turn is
 never cancelled by it.
 
+**The direct path** (docs/performance.md "Doors"): a stream whose transport
+body can lend its socket (:class:`gateway.http.body.StreamBody`) and whose
+door encodes a batch the same for every client of a filter (the native
+stream: :meth:`OneWayQueue.direct_through`) is written like an idle
+WebSocket: while nothing is queued for it, the pump holds nothing it has
+not written, the seam's gate is passed and no close is decided, the hub
+writes the batch's shared bytes (encoded and framed once per batch, for
+every such client: :func:`gateway.session.hub.encoded`) straight to its
+socket from the fan-out, and the pump's task sleeps. The queue, and so the
+bound and the slow-client rule, exists only for a client with a backlog: a
+write the kernel takes only in part leaves its rest owed to the body and
+wakes the pump, which writes it first; from then on batches are queued until
+the pump has written everything (:meth:`OneWayQueue._update_direct`).
+
 A door that maps events (AG-UI, the AI SDK) reads them with a
 :class:`TypedReader`: each event's JSON as the session emitted it, read into
 its payload's struct (never the WebSocket frames), and a replay's frames read
@@ -34,6 +48,7 @@ frames between the batches.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -43,12 +58,14 @@ import msgspec
 import trio
 
 from gateway.config import StreamConfig
+from gateway.doors.shared import Mapped
+from gateway.http.body import StreamBody, chunk
 from gateway.logs import client_label
 from gateway.metrics import Metrics
 from gateway.protocol.closes import CLOSES
 from gateway.protocol.events import EVENT_TYPES, Envelope
 from gateway.session.delivery import DeliveryQueue
-from gateway.session.hub import Emitted, FrameBatch
+from gateway.session.hub import Emitted, Encoder, FrameBatch, Group, encoded
 from gateway.session.seam import Gate, past_cut
 from gateway.session.session import Session
 
@@ -87,7 +104,20 @@ class Reader(Protocol):
         ...
 
 
-class OneWayQueue(DeliveryQueue[Gate]):
+class Lender(Protocol):
+    """A body that lends its socket to the fan-out (:class:`gateway.http.body.StreamBody`)."""
+
+    direct: Any  # a gateway.session.hub.DirectWriter, or None while it is not lent
+    on_direct_change: Callable[[], None] | None
+    chunked: bool
+
+    @property
+    def owes(self) -> bool: ...
+
+    def owe(self, rest: bytes) -> None: ...
+
+
+class OneWayQueue(DeliveryQueue[Gate | bytes]):
     """A one-way stream's side of the hub and the seam: its delivery queue (module docstring).
 
     A door subclasses it to name it (the class attributes word the log and
@@ -123,10 +153,126 @@ class OneWayQueue(DeliveryQueue[Gate]):
         self._grace_s = config.close_grace_s
         self._close_by = math.inf
         self._writing: trio.CancelScope | None = None
+        # The direct path (module docstring): the body lent, the door's encoder of
+        # a whole batch as the body writes it, and whether the pump holds a piece.
+        self._body: Lender | None = None
+        self._encode: Encoder | None = None
+        self.shared: Encoder | None = None  # a live batch's bytes, unframed, shared
+        self._direct: object | None = None  # what the hub was last lent
+        self._group: Group | None = None
+        self.busy = False
+        self._mapped: Mapped | None = None  # a mapping door's reader (gateway.doors.shared)
+
+    def direct_through(self, body: Lender, shared: Encoder, framed: Encoder) -> None:
+        """Let the hub write to this stream through ``body``'s socket while it is idle.
+
+        ``shared`` makes a whole live batch's bytes (for the pump: what it writes
+        of a batch the cut leaves whole); ``framed`` the same bytes framed as
+        ``body`` writes them (for the hub). Both made once per batch
+        (:func:`~gateway.session.hub.encoded`).
+        """
+        self._body = body
+        self.shared = shared
+        self._encode = framed
+        body.on_direct_change = self._update_direct
+        self._update_direct()
+
+    def share_through(self, body: Lender, reader: Reader) -> Reader:
+        """Let the hub write to this stream through ``body``'s socket while it is idle,
+        mapping with the share of its state (:mod:`gateway.doors.shared`); the pump's reader.
+        """
+        self._mapped = Mapped(reader, chunk if body.chunked else bytes)
+        self._body = body
+        body.on_direct_change = self._update_direct
+        self._update_direct()
+        return self._mapped
+
+    def wake(self) -> None:
+        """Wake the pump (its share's mapping has finished: the response ends)."""
+        if self._tx is not None:
+            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
+                self._tx.send_nowait(b"")
+
+    @property
+    def owes(self) -> bool:
+        """The rest of a direct write waits: the pump writes (even nothing) to send it."""
+        return self._body is not None and self._body.owes
+
+    def hold(self, busy: bool) -> None:
+        """The pump took a piece off the queue (True), or wrote everything it took (False)."""
+        self.busy = busy
+        self._update_direct()
+
+    def _update_direct(self) -> None:
+        """Tell the hub whether it may write to this stream straight from the fan-out.
+
+        It may when the body lends its socket (no write in progress, nothing
+        owed, not over), the stream is subscribed and no close is decided,
+        the pump holds nothing and nothing is queued (the seam's gate, every
+        batch behind it and any rest owed written first), and a mapping door's
+        response has not finished. Called,
+        synchronously, on every change of any of these.
+        """
+        body = self._body
+        if body is None:
+            return
+        idle = (
+            self.subscribed
+            and self.closing is None
+            and not self.busy
+            and self.rx.statistics().current_buffer_used == 0
+            and not (self._mapped is not None and self._mapped.finished)
+        )
+        writer = body.direct if idle else None
+        if writer is self._direct:
+            return
+        self._direct = writer
+        encode = self._encode
+        mapped = self._mapped
+        if mapped is not None:
+            if writer is None or self._group is None:
+                mapped.leave(self)
+            elif mapped.share is None:
+                door = (self.session.hub, self._group.key, type(mapped.inner), mapped.frame)
+                encode = self._encode = mapped.join(self, door)
+        self.session.hub.set_direct(self, writer, encode)
+
+    def registered(self, group: Group | None) -> None:
+        self._group = group
+        self.subscribed = group is not None
+        self._update_direct()
+
+    def _enqueued(self) -> None:
+        if self._direct is not None:
+            self._update_direct()
+
+    def deliver_short(self, batch: FrameBatch, sent: int, now: float) -> bool:
+        """A direct write took only ``sent`` bytes: the rest is owed, the pump writes it.
+
+        A failed one (-1) owes the whole: the pump's write of it says the
+        stream is broken (the batch is never mapped twice).
+        """
+        if self._body is None or self._encode is None:
+            return self.deliver(batch, now)
+        self._body.owe(encoded(batch, self._encode)[max(sent, 0) :])
+        try:
+            self.enqueue(b"")  # wakes the pump
+        except trio.WouldBlock:
+            return False
+        except trio.ClosedResourceError:
+            pass
+        return True
+
+    def last_direct(self) -> float:
+        """Trio time of the last direct write to this stream's group (-inf: none)."""
+        if self._direct is not None and self._group is not None:
+            return self._group.written_at
+        return -math.inf
 
     def request_close(self, code: str) -> None:
         """End the stream: too slow, deleted, shutdown, or this node lost the session's feed."""
         self.end_stream(code)
+        self._update_direct()
         if self._close_by == math.inf:
             self._close_by = trio.current_time() + self._grace_s
             if self._writing is not None:
@@ -156,6 +302,7 @@ class OneWayQueue(DeliveryQueue[Gate]):
     def leave(self, reason: str) -> None:
         """Off the hub, however the stream ended (``bus.subscriber_unregistered``)."""
         self.subscribed = False
+        self._update_direct()
         self.session.unregistered(self, reason)
 
     def take(self, batch: FrameBatch) -> Sequence[Emitted]:
@@ -164,18 +311,22 @@ class OneWayQueue(DeliveryQueue[Gate]):
         live = past_cut(batch, self.cut)
         return [] if live is None else live.events
 
-    async def drain(self, item: FrameBatch | Gate, reader: Reader) -> bytes:
+    async def drain(self, item: FrameBatch | Gate | bytes, reader: Reader) -> bytes:
         """``item`` and everything queued behind it, through ``reader``; a gate is
         waited for, and its cut kept."""
         parts: list[bytes] = []
-        queued: FrameBatch | Gate | None = item
+        queued: FrameBatch | Gate | bytes | None = item
         while queued is not None:
             if isinstance(queued, Gate):
                 await queued.ready.wait()
                 self.cut = queued.cut
                 parts.append(reader.replay(queued.payload))
-            else:
-                parts.append(reader.live(self.take(queued)))
+            elif isinstance(queued, FrameBatch):
+                if self.shared is not None and queued.events[0].seq > self.cut:
+                    self.taken(queued.n)  # whole past the cut: the bytes every client shares
+                    parts.append(encoded(queued, self.shared))
+                else:
+                    parts.append(reader.live(self.take(queued)))
             try:
                 queued = self.rx.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
@@ -202,22 +353,32 @@ async def pump(
         if opening is not None:
             await queue.send(send, opening)
         while not reader.finished:
-            item: FrameBatch | Gate | None = None
-            with trio.move_on_after(idle_s):
-                try:
-                    item = await queue.rx.receive()
-                except trio.EndOfChannel:
-                    await _closed(queue, reader, send)
-                    return
+            item: FrameBatch | Gate | bytes | None = None
+            deadline = trio.current_time() + idle_s
+            while item is None:
+                with trio.move_on_at(deadline):
+                    try:
+                        item = await queue.rx.receive()
+                    except trio.EndOfChannel:
+                        await _closed(queue, reader, send)
+                        return
+                if item is None:  # direct writes count: a ping after idle_s without any
+                    deadline = queue.last_direct() + idle_s
+                    if deadline <= trio.current_time():
+                        break
             if item is None:
                 await queue.send(send, PING)
                 continue
-            data = await queue.drain(item, reader)
-            data += reader.pause()
-            if queue.too_slow and queue.slow_cuts:
-                raise SlowClient(f"the {queue.queue_name} overflowed")
-            if data:
-                await queue.send(send, data)
+            queue.hold(True)
+            try:
+                data = await queue.drain(item, reader)
+                data += reader.pause()
+                if queue.too_slow and queue.slow_cuts:
+                    raise SlowClient(f"the {queue.queue_name} overflowed")
+                if data or queue.owes:
+                    await queue.send(send, data)
+            finally:
+                queue.hold(False)
     finally:
         if queue.left_as is not None and queue.subscribed:
             queue.leave(queue.left_as if reader.finished else "client_closed")
@@ -229,6 +390,14 @@ async def _closed(queue: OneWayQueue, reader: Reader, send: Send) -> None:
     data = reader.closed(queue.closing)
     if data is not None:
         await queue.send(send, data)
+
+
+def direct_reader(queue: OneWayQueue, reader: Reader, send: Send) -> Reader:
+    """The pump's reader for a mapping door: shared on the direct path when ``send``
+    is an HTTP body that can lend its socket (:meth:`OneWayQueue.share_through`)."""
+    if isinstance(send, StreamBody):
+        return queue.share_through(send, reader)
+    return reader
 
 
 def close_named(code: str | None) -> tuple[str, str]:

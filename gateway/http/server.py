@@ -61,6 +61,7 @@ import trio
 from wsproto.utilities import generate_accept_token
 
 from gateway.errors import ApiError, Refused, StoreError, unavailable
+from gateway.http.body import StreamBody
 from gateway.http.refusals import as_http
 from gateway.http.websocket import ConnectionClosed, WebSocket
 from gateway.protocol.closes import close_reason
@@ -163,7 +164,9 @@ class StreamingResponse:
 
     The transport sends the head (no Content-Length: chunked to an HTTP/1.1
     client), then calls ``run`` with a ``send`` that writes one piece of the
-    body; when ``run`` returns the body ends and the connection may be reused.
+    body (a :class:`~gateway.http.body.StreamBody`, whose socket the fan-out
+    may write to while it is idle); when ``run`` returns the body ends and
+    the connection may be reused.
     A client gone mid-stream makes ``send`` raise ``trio.BrokenResourceError``
     (or ``trio.ClosedResourceError``); the connection is then closed.
     ``abandon`` is called instead of ``run`` when the head could not be sent,
@@ -492,20 +495,28 @@ class _HttpConnection:
             reason=_reason_phrase(answer.status),
             headers=[("content-type", answer.content_type), *answer.headers],
         )
+        head_bytes = self._h11.send(head) or b""
         try:
-            await self._stream.send_all(self._h11.send(head))
+            await self._stream.send_all(head_bytes)
         except BaseException:
             answer.abandon()  # run will never be called
             raise
+        stream = self._stream
+        fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         if head_only:
             answer.abandon()
             await self._stream.send_all(self._h11.send(h11.EndOfMessage()))
             return
 
-        async def send(data: bytes) -> None:
-            await self._stream.send_all(self._h11.send(h11.Data(data=data)))
-
-        await answer.run(send)
+        # The body's pieces are framed by StreamBody as h11 would (chunks, or the
+        # raw bytes of an HTTP/1.0 body), so that the fan-out may write them too.
+        body = StreamBody(self._stream, b"transfer-encoding: chunked" in head_bytes.lower(), fd)
+        try:
+            await answer.run(body)
+            if body.owes:  # the rest of a direct write
+                await body(b"")
+        finally:
+            body.finish()
         await self._stream.send_all(self._h11.send(h11.EndOfMessage()))
 
     async def _refuse(self, exc: ApiError) -> None:

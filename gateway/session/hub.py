@@ -6,7 +6,11 @@ encoded and framed once, for every client) are wrapped in one shared
 :class:`FrameBatch`. A subscriber with nothing queued and no write in flight
 is *direct*: the hub writes the batch straight to its socket through the
 :class:`DirectWriter` its connection lends it, one non-blocking write and
-nothing else per client (the loop the CPU per event is made of). The hub
+nothing else per client (the loop the CPU per event is made of). A one-way
+SSE stream (native, AI SDK, AG-UI) is direct the same way, through its HTTP
+body's writer (:class:`gateway.http.body.StreamBody`): what is written to it
+is the batch as its door encodes it (an :data:`Encoder`, made once per batch
+for every client that shares it: :func:`encoded`). The hub
 holds no socket: the server side owns the writer, and takes it back. Every
 other subscriber gets the batch with one non-blocking ``deliver`` into its
 bounded queue. Nothing blocks the session: a subscriber
@@ -63,18 +67,36 @@ class FrameBatch:
     ``events`` are the events as emitted (a client that reads them rather
     than sending their frames takes them from here: AG-UI); ``blob`` is every
     event's frame joined, once for all the clients that send this batch
-    whole; ``n`` is how many events it holds.
+    whole; ``n`` is how many events it holds. ``encoded`` keeps the batch as
+    another door writes it (an :data:`Encoder`'s bytes, made once for every
+    client of that door: :func:`encoded`).
     """
 
-    __slots__ = ("blob", "events", "n")
+    __slots__ = ("blob", "encoded", "events", "n")
 
     def __init__(self, events: Sequence[Emitted]) -> None:
         self.events = events
         self.n = n = len(events)
         self.blob = events[0].frame if n == 1 else b"".join([e.frame for e in events])
+        self.encoded: dict[Encoder, bytes] | None = None
 
     def __len__(self) -> int:
         return self.n
+
+
+Encoder = Callable[[FrameBatch], bytes]
+"""How a door other than the WebSocket writes a batch (an SSE door: its events as SSE, framed)."""
+
+
+def encoded(batch: FrameBatch, encode: Encoder) -> bytes:
+    """``encode(batch)``, made once per batch for every client that writes it so."""
+    cache = batch.encoded
+    if cache is None:
+        cache = batch.encoded = {}
+    blob = cache.get(encode)
+    if blob is None:
+        blob = cache[encode] = encode(batch)
+    return blob
 
 
 class Subscriber(Protocol):
@@ -134,21 +156,23 @@ class Group:
     ``direct`` maps each subscriber that may be written to straight from the
     fan-out (nothing queued for it, no write in flight) to its socket's
     :meth:`DirectWriter.try_write`; ``queued`` holds the others, which get
-    :meth:`Subscriber.deliver`.
+    :meth:`Subscriber.deliver`; ``encoding`` maps each direct subscriber of
+    another door (SSE) to its :data:`Encoder` and its socket's ``try_write``.
     ``written_at`` is the trio time of the last direct write to the group: the
     heartbeat clock of its direct subscribers (docs/protocol.md §3).
     """
 
-    __slots__ = ("direct", "key", "queued", "written_at")
+    __slots__ = ("direct", "encoding", "key", "queued", "written_at")
 
     def __init__(self, key: FilterKey) -> None:
         self.key = key
         self.direct: dict[Subscriber, Callable[[bytes], int]] = {}  # each one's try_write
+        self.encoding: dict[Subscriber, tuple[Encoder, Callable[[bytes], int]]] = {}
         self.queued: dict[Subscriber, None] = {}
         self.written_at = -math.inf
 
     def __len__(self) -> int:
-        return len(self.direct) + len(self.queued)
+        return len(self.direct) + len(self.encoding) + len(self.queued)
 
 
 class Backlog:
@@ -224,21 +248,31 @@ class Hub:
         self._group_of[sub] = group
         return group
 
-    def set_direct(self, sub: Subscriber, writer: DirectWriter | None) -> None:
+    def set_direct(
+        self, sub: Subscriber, writer: DirectWriter | None, encode: Encoder | None = None
+    ) -> None:
         """Write to ``sub`` straight from the fan-out through ``writer``; None: through deliver.
 
         The subscriber calls this synchronously whenever that changes, and
         with None before its socket is closed: the hub never writes through a
-        writer it was not lent, or after it was taken back.
+        writer it was not lent, or after it was taken back. ``encode``: what
+        is written is ``encode(batch)`` (made once per batch, :func:`encoded`),
+        not the batch's WebSocket frames.
         """
         group = self._group_of.get(sub)
         if group is None:
             return
         if writer is not None:
             group.queued.pop(sub, None)
-            group.direct[sub] = writer.try_write  # looked up once, not per write
+            if encode is None:
+                group.direct[sub] = writer.try_write  # looked up once, not per write
+            else:
+                group.encoding[sub] = (encode, writer.try_write)
         elif sub in group.direct:
             del group.direct[sub]
+            group.queued[sub] = None
+        elif sub in group.encoding:
+            del group.encoding[sub]
             group.queued[sub] = None
 
     def subscribers(self) -> list[Subscriber]:
@@ -251,6 +285,7 @@ class Hub:
         if group is None:
             return False
         group.direct.pop(sub, None)
+        group.encoding.pop(sub, None)
         group.queued.pop(sub, None)
         if not group:
             del self._groups[group.key]
@@ -299,6 +334,8 @@ class Hub:
                 for sub, sent in short:
                     if not _guarded(sub.deliver_short, batch, sent, now):
                         overflowed.append(sub)
+            if group.encoding:
+                _write_encoded(group, batch, now, overflowed)  # (not WebSocket frames: uncounted)
             for sub in queued:
                 if not _guarded(sub.deliver, batch, now):
                     overflowed.append(sub)
@@ -307,6 +344,27 @@ class Hub:
         if self.parent is not None:
             overflowed += self.parent.publish(events, now, from_worker=True)
         return overflowed
+
+
+def _write_encoded(
+    group: Group, batch: FrameBatch, now: float, overflowed: list[Subscriber]
+) -> None:
+    """:meth:`Hub.publish`'s direct writes to the group's other doors (SSE)."""
+    short: list[tuple[Subscriber, int]] = []
+    for sub, (encode, try_write) in group.encoding.items():
+        blob = encoded(batch, encode)
+        try:
+            sent = try_write(blob)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            sent = -1
+        if sent != len(blob):
+            short.append((sub, sent))
+    group.written_at = now
+    for sub, sent in short:
+        if not _guarded(sub.deliver_short, batch, sent, now):
+            overflowed.append(sub)
 
 
 def _guarded(deliver: Callable[..., bool], *args: object) -> bool:

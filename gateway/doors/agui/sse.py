@@ -25,7 +25,14 @@ from typing import Any
 
 from gateway.doors.agui import shapes as ag
 from gateway.doors.agui.resume import RunFeed, Tagged, event_id
-from gateway.doors.oneway import OneWayQueue, Send, TypedReader, close_named, pump
+from gateway.doors.oneway import (
+    OneWayQueue,
+    Send,
+    TypedReader,
+    close_named,
+    direct_reader,
+    pump,
+)
 from gateway.ids import now_ms
 from gateway.protocol.events import Envelope
 
@@ -87,4 +94,5 @@ async def stream_run(
         SlowClient: the queue overflowed.
         trio.BrokenResourceError: the client went away (the turn goes on).
     """
-    await pump(sub, RunReader(feed), send, ping_interval_s, tagged_sse(opening))
+    reader = direct_reader(sub, RunReader(feed), send)
+    await pump(sub, reader, send, ping_interval_s, tagged_sse(opening))

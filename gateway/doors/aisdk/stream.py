@@ -22,7 +22,14 @@ from typing import Any
 
 from gateway.doors.aisdk import chunks as ui
 from gateway.doors.aisdk.mapping import ChatMapper
-from gateway.doors.oneway import OneWayQueue, Send, TypedReader, close_named, pump
+from gateway.doors.oneway import (
+    OneWayQueue,
+    Send,
+    TypedReader,
+    close_named,
+    direct_reader,
+    pump,
+)
 from gateway.protocol.events import Envelope
 
 DONE = b"data: [DONE]\n\n"
@@ -96,7 +103,8 @@ async def respond(
     """
     opening = encode(mapper.start())
     if error is None:
-        await pump(sub, ChatReader(mapper, encode), send, idle_s, opening)
+        reader = direct_reader(sub, ChatReader(mapper, encode), send)
+        await pump(sub, reader, send, idle_s, opening)
         return
     await send(opening)
     await send(encode(mapper.closed(error)))

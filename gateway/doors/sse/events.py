@@ -33,6 +33,7 @@ from gateway.config import StreamConfig
 from gateway.doors.context import SSE_HEADERS, DoorContext
 from gateway.doors.oneway import EVENT_FRAME_HEAD, OneWayQueue, frame_payloads, pump
 from gateway.errors import ApiError, SubscribeRejected
+from gateway.http.body import StreamBody, chunk
 from gateway.http.server import Request, Response, StreamingResponse
 from gateway.ids import format_event_id
 from gateway.logs import event
@@ -41,7 +42,7 @@ from gateway.protocol.closes import CLOSES
 from gateway.protocol.filters import Filter, resolve_filter
 from gateway.protocol.frames import Subscribe, SubscribeError, encode
 from gateway.session import seam
-from gateway.session.hub import Emitted
+from gateway.session.hub import Emitted, FrameBatch, encoded
 from gateway.session.session import Session
 
 log = logging.getLogger("gateway.stream")
@@ -104,7 +105,19 @@ class SseClient(OneWayQueue):
                 session_id=self.session.id, client=self.client, mode=done.mode,
                 since=request.since,
             )  # fmt: skip
+        if isinstance(send, StreamBody):  # the direct path (gateway.doors.oneway)
+            self.direct_through(send, _live, _live_chunked if send.chunked else _live)
         await pump(self, _Frames(), send, self.config.ping_interval_s)
+
+
+def _live(batch: FrameBatch) -> bytes:
+    """A live batch as SSE, the same for every client of its filter (made once per batch)."""
+    return b"".join([_sse(EVENT_FRAME_HEAD + e.data + b"}", e.seq) for e in batch.events])
+
+
+def _live_chunked(batch: FrameBatch) -> bytes:
+    """:func:`_live` as one HTTP/1.1 chunk: what the fan-out writes to an idle stream."""
+    return chunk(encoded(batch, _live))
 
 
 class _Frames:

@@ -1,7 +1,7 @@
 """``python -m bench --profile doors-smoke``: the doors profile end to end, in seconds.
 
 One real daemon, one round: a session with two clients on each door (the
-WebSocket, the native SSE, the AI SDK's SSE), one short turn each
+WebSocket, the native SSE, the AI SDK's SSE, AG-UI), one short turn each
 (bench/doors.py). Its figures mean nothing at this size; what this test pins
 is the report's shape: every figure of every door a finite number, the costs
 positive, the ratios to the WebSocket computed (the WebSocket's own is 1),

@@ -22,9 +22,11 @@ import trio
 
 from gateway.client import GatewayClient, Notice, Reducer, decode_server_frame
 from gateway.client.sse import abandon
+from gateway.doors.sse import events as events_module
 from gateway.errors import ClientError
 from gateway.protocol.events import Event
 from gateway.protocol.frames import EventFrame, Snapshot, SubscribeAck, SubscribeError
+from gateway.session.hub import FrameBatch
 from tests.conftest import TOOL_SCRIPT, Harness, make_config, running_gateway, types
 
 SLOW_SCRIPT = {"script": {"delay_ms": 5, "rounds": [[{"lorem": 80}]]}}
@@ -428,3 +430,31 @@ async def test_the_client_falls_back_to_sse_when_the_upgrade_is_refused(
     assert deleted.value.code == "session_deleted"
     ids = [e.id for e in got]
     assert ids == [e.id for e in ws.events if ids[0] <= e.id <= ids[-1]]
+
+
+# --- the direct path (docs/performance.md "Doors") ------------------------------------------
+
+
+async def test_an_idle_stream_is_written_from_the_fan_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reading client is written straight from the fan-out, through its socket, and
+    gets the same stream as a WebSocket."""
+    direct: list[int] = []
+    chunked = events_module._live_chunked
+
+    def counted(batch: FrameBatch) -> bytes:
+        direct.append(batch.n)
+        return chunked(batch)
+
+    monkeypatch.setattr(events_module, "_live_chunked", counted)
+    async with gateway(tmp_path) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as ws, sse(gw, sid, filter="preset:full") as live:
+            await ws.subscribe()
+            assert isinstance(await live.recv(), SubscribeAck)
+            await gw.submit(sid, TOOL_SCRIPT)
+            await live.until("turn.completed")
+            await ws.until_turn_ends()
+    assert direct  # batches written straight from the fan-out, each encoded once
+    assert live.reducer.state()["messages"] == ws.reducer.state()["messages"]
