@@ -39,7 +39,7 @@ from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.protocol.closes import CLOSES
 from gateway.protocol.filters import Filter, resolve_filter
-from gateway.protocol.frames import Subscribe, SubscribeError, encode
+from gateway.protocol.frames import MAX_COALESCE_MS, Subscribe, SubscribeError, encode
 from gateway.session import seam
 from gateway.session.hub import Emitted
 from gateway.session.session import Session
@@ -169,8 +169,9 @@ def subscribe_of(req: Request) -> Subscribe:
     """The subscribe the query stands for; ``Last-Event-ID`` is ``since`` when that is absent.
 
     Raises:
-        ApiError: 400 ``invalid_query``: ``snapshot`` not ``true``/``false``, or
-            a ``filter`` that is neither a preset name nor a filter object's JSON.
+        ApiError: 400 ``invalid_query``: ``snapshot`` not ``true``/``false``,
+            a ``filter`` that is neither a preset name nor a filter object's JSON,
+            or a ``coalesce_ms`` out of 0..250.
     """
     raw_filter = req.query.get("filter", "preset:chat")
     filter_: Filter | str = raw_filter
@@ -185,7 +186,23 @@ def subscribe_of(req: Request) -> Subscribe:
     if snapshot not in ("true", "false"):
         raise ApiError(400, "invalid_query", f"snapshot must be true or false, got {snapshot!r}")
     since = req.query.get("since") or req.headers.get("last-event-id") or None
-    return Subscribe(filter_, since, snapshot == "true")
+    return Subscribe(filter_, since, snapshot == "true", _coalesce_ms(req.query.get("coalesce_ms")))
+
+
+def _coalesce_ms(raw: str | None) -> int | None:
+    """``?coalesce_ms=``: the delta rollup window, 0 to 250 (docs/protocol.md §3 "Delta
+    rollup"); absent: the server's ``[stream] coalesce_ms``.
+
+    Raises:
+        ApiError: 400 ``invalid_query``: not a whole number from 0 to 250.
+    """
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) > MAX_COALESCE_MS:
+        raise ApiError(
+            400, "invalid_query", f"coalesce_ms must be 0 to {MAX_COALESCE_MS}, got {raw!r}"
+        )
+    return int(raw)
 
 
 # --- SSE encoding ----------------------------------------------------------------------
