@@ -33,6 +33,7 @@ from gateway.config import StreamConfig
 from gateway.doors.context import SSE_HEADERS, DoorContext
 from gateway.doors.oneway import EVENT_FRAME_HEAD, OneWayQueue, frame_payloads, pump
 from gateway.errors import ApiError, SubscribeRejected
+from gateway.http.parsing import int_query
 from gateway.http.server import Request, Response, StreamingResponse
 from gateway.ids import format_event_id
 from gateway.logs import event
@@ -171,7 +172,7 @@ def subscribe_of(req: Request) -> Subscribe:
     Raises:
         ApiError: 400 ``invalid_query``: ``snapshot`` not ``true``/``false``,
             a ``filter`` that is neither a preset name nor a filter object's JSON,
-            or a ``coalesce_ms`` out of 0..250.
+            or a ``coalesce_ms`` that is not an integer (422 out of 0..250).
     """
     raw_filter = req.query.get("filter", "preset:chat")
     filter_: Filter | str = raw_filter
@@ -186,23 +187,19 @@ def subscribe_of(req: Request) -> Subscribe:
     if snapshot not in ("true", "false"):
         raise ApiError(400, "invalid_query", f"snapshot must be true or false, got {snapshot!r}")
     since = req.query.get("since") or req.headers.get("last-event-id") or None
-    return Subscribe(filter_, since, snapshot == "true", _coalesce_ms(req.query.get("coalesce_ms")))
+    return Subscribe(filter_, since, snapshot == "true", _coalesce_ms(req))
 
 
-def _coalesce_ms(raw: str | None) -> int | None:
-    """``?coalesce_ms=``: the delta rollup window, 0 to 250 (docs/protocol.md §3 "Delta
-    rollup"); absent: the server's ``[stream] coalesce_ms``.
+def _coalesce_ms(req: Request) -> int | None:
+    """``?coalesce_ms=``: the delta rollup window (docs/protocol.md §3 "Delta rollup");
+    absent: the server's ``[stream] coalesce_ms``.
 
     Raises:
-        ApiError: 400 ``invalid_query``: not a whole number from 0 to 250.
+        ApiError: ``invalid_query``: 400 not an integer, 422 out of 0..250.
     """
-    if raw is None:
+    if "coalesce_ms" not in req.query:
         return None
-    if not raw.isdigit() or int(raw) > MAX_COALESCE_MS:
-        raise ApiError(
-            400, "invalid_query", f"coalesce_ms must be 0 to {MAX_COALESCE_MS}, got {raw!r}"
-        )
-    return int(raw)
+    return int_query(req, "coalesce_ms", default=0, low=0, high=MAX_COALESCE_MS)
 
 
 # --- SSE encoding ----------------------------------------------------------------------
