@@ -28,7 +28,7 @@ async def subscribe(client: Client, coalesce_ms: int | None, **more: object) -> 
 
 
 def deltas(events: list[Event]) -> list[Event]:
-    return [e for e in events if e.type.endswith(".delta")]
+    return [e for e in events if e.type.endswith("delta")]
 
 
 def text_upto(events: list[Event]) -> dict[str, str]:
@@ -88,8 +88,8 @@ async def test_rolled_up_clients_end_where_the_others_do(tmp_path: Path) -> None
     for e in few:
         assert upto_rolled[e.id] == upto_plain[e.id]
     # Every other event arrives as it did, in order.
-    others = [e.id for e in plain.events if not e.type.endswith(".delta")]
-    assert [e.id for e in rolled.events if not e.type.endswith(".delta")] == others
+    others = [e.id for e in plain.events if not e.type.endswith("delta")]
+    assert [e.id for e in rolled.events if not e.type.endswith("delta")] == others
     assert [e.id for e in rolled.events] == sorted(e.id for e in rolled.events)
 
 
