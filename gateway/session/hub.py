@@ -136,7 +136,7 @@ class Coalescer(Protocol):
 
     @property
     def deadline(self) -> float:
-        """When what it holds must go out (``math.inf``: it holds nothing)."""
+        """When the hub's timer must send what it holds (``math.inf``: it holds nothing)."""
         ...
 
     def feed(self, events: Sequence[Emitted], now: float) -> list[Emitted]:
@@ -353,13 +353,18 @@ class Hub:
         deadline = rollup.deadline
         if deadline != group.timed and deadline != math.inf and self._timer is not None:
             group.timed = deadline
-            self._timer.at(deadline, lambda now: self._due(group, now))
+            self._timer.at(deadline, lambda now: self._due(group, deadline, now))
 
-    def _due(self, group: Group, now: float) -> None:
-        """A group's window ended: what it holds goes out (the slow-client rule applied)."""
-        group.timed = math.inf
+    def _due(self, group: Group, deadline: float, now: float) -> None:
+        """A group's window ended: what it holds goes out (the slow-client rule applied).
+
+        A timer set for an earlier window (closed since by an event) does nothing.
+        """
         rollup = group.rollup
-        if rollup is None or self._groups.get((group.key, group.coalesce_ms)) is not group:
+        if deadline != group.timed or rollup is None:
+            return
+        group.timed = math.inf
+        if self._groups.get((group.key, group.coalesce_ms)) is not group:
             return
         rolled = rollup.due(now)
         self._time(group, rollup)

@@ -63,7 +63,7 @@ def test_deltas_of_one_block_become_one_with_the_last_envelope() -> None:
     deltas = [s(TextDelta(M, 0, w)) for w in ("Hel", "lo", " wor", "ld")]
     end = s(TextEnd(M, 0))
     assert r.feed([start, deltas[0]], 0.0) == [start]  # the delta is held
-    assert r.deadline == 0.04
+    assert (r.closes_at, r.deadline) == (0.04, 0.06)  # the clock waits half a window more
     assert r.feed(deltas[1:3], 0.01) == []
     assert r.feed([deltas[3]], 0.02) == []
     out = r.feed([end], 0.03)  # another event sends what is held first
@@ -73,7 +73,7 @@ def test_deltas_of_one_block_become_one_with_the_last_envelope() -> None:
     assert (rolled.seq, rolled.ts) == (deltas[3].seq, deltas[3].ts)
     assert payload(rolled)["id"] == payload(deltas[3])["id"]
     assert rolled.parts == tuple(deltas)
-    assert r.deadline == math.inf and not r.held
+    assert r.deadline == r.closes_at == math.inf and not r.held
 
 
 def test_the_window_ends_with_or_without_an_event_behind_it() -> None:
@@ -87,6 +87,20 @@ def test_the_window_ends_with_or_without_an_event_behind_it() -> None:
     assert r.feed([b], 2.0) == []
     out = r.feed([c], 2.05)  # past the window: c joins, and all goes out
     assert [text(e) for e in out] == ["bc"]
+
+
+def test_the_delta_that_comes_after_the_window_closes_it_and_goes_with_it() -> None:
+    """50 tokens/s under 40 ms: tokens at 0, 20 and 40 ms (a little late, as a model's
+    are) go out as one, when the third comes; one frame every third token."""
+    s, r = Stream(), Rollup(0.04)
+    out: list[Emitted] = []
+    for i in range(30):
+        now = i * 0.02 + 0.0005 * (i % 3)  # a sleeping model wakes a little late
+        out += r.feed([s(TextDelta(M, 0, f"{i} "))], now)
+        if (due := r.due(now + 0.001)) is not None:  # the clock is not due before the next
+            out.append(due)
+    assert [len(e.parts) for e in out] == [3] * 10
+    assert "".join(text(e) for e in out) == "".join(f"{i} " for i in range(30))
 
 
 def test_a_delta_of_another_block_flushes_the_held_one() -> None:
@@ -177,16 +191,18 @@ def test_the_hub_groups_by_filter_and_window_and_shares_the_rolled_up_bytes() ->
     assert hub.publish([d1], 0.0) == []
     assert hub.publish([d2], 0.01) == []
     assert [e.seq for bt in c.batches for e in bt.events] == [1, 2]
-    assert a.batches == [] and [d for d, _ in timer.calls] == [0.04]  # one timer per window
-    timer.calls[0][1](0.04)  # the window ends
+    assert a.batches == [] and [round(d, 3) for d, _ in timer.calls] == [0.06]  # one per window
+    timer.calls[0][1](0.06)  # nothing came after the window: the clock sends it
     assert a.batches[0] is b.batches[0]  # built once for the group
     (rolled,) = a.batches[0].events
     assert text(rolled) == "xy" and rolled.seq == 2
-    hub.publish([d3], 0.05)
-    assert [d for d, _ in timer.calls] == [0.04, 0.09]
+    hub.publish([d3], 0.07)
+    assert [round(d, 3) for d, _ in timer.calls] == [0.06, 0.13]
+    timer.calls[0][1](0.2)  # the first window's timer again: stale, it sends nothing
+    assert len(a.batches) == 1
     hub.unsubscribe(a)
     hub.unsubscribe(b)
-    timer.calls[1][1](0.09)  # a group gone: its timer sends nothing
+    timer.calls[1][1](0.13)  # a group gone: its timer sends nothing
     assert len(a.batches) == len(b.batches) == 1
 
 
