@@ -12,7 +12,7 @@ import trio
 
 from gateway.client import Reducer
 from gateway.protocol.events import Event
-from gateway.protocol.frames import ErrorFrame, Snapshot, SubscribeAck
+from gateway.protocol.frames import ErrorFrame, EventFrame, Snapshot, SubscribeAck
 from tests.conftest import Client, Harness, make_config, running_gateway
 from tests.integration.doors.sse.test_sse_stream import sse
 
@@ -125,3 +125,31 @@ def test_the_frame_names_the_field() -> None:
         assert "coalesce_ms" in str(exc)
     else:
         raise AssertionError("a negative window was taken")
+
+
+async def test_the_client_library_asks_for_a_window(tmp_path: Path) -> None:
+    """``GatewayClient.subscribe(coalesce_ms=)`` sends the field; left out, it sends none
+    (an older gateway refuses a field it does not know)."""
+    from gateway.client import GatewayClient, Received
+    from gateway.client.sse import events_query
+    from gateway.client.stream import Subscription
+
+    with trio.fail_after(30):
+        async with running_gateway(make_config(tmp_path)) as gw, GatewayClient(gw.base) as client:
+            sid = await gw.create_session()
+            counts = {}
+            for window in (None, 250):
+                async with client.subscribe(sid, filter="preset:chat", coalesce_ms=window) as s:
+                    await gw.submit(sid, {"script": {"rounds": [[{"lorem": 40}]]}})
+                    n = 0
+                    async for item in s:
+                        if isinstance(item, Received) and isinstance(item.frame, EventFrame):
+                            n += item.frame.event.type == "text.delta"
+                            if item.frame.event.type == "turn.completed":
+                                break
+                    counts[window] = n
+    assert counts[None] == 40 and counts[250] < 40 / 2
+    plain = Subscription(None, "sess_x")  # type: ignore[arg-type]
+    assert "coalesce_ms" not in plain._subscribe_frame()
+    assert events_query("t", "preset:chat", None, False, 40)["coalesce_ms"] == "40"
+    assert "coalesce_ms" not in events_query("t", "preset:chat", None, False)
