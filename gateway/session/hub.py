@@ -326,12 +326,8 @@ class Hub:
         """
         overflowed: list[Subscriber] = []
         written = 0
-        selected: dict[FilterKey, FrameBatch | None] = {}
-        for (key, _), group in self._groups.items():
-            if key in selected:
-                batch = selected[key]
-            else:
-                batch = selected[key] = _select(events, key, from_worker)
+        for group in self._groups.values():  # (a filter in two windows: matched twice)
+            batch = _select(events, group.key, from_worker)
             if batch is None:
                 continue
             rollup = group.rollup

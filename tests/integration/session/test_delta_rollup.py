@@ -140,9 +140,10 @@ async def test_the_client_library_asks_for_a_window(tmp_path: Path) -> None:
             counts = {}
             for window in (None, 250):
                 async with client.subscribe(sid, filter="preset:chat", coalesce_ms=window) as s:
-                    await gw.submit(sid, {"script": {"rounds": [[{"lorem": 40}]]}})
                     n = 0
                     async for item in s:
+                        if isinstance(item, Received) and isinstance(item.frame, SubscribeAck):
+                            await gw.submit(sid, {"script": {"rounds": [[{"lorem": 40}]]}})
                         if isinstance(item, Received) and isinstance(item.frame, EventFrame):
                             n += item.frame.event.type == "text.delta"
                             if item.frame.event.type == "turn.completed":
