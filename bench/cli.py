@@ -127,6 +127,8 @@ def parser() -> argparse.ArgumentParser:
                          "(default 20000); --profile doors: per door (default 4)")  # fmt: skip
     ap.add_argument("--repetitions", type=int, metavar="N",
                     help="--profile doors: rounds measured (default 5); rollup: (3)")  # fmt: skip
+    ap.add_argument("--windows", type=_counts, metavar="MS,MS,..",
+                    help="--profile rollup: the coalesce_ms, 0 first (default 0,40)")  # fmt: skip
     ap.add_argument("--churn-rounds", type=int, metavar="N",
                     help="--profile sessions: rounds of the churn (default 5)")  # fmt: skip
     ap.add_argument("--churn-sessions", type=int, metavar="N",
@@ -167,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile in ROLLUP_PROFILES:
         return _rollup(ap, args, command)
     if args.repetitions is not None:
-        ap.error("--repetitions is for the doors profiles")
+        ap.error("--repetitions is for the doors and rollup profiles")
+    if args.windows is not None:
+        ap.error("--windows is for the rollup profiles")
     if args.churn_rounds is not None or args.churn_sessions is not None:
         ap.error("--churn-rounds and --churn-sessions are for the sessions profiles")
     if args.minutes is not None:
@@ -254,10 +258,13 @@ def _rollup(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     if args.url or args.config or args.backend != "sqlite" or args.minutes is not None:
         ap.error("a rollup run starts a daemon of its own (bench/README.md, Delta rollup)")
     profile = with_overrides(
-        ROLLUP_PROFILES[args.profile], sessions=args.sessions, repetitions=args.repetitions
-    )
+        ROLLUP_PROFILES[args.profile], sessions=args.sessions, repetitions=args.repetitions,
+        windows=args.windows,
+    )  # fmt: skip
     if profile.sessions < 1 or profile.repetitions < 1:
         ap.error("--sessions and --repetitions must be >= 1")
+    if profile.windows[0] != 0 or not all(0 <= w <= 250 for w in profile.windows):
+        ap.error("--windows: 0 first (rollup off, the peer), each 0..250")
     raise_fd_limit()
     try:
         return rollup.main(profile, args.out, command)
