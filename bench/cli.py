@@ -12,6 +12,7 @@ Examples::
     python -m bench --profile sessions           # RSS per idle session, unloading on vs off
     python -m bench --profile sessions --sessions 5000 --churn-rounds 3
     python -m bench --profile doors              # CPU per delivered event: WebSocket, SSE, AI SDK
+    python -m bench --profile rollup             # delta rollup on/off: 1,000 clients, 50 tokens/s
     python -m bench --backend redis              # the gateway on [store] backend = "redis"
     python -m bench --backend both               # one node on SQLite vs one on Redis
     python -m bench --backend both --nodes 2     # ... and one node vs two on one Redis
@@ -27,7 +28,8 @@ targets were met), 1 when it failed. A soak (``--profile soak`` or
 A sessions run (``--profile sessions`` or ``sessions-smoke``, bench/README.md
 "Sessions") writes ``<stamp>-<profile>.json`` and ``.md``; exit status 0 when
 it completed. So does a doors run (``--profile doors`` or ``doors-smoke``,
-bench/README.md "Doors").
+bench/README.md "Doors"), and a rollup run (``--profile rollup`` or
+``rollup-smoke``, bench/README.md "Delta rollup").
 
 ``--backend redis`` runs every gateway of the run on ``[store] backend =
 "redis"``, each against a redis-server the bench starts in its work dir
@@ -67,6 +69,7 @@ from bench.profiles import (
     DOORS_PROFILES,
     PEERS,
     PROFILES,
+    ROLLUP_PROFILES,
     SESSIONS_PROFILES,
     SOAK_PROFILES,
     Profile,
@@ -112,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--profile", default="default",
                     choices=sorted([*PROFILES, *SOAK_PROFILES, *FUZZ_PROFILES, *SESSIONS_PROFILES,
-                                    *DOORS_PROFILES]),
+                                    *DOORS_PROFILES, *ROLLUP_PROFILES]),
                     help="phase sizes (bench/README.md, Profiles; soak: Soak)")  # fmt: skip
     ap.add_argument("--minutes", type=float,
                     help="soak profiles: minutes of load after the warm-up")  # fmt: skip
@@ -123,7 +126,9 @@ def parser() -> argparse.ArgumentParser:
                     help="sessions of the fan-out; --profile sessions: sessions measured idle "
                          "(default 20000); --profile doors: per door (default 4)")  # fmt: skip
     ap.add_argument("--repetitions", type=int, metavar="N",
-                    help="--profile doors: rounds measured (default 5)")  # fmt: skip
+                    help="--profile doors: rounds measured (default 5); rollup: (3)")  # fmt: skip
+    ap.add_argument("--windows", type=_counts, metavar="MS,MS,..",
+                    help="--profile rollup: the coalesce_ms, 0 first (default 0,40)")  # fmt: skip
     ap.add_argument("--churn-rounds", type=int, metavar="N",
                     help="--profile sessions: rounds of the churn (default 5)")  # fmt: skip
     ap.add_argument("--churn-sessions", type=int, metavar="N",
@@ -161,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         return _sessions(ap, args, command)
     if args.profile in DOORS_PROFILES:
         return _doors(ap, args, command)
+    if args.profile in ROLLUP_PROFILES:
+        return _rollup(ap, args, command)
     if args.repetitions is not None:
-        ap.error("--repetitions is for the doors profiles")
+        ap.error("--repetitions is for the doors and rollup profiles")
+    if args.windows is not None:
+        ap.error("--windows is for the rollup profiles")
     if args.churn_rounds is not None or args.churn_sessions is not None:
         ap.error("--churn-rounds and --churn-sessions are for the sessions profiles")
     if args.minutes is not None:
@@ -239,6 +248,26 @@ def _sessions(ap: argparse.ArgumentParser, args: argparse.Namespace, command: st
     raise_fd_limit()
     try:
         return sessions.main(profile, args.out, command)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _rollup(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    from bench import rollup
+
+    if args.url or args.config or args.backend != "sqlite" or args.minutes is not None:
+        ap.error("a rollup run starts a daemon of its own (bench/README.md, Delta rollup)")
+    profile = with_overrides(
+        ROLLUP_PROFILES[args.profile], sessions=args.sessions, repetitions=args.repetitions,
+        windows=args.windows,
+    )  # fmt: skip
+    if profile.sessions < 1 or profile.repetitions < 1:
+        ap.error("--sessions and --repetitions must be >= 1")
+    if profile.windows[0] != 0 or not all(0 <= w <= 250 for w in profile.windows):
+        ap.error("--windows: 0 first (rollup off, the peer), each 0..250")
+    raise_fd_limit()
+    try:
+        return rollup.main(profile, args.out, command)
     except KeyboardInterrupt:
         return 130
 

@@ -12,6 +12,8 @@ what an idle session costs in memory, with and without unloading.
 ``doors`` and ``doors-smoke``, :class:`DoorsProfile` (``bench.doors``): the
 gateway's CPU per delivered event on each door to a session's stream (the
 WebSocket, the native SSE, the AI SDK's SSE, AG-UI), in one run.
+``rollup`` and ``rollup-smoke``, :class:`RollupProfile` (``bench.rollup``): the
+delta rollup on and off, frames, bytes and CPU per delivered token, in one run.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, TypeVar
 
 PEERS = ("ws_queue", "ws_broadcast", "raw")
 
-_P = TypeVar("_P", "Profile", "SoakProfile", "SessionsProfile", "DoorsProfile")
+_P = TypeVar("_P", "Profile", "SoakProfile", "SessionsProfile", "DoorsProfile", "RollupProfile")
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,54 @@ DOORS_SMOKE = DoorsProfile(
 )
 
 DOORS_PROFILES = {p.name: p for p in (DOORS, DOORS_SMOKE)}
+
+
+@dataclass(frozen=True)
+class RollupProfile:
+    """The sizes of a rollup run (bench/README.md, "Delta rollup": rollup on and off).
+
+    One daemon; ``repetitions`` rounds (after ``warmup``), each measuring every
+    ``coalesce_ms`` of ``windows`` (0: off) in a phase of its own: ``sessions``
+    fresh sessions, ``clients`` WebSocket clients spread evenly over them, one
+    turn per session (a ``sleep`` of ``sleep_s``, then ``words`` words of
+    ``lorem``, one every ``delay_ms``).
+    """
+
+    name: str
+    sessions: int = 10  # --sessions 1: one session of 1,000 viewers
+    clients: int = 1000
+    words: int = 200
+    delay_ms: float = 20.0  # 50 tokens/s per session
+    sleep_s: float = 2.0
+    windows: tuple[int, ...] = (0, 40)
+    repetitions: int = 3
+    warmup: int = 1
+    filter: str = "preset:chat"
+    turn_timeout_s: float = 60.0
+    gateway_config: dict[str, dict[str, Any]] = field(
+        default_factory=lambda: dict(_BENCH_GATEWAY_CONFIG)
+    )
+
+    @property
+    def clients_per_session(self) -> int:
+        return max(1, self.clients // self.sessions)
+
+
+ROLLUP = RollupProfile(name="rollup")
+
+ROLLUP_SMOKE = RollupProfile(
+    name="rollup-smoke",
+    sessions=1,
+    clients=3,
+    words=20,
+    delay_ms=5.0,
+    sleep_s=0.2,
+    repetitions=1,
+    warmup=0,
+    turn_timeout_s=20.0,
+)
+
+ROLLUP_PROFILES = {p.name: p for p in (ROLLUP, ROLLUP_SMOKE)}
 
 
 def with_overrides(profile: _P, **overrides: Any) -> _P:

@@ -118,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     attach.add_argument("--since", help="resume after this event id")
     attach.add_argument("--snapshot", action="store_true", help="start with a snapshot")
+    attach.add_argument(
+        "--coalesce-ms", type=int, metavar="MS", help="roll deltas up in this window, 0..250"
+    )
     attach.add_argument("--api-key", help="Bearer key, when the gateway has api_keys")
     chat = commands.add_parser("chat", help="chat with a session in the terminal")
     chat.add_argument("--url", default="http://127.0.0.1:8421", help="the gateway's base URL")

@@ -171,6 +171,9 @@ class StreamConfig(_Section, frozen=True):
     # faster than the fan-out), how long the translator may hold the next batch
     # open while the writers finish (it goes out as soon as they have); 0 = off.
     batch_window_ms: Annotated[float, msgspec.Meta(ge=0, le=100)] = 2.0
+    # A subscription's default delta rollup window (docs/protocol.md §3 "Delta
+    # rollup"): consecutive deltas of one block within it go out as one; 0 = off.
+    coalesce_ms: Annotated[int, msgspec.Meta(ge=0, le=250)] = 0
 
 
 class StoreConfig(_Section, frozen=True):
@@ -452,6 +455,7 @@ attach_token_ttl_s = 60      # lifetime of an attach token
 max_client_frame_bytes = 65536
 close_grace_s = 5.0          # how long a close frame may take to reach a slow client
 batch_window_ms = 2.0        # events faster than this: the longest a batch waits to grow; 0 = off
+coalesce_ms = 0              # default delta rollup window of a subscription (0..250); 0 = off
 
 [store]
 backend = "sqlite"           # "sqlite" (the embedded default) | "redis" (several nodes)

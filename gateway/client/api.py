@@ -432,6 +432,7 @@ class GatewayClient(FilesApi):
         filter: Any = "preset:full",
         since: str | None = None,
         snapshot: bool = False,
+        coalesce_ms: int | None = None,
         backoff: Backoff | None = None,
         heartbeat: Heartbeat | None = None,
         max_reconnects: int = 10,
@@ -445,6 +446,8 @@ class GatewayClient(FilesApi):
             filter: a preset name or a Filter as a dict (docs/protocol.md §3).
             since: start after this event id (replay).
             snapshot: start with a snapshot.
+            coalesce_ms: the delta rollup window, 0 to 250 (docs/protocol.md §3
+                "Delta rollup"); None: the gateway's default.
             backoff: the reconnect delays.
             heartbeat: the client's pings and how many missed pongs mean a dead server.
             max_reconnects: attempts in a row without progress before giving up.
@@ -455,18 +458,10 @@ class GatewayClient(FilesApi):
             The :class:`Subscription`, already connecting; it stops when the block ends.
         """
         subscription = Subscription(
-            self.http,
-            session_id,
-            filter=filter,
-            since=since,
-            snapshot=snapshot,
-            backoff=backoff,
-            heartbeat=heartbeat,
-            max_reconnects=max_reconnects,
-            connector=self.connector,
-            buffer=buffer,
-            rand=rand,
-        )
+            self.http, session_id, filter=filter, since=since, snapshot=snapshot,
+            coalesce_ms=coalesce_ms, backoff=backoff, heartbeat=heartbeat,
+            max_reconnects=max_reconnects, connector=self.connector, buffer=buffer, rand=rand,
+        )  # fmt: skip
         async with _background(subscription.run):
             yield subscription
 

@@ -100,6 +100,7 @@ async def attach(
     filter: Any = "preset:chat",
     since: str | None = None,
     snapshot: bool = False,
+    coalesce_ms: int | None = None,
     api_key: str | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
@@ -115,6 +116,8 @@ async def attach(
         filter: a preset name or a Filter as a dict (docs/protocol.md §3).
         since: resume after this event id.
         snapshot: start with a snapshot.
+        coalesce_ms: the delta rollup window (docs/protocol.md §3 "Delta rollup");
+            None: the gateway's ``[stream] coalesce_ms``.
         api_key: the Bearer key, when the gateway has ``api_keys``.
         out: where frames go, one JSON line each (stdout).
         err: where the one-line reports go (stderr).
@@ -143,6 +146,7 @@ async def attach(
             filter=filter,
             since=since,
             snapshot=snapshot,
+            coalesce_ms=coalesce_ms,
             backoff=backoff or Backoff(),
             heartbeat=Heartbeat(keepalive_s, max_missed=1),
             max_reconnects=max_reconnects,
@@ -192,6 +196,7 @@ def run(args: Any) -> int:
                     filter=filter_,
                     since=args.since,
                     snapshot=args.snapshot,
+                    coalesce_ms=args.coalesce_ms,
                     api_key=args.api_key,
                 )
                 nursery.cancel_scope.cancel()

@@ -46,7 +46,9 @@ def attach_token(ws_url: str) -> str:
     return query.get("attach", [""])[0]
 
 
-def events_query(token: str, filter: Any, since: str | None, snapshot: bool) -> dict[str, str]:
+def events_query(
+    token: str, filter: Any, since: str | None, snapshot: bool, coalesce_ms: int | None = None
+) -> dict[str, str]:
     """The query of ``GET /sessions/{id}/events`` for a subscribe of these arguments."""
     query = {
         "attach": token,
@@ -55,6 +57,8 @@ def events_query(token: str, filter: Any, since: str | None, snapshot: bool) -> 
     }
     if since is not None and not snapshot:
         query["since"] = since
+    if coalesce_ms is not None:
+        query["coalesce_ms"] = str(coalesce_ms)
     return query
 
 

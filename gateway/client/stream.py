@@ -357,6 +357,7 @@ class Subscription:
         filter: Any = "preset:full",
         since: str | None = None,
         snapshot: bool = False,
+        coalesce_ms: int | None = None,
         backoff: Backoff | None = None,
         heartbeat: Heartbeat | None = None,
         max_reconnects: int = 10,
@@ -368,6 +369,7 @@ class Subscription:
         self.filter = filter
         self.cursor = since
         self.snapshot = snapshot
+        self.coalesce_ms = coalesce_ms  # the delta rollup window (docs/protocol.md §3)
         self.backoff = backoff or Backoff()
         self.heartbeat = heartbeat or Heartbeat()
         self.max_reconnects = max_reconnects
@@ -488,14 +490,15 @@ class Subscription:
         return url
 
     def _subscribe_frame(self) -> str:
-        return json.dumps(
-            {
-                "type": "subscribe",
-                "filter": self.filter,
-                "since": self.cursor,
-                "snapshot": self.snapshot,
-            }
-        )
+        frame = {
+            "type": "subscribe",
+            "filter": self.filter,
+            "since": self.cursor,
+            "snapshot": self.snapshot,
+        }
+        if self.coalesce_ms is not None:  # only when asked: an older gateway refuses the field
+            frame["coalesce_ms"] = self.coalesce_ms
+        return json.dumps(frame)
 
     async def _stream(self, ws: WebSocketConnection) -> Ended:
         """Subscribe, deliver every frame, answer pings, ping when idle, until the end."""
@@ -574,7 +577,9 @@ class Subscription:
 
     async def _connect_sse(self, ws_url: str) -> Ended:
         """One attempt over ``GET /sessions/{id}/events``, the token of ``ws_url``."""
-        query = sse.events_query(sse.attach_token(ws_url), self.filter, self.cursor, self.snapshot)
+        query = sse.events_query(
+            sse.attach_token(ws_url), self.filter, self.cursor, self.snapshot, self.coalesce_ms
+        )
         timeout = httpx.Timeout(CONNECT_TIMEOUT_S, read=None)
         url = f"/sessions/{self.session_id}/events"
         try:

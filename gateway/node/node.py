@@ -5,6 +5,7 @@ Task tree (a stack dump reads like this)::
     node                      Node.run
     ├── store-writer          the store's batching writer (gateway.store)
     ├── retention             purges events older than retention_hours
+    ├── rollup-clock          ends the delta rollup windows of the hubs (gateway.session.rollup)
     ├── lease-keeper          renews this node's session leases (gateway.store.lease)
     ├── cluster               Redis only: the link to the other nodes (gateway.cluster.link)
     ├── recovery              Redis only: closes turns of nodes that died (gateway.node.recovery)
@@ -82,6 +83,7 @@ from gateway.session import rewind
 from gateway.session.agent import TurnHost
 from gateway.session.files import Files
 from gateway.session.hub import Emitted
+from gateway.session.rollup import RollupClock
 from gateway.session.sequencer import EventSequencer
 from gateway.session.session import Session
 from gateway.store.base import Store
@@ -133,6 +135,8 @@ class Node:
         # In this process; in Redis once the placement is clustered (gateway.node.attach_tokens).
         self.tokens: Tokens = AttachTokens(config.stream.attach_token_ttl_s)
         self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.tenancy)
+        # The end of every delta rollup window of the node's hubs (docs/protocol.md §3).
+        self.rollups = RollupClock()
         self.workspaces = Workspaces.from_config(config.sessions)  # docs/protocol.md §15
         self.files = Files(store, config)  # docs/protocol.md §2 "Files"
         # The tool processes of the daemon (the app shares its own); a bare node spawns without
@@ -195,6 +199,7 @@ class Node:
                 self.registry.nursery = sessions
                 self.model_proxy.attach(sessions)
                 sessions.start_soon(self._retention_loop, name="retention")
+                sessions.start_soon(self.rollups.run, name="rollup-clock")
                 await sessions.start(self.leases.run, name="lease-keeper")
                 self.placement = await choose(self, sessions)
                 await recovery.close_interrupted_turns(self)

@@ -8,7 +8,7 @@ schema is ``invalid_frame`` with msgspec's description of the field at fault.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -19,11 +19,16 @@ from gateway.protocol.shapes import PROTOCOL_VERSION, Message, SessionSummary
 
 # --- client -> server --------------------------------------------------------
 
+MAX_COALESCE_MS = 250
+"""The longest delta rollup window a subscription may ask for (docs/protocol.md §3)."""
+
 
 class Subscribe(msgspec.Struct, tag="subscribe", tag_field="type", forbid_unknown_fields=True):
     filter: Filter | str
     since: str | None = None
     snapshot: bool = False
+    # docs/protocol.md §3 "Delta rollup": None = the server's [stream] coalesce_ms.
+    coalesce_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_COALESCE_MS)] | None = None
 
 
 class Cancel(msgspec.Struct, tag="cancel", tag_field="type", forbid_unknown_fields=True):

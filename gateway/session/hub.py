@@ -49,6 +49,8 @@ class Emitted:
 
     ``data`` is the event's JSON (what the trace store keeps); ``frame`` is the
     complete WebSocket text frame of ``{"type": "event", "event": data}``.
+    ``parts``: for a delta rolled up from several (docs/protocol.md §3 "Delta
+    rollup", :mod:`gateway.session.rollup`), the deltas it stands for; else empty.
     """
 
     seq: int
@@ -59,6 +61,7 @@ class Emitted:
     ts: int
     data: bytes
     frame: bytes
+    parts: tuple[Emitted, ...] = ()
 
 
 class FrameBatch:
@@ -150,8 +153,31 @@ class DirectWriter(Protocol):
         ...
 
 
+class Coalescer(Protocol):
+    """A group's delta rollup, sans-IO (:class:`gateway.session.rollup.Rollup`)."""
+
+    @property
+    def deadline(self) -> float:
+        """When the hub's timer must send what it holds (``math.inf``: it holds nothing)."""
+        ...
+
+    def feed(self, events: Sequence[Emitted], now: float) -> list[Emitted]:
+        """What of ``events`` (and of what it held) goes out now."""
+        ...
+
+    def due(self, now: float) -> Emitted | None:
+        """What it holds, if its window ended by ``now``."""
+        ...
+
+
+class Timer(Protocol):
+    """Calls back at a deadline (:class:`gateway.session.rollup.RollupClock`)."""
+
+    def at(self, deadline: float, call: Callable[[float], None], /) -> None: ...
+
+
 class Group:
-    """The subscribers of one distinct filter, split by how they are written to.
+    """The subscribers of one distinct filter and window, split by how they are written to.
 
     ``direct`` maps each subscriber that may be written to straight from the
     fan-out (nothing queued for it, no write in flight) to its socket's
@@ -160,12 +186,20 @@ class Group:
     another door (SSE) to its :data:`Encoder` and its socket's ``try_write``.
     ``written_at`` is the trio time of the last direct write to the group: the
     heartbeat clock of its direct subscribers (docs/protocol.md §3).
+    ``coalesce_ms`` is the group's rollup window and ``rollup`` its
+    :class:`Coalescer` (None: 0, no rollup; docs/protocol.md §3 "Delta rollup"),
+    ``timed`` the deadline its timer was last set for.
     """
 
-    __slots__ = ("direct", "encoding", "key", "queued", "written_at")
+    __slots__ = (
+        "coalesce_ms", "direct", "encoding", "key", "queued", "rollup", "timed", "written_at",
+    )  # fmt: skip
 
-    def __init__(self, key: FilterKey) -> None:
+    def __init__(self, key: FilterKey, coalesce_ms: int = 0) -> None:
         self.key = key
+        self.coalesce_ms = coalesce_ms
+        self.rollup: Coalescer | None = None
+        self.timed = math.inf
         self.direct: dict[Subscriber, Callable[[bytes], int]] = {}  # each one's try_write
         self.encoding: dict[Subscriber, tuple[Encoder, Callable[[bytes], int]]] = {}
         self.queued: dict[Subscriber, None] = {}
@@ -227,11 +261,22 @@ class Hub:
     Args:
         parent: the parent session's hub, for a worker session.
         counter: counts the event frames written straight from the fan-out.
+        rollup: makes a group's :class:`Coalescer` for a window in seconds
+            (None: every window is 0, no rollup).
+        timer: wakes the hub when a group's window ends (with ``rollup``).
     """
 
-    def __init__(self, parent: Hub | None = None, counter: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        parent: Hub | None = None,
+        counter: Metrics | None = None,
+        rollup: Callable[[float], Coalescer] | None = None,
+        timer: Timer | None = None,
+    ) -> None:
         self.parent = parent
-        self._groups: dict[FilterKey, Group] = {}
+        self._groups: dict[tuple[FilterKey, int], Group] = {}
+        self._rollup = rollup if timer is not None else None
+        self._timer = timer
         self._group_of: dict[Subscriber, Group] = {}
         self._counter = counter
         self.backlog: Backlog = Backlog(parent.backlog if parent is not None else None)
@@ -239,11 +284,17 @@ class Hub:
     def __len__(self) -> int:
         return len(self._group_of)
 
-    def subscribe(self, sub: Subscriber, key: FilterKey) -> Group:
-        """Add ``sub`` to the group of ``key``, queued until :meth:`set_direct` says otherwise."""
-        group = self._groups.get(key)
+    def subscribe(self, sub: Subscriber, key: FilterKey, coalesce_ms: int = 0) -> Group:
+        """Add ``sub`` to the group of ``key`` and ``coalesce_ms`` (clients of one filter
+        and one window share the rolled-up bytes), queued until :meth:`set_direct`
+        says otherwise."""
+        if self._rollup is None:
+            coalesce_ms = 0
+        group = self._groups.get((key, coalesce_ms))
         if group is None:
-            group = self._groups[key] = Group(key)
+            group = self._groups[(key, coalesce_ms)] = Group(key, coalesce_ms)
+            if coalesce_ms and self._rollup is not None:
+                group.rollup = self._rollup(coalesce_ms / 1000)
         group.queued[sub] = None
         self._group_of[sub] = group
         return group
@@ -288,7 +339,7 @@ class Hub:
         group.encoding.pop(sub, None)
         group.queued.pop(sub, None)
         if not group:
-            del self._groups[group.key]
+            del self._groups[(group.key, group.coalesce_ms)]
         return True
 
     def publish(
@@ -298,7 +349,9 @@ class Hub:
 
         Per distinct filter: one non-blocking write of the shared batch to each
         direct subscriber (a short one is handed to the subscriber), then
-        :meth:`Subscriber.deliver` to each queued one.
+        :meth:`Subscriber.deliver` to each queued one. A group with a rollup
+        window sends what its :class:`Coalescer` lets out now (docs/protocol.md
+        §3 "Delta rollup"); its timer sends the rest when the window ends.
 
         Args:
             events: one emitted batch, in id order.
@@ -310,40 +363,89 @@ class Hub:
         """
         overflowed: list[Subscriber] = []
         written = 0
-        for key, group in self._groups.items():
-            batch = _select(events, key, from_worker)
+        for group in self._groups.values():  # (a filter in two windows: matched twice)
+            batch = _select(events, group.key, from_worker)
             if batch is None:
                 continue
-            queued = list(group.queued)  # before a short write moves someone there
-            direct = group.direct
-            if direct:
-                blob = batch.blob
-                size = len(blob)
-                short: list[tuple[Subscriber, int]] = []
-                for sub, try_write in direct.items():
-                    try:
-                        sent = try_write(blob)
-                    except BlockingIOError:
-                        sent = 0
-                    except OSError:
-                        sent = -1
-                    if sent != size:
-                        short.append((sub, sent))
-                group.written_at = now
-                written += (len(direct) - len(short)) * batch.n
-                for sub, sent in short:
-                    if not _guarded(sub.deliver_short, batch, sent, now):
-                        overflowed.append(sub)
-            if group.encoding:
-                _write_encoded(group, batch, now, overflowed)  # (not WebSocket frames: uncounted)
-            for sub in queued:
-                if not _guarded(sub.deliver, batch, now):
-                    overflowed.append(sub)
+            rollup = group.rollup
+            if rollup is not None:
+                out = rollup.feed(batch.events, now)
+                self._time(group, rollup)
+                if not out:
+                    continue
+                batch = FrameBatch(out)
+            written += _send(group, batch, now, overflowed)
         if written and self._counter is not None:
             self._counter.frames_sent += written
         if self.parent is not None:
             overflowed += self.parent.publish(events, now, from_worker=True)
         return overflowed
+
+    def _time(self, group: Group, rollup: Coalescer) -> None:
+        """Set the group's timer for its window's end, if not set already."""
+        deadline = rollup.deadline
+        if deadline != group.timed and deadline != math.inf and self._timer is not None:
+            group.timed = deadline
+            self._timer.at(deadline, lambda now: self._due(group, deadline, now))
+
+    def _due(self, group: Group, deadline: float, now: float) -> None:
+        """A group's window ended: what it holds goes out (the slow-client rule applied).
+
+        A timer set for an earlier window (closed since by an event) does nothing.
+        """
+        rollup = group.rollup
+        if deadline != group.timed or rollup is None:
+            return
+        group.timed = math.inf
+        if self._groups.get((group.key, group.coalesce_ms)) is not group:
+            return
+        rolled = rollup.due(now)
+        self._time(group, rollup)
+        if rolled is None:
+            return
+        overflowed: list[Subscriber] = []
+        written = _send(group, FrameBatch([rolled]), now, overflowed)
+        if written and self._counter is not None:
+            self._counter.frames_sent += written
+        for sub in overflowed:
+            sub.overflowed()
+
+
+def _send(group: Group, batch: FrameBatch, now: float, overflowed: list[Subscriber]) -> int:
+    """One batch to one group: a non-blocking write to each direct subscriber (a short
+    one handed to the subscriber), :meth:`Subscriber.deliver` to each queued one.
+
+    Returns:
+        The event frames written straight to sockets; ``overflowed`` gets the
+        subscribers whose queue would overflow.
+    """
+    written = 0
+    queued = list(group.queued)  # before a short write moves someone there
+    direct = group.direct
+    if direct:
+        blob = batch.blob
+        size = len(blob)
+        short: list[tuple[Subscriber, int]] = []
+        for sub, try_write in direct.items():
+            try:
+                sent = try_write(blob)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                sent = -1
+            if sent != size:
+                short.append((sub, sent))
+        group.written_at = now
+        written = (len(direct) - len(short)) * batch.n
+        for sub, sent in short:
+            if not _guarded(sub.deliver_short, batch, sent, now):
+                overflowed.append(sub)
+    if group.encoding:
+        _write_encoded(group, batch, now, overflowed)  # (not WebSocket frames: uncounted)
+    for sub in queued:
+        if not _guarded(sub.deliver, batch, now):
+            overflowed.append(sub)
+    return written
 
 
 def _write_encoded(

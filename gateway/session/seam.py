@@ -50,6 +50,7 @@ from gateway.protocol.frames import Subscribe, SubscribeAck, SubscribeError, enc
 from gateway.protocol.framing import event_frame, text_frame
 from gateway.protocol.shapes import Usage
 from gateway.session.hub import Emitted, FrameBatch, Group, Subscriber
+from gateway.session.rollup import join
 from gateway.session.session import Session
 from gateway.store.base import StoredEvent, each_event_after
 
@@ -75,12 +76,21 @@ def past_cut(batch: FrameBatch, cut: int) -> FrameBatch | None:
 
     Its events with an id above the cut: the batch itself when all of them
     are (every batch once the client is live: the cut is then below them), a
-    smaller batch when some are, ``None`` when none is.
+    smaller batch when some are, ``None`` when none is. A rolled-up delta
+    (docs/protocol.md §3 "Delta rollup") whose parts straddle the cut is
+    rolled up again from its parts above it.
     """
     events = batch.events
-    if events[0].seq > cut:
+    first = events[0]
+    if (first.parts[0].seq if first.parts else first.seq) > cut:
         return batch
-    rest = [e for e in events if e.seq > cut]
+    rest: list[Emitted] = []
+    for e in events:
+        if e.seq <= cut:
+            continue
+        if e.parts and e.parts[0].seq <= cut:
+            e = join([p for p in e.parts if p.seq > cut])
+        rest.append(e)
     return FrameBatch(rest) if rest else None
 
 
@@ -121,7 +131,8 @@ async def subscribe(
     """
     gate = Gate()
     sub.enqueue(gate)
-    sub.registered(session.hub.subscribe(sub, key))
+    window = config.coalesce_ms if request.coalesce_ms is None else request.coalesce_ms
+    sub.registered(session.hub.subscribe(sub, key, window))
     mode = "snapshot" if request.snapshot else "live" if request.since is None else "replay"
     node = session.node
     try:

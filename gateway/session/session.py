@@ -83,6 +83,7 @@ from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.compaction import plan
 from gateway.session.hub import Emitted, Hub, Subscriber
 from gateway.session.permissions import Permissions, decide_in
+from gateway.session.rollup import Rollup
 from gateway.session.sequencer import EventSequencer
 from gateway.session.supervisor import Supervisor
 from gateway.session.tail import Tail
@@ -219,6 +220,13 @@ def stored(message: Message, completion: Completion | None) -> StoredMessage:
     )
 
 
+def new_hub(node: NodeServices, parent: Session | None) -> Hub:
+    """A session's hub, its delta rollup windows ended by the node's clock (docs/protocol.md
+    §3 "Delta rollup"); on a node without one (a test's), nothing is rolled up."""
+    clock = getattr(node, "rollups", None)
+    return Hub(parent.hub if parent else None, node.metrics, Rollup, clock)
+
+
 def new_calls(session: Session) -> CallStream:
     """A session's calls' stream, batching and storing as ``[stream]`` and ``[store]`` say."""
     config = session.node.config
@@ -256,7 +264,7 @@ class Session:
         self.family: Session = parent.family if parent else self
         self.awaiting_commit: deque[tuple[int, Session, list[Emitted]]] = deque()
         self.workers: list[Session] = []
-        self.hub: Hub = Hub(parent.hub if parent else None, node.metrics)
+        self.hub: Hub = new_hub(node, parent)
         self.messages: list[Message] = []
         self.completions: dict[str, Completion] = {}
         self._load(stored)

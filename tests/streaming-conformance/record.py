@@ -285,7 +285,11 @@ class Recorder:
 
     @asynccontextmanager
     async def connect(
-        self, filter: Any = FULL, since: str | None = None, snapshot: bool = False
+        self,
+        filter: Any = FULL,
+        since: str | None = None,
+        snapshot: bool = False,
+        coalesce_ms: int | None = None,
     ) -> AsyncIterator[Recorder]:
         """One connection: subscribe, and record everything received until the block ends."""
         from tests.conftest import open_ws
@@ -294,6 +298,8 @@ class Recorder:
         async with open_ws(url) as ws:
             self.ws = ws
             subscribe = {"type": "subscribe", "filter": filter, "since": since}
+            if coalesce_ms is not None:
+                subscribe["coalesce_ms"] = coalesce_ms
             await ws.send_message(json.dumps({**subscribe, "snapshot": snapshot}))
             ack = await self.recv()
             assert ack["type"] == "subscribe_ack", ack
@@ -697,6 +703,55 @@ async def since_mid_message(gw: Any, gate: Gate) -> list[Frame]:
         await back.reached.wait()
         await watcher.until_event("text.delta", count=6)
         async with client.connect(CHAT, since=client.last_event_id):
+            frame = await client.recv()
+            assert frame["event"]["type"] == "message.snapshot", frame
+            back.go.set()
+            await client.until_turn_ends()
+        await watcher.until_turn_ends()
+    return client.frames
+
+
+@scenario(
+    "a turn under a 250 ms delta rollup: each block's deltas (thinking, text, a tool's input) "
+    "arrive as one, the last one's id, flushed by the block's end",
+    deterministic=False,  # a stall of the machine mid-block would split a block's deltas
+)
+async def rolled_up_turn(gw: Any, gate: Gate) -> list[Frame]:
+    sid = await gw.create_session()
+    client = Recorder(gw, sid)
+    async with client.connect(coalesce_ms=250):
+        await gw.submit(
+            sid,
+            script(
+                [{"thinking": "A nap first."}, {"text": "Napping for a moment."}, sleep(0.01)],
+                [{"text": "Rested and ready now."}],
+            ),
+        )
+        await client.until_turn_ends()
+    return client.frames
+
+
+@scenario(
+    "a client under a 250 ms rollup leaves mid-message and resumes with since = the id of the "
+    "rolled-up delta it saw: message.snapshot, then the rest of the text rolled up"
+)
+async def rolled_up_since_mid_message(gw: Any, gate: Gate) -> list[Frame]:
+    sid = await gw.create_session()
+    away = gate.before(4)  # the client has the first 3 words, rolled up when the window ends
+    back = gate.before(7)  # it comes back after 6
+    client = Recorder(gw, sid)
+    watcher = Recorder(gw, sid)  # says when the gateway has sent all before the hold
+    text = "Seven words make up this reply here."
+    async with watcher.connect(CHAT):
+        async with client.connect(CHAT, coalesce_ms=250):
+            await gw.submit(sid, script([{"text": text}]))
+            await away.reached.wait()
+            rolled = await client.until_event("text.delta")
+            assert rolled["event"]["payload"]["text"] == "Seven words make ", rolled
+        away.go.set()
+        await back.reached.wait()
+        await watcher.until_event("text.delta", count=6)
+        async with client.connect(CHAT, since=client.last_event_id, coalesce_ms=250):
             frame = await client.recv()
             assert frame["event"]["type"] == "message.snapshot", frame
             back.go.set()

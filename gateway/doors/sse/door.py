@@ -29,15 +29,23 @@ SINCE = Query(
     "(the `Last-Event-ID` header stands for it when absent).",
 )
 
+COALESCE = Query(
+    "coalesce_ms",
+    {"type": "integer", "minimum": 0, "maximum": 250},
+    "The delta rollup window, as a subscribe's `coalesce_ms` (docs/protocol.md §3 "
+    '"Delta rollup"); absent: the server\'s `[stream] coalesce_ms`.',
+)
+
 EVENTS = Operation(
     "The session's stream as server-sent events",
     None,
-    query=(ATTACH, FILTER, SNAPSHOT, SINCE),
+    query=(ATTACH, FILTER, SNAPSHOT, SINCE, COALESCE),
     auth="optional",
     media_type="text/event-stream",
     errors={
         400: ("invalid_query",),
         403: ATTACH_REFUSALS,
+        422: ("invalid_query",),
         503: ("over_capacity",),
     },
     description="docs/doors/sse.md: the WebSocket stream's frames "

@@ -34,13 +34,14 @@ from gateway.doors.context import SSE_HEADERS, DoorContext
 from gateway.doors.oneway import EVENT_FRAME_HEAD, OneWayQueue, frame_payloads, pump
 from gateway.errors import ApiError, SubscribeRejected
 from gateway.http.body import StreamBody, chunk
+from gateway.http.parsing import int_query
 from gateway.http.server import Request, Response, StreamingResponse
 from gateway.ids import format_event_id
 from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.protocol.closes import CLOSES
 from gateway.protocol.filters import Filter, resolve_filter
-from gateway.protocol.frames import Subscribe, SubscribeError, encode
+from gateway.protocol.frames import MAX_COALESCE_MS, Subscribe, SubscribeError, encode
 from gateway.session import seam
 from gateway.session.hub import Emitted, FrameBatch, encoded
 from gateway.session.session import Session
@@ -182,8 +183,9 @@ def subscribe_of(req: Request) -> Subscribe:
     """The subscribe the query stands for; ``Last-Event-ID`` is ``since`` when that is absent.
 
     Raises:
-        ApiError: 400 ``invalid_query``: ``snapshot`` not ``true``/``false``, or
-            a ``filter`` that is neither a preset name nor a filter object's JSON.
+        ApiError: 400 ``invalid_query``: ``snapshot`` not ``true``/``false``,
+            a ``filter`` that is neither a preset name nor a filter object's JSON,
+            or a ``coalesce_ms`` that is not an integer (422 out of 0..250).
     """
     raw_filter = req.query.get("filter", "preset:chat")
     filter_: Filter | str = raw_filter
@@ -198,7 +200,19 @@ def subscribe_of(req: Request) -> Subscribe:
     if snapshot not in ("true", "false"):
         raise ApiError(400, "invalid_query", f"snapshot must be true or false, got {snapshot!r}")
     since = req.query.get("since") or req.headers.get("last-event-id") or None
-    return Subscribe(filter_, since, snapshot == "true")
+    return Subscribe(filter_, since, snapshot == "true", _coalesce_ms(req))
+
+
+def _coalesce_ms(req: Request) -> int | None:
+    """``?coalesce_ms=``: the delta rollup window (docs/protocol.md §3 "Delta rollup");
+    absent: the server's ``[stream] coalesce_ms``.
+
+    Raises:
+        ApiError: ``invalid_query``: 400 not an integer, 422 out of 0..250.
+    """
+    if "coalesce_ms" not in req.query:
+        return None
+    return int_query(req, "coalesce_ms", default=0, low=0, high=MAX_COALESCE_MS)
 
 
 # --- SSE encoding ----------------------------------------------------------------------

@@ -524,6 +524,15 @@ async def test_a_timing_dependent_trace_still_ends_in_its_views(tmp_path: Path) 
     assert record.expected_views(frames, False)["final"] == expected["final"]
 
 
+async def test_a_rolled_up_turn_still_ends_in_its_views(tmp_path: Path) -> None:
+    """docs/protocol.md §3 "Delta rollup": whatever the timing, fewer deltas, the same views."""
+    frames = await record.record("rolled_up_turn", tmp_path)
+    deltas = [f for f in frames if f["type"] == "event" and f["event"]["type"].endswith("delta")]
+    assert 4 <= len(deltas) < 12  # one per block on a quiet machine; the script has 4 blocks
+    expected = record.load_expected("rolled_up_turn")
+    assert record.expected_views(frames, False)["final"] == expected["final"]
+
+
 def test_text_of_the_final_round_only() -> None:
     """Seed 004: the thread keeps only the final round's text (checked on the recorded turn)."""
     final = record.load_expected("parallel_tools")["final"]
