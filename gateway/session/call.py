@@ -79,8 +79,9 @@ class Call:
     # Trio time the call began (gateway_time_to_first_token_seconds); None once
     # its first text or thinking delta went out.
     started_at: float | None = field(default_factory=trio.current_time)
-    kept_at: float = field(default_factory=trio.current_time)  # the message last stored
-    unkept: bool = False  # it changed since (``[store] checkpoint_ms``)
+    # When the message, changed since it was last stored, is stored next
+    # (``[store] checkpoint_ms``; :meth:`CallStream.run`); inf while unchanged.
+    keep_at: float = math.inf
 
 
 class EndCall(msgspec.Struct):
@@ -241,12 +242,11 @@ class CallStream:
         """
         while True:
             call = self.current
-            due = call.kept_at + self._checkpoint if call is not None and call.unkept else math.inf
-            with trio.move_on_at(due):
+            with trio.move_on_at(math.inf if call is None else call.keep_at):
                 await self._inbox.wait()
                 return
-            assert call is not None  # due was finite
-            call.unkept = False  # stored now, or there is nothing left to store
+            assert call is not None  # keep_at was finite
+            call.keep_at = math.inf  # stored now, or there is nothing left to store
             if call is self.current and not call.translator.finished:
                 try:
                     self._keep(call)
@@ -257,8 +257,7 @@ class CallStream:
     def _keep(self, call: Call) -> None:
         """Store the streaming message as far as it was emitted (docs/protocol.md §9)."""
         self._host.keep_partial(call.translator.snapshot())
-        call.kept_at = trio.current_time()
-        call.unkept = False
+        call.keep_at = math.inf
 
     def break_call(self, call: Call, exc: BaseException) -> None:
         """End a call whose translation or emission failed, as a provider error would.
@@ -329,12 +328,19 @@ class CallStream:
         # each block's end with no checkpoint. Bounded by time, the cost stays
         # flat however many blocks a message has (each store is a snapshot of
         # the whole message); bench/crash_loss.py measures what a kill loses.
+        # The time is the next tick of a grid of checkpoint_s shared by every
+        # session of the node (the Trio clock's multiples), so that the
+        # sessions' checkpoints land in one group commit, not one each: a
+        # commit costs some 300 us of CPU, a message's encoding under 1 us
+        # (docs/performance.md "The checkpoint's cost (issue 36)").
         kinds = {e.type for e in events}
         if "message.start" in kinds or (not self._checkpoint and kinds & _BLOCK_ENDS):
             self._keep(call)
         elif self._checkpoint and kinds & _CHANGES:
-            call.unkept = True
-            if trio.current_time() - call.kept_at >= self._checkpoint:
+            now = trio.current_time()
+            if call.keep_at == math.inf:
+                call.keep_at = next_tick(now, self._checkpoint)
+            elif now >= call.keep_at:
                 self._keep(call)
 
     def _translate(self, call: Call, item: Item) -> list[StreamEvent]:
@@ -429,6 +435,11 @@ _CHANGES = frozenset(
 _BLOCK_STARTS = frozenset({"text.start", "thinking.start", "tool.use_start"})
 _BLOCK_ENDS = frozenset({"text.end", "thinking.end", "tool.use_end"})
 _ENDS = (EndCall, CancelCall)
+
+
+def next_tick(now: float, period: float) -> float:
+    """The first multiple of ``period`` after ``now``: the node's next checkpoint."""
+    return (math.floor(now / period) + 1) * period
 
 
 def _ended(items: list[Item]) -> bool:

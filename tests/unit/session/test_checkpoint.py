@@ -125,3 +125,37 @@ async def test_without_a_checkpoint_each_block_end_is_stored(
             await trio.sleep(0.01)
         assert [text for _, text in host.kept] == ["y", "y", "yy", "yyy"]  # start, 3 ends
         nursery.cancel_scope.cancel()
+
+
+async def test_every_session_checkpoints_on_one_grid_so_they_share_a_commit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two sessions whose messages started 0.3 s apart are stored at the same instant.
+
+    The checkpoint is the next multiple of ``checkpoint_s`` on the Trio clock,
+    shared by every session of a node: their stores are enqueued in one step
+    and land in one group commit (docs/performance.md "The checkpoint's cost
+    (issue 36)"), each still at most ``checkpoint_s`` after its change.
+    """
+    hosts = [Host(), Host()]
+    streams = [start(host, checkpoint_s=1.0)[0] for host in hosts]
+    async with trio.open_nursery() as nursery:
+        for calls in streams:  # their messages start 0.3 s apart
+            nursery.start_soon(calls.run)
+            await calls.feed(RawMessageStart(RawMessage("msg_1", "m")))
+            await calls.feed(RawContentBlockStart(0, RawTextBlock("")))
+            await trio.sleep(0.3)
+        await trio.sleep(0.1)  # t = 0.7
+        await streams[0].feed(RawContentBlockDelta(0, RawTextDelta("a")))
+        await trio.sleep(0.1)  # t = 0.8
+        await streams[1].feed(RawContentBlockDelta(0, RawTextDelta("b")))
+        await trio.sleep(0.1)  # t = 0.9: neither is due yet
+        assert [len(host.kept) for host in hosts] == [1, 1]
+        await trio.sleep(0.2)
+        assert hosts[0].kept[1:] == [(1.0, "a")]
+        assert hosts[1].kept[1:] == [(1.0, "b")]
+        await streams[1].feed(RawContentBlockDelta(0, RawTextDelta("c")))
+        await trio.sleep(1.5)
+        assert hosts[1].kept[2:] == [(2.0, "bc")]  # t = 1.1 + 0.9
+        assert len(hosts[0].kept) == 2  # unchanged since: not stored again
+        nursery.cancel_scope.cancel()
