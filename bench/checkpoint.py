@@ -26,6 +26,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench.measure import NOISY
 from bench.pool import WorkerPool
 from bench.profiles import Profile, config_toml
 from bench.scenarios import CHAT, Run
@@ -65,7 +66,8 @@ async def run_checkpoint(
                 windows[name].append(step.as_dict())
     finally:
         await pool.shutdown()
-    return {"profile": profile.name, "rounds": rounds, "windows": windows, "on": on, "off": OFF}
+    return {"profile": profile.name, "rounds": rounds, "windows": windows, "on": on, "off": OFF,
+            "summary": summary(windows, on, OFF)}  # fmt: skip
 
 
 def _no_fresh() -> GatewayServer:
@@ -80,20 +82,33 @@ def _gateway(profile: Profile, checkpoint_ms: int | None, path: Path) -> Gateway
     return GatewayServer(path, text, words=profile.words)
 
 
-def table(result: dict[str, Any]) -> str:
-    """The report: each setting's CPU per event (median, min-max over rounds), the ratio."""
-    windows = result["windows"]
-    rows = ["| setting | CPU per delivered event, median (us) | min - max | noisy windows |",
-            "|---|---|---|---|"]  # fmt: skip
-    medians: dict[str, float | None] = {}
+def summary(windows: dict[str, list[dict[str, Any]]], on: str, off: str) -> dict[str, Any]:
+    """Each setting's CPU per event over the rounds (median, lowest, highest), the ratio."""
+    out: dict[str, Any] = {}
     for name, steps in windows.items():
         cpu = [s["cpu_us_per_event"] for s in steps if s.get("cpu_us_per_event") is not None]
-        medians[name] = statistics.median(cpu) if cpu else None
-        spread = f"{fmt(min(cpu))} - {fmt(max(cpu))}" if cpu else "-"
-        noisy = sum(1 for s in steps if s.get("other_cpu_util", 0) >= 0.25)
-        rows.append(f"| {name} | {fmt(medians[name])} | {spread} | {noisy} of {len(steps)} |")
-    r = ratio(medians[result["on"]], medians[result["off"]])
-    rows += ["", f"checkpoint on / off: **{fmt(r)}** (target <= 1.1)", ""]
+        out[name] = {
+            "cpu_us_per_event": statistics.median(cpu) if cpu else None,
+            "lowest": min(cpu, default=None),
+            "highest": max(cpu, default=None),
+            "noisy_windows": sum(1 for s in steps if s.get("other_cpu_util", 0) >= NOISY),
+            "windows": len(steps),
+        }
+    out["ratio"] = ratio(out[on]["cpu_us_per_event"], out[off]["cpu_us_per_event"])
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    """The report (bench/README.md, "The checkpoint's cost")."""
+    rows = ["| setting | CPU per delivered event, median (us) | lowest - highest | noisy windows |",
+            "|---|---|---|---|"]  # fmt: skip
+    figures = result["summary"]
+    for name in (result["on"], result["off"]):
+        f = figures[name]
+        spread = f"{fmt(f['lowest'])} - {fmt(f['highest'])}"
+        rows.append(f"| {name} | {fmt(f['cpu_us_per_event'])} | {spread} | "
+                    f"{f['noisy_windows']} of {f['windows']} |")  # fmt: skip
+    rows += ["", f"checkpoint on / off: **{fmt(figures['ratio'])}** (target <= 1.1)", ""]
     return "\n".join(rows)
 
 
