@@ -50,6 +50,7 @@ from gateway.metrics import Metrics
 from gateway.protocol.events import EVENT_TYPES, MessageComplete, Payload, StreamEvent, stream_event
 from gateway.protocol.shapes import Message, StopReason, Usage
 from gateway.providers.raw import RawEvent
+from gateway.session.checkpoints import Checkpoints
 from gateway.session.hub import Backlog, Emitted
 from gateway.translate import Translator
 
@@ -79,9 +80,7 @@ class Call:
     # Trio time the call began (gateway_time_to_first_token_seconds); None once
     # its first text or thinking delta went out.
     started_at: float | None = field(default_factory=trio.current_time)
-    # When the message, changed since it was last stored, is stored next
-    # (``[store] checkpoint_ms``; :meth:`CallStream.run`); inf while unchanged.
-    keep_at: float = math.inf
+    unkept: bool = False  # changed since last stored: marked for the checkpoint
 
 
 class EndCall(msgspec.Struct):
@@ -169,9 +168,10 @@ class CallStream:
         backlog: the writers' backlog of the session's clients (the batching signal).
         window_s: ``batch_window_ms``, in seconds; 0 turns batching off.
         metrics: where each call's time to first token is observed.
-        checkpoint_s: ``[store] checkpoint_ms``, in seconds: the streaming
-            message is stored at most this long after it changed; 0 = at each
-            block's end.
+        checkpoints: the node's checkpoint (``[store] checkpoint_ms``,
+            :mod:`gateway.session.checkpoints`): the streaming message is
+            stored at its next tick after it changed; None (``checkpoint_ms =
+            0``): at each block's end.
     """
 
     def __init__(
@@ -180,12 +180,12 @@ class CallStream:
         backlog: Backlog,
         window_s: float,
         metrics: Metrics | None = None,
-        checkpoint_s: float = 0.0,
+        checkpoints: Checkpoints | None = None,
     ) -> None:
         self._host = host
         self._backlog = backlog
         self._window = window_s
-        self._checkpoint = checkpoint_s
+        self._checkpoints = checkpoints
         self._metrics = metrics
         self._inbox = Inbox(256)
         self.current: Call | None = None
@@ -217,7 +217,7 @@ class CallStream:
         window = self._window
         last = -math.inf
         while True:
-            await self._wait_keeping()
+            await self._inbox.wait()
             if window and trio.current_time() - last < window:
                 with trio.move_on_after(window):
                     await self._backlog.drained()
@@ -233,31 +233,27 @@ class CallStream:
                     self.break_call(call, exc)
             last = trio.current_time()
 
-    async def _wait_keeping(self) -> None:
-        """Wait for the provider's next events; meanwhile store a changed message when due.
+    def keep_due(self) -> None:
+        """The node's checkpoint ticked: store the streaming message if it changed since.
 
-        A streaming message that changed since it was last stored is stored
-        ``checkpoint_s`` after that, even if the provider goes quiet: what a
-        crash can lose is bounded by time, not by how long the model pauses.
+        A failure to store it fails the call, as a failed emission does.
         """
-        while True:
-            call = self.current
-            with trio.move_on_at(math.inf if call is None else call.keep_at):
-                await self._inbox.wait()
-                return
-            assert call is not None  # keep_at was finite
-            call.keep_at = math.inf  # stored now, or there is nothing left to store
-            if call is self.current and not call.translator.finished:
-                try:
-                    self._keep(call)
-                except Exception as exc:
-                    self._host.failed("translator", exc, call.turn_id)
-                    self.break_call(call, exc)
+        call = self.current
+        if call is None or not call.unkept:
+            return
+        call.unkept = False  # stored now, or there is nothing left to store
+        if call.translator.finished:
+            return
+        try:
+            self._keep(call)
+        except Exception as exc:
+            self._host.failed("translator", exc, call.turn_id)
+            self.break_call(call, exc)
 
     def _keep(self, call: Call) -> None:
         """Store the streaming message as far as it was emitted (docs/protocol.md §9)."""
         self._host.keep_partial(call.translator.snapshot())
-        call.keep_at = math.inf
+        call.unkept = False
 
     def break_call(self, call: Call, exc: BaseException) -> None:
         """End a call whose translation or emission failed, as a provider error would.
@@ -323,25 +319,20 @@ class CallStream:
             self._finish(call, emitted)
             return
         # The message so far is stored so that a crash keeps what clients were
-        # shown (docs/protocol.md §9): at message.start, then at most
-        # checkpoint_s after it changed (a block ended, text streamed), or at
-        # each block's end with no checkpoint. Bounded by time, the cost stays
-        # flat however many blocks a message has (each store is a snapshot of
-        # the whole message); bench/crash_loss.py measures what a kill loses.
-        # The time is the next tick of a grid of checkpoint_s shared by every
-        # session of the node (the Trio clock's multiples), so that the
-        # sessions' checkpoints land in one group commit, not one each: a
-        # commit costs some 300 us of CPU, a message's encoding under 1 us
-        # (docs/performance.md "The checkpoint's cost (issue 36)").
+        # shown (docs/protocol.md §9): at message.start, then at the node's
+        # next checkpoint after it changed (a block ended, text streamed:
+        # gateway.session.checkpoints, every session's on one tick, so in one
+        # commit), or at each block's end with no checkpoint. Bounded by time,
+        # the cost stays flat however many blocks a message has (each store is
+        # a snapshot of the whole message); bench/crash_loss.py measures what
+        # a kill loses.
         kinds = {e.type for e in events}
-        if "message.start" in kinds or (not self._checkpoint and kinds & _BLOCK_ENDS):
+        checkpoints = self._checkpoints
+        if "message.start" in kinds or (checkpoints is None and kinds & _BLOCK_ENDS):
             self._keep(call)
-        elif self._checkpoint and kinds & _CHANGES:
-            now = trio.current_time()
-            if call.keep_at == math.inf:
-                call.keep_at = next_tick(now, self._checkpoint)
-            elif now >= call.keep_at:
-                self._keep(call)
+        elif checkpoints is not None and not call.unkept and kinds & _CHANGES:
+            call.unkept = True
+            checkpoints.mark(self)
 
     def _translate(self, call: Call, item: Item) -> list[StreamEvent]:
         tr = call.translator
@@ -435,11 +426,6 @@ _CHANGES = frozenset(
 _BLOCK_STARTS = frozenset({"text.start", "thinking.start", "tool.use_start"})
 _BLOCK_ENDS = frozenset({"text.end", "thinking.end", "tool.use_end"})
 _ENDS = (EndCall, CancelCall)
-
-
-def next_tick(now: float, period: float) -> float:
-    """The first multiple of ``period`` after ``now``: the node's next checkpoint."""
-    return (math.floor(now / period) + 1) * period
 
 
 def _ended(items: list[Item]) -> bool:
