@@ -1,7 +1,7 @@
 """``python -m bench --profile checkpoint``: the checkpoint's cost at the lightest load.
 
-``[store] checkpoint_ms`` (default 1000) stores a streaming message this often,
-so that a ``kill -9`` loses under a second of it (docs/protocol.md "Crashes and
+``[store] checkpoint_ms`` (default 500) stores a streaming message this often,
+so that a ``kill -9`` loses at most that much of it (docs/protocol.md "Crashes and
 restarts"; :mod:`bench.crash_loss` measures the loss). At the lightest load (3
 tokens/s per session) nothing else writes while a message streams, so the
 checkpoint is the store's whole work there: this profile measures what it
