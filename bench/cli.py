@@ -66,6 +66,7 @@ from bench.fuzz import FUZZ_PROFILES
 from bench.nodes import SHAPES, NodesServer
 from bench.pool import WorkerPool
 from bench.profiles import (
+    CHECKPOINT_PROFILES,
     DOORS_PROFILES,
     PEERS,
     PROFILES,
@@ -115,7 +116,7 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--profile", default="default",
                     choices=sorted([*PROFILES, *SOAK_PROFILES, *FUZZ_PROFILES, *SESSIONS_PROFILES,
-                                    *DOORS_PROFILES, *ROLLUP_PROFILES]),
+                                    *DOORS_PROFILES, *ROLLUP_PROFILES, *CHECKPOINT_PROFILES]),
                     help="phase sizes (bench/README.md, Profiles; soak: Soak)")  # fmt: skip
     ap.add_argument("--minutes", type=float,
                     help="soak profiles: minutes of load after the warm-up")  # fmt: skip
@@ -126,9 +127,13 @@ def parser() -> argparse.ArgumentParser:
                     help="sessions of the fan-out; --profile sessions: sessions measured idle "
                          "(default 20000); --profile doors: per door (default 4)")  # fmt: skip
     ap.add_argument("--repetitions", type=int, metavar="N",
-                    help="--profile doors: rounds measured (default 5); rollup: (3)")  # fmt: skip
+                    help="--profile doors: rounds measured (default 5); rollup: (3); "
+                         "checkpoint: rounds of each setting (3)")  # fmt: skip
     ap.add_argument("--windows", type=_counts, metavar="MS,MS,..",
                     help="--profile rollup: the coalesce_ms, 0 first (default 0,40)")  # fmt: skip
+    ap.add_argument("--checkpoint-ms", type=int, metavar="MS",
+                    help="--profile checkpoint: the setting measured beside checkpoint_ms = 0 "
+                         "(default: the gateway's default)")  # fmt: skip
     ap.add_argument("--churn-rounds", type=int, metavar="N",
                     help="--profile sessions: rounds of the churn (default 5)")  # fmt: skip
     ap.add_argument("--churn-sessions", type=int, metavar="N",
@@ -168,8 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         return _doors(ap, args, command)
     if args.profile in ROLLUP_PROFILES:
         return _rollup(ap, args, command)
+    if args.profile in CHECKPOINT_PROFILES:
+        return _checkpoint(ap, args, command)
+    if args.checkpoint_ms is not None:
+        ap.error("--checkpoint-ms is for the checkpoint profiles")
     if args.repetitions is not None:
-        ap.error("--repetitions is for the doors and rollup profiles")
+        ap.error("--repetitions is for the doors, rollup and checkpoint profiles")
     if args.windows is not None:
         ap.error("--windows is for the rollup profiles")
     if args.churn_rounds is not None or args.churn_sessions is not None:
@@ -285,6 +294,29 @@ def _doors(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) 
     raise_fd_limit()
     try:
         return doors.main(profile, args.out, command)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _checkpoint(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    from bench import checkpoint
+
+    if args.url or args.config or args.backend != "sqlite" or args.minutes is not None:
+        ap.error("a checkpoint run starts daemons of its own (bench/README.md, Checkpoint)")
+    profile = with_overrides(
+        CHECKPOINT_PROFILES[args.profile],
+        sessions=args.sessions,
+        client_counts=args.clients,
+        rate=args.rate,
+        window_s=args.window_s,
+        workers=args.workers,
+    )
+    rounds = 3 if args.repetitions is None else args.repetitions
+    if rounds < 1 or profile.sessions < 1:
+        ap.error("--repetitions and --sessions must be >= 1")
+    raise_fd_limit()
+    try:
+        return checkpoint.main(profile, args.checkpoint_ms, rounds, args.out, command)
     except KeyboardInterrupt:
         return 130
 

@@ -126,6 +126,23 @@ SMOKE = Profile(
 
 PROFILES = {p.name: p for p in (DEFAULT, SMOKE)}
 
+# The checkpoint's cost (bench/checkpoint.py): the fan-out's reference step
+# only, 100 clients at 3 tokens/s, with the checkpoint on and off in one run.
+CHECKPOINT = Profile(
+    name="checkpoint",
+    client_counts=(100,),
+    rates=(),
+    window_s=5.0,
+    peers=(),
+    ttft=False,
+    gateway_config=_BENCH_GATEWAY_CONFIG,
+)
+CHECKPOINT_SMOKE = replace(
+    CHECKPOINT, name="checkpoint-smoke", sessions=2, client_counts=(4,), rate=20.0,
+    words=40, window_s=0.5, settle_s=0.2,
+)  # fmt: skip
+CHECKPOINT_PROFILES = {p.name: p for p in (CHECKPOINT, CHECKPOINT_SMOKE)}
+
 
 @dataclass(frozen=True)
 class SoakProfile:

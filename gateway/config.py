@@ -191,7 +191,7 @@ class StoreConfig(_Section, frozen=True):
     # A streaming message is stored at most this long after it changed (text streamed,
     # a block ended): a kill -9 loses about this much of it (bench/crash_loss.py).
     # 0 = at each block's end only.
-    checkpoint_ms: NonNegativeInt = 1000
+    checkpoint_ms: NonNegativeInt = 500
     # redis: a session's lease (the node running it) lasts this long unless
     # renewed; when its node dies, its sessions are free for another node after this.
     lease_s: Seconds = 10.0
@@ -464,7 +464,7 @@ url = "redis://127.0.0.1:6379/0"   # redis: every node of a deployment names the
 retention_hours = 168        # older events: subscribe_error cursor_expired
 flush_interval_ms = 0        # longest the writer gathers a batch; 0 = commit once one is pending
 commit_timeout_s = 10.0      # a request waiting for a commit gives up with 503 store_unavailable
-checkpoint_ms = 1000         # a streaming message is stored this often: what a kill -9 can lose
+checkpoint_ms = 500          # a streaming message is stored this often: what a kill -9 can lose
 lease_s = 10.0               # redis: a session's lease; a dead node's sessions are free after this
 
 [model]

@@ -81,6 +81,7 @@ from gateway.providers.factory import Providers
 from gateway.providers.model_proxy import ModelProxy
 from gateway.session import rewind
 from gateway.session.agent import TurnHost
+from gateway.session.checkpoints import Checkpoints
 from gateway.session.files import Files
 from gateway.session.hub import Emitted
 from gateway.session.rollup import RollupClock
@@ -159,6 +160,9 @@ class Node:
         # Told each session whose tasks end, to drop what they keep for it (AG-UI's runs).
         self.session_listeners: list[Callable[[str], None]] = []
         self.sequencer: EventSequencer
+        # The streaming messages' checkpoint, one tick for every session (None: at block ends).
+        ms = config.store.checkpoint_ms
+        self.checkpoints = Checkpoints(ms / 1000) if ms else None
         self.leases: LeaseKeeper
         self.placement: Placement  # chosen once the store is open (gateway.node.placement)
         self.cluster: Cluster | None = None  # the link to the other nodes (Redis only)
@@ -205,6 +209,8 @@ class Node:
                 await recovery.close_interrupted_turns(self)
                 self.placement.keep_recovering(sessions)
                 sessions.start_soon(unloading.keep_unloading, self, name="unloader")
+                if self.checkpoints is not None:
+                    sessions.start_soon(self.checkpoints.run, name="checkpoints")
                 if self.config.webhooks:
                     await sessions.start(self.webhooks.run, name="webhooks")
                 task_status.started(self)

@@ -50,6 +50,7 @@ from gateway.metrics import Metrics
 from gateway.protocol.events import EVENT_TYPES, MessageComplete, Payload, StreamEvent, stream_event
 from gateway.protocol.shapes import Message, StopReason, Usage
 from gateway.providers.raw import RawEvent
+from gateway.session.checkpoints import Checkpoints
 from gateway.session.hub import Backlog, Emitted
 from gateway.translate import Translator
 
@@ -79,8 +80,7 @@ class Call:
     # Trio time the call began (gateway_time_to_first_token_seconds); None once
     # its first text or thinking delta went out.
     started_at: float | None = field(default_factory=trio.current_time)
-    kept_at: float = field(default_factory=trio.current_time)  # the message last stored
-    unkept: bool = False  # it changed since (``[store] checkpoint_ms``)
+    unkept: bool = False  # changed since last stored: marked for the checkpoint
 
 
 class EndCall(msgspec.Struct):
@@ -168,9 +168,10 @@ class CallStream:
         backlog: the writers' backlog of the session's clients (the batching signal).
         window_s: ``batch_window_ms``, in seconds; 0 turns batching off.
         metrics: where each call's time to first token is observed.
-        checkpoint_s: ``[store] checkpoint_ms``, in seconds: the streaming
-            message is stored at most this long after it changed; 0 = at each
-            block's end.
+        checkpoints: the node's checkpoint (``[store] checkpoint_ms``,
+            :mod:`gateway.session.checkpoints`): the streaming message is
+            stored at its next tick after it changed; None (``checkpoint_ms =
+            0``): at each block's end.
     """
 
     def __init__(
@@ -179,12 +180,12 @@ class CallStream:
         backlog: Backlog,
         window_s: float,
         metrics: Metrics | None = None,
-        checkpoint_s: float = 0.0,
+        checkpoints: Checkpoints | None = None,
     ) -> None:
         self._host = host
         self._backlog = backlog
         self._window = window_s
-        self._checkpoint = checkpoint_s
+        self._checkpoints = checkpoints
         self._metrics = metrics
         self._inbox = Inbox(256)
         self.current: Call | None = None
@@ -216,7 +217,7 @@ class CallStream:
         window = self._window
         last = -math.inf
         while True:
-            await self._wait_keeping()
+            await self._inbox.wait()
             if window and trio.current_time() - last < window:
                 with trio.move_on_after(window):
                     await self._backlog.drained()
@@ -232,32 +233,26 @@ class CallStream:
                     self.break_call(call, exc)
             last = trio.current_time()
 
-    async def _wait_keeping(self) -> None:
-        """Wait for the provider's next events; meanwhile store a changed message when due.
+    def keep_due(self) -> None:
+        """The node's checkpoint ticked: store the streaming message if it changed since.
 
-        A streaming message that changed since it was last stored is stored
-        ``checkpoint_s`` after that, even if the provider goes quiet: what a
-        crash can lose is bounded by time, not by how long the model pauses.
+        A failure to store it fails the call, as a failed emission does.
         """
-        while True:
-            call = self.current
-            due = call.kept_at + self._checkpoint if call is not None and call.unkept else math.inf
-            with trio.move_on_at(due):
-                await self._inbox.wait()
-                return
-            assert call is not None  # due was finite
-            call.unkept = False  # stored now, or there is nothing left to store
-            if call is self.current and not call.translator.finished:
-                try:
-                    self._keep(call)
-                except Exception as exc:
-                    self._host.failed("translator", exc, call.turn_id)
-                    self.break_call(call, exc)
+        call = self.current
+        if call is None or not call.unkept:
+            return
+        call.unkept = False  # stored now, or there is nothing left to store
+        if call.translator.finished:
+            return
+        try:
+            self._keep(call)
+        except Exception as exc:
+            self._host.failed("translator", exc, call.turn_id)
+            self.break_call(call, exc)
 
     def _keep(self, call: Call) -> None:
         """Store the streaming message as far as it was emitted (docs/protocol.md §9)."""
         self._host.keep_partial(call.translator.snapshot())
-        call.kept_at = trio.current_time()
         call.unkept = False
 
     def break_call(self, call: Call, exc: BaseException) -> None:
@@ -324,18 +319,20 @@ class CallStream:
             self._finish(call, emitted)
             return
         # The message so far is stored so that a crash keeps what clients were
-        # shown (docs/protocol.md §9): at message.start, then at most
-        # checkpoint_s after it changed (a block ended, text streamed), or at
-        # each block's end with no checkpoint. Bounded by time, the cost stays
-        # flat however many blocks a message has (each store is a snapshot of
-        # the whole message); bench/crash_loss.py measures what a kill loses.
+        # shown (docs/protocol.md §9): at message.start, then at the node's
+        # next checkpoint after it changed (a block ended, text streamed:
+        # gateway.session.checkpoints, every session's on one tick, so in one
+        # commit), or at each block's end with no checkpoint. Bounded by time,
+        # the cost stays flat however many blocks a message has (each store is
+        # a snapshot of the whole message); bench/crash_loss.py measures what
+        # a kill loses.
         kinds = {e.type for e in events}
-        if "message.start" in kinds or (not self._checkpoint and kinds & _BLOCK_ENDS):
+        checkpoints = self._checkpoints
+        if "message.start" in kinds or (checkpoints is None and kinds & _BLOCK_ENDS):
             self._keep(call)
-        elif self._checkpoint and kinds & _CHANGES:
+        elif checkpoints is not None and not call.unkept and kinds & _CHANGES:
             call.unkept = True
-            if trio.current_time() - call.kept_at >= self._checkpoint:
-                self._keep(call)
+            checkpoints.mark(self)
 
     def _translate(self, call: Call, item: Item) -> list[StreamEvent]:
         tr = call.translator

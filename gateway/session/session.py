@@ -80,6 +80,7 @@ from gateway.protocol.shapes import Message, PendingPermission, SessionSummary, 
 from gateway.session import admission, busy, history, rewind, tool_host
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
+from gateway.session.checkpoints import Checkpoints
 from gateway.session.compaction import plan
 from gateway.session.hub import Emitted, Hub, Subscriber
 from gateway.session.permissions import Permissions, decide_in
@@ -103,6 +104,7 @@ class NodeServices(AgentServices, Protocol):
 
     store: Store
     sequencer: EventSequencer
+    checkpoints: Checkpoints | None  # None: ``[store] checkpoint_ms = 0``
     metrics: Metrics
     retention_floor: int
     shutting_down: bool
@@ -235,7 +237,7 @@ def new_calls(session: Session) -> CallStream:
         session.hub.backlog,
         config.stream.batch_window_ms / 1000,
         session.node.metrics,
-        config.store.checkpoint_ms / 1000,
+        session.node.checkpoints,
     )
 
 
