@@ -136,8 +136,7 @@ class Node:
         # In this process; in Redis once the placement is clustered (gateway.node.attach_tokens).
         self.tokens: Tokens = AttachTokens(config.stream.attach_token_ttl_s)
         self.limits = Limits(config.limits)  # [limits]: counted per API key (gateway.tenancy)
-        # The end of every delta rollup window of the node's hubs (docs/protocol.md §3).
-        self.rollups = RollupClock()
+        self.rollups = RollupClock()  # ends the hubs' delta rollup windows (docs/protocol.md §3)
         self.workspaces = Workspaces.from_config(config.sessions)  # docs/protocol.md §15
         self.files = Files(store, config)  # docs/protocol.md §2 "Files"
         # The tool processes of the daemon (the app shares its own); a bare node spawns without
@@ -160,9 +159,7 @@ class Node:
         # Told each session whose tasks end, to drop what they keep for it (AG-UI's runs).
         self.session_listeners: list[Callable[[str], None]] = []
         self.sequencer: EventSequencer
-        # The streaming messages' checkpoint, one tick for every session (None: at block ends).
-        ms = config.store.checkpoint_ms
-        self.checkpoints = Checkpoints(ms / 1000) if ms else None
+        self.checkpoints = Checkpoints.every(config.store.checkpoint_ms)  # streaming messages'
         self.leases: LeaseKeeper
         self.placement: Placement  # chosen once the store is open (gateway.node.placement)
         self.cluster: Cluster | None = None  # the link to the other nodes (Redis only)

@@ -45,6 +45,11 @@ class Checkpoints:
         period_s: ``[store] checkpoint_ms``, in seconds (> 0).
     """
 
+    @classmethod
+    def every(cls, checkpoint_ms: int) -> Checkpoints | None:
+        """The node's ticker for ``[store] checkpoint_ms``; ``None`` for 0 (at block ends)."""
+        return cls(checkpoint_ms / 1000) if checkpoint_ms else None
+
     def __init__(self, period_s: float) -> None:
         self.period = period_s
         self._marked: dict[Keeper, None] = {}  # in marking order
