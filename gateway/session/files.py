@@ -124,7 +124,7 @@ class Files:
                 409 ``too_many_files``, 429 ``quota_exceeded``.
             Refused: 503 ``store_unavailable``.
         """
-        digest = await self._checked(media_type, data, checked=checked)
+        digest = await self._checked(media_type, data, checked=checked, digest=True)
         rec = FileRecord(
             file_id_of(digest), session_id, owner, digest, media_type, len(data), now_ms()
         )
@@ -151,11 +151,12 @@ class Files:
             ApiError: 413 ``file_too_large``, 415 ``unsupported_media_type``,
                 422 ``invalid_file``.
         """
-        await self._checked(media_type, data, checked=True)
+        await self._checked(media_type, data, checked=True, digest=False)
 
-    async def _checked(self, media_type: str, data: bytes, *, checked: bool) -> str:
-        """The file's SHA-256, once it is within ``[files] max_bytes`` and (``checked``)
-        of its type: CPU work on up to ``max_bytes``, off the event loop."""
+    async def _checked(self, media_type: str, data: bytes, *, checked: bool, digest: bool) -> str:
+        """The file's SHA-256 (``digest``; else ""), once it is within ``[files] max_bytes``
+        and (``checked``) of its type: CPU work on up to ``max_bytes``, off the event loop.
+        A door's :meth:`check` hashes nothing: its upload, next, does."""
         if len(data) > self._files.max_bytes:
             raise ApiError(
                 413, "file_too_large", f"The file is over {self._files.max_bytes} bytes."
@@ -165,7 +166,7 @@ class Files:
         def work() -> str:
             if checked:
                 media.check(media_type, data, max_pixels=pixels)
-            return hashlib.sha256(data).hexdigest()
+            return hashlib.sha256(data).hexdigest() if digest else ""
 
         return await trio.to_thread.run_sync(work, limiter=_CHECKS)
 
