@@ -25,7 +25,11 @@ the session the message goes to is made, so a refused message makes nothing;
 :func:`stored` keeps the files with the session and answers the turn's
 content blocks, through :meth:`gateway.session.files.Files.resolve` as every
 turn's files are (file ids checked, what the model cannot take refused).
-:func:`file_url` is the URL the doors give back for a file.
+:func:`file_url` is the URL the doors give back for a file. A message
+carrying more than :data:`OFF_LOOP_BYTES` is read (base64 decoded, hashed) by
+:func:`read` in a worker thread, as ``POST /sessions/{id}/files`` checks its
+bytes: 20 MiB of base64 decoded and hashed on the event loop held every other
+client of the node for tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ import binascii
 import hashlib
 import re
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import trio
 
 from gateway import media
 from gateway.doors.context import DoorContext
@@ -48,6 +55,9 @@ from gateway.session.session import Session
 
 _FILE_PATH = re.compile(r"/sessions/([A-Za-z0-9_-]{1,128})/files/([A-Za-z0-9_-]{1,80})")
 """The path of ``GET /sessions/{id}/files/{file_id}``."""
+
+OFF_LOOP_BYTES = 64 * 1024
+"""A message whose request is larger than this is read in a worker thread (:func:`read`)."""
 
 
 def file_url(base: str, session_id: str, file_id: str) -> str:
@@ -97,6 +107,15 @@ class Sent:
 
     def empty(self) -> bool:
         return not self.text and not self.file_ids
+
+
+async def read(make: Callable[[], Sent], size: int) -> Sent:
+    """``make()``, which reads a message (its data URLs decoded, their bytes hashed):
+    in a worker thread when its request has more than :data:`OFF_LOOP_BYTES`
+    (``size``), so no other client waits for it (module docstring)."""
+    if size <= OFF_LOOP_BYTES:
+        return make()
+    return await trio.to_thread.run_sync(make)
 
 
 def kind_of(media_type: str, declared: str | None, where: str) -> str:

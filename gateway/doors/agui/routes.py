@@ -157,7 +157,11 @@ class AguiRoutes:
         # refused 422 or 429 leaves no session behind (nor a count of one), nor
         # one whose files are refused (their bytes are checked first).
         base = self.config.server.public_url
-        said = None if body.resume else user_sent(body.messages, body.thread_id, base)
+        said = None
+        if not body.resume:
+            said = await attachments.read(
+                lambda: user_sent(body.messages, body.thread_id, base), len(req.body)
+            )
         if said is not None:
             known = await self._known(body.thread_id, said)
             await attachments.check(self.node.files, said, known, self.ctx.file_refusal(None))

@@ -171,7 +171,9 @@ class Responses:
         if last.role != "user":
             raise ApiError(422, "invalid_body", f"the last message's role is {last.role!r}")
         self.chats.check(chat_id)
-        said = user_sent(last, chat_id, self.config.server.public_url)
+        base = self.config.server.public_url
+        urls = sum(len(p["url"]) for p in last.parts if isinstance(p.get("url"), str))
+        said = await attachments.read(lambda: user_sent(last, chat_id, base), urls)
         key = caller or NO_OWNER
         rewind_to: str | None = None
         known = await self._known(chat_id)

@@ -263,6 +263,19 @@ async def test_a_foreign_origin_is_403_on_get_post_and_the_handshake(tmp_path: P
                 assert (answer.status, answer.code) == (403, "origin_not_allowed"), (origin, data)
                 assert "access-control-allow-origin" not in answer.headers
         assert await session_count(h) == 1
+        # A file is a "simple" cross-site POST (text/plain needs no preflight): refused
+        # all the same, before its body is kept (docs/protocol.md §15 "Cross-site requests").
+        for origin in (EVIL, "null"):
+            headers = {"Origin": origin, "Content-Type": "text/plain"}
+            data = request(
+                "POST", f"/sessions/{sid}/files", headers=headers, body=b"hi", json_type=False
+            )
+            answer = await send(port, data)
+            assert (answer.status, answer.code) == (403, "origin_not_allowed"), origin
+        assert await h.node.files.records(sid) == {}
+        plain = {"Content-Type": "text/plain"}
+        data = request("POST", f"/sessions/{sid}/files", headers=plain, body=b"hi", json_type=False)
+        assert (await send(port, data)).status == 201  # the same request, sent by no page
         # the token was not used by the refused handshakes
         answer = await send(port, handshake(f"/sessions/{sid}/stream?attach={token}"))
         assert answer.status == 101
