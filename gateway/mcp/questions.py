@@ -14,6 +14,7 @@ questions end with its last call on the connection (:meth:`Questions.end`).
 from __future__ import annotations
 
 import logging
+from collections import deque
 from contextlib import suppress
 from urllib.parse import urlsplit
 
@@ -88,12 +89,17 @@ class Questions:
         # URL-mode questions waiting, by their elicitation id: set by the server's
         # notifications/elicitation/complete (:meth:`completed`).
         self._urls: dict[str, trio.Event] = {}
+        # Completions that came before their question was asked (the SDK serves a
+        # request and a notification in tasks of their own): a few kept, the oldest dropped.
+        self._early: deque[str] = deque(maxlen=16)
 
     def completed(self, elicitation_id: str) -> None:
         """The server says the URL-mode question ``elicitation_id`` is done (its notification)."""
         done = self._urls.get(elicitation_id)
         if done is not None:
             done.set()
+        else:
+            self._early.append(elicitation_id)
 
     async def ask(
         self, context: ClientRequestContext, params: types.ElicitRequestParams
@@ -187,6 +193,9 @@ class Questions:
         key = params.elicitation_id
         if key:
             self._urls[key] = trio.Event()
+            if key in self._early:
+                self._early.remove(key)
+                self._urls[key].set()
         try:
             with question[0]:
                 decision = await ctx.session.elicit_url(

@@ -48,13 +48,13 @@ USER_REJECTED = -1
 """The JSON-RPC error code of a sampling the agent or the user refused (MCP's own example)."""
 
 
-def calling(server: str, calls: dict[object, ToolContext], what: str) -> ToolContext | None:
+def calling(server: str, calls: dict[object, ToolContext]) -> ToolContext | None:
     """The context of the one session whose calls are in flight, or None (logged when several)."""
     sessions = {ctx.session_id for ctx in calls.values()}
     if len(sessions) > 1:
         event(
-            log, logging.WARNING, f"mcp_{what}_ambiguous",
-            f"MCP server {server} sent a {what} request while calls of {len(sessions)}"
+            log, logging.WARNING, "mcp_sampling_ambiguous",
+            f"MCP server {server} sent a sampling request while calls of {len(sessions)}"
             " sessions were in flight: refused",
             server=server, count=len(sessions),
         )  # fmt: skip
@@ -115,7 +115,7 @@ class Samplings:
         self, context: ClientRequestContext, params: types.CreateMessageRequestParams
     ) -> types.CreateMessageResult | types.ErrorData:
         """A server's sampling request during a call: served for the calling session."""
-        ctx = calling(self.server, self._calls, "sampling")
+        ctx = calling(self.server, self._calls)
         if ctx is None or ctx.session is None:
             return self._refused(types.INVALID_REQUEST, "no tool call of one session in flight")
         try:

@@ -32,7 +32,7 @@ the call ends it with ``llm.call_failed`` (``cancelled``, ``purpose:
 from __future__ import annotations
 
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
 
@@ -87,6 +87,26 @@ class Loop(Protocol):
 
     @property
     def node(self) -> AgentServices: ...
+
+
+class ServerRequests:
+    """A session's side of an MCP server's sampling and URL-mode questions (a mixin of Session).
+
+    The :class:`~gateway.tools.registry.ToolSession` methods; the session is
+    a :class:`SessionCore` whose agent loop is ``agent``.
+    """
+
+    agent: Loop | None
+
+    async def elicit_url(
+        self, ctx: ToolContext, message: str, url: str, completed: trio.Event | None = None
+    ) -> str:
+        """An MCP server's URL-mode question (:func:`elicit_url`)."""
+        return await elicit_url(cast(SessionCore, self), ctx, message, url, completed)
+
+    async def sample(self, ctx: ToolContext, request: SamplingRequest) -> Sampled:
+        """An MCP server's sampling request (:func:`sample`)."""
+        return await sample(cast(SessionCore, self), self.agent, ctx, request)
 
 
 async def sample(

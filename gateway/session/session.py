@@ -95,7 +95,6 @@ from gateway.tools.workspace import display_name
 
 if TYPE_CHECKING:
     from gateway.tools.registry import ToolContext
-    from gateway.tools.sampling import Sampled, SamplingRequest
 
 log = logging.getLogger("gateway.session")
 
@@ -242,7 +241,7 @@ def new_calls(session: Session) -> CallStream:
     )
 
 
-class Session:
+class Session(sampling_host.ServerRequests):
     """One session's state and runtime. Created and owned by :class:`gateway.node.node.Node`."""
 
     def __init__(
@@ -572,16 +571,6 @@ class Session:
     ) -> tuple[str, dict[str, Any] | None]:
         """An MCP server's question (:func:`gateway.session.tool_host.elicit`)."""
         return await tool_host.elicit(self, ctx, message, requested_schema)
-
-    async def elicit_url(
-        self, ctx: ToolContext, message: str, url: str, completed: trio.Event | None = None
-    ) -> str:
-        """An MCP server's URL-mode question (:func:`gateway.session.sampling_host.elicit_url`)."""
-        return await sampling_host.elicit_url(self, ctx, message, url, completed)
-
-    async def sample(self, ctx: ToolContext, request: SamplingRequest) -> Sampled:
-        """An MCP server's sampling request (:func:`gateway.session.sampling_host.sample`)."""
-        return await sampling_host.sample(self, self.agent, ctx, request)
 
     async def spawn_worker(self, tool_use_id: str) -> Session:
         """A worker session of this one (:func:`gateway.session.tool_host.spawn_worker`)."""

@@ -110,6 +110,7 @@ async def test_sampling_asked_allowed_and_booked_to_the_turn(tmp_path: Path) -> 
 
             await denied_by_the_user(gw, sid)
             await cancelled_while_asked(gw, sid)
+            await cancelled_while_sampling(gw, sid)
             await refused_before_asking(gw, sid)
 
 
@@ -143,6 +144,25 @@ async def cancelled_while_asked(gw: Harness, sid: str) -> None:
     assert events[0].payload.decision == "cancelled"
     assert events[2].payload.phase == "tools"
     assert gw.node.sessions[sid].permissions.pending() == []
+
+
+async def cancelled_while_sampling(gw: Harness, sid: str) -> None:
+    """A cancel during the sampling's model call: its llm.call_failed, then §8's tools row."""
+    slow = {"script": {"delay_ms": 200, "rounds": [[{"text": "a slow answer of many words"}]]}}
+    async with gw.client(sid) as client:
+        await client.subscribe()
+        turn_id = await gw.submit(sid, script([call("sample", text=json.dumps(slow))], DONE))
+        p = (await client.until(lambda e: e.type == "permission.requested"))[-1].payload
+        await answer(gw, sid, p.perm_id, "allow")
+        await client.until(lambda e: e.type == "llm.call_started")
+        r = await gw.http.post(f"/sessions/{sid}/turns/{turn_id}/cancel", json={})
+        assert r.status_code == 202
+        events = await client.until_turn_ends()
+    assert seq(events) == ["llm.call_failed", "tool.failed", "turn.cancelled"], seq(events)
+    failed = events[0].payload
+    assert (failed.error_class, failed.purpose) == ("cancelled", "sampling")
+    assert events[1].payload.error_class == "cancelled"
+    assert events[2].payload.phase == "tools"
 
 
 async def refused_before_asking(gw: Harness, sid: str) -> None:
