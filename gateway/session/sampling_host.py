@@ -6,6 +6,7 @@ tool call is in flight and hands it here as a
 
 1. **The agent's ``mcp_sampling``**: ``deny`` refuses at once (no
    permission asked); ``ask`` (the default) asks the user, ``allow`` does not.
+   A ``claude-code`` agent's model is its CLI's: refused too.
 2. **The turn**: the call's turn must be the one in flight and not
    cancelling; a sampling call counts as one of its ``max_rounds`` LLM calls
    (past it: refused, ``limit``).
@@ -123,6 +124,8 @@ async def sample(
     agent = loop.agent
     if agent.mcp_sampling == "deny":
         raise ToolError("permission_denied", f"sampling refused: agent {agent.name!r} denies it")
+    if agent.runtime != "native":  # its model is its CLI's: no call of the gateway's to make
+        raise ToolError("permission_denied", f"sampling refused: agent {agent.name!r} runs a CLI")
     turn, state = _turn_of(loop, ctx)
     _count_round(agent, state)
     max_tokens = min(request.max_tokens, agent.max_tokens)

@@ -81,6 +81,11 @@ async def test_sampling_asked_allowed_and_booked_to_the_turn(tmp_path: Path) -> 
                 assert p.input["server"] == "hb"
                 [pending] = gw.node.sessions[sid].permissions.pending()
                 assert pending.kind == "sampling"
+                other = await gw.create_session()  # another session cannot answer it
+                r = await gw.http.post(
+                    f"/sessions/{other}/permissions/{p.perm_id}", json={"decision": "allow"}
+                )
+                assert r.status_code == 404, r.text
                 await answer(gw, sid, p.perm_id, "allow")
                 await client.until_turn_ends()
                 events = client.events
@@ -301,3 +306,42 @@ async def test_sampling_for_a_turn_that_is_over_is_refused(tmp_path: Path) -> No
                 await session.sample(ctx, request)
             assert "turn is over" in refused.value.message
             assert session.permissions.pending() == []
+
+
+def test_a_restart_reads_a_sampling_call_as_part_of_its_tool() -> None:
+    """docs/protocol.md §8: recovery closes the tool (phase tools), not a call of the turn."""
+    from gateway.protocol.events import (
+        LlmCallCompleted,
+        LlmCallStarted,
+        PermissionRequested,
+        PermissionResolved,
+        ToolCalled,
+    )
+    from gateway.protocol.shapes import Usage
+    from gateway.session import recovery
+
+    events: list[tuple[str, Any]] = [
+        ("llm.call_started", LlmCallStarted("call_1", "m")),
+        ("llm.call_completed", LlmCallCompleted("call_1", "msg_1", "tool_use", Usage())),
+        ("tool.called", ToolCalled("toolu_1", "mcp__hb__sample", {})),
+        ("permission.requested",
+         PermissionRequested("perm_1", "toolu_1", "mcp__hb__sample", {}, 1, "sampling", "?")),
+        ("permission.resolved", PermissionResolved("perm_1", "allow")),
+        ("llm.call_started", LlmCallStarted("call_2", "m", "sampling")),
+    ]  # fmt: skip
+    state = recovery.plan("turn_1", events, [])
+    assert (state.phase, state.call_id) == ("tools", None)
+    assert state.pending_tools == [("toolu_1", "mcp__hb__sample")]
+    closing = [type(p).__name__ for p in recovery.closing(state)]
+    assert closing == ["ToolFailed", "TurnCancelled"], closing
+
+
+async def test_tools_in_a_sampling_request_are_refused() -> None:
+    import mcp_types as types
+
+    session = _Session()
+    calls = {object(): ToolContext("ses_a", "turn_a", "toolu_a", "", session=session)}  # type: ignore[arg-type]
+    tool = {"name": "t", "inputSchema": {"type": "object"}}
+    out = await Samplings("srv", calls).sample(None, _params(tools=[tool]))  # type: ignore[arg-type]
+    assert isinstance(out, types.ErrorData) and "tools" in out.message
+    assert session.asked == []
