@@ -89,3 +89,20 @@ def test_a_sampling_call_is_no_step_and_its_failure_not_the_turns() -> None:
     # The turn still ends well: no RUN_ERROR from the sampling's failure.
     end = ev(5, TurnCompleted("turn_1", "end_turn", usage, 0.0, 0.0))
     assert not any(isinstance(x, ag.RunError) for x in m.receive(end))
+
+
+def test_the_chat_client_shows_the_url_and_the_servers_prompt() -> None:
+    from gateway.client.chat import question_item
+    from gateway.client.views import PermissionView
+
+    def view(kind: str, input: dict[str, Any], message: str) -> PermissionView:
+        return {"perm_id": "perm_1", "session_id": "sess_1", "kind": kind,  # type: ignore[typeddict-item]
+                "tool_use_id": "toolu_1", "tool_name": "mcp__hb__x", "input": input,
+                "expires_at": 0, "message": message, "requested_schema": None}  # fmt: skip
+
+    url = view("elicitation_url", URL_INPUT, "Sign in")
+    line = question_item(url, None, 120).lines[0].text
+    assert "open https://auth.example.com/login: Sign in" in line and line.endswith("[y/n]")
+    sampling = view("sampling", SAMPLING_INPUT, "MCP server 'hb' asks ...")
+    line = question_item(sampling, None, 120).lines[0].text
+    assert "asks the model: hi" in line
