@@ -391,8 +391,13 @@ class McpConnection:
 
     # --- calls ------------------------------------------------------------------------
 
-    async def call(self, tool: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    async def call(
+        self, tool: str, arguments: dict[str, Any], ctx: ToolContext, *, again: bool = True
+    ) -> ToolOutput:
         """Call one tool (module docstring).
+
+        A call failed ``-32042`` (URL elicitation required) whose URLs the user
+        accepts is made ``again``, once (gateway.mcp.questions, ``required``).
 
         Raises:
             ToolError: ``error`` (the server failed, is down, or died during
@@ -416,6 +421,9 @@ class McpConnection:
                 raise ToolError(
                     "error", f"MCP server {self.name!r} went away during the call ({exc.message})"
                 ) from None
+            required = again and exc.code == types.URL_ELICITATION_REQUIRED
+            if required and await self._questions.required(ctx, exc.data):
+                return await self.call(tool, arguments, ctx, again=False)
             raise ToolError("error", f"MCP server {self.name!r}: {exc.message}") from None
         except pydantic.ValidationError as exc:
             raise ToolError(

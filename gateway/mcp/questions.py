@@ -213,6 +213,34 @@ class Questions:
             return types.ElicitResult(action="decline")
         return types.ElicitResult(action="cancel")
 
+    async def required(self, ctx: ToolContext, data: object) -> bool:
+        """A call failed ``-32042`` (URL elicitation required): ask each URL it names, in order.
+
+        Whether every one was accepted (the call is then made again, once:
+        gateway.mcp.connection). The error's ``data`` is the server's: at most
+        :data:`MAX_QUESTIONS` well-formed URL elicitations, each URL checked
+        as a question's is; anything else asks nobody.
+        """
+        items = data.get("elicitations") if isinstance(data, dict) else None
+        if ctx.session is None or not isinstance(items, list) or not items:
+            return False
+        if len(items) > MAX_QUESTIONS:
+            self._refused(f"over {MAX_QUESTIONS} URL elicitations required", ctx.session_id)
+            return False
+        for item in items:
+            try:
+                params = types.ElicitRequestURLParams.model_validate(item)
+            except pydantic.ValidationError:
+                self._refused("a required URL elicitation is malformed", ctx.session_id)
+                return False
+            problem = url_problem(params.url)
+            if problem is not None:
+                self._refused(problem, ctx.session_id)
+                return False
+            if (await self._ask_url(ctx, params)).action != "accept":
+                return False
+        return True
+
     async def end(self, session_id: str) -> None:
         """The session's last call here ended (done, failed, cancelled): so do its questions.
 

@@ -10,6 +10,8 @@ a flood, a 1M-token request, or a ``javascript:`` URL). Its tools:
 - ``visit {url, message, complete}``: sends one URL-mode ``elicitation/create``
   (``elicitationId`` ``el-<id>``); with ``complete``, its
   ``notifications/elicitation/complete`` right after; returns the answer.
+- ``gate {url}``: fails ``-32042`` (URL elicitation required, ``url`` in its
+  data); called again with the same ``url`` (the retry), answers ``passed``.
 """
 
 import json
@@ -18,7 +20,9 @@ import sys
 TOOLS = [
     {"name": "sample", "inputSchema": {"type": "object"}},
     {"name": "visit", "inputSchema": {"type": "object"}},
+    {"name": "gate", "inputSchema": {"type": "object"}},
 ]
+gates = set()  # the URLs whose gate failed once
 
 
 def send(message):
@@ -105,6 +109,17 @@ def serve(message):
             sample(id_, args)
         elif name == "visit":
             visit(id_, args)
+        elif name == "gate":
+            if args["url"] in gates:
+                gates.discard(args["url"])
+                text(id_, "passed")
+                return
+            gates.add(args["url"])
+            needed = {"mode": "url", "url": args["url"], "message": "Authorize first",
+                      "elicitationId": f"gate-{id_}"}  # fmt: skip
+            error = {"code": -32042, "message": "authorization required",
+                     "data": {"elicitations": [needed]}}  # fmt: skip
+            send({"jsonrpc": "2.0", "id": id_, "error": error})
         else:
             text(id_, "ok")
     else:

@@ -113,3 +113,39 @@ async def test_a_url_elicitation_is_a_permission_answered_on_the_route(tmp_path:
                 error = answer_of(events)
                 assert error["code"] == -32602 and "refused" in error["message"]
             assert gw.node.sessions[sid].permissions.pending() == []
+            await required_first(gw, sid)
+
+
+async def required_first(gw: Harness, sid: str) -> None:
+    """A call failed -32042: its URL asked; allowed, the call is made again (once)."""
+    url = "https://auth.example.com/grant"
+    content = script([call("gate", url=url)], DONE)
+    async with gw.client(sid) as client:
+        await client.subscribe()
+        await gw.submit(sid, content)
+        p = await asked(gw, sid, client)
+        assert (p.kind, p.input, p.message) == ("elicitation_url", {"url": url}, "Authorize first")
+        r = await gw.http.post(
+            f"/sessions/{sid}/permissions/{p.perm_id}", json={"decision": "allow"}
+        )
+        assert r.status_code == 202
+        events = await client.until_turn_ends()
+    [done] = [e.payload for e in events if e.type == "tool.completed"]
+    assert done.result == "passed"
+    # Declined: the call fails with the server's error, and is not made again.
+    async with gw.client(sid) as client:
+        await client.subscribe()
+        await gw.submit(sid, script([call("gate", url=url + "/2")], DONE))
+        p = await asked(gw, sid, client)
+        r = await gw.http.post(
+            f"/sessions/{sid}/permissions/{p.perm_id}", json={"decision": "deny"}
+        )
+        assert r.status_code == 202
+        events = await client.until_turn_ends()
+    [failed] = [e.payload for e in events if e.type == "tool.failed"]
+    assert "authorization required" in failed.message
+    # A URL that may not be shown: nobody is asked, the call fails.
+    events = await run(gw, sid, script([call("gate", url="javascript:alert(1)")], DONE))
+    assert "permission.requested" not in seq(events)
+    [failed] = [e.payload for e in events if e.type == "tool.failed"]
+    assert "authorization required" in failed.message

@@ -178,6 +178,27 @@ async def test_b_sampling_elicitations_and_tasks(tmp_path: Path, everything: lis
             [done] = [e.payload for e in events if e.type == "tool.completed"]
             assert "User completed the URL elicitation flow" in done.result, done.result
 
+            # Its error path (-32042, URL elicitation required): the prerequisite URL is
+            # asked, accepted, and the call made again, which then asks its own URL.
+            async with gw.client(sid) as client:
+                await client.subscribe()
+                args = {"url": url, "errorPath": True}
+                await gw.submit(
+                    sid, script([call("trigger-url-elicitation", **args)], [{"text": "done"}])
+                )
+                with trio.fail_after(60):
+                    for expected in ("https://modelcontextprotocol.io", url):
+                        asked = await client.until(lambda e: e.type == "permission.requested")
+                        request = asked[-1].payload
+                        assert request.kind == "elicitation_url"
+                        assert request.input == {"url": expected}, request.input
+                        route = f"/sessions/{sid}/permissions/{request.perm_id}"
+                        r = await gw.http.post(route, json={"decision": "allow"})
+                        assert r.status_code == 202, r.text
+                    await client.until_turn_ends()
+            [done] = [e.payload for e in client.events if e.type == "tool.completed"]
+            assert "User completed the URL elicitation flow" in done.result, done.result
+
             # Tasks: the SDK's client has no tasks/* (docs/protocol.md §11): a tool that runs
             # only as a task fails, with the server's reason, and the turn goes on.
             events = await run_turn(
