@@ -127,13 +127,14 @@ async def sample(
     if agent.runtime != "native":  # its model is its CLI's: no call of the gateway's to make
         raise ToolError("permission_denied", f"sampling refused: agent {agent.name!r} runs a CLI")
     turn, state = _turn_of(loop, ctx)
-    _count_round(agent, state)
+    _count_round(agent, state, count=agent.mcp_sampling != "ask")  # nobody asked past it
     max_tokens = min(request.max_tokens, agent.max_tokens)
     if agent.mcp_sampling == "ask":
         decision = await _ask(s, ctx, request, max_tokens)
         if decision != "allow":
             raise ToolError("permission_denied", f"sampling refused: the user's answer: {decision}")
         turn, state = _turn_of(loop, ctx)  # still the turn, not cancelled meanwhile
+        _count_round(agent, state)  # a denied one counts for nothing
     return await _call(s, loop, turn, state, request, max_tokens)
 
 
@@ -146,12 +147,13 @@ def _turn_of(loop: Loop, ctx: ToolContext) -> tuple[Turn, TurnState]:
     return current
 
 
-def _count_round(agent: AgentProfile, state: TurnState) -> None:
+def _count_round(agent: AgentProfile, state: TurnState, *, count: bool = True) -> None:
+    """Refuse past the turn's ``max_rounds``; else count the call (with ``count``)."""
     if state.rounds >= agent.max_rounds:
         raise ToolError(
             "limit", f"sampling refused: the turn made its max_rounds ({agent.max_rounds}) calls"
         )
-    state.rounds += 1
+    state.rounds += count
 
 
 def shown(request: SamplingRequest, max_tokens: int) -> dict[str, Any]:
