@@ -13,8 +13,9 @@ import os
 from PIL import Image
 
 from tests.conftest import Harness
+from tests.files_support import said_back
 from tests.integration.files.test_file_routes import upload
-from tests.integration.files.test_files_to_models import reply, said, turn
+from tests.integration.files.test_files_to_models import reply, turn
 
 
 def noise(side: int) -> bytes:
@@ -33,8 +34,8 @@ async def test_a_call_carries_files_up_to_its_budget(gw: Harness) -> None:
     content = [{"type": "text", "text": "see"}]
     content += [{"type": "image", "file_id": i} for i in ids]
     text = reply(await turn(gw, sid, content))
-    assert said("image", "image/png", first) in text
-    assert said("image", "image/png", second) not in text
+    assert said_back("image", "image/png", first) in text
+    assert said_back("image", "image/png", second) not in text
     assert f"[image {ids[1]} image/png {len(second)} bytes: not sent" in text
     stored = (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]
     assert [b.get("file_id") for b in stored[0]["content"]] == [None, *ids]  # kept as sent
