@@ -89,6 +89,8 @@ class TaskFeed:
         base: what a file's URL begins with (``[server] public_url``).
         state: the task's state at ``start``.
         history: the messages of the opening ``Task``.
+        answered: approvals being answered by the request this feed streams (a
+            replay's open approval among them does not end the stream).
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class TaskFeed:
         base: str = "",
         state: str = "TASK_STATE_SUBMITTED",
         history: list[a2.Message] | None = None,
+        answered: frozenset[str] = frozenset(),
     ) -> None:
         self.task_id, self.session_id, self.turn_id = task_id, session_id, turn_id
         self.base = base
@@ -115,6 +118,7 @@ class TaskFeed:
         self.seen: dict[str, int] = {}  # characters of each message taken
         self.files: list[a2.Artifact] = []
         self.pending: dict[str, PermissionRequested] = {}
+        self.answered = answered
         self.failure = ""
         self.opened = False
         self.finished = False
@@ -170,7 +174,7 @@ class TaskFeed:
         if self.skip is None:
             self.skip = self.total
         out = self.open()
-        if self.state == "TASK_STATE_INPUT_REQUIRED" and self.pending:
+        if self.state == "TASK_STATE_INPUT_REQUIRED" and self.pending.keys() - self.answered:
             self.finished = True
         return out
 

@@ -146,7 +146,9 @@ class Messages:
 
         start = await found.start()
         task = (found.id, found.session, found.turn_id)
-        sub, feed, release = await self.routes.open_task(req, task, start, None, decide)
+        sub, feed, release = await self.routes.open_task(
+            req, task, start, None, decide, answered=frozenset(targets)
+        )
         if streaming:
             return self.routes.respond(sub, feed, rid, release, [])
         try:

@@ -256,6 +256,7 @@ class A2aRoutes:
         cursor: Cursor | None,
         before: Callable[[], Awaitable[None]] | None = None,
         history: list[a2.Message] | None = None,
+        answered: frozenset[str] = frozenset(),
     ) -> tuple[TaskSubscriber, TaskFeed, Callable[[], None]]:
         """A task's subscriber and feed, its stream counted (``[limits]``, docs/protocol.md
         §2): subscribed ``since`` the turn's start (or live, ``None``), then ``before`` run
@@ -280,7 +281,9 @@ class A2aRoutes:
             raise
         base = self.config.server.public_url
         first = joined if start is None else start
-        feed = TaskFeed(task_ref, session.id, turn_id, first, cursor, base, history=history)
+        feed = TaskFeed(
+            task_ref, session.id, turn_id, first, cursor, base, history=history, answered=answered
+        )
         return sub, feed, release
 
     def respond(
