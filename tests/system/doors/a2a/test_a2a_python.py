@@ -17,15 +17,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 import trio
-
-pytest.importorskip("a2a.client")
-
-import httpx  # noqa: E402
-from a2a.client import A2ACardResolver, Client, ClientCallContext, ClientConfig  # noqa: E402
-from a2a.client import ClientFactory  # noqa: E402
-from a2a.types.a2a_pb2 import (  # noqa: E402
+from a2a.client import A2ACardResolver, Client, ClientCallContext, ClientConfig, ClientFactory
+from a2a.types.a2a_pb2 import (
     AgentCard,
     CancelTaskRequest,
     GetTaskRequest,
@@ -38,12 +34,12 @@ from a2a.types.a2a_pb2 import (  # noqa: E402
     Task,
     TaskState,
 )
-from a2a.utils.errors import TaskNotFoundError  # noqa: E402
-from google.protobuf import json_format, struct_pb2  # noqa: E402
+from a2a.utils.errors import TaskNotFoundError
+from google.protobuf import json_format, struct_pb2
 
-from gateway.config import load_config  # noqa: E402
-from tests.conftest import TOOL_SCRIPT, Harness, running_gateway  # noqa: E402
-from tests.scripts import LONG_NAP, SLOW_TEXT  # noqa: E402
+from gateway.config import load_config
+from tests.conftest import TOOL_SCRIPT, Harness, running_gateway
+from tests.scripts import LONG_NAP, SLOW_TEXT
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
