@@ -13,12 +13,13 @@ turn is submitted or the approval decided, so it misses nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.doors import attachments
 from gateway.doors.a2a import parts
 from gateway.doors.a2a import shapes as a2
-from gateway.doors.a2a.rpc import INVALID_PARAMS, RpcFailure, result_response
+from gateway.doors.a2a.rpc import INVALID_PARAMS, UNSUPPORTED_OPERATION, RpcFailure, result_response
+from gateway.doors.a2a.stream import TaskStreams
 from gateway.doors.a2a.tasks import FoundTask, find_task, task_id
 from gateway.doors.context import ClientNamedSessions, DoorContext
 from gateway.errors import ApiError
@@ -28,17 +29,14 @@ from gateway.protocol.shapes import Message
 from gateway.session.session import Session
 from gateway.tenancy import NO_OWNER
 
-if TYPE_CHECKING:
-    from gateway.doors.a2a.routes import A2aRoutes
-
 
 class Messages:
     """The message methods of one router (module docstring)."""
 
-    def __init__(self, ctx: DoorContext, routes: A2aRoutes) -> None:
+    def __init__(self, ctx: DoorContext, streams: TaskStreams) -> None:
         self.ctx = ctx
         self.node = ctx.node
-        self.routes = routes
+        self.streams = streams
         self.contexts = ClientNamedSessions(ctx, "contextId", "invalid_context_id")
 
     async def send(
@@ -94,7 +92,7 @@ class Messages:
             submitted.append(taken.turn_id)  # a steered message's task is the turn it joined
 
         task = ("", session, turn_id)
-        sub, feed, release = await self.routes.open_task(req, task, None, None)
+        sub, feed, release = await self.streams.open_task(req, task, None, None)
         try:
             await submit()
         except BaseException:
@@ -111,9 +109,9 @@ class Messages:
             release()
             return result_response(rid, a2.SendMessageResponse(task=feed.task(history)))
         if streaming:
-            return self.routes.respond(sub, feed, rid, release, feed.open())
+            return self.streams.respond(sub, feed, rid, release, feed.open())
         try:
-            await self.routes.follow(sub, feed)
+            await self.streams.follow(sub, feed)
         finally:
             if sub.subscribed:
                 sub.leave("task_answered")
@@ -146,13 +144,13 @@ class Messages:
 
         start = await found.start()
         task = (found.id, found.session, found.turn_id)
-        sub, feed, release = await self.routes.open_task(
+        sub, feed, release = await self.streams.open_task(
             req, task, start, None, decide, answered=frozenset(targets)
         )
         if streaming:
-            return self.routes.respond(sub, feed, rid, release, [])
+            return self.streams.respond(sub, feed, rid, release, [])
         try:
-            await self.routes.follow(sub, feed)
+            await self.streams.follow(sub, feed)
         finally:
             if sub.subscribed:
                 sub.leave("task_answered")
@@ -164,16 +162,18 @@ class Messages:
     ) -> tuple[str, str | None, dict[str, Any] | None]:
         if not found.waiting:
             ended = not (found.in_flight or found.queued)
-            raise ApiError(
-                409,
-                "task_not_waiting",
+            raise RpcFailure(
+                UNSUPPORTED_OPERATION,
                 f"task {found.id} "
                 + ("has ended" if ended else "waits for no answer")
                 + ": a new message without taskId starts a new task of the context",
+                "task_not_waiting",
+                409,
             )
         decision, perm, content = parts.decision(message)
         if perm is not None and perm not in {p.perm_id for p in found.summary.pending_permissions}:
-            raise ApiError(422, "invalid_answer", f"no open approval {perm[:60]!r} on this task")
+            why = f"no open approval {perm[:60]!r} on this task"
+            raise RpcFailure(INVALID_PARAMS, why, "invalid_answer", 422)
         return decision, perm, content
 
     async def _context(self, context: str | None, caller: str | None, agent: str | None) -> Session:

@@ -17,6 +17,7 @@ import msgspec
 
 from gateway.doors import attachments
 from gateway.doors.a2a import shapes as a2
+from gateway.doors.a2a.rpc import INVALID_PARAMS, RpcFailure
 from gateway.errors import ApiError
 
 YES = frozenset({"yes", "y", "allow", "approve", "approved", "ok", "true"})
@@ -56,7 +57,7 @@ def decision(message: a2.Message) -> tuple[str, str | None, dict[str, Any] | Non
     ``no``/``deny`` (and a few synonyms: :data:`YES`, :data:`NO`).
 
     Raises:
-        ApiError: 422 ``invalid_answer``: neither.
+        RpcFailure: -32602 ``invalid_answer``: neither.
     """
     for part in message.parts:
         data = part.data
@@ -68,7 +69,7 @@ def decision(message: a2.Message) -> tuple[str, str | None, dict[str, Any] | Non
             perm = data.get("permId")
             content = data.get("content")
             if content is not None and not isinstance(content, dict):
-                raise ApiError(422, "invalid_answer", "content must be an object")
+                raise RpcFailure(INVALID_PARAMS, "content must be an object", "invalid_answer", 422)
             return said, perm if isinstance(perm, str) else None, content
         if part.text is not None:
             words = part.text.strip().lower().split()
@@ -77,11 +78,12 @@ def decision(message: a2.Message) -> tuple[str, str | None, dict[str, Any] | Non
                 return "allow", None, None
             if word in NO:
                 return "deny", None, None
-    raise ApiError(
-        422,
-        "invalid_answer",
+    raise RpcFailure(
+        INVALID_PARAMS,
         'the task waits for an approval: answer with a data part {"decision": "allow"|"deny"} '
         "or the text yes or no",
+        "invalid_answer",
+        422,
     )
 
 

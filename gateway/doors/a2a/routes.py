@@ -12,21 +12,18 @@ docs/doors/a2a.md.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 import msgspec
-import trio
 
 from gateway.doors.a2a import shapes as a2
 from gateway.doors.a2a.card import PROTOCOL_VERSION, agent_card, base_url
-from gateway.doors.a2a.feed import Cursor, TaskFeed, parse_cursor
+from gateway.doors.a2a.feed import parse_cursor
 from gateway.doors.a2a.messages import Messages
 from gateway.doors.a2a.rpc import (
     EXTENDED_CARD_NOT_CONFIGURED,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     PUSH_NOT_SUPPORTED,
+    TASK_NOT_CANCELABLE,
     VERSION_NOT_SUPPORTED,
     RpcFailure,
     error_response,
@@ -36,14 +33,12 @@ from gateway.doors.a2a.rpc import (
     result_response,
     rpc_error,
 )
-from gateway.doors.a2a.stream import TaskReader, TaskSubscriber
-from gateway.doors.a2a.tasks import FoundTask, TaskNotFound, find_task, task_id
-from gateway.doors.context import SSE_HEADERS, DoorContext, once
-from gateway.doors.oneway import direct_reader, pump
+from gateway.doors.a2a.stream import TaskStreams, TaskSubscriber
+from gateway.doors.a2a.tasks import TaskNotFound, find_task, task_id
+from gateway.doors.context import DoorContext
 from gateway.errors import ApiError, Refused
 from gateway.http.refusals import as_http
 from gateway.http.server import Request, Response, StreamingResponse, json_response
-from gateway.session.session import Session
 
 Answer = Response | StreamingResponse
 
@@ -68,7 +63,8 @@ class A2aRoutes:
         self.ctx = ctx
         self.node = ctx.node
         self.config = ctx.config
-        self.messages = Messages(ctx, self)
+        self.streams = TaskStreams(ctx)
+        self.messages = Messages(ctx, self.streams)
 
     # --- the card -----------------------------------------------------------------------
 
@@ -120,7 +116,7 @@ class A2aRoutes:
         if method == "GetTask":
             get = params(raw, a2.GetTaskRequest)
             found = await find_task(self.ctx, caller, get.id)
-            return result_response(rid, await self.read_task(found))
+            return result_response(rid, await self.streams.read_task(found))
         if method == "CancelTask":
             cancel = params(raw, a2.CancelTaskRequest)
             return result_response(rid, await self._cancel(req, caller, cancel))
@@ -146,54 +142,6 @@ class A2aRoutes:
         legacy = " (A2A 0.3's name: this door speaks A2A 1.0)" if method in LEGACY else ""
         raise RpcFailure(METHOD_NOT_FOUND, f"no method {method[:60]!r}{legacy}", "method_not_found")
 
-    # --- reading a task -----------------------------------------------------------------
-
-    def feed(
-        self, found: FoundTask, start: int, cursor: Cursor | None = None, **kw: Any
-    ) -> TaskFeed:
-        base = self.config.server.public_url
-        return TaskFeed(found.id, found.session.id, found.turn_id, start, cursor, base, **kw)
-
-    async def read_task(self, found: FoundTask) -> a2.Task:
-        """The task as it stands: its turn replayed from its start through the seam
-        (docs/protocol.md §3), into a feed that streams nothing.
-
-        Raises:
-            TaskNotFound: its start is no longer held (retention, ``replay_max_events``).
-        """
-        start = await found.start()
-        if start is None:
-            if found.queued:
-                return a2.Task(
-                    id=found.id,
-                    context_id=found.session.id,
-                    status=a2.TaskStatus(state="TASK_STATE_SUBMITTED"),
-                )
-            raise TaskNotFound(found.id)
-        feed = self.feed(found, start)
-        sub = TaskSubscriber(found.session, self.config.stream, self.node.metrics)
-        if await self.ctx.subscribe(found.session, sub, since=start) is not None:
-            raise TaskNotFound(found.id)
-        try:
-            reader = TaskReader(feed, None)
-            await sub.drain(await sub.rx.receive(), reader)
-        finally:
-            if sub.subscribed:
-                sub.leave("task_read")
-        return feed.task()
-
-    async def follow(
-        self, sub: TaskSubscriber, feed: TaskFeed, timeout_s: float = float("inf")
-    ) -> None:
-        """Take the task's events until it is terminal or waits for an answer (or the
-        timeout), writing nothing: a blocking ``SendMessage``, a ``CancelTask``."""
-
-        async def discard(data: bytes) -> None:
-            del data
-
-        with trio.move_on_after(timeout_s):
-            await pump(sub, TaskReader(feed, None), discard, self.config.stream.ping_interval_s)
-
     # --- cancelling -----------------------------------------------------------------------
 
     async def _cancel(
@@ -203,11 +151,11 @@ class A2aRoutes:
         is ``TASK_STATE_CANCELED`` (or however it ended first)."""
         found = await find_task(self.ctx, caller, body.id)
         if not (found.in_flight or found.queued):
-            raise ApiError(409, "task_not_cancelable", f"task {found.id} has ended")
+            raise not_cancelable(found.id)
         start = await found.start()
         sub = TaskSubscriber(found.session, self.config.stream, self.node.metrics, req.client)
         await self.ctx.subscribe(found.session, sub, since=start)
-        feed = self.feed(found, start if start is not None else self.node.sequencer.last)
+        feed = self.streams.feed(found, start if start is not None else self.node.sequencer.last)
         try:
             reason = (body.metadata or {}).get("reason")
             why = reason if isinstance(reason, str) and reason else "user"
@@ -215,11 +163,9 @@ class A2aRoutes:
                 await self.node.cancel_turn(found.session, found.turn_id, why, f"a2a:{req.client}")
             except (ApiError, Refused) as exc:
                 if as_http(exc).status in (404, 409):  # it ended meanwhile
-                    raise ApiError(
-                        409, "task_not_cancelable", f"task {found.id} has ended"
-                    ) from None
+                    raise not_cancelable(found.id) from None
                 raise
-            await self.follow(sub, feed, self.config.stream.close_grace_s + 30)
+            await self.streams.follow(sub, feed, self.config.stream.close_grace_s + 30)
         finally:
             if sub.subscribed:
                 sub.leave("task_cancelled")
@@ -245,72 +191,8 @@ class A2aRoutes:
         if cursor is not None and start is not None and cursor.seq < start:
             cursor = None  # before the task: the whole task
         task = (found.id, found.session, found.turn_id)
-        sub, feed, release = await self.open_task(req, task, start, cursor)
-        return self.respond(sub, feed, rid, release, [])
-
-    async def open_task(
-        self,
-        req: Request,
-        task: tuple[str, Session, str],
-        start: int | None,
-        cursor: Cursor | None,
-        before: Callable[[], Awaitable[None]] | None = None,
-        history: list[a2.Message] | None = None,
-        answered: frozenset[str] = frozenset(),
-    ) -> tuple[TaskSubscriber, TaskFeed, Callable[[], None]]:
-        """A task's subscriber and feed, its stream counted (``[limits]``, docs/protocol.md
-        §2): subscribed ``since`` the turn's start (or live, ``None``), then ``before`` run
-        (an approval decided: its cursor is then where the subscription began, so the
-        stream holds what follows it)."""
-        task_ref, session, turn_id = task
-        release = once(await self.node.limits.open_stream(session.record.owner, "a2a"))
-        try:
-            sub = TaskSubscriber(session, self.config.stream, self.node.metrics, req.client)
-            if await self.ctx.subscribe(session, sub, since=start) is not None:
-                raise TaskNotFound(task_ref)
-            joined = self.node.sequencer.last
-            try:
-                if before is not None:
-                    await before()
-                    cursor = Cursor(joined, None)
-            except BaseException:
-                sub.leave("client_closed")
-                raise
-        except BaseException:
-            release()
-            raise
-        base = self.config.server.public_url
-        first = joined if start is None else start
-        feed = TaskFeed(
-            task_ref, session.id, turn_id, first, cursor, base, history=history, answered=answered
-        )
-        return sub, feed, release
-
-    def respond(
-        self,
-        sub: TaskSubscriber,
-        feed: TaskFeed,
-        rid: a2.RequestId,
-        release: Callable[[], None],
-        opening: list[Any],
-    ) -> StreamingResponse:
-        """The SSE answer of a subscribed feed; its stream's count given back when it ends."""
-        reader = TaskReader(feed, rid)
-        interval = self.config.stream.ping_interval_s
-
-        async def run(send: Callable[[bytes], Awaitable[None]]) -> None:
-            try:
-                await pump(
-                    sub, direct_reader(sub, reader, send), send, interval, reader.sse(opening)
-                )
-            finally:
-                release()
-
-        def abandon() -> None:
-            sub.leave("client_closed")
-            release()
-
-        return StreamingResponse(run, headers=SSE_HEADERS, abandon=abandon)
+        sub, feed, release = await self.streams.open_task(req, task, start, cursor)
+        return self.streams.respond(sub, feed, rid, release, [])
 
     # --- listing ----------------------------------------------------------------------------
 
@@ -336,7 +218,7 @@ class A2aRoutes:
         for turn_id in page:
             try:
                 found = await find_task(self.ctx, caller, task_id(session.id, turn_id))
-                tasks.append(await self.read_task(found))
+                tasks.append(await self.streams.read_task(found))
             except TaskNotFound:
                 continue
         more = skip + size < len(turns)
@@ -346,3 +228,8 @@ class A2aRoutes:
             page_size=size,
             total_size=len(turns),
         )
+
+
+def not_cancelable(task: str) -> RpcFailure:
+    """-32002: a task that has ended is not cancelled (docs/doors/a2a.md "Cancelling")."""
+    return RpcFailure(TASK_NOT_CANCELABLE, f"task {task} has ended", "task_not_cancelable", 409)
