@@ -105,7 +105,7 @@ class Messages:
         feed.task_id, feed.turn_id, feed.history = ref, turn_id, history
         config = body.configuration
         if config is not None and config.return_immediately:
-            sub.leave("task_submitted")
+            sub.leave("task_finished")
             release()
             return result_response(rid, a2.SendMessageResponse(task=feed.task(history)))
         if streaming:
@@ -114,7 +114,7 @@ class Messages:
             await self.streams.follow(sub, feed)
         finally:
             if sub.subscribed:
-                sub.leave("task_answered")
+                sub.leave("task_finished")
             release()
         return result_response(rid, a2.SendMessageResponse(task=feed.task(history)))
 
@@ -153,7 +153,7 @@ class Messages:
             await self.streams.follow(sub, feed)
         finally:
             if sub.subscribed:
-                sub.leave("task_answered")
+                sub.leave("task_finished")
             release()
         return result_response(rid, a2.SendMessageResponse(task=feed.task()))
 

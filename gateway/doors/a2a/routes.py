@@ -168,7 +168,7 @@ class A2aRoutes:
             await self.streams.follow(sub, feed, self.config.stream.close_grace_s + 30)
         finally:
             if sub.subscribed:
-                sub.leave("task_cancelled")
+                sub.leave("task_finished")
         return feed.task()
 
     # --- streams ----------------------------------------------------------------------------

@@ -35,7 +35,7 @@ class TaskSubscriber(OneWayQueue):
     queue_name = "A2A task queue"
     closes_how = "closing the stream"
     prefix = "a2a"  # its subscription's name: a2a-N
-    left_as = "task_streamed"
+    left_as = "task_finished"
 
 
 class TaskReader(TypedReader):
@@ -120,9 +120,9 @@ class TaskStreams:
         try:
             reader = TaskReader(feed, None)
             await sub.drain(await sub.rx.receive(), reader)
-        finally:
-            if sub.subscribed:
-                sub.leave("task_read")
+        finally:  # a read, not a client that came and went: no bus event of it
+            sub.subscribed = False
+            found.session.hub.unsubscribe(sub)
         return feed.task()
 
     async def follow(

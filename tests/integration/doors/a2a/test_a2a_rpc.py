@@ -384,3 +384,21 @@ async def test_resubscribing_mid_reply_joins_the_live_stream(tmp_path: Path) -> 
     assert text_of(held) + text_of(rest) == whole
     assert text_of(first) == whole  # the first stream, read to its end, had it all too
     assert states(rest) == ["task:TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]
+
+
+async def test_a_queued_task_is_submitted_then_cancelled(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **{"turns.if_busy": "queue"}) as h:
+        at_once = {"configuration": {"returnImmediately": True}}
+        busy = (await rpc(h, call("SendMessage", {**message(LONG_NAP), **at_once})))["result"]
+        context = busy["task"]["contextId"]
+        queued = await rpc(h, call("SendMessage", {**message(TEXT, contextId=context), **at_once}))
+        task_id = queued["result"]["task"]["id"]
+        got = (await rpc(h, call("GetTask", {"id": task_id})))["result"]
+        assert got["status"]["state"] == "TASK_STATE_SUBMITTED"
+        with trio.fail_after(10):  # answered once turn.cancelled (phase queued) is out
+            cancelled = (await rpc(h, call("CancelTask", {"id": task_id})))["result"]
+        assert cancelled["status"]["state"] == "TASK_STATE_CANCELED"
+        again = await rpc(h, call("GetTask", {"id": task_id}))
+        assert code(again) == -32001  # it never was a turn of the session: gone
+        running = (await rpc(h, call("CancelTask", {"id": busy["task"]["id"]})))["result"]
+        assert running["status"]["state"] == "TASK_STATE_CANCELED"
