@@ -402,3 +402,38 @@ async def test_a_queued_task_is_submitted_then_cancelled(tmp_path: Path) -> None
         assert code(again) == -32001  # it never was a turn of the session: gone
         running = (await rpc(h, call("CancelTask", {"id": busy["task"]["id"]})))["result"]
         assert running["status"]["state"] == "TASK_STATE_CANCELED"
+
+
+async def test_two_keys_racing_for_one_new_context_get_one_each_way(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **{"auth.api_keys": KEYS}) as h:
+        for n in range(10):
+            context = f"race-{n}"
+            answers: dict[str, dict[str, Any]] = {}
+
+            async def send(
+                who: str, headers: dict[str, str], into: dict[str, dict[str, Any]], context: str
+            ) -> None:
+                body = call("SendMessage", message(TEXT, contextId=context))
+                into[who] = await rpc(h, body, headers)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send, "a", A, answers, context)
+                nursery.start_soon(send, "b", B, answers, context)
+            won = sorted(who for who, answer in answers.items() if "result" in answer)
+            lost = [answer for answer in answers.values() if "error" in answer]
+            assert len(won) == 1 and len(lost) == 1, answers
+            assert code(lost[0]) == -32001
+            winner, loser = (A, B) if won == ["a"] else (B, A)
+            listed = await rpc(h, call("ListTasks", {"contextId": context}), loser)
+            assert listed["result"]["tasks"] == []  # nothing of it is the loser's
+            listed = await rpc(h, call("ListTasks", {"contextId": context}), winner)
+            assert len(listed["result"]["tasks"]) == 1
+
+
+async def test_a_body_over_the_limit_is_413(tmp_path: Path) -> None:
+    limits = {"server.max_body_bytes": 4096, "files.max_bytes": 1024}
+    async with gateway(tmp_path, **limits) as h:
+        huge = call("SendMessage", message("x" * 20_000))
+        r = await h.http.post("/a2a", json=huge)
+        assert (r.status_code, r.json()["error"]["code"]) == (413, "body_too_large")
+        assert h.node.sessions == {}
