@@ -43,6 +43,8 @@ from gateway.protocol.events import (
 )
 from gateway.protocol.shapes import TextBlock
 
+_FROM_WORKERS = frozenset({"permission.requested", "permission.resolved"})
+
 REPLY = "reply"
 """The artifact of the reply's text (one per task: every assistant message of the turn)."""
 
@@ -119,6 +121,7 @@ class TaskFeed:
         self.files: list[a2.Artifact] = []
         self.pending: dict[str, PermissionRequested] = {}
         self.answered = answered
+        self.started = False  # its turn.started seen: its workers' approvals are its own
         self.failure = ""
         self.opened = False
         self.finished = False
@@ -128,7 +131,7 @@ class TaskFeed:
 
     def receive(self, event: Envelope[Any]) -> list[Out]:
         """The A2A events made of one gateway event (none for another turn's)."""
-        if event.turn_id != self.turn_id or self.finished:
+        if self.finished or not self._ours(event):
             return []
         seq = parse_event_id(event.id)
         if seq is None:
@@ -168,6 +171,16 @@ class TaskFeed:
             self.finished = True
             return out
         return []
+
+    def _ours(self, event: Envelope[Any]) -> bool:
+        """The turn's own events, and, while it runs, its workers' approvals: a worker's
+        ``permission.*`` reaches its ancestors' streams only (docs/protocol.md §5 "Worker
+        sessions"), and a session runs one turn at a time, so they are this one's."""
+        if event.session_id == self.session_id:
+            if event.turn_id == self.turn_id and event.type == "turn.started":
+                self.started = True
+            return event.turn_id == self.turn_id
+        return self.started and event.type in _FROM_WORKERS
 
     def pause(self) -> list[Out]:
         """The queue is drained: the opening if not yet sent; an open approval ends the stream."""

@@ -437,3 +437,39 @@ async def test_a_body_over_the_limit_is_413(tmp_path: Path) -> None:
         r = await h.http.post("/a2a", json=huge)
         assert (r.status_code, r.json()["error"]["code"]) == (413, "body_too_large")
         assert h.node.sessions == {}
+
+
+WORKER_ASKS = json.dumps(
+    {
+        "script": {
+            "rounds": [
+                [{"tool_use": {"name": "sleep", "input": {"seconds": 0.01}}}],
+                [{"text": "worked"}],
+            ]
+        }
+    }
+)
+DELEGATES = {
+    "script": {
+        "rounds": [
+            [{"tool_use": {"name": "delegate", "input": {"task": WORKER_ASKS}}}],
+            [{"text": "delegated"}],
+        ]
+    }
+}
+
+
+async def test_a_delegated_workers_approval_is_the_tasks(tmp_path: Path) -> None:
+    async with gateway(tmp_path, **{"tools.require_approval": ["sleep"]}) as h:
+        asked = await stream(h, call("SendStreamingMessage", message(DELEGATES)))
+        assert states(asked)[-1] == "TASK_STATE_INPUT_REQUIRED"
+        question = asked[-1][1]["result"]["statusUpdate"]["status"]["message"]
+        assert question["parts"][1]["data"]["toolName"] == "sleep"
+        task_id = asked[0][1]["result"]["task"]["id"]
+        rest = await stream(h, call("SendStreamingMessage", message("yes", taskId=task_id)))
+    assert states(rest) == [
+        "task:TASK_STATE_INPUT_REQUIRED",
+        "TASK_STATE_WORKING",
+        "TASK_STATE_COMPLETED",
+    ]
+    assert text_of(rest) == "delegated"
