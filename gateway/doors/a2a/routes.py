@@ -42,7 +42,8 @@ from gateway.http.server import Request, Response, StreamingResponse, json_respo
 
 Answer = Response | StreamingResponse
 
-STREAMING = ("SendStreamingMessage", "SubscribeToTask")
+CANCEL_WAIT_S = 30.0
+"""How long ``CancelTask`` waits for the task to end before answering it as it stands."""
 PUSH = (
     "CreateTaskPushNotificationConfig",
     "GetTaskPushNotificationConfig",
@@ -154,7 +155,10 @@ class A2aRoutes:
             raise not_cancelable(found.id)
         start = await found.start()
         sub = TaskSubscriber(found.session, self.config.stream, self.node.metrics, req.client)
-        await self.ctx.subscribe(found.session, sub, since=start)
+        if await self.ctx.subscribe(found.session, sub, since=start) is not None:
+            start = None  # its start no longer replayable: its end, live, is enough here
+            sub = TaskSubscriber(found.session, self.config.stream, self.node.metrics, req.client)
+            await self.ctx.subscribe(found.session, sub)
         feed = self.streams.feed(found, start if start is not None else self.node.sequencer.last)
         try:
             reason = (body.metadata or {}).get("reason")
@@ -165,7 +169,7 @@ class A2aRoutes:
                 if as_http(exc).status in (404, 409):  # it ended meanwhile
                     raise not_cancelable(found.id) from None
                 raise
-            await self.streams.follow(sub, feed, self.config.stream.close_grace_s + 30)
+            await self.streams.follow(sub, feed, CANCEL_WAIT_S)
         finally:
             if sub.subscribed:
                 sub.leave("task_finished")
