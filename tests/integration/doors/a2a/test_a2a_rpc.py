@@ -473,3 +473,19 @@ async def test_a_delegated_workers_approval_is_the_tasks(tmp_path: Path) -> None
         "TASK_STATE_COMPLETED",
     ]
     assert text_of(rest) == "delegated"
+
+
+async def test_a_context_deleted_mid_task_ends_its_stream_canceled(gw: Harness) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    body = call("SendStreamingMessage", message(LONG_NAP))
+    async with gw.http.stream("POST", "/a2a", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                events.append(("", json.loads(line[6:])))
+                if text_of(events) == "Napping." and len(events) == 3:
+                    context = events[0][1]["result"]["task"]["contextId"]
+                    assert (await gw.http.delete(f"/sessions/{context}")).status_code == 204
+    # The deletion cancels the turn first (docs/protocol.md §13): the task ends canceled.
+    assert states(events)[-1] == "TASK_STATE_CANCELED"
+    task_id = events[0][1]["result"]["task"]["id"]
+    assert code(await rpc(gw, call("GetTask", {"id": task_id}))) == -32001
