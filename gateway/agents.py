@@ -64,6 +64,8 @@ class AgentProfile:
     # claude-code without ``tools``: Claude Code's default set (``tools`` lists it), where
     # permission_mode decides what asks (docs/protocol.md §11)
     default_tools: bool = False
+    # An MCP server's sampling request (docs/protocol.md §11): "ask", "allow" or "deny".
+    mcp_sampling: str = "ask"
 
     @property
     def provider(self) -> str:
@@ -150,6 +152,7 @@ def _resolve(name: str, table: AgentConfig, config: Config) -> AgentProfile:
         sandbox=table.sandbox,
         env=dict(table.env),
         default_tools=table.runtime == "claude-code" and table.tools is None,
+        mcp_sampling=pick(table.mcp_sampling, tools.mcp_sampling),
     )
 
 

@@ -262,6 +262,9 @@ class SessionsConfig(_Section, frozen=True):
     fork_copy_max_mb: NonNegativeInt = 100
 
 
+McpSampling = Literal["ask", "allow", "deny"]
+
+
 class ToolsConfig(_Section, frozen=True):
     """``[tools]``: which built-in tools exist, which wait for permission, what they inherit."""
 
@@ -278,6 +281,8 @@ class ToolsConfig(_Section, frozen=True):
     rlimit_file_mb: NonNegativeInt = 0  # largest file it may write (RLIMIT_FSIZE)
     # A claude-code turn's wait for one of its agent's max_processes (gateway.tools.process_slots).
     process_slot_wait_s: Seconds = 5.0
+    # An MCP server's sampling request (docs/protocol.md §11): asked of the user, allowed, refused.
+    mcp_sampling: McpSampling = "ask"
 
 
 class AgentConfig(_Section, frozen=True):
@@ -301,6 +306,7 @@ class AgentConfig(_Section, frozen=True):
     max_rounds: Count | None = None
     context_max_tokens: Count | None = None
     turn_timeout_s: Seconds | None = None
+    mcp_sampling: McpSampling | None = None  # an MCP server's sampling requests (section 11)
     # claude-code runtime only
     permission_mode: Literal["default", "acceptEdits", "plan", "bypassPermissions"] = "default"
     max_processes: Count = 8
@@ -514,6 +520,7 @@ rlimit_cpu_s = 0                               # CPU seconds of a tool process; 
 rlimit_memory_mb = 0                           # its address space; 0 = no limit
 rlimit_file_mb = 0                             # the largest file it may write; 0 = no limit
 process_slot_wait_s = 5                        # claude-code: a turn's wait for a slot; then 503
+mcp_sampling = "ask"                           # an MCP server's sampling request: ask, allow, deny
 
 [auth]
 api_keys = []                # empty: no auth (loopback use); else Bearer required

@@ -481,6 +481,16 @@ def question_item(permission: PermissionView, answered: str | None, width: int) 
     if permission["kind"] == "elicitation":
         asks = f"{permission['tool_name']} asks: {fold(permission['message'] or '')}"
         line = Line(f"? {fit(asks, room)}{tail}", YELLOW)
+    elif permission["kind"] == "elicitation_url":  # y: you went there (docs/protocol.md §11)
+        url = str(permission["input"].get("url", ""))
+        asks = (
+            f"{permission['tool_name']} asks you to open {url}: {fold(permission['message'] or '')}"
+        )
+        line = Line(f"? {fit(asks, room)}{tail}", YELLOW)
+    elif permission["kind"] == "sampling":  # y: the model answers the server (section 11)
+        said = [m.get("text", "") for m in permission["input"].get("messages", [])]
+        asks = f"{permission['tool_name']} asks the model: {fold(said[-1] if said else '')}"
+        line = Line(f"? {fit(asks, room)}{tail}", YELLOW)
     else:
         call = (
             f"{permission['tool_name']} {fold(json.dumps(permission['input'], ensure_ascii=False))}"

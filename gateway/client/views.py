@@ -212,7 +212,7 @@ class PermissionView(TypedDict):
 
     perm_id: str
     session_id: str
-    kind: Literal["tool", "elicitation"]
+    kind: Literal["tool", "elicitation", "sampling", "elicitation_url"]
     tool_use_id: str
     tool_name: str
     input: dict[str, Any]

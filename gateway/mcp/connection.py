@@ -30,6 +30,7 @@ from gateway.config import McpServerConfig
 from gateway.errors import ToolError
 from gateway.logs import event
 from gateway.mcp.questions import Questions
+from gateway.mcp.sampling import Samplings
 from gateway.mcp.stdio import stdio_streams
 from gateway.mcp.tools import MAX_TOOLS, McpTool, adapt_tools, map_result
 from gateway.metrics import Metrics
@@ -111,6 +112,7 @@ class McpConnection:
         self._last_error = ""
         self._calls: dict[object, ToolContext] = {}  # in flight, oldest first
         self._questions = Questions(name, self._calls)  # a server's questions during calls
+        self._samplings = Samplings(name, self._calls)  # its sampling requests during calls
         self._stderr = b""
         self._nursery: trio.Nursery | None = None  # the live connection's helper tasks
         self._relisting = False  # a listing task runs (RELIST_INTERVAL_S)
@@ -241,6 +243,9 @@ class McpConnection:
                 *streams,
                 elicitation_callback=self._questions.ask,
                 message_handler=self._on_message,
+                # Advertised on every connection, refused per request (gateway.mcp.sampling).
+                sampling_callback=self._samplings.sample,
+                sampling_capabilities=types.SamplingCapability(),
             )
             yield await stack.enter_async_context(session)
 
@@ -342,6 +347,9 @@ class McpConnection:
                 self._dead.set()
             return
         notification = getattr(message, "root", message)
+        if isinstance(notification, types.ElicitCompleteNotification):
+            self._questions.completed(notification.params.elicitation_id)  # gateway.mcp.questions
+            return
         if isinstance(notification, types.ToolListChangedNotification) and self._nursery:
             if self._relisting:
                 self._relist_again = True  # coalesced (RELIST_INTERVAL_S)
@@ -383,8 +391,13 @@ class McpConnection:
 
     # --- calls ------------------------------------------------------------------------
 
-    async def call(self, tool: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    async def call(
+        self, tool: str, arguments: dict[str, Any], ctx: ToolContext, *, again: bool = True
+    ) -> ToolOutput:
         """Call one tool (module docstring).
+
+        A call failed ``-32042`` (URL elicitation required) whose URLs the user
+        accepts is made ``again``, once (gateway.mcp.questions, ``required``).
 
         Raises:
             ToolError: ``error`` (the server failed, is down, or died during
@@ -408,6 +421,9 @@ class McpConnection:
                 raise ToolError(
                     "error", f"MCP server {self.name!r} went away during the call ({exc.message})"
                 ) from None
+            required = again and exc.code == types.URL_ELICITATION_REQUIRED
+            if required and await self._questions.required(ctx, exc.data):
+                return await self.call(tool, arguments, ctx, again=False)
             raise ToolError("error", f"MCP server {self.name!r}: {exc.message}") from None
         except pydantic.ValidationError as exc:
             raise ToolError(
@@ -416,6 +432,7 @@ class McpConnection:
         finally:
             del self._calls[token]
             if not any(c.session_id == ctx.session_id for c in self._calls.values()):
+                await self._samplings.end(ctx.session_id)
                 await self._questions.end(ctx.session_id)
         if scope.cancelled_caught:
             raise ToolError(

@@ -83,9 +83,15 @@ class RouteDecided(Payload):
     policy_version: str
 
 
+# Why a model call was made: absent for the turn's own calls; "sampling" for an MCP
+# server's sampling request during a tool call (docs/protocol.md §11, "MCP tools").
+CallPurpose = Literal["sampling"]
+
+
 class LlmCallStarted(Payload):
     call_id: str
     model: str
+    purpose: CallPurpose | msgspec.UnsetType = msgspec.UNSET
 
 
 class LlmCallCompleted(Payload):
@@ -93,6 +99,7 @@ class LlmCallCompleted(Payload):
     message_id: str
     stop_reason: StopReason
     usage: Usage
+    purpose: CallPurpose | msgspec.UnsetType = msgspec.UNSET
 
 
 class LlmCallFailed(Payload, omit_defaults=True):
@@ -100,6 +107,7 @@ class LlmCallFailed(Payload, omit_defaults=True):
     error_class: LlmErrorClass
     message: str
     message_id: str | None = None
+    purpose: CallPurpose | msgspec.UnsetType = msgspec.UNSET
 
 
 class ToolCalled(Payload):

@@ -17,7 +17,8 @@ gateway's events (docs/protocol.md sections 5, 7 and 8) is the same for each:
   on the block as they come (a tool that streamed none gets its whole input
   as one delta at its end).
 - **The steps.** Each model call, from ``llm.call_started`` to its
-  completion or its failure (the last failure is kept: :attr:`Projection.failure`).
+  completion or its failure (the last failure is kept: :attr:`Projection.failure`);
+  an MCP server's sampling call (``purpose: "sampling"``) is none.
 - **The closing.** :meth:`Projection.close_all`: the open blocks, then the
   open steps; :meth:`Projection.end` also finishes the projection.
 
@@ -286,10 +287,14 @@ class Projection(Generic[Out]):
     # --- steps ---------------------------------------------------------------------------
 
     def _step_started(self, p: LlmCallStarted, e: Envelope[Any]) -> list[Out]:
+        if p.purpose == "sampling":  # an MCP server's, inside a tool call: no step of the turn
+            return []
         self._steps.append(p.call_id)
         return self._steps_emit.start(p.call_id, e.ts)
 
     def _step_failed(self, p: LlmCallFailed, e: Envelope[Any]) -> list[Out]:
+        if p.purpose == "sampling":  # its tool fails, not the turn (docs/protocol.md §11)
+            return []
         self.failure = p
         return self._step_ended(p, e)
 

@@ -186,7 +186,7 @@ class Message(msgspec.Struct, omit_defaults=True):
     open_block_index: int | msgspec.UnsetType | None = msgspec.UNSET
 
 
-PermissionKind = Literal["tool", "elicitation"]
+PermissionKind = Literal["tool", "elicitation", "sampling", "elicitation_url"]
 
 
 class PendingPermission(msgspec.Struct, omit_defaults=True):

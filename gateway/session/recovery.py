@@ -89,6 +89,8 @@ def plan(
     called_since_completion = False
     compacting = False
     for type_, p in events:
+        if type_.startswith("llm.call_") and p.purpose == "sampling":
+            continue  # an MCP server's, inside a tool call: the tool's phase (section 11)
         if type_ == "context.compacting":
             compacting = True
         elif type_ == "context.compacted":

@@ -77,7 +77,7 @@ from gateway.protocol.frames import encode
 from gateway.protocol.framing import event_frame
 from gateway.protocol.http import IfBusy
 from gateway.protocol.shapes import Message, PendingPermission, SessionSummary, ToolInfo
-from gateway.session import admission, busy, history, rewind, tool_host
+from gateway.session import admission, busy, history, rewind, sampling_host, tool_host
 from gateway.session.agent import AgentLoop, AgentServices
 from gateway.session.call import CALL_TYPES, CallStream, Completion
 from gateway.session.checkpoints import Checkpoints
@@ -241,7 +241,7 @@ def new_calls(session: Session) -> CallStream:
     )
 
 
-class Session:
+class Session(sampling_host.ServerRequests):
     """One session's state and runtime. Created and owned by :class:`gateway.node.node.Node`."""
 
     def __init__(

@@ -33,6 +33,7 @@ from gateway.errors import ToolError
 from gateway.protocol.events import Payload
 from gateway.protocol.shapes import Message
 from gateway.providers.base import ToolSpec
+from gateway.tools.sampling import Sampled, SamplingRequest
 
 log = logging.getLogger("gateway.tools")
 
@@ -114,6 +115,26 @@ class ToolSession(Protocol):
         ``approval_timeout_s``. Returns the decision (``allow``, ``deny``,
         ``timeout`` or ``cancelled``) and, with ``allow``, the user's content
         (already checked against ``requested_schema``).
+        """
+        ...
+
+    async def elicit_url(
+        self, ctx: ToolContext, message: str, url: str, completed: trio.Event | None = None
+    ) -> str:
+        """Ask the session's user to visit ``url`` for a running tool (docs/protocol.md §11).
+
+        A ``permission.requested`` of ``kind: "elicitation_url"``; returns the
+        decision (``allow``, ``deny``, ``timeout`` or ``cancelled``);
+        ``completed`` set meanwhile (the server said it is done) is ``allow``.
+        """
+        ...
+
+    async def sample(self, ctx: ToolContext, request: SamplingRequest) -> Sampled:
+        """Serve an MCP server's sampling request with the session's model (docs/protocol.md §11).
+
+        Raises:
+            ToolError: refused (the agent's ``mcp_sampling``, the user, the
+                turn's limits) or failed; its message is what the server is told.
         """
         ...
 

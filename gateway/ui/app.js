@@ -922,10 +922,18 @@ function drawPermission(permission) {
       for (const button of buttons) button.disabled = false;
     }
   };
+  // An MCP server's URL to open, or its sampling request (section 11): its message first.
+  const given = permission.kind === "elicitation_url" ? String(permission.input.url || "") : "";
+  const url = /^https?:\/\//i.test(given) ? given : ""; // the gateway let no other through
+  const ask = url
+    ? el("span", { class: "ask" }, el("code", { text: permission.tool_name }), ` asks: ${permission.message || ""} `, el("a", { href: url, target: "_blank", rel: "noopener noreferrer", "data-testid": "elicitation-url", text: url }))
+    : permission.kind === "sampling"
+      ? el("span", { class: "ask" }, el("code", { text: permission.tool_name }), ` ${permission.message || ""}: `, el("code", { text: JSON.stringify(permission.input) }))
+      : el("span", { class: "ask" }, "Allow ", el("code", { text: permission.tool_name }), " to run with ", el("code", { text: JSON.stringify(permission.input) }), "?");
   return el(
     "div",
     { class: "permission", "data-testid": "permission", "data-perm-id": permission.perm_id },
-    el("span", { class: "ask" }, "Allow ", el("code", { text: permission.tool_name }), " to run with ", el("code", { text: JSON.stringify(permission.input) }), "?"),
+    ask,
     el("button", { type: "button", "data-testid": "approve", onclick: decide("allow") }, "Approve"),
     el("button", { type: "button", class: "danger", "data-testid": "deny", onclick: decide("deny") }, "Deny"),
   );

@@ -35,7 +35,11 @@ end``                          one ``ARGS`` with the final input)
                                (``kind: "elicitation"``, section 11) is
                                ``elicitation``, with the server's ``message``
                                and a ``responseSchema`` whose ``content`` is
-                               its ``requested_schema``
+                               its ``requested_schema``; an MCP sampling
+                               request's is ``sampling``, a URL-mode
+                               elicitation's ``elicitation_url``, with the
+                               message and the request's ``input`` (the URL:
+                               ``metadata.url``) and the decision schema
 ``context.compacting``,        ``CUSTOM`` named ``gateway.context_compacting``
 ``context.compacted``          / ``gateway.context_compacted``, the payload as
                                its ``value`` (AG-UI has no compaction event;
@@ -389,6 +393,16 @@ class RunMapper:
 
 def interrupt(p: PermissionRequested) -> ag.Interrupt:
     """The interrupt of a request: an MCP elicitation's, or a tool approval's (module docstring)."""
+    if p.kind in ("sampling", "elicitation_url"):  # an MCP server's (docs/protocol.md §11)
+        return ag.Interrupt(
+            id=p.perm_id,
+            reason=p.kind,
+            message=p.message if isinstance(p.message, str) else None,
+            tool_call_id=p.tool_use_id,
+            response_schema=DECISION_SCHEMA,
+            expires_at=iso_ms(p.expires_at),
+            metadata={"tool_name": p.tool_name, **p.input},
+        )
     if p.kind == "elicitation":
         requested = p.requested_schema
         return ag.Interrupt(

@@ -32,7 +32,10 @@ gateway                        AI SDK UI message chunk
 ``permission.requested``       ``tool-approval-request`` on the tool call; a
                                worker's, on the ``delegate`` call that runs
                                it; an MCP elicitation, a ``data-elicitation``
-                               part (answered on the permissions route)
+                               part (answered on the permissions route); an
+                               MCP sampling request, a ``data-sampling`` part,
+                               a URL-mode elicitation a ``data-elicitation-url``
+                               part (``message`` and the request's ``input``)
 ``permission.resolved``        ``tool-approval-response`` (``reason``: a
                                timeout or a cancel); a data part's request,
                                that part again (``state``: ``resolved``,
@@ -359,6 +362,12 @@ class ChatMapper:
     def _asked_for(self, p: PermissionRequested, e: Envelope[Any]) -> list[ui.Chunk]:
         asker = e.session_id
         worker = asker != self.session_id
+        if p.kind in ("sampling", "elicitation_url"):  # an MCP server's (docs/protocol.md §11)
+            self._waiting[p.perm_id] = ""
+            data = {"permId": p.perm_id, "toolCallId": p.tool_use_id, "toolName": p.tool_name,
+                    "message": p.message if isinstance(p.message, str) else "",
+                    "input": p.input, "expiresAt": p.expires_at, "state": "requested"}  # fmt: skip
+            return [self._part(p.kind.replace("_", "-"), p.perm_id, data)]
         if p.kind == "elicitation":
             self._waiting[p.perm_id] = ""
             data = {

@@ -42,12 +42,6 @@ class Turns:
         caller = self.ctx.authenticate(req)
         session = await self.ctx.session(session_id, caller)
         body = decode(req, SubmitTurn)
-        content = await self.ctx.node.files.resolve(
-            session.id,
-            session.record.owner,
-            user_content(body.content),
-            refuse=self.ctx.file_refusal(session),
-        )
         if_busy = rewind_if_busy(body.if_busy, body.rewind_to, self.ctx.config.turns.if_busy)
         parent = session.parent
         if (
@@ -63,6 +57,13 @@ class Turns:
                 f"{session.id} is a Claude Code sub-agent of {parent.id}: "
                 f"send turns to {parent.id}",
             )
+        # Refused before its inline files are kept: a refused turn keeps none of them.
+        content = await self.ctx.node.files.resolve(
+            session.id,
+            session.record.owner,
+            user_content(body.content),
+            refuse=self.ctx.file_refusal(session),
+        )
         owner = caller or NO_OWNER
 
         async def start(turn_id: str) -> Response:

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from gateway.protocol.shapes import TextBlock
 from gateway.providers.factory import make_provider
 from tests.aisdk_support import request as aisdk_request
 from tests.conftest import Harness, make_config, running_gateway
-from tests.files_support import PDF, png
+from tests.files_support import PDF, png, said_back
 from tests.integration.doors.agui.test_agui_files import run_input
 from tests.integration.doors.rest.test_http_api import assert_error
 from tests.integration.files.test_file_routes import upload
@@ -62,11 +61,6 @@ def reply(events: list[Event]) -> str:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def said(kind: str, media_type: str, data: bytes) -> str:
-    """The scripted model's line for a file (docs/protocol.md §11 "The scripted model")."""
-    return f"[{kind} {media_type} {len(data)} bytes sha256:{hashlib.sha256(data).hexdigest()[:8]}]"
 
 
 async def test_a_png_a_pdf_and_a_text_reach_anthropic_as_blocks_of_the_same_bytes(
@@ -220,12 +214,8 @@ async def test_the_scripted_model_says_back_the_bytes_it_was_given(gw: Harness) 
             {"type": "document", "source": inline},
         ],
     )
-    assert reply(events) == "\n".join(
-        [
-            "You said: see",
-            said("image", "image/png", image),
-            said("document", "application/pdf", PDF),
-        ]
+    assert reply(events) == "You said: see" + said_back("image", "image/png", image) + said_back(
+        "document", "application/pdf", PDF
     )
     # A later turn without files says back none.
     events = await turn(gw, sid, [{"type": "text", "text": "and now?"}])

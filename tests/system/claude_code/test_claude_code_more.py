@@ -288,11 +288,16 @@ async def test_a_sub_agent_is_a_worker_session_whose_approval_reaches_the_parent
         made = os.path.exists(os.path.join(workspace, "made.txt"))  # noqa: ASYNC240
         # A turn sent to the sub-agent's session would start an unrelated conversation.
         straight = await gw.http.post(f"/sessions/{worker_id}/turns", json={"content": "hi"})
+        with_file = await gw.http.post(f"/sessions/{worker_id}/turns", json={"content": [
+            {"type": "document", "source": {"type": "base64", "media_type": "text/plain",
+                                            "data": "aGk="}}]})  # fmt: skip
+        kept = await gw.node.files.records(worker_id)  # a refused turn keeps no file
         forked = await gw.http.post(f"/sessions/{worker_id}/fork", json={})  # nor is it forked
     await providers.aclose()
     assert straight.status_code == 409, straight.text
     assert straight.json()["error"]["code"] == "subagent_session"
     assert f"send turns to {sid}" in straight.json()["error"]["message"]
+    assert (with_file.status_code, kept) == (409, {}), with_file.text
     assert forked.status_code == 409 and forked.json()["error"]["code"] == "worker_session"
     assert f"fork {sid}" in forked.json()["error"]["message"]
     assert worker_id != sid and worker.parent_session_id == sid
@@ -649,7 +654,8 @@ async def test_claude_codes_own_compaction_in_a_turn_is_the_turns_and_its_failur
         events = await run_turn(gw, sid, "second words")
         stored = (await gw.http.get(f"/sessions/{sid}/messages")).json()["messages"]
     await providers.aclose()
-    turn_id = events[0].turn_id
+    # The turn's id (an event of no turn, the last one's aftermath, may come first).
+    turn_id = next(e.turn_id for e in events if e.type == "turn.started")
     compacting, compacted = (e for e in events if e.type.startswith("context."))
     assert compacting.turn_id == compacted.turn_id == turn_id
     assert compacting.payload.trigger == compacted.payload.trigger == "auto"

@@ -19,6 +19,7 @@ import hashlib
 import io
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -99,3 +100,112 @@ async def test_get_tiny_image_is_a_file_and_an_image_inside_the_tool_result(
         if isinstance(b, ToolResultBlock) and b.tool_use_id == tool_use_id
     ]
     assert result.files == [image]
+
+
+# --- sampling, elicitations (form and URL), tasks (docs/protocol.md §11) ------------------
+
+
+async def _b_turn_with_permission(
+    gw: Any, sid: str, tool: str, args: dict[str, Any], body: dict[str, Any]
+) -> tuple[Any, list[Any]]:
+    """Run ``tool`` in a turn, answer its permission request with ``body``; its request, events."""
+    async with gw.client(sid) as client:
+        await client.subscribe()
+        await gw.submit(sid, script([call(tool, **args)], [{"text": "done"}]))
+        with trio.fail_after(60):
+            asked = await client.until(lambda e: e.type == "permission.requested")
+            request = asked[-1].payload
+            route = f"/sessions/{sid}/permissions/{request.perm_id}"
+            r = await gw.http.post(route, json=body)
+            assert r.status_code == 202, r.text
+            await client.until_turn_ends()
+    return request, client.events
+
+
+async def test_b_sampling_elicitations_and_tasks(tmp_path: Path, everything: list[str]) -> None:
+    """Sampling answered by the scripted model after an allow; a form and a URL elicitation
+    answered; the task-only tool fails with the server's reason (the mcp SDK has no tasks)."""
+    servers = {"everything": {"command": everything, "startup_timeout_s": 30}}
+    config = mcp_config(tmp_path, servers=servers, tools=(f"{PREFIX}*",))
+    with trio.fail_after(180):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            assert gw.node.mcp is not None
+            await gw.node.mcp.wait_ready()
+            tools = {t["name"] for a in (await gw.http.get("/agents")).json()["agents"]
+                     for t in a["tools"]}  # fmt: skip
+            for name in ("trigger-sampling-request", "trigger-elicitation-request",
+                         "trigger-url-elicitation", "simulate-research-query"):  # fmt: skip
+                assert f"{PREFIX}{name}" in tools, sorted(tools)
+
+            # Sampling: asked (kind sampling, the server's prompt shown), allowed, answered.
+            request, events = await _b_turn_with_permission(
+                gw, sid, "trigger-sampling-request", {"prompt": "hello", "maxTokens": 50},
+                {"decision": "allow"},
+            )  # fmt: skip
+            assert request.kind == "sampling"
+            assert request.input["system_prompt"] == "You are a helpful test server."
+            text = "Resource trigger-sampling-request context: hello"
+            assert request.input["messages"] == [{"role": "user", "text": text}]
+            assert request.input["max_tokens"] == 50
+            sampled = [e.payload for e in events if e.type == "llm.call_completed"]
+            assert [c.purpose for c in sampled].count("sampling") == 1
+            [done] = [e.payload for e in events if e.type == "tool.completed"]
+            assert f"You said: {text}" in done.result, done.result
+            assert '"model": "scripted:echo"' in done.result
+
+            # A form elicitation, answered with content that fits its schema.
+            request, events = await _b_turn_with_permission(
+                gw, sid, "trigger-elicitation-request", {},
+                {"decision": "allow", "content": {"name": "Ada"}},
+            )  # fmt: skip
+            assert request.kind == "elicitation" and request.requested_schema["required"] == [
+                "name"
+            ]
+            [done] = [e.payload for e in events if e.type == "tool.completed"]
+            assert "User provided the requested information" in done.result, done.result
+            assert "Ada" in done.result
+
+            # A URL-mode elicitation: the URL shown, the user went (allow).
+            url = "https://example.com/authorize?state=1"
+            request, events = await _b_turn_with_permission(
+                gw, sid, "trigger-url-elicitation", {"url": url, "message": "Authorize"},
+                {"decision": "allow"},
+            )  # fmt: skip
+            assert (request.kind, request.input, request.message) == (
+                "elicitation_url", {"url": url}, "Authorize",
+            )  # fmt: skip
+            [done] = [e.payload for e in events if e.type == "tool.completed"]
+            assert "User completed the URL elicitation flow" in done.result, done.result
+
+            # Its error path (-32042, URL elicitation required): the prerequisite URL is
+            # asked, accepted, and the call made again, which then asks its own URL.
+            async with gw.client(sid) as client:
+                await client.subscribe()
+                args = {"url": url, "errorPath": True}
+                await gw.submit(
+                    sid, script([call("trigger-url-elicitation", **args)], [{"text": "done"}])
+                )
+                with trio.fail_after(60):
+                    for expected in ("https://modelcontextprotocol.io", url):
+                        asked = await client.until(lambda e: e.type == "permission.requested")
+                        request = asked[-1].payload
+                        assert request.kind == "elicitation_url"
+                        assert request.input == {"url": expected}, request.input
+                        route = f"/sessions/{sid}/permissions/{request.perm_id}"
+                        r = await gw.http.post(route, json={"decision": "allow"})
+                        assert r.status_code == 202, r.text
+                    await client.until_turn_ends()
+            [done] = [e.payload for e in client.events if e.type == "tool.completed"]
+            assert "User completed the URL elicitation flow" in done.result, done.result
+
+            # Tasks: the SDK's client has no tasks/* (docs/protocol.md §11): a tool that runs
+            # only as a task fails, with the server's reason, and the turn goes on.
+            events = await run_turn(
+                gw, sid, script([call("simulate-research-query", topic="x")], [{"text": "ok"}]),
+                60,
+            )  # fmt: skip
+            [failed] = [e.payload for e in events if e.type == "tool.failed"]
+            assert failed.error_class == "error", failed
+            assert "requires task augmentation" in failed.message, failed.message
+            assert events[-1].type == "turn.completed"

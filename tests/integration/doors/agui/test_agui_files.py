@@ -150,30 +150,17 @@ async def test_refused_files_say_why_and_make_no_thread(tmp_path: Path) -> None:
             assert (await h.http.get(f"/sessions/{thread}")).status_code == 404  # none made
 
 
-async def test_behind_a_proxy_the_url_is_the_public_ones(tmp_path: Path) -> None:
-    """``[server] public_url`` set: the file's URL is absolute, and taken back as it is."""
-    async with gateway(tmp_path, **{"server.public_url": "https://gw.example"}) as h:
+@pytest.mark.parametrize("public_url", ["https://gw.example", "https://example.org/gw/"])
+async def test_behind_a_proxy_the_url_is_the_public_ones(tmp_path: Path, public_url: str) -> None:
+    """``[server] public_url`` set (with a path or none: the gateway served under ``/gw``):
+    the file's URL is absolute, under that path, and taken back as it is."""
+    async with gateway(tmp_path, **{"server.public_url": public_url}) as h:
         thread = f"thread-{uuid.uuid4()}"
         picture = image({"type": "data", "value": B64, "mimeType": "image/png"})
         await run_all(h, run_input(thread, [picture, text("one")]))
         events = await run_all(h, run_input(thread, "two"))
         [snapshot] = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
         url = snapshot["messages"][0]["content"][0]["source"]["value"]
-        assert url == f"https://gw.example/sessions/{thread}/files/{file_id(IMAGE)}"
-        await run_all(h, run_input(thread, [image({"type": "url", "value": url}), text("3")]))
-        assert (await user_blocks(h, thread))[0]["file_id"] == file_id(IMAGE)
-
-
-async def test_behind_a_proxy_under_a_path_the_url_is_taken_back(tmp_path: Path) -> None:
-    """A ``public_url`` with a path (the gateway served under ``/gw``): the URLs it gives
-    back name its files under that path, and a client that sends one back is understood."""
-    async with gateway(tmp_path, **{"server.public_url": "https://example.org/gw/"}) as h:
-        thread = f"thread-{uuid.uuid4()}"
-        picture = image({"type": "data", "value": B64, "mimeType": "image/png"})
-        await run_all(h, run_input(thread, [picture, text("one")]))
-        events = await run_all(h, run_input(thread, "two"))
-        [snapshot] = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
-        url = snapshot["messages"][0]["content"][0]["source"]["value"]
-        assert url == f"https://example.org/gw/sessions/{thread}/files/{file_id(IMAGE)}"
+        assert url == f"{public_url.rstrip('/')}/sessions/{thread}/files/{file_id(IMAGE)}"
         await run_all(h, run_input(thread, [image({"type": "url", "value": url}), text("3")]))
         assert (await user_blocks(h, thread))[0]["file_id"] == file_id(IMAGE)
