@@ -49,7 +49,7 @@ from typing import Any
 import trio
 
 from gateway.config import Config
-from gateway.doors import agui, aisdk, rest, sse, websocket
+from gateway.doors import a2a, agui, aisdk, rest, sse, websocket
 from gateway.doors.context import DoorContext, DoorType
 from gateway.errors import StartupError, StoreError
 from gateway.http.boundary import Boundary, caller_of, warn_open_hosts
@@ -71,7 +71,14 @@ from gateway.tools.workspace import Workspaces
 
 log = logging.getLogger("gateway")
 
-DOORS: tuple[DoorType, ...] = (rest.Door, websocket.Door, sse.Door, agui.Door, aisdk.Door)
+DOORS: tuple[DoorType, ...] = (
+    rest.Door,
+    websocket.Door,
+    sse.Door,
+    agui.Door,
+    aisdk.Door,
+    a2a.Door,
+)
 """The doors, registered: each its routes and state, built from one
 :class:`~gateway.doors.context.DoorContext`; their order is the API document's
 (docs/architecture.md, "Adding a door")."""
@@ -193,7 +200,7 @@ def large_bodies(config: Config) -> tuple[LargeBody, ...]:
         LargeBody(re.compile(r"/sessions/[^/]+/files"), config.files.max_bytes, "file_too_large"),
         *(
             LargeBody(re.compile(path), inline, "body_too_large")
-            for path in (r"/sessions/[^/]+/turns", r"/agui", r"/ai-sdk/chat")
+            for path in (r"/sessions/[^/]+/turns", r"/agui", r"/ai-sdk/chat", r"/a2a")
         ),
     )
 

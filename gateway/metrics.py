@@ -48,7 +48,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 CONNECTION_STATES = ("subscribing", "live", "closing")
 """``gateway_ws_connections_by_state``: before a subscribe, subscribed, a close decided."""
 
-DOORS = ("websocket", "sse", "agui", "ai_sdk", "ai_sdk_ws")
+DOORS = ("websocket", "sse", "agui", "ai_sdk", "ai_sdk_ws", "a2a")
 """``gateway_streams_open``: each door a stream comes through (docs/protocol.md §14)."""
 
 # Close codes a label may carry (RFC 6455 section 7.4.1, plus what the gateway

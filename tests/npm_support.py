@@ -18,10 +18,18 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ("@ag-ui/client", "ai@7", "ws", "esbuild", "@modelcontextprotocol/server-everything")
+PACKAGES = (
+    "@ag-ui/client",
+    "ai@7",
+    "ws",
+    "esbuild",
+    "@modelcontextprotocol/server-everything",
+    "@a2a-js/sdk@1",
+)
 """AG-UI's official client; the AI SDK (v7) and the WebSocket its node transport needs;
 the bundler that builds the AI SDK's chat for the browser; MCP's reference server
-(tests/system/mcp/test_mcp_everything_js.py)."""
+(tests/system/mcp/test_mcp_everything_js.py); the official A2A client
+(tests/system/doors/a2a/test_a2a_js.py)."""
 
 
 @pytest.fixture(scope="session")

@@ -180,6 +180,7 @@ def test_a_citation_of_a_page_in_a_folder_of_docs_is_checked() -> None:
 
 
 DOOR_CODE = {
+    "a2a": "gateway/doors/a2a",
     "agui": "gateway/doors/agui",
     "aisdk": "gateway/doors/aisdk",
     "sse": "gateway/doors/sse",

@@ -27,7 +27,7 @@ from tests.conftest import Harness, make_config, running_gateway
 from tests.named_race import agui_body, aisdk_body
 
 SCRIPT = json.dumps({"script": {"rounds": [[{"lorem": 3000}]], "chunk_chars": 4, "delay_ms": 1}})
-DOORS = {"sse": "sse", "agui": "agui", "aisdk": "ai_sdk"}
+DOORS = {"sse": "sse", "agui": "agui", "aisdk": "ai_sdk", "a2a": "a2a"}
 
 
 def stalled_socket(port: int, request: bytes) -> socket.socket:
@@ -46,6 +46,17 @@ def post(path: str, body: dict[str, object]) -> bytes:
         f"Content-Length: {len(data)}\r\n\r\n"
     ).encode()
     return head + data
+
+
+def a2a_body(sid: str, text: str) -> dict[str, object]:
+    """A2A's ``SendStreamingMessage`` of ``text`` on the session ``sid`` (its context)."""
+    message = {"messageId": "m-1", "role": "ROLE_USER", "contextId": sid, "parts": [{"text": text}]}
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendStreamingMessage",
+        "params": {"message": message},
+    }
 
 
 async def open_streams(gw: Harness, door: str) -> float:
@@ -91,6 +102,8 @@ async def test_a_client_that_reads_nothing_is_closed_within_the_grace(
                 await gw.submit(sid, SCRIPT)
             elif door == "agui":
                 client = stalled_socket(port, post("/agui", agui_body(sid, SCRIPT)))
+            elif door == "a2a":
+                client = stalled_socket(port, post("/a2a", a2a_body(sid, SCRIPT)))
             else:
                 client = stalled_socket(port, post("/ai-sdk/chat", aisdk_body(sid, SCRIPT)))
             try:

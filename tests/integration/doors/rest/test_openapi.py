@@ -64,6 +64,8 @@ CONTRACT = {
     ("get", "/ai-sdk/chat/{chat_id}/stream"),  # its resume: an SSE answer, or 204
     ("post", "/ai-sdk/chat/{chat_id}/stop"),
     ("get", "/ai-sdk/ws"),  # WebSocketChatTransport's frames
+    ("get", "/.well-known/agent-card.json"),  # A2A (docs/doors/a2a.md): the agent card
+    ("post", "/a2a"),  # its JSON-RPC
 }
 # Each operation's body and answer Structs (docs/protocol.md §2).
 STRUCTS = {

@@ -1,0 +1,239 @@
+"""A2A's handlers: the agent card, and the JSON-RPC methods at ``POST /a2a``.
+
+Routes of the A2A door (gateway.doors.a2a.door), so they share the router's
+boundary (Host, Origin, content type) and the doors' authentication,
+ownership and limits (docs/protocol.md §2, §14, §15). A context is a
+session, a task one of its turns (gateway.doors.a2a.tasks); a task's events
+are made by its :class:`~gateway.doors.a2a.feed.TaskFeed` from the
+session's events, live or replayed through the seam (docs/protocol.md §3),
+and streamed by :mod:`gateway.doors.a2a.stream`. The decisions are in
+docs/doors/a2a.md.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from gateway.doors.a2a import shapes as a2
+from gateway.doors.a2a.card import PROTOCOL_VERSION, agent_card, base_url
+from gateway.doors.a2a.feed import parse_cursor
+from gateway.doors.a2a.messages import Messages
+from gateway.doors.a2a.rpc import (
+    EXTENDED_CARD_NOT_CONFIGURED,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    PUSH_NOT_SUPPORTED,
+    TASK_NOT_CANCELABLE,
+    VERSION_NOT_SUPPORTED,
+    RpcFailure,
+    error_response,
+    params,
+    read_request,
+    request_id_of,
+    result_response,
+    rpc_error,
+)
+from gateway.doors.a2a.stream import TaskStreams, TaskSubscriber
+from gateway.doors.a2a.tasks import TaskNotFound, find_task, task_id
+from gateway.doors.context import DoorContext
+from gateway.errors import ApiError, Refused
+from gateway.http.refusals import as_http
+from gateway.http.server import Request, Response, StreamingResponse, json_response
+
+Answer = Response | StreamingResponse
+
+CANCEL_WAIT_S = 30.0
+"""How long ``CancelTask`` waits for the task to end before answering it as it stands."""
+PUSH = (
+    "CreateTaskPushNotificationConfig",
+    "GetTaskPushNotificationConfig",
+    "ListTaskPushNotificationConfigs",
+    "DeleteTaskPushNotificationConfig",
+)
+LEGACY = ("message/send", "message/stream", "tasks/get", "tasks/cancel", "tasks/resubscribe")
+
+
+class A2aRoutes:
+    """The A2A handlers of one router (module docstring).
+
+    Args:
+        ctx: the doors' context (its authentication, sessions and turn submission).
+    """
+
+    def __init__(self, ctx: DoorContext) -> None:
+        self.ctx = ctx
+        self.node = ctx.node
+        self.config = ctx.config
+        self.streams = TaskStreams(ctx)
+        self.messages = Messages(ctx, self.streams)
+
+    # --- the card -----------------------------------------------------------------------
+
+    async def card(self, req: Request) -> Response:
+        """``GET /.well-known/agent-card.json`` (gateway.doors.a2a.card)."""
+        agents = [(p.name, p.runtime, p.model) for p in self.node.agents.profiles()]
+        base = base_url(req, self.config.server.public_url)
+        card = agent_card(base, agents, self.node.agents.default, self.ctx.keys.enabled)
+        return json_response(200, card)
+
+    # --- JSON-RPC -----------------------------------------------------------------------
+
+    async def rpc(self, req: Request) -> Answer:
+        """``POST /a2a``: one JSON-RPC request (gateway.doors.a2a.rpc for the envelope)."""
+        caller = self.ctx.authenticate(req)
+        try:
+            request_id, method, raw = read_request(req.body)
+        except RpcFailure as failure:
+            return error_response(request_id_of(req.body), failure)
+        try:
+            self._check_version(req)
+            return await self._call(req, caller, request_id, method, raw)
+        except RpcFailure as failure:
+            return error_response(request_id, failure)
+        except (ApiError, Refused) as exc:
+            error = as_http(exc)
+            if error.status in (429, 503):  # not taken: an HTTP answer, Retry-After and all
+                raise error from None
+            return error_response(request_id, rpc_error(error))
+
+    def _check_version(self, req: Request) -> None:
+        asked = req.headers.get("a2a-version", "").strip()
+        if asked and asked.removesuffix(".0") != PROTOCOL_VERSION.removesuffix(".0"):
+            raise RpcFailure(
+                VERSION_NOT_SUPPORTED,
+                f"A2A-Version {asked[:20]!r} is not served: this door speaks A2A "
+                f"{PROTOCOL_VERSION}",
+                "version_not_supported",
+            )
+
+    async def _call(
+        self, req: Request, caller: str | None, rid: a2.RequestId, method: str, raw: msgspec.Raw
+    ) -> Answer:
+        if method in ("SendMessage", "SendStreamingMessage"):
+            body = params(raw, a2.SendMessageRequest)
+            return await self.messages.send(
+                req, caller, rid, body, method == "SendStreamingMessage"
+            )
+        if method == "GetTask":
+            get = params(raw, a2.GetTaskRequest)
+            found = await find_task(self.ctx, caller, get.id)
+            return result_response(rid, await self.streams.read_task(found))
+        if method == "CancelTask":
+            cancel = params(raw, a2.CancelTaskRequest)
+            return result_response(rid, await self._cancel(req, caller, cancel))
+        if method == "SubscribeToTask":
+            sub = params(raw, a2.SubscribeToTaskRequest)
+            return await self._resubscribe(req, caller, rid, sub)
+        if method == "ListTasks":
+            listing = params(raw, a2.ListTasksRequest)
+            return result_response(rid, await self._list(caller, listing))
+        if method in PUSH:
+            raise RpcFailure(
+                PUSH_NOT_SUPPORTED,
+                "push notifications are not offered: the gateway posts to no URL a client "
+                "names (its webhooks are the operator's: docs/doors/webhooks.md)",
+                "push_notification_not_supported",
+            )
+        if method == "GetExtendedAgentCard":
+            raise RpcFailure(
+                EXTENDED_CARD_NOT_CONFIGURED,
+                "there is no extended card",
+                "extended_agent_card_not_configured",
+            )
+        legacy = " (A2A 0.3's name: this door speaks A2A 1.0)" if method in LEGACY else ""
+        raise RpcFailure(METHOD_NOT_FOUND, f"no method {method[:60]!r}{legacy}", "method_not_found")
+
+    # --- cancelling -----------------------------------------------------------------------
+
+    async def _cancel(
+        self, req: Request, caller: str | None, body: a2.CancelTaskRequest
+    ) -> a2.Task:
+        """``CancelTask``: the turn's cancel (docs/protocol.md §8); answered once the task
+        is ``TASK_STATE_CANCELED`` (or however it ended first)."""
+        found = await find_task(self.ctx, caller, body.id)
+        if not (found.in_flight or found.queued):
+            raise not_cancelable(found.id)
+        start = await found.start()
+        sub = TaskSubscriber(found.session, self.config.stream, self.node.metrics, req.client)
+        if await self.ctx.subscribe(found.session, sub, since=start) is not None:
+            start = None  # its start no longer replayable: its end, live, is enough here
+            sub = TaskSubscriber(found.session, self.config.stream, self.node.metrics, req.client)
+            await self.ctx.subscribe(found.session, sub)
+        feed = self.streams.feed(found, start if start is not None else self.node.sequencer.last)
+        try:
+            reason = (body.metadata or {}).get("reason")
+            why = reason if isinstance(reason, str) and reason else "user"
+            try:
+                await self.node.cancel_turn(found.session, found.turn_id, why, f"a2a:{req.client}")
+            except (ApiError, Refused) as exc:
+                if as_http(exc).status in (404, 409):  # it ended meanwhile
+                    raise not_cancelable(found.id) from None
+                raise
+            await self.streams.follow(sub, feed, CANCEL_WAIT_S)
+        finally:
+            if sub.subscribed:
+                sub.leave("task_finished")
+        return feed.task()
+
+    # --- streams ----------------------------------------------------------------------------
+
+    async def _resubscribe(
+        self, req: Request, caller: str | None, rid: a2.RequestId, body: a2.SubscribeToTaskRequest
+    ) -> StreamingResponse:
+        """``SubscribeToTask``: the task again, after the client's cursor (``Last-Event-ID``),
+        replayed from the turn's start then live: no gap, no duplicate."""
+        header = req.headers.get("last-event-id")
+        cursor = parse_cursor(header) if header else None
+        if header and cursor is None:
+            raise RpcFailure(
+                INVALID_PARAMS, f"Last-Event-ID {header[:60]!r} is no cursor", "invalid_cursor"
+            )
+        found = await find_task(self.ctx, caller, body.id)
+        start = await found.start()
+        if start is None and not found.queued:
+            raise TaskNotFound(found.id)
+        if cursor is not None and start is not None and cursor.seq < start:
+            cursor = None  # before the task: the whole task
+        task = (found.id, found.session, found.turn_id)
+        sub, feed, release = await self.streams.open_task(req, task, start, cursor)
+        return self.streams.respond(sub, feed, rid, release, [])
+
+    # --- listing ----------------------------------------------------------------------------
+
+    async def _list(self, caller: str | None, body: a2.ListTasksRequest) -> a2.ListTasksResponse:
+        """``ListTasks`` of one context (``contextId`` required): its turns, oldest first,
+        each read as ``GetTask`` reads it. Another key's context lists nothing."""
+        if not body.context_id:
+            raise RpcFailure(INVALID_PARAMS, "contextId is required", "invalid_params")
+        try:
+            session = await self.ctx.session(body.context_id, caller)
+        except ApiError as exc:
+            if exc.status == 404:
+                return a2.ListTasksResponse(tasks=[])
+            raise
+        turns: list[str] = []
+        for m in await self.node.messages_of(session):
+            if m.turn_id is not None and m.turn_id not in turns:
+                turns.append(m.turn_id)
+        size = min(max(body.page_size or 50, 1), 100)
+        skip = int(body.page_token) if body.page_token.isdecimal() else 0
+        page = turns[skip : skip + size]
+        tasks = []
+        for turn_id in page:
+            try:
+                found = await find_task(self.ctx, caller, task_id(session.id, turn_id))
+                tasks.append(await self.streams.read_task(found))
+            except TaskNotFound:
+                continue
+        more = skip + size < len(turns)
+        return a2.ListTasksResponse(
+            tasks=tasks,
+            next_page_token=str(skip + size) if more else "",
+            page_size=size,
+            total_size=len(turns),
+        )
+
+
+def not_cancelable(task: str) -> RpcFailure:
+    """-32002: a task that has ended is not cancelled (docs/doors/a2a.md "Cancelling")."""
+    return RpcFailure(TASK_NOT_CANCELABLE, f"task {task} has ended", "task_not_cancelable", 409)
