@@ -15,12 +15,24 @@ or a raised ``ProviderError``, and the translator closes what was open.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import Any, Protocol
 
 import msgspec
 
-from gateway.protocol.shapes import Message
-from gateway.providers.raw import RawEvent
+from gateway.errors import ProviderError
+from gateway.protocol.shapes import Message, Usage
+from gateway.providers.raw import (
+    ERROR_CLASSES,
+    RawContentBlockDelta,
+    RawError,
+    RawEvent,
+    RawMessageDelta,
+    RawMessageStart,
+    RawMessageStop,
+    RawTextDelta,
+    RawUsage,
+)
 
 
 class ToolSpec(msgspec.Struct):
@@ -72,3 +84,47 @@ class Provider(Protocol):
     async def aclose(self) -> None:
         """Release connections (an HTTP client, say)."""
         ...
+
+
+class TextReply(msgspec.Struct):
+    """What a call answered in text alone (:func:`text_reply`)."""
+
+    text: str
+    usage: Usage  # its cost not yet priced
+    stop_reason: str
+
+
+async def text_reply(provider: Provider, request: ModelRequest) -> TextReply:
+    """One call whose answer is read as text only: a compaction's summary (docs/protocol.md
+    §12), an MCP server's sampling (§11). Its text deltas joined, its usage, its stop reason.
+
+    Raises:
+        ProviderError: the call failed, before or during its stream, or the stream ended
+            before ``message_stop``.
+    """
+    text: list[str] = []
+    raw_usage, stop, stopped = RawUsage(), "end_turn", False
+    async with aclosing(provider.stream(request)) as stream:
+        async for raw in stream:
+            match raw:
+                case RawMessageStart():
+                    raw_usage = raw.message.usage
+                case RawContentBlockDelta(delta=RawTextDelta(text=chunk)):
+                    text.append(chunk)
+                case RawMessageDelta():
+                    raw_usage.output_tokens = raw.usage.output_tokens
+                    stop = raw.delta.stop_reason or stop
+                case RawMessageStop():
+                    stopped = True
+                case RawError():
+                    error_class = ERROR_CLASSES.get(raw.error.type, "api_error")
+                    raise ProviderError(error_class, raw.error.message)
+    if not stopped:
+        raise ProviderError("network", "the stream ended before message_stop")
+    usage = Usage(
+        raw_usage.input_tokens or 0,
+        raw_usage.output_tokens or 0,
+        raw_usage.cache_read_input_tokens,
+        raw_usage.cache_creation_input_tokens,
+    )
+    return TextReply("".join(text), usage, stop)

@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -51,18 +50,8 @@ from gateway.ids import new_message_id, now_ms
 from gateway.logs import event
 from gateway.protocol.events import ContextCompacted, ContextCompacting, Payload, StreamEvent
 from gateway.protocol.shapes import CompactionBlock, Message, Usage
-from gateway.providers.base import ModelRequest
+from gateway.providers.base import ModelRequest, TextReply, text_reply
 from gateway.providers.factory import Providers
-from gateway.providers.raw import (
-    ERROR_CLASSES,
-    RawContentBlockDelta,
-    RawError,
-    RawMessageDelta,
-    RawMessageStart,
-    RawMessageStop,
-    RawTextDelta,
-    RawUsage,
-)
 from gateway.session.compaction import estimate, files_note, plan, summary_request
 from gateway.session.hub import Emitted
 from gateway.store.base import SessionRecord
@@ -174,42 +163,17 @@ async def _summarise(
     s: CompactionHost, node: CompactionServices, request: ModelRequest, turn_id: str | None
 ) -> tuple[str, Usage]:
     """The summary's text ("" when the call failed: module docstring) and the call's usage."""
-    text: list[str] = []
-    raw_usage = RawUsage()
-    stopped = False
     try:
-        provider = node.providers.for_agent(s.record.agent)
-        async with aclosing(provider.stream(request)) as stream:
-            async for raw in stream:
-                match raw:
-                    case RawMessageStart():
-                        raw_usage = raw.message.usage
-                    case RawContentBlockDelta(delta=RawTextDelta(text=chunk)):
-                        text.append(chunk)
-                    case RawMessageDelta():
-                        raw_usage.output_tokens = raw.usage.output_tokens
-                    case RawMessageStop():
-                        stopped = True
-                    case RawError():
-                        error_class = ERROR_CLASSES.get(raw.error.type, "api_error")
-                        raise ProviderError(error_class, raw.error.message)
-        if not stopped:
-            raise ProviderError("network", "the summary stream ended before message_stop")
+        reply = await text_reply(node.providers.for_agent(s.record.agent), request)
     except ProviderError as exc:
         event(
             log, logging.WARNING, "compaction_summary_failed",
             f"session {s.id}: the summary call failed, truncating: {exc.error_class}: {exc}",
             session_id=s.id, turn_id=turn_id, code=exc.error_class,
         )  # fmt: skip
-        text = []
+        reply = TextReply("", Usage(), "")
     except Exception as exc:  # a provider's bug fails the summary, not the turn
         s.failed("provider", exc, turn_id)
-        text = []
-    usage = Usage(
-        raw_usage.input_tokens or 0,
-        raw_usage.output_tokens or 0,
-        raw_usage.cache_read_input_tokens,
-        raw_usage.cache_creation_input_tokens,
-    )
-    usage.cost_usd = node.pricing(request.model)(usage)
-    return "".join(text).strip(), usage
+        reply = TextReply("", Usage(), "")
+    reply.usage.cost_usd = node.pricing(request.model)(reply.usage)
+    return reply.text.strip(), reply.usage

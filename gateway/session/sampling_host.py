@@ -32,7 +32,6 @@ the call ends it with ``llm.call_failed`` (``cancelled``, ``purpose:
 
 from __future__ import annotations
 
-from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
@@ -47,17 +46,7 @@ from gateway.protocol.events import (
     PermissionResolved,
 )
 from gateway.protocol.shapes import Message, PermissionKind, TextBlock, Usage
-from gateway.providers.base import ModelRequest
-from gateway.providers.raw import (
-    ERROR_CLASSES,
-    RawContentBlockDelta,
-    RawError,
-    RawMessageDelta,
-    RawMessageStart,
-    RawMessageStop,
-    RawTextDelta,
-    RawUsage,
-)
+from gateway.providers.base import ModelRequest, text_reply
 from gateway.session.core import SessionCore
 from gateway.session.permissions import PermissionRequest
 from gateway.tools.sampling import Sampled, SamplingRequest
@@ -270,7 +259,7 @@ async def _call(
     )
     usage = Usage()
     try:
-        text, raw_usage, stop = await _stream(loop, loop.agent.name, model_request)
+        reply = await text_reply(loop.node.providers.for_agent(loop.agent.name), model_request)
     except trio.Cancelled:
         s.emit([LlmCallFailed(call_id, "cancelled", "cancelled", None, "sampling")], turn.id)
         raise
@@ -281,12 +270,7 @@ async def _call(
         s.failed("provider", exc, turn.id)
         s.emit([LlmCallFailed(call_id, "api_error", repr(exc), None, "sampling")], turn.id)
         raise ToolError("error", "sampling failed: the provider failed") from None
-    usage = Usage(
-        raw_usage.input_tokens or 0,
-        raw_usage.output_tokens or 0,
-        raw_usage.cache_read_input_tokens,
-        raw_usage.cache_creation_input_tokens,
-    )
+    text, usage, stop = reply.text, reply.usage, reply.stop_reason
     usage.cost_usd = loop.node.pricing(model)(usage)
     state.usage += usage
     stop_reason = stop if stop in _STOP else "end_turn"
@@ -295,33 +279,3 @@ async def _call(
         turn.id,
     )
     return Sampled(text, model, _STOP[stop_reason])
-
-
-async def _stream(loop: Loop, agent: str, request: ModelRequest) -> tuple[str, RawUsage, str]:
-    """The call's text, usage and stop reason.
-
-    Raises:
-        ProviderError: the call failed (before or during its stream).
-    """
-    text: list[str] = []
-    raw_usage, stop, stopped = RawUsage(), "end_turn", False
-    provider = loop.node.providers.for_agent(agent)
-    async with aclosing(provider.stream(request)) as stream:
-        async for raw in stream:
-            match raw:
-                case RawMessageStart():
-                    raw_usage = raw.message.usage
-                case RawContentBlockDelta(delta=RawTextDelta(text=chunk)):
-                    text.append(chunk)
-                case RawMessageDelta():
-                    raw_usage.output_tokens = raw.usage.output_tokens
-                    stop = raw.delta.stop_reason or stop
-                case RawMessageStop():
-                    stopped = True
-                case RawError():
-                    raise ProviderError(
-                        ERROR_CLASSES.get(raw.error.type, "api_error"), raw.error.message
-                    )
-    if not stopped:
-        raise ProviderError("network", "the stream ended before message_stop")
-    return "".join(text), raw_usage, stop
