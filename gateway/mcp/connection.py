@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import subprocess
+import warnings
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import Any, Protocol
@@ -29,10 +30,15 @@ from mcp.shared.exceptions import MCPError
 from gateway.config import McpServerConfig
 from gateway.errors import ToolError
 from gateway.logs import event
+from gateway.mcp.progress import ProgressPacer
 from gateway.mcp.questions import Questions
+from gateway.mcp.resources import list_templates, map_resource
+from gateway.mcp.roots import GatewayClientSession, Roots
+from gateway.mcp.server_log import ServerLog, mcp_level
 from gateway.mcp.stdio import stdio_streams
 from gateway.mcp.tools import MAX_TOOLS, McpTool, adapt_tools, map_result
 from gateway.metrics import Metrics
+from gateway.protocol.shapes import ResourceTemplateInfo
 from gateway.tools.process import ToolProcesses
 from gateway.tools.registry import ToolContext, ToolOutput
 
@@ -77,6 +83,10 @@ class Owner(Protocol):
     kill_grace_s: float
     metrics: Metrics
 
+    def workspace_of(self, session_id: str) -> str:
+        """A session's workspace directory ("" when unknown: gateway.mcp.roots)."""
+        ...
+
 
 class ConnectionLost(Exception):
     """The server went away (its process exited, its transport broke)."""
@@ -99,6 +109,8 @@ class McpConnection:
         self.session_id = session_id  # a session-scope server's session
         self.cwd = cwd or config.cwd or os.getcwd()
         self.tools: dict[str, McpTool] = {}  # the last list it gave, by gateway name
+        self.resources = False  # its initialize declared resources (gateway.mcp.resources)
+        self.resource_templates: list[ResourceTemplateInfo] = []
         self.pid: int | None = None  # a stdio server's process, while it runs
         self._owner = owner
         self._session: ClientSession | None = None
@@ -111,6 +123,8 @@ class McpConnection:
         self._last_error = ""
         self._calls: dict[object, ToolContext] = {}  # in flight, oldest first
         self._questions = Questions(name, self._calls)  # a server's questions during calls
+        own = self.cwd if session_id is not None else ""
+        self._roots = Roots(own, self._calls, owner.workspace_of)  # gateway.mcp.roots
         self._stderr = b""
         self._nursery: trio.Nursery | None = None  # the live connection's helper tasks
         self._relisting = False  # a listing task runs (RELIST_INTERVAL_S)
@@ -185,6 +199,7 @@ class McpConnection:
                     with trio.fail_after(self.config.startup_timeout_s):
                         await session.initialize()
                         await self._list(session)
+                        await self._resources_and_logs(session)
                     self._session = session
                     self._failures = 0
                     came_up = True
@@ -237,9 +252,11 @@ class McpConnection:
                 streams = await stack.enter_async_context(
                     streamable_http_client(self.config.url, http_client=http)
                 )
-            session = ClientSession(
+            session = GatewayClientSession(
                 *streams,
                 elicitation_callback=self._questions.ask,
+                list_roots_callback=self._roots,
+                logging_callback=ServerLog(self.name, self.session_id),
                 message_handler=self._on_message,
             )
             yield await stack.enter_async_context(session)
@@ -315,6 +332,17 @@ class McpConnection:
                 break
         # About a millisecond a schema: off the Trio thread (adapt_tools bounds the count).
         self.tools = await trio.to_thread.run_sync(adapt_tools, self.name, listed, self)
+
+    async def _resources_and_logs(self, session: ClientSession) -> None:
+        """Its resource templates; the log level it is asked for (gateway.mcp.server_log)."""
+        capabilities = session.server_capabilities
+        self.resources = capabilities is not None and capabilities.resources is not None
+        if self.resources:
+            self.resource_templates = await list_templates(self.name, session)
+        if capabilities is not None and capabilities.logging is not None:
+            with warnings.catch_warnings(), suppress(MCPError, pydantic.ValidationError):
+                warnings.simplefilter("ignore")  # deprecated by MCP's 2026 revision
+                await session.set_logging_level(mcp_level(log.getEffectiveLevel()))  # type: ignore[arg-type]
 
     async def _on_message(self, message: Any) -> None:
         """Server notifications: a new tool list; a transport failure ends the connection."""
@@ -398,9 +426,12 @@ class McpConnection:
         request = types.CallToolRequest(
             params=types.CallToolRequestParams(name=tool, arguments=arguments)
         )
+        pacer = ProgressPacer(ctx.progress) if ctx.progress is not None else None  # its progress
         try:
             with trio.move_on_after(timeout) as scope:
-                result = await session.send_request(request, types.CallToolResult)
+                result = await session.send_request(
+                    request, types.CallToolResult, progress_callback=pacer
+                )
         except MCPError as exc:
             if exc.code == types.CONNECTION_CLOSED:
                 if self._dead is not None:
@@ -414,6 +445,8 @@ class McpConnection:
                 "error", f"MCP server {self.name!r} answered with a malformed result: {exc}"
             ) from None
         finally:
+            if pacer is not None:
+                pacer.end()
             del self._calls[token]
             if not any(c.session_id == ctx.session_id for c in self._calls.values()):
                 await self._questions.end(ctx.session_id)
@@ -424,6 +457,29 @@ class McpConnection:
                 " (tool_timeout_s)",
             )
         return map_result(self.name, tool, result)
+
+    async def read_resource(self, uri: str, ctx: ToolContext) -> ToolOutput:
+        """Read one of its resources (``mcp_read_resource``, gateway.mcp.resources), as a call is.
+
+        Raises:
+            ToolError: ``error`` (the server refused, failed or is down) or ``timeout``.
+        """
+        session = await self.ensure()
+        token = object()
+        self._calls[token] = ctx  # a roots/list meanwhile is the reader's session's
+        try:
+            with trio.fail_after(self.config.tool_timeout_s):
+                result = await session.read_resource(uri)
+        except trio.TooSlowError:
+            timeout = self.config.tool_timeout_s
+            message = f"MCP server {self.name!r}: no answer within {timeout:g} s (tool_timeout_s)"
+            raise ToolError("timeout", message) from None
+        except (MCPError, pydantic.ValidationError, RuntimeError) as exc:
+            said = exc.message if isinstance(exc, MCPError) else str(exc)[:1000]
+            raise ToolError("error", f"MCP server {self.name!r}: {said}") from None
+        finally:
+            del self._calls[token]
+        return map_resource(result)
 
 
 def _describe(exc: BaseException, startup_timeout_s: float) -> str:
