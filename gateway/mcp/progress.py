@@ -11,9 +11,12 @@ last progress a client sees is the server's last. Nothing goes out once the
 call has ended (a late notification, or one for a token the call never had:
 the SDK drops those, since no request of that token is in flight).
 
-The SDK runs each notification's callback in a task of its own; the waiting
-is done by one of them (the first to find the interval still open), so a
-flood costs a dict write per notification and one sleeping task per call.
+The SDK runs each notification's callback in a task of its own, and Trio
+does not run tasks in the order they were started: MCP's progress only
+increases, so a value below the highest one seen is an older notification
+run late, and is dropped. The waiting is done by one of the tasks (the first
+to find the interval still open), so a flood costs a comparison and a tuple
+per notification and one sleeping task per call.
 """
 
 from __future__ import annotations
@@ -43,14 +46,16 @@ class ProgressPacer:
         self._interval_s = interval_s
         self._sent_at = -float("inf")
         self._waiting: tuple[float, float | None, str | None] | None = None
+        self._highest = -float("inf")  # MCP's progress only increases (module docstring)
         self._sleeping = False
         self._ended = False
 
     async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
         """The SDK's ``progress_callback``: one notification."""
         value = _finite(progress)
-        if self._ended or value is None:
+        if self._ended or value is None or value < self._highest:
             return
+        self._highest = value
         self._waiting = (value, _finite(total), message[:1000] if message else message)
         if self._sleeping:
             return  # the sleeping task sends the newest at the interval's end
