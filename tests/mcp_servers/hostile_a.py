@@ -15,7 +15,8 @@ test can see what the gateway sent it. Its tools:
   prompts) and ``resources/updated``, then answers.
 - ``roots``: asks the client ``roots/list`` and answers with what it got (JSON).
 - ``link {uri}``: answers a ``resource_link`` to ``uri``.
-- ``level``: the level the last ``logging/setLevel`` asked for.
+- ``level``: the level the last ``logging/setLevel`` asked for (with
+  ``HOSTILE_A_REFUSE_LEVEL`` in its environment, it refuses every one).
 
 Its resources (``resources/read``): ``mem://text`` (a line of text),
 ``mem://big?mb=N`` (N MiB of text), ``mem://image`` (a PNG blob), ``mem://bin``
@@ -163,6 +164,9 @@ def serve(message):
     elif method == "resources/read":
         read(id_, params.get("uri", ""))
     elif method == "logging/setLevel":
+        if os.environ.get("HOSTILE_A_REFUSE_LEVEL"):
+            error(id_, -32601, "no setLevel here")
+            return
         state["level"] = params.get("level")
         reply(id_, {})
     elif method == "tools/call":

@@ -6,6 +6,7 @@ The server is tests/mcp_servers/hostile_a.py (no SDK: it floods as told).
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -53,7 +54,7 @@ async def test_a_flood_of_progress_is_paced_the_last_kept_and_late_ones_dropped(
             got = reports.got
             assert 1 <= len(got) <= took / PROGRESS_INTERVAL_S + 2, (len(got), took)
             times = [t for t, *_ in got][:-1]  # the last: sent as the call ended, at once
-            assert all(b - a >= PROGRESS_INTERVAL_S - 0.01 for a, b in zip(times, times[1:]))
+            assert all(b - a >= PROGRESS_INTERVAL_S - 0.01 for a, b in itertools.pairwise(times))
             assert got[-1][1:] == (10_000.0, 10_000.0, "step 10000")
             # After the answer: one more for that token, and one for a token it never had.
             await trio.sleep(0.5)
