@@ -3,6 +3,8 @@ daemon's log, never a session's stream (docs/protocol.md §11, gateway.mcp.serve
 
 from __future__ import annotations
 
+# Polling the captured log for a line no event tells of.
+# ruff: noqa: ASYNC110
 import logging
 from pathlib import Path
 

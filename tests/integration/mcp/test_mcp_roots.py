@@ -1,5 +1,5 @@
-"""An MCP server's ``roots/list``: the session's workspace (docs/protocol.md §11, gateway.mcp.roots),
-and notification storms that must not hurt the daemon.
+"""An MCP server's ``roots/list``: the session's workspace (docs/protocol.md §11,
+gateway.mcp.roots), and notification storms that must not hurt the daemon.
 
 Against tests/mcp_servers/hostile_a.py, a real process that records what it is sent.
 """
