@@ -13,8 +13,9 @@ an ``enum`` of them; another name is ``invalid_input``).
 What the server answers maps as a tool result does (gateway.mcp.tools): each
 text content's text (several are each headed by their URI), cut at
 ``MAX_RESULT_BYTES``; a blob of an image or audio type is a file of the
-session (the result's ``files``, within the same bounds), any other blob one
-line naming it. A server's error is a ``tool.failed`` ``error`` with its
+session (the result's ``files``, within the same bounds), a blob of a text
+type (``text/...``, JSON, XML, YAML) that is UTF-8 its text, any other blob
+one line naming it. A server's error is a ``tool.failed`` ``error`` with its
 message; the read waits at most the server's ``tool_timeout_s``.
 
 At its start, a server with ``resources`` is asked for its resource
@@ -25,6 +26,8 @@ show what a server offers.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from typing import Any, Protocol
 
@@ -50,6 +53,9 @@ MAX_TEMPLATES = 100
 """The most resource templates kept of one server (the rest dropped)."""
 
 MAX_TEMPLATE_PAGES = 10
+
+_TEXT_TYPES = frozenset({"application/json", "application/xml", "application/yaml"})
+"""Blob types read as text when they are UTF-8 (with every ``text/...`` type)."""
 
 _DESCRIPTION = (
     "Read a resource of an MCP server: a resource link (a URI) that one of its tools gave"
@@ -119,6 +125,10 @@ def map_resource(result: types.ReadResourceResult) -> ToolOutput:
             parts.append(f"[resource {uri}]\n{content.text}" if several else content.text)
             continue
         mime = content.mime_type or ""
+        said = _text_blob(content.blob, mime)
+        if said is not None:
+            parts.append(f"[resource {uri}]\n{said}" if several else said)
+            continue
         block: types.ImageContent | types.AudioContent | None = None
         if mime.startswith("image/"):
             block = types.ImageContent(type="image", data=content.blob, mime_type=mime)
@@ -136,6 +146,16 @@ def map_resource(result: types.ReadResourceResult) -> ToolOutput:
     if notes:
         text += f"\n[gateway: {'; '.join(notes)}]"
     return ToolOutput(text, None, files)
+
+
+def _text_blob(blob: str, mime: str) -> str | None:
+    """A blob of a text type that is UTF-8 as its text; else None."""
+    if not (mime.startswith("text/") or mime in _TEXT_TYPES):
+        return None
+    try:
+        return base64.b64decode(blob, validate=True).decode()
+    except (binascii.Error, ValueError):
+        return None
 
 
 async def list_templates(server: str, session: ClientSession) -> list[ResourceTemplateInfo]:

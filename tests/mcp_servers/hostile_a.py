@@ -20,7 +20,8 @@ test can see what the gateway sent it. Its tools:
 
 Its resources (``resources/read``): ``mem://text`` (a line of text),
 ``mem://big?mb=N`` (N MiB of text), ``mem://image`` (a PNG blob), ``mem://bin``
-(an ``application/octet-stream`` blob), ``mem://two`` (two text contents); any
+(an ``application/octet-stream`` blob), ``mem://textblob`` (a ``text/plain``
+blob), ``mem://two`` (two text contents); any
 other URI, ``file://`` ones included, is refused (-32002, "not found"): it reads
 no file. One resource template, ``mem://{name}``.
 """
@@ -88,6 +89,9 @@ def read(id_, uri):
         contents = [{"uri": uri, "mimeType": "image/png", "blob": PNG}]
     elif uri == "mem://bin":
         contents = [{"uri": uri, "mimeType": "application/octet-stream", "blob": PNG}]
+    elif uri == "mem://textblob":
+        blob = base64.b64encode("a text blob: é".encode()).decode()
+        contents = [{"uri": uri, "mimeType": "text/plain", "blob": blob}]
     elif uri == "mem://two":
         contents = [{"uri": "mem://a", "text": "first"}, {"uri": "mem://b", "text": "second"}]
     else:

@@ -60,6 +60,7 @@ async def test_a_resource_is_read_through_its_server_within_the_caps(tmp_path: P
             assert two.content == "[resource mem://a]\nfirst\n[resource mem://b]\nsecond"
             image = await read(tools, "mem://image")
             assert image.files == [("image/png", b"\x89PNG\r\n\x1a\n")] and image.content == ""
+            assert (await read(tools, "mem://textblob")).content == "a text blob: é"
             binary = await read(tools, "mem://bin")
             assert binary.files == [] and "application/octet-stream" in binary.content
             huge = await read(tools, "mem://big?mb=3")
