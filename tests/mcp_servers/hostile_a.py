@@ -21,7 +21,8 @@ test can see what the gateway sent it. Its tools:
 Its resources (``resources/read``): ``mem://text`` (a line of text),
 ``mem://big?mb=N`` (N MiB of text), ``mem://image`` (a PNG blob), ``mem://bin``
 (an ``application/octet-stream`` blob), ``mem://textblob`` (a ``text/plain``
-blob), ``mem://two`` (two text contents); any
+blob), ``mem://two`` (two text contents), ``mem://die`` (it exits),
+``mem://hang`` (never answered); any
 other URI, ``file://`` ones included, is refused (-32002, "not found"): it reads
 no file. One resource template, ``mem://{name}``.
 """
@@ -89,6 +90,11 @@ def read(id_, uri):
         contents = [{"uri": uri, "mimeType": "image/png", "blob": PNG}]
     elif uri == "mem://bin":
         contents = [{"uri": uri, "mimeType": "application/octet-stream", "blob": PNG}]
+    elif uri == "mem://die":
+        os._exit(3)
+    elif uri == "mem://hang":
+        sys.stdin.readline()  # never answers this one (serves nothing until its next line)
+        return
     elif uri == "mem://textblob":
         blob = base64.b64encode("a text blob: é".encode()).decode()
         contents = [{"uri": uri, "mimeType": "text/plain", "blob": blob}]

@@ -129,3 +129,24 @@ async def test_get_agents_lists_the_resource_templates(tmp_path: Path) -> None:
             assert tools[READ_RESOURCE]["source"] == "builtin"
             assert READ_RESOURCE not in {t["name"] for t in agents["plain"]["tools"]}
             assert json.dumps(agents)  # the listing is JSON as a whole
+
+
+async def test_a_server_dying_or_hanging_in_a_read_fails_the_read_only() -> None:
+    with trio.fail_after(60):
+        async with running(ha=server(command=HOSTILE_A, tool_timeout_s=1)) as manager:
+            await manager.wait_ready()
+            tools = manager.session_tools(ToolRegistry(), "ses_a")
+            with pytest.raises(ToolError) as err:
+                await read(tools, "mem://hang")
+            assert err.value.error_class == "timeout"
+            with pytest.raises(ToolError) as err:
+                await read(tools, "mem://die")
+            assert err.value.error_class == "error"
+            # Started again on its next use: the next read is answered.
+            with trio.fail_after(20):
+                while True:
+                    try:
+                        assert (await read(tools, "mem://text")).content == "hello from mem"
+                        break
+                    except ToolError:
+                        await trio.sleep(0.2)
