@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import subprocess
-import warnings
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import Any, Protocol
@@ -34,7 +33,7 @@ from gateway.mcp.progress import ProgressPacer
 from gateway.mcp.questions import Questions
 from gateway.mcp.resources import list_templates, map_resource
 from gateway.mcp.roots import GatewayClientSession, Roots
-from gateway.mcp.server_log import ServerLog, mcp_level
+from gateway.mcp.server_log import ServerLog, ask_level
 from gateway.mcp.stdio import stdio_streams
 from gateway.mcp.tools import MAX_TOOLS, McpTool, adapt_tools, map_result
 from gateway.metrics import Metrics
@@ -340,9 +339,7 @@ class McpConnection:
         if self.resources:
             self.resource_templates = await list_templates(self.name, session)
         if capabilities is not None and capabilities.logging is not None:
-            with warnings.catch_warnings(), suppress(MCPError, pydantic.ValidationError):
-                warnings.simplefilter("ignore")  # deprecated by MCP's 2026 revision
-                await session.set_logging_level(mcp_level(log.getEffectiveLevel()))  # type: ignore[arg-type]
+            await ask_level(session, log.getEffectiveLevel())
 
     async def _on_message(self, message: Any) -> None:
         """Server notifications: a new tool list; a transport failure ends the connection."""

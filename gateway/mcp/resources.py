@@ -32,6 +32,7 @@ import logging
 from typing import Any, Protocol
 
 import mcp_types as types
+import trio
 from mcp.client.session import ClientSession
 
 from gateway.errors import ToolError
@@ -53,6 +54,9 @@ MAX_TEMPLATES = 100
 """The most resource templates kept of one server (the rest dropped)."""
 
 MAX_TEMPLATE_PAGES = 10
+
+LIST_TEMPLATES_S = 5.0
+"""How long a server has to list its templates at its start (else it is started without)."""
 
 _TEXT_TYPES = frozenset({"application/json", "application/xml", "application/yaml"})
 """Blob types read as text when they are UTF-8 (with every ``text/...`` type)."""
@@ -161,21 +165,9 @@ def _text_blob(blob: str, mime: str) -> str | None:
 async def list_templates(server: str, session: ClientSession) -> list[ResourceTemplateInfo]:
     """A server's resource templates (module docstring); none when it fails (logged)."""
     out: list[ResourceTemplateInfo] = []
-    cursor: str | None = None
     try:
-        for _ in range(MAX_TEMPLATE_PAGES):
-            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            listed = await session.list_resource_templates(params=params)
-            for t in listed.resource_templates:
-                description = (t.description or "")[:1000] or None
-                out.append(
-                    ResourceTemplateInfo(
-                        server, t.uri_template[:1000], t.name[:200], description, t.mime_type
-                    )
-                )
-            cursor = listed.next_cursor
-            if not cursor or len(out) >= MAX_TEMPLATES:
-                break
+        with trio.fail_after(LIST_TEMPLATES_S):
+            await _pages(server, session, out)
     except Exception as exc:
         event(
             log, logging.INFO, "mcp_list_failed",
@@ -183,3 +175,20 @@ async def list_templates(server: str, session: ClientSession) -> list[ResourceTe
             server=server, error=repr(exc),
         )  # fmt: skip
     return out[:MAX_TEMPLATES]
+
+
+async def _pages(server: str, session: ClientSession, out: list[ResourceTemplateInfo]) -> None:
+    cursor: str | None = None
+    for _ in range(MAX_TEMPLATE_PAGES):
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        listed = await session.list_resource_templates(params=params)
+        for t in listed.resource_templates:
+            description = (t.description or "")[:1000] or None
+            out.append(
+                ResourceTemplateInfo(
+                    server, t.uri_template[:1000], t.name[:200], description, t.mime_type
+                )
+            )
+        cursor = listed.next_cursor
+        if not cursor or len(out) >= MAX_TEMPLATES:
+            break

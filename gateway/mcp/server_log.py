@@ -19,9 +19,15 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
+from contextlib import suppress
 from typing import Any
 
+import mcp_types as types
+import pydantic
 import trio
+from mcp.client.session import ClientSession
+from mcp.shared.exceptions import MCPError
 
 from gateway.logs import event
 
@@ -46,7 +52,11 @@ LEVELS: dict[str, int] = {
 """MCP's log levels (RFC 5424's) as Python's."""
 
 
-def mcp_level(level: int) -> str:
+ASK_LEVEL_S = 5.0
+"""How long a server has to answer ``logging/setLevel`` at its start (else it is let be)."""
+
+
+def mcp_level(level: int) -> types.LoggingLevel:
     """The MCP level asked of a server for a daemon logging at ``level`` (module docstring)."""
     if level <= logging.DEBUG:
         return "debug"
@@ -55,6 +65,18 @@ def mcp_level(level: int) -> str:
     if level <= logging.WARNING:
         return "warning"
     return "error" if level <= logging.ERROR else "critical"
+
+
+async def ask_level(session: ClientSession, level: int) -> None:
+    """Ask a server to log at the daemon's ``level`` (module docstring); a refusal, an error
+    or no answer within :data:`ASK_LEVEL_S` leaves it as it is."""
+    with (
+        trio.move_on_after(ASK_LEVEL_S),
+        warnings.catch_warnings(),
+        suppress(MCPError, pydantic.ValidationError),
+    ):
+        warnings.simplefilter("ignore")  # deprecated by MCP's 2026 revision (it still exists)
+        await session.set_logging_level(mcp_level(level))
 
 
 def _text(data: Any) -> str:

@@ -16,7 +16,8 @@ test can see what the gateway sent it. Its tools:
 - ``roots``: asks the client ``roots/list`` and answers with what it got (JSON).
 - ``link {uri}``: answers a ``resource_link`` to ``uri``.
 - ``level``: the level the last ``logging/setLevel`` asked for (with
-  ``HOSTILE_A_REFUSE_LEVEL`` in its environment, it refuses every one).
+  ``HOSTILE_A_REFUSE_LEVEL`` in its environment, it refuses every one; with
+  ``HOSTILE_A_HANG_START``, it answers neither that nor ``resources/templates/list``).
 
 Its resources (``resources/read``): ``mem://text`` (a line of text),
 ``mem://big?mb=N`` (N MiB of text), ``mem://image`` (a PNG blob), ``mem://bin``
@@ -168,6 +169,10 @@ def serve(message):
         )
     elif method == "tools/list":
         reply(id_, {"tools": TOOLS})
+    elif method in ("resources/templates/list", "logging/setLevel") and os.environ.get(
+        "HOSTILE_A_HANG_START"
+    ):
+        return  # never answered
     elif method == "resources/templates/list":
         template = {"uriTemplate": "mem://{name}", "name": "memory", "mimeType": "text/plain"}
         reply(id_, {"resourceTemplates": [template]})

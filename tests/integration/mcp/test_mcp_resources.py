@@ -150,3 +150,21 @@ async def test_a_server_dying_or_hanging_in_a_read_fails_the_read_only() -> None
                         break
                     except ToolError:
                         await trio.sleep(0.2)
+
+
+async def test_a_server_that_never_lists_templates_nor_sets_its_level_still_comes_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gateway.mcp import resources, server_log
+
+    monkeypatch.setattr(resources, "LIST_TEMPLATES_S", 0.5)
+    monkeypatch.setattr(server_log, "ASK_LEVEL_S", 0.5)
+    env = {"HOSTILE_A_HANG_START": "1"}
+    with trio.fail_after(30):
+        async with running(ha=server(command=HOSTILE_A, env=env, startup_timeout_s=10)) as m:
+            await m.wait_ready()
+            connection = m.connection("ha")
+            assert connection is not None and connection.live
+            assert connection.resources and m.resource_templates() == []
+            tools = m.session_tools(ToolRegistry(), "ses_a")
+            assert (await read(tools, "mem://text")).content == "hello from mem"
