@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import trio
 
+from gateway.client.api import GatewayClient
+from gateway.client.chat import progress_of
 from gateway.client.stream import MAX_FRAME_BYTES
 from gateway.mcp.progress import PROGRESS_INTERVAL_S
 from gateway.protocol.frames import Snapshot, SubscribeAck
@@ -91,8 +93,15 @@ async def test_progress_reaches_a_websocket_client_and_the_snapshot(tmp_path: Pa
     with trio.fail_after(60):
         async with running_gateway(config) as gw:
             sid = await gw.create_session()
-            async with gw.client(sid, max_message_size=MAX_FRAME_BYTES) as client:
+            async with (
+                gw.client(sid, max_message_size=MAX_FRAME_BYTES) as client,
+                GatewayClient(gw.base) as api,
+                api.open_session(sid) as followed,
+                trio.open_nursery() as nursery,
+            ):
                 assert isinstance(await client.subscribe("preset:chat"), SubscribeAck)
+                seen: list[tuple[str, str]] = []  # the Python client's tool line, while it runs
+                nursery.start_soon(follow, followed, seen)
                 use = {"tool_use": {"name": "mcp__ha__progress", "input": slow}}
                 await gw.submit(sid, script([use], [{"text": "ok"}]))
                 snapshot = await snapshot_while_running(gw, sid)
@@ -116,6 +125,18 @@ async def test_progress_reaches_a_websocket_client_and_the_snapshot(tmp_path: Pa
                 assert "tool.progress" not in stored.text
             after = await gw.http.get(f"/sessions/{sid}")
             assert "tool_progress" not in after.json().get("session", after.json())
+    # The Python client kept the running tool's progress, and the chat's line shows it.
+    assert any(line.endswith(" 30/30 step 30") for status, line in seen if status == "running")
+    assert seen[-1][0] == "completed" and seen[-1][1] == ""
+
+
+async def follow(session: Any, seen: list[tuple[str, str]]) -> None:
+    """The Python client's view of the tool as it runs (gateway.client.api.ToolRun)."""
+    async for _ in session:
+        for run in session.tools.values():
+            seen.append((run.status, progress_of(run)))
+        if session.state.turn is not None and session.state.turn.status != "in_flight":
+            return
 
 
 async def snapshot_while_running(gw: Any, sid: str) -> list[dict[str, Any]]:
