@@ -131,3 +131,48 @@ def test_aisdk_maps_it_to_a_transient_data_part() -> None:
         "data": {"tool_use_id": "toolu_1", "progress": 3.0, "total": None, "message": None},
         "transient": True,
     }
+
+
+class _Host:
+    """What ``progress_of`` uses of a session: its emit."""
+
+    def __init__(self) -> None:
+        self.emitted: list[tuple[object, str | None]] = []
+
+    def emit(self, payloads: list[object], turn_id: str | None) -> list[object]:
+        self.emitted += [(p, turn_id) for p in payloads]
+        return []
+
+
+async def test_the_session_emits_a_running_tools_progress_keeps_it_and_drops_it_at_its_end() -> (
+    None
+):
+    from typing import Any, cast
+
+    from gateway.protocol.shapes import Message, ToolUseBlock
+    from gateway.session.tool_round import progress_of, record_result
+    from gateway.session.turn import Turn, TurnState
+
+    host = _Host()
+    turn = Turn("turn_1", Message("msg_u", "ses_1", "turn_1", "user", [], "complete", created_at=0))
+    state = TurnState()
+    block = ToolUseBlock("toolu_1", "mcp__ha__progress", {})
+    state.pending_tools = [block]
+    report = progress_of(cast(Any, host), turn, state, "toolu_1")
+    report(1.0, 4.0, "one")
+    report(2.0, 4.0, None)
+    assert [p for p, _ in host.emitted] == [
+        ToolProgress("toolu_1", 1.0, 4.0, "one"), ToolProgress("toolu_1", 2.0, 4.0, None)
+    ]  # fmt: skip
+    assert {t for _, t in host.emitted} == {"turn_1"}
+    assert turn.progress["toolu_1"].progress == 2.0  # the snapshot's tool_progress
+
+    class _Results:
+        def add_message(self, message: object) -> None: ...
+
+        id = "ses_1"
+
+    record_result(cast(Any, _Results()), turn, state, block, "done", is_error=False)
+    assert turn.progress == {}  # dropped as the tool ends
+    report(3.0, 4.0, None)  # a late one: nothing
+    assert len(host.emitted) == 2
