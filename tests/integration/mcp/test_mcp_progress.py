@@ -125,6 +125,18 @@ async def test_progress_reaches_a_websocket_client_and_the_snapshot(tmp_path: Pa
                 assert "tool.progress" not in stored.text
             after = await gw.http.get(f"/sessions/{sid}")
             assert "tool_progress" not in after.json().get("session", after.json())
+
+            # A flood: 10,000 notifications; the client gets at most 10 a second of them.
+            flood = {"tool_use": {"name": "mcp__ha__progress", "input": {"n": 10_000}}}
+            async with gw.client(sid, max_message_size=MAX_FRAME_BYTES) as client:
+                await client.subscribe("preset:full")
+                started = trio.current_time()
+                await gw.submit(sid, script([flood], [{"text": "ok"}]))
+                events = await client.until_turn_ends()
+                took = trio.current_time() - started
+            got = [e.payload.progress for e in events if e.type == "tool.progress"]
+            assert 1 <= len(got) <= took / PROGRESS_INTERVAL_S + 2 and got[-1] == 10_000.0
+            assert events[-1].type == "turn.completed"
     # The Python client kept the running tool's progress, and the chat's line shows it.
     assert any(line.endswith(" 30/30 step 30") for status, line in seen if status == "running")
     assert seen[-1][0] == "completed" and seen[-1][1] == ""
