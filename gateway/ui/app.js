@@ -895,7 +895,7 @@ const TOOL_STATUS = {
 
 function drawTool(block) {
   const status = block.status; // reducer.js: streaming, pending, awaiting_approval, running, completed, failed, not_run
-  const progress = status === "running" ? page.progress.get(block.id) : undefined;
+  const progress = block.progress;
   const badge = progress ? `${TOOL_STATUS[status]} ${progressLabel(progress)}` : TOOL_STATUS[status] || status;
   const tool = el(
     "div",
@@ -1681,6 +1681,8 @@ function fullItems(sessionId, messages, permissions, workers, worker) {
             name: b.name,
             input: b.input,
             status: b.status,
+            // In the item, so that a new progress redraws it (reconcile compares items).
+            progress: b.status === "running" ? page.progress.get(b.id) || null : null,
             result: b.result,
             files: (b.files || []).map((f) => fileBlock(f, sessionId)),
             truncated: b.truncated === true,
