@@ -161,9 +161,10 @@ async def test_a_long_running_operation_streams_progress_to_a_websocket_client(
     assert events[-1].type == "turn.completed", [e.type for e in events]
     progress = [e.payload for e in events if e.type == "tool.progress"]
     called = events_id(events, f"{PREFIX}trigger-long-running-operation")
-    assert [(p.tool_use_id, p.progress, p.total) for p in progress] == [
-        (called, float(i), 5.0) for i in range(1, 6)
-    ]
+    # Five steps 0.3 s apart: each its own event (a daemon stalled past 100 ms may coalesce two).
+    assert {p.tool_use_id for p in progress} == {called} and {p.total for p in progress} == {5.0}
+    values = [p.progress for p in progress]
+    assert 3 <= len(values) <= 5 and values == sorted(set(values)) and values[-1] == 5.0
     kinds = [e.type for e in events]
     assert kinds.index("tool.called") < kinds.index("tool.progress")
     assert kinds.index("tool.completed") > len(kinds) - 1 - kinds[::-1].index("tool.progress")
