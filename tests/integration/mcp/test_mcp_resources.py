@@ -7,7 +7,9 @@ own ``mem://`` ones, and records what it was asked).
 
 from __future__ import annotations
 
+import builtins
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +39,25 @@ async def read(tools: Any, uri: str, server: str = "ha") -> Any:
     return await tools.execute(READ_RESOURCE, {"server": server, "uri": uri}, ctx())
 
 
-async def test_a_resource_is_read_through_its_server_within_the_caps(tmp_path: Path) -> None:
+async def test_a_resource_is_read_through_its_server_within_the_caps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert READ_RESOURCE == NAME_IN_SERVERS
+    opened: list[str] = []  # what this process opens of /etc/passwd (nothing, ever)
+    real_open, real_os_open = builtins.open, os.open
+
+    def spy_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if "passwd" in str(file):
+            opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    def spy_os_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if "passwd" in str(path):
+            opened.append(str(path))
+        return real_os_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy_open)
+    monkeypatch.setattr(os, "open", spy_os_open)
     log = tmp_path / "requests"
     with trio.fail_after(60):
         async with running(
@@ -73,6 +92,7 @@ async def test_a_resource_is_read_through_its_server_within_the_caps(tmp_path: P
             assert err.value.error_class == "error"
             assert "Resource not found: file:///etc/passwd" in err.value.message
             assert "root:" not in err.value.message
+            assert opened == []
 
             # A server the session does not have (or has, without resources): invalid_input.
             for other in ("ev", "nope", ""):
