@@ -45,6 +45,7 @@ Example (docs/clients.md runs it as written)::
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -87,6 +88,7 @@ from gateway.protocol.events import (
     ToolCalled,
     ToolCompleted,
     ToolFailed,
+    ToolProgress,
     TurnCancelled,
     TurnCompleted,
     TurnStarted,
@@ -648,7 +650,8 @@ class ToolRun:
 
     ``duration_ms`` is what the tool's end event says (``None`` when it never
     ran, or when its end is known from a snapshot only, which carries no
-    duration).
+    duration). ``progress``: the last ``tool.progress`` of a running tool
+    (docs/protocol.md §5), ``None`` when it sent none or has ended.
     """
 
     tool_use_id: str
@@ -657,6 +660,7 @@ class ToolRun:
     status: Literal["running", "completed", "failed"] = "running"
     duration_ms: int | None = None
     error_class: str | None = None
+    progress: ToolProgress | None = None
 
 
 class Session:
@@ -907,6 +911,10 @@ class Session:
                 )
             case ToolCompleted() | ToolFailed():
                 self._tool_ended(payload)
+            case ToolProgress(tool_use_id=tool_use_id) if tool_use_id in self.tools:
+                run = self.tools[tool_use_id]
+                if run.status == "running":
+                    self.tools[tool_use_id] = dataclasses.replace(run, progress=payload)
             case ContextCompacted(summary_message_id=str(message_id)):
                 self.compactions[message_id] = payload
             case _:

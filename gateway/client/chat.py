@@ -413,7 +413,7 @@ def _block_item(
         case "awaiting_approval":
             said, style = "awaiting approval", YELLOW
         case "running":
-            said, style = f"running{marks.ellipsis}", CYAN
+            said, style = f"running{marks.ellipsis}{progress_of(run)}", CYAN
         case "not_run":
             said = "not run"
         case _:  # streaming, pending
@@ -425,6 +425,15 @@ def _block_item(
     line = Line(f"{fit(call, max(room, 10))}  {said}", style)
     files = [Line(fit(f"  {file_line(f)}", width), DIM) for f in block.get("files", [])]
     return Item(key, (line, *files), status in ("completed", "failed", "not_run"))
+
+
+def progress_of(run: ToolRun | None) -> str:
+    """A running tool's last progress (``tool.progress``), as a chat line ends: `` 3/5 step``."""
+    if run is None or run.progress is None:
+        return ""
+    p = run.progress
+    amount = f"{p.progress:g}/{p.total:g}" if p.total else f"{p.progress:g}"
+    return f" {amount}" + (f" {fold(p.message)}" if p.message else "")
 
 
 def simple_items(

@@ -29,11 +29,16 @@ from mcp.shared.exceptions import MCPError
 from gateway.config import McpServerConfig
 from gateway.errors import ToolError
 from gateway.logs import event
+from gateway.mcp.progress import ProgressPacer
 from gateway.mcp.questions import Questions
+from gateway.mcp.resources import list_templates, map_resource
+from gateway.mcp.roots import GatewayClientSession, Roots
 from gateway.mcp.sampling import Samplings
+from gateway.mcp.server_log import ServerLog, ask_level
 from gateway.mcp.stdio import stdio_streams
 from gateway.mcp.tools import MAX_TOOLS, McpTool, adapt_tools, map_result
 from gateway.metrics import Metrics
+from gateway.protocol.shapes import ResourceTemplateInfo
 from gateway.tools.process import ToolProcesses
 from gateway.tools.registry import ToolContext, ToolOutput
 
@@ -78,6 +83,10 @@ class Owner(Protocol):
     kill_grace_s: float
     metrics: Metrics
 
+    def workspace_of(self, session_id: str) -> str:
+        """A session's workspace directory ("" when unknown: gateway.mcp.roots)."""
+        ...
+
 
 class ConnectionLost(Exception):
     """The server went away (its process exited, its transport broke)."""
@@ -100,6 +109,8 @@ class McpConnection:
         self.session_id = session_id  # a session-scope server's session
         self.cwd = cwd or config.cwd or os.getcwd()
         self.tools: dict[str, McpTool] = {}  # the last list it gave, by gateway name
+        self.resources = False  # its initialize declared resources (gateway.mcp.resources)
+        self.resource_templates: list[ResourceTemplateInfo] = []
         self.pid: int | None = None  # a stdio server's process, while it runs
         self._owner = owner
         self._session: ClientSession | None = None
@@ -113,6 +124,8 @@ class McpConnection:
         self._calls: dict[object, ToolContext] = {}  # in flight, oldest first
         self._questions = Questions(name, self._calls)  # a server's questions during calls
         self._samplings = Samplings(name, self._calls)  # its sampling requests during calls
+        own = self.cwd if session_id is not None else ""
+        self._roots = Roots(own, self._calls, owner.workspace_of)  # gateway.mcp.roots
         self._stderr = b""
         self._nursery: trio.Nursery | None = None  # the live connection's helper tasks
         self._relisting = False  # a listing task runs (RELIST_INTERVAL_S)
@@ -187,6 +200,7 @@ class McpConnection:
                     with trio.fail_after(self.config.startup_timeout_s):
                         await session.initialize()
                         await self._list(session)
+                        await self._resources_and_logs(session)
                     self._session = session
                     self._failures = 0
                     came_up = True
@@ -239,9 +253,11 @@ class McpConnection:
                 streams = await stack.enter_async_context(
                     streamable_http_client(self.config.url, http_client=http)
                 )
-            session = ClientSession(
+            session = GatewayClientSession(
                 *streams,
                 elicitation_callback=self._questions.ask,
+                list_roots_callback=self._roots,
+                logging_callback=ServerLog(self.name, self.session_id),
                 message_handler=self._on_message,
                 # Advertised on every connection, refused per request (gateway.mcp.sampling).
                 sampling_callback=self._samplings.sample,
@@ -320,6 +336,15 @@ class McpConnection:
                 break
         # About a millisecond a schema: off the Trio thread (adapt_tools bounds the count).
         self.tools = await trio.to_thread.run_sync(adapt_tools, self.name, listed, self)
+
+    async def _resources_and_logs(self, session: ClientSession) -> None:
+        """Its resource templates; the log level it is asked for (gateway.mcp.server_log)."""
+        capabilities = session.server_capabilities
+        self.resources = capabilities is not None and capabilities.resources is not None
+        if self.resources:
+            self.resource_templates = await list_templates(self.name, session)
+        if capabilities is not None and capabilities.logging is not None:
+            await ask_level(session, log.getEffectiveLevel())
 
     async def _on_message(self, message: Any) -> None:
         """Server notifications: a new tool list; a transport failure ends the connection."""
@@ -411,9 +436,12 @@ class McpConnection:
         request = types.CallToolRequest(
             params=types.CallToolRequestParams(name=tool, arguments=arguments)
         )
+        pacer = ProgressPacer(ctx.progress) if ctx.progress is not None else None  # its progress
         try:
             with trio.move_on_after(timeout) as scope:
-                result = await session.send_request(request, types.CallToolResult)
+                result = await session.send_request(
+                    request, types.CallToolResult, progress_callback=pacer
+                )
         except MCPError as exc:
             if exc.code == types.CONNECTION_CLOSED:
                 if self._dead is not None:
@@ -430,17 +458,42 @@ class McpConnection:
                 "error", f"MCP server {self.name!r} answered with a malformed result: {exc}"
             ) from None
         finally:
+            if pacer is not None:
+                pacer.end()
             del self._calls[token]
             if not any(c.session_id == ctx.session_id for c in self._calls.values()):
                 await self._samplings.end(ctx.session_id)
                 await self._questions.end(ctx.session_id)
         if scope.cancelled_caught:
-            raise ToolError(
-                "timeout",
-                f"MCP server {self.name!r}: {tool} did not answer within {timeout:g} s"
-                " (tool_timeout_s)",
-            )
+            raise _no_answer(self.name, f"{tool} did not answer", timeout)
         return map_result(self.name, tool, result)
+
+    async def read_resource(self, uri: str, ctx: ToolContext) -> ToolOutput:
+        """Read one of its resources (``mcp_read_resource``, gateway.mcp.resources), as a call is.
+
+        Raises:
+            ToolError: ``error`` (the server refused, failed or is down) or ``timeout``.
+        """
+        session = await self.ensure()
+        token = object()
+        self._calls[token] = ctx  # a roots/list meanwhile is the reader's session's
+        try:
+            with trio.fail_after(self.config.tool_timeout_s):
+                result = await session.read_resource(uri)
+        except trio.TooSlowError:
+            raise _no_answer(self.name, "no answer", self.config.tool_timeout_s) from None
+        except (MCPError, pydantic.ValidationError, RuntimeError) as exc:
+            said = exc.message if isinstance(exc, MCPError) else str(exc)[:1000]
+            raise ToolError("error", f"MCP server {self.name!r}: {said}") from None
+        finally:
+            del self._calls[token]
+        return map_resource(result)
+
+
+def _no_answer(server: str, what: str, timeout: float) -> ToolError:
+    """A call or a read that took over ``tool_timeout_s``."""
+    message = f"MCP server {server!r}: {what} within {timeout:g} s (tool_timeout_s)"
+    return ToolError("timeout", message)
 
 
 def _describe(exc: BaseException, startup_timeout_s: float) -> str:

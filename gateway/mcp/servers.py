@@ -53,7 +53,12 @@ from gateway.tools.registry import SessionTools, ToolRegistry
 if TYPE_CHECKING:
     from gateway.config import McpServerConfig
     from gateway.mcp.connection import McpConnection
+    from gateway.mcp.resources import ReadResourceTool
     from gateway.mcp.tools import McpTool
+    from gateway.protocol.shapes import ResourceTemplateInfo
+
+READ_RESOURCE = "mcp_read_resource"
+"""The tool gateway.mcp.resources offers with the servers that have resources."""
 
 log = logging.getLogger("gateway.mcp")
 
@@ -83,6 +88,7 @@ class McpServers:
         }
         self._sessions: dict[str, dict[str, McpConnection]] = {}
         self._used: dict[str, float] = {}  # session -> when its tools were last asked for
+        self._workspaces: dict[str, str] = {}  # session -> its workspace (gateway.mcp.roots)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The ``mcp-servers`` task: start the node's servers; at its cancel, stop them all."""
@@ -119,6 +125,7 @@ class McpServers:
     ) -> None:
         """Start the session-scope servers ``uses_server`` names, in the session's workspace."""
         self._used[session_id] = trio.current_time()  # its turn runs: not idle
+        self._workspaces[session_id] = workspace_dir
         if session_id in self._sessions:
             return
         connections = self._sessions[session_id] = {
@@ -129,9 +136,14 @@ class McpServers:
         for connection in connections.values():
             connection.start_soon()
 
+    def workspace_of(self, session_id: str) -> str:
+        """A session's workspace directory, while its servers run ("" otherwise)."""
+        return self._workspaces.get(session_id, "")
+
     def close_session(self, session_id: str) -> None:
         """Stop the session's servers (its processes stopped by their tasks, shielded)."""
         self._used.pop(session_id, None)
+        self._workspaces.pop(session_id, None)
         for connection in self._sessions.pop(session_id, {}).values():
             connection.stop()
 
@@ -160,18 +172,38 @@ class McpServers:
 
     def tools(
         self, session_id: str | None = None, uses_server: Callable[[str], bool] | None = None
-    ) -> list[McpTool]:
-        """The MCP tools a session sees now; down servers past their backoff are started again."""
-        out: list[McpTool] = []
-        connections: Iterable[McpConnection] = self._node.values()
-        if session_id is not None:
-            connections = [*connections, *self._sessions.get(session_id, {}).values()]
-        for connection in connections:
-            if uses_server is not None and not uses_server(connection.name):
-                continue
+    ) -> list[McpTool | ReadResourceTool]:
+        """The MCP tools a session sees now; down servers past their backoff are started again.
+
+        With them, ``mcp_read_resource`` when one of its servers has resources
+        (gateway.mcp.resources).
+        """
+        out: list[McpTool | ReadResourceTool] = []
+        readers: dict[str, McpConnection] = {}
+        for connection in self._of(session_id, uses_server):
             connection.start_soon()
             out += connection.tools.values()
+            if connection.resources:
+                readers[connection.name] = connection
+        if readers:
+            from gateway.mcp.resources import ReadResourceTool
+
+            out.append(ReadResourceTool(dict(readers)))
         return out
+
+    def _of(
+        self, session_id: str | None, uses_server: Callable[[str], bool] | None
+    ) -> list[McpConnection]:
+        connections = list(self._node.values())
+        if session_id is not None:
+            connections += self._sessions.get(session_id, {}).values()
+        return [c for c in connections if uses_server is None or uses_server(c.name)]
+
+    def resource_templates(
+        self, session_id: str | None = None, uses_server: Callable[[str], bool] | None = None
+    ) -> list[ResourceTemplateInfo]:
+        """The resource templates of the servers an agent uses, as they last listed them."""
+        return [t for c in self._of(session_id, uses_server) for t in c.resource_templates]
 
     def session_tools(
         self, builtin: ToolRegistry, session_id: str, agent: AgentProfile | None = None
@@ -179,6 +211,8 @@ class McpServers:
         """The session's tool set: the built-in tools and its MCP tools, its agent's only."""
         uses = None if agent is None else agent.uses_server
         allows = agent.allows if agent is not None else (lambda name: True)
+        if agent is not None:  # offered with its servers, whatever its tools' patterns
+            allows = _or_read_resource(agent.allows)
         return McpSessionTools(
             builtin, lambda: self.tools(session_id, uses), allows, self, session_id
         )
@@ -202,6 +236,10 @@ class McpServers:
                 await connection.starting.wait()
 
 
+def _or_read_resource(allows: Callable[[str], bool]) -> Callable[[str], bool]:
+    return lambda name: name == READ_RESOURCE or allows(name)
+
+
 class McpSessionTools(SessionTools):
     """A session's tools, where a down server's tool fails ``error`` saying why.
 
@@ -214,7 +252,7 @@ class McpSessionTools(SessionTools):
     def __init__(
         self,
         builtin: ToolRegistry,
-        extra: Callable[[], Iterable[McpTool]],
+        extra: Callable[[], Iterable[McpTool | ReadResourceTool]],
         allows: Callable[[str], bool],
         servers: McpServers,
         session_id: str,

@@ -318,6 +318,16 @@ class MessageSnapshot(Payload):
     message: Message
 
 
+class ToolProgress(Payload):
+    """A running tool's progress (docs/protocol.md §5, §11 "MCP tools"): an MCP server's
+    ``notifications/progress``, at most 10 a second per tool use, the last value kept."""
+
+    tool_use_id: str
+    progress: float
+    total: float | None
+    message: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class EventSpec:
     """What the contract says of one event type."""
@@ -366,6 +376,7 @@ EVENT_TYPES: dict[str, EventSpec] = {
     "tool.use_end": EventSpec(ToolUseEnd, "llm", False),
     "message.complete": EventSpec(MessageComplete, "llm", False),
     "message.snapshot": EventSpec(MessageSnapshot, "llm", False),
+    "tool.progress": EventSpec(ToolProgress, "tool", False),
 }
 
 CATALOG_TYPES: frozenset[str] = frozenset(t for t, s in EVENT_TYPES.items() if s.catalog)

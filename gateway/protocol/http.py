@@ -19,6 +19,7 @@ from gateway.protocol.shapes import (
     Message,
     QueuedTurnInfo,
     RedactedThinkingBlock,
+    ResourceTemplateInfo,
     SessionSummary,
     TextBlock,
     ThinkingBlock,
@@ -106,6 +107,8 @@ class AgentListing(msgspec.Struct):
     model: str
     default: bool
     tools: list[ToolInfo]
+    # Its MCP servers' resource templates (docs/protocol.md §11); absent when none.
+    resource_templates: list[ResourceTemplateInfo] | msgspec.UnsetType = msgspec.UNSET
 
 
 class AgentList(msgspec.Struct):

@@ -224,6 +224,16 @@ class ToolInfo(msgspec.Struct):
     source: ToolSource
 
 
+class ResourceTemplateInfo(msgspec.Struct, omit_defaults=True):
+    """An MCP server's resource template, as ``GET /agents`` lists it (docs/protocol.md §11)."""
+
+    server: str
+    uri_template: str
+    name: str
+    description: str | None = None
+    mime_type: str | None = None
+
+
 class QueuedTurnInfo(msgspec.Struct):
     """A queued turn, as a summary lists it (docs/protocol.md §2 "A busy session");
     ``position`` 1 starts next."""
@@ -231,6 +241,15 @@ class QueuedTurnInfo(msgspec.Struct):
     turn_id: str
     position: int
     user_message: Message
+
+
+class ToolProgressInfo(msgspec.Struct):
+    """A running tool's last ``tool.progress``, as a summary lists it (docs/protocol.md §6)."""
+
+    tool_use_id: str
+    progress: float
+    total: float | None
+    message: str | None
 
 
 class SessionSummary(msgspec.Struct):
@@ -250,3 +269,5 @@ class SessionSummary(msgspec.Struct):
     tools: list[ToolInfo] = msgspec.field(default_factory=list)  # the agent's, as GET /agents
     # Its queued turns, next first; absent when none (docs/protocol.md §2 "A busy session").
     queued_turns: list[QueuedTurnInfo] | msgspec.UnsetType = msgspec.UNSET
+    # Its running tools' last progress (``tool.progress``); absent when none (docs/protocol.md §6).
+    tool_progress: list[ToolProgressInfo] | msgspec.UnsetType = msgspec.UNSET

@@ -195,6 +195,7 @@ def summary_of(
         parent_session_id=record.parent_session_id,
         pending_permissions=pending or [],
         queued_turns=busy.queued_info(record) or msgspec.UNSET,
+        tool_progress=list(turn.progress.values()) if turn and turn.progress else msgspec.UNSET,
     )
 
 

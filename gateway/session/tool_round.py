@@ -22,6 +22,7 @@ request, and a snapshot, see a result for every tool use.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -37,8 +38,15 @@ from gateway.protocol.events import (
     ToolCalled,
     ToolCompleted,
     ToolFailed,
+    ToolProgress,
 )
-from gateway.protocol.shapes import FileBlock, Message, ToolResultBlock, ToolUseBlock
+from gateway.protocol.shapes import (
+    FileBlock,
+    Message,
+    ToolProgressInfo,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from gateway.session.files import block_of
 from gateway.session.loop_api import AgentServices, TurnHost
 from gateway.session.permissions import PermissionRequest
@@ -135,6 +143,7 @@ class ToolRound:
             kill_grace_s=self.node.config.tools.kill_grace_s,
             session=s,
             tool_name=block.name,
+            progress=progress_of(s, turn, state, block.id),
         )
         started = trio.current_time()
         tools = self.tools
@@ -266,6 +275,22 @@ def fail_tool(
     )  # fmt: skip
 
 
+def progress_of(
+    s: TurnHost, turn: Turn, state: TurnState, tool_use_id: str
+) -> Callable[[float, float | None, str | None], None]:
+    """What a running tool calls to tell how far it is: a ``tool.progress``, kept for the
+    snapshot until the tool ends (docs/protocol.md §5, §6); nothing once it has ended."""
+
+    def progress(value: float, total: float | None, message: str | None) -> None:
+        if not any(b.id == tool_use_id for b in state.pending_tools) or turn.phase == "done":
+            return
+        info = ToolProgressInfo(tool_use_id, value, total, message)
+        turn.progress[tool_use_id] = info
+        s.emit([ToolProgress(tool_use_id, value, total, message)], turn.id)
+
+    return progress
+
+
 def record_result(
     s: TurnHost,
     turn: Turn,
@@ -284,6 +309,7 @@ def record_result(
     the tool's files (``files``, docs/protocol.md §2 "Files").
     """
     state.pending_tools = [b for b in state.pending_tools if b.id != block.id]
+    turn.progress.pop(block.id, None)  # a snapshot shows a running tool's only
     results = _results_message(s, turn, state)
     result = ToolResultBlock(block.id, content, is_error)
     if structured is not None:

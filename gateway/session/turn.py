@@ -29,7 +29,7 @@ from typing import Literal
 import trio
 
 from gateway.errors import Refused
-from gateway.protocol.shapes import Message, ToolUseBlock, Usage
+from gateway.protocol.shapes import Message, ToolProgressInfo, ToolUseBlock, Usage
 from gateway.session.call import Call
 
 Phase = Literal["starting", "llm", "seam", "tools", "done"]
@@ -77,6 +77,9 @@ class Turn:
     # Why it will never start (an interrupting turn whose session went away before it
     # could: gateway.session.busy); its request is refused so.
     refused: Refused | None = None
+    # Its running tools' last ``tool.progress``, by tool use (docs/protocol.md §6: a
+    # snapshot's ``tool_progress``); a tool's is dropped as it ends (gateway.session.tool_round).
+    progress: dict[str, ToolProgressInfo] = field(default_factory=dict)
 
     def finish(self, outcome: str, final_text: str = "") -> None:
         """Enter ``done`` and wake whoever waits for the turn (a parent's ``delegate``)."""

@@ -153,6 +153,9 @@ class ToolContext:
     kill_grace_s: float = 5.0
     session: ToolSession | None = None  # for tools that act on their session (delegate)
     tool_name: str = ""  # the name the model called (an elicitation's permission names it)
+    # Tells the session's clients how far the tool is (``tool.progress``, docs/protocol.md §5):
+    # ``progress(progress, total, message)``; None where no client is told (a test's context).
+    progress: Callable[[float, float | None, str | None], None] | None = None
 
 
 In = TypeVar("In", bound=msgspec.Struct)

@@ -537,7 +537,24 @@ const page = {
   busy: false, // a send in flight
   editing: null, // the user message the composer's text replaces (Edit), or null
   attachments: [], // files uploaded for the next message: {name, file_id, media_type, size} or {name, uploading}
+  progress: new Map(), // tool_use_id -> a running tool's last tool.progress (docs/protocol.md §5)
 };
+
+// A running tool's progress (tool.progress, streaming-only; a snapshot's session.tool_progress).
+function trackProgress(frame) {
+  if (frame.type === "snapshot") {
+    page.progress = new Map((frame.session.tool_progress || []).map((p) => [p.tool_use_id, p]));
+  } else if (frame.type === "event") {
+    const { type, payload } = frame.event;
+    if (type === "tool.progress") page.progress.set(payload.tool_use_id, payload);
+    else if (type === "tool.completed" || type === "tool.failed") page.progress.delete(payload.tool_use_id);
+  }
+}
+
+function progressLabel(p) {
+  const amount = p.total ? `${Math.round((100 * p.progress) / p.total)} %` : `${p.progress}`;
+  return p.message ? `${amount}: ${p.message}` : amount;
+}
 
 function newReducer(sessionId) {
   return new Reducer(sessionId);
@@ -569,6 +586,7 @@ function openSession(sessionId) {
       if (stream !== page.stream) return;
       try {
         page.reducer.apply(frame);
+        trackProgress(frame);
       } catch (error) {
         // A move the contract does not allow: a server bug. Say so, start over from a snapshot.
         showError(`Inconsistent stream (${error.message}); reloading the session.`);
@@ -579,7 +597,10 @@ function openSession(sessionId) {
       queueRender();
     },
     onReset: () => {
-      if (stream === page.stream) page.reducer = newReducer(sessionId);
+      if (stream === page.stream) {
+        page.reducer = newReducer(sessionId);
+        page.progress = new Map();
+      }
     },
     onState: (state, detail) => {
       if (stream === page.stream) setStatus(state, detail);
@@ -874,6 +895,8 @@ const TOOL_STATUS = {
 
 function drawTool(block) {
   const status = block.status; // reducer.js: streaming, pending, awaiting_approval, running, completed, failed, not_run
+  const progress = block.progress;
+  const badge = progress ? `${TOOL_STATUS[status]} ${progressLabel(progress)}` : TOOL_STATUS[status] || status;
   const tool = el(
     "div",
     { class: "tool", "data-testid": "tool", "data-tool-name": block.name, "data-tool-status": status },
@@ -881,7 +904,7 @@ function drawTool(block) {
       "div",
       { class: "tool-head" },
       el("span", { class: "tool-name", text: block.name }),
-      el("span", { class: `badge ${status}`, text: TOOL_STATUS[status] || status }),
+      el("span", { class: `badge ${status}`, "data-testid": "tool-badge", text: badge }),
     ),
     el("pre", { class: "input", text: pretty(block.input) }),
   );
@@ -1666,6 +1689,8 @@ function fullItems(sessionId, messages, permissions, workers, worker) {
             name: b.name,
             input: b.input,
             status: b.status,
+            // In the item, so that a new progress redraws it (reconcile compares items).
+            progress: b.status === "running" ? page.progress.get(b.id) || null : null,
             result: b.result,
             files: (b.files || []).map((f) => fileBlock(f, sessionId)),
             truncated: b.truncated === true,

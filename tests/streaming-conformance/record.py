@@ -1070,6 +1070,11 @@ hand_written(
     "the frames of parallel_tools, with files in a tool's outcome (tool.completed files: an "
     'image and audio an MCP tool returned, docs/protocol.md §2 "Files"), by reference',
 )
+hand_written(
+    "tool_progress",
+    "the frames of parallel_tools, with a running tool's progress (tool.progress, "
+    "streaming-only, docs/protocol.md §5): no view changes, nothing breaks",
+)
 HAND_WRITTEN = frozenset(n for n, spec in SCENARIOS.items() if spec.hand_written)
 
 

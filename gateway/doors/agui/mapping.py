@@ -40,6 +40,9 @@ end``                          one ``ARGS`` with the final input)
                                elicitation's ``elicitation_url``, with the
                                message and the request's ``input`` (the URL:
                                ``metadata.url``) and the decision schema
+``tool.progress``              ``CUSTOM`` named ``gateway.tool_progress``, the
+                               payload as its ``value`` (a running tool's
+                               progress, docs/protocol.md §11)
 ``context.compacting``,        ``CUSTOM`` named ``gateway.context_compacting``
 ``context.compacted``          / ``gateway.context_compacted``, the payload as
                                its ``value`` (AG-UI has no compaction event;
@@ -80,6 +83,7 @@ from gateway.protocol.events import (
     PermissionResolved,
     ToolCompleted,
     ToolFailed,
+    ToolProgress,
     TurnCancelled,
     TurnCompleted,
 )
@@ -114,6 +118,9 @@ ELICITATION_REASON = "elicitation"
 
 COMPACTING, COMPACTED = "gateway.context_compacting", "gateway.context_compacted"
 """The ``name`` of the ``CUSTOM`` events of a compaction (docs/protocol.md §12)."""
+
+TOOL_PROGRESS = "gateway.tool_progress"
+"""The ``name`` of the ``CUSTOM`` event of a running tool's progress (docs/protocol.md §11)."""
 
 DECISION_SCHEMA: dict[str, object] = {
     "type": "object",
@@ -269,6 +276,7 @@ class RunMapper:
             PermissionResolved: self._resolved,
             ContextCompacting: self._compacting,
             ContextCompacted: self._compacted,
+            ToolProgress: self._progress,
             TurnCompleted: self._completed,
             TurnCancelled: self._cancelled,
         }
@@ -377,6 +385,9 @@ class RunMapper:
 
     def _compacted(self, p: ContextCompacted, e: Envelope[Any]) -> list[ag.AguiEvent]:
         return [ag.Custom(name=COMPACTED, value=msgspec.to_builtins(p), timestamp=e.ts)]
+
+    def _progress(self, p: ToolProgress, e: Envelope[Any]) -> list[ag.AguiEvent]:
+        return [ag.Custom(name=TOOL_PROGRESS, value=msgspec.to_builtins(p), timestamp=e.ts)]
 
     def _cancelled(self, p: TurnCancelled, e: Envelope[Any]) -> list[ag.AguiEvent]:
         return [*self._turn.end(e.ts), self._finished(ag.CancelledOutcome(), e.ts)]

@@ -140,6 +140,7 @@ class Data(Chunk, tag="data"):
     name: str
     id: str
     data: dict[str, Any]
+    transient: bool = False  # delivered to the client's onData, never kept in its message
 
 
 _encoder = msgspec.json.Encoder()
@@ -148,5 +149,8 @@ _encoder = msgspec.json.Encoder()
 def encode(chunk: Chunk) -> bytes:
     """The chunk's JSON; a data part's ``type`` is ``data-{name}``."""
     if isinstance(chunk, Data):
-        return _encoder.encode({"type": f"data-{chunk.name}", "id": chunk.id, "data": chunk.data})
+        part: dict[str, Any] = {"type": f"data-{chunk.name}", "id": chunk.id, "data": chunk.data}
+        if chunk.transient:
+            part["transient"] = True
+        return _encoder.encode(part)
     return _encoder.encode(chunk)

@@ -40,6 +40,8 @@ gateway                        AI SDK UI message chunk
                                timeout or a cancel); a data part's request,
                                that part again (``state``: ``resolved``,
                                ``decision``)
+``tool.progress``              a transient ``data-tool-progress`` part (id: the
+                               tool call): delivered, never kept in the message
 ``delegate.*``                 a ``data-delegate`` part per worker, updated
 ``context.compacting/ed``      a ``data-compaction`` part, updated
 ``message.complete``           closes what a cancel left open; in a replay,
@@ -80,6 +82,7 @@ from gateway.protocol.events import (
     PermissionResolved,
     ToolCompleted,
     ToolFailed,
+    ToolProgress,
     TurnCancelled,
     TurnCompleted,
 )
@@ -241,6 +244,7 @@ class ChatMapper:
             DelegateFailed: self._delegate_failed,
             ContextCompacting: self._compacting,
             ContextCompacted: self._compacted,
+            ToolProgress: self._progress,
             TurnCompleted: self._completed,
             TurnCancelled: self._cancelled,
         }
@@ -342,6 +346,11 @@ class ChatMapper:
         """The ``data-compaction`` part, replaced in place as the compaction ends."""
         data = {"phase": phase, **msgspec.to_builtins(p)}
         return [ui.Data(name="compaction", id=f"compaction-{self._compactions}", data=data)]
+
+    def _progress(self, p: ToolProgress, e: Envelope[Any]) -> list[ui.Chunk]:
+        """A running tool's progress: a transient part (the client's ``onData``, not kept)."""
+        data = msgspec.to_builtins(p)
+        return [ui.Data(name="tool-progress", id=p.tool_use_id, data=data, transient=True)]
 
     def _cancelled(self, p: TurnCancelled, e: Envelope[Any]) -> list[ui.Chunk]:
         ended = [*self._turn.end(None), *self._close_unrun()]

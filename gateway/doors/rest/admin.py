@@ -7,12 +7,16 @@ sections 2 and 11).
 
 from __future__ import annotations
 
+import msgspec
+
+from gateway.agents import AgentProfile
 from gateway.doors.context import DoorContext
 from gateway.errors import ApiError, unavailable
 from gateway.http.openapi import build_document
 from gateway.http.server import Request, Response, json_response
 from gateway.metrics import CONTENT_TYPE
 from gateway.protocol.http import AgentList, AgentListing, Health, Ready
+from gateway.protocol.shapes import ResourceTemplateInfo
 
 
 class Admin:
@@ -68,6 +72,13 @@ class Admin:
         """``GET /agents`` (docs/protocol.md sections 2, 11): what a session may pick."""
         self.ctx.authenticate(req)
         agents = self.ctx.node.agents
+        mcp = self.ctx.node.mcp
+
+        def templates(profile: AgentProfile) -> list[ResourceTemplateInfo] | msgspec.UnsetType:
+            """Its node-scope MCP servers' resource templates (docs/protocol.md §11)."""
+            assert mcp is not None
+            return mcp.resource_templates(None, profile.uses_server) or msgspec.UNSET
+
         listing = [
             AgentListing(
                 profile.name,
@@ -75,6 +86,7 @@ class Admin:
                 profile.model,
                 profile.name == agents.default,
                 self.ctx.node.tool_infos(profile.name),
+                templates(profile) if mcp is not None else msgspec.UNSET,
             )
             for profile in agents.profiles()
         ]

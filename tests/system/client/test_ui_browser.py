@@ -1025,3 +1025,26 @@ def test_an_attached_image_is_sent_and_shown_from_the_file_route(
     assert [b["size"] for b in first["content"][:2]] == [len(picture.read_bytes()), len(PDF)]
     fetched = [u for u in tab.requests if "/files/" in u]
     assert any(u.endswith(f"/sessions/{session_id}/files/{ids[0]}") for u in fetched), fetched
+
+
+def test_a_running_tools_progress_is_shown_on_its_badge(tab: Page) -> None:
+    """``tool.progress`` (docs/protocol.md §5): the running tool's badge says how far it is."""
+    expect = tab.api.expect
+    tab.open()
+    tab.view("full")
+    stream, _ = stub_session(tab, "tool_progress")
+    first = next(
+        n for n, f in enumerate(stream.frames)
+        if f["type"] == "event" and f["event"]["type"] == "tool.progress"
+    )  # fmt: skip
+    stream.send(stream.frames[:first])
+    badge = tab.by("tool").nth(1).get_by_test_id("tool-badge")
+    expect(badge).to_have_text("running…")  # drawn: the progress must redraw it
+    stream.send(stream.frames[first : first + 1])
+    expect(badge).to_have_text("running… 50 %: half way")
+    tab.shot("tool-progress")
+    stream.send(stream.frames[first + 1 : first + 3])  # the other tool ends; 2 of 2
+    expect(badge).to_have_text("running… 100 %")
+    stream.send(stream.frames[first + 3 :])
+    tab.turn_over()
+    expect(badge).to_have_text("done")

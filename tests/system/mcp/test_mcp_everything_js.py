@@ -15,8 +15,12 @@ keep it inside the tool_result.
 
 from __future__ import annotations
 
+# Polling the captured log for lines no event tells of.
+# ruff: noqa: ASYNC110
 import hashlib
 import io
+import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -27,8 +31,9 @@ from PIL import Image
 
 from gateway.protocol.shapes import ImageBlock, ToolResultBlock
 from gateway.providers.history import rebuild
-from tests.conftest import running_gateway
+from tests.conftest import Harness, running_gateway
 from tests.integration.mcp.test_mcp_gateway import (
+    DONE,
     PREFIX,
     call,
     events_id,
@@ -209,3 +214,144 @@ async def test_b_sampling_elicitations_and_tasks(tmp_path: Path, everything: lis
             assert failed.error_class == "error", failed
             assert "requires task augmentation" in failed.message, failed.message
             assert events[-1].type == "turn.completed"
+
+
+# --- progress, logging, roots and resources (docs/protocol.md §11 "MCP tools") -------------
+
+
+def _session_server(everything: list[str]) -> dict[str, dict[str, object]]:
+    """The reference server of one session (``scope = "session"``: its roots are its own)."""
+    return {"everything": {"command": everything, "startup_timeout_s": 30, "scope": "session"}}
+
+
+async def _tools_of(gw: Harness, sid: str, *names: str) -> None:
+    """Wait until the session's server lists ``names`` (some it registers once initialized)."""
+    assert gw.node.mcp is not None
+    with trio.fail_after(30):
+        while True:
+            listed = {t.name for t in gw.node.mcp.tools(sid)}
+            if all(PREFIX + n in listed for n in names):
+                return
+            await trio.sleep(0.1)
+
+
+async def test_a_echo_sum_and_structured_content(tmp_path: Path, everything: list[str]) -> None:
+    servers = {"everything": {"command": everything, "startup_timeout_s": 30}}
+    config = mcp_config(tmp_path, servers=servers, tools=(f"{PREFIX}*",))
+    with trio.fail_after(90):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            tools = [
+                call("echo", message="hi"),
+                call("get-sum", a=2, b=3),
+                call("get-structured-content", location="New York"),
+            ]
+            events = await run_turn(gw, sid, script(tools, [{"text": "done"}]), 60)
+    assert events[-1].type == "turn.completed", [e.type for e in events]
+    done = {
+        e.payload.tool_name[len(PREFIX) :]: e.payload for e in events if e.type == "tool.completed"
+    }
+    assert done["echo"].result == "Echo: hi"
+    assert done["get-sum"].result == "The sum of 2 and 3 is 5."
+    structured = done["get-structured-content"].structured_result
+    assert set(structured) == {"temperature", "conditions", "humidity"}
+    assert json.loads(done["get-structured-content"].result) == structured
+
+
+async def test_a_long_running_operation_streams_progress_to_a_websocket_client(
+    tmp_path: Path, everything: list[str]
+) -> None:
+    servers = {"everything": {"command": everything, "startup_timeout_s": 30}}
+    config = mcp_config(tmp_path, servers=servers, tools=(f"{PREFIX}*",))
+    long = call("trigger-long-running-operation", duration=1.5, steps=5)
+    with trio.fail_after(90):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            events = await run_turn(gw, sid, script([long], [{"text": "done"}]), 60)
+    assert events[-1].type == "turn.completed", [e.type for e in events]
+    progress = [e.payload for e in events if e.type == "tool.progress"]
+    called = events_id(events, f"{PREFIX}trigger-long-running-operation")
+    # Five steps 0.3 s apart: each its own event (a daemon stalled past 100 ms may coalesce two).
+    assert {p.tool_use_id for p in progress} == {called} and {p.total for p in progress} == {5.0}
+    values = [p.progress for p in progress]
+    assert 3 <= len(values) <= 5 and values == sorted(set(values)) and values[-1] == 5.0
+    kinds = [e.type for e in events]
+    assert kinds.index("tool.called") < kinds.index("tool.progress")
+    assert kinds.index("tool.completed") > len(kinds) - 1 - kinds[::-1].index("tool.progress")
+
+
+async def test_a_roots_are_the_sessions_workspace_and_its_logs_reach_the_daemons_log(
+    tmp_path: Path, everything: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, "gateway.mcp")  # the server is asked for debug and up
+    config = mcp_config(tmp_path, servers=_session_server(everything), tools=(f"{PREFIX}*",))
+    with trio.fail_after(90):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            await run_turn(gw, sid, script([{"text": "start"}]), 60)  # its servers start
+            await _tools_of(gw, sid, "get-roots-list")
+            turn = script([call("get-roots-list"), call("toggle-simulated-logging")], DONE)
+            events = await run_turn(gw, sid, turn, 60)
+            workspace = gw.node.workspaces.host_path(gw.node.sessions[sid].record.workspace_path)
+            with trio.fail_after(10):  # its roots' line, and a simulated one (sent at once)
+                while not (_said(caplog, "root(s) received") and _said(caplog, *SIMULATED)):
+                    await trio.sleep(0.1)
+    done = {
+        e.payload.tool_name[len(PREFIX) :]: e.payload for e in events if e.type == "tool.completed"
+    }
+    roots = done["get-roots-list"].result
+    assert "Current MCP Roots (1 total)" in roots, roots
+    assert f"URI: {Path(workspace).as_uri()}" in roots
+    lines = [r for r in caplog.records if _event(r) == "mcp_server_log"]
+    assert _said(caplog, "root(s) received from client")
+    assert all(r.fields["server"] == "everything" for r in lines)  # type: ignore[attr-defined]
+    assert "mcp_server_log" not in {e.type for e in events}  # never a client's
+
+
+async def test_a_resource_link_is_read_with_mcp_read_resource(
+    tmp_path: Path, everything: list[str]
+) -> None:
+    servers = {"everything": {"command": everything, "startup_timeout_s": 30}}
+    config = mcp_config(tmp_path, servers=servers, tools=(f"{PREFIX}*",))
+    uri = "demo://resource/dynamic/text/2"
+    read = {
+        "tool_use": {"name": "mcp_read_resource", "input": {"server": "everything", "uri": uri}}
+    }
+    passwd = {"server": "everything", "uri": "file:///etc/passwd"}
+    hostile = {"tool_use": {"name": "mcp_read_resource", "input": passwd}}
+    with trio.fail_after(90):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            turn = script([call("get-resource-links", count=2)], [read, hostile], DONE)
+            events = await run_turn(gw, sid, turn, 60)
+            agents = (await gw.http.get("/agents")).json()["agents"]
+    assert events[-1].type == "turn.completed", [e.type for e in events]
+    [links] = [
+        e.payload for e in events if e.type == "tool.completed" and "links" in e.payload.result
+    ]
+    assert f"[resource link: {uri}]" in links.result
+    [got] = [
+        e.payload
+        for e in events
+        if e.type == "tool.completed" and e.payload.tool_name == "mcp_read_resource"
+    ]
+    assert got.result.startswith("Resource 2: This is a plaintext resource")
+    [refused] = [e.payload for e in events if e.type == "tool.failed"]
+    assert refused.tool_name == "mcp_read_resource" and refused.error_class == "error"
+    assert "root:" not in refused.message
+    templates = {t["uri_template"] for t in agents[0]["resource_templates"]}
+    assert "demo://resource/dynamic/text/{resourceId}" in templates
+
+
+SIMULATED = ("-level message", "level-message")
+"""What the server's simulated log lines say (its alert's is ``Alert level-message``)."""
+
+
+def _event(record: logging.LogRecord) -> str | None:
+    return getattr(record, "event", None)
+
+
+def _said(caplog: pytest.LogCaptureFixture, *texts: str) -> bool:
+    """Whether a ``mcp_server_log`` line says one of ``texts``."""
+    lines = [r for r in caplog.records if _event(r) == "mcp_server_log"]
+    return any(text in r.getMessage() for r in lines for text in texts)

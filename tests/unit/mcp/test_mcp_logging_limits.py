@@ -1,0 +1,68 @@
+"""An MCP server's log messages in the daemon's log (gateway.mcp.server_log; docs/protocol.md
+§11), rate-limited per server, under trio's MockClock."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+import trio.testing
+
+from gateway.mcp.server_log import LEVELS, MAX_LINE_CHARS, MAX_LINES_PER_S, ServerLog, mcp_level
+
+
+def lines(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", None) == name]
+
+
+async def test_levels_are_mapped_and_fields_kept(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    caplog.set_level(logging.DEBUG, "gateway.mcp")
+    log = ServerLog("ev", "ses_1")
+    for level in LEVELS:
+        log.receive(level, "db", f"a {level} line")
+    log.receive("nonsense", None, {"a": [1, 2]})
+    got = lines(caplog, "mcp_server_log")
+    assert [(r.levelno, r.getMessage()) for r in got[:8]] == [
+        (LEVELS[level], f"MCP server ev (db): a {level} line") for level in LEVELS
+    ]
+    assert got[4].levelno == logging.ERROR and got[7].levelno == logging.CRITICAL
+    assert got[1].fields == {  # type: ignore[attr-defined]
+        "server": "ev", "session_id": "ses_1", "mcp_level": "info", "logger": "db"
+    }  # fmt: skip
+    assert got[-1].levelno == logging.INFO and got[-1].getMessage().endswith('{"a": [1, 2]}')
+
+
+async def test_a_flood_is_rate_limited_then_counted(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    caplog.set_level(logging.INFO, "gateway.mcp")
+    log = ServerLog("ev")
+    other = ServerLog("other")  # per server: another's lines are its own
+    for i in range(10_000):
+        log.receive("info", None, f"line {i}")
+    other.receive("info", None, "mine")
+    assert len(lines(caplog, "mcp_server_log")) == MAX_LINES_PER_S + 1
+    assert lines(caplog, "mcp_server_log_dropped") == []
+    await trio.sleep(1.0)
+    log.receive("warning", None, "after")
+    [dropped] = lines(caplog, "mcp_server_log_dropped")
+    assert dropped.fields["count"] == 10_000 - MAX_LINES_PER_S  # type: ignore[attr-defined]
+    assert lines(caplog, "mcp_server_log")[-1].getMessage() == "MCP server ev: after"
+
+
+async def test_a_long_line_is_cut(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    caplog.set_level(logging.INFO, "gateway.mcp")
+    ServerLog("ev").receive("info", "x" * 500, "y" * 100_000)
+    [line] = lines(caplog, "mcp_server_log")
+    assert len(line.getMessage()) < MAX_LINE_CHARS + 200
+
+
+def test_the_level_asked_of_a_server_is_the_daemons() -> None:
+    assert [mcp_level(v) for v in (5, 10, 20, 30, 40, 50)] == [
+        "debug", "debug", "info", "warning", "error", "critical"
+    ]  # fmt: skip
