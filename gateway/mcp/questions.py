@@ -13,7 +13,10 @@ questions end with its last call on the connection (:meth:`Questions.end`).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
+import unicodedata
 from collections import deque
 from contextlib import suppress
 from urllib.parse import urlsplit
@@ -44,18 +47,25 @@ MAX_URL_MESSAGE_CHARS = 4096
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 """The hosts a URL-mode elicitation may name over plain ``http``."""
 
+_HOST_NAME = re.compile(r"[a-z0-9._-]+")  # an ASCII host name, as urlsplit lowers it
+
 
 def url_problem(url: str) -> str | None:
     """Why ``url`` may not be shown to a user to open, or None (docs/protocol.md §11).
 
     ``https``, or ``http`` to a loopback host only; a host; no user or
     password part (``https://bank.example@evil.example`` reads as the bank);
-    no whitespace or control characters; at most :data:`MAX_URL_CHARS`.
+    no whitespace or control characters (C0, C1, and the invisible format
+    characters: bidi overrides and isolates, zero-width spaces); a host that
+    is an ASCII host name (an IDN in its ``xn--`` form: ``https://аpple.com``
+    with a Cyrillic ``а`` reads as another's) or an IPv6 literal, nothing
+    percent-encoded or backslashed in it (a browser decodes the one and
+    reads the other as ``/``); at most :data:`MAX_URL_CHARS`.
     ``javascript:``, ``data:``, ``file:`` and every other scheme are refused.
     """
     if len(url) > MAX_URL_CHARS:
         return f"the URL is over {MAX_URL_CHARS} characters"
-    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+    if any(c.isspace() or unicodedata.category(c) in ("Cc", "Cf") for c in url):
         return "the URL holds whitespace or control characters"
     try:
         parts = urlsplit(url)
@@ -66,11 +76,21 @@ def url_problem(url: str) -> str | None:
         return f"the URL's scheme is {parts.scheme or 'missing'!r}, not https"
     if not host:
         return "the URL names no host"
+    if not _HOST_NAME.fullmatch(host) and not _ipv6(host):
+        return f"the URL's host {host[:100]!r} is not an ASCII host name (an IDN: its xn-- form)"
     if parts.username is not None or parts.password is not None:
         return "the URL holds a user name or password"
     if parts.scheme == "http" and host not in LOOPBACK_HOSTS:
         return "a plain http URL is allowed to a loopback host only"
     return None
+
+
+def _ipv6(host: str) -> bool:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class Questions:
