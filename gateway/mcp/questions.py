@@ -57,8 +57,8 @@ def url_problem(url: str) -> str | None:
     password part (``https://bank.example@evil.example`` reads as the bank);
     no whitespace or control characters (C0, C1, and the invisible format
     characters: bidi overrides and isolates, zero-width spaces); a host that
-    is an ASCII host name (an IDN in its ``xn--`` form: ``https://аpple.com``
-    with a Cyrillic ``а`` reads as another's) or an IPv6 literal, nothing
+    is an ASCII host name (an IDN in its ``xn--`` form: ``apple.com`` with a
+    Cyrillic ``a`` reads as another's) or an IPv6 literal, nothing
     percent-encoded or backslashed in it (a browser decodes the one and
     reads the other as ``/``); at most :data:`MAX_URL_CHARS`.
     ``javascript:``, ``data:``, ``file:`` and every other scheme are refused.
@@ -83,6 +83,14 @@ def url_problem(url: str) -> str | None:
     if parts.scheme == "http" and host not in LOOPBACK_HOSTS:
         return "a plain http URL is allowed to a loopback host only"
     return None
+
+
+def url_question_problem(params: types.ElicitRequestURLParams) -> str | None:
+    """Why a URL-mode question may not be asked (its URL, its message's length), or None."""
+    problem = url_problem(params.url)
+    if problem is None and len(params.message) > MAX_URL_MESSAGE_CHARS:
+        problem = f"the message is over {MAX_URL_MESSAGE_CHARS} characters"
+    return problem
 
 
 def _ipv6(host: str) -> bool:
@@ -126,9 +134,7 @@ class Questions:
     ) -> types.ElicitResult | types.ErrorData:
         """A server's question during a call: asked of the calling session's user."""
         if isinstance(params, types.ElicitRequestURLParams):
-            problem = url_problem(params.url)
-            if problem is None and len(params.message) > MAX_URL_MESSAGE_CHARS:
-                problem = f"the message is over {MAX_URL_MESSAGE_CHARS} characters"
+            problem = url_question_problem(params)
             if problem is not None:
                 return self._refused(problem, None)
         elif not isinstance(params, types.ElicitRequestFormParams):
@@ -238,8 +244,9 @@ class Questions:
 
         Whether every one was accepted (the call is then made again, once:
         gateway.mcp.connection). The error's ``data`` is the server's: at most
-        :data:`MAX_QUESTIONS` well-formed URL elicitations, each URL checked
-        as a question's is; anything else asks nobody.
+        :data:`MAX_QUESTIONS` well-formed URL elicitations, each checked as a
+        question is (:func:`url_question_problem`: its URL, its message's
+        length); anything else asks nobody.
         """
         items = data.get("elicitations") if isinstance(data, dict) else None
         if ctx.session is None or not isinstance(items, list) or not items:
@@ -253,7 +260,7 @@ class Questions:
             except pydantic.ValidationError:
                 self._refused("a required URL elicitation is malformed", ctx.session_id)
                 return False
-            problem = url_problem(params.url)
+            problem = url_question_problem(params)
             if problem is not None:
                 self._refused(problem, ctx.session_id)
                 return False
