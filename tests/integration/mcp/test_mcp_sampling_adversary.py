@@ -72,3 +72,44 @@ async def test_a_required_url_elicitation_with_a_huge_message_asks_nobody() -> N
     huge = "x" * (MAX_URL_MESSAGE_CHARS + 1)
     assert not await questions.required(ctx, _required(huge))
     assert session.asked == []
+
+
+# --- the A2A door: a client that reads the question's text only ------------------------
+
+
+def _a2a_question(kind: str, input: dict[str, Any], message: str) -> str:
+    from gateway.doors.a2a.feed import TaskFeed
+    from gateway.protocol.events import PermissionRequested
+    from tests.integration.mcp.test_mcp_sampling_doors import ev
+
+    feed = TaskFeed("sess_1.turn_1", "sess_1", "turn_1", 0)
+    asked = PermissionRequested("perm_1", "toolu_1", "mcp__hb__x", input, 9999, kind, message)  # type: ignore[arg-type]
+    outs = feed.receive(ev(1, asked))
+    [status] = [e.status_update.status for _, e in outs if e.status_update is not None]
+    assert status.state == "TASK_STATE_INPUT_REQUIRED" and status.message is not None
+    return "".join(p.text or "" for p in status.message.parts)
+
+
+def test_the_a2a_question_names_the_url_to_open_and_the_sampling() -> None:
+    """Its text, not only its data part: "Allow mcp__hb__x?" hides what a yes allows."""
+    url = "https://auth.example.com/login"
+    text = _a2a_question("elicitation_url", {"url": url}, "Sign in to Example")
+    assert url in text and "Sign in to Example" in text, text
+    text = _a2a_question("sampling", {"server": "hb", "messages": []}, "MCP server 'hb' asks")
+    assert "MCP server 'hb' asks" in text, text
+
+
+def test_a_sampling_call_failure_is_not_the_a2a_tasks() -> None:
+    """docs/protocol.md §11: a failed sampling call is its server's error, not the turn's."""
+    from gateway.doors.a2a.feed import TaskFeed
+    from gateway.protocol.events import LlmCallFailed, TurnCompleted
+    from gateway.protocol.shapes import Usage
+    from tests.integration.mcp.test_mcp_sampling_doors import ev
+
+    feed = TaskFeed("sess_1.turn_1", "sess_1", "turn_1", 0)
+    feed.receive(ev(1, LlmCallFailed("call_s", "invalid_request", "temperature", None, "sampling")))
+    outs = feed.receive(ev(2, TurnCompleted("turn_1", "error", Usage(), 0.0)))
+    [status] = [e.status_update.status for _, e in outs if e.status_update is not None]
+    assert status.state == "TASK_STATE_FAILED" and status.message is not None
+    said = "".join(p.text or "" for p in status.message.parts)
+    assert "temperature" not in said, said
