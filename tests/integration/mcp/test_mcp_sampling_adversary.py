@@ -113,3 +113,34 @@ def test_a_sampling_call_failure_is_not_the_a2a_tasks() -> None:
     assert status.state == "TASK_STATE_FAILED" and status.message is not None
     said = "".join(p.text or "" for p in status.message.parts)
     assert "temperature" not in said, said
+
+
+# --- a flood of refusals: the daemon's log stays readable ----------------------------------
+
+
+async def test_a_flood_of_refused_requests_is_a_few_log_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each refusal is a line, at most one a REFUSAL_LOG_INTERVAL_S per server and kind:
+    a server's 10,000 refused requests would flood (and drop) the daemon's log."""
+    import mcp_types as types
+
+    from gateway.mcp.sampling import Samplings
+
+    params = types.CreateMessageRequestParams.model_validate(
+        {"messages": [{"role": "user", "content": {"type": "text", "text": "x"}}], "maxTokens": 1}
+    )
+    samplings = Samplings("srv", {})
+    questions = Questions("srv", {})
+    bad_url = types.ElicitRequestURLParams.model_validate(
+        {"mode": "url", "url": "javascript:alert(1)", "message": "m", "elicitationId": "e"}
+    )
+    with caplog.at_level("WARNING", logger="gateway.mcp"):
+        for _ in range(500):
+            out = await samplings.sample(None, params)  # type: ignore[arg-type]
+            assert isinstance(out, types.ErrorData)  # each refused, every time
+            asked = await questions.ask(None, bad_url)  # type: ignore[arg-type]
+            assert isinstance(asked, types.ErrorData)
+    kinds = [getattr(r, "event", "") for r in caplog.records]
+    assert 1 <= kinds.count("mcp_sampling_refused") <= 2, kinds.count("mcp_sampling_refused")
+    assert 1 <= kinds.count("mcp_elicitation_refused") <= 2
