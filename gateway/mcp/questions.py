@@ -27,6 +27,7 @@ import trio
 from mcp.client.session import ClientRequestContext
 
 from gateway.logs import event
+from gateway.mcp.quiet import Quiet, more
 from gateway.mcp.tools import elicitation_problem
 from gateway.tools.registry import ToolContext
 
@@ -120,6 +121,8 @@ class Questions:
         # Completions that came before their question was asked (the SDK serves a
         # request and a notification in tasks of their own): a few kept, the oldest dropped.
         self._early: deque[str] = deque(maxlen=16)
+        self._quiet = Quiet()  # a flood of refusals: a line a second (gateway.mcp.quiet)
+        self._quiet_ambiguous = Quiet()
 
     def completed(self, elicitation_id: str) -> None:
         """The server says the URL-mode question ``elicitation_id`` is done (its notification)."""
@@ -143,12 +146,14 @@ class Questions:
             )
         sessions = {ctx.session_id for ctx in self._calls.values()}
         if len(sessions) != 1:
-            event(
-                log, logging.WARNING, "mcp_elicitation_ambiguous",
-                f"MCP server {self.server} asked a question while calls of {len(sessions)}"
-                " sessions were in flight: cancelled",
-                server=self.server, count=len(sessions),
-            )  # fmt: skip
+            left_out = self._quiet_ambiguous.due()
+            if left_out is not None:
+                event(
+                    log, logging.WARNING, "mcp_elicitation_ambiguous",
+                    f"MCP server {self.server} asked a question while calls of {len(sessions)}"
+                    f" sessions were in flight: cancelled{more(left_out)}",
+                    server=self.server, count=len(sessions), left_out=left_out or None,
+                )  # fmt: skip
             return types.ElicitResult(action="cancel")
         ctx = next(iter(self._calls.values()))
         if ctx.session is None:
@@ -181,11 +186,7 @@ class Questions:
         """A new question of the session, or None past MAX_QUESTIONS (logged)."""
         asked = self._asked.setdefault(session_id, [])
         if len(asked) >= MAX_QUESTIONS:
-            event(
-                log, logging.WARNING, "mcp_elicitation_refused",
-                f"MCP server {self.server} asked over {MAX_QUESTIONS} questions at once: cancelled",
-                server=self.server, session_id=session_id, error="too many at once",
-            )  # fmt: skip
+            self._log_refused(f"over {MAX_QUESTIONS} questions at once: cancelled", session_id)
             return None
         question = (trio.CancelScope(), trio.Event())
         asked.append(question)
@@ -197,12 +198,20 @@ class Questions:
             self._asked.get(session_id, []).remove(question)
 
     def _refused(self, problem: str, session_id: str | None) -> types.ErrorData:
-        event(
-            log, logging.WARNING, "mcp_elicitation_refused",
-            f"MCP server {self.server} asked a question that cannot be asked: {problem}",
-            server=self.server, session_id=session_id, error=problem,
-        )  # fmt: skip
+        self._log_refused(problem, session_id)
         return types.ErrorData(code=types.INVALID_PARAMS, message=f"refused: {problem}")
+
+    def _log_refused(self, problem: str, session_id: str | None) -> None:
+        """``mcp_elicitation_refused``, at most a line a second (gateway.mcp.quiet)."""
+        left_out = self._quiet.due()
+        if left_out is not None:
+            event(
+                log, logging.WARNING, "mcp_elicitation_refused",
+                f"MCP server {self.server} asked a question that cannot be asked: {problem}"
+                f"{more(left_out)}",
+                server=self.server, session_id=session_id, error=problem,
+                left_out=left_out or None,
+            )  # fmt: skip
 
     async def _ask_url(
         self, ctx: ToolContext, params: types.ElicitRequestURLParams

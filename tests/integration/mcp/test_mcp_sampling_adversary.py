@@ -144,3 +144,30 @@ async def test_a_flood_of_refused_requests_is_a_few_log_lines(
     kinds = [getattr(r, "event", "") for r in caplog.records]
     assert 1 <= kinds.count("mcp_sampling_refused") <= 2, kinds.count("mcp_sampling_refused")
     assert 1 <= kinds.count("mcp_elicitation_refused") <= 2
+
+
+async def test_a_flood_while_two_sessions_call_is_a_few_log_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import mcp_types as types
+
+    from gateway.mcp.sampling import Samplings
+
+    params = types.CreateMessageRequestParams.model_validate(
+        {"messages": [{"role": "user", "content": {"type": "text", "text": "x"}}], "maxTokens": 1}
+    )
+    form = types.ElicitRequestFormParams.model_validate(
+        {"message": "m", "requestedSchema": {"type": "object", "properties": {}}}
+    )
+    calls = {
+        object(): ToolContext("ses_a", "turn_a", "toolu_a", ""),
+        object(): ToolContext("ses_b", "turn_b", "toolu_b", ""),
+    }
+    samplings, questions = Samplings("srv", calls), Questions("srv", calls)
+    with caplog.at_level("WARNING", logger="gateway.mcp"):
+        for _ in range(500):
+            assert isinstance(await samplings.sample(None, params), types.ErrorData)  # type: ignore[arg-type]
+            assert (await questions.ask(None, form)).action == "cancel"  # type: ignore[arg-type, union-attr]
+    kinds = [getattr(r, "event", "") for r in caplog.records]
+    assert 1 <= kinds.count("mcp_sampling_ambiguous") <= 2
+    assert 1 <= kinds.count("mcp_elicitation_ambiguous") <= 2
