@@ -171,3 +171,38 @@ async def test_a_flood_while_two_sessions_call_is_a_few_log_lines(
     kinds = [getattr(r, "event", "") for r in caplog.records]
     assert 1 <= kinds.count("mcp_sampling_ambiguous") <= 2
     assert 1 <= kinds.count("mcp_elicitation_ambiguous") <= 2
+
+
+# --- notifications/elicitation/complete for no question waiting --------------------------
+
+
+class _Completed:
+    """A ToolSession whose elicit_url() allows only what the server said was completed."""
+
+    async def elicit_url(
+        self, ctx: ToolContext, message: str, url: str, completed: trio.Event | None = None
+    ) -> str:
+        return "allow" if completed is not None and completed.is_set() else "deny"
+
+
+def _url_question(elicitation_id: str) -> Any:
+    import mcp_types as types
+
+    return types.ElicitRequestURLParams.model_validate(
+        {"mode": "url", "url": "https://auth.example.com/", "message": "Sign in",
+         "elicitationId": elicitation_id}
+    )  # fmt: skip
+
+
+async def test_a_stale_completion_answers_no_later_question(autojump_clock: Any) -> None:
+    """A completion that came for no question waiting (its question answered on the route,
+    the server late) is kept only for the race it is kept for: a new question of the same
+    id a minute later (a server with one fixed id) is asked of the user, not allowed."""
+    ctx = ToolContext("ses_a", "turn_a", "toolu_a", "", session=_Completed())  # type: ignore[arg-type]
+    questions = Questions("srv", {object(): ctx})
+    questions.completed("github-auth")
+    await trio.sleep(60)
+    assert (await questions.ask(None, _url_question("github-auth"))).action == "decline"  # type: ignore[arg-type, union-attr]
+    # One that races its own question (the SDK serves them in tasks of their own): allowed.
+    questions.completed("el-2")
+    assert (await questions.ask(None, _url_question("el-2"))).action == "accept"  # type: ignore[arg-type, union-attr]
