@@ -48,6 +48,10 @@ MAX_URL_MESSAGE_CHARS = 4096
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 """The hosts a URL-mode elicitation may name over plain ``http``."""
 
+EARLY_COMPLETION_S = 5.0
+"""How long a ``notifications/elicitation/complete`` for no question waiting may answer the
+question of its id still to come (the SDK's race); an older one answers nothing."""
+
 _HOST_NAME = re.compile(r"[a-z0-9._-]+")  # an ASCII host name, as urlsplit lowers it
 
 
@@ -119,8 +123,10 @@ class Questions:
         # notifications/elicitation/complete (:meth:`completed`).
         self._urls: dict[str, trio.Event] = {}
         # Completions that came before their question was asked (the SDK serves a
-        # request and a notification in tasks of their own): a few kept, the oldest dropped.
-        self._early: deque[str] = deque(maxlen=16)
+        # request and a notification in tasks of their own): a few kept, the oldest
+        # dropped, each for EARLY_COMPLETION_S (then it was a late one, for a question
+        # answered before it came, and must not answer a new question of its id).
+        self._early: deque[tuple[str, float]] = deque(maxlen=16)
         self._quiet = Quiet()  # a flood of refusals: a line a second (gateway.mcp.quiet)
         self._quiet_ambiguous = Quiet()
 
@@ -130,7 +136,7 @@ class Questions:
         if done is not None:
             done.set()
         else:
-            self._early.append(elicitation_id)
+            self._early.append((elicitation_id, trio.current_time()))
 
     async def ask(
         self, context: ClientRequestContext, params: types.ElicitRequestParams
@@ -228,8 +234,7 @@ class Questions:
         key = params.elicitation_id
         if key:
             self._urls[key] = trio.Event()
-            if key in self._early:
-                self._early.remove(key)
+            if self._came_early(key):
                 self._urls[key].set()
         try:
             with question[0]:
@@ -247,6 +252,14 @@ class Questions:
         if decision == "deny":
             return types.ElicitResult(action="decline")
         return types.ElicitResult(action="cancel")
+
+    def _came_early(self, key: str) -> bool:
+        """Whether the question ``key``'s completion came just before it (taken once)."""
+        now = trio.current_time()
+        early = [(k, at) for k, at in self._early if k == key]
+        for item in early:
+            self._early.remove(item)
+        return any(now - at <= EARLY_COMPLETION_S for _, at in early)
 
     async def required(self, ctx: ToolContext, data: object) -> bool:
         """A call failed ``-32042`` (URL elicitation required): ask each URL it names, in order.
