@@ -206,3 +206,41 @@ async def test_a_stale_completion_answers_no_later_question(autojump_clock: Any)
     # One that races its own question (the SDK serves them in tasks of their own): allowed.
     questions.completed("el-2")
     assert (await questions.ask(None, _url_question("el-2"))).action == "accept"  # type: ignore[arg-type, union-attr]
+
+
+# --- a restart with a server's questions open --------------------------------------------
+
+
+def test_a_restart_resolves_every_open_question_of_a_tool() -> None:
+    """docs/protocol.md §8: no permission is left open. A tool asks up to 2 samplings
+    (4 questions) at once, each its own permission; and a tool waiting for its server's
+    question is running (phase ``tools``), unlike one waiting for its own approval."""
+    from gateway.protocol.events import (
+        LlmCallCompleted,
+        LlmCallStarted,
+        PermissionRequested,
+        PermissionResolved,
+        ToolCalled,
+    )
+    from gateway.protocol.shapes import Usage
+    from gateway.session import recovery
+
+    name = "mcp__hb__sample"
+    events: list[tuple[str, Any]] = [
+        ("llm.call_started", LlmCallStarted("call_1", "m")),
+        ("llm.call_completed", LlmCallCompleted("call_1", "msg_1", "tool_use", Usage())),
+        ("tool.called", ToolCalled("toolu_1", name, {})),
+        ("permission.requested",
+         PermissionRequested("perm_0", "toolu_1", name, {}, 1, "elicitation_url", "?")),
+        ("permission.resolved", PermissionResolved("perm_0", "deny")),
+        ("permission.requested",
+         PermissionRequested("perm_1", "toolu_1", name, {}, 1, "sampling", "?")),
+        ("permission.requested",
+         PermissionRequested("perm_2", "toolu_1", name, {}, 1, "sampling", "?")),
+    ]  # fmt: skip
+    state = recovery.plan("turn_1", events, [])
+    closing = recovery.closing(state)
+    resolved = [p.perm_id for p in closing if isinstance(p, PermissionResolved)]
+    assert resolved == ["perm_1", "perm_2"], closing
+    assert [type(p).__name__ for p in closing][-2:] == ["ToolFailed", "TurnCancelled"]
+    assert closing[-1].phase == "tools", closing[-1]  # type: ignore[attr-defined]
