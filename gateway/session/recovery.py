@@ -71,9 +71,10 @@ class Interrupted:
     pending_tools: list[tuple[str, str]] = field(default_factory=list)  # (id, name), in order
     delegates: list[tuple[str, str]] = field(default_factory=list)  # (tool_use_id, worker id)
     partial: bool = False
-    # The requests still waiting, by tool use id: each is resolved ``cancelled``
-    # right before its tool's ``tool.failed`` (docs/protocol.md §5).
-    permissions: dict[str, str] = field(default_factory=dict)
+    # The requests still waiting, by tool use id, in order (a tool's own approval; or
+    # its server's questions, several at once): each is resolved ``cancelled`` right
+    # before its tool's ``tool.failed`` (docs/protocol.md §5).
+    permissions: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def plan(
@@ -110,7 +111,8 @@ def plan(
             pending.pop(p.tool_use_id, None)
             waiting.discard(p.tool_use_id)
         elif type_ == "permission.requested":
-            waiting.add(p.tool_use_id)
+            if p.kind == "tool":  # its own approval: not running yet (a server's question
+                waiting.add(p.tool_use_id)  # is asked while its tool runs: section 11)
             perm_tool[p.perm_id] = p.tool_use_id
         elif type_ == "permission.resolved":
             waiting.discard(perm_tool.pop(p.perm_id, ""))
@@ -136,8 +138,17 @@ def plan(
     running_delegates = [(t, w) for t, w in delegates.items() if t in pending]
     return Interrupted(
         turn_id, phase, pending_tools=list(pending.items()), delegates=running_delegates,
-        partial=partial, permissions={t: perm for perm, t in perm_tool.items() if t in pending},
+        partial=partial, permissions=_by_tool(perm_tool, pending),
     )  # fmt: skip
+
+
+def _by_tool(perm_tool: dict[str, str], pending: dict[str, str]) -> dict[str, tuple[str, ...]]:
+    """The open requests of each pending tool, in the order asked."""
+    out: dict[str, tuple[str, ...]] = {}
+    for perm_id, tool_use_id in perm_tool.items():
+        if tool_use_id in pending:
+            out[tool_use_id] = (*out.get(tool_use_id, ()), perm_id)
+    return out
 
 
 def closing(state: Interrupted) -> list[Payload]:
