@@ -244,3 +244,37 @@ def test_a_restart_resolves_every_open_question_of_a_tool() -> None:
     assert resolved == ["perm_1", "perm_2"], closing
     assert [type(p).__name__ for p in closing][-2:] == ["ToolFailed", "TurnCancelled"]
     assert closing[-1].phase == "tools", closing[-1]  # type: ignore[attr-defined]
+
+
+def test_a_restart_ends_a_sampling_call_it_interrupted() -> None:
+    """docs/protocol.md §8: every started call gets its end, a sampling call too. A restart
+    closes it as a live cancel does: its ``llm.call_failed`` (``cancelled``, ``purpose:
+    "sampling"``) before its tool's ``tool.failed``; the phase stays ``tools``."""
+    from gateway.protocol.events import (
+        LlmCallCompleted,
+        LlmCallFailed,
+        LlmCallStarted,
+        ToolCalled,
+    )
+    from gateway.protocol.shapes import Usage
+    from gateway.session import recovery
+
+    events: list[tuple[str, Any]] = [
+        ("llm.call_started", LlmCallStarted("call_1", "m")),
+        ("llm.call_completed", LlmCallCompleted("call_1", "msg_1", "tool_use", Usage())),
+        ("tool.called", ToolCalled("toolu_1", "mcp__hb__sample", {})),
+        ("llm.call_started", LlmCallStarted("call_2", "m", "sampling")),
+        ("llm.call_completed", LlmCallCompleted("call_2", "msg_x", "end_turn", Usage(), "sampling")),
+        ("llm.call_started", LlmCallStarted("call_3", "m", "sampling")),
+    ]  # fmt: skip
+    state = recovery.plan("turn_1", events, [])
+    assert (state.phase, state.call_id) == ("tools", None)
+    closing = recovery.closing(state)
+    assert [type(p).__name__ for p in closing] == ["LlmCallFailed", "ToolFailed", "TurnCancelled"]
+    failed = closing[0]
+    assert isinstance(failed, LlmCallFailed)
+    assert (failed.call_id, failed.error_class, failed.purpose) == (
+        "call_3",
+        "cancelled",
+        "sampling",
+    )
