@@ -264,7 +264,8 @@ def test_a_restart_ends_a_sampling_call_it_interrupted() -> None:
         ("llm.call_completed", LlmCallCompleted("call_1", "msg_1", "tool_use", Usage())),
         ("tool.called", ToolCalled("toolu_1", "mcp__hb__sample", {})),
         ("llm.call_started", LlmCallStarted("call_2", "m", "sampling")),
-        ("llm.call_completed", LlmCallCompleted("call_2", "msg_x", "end_turn", Usage(), "sampling")),
+        ("llm.call_completed",
+         LlmCallCompleted("call_2", "msg_x", "end_turn", Usage(), "sampling")),
         ("llm.call_started", LlmCallStarted("call_3", "m", "sampling")),
     ]  # fmt: skip
     state = recovery.plan("turn_1", events, [])
