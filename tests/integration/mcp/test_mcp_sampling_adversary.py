@@ -279,3 +279,24 @@ def test_a_restart_ends_a_sampling_call_it_interrupted() -> None:
         "cancelled",
         "sampling",
     )
+
+
+# --- the agent's side: a claude-code agent, deny ------------------------------------------
+
+
+async def test_a_claude_code_agent_refuses_sampling_asking_nobody() -> None:
+    """Its model is its CLI's: no call of the gateway's to make, whatever mcp_sampling says."""
+    from types import SimpleNamespace
+
+    from gateway.errors import ToolError
+    from gateway.session.sampling_host import sample
+    from gateway.tools.sampling import SamplingRequest
+
+    request = SamplingRequest("srv", (("user", "hi"),), 10)
+    ctx = ToolContext("ses_a", "turn_a", "toolu_a", "")
+    for setting, why in (("allow", "runs a CLI"), ("ask", "runs a CLI"), ("deny", "denies")):
+        agent = SimpleNamespace(name="cc", runtime="claude-code", mcp_sampling=setting)
+        loop = SimpleNamespace(agent=agent, current=None, node=None)
+        with pytest.raises(ToolError) as refused:
+            await sample(None, loop, ctx, request)  # type: ignore[arg-type]
+        assert refused.value.error_class == "permission_denied" and why in refused.value.message
