@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from gateway.mcp.questions import MAX_URL_MESSAGE_CHARS, Questions, url_problem
 from gateway.tools.registry import ToolContext
@@ -300,3 +301,36 @@ async def test_a_claude_code_agent_refuses_sampling_asking_nobody() -> None:
         with pytest.raises(ToolError) as refused:
             await sample(None, loop, ctx, request)  # type: ignore[arg-type]
         assert refused.value.error_class == "permission_denied" and why in refused.value.message
+
+
+class _Waits:
+    """A ToolSession whose elicit_url() waits for the server's completion, then allows."""
+
+    async def elicit_url(
+        self, ctx: ToolContext, message: str, url: str, completed: trio.Event | None = None
+    ) -> str:
+        assert completed is not None
+        await completed.wait()
+        return "allow"
+
+
+async def test_a_second_question_of_a_waiting_id_is_refused() -> None:
+    """Two waiting URL questions of one id: a completion could answer only one of them (and
+    the first one's end unhooked the second's); the second is refused, the first answered."""
+    import mcp_types as types
+
+    ctx = ToolContext("ses_a", "turn_a", "toolu_a", "", session=_Waits())  # type: ignore[arg-type]
+    questions = Questions("srv", {object(): ctx})
+    got: list[Any] = []
+
+    async def first() -> None:
+        got.append(await questions.ask(None, _url_question("dup")))  # type: ignore[arg-type]
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await trio.testing.wait_all_tasks_blocked()
+            second = await questions.ask(None, _url_question("dup"))  # type: ignore[arg-type]
+            assert isinstance(second, types.ErrorData) and "dup" in second.message, second
+            questions.completed("dup")
+    assert [g.action for g in got] == ["accept"]
