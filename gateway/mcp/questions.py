@@ -143,7 +143,7 @@ class Questions:
     ) -> types.ElicitResult | types.ErrorData:
         """A server's question during a call: asked of the calling session's user."""
         if isinstance(params, types.ElicitRequestURLParams):
-            problem = url_question_problem(params)
+            problem = self._url_problem(params)
             if problem is not None:
                 return self._refused(problem, None)
         elif not isinstance(params, types.ElicitRequestFormParams):
@@ -253,6 +253,14 @@ class Questions:
             return types.ElicitResult(action="decline")
         return types.ElicitResult(action="cancel")
 
+    def _url_problem(self, params: types.ElicitRequestURLParams) -> str | None:
+        """:func:`url_question_problem`, or its id is a question's still waiting (a
+        completion could answer one of them only)."""
+        problem = url_question_problem(params)
+        if problem is None and params.elicitation_id in self._urls:
+            problem = f"the elicitation id {params.elicitation_id[:100]!r} is waiting already"
+        return problem
+
     def _came_early(self, key: str) -> bool:
         """Whether the question ``key``'s completion came just before it (taken once)."""
         now = trio.current_time()
@@ -282,7 +290,7 @@ class Questions:
             except pydantic.ValidationError:
                 self._refused("a required URL elicitation is malformed", ctx.session_id)
                 return False
-            problem = url_question_problem(params)
+            problem = self._url_problem(params)
             if problem is not None:
                 self._refused(problem, ctx.session_id)
                 return False
