@@ -334,3 +334,34 @@ async def test_a_second_question_of_a_waiting_id_is_refused() -> None:
             assert isinstance(second, types.ErrorData) and "dup" in second.message, second
             questions.completed("dup")
     assert [g.action for g in got] == ["accept"]
+
+
+def test_a_restart_resolves_a_question_whose_tool_ended_before() -> None:
+    """Two calls of a session in flight on one server: a sampling is the oldest call's
+    (gateway.mcp.sampling), which may end while it waits; the other call keeps it going. A
+    restart then resolves it too: no permission is left open (docs/protocol.md §8)."""
+    from gateway.protocol.events import (
+        LlmCallCompleted,
+        LlmCallStarted,
+        PermissionRequested,
+        PermissionResolved,
+        ToolCalled,
+        ToolCompleted,
+    )
+    from gateway.protocol.shapes import Usage
+    from gateway.session import recovery
+
+    name = "mcp__hb__sample"
+    events: list[tuple[str, Any]] = [
+        ("llm.call_started", LlmCallStarted("call_1", "m")),
+        ("llm.call_completed", LlmCallCompleted("call_1", "msg_1", "tool_use", Usage())),
+        ("tool.called", ToolCalled("toolu_1", name, {})),
+        ("tool.called", ToolCalled("toolu_2", name, {})),
+        ("permission.requested",
+         PermissionRequested("perm_1", "toolu_1", name, {}, 1, "sampling", "?")),
+        ("tool.completed", ToolCompleted("toolu_1", name, "done", 5)),
+    ]  # fmt: skip
+    closing = recovery.closing(recovery.plan("turn_1", events, []))
+    names = [type(p).__name__ for p in closing]
+    assert names == ["PermissionResolved", "ToolFailed", "TurnCancelled"], closing
+    assert isinstance(closing[0], PermissionResolved) and closing[0].perm_id == "perm_1"
