@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from gateway.ids import new_message_id, now_ms
-from gateway.protocol.events import EVENT_TYPES, LlmCallFailed, MessageComplete, Payload
+from gateway.protocol.events import (
+    EVENT_TYPES,
+    LlmCallFailed,
+    MessageComplete,
+    Payload,
+    PermissionResolved,
+)
 from gateway.protocol.shapes import ContentBlock, Message, ToolResultBlock, ToolUseBlock, Usage
 from gateway.session.call import Completion
 from gateway.session.closing import RESTART_REASON, CallFacts, Facts, sequence
@@ -79,6 +85,9 @@ class Interrupted:
     # before its tool's ``tool.failed`` (docs/protocol.md §5).
     permissions: dict[str, tuple[str, ...]] = field(default_factory=dict)
     sampling_calls: list[str] = field(default_factory=list)  # MCP sampling calls still open
+    # Requests still waiting whose tool ended (an MCP server's question is its oldest
+    # call's, which may end first: gateway.mcp.sampling): resolved ``cancelled`` first.
+    orphans: list[str] = field(default_factory=list)
 
 
 def plan(
@@ -149,6 +158,7 @@ def plan(
     return Interrupted(
         turn_id, phase, pending_tools=list(pending.items()), delegates=running_delegates,
         partial=partial, permissions=_by_tool(perm_tool, pending), sampling_calls=list(sampling),
+        orphans=[perm for perm, t in perm_tool.items() if t not in pending],
     )  # fmt: skip
 
 
@@ -176,10 +186,11 @@ def closing(state: Interrupted) -> list[Payload]:
         state.turn_id, state.phase, "restart", REASON, call, tuple(state.pending_tools),
         state.permissions, tuple(state.delegates), state.partial,
     )  # fmt: skip
-    sampling: list[Payload] = [
+    first: list[Payload] = [
         LlmCallFailed(c, "cancelled", "cancelled", None, "sampling") for c in state.sampling_calls
     ]
-    return sampling + sequence(facts).events
+    first += [PermissionResolved(perm, "cancelled") for perm in state.orphans]
+    return first + sequence(facts).events
 
 
 async def close_interrupted(session: Session) -> None:
