@@ -222,8 +222,10 @@ def interrupted_phase(turn_events: list[dict[str, Any]]) -> str:
     """The phase (docs/protocol.md §8) a turn stood in, from its stored events.
 
     Written here from the contract, independently of gateway/session/recovery.py:
-    a model call started and not ended is ``llm``; a tool called, not ended
-    and not waiting for a permission is ``tools``; anything else is ``seam``.
+    a model call started and not ended is ``llm`` (an MCP server's sampling
+    call is its tool's: ``tools``); a tool called, not ended and not waiting
+    for its own approval (``kind: "tool"``; a server's question is asked while
+    its tool runs) is ``tools``; anything else is ``seam``.
     """
     open_calls: set[str] = set()
     tools: set[str] = set()
@@ -231,7 +233,7 @@ def interrupted_phase(turn_events: list[dict[str, Any]]) -> str:
     for e in turn_events:
         p = e["payload"]
         match e["type"]:
-            case "llm.call_started":
+            case "llm.call_started" if p.get("purpose") != "sampling":
                 open_calls.add(p["call_id"])
             case "llm.call_completed" | "llm.call_failed":
                 open_calls.discard(p["call_id"])
@@ -239,7 +241,7 @@ def interrupted_phase(turn_events: list[dict[str, Any]]) -> str:
                 tools.add(p["tool_use_id"])
             case "tool.completed" | "tool.failed":
                 tools.discard(p["tool_use_id"])
-            case "permission.requested":
+            case "permission.requested" if p.get("kind", "tool") == "tool":
                 waiting[p["perm_id"]] = p["tool_use_id"]
             case "permission.resolved":
                 waiting.pop(p["perm_id"], None)

@@ -13,7 +13,10 @@ questions end with its last call on the connection (:meth:`Questions.end`).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
+import unicodedata
 from collections import deque
 from contextlib import suppress
 from urllib.parse import urlsplit
@@ -24,6 +27,7 @@ import trio
 from mcp.client.session import ClientRequestContext
 
 from gateway.logs import event
+from gateway.mcp.quiet import Quiet, more
 from gateway.mcp.tools import elicitation_problem
 from gateway.tools.registry import ToolContext
 
@@ -44,18 +48,29 @@ MAX_URL_MESSAGE_CHARS = 4096
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 """The hosts a URL-mode elicitation may name over plain ``http``."""
 
+EARLY_COMPLETION_S = 5.0
+"""How long a ``notifications/elicitation/complete`` for no question waiting may answer the
+question of its id still to come (the SDK's race); an older one answers nothing."""
+
+_HOST_NAME = re.compile(r"[a-z0-9._-]+")  # an ASCII host name, as urlsplit lowers it
+
 
 def url_problem(url: str) -> str | None:
     """Why ``url`` may not be shown to a user to open, or None (docs/protocol.md §11).
 
     ``https``, or ``http`` to a loopback host only; a host; no user or
     password part (``https://bank.example@evil.example`` reads as the bank);
-    no whitespace or control characters; at most :data:`MAX_URL_CHARS`.
+    no whitespace or control characters (C0, C1, and the invisible format
+    characters: bidi overrides and isolates, zero-width spaces); a host that
+    is an ASCII host name (an IDN in its ``xn--`` form: ``apple.com`` with a
+    Cyrillic ``a`` reads as another's) or an IPv6 literal, nothing
+    percent-encoded or backslashed in it (a browser decodes the one and
+    reads the other as ``/``); at most :data:`MAX_URL_CHARS`.
     ``javascript:``, ``data:``, ``file:`` and every other scheme are refused.
     """
     if len(url) > MAX_URL_CHARS:
         return f"the URL is over {MAX_URL_CHARS} characters"
-    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+    if any(c.isspace() or unicodedata.category(c) in ("Cc", "Cf") for c in url):
         return "the URL holds whitespace or control characters"
     try:
         parts = urlsplit(url)
@@ -66,11 +81,29 @@ def url_problem(url: str) -> str | None:
         return f"the URL's scheme is {parts.scheme or 'missing'!r}, not https"
     if not host:
         return "the URL names no host"
+    if not _HOST_NAME.fullmatch(host) and not _ipv6(host):
+        return f"the URL's host {host[:100]!r} is not an ASCII host name (an IDN: its xn-- form)"
     if parts.username is not None or parts.password is not None:
         return "the URL holds a user name or password"
     if parts.scheme == "http" and host not in LOOPBACK_HOSTS:
         return "a plain http URL is allowed to a loopback host only"
     return None
+
+
+def url_question_problem(params: types.ElicitRequestURLParams) -> str | None:
+    """Why a URL-mode question may not be asked (its URL, its message's length), or None."""
+    problem = url_problem(params.url)
+    if problem is None and len(params.message) > MAX_URL_MESSAGE_CHARS:
+        problem = f"the message is over {MAX_URL_MESSAGE_CHARS} characters"
+    return problem
+
+
+def _ipv6(host: str) -> bool:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class Questions:
@@ -90,8 +123,12 @@ class Questions:
         # notifications/elicitation/complete (:meth:`completed`).
         self._urls: dict[str, trio.Event] = {}
         # Completions that came before their question was asked (the SDK serves a
-        # request and a notification in tasks of their own): a few kept, the oldest dropped.
-        self._early: deque[str] = deque(maxlen=16)
+        # request and a notification in tasks of their own): a few kept, the oldest
+        # dropped, each for EARLY_COMPLETION_S (then it was a late one, for a question
+        # answered before it came, and must not answer a new question of its id).
+        self._early: deque[tuple[str, float]] = deque(maxlen=16)
+        self._quiet = Quiet()  # a flood of refusals: a line a second (gateway.mcp.quiet)
+        self._quiet_ambiguous = Quiet()
 
     def completed(self, elicitation_id: str) -> None:
         """The server says the URL-mode question ``elicitation_id`` is done (its notification)."""
@@ -99,16 +136,14 @@ class Questions:
         if done is not None:
             done.set()
         else:
-            self._early.append(elicitation_id)
+            self._early.append((elicitation_id, trio.current_time()))
 
     async def ask(
         self, context: ClientRequestContext, params: types.ElicitRequestParams
     ) -> types.ElicitResult | types.ErrorData:
         """A server's question during a call: asked of the calling session's user."""
         if isinstance(params, types.ElicitRequestURLParams):
-            problem = url_problem(params.url)
-            if problem is None and len(params.message) > MAX_URL_MESSAGE_CHARS:
-                problem = f"the message is over {MAX_URL_MESSAGE_CHARS} characters"
+            problem = self._url_problem(params)
             if problem is not None:
                 return self._refused(problem, None)
         elif not isinstance(params, types.ElicitRequestFormParams):
@@ -117,12 +152,14 @@ class Questions:
             )
         sessions = {ctx.session_id for ctx in self._calls.values()}
         if len(sessions) != 1:
-            event(
-                log, logging.WARNING, "mcp_elicitation_ambiguous",
-                f"MCP server {self.server} asked a question while calls of {len(sessions)}"
-                " sessions were in flight: cancelled",
-                server=self.server, count=len(sessions),
-            )  # fmt: skip
+            left_out = self._quiet_ambiguous.due()
+            if left_out is not None:
+                event(
+                    log, logging.WARNING, "mcp_elicitation_ambiguous",
+                    f"MCP server {self.server} asked a question while calls of {len(sessions)}"
+                    f" sessions were in flight: cancelled{more(left_out)}",
+                    server=self.server, count=len(sessions), left_out=left_out or None,
+                )  # fmt: skip
             return types.ElicitResult(action="cancel")
         ctx = next(iter(self._calls.values()))
         if ctx.session is None:
@@ -155,11 +192,7 @@ class Questions:
         """A new question of the session, or None past MAX_QUESTIONS (logged)."""
         asked = self._asked.setdefault(session_id, [])
         if len(asked) >= MAX_QUESTIONS:
-            event(
-                log, logging.WARNING, "mcp_elicitation_refused",
-                f"MCP server {self.server} asked over {MAX_QUESTIONS} questions at once: cancelled",
-                server=self.server, session_id=session_id, error="too many at once",
-            )  # fmt: skip
+            self._log_refused(f"over {MAX_QUESTIONS} questions at once: cancelled", session_id)
             return None
         question = (trio.CancelScope(), trio.Event())
         asked.append(question)
@@ -171,12 +204,20 @@ class Questions:
             self._asked.get(session_id, []).remove(question)
 
     def _refused(self, problem: str, session_id: str | None) -> types.ErrorData:
-        event(
-            log, logging.WARNING, "mcp_elicitation_refused",
-            f"MCP server {self.server} asked a question that cannot be asked: {problem}",
-            server=self.server, session_id=session_id, error=problem,
-        )  # fmt: skip
+        self._log_refused(problem, session_id)
         return types.ErrorData(code=types.INVALID_PARAMS, message=f"refused: {problem}")
+
+    def _log_refused(self, problem: str, session_id: str | None) -> None:
+        """``mcp_elicitation_refused``, at most a line a second (gateway.mcp.quiet)."""
+        left_out = self._quiet.due()
+        if left_out is not None:
+            event(
+                log, logging.WARNING, "mcp_elicitation_refused",
+                f"MCP server {self.server} asked a question that cannot be asked: {problem}"
+                f"{more(left_out)}",
+                server=self.server, session_id=session_id, error=problem,
+                left_out=left_out or None,
+            )  # fmt: skip
 
     async def _ask_url(
         self, ctx: ToolContext, params: types.ElicitRequestURLParams
@@ -193,8 +234,7 @@ class Questions:
         key = params.elicitation_id
         if key:
             self._urls[key] = trio.Event()
-            if key in self._early:
-                self._early.remove(key)
+            if self._came_early(key):
                 self._urls[key].set()
         try:
             with question[0]:
@@ -213,13 +253,30 @@ class Questions:
             return types.ElicitResult(action="decline")
         return types.ElicitResult(action="cancel")
 
+    def _url_problem(self, params: types.ElicitRequestURLParams) -> str | None:
+        """:func:`url_question_problem`, or its id is a question's still waiting (a
+        completion could answer one of them only)."""
+        problem = url_question_problem(params)
+        if problem is None and params.elicitation_id in self._urls:
+            problem = f"the elicitation id {params.elicitation_id[:100]!r} is waiting already"
+        return problem
+
+    def _came_early(self, key: str) -> bool:
+        """Whether the question ``key``'s completion came just before it (taken once)."""
+        now = trio.current_time()
+        early = [(k, at) for k, at in self._early if k == key]
+        for item in early:
+            self._early.remove(item)
+        return any(now - at <= EARLY_COMPLETION_S for _, at in early)
+
     async def required(self, ctx: ToolContext, data: object) -> bool:
         """A call failed ``-32042`` (URL elicitation required): ask each URL it names, in order.
 
         Whether every one was accepted (the call is then made again, once:
         gateway.mcp.connection). The error's ``data`` is the server's: at most
-        :data:`MAX_QUESTIONS` well-formed URL elicitations, each URL checked
-        as a question's is; anything else asks nobody.
+        :data:`MAX_QUESTIONS` well-formed URL elicitations, each checked as a
+        question is (:func:`url_question_problem`: its URL, its message's
+        length); anything else asks nobody.
         """
         items = data.get("elicitations") if isinstance(data, dict) else None
         if ctx.session is None or not isinstance(items, list) or not items:
@@ -233,7 +290,7 @@ class Questions:
             except pydantic.ValidationError:
                 self._refused("a required URL elicitation is malformed", ctx.session_id)
                 return False
-            problem = url_problem(params.url)
+            problem = self._url_problem(params)
             if problem is not None:
                 self._refused(problem, ctx.session_id)
                 return False

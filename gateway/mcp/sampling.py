@@ -8,7 +8,8 @@ logged); with no call in flight it is refused. What it asks is checked here,
 before the session sees it: text content only (no images, no tools: the
 client advertises neither), at most :data:`MAX_SAMPLING_CHARS` characters,
 ``max_tokens`` at least 1. At most :data:`MAX_SAMPLINGS` of one session are
-served at once on one connection; more are refused at once.
+served at once on one connection; more are refused at once. Refusals are
+logged at most a line a second (gateway.mcp.quiet).
 
 The session (gateway.session.sampling_host) then applies its agent's
 ``mcp_sampling``, asks its user and calls its model. Every refusal is a
@@ -30,6 +31,7 @@ from mcp.client.session import ClientRequestContext
 
 from gateway.errors import ToolError
 from gateway.logs import event
+from gateway.mcp.quiet import Quiet, more
 from gateway.tools.registry import ToolContext
 from gateway.tools.sampling import SamplingRequest
 
@@ -48,15 +50,17 @@ USER_REJECTED = -1
 """The JSON-RPC error code of a sampling the agent or the user refused (MCP's own example)."""
 
 
-def calling(server: str, calls: dict[object, ToolContext]) -> ToolContext | None:
-    """The context of the one session whose calls are in flight, or None (logged when several)."""
+def calling(server: str, calls: dict[object, ToolContext], quiet: Quiet) -> ToolContext | None:
+    """The context of the one session whose calls are in flight, or None (logged when several,
+    at most a line a second: ``quiet``)."""
     sessions = {ctx.session_id for ctx in calls.values()}
-    if len(sessions) > 1:
+    left_out = quiet.due() if len(sessions) > 1 else None
+    if left_out is not None:
         event(
             log, logging.WARNING, "mcp_sampling_ambiguous",
             f"MCP server {server} sent a sampling request while calls of {len(sessions)}"
-            " sessions were in flight: refused",
-            server=server, count=len(sessions),
+            f" sessions were in flight: refused{more(left_out)}",
+            server=server, count=len(sessions), left_out=left_out or None,
         )  # fmt: skip
     if len(sessions) != 1:
         return None
@@ -110,12 +114,14 @@ class Samplings:
         self.server = server
         self._calls = calls
         self._serving: dict[str, list[tuple[trio.CancelScope, trio.Event]]] = {}
+        self._quiet = Quiet()  # a flood of refusals: a line a second (gateway.mcp.quiet)
+        self._quiet_ambiguous = Quiet()
 
     async def sample(
         self, context: ClientRequestContext, params: types.CreateMessageRequestParams
     ) -> types.CreateMessageResult | types.ErrorData:
         """A server's sampling request during a call: served for the calling session."""
-        ctx = calling(self.server, self._calls)
+        ctx = calling(self.server, self._calls, self._quiet_ambiguous)
         if ctx is None or ctx.session is None:
             return self._refused(types.INVALID_REQUEST, "no tool call of one session in flight")
         try:
@@ -153,11 +159,13 @@ class Samplings:
         )
 
     def _refused(self, code: int, why: str, session_id: str | None = None) -> types.ErrorData:
-        event(
-            log, logging.WARNING, "mcp_sampling_refused",
-            f"MCP server {self.server}: a sampling request was refused: {why}",
-            server=self.server, session_id=session_id, error=why,
-        )  # fmt: skip
+        left_out = self._quiet.due()
+        if left_out is not None:
+            event(
+                log, logging.WARNING, "mcp_sampling_refused",
+                f"MCP server {self.server}: a sampling request was refused: {why}{more(left_out)}",
+                server=self.server, session_id=session_id, error=why, left_out=left_out or None,
+            )  # fmt: skip
         return types.ErrorData(code=code, message=f"sampling refused: {why}")
 
     async def end(self, session_id: str) -> None:

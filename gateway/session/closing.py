@@ -96,7 +96,7 @@ class Facts:
     reason: str = "cancelled"  # turn.cancelled's reason (a cancel, a restart)
     call: CallFacts | None = None  # the call of the phase, if any
     pending_tools: tuple[ToolRef, ...] = ()  # announced or asked for, not ended, no task running
-    approvals: Mapping[str, str] = field(default_factory=dict)  # tool use id -> open perm_id
+    approvals: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # tool use id -> open
     delegates: tuple[ToolRef, ...] = ()  # open delegates: (tool use id, worker session id)
     partial: bool = False  # an assistant message of the turn exists
     usage: Usage = field(default_factory=Usage)  # the turn's, for turn.completed
@@ -179,9 +179,7 @@ def _cancel(f: Facts) -> Closing:
     gone = "the gateway restarted" if f.why == "restart" else "cancelled"
     out += [DelegateFailed(t, worker, "cancelled_by_user", gone) for t, worker in f.delegates]
     for tool_use_id, name in pending:
-        perm_id = f.approvals.get(tool_use_id)
-        if perm_id is not None:
-            out.append(PermissionResolved(perm_id, "cancelled"))
+        out += [PermissionResolved(perm, "cancelled") for perm in f.approvals.get(tool_use_id, ())]
         out.append(ToolFailed(tool_use_id, name, "cancelled", "cancelled"))
     out.append(TurnCancelled(f.turn_id, f.reason, row, f.partial))
     return Closing(out, row)

@@ -17,7 +17,10 @@ that a client resuming with a ``since`` from before the crash gets
 Where the phase is not written down, it is inferred: an ``llm.call_started``
 with no ``llm.call_completed``/``llm.call_failed`` after it is ``llm``; tools
 called and not ended are ``tools`` if any of them was running (not waiting
-for a permission), else ``seam``; a turn between a call's end and its next
+for its own approval), else ``seam``; an MCP server's sampling call
+(``purpose: "sampling"``) is part of its tool's run: one left open gets its
+``llm.call_failed`` (``cancelled``) before the tools' ``tool.failed``, as a
+live cancel emits it (docs/protocol.md §8); a turn between a call's end and its next
 step is ``seam``. A ``context.compacting`` with no ``context.compacted`` after
 it (the summary call of docs/protocol.md §12 was running) is ``llm``, with no
 call to close: only ``turn.cancelled``, as a live cancel then emits.
@@ -32,7 +35,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from gateway.ids import new_message_id, now_ms
-from gateway.protocol.events import EVENT_TYPES, MessageComplete, Payload
+from gateway.protocol.events import (
+    EVENT_TYPES,
+    LlmCallFailed,
+    MessageComplete,
+    Payload,
+    PermissionResolved,
+)
 from gateway.protocol.shapes import ContentBlock, Message, ToolResultBlock, ToolUseBlock, Usage
 from gateway.session.call import Completion
 from gateway.session.closing import RESTART_REASON, CallFacts, Facts, sequence
@@ -71,9 +80,14 @@ class Interrupted:
     pending_tools: list[tuple[str, str]] = field(default_factory=list)  # (id, name), in order
     delegates: list[tuple[str, str]] = field(default_factory=list)  # (tool_use_id, worker id)
     partial: bool = False
-    # The requests still waiting, by tool use id: each is resolved ``cancelled``
-    # right before its tool's ``tool.failed`` (docs/protocol.md §5).
-    permissions: dict[str, str] = field(default_factory=dict)
+    # The requests still waiting, by tool use id, in order (a tool's own approval; or
+    # its server's questions, several at once): each is resolved ``cancelled`` right
+    # before its tool's ``tool.failed`` (docs/protocol.md §5).
+    permissions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    sampling_calls: list[str] = field(default_factory=list)  # MCP sampling calls still open
+    # Requests still waiting whose tool ended (an MCP server's question is its oldest
+    # call's, which may end first: gateway.mcp.sampling): resolved ``cancelled`` first.
+    orphans: list[str] = field(default_factory=list)
 
 
 def plan(
@@ -88,9 +102,15 @@ def plan(
     delegates: dict[str, str] = {}
     called_since_completion = False
     compacting = False
+    sampling: dict[str, None] = {}  # MCP sampling calls open, in order
     for type_, p in events:
         if type_.startswith("llm.call_") and p.purpose == "sampling":
-            continue  # an MCP server's, inside a tool call: the tool's phase (section 11)
+            # an MCP server's, inside a tool call: the tool's phase (section 11)
+            if type_ == "llm.call_started":
+                sampling[p.call_id] = None
+            else:
+                sampling.pop(p.call_id, None)
+            continue
         if type_ == "context.compacting":
             compacting = True
         elif type_ == "context.compacted":
@@ -110,7 +130,8 @@ def plan(
             pending.pop(p.tool_use_id, None)
             waiting.discard(p.tool_use_id)
         elif type_ == "permission.requested":
-            waiting.add(p.tool_use_id)
+            if p.kind == "tool":  # its own approval: not running yet (a server's question
+                waiting.add(p.tool_use_id)  # is asked while its tool runs: section 11)
             perm_tool[p.perm_id] = p.tool_use_id
         elif type_ == "permission.resolved":
             waiting.discard(perm_tool.pop(p.perm_id, ""))
@@ -136,8 +157,18 @@ def plan(
     running_delegates = [(t, w) for t, w in delegates.items() if t in pending]
     return Interrupted(
         turn_id, phase, pending_tools=list(pending.items()), delegates=running_delegates,
-        partial=partial, permissions={t: perm for perm, t in perm_tool.items() if t in pending},
+        partial=partial, permissions=_by_tool(perm_tool, pending), sampling_calls=list(sampling),
+        orphans=[perm for perm, t in perm_tool.items() if t not in pending],
     )  # fmt: skip
+
+
+def _by_tool(perm_tool: dict[str, str], pending: dict[str, str]) -> dict[str, tuple[str, ...]]:
+    """The open requests of each pending tool, in the order asked."""
+    out: dict[str, tuple[str, ...]] = {}
+    for perm_id, tool_use_id in perm_tool.items():
+        if tool_use_id in pending:
+            out[tool_use_id] = (*out.get(tool_use_id, ()), perm_id)
+    return out
 
 
 def closing(state: Interrupted) -> list[Payload]:
@@ -155,7 +186,11 @@ def closing(state: Interrupted) -> list[Payload]:
         state.turn_id, state.phase, "restart", REASON, call, tuple(state.pending_tools),
         state.permissions, tuple(state.delegates), state.partial,
     )  # fmt: skip
-    return sequence(facts).events
+    first: list[Payload] = [
+        LlmCallFailed(c, "cancelled", "cancelled", None, "sampling") for c in state.sampling_calls
+    ]
+    first += [PermissionResolved(perm, "cancelled") for perm in state.orphans]
+    return first + sequence(facts).events
 
 
 async def close_interrupted(session: Session) -> None:

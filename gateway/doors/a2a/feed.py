@@ -150,7 +150,7 @@ class TaskFeed:
             return self._whole(p.message.id, "".join(_texts(p.message.content)))
         if isinstance(p, ToolCompleted) and p.files:
             return self._files(p)
-        if isinstance(p, LlmCallFailed):
+        if isinstance(p, LlmCallFailed) and p.purpose != "sampling":  # its tool's (§11)
             self.failure = f"{p.error_class}: {p.message}"
         elif isinstance(p, PermissionRequested):
             self.pending[p.perm_id] = p
@@ -333,6 +333,13 @@ def _question(p: PermissionRequested) -> a2.Message:
     if isinstance(p.requested_schema, dict):
         asked["requestedSchema"] = p.requested_schema
     prompt = f"Allow {p.tool_name}? Answer with a message to this task: yes or no."
+    if p.kind == "elicitation_url":  # the URL to open, in the text a client shows (§11)
+        prompt = (
+            f"{p.tool_name} asks: {p.message} Open {p.input.get('url')}, then answer"
+            " with a message to this task: yes (done) or no."
+        )
+    elif p.kind == "sampling":
+        prompt = f"{p.message}. Allow? Answer with a message to this task: yes or no."
     return a2.Message(
         message_id=f"ask:{p.perm_id}",
         role="ROLE_AGENT",

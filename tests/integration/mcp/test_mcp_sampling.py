@@ -309,7 +309,8 @@ async def test_sampling_for_a_turn_that_is_over_is_refused(tmp_path: Path) -> No
 
 
 def test_a_restart_reads_a_sampling_call_as_part_of_its_tool() -> None:
-    """docs/protocol.md §8: recovery closes the tool (phase tools), not a call of the turn."""
+    """docs/protocol.md §8: recovery closes the tool (phase tools), not a call of the turn;
+    the sampling call it left open ends first, as a live cancel ends it."""
     from gateway.protocol.events import (
         LlmCallCompleted,
         LlmCallStarted,
@@ -333,7 +334,7 @@ def test_a_restart_reads_a_sampling_call_as_part_of_its_tool() -> None:
     assert (state.phase, state.call_id) == ("tools", None)
     assert state.pending_tools == [("toolu_1", "mcp__hb__sample")]
     closing = [type(p).__name__ for p in recovery.closing(state)]
-    assert closing == ["ToolFailed", "TurnCancelled"], closing
+    assert closing == ["LlmCallFailed", "ToolFailed", "TurnCancelled"], closing
 
 
 async def test_tools_in_a_sampling_request_are_refused() -> None:

@@ -135,7 +135,7 @@ CASES: list[Case] = [
             "server_restart",
             None,
             TOOLS,
-            approvals={"tu_2": "perm_1"},
+            approvals={"tu_2": ("perm_1",)},
             delegates=(("tu_1", "sess_w"),),
         ),
         [
