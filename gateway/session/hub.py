@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -188,11 +188,15 @@ class Group:
     heartbeat clock of its direct subscribers (docs/protocol.md §3).
     ``coalesce_ms`` is the group's rollup window and ``rollup`` its
     :class:`Coalescer` (None: 0, no rollup; docs/protocol.md §3 "Delta rollup"),
-    ``timed`` the deadline its timer was last set for.
+    ``timed`` the deadline its timer was last set for. ``shares`` is what a
+    mapping door shares between the group's direct clients, by the door's kind
+    (:mod:`gateway.doors.shared`: a mapping per batch for the clients in one
+    state), kept here so that it lives and dies with the group.
     """
 
     __slots__ = (
-        "coalesce_ms", "direct", "encoding", "key", "queued", "rollup", "timed", "written_at",
+        "coalesce_ms", "direct", "encoding", "key", "queued", "rollup", "shares", "timed",
+        "written_at",
     )  # fmt: skip
 
     def __init__(self, key: FilterKey, coalesce_ms: int = 0) -> None:
@@ -203,6 +207,7 @@ class Group:
         self.direct: dict[Subscriber, Callable[[bytes], int]] = {}  # each one's try_write
         self.encoding: dict[Subscriber, tuple[Encoder, Callable[[bytes], int]]] = {}
         self.queued: dict[Subscriber, None] = {}
+        self.shares: dict[Hashable, list[Any]] = {}
         self.written_at = -math.inf
 
     def __len__(self) -> int:
