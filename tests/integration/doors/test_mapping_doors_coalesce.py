@@ -16,7 +16,7 @@ from typing import Any, cast
 import pytest
 import trio
 
-from tests.aisdk_support import UiMessage, read, request, user
+from tests.aisdk_support import UiMessage, read, read_until, request, user
 from tests.conftest import Harness, make_config, running_gateway
 from tests.integration.doors.agui.test_agui_http import Sse, agui, run_input, types
 
@@ -105,3 +105,34 @@ async def test_a_window_that_is_no_integer_or_out_of_range_is_refused(tmp_path: 
                     assert "coalesce_ms" in r.json()["error"]["message"]
             # Refused before anything started: the chat has no session, no turn ran.
             assert (await h.http.get(f"/sessions/{chat_id}")).status_code == 404
+
+
+async def test_a_resume_with_a_window_beside_a_response_without_ends_with_the_same_text(
+    tmp_path: Path,
+) -> None:
+    """Two clients of one chat in two windows (two hub groups, never one mapping between
+    them): the sender's response unrolled, a resume mid-turn rolled up, the same message."""
+    chat_id = f"chat-{uuid.uuid4()}"
+    slow = {"script": {"delay_ms": 5, "rounds": [[{"lorem": 160}]]}}
+    plain, rolled = UiMessage(), UiMessage()
+    with trio.fail_after(30):
+        async with running_gateway(make_config(tmp_path)) as h:
+            body = request(chat_id, user(slow))
+            async with h.http.stream("POST", "/ai-sdk/chat", json=body) as r:
+                assert r.status_code == 200
+                lines = cast(AsyncGenerator[str, None], r.aiter_lines())
+                async with aclosing(lines):
+                    await read_until(lines, plain, lambda: len(plain.text.split()) >= 10)
+                    url = f"/ai-sdk/chat/{chat_id}/stream"
+                    params = {"coalesce_ms": "40"}
+                    async with h.http.stream("GET", url, params=params) as again:
+                        assert again.status_code == 200
+                        rolled_lines = cast(AsyncGenerator[str, None], again.aiter_lines())
+                        async with aclosing(rolled_lines):
+                            await read_until(rolled_lines, rolled, lambda: False)
+                    await read_until(lines, plain, lambda: False)
+    assert plain.done and rolled.done
+    assert rolled.text == plain.text and len(plain.text.split()) == 160
+    few = [c["type"] for c in rolled.chunks].count("text-delta")
+    many = [c["type"] for c in plain.chunks].count("text-delta")
+    assert few < many / 2, (few, many)
