@@ -140,7 +140,11 @@ def parser() -> argparse.ArgumentParser:
                     help="--profile sessions: sessions per churn round (default 1000)")  # fmt: skip
     ap.add_argument("--clients", type=_counts, metavar="N,N,..",
                     help="total clients at each fan-out step (last = reference)")  # fmt: skip
-    ap.add_argument("--rate", type=float, help="tokens/s per session at the reference step")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        help="tokens/s per session at the reference step; --profile rollup: the turn's",
+    )
     ap.add_argument("--rates", type=_rates, metavar="R,R,..", help="rate sweep, tokens/s")
     ap.add_argument("--window", type=float, dest="window_s", help="seconds per window")
     ap.add_argument("--idle", type=_counts, dest="idle_counts", metavar="N,N",
@@ -266,9 +270,11 @@ def _rollup(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str)
 
     if args.url or args.config or args.backend != "sqlite" or args.minutes is not None:
         ap.error("a rollup run starts a daemon of its own (bench/README.md, Delta rollup)")
+    if args.rate is not None and not 0 < args.rate <= 1000:
+        ap.error("--rate: tokens/s per session, above 0 and at most 1000")
     profile = with_overrides(
         ROLLUP_PROFILES[args.profile], sessions=args.sessions, repetitions=args.repetitions,
-        windows=args.windows,
+        windows=args.windows, delay_ms=1000 / args.rate if args.rate else None,
     )  # fmt: skip
     if profile.sessions < 1 or profile.repetitions < 1:
         ap.error("--sessions and --repetitions must be >= 1")
@@ -301,8 +307,14 @@ def _doors(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) 
 def _checkpoint(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
     from bench import checkpoint
 
-    if args.url or args.config or args.backend != "sqlite" or args.minutes is not None:
+    if args.url or args.config or args.backend == "both" or args.minutes is not None:
         ap.error("a checkpoint run starts daemons of its own (bench/README.md, Checkpoint)")
+    if args.backend == "redis":
+        try:
+            redis_binary()
+        except RedisMissing as missing:
+            print(f"bench: {missing}", file=sys.stderr)
+            return 1
     profile = with_overrides(
         CHECKPOINT_PROFILES[args.profile],
         sessions=args.sessions,
@@ -310,13 +322,16 @@ def _checkpoint(ap: argparse.ArgumentParser, args: argparse.Namespace, command: 
         rate=args.rate,
         window_s=args.window_s,
         workers=args.workers,
+        peers=args.peers,
     )
     rounds = 3 if args.repetitions is None else args.repetitions
     if rounds < 1 or profile.sessions < 1:
         ap.error("--repetitions and --sessions must be >= 1")
     raise_fd_limit()
     try:
-        return checkpoint.main(profile, args.checkpoint_ms, rounds, args.out, command)
+        return checkpoint.main(
+            profile, args.checkpoint_ms, rounds, args.out, command, backend=args.backend
+        )
     except KeyboardInterrupt:
         return 130
 

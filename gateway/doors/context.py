@@ -38,11 +38,12 @@ from gateway.cluster import ops
 from gateway.errors import ApiError, Refused, SubscribeRejected
 from gateway.http.boundary import authenticate
 from gateway.http.openapi import ID_PATTERN, Documented, Query
+from gateway.http.parsing import int_query
 from gateway.http.router import Route
 from gateway.http.server import Request
 from gateway.ids import format_event_id
 from gateway.protocol.filters import resolve_filter
-from gateway.protocol.frames import Subscribe
+from gateway.protocol.frames import MAX_COALESCE_MS, Subscribe
 from gateway.protocol.http import IfBusy
 from gateway.protocol.shapes import Message
 from gateway.providers.attachments import refusal
@@ -71,6 +72,26 @@ ATTACH = Query(
     required=True,
 )
 """The native stream's credential, on the WebSocket's handshake and the SSE stream alike."""
+
+COALESCE = Query(
+    "coalesce_ms",
+    {"type": "integer", "minimum": 0, "maximum": MAX_COALESCE_MS},
+    "The delta rollup window of this stream, as a subscribe's `coalesce_ms` "
+    '(docs/protocol.md §3 "Delta rollup"); absent: the server\'s `[stream] coalesce_ms`.',
+)
+"""A mapping door's ``?coalesce_ms=`` (the AI SDK's SSE, AG-UI): :func:`coalesce_query`."""
+
+
+def coalesce_query(req: Request) -> int | None:
+    """``?coalesce_ms=`` (:data:`COALESCE`); None when absent: the server's default.
+
+    Raises:
+        ApiError: ``invalid_query``: 400 not an integer, 422 out of 0..250.
+    """
+    if "coalesce_ms" not in req.query:
+        return None
+    return int_query(req, "coalesce_ms", default=0, low=0, high=MAX_COALESCE_MS)
+
 
 ATTACH_REFUSALS = ("attach_token_required", "attach_token_invalid", "attach_token_expired")
 """The 403 codes of the native stream's credential (:data:`ATTACH`), on either door."""
@@ -167,16 +188,21 @@ class DoorContext:
         return functools.partial(refusal, agent.runtime, agent.provider)  # its model's provider
 
     async def subscribe(
-        self, session: Session, sub: seam.SeamSubscriber, since: int | None = None
+        self,
+        session: Session,
+        sub: seam.SeamSubscriber,
+        since: int | None = None,
+        coalesce_ms: int | None = None,
     ) -> SubscribeRejected | None:
         """Join ``session``'s hub with every event (``preset:full``): live, or, ``since`` an
         event id, replayed from after it through the seam, then live (no gap, no duplicate:
-        docs/protocol.md §3). The seam's refusal of the replay (None: joined)."""
+        docs/protocol.md §3). The seam's refusal of the replay (None: joined).
+        ``coalesce_ms``: the delta rollup window (docs/protocol.md §3 "Delta rollup";
+        None: ``[stream] coalesce_ms``)."""
         resolved, key = resolve_filter("preset:full")
         cursor = None if since is None else format_event_id(since)
-        done = await seam.subscribe(
-            session, sub, Subscribe("preset:full", since=cursor), resolved, key, self.config.stream
-        )
+        asked = Subscribe("preset:full", since=cursor, coalesce_ms=coalesce_ms)
+        done = await seam.subscribe(session, sub, asked, resolved, key, self.config.stream)
         return done.error
 
 

@@ -233,8 +233,8 @@ class OneWayQueue(DeliveryQueue[Gate | bytes]):
             if writer is None or self._group is None:
                 mapped.leave(self)
             elif mapped.share is None:
-                door = (self.session.hub, self._group.key, type(mapped.inner), mapped.frame)
-                encode = self._encode = mapped.join(self, door)
+                kind = (type(mapped.inner), mapped.frame)
+                encode = self._encode = mapped.join(self, self._group.shares, kind)
         self.session.hub.set_direct(self, writer, encode)
 
     def registered(self, group: Group | None) -> None:

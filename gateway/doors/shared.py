@@ -22,6 +22,11 @@ over) takes a copy of the share's reader, which is exactly its own state:
 the share has mapped every batch written to it, and nothing else
 (:meth:`Mapped.leave`); the last one takes the reader itself. A share whose
 mapping has finished wakes its clients' pumps, which end their responses.
+
+The shares live in the hub's group of their clients
+(:attr:`gateway.session.hub.Group.shares`: one filter *and* one rollup
+window, so clients whose batches differ never share a mapping), by the
+door's kind (its reader's type and framing): nothing of it is the module's.
 """
 
 from __future__ import annotations
@@ -57,19 +62,22 @@ class SharedReader(Protocol):
     def closed(self, code: str | None) -> bytes | None: ...
 
 
-_shares: dict[Hashable, list[Share]] = {}
-"""Every share, by where its clients are: (the session's hub, filter, door, framing)."""
-
-
 class Share:
     """One mapping for the direct clients of a filter in the same state (module docstring)."""
 
-    __slots__ = ("encode", "frame", "members", "place", "reader")
+    __slots__ = ("encode", "frame", "kind", "members", "place", "reader")
 
-    def __init__(self, reader: SharedReader, frame: Callable[[bytes], bytes], place: Hashable):
+    def __init__(
+        self,
+        reader: SharedReader,
+        frame: Callable[[bytes], bytes],
+        place: dict[Hashable, list[Any]],
+        kind: Hashable,
+    ) -> None:
         self.reader = reader
         self.frame = frame
-        self.place = place
+        self.place = place  # the group's shares (gateway.session.hub.Group.shares)
+        self.kind = kind
         self.members: dict[Member, None] = {}
         # The hub's encoder (gateway.session.hub.encoded): one entry per batch.
         self.encode: Callable[[FrameBatch], bytes] = self._encode
@@ -120,15 +128,18 @@ class Mapped:
     def closed(self, code: str | None) -> bytes | None:
         return self.inner.closed(code)
 
-    def join(self, member: Member, place: Hashable) -> Callable[[FrameBatch], bytes]:
-        """``member`` becomes direct: into the share of its state at ``place``; its encoder."""
-        shares = _shares.setdefault(place, [])
+    def join(
+        self, member: Member, place: dict[Hashable, list[Any]], kind: Hashable
+    ) -> Callable[[FrameBatch], bytes]:
+        """``member`` becomes direct: into the share of its state among ``place``'s (its
+        hub group's shares) of ``kind`` (its door's); its encoder."""
+        shares: list[Share] = place.setdefault(kind, [])
         mine = _state(self.inner) if shares else None
         for share in shares:
             if mine is not None and _state(share.reader) == mine:
                 break
         else:
-            share = Share(self.inner, self.frame, place)
+            share = Share(self.inner, self.frame, place, kind)
             shares.append(share)
         share.members[member] = None
         self.inner = share.reader
@@ -145,8 +156,8 @@ class Mapped:
         if share.members:
             self.inner = copy.deepcopy(share.reader)
             return
-        shares = _shares.get(share.place, [])
+        shares = share.place.get(share.kind, [])
         if share in shares:
             shares.remove(share)
         if not shares:
-            _shares.pop(share.place, None)
+            share.place.pop(share.kind, None)

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -173,7 +173,13 @@ class Coalescer(Protocol):
 class Timer(Protocol):
     """Calls back at a deadline (:class:`gateway.session.rollup.RollupClock`)."""
 
-    def at(self, deadline: float, call: Callable[[float], None], /) -> None: ...
+    def at(self, deadline: float, call: Callable[[float], None], /) -> object:
+        """Call ``call(now)`` once ``deadline`` has passed; a handle for :meth:`cancel`."""
+        ...
+
+    def cancel(self, handle: object, /) -> None:
+        """Do not make the call of ``handle`` (made already: nothing)."""
+        ...
 
 
 class Group:
@@ -188,11 +194,15 @@ class Group:
     heartbeat clock of its direct subscribers (docs/protocol.md §3).
     ``coalesce_ms`` is the group's rollup window and ``rollup`` its
     :class:`Coalescer` (None: 0, no rollup; docs/protocol.md §3 "Delta rollup"),
-    ``timed`` the deadline its timer was last set for.
+    ``timed`` the deadline its timer was last set for (``timer``: its handle). ``shares`` is what a
+    mapping door shares between the group's direct clients, by the door's kind
+    (:mod:`gateway.doors.shared`: a mapping per batch for the clients in one
+    state), kept here so that it lives and dies with the group.
     """
 
     __slots__ = (
-        "coalesce_ms", "direct", "encoding", "key", "queued", "rollup", "timed", "written_at",
+        "coalesce_ms", "direct", "encoding", "key", "queued", "rollup", "shares", "timed", "timer",
+        "written_at",
     )  # fmt: skip
 
     def __init__(self, key: FilterKey, coalesce_ms: int = 0) -> None:
@@ -200,9 +210,11 @@ class Group:
         self.coalesce_ms = coalesce_ms
         self.rollup: Coalescer | None = None
         self.timed = math.inf
+        self.timer: object = None
         self.direct: dict[Subscriber, Callable[[bytes], int]] = {}  # each one's try_write
         self.encoding: dict[Subscriber, tuple[Encoder, Callable[[bytes], int]]] = {}
         self.queued: dict[Subscriber, None] = {}
+        self.shares: dict[Hashable, list[Any]] = {}
         self.written_at = -math.inf
 
     def __len__(self) -> int:
@@ -340,6 +352,9 @@ class Hub:
         group.queued.pop(sub, None)
         if not group:
             del self._groups[(group.key, group.coalesce_ms)]
+            if group.timer is not None and self._timer is not None:
+                self._timer.cancel(group.timer)  # what it held goes nowhere now
+                group.timer = None
         return True
 
     def publish(
@@ -382,11 +397,18 @@ class Hub:
         return overflowed
 
     def _time(self, group: Group, rollup: Coalescer) -> None:
-        """Set the group's timer for its window's end, if not set already."""
+        """Set the group's timer for its window's end, if not set already; a window an
+        event closed first has its timer cancelled (the clock is not woken for it)."""
         deadline = rollup.deadline
-        if deadline != group.timed and deadline != math.inf and self._timer is not None:
-            group.timed = deadline
-            self._timer.at(deadline, lambda now: self._due(group, deadline, now))
+        timer = self._timer
+        if deadline == group.timed or timer is None:
+            return
+        if group.timer is not None:
+            timer.cancel(group.timer)
+            group.timer = None
+        group.timed = deadline
+        if deadline != math.inf:
+            group.timer = timer.at(deadline, lambda now: self._due(group, deadline, now))
 
     def _due(self, group: Group, deadline: float, now: float) -> None:
         """A group's window ended: what it holds goes out (the slow-client rule applied).
@@ -396,7 +418,7 @@ class Hub:
         rollup = group.rollup
         if deadline != group.timed or rollup is None:
             return
-        group.timed = math.inf
+        group.timed, group.timer = math.inf, None
         if self._groups.get((group.key, group.coalesce_ms)) is not group:
             return
         rolled = rollup.due(now)

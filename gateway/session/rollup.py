@@ -143,26 +143,49 @@ class RollupClock:
     """The node's timer of the rollup windows: one task, a heap of deadlines.
 
     A hub whose group starts holding deltas asks :meth:`at` for its
-    deadline; the task calls the given function at (or just after) it.
-    Cheap when idle: it sleeps until the earliest deadline or a new earlier one.
+    deadline, and cancels it (:meth:`cancel`) when an event closes the
+    window first; the task calls the given function at (or just after) it.
+    Cheap when idle, and never woken for nothing: it sleeps in a cancel
+    scope whose deadline is the earliest live one, moved (not woken) when an
+    earlier deadline comes or the earliest is cancelled, so a window closed
+    by its model's next token costs the node no wake-up.
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
+        self._heap: list[list[Any]] = []  # [deadline, order, call or None: cancelled]
         self._order = itertools.count()
-        self._earlier = trio.Event()
+        self._sleep: trio.CancelScope | None = None  # the task's, while it sleeps
 
-    def at(self, deadline: float, call: Callable[[float], None]) -> None:
-        """Call ``call(now)`` once ``deadline`` (trio time) has passed."""
-        if not self._heap or deadline < self._heap[0][0]:
-            self._earlier.set()
-        heapq.heappush(self._heap, (deadline, next(self._order), call))
+    def at(self, deadline: float, call: Callable[[float], None], /) -> object:
+        """Call ``call(now)`` once ``deadline`` (trio time) has passed; a handle for
+        :meth:`cancel`."""
+        entry = [deadline, next(self._order), call]
+        heapq.heappush(self._heap, entry)
+        sleep = self._sleep
+        if sleep is not None and deadline < sleep.deadline:
+            sleep.deadline = deadline
+        return entry
+
+    def cancel(self, handle: object, /) -> None:
+        """The call of ``handle`` (:meth:`at`'s) will not be made (done already: nothing)."""
+        if not isinstance(handle, list) or handle[2] is None:
+            return
+        handle[2] = None
+        heap = self._heap
+        while heap and heap[0][2] is None:
+            heapq.heappop(heap)
+        sleep = self._sleep
+        if sleep is not None:
+            sleep.deadline = heap[0][0] if heap else math.inf
 
     def fire(self, now: float) -> None:
         """Every call whose deadline has passed by ``now`` (a failing one is logged)."""
         heap = self._heap
         while heap and heap[0][0] <= now:
-            _, _, call = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            call, entry[2] = entry[2], None
+            if call is None:
+                continue
             try:
                 call(now)
             except Exception:
@@ -170,9 +193,15 @@ class RollupClock:
 
     async def run(self) -> None:
         """Wake at each deadline, forever (the node cancels it)."""
+        heap = self._heap
         while True:
-            deadline = self._heap[0][0] if self._heap else math.inf
-            with trio.move_on_at(deadline):
-                await self._earlier.wait()
-            self._earlier = trio.Event()
+            while heap and heap[0][2] is None:  # cancelled while not the earliest
+                heapq.heappop(heap)
+            deadline = heap[0][0] if heap else math.inf
+            with trio.CancelScope(deadline=deadline) as sleep:
+                self._sleep = sleep
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    self._sleep = None
             self.fire(trio.current_time())

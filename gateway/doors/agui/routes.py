@@ -31,10 +31,12 @@ from gateway.doors.agui.shapes import (
 )
 from gateway.doors.agui.sse import RunSubscriber, stream_run, tagged_sse
 from gateway.doors.context import (
+    COALESCE,
     NAMED_TURN_UNAVAILABLE,
     SSE_HEADERS,
     ClientNamedSessions,
     DoorContext,
+    coalesce_query,
     once,
 )
 from gateway.errors import ApiError
@@ -53,14 +55,17 @@ RUN = Operation(
     "Run an AG-UI agent turn (SSE of AG-UI events)",
     None,
     body=RunAgentInput,
+    query=(COALESCE,),
     media_type="text/event-stream",
     errors={
+        400: ("invalid_query",),
         404: ("session_not_found",),
         409: ("turn_in_progress", "session_too_large", "too_many_files"),
         # A file part (docs/doors/agui.md "Files"); inline data's errors are an upload's.
         413: ("file_too_large",),
         415: ("unsupported_media_type",),
         422: (
+            "invalid_query",
             "invalid_thread_id",
             "invalid_resume",
             "unknown_file",
@@ -105,10 +110,12 @@ CANCEL = Operation(
 STREAM = Operation(
     "Re-attach to an AG-UI run (SSE of AG-UI events)",
     None,
+    query=(COALESCE,),
     media_type="text/event-stream",
     errors={
+        400: ("invalid_query",),
         404: ("session_not_found", "run_not_found"),
-        422: ("invalid_last_event_id",),
+        422: ("invalid_last_event_id", "invalid_query"),
         503: (
             "over_capacity",
             "store_unavailable",
@@ -153,6 +160,7 @@ class AguiRoutes:
         """
         caller = self.ctx.authenticate(req)
         body = self._decode(req, RunAgentInput)
+        window = coalesce_query(req)
         # What refuses a new run is checked before its thread is made: a run
         # refused 422 or 429 leaves no session behind (nor a count of one), nor
         # one whose files are refused (their bytes are checked first).
@@ -169,7 +177,7 @@ class AguiRoutes:
         # A stream, counted as a WebSocket is (503 over_capacity), until it ends.
         release = once(await self.node.limits.open_stream(caller or NO_OWNER, "agui"))
         try:
-            return await self._run(req, body, caller, said, release)
+            return await self._run(req, body, caller, said, release, window)
         except BaseException:
             release()
             raise
@@ -181,8 +189,10 @@ class AguiRoutes:
         caller: str | None,
         said: attachments.Sent | None,
         release: Callable[[], None],
+        window: int | None = None,
     ) -> StreamingResponse:
-        """:meth:`agui_run`, its stream counted: the thread, the subscriber, the turn."""
+        """:meth:`agui_run`, its stream counted: the thread, the subscriber, the turn
+        (``window``: its delta rollup window, None: the server's)."""
         session = await self._thread(body.thread_id, caller)
         state = await self.node.live_summary(session)  # the owner's, wherever it runs
         history = await self.node.messages_of(session)
@@ -199,7 +209,7 @@ class AguiRoutes:
             )
             assert state.current_turn_id is not None
             turn_id = state.current_turn_id
-            start, started_ms = await self._subscribe(session, sub), now_ms()
+            start, started_ms = await self._subscribe(session, sub, window), now_ms()
             try:
                 for perm_id, decision, answer in decisions:
                     await self.node.decide_permission(session, perm_id, decision, answer)
@@ -222,7 +232,7 @@ class AguiRoutes:
             sent = [*history, *(q.user_message for q in queued)]
             mid = self.book.message_id(session.id, body.run_id, sent)
             message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
-            start, started_ms = await self._subscribe(session, sub), message.created_at
+            start, started_ms = await self._subscribe(session, sub, window), message.created_at
             try:  # a busy thread: as [turns] if_busy says (docs/doors/agui.md)
                 taken = await self.ctx.counted_turn(caller or NO_OWNER, session, message)
             except BaseException:
@@ -283,6 +293,7 @@ class AguiRoutes:
         what comes after the client's ``Last-Event-ID`` (docs/doors/agui.md).
         """
         session = await self.ctx.session(session_id, self.ctx.authenticate(req))
+        window = coalesce_query(req)
         header = req.headers.get("last-event-id")
         cursor = parse_cursor(header) if header else None
         if header and cursor is None:
@@ -297,7 +308,7 @@ class AguiRoutes:
         release = once(await self.node.limits.open_stream(session.record.owner, "agui"))
         try:
             sub = RunSubscriber(session, self.config.stream, self.node.metrics, req.client)
-            error = await self.ctx.subscribe(session, sub, since=record.start)
+            error = await self.ctx.subscribe(session, sub, since=record.start, coalesce_ms=window)
             if error is not None:
                 raise ApiError(
                     404, "run_not_found", f"run {run_id[:60]!r} can no longer be replayed: {error}"
@@ -346,9 +357,9 @@ class AguiRoutes:
         """The session's tasks ended (deleted, unloaded, or run by another node now)."""
         self._runs.pop(session_id, None)
 
-    async def _subscribe(self, session: Session, sub: RunSubscriber) -> int:
+    async def _subscribe(self, session: Session, sub: RunSubscriber, window: int | None) -> int:
         """Join the session's hub, live; the run's start (every later event is above it)."""
-        await self.ctx.subscribe(session, sub)
+        await self.ctx.subscribe(session, sub, coalesce_ms=window)
         return self.node.sequencer.last
 
     async def agui_cancel(self, req: Request, session_id: str) -> Response:

@@ -22,10 +22,12 @@ from gateway.doors.aisdk import edits
 from gateway.doors.aisdk.mapping import ChatMapper, user_message_id
 from gateway.doors.aisdk.stream import DONE, HEADERS, ResponseSubscriber, respond, sse
 from gateway.doors.context import (
+    COALESCE,
     NAMED_TURN_UNAVAILABLE,
     SSE_HEADERS,
     ClientNamedSessions,
     DoorContext,
+    coalesce_query,
     once,
     rewind_if_busy,
 )
@@ -76,8 +78,10 @@ CHAT = Operation(
     "Send an AI SDK chat message (a UI message stream over SSE)",
     None,
     body=ChatRequest,
+    query=(COALESCE,),
     media_type="text/event-stream",
     errors={
+        400: ("invalid_query",),
         404: ("session_not_found", "message_not_found"),
         409: (
             "turn_in_progress",
@@ -90,6 +94,7 @@ CHAT = Operation(
         413: ("file_too_large",),
         415: ("unsupported_media_type",),
         422: (
+            "invalid_query",
             "invalid_chat_id",
             "unknown_file",
             "unsupported_file_url",
@@ -115,9 +120,12 @@ CHAT = Operation(
 RESUME = Operation(
     "Resume the AI SDK chat's turn in flight (SSE)",
     None,
+    query=(COALESCE,),
     media_type="text/event-stream",
     errors={
+        400: ("invalid_query",),
         404: ("session_not_found",),
+        422: ("invalid_query",),
         503: ("over_capacity", "store_unavailable", "session_elsewhere"),
     },
     description="The turn's whole assistant message so far, then live, as "
@@ -159,15 +167,22 @@ class Responses:
     # --- starting a response -----------------------------------------------------
 
     async def send(
-        self, caller: str | None, chat_id: str, messages: list[UiMessage], trigger: str, client: str
+        self,
+        caller: str | None,
+        chat_id: str,
+        messages: list[UiMessage],
+        trigger: str,
+        client: str,
+        coalesce_ms: int | None = None,
     ) -> Opened:
         """The response to a send (module docstring): a new turn, approvals answered, or a
-        turn that rewinds to the message an edit or a regeneration names (edits)."""
+        turn that rewinds to the message an edit or a regeneration names (edits).
+        ``coalesce_ms``: its stream's delta rollup window (None: the server's)."""
         if not messages:
             raise ApiError(422, "invalid_body", "messages is empty")
         last = messages[-1]
         if last.role == "assistant" and trigger != edits.REGENERATE:
-            return await self._answer(caller, chat_id, last, client)
+            return await self._answer(caller, chat_id, last, client, coalesce_ms)
         if last.role != "user":
             raise ApiError(422, "invalid_body", f"the last message's role is {last.role!r}")
         self.chats.check(chat_id)
@@ -183,11 +198,11 @@ class Responses:
             sent = edits.find(await self._lineage(session), last.id, conversation)
             if sent is not None and sent.turn_id is not None:
                 if trigger != edits.REGENERATE and edits.same_content(sent, said):
-                    return await self._replay(session, sent.turn_id, client)
+                    return await self._replay(session, sent.turn_id, client, window=coalesce_ms)
                 rewind_to = sent.id  # edited, or regenerated (docs/doors/aisdk.md)
             elif trigger != edits.REGENERATE:  # sent again while its turn waits in the queue
                 mid = user_message_id(chat_id, last.id)
-                repeated = await self._queued_send(session, mid, client)
+                repeated = await self._queued_send(session, mid, client, coalesce_ms)
                 if repeated is not None:
                     return repeated
         if trigger == edits.REGENERATE and rewind_to is None:
@@ -214,7 +229,7 @@ class Responses:
             mid = edits.edited_id(chat_id, last.id, turn_id)
         message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
         busy = rewind_if_busy(None, rewind_to, self.config.turns.if_busy)
-        sub = await self._live(session, client)
+        sub = await self._live(session, client, coalesce_ms)
         try:  # a busy chat: as [turns] if_busy says (docs/doors/aisdk.md)
             taken = await self.ctx.counted_turn(key, session, message, busy, rewind_to)
         except BaseException:
@@ -223,14 +238,16 @@ class Responses:
         # A steered send streams the turn it joined; a queued one, its own once it starts.
         return Opened(session, sub, self._mapper(session, taken.turn_id))
 
-    async def _queued_send(self, session: Session, mid: str, client: str) -> Opened | None:
+    async def _queued_send(
+        self, session: Session, mid: str, client: str, window: int | None
+    ) -> Opened | None:
         """A message ``mid`` sent again while its turn is queued ([turns] if_busy "queue",
         docs/protocol.md §2 "A busy session"): that turn, streamed once it starts, as the
         first send's was (its message is in no history yet). ``None``: not queued.
         """
         if not any(q.user_message.id == mid for q in await self._queued(session)):
             return None
-        sub = await self._live(session, client)  # before it can start: nothing missed
+        sub = await self._live(session, client, window)  # before it can start: nothing missed
         queued = next((q for q in await self._queued(session) if q.user_message.id == mid), None)
         if queued is not None:
             return Opened(session, sub, self._mapper(session, queued.turn_id))
@@ -238,7 +255,7 @@ class Responses:
         history = await self.node.messages_of(session)
         sent = next((m for m in history if m.id == mid), None)
         if sent is not None and sent.turn_id is not None:
-            return await self._replay(session, sent.turn_id, client)
+            return await self._replay(session, sent.turn_id, client, window=window)
         return None  # cancelled while queued: sent again, it is a new turn
 
     async def _queued(self, session: Session) -> list[QueuedTurnInfo]:
@@ -268,7 +285,7 @@ class Responses:
         )
 
     async def _answer(
-        self, caller: str | None, chat_id: str, last: UiMessage, client: str
+        self, caller: str | None, chat_id: str, last: UiMessage, client: str, window: int | None
     ) -> Opened:
         """Approvals answered in the assistant message: decided, and the turn continued."""
         session = await self.ctx.session(chat_id, caller)
@@ -287,7 +304,8 @@ class Responses:
         after = parse_event_id(cursor) if isinstance(cursor, str) else None
         if after is None:  # no position: what comes from now on
             after = self.node.sequencer.last
-        opened = await self._replay(session, turn_id, client, after, {a[0] for a in answers})
+        answering = {a[0] for a in answers}
+        opened = await self._replay(session, turn_id, client, after, answering, window)
         if opened.error is not None or turn_id != state.current_turn_id:
             return opened  # nothing decided for a turn that cannot be streamed, or is over
         try:
@@ -303,13 +321,16 @@ class Responses:
         """Whether ``turn_id`` is one of the session's turns (a client's metadata is no proof)."""
         return any(m.turn_id == turn_id for m in await self.node.messages_of(session))
 
-    async def resume(self, caller: str | None, chat_id: str, client: str) -> Opened | None:
-        """The response of the turn in flight, from its start (None: no turn in flight)."""
+    async def resume(
+        self, caller: str | None, chat_id: str, client: str, coalesce_ms: int | None = None
+    ) -> Opened | None:
+        """The response of the turn in flight, from its start (None: no turn in flight);
+        ``coalesce_ms``: its stream's delta rollup window (None: the server's)."""
         session = await self.ctx.session(chat_id, caller)
         turn_id = (await self.node.live_summary(session)).current_turn_id
         if turn_id is None:
             return None
-        return await self._replay(session, turn_id, client)
+        return await self._replay(session, turn_id, client, window=coalesce_ms)
 
     async def _replay(
         self,
@@ -318,6 +339,7 @@ class Responses:
         client: str,
         after: int = -1,
         answering: set[str] | None = None,
+        window: int | None = None,
     ) -> Opened:
         """A response of ``turn_id`` mapped from its start: a replay through the seam, then live."""
         mapper = self._mapper(session, turn_id, after, frozenset(answering or ()))
@@ -326,7 +348,7 @@ class Responses:
         if start is None:
             sub.leave("turn_not_found")
             return Opened(session, sub, mapper, f"turn {turn_id} can no longer be replayed")
-        if await self.ctx.subscribe(session, sub, since=start) is not None:
+        if await self.ctx.subscribe(session, sub, since=start, coalesce_ms=window) is not None:
             session.hub.unsubscribe(sub)
             return Opened(session, sub, mapper, f"turn {turn_id} can no longer be replayed")
         return Opened(session, sub, mapper)
@@ -342,9 +364,9 @@ class Responses:
         base = self.config.server.public_url
         return ChatMapper(session.id, turn_id, after, answering, file_base=base)
 
-    async def _live(self, session: Session, client: str) -> ResponseSubscriber:
+    async def _live(self, session: Session, client: str, window: int | None) -> ResponseSubscriber:
         sub = ResponseSubscriber(session, self.config.stream, self.node.metrics, client)
-        await self.ctx.subscribe(session, sub)
+        await self.ctx.subscribe(session, sub, coalesce_ms=window)
         return sub
 
     # --- the HTTP doors --------------------------------------------------------------
@@ -353,9 +375,12 @@ class Responses:
         """``POST /ai-sdk/chat`` (module docstring)."""
         caller = self.ctx.authenticate(req)
         body = decode(req, ChatRequest)
+        window = coalesce_query(req)
         release = once(await self.node.limits.open_stream(caller or NO_OWNER, "ai_sdk"))
         try:
-            opened = await self.send(caller, body.id, body.messages, body.trigger, req.client)
+            opened = await self.send(
+                caller, body.id, body.messages, body.trigger, req.client, window
+            )
         except BaseException:
             release()
             raise
@@ -364,9 +389,10 @@ class Responses:
     async def chat_stream(self, req: Request, chat_id: str) -> Response | StreamingResponse:
         """``GET /ai-sdk/chat/{id}/stream``: 204, or the turn in flight from its start."""
         caller = self.ctx.authenticate(req)
+        window = coalesce_query(req)
         release = once(await self.node.limits.open_stream(caller or NO_OWNER, "ai_sdk"))
         try:
-            opened = await self.resume(caller, chat_id, req.client)
+            opened = await self.resume(caller, chat_id, req.client, window)
         except BaseException:
             release()
             raise

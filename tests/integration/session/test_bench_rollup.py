@@ -16,7 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.profiles import ROLLUP_SMOKE
+import pytest
+
+from bench import cli, rollup
+from bench.profiles import ROLLUP_SMOKE, RollupProfile
 from bench.rollup import FIGURES, RATIOS
 from tests.paths import ROOT
 
@@ -60,3 +63,22 @@ def test_rollup_smoke_reports_every_figure_of_every_window(tmp_path: Path) -> No
     assert "| figure | coalesce_ms 0 | coalesce_ms 40 | 40 / 0 |" in text
     assert "| gateway CPU per delivered token (µs) |" in text
     assert "python -m bench --profile rollup-smoke" in text
+
+
+def test_rollup_rate_sets_the_models_delay_and_refuses_nonsense(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--rate R``: the turn's ``delay_ms`` is 1000/R; 0 or above 1000 is refused."""
+    seen: list[float] = []
+
+    def fake_main(profile: RollupProfile, out: Path, command: str) -> int:
+        seen.append(profile.delay_ms)
+        return 0
+
+    monkeypatch.setattr(rollup, "main", fake_main)
+    assert cli.main(["--profile", "rollup-smoke", "--rate", "100"]) == 0
+    assert seen == [10.0]
+    for bad in ("0", "1001"):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["--profile", "rollup-smoke", "--rate", bad])
+        assert exc.value.code == 2

@@ -6,7 +6,8 @@ numbers what it maps): clients in the same state share one mapping (mapped
 once per batch, the same bytes to each); a client in another state maps on
 its own; a client that leaves the direct path takes the share's state with
 it (its numbering goes on where the share's was), and a finished mapping
-ends every client's stream.
+ends every client's stream. The shares are the hub group's (one filter and
+one rollup window): clients of one filter in two windows never share one.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import trio.testing
 
 from gateway.config import StreamConfig
 from gateway.doors.oneway import OneWayQueue, direct_reader, pump
-from gateway.doors.shared import _shares
 from gateway.http.body import StreamBody, chunk
 from gateway.metrics import Metrics
 from gateway.protocol.filters import FilterKey
-from gateway.session.hub import Emitted, Hub
+from gateway.session.hub import Emitted, Group, Hub
+from gateway.session.rollup import Rollup, RollupClock
 from gateway.session.seam import Gate
 from tests.session_fakes import FakeSession
 
@@ -81,7 +82,7 @@ class _Stream:
 class _Client:
     """One stream: its queue, its body, what reached its socket."""
 
-    def __init__(self, session: _Session, start: int = 0) -> None:
+    def __init__(self, session: _Session, start: int = 0, coalesce_ms: int = 0) -> None:
         self.queue = _Queue(session, StreamConfig(queue_max_events=8), Metrics())  # type: ignore[arg-type]
         self.wire: list[bytes] = []  # every byte of the body, the pump's and the hub's
         self.stream = _Stream(self.wire)
@@ -90,7 +91,8 @@ class _Client:
         self.body = StreamBody(self.stream, chunked=True, fd=3, write=self.write)  # type: ignore[arg-type]
         self.gate = Gate()
         self.queue.enqueue(self.gate)
-        self.queue.registered(session.hub.subscribe(self.queue, KEY))
+        self.group: Group = session.hub.subscribe(self.queue, KEY, coalesce_ms)
+        self.queue.registered(self.group)
         self.reader = direct_reader(self.queue, _Numbering(start), self.body)
         self.done = False
 
@@ -109,8 +111,8 @@ class _Client:
         return b"".join(self.wire)
 
 
-def _publish(session: _Session, *seqs: int) -> None:
-    events = [Emitted(s, "text.delta", "llm", "sess_1", "turn_1", 0, b"{}", b"") for s in seqs]
+def _publish(session: _Session, *seqs: int, type_: str = "text.delta") -> None:
+    events = [Emitted(s, type_, "llm", "sess_1", "turn_1", 0, b"{}", b"") for s in seqs]
     assert session.hub.publish(events, trio.current_time()) == []
 
 
@@ -126,7 +128,8 @@ async def test_clients_in_the_same_state_share_one_mapping_per_batch() -> None:
     a, b, other = _Client(session), _Client(session), _Client(session, start=100)
     async with trio.open_nursery() as nursery:
         await _started(nursery, a, b, other)
-        assert len(_shares[next(iter(_shares))]) == 2  # a and b together, other alone
+        [shares] = a.group.shares.values()
+        assert len(shares) == 2  # a and b together, other alone
         _Numbering.mapped = 0
         _publish(session, 1, 2)
         assert _Numbering.mapped == 2  # once for a and b, once for other
@@ -135,7 +138,7 @@ async def test_clients_in_the_same_state_share_one_mapping_per_batch() -> None:
         nursery.cancel_scope.cancel()
     for client in (a, b, other):
         client.body.finish()  # as the transport does once the stream is over
-    assert not _shares  # every client left its share
+    assert not a.group.shares  # every client left its share
 
 
 async def test_a_client_leaving_the_share_keeps_its_state_and_a_finish_ends_every_stream() -> None:
@@ -156,4 +159,21 @@ async def test_a_client_leaving_the_share_keeps_its_state_and_a_finish_ends_ever
         assert a.done and b.done  # the finished mapping woke both pumps: both ended
     want = chunk(b"0:1\n") + chunk(b"1:2\n") + chunk(b"2:3\n") + chunk(b"3:4\n4:99\n")
     assert a.got() == b.got() == want
-    assert not _shares  # both left when their pumps took the wake-up
+    assert not a.group.shares  # both left when their pumps took the wake-up
+
+
+async def test_clients_of_one_filter_in_two_rollup_windows_never_share_a_mapping() -> None:
+    session = _Session()
+    session.hub = Hub(rollup=Rollup, timer=RollupClock())  # type: ignore[assignment]
+    now, later = _Client(session), _Client(session, coalesce_ms=40)
+    assert now.group is not later.group
+    async with trio.open_nursery() as nursery:
+        await _started(nursery, now, later)
+        _Numbering.mapped = 0
+        _publish(session, 1, type_="message.start")  # no delta: both windows send it now
+        assert _Numbering.mapped == 2  # each group's batch mapped by its own client
+        assert now.written == later.written == [chunk(b"0:1\n")]
+        nursery.cancel_scope.cancel()
+    for client in (now, later):
+        client.body.finish()
+    assert not now.group.shares and not later.group.shares

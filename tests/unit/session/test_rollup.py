@@ -173,9 +173,27 @@ class Sink:
 class FakeTimer:
     def __init__(self) -> None:
         self.calls: list[tuple[float, Callable[[float], None]]] = []
+        self.cancelled: list[int] = []  # indexes in calls
 
-    def at(self, deadline: float, call: Callable[[float], None], /) -> None:
+    def at(self, deadline: float, call: Callable[[float], None], /) -> object:
         self.calls.append((deadline, call))
+        return len(self.calls) - 1
+
+    def cancel(self, handle: object, /) -> None:
+        assert isinstance(handle, int)
+        self.cancelled.append(handle)
+
+
+class CountingClock(RollupClock):
+    """The node's clock, its wake-ups counted (each one a ``fire``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wakes: list[float] = []
+
+    def fire(self, now: float) -> None:
+        self.wakes.append(now)
+        super().fire(now)
 
 
 def test_the_hub_groups_by_filter_and_window_and_shares_the_rolled_up_bytes() -> None:
@@ -201,9 +219,28 @@ def test_the_hub_groups_by_filter_and_window_and_shares_the_rolled_up_bytes() ->
     timer.calls[0][1](0.2)  # the first window's timer again: stale, it sends nothing
     assert len(a.batches) == 1
     hub.unsubscribe(a)
+    assert timer.cancelled == []
     hub.unsubscribe(b)
-    timer.calls[1][1](0.13)  # a group gone: its timer sends nothing
+    assert timer.cancelled == [1]  # a group gone: its timer cancelled
+    timer.calls[1][1](0.13)  # (and were it called anyway, it sends nothing)
     assert len(a.batches) == len(b.batches) == 1
+
+
+def test_a_window_an_event_closes_cancels_its_timer() -> None:
+    timer = FakeTimer()
+    hub = Hub(rollup=Rollup, timer=timer)
+    _, chat = resolve_filter("preset:chat")
+    a = Sink("a")
+    hub.subscribe(a, chat, 40)
+    s = Stream()
+    hub.publish([s(TextDelta(M, 0, "x"))], 0.0)
+    hub.publish([s(TextDelta(M, 0, "y"))], 0.02)
+    assert timer.cancelled == [] and a.batches == []
+    hub.publish([s(TextDelta(M, 0, "z"))], 0.04)  # at the window's end: it closes it
+    assert [text(e) for bt in a.batches for e in bt.events] == ["xyz"]
+    assert timer.cancelled == [0]  # the clock need not wake at 0.06 for nothing
+    hub.publish([s(TextDelta(M, 0, "w"))], 0.06)  # a new window, a new timer
+    assert [round(d, 3) for d, _ in timer.calls] == [0.06, 0.12] and timer.cancelled == [0]
 
 
 def test_a_hub_without_a_timer_rolls_nothing_up() -> None:
@@ -234,7 +271,7 @@ def test_a_rolled_up_delta_straddling_the_cut_keeps_only_its_parts_above_it() ->
 async def test_the_clock_calls_back_at_each_deadline(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    clock = RollupClock()
+    clock = CountingClock()
     fired: list[tuple[str, float]] = []
 
     def call(name: str) -> Callable[[float], None]:
@@ -245,8 +282,32 @@ async def test_the_clock_calls_back_at_each_deadline(
         start = trio.current_time()
         clock.at(start + 0.2, call("late"))
         await trio.sleep(0.01)
-        clock.at(start + 0.05, call("early"))  # an earlier deadline wakes the clock
+        clock.at(start + 0.05, call("early"))  # an earlier deadline: the clock's sleep shortened
         clock.at(start + 0.05, lambda now: 1 / 0)  # a failing call is logged, not raised
+        cancelled = clock.at(start + 0.03, call("cancelled"))
+        clock.cancel(cancelled)  # its deadline dropped: no wake-up at 0.03
+        clock.cancel(cancelled)  # (twice: nothing)
         await trio.sleep(1)
         nursery.cancel_scope.cancel()
     assert fired == [("early", 0.05), ("late", 0.2)]
+    assert [round(t - start, 3) for t in clock.wakes] == [0.05, 0.2]  # woken for nothing else
+
+
+async def test_the_clock_sleeps_on_when_its_earliest_deadline_is_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    clock = CountingClock()
+    fired: list[float] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(clock.run)
+        await trio.testing.wait_all_tasks_blocked()  # the clock asleep
+        start = trio.current_time()
+        first = clock.at(start + 0.05, fired.append)
+        clock.at(start + 0.1, fired.append)
+        clock.cancel(first)
+        after = clock.at(start + 0.3, fired.append)
+        clock.cancel(after)  # not the earliest: dropped before the clock sleeps until it
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert [round(t - start, 3) for t in fired] == [0.1]
+    assert [round(t - start, 3) for t in clock.wakes] == [0.1]
