@@ -12,12 +12,15 @@ docs/doors/a2a.md.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from gateway.doors.a2a import shapes as a2
 from gateway.doors.a2a.card import PROTOCOL_VERSION, agent_card, base_url
 from gateway.doors.a2a.feed import parse_cursor
 from gateway.doors.a2a.messages import Messages
+from gateway.doors.a2a.push import Push
 from gateway.doors.a2a.rpc import (
     EXTENDED_CARD_NOT_CONFIGURED,
     INVALID_PARAMS,
@@ -66,6 +69,11 @@ class A2aRoutes:
         self.config = ctx.config
         self.streams = TaskStreams(ctx)
         self.messages = Messages(ctx, self.streams)
+        self.push = Push(ctx.config.a2a, ctx.config.server.public_url.rstrip("/"))
+        if self.push.offered:  # the node's sessions put their tasks' notifications in the outbox
+            self.node.push_notes = self.push.notes
+            self.node.webhooks.offer_push(ctx.config.a2a)
+            self.node.session_listeners.append(self.push.forget)
 
     # --- the card -----------------------------------------------------------------------
 
@@ -73,7 +81,9 @@ class A2aRoutes:
         """``GET /.well-known/agent-card.json`` (gateway.doors.a2a.card)."""
         agents = [(p.name, p.runtime, p.model) for p in self.node.agents.profiles()]
         base = base_url(req, self.config.server.public_url)
-        card = agent_card(base, agents, self.node.agents.default, self.ctx.keys.enabled)
+        card = agent_card(
+            base, agents, self.node.agents.default, self.ctx.keys.enabled, self.push.offered
+        )
         return json_response(200, card)
 
     # --- JSON-RPC -----------------------------------------------------------------------
@@ -128,12 +138,7 @@ class A2aRoutes:
             listing = params(raw, a2.ListTasksRequest)
             return result_response(rid, await self._list(caller, listing))
         if method in PUSH:
-            raise RpcFailure(
-                PUSH_NOT_SUPPORTED,
-                "push notifications are not offered: the gateway posts to no URL a client "
-                "names (its webhooks are the operator's: docs/doors/webhooks.md)",
-                "push_notification_not_supported",
-            )
+            return result_response(rid, await self._push(caller, method, raw))
         if method == "GetExtendedAgentCard":
             raise RpcFailure(
                 EXTENDED_CARD_NOT_CONFIGURED,
@@ -142,6 +147,34 @@ class A2aRoutes:
             )
         legacy = " (A2A 0.3's name: this door speaks A2A 1.0)" if method in LEGACY else ""
         raise RpcFailure(METHOD_NOT_FOUND, f"no method {method[:60]!r}{legacy}", "method_not_found")
+
+    # --- push notifications (gateway.doors.a2a.push) -----------------------------------------
+
+    async def _push(self, caller: str | None, method: str, raw: msgspec.Raw) -> object:
+        if not self.push.offered:
+            raise RpcFailure(
+                PUSH_NOT_SUPPORTED,
+                "push notifications are not offered: the operator allows no URL"
+                " ([a2a] push_url_prefixes, docs/doors/a2a.md)",
+                "push_notification_not_supported",
+            )
+        body = params(raw, dict[str, Any])
+        task, config_id = body.get("taskId"), body.get("id") or ""
+        if not isinstance(task, str) or not isinstance(config_id, str):
+            raise RpcFailure(INVALID_PARAMS, "taskId (and id) are strings", "invalid_params")
+        found = await find_task(self.ctx, caller, task)
+        store = self.node.store
+        if method == "CreateTaskPushNotificationConfig":
+            made = self.push.create(found, body)
+            await store.wait_committed(store.ticket())
+            return made
+        if method == "GetTaskPushNotificationConfig":
+            return self.push.get(found, config_id)
+        if method == "ListTaskPushNotificationConfigs":
+            return self.push.list(found)
+        self.push.delete(found, config_id)
+        await store.wait_committed(store.ticket())
+        return {}
 
     # --- cancelling -----------------------------------------------------------------------
 

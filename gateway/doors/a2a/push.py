@@ -1,0 +1,206 @@
+"""A2A push notifications on the webhook outbox (docs/doors/a2a.md "Push notifications").
+
+A task's push config (``CreateTaskPushNotificationConfig``) is kept in its
+session's record (``SessionRecord.push_configs``: gone with the session). Each
+catalog event of the task's turn is made into the task's A2A event (a
+:class:`~gateway.doors.a2a.feed.TaskFeed` per config, in memory) when the
+session emits it, and that ``StreamResponse`` is put in the webhook outbox in
+the same write as the event (gateway.store.outbox), on the lane
+``a2a.{config id}`` of the session: delivered by the node's webhook loop
+(gateway.webhooks.delivery) in order, at least once, retried, signed, with
+the config's token as ``X-A2A-Notification-Token``.
+
+A client names the URL, so only the operator's prefixes are taken
+(``[a2a] push_url_prefixes``; :func:`url_problem`), and the delivery loop
+checks the URL again against the config of the day before each POST.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Any, cast
+
+import msgspec
+
+from gateway.config import A2aConfig
+from gateway.doors.a2a import shapes as a2
+from gateway.doors.a2a.feed import TaskFeed
+from gateway.doors.a2a.rpc import INVALID_PARAMS, TASK_NOT_FOUND, UNSUPPORTED_OPERATION, RpcFailure
+from gateway.doors.a2a.tasks import FoundTask, task_id
+from gateway.ids import format_event_id
+from gateway.protocol.events import Envelope, Payload
+from gateway.session.hub import Emitted
+from gateway.session.session import Session
+from gateway.store.base import PushConfig
+from gateway.webhooks.a2a_push import HOOK_PREFIX, PushDelivery, url_problem
+
+PUSHED = frozenset(
+    {
+        "turn.started",
+        "permission.requested",
+        "permission.resolved",
+        "message.complete",
+        "tool.completed",
+        "llm.call_failed",
+        "turn.completed",
+        "turn.cancelled",
+    }
+)
+"""The events a task's notifications are made of: its states, each assistant message's
+text once complete (never its deltas), its files."""
+MAX_TOKEN = 512
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TOKEN = re.compile(r"[\x21-\x7e]*")  # visible ASCII: a header's value, nothing to inject
+
+
+class Push:
+    """The door's push notifications (module docstring): the configs' RPC methods, and
+    :meth:`notes`, the node's ``push_notes`` (what an event puts in the outbox)."""
+
+    def __init__(self, config: A2aConfig, base: str) -> None:
+        self.config = config
+        self.base = base  # what a file's URL begins with ([server] public_url)
+        self.feeds: dict[tuple[str, str], TaskFeed] = {}  # (session id, config id)
+
+    @property
+    def offered(self) -> bool:
+        return bool(self.config.push_url_prefixes)
+
+    # --- the outbox's side -------------------------------------------------------------
+
+    def notes(self, session: Session, em: Emitted, payload: Payload) -> list[tuple[str, bytes]]:
+        """The deliveries made of one catalog event of ``session`` (module docstring)."""
+        out: list[tuple[str, bytes]] = []
+        if em.turn_id is None or em.type not in PUSHED:
+            return out
+        actor: Any = em.actor
+        envelope: Envelope[Any] = Envelope(
+            format_event_id(em.seq), em.type, em.session_id, em.turn_id, em.ts, actor, payload
+        )
+        for config in session.record.push_configs:
+            if config.turn_id != em.turn_id:
+                continue
+            key = (session.id, config.id)
+            feed = self.feeds.get(key)
+            if feed is None:  # after a restart: from here on
+                tid = task_id(session.id, config.turn_id)
+                feed = TaskFeed(tid, session.id, config.turn_id, 0, base=self.base)
+                feed.opened = True
+                self.feeds[key] = feed
+            for _, response in feed.receive(envelope):
+                body = msgspec.Raw(a2.encoder.encode(response))
+                delivery = PushDelivery(config.url, config.token, body)
+                out.append((HOOK_PREFIX + config.id, msgspec.json.encode(delivery)))
+            if feed.finished:
+                del self.feeds[key]
+        return out
+
+    def _feed(self, found: FoundTask) -> TaskFeed:
+        """A config's feed from now on, knowing the task's state and open approvals."""
+        feed = TaskFeed(found.id, found.session.id, found.turn_id, 0, base=self.base)
+        feed.opened = True  # no opening Task: one notification per event at most
+        if found.in_flight:
+            feed.state, feed.started = "TASK_STATE_WORKING", True
+            for p in found.summary.pending_permissions:
+                feed.state = "TASK_STATE_INPUT_REQUIRED"
+                feed.pending[p.perm_id] = cast(Any, p)  # only its id is read
+        return feed
+
+    def forget(self, session_id: str) -> None:
+        """Drop what is kept for a session's configs (the session went)."""
+        for key in [k for k in self.feeds if k[0] == session_id]:
+            del self.feeds[key]
+
+    # --- the methods -------------------------------------------------------------------
+
+    def create(self, found: FoundTask, raw: dict[str, Any]) -> dict[str, Any]:
+        """``CreateTaskPushNotificationConfig``: the config kept (docs/doors/a2a.md)."""
+        if not (found.in_flight or found.queued):
+            raise RpcFailure(
+                UNSUPPORTED_OPERATION, f"task {found.id} has ended", "task_not_active", 409
+            )
+        url, token = raw.get("url"), raw.get("token") or ""
+        if not isinstance(url, str) or not isinstance(token, str):
+            raise RpcFailure(INVALID_PARAMS, "url and token are strings", "invalid_params")
+        if problem := url_problem(url, self.config.push_url_prefixes):
+            raise RpcFailure(INVALID_PARAMS, problem, "push_url_not_allowed")
+        if len(token) > MAX_TOKEN or not _TOKEN.fullmatch(token):
+            raise RpcFailure(
+                INVALID_PARAMS,
+                f"token: at most {MAX_TOKEN} visible ASCII characters",
+                "invalid_params",
+            )
+        auth = raw.get("authentication")
+        if isinstance(auth, dict) and auth.get("credentials"):
+            raise RpcFailure(
+                INVALID_PARAMS,
+                "authentication credentials are not kept: use the token "
+                "(X-A2A-Notification-Token) and the gateway's signature",
+                "push_authentication_not_supported",
+            )
+        config_id = raw.get("id") or "pc_" + secrets.token_hex(8)
+        if not isinstance(config_id, str) or not _ID.fullmatch(config_id):
+            raise RpcFailure(INVALID_PARAMS, "id: 1 to 64 of A-Z a-z 0-9 _ -", "invalid_params")
+        record = found.session.record
+        live = live_turns(found)
+        kept = [
+            c
+            for c in record.push_configs
+            if c.turn_id in live and not (c.turn_id == found.turn_id and c.id == config_id)
+        ]
+        if len(kept) >= self.config.push_max_configs:
+            raise RpcFailure(
+                UNSUPPORTED_OPERATION,
+                f"a context holds at most {self.config.push_max_configs} push configs",
+                "too_many_push_configs",
+                409,
+            )
+        config = PushConfig(config_id, found.turn_id, url, token)
+        record.push_configs = [*kept, config]
+        self.feeds[(found.session.id, config_id)] = self._feed(found)
+        found.session.save_record()
+        return shown(found.id, config)
+
+    def get(self, found: FoundTask, config_id: str) -> dict[str, Any]:
+        return shown(found.id, self._one(found, config_id))
+
+    def list(self, found: FoundTask) -> dict[str, Any]:
+        configs = [c for c in found.session.record.push_configs if c.turn_id == found.turn_id]
+        return {"configs": [shown(found.id, c) for c in configs]}
+
+    def delete(self, found: FoundTask, config_id: str) -> None:
+        gone = self._one(found, config_id)
+        record = found.session.record
+        record.push_configs = [c for c in record.push_configs if c is not gone]
+        self.feeds.pop((found.session.id, config_id), None)
+        found.session.save_record()
+
+    def _one(self, found: FoundTask, config_id: str) -> PushConfig:
+        for c in found.session.record.push_configs:
+            if c.turn_id == found.turn_id and c.id == config_id:
+                return c
+        raise RpcFailure(
+            TASK_NOT_FOUND,
+            f"no push config {config_id[:64]!r} of task {found.id[:200]!r}",
+            "push_config_not_found",
+            404,
+        )
+
+
+def live_turns(found: FoundTask) -> set[str]:
+    """The session's turns that may still emit: in flight, or queued."""
+    summary = found.summary
+    live = {summary.current_turn_id} if summary.current_turn_id else set()
+    queued = summary.queued_turns
+    if isinstance(queued, list):
+        live |= {q.turn_id for q in queued}
+    return live | {found.turn_id}
+
+
+def shown(task: str, config: PushConfig) -> dict[str, Any]:
+    """A config as A2A's ``TaskPushNotificationConfig`` JSON."""
+    out = {"id": config.id, "taskId": task, "url": config.url}
+    if config.token:
+        out["token"] = config.token
+    return out
