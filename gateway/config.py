@@ -955,12 +955,9 @@ def push_prefix_problem(prefix: str) -> str | None:
 
 
 def _check_a2a_push(config: Config, source: _Source) -> None:
-    """``[a2a] push_url_prefixes``: each a prefix (:func:`push_prefix_problem`), a secret,
-    and the SQLite store (push configs are not yet changed through a session's owner node)."""
+    """``[a2a] push_url_prefixes``: each a prefix (:func:`push_prefix_problem`); the secret's
+    form (it is required with prefixes: :func:`load_config` checks it once every key is read)."""
     a2a = config.a2a
-    if a2a.push_url_prefixes and config.store.backend != "sqlite":
-        why = "A2A push notifications are offered on the SQLite store only (for now)"
-        raise source.error("a2a.push_url_prefixes", why)
     for index, prefix in enumerate(a2a.push_url_prefixes):
         if bad := push_prefix_problem(prefix):
             raise source.error(f"a2a.push_url_prefixes[{index}]", bad)

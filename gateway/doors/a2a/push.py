@@ -1,7 +1,8 @@
 """A2A push notifications on the webhook outbox (docs/doors/a2a.md "Push notifications").
 
 A task's push config (``CreateTaskPushNotificationConfig``) is kept in its
-session's record (``SessionRecord.push_configs``: gone with the session). Each
+session's record (``SessionRecord.push_configs``: gone with the session), changed
+where the session runs (gateway.node.push_configs) and read from the store. Each
 catalog event of the task's turn is made into the task's A2A event (a
 :class:`~gateway.doors.a2a.feed.TaskFeed` per config, in memory) when the
 session emits it, and that ``StreamResponse`` is put in the webhook outbox in
@@ -23,13 +24,15 @@ from typing import Any, cast
 
 import msgspec
 
+from gateway.cluster import ops
 from gateway.config import A2aConfig
 from gateway.doors.a2a import shapes as a2
 from gateway.doors.a2a.feed import TaskFeed
 from gateway.doors.a2a.rpc import INVALID_PARAMS, TASK_NOT_FOUND, UNSUPPORTED_OPERATION, RpcFailure
-from gateway.doors.a2a.tasks import FoundTask, task_id
+from gateway.doors.a2a.tasks import FoundTask, TaskNotFound, task_id
 from gateway.ids import format_event_id
-from gateway.protocol.events import Envelope, Payload
+from gateway.node.node import Node
+from gateway.protocol.events import Envelope, Payload, PermissionResolved
 from gateway.session.hub import Emitted
 from gateway.session.session import Session
 from gateway.store.base import PushConfig
@@ -58,7 +61,8 @@ class Push:
     """The door's push notifications (module docstring): the configs' RPC methods, and
     :meth:`notes`, the node's ``push_notes`` (what an event puts in the outbox)."""
 
-    def __init__(self, config: A2aConfig, base: str) -> None:
+    def __init__(self, node: Node, config: A2aConfig, base: str) -> None:
+        self.node = node
         self.config = config
         self.base = base  # what a file's URL begins with ([server] public_url)
         self.feeds: dict[tuple[str, str], TaskFeed] = {}  # (session id, config id)
@@ -70,7 +74,7 @@ class Push:
     # --- the outbox's side -------------------------------------------------------------
 
     def notes(self, session: Session, em: Emitted, payload: Payload) -> list[tuple[str, bytes]]:
-        """The deliveries made of one catalog event of ``session`` (module docstring)."""
+        """The deliveries made of one event of ``session`` (module docstring)."""
         out: list[tuple[str, bytes]] = []
         if em.turn_id is None or em.type not in PUSHED:
             return out
@@ -82,12 +86,8 @@ class Push:
             if config.turn_id != em.turn_id:
                 continue
             key = (session.id, config.id)
-            feed = self.feeds.get(key)
-            if feed is None:  # after a restart: from here on
-                tid = task_id(session.id, config.turn_id)
-                feed = TaskFeed(tid, session.id, config.turn_id, 0, base=self.base)
-                feed.opened = True
-                self.feeds[key] = feed
+            feed = self.feeds.get(key) or self._feed(session, config, payload)
+            self.feeds[key] = feed
             for _, response in feed.receive(envelope):
                 body = msgspec.Raw(a2.encoder.encode(response))
                 delivery = PushDelivery(config.url, config.token, body)
@@ -96,25 +96,30 @@ class Push:
                 del self.feeds[key]
         return out
 
-    def _feed(self, found: FoundTask) -> TaskFeed:
-        """A config's feed from now on, knowing the task's state and open approvals."""
-        feed = TaskFeed(found.id, found.session.id, found.turn_id, 0, base=self.base)
+    def _feed(self, session: Session, config: PushConfig, first: Payload) -> TaskFeed:
+        """A config's feed, from its first event on, knowing the task's state then: the
+        turn running, its open approvals (and the one ``first`` resolves)."""
+        tid = task_id(session.id, config.turn_id)
+        feed = TaskFeed(tid, session.id, config.turn_id, 0, base=self.base)
         feed.opened = True  # no opening Task: one notification per event at most
-        if found.in_flight:
+        if session.turn is not None and session.turn.id == config.turn_id:
             feed.state, feed.started = "TASK_STATE_WORKING", True
-            for p in found.summary.pending_permissions:
+            asked = [p.perm_id for p in session.pending_permissions()]
+            if isinstance(first, PermissionResolved):
+                asked.append(first.perm_id)
+            for perm_id in asked:
                 feed.state = "TASK_STATE_INPUT_REQUIRED"
-                feed.pending[p.perm_id] = cast(Any, p)  # only its id is read
+                feed.pending[perm_id] = cast(Any, None)  # only its id is read
         return feed
 
     def forget(self, session_id: str) -> None:
-        """Drop what is kept for a session's configs (the session went)."""
+        """Drop what is kept for a session's configs (its tasks ended here)."""
         for key in [k for k in self.feeds if k[0] == session_id]:
             del self.feeds[key]
 
     # --- the methods -------------------------------------------------------------------
 
-    def create(self, found: FoundTask, raw: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, found: FoundTask, raw: dict[str, Any]) -> dict[str, Any]:
         """``CreateTaskPushNotificationConfig``: the config kept (docs/doors/a2a.md)."""
         if not (found.in_flight or found.queued):
             raise RpcFailure(
@@ -126,11 +131,8 @@ class Push:
         if problem := url_problem(url, self.config.push_url_prefixes):
             raise RpcFailure(INVALID_PARAMS, problem, "push_url_not_allowed")
         if len(token) > MAX_TOKEN or not _TOKEN.fullmatch(token):
-            raise RpcFailure(
-                INVALID_PARAMS,
-                f"token: at most {MAX_TOKEN} visible ASCII characters",
-                "invalid_params",
-            )
+            problem = f"token: at most {MAX_TOKEN} visible ASCII characters"
+            raise RpcFailure(INVALID_PARAMS, problem, "invalid_params")
         auth = raw.get("authentication")
         if isinstance(auth, dict) and auth.get("credentials"):
             raise RpcFailure(
@@ -142,60 +144,51 @@ class Push:
         config_id = raw.get("id") or "pc_" + secrets.token_hex(8)
         if not isinstance(config_id, str) or not _ID.fullmatch(config_id):
             raise RpcFailure(INVALID_PARAMS, "id: 1 to 64 of A-Z a-z 0-9 _ -", "invalid_params")
-        record = found.session.record
-        live = live_turns(found)
-        kept = [
-            c
-            for c in record.push_configs
-            if c.turn_id in live and not (c.turn_id == found.turn_id and c.id == config_id)
-        ]
-        if len(kept) >= self.config.push_max_configs:
+        limit = self.config.push_max_configs
+        op = ops.ChangePushConfig(found.turn_id, config_id, url, token, limit)
+        if (await self._change(found, op)).problem:
             raise RpcFailure(
                 UNSUPPORTED_OPERATION,
-                f"a context holds at most {self.config.push_max_configs} push configs",
+                f"a context holds at most {limit} push configs of tasks not ended",
                 "too_many_push_configs",
                 409,
             )
-        config = PushConfig(config_id, found.turn_id, url, token)
-        record.push_configs = [*kept, config]
-        self.feeds[(found.session.id, config_id)] = self._feed(found)
-        found.session.save_record()
-        return shown(found.id, config)
+        return shown(found.id, PushConfig(config_id, found.turn_id, url, token))
 
-    def get(self, found: FoundTask, config_id: str) -> dict[str, Any]:
-        return shown(found.id, self._one(found, config_id))
+    async def get(self, found: FoundTask, config_id: str) -> dict[str, Any]:
+        for config in await self._configs(found):
+            if config.id == config_id:
+                return shown(found.id, config)
+        raise not_found(found, config_id)
 
-    def list(self, found: FoundTask) -> dict[str, Any]:
-        configs = [c for c in found.session.record.push_configs if c.turn_id == found.turn_id]
-        return {"configs": [shown(found.id, c) for c in configs]}
+    async def listed(self, found: FoundTask) -> dict[str, Any]:
+        return {"configs": [shown(found.id, c) for c in await self._configs(found)]}
 
-    def delete(self, found: FoundTask, config_id: str) -> None:
-        gone = self._one(found, config_id)
-        record = found.session.record
-        record.push_configs = [c for c in record.push_configs if c is not gone]
-        self.feeds.pop((found.session.id, config_id), None)
-        found.session.save_record()
+    async def delete(self, found: FoundTask, config_id: str) -> None:
+        if (await self._change(found, ops.ChangePushConfig(found.turn_id, config_id))).problem:
+            raise not_found(found, config_id)
 
-    def _one(self, found: FoundTask, config_id: str) -> PushConfig:
-        for c in found.session.record.push_configs:
-            if c.turn_id == found.turn_id and c.id == config_id:
-                return c
-        raise RpcFailure(
-            TASK_NOT_FOUND,
-            f"no push config {config_id[:64]!r} of task {found.id[:200]!r}",
-            "push_config_not_found",
-            404,
-        )
+    async def _change(self, found: FoundTask, op: ops.ChangePushConfig) -> ops.PushChanged:
+        """``op`` made where the session runs (gateway.node.push_configs), once durable."""
+        answer = ops.expect(await self.node.act(found.session, op), ops.PushChanged)
+        self.feeds.pop((found.session.id, op.id), None)
+        return answer
+
+    async def _configs(self, found: FoundTask) -> list[PushConfig]:
+        """The task's configs, as stored (wherever the session runs)."""
+        record = await self.node.store.get_session(found.session.id)
+        if record is None:
+            raise TaskNotFound(found.id)
+        return [c for c in record.push_configs if c.turn_id == found.turn_id]
 
 
-def live_turns(found: FoundTask) -> set[str]:
-    """The session's turns that may still emit: in flight, or queued."""
-    summary = found.summary
-    live = {summary.current_turn_id} if summary.current_turn_id else set()
-    queued = summary.queued_turns
-    if isinstance(queued, list):
-        live |= {q.turn_id for q in queued}
-    return live | {found.turn_id}
+def not_found(found: FoundTask, config_id: str) -> RpcFailure:
+    return RpcFailure(
+        TASK_NOT_FOUND,
+        f"no push config {config_id[:64]!r} of task {found.id[:200]!r}",
+        "push_config_not_found",
+        404,
+    )
 
 
 def shown(task: str, config: PushConfig) -> dict[str, Any]:

@@ -69,7 +69,7 @@ class A2aRoutes:
         self.config = ctx.config
         self.streams = TaskStreams(ctx)
         self.messages = Messages(ctx, self.streams)
-        self.push = Push(ctx.config.a2a, ctx.config.server.public_url.rstrip("/"))
+        self.push = Push(ctx.node, ctx.config.a2a, ctx.config.server.public_url.rstrip("/"))
         if self.push.offered:  # the node's sessions put their tasks' notifications in the outbox
             self.node.push_notes = self.push.notes
             self.node.webhooks.offer_push(ctx.config.a2a)
@@ -163,17 +163,13 @@ class A2aRoutes:
         if not isinstance(task, str) or not isinstance(config_id, str):
             raise RpcFailure(INVALID_PARAMS, "taskId (and id) are strings", "invalid_params")
         found = await find_task(self.ctx, caller, task)
-        store = self.node.store
         if method == "CreateTaskPushNotificationConfig":
-            made = self.push.create(found, body)
-            await store.wait_committed(store.ticket())
-            return made
+            return await self.push.create(found, body)
         if method == "GetTaskPushNotificationConfig":
-            return self.push.get(found, config_id)
+            return await self.push.get(found, config_id)
         if method == "ListTaskPushNotificationConfigs":
-            return self.push.list(found)
-        self.push.delete(found, config_id)
-        await store.wait_committed(store.ticket())
+            return await self.push.listed(found)
+        await self.push.delete(found, config_id)
         return {}
 
     # --- cancelling -----------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """A2A push notifications on the webhook outbox (docs/doors/a2a.md "Push notifications").
 
 A real receiver on 127.0.0.1 (tests/webhook_support.py: it verifies each
-accepted POST's Standard Webhooks signature), a real gateway, httpx as the
-client. What a task's config sends, in order, retried, with its token; which
-URLs are refused; whose configs a key sees; their bounds and their end.
+accepted POST's Standard Webhooks signature), a real gateway on each store
+(Redis: slow), httpx as the client. What a task's config sends, in order,
+retried, with its token; which URLs are refused; whose configs a key sees;
+their bounds and their end. Two nodes: tests/system/cluster/test_a2a_push_cluster.py.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from tests.integration.doors.a2a.test_a2a_rpc import (
     states,
     stream,
 )
-from tests.scripts import TEXT
+from tests.redis_support import RedisServer, own_redis
 from tests.webhook_support import SECRET, Receiver
+
+__all__ = ["own_redis"]  # the fixture, used through ``backend``
 
 CREATE = "CreateTaskPushNotificationConfig"
 
@@ -75,11 +78,20 @@ def update(body: dict[str, Any]) -> str:
     return "text:" + "".join(p["text"] for p in parts)
 
 
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.slow)])
+def backend(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Each test on both stores (the Redis one: a redis-server of the test's own)."""
+    if request.param == "sqlite":
+        return {}
+    server: RedisServer = request.getfixturevalue("own_redis")
+    return {"store.backend": "redis", "store.url": server.url}
+
+
 async def test_a_tasks_notifications_in_order_retried_signed_with_its_token(
-    tmp_path: Path,
+    tmp_path: Path, backend: dict[str, Any]
 ) -> None:
     receiver = Receiver(script=[503, "hang"])  # the first notification is tried three times
-    async with pushing(tmp_path, receiver) as (h, prefix):
+    async with pushing(tmp_path, receiver, **backend) as (h, prefix):
         card = (await h.http.get("/.well-known/agent-card.json", headers=A)).json()
         assert card["capabilities"]["pushNotifications"] is True
         task = await waiting_task(h)
@@ -125,9 +137,12 @@ async def test_a_tasks_notifications_in_order_retried_signed_with_its_token(
         )
 
 
-async def test_urls_tokens_and_counts_that_are_refused(tmp_path: Path) -> None:
+async def test_urls_tokens_and_counts_that_are_refused(
+    tmp_path: Path, backend: dict[str, Any]
+) -> None:
     receiver = Receiver()
-    async with pushing(tmp_path, receiver, **{"a2a.push_max_configs": 2}) as (h, prefix):
+    limits = {"a2a.push_max_configs": 2, **backend}
+    async with pushing(tmp_path, receiver, **limits) as (h, prefix):
         task = await waiting_task(h)
         port = receiver.port
         for url in (
@@ -182,26 +197,6 @@ async def test_urls_tokens_and_counts_that_are_refused(tmp_path: Path) -> None:
         assert code(answer) == -32001
 
 
-async def test_a_task_of_text_only_is_pushed_too(tmp_path: Path) -> None:
-    """A config set on a task that was returned at once gets its status and reply."""
-    receiver = Receiver()
-    async with pushing(tmp_path, receiver) as (h, prefix):
-        body = {**message(TEXT), "configuration": {"returnImmediately": True}}
-        task = (await rpc(h, call("SendMessage", body), A))["result"]["task"]["id"]
-        made = await rpc(h, call(CREATE, {"taskId": task, "url": prefix + "t"}), A)
-        if "error" in made:  # it ended before the config: nothing to push
-            assert reason(made) == "task_not_active"
-            return
-        with trio.fail_after(20):
-            while not any(
-                "statusUpdate" in r.event
-                and r.event["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
-                for r in receiver.accepted
-            ):
-                await receiver.wait_accepted(len(receiver.accepted) + 1)
-        assert "x-a2a-notification-token" not in receiver.accepted[0].headers  # no token given
-
-
 def test_push_prefixes_the_config_refuses(tmp_path: Path) -> None:
     def load(**flat: Any) -> None:
         load_config(None, {}, {"store.path": str(tmp_path / "g.db"), **flat})
@@ -218,10 +213,5 @@ def test_push_prefixes_the_config_refuses(tmp_path: Path) -> None:
             load(**{"a2a.push_url_prefixes": [prefix]}, **secret)
     with pytest.raises(ConfigError, match=r"a2a\.push_secret"):
         load(**{"a2a.push_url_prefixes": ["https://hooks.example.com/"]})
-    with pytest.raises(ConfigError, match="SQLite store only"):
-        load(
-            **{"a2a.push_url_prefixes": ["https://hooks.example.com/"], "store.backend": "redis"},
-            **secret,
-        )
     load(**{"a2a.push_url_prefixes": ["https://hooks.example.com/a2a/"]}, **secret)
     load(**{"a2a.push_url_prefixes": ["http://127.0.0.1:8080/"]}, **secret)
