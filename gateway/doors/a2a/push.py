@@ -28,7 +28,13 @@ from gateway.cluster import ops
 from gateway.config import A2aConfig
 from gateway.doors.a2a import shapes as a2
 from gateway.doors.a2a.feed import TaskFeed
-from gateway.doors.a2a.rpc import INVALID_PARAMS, TASK_NOT_FOUND, UNSUPPORTED_OPERATION, RpcFailure
+from gateway.doors.a2a.rpc import (
+    INVALID_PARAMS,
+    PUSH_NOT_SUPPORTED,
+    TASK_NOT_FOUND,
+    UNSUPPORTED_OPERATION,
+    RpcFailure,
+)
 from gateway.doors.a2a.tasks import FoundTask, TaskNotFound, task_id
 from gateway.ids import format_event_id
 from gateway.node.node import Node
@@ -125,6 +131,22 @@ class Push:
             raise RpcFailure(
                 UNSUPPORTED_OPERATION, f"task {found.id} has ended", "task_not_active", 409
             )
+        op = self.checked(raw, found.turn_id)
+        await self.put(found.session, op)
+        return shown(found.id, PushConfig(op.id, op.turn_id, op.url, op.token))
+
+    def checked(self, raw: Any, turn_id: str) -> ops.ChangePushConfig:
+        """A client's ``TaskPushNotificationConfig`` as the change that keeps it, for the
+        task of ``turn_id`` (docs/doors/a2a.md "Push notifications").
+
+        Raises:
+            RpcFailure: -32003 where push is not offered; -32602 a URL not allowed, a
+                token or id out of its bounds, authentication credentials.
+        """
+        if not self.offered:
+            raise not_offered()
+        if not isinstance(raw, dict):
+            raise RpcFailure(INVALID_PARAMS, "a push config is an object", "invalid_params")
         url, token = raw.get("url"), raw.get("token") or ""
         if not isinstance(url, str) or not isinstance(token, str):
             raise RpcFailure(INVALID_PARAMS, "url and token are strings", "invalid_params")
@@ -145,15 +167,22 @@ class Push:
         if not isinstance(config_id, str) or not _ID.fullmatch(config_id):
             raise RpcFailure(INVALID_PARAMS, "id: 1 to 64 of A-Z a-z 0-9 _ -", "invalid_params")
         limit = self.config.push_max_configs
-        op = ops.ChangePushConfig(found.turn_id, config_id, url, token, limit)
-        if (await self._change(found, op)).problem:
+        return ops.ChangePushConfig(turn_id, config_id, url, token, limit)
+
+    async def put(self, session: Session, op: ops.ChangePushConfig) -> None:
+        """Keep the config ``op`` puts, where the session runs (-32004 past the bound)."""
+        if (await self._change(session, op)).problem:
             raise RpcFailure(
                 UNSUPPORTED_OPERATION,
-                f"a context holds at most {limit} push configs of tasks not ended",
+                f"a context holds at most {op.max_configs} push configs of tasks not ended",
                 "too_many_push_configs",
                 409,
             )
-        return shown(found.id, PushConfig(config_id, found.turn_id, url, token))
+
+    async def drop(self, session: Session, turn_id: str, config_id: str) -> bool:
+        """Delete a task's config; whether there was one."""
+        op = ops.ChangePushConfig(turn_id, config_id)
+        return not (await self._change(session, op)).problem
 
     async def get(self, found: FoundTask, config_id: str) -> dict[str, Any]:
         for config in await self._configs(found):
@@ -165,13 +194,13 @@ class Push:
         return {"configs": [shown(found.id, c) for c in await self._configs(found)]}
 
     async def delete(self, found: FoundTask, config_id: str) -> None:
-        if (await self._change(found, ops.ChangePushConfig(found.turn_id, config_id))).problem:
+        if not await self.drop(found.session, found.turn_id, config_id):
             raise not_found(found, config_id)
 
-    async def _change(self, found: FoundTask, op: ops.ChangePushConfig) -> ops.PushChanged:
+    async def _change(self, session: Session, op: ops.ChangePushConfig) -> ops.PushChanged:
         """``op`` made where the session runs (gateway.node.push_configs), once durable."""
-        answer = ops.expect(await self.node.act(found.session, op), ops.PushChanged)
-        self.feeds.pop((found.session.id, op.id), None)
+        answer = ops.expect(await self.node.act(session, op), ops.PushChanged)
+        self.feeds.pop((session.id, op.id), None)
         return answer
 
     async def _configs(self, found: FoundTask) -> list[PushConfig]:
@@ -180,6 +209,16 @@ class Push:
         if record is None:
             raise TaskNotFound(found.id)
         return [c for c in record.push_configs if c.turn_id == found.turn_id]
+
+
+def not_offered() -> RpcFailure:
+    """-32003: the operator allows no URL (docs/doors/a2a.md "Push notifications")."""
+    return RpcFailure(
+        PUSH_NOT_SUPPORTED,
+        "push notifications are not offered: the operator allows no URL"
+        " ([a2a] push_url_prefixes, docs/doors/a2a.md)",
+        "push_notification_not_supported",
+    )
 
 
 def not_found(found: FoundTask, config_id: str) -> RpcFailure:

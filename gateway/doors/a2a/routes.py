@@ -20,12 +20,11 @@ from gateway.doors.a2a import shapes as a2
 from gateway.doors.a2a.card import PROTOCOL_VERSION, agent_card, base_url
 from gateway.doors.a2a.feed import parse_cursor
 from gateway.doors.a2a.messages import Messages
-from gateway.doors.a2a.push import Push
+from gateway.doors.a2a.push import Push, not_offered
 from gateway.doors.a2a.rpc import (
     EXTENDED_CARD_NOT_CONFIGURED,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
-    PUSH_NOT_SUPPORTED,
     TASK_NOT_CANCELABLE,
     VERSION_NOT_SUPPORTED,
     RpcFailure,
@@ -68,8 +67,8 @@ class A2aRoutes:
         self.node = ctx.node
         self.config = ctx.config
         self.streams = TaskStreams(ctx)
-        self.messages = Messages(ctx, self.streams)
         self.push = Push(ctx.node, ctx.config.a2a, ctx.config.server.public_url.rstrip("/"))
+        self.messages = Messages(ctx, self.streams, self.push)
         if self.push.offered:  # the node's sessions put their tasks' notifications in the outbox
             self.node.push_notes = self.push.notes
             self.node.webhooks.offer_push(ctx.config.a2a)
@@ -152,12 +151,7 @@ class A2aRoutes:
 
     async def _push(self, caller: str | None, method: str, raw: msgspec.Raw) -> object:
         if not self.push.offered:
-            raise RpcFailure(
-                PUSH_NOT_SUPPORTED,
-                "push notifications are not offered: the operator allows no URL"
-                " ([a2a] push_url_prefixes, docs/doors/a2a.md)",
-                "push_notification_not_supported",
-            )
+            raise not_offered()
         body = params(raw, dict[str, Any])
         task, config_id = body.get("taskId"), body.get("id") or ""
         if not isinstance(task, str) or not isinstance(config_id, str):

@@ -33,6 +33,7 @@ from tests.integration.doors.a2a.test_a2a_rpc import (
     stream,
 )
 from tests.redis_support import RedisServer, own_redis
+from tests.scripts import TEXT
 from tests.webhook_support import SECRET, Receiver
 
 __all__ = ["own_redis"]  # the fixture, used through ``backend``
@@ -195,6 +196,40 @@ async def test_urls_tokens_and_counts_that_are_refused(
         assert await h.node.store.get_session(context) is None  # ...and gone with it
         answer = await rpc(h, call("ListTaskPushNotificationConfigs", {"taskId": task}), A)
         assert code(answer) == -32001
+
+
+async def test_a_config_sent_with_the_message_misses_nothing_of_its_task(
+    tmp_path: Path,
+) -> None:
+    """``configuration.taskPushNotificationConfig`` of a new task's message: kept before
+    the turn starts, so its first notification is its ``TASK_STATE_WORKING``."""
+    receiver = Receiver()
+    async with pushing(tmp_path, receiver) as (h, prefix):
+        push = {"url": prefix + "m", "token": "tok-m"}
+        body = {**message(TEXT), "configuration": {"taskPushNotificationConfig": push}}
+        done = (await rpc(h, call("SendMessage", body), A))["result"]["task"]
+        assert done["status"]["state"] == "TASK_STATE_COMPLETED"
+        accepted = await receiver.wait_accepted(3)
+        listed = await rpc(h, call("ListTaskPushNotificationConfigs", {"taskId": done["id"]}), A)
+        assert [c["url"] for c in listed["result"]["configs"]] == [prefix + "m"]
+        bad = {**message(TEXT), "configuration": {"taskPushNotificationConfig": {"url": "x"}}}
+        answer = await rpc(h, call("SendMessage", bad), A)
+        assert (code(answer), reason(answer)) == (-32602, "push_url_not_allowed")
+    assert [update(r.event) for r in accepted] == [
+        "TASK_STATE_WORKING",
+        "text:Hello there, friend.",
+        "TASK_STATE_COMPLETED",
+    ]
+    assert {r.headers["x-a2a-notification-token"] for r in accepted} == {"tok-m"}
+
+
+async def test_where_push_is_not_offered_a_config_with_a_message_is_refused(gw: Harness) -> None:
+    body = {**message(TEXT), "configuration": {"taskPushNotificationConfig": {"url": "x"}}}
+    answer = await rpc(gw, call("SendMessage", body))
+    assert code(answer) == -32003
+    card = (await gw.http.get("/.well-known/agent-card.json")).json()
+    assert card["capabilities"]["pushNotifications"] is False
+    assert await gw.node.store.list_sessions(limit=10, before=None) == ([], False)  # none made
 
 
 def test_push_prefixes_the_config_refuses(tmp_path: Path) -> None:
