@@ -18,6 +18,7 @@ checks the URL again against the config of the day before each POST.
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 from typing import Any, cast
@@ -37,6 +38,7 @@ from gateway.doors.a2a.rpc import (
 )
 from gateway.doors.a2a.tasks import FoundTask, TaskNotFound, task_id
 from gateway.ids import format_event_id
+from gateway.logs import event
 from gateway.node.node import Node
 from gateway.protocol.events import Envelope, Payload, PermissionResolved
 from gateway.session.hub import Emitted
@@ -58,6 +60,8 @@ PUSHED = frozenset(
 )
 """The events a task's notifications are made of: its states, each assistant message's
 text once complete (never its deltas), its files."""
+log = logging.getLogger("gateway.a2a")
+
 MAX_TOKEN = 512
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TOKEN = re.compile(r"[\x21-\x7e]*")  # visible ASCII: a header's value, nothing to inject
@@ -80,10 +84,23 @@ class Push:
     # --- the outbox's side -------------------------------------------------------------
 
     def notes(self, session: Session, em: Emitted, payload: Payload) -> list[tuple[str, bytes]]:
-        """The deliveries made of one event of ``session`` (module docstring)."""
-        out: list[tuple[str, bytes]] = []
+        """The deliveries made of one event of ``session`` (module docstring). Called in
+        the session's emission: a failure here costs the notification only (logged
+        ``a2a_push_failed``), never the event."""
         if em.turn_id is None or em.type not in PUSHED:
-            return out
+            return []
+        try:
+            return self._notes(session, em, payload)
+        except Exception as exc:  # fault isolation: the session's step goes on
+            event(
+                log, logging.ERROR, "a2a_push_failed",
+                f"a2a: no push notification of {em.type} of {session.id}: {exc!r}",
+                session_id=session.id, event_id=format_event_id(em.seq), error=repr(exc),
+            )  # fmt: skip
+            return []
+
+    def _notes(self, session: Session, em: Emitted, payload: Payload) -> list[tuple[str, bytes]]:
+        out: list[tuple[str, bytes]] = []
         actor: Any = em.actor
         envelope: Envelope[Any] = Envelope(
             format_event_id(em.seq), em.type, em.session_id, em.turn_id, em.ts, actor, payload

@@ -223,6 +223,25 @@ async def test_a_config_sent_with_the_message_misses_nothing_of_its_task(
     assert {r.headers["x-a2a-notification-token"] for r in accepted} == {"tok-m"}
 
 
+async def test_a_notification_that_cannot_be_made_costs_only_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug in the feed")
+
+    monkeypatch.setattr("gateway.doors.a2a.push.Push._notes", broken)
+    receiver = Receiver()
+    async with pushing(tmp_path, receiver) as (h, prefix):
+        push = {"url": prefix + "m"}
+        body = {**message(TEXT), "configuration": {"taskPushNotificationConfig": push}}
+        done = (await rpc(h, call("SendMessage", body), A))["result"]["task"]
+        assert done["status"]["state"] == "TASK_STATE_COMPLETED"  # the turn went on
+        assert done["artifacts"][0]["parts"][0]["text"] == "Hello there, friend."
+    assert receiver.received == []
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "a2a_push_failed"]
+    assert len(failed) == 3 and "a bug in the feed" in failed[0].getMessage()
+
+
 async def test_where_push_is_not_offered_a_config_with_a_message_is_refused(gw: Harness) -> None:
     body = {**message(TEXT), "configuration": {"taskPushNotificationConfig": {"url": "x"}}}
     answer = await rpc(gw, call("SendMessage", body))
