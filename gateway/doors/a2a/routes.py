@@ -36,7 +36,7 @@ from gateway.doors.a2a.rpc import (
     rpc_error,
 )
 from gateway.doors.a2a.stream import TaskStreams, TaskSubscriber
-from gateway.doors.a2a.tasks import TaskNotFound, find_task, task_id
+from gateway.doors.a2a.tasks import FoundTask, TaskNotFound, find_task, task_id
 from gateway.doors.context import DoorContext
 from gateway.errors import ApiError, Refused
 from gateway.http.refusals import as_http
@@ -234,17 +234,21 @@ class A2aRoutes:
             if exc.status == 404:
                 return a2.ListTasksResponse(tasks=[])
             raise
-        turns: list[str] = []
+        token = body.page_token
+        if token and not (token.isascii() and token.isdigit() and len(token) <= 9):
+            raise RpcFailure(INVALID_PARAMS, "pageToken is no page token", "invalid_page_token")
+        turns: dict[str, None] = {}  # in order, once each: read once for the whole page
         for m in await self.node.messages_of(session):
-            if m.turn_id is not None and m.turn_id not in turns:
-                turns.append(m.turn_id)
+            if m.turn_id is not None:
+                turns.setdefault(m.turn_id)
         size = min(max(body.page_size or 50, 1), 100)
-        skip = int(body.page_token) if body.page_token.isdecimal() else 0
-        page = turns[skip : skip + size]
+        skip = int(token or 0)
+        page = list(turns)[skip : skip + size]
+        summary = await self.node.live_summary(session)
         tasks = []
         for turn_id in page:
+            found = FoundTask(task_id(session.id, turn_id), session, turn_id, summary)
             try:
-                found = await find_task(self.ctx, caller, task_id(session.id, turn_id))
                 tasks.append(await self.streams.read_task(found))
             except TaskNotFound:
                 continue
