@@ -19,6 +19,7 @@ import msgspec
 from gateway.doors.a2a import shapes as a2
 from gateway.doors.a2a.card import PROTOCOL_VERSION, agent_card, base_url
 from gateway.doors.a2a.feed import parse_cursor
+from gateway.doors.a2a.history import history, limit_of
 from gateway.doors.a2a.messages import Messages
 from gateway.doors.a2a.push import Push, not_offered
 from gateway.doors.a2a.rpc import (
@@ -41,6 +42,7 @@ from gateway.doors.context import DoorContext
 from gateway.errors import ApiError, Refused
 from gateway.http.refusals import as_http
 from gateway.http.server import Request, Response, StreamingResponse, json_response
+from gateway.protocol.shapes import Message
 
 Answer = Response | StreamingResponse
 
@@ -125,8 +127,12 @@ class A2aRoutes:
             )
         if method == "GetTask":
             get = params(raw, a2.GetTaskRequest)
+            limit = limit_of(get.history_length)
             found = await find_task(self.ctx, caller, get.id)
-            return result_response(rid, await self.streams.read_task(found))
+            task = await self.streams.read_task(found)
+            messages = await self.node.messages_of(found.session) if limit else []
+            task.history = self._history(found, messages, limit)
+            return result_response(rid, task)
         if method == "CancelTask":
             cancel = params(raw, a2.CancelTaskRequest)
             return result_response(rid, await self._cancel(req, caller, cancel))
@@ -221,6 +227,13 @@ class A2aRoutes:
         sub, feed, release = await self.streams.open_task(req, task, start, cursor)
         return self.streams.respond(sub, feed, rid, release, [])
 
+    def _history(
+        self, found: FoundTask, messages: list[Message], limit: int
+    ) -> list[a2.Message] | None:
+        """The task's ``history`` (gateway.doors.a2a.history), at most ``limit`` messages."""
+        base = self.config.server.public_url
+        return history(messages, found.id, found.session.id, found.turn_id, base, limit)
+
     # --- listing ----------------------------------------------------------------------------
 
     async def _list(self, caller: str | None, body: a2.ListTasksRequest) -> a2.ListTasksResponse:
@@ -237,8 +250,10 @@ class A2aRoutes:
         token = body.page_token
         if token and not (token.isascii() and token.isdigit() and len(token) <= 9):
             raise RpcFailure(INVALID_PARAMS, "pageToken is no page token", "invalid_page_token")
+        limit = limit_of(body.history_length) if body.history_length is not None else 0
         turns: dict[str, None] = {}  # in order, once each: read once for the whole page
-        for m in await self.node.messages_of(session):
+        messages = await self.node.messages_of(session)
+        for m in messages:
             if m.turn_id is not None:
                 turns.setdefault(m.turn_id)
         size = min(max(body.page_size or 50, 1), 100)
@@ -249,9 +264,11 @@ class A2aRoutes:
         for turn_id in page:
             found = FoundTask(task_id(session.id, turn_id), session, turn_id, summary)
             try:
-                tasks.append(await self.streams.read_task(found))
+                task = await self.streams.read_task(found)
             except TaskNotFound:
                 continue
+            task.history = self._history(found, messages, limit)
+            tasks.append(task)
         more = skip + size < len(turns)
         return a2.ListTasksResponse(
             tasks=tasks,

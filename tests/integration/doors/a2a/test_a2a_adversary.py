@@ -1,17 +1,19 @@
 """``POST /a2a`` against a client that means harm (docs/doors/a2a.md): crafted page
 tokens, listings whose cost must not grow with the square of a context's turns, and
-JSON-RPC notifications (no ``id``), which A2A never sends and the door does not run.
+JSON-RPC notifications (no ``id``), which A2A never sends and the door does not run;
+and a task's ``history``, bounded.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import Harness
-from tests.integration.doors.a2a.test_a2a_rpc import call, code, message, rpc
+from tests.conftest import TOOL_SCRIPT, Harness
+from tests.integration.doors.a2a.test_a2a_rpc import call, code, gateway, message, rpc, stream
 from tests.scripts import TEXT
 
 
@@ -52,3 +54,35 @@ async def test_a_notification_is_not_run(gw: Harness, tmp_path: Path) -> None:
     assert await gw.node.store.list_sessions(limit=10, before=None) == ([], False)
     null_id = await rpc(gw, {**body, "id": None})  # an id that is null is an id
     assert null_id["id"] is None and "result" in null_id
+
+
+async def test_get_task_gives_the_turns_messages_as_its_history_bounded(tmp_path: Path) -> None:
+    """docs/doors/a2a.md "Tasks and contexts": ``history`` is the turn's user message and
+    replies (a tool call and its result left out), the most recent ``historyLength``."""
+    async with gateway(tmp_path, **{"tools.require_approval": ["sleep"]}) as h:
+        asked = await stream(h, call("SendStreamingMessage", message(TOOL_SCRIPT)))
+        task = asked[0][1]["result"]["task"]["id"]
+        await rpc(h, call("SendMessage", message("yes", taskId=task)))
+        other = await rpc(h, call("SendMessage", message(TEXT, contextId=task.split(".")[0])))
+
+        async def get(**more: Any) -> dict[str, Any]:
+            return await rpc(h, call("GetTask", {"id": task, **more}))
+
+        whole = (await get())["result"]["history"]
+        assert [(m["role"], m["parts"][0]["text"]) for m in whole] == [
+            ("ROLE_USER", json.dumps(TOOL_SCRIPT)),
+            ("ROLE_AGENT", "Running it now."),
+            ("ROLE_AGENT", "All done."),
+        ]
+        assert {m["taskId"] for m in whole} == {task}  # not the next task's messages
+        last = (await get(historyLength=1))["result"]["history"]
+        assert [m["parts"][0]["text"] for m in last] == ["All done."]
+        assert "history" not in (await get(historyLength=0))["result"]
+        assert code(await get(historyLength=-1)) == -32602
+        listed = await rpc(h, call("ListTasks", {"contextId": task.split(".")[0]}))
+        assert all("history" not in t for t in listed["result"]["tasks"])  # unless asked
+        asked_for = {"contextId": task.split(".")[0], "historyLength": 1}
+        listed = await rpc(h, call("ListTasks", asked_for))
+        texts = [t["history"][0]["parts"][0]["text"] for t in listed["result"]["tasks"]]
+        assert texts == ["All done.", "Hello there, friend."]
+        assert other["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
