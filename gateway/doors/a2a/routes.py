@@ -43,6 +43,7 @@ from gateway.errors import ApiError, Refused
 from gateway.http.refusals import as_http
 from gateway.http.server import Request, Response, StreamingResponse, json_response
 from gateway.protocol.shapes import Message
+from gateway.session.turn_start import turn_starts
 
 Answer = Response | StreamingResponse
 
@@ -260,9 +261,11 @@ class A2aRoutes:
         skip = int(token or 0)
         page = list(turns)[skip : skip + size]
         summary = await self.node.live_summary(session)
+        starts = await turn_starts(session, page)  # one read of the store for the page
         tasks = []
         for turn_id in page:
-            found = FoundTask(task_id(session.id, turn_id), session, turn_id, summary)
+            tid = task_id(session.id, turn_id)
+            found = FoundTask(tid, session, turn_id, summary, starts.get(turn_id))
             try:
                 task = await self.streams.read_task(found)
             except TaskNotFound:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gateway.session import turn_start
 from tests.conftest import TOOL_SCRIPT, Harness
 from tests.integration.doors.a2a.test_a2a_rpc import call, code, gateway, message, rpc, stream
 from tests.scripts import TEXT
@@ -86,3 +87,27 @@ async def test_get_task_gives_the_turns_messages_as_its_history_bounded(tmp_path
         texts = [t["history"][0]["parts"][0]["text"] for t in listed["result"]["tasks"]]
         assert texts == ["All done.", "Hello there, friend."]
         assert other["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+async def test_listing_finds_its_tasks_starts_in_one_read_of_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Turns no longer in the session's memory: their starts come from the store, read
+    once for the page (not once per task: a page of 100 was 100 reads of the session)."""
+    async with gateway(tmp_path, **{"stream.tail_max_bytes": 1}) as h:
+        first = (await rpc(h, call("SendMessage", message(TEXT))))["result"]["task"]
+        context = first["contextId"]
+        for _ in range(3):
+            await rpc(h, call("SendMessage", message(TEXT, contextId=context)))
+        reads: list[int] = []
+        real = turn_start.each_event_after
+
+        async def counted(*args: Any) -> Any:
+            reads.append(1)
+            return await real(*args)
+
+        monkeypatch.setattr(turn_start, "each_event_after", counted)
+        listed = await rpc(h, call("ListTasks", {"contextId": context}))
+    tasks = listed["result"]["tasks"]
+    assert [t["status"]["state"] for t in tasks] == ["TASK_STATE_COMPLETED"] * 4
+    assert len(reads) == 1
