@@ -75,7 +75,7 @@ class Push:
         self.node = node
         self.config = config
         self.base = base  # what a file's URL begins with ([server] public_url)
-        self.feeds: dict[tuple[str, str], TaskFeed] = {}  # (session id, config id)
+        self.feeds: dict[tuple[str, str, str], TaskFeed] = {}  # (session, turn, config id)
 
     @property
     def offered(self) -> bool:
@@ -108,7 +108,7 @@ class Push:
         for config in session.record.push_configs:
             if config.turn_id != em.turn_id:
                 continue
-            key = (session.id, config.id)
+            key = (session.id, config.turn_id, config.id)
             feed = self.feeds.get(key) or self._feed(session, config, payload)
             self.feeds[key] = feed
             for _, response in feed.receive(envelope):
@@ -217,7 +217,7 @@ class Push:
     async def _change(self, session: Session, op: ops.ChangePushConfig) -> ops.PushChanged:
         """``op`` made where the session runs (gateway.node.push_configs), once durable."""
         answer = ops.expect(await self.node.act(session, op), ops.PushChanged)
-        self.feeds.pop((session.id, op.id), None)
+        self.feeds.pop((session.id, op.turn_id, op.id), None)
         return answer
 
     async def _configs(self, found: FoundTask) -> list[PushConfig]:
