@@ -148,6 +148,9 @@ class Messages:
         decision, perm, content = self._decision(found, message)
         pending = [p.perm_id for p in found.summary.pending_permissions]
         targets = [perm] if perm is not None else pending
+        asked = body.configuration.task_push_notification_config if body.configuration else None
+        if asked is not None:  # the task's config, kept before its answer lets it go on
+            await self.push.put(found.session, self.push.checked(asked, found.turn_id))
 
         async def decide() -> None:
             for perm_id in targets:

@@ -223,6 +223,27 @@ async def test_a_config_sent_with_the_message_misses_nothing_of_its_task(
     assert {r.headers["x-a2a-notification-token"] for r in accepted} == {"tok-m"}
 
 
+async def test_a_config_sent_with_an_approvals_answer_gets_the_rest_of_the_task(
+    tmp_path: Path,
+) -> None:
+    receiver = Receiver()
+    async with pushing(tmp_path, receiver) as (h, prefix):
+        task = await waiting_task(h)
+        answer = {
+            **message("yes", taskId=task),
+            "configuration": {"taskPushNotificationConfig": {"url": prefix + "a", "id": "ans"}},
+        }
+        done = await rpc(h, call("SendMessage", answer), A)
+        assert done["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+        accepted = await receiver.wait_accepted(3)
+    assert [update(r.event) for r in accepted] == [
+        "TASK_STATE_WORKING",
+        "text:All done.",
+        "TASK_STATE_COMPLETED",
+    ]
+    assert "x-a2a-notification-token" not in accepted[0].headers  # none given
+
+
 async def test_a_notification_that_cannot_be_made_costs_only_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
