@@ -150,9 +150,8 @@ class Node:
         self.sessions: dict[str, Session] = self.registry.sessions
         self.durability = Durability(store, config.store, self.metrics)
         self.node_id = new_node_id()  # this process, in the session leases and webhook claims
-        self.webhooks = Deliveries(  # before the store's first write: it routes to its outbox
-            store, config.webhooks, self.metrics, node_id=self.node_id, lease_s=config.store.lease_s
-        )
+        # Before the store's first write: it routes the events webhooks want to its outbox.
+        self.webhooks = Deliveries.of(config, store, self.metrics, self.node_id)
         self.failover = Failover(self)
         self.push_notes: PushNotes | None = None  # set by the A2A door when push is offered
         self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)

@@ -50,7 +50,7 @@ import httpx
 import msgspec
 import trio
 
-from gateway.config import A2aConfig, WebhookConfig
+from gateway.config import A2aConfig, Config, WebhookConfig
 from gateway.errors import StoreError
 from gateway.ids import format_event_id
 from gateway.logs import event
@@ -113,6 +113,15 @@ class Deliveries:
         if self._hooks:
             store.webhook_routes = routes(self._hooks)
             store.on_outbox = self.wake
+
+    @classmethod
+    def of(cls, config: Config, store: Store, metrics: Metrics, node_id: str) -> Deliveries:
+        """A node's loop: its ``[webhooks.NAME]``, and A2A's push notifications where
+        ``[a2a] push_url_prefixes`` names any (owed ones too, from its start)."""
+        loop = cls(store, config.webhooks, metrics, node_id=node_id, lease_s=config.store.lease_s)
+        if config.a2a.push_url_prefixes:
+            loop.offer_push(config.a2a)
+        return loop
 
     def offer_push(self, push: A2aConfig) -> None:
         """Deliver A2A push notifications too (gateway.webhooks.a2a_push), before the

@@ -74,7 +74,6 @@ class A2aRoutes:
         self.messages = Messages(ctx, self.streams, self.push)
         if self.push.offered:  # the node's sessions put their tasks' notifications in the outbox
             self.node.push_notes = self.push.notes
-            self.node.webhooks.offer_push(ctx.config.a2a)
             self.node.session_listeners.append(self.push.forget)
 
     # --- the card -----------------------------------------------------------------------

@@ -138,6 +138,28 @@ async def test_a_tasks_notifications_in_order_retried_signed_with_its_token(
         )
 
 
+async def test_notifications_owed_at_a_restart_are_sent_after_it(tmp_path: Path) -> None:
+    """The receiver refuses everything until the gateway stops; the next gateway on the
+    same store sends what was owed, in order, and the config is still the task's."""
+    receiver = Receiver(script=[503] * 1000)
+    async with pushing(tmp_path, receiver) as (h, prefix):
+        task = await waiting_task(h)
+        config = {"taskId": task, "url": prefix + "r", "token": "tok-r"}
+        assert "result" in await rpc(h, call(CREATE, config), A)
+        await rpc(h, call("SendMessage", message("yes", taskId=task)), A)
+        await receiver.wait_received(3)  # tried, refused
+    receiver.script = []
+    async with pushing(tmp_path, receiver) as (h, prefix):
+        accepted = await receiver.wait_accepted(3)
+        listed = await rpc(h, call("ListTaskPushNotificationConfigs", {"taskId": task}), A)
+        assert [c["token"] for c in listed["result"]["configs"]] == ["tok-r"]
+    assert [update(r.event) for r in accepted] == [
+        "TASK_STATE_WORKING",
+        "text:All done.",
+        "TASK_STATE_COMPLETED",
+    ]
+
+
 async def test_urls_tokens_and_counts_that_are_refused(
     tmp_path: Path, backend: dict[str, Any]
 ) -> None:
