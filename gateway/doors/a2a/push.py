@@ -3,7 +3,7 @@
 A task's push config (``CreateTaskPushNotificationConfig``) is kept in its
 session's record (``SessionRecord.push_configs``: gone with the session), changed
 where the session runs (gateway.node.push_configs) and read from the store. Each
-catalog event of the task's turn is made into the task's A2A event (a
+event of the task's turn in :data:`PUSHED` is made into the task's A2A event (a
 :class:`~gateway.doors.a2a.feed.TaskFeed` per config, in memory) when the
 session emits it, and that ``StreamResponse`` is put in the webhook outbox in
 the same write as the event (gateway.store.outbox), on the lane
@@ -12,7 +12,7 @@ the same write as the event (gateway.store.outbox), on the lane
 the config's token as ``X-A2A-Notification-Token``.
 
 A client names the URL, so only the operator's prefixes are taken
-(``[a2a] push_url_prefixes``; :func:`url_problem`), and the delivery loop
+(``[a2a] push_url_prefixes``; gateway.webhooks.a2a_push.url_problem), and the delivery loop
 checks the URL again against the config of the day before each POST.
 """
 
