@@ -62,7 +62,8 @@ from gateway.webhooks.a2a_push import HOOK_PREFIX, TOKEN_HEADER, PushDelivery, u
 
 log = logging.getLogger("gateway.webhooks")
 
-MAX_POSTS = 32  # POSTs in flight at once, every lane together
+MAX_POSTS = 32  # POSTs in flight at once, every webhook's lane together
+MAX_PUSH_POSTS = 16  # and A2A push notifications', apart (gateway.webhooks.a2a_push)
 POLL_S = 10.0  # the outbox is read at least this often
 PAGE = 100  # entries per read of a lane
 STORE_RETRY_S = 1.0  # a failed outbox read or delete is tried again after this
@@ -105,6 +106,9 @@ class Deliveries:
         self._metrics = metrics
         self._transport = transport
         self._posts = trio.CapacityLimiter(MAX_POSTS)
+        # A2A push notifications go where clients say: slots of their own, so a client's
+        # receiver that hangs never holds up the operator's webhooks.
+        self._push_posts = trio.CapacityLimiter(MAX_PUSH_POSTS)
         self._wake = trio.Event()
         self._running: dict[Lane, trio.CancelScope] = {}  # the lanes with a task (claimed)
         self._push: A2aConfig | None = None  # A2A push notifications: offer_push
@@ -239,7 +243,7 @@ class Deliveries:
         hook, url, key, body, extra = target
         delay = hook.retry_first_s
         for attempt in range(1, hook.max_attempts + 1):
-            async with self._posts:
+            async with self._push_posts if entry.hook.startswith(HOOK_PREFIX) else self._posts:
                 problem = await self._post(client, hook, entry, url, key, body, extra)
             if problem is None:
                 self._metrics.webhook_deliveries.labels(entry.hook).inc()

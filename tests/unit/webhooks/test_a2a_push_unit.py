@@ -11,12 +11,12 @@ import msgspec
 import trio
 from standardwebhooks.webhooks import Webhook
 
-from gateway.config import A2aConfig
+from gateway.config import A2aConfig, WebhookConfig
 from gateway.metrics import Metrics
 from gateway.store.base import StoredEvent
 from gateway.store.sqlite.store import SqliteStore
 from gateway.webhooks.a2a_push import PushDelivery, url_problem
-from gateway.webhooks.delivery import Deliveries
+from gateway.webhooks.delivery import MAX_POSTS, Deliveries
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 PREFIX = "https://hooks.example.com/a2a/"
@@ -80,3 +80,37 @@ async def test_a_notification_outside_todays_prefixes_is_dropped_not_posted(
     assert request.headers["x-a2a-notification-token"] == "tok"
     assert request.content == b'{"statusUpdate":{}}'
     Webhook(SECRET).verify(request.content, dict(request.headers))
+
+
+async def test_push_receivers_that_hang_never_hold_up_a_webhook(tmp_path: Path) -> None:
+    """More hanging A2A lanes than every POST slot together: the operator's webhook is
+    still delivered at once (push notifications have slots of their own)."""
+    webhook_posted = trio.Event()
+
+    async def receiver(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "hooks.example.com":
+            await trio.sleep_forever()  # until the attempt's timeout
+        webhook_posted.set()
+        return httpx.Response(204, stream=httpx.ByteStream(b""))
+
+    store = SqliteStore(str(tmp_path / "gateway.db"), inline=True)
+    await store.open()
+    hook = WebhookConfig(url="http://crm.test/hooks", events=("turn.completed",), secret=SECRET)
+    loop = Deliveries(
+        store, {"crm": hook}, Metrics(), node_id="node_1", lease_s=30,
+        transport=httpx.MockTransport(receiver),
+    )  # fmt: skip
+    loop.offer_push(A2aConfig(push_url_prefixes=(PREFIX,), push_secret=SECRET, push_timeout_s=30))
+    for n in range(MAX_POSTS + 8):  # a lane each
+        event = StoredEvent(n + 1, f"sess_{n}", "turn.started", 1000, b"{}")
+        store.put_event(event, [("a2a.c", note(PREFIX + "slow"))])
+    await store.flush()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(loop.run)
+        await trio.sleep(0.2)  # the push lanes have taken their slots
+        store.put_event(StoredEvent(1000, "sess_w", "turn.completed", 1000, b"{}"))
+        await store.flush()
+        with trio.fail_after(5):
+            await webhook_posted.wait()
+        nursery.cancel_scope.cancel()
+    await store.aclose()
