@@ -135,6 +135,7 @@ class Gateway:
             # MCP servers: stdio ones are tool processes; stopped after the sessions are.
             await outer.start(self.mcp.run, name="mcp-servers")
             async with trio.open_nursery() as nursery:
+                _ = self.router  # the doors, before the node's first event (A2A's push)
                 await nursery.start(self.node.run, name="node")
                 listeners = await trio.open_tcp_listeners(s.port, host=s.host)
                 self.port = listeners[0].socket.getsockname()[1]

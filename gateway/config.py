@@ -402,6 +402,20 @@ class WebhookConfig(_Section, frozen=True):
     retry_max_s: Seconds = 600.0  # ...up to this
 
 
+class A2aConfig(_Section, frozen=True):
+    """``[a2a]``: the A2A door's push notifications (docs/doors/a2a.md "Push notifications")."""
+
+    # The URLs a push config may name begin with one of these (https://HOST/...; http:// for
+    # a loopback host only); empty: push notifications are not offered.
+    push_url_prefixes: tuple[NonEmptyStr, ...] = ()
+    push_secret: str = ""  # whsec_...: signs each notification (Standard Webhooks); required
+    push_max_configs: Count = 10  # push configs per context (session)
+    push_timeout_s: Seconds = 10.0  # one attempt (as [webhooks.NAME]'s)
+    push_max_attempts: Count = 12  # then the notification is dropped and logged
+    push_retry_first_s: Seconds = 1.0  # the first retry's wait, doubling...
+    push_retry_max_s: Seconds = 600.0  # ...up to this
+
+
 class Config(_Section, frozen=True, weakref=True):
     """The whole configuration; ``Config()`` is the embedded defaults.
 
@@ -427,6 +441,7 @@ class Config(_Section, frozen=True, weakref=True):
     default_agent: Name = "default"
     mcp_servers: dict[Name, McpServerConfig] = msgspec.field(default_factory=dict)
     webhooks: dict[Name, WebhookConfig] = msgspec.field(default_factory=dict)
+    a2a: A2aConfig = msgspec.field(default_factory=A2aConfig)
 
 
 DEFAULT_CONFIG_TOML = """\
@@ -576,6 +591,15 @@ shutdown_timeout_s = 5.0     # an export's timeout, and how long stopping waits 
 # url = "http://127.0.0.1:9000/mcp"
 # headers = { Authorization = "Bearer ..." }
 #
+[a2a]                        # the A2A door's push notifications (docs/doors/a2a.md)
+push_url_prefixes = []       # a push config's URL starts with one (https://HOST/...); empty: none
+push_secret = ""             # whsec_...: signs each notification; required with prefixes
+push_max_configs = 10        # push configs per context (session)
+push_timeout_s = 10.0        # one attempt
+push_max_attempts = 12       # then the notification is dropped and logged (webhook_dropped)
+push_retry_first_s = 1.0     # the first retry's wait, doubling...
+push_retry_max_s = 600.0     # ...up to this
+
 # Webhooks (docs/reference.md, "Webhooks"): catalog events POSTed, signed, to a receiver:
 # [webhooks.crm]
 # url = "https://crm.example.com/hooks/gateway"
@@ -629,6 +653,9 @@ def load_config(path: str | None, env: Mapping[str, str], overrides: Mapping[str
     for source, section, key, value in [*_env_entries(env), *_override_entries(overrides)]:
         raw.setdefault(section, {})[key] = value
         config = _validate(raw, source)
+    if config.a2a.push_url_prefixes and not config.a2a.push_secret:  # whichever set it last
+        problem = "a2a.push_secret: required with push_url_prefixes (whsec_ and base64)"
+        raise ConfigError(f"config error: {problem}")
     if path is not None:
         _FILES[id(config)] = os.path.abspath(path)
         weakref.finalize(config, _FILES.pop, id(config), None)
@@ -749,6 +776,7 @@ def _validate(raw: dict[str, Any], source: _Source) -> Config:
     _check_trusted_proxies(config.server.trusted_proxies, source)
     _check_agents(config, source)
     _check_webhooks(config, source)
+    _check_a2a_push(config, source)
     return config
 
 
@@ -902,6 +930,45 @@ def _check_webhooks(config: Config, source: _Source) -> None:
             key = b""
         if not key:
             raise source.error(f"{where}.secret", "expected whsec_ and base64, got a bad base64")
+
+
+_PUSH_PREFIX = re.compile(r"^(https|http)://([^/@?#\\\s]+)/[^?#\\\s]*$")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+def push_prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` is no ``[a2a] push_url_prefixes`` entry (None: it is one).
+
+    A scheme, a host (no credentials) and a path that begins with ``/``, so a prefix
+    never matches another host (``https://a.example`` would match ``https://a.example.evil``);
+    ``http://`` for a loopback host only.
+    """
+    match = _PUSH_PREFIX.match(prefix)
+    if match is None or not prefix.isascii():
+        return f"expected https://HOST/ and an optional path, got {_show(prefix)}"
+    host = (
+        match[2].rsplit(":", 1)[0] if not match[2].startswith("[") else match[2].split("]")[0] + "]"
+    )
+    if match[1] == "http" and host not in LOOPBACK_HOSTS:
+        return f"http:// is for a loopback host only (127.0.0.1, localhost, [::1]): {_show(prefix)}"
+    return None
+
+
+def _check_a2a_push(config: Config, source: _Source) -> None:
+    """``[a2a] push_url_prefixes``: each a prefix (:func:`push_prefix_problem`); the secret's
+    form (it is required with prefixes: :func:`load_config` checks it once every key is read)."""
+    a2a = config.a2a
+    for index, prefix in enumerate(a2a.push_url_prefixes):
+        if bad := push_prefix_problem(prefix):
+            raise source.error(f"a2a.push_url_prefixes[{index}]", bad)
+    if a2a.push_secret:  # required with push_url_prefixes: load_config checks it at the end
+        body = a2a.push_secret.removeprefix("whsec_")
+        try:
+            key = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
+        except binascii.Error:
+            key = b""
+        if not a2a.push_secret.startswith("whsec_") or not key:
+            raise source.error("a2a.push_secret", "expected whsec_ and base64")
 
 
 def _check_trusted_proxies(entries: tuple[str, ...], source: _Source) -> None:

@@ -33,6 +33,7 @@ class Received:
     headers: dict[str, str]
     body: bytes
     status: int | str  # what the receiver answered
+    url_path: str = ""  # the request's target
 
     @property
     def event(self) -> dict[str, Any]:
@@ -97,7 +98,7 @@ class Receiver:
                 headers = {k.decode().lower(): v.decode() for k, v in request.headers}
                 if answer == 200:  # only what a receiver accepts must verify
                     Webhook(self.secret).verify(body, headers)
-                self.received.append(Received(headers, body, answer))
+                self.received.append(Received(headers, body, answer, request.target.decode()))
                 self._changed.set()
                 self._changed = trio.Event()
                 if answer == "hang":

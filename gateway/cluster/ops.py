@@ -72,6 +72,18 @@ class DeleteSession(msgspec.Struct, tag="delete"):
     """``DELETE /sessions/{id}``: the session and its workers, for good (docs/protocol.md §13)."""
 
 
+class ChangePushConfig(msgspec.Struct, tag="push"):
+    """An A2A push config of one of the session's tasks put, replacing the task's config of
+    its ``id`` (at most ``max_configs`` of tasks in flight or queued), or deleted (``url``
+    empty): docs/doors/a2a.md "Push notifications"."""
+
+    turn_id: str
+    id: str
+    url: str = ""
+    token: str = ""
+    max_configs: int = 0
+
+
 class Fork(msgspec.Struct, tag="fork"):
     """``POST /sessions/{id}/fork``: a fork of the session, made where the session runs (its
     turn, messages, workspace and Claude Code transcript are there: docs/protocol.md §2)."""
@@ -122,6 +134,7 @@ Operation = (
     | Compact
     | DeleteSession
     | Fork
+    | ChangePushConfig
     | Warn
     | Unregistered
     | State
@@ -169,6 +182,13 @@ class ReplayRejected(msgspec.Struct, tag="replay_rejected"):
     message: str
 
 
+class PushChanged(msgspec.Struct, tag="push_changed"):
+    """The answer to :class:`ChangePushConfig`: ``""`` done, else ``too_many`` or
+    ``not_found``."""
+
+    problem: str = ""
+
+
 class Refusal(msgspec.Struct, tag="refused"):
     """The owner refused: raised again on the asking node as the same ``Refused``."""
 
@@ -187,9 +207,19 @@ class TurnTaken(msgspec.Struct, tag="turn_taken"):
     steered: bool = False
 
 
-Answer = Done | Summary | Snapshot | Replayed | ReplayRejected | Refusal | TurnTaken | Forked
+Answer = (
+    Done
+    | Summary
+    | Snapshot
+    | Replayed
+    | ReplayRejected
+    | Refusal
+    | TurnTaken
+    | Forked
+    | PushChanged
+)
 
-A = TypeVar("A", Summary, Snapshot, TurnTaken, Forked)
+A = TypeVar("A", Summary, Snapshot, TurnTaken, Forked, PushChanged)
 
 
 def expect(answer: Answer, kind: type[A]) -> A:

@@ -86,7 +86,7 @@ from gateway.session.files import Files
 from gateway.session.hub import Emitted
 from gateway.session.rollup import RollupClock
 from gateway.session.sequencer import EventSequencer
-from gateway.session.session import Session
+from gateway.session.session import PushNotes, Session
 from gateway.store.base import Store
 from gateway.store.lease import LeaseKeeper, new_node_id
 from gateway.tenancy import Limits
@@ -151,10 +151,9 @@ class Node:
         self.durability = Durability(store, config.store, self.metrics)
         self.node_id = new_node_id()  # this process, in the session leases and webhook claims
         # Before the store's first write: it routes the events webhooks want to its outbox.
-        self.webhooks = Deliveries(
-            store, config.webhooks, self.metrics, node_id=self.node_id, lease_s=config.store.lease_s
-        )
+        self.webhooks = Deliveries.of(config, store, self.metrics, self.node_id)
         self.failover = Failover(self)
+        self.push_notes: PushNotes | None = None  # set by the A2A door when push is offered
         self.connections: set[Connection] = set()  # open streams (closed with 1001 on shutdown)
         # Told each session whose tasks end, to drop what they keep for it (AG-UI's runs).
         self.session_listeners: list[Callable[[str], None]] = []
@@ -208,7 +207,7 @@ class Node:
                 sessions.start_soon(unloading.keep_unloading, self, name="unloader")
                 if self.checkpoints is not None:
                     sessions.start_soon(self.checkpoints.run, name="checkpoints")
-                if self.config.webhooks:
+                if self.config.webhooks or self.config.a2a.push_url_prefixes:  # A2A push too
                     await sessions.start(self.webhooks.run, name="webhooks")
                 task_status.started(self)
                 await self._stop.wait()

@@ -11,7 +11,7 @@ from typing import assert_never
 
 from gateway.cluster import ops
 from gateway.errors import Refused, SubscribeRejected
-from gateway.node import deletion, forking
+from gateway.node import deletion, forking, push_configs
 from gateway.node.core import NodeCore
 from gateway.protocol.events import BusHandlerWarning, BusSubscriberUnregistered
 from gateway.protocol.filters import resolve_filter
@@ -59,6 +59,10 @@ async def perform(node: NodeCore, session: Session, op: ops.Operation) -> ops.An
             await deletion.delete(node, session)
         case ops.Fork():
             return ops.Forked(await forking.fork(node, session, op))
+        case ops.ChangePushConfig():
+            changed = push_configs.change(session, op)
+            await node.store.wait_committed(node.store.ticket())
+            return changed
         case ops.Warn() | ops.Unregistered():
             notice(session, op)
         case ops.State():

@@ -54,7 +54,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
@@ -99,6 +99,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.session")
 
 
+PushNotes = Callable[["Session", Emitted, Payload], Sequence[tuple[str, bytes]]]
+"""The outbox deliveries (lane's hook, body) made of a catalog event of a session with
+A2A push configs (``SessionRecord.push_configs``; gateway.doors.a2a.push), put in the
+same write as the event."""
+
+
 class NodeServices(AgentServices, Protocol):
     """What a session uses of its node (:class:`gateway.node.node.Node` is the one)."""
 
@@ -108,6 +114,7 @@ class NodeServices(AgentServices, Protocol):
     metrics: Metrics
     retention_floor: int
     shutting_down: bool
+    push_notes: PushNotes | None  # the A2A door's push notifications (docs/doors/a2a.md)
 
     def holding(self, family: Session) -> None:
         """``family`` has batches waiting for their commit."""
@@ -211,6 +218,22 @@ def emitted(
     )
     em = Emitted(seq, se.type, spec.actor, session_id, turn_id, ts, data, event_frame(data))
     return em, spec.catalog
+
+
+def push_notes(
+    session: Session, em: Emitted, item: Payload | StreamEvent, catalog: bool
+) -> Sequence[tuple[str, bytes]]:
+    """The A2A push notifications made of ``em`` (:data:`PushNotes`), for the store's
+    ``put_event`` of a catalog event; a streaming-only one's (a message's completion: its
+    text) are put in the outbox here, in the same batch as what the step stores."""
+    notes = session.node.push_notes if session.record.push_configs else None
+    if notes is None:
+        return ()
+    pushes = notes(session, em, item.payload if isinstance(item, StreamEvent) else item)
+    if catalog or not pushes:
+        return pushes
+    session.node.store.put_pushes(StoredEvent(em.seq, em.session_id, em.type, em.ts, b""), pushes)
+    return ()
 
 
 def stored(message: Message, completion: Completion | None) -> StoredMessage:
@@ -337,8 +360,9 @@ class Session(sampling_host.ServerRequests):
         catalog = False
         for item in payloads:
             em, in_catalog = emitted(seqr.next(), item, sid, turn_id, ts)
+            pushes = push_notes(self, em, item, in_catalog)
             if in_catalog:
-                store.put_event(StoredEvent(em.seq, sid, em.type, ts, em.data))
+                store.put_event(StoredEvent(em.seq, sid, em.type, ts, em.data), pushes)
                 self.event_bytes += len(em.data)
                 catalog = True
                 self.tail.append(em)

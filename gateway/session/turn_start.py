@@ -9,6 +9,8 @@ restart; above the retention floor only).
 
 from __future__ import annotations
 
+import contextlib
+
 import msgspec
 
 from gateway.session.session import Session
@@ -33,6 +35,28 @@ def tail_turn_start(session: Session, turn_id: str) -> int | None:
         if em.type == "turn.started" and em.turn_id == turn_id:
             return em.seq - 1
     return None
+
+
+async def turn_starts(session: Session, turn_ids: list[str]) -> dict[str, int]:
+    """:func:`turn_start` of several turns at once: one read of the store at most."""
+    found = {t: s for t in turn_ids if (s := tail_turn_start(session, t)) is not None}
+    wanted = set(turn_ids) - found.keys()
+    if not wanted:
+        return found
+    node = session.node
+
+    def take(row: StoredEvent) -> None:
+        if row.type == "turn.started":
+            turn_id = _turn_of.decode(row.data).turn_id
+            if turn_id in wanted:
+                found[turn_id] = row.seq - 1
+                wanted.discard(turn_id)
+                if not wanted:
+                    raise _Found(row.seq)
+
+    with contextlib.suppress(_Found):  # every start found: the rest is not read
+        await each_event_after(node.store, [session.id], node.retention_floor, take)
+    return found
 
 
 async def turn_start(session: Session, turn_id: str) -> int | None:

@@ -75,6 +75,16 @@ class Rewind(msgspec.Struct):
     turn_id: str
 
 
+class PushConfig(msgspec.Struct, frozen=True):
+    """An A2A push notification config of one of the session's tasks (docs/doors/a2a.md
+    "Push notifications"): its events go, in the outbox, to ``url`` with ``token``."""
+
+    id: str
+    turn_id: str
+    url: str
+    token: str = ""
+
+
 class SessionRecord(msgspec.Struct):
     """One session as stored (the durable part of docs/protocol.md §6's SessionSummary)."""
 
@@ -106,6 +116,8 @@ class SessionRecord(msgspec.Struct):
     # Its edits, oldest first (docs/protocol.md §2 "Edit and regenerate"): written
     # with their history.rewound.
     rewinds: list[Rewind] = []
+    # Its tasks' A2A push configs (docs/doors/a2a.md "Push notifications"), gone with it.
+    push_configs: list[PushConfig] = []
 
 
 class FileRecord(msgspec.Struct, frozen=True):
@@ -229,8 +241,14 @@ class Store(Protocol):
         """
         ...
 
-    def put_event(self, ev: StoredEvent) -> None:
-        """Enqueue a catalog event."""
+    def put_event(self, ev: StoredEvent, pushes: Sequence[tuple[str, bytes]] = ()) -> None:
+        """Enqueue a catalog event, and ``pushes`` in the webhook outbox in the same write:
+        (lane's hook, body) of the A2A push notifications made of it (docs/doors/a2a.md)."""
+        ...
+
+    def put_pushes(self, ev: StoredEvent, pushes: Sequence[tuple[str, bytes]]) -> None:
+        """Enqueue ``pushes`` in the webhook outbox, made of the streaming-only event ``ev``
+        (its ``seq`` and ``session_id``; it is not stored)."""
         ...
 
     committed: int

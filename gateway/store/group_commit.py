@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import trio
@@ -92,8 +92,9 @@ class Batch:
     def add_event(self, ev: StoredEvent) -> None:
         raise NotImplementedError
 
-    def add_outbox(self, hook: str, ev: StoredEvent) -> None:
-        """A delivery of ``ev`` to webhook ``hook``, in the same write as the event."""
+    def add_outbox(self, hook: str, ev: StoredEvent, data: bytes | None = None) -> None:
+        """A delivery of ``ev`` to webhook ``hook``, in the same write as the event
+        (``data``: the delivery's own body, an A2A push notification's; else the event's)."""
         raise NotImplementedError
 
     def raise_ceiling(self, ceiling: int) -> None:
@@ -242,19 +243,31 @@ class GroupCommit(Generic[B]):
         size: int = self._enqueue(lambda batch: batch.add_message(msg))
         return size
 
-    def put_event(self, ev: StoredEvent) -> None:
+    def put_event(self, ev: StoredEvent, pushes: Sequence[tuple[str, bytes]] = ()) -> None:
         hooks = self.webhook_routes.get(ev.type) if self.webhook_routes else None
-        if hooks is None:
+        if hooks is None and not pushes:
             self._enqueue(lambda batch: batch.add_event(ev))
         else:
 
             def add(batch: B) -> None:
                 batch.add_event(ev)
-                for hook in hooks:  # the same batch, so the same transaction (store.outbox)
+                for hook in hooks or ():  # the same batch, so the same transaction (store.outbox)
                     batch.add_outbox(hook, ev)
+                for hook, data in pushes:  # A2A push notifications (docs/doors/a2a.md)
+                    batch.add_outbox(hook, ev, data)
 
             self._enqueue(add)
         self._batch_ready.set()  # clients wait for it: no gathering
+
+    def put_pushes(self, ev: StoredEvent, pushes: Sequence[tuple[str, bytes]]) -> None:
+        """``pushes`` in the webhook outbox, made of streaming-only event ``ev`` (not stored:
+        its ``data`` is not read), as :meth:`put_event` puts a catalog event's."""
+
+        def add(batch: B) -> None:
+            for hook, data in pushes:
+                batch.add_outbox(hook, ev, data)
+
+        self._enqueue(add)
 
     def ticket(self) -> int:
         """The ticket of the last put: durable once :attr:`committed` reaches it."""

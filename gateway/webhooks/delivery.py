@@ -47,9 +47,10 @@ import time
 from collections.abc import Mapping
 
 import httpx
+import msgspec
 import trio
 
-from gateway.config import WebhookConfig
+from gateway.config import A2aConfig, Config, WebhookConfig
 from gateway.errors import StoreError
 from gateway.ids import format_event_id
 from gateway.logs import event
@@ -57,10 +58,12 @@ from gateway.metrics import Metrics
 from gateway.store.base import Store
 from gateway.store.outbox import Lane, OutboxEntry, Routes
 from gateway.webhooks import signing
+from gateway.webhooks.a2a_push import HOOK_PREFIX, TOKEN_HEADER, PushDelivery, url_problem
 
 log = logging.getLogger("gateway.webhooks")
 
-MAX_POSTS = 32  # POSTs in flight at once, every lane together
+MAX_POSTS = 32  # POSTs in flight at once, every webhook's lane together
+MAX_PUSH_POSTS = 16  # and A2A push notifications', apart (gateway.webhooks.a2a_push)
 POLL_S = 10.0  # the outbox is read at least this often
 PAGE = 100  # entries per read of a lane
 STORE_RETRY_S = 1.0  # a failed outbox read or delete is tried again after this
@@ -103,11 +106,43 @@ class Deliveries:
         self._metrics = metrics
         self._transport = transport
         self._posts = trio.CapacityLimiter(MAX_POSTS)
+        # A2A push notifications go where clients say: slots of their own, so a client's
+        # receiver that hangs never holds up the operator's webhooks.
+        self._push_posts = trio.CapacityLimiter(MAX_PUSH_POSTS)
         self._wake = trio.Event()
         self._running: dict[Lane, trio.CancelScope] = {}  # the lanes with a task (claimed)
+        self._push: A2aConfig | None = None  # A2A push notifications: offer_push
+        self._push_hook: WebhookConfig | None = None
+        self._push_key = b""
         if self._hooks:
             store.webhook_routes = routes(self._hooks)
             store.on_outbox = self.wake
+
+    @classmethod
+    def of(cls, config: Config, store: Store, metrics: Metrics, node_id: str) -> Deliveries:
+        """A node's loop: its ``[webhooks.NAME]``, and A2A's push notifications where
+        ``[a2a] push_url_prefixes`` names any (owed ones too, from its start)."""
+        loop = cls(store, config.webhooks, metrics, node_id=node_id, lease_s=config.store.lease_s)
+        if config.a2a.push_url_prefixes:
+            loop.offer_push(config.a2a)
+        return loop
+
+    def offer_push(self, push: A2aConfig) -> None:
+        """Deliver A2A push notifications too (gateway.webhooks.a2a_push), before the
+        store's first write: each as a webhook of ``push``'s policy, signed with its
+        ``push_secret``, to the URL of its entry."""
+        self._push = push
+        self._push_hook = WebhookConfig(
+            url=push.push_url_prefixes[0],
+            events=(),
+            secret=push.push_secret,
+            timeout_s=push.push_timeout_s,
+            max_attempts=push.push_max_attempts,
+            retry_first_s=push.push_retry_first_s,
+            retry_max_s=push.push_retry_max_s,
+        )
+        self._push_key = signing.secret_key(push.push_secret)
+        self._store.on_outbox = self.wake
 
     def wake(self) -> None:
         """Read the outbox again soon (new deliveries were committed)."""
@@ -201,14 +236,15 @@ class Deliveries:
 
     async def _deliver(self, client: httpx.AsyncClient, entry: OutboxEntry) -> None:
         """Attempt ``entry`` until accepted, or dropped after ``max_attempts``."""
-        hook = self._hooks.get(entry.hook)
-        if hook is None:  # its [webhooks.NAME] left the config since it was put there
-            self._dropped(entry, 0, "the webhook is no longer configured")
+        target = self._target(entry)
+        if isinstance(target, str):  # not (or no longer) to be sent
+            self._dropped(entry, 0, target)
             return
+        hook, url, key, body, extra = target
         delay = hook.retry_first_s
         for attempt in range(1, hook.max_attempts + 1):
-            async with self._posts:
-                problem = await self._post(client, hook, entry)
+            async with self._push_posts if entry.hook.startswith(HOOK_PREFIX) else self._posts:
+                problem = await self._post(client, hook, entry, url, key, body, extra)
             if problem is None:
                 self._metrics.webhook_deliveries.labels(entry.hook).inc()
                 return
@@ -226,17 +262,45 @@ class Deliveries:
             await trio.sleep(delay)
             delay = min(delay * 2, hook.retry_max_s)
 
+    def _target(
+        self, entry: OutboxEntry
+    ) -> tuple[WebhookConfig, str, bytes, bytes, dict[str, str]] | str:
+        """Where ``entry`` goes: its policy, URL, signing key, body and extra headers (an
+        A2A push notification's are its own: gateway.webhooks.a2a_push); or why it is not sent."""
+        if entry.hook.startswith(HOOK_PREFIX):
+            if self._push is None or self._push_hook is None:
+                return "A2A push notifications are no longer offered"
+            try:
+                push = msgspec.json.decode(entry.data, type=PushDelivery)
+            except msgspec.DecodeError:
+                return "not an A2A push notification"
+            if problem := url_problem(push.url, self._push.push_url_prefixes):
+                return problem
+            extra = {TOKEN_HEADER: push.token} if push.token else {}
+            return self._push_hook, push.url, self._push_key, bytes(push.body), extra
+        hook = self._hooks.get(entry.hook)
+        if hook is None:  # its [webhooks.NAME] left the config since it was put there
+            return "the webhook is no longer configured"
+        return hook, hook.url, self._keys[entry.hook], entry.data, {}
+
     async def _post(
-        self, client: httpx.AsyncClient, hook: WebhookConfig, entry: OutboxEntry
+        self,
+        client: httpx.AsyncClient,
+        hook: WebhookConfig,
+        entry: OutboxEntry,
+        url: str,
+        key: bytes,
+        body: bytes,
+        extra: dict[str, str],
     ) -> str | None:
         """One attempt: ``None`` if the receiver answered 2xx in time, else what went wrong."""
         msg_id = format_event_id(entry.seq)
-        headers = signing.headers(self._keys[entry.hook], msg_id, int(time.time()), entry.data)
+        headers = signing.headers(key, msg_id, int(time.time()), body) | extra
         status: int | None = None
         try:
             with trio.fail_after(hook.timeout_s):
                 async with client.stream(
-                    "POST", hook.url, content=entry.data, headers=headers, timeout=hook.timeout_s
+                    "POST", url, content=body, headers=headers, timeout=hook.timeout_s
                 ) as answer:
                     status = answer.status_code
                     await read_if_small(answer, ANSWER_BYTES)

@@ -12,6 +12,8 @@
 - :mod:`gateway.doors.a2a.parts`: a message's parts as a turn's content, or as
   an approval's answer.
 - :mod:`gateway.doors.a2a.messages`: ``SendMessage`` and ``SendStreamingMessage``.
+- :mod:`gateway.doors.a2a.push`: push notifications, on the webhook outbox.
+- :mod:`gateway.doors.a2a.history`: a task's history (its turn's messages).
 - :mod:`gateway.doors.a2a.routes`: the handlers; :mod:`gateway.doors.a2a.door`: the door.
 
 The decisions are in docs/doors/a2a.md.

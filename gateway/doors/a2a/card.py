@@ -3,7 +3,8 @@
 One card for the gateway: one skill per agent of the config (the skill's id
 is the agent's name: a message names it to start a context of that agent),
 the JSON-RPC interface (A2A 1.0), the key scheme where keys are configured
-(``Authorization: Bearer``), streaming on, push notifications off.
+(``Authorization: Bearer``), streaming on, push notifications where the operator
+allows URLs (``[a2a] push_url_prefixes``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def base_url(req: Request, public_url: str) -> str:
 
 
 def agent_card(
-    base: str, agents: list[tuple[str, str, str]], default: str, keyed: bool
+    base: str, agents: list[tuple[str, str, str]], default: str, keyed: bool, push: bool = False
 ) -> dict[str, Any]:
     """The card (module docstring). ``agents``: each agent's name, runtime and model."""
     skills = [
@@ -58,7 +59,7 @@ def agent_card(
             {"url": base + RPC_PATH, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
         ],
         "version": _version(),
-        "capabilities": {"streaming": True, "pushNotifications": False},
+        "capabilities": {"streaming": True, "pushNotifications": push},
         "defaultInputModes": INPUT_MODES,
         "defaultOutputModes": OUTPUT_MODES,
         "skills": skills,

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from gateway.doors import attachments
 from gateway.doors.a2a import parts
 from gateway.doors.a2a import shapes as a2
+from gateway.doors.a2a.push import Push
 from gateway.doors.a2a.rpc import INVALID_PARAMS, UNSUPPORTED_OPERATION, RpcFailure, result_response
 from gateway.doors.a2a.stream import TaskStreams
 from gateway.doors.a2a.tasks import FoundTask, find_task, task_id
@@ -33,10 +36,11 @@ from gateway.tenancy import NO_OWNER
 class Messages:
     """The message methods of one router (module docstring)."""
 
-    def __init__(self, ctx: DoorContext, streams: TaskStreams) -> None:
+    def __init__(self, ctx: DoorContext, streams: TaskStreams, push: Push) -> None:
         self.ctx = ctx
         self.node = ctx.node
         self.streams = streams
+        self.push = push
         self.contexts = ClientNamedSessions(ctx, "contextId", "invalid_context_id")
 
     async def send(
@@ -74,6 +78,8 @@ class Messages:
         context = message.context_id or None
         if context is not None:
             self.contexts.check(context)
+        asked = body.configuration.task_push_notification_config if body.configuration else None
+        push = self.push.checked(asked, "") if asked is not None else None
         base = self.ctx.config.server.public_url
         said = await attachments.read(
             lambda: parts.sent(message, context or "", base), len(req.body)
@@ -88,8 +94,13 @@ class Messages:
         submitted: list[str] = []
 
         async def submit() -> None:
+            if push is not None:  # before the turn: its notifications miss nothing
+                await self.push.put(session, msgspec.structs.replace(push, turn_id=turn_id))
             taken = await self.ctx.counted_turn(owner, session, user)
             submitted.append(taken.turn_id)  # a steered message's task is the turn it joined
+            if push is not None and taken.turn_id != turn_id:  # the config is the joined turn's
+                await self.push.drop(session, turn_id, push.id)
+                await self.push.put(session, msgspec.structs.replace(push, turn_id=taken.turn_id))
 
         task = ("", session, turn_id)
         sub, feed, release = await self.streams.open_task(req, task, None, None)
@@ -137,6 +148,9 @@ class Messages:
         decision, perm, content = self._decision(found, message)
         pending = [p.perm_id for p in found.summary.pending_permissions]
         targets = [perm] if perm is not None else pending
+        asked = body.configuration.task_push_notification_config if body.configuration else None
+        if asked is not None:  # the task's config, kept before its answer lets it go on
+            await self.push.put(found.session, self.push.checked(asked, found.turn_id))
 
         async def decide() -> None:
             for perm_id in targets:

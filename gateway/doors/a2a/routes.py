@@ -12,17 +12,20 @@ docs/doors/a2a.md.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from gateway.doors.a2a import shapes as a2
 from gateway.doors.a2a.card import PROTOCOL_VERSION, agent_card, base_url
 from gateway.doors.a2a.feed import parse_cursor
+from gateway.doors.a2a.history import history, limit_of
 from gateway.doors.a2a.messages import Messages
+from gateway.doors.a2a.push import Push, not_offered
 from gateway.doors.a2a.rpc import (
     EXTENDED_CARD_NOT_CONFIGURED,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
-    PUSH_NOT_SUPPORTED,
     TASK_NOT_CANCELABLE,
     VERSION_NOT_SUPPORTED,
     RpcFailure,
@@ -34,11 +37,13 @@ from gateway.doors.a2a.rpc import (
     rpc_error,
 )
 from gateway.doors.a2a.stream import TaskStreams, TaskSubscriber
-from gateway.doors.a2a.tasks import TaskNotFound, find_task, task_id
+from gateway.doors.a2a.tasks import FoundTask, TaskNotFound, find_task, task_id
 from gateway.doors.context import DoorContext
 from gateway.errors import ApiError, Refused
 from gateway.http.refusals import as_http
 from gateway.http.server import Request, Response, StreamingResponse, json_response
+from gateway.protocol.shapes import Message
+from gateway.session.turn_start import turn_starts
 
 Answer = Response | StreamingResponse
 
@@ -65,7 +70,11 @@ class A2aRoutes:
         self.node = ctx.node
         self.config = ctx.config
         self.streams = TaskStreams(ctx)
-        self.messages = Messages(ctx, self.streams)
+        self.push = Push(ctx.node, ctx.config.a2a, ctx.config.server.public_url.rstrip("/"))
+        self.messages = Messages(ctx, self.streams, self.push)
+        if self.push.offered:  # the node's sessions put their tasks' notifications in the outbox
+            self.node.push_notes = self.push.notes
+            self.node.session_listeners.append(self.push.forget)
 
     # --- the card -----------------------------------------------------------------------
 
@@ -73,7 +82,9 @@ class A2aRoutes:
         """``GET /.well-known/agent-card.json`` (gateway.doors.a2a.card)."""
         agents = [(p.name, p.runtime, p.model) for p in self.node.agents.profiles()]
         base = base_url(req, self.config.server.public_url)
-        card = agent_card(base, agents, self.node.agents.default, self.ctx.keys.enabled)
+        card = agent_card(
+            base, agents, self.node.agents.default, self.ctx.keys.enabled, self.push.offered
+        )
         return json_response(200, card)
 
     # --- JSON-RPC -----------------------------------------------------------------------
@@ -116,8 +127,12 @@ class A2aRoutes:
             )
         if method == "GetTask":
             get = params(raw, a2.GetTaskRequest)
+            limit = limit_of(get.history_length)
             found = await find_task(self.ctx, caller, get.id)
-            return result_response(rid, await self.streams.read_task(found))
+            task = await self.streams.read_task(found)
+            messages = await self.node.messages_of(found.session) if limit else []
+            task.history = self._history(found, messages, limit)
+            return result_response(rid, task)
         if method == "CancelTask":
             cancel = params(raw, a2.CancelTaskRequest)
             return result_response(rid, await self._cancel(req, caller, cancel))
@@ -128,12 +143,7 @@ class A2aRoutes:
             listing = params(raw, a2.ListTasksRequest)
             return result_response(rid, await self._list(caller, listing))
         if method in PUSH:
-            raise RpcFailure(
-                PUSH_NOT_SUPPORTED,
-                "push notifications are not offered: the gateway posts to no URL a client "
-                "names (its webhooks are the operator's: docs/doors/webhooks.md)",
-                "push_notification_not_supported",
-            )
+            return result_response(rid, await self._push(caller, method, raw))
         if method == "GetExtendedAgentCard":
             raise RpcFailure(
                 EXTENDED_CARD_NOT_CONFIGURED,
@@ -142,6 +152,25 @@ class A2aRoutes:
             )
         legacy = " (A2A 0.3's name: this door speaks A2A 1.0)" if method in LEGACY else ""
         raise RpcFailure(METHOD_NOT_FOUND, f"no method {method[:60]!r}{legacy}", "method_not_found")
+
+    # --- push notifications (gateway.doors.a2a.push) -----------------------------------------
+
+    async def _push(self, caller: str | None, method: str, raw: msgspec.Raw) -> object:
+        if not self.push.offered:
+            raise not_offered()
+        body = params(raw, dict[str, Any])
+        task, config_id = body.get("taskId"), body.get("id") or ""
+        if not isinstance(task, str) or not isinstance(config_id, str):
+            raise RpcFailure(INVALID_PARAMS, "taskId (and id) are strings", "invalid_params")
+        found = await find_task(self.ctx, caller, task)
+        if method == "CreateTaskPushNotificationConfig":
+            return await self.push.create(found, body)
+        if method == "GetTaskPushNotificationConfig":
+            return await self.push.get(found, config_id)
+        if method == "ListTaskPushNotificationConfigs":
+            return await self.push.listed(found)
+        await self.push.delete(found, config_id)
+        return {}
 
     # --- cancelling -----------------------------------------------------------------------
 
@@ -198,6 +227,13 @@ class A2aRoutes:
         sub, feed, release = await self.streams.open_task(req, task, start, cursor)
         return self.streams.respond(sub, feed, rid, release, [])
 
+    def _history(
+        self, found: FoundTask, messages: list[Message], limit: int
+    ) -> list[a2.Message] | None:
+        """The task's ``history`` (gateway.doors.a2a.history), at most ``limit`` messages."""
+        base = self.config.server.public_url
+        return history(messages, found.id, found.session.id, found.turn_id, base, limit)
+
     # --- listing ----------------------------------------------------------------------------
 
     async def _list(self, caller: str | None, body: a2.ListTasksRequest) -> a2.ListTasksResponse:
@@ -211,20 +247,30 @@ class A2aRoutes:
             if exc.status == 404:
                 return a2.ListTasksResponse(tasks=[])
             raise
-        turns: list[str] = []
-        for m in await self.node.messages_of(session):
-            if m.turn_id is not None and m.turn_id not in turns:
-                turns.append(m.turn_id)
+        token = body.page_token
+        if token and not (token.isascii() and token.isdigit() and len(token) <= 9):
+            raise RpcFailure(INVALID_PARAMS, "pageToken is no page token", "invalid_page_token")
+        limit = limit_of(body.history_length) if body.history_length is not None else 0
+        turns: dict[str, None] = {}  # in order, once each: read once for the whole page
+        messages = await self.node.messages_of(session)
+        for m in messages:
+            if m.turn_id is not None:
+                turns.setdefault(m.turn_id)
         size = min(max(body.page_size or 50, 1), 100)
-        skip = int(body.page_token) if body.page_token.isdecimal() else 0
-        page = turns[skip : skip + size]
+        skip = int(token or 0)
+        page = list(turns)[skip : skip + size]
+        summary = await self.node.live_summary(session)
+        starts = await turn_starts(session, page)  # one read of the store for the page
         tasks = []
         for turn_id in page:
+            tid = task_id(session.id, turn_id)
+            found = FoundTask(tid, session, turn_id, summary, starts.get(turn_id))
             try:
-                found = await find_task(self.ctx, caller, task_id(session.id, turn_id))
-                tasks.append(await self.streams.read_task(found))
+                task = await self.streams.read_task(found)
             except TaskNotFound:
                 continue
+            task.history = self._history(found, messages, limit)
+            tasks.append(task)
         more = skip + size < len(turns)
         return a2.ListTasksResponse(
             tasks=tasks,

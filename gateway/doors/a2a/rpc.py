@@ -3,7 +3,8 @@
 docs/doors/a2a.md "Errors". A request that is not JSON is -32700; not a
 JSON-RPC 2.0 request object (a batch, ``jsonrpc`` not ``"2.0"``, no string
 ``method``, an ``id`` that is neither a string, an integer nor null) is
--32600; an unknown method -32601; params out of their schema -32602. The
+-32600, and so is a notification (no ``id``: it is not run, since every A2A
+method answers); an unknown method -32601; params out of their schema -32602. The
 gateway's own refusals (:class:`~gateway.errors.ApiError`) are answered as
 JSON-RPC errors too, by :func:`rpc_error` (their code in ``data``), except a
 429 or 503: those stay HTTP answers, with their ``Retry-After``, as on every
@@ -97,6 +98,11 @@ def read_request(body: bytes) -> tuple[a2.RequestId, str, msgspec.Raw]:
     if not isinstance(request.method, str) or not request.method:
         raise RpcFailure(INVALID_REQUEST, "'method' must be a non-empty string")
     request_id = request.id
+    if request_id is msgspec.UNSET:
+        raise RpcFailure(
+            INVALID_REQUEST,
+            "no 'id': a notification is not run (every A2A method answers; send an id)",
+        )
     if isinstance(request_id, bool) or not isinstance(request_id, str | int | None):
         raise RpcFailure(INVALID_REQUEST, "'id' must be a string, an integer or null")
     return request_id, request.method, request.params

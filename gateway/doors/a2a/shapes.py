@@ -173,7 +173,7 @@ class RpcRequest(msgspec.Struct, omit_defaults=True):
     jsonrpc: Any = None
     method: Any = None
     params: msgspec.Raw = msgspec.Raw(b"{}")
-    id: Any = None
+    id: Any = msgspec.UNSET  # none at all: a notification (not run; rpc.read_request)
 
 
 class RpcError(msgspec.Struct, omit_defaults=True):

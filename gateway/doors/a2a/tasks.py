@@ -51,6 +51,7 @@ class FoundTask:
     session: Session
     turn_id: str
     summary: SessionSummary
+    known_start: int | None = None  # its start, read already (ListTasks: all in one read)
 
     @property
     def in_flight(self) -> bool:
@@ -70,6 +71,8 @@ class FoundTask:
         """The id before its turn's ``turn.started`` (None: not started, or no longer held)."""
         if self.queued:
             return None
+        if self.known_start is not None:
+            return self.known_start
         return await turn_start(self.session, self.turn_id)
 
 

@@ -62,8 +62,9 @@ class RedisBatch(Batch):
         self.blocks.append((block, granted))
         self.size += 1
 
-    def add_outbox(self, hook: str, ev: StoredEvent) -> None:
-        self.deliveries.append(delivery_row(hook, ev.session_id, ev.seq, ev.data))
+    def add_outbox(self, hook: str, ev: StoredEvent, data: bytes | None = None) -> None:
+        body = ev.data if data is None else data
+        self.deliveries.append(delivery_row(hook, ev.session_id, ev.seq, body))
         self.outbox += 1
 
 

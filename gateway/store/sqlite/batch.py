@@ -11,17 +11,24 @@ from typing import Any
 
 import msgspec
 
-from gateway.store.base import QueuedTurn, Rewind, SessionRecord, StoredEvent, StoredMessage
+from gateway.store.base import (
+    PushConfig,
+    QueuedTurn,
+    Rewind,
+    SessionRecord,
+    StoredEvent,
+    StoredMessage,
+)
 from gateway.store.group_commit import Batch
 from gateway.store.sqlite import outbox
 
 SESSION_COLUMNS = (
     "id, created_at, workspace_path, active_model, metadata, parent_session_id,"
     " routing_policy_version, cost_so_far_usd, turn_count, current_turn_id, current_turn_seq,"
-    " owner, agent, queued_turns, rewinds"
+    " owner, agent, queued_turns, rewinds, push_configs"
 )
 UPSERT_SESSION = f"""
-    INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO UPDATE SET
         created_at = excluded.created_at,
         workspace_path = excluded.workspace_path,
@@ -35,7 +42,8 @@ UPSERT_SESSION = f"""
         current_turn_seq = excluded.current_turn_seq,
         agent = excluded.agent,
         queued_turns = excluded.queued_turns,
-        rewinds = excluded.rewinds
+        rewinds = excluded.rewinds,
+        push_configs = excluded.push_configs
     WHERE sessions.owner = excluded.owner
 """
 # A session's owner is its own from its first write: the upsert above never
@@ -59,9 +67,25 @@ _encoder = msgspec.json.Encoder()
 _metadata_decoder = msgspec.json.Decoder(dict[str, Any])
 _queued_decoder = msgspec.json.Decoder(list[QueuedTurn])
 _rewinds_decoder = msgspec.json.Decoder(list[Rewind])
+_push_decoder = msgspec.json.Decoder(list[PushConfig])
 
 _SessionRow = tuple[
-    str, int, str, str, bytes, str | None, str, float, int, str | None, int, str, str, bytes, bytes
+    str,
+    int,
+    str,
+    str,
+    bytes,
+    str | None,
+    str,
+    float,
+    int,
+    str | None,
+    int,
+    str,
+    str,
+    bytes,
+    bytes,
+    bytes,
 ]
 _MessageRow = tuple[str, str, bytes, str | None, str | None, int | None]
 _EventRow = tuple[int, str, str, int, bytes]
@@ -97,8 +121,8 @@ class SqliteBatch(Batch):
         self.events.append((ev.seq, ev.session_id, ev.type, ev.ts, ev.data))
         self.size += 1
 
-    def add_outbox(self, hook: str, ev: StoredEvent) -> None:
-        self.deliveries.append((hook, ev.seq, ev.session_id, ev.data))
+    def add_outbox(self, hook: str, ev: StoredEvent, data: bytes | None = None) -> None:
+        self.deliveries.append((hook, ev.seq, ev.session_id, ev.data if data is None else data))
         self.outbox += 1
 
 
@@ -119,12 +143,13 @@ def session_row(rec: SessionRecord) -> _SessionRow:
         rec.agent,
         _encoder.encode(rec.queued_turns),
         _encoder.encode(rec.rewinds),
+        _encoder.encode(rec.push_configs),
     )
 
 
 def session_record(row: tuple[Any, ...]) -> SessionRecord:
     (id_, created, workspace, model, metadata, parent, policy, cost, turns, turn_id, seq, owner,
-     agent, queued, rewinds) = row  # fmt: skip
+     agent, queued, rewinds, push) = row  # fmt: skip
     return SessionRecord(
         id=id_,
         created_at=created,
@@ -141,4 +166,5 @@ def session_record(row: tuple[Any, ...]) -> SessionRecord:
         agent=agent,
         queued_turns=_queued_decoder.decode(queued),
         rewinds=_rewinds_decoder.decode(rewinds),
+        push_configs=_push_decoder.decode(push),
     )

@@ -13,7 +13,7 @@ from gateway.errors import StoreError
 from gateway.store.base import StoreState
 from gateway.store.sqlite import files, outbox, requests
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Version 2 (docs/protocol.md §9): a session remembers the turn in flight, so a
 # restart finds the turns to close without scanning events; workers are found
@@ -68,6 +68,9 @@ _MIGRATE_4_TO_5 = (
     *_V5_INDEXES,
 )
 
+# Version 6 (docs/doors/a2a.md "Push notifications"): a session keeps its tasks' push configs.
+_MIGRATE_5_TO_6 = ("ALTER TABLE sessions ADD COLUMN push_configs BLOB NOT NULL DEFAULT x'5b5d'",)
+
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
     """CREATE TABLE sessions (
@@ -85,7 +88,8 @@ _SCHEMA = (
         owner TEXT NOT NULL DEFAULT '',
         agent TEXT NOT NULL DEFAULT 'default',
         queued_turns BLOB NOT NULL DEFAULT x'5b5d',
-        rewinds BLOB NOT NULL DEFAULT x'5b5d'
+        rewinds BLOB NOT NULL DEFAULT x'5b5d',
+        push_configs BLOB NOT NULL DEFAULT x'5b5d'
     )""",
     "CREATE INDEX sessions_by_age ON sessions (created_at, id)",
     *_V2_INDEXES,
@@ -155,6 +159,11 @@ def prepare_schema(conn: sqlite3.Connection, path: str) -> StoreState:
                 conn.execute(statement)
             conn.execute(RAISE_META, ("schema_version", 5))
             version = 5
+        if version == 5:
+            for statement in _MIGRATE_5_TO_6:
+                conn.execute(statement)
+            conn.execute(RAISE_META, ("schema_version", 6))
+            version = 6
         if version != SCHEMA_VERSION:
             raise StoreError(
                 f"cannot open store {path!r}: schema version {version},"

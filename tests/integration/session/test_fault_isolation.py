@@ -246,9 +246,9 @@ async def test_a_store_that_refuses_a_put(fgw: Harness, monkeypatch: pytest.Monk
         real_put = store.put_event
         fault = once(lambda ev: ev.session_id == sid and ev.type == "tool.completed")
 
-        def put_event(ev: Any) -> None:
+        def put_event(ev: Any, *pushes: Any) -> None:
             fault(ev)
-            real_put(ev)
+            real_put(ev, *pushes)
 
         monkeypatch.setattr(store, "put_event", put_event)
 

@@ -515,7 +515,7 @@ async def test_a_version_2_store_is_upgraded_in_place_and_keeps_everything(
         await store.aclose()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (5,)
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (6,)
         names = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
         assert "sessions_by_owner" in names
     finally:

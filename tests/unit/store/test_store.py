@@ -41,7 +41,7 @@ from gateway.store import (
     StoredMessage,
     StoreState,
 )
-from gateway.store.base import QueuedTurn, Rewind
+from gateway.store.base import PushConfig, QueuedTurn, Rewind
 from gateway.store.redis.store import RedisStore
 from tests.redis_support import RedisServer, redis_server
 
@@ -794,6 +794,18 @@ async def test_queued_turns_and_rewinds_round_trip_and_queued_turns_are_open(
     assert (await store.get_session("sess_a")) == session("sess_a", 1, rewinds=rewinds)
 
 
+async def test_a_sessions_push_configs_are_kept_with_it_and_go_with_it(store: Store) -> None:
+    """docs/doors/a2a.md "Push notifications": a task's configs are the session record's."""
+    configs = [PushConfig("pc_1", "turn_1", "https://hooks.example.com/a", "tok")]
+    rec = session("sess_p", 1, push_configs=configs)
+    store.put_session(rec)
+    await store.flush()
+    assert (await store.get_session("sess_p")) == rec
+    store.put_session(session("sess_p", 1))  # deleted
+    await store.flush()
+    assert (await store.get_session("sess_p")).push_configs == []  # type: ignore[union-attr]
+
+
 async def test_a_version_1_store_is_upgraded_and_its_open_turns_found(db_path: str) -> None:
     conn = sqlite3.connect(db_path)
     with conn:
@@ -875,7 +887,7 @@ async def test_another_applications_database_is_a_store_error(db_path: str) -> N
 
 async def test_an_unknown_schema_version_is_a_store_error(db_path: str) -> None:
     make_foreign_database(db_path, schema_version=99)
-    with pytest.raises(StoreError, match="schema version 99, this gateway reads version 5"):
+    with pytest.raises(StoreError, match="schema version 99, this gateway reads version 6"):
         await SqliteStore(db_path).open()
 
 

@@ -24,7 +24,10 @@ from a2a.client import A2ACardResolver, Client, ClientCallContext, ClientConfig,
 from a2a.types.a2a_pb2 import (
     AgentCard,
     CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
+    GetTaskPushNotificationConfigRequest,
     GetTaskRequest,
+    ListTaskPushNotificationConfigsRequest,
     Message,
     Part,
     Role,
@@ -32,6 +35,7 @@ from a2a.types.a2a_pb2 import (
     StreamResponse,
     SubscribeToTaskRequest,
     Task,
+    TaskPushNotificationConfig,
     TaskState,
 )
 from a2a.utils.errors import TaskNotFoundError
@@ -40,6 +44,7 @@ from google.protobuf import json_format, struct_pb2
 from gateway.config import load_config
 from tests.conftest import TOOL_SCRIPT, Harness, running_gateway
 from tests.scripts import LONG_NAP, SLOW_TEXT
+from tests.webhook_support import SECRET, Receiver
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -271,3 +276,63 @@ async def test_another_keys_task_and_context_are_not_found(tmp_path: Path) -> No
 async def _drain(events: Any) -> None:
     async for _ in events:
         pass
+
+
+async def test_a_push_config_set_by_the_client_gets_the_tasks_notifications(
+    tmp_path: Path,
+) -> None:
+    """docs/doors/a2a.md "Push notifications": the SDK's config methods, and the POSTs a
+    receiver on loopback gets (its signature verified), with the config's token."""
+    receiver = Receiver()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(receiver.serve)
+        prefix = f"http://127.0.0.1:{receiver.port}/hooks/"
+        settings = {
+            "tools.require_approval": ["sleep"],
+            "a2a.push_url_prefixes": [prefix],
+            "a2a.push_secret": SECRET,
+        }
+        async with gateway(tmp_path, **settings) as h:
+
+            async def scenario() -> tuple[Any, ...]:
+                async with sdk(h.base) as (client, card):
+                    asked = [e async for e in client.send_message(ask(TOOL_SCRIPT))]
+                    task = asked[0].task
+                    config = TaskPushNotificationConfig(
+                        task_id=task.id, url=prefix + "sdk", token="t-sdk"
+                    )
+                    made = await client.create_task_push_notification_config(config)
+                    got = await client.get_task_push_notification_config(
+                        GetTaskPushNotificationConfigRequest(task_id=task.id, id=made.id)
+                    )
+                    listed = await client.list_task_push_notification_configs(
+                        ListTaskPushNotificationConfigsRequest(task_id=task.id)
+                    )
+                    answer = ask("yes", task_id=task.id, context_id=task.context_id)
+                    rest = [e async for e in client.send_message(answer)]
+                    async with sdk(h.base, "key-b") as (other, _):
+                        try:
+                            await other.list_task_push_notification_configs(
+                                ListTaskPushNotificationConfigsRequest(task_id=task.id)
+                            )
+                            theirs = "listed"
+                        except TaskNotFoundError:
+                            theirs = "not found"
+                    await client.delete_task_push_notification_config(
+                        DeleteTaskPushNotificationConfigRequest(task_id=task.id, id=made.id)
+                    )
+                    return card, task, made, got, listed, rest, theirs
+
+            card, task, made, got, listed, rest, theirs = await in_asyncio(scenario)
+            accepted = await receiver.wait_accepted(3)
+        nursery.cancel_scope.cancel()
+    assert card.capabilities.push_notifications
+    assert (made.task_id, made.url, made.token) == (task.id, prefix + "sdk", "t-sdk")
+    assert got == made and list(listed.configs) == [made]
+    assert theirs == "not found"
+    assert states(rest)[-1] == "TASK_STATE_COMPLETED"
+    pushed = [json_format.ParseDict(r.event, StreamResponse()) for r in accepted]
+    assert states(pushed) == ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]
+    assert text_of(pushed) == "All done."
+    assert all(r.headers["x-a2a-notification-token"] == "t-sdk" for r in accepted)
+    assert [r.url_path for r in accepted] == ["/hooks/sdk"] * 3

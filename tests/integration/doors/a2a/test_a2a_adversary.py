@@ -1,0 +1,113 @@
+"""``POST /a2a`` against a client that means harm (docs/doors/a2a.md): crafted page
+tokens, listings whose cost must not grow with the square of a context's turns, and
+JSON-RPC notifications (no ``id``), which A2A never sends and the door does not run;
+and a task's ``history``, bounded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.session import turn_start
+from tests.conftest import TOOL_SCRIPT, Harness
+from tests.integration.doors.a2a.test_a2a_rpc import call, code, gateway, message, rpc, stream
+from tests.scripts import TEXT
+
+
+async def test_a_crafted_page_token_is_refused_not_a_crash(gw: Harness) -> None:
+    task = (await rpc(gw, call("SendMessage", message(TEXT))))["result"]["task"]
+    for token in ("9" * 5000, "-1", "1e3", "x", " 1"):
+        params = {"contextId": task["contextId"], "pageToken": token}
+        answer = await rpc(gw, call("ListTasks", params))
+        assert code(answer) == -32602, (token[:10], answer)
+    fine = await rpc(gw, call("ListTasks", {"contextId": task["contextId"], "pageToken": "0"}))
+    assert [t["id"] for t in fine["result"]["tasks"]] == [task["id"]]
+
+
+async def test_listing_a_context_reads_its_messages_once(
+    gw: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = (await rpc(gw, call("SendMessage", message(TEXT))))["result"]["task"]
+    context = first["contextId"]
+    for _ in range(3):
+        await rpc(gw, call("SendMessage", message(TEXT, contextId=context)))
+    reads: list[str] = []
+    real = gw.node.messages_of
+
+    async def counted(session: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.append(session.id)
+        return await real(session, *args, **kwargs)
+
+    monkeypatch.setattr(gw.node, "messages_of", counted)
+    listed = await rpc(gw, call("ListTasks", {"contextId": context}))
+    assert len(listed["result"]["tasks"]) == 4
+    assert reads == [context]  # not once more per task
+
+
+async def test_a_notification_is_not_run(gw: Harness, tmp_path: Path) -> None:
+    body = {"jsonrpc": "2.0", "method": "SendMessage", "params": message(TEXT)}
+    answer = await rpc(gw, body)
+    assert code(answer) == -32600 and answer["id"] is None
+    assert await gw.node.store.list_sessions(limit=10, before=None) == ([], False)
+    null_id = await rpc(gw, {**body, "id": None})  # an id that is null is an id
+    assert null_id["id"] is None and "result" in null_id
+
+
+async def test_get_task_gives_the_turns_messages_as_its_history_bounded(tmp_path: Path) -> None:
+    """docs/doors/a2a.md "Tasks and contexts": ``history`` is the turn's user message and
+    replies (a tool call and its result left out), the most recent ``historyLength``."""
+    async with gateway(tmp_path, **{"tools.require_approval": ["sleep"]}) as h:
+        asked = await stream(h, call("SendStreamingMessage", message(TOOL_SCRIPT)))
+        task = asked[0][1]["result"]["task"]["id"]
+        await rpc(h, call("SendMessage", message("yes", taskId=task)))
+        other = await rpc(h, call("SendMessage", message(TEXT, contextId=task.split(".")[0])))
+
+        async def get(**more: Any) -> dict[str, Any]:
+            return await rpc(h, call("GetTask", {"id": task, **more}))
+
+        whole = (await get())["result"]["history"]
+        assert [(m["role"], m["parts"][0]["text"]) for m in whole] == [
+            ("ROLE_USER", json.dumps(TOOL_SCRIPT)),
+            ("ROLE_AGENT", "Running it now."),
+            ("ROLE_AGENT", "All done."),
+        ]
+        assert {m["taskId"] for m in whole} == {task}  # not the next task's messages
+        last = (await get(historyLength=1))["result"]["history"]
+        assert [m["parts"][0]["text"] for m in last] == ["All done."]
+        assert "history" not in (await get(historyLength=0))["result"]
+        assert code(await get(historyLength=-1)) == -32602
+        listed = await rpc(h, call("ListTasks", {"contextId": task.split(".")[0]}))
+        assert all("history" not in t for t in listed["result"]["tasks"])  # unless asked
+        asked_for = {"contextId": task.split(".")[0], "historyLength": 1}
+        listed = await rpc(h, call("ListTasks", asked_for))
+        texts = [t["history"][0]["parts"][0]["text"] for t in listed["result"]["tasks"]]
+        assert texts == ["All done.", "Hello there, friend."]
+        assert other["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+async def test_listing_finds_its_tasks_starts_in_one_read_of_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Turns no longer in the session's memory: their starts come from the store, read
+    once for the page (not once per task: a page of 100 was 100 reads of the session)."""
+    async with gateway(tmp_path, **{"stream.tail_max_bytes": 1}) as h:
+        first = (await rpc(h, call("SendMessage", message(TEXT))))["result"]["task"]
+        context = first["contextId"]
+        for _ in range(3):
+            await rpc(h, call("SendMessage", message(TEXT, contextId=context)))
+        reads: list[int] = []
+        real = turn_start.each_event_after
+
+        async def counted(*args: Any) -> Any:
+            reads.append(1)
+            return await real(*args)
+
+        monkeypatch.setattr(turn_start, "each_event_after", counted)
+        listed = await rpc(h, call("ListTasks", {"contextId": context}))
+    tasks = listed["result"]["tasks"]
+    assert [t["status"]["state"] for t in tasks] == ["TASK_STATE_COMPLETED"] * 4
+    assert len(reads) == 1
