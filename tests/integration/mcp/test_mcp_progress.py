@@ -66,6 +66,25 @@ async def test_a_flood_of_progress_is_paced_the_last_kept_and_late_ones_dropped(
                 assert (await tools.execute("mcp__ha__level", {}, ctx_with(Reports()))).content
 
 
+async def test_a_progress_no_float_can_hold_is_dropped_and_breaks_no_call() -> None:
+    """An integer past a float's range (a byte count of 10**400) made the SDK's float()
+    raise in its receive loop: the connection died with every call in flight on it."""
+    huge = "1" + "0" * 400
+    with trio.fail_after(60):
+        async with running(ha=server(command=HOSTILE_A)) as manager:
+            await manager.wait_ready()
+            connection = manager.connection("ha")
+            assert connection is not None
+            pid = connection.pid
+            tools = manager.session_tools(ToolRegistry(), "ses_a")
+            reports = Reports()
+            args = {"n": 2, "raw": [huge, f"-{huge}", "1e999", "NaN"]}
+            out = await tools.execute("mcp__ha__progress", args, ctx_with(reports))
+            assert out.content == "done"
+            assert [p for _, p, *_ in reports.got][-1] == 2.0  # only the finite ones
+            assert connection.live and connection.pid == pid  # not restarted
+
+
 async def test_a_call_without_a_progress_callback_asks_for_none(tmp_path: Path) -> None:
     log = tmp_path / "requests"
     async with running(ha=server(command=HOSTILE_A, env={"HOSTILE_A_LOG": str(log)})) as manager:

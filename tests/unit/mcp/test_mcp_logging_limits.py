@@ -66,3 +66,21 @@ def test_the_level_asked_of_a_server_is_the_daemons() -> None:
     assert [mcp_level(v) for v in (5, 10, 20, 30, 40, 50)] == [
         "debug", "debug", "info", "warning", "error", "critical"
     ]  # fmt: skip
+
+
+async def test_a_line_cannot_forge_lines_of_the_daemons_log(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A server's text (its ``data`` and ``logger``) with newlines and terminal escapes was
+    written as is: under ``[log] format = "text"`` it forged whole lines of the daemon's log
+    (and drove an operator's terminal)."""
+    caplog.set_level(logging.INFO, "gateway.mcp")
+    forged = "ok\n2026-12-02 18:00:00,000 ERROR gateway.auth: key revoked\r\x1b[2J\x07\x85\u2028"
+    ServerLog("ev").receive("info", "db\n\x1b[31mroot", forged)
+    ServerLog("ev").receive("info", None, {"said": forged})  # JSON data is escaped already
+    [line, data] = lines(caplog, "mcp_server_log")
+    shown = line.getMessage() + str(line.fields["logger"])  # type: ignore[attr-defined]
+    for control in ("\n", "\r", "\x1b", "\x07", "\x85", "\u2028"):
+        assert control not in shown, repr(control)
+        assert control not in data.getMessage(), repr(control)
+    assert "key revoked" in line.getMessage() and "\\n" in line.getMessage()
