@@ -184,10 +184,9 @@ async def _pages(server: str, session: ClientSession, out: list[ResourceTemplate
         listed = await session.list_resource_templates(params=params)
         for t in listed.resource_templates:
             description = (t.description or "")[:1000] or None
+            mime = (t.mime_type or "")[:100] or None  # every field bounded: GET /agents
             out.append(
-                ResourceTemplateInfo(
-                    server, t.uri_template[:1000], t.name[:200], description, t.mime_type
-                )
+                ResourceTemplateInfo(server, t.uri_template[:1000], t.name[:200], description, mime)
             )
         cursor = listed.next_cursor
         if not cursor or len(out) >= MAX_TEMPLATES:
