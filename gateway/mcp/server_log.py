@@ -12,13 +12,17 @@ A server may log in a loop: at most :data:`MAX_LINES_PER_S` of one server's
 lines are logged a second; past them, its lines are counted, and the first
 line of the next second is one ``mcp_server_log_dropped`` saying how many
 were not logged (as ``GARBAGE_LOG_INTERVAL_S`` does for a server's stray
-stdout lines). A line is cut at :data:`MAX_LINE_CHARS`.
+stdout lines). A line is cut at :data:`MAX_LINE_CHARS`. Its text and ``logger``
+are the server's: their control characters (newlines, terminal escapes, Unicode
+line separators) are written escaped (``\\n``, ``\\x1b``), so a server cannot
+forge lines of the daemon's text log nor drive an operator's terminal.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import warnings
 from contextlib import suppress
 from typing import Any
@@ -79,6 +83,15 @@ async def ask_level(session: ClientSession, level: int) -> None:
         await session.set_logging_level(mcp_level(level))
 
 
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+"""What a server's text may not put in the log as is (module docstring); a tab may."""
+
+
+def _escaped(text: str) -> str:
+    """``text`` with its control characters as escapes (module docstring)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def _text(data: Any) -> str:
     if isinstance(data, str):
         text = data
@@ -87,7 +100,8 @@ def _text(data: Any) -> str:
             text = json.dumps(data, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             text = repr(data)
-    return text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + "..."
+    text = text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + "..."
+    return _escaped(text)
 
 
 class ServerLog:
@@ -125,10 +139,11 @@ class ServerLog:
             return
         self._lines += 1
         text = _text(data)
-        named = f" ({logger[:100]})" if isinstance(logger, str) and logger else ""
+        logger = _escaped(logger[:100]) if isinstance(logger, str) else None
+        named = f" ({logger})" if logger else ""
         event(
             log, LEVELS.get(level, logging.INFO), "mcp_server_log",
             f"MCP server {self.server}{named}: {text}",
             server=self.server, session_id=self.session_id, mcp_level=level,
-            logger=logger[:100] if isinstance(logger, str) else None,
+            logger=logger,
         )  # fmt: skip
