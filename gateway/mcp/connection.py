@@ -200,11 +200,16 @@ class McpConnection:
                     with trio.fail_after(self.config.startup_timeout_s):
                         await session.initialize()
                         await self._list(session)
-                        await self._resources_and_logs(session)
+                    capabilities = session.server_capabilities
+                    self.resources = capabilities is not None and capabilities.resources is not None
                     self._session = session
                     self._failures = 0
                     came_up = True
                     starting.set()
+                    if self._nursery is not None:  # not held at its start (_resources_and_logs)
+                        self._nursery.start_soon(
+                            self._resources_and_logs, session, name=f"mcp-asks {self.name}"
+                        )
                     event(
                         log, logging.INFO, "mcp_server_started",
                         f"MCP server {self.name} is up with {len(self.tools)} tools",
@@ -338,13 +343,24 @@ class McpConnection:
         self.tools = await trio.to_thread.run_sync(adapt_tools, self.name, listed, self)
 
     async def _resources_and_logs(self, session: ClientSession) -> None:
-        """Its resource templates; the log level it is asked for (gateway.mcp.server_log)."""
+        """Its resource templates; the log level it is asked for (gateway.mcp.server_log).
+
+        Asked once it is up, beside its calls: a server slow to answer them
+        (5 s each at most) held its start, and failed it under a shorter
+        ``startup_timeout_s``. Either failing is logged, never its connection's end.
+        """
         capabilities = session.server_capabilities
-        self.resources = capabilities is not None and capabilities.resources is not None
-        if self.resources:
-            self.resource_templates = await list_templates(self.name, session)
-        if capabilities is not None and capabilities.logging is not None:
-            await ask_level(session, log.getEffectiveLevel())
+        try:
+            if self.resources:
+                self.resource_templates = await list_templates(self.name, session)
+            if capabilities is not None and capabilities.logging is not None:
+                await ask_level(session, log.getEffectiveLevel())
+        except Exception as exc:
+            event(
+                log, logging.INFO, "mcp_list_failed",
+                f"MCP server {self.name}: asking for its templates or log level failed: {exc!r}",
+                server=self.name, error=repr(exc),
+            )  # fmt: skip
 
     async def _on_message(self, message: Any) -> None:
         """Server notifications: a new tool list; a transport failure ends the connection."""

@@ -18,8 +18,9 @@ type (``text/...``, JSON, XML, YAML) that is UTF-8 its text, any other blob
 one line naming it. A server's error is a ``tool.failed`` ``error`` with its
 message; the read waits at most the server's ``tool_timeout_s``.
 
-At its start, a server with ``resources`` is asked for its resource
-templates (``resources/templates/list``, at most :data:`MAX_TEMPLATES` kept):
+Once it is up (beside its first calls), a server with ``resources`` is asked
+for its resource templates (``resources/templates/list``, at most
+:data:`MAX_TEMPLATES` kept):
 ``GET /agents`` lists them per agent (``resource_templates``), so a client can
 show what a server offers.
 """

@@ -3,10 +3,11 @@
 A server's ``notifications/message`` is one line of the daemon's log, the
 event ``mcp_server_log`` (logger ``gateway.mcp``), with its ``server``, the
 server's ``logger`` and ``mcp_level``, at the level MCP's (syslog's) maps to
-(:data:`LEVELS`); never an event of a session's stream. At the start, a server
-that declares the ``logging`` capability is asked (``logging/setLevel``) for
-what the daemon logs: the level :func:`mcp_level` maps the ``gateway.mcp``
-logger's own to, so a daemon at ``info`` is not sent ``debug`` lines.
+(:data:`LEVELS`); never an event of a session's stream. Once it is up (beside its
+first calls, so a slow answer holds no start), a server that declares the
+``logging`` capability is asked (``logging/setLevel``) for what the daemon
+logs: the level :func:`mcp_level` maps the ``gateway.mcp`` logger's own to,
+so a daemon at ``info`` is not sent ``debug`` lines.
 
 A server may log in a loop: at most :data:`MAX_LINES_PER_S` of one server's
 lines are logged a second; past them, its lines are counted, and the first

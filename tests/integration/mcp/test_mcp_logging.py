@@ -50,8 +50,11 @@ async def test_log_lines_reach_the_daemons_log_leveled_and_a_flood_is_bounded(
         async with running(ha=server(command=HOSTILE_A)) as manager:
             await manager.wait_ready()
             tools = manager.session_tools(ToolRegistry(), "ses_a")
-            # It was asked to log at the daemon's level (logging/setLevel at its start).
-            assert (await tools.execute("mcp__ha__level", {}, ctx)).content == "info"
+            # It was asked to log at the daemon's level (logging/setLevel once it is up,
+            # beside its first calls: not before them).
+            with trio.fail_after(5):
+                while (await tools.execute("mcp__ha__level", {}, ctx)).content != "info":
+                    await trio.sleep(0.01)
             await tools.execute("mcp__ha__log", {"n": 2, "level": "error"}, ctx)
             with trio.fail_after(5):
                 while len(logged(caplog, "mcp_server_log")) < 2:

@@ -138,6 +138,9 @@ async def test_get_agents_lists_the_resource_templates(tmp_path: Path) -> None:
         async with running_gateway(config) as gw:
             assert gw.node.mcp is not None
             await gw.node.mcp.wait_ready()
+            with trio.fail_after(5):  # listed once it is up, beside its calls
+                while not gw.node.mcp.resource_templates():  # noqa: ASYNC110 (no event tells)
+                    await trio.sleep(0.01)
             r = await gw.http.get("/agents")
             agents = {a["name"]: a for a in r.json()["agents"]}
             assert agents["default"]["resource_templates"] == [
