@@ -14,7 +14,8 @@ test can see what the gateway sent it. Its tools:
   then answers.
 - ``storm {n}``: sends ``n`` of each ``list_changed`` (tools, resources,
   prompts) and ``resources/updated``, then answers.
-- ``roots``: asks the client ``roots/list`` and answers with what it got (JSON).
+- ``roots {wait_ms}``: asks the client ``roots/list`` (after ``wait_ms``) and answers with
+  what it got (JSON).
 - ``link {uri}``: answers a ``resource_link`` to ``uri``.
 - ``level``: the level the last ``logging/setLevel`` asked for (with
   ``HOSTILE_A_REFUSE_LEVEL`` in its environment, it refuses every one; with
@@ -145,6 +146,10 @@ def call(id_, name, args, token):
             notify("notifications/resources/updated", {"uri": "mem://text"})
         text(id_, "stormed")
     elif name == "roots":
+        if args.get("wait_ms"):
+            import time
+
+            time.sleep(float(args["wait_ms"]) / 1000)
         state["next"] += 1
         request_id = f"roots-{state['next']}"
         send({"jsonrpc": "2.0", "id": request_id, "method": "roots/list"})
