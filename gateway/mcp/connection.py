@@ -208,7 +208,7 @@ class McpConnection:
                     starting.set()
                     if self._nursery is not None:  # not held at its start (_resources_and_logs)
                         self._nursery.start_soon(
-                            self._resources_and_logs, session, name=f"mcp-asks {self.name}"
+                            _resources_and_logs, self, session, name=f"mcp-asks {self.name}"
                         )
                     event(
                         log, logging.INFO, "mcp_server_started",
@@ -341,26 +341,6 @@ class McpConnection:
                 break
         # About a millisecond a schema: off the Trio thread (adapt_tools bounds the count).
         self.tools = await trio.to_thread.run_sync(adapt_tools, self.name, listed, self)
-
-    async def _resources_and_logs(self, session: ClientSession) -> None:
-        """Its resource templates; the log level it is asked for (gateway.mcp.server_log).
-
-        Asked once it is up, beside its calls: a server slow to answer them
-        (5 s each at most) held its start, and failed it under a shorter
-        ``startup_timeout_s``. Either failing is logged, never its connection's end.
-        """
-        capabilities = session.server_capabilities
-        try:
-            if self.resources:
-                self.resource_templates = await list_templates(self.name, session)
-            if capabilities is not None and capabilities.logging is not None:
-                await ask_level(session, log.getEffectiveLevel())
-        except Exception as exc:
-            event(
-                log, logging.INFO, "mcp_list_failed",
-                f"MCP server {self.name}: asking for its templates or log level failed: {exc!r}",
-                server=self.name, error=repr(exc),
-            )  # fmt: skip
 
     async def _on_message(self, message: Any) -> None:
         """Server notifications: a new tool list; a transport failure ends the connection."""
@@ -504,6 +484,29 @@ class McpConnection:
         finally:
             del self._calls[token]
         return map_resource(result)
+
+
+async def _resources_and_logs(connection: McpConnection, session: ClientSession) -> None:
+    """A connection's resource templates; the log level its server is asked for
+    (gateway.mcp.resources, gateway.mcp.server_log).
+
+    Asked once it is up, beside its calls: a server slow to answer them
+    (5 s each at most) held its start, and failed it under a shorter
+    ``startup_timeout_s``. Either failing is logged, never its connection's end.
+    """
+    capabilities = session.server_capabilities
+    try:
+        if connection.resources:
+            connection.resource_templates = await list_templates(connection.name, session)
+        if capabilities is not None and capabilities.logging is not None:
+            await ask_level(session, log.getEffectiveLevel())
+    except Exception as exc:
+        event(
+            log, logging.INFO, "mcp_list_failed",
+            f"MCP server {connection.name}: asking for its templates or log level failed:"
+            f" {exc!r}",
+            server=connection.name, error=repr(exc),
+        )  # fmt: skip
 
 
 def _no_answer(server: str, what: str, timeout: float) -> ToolError:
