@@ -32,7 +32,7 @@ import mcp_types as types
 import pydantic
 import trio
 from mcp.client.session import ClientSession
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from gateway.logs import event
 
@@ -75,13 +75,14 @@ def mcp_level(level: int) -> types.LoggingLevel:
 async def ask_level(session: ClientSession, level: int) -> None:
     """Ask a server to log at the daemon's ``level`` (module docstring); a refusal, an error
     or no answer within :data:`ASK_LEVEL_S` leaves it as it is."""
-    with (
-        trio.move_on_after(ASK_LEVEL_S),
-        warnings.catch_warnings(),
-        suppress(MCPError, pydantic.ValidationError),
-    ):
-        warnings.simplefilter("ignore")  # deprecated by MCP's 2026 revision (it still exists)
-        await session.set_logging_level(mcp_level(level))
+    # Deprecated by MCP's 2026 revision (it still exists): the SDK warns as it is called.
+    # The filters are the process's, not a task's: set around the call only, never
+    # across a wait (servers asked at once restored each other's "ignore" for good).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        asked = session.set_logging_level(mcp_level(level))
+    with trio.move_on_after(ASK_LEVEL_S), suppress(MCPError, pydantic.ValidationError):
+        await asked
 
 
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
