@@ -34,7 +34,7 @@ from gateway.mcp.questions import Questions
 from gateway.mcp.resources import list_templates, map_resource
 from gateway.mcp.roots import GatewayClientSession, Roots
 from gateway.mcp.sampling import Samplings
-from gateway.mcp.server_log import ServerLog, ask_level
+from gateway.mcp.server_log import ServerLog, ask_level, escaped
 from gateway.mcp.stdio import stdio_streams
 from gateway.mcp.tools import MAX_TOOLS, McpTool, adapt_tools, map_result
 from gateway.metrics import Metrics
@@ -286,7 +286,8 @@ class McpConnection:
         try:
             while chunk := await proc.stderr.receive_some(65536):
                 self._stderr = (self._stderr + chunk)[-_STDERR_TAIL:]
-                log.debug("mcp server %s: %s", self.name, chunk.decode(errors="replace").rstrip())
+                said = escaped(chunk.decode(errors="replace").rstrip())  # its text, one line
+                log.debug("mcp server %s: %s", self.name, said)
         except (trio.ClosedResourceError, trio.BrokenResourceError, OSError):
             pass
 
@@ -294,7 +295,7 @@ class McpConnection:
         tail = (
             self._stderr.decode(errors="replace").strip().splitlines()[-1:] if self._stderr else []
         )
-        said = f" (stderr: {tail[0]})" if tail else ""
+        said = f" (stderr: {escaped(tail[0])})" if tail else ""
         return f"the connection was lost{said}"
 
     def _failed(self, exc: BaseException, came_up: bool) -> None:
@@ -304,7 +305,7 @@ class McpConnection:
         else:
             tail = self._stderr.decode(errors="replace").strip().splitlines()[-1:]
             if tail:
-                error += f" (stderr: {tail[0]})"
+                error += f" (stderr: {escaped(tail[0])})"
         self._last_error = error
         self._failures += 1
         delay = 0.0 if came_up else BACKOFF_S[min(self._failures, len(BACKOFF_S)) - 1]

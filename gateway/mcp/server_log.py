@@ -89,7 +89,7 @@ _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 """What a server's text may not put in the log as is (module docstring); a tab may."""
 
 
-def _escaped(text: str) -> str:
+def escaped(text: str) -> str:
     """``text`` with its control characters as escapes (module docstring)."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
@@ -103,7 +103,7 @@ def _text(data: Any) -> str:
         except (TypeError, ValueError):
             text = repr(data)
     text = text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + "..."
-    return _escaped(text)
+    return escaped(text)
 
 
 class ServerLog:
@@ -141,7 +141,7 @@ class ServerLog:
             return
         self._lines += 1
         text = _text(data)
-        logger = _escaped(logger[:100]) if isinstance(logger, str) else None
+        logger = escaped(logger[:100]) if isinstance(logger, str) else None
         named = f" ({logger})" if logger else ""
         event(
             log, LEVELS.get(level, logging.INFO), "mcp_server_log",
