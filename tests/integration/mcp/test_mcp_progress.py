@@ -22,7 +22,7 @@ from gateway.mcp.progress import PROGRESS_INTERVAL_S
 from gateway.protocol.frames import Snapshot, SubscribeAck
 from gateway.tools.registry import ToolContext, ToolRegistry
 from tests.conftest import running_gateway
-from tests.integration.mcp.test_mcp_gateway import mcp_config, script, seq
+from tests.integration.mcp.test_mcp_gateway import cancel, mcp_config, script, seq
 from tests.mcp_support import SERVERS, running, server
 
 HOSTILE_A = [sys.executable, str(SERVERS / "hostile_a.py")]
@@ -185,3 +185,29 @@ async def snapshot_while_running(gw: Any, sid: str) -> list[dict[str, Any]]:
                         for p in shown
                     ]
             await trio.sleep(0.05)
+
+
+@pytest.mark.slow  # a daemon and a server process
+async def test_a_cancelled_tool_sends_no_progress_after_its_end(tmp_path: Path) -> None:
+    servers = {"ha": {"command": HOSTILE_A}}
+    config = mcp_config(tmp_path, servers=servers, tools=("mcp__ha__*",))
+    slow = {"n": 200, "gap_ms": 20, "total": 200}
+    with trio.fail_after(60):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            async with gw.client(sid, max_message_size=MAX_FRAME_BYTES) as client:
+                await client.subscribe("preset:full")
+                use = {"tool_use": {"name": "mcp__ha__progress", "input": slow}}
+                turn_id = await gw.submit(sid, script([use], [{"text": "ok"}]))
+                await client.until(lambda e: e.type == "tool.progress")
+                await cancel(gw, sid, turn_id)
+                events = await client.until_turn_ends()
+                await trio.sleep(0.5)  # the server still sends for a while: none of it shows
+                await gw.submit(sid, "hello")
+                events += await client.until_turn_ends()
+            types = seq(events)
+            ended = types.index("tool.failed")
+            assert "tool.progress" not in types[ended:], types[ended:]
+            assert events[ended].payload.error_class == "cancelled"
+            after = await gw.http.get(f"/sessions/{sid}")
+            assert "tool_progress" not in after.json().get("session", after.json())
