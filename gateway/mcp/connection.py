@@ -34,7 +34,7 @@ from gateway.mcp.questions import Questions
 from gateway.mcp.resources import list_templates, map_resource
 from gateway.mcp.roots import GatewayClientSession, Roots
 from gateway.mcp.sampling import Samplings
-from gateway.mcp.server_log import ServerLog, ask_level
+from gateway.mcp.server_log import ServerLog, ask_level, escaped
 from gateway.mcp.stdio import stdio_streams
 from gateway.mcp.tools import MAX_TOOLS, McpTool, adapt_tools, map_result
 from gateway.metrics import Metrics
@@ -200,11 +200,16 @@ class McpConnection:
                     with trio.fail_after(self.config.startup_timeout_s):
                         await session.initialize()
                         await self._list(session)
-                        await self._resources_and_logs(session)
+                    capabilities = session.server_capabilities
+                    self.resources = capabilities is not None and capabilities.resources is not None
                     self._session = session
                     self._failures = 0
                     came_up = True
                     starting.set()
+                    if self._nursery is not None:  # not held at its start (_resources_and_logs)
+                        self._nursery.start_soon(
+                            _resources_and_logs, self, session, name=f"mcp-asks {self.name}"
+                        )
                     event(
                         log, logging.INFO, "mcp_server_started",
                         f"MCP server {self.name} is up with {len(self.tools)} tools",
@@ -281,7 +286,8 @@ class McpConnection:
         try:
             while chunk := await proc.stderr.receive_some(65536):
                 self._stderr = (self._stderr + chunk)[-_STDERR_TAIL:]
-                log.debug("mcp server %s: %s", self.name, chunk.decode(errors="replace").rstrip())
+                said = escaped(chunk.decode(errors="replace").rstrip())  # its text, one line
+                log.debug("mcp server %s: %s", self.name, said)
         except (trio.ClosedResourceError, trio.BrokenResourceError, OSError):
             pass
 
@@ -289,7 +295,7 @@ class McpConnection:
         tail = (
             self._stderr.decode(errors="replace").strip().splitlines()[-1:] if self._stderr else []
         )
-        said = f" (stderr: {tail[0]})" if tail else ""
+        said = f" (stderr: {escaped(tail[0])})" if tail else ""
         return f"the connection was lost{said}"
 
     def _failed(self, exc: BaseException, came_up: bool) -> None:
@@ -299,7 +305,7 @@ class McpConnection:
         else:
             tail = self._stderr.decode(errors="replace").strip().splitlines()[-1:]
             if tail:
-                error += f" (stderr: {tail[0]})"
+                error += f" (stderr: {escaped(tail[0])})"
         self._last_error = error
         self._failures += 1
         delay = 0.0 if came_up else BACKOFF_S[min(self._failures, len(BACKOFF_S)) - 1]
@@ -336,15 +342,6 @@ class McpConnection:
                 break
         # About a millisecond a schema: off the Trio thread (adapt_tools bounds the count).
         self.tools = await trio.to_thread.run_sync(adapt_tools, self.name, listed, self)
-
-    async def _resources_and_logs(self, session: ClientSession) -> None:
-        """Its resource templates; the log level it is asked for (gateway.mcp.server_log)."""
-        capabilities = session.server_capabilities
-        self.resources = capabilities is not None and capabilities.resources is not None
-        if self.resources:
-            self.resource_templates = await list_templates(self.name, session)
-        if capabilities is not None and capabilities.logging is not None:
-            await ask_level(session, log.getEffectiveLevel())
 
     async def _on_message(self, message: Any) -> None:
         """Server notifications: a new tool list; a transport failure ends the connection."""
@@ -488,6 +485,29 @@ class McpConnection:
         finally:
             del self._calls[token]
         return map_resource(result)
+
+
+async def _resources_and_logs(connection: McpConnection, session: ClientSession) -> None:
+    """A connection's resource templates; the log level its server is asked for
+    (gateway.mcp.resources, gateway.mcp.server_log).
+
+    Asked once it is up, beside its calls: a server slow to answer them
+    (5 s each at most) held its start, and failed it under a shorter
+    ``startup_timeout_s``. Either failing is logged, never its connection's end.
+    """
+    capabilities = session.server_capabilities
+    try:
+        if connection.resources:
+            connection.resource_templates = await list_templates(connection.name, session)
+        if capabilities is not None and capabilities.logging is not None:
+            await ask_level(session, log.getEffectiveLevel())
+    except Exception as exc:
+        event(
+            log, logging.INFO, "mcp_list_failed",
+            f"MCP server {connection.name}: asking for its templates or log level failed:"
+            f" {exc!r}",
+            server=connection.name, error=repr(exc),
+        )  # fmt: skip
 
 
 def _no_answer(server: str, what: str, timeout: float) -> ToolError:

@@ -18,8 +18,9 @@ type (``text/...``, JSON, XML, YAML) that is UTF-8 its text, any other blob
 one line naming it. A server's error is a ``tool.failed`` ``error`` with its
 message; the read waits at most the server's ``tool_timeout_s``.
 
-At its start, a server with ``resources`` is asked for its resource
-templates (``resources/templates/list``, at most :data:`MAX_TEMPLATES` kept):
+Once it is up (beside its first calls), a server with ``resources`` is asked
+for its resource templates (``resources/templates/list``, at most
+:data:`MAX_TEMPLATES` kept):
 ``GET /agents`` lists them per agent (``resource_templates``), so a client can
 show what a server offers.
 """
@@ -184,10 +185,9 @@ async def _pages(server: str, session: ClientSession, out: list[ResourceTemplate
         listed = await session.list_resource_templates(params=params)
         for t in listed.resource_templates:
             description = (t.description or "")[:1000] or None
+            mime = (t.mime_type or "")[:100] or None  # every field bounded: GET /agents
             out.append(
-                ResourceTemplateInfo(
-                    server, t.uri_template[:1000], t.name[:200], description, t.mime_type
-                )
+                ResourceTemplateInfo(server, t.uri_template[:1000], t.name[:200], description, mime)
             )
         cursor = listed.next_cursor
         if not cursor or len(out) >= MAX_TEMPLATES:

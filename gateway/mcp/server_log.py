@@ -3,22 +3,27 @@
 A server's ``notifications/message`` is one line of the daemon's log, the
 event ``mcp_server_log`` (logger ``gateway.mcp``), with its ``server``, the
 server's ``logger`` and ``mcp_level``, at the level MCP's (syslog's) maps to
-(:data:`LEVELS`); never an event of a session's stream. At the start, a server
-that declares the ``logging`` capability is asked (``logging/setLevel``) for
-what the daemon logs: the level :func:`mcp_level` maps the ``gateway.mcp``
-logger's own to, so a daemon at ``info`` is not sent ``debug`` lines.
+(:data:`LEVELS`); never an event of a session's stream. Once it is up (beside its
+first calls, so a slow answer holds no start), a server that declares the
+``logging`` capability is asked (``logging/setLevel``) for what the daemon
+logs: the level :func:`mcp_level` maps the ``gateway.mcp`` logger's own to,
+so a daemon at ``info`` is not sent ``debug`` lines.
 
 A server may log in a loop: at most :data:`MAX_LINES_PER_S` of one server's
 lines are logged a second; past them, its lines are counted, and the first
 line of the next second is one ``mcp_server_log_dropped`` saying how many
 were not logged (as ``GARBAGE_LOG_INTERVAL_S`` does for a server's stray
-stdout lines). A line is cut at :data:`MAX_LINE_CHARS`.
+stdout lines). A line is cut at :data:`MAX_LINE_CHARS`. Its text and ``logger``
+are the server's: their control characters (newlines, terminal escapes, Unicode
+line separators) are written escaped (``\\n``, ``\\x1b``), so a server cannot
+forge lines of the daemon's text log nor drive an operator's terminal.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import warnings
 from contextlib import suppress
 from typing import Any
@@ -27,7 +32,7 @@ import mcp_types as types
 import pydantic
 import trio
 from mcp.client.session import ClientSession
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from gateway.logs import event
 
@@ -70,13 +75,23 @@ def mcp_level(level: int) -> types.LoggingLevel:
 async def ask_level(session: ClientSession, level: int) -> None:
     """Ask a server to log at the daemon's ``level`` (module docstring); a refusal, an error
     or no answer within :data:`ASK_LEVEL_S` leaves it as it is."""
-    with (
-        trio.move_on_after(ASK_LEVEL_S),
-        warnings.catch_warnings(),
-        suppress(MCPError, pydantic.ValidationError),
-    ):
-        warnings.simplefilter("ignore")  # deprecated by MCP's 2026 revision (it still exists)
-        await session.set_logging_level(mcp_level(level))
+    # Deprecated by MCP's 2026 revision (it still exists): the SDK warns as it is called.
+    # The filters are the process's, not a task's: set around the call only, never
+    # across a wait (servers asked at once restored each other's "ignore" for good).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        asked = session.set_logging_level(mcp_level(level))
+    with trio.move_on_after(ASK_LEVEL_S), suppress(MCPError, pydantic.ValidationError):
+        await asked
+
+
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+"""What a server's text may not put in the log as is (module docstring); a tab may."""
+
+
+def escaped(text: str) -> str:
+    """``text`` with its control characters as escapes (module docstring)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def _text(data: Any) -> str:
@@ -87,7 +102,8 @@ def _text(data: Any) -> str:
             text = json.dumps(data, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             text = repr(data)
-    return text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + "..."
+    text = text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + "..."
+    return escaped(text)
 
 
 class ServerLog:
@@ -125,10 +141,11 @@ class ServerLog:
             return
         self._lines += 1
         text = _text(data)
-        named = f" ({logger[:100]})" if isinstance(logger, str) and logger else ""
+        logger = escaped(logger[:100]) if isinstance(logger, str) else None
+        named = f" ({logger})" if logger else ""
         event(
             log, LEVELS.get(level, logging.INFO), "mcp_server_log",
             f"MCP server {self.server}{named}: {text}",
             server=self.server, session_id=self.session_id, mcp_level=level,
-            logger=logger[:100] if isinstance(logger, str) else None,
+            logger=logger,
         )  # fmt: skip

@@ -150,7 +150,8 @@ class McpServers:
     async def _stop_idle_sessions(self, idle_s: float) -> None:
         """Stop the servers of a session unused for ``idle_s`` (``[sessions] idle_unload_s``).
 
-        Unused: no call of it in flight on them, and its tools not asked for
+        Unused: no call of it in flight on them nor on the node's servers (whose
+        ``roots/list`` during its call is its workspace), and its tools not asked for
         (each model call and each tool call asks). Its next turn starts them
         again (:meth:`open_session`), so a session that is only being read
         keeps no process.
@@ -159,7 +160,9 @@ class McpServers:
             await trio.sleep(max(idle_s / 4, 0.05))
             now = trio.current_time()
             for session_id, used in list(self._used.items()):
-                busy = any(c.busy(session_id) for c in self._sessions.get(session_id, {}).values())
+                # Its calls on the node's servers too: their roots are its workspace.
+                mine = [*self._sessions.get(session_id, {}).values(), *self._node.values()]
+                busy = any(c.busy(session_id) for c in mine)
                 if busy:
                     self._used[session_id] = now
                 elif now - used >= idle_s:

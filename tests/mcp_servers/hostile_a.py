@@ -7,13 +7,15 @@ test can see what the gateway sent it. Its tools:
 
 - ``progress {n, gap_ms, total, late}``: sends ``n`` ``notifications/progress``
   for the call's token (progress 1 ... n, ``message`` "step i"), ``gap_ms``
-  apart (default 0), then answers ``done``; with ``late``, sends one more
-  progress for that token after its answer, and one for a token it never had.
+  apart (default 0), then answers ``done`` (first, with ``raw``, one progress per string
+  of it, that string the ``progress`` value's JSON text, e.g. ``1e999``); with ``late``,
+  sends one more progress for that token after its answer, and one for a token it never had.
 - ``log {n, level}``: sends ``n`` ``notifications/message`` (``data`` "line i"),
   then answers.
 - ``storm {n}``: sends ``n`` of each ``list_changed`` (tools, resources,
   prompts) and ``resources/updated``, then answers.
-- ``roots``: asks the client ``roots/list`` and answers with what it got (JSON).
+- ``roots {wait_ms}``: asks the client ``roots/list`` (after ``wait_ms``) and answers with
+  what it got (JSON).
 - ``link {uri}``: answers a ``resource_link`` to ``uri``.
 - ``level``: the level the last ``logging/setLevel`` asked for (with
   ``HOSTILE_A_REFUSE_LEVEL`` in its environment, it refuses every one; with
@@ -112,6 +114,12 @@ def call(id_, name, args, token):
         import time
 
         n, gap = int(args.get("n", 1)), float(args.get("gap_ms", 0)) / 1000
+        for raw in args.get("raw", []):  # a value as its JSON text, whatever it is
+            sys.stdout.write(
+                '{"jsonrpc": "2.0", "method": "notifications/progress", "params":'
+                f' {{"progressToken": {json.dumps(token)}, "progress": {raw}}}}}\n'
+            )
+            sys.stdout.flush()
         for i in range(1, n + 1):
             params = {"progressToken": token, "progress": i, "message": f"step {i}"}
             if "total" in args:
@@ -138,6 +146,10 @@ def call(id_, name, args, token):
             notify("notifications/resources/updated", {"uri": "mem://text"})
         text(id_, "stormed")
     elif name == "roots":
+        if args.get("wait_ms"):
+            import time
+
+            time.sleep(float(args["wait_ms"]) / 1000)
         state["next"] += 1
         request_id = f"roots-{state['next']}"
         send({"jsonrpc": "2.0", "id": request_id, "method": "roots/list"})

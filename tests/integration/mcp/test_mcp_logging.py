@@ -6,6 +6,7 @@ from __future__ import annotations
 # Polling the captured log for a line no event tells of.
 # ruff: noqa: ASYNC110
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,8 +51,11 @@ async def test_log_lines_reach_the_daemons_log_leveled_and_a_flood_is_bounded(
         async with running(ha=server(command=HOSTILE_A)) as manager:
             await manager.wait_ready()
             tools = manager.session_tools(ToolRegistry(), "ses_a")
-            # It was asked to log at the daemon's level (logging/setLevel at its start).
-            assert (await tools.execute("mcp__ha__level", {}, ctx)).content == "info"
+            # It was asked to log at the daemon's level (logging/setLevel once it is up,
+            # beside its first calls: not before them).
+            with trio.fail_after(5):
+                while (await tools.execute("mcp__ha__level", {}, ctx)).content != "info":
+                    await trio.sleep(0.01)
             await tools.execute("mcp__ha__log", {"n": 2, "level": "error"}, ctx)
             with trio.fail_after(5):
                 while len(logged(caplog, "mcp_server_log")) < 2:
@@ -90,3 +94,23 @@ async def test_a_server_refusing_set_level_still_comes_up(tmp_path: Path) -> Non
         tools = manager.session_tools(ToolRegistry(), "ses_a")
         ctx = ToolContext("ses_a", "turn_1", "toolu_1", "")
         assert (await tools.execute("mcp__ha__level", {}, ctx)).content == "None"
+
+
+async def test_a_servers_stderr_cannot_forge_lines_of_the_daemons_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its stderr (logged at debug, and its last line in ``mcp_server_failed``) was written as
+    is: a newline forged lines of the daemon's text log, an escape drove a terminal."""
+    caplog.set_level(logging.DEBUG, "gateway.mcp")
+    said = "boom\\x1b[2J\\r\\n2026-12-02 18:00:00,000 ERROR gateway.auth: key revoked\\x07"
+    script = f"import sys; sys.stderr.write('{said}'); sys.stderr.flush(); sys.exit(1)"
+    with trio.fail_after(30):
+        async with running(bad=server(command=[sys.executable, "-c", script])) as manager:
+            await manager.wait_ready()
+    failed = logged(caplog, "mcp_server_failed")
+    assert failed and "key revoked" in failed[0].getMessage()
+    debug = [r for r in caplog.records if r.name == "gateway.mcp" and "boom" in r.getMessage()]
+    for record in [*failed, *debug]:
+        text = record.getMessage() + str(getattr(record, "fields", ""))
+        for control in ("\n", "\r", "\x1b", "\x07"):
+            assert control not in text, (control, text)

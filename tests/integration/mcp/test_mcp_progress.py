@@ -22,7 +22,7 @@ from gateway.mcp.progress import PROGRESS_INTERVAL_S
 from gateway.protocol.frames import Snapshot, SubscribeAck
 from gateway.tools.registry import ToolContext, ToolRegistry
 from tests.conftest import running_gateway
-from tests.integration.mcp.test_mcp_gateway import mcp_config, script, seq
+from tests.integration.mcp.test_mcp_gateway import cancel, mcp_config, script, seq
 from tests.mcp_support import SERVERS, running, server
 
 HOSTILE_A = [sys.executable, str(SERVERS / "hostile_a.py")]
@@ -64,6 +64,25 @@ async def test_a_flood_of_progress_is_paced_the_last_kept_and_late_ones_dropped(
             # The daemon is fine: the next call is answered at once.
             with trio.fail_after(5):
                 assert (await tools.execute("mcp__ha__level", {}, ctx_with(Reports()))).content
+
+
+async def test_a_progress_no_float_can_hold_is_dropped_and_breaks_no_call() -> None:
+    """An integer past a float's range (a byte count of 10**400) made the SDK's float()
+    raise in its receive loop: the connection died with every call in flight on it."""
+    huge = "1" + "0" * 400
+    with trio.fail_after(60):
+        async with running(ha=server(command=HOSTILE_A)) as manager:
+            await manager.wait_ready()
+            connection = manager.connection("ha")
+            assert connection is not None
+            pid = connection.pid
+            tools = manager.session_tools(ToolRegistry(), "ses_a")
+            reports = Reports()
+            args = {"n": 2, "raw": [huge, f"-{huge}", "1e999", "NaN"]}
+            out = await tools.execute("mcp__ha__progress", args, ctx_with(reports))
+            assert out.content == "done"
+            assert [p for _, p, *_ in reports.got][-1] == 2.0  # only the finite ones
+            assert connection.live and connection.pid == pid  # not restarted
 
 
 async def test_a_call_without_a_progress_callback_asks_for_none(tmp_path: Path) -> None:
@@ -166,3 +185,29 @@ async def snapshot_while_running(gw: Any, sid: str) -> list[dict[str, Any]]:
                         for p in shown
                     ]
             await trio.sleep(0.05)
+
+
+@pytest.mark.slow  # a daemon and a server process
+async def test_a_cancelled_tool_sends_no_progress_after_its_end(tmp_path: Path) -> None:
+    servers = {"ha": {"command": HOSTILE_A}}
+    config = mcp_config(tmp_path, servers=servers, tools=("mcp__ha__*",))
+    slow = {"n": 200, "gap_ms": 20, "total": 200}
+    with trio.fail_after(60):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            async with gw.client(sid, max_message_size=MAX_FRAME_BYTES) as client:
+                await client.subscribe("preset:full")
+                use = {"tool_use": {"name": "mcp__ha__progress", "input": slow}}
+                turn_id = await gw.submit(sid, script([use], [{"text": "ok"}]))
+                await client.until(lambda e: e.type == "tool.progress")
+                await cancel(gw, sid, turn_id)
+                events = await client.until_turn_ends()
+                await trio.sleep(0.5)  # the server still sends for a while: none of it shows
+                await gw.submit(sid, "hello")
+                events += await client.until_turn_ends()
+            types = seq(events)
+            ended = types.index("tool.failed")
+            assert "tool.progress" not in types[ended:], types[ended:]
+            assert events[ended].payload.error_class == "cancelled"
+            after = await gw.http.get(f"/sessions/{sid}")
+            assert "tool_progress" not in after.json().get("session", after.json())

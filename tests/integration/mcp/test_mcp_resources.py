@@ -138,6 +138,9 @@ async def test_get_agents_lists_the_resource_templates(tmp_path: Path) -> None:
         async with running_gateway(config) as gw:
             assert gw.node.mcp is not None
             await gw.node.mcp.wait_ready()
+            with trio.fail_after(5):  # listed once it is up, beside its calls
+                while not gw.node.mcp.resource_templates():  # noqa: ASYNC110 (no event tells)
+                    await trio.sleep(0.01)
             r = await gw.http.get("/agents")
             agents = {a["name"]: a for a in r.json()["agents"]}
             assert agents["default"]["resource_templates"] == [
@@ -188,3 +191,18 @@ async def test_a_server_that_never_lists_templates_nor_sets_its_level_still_come
             assert connection.resources and m.resource_templates() == []
             tools = m.session_tools(ToolRegistry(), "ses_a")
             assert (await read(tools, "mem://text")).content == "hello from mem"
+
+
+async def test_a_server_slow_to_list_templates_and_set_its_level_is_not_held_at_its_start() -> None:
+    """The two asks were made inside the start, 5 s each: a server answering neither came
+    up 10 s late, and never under a ``startup_timeout_s`` below 10 s."""
+    env = {"HOSTILE_A_HANG_START": "1"}
+    with trio.fail_after(30):
+        async with running(ha=server(command=HOSTILE_A, env=env, startup_timeout_s=4)) as m:
+            with trio.fail_after(3.5):  # its process and initialize only
+                await m.wait_ready()
+            connection = m.connection("ha")
+            assert connection is not None and connection.live, connection and connection._last_error
+            tools = m.session_tools(ToolRegistry(), "ses_a")
+            assert (await read(tools, "mem://text")).content == "hello from mem"
+            assert m.resource_templates() == []

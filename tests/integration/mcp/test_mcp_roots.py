@@ -66,6 +66,20 @@ async def test_a_shared_server_gets_the_calling_sessions_workspace_only(tmp_path
             assert await roots_of(tools, "ses_b") == []
 
 
+async def test_a_long_call_on_a_shared_server_keeps_its_sessions_root(tmp_path: Path) -> None:
+    """A session whose servers are all node-scope was stopped as idle during its own call
+    (only its session-scope servers' calls counted): its workspace was forgotten, and the
+    server asking for its roots late in a long call got none."""
+    a = tmp_path / "a"
+    with trio.fail_after(30):
+        async with running(idle_unload_s=0.4, ha=server(command=HOSTILE_A)) as manager:
+            manager.open_session("ses_a", str(a))
+            await manager.wait_ready()
+            tools = manager.session_tools(ToolRegistry(), "ses_a")
+            out = await tools.execute("mcp__ha__roots", {"wait_ms": 1500}, ctx("ses_a"))
+            assert json.loads(out.content)["roots"] == [{"uri": a.as_uri(), "name": "workspace"}]
+
+
 def test_calls_of_several_sessions_or_none_give_no_root() -> None:
     calls: dict[object, ToolContext] = {}
     workspaces = {"ses_a": "/w/a", "ses_b": "/w/b"}

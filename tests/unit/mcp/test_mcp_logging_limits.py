@@ -4,12 +4,20 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 import pytest
 import trio
 import trio.testing
 
-from gateway.mcp.server_log import LEVELS, MAX_LINE_CHARS, MAX_LINES_PER_S, ServerLog, mcp_level
+from gateway.mcp.server_log import (
+    LEVELS,
+    MAX_LINE_CHARS,
+    MAX_LINES_PER_S,
+    ServerLog,
+    ask_level,
+    mcp_level,
+)
 
 
 def lines(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
@@ -66,3 +74,46 @@ def test_the_level_asked_of_a_server_is_the_daemons() -> None:
     assert [mcp_level(v) for v in (5, 10, 20, 30, 40, 50)] == [
         "debug", "debug", "info", "warning", "error", "critical"
     ]  # fmt: skip
+
+
+async def test_a_line_cannot_forge_lines_of_the_daemons_log(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A server's text (its ``data`` and ``logger``) with newlines and terminal escapes was
+    written as is: under ``[log] format = "text"`` it forged whole lines of the daemon's log
+    (and drove an operator's terminal)."""
+    caplog.set_level(logging.INFO, "gateway.mcp")
+    forged = "ok\n2026-12-02 18:00:00,000 ERROR gateway.auth: key revoked\r\x1b[2J\x07\x85\u2028"
+    ServerLog("ev").receive("info", "db\n\x1b[31mroot", forged)
+    ServerLog("ev").receive("info", None, {"said": forged})  # JSON data is escaped already
+    [line, data] = lines(caplog, "mcp_server_log")
+    shown = line.getMessage() + str(line.fields["logger"])  # type: ignore[attr-defined]
+    for control in ("\n", "\r", "\x1b", "\x07", "\x85", "\u2028"):
+        assert control not in shown, repr(control)
+        assert control not in data.getMessage(), repr(control)
+    assert "key revoked" in line.getMessage() and "\\n" in line.getMessage()
+
+
+async def test_servers_asked_at_once_leave_the_daemons_warning_filters_as_they_were(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each ask set an "ignore every warning" filter across its wait (catch_warnings is the
+    process's, not a task's): two servers asked at once, the first answering first, left
+    the second's restore putting the first's filter back, for good: the daemon then hid
+    every warning."""
+
+    class Server:
+        def __init__(self, answer_s: float) -> None:
+            self.answer_s = answer_s
+
+        async def set_logging_level(self, level: str) -> None:
+            await trio.sleep(self.answer_s)
+
+    before = list(warnings.filters)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask_level, Server(1.0), logging.INFO)
+        await trio.sleep(0.1)
+        nursery.start_soon(ask_level, Server(2.0), logging.INFO)
+        await trio.sleep(0.5)
+        assert warnings.filters == before  # not while they wait either
+    assert warnings.filters == before
