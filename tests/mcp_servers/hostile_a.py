@@ -13,7 +13,8 @@ test can see what the gateway sent it. Its tools:
 - ``log {n, level}``: sends ``n`` ``notifications/message`` (``data`` "line i"),
   then answers.
 - ``storm {n}``: sends ``n`` of each ``list_changed`` (tools, resources,
-  prompts) and ``resources/updated``, then answers.
+  prompts, and roots: a client's notice, sent the wrong way) and
+  ``resources/updated``, then answers.
 - ``roots {wait_ms}``: asks the client ``roots/list`` (after ``wait_ms``) and answers with
   what it got (JSON).
 - ``link {uri}``: answers a ``resource_link`` to ``uri``.
@@ -143,6 +144,7 @@ def call(id_, name, args, token):
             notify("notifications/tools/list_changed")
             notify("notifications/resources/list_changed")
             notify("notifications/prompts/list_changed")
+            notify("notifications/roots/list_changed")  # a client's notice, sent the wrong way
             notify("notifications/resources/updated", {"uri": "mem://text"})
         text(id_, "stormed")
     elif name == "roots":
