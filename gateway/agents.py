@@ -24,8 +24,9 @@ import fnmatch
 import logging
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gateway.config import AgentConfig, Config
 from gateway.errors import ConfigError
@@ -35,6 +36,10 @@ from gateway.protocol import claude_code_tools as claude_code_tools
 log = logging.getLogger("gateway.agents")
 
 DEFAULT_AGENT = "default"
+
+
+READ_RESOURCE = "mcp_read_resource"
+"""The built-in tool that reads an MCP server's resource (gateway.mcp.resources)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +81,19 @@ class AgentProfile:
         """Whether the agent may use the tool (a name or glob of ``tools`` matches it)."""
         return _matches(tool_name, self.tools)
 
-    def needs_approval(self, tool_name: str) -> bool:
-        """Whether a call of the tool waits for ``allow`` (``require_approval``)."""
-        return _matches(tool_name, self.require_approval)
+    def needs_approval(self, tool_name: str, tool_input: Mapping[str, Any] | None = None) -> bool:
+        """Whether a call of the tool waits for ``allow`` (``require_approval``).
+
+        A read of an MCP server's resource (:data:`READ_RESOURCE`, its input's
+        ``server``) waits too where the patterns cover every tool of that server
+        (``mcp__notes__*``, ``mcp__*``, ``*``: they match ``mcp__notes__`` itself),
+        so an agent whose server's tools are all asked for is asked for its reads
+        (docs/protocol.md §11 "MCP tools").
+        """
+        if _matches(tool_name, self.require_approval):
+            return True
+        server = (tool_input or {}).get("server") if tool_name == READ_RESOURCE else None
+        return isinstance(server, str) and _matches(f"mcp__{server}__", self.require_approval)
 
     def uses_server(self, server: str) -> bool:
         """Whether some pattern of ``tools`` may reach a tool of the MCP server ``server``."""

@@ -36,6 +36,7 @@ import mcp_types as types
 import trio
 from mcp.client.session import ClientSession
 
+from gateway.agents import READ_RESOURCE
 from gateway.errors import ToolError
 from gateway.logs import event
 from gateway.mcp.tools import _cut, _file
@@ -43,9 +44,6 @@ from gateway.protocol.shapes import ResourceTemplateInfo
 from gateway.tools.registry import ToolContext, ToolOutput
 
 log = logging.getLogger("gateway.mcp")
-
-READ_RESOURCE = "mcp_read_resource"
-"""The tool's name (gateway.mcp.servers.READ_RESOURCE too, which must not import this)."""
 
 
 MAX_URI_CHARS = 8192

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from gateway.agents import AgentProfile
+from gateway.agents import READ_RESOURCE, AgentProfile
 from gateway.config import Config
 from gateway.errors import ToolError
 from gateway.logs import event
@@ -57,8 +57,6 @@ if TYPE_CHECKING:
     from gateway.mcp.tools import McpTool
     from gateway.protocol.shapes import ResourceTemplateInfo
 
-READ_RESOURCE = "mcp_read_resource"
-"""The tool gateway.mcp.resources offers with the servers that have resources."""
 
 log = logging.getLogger("gateway.mcp")
 

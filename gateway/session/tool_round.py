@@ -157,7 +157,7 @@ class ToolRound:
         telemetry.tool_started(s.id, turn.id, block.id, block.name)
         try:
             tools.validate(block.name, block.input)
-            if self.agent.needs_approval(block.name):
+            if self.agent.needs_approval(block.name, block.input):
                 await self._permission(turn, block)
             if turn.phase == "seam":
                 turn.enter("tools")

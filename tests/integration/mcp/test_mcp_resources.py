@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.agents import resolve_agents
+from gateway.agents import AgentProfile, resolve_agents
 from gateway.config import Config
 from gateway.errors import ToolError
 from gateway.mcp.resources import READ_RESOURCE
-from gateway.mcp.servers import READ_RESOURCE as NAME_IN_SERVERS
 from gateway.mcp.tools import MAX_RESULT_BYTES
 from gateway.protocol.shapes import ResourceTemplateInfo
 from gateway.tools.registry import ToolContext, ToolRegistry
@@ -42,7 +41,6 @@ async def read(tools: Any, uri: str, server: str = "ha") -> Any:
 async def test_a_resource_is_read_through_its_server_within_the_caps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert READ_RESOURCE == NAME_IN_SERVERS
     opened: list[str] = []  # what this process opens of /etc/passwd (nothing, ever)
     real_open, real_os_open = builtins.open, os.open
 
@@ -206,3 +204,31 @@ async def test_a_server_slow_to_list_templates_and_set_its_level_is_not_held_at_
             tools = m.session_tools(ToolRegistry(), "ses_a")
             assert (await read(tools, "mem://text")).content == "hello from mem"
             assert m.resource_templates() == []
+
+
+@pytest.mark.parametrize(
+    ("patterns", "asked"),
+    [
+        ((), False),
+        (("mcp__ha__*",), True),  # every tool of the server: its reads too
+        (("mcp__*",), True),
+        (("*",), True),
+        (("mcp__h?__*",), True),
+        (("mcp__ha__link",), False),  # one tool of it: not its reads
+        (("mcp__other__*",), False),
+        ((READ_RESOURCE,), True),  # the tool itself, whatever the server
+    ],
+)
+def test_a_read_is_asked_for_where_the_servers_every_tool_is(
+    patterns: tuple[str, ...], asked: bool
+) -> None:
+    """docs/protocol.md §11 "MCP tools": ``require_approval = ["mcp__ha__*"]`` asks for
+    the reads of ha's resources too (an easy trap otherwise: the server's tools asked
+    for, its resources read freely)."""
+    from dataclasses import replace
+
+    agent: AgentProfile = replace(resolve_agents(Config())["default"], require_approval=patterns)
+    read = {"server": "ha", "uri": "mem://text"}
+    assert agent.needs_approval(READ_RESOURCE, read) is asked
+    bad = agent.needs_approval(READ_RESOURCE, {"server": 7})  # a server that is no name
+    assert bad is agent.needs_approval(READ_RESOURCE)  # the patterns alone decide
