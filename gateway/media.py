@@ -22,6 +22,7 @@ on up to ``[files] max_bytes`` of data: callers run it in a worker thread
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import warnings
@@ -111,24 +112,37 @@ def _check_image(media_type: str, data: bytes, max_pixels: int) -> None:
         # Pillow decodes a PNG cut short after its last pixel (its IEND chunk gone,
         # its last CRC cut): a model's API may not, so it is refused here, not later.
         raise _invalid(media_type, "it does not end with its IEND chunk (cut short?)")
+    _bombs_are_errors()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data), formats=[_PILLOW_FORMATS[media_type]]) as image:
-                width, height = image.size
-                if width > MAX_SIDE or height > MAX_SIDE or width * height > max_pixels:
-                    raise _invalid(
-                        media_type,
-                        f"{width}x{height} pixels is over the limit ({MAX_SIDE} a side, "
-                        f"{max_pixels} in all)",
-                    )
-                image.load()  # decodes every pixel: a truncated or corrupt image fails here
+        with Image.open(io.BytesIO(data), formats=[_PILLOW_FORMATS[media_type]]) as image:
+            width, height = image.size
+            if width > MAX_SIDE or height > MAX_SIDE or width * height > max_pixels:
+                raise _invalid(
+                    media_type,
+                    f"{width}x{height} pixels is over the limit ({MAX_SIDE} a side, "
+                    f"{max_pixels} in all)",
+                )
+            image.load()  # decodes every pixel: a truncated or corrupt image fails here
     except ApiError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise _invalid(media_type, f"it decodes to too many pixels ({exc})") from None
     except Exception as exc:  # Pillow's errors are OSError, ValueError, SyntaxError...
         raise _invalid(media_type, f"it does not decode as one ({exc})") from None
+
+
+@functools.cache
+def _bombs_are_errors() -> None:
+    """Pillow's ``DecompressionBombWarning`` (an image over its own pixel limit, warned of
+    as it is opened) raised as an error, once for the process.
+
+    A ``warnings.catch_warnings`` around each check changed the process's filters
+    for its duration: checks run in worker threads, two at once, and two that
+    overlapped left the filters as one of them found them, not as they were.
+    """
+    from PIL import Image
+
+    warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
 
 
 def _invalid(media_type: str, why: str) -> ApiError:

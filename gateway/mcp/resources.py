@@ -99,9 +99,10 @@ class ReadResourceTool:
         server, uri = raw_input.get("server"), raw_input.get("uri")
         if not isinstance(server, str) or server not in self._servers:
             known = ", ".join(sorted(self._servers))
+            shown = repr(server)[:80]  # the model's, of any size
             raise ToolError(
                 "invalid_input",
-                f"invalid input for {READ_RESOURCE!r}: server {server!r} is not one of this"
+                f"invalid input for {READ_RESOURCE!r}: server {shown} is not one of this"
                 f" session's MCP servers with resources ({known})",
             )
         if not isinstance(uri, str) or not uri or len(uri) > MAX_URI_CHARS:

@@ -16,10 +16,12 @@ it on an in-memory stream).
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import struct
 import threading
 import time
+import warnings
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -32,6 +34,7 @@ import trio
 from PIL import Image
 
 from gateway import media
+from gateway.errors import ApiError
 from gateway.store.sqlite.store import SqliteStore
 from tests.conftest import Harness, make_config, running_gateway
 from tests.files_support import png
@@ -233,6 +236,34 @@ async def test_a_decompression_bomb_is_refused_undecoded_and_fast(
     assert decoded == []
     assert (await upload(gw.http, sid, png(), "image/png")).status_code == 201
     assert decoded and set(decoded) == {(4, 3)}  # the spy works: a real image is decoded
+
+
+async def test_checks_in_threads_at_once_leave_the_warning_filters_as_they_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Image checks run in worker threads, two at once (gateway.session.files): checking a
+    bomb (Pillow warns as it opens one) must not change the process's warning filters,
+    as a ``warnings.catch_warnings`` around each check did when two overlapped."""
+    bomb = png_bomb(10000, 10000)  # over Pillow's own limit: its warning fires at open
+    media.check("image/png", png(), max_pixels=40_000_000)  # the one filter it adds, once
+    before = list(warnings.filters)
+    opened = Image.open
+
+    def slow_open(*args: Any, **kw: Any) -> Any:  # two checks surely overlap
+        time.sleep(0.01)
+        return opened(*args, **kw)
+
+    monkeypatch.setattr(Image, "open", slow_open)
+
+    def check() -> None:
+        for _ in range(10):
+            with contextlib.suppress(ApiError):
+                media.check("image/png", bomb, max_pixels=40_000_000)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(trio.to_thread.run_sync, check)
+    assert warnings.filters == before
 
 
 # --- how big, how slow ----------------------------------------------------------------

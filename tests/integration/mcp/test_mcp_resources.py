@@ -232,3 +232,14 @@ def test_a_read_is_asked_for_where_the_servers_every_tool_is(
     assert agent.needs_approval(READ_RESOURCE, read) is asked
     bad = agent.needs_approval(READ_RESOURCE, {"server": 7})  # a server that is no name
     assert bad is agent.needs_approval(READ_RESOURCE)  # the patterns alone decide
+
+
+def test_a_server_name_of_any_size_is_cut_in_the_error() -> None:
+    """The model's ``server`` is repeated in the tool's error (``tool.failed``, the next
+    call's tool result): a megabyte of it is cut, not stored and sent back whole."""
+    from gateway.mcp.resources import ReadResourceTool
+
+    tool = ReadResourceTool({})
+    with pytest.raises(ToolError) as caught:
+        tool.parse({"server": "x" * 1_000_000, "uri": "mem://text"})
+    assert caught.value.error_class == "invalid_input" and len(caught.value.message) < 300
