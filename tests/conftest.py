@@ -17,6 +17,10 @@ Rules of these tests (as trio-websocket's own suite states them):
   saying what it needs), any other test by itself. ``python -m pytest
   -m "not slow"`` is the quick loop, under two minutes on two cores;
   ``python -m pytest`` runs everything.
+- The tests run on one worker process per core (pytest-xdist, pyproject.toml's
+  ``addopts``; ``-n 0`` runs them in one process), so each stands alone: its
+  own gateway, port 0, its own directories (``tmp_path``), its own servers or
+  a session fixture of its worker's; nothing one test leaves is another's.
 """
 
 from __future__ import annotations

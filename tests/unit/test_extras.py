@@ -72,8 +72,8 @@ def test_without_the_extras_their_tests_skip(tmp_path: Path) -> None:
     report = tmp_path / "report.xml"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GATEWAY_TEST_ABSENT": ",".join(ABSENT)}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.absent_packages", "-p", "no:cacheprovider",
-         f"--junitxml={report}", *[str(m) for m in modules]],
+        [sys.executable, "-m", "pytest", "-n", "0", "-p", "tests.absent_packages",
+         "-p", "no:cacheprovider", f"--junitxml={report}", *[str(m) for m in modules]],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     out = done.stdout + done.stderr
