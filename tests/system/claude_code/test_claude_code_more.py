@@ -543,7 +543,7 @@ async def test_a_background_sub_agent_is_a_worker_and_the_turn_ends_when_claude_
     assert theirs[0] == "turn.started" and theirs[-1] == "turn.completed"
     assert theirs.count("message.complete") == 1
     # The Agent call, the answer to its result, the answer to the task's notification.
-    assert mine.count("llm.call_started") == mine.count("llm.call_completed") == 3
+    assert mine.count("llm.call_started") == mine.count("llm.call_completed") == 3, mine
     assert mine.index("delegate.completed") < len(mine) - 1 - mine[::-1].index("llm.call_started")
     assert events[-1].type == "turn.completed" and events[-1].payload.stop_reason == "end_turn"
     assert said(next_turn) == GCD and types(next_turn).count("llm.call_started") == 1
