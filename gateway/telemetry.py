@@ -222,7 +222,7 @@ class Tracing:
         self._fields = frozenset(propagate.get_global_textmap().fields)  # the headers it reads
         self._status, self._error_code = Status, StatusCode.ERROR
         self.turns: dict[str, Span] = {}
-        self.calls: dict[str, Span] = {}  # the turn's call in flight, by turn id
+        self.calls: dict[str, Span] = {}  # calls in flight: by turn id; a sampling's by call id
         self.tools: dict[str, Span] = {}
 
     def carrier(self, headers: Mapping[str, str]) -> dict[str, str]:
@@ -350,9 +350,22 @@ def turn_ended(
 
 
 def call_started(
-    session_id: str, turn_id: str, model: str, max_tokens: int, temperature: float | None
+    session_id: str,
+    turn_id: str,
+    model: str,
+    max_tokens: int,
+    temperature: float | None,
+    *,
+    sampling_for: tuple[str, str] | None = None,
 ) -> None:
-    """An LLM call began (``llm.call_started``): its ``chat`` span opens under the turn's."""
+    """An LLM call began (``llm.call_started``): its ``chat`` span opens under the turn's.
+
+    ``sampling_for``: (tool use id, call id) of a call an MCP server asked for
+    while that tool ran (``purpose: "sampling"``, docs/protocol.md §11): its
+    span is the tool's child, kept under the call's own id (:func:`call_ended`
+    with that ``key``), since a tool may sample twice at once and other tools
+    of its round run meanwhile.
+    """
     t = _active
     if t is None:
         return
@@ -367,6 +380,11 @@ def call_started(
     }
     if temperature is not None:
         attributes["gen_ai.request.temperature"] = temperature
+    if sampling_for is not None:
+        tool_use_id, call_id = sampling_for
+        attributes["gateway.llm.purpose"] = "sampling"
+        t.calls[call_id] = t._child(f"chat {name}", t.tools.get(tool_use_id), attributes)
+        return
     previous = t.calls.pop(turn_id, None)
     if previous is not None:  # never ended (a gateway bug): do not leak it
         previous.end()
@@ -374,7 +392,7 @@ def call_started(
 
 
 def call_ended(
-    turn_id: str,
+    key: str,
     error_class: str | None,
     error_message: str,
     response_model: str | None,
@@ -383,11 +401,14 @@ def call_ended(
     input_tokens: int,
     output_tokens: int,
 ) -> None:
-    """The call's message ended (complete, failed or cancelled): its span ends."""
+    """The call's message ended (complete, failed or cancelled): its span ends.
+
+    ``key``: the turn id; a sampling call's own id (:func:`call_started`'s ``sampling_for``).
+    """
     t = _active
     if t is None:
         return
-    span = t.calls.pop(turn_id, None)
+    span = t.calls.pop(key, None)
     if span is None:
         return
     if response_model:

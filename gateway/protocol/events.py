@@ -14,7 +14,7 @@ one a payload is. Fields the contract marks optional (``message_id?``,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 import msgspec
 
@@ -33,6 +33,16 @@ ACTORS: tuple[str, ...] = ("user", "router", "llm", "tool", "session", "bus")
 LlmErrorClass = Literal[
     "cancelled", "overloaded", "rate_limited", "api_error", "network", "timeout", "invalid_request"
 ]
+
+
+def error_label(error_class: str) -> str:
+    """An LLM call's error class as ``gateway_provider_errors_total`` labels it: one of
+    :data:`LlmErrorClass`, else ``other`` (a provider's own name stays out of the labels)."""
+    return error_class if error_class in _LLM_ERROR_CLASSES else "other"
+
+
+_LLM_ERROR_CLASSES = frozenset(get_args(LlmErrorClass))
+
 # "limit": refused unrun, past a limit of docs/protocol.md §15 (docs/reference.md [limits]).
 ToolErrorClass = Literal[
     "cancelled", "error", "timeout", "permission_denied", "unknown_tool", "invalid_input", "limit"

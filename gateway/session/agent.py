@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import aclosing
-from typing import Any, get_args
+from typing import Any
 
 import trio
 
@@ -43,9 +43,9 @@ from gateway.logs import event
 from gateway.protocol.events import (
     LlmCallCompleted,
     LlmCallStarted,
-    LlmErrorClass,
     RouteDecided,
     TurnStarted,
+    error_label,
 )
 from gateway.protocol.shapes import StopReason, ToolUseBlock, Usage
 from gateway.providers.base import ModelRequest
@@ -361,8 +361,7 @@ class AgentLoop:
     def _provider_error(self, turn: Turn, call: Call) -> None:
         """Log and count an LLM call that failed (not a cancel: that is the turn's)."""
         error_class = call.error_class or "api_error"
-        label = error_class if error_class in _LLM_ERROR_CLASSES else "other"
-        self.node.metrics.provider_errors.labels(label).inc()
+        self.node.metrics.provider_errors.labels(error_label(error_class)).inc()
         event(
             log, logging.WARNING, "provider_error",
             f"turn {turn.id}: the model call failed: {error_class}: {call.error_message}",
@@ -400,6 +399,3 @@ class AgentLoop:
         record_result(
             self.session, turn, state, block, content, is_error=is_error, structured=structured
         )
-
-
-_LLM_ERROR_CLASSES = frozenset(get_args(LlmErrorClass))

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
 
+from gateway import telemetry
 from gateway.errors import ProviderError, ToolError
 from gateway.ids import new_call_id, new_message_id, now_ms
 from gateway.protocol.events import (
@@ -44,6 +45,7 @@ from gateway.protocol.events import (
     LlmCallStarted,
     PermissionRequested,
     PermissionResolved,
+    error_label,
 )
 from gateway.protocol.shapes import Message, PermissionKind, TextBlock, Usage
 from gateway.providers.base import ModelRequest, text_reply
@@ -124,7 +126,7 @@ async def sample(
             raise ToolError("permission_denied", f"sampling refused: the user's answer: {decision}")
         turn, state = _turn_of(loop, ctx)  # still the turn, not cancelled meanwhile
         _count_round(agent, state)  # a denied one counts for nothing
-    return await _call(s, loop, turn, state, request, max_tokens)
+    return await _call(s, loop, turn, state, ctx, request, max_tokens)
 
 
 def _turn_of(loop: Loop, ctx: ToolContext) -> tuple[Turn, TurnState]:
@@ -238,6 +240,7 @@ async def _call(
     loop: Loop,
     turn: Turn,
     state: TurnState,
+    ctx: ToolContext,
     request: SamplingRequest,
     max_tokens: int,
 ) -> Sampled:
@@ -245,6 +248,10 @@ async def _call(
     model = s.record.active_model
     call_id = new_call_id()
     s.emit([LlmCallStarted(call_id, model, "sampling")], turn.id)
+    telemetry.call_started(
+        s.id, turn.id, model, max_tokens, request.temperature,
+        sampling_for=(ctx.tool_use_id, call_id),
+    )  # fmt: skip
     messages = [
         Message(f"msg_sampling_{i}", s.id, turn.id, role, [TextBlock(text)], "complete", 0)  # type: ignore[arg-type]
         for i, (role, text) in enumerate(request.messages)
@@ -257,25 +264,49 @@ async def _call(
         system=request.system_prompt or None,
         temperature=request.temperature,
     )
-    usage = Usage()
+    metrics = loop.node.metrics
     try:
         reply = await text_reply(loop.node.providers.for_agent(loop.agent.name), model_request)
     except trio.Cancelled:
         s.emit([LlmCallFailed(call_id, "cancelled", "cancelled", None, "sampling")], turn.id)
+        _traced(call_id, "cancelled", "cancelled")
         raise
     except ProviderError as exc:
         s.emit([LlmCallFailed(call_id, exc.error_class, exc.message, None, "sampling")], turn.id)  # type: ignore[arg-type]
+        metrics.provider_errors.labels(error_label(exc.error_class)).inc()
+        _traced(call_id, exc.error_class, exc.message)
         raise ToolError("error", f"sampling failed: {exc.error_class}: {exc.message}") from None
     except Exception as exc:  # a provider's bug fails the sampling, not the turn
         s.failed("provider", exc, turn.id)
         s.emit([LlmCallFailed(call_id, "api_error", repr(exc), None, "sampling")], turn.id)
+        metrics.provider_errors.labels("api_error").inc()
+        _traced(call_id, "api_error", repr(exc))
         raise ToolError("error", "sampling failed: the provider failed") from None
     text, usage, stop = reply.text, reply.usage, reply.stop_reason
     usage.cost_usd = loop.node.pricing(model)(usage)
     state.usage += usage
     stop_reason = stop if stop in _STOP else "end_turn"
+    message_id = new_message_id()
     s.emit(
-        [LlmCallCompleted(call_id, new_message_id(), stop_reason, usage, "sampling")],  # type: ignore[arg-type]
+        [LlmCallCompleted(call_id, message_id, stop_reason, usage, "sampling")],  # type: ignore[arg-type]
         turn.id,
     )
+    _traced(call_id, None, "", model, message_id, stop_reason, usage)
     return Sampled(text, model, _STOP[stop_reason])
+
+
+def _traced(
+    call_id: str,
+    error_class: str | None,
+    why: str,
+    model: str | None = None,
+    message_id: str | None = None,
+    stop_reason: str | None = None,
+    usage: Usage | None = None,
+) -> None:
+    """The sampling call's ``chat`` span ends (docs/operating.md "Traces")."""
+    usage = usage or Usage()
+    telemetry.call_ended(
+        call_id, error_class, why, model, message_id, stop_reason,
+        usage.input_tokens, usage.output_tokens,
+    )  # fmt: skip
