@@ -29,6 +29,7 @@ from mcp.shared.exceptions import MCPError
 from gateway.config import McpServerConfig
 from gateway.errors import ToolError
 from gateway.logs import event
+from gateway.mcp.inbound import guarded
 from gateway.mcp.progress import ProgressPacer
 from gateway.mcp.questions import Questions
 from gateway.mcp.resources import list_templates, map_resource
@@ -256,7 +257,11 @@ class McpConnection:
                     )
                 )
                 streams = await stack.enter_async_context(
-                    streamable_http_client(self.config.url, http_client=http)
+                    guarded(
+                        await stack.enter_async_context(
+                            streamable_http_client(self.config.url, http_client=http)
+                        )
+                    )
                 )
             session = GatewayClientSession(
                 *streams,

@@ -19,16 +19,16 @@ time the kernel takes to tell us.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import anyio
 import mcp_types as types
 import trio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
+
+from gateway.mcp.inbound import finite_progress
 
 log = logging.getLogger("gateway.mcp")
 
@@ -114,26 +114,5 @@ def _parse(line: bytes) -> SessionMessage | Exception:
         message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValueError as exc:
         return exc
-    if isinstance(message, types.JSONRPCNotification) and message.method == _PROGRESS:
-        _no_overflow(message.params)
+    finite_progress(message)  # a progress no float can hold (gateway.mcp.inbound)
     return SessionMessage(message)
-
-
-_PROGRESS = "notifications/progress"
-
-
-def _no_overflow(params: dict[str, Any] | None) -> None:
-    """A progress's ``progress`` or ``total`` integer past a float's range as infinite.
-
-    The SDK reads them with ``float()`` in its receive loop: a server's
-    ``10**400`` raised ``OverflowError`` there, which ended the connection and
-    every call in flight on it. An infinite value is dropped as any value JSON
-    cannot carry (gateway.mcp.progress).
-    """
-    for key in ("progress", "total"):
-        value = params.get(key) if params is not None else None
-        if params is not None and isinstance(value, int) and not isinstance(value, bool):
-            try:
-                float(value)
-            except OverflowError:
-                params[key] = math.inf if value > 0 else -math.inf

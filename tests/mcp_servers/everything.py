@@ -23,6 +23,9 @@ Tools:
 - ``where``: the working directory, ``HOME`` and ``MCP_TEST_ENV``.
 - ``headers``: the HTTP request's ``authorization`` and ``x-test`` headers.
 - ``grow``: adds the tool ``extra`` and sends ``notifications/tools/list_changed``.
+- ``overflow``: for the call's progress token, a ``notifications/progress`` whose
+  ``progress`` is ``10**400`` (a JSON integer no float holds), then one of ``1``;
+  answers ``done``.
 
 With ``MCP_PID_FILE`` in its environment, the server appends its pid to that
 file when it starts (the tests that check no server outlives its daemon); with
@@ -95,6 +98,7 @@ TOOLS = [
     types.Tool(name="where", description="Where the server runs.", input_schema=_OBJECT),
     types.Tool(name="headers", description="The HTTP headers.", input_schema=_OBJECT),
     types.Tool(name="grow", description="Add a tool.", input_schema=_OBJECT),
+    types.Tool(name="overflow", description="A progress no float holds.", input_schema=_OBJECT),
 ]
 EXTRA = types.Tool(name="extra", description="Added by grow.", input_schema=_OBJECT)
 grown = False
@@ -182,6 +186,14 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
         grown = True
         await ctx.session.send_tool_list_changed()
         return text("grown")
+    if name == "overflow":
+        token = (params.meta or {}).get("progress_token")
+        outbound = ctx.session._request_outbound  # raw: the SDK's own API takes a float
+        for progress in (10**400, 1):
+            await outbound.notify(
+                "notifications/progress", {"progressToken": token, "progress": progress}
+            )
+        return text("done")
     if name == "extra":
         return text("extra works")
     return types.CallToolResult(content=[types.TextContent(text=f"no {name}")], is_error=True)

@@ -23,7 +23,7 @@ from gateway.protocol.frames import Snapshot, SubscribeAck
 from gateway.tools.registry import ToolContext, ToolRegistry
 from tests.conftest import running_gateway
 from tests.integration.mcp.test_mcp_gateway import cancel, mcp_config, script, seq
-from tests.mcp_support import SERVERS, running, server
+from tests.mcp_support import SERVERS, http_server, running, server
 
 HOSTILE_A = [sys.executable, str(SERVERS / "hostile_a.py")]
 
@@ -83,6 +83,26 @@ async def test_a_progress_no_float_can_hold_is_dropped_and_breaks_no_call() -> N
             assert out.content == "done"
             assert [p for _, p, *_ in reports.got][-1] == 2.0  # only the finite ones
             assert connection.live and connection.pid == pid  # not restarted
+
+
+@pytest.mark.slow  # a server process (over a second on two cores)
+async def test_over_http_a_progress_no_float_can_hold_breaks_no_call() -> None:
+    """The same over streamable HTTP, whose parsing is the SDK's: the read stream is
+    guarded (gateway.mcp.inbound), so the SDK's float() never sees 10**400."""
+    async with http_server() as url, running(web=server(url=url)) as manager:
+        with trio.fail_after(30):
+            await manager.wait_ready()
+            connection = manager.connection("web")
+            assert connection is not None
+            tools = manager.session_tools(ToolRegistry(), "ses_a")
+            reports = Reports()
+            out = await tools.execute("mcp__web__overflow", {}, ctx_with(reports))
+            assert out.content == "done"
+            assert [p for _, p, *_ in reports.got] == [1.0]  # the finite one only
+            assert connection.live
+            assert (
+                await tools.execute("mcp__web__echo", {"text": "y"}, ctx_with(reports))
+            ).content == "y"
 
 
 async def test_a_call_without_a_progress_callback_asks_for_none(tmp_path: Path) -> None:
