@@ -54,7 +54,8 @@ written once and never touched again; the rest, the *region* at the bottom
 line), is redrawn by difference: text that only grew is appended, anything
 else is rewritten from its first changed line (cursor up, erase below).
 Model text is stripped of control characters, so a reply cannot move the
-cursor or restyle the terminal.
+cursor or restyle the terminal, and of Unicode's bidirectional controls, so a
+tool input in a question reads in the order it runs in.
 
 Edit and regenerate (docs/protocol.md §2): ``/edit N TEXT`` sends ``TEXT`` in
 place of the N-th user message shown (1 the first on screen), ``/retry`` the
@@ -135,12 +136,25 @@ ViewName = Literal["full", "simple"]
 
 # SGR styles: one per line.
 DIM, BOLD, RED, GREEN, YELLOW, CYAN = "2", "1", "31", "32", "33", "36"
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Unicode's bidirectional controls (the embeddings, overrides and isolates, and the
+# marks): text holding them may display in an order other than its own ("Trojan Source").
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+# C0 and C1 controls but tab and newline, and the bidirectional ones.
+_CONTROL = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_BIDI}]")
+_BIDI_CHAR = re.compile(f"[{_BIDI}]")
 
 
 def clean(text: str) -> str:
-    """Text fit for the terminal: tabs as spaces, no control character but newline."""
+    """Text fit for the terminal: tabs as spaces, no control character but newline, no
+    bidirectional control."""
     return _CONTROL.sub("", text.replace("\t", "    ").replace("\r\n", "\n"))
+
+
+def shown_json(value: Any) -> str:
+    """A tool's input as JSON for the terminal: a bidirectional control as its escape
+    (``\\u202e``), so an approval shows the input as it will run, and that it holds one."""
+    text = json.dumps(value, ensure_ascii=False)
+    return _BIDI_CHAR.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def fold(text: str) -> str:
@@ -420,7 +434,7 @@ def _block_item(
             said = marks.ellipsis
     if block.get("truncated"):
         said += " (truncated)"
-    call = f"{marks.tool} {block['name']} {fold(json.dumps(block['input'], ensure_ascii=False))}"
+    call = f"{marks.tool} {block['name']} {fold(shown_json(block['input']))}"
     room = width - cell_len(said) - 3
     line = Line(f"{fit(call, max(room, 10))}  {said}", style)
     files = [Line(fit(f"  {file_line(f)}", width), DIM) for f in block.get("files", [])]
@@ -501,9 +515,7 @@ def question_item(permission: PermissionView, answered: str | None, width: int) 
         asks = f"{permission['tool_name']} asks the model: {fold(said[-1] if said else '')}"
         line = Line(f"? {fit(asks, room)}{tail}", YELLOW)
     else:
-        call = (
-            f"{permission['tool_name']} {fold(json.dumps(permission['input'], ensure_ascii=False))}"
-        )
+        call = f"{permission['tool_name']} {fold(shown_json(permission['input']))}"
         line = Line(f"? allow {fit(call, room)}{tail}", YELLOW)
     return Item(f"ask:{permission['perm_id']}", (line,), False)
 

@@ -148,12 +148,20 @@ function ago(ms) {
   return new Date(ms).toLocaleDateString();
 }
 
+// Unicode's bidirectional controls, shown as escapes where a tool's input or result is
+// shown: they could make it display in an order other than its own ("Trojan Source").
+const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+function visible(text) {
+  return text.replace(BIDI, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+}
+
 function pretty(value) {
-  if (typeof value === "string") return value;
+  if (typeof value === "string") return visible(value);
   try {
-    return JSON.stringify(value, null, 2);
+    return visible(JSON.stringify(value, null, 2));
   } catch {
-    return String(value);
+    return visible(String(value));
   }
 }
 
@@ -951,8 +959,8 @@ function drawPermission(permission) {
   const ask = url
     ? el("span", { class: "ask" }, el("code", { text: permission.tool_name }), ` asks: ${permission.message || ""} `, el("a", { href: url, target: "_blank", rel: "noopener noreferrer", "data-testid": "elicitation-url", text: url }))
     : permission.kind === "sampling"
-      ? el("span", { class: "ask" }, el("code", { text: permission.tool_name }), ` ${permission.message || ""}: `, el("code", { text: JSON.stringify(permission.input) }))
-      : el("span", { class: "ask" }, "Allow ", el("code", { text: permission.tool_name }), " to run with ", el("code", { text: JSON.stringify(permission.input) }), "?");
+      ? el("span", { class: "ask" }, el("code", { text: permission.tool_name }), ` ${permission.message || ""}: `, el("code", { text: visible(JSON.stringify(permission.input)) }))
+      : el("span", { class: "ask" }, "Allow ", el("code", { text: permission.tool_name }), " to run with ", el("code", { text: visible(JSON.stringify(permission.input)) }), "?");
   return el(
     "div",
     { class: "permission", "data-testid": "permission", "data-perm-id": permission.perm_id },

@@ -592,6 +592,16 @@ def test_an_approval_is_answered_from_the_page(tab: Page, daemon: Daemon) -> Non
     expect(tab.by("tool").last).to_have_attribute("data-tool-status", "failed")
     expect(tab.by("tool").last).to_contain_text("was denied")
 
+    # An input holding a bidirectional override is shown with it escaped, never reordered.
+    spoof = {"tool_use": {"name": "read_file", "input": {"path": "txt.\u202eexe.notes"}}}
+    tab.send(script([[spoof], [{"text": "Not that one."}]]))
+    asked = tab.by("tool").last.get_by_test_id("permission")
+    expect(asked).to_contain_text('"txt.\\u202eexe.notes"')
+    assert "\u202e" not in asked.inner_text()
+    expect(tab.by("tool").last.locator("pre.input")).to_contain_text("\\u202e")
+    asked.get_by_test_id("deny").click()
+    tab.turn_over()
+
 
 # --- a busy session --------------------------------------------------------------------------
 
