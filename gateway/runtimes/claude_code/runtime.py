@@ -238,7 +238,10 @@ class ClaudeCode:
 
         A background sub-agent's task notification wakes the main thread for
         one more query after the result: its answer is the turn's next call,
-        and the last result is the turn's end (module docstring).
+        and the last result is the turn's end (module docstring). Every call
+        ends before the turn does (docs/protocol.md §7): a CLI gone while one
+        streams died mid-turn, even after a result (§11), and a call still open
+        when the turn ends fails (:meth:`_end_open_call`).
         """
         inbox = self.feed if self.feed is not None else self.process.inbox
         assert inbox is not None
@@ -247,8 +250,8 @@ class ClaudeCode:
             try:
                 message = await inbox.receive()
             except trio.EndOfChannel:
-                if ended is not None:  # its answer was whole; the CLI went before its idle
-                    return ended
+                if ended is not None and not _streaming(state):  # its answer was whole
+                    return ended  # the CLI went before its idle
                 raise _ProcessGone from None
             if self.feed is not None:  # a worker's: its sub-agent's messages
                 stop = await self._sub_agent_message(turn, state, message)
@@ -260,7 +263,7 @@ class ClaudeCode:
             if stop is not None:
                 ended = stop
             if ended is not None and self.process.done:
-                return ended
+                return self._end_open_call(turn, state, ended)
             if self.subagents.waiting:
                 await self.subagents.start_announced(turn)
             if self._early_results:  # results that came before their tool.called (and workers)
@@ -308,6 +311,7 @@ class ClaudeCode:
             self._start_call(turn, state)
         call = state.call
         if call is None or call.done.is_set():
+            self._broken(turn, state)
             return
         await s.calls.feed(raw)
         if isinstance(raw, RawMessageStop):
@@ -322,19 +326,31 @@ class ClaudeCode:
         """A new LLM call of the turn: ``llm.call_started``, a translator, the call in flight."""
         if turn.phase != "llm":
             turn.enter("llm")
+        self._broken(turn, state)  # the previous call's end, if the gateway broke it
+        state.call_failed_emitted = False  # the new call's failure has not gone out
         state.rounds += 1
         state.results_message = None  # the next tool results are a new message
         self.loop.open_call(turn, state)
 
     def _end_call(self, turn: Turn, state: TurnState, call: Call) -> None:
-        """The message ended: ``llm.call_completed``, then its tool uses' ``tool.called``."""
+        """The message ended: ``llm.call_completed``, then its tool uses' ``tool.called``.
+
+        A message the gateway could not translate, or that ended with no stop
+        reason, is the call's ``llm.call_failed`` at once (docs/protocol.md §7:
+        every call ends, completed or failed); the turn's result then adds no
+        call of its own (:meth:`_failed`).
+        """
         s = self.session
         s.calls.settle(EndCall())
         state.usage += call.translator.usage
         message = call.translator.message
         stop_reason = call.translator.stop_reason
         if call.error_class is not None or message is None or stop_reason is None:
-            return  # the result closes the turn with the failure
+            if call.error_class is None:
+                call.error_class = "api_error"
+                call.error_message = "Claude Code's message ended with no stop reason"
+            self._broken(turn, state)
+            return
         s.emit(
             [LlmCallCompleted(state.call_id, message.id, stop_reason, message.usage or Usage())],
             turn.id,
@@ -430,8 +446,29 @@ class ClaudeCode:
         if failure is not None:
             return self._failed(turn, state, *failure)
         call = state.call
+        if call is not None and call.error_class is not None:  # its llm.call_failed went out
+            return self._failed(turn, state, call.error_class, call.error_message or "")
         stop = call.translator.stop_reason if call is not None else None
         return self._close_pending(turn, state, result_stop(result, stop))
+
+    def _broken(self, turn: Turn, state: TurnState) -> None:
+        """The ``llm.call_failed`` of the turn's call if it ended failed and it has not
+        gone out yet (the gateway could not translate its stream, or it had no stop
+        reason): every call ends, completed or failed (docs/protocol.md §7)."""
+        call = state.call
+        if call is None or not call.done.is_set() or call.error_class is None:
+            return
+        if not state.call_failed_emitted:
+            self.loop.call_failed(turn, state, call)
+            state.call_failed_emitted = True
+
+    def _end_open_call(self, turn: Turn, state: TurnState, stop: StopReason) -> StopReason:
+        """The turn ends at ``stop``, unless one of its calls still streams: Claude Code
+        ended its answer with no ``message_stop``, so that call fails (``network``) and
+        the turn ends as a failed call's does (``error``, docs/protocol.md §7)."""
+        if not _streaming(state):
+            return stop
+        return self._failed(turn, state, "network", "Claude Code's answer ended mid-message")
 
     def _close_pending(self, turn: Turn, state: TurnState, reason: StopReason) -> StopReason:
         for block in list(state.pending_tools):  # Claude Code gave no result for it
@@ -445,6 +482,8 @@ class ClaudeCode:
         if call is not None and not call.done.is_set():
             s.calls.settle(EndCall(error_class, message))
             self.loop.call_failed(turn, state, call)
+        elif call is not None and call.error_class is not None:  # it failed as it streamed
+            self._broken(turn, state)  # its own llm.call_failed, once
         else:
             state.call = None
             state.call_id = new_call_id()
@@ -519,6 +558,11 @@ class ClaudeCode:
     async def _replay(self, turn: Turn, state: TurnState, events: Iterable[RawData]) -> None:
         for data in events:
             await self._stream_event(turn, state, data)
+
+
+def _streaming(state: TurnState) -> bool:
+    """Whether a call of the turn has started and not ended."""
+    return state.call is not None and not state.call.done.is_set()
 
 
 def _sub_agent(message: TaskStartedMessage) -> bool:

@@ -159,7 +159,8 @@ async def test_a_cli_gone_after_the_turns_result_but_before_its_idle_ends_it_as_
 
 def open_call() -> Any:
     """A call of the turn whose stream started and has not ended (no ``message_stop``)."""
-    return SimpleNamespace(done=trio.Event(), translator=SimpleNamespace(stop_reason=None))
+    translator = SimpleNamespace(stop_reason=None)
+    return SimpleNamespace(done=trio.Event(), translator=translator, error_class=None)
 
 
 def failing(rt: cc.ClaudeCode) -> list[tuple[str, str]]:
@@ -215,7 +216,7 @@ def ending_runtime() -> tuple[cc.ClaudeCode, Any, list[Any], list[Any]]:
     emitted: list[Any] = []
     failed: list[Any] = []
     rt.session = SimpleNamespace(  # type: ignore[assignment]
-        calls=SimpleNamespace(settle=lambda end: None),
+        calls=SimpleNamespace(settle=lambda end: turn_state.call.done.set()),
         emit=lambda payloads, turn_id: emitted.extend(payloads),
         id="sess_1",
         record=SimpleNamespace(active_model="claude-code/m"),
@@ -242,10 +243,22 @@ async def test_a_call_that_ends_broken_fails_at_its_end_and_only_once(
     turn = SimpleNamespace(id="turn_1")
     call = turn_state.call = ended_call(error_class, stop_reason)
     rt._end_call(turn, turn_state, call)  # type: ignore[arg-type]
-    assert failed == [call] and emitted == []
-    call.done.set()  # settled
+    assert failed == [call] and emitted == [] and call.done.is_set()
     assert rt._failed(turn, turn_state, "api_error", "Claude Code: boom") == "error"  # type: ignore[arg-type]
     assert failed == [call] and emitted == []  # no second call, no second failure
+    # A result that says all went well: the turn's last call failed, so did the turn.
+    assert rt._result(turn, turn_state, result()) == "error"  # type: ignore[arg-type]
+    assert failed == [call] and emitted == []
+
+
+async def test_a_call_broken_as_it_streamed_fails_once_at_the_turns_result() -> None:
+    """A call whose translation failed mid-stream (done, its ``message_stop`` never fed):
+    the result that says all went well ends the turn with that call's failure."""
+    rt, turn_state, emitted, failed = ending_runtime()
+    call = turn_state.call = ended_call("api_error", None)
+    call.done.set()
+    assert rt._result(SimpleNamespace(id="turn_1"), turn_state, result()) == "error"  # type: ignore[arg-type]
+    assert failed == [call] and emitted == [] and turn_state.call_failed_emitted
 
 
 def test_a_background_shell_is_no_sub_agent() -> None:
