@@ -71,13 +71,9 @@ from claude_agent_sdk import (
 from claude_agent_sdk import ToolResultBlock as SdkToolResult
 
 from gateway.agents import AgentProfile
-from gateway.ids import new_call_id
-from gateway.logs import event
 from gateway.protocol.claude_code_tools import is_sub_agent
 from gateway.protocol.events import (
     LlmCallCompleted,
-    LlmCallFailed,
-    LlmCallStarted,
     ToolCalled,
     ToolCompleted,
 )
@@ -87,6 +83,7 @@ from gateway.protocol.shapes import (
     Usage,
 )
 from gateway.providers.raw import RawMessageStart, RawMessageStop
+from gateway.runtimes.claude_code import endings
 from gateway.runtimes.claude_code.compaction import Compaction
 from gateway.runtimes.claude_code.hooks import pre_tool_use
 from gateway.runtimes.claude_code.limits import TurnLimits
@@ -241,7 +238,7 @@ class ClaudeCode:
         and the last result is the turn's end (module docstring). Every call
         ends before the turn does (docs/protocol.md §7): a CLI gone while one
         streams died mid-turn, even after a result (§11), and a call still open
-        when the turn ends fails (:meth:`_end_open_call`).
+        when the turn ends fails (:func:`.endings.end_open_call`).
         """
         inbox = self.feed if self.feed is not None else self.process.inbox
         assert inbox is not None
@@ -250,7 +247,7 @@ class ClaudeCode:
             try:
                 message = await inbox.receive()
             except trio.EndOfChannel:
-                if ended is not None and not _streaming(state):  # its answer was whole
+                if ended is not None and not endings.streaming(state):  # its answer was whole
                     return ended  # the CLI went before its idle
                 raise _ProcessGone from None
             if self.feed is not None:  # a worker's: its sub-agent's messages
@@ -263,7 +260,7 @@ class ClaudeCode:
             if stop is not None:
                 ended = stop
             if ended is not None and self.process.done:
-                return self._end_open_call(turn, state, ended)
+                return endings.end_open_call(self, turn, state, ended)
             if self.subagents.waiting:
                 await self.subagents.start_announced(turn)
             if self._early_results:  # results that came before their tool.called (and workers)
@@ -311,7 +308,7 @@ class ClaudeCode:
             self._start_call(turn, state)
         call = state.call
         if call is None or call.done.is_set():
-            self._broken(turn, state)
+            endings.broken(self, turn, state)
             return
         await s.calls.feed(raw)
         if isinstance(raw, RawMessageStop):
@@ -326,7 +323,7 @@ class ClaudeCode:
         """A new LLM call of the turn: ``llm.call_started``, a translator, the call in flight."""
         if turn.phase != "llm":
             turn.enter("llm")
-        self._broken(turn, state)  # the previous call's end, if the gateway broke it
+        endings.broken(self, turn, state)  # the previous call's end, if the gateway broke it
         state.call_failed_emitted = False  # the new call's failure has not gone out
         state.rounds += 1
         state.results_message = None  # the next tool results are a new message
@@ -349,7 +346,7 @@ class ClaudeCode:
             if call.error_class is None:
                 call.error_class = "api_error"
                 call.error_message = "Claude Code's message ended with no stop reason"
-            self._broken(turn, state)
+            endings.broken(self, turn, state)
             return
         s.emit(
             [LlmCallCompleted(state.call_id, message.id, stop_reason, message.usage or Usage())],
@@ -451,60 +448,14 @@ class ClaudeCode:
         stop = call.translator.stop_reason if call is not None else None
         return self._close_pending(turn, state, result_stop(result, stop))
 
-    def _broken(self, turn: Turn, state: TurnState) -> None:
-        """The ``llm.call_failed`` of the turn's call if it ended failed and it has not
-        gone out yet (the gateway could not translate its stream, or it had no stop
-        reason): every call ends, completed or failed (docs/protocol.md §7)."""
-        call = state.call
-        if call is None or not call.done.is_set() or call.error_class is None:
-            return
-        if not state.call_failed_emitted:
-            self.loop.call_failed(turn, state, call)
-            state.call_failed_emitted = True
-
-    def _end_open_call(self, turn: Turn, state: TurnState, stop: StopReason) -> StopReason:
-        """The turn ends at ``stop``, unless one of its calls still streams: Claude Code
-        ended its answer with no ``message_stop``, so that call fails (``network``) and
-        the turn ends as a failed call's does (``error``, docs/protocol.md §7)."""
-        if not _streaming(state):
-            return stop
-        return self._failed(turn, state, "network", "Claude Code's answer ended mid-message")
-
     def _close_pending(self, turn: Turn, state: TurnState, reason: StopReason) -> StopReason:
         for block in list(state.pending_tools):  # Claude Code gave no result for it
             self.loop.tool_failed(turn, state, block, "error", "Claude Code gave no result")
         return reason
 
     def _failed(self, turn: Turn, state: TurnState, error_class: str, message: str) -> StopReason:
-        """A failed call: the one streaming is closed, else one is started and failed."""
-        s = self.session
-        call = state.call
-        if call is not None and not call.done.is_set():
-            s.calls.settle(EndCall(error_class, message))
-            self.loop.call_failed(turn, state, call)
-        elif call is not None and call.error_class is not None:  # it failed as it streamed
-            self._broken(turn, state)  # its own llm.call_failed, once
-        else:
-            state.call = None
-            state.call_id = new_call_id()
-            s.emit(
-                [
-                    LlmCallStarted(state.call_id, s.record.active_model),
-                    LlmCallFailed(state.call_id, error_class, message),  # type: ignore[arg-type]
-                ],
-                turn.id,
-            )
-        state.call_failed_emitted = True
-        self.approvals.end(turn)  # the CLI went away asking: cancelled, before the tool fails
-        self.node.metrics.provider_errors.labels(error_class).inc()
-        event(
-            log, logging.WARNING, "provider_error",
-            f"turn {turn.id}: Claude Code's call failed: {error_class}: {message}",
-            session_id=s.id, turn_id=turn.id, code=error_class, error=message,
-            model=s.record.active_model,
-        )  # fmt: skip
-        self._close_pending(turn, state, "error")
-        return "error"
+        """A failed call, and the turn's end (:func:`.endings.failed`)."""
+        return endings.failed(self, turn, state, error_class, message)
 
     # --- compaction (docs/protocol.md §12) ------------------------------------------------
 
@@ -558,11 +509,6 @@ class ClaudeCode:
     async def _replay(self, turn: Turn, state: TurnState, events: Iterable[RawData]) -> None:
         for data in events:
             await self._stream_event(turn, state, data)
-
-
-def _streaming(state: TurnState) -> bool:
-    """Whether a call of the turn has started and not ended."""
-    return state.call is not None and not state.call.done.is_set()
 
 
 def _sub_agent(message: TaskStartedMessage) -> bool:
