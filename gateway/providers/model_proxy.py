@@ -54,6 +54,7 @@ import json
 import logging
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import h11
@@ -306,17 +307,23 @@ class ModelProxy:
     ) -> bool:
         """The checked call, forwarded under the grant's scope (cut when it is revoked)."""
         done = False  # stays so when the call is cut: revoked, or the CLI hung up
+        cut = trio.Event()  # the watcher cut the call: what it read is not the connection's
         with trio.CancelScope() as scope:
             grant.calls.add(scope)
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_watch_hangup, conn, stream, nursery.cancel_scope)
+                    watch = trio.CancelScope()  # cancelled as the answer's end is sent
+                    nursery.start_soon(
+                        _watch_hangup, conn, stream, nursery.cancel_scope, watch, cut
+                    )
                     url = upstream_url(grant.upstream, *call)
-                    done = await self._forward(conn, stream, grant, method, url, headers, body)
+                    done = await self._forward(
+                        conn, stream, grant, method, url, headers, body, watch.cancel
+                    )
                     nursery.cancel_scope.cancel()
             finally:
                 grant.calls.discard(scope)
-        return done
+        return done and not cut.is_set()
 
     async def _forward(
         self,
@@ -327,8 +334,14 @@ class ModelProxy:
         url: httpx.URL,
         headers: list[tuple[str, str]],
         body: bytes,
+        answered: Callable[[], None] = lambda: None,
     ) -> bool:
-        """The call, upstream with the real key; its answer streamed back as it comes."""
+        """The call, upstream with the real key; its answer streamed back as it comes.
+
+        ``answered`` is called just before the answer's end is sent: the CLI may send
+        its next request on the connection as soon as it has that end, and that one is
+        the connection's to read, not the hangup watcher's (:func:`_watch_hangup`).
+        """
         client = self._client
         assert client is not None
         named = {  # the headers Connection names are this hop's too (RFC 9110 §7.6.1)
@@ -358,6 +371,7 @@ class ModelProxy:
             await _send(conn, stream, h11.Response(status_code=response.status_code, headers=back))
             async for chunk in response.aiter_raw():
                 await _send(conn, stream, h11.Data(data=chunk))
+            answered()
             await _send(conn, stream, h11.EndOfMessage())
             return True
         except httpx.HTTPError:
@@ -409,25 +423,36 @@ async def _read_body(conn: h11.Connection, stream: trio.SocketStream) -> bytes |
 
 
 async def _watch_hangup(
-    conn: h11.Connection, stream: trio.SocketStream, scope: trio.CancelScope
+    conn: h11.Connection,
+    stream: trio.SocketStream,
+    scope: trio.CancelScope,
+    watch: trio.CancelScope,
+    cut: trio.Event,
 ) -> None:
     """While a call is forwarded: the CLI hanging up cuts it.
 
     What it sends meanwhile (its next request, pipelined) is kept, up to
     :data:`MAX_HEAD_BYTES`; past that the call and the connection end: the
-    door never buffers without a bound.
+    door never buffers without a bound. The watch ends (``watch`` is
+    cancelled) before the answer's end is sent: a request sent once the
+    answer is whole, however large, is the connection's to read, never cut
+    nor dropped. A cut (``cut`` set) always ends the connection, even when
+    the answer went out whole meanwhile: what the watcher read past the
+    bound is not kept, so the connection cannot go on reading after it.
     """
     kept = 0
-    while True:
-        try:
-            data = await stream.receive_some(65536)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            data = b""
-        kept += len(data)
-        if not data or kept > MAX_HEAD_BYTES:
-            scope.cancel()
-            return
-        conn.receive_data(data)
+    with watch:
+        while True:
+            try:
+                data = await stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            kept += len(data)
+            if not data or kept > MAX_HEAD_BYTES:
+                cut.set()
+                scope.cancel()
+                return
+            conn.receive_data(data)
 
 
 async def _error(

@@ -39,6 +39,8 @@ Where each part lives:
   idle stop and resume;
 - :mod:`~gateway.runtimes.claude_code.rewind`: a rewound turn's resume point
   (``resume_session_at``; docs/protocol.md §2 "Edit and regenerate");
+- :mod:`~gateway.runtimes.claude_code.endings`: how a turn's calls end, each
+  before the turn (a broken or unfinished call fails);
 - :mod:`~gateway.runtimes.claude_code.permissions`: ``can_use_tool`` as
   permission requests;
 - :mod:`~gateway.runtimes.claude_code.subagents`: sub-agents as worker

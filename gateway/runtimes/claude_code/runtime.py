@@ -71,13 +71,9 @@ from claude_agent_sdk import (
 from claude_agent_sdk import ToolResultBlock as SdkToolResult
 
 from gateway.agents import AgentProfile
-from gateway.ids import new_call_id
-from gateway.logs import event
 from gateway.protocol.claude_code_tools import is_sub_agent
 from gateway.protocol.events import (
     LlmCallCompleted,
-    LlmCallFailed,
-    LlmCallStarted,
     ToolCalled,
     ToolCompleted,
 )
@@ -87,6 +83,7 @@ from gateway.protocol.shapes import (
     Usage,
 )
 from gateway.providers.raw import RawMessageStart, RawMessageStop
+from gateway.runtimes.claude_code import endings
 from gateway.runtimes.claude_code.compaction import Compaction
 from gateway.runtimes.claude_code.hooks import pre_tool_use
 from gateway.runtimes.claude_code.limits import TurnLimits
@@ -238,7 +235,10 @@ class ClaudeCode:
 
         A background sub-agent's task notification wakes the main thread for
         one more query after the result: its answer is the turn's next call,
-        and the last result is the turn's end (module docstring).
+        and the last result is the turn's end (module docstring). Every call
+        ends before the turn does (docs/protocol.md §7): a CLI gone while one
+        streams died mid-turn, even after a result (§11), and a call still open
+        when the turn ends fails (:func:`.endings.end_open_call`).
         """
         inbox = self.feed if self.feed is not None else self.process.inbox
         assert inbox is not None
@@ -247,8 +247,8 @@ class ClaudeCode:
             try:
                 message = await inbox.receive()
             except trio.EndOfChannel:
-                if ended is not None:  # its answer was whole; the CLI went before its idle
-                    return ended
+                if ended is not None and not endings.streaming(state):  # its answer was whole
+                    return ended  # the CLI went before its idle
                 raise _ProcessGone from None
             if self.feed is not None:  # a worker's: its sub-agent's messages
                 stop = await self._sub_agent_message(turn, state, message)
@@ -260,7 +260,7 @@ class ClaudeCode:
             if stop is not None:
                 ended = stop
             if ended is not None and self.process.done:
-                return ended
+                return endings.end_open_call(self, turn, state, ended)
             if self.subagents.waiting:
                 await self.subagents.start_announced(turn)
             if self._early_results:  # results that came before their tool.called (and workers)
@@ -308,6 +308,7 @@ class ClaudeCode:
             self._start_call(turn, state)
         call = state.call
         if call is None or call.done.is_set():
+            endings.broken(self, turn, state)
             return
         await s.calls.feed(raw)
         if isinstance(raw, RawMessageStop):
@@ -322,19 +323,31 @@ class ClaudeCode:
         """A new LLM call of the turn: ``llm.call_started``, a translator, the call in flight."""
         if turn.phase != "llm":
             turn.enter("llm")
+        endings.broken(self, turn, state)  # the previous call's end, if the gateway broke it
+        state.call_failed_emitted = False  # the new call's failure has not gone out
         state.rounds += 1
         state.results_message = None  # the next tool results are a new message
         self.loop.open_call(turn, state)
 
     def _end_call(self, turn: Turn, state: TurnState, call: Call) -> None:
-        """The message ended: ``llm.call_completed``, then its tool uses' ``tool.called``."""
+        """The message ended: ``llm.call_completed``, then its tool uses' ``tool.called``.
+
+        A message the gateway could not translate, or that ended with no stop
+        reason, is the call's ``llm.call_failed`` at once (docs/protocol.md §7:
+        every call ends, completed or failed); the turn's result then adds no
+        call of its own (:meth:`_failed`).
+        """
         s = self.session
         s.calls.settle(EndCall())
         state.usage += call.translator.usage
         message = call.translator.message
         stop_reason = call.translator.stop_reason
         if call.error_class is not None or message is None or stop_reason is None:
-            return  # the result closes the turn with the failure
+            if call.error_class is None:
+                call.error_class = "api_error"
+                call.error_message = "Claude Code's message ended with no stop reason"
+            endings.broken(self, turn, state)
+            return
         s.emit(
             [LlmCallCompleted(state.call_id, message.id, stop_reason, message.usage or Usage())],
             turn.id,
@@ -430,6 +443,8 @@ class ClaudeCode:
         if failure is not None:
             return self._failed(turn, state, *failure)
         call = state.call
+        if call is not None and call.error_class is not None:  # its llm.call_failed went out
+            return self._failed(turn, state, call.error_class, call.error_message or "")
         stop = call.translator.stop_reason if call is not None else None
         return self._close_pending(turn, state, result_stop(result, stop))
 
@@ -439,33 +454,8 @@ class ClaudeCode:
         return reason
 
     def _failed(self, turn: Turn, state: TurnState, error_class: str, message: str) -> StopReason:
-        """A failed call: the one streaming is closed, else one is started and failed."""
-        s = self.session
-        call = state.call
-        if call is not None and not call.done.is_set():
-            s.calls.settle(EndCall(error_class, message))
-            self.loop.call_failed(turn, state, call)
-        else:
-            state.call = None
-            state.call_id = new_call_id()
-            s.emit(
-                [
-                    LlmCallStarted(state.call_id, s.record.active_model),
-                    LlmCallFailed(state.call_id, error_class, message),  # type: ignore[arg-type]
-                ],
-                turn.id,
-            )
-        state.call_failed_emitted = True
-        self.approvals.end(turn)  # the CLI went away asking: cancelled, before the tool fails
-        self.node.metrics.provider_errors.labels(error_class).inc()
-        event(
-            log, logging.WARNING, "provider_error",
-            f"turn {turn.id}: Claude Code's call failed: {error_class}: {message}",
-            session_id=s.id, turn_id=turn.id, code=error_class, error=message,
-            model=s.record.active_model,
-        )  # fmt: skip
-        self._close_pending(turn, state, "error")
-        return "error"
+        """A failed call, and the turn's end (:func:`.endings.failed`)."""
+        return endings.failed(self, turn, state, error_class, message)
 
     # --- compaction (docs/protocol.md §12) ------------------------------------------------
 

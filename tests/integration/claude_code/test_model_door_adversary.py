@@ -21,9 +21,11 @@ it is sent, and a sibling task standing for the node's other work.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -67,11 +69,13 @@ def test_the_host_is_never_the_requests() -> None:
 
 
 class Upstream:
-    """A model API that records each request's head and answers one small JSON body."""
+    """A model API that records each request's head and answers one small JSON body
+    (``chunked``: as a stream is, its end the last chunk)."""
 
-    def __init__(self) -> None:
+    def __init__(self, chunked: bool = False) -> None:
         self.heads: list[bytes] = []
         self.port = 0
+        self.chunked = chunked
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -87,8 +91,24 @@ class Upstream:
                 if not chunk:
                     return
                 got += chunk
-            self.heads.append(got.split(b"\r\n\r\n")[0])
+            head, _, rest = got.partition(b"\r\n\r\n")
+            self.heads.append(head)
+            length = re.search(rb"(?im)^content-length: *(\d+)", head)
+            while length and len(rest) < int(length[1]):  # the whole body, then the answer
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    return
+                rest += chunk
             body = b'{"ok": true}'
+            if self.chunked:
+                await stream.send_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+                    + f"{len(body):x}\r\n".encode()
+                    + body
+                    + b"\r\n0\r\n\r\n"
+                )
+                return
             await stream.send_all(
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                 + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
@@ -97,9 +117,9 @@ class Upstream:
 
 
 @asynccontextmanager
-async def door() -> AsyncIterator[tuple[ModelProxy, Upstream, trio.Event]]:
+async def door(chunked: bool = False) -> AsyncIterator[tuple[ModelProxy, Upstream, trio.Event]]:
     """The door and an upstream in one nursery, with a sibling that must outlive any request."""
-    proxy, upstream, sibling_ran = ModelProxy(), Upstream(), trio.Event()
+    proxy, upstream, sibling_ran = ModelProxy(), Upstream(chunked), trio.Event()
 
     async def sibling() -> None:
         await trio.sleep_forever()
@@ -228,6 +248,41 @@ async def test_what_a_client_sends_during_a_call_is_bounded() -> None:
                 while await stream.receive_some(65536):
                     pass
         nursery.cancel_scope.cancel()
+
+
+async def test_the_next_request_sent_as_the_answer_ends_is_answered_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CLI sends its next call on the same connection as soon as it has the whole answer
+    (Claude Code's query after a task's notification, a body past a head's size): the
+    door has stopped watching for a hangup by then, so none of it is taken for one, nor
+    lost. It used to be: the watcher, still running while the answer's upstream closed,
+    read it, dropped the chunk past ``MAX_HEAD_BYTES`` and the call waited for a body
+    that never came (``BODY_TIMEOUT_S``)."""
+    closing = httpx.Response.aclose
+
+    async def slow_close(self: httpx.Response) -> None:
+        await trio.sleep(0.5)  # the answer is out; its upstream still closing
+        await closing(self)
+
+    monkeypatch.setattr(httpx.Response, "aclose", slow_close)
+    async with door(chunked=True) as (proxy, upstream, _):
+        token = proxy.issue("sess_a", f"http://127.0.0.1:{upstream.port}", KEY)
+        port = int(proxy.base_url.rsplit(":", 1)[1])
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            first = post("/v1/messages", token).replace(b"Connection: close\r\n", b"")
+            big = b'{"x": "' + b"y" * (2 * model_proxy.MAX_HEAD_BYTES) + b'"}'
+            second = post("/v1/messages", token, big).replace(b"Connection: close\r\n", b"")
+            await stream.send_all(first)
+            got = b""
+            with trio.fail_after(5):
+                while got.count(b"\r\n0\r\n\r\n") < 1:  # the answer's end: the last chunk
+                    got += await stream.receive_some(65536)
+                await stream.send_all(second)
+                while got.count(b"\r\n0\r\n\r\n") < 2:
+                    got += await stream.receive_some(65536)
+        assert got.count(b"HTTP/1.1 200 ") == 2 and len(upstream.heads) == 2
 
 
 async def test_connections_past_the_cap_are_closed_at_once(

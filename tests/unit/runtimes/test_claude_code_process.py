@@ -18,6 +18,7 @@ pytest.importorskip("claude_agent_sdk", reason="needs the claude-code extra")
 
 from claude_agent_sdk import ResultMessage, SystemMessage, TaskStartedMessage
 
+from gateway.protocol.shapes import Usage
 from gateway.runtimes.claude_code import runtime as cc
 from gateway.runtimes.claude_code.compaction import Compaction
 from gateway.runtimes.claude_code.process import DRAIN_TIMEOUT_S, CliProcess
@@ -154,6 +155,110 @@ async def test_a_cli_gone_after_the_turns_result_but_before_its_idle_ends_it_as_
     process, _ = cli(state("running"), result(0.5), closed=True)
     rt, turn_state = runtime(process)
     assert await rt._follow(SimpleNamespace(id="turn_1"), turn_state) == "end_turn"  # type: ignore[arg-type]
+
+
+def open_call() -> Any:
+    """A call of the turn whose stream started and has not ended (no ``message_stop``)."""
+    translator = SimpleNamespace(stop_reason=None)
+    return SimpleNamespace(done=trio.Event(), translator=translator, error_class=None)
+
+
+def failing(rt: cc.ClaudeCode) -> list[tuple[str, str]]:
+    """What ``rt`` fails the turn's call with (as ``_failed``: the open call settled and
+    ``llm.call_failed``, the turn's stop reason ``error``)."""
+    failed: list[tuple[str, str]] = []
+
+    def fail(turn: Any, state: Any, error_class: str, message: str) -> str:
+        failed.append((error_class, message))
+        state.call.done.set()
+        return "error"
+
+    rt._failed = fail  # type: ignore[method-assign,assignment]
+    return failed
+
+
+async def test_a_cli_gone_during_the_turns_next_answer_fails_that_call_not_the_turn_as_it_was() -> (
+    None
+):
+    """The task notification's query had streamed its call's start when the CLI went: that
+    call is open, so the turn cannot end at the first result as if it were whole (every
+    call ends before its turn does, docs/protocol.md §7): the CLI died mid-turn (§11)."""
+    process, _ = cli(state("running"), result(0.5), INIT, closed=True)
+    rt, turn_state = runtime(process)
+    turn_state.call = open_call()
+    with pytest.raises(cc._ProcessGone):
+        await rt._follow(SimpleNamespace(id="turn_1"), turn_state)  # type: ignore[arg-type]
+
+
+async def test_a_turn_never_ends_with_one_of_its_calls_open() -> None:
+    """A result and ``idle`` while the main thread's call still streams (Claude Code ended
+    its answer without a ``message_stop``): that call fails before the turn ends."""
+    process, _ = cli(state("running"), INIT, result(0.5), state("idle"))
+    rt, turn_state = runtime(process)
+    turn_state.call = open_call()
+    failed = failing(rt)
+    assert await rt._follow(SimpleNamespace(id="turn_1"), turn_state) == "error"  # type: ignore[arg-type]
+    assert [c for c, _ in failed] == ["network"] and turn_state.call.done.is_set()
+
+
+def ended_call(error_class: str | None, stop_reason: str | None) -> Any:
+    """A call whose ``message_stop`` came, its translation as given."""
+    message = None if stop_reason is None else SimpleNamespace(id="msg_1", content=[], usage=None)
+    translator = SimpleNamespace(usage=Usage(), message=message, stop_reason=stop_reason)
+    return SimpleNamespace(
+        done=trio.Event(), translator=translator, error_class=error_class, error_message="broke"
+    )
+
+
+def ending_runtime() -> tuple[cc.ClaudeCode, Any, list[Any], list[Any]]:
+    """A runtime whose session records what it emits, whose loop records the failed calls."""
+    rt, turn_state = runtime(cli()[0])
+    emitted: list[Any] = []
+    failed: list[Any] = []
+    rt.session = SimpleNamespace(  # type: ignore[assignment]
+        calls=SimpleNamespace(settle=lambda end: turn_state.call.done.set()),
+        emit=lambda payloads, turn_id: emitted.extend(payloads),
+        id="sess_1",
+        record=SimpleNamespace(active_model="claude-code/m"),
+    )
+    rt.loop = SimpleNamespace(call_failed=lambda turn, state, call: failed.append(call))  # type: ignore[assignment]
+    rt.approvals = SimpleNamespace(end=lambda turn: None)  # type: ignore[assignment]
+    rt.node = SimpleNamespace(  # type: ignore[assignment]
+        metrics=SimpleNamespace(
+            provider_errors=SimpleNamespace(labels=lambda c: SimpleNamespace(inc=lambda: None))
+        )
+    )
+    turn_state.usage, turn_state.call_failed_emitted = Usage(), False
+    return rt, turn_state, emitted, failed
+
+
+@pytest.mark.parametrize(("error_class", "stop_reason"), [("api_error", None), (None, None)])
+async def test_a_call_that_ends_broken_fails_at_its_end_and_only_once(
+    error_class: str | None, stop_reason: str | None
+) -> None:
+    """A ``message_stop`` whose call the gateway could not translate (or that gave no stop
+    reason) is that call's ``llm.call_failed`` at once, never an ``llm.call_started`` left
+    open (docs/protocol.md §7); the result's error then adds no call of its own."""
+    rt, turn_state, emitted, failed = ending_runtime()
+    turn = SimpleNamespace(id="turn_1")
+    call = turn_state.call = ended_call(error_class, stop_reason)
+    rt._end_call(turn, turn_state, call)  # type: ignore[arg-type]
+    assert failed == [call] and emitted == [] and call.done.is_set()
+    assert rt._failed(turn, turn_state, "api_error", "Claude Code: boom") == "error"  # type: ignore[arg-type]
+    assert failed == [call] and emitted == []  # no second call, no second failure
+    # A result that says all went well: the turn's last call failed, so did the turn.
+    assert rt._result(turn, turn_state, result()) == "error"  # type: ignore[arg-type]
+    assert failed == [call] and emitted == []
+
+
+async def test_a_call_broken_as_it_streamed_fails_once_at_the_turns_result() -> None:
+    """A call whose translation failed mid-stream (done, its ``message_stop`` never fed):
+    the result that says all went well ends the turn with that call's failure."""
+    rt, turn_state, emitted, failed = ending_runtime()
+    call = turn_state.call = ended_call("api_error", None)
+    call.done.set()
+    assert rt._result(SimpleNamespace(id="turn_1"), turn_state, result()) == "error"  # type: ignore[arg-type]
+    assert failed == [call] and emitted == [] and turn_state.call_failed_emitted
 
 
 def test_a_background_shell_is_no_sub_agent() -> None:
