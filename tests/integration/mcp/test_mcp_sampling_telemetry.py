@@ -17,14 +17,17 @@ import trio
 
 from gateway import telemetry
 from tests.conftest import running_gateway
-from tests.integration.mcp.test_mcp_sampling import DONE, answers_of, call, config_of, run, script
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra: pip install 'gateway[otel]'")
 
+# After the skip: the mcp SDK imports OpenTelemetry's API, which an install without the
+# extra has (the SDK's own dependency) but tests/unit/test_extras.py hides with the rest.
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+
+from tests.integration.mcp.test_mcp_sampling import DONE, answers_of, call, config_of, run, script
 
 
 @pytest.fixture
