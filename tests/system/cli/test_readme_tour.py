@@ -134,8 +134,9 @@ async def test_the_agents_example_works_as_written(tmp_path: Path) -> None:
             while True:
                 page = json.loads(await run(messages.removeprefix("sleep 2; "), port, SID=sid))
                 last = page["messages"][-1]
-                if last["role"] == "assistant" and last["status"] == "complete":
-                    break
+                final = not any(b["type"] == "tool_use" for b in last["content"])
+                if last["role"] == "assistant" and last["status"] == "complete" and final:
+                    break  # the turn's reply, after its tool's result (not the tool call)
                 await trio.sleep(0.2)
     results = [b for m in page["messages"] for b in m["content"] if b["type"] == "tool_result"]
     assert [(b["content"], b["is_error"]) for b in results] == [("note 1 added", False)]
