@@ -334,7 +334,7 @@ class ModelProxy:
         url: httpx.URL,
         headers: list[tuple[str, str]],
         body: bytes,
-        answered: Callable[[], None] = lambda: None,
+        answered: Callable[[], None],
     ) -> bool:
         """The call, upstream with the real key; its answer streamed back as it comes.
 

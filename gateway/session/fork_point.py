@@ -132,14 +132,15 @@ def origin_of(
 
     A session that is no fork (most) costs a look-up: a ``convert`` to the
     content-block union is some 8 µs, paid by every ``GET /sessions/{id}``."""
-    if metadata.get(FORKED_FROM) is None:
+    said = metadata.get(FORKED_FROM)
+    if said is None:
         return None, None
     try:
-        origin = msgspec.convert(metadata.get(FORKED_FROM), ForkOrigin | None)
+        origin = msgspec.convert(said, ForkOrigin)
         draft = msgspec.convert(metadata.get(DRAFT), list[ContentBlock] | None)
     except msgspec.ValidationError:
         return None, None
-    return origin, draft if origin is not None else None
+    return origin, draft
 
 
 __all__ = [

@@ -15,34 +15,22 @@ from typing import TYPE_CHECKING, Protocol
 
 from gateway.ids import new_call_id
 from gateway.logs import event
-from gateway.protocol.events import LlmCallFailed, LlmCallStarted
+from gateway.protocol.events import LlmCallFailed, LlmCallStarted, error_label
 from gateway.protocol.shapes import StopReason
+from gateway.runtimes.claude_code.owner import Owner
 from gateway.session.call import EndCall
 from gateway.session.turn import Turn
 
 if TYPE_CHECKING:
-    from gateway.session.loop_api import AgentServices, RuntimeHost, TurnHost
     from gateway.session.turn import TurnState
 
 log = logging.getLogger("gateway.claude_code")
 
 
-class _Requests(Protocol):
-    def end(self, turn: Turn) -> None: ...
+class Ending(Owner, Protocol):
+    """The runtime whose turn's calls end here, as its parts see it (:class:`Owner`),
+    and its turn's end on a failure."""
 
-
-class Ending(Protocol):
-    """The runtime whose turn's calls end here (its permission requests, its session),
-    seen so that this module does not import it (no import cycle)."""
-
-    @property
-    def loop(self) -> RuntimeHost: ...
-    @property
-    def session(self) -> TurnHost: ...
-    @property
-    def node(self) -> AgentServices: ...
-    @property
-    def approvals(self) -> _Requests: ...
     def _failed(
         self, turn: Turn, state: TurnState, error_class: str, message: str
     ) -> StopReason: ...
@@ -97,7 +85,7 @@ def failed(rt: Ending, turn: Turn, state: TurnState, error_class: str, message: 
         )
     state.call_failed_emitted = True
     rt.approvals.end(turn)  # the CLI went away asking: cancelled, before the tool fails
-    rt.node.metrics.provider_errors.labels(error_class).inc()
+    rt.node.metrics.provider_errors.labels(error_label(error_class)).inc()
     event(
         log, logging.WARNING, "provider_error",
         f"turn {turn.id}: Claude Code's call failed: {error_class}: {message}",

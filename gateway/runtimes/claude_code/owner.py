@@ -34,6 +34,10 @@ class Asking(Protocol):
 
     def refused(self, tool_use_id: str) -> None: ...
 
+    def end(self, turn: Turn) -> None:
+        """Cancel ``turn``'s open requests (the CLI went away asking)."""
+        ...
+
 
 class Worker(Protocol):
     """A sub-agent's worker, as the parent's approvals find it."""

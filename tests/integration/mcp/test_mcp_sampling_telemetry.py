@@ -9,39 +9,21 @@ counts in ``gateway_provider_errors_total`` as a turn's own call does.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
-from gateway import telemetry
 from tests.conftest import running_gateway
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra: pip install 'gateway[otel]'")
 
 # After the skip: the mcp SDK imports OpenTelemetry's API, which an install without the
 # extra has (the SDK's own dependency) but tests/unit/test_extras.py hides with the rest.
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from tests.integration.mcp.test_mcp_sampling import DONE, answers_of, call, config_of, run, script
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracing = telemetry.Tracing(provider)
-    telemetry.install(tracing)
-    try:
-        yield memory
-    finally:
-        telemetry.uninstall(tracing)
-        provider.shutdown()
 
 
 @pytest.mark.slow  # a server process
