@@ -145,7 +145,15 @@ class Worker:
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        loop.add_reader(self.pipe.fileno(), lambda: commands.put_nowait(self.pipe.recv()))
+
+        def take() -> None:
+            try:
+                commands.put_nowait(self.pipe.recv())
+            except EOFError:  # the parent is gone (killed): leave, never spin on the dead pipe
+                loop.remove_reader(self.pipe.fileno())
+                commands.put_nowait({"op": "exit", "orphaned": True})
+
+        loop.add_reader(self.pipe.fileno(), take)
         while True:
             command = await commands.get()
             op = command.pop("op")
@@ -159,7 +167,8 @@ class Worker:
         for conns in self.groups.values():
             for conn in conns:
                 conn.abort()
-        self.pipe.send({})
+        if not command.get("orphaned"):
+            self.pipe.send({})
 
     # --- commands ----------------------------------------------------------------
 

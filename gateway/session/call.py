@@ -170,7 +170,7 @@ class CallStream:
         metrics: where each call's time to first token is observed.
         checkpoints: the node's checkpoint (``[store] checkpoint_ms``,
             :mod:`gateway.session.checkpoints`): the streaming message is
-            stored at its next tick after it changed; None (``checkpoint_ms =
+            stored within the period after it changed; None (``checkpoint_ms =
             0``): at each block's end.
     """
 
@@ -231,10 +231,12 @@ class CallStream:
                 except Exception as exc:
                     self._host.failed("translator", exc, call.turn_id)
                     self.break_call(call, exc)
+            if self._checkpoints is not None:  # awake anyway: the checkpoint may ride it
+                self._checkpoints.ride()
             last = trio.current_time()
 
     def keep_due(self) -> None:
-        """The node's checkpoint ticked: store the streaming message if it changed since.
+        """The node's checkpoint is due: store the streaming message if it changed since.
 
         A failure to store it fails the call, as a failed emission does.
         """
@@ -320,9 +322,9 @@ class CallStream:
             return
         # The message so far is stored so that a crash keeps what clients were
         # shown (docs/protocol.md §9): at message.start, then at the node's
-        # next checkpoint after it changed (a block ended, text streamed:
-        # gateway.session.checkpoints, every session's on one tick, so in one
-        # commit), or at each block's end with no checkpoint. Bounded by time,
+        # node's checkpoint within the period after it changed (a block ended,
+        # text streamed: gateway.session.checkpoints, every session's in one
+        # step, so in one commit), or at each block's end with no checkpoint. Bounded by time,
         # the cost stays flat however many blocks a message has (each store is
         # a snapshot of the whole message); bench/crash_loss.py measures what
         # a kill loses.

@@ -36,19 +36,28 @@ and how it reads; the rules below are the same whatever holds the data:
 - A closing store keeps retrying what is left for :data:`CLOSE_RETRY_S`, then
   says how many writes were not made durable. Puts after close raise: a write
   that cannot land must be loud.
+- A backend that writes in a worker thread may take the answer of a batch
+  nobody waits for quietly (:meth:`GroupCommit._answer_for`,
+  gateway.store.answer): a batch of streaming messages' checkpoints alone
+  lands without waking an idle loop; its answer is taken when the loop is
+  awake anyway, at the next put, a wait for a commit or for the writer, or a
+  close. A batch with events or webhook deliveries (:attr:`Batch.wanted`),
+  one written while someone waits, and a failed one are answered at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import trio
 
 from gateway.errors import StoreError
 from gateway.logs import event
+from gateway.store.answer import QuietAnswer
 from gateway.store.base import SessionRecord, StoredEvent, StoredMessage
 from gateway.store.outbox import Routes
 
@@ -77,6 +86,7 @@ class Batch:
         self.ceiling: int | None = None  # the event id ceiling to raise the store's to
         self.size = 0  # puts in the batch
         self.outbox = 0  # webhook deliveries in the batch (gateway.store.outbox)
+        self.wanted = False  # someone waits for it: events (clients), deliveries (webhooks)
 
     def rows(self) -> tuple[list[Any], ...]:
         """Every row list of the batch, in a fixed order (:meth:`then` joins them)."""
@@ -110,6 +120,7 @@ class Batch:
             self.size -= 1  # counted in later.size
         self.size += later.size
         self.outbox += later.outbox
+        self.wanted |= later.wanted
         return self
 
 
@@ -147,7 +158,10 @@ class GroupCommit(Generic[B]):
         self._failing_since: float | None = None  # when the writes began to fail (Trio's clock)
         self._failed_writes = 0  # failed attempts since then
         self._committed_event = trio.Event()  # set and replaced at each commit
-        self._write_lock = trio.Lock()  # one batch in flight at a time
+        self._write_lock = trio.Lock()  # one batch in flight at a time (taken by _writer())
+        self._wanting = 0  # tasks waiting for a commit or for the writer
+        self._in_flight: QuietAnswer[Any] | None = None  # a write answered quietly, if any
+        self._answered_at: float | None = None  # when it was (perf_counter), for on_flush
         self._wakeup = trio.Event()  # set: something is pending, or close was asked
         self._batch_ready = trio.Event()  # set: stop gathering, write now
         self._closing = False
@@ -257,7 +271,8 @@ class GroupCommit(Generic[B]):
                     batch.add_outbox(hook, ev, data)
 
             self._enqueue(add)
-        self._batch_ready.set()  # clients wait for it: no gathering
+        self._pending.wanted = True  # clients wait for it: answered at once...
+        self._batch_ready.set()  # ...and no gathering
 
     def put_pushes(self, ev: StoredEvent, pushes: Sequence[tuple[str, bytes]]) -> None:
         """``pushes`` in the webhook outbox, made of streaming-only event ``ev`` (not stored:
@@ -268,6 +283,7 @@ class GroupCommit(Generic[B]):
                 batch.add_outbox(hook, ev, data)
 
         self._enqueue(add)
+        self._pending.wanted = True  # the deliveries wait for it
 
     def ticket(self) -> int:
         """The ticket of the last put: durable once :attr:`committed` reaches it."""
@@ -280,22 +296,68 @@ class GroupCommit(Generic[B]):
             StoreError: :attr:`refusing`, at once, should the store refuse
                 writes for good before it is (module docstring).
         """
-        while self.committed < ticket:
-            if self.refusing is not None:
-                raise self.refusing
-            self._batch_ready.set()  # no gathering: someone is waiting
-            await self._committed_event.wait()
+        self._wanting += 1
+        try:
+            while self.committed < ticket:
+                if self.refusing is not None:
+                    raise self.refusing
+                self._batch_ready.set()  # no gathering: someone is waiting
+                self._hurry()
+                await self._committed_event.wait()
+        finally:
+            self._wanting -= 1
 
     async def flush(self) -> None:
         # Whoever held the lock before us has finished its batch; we take the rest.
-        await self._write_pending()
+        self._wanting += 1  # the caller waits for what is written: answered at once
+        try:
+            await self._write_pending()
+        finally:
+            self._wanting -= 1
 
     def _signal(self) -> None:
-        """Wake the writer for what is pending now: the one place its events are set."""
+        """Wake the writer for what is pending now: the one place its events are set.
+
+        A write in flight answered quietly is asked for: what is pending goes next.
+        """
         if self._closing or self._pending.size:
             self._wakeup.set()
+            self._hurry()
         if self._closing or self._pending.size >= self._max_batch:
             self._batch_ready.set()
+
+    def _hurry(self) -> None:
+        if self._in_flight is not None:
+            self._in_flight.hurry()
+
+    @contextlib.asynccontextmanager
+    async def _writer(self) -> AsyncIterator[None]:
+        """Hold the write connection: one batch (or backend transaction) at a time.
+
+        Whoever waits for it wants the write in flight answered now.
+        """
+        self._wanting += 1
+        try:
+            self._hurry()
+            await self._write_lock.acquire()
+        finally:
+            self._wanting -= 1
+        try:
+            yield
+        finally:
+            self._write_lock.release()
+
+    @contextlib.contextmanager
+    def _answer_for(self, batch: B) -> Iterator[QuietAnswer[Any]]:
+        """The answer of ``batch``'s write in a thread: quiet unless wanted (module docstring)."""
+        wanted = batch.wanted or self._wanting > 0 or self._closing or self._pending.size > 0
+        answer: QuietAnswer[Any] = QuietAnswer(urgent=wanted)
+        self._in_flight = answer
+        try:
+            yield answer
+        finally:
+            self._in_flight = None
+            self._answered_at = answer.answered_at
 
     def _check_writable(self) -> None:
         if self.refusing is not None:
@@ -310,19 +372,21 @@ class GroupCommit(Generic[B]):
         the caller is cancelled first, the batch goes back in front of what
         is pending, never lost.
         """
-        async with self._write_lock:
+        async with self._writer():
             self._check_writable()
             batch, self._pending = self._pending, self._new_batch()
             ticket = self._enqueued
             if batch.size:
                 started = time.perf_counter()  # real time: the work is the backend's, not Trio's
+                self._answered_at = None
                 try:
                     await self._write_with_retries(batch)
                 except BaseException:
                     self._pending = batch.then(self._pending)
                     raise
-                if self.on_flush is not None:
-                    self.on_flush(time.perf_counter() - started, batch.size)
+                if self.on_flush is not None:  # to its answer, not to when it was taken
+                    ended = self._answered_at or time.perf_counter()
+                    self.on_flush(ended - started, batch.size)
             if ticket > self.committed:
                 self.committed = ticket
                 self._committed_event.set()

@@ -333,7 +333,7 @@ class RedisStore(RedisRequests, RedisOutbox, RedisFiles, GroupCommit[RedisBatch]
     async def delete_sessions(self, session_ids: Sequence[str]) -> None:
         """Every key and index entry of each session, in one transaction (module docstring)."""
         await self.flush()  # what was enqueued before lands first: nothing comes back after
-        async with self._write_lock:
+        async with self._writer():
             sids = list(dict.fromkeys(session_ids))
             try:
                 await _delete(self._redis(), self._keys, await self._records(sids), sids)

@@ -11,7 +11,8 @@ Two layers:
   :mod:`gateway.store.sqlite.outbox`).
 - :class:`SqliteStore` is the Trio side: the queue of pending writes, the
   batching writer, and the rule that SQLite is never touched on the event loop.
-  Every call into the ``Database`` goes through ``trio.to_thread.run_sync``
+  Every call into the ``Database`` goes through ``trio.to_thread.run_sync``,
+  or, for a batch's write, :class:`gateway.store.answer.QuietAnswer`'s thread
   (``inline=True`` runs it on the loop instead: only for tests under Trio's
   ``MockClock``, whose autojump would otherwise jump while a thread works);
   a ``trio.Lock`` keeps the write connection to one thread at a time, a
@@ -162,7 +163,7 @@ class SqliteStore(GroupCommit[SqliteBatch]):
 
         async def release() -> None:
             if db is not None:
-                async with self._write_lock:
+                async with self._writer():
                     await self._offload(db.close_writer, limiter=self._write_limiter)
                 await self._offload(db.close_reader, limiter=self._read_limiter)
 
@@ -191,13 +192,13 @@ class SqliteStore(GroupCommit[SqliteBatch]):
 
     async def release_memory(self) -> None:
         db = self._database()
-        async with self._write_lock:
+        async with self._writer():
             await self._offload(db.shrink_writer, limiter=self._write_limiter)
         await self._offload(db.shrink_reader, limiter=self._read_limiter)
 
     async def purge_before(self, ts_ms: int) -> int:
         db = self._database()
-        async with self._write_lock:
+        async with self._writer():
             self._check_writable()
             try:
                 return await self._offload(db.purge_before, ts_ms, limiter=self._write_limiter)
@@ -208,7 +209,7 @@ class SqliteStore(GroupCommit[SqliteBatch]):
     async def delete_sessions(self, session_ids: Sequence[str]) -> None:
         db = self._database()
         await self.flush()  # what was enqueued before lands first: nothing comes back after
-        async with self._write_lock:
+        async with self._writer():
             self._check_writable()
             try:
                 await self._offload(db.delete_sessions, session_ids, limiter=self._write_limiter)
@@ -280,7 +281,7 @@ class SqliteStore(GroupCommit[SqliteBatch]):
 
     async def _transaction(self, action: Callable[[sqlite3.Connection], _T]) -> _T:
         db = self._database()
-        async with self._write_lock:
+        async with self._writer():
             self._check_writable()
             try:
                 return await self._offload(db.transaction, action, limiter=self._write_limiter)
@@ -292,13 +293,25 @@ class SqliteStore(GroupCommit[SqliteBatch]):
         """One transaction; a batch a row breaks is written row by row (module docstring)."""
         db = self._database()
         try:
-            await self._offload(db.write, batch, limiter=self._write_limiter)
+            await self._write(db.write, batch)
             return []
         except StoreError as exc:
             if isinstance(exc, WritesRefused) or not isinstance(exc.__cause__, ROW_ERRORS):
                 raise
             self._report(exc)  # a row the schema refuses: the rest lands without it
-            return await self._offload(db.write_row_by_row, batch, limiter=self._write_limiter)
+            refused: list[str] = await self._write(db.write_row_by_row, batch)
+            return refused
+
+    async def _write(self, fn: Callable[[SqliteBatch], _T], batch: SqliteBatch) -> _T:
+        """``fn(batch)`` in the writer's thread, its answer taken quietly unless wanted
+        (gateway.store.group_commit's docstring)."""
+        if self._inline:
+            return await self._offload(fn, batch)
+        with self._answer_for(batch) as answer:
+            result: _T = await answer.run(
+                lambda: fn(batch), limiter=self._write_limiter, name="gateway store write"
+            )
+            return result
 
     async def _offload(
         self, fn: Callable[..., _T], *args: Any, limiter: trio.CapacityLimiter | None = None

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from gateway.errors import StoreError
 from gateway.ids import format_event_id
@@ -533,6 +535,36 @@ async def test_an_event_is_committed_without_waiting_for_the_gathering(backend: 
         await store.aclose()
 
 
+async def test_a_write_nobody_waits_for_lands_without_waking_the_loop(
+    db_path: str, mock_clock: trio.testing.MockClock
+) -> None:
+    """A batch of messages alone (a streaming message's checkpoint) lands in the writer's
+    thread and its answer waits for the loop to be awake anyway (gateway.store.answer):
+    here, a wait for its commit. A batch with an event is answered at once."""
+    store = SqliteStore(db_path)  # on a clock that stands still: the answer's patience holds
+    await store.open()
+    commits: list[int] = []
+    store.on_commit = commits.append
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        with trio.fail_after(10):  # real seconds: the clock stands still
+            store.put_message(StoredMessage(message("msg_1"), None))
+            while not await store.load_messages("sess_a"):  # landed, in the file
+                await trio.to_thread.run_sync(time.sleep, 0.01)
+            await trio.testing.wait_all_tasks_blocked()
+            assert store.committed == 0 and commits == []  # ...the loop not told
+            await store.wait_committed(store.ticket())
+            assert store.committed == 1 and commits == [1]
+            store.put_event(event(1))
+            while len(commits) < 2:  # told at once: clients wait for events
+                await trio.to_thread.run_sync(time.sleep, 0.01)
+            store.put_message(StoredMessage(message("msg_2"), None))
+            while len(await store.load_messages("sess_a")) < 2:
+                await trio.to_thread.run_sync(time.sleep, 0.01)
+            await store.aclose()  # a close wants the answer: it does not wait for the patience
+    assert commits[:3] == [1, 2, 3] and set(commits) == {1, 2, 3}
+
+
 async def test_many_puts_then_one_flush_land_in_order(store: Store) -> None:
     for seq in range(1, 2501):
         store.put_event(event(seq, sid="sess_a" if seq % 2 else "sess_b"))
@@ -556,6 +588,7 @@ class Recorder:
         self.threads: list[threading.Thread] = []
         self.event_batches: list[int] = []
         self.events_inserted = trio.Event()
+        self.token: trio.lowlevel.TrioToken | None = None  # the test's loop, set by the test
 
 
 class RecordingConnection(sqlite3.Connection):
@@ -571,7 +604,10 @@ class RecordingConnection(sqlite3.Connection):
         cursor = super().executemany(sql, rows)
         if "INSERT INTO events" in sql and rows:
             self.recorder.event_batches.append(len(rows))
-            trio.from_thread.run_sync(self.recorder.events_inserted.set)
+            # The writer's thread is the store's own (gateway.store.answer): named, Trio's.
+            trio.from_thread.run_sync(
+                self.recorder.events_inserted.set, trio_token=self.recorder.token
+            )
         return cursor
 
 
@@ -594,6 +630,7 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
 async def test_the_writer_batches_and_never_uses_the_main_thread(
     db_path: str, recorder: Recorder
 ) -> None:
+    recorder.token = trio.lowlevel.current_trio_token()
     store = SqliteStore(db_path, flush_interval_s=HOUR, max_batch=3)
     await store.open()
     async with trio.open_nursery() as nursery:
@@ -631,6 +668,7 @@ async def test_the_writer_batches_what_is_pending(backend: Backend) -> None:
         store.put_message(StoredMessage(message("msg_1"), None))
         store.reserve_event_ids(10, lambda top: None)  # max_batch reached: no more gathering
         with trio.fail_after(10):
+            await store.wait_committed(store.ticket())
             await committed.wait()
         assert flushes == [3] and store.committed == 3
         await store.flush()  # nothing pending: nothing written
