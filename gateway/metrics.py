@@ -20,7 +20,10 @@ per occurrence, with ``prometheus_client``'s own histograms.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
+import time
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -107,14 +110,74 @@ class FastHistogram:
         self.sum += value
 
     def family(self) -> HistogramMetricFamily:
+        buckets, total = self.buckets_and_sum()
+        return HistogramMetricFamily(
+            self.name, self.documentation, buckets=buckets, sum_value=total
+        )
+
+    def buckets_and_sum(self) -> tuple[list[tuple[str, float]], float]:
+        """The cumulative buckets (``le`` label, count) and the sum, as exported."""
         buckets: list[tuple[str, float]] = []
         running = 0
         for bound, n in zip([*self.bounds, float("inf")], self.counts, strict=True):
             running += n
             buckets.append(("+Inf" if bound == float("inf") else _le(bound), running))
-        return HistogramMetricFamily(
-            self.name, self.documentation, buckets=buckets, sum_value=self.sum
+        return buckets, self.sum
+
+
+class GcPauses:
+    """``gateway_gc_pause_seconds``: how long each garbage collection stopped the process.
+
+    One per process, like the collector it times (``gc.callbacks``): ``gateway
+    serve`` installs it while it runs (:meth:`installed`). A collection runs in
+    whichever thread allocated, with the GIL held and never two at once, so
+    its start and stop pair up and the histograms need no lock. The daemon's
+    start-up objects (some 235,000: its modules and their tables) are frozen
+    out of the collector once it serves (docs/operating.md "Garbage
+    collection"), so a full collection scans what came since, not them.
+    """
+
+    BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
+
+    def __init__(self) -> None:
+        self.by_generation = [
+            FastHistogram("gateway_gc_pause_seconds", "", self.BUCKETS) for _ in range(3)
+        ]
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.by_generation[info["generation"]].observe(time.perf_counter() - self._started)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Time every collection while the block runs."""
+        gc.callbacks.append(self._callback)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self._callback)
+
+    def families(self) -> Iterator[Metric]:
+        pauses = HistogramMetricFamily(
+            "gateway_gc_pause_seconds",
+            "Python garbage collections, by generation, and how long each stopped the process",
+            labels=["generation"],
         )
+        for generation, histogram in enumerate(self.by_generation):
+            pauses.add_metric([str(generation)], *histogram.buckets_and_sum())
+        yield pauses
+        yield GaugeMetricFamily(
+            "gateway_gc_frozen_objects",
+            "Objects frozen out of garbage collection (the daemon's start-up objects)",
+            value=gc.get_freeze_count(),
+        )
+
+
+GC_PAUSES = GcPauses()
+"""The process's timing of its garbage collections (:class:`GcPauses`)."""
 
 
 def _le(bound: float) -> str:
@@ -365,6 +428,7 @@ class _HotTotals:
             "Log lines dropped because the log's queue was full (its reader fell behind)",
             value=LOG_LINES_DROPPED.total,
         )
+        yield from GC_PAUSES.families()
         states = GaugeMetricFamily(
             "gateway_ws_connections_by_state",
             "Open WebSocket connections: subscribing (no subscribe yet), live, closing",

@@ -68,6 +68,8 @@ FAMILIES = {
     "gateway_store_flush_rows": "histogram",
     "gateway_tasks": "gauge",
     "gateway_log_lines_dropped": "counter",
+    "gateway_gc_pause_seconds": "histogram",
+    "gateway_gc_frozen_objects": "gauge",
     "gateway_webhook_deliveries": "counter",
     "gateway_webhook_failures": "counter",
     "gateway_webhook_dropped": "counter",
@@ -75,7 +77,7 @@ FAMILIES = {
 }
 UNITS = ("_seconds", "_events", "_rows", "_bytes")
 LABELS = {"type", "reason", "code", "route", "status", "outcome", "state", "component"}
-LABELS |= {"tool", "error_class", "le", "webhook", "door"}
+LABELS |= {"tool", "error_class", "le", "webhook", "door", "generation"}
 
 WATCHED = [  # what the watcher subscribes to: no deltas, so it is never the slow one
     "turn.started",
