@@ -9,7 +9,8 @@ all at once through the bench's workers and closes them, and reads the
 daemon's own ``gateway_gc_pause_seconds`` and ``gateway_gc_frozen_objects``
 (docs/operating.md "Garbage collection") before and after: how many
 collections of each generation ran, their total time and the largest
-bucket a pause fell in. The other side of a comparison is another tree
+bucket a pause fell in, beside the daemon's CPU and the wall time over the
+storms. The other side of a comparison is another tree
 (``PYTHONPATH``): the bench times whatever gateway it starts. Prints one
 JSON object; figures are reported, never asserted.
 """
@@ -21,6 +22,7 @@ import asyncio
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +79,14 @@ async def run(clients: int, storms: int, workdir: Path) -> dict[str, Any]:
         assert server.http is not None
         sessions = await server.open_sessions(10)
         before = gc_figures((await server.http.request_bytes("GET", "/metrics")).decode())
+        cpu_before, started = server.cpu_seconds() or 0.0, time.monotonic()
         for _ in range(storms):
             targets = [server.target(sessions[i % 10], CHAT) for i in range(clients)]
             await pool.prepare("storm", targets)
             await pool.connect("storm", all_at_once=True)
             await pool.close("storm")
         after = gc_figures((await server.http.request_bytes("GET", "/metrics")).decode())
+        cpu_s, wall_s = (server.cpu_seconds() or 0.0) - cpu_before, time.monotonic() - started
     finally:
         await pool.shutdown()
         await server.stop()
@@ -90,6 +94,8 @@ async def run(clients: int, storms: int, workdir: Path) -> dict[str, Any]:
         "clients": clients,
         "storms": storms,
         "frozen_objects": after["frozen_objects"],
+        "wall_s": round(wall_s, 2),
+        "daemon_cpu_s": round(cpu_s, 2),
         "during_the_storms": difference(before, after),
     }
 

@@ -255,10 +255,10 @@ async def _serve(config: Config, provider: Provider | Providers | None) -> None:
                 if line is None:
                     raise
                 raise StartupError(line) from None
-            # Everything the daemon imported and built to start lives as long as it
-            # does: out of the collector's reach, so that a full collection (a
-            # connection storm makes them) scans what came since, not some 235,000
-            # objects for 120 to 180 ms (docs/operating.md "Garbage collection").
+            # Everything the daemon imported and built to start (some 52,000 objects)
+            # lives as long as it does: out of the collector's reach, so that a full
+            # collection (a connection storm makes them) scans only what came since
+            # (docs/operating.md "Garbage collection").
             gc.freeze()
             url = f"http://{config.server.host}:{port}"
             if config.log.format == "json":  # the listening line is the gateway_started record

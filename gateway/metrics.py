@@ -132,7 +132,7 @@ class GcPauses:
     serve`` installs it while it runs (:meth:`installed`). A collection runs in
     whichever thread allocated, with the GIL held and never two at once, so
     its start and stop pair up and the histograms need no lock. The daemon's
-    start-up objects (some 235,000: its modules and their tables) are frozen
+    start-up objects (some 52,000: its modules and their tables) are frozen
     out of the collector once it serves (docs/operating.md "Garbage
     collection"), so a full collection scans what came since, not them.
     """
