@@ -60,6 +60,7 @@ import trio
 from gateway.config import StreamConfig
 from gateway.doors.shared import Mapped
 from gateway.http.body import StreamBody, chunk
+from gateway.http.timers import coarse
 from gateway.logs import client_label
 from gateway.metrics import Metrics
 from gateway.protocol.closes import CLOSES
@@ -354,17 +355,17 @@ async def pump(
             await queue.send(send, opening)
         while not reader.finished:
             item: FrameBatch | Gate | bytes | None = None
-            deadline = trio.current_time() + idle_s
+            due = trio.current_time() + idle_s
             while item is None:
-                with trio.move_on_at(deadline):
+                with trio.move_on_at(coarse(due, idle_s)):  # one clock for every stream
                     try:
                         item = await queue.rx.receive()
                     except trio.EndOfChannel:
                         await _closed(queue, reader, send)
                         return
                 if item is None:  # direct writes count: a ping after idle_s without any
-                    deadline = queue.last_direct() + idle_s
-                    if deadline <= trio.current_time():
+                    due = queue.last_direct() + idle_s
+                    if due <= trio.current_time():
                         break
             if item is None:
                 await queue.send(send, PING)

@@ -25,6 +25,7 @@ import trio
 
 from gateway.doors.websocket.outbound import Outbound
 from gateway.errors import FrameRejected, Refused, SubscribeRejected
+from gateway.http.timers import coarse
 from gateway.http.websocket import Idle, WebSocket
 from gateway.logs import client_label, event
 from gateway.metrics import close_code_label
@@ -171,7 +172,7 @@ class StreamConnection:
         interval = self.config.ping_interval_s
         subscribe_by = trio.current_time() + self.config.subscribe_timeout_s
         while True:
-            wake_at = out.last_outbound() + interval
+            wake_at = coarse(out.last_outbound() + interval, interval)  # one clock for all
             if not out.subscribed:
                 wake_at = min(wake_at, subscribe_by)
             # The clock counts only while the reader waits for bytes: what

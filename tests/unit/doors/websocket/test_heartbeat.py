@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from wsproto.events import CloseConnection, Ping, TextMessage
 from gateway.doors.websocket.connection import StreamConnection
 from gateway.errors import Refused
 from gateway.http.refusals import STATUS
+from gateway.http.timers import coarse
 from gateway.http.websocket import WebSocket
 from gateway.ids import new_message_id, new_turn_id, now_ms
 from gateway.node import Node
@@ -338,9 +340,10 @@ async def test_a_subscribe_just_in_time_keeps_the_connection(
         await trio.sleep(9.9)
         await r.client.subscribe()
         # the next frame is the heartbeat ping, 30 s after the ack: no close at 10 s
+        # (on the node's clock of pings: at the next whole second, gateway.http.timers)
         frame = await r.client.recv()
         assert is_ping(frame)
-        assert round(r.elapsed(), 1) == 39.9
+        assert round(r.elapsed(), 1) == 40.0
 
 
 # --- attach tokens --------------------------------------------------------------------
@@ -385,3 +388,39 @@ async def test_the_attach_token_ttl_is_configurable(
         with pytest.raises(Refused) as expired:
             r.node.tokens.redeem(token, r.session.id)
         assert expired.value.code == "attach_token_expired"
+
+
+async def test_idle_connections_ping_on_one_clock_so_the_node_wakes_once_a_grain(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """gateway.http.timers: nine connections whose last frames went out 0.1 s apart
+    are pinged in at most two steps (a grain, 1 s, each), not in nine."""
+    async with rig(tmp_path) as r, trio.open_nursery() as nursery:
+        await r.client.subscribe()
+        clients = [r.client]
+        for _ in range(8):
+            await trio.sleep(0.1)
+            client_stream, server_stream = trio.testing.memory_stream_pair()
+            nursery.start_soon(StreamConnection(r.session, WebSocket(server_stream)).run)
+            client = WsClient(client_stream)
+            await client.subscribe()
+            clients.append(client)
+        acked = r.start + 0.8  # the last subscribe_ack
+        pinged: list[float] = []
+        for client in clients:
+            assert is_ping(await client.recv())
+            pinged.append(trio.current_time())
+        # Nine deadlines within 0.8 s fall in at most two grains: two wake-ups, not nine,
+        # each on a whole second, none more than a grain late.
+        assert len(set(pinged)) <= 2
+        assert all(t == math.ceil(t) for t in pinged)
+        assert r.start + 30 <= min(pinged) and max(pinged) <= acked + 31
+        nursery.cancel_scope.cancel()
+
+
+def test_a_deadline_is_rounded_up_to_a_tenth_of_the_period_at_most_a_second() -> None:
+    assert coarse(30.2, 30) == 31.0
+    assert coarse(31.0, 30) == 31.0
+    assert coarse(0.123, 0.5) == pytest.approx(0.15)  # a short period: a short grain
+    assert coarse(math.inf, 30) == math.inf
+    assert coarse(5.5, 0) == 5.5
