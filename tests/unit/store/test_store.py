@@ -44,6 +44,7 @@ from gateway.store import (
     StoreState,
 )
 from gateway.store.base import PushConfig, QueuedTurn, Rewind
+from gateway.store.group_commit import RETRY_FIRST_S
 from gateway.store.redis.store import RedisStore
 from tests.redis_support import RedisServer, redis_server
 
@@ -563,6 +564,41 @@ async def test_a_write_nobody_waits_for_lands_without_waking_the_loop(
                 await trio.to_thread.run_sync(time.sleep, 0.01)
             await store.aclose()  # a close wants the answer: it does not wait for the patience
     assert commits[:3] == [1, 2, 3] and set(commits) == {1, 2, 3}
+
+
+async def within_real_seconds(seconds: float, ready: Callable[[], bool]) -> bool:
+    """Whether ``ready()`` comes true within ``seconds`` of real time (the loop's clock
+    may stand still); looking does not ask the store for anything."""
+    for _ in range(round(seconds / 0.01)):
+        if ready():
+            return True
+        await trio.to_thread.run_sync(time.sleep, 0.01)
+    return ready()
+
+
+async def test_the_write_that_ends_an_outage_is_answered_at_once(
+    db_path: str, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``failure`` (``/readyz`` 503) lasts until a write lands again (docs/protocol.md §15),
+    not until someone next asks the store: the retry that lands after failed attempts
+    is answered at once even when nobody waits for its batch (a checkpoint alone)."""
+    store = SqliteStore(db_path)  # on a clock that stands still: the answer's patience holds
+    await store.open()
+    failures = iter(["database or disk is full"])
+    Backend("sqlite", db_path, None).break_writes(store, monkeypatch, lambda: next(failures, None))
+    failed = trio.Event()
+    store.on_write_error = lambda exc: failed.set()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        store.put_message(StoredMessage(message("msg_1"), None))  # nobody waits for it
+        assert await within_real_seconds(5, failed.is_set)  # a failure is answered at once
+        assert store.failure is not None
+        mock_clock.jump(RETRY_FIRST_S)  # the retry, which lands
+        ready = await within_real_seconds(5, lambda: store.failure is None)
+        rows, committed = await store.load_messages("sess_a"), store.committed
+        await store.aclose()  # asks for the answer in any case: the writer leaves
+    assert rows and ready, "the write landed, yet the store still says it fails (/readyz 503)"
+    assert committed == 1
 
 
 async def test_many_puts_then_one_flush_land_in_order(store: Store) -> None:
