@@ -42,7 +42,8 @@ and how it reads; the rules below are the same whatever holds the data:
   lands without waking an idle loop; its answer is taken when the loop is
   awake anyway, at the next put, a wait for a commit or for the writer, or a
   close. A batch with events or webhook deliveries (:attr:`Batch.wanted`),
-  one written while someone waits, and a failed one are answered at once.
+  one written while someone waits, a failed one and its retries (:attr:`failure`
+  holds until one lands) are answered at once.
 """
 
 from __future__ import annotations
@@ -350,7 +351,13 @@ class GroupCommit(Generic[B]):
     @contextlib.contextmanager
     def _answer_for(self, batch: B) -> Iterator[QuietAnswer[Any]]:
         """The answer of ``batch``'s write in a thread: quiet unless wanted (module docstring)."""
-        wanted = batch.wanted or self._wanting > 0 or self._closing or self._pending.size > 0
+        wanted = (
+            batch.wanted
+            or self.failure is not None  # a retry: /readyz says 503 until one lands
+            or self._wanting > 0
+            or self._closing
+            or self._pending.size > 0
+        )
         answer: QuietAnswer[Any] = QuietAnswer(urgent=wanted)
         self._in_flight = answer
         try:
