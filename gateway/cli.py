@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here so that a bad command line or config starts nothing at all.
     from gateway import environment, telemetry
     from gateway.app import serve
-    from gateway.errors import StartupError
+    from gateway.errors import ShutdownError, StartupError
     from gateway.providers.factory import make_providers
 
     env = environment.capture()  # what the daemon reads of it, kept: secrets go below
@@ -79,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trio.run(serve, config, provider)
     except BaseException as exc:
-        failure = StartupError.within(exc)
-        if failure is None:
-            raise
-        _say(config, "startup_failed", f"gateway: {failure.message}")
-        return EXIT_FAILURE
+        if (failure := StartupError.within(exc)) is not None:
+            _say(config, "startup_failed", f"gateway: {failure.message}")
+            return EXIT_FAILURE
+        if (lost := ShutdownError.within(exc)) is not None:  # writes not made durable
+            _say(config, "shutdown_failed", f"gateway: {lost.message}")
+            return EXIT_FAILURE
+        raise
     return 0
 
 

@@ -15,6 +15,7 @@ reference: docs/reference.md)::
     ├── ToolError            a ``tool.failed`` event with its ``error_class`` (§5)
     ├── StoreError           the store could not be opened or written
     ├── StartupError         the daemon could not start: one line, exit 1 (reference)
+    ├── ShutdownError        the daemon stopped, writes lost: one line, exit 1 (reference)
     └── ClientError          the client library (gateway.client) cannot go on: ``code`` says why
 
 The client library raises :class:`ApiError` for an HTTP error answer,
@@ -27,6 +28,8 @@ none of them ever breaks a stream (docs/protocol.md §7: "errors are events").
 
 from __future__ import annotations
 
+from typing import Self
+
 
 class GatewayError(Exception):
     """Base of every error the gateway raises on purpose."""
@@ -34,6 +37,20 @@ class GatewayError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+    @classmethod
+    def within(cls, exc: BaseException) -> Self | None:
+        """The error of this class ``exc`` is, or that is all an exception group of them holds
+        (the first); None for anything else."""
+        if isinstance(exc, BaseExceptionGroup):
+            match, rest = exc.split(cls)
+            if match is None or rest is not None:
+                return None
+            leaf: BaseException = match
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            exc = leaf
+        return exc if isinstance(exc, cls) else None
 
 
 class ConfigError(GatewayError):
@@ -122,18 +139,15 @@ class StartupError(GatewayError):
     before the readiness line, never after.
     """
 
-    @classmethod
-    def within(cls, exc: BaseException) -> StartupError | None:
-        """The StartupError ``exc`` is, or that is all an exception group of them holds."""
-        if isinstance(exc, BaseExceptionGroup):
-            match, rest = exc.split(cls)
-            if match is None or rest is not None:
-                return None
-            leaf: BaseException = match
-            while isinstance(leaf, BaseExceptionGroup):
-                leaf = leaf.exceptions[0]
-            exc = leaf
-        return exc if isinstance(exc, StartupError) else None
+
+class ShutdownError(GatewayError):
+    """The daemon stopped, but not everything it had accepted was made durable.
+
+    docs/reference.md "Command line": the store still failed to write when
+    its close gave up (gateway.store.group_commit); the message says how many
+    writes were lost and why, in the one line an operator reads. Raised by
+    the node as the last step of a shutdown.
+    """
 
 
 class ClientError(GatewayError):

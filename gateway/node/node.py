@@ -59,7 +59,7 @@ from gateway.agents import AgentProfile, Agents, log_unsandboxed
 from gateway.cluster import ops
 from gateway.config import Config
 from gateway.environment import daemon_env
-from gateway.errors import Refused, StoreError, unavailable
+from gateway.errors import Refused, ShutdownError, StoreError, unavailable
 from gateway.ids import now_ms
 from gateway.logs import event
 from gateway.mcp.servers import McpServers
@@ -217,7 +217,7 @@ class Node:
                 await self.providers.aclose()
                 with contextlib.suppress(StoreError), trio.move_on_after(2):
                     await self.leases.release_all()  # another node need not wait for them
-            await self.store.aclose()
+            await close_store(self.store)
 
     async def _run_store(self, *, task_status: trio.TaskStatus[None]) -> None:
         await self.store.run(task_status=task_status)
@@ -505,3 +505,12 @@ class Node:
             return await rewind.stored_conversation(self.store, session.id)  # its rewinds applied
         except StoreError as exc:
             raise unavailable(exc) from None
+
+
+async def close_store(store: Store) -> None:
+    """The shutdown's last step: writes the store could not make durable are a
+    :class:`ShutdownError` (one line, exit 1: docs/reference.md "Command line")."""
+    try:
+        await store.aclose()
+    except StoreError as exc:
+        raise ShutdownError(exc.message) from None

@@ -34,8 +34,10 @@ and how it reads; the rules below are the same whatever holds the data:
   (gateway.store.outbox) in the same batch, hence the same transaction, one
   entry per webhook; ``on_outbox`` is told after a commit that put some.
 - A closing store keeps retrying what is left for :data:`CLOSE_RETRY_S`, then
-  says how many writes were not made durable. Puts after close raise: a write
-  that cannot land must be loud.
+  gives up: no write is tried from then on (the writer task's retries end
+  too, its batch counted with the rest), and the close says how many writes
+  were not made durable. Puts after close raise: a write that cannot land
+  must be loud.
 - A backend that writes in a worker thread may take the answer of a batch
   nobody waits for quietly (:meth:`GroupCommit._answer_for`,
   gateway.store.answer): a batch of streaming messages' checkpoints alone
@@ -73,6 +75,10 @@ class WritesRefused(StoreError):
     """The store refuses every write from now on; ``event`` is the log line's name."""
 
     event: ClassVar[str] = "store_writes_refused"
+
+
+class _GaveUp(StoreError):
+    """The store was closing and its writes kept failing for :data:`CLOSE_RETRY_S`."""
 
 
 class Batch:
@@ -166,6 +172,7 @@ class GroupCommit(Generic[B]):
         self._wakeup = trio.Event()  # set: something is pending, or close was asked
         self._batch_ready = trio.Event()  # set: stop gathering, write now
         self._closing = False
+        self._given_up = trio.Event()  # closing, and past CLOSE_RETRY_S: no write is tried
         self._closed = trio.Event()
 
     # --- what a backend provides ---------------------------------------------
@@ -204,6 +211,8 @@ class GroupCommit(Generic[B]):
             closing = self._closing
             try:
                 await self._write_pending()
+            except _GaveUp:
+                return  # the close counts what is left
             except StoreError:
                 if self.refusing is None:
                     raise
@@ -228,7 +237,13 @@ class GroupCommit(Generic[B]):
                 if drain and self.refusing is None:  # refusing: nothing lands, no retrying
                     with trio.move_on_after(CLOSE_RETRY_S):
                         await self._write_pending()
-                left = self._pending.size
+                # No write is tried from now on; one in flight (the writer task's,
+                # retrying) puts its batch back at its next attempt, and is waited for.
+                self._given_up.set()
+                self._committed_event.set()  # the waiters learn it now (wait_committed)
+                self._committed_event = trio.Event()
+                async with self._writer():
+                    left = self._pending.size
                 if drain and left and self.refusing is not None:
                     raise StoreError(f"{self.refusing}; {left} writes were not made durable")
                 if drain and left:
@@ -295,13 +310,16 @@ class GroupCommit(Generic[B]):
 
         Raises:
             StoreError: :attr:`refusing`, at once, should the store refuse
-                writes for good before it is (module docstring).
+                writes for good before it is; or the store closed and gave
+                up on it (module docstring).
         """
         self._wanting += 1
         try:
             while self.committed < ticket:
                 if self.refusing is not None:
                     raise self.refusing
+                if self._given_up.is_set():
+                    raise _GaveUp(f"{self._label} closed before the write was made durable")
                 self._batch_ready.set()  # no gathering: someone is waiting
                 self._hurry()
                 await self._committed_event.wait()
@@ -381,6 +399,8 @@ class GroupCommit(Generic[B]):
         """
         async with self._writer():
             self._check_writable()
+            if self._given_up.is_set():
+                raise _GaveUp(f"{self._label} is closed")
             batch, self._pending = self._pending, self._new_batch()
             ticket = self._enqueued
             if batch.size:
@@ -426,7 +446,11 @@ class GroupCommit(Generic[B]):
                 for what in refused:
                     self._report(StoreError(f"{self._label} refused {what}; it was skipped"))
                 return
-            await trio.sleep(delay)  # cancellable: the caller decides how long to insist
+            # Cancellable: the caller decides how long to insist, and a close for all.
+            with trio.move_on_after(delay):
+                await self._given_up.wait()
+            if self._given_up.is_set():
+                raise _GaveUp(f"{self._label}: closed while its writes failed")
             delay = min(delay * 2, RETRY_MAX_S)
 
     def _refuse(self, exc: WritesRefused) -> None:

@@ -96,6 +96,44 @@ async def test_serve_on_embedded_defaults_then_sigterm_shuts_down_gracefully(
         db.close()
 
 
+async def test_a_store_that_cannot_write_at_shutdown_costs_one_line_and_exit_1(
+    tmp_path: Path,
+) -> None:
+    """docs/reference.md "Command line": another process holds the database's write lock
+    (a backup tool, an outage) when SIGTERM comes. The close insists for 10 s, then the
+    daemon exits 1 with one line saying how many writes were lost: no hang, no traceback;
+    what was written before the lock is on disk."""
+    env = {"GATEWAY_STORE_COMMIT_TIMEOUT_S": "1", "GATEWAY_SERVER_SHUTDOWN_GRACE_S": "1"}
+    async with gateway_process(tmp_path, "--port", "0", env=env) as (proc, port):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            sid = (await http.post("/sessions", json={})).json()["session_id"]
+            lock = sqlite3.connect(tmp_path / "gateway.db", timeout=0, isolation_level=None)
+            lock.execute("BEGIN EXCLUSIVE")  # every write of the daemon now fails, retried
+            try:
+                r = await http.post(f"/sessions/{sid}/turns", json={"content": "hello"})
+                assert r.status_code in (202, 503), r.text  # its events wait, retried
+                proc.send_signal(signal.SIGTERM)
+                with trio.fail_after(60):  # 10 s of insisting, each attempt up to 5 s busy
+                    status = await proc.wait()
+            finally:
+                lock.execute("ROLLBACK")
+                lock.close()
+        assert proc.stderr is not None
+        said = b""
+        while chunk := await proc.stderr.receive_some():
+            said += chunk
+        lines = said.decode().splitlines()
+    assert status == 1
+    assert "Traceback" not in "\n".join(lines)
+    assert lines[-1].startswith("gateway: store "), lines
+    assert "writes could not be made durable within 10 s of closing" in lines[-1], lines
+    db = sqlite3.connect(tmp_path / "gateway.db")
+    try:
+        assert db.execute("SELECT id FROM sessions").fetchall() == [(sid,)]
+    finally:
+        db.close()
+
+
 async def test_sigint_also_shuts_down_and_env_and_flags_override_the_file(tmp_path: Path) -> None:
     config = tmp_path / "gw.toml"
     config.write_text('[server]\nport = 1\n[store]\npath = "from-file.db"\n')

@@ -35,6 +35,7 @@ from gateway.protocol.frames import SubscribeAck
 from gateway.protocol.shapes import Message, TextBlock
 from gateway.session.sequencer import EventSequencer
 from gateway.store import SessionRecord, StoredEvent, StoredMessage
+from gateway.store.group_commit import CLOSE_RETRY_S
 from gateway.store.lease import LeaseKeeper
 from gateway.store.redis.client import redacted
 from gateway.store.redis.store import RedisStore
@@ -201,6 +202,28 @@ async def test_while_redis_is_down_the_batch_is_held_and_lands_when_it_returns(
         assert await store.events_after(["sess_a"], 0, 10) == [event(1)]
         assert await store.get_session("sess_a") == session("sess_a")
         await store.aclose()
+
+
+async def test_a_close_while_redis_is_down_gives_up_and_says_what_was_lost(
+    own_redis: RedisServer,
+) -> None:
+    """A shutdown during an outage: the close insists for ``CLOSE_RETRY_S``, then the
+    retries end (the writer task's too) and it says how many writes were not made
+    durable (gateway.store.group_commit; ``gateway serve`` exits 1 with that line)."""
+    store = await open_store(own_redis, "gw:")
+    failed = trio.Event()
+    store.on_write_error = lambda exc: failed.set()
+    with trio.fail_after(CLOSE_RETRY_S + 20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            own_redis.kill()
+            store.put_event(event(1))
+            store.put_session(session("sess_a"))
+            await failed.wait()  # the writer task holds the batch, retrying
+            started = trio.current_time()
+            with pytest.raises(StoreError, match="2 writes could not be made durable"):
+                await store.aclose()
+    assert trio.current_time() - started >= CLOSE_RETRY_S
 
 
 async def test_a_command_redis_refuses_costs_only_its_row(redis_server: RedisServer) -> None:

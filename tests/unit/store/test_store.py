@@ -45,7 +45,7 @@ from gateway.store import (
     StoreState,
 )
 from gateway.store.base import PushConfig, QueuedTurn, Rewind
-from gateway.store.group_commit import RETRY_FIRST_S
+from gateway.store.group_commit import CLOSE_RETRY_S, RETRY_FIRST_S, RETRY_MAX_S
 from gateway.store.redis.store import RedisStore
 from tests.redis_support import RedisServer, redis_server
 
@@ -824,6 +824,67 @@ async def test_a_transient_failure_is_retried_until_the_batch_lands(
         assert commits[-1] == store.committed == 2
         assert [e.seq for e in await store.events_after(["sess_a"], 0, 10)] == [1]
         await store.aclose()
+
+
+async def test_a_close_during_an_outage_ends_and_says_what_was_lost(
+    db_path: str, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk at shutdown: the writer task is retrying its batch when the store is
+    closed. The close insists for ``CLOSE_RETRY_S``, then the retries end (the writer
+    task's too), the close says how many writes were lost, a task still waiting for
+    one of them learns it, and the daemon exits."""
+    store = SqliteStore(db_path, inline=True)  # Trio's clock drives it all
+    await store.open()
+    Backend("sqlite", db_path, None).break_writes(
+        store, monkeypatch, lambda: "database or disk is full"
+    )
+    failed = trio.Event()
+    store.on_write_error = lambda exc: failed.set()
+    with trio.fail_after(CLOSE_RETRY_S + 2 * RETRY_MAX_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            store.put_session(session("sess_a", 1))
+            store.put_event(event(1))
+            await failed.wait()  # the writer task holds the batch, retrying
+            waiter_told: list[str] = []
+
+            async def wait_for_it(ticket: int) -> None:
+                with pytest.raises(StoreError) as told:
+                    await store.wait_committed(ticket)
+                waiter_told.append(told.value.message)
+
+            nursery.start_soon(wait_for_it, store.ticket())
+            started = trio.current_time()
+            with pytest.raises(StoreError, match="2 writes could not be made durable"):
+                await store.aclose()
+        # the writer task has ended on its own: nothing cancelled it
+    assert CLOSE_RETRY_S <= trio.current_time() - started <= CLOSE_RETRY_S + RETRY_MAX_S
+    assert waiter_told == [f"store {db_path!r} closed before the write was made durable"]
+
+
+async def test_a_close_during_an_outage_lands_what_it_can_once_the_outage_ends(
+    db_path: str, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk frees up while the store closes: everything lands, nothing is said lost."""
+    store = SqliteStore(db_path, inline=True)
+    await store.open()
+    ends = trio.current_time() + CLOSE_RETRY_S / 2
+
+    def full() -> str | None:
+        return "database or disk is full" if trio.current_time() < ends else None
+
+    Backend("sqlite", db_path, None).break_writes(store, monkeypatch, full)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        store.put_session(session("sess_a", 1))
+        store.put_event(event(1))
+        await trio.sleep(1)  # failing, retried
+        store.put_event(event(2))
+        await store.aclose()
+    again = SqliteStore(db_path, inline=True)
+    await again.open()
+    assert [e.seq for e in await again.events_after(["sess_a"], 0, 10)] == [1, 2]
+    await again.aclose()
 
 
 async def test_a_cancelled_flush_puts_its_batch_back(
