@@ -100,3 +100,25 @@ async def test_a_new_chat_whose_file_the_model_cannot_take_is_not_made(
             assert (await gw.http.get("/sessions/thread-pdf")).status_code == 404
     finally:
         await provider.aclose()
+
+
+async def test_a_turn_refused_for_a_later_inline_files_bytes_keeps_none(gw: Harness) -> None:
+    """An inline file's own check (its type, its bytes) is one of the turn's block checks:
+    a later block that is no PNG, of a type the gateway does not take, or empty keeps
+    no earlier inline file."""
+    sid = await gw.create_session()
+    image = png(7, 7)
+    for bad, status, code in [
+        ({"type": "image", "source": inline("image/png", b"no png")}, 422, "invalid_file"),
+        (
+            {"type": "image", "source": inline("image/svg+xml", b"<svg/>")},
+            415,
+            "unsupported_media_type",
+        ),
+        ({"type": "document", "source": inline("text/plain", b"")}, 422, "invalid_file"),
+    ]:
+        content = [{"type": "image", "source": inline("image/png", image)}, bad]
+        r = await gw.http.post(f"/sessions/{sid}/turns", json={"content": content})
+        assert_error(r, status, code)
+        assert not await kept(gw, sid, image)
+    assert await gw.node.store.files_of(sid) == []
