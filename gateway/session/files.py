@@ -116,7 +116,8 @@ class Files:
         """Check ``data`` as a file of ``media_type`` and keep it with the session.
 
         ``checked=False`` keeps a tool's file (audio included) with no type check:
-        the model never sent it, a tool did. Either way within the limits.
+        the model never sent it, a tool did; or a file :meth:`check` passed already
+        (a turn's inline file, a door's). Either way within the limits.
 
         Raises:
             ApiError: 413 ``file_too_large``, 415 ``unsupported_media_type``,
@@ -196,8 +197,8 @@ class Files:
     ) -> list[ContentBlock]:
         """A turn's blocks as stored: each file named by id checked to be the session's,
         each inline one kept; what the model cannot take refused. Every block is
-        checked before an inline file is kept: a turn refused for one of its
-        blocks keeps none of its files.
+        checked, an inline file's bytes included (:meth:`check`), before an inline
+        file is kept: a turn refused for one of its blocks keeps none of its files.
 
         Raises:
             ApiError: 422 ``unknown_file`` (not a file of this session),
@@ -222,8 +223,9 @@ class Files:
             if b.source is not None:
                 # Decoding up to 27 MiB of base64: off the event loop.
                 media_type, data = await trio.to_thread.run_sync(_decoded, b.source, where)
-                if media_type in media.MEDIA_TYPES:  # else upload's 415
+                if media_type in media.MEDIA_TYPES:  # else check's 415
                     admit(inline_block(media_type, data), kind, where, refuse)
+                await self.check(media_type, data)  # its bytes are one of its block's checks
                 out.append((where, kind, media_type, data))  # kept once every block is checked
             elif (found := known.get(b.file_id or "")) is not None:
                 out.append(admit(block_of(found), kind, where, refuse))
@@ -235,7 +237,12 @@ class Files:
                     "(POST /sessions/{id}/files first)",
                 )
         return [
-            admit(block_of(await self.upload(session_id, owner, *b[2:])), b[1], b[0], refuse)
+            admit(
+                block_of(await self.upload(session_id, owner, *b[2:], checked=False)),
+                b[1],
+                b[0],
+                refuse,
+            )
             if isinstance(b, tuple)
             else b
             for b in out
