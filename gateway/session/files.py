@@ -286,9 +286,10 @@ class Files:
 
 
 def _decoded(source: Base64Source, where: str) -> tuple[str, bytes]:
-    """An inline file's media type and bytes (422 ``invalid_body`` for bad base64)."""
+    """An inline file's media type, read as an upload's ``Content-Type`` is (parameters
+    dropped, lower case), and bytes (422 ``invalid_body`` for bad base64)."""
     try:
-        return source.media_type, base64.b64decode(source.data, validate=True)
+        return media.media_type_of(source.media_type), base64.b64decode(source.data, validate=True)
     except (binascii.Error, ValueError):
         raise ApiError(422, "invalid_body", f"{where}: source.data is not base64") from None
 
