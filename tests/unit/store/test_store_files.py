@@ -218,6 +218,31 @@ async def test_a_fork_gets_a_copy_counted_against_its_owner(backend: Backend) ->
         await s.aclose()
 
 
+async def test_a_refused_forks_copies_go_with_it_though_its_record_never_came(
+    backend: Backend,
+) -> None:
+    """A fork's files are copied before its record is stored (gateway.node.forking): one
+    refused after the copy is deleted with no record of it, and its copies, and the
+    owner's bytes they counted, must go all the same."""
+    s = backend.new()
+    await s.open()
+    try:
+        await new_session(s, "sess_a")
+        data = b"the source's file"
+        await put(s, "sess_a", data)
+        await s.copy_files("sess_a", "sess_never", "ana")
+        assert len(await s.files_of("sess_never")) == 1
+        await s.delete_sessions(["sess_never"])
+        assert await s.files_of("sess_never") == []
+        assert await s.get_file("sess_never", file_of("sess_a", data).file_id) is None
+        if backend.redis is not None:
+            assert fbytes(backend, "ana") == len(data)  # the source's, no more
+        # what the copy counted is the owner's again
+        assert isinstance(await put(s, "sess_a", b"x" * 83, quota=100), FileRecord)
+    finally:
+        await s.aclose()
+
+
 async def test_a_file_of_another_session_is_no_file_here(store: Store) -> None:
     await new_session(store, "sess_a")
     await new_session(store, "sess_b", owner="bob")
