@@ -21,6 +21,7 @@ import trio
 from gateway.ids import file_id_of
 from gateway.store import Store
 from gateway.store.base import FileRecord, FileRefusal
+from gateway.store.sqlite.store import SqliteStore
 from tests.unit.store.test_store import (
     HOUR,
     Backend,
@@ -265,5 +266,30 @@ async def test_a_stored_file_survives_a_restart(backend: Backend) -> None:
     try:
         assert await again.get_file("sess_a", file_of("sess_a", data).file_id) == (rec, data)
         assert await again.files_of("sess_a") == [rec]
+    finally:
+        await again.aclose()
+
+
+async def test_a_forks_copies_a_crash_kept_from_their_record_go_when_sqlite_opens(
+    db_path: str,
+) -> None:
+    """The process dies between a fork's copy of its files and its record's commit: the
+    next open of the store (one process's) removes copies of a session that never was,
+    and gives back the owner's bytes they counted."""
+    s = SqliteStore(db_path)
+    await s.open()
+    await new_session(s, "sess_a")
+    data = b"the source's file"
+    await put(s, "sess_a", data)
+    await s.copy_files("sess_a", "sess_never", "ana")
+    await s.aclose()  # what a crash leaves: the copies, no record
+    again = SqliteStore(db_path)
+    await again.open()
+    try:
+        assert await again.files_of("sess_never") == []
+        assert [r.file_id for r in await again.files_of("sess_a")] == [
+            file_of("sess_a", data).file_id
+        ]
+        assert isinstance(await put(again, "sess_a", b"x" * 83, quota=100), FileRecord)
     finally:
         await again.aclose()
