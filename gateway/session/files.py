@@ -79,9 +79,11 @@ def admit(block: FileBlock, kind: str, where: str, refuse: Refuse | None) -> Fil
     return block
 
 
-def inline_block(media_type: str, data: bytes) -> FileBlock:
-    """The block an inline file will be once kept (content-addressed: its id is known)."""
-    return _block(file_id_of(hashlib.sha256(data).hexdigest()), media_type, len(data))
+def inline_block(file_id: str, media_type: str, data: bytes) -> FileBlock:
+    """The block an inline file will be once kept: content-addressed, its id is known
+    (``file_id``, the caller's: worked out where its base64 was decoded, off the event
+    loop for a large file)."""
+    return _block(file_id, media_type, len(data))
 
 
 def file_ids(blocks: Iterable[ContentBlock]) -> list[str]:
@@ -221,10 +223,10 @@ class Files:
                     422, "invalid_body", f"{where}: an {kind} block needs a file_id or a source"
                 )
             if b.source is not None:
-                # Decoding up to 27 MiB of base64: off the event loop.
-                media_type, data = await trio.to_thread.run_sync(_decoded, b.source, where)
+                # Decoding up to 27 MiB of base64, and hashing it: off the event loop.
+                file_id, media_type, data = await trio.to_thread.run_sync(_decoded, b.source, where)
                 if media_type in media.MEDIA_TYPES:  # else check's 415
-                    admit(inline_block(media_type, data), kind, where, refuse)
+                    admit(inline_block(file_id, media_type, data), kind, where, refuse)
                 await self.check(media_type, data)  # its bytes are one of its block's checks
                 out.append((where, kind, media_type, data))  # kept once every block is checked
             elif (found := known.get(b.file_id or "")) is not None:
@@ -285,13 +287,18 @@ class Files:
         return entry
 
 
-def _decoded(source: Base64Source, where: str) -> tuple[str, bytes]:
-    """An inline file's media type, read as an upload's ``Content-Type`` is (parameters
+def _decoded(source: Base64Source, where: str) -> tuple[str, str, bytes]:
+    """An inline file's id, media type, read as an upload's ``Content-Type`` is (parameters
     dropped, lower case), and bytes (422 ``invalid_body`` for bad base64)."""
     try:
-        return media.media_type_of(source.media_type), base64.b64decode(source.data, validate=True)
+        data = base64.b64decode(source.data, validate=True)
     except (binascii.Error, ValueError):
         raise ApiError(422, "invalid_body", f"{where}: source.data is not base64") from None
+    return (
+        file_id_of(hashlib.sha256(data).hexdigest()),
+        media.media_type_of(source.media_type),
+        data,
+    )
 
 
 def _refusal(why: FileRefusal, session_id: str, most: int, quota: int) -> ApiError:
