@@ -99,7 +99,8 @@ def sweep(w: sqlite3.Connection) -> None:
     against its key's quota. Only then: the store is one process's, and no fork is
     under way while it opens (docs/protocol.md §2 "Files").
     """
-    w.execute("DELETE FROM files WHERE session_id NOT IN (SELECT id FROM sessions)")
+    gone = "SELECT DISTINCT session_id FROM files WHERE session_id NOT IN (SELECT id FROM sessions)"
+    w.execute(f"DELETE FROM files WHERE session_id IN ({gone})")  # read by its index, not its rows
 
 
 def delete_files(w: sqlite3.Connection, session_ids: list[str]) -> None:
