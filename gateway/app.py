@@ -44,7 +44,6 @@ import re
 import signal
 import socket
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -55,7 +54,7 @@ from gateway.doors.context import DoorContext, DoorType
 from gateway.errors import StartupError, StoreError
 from gateway.http.boundary import Boundary, caller_of, warn_open_hosts
 from gateway.http.router import Router
-from gateway.http.server import HttpLimits, LargeBody, TrustedProxies, serve_connection
+from gateway.http.server import HttpLimits, LargeBody, Request, TrustedProxies, serve_connection
 from gateway.logs import configure, event, json_line
 from gateway.logs import stop as stop_log
 from gateway.mcp.servers import McpServers
@@ -125,9 +124,14 @@ class Gateway:
         self._connections = trio.CancelScope()
         self._stopped = trio.Event()
 
-    def _admit_large(self, headers: Mapping[str, str]) -> None:
-        """A large body's key, checked from its head before it is read (HttpLimits)."""
-        caller_of(self.keys, headers)
+    def _admit_large(self, head: Request) -> None:
+        """A large body's Host, Origin and key, checked from its head before it is read
+        (HttpLimits; docs/protocol.md §2 "Files"), in the router's order (§15): a page of
+        another site is refused before its upload is read, as a keyless client is."""
+        boundary = self.router.boundary
+        boundary.check_host(head.headers.get("host"))  # 421
+        boundary.check_origin(head.headers.get("origin"), head.scheme, head.headers.get("host"))
+        caller_of(self.keys, head.headers)  # 401, 403
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`shutdown`; ``task_status`` receives the bound port."""

@@ -244,7 +244,9 @@ async def check(
     for i, p in enumerate(sent.parts):
         if isinstance(p, Inline):
             if not session_known:
-                admit(inline_block(p.media_type, p.data), p.kind, f"part {i}", new_refuse)
+                admit(
+                    inline_block(p.file_id, p.media_type, p.data), p.kind, f"part {i}", new_refuse
+                )
             await files.check(p.media_type, p.data)
         elif isinstance(p, Served) and not session_known:
             raise ApiError(422, "unknown_file", f"{p.file_id[:80]!r} is not a file of this session")
@@ -274,7 +276,7 @@ async def stored(
     kinds: list[str] = []
     for i, p in enumerate(sent.parts):
         if isinstance(p, Inline):
-            admit(inline_block(p.media_type, p.data), p.kind, f"part {i}", refuse)
+            admit(inline_block(p.file_id, p.media_type, p.data), p.kind, f"part {i}", refuse)
             kinds.append(p.kind)
         elif isinstance(p, Served):
             if (rec := known.get(p.file_id)) is None:

@@ -229,7 +229,8 @@ class HttpLimits:
     ``large_bodies``: the routes whose bodies may be larger; such a body has
     ``body_timeout_s`` from the end of its head, where others have what is left
     of ``read_timeout_s``. Before one is read, ``admit_large`` checks the
-    request's head (the API key: gateway.app), and one of ``large_reads`` is
+    request's head, a :class:`Request` with no body (its Host, Origin and API
+    key: gateway.app), and one of ``large_reads`` is
     taken once it passes ``max_body_bytes`` (503 ``over_capacity`` when none
     is free), held until its handler has answered, so what large bodies hold
     in memory at once is bounded whoever sends them.
@@ -238,7 +239,7 @@ class HttpLimits:
     max_body_bytes: int = 1_048_576
     large_bodies: tuple[LargeBody, ...] = ()
     body_timeout_s: float = 60.0
-    admit_large: Callable[[Mapping[str, str]], None] | None = None
+    admit_large: Callable[[Request], None] | None = None
     large_reads: trio.Semaphore = field(default_factory=lambda: trio.Semaphore(8))
     max_header_bytes: int = 16_384
     read_timeout_s: float = 10.0
@@ -379,8 +380,10 @@ class _HttpConnection:
         if large is not None:
             limit, code = max(limit, large.max_bytes), large.code
         if may_be_large:  # a small body keeps read_timeout_s: its key is not checked first
-            if self._limits.admit_large is not None:
-                self._limits.admit_large(_headers(event))  # 401, 403: before a byte of it
+            if self._limits.admit_large is not None:  # 421, 403, 401: before a byte of it
+                self._limits.admit_large(
+                    _request(event, b"", self._client, self._limits.trusted_proxies)
+                )
             reading.deadline = trio.current_time() + self._limits.body_timeout_s
         if declared is not None and int(declared) > limit:
             raise _body_too_large(limit, code)

@@ -79,9 +79,11 @@ def admit(block: FileBlock, kind: str, where: str, refuse: Refuse | None) -> Fil
     return block
 
 
-def inline_block(media_type: str, data: bytes) -> FileBlock:
-    """The block an inline file will be once kept (content-addressed: its id is known)."""
-    return _block(file_id_of(hashlib.sha256(data).hexdigest()), media_type, len(data))
+def inline_block(file_id: str, media_type: str, data: bytes) -> FileBlock:
+    """The block an inline file will be once kept: content-addressed, its id is known
+    (``file_id``, the caller's: worked out where its base64 was decoded, off the event
+    loop for a large file)."""
+    return _block(file_id, media_type, len(data))
 
 
 def file_ids(blocks: Iterable[ContentBlock]) -> list[str]:
@@ -116,7 +118,8 @@ class Files:
         """Check ``data`` as a file of ``media_type`` and keep it with the session.
 
         ``checked=False`` keeps a tool's file (audio included) with no type check:
-        the model never sent it, a tool did. Either way within the limits.
+        the model never sent it, a tool did; or a file :meth:`check` passed already
+        (a turn's inline file, a door's). Either way within the limits.
 
         Raises:
             ApiError: 413 ``file_too_large``, 415 ``unsupported_media_type``,
@@ -196,8 +199,8 @@ class Files:
     ) -> list[ContentBlock]:
         """A turn's blocks as stored: each file named by id checked to be the session's,
         each inline one kept; what the model cannot take refused. Every block is
-        checked before an inline file is kept: a turn refused for one of its
-        blocks keeps none of its files.
+        checked, an inline file's bytes included (:meth:`check`), before an inline
+        file is kept: a turn refused for one of its blocks keeps none of its files.
 
         Raises:
             ApiError: 422 ``unknown_file`` (not a file of this session),
@@ -220,10 +223,11 @@ class Files:
                     422, "invalid_body", f"{where}: an {kind} block needs a file_id or a source"
                 )
             if b.source is not None:
-                # Decoding up to 27 MiB of base64: off the event loop.
-                media_type, data = await trio.to_thread.run_sync(_decoded, b.source, where)
-                if media_type in media.MEDIA_TYPES:  # else upload's 415
-                    admit(inline_block(media_type, data), kind, where, refuse)
+                # Decoding up to 27 MiB of base64, and hashing it: off the event loop.
+                file_id, media_type, data = await trio.to_thread.run_sync(_decoded, b.source, where)
+                if media_type in media.MEDIA_TYPES:  # else check's 415
+                    admit(inline_block(file_id, media_type, data), kind, where, refuse)
+                await self.check(media_type, data)  # its bytes are one of its block's checks
                 out.append((where, kind, media_type, data))  # kept once every block is checked
             elif (found := known.get(b.file_id or "")) is not None:
                 out.append(admit(block_of(found), kind, where, refuse))
@@ -235,7 +239,12 @@ class Files:
                     "(POST /sessions/{id}/files first)",
                 )
         return [
-            admit(block_of(await self.upload(session_id, owner, *b[2:])), b[1], b[0], refuse)
+            admit(
+                block_of(await self.upload(session_id, owner, *b[2:], checked=False)),
+                b[1],
+                b[0],
+                refuse,
+            )
             if isinstance(b, tuple)
             else b
             for b in out
@@ -278,12 +287,18 @@ class Files:
         return entry
 
 
-def _decoded(source: Base64Source, where: str) -> tuple[str, bytes]:
-    """An inline file's media type and bytes (422 ``invalid_body`` for bad base64)."""
+def _decoded(source: Base64Source, where: str) -> tuple[str, str, bytes]:
+    """An inline file's id, media type, read as an upload's ``Content-Type`` is (parameters
+    dropped, lower case), and bytes (422 ``invalid_body`` for bad base64)."""
     try:
-        return source.media_type, base64.b64decode(source.data, validate=True)
+        data = base64.b64decode(source.data, validate=True)
     except (binascii.Error, ValueError):
         raise ApiError(422, "invalid_body", f"{where}: source.data is not base64") from None
+    return (
+        file_id_of(hashlib.sha256(data).hexdigest()),
+        media.media_type_of(source.media_type),
+        data,
+    )
 
 
 def _refusal(why: FileRefusal, session_id: str, most: int, quota: int) -> ApiError:

@@ -13,7 +13,8 @@ step across every node: the session's record must exist, a file already there
 is the answer, the session's count and the owner's bytes are checked and
 counted. ``DELETE /sessions/{id}`` runs :data:`DROP_SCRIPT` inside its own
 ``MULTI`` (gateway.store.redis.store), so the owner's count goes down by
-exactly what the session held, whatever landed before it.
+exactly what the session held, whatever landed before it; so does the deletion
+of a fork refused after its files were copied, before its record was stored.
 """
 
 from __future__ import annotations
@@ -46,12 +47,16 @@ max per session, owner quota, owner, size."""
 
 DROP_SCRIPT = """
 local total = 0
-for _, v in ipairs(redis.call('HVALS', KEYS[1])) do total = total + cjson.decode(v).size end
-if total > 0 then redis.call('HINCRBY', KEYS[3], ARGV[1], -total) end
+for _, v in ipairs(redis.call('HVALS', KEYS[1])) do
+    local rec = cjson.decode(v)
+    redis.call('HINCRBY', KEYS[3], rec.owner, -rec.size)
+    total = total + rec.size
+end
 redis.call('DEL', KEYS[1], KEYS[2])
 return total
 """
-"""KEYS: fm, f, fbytes; ARGV: the session's owner."""
+"""KEYS: fm, f, fbytes. Each file's bytes go back to the owner it was counted against
+(its record's): a session with no record, a refused fork's copies, is dropped too."""
 
 COPY_SCRIPT = """
 local metas = redis.call('HGETALL', KEYS[1])

@@ -489,8 +489,8 @@ async def _delete(
             else:
                 p.srem(k.roots(rec.owner), [rec.id])
         p.srem(k.open, sids)
-        for rec in records:
-            p.eval(DROP_SCRIPT, [k.file_meta(rec.id), k.files(rec.id), k.file_bytes], [rec.owner])
+        for sid in sids:  # a record or not (a refused fork's copies: docs/protocol.md §2)
+            p.eval(DROP_SCRIPT, [k.file_meta(sid), k.files(sid), k.file_bytes], [])
         for chunk in range(0, len(ages), PURGE_CHUNK):
             p.zrem(k.ets, ages[chunk : chunk + PURGE_CHUNK])
         per_session = (k.session, k.messages, k.message_order, k.events, k.lease, k.workers)

@@ -91,6 +91,18 @@ def copy_files(w: sqlite3.Connection, source_id: str, target_id: str, owner: str
     )
 
 
+def sweep(w: sqlite3.Connection) -> None:
+    """Remove the files of sessions that are not, as the store opens (in its transaction).
+
+    A fork's files are copied before its record is stored (gateway.node.forking): a
+    process that died in between left copies of a session that never was, counted
+    against its key's quota. Only then: the store is one process's, and no fork is
+    under way while it opens (docs/protocol.md §2 "Files").
+    """
+    gone = "SELECT DISTINCT session_id FROM files WHERE session_id NOT IN (SELECT id FROM sessions)"
+    w.execute(f"DELETE FROM files WHERE session_id IN ({gone})")  # read by its index, not its rows
+
+
 def delete_files(w: sqlite3.Connection, session_ids: list[str]) -> None:
     """The sessions' files, in the caller's transaction (``delete_sessions``)."""
     w.executemany("DELETE FROM files WHERE session_id = ?", [(sid,) for sid in session_ids])

@@ -171,6 +171,7 @@ def prepare_schema(conn: sqlite3.Connection, path: str) -> StoreState:
             )
         for statement in (*requests.SCHEMA, *outbox.SCHEMA, *files.SCHEMA):  # tables of their own
             conn.execute(statement)
+        files.sweep(conn)  # a fork's copies a crash kept from their record
         (highest_seq,) = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
         return StoreState(
             event_ceiling=max(read_meta(conn, "event_ceiling"), highest_seq),

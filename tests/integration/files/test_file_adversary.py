@@ -291,7 +291,7 @@ async def raw_request(port: int, head: bytes, body: bytes = b"", *, pace: float 
 
 
 def post_head(sid: str, path: str = "files", **headers: str) -> bytes:
-    lines = [f"POST /sessions/{sid}/{path} HTTP/1.1", "Host: t"]
+    lines = [f"POST /sessions/{sid}/{path} HTTP/1.1", "Host: 127.0.0.1"]
     lines += [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 

@@ -77,3 +77,25 @@ async def test_what_is_not_a_file_of_its_type_is_refused(gw: Harness) -> None:
         json={"content": [{"type": "image", "file_id": "file_" + "0" * 32}]},
     )
     assert_error(r, 422, "unknown_file")
+
+
+async def test_an_inline_files_media_type_is_read_as_an_uploads_content_type(gw: Harness) -> None:
+    """An inline file is taken as its upload is (docs/protocol.md §2 "Files"): a media type
+    in upper case, or with parameters (``; charset=utf-8``), is the same type."""
+    sid = await gw.create_session()
+    for kind, media_type, uploaded, data, kept_as in [
+        ("document", "text/plain; charset=utf-8", b"uploaded", b"inline", "text/plain"),
+        ("image", "Image/PNG", png(5, 4), png(4, 5), "image/png"),
+    ]:
+        assert (await upload(gw, sid, uploaded, media_type))["media_type"] == kept_as
+        source = {
+            "type": "base64",
+            "media_type": media_type,
+            "data": base64.b64encode(data).decode(),
+        }
+        body = {"content": [{"type": kind, "source": source}], "if_busy": "queue"}
+        r = await gw.http.post(f"/sessions/{sid}/turns", json=body)
+        assert r.status_code == 202, r.text
+        r = await gw.http.get(f"/sessions/{sid}/files/file_{hashlib.sha256(data).hexdigest()[:32]}")
+        assert r.status_code == 200 and r.content == data
+        assert r.headers["content-type"].partition(";")[0] == kept_as

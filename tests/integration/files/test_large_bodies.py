@@ -1,6 +1,6 @@
-"""Large bodies at the transport (docs/protocol.md §2 "Files"): a file's key is checked
-from the request's head before a byte of its body is read, and the large bodies read
-at once are bounded, whoever sends them."""
+"""Large bodies at the transport (docs/protocol.md §2 "Files"): a file's Host, Origin and
+key are checked from the request's head before a byte of its body is read, and the large
+bodies read at once are bounded, whoever sends them."""
 
 from __future__ import annotations
 
@@ -25,15 +25,19 @@ async def polled(done: Callable[[], bool]) -> None:
     raise AssertionError("never done")
 
 
-def head(path: str, length: int, *, key: str | None = None) -> bytes:
+def head(
+    path: str, length: int, *, key: str | None = None, host: str = "127.0.0.1", origin: str = ""
+) -> bytes:
     lines = [
         f"POST {path} HTTP/1.1",
-        "Host: 127.0.0.1",
+        f"Host: {host}",
         "Content-Type: image/png",
         f"Content-Length: {length}",
     ]
     if key is not None:
         lines.append(f"Authorization: Bearer {key}")
+    if origin:
+        lines.append(f"Origin: {origin}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
@@ -49,6 +53,28 @@ async def test_a_large_body_without_its_key_is_refused_before_it_is_read(tmp_pat
                     await stream.send_all(head("/sessions/sess_x/files", 10 << 20, key=key))
                     answer = Answer(*await _answer(stream), False)
                 assert answer.status == status, answer.body
+
+
+async def test_a_large_body_from_another_site_is_refused_before_it_is_read(
+    tmp_path: Path,
+) -> None:
+    # No keys: a page of another site may send a file as a "simple" POST (no preflight);
+    # its Origin (or a rebound name's Host) is refused from the head, as a key is, not
+    # after up to 20 MiB of it are read into one of the large bodies' slots.
+    config = make_config(tmp_path, **{"server.body_timeout_s": 2.0})
+    with trio.fail_after(20):
+        async with running_gateway(config) as gw:
+            for host, origin, status in [
+                ("127.0.0.1", "https://evil.example", 403),
+                ("127.0.0.1", "null", 403),
+                ("evil.example", "", 421),
+            ]:
+                stream = await trio.open_tcp_stream("127.0.0.1", gw.gateway.port)
+                async with stream:
+                    path = "/sessions/sess_x/files"
+                    await stream.send_all(head(path, 10 << 20, host=host, origin=origin))
+                    answer = Answer(*await _answer(stream), False)
+                assert answer.status == status, (host, origin, answer.body)
 
 
 async def test_large_bodies_read_at_once_are_bounded(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from bench.fake_api import FakeServer
 from gateway.providers.factory import make_provider
 from tests.aisdk_support import request as aisdk_request
-from tests.conftest import Harness, running_gateway
+from tests.conftest import Harness, make_config, running_gateway
 from tests.files_support import PDF, png
 from tests.integration.doors.agui.test_agui_files import run_input
 from tests.integration.doors.rest.test_http_api import assert_error
@@ -100,3 +100,46 @@ async def test_a_new_chat_whose_file_the_model_cannot_take_is_not_made(
             assert (await gw.http.get("/sessions/thread-pdf")).status_code == 404
     finally:
         await provider.aclose()
+
+
+async def test_a_turn_refused_for_a_later_inline_files_bytes_keeps_none(gw: Harness) -> None:
+    """An inline file's own check (its type, its bytes) is one of the turn's block checks:
+    a later block that is no PNG, of a type the gateway does not take, or empty keeps
+    no earlier inline file."""
+    sid = await gw.create_session()
+    image = png(7, 7)
+    for bad, status, code in [
+        ({"type": "image", "source": inline("image/png", b"no png")}, 422, "invalid_file"),
+        (
+            {"type": "image", "source": inline("image/svg+xml", b"<svg/>")},
+            415,
+            "unsupported_media_type",
+        ),
+        ({"type": "document", "source": inline("text/plain", b"")}, 422, "invalid_file"),
+    ]:
+        content = [{"type": "image", "source": inline("image/png", image)}, bad]
+        r = await gw.http.post(f"/sessions/{sid}/turns", json={"content": content})
+        assert_error(r, status, code)
+        assert not await kept(gw, sid, image)
+    assert await gw.node.store.files_of(sid) == []
+
+
+async def test_a_limit_is_checked_as_each_inline_file_is_kept(tmp_path: Path) -> None:
+    """The limits are the store's, one file at a time (docs/protocol.md §2 "Files"): a
+    turn whose second inline file passes max_per_session keeps its first."""
+    config = make_config(tmp_path, **{"files.max_per_session": 2})
+    async with running_gateway(config) as gw:
+        sid = await gw.create_session()
+        first, second, third = png(3, 3), png(4, 4), png(5, 5)
+        r = await gw.http.post(
+            f"/sessions/{sid}/files", content=first, headers={"Content-Type": "image/png"}
+        )
+        assert r.status_code == 201, r.text
+        content = [
+            {"type": "image", "source": inline("image/png", second)},
+            {"type": "image", "source": inline("image/png", third)},
+        ]
+        r = await gw.http.post(f"/sessions/{sid}/turns", json={"content": content})
+        assert_error(r, 409, "too_many_files")
+        assert await kept(gw, sid, second)
+        assert not await kept(gw, sid, third)

@@ -21,6 +21,7 @@ import trio
 from gateway.ids import file_id_of
 from gateway.store import Store
 from gateway.store.base import FileRecord, FileRefusal
+from gateway.store.sqlite.store import SqliteStore
 from tests.unit.store.test_store import (
     HOUR,
     Backend,
@@ -218,6 +219,31 @@ async def test_a_fork_gets_a_copy_counted_against_its_owner(backend: Backend) ->
         await s.aclose()
 
 
+async def test_a_refused_forks_copies_go_with_it_though_its_record_never_came(
+    backend: Backend,
+) -> None:
+    """A fork's files are copied before its record is stored (gateway.node.forking): one
+    refused after the copy is deleted with no record of it, and its copies, and the
+    owner's bytes they counted, must go all the same."""
+    s = backend.new()
+    await s.open()
+    try:
+        await new_session(s, "sess_a")
+        data = b"the source's file"
+        await put(s, "sess_a", data)
+        await s.copy_files("sess_a", "sess_never", "ana")
+        assert len(await s.files_of("sess_never")) == 1
+        await s.delete_sessions(["sess_never"])
+        assert await s.files_of("sess_never") == []
+        assert await s.get_file("sess_never", file_of("sess_a", data).file_id) is None
+        if backend.redis is not None:
+            assert fbytes(backend, "ana") == len(data)  # the source's, no more
+        # what the copy counted is the owner's again
+        assert isinstance(await put(s, "sess_a", b"x" * 83, quota=100), FileRecord)
+    finally:
+        await s.aclose()
+
+
 async def test_a_file_of_another_session_is_no_file_here(store: Store) -> None:
     await new_session(store, "sess_a")
     await new_session(store, "sess_b", owner="bob")
@@ -240,5 +266,30 @@ async def test_a_stored_file_survives_a_restart(backend: Backend) -> None:
     try:
         assert await again.get_file("sess_a", file_of("sess_a", data).file_id) == (rec, data)
         assert await again.files_of("sess_a") == [rec]
+    finally:
+        await again.aclose()
+
+
+async def test_a_forks_copies_a_crash_kept_from_their_record_go_when_sqlite_opens(
+    db_path: str,
+) -> None:
+    """The process dies between a fork's copy of its files and its record's commit: the
+    next open of the store (one process's) removes copies of a session that never was,
+    and gives back the owner's bytes they counted."""
+    s = SqliteStore(db_path)
+    await s.open()
+    await new_session(s, "sess_a")
+    data = b"the source's file"
+    await put(s, "sess_a", data)
+    await s.copy_files("sess_a", "sess_never", "ana")
+    await s.aclose()  # what a crash leaves: the copies, no record
+    again = SqliteStore(db_path)
+    await again.open()
+    try:
+        assert await again.files_of("sess_never") == []
+        assert [r.file_id for r in await again.files_of("sess_a")] == [
+            file_of("sess_a", data).file_id
+        ]
+        assert isinstance(await put(again, "sess_a", b"x" * 83, quota=100), FileRecord)
     finally:
         await again.aclose()
