@@ -14,7 +14,16 @@ import pytest
 
 from gateway.session import turn_start
 from tests.conftest import TOOL_SCRIPT, Harness
-from tests.integration.doors.a2a.test_a2a_rpc import call, code, gateway, message, rpc, stream
+from tests.integration.doors.a2a.test_a2a_rpc import (
+    call,
+    code,
+    gateway,
+    message,
+    rpc,
+    states,
+    stream,
+    text_of,
+)
 from tests.scripts import TEXT
 
 
@@ -111,3 +120,15 @@ async def test_listing_finds_its_tasks_starts_in_one_read_of_the_store(
     tasks = listed["result"]["tasks"]
     assert [t["status"]["state"] for t in tasks] == ["TASK_STATE_COMPLETED"] * 4
     assert len(reads) == 1
+
+
+async def test_a_streaming_message_asking_to_return_at_once_is_still_a_stream(
+    gw: Harness,
+) -> None:
+    """``returnImmediately`` is ``SendMessage``'s: a ``SendStreamingMessage`` answers its
+    stream whatever the flag says (a stream's client reads ``text/event-stream`` only), and
+    the stream is the whole task, as without it."""
+    body = {**message(TEXT), "configuration": {"returnImmediately": True}}
+    events = await stream(gw, call("SendStreamingMessage", body))
+    assert text_of(events) == "Hello there, friend."
+    assert states(events)[-1] == "TASK_STATE_COMPLETED"
