@@ -114,13 +114,13 @@ class Messages:
         ref = task_id(session.id, turn_id)
         history = [parts.echo(message, ref, session.id)]
         feed.task_id, feed.turn_id, feed.history = ref, turn_id, history
+        if streaming:  # returnImmediately is SendMessage's: a stream is answered at once
+            return self.streams.respond(sub, feed, rid, release, feed.open())
         config = body.configuration
         if config is not None and config.return_immediately:
             sub.leave("task_finished")
             release()
             return result_response(rid, a2.SendMessageResponse(task=feed.task(history)))
-        if streaming:
-            return self.streams.respond(sub, feed, rid, release, feed.open())
         try:
             await self.streams.follow(sub, feed)
         finally:
