@@ -19,6 +19,7 @@ from tests.integration.doors.a2a.test_a2a_rpc import (
     code,
     gateway,
     message,
+    reason,
     rpc,
     states,
     stream,
@@ -132,3 +133,18 @@ async def test_a_streaming_message_asking_to_return_at_once_is_still_a_stream(
     events = await stream(gw, call("SendStreamingMessage", body))
     assert text_of(events) == "Hello there, friend."
     assert states(events)[-1] == "TASK_STATE_COMPLETED"
+
+
+async def test_an_answer_naming_its_approval_wrongly_allows_nothing(tmp_path: Path) -> None:
+    """``permId`` names one approval of several: one that is no string is a wrong answer
+    (-32602 ``invalid_answer``), never every open approval of the task."""
+    async with gateway(tmp_path, **{"tools.require_approval": ["sleep"]}) as h:
+        asked = await stream(h, call("SendStreamingMessage", message(TOOL_SCRIPT)))
+        task = asked[0][1]["result"]["task"]["id"]
+        for perm in (7, ["perm_x"], {"id": "perm_x"}, True):
+            wrong = message("", taskId=task)
+            wrong["message"]["parts"] = [{"data": {"decision": "allow", "permId": perm}}]
+            answer = await rpc(h, call("SendMessage", wrong))
+            assert (code(answer), reason(answer)) == (-32602, "invalid_answer"), perm
+        got = (await rpc(h, call("GetTask", {"id": task})))["result"]
+        assert got["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"  # nothing allowed
