@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from gateway.session import turn_start
 from tests.conftest import TOOL_SCRIPT, Harness
@@ -148,3 +149,37 @@ async def test_an_answer_naming_its_approval_wrongly_allows_nothing(tmp_path: Pa
             assert (code(answer), reason(answer)) == (-32602, "invalid_answer"), perm
         got = (await rpc(h, call("GetTask", {"id": task})))["result"]
         assert got["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"  # nothing allowed
+
+
+async def test_resubscribing_to_a_queued_task_that_starts_meanwhile_misses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SubscribeToTask`` of a task read queued: should its turn start (here: run to its
+    end) before the stream joins the session, the stream is still the whole task, through
+    the seam, never a live stream that waits for what has happened already."""
+    config = {"turns.if_busy": "queue", "tools.require_approval": ["sleep"]}
+    async with gateway(tmp_path, **config) as h:
+        asked = await stream(h, call("SendStreamingMessage", message(TOOL_SCRIPT)))
+        first = asked[0][1]["result"]["task"]["id"]
+        context = first.partition(".")[0]
+        at_once = {**message(TEXT, contextId=context), "configuration": {"returnImmediately": True}}
+        queued = (await rpc(h, call("SendMessage", at_once)))["result"]["task"]
+        assert queued["status"]["state"] == "TASK_STATE_SUBMITTED"
+        real = h.node.limits.open_stream
+        calls: list[str] = []
+
+        async def meanwhile(key: str, door: str) -> Any:
+            calls.append(door)
+            if len(calls) == 1:  # the resubscription, once it has read the task queued
+                await rpc(h, call("SendMessage", message("yes", taskId=first)))
+                state = ""
+                while state != "TASK_STATE_COMPLETED":  # the queued task runs to its end
+                    got = await rpc(h, call("GetTask", {"id": queued["id"]}))
+                    state = got["result"]["status"]["state"]
+            return await real(key, door)
+
+        monkeypatch.setattr(h.node.limits, "open_stream", meanwhile)
+        with trio.fail_after(10):
+            events = await stream(h, call("SubscribeToTask", {"id": queued["id"]}))
+    assert text_of(events) == "Hello there, friend."
+    assert states(events)[-1] == "TASK_STATE_COMPLETED"
