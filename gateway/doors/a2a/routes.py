@@ -210,7 +210,9 @@ class A2aRoutes:
         self, req: Request, caller: str | None, rid: a2.RequestId, body: a2.SubscribeToTaskRequest
     ) -> StreamingResponse:
         """``SubscribeToTask``: the task again, after the client's cursor (``Last-Event-ID``),
-        replayed from the turn's start then live: no gap, no duplicate."""
+        replayed from the turn's start then live: no gap, no duplicate. A task read
+        queued is joined live, then read again: started meanwhile, it is joined anew
+        from its start (docs/doors/a2a.md "Streams and the cursor")."""
         header = req.headers.get("last-event-id")
         cursor = parse_cursor(header) if header else None
         if header and cursor is None:
@@ -218,13 +220,30 @@ class A2aRoutes:
                 INVALID_PARAMS, f"Last-Event-ID {header[:60]!r} is no cursor", "invalid_cursor"
             )
         found = await find_task(self.ctx, caller, body.id)
-        start = await found.start()
-        if start is None and not found.queued:
-            raise TaskNotFound(found.id)
-        if cursor is not None and start is not None and cursor.seq < start:
-            cursor = None  # before the task: the whole task
-        task = (found.id, found.session, found.turn_id)
-        sub, feed, release = await self.streams.open_task(req, task, start, cursor)
+        while True:
+            start = await found.start()
+            if start is None and not found.queued:
+                raise TaskNotFound(found.id)
+            if cursor is not None and start is not None and cursor.seq < start:
+                cursor = None  # before the task: the whole task
+            task = (found.id, found.session, found.turn_id)
+            sub, feed, release = await self.streams.open_task(req, task, start, cursor)
+            if start is not None:
+                break
+            # Read queued, joined live: had its turn started meanwhile, the live stream
+            # would miss its start (its end too); it is then replayed from its start.
+            try:
+                summary = await self.node.live_summary(found.session)
+            except BaseException:
+                sub.leave("client_closed")
+                release()
+                raise
+            found = FoundTask(found.id, found.session, found.turn_id, summary)
+            if found.queued:
+                break
+            sub.subscribed = False  # joined again at once: no bus event of it
+            found.session.hub.unsubscribe(sub)
+            release()
         return self.streams.respond(sub, feed, rid, release, [])
 
     def _history(
