@@ -183,3 +183,37 @@ async def test_resubscribing_to_a_queued_task_that_starts_meanwhile_misses_nothi
             events = await stream(h, call("SubscribeToTask", {"id": queued["id"]}))
     assert text_of(events) == "Hello there, friend."
     assert states(events)[-1] == "TASK_STATE_COMPLETED"
+
+
+async def test_listing_tasks_of_one_state_and_without_artifacts_unless_asked(
+    tmp_path: Path,
+) -> None:
+    """A2A 1.0's ``ListTasks``: ``status`` lists the tasks in that state only (an unknown
+    state is -32602), and ``includeArtifacts`` defaults to false."""
+    async with gateway(tmp_path, **{"tools.require_approval": ["sleep"]}) as h:
+        done = (await rpc(h, call("SendMessage", message(TEXT))))["result"]["task"]
+        context = done["contextId"]
+        asked = await stream(
+            h, call("SendStreamingMessage", message(TOOL_SCRIPT, contextId=context))
+        )
+        waiting = asked[0][1]["result"]["task"]["id"]
+
+        async def listed(**more: Any) -> dict[str, Any]:
+            return await rpc(h, call("ListTasks", {"contextId": context, **more}))
+
+        every = (await listed())["result"]["tasks"]
+        assert [t["id"] for t in every] == [done["id"], waiting]
+        assert all("artifacts" not in t for t in every)  # not asked for
+        full = (await listed(includeArtifacts=True))["result"]["tasks"]
+        assert full[0]["artifacts"][0]["parts"] == [{"text": "Hello there, friend."}]
+        for state, ids in (
+            ("TASK_STATE_INPUT_REQUIRED", [waiting]),
+            ("TASK_STATE_COMPLETED", [done["id"]]),
+            ("TASK_STATE_FAILED", []),
+            (3, [done["id"]]),  # protobuf's JSON takes an enum's number too
+            ("TASK_STATE_UNSPECIFIED", [done["id"], waiting]),  # no filter
+        ):
+            tasks = (await listed(status=state))["result"]["tasks"]
+            assert [t["id"] for t in tasks] == ids, state
+        for bad in ("WORKING", "TASK_STATE_NOPE", 42, -1):
+            assert code(await listed(status=bad)) == -32602, bad
