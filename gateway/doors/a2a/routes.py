@@ -12,7 +12,7 @@ docs/doors/a2a.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -257,7 +257,9 @@ class A2aRoutes:
 
     async def _list(self, caller: str | None, body: a2.ListTasksRequest) -> a2.ListTasksResponse:
         """``ListTasks`` of one context (``contextId`` required): its turns, oldest first,
-        each read as ``GetTask`` reads it. Another key's context lists nothing."""
+        each read as ``GetTask`` reads it, those in the ``status`` asked (a page of turns
+        may then hold fewer tasks), artifacts only with ``includeArtifacts``. Another
+        key's context lists nothing."""
         if not body.context_id:
             raise RpcFailure(INVALID_PARAMS, "contextId is required", "invalid_params")
         try:
@@ -270,6 +272,7 @@ class A2aRoutes:
         if token and not (token.isascii() and token.isdigit() and len(token) <= 9):
             raise RpcFailure(INVALID_PARAMS, "pageToken is no page token", "invalid_page_token")
         limit = limit_of(body.history_length) if body.history_length is not None else 0
+        wanted = state_filter(body.status)
         turns: dict[str, None] = {}  # in order, once each: read once for the whole page
         messages = await self.node.messages_of(session)
         for m in messages:
@@ -288,6 +291,10 @@ class A2aRoutes:
                 task = await self.streams.read_task(found)
             except TaskNotFound:
                 continue
+            if wanted is not None and task.status.state != wanted:
+                continue
+            if not body.include_artifacts:
+                task.artifacts = None
             task.history = self._history(found, messages, limit)
             tasks.append(task)
         more = skip + size < len(turns)
@@ -297,6 +304,19 @@ class A2aRoutes:
             page_size=size,
             total_size=len(turns),
         )
+
+
+def state_filter(status: str | int | None) -> str | None:
+    """``ListTasks``'s ``status``: a ``TaskState`` by name or number, as protobuf's JSON
+    reads an enum (None: any state; ``TASK_STATE_UNSPECIFIED`` too). -32602 otherwise."""
+    states = ("TASK_STATE_UNSPECIFIED", *get_args(a2.TaskState))  # numbered as A2A 1.0's
+    if isinstance(status, int) and not isinstance(status, bool) and 0 <= status < len(states):
+        status = states[status]
+    if status is None or status == states[0]:
+        return None
+    if status not in states:
+        raise RpcFailure(INVALID_PARAMS, f"status {status!r:.60} is no TaskState", "invalid_params")
+    return str(status)
 
 
 def not_cancelable(task: str) -> RpcFailure:
