@@ -217,3 +217,22 @@ async def test_listing_tasks_of_one_state_and_without_artifacts_unless_asked(
             assert [t["id"] for t in tasks] == ids, state
         for bad in ("WORKING", "TASK_STATE_NOPE", 42, -1):
             assert code(await listed(status=bad)) == -32602, bad
+
+
+async def test_a_messages_history_length_bounds_the_answers_history(gw: Harness) -> None:
+    """``configuration.historyLength`` of ``SendMessage``: the answer's task holds at most
+    that many messages (A2A 1.0: MUST NOT more; 0: none), and below 0 is -32602 before
+    anything is made, as ``GetTask``'s."""
+
+    def sent(length: int) -> dict[str, Any]:
+        return call("SendMessage", {**message(TEXT), "configuration": {"historyLength": length}})
+
+    none = (await rpc(gw, sent(0)))["result"]["task"]
+    assert none["status"]["state"] == "TASK_STATE_COMPLETED" and "history" not in none
+    one = (await rpc(gw, sent(1)))["result"]["task"]
+    assert [m["role"] for m in one["history"]] == ["ROLE_USER"]
+    streamed = await stream(gw, {**sent(0), "method": "SendStreamingMessage"})
+    assert "history" not in streamed[0][1]["result"]["task"]
+    made = len((await gw.http.get("/sessions")).json()["sessions"])
+    assert code(await rpc(gw, sent(-1))) == -32602
+    assert len((await gw.http.get("/sessions")).json()["sessions"]) == made  # none made
