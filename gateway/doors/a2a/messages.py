@@ -20,6 +20,7 @@ import msgspec
 from gateway.doors import attachments
 from gateway.doors.a2a import parts
 from gateway.doors.a2a import shapes as a2
+from gateway.doors.a2a.history import limit_of
 from gateway.doors.a2a.push import Push
 from gateway.doors.a2a.rpc import INVALID_PARAMS, UNSUPPORTED_OPERATION, RpcFailure, result_response
 from gateway.doors.a2a.stream import TaskStreams
@@ -78,7 +79,9 @@ class Messages:
         context = message.context_id or None
         if context is not None:
             self.contexts.check(context)
-        asked = body.configuration.task_push_notification_config if body.configuration else None
+        config = body.configuration
+        shown = limit_of(config.history_length if config is not None else None)  # -32602 first
+        asked = config.task_push_notification_config if config is not None else None
         push = self.push.checked(asked, "") if asked is not None else None
         base = self.ctx.config.server.public_url
         said = await attachments.read(
@@ -112,11 +115,10 @@ class Messages:
             raise
         turn_id = submitted[0]
         ref = task_id(session.id, turn_id)
-        history = [parts.echo(message, ref, session.id)]
+        history = [parts.echo(message, ref, session.id)][:shown] or None  # historyLength
         feed.task_id, feed.turn_id, feed.history = ref, turn_id, history
         if streaming:  # returnImmediately is SendMessage's: a stream is answered at once
             return self.streams.respond(sub, feed, rid, release, feed.open())
-        config = body.configuration
         if config is not None and config.return_immediately:
             sub.leave("task_finished")
             release()
