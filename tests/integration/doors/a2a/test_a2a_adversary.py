@@ -26,6 +26,7 @@ from tests.integration.doors.a2a.test_a2a_rpc import (
     stream,
     text_of,
 )
+from tests.integration.mcp.test_mcp_elicitation import ask, pending
 from tests.scripts import TEXT
 
 
@@ -236,3 +237,27 @@ async def test_a_messages_history_length_bounds_the_answers_history(gw: Harness)
     made = len((await gw.http.get("/sessions")).json()["sessions"])
     assert code(await rpc(gw, sent(-1))) == -32602
     assert len((await gw.http.get("/sessions")).json()["sessions"]) == made  # none made
+
+
+async def test_content_for_several_open_approvals_decides_none_of_them(tmp_path: Path) -> None:
+    """An answer's ``content`` answers one elicitation: with several approvals open and no
+    ``permId``, it is -32602 ``invalid_answer`` and decides nothing (it accepted the
+    elicitation, then was refused at the tool's permission: an error that allowed)."""
+    async with gateway(tmp_path, **{"tools.require_approval": ["sleep"]}) as h:
+        sid = await h.create_session()
+        answers: list[Any] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, h, sid, answers)  # an MCP server's question, first
+            await pending(h, sid)
+            asked = await stream(
+                h, call("SendStreamingMessage", message(TOOL_SCRIPT, contextId=sid))
+            )
+            task = asked[0][1]["result"]["task"]["id"]
+            assert len(h.node.sessions[sid].pending_permissions()) == 2  # and the tool's
+            both = message("", taskId=task)
+            both["message"]["parts"] = [{"data": {"decision": "allow", "content": {"ok": True}}}]
+            answer = await rpc(h, call("SendMessage", both))
+            assert len(h.node.sessions[sid].pending_permissions()) == 2  # nothing decided
+            assert answers == []
+            assert (code(answer), reason(answer)) == (-32602, "invalid_answer")
+            nursery.cancel_scope.cancel()
