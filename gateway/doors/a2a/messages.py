@@ -187,8 +187,12 @@ class Messages:
                 409,
             )
         decision, perm, content = parts.decision(message)
-        if perm is not None and perm not in {p.perm_id for p in found.summary.pending_permissions}:
+        pending = found.summary.pending_permissions
+        if perm is not None and perm not in {p.perm_id for p in pending}:
             why = f"no open approval {perm[:60]!r} on this task"
+            raise RpcFailure(INVALID_PARAMS, why, "invalid_answer", 422)
+        if content is not None and perm is None and len(pending) > 1:  # never half decided
+            why = "content answers one elicitation: with several open, name it with permId"
             raise RpcFailure(INVALID_PARAMS, why, "invalid_answer", 422)
         return decision, perm, content
 
