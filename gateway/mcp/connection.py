@@ -23,13 +23,12 @@ import pydantic
 import trio
 from mcp.client._transport import TransportStreams
 from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from gateway.config import McpServerConfig
 from gateway.errors import ToolError
 from gateway.logs import event
-from gateway.mcp.inbound import guarded
+from gateway.mcp.inbound import guarded, streamable_http
 from gateway.mcp.progress import ProgressPacer
 from gateway.mcp.questions import Questions
 from gateway.mcp.resources import list_templates, map_resource
@@ -257,11 +256,7 @@ class McpConnection:
                     )
                 )
                 streams = await stack.enter_async_context(
-                    guarded(
-                        await stack.enter_async_context(
-                            streamable_http_client(self.config.url, http_client=http)
-                        )
-                    )
+                    guarded(await stack.enter_async_context(streamable_http(self.config.url, http)))
                 )
             session = GatewayClientSession(
                 *streams,

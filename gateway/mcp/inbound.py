@@ -10,22 +10,39 @@ value is dropped as any value JSON cannot carry (gateway.mcp.progress).
 The stdio transport (gateway.mcp.stdio) parses each line itself and applies it
 there; a transport whose parsing is the SDK's (streamable HTTP) has its read
 stream passed through :func:`guarded`.
+
+One message is at most :data:`MAX_MESSAGE_BYTES` on either transport (a stdio
+line; a streamable HTTP server-sent event, whose SDK default of 1 MiB failed a
+tool result that stdio takes and cuts at 1 MiB, and the connection with it).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 import trio
 from mcp.client._transport import TransportStreams
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
 _PROGRESS = "notifications/progress"
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The most one message of a server may hold, on any transport (module docstring)."""
+
+
+def streamable_http(
+    url: str, http: httpx2.AsyncClient
+) -> AbstractAsyncContextManager[TransportStreams]:
+    """The SDK's streamable HTTP transport to ``url`` on ``http``, its events bounded as a
+    stdio line is (:data:`MAX_MESSAGE_BYTES`, module docstring)."""
+    return streamable_http_client(url, http_client=http, max_sse_event_size=MAX_MESSAGE_BYTES)
 
 
 def finite_progress(message: Any) -> None:

@@ -28,11 +28,11 @@ import trio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 
-from gateway.mcp.inbound import finite_progress
+from gateway.mcp.inbound import MAX_MESSAGE_BYTES, finite_progress
 
 log = logging.getLogger("gateway.mcp")
 
-MAX_LINE_BYTES = 64 * 1024 * 1024
+MAX_LINE_BYTES = MAX_MESSAGE_BYTES
 """A line longer than this ends the connection: a server cannot make us buffer without bound."""
 
 _READ_CHUNK = 65536

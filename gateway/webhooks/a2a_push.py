@@ -32,17 +32,27 @@ class PushDelivery(msgspec.Struct, frozen=True):
 
 def url_problem(url: str, prefixes: Sequence[str]) -> str | None:
     """Why a client's push URL is refused (None: taken). It begins with one of the
-    operator's prefixes (each ``scheme://host/``, gateway.config), is at most
-    :data:`MAX_URL` characters of visible ASCII, and its path has no dot segment
-    and no backslash (it cannot leave the prefix's path) and no fragment."""
+    operator's prefixes (each ``scheme://host/``, gateway.config) at a path segment's
+    end (:func:`within`), is at most :data:`MAX_URL` characters of visible ASCII, and
+    its path has no dot segment and no backslash (it cannot leave the prefix's path)
+    and no fragment."""
     if not prefixes:
         return "push notifications are not offered"
     if len(url) > MAX_URL or not url.isascii() or not url.isprintable() or " " in url:
         return f"a URL of at most {MAX_URL} visible ASCII characters is expected"
-    if not any(url.startswith(prefix) for prefix in prefixes):
+    if not any(within(url, prefix) for prefix in prefixes):
         return "the URL is not one the operator allows ([a2a] push_url_prefixes)"
     path = url.partition("?")[0]
     segments = urllib.parse.unquote(path).replace("\\", "/").split("/")
     if "\\" in url or "#" in url or any(s in (".", "..") for s in segments[3:]):
         return "the URL's path has a dot segment, a backslash or a fragment"
     return None
+
+
+def within(url: str, prefix: str) -> bool:
+    """Whether ``url`` begins with ``prefix`` where a path segment ends (docs/doors/a2a.md
+    "Push notifications"): ``https://HOST/a2a`` takes ``/a2a``, ``/a2a/...`` and
+    ``/a2a?...``, never ``/a2a-admin`` (a prefix ending with ``/`` ends a segment)."""
+    return url.startswith(prefix) and (
+        prefix.endswith("/") or url[len(prefix) : len(prefix) + 1] in ("", "/", "?")
+    )

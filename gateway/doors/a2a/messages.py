@@ -20,6 +20,7 @@ import msgspec
 from gateway.doors import attachments
 from gateway.doors.a2a import parts
 from gateway.doors.a2a import shapes as a2
+from gateway.doors.a2a.history import limit_of
 from gateway.doors.a2a.push import Push
 from gateway.doors.a2a.rpc import INVALID_PARAMS, UNSUPPORTED_OPERATION, RpcFailure, result_response
 from gateway.doors.a2a.stream import TaskStreams
@@ -78,7 +79,9 @@ class Messages:
         context = message.context_id or None
         if context is not None:
             self.contexts.check(context)
-        asked = body.configuration.task_push_notification_config if body.configuration else None
+        config = body.configuration
+        shown = limit_of(config.history_length if config is not None else None)  # -32602 first
+        asked = config.task_push_notification_config if config is not None else None
         push = self.push.checked(asked, "") if asked is not None else None
         base = self.ctx.config.server.public_url
         said = await attachments.read(
@@ -112,15 +115,14 @@ class Messages:
             raise
         turn_id = submitted[0]
         ref = task_id(session.id, turn_id)
-        history = [parts.echo(message, ref, session.id)]
+        history = [parts.echo(message, ref, session.id)][:shown] or None  # historyLength
         feed.task_id, feed.turn_id, feed.history = ref, turn_id, history
-        config = body.configuration
+        if streaming:  # returnImmediately is SendMessage's: a stream is answered at once
+            return self.streams.respond(sub, feed, rid, release, feed.open())
         if config is not None and config.return_immediately:
             sub.leave("task_finished")
             release()
             return result_response(rid, a2.SendMessageResponse(task=feed.task(history)))
-        if streaming:
-            return self.streams.respond(sub, feed, rid, release, feed.open())
         try:
             await self.streams.follow(sub, feed)
         finally:
@@ -185,8 +187,12 @@ class Messages:
                 409,
             )
         decision, perm, content = parts.decision(message)
-        if perm is not None and perm not in {p.perm_id for p in found.summary.pending_permissions}:
+        pending = found.summary.pending_permissions
+        if perm is not None and perm not in {p.perm_id for p in pending}:
             why = f"no open approval {perm[:60]!r} on this task"
+            raise RpcFailure(INVALID_PARAMS, why, "invalid_answer", 422)
+        if content is not None and perm is None and len(pending) > 1:  # never half decided
+            why = "content answers one elicitation: with several open, name it with permId"
             raise RpcFailure(INVALID_PARAMS, why, "invalid_answer", 422)
         return decision, perm, content
 

@@ -54,7 +54,8 @@ def decision(message: a2.Message) -> tuple[str, str | None, dict[str, Any] | Non
 
     A ``data`` part ``{"decision": "allow" | "deny", "permId"?, "content"?}`` (also
     ``{"approved": bool}``), or a text part, its first word ``yes``/``allow`` or
-    ``no``/``deny`` (and a few synonyms: :data:`YES`, :data:`NO`).
+    ``no``/``deny`` (and a few synonyms: :data:`YES`, :data:`NO`). A ``permId`` that is
+    no string is a wrong answer, never one for every open approval.
 
     Raises:
         RpcFailure: -32602 ``invalid_answer``: neither.
@@ -67,10 +68,12 @@ def decision(message: a2.Message) -> tuple[str, str | None, dict[str, Any] | Non
             if said is None:
                 continue
             perm = data.get("permId")
+            if perm is not None and not isinstance(perm, str):  # never every open one
+                raise RpcFailure(INVALID_PARAMS, "permId must be a string", "invalid_answer", 422)
             content = data.get("content")
             if content is not None and not isinstance(content, dict):
                 raise RpcFailure(INVALID_PARAMS, "content must be an object", "invalid_answer", 422)
-            return said, perm if isinstance(perm, str) else None, content
+            return said, perm, content
         if part.text is not None:
             words = part.text.strip().lower().split()
             word = words[0].strip(".!,") if words else ""

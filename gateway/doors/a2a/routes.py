@@ -12,7 +12,7 @@ docs/doors/a2a.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -210,7 +210,9 @@ class A2aRoutes:
         self, req: Request, caller: str | None, rid: a2.RequestId, body: a2.SubscribeToTaskRequest
     ) -> StreamingResponse:
         """``SubscribeToTask``: the task again, after the client's cursor (``Last-Event-ID``),
-        replayed from the turn's start then live: no gap, no duplicate."""
+        replayed from the turn's start then live: no gap, no duplicate. A task read
+        queued is joined live, then read again: started meanwhile, it is joined anew
+        from its start (docs/doors/a2a.md "Streams and the cursor")."""
         header = req.headers.get("last-event-id")
         cursor = parse_cursor(header) if header else None
         if header and cursor is None:
@@ -218,13 +220,30 @@ class A2aRoutes:
                 INVALID_PARAMS, f"Last-Event-ID {header[:60]!r} is no cursor", "invalid_cursor"
             )
         found = await find_task(self.ctx, caller, body.id)
-        start = await found.start()
-        if start is None and not found.queued:
-            raise TaskNotFound(found.id)
-        if cursor is not None and start is not None and cursor.seq < start:
-            cursor = None  # before the task: the whole task
-        task = (found.id, found.session, found.turn_id)
-        sub, feed, release = await self.streams.open_task(req, task, start, cursor)
+        while True:
+            start = await found.start()
+            if start is None and not found.queued:
+                raise TaskNotFound(found.id)
+            if cursor is not None and start is not None and cursor.seq < start:
+                cursor = None  # before the task: the whole task
+            task = (found.id, found.session, found.turn_id)
+            sub, feed, release = await self.streams.open_task(req, task, start, cursor)
+            if start is not None:
+                break
+            # Read queued, joined live: had its turn started meanwhile, the live stream
+            # would miss its start (its end too); it is then replayed from its start.
+            try:
+                summary = await self.node.live_summary(found.session)
+            except BaseException:
+                sub.leave("client_closed")
+                release()
+                raise
+            found = FoundTask(found.id, found.session, found.turn_id, summary)
+            if found.queued:
+                break
+            sub.subscribed = False  # joined again at once: no bus event of it
+            found.session.hub.unsubscribe(sub)
+            release()
         return self.streams.respond(sub, feed, rid, release, [])
 
     def _history(
@@ -238,7 +257,9 @@ class A2aRoutes:
 
     async def _list(self, caller: str | None, body: a2.ListTasksRequest) -> a2.ListTasksResponse:
         """``ListTasks`` of one context (``contextId`` required): its turns, oldest first,
-        each read as ``GetTask`` reads it. Another key's context lists nothing."""
+        each read as ``GetTask`` reads it, those in the ``status`` asked (a page of turns
+        may then hold fewer tasks), artifacts only with ``includeArtifacts``. Another
+        key's context lists nothing."""
         if not body.context_id:
             raise RpcFailure(INVALID_PARAMS, "contextId is required", "invalid_params")
         try:
@@ -251,6 +272,7 @@ class A2aRoutes:
         if token and not (token.isascii() and token.isdigit() and len(token) <= 9):
             raise RpcFailure(INVALID_PARAMS, "pageToken is no page token", "invalid_page_token")
         limit = limit_of(body.history_length) if body.history_length is not None else 0
+        wanted = state_filter(body.status)
         turns: dict[str, None] = {}  # in order, once each: read once for the whole page
         messages = await self.node.messages_of(session)
         for m in messages:
@@ -269,6 +291,10 @@ class A2aRoutes:
                 task = await self.streams.read_task(found)
             except TaskNotFound:
                 continue
+            if wanted is not None and task.status.state != wanted:
+                continue
+            if not body.include_artifacts:
+                task.artifacts = None
             task.history = self._history(found, messages, limit)
             tasks.append(task)
         more = skip + size < len(turns)
@@ -278,6 +304,19 @@ class A2aRoutes:
             page_size=size,
             total_size=len(turns),
         )
+
+
+def state_filter(status: str | int | None) -> str | None:
+    """``ListTasks``'s ``status``: a ``TaskState`` by name or number, as protobuf's JSON
+    reads an enum (None: any state; ``TASK_STATE_UNSPECIFIED`` too). -32602 otherwise."""
+    states = ("TASK_STATE_UNSPECIFIED", *get_args(a2.TaskState))  # numbered as A2A 1.0's
+    if isinstance(status, int) and not isinstance(status, bool) and 0 <= status < len(states):
+        status = states[status]
+    if status is None or status == states[0]:
+        return None
+    if status not in states:
+        raise RpcFailure(INVALID_PARAMS, f"status {status!r:.60} is no TaskState", "invalid_params")
+    return str(status)
 
 
 def not_cancelable(task: str) -> RpcFailure:

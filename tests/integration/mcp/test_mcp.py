@@ -322,6 +322,23 @@ async def test_the_http_transport_sends_the_headers_and_cancels() -> None:
 
 
 @pytest.mark.slow  # over a second on two cores (measured with --durations)
+async def test_a_result_over_a_mib_over_http_is_cut_as_on_stdio() -> None:
+    """docs/protocol.md §11 "Results": text is cut at 1 MiB, whatever the transport. The
+    SDK's streamable HTTP client refuses an SSE event over 1 MiB by default, which failed
+    the call and dropped the connection ("went away") where stdio cut the result."""
+    async with http_server() as url, running(web=server(url=url)) as manager:
+        with trio.fail_after(20):
+            await manager.wait_ready()
+        tools = manager.session_tools(ToolRegistry(), "ses_a")
+        with trio.fail_after(20):
+            out = await tools.execute("mcp__web__huge", {"mb": 3}, context())
+        assert out.content.endswith(
+            f"[gateway: result cut at {MAX_RESULT_BYTES} of its 3145728 bytes]"
+        )
+        assert failures(manager, "web") == 0
+
+
+@pytest.mark.slow  # over a second on two cores (measured with --durations)
 async def test_stopping_the_manager_stops_every_server_process() -> None:
     async with running(ev=server(command=EVERYTHING)) as manager:
         await manager.wait_ready()

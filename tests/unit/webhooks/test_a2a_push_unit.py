@@ -43,6 +43,16 @@ def test_only_urls_within_a_prefix_are_taken() -> None:
         assert url_problem(url, [PREFIX]) is not None, url
 
 
+def test_a_prefix_without_a_trailing_slash_takes_its_path_segment_only() -> None:
+    """A prefix's path ends at a segment's end: ``https://HOST/a2a`` is ``/a2a`` and what is
+    under it, never ``/a2a-admin`` (the URL cannot leave the prefix's path)."""
+    prefix = "https://hooks.example.com/a2a"
+    for url in (prefix, prefix + "/t/1", prefix + "?t=1"):
+        assert url_problem(url, [prefix]) is None, url
+    for url in (prefix + "-admin/x", prefix + "x", prefix + ".evil", prefix + "%2Fx"):
+        assert url_problem(url, [prefix]) is not None, url
+
+
 def note(url: str, token: str = "tok") -> bytes:
     body = msgspec.Raw(b'{"statusUpdate":{}}')
     return msgspec.json.encode(PushDelivery(url, token, body))
