@@ -13,7 +13,8 @@ CARD = Operation(
     None,
     description="A2A 1.0's agent card (docs/doors/a2a.md): one skill per agent of the "
     "config, the JSON-RPC interface (`POST /a2a`), the key scheme where keys are "
-    "configured, `streaming: true`, `pushNotifications: false`.",
+    "configured, `streaming: true`, `pushNotifications` true where `[a2a] "
+    "push_url_prefixes` is set.",
 )
 """``GET /.well-known/agent-card.json`` in the API document."""
 

@@ -20,7 +20,8 @@ from gateway.protocol.http import FileStored
 DOWNLOAD_HEADERS = (
     ("X-Content-Type-Options", "nosniff"),
     ("Content-Security-Policy", "default-src 'none'; sandbox"),
-    ("Cache-Control", "private, max-age=31536000, immutable"),  # content-addressed
+    ("Cache-Control", "private, max-age=31536000, immutable"),  # content-addressed...
+    ("Vary", "Authorization"),  # ...for the key that fetched it: another asks again
 )
 
 

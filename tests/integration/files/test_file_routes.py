@@ -36,6 +36,9 @@ async def test_a_file_is_stored_once_and_given_back_as_an_attachment(gw: Harness
     assert r.headers["content-type"] == "image/png"
     assert r.headers["content-disposition"].startswith("attachment")
     assert r.headers["x-content-type-options"] == "nosniff"
+    # Kept by a browser for a year, for the key that fetched it (docs/protocol.md §2 "Files").
+    assert r.headers["cache-control"] == "private, max-age=31536000, immutable"
+    assert "Authorization" in r.headers.get_list("vary"), r.headers
 
 
 async def test_a_turn_names_files_and_the_wire_carries_references_only(gw: Harness) -> None:
