@@ -6,6 +6,10 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import pytest
+
+from gateway.errors import Refused
+from gateway.session import busy
 from tests.conftest import running_gateway
 from tests.files_support import png
 from tests.integration.session.test_rewind import (
@@ -17,6 +21,7 @@ from tests.integration.session.test_rewind import (
     turn,
     user_of,
 )
+from tests.integration.session.test_rewind_fork_adversary2 import user_message
 
 IMAGE = {
     "type": "image",
@@ -50,3 +55,34 @@ async def test_a_user_message_of_an_image_alone_is_rewound_to(tmp_path: Path) ->
         ]
         roles = [m["role"] for m in await listing(gw, sid)]
         assert roles == ["user", "assistant", "user", "assistant"]
+
+
+@pytest.mark.parametrize("if_busy", ["queue", "steer"])
+async def test_a_busy_session_refuses_a_message_id_a_rewind_took_out(
+    tmp_path: Path, if_busy: str
+) -> None:
+    """A door names a user message after its client's id (the AI SDK's): a client whose view
+    is older than the session's sends one a rewind took out. Idle or interrupting, that is
+    409 ``message_rewound`` (gateway.session.rewind.check); queued or steered into a busy
+    session it was taken, and where its turn started its message was put again in its old
+    place among the rewound ones: in the conversation then, rewound after a restart."""
+    provider = Recording()
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []}), provider) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            await turn(gw, client, sid, "Question A")
+            b = await turn(gw, client, sid, "Question B")
+            await turn(gw, client, sid, "Question B, edited", rewind_to=user_of(b))
+            provider.held = True
+            r = await post_turn(gw.http, sid, "Question C, running")
+            assert r.status_code == 202
+            session = gw.node.sessions[sid]
+            [old] = [m for m in session.rewound if m.id == user_of(b)]
+            again = user_message(sid, "Question B")
+            again.id = old.id
+            with pytest.raises(Refused) as refused:
+                busy.submit(session, again, if_busy)  # type: ignore[arg-type]
+            assert refused.value.code == "message_rewound"
+            assert session.record.queued_turns == []
+            provider.hold.set()
