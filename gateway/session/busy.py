@@ -134,7 +134,8 @@ def submit(
 
     Raises:
         Refused: as :meth:`Session.submit_turn` (``turn_in_progress`` for
-            ``reject``); ``queue_full`` past ``[turns] max_queued``.
+            ``reject``; ``message_rewound`` for a message id a rewind took out,
+            queued or steered too); ``queue_full`` past ``[turns] max_queued``.
     """
     if if_busy == "reject" or not is_busy(session):
         return session.submit_turn(message, if_busy, rewind_to)
@@ -143,9 +144,11 @@ def submit(
     _check_not_waiting(session, message)
     admission.check_size(session)
     admission.check_store(session.node.store)
+    # docs/protocol.md §2 "Edit and regenerate": the target, and (whatever if_busy says) a
+    # message id a rewind took out, which would be stored again in its place among them.
+    rewind.check(session, rewind_to, message.id)
     running = session.turn
     if if_busy == "interrupt":
-        rewind.check(session, rewind_to, message.id)  # docs/protocol.md §2 "Edit and regenerate"
         return _interrupt(session, message, rewind_to)
     if if_busy == "steer" and running is not None and not running.cancelling:
         return _steer(session, running, message, trace or {})
