@@ -7,11 +7,13 @@ import base64
 from pathlib import Path
 
 import pytest
+import trio
 
 from gateway.errors import Refused
 from gateway.session import busy
 from tests.conftest import running_gateway
 from tests.files_support import png
+from tests.integration.session.test_busy import Gated
 from tests.integration.session.test_rewind import (
     Recording,
     config,
@@ -86,3 +88,48 @@ async def test_a_busy_session_refuses_a_message_id_a_rewind_took_out(
             assert refused.value.code == "message_rewound"
             assert session.record.queued_turns == []
             provider.hold.set()
+
+
+async def test_a_queued_turn_cancelled_as_it_leaves_the_queue_never_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn before ends and the next queued one is taken from the queue, to start when
+    the agent loop next runs: a cancel landing in between finds it still queued (in the
+    record, in ``queued_turns``, no ``turn.started``). It must be cancelled as queued
+    (``phase: "queued"``, no ``turn.started`` ever: docs/protocol.md §2 "A busy session");
+    it was cancelled as a started turn: ``turn.started``, then ``turn.cancelled`` (``llm``),
+    its user message left in the conversation."""
+    provider = Gated()
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []}), provider) as gw:
+        sid = await gw.create_session()
+        session = gw.node.sessions[sid]
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            r = await post_turn(gw.http, sid, "hold A")
+            assert r.status_code == 202, r.text
+            await provider.holding.wait()
+            r = await post_turn(gw.http, sid, "Question B", if_busy="queue")
+            assert r.status_code == 202, r.text
+            b = r.json()["turn_id"]
+            r = await post_turn(gw.http, sid, "Question C", if_busy="queue")
+            c = r.json()["turn_id"]
+            next_turn = session.next_turn
+
+            def then_cancel() -> None:
+                next_turn()
+                waiting = session.turn
+                if waiting is not None and waiting.id == b and not waiting.started.is_set():
+                    assert [q.turn_id for q in session.record.queued_turns] == [b, c]
+                    session.cancel_turn(b, "user", "test")  # in the step that took it
+
+            monkeypatch.setattr(session, "next_turn", then_cancel)
+            provider.let_go()
+            with trio.fail_after(10):
+                events = await client.until(lambda e: e.type == "turn.completed" and e.turn_id == c)
+        of_b = [(e.type, getattr(e.payload, "phase", None)) for e in events if e.turn_id == b]
+        assert of_b == [("turn.queued", None), ("turn.cancelled", "queued")], of_b
+        assert [m["content"][0]["text"] for m in await listing(gw, sid) if m["role"] == "user"] == [
+            "hold A",
+            "Question C",
+        ]
+        assert "queued_turns" not in (await gw.http.get(f"/sessions/{sid}")).json()
