@@ -375,13 +375,24 @@ def take_steers(session: BusyHost, turn: Turn) -> list[Message]:
 
 def cancel_queued(session: BusyHost, turn_id: str, reason: str) -> bool:
     """Cancel a queued turn: out of the record, ``turn.cancelled`` (phase ``queued``) in the
-    same step. Whether the session had it queued."""
+    same step. Whether the session had it queued.
+
+    One :func:`start_next` took already (the turn lock's, waiting for the agent loop)
+    is queued still: it leaves the record only with its ``turn.started``
+    (:func:`started`). It then never starts (the loop skips a turn that is done)
+    and the next waiting one takes the lock.
+    """
     record = session.record
     if not any(q.turn_id == turn_id and q.steering is None for q in record.queued_turns):
         return False
     record.queued_turns = [q for q in record.queued_turns if q.turn_id != turn_id]
     session.save_record()
     session.emit([TurnCancelled(turn_id, reason, "queued", False)], turn_id)
+    taken = session.turn
+    if taken is not None and taken.id == turn_id:
+        session.turn = None
+        taken.finish("cancelled")
+        start_next(session)
     return True
 
 
