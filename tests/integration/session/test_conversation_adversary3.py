@@ -11,6 +11,7 @@ import trio
 
 from gateway.errors import Refused
 from gateway.session import busy
+from gateway.session.turn import Turn
 from tests.conftest import running_gateway
 from tests.files_support import png
 from tests.integration.session.test_busy import Gated
@@ -133,3 +134,56 @@ async def test_a_queued_turn_cancelled_as_it_leaves_the_queue_never_starts(
             "Question C",
         ]
         assert "queued_turns" not in (await gw.http.get(f"/sessions/{sid}")).json()
+
+
+async def test_an_interrupt_as_a_queued_turn_leaves_the_queue_goes_ahead_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same moment, an interrupt: the queued turn taken from the queue has not started
+    (it is queued until its ``turn.started``), so the interrupting turn starts ahead of it
+    and it runs after, in its place (docs/protocol.md §2 "A busy session": ahead of any
+    queued turn). It was started, then cancelled (``interrupted``): a queued turn lost."""
+    provider = Gated()
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []}), provider) as gw:
+        sid = await gw.create_session()
+        session = gw.node.sessions[sid]
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            r = await post_turn(gw.http, sid, "hold A")
+            assert r.status_code == 202, r.text
+            await provider.holding.wait()
+            r = await post_turn(gw.http, sid, "Question B", if_busy="queue")
+            b = r.json()["turn_id"]
+            next_turn = session.next_turn
+            interrupting: list[Turn] = []
+
+            def then_interrupt() -> None:
+                next_turn()
+                waiting = session.turn
+                if interrupting or waiting is None:
+                    return
+                if waiting.id == b and not waiting.started.is_set():  # once
+                    taken = busy.submit(session, user_message(sid, "Question I"), "interrupt")
+                    assert isinstance(taken, Turn)
+                    interrupting.append(taken)
+
+            monkeypatch.setattr(session, "next_turn", then_interrupt)
+            provider.let_go()
+            with trio.fail_after(10):
+                events = await client.until(
+                    lambda e: e.type == "turn.completed" and e.turn_id == interrupting[0].id
+                )
+                if not any(e.turn_id == b and e.type == "turn.cancelled" for e in events):
+                    events += await client.until(
+                        lambda e: e.type == "turn.completed" and e.turn_id == b
+                    )
+        [i] = interrupting
+        ends = [(e.type, e.turn_id) for e in events if e.type.startswith("turn.")]
+        assert ends[-4:] == [
+            ("turn.started", i.id),
+            ("turn.completed", i.id),
+            ("turn.started", b),
+            ("turn.completed", b),
+        ], ends
+        said = [m["content"][0]["text"] for m in await listing(gw, sid) if m["role"] == "user"]
+        assert said == ["hold A", "Question I", "Question B"]
