@@ -248,11 +248,24 @@ def _interrupt(session: BusyHost, message: Message, rewind_to: str | None) -> Tu
     lane = session.supervisor
     lane.interrupters.append(turn)
     running = session.turn
+    if running is not None and _requeue(session, running):
+        running = None
     if running is not None:
         running.request_cancel(INTERRUPTED)  # a no-op if it is cancelling already
     else:  # only queued turns, none started yet (a moment at a restart)
         start_next(session)
     return turn
+
+
+def _requeue(session: BusyHost, taken: Turn) -> bool:
+    """A queued turn :func:`start_next` took and the agent loop has not started yet is queued
+    still (it leaves the record with its ``turn.started``): it lets the lock go and waits
+    in its place, never started by the loop (it skips a turn that is done). Whether so."""
+    if not any(q.turn_id == taken.id for q in session.record.queued_turns):
+        return False
+    session.turn = None
+    taken.finish("requeued")
+    return True
 
 
 def start_next(session: BusyHost) -> None:
