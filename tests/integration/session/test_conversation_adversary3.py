@@ -4,17 +4,19 @@ review: each test is a defect's reproduction."""
 from __future__ import annotations
 
 import base64
+import contextlib
 from pathlib import Path
 
 import pytest
 import trio
+from trio_websocket import ConnectionClosed
 
 from gateway.errors import Refused
 from gateway.session import busy
 from gateway.session.turn import Turn
 from tests.conftest import running_gateway
 from tests.files_support import png
-from tests.integration.session.test_busy import Gated
+from tests.integration.session.test_busy import Gated, _last_text
 from tests.integration.session.test_rewind import (
     Recording,
     config,
@@ -187,3 +189,58 @@ async def test_an_interrupt_as_a_queued_turn_leaves_the_queue_goes_ahead_of_it(
         ], ends
         said = [m["content"][0]["text"] for m in await listing(gw, sid) if m["role"] == "user"]
         assert said == ["hold A", "Question I", "Question B"]
+
+
+async def test_a_queued_turn_about_to_start_never_starts_once_a_delete_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn before ended and the queued one is taken, not yet started (held here, so
+    that the moment lasts), when DELETE begins: the queued turn must never start (docs/
+    protocol.md §2: deleting drops them). It started while the delete read the store
+    (``turn.started``), to be cancelled ``session_deleted``."""
+    provider = Gated()
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []}), provider) as gw:
+        sid = await gw.create_session()
+        session = gw.node.sessions[sid]
+        lane = session.supervisor
+        queue_turn = lane.queue_turn
+        go = trio.Event()
+        store = gw.node.store
+        worker_ids = store.worker_ids
+
+        async def reading(session_id: str) -> list[str]:
+            go.set()  # the taken turn goes to the agent loop while the delete reads
+            return await worker_ids(session_id)
+
+        async with gw.client(sid) as client, trio.open_nursery() as nursery:
+            await client.subscribe()
+            r = await post_turn(gw.http, sid, "hold A")
+            a = r.json()["turn_id"]
+            await provider.holding.wait()
+            r = await post_turn(gw.http, sid, "Question B", if_busy="queue")
+            b = r.json()["turn_id"]
+
+            def held(turn: Turn) -> None:
+                async def later() -> None:
+                    await go.wait()
+                    queue_turn(turn)
+
+                if turn.id == b:
+                    nursery.start_soon(later)
+                else:
+                    queue_turn(turn)
+
+            monkeypatch.setattr(lane, "queue_turn", held)
+            provider.let_go()
+            with trio.fail_after(10):
+                await client.until(lambda e: e.type == "turn.completed" and e.turn_id == a)
+            taken = session.turn
+            assert taken is not None and taken.id == b and not taken.started.is_set()
+            monkeypatch.setattr(store, "worker_ids", reading)
+            r = await gw.http.delete(f"/sessions/{sid}")
+            assert r.status_code == 204, r.text
+            with trio.fail_after(10), contextlib.suppress(ConnectionClosed):
+                while True:
+                    await client.recv()
+        assert [e.type for e in client.events if e.turn_id == b] == ["turn.queued"]
+        assert [_last_text(r) for r in provider.requests] == ["hold A"]
