@@ -247,9 +247,7 @@ def _interrupt(session: BusyHost, message: Message, rewind_to: str | None) -> Tu
     turn = Turn(message.turn_id or new_turn_id(), message, rewind_to=rewind_to)
     lane = session.supervisor
     lane.interrupters.append(turn)
-    running = session.turn
-    if running is not None and _requeue(session, running):
-        running = None
+    running = None if put_back(session) else session.turn
     if running is not None:
         running.request_cancel(INTERRUPTED)  # a no-op if it is cancelling already
     else:  # only queued turns, none started yet (a moment at a restart)
@@ -257,11 +255,13 @@ def _interrupt(session: BusyHost, message: Message, rewind_to: str | None) -> Tu
     return turn
 
 
-def _requeue(session: BusyHost, taken: Turn) -> bool:
+def put_back(session: BusyHost) -> bool:
     """A queued turn :func:`start_next` took and the agent loop has not started yet is queued
-    still (it leaves the record with its ``turn.started``): it lets the lock go and waits
-    in its place, never started by the loop (it skips a turn that is done). Whether so."""
-    if not any(q.turn_id == taken.id for q in session.record.queued_turns):
+    still (it leaves the record with its ``turn.started``): it lets the turn lock go and
+    waits in its place, never started by the loop (it skips a turn that is done), for an
+    interrupting turn to go first, or for good once a delete began. Whether there was one."""
+    taken = session.turn
+    if taken is None or not any(q.turn_id == taken.id for q in session.record.queued_turns):
         return False
     session.turn = None
     taken.finish("requeued")
