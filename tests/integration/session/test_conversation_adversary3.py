@@ -12,6 +12,7 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from gateway.errors import Refused
+from gateway.ids import format_event_id
 from gateway.session import busy
 from gateway.session.turn import Turn
 from tests.conftest import running_gateway
@@ -36,6 +37,8 @@ IMAGE = {
         "data": base64.b64encode(png()).decode(),
     },
 }
+
+ENDS = ("turn.completed", "turn.cancelled")
 
 
 async def test_a_user_message_of_an_image_alone_is_rewound_to(tmp_path: Path) -> None:
@@ -244,3 +247,53 @@ async def test_a_queued_turn_about_to_start_never_starts_once_a_delete_began(
                     await client.recv()
         assert [e.type for e in client.events if e.turn_id == b] == ["turn.queued"]
         assert [_last_text(r) for r in provider.requests] == ["hold A"]
+
+
+async def test_a_queued_turn_about_to_start_waits_through_a_graceful_shutdown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same moment, a graceful shutdown: queued turns wait through it and run once after
+    (docs/protocol.md §2 "A busy session", §9). The taken one was started and cancelled
+    (``shutdown``): gone from the queue, it never ran."""
+    provider = Gated()
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []}), provider) as gw:
+        sid = await gw.create_session()
+        session = gw.node.sessions[sid]
+        lane = session.supervisor
+        queue_turn = lane.queue_turn
+        node = gw.node
+        drain_turns = node.drain_turns
+        taken: list[Turn] = []
+
+        def held(turn: Turn) -> None:
+            if turn.id == b:
+                taken.append(turn)
+            else:
+                queue_turn(turn)
+
+        async def draining() -> None:
+            for turn in taken:  # to the agent loop once the shutdown began, not before
+                queue_turn(turn)
+            await drain_turns()
+
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            r = await post_turn(gw.http, sid, "hold A")
+            a = r.json()["turn_id"]
+            await provider.holding.wait()
+            r = await post_turn(gw.http, sid, "Question B", if_busy="queue")
+            b = r.json()["turn_id"]
+            monkeypatch.setattr(lane, "queue_turn", held)
+            monkeypatch.setattr(node, "drain_turns", draining)
+            provider.let_go()
+            with trio.fail_after(10):
+                await client.until(lambda e: e.type == "turn.completed" and e.turn_id == a)
+            assert session.turn is not None and session.turn.id == b
+    again = Gated()
+    async with running_gateway(config(tmp_path), again) as gw, gw.client(sid) as client:
+        await client.subscribe(since=format_event_id(0))
+        with trio.fail_after(10):
+            await client.until(lambda e: e.turn_id == b and e.type in ENDS)
+    of_b = [e.type for e in client.events if e.turn_id == b and e.type.startswith("turn.")]
+    assert of_b == ["turn.queued", "turn.started", "turn.completed"]
+    assert [_last_text(r) for r in again.requests] == ["Question B"]
