@@ -258,8 +258,9 @@ def _interrupt(session: BusyHost, message: Message, rewind_to: str | None) -> Tu
 def put_back(session: BusyHost) -> bool:
     """A queued turn :func:`start_next` took and the agent loop has not started yet is queued
     still (it leaves the record with its ``turn.started``): it lets the turn lock go and
-    waits in its place, never started by the loop (it skips a turn that is done), for an
-    interrupting turn to go first, or for good once a delete began. Whether there was one."""
+    waits in its place, never started by the loop (it skips a turn that is done): for an
+    interrupting turn to go first; through a shutdown, or while the store refuses every
+    write, as every queued turn does; for good once a delete began. Whether there was one."""
     taken = session.turn
     if taken is None or not any(q.turn_id == taken.id for q in session.record.queued_turns):
         return False
@@ -314,6 +315,14 @@ def start_next(session: BusyHost) -> None:
         return
     session.turn = turn
     lane.queue_turn(turn)
+
+
+def cancel_running(session: BusyHost, reason: str) -> None:
+    """Cancel the session's turn in flight for the node's sake (a shutdown, the store
+    refusing every write: docs/protocol.md §8); a queued turn taken but not started is
+    put back instead (:func:`put_back`): it waits, as every queued turn does then."""
+    if not put_back(session) and session.turn is not None:
+        session.turn.request_cancel(reason)
 
 
 def _drop_stale_rewinds(session: BusyHost, lane: Lane) -> None:
