@@ -297,3 +297,43 @@ async def test_a_queued_turn_about_to_start_waits_through_a_graceful_shutdown(
     of_b = [e.type for e in client.events if e.turn_id == b and e.type.startswith("turn.")]
     assert of_b == ["turn.queued", "turn.started", "turn.completed"]
     assert [_last_text(r) for r in again.requests] == ["Question B"]
+
+
+async def test_a_cancel_then_an_interrupt_as_queued_turns_leave_the_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both in that moment: B, taken, is cancelled (C is taken in its place), then an
+    interrupt puts C back. Each leaves a turn the loop skips in its queue, with the
+    interrupting turn behind them: all three wait there, none is refused."""
+    provider = Gated()
+    async with running_gateway(config(tmp_path, **{"tools.require_approval": []}), provider) as gw:
+        sid = await gw.create_session()
+        session = gw.node.sessions[sid]
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            await post_turn(gw.http, sid, "hold A")
+            await provider.holding.wait()
+            b, c = [
+                (await post_turn(gw.http, sid, text, if_busy="queue")).json()["turn_id"]
+                for text in ("Question B", "Question C")
+            ]
+            next_turn = session.next_turn
+            interrupting: list[Turn] = []
+
+            def both() -> None:
+                next_turn()
+                waiting = session.turn
+                if interrupting or waiting is None or waiting.id != b:
+                    return
+                session.cancel_turn(b, "user", "test")
+                taken = busy.submit(session, user_message(sid, "Question I"), "interrupt")
+                assert isinstance(taken, Turn)
+                interrupting.append(taken)
+
+            monkeypatch.setattr(session, "next_turn", both)
+            provider.let_go()
+            with trio.fail_after(10):
+                await client.until(lambda e: e.type == "turn.completed" and e.turn_id == c)
+        [i] = interrupting
+        started = [e.turn_id for e in client.events if e.type == "turn.started"]
+        assert started[1:] == [i.id, c]
