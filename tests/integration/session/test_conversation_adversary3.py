@@ -1,5 +1,13 @@
 """Adversary cases of edit and regenerate and a busy session (docs/protocol.md §2), a third
-review: each test is a defect's reproduction."""
+review: each test is a defect's reproduction.
+
+Several are about one moment: the turn before ended and the next queued turn is
+taken from the queue (the turn lock's), but the agent loop has not started it
+yet. It is queued still (its ``turn.started`` not emitted, the record lists
+it), so a cancel, an interrupt, a DELETE or a shutdown landing then must treat
+it as a queued turn. The tests make the moment happen where the gateway would
+next look (the session's ``next_turn``, or the lane's ``queue_turn`` held).
+"""
 
 from __future__ import annotations
 
