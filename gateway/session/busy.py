@@ -11,7 +11,8 @@ durable as a started one and a restart finds it (``Store.open_turns``).
   (after its terminal event), and recovery after it closed an interrupted one.
   A turn starting from the queue leaves the record in the step that emits its
   ``turn.started`` (:func:`started`), never before: a crash in between finds it
-  still queued.
+  still queued, and so does a cancel (:func:`cancel_queued`), an interrupt, a
+  delete or a shutdown (:func:`put_back`: the agent loop skips the turn it took).
 - **interrupt**: the running turn is cancelled (reason ``interrupted``) and the
   new turn waits in :attr:`Supervisor.interrupters`, ahead of the queue; a
   second interrupt cancels the first as soon as it started. Not durable
