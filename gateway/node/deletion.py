@@ -59,6 +59,7 @@ async def delete(node: NodeCore, session: Session) -> None:
     live = _tree(session)
     for s in live:  # nothing queued starts from now on, whatever ends meanwhile (§2)
         s.deleting = True
+        busy.put_back(s)  # not even one taken from the queue, not yet started
     try:
         ids = await _stored_tree(node, session.id)
     except StoreError as exc:

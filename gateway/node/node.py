@@ -79,7 +79,7 @@ from gateway.protocol.shapes import Message, SessionSummary, ToolInfo, Usage
 from gateway.providers.base import Provider
 from gateway.providers.factory import Providers
 from gateway.providers.model_proxy import ModelProxy
-from gateway.session import rewind
+from gateway.session import busy, rewind
 from gateway.session.agent import TurnHost
 from gateway.session.checkpoints import Checkpoints
 from gateway.session.files import Files
@@ -239,8 +239,7 @@ class Node:
             return
         self._drained = True
         for session in self.sessions.values():
-            if session.turn is not None:
-                session.turn.request_cancel("shutdown")
+            busy.cancel_running(session, "shutdown")  # a queued turn waits through it (§2)
         with trio.move_on_after(self.config.server.shutdown_grace_s), contextlib.suppress(Refused):
             while any(s.turn is not None for s in self.sessions.values()):
                 await self.changed()
@@ -256,8 +255,7 @@ class Node:
         ``turn_in_progress`` (docs/protocol.md §15).
         """
         for session in self.sessions.values():
-            if session.turn is not None:
-                session.turn.request_cancel(STORE_REFUSING)
+            busy.cancel_running(session, STORE_REFUSING)  # a queued turn waits (§2)
 
     def notify(self) -> None:
         """Something shutdown waits for happened: a turn ended or a connection closed."""

@@ -109,7 +109,7 @@ class AgentLoop:
         async for job in turns:
             if isinstance(job, compaction_live.Request):
                 await self.compact_now(job)
-            else:
+            elif job.in_flight:  # not a queued turn cancelled as it left the queue (busy)
                 await self.run_turn(job)
             # In the step that ended it: the next waiting turn (docs/protocol.md §2 "A busy
             # session"); after a compaction too (a turn sent meanwhile was queued).

@@ -11,7 +11,8 @@ durable as a started one and a restart finds it (``Store.open_turns``).
   (after its terminal event), and recovery after it closed an interrupted one.
   A turn starting from the queue leaves the record in the step that emits its
   ``turn.started`` (:func:`started`), never before: a crash in between finds it
-  still queued.
+  still queued, and so does a cancel (:func:`cancel_queued`), an interrupt, a
+  delete or a shutdown (:func:`put_back`: the agent loop skips the turn it took).
 - **interrupt**: the running turn is cancelled (reason ``interrupted``) and the
   new turn waits in :attr:`Supervisor.interrupters`, ahead of the queue; a
   second interrupt cancels the first as soon as it started. Not durable
@@ -134,7 +135,8 @@ def submit(
 
     Raises:
         Refused: as :meth:`Session.submit_turn` (``turn_in_progress`` for
-            ``reject``); ``queue_full`` past ``[turns] max_queued``.
+            ``reject``; ``message_rewound`` for a message id a rewind took out,
+            queued or steered too); ``queue_full`` past ``[turns] max_queued``.
     """
     if if_busy == "reject" or not is_busy(session):
         return session.submit_turn(message, if_busy, rewind_to)
@@ -143,9 +145,11 @@ def submit(
     _check_not_waiting(session, message)
     admission.check_size(session)
     admission.check_store(session.node.store)
+    # docs/protocol.md §2 "Edit and regenerate": the target, and (whatever if_busy says) a
+    # message id a rewind took out, which would be stored again in its place among them.
+    rewind.check(session, rewind_to, message.id)
     running = session.turn
     if if_busy == "interrupt":
-        rewind.check(session, rewind_to, message.id)  # docs/protocol.md §2 "Edit and regenerate"
         return _interrupt(session, message, rewind_to)
     if if_busy == "steer" and running is not None and not running.cancelling:
         return _steer(session, running, message, trace or {})
@@ -244,12 +248,26 @@ def _interrupt(session: BusyHost, message: Message, rewind_to: str | None) -> Tu
     turn = Turn(message.turn_id or new_turn_id(), message, rewind_to=rewind_to)
     lane = session.supervisor
     lane.interrupters.append(turn)
-    running = session.turn
+    running = None if put_back(session) else session.turn
     if running is not None:
         running.request_cancel(INTERRUPTED)  # a no-op if it is cancelling already
     else:  # only queued turns, none started yet (a moment at a restart)
         start_next(session)
     return turn
+
+
+def put_back(session: BusyHost) -> bool:
+    """A queued turn :func:`start_next` took and the agent loop has not started yet is queued
+    still (it leaves the record with its ``turn.started``): it lets the turn lock go and
+    waits in its place, never started by the loop (it skips a turn that is done): for an
+    interrupting turn to go first; through a shutdown, or while the store refuses every
+    write, as every queued turn does; for good once a delete began. Whether there was one."""
+    taken = session.turn
+    if taken is None or not any(q.turn_id == taken.id for q in session.record.queued_turns):
+        return False
+    session.turn = None
+    taken.finish("requeued")
+    return True
 
 
 def start_next(session: BusyHost) -> None:
@@ -298,6 +316,14 @@ def start_next(session: BusyHost) -> None:
         return
     session.turn = turn
     lane.queue_turn(turn)
+
+
+def cancel_running(session: BusyHost, reason: str) -> None:
+    """Cancel the session's turn in flight for the node's sake (a shutdown, the store
+    refusing every write: docs/protocol.md §8); a queued turn taken but not started is
+    put back instead (:func:`put_back`): it waits, as every queued turn does then."""
+    if not put_back(session) and session.turn is not None:
+        session.turn.request_cancel(reason)
 
 
 def _drop_stale_rewinds(session: BusyHost, lane: Lane) -> None:
@@ -372,13 +398,24 @@ def take_steers(session: BusyHost, turn: Turn) -> list[Message]:
 
 def cancel_queued(session: BusyHost, turn_id: str, reason: str) -> bool:
     """Cancel a queued turn: out of the record, ``turn.cancelled`` (phase ``queued``) in the
-    same step. Whether the session had it queued."""
+    same step. Whether the session had it queued.
+
+    One :func:`start_next` took already (the turn lock's, waiting for the agent loop)
+    is queued still: it leaves the record only with its ``turn.started``
+    (:func:`started`). It then never starts (the loop skips a turn that is done)
+    and the next waiting one takes the lock.
+    """
     record = session.record
     if not any(q.turn_id == turn_id and q.steering is None for q in record.queued_turns):
         return False
     record.queued_turns = [q for q in record.queued_turns if q.turn_id != turn_id]
     session.save_record()
     session.emit([TurnCancelled(turn_id, reason, "queued", False)], turn_id)
+    taken = session.turn
+    if taken is not None and taken.id == turn_id:
+        session.turn = None
+        taken.finish("cancelled")
+        start_next(session)
     return True
 
 

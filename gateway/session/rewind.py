@@ -49,7 +49,7 @@ from typing import Protocol
 from gateway.errors import Refused
 from gateway.logs import event
 from gateway.protocol.events import HistoryRewound, Payload, StreamEvent
-from gateway.protocol.shapes import Message, TextBlock
+from gateway.protocol.shapes import Message, ToolResultBlock
 from gateway.session.hub import Emitted
 from gateway.session.turn import Turn
 from gateway.store.base import Rewind, SessionRecord, Store
@@ -73,9 +73,12 @@ class Conversation(Protocol):
 
 
 def is_user_message(message: Message) -> bool:
-    """A message a person wrote (a turn's, or a steer's): ``role: "user"`` with text, not a
-    user message that only carries tool results."""
-    return message.role == "user" and any(isinstance(b, TextBlock) for b in message.content)
+    """A message a person wrote (a turn's, or a steer's): ``role: "user"`` with a block that
+    is not a tool result (text, an image, a document: a turn's content may be an image
+    alone, docs/protocol.md §2), not a user message that only carries tool results."""
+    return message.role == "user" and any(
+        not isinstance(b, ToolResultBlock) for b in message.content
+    )
 
 
 class Holder(Protocol):

@@ -511,10 +511,11 @@ class Session(sampling_host.ServerRequests):
             Refused: ``turn_not_found`` for a turn this session never had;
                 ``turn_not_in_flight`` for a finished one.
         """
+        # Queued, or taken from the queue but not started (§2 "A busy session"): never starts.
+        if busy.cancel_queued(self, turn_id, reason):
+            return
         turn = self.turn
         if turn is None or turn.id != turn_id:
-            if busy.cancel_queued(self, turn_id, reason):  # docs/protocol.md §2 "A busy session"
-                return
             if any(m.turn_id == turn_id for m in (*self.messages, *self.rewound)):
                 raise Refused("turn_not_in_flight", f"turn {turn_id} has already ended")
             raise Refused("turn_not_found", f"no turn {turn_id!r} in {self.id}")

@@ -1,17 +1,21 @@
 """A session's supervisor: the queue its agent loop reads, and the failure boundary around it.
 
 The queue holds a turn, and at most one compaction ahead of it
-(``POST .../compact``, docs/protocol.md §12). The failure boundary
-(:meth:`Supervisor.run`): if the agent loop or the translator fails, the failure
-is logged and counted, the turn in flight is closed for every client, and both
-tasks start again for the next turn; a session failing over and over (five
-times within a second) pauses a second before it starts again. A session
-whose lease another node took is stopped here (:meth:`Supervisor.stop`) and
-starts again as a replica.
+(``POST .../compact``, docs/protocol.md §12), and the queued turns put back
+before the loop took them (gateway.session.busy: done, the loop skips them),
+one per cancel or interrupt that lands in that moment: so it is unbounded.
+
+The failure boundary (:meth:`Supervisor.run`): if the agent loop or the
+translator fails, the failure is logged and counted, the turn in flight is
+closed for every client, and both tasks start again for the next turn; a
+session failing over and over (five times within a second) pauses a second
+before it starts again. A session whose lease another node took is stopped
+here (:meth:`Supervisor.stop`) and starts again as a replica.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -31,7 +35,7 @@ class Supervisor:
     """The turns and compactions queued for one session's agent loop, and its tasks' scope."""
 
     def __init__(self) -> None:
-        self._tx, self._rx = trio.open_memory_channel[Turn | compaction_live.Request](2)
+        self._tx, self._rx = trio.open_memory_channel[Turn | compaction_live.Request](math.inf)
         self.compaction: compaction_live.Request | None = None  # POST .../compact, until it ran
         # Turns sent with if_busy "interrupt", to start next (gateway.session.busy).
         self.interrupters: deque[Turn] = deque()
