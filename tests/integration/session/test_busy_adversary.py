@@ -444,28 +444,32 @@ async def test_a_queued_turn_never_starts_once_a_delete_began(tmp_path: Path) ->
     provider = Gated()
     async with running_gateway(make_config(tmp_path), provider) as gw:
         sid = await gw.create_session()
-        assert (await post(gw, sid, "hold A"))[0] == 202
-        await provider.holding.wait()
-        assert (await post(gw, sid, "B", if_busy="queue"))[0] == 202
-        store = gw.node.store
-        reading = trio.Event()
-        slow_read = store.worker_ids
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            assert (await post(gw, sid, "hold A"))[0] == 202
+            await provider.holding.wait()
+            assert (await post(gw, sid, "B", if_busy="queue"))[0] == 202
+            store = gw.node.store
+            reading, gate = trio.Event(), trio.Event()
+            slow_read = store.worker_ids
 
-        async def worker_ids(session_id: str) -> list[str]:
-            reading.set()
-            await trio.sleep(0.5)  # a slow store
-            return await slow_read(session_id)
+            async def worker_ids(session_id: str) -> list[str]:
+                reading.set()
+                await gate.wait()  # a slow store
+                return await slow_read(session_id)
 
-        store.worker_ids = worker_ids  # type: ignore[method-assign]
-        async with trio.open_nursery() as nursery:
+            store.worker_ids = worker_ids  # type: ignore[method-assign]
+            async with trio.open_nursery() as nursery:
 
-            async def delete() -> None:
-                r = await gw.http.delete(f"/sessions/{sid}")
-                assert r.status_code == 204, r.text
+                async def delete() -> None:
+                    r = await gw.http.delete(f"/sessions/{sid}")
+                    assert r.status_code == 204, r.text
 
-            nursery.start_soon(delete)
-            await reading.wait()
-            provider.let_go()  # A ends while the delete waits for the store
+                nursery.start_soon(delete)
+                await reading.wait()
+                provider.let_go()  # A ends while the delete waits for the store
+                await client.until_turn_ends()
+                gate.set()
     assert [_last_text(r) for r in provider.requests] == ["hold A"]
 
 
@@ -481,12 +485,12 @@ async def test_a_delete_the_store_refuses_leaves_the_queue_to_go_on(tmp_path: Pa
             await provider.holding.wait()
             assert (await post(gw, sid, "B", if_busy="queue"))[0] == 202
             store = gw.node.store
-            reading = trio.Event()
+            reading, gate = trio.Event(), trio.Event()
             read = store.worker_ids
 
             async def worker_ids(session_id: str) -> list[str]:
                 reading.set()
-                await trio.sleep(0.5)
+                await gate.wait()  # A has ended meanwhile: B waits for the delete
                 raise StoreError("the store did not answer")
 
             store.worker_ids = worker_ids  # type: ignore[method-assign]
@@ -499,8 +503,10 @@ async def test_a_delete_the_store_refuses_leaves_the_queue_to_go_on(tmp_path: Pa
                 nursery.start_soon(delete)
                 await reading.wait()
                 provider.let_go()
+                await client.until_turn_ends()
+                gate.set()
             store.worker_ids = read  # type: ignore[method-assign]
-            await until_started(client, 2)
+            await until_started(client, 1)  # B's (A's end was read above)
     assert answer == [503]
     assert [_last_text(r) for r in provider.requests] == ["hold A", "B"]
 
