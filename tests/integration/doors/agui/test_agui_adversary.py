@@ -1,0 +1,85 @@
+"""The AG-UI door against unlucky and hostile clients (docs/doors/agui.md), over real sockets.
+
+A run joins a turn already streaming ([turns] if_busy = "steer"); a client
+re-attaches with a cursor from before the run; a stale front end resumes a
+thread that does not exist. Each test says what must hold. Rules as in
+tests/conftest.py: a real gateway on 127.0.0.1 port 0, ``fail_after`` caps,
+nothing waited for by sleeping (the model is held by an event, not a delay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from pathlib import Path
+
+import pytest
+import trio
+
+from gateway.protocol.shapes import TextBlock
+from gateway.providers.base import ModelRequest
+from gateway.providers.raw import RawContentBlockDelta, RawEvent, RawTextDelta
+from gateway.providers.scripted import ScriptedProvider
+from tests.conftest import make_config, running_gateway
+from tests.integration.doors.agui.test_agui_http import agui, run_input
+from tests.integration.doors.agui.test_agui_reattach import verify
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+class MidText:
+    """The scripted model; a call whose last user text starts ``hold`` stops after its
+    second text delta until :attr:`release` is set (a message caught mid-stream)."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.inner = ScriptedProvider()
+        self.release = trio.Event()
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[RawEvent, None]:
+        hold, deltas = _last_text(request).startswith("hold"), 0
+        async for raw in self.inner.stream(request):
+            yield raw
+            if isinstance(raw, RawContentBlockDelta) and isinstance(raw.delta, RawTextDelta):
+                deltas += 1
+                if hold and deltas == 2:
+                    await self.release.wait()
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _last_text(request: ModelRequest) -> str:
+    for message in reversed(request.messages):
+        texts = [b.text for b in message.content if isinstance(b, TextBlock)]
+        if message.role == "user" and texts:
+            return texts[0]
+    return ""
+
+
+async def test_a_steered_run_shows_the_message_its_turn_was_streaming(tmp_path: Path) -> None:
+    """docs/doors/agui.md: a run on a busy thread under ``steer`` streams the running turn
+    to its end. It joins mid-message: that message is in no ``MESSAGES_SNAPSHOT`` (not
+    complete yet) and its start went by, so it comes whole once complete (as the AI SDK's
+    steered response has it), never left out of the run."""
+    provider = MidText()
+    config = make_config(tmp_path, **{"turns.if_busy": "steer"})
+    with trio.fail_after(30):
+        async with running_gateway(config, provider) as h:
+            thread = await h.create_session()
+            async with agui(h, run_input(thread, "hold one two three four")) as first:
+                await first.until("TEXT_MESSAGE_CONTENT")
+                await first.until("TEXT_MESSAGE_CONTENT")  # held here, mid-message
+                async with agui(h, run_input(thread, "and then")) as second:
+                    await second.until("MESSAGES_SNAPSHOT")
+                    provider.release.set()
+                    steered = await second.rest()
+                await first.rest()
+    verify(second.events)
+    assert steered[-1]["type"] == "RUN_FINISHED"
+    said = "".join(e["delta"] for e in steered if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert said == "You said: hold one two three four"
+    [shown] = [e for e in first.events if e["type"] == "TEXT_MESSAGE_START"]
+    assert [e["messageId"] for e in steered if e["type"] == "TEXT_MESSAGE_START"] == [
+        shown["messageId"]
+    ]
