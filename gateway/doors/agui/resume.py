@@ -78,7 +78,9 @@ class RunFeed:
         mapper: the run's mapping.
         start: the run's start (:attr:`RunRecord.start`).
         cursor: the client's ``Last-Event-ID``; None: everything is sent.
-        rebuild: rebuild the blocks a replay holds only as a whole message.
+        rebuild: rebuild the blocks the run sees only as a whole message: a
+            replay's, or, live, those of the message a run joined mid-stream
+            (a steered run, docs/doors/agui.md "The run and the thread").
     """
 
     mapper: RunMapper

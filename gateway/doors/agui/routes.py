@@ -243,7 +243,10 @@ class AguiRoutes:
         self._runs[session.id] = (body.run_id, turn_id)
         record = RunRecord(turn_id, start, len(history), started_ms)
         self.book.remember(session.id, body.run_id, record)
-        feed = RunFeed(RunMapper(body.thread_id, body.run_id, turn_id, self._base), start)
+        # A steered run joins its turn mid-stream: the message it sees only complete
+        # comes whole (docs/doors/agui.md), as the AI SDK's steered response has it.
+        mapper = RunMapper(body.thread_id, body.run_id, turn_id, self._base)
+        feed = RunFeed(mapper, start, rebuild=True)
         opening = feed.opening(self._opening(feed.mapper, record, history))
         return self._response(sub, feed, opening, release)
 
