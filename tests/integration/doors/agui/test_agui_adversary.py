@@ -20,8 +20,14 @@ from gateway.providers.base import ModelRequest
 from gateway.providers.raw import RawContentBlockDelta, RawEvent, RawTextDelta
 from gateway.providers.scripted import ScriptedProvider
 from tests.conftest import make_config, running_gateway
-from tests.integration.doors.agui.test_agui_http import agui, run_input
-from tests.integration.doors.agui.test_agui_reattach import verify
+from tests.integration.doors.agui.test_agui_http import agui, gateway, run_all, run_input
+from tests.integration.doors.agui.test_agui_reattach import (
+    bodies,
+    sse_events,
+    stream_url,
+    verify,
+)
+from tests.scripts import TEXT
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -83,3 +89,22 @@ async def test_a_steered_run_shows_the_message_its_turn_was_streaming(tmp_path: 
     assert [e["messageId"] for e in steered if e["type"] == "TEXT_MESSAGE_START"] == [
         shown["messageId"]
     ]
+
+
+async def test_a_cursor_from_before_the_run_re_attaches_to_the_whole_run(tmp_path: Path) -> None:
+    """A ``Last-Event-ID`` below the run's start (the last id a client got of the thread's
+    previous run) says the client has none of this run: the stream is the whole run, as
+    without one. Not ``RUN_STARTED`` twice, which ``@ag-ui/client`` refuses ("Cannot send
+    'RUN_STARTED' while a run is still active")."""
+    async with gateway(tmp_path) as h:
+        thread = "thread-1"
+        before = await sse_events(h, "POST", "/agui", json=run_input(thread, TEXT))
+        body = run_input(thread, TEXT)
+        await run_all(h, body)
+        url = stream_url(thread, body["runId"])
+        whole = await sse_events(h, "GET", url)
+        last_of_before = before[-1][0]
+        assert last_of_before is not None
+        again = await sse_events(h, "GET", url, headers={"Last-Event-ID": last_of_before})
+    verify(bodies(again))
+    assert again == whole
