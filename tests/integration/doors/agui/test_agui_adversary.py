@@ -108,3 +108,15 @@ async def test_a_cursor_from_before_the_run_re_attaches_to_the_whole_run(tmp_pat
         again = await sse_events(h, "GET", url, headers={"Last-Event-ID": last_of_before})
     verify(bodies(again))
     assert again == whole
+
+
+async def test_a_resume_of_a_thread_that_does_not_exist_makes_none(tmp_path: Path) -> None:
+    """A run with ``resume`` on an unknown ``threadId`` has nothing to resume: 404
+    ``session_not_found``, as every refusal before the stream, and no thread is made (a
+    refused run makes nothing, docs/doors/agui.md "The run and the thread")."""
+    async with gateway(tmp_path) as h:
+        stale = [{"interruptId": "perm_gone", "status": "cancelled"}]
+        r = await h.http.post("/agui", json=run_input("never-made", "hi", resume=stale))
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["code"] == "session_not_found"
+        assert (await h.http.get("/sessions/never-made")).status_code == 404
