@@ -193,7 +193,9 @@ class AguiRoutes:
     ) -> StreamingResponse:
         """:meth:`agui_run`, its stream counted: the thread, the subscriber, the turn
         (``window``: its delta rollup window, None: the server's)."""
-        session = await self._thread(body.thread_id, caller)
+        # A resume has nothing to resume on a thread that does not exist: 404, none made.
+        thread = self.ctx.session if body.resume else self._thread
+        session = await thread(body.thread_id, caller)
         state = await self.node.live_summary(session)  # the owner's, wherever it runs
         history = await self.node.messages_of(session)
         limit = self.config.stream.snapshot_messages
