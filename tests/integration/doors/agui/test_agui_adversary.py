@@ -9,6 +9,7 @@ nothing waited for by sleeping (the model is held by an event, not a delay).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from tests.integration.doors.agui.test_agui_reattach import (
     stream_url,
     verify,
 )
-from tests.scripts import TEXT
+from tests.scripts import LONG_NAP, TEXT
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -120,3 +121,30 @@ async def test_a_resume_of_a_thread_that_does_not_exist_makes_none(tmp_path: Pat
         assert r.status_code == 404, r.text
         assert r.json()["error"]["code"] == "session_not_found"
         assert (await h.http.get("/sessions/never-made")).status_code == 404
+
+
+async def test_a_cancel_names_its_run_whether_it_runs_or_waits(tmp_path: Path) -> None:
+    """``POST /agui/{thread}/cancel`` with ``runId`` cancels that run's turn. Under
+    ``[turns] if_busy = "queue"`` a second run waits behind the first: naming it cancels
+    its queued turn (it never starts: the run finishes ``cancelled``), and naming the
+    first still cancels the first, the turn in flight, though a run was posted since."""
+    async with gateway(tmp_path, **{"turns.if_busy": "queue"}) as h:
+        thread = await h.create_session()
+        first_body, second_body = run_input(thread, LONG_NAP), run_input(thread, TEXT)
+        async with agui(h, first_body) as first:
+            await first.until("TOOL_CALL_START")
+            async with agui(h, second_body) as second:
+                await second.until("RUN_STARTED")
+                cancel = f"/agui/{thread}/cancel"
+                r = await h.http.post(cancel, json={"runId": second_body["runId"]})
+                assert r.status_code == 202, r.text
+                waited = await second.rest()
+            r = await h.http.post(cancel, json={"runId": first_body["runId"]})
+            assert r.status_code == 202, r.text
+            ran = await first.rest()
+        r = await h.http.post(cancel, json={"runId": first_body["runId"]})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "turn_not_in_flight"
+        messages = (await h.http.get(f"/sessions/{thread}/messages")).json()["messages"]
+    assert waited[-1]["type"] == "RUN_FINISHED" and waited[-1]["outcome"]["type"] == "cancelled"
+    assert ran[-1]["type"] == "RUN_FINISHED" and ran[-1]["outcome"]["type"] == "cancelled"
+    assert not any("Hello there" in json.dumps(m) for m in messages)  # the second never ran
