@@ -60,6 +60,10 @@ class RunBook:
         found = tail_turn_start(session, turn_id)
         return fallback if found is None else found
 
+    def recall(self, thread_id: str, run_id: str) -> RunRecord | None:
+        """The run's record, if this router answered it and still remembers it (memory only)."""
+        return self._records.get((thread_id, run_id))
+
     def remember(self, thread_id: str, run_id: str, record: RunRecord) -> None:
         key = (thread_id, run_id)
         self._records[key] = record
