@@ -148,3 +148,19 @@ async def test_a_cancel_names_its_run_whether_it_runs_or_waits(tmp_path: Path) -
     assert waited[-1]["type"] == "RUN_FINISHED" and waited[-1]["outcome"]["type"] == "cancelled"
     assert ran[-1]["type"] == "RUN_FINISHED" and ran[-1]["outcome"]["type"] == "cancelled"
     assert not any("Hello there" in json.dumps(m) for m in messages)  # the second never ran
+
+
+async def test_a_run_id_is_bounded(tmp_path: Path) -> None:
+    """A ``runId`` is kept with the run (its record, to re-attach and to cancel it, the
+    last 10,000 runs in memory), a resume run's too, which starts no turn and counts
+    against no turn limit: one of a megabyte each would hold gigabytes. 1 to 256
+    characters (a UUID is 36), else 422 ``invalid_body`` before anything is made."""
+    async with gateway(tmp_path) as h:
+        for run_id in ("r" * 257, ""):
+            body = {**run_input("thread-1", TEXT), "runId": run_id}
+            r = await h.http.post("/agui", json=body)
+            assert r.status_code == 422, r.text[:200]
+            assert r.json()["error"]["code"] == "invalid_body"
+        assert (await h.http.get("/sessions/thread-1")).status_code == 404
+        events = await run_all(h, {**run_input("thread-1", TEXT), "runId": "r" * 256})
+        assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["runId"] == "r" * 256
