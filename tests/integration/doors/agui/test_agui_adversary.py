@@ -21,7 +21,13 @@ from gateway.providers.base import ModelRequest
 from gateway.providers.raw import RawContentBlockDelta, RawEvent, RawTextDelta
 from gateway.providers.scripted import ScriptedProvider
 from tests.conftest import make_config, running_gateway
-from tests.integration.doors.agui.test_agui_http import agui, gateway, run_all, run_input
+from tests.integration.doors.agui.test_agui_http import (
+    agui,
+    drop_after,
+    gateway,
+    run_all,
+    run_input,
+)
 from tests.integration.doors.agui.test_agui_reattach import (
     bodies,
     sse_events,
@@ -164,3 +170,28 @@ async def test_a_run_id_is_bounded(tmp_path: Path) -> None:
         assert (await h.http.get("/sessions/thread-1")).status_code == 404
         events = await run_all(h, {**run_input("thread-1", TEXT), "runId": "r" * 256})
         assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["runId"] == "r" * 256
+
+
+async def test_a_queued_run_can_be_re_attached_to_while_it_waits(tmp_path: Path) -> None:
+    """A run queued behind another (``[turns] if_busy = "queue"``) is a run still going:
+    a client that lost its stream re-attaches (docs/doors/agui.md "Re-attaching") and
+    gets the whole run once its turn runs. Its turn is in no message yet, and that is no
+    reason to take it for a deleted thread's run (404 ``run_not_found``)."""
+    async with gateway(tmp_path, **{"turns.if_busy": "queue"}) as h:
+        thread = await h.create_session()
+        body = run_input(thread, TEXT)
+        async with agui(h, run_input(thread, LONG_NAP)) as first:
+            await first.until("TOOL_CALL_START")
+            await drop_after(h, body, b"MESSAGES_SNAPSHOT")  # queued: the stream lost
+            url = stream_url(thread, body["runId"])
+            async with h.http.stream("GET", url) as r:
+                assert r.status_code == 200, (await r.aread()).decode()[:300]
+                stopped = await h.http.post(f"/agui/{thread}/cancel", json={})
+                assert stopped.status_code == 202, stopped.text
+                text = (await r.aread()).decode()
+            await first.rest()
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    verify(events)
+    said = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert said == "Hello there, friend."
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
