@@ -303,7 +303,9 @@ class AguiRoutes:
                 422, "invalid_last_event_id", f"Last-Event-ID {header[:60]!r} is no event id"
             )
         messages = await self.node.messages_of(session)
-        record = await self.book.find(session, run_id, messages)
+        waiting = (await self.node.live_summary(session)).queued_turns
+        queued = [] if isinstance(waiting, msgspec.UnsetType) else [q.turn_id for q in waiting]
+        record = await self.book.find(session, run_id, messages, queued)
         if record is None:
             raise ApiError(404, "run_not_found", f"no run {run_id[:60]!r} on {session.id}")
         history = messages[: record.history_len]
