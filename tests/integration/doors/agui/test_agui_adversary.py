@@ -21,7 +21,7 @@ from gateway.protocol.shapes import TextBlock
 from gateway.providers.base import ModelRequest
 from gateway.providers.raw import RawContentBlockDelta, RawEvent, RawTextDelta
 from gateway.providers.scripted import ScriptedProvider
-from tests.conftest import make_config, running_gateway
+from tests.conftest import TOOL_SCRIPT, make_config, running_gateway
 from tests.integration.doors.agui.test_agui_http import (
     agui,
     drop_after,
@@ -240,3 +240,29 @@ async def test_the_official_clients_messages_after_a_second_run(tmp_path: Path) 
         ("user", "second"),
         ("assistant", "You said: second"),
     ]
+
+
+async def test_a_resume_answered_elsewhere_meanwhile_is_stale_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/doors/agui.md "Approvals are interrupts": an interrupt answered elsewhere leaves
+    a front end's ``resume`` stale, not wrong. So it is when the answer comes between the
+    run's look at what waits and its decision (a second tab's resume, the HTTP route):
+    the run streams the rest of the turn, as the other answer has it, not a 409."""
+    async with gateway(tmp_path, **{"tools.require_approval": ["sleep"]}) as h:
+        thread = "thread-1"
+        first = await run_all(h, run_input(thread, TOOL_SCRIPT))
+        [interrupt] = first[-1]["outcome"]["interrupts"]
+        decide = h.node.decide_permission
+
+        async def answered_meanwhile(*args: Any) -> None:
+            monkeypatch.setattr(h.node, "decide_permission", decide)
+            await decide(args[0], args[1], "allow")  # elsewhere, first
+            await decide(*args)
+
+        monkeypatch.setattr(h.node, "decide_permission", answered_meanwhile)
+        stale = [{"interruptId": interrupt["id"], "status": "cancelled"}]
+        second = await run_all(h, run_input(thread, "", resume=stale))
+    [result] = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]
+    assert result["content"] == "slept 0.01 s"  # allowed elsewhere: the stale deny is ignored
+    assert second[-1]["type"] == "RUN_FINISHED" and second[-1]["outcome"] == {"type": "success"}

@@ -1,5 +1,6 @@
 """The AI SDK's doors on a busy chat, adversarially (docs/doors/aisdk.md, docs/protocol.md §2
-"A busy session"): a request aborted while its turn waits in the queue.
+"A busy session"): a request aborted while its turn waits in the queue, an approval
+answered elsewhere while a continuation decides it.
 
 Rules as in tests/conftest.py: a real gateway on 127.0.0.1 port 0, trio-websocket
 speaking ``WebSocketChatTransport``'s frames, ``fail_after`` caps, nothing waited
@@ -12,11 +13,14 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from tests.aisdk_support import gateway, user, ws_url
+from tests.aisdk_support import gateway, read, request, user, ws_url
+from tests.conftest import TOOL_SCRIPT
 from tests.integration.doors.aisdk.test_aisdk_ws import Responses, ended, resume, running, send
 from tests.scripts import LONG_NAP, TEXT
 
@@ -52,3 +56,34 @@ async def test_an_abort_of_a_queued_send_cancels_its_turn(tmp_path: Path) -> Non
     [end] = [e for e in native.events if e.turn_id == waiting and e.type in ends]
     assert end.type == "turn.cancelled" and end.payload.phase == "queued", end
     assert not any(e.type == "turn.started" and e.turn_id == waiting for e in native.events)
+
+
+async def test_an_approval_answered_elsewhere_meanwhile_is_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/doors/aisdk.md: approvals no longer pending (answered elsewhere) are ignored.
+    So they are when the answer comes between the request's look at what waits and its
+    decision (another tab's continuation, the HTTP route): the turn is continued in this
+    response as the other answer has it, not refused with a 409."""
+    async with gateway(tmp_path, **{"tools.require_approval": ["sleep"]}) as h:
+        chat = "chat-1"
+        question = user(TOOL_SCRIPT)
+        async with h.http.stream("POST", "/ai-sdk/chat", json=request(chat, question)) as r:
+            m = await read(r)
+        [tool] = [p for p in m.parts if p["type"] == "dynamic-tool"]
+        decide = h.node.decide_permission
+
+        async def answered_meanwhile(*args: Any) -> None:
+            monkeypatch.setattr(h.node, "decide_permission", decide)
+            await decide(args[0], args[1], "allow")  # elsewhere, first
+            await decide(*args)
+
+        monkeypatch.setattr(h.node, "decide_permission", answered_meanwhile)
+        tool["state"] = "approval-responded"
+        tool["approval"]["approved"] = False
+        body = request(chat, question, m.as_sent())
+        async with h.http.stream("POST", "/ai-sdk/chat", json=body) as r:
+            assert r.status_code == 200, (await r.aread()).decode()
+            m = await read(r, m)
+    assert tool["state"] == "output-available"  # allowed elsewhere: the stale deny is ignored
+    assert m.finish_reason == "stop" and m.text == "Running it now.All done."
