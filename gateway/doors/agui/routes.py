@@ -212,7 +212,7 @@ class AguiRoutes:
             start, started_ms = await self._subscribe(session, sub, window), now_ms()
             try:
                 for perm_id, decision, answer in decisions:
-                    await self.node.decide_permission(session, perm_id, decision, answer)
+                    await self.ctx.decide_answered(session, perm_id, decision, answer)
             except BaseException:
                 session.hub.unsubscribe(sub)
                 raise
