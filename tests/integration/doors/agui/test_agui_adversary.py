@@ -31,6 +31,7 @@ from tests.integration.doors.agui.test_agui_http import (
 )
 from tests.integration.doors.agui.test_agui_reattach import (
     bodies,
+    post_until,
     sse_events,
     stream_url,
     verify,
@@ -266,3 +267,29 @@ async def test_a_resume_answered_elsewhere_meanwhile_is_stale_not_an_error(
     [result] = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]
     assert result["content"] == "slept 0.01 s"  # allowed elsewhere: the stale deny is ignored
     assert second[-1]["type"] == "RUN_FINISHED" and second[-1]["outcome"] == {"type": "success"}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a re-attach sends a message the client saw begin whole again, and "
+    "@ag-ui/client's TEXT_MESSAGE_START of a message it holds keeps its content: the "
+    "text seen before the cut comes twice",
+)
+async def test_a_client_that_re_attaches_mid_message_holds_its_text_once(tmp_path: Path) -> None:
+    """A front end that lost its stream mid-message re-attaches with ``Last-Event-ID`` and
+    goes on applying events to the messages it holds (:func:`_apply`, as ``@ag-ui/client``
+    does): the message it then holds is the model's, each word once."""
+    provider = MidText()
+    with trio.fail_after(30):
+        async with running_gateway(make_config(tmp_path), provider) as h:
+            thread = await h.create_session()
+            body = run_input(thread, "hold one two three")
+            seen = await post_until(h, body, b"said")  # two deltas in, the model held
+            url = stream_url(thread, body["runId"])
+            async with h.http.stream("GET", url, headers={"Last-Event-ID": seen[-1][0]}) as r:
+                assert r.status_code == 200
+                provider.release.set()
+                text = (await r.aread()).decode()
+    again = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    held = _apply(_apply([], bodies(seen)), again)
+    assert [m["content"] for m in held] == ["You said: hold one two three"]
