@@ -12,6 +12,8 @@ door asks the gateway only through the context:
   key's is 404 exactly as an unknown id, docs/protocol.md §2);
 - :meth:`DoorContext.counted_turn`: a turn, counted against the key's rate
   limit, answered once durable;
+- :meth:`DoorContext.decide_answered`: an approval its client answered, a stale
+  answer ignored;
 - :meth:`DoorContext.file_refusal`: what the session's model cannot take of
   a turn's files (422 ``unsupported_content`` when the turn is posted);
 - :meth:`DoorContext.subscribe`: join a session's stream with every event,
@@ -32,7 +34,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.cluster import ops
 from gateway.errors import ApiError, Refused, SubscribeRejected
@@ -177,6 +179,23 @@ class DoorContext:
             if exc.code != "store_unavailable":
                 await limits.refund_turn(key, counted)
             raise
+
+    async def decide_answered(
+        self, session: Session, perm_id: str, decision: str, content: dict[str, Any] | None = None
+    ) -> None:
+        """Decide an approval a door's client answered with its next request (AG-UI's
+        ``resume``, the AI SDK's continuation). One no longer waiting, answered elsewhere
+        or timed out since the door looked, is ignored: the answer is stale, not wrong
+        (docs/doors/agui.md "Approvals are interrupts", docs/doors/aisdk.md "The routes").
+
+        Raises:
+            Refused: any other refusal of the decision (``invalid_content``...).
+        """
+        try:
+            await self.node.decide_permission(session, perm_id, decision, content)
+        except Refused as exc:
+            if exc.code not in ("permission_resolved", "permission_not_found"):
+                raise
 
     def file_refusal(self, session: Session | None) -> Refuse:
         """What the session's model cannot take of a turn's files, for

@@ -77,8 +77,12 @@ class RunFeed:
     Args:
         mapper: the run's mapping.
         start: the run's start (:attr:`RunRecord.start`).
-        cursor: the client's ``Last-Event-ID``; None: everything is sent.
-        rebuild: rebuild the blocks a replay holds only as a whole message.
+        cursor: the client's ``Last-Event-ID``; None: everything is sent, as for a
+            cursor below the run's start (the client has none of the run: the
+            last id it got of the thread's run before).
+        rebuild: rebuild the blocks the run sees only as a whole message: a
+            replay's, or, live, those of the message a run joined mid-stream
+            (a steered run, docs/doors/agui.md "The run and the thread").
     """
 
     mapper: RunMapper
@@ -94,6 +98,8 @@ class RunFeed:
 
     def __post_init__(self) -> None:
         self._seq = self.start
+        if self.cursor is not None and self.cursor < (self.start, 0):
+            self.cursor = None  # before the opening: the whole run
         self._begun = self.cursor is None
 
     @property

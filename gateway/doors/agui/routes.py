@@ -39,7 +39,7 @@ from gateway.doors.context import (
     coalesce_query,
     once,
 )
-from gateway.errors import ApiError
+from gateway.errors import ApiError, Refused
 from gateway.http.openapi import Operation
 from gateway.http.parsing import decode
 from gateway.http.server import Request, Response, StreamingResponse, json_response
@@ -102,8 +102,8 @@ CANCEL = Operation(
     description="`session_id` is the run's `threadId`. The same cancellation "
     "as `POST /sessions/{id}/turns/{turn_id}/cancel` (docs/protocol.md §8): "
     "every client of the session sees it, and the run's stream ends with "
-    "`RUN_FINISHED` (outcome `cancelled`). With `runId`, 409 unless that "
-    "run's turn is the one in flight.",
+    "`RUN_FINISHED` (outcome `cancelled`). With `runId`, that run's turn, in "
+    "flight or queued (it never starts); 409 once it has ended.",
 )
 """``POST /agui/{session_id}/cancel`` in the API document."""
 
@@ -146,8 +146,6 @@ class AguiRoutes:
         self.node = ctx.node
         self.config = ctx.config
         self._decode = decode
-        self._runs: dict[str, tuple[str, str]] = {}  # session: its last AG-UI (run, turn)
-        ctx.node.session_listeners.append(self._forget)  # pruned with the session's tasks
         self._threads = ClientNamedSessions(ctx, "threadId", "invalid_thread_id")
         self.book = RunBook(ctx.node)  # the runs answered, to re-attach (gateway.doors.agui.runs)
 
@@ -193,7 +191,9 @@ class AguiRoutes:
     ) -> StreamingResponse:
         """:meth:`agui_run`, its stream counted: the thread, the subscriber, the turn
         (``window``: its delta rollup window, None: the server's)."""
-        session = await self._thread(body.thread_id, caller)
+        # A resume has nothing to resume on a thread that does not exist: 404, none made.
+        thread = self.ctx.session if body.resume else self._thread
+        session = await thread(body.thread_id, caller)
         state = await self.node.live_summary(session)  # the owner's, wherever it runs
         history = await self.node.messages_of(session)
         limit = self.config.stream.snapshot_messages
@@ -212,7 +212,7 @@ class AguiRoutes:
             start, started_ms = await self._subscribe(session, sub, window), now_ms()
             try:
                 for perm_id, decision, answer in decisions:
-                    await self.node.decide_permission(session, perm_id, decision, answer)
+                    await self.ctx.decide_answered(session, perm_id, decision, answer)
             except BaseException:
                 session.hub.unsubscribe(sub)
                 raise
@@ -240,10 +240,12 @@ class AguiRoutes:
                 raise
             turn_id = taken.turn_id  # a steered run streams the turn it joined
             start = self.book.start_of(session, turn_id, start)  # as found after a restart
-        self._runs[session.id] = (body.run_id, turn_id)
         record = RunRecord(turn_id, start, len(history), started_ms)
         self.book.remember(session.id, body.run_id, record)
-        feed = RunFeed(RunMapper(body.thread_id, body.run_id, turn_id, self._base), start)
+        # A steered run joins its turn mid-stream: the message it sees only complete
+        # comes whole (docs/doors/agui.md), as the AI SDK's steered response has it.
+        mapper = RunMapper(body.thread_id, body.run_id, turn_id, self._base)
+        feed = RunFeed(mapper, start, rebuild=True)
         opening = feed.opening(self._opening(feed.mapper, record, history))
         return self._response(sub, feed, opening, release)
 
@@ -301,7 +303,9 @@ class AguiRoutes:
                 422, "invalid_last_event_id", f"Last-Event-ID {header[:60]!r} is no event id"
             )
         messages = await self.node.messages_of(session)
-        record = await self.book.find(session, run_id, messages)
+        waiting = (await self.node.live_summary(session)).queued_turns
+        queued = [] if isinstance(waiting, msgspec.UnsetType) else [q.turn_id for q in waiting]
+        record = await self.book.find(session, run_id, messages, queued)
         if record is None:
             raise ApiError(404, "run_not_found", f"no run {run_id[:60]!r} on {session.id}")
         history = messages[: record.history_len]
@@ -353,27 +357,38 @@ class AguiRoutes:
         """The thread's session, created (owned by the caller's key) when unknown."""
         return await self._threads.get(thread_id, caller)
 
-    def _forget(self, session_id: str) -> None:
-        """The session's tasks ended (deleted, unloaded, or run by another node now)."""
-        self._runs.pop(session_id, None)
-
     async def _subscribe(self, session: Session, sub: RunSubscriber, window: int | None) -> int:
         """Join the session's hub, live; the run's start (every later event is above it)."""
         await self.ctx.subscribe(session, sub, coalesce_ms=window)
         return self.node.sequencer.last
 
     async def agui_cancel(self, req: Request, session_id: str) -> Response:
-        """``POST /agui/{session_id}/cancel``: cancel the thread's turn (docs/protocol.md §8)."""
+        """``POST /agui/{session_id}/cancel``: cancel the thread's turn (docs/protocol.md §8).
+
+        With ``runId``, that run's turn: in flight, or queued behind another (then it
+        never starts, docs/protocol.md §2 "A busy session"); 409 once it has ended.
+        """
         session = await self.ctx.session(session_id, self.ctx.authenticate(req))
         body = self._decode(req, CancelRun) if req.body.strip() else CancelRun()
         turn_id = (await self.node.live_summary(session)).current_turn_id
-        run = self._runs.get(session.id)
-        # A run started through another node of the deployment is not known here.
-        known = run is not None or self.node.placement.alone
-        if turn_id is None or (body.run_id is not None and known and run != (body.run_id, turn_id)):
-            which = f"run {body.run_id}" if body.run_id is not None else "run"
-            raise ApiError(409, "turn_not_in_flight", f"no {which} in flight on {session_id}")
-        await self.node.cancel_turn(session, turn_id, body.reason or "user", f"agui:{req.client}")
+        if body.run_id is not None:
+            record = self.book.recall(session.id, body.run_id)
+            # A run answered through another node of the deployment is not known here:
+            # the turn in flight stands for it.
+            if record is not None or self.node.placement.alone:
+                turn_id = record.turn_id if record is not None else None
+        which = f"run {body.run_id}" if body.run_id is not None else "run"
+        not_in_flight = ApiError(409, "turn_not_in_flight", f"no {which} in flight on {session_id}")
+        if turn_id is None:
+            raise not_in_flight
+        try:
+            await self.node.cancel_turn(
+                session, turn_id, body.reason or "user", f"agui:{req.client}"
+            )
+        except Refused as exc:  # the run's turn has ended (or its thread is a new one)
+            if exc.code not in ("turn_not_in_flight", "turn_not_found"):
+                raise
+            raise not_in_flight from None
         return json_response(
             202, RunCancelling(session_id=session_id, run_id=body.run_id, turn_id=turn_id)
         )

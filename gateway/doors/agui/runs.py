@@ -10,14 +10,16 @@ turn's ``turn.started`` (from the session's tail, or read from the store).
 A run that resumed a turn's interrupts starts no turn: it is known to this
 router's memory only (:class:`RunBook`, the last :data:`MAX_RECORDS` runs).
 A remembered run is the session's only while its turn is one of the
-session's messages' turns: a session deleted (``DELETE /sessions/{id}``)
-takes its runs with it, even when its id names a new session since.
+session's messages' turns, or one of its queued turns (waiting, in no message
+yet): a session deleted (``DELETE /sessions/{id}``) takes its runs with it,
+even when its id names a new session since.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from gateway.doors.agui.resume import RunRecord
@@ -60,6 +62,10 @@ class RunBook:
         found = tail_turn_start(session, turn_id)
         return fallback if found is None else found
 
+    def recall(self, thread_id: str, run_id: str) -> RunRecord | None:
+        """The run's record, if this router answered it and still remembers it (memory only)."""
+        return self._records.get((thread_id, run_id))
+
     def remember(self, thread_id: str, run_id: str, record: RunRecord) -> None:
         key = (thread_id, run_id)
         self._records[key] = record
@@ -68,17 +74,22 @@ class RunBook:
             self._records.popitem(last=False)
 
     async def find(
-        self, session: Session, run_id: str, messages: list[Message]
+        self,
+        session: Session,
+        run_id: str,
+        messages: list[Message],
+        queued: Collection[str] = (),
     ) -> RunRecord | None:
         """The run's record: remembered, or made again from the store (module docstring).
 
         Args:
             messages: the session's conversation (``Node.messages_of``).
+            queued: the ids of its queued turns (a queued run's turn is in no message).
         """
         key = (session.id, run_id)
         record = self._records.get(key)
         if record is not None:
-            if any(m.turn_id == record.turn_id for m in messages):
+            if record.turn_id in queued or any(m.turn_id == record.turn_id for m in messages):
                 return record
             del self._records[key]  # a deleted session's, whose id was made again since
         mid = user_message_id(session.id, run_id)

@@ -12,7 +12,7 @@ are read leniently: only the last user message's text is used).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -325,11 +325,16 @@ class ResumeEntry(msgspec.Struct, rename="camel", kw_only=True):
     metadata: Any = None
 
 
+RUN_ID_MAX = 256
+"""The longest ``runId`` (a UUID is 36): a run's id is kept with its record
+(gateway.doors.agui.runs), a resume run's too, which counts against no turn limit."""
+
+
 class RunAgentInput(msgspec.Struct, rename="camel", kw_only=True):
     """The body of ``POST /agui`` (AG-UI ``RunAgentInput``)."""
 
     thread_id: str
-    run_id: str
+    run_id: Annotated[str, msgspec.Meta(min_length=1, max_length=RUN_ID_MAX)]
     messages: list[InputMessage]
     tools: list[InputTool] = []
     context: list[InputContext] = []

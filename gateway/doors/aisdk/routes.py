@@ -311,7 +311,7 @@ class Responses:
         try:
             for perm_id, approved in answers:
                 decision = "allow" if approved else "deny"
-                await self.node.decide_permission(session, perm_id, decision, None)
+                await self.ctx.decide_answered(session, perm_id, decision)
         except BaseException:
             session.hub.unsubscribe(opened.sub)
             raise

@@ -11,9 +11,10 @@ One socket carries any number of requests, each named by the client's
 - Each response is ``start``, then its chunks as ``chunk`` frames numbered from
   0 (``sequence``), then ``end``; a request refused is one ``error`` frame
   (``errorText``: the refusal's code and message, as the HTTP door's JSON error).
-- ``abort`` of a ``send`` cancels the turn it streams (docs/protocol.md §8) and
-  ends its response; ``abort`` of a ``resume`` ends that response only (useChat
-  aborts a resume it replaces). The socket closing never cancels a turn.
+- ``abort`` of a ``send`` cancels the turn it streams (docs/protocol.md §8; a
+  queued one never starts) and ends its response; ``abort`` of a ``resume`` ends
+  that response only (useChat aborts a resume it replaces). The socket closing
+  never cancels a turn.
 - Each response counts as a stream of the key (``max_connections``,
   ``max_connections_per_key``), besides the socket itself: one refused is an
   ``error`` frame ``over_capacity``.
@@ -248,11 +249,12 @@ class ChatSocket:
             request.scope.cancel()
 
     async def _cancel(self, opened: Opened) -> None:
+        """Cancel the turn a ``send`` streams: in flight, or still queued ([turns] if_busy
+        "queue": then it never starts, docs/protocol.md §2 "A busy session")."""
         node = self.responses.node
         turn_id = opened.mapper.turn_id
         try:
-            if (await node.live_summary(opened.session)).current_turn_id == turn_id:
-                await node.cancel_turn(opened.session, turn_id, "user", f"ai-sdk:{self.client}")
+            await node.cancel_turn(opened.session, turn_id, "user", f"ai-sdk:{self.client}")
         except (ApiError, Refused) as exc:  # ended meanwhile: nothing to cancel
             event(log, logging.DEBUG, "aisdk_abort_late", f"abort of {turn_id}: {exc}")
 
