@@ -184,6 +184,10 @@ class Message(msgspec.Struct, omit_defaults=True):
     # position of the block still streaming, or null; every other block has
     # ended (docs/protocol.md §6). Left out of every other message.
     open_block_index: int | msgspec.UnsetType | None = msgspec.UNSET
+    # A user message's id in the front end that sent it, where its framework
+    # names messages itself (AG-UI's, given back in its MESSAGES_SNAPSHOT:
+    # docs/doors/agui.md "Ids"); left out otherwise (docs/protocol.md §6).
+    client_id: str | None = None
 
 
 PermissionKind = Literal["tool", "elicitation", "sampling", "elicitation_url"]

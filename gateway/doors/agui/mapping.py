@@ -528,7 +528,7 @@ def agui_messages(messages: Iterable[Message], file_base: str = "") -> list[ag.A
         if m.role == "user":
             said = _user_content(m, file_base)
             if said:
-                out.append(ag.UserMessage(id=m.id, content=said))
+                out.append(ag.UserMessage(id=m.client_id or m.id, content=said))
             for b in m.content:
                 if isinstance(b, ToolResultBlock):
                     files = b.files or []

@@ -68,6 +68,7 @@ class RunRecord:
     start: int  # the node's last event id when the run subscribed
     history_len: int  # the thread's messages its MESSAGES_SNAPSHOT was made of
     started_ms: int  # its RUN_STARTED's timestamp
+    own: str | None = None  # the id of the user message the run sent (none: a resume run)
 
 
 @dataclass

@@ -203,6 +203,7 @@ class AguiRoutes:
             # timeout) and the turn has ended: the run says so and finishes.
             release()
             return self._closed_run(body, history[-limit:] if limit else [])
+        message: Message | None = None  # the run's own, when it sends one
         if body.resume:
             decisions = _resume_decisions(
                 body.resume, {p.perm_id for p in state.pending_permissions}
@@ -231,7 +232,10 @@ class AguiRoutes:
             queued = state.queued_turns if state.queued_turns is not msgspec.UNSET else []
             sent = [*history, *(q.user_message for q in queued)]
             mid = self.book.message_id(session.id, body.run_id, sent)
-            message = Message(mid, session.id, turn_id, "user", content, "complete", now_ms())
+            message = Message(
+                mid, session.id, turn_id, "user", content, "complete", now_ms(),
+                client_id=_last_user(body.messages).id,  # named so in snapshots ("Ids")
+            )  # fmt: skip
             start, started_ms = await self._subscribe(session, sub, window), message.created_at
             try:  # a busy thread: as [turns] if_busy says (docs/doors/agui.md)
                 taken = await self.ctx.counted_turn(caller or NO_OWNER, session, message)
@@ -240,13 +244,14 @@ class AguiRoutes:
                 raise
             turn_id = taken.turn_id  # a steered run streams the turn it joined
             start = self.book.start_of(session, turn_id, start)  # as found after a restart
-        record = RunRecord(turn_id, start, len(history), started_ms)
+        own = None if message is None else message.id
+        record = RunRecord(turn_id, start, len(history), started_ms, own)
         self.book.remember(session.id, body.run_id, record)
         # A steered run joins its turn mid-stream: the message it sees only complete
         # comes whole (docs/doors/agui.md), as the AI SDK's steered response has it.
         mapper = RunMapper(body.thread_id, body.run_id, turn_id, self._base)
         feed = RunFeed(mapper, start, rebuild=True)
-        opening = feed.opening(self._opening(feed.mapper, record, history))
+        opening = feed.opening(self._opening(feed.mapper, record, history, message))
         return self._response(sub, feed, opening, release)
 
     def _response(
@@ -323,15 +328,21 @@ class AguiRoutes:
         feed = RunFeed(
             RunMapper(session.id, run_id, record.turn_id, self._base), record.start, cursor, True
         )
-        opening = feed.opening(self._opening(feed.mapper, record, history))
+        own = next((m for m in messages if m.id == record.own), None) if record.own else None
+        opening = feed.opening(self._opening(feed.mapper, record, history, own))
         return self._response(sub, feed, opening, release)
 
     def _opening(
-        self, mapper: RunMapper, record: RunRecord, history: list[Message]
+        self, mapper: RunMapper, record: RunRecord, history: list[Message], own: Message | None
     ) -> list[ag.AguiEvent]:
-        """A run's ``RUN_STARTED`` and ``MESSAGES_SNAPSHOT``, as it began (the same again)."""
+        """A run's ``RUN_STARTED`` and ``MESSAGES_SNAPSHOT``, as it began (the same again):
+        where the thread has messages before the run, those and the run's own (``own``: the
+        client holds it, and ``@ag-ui/client`` drops what a snapshot leaves out;
+        docs/doors/agui.md "Ids")."""
         limit = self.config.stream.snapshot_messages
-        shown = history[: record.history_len][-limit:] if limit else []
+        before = history[: record.history_len]
+        sent = [*before, own] if before and own is not None else before  # none: no snapshot
+        shown = sent[-limit:] if limit else []
         return mapper.start(shown, record.started_ms, self._snapshot_cap)
 
     @property
@@ -403,10 +414,7 @@ def user_sent(messages: list[InputMessage], thread_id: str, base: str = "") -> a
     with its ``mimeType``, or a ``url`` one); the legacy ``binary`` (``data``,
     ``url``, or ``id`` a file id of the thread). 422 otherwise, or when empty. ``base``:
     ``[server] public_url``, under whose path a URL may be."""
-    last = next((m for m in reversed(messages) if m.role == "user"), None)
-    if last is None:
-        raise ApiError(422, "invalid_body", "messages has no user message")
-    content = last.content
+    content = _last_user(messages).content
     if isinstance(content, str):
         content = [{"type": "text", "text": content}]
     if not isinstance(content, list):
@@ -508,3 +516,11 @@ def _resume_decisions(
             )
         out.append((e.interrupt_id, decision, content))
     return out
+
+
+def _last_user(messages: list[InputMessage]) -> InputMessage:
+    """The run's message: the last ``user`` one (422 without one)."""
+    last = next((m for m in reversed(messages) if m.role == "user"), None)
+    if last is None:
+        raise ApiError(422, "invalid_body", "messages has no user message")
+    return last

@@ -102,6 +102,6 @@ class RunBook:
         start = await turn_start(session, turn_id)
         if start is None:
             return None
-        record = RunRecord(turn_id, start, index, message.created_at)
+        record = RunRecord(turn_id, start, index, message.created_at, message.id)
         self.remember(session.id, run_id, record)
         return record

@@ -293,6 +293,11 @@ AguiEvent = (
 # --- what a client sends ------------------------------------------------------------------
 
 
+MESSAGE_ID_MAX = 256
+"""The longest ``id`` of an input message: the run's user message keeps its own, to name
+it by in ``MESSAGES_SNAPSHOT`` (docs/doors/agui.md "Ids")."""
+
+
 class InputMessage(msgspec.Struct, kw_only=True):
     """Any message of ``RunAgentInput.messages``: only ``role`` and ``content`` are read.
 
@@ -301,7 +306,7 @@ class InputMessage(msgspec.Struct, kw_only=True):
     """
 
     role: str
-    id: str | None = None
+    id: Annotated[str, msgspec.Meta(max_length=MESSAGE_ID_MAX)] | None = None
     content: Any = None
 
 

@@ -220,15 +220,11 @@ def _apply(held: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dic
     return messages
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a snapshot names a user message by the gateway's id, never the client's: the "
-    "client drops the message it just sent and moves its earlier ones after the answers",
-)
 async def test_the_official_clients_messages_after_a_second_run(tmp_path: Path) -> None:
     """``@ag-ui/client`` merges ``MESSAGES_SNAPSHOT`` into what it holds by message id
     (:func:`_apply`). After two runs of a thread, the front end's messages are the
-    conversation, in order: each user message, then its answer."""
+    conversation, in order: each user message, then its answer (a snapshot names a user
+    message by the client's own id: docs/doors/agui.md "Ids")."""
     async with gateway(tmp_path) as h:
         held: list[dict[str, Any]] = []
         for text in ("first", "second"):

@@ -163,12 +163,41 @@ async def test_a_run_streams_text_reasoning_and_a_tool_call_with_its_result(
 async def test_a_run_on_a_thread_with_history_starts_with_its_messages(tmp_path: Path) -> None:
     async with gateway(tmp_path) as h:
         thread = await h.create_session()  # an existing gateway session is a thread too
-        await run_all(h, run_input(thread, TEXT))
-        events = await run_all(h, run_input(thread, TEXT))
+        first = run_input(thread, TEXT)
+        await run_all(h, first)
+        second = run_input(thread, TEXT)
+        events = await run_all(h, second)
         assert types(events)[:2] == ["RUN_STARTED", "MESSAGES_SNAPSHOT"]
         snapshot = events[1]["messages"]
-        assert [m["role"] for m in snapshot] == ["user", "assistant"]
+        # The thread's messages, then the run's own: each user message by the client's id
+        # (docs/doors/agui.md "Ids"), which @ag-ui/client merges by.
+        assert [m["role"] for m in snapshot] == ["user", "assistant", "user"]
         assert snapshot[1]["content"] == "Hello there, friend."
+        assert [snapshot[0]["id"], snapshot[2]["id"]] == [
+            first["messages"][0]["id"],
+            second["messages"][0]["id"],
+        ]
+
+
+async def test_a_user_message_id_is_the_clients_bounded_or_else_the_gateways(
+    tmp_path: Path,
+) -> None:
+    """docs/doors/agui.md "Ids": a message id over 256 characters is 422 before anything is
+    made; a user message sent without an id is named by the gateway's id."""
+    async with gateway(tmp_path) as h:
+        thread = await h.create_session()
+        long = run_input(thread, TEXT)
+        long["messages"][0]["id"] = "m" * 257
+        r = await h.http.post("/agui", json=long)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_body", r.text
+        assert await h.node.messages_of(h.node.sessions[thread]) == []  # nothing made
+        unnamed = run_input(thread, TEXT)
+        del unnamed["messages"][0]["id"]
+        await run_all(h, unnamed)
+        events = await run_all(h, run_input(thread, TEXT))
+        [stored, *_] = await h.node.messages_of(h.node.sessions[thread])
+        assert stored.client_id is None
+        assert events[1]["messages"][0]["id"] == stored.id
 
 
 async def test_a_permission_is_an_interrupt_and_the_next_run_resumes_it(tmp_path: Path) -> None:
