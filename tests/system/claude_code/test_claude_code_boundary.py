@@ -29,6 +29,7 @@ from bench.fake_api import FakeServer, Replay, transcript
 from tests.claude_code_support import CLAUDE_CODE_MARKS, decide, gateway, only_model_calls
 from tests.claude_code_support import server as server
 from tests.conftest import Harness, running_gateway, types
+from tests.mcp_support import EVERYTHING
 
 pytestmark = CLAUDE_CODE_MARKS
 
@@ -302,4 +303,41 @@ async def test_a_sandboxed_background_bash_reads_only_its_own_workspace_too(
     assert "SECRET OF SESSION A" not in output, output
     assert "MARIGOLD" not in output and "[agents.default]" not in output, output
     assert not escape.exists()
+    only_model_calls(server)
+
+
+async def test_mcp_servers_secrets_are_not_on_the_clis_command_line(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An MCP server's ``env`` and ``headers`` (tokens, as an operator configures them)
+    reach the CLI, never its command line, which ``/proc/<pid>/cmdline`` (``ps``) shows to
+    every user of the host; nor does its sandboxed ``Bash`` find them in what it may read."""
+    tables = f"""
+[mcp_servers.everything]
+command = {json.dumps(EVERYTHING)}
+env = {{ MCP_TEST_ENV = "{CANARY}-env" }}
+
+[mcp_servers.elsewhere]
+url = "http://127.0.0.1:9/mcp"
+headers = {{ authorization = "Bearer {CANARY}-header" }}
+"""
+    tools = '["Bash", "mcp__everything__*", "mcp__elsewhere__*"]'
+    config, providers = await gateway(
+        tmp_path, server, monkeypatch, tables, tools=tools, require_approval="[]"
+    )
+    command = f'grep -rsl {CANARY} "$TMPDIR" "$HOME" "$(dirname "$TMPDIR")"; echo END'
+    server.enqueue(
+        tool_uses(("Bash", {"command": command, "description": "look"})),
+        Replay(transcript("anthropic/text.sse")),
+    )
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        events = await turn_allowing(gw, sid, "look for secrets")
+        cli = gw.node.sessions[sid].agent.runtime.transport.pid  # type: ignore[union-attr]
+        cmdline = Path(f"/proc/{cli}/cmdline").read_bytes().decode()  # noqa: ASYNC240
+    await providers.aclose()
+    assert "mcp" in cmdline  # the servers were passed...
+    assert CANARY not in cmdline, cmdline  # ...not their secrets
+    done = next(e for e in events if e.type == "tool.completed").payload
+    assert "END" in done.result and CANARY not in done.result, done.result
     only_model_calls(server)
