@@ -341,3 +341,46 @@ headers = {{ authorization = "Bearer {CANARY}-header" }}
     done = next(e for e in events if e.type == "tool.completed").payload
     assert "END" in done.result and CANARY not in done.result, done.result
     only_model_calls(server)
+
+
+async def test_a_rule_in_require_approval_asks_for_the_commands_it_matches(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tools = ["Bash"]``, ``require_approval = ["Bash(rm:*)"]``: an ``rm`` asks (the
+    client denies it: it never runs), another command runs without asking."""
+    config, providers = await gateway(
+        tmp_path, server, monkeypatch, tools='["Bash"]', require_approval='["Bash(rm:*)"]'
+    )
+    server.enqueue(
+        tool_uses(
+            ("Bash", {"command": "echo kept > kept.txt", "description": "write"}),
+            ("Bash", {"command": "rm -f kept.txt", "description": "remove"}),
+        ),
+        Replay(transcript("anthropic/text.sse")),
+    )
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        async with gw.client(sid) as client:
+            await client.subscribe()
+            await gw.submit(sid, "write it, then remove it")
+            while True:
+                last = (await client.until(
+                    lambda e: e.type in ("permission.requested", "turn.completed")
+                ))[-1]  # fmt: skip
+                if last.type == "turn.completed":
+                    break
+                await decide(gw, sid, last.payload.perm_id, "deny")
+            events = client.events
+        kept = Path(workspace_of(gw, sid), "kept.txt")
+    await providers.aclose()
+    asked = [e.payload for e in events if e.type == "permission.requested"]
+    assert [(a.tool_use_id, a.input["command"]) for a in asked] == [
+        ("toolu_1_1", "rm -f kept.txt")
+    ], asked
+    done = [e.payload.tool_use_id for e in events if e.type == "tool.completed"]
+    failed = {
+        e.payload.tool_use_id: e.payload.error_class for e in events if e.type == "tool.failed"
+    }
+    assert done == ["toolu_1_0"] and failed == {"toolu_1_1": "permission_denied"}
+    assert kept.read_text() == "kept\n"  # noqa: ASYNC240
+    only_model_calls(server)
