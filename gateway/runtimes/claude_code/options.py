@@ -10,7 +10,9 @@ docs/protocol.md §11, "Options":
   ``tools``), those not matched by ``require_approval`` its ``allowed_tools``
   (approved without asking; ``mcp__<server>__*`` as Claude Code's
   ``mcp__<server>``: :func:`cli_rule`); the others ask ``can_use_tool``
-  (:mod:`gateway.runtimes.claude_code.permissions`). An agent without
+  (:mod:`gateway.runtimes.claude_code.permissions`). A rule in
+  ``require_approval`` (``Bash(rm:*)``) is Claude Code's ``ask`` rule
+  (:func:`ask_rules`): the uses it matches ask though their tool is allowed. An agent without
   ``tools`` gets Claude Code's default set and no ``allowed_tools``: its
   ``permission_mode`` decides what asks.
 - ``max_rounds`` is its ``max_turns``; ``max_tokens`` its
@@ -35,6 +37,7 @@ and who may have them, is :mod:`gateway.runtimes.claude_code.paths`.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Mapping
@@ -187,6 +190,17 @@ def cli_rule(pattern: str) -> str:
     return pattern
 
 
+def ask_rules(agent: AgentProfile) -> list[str]:
+    """The rules of ``require_approval`` (``Bash(rm:*)``): Claude Code's ``ask`` rules.
+
+    Claude Code asks ``can_use_tool`` for a use they match even when its tool is
+    one of ``allowed_tools`` (its ask rules come before its allow rules), so
+    ``tools = ["Bash"]`` with ``require_approval = ["Bash(rm:*)"]`` asks for
+    ``rm`` only (docs/protocol.md §11, "Tools and approvals").
+    """
+    return [p for p in agent.require_approval if rule_tool(p) != p]
+
+
 def cli_options(
     agent: AgentProfile,
     session_id: str,
@@ -225,6 +239,7 @@ def cli_options(
         prompt["append"] = agent.system
     budget = agent.thinking_budget_tokens
     thinking: Any = {"type": "enabled", "budget_tokens": budget} if budget else None
+    ask = ask_rules(agent)
     return ClaudeAgentOptions(
         include_partial_messages=True,
         cwd=workspace,
@@ -239,6 +254,7 @@ def cli_options(
         fork_session=not resume and fork is not None,
         resume_session_at=resume_at if resume else fork[1] if fork else None,
         setting_sources=[],
+        settings=json.dumps({"permissions": {"ask": ask}}) if ask else None,
         mcp_servers=mcp_servers(agent, servers, os.getcwd()),
         thinking=thinking,
         max_turns=agent.max_rounds,
