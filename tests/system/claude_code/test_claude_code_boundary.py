@@ -415,3 +415,25 @@ async def test_a_sessions_claude_code_cannot_message_another_sessions_cli(
     b_calls = [c for c in b_calls if claude_session_id(b) in c]
     assert len(b_calls) == 2 and not [c for c in b_calls if "INJECTED" in c]
     only_model_calls(server)
+
+
+async def test_a_file_mentioned_in_a_prompt_is_not_read_by_claude_code(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code reads a file a prompt mentions (``@path``) and sends it to the model,
+    no tool use, no hook: a client's ``@/path/outside`` would read any file of the host.
+    The gateway turns mentions off: the model sees the text only."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("TOP SECRET OUTSIDE\n")
+    config, providers = await gateway(tmp_path, server, monkeypatch)
+    for _ in range(2):
+        server.enqueue(Replay(transcript("anthropic/text.sse")))
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        plain = await turn_allowing(gw, sid, f"summarize @{outside}")
+        quoted = await turn_allowing(gw, sid, f'and @"{outside}" too')
+    await providers.aclose()
+    assert plain[-1].type == quoted[-1].type == "turn.completed"
+    assert len(server.requests) == 2 and f"@{outside}" in said_to_model(server)
+    assert "TOP SECRET" not in said_to_model(server)
+    only_model_calls(server)
