@@ -22,6 +22,9 @@ Two layers, because Claude Code runs its tools itself:
   gap: the check runs just before Claude Code opens the file, not at the
   open itself, so a symlink swapped in between (by a
   background command of the same session) is followed.
+- **File mentions** (``@path`` in a prompt), which Claude Code would read
+  itself with no tool use, are off: ``CLAUDE_CODE_DISABLE_FILE_MENTIONS``
+  (:func:`~gateway.runtimes.claude_code.options.cli_environment`).
 - **Other sessions.** The same hook refuses a ``SendMessage`` whose ``to`` is
   an address (:data:`PEER_ARGS`: ``uds:<socket>``, ``bridge:<id>``, a path):
   Claude Code delivers it to that CLI, another session's, which answers it

@@ -113,6 +113,10 @@ def cli_environment(
     ``CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS=1`` asks for the CLI's
     ``session_state_changed`` frames: ``idle`` tells the runtime that no
     further query is owed (:class:`~gateway.runtimes.claude_code.process.CliProcess`).
+    ``CLAUDE_CODE_DISABLE_FILE_MENTIONS=1``: Claude Code would read a file a
+    prompt mentions (``@/any/path``) and send it to the model, with no tool
+    use for the workspace's boundary to check (docs/protocol.md §11, "The
+    boundary"); the agent's ``env`` cannot turn them back on.
     """
     out = {"MCP_CONNECTION_NONBLOCKING": "0"}
     if max_retries is not None:
@@ -137,6 +141,7 @@ def cli_environment(
             "CLAUDE_AGENT_SDK_VERSION": SDK_VERSION,
             "CLAUDE_CODE_SDK_READS_SESSION_STATE": "1",
             "CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS": "1",
+            "CLAUDE_CODE_DISABLE_FILE_MENTIONS": "1",
         }
     )
     return out
