@@ -4,7 +4,8 @@ docs/protocol.md §11, "Options":
 
 - ``cwd`` is the session's workspace; the agent's ``system`` is appended to
   Claude Code's own prompt; the model is the part after ``anthropic:``; a
-  thinking budget turns thinking on; ``permission_mode`` is passed as is
+  thinking budget turns thinking on, and none (0) off (by itself Claude Code
+  would think, adaptively); ``permission_mode`` is passed as is
   (``bypassPermissions`` is the operator's choice only).
 - ``tools`` lists the tools Claude Code may use (their plain names become its
   ``tools``), those not matched by ``require_approval`` its ``allowed_tools``
@@ -243,7 +244,7 @@ def cli_options(
     if agent.system:
         prompt["append"] = agent.system
     budget = agent.thinking_budget_tokens
-    thinking: Any = {"type": "enabled", "budget_tokens": budget} if budget else None
+    thinking: Any = {"type": "enabled", "budget_tokens": budget} if budget else {"type": "disabled"}
     ask = ask_rules(agent)
     return ClaudeAgentOptions(
         include_partial_messages=True,
