@@ -22,6 +22,14 @@ Two layers, because Claude Code runs its tools itself:
   gap: the check runs just before Claude Code opens the file, not at the
   open itself, so a symlink swapped in between (by a
   background command of the same session) is followed.
+- **File mentions** (``@path`` in a prompt), which Claude Code would read
+  itself with no tool use, are off: ``CLAUDE_CODE_DISABLE_FILE_MENTIONS``
+  (:func:`~gateway.runtimes.claude_code.options.cli_environment`).
+- **Other sessions.** The same hook refuses a ``SendMessage`` whose ``to`` is
+  an address (:data:`PEER_ARGS`: ``uds:<socket>``, ``bridge:<id>``, a path):
+  Claude Code delivers it to that CLI, another session's, which answers it
+  as a prompt with its own tools. Its own sub-agents and teammates, named,
+  stay reachable.
 - **Bash** runs in Claude Code's sandbox (``[agents.NAME] sandbox``,
   default on; :func:`sandbox_settings`): bubblewrap on Linux, its own PID
   namespace and no network, the root file system read-only; writable only
@@ -42,6 +50,7 @@ and :func:`sandbox_missing`.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
@@ -69,6 +78,10 @@ PATH_ARGS: Mapping[str, tuple[str, ...]] = {
 }
 """Claude Code's tools that take paths, and their path arguments."""
 
+PEER_ARGS: Mapping[str, str] = {"SendMessage": "to"}
+"""Claude Code's tools that may reach another Claude Code session, and the argument
+naming where: an address there (``uds:<socket>``, ``bridge:<id>``, a path) is refused."""
+
 SEARCHES_CWD = frozenset({"Grep", "Glob"})
 """The tools that search the working directory when given no ``path``."""
 
@@ -76,6 +89,7 @@ PATTERN_ARGS: Mapping[str, str] = {"Glob": "pattern", "Grep": "glob"}
 """The glob arguments of the search tools."""
 
 _WILDCARDS = frozenset("*?[{")
+_ADDRESS = re.compile(r"\s*([A-Za-z][A-Za-z0-9+.-]*:|.*[/\\]|.*\.sock\s*$)")
 
 Resolve = Callable[[str], str]
 
@@ -140,11 +154,15 @@ def refusal(
     workspace: str,
     resolve: Resolve = os.path.realpath,
 ) -> str | None:
-    """Why a tool use is refused (a path outside ``workspace``), or None (module docstring).
+    """Why a tool use is refused (a path outside ``workspace``, another session), or None
+    (module docstring).
 
     ``resolve`` is how a path is resolved at use (:func:`os.path.realpath`:
     blocking; a test gives its own).
     """
+    peer = tool_input.get(PEER_ARGS.get(tool_name, ""))
+    if isinstance(peer, str) and _ADDRESS.match(peer):
+        return f"{peer!r} is another session: a session's Claude Code reaches no other"
     found = candidates(tool_name, tool_input, cwd)
     if isinstance(found, str):
         return found
@@ -184,7 +202,8 @@ def path_hook(workspace: str, on_refused: Callable[[str], None]) -> HookMatcher:
         }
 
     callback: HookCallback = hook
-    return HookMatcher(matcher="|".join(PATH_ARGS), hooks=[callback], on_failure="block")
+    matcher = "|".join([*PATH_ARGS, *PEER_ARGS])
+    return HookMatcher(matcher=matcher, hooks=[callback], on_failure="block")
 
 
 def sandbox_settings(

@@ -4,13 +4,16 @@ docs/protocol.md §11, "Options":
 
 - ``cwd`` is the session's workspace; the agent's ``system`` is appended to
   Claude Code's own prompt; the model is the part after ``anthropic:``; a
-  thinking budget turns thinking on; ``permission_mode`` is passed as is
+  thinking budget turns thinking on, and none (0) off (by itself Claude Code
+  would think, adaptively); ``permission_mode`` is passed as is
   (``bypassPermissions`` is the operator's choice only).
 - ``tools`` lists the tools Claude Code may use (their plain names become its
   ``tools``), those not matched by ``require_approval`` its ``allowed_tools``
   (approved without asking; ``mcp__<server>__*`` as Claude Code's
   ``mcp__<server>``: :func:`cli_rule`); the others ask ``can_use_tool``
-  (:mod:`gateway.runtimes.claude_code.permissions`). An agent without
+  (:mod:`gateway.runtimes.claude_code.permissions`). A rule in
+  ``require_approval`` (``Bash(rm:*)``) is Claude Code's ``ask`` rule
+  (:func:`ask_rules`): the uses it matches ask though their tool is allowed. An agent without
   ``tools`` gets Claude Code's default set and no ``allowed_tools``: its
   ``permission_mode`` decides what asks.
 - ``max_rounds`` is its ``max_turns``; ``max_tokens`` its
@@ -35,6 +38,7 @@ and who may have them, is :mod:`gateway.runtimes.claude_code.paths`.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Mapping
@@ -110,6 +114,10 @@ def cli_environment(
     ``CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS=1`` asks for the CLI's
     ``session_state_changed`` frames: ``idle`` tells the runtime that no
     further query is owed (:class:`~gateway.runtimes.claude_code.process.CliProcess`).
+    ``CLAUDE_CODE_DISABLE_FILE_MENTIONS=1``: Claude Code would read a file a
+    prompt mentions (``@/any/path``) and send it to the model, with no tool
+    use for the workspace's boundary to check (docs/protocol.md §11, "The
+    boundary"); the agent's ``env`` cannot turn them back on.
     """
     out = {"MCP_CONNECTION_NONBLOCKING": "0"}
     if max_retries is not None:
@@ -134,6 +142,7 @@ def cli_environment(
             "CLAUDE_AGENT_SDK_VERSION": SDK_VERSION,
             "CLAUDE_CODE_SDK_READS_SESSION_STATE": "1",
             "CLAUDE_CODE_EMIT_SESSION_STATE_EVENTS": "1",
+            "CLAUDE_CODE_DISABLE_FILE_MENTIONS": "1",
         }
     )
     return out
@@ -187,6 +196,17 @@ def cli_rule(pattern: str) -> str:
     return pattern
 
 
+def ask_rules(agent: AgentProfile) -> list[str]:
+    """The rules of ``require_approval`` (``Bash(rm:*)``): Claude Code's ``ask`` rules.
+
+    Claude Code asks ``can_use_tool`` for a use they match even when its tool is
+    one of ``allowed_tools`` (its ask rules come before its allow rules), so
+    ``tools = ["Bash"]`` with ``require_approval = ["Bash(rm:*)"]`` asks for
+    ``rm`` only (docs/protocol.md §11, "Tools and approvals").
+    """
+    return [p for p in agent.require_approval if rule_tool(p) != p]
+
+
 def cli_options(
     agent: AgentProfile,
     session_id: str,
@@ -224,7 +244,8 @@ def cli_options(
     if agent.system:
         prompt["append"] = agent.system
     budget = agent.thinking_budget_tokens
-    thinking: Any = {"type": "enabled", "budget_tokens": budget} if budget else None
+    thinking: Any = {"type": "enabled", "budget_tokens": budget} if budget else {"type": "disabled"}
+    ask = ask_rules(agent)
     return ClaudeAgentOptions(
         include_partial_messages=True,
         cwd=workspace,
@@ -239,6 +260,7 @@ def cli_options(
         fork_session=not resume and fork is not None,
         resume_session_at=resume_at if resume else fork[1] if fork else None,
         setting_sources=[],
+        settings=json.dumps({"permissions": {"ask": ask}}) if ask else None,
         mcp_servers=mcp_servers(agent, servers, os.getcwd()),
         thinking=thinking,
         max_turns=agent.max_rounds,

@@ -15,7 +15,12 @@ state directory with its workspace (:func:`remove_state`, gateway.node.deletion)
 under :func:`tmp_root` (short: Claude Code binds Unix sockets there, whose
 paths must stay under 108 bytes), which the daemon makes private before it
 uses it (:func:`private_dir`: its own, no symlink, closed to others): a name
-another local user could have made first is refused, never used.
+another local user could have made first is refused, never used. Beside the
+``TMPDIR`` s, not in one (a sandboxed ``Bash`` reads its own), is each CLI's
+MCP configuration (:func:`write_mcp_config`): on the command line, its
+servers' ``env`` and ``headers`` would be in ``/proc/<pid>/cmdline``, which
+every user of the host may read. Both are removed when the CLI ends
+(:func:`remove_tmp`).
 
 No import of the Claude Agent SDK here: the node deletes the state of
 sessions whether or not the claude-code extra is installed.
@@ -25,11 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import shutil
 import stat
 import tempfile
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 _NAMESPACE = uuid.UUID("5b0c6a8e-3f1d-4a57-9c2e-7d4b1e0f9a63")  # of claude_session_id
 
@@ -74,6 +82,31 @@ def tmp_root() -> str:
 def tmp_dir(session_id: str) -> str:
     """A session's CLI's ``TMPDIR`` (:func:`tmp_root`): its own, which no other CLI shares."""
     return os.path.join(tmp_root(), uuid.uuid5(_NAMESPACE, session_id).hex[:16])
+
+
+def mcp_config(session_id: str) -> str:
+    """Where a session's CLI reads its MCP servers from (module docstring): in
+    :func:`tmp_root`, which a sandboxed ``Bash`` may not read, outside its ``TMPDIR``."""
+    return os.path.join(tmp_root(), f"mcp-{uuid.uuid5(_NAMESPACE, session_id).hex[:16]}.json")
+
+
+def write_mcp_config(session_id: str, servers: Mapping[str, Any]) -> str:
+    """Write the CLI's ``--mcp-config`` to :func:`mcp_config` (mode 0600); its path.
+
+    Blocking; :func:`tmp_root` is made private first (:func:`private_dir`).
+    """
+    path = mcp_config(session_id)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with open(fd, "w") as f:
+        json.dump({"mcpServers": dict(servers)}, f)
+    return path
+
+
+def remove_tmp(session_id: str) -> None:
+    """Remove the ``TMPDIR`` and the MCP configuration of a CLI that ended. Blocking."""
+    shutil.rmtree(tmp_dir(session_id), ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(mcp_config(session_id))
 
 
 CREATED = ".created_at"

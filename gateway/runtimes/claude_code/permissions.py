@@ -5,8 +5,10 @@
 permissions route; ``[tools] approval_timeout_s`` denies. It approves a tool
 the agent's patterns allow and ``require_approval`` does not match, denies
 one they do not allow, and asks the user for the rest (Claude Code itself
-approves read-only commands). An agent without ``tools`` (Claude Code's
-default set) asks the user whenever Claude Code's ``permission_mode`` asks.
+approves read-only commands). A use a rule of ``require_approval`` matches
+(``Bash(rm:*)``, Claude Code's ``ask`` rule: :func:`.options.ask_rules`) asks
+too. An agent without ``tools`` (Claude Code's default set) asks the user
+whenever Claude Code's ``permission_mode`` asks.
 
 - The CLI may ask before the message that holds the tool use has ended: the
   request waits for the tool's ``tool.called`` (:meth:`Approvals.announce`),
@@ -29,8 +31,10 @@ import trio
 from claude_agent_sdk import PermissionResultAllow, PermissionResultDeny, ToolPermissionContext
 
 from gateway.ids import now_ms
+from gateway.protocol.claude_code_tools import rule_tool
 from gateway.protocol.events import PermissionRequested, PermissionResolved
 from gateway.protocol.shapes import ToolUseBlock
+from gateway.runtimes.claude_code.options import ask_rules
 from gateway.runtimes.claude_code.subagents import Flush
 from gateway.session.permissions import PermissionRequest
 from gateway.session.turn import Turn
@@ -83,8 +87,10 @@ class Approvals:
         turn = current[0]
         tool_use_id = context.tool_use_id or ""
         agent = runtime.agent
-        # Claude Code's default tools: its permission_mode asked, so the user is asked.
-        if not agent.default_tools and not agent.needs_approval(name):  # a glob: ours
+        # Claude Code's default tools: its permission_mode asked, so the user is asked;
+        # so is a tool an ask rule of require_approval names (it matched: ask_rules).
+        asks = agent.needs_approval(name) or any(rule_tool(p) == name for p in ask_rules(agent))
+        if not agent.default_tools and not asks:  # a glob: ours
             if agent.allows(name):
                 return PermissionResultAllow()
             self.denied.add(tool_use_id)

@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import shutil
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -76,9 +75,11 @@ from gateway.runtimes.claude_code.paths import (
     has_transcript,
     own_state,
     private_dir,
+    remove_tmp,
     state_dir,
     tmp_dir,
     tmp_root,
+    write_mcp_config,
 )
 from gateway.runtimes.claude_code.rewind import prompt_uuid, rewind_state
 from gateway.runtimes.transport import ToolProcessTransport
@@ -266,6 +267,10 @@ class CliProcess:
             fork=fork,
             resume_at=self.resume_at if resume else None,
         )  # fmt: skip
+        if isinstance(servers := options.mcp_servers, dict) and servers:
+            # In a private file, never on the command line: ps shows their tokens to every user.
+            mcp = await trio.to_thread.run_sync(write_mcp_config, s.id, servers)
+            options = dataclasses.replace(options, mcp_servers=mcp)
         door = await node.model_proxy.ensure_running()
         key = daemon_env().get("ANTHROPIC_API_KEY", "")  # taken out of os.environ at start
         credential = node.model_proxy.issue(s.id, agent.base_url, key)
@@ -346,8 +351,7 @@ class CliProcess:
                     await client.disconnect()
                 self.node.model_proxy.revoke(credential)  # its CLI has ended
                 with trio.CancelScope(shield=True):
-                    tmp = tmp_dir(s.id)
-                    await trio.to_thread.run_sync(lambda: shutil.rmtree(tmp, ignore_errors=True))
+                    await trio.to_thread.run_sync(remove_tmp, s.id)  # and its MCP config
                 self.node.process_slots.release(self.agent.name, s.id)
                 stopped.set()
 

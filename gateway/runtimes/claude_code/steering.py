@@ -67,14 +67,15 @@ def prompt_of(message: Message, files: Mapping[str, tuple[str, bytes]] | None = 
     API's content blocks, each file's bytes base64 (``files``: by file id, from
     :meth:`gateway.session.files.Files.read`). A file no longer stored (its
     session deleted meanwhile) reads as it does to any model
-    (:func:`gateway.providers.attachments.missing`).
+    (:func:`gateway.providers.attachments.missing`). A text that starts with ``/`` is
+    sent after a space (:func:`not_a_command`).
     """
     if not any(isinstance(b, ImageBlock | DocumentBlock) for b in message.content):
-        return "".join(b.text for b in message.content if isinstance(b, TextBlock))
+        return not_a_command("".join(b.text for b in message.content if isinstance(b, TextBlock)))
     blocks: list[dict[str, Any]] = []
     for b in message.content:
         if isinstance(b, TextBlock) and b.text:
-            blocks.append({"type": "text", "text": b.text})
+            blocks.append({"type": "text", "text": not_a_command(b.text)})
         elif isinstance(b, ImageBlock | DocumentBlock):
             found = (files or {}).get(b.file_id)
             if found is None:
@@ -82,6 +83,19 @@ def prompt_of(message: Message, files: Mapping[str, tuple[str, bytes]] | None = 
             else:
                 blocks.append(_file_block(b, *found))
     return blocks
+
+
+def not_a_command(text: str) -> str:
+    """A client's text as Claude Code takes it as text (docs/protocol.md §11, "Commands").
+
+    Claude Code runs a user message whose text (a block's, in a message of
+    blocks) starts with ``/`` as one of its own commands (``/model``, ``/fast``,
+    ``/clear``, its skills...): that would change what the operator configured,
+    or end the turn with no model call. One space before it, which Claude Code
+    does not strip, makes it text; the model sees that space. The gateway's own
+    ``/compact`` is not a user message (:mod:`.compaction`).
+    """
+    return " " + text if text.startswith("/") else text
 
 
 def _file_block(block: ImageBlock | DocumentBlock, media_type: str, data: bytes) -> dict[str, Any]:

@@ -262,3 +262,23 @@ async def test_a_worker_made_for_a_sub_agent_that_never_starts_is_deleted(
     assert not [e for e in events if e.type.startswith("delegate.")]
     assert stored == [sid] and again.status_code == 201, again.text
     assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize(("budget", "thinks"), [("", False), ("2048", True)])
+async def test_thinking_budget_tokens_0_is_thinking_off_as_for_the_native_runtime(
+    tmp_path: Path, server: FakeServer, monkeypatch: pytest.MonkeyPatch, budget: str, thinks: bool
+) -> None:
+    """``thinking_budget_tokens`` 0 (the default) is extended thinking off: Claude Code's
+    calls ask for none (by itself it would think, adaptively); above 0 they think (Claude
+    Code 2.1.332 asks a model that has adaptive thinking for it, whatever the budget)."""
+    server.enqueue(Replay(transcript("anthropic/text.sse")))
+    config, providers = await gateway(tmp_path, server, monkeypatch, thinking_budget_tokens=budget)
+    async with running_gateway(config, providers) as gw:
+        sid = await gw.create_session()
+        events = await run_turn(gw, sid, "hello")
+    await providers.aclose()
+    assert events[-1].type == "turn.completed"
+    [call] = server.requests
+    kind = (call.body.get("thinking") or {}).get("type", "disabled")
+    assert (kind != "disabled") is thinks, call.body.get("thinking")
+    only_model_calls(server)

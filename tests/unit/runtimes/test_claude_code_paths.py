@@ -123,6 +123,24 @@ def test_paths_outside_the_workspace_are_refused(tool: str, args: dict[str, Any]
     assert decide(tool, **args) is not None
 
 
+@pytest.mark.parametrize(
+    ("to", "refused"),
+    [
+        ("main", False),  # its own main thread, a sub-agent, a teammate: by name
+        ("a1b2c3d4", False),
+        ("uds:/tmp/gateway-cc-0/0123456789abcdef/cc-socks/42.sock", True),  # another CLI
+        ("bridge:session_01abc", True),
+        ("UDS:/x.sock", True),
+        (" uds:/x.sock", True),
+        ("/tmp/gateway-cc-0/0123456789abcdef/cc-socks/42.sock", True),
+        ("../42.sock", True),
+        ("42.sock", True),
+    ],
+)
+def test_send_message_reaches_no_other_session(to: str, refused: bool) -> None:
+    assert (decide("SendMessage", to=to, message="hi") is not None) is refused
+
+
 def test_the_working_directory_is_where_relative_paths_and_bare_searches_start() -> None:
     # Claude Code's cwd moved out (a Bash cd): a relative path, a bare search follow it.
     assert decide("Read", cwd="/srv/ws/local", file_path="proj/a.py") is None

@@ -60,3 +60,14 @@ def test_files_are_blocks_with_their_bytes_a_text_document_as_text_a_lost_one_a_
         },
         {"type": "text", "text": "[file file_gone is no longer stored]"},
     ]
+
+
+def test_a_text_that_starts_with_a_slash_is_sent_with_a_space_so_it_is_no_cli_command() -> None:
+    """Claude Code runs a user message's text that starts with ``/`` as its own command
+    (``/model``, ``/clear``...), in a block of several too: a client's text is the model's."""
+    assert prompt_of(user(TextBlock("/model claude-opus-4-1"))) == " /model claude-opus-4-1"
+    assert prompt_of(user(TextBlock("a"), TextBlock("/cost"))) == "a/cost"
+    files = {"file_pic": ("image/png", IMAGE)}
+    blocks = prompt_of(user(TextBlock("/clear"), PIC, TextBlock("/cost")), files)
+    assert isinstance(blocks, list)
+    assert [b.get("text") for b in blocks] == [" /clear", None, " /cost"]
