@@ -9,6 +9,7 @@ names before the handler runs; the handlers decode the rest.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -94,15 +95,19 @@ def known_query(req: Request, operation: Operation) -> None:
         )
 
 
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
+"""An integer query parameter as written: ASCII decimal digits, no sign but ``-``, no
+``_``, space, other script's digits or base prefix that ``int()`` would take."""
+
+
 def int_query(req: Request, name: str, *, default: int, low: int, high: int) -> int:
     """The integer query parameter ``name``: 400 if it is no integer, 422 out of range."""
     raw = req.query.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(400, "invalid_query", f"{name} must be an integer, got {raw!r}") from None
+    if not _INTEGER.fullmatch(raw):
+        raise ApiError(400, "invalid_query", f"{name} must be an integer, got {raw[:40]!r}")
+    value = int(raw)
     if not low <= value <= high:
         raise ApiError(
             422, "invalid_query", f"{name} must be between {low} and {high}, got {value}"

@@ -205,6 +205,11 @@ async def test_list_sessions_limit_is_1_to_200(gw: Harness) -> None:
     for limit, status in [("0", 422), ("201", 422), ("-1", 422), ("abc", 400), ("", 400)]:
         r = await gw.http.get("/sessions", params={"limit": limit})
         assert_error(r, status, "invalid_query")
+    # Decimal digits in ASCII, nothing else Python's int() would take (docs/protocol.md §2).
+    for limit in ["4_0", "+40", " 40", "40 ", "\u0664\u0660", "0x10", "9" * 400]:
+        r = await gw.http.get("/sessions", params={"limit": limit})
+        assert_error(r, 400, "invalid_query")
+        assert len(r.json()["error"]["message"]) < 120
     for limit in ("1", "200"):
         r = await gw.http.get("/sessions", params={"limit": limit})
         assert r.status_code == 200, r.text
