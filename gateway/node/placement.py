@@ -29,7 +29,7 @@ from gateway.logs import event
 from gateway.node import deletion, recovery
 from gateway.node.core import NodeCore
 from gateway.node.failover import close_clients
-from gateway.node.operations import Notice, notice, perform
+from gateway.node.operations import Notice, changing_nodes, notice, perform
 from gateway.node.registry import pinning
 from gateway.protocol.framing import event_frame
 from gateway.session.hub import Emitted
@@ -244,7 +244,7 @@ class ClusteredPlacement:
         except StoreError as exc:
             raise unavailable(exc) from None
         if holder is None or holder == node.node_id:  # changing hands right now
-            raise _changing_nodes(session.id)
+            raise changing_nodes(session.id)
         store = node.config.store
         # A turn may wait for a process slot on the owner first (gateway.tools.process_slots):
         # its answer is given that much longer, so the wait ends as the owner's own
@@ -377,16 +377,7 @@ class ClusteredPlacement:
         if session is None:
             raise Refused("session_not_found", f"no session {session_id!r}")
         if not self.runs_here(session_id):  # the lease moved meanwhile: the sender retries
-            raise _changing_nodes(session_id)
+            raise changing_nodes(session_id)
         if isinstance(op, ops.Watch | ops.TakeSnapshot | ops.Replay):
             self.cluster.heard(session.family.id)  # before the cut: no batch after it is missed
         return await perform(self.node, session, op)
-
-
-def _changing_nodes(session_id: str) -> Refused:
-    """The session's lease is changing hands at this moment: the caller retries."""
-    return Refused(
-        "session_owner_unreachable",
-        f"session {session_id} is changing nodes; retry in 1 s",
-        retry_after_s=1,
-    )
