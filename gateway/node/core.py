@@ -93,6 +93,10 @@ class PlacementPart(Protocol):
         """The family left this node's memory: what the placement kept for it goes too."""
         ...
 
+    def relayed_up_to(self, root_id: str) -> int:
+        """The highest id of the family that another node's live batches brought here (0: none)."""
+        ...
+
 
 class RegistryPart(Protocol):
     """The live sessions (gateway.node.registry), as the other parts load and start them."""

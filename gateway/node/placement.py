@@ -94,6 +94,10 @@ class Placement(Protocol):
         """The family left this node's memory: what the placement kept for it goes too."""
         ...
 
+    def relayed_up_to(self, root_id: str) -> int:
+        """The highest id of the family that another node's live batches brought here (0: none)."""
+        ...
+
 
 async def choose(node: NodeCore, nursery: trio.Nursery) -> Placement:
     """The node's placement, picked once at start-up from its store's leases.
@@ -172,6 +176,9 @@ class LocalPlacement:
     def unloaded(self, root_id: str) -> None:
         return None
 
+    def relayed_up_to(self, root_id: str) -> int:
+        return 0
+
 
 class ClusteredPlacement:
     """Several nodes on one Redis: a session runs where its lease is (module docstring)."""
@@ -182,6 +189,7 @@ class ClusteredPlacement:
         self.node = node
         self.cluster: Cluster  # set by choose(), before anything is asked
         self._relayed: dict[str, tuple[str, int]] = {}  # family -> (owner, last batch number)
+        self._relayed_seq: dict[str, int] = {}  # family -> the highest id relayed here
 
     def runs_here(self, session_id: str) -> bool:
         return self.node.leases.holds(session_id)
@@ -210,7 +218,11 @@ class ClusteredPlacement:
     def unloaded(self, root_id: str) -> None:
         """The family left memory here: its relay bookkeeping goes, and its subscription."""
         self._relayed.pop(root_id, None)
+        self._relayed_seq.pop(root_id, None)
         self.cluster.forget(root_id)
+
+    def relayed_up_to(self, root_id: str) -> int:
+        return self._relayed_seq.get(root_id, 0)
 
     # --- asking the owner ----------------------------------------------------------
 
@@ -336,6 +348,8 @@ class ClusteredPlacement:
                 deletion.forget_replica(node, deleted)
             return
         sid = batch.session_id
+        if batch.events:
+            self._relayed_seq[root] = max(self._relayed_seq.get(root, 0), batch.events[-1][0])
         events = [  # each frame rebuilt once on this node, for all its clients
             Emitted(seq, type_, actor, sid, turn_id, ts, data, event_frame(data))
             for seq, type_, actor, turn_id, ts, data in batch.events
