@@ -347,3 +347,42 @@ async def test_a_batch_its_dead_owner_committed_but_never_published_reaches_the_
                         closed = exc
                 seen = types(on_b.events)
                 assert "feedback.recorded" in seen or "relay_gap" in str(closed), seen
+
+
+async def test_a_batch_its_dead_owner_never_published_reaches_a_third_nodes_clients(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """As above, for a node that only watches: the new owner's batches are another
+    node's numbering, so the batch the dead owner committed and never published must
+    be found in the store before they go out (or the clients resume with ``since``)."""
+    with trio.fail_after(30):
+        async with (
+            two_nodes(tmp_path, own_redis) as (a, b),
+            running_gateway(node_config(tmp_path, own_redis, "c")) as c,
+        ):
+            sid = await a.create_session()
+            async with c.client(sid) as on_c:
+                await on_c.subscribe()
+                await a.submit(sid, "one")
+                await on_c.until_turn_ends()
+                cluster = a.node.cluster
+                assert cluster is not None
+                cluster.publish = lambda *args, **kw: None  # type: ignore[method-assign]
+                reply = a.node.sessions[sid].messages[-1].id
+                r = await a.http.post(
+                    f"/sessions/{sid}/feedback", json={"message_id": reply, "rating": 1}
+                )
+                assert r.status_code == 202, r.text  # committed on a, published nowhere
+                a.node.leases.held.clear()  # a dies now
+                command(own_redis.port, "DEL", f"gw:lease:{{{sid}}}")
+                await b.submit(sid, "two")
+                assert b.node.runs_here(sid)
+                closed = None
+                with trio.move_on_after(5):
+                    try:
+                        await on_c.until(lambda e: e.type == "turn.completed")
+                    except Exception as exc:  # the close
+                        closed = exc
+                seen = types(on_c.events)
+                assert "turn.started" in seen[2:] or closed is not None  # b's batches came
+                assert "feedback.recorded" in seen or "relay_gap" in str(closed), seen
