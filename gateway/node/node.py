@@ -213,6 +213,7 @@ class Node:
                 task_status.started(self)
                 await self._stop.wait()
                 await self.drain_turns()
+                await self.placement.hand_over()  # before the leases go
                 sessions.cancel_scope.cancel()
             with trio.CancelScope(shield=True):
                 await self.providers.aclose()

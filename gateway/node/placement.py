@@ -98,6 +98,10 @@ class Placement(Protocol):
         """The highest id of the family that another node's live batches brought here (0: none)."""
         ...
 
+    async def hand_over(self) -> None:
+        """A clean stop, before the leases go: the other nodes get this node's last batches."""
+        ...
+
 
 async def choose(node: NodeCore, nursery: trio.Nursery) -> Placement:
     """The node's placement, picked once at start-up from its store's leases.
@@ -179,6 +183,9 @@ class LocalPlacement:
     def relayed_up_to(self, root_id: str) -> int:
         return 0
 
+    async def hand_over(self) -> None:
+        return None
+
 
 class ClusteredPlacement:
     """Several nodes on one Redis: a session runs where its lease is (module docstring)."""
@@ -190,6 +197,7 @@ class ClusteredPlacement:
         self.cluster: Cluster  # set by choose(), before anything is asked
         self._relayed: dict[str, tuple[str, int]] = {}  # family -> (owner, last batch number)
         self._relayed_seq: dict[str, int] = {}  # family -> the highest id relayed here
+        self._checking: dict[str, list[LiveBatch]] = {}  # family -> batches of its new owner
 
     def runs_here(self, session_id: str) -> bool:
         return self.node.leases.holds(session_id)
@@ -219,10 +227,24 @@ class ClusteredPlacement:
         """The family left memory here: its relay bookkeeping goes, and its subscription."""
         self._relayed.pop(root_id, None)
         self._relayed_seq.pop(root_id, None)
+        self._checking.pop(root_id, None)
         self.cluster.forget(root_id)
 
     def relayed_up_to(self, root_id: str) -> int:
         return self._relayed_seq.get(root_id, 0)
+
+    async def hand_over(self) -> None:
+        """What this node emitted is made durable, then published (a clean stop).
+
+        The other nodes' clients get its last events (its turns' closing, its
+        clients' goodbyes after the drain) before another node takes its
+        sessions over, so none is missed there (docs/protocol.md §9 "Redis
+        and several nodes"). Bounded by ``shutdown_grace_s``.
+        """
+        node = self.node
+        with trio.move_on_after(node.config.server.shutdown_grace_s), contextlib.suppress(Refused):
+            await node.wait_durable()
+            await self.cluster.flush()
 
     # --- asking the owner ----------------------------------------------------------
 
@@ -325,7 +347,9 @@ class ClusteredPlacement:
 
         A batch whose number does not follow the last one of the same owner
         means pub/sub lost some: the family's clients here are closed with
-        ``relay_gap`` and resume with ``since`` (gateway.cluster.link).
+        ``relay_gap`` and resume with ``since`` (gateway.cluster.link). A
+        batch of another owner than the last waits for the store's word
+        (:meth:`_handed_over`).
         """
         node = self.node
         family = node.sessions.get(root)
@@ -335,6 +359,47 @@ class ClusteredPlacement:
             return
         if self.runs_here(batch.session_id):
             return  # a late batch of a node that ran it before this one: its own are the truth
+        waiting = self._checking.get(root)
+        if waiting is not None:
+            waiting.append(batch)
+            return
+        last = self._relayed.get(root)
+        if last is not None and last[0] != batch.node:  # another node runs it now
+            self._checking[root] = [batch]
+            node.registry.nursery.start_soon(self._handed_over, root, name=f"handed-over {root}")
+            return
+        self._deliver(root, family, batch)
+
+    async def _handed_over(self, root: str) -> None:
+        """The family's batches come from another owner: hold them until the store says
+        whether the previous owner committed any that never reached this node.
+
+        (It died between a commit and its publish.) The new owner's batches
+        are numbered its own way, so only the store tells: an event of the
+        family above the highest id relayed here and below the new owner's
+        first closes the clients here with ``relay_gap`` (docs/protocol.md §9
+        "Redis and several nodes"); else the held batches go out, in order.
+        """
+        node = self.node
+        family = node.sessions.get(root)
+        stored = None
+        if family is not None:
+            ids = [s.id for s in family.scope(True)]
+            with contextlib.suppress(StoreError):  # not known: the clients resume
+                stored = await node.store.events_after(ids, self.relayed_up_to(root), 1)
+        waiting = self._checking.pop(root, None)
+        if waiting is None or family is None:
+            return  # a gap closed its clients meanwhile, or it left memory
+        first = next((b.events[0][0] for b in waiting if b.events), None)
+        if stored is None or (stored and (first is None or stored[0].seq < first)):
+            self.relay_gap(root)
+            return
+        for batch in waiting:
+            self._deliver(root, family, batch)
+
+    def _deliver(self, root: str, family: Session, batch: LiveBatch) -> None:
+        """Fan a batch of the family's owner out here, unless it shows a gap in its numbers."""
+        node = self.node
         last = self._relayed.get(root)
         self._relayed[root] = (batch.node, batch.batch_no)
         if last is not None and last[0] == batch.node and batch.batch_no != last[1] + 1:
@@ -363,6 +428,7 @@ class ClusteredPlacement:
     def relay_gap(self, root: str) -> None:
         """Live batches of the family may have been lost: its clients here resume with since."""
         self._relayed.pop(root, None)
+        self._checking.pop(root, None)
         family = self.node.sessions.get(root)
         if family is None:
             return
