@@ -154,6 +154,7 @@ class Cluster:
         self.audience: dict[str, int] = {}  # families other nodes watch -> epoch (heard)
         self._epoch = 0
         self._queued = trio.Event()
+        self._emptied = trio.Event()  # set and replaced each time the publisher empties the queue
         self._batch_no: dict[str, int] = {}  # family root -> the last batch number published
         self.watched: dict[str, None] = {}  # family roots this node is subscribed to
         self._locks: dict[str, trio.Lock] = {}  # family roots being (un)subscribed
@@ -425,6 +426,18 @@ class Cluster:
                     if not receivers and self.audience.get(root) == epoch:
                         del self.audience[root]
                 self.published += len(batch)
+            self._emptied.set()
+            self._emptied = trio.Event()
+
+    async def flush(self) -> None:
+        """Return once every live batch queued so far is published (the caller bounds the wait).
+
+        A node that stops cleanly publishes its last batches (the closing of
+        its turns, its clients' goodbyes) before it gives its leases up, so the
+        other nodes' clients get them live (docs/protocol.md §9).
+        """
+        while self._queue and self._nursery is not None:
+            await self._emptied.wait()
 
     async def watch(self, root_id: str) -> None:
         """Receive the family's live batches from now on (returns once Redis confirmed).

@@ -75,7 +75,11 @@ class FailoverPart(Protocol):
 
 
 class PlacementPart(Protocol):
-    """Where sessions run (gateway.node.placement), as failover uses it."""
+    """Where sessions run (gateway.node.placement), as failover and operations use it."""
+
+    def runs_here(self, session_id: str) -> bool:
+        """Whether this node may run the session's turns (it holds the session's lease)."""
+        ...
 
     def heard(self, root_id: str) -> None:
         """This node took a family over: the nodes that watched it still do."""
@@ -87,6 +91,10 @@ class PlacementPart(Protocol):
 
     def unloaded(self, root_id: str) -> None:
         """The family left this node's memory: what the placement kept for it goes too."""
+        ...
+
+    def relayed_up_to(self, root_id: str) -> int:
+        """The highest id of the family that another node's live batches brought here (0: none)."""
         ...
 
 

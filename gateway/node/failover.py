@@ -170,6 +170,24 @@ class Failover:
         for worker_id in await store.worker_ids(session.id):
             if worker_id not in node.sessions:
                 await node.registry.load(worker_id)
+        await self._caught_up(session.family)
+
+    async def _caught_up(self, family: Session) -> None:
+        """Close this node's clients of the family if the store holds an event they missed.
+
+        They had the previous owner's batches over pub/sub, published after
+        their commit: one it committed and died before publishing is in the
+        store only (docs/protocol.md §9 "Redis and several nodes": a node that
+        loses some of those batches closes its clients with ``relay_gap``, and
+        they resume with ``since``). Checked against the highest id relayed
+        here, so a client that saw everything keeps its stream.
+        """
+        scope = family.scope(True)
+        if not any(len(s.hub) for s in scope):
+            return
+        relayed = self.node.placement.relayed_up_to(family.id)
+        if await self.node.store.events_after([s.id for s in scope], relayed, 1):
+            close_clients(family, "relay_gap")
 
     async def _close_if_interrupted(self, session: Session) -> bool:
         """Close the session's turn left in flight, if it has one and none runs here.

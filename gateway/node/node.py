@@ -188,6 +188,7 @@ class Node:
             self.failover.lease_lost,
             self.failover.lease_renew_failed,
         )
+        self.store.on_fenced = self.leases.fenced  # a write dropped: the lease is gone already
         async with trio.open_nursery() as nursery:
             await nursery.start(self._run_store, name="store-writer")
             self.sequencer = EventSequencer(self.store.reserve_event_ids, on_overrun=self._overrun)
@@ -212,6 +213,7 @@ class Node:
                 task_status.started(self)
                 await self._stop.wait()
                 await self.drain_turns()
+                await self.placement.hand_over()  # before the leases go
                 sessions.cancel_scope.cancel()
             with trio.CancelScope(shield=True):
                 await self.providers.aclose()

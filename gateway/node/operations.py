@@ -107,11 +107,17 @@ async def start_turn(node: NodeCore, session: Session, op: ops.StartTurn) -> ops
         raise
     if isinstance(turn, ops.TurnTaken):  # queued, or steered: durable with the record
         await node.durable_or_503()
-        return turn
-    if op.trace:
-        turn.trace = op.trace  # before its task starts it (no checkpoint since submit_turn)
-    await session.accepted(turn)
-    return ops.TurnTaken(turn.id)
+        taken = turn
+    else:
+        if op.trace:
+            turn.trace = op.trace  # before its task starts it (no checkpoint since submit_turn)
+        await session.accepted(turn)
+        taken = ops.TurnTaken(turn.id)
+    if not node.placement.runs_here(session.id):
+        # The store fenced its writes: another node took the lease meanwhile, and
+        # nothing of this turn was stored (docs/scale-out.md "Fenced at the store").
+        raise changing_nodes(session.id)
+    return taken
 
 
 async def _process_slot(node: NodeCore, session: Session) -> None:
@@ -136,3 +142,12 @@ def _unreserve_slot(node: NodeCore, session: Session) -> None:
     runtime = session.agent.runtime if session.agent is not None else None
     if session.turn is None and (runtime is None or runtime.client is None):
         node.process_slots.release(agent.name, session.id)
+
+
+def changing_nodes(session_id: str) -> Refused:
+    """The session's lease is changing hands at this moment: the caller retries."""
+    return Refused(
+        "session_owner_unreachable",
+        f"session {session_id} is changing nodes; retry in 1 s",
+        retry_after_s=1,
+    )

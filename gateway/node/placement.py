@@ -29,7 +29,7 @@ from gateway.logs import event
 from gateway.node import deletion, recovery
 from gateway.node.core import NodeCore
 from gateway.node.failover import close_clients
-from gateway.node.operations import Notice, notice, perform
+from gateway.node.operations import Notice, changing_nodes, notice, perform
 from gateway.node.registry import pinning
 from gateway.protocol.framing import event_frame
 from gateway.session.hub import Emitted
@@ -92,6 +92,14 @@ class Placement(Protocol):
 
     def unloaded(self, root_id: str) -> None:
         """The family left this node's memory: what the placement kept for it goes too."""
+        ...
+
+    def relayed_up_to(self, root_id: str) -> int:
+        """The highest id of the family that another node's live batches brought here (0: none)."""
+        ...
+
+    async def hand_over(self) -> None:
+        """A clean stop, before the leases go: the other nodes get this node's last batches."""
         ...
 
 
@@ -172,6 +180,12 @@ class LocalPlacement:
     def unloaded(self, root_id: str) -> None:
         return None
 
+    def relayed_up_to(self, root_id: str) -> int:
+        return 0
+
+    async def hand_over(self) -> None:
+        return None
+
 
 class ClusteredPlacement:
     """Several nodes on one Redis: a session runs where its lease is (module docstring)."""
@@ -182,6 +196,8 @@ class ClusteredPlacement:
         self.node = node
         self.cluster: Cluster  # set by choose(), before anything is asked
         self._relayed: dict[str, tuple[str, int]] = {}  # family -> (owner, last batch number)
+        self._relayed_seq: dict[str, int] = {}  # family -> the highest id relayed here
+        self._checking: dict[str, list[LiveBatch]] = {}  # family -> batches of its new owner
 
     def runs_here(self, session_id: str) -> bool:
         return self.node.leases.holds(session_id)
@@ -210,7 +226,25 @@ class ClusteredPlacement:
     def unloaded(self, root_id: str) -> None:
         """The family left memory here: its relay bookkeeping goes, and its subscription."""
         self._relayed.pop(root_id, None)
+        self._relayed_seq.pop(root_id, None)
+        self._checking.pop(root_id, None)
         self.cluster.forget(root_id)
+
+    def relayed_up_to(self, root_id: str) -> int:
+        return self._relayed_seq.get(root_id, 0)
+
+    async def hand_over(self) -> None:
+        """What this node emitted is made durable, then published (a clean stop).
+
+        The other nodes' clients get its last events (its turns' closing, its
+        clients' goodbyes after the drain) before another node takes its
+        sessions over, so none is missed there (docs/protocol.md §9 "Redis
+        and several nodes"). Bounded by ``shutdown_grace_s``.
+        """
+        node = self.node
+        with trio.move_on_after(node.config.server.shutdown_grace_s), contextlib.suppress(Refused):
+            await node.wait_durable()
+            await self.cluster.flush()
 
     # --- asking the owner ----------------------------------------------------------
 
@@ -244,7 +278,7 @@ class ClusteredPlacement:
         except StoreError as exc:
             raise unavailable(exc) from None
         if holder is None or holder == node.node_id:  # changing hands right now
-            raise _changing_nodes(session.id)
+            raise changing_nodes(session.id)
         store = node.config.store
         # A turn may wait for a process slot on the owner first (gateway.tools.process_slots):
         # its answer is given that much longer, so the wait ends as the owner's own
@@ -313,7 +347,9 @@ class ClusteredPlacement:
 
         A batch whose number does not follow the last one of the same owner
         means pub/sub lost some: the family's clients here are closed with
-        ``relay_gap`` and resume with ``since`` (gateway.cluster.link).
+        ``relay_gap`` and resume with ``since`` (gateway.cluster.link). A
+        batch of another owner than the last waits for the store's word
+        (:meth:`_handed_over`).
         """
         node = self.node
         family = node.sessions.get(root)
@@ -323,6 +359,47 @@ class ClusteredPlacement:
             return
         if self.runs_here(batch.session_id):
             return  # a late batch of a node that ran it before this one: its own are the truth
+        waiting = self._checking.get(root)
+        if waiting is not None:
+            waiting.append(batch)
+            return
+        last = self._relayed.get(root)
+        if last is not None and last[0] != batch.node:  # another node runs it now
+            self._checking[root] = [batch]
+            node.registry.nursery.start_soon(self._handed_over, root, name=f"handed-over {root}")
+            return
+        self._deliver(root, family, batch)
+
+    async def _handed_over(self, root: str) -> None:
+        """The family's batches come from another owner: hold them until the store says
+        whether the previous owner committed any that never reached this node.
+
+        (It died between a commit and its publish.) The new owner's batches
+        are numbered its own way, so only the store tells: an event of the
+        family above the highest id relayed here and below the new owner's
+        first closes the clients here with ``relay_gap`` (docs/protocol.md §9
+        "Redis and several nodes"); else the held batches go out, in order.
+        """
+        node = self.node
+        family = node.sessions.get(root)
+        stored = None
+        if family is not None:
+            ids = [s.id for s in family.scope(True)]
+            with contextlib.suppress(StoreError):  # not known: the clients resume
+                stored = await node.store.events_after(ids, self.relayed_up_to(root), 1)
+        waiting = self._checking.pop(root, None)
+        if waiting is None or family is None:
+            return  # a gap closed its clients meanwhile, or it left memory
+        first = next((b.events[0][0] for b in waiting if b.events), None)
+        if stored is None or (stored and (first is None or stored[0].seq < first)):
+            self.relay_gap(root)
+            return
+        for batch in waiting:
+            self._deliver(root, family, batch)
+
+    def _deliver(self, root: str, family: Session, batch: LiveBatch) -> None:
+        """Fan a batch of the family's owner out here, unless it shows a gap in its numbers."""
+        node = self.node
         last = self._relayed.get(root)
         self._relayed[root] = (batch.node, batch.batch_no)
         if last is not None and last[0] == batch.node and batch.batch_no != last[1] + 1:
@@ -336,6 +413,8 @@ class ClusteredPlacement:
                 deletion.forget_replica(node, deleted)
             return
         sid = batch.session_id
+        if batch.events:
+            self._relayed_seq[root] = max(self._relayed_seq.get(root, 0), batch.events[-1][0])
         events = [  # each frame rebuilt once on this node, for all its clients
             Emitted(seq, type_, actor, sid, turn_id, ts, data, event_frame(data))
             for seq, type_, actor, turn_id, ts, data in batch.events
@@ -349,6 +428,7 @@ class ClusteredPlacement:
     def relay_gap(self, root: str) -> None:
         """Live batches of the family may have been lost: its clients here resume with since."""
         self._relayed.pop(root, None)
+        self._checking.pop(root, None)
         family = self.node.sessions.get(root)
         if family is None:
             return
@@ -377,16 +457,7 @@ class ClusteredPlacement:
         if session is None:
             raise Refused("session_not_found", f"no session {session_id!r}")
         if not self.runs_here(session_id):  # the lease moved meanwhile: the sender retries
-            raise _changing_nodes(session_id)
+            raise changing_nodes(session_id)
         if isinstance(op, ops.Watch | ops.TakeSnapshot | ops.Replay):
             self.cluster.heard(session.family.id)  # before the cut: no batch after it is missed
         return await perform(self.node, session, op)
-
-
-def _changing_nodes(session_id: str) -> Refused:
-    """The session's lease is changing hands at this moment: the caller retries."""
-    return Refused(
-        "session_owner_unreachable",
-        f"session {session_id} is changing nodes; retry in 1 s",
-        retry_after_s=1,
-    )

@@ -263,6 +263,11 @@ class Store(Protocol):
     on_flush: Callable[[float, int], None] | None
     """Told of every commit: how long it took (seconds, retries included) and its rows."""
 
+    on_fenced: Callable[[str], None] | None
+    """Told, in the Trio thread and before the commit that carried them is, of each session
+    whose writes the store dropped because another node holds its lease (Redis's fence,
+    docs/scale-out.md "Fenced at the store"; never on SQLite)."""
+
     on_refusing: Callable[[StoreError], None] | None
     """Told once, in the Trio thread, when the store begins to refuse every write.
 

@@ -156,6 +156,7 @@ class GroupCommit(Generic[B]):
         self.on_write_error: Callable[[StoreError], None] | None = None
         self.on_flush: Callable[[float, int], None] | None = None  # (seconds, rows) per commit
         self.on_refusing: Callable[[StoreError], None] | None = None  # once, when it refuses
+        self.on_fenced: Callable[[str], None] | None = None  # writes of a session dropped (Redis)
         # Webhooks (gateway.store.outbox): which events also go to the outbox, and
         # who is told once deliveries are committed (the delivery loop).
         self.webhook_routes: Routes = {}

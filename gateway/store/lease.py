@@ -19,8 +19,9 @@ Two implementations behind :class:`Leases`, given by the store
 :class:`LeaseKeeper` is the node's side: the leases it holds, and the
 ``lease-keeper`` task that renews them all every third of the lease time. A
 lease it fails to renew (another node holds it now, or Redis did not answer
-for a whole lease time) is reported to ``on_lost``: the session must stop
-acting on it.
+for a whole lease time), or whose session's writes the store fenced
+(:meth:`LeaseKeeper.fenced`), is reported to ``on_lost``: the session must
+stop acting on it.
 """
 
 from __future__ import annotations
@@ -166,6 +167,15 @@ class LeaseKeeper:
         for sid in lost:
             if self.held.pop(sid, None) is not None:
                 self._on_lost(sid)
+
+    def fenced(self, session_id: str) -> None:
+        """The store dropped a write of the session: another node holds its lease now.
+
+        (Before this node's next renewal could say so: a stall past the lease
+        time.) Reported to ``on_lost`` as a lease the renewal found gone.
+        """
+        if self.held.pop(session_id, None) is not None:
+            self._on_lost(session_id)
 
     async def release(self, session_ids: list[str]) -> None:
         """Give these leases up (their sessions left memory: docs/protocol.md §13).

@@ -78,6 +78,8 @@ class Transaction:
         self._keys = keys
         self._node = node
         self.rows: list[str] = []  # what each queued command writes, for a refusal's report
+        self.owners: dict[int, str] = {}  # a fenced command's row -> the session it writes
+        self.fenced: list[str] = []  # once answered: the sessions whose writes were dropped
         self._grants: list[tuple[int, Callable[[int], None]]] = []  # (result index, granted)
 
     def queue(self, p: Pipeline[bytes], batch: RedisBatch) -> None:
@@ -85,11 +87,13 @@ class Transaction:
         k, node, rows = self._keys, self._node, self.rows
         for rec, data in batch.sessions:
             p.eval(PUT_SESSION, *session_write(k, rec, data, node))
-            rows.append(f"session {rec.id}")
+            self._row(f"session {rec.id}", rec.id)
         self._queue_messages(p, batch.messages)
         self._queue_events(p, batch.events)
         # Their webhook deliveries: the same MULTI, the same fence.
-        queue_deliveries(p, k, batch.deliveries, node, rows)
+        first = len(rows)
+        for i, sid in enumerate(queue_deliveries(p, k, batch.deliveries, node, rows)):
+            self.owners[first + i] = sid
         for block, granted in batch.blocks:
             p.zincrby(k.meta, "event_ceiling", block)
             self._grants.append((len(rows), granted))
@@ -111,7 +115,7 @@ class Transaction:
         for sid, upserts in by_session.items():
             keys = [k.lease(sid), k.messages(sid), k.message_order(sid)]
             p.eval(UPSERT_MESSAGES, keys, upserts)
-            self.rows.append(f"{len(upserts) // 2} messages of {sid}")
+            self._row(f"{len(upserts) // 2} messages of {sid}", sid)
 
     def _queue_events(self, p: Pipeline[bytes], rows: Sequence[_EventRow]) -> None:
         k = self._keys
@@ -122,17 +126,28 @@ class Transaction:
             seqs.setdefault(sid, []).append(seq)
         for sid, events in by_session.items():
             p.eval(ADD_EVENTS, [k.lease(sid), k.events(sid), k.ets], events)
-            self.rows.append(f"events {min(seqs[sid])}..{max(seqs[sid])} of {sid}")
+            self._row(f"events {min(seqs[sid])}..{max(seqs[sid])} of {sid}", sid)
+
+    def _row(self, what: str, session_id: str) -> None:
+        """A queued command fenced by ``session_id``'s lease."""
+        self.owners[len(self.rows)] = session_id
+        self.rows.append(what)
 
     def answered(self, results: Sequence[Any]) -> list[str]:
-        """The rows Redis refused on their own, given its answers; each block's grant is told."""
+        """The rows Redis refused on their own, given its answers; each block's grant is told.
+
+        The sessions whose writes the fence dropped are in :attr:`fenced`.
+        """
         refused: dict[str, None] = {}
-        for what, result in zip(self.rows, results, strict=False):
+        fenced: dict[str, None] = {}
+        for row, (what, result) in enumerate(zip(self.rows, results, strict=False)):
             if isinstance(result, Exception):
                 refused[f"{what}: {result}"] = None
             elif isinstance(result, list):  # fenced: the lease is another node's
                 holder = result[0].decode() if isinstance(result[0], bytes) else result[0]
                 refused[f"{what}: its lease is {holder}'s, not this node's"] = None
+                fenced[self.owners[row]] = None
+        self.fenced = list(fenced)
         for index, granted in self._grants:
             top = results[index] if index < len(results) else None
             if isinstance(top, int | float | bytes | str):

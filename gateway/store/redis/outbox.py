@@ -108,8 +108,12 @@ def delivery_row(hook: str, session_id: str, seq: int, data: bytes) -> Delivery:
 
 def queue_deliveries(
     p: Pipeline[bytes], k: Keys, deliveries: Sequence[Delivery], node: str, rows: list[str]
-) -> None:
-    """Queue a batch's deliveries in its ``MULTI`` ``p``: one fenced script per lane."""
+) -> list[str]:
+    """Queue a batch's deliveries in its ``MULTI`` ``p``: one fenced script per lane.
+
+    Returns:
+        The session whose lease fences each command queued (and row added), in order.
+    """
     lanes: dict[Lane, list[str | bytes | int]] = {}
     seqs: dict[Lane, list[int]] = {}
     for hook, sid, seq, member in deliveries:
@@ -118,6 +122,7 @@ def queue_deliveries(
     for lane, args in lanes.items():
         p.eval(FENCE + _ADD_DELIVERIES, [k.lease(lane[1]), k.lanes, k.lane(lane)], args)
         rows.append(f"deliveries {min(seqs[lane])}..{max(seqs[lane])} of {lane[1]} to {lane[0]}")
+    return [sid for _, sid in lanes]
 
 
 class RedisOutbox:

@@ -113,7 +113,11 @@ Decisions where the contract is silent:
   would land after that, under the closing: events with lower ids (a call
   both completed and failed), its message over the closed one, its record
   over the new owner's. A write so dropped is reported (``on_write_error``:
-  "its lease is <node>'s") like a refused row, and its ticket is committed.
+  "its lease is <node>'s") like a refused row, and its ticket is committed;
+  its session is told to ``on_fenced`` first, before the commit is, so the
+  node stops running it and releases none of its batches that waited for
+  that commit (docs/protocol.md §9: every catalog event a client receives
+  is durable; the node's keeper may not have seen the lease go yet).
 - A Redis whose ``appendonly`` is ``no`` is accepted with a warning in the log:
   what a client was shown then survives only until Redis restarts.
 """
@@ -286,7 +290,11 @@ class RedisStore(RedisRequests, RedisOutbox, RedisFiles, GroupCommit[RedisBatch]
                 writes.queue(p, batch)
         except TRANSIENT as exc:
             raise StoreError(f"cannot write to store {self._where}: {reason(exc)}") from exc
-        return writes.answered(p.results or ())
+        refused = writes.answered(p.results or ())
+        if self.on_fenced is not None:  # before the commit is told: nothing of theirs goes out
+            for sid in writes.fenced:
+                self.on_fenced(sid)
+        return refused
 
     async def insert_session(self, rec: SessionRecord) -> SessionRecord | None:
         keys, args = session_write(self._keys, rec, _encoder.encode(rec), self._node_id or "")

@@ -306,3 +306,83 @@ async def test_the_owner_publishes_only_while_another_node_watches(
                 await a.submit(sid, "unwatched")
                 await on_a.until_turn_ends()
                 assert cluster.published == published
+
+
+async def test_a_batch_its_dead_owner_committed_but_never_published_reaches_the_replicas_clients(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """docs/protocol.md §9 "Redis and several nodes": a node that loses some of the live
+    batches closes its clients with relay_gap, so that no event is lost for a client.
+
+    The owner committed a batch and died before publishing it (the window between a
+    commit and its PUBLISH; aimed here by dropping a's publishes). The replica that
+    takes the session over must not leave its clients without that event: they get it,
+    or are closed to resume with ``since``.
+    """
+    with trio.fail_after(30):
+        async with two_nodes(tmp_path, own_redis) as (a, b):
+            sid = await a.create_session()
+            async with b.client(sid) as on_b:
+                await on_b.subscribe()
+                await a.submit(sid, "one")
+                await on_b.until_turn_ends()
+                cluster = a.node.cluster
+                assert cluster is not None
+                cluster.publish = lambda *args, **kw: None  # type: ignore[method-assign]
+                reply = a.node.sessions[sid].messages[-1].id
+                r = await a.http.post(
+                    f"/sessions/{sid}/feedback", json={"message_id": reply, "rating": 1}
+                )
+                assert r.status_code == 202, r.text  # committed on a, published nowhere
+                # a dies now: its lease lapses; b takes the session at a request.
+                a.node.leases.held.clear()
+                command(own_redis.port, "DEL", f"gw:lease:{{{sid}}}")
+                await b.submit(sid, "two")
+                assert b.node.runs_here(sid)
+                closed = None
+                with trio.move_on_after(5):
+                    try:
+                        await on_b.until(lambda e: e.type == "turn.completed")
+                    except Exception as exc:  # the close
+                        closed = exc
+                seen = types(on_b.events)
+                assert "feedback.recorded" in seen or "relay_gap" in str(closed), seen
+
+
+async def test_a_batch_its_dead_owner_never_published_reaches_a_third_nodes_clients(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """As above, for a node that only watches: the new owner's batches are another
+    node's numbering, so the batch the dead owner committed and never published must
+    be found in the store before they go out (or the clients resume with ``since``)."""
+    with trio.fail_after(30):
+        async with (
+            two_nodes(tmp_path, own_redis) as (a, b),
+            running_gateway(node_config(tmp_path, own_redis, "c")) as c,
+        ):
+            sid = await a.create_session()
+            async with c.client(sid) as on_c:
+                await on_c.subscribe()
+                await a.submit(sid, "one")
+                await on_c.until_turn_ends()
+                cluster = a.node.cluster
+                assert cluster is not None
+                cluster.publish = lambda *args, **kw: None  # type: ignore[method-assign]
+                reply = a.node.sessions[sid].messages[-1].id
+                r = await a.http.post(
+                    f"/sessions/{sid}/feedback", json={"message_id": reply, "rating": 1}
+                )
+                assert r.status_code == 202, r.text  # committed on a, published nowhere
+                a.node.leases.held.clear()  # a dies now
+                command(own_redis.port, "DEL", f"gw:lease:{{{sid}}}")
+                await b.submit(sid, "two")
+                assert b.node.runs_here(sid)
+                closed = None
+                with trio.move_on_after(5):
+                    try:
+                        await on_c.until(lambda e: e.type == "turn.completed")
+                    except Exception as exc:  # the close
+                        closed = exc
+                seen = types(on_c.events)
+                assert "turn.started" in seen[2:] or closed is not None  # b's batches came
+                assert "feedback.recorded" in seen or "relay_gap" in str(closed), seen

@@ -15,6 +15,7 @@ Rules of these tests:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,11 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from trio_websocket import ConnectionClosed
 
 from gateway.errors import StoreError
 from gateway.ids import format_event_id
+from gateway.protocol.events import CATALOG_TYPES
 from gateway.store import SqliteStore
 from gateway.store.lease import LeaseKeeper, Taken, new_node_id
 from gateway.store.redis.leases import RedisLeases
@@ -341,3 +344,37 @@ async def test_a_turn_for_a_session_whose_holder_does_not_answer_is_503_with_ret
             r = await gw.http.post(f"/sessions/{sid}/turns", json={"content": "hi"})
             assert r.status_code == 202, r.text
             assert command(own_redis.port, "GET", lease) == gw.node.node_id.encode()
+
+
+@pytest.mark.slow  # a real redis-server: its TTLs run on the real clock
+async def test_a_node_whose_writes_the_lease_fences_shows_them_to_no_client(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """docs/protocol.md §9: every catalog event is durable before any client receives it.
+
+    This node stalled past its lease (a pause, a partition from Redis) and
+    another node took the session meanwhile; its keeper has not yet said so
+    (lease_s 60: its next round is 20 s away). The store drops the turn's
+    writes (the lease fences them): no client may be shown them, and the
+    request is not told the turn was accepted.
+    """
+    with trio.fail_after(30):
+        async with running_gateway(
+            redis_config(tmp_path, own_redis, **{"store.lease_s": 60})
+        ) as gw:
+            sid = await gw.create_session()
+            lease = f"gw:lease:{{{sid}}}"
+            async with gw.client(sid) as live:
+                await live.subscribe()
+                command(own_redis.port, "SET", lease, "node_other", "PX", "60000")
+                r = await gw.http.post(f"/sessions/{sid}/turns", json={"content": "hello"})
+                with trio.move_on_after(3):  # the turn's events, if any come, or the close
+                    with contextlib.suppress(ConnectionClosed):
+                        await live.until_turn_ends()
+            stored = command(own_redis.port, "ZRANGE", f"gw:e:{{{sid}}}", "0", "-1", "WITHSCORES")
+            stored_ids = {format_event_id(int(score)) for score in stored[1::2]}
+            shown = [e for e in live.events if e.type in CATALOG_TYPES]
+            assert [e.type for e in shown if e.id not in stored_ids] == []
+            assert r.status_code != 202, r.text
+            assert not gw.node.leases.holds(sid)
+    assert command(own_redis.port, "GET", lease) == b"node_other"
