@@ -18,7 +18,8 @@ pong, close) sends it first. A close never follows half a frame: the owed
 bytes go first, or the stream is dropped without a close frame.
 
 **The reader never waits for the socket.** A pong is kept with the owed
-bytes (after them: they end the frame in progress) and handed to whoever
+bytes (after them: they end the frame in progress; only the latest ping's,
+RFC 6455 section 5.5.3, so a ping flood holds one) and handed to whoever
 writes next; :attr:`WebSocket.on_control` asks the connection for that write
 (its writer task). A client that pings and reads nothing then costs the
 reader nothing: its heartbeat and subscribe clocks keep running. Only the
@@ -147,7 +148,7 @@ class WebSocket:
         # The unsent rest of a frame a direct write left half-written: it goes
         # out before any other byte, whoever writes next (module docstring).
         self._owed = b""
-        # Pongs not yet written: they go right after the owed bytes.
+        # The pong not yet written (the latest ping's): it goes right after the owed bytes.
         self._control = b""
         self._close_code: int | None = None
         self._close_reason: str | None = None
@@ -341,9 +342,12 @@ class WebSocket:
             if self.closed:
                 return
             first = not self._control
-            self._control += self._ws.send(event.response())
+            # Only the latest ping's pong is owed (RFC 6455 section 5.5.3): a
+            # client that pings and reads nothing makes us hold one pong, not one
+            # a ping.
+            self._control = self._ws.send(event.response())
             if self.on_control is not None:
-                if first:  # (later ones go with it: a ping flood asks for one write)
+                if first:  # (a ping flood asks for one write)
                     self.on_control()  # the connection's writer sends it (module docstring)
                 return
             async with self._sending():

@@ -46,7 +46,7 @@ from gateway.metrics import Metrics
 from gateway.protocol.closes import CLOSES, close_reason
 from gateway.protocol.frames import encode
 from gateway.protocol.framing import text_frame
-from gateway.session.delivery import DeliveryQueue
+from gateway.session.delivery import SLACK, DeliveryQueue
 from gateway.session.hub import FrameBatch, Group
 from gateway.session.seam import Gate, past_cut
 from gateway.session.session import Session
@@ -108,6 +108,7 @@ class Outbound(DeliveryQueue[_Control]):
         ws.on_direct_change = self._update_direct
         ws.on_control = self._control_waiting
         self._nursery: trio.Nursery | None = None
+        self._controls = 0  # control frames queued (acks, pongs, errors): at most SLACK
 
     def bind(self, nursery: trio.Nursery) -> None:
         """Where a writer starts, when there is a backlog (the connection's nursery)."""
@@ -181,6 +182,28 @@ class Outbound(DeliveryQueue[_Control]):
         return self.last_write
 
     # --- control frames and the close --------------------------------------------------
+
+    def enqueue(self, item: FrameBatch | _Control) -> None:
+        """:meth:`DeliveryQueue.enqueue`; control frames have a slack of their own.
+
+        At most ``SLACK`` of them are queued, however few events are
+        (docs/protocol.md §3 "Backpressure"): a client that pings and reads
+        nothing is a slow client once 64 pongs wait, not 1,064.
+
+        Raises:
+            trio.WouldBlock: the queue is full, or its control frames are.
+        """
+        if isinstance(item, bytes):
+            if self._controls >= SLACK:
+                raise trio.WouldBlock
+            super().enqueue(item)
+            self._controls += 1
+        else:
+            super().enqueue(item)
+
+    def discard(self) -> None:
+        super().discard()
+        self._controls = 0
 
     def put(self, frame: bytes) -> None:
         """Queue a control frame (already framed); a full queue is a slow client."""
@@ -295,6 +318,7 @@ class Outbound(DeliveryQueue[_Control]):
                 parts.append(item.payload)
                 cut = item.cut
             else:
+                self._controls -= 1
                 parts.append(item)
             try:
                 item = rx.receive_nowait()

@@ -405,6 +405,13 @@ async def test_bad_cursors_are_cursor_expired_and_the_connection_stays_open(gw: 
                 assert isinstance(ack, SubscribeAck)
                 assert (ack.since, ack.replay_event_count) == (last, 0)
 
+                # At the highest purged id itself nothing was lost: it replays.
+                gw.node.retention_floor = seq
+                async with gw.client(sid) as at_floor:
+                    ack = await at_floor.subscribe(since=started)
+                    assert isinstance(ack, SubscribeAck)
+                    assert ack.replay_event_count > 0  # the turn after its first event
+
 
 async def test_replay_too_large_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
     # A delta about every millisecond, so that some queue behind the seam while

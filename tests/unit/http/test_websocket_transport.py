@@ -191,6 +191,28 @@ async def test_a_pong_goes_to_whoever_writes_next_when_asked_for(
     assert not ws.owes
 
 
+async def test_a_ping_flood_while_the_writer_waits_holds_one_pong(
+    autojump_clock: trio.testing.MockClock, pair: tuple[WebSocket, WsClient]
+) -> None:
+    """A client that pings and reads nothing cannot make the server hold a pong per ping.
+
+    The writer is stuck on that client (``on_control`` asks it for a write it
+    cannot make yet), and the reader keeps reading: each pong kept would cost
+    what its ping did, without bound. Only the latest is owed (RFC 6455
+    section 5.5.3: a pong for only the most recently processed ping).
+    """
+    ws, client = pair
+    ws.on_control = lambda: None  # the writer: busy with a client that reads nothing
+    pings = 2000
+    for n in range(pings):
+        await client.send(Ping(payload=b"%04d" % n + b"x" * 121))  # 125 bytes, the most
+    while await ws.receive(trio.current_time() + 1) is not IDLE:
+        pass  # (the reader has read every ping)
+    await ws.send_all(text_frame(b'{"n":1}'))
+    assert await client.next_event() == Pong(payload=b"%04d" % (pings - 1) + b"x" * 121)
+    assert await client.next_event() == TextMessage(data='{"n":1}')
+
+
 async def test_receive_deadline_bounds_only_the_wait_for_bytes(
     autojump_clock: trio.testing.MockClock, pair: tuple[WebSocket, WsClient]
 ) -> None:

@@ -20,7 +20,8 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 from wsproto import ConnectionType, WSConnection
-from wsproto.events import AcceptConnection, Request, TextMessage
+from wsproto.connection import Connection
+from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
 
 from gateway.protocol.events import Event
 from tests.conftest import Client, make_config, open_ws, running_gateway, types
@@ -168,3 +169,43 @@ async def test_the_slow_client_resumes_with_replay_and_misses_nothing(tmp_path: 
             # compare at the end of the turn: both saw every event up to it
             assert again.reducer.state()["messages"] == fast.reducer.state()["messages"]
             assert again.reducer.duplicates_ignored == 0
+
+
+async def test_control_frames_a_client_does_not_read_have_a_slack_of_64(tmp_path: Path) -> None:
+    """docs/protocol.md §3 "Backpressure": control frames have a slack of their own (64).
+
+    A client that sends ``ping`` frames and reads nothing fills the kernel
+    buffers with pongs, then its queue: 64 pongs queued past the write in
+    progress make it a slow client (1008), however many events are queued
+    (none here). Each pong holds a nonce of up to ``max_client_frame_bytes``:
+    the events' bound of 1,000 would let such a client park 64 MiB of them.
+    """
+    pings, nonce = 1000, "n" * 8000  # 8 MB of pongs: past any buffer of the kernel's
+    config = make_config(tmp_path, **{"server.send_buffer_bytes": 4096})
+    with trio.fail_after(30):
+        async with running_gateway(config) as gw:
+            sid = await gw.create_session()
+            stream = await _subscribed_raw(await gw.ws_url(sid))
+            ws = Connection(ConnectionType.CLIENT)  # past the handshake _subscribed_raw made
+            frames = b"".join(
+                ws.send(TextMessage(json.dumps({"type": "ping", "nonce": f"{i:04d}{nonce}"})))
+                for i in range(pings)
+            )
+            pongs, close, text = 0, None, ""
+            async with stream:
+                await stream.send_all(frames)  # the gateway reads it all, whatever it writes
+                while close is None and pongs < pings:
+                    data = await stream.receive_some()
+                    assert data, "the stream ended without a close frame"
+                    ws.receive_data(data)
+                    for got in ws.events():
+                        if isinstance(got, TextMessage):  # (wsproto hands a message in parts)
+                            text += got.data
+                            if got.message_finished:
+                                assert json.loads(text)["type"] == "pong"
+                                pongs, text = pongs + 1, ""
+                        elif isinstance(got, CloseConnection):
+                            close = got
+    assert close is not None, f"all {pings} pongs were held for a client that read none"
+    assert close.code == 1008 and json.loads(close.reason)["code"] == "client_too_slow"
+    assert pongs < pings

@@ -444,7 +444,8 @@ async def one_connection(tmp_path: Path, room: int, ops: list[tuple[Any, ...]]) 
         stopped = conn.closing is not None or peer.sent_close or wire.broken
         if not stopped:
             assert got == want, "an event lost, with no close to explain it"
-            assert peer.ws_pongs == wspings
+            # Each ping answered, by its pong or a later one's (RFC 6455 section 5.5.3).
+            assert min(wspings, 1) <= peer.ws_pongs <= wspings
             assert sum(t["type"] == "pong" for t in peer.texts) == jsonpings
         if peer.close is not None:
             code = int.from_bytes(peer.close.payload[:2])
