@@ -97,6 +97,11 @@ class PlacementPart(Protocol):
         """The highest id of the family that another node's live batches brought here (0: none)."""
         ...
 
+    def joined(self, root_id: str, cut: int) -> None:
+        """The family's only client here has everything up to ``cut`` (its snapshot's or
+        replay's): :meth:`relayed_up_to` counts from there at least."""
+        ...
+
 
 class RegistryPart(Protocol):
     """The live sessions (gateway.node.registry), as the other parts load and start them."""

@@ -187,7 +187,10 @@ class Failover:
             return
         relayed = self.node.placement.relayed_up_to(family.id)
         if await self.node.store.events_after([s.id for s in scope], relayed, 1):
-            close_clients(family, "relay_gap")
+            for s in scope:  # not those still in their seam: their cut is yet to come
+                for sub in s.hub.subscribers():
+                    if sub not in s.joining:
+                        sub.request_close("relay_gap")
 
     async def _close_if_interrupted(self, session: Session) -> bool:
         """Close the session's turn left in flight, if it has one and none runs here.

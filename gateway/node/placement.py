@@ -98,6 +98,11 @@ class Placement(Protocol):
         """The highest id of the family that another node's live batches brought here (0: none)."""
         ...
 
+    def joined(self, root_id: str, cut: int) -> None:
+        """The family's only client here has everything up to ``cut`` (its snapshot's or
+        replay's): :meth:`relayed_up_to` counts from there at least."""
+        ...
+
     async def hand_over(self) -> None:
         """A clean stop, before the leases go: the other nodes get this node's last batches."""
         ...
@@ -183,6 +188,9 @@ class LocalPlacement:
     def relayed_up_to(self, root_id: str) -> int:
         return 0
 
+    def joined(self, root_id: str, cut: int) -> None:
+        return None
+
     async def hand_over(self) -> None:
         return None
 
@@ -232,6 +240,9 @@ class ClusteredPlacement:
 
     def relayed_up_to(self, root_id: str) -> int:
         return self._relayed_seq.get(root_id, 0)
+
+    def joined(self, root_id: str, cut: int) -> None:
+        self._relayed_seq[root_id] = max(self._relayed_seq.get(root_id, 0), cut)
 
     async def hand_over(self) -> None:
         """What this node emitted is made durable, then published (a clean stop).

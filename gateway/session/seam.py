@@ -132,9 +132,11 @@ async def subscribe(
     gate = Gate()
     sub.enqueue(gate)
     window = config.coalesce_ms if request.coalesce_ms is None else request.coalesce_ms
+    alone = not any(len(s.hub) for s in session.family.scope(True))
     sub.registered(session.hub.subscribe(sub, key, window))
     mode = "snapshot" if request.snapshot else "live" if request.since is None else "replay"
     node = session.node
+    session.joining.add(sub)
     try:
         # Where another node runs it, its live batches come from there from now on
         # (a snapshot or replay asked of the owner tells it to publish them).
@@ -143,11 +145,13 @@ async def subscribe(
             data, cut = await owners_snapshot(session, config.snapshot_messages)
             ack = SubscribeAck(resolved, None, True, 0)
             gate.open(text_frame(encode(ack)) + text_frame(data), cut)
+            _joined(session, cut, alone)
         elif request.since is not None:
             started = trio.current_time()
             frames, cut = await owners_replay(session, request, key, config.replay_max_events)
             ack = SubscribeAck(resolved, request.since, False, len(frames))
             gate.open(text_frame(encode(ack)) + b"".join(frames), cut)
+            _joined(session, cut, alone)
             metrics = session.node.metrics
             metrics.replays.inc(len(frames))
             metrics.replay_size.observe(len(frames))
@@ -167,7 +171,17 @@ async def subscribe(
         gate.open(b"", sys.maxsize)
         sub.request_close("relay_gap")
         return Subscribed(mode, error=SubscribeRejected(exc.code, str(exc)))
+    finally:
+        session.joining.discard(sub)
     return Subscribed(mode)
+
+
+def _joined(session: Session, cut: int, alone: bool) -> None:
+    """A client that joined its family alone on this node has everything up to ``cut``:
+    a takeover here compares the store with that, not only with the live batches relayed
+    (gateway.node.failover: a client that missed nothing keeps its stream)."""
+    if alone:
+        session.node.joined(session, cut)
 
 
 async def owners_snapshot(session: Session, limit: int) -> tuple[bytes, int]:

@@ -150,6 +150,10 @@ class NodeServices(AgentServices, Protocol):
         """Receive the live batches of the session's family from the node running it."""
         ...
 
+    def joined(self, session: Session, cut: int) -> None:
+        """The family's only client here has everything up to ``cut`` (gateway.session.seam)."""
+        ...
+
     async def cancel_turn(
         self, session: Session, turn_id: str, reason: str, requested_by: str
     ) -> None:
@@ -291,6 +295,9 @@ class Session(sampling_host.ServerRequests):
         self.awaiting_commit: deque[tuple[int, Session, list[Emitted]]] = deque()
         self.workers: list[Session] = []
         self.hub: Hub = new_hub(node, parent)
+        # Clients still in their seam (gateway.session.seam): their replay or snapshot is
+        # yet to be cut, so a takeover meanwhile has nothing to close them for.
+        self.joining: set[object] = set()
         self.messages: list[Message] = []
         self.completions: dict[str, Completion] = {}
         self._load(stored)

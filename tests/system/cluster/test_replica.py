@@ -308,6 +308,31 @@ async def test_the_owner_publishes_only_while_another_node_watches(
                 assert cluster.published == published
 
 
+async def dies_after_an_unpublished_commit(owner: Harness, redis: RedisServer, sid: str) -> None:
+    """``owner`` commits an event (a ``feedback.recorded``) that it never publishes, then
+    dies: the window between a commit and its PUBLISH, aimed by dropping its publishes;
+    its lease is gone, so the next request on another node takes the session."""
+    cluster = owner.node.cluster
+    assert cluster is not None
+    cluster.publish = lambda *args, **kw: None  # type: ignore[method-assign]
+    reply = owner.node.sessions[sid].messages[-1].id
+    r = await owner.http.post(f"/sessions/{sid}/feedback", json={"message_id": reply, "rating": 1})
+    assert r.status_code == 202, r.text  # committed, published nowhere
+    owner.node.leases.held.clear()
+    command(redis.port, "DEL", f"gw:lease:{{{sid}}}")
+
+
+async def completed_or_closed(watch: Client) -> Exception | None:
+    """Wait (5 s at most) for ``watch``'s next ``turn.completed``; the close that came
+    instead, if one did."""
+    with trio.move_on_after(5):
+        try:
+            await watch.until(lambda e: e.type == "turn.completed")
+        except Exception as exc:  # the close
+            return exc
+    return None
+
+
 async def test_a_batch_its_dead_owner_committed_but_never_published_reaches_the_replicas_clients(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
@@ -326,25 +351,10 @@ async def test_a_batch_its_dead_owner_committed_but_never_published_reaches_the_
                 await on_b.subscribe()
                 await a.submit(sid, "one")
                 await on_b.until_turn_ends()
-                cluster = a.node.cluster
-                assert cluster is not None
-                cluster.publish = lambda *args, **kw: None  # type: ignore[method-assign]
-                reply = a.node.sessions[sid].messages[-1].id
-                r = await a.http.post(
-                    f"/sessions/{sid}/feedback", json={"message_id": reply, "rating": 1}
-                )
-                assert r.status_code == 202, r.text  # committed on a, published nowhere
-                # a dies now: its lease lapses; b takes the session at a request.
-                a.node.leases.held.clear()
-                command(own_redis.port, "DEL", f"gw:lease:{{{sid}}}")
-                await b.submit(sid, "two")
+                await dies_after_an_unpublished_commit(a, own_redis, sid)
+                await b.submit(sid, "two")  # b takes the session at a request
                 assert b.node.runs_here(sid)
-                closed = None
-                with trio.move_on_after(5):
-                    try:
-                        await on_b.until(lambda e: e.type == "turn.completed")
-                    except Exception as exc:  # the close
-                        closed = exc
+                closed = await completed_or_closed(on_b)
                 seen = types(on_b.events)
                 assert "feedback.recorded" in seen or "relay_gap" in str(closed), seen
 
@@ -365,24 +375,10 @@ async def test_a_batch_its_dead_owner_never_published_reaches_a_third_nodes_clie
                 await on_c.subscribe()
                 await a.submit(sid, "one")
                 await on_c.until_turn_ends()
-                cluster = a.node.cluster
-                assert cluster is not None
-                cluster.publish = lambda *args, **kw: None  # type: ignore[method-assign]
-                reply = a.node.sessions[sid].messages[-1].id
-                r = await a.http.post(
-                    f"/sessions/{sid}/feedback", json={"message_id": reply, "rating": 1}
-                )
-                assert r.status_code == 202, r.text  # committed on a, published nowhere
-                a.node.leases.held.clear()  # a dies now
-                command(own_redis.port, "DEL", f"gw:lease:{{{sid}}}")
+                await dies_after_an_unpublished_commit(a, own_redis, sid)
                 await b.submit(sid, "two")
                 assert b.node.runs_here(sid)
-                closed = None
-                with trio.move_on_after(5):
-                    try:
-                        await on_c.until(lambda e: e.type == "turn.completed")
-                    except Exception as exc:  # the close
-                        closed = exc
+                closed = await completed_or_closed(on_c)
                 seen = types(on_c.events)
                 assert "turn.started" in seen[2:] or closed is not None  # b's batches came
                 assert "feedback.recorded" in seen or "relay_gap" in str(closed), seen
