@@ -424,10 +424,6 @@ class Node:
         """:meth:`Placement.watch`."""
         await self.placement.watch(session, tell_owner=tell_owner)
 
-    def joined(self, session: Session, cut: int) -> None:
-        """:meth:`Placement.joined`."""
-        self.placement.joined(session.family.id, cut)
-
     async def issue_token(self, session_id: str) -> str:
         """A single-use attach token (docs/protocol.md §2), good on any node of the deployment."""
         return await self.tokens.issue_token(session_id)

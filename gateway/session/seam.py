@@ -181,7 +181,7 @@ def _joined(session: Session, cut: int, alone: bool) -> None:
     a takeover here compares the store with that, not only with the live batches relayed
     (gateway.node.failover: a client that missed nothing keeps its stream)."""
     if alone:
-        session.node.joined(session, cut)
+        session.node.placement.joined(session.family.id, cut)
 
 
 async def owners_snapshot(session: Session, limit: int) -> tuple[bytes, int]:

@@ -105,6 +105,14 @@ A2A push configs (``SessionRecord.push_configs``; gateway.doors.a2a.push), put i
 same write as the event."""
 
 
+class FamilyJoins(Protocol):
+    """What the seam tells the node's placement (gateway.node.placement)."""
+
+    def joined(self, root_id: str, cut: int) -> None:
+        """The family's only client here has everything up to ``cut``."""
+        ...
+
+
 class NodeServices(AgentServices, Protocol):
     """What a session uses of its node (:class:`gateway.node.node.Node` is the one)."""
 
@@ -150,8 +158,9 @@ class NodeServices(AgentServices, Protocol):
         """Receive the live batches of the session's family from the node running it."""
         ...
 
-    def joined(self, session: Session, cut: int) -> None:
-        """The family's only client here has everything up to ``cut`` (gateway.session.seam)."""
+    @property
+    def placement(self) -> FamilyJoins:
+        """Where the session's family runs and what was relayed here (gateway.node.placement)."""
         ...
 
     async def cancel_turn(
@@ -285,8 +294,7 @@ class Session(sampling_host.ServerRequests):
         self.parent = parent
         # A root session is at depth 0, its workers at 1, theirs at 2 (max_delegate_depth).
         self.depth: int = parent.depth + 1 if parent else 0
-        # What it holds in the store, in bytes (module docstring): its events'
-        # and, per message id, each message's latest size.
+        # In the store, in bytes (module docstring): its events', each message's latest.
         self.event_bytes = event_bytes
         self.message_bytes: dict[str, int] = {}
         # The family shares streams (a parent's clients may take its workers'
@@ -295,9 +303,7 @@ class Session(sampling_host.ServerRequests):
         self.awaiting_commit: deque[tuple[int, Session, list[Emitted]]] = deque()
         self.workers: list[Session] = []
         self.hub: Hub = new_hub(node, parent)
-        # Clients still in their seam (gateway.session.seam): their replay or snapshot is
-        # yet to be cut, so a takeover meanwhile has nothing to close them for.
-        self.joining: set[object] = set()
+        self.joining: set[object] = set()  # clients in their seam, not yet cut (seam)
         self.messages: list[Message] = []
         self.completions: dict[str, Completion] = {}
         self._load(stored)
