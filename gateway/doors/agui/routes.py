@@ -309,8 +309,8 @@ class AguiRoutes:
             )
         messages = await self.node.messages_of(session)
         waiting = (await self.node.live_summary(session)).queued_turns
-        queued = [] if isinstance(waiting, msgspec.UnsetType) else [q.turn_id for q in waiting]
-        record = await self.book.find(session, run_id, messages, queued)
+        waits = [] if isinstance(waiting, msgspec.UnsetType) else waiting
+        record = await self.book.find(session, run_id, messages, [q.turn_id for q in waits])
         if record is None:
             raise ApiError(404, "run_not_found", f"no run {run_id[:60]!r} on {session.id}")
         history = messages[: record.history_len]
@@ -328,7 +328,8 @@ class AguiRoutes:
         feed = RunFeed(
             RunMapper(session.id, run_id, record.turn_id, self._base), record.start, cursor, True
         )
-        own = next((m for m in messages if m.id == record.own), None) if record.own else None
+        sent = [*messages, *(q.user_message for q in waits)]  # a queued run's is in no history
+        own = next((m for m in sent if m.id == record.own), None) if record.own else None
         opening = feed.opening(self._opening(feed.mapper, record, history, own))
         return self._response(sub, feed, opening, release)
 

@@ -197,6 +197,10 @@ async def test_a_queued_run_can_be_re_attached_to_while_it_waits(tmp_path: Path)
     said = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert said == "Hello there, friend."
     assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+    # Its snapshot ends with the run's own message, as it did live ("Ids"): it was still
+    # queued, in no history, when the client came back.
+    [snapshot] = [e for e in events if e["type"] == "MESSAGES_SNAPSHOT"]
+    assert snapshot["messages"][-1]["id"] == body["messages"][0]["id"]
 
 
 def _apply(held: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
