@@ -68,6 +68,7 @@ POLL_S = 10.0  # the outbox is read at least this often
 PAGE = 100  # entries per read of a lane
 STORE_RETRY_S = 1.0  # a failed outbox read or delete is tried again after this
 ANSWER_BYTES = 4096  # a receiver's answer's body is read only if no longer (module docstring)
+PUSH_LABEL = "a2a.push"  # the metrics' ``webhook`` of every A2A push lane (:func:`label`)
 
 
 def routes(hooks: Mapping[str, WebhookConfig]) -> Routes:
@@ -246,9 +247,9 @@ class Deliveries:
             async with self._push_posts if entry.hook.startswith(HOOK_PREFIX) else self._posts:
                 problem = await self._post(client, hook, entry, url, key, body, extra)
             if problem is None:
-                self._metrics.webhook_deliveries.labels(entry.hook).inc()
+                self._metrics.webhook_deliveries.labels(label(entry.hook)).inc()
                 return
-            self._metrics.webhook_failures.labels(entry.hook).inc()
+            self._metrics.webhook_failures.labels(label(entry.hook)).inc()
             if attempt == hook.max_attempts:
                 self._dropped(entry, attempt, problem)
                 return
@@ -316,7 +317,7 @@ class Deliveries:
         return f"HTTP {status}"
 
     def _dropped(self, entry: OutboxEntry, attempts: int, problem: str) -> None:
-        self._metrics.webhook_dropped.labels(entry.hook).inc()
+        self._metrics.webhook_dropped.labels(label(entry.hook)).inc()
         event(
             log, logging.ERROR, "webhook_dropped",
             f"webhook {entry.hook}: {format_event_id(entry.seq)} dropped after"
@@ -349,6 +350,13 @@ class Deliveries:
             log, logging.ERROR, "webhook_outbox_failed",
             f"webhooks: the outbox could not {what}: {exc}", error=str(exc),
         )  # fmt: skip
+
+
+def label(hook: str) -> str:
+    """The metrics' ``webhook`` label of a lane's hook (docs/operating.md, "Metrics"): its
+    ``[webhooks.NAME]``, or :data:`PUSH_LABEL` for every A2A push notification (``a2a.{config
+    id}``: a client names the id, one label each would grow without bound)."""
+    return PUSH_LABEL if hook.startswith(HOOK_PREFIX) else hook
 
 
 async def read_if_small(answer: httpx.Response, limit: int) -> bool:
