@@ -286,6 +286,30 @@ def test_price_errors_name_the_model(write: Write) -> None:
     )
 
 
+HOOK = """[webhooks.crm]
+url = "https://crm.example.com/hooks"
+events = ["turn.completed"]
+secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+"""
+
+
+def test_infinite_or_nan_numbers_are_refused_wherever_they_come_from(write: Write) -> None:
+    """TOML spells inf and nan: no key takes one (a lease of inf crashed the node's start,
+    a nan was shown as "null")."""
+    assert error(write("[store]\nlease_s = inf\n")) == (
+        "config error: gateway.toml: store.lease_s: expected a finite number, got inf"
+    )
+    assert error(write(HOOK + "timeout_s = nan\n")) == (
+        "config error: gateway.toml: webhooks.crm.timeout_s: expected a finite number, got nan"
+    )
+    assert error(env={"GATEWAY_STORE_LEASE_S": "-inf"}) == (
+        "config error: environment GATEWAY_STORE_LEASE_S: expected a finite number, got -inf"
+    )
+    assert error(overrides={"turns.timeout_s": float("inf")}) == (
+        "config error: command line: turns.timeout_s: expected a finite number, got inf"
+    )
+
+
 # --- environment and flag errors -------------------------------------------------------
 
 
