@@ -30,6 +30,7 @@ import base64
 import binascii
 import datetime
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -751,6 +752,7 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 def _validate(raw: dict[str, Any], source: _Source) -> Config:
     raw = _lift_default_agent(raw, source)
+    _check_finite(raw, source, None)
     try:
         config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
@@ -778,6 +780,20 @@ def _validate(raw: dict[str, Any], source: _Source) -> Config:
     _check_webhooks(config, source)
     _check_a2a_push(config, source)
     return config
+
+
+def _check_finite(value: Any, source: _Source, key: str | None) -> None:
+    """No key takes ``inf`` or ``nan``, which TOML spells (docs/reference.md "Configuration
+    file"): a bound such as ``> 0`` lets ``inf`` pass, and ``nan`` would be shown as JSON's
+    ``null``; found before any other check, named as the operator wrote it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise source.error(key, f"expected a finite number, got {value}")
+    if isinstance(value, dict):
+        for name, item in value.items():
+            _check_finite(item, source, _join(key, _quote(str(name))))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_finite(item, source, f"{key}[{index}]")
 
 
 def _lift_default_agent(raw: dict[str, Any], source: _Source) -> dict[str, Any]:
