@@ -310,6 +310,30 @@ def test_infinite_or_nan_numbers_are_refused_wherever_they_come_from(write: Writ
     )
 
 
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("https://crm.example.com:port/hooks", "Invalid port: 'port'"),
+        ("https://[::1/hooks", "Invalid port: ':1'"),
+        ("https://crm..example.com/hooks", "not a valid host name"),
+        ("https:///hooks", "no host"),
+    ],
+)
+def test_a_url_httpx_cannot_post_to_is_a_config_error(write: Write, url: str, why: str) -> None:
+    """A webhook's URL, or an A2A push prefix, that passes the pattern but that httpx cannot
+    send to (it raised from the first delivery, and the webhook loop took the node down)."""
+    hook = HOOK.replace("https://crm.example.com/hooks", url)
+    assert error(write(hook)) == (
+        f"config error: gateway.toml: webhooks.crm.url: expected an http:// or https:// URL,"
+        f' got "{url}" ({why})'
+    )
+    prefix = url.replace("/hooks", "/a2a/")
+    text = f'[a2a]\npush_url_prefixes = ["{prefix}"]\npush_secret = "whsec_MfKQ9r8GKYqrTwjU"\n'
+    assert error(write(text)).startswith(
+        "config error: gateway.toml: a2a.push_url_prefixes[0]: expected https://HOST/"
+    )
+
+
 # --- environment and flag errors -------------------------------------------------------
 
 
