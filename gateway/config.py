@@ -40,6 +40,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import httpx
 import msgspec
 import msgspec.inspect as mi
 
@@ -946,6 +947,26 @@ def _check_webhooks(config: Config, source: _Source) -> None:
             key = b""
         if not key:
             raise source.error(f"{where}.secret", "expected whsec_ and base64, got a bad base64")
+        if bad := sendable_problem(hook.url):
+            problem = f"expected an http:// or https:// URL, got {_show(hook.url)} ({bad})"
+            raise source.error(f"{where}.url", problem)
+
+
+def sendable_problem(url: str) -> str | None:
+    """Why httpx cannot send to ``url``, which its key's pattern took (None: it can): its
+    port or host is not valid, or it has no host (docs/reference.md "Webhooks"). Found
+    here, not by the first delivery, which raised it and took the node down."""
+    try:
+        host = httpx.URL(url).host
+    except httpx.InvalidURL as exc:
+        return str(exc)
+    if not host:
+        return "no host"
+    try:
+        host.encode("idna")  # as the connection does: an empty or long label fails
+    except UnicodeError:
+        return "not a valid host name"
+    return None
 
 
 _PUSH_PREFIX = re.compile(r"^(https|http)://([^/@?#\\\s]+)/[^?#\\\s]*$")
@@ -960,7 +981,7 @@ def push_prefix_problem(prefix: str) -> str | None:
     ``http://`` for a loopback host only.
     """
     match = _PUSH_PREFIX.match(prefix)
-    if match is None or not prefix.isascii():
+    if match is None or not prefix.isascii() or sendable_problem(prefix):
         return f"expected https://HOST/ and an optional path, got {_show(prefix)}"
     host = (
         match[2].rsplit(":", 1)[0] if not match[2].startswith("[") else match[2].split("]")[0] + "]"
