@@ -334,6 +334,20 @@ def test_a_url_httpx_cannot_post_to_is_a_config_error(write: Write, url: str, wh
     )
 
 
+def test_a_retry_wait_that_starts_above_its_bound_is_a_config_error(write: Write) -> None:
+    """``retry_first_s`` doubles *up to* ``retry_max_s``: a first wait above the bound would
+    have waited it once, then the bound (waits that shrink)."""
+    assert error(write(HOOK + "retry_first_s = 60\nretry_max_s = 10\n")) == (
+        "config error: gateway.toml: webhooks.crm.retry_max_s:"
+        " expected a number >= retry_first_s (60), got 10"
+    )
+    assert error(overrides={"a2a.push_retry_first_s": 700.0}) == (
+        "config error: a2a.push_retry_max_s: expected a number >= push_retry_first_s (700), got 600"
+    )
+    both = {"a2a.push_retry_first_s": 700.0, "a2a.push_retry_max_s": 900.0}  # whichever first
+    assert load_config(None, {}, both).a2a.push_retry_max_s == 900
+
+
 # --- environment and flag errors -------------------------------------------------------
 
 
