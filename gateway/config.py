@@ -658,6 +658,8 @@ def load_config(path: str | None, env: Mapping[str, str], overrides: Mapping[str
     if config.a2a.push_url_prefixes and not config.a2a.push_secret:  # whichever set it last
         problem = "a2a.push_secret: required with push_url_prefixes (whsec_ and base64)"
         raise ConfigError(f"config error: {problem}")
+    keys = ("a2a.push_retry_first_s", "a2a.push_retry_max_s")  # as well
+    _check_retry_bound(config.a2a.push_retry_first_s, config.a2a.push_retry_max_s, keys, None)
     if path is not None:
         _FILES[id(config)] = os.path.abspath(path)
         weakref.finalize(config, _FILES.pop, id(config), None)
@@ -950,6 +952,21 @@ def _check_webhooks(config: Config, source: _Source) -> None:
         if bad := sendable_problem(hook.url):
             problem = f"expected an http:// or https:// URL, got {_show(hook.url)} ({bad})"
             raise source.error(f"{where}.url", problem)
+        keys = (f"{where}.retry_first_s", f"{where}.retry_max_s")
+        _check_retry_bound(hook.retry_first_s, hook.retry_max_s, keys, source)
+
+
+def _check_retry_bound(
+    first: float, most: float, keys: tuple[str, str], source: _Source | None
+) -> None:
+    """A retry's wait doubles from the first key's *up to* the second's (docs/reference.md
+    "Webhooks"): the bound is at least the first wait, so waits never shrink. ``source``
+    None: checked once every layer is read (either key may come from any)."""
+    if most < first:
+        problem = f"expected a number >= {keys[0].rpartition('.')[2]} ({first:g}), got {most:g}"
+        if source is None:
+            raise ConfigError(f"config error: {keys[1]}: {problem}")
+        raise source.error(keys[1], problem)
 
 
 def sendable_problem(url: str) -> str | None:
