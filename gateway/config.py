@@ -30,6 +30,7 @@ import base64
 import binascii
 import datetime
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -39,6 +40,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import httpx
 import msgspec
 import msgspec.inspect as mi
 
@@ -656,6 +658,8 @@ def load_config(path: str | None, env: Mapping[str, str], overrides: Mapping[str
     if config.a2a.push_url_prefixes and not config.a2a.push_secret:  # whichever set it last
         problem = "a2a.push_secret: required with push_url_prefixes (whsec_ and base64)"
         raise ConfigError(f"config error: {problem}")
+    keys = ("a2a.push_retry_first_s", "a2a.push_retry_max_s")  # as well
+    _check_retry_bound(config.a2a.push_retry_first_s, config.a2a.push_retry_max_s, keys, None)
     if path is not None:
         _FILES[id(config)] = os.path.abspath(path)
         weakref.finalize(config, _FILES.pop, id(config), None)
@@ -751,6 +755,7 @@ _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 def _validate(raw: dict[str, Any], source: _Source) -> Config:
     raw = _lift_default_agent(raw, source)
+    _check_finite(raw, source, None)
     try:
         config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
@@ -778,6 +783,20 @@ def _validate(raw: dict[str, Any], source: _Source) -> Config:
     _check_webhooks(config, source)
     _check_a2a_push(config, source)
     return config
+
+
+def _check_finite(value: Any, source: _Source, key: str | None) -> None:
+    """No key takes ``inf`` or ``nan``, which TOML spells (docs/reference.md "Configuration
+    file"): a bound such as ``> 0`` lets ``inf`` pass, and ``nan`` would be shown as JSON's
+    ``null``; found before any other check, named as the operator wrote it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise source.error(key, f"expected a finite number, got {value}")
+    if isinstance(value, dict):
+        for name, item in value.items():
+            _check_finite(item, source, _join(key, _quote(str(name))))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_finite(item, source, f"{key}[{index}]")
 
 
 def _lift_default_agent(raw: dict[str, Any], source: _Source) -> dict[str, Any]:
@@ -930,6 +949,41 @@ def _check_webhooks(config: Config, source: _Source) -> None:
             key = b""
         if not key:
             raise source.error(f"{where}.secret", "expected whsec_ and base64, got a bad base64")
+        if bad := sendable_problem(hook.url):
+            problem = f"expected an http:// or https:// URL, got {_show(hook.url)} ({bad})"
+            raise source.error(f"{where}.url", problem)
+        keys = (f"{where}.retry_first_s", f"{where}.retry_max_s")
+        _check_retry_bound(hook.retry_first_s, hook.retry_max_s, keys, source)
+
+
+def _check_retry_bound(
+    first: float, most: float, keys: tuple[str, str], source: _Source | None
+) -> None:
+    """A retry's wait doubles from the first key's *up to* the second's (docs/reference.md
+    "Webhooks"): the bound is at least the first wait, so waits never shrink. ``source``
+    None: checked once every layer is read (either key may come from any)."""
+    if most < first:
+        problem = f"expected a number >= {keys[0].rpartition('.')[2]} ({first:g}), got {most:g}"
+        if source is None:
+            raise ConfigError(f"config error: {keys[1]}: {problem}")
+        raise source.error(keys[1], problem)
+
+
+def sendable_problem(url: str) -> str | None:
+    """Why httpx cannot send to ``url``, which its key's pattern took (None: it can): its
+    port or host is not valid, or it has no host (docs/reference.md "Webhooks"). Found
+    here, not by the first delivery, which raised it and took the node down."""
+    try:
+        host = httpx.URL(url).host
+    except httpx.InvalidURL as exc:
+        return str(exc)
+    if not host:
+        return "no host"
+    try:
+        host.encode("idna")  # as the connection does: an empty or long label fails
+    except UnicodeError:
+        return "not a valid host name"
+    return None
 
 
 _PUSH_PREFIX = re.compile(r"^(https|http)://([^/@?#\\\s]+)/[^?#\\\s]*$")
@@ -944,7 +998,7 @@ def push_prefix_problem(prefix: str) -> str | None:
     ``http://`` for a loopback host only.
     """
     match = _PUSH_PREFIX.match(prefix)
-    if match is None or not prefix.isascii():
+    if match is None or not prefix.isascii() or sendable_problem(prefix):
         return f"expected https://HOST/ and an optional path, got {_show(prefix)}"
     host = (
         match[2].rsplit(":", 1)[0] if not match[2].startswith("[") else match[2].split("]")[0] + "]"

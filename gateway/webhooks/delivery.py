@@ -5,8 +5,10 @@ The store puts a delivery in its outbox in the same write as the event
 
 - A *lane* is one webhook and one session: its deliveries go one at a time,
   in event order, the next only once the one before was accepted or dropped.
-  Lanes run side by side (at most :data:`MAX_POSTS` POSTs at once), so a
-  failing receiver or a slow session holds up only itself.
+  Lanes run side by side (at most :data:`MAX_POSTS` POSTs at once per
+  webhook, each its own), so a failing receiver or a slow session holds up
+  only itself: a receiver that hangs on many sessions takes its own
+  webhook's slots, never another's.
 - An attempt is a POST of the event's wire JSON, signed
   (gateway.webhooks.signing), that must answer 2xx within ``timeout_s``.
   The answer's status is all that counts: its body is read (raw, never
@@ -62,12 +64,15 @@ from gateway.webhooks.a2a_push import HOOK_PREFIX, TOKEN_HEADER, PushDelivery, u
 
 log = logging.getLogger("gateway.webhooks")
 
-MAX_POSTS = 32  # POSTs in flight at once, every webhook's lane together
+MAX_POSTS = 32  # POSTs in flight at once per webhook, its lanes together
 MAX_PUSH_POSTS = 16  # and A2A push notifications', apart (gateway.webhooks.a2a_push)
 POLL_S = 10.0  # the outbox is read at least this often
 PAGE = 100  # entries per read of a lane
 STORE_RETRY_S = 1.0  # a failed outbox read or delete is tried again after this
 ANSWER_BYTES = 4096  # a receiver's answer's body is read only if no longer (module docstring)
+LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=20)
+"""The POST slots bound the connections (httpx's 100 would make webhooks wait on each other)."""
+PUSH_LABEL = "a2a.push"  # the metrics' ``webhook`` of every A2A push lane (:func:`label`)
 
 
 def routes(hooks: Mapping[str, WebhookConfig]) -> Routes:
@@ -105,7 +110,7 @@ class Deliveries:
         self._keys = {name: signing.secret_key(hook.secret) for name, hook in hooks.items()}
         self._metrics = metrics
         self._transport = transport
-        self._posts = trio.CapacityLimiter(MAX_POSTS)
+        self._posts = {name: trio.CapacityLimiter(MAX_POSTS) for name in hooks}
         # A2A push notifications go where clients say: slots of their own, so a client's
         # receiver that hangs never holds up the operator's webhooks.
         self._push_posts = trio.CapacityLimiter(MAX_PUSH_POSTS)
@@ -150,7 +155,9 @@ class Deliveries:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with (
-            httpx.AsyncClient(transport=self._transport, follow_redirects=False) as client,
+            httpx.AsyncClient(
+                transport=self._transport, follow_redirects=False, limits=LIMITS
+            ) as client,
             trio.open_nursery() as lanes,
         ):
             lanes.start_soon(self._keep_claims, name="webhook claims")
@@ -243,12 +250,13 @@ class Deliveries:
         hook, url, key, body, extra = target
         delay = hook.retry_first_s
         for attempt in range(1, hook.max_attempts + 1):
-            async with self._push_posts if entry.hook.startswith(HOOK_PREFIX) else self._posts:
+            push = entry.hook.startswith(HOOK_PREFIX)
+            async with self._push_posts if push else self._posts[entry.hook]:
                 problem = await self._post(client, hook, entry, url, key, body, extra)
             if problem is None:
-                self._metrics.webhook_deliveries.labels(entry.hook).inc()
+                self._metrics.webhook_deliveries.labels(label(entry.hook)).inc()
                 return
-            self._metrics.webhook_failures.labels(entry.hook).inc()
+            self._metrics.webhook_failures.labels(label(entry.hook)).inc()
             if attempt == hook.max_attempts:
                 self._dropped(entry, attempt, problem)
                 return
@@ -316,7 +324,7 @@ class Deliveries:
         return f"HTTP {status}"
 
     def _dropped(self, entry: OutboxEntry, attempts: int, problem: str) -> None:
-        self._metrics.webhook_dropped.labels(entry.hook).inc()
+        self._metrics.webhook_dropped.labels(label(entry.hook)).inc()
         event(
             log, logging.ERROR, "webhook_dropped",
             f"webhook {entry.hook}: {format_event_id(entry.seq)} dropped after"
@@ -349,6 +357,13 @@ class Deliveries:
             log, logging.ERROR, "webhook_outbox_failed",
             f"webhooks: the outbox could not {what}: {exc}", error=str(exc),
         )  # fmt: skip
+
+
+def label(hook: str) -> str:
+    """The metrics' ``webhook`` label of a lane's hook (docs/operating.md, "Metrics"): its
+    ``[webhooks.NAME]``, or :data:`PUSH_LABEL` for every A2A push notification (``a2a.{config
+    id}``: a client names the id, one label each would grow without bound)."""
+    return PUSH_LABEL if hook.startswith(HOOK_PREFIX) else hook
 
 
 async def read_if_small(answer: httpx.Response, limit: int) -> bool:

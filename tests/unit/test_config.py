@@ -286,6 +286,68 @@ def test_price_errors_name_the_model(write: Write) -> None:
     )
 
 
+HOOK = """[webhooks.crm]
+url = "https://crm.example.com/hooks"
+events = ["turn.completed"]
+secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+"""
+
+
+def test_infinite_or_nan_numbers_are_refused_wherever_they_come_from(write: Write) -> None:
+    """TOML spells inf and nan: no key takes one (a lease of inf crashed the node's start,
+    a nan was shown as "null")."""
+    assert error(write("[store]\nlease_s = inf\n")) == (
+        "config error: gateway.toml: store.lease_s: expected a finite number, got inf"
+    )
+    assert error(write(HOOK + "timeout_s = nan\n")) == (
+        "config error: gateway.toml: webhooks.crm.timeout_s: expected a finite number, got nan"
+    )
+    assert error(env={"GATEWAY_STORE_LEASE_S": "-inf"}) == (
+        "config error: environment GATEWAY_STORE_LEASE_S: expected a finite number, got -inf"
+    )
+    assert error(overrides={"turns.timeout_s": float("inf")}) == (
+        "config error: command line: turns.timeout_s: expected a finite number, got inf"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("https://crm.example.com:port/hooks", "Invalid port: 'port'"),
+        ("https://[::1/hooks", "Invalid port: ':1'"),
+        ("https://crm..example.com/hooks", "not a valid host name"),
+        ("https:///hooks", "no host"),
+    ],
+)
+def test_a_url_httpx_cannot_post_to_is_a_config_error(write: Write, url: str, why: str) -> None:
+    """A webhook's URL, or an A2A push prefix, that passes the pattern but that httpx cannot
+    send to (it raised from the first delivery, and the webhook loop took the node down)."""
+    hook = HOOK.replace("https://crm.example.com/hooks", url)
+    assert error(write(hook)) == (
+        f"config error: gateway.toml: webhooks.crm.url: expected an http:// or https:// URL,"
+        f' got "{url}" ({why})'
+    )
+    prefix = url.replace("/hooks", "/a2a/")
+    text = f'[a2a]\npush_url_prefixes = ["{prefix}"]\npush_secret = "whsec_MfKQ9r8GKYqrTwjU"\n'
+    assert error(write(text)).startswith(
+        "config error: gateway.toml: a2a.push_url_prefixes[0]: expected https://HOST/"
+    )
+
+
+def test_a_retry_wait_that_starts_above_its_bound_is_a_config_error(write: Write) -> None:
+    """``retry_first_s`` doubles *up to* ``retry_max_s``: a first wait above the bound would
+    have waited it once, then the bound (waits that shrink)."""
+    assert error(write(HOOK + "retry_first_s = 60\nretry_max_s = 10\n")) == (
+        "config error: gateway.toml: webhooks.crm.retry_max_s:"
+        " expected a number >= retry_first_s (60), got 10"
+    )
+    assert error(overrides={"a2a.push_retry_first_s": 700.0}) == (
+        "config error: a2a.push_retry_max_s: expected a number >= push_retry_first_s (700), got 600"
+    )
+    both = {"a2a.push_retry_first_s": 700.0, "a2a.push_retry_max_s": 900.0}  # whichever first
+    assert load_config(None, {}, both).a2a.push_retry_max_s == 900
+
+
 # --- environment and flag errors -------------------------------------------------------
 
 

@@ -124,3 +124,46 @@ async def test_push_receivers_that_hang_never_hold_up_a_webhook(tmp_path: Path) 
             await webhook_posted.wait()
         nursery.cancel_scope.cancel()
     await store.aclose()
+
+
+async def test_push_notifications_are_counted_under_one_label_whatever_the_config_id(
+    tmp_path: Path,
+) -> None:
+    """A push config's id is the client's (or random): the metrics' ``webhook`` label is
+    ``a2a.push`` for every one, never ``a2a.{config id}`` (docs/operating.md: bounded labels)."""
+
+    async def receiver(request: httpx.Request) -> httpx.Response:
+        status = 204 if request.url.path.endswith("ok") else 500
+        return httpx.Response(status, stream=httpx.ByteStream(b""))
+
+    store = SqliteStore(str(tmp_path / "gateway.db"), inline=True)
+    await store.open()
+    metrics = Metrics()
+    loop = Deliveries(
+        store, {}, metrics, node_id="node_1", lease_s=30, transport=httpx.MockTransport(receiver)
+    )
+    loop.offer_push(A2aConfig(push_url_prefixes=(PREFIX,), push_secret=SECRET, push_max_attempts=1))
+    for n, path in enumerate(("ok", "ok", "fails")):
+        event = StoredEvent(n + 1, f"sess_{n}", "turn.started", 1000, b"{}")
+        store.put_event(event, [(f"a2a.client_id_{n}", note(PREFIX + path))])
+    await store.flush()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(loop.run)
+            while await store.outbox_depth():  # noqa: ASYNC110 (deleted once done)
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    await store.aclose()
+    counters = (metrics.webhook_deliveries, metrics.webhook_failures, metrics.webhook_dropped)
+    labels = {
+        (sample.name, sample.labels["webhook"])
+        for counter in counters
+        for family in counter.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+    assert labels == {
+        ("gateway_webhook_deliveries_total", "a2a.push"),
+        ("gateway_webhook_failures_total", "a2a.push"),
+        ("gateway_webhook_dropped_total", "a2a.push"),
+    }

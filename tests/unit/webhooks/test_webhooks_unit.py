@@ -25,7 +25,7 @@ from gateway.store.base import Store, StoredEvent
 from gateway.store.redis.store import RedisStore
 from gateway.store.sqlite.store import SqliteStore
 from gateway.webhooks import signing
-from gateway.webhooks.delivery import ANSWER_BYTES, Deliveries, read_if_small, routes
+from gateway.webhooks.delivery import ANSWER_BYTES, MAX_POSTS, Deliveries, read_if_small, routes
 from tests.redis_support import RedisServer, redis_server
 
 __all__ = ["redis_server"]  # the fixture, used through ``new_store``
@@ -315,4 +315,42 @@ async def deliver_one(
             while await store.outbox_depth():  # noqa: ASYNC110 (deleted once accepted)
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
+    await store.aclose()
+
+
+async def test_a_hanging_receiver_on_many_lanes_never_holds_up_another_webhook(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """One webhook's receiver hangs on more sessions than there are POST slots: another
+    webhook is still delivered at once (each has POST slots of its own), not after the
+    hanging attempts' ``timeout_s``."""
+    posted = trio.Event()
+
+    async def receiver(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "slow.test":
+            await trio.sleep_forever()  # until the attempt's timeout
+        posted.set()
+        return httpx.Response(204, stream=httpx.ByteStream(b""))
+
+    store = SqliteStore(str(tmp_path / "gateway.db"), inline=True)
+    await store.open()
+    hooks = {
+        "slow": WebhookConfig(url="http://slow.test/", events=("turn.started",), secret=SECRET),
+        "crm": WebhookConfig(url="http://crm.test/", events=("turn.completed",), secret=SECRET),
+    }
+    loop = Deliveries(
+        store, hooks, Metrics(), node_id="node_1", lease_s=30,
+        transport=httpx.MockTransport(receiver),
+    )  # fmt: skip
+    for n in range(MAX_POSTS + 8):  # a lane each, every one hanging
+        store.put_event(StoredEvent(n + 1, f"sess_{n}", "turn.started", 1000, b"{}"))
+    await store.flush()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(loop.run)
+        await trio.sleep(1)  # the slow lanes have taken their slots (timeout_s: 10)
+        store.put_event(StoredEvent(1000, "sess_w", "turn.completed", 1000, b"{}"))
+        await store.flush()
+        with trio.fail_after(5):
+            await posted.wait()
+        nursery.cancel_scope.cancel()
     await store.aclose()
