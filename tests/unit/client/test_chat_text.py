@@ -6,8 +6,16 @@ import re
 
 import pytest
 
-from gateway.client.chat import ask_form, clean, fold, question_item, shown_json
-from gateway.client.views import PermissionView
+from gateway.client.chat import (
+    Marks,
+    ask_form,
+    clean,
+    fold,
+    question_item,
+    shown_json,
+    simple_items,
+)
+from gateway.client.views import PermissionView, SimpleView
 
 _CONTROL_CHAR = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
@@ -89,3 +97,19 @@ def test_an_elicitation_url_question_shows_no_control() -> None:
     line = question_item(asked, None, 200).lines[0].text
     assert "https://example.test/" in line and "\n" not in line
     assert not _CONTROL_CHAR.search(line)
+
+
+def test_the_simple_views_status_line_shows_a_tool_name_without_control() -> None:
+    view: SimpleView = {
+        "thread": [],
+        "status": {
+            "kind": "tool",
+            "state": "running",
+            "tool_use_id": "toolu_1",
+            "tool_name": f"mcp__x__run{SCREEN}",
+        },
+        "permissions": [],
+    }
+    [status] = simple_items(view, hidden_turns=set(), width=100, marks=Marks())
+    [line] = status.lines
+    assert "mcp__x__run" in line.text and not _CONTROL_CHAR.search(line.text)
