@@ -493,7 +493,7 @@ def simple_items(
             text = f"compacting context{marks.ellipsis}"
         else:
             state = status["state"].replace("_", " ")
-            text = f"{marks.tool} {status['tool_name']} {state}{marks.ellipsis}"
+            text = f"{marks.tool} {fold(status['tool_name'])} {state}{marks.ellipsis}"
         items.append(Item("status", (Line(fit(text, width - 1), DIM),), False))
     return items
 
