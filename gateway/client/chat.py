@@ -1086,7 +1086,7 @@ class Chat:
                 else:
                     turn_id = await self._send_line(line)
             except GatewayError as exc:  # 409 turn_in_progress, the gateway away, ...
-                self.out.write(f"\x1b[{RED}m(not sent: {exc.message})\x1b[0m\n")
+                self.out.write(f"\x1b[{RED}m(not sent: {fold(exc.message)})\x1b[0m\n")
                 continue
             finally:
                 self.sending = False
@@ -1174,7 +1174,7 @@ class Chat:
         try:
             accepted = await self.session.submit(command[1], if_busy=command[0])
         except GatewayError as exc:  # 409 queue_full, the gateway away, ...
-            return f"(not sent: {exc.message})"
+            return f"(not sent: {fold(exc.message)})"
         return accepted_note(accepted)
 
     async def _answer_keys(self) -> None:
@@ -1207,7 +1207,7 @@ class Chat:
                     asked.perm_id, "allow" if allow else "deny", content=content
                 )
             except GatewayError as exc:
-                self.answered[asked.perm_id] = f"not answered: {exc.message}"
+                self.answered[asked.perm_id] = f"not answered: {fold(exc.message)}"
                 self.redraw()
 
     async def _form(self, perm_id: str) -> dict[str, Any] | None:
