@@ -182,6 +182,9 @@ class GatewayClient(FilesApi):
             )
         except httpx.InvalidURL as exc:
             raise ClientError("invalid_url", f"{base_url!r} is not a URL: {exc}") from None
+        if self.http.base_url.scheme not in ("http", "https") or not self.http.base_url.host:
+            why = "an http:// or https:// URL with a host, please"
+            raise ClientError("invalid_url", f"{base_url!r} is not a URL: {why}")
         self.connector = connector
 
     async def __aenter__(self) -> GatewayClient:

@@ -53,9 +53,10 @@ written once and never touched again; the rest, the *region* at the bottom
 (the block that streams, tool lines still running, the question, the status
 line), is redrawn by difference: text that only grew is appended, anything
 else is rewritten from its first changed line (cursor up, erase below).
-Model text is stripped of control characters, so a reply cannot move the
-cursor or restyle the terminal, and of Unicode's bidirectional controls, so a
-tool input in a question reads in the order it runs in.
+Model text, and what a tool or an MCP server says (a tool's name, an
+elicitation's form and URL), is stripped of control characters, so a reply
+cannot move the cursor or restyle the terminal, and of Unicode's bidirectional
+controls, so a tool input in a question reads in the order it runs in.
 
 Edit and regenerate (docs/protocol.md §2): ``/edit N TEXT`` sends ``TEXT`` in
 place of the N-th user message shown (1 the first on screen), ``/retry`` the
@@ -434,7 +435,7 @@ def _block_item(
             said = marks.ellipsis
     if block.get("truncated"):
         said += " (truncated)"
-    call = f"{marks.tool} {block['name']} {fold(shown_json(block['input']))}"
+    call = f"{marks.tool} {fold(block['name'])} {fold(shown_json(block['input']))}"
     room = width - cell_len(said) - 3
     line = Line(f"{fit(call, max(room, 10))}  {said}", style)
     files = [Line(fit(f"  {file_line(f)}", width), DIM) for f in block.get("files", [])]
@@ -492,7 +493,7 @@ def simple_items(
             text = f"compacting context{marks.ellipsis}"
         else:
             state = status["state"].replace("_", " ")
-            text = f"{marks.tool} {status['tool_name']} {state}{marks.ellipsis}"
+            text = f"{marks.tool} {fold(status['tool_name'])} {state}{marks.ellipsis}"
         items.append(Item("status", (Line(fit(text, width - 1), DIM),), False))
     return items
 
@@ -501,21 +502,20 @@ def question_item(permission: PermissionView, answered: str | None, width: int) 
     """The inline question for a pending permission, or an elicitation (``y`` opens its form)."""
     tail = "  [y/n]" if answered is None else f"  {answered}"
     room = max(width - len(tail) - 10, 10)
+    name = fold(permission["tool_name"])
     if permission["kind"] == "elicitation":
-        asks = f"{permission['tool_name']} asks: {fold(permission['message'] or '')}"
+        asks = f"{name} asks: {fold(permission['message'] or '')}"
         line = Line(f"? {fit(asks, room)}{tail}", YELLOW)
     elif permission["kind"] == "elicitation_url":  # y: you went there (docs/protocol.md §11)
-        url = str(permission["input"].get("url", ""))
-        asks = (
-            f"{permission['tool_name']} asks you to open {url}: {fold(permission['message'] or '')}"
-        )
+        url = fold(str(permission["input"].get("url", "")))
+        asks = f"{name} asks you to open {url}: {fold(permission['message'] or '')}"
         line = Line(f"? {fit(asks, room)}{tail}", YELLOW)
     elif permission["kind"] == "sampling":  # y: the model answers the server (section 11)
         said = [m.get("text", "") for m in permission["input"].get("messages", [])]
-        asks = f"{permission['tool_name']} asks the model: {fold(said[-1] if said else '')}"
+        asks = f"{name} asks the model: {fold(said[-1] if said else '')}"
         line = Line(f"? {fit(asks, room)}{tail}", YELLOW)
     else:
-        call = f"{permission['tool_name']} {fold(shown_json(permission['input']))}"
+        call = f"{name} {fold(shown_json(permission['input']))}"
         line = Line(f"? allow {fit(call, room)}{tail}", YELLOW)
     return Item(f"ask:{permission['perm_id']}", (line,), False)
 
@@ -671,7 +671,7 @@ async def ask_form(
     answer or ``n`` to the first question declines (so does end of input);
     an empty answer to a later optional one leaves it out.
     """
-    write(f"{permission['tool_name']} asks: {clean(permission['message'] or '')}\n")
+    write(f"{fold(permission['tool_name'])} asks: {clean(permission['message'] or '')}\n")
     try:
         fields = form_fields(permission["requested_schema"] or {})
     except FormError as exc:
@@ -680,7 +680,7 @@ async def ask_form(
     content: dict[str, Any] = {}
     for position, field in enumerate(fields):
         while True:
-            write(f"  {field.prompt}")
+            write(f"  {fold(field.prompt)} ")
             text = await read_line()
             if text is None:
                 return None
@@ -695,7 +695,7 @@ async def ask_form(
             try:
                 content[field.name] = parse_answer(field, answer)
             except FormError as exc:
-                write(f"  ({exc})\n")
+                write(f"  ({fold(str(exc))})\n")
                 continue
             break
     check_content(permission["requested_schema"] or {}, content)
@@ -1086,7 +1086,7 @@ class Chat:
                 else:
                     turn_id = await self._send_line(line)
             except GatewayError as exc:  # 409 turn_in_progress, the gateway away, ...
-                self.out.write(f"\x1b[{RED}m(not sent: {exc.message})\x1b[0m\n")
+                self.out.write(f"\x1b[{RED}m(not sent: {fold(exc.message)})\x1b[0m\n")
                 continue
             finally:
                 self.sending = False
@@ -1174,7 +1174,7 @@ class Chat:
         try:
             accepted = await self.session.submit(command[1], if_busy=command[0])
         except GatewayError as exc:  # 409 queue_full, the gateway away, ...
-            return f"(not sent: {exc.message})"
+            return f"(not sent: {fold(exc.message)})"
         return accepted_note(accepted)
 
     async def _answer_keys(self) -> None:
@@ -1207,7 +1207,7 @@ class Chat:
                     asked.perm_id, "allow" if allow else "deny", content=content
                 )
             except GatewayError as exc:
-                self.answered[asked.perm_id] = f"not answered: {exc.message}"
+                self.answered[asked.perm_id] = f"not answered: {fold(exc.message)}"
                 self.redraw()
 
     async def _form(self, perm_id: str) -> dict[str, Any] | None:

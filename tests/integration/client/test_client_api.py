@@ -298,6 +298,18 @@ async def test_what_retrying_cannot_fix_raises_one_error(gw: Harness) -> None:
     assert bad.value.code == "invalid_url"
 
 
+@pytest.mark.parametrize(
+    "url", ["127.0.0.1:8421", "localhost:8421", "htp://127.0.0.1:8421", "http://"]
+)
+def test_a_base_url_that_is_no_http_url_is_invalid_url_at_once(url: str) -> None:
+    """A URL without its scheme (or host) is the same usage error as one that does not
+    parse: ``invalid_url`` before any request, not ``unreachable`` after one."""
+    with pytest.raises(ClientError) as bad:
+        GatewayClient(url)
+    assert bad.value.code == "invalid_url"
+    assert repr(url) in str(bad.value)
+
+
 # --- what the stream survives -------------------------------------------------------------
 
 

@@ -196,3 +196,11 @@ async def test_at_the_prompt_a_queued_turn_is_said_and_no_turn_of_this_chat() ->
     assert "need a text" in out.getvalue() and len(session.submitted) == 1
     session.answer = TurnAccepted("turn_8")
     assert await chat._send_line("/steer now") == "turn_8"  # idle: it started
+
+
+async def test_a_refusal_is_said_on_one_line_without_control() -> None:
+    """The gateway's message (or a proxy's) goes into the region: one line, no control."""
+    refusal = ApiError(409, "queue_full", "full\x1b[2J\nnow")
+    _, chat, shown = await typed([*"/queue more", "\r"], refusal)
+    assert chat.notice == "(not sent: full[2J now)"
+    assert "\x1b[2J" not in shown
