@@ -779,6 +779,7 @@ def _validate(raw: dict[str, Any], source: _Source) -> Config:
         expected = _describe(mi.type_info(declared))
         raise source.error(key, f"expected {expected}, got {_show(value)}") from None
     _check_trusted_proxies(config.server.trusted_proxies, source)
+    _check_urls(config, source)
     _check_agents(config, source)
     _check_webhooks(config, source)
     _check_a2a_push(config, source)
@@ -954,6 +955,23 @@ def _check_webhooks(config: Config, source: _Source) -> None:
             raise source.error(f"{where}.url", problem)
         keys = (f"{where}.retry_first_s", f"{where}.retry_max_s")
         _check_retry_bound(hook.retry_first_s, hook.retry_max_s, keys, source)
+
+
+def _check_urls(config: Config, source: _Source) -> None:
+    """Every URL key a connection is made to (a webhook's: :func:`_check_webhooks`) has a
+    port and a host it can use (:func:`sendable_problem`), refused naming its key rather
+    than at the first request (docs/reference.md "Configuration file")."""
+    urls = {
+        "server.public_url": config.server.public_url,
+        "model.base_url": config.model.base_url,
+        "telemetry.endpoint": config.telemetry.endpoint,
+        **{f"agents.{n}.base_url": a.base_url or "" for n, a in config.agents.items()},
+        **{f"mcp_servers.{n}.url": m.url for n, m in config.mcp_servers.items()},
+    }
+    for key, url in urls.items():
+        if url and (bad := sendable_problem(url)):
+            problem = f"expected an http:// or https:// URL, got {_show(url)} ({bad})"
+            raise source.error(key, problem)
 
 
 def _check_retry_bound(

@@ -334,6 +334,23 @@ def test_a_url_httpx_cannot_post_to_is_a_config_error(write: Write, url: str, wh
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[server]\npublic_url = "https://gw.example.com:port"\n', "server.public_url"),
+        ('[model]\nbase_url = "https:///v1"\n', "model.base_url"),
+        ('[agents.helper]\nbase_url = "https://api..example.com"\n', "agents.helper.base_url"),
+        ('[mcp_servers.search]\nurl = "https://[::1/mcp"\n', "mcp_servers.search.url"),
+        ('[telemetry]\nendpoint = "http://otel:port/v1/traces"\n', "telemetry.endpoint"),
+    ],
+)
+def test_every_url_key_is_one_httpx_can_send_to(write: Write, text: str, key: str) -> None:
+    """docs/reference.md: every URL key, not only a webhook's, is checked for a port and a host
+    a connection can use, and refused naming its key (not at the first request)."""
+    said = error(write(text))
+    assert said.startswith(f"config error: gateway.toml: {key}: expected an http:// or https://")
+
+
 def test_a_retry_wait_that_starts_above_its_bound_is_a_config_error(write: Write) -> None:
     """``retry_first_s`` doubles *up to* ``retry_max_s``: a first wait above the bound would
     have waited it once, then the bound (waits that shrink)."""
