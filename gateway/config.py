@@ -950,9 +950,7 @@ def _check_webhooks(config: Config, source: _Source) -> None:
             key = b""
         if not key:
             raise source.error(f"{where}.secret", "expected whsec_ and base64, got a bad base64")
-        if bad := sendable_problem(hook.url):
-            problem = f"expected an http:// or https:// URL, got {_show(hook.url)} ({bad})"
-            raise source.error(f"{where}.url", problem)
+        _check_url(f"{where}.url", hook.url, source)
         keys = (f"{where}.retry_first_s", f"{where}.retry_max_s")
         _check_retry_bound(hook.retry_first_s, hook.retry_max_s, keys, source)
 
@@ -969,9 +967,15 @@ def _check_urls(config: Config, source: _Source) -> None:
         **{f"mcp_servers.{n}.url": m.url for n, m in config.mcp_servers.items()},
     }
     for key, url in urls.items():
-        if url and (bad := sendable_problem(url)):
-            problem = f"expected an http:// or https:// URL, got {_show(url)} ({bad})"
-            raise source.error(key, problem)
+        if url:
+            _check_url(key, url, source)
+
+
+def _check_url(key: str, url: str, source: _Source) -> None:
+    """``url`` (key ``key``) has a host and a port a connection can use."""
+    if bad := sendable_problem(url):
+        problem = f"expected an http:// or https:// URL, got {_show(url)} ({bad})"
+        raise source.error(key, problem)
 
 
 def _check_retry_bound(

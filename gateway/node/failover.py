@@ -187,10 +187,7 @@ class Failover:
             return
         relayed = self.node.placement.relayed_up_to(family.id)
         if await self.node.store.events_after([s.id for s in scope], relayed, 1):
-            for s in scope:  # not those still in their seam: their cut is yet to come
-                for sub in s.hub.subscribers():
-                    if sub not in s.joining:
-                        sub.request_close("relay_gap")
+            close_clients(family, "relay_gap", settled=True)
 
     async def _close_if_interrupted(self, session: Session) -> bool:
         """Close the session's turn left in flight, if it has one and none runs here.
@@ -232,11 +229,13 @@ class Failover:
         )  # fmt: skip
 
 
-def close_clients(family: Session, code: str) -> None:
-    """Close every client of the family on this node with the close named ``code``."""
+def close_clients(family: Session, code: str, *, settled: bool = False) -> None:
+    """Close every client of the family on this node with the close named ``code``;
+    ``settled``: not those still in their seam (their cut is yet to come)."""
     for s in family.scope(True):
         for sub in s.hub.subscribers():
-            sub.request_close(code)
+            if not (settled and sub in s.joining):
+                sub.request_close(code)
 
 
 def recovered(turns: int) -> None:
